@@ -1,0 +1,1 @@
+"""Megatron BERT with sequence-parallel attention, trained through DeepSpeed."""

@@ -1,0 +1,44 @@
+"""Installs the `megatron` package and compiles its C++ (pybind11) extensions.
+
+Every `megatron/**/<name>.cpp` becomes the extension module `megatron.<...>.<name>`, so a new
+helper only needs its source file; `pip install -e .` builds it in place at install time.
+"""
+from pathlib import Path
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+
+
+def read_requirements(name):
+    lines = (ROOT / name).read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def cpp_extensions():
+    return [
+        Pybind11Extension(
+            ".".join(src.with_suffix("").parts),
+            [str(src)],
+            cxx_std=17,
+            extra_compile_args=["-O3"],
+        )
+        for src in sorted(Path("megatron").rglob("*.cpp"))
+    ]
+
+
+setup(
+    name="megatron-deepspeed-longseq",
+    version="0.1.0",
+    description="DeepSpeed-integrated Megatron BERT trainer with sequence-parallel attention",
+    long_description=(ROOT / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["megatron", "megatron.*"]),
+    install_requires=read_requirements("requirements.txt"),
+    extras_require={"test": read_requirements("requirements-test.txt")},
+    ext_modules=cpp_extensions(),
+    cmdclass={"build_ext": build_ext},
+    zip_safe=False,
+)
