@@ -1,0 +1,1 @@
+"""BERT model (bert.py), its attention cores (attention/) and loss (loss.py)."""

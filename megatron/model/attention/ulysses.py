@@ -1,0 +1,54 @@
+"""`ulysses`: all-to-all from sequence-split to head-split, full-sequence SDPA, and back.
+
+DeepSpeed's DistributedAttention does both all-to-alls (q/k/v in, output back). Each rank then
+attends over the whole sequence for heads/P heads, so it needs the whole key-padding mask,
+which is all-gathered over the seq group (b * s booleans, no gradient).
+"""
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from megatron.errors import ConfigError
+from megatron.model.attention.dense import sdpa
+from megatron.model.attention.registry import AttentionCore, register
+from megatron.parallel import state
+
+
+class _LocalAttention(nn.Module):
+    def __init__(self, dropout_p):
+        super().__init__()
+        self.dropout_p = dropout_p
+
+    def forward(self, q, k, v, key_padding_mask):  # [b, s, heads/P, d], mask [b, s]
+        return sdpa(q, k, v, key_padding_mask, self.dropout_p if self.training else 0.0)
+
+
+@register("ulysses")
+class UlyssesAttention(AttentionCore):
+    def __init__(self, config):
+        super().__init__()
+        self.group = state.get_sequence_parallel_group()
+        self.size = state.get_sequence_parallel_world_size()
+        self.local = _LocalAttention(config.attention_dropout)
+        if self.size > 1:
+            from deepspeed.sequence.layer import DistributedAttention
+
+            # [b, s/P, heads, d]: scatter heads (dim 2), gather sequence (dim 1)
+            self.distributed = DistributedAttention(self.local, self.group, scatter_idx=2, gather_idx=1)
+
+    @classmethod
+    def check(cls, config, sequence_parallel_size):
+        super().check(config, sequence_parallel_size)
+        if config.num_attention_heads % sequence_parallel_size:
+            raise ConfigError(
+                f"ulysses needs num_attention_heads ({config.num_attention_heads}) divisible by the "
+                f"sequence-parallel size ({sequence_parallel_size})",
+                "choose a head count that is a multiple of --sequence-parallel-size, or attention 'ring'")
+
+    def forward(self, q, k, v, key_padding_mask):
+        if self.size == 1:
+            return self.local(q, k, v, key_padding_mask)
+        chunks = [torch.empty_like(key_padding_mask, dtype=torch.uint8) for _ in range(self.size)]
+        dist.all_gather(chunks, key_padding_mask.to(torch.uint8), group=self.group)
+        full_mask = torch.cat(chunks, dim=1).bool()  # [b, s]
+        return self.distributed(q, k, v, 0, None, full_mask)

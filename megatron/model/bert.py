@@ -1,0 +1,202 @@
+"""Megatron BERT, top to bottom: config, embeddings, self-attention, MLP, layer, heads, model.
+
+No process groups here. Under sequence parallelism (SP) every tensor below holds one chunk of
+the sequence, `[b, s/P, h]`, starting at position `chunk_start`; the attention core chosen by
+the registry (model/attention/) is the only part that looks past the chunk.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.errors import ConfigError
+from megatron.model import attention
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_attention_heads: int = 12
+    ffn_hidden_size: int | None = None  # default 4 * hidden_size
+    seq_length: int = 512
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layernorm_epsilon: float = 1e-5
+    init_method_std: float = 0.02
+    make_vocab_size_divisible_by: int = 128
+    # "pre": Megatron's x + f(LN(x)) with a final LayerNorm; "post": original BERT's LN(x + f(x)).
+    layernorm_layout: str = "pre"
+    embedding_layernorm: bool = True
+    add_binary_head: bool = True
+    attention: str = "dense"  # a name in the attention registry
+
+    def __post_init__(self):
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = 4 * self.hidden_size
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size",
+                     "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} = {getattr(self, name)} must be positive", f"set {name} to an integer >= 1")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}",
+                "choose a head count that divides the hidden size")
+        if self.seq_length > self.max_position_embeddings:
+            raise ConfigError(
+                f"seq_length {self.seq_length} exceeds max_position_embeddings {self.max_position_embeddings}",
+                "raise --max-position-embeddings or lower --seq-length")
+        if self.layernorm_layout not in ("pre", "post"):
+            raise ConfigError(f"layernorm_layout '{self.layernorm_layout}' is unknown", "use 'pre' (Megatron) or 'post' (BERT)")
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} = {getattr(self, name)} is outside [0, 1)", f"set {name} between 0 and 1")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Vocab rounded up so the decoder GEMM has friendly shapes; extra rows are never labels."""
+        multiple = self.make_vocab_size_divisible_by
+        return math.ceil(self.vocab_size / multiple) * multiple
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.layernorm = (nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+                          if config.embedding_layernorm else nn.Identity())
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, input_ids, token_type_ids, chunk_start: int = 0):
+        # input_ids, token_type_ids: [b, s/P]; positions continue from the chunk's first token.
+        positions = torch.arange(chunk_start, chunk_start + input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None] \
+            + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.layernorm(x))  # [b, s/P, h]
+
+
+class SelfAttention(nn.Module):
+    """Projects q, k, v and hands them to the attention core, which may span the whole sequence."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
+        self.query_key_value = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.core = attention.build(config)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x, key_padding_mask):
+        b, s, h = x.shape  # [b, s/P, h]
+        q, k, v = self.query_key_value(x).view(b, s, 3, self.num_heads, self.head_dim).unbind(2)
+        context = self.core(q, k, v, key_padding_mask)  # [b, s/P, heads, d]
+        return self.dense(context.reshape(b, s, h))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense_h_to_4h = nn.Linear(config.hidden_size, config.ffn_hidden_size)
+        self.dense_4h_to_h = nn.Linear(config.ffn_hidden_size, config.hidden_size)
+
+    def forward(self, x):
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.pre_layernorm = config.layernorm_layout == "pre"
+        self.attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+        self.attention = SelfAttention(config)
+        self.mlp_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+        self.mlp = MLP(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x, key_padding_mask):
+        if self.pre_layernorm:
+            x = x + self.dropout(self.attention(self.attention_layernorm(x), key_padding_mask))
+            return x + self.dropout(self.mlp(self.mlp_layernorm(x)))
+        x = self.attention_layernorm(x + self.dropout(self.attention(x, key_padding_mask)))
+        return self.mlp_layernorm(x + self.dropout(self.mlp(x)))
+
+
+class LMHead(nn.Module):
+    """dense -> GELU -> LayerNorm -> logits with the (tied) word-embedding matrix plus a bias."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+        self.bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
+
+    def forward(self, hidden, word_embeddings_weight):
+        # hidden: [n_masked, h] -> [n_masked, padded_vocab]
+        return F.linear(self.layernorm(F.gelu(self.dense(hidden))), word_embeddings_weight, self.bias)
+
+
+class BinaryHead(nn.Module):
+    """Pooler (dense + tanh on [CLS]) and the two-way sentence-order classifier."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.classifier = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, cls_hidden):  # [b, h] -> [b, 2]
+        return self.classifier(torch.tanh(self.pooler(cls_hidden)))
+
+
+class BertModel(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.num_layers))
+        self.final_layernorm = (nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+                                if config.layernorm_layout == "pre" else nn.Identity())
+        self.lm_head = LMHead(config)
+        self.binary_head = BinaryHead(config) if config.add_binary_head else None
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        # Megatron: N(0, std) everywhere, std / sqrt(2 * layers) for the two projections that
+        # write into the residual stream, so its variance does not grow with depth.
+        std = self.config.init_method_std
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, (SelfAttention, MLP)):
+            output = module.dense if isinstance(module, SelfAttention) else module.dense_4h_to_h
+            nn.init.normal_(output.weight, mean=0.0, std=std / math.sqrt(2.0 * self.config.num_layers))
+
+    def encode(self, input_ids, token_type_ids, key_padding_mask, chunk_start: int = 0):
+        """[b, s/P] token ids -> [b, s/P, h] final hidden states. key_padding_mask is True at padding."""
+        x = self.embeddings(input_ids, token_type_ids, chunk_start)
+        for layer in self.layers:
+            x = layer(x, key_padding_mask)
+        return self.final_layernorm(x)
+
+    def forward(self, input_ids, token_type_ids, key_padding_mask, mlm_mask, chunk_start: int = 0):
+        """Returns (mlm_logits [n_masked, padded_vocab], sop_logits [b, 2] or None).
+
+        MLM logits are computed only where `mlm_mask` is True (never [b, s, vocab]); SOP logits
+        only when this chunk holds [CLS] (chunk_start == 0) and the binary head is on.
+        """
+        hidden = self.encode(input_ids, token_type_ids, key_padding_mask, chunk_start)
+        mlm_logits = self.lm_head(hidden[mlm_mask], self.embeddings.word_embeddings.weight)
+        sop_logits = None
+        if self.binary_head is not None and chunk_start == 0:
+            sop_logits = self.binary_head(hidden[:, 0])
+        return mlm_logits, sop_logits

@@ -1,0 +1,35 @@
+"""A small BERT and a padded batch shared by the exactness tests (importable by spawned ranks)."""
+import torch
+
+from megatron.data.batch import BertBatch
+from megatron.model.bert import BertConfig, BertModel
+
+VOCAB = 97
+
+
+def small_config(attention="ring", seq_length=48, **overrides) -> BertConfig:
+    values = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_attention_heads=4, seq_length=seq_length,
+                  max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0,
+                  make_vocab_size_divisible_by=16, attention=attention)
+    values.update(overrides)
+    return BertConfig(**values)
+
+
+def small_model(config: BertConfig, seed: int = 1234) -> BertModel:
+    torch.manual_seed(seed)
+    return BertModel(config)
+
+
+def padded_batch(seq_length=48, pad_starts=(48, 29, 5, 24), seed: int = 7) -> BertBatch:
+    """Sample i is real up to pad_starts[i]: 0%, ~40%, ~90% padding, and one whose last half
+    (so the whole last chunk at SP = 2, 3, 4) is padding."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(pad_starts)
+    positions = torch.arange(seq_length)[None]
+    key_padding_mask = positions >= torch.tensor(pad_starts)[:, None]
+    tokens = torch.randint(5, VOCAB, (b, seq_length), generator=g).masked_fill(key_padding_mask, 0)
+    token_types = (positions >= torch.tensor(pad_starts)[:, None] // 2).long().masked_fill(key_padding_mask, 0)
+    loss_mask = (torch.rand(b, seq_length, generator=g) < 0.3) & ~key_padding_mask
+    labels = torch.randint(5, VOCAB, (b, seq_length), generator=g)
+    sop_labels = torch.randint(0, 2, (b,), generator=g)
+    return BertBatch(tokens, token_types, key_padding_mask, labels, loss_mask, sop_labels)
