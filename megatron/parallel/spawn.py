@@ -50,6 +50,13 @@ def _child(fn, args, kwargs, rank, world_size, port, threads, timeout, results):
             dist.destroy_process_group()
 
 
+def _failure_message(procs, silent, errors, world_size) -> str:
+    """Ranks that died silently come first: the others' errors are usually their echo."""
+    lines = [f"rank{r} exited without a result (exit code {procs[r].exitcode})" for r in silent]
+    lines += [f"rank {r} of {world_size} failed:\n{tb}" for r, tb in sorted(errors.items())]
+    return "\n".join(lines)
+
+
 def run_on_ranks(fn, world_size: int, *args, timeout: float = 180.0, threads_per_rank: int = 1, **kwargs) -> list:
     """Calls `fn(*args, **kwargs)` on every rank; returns the per-rank results in rank order.
 
@@ -68,24 +75,31 @@ def run_on_ranks(fn, world_size: int, *args, timeout: float = 180.0, threads_per
     ]
     for proc in procs:
         proc.start()
-    outputs: dict = {}
-    deadline = time.monotonic() + timeout
+    outputs, errors = {}, {}
+    deadline = give_up = time.monotonic() + timeout
     try:
-        while len(outputs) < world_size:
+        while len(outputs) + len(errors) < world_size:
+            if errors and time.monotonic() > give_up:
+                break  # other ranks are most likely stuck waiting for the failed one
             try:
-                rank, error, payload = results.get(timeout=1.0)
+                rank, error, payload = results.get(timeout=0.5)
             except queue_module.Empty:
-                dead = [p.name for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RankFailure(f"{', '.join(dead)} exited without a result (exit codes "
-                                      f"{[p.exitcode for p in procs]})") from None
+                silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)
+                          and r not in outputs and r not in errors]
+                if silent and not errors:
+                    raise RankFailure(_failure_message(procs, silent, errors, world_size)) from None
                 if time.monotonic() > deadline:
-                    missing = sorted(set(range(world_size)) - set(outputs))
+                    missing = sorted(set(range(world_size)) - set(outputs) - set(errors))
                     raise RankFailure(f"ranks {missing} did not finish within {timeout:.0f}s") from None
                 continue
             if error is not None:
-                raise RankFailure(f"rank {rank} of {world_size} failed:\n{error}")
-            outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+                errors[rank] = error
+                give_up = time.monotonic() + 2.0  # collect the other ranks' view of the failure
+            else:
+                outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+        if errors:
+            silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
+            raise RankFailure(_failure_message(procs, silent, errors, world_size))
         for proc in procs:
             proc.join(timeout=max(1.0, deadline - time.monotonic()))
     finally:

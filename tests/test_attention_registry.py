@@ -1,0 +1,27 @@
+"""Start-up checks of the attention registry: each bad setting is a one-line error with a fix."""
+import pytest
+
+from bert_fixtures import small_config
+from megatron.errors import ConfigError
+from megatron.model import attention
+
+
+@pytest.mark.parametrize("variant,size,overrides,message", [
+    ("ring", 5, {}, "seq_length 48 is not divisible by the sequence-parallel size 5"),
+    ("ulysses", 3, {}, "ulysses needs num_attention_heads (4) divisible by the sequence-parallel size (3)"),
+    ("ulysses", 5, {}, "seq_length 48 is not divisible by the sequence-parallel size 5"),
+    ("dense", 2, {}, "attention 'dense' sees only the local chunk"),
+    ("ring", 2, dict(attention_dropout=0.1), "attention_dropout 0.1 is not supported by ring attention"),
+    ("flash", 1, {}, "unknown attention variant 'flash'; choose one of: dense, ring, ulysses"),
+])
+def test_bad_attention_settings(variant, size, overrides, message):
+    config = small_config(variant, **overrides)
+    with pytest.raises(ConfigError) as error:
+        attention.check(config, size)
+    text = str(error.value)
+    assert message in text and "\n" not in text and "; " in text
+
+
+@pytest.mark.parametrize("variant,size", [("ring", 3), ("ring", 4), ("ulysses", 4), ("dense", 1)])
+def test_valid_settings_pass(variant, size):
+    attention.check(small_config(variant), size)

@@ -1,0 +1,76 @@
+"""Single-process properties of the Megatron BERT model."""
+import math
+
+import pytest
+import torch
+
+from bert_fixtures import padded_batch, small_config, small_model
+from megatron.errors import ConfigError
+from megatron.model.bert import BertConfig
+
+
+def test_vocab_is_padded_and_decoder_is_tied():
+    config = small_config(vocab_size=97, make_vocab_size_divisible_by=16)
+    assert config.padded_vocab_size == 112
+    model = small_model(config)
+    batch = padded_batch()
+    mlm_logits, sop_logits = model(*batch.model_inputs())
+    assert mlm_logits.shape == (int(batch.loss_mask.sum()), 112)
+    assert sop_logits.shape == (4, 2)
+    mlm_logits.sum().backward()
+    # the decoder has no weight of its own: its gradient lands in the word embeddings
+    assert not any("lm_head" in name and name.endswith("weight") and p.shape[0] == 112
+                   for name, p in model.named_parameters())
+    assert model.embeddings.word_embeddings.weight.grad[batch.tokens.unique()].abs().sum() > 0
+
+
+def test_init_std_and_scaled_output_projections():
+    config = small_config(hidden_size=256, num_attention_heads=4, num_layers=8)
+    model = small_model(config)
+    layer = model.layers[0]
+    assert layer.attention.query_key_value.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    scaled = 0.02 / math.sqrt(2 * 8)
+    assert layer.attention.dense.weight.std().item() == pytest.approx(scaled, rel=0.05)
+    assert layer.mlp.dense_4h_to_h.weight.std().item() == pytest.approx(scaled, rel=0.05)
+    assert (layer.attention.query_key_value.bias == 0).all()
+
+
+def test_binary_head_switches_off():
+    model = small_model(small_config(add_binary_head=False))
+    _, sop_logits = model(*padded_batch().model_inputs())
+    assert sop_logits is None and model.binary_head is None
+
+
+def test_post_layernorm_layout_differs_and_has_no_final_layernorm():
+    batch = padded_batch()
+    pre, post = small_model(small_config(layernorm_layout="pre")), small_model(small_config(layernorm_layout="post"))
+    assert isinstance(post.final_layernorm, torch.nn.Identity)
+    assert not torch.allclose(pre(*batch.model_inputs())[0], post(*batch.model_inputs())[0])
+
+
+def test_chunk_positions_continue_from_chunk_start():
+    model = small_model(small_config())
+    batch = padded_batch()
+    full = model.embeddings(batch.tokens, batch.token_types)
+    chunk = batch.sequence_chunk(rank=2, size=4)
+    assert chunk.chunk_start == 24
+    assert torch.equal(model.embeddings(chunk.tokens, chunk.token_types, chunk.chunk_start), full[:, 24:36])
+
+
+def test_sop_logits_only_where_cls_lives():
+    model = small_model(small_config())
+    batch = padded_batch()
+    assert model(*batch.sequence_chunk(0, 2).model_inputs())[1] is not None
+    assert model(*batch.sequence_chunk(1, 2).model_inputs())[1] is None
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(hidden_size=30, num_attention_heads=4), "hidden_size 30 is not divisible by num_attention_heads 4"),
+    (dict(seq_length=128, max_position_embeddings=64), "seq_length 128 exceeds max_position_embeddings 64"),
+    (dict(layernorm_layout="sandwich"), "layernorm_layout 'sandwich' is unknown"),
+    (dict(hidden_dropout=1.5), "hidden_dropout = 1.5 is outside [0, 1)"),
+    (dict(num_layers=0), "num_layers = 0 must be positive"),
+])
+def test_bad_model_settings(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        BertConfig(**overrides)

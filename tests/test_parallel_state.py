@@ -1,0 +1,66 @@
+"""Topology pipe x data x seq (seq fastest), its groups, and the mpu names DeepSpeed reads."""
+import pytest
+import torch
+import torch.distributed as dist
+from deepspeed.runtime.pipe.topology import ProcessTopology
+
+from megatron.errors import ConfigError
+from megatron.parallel import state
+from megatron.parallel.spawn import run_on_ranks
+
+
+def test_coordinates_match_deepspeed_topology():
+    dims = state.ParallelDims(pipeline=2, data=3, sequence=2)
+    topology = ProcessTopology(axes=["pipe", "data", "seq"], dims=[2, 3, 2])
+    for rank in range(dims.world_size):
+        coord = state.coord_of(dims, rank)
+        assert topology.get_rank(**coord) == rank
+        assert state.rank_of(dims, **coord) == rank
+    groups = state._group_lists(dims)
+    for name, axis in (("seq", "seq"), ("data", "data"), ("pipe", "pipe")):
+        assert sorted(groups[name]) == sorted(topology.get_axis_comm_lists(axis)), name
+    assert groups["seq"][0] == [0, 1], "sequence-parallel ranks are neighbours"
+    assert groups["seq_data"] == [list(range(6)), list(range(6, 12))]
+
+
+@pytest.mark.parametrize("world,kwargs,message", [
+    (4, dict(pipeline=1, sequence=2, data=3), "world size 4 != pipeline 1 x data 3 x sequence 2 = 6"),
+    (6, dict(pipeline=4, sequence=1), "world size 6 is not divisible by pipeline 4 x sequence 1"),
+    (4, dict(pipeline=1, sequence=0), "sequence-parallel size 0 must be >= 1"),
+])
+def test_bad_world_sizes_are_one_line_errors(world, kwargs, message):
+    with pytest.raises(ConfigError) as error:
+        state.resolve_dims(world, **kwargs)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_single_process_defaults_without_initialize():
+    assert state.get_sequence_parallel_world_size() == 1
+    assert state.get_sequence_parallel_rank() == 0
+    assert state.get_sequence_parallel_group() is None
+    assert state.get_data_parallel_world_size() == 1
+    assert state.get_model_parallel_world_size() == 1
+
+
+def describe_rank(pipeline: int, sequence: int) -> dict:
+    state.initialize(pipeline=pipeline, sequence=sequence)
+    mpu = state  # the module itself is what DeepSpeed receives as mpu
+    out = {"coord": state.coord_of(state.get_dims(), dist.get_rank())}
+    for axis in ("sequence_parallel", "sequence_data_parallel", "data_parallel", "pipe_parallel", "model_parallel"):
+        group = getattr(mpu, f"get_{axis}_group")()
+        value = torch.tensor([float(dist.get_rank())])
+        dist.all_reduce(value, group=group)  # sum of the global ranks in my group
+        out[axis] = (getattr(mpu, f"get_{axis}_world_size")(), getattr(mpu, f"get_{axis}_rank")(), value.item())
+    return out
+
+
+def test_groups_on_four_ranks():
+    results = run_on_ranks(describe_rank, 4, 2, 2)  # pipe 2 x data 1 x seq 2
+    for rank, r in enumerate(results):
+        pipe, seq = rank // 2, rank % 2
+        assert r["coord"] == {"pipe": pipe, "data": 0, "seq": seq}
+        assert r["sequence_parallel"] == (2, seq, float(2 * pipe + 2 * pipe + 1))
+        assert r["sequence_data_parallel"] == (2, seq, float(4 * pipe + 1))
+        assert r["data_parallel"] == (1, 0, float(rank))
+        assert r["pipe_parallel"] == (2, pipe, float(seq + seq + 2))
+        assert r["model_parallel"] == (1, 0, float(rank))
