@@ -61,17 +61,17 @@ def _unpack(flat, shapes, dtypes):
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, key_padding_mask, ring, scale):
-        # q, k, v: [b, heads, s/P, d] contiguous; key_padding_mask: [b, s/P] bool
-        shapes = (k.shape, v.shape, key_padding_mask.shape)
-        dtypes = (k.dtype, v.dtype, torch.bool)
-        kv = _pack(k, v, key_padding_mask.to(k.dtype))
+        # q, k, v: [b, heads, s/P, d] (strided views are fine); key_padding_mask: [b, s/P] bool
+        layout = ((k.shape, v.shape, key_padding_mask.shape), (k.dtype, v.dtype, torch.bool))
+        block = (k, v, key_padding_mask)  # step 0 attends to the local chunk
+        kv = _pack(k, v, key_padding_mask.to(k.dtype)) if ring.size > 1 else None
         out = lse = None
         for step in range(ring.size):
             pending = ring.shift(kv, _KV_TAG) if step < ring.size - 1 else None
-            k_blk, v_blk, mask_blk = _unpack(kv, shapes, dtypes)
-            out, lse = blocks.merge(out, lse, *blocks.forward(q, k_blk, v_blk, mask_blk, scale))
+            out, lse = blocks.merge(out, lse, *blocks.forward(q, *block, scale))
             if pending:
                 kv = pending()
+                block = _unpack(kv, *layout)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, key_padding_mask, out, lse)
         ctx.ring, ctx.scale = ring, scale
@@ -81,28 +81,24 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, key_padding_mask, out, lse = ctx.saved_tensors
         ring, scale = ctx.ring, ctx.scale
-        grad_out = grad_out.contiguous()
-        shapes = (k.shape, v.shape, key_padding_mask.shape)
-        dtypes = (k.dtype, v.dtype, torch.bool)
-        kv = _pack(k, v, key_padding_mask.to(k.dtype))
-        dq = torch.zeros_like(q, dtype=torch.float32)
-        grad_waiter = None  # accumulator (dk, dv) of the chunk we hold, coming from rank r-1
+        layout = ((k.shape, v.shape, key_padding_mask.shape), (k.dtype, v.dtype, torch.bool))
+        block = (k, v, key_padding_mask)
+        kv = _pack(k, v, key_padding_mask.to(k.dtype)) if ring.size > 1 else None
+        dq = grad_waiter = None  # grad_waiter: the (dk, dv) accumulator of the held chunk, from rank r-1
         for step in range(ring.size):
             kv_waiter = ring.shift(kv, _KV_TAG) if step < ring.size - 1 else None
-            k_blk, v_blk, mask_blk = _unpack(kv, shapes, dtypes)
-            dq_blk, dk_blk, dv_blk = blocks.backward(grad_out, q, k_blk, v_blk, mask_blk, out, lse, scale)
-            dq += dq_blk
+            dq_blk, dk_blk, dv_blk = blocks.backward(grad_out, q, *block, out, lse, scale)
+            dq = dq_blk.float() if dq is None else dq.add_(dq_blk)
+            if ring.size == 1:
+                return dq.to(q.dtype), dk_blk, dv_blk, None, None, None
             dkv = _pack(dk_blk.float(), dv_blk.float())
             if grad_waiter:
                 dkv += grad_waiter()
-            if ring.size == 1:
-                break
             grad_waiter = ring.shift(dkv, _GRAD_TAG)  # the last of these hops takes it home
             if kv_waiter:
                 kv = kv_waiter()
-        if ring.size > 1:
-            dkv = grad_waiter()
-        dk, dv = _unpack(dkv, (k.shape, v.shape), (k.dtype, v.dtype))
+                block = _unpack(kv, *layout)
+        dk, dv = _unpack(grad_waiter(), (k.shape, v.shape), (k.dtype, v.dtype))
         return dq.to(q.dtype), dk, dv, None, None, None
 
 
@@ -123,7 +119,7 @@ class RingAttention(AttentionCore):
                 "set attention_dropout to 0 (--attention-dropout 0)")
 
     def forward(self, q, k, v, key_padding_mask):
-        # [b, s/P, heads, d] -> the kernels' [b, heads, s/P, d] and back
-        q, k, v = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-        out = _RingAttention.apply(q, k, v, key_padding_mask.contiguous(), self.ring, self.scale)
+        # [b, s/P, heads, d] -> the kernels' [b, heads, s/P, d] (strided views) and back
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        out = _RingAttention.apply(q, k, v, key_padding_mask, self.ring, self.scale)
         return out.transpose(1, 2)
