@@ -8,3 +8,8 @@ class ConfigError(ValueError):
         super().__init__(f"{problem}; {fix}")
         self.problem = problem
         self.fix = fix
+
+
+class DataError(ConfigError):
+    """A data file or input record that cannot be used (missing, corrupt, malformed). Same
+    one-line `<problem>; <fix>` message; a ConfigError so entry points catch both alike."""

@@ -1,0 +1,1 @@
+"""Data pipeline: tokenizers, Megatron indexed datasets, C++ sample helpers, BERT samples."""

@@ -1,0 +1,299 @@
+"""Megatron's indexed datasets, byte for byte: `.bin` holds the tokens, `.idx` says where items are.
+
+Two on-disk formats, both readable by Megatron and from Megatron:
+
+* mmap (`MMIDIDX\\x00\\x00`): version <Q 1, dtype code <B, item count <Q, doc-index length <Q,
+  then int32 sizes, int64 byte pointers, int64 doc_idx. Read through numpy memmap, zero copy.
+* cached / lazy (`TNTIDX\\x00\\x00`): version <Q 1, (dtype code, element size) <QQ,
+  (item count, sizes count) <QQ, doc count <Q, then int64 dim_offsets, data_offsets (in
+  elements), sizes, doc_idx. "lazy" reads each item from the file; "cached" holds the `.bin`
+  in memory.
+
+doc_idx starts with 0 and gets one entry (the item count so far) per finished document.
+Builders write to `*.partial` files and rename them only on `finalize()`, so an interrupted
+run leaves nothing that looks like a dataset. Readers check every header field and offset
+against the file sizes, so a damaged file is a one-line DataError, not a numpy crash.
+"""
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from megatron.errors import ConfigError, DataError
+
+DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
+MMAP_MAGIC = b"MMIDIDX\x00\x00"
+TNT_MAGIC = b"TNTIDX\x00\x00"
+IMPLS = ("mmap", "cached", "lazy")
+_REBUILD = "rerun tools/preprocess_data.py to rebuild it"
+
+
+def dtype_code(dtype) -> int:
+    for code, candidate in DTYPES.items():
+        if np.dtype(candidate) == np.dtype(dtype):
+            return code
+    raise ConfigError(f"dtype {np.dtype(dtype)} has no indexed-dataset code", f"use one of {sorted(np.dtype(d).name for d in DTYPES.values())}")
+
+
+def best_fitting_dtype(vocab_size: int):
+    """uint16 halves the file for every vocab Megatron calls small (< 65500 ids)."""
+    return np.uint16 if vocab_size is not None and vocab_size < 65500 else np.int32
+
+
+def data_file_path(prefix) -> str:
+    return f"{prefix}.bin"
+
+
+def index_file_path(prefix) -> str:
+    return f"{prefix}.idx"
+
+
+def dataset_exists(prefix) -> bool:
+    return os.path.isfile(data_file_path(prefix)) and os.path.isfile(index_file_path(prefix))
+
+
+# ---------------------------------------------------------------- builders
+
+class _Builder:
+    """Shared by both formats: append items, close documents, commit atomically."""
+
+    def __init__(self, prefix, dtype):
+        self.prefix = str(prefix)
+        self.dtype = np.dtype(dtype)
+        dtype_code(self.dtype)
+        self.sizes: list[int] = []
+        self.doc_idx: list[int] = [0]
+        self._bin_partial = data_file_path(self.prefix) + ".partial"
+        self._idx_partial = index_file_path(self.prefix) + ".partial"
+        self._bin = open(self._bin_partial, "wb")
+
+    def add_item(self, tokens):
+        array = np.asarray(tokens, dtype=self.dtype)
+        self._bin.write(array.tobytes(order="C"))
+        self.sizes.append(array.size)
+
+    def add_document(self, items):
+        """All items (sentences) of one document, then the document boundary."""
+        for item in items:
+            self.add_item(item)
+        self.end_document()
+
+    def end_document(self):
+        self.doc_idx.append(len(self.sizes))
+
+    def finalize(self):
+        self._bin.close()
+        with open(self._idx_partial, "wb") as index:
+            self._write_index(index)
+        os.replace(self._bin_partial, data_file_path(self.prefix))
+        os.replace(self._idx_partial, index_file_path(self.prefix))
+
+    def abort(self):
+        """Removes everything written so far; the old dataset at the prefix, if any, stays."""
+        self._bin.close()
+        for path in (self._bin_partial, self._idx_partial):
+            Path(path).unlink(missing_ok=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        self.finalize() if kind is None else self.abort()
+
+
+class MMapIndexedDatasetBuilder(_Builder):
+    def _write_index(self, index):
+        sizes = np.asarray(self.sizes, dtype=np.int32)
+        pointers = np.zeros(len(sizes), dtype=np.int64)
+        np.cumsum(sizes[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
+        index.write(MMAP_MAGIC)
+        index.write(struct.pack("<Q", 1))
+        index.write(struct.pack("<B", dtype_code(self.dtype)))
+        index.write(struct.pack("<Q", len(sizes)))
+        index.write(struct.pack("<Q", len(self.doc_idx)))
+        index.write(sizes.tobytes(order="C"))
+        index.write(pointers.tobytes(order="C"))
+        index.write(np.asarray(self.doc_idx, dtype=np.int64).tobytes(order="C"))
+
+
+class IndexedDatasetBuilder(_Builder):
+    """TNTIDX (cached/lazy). Unlike Megatron's builder it records documents, so BERT can use it."""
+
+    def _write_index(self, index):
+        count = len(self.sizes)
+        data_offsets = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(self.sizes, out=data_offsets[1:])
+        index.write(TNT_MAGIC)
+        index.write(struct.pack("<Q", 1))
+        index.write(struct.pack("<QQ", dtype_code(self.dtype), self.dtype.itemsize))
+        index.write(struct.pack("<QQ", count, count))
+        index.write(struct.pack("<Q", len(self.doc_idx)))
+        index.write(np.arange(count + 1, dtype=np.int64).tobytes())  # dim_offsets: every item is 1-D
+        index.write(data_offsets.tobytes())
+        index.write(np.asarray(self.sizes, dtype=np.int64).tobytes())
+        index.write(np.asarray(self.doc_idx, dtype=np.int64).tobytes())
+
+
+def make_builder(prefix, impl: str, vocab_size: int):
+    dtype = best_fitting_dtype(vocab_size)
+    if impl == "mmap":
+        return MMapIndexedDatasetBuilder(prefix, dtype)
+    if impl in ("cached", "lazy"):
+        return IndexedDatasetBuilder(prefix, dtype)
+    raise ConfigError(f"unknown --dataset-impl {impl}", f"use one of {', '.join(IMPLS)}")
+
+
+# ---------------------------------------------------------------- readers
+
+class _Reader:
+    """Item access shared by all formats; subclasses set sizes, doc_idx, dtype and `_read`."""
+
+    sizes: np.ndarray  # [items] tokens per item
+    doc_idx: np.ndarray  # [docs + 1] first item of each document, then the item count
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(len(self))
+            if step != 1:
+                raise ValueError("indexed datasets slice contiguously only")
+            return [self.get(i) for i in range(start, stop)]
+        return self.get(idx)
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens [offset, offset + length) of item idx (the rest of it when length is None)."""
+        idx = int(idx)
+        if idx < 0:
+            idx += len(self)
+        if not 0 <= idx < len(self):
+            raise IndexError(f"item {idx} out of range for {len(self)} items")
+        size = int(self.sizes[idx])
+        length = size - offset if length is None else length
+        if offset < 0 or length < 0 or offset + length > size:
+            raise IndexError(f"tokens [{offset}, {offset + length}) out of range for item {idx} of {size} tokens")
+        return self._read(idx, offset, length)
+
+    def _check_doc_idx(self, path):
+        doc_idx = self.doc_idx
+        if len(doc_idx) == 0 or doc_idx[0] != 0 or np.any(np.diff(doc_idx) < 0) or doc_idx[-1] > len(self.sizes):
+            raise DataError(f"{path}: document index is not an increasing list from 0 to the item count", _REBUILD)
+
+
+def _read_header(path, magic: bytes, layout: str) -> tuple:
+    size = os.path.getsize(path)
+    need = len(magic) + struct.calcsize(layout)
+    with open(path, "rb") as f:
+        head = f.read(need)
+    if head[:len(magic)] != magic:
+        raise DataError(f"{path}: not an indexed-dataset index (bad magic {head[:len(magic)]!r})",
+                        f"pass the prefix of a .bin/.idx pair or the matching --dataset-impl; {_REBUILD}")
+    if len(head) < need:
+        raise DataError(f"{path}: header truncated at {size} bytes", _REBUILD)
+    fields = struct.unpack(layout, head[len(magic):])
+    if fields[0] != 1:
+        raise DataError(f"{path}: index version {fields[0]} is not supported (only version 1)", _REBUILD)
+    if fields[1] not in DTYPES:
+        raise DataError(f"{path}: unknown dtype code {fields[1]}", _REBUILD)
+    return need, size, fields
+
+
+def _require_files(prefix):
+    for path in (index_file_path(prefix), data_file_path(prefix)):
+        if not os.path.isfile(path):
+            raise DataError(f"dataset file {path} does not exist", "check --data-path (a prefix without .bin/.idx) or run tools/preprocess_data.py")
+
+
+class MMapIndexedDataset(_Reader):
+    def __init__(self, prefix):
+        _require_files(prefix)
+        self.prefix = str(prefix)
+        index_path, bin_path = index_file_path(prefix), data_file_path(prefix)
+        offset, idx_size, (_, code, count, doc_count) = _read_header(index_path, MMAP_MAGIC, "<QBQQ")
+        self.dtype = np.dtype(DTYPES[code])
+        expected = offset + count * (4 + 8) + doc_count * 8
+        if idx_size != expected:
+            raise DataError(f"{index_path}: {idx_size} bytes but its header promises {expected}", _REBUILD)
+        index = np.memmap(index_path, mode="r", order="C")
+        self.sizes = np.frombuffer(index, dtype=np.int32, count=count, offset=offset)
+        self.pointers = np.frombuffer(index, dtype=np.int64, count=count, offset=offset + count * 4)
+        self.doc_idx = np.frombuffer(index, dtype=np.int64, count=doc_count, offset=offset + count * 12)
+        bin_size = os.path.getsize(bin_path)
+        ends = self.pointers + self.sizes.astype(np.int64) * self.dtype.itemsize
+        if count and (self.sizes.min() < 0 or self.pointers.min() < 0 or ends.max() > bin_size):
+            raise DataError(f"{bin_path}: items overrun the {bin_size}-byte data file (truncated or mismatched .bin/.idx)", _REBUILD)
+        self._check_doc_idx(index_path)
+        self._bin = np.memmap(bin_path, mode="r", order="C") if bin_size else np.zeros(0, np.uint8)
+
+    def _read(self, idx, offset, length):
+        start = int(self.pointers[idx]) + offset * self.dtype.itemsize
+        return np.frombuffer(self._bin, dtype=self.dtype, count=length, offset=start)
+
+
+class IndexedDataset(_Reader):
+    """TNTIDX, "lazy": every item is read from the file when asked for."""
+
+    def __init__(self, prefix):
+        _require_files(prefix)
+        self.prefix = str(prefix)
+        index_path, bin_path = index_file_path(prefix), data_file_path(prefix)
+        offset, idx_size, (_, code, element_size, count, sizes_count, doc_count) = \
+            _read_header(index_path, TNT_MAGIC, "<QQQQQQ")
+        self.dtype = np.dtype(DTYPES[code])
+        if element_size != self.dtype.itemsize:
+            raise DataError(f"{index_path}: element size {element_size} does not match dtype {self.dtype}", _REBUILD)
+        expected = offset + 8 * (2 * (count + 1) + sizes_count + doc_count)
+        if idx_size != expected:
+            raise DataError(f"{index_path}: {idx_size} bytes but its header promises {expected}", _REBUILD)
+        longs = np.fromfile(index_path, dtype=np.int64, offset=offset)
+        dim_offsets, data_offsets = longs[:count + 1], longs[count + 1:2 * count + 2]
+        sizes = longs[2 * count + 2:2 * count + 2 + sizes_count]
+        self.doc_idx = longs[2 * count + 2 + sizes_count:]
+        if sizes_count != count or np.any(dim_offsets != np.arange(count + 1)):
+            raise DataError(f"{index_path}: items with more than one dimension are not supported", "store one 1-D token array per item")
+        self.sizes = sizes
+        self.data_offsets = data_offsets
+        bin_size = os.path.getsize(bin_path)
+        if data_offsets[0] != 0 or np.any(np.diff(data_offsets) != sizes) or data_offsets[-1] * element_size > bin_size:
+            raise DataError(f"{bin_path}: items overrun the {bin_size}-byte data file (truncated or mismatched .bin/.idx)", _REBUILD)
+        self._check_doc_idx(index_path)
+        self._bin_path = bin_path
+
+    def _read(self, idx, offset, length):
+        start = (int(self.data_offsets[idx]) + offset) * self.dtype.itemsize
+        return np.fromfile(self._bin_path, dtype=self.dtype, count=length, offset=start)
+
+
+class IndexedCachedDataset(IndexedDataset):
+    """TNTIDX, "cached": the whole `.bin` is read into memory once, then sliced."""
+
+    def __init__(self, prefix):
+        super().__init__(prefix)
+        self._data = np.fromfile(self._bin_path, dtype=self.dtype, count=int(self.data_offsets[-1]))
+
+    def _read(self, idx, offset, length):
+        start = int(self.data_offsets[idx]) + offset
+        return self._data[start:start + length]
+
+
+def infer_dataset_impl(prefix) -> str:
+    """mmap or lazy, from the index's magic bytes."""
+    _require_files(prefix)
+    with open(index_file_path(prefix), "rb") as f:
+        magic = f.read(len(MMAP_MAGIC))
+    if magic == MMAP_MAGIC:
+        return "mmap"
+    if magic[:len(TNT_MAGIC)] == TNT_MAGIC:
+        return "lazy"
+    raise DataError(f"{index_file_path(prefix)}: not an indexed-dataset index (bad magic {magic!r})", _REBUILD)
+
+
+def make_dataset(prefix, impl: str = "infer"):
+    if impl == "infer":
+        impl = infer_dataset_impl(prefix)
+    readers = {"mmap": MMapIndexedDataset, "cached": IndexedCachedDataset, "lazy": IndexedDataset}
+    if impl not in readers:
+        raise ConfigError(f"unknown --dataset-impl {impl}", f"use one of infer, {', '.join(IMPLS)}")
+    return readers[impl](prefix)

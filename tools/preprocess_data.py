@@ -1,0 +1,50 @@
+"""Turns a loose-JSON corpus into Megatron indexed datasets: `{prefix}_{key}_{sentence|document}.bin/.idx`.
+
+Flags follow Megatron's tools/preprocess_data.py (plus `--vocab`/`--json-key` spellings and
+`--skip-invalid`), so existing launch scripts run unchanged.
+"""
+import argparse
+import sys
+
+from megatron.data.indexed_dataset import IMPLS
+from megatron.data.preprocess import PreprocessOptions, preprocess
+from megatron.data.tokenizer import TOKENIZER_TYPES
+from megatron.errors import ConfigError
+
+
+def parse_args(argv=None) -> PreprocessOptions:
+    parser = argparse.ArgumentParser(description=__doc__)
+    group = parser.add_argument_group("input")
+    group.add_argument("--input", required=True, help="loose JSON, one object per line")
+    group.add_argument("--json-keys", "--json-key", nargs="+", default=["text"], help="keys to extract; each gets its own output")
+    group.add_argument("--split-sentences", action="store_true", help="one item per sentence (Punkt), needed for BERT")
+    group.add_argument("--keep-newlines", action="store_true", help="keep newlines between sentences when splitting")
+    group.add_argument("--lang", default="english", help="Punkt model language for --split-sentences")
+    group.add_argument("--skip-invalid", action="store_true", help="count and skip bad lines instead of stopping")
+    group = parser.add_argument_group("tokenizer")
+    group.add_argument("--tokenizer-type", default="BertWordPieceLowerCase", choices=sorted(TOKENIZER_TYPES))
+    group.add_argument("--vocab-file", "--vocab", required=True, help="BERT vocab.txt")
+    group.add_argument("--append-eod", action="store_true", help="append an end-of-document token to each document")
+    group = parser.add_argument_group("output")
+    group.add_argument("--output-prefix", required=True, help="path prefix of the .bin/.idx files")
+    group.add_argument("--dataset-impl", default="mmap", choices=IMPLS)
+    group = parser.add_argument_group("runtime")
+    group.add_argument("--workers", type=int, default=1, help="tokenizing processes")
+    group.add_argument("--log-interval", type=int, default=100, help="documents between progress lines")
+    args = parser.parse_args(argv)
+    return PreprocessOptions(**{**vars(args), "json_keys": tuple(args.json_keys)})
+
+
+def main(argv=None):
+    report = preprocess(parse_args(argv))
+    for key, prefix in report.outputs.items():
+        print(f"{key}: {prefix}.bin/.idx")
+    print(f"{report.documents} documents, {report.skipped} skipped, {report.bytes_read / 2**20:.2f} MB "
+          f"in {report.seconds:.2f} s")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
