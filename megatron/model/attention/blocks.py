@@ -68,5 +68,6 @@ def merge(out, lse, block_out, block_lse):
         return block_out.float(), block_lse
     new_lse = torch.logaddexp(lse, block_lse)
     finite = new_lse.masked_fill(new_lse == float("-inf"), 0.0)
-    out = out * torch.exp(lse - finite)[..., None] + block_out.float() * torch.exp(block_lse - finite)[..., None]
+    # in place: no [b, heads, s_q, d] temporaries beyond the two operands
+    out.mul_(torch.exp(lse - finite)[..., None]).addcmul_(block_out, torch.exp(block_lse - finite)[..., None])
     return out, new_lse

@@ -91,9 +91,14 @@ class _RingAttention(torch.autograd.Function):
             dq = dq_blk.float() if dq is None else dq.add_(dq_blk)
             if ring.size == 1:
                 return dq.to(q.dtype), dk_blk, dv_blk, None, None, None
-            dkv = _pack(dk_blk.float(), dv_blk.float())
-            if grad_waiter:
-                dkv += grad_waiter()
+            if grad_waiter:  # add our share into the received accumulator and pass it on
+                dkv = grad_waiter()
+                dk_acc, dv_acc = _unpack(dkv, (k.shape, v.shape), (torch.float32, torch.float32))
+                dk_acc.add_(dk_blk)
+                dv_acc.add_(dv_blk)
+            else:
+                dkv = _pack(dk_blk.float(), dv_blk.float())
+            del dk_blk, dv_blk
             grad_waiter = ring.shift(dkv, _GRAD_TAG)  # the last of these hops takes it home
             if kv_waiter:
                 kv = kv_waiter()
