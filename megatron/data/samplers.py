@@ -13,10 +13,11 @@ from megatron.errors import ConfigError
 class PretrainingSampler:
     """Micro-batches of sample indices for one data rank, in order, from `consumed_samples` on:
     the global batch of step k is samples [k * m * D, (k + 1) * m * D), so resuming with the
-    consumed count continues exactly where the run stopped, whatever the data degree D."""
+    consumed count continues exactly where the run stopped, whatever the data degree D. A last
+    incomplete global batch is dropped, so every rank takes the same number of steps."""
 
     def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int,
-                 data_parallel_rank: int, data_parallel_size: int, drop_last: bool = True):
+                 data_parallel_rank: int, data_parallel_size: int):
         if not 0 <= data_parallel_rank < data_parallel_size:
             raise ConfigError(f"data-parallel rank {data_parallel_rank} is outside size {data_parallel_size}",
                               "pass the rank from megatron.parallel.state")
@@ -30,19 +31,14 @@ class PretrainingSampler:
         self.micro_batch_size = micro_batch_size
         self.rank = data_parallel_rank
         self.global_micro = micro_batch_size * data_parallel_size
-        self.drop_last = drop_last
 
     def __len__(self) -> int:
-        remaining = self.total_samples - self.consumed_samples
-        return remaining // self.global_micro + (0 if self.drop_last or remaining % self.global_micro == 0 else 1)
+        return (self.total_samples - self.consumed_samples) // self.global_micro
 
     def __iter__(self):
-        mine = slice(self.rank * self.micro_batch_size, (self.rank + 1) * self.micro_batch_size)
-        for start in range(self.consumed_samples, self.total_samples, self.global_micro):
-            indices = list(range(start, min(start + self.global_micro, self.total_samples)))
-            if len(indices) < self.global_micro and self.drop_last:
-                return
-            yield indices[mine]
+        for step in range(len(self)):
+            start = self.consumed_samples + step * self.global_micro + self.rank * self.micro_batch_size
+            yield list(range(start, start + self.micro_batch_size))
 
 
 def collate_bert(samples: list[dict]) -> BertBatch:

@@ -1,0 +1,210 @@
+"""BERT samples: layout, masking statistics, whole-word masking, splits, cached index maps
+(built by one rank), blending, the data-parallel sampler and the sequence-parallel slice."""
+import numpy as np
+import pytest
+import torch
+
+from megatron.data import bert_dataset
+from megatron.data.bert_dataset import BertDataset, build_train_valid_test_datasets, split_boundaries
+from megatron.data.indexed_dataset import make_builder, make_dataset
+from megatron.data.samplers import PretrainingSampler, collate_bert
+from megatron.data.tokenizer import BertWordPiece
+from megatron.errors import ConfigError, DataError
+from megatron.parallel.spawn import run_on_ranks
+
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = [f"w{i}" for i in range(150)] + [f"##p{i}" for i in range(50)]  # ids 5..154 words, 155..204 pieces
+
+
+def write_vocab(directory):
+    path = directory / "vocab.txt"
+    path.write_text("\n".join(SPECIAL + WORDS) + "\n")
+    return BertWordPiece(path)
+
+
+def sentence(rng, length):
+    """Words of 1-3 pieces: a word id, then continuation (##) ids."""
+    tokens = []
+    while len(tokens) < length:
+        tokens += [int(rng.integers(5, 155))] + rng.integers(155, 205, rng.integers(0, 3)).tolist()
+    return tokens[:length]
+
+
+def write_corpus(prefix, num_docs=300, seed=0, sentences_per_doc=(2, 8), lengths=(5, 40)):
+    rng = np.random.default_rng(seed)
+    with make_builder(prefix, "mmap", 205) as builder:
+        for _ in range(num_docs):
+            count = rng.integers(*sentences_per_doc, endpoint=True)
+            builder.add_document([sentence(rng, rng.integers(*lengths)) for _ in range(count)])
+    return str(prefix)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bert")
+    return write_corpus(directory / "corpus"), write_vocab(directory)
+
+
+def dataset(data, name="train", num_samples=2000, seq_length=64, doc_range=(0, 300), **options):
+    prefix, tokenizer = data
+    return BertDataset(name, make_dataset(prefix), prefix, doc_range, num_samples, seq_length, tokenizer, **options)
+
+
+def original_tokens(sample):
+    return np.where(sample["loss_mask"], sample["labels"], sample["tokens"])
+
+
+def test_sample_layout_segments_and_padding(data):
+    train = dataset(data)
+    indexed = make_dataset(data[0])
+    checked = 0
+    for i in range(300):
+        sample = train[i]
+        length = int((~sample["key_padding_mask"]).sum())
+        assert not sample["key_padding_mask"][:length].any() and sample["key_padding_mask"][length:].all()
+        tokens, types = original_tokens(sample)[:length], sample["token_types"][:length]
+        seps = np.flatnonzero(tokens == 3)
+        assert tokens[0] == 2 and len(seps) == 2 and seps[1] == length - 1
+        assert (types[:seps[0] + 1] == 0).all() and (types[seps[0] + 1:] == 1).all()
+        assert (sample["tokens"][length:] == 0).all() and not sample["loss_mask"][length:].any()
+        first, end, target = train.mapping[i]
+        text = np.concatenate([indexed[s] for s in range(first, end)])
+        if len(text) <= min(target, 61):  # not truncated: the segments are the span, in or out of order
+            a, b = tokens[1:seps[0]], tokens[seps[0] + 1:-1]
+            assert np.array_equal(np.concatenate([b, a] if sample["sop_labels"] else [a, b]), text)
+            checked += 1
+        else:
+            assert length - 3 <= min(target, 61)
+    assert checked > 50
+
+
+def test_masking_statistics(data):
+    train = dataset(data, num_samples=3000, seq_length=128)
+    predicted = maskable = masked = kept = swapped = 0
+    for i in range(3000):
+        sample = train[i]
+        length = int((~sample["key_padding_mask"]).sum())
+        specials = np.isin(original_tokens(sample), [2, 3])
+        assert not (sample["loss_mask"] & specials).any()
+        maskable += length - 3
+        loss = sample["loss_mask"]
+        predicted += loss.sum()
+        masked += (sample["tokens"][loss] == 4).sum()
+        kept += (sample["tokens"][loss] == sample["labels"][loss]).sum()
+        swapped += int(sample["sop_labels"])
+        assert (sample["tokens"][~loss] != 4).all()
+    assert abs(predicted / maskable - 0.15) < 0.005
+    assert abs(masked / predicted - 0.8) < 0.02
+    assert abs(kept / predicted - 0.1 - 0.1 / 200) < 0.015  # a random token equals the original 1 time in 200
+    assert abs(1 - (masked + kept) / predicted - 0.1) < 0.015  # random replacements
+    assert abs(swapped / 3000 - 0.5) < 0.04
+
+
+def test_whole_word_masking_masks_words_entirely(data):
+    train = dataset(data, whole_word_masking=True)
+    for i in range(300):
+        sample = train[i]
+        tokens, loss = original_tokens(sample), sample["loss_mask"]
+        continuation = (tokens >= 155) & (np.roll(tokens, 1) >= 5)  # after a piece, not after [CLS]/[SEP]
+        # a continuation piece is predicted exactly when the piece before it is
+        assert np.array_equal(loss[1:][continuation[1:]], loss[:-1][continuation[1:]])
+        assert loss.sum() > 0
+
+
+def test_samples_are_deterministic_per_seed(data):
+    a, b, c = dataset(data, seed=5), dataset(data, seed=5), dataset(data, seed=6)
+    for key, value in a[17].items():
+        assert np.array_equal(value, b[17][key])
+    assert not np.array_equal(a[17]["tokens"], c[17]["tokens"])
+
+
+def test_split_boundaries():
+    assert split_boundaries("949,50,1", 1000) == [0, 949, 999, 1000]
+    assert split_boundaries("98/2", 10) == [0, 10, 10, 10]
+    assert split_boundaries("1", 7) == [0, 7, 7, 7]
+    for bad in ("a,b", "1,2,3,4", "0,0,0", "-1,2"):
+        with pytest.raises(ConfigError, match="--split"):
+            split_boundaries(bad, 10)
+
+
+def test_splits_use_disjoint_documents(data):
+    prefix, tokenizer = data
+    train, valid, test = build_train_valid_test_datasets([prefix], "mmap", "80,15,5", (500, 80, 20), 64, tokenizer)
+    doc_idx = make_dataset(prefix).doc_idx
+    ranges = [(doc_idx[a], doc_idx[b]) for a, b in [(0, 240), (240, 285), (285, 300)]]
+    for split, (lo, hi) in zip((train, valid, test), ranges):
+        assert split.mapping[:, 0].min() >= lo and split.mapping[:, 1].max() <= hi
+        assert len(split) >= [500, 80, 20][[train, valid, test].index(split)]
+
+
+def test_index_map_is_cached_next_to_the_data_and_reused(data, monkeypatch, tmp_path):
+    prefix = write_corpus(tmp_path / "c", num_docs=50)
+    first = dataset((prefix, data[1]), num_samples=100, doc_range=(0, 50))
+    cached = list(tmp_path.glob("c_train_indexmap_100mns_61msl_0.10ssp_1234s_0-50docs.npy"))
+    assert len(cached) == 1 and len(list(tmp_path.glob("*partial*"))) == 0
+
+    def must_not_build(*args, **kwargs):
+        raise AssertionError("the cached index map should have been loaded")
+
+    monkeypatch.setattr(bert_dataset.helpers, "build_mapping", must_not_build)
+    second = dataset((prefix, data[1]), num_samples=100, doc_range=(0, 50))
+    assert np.array_equal(first.mapping, second.mapping)
+
+
+def build_on_rank(prefix, vocab_file):
+    """One rank of the distributed index-map build: returns (did this rank build, the mapping)."""
+    calls = []
+    build = bert_dataset.helpers.build_mapping
+    bert_dataset.helpers = type("Counting", (), {"build_mapping": staticmethod(
+        lambda *a, **k: calls.append(1) or build(*a, **k))})
+    train = BertDataset("train", make_dataset(prefix), prefix, (0, 40), 64, 64, BertWordPiece(vocab_file))
+    return bool(calls), np.array(train.mapping)
+
+
+def test_one_rank_builds_the_index_map_while_the_other_waits(data, tmp_path):
+    prefix = write_corpus(tmp_path / "c", num_docs=40)
+    (built0, mapping0), (built1, mapping1) = run_on_ranks(build_on_rank, 2, prefix, data[1].vocab_file, timeout=120)
+    assert (built0, built1) == (True, False)
+    assert np.array_equal(mapping0, mapping1) and len(mapping0) >= 64
+
+
+def test_documents_without_sentence_pairs_are_a_clear_error(data, tmp_path):
+    prefix = write_corpus(tmp_path / "docs", num_docs=20, sentences_per_doc=(1, 1))
+    with pytest.raises(DataError, match="train split yields no BERT samples.*--split-sentences"):
+        dataset((prefix, data[1]), num_samples=10, doc_range=(0, 20))
+    assert len(dataset((prefix, data[1]), num_samples=10, doc_range=(0, 20), binary_head=False)) >= 10
+
+
+def test_blending_follows_the_weights(data, tmp_path):
+    other = write_corpus(tmp_path / "other", num_docs=100, seed=1)
+    train, _, _ = build_train_valid_test_datasets(["0.7", data[0], "0.3", other], "mmap", "1", (1000, 0, 0), 64, data[1])
+    assert len(train) == 1000
+    counts = np.bincount(train.dataset_index, minlength=2)
+    assert counts.tolist() == [700, 300]
+    where = int(np.flatnonzero(train.dataset_index == 1)[5])
+    expected = train.datasets[1][int(train.dataset_sample_index[where])]
+    assert np.array_equal(train[where]["tokens"], expected["tokens"])
+    with pytest.raises(ConfigError, match="weight/prefix pairs"):
+        build_train_valid_test_datasets(["0.7", data[0], "0.3"], "mmap", "1", (10, 0, 0), 64, data[1])
+
+
+def test_sampler_splits_global_batches_and_resumes_exactly():
+    ranks = [list(PretrainingSampler(100, 0, 4, rank, 3)) for rank in range(3)]
+    assert ranks[0][0] == [0, 1, 2, 3] and ranks[2][0] == [8, 9, 10, 11]
+    assert all(len(r) == 8 for r in ranks)  # 8 global batches of 12; the last 4 samples dropped
+    assert sorted(sum(sum(ranks, []), [])) == list(range(96))
+    resumed = list(PretrainingSampler(100, 36, 4, 1, 3))
+    assert resumed == ranks[1][3:]
+    assert len(PretrainingSampler(100, 36, 4, 1, 3)) == 5
+    with pytest.raises(ConfigError, match="consumed samples 101"):
+        PretrainingSampler(100, 101, 4, 0, 1)
+
+
+def test_collated_batch_splits_into_sequence_chunks(data):
+    train = dataset(data)
+    batch = collate_bert([train[i] for i in range(4)])
+    assert batch.tokens.shape == (4, 64) and batch.tokens.dtype == torch.int64 and batch.sop_labels.shape == (4,)
+    chunks = [batch.sequence_chunk(rank, 4) for rank in range(4)]
+    assert [c.chunk_start for c in chunks] == [0, 16, 32, 48]
+    for field in ("tokens", "token_types", "key_padding_mask", "labels", "loss_mask"):
+        assert torch.equal(torch.cat([getattr(c, field) for c in chunks], dim=1), getattr(batch, field))
