@@ -5,7 +5,10 @@ scripts work; the special ids come from the vocab file itself, never from consta
 """
 from pathlib import Path
 
-from tokenizers import BertWordPieceTokenizer
+from tokenizers import Tokenizer
+from tokenizers.models import WordPiece
+from tokenizers.normalizers import BertNormalizer
+from tokenizers.pre_tokenizers import BertPreTokenizer
 
 from megatron.errors import ConfigError, DataError
 
@@ -24,7 +27,9 @@ class BertWordPiece:
         if missing:
             raise DataError(f"vocab file {vocab_file} lacks the special tokens {' '.join(missing)}",
                             "use a BERT vocab.txt (or build one with tools/build_vocab.py)")
-        self._rust = BertWordPieceTokenizer(self.vocab, lowercase=lower_case, strip_accents=None if lower_case else False)
+        self._rust = Tokenizer(WordPiece(self.vocab, unk_token="[UNK]"))
+        self._rust.normalizer = BertNormalizer(lowercase=lower_case, strip_accents=lower_case)
+        self._rust.pre_tokenizer = BertPreTokenizer()
         self.inv_vocab = {index: token for token, index in self.vocab.items()}
 
     def __getstate__(self):  # workers rebuild from the file rather than pickling the Rust object
@@ -41,7 +46,8 @@ class BertWordPiece:
         return self._rust.encode(text, add_special_tokens=False).ids
 
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return [encoding.ids for encoding in self._rust.encode_batch(texts, add_special_tokens=False)]
+        # the _fast variant skips character offsets, which nothing here needs (~25% faster)
+        return [encoding.ids for encoding in self._rust.encode_batch_fast(texts, add_special_tokens=False)]
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.inv_vocab[int(index)] for index in ids]
