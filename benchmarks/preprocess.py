@@ -21,16 +21,15 @@ import unicodedata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import build_vocab  # noqa: E402
-import make_sample_corpus  # noqa: E402
 from results import machine, write_section  # noqa: E402
 
 from megatron.data.preprocess import PreprocessOptions, preprocess  # noqa: E402
+from megatron.data.sample_corpus import write_corpus  # noqa: E402
 from megatron.data.sentences import sentence_splitter  # noqa: E402
 from megatron.data.tokenizer import build_tokenizer, read_vocab  # noqa: E402
+from megatron.data.vocab_builder import train_vocab, write_vocab  # noqa: E402
 
 
 class PythonWordPiece:
@@ -154,9 +153,9 @@ def main():
         tmp = Path(tmp)
         corpus, vocab = tmp / "corpus.json", tmp / "vocab.txt"
         start = time.perf_counter()
-        make_sample_corpus.write_corpus(corpus, 4 * 2**20)
+        write_corpus(corpus, 4 * 2**20)
         corpus_s = time.perf_counter() - start
-        build_vocab.write_vocab(build_vocab.train_vocab(corpus, lower_case=True, vocab_size=30522), vocab)
+        write_vocab(train_vocab(corpus, lower_case=True, vocab_size=30522), vocab)
         vocab_s = time.perf_counter() - start - corpus_s
         check_baseline_matches(corpus, vocab)
         rows, ratios = [], []

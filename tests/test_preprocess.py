@@ -8,12 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from megatron.data.bert_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import make_dataset
+from megatron.data.default_dataset import prepare_default_dataset
 from megatron.data.preprocess import PreprocessOptions, preprocess
+from megatron.data.sample_corpus import write_corpus
 from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import build_tokenizer
+from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.errors import ConfigError, DataError
 from test_tokenizer import load_tool
 
@@ -37,8 +41,7 @@ def corpus(tmp_path_factory):
     directory = tmp_path_factory.mktemp("corpus")
     path = directory / "wiki.json"
     path.write_text("".join(json.dumps(article(i)) + "\n" for i in range(120)))
-    build_vocab = load_tool("build_vocab")
-    build_vocab.write_vocab(build_vocab.train_vocab(path, lower_case=True, vocab_size=400), directory / "vocab.txt")
+    write_vocab(train_vocab(path, lower_case=True, vocab_size=400), directory / "vocab.txt")
     return path, directory / "vocab.txt"
 
 
@@ -183,9 +186,8 @@ def test_every_format_feeds_the_same_bert_samples(corpus, tmp_path):
 
 
 def test_sample_corpus_is_deterministic_prose(tmp_path):
-    make_sample_corpus = load_tool("make_sample_corpus")
-    first = make_sample_corpus.write_corpus(tmp_path / "a.json", 200_000, packages=())
-    second = make_sample_corpus.write_corpus(tmp_path / "b.json", 200_000, packages=())
+    first = write_corpus(tmp_path / "a.json", 200_000, packages=())
+    second = write_corpus(tmp_path / "b.json", 200_000, packages=())
     assert first == second and 150_000 < first[1] <= 200_000
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     records = [json.loads(line) for line in (tmp_path / "a.json").read_text().splitlines()]
@@ -193,3 +195,48 @@ def test_sample_corpus_is_deterministic_prose(tmp_path):
     text = " ".join(r["text"] for r in records)
     assert ">>>" not in text and len(sentence_splitter()(text)) > 500
     assert text.count(" the ") > 1000  # English prose, not code
+
+
+def test_sample_corpus_cli_writes_the_corpus(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "make_sample_corpus.py"), "--output",
+                             str(tmp_path / "c.json"), "--max-mb", "0.05", "--packages"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("wrote ") and 0 < (tmp_path / "c.json").stat().st_size <= 0.05 * 2**20
+
+
+def test_default_dataset_is_built_once_and_reused(tmp_path):
+    first = prepare_default_dataset(tmp_path, workers=1, max_bytes=300_000, packages=(), vocab_size=2000)
+    stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    assert {"sample_corpus.json", "vocab.txt", "sample_text_sentence.bin", "sample_text_sentence.idx"} <= set(stamps)
+    second = prepare_default_dataset(tmp_path, workers=1, max_bytes=300_000, packages=(), vocab_size=2000)
+    assert second == first and stamps == {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    tokenizer = build_tokenizer("BertWordPieceLowerCase", first.vocab_file)
+    train, valid, _ = build_train_valid_test_datasets([first.data_prefix], "mmap", "949,50,1", (64, 8, 0), 128, tokenizer)
+    assert len(train) >= 64 and len(valid) >= 8
+
+
+def test_preprocessed_data_trains_a_small_bert(corpus, tmp_path):
+    from megatron.data.samplers import PretrainingSampler, collate_bert
+    from megatron.model.bert import BertConfig, BertModel
+    from megatron.model.loss import bert_loss
+
+    tokenizer = build_tokenizer("BertWordPieceLowerCase", corpus[1])
+    report = preprocess(options(corpus, tmp_path, dataset_impl="lazy"))
+    train, _, _ = build_train_valid_test_datasets([report.outputs["text"]], "lazy", "1", (64, 0, 0), 64, tokenizer)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_layers=2, num_attention_heads=4,
+                        seq_length=64, max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0,
+                        attention="dense")
+    model = BertModel(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    batches = [collate_bert([train[i] for i in indices]) for indices in PretrainingSampler(64, 0, 16, 0, 1)]
+    losses = []
+    for _ in range(6):
+        for batch in batches:
+            mlm_logits, sop_logits = model(*batch.model_inputs())
+            loss = bert_loss(mlm_logits, batch.labels[batch.loss_mask], sop_logits, batch.sop_labels).total
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    assert all(np.isfinite(losses)) and np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4])

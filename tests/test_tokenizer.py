@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from megatron.data.tokenizer import BertWordPiece, build_tokenizer
+from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.errors import ConfigError, DataError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,10 +75,10 @@ def write_corpus(path, lines):
 def test_build_vocab_trains_a_loadable_vocab(tmp_path):
     corpus = write_corpus(tmp_path / "c.json", ["Sentence number %d talks about tokenization and vocabularies." % i
                                                  for i in range(200)])
-    tokens = load_tool("build_vocab").train_vocab(corpus, lower_case=True, vocab_size=200)
+    tokens = train_vocab(corpus, lower_case=True, vocab_size=200)
     assert tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(tokens) == len(set(tokens)) <= 200
     assert {"tokenization", "vocabularies", "sentence"} <= set(tokens)  # 200 times each: whole words
-    load_tool("build_vocab").write_vocab(tokens, tmp_path / "vocab.txt")
+    write_vocab(tokens, tmp_path / "vocab.txt")
     tokenizer = build_tokenizer("BertWordPieceLowerCase", tmp_path / "vocab.txt")
     ids = tokenizer.tokenize("Tokenization talks about vocabularies.")
     assert tokenizer.convert_ids_to_tokens(ids) == ["tokenization", "talks", "about", "vocabularies", "."]

@@ -1,0 +1,39 @@
+"""The embedded default dataset: sample corpus -> WordPiece vocab -> sentence-split mmap data.
+
+Built from the Python installation alone (no download) into one directory, each step skipped
+when its output already exists, each output written atomically, so an interrupted build
+resumes and a finished one is reused. The trainer's default run points here.
+"""
+from dataclasses import dataclass
+from pathlib import Path
+
+from megatron.data.indexed_dataset import dataset_exists
+from megatron.data.preprocess import PreprocessOptions, preprocess
+from megatron.data.sample_corpus import DEFAULT_PACKAGES, write_corpus
+from megatron.data.vocab_builder import train_vocab, write_vocab
+
+DEFAULT_VOCAB_SIZE = 8192  # ample for a ~2 MB corpus; keeps the default model's embedding small
+
+
+@dataclass(frozen=True)
+class DefaultDataset:
+    corpus: Path
+    vocab_file: Path
+    data_prefix: str  # for --data-path
+
+
+def prepare_default_dataset(directory, workers: int = 2, max_bytes: int = 4 * 2**20,
+                            packages=DEFAULT_PACKAGES, vocab_size: int = DEFAULT_VOCAB_SIZE) -> DefaultDataset:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    corpus, vocab_file = directory / "sample_corpus.json", directory / "vocab.txt"
+    if not corpus.is_file():
+        write_corpus(corpus, max_bytes, packages)
+    if not vocab_file.is_file():
+        write_vocab(train_vocab(corpus, lower_case=True, vocab_size=vocab_size), vocab_file)
+    options = PreprocessOptions(input=str(corpus), output_prefix=str(directory / "sample"), vocab_file=str(vocab_file),
+                                split_sentences=True, workers=workers, log_interval=0)
+    data_prefix = f"{options.output_prefix}_text_sentence"
+    if not dataset_exists(data_prefix):
+        preprocess(options)
+    return DefaultDataset(corpus, vocab_file, data_prefix)
