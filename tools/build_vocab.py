@@ -22,11 +22,10 @@ def main(argv=None):
     input_path, output = Path(args.input), Path(args.output)
     if not input_path.is_file():
         raise DataError(f"input file {input_path} does not exist", "pass --input with a loose-JSON corpus (tools/make_sample_corpus.py writes one)")
-    if not output.parent.is_dir():
-        raise ConfigError(f"output directory {output.parent} does not exist", "create it or pass another --output")
     if args.vocab_size <= len(SPECIAL_TOKENS):
         raise ConfigError(f"--vocab-size {args.vocab_size} leaves no room beyond the special tokens", "pass a larger --vocab-size")
     tokens = train_vocab(input_path, TOKENIZER_TYPES[args.tokenizer_type], args.vocab_size, args.min_frequency, args.json_keys)
+    output.parent.mkdir(parents=True, exist_ok=True)
     write_vocab(tokens, output)
     print(f"wrote {len(tokens)} tokens to {output}")
 

@@ -18,8 +18,7 @@ def main(argv=None):
                         help="installed packages whose docstrings follow the standard library's")
     args = parser.parse_args(argv)
     output = Path(args.output)
-    if not output.parent.is_dir():
-        raise ConfigError(f"output directory {output.parent} does not exist", "create it or pass another --output")
+    output.parent.mkdir(parents=True, exist_ok=True)
     count, written = write_corpus(output, int(args.max_mb * 2**20), tuple(args.packages))
     print(f"wrote {count} documents, {written / 2**20:.2f} MB to {output}")
 
