@@ -24,7 +24,7 @@ from megatron.data.batch import BertBatch
 from megatron.model import attention
 from megatron.model.attention.dense import sdpa
 from megatron.model.bert import BertConfig, BertModel
-from megatron.model.loss import bert_loss
+from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
 from results import machine, write_section
@@ -75,7 +75,7 @@ def bert_step(variant: str, size: int, seq: int):
 
     def step():
         mlm_logits, sop_logits = model(*chunk.model_inputs())
-        bert_loss(mlm_logits, chunk.labels[chunk.loss_mask], sop_logits, chunk.sop_labels).total.backward()
+        bert_batch_loss(mlm_logits, sop_logits, chunk).total.backward()
     return step
 
 

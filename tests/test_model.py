@@ -6,6 +6,7 @@ import torch
 
 from bert_fixtures import padded_batch, small_config, small_model
 from megatron.errors import ConfigError
+from megatron.model.loss import bert_batch_loss
 from megatron.model.bert import BertConfig
 
 
@@ -57,11 +58,18 @@ def test_chunk_positions_continue_from_chunk_start():
     assert torch.equal(model.embeddings(chunk.tokens, chunk.token_types, chunk.chunk_start), full[:, 24:36])
 
 
-def test_sop_logits_only_where_cls_lives():
+def test_sop_loss_only_where_cls_lives():
+    """Every chunk computes SOP logits (same backward graph on all ranks), but only the chunk
+    holding [CLS] puts the SOP loss into its share; the others give the head zero gradients."""
     model = small_model(small_config())
     batch = padded_batch()
-    assert model(*batch.sequence_chunk(0, 2).model_inputs())[1] is not None
-    assert model(*batch.sequence_chunk(1, 2).model_inputs())[1] is None
+    first, second = (bert_batch_loss(*model(*chunk.model_inputs()), chunk)
+                     for chunk in (batch.sequence_chunk(0, 2), batch.sequence_chunk(1, 2)))
+    assert first.sop > 0 and second.sop == 0
+    second.total.backward()
+    assert (model.binary_head.pooler.weight.grad == 0).all()
+    first.total.backward()
+    assert model.binary_head.pooler.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("overrides,message", [

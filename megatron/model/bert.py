@@ -191,12 +191,13 @@ class BertModel(nn.Module):
     def forward(self, input_ids, token_type_ids, key_padding_mask, mlm_mask, chunk_start: int = 0):
         """Returns (mlm_logits [n_masked, padded_vocab], sop_logits [b, 2] or None).
 
-        MLM logits are computed only where `mlm_mask` is True (never [b, s, vocab]); SOP logits
-        only when this chunk holds [CLS] (chunk_start == 0) and the binary head is on.
+        MLM logits are computed only where `mlm_mask` is True (never [b, s, vocab]). SOP logits
+        come from the chunk's first token, which is [CLS] only when chunk_start == 0; they are
+        computed on every chunk anyway so every rank's backward touches the same parameters
+        (ZeRO's gradient buckets must match across ranks), and the loss weighs them by whether
+        the chunk holds [CLS]. None when the binary head is off.
         """
         hidden = self.encode(input_ids, token_type_ids, key_padding_mask, chunk_start)
         mlm_logits = self.lm_head(hidden[mlm_mask], self.embeddings.word_embeddings.weight)
-        sop_logits = None
-        if self.binary_head is not None and chunk_start == 0:
-            sop_logits = self.binary_head(hidden[:, 0])
+        sop_logits = self.binary_head(hidden[:, 0]) if self.binary_head is not None else None
         return mlm_logits, sop_logits

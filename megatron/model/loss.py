@@ -28,11 +28,22 @@ def masked_token_count(mlm_labels) -> torch.Tensor:
     return count
 
 
-def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None) -> BertLoss:
-    """mlm_logits [n_masked, vocab] with mlm_labels [n_masked]; sop_logits [b, 2] or None."""
+def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None, holds_cls: bool = True) -> BertLoss:
+    """mlm_logits [n_masked, vocab] with mlm_labels [n_masked]; sop_logits [b, 2] or None.
+
+    `holds_cls`: whether this chunk starts at position 0. Elsewhere the SOP term is kept in the
+    graph with weight 0, so the binary head gets (zero) gradients on every rank alike.
+    """
     count = masked_token_count(mlm_labels).clamp(min=1.0)
     mlm = F.cross_entropy(mlm_logits.float(), mlm_labels, reduction="sum") / count
-    sop = (F.cross_entropy(sop_logits.float(), sop_labels) if sop_logits is not None
-           else torch.zeros((), device=mlm.device))
+    sop = torch.zeros((), device=mlm.device)
+    if sop_logits is not None:
+        sop = F.cross_entropy(sop_logits.float(), sop_labels) * (1.0 if holds_cls else 0.0)
     total = mlm + sop
     return BertLoss(total=total, mlm=mlm.detach(), sop=sop.detach())
+
+
+def bert_batch_loss(mlm_logits, sop_logits, batch) -> BertLoss:
+    """bert_loss for the outputs of BertModel on `batch` (a BertBatch, possibly one SP chunk)."""
+    return bert_loss(mlm_logits, batch.labels[batch.loss_mask], sop_logits, batch.sop_labels,
+                     holds_cls=batch.chunk_start == 0)

@@ -10,8 +10,8 @@ def allreduce_sequence_parallel_grads(params) -> None:
     """SUMS gradients of replicated parameters over the seq group, in one coalesced all-reduce.
 
     Each seq rank's loss is its chunk's share of the sequence loss (see model/loss.py), so the
-    sum of the per-rank gradients is the full-sequence gradient. A parameter a rank did not
-    use (the pooler off seq rank 0) contributes zeros.
+    sum of the per-rank gradients is the full-sequence gradient. A parameter without a
+    gradient on some rank contributes zeros.
     """
     if state.get_sequence_parallel_world_size() == 1:
         return
