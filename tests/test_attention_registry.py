@@ -12,7 +12,7 @@ from megatron.model import attention
     ("ulysses", 5, {}, "seq_length 48 is not divisible by the sequence-parallel size 5"),
     ("dense", 2, {}, "attention 'dense' sees only the local chunk"),
     ("ring", 2, dict(attention_dropout=0.1), "attention_dropout 0.1 is not supported by ring attention"),
-    ("flash", 1, {}, "unknown attention variant 'flash'; choose one of: dense, ring, ulysses"),
+    ("flash", 1, {}, "unknown attention variant 'flash'; choose one of: bigbird, dense, linformer, ring, ulysses"),
 ])
 def test_bad_attention_settings(variant, size, overrides, message):
     config = small_config(variant, **overrides)

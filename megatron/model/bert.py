@@ -35,12 +35,22 @@ class BertConfig:
     embedding_layernorm: bool = True
     add_binary_head: bool = True
     attention: str = "dense"  # a name in the attention registry
+    # linformer: keys and values projected from s to k rows (E, F: [heads or 1, k, s])
+    linformer_k: int = 256
+    linformer_share_heads: bool = False  # one E (and F) for all heads of a layer
+    linformer_share_kv: bool = False  # F = E
+    # bigbird: per query block, a window of blocks, the first and last (global) blocks, random blocks
+    bigbird_block_size: int = 64
+    bigbird_num_window_blocks: int = 3  # odd: the block and (w - 1) / 2 neighbours on each side
+    bigbird_num_random_blocks: int = 2
+    bigbird_seed: int = 0  # with the iteration and the layer, fixes the random blocks
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
             self.ffn_hidden_size = 4 * self.hidden_size
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size",
-                     "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by"):
+                     "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by", "linformer_k",
+                     "bigbird_block_size", "bigbird_num_window_blocks"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} = {getattr(self, name)} must be positive", f"set {name} to an integer >= 1")
         if self.hidden_size % self.num_attention_heads:
@@ -51,6 +61,12 @@ class BertConfig:
             raise ConfigError(
                 f"seq_length {self.seq_length} exceeds max_position_embeddings {self.max_position_embeddings}",
                 "raise --max-position-embeddings or lower --seq-length")
+        if self.bigbird_num_window_blocks % 2 == 0:
+            raise ConfigError(f"bigbird_num_window_blocks = {self.bigbird_num_window_blocks} is even",
+                              "use an odd window (the block and the same number of neighbours on each side)")
+        if self.bigbird_num_random_blocks < 0:
+            raise ConfigError(f"bigbird_num_random_blocks = {self.bigbird_num_random_blocks} is negative",
+                              "set bigbird_num_random_blocks to 0 or more")
         if self.layernorm_layout not in ("pre", "post"):
             raise ConfigError(f"layernorm_layout '{self.layernorm_layout}' is unknown", "use 'pre' (Megatron) or 'post' (BERT)")
         for name in ("hidden_dropout", "attention_dropout"):

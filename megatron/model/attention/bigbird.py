@@ -1,0 +1,361 @@
+"""`bigbird`: block-sparse attention (window + global + random blocks) over an SP-split sequence.
+
+The sequence is cut into n = s / B blocks of B tokens. Query block i attends to key blocks:
+  - window: i - h .. i + h (h = (w - 1) / 2, clipped at the ends), w = bigbird_num_window_blocks;
+  - global: blocks 0 and n - 1, which every block attends to and which attend to every block;
+  - random: r = bigbird_num_random_blocks blocks drawn without replacement from the blocks that
+    are neither in the window nor global (so no key block is counted twice).
+The random blocks are a deterministic function of (bigbird_seed, iteration, layer): every rank
+computes the same pattern on its own, with no broadcast (`block_pattern`).
+
+The training loop sets the iteration: call `set_iteration(model, iteration)` before each step.
+It also numbers the layers (in module order, from `first_layer`, for a pipeline stage that
+does not start at layer 0). Until it is called, every layer uses iteration 0 and layer 0.
+
+Under sequence parallelism rank p holds blocks [p*m, (p+1)*m), m = n / P:
+  - Non-global query blocks gather their key blocks; the ones held elsewhere (window halo from
+    the adjacent ranks, the two global blocks, random blocks) are fetched point-to-point from
+    their owners, each needed block once per rank; their dK, dV go back the same way in backward.
+  - Global query blocks (on ranks 0 and P-1) attend to the whole sequence without moving it: the
+    two query blocks are shared with every rank, each rank attends them to its local keys with
+    the log-sum-exp of its partial result, and the P partials are merged (as the ring does).
+Both paths run torch's SDPA kernels through blocks.py and recompute in backward from the saved
+lse, so per rank nothing larger than O(s/P * B * (w + 2 + r)) scores exists at once, and what
+is kept for backward is O(s/P) plus the fetched blocks. Attention dropout is refused, as for
+the ring (exact recompute cannot replay the dropout masks).
+"""
+import hashlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from megatron.errors import ConfigError
+from megatron.model.attention import blocks
+from megatron.model.attention.registry import AttentionCore, register
+from megatron.parallel import state
+
+_KV_TAG, _MASK_TAG, _GRAD_TAG = 10, 11, 12
+
+
+def _generator(seed: int, iteration: int, layer: int) -> torch.Generator:
+    """A CPU generator seeded by a stable hash of (seed, iteration, layer): same on every process."""
+    digest = hashlib.blake2b(f"bigbird/{seed}/{iteration}/{layer}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little"))
+
+
+def block_pattern(num_blocks: int, window: int, num_random: int, seed: int, iteration: int, layer: int):
+    """Key blocks of every query block -> (slots [n, w + 2 + r] int64, valid [n, w + 2 + r] bool).
+
+    Columns: w window blocks, the 2 global blocks, r random blocks. A slot is invalid where the
+    window runs past an end or a global block already lies in the window. The rows of the global
+    query blocks 0 and n-1 are all invalid: those blocks attend to everything. Needs
+    n >= w + 2 + r so that every row has r blocks to draw from (checked at start-up).
+    """
+    n, half = num_blocks, window // 2
+    rows = torch.arange(n)[:, None]
+    window_ids = rows + torch.arange(-half, half + 1)  # [n, w]
+    window_ok = (window_ids >= 0) & (window_ids < n)
+    global_ids = torch.tensor([0, n - 1]).expand(n, 2)
+    global_ok = (global_ids < rows - half) | (global_ids > rows + half)
+    # Random blocks, r draws without replacement (sequential uniform picks): draw u uniform in
+    # [0, #free) and walk the sorted taken blocks to find the u-th block not taken.
+    taken = torch.cat([window_ids.masked_fill(~window_ok, n), global_ids.masked_fill(~global_ok, n)], 1).sort(1).values
+    free = n - (taken < n).sum(1)  # [n]
+    generator = _generator(seed, iteration, layer)
+    picks = []
+    for _ in range(num_random):
+        pick = torch.randint(0, 2 ** 53, (n,), generator=generator) % free.clamp(min=1)
+        for column in taken.unbind(1):  # ascending: each taken block at or below the pick shifts it up
+            pick += column <= pick
+        picks.append(pick)
+        taken = torch.cat([taken, pick[:, None]], 1).sort(1).values
+        free = free - 1
+    random_ids = torch.stack(picks, 1) if picks else torch.empty(n, 0, dtype=torch.long)
+    slots = torch.cat([window_ids.clamp(0, n - 1), global_ids, random_ids], 1)
+    valid = torch.cat([window_ok, global_ok, torch.ones_like(random_ids, dtype=torch.bool)], 1)
+    valid[[0, -1]] = False
+    return slots, valid
+
+
+def block_mask(slots, valid) -> torch.Tensor:
+    """The [n, n] boolean block mask of a pattern (True = query block attends to key block)."""
+    n = slots.shape[0]
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    mask[torch.arange(n)[:, None].expand_as(slots)[valid], slots[valid]] = True
+    mask[[0, -1], :] = True
+    mask[:, [0, -1]] = True
+    return mask
+
+
+@dataclass
+class _Plan:
+    """Who sends which blocks to whom, and where each key slot of the local rows is found.
+
+    The local rows are this rank's non-global query blocks [row_start, row_stop) (local indices).
+    `slot_index` [rows, c] indexes the rank's extended key blocks: its own m blocks followed by
+    the fetched ones (in ascending block order), `slot_valid` marks the slots that count.
+    """
+    row_start: int
+    row_stop: int
+    slot_index: torch.Tensor
+    slot_valid: torch.Tensor
+    send: dict  # global rank -> local block indices it needs from us
+    recv: dict  # global rank -> how many blocks it sends us (ascending global rank = block order)
+
+
+def _plan(slots, valid, rank: int, size: int, ranks: list) -> _Plan:
+    n = slots.shape[0]
+    m = n // size
+    owner = torch.arange(n) // m
+    needs = []  # per seq rank: the sorted global ids of the remote blocks it needs
+    for r in range(size):
+        rows = slice(r * m, (r + 1) * m)
+        used = slots[rows][valid[rows]].unique()
+        needs.append(used[owner[used] != r])
+    position = torch.zeros(n, dtype=torch.long)
+    position[rank * m:(rank + 1) * m] = torch.arange(m)
+    position[needs[rank]] = m + torch.arange(len(needs[rank]))
+    row_start = 1 if rank == 0 else 0
+    row_stop = m - 1 if rank == size - 1 else m
+    rows = slice(rank * m + row_start, rank * m + row_stop)
+    send = {ranks[r]: needs[r][owner[needs[r]] == rank] - rank * m for r in range(size) if r != rank}
+    recv = {ranks[r]: int((owner[needs[rank]] == r).sum()) for r in range(size) if r != rank}
+    return _Plan(row_start, row_stop, position[slots[rows]], valid[rows],
+                 {dst: ids for dst, ids in send.items() if len(ids)}, {src: k for src, k in recv.items() if k})
+
+
+@dataclass
+class _SeqGroup:
+    group: object
+    size: int
+    rank: int
+    ranks: list
+
+    def sum(self, tensor):
+        """All-reduce (sum) of a copy of `tensor`; the tensor itself on one rank."""
+        if self.size == 1:
+            return tensor
+        total = tensor.contiguous().clone()
+        dist.all_reduce(total, group=self.group)
+        return total
+
+    def exchange(self, outgoing: dict, incoming: dict, tag: int) -> list:
+        """Sends outgoing[dst] while receiving into incoming[src]; returns the received tensors
+        in ascending source rank."""
+        works = [dist.isend(tensor.contiguous(), dst, group=self.group, tag=tag) for dst, tensor in outgoing.items()]
+        works += [dist.irecv(buffer, src, group=self.group, tag=tag) for src, buffer in sorted(incoming.items())]
+        for work in works:
+            work.wait()
+        return [buffer for _, buffer in sorted(incoming.items())]
+
+
+def _fetch(k, v, key_padding_mask, plan, seq):
+    """Local blocks k, v [b, m, B, heads, d], padding [b, m, B] -> the remote blocks this rank
+    needs: k, v [b, F, B, heads, d] and their padding [b, F, B], in ascending block order."""
+    b, _, block, heads, d = k.shape
+    kv = seq.exchange({dst: torch.stack([k[:, ids], v[:, ids]]) for dst, ids in plan.send.items()},
+                      {src: k.new_empty(2, b, count, block, heads, d) for src, count in plan.recv.items()}, _KV_TAG)
+    pad = seq.exchange({dst: key_padding_mask[:, ids].to(torch.uint8) for dst, ids in plan.send.items()},
+                       {src: torch.empty(b, count, block, dtype=torch.uint8) for src, count in plan.recv.items()},
+                       _MASK_TAG)
+    if not kv:
+        return k[:, :0], v[:, :0], key_padding_mask[:, :0]
+    fetched_k, fetched_v = torch.cat(kv, 2).unbind(0)
+    return fetched_k, fetched_v, torch.cat(pad, 1).bool()
+
+
+def _send_home(grad_fetched, grad_local, plan, seq):
+    """Adds the gradients of fetched blocks [2, b, F, B, heads, d] into their owners' local
+    gradient [2, b, m, B, heads, d] (in place, on the owner)."""
+    outgoing, start = {}, 0
+    for src, count in sorted(plan.recv.items()):
+        outgoing[src] = grad_fetched[:, :, start:start + count]
+        start += count
+    shape = grad_local.shape
+    incoming = {dst: grad_local.new_empty(2, shape[1], len(ids), *shape[3:]) for dst, ids in plan.send.items()}
+    for (_, ids), grad in zip(sorted(plan.send.items()), seq.exchange(outgoing, incoming, _GRAD_TAG)):
+        grad_local.index_add_(2, ids, grad)
+
+
+def _gather(k, v, key_padding_mask, plan):
+    """Extended blocks [b, m+F, B, heads, d] -> each row's keys and values [b*rows, heads, c*B, d]
+    in kernel layout, and their padding [b*rows, c*B] (invalid slots count as padding)."""
+    b, _, block, heads, d = k.shape
+    rows, c = plan.slot_index.shape
+    index = plan.slot_index.reshape(-1)
+    sel_k, sel_v = (x[:, index].reshape(b * rows, c * block, heads, d).transpose(1, 2) for x in (k, v))
+    pad = key_padding_mask[:, index].reshape(b, rows, c, block) | ~plan.slot_valid[None, :, :, None]
+    return sel_k, sel_v, pad.reshape(b * rows, c * block)
+
+
+def _items(x):
+    """[b, rows, B, heads, d] -> one kernel batch item per (sample, row): [b*rows, heads, B, d]."""
+    b, rows, block, heads, d = x.shape
+    return x.reshape(b * rows, block, heads, d).transpose(1, 2)
+
+
+def _flat(x):
+    """[b, blocks, B, heads, d] -> kernel layout over all those tokens [b, heads, blocks*B, d]."""
+    b, blocks_, block, heads, d = x.shape
+    return x.reshape(b, blocks_ * block, heads, d).transpose(1, 2)
+
+
+class _BigBirdAttention(torch.autograd.Function):
+    """One rank's block-sparse attention: q, k, v [b, m, B, heads, d] -> out [b, m, B, heads, d].
+
+    One Function for the whole rank, as for the ring, so every rank takes part in every
+    collective of backward even where it holds no global or no non-global query block.
+    Saved: the inputs, the fetched blocks, the global queries, and each path's out and lse.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_padding_mask, plan, seq, scale):
+        b, m, block, heads, d = q.shape
+        first, last = seq.rank == 0, seq.rank == seq.size - 1
+        # Global query blocks 0 and n-1, shared with every rank: [b, 2, B, heads, d]. Each rank
+        # attends them to its keys; the partial results are merged by log-sum-exp in rank order.
+        zeros = q.new_zeros(b, 1, block, heads, d)
+        global_q = seq.sum(torch.cat([q[:, :1] if first else zeros, q[:, -1:] if last else zeros], 1))
+        global_out, global_lse = blocks.forward(_flat(global_q), _flat(k), _flat(v), key_padding_mask.view(b, -1), scale)
+        global_out, global_lse = global_out.contiguous(), global_lse.contiguous()
+        if seq.size > 1:
+            outs = [torch.empty_like(global_out) for _ in range(seq.size)]
+            lses = [torch.empty_like(global_lse) for _ in range(seq.size)]
+            dist.all_gather(outs, global_out, group=seq.group)
+            dist.all_gather(lses, global_lse, group=seq.group)
+            global_out = global_lse = None
+            for part_out, part_lse in zip(outs, lses):
+                global_out, global_lse = blocks.merge(global_out, global_lse, part_out.float(), part_lse)
+        global_out = global_out.to(q.dtype).contiguous()  # [b, heads, 2B, d]
+
+        # Non-global query blocks: each attends to its gathered window, global and random blocks.
+        fetched_k, fetched_v, fetched_pad = _fetch(k, v, key_padding_mask, plan, seq)
+        rows = q[:, plan.row_start:plan.row_stop]
+        sparse_out = sparse_lse = None
+        pieces = [global_out.transpose(1, 2).view(b, 2, block, heads, d)[:, :1]] if first else []
+        if rows.shape[1]:
+            sel_k, sel_v, sel_pad = _gather(torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1),
+                                            torch.cat([key_padding_mask, fetched_pad], 1), plan)
+            sparse_out, sparse_lse = blocks.forward(_items(rows), sel_k, sel_v, sel_pad, scale)
+            sparse_out = sparse_out.to(q.dtype)  # [b*rows, heads, B, d]
+            pieces.append(sparse_out.transpose(1, 2).reshape(rows.shape))
+        if last:
+            pieces.append(global_out.transpose(1, 2).view(b, 2, block, heads, d)[:, 1:])
+        ctx.save_for_backward(q, k, v, key_padding_mask, fetched_k, fetched_v, fetched_pad,
+                              global_q, global_out, global_lse, sparse_out, sparse_lse)
+        ctx.plan, ctx.seq, ctx.scale = plan, seq, scale
+        return torch.cat(pieces, 1)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (q, k, v, key_padding_mask, fetched_k, fetched_v, fetched_pad,
+         global_q, global_out, global_lse, sparse_out, sparse_lse) = ctx.saved_tensors
+        plan, seq, scale = ctx.plan, ctx.seq, ctx.scale
+        b, m, block, heads, d = q.shape
+        first, last = seq.rank == 0, seq.rank == seq.size - 1
+        dq = torch.zeros(q.shape, dtype=torch.float32)
+        dkv = torch.zeros(2, *k.shape, dtype=torch.float32)  # dK, dV of the local blocks
+
+        # Global rows: their output is replicated, so its full gradient is the sum over ranks of
+        # each rank's (only the owners' is non-zero); each rank then differentiates its own
+        # partial with the merged lse, and the partial dq's are summed back the same way.
+        zeros = grad_out.new_zeros(b, 1, block, heads, d)
+        global_grad = seq.sum(torch.cat([grad_out[:, :1] if first else zeros, grad_out[:, -1:] if last else zeros], 1))
+        dq_global, dk_global, dv_global = blocks.backward(_flat(global_grad), _flat(global_q), _flat(k), _flat(v),
+                                                          key_padding_mask.view(b, -1), global_out, global_lse, scale)
+        dq_global = seq.sum(dq_global.transpose(1, 2).reshape(b, 2, block, heads, d))
+        if first:
+            dq[:, 0] += dq_global[:, 0]
+        if last:
+            dq[:, -1] += dq_global[:, 1]
+        dkv[0] += dk_global.transpose(1, 2).reshape(k.shape)
+        dkv[1] += dv_global.transpose(1, 2).reshape(k.shape)
+
+        # Non-global rows: gather again, differentiate, index-add dK and dV into the extended
+        # blocks (masked keys, i.e. padding and invalid slots, get exactly zero gradient).
+        grad_fetched = torch.zeros(2, *fetched_k.shape, dtype=torch.float32)
+        rows = slice(plan.row_start, plan.row_stop)
+        if sparse_out is not None:
+            extended_k, extended_v = torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1)
+            sel_k, sel_v, sel_pad = _gather(extended_k, extended_v, torch.cat([key_padding_mask, fetched_pad], 1), plan)
+            dq_rows, dk_sel, dv_sel = blocks.backward(_items(grad_out[:, rows]), _items(q[:, rows]), sel_k, sel_v,
+                                                      sel_pad, sparse_out, sparse_lse, scale)
+            del sel_k, sel_v, extended_k, extended_v
+            dq[:, rows] += dq_rows.transpose(1, 2).reshape(dq[:, rows].shape)
+            index = plan.slot_index.reshape(-1)
+            extended = torch.zeros(2, b, m + fetched_k.shape[1], block, heads, d)
+            for i, grad in enumerate((dk_sel, dv_sel)):
+                extended[i].index_add_(1, index, grad.transpose(1, 2).reshape(b, -1, block, heads, d).float())
+            dkv += extended[:, :, :m]
+            grad_fetched += extended[:, :, m:]
+        _send_home(grad_fetched, dkv, plan, seq)
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
+
+
+@register("bigbird")
+class BigBirdAttention(AttentionCore):
+    def __init__(self, config):
+        super().__init__()
+        self.seq = _SeqGroup(state.get_sequence_parallel_group(), state.get_sequence_parallel_world_size(),
+                             state.get_sequence_parallel_rank(), state.get_sequence_parallel_ranks())
+        self.block_size = config.bigbird_block_size
+        self.window = config.bigbird_num_window_blocks
+        self.num_random = config.bigbird_num_random_blocks
+        self.seed = config.bigbird_seed
+        self.scale = config.head_dim ** -0.5
+        self.iteration = 0
+        self.layer = 0
+        self._cached_plan = (None, None)
+
+    @classmethod
+    def check(cls, config, sequence_parallel_size):
+        super().check(config, sequence_parallel_size)
+        block, window, num_random = config.bigbird_block_size, config.bigbird_num_window_blocks, config.bigbird_num_random_blocks
+        if config.seq_length % (sequence_parallel_size * block):
+            raise ConfigError(
+                f"seq_length {config.seq_length} is not divisible by bigbird block size {block} x "
+                f"sequence-parallel size {sequence_parallel_size}",
+                f"choose --seq-length as a multiple of {sequence_parallel_size * block} or another --block-size")
+        num_blocks = config.seq_length // block
+        if num_blocks < window + 2 + num_random:
+            raise ConfigError(
+                f"bigbird needs at least {window + 2 + num_random} blocks (window {window} + 2 global + "
+                f"{num_random} random) but seq_length {config.seq_length} / block size {block} gives {num_blocks}",
+                "lower --block-size, the window or the random blocks, or raise --seq-length")
+        if num_blocks // sequence_parallel_size < window // 2:
+            raise ConfigError(
+                f"bigbird window {window} reaches {window // 2} blocks to each side but each of the "
+                f"{sequence_parallel_size} sequence-parallel ranks holds {num_blocks // sequence_parallel_size}",
+                "use a smaller --block-size or window, or fewer sequence-parallel ranks")
+        if config.attention_dropout > 0:
+            raise ConfigError(
+                f"attention_dropout {config.attention_dropout} is not supported by bigbird attention "
+                "(its blocks are recomputed exactly in backward)",
+                "set attention_dropout to 0 (--attention-dropout 0)")
+
+    def pattern(self, num_blocks: int):
+        """This layer's pattern at the current iteration (see block_pattern)."""
+        return block_pattern(num_blocks, self.window, self.num_random, self.seed, self.iteration, self.layer)
+
+    def _plan(self, num_blocks: int) -> _Plan:
+        key = (num_blocks, self.iteration, self.layer)
+        if self._cached_plan[0] != key:
+            self._cached_plan = (key, _plan(*self.pattern(num_blocks), self.seq.rank, self.seq.size, self.seq.ranks))
+        return self._cached_plan[1]
+
+    def forward(self, q, k, v, key_padding_mask):
+        b, chunk, heads, d = q.shape  # [b, s/P, heads, d]
+        m = chunk // self.block_size
+        plan = self._plan(m * self.seq.size)
+        q, k, v = (x.view(b, m, self.block_size, heads, d) for x in (q, k, v))
+        out = _BigBirdAttention.apply(q, k, v, key_padding_mask.view(b, m, self.block_size), plan, self.seq, self.scale)
+        return out.view(b, chunk, heads, d)
+
+
+def set_iteration(model, iteration: int, first_layer: int = 0) -> None:
+    """Sets the training iteration on every BigBird core of `model` and numbers their layers
+    (module order, from `first_layer`). Call before each step; no-op for other variants."""
+    cores = [module for module in model.modules() if isinstance(module, BigBirdAttention)]
+    for layer, core in enumerate(cores, start=first_layer):
+        core.iteration, core.layer = iteration, layer
