@@ -10,6 +10,7 @@ import torch
 from bert_fixtures import small_config, small_model
 from megatron.errors import ConfigError
 from megatron.model import attention
+from megatron.model.attention import bigbird
 from megatron.model.attention.bigbird import BigBirdAttention, block_pattern, set_iteration
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
@@ -34,9 +35,9 @@ def core_config(variant, **overrides):
     return small_config(variant, seq_length=S, hidden_size=HEADS * D, num_attention_heads=HEADS, **overrides)
 
 
-def core_chunk(variant: str, size: int, overrides: dict, iteration: int = 0):
+def core_chunk(variant: str, size: int, overrides: dict, iteration: int = 0, pass_keys: int | None = None):
     """This rank's output, q/k/v gradients (float32) and the core's parameter gradients as they
-    are before any seq-group reduction."""
+    are before any seq-group reduction. `pass_keys` sets how many keys BigBird gathers per pass."""
     if size > 1 and not state.is_initialized():
         state.initialize(sequence=size)
     torch.manual_seed(11)
@@ -46,8 +47,13 @@ def core_chunk(variant: str, size: int, overrides: dict, iteration: int = 0):
     rank, step = state.get_sequence_parallel_rank(), S // size
     q, k, v, grad_out, key_padding_mask = (t[:, rank * step:(rank + 1) * step] for t in inputs())
     q, k, v = (t.float().requires_grad_(True) for t in (q, k, v))
-    out = core(q, k, v, key_padding_mask)
-    out.backward(grad_out.float())
+    default_pass_keys = bigbird._PASS_KEYS
+    bigbird._PASS_KEYS = pass_keys or default_pass_keys
+    try:
+        out = core(q, k, v, key_padding_mask)
+        out.backward(grad_out.float())
+    finally:
+        bigbird._PASS_KEYS = default_pass_keys
     params = {name: (p.detach().clone(), p.grad.clone()) for name, p in core.named_parameters()}
     return (out.detach(), q.grad, k.grad, v.grad), params
 
@@ -111,41 +117,44 @@ def assert_chunks_match(chunks, expected):
 
 # The core configurations checked at each SP size; SP > 1 runs share one spawn per (variant,
 # size) with the BERT exactness run (process start-up dominates these tests' time).
+# BigBird's third entry: keys gathered per pass (None: all rows in one pass; 7 slots x 4 tokens
+# = 28 keys per row, so 28 is one row per pass).
 CORE_CASES = {
-    "linformer": [(1, LINFORMER), (1, dict(LINFORMER, linformer_share_heads=True, linformer_share_kv=True)),
-                  (2, LINFORMER), (4, dict(LINFORMER, linformer_share_heads=True))],
-    "bigbird": [(1, BIGBIRD), (2, BIGBIRD), (4, dict(BIGBIRD, bigbird_num_window_blocks=5, bigbird_num_random_blocks=1))],
+    "linformer": [(1, LINFORMER, None), (1, dict(LINFORMER, linformer_share_heads=True, linformer_share_kv=True), None),
+                  (2, LINFORMER, None), (4, dict(LINFORMER, linformer_share_heads=True), None)],
+    "bigbird": [(1, BIGBIRD, None), (1, BIGBIRD, 28), (2, BIGBIRD, None),
+                (4, dict(BIGBIRD, bigbird_num_window_blocks=5, bigbird_num_random_blocks=1), 2 * 36)],
 }
 TRAIN = {"linformer": LINFORMER, "bigbird": BIGBIRD}
 ITERATION = 2  # the BigBird core checks use this iteration (and layer 3)
 PATTERN_ARGS = (24, 3, 2, 1234, 7, 5)  # num_blocks, window, random, seed, iteration, layer
 
 
-def rank_checks(variant: str, size: int, core_overrides: dict) -> dict:
+def rank_checks(variant: str, size: int, core_overrides: dict, pass_keys: int | None) -> dict:
     """Everything one rank of an SP = size run reports: the BERT training run, the core alone,
     and (any process will do) a BigBird pattern."""
     train = train_steps(variant, size, set_iteration if variant == "bigbird" else None, **TRAIN[variant])
-    return {"train": train, "core": core_chunk(variant, size, core_overrides, ITERATION),
+    return {"train": train, "core": core_chunk(variant, size, core_overrides, ITERATION, pass_keys),
             "pattern": block_pattern(*PATTERN_ARGS)}
 
 
 @functools.cache
 def spawned(variant: str, size: int) -> list:
-    overrides = next(o for s, o in CORE_CASES[variant] if s == size)
-    return run_on_ranks(rank_checks, size, variant, size, overrides)
+    overrides, pass_keys = next((o, p) for s, o, p in CORE_CASES[variant] if s == size)
+    return run_on_ranks(rank_checks, size, variant, size, overrides, pass_keys)
 
 
-def core_results(variant, size, overrides):
+def core_results(variant, size, overrides, pass_keys):
     if size == 1:
-        return [core_chunk(variant, 1, overrides, ITERATION)]
+        return [core_chunk(variant, 1, overrides, ITERATION, pass_keys)]
     return [result["core"] for result in spawned(variant, size)]
 
 
-@pytest.mark.parametrize("size,overrides", CORE_CASES["linformer"])
-def test_linformer_core_equals_naive_projection(size, overrides):
+@pytest.mark.parametrize("size,overrides,pass_keys", CORE_CASES["linformer"])
+def test_linformer_core_equals_naive_projection(size, overrides, pass_keys):
     """Also states how E/F gradients are summed: rank r's gradient is exact in its own columns
     and zero elsewhere, so the seq-group sum (parallel/grads.py) is the full gradient."""
-    results = core_results("linformer", size, overrides)
+    results = core_results("linformer", size, overrides, pass_keys)
     params = results[0][1]
     key_projection = params["key_projection"][0]
     value_projection = params["value_projection"][0] if "value_projection" in params else key_projection
@@ -167,9 +176,9 @@ def test_linformer_core_equals_naive_projection(size, overrides):
         assert grad[..., ~outside].abs().max() > 0
 
 
-@pytest.mark.parametrize("size,overrides", CORE_CASES["bigbird"])
-def test_bigbird_core_equals_dense_under_block_mask(size, overrides):
-    results = core_results("bigbird", size, overrides)
+@pytest.mark.parametrize("size,overrides,pass_keys", CORE_CASES["bigbird"])
+def test_bigbird_core_equals_dense_under_block_mask(size, overrides, pass_keys):
+    results = core_results("bigbird", size, overrides, pass_keys)
     assert_chunks_match([chunks for chunks, _ in results], bigbird_reference(overrides, ITERATION))
 
 

@@ -36,6 +36,7 @@ from megatron.model.attention.registry import AttentionCore, register
 from megatron.parallel import state
 
 _KV_TAG, _MASK_TAG, _GRAD_TAG = 10, 11, 12
+_PASS_KEYS = 16384
 
 
 def _generator(seed: int, iteration: int, layer: int) -> torch.Generator:
@@ -178,15 +179,24 @@ def _send_home(grad_fetched, grad_local, plan, seq):
         grad_local.index_add_(2, ids, grad)
 
 
-def _gather(k, v, key_padding_mask, plan):
-    """Extended blocks [b, m+F, B, heads, d] -> each row's keys and values [b*rows, heads, c*B, d]
-    in kernel layout, and their padding [b*rows, c*B] (invalid slots count as padding)."""
+def _gather(k, v, key_padding_mask, slot_index, slot_valid):
+    """Extended blocks [b, m+F, B, heads, d] -> the keys and values of some rows' slots
+    [b*rows, heads, c*B, d] in kernel layout, and their padding [b*rows, c*B] (invalid slots
+    count as padding)."""
     b, _, block, heads, d = k.shape
-    rows, c = plan.slot_index.shape
-    index = plan.slot_index.reshape(-1)
+    rows, c = slot_index.shape
+    index = slot_index.reshape(-1)
     sel_k, sel_v = (x[:, index].reshape(b * rows, c * block, heads, d).transpose(1, 2) for x in (k, v))
-    pad = key_padding_mask[:, index].reshape(b, rows, c, block) | ~plan.slot_valid[None, :, :, None]
+    pad = key_padding_mask[:, index].reshape(b, rows, c, block) | ~slot_valid[None, :, :, None]
     return sel_k, sel_v, pad.reshape(b * rows, c * block)
+
+
+def _passes(plan, block: int) -> list:
+    """Slices of the plan's rows, each gathering at most _PASS_KEYS keys per sample: the
+    gathered copies (c blocks per row) then take bounded memory whatever s/P is."""
+    rows, c = plan.slot_index.shape
+    step = max(1, _PASS_KEYS // (c * block))
+    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
 def _items(x):
@@ -235,11 +245,17 @@ class _BigBirdAttention(torch.autograd.Function):
         sparse_out = sparse_lse = None
         pieces = [global_out.transpose(1, 2).view(b, 2, block, heads, d)[:, :1]] if first else []
         if rows.shape[1]:
-            sel_k, sel_v, sel_pad = _gather(torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1),
-                                            torch.cat([key_padding_mask, fetched_pad], 1), plan)
-            sparse_out, sparse_lse = blocks.forward(_items(rows), sel_k, sel_v, sel_pad, scale)
-            sparse_out = sparse_out.to(q.dtype)  # [b*rows, heads, B, d]
-            pieces.append(sparse_out.transpose(1, 2).reshape(rows.shape))
+            extended = (torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1),
+                        torch.cat([key_padding_mask, fetched_pad], 1))
+            outs, lses = [], []
+            for part in _passes(plan, block):
+                sel_k, sel_v, sel_pad = _gather(*extended, plan.slot_index[part], plan.slot_valid[part])
+                out, lse = blocks.forward(_items(rows[:, part]), sel_k, sel_v, sel_pad, scale)
+                outs.append(out.to(q.dtype).transpose(1, 2).reshape(b, -1, block, heads, d))
+                lses.append(lse.view(b, -1, heads, block))
+            del extended, sel_k, sel_v
+            sparse_out, sparse_lse = torch.cat(outs, 1), torch.cat(lses, 1)  # [b, rows, B, heads, d], [b, rows, heads, B]
+            pieces.append(sparse_out)
         if last:
             pieces.append(global_out.transpose(1, 2).view(b, 2, block, heads, d)[:, 1:])
         ctx.save_for_backward(q, k, v, key_padding_mask, fetched_k, fetched_v, fetched_pad,
@@ -275,20 +291,22 @@ class _BigBirdAttention(torch.autograd.Function):
         # Non-global rows: gather again, differentiate, index-add dK and dV into the extended
         # blocks (masked keys, i.e. padding and invalid slots, get exactly zero gradient).
         grad_fetched = torch.zeros(2, *fetched_k.shape, dtype=torch.float32)
-        rows = slice(plan.row_start, plan.row_stop)
         if sparse_out is not None:
-            extended_k, extended_v = torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1)
-            sel_k, sel_v, sel_pad = _gather(extended_k, extended_v, torch.cat([key_padding_mask, fetched_pad], 1), plan)
-            dq_rows, dk_sel, dv_sel = blocks.backward(_items(grad_out[:, rows]), _items(q[:, rows]), sel_k, sel_v,
-                                                      sel_pad, sparse_out, sparse_lse, scale)
-            del sel_k, sel_v, extended_k, extended_v
-            dq[:, rows] += dq_rows.transpose(1, 2).reshape(dq[:, rows].shape)
-            index = plan.slot_index.reshape(-1)
-            extended = torch.zeros(2, b, m + fetched_k.shape[1], block, heads, d)
-            for i, grad in enumerate((dk_sel, dv_sel)):
-                extended[i].index_add_(1, index, grad.transpose(1, 2).reshape(b, -1, block, heads, d).float())
-            dkv += extended[:, :, :m]
-            grad_fetched += extended[:, :, m:]
+            extended = (torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1),
+                        torch.cat([key_padding_mask, fetched_pad], 1))
+            grad_extended = torch.zeros(2, b, m + fetched_k.shape[1], block, heads, d)
+            for part in _passes(plan, block):
+                local = slice(plan.row_start + part.start, plan.row_start + part.stop)
+                sel_k, sel_v, sel_pad = _gather(*extended, plan.slot_index[part], plan.slot_valid[part])
+                lse = sparse_lse[:, part].reshape(-1, heads, block)
+                dq_rows, dk_sel, dv_sel = blocks.backward(_items(grad_out[:, local]), _items(q[:, local]), sel_k,
+                                                          sel_v, sel_pad, _items(sparse_out[:, part]), lse, scale)
+                dq[:, local] += dq_rows.transpose(1, 2).reshape(dq[:, local].shape)
+                index = plan.slot_index[part].reshape(-1)
+                for i, grad in enumerate((dk_sel, dv_sel)):
+                    grad_extended[i].index_add_(1, index, grad.transpose(1, 2).reshape(b, -1, block, heads, d).float())
+            dkv += grad_extended[:, :, :m]
+            grad_fetched += grad_extended[:, :, m:]
         _send_home(grad_fetched, dkv, plan, seq)
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
 
