@@ -104,11 +104,12 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     Path(options.output_prefix).parent.mkdir(parents=True, exist_ok=True)
     report = PreprocessReport(outputs={key: output_prefix(options, key) for key in options.json_keys})
     builders = {}
+    encoded = _encoded(options)
     start = time.perf_counter()
     try:
         for key, prefix in report.outputs.items():
             builders[key] = make_builder(prefix, options.dataset_impl, vocab_size)
-        for number, documents, size in _encoded(options):
+        for number, documents, size in encoded:
             report.bytes_read += size
             if isinstance(documents, str):
                 if not options.skip_invalid:
@@ -125,6 +126,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         for builder in builders.values():
             builder.finalize()
     except BaseException:
+        encoded.close()  # stops the worker pool now, not when the generator is collected
         for builder in builders.values():
             builder.abort()
         raise
