@@ -27,6 +27,11 @@ class BertBatch:
                   for f in fields(self) if f.name not in ("sop_labels", "chunk_start")}
         return BertBatch(**sliced, sop_labels=self.sop_labels, chunk_start=self.chunk_start + rank * step)
 
+    def samples(self, start: int, stop: int) -> "BertBatch":
+        """Samples [start, stop) of the batch (a micro-batch of a global batch)."""
+        sliced = {f.name: getattr(self, f.name)[start:stop] for f in fields(self) if f.name != "chunk_start"}
+        return BertBatch(**sliced, chunk_start=self.chunk_start)
+
     def model_inputs(self) -> tuple:
         """The positional arguments of BertModel.forward."""
         return self.tokens, self.token_types, self.key_padding_mask, self.loss_mask, self.chunk_start

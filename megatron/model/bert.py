@@ -85,9 +85,11 @@ class BertConfig:
 
 
 class Embeddings(nn.Module):
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, word_embeddings: bool = True):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+        # a pipeline keeps the word embedding in its own module, tied to the LM head (model/pipe.py)
+        if word_embeddings:
+            self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.layernorm = (nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
@@ -95,11 +97,14 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, input_ids, token_type_ids, chunk_start: int = 0):
-        # input_ids, token_type_ids: [b, s/P]; positions continue from the chunk's first token.
-        positions = torch.arange(chunk_start, chunk_start + input_ids.shape[1], device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None] \
-            + self.token_type_embeddings(token_type_ids)
-        return self.dropout(self.layernorm(x))  # [b, s/P, h]
+        # input_ids, token_type_ids: [b, s/P] -> [b, s/P, h]
+        return self.add_positions_and_types(self.word_embeddings(input_ids), token_type_ids, chunk_start)
+
+    def add_positions_and_types(self, words, token_type_ids, chunk_start: int):
+        # positions continue from the chunk's first token
+        positions = torch.arange(chunk_start, chunk_start + words.shape[1], device=words.device)
+        x = words + self.position_embeddings(positions)[None] + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.layernorm(x))
 
 
 class SelfAttention(nn.Module):

@@ -1,0 +1,70 @@
+"""Megatron-style command-line flags for the model, attention and parallel layout.
+
+Every flag defaults to None ("not given") so that megatron.config can let the DeepSpeed JSON
+fill what the command line leaves out; the real defaults live in BertConfig / TrainConfig.
+"""
+import argparse
+
+# flag destination -> BertConfig / TrainConfig field
+_FIELDS = {
+    "num_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
+    "ffn_hidden_size": "ffn_hidden_size", "seq_length": "seq_length",
+    "max_position_embeddings": "max_position_embeddings", "vocab_size": "vocab_size",
+    "make_vocab_size_divisible_by": "make_vocab_size_divisible_by", "hidden_dropout": "hidden_dropout",
+    "attention_dropout": "attention_dropout", "init_method_std": "init_method_std",
+    "layernorm_epsilon": "layernorm_epsilon", "layernorm_layout": "layernorm_layout",
+    "attention": "attention", "linformer_k": "linformer_k", "linformer_share_heads": "linformer_share_heads",
+    "linformer_share_kv": "linformer_share_kv", "block_size": "bigbird_block_size",
+    "bigbird_num_random_blocks": "bigbird_num_random_blocks",
+    "bigbird_num_window_blocks": "bigbird_num_window_blocks",
+    "sequence_parallel_size": "sequence_parallel_size", "pipeline_model_parallel_size": "pipeline_parallel_size",
+    "micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size",
+}
+
+
+def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    model = parser.add_argument_group("model")
+    model.add_argument("--num-layers", type=int, help="transformer layers (default 12)")
+    model.add_argument("--hidden-size", type=int, help="hidden size h (default 768)")
+    model.add_argument("--num-attention-heads", type=int, help="attention heads (default 12)")
+    model.add_argument("--ffn-hidden-size", type=int, help="MLP inner size (default 4h)")
+    model.add_argument("--seq-length", type=int, help="tokens per sample (default 512)")
+    model.add_argument("--max-position-embeddings", type=int, help="position table size (default 512)")
+    model.add_argument("--vocab-size", type=int, help="vocab size before padding (default: from the vocab file)")
+    model.add_argument("--make-vocab-size-divisible-by", type=int, help="pad the vocab to a multiple (default 128)")
+    model.add_argument("--hidden-dropout", type=float, help="dropout after embeddings, attention, MLP (default 0.1)")
+    model.add_argument("--attention-dropout", type=float, help="dropout on attention probabilities (default 0.1; "
+                       "ring requires 0)")
+    model.add_argument("--init-method-std", type=float, help="init std (default 0.02)")
+    model.add_argument("--layernorm-epsilon", type=float, help="LayerNorm epsilon (default 1e-5)")
+    model.add_argument("--layernorm-layout", choices=["pre", "post"],
+                       help="pre: Megatron x + f(LN(x)) (default); post: original BERT LN(x + f(x))")
+    model.add_argument("--bert-no-binary-head", dest="add_binary_head", action="store_const", const=False,
+                       help="drop the sentence-order head and its loss")
+
+    attn = parser.add_argument_group("attention (also from the JSON's sequence_parallel section)")
+    attn.add_argument("--attention", help="variant: dense, ring, ulysses, linformer, bigbird")
+    attn.add_argument("--linformer-k", type=int, help="linformer: projected length k")
+    attn.add_argument("--linformer-share-heads", action="store_const", const=True,
+                      help="linformer: one projection for all heads")
+    attn.add_argument("--linformer-share-kv", action="store_const", const=True,
+                      help="linformer: the same projection for keys and values")
+    attn.add_argument("--bigbird", dest="attention", action="store_const", const="bigbird",
+                      help="select bigbird attention (same as --attention bigbird)")
+    attn.add_argument("--block-size", type=int, help="bigbird: block size B")
+    attn.add_argument("--bigbird-num-random-blocks", type=int, help="bigbird: random blocks per row (default 2)")
+    attn.add_argument("--bigbird-num-window-blocks", type=int, help="bigbird: window blocks, odd (default 3)")
+
+    par = parser.add_argument_group("parallelism and batch")
+    par.add_argument("--sequence-parallel-size", type=int, help="ranks that split one sequence (default 1)")
+    par.add_argument("--pipeline-model-parallel-size", type=int, help="pipeline stages (default 1)")
+    par.add_argument("--micro-batch-size", type=int, help="samples per data-parallel rank per micro-step")
+    par.add_argument("--global-batch-size", type=int, help="samples per optimizer step over all data-parallel ranks")
+    return parser
+
+
+def config_flags(args: argparse.Namespace) -> dict:
+    """The given flags as config field values (None where not given)."""
+    values = {field: getattr(args, dest, None) for dest, field in _FIELDS.items()}
+    values["add_binary_head"] = getattr(args, "add_binary_head", None)
+    return values

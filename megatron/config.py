@@ -1,0 +1,177 @@
+"""One resolved, validated configuration: model + parallel layout + attention + batch sizes.
+
+Sources, highest precedence first:
+  1. Megatron-style flags given on the command line (`--sequence-parallel-size 4`),
+  2. the DeepSpeed JSON: this project's top-level `"sequence_parallel"` section and DeepSpeed's
+     own keys (`train_batch_size`, `train_micro_batch_size_per_gpu`,
+     `gradient_accumulation_steps`, `zero_optimization.stage`),
+  3. defaults.
+The JSON section DeepSpeed itself never reads (it ignores unknown top-level keys):
+
+    "sequence_parallel": {
+        "size": 4,                      # SP degree (ranks that split one sequence)
+        "attention": "ring",            # dense | ring | ulysses | linformer | bigbird
+        "linformer": {"k": 256, "share_heads": false, "share_kv": false},
+        "bigbird": {"block_size": 64, "num_window_blocks": 3, "num_random_blocks": 2}
+    }
+
+Every violated constraint is a ConfigError naming the key (or flag) and the fix.
+"""
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatron.errors import ConfigError
+from megatron.model import attention
+from megatron.model.bert import BertConfig
+
+SECTION = "sequence_parallel"
+# JSON sub-sections of SECTION -> BertConfig field prefix
+_ATTENTION_OPTIONS = {"linformer": ("k", "share_heads", "share_kv"),
+                      "bigbird": ("block_size", "num_window_blocks", "num_random_blocks")}
+
+
+@dataclass
+class TrainConfig:
+    model: BertConfig
+    pipeline_parallel_size: int = 1
+    sequence_parallel_size: int = 1
+    data_parallel_size: int = 1
+    micro_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    zero_stage: int = 0
+    ds_config: dict = field(default_factory=dict)  # what deepspeed.initialize receives
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
+
+    def to_dict(self) -> dict:
+        """JSON-ready, for the start-up print and for checkpoints."""
+        return dataclasses.asdict(self)
+
+
+def read_ds_config(path) -> dict:
+    """Reads a DeepSpeed JSON file; syntax errors name the line and column."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"DeepSpeed config {path} does not exist", "pass an existing JSON file to --deepspeed_config")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}:{error.lineno}:{error.colno}: invalid JSON ({error.msg})",
+                          "fix the JSON syntax at that position") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} holds a JSON {type(config).__name__}, not an object", "wrap the settings in { }")
+    return config
+
+
+def _typed(key: str, value, kind):
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} = {value!r} is not a boolean", f"set {key} to true or false")
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} = {value!r} is not an integer", f"set {key} to an integer")
+    elif not isinstance(value, kind):
+        raise ConfigError(f"{key} = {value!r} is not a {kind.__name__}", f"set {key} to a {kind.__name__}")
+    return value
+
+
+def _section_values(ds_config: dict) -> dict:
+    """The project's JSON section as BertConfig / TrainConfig field values (type-checked)."""
+    section = ds_config.get(SECTION, {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"{SECTION} must be a JSON object", f'write "{SECTION}": {{"size": ..., "attention": ...}}')
+    known = {"size", "attention", *_ATTENTION_OPTIONS}
+    for key in section:
+        if key not in known:
+            raise ConfigError(f"unknown key {SECTION}.{key}", f"use one of: {', '.join(sorted(known))}")
+    values = {}
+    if "size" in section:
+        values["sequence_parallel_size"] = _typed(f"{SECTION}.size", section["size"], int)
+    if "attention" in section:
+        values["attention"] = _typed(f"{SECTION}.attention", section["attention"], str)
+    for variant, options in _ATTENTION_OPTIONS.items():
+        sub = section.get(variant, {})
+        for key, value in sub.items():
+            if key not in options:
+                raise ConfigError(f"unknown key {SECTION}.{variant}.{key}", f"use one of: {', '.join(options)}")
+            name = f"{variant}_{key}"
+            kind = type(getattr(BertConfig, name))  # the default's type: int or bool
+            values[name] = _typed(f"{SECTION}.{variant}.{key}", value, kind)
+    return values
+
+
+def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
+    """Merges flags (None = not given) over the JSON over defaults, then validates.
+
+    `flags` keys are TrainConfig / BertConfig field names; `micro_batch_size` and
+    `global_batch_size` mirror DeepSpeed's batch keys and override them.
+    """
+    given = {key: value for key, value in flags.items() if value is not None}
+    values = {**_section_values(ds_config), **given}
+    pipeline = values.pop("pipeline_parallel_size", 1)
+    sequence = values.pop("sequence_parallel_size", 1)
+    for key, value in (("--pipeline-model-parallel-size", pipeline), (f"{SECTION}.size", sequence)):
+        if value < 1:
+            raise ConfigError(f"{key} = {value} must be >= 1", f"set {key} to a positive integer")
+    if world_size % (pipeline * sequence):
+        raise ConfigError(
+            f"{SECTION}.size {sequence} x pipeline {pipeline} does not divide the world size {world_size}",
+            "launch a multiple of sp*pp processes or change the sizes")
+    data = world_size // (pipeline * sequence)
+
+    micro, gas, global_batch = _batch_sizes(values, ds_config, data)
+    zero_stage = _typed("zero_optimization.stage", ds_config.get("zero_optimization", {}).get("stage", 0), int)
+    if pipeline > 1 and zero_stage > 1:
+        raise ConfigError(f"zero_optimization.stage {zero_stage} cannot be combined with pipeline parallelism "
+                          f"(pipeline size {pipeline})", "use zero_optimization.stage 0 or 1 with a pipeline")
+
+    clipping = ds_config.get("gradient_clipping", 1.0)  # DeepSpeed's default is 1.0
+    if pipeline > 1 and zero_stage == 0 and clipping > 0:
+        # DeepSpeed 0.19.8 runtime/utils.py clip_grad_norm_ counts only the parameters of the
+        # rank whose pipeline-grid model-parallel rank is 0 (the first stage): a wrong norm.
+        raise ConfigError(f"gradient_clipping {clipping} with a pipeline at zero_optimization.stage 0 would clip by "
+                          "the first stage's gradient norm only", "use zero_optimization.stage 1 (or gradient_clipping 0)")
+
+    model_fields = {f.name for f in dataclasses.fields(BertConfig)}
+    unknown = set(values) - model_fields
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {sorted(unknown)}", "remove them or check the spelling")
+    model = BertConfig(**values)
+    try:
+        attention.check(model, sequence)
+    except ConfigError as error:
+        raise ConfigError(f"{SECTION}: {error.problem}", error.fix) from None
+
+    resolved = {**ds_config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
+                "train_batch_size": global_batch}
+    if pipeline > 1:  # sequence-split activations must travel whole between stages
+        resolved["pipeline"] = {**ds_config.get("pipeline", {}), "pipe_partitioned": False, "grad_partitioned": False}
+    return TrainConfig(model=model, pipeline_parallel_size=pipeline, sequence_parallel_size=sequence,
+                       data_parallel_size=data, micro_batch_size=micro, gradient_accumulation_steps=gas,
+                       zero_stage=zero_stage, ds_config=resolved)
+
+
+def _batch_sizes(values: dict, ds_config: dict, data: int) -> tuple:
+    """(micro, grad-acc, global) from flags over DeepSpeed's keys; global = micro * gas * data."""
+    micro = values.pop("micro_batch_size", None) or ds_config.get("train_micro_batch_size_per_gpu")
+    global_batch = values.pop("global_batch_size", None) or ds_config.get("train_batch_size")
+    gas = ds_config.get("gradient_accumulation_steps")
+    for key, value in (("train_micro_batch_size_per_gpu", micro), ("train_batch_size", global_batch),
+                       ("gradient_accumulation_steps", gas)):
+        if value is not None and (_typed(key, value, int) < 1):
+            raise ConfigError(f"{key} = {value} must be >= 1", f"set {key} to a positive integer")
+    if micro is None:
+        micro = 1 if global_batch is None else max(1, global_batch // (data * (gas or 1)))
+    if gas is None:
+        gas = 1 if global_batch is None else max(1, global_batch // (micro * data))
+    global_batch = global_batch or micro * gas * data
+    if global_batch != micro * gas * data:
+        raise ConfigError(
+            f"train_batch_size {global_batch} != train_micro_batch_size_per_gpu {micro} x "
+            f"gradient_accumulation_steps {gas} x data-parallel size {data} (= world / (pp x sp))",
+            "make train_batch_size = micro x grad-acc x data-parallel size")
+    return micro, gas, global_batch

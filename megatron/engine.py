@@ -1,0 +1,99 @@
+"""DeepSpeed engine construction and one optimizer step, for both paths.
+
+pipeline size 1: the plain BertModel through deepspeed.initialize with megatron.parallel.state
+as mpu, so ZeRO 1/2/3 shard over data x seq and DeepSpeed reduces gradients over data x seq,
+dividing by the data degree only: SUM over seq, MEAN over data, as our loss shares need.
+pipeline size > 1: BertModelPipe (model/pipe.py) under DeepSpeed's pipeline engine.
+"""
+from dataclasses import dataclass
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+from megatron.config import TrainConfig
+from megatron.data.batch import BertBatch
+from megatron.model.bert import BertModel
+from megatron.model.loss import bert_batch_loss
+from megatron.parallel import state
+
+
+@dataclass
+class StepResult:
+    loss: float  # the whole-sequence loss, averaged over micro-batches and data-parallel ranks
+    grad_norm: float | None
+
+
+def initialize_parallel(config: TrainConfig) -> None:
+    if not state.is_initialized():
+        state.initialize(pipeline=config.pipeline_parallel_size, sequence=config.sequence_parallel_size)
+
+
+def build_engine(config: TrainConfig, bert_state: dict | None = None):
+    """-> DeepSpeed engine. `bert_state`: a BertModel state dict to start from (else fresh init)."""
+    initialize_parallel(config)
+    if config.pipeline_parallel_size > 1:
+        from megatron.model.pipe import BertModelPipe, load_bert_state
+
+        model = BertModelPipe(config.model)
+        if bert_state is not None:
+            load_bert_state(model, bert_state)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config)
+        return engine
+    model = BertModel(config.model)
+    if bert_state is not None:
+        model.load_state_dict(bert_state)
+    if config.zero_stage == 3:
+        model = _zero3_model(config, model.state_dict())
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config,
+                                      mpu=state)
+    return engine
+
+
+def _zero3_model(config: TrainConfig, full_state: dict) -> BertModel:
+    """The model with its parameters partitioned over data x seq, holding `full_state`.
+
+    DeepSpeed converts a plain module's parameters with mpu.get_data_parallel_group() only
+    (runtime/zero/parameter_offload.py, _convert_to_zero_parameters), which would leave the
+    seq ranks out of the partition and of the gradient reduction; building the module under
+    zero.Init with the data x seq group gets it right.
+    """
+    with deepspeed.zero.Init(data_parallel_group=state.get_sequence_data_parallel_group(),
+                             config_dict_or_path=config.ds_config, mpu=state):
+        model = BertModel(config.model)
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
+        if dist.get_rank() == 0:
+            model.load_state_dict(full_state)
+    # the LM head reads the word embedding outside the module that owns it
+    deepspeed.zero.register_external_parameter(model.lm_head, model.embeddings.word_embeddings.weight)
+    return model
+
+
+def _pipeline_item(chunk: BertBatch) -> tuple:
+    inputs = (chunk.tokens, chunk.token_types, chunk.key_padding_mask, chunk.loss_mask,
+              torch.tensor(chunk.chunk_start))
+    labels = (chunk.labels, chunk.loss_mask, chunk.sop_labels, torch.tensor(chunk.chunk_start == 0))
+    return inputs, labels
+
+
+def train_step(engine, micro_batches: list) -> StepResult:
+    """One optimizer step over this data-parallel rank's micro-batches (full-length BertBatch)."""
+    seq_rank, seq_size = state.get_sequence_parallel_rank(), state.get_sequence_parallel_world_size()
+    chunks = [batch.sequence_chunk(seq_rank, seq_size) for batch in micro_batches]
+    if state.get_pipe_parallel_world_size() > 1:
+        share = engine.train_batch(data_iter=iter([_pipeline_item(chunk) for chunk in chunks])).detach().clone()
+    else:
+        total = torch.zeros(())
+        for chunk in chunks:
+            loss = bert_batch_loss(*engine(*chunk.model_inputs()), chunk)
+            engine.backward(loss.total)
+            engine.step()
+            total += loss.total.detach()
+        share = total / len(chunks)
+        if state.get_data_parallel_world_size() > 1:
+            dist.all_reduce(share, group=state.get_data_parallel_group())
+            share /= state.get_data_parallel_world_size()
+    if seq_size > 1:
+        dist.all_reduce(share, group=state.get_sequence_parallel_group())
+    norm = engine.get_global_grad_norm()
+    return StepResult(loss=share.item(), grad_norm=None if norm is None else float(norm))

@@ -1,0 +1,131 @@
+"""BertModel cut into DeepSpeed pipeline stages (LayerSpec / TiedLayerSpec list).
+
+    [word embedding (tied)] [positions + types] [layer 0] ... [layer N-1]
+    [word embedding (tied): hands over its weight] [heads]
+
+Between stages travel (hidden [b, s/P, h], key_padding_mask [b, s/P], mlm_mask [b, s/P]); the
+two masks are bool tensors without gradient. The word embedding is tied between the first and
+last stage (DeepSpeed all-reduces its gradient over the two). The loss function runs on the
+last stage with labels (labels, loss_mask, sop_labels, holds_cls).
+
+Sequence parallelism inside a pipeline: DeepSpeed's topology gets the seq axis under the name
+'model' (pipe x data x model, model fastest = our pipe x data x seq), so every stage sends to
+the next stage's rank with the same (data, seq) coordinates. Activation partitioning over that
+axis stays off (megatron.config sets pipe_partitioned / grad_partitioned false). DeepSpeed's
+pipeline engine averages gradients over the data axis only; the seq-group SUM is added by
+`get_tied_weights_and_groups`, whose (weight, group) pairs the engine all-reduces right before
+its data-parallel reduction.
+"""
+import torch
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+from torch import nn
+
+from megatron.model.bert import BertConfig, BertModel, BinaryHead, Embeddings, LMHead, TransformerLayer
+from megatron.model.loss import bert_loss
+from megatron.parallel import state
+
+
+class WordEmbeddingPipe(nn.Module):
+    """The word embedding alone: the one module tied between the first and the last stage."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+
+    def forward(self, inputs):
+        tokens, *rest = inputs
+        return self.word_embeddings(tokens), *rest
+
+
+class EmbeddingPipe(Embeddings):
+    def __init__(self, config: BertConfig):
+        super().__init__(config, word_embeddings=False)
+
+    def forward(self, inputs):
+        words, token_types, key_padding_mask, mlm_mask, chunk_start = inputs
+        return self.add_positions_and_types(words, token_types, int(chunk_start)), key_padding_mask, mlm_mask
+
+
+def _hand_over_word_embeddings(embedding: WordEmbeddingPipe, inputs):
+    """Last-stage use of the tied embedding: append its weight for the LM decoder."""
+    return (*inputs, embedding.word_embeddings.weight)
+
+
+class TransformerLayerPipe(TransformerLayer):
+    def forward(self, inputs):
+        hidden, key_padding_mask, mlm_mask = inputs
+        return super().forward(hidden, key_padding_mask), key_padding_mask, mlm_mask
+
+
+class HeadsPipe(nn.Module):
+    """Final LayerNorm, MLM head on the masked positions, sentence-order head."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.final_layernorm = (nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+                                if config.layernorm_layout == "pre" else nn.Identity())
+        self.lm_head = LMHead(config)
+        self.binary_head = BinaryHead(config) if config.add_binary_head else None
+
+    def forward(self, inputs):
+        hidden, _, mlm_mask, word_embeddings_weight = inputs
+        hidden = self.final_layernorm(hidden)
+        mlm_logits = self.lm_head(hidden[mlm_mask], word_embeddings_weight)
+        if self.binary_head is None:
+            return mlm_logits
+        return mlm_logits, self.binary_head(hidden[:, 0])
+
+
+def pipeline_loss(outputs, labels):
+    """The rank's share of the loss (see model/loss.py), from the last stage's outputs."""
+    mlm_logits, sop_logits = outputs if isinstance(outputs, tuple) else (outputs, None)
+    token_labels, loss_mask, sop_labels, holds_cls = labels
+    return bert_loss(mlm_logits, token_labels[loss_mask], sop_logits, sop_labels, holds_cls=bool(holds_cls)).total
+
+
+class BertModelPipe(PipelineModule):
+    def __init__(self, config: BertConfig, activation_checkpoint_interval: int = 0):
+        dims = state.get_dims()
+        specs = [TiedLayerSpec("embed", WordEmbeddingPipe, config, tied_weight_attr=["word_embeddings.weight"]),
+                 LayerSpec(EmbeddingPipe, config)]
+        specs += [LayerSpec(TransformerLayerPipe, config) for _ in range(config.num_layers)]
+        specs += [TiedLayerSpec("embed", WordEmbeddingPipe, config, forward_fn=_hand_over_word_embeddings,
+                                tied_weight_attr=["word_embeddings.weight"]),
+                  LayerSpec(HeadsPipe, config)]
+        topology = PipeModelDataParallelTopology(num_pp=dims.pipeline, num_mp=dims.sequence, num_dp=dims.data)
+        super().__init__(layers=specs, loss_fn=pipeline_loss, topology=topology,
+                         partition_method="type:TransformerLayerPipe",
+                         activation_checkpoint_interval=activation_checkpoint_interval)
+        self.config = config
+        # Megatron init, same rules as BertModel (weights are then usually loaded or broadcast)
+        self.apply(lambda module: BertModel._init_weights(self, module))
+
+    def get_tied_weights_and_groups(self):
+        """Tied embedding over its stages, then every parameter SUMMED over the seq group."""
+        pairs = super().get_tied_weights_and_groups()
+        if state.get_sequence_parallel_world_size() > 1:
+            group = state.get_sequence_parallel_group()
+            pairs += [(p, group) for p in self.parameters() if p.requires_grad]
+        return pairs
+
+
+def bert_to_pipe_name(name: str, num_layers: int) -> str:
+    """BertModel parameter name -> BertModelPipe name (the one map used both ways)."""
+    head, _, rest = name.partition(".")
+    if name.startswith("embeddings.word_embeddings."):
+        return f"tied_modules.embed.{rest}"
+    if head == "embeddings":
+        return f"1.{rest}"
+    if head == "layers":
+        index, _, rest = rest.partition(".")
+        return f"{int(index) + 2}.{rest}"
+    return f"{num_layers + 3}.{name}"  # final_layernorm, lm_head, binary_head
+
+
+def load_bert_state(pipe: BertModelPipe, bert_state: dict) -> None:
+    """Copies a BertModel state dict into this stage's share of the pipeline."""
+    names = {bert_to_pipe_name(name, pipe.config.num_layers): name for name in bert_state}
+    with torch.no_grad():
+        for name, tensor in pipe.state_dict().items():
+            tensor.copy_(bert_state[names[name]])
