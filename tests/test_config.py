@@ -1,0 +1,100 @@
+"""The resolved configuration: precedence, DeepSpeed's acceptance of our JSON, one-line errors."""
+import argparse
+import json
+
+import pytest
+from deepspeed.runtime.config import DeepSpeedConfig
+
+from megatron.arguments import add_model_and_parallel_args, config_flags
+from megatron.config import read_ds_config, resolve
+from megatron.errors import ConfigError
+
+BASE = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+        "sequence_parallel": {"size": 2, "attention": "ring"}}
+SMALL = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=64, max_position_embeddings=64,
+             attention_dropout=0.0)
+
+
+def flags(*argv) -> dict:
+    parser = add_model_and_parallel_args(argparse.ArgumentParser())
+    return config_flags(parser.parse_args(list(argv)))
+
+
+def test_json_section_selects_attention_and_size():
+    config = resolve(SMALL, BASE, world_size=4)
+    assert (config.sequence_parallel_size, config.data_parallel_size, config.model.attention) == (2, 2, "ring")
+    assert config.global_batch_size == 8
+
+
+def test_flags_override_json_which_overrides_defaults():
+    argv = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "64",
+            "--max-position-embeddings", "64", "--sequence-parallel-size", "4", "--attention", "ulysses"]
+    config = resolve(flags(*argv), BASE, world_size=8)
+    assert (config.sequence_parallel_size, config.model.attention) == (4, "ulysses")  # flags win
+    assert config.micro_batch_size == 2 and config.gradient_accumulation_steps == 2  # from the JSON
+    assert config.model.hidden_dropout == 0.1  # default
+    bigbird = resolve({**flags("--bigbird", "--block-size", "8"), **SMALL}, {**BASE, "train_batch_size": 4}, world_size=2)
+    assert (bigbird.model.attention, bigbird.model.bigbird_block_size) == ("bigbird", 8)
+
+
+def test_attention_options_from_json():
+    ds = {**BASE, "sequence_parallel": {"size": 1, "attention": "linformer",
+                                        "linformer": {"k": 16, "share_heads": True}}}
+    model = resolve(SMALL, ds, world_size=2).model
+    assert (model.linformer_k, model.linformer_share_heads, model.linformer_share_kv) == (16, True, False)
+
+
+def test_flags_and_unset_flags():
+    given = flags("--micro-batch-size", "3", "--bert-no-binary-head")
+    assert given["micro_batch_size"] == 3 and given["add_binary_head"] is False
+    assert given["sequence_parallel_size"] is None and given["attention"] is None
+
+
+def test_deepspeed_accepts_the_file_unchanged(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({**BASE, "train_batch_size": 4, "zero_optimization": {"stage": 1}}))
+    ds = DeepSpeedConfig(str(path))  # one process: data-parallel size 1
+    assert ds.train_batch_size == 4 and ds.zero_optimization_stage == 1
+
+
+def test_resolved_config_is_json_serialisable():
+    config = resolve(SMALL, BASE, world_size=4)
+    assert json.loads(json.dumps(config.to_dict()))["model"]["attention"] == "ring"
+
+
+@pytest.mark.parametrize("ds_update,world,extra,message", [
+    ({"sequence_parallel": {"size": 2, "attention": "flash"}}, 4, {},
+     "unknown attention variant 'flash'"),
+    ({"sequence_parallel": {"size": 3, "attention": "ring"}}, 4, {},
+     "sequence_parallel.size 3 x pipeline 1 does not divide the world size 4"),
+    ({"train_batch_size": 6}, 4, {},
+     "train_batch_size 6 != train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 2 x data-parallel size 2"),
+    ({"sequence_parallel": {"size": 2, "attention": "ring"}}, 4, {"seq_length": 63, "max_position_embeddings": 64},
+     "seq_length 63 is not divisible by the sequence-parallel size 2"),
+    ({"zero_optimization": {"stage": 2}, "train_batch_size": 4}, 4, {"pipeline_parallel_size": 2},
+     "zero_optimization.stage 2 cannot be combined with pipeline parallelism"),
+    ({"sequence_parallel": {"size": 4, "attention": "ulysses"}, "train_batch_size": 4}, 4, {"num_attention_heads": 2,
+                                                                                             "hidden_size": 32},
+     "ulysses needs num_attention_heads (2) divisible by the sequence-parallel size (4)"),
+    ({"train_batch_size": 4}, 4, {"pipeline_parallel_size": 2},
+     "gradient_clipping 1.0 with a pipeline at zero_optimization.stage 0"),
+    ({"sequence_parallel": {"size": "2"}}, 4, {}, "sequence_parallel.size = '2' is not an integer"),
+    ({"sequence_parallel": {"size": 2, "sparse": True}}, 4, {}, "unknown key sequence_parallel.sparse"),
+    ({"sequence_parallel": {"linformer": {"k": 8, "rank": 2}}}, 4, {}, "unknown key sequence_parallel.linformer.rank"),
+    ({"zero_optimization": {"stage": "one"}}, 4, {}, "zero_optimization.stage = 'one' is not an integer"),
+])
+def test_invalid_combinations_name_the_key(ds_update, world, extra, message):
+    with pytest.raises(ConfigError) as error:
+        resolve({**SMALL, **extra}, {**BASE, **ds_update}, world_size=world)
+    text = str(error.value)
+    assert message in text, text
+    assert "\n" not in text and "; " in text
+
+
+def test_json_syntax_error_names_line_and_column(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{\n  "train_batch_size": 8,\n  "sequence_parallel": {"size": 2,}\n}\n')
+    with pytest.raises(ConfigError, match=r"ds\.json:3:\d+: invalid JSON"):
+        read_ds_config(path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_ds_config(tmp_path / "missing.json")
