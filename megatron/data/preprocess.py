@@ -1,9 +1,11 @@
 """Loose JSON (one object per line, e.g. wikiextractor output) -> Megatron indexed datasets.
 
-Workers tokenize chunks of lines (`imap`, so output order is input order and does not depend
-on the worker count); the main process alone writes. A bad line stops the run with its line
+Workers tokenize chunks of lines (`imap` over bounded batches, so output order is input order
+and does not depend on the worker count); the main process alone writes. A bad line stops the run with its line
 number and removes the partial output, unless `skip_invalid` counts and skips it.
 """
+import collections
+import itertools
 import json
 import multiprocessing
 import os
@@ -135,14 +137,32 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
 
 
 def _encoded(options: PreprocessOptions):
+    """(line number, documents or error, bytes) for every non-blank line, in input order.
+
+    Lines go to the pool in bounded batches, two in flight so workers never wait on the
+    writer. On any exit the pool is closed and joined, never terminated: terminating a Pool
+    whose task feeder is still reading the input can deadlock (seen here under load).
+    """
     encoder = Encoder(options)
+    lines = _numbered_lines(options.input)
     if options.workers == 1:
         encoder.start()
-        yield from map(encoder.encode, _numbered_lines(options.input))
+        yield from map(encoder.encode, lines)
         return
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    with context.Pool(options.workers, initializer=_start_worker, initargs=(encoder,)) as pool:
-        yield from pool.imap(_encode_in_worker, _numbered_lines(options.input), CHUNK_LINES)
+    pool = context.Pool(options.workers, initializer=_start_worker, initargs=(encoder,))
+    batch_lines = CHUNK_LINES * options.workers * 4
+    in_flight = collections.deque()
+    try:
+        while batch := list(itertools.islice(lines, batch_lines)):
+            in_flight.append(pool.imap(_encode_in_worker, batch, CHUNK_LINES))
+            if len(in_flight) == 2:
+                yield from in_flight.popleft()
+        while in_flight:
+            yield from in_flight.popleft()
+    finally:
+        pool.close()
+        pool.join()
 
 
 _WORKER_ENCODER: Encoder | None = None
