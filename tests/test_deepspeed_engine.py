@@ -18,6 +18,7 @@ from test_sequence_parallel_bert import ADAM, REL_TOL, STEPS, max_relative_diff
 
 GLOBAL_BATCH = 4
 CLIP = 1.0
+ATTENTION_OPTIONS = {"ring": {}, "linformer": {"linformer_k": 8}}
 
 
 def ds_config(micro: int, gas: int, zero_stage: int, sequence: int, attention: str = "ring") -> dict:
@@ -35,16 +36,17 @@ def micro_batches(micro: int) -> list:
     return [batch.samples(i, i + micro) for i in range(0, GLOBAL_BATCH, micro)]
 
 
-def model_flags() -> dict:
-    config = small_config()
-    return {name: getattr(config, name) for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads",
-                                                     "seq_length", "max_position_embeddings", "hidden_dropout",
-                                                     "attention_dropout", "make_vocab_size_divisible_by")}
+def model_flags(attention: str = "ring") -> dict:
+    config = small_config(attention, **ATTENTION_OPTIONS[attention])
+    names = ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "seq_length",
+             "max_position_embeddings", "hidden_dropout", "attention_dropout", "make_vocab_size_divisible_by",
+             *ATTENTION_OPTIONS[attention])
+    return {name: getattr(config, name) for name in names}
 
 
-def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence: int) -> dict:
-    config = resolve({**model_flags(), "pipeline_parallel_size": pipeline},
-                     ds_config(micro, gas, zero_stage, sequence), torch.distributed.get_world_size())
+def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence: int, attention: str = "ring") -> dict:
+    config = resolve({**model_flags(attention), "pipeline_parallel_size": pipeline},
+                     ds_config(micro, gas, zero_stage, sequence, attention), torch.distributed.get_world_size())
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
     mine = micro_batches(micro)[state.get_data_parallel_rank() * gas:][:gas]
     losses = [train_step(engine, mine).loss for _ in range(STEPS)]
@@ -63,8 +65,8 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
     return {"losses": losses, "params": params}
 
 
-def reference_run(micro: int) -> dict:
-    model = small_model(small_config())
+def reference_run(micro: int, attention: str = "ring") -> dict:
+    model = small_model(small_config(attention, **ATTENTION_OPTIONS[attention]))
     optimizer = torch.optim.AdamW(model.parameters(), **ADAM)
     batches = micro_batches(micro)
     losses = []
@@ -81,8 +83,8 @@ def reference_run(micro: int) -> dict:
     return {"losses": losses, "params": {name: p.detach().clone() for name, p in model.named_parameters()}}
 
 
-def check_against_reference(results: list, micro: int, label: str) -> None:
-    expected = reference_run(micro)
+def check_against_reference(results: list, micro: int, label: str, attention: str = "ring") -> None:
+    expected = reference_run(micro, attention)
     seen = set()
     for rank, result in enumerate(results):
         assert result["losses"] == pytest.approx(expected["losses"], rel=REL_TOL), f"{label} rank {rank} losses"
@@ -100,10 +102,11 @@ def test_zero_with_sequence_parallel(zero_stage):
     check_against_reference(results, micro=4, label=f"zero{zero_stage} sp2")
 
 
-def test_pipeline_with_sequence_parallel():
+@pytest.mark.parametrize("attention", ["ring", "linformer"])
+def test_pipeline_with_sequence_parallel(attention):
     """pp=2, sp=2 (world 4): stages exchange sequence chunks; the seq sum is ours."""
-    results = run_on_ranks(deepspeed_run, 4, 2, 2, 2, 1, 2, timeout=300)
-    check_against_reference(results, micro=2, label="pp2 sp2 zero1")
+    results = run_on_ranks(deepspeed_run, 4, 2, 2, 2, 1, 2, attention, timeout=300)
+    check_against_reference(results, micro=2, label=f"pp2 sp2 zero1 {attention}", attention=attention)
 
 
 def test_pipeline_with_data_parallel():
