@@ -57,6 +57,7 @@ def file_bytes(prefix) -> tuple:
     return Path(f"{prefix}.bin").read_bytes(), Path(f"{prefix}.idx").read_bytes()
 
 
+@pytest.mark.timeout(120)  # a worker pool that deadlocks fails here, not at the suite-wide limit
 @pytest.mark.parametrize("impl", ["mmap", "lazy"])
 def test_one_and_two_workers_write_identical_files(corpus, tmp_path, impl):
     one = preprocess(options(corpus, tmp_path / "one", workers=1, dataset_impl=impl))
@@ -125,6 +126,7 @@ def corrupt_corpus(corpus, tmp_path, bad_line: int, bad: bytes) -> Path:
     return path
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("bad,message", [
     (b'{"text": "unterminated', "line 77: invalid JSON"),
@@ -149,11 +151,12 @@ def test_skip_invalid_counts_and_skips(corpus, tmp_path):
     assert len(make_dataset(report.outputs["text"]).doc_idx) == 120
 
 
+@pytest.mark.timeout(120)
 def test_cli_error_is_one_line_with_nonzero_exit(corpus, tmp_path):
     path = corrupt_corpus(corpus, tmp_path, 2, b"{oops")
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "preprocess_data.py"), "--input", str(path),
                              "--vocab-file", str(corpus[1]), "--output-prefix", str(tmp_path / "out" / "x"),
-                             "--workers", "2"], capture_output=True, text=True)
+                             "--workers", "2"], capture_output=True, text=True, timeout=100)
     assert result.returncode != 0
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ") and "line 2" in result.stderr
     assert list((tmp_path / "out").iterdir()) == []
@@ -199,7 +202,7 @@ def test_sample_corpus_is_deterministic_prose(tmp_path):
 
 def test_sample_corpus_cli_writes_the_corpus(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "make_sample_corpus.py"), "--output",
-                             str(tmp_path / "c.json"), "--max-mb", "0.05", "--packages"], capture_output=True, text=True)
+                             str(tmp_path / "c.json"), "--max-mb", "0.05", "--packages"], capture_output=True, text=True, timeout=100)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("wrote ") and 0 < (tmp_path / "c.json").stat().st_size <= 0.05 * 2**20
 
