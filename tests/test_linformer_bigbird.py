@@ -14,7 +14,7 @@ from megatron.model.attention import bigbird
 from megatron.model.attention.bigbird import BigBirdAttention, block_pattern, set_iteration
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
-from test_sequence_parallel_bert import REL_TOL, max_relative_diff, train_steps
+from test_sequence_parallel_bert import REL_TOL, assert_runs_match, train_steps
 
 B, S, HEADS, D = 4, 48, 2, 8
 # sample 0 unpadded, 1 ~60% padding, 2 padded from the middle (the last chunks at SP = 2, 4
@@ -191,14 +191,7 @@ def references():
 @pytest.mark.parametrize("variant,size", [("linformer", 2), ("linformer", 4), ("bigbird", 2), ("bigbird", 4)])
 def test_sequence_parallel_matches_single_rank(references, variant, size):
     """BigBird sets a new iteration each step (set_iteration), so its pattern changes between steps."""
-    expected = references[variant]
-    for rank, result in enumerate(r["train"] for r in spawned(variant, size)):
-        assert result["losses"] == pytest.approx(expected["losses"], rel=REL_TOL), f"rank {rank} losses"
-        grad_diff = max_relative_diff(result["grads"], expected["grads"])
-        param_diff = max_relative_diff(result["params"], expected["params"], floor=1.0)
-        print(f"{variant} sp={size} rank {rank}: max grad diff {grad_diff:.2e}, max param diff {param_diff:.2e}")
-        assert grad_diff <= REL_TOL
-        assert param_diff <= REL_TOL
+    assert_runs_match([r["train"] for r in spawned(variant, size)], references[variant], f"{variant} sp={size}")
 
 
 def iteration_zero(model, step):

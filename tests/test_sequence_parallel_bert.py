@@ -66,14 +66,18 @@ def references():
 
 @pytest.mark.parametrize("attention,size", [("ring", 2), ("ring", 3), ("ring", 4), ("ulysses", 2), ("ulysses", 4)])
 def test_sequence_parallel_matches_single_rank(references, attention, size):
-    expected = references[attention]
-    for rank, result in enumerate(run_on_ranks(train_steps, size, attention, size)):
+    assert_runs_match(run_on_ranks(train_steps, size, attention, size), references[attention], f"{attention} sp={size}")
+
+
+def assert_runs_match(results: list, expected: dict, label: str) -> None:
+    """Every rank's train_steps result has the losses, gradients and parameters of `expected`."""
+    for rank, result in enumerate(results):
         assert result["losses"] == pytest.approx(expected["losses"], rel=REL_TOL), f"rank {rank} losses"
         grad_diff = max_relative_diff(result["grads"], expected["grads"])
         # Parameters that start at zero (biases) hold only ~lr-sized values after 3 steps, so
         # they are measured against a floor of 1: effectively an absolute 1e-5.
         param_diff = max_relative_diff(result["params"], expected["params"], floor=1.0)
-        print(f"{attention} sp={size} rank {rank}: max grad diff {grad_diff:.2e}, max param diff {param_diff:.2e}")
+        print(f"{label} rank {rank}: max grad diff {grad_diff:.2e}, max param diff {param_diff:.2e}")
         assert grad_diff <= REL_TOL
         assert param_diff <= REL_TOL
 
