@@ -14,6 +14,7 @@ Run: .venv/bin/python benchmarks/preprocess.py [--repeats 3]
 """
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -152,6 +153,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs per row")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         corpus, vocab = tmp / "corpus.json", tmp / "vocab.txt"
@@ -187,7 +189,9 @@ def main():
 Corpus: the embedded sample corpus (`tools/make_sample_corpus.py`, {rows[0][3][1]} documents, {mb:.2f} MB,
 built in {corpus_s:.1f} s), vocab of `tools/build_vocab.py` (built in {vocab_s:.1f} s). Ours runs end to end
 (JSON, Punkt, Rust WordPiece, mmap writing); the baseline only parses and tokenizes, in one process,
-with a pure-Python BERT WordPiece whose ids equal ours. Times on 2 cores are shared with anything else running.
+with a pure-Python BERT WordPiece whose ids equal ours. Rows are measured round robin; the machine's
+1-minute load average was {load_before:.1f} before and {os.getloadavg()[0]:.1f} after (other work shares the cores,
+which is why 2 workers may gain little here).
 
 {chr(10).join(table)}
 
