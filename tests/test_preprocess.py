@@ -202,7 +202,8 @@ def test_sample_corpus_is_deterministic_prose(tmp_path):
 
 def test_sample_corpus_cli_writes_the_corpus(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "make_sample_corpus.py"), "--output",
-                             str(tmp_path / "c.json"), "--max-mb", "0.05", "--packages"], capture_output=True, text=True, timeout=100)
+                             str(tmp_path / "c.json"), "--max-mb", "0.05", "--packages"],
+                            capture_output=True, text=True, timeout=100)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("wrote ") and 0 < (tmp_path / "c.json").stat().st_size <= 0.05 * 2**20
 

@@ -21,7 +21,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     input_path, output = Path(args.input), Path(args.output)
     if not input_path.is_file():
-        raise DataError(f"input file {input_path} does not exist", "pass --input with a loose-JSON corpus (tools/make_sample_corpus.py writes one)")
+        raise DataError(f"input file {input_path} does not exist",
+                        "pass --input with a loose-JSON corpus (tools/make_sample_corpus.py writes one)")
     if args.vocab_size <= len(SPECIAL_TOKENS):
         raise ConfigError(f"--vocab-size {args.vocab_size} leaves no room beyond the special tokens", "pass a larger --vocab-size")
     tokens = train_vocab(input_path, TOKENIZER_TYPES[args.tokenizer_type], args.vocab_size, args.min_frequency, args.json_keys)

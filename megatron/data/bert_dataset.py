@@ -140,5 +140,6 @@ def _split_datasets(prefix, data_impl, split, num_samples, seq_length, tokenizer
         if bounds[s + 1] <= bounds[s] or not num_samples[s]:
             datasets.append(None)
             continue
-        datasets.append(BertDataset(name, indexed, prefix, (bounds[s], bounds[s + 1]), num_samples[s], seq_length, tokenizer, **sample_options))
+        datasets.append(BertDataset(name, indexed, prefix, (bounds[s], bounds[s + 1]), num_samples[s], seq_length,
+                                    tokenizer, **sample_options))
     return datasets

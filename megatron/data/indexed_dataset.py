@@ -33,7 +33,8 @@ def dtype_code(dtype) -> int:
     for code, candidate in DTYPES.items():
         if np.dtype(candidate) == np.dtype(dtype):
             return code
-    raise ConfigError(f"dtype {np.dtype(dtype)} has no indexed-dataset code", f"use one of {sorted(np.dtype(d).name for d in DTYPES.values())}")
+    names = sorted(np.dtype(d).name for d in DTYPES.values())
+    raise ConfigError(f"dtype {np.dtype(dtype)} has no indexed-dataset code", f"use one of {names}")
 
 
 def best_fitting_dtype(vocab_size: int):
@@ -200,10 +201,15 @@ def _read_header(path, magic: bytes, layout: str) -> tuple:
     return need, size, fields
 
 
+def _overrun(bin_path, bin_size) -> DataError:
+    return DataError(f"{bin_path}: items overrun the {bin_size}-byte data file (truncated or mismatched .bin/.idx)", _REBUILD)
+
+
 def _require_files(prefix):
     for path in (index_file_path(prefix), data_file_path(prefix)):
         if not os.path.isfile(path):
-            raise DataError(f"dataset file {path} does not exist", "check --data-path (a prefix without .bin/.idx) or run tools/preprocess_data.py")
+            raise DataError(f"dataset file {path} does not exist",
+                            "check --data-path (a prefix without .bin/.idx) or run tools/preprocess_data.py")
 
 
 class MMapIndexedDataset(_Reader):
@@ -223,7 +229,7 @@ class MMapIndexedDataset(_Reader):
         bin_size = os.path.getsize(bin_path)
         ends = self.pointers + self.sizes.astype(np.int64) * self.dtype.itemsize
         if count and (self.sizes.min() < 0 or self.pointers.min() < 0 or ends.max() > bin_size):
-            raise DataError(f"{bin_path}: items overrun the {bin_size}-byte data file (truncated or mismatched .bin/.idx)", _REBUILD)
+            raise _overrun(bin_path, bin_size)
         self._check_doc_idx(index_path)
         self._bin = np.memmap(bin_path, mode="r", order="C") if bin_size else np.zeros(0, np.uint8)
 
@@ -252,12 +258,13 @@ class IndexedDataset(_Reader):
         sizes = longs[2 * count + 2:2 * count + 2 + sizes_count]
         self.doc_idx = longs[2 * count + 2 + sizes_count:]
         if sizes_count != count or np.any(dim_offsets != np.arange(count + 1)):
-            raise DataError(f"{index_path}: items with more than one dimension are not supported", "store one 1-D token array per item")
+            raise DataError(f"{index_path}: items with more than one dimension are not supported",
+                            "store one 1-D token array per item")
         self.sizes = sizes
         self.data_offsets = data_offsets
         bin_size = os.path.getsize(bin_path)
         if data_offsets[0] != 0 or np.any(np.diff(data_offsets) != sizes) or data_offsets[-1] * element_size > bin_size:
-            raise DataError(f"{bin_path}: items overrun the {bin_size}-byte data file (truncated or mismatched .bin/.idx)", _REBUILD)
+            raise _overrun(bin_path, bin_size)
         self._check_doc_idx(index_path)
         self._bin_path = bin_path
 

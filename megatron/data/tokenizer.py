@@ -78,7 +78,8 @@ def read_vocab(vocab_file) -> dict[str, int]:
     """One token per line; the line number is the id (the BERT `vocab.txt` convention)."""
     path = Path(vocab_file)
     if not path.is_file():
-        raise DataError(f"vocab file {path} does not exist", "pass --vocab-file with a BERT vocab.txt (tools/build_vocab.py makes one)")
+        raise DataError(f"vocab file {path} does not exist",
+                        "pass --vocab-file with a BERT vocab.txt (tools/build_vocab.py makes one)")
     tokens = path.read_text(encoding="utf-8").splitlines()
     vocab = {}
     for index, token in enumerate(tokens):
