@@ -110,17 +110,31 @@ class BertModelPipe(PipelineModule):
         return pairs
 
 
+def _layout(num_layers: int) -> list:
+    """(BertModel name prefix, pipeline layer index): the one name map, used in both directions.
+    First match wins; the tied word embedding lives at layer 0 (and again at num_layers + 2)."""
+    return ([("embeddings.word_embeddings.", 0), ("embeddings.", 1)]
+            + [(f"layers.{i}.", i + 2) for i in range(num_layers)] + [("", num_layers + 3)])
+
+
+def bert_to_pipe_layer(name: str, num_layers: int) -> tuple:
+    """BertModel parameter name -> (pipeline layer index, name inside that layer)."""
+    prefix, layer = next((p, i) for p, i in _layout(num_layers) if name.startswith(p))
+    return layer, name[len(prefix):] if layer != 0 else name[len("embeddings."):]
+
+
+def pipe_layer_to_bert(layer: int, key: str, num_layers: int) -> str:
+    """(pipeline layer index, name inside it) -> BertModel parameter name."""
+    layer = 0 if layer == num_layers + 2 else layer
+    if layer == 0:
+        return f"embeddings.{key}"
+    return next(p for p, i in _layout(num_layers) if i == layer) + key
+
+
 def bert_to_pipe_name(name: str, num_layers: int) -> str:
-    """BertModel parameter name -> BertModelPipe name (the one map used both ways)."""
-    head, _, rest = name.partition(".")
-    if name.startswith("embeddings.word_embeddings."):
-        return f"tied_modules.embed.{rest}"
-    if head == "embeddings":
-        return f"1.{rest}"
-    if head == "layers":
-        index, _, rest = rest.partition(".")
-        return f"{int(index) + 2}.{rest}"
-    return f"{num_layers + 3}.{name}"  # final_layernorm, lm_head, binary_head
+    """BertModel parameter name -> BertModelPipe state-dict name."""
+    layer, key = bert_to_pipe_layer(name, num_layers)
+    return f"tied_modules.embed.{key}" if layer == 0 else f"{layer}.{key}"
 
 
 def load_bert_state(pipe: BertModelPipe, bert_state: dict) -> None:

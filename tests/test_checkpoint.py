@@ -1,0 +1,87 @@
+"""Checkpoints: exact resume in the same layout, and weights read back from any layout."""
+import pytest
+import torch
+
+from bert_fixtures import padded_batch, small_model
+from megatron import checkpoint
+from megatron.config import resolve
+from megatron.engine import build_engine, train_step
+from megatron.model.pipe import bert_to_pipe_name
+from megatron.parallel import state
+from megatron.parallel.spawn import run_on_ranks
+from test_deepspeed_engine import GLOBAL_BATCH, ds_config, model_flags
+from test_sequence_parallel_bert import REL_TOL, max_relative_diff
+
+STEPS = 4
+
+
+def step_batches(step: int, micro: int, gas: int) -> list:
+    """This data rank's micro-batches of step `step` (a different global batch every step)."""
+    batch = padded_batch(seed=100 + step)
+    micro_batches = [batch.samples(i, i + micro) for i in range(0, GLOBAL_BATCH, micro)]
+    return micro_batches[state.get_data_parallel_rank() * gas:][:gas]
+
+
+def run(pipeline, sequence, zero_stage, directory, stop, save_at=None, resume=False, micro=2) -> dict:
+    gas = GLOBAL_BATCH // micro // (torch.distributed.get_world_size() // (pipeline * sequence))
+    config = resolve({**model_flags(), "pipeline_parallel_size": pipeline},
+                     ds_config(micro, gas, zero_stage, sequence), torch.distributed.get_world_size())
+    engine = build_engine(config, bert_state=small_model(config.model).state_dict())
+    start = checkpoint.load(engine, directory)["iteration"] if resume else 0
+    losses = []
+    for step in range(start, stop):
+        losses.append(train_step(engine, step_batches(step, micro, gas)).loss)
+        if step + 1 == save_at:
+            checkpoint.save(engine, config, directory, iteration=step + 1, consumed_samples=(step + 1) * GLOBAL_BATCH)
+    params = {}
+    if zero_stage < 3:
+        params = {name: p.detach().clone() for name, p in engine.module.named_parameters()}
+        if pipeline > 1:
+            to_bert = {bert_to_pipe_name(n, config.model.num_layers): n for n in small_model(config.model).state_dict()}
+            params = {to_bert[name]: p for name, p in params.items()}
+    return {"losses": losses, "params": params}
+
+
+def merged(results):
+    out = {}
+    for result in results:
+        out.update(result["params"])
+    return out
+
+
+@pytest.mark.parametrize("pipeline,sequence,world", [(1, 2, 2), (2, 2, 4)])
+def test_resume_continues_exactly(tmp_path, pipeline, sequence, world):
+    straight = run_on_ranks(run, world, pipeline, sequence, 1, str(tmp_path / "a"), STEPS, STEPS, timeout=300)
+    run_on_ranks(run, world, pipeline, sequence, 1, str(tmp_path / "b"), 2, 2, timeout=300)
+    resumed = run_on_ranks(run, world, pipeline, sequence, 1, str(tmp_path / "b"), STEPS, None, True, timeout=300)
+    assert resumed[0]["losses"] == straight[0]["losses"][2:], "loss trajectory after resume"
+    for got, want in zip(resumed, straight):
+        assert all(torch.equal(got["params"][n], want["params"][n]) for n in want["params"])
+    # the stored weights read back in BertModel names, whatever the layout
+    stored = checkpoint.bert_state_from_checkpoint(str(tmp_path / "a"))
+    assert max_relative_diff(stored, merged(straight), floor=1.0) == 0.0
+    assert checkpoint.stored_config(str(tmp_path / "a"), "iter_0000004")["sequence_parallel_size"] == sequence
+
+
+def test_sequence_parallel_checkpoint_resumes_at_another_degree(tmp_path):
+    """ZeRO 0 keeps model and optimizer in files independent of SP: save at SP=2, go on at SP=1."""
+    directory = str(tmp_path / "ckpt")
+    run_on_ranks(run, 2, 1, 2, 0, directory, 2, 2, timeout=300)
+    resumed = run_on_ranks(run, 1, 1, 1, 0, directory, STEPS, None, True, timeout=300)[0]
+    straight = run_on_ranks(run, 1, 1, 1, 0, str(tmp_path / "ref"), STEPS, timeout=300)[0]
+    assert resumed["losses"] == pytest.approx(straight["losses"][2:], rel=REL_TOL)
+    assert max_relative_diff(resumed["params"], straight["params"], floor=1.0) <= REL_TOL
+
+
+def test_zero3_weights_read_back(tmp_path):
+    directory = str(tmp_path / "ckpt")
+    run_on_ranks(run, 2, 1, 2, 3, directory, 1, 1, timeout=300)
+    reference = run_on_ranks(run, 2, 1, 2, 0, str(tmp_path / "ref"), 1, timeout=300)[0]["params"]
+    stored = checkpoint.bert_state_from_checkpoint(directory)
+    assert set(stored) == set(reference)
+    assert max_relative_diff(stored, reference, floor=1.0) <= REL_TOL
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(Exception, match="no checkpoint in .* \\(missing 'latest'\\); point --load"):
+        checkpoint.latest_tag(str(tmp_path))
