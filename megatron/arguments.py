@@ -60,6 +60,12 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
     par.add_argument("--pipeline-model-parallel-size", type=int, help="pipeline stages (default 1)")
     par.add_argument("--micro-batch-size", type=int, help="samples per data-parallel rank per micro-step")
     par.add_argument("--global-batch-size", type=int, help="samples per optimizer step over all data-parallel ranks")
+
+    memory = parser.add_argument_group("memory")
+    memory.add_argument("--checkpoint-activations", action="store_true",
+                        help="recompute transformer layers in backward (DeepSpeed activation checkpointing)")
+    memory.add_argument("--checkpoint-num-layers", type=int, default=1,
+                        help="transformer layers per checkpointed chunk in a pipeline (default 1)")
     return parser
 
 
@@ -67,4 +73,6 @@ def config_flags(args: argparse.Namespace) -> dict:
     """The given flags as config field values (None where not given)."""
     values = {field: getattr(args, dest, None) for dest, field in _FIELDS.items()}
     values["add_binary_head"] = getattr(args, "add_binary_head", None)
+    if getattr(args, "checkpoint_activations", False):
+        values["activation_checkpoint_interval"] = args.checkpoint_num_layers
     return values

@@ -41,6 +41,7 @@ class TrainConfig:
     micro_batch_size: int = 1
     gradient_accumulation_steps: int = 1
     zero_stage: int = 0
+    activation_checkpoint_interval: int = 0  # transformer layers per checkpointed chunk; 0 = off
     ds_config: dict = field(default_factory=dict)  # what deepspeed.initialize receives
 
     @property
@@ -112,6 +113,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
     """
     given = {key: value for key, value in flags.items() if value is not None}
     values = {**_section_values(ds_config), **given}
+    checkpoint_interval = values.pop("activation_checkpoint_interval", 0)
     pipeline = values.pop("pipeline_parallel_size", 1)
     sequence = values.pop("sequence_parallel_size", 1)
     for key, value in (("--pipeline-model-parallel-size", pipeline), (f"{SECTION}.size", sequence)):
@@ -129,6 +131,10 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
         raise ConfigError(f"zero_optimization.stage {zero_stage} cannot be combined with pipeline parallelism "
                           f"(pipeline size {pipeline})", "use zero_optimization.stage 0 or 1 with a pipeline")
 
+    if ds_config.get("activation_checkpointing", {}).get("partition_activations") and sequence > 1:
+        raise ConfigError("activation_checkpointing.partition_activations would split sequence-split activations "
+                          "across the seq ranks a second time", "set activation_checkpointing.partition_activations "
+                          "to false with sequence parallelism")
     clipping = ds_config.get("gradient_clipping", 1.0)  # DeepSpeed's default is 1.0
     if pipeline > 1 and zero_stage == 0 and clipping > 0:
         # DeepSpeed 0.19.8 runtime/utils.py clip_grad_norm_ counts only the parameters of the
@@ -152,7 +158,8 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
         resolved["pipeline"] = {**ds_config.get("pipeline", {}), "pipe_partitioned": False, "grad_partitioned": False}
     return TrainConfig(model=model, pipeline_parallel_size=pipeline, sequence_parallel_size=sequence,
                        data_parallel_size=data, micro_batch_size=micro, gradient_accumulation_steps=gas,
-                       zero_stage=zero_stage, ds_config=resolved)
+                       zero_stage=zero_stage, activation_checkpoint_interval=checkpoint_interval,
+                       ds_config=resolved)
 
 
 def _batch_sizes(values: dict, ds_config: dict, data: int) -> tuple:

@@ -5,6 +5,7 @@ as mpu, so ZeRO 1/2/3 shard over data x seq and DeepSpeed reduces gradients over
 dividing by the data degree only: SUM over seq, MEAN over data, as our loss shares need.
 pipeline size > 1: BertModelPipe (model/pipe.py) under DeepSpeed's pipeline engine.
 """
+import functools
 from dataclasses import dataclass
 
 import deepspeed
@@ -35,7 +36,7 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None):
     if config.pipeline_parallel_size > 1:
         from megatron.model.pipe import BertModelPipe, load_bert_state
 
-        model = BertModelPipe(config.model)
+        model = BertModelPipe(config.model, activation_checkpoint_interval=config.activation_checkpoint_interval)
         if bert_state is not None:
             load_bert_state(model, bert_state)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config)
@@ -45,9 +46,23 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None):
         model.load_state_dict(bert_state)
     if config.zero_stage == 3:
         model = _zero3_model(config, model.state_dict())
+    if config.activation_checkpoint_interval:
+        checkpoint_layers(model)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config,
                                       mpu=state)
     return engine
+
+
+def checkpoint_layers(model: BertModel) -> None:
+    """Recomputes every transformer layer in backward (DeepSpeed's activation checkpointing).
+
+    Applied from outside: each layer's forward runs under deepspeed.checkpointing.checkpoint,
+    which keeps only the layer input. The ring's and Ulysses' communication is replayed in the
+    recompute, in the same order on every seq rank. (A pipeline checkpoints chunks of
+    `--checkpoint-num-layers` layers through PipelineModule instead.)
+    """
+    for layer in model.layers:
+        layer.forward = functools.partial(deepspeed.checkpointing.checkpoint, type(layer).forward.__get__(layer))
 
 
 def _zero3_model(config: TrainConfig, full_state: dict) -> BertModel:

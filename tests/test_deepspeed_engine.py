@@ -10,6 +10,7 @@ import torch
 from bert_fixtures import padded_batch, small_config, small_model
 from megatron.config import resolve
 from megatron.engine import build_engine, train_step
+from megatron.model.bert import SelfAttention
 from megatron.model.loss import bert_batch_loss
 from megatron.model.pipe import bert_to_pipe_name
 from megatron.parallel import state
@@ -44,12 +45,20 @@ def model_flags(attention: str = "ring") -> dict:
     return {name: getattr(config, name) for name in names}
 
 
-def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence: int, attention: str = "ring") -> dict:
-    config = resolve({**model_flags(attention), "pipeline_parallel_size": pipeline},
+def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence: int, attention: str = "ring",
+                  checkpoint_interval: int = 0) -> dict:
+    config = resolve({**model_flags(attention), "pipeline_parallel_size": pipeline,
+                      "activation_checkpoint_interval": checkpoint_interval},
                      ds_config(micro, gas, zero_stage, sequence, attention), torch.distributed.get_world_size())
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
+    attention_modules = [m for m in engine.module.modules() if isinstance(m, SelfAttention)]
+    calls = []
+    for module in attention_modules:
+        module.register_forward_hook(lambda *_: calls.append(1))
     mine = micro_batches(micro)[state.get_data_parallel_rank() * gas:][:gas]
     losses = [train_step(engine, mine).loss for _ in range(STEPS)]
+    # forward passes per attention module and micro-batch: 2 when recomputed in backward
+    passes = len(calls) / (len(attention_modules) * gas * STEPS)
     module = engine.module
     if zero_stage == 3:
         import deepspeed
@@ -62,7 +71,7 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
         to_bert = {bert_to_pipe_name(name, config.model.num_layers): name
                    for name in small_model(config.model).state_dict()}
         params = {to_bert[name]: p for name, p in params.items()}
-    return {"losses": losses, "params": params}
+    return {"losses": losses, "params": params, "passes": passes}
 
 
 def reference_run(micro: int, attention: str = "ring") -> dict:
@@ -100,6 +109,7 @@ def test_zero_with_sequence_parallel(zero_stage):
     """pp=1, sp=2: ZeRO shards over data x seq; DeepSpeed sums the seq group's gradients."""
     results = run_on_ranks(deepspeed_run, 2, 1, 4, 1, zero_stage, 2, timeout=300)
     check_against_reference(results, micro=4, label=f"zero{zero_stage} sp2")
+    assert all(result["passes"] == 1 for result in results)
 
 
 @pytest.mark.parametrize("attention", ["ring", "linformer"])
@@ -113,6 +123,14 @@ def test_pipeline_with_data_parallel():
     """pp=2, dp=2 (world 4), one micro-batch of 2 per data rank."""
     results = run_on_ranks(deepspeed_run, 4, 2, 2, 1, 1, 1, timeout=300)
     check_against_reference(results, micro=2, label="pp2 dp2 zero1")
+
+
+@pytest.mark.parametrize("pipeline,world,interval", [(1, 2, 1), (2, 4, 1)])
+def test_activation_checkpointing_changes_nothing(pipeline, world, interval):
+    """Recomputing layers (ring communication replayed in backward) gives the same training."""
+    results = run_on_ranks(deepspeed_run, world, pipeline, 2, 2, 1, 2, "ring", interval, timeout=300)
+    check_against_reference(results, micro=2, label=f"pp{pipeline} sp2 checkpointed")
+    assert all(result["passes"] == 2 for result in results), "layers were not recomputed"
 
 
 @pytest.mark.slow

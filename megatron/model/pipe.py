@@ -96,7 +96,9 @@ class BertModelPipe(PipelineModule):
         topology = PipeModelDataParallelTopology(num_pp=dims.pipeline, num_mp=dims.sequence, num_dp=dims.data)
         super().__init__(layers=specs, loss_fn=pipeline_loss, topology=topology,
                          partition_method="type:TransformerLayerPipe",
-                         activation_checkpoint_interval=activation_checkpoint_interval)
+                         activation_checkpoint_interval=activation_checkpoint_interval,
+                         # only transformer layers: the embedding's inputs carry no gradient
+                         checkpointable_layers=["TransformerLayerPipe"])
         self.config = config
         # Megatron init, same rules as BertModel (weights are then usually loaded or broadcast)
         self.apply(lambda module: BertModel._init_weights(self, module))
