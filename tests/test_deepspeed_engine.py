@@ -46,10 +46,12 @@ def model_flags(attention: str = "ring") -> dict:
 
 
 def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence: int, attention: str = "ring",
-                  checkpoint_interval: int = 0) -> dict:
+                  checkpoint_interval: int = 0, precision: str | None = None) -> dict:
+    ds = ds_config(micro, gas, zero_stage, sequence, attention)
+    if precision:
+        ds[precision] = {"enabled": True}
     config = resolve({**model_flags(attention), "pipeline_parallel_size": pipeline,
-                      "activation_checkpoint_interval": checkpoint_interval},
-                     ds_config(micro, gas, zero_stage, sequence, attention), torch.distributed.get_world_size())
+                      "activation_checkpoint_interval": checkpoint_interval}, ds, torch.distributed.get_world_size())
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
     attention_modules = [m for m in engine.module.modules() if isinstance(m, SelfAttention)]
     calls = []
@@ -71,7 +73,7 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
         to_bert = {bert_to_pipe_name(name, config.model.num_layers): name
                    for name in small_model(config.model).state_dict()}
         params = {to_bert[name]: p for name, p in params.items()}
-    return {"losses": losses, "params": params, "passes": passes}
+    return {"losses": losses, "params": params, "passes": passes, "dtype": next(module.parameters()).dtype}
 
 
 def reference_run(micro: int, attention: str = "ring") -> dict:
@@ -131,6 +133,20 @@ def test_activation_checkpointing_changes_nothing(pipeline, world, interval):
     results = run_on_ranks(deepspeed_run, world, pipeline, 2, 2, 1, 2, "ring", interval, timeout=300)
     check_against_reference(results, micro=2, label=f"pp{pipeline} sp2 checkpointed")
     assert all(result["passes"] == 2 for result in results), "layers were not recomputed"
+
+
+@pytest.mark.parametrize("precision,pipeline,world,dtype", [("bf16", 1, 2, torch.bfloat16),
+                                                           ("bf16", 2, 4, torch.bfloat16),
+                                                           ("fp16", 1, 2, torch.float16)])
+def test_mixed_precision_tracks_fp32(precision, pipeline, world, dtype):
+    """bf16 / fp16 (dynamic loss scaling) from the JSON: half-precision weights, fp32 master
+    copies in the optimizer, and a loss trajectory within half-precision rounding of fp32."""
+    results = run_on_ranks(deepspeed_run, world, pipeline, 2, 2, 1, 2, "ring", 0, precision, timeout=300)
+    expected = reference_run(2)["losses"]
+    for result in results:
+        assert result["dtype"] == dtype
+        assert result["losses"] == pytest.approx(expected, rel=2e-3)
+        assert result["losses"][-1] < result["losses"][0]
 
 
 @pytest.mark.slow
