@@ -6,6 +6,7 @@ dividing by the data degree only: SUM over seq, MEAN over data, as our loss shar
 pipeline size > 1: BertModelPipe (model/pipe.py) under DeepSpeed's pipeline engine.
 """
 import functools
+import json
 from dataclasses import dataclass
 
 import deepspeed
@@ -33,6 +34,8 @@ def initialize_parallel(config: TrainConfig) -> None:
 def build_engine(config: TrainConfig, bert_state: dict | None = None):
     """-> DeepSpeed engine. `bert_state`: a BertModel state dict to start from (else fresh init)."""
     initialize_parallel(config)
+    if dist.get_rank() == 0:
+        print(f"resolved config: {json.dumps(config.to_dict(), sort_keys=True)}", flush=True)
     if config.pipeline_parallel_size > 1:
         from megatron.model.pipe import BertModelPipe, load_bert_state
 

@@ -82,3 +82,21 @@ def test_sop_loss_only_where_cls_lives():
 def test_bad_model_settings(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         BertConfig(**overrides)
+
+
+def test_layernorm_uses_apex_only_on_cuda_when_installed(monkeypatch):
+    import sys
+    import types
+
+    from megatron.model.layernorm import layer_norm
+
+    assert type(layer_norm(8, 1e-5)) is torch.nn.LayerNorm  # CPU: torch's
+    fake = types.ModuleType("apex.normalization")
+    fake.FusedLayerNorm = type("FusedLayerNorm", (torch.nn.LayerNorm,), {})
+    monkeypatch.setitem(sys.modules, "apex", types.ModuleType("apex"))
+    monkeypatch.setitem(sys.modules, "apex.normalization", fake)
+    assert type(layer_norm(8, 1e-5)) is torch.nn.LayerNorm  # installed, but no GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert type(layer_norm(8, 1e-5)) is fake.FusedLayerNorm
+    monkeypatch.setitem(sys.modules, "apex.normalization", None)  # PyPI's unrelated `apex`
+    assert type(layer_norm(8, 1e-5)) is torch.nn.LayerNorm

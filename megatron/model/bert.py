@@ -13,6 +13,7 @@ from torch import nn
 
 from megatron.errors import ConfigError
 from megatron.model import attention
+from megatron.model.layernorm import layer_norm
 
 
 @dataclass
@@ -92,7 +93,7 @@ class Embeddings(nn.Module):
             self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.layernorm = (nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+        self.layernorm = (layer_norm(config.hidden_size, config.layernorm_epsilon)
                           if config.embedding_layernorm else nn.Identity())
         self.dropout = nn.Dropout(config.hidden_dropout)
 
@@ -138,9 +139,9 @@ class TransformerLayer(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.pre_layernorm = config.layernorm_layout == "pre"
-        self.attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+        self.attention_layernorm = layer_norm(config.hidden_size, config.layernorm_epsilon)
         self.attention = SelfAttention(config)
-        self.mlp_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+        self.mlp_layernorm = layer_norm(config.hidden_size, config.layernorm_epsilon)
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
@@ -158,7 +159,7 @@ class LMHead(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+        self.layernorm = layer_norm(config.hidden_size, config.layernorm_epsilon)
         self.bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
 
     def forward(self, hidden, word_embeddings_weight):
@@ -178,14 +179,18 @@ class BinaryHead(nn.Module):
         return self.classifier(torch.tanh(self.pooler(cls_hidden)))
 
 
+def final_layernorm(config: BertConfig) -> nn.Module:
+    """The pre-LN layout normalises the last layer's output; post-LN layers already did."""
+    return layer_norm(config.hidden_size, config.layernorm_epsilon) if config.layernorm_layout == "pre" else nn.Identity()
+
+
 class BertModel(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.num_layers))
-        self.final_layernorm = (nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
-                                if config.layernorm_layout == "pre" else nn.Identity())
+        self.final_layernorm = final_layernorm(config)
         self.lm_head = LMHead(config)
         self.binary_head = BinaryHead(config) if config.add_binary_head else None
         self.apply(self._init_weights)

@@ -21,7 +21,8 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from torch import nn
 
-from megatron.model.bert import BertConfig, BertModel, BinaryHead, Embeddings, LMHead, TransformerLayer
+from megatron.model.bert import (BertConfig, BertModel, BinaryHead, Embeddings, LMHead, TransformerLayer,
+                                 final_layernorm)
 from megatron.model.loss import bert_loss
 from megatron.parallel import state
 
@@ -63,8 +64,7 @@ class HeadsPipe(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.final_layernorm = (nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
-                                if config.layernorm_layout == "pre" else nn.Identity())
+        self.final_layernorm = final_layernorm(config)
         self.lm_head = LMHead(config)
         self.binary_head = BinaryHead(config) if config.add_binary_head else None
 
