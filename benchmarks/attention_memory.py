@@ -1,17 +1,23 @@
 """Peak memory and time of one forward+backward vs sequence length, on CPU.
 
 Two kinds of step: the attention core alone, and a 4-layer BERT with its loss (where the
-saved activations of all layers add up). Variants: `ring` at SP = 1, 2, 4 (real processes over
-gloo, one thread each) and SP=1 baselines: `dense` (torch SDPA, whose CPU flash kernel is
-itself O(s) in memory) and, for the core, `naive` (softmax(QK^T + mask)V materialised, the
-[s, s] score matrix a ring without recompute keeps).
+saved activations of all layers add up). Variants: `ring`, `linformer` and `bigbird` at
+SP = 1, 2, 4 (real processes over gloo, one thread each) and SP=1 baselines: `dense` (torch
+SDPA, whose CPU flash kernel is itself O(s) in memory) and, for the core, `naive`
+(softmax(QK^T + mask)V materialised, the [s, s] score matrix a ring without recompute keeps).
+Linformer and BigBird run with VARIANT_OPTIONS.
+
+Then the longest sequence each of ring, linformer, bigbird trains (one forward+backward of the
+4-layer BERT, batch 1) at SP = 1, 2, 4 under a per-rank budget (--budget-mib). There the
+parameters and gradients count too (Linformer's E grows with s): the figure is the resident
+growth from before the model is built to the end of the step.
 
 Memory: each rank runs with glibc's mmap threshold fixed at 64 KiB, so every tensor buffer is
 mmap-ed and returned to the OS when freed and the resident set tracks live tensors. Before a
 measured step the peak-RSS counter is reset (/proc/self/clear_refs = 5); the figure is
 VmHWM - VmRSS(before): the step's own peak, max over ranks. Includes gloo's receive buffers.
 
-    .venv/bin/python benchmarks/attention_memory.py [--seq-lengths 1024 2048 ...]
+    .venv/bin/python benchmarks/attention_memory.py [--seq-lengths 1024 2048 ...] [--budget-mib 192]
 """
 import argparse
 import os
@@ -19,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from megatron.data.batch import BertBatch
 from megatron.model import attention
@@ -32,6 +39,11 @@ from results import machine, write_section
 HEADS, HEAD_DIM = 4, 32
 NAIVE_MAX_SEQ = 8192  # the naive baseline needs ~3 x 4 * heads * s^2 bytes
 PLOT = Path(__file__).resolve().parent / "attention_memory.png"
+VARIANT_OPTIONS = {  # Linformer: E = F, one per layer for all heads ("headwise + key-value sharing")
+    "linformer": dict(linformer_k=256, linformer_share_heads=True, linformer_share_kv=True),
+    "bigbird": dict(bigbird_block_size=64, bigbird_num_window_blocks=3, bigbird_num_random_blocks=2),
+}
+SEARCH_STEP = 1024  # max-length search resolution (a multiple of P * block size for P <= 4)
 
 
 def _status_kib(field: str) -> int:
@@ -54,7 +66,7 @@ def attention_step(variant: str, size: int, seq: int):
     else:
         core = attention.build(BertConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, seq_length=seq,
                                           max_position_embeddings=seq, num_layers=1, attention=variant,
-                                          attention_dropout=0.0))
+                                          attention_dropout=0.0, **VARIANT_OPTIONS.get(variant, {})))
     g = torch.Generator().manual_seed(state.get_sequence_parallel_rank())
     q, k, v = (torch.randn(1, seq // size, HEADS, HEAD_DIM, generator=g, requires_grad=True) for _ in range(3))
     mask = torch.zeros(1, seq // size, dtype=torch.bool)
@@ -65,7 +77,7 @@ def bert_step(variant: str, size: int, seq: int):
     """One fwd+bwd of a 4-layer BERT (h = heads x d) with MLM + SOP loss on this rank's chunk."""
     config = BertConfig(vocab_size=1000, hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, num_layers=4,
                         seq_length=seq, max_position_embeddings=seq, attention=variant,
-                        attention_dropout=0.0, hidden_dropout=0.0)
+                        attention_dropout=0.0, hidden_dropout=0.0, **VARIANT_OPTIONS.get(variant, {}))
     model = BertModel(config)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(5, 1000, (1, seq), generator=g)
@@ -82,29 +94,74 @@ def bert_step(variant: str, size: int, seq: int):
 STEPS = {"attention": attention_step, "bert": bert_step}
 
 
+def _peak(kind: str, variant: str, size: int, seq: int, count_model: bool = False) -> tuple:
+    """(peak MiB, seconds) of one fwd+bwd on this rank; with count_model, building the model
+    (parameters) counts too."""
+    if count_model:
+        open("/proc/self/clear_refs", "w").write("5")
+        before = _status_kib("VmRSS")
+    step = STEPS[kind](variant, size, seq)
+    if size > 1:
+        dist.barrier()
+    if not count_model:
+        open("/proc/self/clear_refs", "w").write("5")
+        before = _status_kib("VmRSS")
+    start = time.perf_counter()
+    step()
+    seconds = time.perf_counter() - start
+    peak = (_status_kib("VmHWM") - before) / 1024
+    del step
+    return peak, seconds
+
+
 def measure(kind: str, variant: str, size: int, seq_lengths: list) -> list:
     """(seq_length, peak MiB, seconds) of one fwd+bwd on this rank, per length."""
     if size > 1:
         state.initialize(sequence=size)
-    rows = []
-    for i, seq in enumerate([seq_lengths[0]] + list(seq_lengths)):  # the first run is a warm-up
-        step = STEPS[kind](variant, size, seq)
-        if size > 1:
-            torch.distributed.barrier()
-        open("/proc/self/clear_refs", "w").write("5")
-        before = _status_kib("VmRSS")
-        start = time.perf_counter()
-        step()
-        seconds = time.perf_counter() - start
-        if i > 0:
-            rows.append((seq, (_status_kib("VmHWM") - before) / 1024, seconds))
-        del step
-    return rows
+    _peak(kind, variant, size, seq_lengths[0])  # warm-up
+    return [(seq, *_peak(kind, variant, size, seq)) for seq in seq_lengths]
 
 
+def _peak_all_ranks(variant: str, size: int, seq: int) -> tuple:
+    """(peak MiB max over ranks, seconds max over ranks) of a whole BERT step, model included."""
+    peak = torch.tensor(_peak("bert", variant, size, seq, count_model=True), dtype=torch.float64)
+    if size > 1:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return peak[0].item(), peak[1].item()
+
+
+def longest_under(variant: str, size: int, budget_mib: float, probes: tuple) -> dict:
+    """The longest multiple of SEARCH_STEP whose BERT step peaks within budget on every rank.
+
+    The peak is linear in s (see the tables), so a line through two probe lengths predicts the
+    answer; the search then walks in SEARCH_STEP steps from there until s fits and s + STEP does
+    not, so the result is measured on both sides, not extrapolated.
+    """
+    if size > 1:
+        state.initialize(sequence=size)
+    _peak("bert", variant, size, probes[0])  # warm-up
+    (s0, s1), (m0, m1) = probes, [_peak_all_ranks(variant, size, s)[0] for s in probes]
+    slope = (m1 - m0) / (s1 - s0)
+    seq = max(SEARCH_STEP, int((s0 + (budget_mib - m0) / slope) // SEARCH_STEP * SEARCH_STEP))
+    measured = {seq: _peak_all_ranks(variant, size, seq)}
+    while measured[seq][0] > budget_mib:
+        if seq == SEARCH_STEP:
+            raise RuntimeError(f"{variant} SP={size} needs more than {budget_mib} MiB even at s={seq}; raise --budget-mib")
+        seq -= SEARCH_STEP
+        measured[seq] = _peak_all_ranks(variant, size, seq)
+    while (seq + SEARCH_STEP) not in measured or measured[seq + SEARCH_STEP][0] <= budget_mib:
+        if seq + SEARCH_STEP in measured:
+            seq += SEARCH_STEP
+            continue
+        measured[seq + SEARCH_STEP] = _peak_all_ranks(variant, size, seq + SEARCH_STEP)
+    return {"seq": seq, "peak": measured[seq][0], "seconds": measured[seq][1],
+            "next_peak": measured[seq + SEARCH_STEP][0], "slope_kib_per_token": slope * 1024}
+
+
+SP_VARIANTS = [(variant, size) for variant in ("ring", "linformer", "bigbird") for size in (1, 2, 4)]
 PLANS = {  # kind -> (variant, SP size) runs; the SP=1 dense/naive ones are the baselines
-    "attention": [("ring", 1), ("ring", 2), ("ring", 4), ("dense", 1), ("naive", 1)],
-    "bert": [("ring", 1), ("ring", 2), ("ring", 4), ("dense", 1)],
+    "attention": SP_VARIANTS + [("dense", 1), ("naive", 1)],
+    "bert": SP_VARIANTS + [("dense", 1)],
 }
 TITLES = {
     "attention": f"attention core alone, batch 1, {HEADS} heads x {HEAD_DIM}",
@@ -136,21 +193,49 @@ def report(results: dict, seq_lengths: list) -> str:
         mem = [f"{cells[label][1]:.1f}" if cells[label] else "-" for label in labels]
         sec = [f"{cells[label][2]:.2f}" if cells[label] else "-" for label in labels]
         lines.append(f"| {seq} | " + " | ".join(mem) + " | " + " | ".join(sec) + " |")
-    ring = {size: dict((r[0], r[1]) for r in results[f"ring SP={size}"]) for size in (1, 2, 4)}
     top, below = seq_lengths[-1], seq_lengths[-2]
-    return "\n".join(lines) + (
-        f"\n\nAt s={top}: ring peak SP=1/SP=2 = {ring[1][top] / ring[2][top]:.2f}, "
-        f"SP=1/SP=4 = {ring[1][top] / ring[4][top]:.2f} (ideal 2 and 4); ring SP=1 peak grows "
-        f"{ring[1][top] / ring[1][below]:.2f}x from s={below} to s={top} (linear: {top / below:.1f}x).")
+    notes = []
+    for variant in ("ring", "linformer", "bigbird"):
+        peak = {size: dict((r[0], r[1]) for r in results[f"{variant} SP={size}"]) for size in (1, 2, 4)}
+        seconds = {size: dict((r[0], r[2]) for r in results[f"{variant} SP={size}"]) for size in (1, 2, 4)}
+        notes.append(
+            f"{variant}: at s={top} peak SP=1/SP=2 = {peak[1][top] / peak[2][top]:.2f}, SP=1/SP=4 = "
+            f"{peak[1][top] / peak[4][top]:.2f} (ideal 2 and 4); SP=1 peak grows {peak[1][top] / peak[1][below]:.2f}x "
+            f"and time {seconds[1][top] / seconds[1][below]:.2f}x from s={below} to s={top} (linear: {top / below:.1f}x).")
+    return "\n".join(lines) + "\n\n" + "\n".join(f"- {note}" for note in notes)
 
 
-def plot(all_results: dict) -> None:
+def search(budget_mib: float) -> dict:
+    """{label: longest_under result} for ring, linformer, bigbird at SP = 1, 2, 4."""
+    results = {}
+    for variant, size in SP_VARIANTS:
+        probes = (2048 * size, 4096 * size)
+        label = f"{variant} SP={size}"
+        results[label] = run_on_ranks(longest_under, size, variant, size, budget_mib, probes, timeout=3600)[0]
+        print("longest", label, results[label], flush=True)
+    return results
+
+
+def search_report(found: dict, budget_mib: float) -> str:
+    lines = ["| variant | SP | longest s | peak MiB at s | peak MiB at s + 1024 | fwd+bwd s at s | MiB per 1K tokens |",
+             "|---|---|---|---|---|---|---|"]
+    for label, row in found.items():
+        variant, size = label.split(" SP=")
+        lines.append(f"| {variant} | {size} | {row['seq']} | {row['peak']:.0f} | {row['next_peak']:.0f} | "
+                     f"{row['seconds']:.1f} | {row['slope_kib_per_token']:.1f} |")
+    ratios = ", ".join(f"SP={size}: linformer {found[f'linformer SP={size}']['seq'] / found[f'ring SP={size}']['seq']:.2f}x, "
+                       f"bigbird {found[f'bigbird SP={size}']['seq'] / found[f'ring SP={size}']['seq']:.2f}x"
+                       for size in (1, 2, 4))
+    return "\n".join(lines) + f"\n\nLongest sequence relative to ring at the same SP: {ratios}."
+
+
+def plot(all_results: dict, found: dict, budget_mib: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(all_results), 2, figsize=(11, 4 * len(all_results)), squeeze=False)
+    fig, axes = plt.subplots(len(all_results) + 1, 2, figsize=(11, 4 * (len(all_results) + 1)), squeeze=False)
     for (kind, results), (mem_ax, time_ax) in zip(all_results.items(), axes):
         for label, rows in results.items():
             seqs = [r[0] for r in rows]
@@ -163,7 +248,18 @@ def plot(all_results: dict) -> None:
             ax.set_ylabel(ylabel)
             ax.set_title(TITLES[kind], fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
-        mem_ax.legend(fontsize=8)
+        mem_ax.legend(fontsize=7, ncol=2)
+    len_ax, sec_ax = axes[-1]
+    for offset, variant in enumerate(("ring", "linformer", "bigbird")):
+        rows = [found[f"{variant} SP={size}"] for size in (1, 2, 4)]
+        positions = [i + (offset - 1) * 0.27 for i in range(3)]
+        len_ax.bar(positions, [r["seq"] for r in rows], width=0.27, label=variant)
+        sec_ax.bar(positions, [r["seconds"] for r in rows], width=0.27, label=variant)
+    for ax, ylabel in ((len_ax, f"longest s under {budget_mib:.0f} MiB per rank"), (sec_ax, "fwd+bwd time at that s (s)")):
+        ax.set_xticks(range(3), ["SP=1", "SP=2", "SP=4"])
+        ax.set_ylabel(ylabel)
+        ax.set_title("4-layer BERT, batch 1: longest s under the budget (parameters included)", fontsize=9)
+        ax.legend(fontsize=8)
     fig.suptitle("One forward+backward, fp32, CPU (SP ranks: processes over gloo, 1 thread each)")
     fig.tight_layout()
     fig.savefig(PLOT, dpi=100)
@@ -173,14 +269,19 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--bert-seq-lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
+    parser.add_argument("--budget-mib", type=float, default=192.0, help="per-rank memory budget of the max-length search")
     args = parser.parse_args()
     lengths = {"attention": args.seq_lengths, "bert": args.bert_seq_lengths}
     all_results = {kind: run(kind, lengths[kind]) for kind in PLANS}
-    plot(all_results)
+    found = search(args.budget_mib)
+    plot(all_results, found, args.budget_mib)
     tables = "\n\n".join(f"**{TITLES[kind]}**\n\n{report(results, lengths[kind])}"
                           for kind, results in all_results.items())
+    options = "; ".join(f"{variant}: " + ", ".join(f"{k}={v}" for k, v in opts.items())
+                        for variant, opts in VARIANT_OPTIONS.items())
     write_section("Attention memory (ring vs dense)", f"""
 Machine: {machine()}. Command: `.venv/bin/python benchmarks/attention_memory.py`.
+Variant settings: {options}.
 fp32, no padding; each SP rank is a process with one thread (times on
 {len(os.sched_getaffinity(0))} cores are shared by all ranks, so they are not a speed result).
 Memory is the step's peak resident-set growth, max over ranks, with glibc's mmap threshold
@@ -190,6 +291,25 @@ no s x s matrix either; `naive` materialises softmax(QK^T)V, i.e. the s x s/P sc
 ring without recompute keeps.
 
 {tables}
+
+**Longest sequence under {args.budget_mib:.0f} MiB per rank: {TITLES["bert"]}**
+
+One forward+backward; the budget counts everything the step adds to a rank's resident set,
+the model's parameters and gradients included (no optimizer state). The search fits a line
+through two probe lengths, then steps by {SEARCH_STEP} tokens until s fits and s + {SEARCH_STEP}
+does not (both measured; `longest_under`).
+
+{search_report(found, args.budget_mib)}
+
+Reading it: Linformer and BigBird do not reach several times ring's length here, because this
+ring keeps no s x s/P score matrix (SDPA flash kernels, recompute from the saved LSE): its
+peak is already linear in s/P, and in a BERT step the rest of each layer (QKV, MLP, LayerNorm
+activations) dominates every variant's per-token memory. What the other two add per rank is
+memory the ring does not have: Linformer's E (k x s, replicated on every rank, plus its
+gradient) grows with the whole s, BigBird keeps the fetched random, halo and global blocks
+(about r times the local K, V at SP > 1). Their gain is compute: step time linear in s instead
+of quadratic (time columns above), so they are several times faster at equal s. Against a ring
+that kept its scores (`naive`), the budget would cut ring's length by the s^2 term.
 
 ![attention memory](attention_memory.png)
 """)
