@@ -105,7 +105,8 @@ class _Plan:
     recv: dict  # global rank -> how many blocks it sends us (ascending global rank = block order)
 
 
-def _plan(slots, valid, rank: int, size: int, ranks: list) -> _Plan:
+def _plan(slots, valid, rank: int, size: int, ranks: list, device) -> _Plan:
+    """Built on the CPU from the pattern; the index tensors the step uses go to `device`."""
     n = slots.shape[0]
     m = n // size
     owner = torch.arange(n) // m
@@ -122,8 +123,8 @@ def _plan(slots, valid, rank: int, size: int, ranks: list) -> _Plan:
     rows = slice(rank * m + row_start, rank * m + row_stop)
     send = {ranks[r]: needs[r][owner[needs[r]] == rank] - rank * m for r in range(size) if r != rank}
     recv = {ranks[r]: int((owner[needs[rank]] == r).sum()) for r in range(size) if r != rank}
-    return _Plan(row_start, row_stop, position[slots[rows]], valid[rows],
-                 {dst: ids for dst, ids in send.items() if len(ids)}, {src: k for src, k in recv.items() if k})
+    return _Plan(row_start, row_stop, position[slots[rows]].to(device), valid[rows].to(device),
+                 {dst: ids.to(device) for dst, ids in send.items() if len(ids)}, {src: k for src, k in recv.items() if k})
 
 
 @dataclass
@@ -158,7 +159,7 @@ def _fetch(k, v, key_padding_mask, plan, seq):
     kv = seq.exchange({dst: torch.stack([k[:, ids], v[:, ids]]) for dst, ids in plan.send.items()},
                       {src: k.new_empty(2, b, count, block, heads, d) for src, count in plan.recv.items()}, _KV_TAG)
     pad = seq.exchange({dst: key_padding_mask[:, ids].to(torch.uint8) for dst, ids in plan.send.items()},
-                       {src: torch.empty(b, count, block, dtype=torch.uint8) for src, count in plan.recv.items()},
+                       {src: key_padding_mask.new_empty(b, count, block, dtype=torch.uint8) for src, count in plan.recv.items()},
                        _MASK_TAG)
     if not kv:
         return k[:, :0], v[:, :0], key_padding_mask[:, :0]
@@ -270,8 +271,8 @@ class _BigBirdAttention(torch.autograd.Function):
         plan, seq, scale = ctx.plan, ctx.seq, ctx.scale
         b, m, block, heads, d = q.shape
         first, last = seq.rank == 0, seq.rank == seq.size - 1
-        dq = torch.zeros(q.shape, dtype=torch.float32)
-        dkv = torch.zeros(2, *k.shape, dtype=torch.float32)  # dK, dV of the local blocks
+        dq = q.new_zeros(q.shape, dtype=torch.float32)
+        dkv = k.new_zeros((2, *k.shape), dtype=torch.float32)  # dK, dV of the local blocks
 
         # Global rows: their output is replicated, so its full gradient is the sum over ranks of
         # each rank's (only the owners' is non-zero); each rank then differentiates its own
@@ -290,11 +291,11 @@ class _BigBirdAttention(torch.autograd.Function):
 
         # Non-global rows: gather again, differentiate, index-add dK and dV into the extended
         # blocks (masked keys, i.e. padding and invalid slots, get exactly zero gradient).
-        grad_fetched = torch.zeros(2, *fetched_k.shape, dtype=torch.float32)
+        grad_fetched = k.new_zeros((2, *fetched_k.shape), dtype=torch.float32)
         if sparse_out is not None:
             extended = (torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1),
                         torch.cat([key_padding_mask, fetched_pad], 1))
-            grad_extended = torch.zeros(2, b, m + fetched_k.shape[1], block, heads, d)
+            grad_extended = k.new_zeros((2, b, m + fetched_k.shape[1], block, heads, d), dtype=torch.float32)
             for part in _passes(plan, block):
                 local = slice(plan.row_start + part.start, plan.row_start + part.stop)
                 sel_k, sel_v, sel_pad = _gather(*extended, plan.slot_index[part], plan.slot_valid[part])
@@ -356,16 +357,16 @@ class BigBirdAttention(AttentionCore):
         """This layer's pattern at the current iteration (see block_pattern)."""
         return block_pattern(num_blocks, self.window, self.num_random, self.seed, self.iteration, self.layer)
 
-    def _plan(self, num_blocks: int) -> _Plan:
-        key = (num_blocks, self.iteration, self.layer)
+    def _plan(self, num_blocks: int, device) -> _Plan:
+        key = (num_blocks, self.iteration, self.layer, device)
         if self._cached_plan[0] != key:
-            self._cached_plan = (key, _plan(*self.pattern(num_blocks), self.seq.rank, self.seq.size, self.seq.ranks))
+            self._cached_plan = (key, _plan(*self.pattern(num_blocks), self.seq.rank, self.seq.size, self.seq.ranks, device))
         return self._cached_plan[1]
 
     def forward(self, q, k, v, key_padding_mask):
         b, chunk, heads, d = q.shape  # [b, s/P, heads, d]
         m = chunk // self.block_size
-        plan = self._plan(m * self.seq.size)
+        plan = self._plan(m * self.seq.size, q.device)
         q, k, v = (x.view(b, m, self.block_size, heads, d) for x in (q, k, v))
         out = _BigBirdAttention.apply(q, k, v, key_padding_mask.view(b, m, self.block_size), plan, self.seq, self.scale)
         return out.view(b, chunk, heads, d)
