@@ -19,10 +19,12 @@ Under sequence parallelism rank p holds blocks [p*m, (p+1)*m), m = n / P:
   - Global query blocks (on ranks 0 and P-1) attend to the whole sequence without moving it: the
     two query blocks are shared with every rank, each rank attends them to its local keys with
     the log-sum-exp of its partial result, and the P partials are merged (as the ring does).
-Both paths run torch's SDPA kernels through blocks.py and recompute in backward from the saved
-lse, so per rank nothing larger than O(s/P * B * (w + 2 + r)) scores exists at once, and what
-is kept for backward is O(s/P) plus the fetched blocks. Attention dropout is refused, as for
-the ring (exact recompute cannot replay the dropout masks).
+Both paths run torch's SDPA kernels through blocks.py (no score matrix is kept) and recompute
+in backward from the saved lse. Non-global rows gather their w + 2 + r key blocks in passes of
+at most _PASS_KEYS keys per sample, so those copies take bounded memory; kept for backward are
+O(s/P) tensors plus the fetched blocks (at most r times the local K, V, plus the halo and the
+two global blocks). Attention dropout is refused, as for the ring (exact recompute cannot
+replay the dropout masks).
 """
 import hashlib
 from dataclasses import dataclass
@@ -77,16 +79,6 @@ def block_pattern(num_blocks: int, window: int, num_random: int, seed: int, iter
     valid = torch.cat([window_ok, global_ok, torch.ones_like(random_ids, dtype=torch.bool)], 1)
     valid[[0, -1]] = False
     return slots, valid
-
-
-def block_mask(slots, valid) -> torch.Tensor:
-    """The [n, n] boolean block mask of a pattern (True = query block attends to key block)."""
-    n = slots.shape[0]
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    mask[torch.arange(n)[:, None].expand_as(slots)[valid], slots[valid]] = True
-    mask[[0, -1], :] = True
-    mask[:, [0, -1]] = True
-    return mask
 
 
 @dataclass
