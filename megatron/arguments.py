@@ -76,3 +76,60 @@ def config_flags(args: argparse.Namespace) -> dict:
     if getattr(args, "checkpoint_activations", False):
         values["activation_checkpoint_interval"] = args.checkpoint_num_layers
     return values
+
+
+def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    train = parser.add_argument_group("training")
+    train.add_argument("--train-iters", type=int, help="optimizer steps to train (or --train-samples)")
+    train.add_argument("--train-samples", type=int, help="samples to train on; steps = samples / global batch")
+    train.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default 1e-4)")
+    train.add_argument("--min-lr", type=float, default=0.0, help="learning rate at the end of the decay (default 0)")
+    train.add_argument("--lr-decay-style", choices=["linear", "cosine", "constant"], default="linear",
+                       help="decay after warm-up (default linear)")
+    train.add_argument("--lr-warmup-fraction", type=float, default=0.01,
+                       help="fraction of the steps with linear warm-up from 0 (default 0.01)")
+    train.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
+    train.add_argument("--adam-beta1", type=float, default=0.9)
+    train.add_argument("--adam-beta2", type=float, default=0.999)
+    train.add_argument("--adam-eps", type=float, default=1e-8)
+    train.add_argument("--clip-grad", type=float, help="gradient-norm clipping (default: the JSON's "
+                       "gradient_clipping, else 1.0; 0 turns it off)")
+    train.add_argument("--seed", type=int, default=1234, help="seed of initialisation, masking, sampling")
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--data-path", nargs="+", help="PREFIX or W1 PREFIX1 W2 PREFIX2 ... of preprocessed "
+                      ".bin/.idx data (default: the embedded sample corpus, built on first use)")
+    data.add_argument("--split", default="969,30,1", help="train,valid,test document split (default 969,30,1)")
+    data.add_argument("--vocab-file", help="WordPiece vocab.txt (default: the embedded corpus' vocab)")
+    data.add_argument("--tokenizer-type", default="BertWordPieceLowerCase",
+                      help="BertWordPieceLowerCase (default) or BertWordPieceCase")
+    data.add_argument("--data-impl", default="mmap", choices=["mmap", "cached", "lazy"], help="indexed dataset format")
+    data.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens masked for MLM")
+    data.add_argument("--default-data-dir", default=".cache/default_data",
+                      help="where the embedded corpus, vocab and preprocessed data are built")
+
+    run = parser.add_argument_group("checkpoints, evaluation, logging")
+    run.add_argument("--save", help="checkpoint directory")
+    run.add_argument("--load", help="checkpoint directory to resume from (its 'latest' tag)")
+    run.add_argument("--save-interval", type=int, help="steps between checkpoints (always saved at the end)")
+    run.add_argument("--eval-interval", type=int, default=1000, help="steps between validation runs")
+    run.add_argument("--eval-iters", type=int, default=10, help="validation / test micro-steps per evaluation")
+    run.add_argument("--log-interval", type=int, default=10, help="steps between log lines")
+    run.add_argument("--log-dir", default="runs/bert", help="metrics.jsonl and loss.png go here (default runs/bert)")
+    run.add_argument("--tensorboard-dir", help="write TensorBoard scalars here (needs the tensorboard package)")
+    run.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import deepspeed
+
+    parser = argparse.ArgumentParser(
+        prog="pretrain_bert.py",
+        description="Pretrain Megatron BERT (MLM + sentence order) with sequence-parallel attention under "
+                    "DeepSpeed. Run it through the launcher: deepspeed --num_gpus N pretrain_bert.py ... "
+                    "--deepspeed --deepspeed_config ds_configs/<file>.json. Flags given here override the JSON.")
+    add_model_and_parallel_args(parser)
+    add_training_args(parser)
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the launcher
+    return deepspeed.add_config_arguments(parser)

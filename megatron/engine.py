@@ -20,19 +20,14 @@ from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
 
 
-@dataclass
-class StepResult:
-    loss: float  # the whole-sequence loss, averaged over micro-batches and data-parallel ranks
-    grad_norm: float | None
-
-
 def initialize_parallel(config: TrainConfig) -> None:
     if not state.is_initialized():
         state.initialize(pipeline=config.pipeline_parallel_size, sequence=config.sequence_parallel_size)
 
 
-def build_engine(config: TrainConfig, bert_state: dict | None = None):
-    """-> DeepSpeed engine. `bert_state`: a BertModel state dict to start from (else fresh init)."""
+def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_scheduler=None):
+    """-> DeepSpeed engine. `bert_state`: a BertModel state dict to start from (else fresh init);
+    `lr_scheduler`: a callable optimizer -> scheduler, stepped by DeepSpeed at every optimizer step."""
     initialize_parallel(config)
     if dist.get_rank() == 0:
         print(f"resolved config: {json.dumps(config.to_dict(), sort_keys=True)}", flush=True)
@@ -42,7 +37,8 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None):
         model = BertModelPipe(config.model, activation_checkpoint_interval=config.activation_checkpoint_interval)
         if bert_state is not None:
             load_bert_state(model, bert_state)
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config,
+                                          lr_scheduler=lr_scheduler)
         return engine
     model = BertModel(config.model)
     if bert_state is not None:
@@ -52,7 +48,7 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None):
     if config.activation_checkpoint_interval:
         checkpoint_layers(model)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config,
-                                      mpu=state)
+                                      mpu=state, lr_scheduler=lr_scheduler)
     return engine
 
 
@@ -94,24 +90,57 @@ def _pipeline_item(chunk: BertBatch) -> tuple:
     return inputs, labels
 
 
+@dataclass
+class StepResult:
+    loss: float  # the whole-sequence loss, averaged over micro-batches and data-parallel ranks
+    mlm: float | None  # its MLM and SOP parts (None in a pipeline: only the total leaves the engine)
+    sop: float | None
+    grad_norm: float | None
+
+
+def _chunks(micro_batches: list) -> list:
+    seq_rank, seq_size = state.get_sequence_parallel_rank(), state.get_sequence_parallel_world_size()
+    return [batch.sequence_chunk(seq_rank, seq_size) for batch in micro_batches]
+
+
+def _whole(values: torch.Tensor, average_data: bool) -> torch.Tensor:
+    """Per-rank loss shares -> whole-sequence values (sum over seq), averaged over data ranks."""
+    if state.get_sequence_parallel_world_size() > 1:
+        dist.all_reduce(values, group=state.get_sequence_parallel_group())
+    if average_data and state.get_data_parallel_world_size() > 1:
+        dist.all_reduce(values, group=state.get_data_parallel_group())
+        values /= state.get_data_parallel_world_size()
+    return values
+
+
 def train_step(engine, micro_batches: list) -> StepResult:
     """One optimizer step over this data-parallel rank's micro-batches (full-length BertBatch)."""
-    seq_rank, seq_size = state.get_sequence_parallel_rank(), state.get_sequence_parallel_world_size()
-    chunks = [batch.sequence_chunk(seq_rank, seq_size) for batch in micro_batches]
+    chunks = _chunks(micro_batches)
     if state.get_pipe_parallel_world_size() > 1:
         share = engine.train_batch(data_iter=iter([_pipeline_item(chunk) for chunk in chunks])).detach().clone()
+        loss, mlm, sop = _whole(share.reshape(1), average_data=False).item(), None, None  # DeepSpeed averaged data
     else:
-        total = torch.zeros(())
+        parts = torch.zeros(3)
         for chunk in chunks:
             loss = bert_batch_loss(*engine(*chunk.model_inputs()), chunk)
             engine.backward(loss.total)
             engine.step()
-            total += loss.total.detach()
-        share = total / len(chunks)
-        if state.get_data_parallel_world_size() > 1:
-            dist.all_reduce(share, group=state.get_data_parallel_group())
-            share /= state.get_data_parallel_world_size()
-    if seq_size > 1:
-        dist.all_reduce(share, group=state.get_sequence_parallel_group())
+            parts += torch.stack([loss.total.detach(), loss.mlm, loss.sop]).float().cpu()
+        loss, mlm, sop = _whole(parts / len(chunks), average_data=True).tolist()
     norm = engine.get_global_grad_norm()
-    return StepResult(loss=share.item(), grad_norm=None if norm is None else float(norm))
+    return StepResult(loss=loss, mlm=mlm, sop=sop, grad_norm=None if norm is None else float(norm))
+
+
+@torch.no_grad()
+def eval_step(engine, micro_batches: list) -> float:
+    """Whole-sequence loss on these micro-batches, averaged over them and the data ranks."""
+    chunks = _chunks(micro_batches)
+    if state.get_pipe_parallel_world_size() > 1:
+        share = engine.eval_batch(data_iter=iter([_pipeline_item(chunk) for chunk in chunks])).detach().clone()
+        return _whole(share.reshape(1).float(), average_data=False).item()
+    engine.module.eval()
+    total = torch.zeros(1)
+    for chunk in chunks:
+        total += bert_batch_loss(*engine(*chunk.model_inputs()), chunk).total.float().cpu()
+    engine.module.train()
+    return _whole(total / len(chunks), average_data=True).item()

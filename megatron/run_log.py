@@ -1,0 +1,144 @@
+"""What a run reports: log lines (or a progress bar on a terminal), metrics.jsonl, TensorBoard
+scalars, and the loss / throughput plot at the end. Only global rank 0 writes."""
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megatron.errors import ConfigError
+from megatron.flops import training_flops_per_sample
+
+
+class RunLog:
+    def __init__(self, args, config, train_iters: int):
+        self.writer = dist.get_rank() == 0
+        self.interval, self.train_iters = args.log_interval, train_iters
+        self.tokens_per_step = config.global_batch_size * config.model.seq_length
+        # each rank does 1/(sp * pp) of one data replica's work
+        self.flops_per_rank_step = (training_flops_per_sample(config.model) * config.global_batch_size
+                                    / dist.get_world_size())
+        self.window, self.window_seconds = [], 0.0
+        self.dir = Path(args.log_dir)
+        self.tensorboard = self.bar = None
+        if not self.writer:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics = open(self.dir / "metrics.jsonl", "a")
+        if args.tensorboard_dir:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError("--tensorboard-dir needs the tensorboard package",
+                                  "pip install tensorboard, or drop --tensorboard-dir") from None
+            self.tensorboard = SummaryWriter(args.tensorboard_dir)
+        if sys.stdout.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=train_iters, unit="step", dynamic_ncols=True)
+
+    def _emit(self, record: dict, line: str) -> None:
+        self.metrics.write(json.dumps(record) + "\n")
+        self.metrics.flush()
+        if self.tensorboard:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("iteration", "time"):
+                    self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["iteration"])
+        if self.bar:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def step(self, iteration: int, consumed: int, result, engine, seconds: float) -> None:
+        self.window.append(result)
+        self.window_seconds += seconds
+        if self.bar and self.writer:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{result.loss:.4f}")
+        if iteration % self.interval and iteration != self.train_iters:
+            return
+        window, elapsed = self.window, self.window_seconds
+        self.window, self.window_seconds = [], 0.0
+        if not self.writer:
+            return
+        mean = lambda values: sum(values) / len(values) if values and None not in values else None  # noqa: E731
+        loss_scale = engine.optimizer.cur_scale if engine.fp16_enabled() else None
+        record = {
+            "kind": "train", "iteration": iteration, "consumed_samples": consumed, "time": time.time(),
+            "lr": engine.get_lr()[0], "loss": mean([r.loss for r in window]),
+            "mlm_loss": mean([r.mlm for r in window]), "sop_loss": mean([r.sop for r in window]),
+            "grad_norm": window[-1].grad_norm, "loss_scale": loss_scale,
+            "tokens_per_s": self.tokens_per_step * len(window) / elapsed,
+            "tflops_per_rank": self.flops_per_rank_step * len(window) / elapsed / 1e12,
+            "peak_memory_mib": peak_memory_mib(),
+        }
+        parts = [f"iteration {iteration}/{self.train_iters}", f"consumed samples {consumed}",
+                 f"lr {record['lr']:.3e}", f"loss {record['loss']:.4f}"]
+        parts += [f"{name} {record[key]:.4f}" for name, key in (("mlm", "mlm_loss"), ("sop", "sop_loss"),
+                                                                ("grad norm", "grad_norm"), ("loss scale", "loss_scale"))
+                  if record[key] is not None]
+        parts += [f"tokens/s {record['tokens_per_s']:.0f}", f"TFLOP/s/rank {record['tflops_per_rank']:.4f}",
+                  f"peak mem {record['peak_memory_mib']:.0f} MiB"]
+        self._emit(record, " | ".join(parts))
+
+    def evaluation(self, name: str, iteration: int, loss: float) -> None:
+        if self.writer:
+            self._emit({"kind": name, "iteration": iteration, "loss": loss, "time": time.time()},
+                       f"{name} loss at iteration {iteration}: {loss:.4f}")
+
+    def message(self, text: str) -> None:
+        if self.writer:
+            print(text, flush=True)
+
+    def finish(self, save_dir) -> None:
+        if not self.writer:
+            return
+        if self.bar:
+            self.bar.close()
+        self.metrics.close()
+        if self.tensorboard:
+            self.tensorboard.close()
+        plot = plot_metrics(self.dir / "metrics.jsonl", self.dir / "loss.png")
+        print(f"logs: {self.dir / 'metrics.jsonl'}\nloss plot: {plot}"
+              + (f"\ncheckpoint: {save_dir}" if save_dir else ""), flush=True)
+
+
+def peak_memory_mib() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def read_metrics(path) -> list:
+    with open(path) as file:
+        return [json.loads(line) for line in file if line.strip()]
+
+
+def plot_metrics(metrics_path, png_path) -> Path:
+    """Loss (train, validation) and throughput against iteration, as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_path)
+    train = [r for r in records if r["kind"] == "train"]
+    fig, (loss_ax, speed_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    loss_ax.plot([r["iteration"] for r in train], [r["loss"] for r in train], label="train")
+    for kind in ("validation", "test"):
+        points = [r for r in records if r["kind"] == kind]
+        if points:
+            loss_ax.plot([r["iteration"] for r in points], [r["loss"] for r in points], "o-", label=kind)
+    loss_ax.set(xlabel="iteration", ylabel="loss (MLM + SOP)")
+    loss_ax.legend()
+    speed_ax.plot([r["iteration"] for r in train], [r["tokens_per_s"] for r in train])
+    speed_ax.set(xlabel="iteration", ylabel="tokens / s")
+    for ax in (loss_ax, speed_ax):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return Path(png_path)

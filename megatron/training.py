@@ -1,0 +1,155 @@
+"""The pretraining run: config, data, engine, the train/eval loop, checkpoints and logs.
+
+pretrain_bert.py calls `main`; every rank runs this, started by the `deepspeed` launcher (or
+any env:// launcher). Errors a user can cause end the run with one line and exit code 2.
+"""
+import math
+import os
+import sys
+import time
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+from megatron import checkpoint
+from megatron.arguments import build_parser, config_flags
+from megatron.config import read_ds_config, resolve
+from megatron.data.bert_dataset import build_train_valid_test_datasets
+from megatron.data.default_dataset import prepare_default_dataset
+from megatron.data.samplers import PretrainingSampler, collate_bert
+from megatron.data.tokenizer import build_tokenizer
+from megatron.engine import build_engine, eval_step, train_step
+from megatron.errors import ConfigError
+from megatron.parallel import state
+from megatron.run_log import RunLog
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        pretrain(args)
+    except ConfigError as error:
+        if args.debug:
+            raise
+        print(f"pretrain_bert.py: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+def lr_schedule(args, train_iters: int):
+    """Megatron's schedule as an optimizer -> LambdaLR factory: linear warm-up from 0 over
+    lr_warmup_fraction of the steps, then linear or cosine decay to min_lr at the last step."""
+    warmup = int(args.lr_warmup_fraction * train_iters)
+    floor = args.min_lr / args.lr if args.lr else 0.0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if args.lr_decay_style == "constant" or train_iters <= warmup:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, train_iters - warmup))
+        decay = 1.0 - progress if args.lr_decay_style == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return floor + (1.0 - floor) * decay
+
+    return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def deepspeed_settings(args) -> dict:
+    """The JSON (if any) with the optimizer and clipping the flags describe filled in: flags
+    given on the command line win, the JSON fills the rest, then the defaults."""
+    ds = read_ds_config(args.deepspeed_config) if args.deepspeed_config else {}
+    ds.setdefault("optimizer", {"type": "AdamW", "params": {}})
+    params = ds["optimizer"].setdefault("params", {})
+    params.update(lr=args.lr, weight_decay=args.weight_decay, betas=[args.adam_beta1, args.adam_beta2],
+                  eps=args.adam_eps)
+    if not torch.cuda.is_available():
+        params.setdefault("torch_adam", True)  # DeepSpeed's fused Adam needs a GPU
+    if args.clip_grad is not None:
+        ds["gradient_clipping"] = args.clip_grad
+    ds.setdefault("steps_per_print", 10**9)  # the run log prints progress
+    return ds
+
+
+def data_paths(args) -> tuple:
+    """(data_path list, vocab_file): the flags, or the embedded default dataset built once per node."""
+    if args.data_path:
+        if not args.vocab_file:
+            raise ConfigError("--data-path is given without --vocab-file", "pass the vocab.txt the data was made with")
+        return args.data_path, args.vocab_file
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if local_rank == 0:
+        default = prepare_default_dataset(args.default_data_dir)
+    dist.barrier()
+    if local_rank != 0:
+        default = prepare_default_dataset(args.default_data_dir)  # finds it built: reuses it
+    return [default.data_prefix], args.vocab_file or str(default.vocab_file)
+
+
+def pretrain(args) -> None:
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    torch.manual_seed(args.seed)
+    ds = deepspeed_settings(args)
+    data_path, vocab_file = data_paths(args)
+    tokenizer = build_tokenizer(args.tokenizer_type, vocab_file)
+    flags = config_flags(args)
+    flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
+    config = resolve(flags, ds, dist.get_world_size())
+    if not (args.train_iters or args.train_samples):
+        raise ConfigError("the run length is not set", "pass --train-iters N or --train-samples N")
+    global_batch = config.global_batch_size
+    train_iters = args.train_iters or math.ceil(args.train_samples / global_batch)
+    eval_runs = train_iters // args.eval_interval + 1
+    samples = (train_iters * global_batch, eval_runs * args.eval_iters * global_batch, args.eval_iters * global_batch)
+    train_set, valid_set, test_set = build_train_valid_test_datasets(
+        data_path, args.data_impl, args.split, samples, config.model.seq_length, tokenizer,
+        masked_lm_prob=args.mask_prob, seed=args.seed, binary_head=config.model.add_binary_head)
+
+    engine = build_engine(config, lr_scheduler=lr_schedule(args, train_iters))
+    iteration = consumed = 0
+    if args.load:
+        client = checkpoint.load(engine, args.load)
+        iteration, consumed = client["iteration"], client["consumed_samples"]
+    log = RunLog(args, config, train_iters)
+
+    def batches(dataset, start: int, count: int):
+        """`count` steps of this data rank's micro-batches (lists of gas BertBatch)."""
+        sampler = PretrainingSampler(len(dataset), start, config.micro_batch_size,
+                                     state.get_data_parallel_rank(), state.get_data_parallel_world_size())
+        indices = iter(sampler)
+        for _ in range(count):
+            yield [collate_bert([dataset[i] for i in next(indices)]) for _ in range(config.gradient_accumulation_steps)]
+
+    train_batches = batches(train_set, consumed, train_iters - iteration)
+    while iteration < train_iters:
+        start = time.perf_counter()
+        set_attention_iteration(engine, iteration)
+        result = train_step(engine, next(train_batches))
+        iteration += 1
+        consumed += global_batch
+        log.step(iteration, consumed, result, engine, time.perf_counter() - start)
+        if valid_set is not None and iteration % args.eval_interval == 0:
+            run = iteration // args.eval_interval - 1
+            log.evaluation("validation", iteration, evaluate(batches, engine, valid_set, run, args.eval_iters))
+        if args.save and (iteration == train_iters or (args.save_interval and iteration % args.save_interval == 0)):
+            tag = checkpoint.save(engine, config, args.save, iteration, consumed)
+            log.message(f"saved checkpoint {os.path.join(args.save, tag)}")
+    if test_set is not None:
+        log.evaluation("test", iteration, evaluate(batches, engine, test_set, 0, args.eval_iters))
+    log.finish(args.save)
+
+
+def evaluate(batches, engine, dataset, run: int, eval_iters: int) -> float:
+    """Mean loss over `eval_iters` steps; validation run k reads the k-th slice of the set."""
+    per_run = eval_iters * engine.train_batch_size()
+    start = min(run * per_run, max(0, len(dataset) - per_run))
+    losses = [eval_step(engine, step) for step in batches(dataset, start, eval_iters)]
+    return sum(losses) / len(losses)
+
+
+def set_attention_iteration(engine, iteration: int) -> None:
+    """BigBird draws its random blocks per (seed, iteration, layer); other variants ignore it."""
+    from megatron.model.attention.bigbird import set_iteration
+
+    first_layer = max(0, getattr(engine.module, "_local_start", 2) - 2)  # pipeline: this stage's first layer
+    set_iteration(engine.module, iteration, first_layer=first_layer)

@@ -1,0 +1,11 @@
+"""Pretrain Megatron BERT with sequence-parallel attention; run it through the deepspeed launcher:
+
+    deepspeed --num_gpus 2 pretrain_bert.py --deepspeed --deepspeed_config ds_configs/ring_sp2.json \
+        --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 256 --train-iters 300
+"""
+import sys
+
+from megatron.training import main
+
+if __name__ == "__main__":
+    sys.exit(main())
