@@ -1,0 +1,324 @@
+"""Hugging Face BERT <-> BertModel: one name map used in both directions, configs, files.
+
+Layouts: our post-LayerNorm model is HF `Bert*` (with the embedding LayerNorm), our pre-LayerNorm
+model is HF `MegatronBert*` (no embedding LayerNorm, a final LayerNorm). HF keeps q, k and v in
+three Linears; ours fuses them into `query_key_value`, whose output rows are [q; k; v] (each
+[heads, d]), so the fusion is a row concatenation. Our vocab is padded to
+`make_vocab_size_divisible_by`: padded rows are trimmed on export and re-added on import as zero
+embeddings with an LM-head bias of PADDED_VOCAB_BIAS, so they take no probability and the MLM
+loss equals HF's. Position tables shorter than `max_position_embeddings` are extended by
+repeating the learned rows (Longformer's recipe) unless refused.
+
+`transformers` is not needed here: folders are read and written as plain JSON, vocab text and
+safetensors (a JSON header followed by raw little-endian tensor bytes).
+"""
+import json
+import os
+import shutil
+import struct
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from megatron.checkpoint import tag_for
+from megatron.config import TrainConfig
+from megatron.errors import ConfigError
+from megatron.model.bert import BertConfig, BertModel
+
+PADDED_VOCAB_BIAS = -1.0e4  # exp(-1e4 - max logit) is 0 in fp32, bf16 and fp16
+LAYOUTS = {  # our layernorm_layout -> HF model_type, architecture with / without the SOP head
+    "post": ("bert", "BertForPreTraining", "BertForMaskedLM"),
+    "pre": ("megatron-bert", "MegatronBertForPreTraining", "MegatronBertForMaskedLM"),
+}
+MODEL_TYPES = {model_type: layout for layout, (model_type, *_) in LAYOUTS.items()}
+# HF tensors with nothing to convert: a buffer, and the LM decoder tied to tensors we convert
+TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias"}
+BUFFERS = {"bert.embeddings.position_ids"}
+PADDED = ("embeddings.word_embeddings.weight", "lm_head.bias")  # rows beyond vocab_size are padding
+# BertConfig field <- HF config key, for the fields that fix the tensors' shapes and the math
+HF_CONFIG_KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+                  "num_attention_heads": "num_attention_heads", "ffn_hidden_size": "intermediate_size",
+                  "type_vocab_size": "type_vocab_size", "layernorm_epsilon": "layer_norm_eps"}
+HF_OTHER_KEYS = {"max_position_embeddings": "max_position_embeddings", "hidden_dropout": "hidden_dropout_prob",
+                 "attention_dropout": "attention_probs_dropout_prob", "init_method_std": "initializer_range"}
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                      "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def name_map(config: BertConfig) -> list[tuple[str, tuple[str, ...]]]:
+    """(BertModel name, HF names in a *ForPreTraining model): the one map, read left to right on
+    export and right to left on import. Three HF names (query, key, value) fuse into one of ours."""
+    pre = config.layernorm_layout == "pre"
+    pairs = [(f"embeddings.{table}.weight", f"bert.embeddings.{table}.weight")
+             for table in ("word_embeddings", "position_embeddings", "token_type_embeddings")]
+    modules = [("embeddings.layernorm", "bert.embeddings.LayerNorm")] if config.embedding_layernorm else []
+    for i in range(config.num_layers):
+        ours, hf = f"layers.{i}.", f"bert.encoder.layer.{i}."
+        modules += [(ours + "attention.dense", hf + "attention.output.dense"),
+                    (ours + "attention_layernorm", hf + ("attention.ln" if pre else "attention.output.LayerNorm")),
+                    (ours + "mlp.dense_h_to_4h", hf + "intermediate.dense"),
+                    (ours + "mlp.dense_4h_to_h", hf + "output.dense"),
+                    (ours + "mlp_layernorm", hf + ("ln" if pre else "output.LayerNorm"))]
+        pairs += [(f"{ours}attention.query_key_value.{kind}",
+                   tuple(f"{hf}attention.self.{part}.{kind}" for part in ("query", "key", "value")))
+                  for kind in ("weight", "bias")]
+    if pre:
+        modules.append(("final_layernorm", "bert.encoder.ln"))
+    modules += [("lm_head.dense", "cls.predictions.transform.dense"),
+                ("lm_head.layernorm", "cls.predictions.transform.LayerNorm")]
+    if config.add_binary_head:
+        modules += [("binary_head.pooler", "bert.pooler.dense"), ("binary_head.classifier", "cls.seq_relationship")]
+    pairs += [(f"{ours}.{kind}", f"{hf}.{kind}") for ours, hf in modules for kind in ("weight", "bias")]
+    pairs.append(("lm_head.bias", "cls.predictions.bias"))
+    return [(ours, (hf,) if isinstance(hf, str) else hf) for ours, hf in pairs]
+
+
+# ---------------------------------------------------------------- ours -> HF
+
+def check_exportable(config: BertConfig) -> None:
+    """HF has no pre-LN BERT with an embedding LayerNorm, nor a post-LN one without it."""
+    if config.embedding_layernorm != (config.layernorm_layout == "post"):
+        model_type = LAYOUTS[config.layernorm_layout][0]
+        raise ConfigError(
+            f"layernorm_layout '{config.layernorm_layout}' with embedding_layernorm {config.embedding_layernorm} "
+            f"has no Hugging Face equivalent (HF {model_type} has "
+            f"{'an' if config.layernorm_layout == 'post' else 'no'} embedding LayerNorm)",
+            "train with embedding_layernorm false for the pre layout (MegatronBert) or true for post (Bert)")
+
+
+def hf_state_from_bert(state: dict, config: BertConfig) -> dict:
+    """BertModel state dict -> HF *ForPreTraining (or *ForMaskedLM) tensors, padded vocab trimmed."""
+    check_exportable(config)
+    pairs = name_map(config)
+    unmapped = sorted(set(state) - {ours for ours, _ in pairs})
+    if unmapped:
+        raise ConfigError(f"tensors {', '.join(unmapped)} have no Hugging Face counterpart",
+                          "export a model with dense-equivalent attention (linformer projections cannot be exported)")
+    hf = {}
+    for ours, hf_names in pairs:
+        tensor = state[ours]
+        if ours in PADDED:
+            tensor = tensor[:config.vocab_size]
+        for name, part in zip(hf_names, tensor.chunk(len(hf_names))):
+            hf[name] = part.contiguous()
+    return hf
+
+
+def hf_config_from_bert(config: BertConfig, pad_token_id: int) -> dict:
+    model_type, with_sop, without_sop = LAYOUTS[config.layernorm_layout]
+    values = {hf_key: getattr(config, field) for field, hf_key in {**HF_CONFIG_KEYS, **HF_OTHER_KEYS}.items()}
+    return {"architectures": [with_sop if config.add_binary_head else without_sop], "model_type": model_type,
+            **values, "hidden_act": "gelu", "position_embedding_type": "absolute", "pad_token_id": pad_token_id,
+            "tie_word_embeddings": True}
+
+
+def save_hf_folder(output, state: dict, config: BertConfig, vocab_file, lower_case: bool) -> None:
+    """Writes config.json, model.safetensors, vocab.txt and tokenizer_config.json; atomic: a
+    temporary sibling folder renamed at the end, so a failure leaves nothing half-written."""
+    output = Path(output)
+    if output.exists():
+        raise ConfigError(f"output folder {output} already exists", "choose a new output folder or remove it")
+    vocab = Path(vocab_file).read_text(encoding="utf-8").splitlines()
+    if len(vocab) != config.vocab_size:
+        raise ConfigError(f"vocab file {vocab_file} has {len(vocab)} tokens, the model's vocab_size is "
+                          f"{config.vocab_size}", "pass the vocab.txt the model was trained with")
+    if "[PAD]" not in vocab:
+        raise ConfigError(f"vocab file {vocab_file} has no [PAD] token", "pass a BERT vocab.txt")
+    tensors = hf_state_from_bert(state, config)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        write_json(partial / "config.json", hf_config_from_bert(config, vocab.index("[PAD]")))
+        write_safetensors(partial / "model.safetensors", tensors)
+        shutil.copyfile(vocab_file, partial / "vocab.txt")
+        write_json(partial / "tokenizer_config.json", {
+            "tokenizer_class": "BertTokenizer", "do_lower_case": lower_case,
+            "model_max_length": config.max_position_embeddings})
+        os.replace(partial, output)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+# ---------------------------------------------------------------- HF -> ours
+
+def read_hf_config(folder) -> dict:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist", "point at a Hugging Face model folder (config.json + weights)")
+    return json.loads(path.read_text())
+
+
+def bert_fields_from_hf(hf_config: dict) -> dict:
+    """BertConfig fields of the model an HF config describes; refuses math we do not reproduce."""
+    model_type = hf_config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ConfigError(f"Hugging Face model_type '{model_type}' is not a BERT",
+                          f"convert a model of type {' or '.join(MODEL_TYPES)}")
+    for key, supported in (("hidden_act", "gelu"), ("position_embedding_type", "absolute")):
+        if hf_config.get(key, supported) != supported:
+            raise ConfigError(f"Hugging Face {key} '{hf_config[key]}' differs from this model's '{supported}'",
+                              f"convert a model with {key} '{supported}'")
+    fields = {field: hf_config[key] for field, key in {**HF_CONFIG_KEYS, **HF_OTHER_KEYS}.items() if key in hf_config}
+    layout = MODEL_TYPES[model_type]
+    return {**fields, "layernorm_layout": layout, "embedding_layernorm": layout == "post"}
+
+
+def check_compatible(hf_fields: dict, config: BertConfig) -> None:
+    """The settings that shape the tensors or the math must agree (shapes alone miss the head count)."""
+    for field in (*HF_CONFIG_KEYS, "layernorm_layout", "embedding_layernorm"):
+        if field in hf_fields and hf_fields[field] != getattr(config, field):
+            raise ConfigError(f"the Hugging Face model has {field} {hf_fields[field]}, this model "
+                              f"{getattr(config, field)}", f"set {field} to {hf_fields[field]}")
+
+
+def read_hf_tensors(folder) -> dict:
+    """Tensors of an HF folder (model.safetensors, sharded safetensors or pytorch_model.bin),
+    renamed as in a *ForPreTraining model: `bert.` added to base-model names, and the old
+    TF-era `gamma`/`beta` LayerNorm names read as `weight`/`bias`."""
+    folder = Path(folder)
+    if (folder / "model.safetensors").is_file():
+        tensors = read_safetensors(folder / "model.safetensors")
+    elif (folder / "model.safetensors.index.json").is_file():
+        shards = set(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].values())
+        tensors = {name: t for shard in sorted(shards) for name, t in read_safetensors(folder / shard).items()}
+    elif (folder / "pytorch_model.bin").is_file():
+        tensors = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ConfigError(f"{folder} holds no model.safetensors or pytorch_model.bin",
+                          "point at a Hugging Face model folder saved with save_pretrained")
+    renamed = {}
+    for name, tensor in tensors.items():
+        name = f"bert.{name}" if name.startswith(("embeddings.", "encoder.", "pooler.")) else name
+        name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        renamed[name] = tensor
+    return renamed
+
+
+def bert_state_from_hf(tensors: dict, config: BertConfig, extend_positions: bool = True) -> tuple[dict, list]:
+    """HF tensors -> (BertModel state for `config` without the tensors HF lacks, their names).
+
+    Shapes are checked against the model `config` describes; a mismatch names the HF tensor.
+    """
+    with torch.device("meta"):
+        expected = BertModel(config).state_dict()
+    for hf_name, ours in TIED.items():
+        if hf_name in tensors and ours in tensors and not torch.equal(tensors[hf_name], tensors[ours]):
+            raise ConfigError(f"{hf_name} differs from {ours}", "this model ties them; convert a tied checkpoint")
+    state, used = {}, set(TIED) | BUFFERS
+    for ours, hf_names in name_map(config):
+        if not all(name in tensors for name in hf_names):
+            continue
+        parts = [tensors[name].float() for name in hf_names]
+        if ours == "embeddings.position_embeddings.weight":
+            parts = [positions_for(parts[0], config.max_position_embeddings, hf_names[0], extend_positions)]
+        want = list(expected[ours].shape)
+        want[0] = config.vocab_size if ours in PADDED else want[0] // len(hf_names)
+        for name, part in zip(hf_names, parts):
+            if list(part.shape) != want:
+                raise ConfigError(f"{name} has shape {list(part.shape)}, the model expects {want}",
+                                  "convert with the settings of the Hugging Face config (sizes, layers, vocab)")
+        tensor = torch.cat(parts)
+        extra = expected[ours].shape[0] - tensor.shape[0]
+        if ours == "embeddings.word_embeddings.weight":
+            tensor = torch.cat([tensor, tensor.new_zeros(extra, tensor.shape[1])])
+        elif ours == "lm_head.bias":
+            tensor = torch.cat([tensor, tensor.new_full((extra,), PADDED_VOCAB_BIAS)])
+        state[ours] = tensor
+        used.update(hf_names)
+    ignored = sorted(set(tensors) - used)
+    if ignored:
+        warnings.warn(f"Hugging Face tensors ignored (not part of this model): {', '.join(ignored)}", stacklevel=2)
+    return state, sorted(set(expected) - set(state))
+
+
+def positions_for(table: torch.Tensor, rows: int, name: str, extend: bool) -> torch.Tensor:
+    """The learned position table [n, h] for `rows` positions: repeated when n < rows
+    (positions n..2n-1 start from the learned 0..n-1, as Longformer initialised its 4096)."""
+    found = table.shape[0]
+    if found == rows:
+        return table
+    if found > rows:
+        raise ConfigError(f"{name} has {found} positions, max_position_embeddings is {rows}",
+                          f"set --max-position-embeddings to at least {found}")
+    if not extend:
+        raise ConfigError(f"{name} has {found} positions, max_position_embeddings is {rows} and extension is refused",
+                          f"set --max-position-embeddings {found} or allow extending by repeating learned positions")
+    return table.repeat((rows + found - 1) // found, 1)[:rows]
+
+
+def load_hf_as_bert_state(folder, config: BertConfig, extend_positions: bool = True) -> dict:
+    """A full BertModel state dict for `config` from an HF folder (the trainer's `--init-from-hf`).
+
+    Parts HF lacks (a BertModel folder has no MLM / SOP head; our linformer projections) come
+    from BertModel(config)'s init under the current RNG and are listed in one warning line.
+    """
+    check_compatible(bert_fields_from_hf(read_hf_config(folder)), config)
+    state, missing = bert_state_from_hf(read_hf_tensors(folder), config, extend_positions)
+    if missing:
+        fresh = BertModel(config).state_dict()
+        state.update({name: fresh[name] for name in missing})
+        warnings.warn(f"not in the Hugging Face folder, initialised: {', '.join(missing)}", stacklevel=2)
+    return state
+
+
+# ---------------------------------------------------------------- files
+
+def write_json(path: Path, value: dict) -> None:
+    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def write_safetensors(path: Path, tensors: dict) -> None:
+    names = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, tensor in tensors.items():
+        blob = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": names[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the format aligns the data start to 8 bytes
+    with open(path, "wb") as file:
+        file.write(struct.pack("<Q", len(encoded)) + encoded)
+        for blob in blobs:
+            file.write(blob)
+
+
+def read_safetensors(path: Path) -> dict:
+    data = bytearray(Path(path).read_bytes())
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    header.pop("__metadata__", None)
+    tensors = {}
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        raw = (torch.frombuffer(data, dtype=torch.uint8, count=end - begin, offset=8 + length + begin).clone()
+               if end > begin else torch.empty(0, dtype=torch.uint8))  # the clone is aligned for the view
+        tensors[name] = raw.view(SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
+    return tensors
+
+
+def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig) -> None:
+    """A checkpoint directory with weights and config but no optimizer state, in the file layout
+    of a plain-model ZeRO-0 checkpoint (`latest`, `iter_0000000/mp_rank_00_model_states.pt`), so
+    `bert_state_from_checkpoint` and `stored_config` read it; `weights_only` marks it for a
+    trainer that starts from its weights at any layout. Atomic like save_hf_folder."""
+    save_dir = Path(save_dir)
+    if (save_dir / "latest").exists():
+        raise ConfigError(f"{save_dir} already holds a checkpoint", "choose a new --save directory")
+    tag = tag_for(0)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{tag}.", dir=save_dir))
+    try:
+        torch.save({"module": state, "config": TrainConfig(model=config).to_dict(), "iteration": 0,
+                    "consumed_samples": 0, "weights_only": True}, partial / "mp_rank_00_model_states.pt")
+        os.replace(partial, save_dir / tag)
+        (save_dir / "latest").write_text(tag)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise

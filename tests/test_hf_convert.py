@@ -1,0 +1,198 @@
+"""Hugging Face <-> BertModel: same logits both ways (fp32, padded batch), exact round trips,
+position extension, and the one-line errors. HF models are built from small configs with random
+weights, offline."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from bert_fixtures import VOCAB, padded_batch
+from megatron import hf_convert
+from megatron.errors import ConfigError
+from megatron.model.bert import BertConfig, BertModel
+
+ATOL = 1e-5
+SEQ = 48
+HF_SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=64, type_vocab_size=2)
+HF_CLASSES = {"bert": (transformers.BertConfig, transformers.BertForPreTraining, transformers.BertModel),
+              "megatron-bert": (transformers.MegatronBertConfig, transformers.MegatronBertForPreTraining,
+                                transformers.MegatronBertModel)}
+
+
+def randomize(module: torch.nn.Module, seed: int) -> None:
+    """Every parameter random (HF and we init biases to 0 and LayerNorms to 1, which would hide
+    a swapped bias or LayerNorm); LayerNorm weights stay near 1 so activations stay O(1)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            is_norm_weight = p.dim() == 1 and name.endswith("weight")
+            p.copy_(1 + 0.1 * noise if is_norm_weight else 0.1 * noise)
+
+
+def hf_model(model_type: str, tmp_path, heads=True, seed=0, **overrides):
+    """A random HF model saved to tmp_path (with safetensors through transformers itself)."""
+    config_class, with_heads, base = HF_CLASSES[model_type]
+    config = config_class(**{**HF_SIZES, **overrides}, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(seed)
+    model = (with_heads if heads else base)(config)
+    randomize(model, seed)
+    model.save_pretrained(tmp_path / model_type)
+    return model.eval(), tmp_path / model_type
+
+
+def our_config(model_type: str, **overrides) -> BertConfig:
+    fields = hf_convert.bert_fields_from_hf(HF_CLASSES[model_type][0](**HF_SIZES).to_dict())
+    return BertConfig(**{**fields, "hidden_dropout": 0.0, "attention_dropout": 0.0, "seq_length": SEQ,
+                         "make_vocab_size_divisible_by": 16, "attention": "dense", **overrides})
+
+
+def hf_logits(model, batch):
+    out = model(input_ids=batch.tokens, token_type_ids=batch.token_types, attention_mask=(~batch.key_padding_mask).long())
+    return out.prediction_logits[~batch.key_padding_mask], out.seq_relationship_logits
+
+
+def our_logits(model, batch):
+    with torch.no_grad():
+        return model(batch.tokens, batch.token_types, batch.key_padding_mask, ~batch.key_padding_mask)
+
+
+def max_diff(a, b) -> float:
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("model_type", ["bert", "megatron-bert"])
+def test_hf_to_ours_same_logits_and_loss(tmp_path, model_type):
+    hf, folder = hf_model(model_type, tmp_path)
+    config = our_config(model_type)
+    assert config.padded_vocab_size > VOCAB  # the padded rows are exercised
+    ours = BertModel(config).eval()
+    ours.load_state_dict(hf_convert.load_hf_as_bert_state(folder, config))
+    batch = padded_batch()
+    with torch.no_grad():
+        hf_mlm, hf_sop = hf_logits(hf, batch)
+    mlm, sop = our_logits(ours, batch)
+    print(f"{model_type} -> ours: max |MLM logit diff| {max_diff(mlm[:, :VOCAB], hf_mlm):.2e}, "
+          f"max |SOP logit diff| {max_diff(sop, hf_sop):.2e}")
+    assert max_diff(mlm[:, :VOCAB], hf_mlm) <= ATOL
+    assert max_diff(sop, hf_sop) <= ATOL
+    # padded vocab entries take no probability: the MLM loss over the padded vocab is HF's
+    labels = batch.labels[~batch.key_padding_mask]
+    assert abs(F.cross_entropy(mlm, labels).item() - F.cross_entropy(hf_mlm, labels).item()) <= ATOL
+
+
+@pytest.mark.parametrize("layout,embedding_layernorm,model_type",
+                         [("post", True, "bert"), ("pre", False, "megatron-bert")])
+def test_ours_to_hf_and_back(tmp_path, layout, embedding_layernorm, model_type, vocab_file):
+    config = our_config(model_type, layernorm_layout=layout, embedding_layernorm=embedding_layernorm,
+                        layernorm_epsilon=1e-5)
+    torch.manual_seed(3)
+    ours = BertModel(config).eval()
+    randomize(ours, seed=3)
+    hf_convert.save_hf_folder(tmp_path / "hf", ours.state_dict(), config, vocab_file, lower_case=True)
+
+    hf = transformers.AutoModelForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == hf_convert.LAYOUTS[layout][1]
+    batch = padded_batch()
+    with torch.no_grad():
+        hf_mlm, hf_sop = hf_logits(hf, batch)
+    mlm, sop = our_logits(ours, batch)
+    print(f"ours ({layout}) -> HF: max |MLM logit diff| {max_diff(mlm[:, :VOCAB], hf_mlm):.2e}, "
+          f"max |SOP logit diff| {max_diff(sop, hf_sop):.2e}")
+    assert max_diff(mlm[:, :VOCAB], hf_mlm) <= ATOL and max_diff(sop, hf_sop) <= ATOL
+
+    back = hf_convert.load_hf_as_bert_state(tmp_path / "hf", config)
+    for name, tensor in ours.state_dict().items():
+        rows = VOCAB if name in hf_convert.PADDED else None
+        assert torch.equal(back[name][:rows], tensor[:rows]), name
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tokenizer.do_lower_case and tokenizer.pad_token_id == 0 and len(tokenizer) == VOCAB
+
+
+def test_bert_model_folder_initialises_missing_heads_in_one_warning(tmp_path):
+    _, folder = hf_model("bert", tmp_path, heads=False)
+    config = our_config("bert")
+    with pytest.warns(UserWarning) as record:
+        state = hf_convert.load_hf_as_bert_state(folder, config)
+    assert len(record) == 1 and "\n" not in str(record[0].message)
+    message = str(record[0].message)
+    for name in ("lm_head.dense.weight", "lm_head.layernorm.bias", "lm_head.bias", "binary_head.classifier.weight"):
+        assert name in message
+    assert "binary_head.pooler.weight" not in message  # a BertModel has the pooler
+    assert set(state) == set(BertModel(config).state_dict())
+
+
+def test_positions_extend_by_repeating(tmp_path):
+    hf, folder = hf_model("megatron-bert", tmp_path, max_position_embeddings=20)
+    config = our_config("megatron-bert", max_position_embeddings=50, seq_length=16)
+    state = hf_convert.load_hf_as_bert_state(folder, config)
+    table, learned = state["embeddings.position_embeddings.weight"], hf.bert.embeddings.position_embeddings.weight
+    assert table.shape == (50, 32)
+    assert all(torch.equal(table[i], learned[i % 20]) for i in range(50))
+    ours = BertModel(config).eval()
+    ours.load_state_dict(state)
+    batch = padded_batch(seq_length=16, pad_starts=(16, 9, 3, 12))
+    with torch.no_grad():
+        hf_mlm, hf_sop = hf_logits(hf, batch)
+    mlm, sop = our_logits(ours, batch)
+    assert max_diff(mlm[:, :VOCAB], hf_mlm) <= ATOL and max_diff(sop, hf_sop) <= ATOL
+
+    with pytest.raises(ConfigError, match=r"bert.embeddings.position_embeddings.weight has 20 positions, "
+                                          r"max_position_embeddings is 50 and extension is refused"):
+        hf_convert.load_hf_as_bert_state(folder, config, extend_positions=False)
+    with pytest.raises(ConfigError, match="has 20 positions, max_position_embeddings is 16; set --max-position"):
+        hf_convert.load_hf_as_bert_state(folder, our_config("megatron-bert", max_position_embeddings=16, seq_length=16))
+
+
+def test_mismatches_name_the_setting_or_tensor(tmp_path):
+    _, folder = hf_model("bert", tmp_path)
+    with pytest.raises(ConfigError, match="the Hugging Face model has num_attention_heads 4, this model 8; "
+                                          "set num_attention_heads to 4"):
+        hf_convert.load_hf_as_bert_state(folder, our_config("bert", num_attention_heads=8))
+    with pytest.raises(ConfigError, match="has layernorm_layout post, this model pre"):
+        hf_convert.load_hf_as_bert_state(folder, our_config("bert", layernorm_layout="pre"))
+    tensors = hf_convert.read_hf_tensors(folder)
+    with pytest.raises(ConfigError, match=r"^bert.encoder.layer.0.intermediate.dense.weight has shape \[64, 32\], "
+                                          r"the model expects \[48, 32\];"):
+        hf_convert.bert_state_from_hf(tensors, our_config("bert", ffn_hidden_size=48))
+    with pytest.raises(ConfigError, match="hidden_act 'relu' differs"):
+        hf_convert.bert_fields_from_hf({**HF_CLASSES["bert"][0](**HF_SIZES).to_dict(), "hidden_act": "relu"})
+
+
+def test_export_refuses_what_hf_cannot_hold(tmp_path, vocab_file):
+    config = our_config("megatron-bert", embedding_layernorm=True)
+    with pytest.raises(ConfigError, match="layernorm_layout 'pre' with embedding_layernorm True has no Hugging Face"):
+        hf_convert.save_hf_folder(tmp_path / "a", BertModel(config).state_dict(), config, vocab_file, True)
+    config = our_config("megatron-bert", attention="linformer", linformer_k=8)
+    with pytest.raises(ConfigError, match=r"tensors layers\.0\.attention\.core\.\S+ .*have no Hugging Face"):
+        hf_convert.save_hf_folder(tmp_path / "b", BertModel(config).state_dict(), config, vocab_file, True)
+    assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_safetensors_files_read_by_the_reference_library(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tensors = {"a": torch.randn(3, 5), "b": torch.arange(7), "c": torch.randn(4).bfloat16(), "d": torch.zeros(0, 2)}
+    hf_convert.write_safetensors(tmp_path / "ours.safetensors", tensors)
+    save_file(tensors, tmp_path / "theirs.safetensors")
+    for got in (load_file(tmp_path / "ours.safetensors"), hf_convert.read_safetensors(tmp_path / "theirs.safetensors")):
+        assert set(got) == set(tensors)
+        assert all(got[k].dtype == t.dtype and torch.equal(got[k], t) for k, t in tensors.items())
+
+
+@pytest.fixture
+def vocab_file(tmp_path_factory):
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"tok{i}" for i in range(VOCAB - 5)]
+    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    path.write_text("\n".join(tokens) + "\n")
+    return path
+
+
+def test_warning_free_conversion_of_a_complete_folder(tmp_path):
+    _, folder = hf_model("megatron-bert", tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hf_convert.load_hf_as_bert_state(folder, our_config("megatron-bert"))

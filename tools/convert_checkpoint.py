@@ -1,0 +1,73 @@
+"""Converts BERT checkpoints between this trainer and Hugging Face Transformers.
+
+  to-hf    a checkpoint of any pipeline / sequence-parallel degree and ZeRO stage -> a Hugging Face
+           folder (config.json, model.safetensors, vocab.txt, tokenizer_config.json) for
+           BertForPreTraining (post-LayerNorm layout) or MegatronBertForPreTraining (pre-LayerNorm);
+           *ForMaskedLM when the model has no sentence-order head. Padded vocab rows are trimmed.
+  from-hf  a Hugging Face Bert* / MegatronBert* folder -> a weights-only checkpoint for this
+           trainer. Heads the folder lacks are initialised and listed in one warning line. A
+           larger --max-position-embeddings extends the 512 learned positions by repeating them
+           (--no-position-extension refuses instead).
+"""
+import argparse
+import sys
+import warnings
+
+from megatron import hf_convert
+from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config
+from megatron.data.tokenizer import TOKENIZER_TYPES
+from megatron.errors import ConfigError
+from megatron.model.bert import BertConfig
+
+
+def to_hf(args) -> None:
+    tag = args.tag or latest_tag(args.load)
+    config = BertConfig(**stored_config(args.load, tag)["model"])
+    state = bert_state_from_checkpoint(args.load, tag)
+    hf_convert.save_hf_folder(args.output, state, config, args.vocab_file, TOKENIZER_TYPES[args.tokenizer_type])
+    print(f"wrote {hf_convert.LAYOUTS[config.layernorm_layout][1 if config.add_binary_head else 2]} "
+          f"({config.num_layers} layers, hidden {config.hidden_size}) to {args.output}")
+
+
+def from_hf(args) -> None:
+    fields = hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(args.hf_dir))
+    for name in ("max_position_embeddings", "make_vocab_size_divisible_by"):
+        if getattr(args, name) is not None:
+            fields[name] = getattr(args, name)
+    fields["seq_length"] = args.seq_length or fields.get("max_position_embeddings", BertConfig.max_position_embeddings)
+    config = BertConfig(**fields)
+    state = hf_convert.load_hf_as_bert_state(args.hf_dir, config, extend_positions=not args.no_position_extension)
+    hf_convert.save_weights_only_checkpoint(args.save, state, config)
+    print(f"wrote a weights-only checkpoint ({config.layernorm_layout}-LayerNorm, {config.num_layers} layers, "
+          f"{config.max_position_embeddings} positions) to {args.save}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    export = commands.add_parser("to-hf", help="this trainer's checkpoint -> Hugging Face folder")
+    export.add_argument("--load", required=True, help="checkpoint directory (written by --save)")
+    export.add_argument("--tag", help="checkpoint tag, e.g. iter_0001000 (default: the one in 'latest')")
+    export.add_argument("--vocab-file", required=True, help="the vocab.txt the model was trained with")
+    export.add_argument("--tokenizer-type", default="BertWordPieceLowerCase", choices=sorted(TOKENIZER_TYPES))
+    export.add_argument("--output", required=True, help="Hugging Face folder to create (must not exist)")
+    export.set_defaults(run=to_hf)
+    load = commands.add_parser("from-hf", help="Hugging Face folder -> weights-only checkpoint")
+    load.add_argument("--hf-dir", required=True, help="folder with config.json and model.safetensors / pytorch_model.bin")
+    load.add_argument("--save", required=True, help="checkpoint directory to create")
+    load.add_argument("--max-position-embeddings", type=int, help="target positions (default: the HF config's)")
+    load.add_argument("--seq-length", type=int, help="sequence length stored in the config (default: the positions)")
+    load.add_argument("--make-vocab-size-divisible-by", type=int, help="vocab padding multiple (default 128)")
+    load.add_argument("--no-position-extension", action="store_true",
+                      help="refuse a --max-position-embeddings above the checkpoint's instead of repeating positions")
+    load.set_defaults(run=from_hf)
+    args = parser.parse_args(argv)
+    args.run(args)
+
+
+if __name__ == "__main__":
+    warnings.showwarning = lambda message, *_: print(f"warning: {message}", file=sys.stderr)
+    try:
+        main()
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
