@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The README's main job: BERT pretraining with sequence parallelism (2 ranks, ring attention)
+# on the embedded default corpus and vocab, through the real deepspeed launcher.
+# Creates .venv and installs the pinned requirements on first use; builds the corpus, vocab and
+# preprocessed data into .cache/default_data once; extra flags are passed to pretrain_bert.py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || python3.11 -m venv .venv
+.venv/bin/pip install -q -r requirements.txt
+.venv/bin/pip install -q --no-build-isolation -e .
+export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's JIT ops, built once
+if [ "$(.venv/bin/python -c 'import torch; print(torch.cuda.device_count())')" -lt 2 ]; then
+    export CUDA_VISIBLE_DEVICES=""  # sequence parallelism over 2 ranks: 2 CPU processes over gloo
+fi
+exec .venv/bin/deepspeed --num_gpus 2 pretrain_bert.py \
+    --deepspeed --deepspeed_config ds_configs/ring_sp2.json \
+    --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --max-position-embeddings 512 \
+    --attention-dropout 0 --train-iters 300 --lr 5e-4 --lr-warmup-fraction 0.05 \
+    --log-interval 20 --eval-interval 100 --eval-iters 5 \
+    --save runs/default/checkpoints --log-dir runs/default "$@"
