@@ -22,6 +22,14 @@ HF_CLASSES = {"bert": (transformers.BertConfig, transformers.BertForPreTraining,
                                 transformers.MegatronBertModel)}
 
 
+@pytest.fixture
+def vocab_file(tmp_path_factory):
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"tok{i}" for i in range(VOCAB - 5)]
+    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    path.write_text("\n".join(tokens) + "\n")
+    return path
+
+
 def randomize(module: torch.nn.Module, seed: int) -> None:
     """Every parameter random (HF and we init biases to 0 and LayerNorms to 1, which would hide
     a swapped bias or LayerNorm); LayerNorm weights stay near 1 so activations stay O(1)."""
@@ -181,14 +189,6 @@ def test_safetensors_files_read_by_the_reference_library(tmp_path):
     for got in (load_file(tmp_path / "ours.safetensors"), hf_convert.read_safetensors(tmp_path / "theirs.safetensors")):
         assert set(got) == set(tensors)
         assert all(got[k].dtype == t.dtype and torch.equal(got[k], t) for k, t in tensors.items())
-
-
-@pytest.fixture
-def vocab_file(tmp_path_factory):
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"tok{i}" for i in range(VOCAB - 5)]
-    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
-    path.write_text("\n".join(tokens) + "\n")
-    return path
 
 
 def test_warning_free_conversion_of_a_complete_folder(tmp_path):

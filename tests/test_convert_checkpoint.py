@@ -1,0 +1,84 @@
+"""tools/convert_checkpoint.py end to end: a checkpoint saved by a pipeline 2 x sequence-parallel 2
+run -> Hugging Face folder -> equal logits to the single-process model holding the run's weights;
+and back (from-hf) to a checkpoint whose weights are the same."""
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+
+from bert_fixtures import VOCAB, padded_batch, small_model
+from megatron import checkpoint, hf_convert
+from megatron.config import resolve
+from megatron.engine import build_engine, train_step
+from megatron.model.bert import BertConfig, BertModel
+from megatron.model.pipe import bert_to_pipe_name
+from megatron.parallel import state
+from megatron.parallel.spawn import run_on_ranks
+from test_deepspeed_engine import GLOBAL_BATCH, ds_config, micro_batches, model_flags
+from test_hf_convert import ATOL, hf_logits, max_diff, our_logits
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "convert_checkpoint.py"
+MICRO = 2
+
+
+def train_and_save(directory: str) -> dict:
+    """One step at pipeline 2 x sequence 2 (ZeRO 1), saved; returns this stage's weights in
+    BertModel names. Pre-LayerNorm without embedding LayerNorm: MegatronBert's layout."""
+    flags = {**model_flags(), "embedding_layernorm": False, "pipeline_parallel_size": 2}
+    config = resolve(flags, ds_config(MICRO, GLOBAL_BATCH // MICRO, 1, 2), torch.distributed.get_world_size())
+    engine = build_engine(config, bert_state=small_model(config.model).state_dict())
+    train_step(engine, micro_batches(MICRO)[state.get_data_parallel_rank() * 2:][:2])
+    checkpoint.save(engine, config, directory, iteration=1, consumed_samples=GLOBAL_BATCH)
+    to_bert = {bert_to_pipe_name(name, config.model.num_layers): name for name in small_model(config.model).state_dict()}
+    return {to_bert[name]: p.detach().clone() for name, p in engine.module.named_parameters()}
+
+
+def convert(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
+    trained = {}
+    for stage in run_on_ranks(train_and_save, 4, str(tmp_path / "ckpt"), timeout=300):
+        trained.update(stage)
+    stored = checkpoint.stored_config(str(tmp_path / "ckpt"), checkpoint.tag_for(1))["model"]
+    config = BertConfig(**{**stored, "attention": "dense"})
+    reference = BertModel(config).eval()
+    reference.load_state_dict(trained)  # strict: the stages together hold every weight
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)]))
+
+    done = convert("to-hf", "--load", tmp_path / "ckpt", "--vocab-file", vocab, "--output", tmp_path / "hf")
+    assert done.returncode == 0, done.stderr
+    hf = transformers.MegatronBertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    batch = padded_batch()
+    with torch.no_grad():
+        hf_mlm, hf_sop = hf_logits(hf, batch)
+    mlm, sop = our_logits(reference, batch)
+    print(f"pp2 x sp2 checkpoint -> HF: max |MLM logit diff| {max_diff(mlm[:, :VOCAB], hf_mlm):.2e}, "
+          f"max |SOP logit diff| {max_diff(sop, hf_sop):.2e}")
+    assert max_diff(mlm[:, :VOCAB], hf_mlm) <= ATOL and max_diff(sop, hf_sop) <= ATOL
+
+    done = convert("from-hf", "--hf-dir", tmp_path / "hf", "--save", tmp_path / "back",
+                   "--make-vocab-size-divisible-by", config.make_vocab_size_divisible_by)
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    back = checkpoint.bert_state_from_checkpoint(str(tmp_path / "back"))
+    assert set(back) == set(trained)
+    for name, tensor in trained.items():
+        rows = VOCAB if name in hf_convert.PADDED else None
+        assert torch.equal(back[name][:rows], tensor[:rows]), name
+    back_config = checkpoint.stored_config(str(tmp_path / "back"), checkpoint.tag_for(0))["model"]
+    for field in ("hidden_size", "num_layers", "num_attention_heads", "vocab_size", "layernorm_layout",
+                  "embedding_layernorm", "layernorm_epsilon", "max_position_embeddings"):
+        assert back_config[field] == stored[field], field
+
+
+def test_tool_errors_are_one_line(tmp_path):
+    done = convert("from-hf", "--hf-dir", tmp_path / "missing", "--save", tmp_path / "out")
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'missing' / 'config.json'} does not exist; "
+        "point at a Hugging Face model folder (config.json + weights)"]
+    assert not (tmp_path / "out").exists()
