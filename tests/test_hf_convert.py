@@ -196,3 +196,19 @@ def test_warning_free_conversion_of_a_complete_folder(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hf_convert.load_hf_as_bert_state(folder, our_config("megatron-bert"))
+
+
+def test_model_without_sentence_order_head_exports_as_masked_lm(tmp_path, vocab_file):
+    config = our_config("bert", add_binary_head=False)
+    torch.manual_seed(5)
+    ours = BertModel(config).eval()
+    randomize(ours, seed=5)
+    hf_convert.save_hf_folder(tmp_path / "hf", ours.state_dict(), config, vocab_file, lower_case=True)
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "BertForMaskedLM"
+    batch = padded_batch()
+    with torch.no_grad():
+        hf_mlm = hf(input_ids=batch.tokens, token_type_ids=batch.token_types,
+                    attention_mask=(~batch.key_padding_mask).long()).logits[~batch.key_padding_mask]
+    mlm, sop = our_logits(ours, batch)
+    assert sop is None and max_diff(mlm[:, :VOCAB], hf_mlm) <= ATOL
