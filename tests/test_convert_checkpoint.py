@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from bert_fixtures import VOCAB, padded_batch, small_model
-from megatron import checkpoint, hf_convert
+from bert_fixtures import padded_batch, small_model
+from megatron import checkpoint
 from megatron.config import resolve
 from megatron.engine import build_engine, train_step
 from megatron.model.bert import BertConfig, BertModel
@@ -17,7 +17,7 @@ from megatron.model.pipe import bert_to_pipe_name
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
 from test_deepspeed_engine import GLOBAL_BATCH, ds_config, micro_batches, model_flags
-from test_hf_convert import ATOL, hf_logits, max_diff, our_logits
+from test_hf_convert import assert_same_logits, assert_same_weights, write_vocab_file
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "convert_checkpoint.py"
 MICRO = 2
@@ -47,28 +47,17 @@ def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
     config = BertConfig(**{**stored, "attention": "dense"})
     reference = BertModel(config).eval()
     reference.load_state_dict(trained)  # strict: the stages together hold every weight
-    vocab = tmp_path / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)]))
+    vocab = write_vocab_file(tmp_path / "vocab.txt")
 
     done = convert("to-hf", "--load", tmp_path / "ckpt", "--vocab-file", vocab, "--output", tmp_path / "hf")
     assert done.returncode == 0, done.stderr
     hf = transformers.MegatronBertForPreTraining.from_pretrained(tmp_path / "hf").eval()
-    batch = padded_batch()
-    with torch.no_grad():
-        hf_mlm, hf_sop = hf_logits(hf, batch)
-    mlm, sop = our_logits(reference, batch)
-    print(f"pp2 x sp2 checkpoint -> HF: max |MLM logit diff| {max_diff(mlm[:, :VOCAB], hf_mlm):.2e}, "
-          f"max |SOP logit diff| {max_diff(sop, hf_sop):.2e}")
-    assert max_diff(mlm[:, :VOCAB], hf_mlm) <= ATOL and max_diff(sop, hf_sop) <= ATOL
+    assert_same_logits(reference, hf, padded_batch(), "pp2 x sp2 checkpoint -> HF")
 
     done = convert("from-hf", "--hf-dir", tmp_path / "hf", "--save", tmp_path / "back",
                    "--make-vocab-size-divisible-by", config.make_vocab_size_divisible_by)
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
-    back = checkpoint.bert_state_from_checkpoint(str(tmp_path / "back"))
-    assert set(back) == set(trained)
-    for name, tensor in trained.items():
-        rows = VOCAB if name in hf_convert.PADDED else None
-        assert torch.equal(back[name][:rows], tensor[:rows]), name
+    assert_same_weights(checkpoint.bert_state_from_checkpoint(str(tmp_path / "back")), trained)
     back_config = checkpoint.stored_config(str(tmp_path / "back"), checkpoint.tag_for(0))["model"]
     for field in ("hidden_size", "num_layers", "num_attention_heads", "vocab_size", "layernorm_layout",
                   "embedding_layernorm", "layernorm_epsilon", "max_position_embeddings"):

@@ -24,10 +24,7 @@ HF_CLASSES = {"bert": (transformers.BertConfig, transformers.BertForPreTraining,
 
 @pytest.fixture
 def vocab_file(tmp_path_factory):
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"tok{i}" for i in range(VOCAB - 5)]
-    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
-    path.write_text("\n".join(tokens) + "\n")
-    return path
+    return write_vocab_file(tmp_path_factory.mktemp("vocab") / "vocab.txt")
 
 
 def randomize(module: torch.nn.Module, seed: int) -> None:
@@ -72,6 +69,32 @@ def max_diff(a, b) -> float:
     return (a - b).abs().max().item()
 
 
+def assert_same_logits(ours, hf, batch, label: str) -> tuple:
+    """Compares MLM logits at every real token (our padded vocab cut to HF's) and SOP logits;
+    returns (our MLM logits, HF MLM logits)."""
+    with torch.no_grad():
+        hf_mlm, hf_sop = hf_logits(hf, batch)
+    mlm, sop = our_logits(ours, batch)
+    print(f"{label}: max |MLM logit diff| {max_diff(mlm[:, :VOCAB], hf_mlm):.2e}, "
+          f"max |SOP logit diff| {max_diff(sop, hf_sop):.2e}")
+    assert max_diff(mlm[:, :VOCAB], hf_mlm) <= ATOL and max_diff(sop, hf_sop) <= ATOL
+    return mlm, hf_mlm
+
+
+def assert_same_weights(converted: dict, original: dict) -> None:
+    """Equal bit for bit, padded vocab rows aside (they are re-made on import)."""
+    assert set(converted) == set(original)
+    for name, tensor in original.items():
+        rows = VOCAB if name in hf_convert.PADDED else None
+        assert torch.equal(converted[name][:rows], tensor[:rows]), name
+
+
+def write_vocab_file(path):
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"tok{i}" for i in range(VOCAB - 5)]
+    path.write_text("\n".join(tokens) + "\n")
+    return path
+
+
 @pytest.mark.parametrize("model_type", ["bert", "megatron-bert"])
 def test_hf_to_ours_same_logits_and_loss(tmp_path, model_type):
     hf, folder = hf_model(model_type, tmp_path)
@@ -80,13 +103,7 @@ def test_hf_to_ours_same_logits_and_loss(tmp_path, model_type):
     ours = BertModel(config).eval()
     ours.load_state_dict(hf_convert.load_hf_as_bert_state(folder, config))
     batch = padded_batch()
-    with torch.no_grad():
-        hf_mlm, hf_sop = hf_logits(hf, batch)
-    mlm, sop = our_logits(ours, batch)
-    print(f"{model_type} -> ours: max |MLM logit diff| {max_diff(mlm[:, :VOCAB], hf_mlm):.2e}, "
-          f"max |SOP logit diff| {max_diff(sop, hf_sop):.2e}")
-    assert max_diff(mlm[:, :VOCAB], hf_mlm) <= ATOL
-    assert max_diff(sop, hf_sop) <= ATOL
+    mlm, hf_mlm = assert_same_logits(ours, hf, batch, f"{model_type} -> ours")
     # padded vocab entries take no probability: the MLM loss over the padded vocab is HF's
     labels = batch.labels[~batch.key_padding_mask]
     assert abs(F.cross_entropy(mlm, labels).item() - F.cross_entropy(hf_mlm, labels).item()) <= ATOL
@@ -104,18 +121,8 @@ def test_ours_to_hf_and_back(tmp_path, layout, embedding_layernorm, model_type, 
 
     hf = transformers.AutoModelForPreTraining.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == hf_convert.LAYOUTS[layout][1]
-    batch = padded_batch()
-    with torch.no_grad():
-        hf_mlm, hf_sop = hf_logits(hf, batch)
-    mlm, sop = our_logits(ours, batch)
-    print(f"ours ({layout}) -> HF: max |MLM logit diff| {max_diff(mlm[:, :VOCAB], hf_mlm):.2e}, "
-          f"max |SOP logit diff| {max_diff(sop, hf_sop):.2e}")
-    assert max_diff(mlm[:, :VOCAB], hf_mlm) <= ATOL and max_diff(sop, hf_sop) <= ATOL
-
-    back = hf_convert.load_hf_as_bert_state(tmp_path / "hf", config)
-    for name, tensor in ours.state_dict().items():
-        rows = VOCAB if name in hf_convert.PADDED else None
-        assert torch.equal(back[name][:rows], tensor[:rows]), name
+    assert_same_logits(ours, hf, padded_batch(), f"ours ({layout}) -> HF")
+    assert_same_weights(hf_convert.load_hf_as_bert_state(tmp_path / "hf", config), ours.state_dict())
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert tokenizer.do_lower_case and tokenizer.pad_token_id == 0 and len(tokenizer) == VOCAB
 
@@ -142,11 +149,7 @@ def test_positions_extend_by_repeating(tmp_path):
     assert all(torch.equal(table[i], learned[i % 20]) for i in range(50))
     ours = BertModel(config).eval()
     ours.load_state_dict(state)
-    batch = padded_batch(seq_length=16, pad_starts=(16, 9, 3, 12))
-    with torch.no_grad():
-        hf_mlm, hf_sop = hf_logits(hf, batch)
-    mlm, sop = our_logits(ours, batch)
-    assert max_diff(mlm[:, :VOCAB], hf_mlm) <= ATOL and max_diff(sop, hf_sop) <= ATOL
+    assert_same_logits(ours, hf, padded_batch(seq_length=16, pad_starts=(16, 9, 3, 12)), "extended positions")
 
     with pytest.raises(ConfigError, match=r"bert.embeddings.position_embeddings.weight has 20 positions, "
                                           r"max_position_embeddings is 50 and extension is refused"):
@@ -212,3 +215,21 @@ def test_model_without_sentence_order_head_exports_as_masked_lm(tmp_path, vocab_
                     attention_mask=(~batch.key_padding_mask).long()).logits[~batch.key_padding_mask]
     mlm, sop = our_logits(ours, batch)
     assert sop is None and max_diff(mlm[:, :VOCAB], hf_mlm) <= ATOL
+
+
+def test_sharded_and_pytorch_bin_folders_read_alike(tmp_path):
+    """Sharded safetensors, and an old pytorch_model.bin with TF-era LayerNorm gamma/beta names."""
+    hf, folder = hf_model("bert", tmp_path)
+    config = our_config("bert")
+    want = hf_convert.load_hf_as_bert_state(folder, config)
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "config.json").write_text((folder / "config.json").read_text())
+    legacy = {name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): t
+              for name, t in hf.state_dict().items()}
+    assert any(name.endswith("gamma") for name in legacy)
+    torch.save(legacy, tmp_path / "bin" / "pytorch_model.bin")
+    for other in ("sharded", "bin"):
+        got = hf_convert.load_hf_as_bert_state(tmp_path / other, config)
+        assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want), other
