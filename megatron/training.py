@@ -94,6 +94,7 @@ def pretrain(args) -> None:
     tokenizer = build_tokenizer(args.tokenizer_type, vocab_file)
     flags = config_flags(args)
     flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
+    flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     config = resolve(flags, ds, dist.get_world_size())
     if not (args.train_iters or args.train_samples):
         raise ConfigError("the run length is not set", "pass --train-iters N or --train-samples N")
