@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# BERT with ring sequence-parallel attention through the deepspeed launcher (see bert_common.sh):
+#   bert_distributed.sh PROCS PP SP SEQ_LEN MICRO_BATCH GLOBAL_BATCH LAYERS HIDDEN HEADS [pretrain_bert.py flags]
+#   e.g. bert_distributed.sh 8 1 8 16384 1 4 24 1024 16 --data-path DATA --vocab-file vocab.txt
+ATTENTION=ring
+source "$(dirname "$0")/bert_common.sh"

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Several machines from a hostfile (lines `worker-1 slots=8`, see hostfile.example):
+#   bert_multinode.sh HOSTFILE NUM_NODES SCRIPT ARGS ...
+# SCRIPT is bert_distributed.sh, bert_distributed_linformer.sh or bert_distributed_bigbird.sh with its
+# own arguments, PROCS being the ranks per node; the launch is `deepspeed --hostfile HOSTFILE
+# --num_nodes NUM_NODES --num_gpus PROCS ...`, which reaches the other hosts by passwordless ssh.
+# Without ssh (schedulers, containers) run the same command on every machine with NODE_RANK=0..N-1
+# and MASTER_ADDR=<address of node 0>. --dry-run prints the launcher command instead of running it.
+set -euo pipefail
+if [ "${1:-}" = --dry-run ]; then
+    export DRY_RUN=1
+    shift
+fi
+if [ $# -lt 3 ]; then
+    echo "usage: $(basename "$0") [--dry-run] HOSTFILE NUM_NODES SCRIPT ARGS ..." >&2
+    exit 2
+fi
+if [ ! -f "$1" ]; then
+    echo "$(basename "$0"): error: hostfile $1 does not exist; write one line per machine: <host> slots=<gpus>" >&2
+    exit 2
+fi
+HOSTFILE="$(realpath "$1")" NUM_NODES="$2" SCRIPT="$3"
+shift 3
+case "$SCRIPT" in
+    bert_distributed.sh | bert_distributed_linformer.sh | bert_distributed_bigbird.sh) ;;
+    *) echo "$(basename "$0"): error: SCRIPT $SCRIPT is not a launch script; use bert_distributed.sh, bert_distributed_linformer.sh or bert_distributed_bigbird.sh" >&2; exit 2 ;;
+esac
+export HOSTFILE NUM_NODES
+exec "$(dirname "$0")/$SCRIPT" "$@"

@@ -1,0 +1,97 @@
+"""tools/ds_config.py: show / set / validate / diff round trips, one-line errors naming the key,
+and the atomic write that leaves the file untouched on error."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import ds_config  # noqa: E402
+
+RING = ROOT / "ds_configs" / "ring_sp2.json"
+NO_DROPOUT = ["--attention-dropout", "0"]  # ring attention refuses dropout
+
+
+@pytest.fixture
+def config(tmp_path) -> Path:
+    path = tmp_path / "ds.json"
+    shutil.copy(RING, path)
+    return path
+
+
+def run(capsys, *argv) -> tuple:
+    code = ds_config.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_show_resolves_defaults(capsys):
+    code, out, _ = run(capsys, "show", RING, *NO_DROPOUT)
+    shown = json.loads(out)
+    assert code == 0
+    assert shown["world_size"] == 2 and shown["sequence_parallel_size"] == 2 and shown["data_parallel_size"] == 1
+    assert shown["model"]["attention"] == "ring" and shown["model"]["num_layers"] == 12  # a BertConfig default
+    assert shown["global_batch_size"] == 4 and shown["ds_config"]["train_batch_size"] == 4
+
+
+def test_set_is_typed_and_round_trips(capsys, config):
+    code, _, _ = run(capsys, "set", config, "sequence_parallel.attention=bigbird", "sequence_parallel.size=4",
+                     "sequence_parallel.bigbird.block_size=32", "bf16.enabled=true", "train_batch_size=16",
+                     "gradient_accumulation_steps=null", "--world-size", 8, *NO_DROPOUT)
+    written = json.loads(config.read_text())
+    assert code == 0
+    assert written["sequence_parallel"] == {"size": 4, "attention": "bigbird", "bigbird": {"block_size": 32}}
+    assert written["bf16"] == {"enabled": True} and written["gradient_accumulation_steps"] is None
+    code, out, _ = run(capsys, "show", config, "--world-size", 8, *NO_DROPOUT)
+    shown = json.loads(out)
+    assert (shown["model"]["bigbird_block_size"], shown["data_parallel_size"]) == (32, 2)
+    assert shown["gradient_accumulation_steps"] == 2  # 16 = micro 4 x grad-acc 2 x data 2
+
+
+def test_set_to_output_leaves_the_template(capsys, tmp_path):
+    output, template = tmp_path / "run" / "ds.json", RING.read_text()
+    code, _, _ = run(capsys, "set", RING, "zero_optimization.stage=2", "-o", output, *NO_DROPOUT)
+    assert code == 0 and RING.read_text() == template
+    assert json.loads(output.read_text())["zero_optimization"]["stage"] == 2
+    code, out, _ = run(capsys, "diff", RING, output)
+    assert (code, out) == (1, "zero_optimization.stage: 1 -> 2\n")
+    assert run(capsys, "diff", RING, RING)[:2] == (0, "")
+
+
+@pytest.mark.parametrize("assignments,message", [
+    (["zero_optimization.stage=\"2\""], "zero_optimization.stage = '2' is not an integer"),
+    (["sequence_parallel.size=3"], "sequence_parallel.size 3 x pipeline 1 does not divide the world size 2"),
+    (["sequence_parallel.atention=ulysses"], "unknown key sequence_parallel.atention"),
+    (["zero_optimization.stage.x=1"], "zero_optimization.stage holds 1, not an object"),
+    (["train_batch_size=6"], "train_batch_size 6 != train_micro_batch_size_per_gpu 4"),
+    (["sequence_parallel.size"], "'sequence_parallel.size' is not key.path=value"),
+])
+def test_bad_set_names_the_key_and_writes_nothing(capsys, config, assignments, message):
+    before = config.read_text()
+    code, _, err = run(capsys, "set", config, "--world-size", 2, *assignments, *NO_DROPOUT)
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert config.read_text() == before
+    assert [p.name for p in config.parent.iterdir()] == ["ds.json"]  # no temporary file left
+
+
+def test_validate_checks_the_layout_at_a_world_size(capsys):
+    code, out, _ = run(capsys, "validate", RING, "--world-size", 8, "--pipeline-model-parallel-size", 2, *NO_DROPOUT)
+    assert code == 0 and "pipeline 2 x data 2 x sequence 2, global batch 8 = micro 4 x grad-acc 1 x data 2" in out
+    code, _, err = run(capsys, "validate", RING, "--world-size", 6, "--pipeline-model-parallel-size", 2, *NO_DROPOUT)
+    assert code == 2 and "does not divide the world size 6" in err
+    code, _, err = run(capsys, "validate", ROOT / "ds_configs" / "zero2_ring_sp2.json", "--world-size", 4,
+                       "--pipeline-model-parallel-size", 2, *NO_DROPOUT)
+    assert code == 2 and "zero_optimization.stage 2 cannot be combined with pipeline parallelism" in err
+
+
+def test_command_line_error_is_one_line(tmp_path):
+    """The real script: exit code 2 and one line naming the file."""
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "ds_config.py"), "show", str(tmp_path / "no.json")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"ds_config.py: error: DeepSpeed config {tmp_path / 'no.json'} does not "
+                                          "exist; pass an existing JSON file to --deepspeed_config"]

@@ -1,0 +1,167 @@
+"""Reads, edits, checks and compares DeepSpeed JSON configs the way pretrain_bert.py resolves them.
+
+    python tools/ds_config.py show CONFIG [--world-size N] [model/parallel flags]
+    python tools/ds_config.py set CONFIG key.path=value ... [-o OUT] [--world-size N] [flags]
+    python tools/ds_config.py validate CONFIG --world-size N [--pipeline-model-parallel-size P] [flags]
+    python tools/ds_config.py diff A B
+
+`set` parses each value as JSON (`4`, `true`, `null`, `[0.9, 0.999]`, `"text"`; a bare word
+that is not JSON is a string), creates missing objects on the path, resolves the result and
+writes it (in place, or to OUT) through a temporary file and os.replace: on any error nothing
+is written. A null value leaves the setting to be derived (e.g. gradient_accumulation_steps).
+The model and parallel flags are pretrain_bert.py's (--seq-length, --attention-dropout,
+--pipeline-model-parallel-size, ...): settings that live on the command line, not in the JSON,
+take part in the checks. Without --world-size the smallest world the JSON fits is used:
+pipeline x sequence-parallel x (train_batch_size / (micro x grad-acc)).
+Errors are one line naming the key and the fix, exit code 2; `diff` exits 1 when the files differ.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from megatron.arguments import add_model_and_parallel_args, config_flags
+from megatron.config import SECTION, read_ds_config, resolve
+from megatron.errors import ConfigError
+
+
+def implied_world_size(ds_config: dict, flags: dict) -> int:
+    """pipeline x sequence-parallel x the data-parallel degree the batch keys imply (1 if they don't)."""
+    pipeline = flags.get("pipeline_parallel_size") or 1
+    section = ds_config.get(SECTION, {})
+    sequence = flags.get("sequence_parallel_size") or (section.get("size", 1) if isinstance(section, dict) else 1)
+    batch = [ds_config.get(key) for key in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                             "gradient_accumulation_steps")]
+    data = 1
+    if all(isinstance(value, int) and value > 0 for value in batch) and batch[0] % (batch[1] * batch[2]) == 0:
+        data = batch[0] // (batch[1] * batch[2])
+    return pipeline * sequence * data if isinstance(sequence, int) else pipeline
+
+
+def resolved(ds_config: dict, args) -> dict:
+    flags = config_flags(args)
+    world_size = args.world_size or implied_world_size(ds_config, flags)
+    config = resolve(flags, ds_config, world_size)
+    return {"world_size": world_size, "global_batch_size": config.global_batch_size, **config.to_dict()}
+
+
+def assign(ds_config: dict, assignment: str) -> None:
+    """Applies one `key.path=value` in place; the value is JSON, or a string if it is not JSON."""
+    key, sep, text = assignment.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"{assignment!r} is not key.path=value", "write e.g. sequence_parallel.size=4")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = text
+    *parents, leaf = key.split(".")
+    node = ds_config
+    for depth, part in enumerate(parents):
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            path = ".".join(parents[:depth + 1])
+            raise ConfigError(f"{path} holds {json.dumps(node)}, not an object, so {key} cannot be set",
+                              f"set {path} itself or pick another key")
+    node[leaf] = value
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Whole file or nothing: a temporary file in the same folder, then os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def flatten(value, prefix: str = "") -> dict:
+    if isinstance(value, dict) and value:
+        items = {}
+        for key, child in value.items():
+            items.update(flatten(child, f"{prefix}.{key}" if prefix else key))
+        return items
+    return {prefix: value}
+
+
+def show(args) -> int:
+    print(json.dumps(resolved(read_ds_config(args.config), args), indent=2))
+    return 0
+
+
+def set_keys(args) -> int:
+    ds_config = read_ds_config(args.config)
+    for assignment in args.assignments:
+        assign(ds_config, assignment)
+    resolved(ds_config, args)
+    output = args.output or args.config
+    write_atomically(output, json.dumps(ds_config, indent=2) + "\n")
+    print(output)
+    return 0
+
+
+def validate(args) -> int:
+    config = resolved(read_ds_config(args.config), args)
+    print(f"{args.config}: valid at world size {config['world_size']}: pipeline {config['pipeline_parallel_size']} "
+          f"x data {config['data_parallel_size']} x sequence {config['sequence_parallel_size']}, global batch "
+          f"{config['global_batch_size']} = micro {config['micro_batch_size']} x grad-acc "
+          f"{config['gradient_accumulation_steps']} x data {config['data_parallel_size']}, "
+          f"attention {config['model']['attention']}, ZeRO stage {config['zero_stage']}")
+    return 0
+
+
+def diff(args) -> int:
+    first, second = (flatten(read_ds_config(path)) for path in (args.config, args.other))
+
+    def text(values: dict, key: str) -> str:  # JSON text: true and 1 differ
+        return json.dumps(values[key]) if key in values else "(absent)"
+
+    changed = [key for key in sorted(first.keys() | second.keys()) if text(first, key) != text(second, key)]
+    for key in changed:
+        print(f"{key}: {text(first, key)} -> {text(second, key)}")
+    return 1 if changed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ds_config.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, run, help: str, world_size_required: bool = False) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        sub.add_argument("config", type=Path, help="DeepSpeed JSON file")
+        sub.add_argument("--world-size", type=int, required=world_size_required,
+                         help="processes the run launches (default: the smallest the JSON fits)")
+        add_model_and_parallel_args(sub)
+        sub.set_defaults(run=run)
+        return sub
+
+    command("show", show, "print the resolved config: model, parallel layout, batch sizes, with defaults")
+    setter = command("set", set_keys, "set key.path=value ... (JSON-typed), validate, write atomically")
+    setter.add_argument("assignments", nargs="+", metavar="key.path=value")
+    setter.add_argument("-o", "--output", type=Path, help="write here instead of editing CONFIG in place")
+    command("validate", validate, "check pipeline x data x sequence and the batch arithmetic at a world size",
+            world_size_required=True)
+    differ = commands.add_parser("diff", help="print the keys whose values differ (exit 1 if any)")
+    differ.add_argument("config", type=Path)
+    differ.add_argument("other", type=Path)
+    differ.set_defaults(run=diff)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ConfigError as error:
+        print(f"ds_config.py: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
