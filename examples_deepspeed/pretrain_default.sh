@@ -9,11 +9,16 @@ cd "$(dirname "$0")/.."
 .venv/bin/pip install -q -r requirements.txt
 .venv/bin/pip install -q --no-build-isolation -e .
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's JIT ops, built once
-if [ "$(.venv/bin/python -c 'import torch; print(torch.cuda.device_count())')" -lt 2 ]; then
+gpus="$(.venv/bin/python -c 'import torch; print(torch.cuda.device_count())')"
+ranks=2 sp=()
+if [ "$gpus" -eq 0 ]; then
     export CUDA_VISIBLE_DEVICES=""  # sequence parallelism over 2 ranks: 2 CPU processes over gloo
+elif [ "$gpus" -eq 1 ]; then
+    ranks=1 sp=(--sequence-parallel-size 1)  # NCCL needs a GPU per rank: one GPU, the whole sequence
+    echo "pretrain_default.sh: one GPU found: training on it with sequence-parallel size 1 (2 GPUs give SP=2)"
 fi
-exec .venv/bin/deepspeed --num_gpus 2 pretrain_bert.py \
-    --deepspeed --deepspeed_config ds_configs/ring_sp2.json \
+exec .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
+    --deepspeed --deepspeed_config ds_configs/ring_sp2.json "${sp[@]}" \
     --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --max-position-embeddings 512 \
     --attention-dropout 0 --train-iters 300 --lr 5e-4 --lr-warmup-fraction 0.05 \
     --log-interval 20 --eval-interval 100 --eval-iters 5 \
