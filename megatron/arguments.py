@@ -41,6 +41,9 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
                        help="pre: Megatron x + f(LN(x)) (default); post: original BERT LN(x + f(x))")
     model.add_argument("--bert-no-binary-head", dest="add_binary_head", action="store_const", const=False,
                        help="drop the sentence-order head and its loss")
+    model.add_argument("--no-embedding-layernorm", dest="embedding_layernorm", action="store_const", const=False,
+                       help="no LayerNorm after the embeddings: Megatron's pre-LN layout as in HF MegatronBert "
+                            "(exportable to Hugging Face; use it with --layernorm-layout pre)")
 
     attn = parser.add_argument_group("attention (also from the JSON's sequence_parallel section)")
     attn.add_argument("--attention", help="variant: dense, ring, ulysses, linformer, bigbird")
@@ -72,7 +75,8 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
 def config_flags(args: argparse.Namespace) -> dict:
     """The given flags as config field values (None where not given)."""
     values = {field: getattr(args, dest, None) for dest, field in _FIELDS.items()}
-    values["add_binary_head"] = getattr(args, "add_binary_head", None)
+    for field in ("add_binary_head", "embedding_layernorm"):
+        values[field] = getattr(args, field, None)
     if getattr(args, "checkpoint_activations", False):
         values["activation_checkpoint_interval"] = args.checkpoint_num_layers
     return values
