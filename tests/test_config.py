@@ -47,9 +47,9 @@ def test_attention_options_from_json():
 def test_flags_and_unset_flags():
     given = flags("--micro-batch-size", "3", "--bert-no-binary-head", "--no-embedding-layernorm")
     assert given["micro_batch_size"] == 3 and given["add_binary_head"] is False
-    assert resolve({**flags("--no-embedding-layernorm"), **SMALL}, BASE, world_size=2).model.embedding_layernorm is False
+    assert resolve({**flags("--no-embedding-layernorm"), **SMALL}, BASE, world_size=4).model.embedding_layernorm is False
     assert given["sequence_parallel_size"] is None and given["attention"] is None
-    assert flags()["embedding_layernorm"] is None and resolve(SMALL, BASE, world_size=2).model.embedding_layernorm
+    assert flags()["embedding_layernorm"] is None and resolve(SMALL, BASE, world_size=4).model.embedding_layernorm
 
 
 def test_deepspeed_accepts_the_file_unchanged(tmp_path):
