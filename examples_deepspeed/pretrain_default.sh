@@ -20,6 +20,6 @@ fi
 exec .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
     --deepspeed --deepspeed_config ds_configs/ring_sp2.json "${sp[@]}" \
     --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --max-position-embeddings 512 \
-    --attention-dropout 0 --train-iters 300 --lr 5e-4 --lr-warmup-fraction 0.05 \
+    --train-iters 300 --lr 5e-4 --lr-warmup-fraction 0.05 \
     --log-interval 20 --eval-interval 100 --eval-iters 5 \
     --save runs/default/checkpoints --log-dir runs/default "$@"

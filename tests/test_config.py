@@ -100,3 +100,18 @@ def test_json_syntax_error_names_line_and_column(tmp_path):
         read_ds_config(path)
     with pytest.raises(ConfigError, match="does not exist"):
         read_ds_config(tmp_path / "missing.json")
+
+
+def test_attention_dropout_defaults_to_zero_where_the_variant_cannot_drop_out():
+    """ring and bigbird recompute blocks exactly, so they default to no attention dropout;
+    asking for it explicitly (flag or not) is an error, other variants keep Megatron's 0.1."""
+    small = {key: value for key, value in SMALL.items() if key != "attention_dropout"}
+    assert resolve(small, BASE, world_size=4).model.attention_dropout == 0.0  # BASE selects ring
+    bigbird = {**BASE, "train_batch_size": 4, "sequence_parallel": {"size": 1, "attention": "bigbird",
+                                                                    "bigbird": {"block_size": 8}}}
+    assert resolve(small, bigbird, world_size=1).model.attention_dropout == 0.0
+    ulysses = {**BASE, "sequence_parallel": {"size": 2, "attention": "ulysses"}}
+    assert resolve(small, ulysses, world_size=4).model.attention_dropout == 0.1
+    with pytest.raises(ConfigError, match="attention_dropout 0.1 is not supported by ring attention"):
+        resolve({**small, "attention_dropout": 0.1}, BASE, world_size=4)
+

@@ -306,6 +306,8 @@ class _BigBirdAttention(torch.autograd.Function):
 
 @register("bigbird")
 class BigBirdAttention(AttentionCore):
+    supports_attention_dropout = False
+
     def __init__(self, config):
         super().__init__()
         self.seq = _SeqGroup(state.get_sequence_parallel_group(), state.get_sequence_parallel_world_size(),
@@ -339,11 +341,6 @@ class BigBirdAttention(AttentionCore):
                 f"bigbird window {window} reaches {window // 2} blocks to each side but each of the "
                 f"{sequence_parallel_size} sequence-parallel ranks holds {num_blocks // sequence_parallel_size}",
                 "use a smaller --block-size or window, or fewer sequence-parallel ranks")
-        if config.attention_dropout > 0:
-            raise ConfigError(
-                f"attention_dropout {config.attention_dropout} is not supported by bigbird attention "
-                "(its blocks are recomputed exactly in backward)",
-                "set attention_dropout to 0 (--attention-dropout 0)")
 
     def pattern(self, num_blocks: int):
         """This layer's pattern at the current iteration (see block_pattern)."""

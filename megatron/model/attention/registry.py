@@ -16,19 +16,36 @@ VARIANTS: dict = {}
 class AttentionCore(nn.Module):
     """Base class: subclasses extend `check` with their own constraints."""
 
+    name = "attention"
+    # False where backward recomputes blocks exactly (ring, bigbird): the SDPA kernels take no
+    # RNG state, so recomputation cannot replay dropout masks
+    supports_attention_dropout = True
+
     @classmethod
     def check(cls, config, sequence_parallel_size: int) -> None:
         if config.seq_length % sequence_parallel_size:
             raise ConfigError(
                 f"seq_length {config.seq_length} is not divisible by the sequence-parallel size {sequence_parallel_size}",
                 "choose --seq-length as a multiple of --sequence-parallel-size")
+        if config.attention_dropout > 0 and not cls.supports_attention_dropout:
+            raise ConfigError(
+                f"attention_dropout {config.attention_dropout} is not supported by {cls.name} attention "
+                "(its blocks are recomputed exactly in backward)",
+                "set attention_dropout to 0 (--attention-dropout 0) or leave it unset")
 
 
 def register(name: str):
     def decorate(cls):
+        cls.name = name
         VARIANTS[name] = cls
         return cls
     return decorate
+
+
+def variant_defaults(name: str) -> dict:
+    """Settings whose default depends on the variant: no attention dropout where it is unsupported."""
+    core = VARIANTS.get(name)
+    return {"attention_dropout": 0.0} if core is not None and not core.supports_attention_dropout else {}
 
 
 def variant(name: str):

@@ -15,7 +15,6 @@ dropout masks, and the SDPA kernels used here take no RNG state.
 import torch
 import torch.distributed as dist
 
-from megatron.errors import ConfigError
 from megatron.model.attention import blocks
 from megatron.model.attention.registry import AttentionCore, register
 from megatron.parallel import state
@@ -109,19 +108,12 @@ class _RingAttention(torch.autograd.Function):
 
 @register("ring")
 class RingAttention(AttentionCore):
+    supports_attention_dropout = False
+
     def __init__(self, config):
         super().__init__()
         self.ring = _Ring(state.get_sequence_parallel_group(), state.get_sequence_parallel_ranks())
         self.scale = config.head_dim ** -0.5
-
-    @classmethod
-    def check(cls, config, sequence_parallel_size):
-        super().check(config, sequence_parallel_size)
-        if config.attention_dropout > 0:
-            raise ConfigError(
-                f"attention_dropout {config.attention_dropout} is not supported by ring attention "
-                "(its blocks are recomputed exactly in backward)",
-                "set attention_dropout to 0 (--attention-dropout 0)")
 
     def forward(self, q, k, v, key_padding_mask):
         # [b, s/P, heads, d] -> the kernels' [b, heads, s/P, d] (strided views) and back
