@@ -99,6 +99,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     train.add_argument("--clip-grad", type=float, help="gradient-norm clipping (default: the JSON's "
                        "gradient_clipping, else 1.0; 0 turns it off)")
     train.add_argument("--seed", type=int, default=1234, help="seed of initialisation, masking, sampling")
+    train.add_argument("--deterministic", action="store_true",
+                       help="bit-exact reruns on GPU: deterministic kernels, no TF32, fixed cuBLAS workspace and "
+                       "NCCL algorithm (slower; CPU runs are bit-exact without it)")
 
     data = parser.add_argument_group("data")
     data.add_argument("--data-path", nargs="+", help="PREFIX or W1 PREFIX1 W2 PREFIX2 ... of preprocessed "

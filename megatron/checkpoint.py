@@ -1,24 +1,45 @@
 """Checkpoints through DeepSpeed's engine, plus what resuming exactly needs beyond it.
 
 `save` stores, under tag `iter_XXXXXXX`: DeepSpeed's model / optimizer / ZeRO files, the
-resolved config, the iteration and consumed samples (client state), and each rank's torch RNG
-state (`rng_rank{N}.pt`; DeepSpeed keeps only one rank's client state). `load` restores all of
-it into an engine of the same layout.
+resolved config, the iteration and consumed samples (client state, and `run_state.json` so they
+can be read without unpickling), and each rank's RNG states (`rng_rank{N}.pt`; DeepSpeed keeps
+only one rank's client state). `load` restores all of it into an engine of the same layout.
+
+Crash consistency: every rank writes into `<tag>.partial`; only when all have finished does
+rank 0 rename it to `<tag>` and then replace `latest` (both atomic renames, fsynced), so a run
+killed at any moment leaves `latest` naming a complete checkpoint.
+
+Safe loading: our own files (RNG states, run state, weights-only and pipeline layer files) are
+read with `torch.load(weights_only=True)`; DeepSpeed unpickles its model / optimizer states in
+full (`TorchCheckpointEngine.load`, weights_only=False), so load only checkpoints you trust.
 
 `bert_state_from_checkpoint` reads the weights of any layout (plain model at any ZeRO stage, or
 pipeline layer files) back into BertModel names, so a checkpoint can start a run with another
 pipeline or sequence-parallel degree (weights only; SP never changes the parameters).
 """
+import contextlib
+import dataclasses
 import glob
+import json
 import os
+import pickle
 import re
+import shutil
+import zipfile
 
 import torch
 import torch.distributed as dist
 
 from megatron.config import TrainConfig
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, DataError
+from megatron.model.bert import BertConfig, BertModel
 from megatron.model.pipe import pipe_layer_to_bert
+
+LATEST = "latest"
+RUN_STATE = "run_state.json"
+PARTIAL = ".partial"
+# what torch.load raises on a truncated or overwritten file
+UNREADABLE = (EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, ValueError, OSError)
 
 
 def tag_for(iteration: int) -> str:
@@ -26,46 +47,184 @@ def tag_for(iteration: int) -> str:
 
 
 def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_samples: int) -> str:
-    tag = tag_for(iteration)
-    client_state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples}
-    engine.save_checkpoint(save_dir, tag=tag, client_state=client_state)
-    torch.save(torch.get_rng_state(), os.path.join(save_dir, tag, f"rng_rank{dist.get_rank()}.pt"))
+    """Saves on every rank; returns the tag once `latest` names it."""
+    tag, rank = tag_for(iteration), dist.get_rank()
+    staging = os.path.join(save_dir, tag + PARTIAL)
+    if rank == 0:
+        os.makedirs(save_dir, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
+    dist.barrier()
+    run_state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples}
+    engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=run_state, save_latest=False)
+    torch.save(rng_states(), os.path.join(staging, f"rng_rank{rank}.pt"))
+    if rank == 0:
+        with open(os.path.join(staging, RUN_STATE), "w") as file:
+            json.dump(run_state, file)
+    dist.barrier()  # every rank's files are written
+    if rank == 0:
+        _commit(save_dir, tag)
     dist.barrier()
     return tag
 
 
+def _fsync(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _commit(save_dir: str, tag: str) -> None:
+    """`<tag>.partial` -> `<tag>`, then `latest` -> tag; data on disk before each rename."""
+    staging, final = os.path.join(save_dir, tag + PARTIAL), os.path.join(save_dir, tag)
+    for root, _, files in os.walk(staging):
+        for name in files:
+            _fsync(os.path.join(root, name))
+    if os.path.isdir(final):
+        # a folder of this iteration that `latest` does not name (check_save_dir refuses the other case)
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    _fsync(save_dir)
+    pointer = os.path.join(save_dir, f".{LATEST}.tmp")
+    with open(pointer, "w") as file:
+        file.write(tag)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(pointer, os.path.join(save_dir, LATEST))
+    _fsync(save_dir)
+
+
+def check_save_dir(save_dir: str, start_iteration: int) -> None:
+    """Refuses a --save directory whose `latest` checkpoint is ahead of this run's start: the
+    run would overwrite it (or leave `latest` going backwards)."""
+    if not os.path.isfile(os.path.join(save_dir, LATEST)):
+        return
+    tag = latest_tag(save_dir)
+    match = re.fullmatch(r"iter_(\d+)", tag)
+    if match and int(match.group(1)) > start_iteration:
+        raise ConfigError(f"--save {save_dir} holds checkpoint {tag}, ahead of this run's start at iteration "
+                          f"{start_iteration}", f"pass --load {save_dir} to continue it, or choose another --save "
+                          "directory")
+
+
+def rng_states() -> dict:
+    states = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
 def latest_tag(load_dir: str) -> str:
-    path = os.path.join(load_dir, "latest")
+    path = os.path.join(load_dir, LATEST)
     if not os.path.isfile(path):
-        raise ConfigError(f"no checkpoint in {load_dir} (missing 'latest')", "point --load at a directory written by --save")
+        raise ConfigError(f"no checkpoint in {load_dir} (missing '{LATEST}')", "point --load at a directory written by --save")
     with open(path) as file:
         return file.read().strip()
 
 
-def load(engine, load_dir: str) -> dict:
-    """Restores engine state and this rank's RNG; returns the client state (iteration, ...)."""
-    tag = latest_tag(load_dir)
-    path, client_state = engine.load_checkpoint(load_dir, tag=tag)
-    if path is None:
-        raise ConfigError(f"checkpoint {load_dir}/{tag} could not be loaded", "check that the directory is complete")
-    rng = os.path.join(load_dir, tag, f"rng_rank{dist.get_rank()}.pt")
-    if os.path.isfile(rng):
-        torch.set_rng_state(torch.load(rng))
-    return client_state
+def checkpoint_folder(load_dir: str, tag: str) -> str:
+    """The tag's folder, checked to exist and to hold DeepSpeed's model states."""
+    folder = os.path.join(load_dir, tag)
+    if not os.path.isdir(folder):
+        raise DataError(f"checkpoint folder {folder} named by {os.path.join(load_dir, LATEST)} does not exist",
+                        f"restore it, or write the tag of a complete iter_* folder of {load_dir} into 'latest'")
+    if not glob.glob(os.path.join(folder, "*model_states.pt")):
+        raise DataError(f"checkpoint folder {folder} is incomplete (no *model_states.pt)",
+                        f"restore it, or write the tag of a complete iter_* folder of {load_dir} into 'latest'")
+    return folder
+
+
+def safe_load(path: str):
+    """torch.load of a file that holds only tensors and plain containers; one-line errors."""
+    if not os.path.isfile(path):
+        raise DataError(f"checkpoint file {path} is missing", "restore it or resume from a complete checkpoint")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except UNREADABLE as error:
+        raise DataError(f"checkpoint file {path} cannot be read ({type(error).__name__}: "
+                        f"{str(error).splitlines()[0] if str(error) else 'truncated'})",
+                        "restore it or resume from an earlier complete checkpoint") from None
+
+
+def run_state(load_dir: str, tag: str) -> dict:
+    """{"config", "iteration", "consumed_samples"} of a checkpoint, plus "weights_only": True for
+    one written by tools/convert_checkpoint.py from-hf (no optimizer, engine or RNG state)."""
+    folder = checkpoint_folder(load_dir, tag)
+    path = os.path.join(folder, RUN_STATE)
+    if os.path.isfile(path):
+        with open(path) as file:
+            return json.load(file)
+    states = sorted(glob.glob(os.path.join(folder, "*mp_rank_00_model_states.pt")))
+    stored = safe_load(states[0]) if len(states) == 1 and "zero_pp" not in states[0] else None
+    if not stored or "config" not in stored:
+        raise DataError(f"checkpoint folder {folder} has no {RUN_STATE}", "point at a checkpoint written by this trainer")
+    return {key: value for key, value in stored.items() if key != "module"}
 
 
 def stored_config(load_dir: str, tag: str) -> dict:
     """The resolved config saved with the checkpoint (TrainConfig.to_dict())."""
-    states = sorted(glob.glob(os.path.join(load_dir, tag, "*mp_rank_00_model_states.pt")))
-    if not states:
-        raise ConfigError(f"{load_dir}/{tag} has no model states file", "the checkpoint is incomplete")
-    return torch.load(states[0], weights_only=False)["config"]
+    return run_state(load_dir, tag)["config"]
+
+
+def check_model_shapes(stored: dict, config: BertConfig, folder: str) -> None:
+    """The checkpoint's model must have this run's tensor shapes; names the first that differs."""
+    fields = {f.name for f in dataclasses.fields(BertConfig)}
+    with torch.device("meta"):
+        found = BertModel(BertConfig(**{k: v for k, v in stored.items() if k in fields})).state_dict()
+        expected = BertModel(config).state_dict()
+    for name, tensor in expected.items():
+        if name not in found or found[name].shape != tensor.shape:
+            shape = list(found[name].shape) if name in found else "nothing"
+            raise ConfigError(f"checkpoint {folder} holds {name} of shape {shape}, this model expects "
+                              f"{list(tensor.shape)}", "resume with the model flags the checkpoint was trained with")
+
+
+@contextlib.contextmanager
+def _one_line_read_errors(engine):
+    """DeepSpeed's file reads, with a missing or corrupt file reported as a DataError naming it."""
+    reader = engine.checkpoint_engine
+    original = reader.load
+
+    def load(path, map_location=None):
+        if not os.path.isfile(path):
+            raise DataError(f"checkpoint file {path} is missing", "restore it or resume from a complete checkpoint")
+        try:
+            return original(path, map_location=map_location)
+        except UNREADABLE as error:
+            raise DataError(f"checkpoint file {path} cannot be read ({type(error).__name__})",
+                            "restore it or resume from an earlier complete checkpoint") from None
+
+    reader.load = load
+    try:
+        yield
+    finally:
+        reader.load = original
+
+
+def load(engine, load_dir: str, config: TrainConfig) -> dict:
+    """Restores engine state and this rank's RNG; returns the run state (iteration, ...)."""
+    tag = latest_tag(load_dir)
+    folder = checkpoint_folder(load_dir, tag)
+    state = run_state(load_dir, tag)
+    check_model_shapes(state["config"]["model"], config.model, folder)
+    with _one_line_read_errors(engine):
+        path, _ = engine.load_checkpoint(load_dir, tag=tag)
+    if path is None:
+        raise DataError(f"checkpoint {folder} could not be loaded", "check that the folder is complete")
+    rng = os.path.join(folder, f"rng_rank{dist.get_rank()}.pt")
+    if os.path.isfile(rng):
+        rng_state = safe_load(rng)
+        torch.set_rng_state(rng_state["cpu"])
+        if "cuda" in rng_state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng_state["cuda"])
+    return state
 
 
 def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
     """BertModel state dict from a checkpoint of any pipeline / SP degree / ZeRO stage."""
     tag = tag or latest_tag(load_dir)
-    folder = os.path.join(load_dir, tag)
+    folder = checkpoint_folder(load_dir, tag)
     # pipeline: one file per layer and seq rank, identical across seq ranks: take seq rank 0
     layer_files = sorted(glob.glob(os.path.join(folder, "layer_*-model_00-model_states.pt")))
     if layer_files:
@@ -73,7 +232,7 @@ def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
         state = {}
         for path in layer_files:
             layer = int(re.search(r"layer_(\d+)-", os.path.basename(path)).group(1))
-            for key, tensor in torch.load(path, weights_only=False).items():
+            for key, tensor in safe_load(path).items():
                 state[pipe_layer_to_bert(layer, key, num_layers)] = tensor
         return state
     if os.path.isfile(os.path.join(folder, "zero_pp_rank_0_mp_rank_00_model_states.pt")):
@@ -85,4 +244,4 @@ def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
     if not os.path.isfile(model_file):
         raise ConfigError(f"{folder} holds no pipeline layer files and no model states",
                           "point at a checkpoint written by this trainer")
-    return torch.load(model_file, weights_only=False)["module"]
+    return safe_load(model_file)["module"]

@@ -12,7 +12,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint
+from megatron import checkpoint, determinism
 from megatron.arguments import build_parser, config_flags
 from megatron.config import read_ds_config, resolve
 from megatron.data.bert_dataset import build_train_valid_test_datasets
@@ -87,6 +87,7 @@ def data_paths(args) -> tuple:
 
 
 def pretrain(args) -> None:
+    determinism.configure(args.deterministic)
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     torch.manual_seed(args.seed)
     ds = deepspeed_settings(args)

@@ -27,7 +27,7 @@ def run(pipeline, sequence, zero_stage, directory, stop, save_at=None, resume=Fa
     config = resolve({**model_flags(), "pipeline_parallel_size": pipeline},
                      ds_config(micro, gas, zero_stage, sequence), torch.distributed.get_world_size())
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
-    start = checkpoint.load(engine, directory)["iteration"] if resume else 0
+    start = checkpoint.load(engine, directory, config)["iteration"] if resume else 0
     losses = []
     for step in range(start, stop):
         losses.append(train_step(engine, step_batches(step, micro, gas)).loss)
