@@ -15,10 +15,12 @@ if [ $# -lt 3 ]; then
     echo "usage: $(basename "$0") [--dry-run] HOSTFILE NUM_NODES SCRIPT ARGS ..." >&2
     exit 2
 fi
-if [ ! -f "$1" ]; then
-    echo "$(basename "$0"): error: hostfile $1 does not exist; write one line per machine: <host> slots=<gpus>" >&2
-    exit 2
-fi
+case "$2" in
+    '' | *[!0-9]* | 0) echo "$(basename "$0"): error: NUM_NODES = '$2' is not a positive integer; pass HOSTFILE NUM_NODES SCRIPT ARGS ..." >&2; exit 2 ;;
+esac
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# DeepSpeed's launcher would stop on a bad line with a traceback: name the line here instead
+"${PYTHON:-$ROOT/.venv/bin/python}" "$ROOT/tools/check_hostfile.py" "$1" --num-nodes "$2" > /dev/null
 HOSTFILE="$(realpath "$1")" NUM_NODES="$2" SCRIPT="$3"
 shift 3
 case "$SCRIPT" in

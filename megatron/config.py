@@ -65,7 +65,66 @@ def read_ds_config(path) -> dict:
                           "fix the JSON syntax at that position") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path} holds a JSON {type(config).__name__}, not an object", "wrap the settings in { }")
+    check_deepspeed_types(config)
     return config
+
+
+def check_deepspeed_types(ds_config: dict) -> None:
+    """The DeepSpeed keys read here (and by the trainer) before DeepSpeed sees them have the right JSON
+    type: otherwise the mistake surfaces later as an AttributeError or TypeError far from the key."""
+    for key in ("zero_optimization", "activation_checkpointing", "pipeline", "optimizer", SECTION):
+        if key in ds_config and not isinstance(ds_config[key], dict):
+            raise ConfigError(f"{key} = {json.dumps(ds_config[key])} is not a JSON object",
+                              f'write "{key}": {{...}} or remove it')
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        if ds_config.get(key) is not None:  # null: derived from the other two
+            _typed(key, ds_config[key], int)
+    _typed("zero_optimization.stage", ds_config.get("zero_optimization", {}).get("stage", 0), int)
+    clipping = ds_config.get("gradient_clipping", 0.0)
+    if isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or clipping < 0:
+        raise ConfigError(f"gradient_clipping = {json.dumps(clipping)} is not a number >= 0",
+                          "set gradient_clipping to a number (0 turns clipping off)")
+
+
+def deepspeed_accepts(ds_config: dict) -> None:
+    """Runs DeepSpeed's own config checks (its pydantic models for ZeRO, bf16, ...) now, so that a key
+    it rejects is one line naming the key before any model is built, not a traceback inside
+    deepspeed.initialize. The batch keys are left out: their arithmetic is checked above at the
+    real world size, which DeepSpeed cannot know before the processes start."""
+    import pydantic
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    trial = {key: value for key, value in ds_config.items() if key != "train_batch_size"}
+    try:
+        DeepSpeedConfig(trial)
+    except pydantic.ValidationError as error:
+        first = error.errors()[0]
+        key = _json_path(ds_config, tuple(str(part) for part in first["loc"])) or f"{error.title}." + ".".join(
+            str(part) for part in first["loc"])
+        raise ConfigError(f"DeepSpeed rejects {key}: {first['msg']}",
+                          f"fix or remove {key} (https://www.deepspeed.ai/docs/config-json/)") from None
+    except (AssertionError, ValueError, TypeError, KeyError) as error:
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f"DeepSpeed rejects the config: {text}",
+                          "fix the setting it names (https://www.deepspeed.ai/docs/config-json/)") from None
+
+
+def _json_path(tree: dict, loc: tuple, prefix: str = "") -> str | None:
+    """The dotted path in `tree` that ends with the keys `loc` (a pydantic error location inside one
+    of DeepSpeed's sub-configs, which does not say which JSON section it came from)."""
+    node = tree
+    for part in loc:
+        if not isinstance(node, dict) or part not in node:
+            break
+        node = node[part]
+    else:
+        return prefix + ".".join(loc)
+    for key, child in tree.items():
+        if isinstance(child, dict):
+            found = _json_path(child, loc, f"{prefix}{key}.")
+            if found:
+                return found
+    return None
 
 
 def _typed(key: str, value, kind):
@@ -111,6 +170,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
     `flags` keys are TrainConfig / BertConfig field names; `micro_batch_size` and
     `global_batch_size` mirror DeepSpeed's batch keys and override them.
     """
+    check_deepspeed_types(ds_config)
     given = {key: value for key, value in flags.items() if value is not None}
     values = {**_section_values(ds_config), **given}
     checkpoint_interval = values.pop("activation_checkpoint_interval", 0)
@@ -157,6 +217,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
                 "train_batch_size": global_batch}
     if pipeline > 1:  # sequence-split activations must travel whole between stages
         resolved["pipeline"] = {**ds_config.get("pipeline", {}), "pipe_partitioned": False, "grad_partitioned": False}
+    deepspeed_accepts(resolved)
     return TrainConfig(model=model, pipeline_parallel_size=pipeline, sequence_parallel_size=sequence,
                        data_parallel_size=data, micro_batch_size=micro, gradient_accumulation_steps=gas,
                        zero_stage=zero_stage, activation_checkpoint_interval=checkpoint_interval,

@@ -66,8 +66,8 @@ def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
 
 def test_tool_errors_are_one_line(tmp_path):
     done = convert("from-hf", "--hf-dir", tmp_path / "missing", "--save", tmp_path / "out")
-    assert done.returncode != 0
+    assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"error: {tmp_path / 'missing' / 'config.json'} does not exist; "
+        f"convert_checkpoint.py: error: {tmp_path / 'missing' / 'config.json'} does not exist; "
         "point at a Hugging Face model folder (config.json + weights)"]
     assert not (tmp_path / "out").exists()

@@ -157,8 +157,9 @@ def test_cli_error_is_one_line_with_nonzero_exit(corpus, tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "preprocess_data.py"), "--input", str(path),
                              "--vocab-file", str(corpus[1]), "--output-prefix", str(tmp_path / "out" / "x"),
                              "--workers", "2"], capture_output=True, text=True, timeout=100)
-    assert result.returncode != 0
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ") and "line 2" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "line 2" in result.stderr
+    assert result.stderr.startswith("preprocess_data.py: error: ")
     assert list((tmp_path / "out").iterdir()) == []
 
 

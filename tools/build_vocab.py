@@ -7,7 +7,7 @@ from pathlib import Path
 
 from megatron.data.tokenizer import SPECIAL_TOKENS, TOKENIZER_TYPES
 from megatron.data.vocab_builder import train_vocab, write_vocab
-from megatron.errors import ConfigError, DataError
+from megatron.errors import ConfigError, DataError, run_tool
 
 
 def main(argv=None):
@@ -32,7 +32,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConfigError as error:
-        sys.exit(f"error: {error}")
+    sys.exit(run_tool("build_vocab.py", main))

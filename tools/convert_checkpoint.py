@@ -16,7 +16,7 @@ import warnings
 from megatron import hf_convert
 from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config
 from megatron.data.tokenizer import TOKENIZER_TYPES
-from megatron.errors import ConfigError
+from megatron.errors import run_tool
 from megatron.model.bert import BertConfig
 
 
@@ -67,7 +67,4 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     warnings.showwarning = lambda message, *_: print(f"warning: {message}", file=sys.stderr)
-    try:
-        main()
-    except ConfigError as error:
-        sys.exit(f"error: {error}")
+    sys.exit(run_tool("convert_checkpoint.py", main))

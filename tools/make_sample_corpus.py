@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from megatron.data.sample_corpus import DEFAULT_PACKAGES, write_corpus
-from megatron.errors import ConfigError
+from megatron.errors import run_tool
 
 
 def main(argv=None):
@@ -24,7 +24,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConfigError as error:
-        sys.exit(f"error: {error}")
+    sys.exit(run_tool("make_sample_corpus.py", main))

@@ -9,7 +9,7 @@ import sys
 from megatron.data.indexed_dataset import IMPLS
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.tokenizer import TOKENIZER_TYPES
-from megatron.errors import ConfigError
+from megatron.errors import run_tool
 
 
 def parse_args(argv=None) -> PreprocessOptions:
@@ -44,7 +44,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConfigError as error:
-        sys.exit(f"error: {error}")
+    sys.exit(run_tool("preprocess_data.py", main))

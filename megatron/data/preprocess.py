@@ -125,6 +125,11 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
             report.documents += 1
             if options.log_interval and report.documents % options.log_interval == 0:
                 _log_progress(report, time.perf_counter() - start, log)
+        for key, builder in builders.items():
+            if len(builder.doc_idx) == 1:  # only the leading 0: an empty dataset would fail every reader later
+                raise DataError(f"{options.input} has no documents with text under the key '{key}' "
+                                f"({report.documents} documents read, {report.skipped} skipped)",
+                                "pass a non-empty loose-JSON corpus and check --json-keys")
         for builder in builders.values():
             builder.finalize()
     except BaseException:

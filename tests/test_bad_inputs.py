@@ -1,0 +1,288 @@
+"""The bad-input catalogue: every mistake a user can make at an entry point ends with one line
+naming the problem and the fix, exit code 2, no traceback (unless --debug), nothing half-written.
+
+Each row of CASES breaks one thing of a valid tiny setup (dataset, vocab, DeepSpeed JSON,
+checkpoint, hostfile) built once per module, runs the real entry point in a subprocess and
+names the phrases the last stderr line must hold. Adding a case is one row.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from megatron.data.default_dataset import prepare_default_dataset
+from megatron.parallel.spawn import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+        "--max-position-embeddings", "64", "--attention-dropout", "0", "--micro-batch-size", "2"]
+# {placeholders}: tmp (this case's folder), data (prefix of the valid dataset), vocab, corpus, ckpt (a valid checkpoint)
+PRETRAIN = [*TINY, "--data-path", "{data}", "--vocab-file", "{vocab}", "--train-iters", "1", "--eval-iters", "1",
+            "--log-dir", "{tmp}/log"]
+GOOD_JSON = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+             "zero_optimization": {"stage": 1}, "sequence_parallel": {"size": 1, "attention": "dense"}}
+
+
+def ds_json(**changes) -> str:
+    """GOOD_JSON with dotted keys changed (a value of ... removes the key), as text."""
+    config = json.loads(json.dumps(GOOD_JSON))
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is ...:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return json.dumps(config, indent=2)
+
+
+@dataclass
+class Case:
+    id: str
+    command: str  # a key of COMMANDS
+    argv: list
+    phrases: tuple  # all must be in the last stderr line
+    files: dict = field(default_factory=dict)  # name -> text written into the case folder first
+    setup: object = None  # callable(tmp, assets) that breaks something in the case folder
+    needs_checkpoint: bool = False
+
+
+def pretrain(*argv, files=None, setup=None, phrases=(), needs_checkpoint=False, id=""):
+    return Case(id, "pretrain", [*PRETRAIN, *argv], tuple(phrases), files or {}, setup, needs_checkpoint)
+
+
+def copy_data(tmp: Path, assets: dict) -> Path:
+    """A copy of the valid dataset in the case folder; returns its prefix."""
+    prefix = tmp / "copy"
+    for suffix in (".bin", ".idx"):
+        shutil.copy(assets["data"] + suffix, str(prefix) + suffix)
+    return prefix
+
+
+def truncate_bin(tmp, assets):
+    prefix = copy_data(tmp, assets)
+    with open(f"{prefix}.bin", "r+b") as file:
+        file.truncate(os.path.getsize(f"{prefix}.bin") // 2)
+
+
+def bad_idx_magic(tmp, assets):
+    prefix = copy_data(tmp, assets)
+    with open(f"{prefix}.idx", "r+b") as file:
+        file.write(b"NOTANIDX\x00")
+
+
+def vocab_without(token: str):
+    def setup(tmp, assets):
+        lines = Path(assets["vocab"]).read_text().splitlines()
+        (tmp / "vocab.txt").write_text("\n".join(line for line in lines if line != token) + "\n")
+    return setup
+
+
+CASES = [
+    # ---- DeepSpeed JSON
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_syntax_error",
+             files={"ds.json": '{\n  "train_micro_batch_size_per_gpu": 2,\n  "zero_optimization": {"stage": 1,}\n}'},
+             phrases=("ds.json:3:", "invalid JSON", "fix the JSON syntax")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_not_an_object", files={"ds.json": "[1, 2]"},
+             phrases=("not an object", "wrap the settings in { }")),
+    pretrain("--deepspeed_config", "{tmp}/missing.json", id="json_missing",
+             phrases=("missing.json does not exist", "--deepspeed_config")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_unknown_attention",
+             files={"ds.json": ds_json(sequence_parallel__attention="flash")},
+             phrases=("unknown attention variant 'flash'", "ring", "ulysses")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_unknown_section_key",
+             files={"ds.json": ds_json(sequence_parallel__sise=2)},
+             phrases=("unknown key sequence_parallel.sise", "size")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_sp_size_not_int",
+             files={"ds.json": ds_json(sequence_parallel__size="2")},
+             phrases=("sequence_parallel.size = '2' is not an integer", "set sequence_parallel.size to an integer")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_micro_batch_not_int",
+             files={"ds.json": ds_json(train_micro_batch_size_per_gpu=2.5)},
+             phrases=("train_micro_batch_size_per_gpu = 2.5 is not an integer", "set train_micro_batch_size_per_gpu")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_zero_stage_not_int",
+             files={"ds.json": ds_json(zero_optimization__stage="1")},
+             phrases=("zero_optimization.stage = '1' is not an integer", "set zero_optimization.stage")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_zero_section_not_object",
+             files={"ds.json": ds_json(zero_optimization=1)},
+             phrases=("zero_optimization", "JSON object")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_linformer_bool_not_bool",
+             files={"ds.json": ds_json(sequence_parallel__linformer={"share_kv": "yes"})},
+             phrases=("sequence_parallel.linformer.share_kv = 'yes' is not a boolean", "true or false")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_clipping_not_number",
+             files={"ds.json": ds_json(gradient_clipping="1.0")},
+             phrases=("gradient_clipping", "number")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", "--micro-batch-size", "4", id="json_inconsistent_batch",
+             files={"ds.json": ds_json(train_batch_size=6)},
+             phrases=("train_batch_size 6 != train_micro_batch_size_per_gpu 4", "make train_batch_size = micro")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_sp_size_not_dividing_world",
+             files={"ds.json": ds_json(sequence_parallel__size=2)},
+             phrases=("sequence_parallel.size 2 x pipeline 1 does not divide the world size 1",
+                      "launch a multiple of sp*pp processes")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_deepspeed_rejects_zero_key",
+             files={"ds.json": ds_json(zero_optimization__stage_3_typo=1)},
+             phrases=("zero_optimization.stage_3_typo", "remove")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_deepspeed_rejects_zero_stage",
+             files={"ds.json": ds_json(zero_optimization__stage=4)},
+             phrases=("DeepSpeed rejects zero_optimization.stage: Input should be 0, 1, 2", "fix or remove")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_deepspeed_rejects_fp16_with_bf16",
+             files={"ds.json": ds_json(fp16={"enabled": True}, bf16={"enabled": True})},
+             phrases=("DeepSpeed rejects the config: bfloat16 and fp16", "fix the setting")),
+    Case("json_zero2_with_pipeline", "launch2",
+         [*PRETRAIN, "--deepspeed_config", "{tmp}/ds.json", "--pipeline-model-parallel-size", "2"],
+         ("zero_optimization.stage 2 cannot be combined with pipeline", "use zero_optimization.stage 0 or 1"),
+         files={"ds.json": ds_json(zero_optimization__stage=2)}),
+    # ---- flags
+    Case("flag_seq_not_divisible_by_sp", "launch2", [*PRETRAIN, "--sequence-parallel-size", "2", "--attention", "ring",
+                                                     "--seq-length", "63", "--max-position-embeddings", "64"],
+         ("seq_length 63", "divisible")),
+    pretrain("--hidden-size", "66", id="flag_heads_not_dividing_hidden", phrases=("hidden_size 66", "heads")),
+    Case("flag_ulysses_heads_not_divisible_by_sp", "ds_config",
+         ["validate", "{tmp}/ds.json", "--world-size", "2", "--attention-dropout", "0", "--num-attention-heads", "3",
+          "--hidden-size", "66"], ("num_attention_heads (3)", "multiple of --sequence-parallel-size"),
+         files={"ds.json": ds_json(sequence_parallel={"size": 2, "attention": "ulysses"})}),
+    pretrain("--attention", "bigbird", "--block-size", "24", id="flag_block_size_not_dividing_seq",
+             phrases=("block", "24", "--block-size")),
+    pretrain("--attention", "linformer", "--linformer-k", "128", id="flag_linformer_k_exceeds_seq",
+             phrases=("linformer_k 128 exceeds seq_length 64", "--linformer-k")),
+    pretrain("--seq-length", "128", id="flag_seq_longer_than_positions",
+             phrases=("seq_length 128", "--max-position-embeddings")),
+    pretrain("--attention", "ring", "--attention-dropout", "0.1", id="flag_ring_attention_dropout",
+             phrases=("attention_dropout 0.1 is not supported by ring attention", "--attention-dropout 0")),
+    pretrain("--train-iters", "0", id="flag_no_run_length", phrases=("run length", "--train-iters N")),
+    pretrain("--split", "a,b", id="flag_bad_split", phrases=("--split 'a,b'", "--split 949,50,1")),
+    # ---- data
+    pretrain("--data-path", "{tmp}/no/such/prefix", id="data_missing_prefix",
+             phrases=("no/such/prefix", "does not exist", "--data-path")),
+    pretrain("--data-path", "{tmp}/copy", setup=truncate_bin, id="data_truncated_bin",
+             phrases=("copy.bin", "rerun tools/preprocess_data.py")),
+    pretrain("--data-path", "{tmp}/copy", setup=bad_idx_magic, id="data_bad_idx_magic",
+             phrases=("copy.idx", "bad magic", "rerun tools/preprocess_data.py")),
+    pretrain("--vocab-file", "{tmp}/vocab.txt", setup=vocab_without("[MASK]"), id="data_vocab_without_mask",
+             phrases=("lacks the special tokens [MASK]", "tools/build_vocab.py")),
+    pretrain("--vocab-file", "{tmp}/none.txt", id="data_vocab_missing",
+             phrases=("none.txt does not exist", "--vocab-file")),
+    pretrain("--data-path", "1", "{data}", "2", id="data_path_weights_unpaired",
+             phrases=("weight/prefix pairs", "--data-path W1 PREFIX1")),
+    Case("data_empty_corpus", "preprocess", ["--input", "{tmp}/empty.json", "--vocab-file", "{vocab}",
+                                             "--output-prefix", "{tmp}/out/corpus", "--split-sentences"],
+         ("empty.json has no documents", "non-empty loose-JSON corpus"), files={"empty.json": "", "out/.keep": ""}),
+    Case("data_corpus_bad_json_line", "preprocess", ["--input", "{tmp}/bad.json", "--vocab-file", "{vocab}",
+                                                     "--output-prefix", "{tmp}/out/corpus"],
+         ("bad.json line 2: invalid JSON", "--skip-invalid"),
+         files={"bad.json": '{"text": "One."}\n{"text": \n', "out/.keep": ""}),
+    Case("data_preprocess_vocab_missing", "preprocess", ["--input", "{corpus}", "--vocab-file", "{tmp}/none.txt",
+                                                         "--output-prefix", "{tmp}/corpus"],
+         ("none.txt does not exist", "--vocab-file")),
+    Case("data_build_vocab_input_missing", "build_vocab", ["--input", "{tmp}/none.json", "--output", "{tmp}/vocab.txt"],
+         ("none.json does not exist", "--input")),
+    Case("data_build_vocab_too_small", "build_vocab", ["--input", "{corpus}", "--output", "{tmp}/vocab.txt",
+                                                       "--vocab-size", "3"], ("--vocab-size 3", "larger --vocab-size")),
+    Case("tool_ds_config_bad_assignment", "ds_config", ["set", "{tmp}/ds.json", "zero_optimization.stage"],
+         ("'zero_optimization.stage' is not key.path=value", "sequence_parallel.size=4"),
+         files={"ds.json": ds_json()}),
+    Case("tool_ds_config_set_invalid_value", "ds_config", ["set", "{tmp}/ds.json", "sequence_parallel.size=3",
+                                                           "--world-size", "2"],
+         ("sequence_parallel.size 3", "does not divide the world size 2"), files={"ds.json": ds_json()}),
+    # ---- hostfile, through the multi-node launch script
+    Case("hostfile_bad_slots", "multinode", ["{tmp}/hostfile", "2"], ("hostfile", "line 2", "slots=<gpus>"),
+         files={"hostfile": "worker-1 slots=2\nworker-2 slots=two\n"}),
+    Case("hostfile_duplicate_host", "multinode", ["{tmp}/hostfile", "2"], ("worker-1", "twice", "once"),
+         files={"hostfile": "worker-1 slots=2\nworker-1 slots=2\n"}),
+    Case("hostfile_empty", "multinode", ["{tmp}/hostfile", "1"], ("no hosts", "slots=<gpus>"),
+         files={"hostfile": "# nothing here\n\n"}),
+    Case("hostfile_fewer_hosts_than_nodes", "multinode", ["{tmp}/hostfile", "3"], ("2 hosts", "NUM_NODES 3"),
+         files={"hostfile": "worker-1 slots=2\nworker-2 slots=2\n"}),
+]
+
+
+def corrupt_checkpoint(tmp: Path, assets: dict):
+    copy = shutil.copytree(assets["ckpt"], tmp / "ckpt")
+    model_states = sorted(copy.glob("*/mp_rank_00_model_states.pt"))
+    assert model_states, list(copy.rglob("*"))
+    model_states[0].write_bytes(b"not a torch file")
+
+
+COMMANDS = {
+    "pretrain": [PYTHON, str(ROOT / "pretrain_bert.py")],
+    "launch2": [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port", "{port}",
+                str(ROOT / "pretrain_bert.py")],
+    "ds_config": [PYTHON, str(ROOT / "tools" / "ds_config.py")],
+    "preprocess": [PYTHON, str(ROOT / "tools" / "preprocess_data.py")],
+    "build_vocab": [PYTHON, str(ROOT / "tools" / "build_vocab.py")],
+    "convert": [PYTHON, str(ROOT / "tools" / "convert_checkpoint.py")],
+    # the hostfile is checked before anything else runs: the arguments after the script never matter
+    "multinode": [str(ROOT / "examples_deepspeed" / "bert_multinode.sh"), "--dry-run"],
+}
+MULTINODE_TAIL = ["bert_distributed.sh", "2", "1", "2", "64", "2", "4", "2", "64", "4"]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> dict:
+    """A valid small dataset and vocab (~2 s to build); the checkpoint is made on first use."""
+    directory = tmp_path_factory.mktemp("assets")
+    dataset = prepare_default_dataset(directory, max_bytes=300_000, vocab_size=2000)
+    return {"data": dataset.data_prefix, "vocab": str(dataset.vocab_file), "corpus": str(dataset.corpus),
+            "dir": directory}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(assets) -> str:
+    """A 1-step checkpoint of the TINY model, saved by the trainer."""
+    save = assets["dir"] / "ckpt"
+    result = run_command("pretrain", [*PRETRAIN, "--save", str(save)], assets["dir"], {**assets, "ckpt": ""})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return str(save)
+
+
+def environment() -> dict:
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": "", "RUN_DIR": ""}
+    return env
+
+
+def run_command(command: str, argv: list, tmp: Path, assets: dict, extra=()) -> subprocess.CompletedProcess:
+    values = {"tmp": str(tmp), "port": str(free_port()), **{k: str(v) for k, v in assets.items()}}
+    line = [part.format(**values) for part in [*COMMANDS[command], *argv, *extra]]
+    env = environment()
+    env["RUN_DIR"] = str(tmp / "run")
+    return subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file with its size and modification time, every folder (a temporary file created and
+    removed again changes only its folder's time)."""
+    return {str(path.relative_to(folder)): "folder" if path.is_dir() else (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_bad_input_is_one_line_and_leaves_nothing(case, tmp_path, assets, request):
+    if case.needs_checkpoint:
+        assets = {**assets, "ckpt": request.getfixturevalue("checkpoint")}
+    for name, text in case.files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    if case.setup:
+        case.setup(tmp_path, assets)
+    before = snapshot(tmp_path)
+    result = run_command(case.command, case.argv, tmp_path, assets,
+                         MULTINODE_TAIL if case.command == "multinode" else ())
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    assert lines and all(phrase in lines[-1] for phrase in case.phrases), result.stderr[-3000:]
+    assert "error" in lines[-1] and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert snapshot(tmp_path) == before  # nothing written, nothing half-written
+
+
+def test_debug_shows_the_traceback(tmp_path, assets):
+    result = run_command("pretrain", [*PRETRAIN, "--vocab-file", "{tmp}/none.txt", "--debug"], tmp_path, assets)
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "DataError: vocab file" in result.stderr, result.stderr[-3000:]
