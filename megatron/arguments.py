@@ -117,7 +117,14 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
     run = parser.add_argument_group("checkpoints, evaluation, logging")
     run.add_argument("--save", help="checkpoint directory")
-    run.add_argument("--load", help="checkpoint directory to resume from (its 'latest' tag)")
+    run.add_argument("--load", help="checkpoint directory to resume from (its 'latest' tag); a weights-only "
+                     "checkpoint (tools/convert_checkpoint.py from-hf) starts a new run from its weights")
+    run.add_argument("--init-from-hf", metavar="DIR", help="start from a Hugging Face Bert* / MegatronBert* folder; "
+                     "its config fills the model-size flags not given, heads it lacks are initialised")
+    run.add_argument("--no-position-extension", action="store_true", help="with --init-from-hf: refuse a "
+                     "--max-position-embeddings above the folder's instead of repeating its learned positions")
+    run.add_argument("--skip-nan-batches", action="store_true", help="skip the update of a step whose loss or "
+                     "gradients are NaN/inf and go on (default: stop, naming the last good checkpoint)")
     run.add_argument("--save-interval", type=int, help="steps between checkpoints (always saved at the end)")
     run.add_argument("--eval-interval", type=int, default=1000, help="steps between validation runs")
     run.add_argument("--eval-iters", type=int, default=10, help="validation / test micro-steps per evaluation")

@@ -52,6 +52,27 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
     return engine
 
 
+def skip_nonfinite_updates(engine) -> None:
+    """Gives a plain torch optimizer (fp32 at ZeRO 0) DeepSpeed's overflow rule: a step whose
+    gradients hold NaN/inf changes no parameter and counts as skipped, without an LR-scheduler
+    step (DeepSpeed reads `optimizer.overflow` after the step). DeepSpeed's fp16, bf16 and ZeRO
+    optimizers already carry that flag and skip such steps themselves."""
+    optimizer = engine.optimizer
+    if hasattr(optimizer, "overflow"):
+        return
+    step = optimizer.step
+
+    def step_if_finite(*args, **kwargs):
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        finite = torch.stack([torch.isfinite(grad).all() for grad in grads]).all().float().reshape(1)
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)  # pipeline stages hold different parameters
+        optimizer.overflow = not finite.item()
+        return None if optimizer.overflow else step(*args, **kwargs)
+
+    optimizer.overflow = False
+    optimizer.step = step_if_finite
+
+
 def checkpoint_layers(model: BertModel) -> None:
     """Recomputes every transformer layer in backward (DeepSpeed's activation checkpointing).
 

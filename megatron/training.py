@@ -7,19 +7,20 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import deepspeed
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, determinism
+from megatron import checkpoint, determinism, hf_convert
 from megatron.arguments import build_parser, config_flags
 from megatron.config import read_ds_config, resolve
 from megatron.data.bert_dataset import build_train_valid_test_datasets
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import build_tokenizer
-from megatron.engine import build_engine, eval_step, train_step
+from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import ConfigError
 from megatron.parallel import state
 from megatron.run_log import RunLog
@@ -94,9 +95,15 @@ def pretrain(args) -> None:
     data_path, vocab_file = data_paths(args)
     tokenizer = build_tokenizer(args.tokenizer_type, vocab_file)
     flags = config_flags(args)
+    weights_only = bool(args.load and checkpoint.run_state(args.load, checkpoint.latest_tag(args.load)).get("weights_only"))
+    for field, value in initial_model_fields(args, weights_only).items():
+        flags[field] = value if flags.get(field) is None else flags[field]
     flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     config = resolve(flags, ds, dist.get_world_size())
+    if tokenizer.vocab_size > config.model.vocab_size:
+        raise ConfigError(f"the vocab file has {tokenizer.vocab_size} tokens, the model's vocab_size is "
+                          f"{config.model.vocab_size}", "pass the --vocab-file the model was trained with")
     if not (args.train_iters or args.train_samples):
         raise ConfigError("the run length is not set", "pass --train-iters N or --train-samples N")
     global_batch = config.global_batch_size
@@ -107,11 +114,18 @@ def pretrain(args) -> None:
         data_path, args.data_impl, args.split, samples, config.model.seq_length, tokenizer,
         masked_lm_prob=args.mask_prob, seed=args.seed, binary_head=config.model.add_binary_head)
 
-    engine = build_engine(config, lr_scheduler=lr_schedule(args, train_iters))
+    engine = build_engine(config, bert_state=initial_weights(args, config, weights_only),
+                          lr_scheduler=lr_schedule(args, train_iters))
+    if args.skip_nan_batches:
+        skip_nonfinite_updates(engine)
     iteration = consumed = 0
-    if args.load:
-        client = checkpoint.load(engine, args.load)
+    last_checkpoint = None
+    if args.load and not weights_only:
+        client = checkpoint.load(engine, args.load, config)
         iteration, consumed = client["iteration"], client["consumed_samples"]
+        last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
+    if args.save:
+        checkpoint.check_save_dir(args.save, iteration)
     log = RunLog(args, config, train_iters)
 
     def batches(dataset, start: int, count: int):
@@ -130,15 +144,66 @@ def pretrain(args) -> None:
         iteration += 1
         consumed += global_batch
         log.step(iteration, consumed, result, engine, time.perf_counter() - start)
+        check_step(args, engine, iteration, result.loss, last_checkpoint, log)
         if valid_set is not None and iteration % args.eval_interval == 0:
             run = iteration // args.eval_interval - 1
             log.evaluation("validation", iteration, evaluate(batches, engine, valid_set, run, args.eval_iters))
         if args.save and (iteration == train_iters or (args.save_interval and iteration % args.save_interval == 0)):
-            tag = checkpoint.save(engine, config, args.save, iteration, consumed)
-            log.message(f"saved checkpoint {os.path.join(args.save, tag)}")
+            last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed))
+            log.message(f"saved checkpoint {last_checkpoint}")
     if test_set is not None:
         log.evaluation("test", iteration, evaluate(batches, engine, test_set, 0, args.eval_iters))
     log.finish(args.save)
+
+
+def initial_model_fields(args, weights_only: bool) -> dict:
+    """Model settings of the weights a run starts from (--init-from-hf, or a weights-only --load):
+    the sizes and layout, which the flags may restate but not change."""
+    if args.init_from_hf:
+        fields = hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(args.init_from_hf))
+    elif weights_only:
+        fields = checkpoint.stored_config(args.load, checkpoint.latest_tag(args.load))["model"]
+    else:
+        return {}
+    shaping = (*hf_convert.HF_CONFIG_KEYS, "max_position_embeddings", "layernorm_layout", "embedding_layernorm")
+    return {field: fields[field] for field in shaping if field in fields}
+
+
+def initial_weights(args, config, weights_only: bool) -> dict | None:
+    """BertModel state to start from (None: fresh init, or a full checkpoint that --load restores)."""
+    if args.init_from_hf:
+        if args.load:
+            raise ConfigError("--init-from-hf and --load are both given", "resume with --load alone")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            state = hf_convert.load_hf_as_bert_state(args.init_from_hf, config.model,
+                                                     extend_positions=not args.no_position_extension)
+        if dist.get_rank() == 0:
+            for warning in caught:
+                print(f"warning: {warning.message}", file=sys.stderr, flush=True)
+        return state
+    if weights_only:
+        tag = checkpoint.latest_tag(args.load)
+        stored = checkpoint.stored_config(args.load, tag)["model"]
+        checkpoint.check_model_shapes(stored, config.model, os.path.join(args.load, tag))
+        return checkpoint.bert_state_from_checkpoint(args.load, tag)
+    return None
+
+
+def check_step(args, engine, iteration: int, loss: float, last_checkpoint, log) -> None:
+    """A NaN/inf loss stops the run (fp32, bf16) unless --skip-nan-batches. Steps whose gradients
+    were not finite are skipped by DeepSpeed's optimizers (fp16 loss scaling, bf16, ZeRO) or by
+    skip_nonfinite_updates. The loss is already a host float: no extra device sync."""
+    if math.isfinite(loss) or engine.fp16_enabled() or args.skip_nan_batches:
+        if not engine.was_step_applied():
+            log.message(f"iteration {iteration}: loss {loss:.4f}, gradients not finite: update skipped")
+        elif not math.isfinite(loss):
+            log.message(f"iteration {iteration}: loss {loss}, gradients finite: update applied")
+        return
+    where = (f"the last good checkpoint is {last_checkpoint}: resume with --load {os.path.dirname(last_checkpoint)}"
+             if last_checkpoint else "no checkpoint was saved before it: rerun with --save and --save-interval")
+    raise ConfigError(f"loss is {loss} at iteration {iteration}",
+                      f"{where} (e.g. with a lower --lr), or pass --skip-nan-batches to skip such steps")
 
 
 def evaluate(batches, engine, dataset, run: int, eval_iters: int) -> float:
