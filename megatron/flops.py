@@ -1,12 +1,19 @@
-"""Training FLOPs of one sample, counting attention by variant (for TFLOP/s and MFU).
+"""Model FLOPs of one training sample: 6 x parameters x tokens + attention terms, by variant.
 
-Matmul FLOPs, forward x 3 for forward + backward (recomputation not counted):
-  dense layers: 2 x (4h^2 + 2h*f) per token per layer  (qkv + output projections, MLP with f = ffn)
-  attention:    2 x 2 x keys x h per query token per layer  (QK^T and PV)
-    keys = s (dense, ring, ulysses); k (linformer, plus 2 x 2 x s x k x h per sample-layer for E, F);
-    block x (window + 2 global + random) for BigBird's sparse rows (its two global query blocks
-    attend to all s keys)
-  LM head: 2 x (h^2 + h*V) per masked token (15% of tokens); embeddings are lookups (0).
+A matmul with an [m, n] weight costs 2 x m x n FLOPs per token forward and twice that backward
+(input and weight gradients), so a token costs 6 x (the weights it meets) for training;
+activation recomputation is not counted (model FLOPs, not hardware FLOPs). Per sample of s tokens:
+
+  6 x N_layers x s                  N_layers = L x (4h^2 + 2hf): qkv + output projections, MLP (f = ffn)
+  + 6 x N_head x (masked x s)       N_head = h^2 + h x V: the LM head runs at the masked positions
+                                    only (`masked_fraction`, 15%); 1.0 gives a model that runs it
+                                    everywhere, as Hugging Face's does
+  + 6 x L x s x 2 x keys x h        attention: QK^T and PV, 2 x keys x h each per query forward
+    keys = s (dense, ring, ulysses); k (linformer, which adds 6 x L x 2 x s x k x h for its
+    E and F projections of K and V); block x (window + 2 global + random) for BigBird's
+    sparse query blocks (its two global query blocks attend to all s keys)
+
+Embeddings are lookups, LayerNorm, GELU, softmax and biases are elementwise: not counted.
 """
 from megatron.model.bert import BertConfig
 
@@ -24,10 +31,11 @@ def attention_keys(config: BertConfig) -> float:
 
 
 def training_flops_per_sample(config: BertConfig, masked_fraction: float = 0.15) -> float:
-    s, h, f = config.seq_length, config.hidden_size, config.ffn_hidden_size
-    per_token_layer = 2 * (4 * h * h + 2 * h * f) + 4 * attention_keys(config) * h
-    forward = config.num_layers * s * per_token_layer
+    s, h, L = config.seq_length, config.hidden_size, config.num_layers
+    layer_params = 4 * h * h + 2 * h * config.ffn_hidden_size
+    head_params = h * h + h * config.padded_vocab_size
+    flops = 6 * L * layer_params * s + 6 * head_params * masked_fraction * s
+    flops += 6 * L * s * 2 * attention_keys(config) * h
     if config.attention == "linformer":
-        forward += config.num_layers * 4 * s * attention_keys(config) * h
-    forward += masked_fraction * s * 2 * (h * h + h * config.padded_vocab_size)
-    return 3 * forward
+        flops += 6 * L * 2 * s * attention_keys(config) * h
+    return flops
