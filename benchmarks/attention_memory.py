@@ -7,17 +7,15 @@ SDPA, whose CPU flash kernel is itself O(s) in memory) and, for the core, `naive
 (softmax(QK^T + mask)V materialised, the [s, s] score matrix a ring without recompute keeps).
 Linformer and BigBird run with VARIANT_OPTIONS.
 
-Then the longest sequence each of ring, linformer, bigbird trains (one forward+backward of the
-4-layer BERT, batch 1) at SP = 1, 2, 4 under a per-rank budget (--budget-mib). There the
-parameters and gradients count too (Linformer's E grows with s): the figure is the resident
-growth from before the model is built to the end of the step.
+The longest sequence under a memory cap is `longest_sequence.py`, which reuses the memory
+measurement here (`measure_peak`) and the model and step builders.
 
 Memory: each rank runs with glibc's mmap threshold fixed at 64 KiB, so every tensor buffer is
 mmap-ed and returned to the OS when freed and the resident set tracks live tensors. Before a
 measured step the peak-RSS counter is reset (/proc/self/clear_refs = 5); the figure is
 VmHWM - VmRSS(before): the step's own peak, max over ranks. Includes gloo's receive buffers.
 
-    .venv/bin/python benchmarks/attention_memory.py [--seq-lengths 1024 2048 ...] [--budget-mib 192]
+    .venv/bin/python benchmarks/attention_memory.py [--seq-lengths 1024 2048 ...]
 """
 import argparse
 import os
@@ -28,11 +26,13 @@ import torch
 import torch.distributed as dist
 
 from megatron.data.batch import BertBatch
+from megatron.engine import checkpoint_layers
 from megatron.model import attention
 from megatron.model.attention.dense import sdpa
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
+from megatron.parallel.grads import allreduce_sequence_parallel_grads
 from megatron.parallel.spawn import run_on_ranks
 from results import machine, write_section
 
@@ -43,7 +43,6 @@ VARIANT_OPTIONS = {  # Linformer: E = F, one per layer for all heads ("headwise 
     "linformer": dict(linformer_k=256, linformer_share_heads=True, linformer_share_kv=True),
     "bigbird": dict(bigbird_block_size=64, bigbird_num_window_blocks=3, bigbird_num_random_blocks=2),
 }
-SEARCH_STEP = 1024  # max-length search resolution (a multiple of P * block size for P <= 4)
 
 
 def _status_kib(field: str) -> int:
@@ -73,17 +72,29 @@ def attention_step(variant: str, size: int, seq: int):
     return lambda: core(q, k, v, mask).sum().backward()
 
 
+def bert_config(variant: str, seq: int, hidden: int = HEADS * HEAD_DIM, heads: int = HEADS, layers: int = 4,
+                vocab: int = 1000) -> BertConfig:
+    """A small BERT without dropout (ring refuses attention dropout) and VARIANT_OPTIONS."""
+    return BertConfig(vocab_size=vocab, hidden_size=hidden, num_attention_heads=heads, num_layers=layers,
+                      seq_length=seq, max_position_embeddings=seq, attention=variant, attention_dropout=0.0,
+                      hidden_dropout=0.0, **VARIANT_OPTIONS.get(variant, {}))
+
+
+def random_chunk(config: BertConfig, size: int, batch: int = 1, seed: int = 0) -> BertBatch:
+    """This seq rank's chunk of a random batch (15% of tokens predicted), the same batch on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (batch, config.seq_length)
+    tokens = torch.randint(5, config.vocab_size, shape, generator=g)
+    full = BertBatch(tokens, torch.zeros_like(tokens), torch.zeros_like(tokens, dtype=torch.bool), tokens,
+                     torch.rand(*shape, generator=g) < 0.15, torch.zeros(batch, dtype=torch.long))
+    return full.sequence_chunk(state.get_sequence_parallel_rank(), size)
+
+
 def bert_step(variant: str, size: int, seq: int):
     """One fwd+bwd of a 4-layer BERT (h = heads x d) with MLM + SOP loss on this rank's chunk."""
-    config = BertConfig(vocab_size=1000, hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, num_layers=4,
-                        seq_length=seq, max_position_embeddings=seq, attention=variant,
-                        attention_dropout=0.0, hidden_dropout=0.0, **VARIANT_OPTIONS.get(variant, {}))
+    config = bert_config(variant, seq)
     model = BertModel(config)
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(5, 1000, (1, seq), generator=g)
-    batch = BertBatch(tokens, torch.zeros_like(tokens), torch.zeros_like(tokens, dtype=torch.bool), tokens,
-                      torch.rand(1, seq, generator=g) < 0.15, torch.zeros(1, dtype=torch.long))
-    chunk = batch.sequence_chunk(state.get_sequence_parallel_rank(), size)
+    chunk = random_chunk(config, size)
 
     def step():
         mlm_logits, sop_logits = model(*chunk.model_inputs())
@@ -91,16 +102,34 @@ def bert_step(variant: str, size: int, seq: int):
     return step
 
 
+def train_step(config: BertConfig, size: int, checkpoint_activations: bool = False):
+    """One whole training step as the engine runs it: fwd, bwd, gradients SUMMED over the seq
+    group (megatron/parallel/grads.py), AdamW step. The model and optimizer live in the closure."""
+    model = BertModel(config)
+    if checkpoint_activations:
+        checkpoint_layers(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    chunk = random_chunk(config, size)
+
+    def step():
+        optimizer.zero_grad()
+        mlm_logits, sop_logits = model(*chunk.model_inputs())
+        bert_batch_loss(mlm_logits, sop_logits, chunk).total.backward()
+        allreduce_sequence_parallel_grads(model.parameters())
+        optimizer.step()
+    return step
+
+
 STEPS = {"attention": attention_step, "bert": bert_step}
 
 
-def _peak(kind: str, variant: str, size: int, seq: int, count_model: bool = False) -> tuple:
-    """(peak MiB, seconds) of one fwd+bwd on this rank; with count_model, building the model
-    (parameters) counts too."""
+def measure_peak(build_step, size: int, count_model: bool = False) -> tuple:
+    """(peak MiB, seconds) of one `build_step()()` on this rank; with count_model, building the
+    step (model parameters, optimizer) counts too."""
     if count_model:
         open("/proc/self/clear_refs", "w").write("5")
         before = _status_kib("VmRSS")
-    step = STEPS[kind](variant, size, seq)
+    step = build_step()
     if size > 1:
         dist.barrier()
     if not count_model:
@@ -114,48 +143,16 @@ def _peak(kind: str, variant: str, size: int, seq: int, count_model: bool = Fals
     return peak, seconds
 
 
+def _peak(kind: str, variant: str, size: int, seq: int) -> tuple:
+    return measure_peak(lambda: STEPS[kind](variant, size, seq), size)
+
+
 def measure(kind: str, variant: str, size: int, seq_lengths: list) -> list:
     """(seq_length, peak MiB, seconds) of one fwd+bwd on this rank, per length."""
     if size > 1:
         state.initialize(sequence=size)
     _peak(kind, variant, size, seq_lengths[0])  # warm-up
     return [(seq, *_peak(kind, variant, size, seq)) for seq in seq_lengths]
-
-
-def _peak_all_ranks(variant: str, size: int, seq: int) -> tuple:
-    """(peak MiB max over ranks, seconds max over ranks) of a whole BERT step, model included."""
-    peak = torch.tensor(_peak("bert", variant, size, seq, count_model=True), dtype=torch.float64)
-    if size > 1:
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    return peak[0].item(), peak[1].item()
-
-
-def longest_under(variant: str, size: int, budget_mib: float, probes: tuple) -> dict:
-    """The longest multiple of SEARCH_STEP whose BERT step peaks within budget on every rank.
-
-    The peak is linear in s (see the tables), so a line through two probe lengths predicts the
-    answer; the search then walks in SEARCH_STEP steps from there until s fits and s + STEP does
-    not, so the result is measured on both sides, not extrapolated.
-    """
-    if size > 1:
-        state.initialize(sequence=size)
-    _peak("bert", variant, size, probes[0])  # warm-up
-    (s0, s1), (m0, m1) = probes, [_peak_all_ranks(variant, size, s)[0] for s in probes]
-    slope = (m1 - m0) / (s1 - s0)
-    seq = max(SEARCH_STEP, int((s0 + (budget_mib - m0) / slope) // SEARCH_STEP * SEARCH_STEP))
-    measured = {seq: _peak_all_ranks(variant, size, seq)}
-    while measured[seq][0] > budget_mib:
-        if seq == SEARCH_STEP:
-            raise RuntimeError(f"{variant} SP={size} needs more than {budget_mib} MiB even at s={seq}; raise --budget-mib")
-        seq -= SEARCH_STEP
-        measured[seq] = _peak_all_ranks(variant, size, seq)
-    while (seq + SEARCH_STEP) not in measured or measured[seq + SEARCH_STEP][0] <= budget_mib:
-        if seq + SEARCH_STEP in measured:
-            seq += SEARCH_STEP
-            continue
-        measured[seq + SEARCH_STEP] = _peak_all_ranks(variant, size, seq + SEARCH_STEP)
-    return {"seq": seq, "peak": measured[seq][0], "seconds": measured[seq][1],
-            "next_peak": measured[seq + SEARCH_STEP][0], "slope_kib_per_token": slope * 1024}
 
 
 SP_VARIANTS = [(variant, size) for variant in ("ring", "linformer", "bigbird") for size in (1, 2, 4)]
@@ -205,37 +202,13 @@ def report(results: dict, seq_lengths: list) -> str:
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {note}" for note in notes)
 
 
-def search(budget_mib: float) -> dict:
-    """{label: longest_under result} for ring, linformer, bigbird at SP = 1, 2, 4."""
-    results = {}
-    for variant, size in SP_VARIANTS:
-        probes = (2048 * size, 4096 * size)
-        label = f"{variant} SP={size}"
-        results[label] = run_on_ranks(longest_under, size, variant, size, budget_mib, probes, timeout=3600)[0]
-        print("longest", label, results[label], flush=True)
-    return results
-
-
-def search_report(found: dict, budget_mib: float) -> str:
-    lines = ["| variant | SP | longest s | peak MiB at s | peak MiB at s + 1024 | fwd+bwd s at s | MiB per 1K tokens |",
-             "|---|---|---|---|---|---|---|"]
-    for label, row in found.items():
-        variant, size = label.split(" SP=")
-        lines.append(f"| {variant} | {size} | {row['seq']} | {row['peak']:.0f} | {row['next_peak']:.0f} | "
-                     f"{row['seconds']:.1f} | {row['slope_kib_per_token']:.1f} |")
-    ratios = ", ".join(f"SP={size}: linformer {found[f'linformer SP={size}']['seq'] / found[f'ring SP={size}']['seq']:.2f}x, "
-                       f"bigbird {found[f'bigbird SP={size}']['seq'] / found[f'ring SP={size}']['seq']:.2f}x"
-                       for size in (1, 2, 4))
-    return "\n".join(lines) + f"\n\nLongest sequence relative to ring at the same SP: {ratios}."
-
-
-def plot(all_results: dict, found: dict, budget_mib: float) -> None:
+def plot(all_results: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(all_results) + 1, 2, figsize=(11, 4 * (len(all_results) + 1)), squeeze=False)
+    fig, axes = plt.subplots(len(all_results), 2, figsize=(11, 4 * len(all_results)), squeeze=False)
     for (kind, results), (mem_ax, time_ax) in zip(all_results.items(), axes):
         for label, rows in results.items():
             seqs = [r[0] for r in rows]
@@ -249,17 +222,6 @@ def plot(all_results: dict, found: dict, budget_mib: float) -> None:
             ax.set_title(TITLES[kind], fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
         mem_ax.legend(fontsize=7, ncol=2)
-    len_ax, sec_ax = axes[-1]
-    for offset, variant in enumerate(("ring", "linformer", "bigbird")):
-        rows = [found[f"{variant} SP={size}"] for size in (1, 2, 4)]
-        positions = [i + (offset - 1) * 0.27 for i in range(3)]
-        len_ax.bar(positions, [r["seq"] for r in rows], width=0.27, label=variant)
-        sec_ax.bar(positions, [r["seconds"] for r in rows], width=0.27, label=variant)
-    for ax, ylabel in ((len_ax, f"longest s under {budget_mib:.0f} MiB per rank"), (sec_ax, "fwd+bwd time at that s (s)")):
-        ax.set_xticks(range(3), ["SP=1", "SP=2", "SP=4"])
-        ax.set_ylabel(ylabel)
-        ax.set_title("4-layer BERT, batch 1: longest s under the budget (parameters included)", fontsize=9)
-        ax.legend(fontsize=8)
     fig.suptitle("One forward+backward, fp32, CPU (SP ranks: processes over gloo, 1 thread each)")
     fig.tight_layout()
     fig.savefig(PLOT, dpi=100)
@@ -269,12 +231,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--bert-seq-lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
-    parser.add_argument("--budget-mib", type=float, default=192.0, help="per-rank memory budget of the max-length search")
     args = parser.parse_args()
     lengths = {"attention": args.seq_lengths, "bert": args.bert_seq_lengths}
     all_results = {kind: run(kind, lengths[kind]) for kind in PLANS}
-    found = search(args.budget_mib)
-    plot(all_results, found, args.budget_mib)
+    plot(all_results)
     tables = "\n\n".join(f"**{TITLES[kind]}**\n\n{report(results, lengths[kind])}"
                           for kind, results in all_results.items())
     options = "; ".join(f"{variant}: " + ", ".join(f"{k}={v}" for k, v in opts.items())
@@ -292,24 +252,7 @@ ring without recompute keeps.
 
 {tables}
 
-**Longest sequence under {args.budget_mib:.0f} MiB per rank: {TITLES["bert"]}**
-
-One forward+backward; the budget counts everything the step adds to a rank's resident set,
-the model's parameters and gradients included (no optimizer state). The search fits a line
-through two probe lengths, then steps by {SEARCH_STEP} tokens until s fits and s + {SEARCH_STEP}
-does not (both measured; `longest_under`).
-
-{search_report(found, args.budget_mib)}
-
-Reading it: Linformer and BigBird do not reach several times ring's length here, because this
-ring keeps no s x s/P score matrix (SDPA flash kernels, recompute from the saved LSE): its
-peak is already linear in s/P, and in a BERT step the rest of each layer (QKV, MLP, LayerNorm
-activations) dominates every variant's per-token memory. What the other two add per rank is
-memory the ring does not have: Linformer's E (k x s, replicated on every rank, plus its
-gradient) grows with the whole s, BigBird keeps the fetched random, halo and global blocks
-(about r times the local K, V at SP > 1). Their gain is compute: step time linear in s instead
-of quadratic (time columns above), so they are several times faster at equal s. Against a ring
-that kept its scores (`naive`), the budget would cut ring's length by the s^2 term.
+The longest sequence a whole training step fits under a per-rank cap: `longest_sequence.py`.
 
 ![attention memory](attention_memory.png)
 """)

@@ -1,0 +1,192 @@
+"""The longest sequence one whole training step fits under a per-rank memory cap, on CPU.
+
+The issue's definition: one training step (forward, backward, gradient sum over the seq group,
+AdamW step; `attention_memory.train_step`) of the small model (4 layers, h=256, 4 heads, vocab
+1000), batch 1, activation checkpointing on (DeepSpeed's, `engine.checkpoint_layers`), for each
+variant at SP = 1, 2, 4 (real processes over gloo, one thread each). The cap holds for every
+rank and counts all the step adds to its resident set from before the model is built:
+parameters, gradients, both Adam moments (the position table grows with s and sits whole on
+every rank), activations and gloo's buffers (`attention_memory.measure_peak`, with glibc's mmap
+threshold fixed so freed tensors leave the resident set).
+
+Search (`longest_fitting`): from two probe lengths, regula falsi on the measured peaks until a
+length that fits and the one SEARCH_STEP above it, which does not, are both measured; nothing
+is extrapolated.
+
+    .venv/bin/python benchmarks/longest_sequence.py [--cap-mib 96] [--variants ring ulysses linformer bigbird]
+"""
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from attention_memory import VARIANT_OPTIONS, bert_config, measure_peak, train_step
+from megatron.parallel import state
+from megatron.parallel.spawn import run_on_ranks
+from results import machine, write_section
+
+PLOT = Path(__file__).resolve().parent / "longest_sequence.png"
+MODEL = dict(hidden=256, heads=4, layers=4)
+VARIANTS = ("ring", "ulysses", "linformer", "bigbird")
+SIZES = (1, 2, 4)
+SEARCH_STEP = 512  # resolution; a multiple of P * BigBird's block (64) for P <= 4, and of the head count
+
+
+def _peak_all_ranks(variant: str, size: int, seq: int) -> tuple:
+    """(peak MiB, seconds), each the max over ranks, of building the model and one training step."""
+    config = bert_config(variant, seq, **MODEL)
+    peak = measure_peak(lambda: train_step(config, size, checkpoint_activations=True), size, count_model=True)
+    peak = torch.tensor(peak, dtype=torch.float64)
+    if size > 1:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return peak[0].item(), peak[1].item()
+
+
+def longest_fitting(measure, probes: tuple, cap_mib: float, step: int = SEARCH_STEP) -> tuple:
+    """(longest multiple of `step` with measure(s)[0] <= cap, {s: measure(s)} of every s tried).
+
+    Regula falsi on the measured peaks (monotone and about linear in s): each new length is read
+    off the line through the two measured points nearest the cap, until a length that fits and
+    the one `step` above it, which does not, are both measured.
+    """
+    measured = {s: measure(s) for s in probes}
+    while True:
+        fits = sorted(s for s in measured if measured[s][0] <= cap_mib)
+        over = sorted(s for s in measured if measured[s][0] > cap_mib)
+        low, high = (fits[-1] if fits else None), (over[0] if over else None)
+        if low is not None and high is not None and high - low <= step:
+            return low, measured
+        if low is None and high <= step:
+            raise RuntimeError(f"even s={high} needs {measured[high][0]:.0f} MiB > the {cap_mib:.0f} MiB cap; "
+                               "raise --cap-mib")
+        if low is not None and high is not None:
+            a, b = low, high
+        else:  # extrapolate from the two longest that fit, or the two shortest that do not
+            a, b = fits[-2:] if fits else over[:2]
+        slope = (measured[b][0] - measured[a][0]) / (b - a)
+        guess = a + (cap_mib - measured[a][0]) / slope if slope > 0 else 2 * b
+        guess = int(guess) // step * step
+        lowest, highest = (low + step if low is not None else step), (high - step if high is not None else None)
+        guess = max(lowest, guess if highest is None else min(guess, highest))
+        measured[guess] = measure(guess)
+
+
+def longest_under(variant: str, size: int, cap_mib: float, probes: tuple) -> dict:
+    """The longest s (a multiple of SEARCH_STEP) whose training step stays within cap_mib on every rank."""
+    if size > 1:
+        state.initialize(sequence=size)
+    _peak_all_ranks(variant, size, SEARCH_STEP * size)  # warm-up: thread pools, gloo connections, lazy imports
+    seq, measured = longest_fitting(lambda s: _peak_all_ranks(variant, size, s), probes, cap_mib)
+    # the line through the points at s >= seq / 2: at short lengths the optimizer step, not
+    # the activations, sets the peak
+    line = [(s, peak) for s, (peak, _) in measured.items() if s >= seq // 2]
+    slope, intercept = torch.linalg.lstsq(torch.tensor([[s, 1.0] for s, _ in line], dtype=torch.float64),
+                                          torch.tensor([[peak] for _, peak in line], dtype=torch.float64)).solution[:, 0]
+    return {"seq": seq, "peak": measured[seq][0], "seconds": measured[seq][1],
+            "next_peak": measured[seq + SEARCH_STEP][0], "slope_kib_per_token": slope.item() * 1024,
+            "intercept_mib": intercept.item(), "points": sorted((s, peak) for s, (peak, _) in measured.items())}
+
+
+def search(variants: list, cap_mib: float) -> dict:
+    """{(variant, size): longest_under result}."""
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)  # inherited by the spawned ranks
+    found = {}
+    for variant in variants:
+        for size in SIZES:
+            probes = (1024 * size, 2048 * size)
+            found[variant, size] = run_on_ranks(longest_under, size, variant, size, cap_mib, probes, timeout=3600)[0]
+            print("longest", variant, size, {k: v for k, v in found[variant, size].items() if k != "points"},
+                  flush=True)
+    return found
+
+
+def table(found: dict, variants: list) -> str:
+    lines = ["| variant | SP | longest s | gain vs SP=1 | peak MiB at s | peak MiB at s + 512 | step s at s | "
+             "MiB per 1K tokens | fixed MiB |", "|---|---|---|---|---|---|---|---|---|"]
+    for variant in variants:
+        for size in SIZES:
+            row = found[variant, size]
+            lines.append(f"| {variant} | {size} | {row['seq']} | {row['seq'] / found[variant, 1]['seq']:.2f}x | "
+                         f"{row['peak']:.0f} | {row['next_peak']:.0f} | {row['seconds']:.1f} | "
+                         f"{row['slope_kib_per_token']:.1f} | {row['intercept_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(found: dict, variants: list, cap_mib: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (mem_ax, len_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    styles = {1: "-", 2: "--", 4: ":"}
+    for index, variant in enumerate(variants):
+        for size in SIZES:
+            seqs, peaks = zip(*found[variant, size]["points"])
+            mem_ax.plot(seqs, peaks, styles[size], marker="o", color=f"C{index}", label=f"{variant} SP={size}")
+        width = 0.8 / len(variants)
+        len_ax.bar([i + (index - (len(variants) - 1) / 2) * width for i in range(len(SIZES))],
+                   [found[variant, size]["seq"] for size in SIZES], width=width, color=f"C{index}", label=variant)
+    mem_ax.axhline(cap_mib, color="red", lw=0.8, label=f"cap {cap_mib:.0f} MiB")
+    mem_ax.set_xscale("log", base=2)
+    mem_ax.set_xlabel("sequence length")
+    mem_ax.set_ylabel("peak memory per rank (MiB, max over ranks)")
+    mem_ax.grid(True, which="both", alpha=0.3)
+    mem_ax.legend(fontsize=7, ncol=2)
+    len_ax.set_xticks(range(len(SIZES)), [f"SP={size}" for size in SIZES])
+    len_ax.set_ylabel(f"longest s under {cap_mib:.0f} MiB per rank")
+    len_ax.legend(fontsize=8)
+    fig.suptitle("One training step (fwd, bwd, AdamW), 4 layers h=256, batch 1, activation checkpointing, fp32, CPU")
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=100)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cap-mib", type=float, default=96.0, help="per-rank memory cap")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    found = search(args.variants, args.cap_mib)
+    plot(found, args.variants, args.cap_mib)
+    options = "; ".join(f"{variant}: " + ", ".join(f"{k}={v}" for k, v in opts.items())
+                        for variant, opts in VARIANT_OPTIONS.items() if variant in args.variants)
+    gains = ", ".join(f"{variant} {found[variant, 2]['seq'] / found[variant, 1]['seq']:.2f}x / "
+                      f"{found[variant, 4]['seq'] / found[variant, 1]['seq']:.2f}x" for variant in args.variants)
+    write_section("Longest sequence under a memory cap (CPU)", f"""
+Machine: {machine()}; measured on CPU, no GPU lent (the BERT-base on one GPU figure is open).
+Command: `.venv/bin/python benchmarks/longest_sequence.py --cap-mib {args.cap_mib:.0f}`
+({time.perf_counter() - started:.0f} s). Variant settings: {options}.
+
+One whole training step (forward, backward, gradient sum over the seq group, AdamW) of a
+4-layer BERT, h=256, 4 heads, vocab 1000, batch 1, fp32, activation checkpointing on (every
+layer, DeepSpeed's), no padding; SP ranks are processes over gloo with 1 thread each. The cap
+is **{args.cap_mib:.0f} MiB per rank** and counts everything the step adds to a rank's resident set from
+before the model is built: parameters, gradients, Adam moments, activations, gloo buffers.
+`longest s` fits and `s + {SEARCH_STEP}` does not, both measured (module docstring); the last
+two columns are the least-squares line through the lengths measured at s/2 and above.
+
+{table(found, args.variants)}
+
+P-fold gain (SP=2 / SP=4 over SP=1; ideal 2x / 4x): {gains}.
+
+Reading it: per-rank memory is `fixed + s x (replicated + sharded / P)`. The fixed part is the
+parameters with their gradients and Adam moments; the replicated part is the learned position
+table (h floats per position, times 4 with its gradient and moments: 4 KiB per token at
+h=256) that every rank holds whole; only activations shrink with P. The gain therefore
+approaches P only when the sharded activations dominate, i.e. at larger caps. With checkpointing
+the activations are the layer inputs plus one layer's recompute. None of the variants keeps an
+s x s/P score matrix (ring and Ulysses run SDPA's flash kernel, recompute from the saved
+log-sum-exp), so linformer and bigbird gain little length here: what they add per rank is
+Linformer's E (k x s, replicated, with its gradient and moments) and BigBird's fetched
+random, halo and global blocks; their gain is compute, linear in s.
+
+![longest sequence](longest_sequence.png)
+""")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Soak: a long SP=2 run of the real trainer, watching every rank's resident set for growth.
+
+Runs pretrain_bert.py through the deepspeed launcher (2 CPU ranks, ring attention, ZeRO-1,
+ds_configs/ring_sp2.json) on the default dataset with a tiny model, evaluating and saving a
+checkpoint along the way as a real run does. Each time rank 0 logs an iteration, the resident
+set (RSS) of both rank processes is read (psutil). After a warm-up, a least-squares line per
+rank gives the RSS slope; it counts as growth only when its 95% interval excludes zero AND
+the growth it predicts over the run exceeds the noise (2 x the residual standard deviation,
+at least 1 MiB). A benchmark, not a CI test: it takes minutes.
+
+    .venv/bin/python benchmarks/soak.py [--steps 2000] [--sample-every 20]
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from results import machine, write_section
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PLOT = HERE / "soak.png"
+LOG = HERE / "soak.log"
+MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128",
+         "--max-position-embeddings", "128", "--attention-dropout", "0", "--micro-batch-size", "4",
+         "--lr", "1e-3", "--lr-warmup-fraction", "0.05"]
+ITERATION = re.compile(r"iteration (\d+)/(\d+)")
+T95 = 1.96  # normal quantile; there are dozens of samples
+
+
+def rss_trend(steps: list, rss_mib: list, steps_run: int) -> dict:
+    """Least-squares line of RSS (MiB) against step: slope per 1000 steps with its 95% interval,
+    the residual std (noise), the growth the slope predicts over `steps_run` steps, and whether
+    that is growth beyond the noise (`grows`)."""
+    x = torch.tensor(steps, dtype=torch.float64)
+    y = torch.tensor(rss_mib, dtype=torch.float64)
+    design = torch.stack([x, torch.ones_like(x)], dim=1)
+    slope, intercept = torch.linalg.lstsq(design, y[:, None]).solution[:, 0]
+    residual = y - (slope * x + intercept)
+    noise = residual.std().item()
+    stderr = (residual.pow(2).sum() / (len(x) - 2) / (x - x.mean()).pow(2).sum()).sqrt().item()
+    growth = slope.item() * steps_run
+    low = slope.item() - T95 * stderr
+    return {"slope_mib_per_1k": slope.item() * 1000, "ci_mib_per_1k": T95 * stderr * 1000, "noise_mib": noise,
+            "growth_mib": growth, "grows": low > 0 and growth > max(2 * noise, 1.0)}
+
+
+def rank_processes(launcher: int) -> list:
+    """The launcher's descendants that are training ranks (the launcher passes --local_rank=N), by rank."""
+    import psutil
+
+    ranks = {}
+    for child in psutil.Process(launcher).children(recursive=True):
+        try:
+            local = [arg for arg in child.cmdline() if arg.startswith("--local_rank=")]
+        except psutil.NoSuchProcess:
+            continue
+        if local:
+            ranks[int(local[0].split("=")[1])] = child
+    return [ranks[rank] for rank in sorted(ranks)]
+
+
+def soak(steps: int, sample_every: int, workdir: Path) -> tuple:
+    """Runs the trainer; -> (samples [(step, [rss MiB per rank])], trainer output lines, seconds)."""
+    command = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", str(ROOT / "pretrain_bert.py"),
+               *MODEL, "--deepspeed", "--deepspeed_config", str(ROOT / "ds_configs" / "ring_sp2.json"),
+               "--train-iters", str(steps), "--log-interval", str(sample_every),
+               "--eval-interval", str(max(steps // 4, 1)), "--eval-iters", "2",
+               "--save", str(workdir / "ckpt"), "--save-interval", str(max(steps // 2, 1)),
+               "--log-dir", str(workdir / "log")]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    samples, lines, ranks = [], [], []
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        match = ITERATION.search(line)
+        if match:
+            ranks = ranks or rank_processes(proc.pid)
+            samples.append((int(match.group(1)), [rank.memory_info().rss / 2**20 for rank in ranks]))
+    if proc.wait():
+        raise SystemExit("soak: the trainer failed:\n" + "\n".join(lines[-40:]))
+    return samples, lines, time.perf_counter() - started
+
+
+def plot(samples: list, warmup: int, trends: list) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    steps = [step for step, _ in samples]
+    for rank, trend in enumerate(trends):
+        ax.plot(steps, [rss[rank] for _, rss in samples], marker=".", label=(
+            f"rank {rank}: {trend['slope_mib_per_1k']:+.2f} +- {trend['ci_mib_per_1k']:.2f} MiB / 1000 steps"))
+    ax.axvline(warmup, color="grey", ls="--", lw=0.8, label="end of warm-up")
+    ax.set_xlabel("step")
+    ax.set_ylabel("resident set (MiB)")
+    ax.set_title("Soak: tiny BERT, SP=2 ring, ZeRO-1, 2 CPU ranks (deepspeed launcher)", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=100)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--sample-every", type=int, default=20, help="steps between RSS samples (the log interval)")
+    parser.add_argument("--warmup", type=int, default=None, help="steps left out of the fit (default steps / 10)")
+    args = parser.parse_args()
+    warmup = args.steps // 10 if args.warmup is None else args.warmup
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as workdir:
+        samples, lines, seconds = soak(args.steps, args.sample_every, Path(workdir))
+    kept = [(step, rss) for step, rss in samples if step > warmup]
+    if len(kept) < 3:
+        raise SystemExit(f"soak: only {len(kept)} samples after the warm-up; lower --sample-every or --warmup")
+    trends = [rss_trend([step for step, _ in kept], [rss[rank] for _, rss in kept], args.steps - warmup)
+              for rank in range(len(kept[0][1]))]
+    plot(samples, warmup, trends)
+    LOG.write_text("step " + " ".join(f"rank{rank}_rss_mib" for rank in range(len(trends))) + "\n" + "".join(
+        f"{step} " + " ".join(f"{value:.1f}" for value in rss) + "\n" for step, rss in samples)
+        + "\n# trainer's last lines\n" + "\n".join(line for line in lines[-6:]) + "\n")
+    rows = "\n".join(
+        f"| {rank} | {kept[0][1][rank]:.1f} | {kept[-1][1][rank]:.1f} | {trend['slope_mib_per_1k']:+.3f} "
+        f"+- {trend['ci_mib_per_1k']:.3f} | {trend['growth_mib']:+.2f} | {trend['noise_mib']:.2f} | "
+        f"{'GROWS' if trend['grows'] else 'no'} |" for rank, trend in enumerate(trends))
+    verdict = ("RSS grows on some rank beyond the noise" if any(t["grows"] for t in trends)
+               else "no memory growth on any rank (slope within noise)")
+    write_section("Soak (2000 steps, SP=2, CPU)", f"""
+Machine: {machine()}. Command: `.venv/bin/python benchmarks/soak.py --steps {args.steps}
+--sample-every {args.sample_every}` ({seconds:.0f} s; load average before: {', '.join(f'{x:.1f}' for x in load_before)}).
+
+The real trainer (`deepspeed --num_gpus 2 pretrain_bert.py`, ds_configs/ring_sp2.json: SP=2 ring,
+ZeRO-1) on the default dataset: 2 layers, h=64, 4 heads, seq 128, micro-batch 4, {args.steps} steps,
+validation every {max(args.steps // 4, 1)} and checkpoints every {max(args.steps // 2, 1)} steps. Each rank's
+RSS is read whenever rank 0 logs (every {args.sample_every} steps; samples in `benchmarks/soak.log`);
+the line is fitted after a {warmup}-step warm-up. Growth counts when the slope's 95% interval
+excludes 0 and the predicted growth over the run exceeds max(2 x residual std, 1 MiB).
+
+| rank | RSS MiB after warm-up | RSS MiB at the end | slope MiB / 1000 steps (95%) | predicted growth over the run MiB | residual std MiB | growth |
+|---|---|---|---|---|---|---|
+{rows}
+
+Verdict: {verdict}.
+
+![soak](soak.png)
+""")
+    print(verdict)
+
+
+if __name__ == "__main__":
+    main()
