@@ -18,6 +18,7 @@ VmHWM - VmRSS(before): the step's own peak, max over ranks. Includes gloo's rece
     .venv/bin/python benchmarks/attention_memory.py [--seq-lengths 1024 2048 ...]
 """
 import argparse
+import gc
 import os
 import time
 from pathlib import Path
@@ -126,6 +127,9 @@ STEPS = {"attention": attention_step, "bert": bert_step}
 def measure_peak(build_step, size: int, count_model: bool = False) -> tuple:
     """(peak MiB, seconds) of one `build_step()()` on this rank; with count_model, building the
     step (model parameters, optimizer) counts too."""
+    # a previous step's model can sit in reference cycles (checkpoint_layers binds each layer's
+    # forward to itself); freed by the cycle collector mid-step, it would hide part of this peak
+    gc.collect()
     if count_model:
         open("/proc/self/clear_refs", "w").write("5")
         before = _status_kib("VmRSS")

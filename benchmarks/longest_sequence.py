@@ -68,6 +68,8 @@ def longest_fitting(measure, probes: tuple, cap_mib: float, step: int = SEARCH_S
             a, b = fits[-2:] if fits else over[:2]
         slope = (measured[b][0] - measured[a][0]) / (b - a)
         guess = a + (cap_mib - measured[a][0]) / slope if slope > 0 else 2 * b
+        if high is None:  # at most double: a slope read off short lengths can be too flat
+            guess = min(guess, 2 * b)
         guess = int(guess) // step * step
         lowest, highest = (low + step if low is not None else step), (high - step if high is not None else None)
         guess = max(lowest, guess if highest is None else min(guess, highest))

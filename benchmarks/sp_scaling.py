@@ -73,7 +73,8 @@ def _replay(messages: list) -> float:
 
 
 def time_steps(variant: str, size: int, seq_lengths: list, steps: int) -> dict:
-    """{seq: {mode: [seconds per timed step], "comm_alone": seconds or None}} on this rank.
+    """{seq: {mode: [seconds per timed step], "comm_alone": seconds or None, "messages": ring
+    messages per step}} on this rank.
 
     Modes: "comm"; for ring at SP > 1 also "local" (the exchange replaced by a local copy),
     alternated step by step with "comm" so that both see the same machine load.
@@ -101,12 +102,36 @@ def time_steps(variant: str, size: int, seq_lengths: list, steps: int) -> dict:
                     times[mode].append(time.perf_counter() - start)
         one_step = list(messages) if "local" in shifts else []  # the last "comm" step's messages
         times["comm_alone"] = statistics.median(_replay(one_step) for _ in range(3)) if one_step else None
+        times["messages"] = len(one_step)
         out[seq] = times
     return out
 
 
-def profile_step(variant: str, size: int, seq: int, directory: str) -> str:
-    """Writes this rank's torch.profiler table of one step (after a warm-up) and returns its path."""
+# profiler op names -> where the time goes (self CPU time, so nothing is counted twice)
+CATEGORIES = {
+    # the ring's autograd Function minus its ops: waiting on isend/irecv (gloo's wait is no op) and Python
+    "ring waits + Python": ("_RingAttention",),
+    "attention kernels": ("scaled_dot_product", "flash_attention"),
+    "matmul": ("aten::addmm", "aten::mm", "aten::bmm"),
+    "communication": ("gloo", "c10d", "send", "recv", "all_reduce", "barrier", "all_to_all", "allgather"),
+    "optimizer": ("_foreach", "adamw", "Optimizer"),
+}
+
+
+def time_by_category(events, wall_us: float) -> dict:
+    """Self CPU ms per category; 'other ops' is the remaining op time, 'outside ops' the step's
+    wall time no op accounts for (Python, waiting on a non-blocking send or receive)."""
+    out = dict.fromkeys([*CATEGORIES, "other ops"], 0.0)
+    for event in events:
+        name = event.key
+        category = next((c for c, keys in CATEGORIES.items() if any(k in name for k in keys)), "other ops")
+        out[category] += event.self_cpu_time_total / 1e3
+    out["outside ops"] = max(wall_us / 1e3 - sum(out.values()), 0.0)
+    return out
+
+
+def profile_step(variant: str, size: int, seq: int, directory: str) -> tuple:
+    """Writes this rank's torch.profiler table of one step (after a warm-up); -> (path, ms per category)."""
     from torch.profiler import ProfilerActivity, profile
 
     if size > 1:
@@ -114,12 +139,15 @@ def profile_step(variant: str, size: int, seq: int, directory: str) -> str:
     step = train_step(bert_config(variant, seq), size)
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
         step()
+        wall_us = (time.perf_counter() - start) * 1e6
     rank = dist.get_rank() if size > 1 else 0
     path = Path(directory) / f"{variant}_sp{size}_s{seq}_rank{rank}.txt"
-    path.write_text(f"{variant} SP={size} s={seq} rank {rank}, {torch.get_num_threads()} threads, one training step\n\n"
+    path.write_text(f"{variant} SP={size} s={seq} rank {rank}, {torch.get_num_threads()} threads, one training step "
+                    f"({wall_us / 1e3:.0f} ms)\n\n"
                     + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
-    return str(path)
+    return str(path), time_by_category(prof.key_averages(), wall_us)
 
 
 def _slowest_rank(per_rank: list, size: int) -> dict:
@@ -127,7 +155,7 @@ def _slowest_rank(per_rank: list, size: int) -> dict:
     out = {}
     for seq, first in per_rank[0].items():
         alone = [rank[seq]["comm_alone"] for rank in per_rank if rank[seq]["comm_alone"] is not None]
-        for mode in first.keys() - {"comm_alone"}:
+        for mode in first.keys() - {"comm_alone", "messages"}:
             steps = [max(times) for times in zip(*(rank[seq][mode] for rank in per_rank))]
             label = f"SP={size}" + (" local" if mode == "local" else "")
             out.setdefault(label, {})[seq] = {"seconds": statistics.median(steps),
@@ -208,13 +236,24 @@ def plot(results: dict, seq_lengths: list) -> None:
     fig.savefig(PLOT, dpi=100)
 
 
-def profile_ring(seq: int) -> list:
+def profile_ring(seq: int) -> dict:
+    """{"SP=1 rank 0" / "SP=2 rank r": (profile path, ms per category)} of one ring step."""
     PROFILES.mkdir(exist_ok=True)
-    paths = []
+    out = {}
     for size in (1, 2):
-        paths += run_on_ranks(profile_step, size, "ring", size, seq, str(PROFILES), timeout=3600,
-                              threads_per_rank=CORES // size)
-    return paths
+        per_rank = run_on_ranks(profile_step, size, "ring", size, seq, str(PROFILES), timeout=3600,
+                                threads_per_rank=CORES // size)
+        out.update({f"SP={size} rank {rank}": row for rank, row in enumerate(per_rank)})
+    return out
+
+
+def profile_table(profiles: dict) -> str:
+    labels = list(profiles)
+    lines = ["| ms per step | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for category in [*CATEGORIES, "other ops", "outside ops"]:
+        lines.append(f"| {category} | " + " | ".join(f"{profiles[label][1][category]:.0f}" for label in labels) + " |")
+    lines.append("| total | " + " | ".join(f"{sum(profiles[label][1].values()):.0f}" for label in labels) + " |")
+    return "\n".join(lines)
 
 
 def main():
@@ -228,11 +267,17 @@ def main():
     results = run(args.seq_lengths, args.steps)
     top = args.seq_lengths[-1]
     ring_efficiency = efficiency(results, "ring", top)
-    profiles = profile_ring(top) if args.profile or ring_efficiency < TARGET else []
+    profiles = profile_ring(top) if args.profile or ring_efficiency < TARGET else {}
     load_after = os.getloadavg()
     plot(results, args.seq_lengths)
-    profile_note = ("Profiles of one ring step per rank (torch.profiler, sorted by self CPU time): "
-                    + ", ".join(f"`{Path(p).relative_to(HERE)}`" for p in profiles) + ".") if profiles else ""
+    profile_note = ""
+    if profiles:
+        files = ", ".join(f"`{Path(path).relative_to(HERE)}`" for path, _ in profiles.values())
+        profile_note = f"""Where one ring step's time goes at s={top} (torch.profiler, self CPU time per op
+category; SP=1 with {CORES} threads, SP=2 per rank with 1 thread; tables sorted by self time: {files}):
+
+{profile_table(profiles)}
+"""
     write_section("Sequence-parallel scaling (CPU)", f"""
 Machine: {machine()}; measured on CPU, no GPU lent. Command: `.venv/bin/python benchmarks/sp_scaling.py
 --seq-lengths {' '.join(map(str, args.seq_lengths))} --steps {args.steps}` ({time.perf_counter() - started:.0f} s).
@@ -253,7 +298,9 @@ messages back to back with no compute; hidden share = 1 - (t_comm - t_local) / c
 
 {comm_table(results, args.seq_lengths)}
 
-Ring at s={top}: efficiency {ring_efficiency:.2f} (target {TARGET}). {profile_note}
+Ring at s={top}: efficiency {ring_efficiency:.2f} (target {TARGET}).
+
+{profile_note}
 
 ![sequence-parallel scaling](sp_scaling.png)
 """)

@@ -1,0 +1,61 @@
+"""The measuring parts of benchmarks/: the longest-sequence search, the soak's growth test, and
+the ring exchange hooks of the scaling benchmark (which must hit ring.py's real exchange)."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from longest_sequence import longest_fitting  # noqa: E402
+from soak import rss_trend  # noqa: E402
+from sp_scaling import time_steps  # noqa: E402
+
+from megatron.parallel.spawn import run_on_ranks  # noqa: E402
+
+
+@pytest.mark.parametrize("cap", [70.0, 96.0, 250.0])
+def test_longest_fitting_finds_the_measured_boundary(cap):
+    """A peak that is flat (optimizer-bound) at short lengths, then linear: the search returns
+    the longest fitting multiple of the step, having measured it and the length above it."""
+    calls = []
+
+    def peak(seq):
+        return max(60.0, 20.0 + 0.0271 * seq)
+
+    def measure(seq):
+        calls.append(seq)
+        return peak(seq), 0.0
+
+    seq, measured = longest_fitting(measure, (1024, 2048), cap, step=512)
+    expected = max(s for s in range(512, 20000, 512) if peak(s) <= cap)
+    assert seq == expected
+    assert {seq, seq + 512} <= set(measured)
+    assert len(set(calls)) == len(calls) <= 10 + 2  # no length measured twice; a handful of steps
+
+
+def test_longest_fitting_refuses_a_cap_below_the_shortest_length():
+    with pytest.raises(RuntimeError, match="raise --cap-mib"):
+        longest_fitting(lambda seq: (100.0 + seq / 1024, 0.0), (1024, 2048), 50.0, step=512)
+
+
+def test_rss_trend_tells_a_leak_from_noise():
+    g = torch.Generator().manual_seed(0)
+    steps = list(range(200, 2001, 20))
+    noise = (torch.randn(len(steps), generator=g) * 0.8).tolist()
+    flat = rss_trend(steps, [400.0 + n for n in noise], 1800)
+    leaking = rss_trend(steps, [400.0 + 0.004 * s + n for s, n in zip(steps, noise)], 1800)  # 4 MiB / 1000 steps
+    assert not flat["grows"] and abs(flat["slope_mib_per_1k"]) < flat["ci_mib_per_1k"] + 0.5
+    assert leaking["grows"] and leaking["slope_mib_per_1k"] == pytest.approx(4.0, abs=1.0)
+
+
+def test_ring_exchange_is_recorded_and_replaced_by_a_local_copy():
+    """Two ranks, 4 ring layers: one step sends 3P - 2 = 4 ring messages per layer (forward K/V,
+    backward K/V, two dK/dV hops); both modes ran and the replay of those messages took time."""
+    per_rank = run_on_ranks(time_steps, 2, "ring", 2, [256], 1, timeout=120)
+    for rank in per_rank:
+        row = rank[256]
+        assert row["messages"] == 4 * 4
+        assert len(row["comm"]) == len(row["local"]) == 1
+        assert row["comm_alone"] > 0
