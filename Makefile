@@ -1,0 +1,28 @@
+# Benchmarks on CPU: each script writes its section of benchmarks/RESULTS.md and its PNG.
+# `make bench` reruns the CPU set (about 15 minutes on 2 idle cores); run it on an otherwise
+# idle machine, the tables record the load average they ran under.
+PYTHON ?= .venv/bin/python
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+
+.PHONY: bench bench-train-step bench-sp-scaling bench-longest bench-attention bench-preprocess profile
+
+bench: bench-train-step bench-sp-scaling bench-longest bench-attention bench-preprocess
+
+bench-train-step:
+	$(PYTHON) benchmarks/train_step.py
+
+bench-sp-scaling:
+	$(PYTHON) benchmarks/sp_scaling.py
+
+bench-longest:
+	$(PYTHON) benchmarks/longest_sequence.py
+
+bench-attention:
+	$(PYTHON) benchmarks/attention_memory.py --seq-lengths 1024 2048 4096 8192 --bert-seq-lengths 2048 4096 8192
+
+bench-preprocess:
+	$(PYTHON) benchmarks/preprocess.py --repeats 1
+
+# torch.profiler tables of one step of ours and of Hugging Face's -> benchmarks/profiles/
+profile:
+	$(PYTHON) benchmarks/train_step.py --profile --seq-lengths 512 2048
