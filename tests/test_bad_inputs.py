@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +85,14 @@ def vocab_without(token: str):
         lines = Path(assets["vocab"]).read_text().splitlines()
         (tmp / "vocab.txt").write_text("\n".join(line for line in lines if line != token) + "\n")
     return setup
+
+
+def corrupt_checkpoint(tmp: Path, assets: dict):
+    """A copy of the valid checkpoint whose model states file is overwritten."""
+    copy = shutil.copytree(assets["ckpt"], tmp / "ckpt")
+    model_states = sorted(copy.glob("*/mp_rank_00_model_states.pt"))
+    assert model_states, list(copy.rglob("*"))
+    model_states[0].write_bytes(b"not a torch file")
 
 
 CASES = [
@@ -200,14 +209,17 @@ CASES = [
          files={"hostfile": "# nothing here\n\n"}),
     Case("hostfile_fewer_hosts_than_nodes", "multinode", ["{tmp}/hostfile", "3"], ("2 hosts", "NUM_NODES 3"),
          files={"hostfile": "worker-1 slots=2\nworker-2 slots=2\n"}),
+    # ---- checkpoints
+    pretrain("--load", "{tmp}/no_checkpoint", id="checkpoint_missing", phrases=("no_checkpoint", "--load")),
+    pretrain("--load", "{ckpt}", "--hidden-size", "32", "--num-attention-heads", "4", id="checkpoint_wrong_hidden_size",
+             needs_checkpoint=True, phrases=("holds embeddings.word_embeddings.weight of shape [2048, 64]",
+                                             "expects [2048, 32]", "resume with the model flags")),
+    pretrain("--load", "{tmp}/ckpt", id="checkpoint_corrupt_file", needs_checkpoint=True,
+             setup=corrupt_checkpoint,
+             phrases=("mp_rank_00_model_states.pt cannot be read", "resume from an earlier complete checkpoint")),
+    Case("checkpoint_convert_missing", "convert", ["to-hf", "--load", "{tmp}/none", "--vocab-file", "{vocab}",
+                                                   "--output", "{tmp}/hf"], ("none", "--load")),
 ]
-
-
-def corrupt_checkpoint(tmp: Path, assets: dict):
-    copy = shutil.copytree(assets["ckpt"], tmp / "ckpt")
-    model_states = sorted(copy.glob("*/mp_rank_00_model_states.pt"))
-    assert model_states, list(copy.rglob("*"))
-    model_states[0].write_bytes(b"not a torch file")
 
 
 COMMANDS = {
@@ -237,22 +249,17 @@ def assets(tmp_path_factory) -> dict:
 def checkpoint(assets) -> str:
     """A 1-step checkpoint of the TINY model, saved by the trainer."""
     save = assets["dir"] / "ckpt"
-    result = run_command("pretrain", [*PRETRAIN, "--save", str(save)], assets["dir"], {**assets, "ckpt": ""})
+    result = run_command("pretrain", [*PRETRAIN, "--save", str(save)], assets["dir"], assets)
     assert result.returncode == 0, result.stderr[-3000:]
     return str(save)
 
 
-def environment() -> dict:
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": "", "RUN_DIR": ""}
-    return env
-
-
 def run_command(command: str, argv: list, tmp: Path, assets: dict, extra=()) -> subprocess.CompletedProcess:
-    values = {"tmp": str(tmp), "port": str(free_port()), **{k: str(v) for k, v in assets.items()}}
+    """One rank by env:// (the launcher sets its own), on CPU; the launch scripts' RUN_DIR in `tmp`."""
+    values = {"tmp": str(tmp), "port": str(free_port()), **{key: str(value) for key, value in assets.items()}}
     line = [part.format(**values) for part in [*COMMANDS[command], *argv, *extra]]
-    env = environment()
-    env["RUN_DIR"] = str(tmp / "run")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": "", "RUN_DIR": str(tmp / "run")}
     return subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -263,23 +270,38 @@ def snapshot(folder: Path) -> dict:
             for path in folder.rglob("*")}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_bad_input_is_one_line_and_leaves_nothing(case, tmp_path, assets, request):
-    if case.needs_checkpoint:
-        assets = {**assets, "ckpt": request.getfixturevalue("checkpoint")}
+def run_case(case: Case, tmp: Path, assets: dict) -> tuple:
+    """Breaks one thing in `tmp` and runs the entry point: (result, files before, files after)."""
     for name, text in case.files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_text(text)
     if case.setup:
-        case.setup(tmp_path, assets)
-    before = snapshot(tmp_path)
-    result = run_command(case.command, case.argv, tmp_path, assets,
-                         MULTINODE_TAIL if case.command == "multinode" else ())
+        case.setup(tmp, assets)
+    before = snapshot(tmp)
+    result = run_command(case.command, case.argv, tmp, assets, MULTINODE_TAIL if case.command == "multinode" else ())
+    return result, before, snapshot(tmp)
+
+
+@pytest.fixture(scope="module")
+def outcomes(request, tmp_path_factory, assets) -> dict:
+    """case id -> future of run_case, for the cases this session selected, run a few at a time: each
+    process spends seconds importing torch and DeepSpeed on one core, so two cores halve the time."""
+    selected = [item.callspec.params["case"] for item in request.session.items
+                if isinstance(getattr(item, "callspec", None) and item.callspec.params.get("case"), Case)]
+    if any(case.needs_checkpoint for case in selected):
+        assets = {**assets, "ckpt": request.getfixturevalue("checkpoint")}
+    with ThreadPoolExecutor(min(4, os.cpu_count() or 2)) as pool:
+        yield {case.id: pool.submit(run_case, case, tmp_path_factory.mktemp(case.id), assets) for case in selected}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_bad_input_is_one_line_and_leaves_nothing(case, outcomes):
+    result, before, after = outcomes[case.id].result()
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
     assert lines and all(phrase in lines[-1] for phrase in case.phrases), result.stderr[-3000:]
     assert "error" in lines[-1] and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert snapshot(tmp_path) == before  # nothing written, nothing half-written
+    assert after == before  # nothing written, nothing half-written
 
 
 def test_debug_shows_the_traceback(tmp_path, assets):
