@@ -102,6 +102,8 @@ class BertModelPipe(PipelineModule):
         self.config = config
         # Megatron init, same rules as BertModel (weights are then usually loaded or broadcast)
         self.apply(lambda module: BertModel._init_weights(self, module))
+        # each stage drew its own copy of the tied embedding above: make them one again
+        self._synchronize_tied_weights()
 
     def get_tied_weights_and_groups(self):
         """Tied embedding over its stages, then every parameter SUMMED over the seq group."""
