@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from attention_memory import VARIANT_OPTIONS, bert_config, measure_peak, train_step
+from megatron.model.bert import BertModel
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
 from results import machine, write_section
@@ -158,6 +159,9 @@ def main():
                         for variant, opts in VARIANT_OPTIONS.items() if variant in args.variants)
     gains = ", ".join(f"{variant} {found[variant, 2]['seq'] / found[variant, 1]['seq']:.2f}x / "
                       f"{found[variant, 4]['seq'] / found[variant, 1]['seq']:.2f}x" for variant in args.variants)
+    model = BertModel(bert_config("ring", SEARCH_STEP, **MODEL))
+    fixed_mib = 16 * (sum(p.numel() for p in model.parameters())
+                      - model.embeddings.position_embeddings.weight.numel()) / 2**20
     write_section("Longest sequence under a memory cap (CPU)", f"""
 Machine: {machine()}; measured on CPU, no GPU lent (the BERT-base on one GPU figure is open).
 Command: `.venv/bin/python benchmarks/longest_sequence.py --cap-mib {args.cap_mib:.0f}`
@@ -175,16 +179,20 @@ two columns are the least-squares line through the lengths measured at s/2 and a
 
 P-fold gain (SP=2 / SP=4 over SP=1; ideal 2x / 4x): {gains}.
 
-Reading it: per-rank memory is `fixed + s x (replicated + sharded / P)`. The fixed part is the
-parameters with their gradients and Adam moments; the replicated part is the learned position
-table (h floats per position, times 4 with its gradient and moments: 4 KiB per token at
-h=256) that every rank holds whole; only activations shrink with P. The gain therefore
-approaches P only when the sharded activations dominate, i.e. at larger caps. With checkpointing
-the activations are the layer inputs plus one layer's recompute. None of the variants keeps an
-s x s/P score matrix (ring and Ulysses run SDPA's flash kernel, recompute from the saved
-log-sum-exp), so linformer and bigbird gain little length here: what they add per rank is
-Linformer's E (k x s, replicated, with its gradient and moments) and BigBird's fetched
-random, halo and global blocks; their gain is compute, linear in s.
+Reading it: a rank's peak is the larger of two phases. In backward, the checkpointed layer
+inputs plus one layer's recompute and gradients, all O(s/P). At the optimizer step (plain AdamW
+here, every state replicated): parameters, gradients and both Adam moments, 4 x 4 bytes per
+parameter ({fixed_mib:.0f} MiB for this model without its position table), plus the learned position table, whose s x h
+rows sit whole on every rank (4 KiB per token with gradient and moments). At SP=1 the backward
+phase sets the peak; as P grows its share shrinks by P until the replicated optimizer phase takes
+over, which is what keeps ring and Ulysses below 4x at SP=4 (see the rising `fixed MiB`). The
+engine's ZeRO (stage >= 1 shards the moments over data x seq) lowers that floor. Linformer gains
+nothing: its projection E (k x s per layer, with gradient and moments: 16 KiB per token over 4
+layers) is replicated too, and is most of its memory. BigBird's per-token activations are the
+largest (each query block gathers window, global and random key blocks), so sharding them pays
+most. No variant keeps an s x s/P score matrix (ring and Ulysses run SDPA's flash
+kernel and recompute from the saved log-sum-exp), so linformer and bigbird are not longer than
+ring here; their gain is compute, linear in s.
 
 ![longest sequence](longest_sequence.png)
 """)
