@@ -1,0 +1,277 @@
+"""Faults through the real entry point: ranks SIGKILLed mid-step and mid-save resume to bitwise
+the same losses and weights as an uninterrupted run (CPU, fp32); a save never leaves `latest`
+naming an incomplete checkpoint; NaN/inf losses stop the run or are skipped; unreadable
+checkpoints are one-line errors."""
+import contextlib
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from megatron import checkpoint
+from megatron.errors import ConfigError, DataError
+from megatron.model.bert import BertConfig
+from megatron.parallel.spawn import RankFailure, free_port, run_on_ranks
+from megatron.training import main
+from test_training import PYTHON, ROOT, TINY, data_dir  # noqa: F401 (data_dir is a fixture)
+
+ITERS = 8
+
+
+def write_json(path, value) -> str:
+    path.write_text(json.dumps(value))
+    return str(path)
+
+
+def run_argv(tmp_path, data_dir, ds_config: dict, *extra) -> list:
+    """A tiny run with dropout on (its RNG must resume too), a checkpoint every 2 steps, a log
+    record every step; all segments of one run share --save and --log-dir."""
+    return [*TINY, "--hidden-dropout", "0.1", "--deepspeed", "--deepspeed_config",
+            write_json(tmp_path / "ds.json", ds_config), "--train-iters", str(ITERS), "--save-interval", "2",
+            "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1", "--default-data-dir", data_dir,
+            "--save", str(tmp_path / "ckpt"), "--log-dir", str(tmp_path / "log"), *extra]
+
+
+def train_records(run_dir) -> dict:
+    """iteration -> the train record the surviving run wrote last; records a killed run wrote
+    for the same iteration must be equal to it (the resumed run repeats them exactly)."""
+    records = {}
+    for line in (run_dir / "log" / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] != "train":
+            continue
+        fields = (record["loss"], record["lr"], record["consumed_samples"])
+        previous = records.get(record["iteration"])
+        assert previous is None or previous == fields, (record["iteration"], previous, fields)
+        records[record["iteration"]] = fields
+    return records
+
+
+def assert_same_run(resumed_dir, straight_dir) -> None:
+    resumed, straight = train_records(resumed_dir), train_records(straight_dir)
+    assert list(straight) == list(range(1, ITERS + 1))
+    assert resumed == straight
+    got = checkpoint.bert_state_from_checkpoint(str(resumed_dir / "ckpt"))
+    want = checkpoint.bert_state_from_checkpoint(str(straight_dir / "ckpt"))
+    assert checkpoint.latest_tag(str(resumed_dir / "ckpt")) == checkpoint.tag_for(ITERS)
+    assert set(got) == set(want) and all(torch.equal(got[name], want[name]) for name in want)
+
+
+# ---------------------------------------------------------------- killed from outside, mid-step
+
+def launch(argv, world: int) -> subprocess.Popen:
+    """`world` ranks of pretrain_bert.py in one new process group; returns rank 0's process."""
+    port, leader = free_port(), None
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "CUDA_VISIBLE_DEVICES": ""}
+        proc = subprocess.Popen([PYTHON, str(ROOT / "pretrain_bert.py"), *argv], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                process_group=0 if leader is None else leader.pid)
+        leader = leader or proc
+    return leader
+
+
+def logged_iterations(metrics) -> int:
+    if not metrics.is_file():
+        return 0
+    return max([json.loads(line)["iteration"] for line in metrics.read_text().splitlines() if line.endswith("}")],
+               default=0)
+
+
+def run_and_kill(argv, world: int, metrics, kill_after: int | None, timeout=180) -> None:
+    """Runs to the end, or SIGKILLs every rank as soon as iteration `kill_after` is logged (the
+    ranks are then inside the next step)."""
+    leader = launch(argv, world)
+    deadline = time.monotonic() + timeout
+    try:
+        while leader.poll() is None and time.monotonic() < deadline:
+            if kill_after is not None and logged_iterations(metrics) >= kill_after:
+                os.killpg(leader.pid, signal.SIGKILL)
+                leader.wait()
+                return
+            time.sleep(0.01)
+        assert leader.poll() == 0, leader.stderr.read()[-3000:] if leader.poll() is not None else "timed out"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+    assert kill_after is None, f"the run ended before iteration {kill_after}"
+
+
+def test_killed_mid_step_twice_resumes_exactly_sp2(tmp_path, data_dir):
+    """Ring attention at SP=2, ZeRO 1: killed at two random iterations, resumed with --load."""
+    ds = {"sequence_parallel": {"size": 2, "attention": "ring"}, "zero_optimization": {"stage": 1}}
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    straight.mkdir(), killed.mkdir()
+    run_and_kill(run_argv(straight, data_dir, ds), 2, straight / "log" / "metrics.jsonl", None)
+    first, second = random.randint(2, 4), random.randint(5, 6)
+    print(f"kill points: after iterations {first} and {second}")
+    argv = run_argv(killed, data_dir, ds)
+    run_and_kill(argv, 2, killed / "log" / "metrics.jsonl", first)
+    run_and_kill([*argv, "--load", str(killed / "ckpt")], 2, killed / "log" / "metrics.jsonl", second)
+    run_and_kill([*argv, "--load", str(killed / "ckpt")], 2, killed / "log" / "metrics.jsonl", None)
+    assert_same_run(killed, straight)
+
+
+# ---------------------------------------------------------------- one rank killed inside a save
+
+def main_killed_in_save(argv, rank_to_kill: int, tag: str) -> int:
+    """`main`, with rank `rank_to_kill` SIGKILLed while it writes its first file of checkpoint `tag`."""
+    if torch.distributed.get_rank() == rank_to_kill:
+        original = torch.save
+
+        def save(obj, f, *args, **kwargs):
+            if isinstance(f, str) and f"{tag}{checkpoint.PARTIAL}" in f:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original(obj, f, *args, **kwargs)
+
+        torch.save = save
+    return main(argv)
+
+
+def test_rank_killed_mid_save_keeps_previous_checkpoint_pp2(tmp_path, data_dir):
+    """BigBird (random blocks per iteration) in a 2-stage pipeline: rank 1 dies writing
+    iter_0000004; `latest` still names iter_0000002, which resumes to the uninterrupted run."""
+    ds = {"zero_optimization": {"stage": 1}, "train_batch_size": 4, "train_micro_batch_size_per_gpu": 2}
+    model = ["--pipeline-model-parallel-size", "2", "--bigbird", "--block-size", "16",
+             "--bigbird-num-random-blocks", "1"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    straight.mkdir(), killed.mkdir()
+    assert run_on_ranks(main, 2, run_argv(straight, data_dir, ds, *model), timeout=300) == [0, 0]
+    argv = run_argv(killed, data_dir, ds, *model)
+    with pytest.raises(RankFailure, match="rank1 exited without a result"):
+        run_on_ranks(main_killed_in_save, 2, argv, 1, checkpoint.tag_for(4), timeout=300)
+    ckpt = killed / "ckpt"
+    assert checkpoint.latest_tag(str(ckpt)) == checkpoint.tag_for(2)
+    assert (ckpt / f"{checkpoint.tag_for(4)}{checkpoint.PARTIAL}").is_dir() and not (ckpt / checkpoint.tag_for(4)).exists()
+    assert run_on_ranks(main, 2, [*argv, "--load", str(ckpt)], timeout=300) == [0, 0]
+    assert not (ckpt / f"{checkpoint.tag_for(4)}{checkpoint.PARTIAL}").exists()  # replaced by the re-save
+    assert_same_run(killed, straight)
+
+
+def test_save_dir_ahead_of_the_run_is_refused(tmp_path):
+    (tmp_path / "latest").write_text(checkpoint.tag_for(10))
+    with pytest.raises(ConfigError, match="holds checkpoint iter_0000010, ahead of this run's start at iteration 0"):
+        checkpoint.check_save_dir(str(tmp_path), 0)
+    checkpoint.check_save_dir(str(tmp_path), 10)  # resuming from it
+
+
+# ---------------------------------------------------------------- unreadable checkpoints
+
+def test_unreadable_checkpoints_are_one_line_errors(tmp_path):
+    with pytest.raises(ConfigError, match="missing 'latest'"):
+        checkpoint.latest_tag(str(tmp_path))
+    (tmp_path / "latest").write_text(checkpoint.tag_for(4))
+    with pytest.raises(DataError, match=f"{tmp_path / 'iter_0000004'} named by .* does not exist"):
+        checkpoint.checkpoint_folder(str(tmp_path), checkpoint.tag_for(4))
+    (tmp_path / "iter_0000004").mkdir()
+    with pytest.raises(DataError, match="iter_0000004 is incomplete"):
+        checkpoint.checkpoint_folder(str(tmp_path), checkpoint.tag_for(4))
+    states = tmp_path / "iter_0000004" / "mp_rank_00_model_states.pt"
+    torch.save({"module": {"w": torch.ones(3)}, "config": {}}, states)
+    states.write_bytes(states.read_bytes()[:40])  # truncated
+    with pytest.raises(DataError, match=f"checkpoint file {states} cannot be read"):
+        checkpoint.safe_load(str(states))
+    small, large = BertConfig(hidden_size=32, num_attention_heads=4), BertConfig(hidden_size=64, num_attention_heads=4)
+    with pytest.raises(ConfigError, match=r"holds embeddings.word_embeddings.weight of shape \[30592, 32\], this "
+                                          r"model expects \[30592, 64\]"):
+        checkpoint.check_model_shapes(vars(small), large, "ckpt/iter_0000004")
+
+
+def test_own_files_load_with_weights_only(tmp_path):
+    """RNG states and run state need no full unpickling (DeepSpeed's optimizer files do)."""
+    path = tmp_path / "rng.pt"
+    torch.save(checkpoint.rng_states(), path)
+    assert torch.equal(torch.load(path, weights_only=True)["cpu"], torch.get_rng_state())
+
+
+# ---------------------------------------------------------------- NaN / inf
+
+def main_with_bad_loss(argv, bad_iteration: int, value: float):
+    """`main` with the embeddings' output multiplied by `value` (nan, inf) in the forward of
+    training step `bad_iteration`; returns (exit code, stderr, stdout)."""
+    import megatron.training as training
+
+    build = training.build_engine
+
+    def build_with_fault(*args, **kwargs):
+        engine = build(*args, **kwargs)
+        calls = []
+
+        def inject(module, inputs, output):
+            if module.training:
+                calls.append(1)
+                if len(calls) == bad_iteration:
+                    return output * value
+            return None
+
+        engine.module.embeddings.register_forward_hook(inject)
+        return engine
+
+    training.build_engine = build_with_fault
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = training.main(argv)
+    return code, err.getvalue(), out.getvalue()
+
+
+def nan_argv(tmp_path, data_dir, ds: dict, *extra) -> list:
+    return [*TINY, "--deepspeed", "--deepspeed_config", write_json(tmp_path / "ds.json", ds), "--train-iters", "4",
+            "--save-interval", "1", "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1",
+            "--split", "100,0,0", "--default-data-dir", data_dir, "--save", str(tmp_path / "ckpt"),
+            "--log-dir", str(tmp_path / "log"), *extra]
+
+
+def weights(run_dir, iteration: int) -> dict:
+    return checkpoint.bert_state_from_checkpoint(str(run_dir / "ckpt"), checkpoint.tag_for(iteration))
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_nan_loss_stops_naming_the_last_good_checkpoint(tmp_path, data_dir):
+    argv = nan_argv(tmp_path, data_dir, {"zero_optimization": {"stage": 0}})
+    code, err, _ = run_on_ranks(main_with_bad_loss, 1, argv, 3, float("nan"), timeout=300)[0]
+    errors = [line for line in err.splitlines() if line.startswith("pretrain_bert.py: error:")]
+    assert code == 2 and len(errors) == 1, err[-2000:]
+    assert (f"loss is nan at iteration 3; the last good checkpoint is {tmp_path / 'ckpt' / 'iter_0000002'}: "
+            f"resume with --load {tmp_path / 'ckpt'}") in errors[0]
+    assert checkpoint.latest_tag(str(tmp_path / "ckpt")) == checkpoint.tag_for(2)
+
+
+def test_skip_nan_batches_leaves_the_weights_and_lr_unchanged(tmp_path, data_dir):
+    """fp32 at ZeRO 0 (a plain torch optimizer, guarded by skip_nonfinite_updates; DeepSpeed's
+    ZeRO, bf16 and fp16 optimizers skip by themselves): the step is skipped whole, weights
+    unchanged, no LR-scheduler step, and the run goes on."""
+    argv = nan_argv(tmp_path, data_dir, {"zero_optimization": {"stage": 0}}, "--skip-nan-batches")
+    code, err, out = run_on_ranks(main_with_bad_loss, 1, argv, 3, float("nan"), timeout=300)[0]
+    assert code == 0, err[-2000:]
+    assert "iteration 3: loss nan, gradients not finite: update skipped" in out
+    assert same_weights(weights(tmp_path, 3), weights(tmp_path, 2))
+    assert not same_weights(weights(tmp_path, 4), weights(tmp_path, 3))
+    assert all(torch.isfinite(t).all() for t in weights(tmp_path, 4).values())
+    records = train_records(tmp_path)
+    assert records[3][1] == records[2][1] and records[4][1] != records[3][1], records  # lr
+
+
+def test_fp16_overflow_lowers_the_loss_scale_and_skips(tmp_path, data_dir):
+    """DeepSpeed's dynamic loss scaler (hysteresis 1: the first overflow halves the scale)."""
+    ds = {"zero_optimization": {"stage": 1}, "fp16": {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}}
+    argv = nan_argv(tmp_path, data_dir, ds)
+    code, err, out = run_on_ranks(main_with_bad_loss, 1, argv, 3, float("inf"), timeout=300)[0]
+    assert code == 0, err[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "log" / "metrics.jsonl").read_text().splitlines()]
+    scales = {r["iteration"]: r["loss_scale"] for r in records if r["kind"] == "train"}
+    assert scales[3] == scales[2] / 2 and scales[2] == 2.0 ** 8, scales
+    assert "iteration 3:" in out and "update skipped" in out
+    assert same_weights(weights(tmp_path, 3), weights(tmp_path, 2))
