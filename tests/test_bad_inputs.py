@@ -31,17 +31,14 @@ GOOD_JSON = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps":
 
 
 def ds_json(**changes) -> str:
-    """GOOD_JSON with dotted keys changed (a value of ... removes the key), as text."""
+    """GOOD_JSON as text with one or more keys set; `zero_optimization__stage=4` sets a nested key."""
     config = json.loads(json.dumps(GOOD_JSON))
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split("__")
+    for path, value in changes.items():
+        *parents, leaf = path.split("__")
         node = config
         for part in parents:
             node = node.setdefault(part, {})
-        if value is ...:
-            node.pop(leaf, None)
-        else:
-            node[leaf] = value
+        node[leaf] = value
     return json.dumps(config, indent=2)
 
 
@@ -127,7 +124,7 @@ CASES = [
              phrases=("sequence_parallel.linformer.share_kv = 'yes' is not a boolean", "true or false")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_clipping_not_number",
              files={"ds.json": ds_json(gradient_clipping="1.0")},
-             phrases=("gradient_clipping", "number")),
+             phrases=('gradient_clipping = "1.0" is not a number', "set gradient_clipping to a number")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", "--micro-batch-size", "4", id="json_inconsistent_batch",
              files={"ds.json": ds_json(train_batch_size=6)},
              phrases=("train_batch_size 6 != train_micro_batch_size_per_gpu 4", "make train_batch_size = micro")),
@@ -151,14 +148,16 @@ CASES = [
     # ---- flags
     Case("flag_seq_not_divisible_by_sp", "launch2", [*PRETRAIN, "--sequence-parallel-size", "2", "--attention", "ring",
                                                      "--seq-length", "63", "--max-position-embeddings", "64"],
-         ("seq_length 63", "divisible")),
-    pretrain("--hidden-size", "66", id="flag_heads_not_dividing_hidden", phrases=("hidden_size 66", "heads")),
+         ("seq_length 63 is not divisible by the sequence-parallel size 2",
+          "multiple of --sequence-parallel-size")),
+    pretrain("--hidden-size", "66", id="flag_heads_not_dividing_hidden",
+             phrases=("hidden_size 66 is not divisible by num_attention_heads 4", "divides the hidden size")),
     Case("flag_ulysses_heads_not_divisible_by_sp", "ds_config",
          ["validate", "{tmp}/ds.json", "--world-size", "2", "--attention-dropout", "0", "--num-attention-heads", "3",
           "--hidden-size", "66"], ("num_attention_heads (3)", "multiple of --sequence-parallel-size"),
          files={"ds.json": ds_json(sequence_parallel={"size": 2, "attention": "ulysses"})}),
     pretrain("--attention", "bigbird", "--block-size", "24", id="flag_block_size_not_dividing_seq",
-             phrases=("block", "24", "--block-size")),
+             phrases=("seq_length 64 is not divisible by bigbird block size 24", "another --block-size")),
     pretrain("--attention", "linformer", "--linformer-k", "128", id="flag_linformer_k_exceeds_seq",
              phrases=("linformer_k 128 exceeds seq_length 64", "--linformer-k")),
     pretrain("--seq-length", "128", id="flag_seq_longer_than_positions",
@@ -210,7 +209,8 @@ CASES = [
     Case("hostfile_fewer_hosts_than_nodes", "multinode", ["{tmp}/hostfile", "3"], ("2 hosts", "NUM_NODES 3"),
          files={"hostfile": "worker-1 slots=2\nworker-2 slots=2\n"}),
     # ---- checkpoints
-    pretrain("--load", "{tmp}/no_checkpoint", id="checkpoint_missing", phrases=("no_checkpoint", "--load")),
+    pretrain("--load", "{tmp}/no_checkpoint", id="checkpoint_missing",
+             phrases=("no checkpoint in", "no_checkpoint", "point --load at a directory written by --save")),
     pretrain("--load", "{ckpt}", "--hidden-size", "32", "--num-attention-heads", "4", id="checkpoint_wrong_hidden_size",
              needs_checkpoint=True, phrases=("holds embeddings.word_embeddings.weight of shape [2048, 64]",
                                              "expects [2048, 32]", "resume with the model flags")),
@@ -218,7 +218,8 @@ CASES = [
              setup=corrupt_checkpoint,
              phrases=("mp_rank_00_model_states.pt cannot be read", "resume from an earlier complete checkpoint")),
     Case("checkpoint_convert_missing", "convert", ["to-hf", "--load", "{tmp}/none", "--vocab-file", "{vocab}",
-                                                   "--output", "{tmp}/hf"], ("none", "--load")),
+                                                   "--output", "{tmp}/hf"],
+         ("no checkpoint in", "none", "point --load at a directory written by --save")),
 ]
 
 
