@@ -1,0 +1,70 @@
+"""Starting a run from Hugging Face weights through pretrain_bert.py: --init-from-hf DIR (a BertModel
+folder without heads, fewer positions than the run) and --load of a weights-only checkpoint that
+tools/convert_checkpoint.py from-hf wrote. Tiny random HF models, built offline. --lr 0 keeps the
+weights of the first step, so the saved checkpoint shows what the run started from."""
+from pathlib import Path
+
+import torch
+
+from megatron import checkpoint, hf_convert
+from megatron.model.bert import BertConfig
+from test_convert_checkpoint import convert
+from test_hf_convert import hf_model
+from test_training import TINY, data_dir, run_entry_point  # noqa: F401 (data_dir is a fixture)
+
+HF = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+          max_position_embeddings=64)  # the run asks for 128 positions: extended by repetition
+
+
+def vocab_size(data_dir) -> int:
+    return len((Path(data_dir) / "vocab.txt").read_text().splitlines())
+
+
+def run_one_step(tmp_path, data_dir, *argv):
+    return run_entry_point(*TINY, "--lr", "0", "--train-iters", "1", "--eval-iters", "1", "--split", "100,0,0",
+                           "--default-data-dir", data_dir, "--save", str(tmp_path / "run"),
+                           "--log-dir", str(tmp_path / "log"), *argv)
+
+
+def test_init_from_hf_folder_without_heads(tmp_path, data_dir):
+    _, folder = hf_model("bert", tmp_path, heads=False, vocab_size=vocab_size(data_dir), **HF)
+    result = run_one_step(tmp_path, data_dir, "--init-from-hf", str(folder))
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    # the pooler is in a BertModel folder; the SOP classifier and the MLM head are not
+    assert warnings == ["warning: not in the Hugging Face folder, initialised: binary_head.classifier.bias, "
+                        "binary_head.classifier.weight, lm_head.bias, lm_head.dense.bias, lm_head.dense.weight, "
+                        "lm_head.layernorm.bias, lm_head.layernorm.weight"], result.stderr[-3000:]
+    stored = checkpoint.stored_config(str(tmp_path / "run"), checkpoint.tag_for(1))["model"]
+    # the HF config filled the flags TINY leaves out, and its layout
+    assert (stored["ffn_hidden_size"], stored["layernorm_layout"], stored["layernorm_epsilon"]) == (128, "post", 1e-12)
+    trained = checkpoint.bert_state_from_checkpoint(str(tmp_path / "run"))
+    config = BertConfig(**stored)
+    hf_state, _ = hf_convert.bert_state_from_hf(hf_convert.read_hf_tensors(folder), config)
+    for name, tensor in hf_state.items():
+        assert torch.equal(trained[name], tensor), name
+    positions = trained["embeddings.position_embeddings.weight"]
+    assert torch.equal(positions[64:], positions[:64])  # the 64 learned positions, repeated
+
+
+def test_init_from_hf_refuses_extension_when_asked(tmp_path, data_dir):
+    _, folder = hf_model("bert", tmp_path, heads=False, vocab_size=vocab_size(data_dir), **HF)
+    result = run_one_step(tmp_path, data_dir, "--init-from-hf", str(folder), "--no-position-extension")
+    errors = [line for line in result.stderr.splitlines() if line.startswith("pretrain_bert.py: error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr[-3000:]
+    assert "has 64 positions, max_position_embeddings is 128 and extension is refused" in errors[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_load_weights_only_checkpoint_from_the_converter(tmp_path, data_dir):
+    _, folder = hf_model("megatron-bert", tmp_path, vocab_size=vocab_size(data_dir), **HF)
+    done = convert("from-hf", "--hf-dir", folder, "--save", tmp_path / "converted", "--max-position-embeddings", 128)
+    assert done.returncode == 0, done.stderr
+    result = run_one_step(tmp_path, data_dir, "--load", str(tmp_path / "converted"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "warning:" not in result.stderr  # every head came from the checkpoint
+    converted = checkpoint.bert_state_from_checkpoint(str(tmp_path / "converted"))
+    trained = checkpoint.bert_state_from_checkpoint(str(tmp_path / "run"))
+    assert set(trained) == set(converted) and all(torch.equal(trained[n], converted[n]) for n in converted)
+    stored = checkpoint.run_state(str(tmp_path / "run"), checkpoint.tag_for(1))
+    assert stored["iteration"] == 1 and stored["config"]["model"]["layernorm_layout"] == "pre"
