@@ -278,12 +278,17 @@ category; SP=1 with {CORES} threads, SP=2 per rank with 1 thread; tables sorted 
 
 {profile_table(profiles)}
 """
+    busy = max(load_before[0], load_after[0]) > CORES
+    load_warning = (f"**Measured under a load average of {max(load_before[0], load_after[0]):.1f} on {CORES} cores: not a "
+                    f"valid scaling result.** A {CORES}-thread SP=1 step stalls whenever one of its threads is "
+                    "descheduled, and a rank waits on the other at every ring exchange; rerun on an idle machine "
+                    "(`make bench-sp-scaling`).\n") if busy else ""
     write_section("Sequence-parallel scaling (CPU)", f"""
 Machine: {machine()}; measured on CPU, no GPU lent. Command: `.venv/bin/python benchmarks/sp_scaling.py
 --seq-lengths {' '.join(map(str, args.seq_lengths))} --steps {args.steps}` ({time.perf_counter() - started:.0f} s).
 Load average (1, 5, 15 min) before: {', '.join(f'{x:.1f}' for x in load_before)}; after: {', '.join(f'{x:.1f}' for x in load_after)}
 (anything well above {CORES} means other work shared the cores and the ratios are noisy).
-
+{load_warning}
 4-layer BERT (h=128, 4 heads, vocab 1000, no dropout), batch 1, fp32; one whole training step
 (forward, backward, gradient sum over the seq group, AdamW). SP=1: one process with {CORES} threads;
 SP=2: two processes over gloo with 1 thread each, the same {CORES} cores. Median of {args.steps} steps
@@ -294,7 +299,8 @@ SP=1 time, so **efficiency = t(SP=1) / t(SP=2)** (ideal 1.0; target >= {TARGET} 
 
 **Ring communication at SP=2**: `t local copy` replaces ring.py's block exchange (`_Ring.shift`)
 by a copy of the same tensor (same compute, no traffic), in steps alternating with the real ones; `comm alone` sends one step's ring
-messages back to back with no compute; hidden share = 1 - (t_comm - t_local) / comm alone.
+messages back to back with no compute; hidden share = 1 - (t_comm - t_local) / comm alone. Exposed
+time beyond `comm alone` is not transfer but one rank waiting for the other at an exchange.
 
 {comm_table(results, args.seq_lengths)}
 
