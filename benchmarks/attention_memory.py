@@ -244,7 +244,8 @@ def main():
     options = "; ".join(f"{variant}: " + ", ".join(f"{k}={v}" for k, v in opts.items())
                         for variant, opts in VARIANT_OPTIONS.items())
     write_section("Attention memory (ring vs dense)", f"""
-Machine: {machine()}. Command: `.venv/bin/python benchmarks/attention_memory.py`.
+Machine: {machine()}. Command: `.venv/bin/python benchmarks/attention_memory.py --seq-lengths
+{' '.join(map(str, args.seq_lengths))} --bert-seq-lengths {' '.join(map(str, args.bert_seq_lengths))}`.
 Variant settings: {options}.
 fp32, no padding; each SP rank is a process with one thread (times on
 {len(os.sched_getaffinity(0))} cores are shared by all ranks, so they are not a speed result).
