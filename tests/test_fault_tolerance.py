@@ -66,7 +66,7 @@ def assert_same_run(resumed_dir, straight_dir) -> None:
 
 # ---------------------------------------------------------------- killed from outside, mid-step
 
-def launch(argv, world: int) -> subprocess.Popen:
+def launch(argv, world: int, stderr) -> subprocess.Popen:
     """`world` ranks of pretrain_bert.py in one new process group; returns rank 0's process."""
     port, leader = free_port(), None
     for rank in range(world):
@@ -74,7 +74,7 @@ def launch(argv, world: int) -> subprocess.Popen:
                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "CUDA_VISIBLE_DEVICES": ""}
         proc = subprocess.Popen([PYTHON, str(ROOT / "pretrain_bert.py"), *argv], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                stdout=subprocess.DEVNULL, stderr=stderr,
                                 process_group=0 if leader is None else leader.pid)
         leader = leader or proc
     return leader
@@ -90,7 +90,9 @@ def logged_iterations(metrics) -> int:
 def run_and_kill(argv, world: int, metrics, kill_after: int | None, timeout=180) -> None:
     """Runs to the end, or SIGKILLs every rank as soon as iteration `kill_after` is logged (the
     ranks are then inside the next step)."""
-    leader = launch(argv, world)
+    stderr = metrics.parent.parent / "stderr.txt"
+    with open(stderr, "w") as file:
+        leader = launch(argv, world, file)
     deadline = time.monotonic() + timeout
     try:
         while leader.poll() is None and time.monotonic() < deadline:
@@ -99,7 +101,7 @@ def run_and_kill(argv, world: int, metrics, kill_after: int | None, timeout=180)
                 leader.wait()
                 return
             time.sleep(0.01)
-        assert leader.poll() == 0, leader.stderr.read()[-3000:] if leader.poll() is not None else "timed out"
+        assert leader.poll() == 0, stderr.read_text()[-3000:] if leader.poll() is not None else "timed out"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader.pid, signal.SIGKILL)
@@ -113,7 +115,8 @@ def test_killed_mid_step_twice_resumes_exactly_sp2(tmp_path, data_dir):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     straight.mkdir(), killed.mkdir()
     run_and_kill(run_argv(straight, data_dir, ds), 2, straight / "log" / "metrics.jsonl", None)
-    first, second = random.randint(2, 4), random.randint(5, 6)
+    # after iteration 3 or 4 is logged, iter_0000002 is committed: the restart has a checkpoint
+    first, second = random.randint(3, 4), random.randint(5, 6)
     print(f"kill points: after iterations {first} and {second}")
     argv = run_argv(killed, data_dir, ds)
     run_and_kill(argv, 2, killed / "log" / "metrics.jsonl", first)
