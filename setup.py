@@ -12,8 +12,15 @@ ROOT = Path(__file__).parent
 
 
 def read_requirements(name):
-    lines = (ROOT / name).read_text().splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    """Pins from a requirements file, following its `-r other.txt` includes."""
+    pins = []
+    for line in (ROOT / name).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("-r "):
+            pins += read_requirements(line[3:].strip())
+        elif line:
+            pins.append(line)
+    return pins
 
 
 def cpp_extensions():
@@ -37,7 +44,10 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["megatron", "megatron.*"]),
     install_requires=read_requirements("requirements.txt"),
-    extras_require={"test": read_requirements("requirements-test.txt")},
+    extras_require={
+        "test": read_requirements("requirements-test.txt"),
+        "azureml": read_requirements("requirements-azureml.txt"),
+    },
     ext_modules=cpp_extensions(),
     cmdclass={"build_ext": build_ext},
     zip_safe=False,

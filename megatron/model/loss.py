@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from megatron.parallel import state
 
@@ -28,6 +29,31 @@ def masked_token_count(mlm_labels) -> torch.Tensor:
     return count
 
 
+class SummedCrossEntropy(torch.autograd.Function):
+    """sum_i -log softmax(logits_i)[label_i] over [n, vocab] logits, in float32 for any input dtype.
+
+    Same value and gradient as F.cross_entropy(logits.float(), labels, reduction="sum"), with
+    less traffic over the [n, vocab] matrix, the largest tensor of a BERT step: no float32 copy
+    of half-precision logits, and backward writes softmax - one_hot in one new buffer instead of
+    torch's zero-filled one-hot gradient followed by log_softmax's backward.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels):
+        log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+        ctx.save_for_backward(log_probs, labels)
+        ctx.logits_dtype = logits.dtype
+        return -log_probs.gather(1, labels[:, None]).sum()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        log_probs, labels = ctx.saved_tensors
+        grad_logits = log_probs.exp()
+        grad_logits[torch.arange(labels.numel(), device=labels.device), labels] -= 1.0
+        return grad_logits.mul_(grad).to(ctx.logits_dtype), None
+
+
 def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None, holds_cls: bool = True) -> BertLoss:
     """mlm_logits [n_masked, vocab] with mlm_labels [n_masked]; sop_logits [b, 2] or None.
 
@@ -35,7 +61,7 @@ def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None, holds_cl
     graph with weight 0, so the binary head gets (zero) gradients on every rank alike.
     """
     count = masked_token_count(mlm_labels).clamp(min=1.0)
-    mlm = F.cross_entropy(mlm_logits.float(), mlm_labels, reduction="sum") / count
+    mlm = SummedCrossEntropy.apply(mlm_logits, mlm_labels) / count
     sop = torch.zeros((), device=mlm.device)
     if sop_logits is not None:
         sop = F.cross_entropy(sop_logits.float(), sop_labels) * (1.0 if holds_cls else 0.0)
