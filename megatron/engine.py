@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import deepspeed
 import torch
 import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
 
 from megatron.config import TrainConfig
+from megatron.errors import ConfigError
 from megatron.data.batch import BertBatch
 from megatron.model.bert import BertModel
 from megatron.model.loss import bert_batch_loss
@@ -28,6 +30,7 @@ def initialize_parallel(config: TrainConfig) -> None:
 def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_scheduler=None):
     """-> DeepSpeed engine. `bert_state`: a BertModel state dict to start from (else fresh init);
     `lr_scheduler`: a callable optimizer -> scheduler, stepped by DeepSpeed at every optimizer step."""
+    check_precision_supported(config.ds_config)
     initialize_parallel(config)
     if dist.get_rank() == 0:
         print(f"resolved config: {json.dumps(config.to_dict(), sort_keys=True)}", flush=True)
@@ -50,6 +53,15 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config,
                                       mpu=state, lr_scheduler=lr_scheduler)
     return engine
+
+
+def check_precision_supported(ds_config: dict) -> None:
+    """fp16 on a CPU whose oneDNN has no fp16 kernels: DeepSpeed refuses it deep inside
+    deepspeed.initialize with a traceback; say so in one line before any rank starts work."""
+    accelerator = get_accelerator()
+    if ds_config.get("fp16", {}).get("enabled") and not accelerator.is_fp16_supported():
+        raise ConfigError(f"fp16.enabled is true but DeepSpeed does not support fp16 on this {accelerator.device_name()} "
+                          "device (no fp16 kernels)", 'use "bf16": {"enabled": true} or fp32, or run on a GPU')
 
 
 def skip_nonfinite_updates(engine) -> None:

@@ -33,3 +33,15 @@ def padded_batch(seq_length=48, pad_starts=(48, 29, 5, 24), seed: int = 7) -> Be
     labels = torch.randint(5, VOCAB, (b, seq_length), generator=g)
     sop_labels = torch.randint(0, 2, (b,), generator=g)
     return BertBatch(tokens, token_types, key_padding_mask, labels, loss_mask, sop_labels)
+
+
+def with_fp16_kernels_allowed(fn, *args, **kwargs):
+    """Runs fn(*args) with DeepSpeed's CPU accelerator reporting fp16 support.
+
+    DeepSpeed refuses fp16 on a CPU whose oneDNN lacks fp16 kernels (it depends on the CPU model);
+    torch's CPU kernels still compute in fp16, so the loss-scaling logic under test runs the same
+    on every machine."""
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator().is_fp16_supported = lambda: True
+    return fn(*args, **kwargs)

@@ -7,9 +7,10 @@ the same micro-batches in this process: gradient = mean over micro-batches, clip
 import pytest
 import torch
 
-from bert_fixtures import padded_batch, small_config, small_model
+from bert_fixtures import padded_batch, small_config, small_model, with_fp16_kernels_allowed
 from megatron.config import resolve
-from megatron.engine import build_engine, train_step
+from megatron.engine import build_engine, check_precision_supported, train_step
+from megatron.errors import ConfigError
 from megatron.model.bert import SelfAttention
 from megatron.model.loss import bert_batch_loss
 from megatron.model.pipe import bert_to_pipe_name
@@ -141,12 +142,22 @@ def test_activation_checkpointing_changes_nothing(pipeline, world, interval):
 def test_mixed_precision_tracks_fp32(precision, pipeline, world, dtype):
     """bf16 / fp16 (dynamic loss scaling) from the JSON: half-precision weights, fp32 master
     copies in the optimizer, and a loss trajectory within half-precision rounding of fp32."""
-    results = run_on_ranks(deepspeed_run, world, pipeline, 2, 2, 1, 2, "ring", 0, precision, timeout=300)
+    results = run_on_ranks(with_fp16_kernels_allowed, world, deepspeed_run, pipeline, 2, 2, 1, 2, "ring", 0, precision,
+                           timeout=300)
     expected = reference_run(2)["losses"]
     for result in results:
         assert result["dtype"] == dtype
         assert result["losses"] == pytest.approx(expected, rel=2e-3)
         assert result["losses"][-1] < result["losses"][0]
+
+
+def test_fp16_without_device_kernels_is_a_one_line_error(monkeypatch):
+    from deepspeed.accelerator import get_accelerator
+
+    monkeypatch.setattr(get_accelerator(), "is_fp16_supported", lambda: None)  # what DeepSpeed's CPU one returns
+    with pytest.raises(ConfigError, match=r"fp16.enabled is true but DeepSpeed does not support fp16 .*bf16"):
+        check_precision_supported({"fp16": {"enabled": True}})
+    check_precision_supported({"bf16": {"enabled": True}, "fp16": {"enabled": False}})
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig
 from megatron.parallel.spawn import RankFailure, free_port, run_on_ranks
 from megatron.training import main
+from bert_fixtures import with_fp16_kernels_allowed
 from test_training import PYTHON, ROOT, TINY, data_dir  # noqa: F401 (data_dir is a fixture)
 
 ITERS = 8
@@ -270,7 +271,7 @@ def test_fp16_overflow_lowers_the_loss_scale_and_skips(tmp_path, data_dir):
     """DeepSpeed's dynamic loss scaler (hysteresis 1: the first overflow halves the scale)."""
     ds = {"zero_optimization": {"stage": 1}, "fp16": {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}}
     argv = nan_argv(tmp_path, data_dir, ds)
-    code, err, out = run_on_ranks(main_with_bad_loss, 1, argv, 3, float("inf"), timeout=300)[0]
+    code, err, out = run_on_ranks(with_fp16_kernels_allowed, 1, main_with_bad_loss, argv, 3, float("inf"), timeout=300)[0]
     assert code == 0, err[-2000:]
     records = [json.loads(line) for line in (tmp_path / "log" / "metrics.jsonl").read_text().splitlines()]
     scales = {r["iteration"]: r["loss_scale"] for r in records if r["kind"] == "train"}
