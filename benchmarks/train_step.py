@@ -281,6 +281,26 @@ def cross_entropy_times(shape: str, tokens: int, repeats: int) -> dict:
     return {name: statistics.median(r[0] for r in rows) for name, rows in runs.items()}
 
 
+def compiled_mlp_times(shape: str, seq: int, batch_size: int, repeats: int) -> dict:
+    """{eager|torch.compile: median seconds} of forward + backward of one layer's MLP sublayer
+    (x + dropout(MLP(LayerNorm(x))), our modules): what inductor's bias-GELU and
+    bias-dropout-add fusion would buy; also the compile time."""
+    from megatron.model.bert import TransformerLayer
+
+    layer = TransformerLayer(model_config(shape, seq)).to(DEVICE)
+
+    def sublayer(x):
+        return x + layer.dropout(layer.mlp(layer.mlp_layernorm(x)))
+
+    compiled = torch.compile(sublayer)
+    x = torch.randn(batch_size, seq, layer.mlp.dense_h_to_4h.in_features, device=DEVICE, requires_grad=True)
+    compile_s = timed(lambda: compiled(x).sum().backward())[0]
+    steps = {name: (lambda fn: lambda _: fn(x).sum().backward())(fn)
+             for name, fn in (("eager", sublayer), ("torch.compile", compiled))}
+    runs = alternate(steps, None, repeats, warmup=1)
+    return {"compile": compile_s, **{name: statistics.median(r[0] for r in rows) for name, rows in runs.items()}}
+
+
 def trainer_data_share(data_dir: str, log_dir: str, iterations: int) -> dict:
     """The README's default job (2 ranks, SP=2 ring, seq 512) for `iterations` steps, in process:
     the iteration time the trainer logs (data included) against the time inside train_step."""
@@ -449,6 +469,10 @@ def run_extras(args) -> str:
                      f"{engine / plain:.2f} |")
     optimizer = optimizer_step_times(args.shape, seq, args.repeats)
     loss = cross_entropy_times(args.shape, args.tokens_per_step, args.repeats)
+    compiled = compiled_mlp_times(args.shape, seq, batch_size, args.repeats)
+    compile_verdict = ("It pays here: a candidate for the trainer." if compiled["eager"] > 1.05 * compiled["torch.compile"]
+                       else "It does not pay here (the sublayer's time is its two GEMMs; the elementwise passes it "
+                       "fuses are a few per cent), so the trainer does not compile.")
     plain_step = statistics.median(r[0] for r in runs["ours (plain step)"])
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = HERE.parent / ".cache" / "default_data"
@@ -473,6 +497,12 @@ DeepSpeed's FusedAdam (unmeasured here).
 [{round(MASK_PROB * args.tokens_per_step)}, padded vocab] logits of one step, alternated, median of {args.repeats}):
 {", ".join(f"{name} {1e3 * seconds:.0f} ms" for name, seconds in loss.items())}: saves
 {1e3 * (loss["torch F.cross_entropy"] - loss["SummedCrossEntropy"]):.0f} ms, {100 * (loss["torch F.cross_entropy"] - loss["SummedCrossEntropy"]) / plain_step:.1f}% of our plain step at seq {seq}.
+
+**torch.compile of the MLP sublayer** (x + dropout(MLP(LayerNorm(x))) of one layer, seq {seq}, batch
+{batch_size}, forward + backward; inductor fuses bias-GELU and bias-dropout-add; alternated, median of
+{args.repeats}): eager {1e3 * compiled["eager"]:.1f} ms, compiled {1e3 * compiled["torch.compile"]:.1f} ms
+(ratio {compiled["eager"] / compiled["torch.compile"]:.2f}), after a {compiled["compile"]:.0f} s compile.
+{compile_verdict}
 
 **Data loading in the real trainer** (the README's default job: 2 ranks, SP=2 ring, seq 512,
 micro-batch 4, embedded default dataset; 12 iterations, the first 2 dropped; the rank with the

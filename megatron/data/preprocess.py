@@ -5,6 +5,7 @@ and does not depend on the worker count); the main process alone writes. A bad l
 number and removes the partial output, unless `skip_invalid` counts and skips it.
 """
 import collections
+import contextlib
 import itertools
 import json
 import multiprocessing
@@ -103,7 +104,9 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     vocab_size = build_tokenizer(options.tokenizer_type, options.vocab_file).vocab_size
     if options.split_sentences:
         sentence_splitter(options.lang, options.keep_newlines)  # fail now, not in every worker
-    Path(options.output_prefix).parent.mkdir(parents=True, exist_ok=True)
+    created = _missing_folders(Path(options.output_prefix).parent)
+    for folder in created:
+        folder.mkdir()
     report = PreprocessReport(outputs={key: output_prefix(options, key) for key in options.json_keys})
     builders = {}
     encoded = _encoded(options)
@@ -136,9 +139,21 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         encoded.close()  # stops the worker pool now, not when the generator is collected
         for builder in builders.values():
             builder.abort()
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):  # a folder something else wrote into stays
+                folder.rmdir()
         raise
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _missing_folders(folder: Path) -> list:
+    """The folders to create for `folder` to exist, outermost first (removed again on failure)."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    return missing[::-1]
 
 
 def _encoded(options: PreprocessOptions):
