@@ -69,13 +69,17 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
                         help="recompute transformer layers in backward (DeepSpeed activation checkpointing)")
     memory.add_argument("--checkpoint-num-layers", type=int, default=1,
                         help="transformer layers per checkpointed chunk in a pipeline (default 1)")
+    speed = parser.add_argument_group("speed")
+    speed.add_argument("--compile-mlp", action="store_true", default=None,
+                       help="torch.compile each layer's MLP sublayer: fused bias-GELU and bias-dropout-add "
+                            "(benchmarks/RESULTS.md: what it buys; the first steps pay the compile)")
     return parser
 
 
 def config_flags(args: argparse.Namespace) -> dict:
     """The given flags as config field values (None where not given)."""
     values = {field: getattr(args, dest, None) for dest, field in _FIELDS.items()}
-    for field in ("add_binary_head", "embedding_layernorm"):
+    for field in ("add_binary_head", "embedding_layernorm", "compile_mlp"):
         values[field] = getattr(args, field, None)
     if getattr(args, "checkpoint_activations", False):
         values["activation_checkpoint_interval"] = args.checkpoint_num_layers

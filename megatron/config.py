@@ -42,6 +42,7 @@ class TrainConfig:
     gradient_accumulation_steps: int = 1
     zero_stage: int = 0
     activation_checkpoint_interval: int = 0  # transformer layers per checkpointed chunk; 0 = off
+    compile_mlp: bool = False  # torch.compile each layer's MLP sublayer (engine.compile_mlp_sublayers)
     ds_config: dict = field(default_factory=dict)  # what deepspeed.initialize receives
 
     @property
@@ -174,6 +175,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
     given = {key: value for key, value in flags.items() if value is not None}
     values = {**_section_values(ds_config), **given}
     checkpoint_interval = values.pop("activation_checkpoint_interval", 0)
+    compile_mlp = values.pop("compile_mlp", False)
     pipeline = values.pop("pipeline_parallel_size", 1)
     sequence = values.pop("sequence_parallel_size", 1)
     for key, value in (("--pipeline-model-parallel-size", pipeline), (f"{SECTION}.size", sequence)):
@@ -221,7 +223,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
     return TrainConfig(model=model, pipeline_parallel_size=pipeline, sequence_parallel_size=sequence,
                        data_parallel_size=data, micro_batch_size=micro, gradient_accumulation_steps=gas,
                        zero_stage=zero_stage, activation_checkpoint_interval=checkpoint_interval,
-                       ds_config=resolved)
+                       compile_mlp=compile_mlp, ds_config=resolved)
 
 
 def _batch_sizes(values: dict, ds_config: dict, data: int) -> tuple:

@@ -17,7 +17,7 @@ from deepspeed.accelerator import get_accelerator
 from megatron.config import TrainConfig
 from megatron.errors import ConfigError
 from megatron.data.batch import BertBatch
-from megatron.model.bert import BertModel
+from megatron.model.bert import BertModel, TransformerLayer
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
 
@@ -40,6 +40,8 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
         model = BertModelPipe(config.model, activation_checkpoint_interval=config.activation_checkpoint_interval)
         if bert_state is not None:
             load_bert_state(model, bert_state)
+        if config.compile_mlp:
+            compile_mlp_sublayers(model)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config,
                                           lr_scheduler=lr_scheduler)
         return engine
@@ -48,6 +50,8 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
         model.load_state_dict(bert_state)
     if config.zero_stage == 3:
         model = _zero3_model(config, model.state_dict())
+    if config.compile_mlp:
+        compile_mlp_sublayers(model)
     if config.activation_checkpoint_interval:
         checkpoint_layers(model)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config,
@@ -95,6 +99,15 @@ def checkpoint_layers(model: BertModel) -> None:
     """
     for layer in model.layers:
         layer.forward = functools.partial(deepspeed.checkpointing.checkpoint, type(layer).forward.__get__(layer))
+
+
+def compile_mlp_sublayers(model: torch.nn.Module) -> None:
+    """torch.compile of every transformer layer's MLP sublayer (LayerNorm, GEMM, bias-GELU, GEMM,
+    bias-dropout-add): inductor fuses the elementwise passes between the GEMMs. The attention
+    sublayer stays eager: its cores communicate inside autograd Functions."""
+    for layer in model.modules():
+        if isinstance(layer, TransformerLayer):
+            layer.mlp_sublayer = torch.compile(layer.mlp_sublayer)
 
 
 def _zero3_model(config: TrainConfig, full_state: dict) -> BertModel:

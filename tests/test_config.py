@@ -50,6 +50,8 @@ def test_flags_and_unset_flags():
     assert resolve({**flags("--no-embedding-layernorm"), **SMALL}, BASE, world_size=4).model.embedding_layernorm is False
     assert given["sequence_parallel_size"] is None and given["attention"] is None
     assert flags()["embedding_layernorm"] is None and resolve(SMALL, BASE, world_size=4).model.embedding_layernorm
+    assert resolve({**flags("--compile-mlp"), **SMALL}, BASE, world_size=4).compile_mlp is True
+    assert resolve({**flags(), **SMALL}, BASE, world_size=4).compile_mlp is False
 
 
 def test_deepspeed_accepts_the_file_unchanged(tmp_path):

@@ -47,12 +47,13 @@ def model_flags(attention: str = "ring") -> dict:
 
 
 def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence: int, attention: str = "ring",
-                  checkpoint_interval: int = 0, precision: str | None = None) -> dict:
+                  checkpoint_interval: int = 0, precision: str | None = None, compile_mlp: bool = False) -> dict:
     ds = ds_config(micro, gas, zero_stage, sequence, attention)
     if precision:
         ds[precision] = {"enabled": True}
     config = resolve({**model_flags(attention), "pipeline_parallel_size": pipeline,
-                      "activation_checkpoint_interval": checkpoint_interval}, ds, torch.distributed.get_world_size())
+                      "activation_checkpoint_interval": checkpoint_interval, "compile_mlp": compile_mlp}, ds,
+                     torch.distributed.get_world_size())
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
     attention_modules = [m for m in engine.module.modules() if isinstance(m, SelfAttention)]
     calls = []
@@ -74,7 +75,9 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
         to_bert = {bert_to_pipe_name(name, config.model.num_layers): name
                    for name in small_model(config.model).state_dict()}
         params = {to_bert[name]: p for name, p in params.items()}
-    return {"losses": losses, "params": params, "passes": passes, "dtype": next(module.parameters()).dtype}
+    compiled_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    return {"losses": losses, "params": params, "passes": passes, "dtype": next(module.parameters()).dtype,
+            "compiled_graphs": compiled_graphs}
 
 
 def reference_run(micro: int, attention: str = "ring") -> dict:
@@ -149,6 +152,16 @@ def test_mixed_precision_tracks_fp32(precision, pipeline, world, dtype):
         assert result["dtype"] == dtype
         assert result["losses"] == pytest.approx(expected, rel=2e-3)
         assert result["losses"][-1] < result["losses"][0]
+
+
+@pytest.mark.parametrize("pipeline,world,interval", [(1, 2, 1), (2, 2, 0)])
+def test_compiled_mlp_sublayers_train_the_same(pipeline, world, interval):
+    """--compile-mlp (inductor-fused MLP sublayers), with the seq ring (sp=2, layers recomputed) or
+    a pipeline: the same training within fp32 rounding of the eager reference."""
+    results = run_on_ranks(deepspeed_run, world, pipeline, 2, 2, 1, world // pipeline, "ring", interval, None, True,
+                           timeout=420)
+    check_against_reference(results, micro=2, label=f"pp{pipeline} compiled mlp")
+    assert all(result["compiled_graphs"] > 0 for result in results), "nothing was compiled"
 
 
 def test_fp16_without_device_kernels_is_a_one_line_error(monkeypatch):

@@ -146,10 +146,17 @@ class TransformerLayer(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, x, key_padding_mask):
+        return self.mlp_sublayer(self.attention_sublayer(x, key_padding_mask))
+
+    def attention_sublayer(self, x, key_padding_mask):
         if self.pre_layernorm:
-            x = x + self.dropout(self.attention(self.attention_layernorm(x), key_padding_mask))
+            return x + self.dropout(self.attention(self.attention_layernorm(x), key_padding_mask))
+        return self.attention_layernorm(x + self.dropout(self.attention(x, key_padding_mask)))
+
+    def mlp_sublayer(self, x):
+        """Local to the chunk (no communication), so it can be compiled whole (engine.compile_mlp_sublayers)."""
+        if self.pre_layernorm:
             return x + self.dropout(self.mlp(self.mlp_layernorm(x)))
-        x = self.attention_layernorm(x + self.dropout(self.attention(x, key_padding_mask)))
         return self.mlp_layernorm(x + self.dropout(self.mlp(x)))
 
 
