@@ -13,9 +13,12 @@ Safe loading: our own files (RNG states, run state, weights-only and pipeline la
 read with `torch.load(weights_only=True)`; DeepSpeed unpickles its model / optimizer states in
 full (`TorchCheckpointEngine.load`, weights_only=False), so load only checkpoints you trust.
 
-`bert_state_from_checkpoint` reads the weights of any layout (plain model at any ZeRO stage, or
-pipeline layer files) back into BertModel names, so a checkpoint can start a run with another
-pipeline or sequence-parallel degree (weights only; SP never changes the parameters).
+Other layouts: each pipeline stage also writes `layout_free_stage{k}.pt` (optimizer_state.gather:
+fp32 weights and Adam moments in BertModel names, Adam's step, the LR schedule, DeepSpeed's
+counters). `load` reads DeepSpeed's files when the layout allows (same pipeline degree,
+precision and ZeRO partitioning), else these, so a run continues at another pipeline degree,
+SP/data degree or ZeRO stage 0-2. `bert_state_from_checkpoint` reads the weights of any layout
+(plain model at any ZeRO stage, or pipeline layer files) back into BertModel names.
 """
 import contextlib
 import dataclasses
@@ -30,13 +33,16 @@ import zipfile
 import torch
 import torch.distributed as dist
 
+from megatron import optimizer_state
 from megatron.config import TrainConfig
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.pipe import pipe_layer_to_bert
+from megatron.parallel import state as parallel_state
 
 LATEST = "latest"
 RUN_STATE = "run_state.json"
+LAYOUT_FREE = "layout_free_stage{stage}.pt"
 PARTIAL = ".partial"
 # what torch.load raises on a truncated or overwritten file
 UNREADABLE = (EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, ValueError, OSError)
@@ -57,6 +63,7 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     run_state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples}
     engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=run_state, save_latest=False)
     torch.save(rng_states(), os.path.join(staging, f"rng_rank{rank}.pt"))
+    _save_layout_free(engine, config, staging)
     if rank == 0:
         with open(os.path.join(staging, RUN_STATE), "w") as file:
             json.dump(run_state, file)
@@ -65,6 +72,20 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
         _commit(save_dir, tag)
     dist.barrier()
     return tag
+
+
+def _save_layout_free(engine, config: TrainConfig, staging: str) -> None:
+    """Per pipeline stage, one file of what another layout needs to continue the run: weights and
+    Adam state in BertModel names (optimizer_state.gather), LR schedule and DeepSpeed's counters."""
+    if not optimizer_state.reshapable(engine):
+        return
+    stage_state = optimizer_state.gather(engine, config.model)
+    if parallel_state.get_data_parallel_rank() == 0 and parallel_state.get_sequence_parallel_rank() == 0:
+        stage_state.update(lr_scheduler=engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
+                           global_steps=engine.global_steps, global_samples=engine.global_samples,
+                           skipped_steps=engine.skipped_steps)
+        stage = parallel_state.get_pipe_parallel_rank()
+        torch.save(stage_state, os.path.join(staging, LAYOUT_FREE.format(stage=stage)))
 
 
 def _fsync(path: str) -> None:
@@ -208,10 +229,13 @@ def load(engine, load_dir: str, config: TrainConfig) -> dict:
     folder = checkpoint_folder(load_dir, tag)
     state = run_state(load_dir, tag)
     check_model_shapes(state["config"]["model"], config.model, folder)
-    with _one_line_read_errors(engine):
-        path, _ = engine.load_checkpoint(load_dir, tag=tag)
-    if path is None:
-        raise DataError(f"checkpoint {folder} could not be loaded", "check that the folder is complete")
+    if same_layout(state["config"], config.to_dict()):
+        with _one_line_read_errors(engine):
+            path, _ = engine.load_checkpoint(load_dir, tag=tag)
+        if path is None:
+            raise DataError(f"checkpoint {folder} could not be loaded", "check that the folder is complete")
+    else:
+        _load_layout_free(engine, config, folder, state["config"])
     rng = os.path.join(folder, f"rng_rank{dist.get_rank()}.pt")
     if os.path.isfile(rng):
         rng_state = safe_load(rng)
@@ -219,6 +243,44 @@ def load(engine, load_dir: str, config: TrainConfig) -> dict:
         if "cuda" in rng_state and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng_state["cuda"])
     return state
+
+
+def _precision(ds_config: dict) -> str:
+    return next((kind for kind in ("fp16", "bf16") if ds_config.get(kind, {}).get("enabled")), "fp32")
+
+
+def same_layout(stored: dict, current: dict) -> bool:
+    """Whether DeepSpeed's own files load as they are: same pipeline degree and precision, and
+    the same ZeRO partitioning (ZeRO 0 keeps whole states, independent of data x seq)."""
+    def layout(config):
+        zero = config["zero_stage"]
+        shards = config["data_parallel_size"] * config["sequence_parallel_size"] if zero else 1
+        return config["pipeline_parallel_size"], zero, shards, _precision(config["ds_config"])
+    return layout(stored) == layout(current)
+
+
+def _load_layout_free(engine, config: TrainConfig, folder: str, stored: dict) -> None:
+    """Loads a checkpoint written in another layout from its layout-free files (weights, Adam
+    state, LR schedule, counters); DeepSpeed's own files are not read."""
+    paths = [os.path.join(folder, LAYOUT_FREE.format(stage=stage)) for stage in range(stored["pipeline_parallel_size"])]
+    if not all(os.path.isfile(path) for path in paths):
+        raise DataError(f"checkpoint {folder} (pipeline {stored['pipeline_parallel_size']}, ZeRO {stored['zero_stage']}, "
+                        f"{stored['data_parallel_size']} x {stored['sequence_parallel_size']} data x seq, "
+                        f"{_precision(stored['ds_config'])}) has no {LAYOUT_FREE.format(stage='*')} files to load "
+                        "in another layout", "resume in the layout it was written in")
+    stages = [safe_load(path) for path in paths]
+    merged = {"step": stages[0]["step"], "params": {}}
+    for stage in stages:
+        merged["params"].update(stage["params"])
+    optimizer_state.scatter(engine, config.model, merged)
+    if engine.lr_scheduler is not None and stages[0]["lr_scheduler"] is not None:
+        engine.lr_scheduler.load_state_dict(stages[0]["lr_scheduler"])
+    engine.global_steps, engine.global_samples = stages[0]["global_steps"], stages[0]["global_samples"]
+    engine.skipped_steps = stages[0]["skipped_steps"]
+    if dist.get_rank() == 0:
+        print(f"loaded {folder} written at pipeline {stored['pipeline_parallel_size']}, ZeRO {stored['zero_stage']}, "
+              f"data x seq {stored['data_parallel_size']} x {stored['sequence_parallel_size']} from its layout-free "
+              "files (weights, Adam state, LR schedule)", flush=True)
 
 
 def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:

@@ -1,0 +1,111 @@
+"""Adam state per parameter in BertModel names: what lets a checkpoint load in another layout.
+
+DeepSpeed's own files follow the layout that wrote them: pipeline stages own disjoint parameters,
+ZeRO flattens and partitions them over data x seq. `gather` turns one stage's optimizer into
+{BertModel name: fp32 master, exp_avg, exp_avg_sq} plus Adam's step count (DeepSpeed's
+`safe_get_full_*` for its ZeRO and bf16 optimizers, the torch optimizer's own state at ZeRO 0);
+`scatter` writes such a dict into an engine of any pipeline degree, SP degree and ZeRO stage 0-2.
+"""
+import torch
+
+from megatron.errors import ConfigError
+from megatron.model.bert import BertConfig, BertModel
+from megatron.model.pipe import bert_to_pipe_name
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def bert_names(engine, config: BertConfig) -> dict:
+    """{engine.module parameter: BertModel name} for the parameters this rank's stage holds."""
+    names = dict(engine.module.named_parameters())
+    if not hasattr(engine, "num_stages"):  # the plain model: names are BertModel's
+        return {param: name for name, param in names.items()}
+    with torch.device("meta"):
+        bert = BertModel(config).state_dict()
+    to_bert = {bert_to_pipe_name(name, config.num_layers): name for name in bert}
+    return {param: to_bert[name] for name, param in names.items()}
+
+
+def _base_optimizer(engine) -> torch.optim.Optimizer:
+    """The torch optimizer that holds Adam's tensors (DeepSpeed's wrappers keep it as .optimizer)."""
+    optimizer = engine.optimizer
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _uses_full_state_api(param) -> bool:
+    """DeepSpeed's ZeRO / bf16 optimizers link every parameter to its fp32 fragment (a rank whose
+    partition misses the parameter still has the attribute, set to None)."""
+    return hasattr(param, "ds_id") or hasattr(param, "_hp_mapping")
+
+
+def reshapable(engine) -> bool:
+    """Whether gather / scatter can read and write this engine's optimizer (not fp16 at ZeRO 0,
+    whose FP16_Optimizer keeps its fp32 copies in its own groups)."""
+    return engine.optimizer is _base_optimizer(engine) or all(map(_uses_full_state_api, engine.module.parameters()))
+
+
+def adam_step(engine) -> float:
+    """Adam's step count (equal for every parameter; 0 before the first step)."""
+    for state in _base_optimizer(engine).state.values():
+        if "step" in state:
+            return float(state["step"])
+    return 0.0
+
+
+def gather(engine, config: BertConfig) -> dict:
+    """{"step", "params": {name: {"fp32", "exp_avg", "exp_avg_sq"}}} of this rank's stage, on CPU.
+
+    Collective over the stage's data x seq group at ZeRO >= 1 (every rank of it must call).
+    Needs `reshapable(engine)`."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    base = _base_optimizer(engine)
+    params = {}
+    for param, name in bert_names(engine, config).items():
+        if _uses_full_state_api(param):
+            entry = {"fp32": safe_get_full_fp32_param(param)}
+            entry.update({key: safe_get_full_optimizer_state(param, key) for key in MOMENTS})
+        else:  # ZeRO 0 in fp32: torch's optimizer on the model's parameters
+            state = base.state.get(param, {})
+            entry = {"fp32": param.detach(), **{key: state.get(key, torch.zeros_like(param)) for key in MOMENTS}}
+        params[name] = {key: value.detach().float().cpu().clone() for key, value in entry.items()}
+    return {"step": adam_step(engine), "params": params}
+
+
+def scatter(engine, config: BertConfig, stored: dict) -> None:
+    """Writes gathered state (any layout's, merged) into this engine's optimizer."""
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    base = _base_optimizer(engine)
+    names = bert_names(engine, config)
+    if not reshapable(engine):
+        raise ConfigError(f"a checkpoint of another layout cannot be loaded into DeepSpeed's "
+                          f"{type(engine.optimizer).__name__}", "resume with ZeRO stage 1 (or bf16) instead of fp16 at stage 0")
+    if any(hasattr(param, "ds_id") for param in names):
+        raise ConfigError("a checkpoint of another layout cannot be loaded into ZeRO stage 3",
+                          "resume at ZeRO stage 0-2, save, then continue at stage 3 from that checkpoint in its layout")
+    step = torch.tensor(stored["step"], dtype=torch.float32)
+    if engine.optimizer is not base:
+        _create_flat_state(engine, base, step)
+    for param, name in names.items():
+        entry = stored["params"][name]
+        if _uses_full_state_api(param):
+            safe_set_full_fp32_param(param, entry["fp32"].to(param.device))
+            for key in MOMENTS:
+                safe_set_full_optimizer_state(param, entry[key].to(param.device), key)
+        else:
+            with torch.no_grad():
+                param.copy_(entry["fp32"])
+            base.state[param] = {"step": step.clone(), **{key: entry[key].to(param) for key in MOMENTS}}
+    if engine.optimizer is not base and hasattr(engine.optimizer, "update_lp_params"):
+        engine.optimizer.update_lp_params()  # bf16 / fp16 model copies from the fp32 masters just set
+
+
+def _create_flat_state(engine, base, step) -> None:
+    """Adam's state on DeepSpeed's flat fp32 partitions exists only after a first step; creates it
+    (zeros, then filled per parameter by scatter) and links each parameter's fragment to it."""
+    for group in base.param_groups:
+        for flat in group["params"]:
+            base.state[flat] = {"step": step.clone(), **{key: torch.zeros_like(flat) for key in MOMENTS}}
+    engine.optimizer._hp_optimizer_states_linked = False
+    engine.optimizer._lazy_init_hp_params_optimizer_state()
