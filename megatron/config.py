@@ -174,7 +174,8 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
     check_deepspeed_types(ds_config)
     given = {key: value for key, value in flags.items() if value is not None}
     values = {**_section_values(ds_config), **given}
-    checkpoint_interval = values.pop("activation_checkpoint_interval", 0)
+    # --checkpoint-activations, else DeepSpeed's own "activation_checkpointing" section turns it on
+    checkpoint_interval = values.pop("activation_checkpoint_interval", 0) or int("activation_checkpointing" in ds_config)
     compile_mlp = values.pop("compile_mlp", False)
     pipeline = values.pop("pipeline_parallel_size", 1)
     sequence = values.pop("sequence_parallel_size", 1)

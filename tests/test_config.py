@@ -54,6 +54,15 @@ def test_flags_and_unset_flags():
     assert resolve({**flags(), **SMALL}, BASE, world_size=4).compile_mlp is False
 
 
+def test_activation_checkpointing_from_the_flag_or_the_json_section():
+    assert resolve(SMALL, BASE, world_size=4).activation_checkpoint_interval == 0
+    section = {**BASE, "activation_checkpointing": {"partition_activations": False}}
+    assert resolve(SMALL, section, world_size=4).activation_checkpoint_interval == 1
+    chunks = flags("--checkpoint-activations", "--checkpoint-num-layers", "2")
+    assert resolve({**chunks, **SMALL}, BASE, world_size=4).activation_checkpoint_interval == 2
+    assert resolve({**chunks, **SMALL}, section, world_size=4).activation_checkpoint_interval == 2
+
+
 def test_deepspeed_accepts_the_file_unchanged(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({**BASE, "train_batch_size": 4, "zero_optimization": {"stage": 1}}))

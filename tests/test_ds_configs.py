@@ -28,3 +28,4 @@ def test_config_loads_and_validates(path):
     assert config.data_parallel_size == 2
     assert config.model.attention == ds["sequence_parallel"]["attention"]
     assert config.global_batch_size == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 2
+    assert config.activation_checkpoint_interval == (1 if path.stem.startswith("checkpointing") else 0)
