@@ -257,6 +257,13 @@ ring without recompute keeps.
 
 {tables}
 
+Reading the core-alone table: its inputs (q, k, v of the rank's chunk) are made before the step
+and not counted, while the ring's own buffers are: the chunk of K, V it received, the next one in
+flight and, in backward, the travelling dK, dV, plus gloo's send/receive copies. Those scale
+with s/P but are several chunk-sized tensors, so at SP=2 the ring core's growth exceeds the
+single-rank core's, whose step only adds its output and gradients. What a rank must hold for a
+whole step is the BERT table: there, ring, Ulysses and Linformer memory falls about P-fold.
+
 The longest sequence a whole training step fits under a per-rank cap: `longest_sequence.py`.
 
 ![attention memory](attention_memory.png)
