@@ -70,12 +70,13 @@ def test_distributed_core_equals_naive_reference(variant, size):
     assert_matches_reference(run_on_ranks(core_chunk, size, variant, size))
 
 
-def saved_tensor_sizes(size: int, s: int) -> dict:
-    """numel of every tensor saved for backward by (a) the ring core, (b) a whole BERT forward,
+def saved_tensor_sizes(size: int, s: int, variant: str = "ring", **overrides) -> dict:
+    """numel of every tensor saved for backward by (a) the attention core, (b) a whole BERT forward,
     (c) the naive per-chunk attention a ring without recompute would keep (the detector check)."""
     if size > 1:
         state.initialize(sequence=size)
-    config = small_config("ring", seq_length=s, max_position_embeddings=s, hidden_size=16, num_attention_heads=2)
+    config = small_config(variant, seq_length=s, max_position_embeddings=s, hidden_size=16, num_attention_heads=2,
+                          **overrides)
     rank, step = state.get_sequence_parallel_rank(), s // size
     sizes = {}
 
@@ -109,4 +110,21 @@ def test_ring_saves_no_score_sized_tensor(size):
     for sizes in results:
         assert max(sizes["naive"]) >= score_chunk, "detector must see the naive score matrix"
         assert max(sizes["core"]) <= b * (s // size) * 2 * 8, f"ring core saved {max(sizes['core'])} elements"
+        assert max(sizes["model"]) < score_chunk // 2, f"BERT forward saved {max(sizes['model'])} elements"
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_bigbird_saves_key_blocks_per_row_not_scores(size):
+    """BigBird's per-rank memory is O(s/P x B x blocks per row): no saved tensor is larger than
+    the scores of this rank's queries against their window, global and random key blocks."""
+    s, b, heads, block = 512, 2, 2, 16
+    args = (s, "bigbird")
+    options = dict(bigbird_block_size=block)
+    results = (run_on_ranks(saved_tensor_sizes, size, size, *args, **options) if size > 1
+               else [saved_tensor_sizes(1, *args, **options)])
+    score_chunk = b * heads * (s // size) * s
+    keys_per_row = (3 + 2 + 2) * block  # window, first and last (global), random blocks
+    for sizes in results:
+        assert max(sizes["naive"]) >= score_chunk, "detector must see the naive score matrix"
+        assert max(sizes["core"]) <= b * heads * (s // size) * keys_per_row, f"bigbird core saved {max(sizes['core'])}"
         assert max(sizes["model"]) < score_chunk // 2, f"BERT forward saved {max(sizes['model'])} elements"
