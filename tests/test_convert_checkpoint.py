@@ -35,6 +35,20 @@ def train_and_save(directory: str) -> dict:
     return {to_bert[name]: p.detach().clone() for name, p in engine.module.named_parameters()}
 
 
+def train_and_save_zero3(directory: str) -> dict:
+    """One step at sequence 2 with ZeRO 3 (weights only as partitions), BERT's post-LayerNorm
+    layout; returns the gathered weights."""
+    import deepspeed
+
+    config = resolve({**model_flags(), "layernorm_layout": "post"}, ds_config(MICRO, GLOBAL_BATCH // MICRO, 3, 2),
+                     torch.distributed.get_world_size())
+    engine = build_engine(config, bert_state=small_model(config.model).state_dict())
+    train_step(engine, micro_batches(MICRO))
+    checkpoint.save(engine, config, directory, iteration=1, consumed_samples=GLOBAL_BATCH)
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        return {name: p.detach().clone() for name, p in engine.module.named_parameters()}
+
+
 def convert(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=120)
 
@@ -62,6 +76,18 @@ def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
     for field in ("hidden_size", "num_layers", "num_attention_heads", "vocab_size", "layernorm_layout",
                   "embedding_layernorm", "layernorm_epsilon", "max_position_embeddings"):
         assert back_config[field] == stored[field], field
+
+
+def test_zero3_sequence_parallel_checkpoint_to_hf(tmp_path):
+    trained = run_on_ranks(train_and_save_zero3, 2, str(tmp_path / "ckpt"), timeout=300)[0]
+    stored = checkpoint.stored_config(str(tmp_path / "ckpt"), checkpoint.tag_for(1))["model"]
+    reference = BertModel(BertConfig(**{**stored, "attention": "dense"})).eval()
+    reference.load_state_dict(trained)
+    done = convert("to-hf", "--load", tmp_path / "ckpt", "--vocab-file", write_vocab_file(tmp_path / "vocab.txt"),
+                   "--output", tmp_path / "hf")
+    assert done.returncode == 0, done.stderr
+    hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    assert_same_logits(reference, hf, padded_batch(), "zero3 x sp2 checkpoint -> HF")
 
 
 def test_tool_errors_are_one_line(tmp_path):
