@@ -51,14 +51,17 @@ def run_script(script: str, run_dir: Path, *arguments) -> None:
 
 
 # bert_distributed.sh (ring) runs in test_two_node_launch_on_one_machine as the single-node reference
-# bigbird needs >= 7 blocks per sequence: 128 / 16 = 8
-@pytest.mark.parametrize("script,variant,option,value", [("bert_distributed_linformer.sh", "linformer", "k", 32),
-                                                         ("bert_distributed_bigbird.sh", "bigbird", "block_size", 16)])
-def test_variant_script_trains_two_steps(tmp_path, data_dir, script, variant, option, value):
-    run_script(script, tmp_path, *LAYOUT, str(value), *SHAPE, *train_flags(data_dir))
-    written = json.loads((tmp_path / "ds_config.json").read_text())["sequence_parallel"]
-    assert (written["size"], written["attention"]) == (2, variant)
-    assert written[variant][option] == value  # the positional LINFORMER_K / BLOCK_SIZE
+# bigbird needs >= 7 blocks per sequence: 128 / 16 = 8; it runs as 2 pipeline stages (the PP > 1 branch)
+@pytest.mark.parametrize("script,variant,option,value,pp,sp", [
+    ("bert_distributed_linformer.sh", "linformer", "k", 32, 1, 2),
+    ("bert_distributed_bigbird.sh", "bigbird", "block_size", 16, 2, 1)])
+def test_variant_script_trains_two_steps(tmp_path, data_dir, script, variant, option, value, pp, sp):
+    run_script(script, tmp_path, "1" if pp == 1 else "2", str(sp), *LAYOUT[2:], str(value), *SHAPE,
+               *train_flags(data_dir))
+    written = json.loads((tmp_path / "ds_config.json").read_text())
+    assert (written["sequence_parallel"]["size"], written["sequence_parallel"]["attention"]) == (sp, variant)
+    assert written["sequence_parallel"][variant][option] == value  # the positional LINFORMER_K / BLOCK_SIZE
+    assert ("pipeline" in written) == (pp > 1)  # the pipeline template, taken for PP > 1
     assert len(losses(tmp_path)) == 2
 
 
