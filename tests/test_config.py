@@ -54,6 +54,19 @@ def test_flags_and_unset_flags():
     assert resolve({**flags(), **SMALL}, BASE, world_size=4).compile_mlp is False
 
 
+def test_variant_flags_reach_the_model_config():
+    linformer = resolve({**SMALL, **{k: v for k, v in flags(
+        "--attention", "linformer", "--linformer-k", "16", "--linformer-share-heads", "--linformer-share-kv").items()
+        if v is not None}}, BASE, world_size=4).model
+    assert (linformer.attention, linformer.linformer_k, linformer.linformer_share_heads,
+            linformer.linformer_share_kv) == ("linformer", 16, True, True)
+    bigbird = resolve({**SMALL, **{k: v for k, v in flags(
+        "--bigbird", "--block-size", "8", "--bigbird-num-random-blocks", "1", "--bigbird-num-window-blocks", "5").items()
+        if v is not None}}, BASE, world_size=4).model
+    assert (bigbird.attention, bigbird.bigbird_block_size, bigbird.bigbird_num_random_blocks,
+            bigbird.bigbird_num_window_blocks) == ("bigbird", 8, 1, 5)
+
+
 def test_activation_checkpointing_from_the_flag_or_the_json_section():
     assert resolve(SMALL, BASE, world_size=4).activation_checkpoint_interval == 0
     section = {**BASE, "activation_checkpointing": {"partition_activations": False}}
