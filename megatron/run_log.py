@@ -33,12 +33,14 @@ class RunLog:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 raise ConfigError("--tensorboard-dir needs the tensorboard package",
-                                  "pip install tensorboard, or drop --tensorboard-dir") from None
+                                  "pip install -r requirements.txt (it pins tensorboard), or drop --tensorboard-dir"
+                                  ) from None
             self.tensorboard = SummaryWriter(args.tensorboard_dir)
         if sys.stdout.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=train_iters, unit="step", dynamic_ncols=True)
+            # drawn on stdout, the stream whose isatty() chose it; log lines go through bar.write
+            self.bar = tqdm(total=train_iters, unit="step", dynamic_ncols=True, file=sys.stdout)
 
     def _emit(self, record: dict, line: str) -> None:
         self.metrics.write(json.dumps(record) + "\n")
@@ -47,6 +49,10 @@ class RunLog:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key not in ("iteration", "time"):
                     self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["iteration"])
+        self._print(line)
+
+    def _print(self, line: str) -> None:
+        """A whole line on stdout, above the progress bar when there is one."""
         if self.bar:
             self.bar.write(line)
         else:
@@ -91,7 +97,7 @@ class RunLog:
 
     def message(self, text: str) -> None:
         if self.writer:
-            print(text, flush=True)
+            self._print(text)
 
     def finish(self, save_dir) -> None:
         if not self.writer:
@@ -112,9 +118,34 @@ def peak_memory_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+METRICS_FIX = "pass the metrics.jsonl a run wrote under --log-dir"
+# the fields plot_metrics reads, by record kind
+PLOTTED = {"train": ("iteration", "loss", "tokens_per_s"), "validation": ("iteration", "loss"),
+           "test": ("iteration", "loss")}
+
+
 def read_metrics(path) -> list:
-    with open(path) as file:
-        return [json.loads(line) for line in file if line.strip()]
+    """The records of a metrics.jsonl; a missing file, or a line that is not a record with the
+    fields its kind needs, is a ConfigError naming the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist", METRICS_FIX)
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+            raise ConfigError(f"{path} line {number} is not a run-log record (a JSON object with a kind)", METRICS_FIX)
+        missing = [key for key in PLOTTED.get(record["kind"], ()) if not isinstance(record.get(key), (int, float))]
+        if missing:
+            raise ConfigError(f"{path} line {number}: a {record['kind']} record without {', '.join(missing)}",
+                              METRICS_FIX)
+        records.append(record)
+    return records
 
 
 def plot_metrics(metrics_path, png_path) -> Path:
@@ -126,6 +157,9 @@ def plot_metrics(metrics_path, png_path) -> Path:
 
     records = read_metrics(metrics_path)
     train = [r for r in records if r["kind"] == "train"]
+    if not train:
+        raise ConfigError(f"{metrics_path} has no train records",
+                          f"{METRICS_FIX} after its first --log-interval steps")
     fig, (loss_ax, speed_ax) = plt.subplots(1, 2, figsize=(11, 4))
     loss_ax.plot([r["iteration"] for r in train], [r["loss"] for r in train], label="train")
     for kind in ("validation", "test"):
@@ -139,6 +173,7 @@ def plot_metrics(metrics_path, png_path) -> Path:
     for ax in (loss_ax, speed_ax):
         ax.grid(alpha=0.3)
     fig.tight_layout()
+    Path(png_path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
     return Path(png_path)

@@ -1,10 +1,13 @@
-"""The entry point: --help, a short run that learns, the real launcher, and one-line errors."""
+"""The entry point: --help, a short run that learns, the real launcher (its start-up config line,
+plain log lines, TensorBoard scalars), and one-line errors."""
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from megatron.data.default_dataset import prepare_default_dataset
@@ -64,16 +67,65 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
     assert (tmp_path / "ckpt" / "iter_0000050").is_dir() and (tmp_path / "log" / "loss.png").stat().st_size > 0
 
 
-def test_real_launcher_runs_two_steps(tmp_path, data_dir):
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory, data_dir) -> SimpleNamespace:
+    """Two steps at SP=2 through the real `deepspeed` launcher (2 CPU ranks), stdout a pipe,
+    with a validation run each step and TensorBoard scalars: run once, read by the tests below."""
+    out = tmp_path_factory.mktemp("launched")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     command = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
                str(ROOT / "pretrain_bert.py"), *TINY, "--deepspeed", "--deepspeed_config",
                str(ROOT / "ds_configs" / "ring_sp2.json"), "--train-iters", "2", "--log-interval", "1",
-               "--eval-iters", "1", "--default-data-dir", data_dir, "--save", str(tmp_path / "ckpt"),
-               "--log-dir", str(tmp_path / "log")]
+               "--eval-interval", "1", "--eval-iters", "1", "--default-data-dir", data_dir,
+               "--save", str(out / "ckpt"), "--log-dir", str(out / "log"), "--tensorboard-dir", str(out / "tb")]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "iteration 2/2" in result.stdout and "saved checkpoint" in result.stdout
+    records = [json.loads(line) for line in (out / "log" / "metrics.jsonl").read_text().splitlines()]
+    return SimpleNamespace(stdout=result.stdout, records=records, tensorboard_dir=out / "tb")
+
+
+def test_real_launcher_runs_two_steps(launched):
+    assert "iteration 2/2" in launched.stdout and "saved checkpoint" in launched.stdout
+
+
+def test_resolved_config_is_printed_once_by_rank_0(launched):
+    output = launched.stdout.splitlines()
+    lines = [line for line in output if line.startswith("resolved config: ")]
+    assert len(lines) == 1, lines
+    assert output.index(lines[0]) < min(i for i, line in enumerate(output) if line.startswith("iteration 1/2 |"))
+    config = json.loads(lines[0].removeprefix("resolved config: "))
+    layout = ("sequence_parallel_size", "pipeline_parallel_size", "data_parallel_size", "micro_batch_size",
+              "gradient_accumulation_steps", "zero_stage")
+    assert [config[key] for key in layout] == [2, 1, 1, 4, 1, 1]
+    assert config["model"]["attention"] == "ring" and config["model"]["seq_length"] == 128
+    assert config["model"]["num_layers"] == 2 and config["ds_config"]["train_batch_size"] == 4
+
+
+def test_log_lines_are_plain_when_stdout_is_a_pipe(launched):
+    assert "\r" not in launched.stdout
+    lines = launched.stdout.splitlines()
+    for iteration in (1, 2):
+        assert sum(line.startswith(f"iteration {iteration}/2 | consumed samples {4 * iteration} | lr ")
+                   for line in lines) == 1, launched.stdout[-3000:]
+
+
+def test_tensorboard_scalars_are_the_logged_metrics(launched):
+    """Rank 0 writes one event file; each metric of metrics.jsonl is a scalar `<kind>/<name>` by
+    iteration, with the logged value (TensorBoard keeps float32)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert len(list(launched.tensorboard_dir.glob("events.out.tfevents.*"))) == 1
+    events = EventAccumulator(str(launched.tensorboard_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    train = {f"train/{name}" for name in ("loss", "mlm_loss", "sop_loss", "lr", "grad_norm", "tokens_per_s",
+                                          "tflops_per_rank", "peak_memory_mib", "consumed_samples")}
+    assert tags == train | {"validation/loss", "test/loss"}  # fp32 run: no train/loss_scale
+    assert {r["kind"] for r in launched.records} == {"train", "validation", "test"}
+    for tag in sorted(tags):
+        kind, name = tag.split("/")
+        logged = [(r["iteration"], float(np.float32(r[name]))) for r in launched.records if r["kind"] == kind]
+        assert [(e.step, e.value) for e in events.Scalars(tag)] == logged, tag
 
 
 @pytest.mark.parametrize("argv,message", [

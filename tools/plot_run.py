@@ -2,25 +2,26 @@
 loss and throughput curves.
 
     python tools/plot_run.py runs/bert/metrics.jsonl [-o runs/bert/loss.png]
+
+A missing or malformed log ends with one line naming the file and line, exit code 2.
 """
 import argparse
 import sys
 from pathlib import Path
 
+from megatron.errors import run_tool
 from megatron.run_log import plot_metrics
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="plot_run.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("metrics", type=Path, help="metrics.jsonl of a run")
     parser.add_argument("-o", "--output", type=Path, help="PNG path (default: loss.png beside the metrics)")
     args = parser.parse_args(argv)
-    if not args.metrics.is_file():
-        print(f"plot_run.py: error: {args.metrics} does not exist; pass the metrics.jsonl of a run", file=sys.stderr)
-        return 2
     print(plot_metrics(args.metrics, args.output or args.metrics.with_name("loss.png")))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool("plot_run.py", main))

@@ -1,0 +1,134 @@
+"""The run log: plain lines when stdout is not a terminal, a progress bar when it is, and
+tools/plot_run.py turning a metrics.jsonl into a PNG (or one error line)."""
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from bert_fixtures import small_config
+from megatron import run_log
+from megatron.errors import ConfigError, run_tool
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import plot_run  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+class Terminal(io.StringIO):
+    """A stdout that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def rank_0_run_log(monkeypatch, log_dir: Path, steps: int, interval: int, tensorboard_dir=None) -> run_log.RunLog:
+    """The RunLog of global rank 0 of 1, 4 samples of 48 tokens a step."""
+    monkeypatch.setattr(run_log.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(run_log.dist, "get_world_size", lambda: 1)
+    args = SimpleNamespace(log_interval=interval, log_dir=str(log_dir), tensorboard_dir=tensorboard_dir)
+    config = SimpleNamespace(global_batch_size=4, model=small_config(seq_length=48))
+    return run_log.RunLog(args, config, train_iters=steps)
+
+
+def write_run_log(log_dir: Path, stdout: io.StringIO, monkeypatch, steps=4, interval=2) -> Path:
+    """Drives RunLog as pretrain() does: `steps` steps of 0.5 s each with loss 10 - iteration,
+    a checkpoint message, a validation and a test loss, then finish(). -> metrics.jsonl."""
+    monkeypatch.setattr(sys, "stdout", stdout)
+    log = rank_0_run_log(monkeypatch, log_dir, steps, interval)
+    engine = SimpleNamespace(fp16_enabled=lambda: False, get_lr=lambda: [1e-3])
+    for iteration in range(1, steps + 1):
+        loss = 10.0 - iteration
+        result = SimpleNamespace(loss=loss, mlm=loss - 0.75, sop=0.75, grad_norm=1.5)
+        log.step(iteration, 4 * iteration, result, engine, seconds=0.5)
+    log.message("saved checkpoint ckpt/iter_0000004")
+    log.evaluation("validation", steps, 6.5)
+    log.evaluation("test", steps, 6.25)
+    log.finish(None)
+    return log_dir / "metrics.jsonl"
+
+
+def test_plain_lines_when_stdout_is_not_a_terminal(tmp_path, monkeypatch):
+    stdout = io.StringIO()
+    metrics = write_run_log(tmp_path / "log", stdout, monkeypatch)
+    text = stdout.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    # 2 steps of 4 samples x 48 tokens in 1 s: 384 tokens/s
+    assert lines[0].startswith("iteration 2/4 | consumed samples 8 | lr 1.000e-03 | loss 8.5000 | mlm 7.7500 | "
+                               "sop 0.7500 | grad norm 1.5000 | tokens/s 384 | TFLOP/s/rank "), lines[0]
+    assert lines[1].startswith("iteration 4/4 | consumed samples 16 | lr 1.000e-03 | loss 6.5000 | "), lines[1]
+    assert " MiB" in lines[0] and "loss scale" not in lines[0]  # fp32: no loss scale
+    assert lines[2:5] == ["saved checkpoint ckpt/iter_0000004", "validation loss at iteration 4: 6.5000",
+                          "test loss at iteration 4: 6.2500"]
+    assert lines[5:] == [f"logs: {metrics}", f"loss plot: {metrics.with_name('loss.png')}"]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [(r["kind"], r["iteration"], r["loss"]) for r in records] == [
+        ("train", 2, 8.5), ("train", 4, 6.5), ("validation", 4, 6.5), ("test", 4, 6.25)]
+    assert set(records[0]) == {"kind", "iteration", "consumed_samples", "time", "lr", "loss", "mlm_loss", "sop_loss",
+                               "grad_norm", "loss_scale", "tokens_per_s", "tflops_per_rank", "peak_memory_mib"}
+
+
+def test_progress_bar_when_stdout_is_a_terminal(tmp_path, monkeypatch):
+    stdout = Terminal()
+    write_run_log(tmp_path / "log", stdout, monkeypatch)
+    text = stdout.getvalue()
+    assert "\r" in text and "4/4 [" in text  # tqdm redraws its "n/total [elapsed..." line in place
+    # log lines are written whole above the bar (after tqdm clears it with \r)
+    shown = [segment.split("\r")[-1] for segment in text.split("\n")]
+    assert any(line.startswith("iteration 2/4 | consumed samples 8 | ") for line in shown), text
+    assert "saved checkpoint ckpt/iter_0000004" in shown and "test loss at iteration 4: 6.2500" in shown
+
+
+def test_tensorboard_dir_without_the_package_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # its import now fails
+    with pytest.raises(ConfigError, match="--tensorboard-dir needs the tensorboard package; pip install"):
+        rank_0_run_log(monkeypatch, tmp_path / "log", steps=1, interval=1, tensorboard_dir=str(tmp_path / "tb"))
+
+
+def test_plot_run_writes_a_png(tmp_path, monkeypatch):
+    stdout = io.StringIO()
+    metrics = write_run_log(tmp_path / "log", stdout, monkeypatch)
+    metrics.with_name("loss.png").unlink()  # finish() drew one; plot_run must draw its own
+    png = tmp_path / "plots" / "run.png"
+    assert plot_run.main([str(metrics), "-o", str(png)]) == 0
+    assert plot_run.main([str(metrics)]) == 0
+    for path in (png, metrics.with_name("loss.png")):
+        data = path.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1000, path
+    assert stdout.getvalue().splitlines()[-2:] == [str(png), str(metrics.with_name("loss.png"))]
+
+
+TRAIN = {"kind": "train", "iteration": 10, "consumed_samples": 40, "loss": 9.2, "tokens_per_s": 512.0}
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "does not exist"),
+    ("", "has no train records"),
+    (json.dumps({"kind": "validation", "iteration": 10, "loss": 7.5}), "has no train records"),
+    (json.dumps(TRAIN) + "\n{\"kind\": \"train\", \"iter", "line 2 is not a run-log record"),
+    ("[1, 2]", "line 1 is not a run-log record"),
+    (json.dumps({**TRAIN, "loss": None}), "line 1: a train record without loss"),
+])
+def test_plot_run_bad_log_is_one_line(tmp_path, capsys, content, message):
+    metrics = tmp_path / "metrics.jsonl"
+    if content is not None:
+        metrics.write_text(content)
+    code = run_tool("plot_run.py", lambda: plot_run.main([str(metrics)]))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith(f"plot_run.py: error: {metrics}") and message in err, err
+    assert not (tmp_path / "loss.png").exists()
+
+
+def test_plot_run_script_exit_code(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "plot_run.py"), str(tmp_path / "metrics.jsonl")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr == (f"plot_run.py: error: {tmp_path / 'metrics.jsonl'} does not exist; "
+                             "pass the metrics.jsonl a run wrote under --log-dir\n")
