@@ -1,6 +1,7 @@
 """What a run reports: log lines (or a progress bar on a terminal), metrics.jsonl, TensorBoard
 scalars, and the loss / throughput plot at the end. Only global rank 0 writes."""
 import json
+import os
 import resource
 import sys
 import time
@@ -28,6 +29,8 @@ class RunLog:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics = open(self.dir / "metrics.jsonl", "a")
+        if self.metrics.tell() and not _ends_with_newline(self.dir / "metrics.jsonl"):
+            self.metrics.write("\n")  # a killed run's torn last line stays a line of its own
         if args.tensorboard_dir:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -124,19 +127,29 @@ PLOTTED = {"train": ("iteration", "loss", "tokens_per_s"), "validation": ("itera
            "test": ("iteration", "loss")}
 
 
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as file:
+        file.seek(-1, os.SEEK_END)
+        return file.read(1) == b"\n"
+
+
 def read_metrics(path) -> list:
     """The records of a metrics.jsonl; a missing file, or a line that is not a record with the
-    fields its kind needs, is a ConfigError naming the line."""
+    fields its kind needs, is a ConfigError naming the line. A torn record (the start of a JSON
+    object cut off by a killed run, which a resumed run appends after) is skipped with a warning."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path} does not exist", METRICS_FIX)
-    records = []
+    records, torn = [], []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
+            if line.startswith("{"):
+                torn.append(number)
+                continue
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
             raise ConfigError(f"{path} line {number} is not a run-log record (a JSON object with a kind)", METRICS_FIX)
@@ -145,6 +158,9 @@ def read_metrics(path) -> list:
             raise ConfigError(f"{path} line {number}: a {record['kind']} record without {', '.join(missing)}",
                               METRICS_FIX)
         records.append(record)
+    if torn:
+        print(f"warning: {path}: skipped torn line(s) {', '.join(map(str, torn))} (a killed run's last write)",
+              file=sys.stderr, flush=True)
     return records
 
 

@@ -111,7 +111,7 @@ TRAIN = {"kind": "train", "iteration": 10, "consumed_samples": 40, "loss": 9.2, 
     (None, "does not exist"),
     ("", "has no train records"),
     (json.dumps({"kind": "validation", "iteration": 10, "loss": 7.5}), "has no train records"),
-    (json.dumps(TRAIN) + "\n{\"kind\": \"train\", \"iter", "line 2 is not a run-log record"),
+    (json.dumps(TRAIN) + "\n[\"kind\", \"train\", \"iter", "line 2 is not a run-log record"),
     ("[1, 2]", "line 1 is not a run-log record"),
     (json.dumps({**TRAIN, "loss": None}), "line 1: a train record without loss"),
 ])
@@ -124,6 +124,18 @@ def test_plot_run_bad_log_is_one_line(tmp_path, capsys, content, message):
     assert code == 2
     assert err.count("\n") == 1 and err.startswith(f"plot_run.py: error: {metrics}") and message in err, err
     assert not (tmp_path / "loss.png").exists()
+
+
+def test_resumed_run_appends_after_a_torn_line_and_still_plots(tmp_path, monkeypatch, capsys):
+    """SIGKILL can cut a record in half; the resumed run's records start on a new line, and the
+    plot at its end skips the torn one."""
+    metrics = tmp_path / "log" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    metrics.write_text(json.dumps(TRAIN) + "\n" + json.dumps({**TRAIN, "iteration": 20})[:25])
+    write_run_log(metrics.parent, io.StringIO(), monkeypatch)  # finish() plots
+    assert metrics.with_name("loss.png").read_bytes()[:8] == PNG_MAGIC
+    assert "skipped torn line(s) 2" in capsys.readouterr().err
+    assert [r["iteration"] for r in run_log.read_metrics(metrics)] == [10, 2, 4, 4, 4]
 
 
 def test_plot_run_script_exit_code(tmp_path):
