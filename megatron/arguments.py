@@ -116,6 +116,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                       help="BertWordPieceLowerCase (default) or BertWordPieceCase")
     data.add_argument("--data-impl", default="mmap", choices=["mmap", "cached", "lazy"], help="indexed dataset format")
     data.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens masked for MLM")
+    data.add_argument("--whole-word-masking", action="store_true",
+                      help="mask whole words: all WordPiece pieces of a word (the first and its '##' "
+                           "continuations) are masked together (default: each piece on its own)")
     data.add_argument("--default-data-dir", default=".cache/default_data",
                       help="where the embedded corpus, vocab and preprocessed data are built")
 

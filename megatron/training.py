@@ -112,7 +112,7 @@ def pretrain(args) -> None:
     samples = (train_iters * global_batch, eval_runs * args.eval_iters * global_batch, args.eval_iters * global_batch)
     train_set, valid_set, test_set = build_train_valid_test_datasets(
         data_path, args.data_impl, args.split, samples, config.model.seq_length, tokenizer,
-        masked_lm_prob=args.mask_prob, seed=args.seed, binary_head=config.model.add_binary_head)
+        **sample_options(args, config))
 
     engine = build_engine(config, bert_state=initial_weights(args, config, weights_only),
                           lr_scheduler=lr_schedule(args, train_iters))
@@ -154,6 +154,12 @@ def pretrain(args) -> None:
     if test_set is not None:
         log.evaluation("test", iteration, evaluate(batches, engine, test_set, 0, args.eval_iters))
     log.finish(args.save)
+
+
+def sample_options(args, config) -> dict:
+    """BertDataset keyword arguments from the flags, the same for the train, valid and test sets."""
+    return dict(masked_lm_prob=args.mask_prob, seed=args.seed, binary_head=config.model.add_binary_head,
+                whole_word_masking=args.whole_word_masking)
 
 
 def initial_model_fields(args, weights_only: bool) -> dict:

@@ -111,6 +111,21 @@ def test_whole_word_masking_masks_words_entirely(data):
         assert loss.sum() > 0
 
 
+def split_words(sample) -> int:
+    """Continuation pieces whose prediction differs from the piece before them: words masked in part."""
+    tokens, loss = original_tokens(sample), sample["loss_mask"]
+    continuation = (tokens >= 155) & (np.roll(tokens, 1) >= 5)
+    return int((continuation[1:] & (loss[1:] != loss[:-1])).sum())
+
+
+def test_without_whole_word_masking_words_are_masked_in_part(data):
+    """The control of the test above: the same samples (same seed) mask some words only in part
+    without the option, and none with it."""
+    plain, whole = dataset(data), dataset(data, whole_word_masking=True)
+    assert sum(split_words(plain[i]) for i in range(300)) > 0
+    assert sum(split_words(whole[i]) for i in range(300)) == 0
+
+
 def test_samples_are_deterministic_per_seed(data):
     a, b, c = dataset(data, seed=5), dataset(data, seed=5), dataset(data, seed=6)
     for key, value in a[17].items():

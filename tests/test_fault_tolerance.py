@@ -242,8 +242,19 @@ def same_weights(a: dict, b: dict) -> bool:
     return all(torch.equal(a[name], b[name]) for name in a)
 
 
-def test_nan_loss_stops_naming_the_last_good_checkpoint(tmp_path, data_dir):
-    argv = nan_argv(tmp_path, data_dir, {"zero_optimization": {"stage": 0}})
+BF16 = {"bf16": {"enabled": True}}
+
+
+@pytest.mark.parametrize("ds", [
+    {"zero_optimization": {"stage": 0}},  # the plain torch optimizer
+    {**BF16, "zero_optimization": {"stage": 0}},  # DeepSpeed's FP16_UnfusedOptimizer over bf16 weights
+    {**BF16, "zero_optimization": {"stage": 1}},  # DeepSpeedZeroOptimizer, bf16 gradients
+    {**BF16, "zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp32"}},  # BF16_Optimizer
+], ids=["fp32", "bf16-zero0", "bf16-zero1", "bf16-zero1-fp32-grads"])
+def test_nan_loss_stops_naming_the_last_good_checkpoint(tmp_path, data_dir, ds):
+    """fp32 and bf16 alike: one line naming the iteration and the last good checkpoint, exit 2,
+    also where DeepSpeed's bf16 optimizers skip the non-finite step by themselves."""
+    argv = nan_argv(tmp_path, data_dir, ds)
     code, err, _ = run_on_ranks(main_with_bad_loss, 1, argv, 3, float("nan"), timeout=300)[0]
     errors = [line for line in err.splitlines() if line.startswith("pretrain_bert.py: error:")]
     assert code == 2 and len(errors) == 1, err[-2000:]
