@@ -39,8 +39,8 @@ def _uses_full_state_api(param) -> bool:
 
 
 def reshapable(engine) -> bool:
-    """Whether gather / scatter can read and write this engine's optimizer (not fp16 at ZeRO 0,
-    whose FP16_Optimizer keeps its fp32 copies in its own groups)."""
+    """Whether gather / scatter can read and write this engine's optimizer (not fp16 or bf16 at
+    ZeRO 0, whose FP16 optimizers keep their fp32 copies in their own groups)."""
     return engine.optimizer is _base_optimizer(engine) or all(map(_uses_full_state_api, engine.module.parameters()))
 
 
@@ -80,7 +80,7 @@ def scatter(engine, config: BertConfig, stored: dict) -> None:
     names = bert_names(engine, config)
     if not reshapable(engine):
         raise ConfigError(f"a checkpoint of another layout cannot be loaded into DeepSpeed's "
-                          f"{type(engine.optimizer).__name__}", "resume with ZeRO stage 1 (or bf16) instead of fp16 at stage 0")
+                          f"{type(engine.optimizer).__name__}", "resume at ZeRO stage 1 or 2 (fp16 and bf16 at stage 0 cannot take it)")
     if any(hasattr(param, "ds_id") for param in names):
         raise ConfigError("a checkpoint of another layout cannot be loaded into ZeRO stage 3",
                           "resume at ZeRO stage 0-2, save, then continue at stage 3 from that checkpoint in its layout")
