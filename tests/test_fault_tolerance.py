@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from megatron import checkpoint
+from megatron import checkpoint, run_log
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig
 from megatron.parallel.spawn import RankFailure, free_port, run_on_ranks
@@ -43,8 +43,7 @@ def train_records(run_dir) -> dict:
     """iteration -> the train record the surviving run wrote last; records a killed run wrote
     for the same iteration must be equal to it (the resumed run repeats them exactly)."""
     records = {}
-    for line in (run_dir / "log" / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in run_log.read_metrics(run_dir / "log" / "metrics.jsonl"):  # skips a record a kill tore
         if record["kind"] != "train":
             continue
         fields = (record["loss"], record["lr"], record["consumed_samples"])
@@ -121,6 +120,21 @@ def test_killed_mid_step_twice_resumes_exactly_sp2(tmp_path, data_dir):
     argv = run_argv(killed, data_dir, ds)
     run_and_kill(argv, 2, killed / "log" / "metrics.jsonl", first)
     run_and_kill([*argv, "--load", str(killed / "ckpt")], 2, killed / "log" / "metrics.jsonl", second)
+    run_and_kill([*argv, "--load", str(killed / "ckpt")], 2, killed / "log" / "metrics.jsonl", None)
+    assert_same_run(killed, straight)
+
+
+def test_killed_mid_step_resumes_exactly_pp2(tmp_path, data_dir):
+    """Two pipeline stages, ZeRO 1: killed inside a step at a random iteration, resumed with --load."""
+    ds = {"zero_optimization": {"stage": 1}, "train_batch_size": 4, "train_micro_batch_size_per_gpu": 2}
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    straight.mkdir(), killed.mkdir()
+    pipeline = ["--pipeline-model-parallel-size", "2"]
+    run_and_kill(run_argv(straight, data_dir, ds, *pipeline), 2, straight / "log" / "metrics.jsonl", None)
+    kill_after = random.randint(3, 6)
+    print(f"kill point: after iteration {kill_after}")
+    argv = run_argv(killed, data_dir, ds, *pipeline)
+    run_and_kill(argv, 2, killed / "log" / "metrics.jsonl", kill_after)
     run_and_kill([*argv, "--load", str(killed / "ckpt")], 2, killed / "log" / "metrics.jsonl", None)
     assert_same_run(killed, straight)
 
