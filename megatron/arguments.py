@@ -68,7 +68,7 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
     memory.add_argument("--checkpoint-activations", action="store_true",
                         help="recompute transformer layers in backward (DeepSpeed activation checkpointing)")
     memory.add_argument("--checkpoint-num-layers", type=int, default=1,
-                        help="transformer layers per checkpointed chunk in a pipeline (default 1)")
+                        help="transformer layers per checkpointed chunk (default 1)")
     speed = parser.add_argument_group("speed")
     speed.add_argument("--compile-mlp", action="store_true", default=None,
                        help="torch.compile each layer's MLP sublayer: fused bias-GELU and bias-dropout-add "

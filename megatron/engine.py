@@ -53,7 +53,7 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
     if config.compile_mlp:
         compile_mlp_sublayers(model)
     if config.activation_checkpoint_interval:
-        checkpoint_layers(model)
+        checkpoint_layers(model, config.activation_checkpoint_interval)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config,
                                       mpu=state, lr_scheduler=lr_scheduler)
     return engine
@@ -89,16 +89,32 @@ def skip_nonfinite_updates(engine) -> None:
     optimizer.step = step_if_finite
 
 
-def checkpoint_layers(model: BertModel) -> None:
-    """Recomputes every transformer layer in backward (DeepSpeed's activation checkpointing).
+def checkpoint_layers(model: BertModel, interval: int = 1) -> None:
+    """Recomputes the transformer layers in backward, `interval` consecutive layers per chunk
+    (DeepSpeed's activation checkpointing).
 
-    Applied from outside: each layer's forward runs under deepspeed.checkpointing.checkpoint,
-    which keeps only the layer input. The ring's and Ulysses' communication is replayed in the
-    recompute, in the same order on every seq rank. (A pipeline checkpoints chunks of
-    `--checkpoint-num-layers` layers through PipelineModule instead.)
+    Applied from outside: the first layer of each chunk runs the whole chunk under
+    deepspeed.checkpointing.checkpoint, which keeps only the chunk's input; the chunk's other
+    layers then pass their input through. The ring's and Ulysses' communication is replayed in
+    the recompute, in the same order on every seq rank. (A pipeline checkpoints its chunks
+    through PipelineModule's activation_checkpoint_interval instead.)
     """
-    for layer in model.layers:
-        layer.forward = functools.partial(deepspeed.checkpointing.checkpoint, type(layer).forward.__get__(layer))
+    forwards = [type(layer).forward.__get__(layer) for layer in model.layers]
+
+    def run_chunk(start, x, key_padding_mask):
+        for forward in forwards[start:start + interval]:
+            x = forward(x, key_padding_mask)
+        return x
+
+    for index, layer in enumerate(model.layers):
+        if index % interval == 0:
+            layer.forward = functools.partial(deepspeed.checkpointing.checkpoint, functools.partial(run_chunk, index))
+        else:
+            layer.forward = _computed_in_its_chunk
+
+
+def _computed_in_its_chunk(x, key_padding_mask):
+    return x
 
 
 def compile_mlp_sublayers(model: torch.nn.Module) -> None:

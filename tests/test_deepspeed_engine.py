@@ -4,6 +4,8 @@ Both engine paths (plain model with ZeRO 0-3, PipelineModule with ZeRO 0/1) at s
 (pipeline, data, sequence) layouts, 3 AdamW steps with gradient clipping. The reference runs
 the same micro-batches in this process: gradient = mean over micro-batches, clipped to norm 1.
 """
+import functools
+
 import pytest
 import torch
 
@@ -76,8 +78,10 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
                    for name in small_model(config.model).state_dict()}
         params = {to_bert[name]: p for name, p in params.items()}
     compiled_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    # plain model: layers that start a checkpointed chunk (the others run inside one)
+    chunks = sum(isinstance(layer.forward, functools.partial) for layer in getattr(module, "layers", []))
     return {"losses": losses, "params": params, "passes": passes, "dtype": next(module.parameters()).dtype,
-            "compiled_graphs": compiled_graphs}
+            "compiled_graphs": compiled_graphs, "chunks": chunks}
 
 
 def reference_run(micro: int, attention: str = "ring") -> dict:
@@ -131,12 +135,14 @@ def test_pipeline_with_data_parallel():
     check_against_reference(results, micro=2, label="pp2 dp2 zero1")
 
 
-@pytest.mark.parametrize("pipeline,world,interval", [(1, 2, 1), (2, 4, 1)])
+@pytest.mark.parametrize("pipeline,world,interval", [(1, 2, 1), (1, 2, 2), (2, 4, 1)])
 def test_activation_checkpointing_changes_nothing(pipeline, world, interval):
     """Recomputing layers (ring communication replayed in backward) gives the same training."""
     results = run_on_ranks(deepspeed_run, world, pipeline, 2, 2, 1, 2, "ring", interval, timeout=300)
     check_against_reference(results, micro=2, label=f"pp{pipeline} sp2 checkpointed")
     assert all(result["passes"] == 2 for result in results), "layers were not recomputed"
+    if pipeline == 1:  # the small model's 2 layers in chunks of `interval`
+        assert all(result["chunks"] == 2 // interval for result in results)
 
 
 @pytest.mark.parametrize("precision,pipeline,world,dtype", [("bf16", 1, 2, torch.bfloat16),
