@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from megatron import optimizer_state
-from megatron.config import TrainConfig
+from megatron.config import TrainConfig, precision
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.pipe import pipe_layer_to_bert
@@ -77,10 +77,11 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
 def _save_layout_free(engine, config: TrainConfig, staging: str) -> None:
     """Per pipeline stage, one file of what another layout needs to continue the run: weights and
     Adam state in BertModel names (optimizer_state.gather), LR schedule and DeepSpeed's counters."""
-    if not optimizer_state.reshapable(engine):
+    writer = parallel_state.get_data_parallel_rank() == 0 and parallel_state.get_sequence_parallel_rank() == 0
+    if not optimizer_state.reshapable(engine) or not (writer or optimizer_state.collective(engine)):
         return
     stage_state = optimizer_state.gather(engine, config.model)
-    if parallel_state.get_data_parallel_rank() == 0 and parallel_state.get_sequence_parallel_rank() == 0:
+    if writer:
         stage_state.update(lr_scheduler=engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
                            global_steps=engine.global_steps, global_samples=engine.global_samples,
                            skipped_steps=engine.skipped_steps)
@@ -245,17 +246,13 @@ def load(engine, load_dir: str, config: TrainConfig) -> dict:
     return state
 
 
-def _precision(ds_config: dict) -> str:
-    return next((kind for kind in ("fp16", "bf16") if ds_config.get(kind, {}).get("enabled")), "fp32")
-
-
 def same_layout(stored: dict, current: dict) -> bool:
     """Whether DeepSpeed's own files load as they are: same pipeline degree and precision, and
     the same ZeRO partitioning (ZeRO 0 keeps whole states, independent of data x seq)."""
     def layout(config):
         zero = config["zero_stage"]
         shards = config["data_parallel_size"] * config["sequence_parallel_size"] if zero else 1
-        return config["pipeline_parallel_size"], zero, shards, _precision(config["ds_config"])
+        return config["pipeline_parallel_size"], zero, shards, precision(config["ds_config"])
     return layout(stored) == layout(current)
 
 
@@ -266,7 +263,7 @@ def _load_layout_free(engine, config: TrainConfig, folder: str, stored: dict) ->
     if not all(os.path.isfile(path) for path in paths):
         raise DataError(f"checkpoint {folder} (pipeline {stored['pipeline_parallel_size']}, ZeRO {stored['zero_stage']}, "
                         f"{stored['data_parallel_size']} x {stored['sequence_parallel_size']} data x seq, "
-                        f"{_precision(stored['ds_config'])}) has no {LAYOUT_FREE.format(stage='*')} files to load "
+                        f"{precision(stored['ds_config'])}) has no {LAYOUT_FREE.format(stage='*')} files to load "
                         "in another layout", "resume in the layout it was written in")
     stages = [safe_load(path) for path in paths]
     merged = {"step": stages[0]["step"], "params": {}}

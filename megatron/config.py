@@ -54,6 +54,11 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+def precision(ds_config: dict) -> str:
+    """"fp16", "bf16" or "fp32": what the DeepSpeed JSON enables."""
+    return next((kind for kind in ("fp16", "bf16") if ds_config.get(kind, {}).get("enabled")), "fp32")
+
+
 def read_ds_config(path) -> dict:
     """Reads a DeepSpeed JSON file; syntax errors name the line and column."""
     path = Path(path)

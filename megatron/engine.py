@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from megatron.config import TrainConfig
+from megatron.config import TrainConfig, precision
 from megatron.errors import ConfigError
 from megatron.data.batch import BertBatch
 from megatron.model.bert import BertModel, TransformerLayer
@@ -63,7 +63,7 @@ def check_precision_supported(ds_config: dict) -> None:
     """fp16 on a CPU whose oneDNN has no fp16 kernels: DeepSpeed refuses it deep inside
     deepspeed.initialize with a traceback; say so in one line before any rank starts work."""
     accelerator = get_accelerator()
-    if ds_config.get("fp16", {}).get("enabled") and not accelerator.is_fp16_supported():
+    if precision(ds_config) == "fp16" and not accelerator.is_fp16_supported():
         raise ConfigError(f"fp16.enabled is true but DeepSpeed does not support fp16 on this {accelerator.device_name()} "
                           "device (no fp16 kernels)", 'use "bf16": {"enabled": true} or fp32, or run on a GPU')
 

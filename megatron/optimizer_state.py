@@ -9,21 +9,18 @@ ZeRO flattens and partitions them over data x seq. `gather` turns one stage's op
 import torch
 
 from megatron.errors import ConfigError
-from megatron.model.bert import BertConfig, BertModel
-from megatron.model.pipe import bert_to_pipe_name
+from megatron.model.bert import BertConfig
+from megatron.model.pipe import pipe_to_bert_name
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def bert_names(engine, config: BertConfig) -> dict:
     """{engine.module parameter: BertModel name} for the parameters this rank's stage holds."""
-    names = dict(engine.module.named_parameters())
+    names = engine.module.named_parameters()
     if not hasattr(engine, "num_stages"):  # the plain model: names are BertModel's
-        return {param: name for name, param in names.items()}
-    with torch.device("meta"):
-        bert = BertModel(config).state_dict()
-    to_bert = {bert_to_pipe_name(name, config.num_layers): name for name in bert}
-    return {param: to_bert[name] for name, param in names.items()}
+        return {param: name for name, param in names}
+    return {param: pipe_to_bert_name(name, config.num_layers) for name, param in names}
 
 
 def _base_optimizer(engine) -> torch.optim.Optimizer:
@@ -41,7 +38,13 @@ def _uses_full_state_api(param) -> bool:
 def reshapable(engine) -> bool:
     """Whether gather / scatter can read and write this engine's optimizer (not fp16 or bf16 at
     ZeRO 0, whose FP16 optimizers keep their fp32 copies in their own groups)."""
-    return engine.optimizer is _base_optimizer(engine) or all(map(_uses_full_state_api, engine.module.parameters()))
+    return not collective(engine) or all(map(_uses_full_state_api, engine.module.parameters()))
+
+
+def collective(engine) -> bool:
+    """Whether gather must run on every rank of the stage: DeepSpeed's ZeRO and bf16 optimizers
+    assemble each parameter's state by an all-reduce over its data x seq group."""
+    return engine.optimizer is not _base_optimizer(engine)
 
 
 def adam_step(engine) -> float:
@@ -85,7 +88,7 @@ def scatter(engine, config: BertConfig, stored: dict) -> None:
         raise ConfigError("a checkpoint of another layout cannot be loaded into ZeRO stage 3",
                           "resume at ZeRO stage 0-2, save, then continue at stage 3 from that checkpoint in its layout")
     step = torch.tensor(stored["step"], dtype=torch.float32)
-    if engine.optimizer is not base:
+    if collective(engine):
         _create_flat_state(engine, base, step)
     for param, name in names.items():
         entry = stored["params"][name]
@@ -97,7 +100,7 @@ def scatter(engine, config: BertConfig, stored: dict) -> None:
             with torch.no_grad():
                 param.copy_(entry["fp32"])
             base.state[param] = {"step": step.clone(), **{key: entry[key].to(param) for key in MOMENTS}}
-    if engine.optimizer is not base and hasattr(engine.optimizer, "update_lp_params"):
+    if collective(engine) and hasattr(engine.optimizer, "update_lp_params"):
         engine.optimizer.update_lp_params()  # bf16 / fp16 model copies from the fp32 masters just set
 
 

@@ -141,6 +141,15 @@ def bert_to_pipe_name(name: str, num_layers: int) -> str:
     return f"tied_modules.embed.{key}" if layer == 0 else f"{layer}.{key}"
 
 
+def pipe_to_bert_name(name: str, num_layers: int) -> str:
+    """BertModelPipe state-dict name -> BertModel parameter name (inverse of bert_to_pipe_name)."""
+    tied = "tied_modules.embed."
+    if name.startswith(tied):
+        return pipe_layer_to_bert(0, name[len(tied):], num_layers)
+    layer, key = name.split(".", 1)
+    return pipe_layer_to_bert(int(layer), key, num_layers)
+
+
 def load_bert_state(pipe: BertModelPipe, bert_state: dict) -> None:
     """Copies a BertModel state dict into this stage's share of the pipeline."""
     names = {bert_to_pipe_name(name, pipe.config.num_layers): name for name in bert_state}
