@@ -79,11 +79,24 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
 def config_flags(args: argparse.Namespace) -> dict:
     """The given flags as config field values (None where not given)."""
     values = {field: getattr(args, dest, None) for dest, field in _FIELDS.items()}
-    for field in ("add_binary_head", "embedding_layernorm", "compile_mlp"):
+    for field in ("add_binary_head", "embedding_layernorm", "compile_mlp", "pack_samples", "max_segment_length"):
         values[field] = getattr(args, field, None)
     if getattr(args, "checkpoint_activations", False):
         values["activation_checkpoint_interval"] = args.checkpoint_num_layers
     return values
+
+
+def add_packing_args(group) -> None:
+    """--pack-samples and --max-segment-length (also the JSON's sequence_parallel.pack_samples and
+    .max_segment_length): in the trainer's data group and in tools/ds_config.py, which checks them."""
+    group.add_argument("--pack-samples", action="store_const", const=True,
+                       help="pack several segments ([CLS] A [SEP] B [SEP], each with its own positions from 0, "
+                            "sentence-order label and masking) into each sample until the sequence is full, "
+                            "each attending only to itself: most of a long sequence is real tokens, not padding")
+    group.add_argument("--max-segment-length", type=int,
+                       help="with --pack-samples: tokens of the longest segment (default: the smaller of "
+                            "--seq-length and --max-position-embeddings); --seq-length may then exceed "
+                            "--max-position-embeddings")
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -119,6 +132,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     data.add_argument("--whole-word-masking", action="store_true",
                       help="mask whole words: all WordPiece pieces of a word (the first and its '##' "
                            "continuations) are masked together (default: each piece on its own)")
+    add_packing_args(data)
     data.add_argument("--default-data-dir", default=".cache/default_data",
                       help="where the embedded corpus, vocab and preprocessed data are built")
 

@@ -12,7 +12,9 @@ The JSON section DeepSpeed itself never reads (it ignores unknown top-level keys
         "size": 4,                      # SP degree (ranks that split one sequence)
         "attention": "ring",            # dense | ring | ulysses | linformer | bigbird
         "linformer": {"k": 256, "share_heads": false, "share_kv": false},
-        "bigbird": {"block_size": 64, "num_window_blocks": 3, "num_random_blocks": 2}
+        "bigbird": {"block_size": 64, "num_window_blocks": 3, "num_random_blocks": 2},
+        "pack_samples": false,          # several segments per sample (--pack-samples)
+        "max_segment_length": 512       # packed: the longest segment (default min(seq, positions))
     }
 
 Every violated constraint is a ConfigError naming the key (or flag) and the fix.
@@ -43,6 +45,7 @@ class TrainConfig:
     zero_stage: int = 0
     activation_checkpoint_interval: int = 0  # transformer layers per checkpointed chunk; 0 = off
     compile_mlp: bool = False  # torch.compile each layer's MLP sublayer (engine.compile_mlp_sublayers)
+    pack_samples: bool = False  # several segments per sample, up to model.max_segment_length tokens each
     ds_config: dict = field(default_factory=dict)  # what deepspeed.initialize receives
 
     @property
@@ -150,7 +153,7 @@ def _section_values(ds_config: dict) -> dict:
     section = ds_config.get(SECTION, {})
     if not isinstance(section, dict):
         raise ConfigError(f"{SECTION} must be a JSON object", f'write "{SECTION}": {{"size": ..., "attention": ...}}')
-    known = {"size", "attention", *_ATTENTION_OPTIONS}
+    known = {"size", "attention", "pack_samples", "max_segment_length", *_ATTENTION_OPTIONS}
     for key in section:
         if key not in known:
             raise ConfigError(f"unknown key {SECTION}.{key}", f"use one of: {', '.join(sorted(known))}")
@@ -159,6 +162,10 @@ def _section_values(ds_config: dict) -> dict:
         values["sequence_parallel_size"] = _typed(f"{SECTION}.size", section["size"], int)
     if "attention" in section:
         values["attention"] = _typed(f"{SECTION}.attention", section["attention"], str)
+    if "pack_samples" in section:
+        values["pack_samples"] = _typed(f"{SECTION}.pack_samples", section["pack_samples"], bool)
+    if section.get("max_segment_length") is not None:
+        values["max_segment_length"] = _typed(f"{SECTION}.max_segment_length", section["max_segment_length"], int)
     for variant, options in _ATTENTION_OPTIONS.items():
         sub = section.get(variant, {})
         for key, value in sub.items():
@@ -182,6 +189,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
     # --checkpoint-activations, else DeepSpeed's own "activation_checkpointing" section turns it on
     checkpoint_interval = values.pop("activation_checkpoint_interval", 0) or int("activation_checkpointing" in ds_config)
     compile_mlp = values.pop("compile_mlp", False)
+    pack_samples = _packing(values)
     pipeline = values.pop("pipeline_parallel_size", 1)
     sequence = values.pop("sequence_parallel_size", 1)
     for key, value in (("--pipeline-model-parallel-size", pipeline), (f"{SECTION}.size", sequence)):
@@ -229,7 +237,26 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
     return TrainConfig(model=model, pipeline_parallel_size=pipeline, sequence_parallel_size=sequence,
                        data_parallel_size=data, micro_batch_size=micro, gradient_accumulation_steps=gas,
                        zero_stage=zero_stage, activation_checkpoint_interval=checkpoint_interval,
-                       compile_mlp=compile_mlp, ds_config=resolved)
+                       compile_mlp=compile_mlp, pack_samples=pack_samples, ds_config=resolved)
+
+
+def _packing(values: dict) -> bool:
+    """Pops pack_samples; when packing, sets max_segment_length (default: the sequence or the position
+    table, whichever is shorter). BertConfig checks that a segment fits both."""
+    pack_samples = values.pop("pack_samples", False)
+    if not pack_samples:
+        if values.get("max_segment_length") is not None:
+            raise ConfigError(f"max_segment_length {values['max_segment_length']} is set without --pack-samples",
+                              "add --pack-samples or drop --max-segment-length")
+        return False
+    if values.get("attention", BertConfig.attention) == "linformer":
+        raise ConfigError("packed samples (--pack-samples) cannot use linformer attention: its projection mixes "
+                          "the positions of all segments of a sample", "use ring, ulysses, bigbird or dense "
+                          "attention, or drop --pack-samples")
+    if values.get("max_segment_length") is None:
+        values["max_segment_length"] = min(values.get("seq_length", BertConfig.seq_length),
+                                           values.get("max_position_embeddings", BertConfig.max_position_embeddings))
+    return True
 
 
 def _batch_sizes(values: dict, ds_config: dict, data: int) -> tuple:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from megatron import checkpoint, determinism, hf_convert
 from megatron.arguments import build_parser, config_flags
 from megatron.config import read_ds_config, resolve
-from megatron.data.bert_dataset import build_train_valid_test_datasets
+from megatron.data.bert_dataset import SPLIT_NAMES, build_train_valid_test_datasets, token_stats
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import build_tokenizer
@@ -113,6 +113,10 @@ def pretrain(args) -> None:
     train_set, valid_set, test_set = build_train_valid_test_datasets(
         data_path, args.data_impl, args.split, samples, config.model.seq_length, tokenizer,
         **sample_options(args, config))
+    if dist.get_rank() == 0:
+        for name, dataset in zip(SPLIT_NAMES, (train_set, valid_set, test_set)):
+            if dataset is not None:
+                print(token_stats(dataset).describe(name), flush=True)
 
     engine = build_engine(config, bert_state=initial_weights(args, config, weights_only),
                           lr_scheduler=lr_schedule(args, train_iters))
@@ -157,9 +161,10 @@ def pretrain(args) -> None:
 
 
 def sample_options(args, config) -> dict:
-    """BertDataset keyword arguments from the flags, the same for the train, valid and test sets."""
+    """Dataset keyword arguments from the flags, the same for the train, valid and test sets."""
     return dict(masked_lm_prob=args.mask_prob, seed=args.seed, binary_head=config.model.add_binary_head,
-                whole_word_masking=args.whole_word_masking)
+                whole_word_masking=args.whole_word_masking, pack_samples=config.pack_samples,
+                max_segment_length=config.model.max_segment_length)
 
 
 def initial_model_fields(args, weights_only: bool) -> dict:

@@ -60,8 +60,12 @@ def test_sample_layout_segments_and_padding(data):
     checked = 0
     for i in range(300):
         sample = train[i]
-        length = int((~sample["key_padding_mask"]).sum())
-        assert not sample["key_padding_mask"][:length].any() and sample["key_padding_mask"][length:].all()
+        length = int((sample["segment_ids"] > 0).sum())
+        assert (sample["segment_ids"][:length] == 1).all() and (sample["segment_ids"][length:] == 0).all()
+        assert np.array_equal(sample["position_ids"], np.where(np.arange(64) < length, np.arange(64), 0))
+        swapped = sample["sop_labels"][0]
+        assert (sample["sop_labels"][:length] == swapped).all() and (sample["sop_labels"][length:] == 0).all()
+        assert not sample["token_types"][length:].any()
         tokens, types = original_tokens(sample)[:length], sample["token_types"][:length]
         seps = np.flatnonzero(tokens == 3)
         assert tokens[0] == 2 and len(seps) == 2 and seps[1] == length - 1
@@ -71,7 +75,7 @@ def test_sample_layout_segments_and_padding(data):
         text = np.concatenate([indexed[s] for s in range(first, end)])
         if len(text) <= min(target, 61):  # not truncated: the segments are the span, in or out of order
             a, b = tokens[1:seps[0]], tokens[seps[0] + 1:-1]
-            assert np.array_equal(np.concatenate([b, a] if sample["sop_labels"] else [a, b]), text)
+            assert np.array_equal(np.concatenate([b, a] if swapped else [a, b]), text)
             checked += 1
         else:
             assert length - 3 <= min(target, 61)
@@ -83,7 +87,7 @@ def test_masking_statistics(data):
     predicted = maskable = masked = kept = swapped = 0
     for i in range(3000):
         sample = train[i]
-        length = int((~sample["key_padding_mask"]).sum())
+        length = int((sample["segment_ids"] > 0).sum())
         specials = np.isin(original_tokens(sample), [2, 3])
         assert not (sample["loss_mask"] & specials).any()
         maskable += length - 3
@@ -91,7 +95,7 @@ def test_masking_statistics(data):
         predicted += loss.sum()
         masked += (sample["tokens"][loss] == 4).sum()
         kept += (sample["tokens"][loss] == sample["labels"][loss]).sum()
-        swapped += int(sample["sop_labels"])
+        swapped += int(sample["sop_labels"][0])
         assert (sample["tokens"][~loss] != 4).all()
     assert abs(predicted / maskable - 0.15) < 0.005
     assert abs(masked / predicted - 0.8) < 0.02
@@ -218,8 +222,8 @@ def test_sampler_splits_global_batches_and_resumes_exactly():
 def test_collated_batch_splits_into_sequence_chunks(data):
     train = dataset(data)
     batch = collate_bert([train[i] for i in range(4)])
-    assert batch.tokens.shape == (4, 64) and batch.tokens.dtype == torch.int64 and batch.sop_labels.shape == (4,)
+    assert batch.tokens.shape == (4, 64) and batch.tokens.dtype == torch.int64 and batch.sop_labels.shape == (4, 64)
+    assert batch.loss_mask.dtype == torch.bool and batch.segments_per_sample() == 1.0
     chunks = [batch.sequence_chunk(rank, 4) for rank in range(4)]
-    assert [c.chunk_start for c in chunks] == [0, 16, 32, 48]
-    for field in ("tokens", "token_types", "key_padding_mask", "labels", "loss_mask"):
+    for field in ("tokens", "token_types", "segment_ids", "position_ids", "labels", "loss_mask", "sop_labels"):
         assert torch.equal(torch.cat([getattr(c, field) for c in chunks], dim=1), getattr(batch, field))

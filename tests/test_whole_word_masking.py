@@ -39,10 +39,12 @@ def datasets_of_pretrain(argvs: list) -> list:
 
 
 def test_flag_sets_the_sample_options():
-    binary_head = SimpleNamespace(model=SimpleNamespace(add_binary_head=True))
+    binary_head = SimpleNamespace(model=SimpleNamespace(add_binary_head=True, max_segment_length=None),
+                                  pack_samples=False)
     assert sample_options(build_parser().parse_args([]), binary_head)["whole_word_masking"] is False
     options = sample_options(build_parser().parse_args(["--whole-word-masking", "--mask-prob", "0.2"]), binary_head)
-    assert options == dict(masked_lm_prob=0.2, seed=1234, binary_head=True, whole_word_masking=True)
+    assert options == dict(masked_lm_prob=0.2, seed=1234, binary_head=True, whole_word_masking=True,
+                           pack_samples=False, max_segment_length=None)
     assert "WordPiece pieces of a word" in build_parser().format_help()
 
 

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from megatron.arguments import add_model_and_parallel_args, config_flags
+from megatron.arguments import add_model_and_parallel_args, add_packing_args, config_flags
 from megatron.config import SECTION, read_ds_config, resolve
 from megatron.errors import ConfigError
 
@@ -111,7 +111,9 @@ def validate(args) -> int:
           f"x data {config['data_parallel_size']} x sequence {config['sequence_parallel_size']}, global batch "
           f"{config['global_batch_size']} = micro {config['micro_batch_size']} x grad-acc "
           f"{config['gradient_accumulation_steps']} x data {config['data_parallel_size']}, "
-          f"attention {config['model']['attention']}, ZeRO stage {config['zero_stage']}")
+          f"attention {config['model']['attention']}, ZeRO stage {config['zero_stage']}"
+          + (f", packed samples (segments of up to {config['model']['max_segment_length']} tokens)"
+             if config["pack_samples"] else ""))
     return 0
 
 
@@ -138,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--world-size", type=int, required=world_size_required,
                          help="processes the run launches (default: the smallest the JSON fits)")
         add_model_and_parallel_args(sub)
+        add_packing_args(sub.add_argument_group("data packing"))
         sub.set_defaults(run=run)
         return sub
 

@@ -1,13 +1,16 @@
-"""BERT datasets over Megatron indexed data: document split, cached sample mappings, blending.
+"""BERT datasets over Megatron indexed data: document split, cached sample mappings, packing, blending.
 
-A sample is a row (first sentence, end sentence, target length) of a mapping built by the C++
-`build_mapping` over the documents of one split. Mappings are saved next to the data as
-`{prefix}_{split}_indexmap_*.npy`; in a distributed run rank 0 builds a missing one while the
-others wait at a barrier, and every later run reuses it.
+A segment is a row (first sentence, end sentence, target length) of a mapping built by the C++
+`build_mapping` over the documents of one split; unpacked, a sample is one segment. Packed
+(--pack-samples), a sample holds several segments back to back, chosen by the C++
+`pack_segments` (best fit over a window of open samples). Mappings are saved next to the data as
+`{prefix}_{split}_indexmap_*.npy` and `{prefix}_{split}_packmap_*.npy`; in a distributed run
+rank 0 builds a missing one while the others wait at a barrier, and every later run reuses it.
 """
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,13 +18,14 @@ import torch
 import torch.distributed as dist
 
 from megatron.data import helpers
-from megatron.data.bert_sample import SpecialIds, build_sample
+from megatron.data.bert_sample import SpecialIds, build_segment, pack, segment_length
 from megatron.data.blendable import BlendableDataset
 from megatron.data.indexed_dataset import make_dataset
 from megatron.errors import ConfigError, DataError
 
 SPLIT_NAMES = ("train", "valid", "test")
 LONG_SENTENCE_LEN = 512  # Megatron skips documents with a longer sentence; we raise it to the sample size
+PACK_WINDOW = 256  # open samples pack_segments fills at once: more fills better and searches longer
 
 
 def split_boundaries(split: str, num_docs: int) -> list[int]:
@@ -46,23 +50,33 @@ def mapping_path(prefix: str, name: str, first_doc: int, end_doc: int, max_num_s
             f"_{first_doc}-{end_doc}docs{'' if binary_head else '_nobh'}.npy")
 
 
+def cached_array(path: str, build) -> np.ndarray:
+    """The array saved at `path`, built by `build()` first if missing: by rank 0 alone in a
+    distributed run (the others wait at a barrier), written to a .partial file and renamed, so
+    a crash never leaves a file that looks complete. Loaded memory-mapped."""
+    distributed = dist.is_available() and dist.is_initialized()
+    if not os.path.isfile(path) and (not distributed or dist.get_rank() == 0):
+        partial = Path(path + ".partial.npy")
+        np.save(partial, build(), allow_pickle=False)
+        os.replace(partial, path)
+    if distributed:
+        dist.barrier()
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
 def samples_mapping(indexed, prefix: str, name: str, doc_range: tuple, max_num_samples: int, max_tokens: int,
                     short_seq_prob: float, seed: int, binary_head: bool) -> np.ndarray:
     """[n, 3] rows (first sentence, end sentence, target tokens) over documents
     [doc_range[0], doc_range[1]), built once and cached."""
     path = mapping_path(prefix, name, *doc_range, max_num_samples, max_tokens, short_seq_prob, seed, binary_head)
-    distributed = dist.is_available() and dist.is_initialized()
-    if not os.path.isfile(path) and (not distributed or dist.get_rank() == 0):
+
+    def build():
         docs = np.ascontiguousarray(indexed.doc_idx[doc_range[0]:doc_range[1] + 1], dtype=np.int64)
-        mapping = helpers.build_mapping(docs, indexed.sizes, 2**31 - 1, max_num_samples, max_tokens, short_seq_prob,
-                                        seed, min_num_sent=2 if binary_head else 1,
-                                        long_sentence_len=max(LONG_SENTENCE_LEN, max_tokens))
-        partial = Path(path + ".partial.npy")
-        np.save(partial, mapping, allow_pickle=False)
-        os.replace(partial, path)
-    if distributed:
-        dist.barrier()
-    mapping = np.load(path, mmap_mode="r", allow_pickle=False)
+        return helpers.build_mapping(docs, indexed.sizes, 2**31 - 1, max_num_samples, max_tokens, short_seq_prob,
+                                     seed, min_num_sent=2 if binary_head else 1,
+                                     long_sentence_len=max(LONG_SENTENCE_LEN, max_tokens))
+
+    mapping = cached_array(path, build)
     if len(mapping) == 0:
         raise DataError(f"{prefix}: the {name} split yields no BERT samples (documents need "
                         f"{2 if binary_head else 1}+ sentences of at most {max(LONG_SENTENCE_LEN, max_tokens)} tokens)",
@@ -71,7 +85,8 @@ def samples_mapping(indexed, prefix: str, name: str, doc_range: tuple, max_num_s
 
 
 class BertDataset(torch.utils.data.Dataset):
-    """Samples of one split of one indexed dataset; item i is a dict of numpy arrays."""
+    """Samples of one split of one indexed dataset, one segment each (of at most seq_length
+    tokens); item i is a dict of numpy arrays (bert_sample.pack)."""
 
     def __init__(self, name: str, indexed, prefix: str, doc_range: tuple, max_num_samples: int, seq_length: int,
                  tokenizer, masked_lm_prob: float = 0.15, short_seq_prob: float = 0.1, seed: int = 1234,
@@ -82,22 +97,144 @@ class BertDataset(torch.utils.data.Dataset):
         self.seed = seed
         self.binary_head = binary_head
         specials = 3 if binary_head else 2
+        self.mapping_settings = (prefix, name, *doc_range, max_num_samples, seq_length - specials, short_seq_prob,
+                                 seed, binary_head)
         self.mapping = samples_mapping(indexed, prefix, name, doc_range, max_num_samples, seq_length - specials,
                                        short_seq_prob, seed, binary_head)
         self.ids = SpecialIds(cls=tokenizer.cls, sep=tokenizer.sep, mask=tokenizer.mask, pad=tokenizer.pad)
         vocab_tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
         self.random_ids = np.array([i for i, t in enumerate(vocab_tokens) if not (t.startswith("[") and t.endswith("]"))])
         self.continuation = (np.array([t.startswith("##") for t in vocab_tokens]) if whole_word_masking else None)
+        self._lengths = None
 
     def __len__(self) -> int:
         return len(self.mapping)
 
-    def __getitem__(self, idx: int) -> dict:
+    def segment(self, idx: int) -> dict:
+        """Segment idx of the mapping, unpadded; its randomness is keyed by idx alone, so it is the
+        same whether it fills a sample alone or sits in a packed one."""
         first, end, target = (int(v) for v in self.mapping[idx])
         sentences = [self.indexed[i].astype(np.int64) for i in range(first, end)]
         rng = np.random.RandomState((self.seed + idx) % 2**32)
-        return build_sample(sentences, target, self.seq_length, self.ids, self.random_ids, self.masked_lm_prob, rng,
-                            self.binary_head, self.continuation)
+        return build_segment(sentences, target, self.seq_length, self.ids, self.random_ids, self.masked_lm_prob, rng,
+                             self.binary_head, self.continuation)
+
+    def __getitem__(self, idx: int) -> dict:
+        return pack([self.segment(idx)], self.seq_length, self.ids.pad)
+
+    @property
+    def segment_lengths(self) -> np.ndarray:
+        """[len(self)] tokens of every segment (specials included), from the mapping alone."""
+        if self._lengths is None:
+            spans = helpers.span_tokens(np.ascontiguousarray(self.mapping), self.indexed.sizes)
+            self._lengths = segment_length(spans, self.mapping[:, 2], self.seq_length, self.binary_head)
+        return self._lengths
+
+
+def packmap_path(mapping_settings: tuple, seq_length: int, window: int) -> str:
+    """The packed mapping's file: the segment mapping's name (all its settings) plus the packing's."""
+    return mapping_path(*mapping_settings).replace("_indexmap_", "_packmap_")[:-len(".npy")] + \
+        f"_{seq_length}sl_{window}w.npy"
+
+
+class PackedBertDataset(torch.utils.data.Dataset):
+    """Samples of seq_length tokens, each holding segments of `segments` (a BertDataset whose
+    seq_length is the longest segment) back to back, then padding. Item i concatenates segments
+    built exactly as segments[j] builds them alone (same tokens, masking, sentence order), with
+    segment_ids 1..k and positions restarting at each [CLS].
+
+    The packing is cached as one int64 array [n, offsets[0..n], indices...]: sample i holds the
+    segment indices indices[offsets[i]:offsets[i + 1]]. Every segment is used once."""
+
+    def __init__(self, segments: BertDataset, seq_length: int, window: int = PACK_WINDOW):
+        if segments.seq_length > seq_length:
+            raise ConfigError(f"segments of up to {segments.seq_length} tokens do not fit samples of {seq_length}",
+                              "lower --max-segment-length to at most --seq-length")
+        self.segments = segments
+        self.seq_length = seq_length
+        path = packmap_path(segments.mapping_settings, seq_length, window)
+
+        def build():
+            offsets, indices = helpers.pack_segments(segments.segment_lengths, seq_length,
+                                                     (segments.seed + 2) % 2**32, window)  # own stream
+            return np.concatenate([[len(offsets) - 1], offsets, indices])
+
+        packmap = cached_array(path, build)
+        num_samples = int(packmap[0])
+        self.offsets = packmap[1:num_samples + 2]
+        self.indices = packmap[num_samples + 2:]
+        if len(self.indices) != len(segments):
+            raise DataError(f"{path} packs {len(self.indices)} segments, the mapping has {len(segments)}",
+                            "delete the file to rebuild it")
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def segment_indices(self, idx: int) -> np.ndarray:
+        return self.indices[self.offsets[idx]:self.offsets[idx + 1]]
+
+    def __getitem__(self, idx: int) -> dict:
+        return pack([self.segments.segment(int(j)) for j in self.segment_indices(idx)], self.seq_length,
+                    self.segments.ids.pad)
+
+
+def packed_dataset(name: str, indexed, prefix: str, doc_range: tuple, num_samples: int, seq_length: int,
+                   max_segment_length: int, tokenizer, window: int = PACK_WINDOW, **options) -> PackedBertDataset:
+    """At least num_samples packed samples: the segment mapping is sized from the documents' mean
+    segment length, and grown (deterministically, the same on every rank) if the packing falls short."""
+    binary_head = options.get("binary_head", True)
+    num_segments = estimated_segments(indexed, doc_range, num_samples, seq_length, max_segment_length, binary_head)
+    while True:
+        segments = BertDataset(name, indexed, prefix, doc_range, num_segments, max_segment_length, tokenizer, **options)
+        packed = PackedBertDataset(segments, seq_length, window)
+        if len(packed) >= num_samples:
+            return packed
+        num_segments = math.ceil(len(segments) * num_samples / len(packed) * 1.05) + 1
+
+
+def estimated_segments(indexed, doc_range: tuple, num_samples: int, seq_length: int, max_segment_length: int,
+                       binary_head: bool) -> int:
+    """Segments that fill num_samples samples of seq_length tokens (with a 10% margin), from the mean
+    segment length: a document of t tokens splits into about ceil(t / room) segments."""
+    docs = np.asarray(indexed.doc_idx[doc_range[0]:doc_range[1] + 1], dtype=np.int64)
+    sizes = np.asarray(indexed.sizes[docs[0]:docs[-1]], dtype=np.int64)
+    counts = np.diff(docs)
+    tokens = np.add.reduceat(sizes, docs[:-1] - docs[0])[counts > 0] if len(sizes) else np.zeros(0, dtype=np.int64)
+    specials = 3 if binary_head else 2
+    pieces = np.ceil(tokens / (max_segment_length - specials)).sum()
+    mean_length = tokens.sum() / pieces + specials if pieces else max_segment_length
+    return max(num_samples, math.ceil(num_samples * seq_length / mean_length * 1.1)) + 1
+
+
+@dataclass(frozen=True)
+class TokenStats:
+    samples: int
+    seq_length: int
+    packed: bool
+    segments_per_sample: float
+    real_token_share: float  # non-padding tokens / all tokens
+
+    def describe(self, name: str) -> str:
+        return (f"{name} data: {self.samples} {'packed ' if self.packed else ''}samples of {self.seq_length} tokens, "
+                f"{self.segments_per_sample:.1f} segments per sample, real-token share {self.real_token_share:.2f}")
+
+
+def token_stats(dataset) -> TokenStats:
+    """Segments per sample and the real-token share over all samples of a dataset (BertDataset,
+    PackedBertDataset, or a blend of them), from the mappings alone: no sample is built."""
+    if isinstance(dataset, BlendableDataset):
+        parts = [token_stats(d) for d in dataset.datasets]
+        counts = np.bincount(dataset.dataset_index, minlength=len(parts))
+        weights = counts / max(1, counts.sum())
+        return TokenStats(len(dataset), parts[0].seq_length, any(p.packed for p in parts),
+                          float(sum(w * p.segments_per_sample for w, p in zip(weights, parts))),
+                          float(sum(w * p.real_token_share for w, p in zip(weights, parts))))
+    if isinstance(dataset, PackedBertDataset):
+        real = float(dataset.segments.segment_lengths[np.asarray(dataset.indices)].sum())
+        return TokenStats(len(dataset), dataset.seq_length, True, len(dataset.indices) / len(dataset),
+                          real / (len(dataset) * dataset.seq_length))
+    return TokenStats(len(dataset), dataset.seq_length, False, 1.0,
+                      float(dataset.segment_lengths.mean()) / dataset.seq_length)
 
 
 def parse_data_path(data_path: list[str]) -> tuple[list[float], list[str]]:
@@ -117,7 +254,9 @@ def parse_data_path(data_path: list[str]) -> tuple[list[float], list[str]]:
 def build_train_valid_test_datasets(data_path: list[str], data_impl: str, split: str, num_samples: tuple,
                                     seq_length: int, tokenizer, **sample_options) -> list:
     """[train, valid, test] (None where a split has no documents or no samples are asked for);
-    several prefixes are blended by weight. sample_options go to BertDataset."""
+    several prefixes are blended by weight. sample_options go to BertDataset, except
+    pack_samples (True: PackedBertDataset samples of seq_length tokens; num_samples then counts
+    packed samples) and max_segment_length (the longest segment when packed; default seq_length)."""
     weights, prefixes = parse_data_path(data_path)
     per_prefix = [_split_datasets(prefix, data_impl, split,
                                   [math.ceil(w * n * 1.005) + 1 if n else 0 for n in num_samples],
@@ -133,13 +272,19 @@ def build_train_valid_test_datasets(data_path: list[str], data_impl: str, split:
 
 
 def _split_datasets(prefix, data_impl, split, num_samples, seq_length, tokenizer, sample_options) -> list:
+    options = dict(sample_options)
+    pack_samples = options.pop("pack_samples", False)
+    max_segment_length = options.pop("max_segment_length", None) or seq_length
     indexed = make_dataset(prefix, data_impl)
     bounds = split_boundaries(split, len(indexed.doc_idx) - 1)
     datasets = []
     for s, name in enumerate(SPLIT_NAMES):
         if bounds[s + 1] <= bounds[s] or not num_samples[s]:
             datasets.append(None)
-            continue
-        datasets.append(BertDataset(name, indexed, prefix, (bounds[s], bounds[s + 1]), num_samples[s], seq_length,
-                                    tokenizer, **sample_options))
+        elif pack_samples:
+            datasets.append(packed_dataset(name, indexed, prefix, (bounds[s], bounds[s + 1]), num_samples[s],
+                                           seq_length, max_segment_length, tokenizer, **options))
+        else:
+            datasets.append(BertDataset(name, indexed, prefix, (bounds[s], bounds[s + 1]), num_samples[s], seq_length,
+                                        tokenizer, **options))
     return datasets

@@ -3,7 +3,9 @@
 Segments A and B are consecutive runs of the span's sentences, swapped with probability 0.5
 (the sentence-order label); `[CLS] A [SEP] B [SEP]`, token types 0 then 1; 15% of the tokens
 are predicted: 80% become [MASK], 10% a random token, 10% stay. All randomness comes from the
-`np.random.RandomState` passed in, so a sample depends only on (seed, sample index).
+`np.random.RandomState` passed in, so a segment depends only on (seed, its index in the mapping).
+A sample holds one segment, or several back to back when packed (`pack`); every array is per
+token, keyed like BertBatch's fields.
 """
 from dataclasses import dataclass
 
@@ -76,14 +78,15 @@ def mask_tokens(tokens, maskable, ids: SpecialIds, random_ids, masked_lm_prob: f
     return inputs, labels, loss_mask
 
 
-def build_sample(sentences: list, target_tokens: int, seq_length: int, ids: SpecialIds, random_ids,
-                 masked_lm_prob: float, rng: np.random.RandomState, binary_head: bool = True,
-                 continuation=None) -> dict:
-    """A padded sample of length seq_length, as numpy arrays keyed like BertBatch's fields.
-    `continuation` (bool per vocab id, True for ## pieces) turns on whole-word masking."""
+def build_segment(sentences: list, target_tokens: int, max_length: int, ids: SpecialIds, random_ids,
+                  masked_lm_prob: float, rng: np.random.RandomState, binary_head: bool = True,
+                  continuation=None) -> dict:
+    """One segment `[CLS] A [SEP] B [SEP]` of at most max_length tokens, unpadded: numpy arrays of
+    its length keyed like BertBatch's fields (segment id 1, positions from 0). `continuation`
+    (bool per vocab id, True for ## pieces) turns on whole-word masking."""
     tokens_a, tokens_b, swapped = split_segments(sentences, rng, binary_head)
     specials = 3 if binary_head else 2
-    tokens_a, tokens_b = truncate_segments(tokens_a, tokens_b, min(target_tokens, seq_length - specials), rng)
+    tokens_a, tokens_b = truncate_segments(tokens_a, tokens_b, min(target_tokens, max_length - specials), rng)
     parts = [[ids.cls], tokens_a, [ids.sep]] + ([tokens_b, [ids.sep]] if binary_head else [])
     tokens = np.concatenate(parts).astype(np.int64)
     token_types = np.zeros(len(tokens), dtype=np.int64)
@@ -92,12 +95,43 @@ def build_sample(sentences: list, target_tokens: int, seq_length: int, ids: Spec
     maskable[[0, len(tokens_a) + 1, len(tokens) - 1]] = False
     word_starts = None if continuation is None else ~continuation[tokens]
     inputs, labels, loss_mask = mask_tokens(tokens, maskable, ids, random_ids, masked_lm_prob, rng, word_starts)
-    padding = seq_length - len(tokens)
     return {
-        "tokens": np.pad(inputs, (0, padding), constant_values=ids.pad),
-        "token_types": np.pad(token_types, (0, padding)),
-        "key_padding_mask": np.arange(seq_length) >= len(tokens),
-        "labels": np.pad(labels, (0, padding), constant_values=ids.pad),
-        "loss_mask": np.pad(loss_mask, (0, padding)),
-        "sop_labels": np.int64(swapped),
+        "tokens": inputs,
+        "token_types": token_types,
+        "segment_ids": np.ones(len(tokens), dtype=np.int64),
+        "position_ids": np.arange(len(tokens), dtype=np.int64),
+        "labels": labels,
+        "loss_mask": loss_mask,
+        "sop_labels": np.full(len(tokens), int(swapped), dtype=np.int64),
     }
+
+
+def segment_length(span_tokens, target_tokens, max_length: int, binary_head: bool = True):
+    """Tokens of the segment build_segment makes from a span of span_tokens sentence tokens
+    (works on arrays): the specials plus the span truncated to min(target, room)."""
+    specials = 3 if binary_head else 2
+    return specials + np.minimum(np.minimum(span_tokens, target_tokens), max_length - specials)
+
+
+def pack(segments: list, seq_length: int, pad: int) -> dict:
+    """Segments back to back, numbered 1..k in segment_ids, then padding to seq_length
+    (token and label [PAD], everything else 0 / False)."""
+    length = sum(len(segment["tokens"]) for segment in segments)
+    if length > seq_length:
+        raise ValueError(f"segments of {length} tokens do not fit a sample of {seq_length}")
+    sample = {}
+    for key in segments[0]:
+        values = [segment[key] if key != "segment_ids" else segment[key] * k
+                  for k, segment in enumerate(segments, start=1)]
+        fill = pad if key in ("tokens", "labels") else 0
+        sample[key] = np.pad(np.concatenate(values), (0, seq_length - length), constant_values=fill)
+    return sample
+
+
+def build_sample(sentences: list, target_tokens: int, seq_length: int, ids: SpecialIds, random_ids,
+                 masked_lm_prob: float, rng: np.random.RandomState, binary_head: bool = True,
+                 continuation=None) -> dict:
+    """An unpacked sample: one segment padded to seq_length (see build_segment)."""
+    segment = build_segment(sentences, target_tokens, seq_length, ids, random_ids, masked_lm_prob, rng, binary_head,
+                            continuation)
+    return pack([segment], seq_length, ids.pad)

@@ -1,5 +1,6 @@
-// Index builders for BERT samples and dataset blending: loops over every sentence of the
-// corpus, too slow in Python for real corpora. Compiled by setup.py at install time.
+// Index builders for BERT samples, packed samples and dataset blending: loops over every
+// sentence (or segment) of the corpus, too slow in Python for real corpora. Compiled by
+// setup.py at install time.
 //
 // Randomness is std::mt19937 (32-bit, seeded with one integer), whose stream equals numpy's
 // RandomState(seed) raw draws, so tests can check these results against a numpy reference.
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <random>
 #include <stdexcept>
 #include <utility>
@@ -94,6 +96,90 @@ py::array_t<int64_t> build_mapping(const Int64Array& docs_array, const Int32Arra
   return result;
 }
 
+// Tokens of each row's sentence span: sum of sizes[first:end) for the rows (first, end, ...)
+// of a build_mapping result, so packing knows every segment's length without building it.
+py::array_t<int64_t> span_tokens(const Int64Array& mapping_array, const Int32Array& sizes_array) {
+  if (mapping_array.ndim() != 2 || mapping_array.shape(1) < 2) throw std::invalid_argument("mapping must be [n, >= 2]");
+  const auto mapping = mapping_array.unchecked<2>();
+  const auto sizes = sizes_array.unchecked<1>();
+  const int64_t n = mapping.shape(0);
+  py::array_t<int64_t> result(n);
+  auto tokens = result.mutable_unchecked<1>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t first = mapping(i, 0), end = mapping(i, 1);
+    if (first < 0 || end < first || end > sizes.shape(0))
+      throw std::invalid_argument("mapping rows must be spans of sizes");
+    int64_t total = 0;
+    for (int64_t s = first; s < end; ++s) total += sizes(s);
+    tokens(i) = total;
+  }
+  return result;
+}
+
+// Packs segments into samples of at most `capacity` tokens (--pack-samples). The segments are
+// visited in the order given (the caller passes the shuffled sample mapping); each goes to the
+// open sample with the least room that still holds it (best fit), or opens a new sample. At most
+// `window` samples stay open: beyond that the fullest one is closed, so the search is bounded
+// and a segment lands near its place in the order. A sample with no room left closes at once;
+// the ones still open at the end close in order of room. The closed samples are then shuffled
+// with std::mt19937(seed) (Fisher-Yates, as build_mapping), so neighbouring samples are not
+// correlated by when they filled. Returns CSR: sample i holds the segment indices
+// indices[offsets[i]:offsets[i + 1]], in the order they were added; every segment is used once.
+py::tuple pack_segments(const Int64Array& lengths_array, int64_t capacity, uint32_t seed, int64_t window) {
+  if (lengths_array.ndim() != 1) throw std::invalid_argument("lengths must be 1-D");
+  if (capacity < 1) throw std::invalid_argument("capacity must be >= 1");
+  if (window < 1) throw std::invalid_argument("window must be >= 1");
+  const auto lengths = lengths_array.unchecked<1>();
+  const int64_t num_segments = lengths.shape(0);
+  std::vector<std::vector<int64_t>> samples;  // segment indices of every sample, open or closed
+  std::vector<int64_t> closed;                // sample ids in the order they closed
+  std::multimap<int64_t, int64_t> open;       // room left -> sample id (equal rooms: oldest first)
+  for (int64_t s = 0; s < num_segments; ++s) {
+    const int64_t length = lengths(s);
+    if (length < 1 || length > capacity) throw std::invalid_argument("every length must be in [1, capacity]");
+    int64_t sample, room;
+    const auto best = open.lower_bound(length);
+    if (best != open.end()) {
+      sample = best->second;
+      room = best->first - length;
+      open.erase(best);
+    } else {
+      sample = static_cast<int64_t>(samples.size());
+      samples.emplace_back();
+      room = capacity - length;
+    }
+    samples[sample].push_back(s);
+    if (room == 0) {
+      closed.push_back(sample);
+      continue;
+    }
+    open.emplace(room, sample);
+    if (static_cast<int64_t>(open.size()) > window) {
+      closed.push_back(open.begin()->second);
+      open.erase(open.begin());
+    }
+  }
+  for (const auto& [room, sample] : open) closed.push_back(sample);
+
+  const int64_t n = static_cast<int64_t>(closed.size());
+  std::mt19937 shuffle_rng(seed);
+  for (int64_t i = n - 1; i > 0; --i) {
+    const int64_t j = static_cast<int64_t>(shuffle_rng() % static_cast<uint32_t>(i + 1));
+    std::swap(closed[i], closed[j]);
+  }
+  py::array_t<int64_t> offsets_array(n + 1);
+  py::array_t<int64_t> indices_array(num_segments);
+  auto offsets = offsets_array.mutable_unchecked<1>();
+  auto indices = indices_array.mutable_unchecked<1>();
+  offsets(0) = 0;
+  int64_t at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (const int64_t s : samples[closed[i]]) indices(at++) = s;
+    offsets(i + 1) = at;
+  }
+  return py::make_tuple(offsets_array, indices_array);
+}
+
 // Sample i of a blend goes to the dataset furthest behind its weighted share of i samples
 // (first such dataset on ties); returns (dataset index, sample index within that dataset).
 py::tuple build_blending_indices(const DoubleArray& weights_array, int64_t size) {
@@ -123,9 +209,12 @@ py::tuple build_blending_indices(const DoubleArray& weights_array, int64_t size)
 }
 
 PYBIND11_MODULE(helpers, m) {
-  m.doc() = "BERT sample mapping and dataset blending indices (see megatron/data/helpers.cpp)";
+  m.doc() = "BERT sample mapping, segment packing, dataset blending indices (see megatron/data/helpers.cpp)";
   m.def("build_mapping", &build_mapping, py::arg("docs"), py::arg("sizes"), py::arg("num_epochs"),
         py::arg("max_num_samples"), py::arg("max_seq_length"), py::arg("short_seq_prob"), py::arg("seed"),
         py::arg("min_num_sent") = 2, py::arg("long_sentence_len") = 512);
+  m.def("span_tokens", &span_tokens, py::arg("mapping"), py::arg("sizes"));
+  m.def("pack_segments", &pack_segments, py::arg("lengths"), py::arg("capacity"), py::arg("seed"),
+        py::arg("window") = 256);
   m.def("build_blending_indices", &build_blending_indices, py::arg("weights"), py::arg("size"));
 }
