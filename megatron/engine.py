@@ -20,6 +20,7 @@ from megatron.data.batch import BertBatch
 from megatron.model.bert import BertModel, TransformerLayer
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
+from megatron.parallel.grads import sum_sequence_grads_in_zero3_reduce_scatter
 
 
 def initialize_parallel(config: TrainConfig) -> None:
@@ -56,6 +57,8 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
         checkpoint_layers(model, config.activation_checkpoint_interval)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config,
                                       mpu=state, lr_scheduler=lr_scheduler)
+    if config.zero_stage == 3:
+        sum_sequence_grads_in_zero3_reduce_scatter(engine.optimizer)
     return engine
 
 

@@ -3,6 +3,8 @@
 Both engine paths (plain model with ZeRO 0-3, PipelineModule with ZeRO 0/1) at several
 (pipeline, data, sequence) layouts, 3 AdamW steps with gradient clipping. The reference runs
 the same micro-batches in this process: gradient = mean over micro-batches, clipped to norm 1.
+Clipping both sides to the same norm hides a constant factor in the gradients, so the ZeRO x SP
+test compares the first step's gradients before clipping, and the logged norms, with clipping off.
 """
 import functools
 
@@ -22,13 +24,14 @@ from test_sequence_parallel_bert import ADAM, REL_TOL, STEPS, max_relative_diff
 
 GLOBAL_BATCH = 4
 CLIP = 1.0
+NO_CLIP = 1e6  # DeepSpeed computes (and logs) the gradient norm only when clipping is on; this never clips
 ATTENTION_OPTIONS = {"ring": {}, "linformer": {"linformer_k": 8}}
 
 
-def ds_config(micro: int, gas: int, zero_stage: int, sequence: int, attention: str = "ring") -> dict:
+def ds_config(micro: int, gas: int, zero_stage: int, sequence: int, attention: str = "ring", clip: float = CLIP) -> dict:
     return {
         "train_batch_size": GLOBAL_BATCH, "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas, "gradient_clipping": CLIP, "steps_per_print": 10 ** 9,
+        "gradient_accumulation_steps": gas, "gradient_clipping": clip, "steps_per_print": 10 ** 9,
         "optimizer": {"type": "AdamW", "params": {**ADAM, "torch_adam": True}},
         "zero_optimization": {"stage": zero_stage},
         "sequence_parallel": {"size": sequence, "attention": attention},
@@ -49,8 +52,11 @@ def model_flags(attention: str = "ring") -> dict:
 
 
 def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence: int, attention: str = "ring",
-                  checkpoint_interval: int = 0, precision: str | None = None, compile_mlp: bool = False) -> dict:
-    ds = ds_config(micro, gas, zero_stage, sequence, attention)
+                  checkpoint_interval: int = 0, precision: str | None = None, compile_mlp: bool = False,
+                  clip: float = CLIP) -> dict:
+    """`clip` = NO_CLIP (plain model only): also returns the first step's full gradients, read
+    just before DeepSpeed's optimizer step, and the logged gradient norms."""
+    ds = ds_config(micro, gas, zero_stage, sequence, attention, clip)
     if precision:
         ds[precision] = {"enabled": True}
     config = resolve({**model_flags(attention), "pipeline_parallel_size": pipeline,
@@ -61,8 +67,12 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
     calls = []
     for module in attention_modules:
         module.register_forward_hook(lambda *_: calls.append(1))
+    first_grads = {}
+    if clip == NO_CLIP:
+        _capture_first_grads(engine, first_grads)
     mine = micro_batches(micro)[state.get_data_parallel_rank() * gas:][:gas]
-    losses = [train_step(engine, mine).loss for _ in range(STEPS)]
+    steps = [train_step(engine, mine) for _ in range(STEPS)]
+    losses = [step.loss for step in steps]
     # forward passes per attention module and micro-batch: 2 when recomputed in backward
     passes = len(calls) / (len(attention_modules) * gas * STEPS)
     module = engine.module
@@ -81,14 +91,38 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
     # plain model: layers that start a checkpointed chunk (the others run inside one)
     chunks = sum(isinstance(layer.forward, functools.partial) for layer in getattr(module, "layers", []))
     return {"losses": losses, "params": params, "passes": passes, "dtype": next(module.parameters()).dtype,
-            "compiled_graphs": compiled_graphs, "chunks": chunks}
+            "compiled_graphs": compiled_graphs, "chunks": chunks, "grads": first_grads,
+            "grad_norms": [step.grad_norm for step in steps]}
 
 
-def reference_run(micro: int, attention: str = "ring") -> dict:
+def _capture_first_grads(engine, grads: dict) -> None:
+    """Fills `grads` with the full (reduced, unclipped) gradients at the first optimizer step."""
+    from deepspeed.utils import safe_get_full_grad
+
+    step = engine.step
+
+    def capture_then_step(*args, **kwargs):
+        if not grads and engine.is_gradient_accumulation_boundary():
+            grads.update({name: safe_get_full_grad(p).clone() for name, p in engine.module.named_parameters()})
+        return step(*args, **kwargs)
+
+    engine.step = capture_then_step
+
+
+def deepspeed_runs(runs: list) -> list:
+    """Several deepspeed_run calls (argument tuples) in one set of ranks, each with fresh groups."""
+    results = []
+    for args in runs:
+        state.destroy()
+        results.append(deepspeed_run(*args))
+    return results
+
+
+def reference_run(micro: int, attention: str = "ring", clip: float = CLIP) -> dict:
     model = small_model(small_config(attention, **ATTENTION_OPTIONS[attention]))
     optimizer = torch.optim.AdamW(model.parameters(), **ADAM)
     batches = micro_batches(micro)
-    losses = []
+    losses, grad_norms, first_grads = [], [], None
     for _ in range(STEPS):
         optimizer.zero_grad()
         total = 0.0
@@ -96,14 +130,18 @@ def reference_run(micro: int, attention: str = "ring") -> dict:
             loss = bert_batch_loss(*model(*batch.model_inputs()), batch).total / len(batches)
             loss.backward()
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        if first_grads is None:
+            first_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
         optimizer.step()
         losses.append(total)
-    return {"losses": losses, "params": {name: p.detach().clone() for name, p in model.named_parameters()}}
+    return {"losses": losses, "params": {name: p.detach().clone() for name, p in model.named_parameters()},
+            "grads": first_grads, "grad_norms": grad_norms}
 
 
-def check_against_reference(results: list, micro: int, label: str, attention: str = "ring") -> None:
-    expected = reference_run(micro, attention)
+def check_against_reference(results: list, micro: int, label: str, attention: str = "ring", clip: float = CLIP,
+                            expected: dict | None = None) -> None:
+    expected = expected or reference_run(micro, attention, clip)
     seen = set()
     for rank, result in enumerate(results):
         assert result["losses"] == pytest.approx(expected["losses"], rel=REL_TOL), f"{label} rank {rank} losses"
@@ -114,12 +152,31 @@ def check_against_reference(results: list, micro: int, label: str, attention: st
     assert seen == set(expected["params"]), f"{label}: parameters missing from every stage"
 
 
-@pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
-def test_zero_with_sequence_parallel(zero_stage):
-    """pp=1, sp=2: ZeRO shards over data x seq; DeepSpeed sums the seq group's gradients."""
-    results = run_on_ranks(deepspeed_run, 2, 1, 4, 1, zero_stage, 2, timeout=300)
-    check_against_reference(results, micro=4, label=f"zero{zero_stage} sp2")
-    assert all(result["passes"] == 1 for result in results)
+def test_zero_with_sequence_parallel_gradients_before_clipping():
+    """pp=1 at world 4, ZeRO 0/1/2/3 x (sp=4, dp=1 with 2 micro-batches accumulated | sp=2, dp=2),
+    clipping off: ZeRO shards over data x seq, and the gradients DeepSpeed hands its optimizer
+    are SUMMED over seq and AVERAGED over data, as are the logged gradient norms. (ZeRO 3's
+    reduce-scatter averaged over data x seq: every gradient was 1/sp of the reference.)"""
+    layouts = [(4, 2), (2, 1)]  # (sequence, gradient accumulation steps); data = 4 / sequence
+    runs = [(1, 2, gas, zero_stage, sequence, "ring", 0, None, False, NO_CLIP)
+            for zero_stage in (0, 1, 2, 3) for sequence, gas in layouts]
+    per_rank = run_on_ranks(deepspeed_runs, 4, runs, timeout=420)
+    expected = reference_run(2, clip=NO_CLIP)
+    for index, (_, _, gas, zero_stage, sequence, *_) in enumerate(runs):
+        label = f"zero{zero_stage} sp{sequence} dp{4 // sequence}"
+        results = [rank_results[index] for rank_results in per_rank]
+        for rank, result in enumerate(results):
+            grads = result["grads"]
+            ratio = sum((grads[n] * g).sum() for n, g in expected["grads"].items()) / sum(
+                (g * g).sum() for g in expected["grads"].values())
+            diff = max_relative_diff(grads, expected["grads"])
+            print(f"{label} rank {rank}: gradient ratio {ratio:.7f}, max grad diff {diff:.2e}, "
+                  f"norms {result['grad_norms']} vs {expected['grad_norms']}")
+            assert diff <= REL_TOL, f"{label} rank {rank}: gradients before clipping"
+            if zero_stage > 0:  # at ZeRO 0 in fp32 DeepSpeed clips with torch's norm and logs none
+                assert result["grad_norms"] == pytest.approx(expected["grad_norms"], rel=REL_TOL), f"{label} norms"
+            assert result["passes"] == 1
+        check_against_reference(results, micro=2, label=label, expected=expected)
 
 
 @pytest.mark.parametrize("attention", ["ring", "linformer"])
