@@ -186,6 +186,26 @@ def test_pack_map_is_cached_next_to_the_data_and_reused(data, tmp_path, monkeypa
         packed((prefix, data[1]), num_samples=20, doc_range=(0, 60), seq_length=128)  # another file
 
 
+def pack_on_rank(prefix, vocab_file):
+    """One rank of the distributed build: (did this rank pack, offsets, indices)."""
+    from megatron.data.tokenizer import BertWordPiece
+
+    calls = []
+    pack_segments = bert_dataset.helpers.pack_segments
+    bert_dataset.helpers = type("Counting", (), {
+        "pack_segments": staticmethod(lambda *a, **k: calls.append(1) or pack_segments(*a, **k)),
+        "build_mapping": staticmethod(helpers.build_mapping), "span_tokens": staticmethod(helpers.span_tokens)})
+    dataset = packed((prefix, BertWordPiece(vocab_file)), num_samples=30, doc_range=(0, 40))
+    return bool(calls), np.array(dataset.offsets), np.array(dataset.indices)
+
+
+def test_one_rank_packs_while_the_other_waits(data, tmp_path):
+    prefix = write_corpus(tmp_path / "c", num_docs=40)
+    (packed0, *maps0), (packed1, *maps1) = run_on_ranks(pack_on_rank, 2, prefix, data[1].vocab_file, timeout=120)
+    assert (packed0, packed1) == (True, False)
+    assert all(np.array_equal(a, b) for a, b in zip(maps0, maps1)) and len(maps0[0]) - 1 >= 30
+
+
 def test_enough_packed_samples_and_their_statistics(data):
     prefix, tokenizer = data
     train, valid, _ = build_train_valid_test_datasets([prefix], "mmap", "90,10,0", (500, 40, 0), 512, tokenizer,
@@ -202,6 +222,25 @@ def test_enough_packed_samples_and_their_statistics(data):
     line = stats.describe("train")
     assert line.startswith(f"train data: {len(train)} packed samples of 512 tokens,") and "real-token share" in line
     assert isinstance(plain, BertDataset) and token_stats(plain).segments_per_sample == 1.0
+    lengths = [int((plain[i]["segment_ids"] > 0).sum()) for i in range(50)]
+    assert token_stats(plain, max_samples=50).real_token_share == pytest.approx(np.mean(lengths) / 64)
+    first = token_stats(train, max_samples=20)
+    assert first.samples == len(train) and first.real_token_share == pytest.approx(
+        np.mean([(train[i]["segment_ids"] > 0).mean() for i in range(20)]))
+
+
+def test_blended_packed_datasets(data, tmp_path):
+    other = write_corpus(tmp_path / "other", num_docs=100, seed=1)
+    train, _, _ = build_train_valid_test_datasets(["0.7", data[0], "0.3", other], "mmap", "1", (200, 0, 0), 256,
+                                                  data[1], pack_samples=True, max_segment_length=64)
+    assert len(train) == 200 and all(isinstance(d, PackedBertDataset) for d in train.datasets)
+    where = int(np.flatnonzero(train.dataset_index == 1)[3])
+    expected = train.datasets[1][int(train.dataset_sample_index[where])]
+    assert all(np.array_equal(train[where][key], expected[key]) for key in FIELDS)
+    parts = [token_stats(d) for d in train.datasets]
+    stats = token_stats(train)
+    assert stats.packed and min(p.real_token_share for p in parts) <= stats.real_token_share
+    assert stats.real_token_share <= max(p.real_token_share for p in parts)
 
 
 def test_packing_settings_resolve_from_flags_and_json():

@@ -105,7 +105,6 @@ class BertDataset(torch.utils.data.Dataset):
         vocab_tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
         self.random_ids = np.array([i for i, t in enumerate(vocab_tokens) if not (t.startswith("[") and t.endswith("]"))])
         self.continuation = (np.array([t.startswith("##") for t in vocab_tokens]) if whole_word_masking else None)
-        self._lengths = None
 
     def __len__(self) -> int:
         return len(self.mapping)
@@ -122,13 +121,11 @@ class BertDataset(torch.utils.data.Dataset):
     def __getitem__(self, idx: int) -> dict:
         return pack([self.segment(idx)], self.seq_length, self.ids.pad)
 
-    @property
-    def segment_lengths(self) -> np.ndarray:
-        """[len(self)] tokens of every segment (specials included), from the mapping alone."""
-        if self._lengths is None:
-            spans = helpers.span_tokens(np.ascontiguousarray(self.mapping), self.indexed.sizes)
-            self._lengths = segment_length(spans, self.mapping[:, 2], self.seq_length, self.binary_head)
-        return self._lengths
+    def segment_lengths(self, indices=None) -> np.ndarray:
+        """Tokens (specials included) of the segments `indices` (default: all), from the mapping alone."""
+        rows = np.ascontiguousarray(self.mapping if indices is None else self.mapping[np.asarray(indices)])
+        spans = helpers.span_tokens(rows, self.indexed.sizes)
+        return segment_length(spans, rows[:, 2], self.seq_length, self.binary_head)
 
 
 def packmap_path(mapping_settings: tuple, seq_length: int, window: int) -> str:
@@ -155,7 +152,7 @@ class PackedBertDataset(torch.utils.data.Dataset):
         path = packmap_path(segments.mapping_settings, seq_length, window)
 
         def build():
-            offsets, indices = helpers.pack_segments(segments.segment_lengths, seq_length,
+            offsets, indices = helpers.pack_segments(segments.segment_lengths(), seq_length,
                                                      (segments.seed + 2) % 2**32, window)  # own stream
             return np.concatenate([[len(offsets) - 1], offsets, indices])
 
@@ -219,22 +216,25 @@ class TokenStats:
                 f"{self.segments_per_sample:.1f} segments per sample, real-token share {self.real_token_share:.2f}")
 
 
-def token_stats(dataset) -> TokenStats:
-    """Segments per sample and the real-token share over all samples of a dataset (BertDataset,
-    PackedBertDataset, or a blend of them), from the mappings alone: no sample is built."""
+def token_stats(dataset, max_samples: int = 100_000) -> TokenStats:
+    """Segments per sample and the real-token share of a dataset (BertDataset, PackedBertDataset,
+    or a blend of them) from the mappings alone, no sample built: over its first max_samples
+    samples (the order is shuffled, so they stand for the rest), to keep start-up short."""
     if isinstance(dataset, BlendableDataset):
-        parts = [token_stats(d) for d in dataset.datasets]
+        parts = [token_stats(d, max_samples) for d in dataset.datasets]
         counts = np.bincount(dataset.dataset_index, minlength=len(parts))
         weights = counts / max(1, counts.sum())
         return TokenStats(len(dataset), parts[0].seq_length, any(p.packed for p in parts),
                           float(sum(w * p.segments_per_sample for w, p in zip(weights, parts))),
                           float(sum(w * p.real_token_share for w, p in zip(weights, parts))))
+    count = min(len(dataset), max_samples)
     if isinstance(dataset, PackedBertDataset):
-        real = float(dataset.segments.segment_lengths[np.asarray(dataset.indices)].sum())
-        return TokenStats(len(dataset), dataset.seq_length, True, len(dataset.indices) / len(dataset),
-                          real / (len(dataset) * dataset.seq_length))
-    return TokenStats(len(dataset), dataset.seq_length, False, 1.0,
-                      float(dataset.segment_lengths.mean()) / dataset.seq_length)
+        used = np.asarray(dataset.indices[:dataset.offsets[count]])
+        real = float(dataset.segments.segment_lengths(used).sum())
+        return TokenStats(len(dataset), dataset.seq_length, True, len(used) / count,
+                          real / (count * dataset.seq_length))
+    real = float(dataset.segment_lengths(np.arange(count)).sum())
+    return TokenStats(len(dataset), dataset.seq_length, False, 1.0, real / (count * dataset.seq_length))
 
 
 def parse_data_path(data_path: list[str]) -> tuple[list[float], list[str]]:
