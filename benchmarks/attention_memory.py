@@ -69,7 +69,8 @@ def attention_step(variant: str, size: int, seq: int):
                                           attention_dropout=0.0, **VARIANT_OPTIONS.get(variant, {})))
     g = torch.Generator().manual_seed(state.get_sequence_parallel_rank())
     q, k, v = (torch.randn(1, seq // size, HEADS, HEAD_DIM, generator=g, requires_grad=True) for _ in range(3))
-    mask = torch.zeros(1, seq // size, dtype=torch.bool)
+    segment_ids = torch.ones(1, seq // size, dtype=torch.long)  # one unpadded segment
+    mask = segment_ids if variant != "naive" else segment_ids == 0
     return lambda: core(q, k, v, mask).sum().backward()
 
 
@@ -86,8 +87,8 @@ def random_chunk(config: BertConfig, size: int, batch: int = 1, seed: int = 0) -
     g = torch.Generator().manual_seed(seed)
     shape = (batch, config.seq_length)
     tokens = torch.randint(5, config.vocab_size, shape, generator=g)
-    full = BertBatch(tokens, torch.zeros_like(tokens), torch.zeros_like(tokens, dtype=torch.bool), tokens,
-                     torch.rand(*shape, generator=g) < 0.15, torch.zeros(batch, dtype=torch.long))
+    full = BertBatch.unpacked(tokens, torch.zeros_like(tokens), torch.zeros_like(tokens, dtype=torch.bool), tokens,
+                              torch.rand(*shape, generator=g) < 0.15, torch.zeros(batch, dtype=torch.long))
     return full.sequence_chunk(state.get_sequence_parallel_rank(), size)
 
 

@@ -82,8 +82,8 @@ def make_batch(batch_size: int, seq: int, seed: int = 0) -> BertBatch:
     loss_mask = torch.rand(batch_size, seq, generator=g) < MASK_PROB
     labels = torch.randint(5, VOCAB, (batch_size, seq), generator=g)
     sop_labels = torch.randint(0, 2, (batch_size,), generator=g)
-    batch = BertBatch(tokens, token_types, torch.zeros_like(loss_mask), labels, loss_mask, sop_labels)
-    return BertBatch(*(t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in vars(batch).values()))
+    batch = BertBatch.unpacked(tokens, token_types, torch.zeros_like(loss_mask), labels, loss_mask, sop_labels)
+    return BertBatch(*(t.to(DEVICE) for t in vars(batch).values()))
 
 
 class Ours:
@@ -118,7 +118,7 @@ class HuggingFace:
             loss = self.model(input_ids=batch.tokens, token_type_ids=batch.token_types,
                               attention_mask=(~batch.key_padding_mask).long(),
                               labels=batch.labels.masked_fill(~batch.loss_mask, -100),
-                              next_sentence_label=batch.sop_labels).loss
+                              next_sentence_label=batch.sop_labels[:, 0]).loss
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

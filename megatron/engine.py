@@ -104,9 +104,9 @@ def checkpoint_layers(model: BertModel, interval: int = 1) -> None:
     """
     forwards = [type(layer).forward.__get__(layer) for layer in model.layers]
 
-    def run_chunk(start, x, key_padding_mask):
+    def run_chunk(start, x, segment_ids):
         for forward in forwards[start:start + interval]:
-            x = forward(x, key_padding_mask)
+            x = forward(x, segment_ids)
         return x
 
     for index, layer in enumerate(model.layers):
@@ -116,7 +116,7 @@ def checkpoint_layers(model: BertModel, interval: int = 1) -> None:
             layer.forward = _computed_in_its_chunk
 
 
-def _computed_in_its_chunk(x, key_padding_mask):
+def _computed_in_its_chunk(x, segment_ids):
     return x
 
 
@@ -149,9 +149,9 @@ def _zero3_model(config: TrainConfig, full_state: dict) -> BertModel:
 
 
 def _pipeline_item(chunk: BertBatch) -> tuple:
-    inputs = (chunk.tokens, chunk.token_types, chunk.key_padding_mask, chunk.loss_mask,
-              torch.tensor(chunk.chunk_start))
-    labels = (chunk.labels, chunk.loss_mask, chunk.sop_labels, torch.tensor(chunk.chunk_start == 0))
+    cls_mask = chunk.cls_mask
+    inputs = (chunk.tokens, chunk.token_types, chunk.position_ids, chunk.segment_ids, chunk.loss_mask, cls_mask)
+    labels = (chunk.labels, chunk.loss_mask, chunk.sop_labels, cls_mask)
     return inputs, labels
 
 

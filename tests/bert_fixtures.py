@@ -32,7 +32,7 @@ def padded_batch(seq_length=48, pad_starts=(48, 29, 5, 24), seed: int = 7) -> Be
     loss_mask = (torch.rand(b, seq_length, generator=g) < 0.3) & ~key_padding_mask
     labels = torch.randint(5, VOCAB, (b, seq_length), generator=g)
     sop_labels = torch.randint(0, 2, (b,), generator=g)
-    return BertBatch(tokens, token_types, key_padding_mask, labels, loss_mask, sop_labels)
+    return BertBatch.unpacked(tokens, token_types, key_padding_mask, labels, loss_mask, sop_labels)
 
 
 def with_fp16_kernels_allowed(fn, *args, **kwargs):
@@ -45,3 +45,18 @@ def with_fp16_kernels_allowed(fn, *args, **kwargs):
 
     get_accelerator().is_fp16_supported = lambda: True
     return fn(*args, **kwargs)
+
+
+def naive_masked_attention(q, k, v, allowed):
+    """[b, s_q, heads, d] queries over keys with allowed [b, s_q, s_k]; a row with no allowed key
+    gets zeros (the convention of every core here)."""
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    empty = ~allowed.any(-1)[:, None, :, None]
+    probs = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+def segment_allowed(segment_ids):
+    """[b, s] segment ids (0 = padding) -> [b, s, s]: query i may see key j of its own segment."""
+    return (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)

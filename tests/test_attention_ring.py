@@ -3,7 +3,7 @@ memory guarantee: nothing it saves for backward grows like s * s/P."""
 import pytest
 import torch
 
-from bert_fixtures import padded_batch, small_config, small_model
+from bert_fixtures import naive_masked_attention, padded_batch, segment_allowed, small_config, small_model
 from megatron.model import attention
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
@@ -14,12 +14,8 @@ PAD_STARTS = (S, 10, S // 2, 0)
 
 
 def naive_attention(q, k, v, key_padding_mask):
-    """[b, s, heads, d] in float64; a sample with no valid key gets zeros."""
-    no_keys = key_padding_mask.all(-1)[:, None, None, None]
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
-    scores = scores.masked_fill(key_padding_mask[:, None, None, :] & ~no_keys, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).masked_fill(no_keys, 0.0)
-    return torch.einsum("bhqk,bkhd->bqhd", probs, v)
+    """[b, s, heads, d] in float64: real queries see the real keys, padding sees nothing (zeros)."""
+    return naive_masked_attention(q, k, v, segment_allowed((~key_padding_mask).long()))
 
 
 def inputs():
@@ -46,7 +42,7 @@ def core_chunk(variant: str, size: int):
     rank, step = state.get_sequence_parallel_rank(), S // size
     q, k, v, grad_out, key_padding_mask = (t[:, rank * step:(rank + 1) * step] for t in inputs())
     q, k, v = (t.float().requires_grad_(True) for t in (q, k, v))
-    out = core(q, k, v, key_padding_mask)
+    out = core(q, k, v, (~key_padding_mask).long())  # one segment per sample
     out.backward(grad_out.float())
     return out.detach(), q.grad, k.grad, v.grad
 
@@ -92,13 +88,14 @@ def saved_tensor_sizes(size: int, s: int, variant: str = "ring", **overrides) ->
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, s, 2, 8, generator=g) for _ in range(3))
-    mask = torch.zeros(2, s, dtype=torch.bool)
+    segment_ids = torch.ones(2, s, dtype=torch.long)
     chunk = slice(rank * step, (rank + 1) * step)
     local_q, local_k, local_v = (t[:, chunk].requires_grad_(True) for t in (q, k, v))
-    record("core", lambda: attention.build(config)(local_q, local_k, local_v, mask[:, chunk]))
+    record("core", lambda: attention.build(config)(local_q, local_k, local_v, segment_ids[:, chunk]))
     batch = padded_batch(seq_length=s, pad_starts=(s, s // 3)).sequence_chunk(rank, size)
     record("model", lambda: small_model(config)(*batch.model_inputs()))
-    record("naive", lambda: naive_attention(local_q, k.requires_grad_(True), v, mask))
+    everything = torch.ones(2, step, s, dtype=torch.bool)
+    record("naive", lambda: naive_masked_attention(local_q, k.requires_grad_(True), v, everything))
     return sizes
 
 

@@ -20,8 +20,8 @@ def test_formula_matches_counted_matmuls(attention):
     tokens = torch.randint(5, 1000, (batch_size, seq), generator=torch.Generator().manual_seed(0))
     loss_mask = torch.zeros(batch_size, seq, dtype=torch.bool)
     loss_mask[:, ::8] = True
-    batch = BertBatch(tokens, torch.zeros_like(tokens), torch.zeros_like(loss_mask), tokens, loss_mask,
-                      torch.zeros(batch_size, dtype=torch.long))
+    batch = BertBatch.unpacked(tokens, torch.zeros_like(tokens), torch.zeros_like(loss_mask), tokens, loss_mask,
+                               torch.zeros(batch_size, dtype=torch.long))
     # the math SDPA backend runs attention as bmm, which the counter sees (flash kernels it does not)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         bert_batch_loss(*model(*batch.model_inputs()), batch).total.backward()

@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 
-from bert_fixtures import small_config, small_model
+from bert_fixtures import naive_masked_attention, small_config, small_model
 from megatron.errors import ConfigError
 from megatron.model import attention
 from megatron.model.attention import bigbird
@@ -50,22 +50,12 @@ def core_chunk(variant: str, size: int, overrides: dict, iteration: int = 0, pas
     default_pass_keys = bigbird._PASS_KEYS
     bigbird._PASS_KEYS = pass_keys or default_pass_keys
     try:
-        out = core(q, k, v, key_padding_mask)
+        out = core(q, k, v, (~key_padding_mask).long())  # one segment per sample
         out.backward(grad_out.float())
     finally:
         bigbird._PASS_KEYS = default_pass_keys
     params = {name: (p.detach().clone(), p.grad.clone()) for name, p in core.named_parameters()}
     return (out.detach(), q.grad, k.grad, v.grad), params
-
-
-def naive_masked_attention(q, k, v, allowed):
-    """[b, s_q, heads, d] queries over keys with allowed [b, s_q, s_k]; a row with no allowed key
-    gets zeros (the convention of every core here)."""
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
-    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
-    empty = ~allowed.any(-1)[:, None, :, None]
-    probs = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
-    return torch.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
 def linformer_reference(key_projection, value_projection):
@@ -98,7 +88,8 @@ def bigbird_reference(overrides, iteration):
     for t in (q, k, v):
         t.requires_grad_(True)
     tokens_allowed = blocks_allowed.repeat_interleave(block, 0).repeat_interleave(block, 1)
-    out = naive_masked_attention(q, k, v, tokens_allowed[None] & ~key_padding_mask[:, None, :])
+    out = naive_masked_attention(q, k, v, tokens_allowed[None] & ~key_padding_mask[:, None, :]
+                                 & ~key_padding_mask[:, :, None])  # padding sees nothing
     out.backward(grad_out)
     return out.detach(), q.grad, k.grad, v.grad
 
@@ -268,7 +259,7 @@ def test_linformer_refuses_another_sequence_length():
     model = small_model(small_config("linformer", **LINFORMER))
     q = torch.zeros(1, 32, 4, 8)
     with pytest.raises(ConfigError, match="built for seq_length 48 but the sequence has 32 tokens"):
-        model.layers[0].attention.core(q, q, q, torch.zeros(1, 32, dtype=torch.bool))
+        model.layers[0].attention.core(q, q, q, torch.ones(1, 32, dtype=torch.long))
     other = small_model(small_config("linformer", seq_length=32, **LINFORMER)).state_dict()
     with pytest.raises(ConfigError, match="built for seq_length 32 but the sequence has 48 tokens"):
         model.load_state_dict(other)

@@ -49,13 +49,14 @@ def test_post_layernorm_layout_differs_and_has_no_final_layernorm():
     assert not torch.allclose(pre(*batch.model_inputs())[0], post(*batch.model_inputs())[0])
 
 
-def test_chunk_positions_continue_from_chunk_start():
+def test_chunk_positions_come_with_the_chunk():
+    """Positions are data: a chunk's embeddings equal the same columns of the whole sequence's."""
     model = small_model(small_config())
     batch = padded_batch()
-    full = model.embeddings(batch.tokens, batch.token_types)
+    full = model.embeddings(batch.tokens, batch.token_types, batch.position_ids)
     chunk = batch.sequence_chunk(rank=2, size=4)
-    assert chunk.chunk_start == 24
-    assert torch.equal(model.embeddings(chunk.tokens, chunk.token_types, chunk.chunk_start), full[:, 24:36])
+    assert (chunk.position_ids[0] == torch.arange(24, 36)).all()
+    assert torch.equal(model.embeddings(chunk.tokens, chunk.token_types, chunk.position_ids), full[:, 24:36])
 
 
 def test_sop_loss_only_where_cls_lives():

@@ -239,7 +239,7 @@ def test_preprocessed_data_trains_a_small_bert(corpus, tmp_path):
     for _ in range(6):
         for batch in batches:
             mlm_logits, sop_logits = model(*batch.model_inputs())
-            loss = bert_loss(mlm_logits, batch.labels[batch.loss_mask], sop_logits, batch.sop_labels).total
+            loss = bert_loss(mlm_logits, batch.labels[batch.loss_mask], sop_logits, batch.sop_labels[batch.cls_mask]).total
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

@@ -1,37 +1,72 @@
-"""A BERT micro-batch and the slice of it one sequence-parallel rank keeps."""
+"""A BERT micro-batch and the slice of it one sequence-parallel rank keeps.
+
+A sample holds one or more segments back to back (several when packed, --pack-samples), each
+`[CLS] A [SEP] B [SEP]` with its own positions (from 0), token types and sentence-order label,
+then padding. What a token may see is data: `segment_ids` (0 at padding, 1, 2, ... per segment)
+lets a query attend only to keys of its own segment; the attention cores read nothing else.
+Every field is per token, so a sequence-parallel rank slices all of them alike.
+"""
 from dataclasses import dataclass, fields
 
 import torch
 
 from megatron.errors import ConfigError
 
+PAD_SEGMENT = 0  # segment id of padding: attends to nothing, seen by nothing
+
 
 @dataclass
 class BertBatch:
     tokens: torch.Tensor  # [b, s] int64
-    token_types: torch.Tensor  # [b, s] int64
-    key_padding_mask: torch.Tensor  # [b, s] bool, True at padding
+    token_types: torch.Tensor  # [b, s] int64, 0 for A and 1 for B within each segment
+    segment_ids: torch.Tensor  # [b, s] int64, PAD_SEGMENT at padding, 1..k for the k segments of a sample
+    position_ids: torch.Tensor  # [b, s] int64, position within the token's segment (0 at its [CLS]; 0 at padding)
     labels: torch.Tensor  # [b, s] int64, meaningful where loss_mask
     loss_mask: torch.Tensor  # [b, s] bool, True at masked (predicted) tokens
-    sop_labels: torch.Tensor  # [b] int64, 1 when the two segments were swapped
-    chunk_start: int = 0  # position of tokens[:, 0] in the full sequence
+    sop_labels: torch.Tensor  # [b, s] int64, the sentence-order label of the token's segment (read at [CLS])
+
+    @classmethod
+    def unpacked(cls, tokens, token_types, key_padding_mask, labels, loss_mask, sop_labels) -> "BertBatch":
+        """One segment per sample (positions 0..s-1, sop_labels [b]) from the classic padded layout."""
+        b, s = tokens.shape
+        segment_ids = (~key_padding_mask).long()
+        position_ids = torch.arange(s, device=tokens.device).expand(b, s).masked_fill(key_padding_mask, 0)
+        return cls(tokens, token_types, segment_ids, position_ids, labels, loss_mask,
+                   sop_labels.reshape(b, 1).expand(b, s).contiguous())
+
+    @property
+    def key_padding_mask(self) -> torch.Tensor:  # [b, s] bool, True at padding
+        return self.segment_ids == PAD_SEGMENT
+
+    @property
+    def cls_mask(self) -> torch.Tensor:  # [b, s] bool, True at each segment's [CLS]
+        return cls_positions(self.position_ids, self.segment_ids)
 
     def sequence_chunk(self, rank: int, size: int) -> "BertBatch":
-        """Rank `rank` of `size` keeps tokens [rank * s/size, (rank + 1) * s/size)."""
+        """Rank `rank` of `size` keeps tokens [rank * s/size, (rank + 1) * s/size) of every field."""
         seq = self.tokens.shape[1]
         if seq % size:
             raise ConfigError(f"sequence length {seq} is not divisible by the sequence-parallel size {size}",
                               "choose --seq-length as a multiple of --sequence-parallel-size")
         step = seq // size
-        sliced = {f.name: getattr(self, f.name)[:, rank * step:(rank + 1) * step]
-                  for f in fields(self) if f.name not in ("sop_labels", "chunk_start")}
-        return BertBatch(**sliced, sop_labels=self.sop_labels, chunk_start=self.chunk_start + rank * step)
+        return BertBatch(**{f.name: getattr(self, f.name)[:, rank * step:(rank + 1) * step] for f in fields(self)})
 
     def samples(self, start: int, stop: int) -> "BertBatch":
         """Samples [start, stop) of the batch (a micro-batch of a global batch)."""
-        sliced = {f.name: getattr(self, f.name)[start:stop] for f in fields(self) if f.name != "chunk_start"}
-        return BertBatch(**sliced, chunk_start=self.chunk_start)
+        return BertBatch(**{f.name: getattr(self, f.name)[start:stop] for f in fields(self)})
 
     def model_inputs(self) -> tuple:
         """The positional arguments of BertModel.forward."""
-        return self.tokens, self.token_types, self.key_padding_mask, self.loss_mask, self.chunk_start
+        return self.tokens, self.token_types, self.position_ids, self.segment_ids, self.loss_mask, self.cls_mask
+
+    def real_token_share(self) -> float:
+        """Non-padding tokens / all tokens of the batch."""
+        return float((self.segment_ids != PAD_SEGMENT).float().mean())
+
+    def segments_per_sample(self) -> float:
+        return float(self.cls_mask.sum()) / self.tokens.shape[0]
+
+
+def cls_positions(position_ids, segment_ids):
+    """True where a segment starts ([CLS]): position 0 of a non-padding segment."""
+    return (position_ids == 0) & (segment_ids != PAD_SEGMENT)

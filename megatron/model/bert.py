@@ -1,8 +1,11 @@
 """Megatron BERT, top to bottom: config, embeddings, self-attention, MLP, layer, heads, model.
 
 No process groups here. Under sequence parallelism (SP) every tensor below holds one chunk of
-the sequence, `[b, s/P, h]`, starting at position `chunk_start`; the attention core chosen by
-the registry (model/attention/) is the only part that looks past the chunk.
+the sequence, `[b, s/P, h]`; the attention core chosen by the registry (model/attention/) is the
+only part that looks past the chunk. A sample may hold several segments (packed); what each
+token may see (`segment_ids`), its position within its segment (`position_ids`) and where the
+heads read (`mlm_mask`, `cls_mask`) come with the batch: the model passes them on and never
+interprets them.
 """
 import math
 from dataclasses import dataclass
@@ -25,6 +28,9 @@ class BertConfig:
     ffn_hidden_size: int | None = None  # default 4 * hidden_size
     seq_length: int = 512
     max_position_embeddings: int = 512
+    # packed samples (--pack-samples): the longest segment, whose positions must fit the table;
+    # None: unpacked, one segment of up to seq_length tokens
+    max_segment_length: int | None = None
     type_vocab_size: int = 2
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -58,10 +64,22 @@ class BertConfig:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}",
                 "choose a head count that divides the hidden size")
-        if self.seq_length > self.max_position_embeddings:
+        if self.max_segment_length is None and self.seq_length > self.max_position_embeddings:
             raise ConfigError(
                 f"seq_length {self.seq_length} exceeds max_position_embeddings {self.max_position_embeddings}",
-                "raise --max-position-embeddings or lower --seq-length")
+                "raise --max-position-embeddings or lower --seq-length (or pack samples: --pack-samples)")
+        if self.max_segment_length is not None:  # positions restart per segment: only a segment must fit
+            segment = self.max_segment_length
+            if segment < 5:
+                raise ConfigError(f"max_segment_length {segment} leaves no room for [CLS] A [SEP] B [SEP]",
+                                  "set --max-segment-length to 5 or more")
+            if segment > self.seq_length:
+                raise ConfigError(f"max_segment_length {segment} exceeds seq_length {self.seq_length}",
+                                  "lower --max-segment-length to at most --seq-length")
+            if segment > self.max_position_embeddings:
+                raise ConfigError(
+                    f"max_segment_length {segment} exceeds max_position_embeddings {self.max_position_embeddings}",
+                    "lower --max-segment-length or raise --max-position-embeddings")
         if self.bigbird_num_window_blocks % 2 == 0:
             raise ConfigError(f"bigbird_num_window_blocks = {self.bigbird_num_window_blocks} is even",
                               "use an odd window (the block and the same number of neighbours on each side)")
@@ -97,14 +115,12 @@ class Embeddings(nn.Module):
                           if config.embedding_layernorm else nn.Identity())
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, input_ids, token_type_ids, chunk_start: int = 0):
-        # input_ids, token_type_ids: [b, s/P] -> [b, s/P, h]
-        return self.add_positions_and_types(self.word_embeddings(input_ids), token_type_ids, chunk_start)
+    def forward(self, input_ids, token_type_ids, position_ids):
+        # input_ids, token_type_ids, position_ids: [b, s/P] -> [b, s/P, h]
+        return self.add_positions_and_types(self.word_embeddings(input_ids), token_type_ids, position_ids)
 
-    def add_positions_and_types(self, words, token_type_ids, chunk_start: int):
-        # positions continue from the chunk's first token
-        positions = torch.arange(chunk_start, chunk_start + words.shape[1], device=words.device)
-        x = words + self.position_embeddings(positions)[None] + self.token_type_embeddings(token_type_ids)
+    def add_positions_and_types(self, words, token_type_ids, position_ids):
+        x = words + self.position_embeddings(position_ids) + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.layernorm(x))
 
 
@@ -118,10 +134,10 @@ class SelfAttention(nn.Module):
         self.core = attention.build(config)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, x, key_padding_mask):
+    def forward(self, x, segment_ids):
         b, s, h = x.shape  # [b, s/P, h]
         q, k, v = self.query_key_value(x).view(b, s, 3, self.num_heads, self.head_dim).unbind(2)
-        context = self.core(q, k, v, key_padding_mask)  # [b, s/P, heads, d]
+        context = self.core(q, k, v, segment_ids)  # [b, s/P, heads, d]
         return self.dense(context.reshape(b, s, h))
 
 
@@ -145,13 +161,13 @@ class TransformerLayer(nn.Module):
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, x, key_padding_mask):
-        return self.mlp_sublayer(self.attention_sublayer(x, key_padding_mask))
+    def forward(self, x, segment_ids):
+        return self.mlp_sublayer(self.attention_sublayer(x, segment_ids))
 
-    def attention_sublayer(self, x, key_padding_mask):
+    def attention_sublayer(self, x, segment_ids):
         if self.pre_layernorm:
-            return x + self.dropout(self.attention(self.attention_layernorm(x), key_padding_mask))
-        return self.attention_layernorm(x + self.dropout(self.attention(x, key_padding_mask)))
+            return x + self.dropout(self.attention(self.attention_layernorm(x), segment_ids))
+        return self.attention_layernorm(x + self.dropout(self.attention(x, segment_ids)))
 
     def mlp_sublayer(self, x):
         """Local to the chunk (no communication), so it can be compiled whole (engine.compile_mlp_sublayers)."""
@@ -182,7 +198,7 @@ class BinaryHead(nn.Module):
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
         self.classifier = nn.Linear(config.hidden_size, 2)
 
-    def forward(self, cls_hidden):  # [b, h] -> [b, 2]
+    def forward(self, cls_hidden):  # [segments, h] -> [segments, 2]
         return self.classifier(torch.tanh(self.pooler(cls_hidden)))
 
 
@@ -214,23 +230,23 @@ class BertModel(nn.Module):
             output = module.dense if isinstance(module, SelfAttention) else module.dense_4h_to_h
             nn.init.normal_(output.weight, mean=0.0, std=std / math.sqrt(2.0 * self.config.num_layers))
 
-    def encode(self, input_ids, token_type_ids, key_padding_mask, chunk_start: int = 0):
-        """[b, s/P] token ids -> [b, s/P, h] final hidden states. key_padding_mask is True at padding."""
-        x = self.embeddings(input_ids, token_type_ids, chunk_start)
+    def encode(self, input_ids, token_type_ids, position_ids, segment_ids):
+        """[b, s/P] token ids -> [b, s/P, h] final hidden states. segment_ids is 0 at padding."""
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
         for layer in self.layers:
-            x = layer(x, key_padding_mask)
+            x = layer(x, segment_ids)
         return self.final_layernorm(x)
 
-    def forward(self, input_ids, token_type_ids, key_padding_mask, mlm_mask, chunk_start: int = 0):
-        """Returns (mlm_logits [n_masked, padded_vocab], sop_logits [b, 2] or None).
+    def forward(self, input_ids, token_type_ids, position_ids, segment_ids, mlm_mask, cls_mask):
+        """Returns (mlm_logits [n_masked, padded_vocab], sop_logits [n_cls, 2] or None).
 
-        MLM logits are computed only where `mlm_mask` is True (never [b, s, vocab]). SOP logits
-        come from the chunk's first token, which is [CLS] only when chunk_start == 0; they are
-        computed on every chunk anyway so every rank's backward touches the same parameters
-        (ZeRO's gradient buckets must match across ranks), and the loss weighs them by whether
-        the chunk holds [CLS]. None when the binary head is off.
+        MLM logits are computed only where `mlm_mask` is True (never [b, s, vocab]), SOP logits
+        at each segment's [CLS] (`cls_mask`) in this chunk, wherever it falls; a chunk without
+        one gives [0, 2] logits, which still give the binary head (zero) gradients on every
+        rank alike (ZeRO's gradient buckets must match across ranks). None when the binary head
+        is off.
         """
-        hidden = self.encode(input_ids, token_type_ids, key_padding_mask, chunk_start)
+        hidden = self.encode(input_ids, token_type_ids, position_ids, segment_ids)
         mlm_logits = self.lm_head(hidden[mlm_mask], self.embeddings.word_embeddings.weight)
-        sop_logits = self.binary_head(hidden[:, 0]) if self.binary_head is not None else None
+        sop_logits = self.binary_head(hidden[cls_mask]) if self.binary_head is not None else None
         return mlm_logits, sop_logits

@@ -1,15 +1,16 @@
 """MLM + sentence-order loss, normalised over the whole sequence even when it is SP-split.
 
 Each seq rank returns its SHARE of the loss: the summed cross-entropy of the masked tokens in
-its chunk divided by the masked-token count of the whole sequence (all-reduced over the seq
-group), plus the SOP loss on the rank that holds [CLS]. The shares sum to the single-rank
-loss, so gradients summed over the seq group equal the single-rank gradients.
+its chunk divided by the masked-token count of the whole sequence, plus the summed sentence-order
+cross-entropy of the segments whose [CLS] lies in its chunk divided by the segment count of the
+whole micro-batch (both counts all-reduced over the seq group). The shares sum to the single-rank
+loss, so gradients summed over the seq group equal the single-rank gradients. Unpacked, a sample
+is one segment and the SOP term is the mean over the samples, as in Megatron.
 """
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from megatron.parallel import state
@@ -21,12 +22,13 @@ class BertLoss(NamedTuple):
     sop: torch.Tensor  # the SOP loss where [CLS] lives, else 0 (detached)
 
 
-def masked_token_count(mlm_labels) -> torch.Tensor:
-    """Masked tokens in the whole micro-batch sequence (all seq chunks together)."""
-    count = torch.tensor(float(mlm_labels.numel()), device=mlm_labels.device)
+def sequence_counts(mlm_labels, sop_labels) -> torch.Tensor:
+    """[masked tokens, segments] of the whole micro-batch (all seq chunks together), one all-reduce."""
+    segments = 0 if sop_labels is None else sop_labels.numel()
+    counts = torch.tensor([float(mlm_labels.numel()), float(segments)], device=mlm_labels.device)
     if state.get_sequence_parallel_world_size() > 1:
-        dist.all_reduce(count, group=state.get_sequence_parallel_group())
-    return count
+        dist.all_reduce(counts, group=state.get_sequence_parallel_group())
+    return counts
 
 
 class SummedCrossEntropy(torch.autograd.Function):
@@ -54,22 +56,22 @@ class SummedCrossEntropy(torch.autograd.Function):
         return grad_logits.mul_(grad).to(ctx.logits_dtype), None
 
 
-def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None, holds_cls: bool = True) -> BertLoss:
-    """mlm_logits [n_masked, vocab] with mlm_labels [n_masked]; sop_logits [b, 2] or None.
+def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None) -> BertLoss:
+    """mlm_logits [n_masked, vocab] with mlm_labels [n_masked]; sop_logits [n_cls, 2] with
+    sop_labels [n_cls] (the segments whose [CLS] is in this chunk, possibly none) or None.
 
-    `holds_cls`: whether this chunk starts at position 0. Elsewhere the SOP term is kept in the
-    graph with weight 0, so the binary head gets (zero) gradients on every rank alike.
+    A chunk without [CLS] keeps its (empty) SOP term in the graph, so the binary head gets (zero)
+    gradients on every rank alike.
     """
-    count = masked_token_count(mlm_labels).clamp(min=1.0)
-    mlm = SummedCrossEntropy.apply(mlm_logits, mlm_labels) / count
+    counts = sequence_counts(mlm_labels, sop_labels if sop_logits is not None else None).clamp(min=1.0)
+    mlm = SummedCrossEntropy.apply(mlm_logits, mlm_labels) / counts[0]
     sop = torch.zeros((), device=mlm.device)
     if sop_logits is not None:
-        sop = F.cross_entropy(sop_logits.float(), sop_labels) * (1.0 if holds_cls else 0.0)
+        sop = SummedCrossEntropy.apply(sop_logits, sop_labels) / counts[1]
     total = mlm + sop
     return BertLoss(total=total, mlm=mlm.detach(), sop=sop.detach())
 
 
 def bert_batch_loss(mlm_logits, sop_logits, batch) -> BertLoss:
     """bert_loss for the outputs of BertModel on `batch` (a BertBatch, possibly one SP chunk)."""
-    return bert_loss(mlm_logits, batch.labels[batch.loss_mask], sop_logits, batch.sop_labels,
-                     holds_cls=batch.chunk_start == 0)
+    return bert_loss(mlm_logits, batch.labels[batch.loss_mask], sop_logits, batch.sop_labels[batch.cls_mask])

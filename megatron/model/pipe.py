@@ -3,10 +3,10 @@
     [word embedding (tied)] [positions + types] [layer 0] ... [layer N-1]
     [word embedding (tied): hands over its weight] [heads]
 
-Between stages travel (hidden [b, s/P, h], key_padding_mask [b, s/P], mlm_mask [b, s/P]); the
-two masks are bool tensors without gradient. The word embedding is tied between the first and
-last stage (DeepSpeed all-reduces its gradient over the two). The loss function runs on the
-last stage with labels (labels, loss_mask, sop_labels, holds_cls).
+Between stages travel (hidden [b, s/P, h], segment_ids [b, s/P], mlm_mask [b, s/P], cls_mask
+[b, s/P]): fixed shapes, the last three without gradient. The word embedding is tied between the
+first and last stage (DeepSpeed all-reduces its gradient over the two). The loss function runs
+on the last stage with labels (labels, loss_mask, sop_labels, cls_mask).
 
 Sequence parallelism inside a pipeline: DeepSpeed's topology gets the seq axis under the name
 'model' (pipe x data x model, model fastest = our pipe x data x seq), so every stage sends to
@@ -44,8 +44,8 @@ class EmbeddingPipe(Embeddings):
         super().__init__(config, word_embeddings=False)
 
     def forward(self, inputs):
-        words, token_types, key_padding_mask, mlm_mask, chunk_start = inputs
-        return self.add_positions_and_types(words, token_types, int(chunk_start)), key_padding_mask, mlm_mask
+        words, token_types, position_ids, segment_ids, mlm_mask, cls_mask = inputs
+        return self.add_positions_and_types(words, token_types, position_ids), segment_ids, mlm_mask, cls_mask
 
 
 def _hand_over_word_embeddings(embedding: WordEmbeddingPipe, inputs):
@@ -55,8 +55,8 @@ def _hand_over_word_embeddings(embedding: WordEmbeddingPipe, inputs):
 
 class TransformerLayerPipe(TransformerLayer):
     def forward(self, inputs):
-        hidden, key_padding_mask, mlm_mask = inputs
-        return super().forward(hidden, key_padding_mask), key_padding_mask, mlm_mask
+        hidden, segment_ids, *masks = inputs
+        return super().forward(hidden, segment_ids), segment_ids, *masks
 
 
 class HeadsPipe(nn.Module):
@@ -69,19 +69,19 @@ class HeadsPipe(nn.Module):
         self.binary_head = BinaryHead(config) if config.add_binary_head else None
 
     def forward(self, inputs):
-        hidden, _, mlm_mask, word_embeddings_weight = inputs
+        hidden, _, mlm_mask, cls_mask, word_embeddings_weight = inputs
         hidden = self.final_layernorm(hidden)
         mlm_logits = self.lm_head(hidden[mlm_mask], word_embeddings_weight)
         if self.binary_head is None:
             return mlm_logits
-        return mlm_logits, self.binary_head(hidden[:, 0])
+        return mlm_logits, self.binary_head(hidden[cls_mask])
 
 
 def pipeline_loss(outputs, labels):
     """The rank's share of the loss (see model/loss.py), from the last stage's outputs."""
     mlm_logits, sop_logits = outputs if isinstance(outputs, tuple) else (outputs, None)
-    token_labels, loss_mask, sop_labels, holds_cls = labels
-    return bert_loss(mlm_logits, token_labels[loss_mask], sop_logits, sop_labels, holds_cls=bool(holds_cls)).total
+    token_labels, loss_mask, sop_labels, cls_mask = labels
+    return bert_loss(mlm_logits, token_labels[loss_mask], sop_logits, sop_labels[cls_mask]).total
 
 
 class BertModelPipe(PipelineModule):

@@ -20,7 +20,11 @@ Under sequence parallelism rank p holds blocks [p*m, (p+1)*m), m = n / P:
     two query blocks are shared with every rank, each rank attends them to its local keys with
     the log-sum-exp of its partial result, and the P partials are merged (as the ring does).
 Both paths run torch's SDPA kernels through blocks.py (no score matrix is kept) and recompute
-in backward from the saved lse. Non-global rows gather their w + 2 + r key blocks in passes of
+in backward from the saved lse. What a query may see comes from segment ids (masks.py): padding
+and other segments of a packed sample are masked inside the blocks, and a query block none of
+whose key blocks shares a segment with it (a block of padding, or a segment far from it) is
+dropped from the kernel batch, as is the global path of a rank whose keys share no segment with
+the global query blocks. Non-global rows gather their w + 2 + r key blocks in passes of
 at most _PASS_KEYS keys per sample, so those copies take bounded memory; kept for backward are
 O(s/P) tensors plus the fetched blocks (at most r times the local K, V, plus the halo and the
 two global blocks). Attention dropout is refused, as for the ring (exact recompute cannot
@@ -33,11 +37,11 @@ import torch
 import torch.distributed as dist
 
 from megatron.errors import ConfigError
-from megatron.model.attention import blocks
+from megatron.model.attention import blocks, masks
 from megatron.model.attention.registry import AttentionCore, register
 from megatron.parallel import state
 
-_KV_TAG, _MASK_TAG, _GRAD_TAG = 10, 11, 12
+_KV_TAG, _SEGMENT_TAG, _GRAD_TAG = 10, 11, 12
 _PASS_KEYS = 16384
 
 
@@ -144,19 +148,19 @@ class _SeqGroup:
         return [buffer for _, buffer in sorted(incoming.items())]
 
 
-def _fetch(k, v, key_padding_mask, plan, seq):
-    """Local blocks k, v [b, m, B, heads, d], padding [b, m, B] -> the remote blocks this rank
-    needs: k, v [b, F, B, heads, d] and their padding [b, F, B], in ascending block order."""
+def _fetch(k, v, segment_ids, plan, seq):
+    """Local blocks k, v [b, m, B, heads, d], segment ids [b, m, B] -> the remote blocks this rank
+    needs: k, v [b, F, B, heads, d] and their segment ids [b, F, B], in ascending block order."""
     b, _, block, heads, d = k.shape
     kv = seq.exchange({dst: torch.stack([k[:, ids], v[:, ids]]) for dst, ids in plan.send.items()},
                       {src: k.new_empty(2, b, count, block, heads, d) for src, count in plan.recv.items()}, _KV_TAG)
-    pad = seq.exchange({dst: key_padding_mask[:, ids].to(torch.uint8) for dst, ids in plan.send.items()},
-                       {src: key_padding_mask.new_empty(b, count, block, dtype=torch.uint8) for src, count in plan.recv.items()},
-                       _MASK_TAG)
+    segments = seq.exchange({dst: segment_ids[:, ids] for dst, ids in plan.send.items()},
+                            {src: segment_ids.new_empty(b, count, block) for src, count in plan.recv.items()},
+                            _SEGMENT_TAG)
     if not kv:
-        return k[:, :0], v[:, :0], key_padding_mask[:, :0]
+        return k[:, :0], v[:, :0], segment_ids[:, :0]
     fetched_k, fetched_v = torch.cat(kv, 2).unbind(0)
-    return fetched_k, fetched_v, torch.cat(pad, 1).bool()
+    return fetched_k, fetched_v, torch.cat(segments, 1)
 
 
 def _send_home(grad_fetched, grad_local, plan, seq):
@@ -172,16 +176,30 @@ def _send_home(grad_fetched, grad_local, plan, seq):
         grad_local.index_add_(2, ids, grad)
 
 
-def _gather(k, v, key_padding_mask, slot_index, slot_valid):
+def _gather(k, v, segment_ids, slot_index, slot_valid):
     """Extended blocks [b, m+F, B, heads, d] -> the keys and values of some rows' slots
-    [b*rows, heads, c*B, d] in kernel layout, and their padding [b*rows, c*B] (invalid slots
+    [b*rows, heads, c*B, d] in kernel layout, and their segment ids [b*rows, c*B] (invalid slots
     count as padding)."""
     b, _, block, heads, d = k.shape
     rows, c = slot_index.shape
     index = slot_index.reshape(-1)
     sel_k, sel_v = (x[:, index].reshape(b * rows, c * block, heads, d).transpose(1, 2) for x in (k, v))
-    pad = key_padding_mask[:, index].reshape(b, rows, c, block) | ~slot_valid[None, :, :, None]
-    return sel_k, sel_v, pad.reshape(b * rows, c * block)
+    segments = segment_ids[:, index].reshape(b, rows, c, block).masked_fill(~slot_valid[None, :, :, None], 0)
+    return sel_k, sel_v, segments.reshape(b * rows, c * block)
+
+
+def _row_masks(q_segments, k_segments):
+    """Masks of the (sample, query block) kernel items [n, B] x [n, c*B] -> (the items that see
+    some key, their BlockMask); the other items are not computed."""
+    mask = masks.segment_mask(q_segments, k_segments)
+    active = (~mask.blind).any(-1).nonzero().squeeze(1)
+    return active, masks.BlockMask(mask.allowed[active], mask.blind[active])
+
+
+def _global_mask(global_segments, segment_ids):
+    """The global query blocks [b, 2B] against this rank's keys [b, m*B]: None when they share no segment."""
+    kind = masks.block_kinds(masks.id_range(global_segments), [masks.id_range(segment_ids)])[0]
+    return None if kind == "skip" else masks.block_mask(global_segments, segment_ids, kind)
 
 
 def _passes(plan, block: int) -> list:
@@ -204,6 +222,17 @@ def _flat(x):
     return x.reshape(b, blocks_ * block, heads, d).transpose(1, 2)
 
 
+def _global_queries(q, segment_ids, seq):
+    """The global query blocks 0 and n-1 and their segment ids, from their owners (the first and
+    last seq rank) to every rank: [b, 2, B, heads, d] and [b, 2 * B]."""
+    b, _, block, heads, d = q.shape
+    first, last = seq.rank == 0, seq.rank == seq.size - 1
+    pieces = []
+    for x, zeros in ((q, q.new_zeros(b, 1, block, heads, d)), (segment_ids, segment_ids.new_zeros(b, 1, block))):
+        pieces.append(seq.sum(torch.cat([x[:, :1] if first else zeros, x[:, -1:] if last else zeros], 1)))
+    return pieces[0], pieces[1].view(b, 2 * block)
+
+
 class _BigBirdAttention(torch.autograd.Function):
     """One rank's block-sparse attention: q, k, v [b, m, B, heads, d] -> out [b, m, B, heads, d].
 
@@ -213,15 +242,19 @@ class _BigBirdAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, key_padding_mask, plan, seq, scale):
+    def forward(ctx, q, k, v, segment_ids, plan, seq, scale):
         b, m, block, heads, d = q.shape
         first, last = seq.rank == 0, seq.rank == seq.size - 1
         # Global query blocks 0 and n-1, shared with every rank: [b, 2, B, heads, d]. Each rank
         # attends them to its keys; the partial results are merged by log-sum-exp in rank order.
-        zeros = q.new_zeros(b, 1, block, heads, d)
-        global_q = seq.sum(torch.cat([q[:, :1] if first else zeros, q[:, -1:] if last else zeros], 1))
-        global_out, global_lse = blocks.forward(_flat(global_q), _flat(k), _flat(v), key_padding_mask.view(b, -1), scale)
-        global_out, global_lse = global_out.contiguous(), global_lse.contiguous()
+        global_q, global_segments = _global_queries(q, segment_ids, seq)
+        global_mask = _global_mask(global_segments, segment_ids.view(b, -1))
+        if global_mask is None:
+            global_out = q.new_zeros(b, heads, 2 * block, d)
+            global_lse = q.new_full((b, heads, 2 * block), float("-inf"), dtype=torch.float32)
+        else:
+            global_out, global_lse = blocks.forward(_flat(global_q), _flat(k), _flat(v), global_mask, scale)
+            global_out, global_lse = global_out.contiguous(), global_lse.contiguous()
         if seq.size > 1:
             outs = [torch.empty_like(global_out) for _ in range(seq.size)]
             lses = [torch.empty_like(global_lse) for _ in range(seq.size)]
@@ -233,33 +266,39 @@ class _BigBirdAttention(torch.autograd.Function):
         global_out = global_out.to(q.dtype).contiguous()  # [b, heads, 2B, d]
 
         # Non-global query blocks: each attends to its gathered window, global and random blocks.
-        fetched_k, fetched_v, fetched_pad = _fetch(k, v, key_padding_mask, plan, seq)
+        fetched_k, fetched_v, fetched_segments = _fetch(k, v, segment_ids, plan, seq)
         rows = q[:, plan.row_start:plan.row_stop]
         sparse_out = sparse_lse = None
         pieces = [global_out.transpose(1, 2).view(b, 2, block, heads, d)[:, :1]] if first else []
         if rows.shape[1]:
             extended = (torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1),
-                        torch.cat([key_padding_mask, fetched_pad], 1))
+                        torch.cat([segment_ids, fetched_segments], 1))
+            row_segments = segment_ids[:, plan.row_start:plan.row_stop]
             outs, lses = [], []
             for part in _passes(plan, block):
-                sel_k, sel_v, sel_pad = _gather(*extended, plan.slot_index[part], plan.slot_valid[part])
-                out, lse = blocks.forward(_items(rows[:, part]), sel_k, sel_v, sel_pad, scale)
-                outs.append(out.to(q.dtype).transpose(1, 2).reshape(b, -1, block, heads, d))
+                sel_k, sel_v, sel_segments = _gather(*extended, plan.slot_index[part], plan.slot_valid[part])
+                items = _items(rows[:, part])
+                active, mask = _row_masks(row_segments[:, part].reshape(items.shape[0], block), sel_segments)
+                out = items.new_zeros(items.shape)
+                lse = out.new_full(items.shape[:3], float("-inf"), dtype=torch.float32)
+                if len(active):
+                    out[active], lse[active] = blocks.forward(items[active], sel_k[active], sel_v[active], mask, scale)
+                outs.append(out.transpose(1, 2).reshape(b, -1, block, heads, d))
                 lses.append(lse.view(b, -1, heads, block))
             del extended, sel_k, sel_v
             sparse_out, sparse_lse = torch.cat(outs, 1), torch.cat(lses, 1)  # [b, rows, B, heads, d], [b, rows, heads, B]
             pieces.append(sparse_out)
         if last:
             pieces.append(global_out.transpose(1, 2).view(b, 2, block, heads, d)[:, 1:])
-        ctx.save_for_backward(q, k, v, key_padding_mask, fetched_k, fetched_v, fetched_pad,
-                              global_q, global_out, global_lse, sparse_out, sparse_lse)
+        ctx.save_for_backward(q, k, v, segment_ids, fetched_k, fetched_v, fetched_segments,
+                              global_q, global_segments, global_out, global_lse, sparse_out, sparse_lse)
         ctx.plan, ctx.seq, ctx.scale = plan, seq, scale
         return torch.cat(pieces, 1)
 
     @staticmethod
     def backward(ctx, grad_out):
-        (q, k, v, key_padding_mask, fetched_k, fetched_v, fetched_pad,
-         global_q, global_out, global_lse, sparse_out, sparse_lse) = ctx.saved_tensors
+        (q, k, v, segment_ids, fetched_k, fetched_v, fetched_segments,
+         global_q, global_segments, global_out, global_lse, sparse_out, sparse_lse) = ctx.saved_tensors
         plan, seq, scale = ctx.plan, ctx.seq, ctx.scale
         b, m, block, heads, d = q.shape
         first, last = seq.rank == 0, seq.rank == seq.size - 1
@@ -271,29 +310,40 @@ class _BigBirdAttention(torch.autograd.Function):
         # partial with the merged lse, and the partial dq's are summed back the same way.
         zeros = grad_out.new_zeros(b, 1, block, heads, d)
         global_grad = seq.sum(torch.cat([grad_out[:, :1] if first else zeros, grad_out[:, -1:] if last else zeros], 1))
-        dq_global, dk_global, dv_global = blocks.backward(_flat(global_grad), _flat(global_q), _flat(k), _flat(v),
-                                                          key_padding_mask.view(b, -1), global_out, global_lse, scale)
-        dq_global = seq.sum(dq_global.transpose(1, 2).reshape(b, 2, block, heads, d))
+        global_mask = _global_mask(global_segments, segment_ids.view(b, -1))
+        dq_global = q.new_zeros(b, 2, block, heads, d)
+        if global_mask is not None:
+            dq_global, dk_global, dv_global = blocks.backward(_flat(global_grad), _flat(global_q), _flat(k), _flat(v),
+                                                              global_mask, global_out, global_lse, scale)
+            dq_global = dq_global.transpose(1, 2).reshape(b, 2, block, heads, d)
+            dkv[0] += dk_global.transpose(1, 2).reshape(k.shape)
+            dkv[1] += dv_global.transpose(1, 2).reshape(k.shape)
+        dq_global = seq.sum(dq_global)
         if first:
             dq[:, 0] += dq_global[:, 0]
         if last:
             dq[:, -1] += dq_global[:, 1]
-        dkv[0] += dk_global.transpose(1, 2).reshape(k.shape)
-        dkv[1] += dv_global.transpose(1, 2).reshape(k.shape)
 
         # Non-global rows: gather again, differentiate, index-add dK and dV into the extended
         # blocks (masked keys, i.e. padding and invalid slots, get exactly zero gradient).
         grad_fetched = k.new_zeros((2, *fetched_k.shape), dtype=torch.float32)
         if sparse_out is not None:
             extended = (torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1),
-                        torch.cat([key_padding_mask, fetched_pad], 1))
+                        torch.cat([segment_ids, fetched_segments], 1))
             grad_extended = k.new_zeros((2, b, m + fetched_k.shape[1], block, heads, d), dtype=torch.float32)
             for part in _passes(plan, block):
                 local = slice(plan.row_start + part.start, plan.row_start + part.stop)
-                sel_k, sel_v, sel_pad = _gather(*extended, plan.slot_index[part], plan.slot_valid[part])
-                lse = sparse_lse[:, part].reshape(-1, heads, block)
-                dq_rows, dk_sel, dv_sel = blocks.backward(_items(grad_out[:, local]), _items(q[:, local]), sel_k,
-                                                          sel_v, sel_pad, _items(sparse_out[:, part]), lse, scale)
+                sel_k, sel_v, sel_segments = _gather(*extended, plan.slot_index[part], plan.slot_valid[part])
+                items = _items(q[:, local])
+                active, mask = _row_masks(segment_ids[:, local].reshape(items.shape[0], block), sel_segments)
+                if not len(active):
+                    continue
+                lse = sparse_lse[:, part].reshape(-1, heads, block)[active]
+                dq_act, dk_act, dv_act = blocks.backward(_items(grad_out[:, local])[active], items[active],
+                                                         sel_k[active], sel_v[active], mask,
+                                                         _items(sparse_out[:, part])[active], lse, scale)
+                dq_rows, dk_sel, dv_sel = (x.new_zeros((items.shape[0], *x.shape[1:])).index_copy_(0, active, x)
+                                           for x in (dq_act, dk_act, dv_act))
                 dq[:, local] += dq_rows.transpose(1, 2).reshape(dq[:, local].shape)
                 index = plan.slot_index[part].reshape(-1)
                 for i, grad in enumerate((dk_sel, dv_sel)):
@@ -352,12 +402,12 @@ class BigBirdAttention(AttentionCore):
             self._cached_plan = (key, _plan(*self.pattern(num_blocks), self.seq.rank, self.seq.size, self.seq.ranks, device))
         return self._cached_plan[1]
 
-    def forward(self, q, k, v, key_padding_mask):
+    def forward(self, q, k, v, segment_ids):
         b, chunk, heads, d = q.shape  # [b, s/P, heads, d]
         m = chunk // self.block_size
         plan = self._plan(m * self.seq.size, q.device)
         q, k, v = (x.view(b, m, self.block_size, heads, d) for x in (q, k, v))
-        out = _BigBirdAttention.apply(q, k, v, key_padding_mask.view(b, m, self.block_size), plan, self.seq, self.scale)
+        out = _BigBirdAttention.apply(q, k, v, segment_ids.view(b, m, self.block_size), plan, self.seq, self.scale)
         return out.view(b, chunk, heads, d)
 
 

@@ -5,8 +5,8 @@ block's probabilities from the merged lse, so no score matrix outlives one block
 directions call torch's SDPA kernels: the CPU flash kernel, or the memory-efficient kernel on
 CUDA (the ones that return and accept the lse).
 
-Shapes: q [b, heads, s_q, d]; k, v [b, heads, s_k, d]; key_padding_mask [b, s_k] (True = pad);
-lse [b, heads, s_q] float32.
+Shapes: q [b, heads, s_q, d]; k, v [b, heads, s_k, d]; mask: a masks.BlockMask (which keys each
+query may see, and the queries that see none); lse [b, heads, s_q] float32.
 """
 import torch
 
@@ -14,38 +14,38 @@ aten = torch.ops.aten
 _ALIGN = 16  # the CUDA memory-efficient kernel wants the bias' last dim 16-aligned in memory
 
 
-def _bias(key_padding_mask, q, k, no_keys):
-    """Additive mask [b, heads, s_q, s_k]: -inf at padding, 0 elsewhere (and 0 for all-pad samples)."""
-    b, heads, s_q, _ = q.shape
-    s_k = k.shape[2]
-    masked = key_padding_mask if no_keys is None else key_padding_mask & ~no_keys[:, None]
-    bias = torch.zeros(b, 1, 1, s_k + (-s_k) % _ALIGN, dtype=q.dtype, device=q.device)
-    bias[..., :s_k].masked_fill_(masked[:, None, None, :], float("-inf"))
-    return bias[..., :s_k].expand(b, heads, s_q, s_k)
+def _bias(mask, q, open_empty_rows: bool):
+    """Additive mask [b, heads, s_q or 1 -> s_q, s_k]: -inf where a query may not see a key, 0
+    elsewhere. Forward opens a row that may see nothing to every key (no NaN; its output is
+    zeroed afterwards); backward must not, as that row's merged lse may be finite."""
+    allowed = mask.allowed | ~mask.allowed.any(-1, keepdim=True) if open_empty_rows else mask.allowed
+    b, _, rows, s_k = allowed.shape
+    bias = torch.zeros(b, 1, rows, s_k + (-s_k) % _ALIGN, dtype=q.dtype, device=q.device)
+    bias[..., :s_k].masked_fill_(~allowed, float("-inf"))
+    return bias[..., :s_k].expand(b, q.shape[1], q.shape[2], s_k)
 
 
-def forward(q, k, v, key_padding_mask, scale):
-    """-> (out [b, heads, s_q, d], lse [b, heads, s_q]); lse = -inf and out = 0 where a sample's
-    keys in this block are all padding (the kernel gets an all-zero bias there, so no NaN)."""
-    no_keys = key_padding_mask.all(dim=-1)  # [b]
-    bias = _bias(key_padding_mask, q, k, no_keys)
+def forward(q, k, v, mask, scale):
+    """-> (out [b, heads, s_q, d], lse [b, heads, s_q]); lse = -inf and out = 0 for the queries
+    that see no key of this block (mask.blind)."""
+    bias = _bias(mask, q, open_empty_rows=True)
     if q.is_cuda:
         out, lse = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, scale=scale)[:2]
         lse = lse[..., : q.shape[2]]
     else:
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias, scale=scale)
-    lse = lse.float().masked_fill(no_keys[:, None, None], float("-inf"))
-    return out.masked_fill(no_keys[:, None, None, None], 0.0), lse
+    blind = mask.blind[:, None, :]  # [b, 1, s_q]
+    return out.masked_fill(blind[..., None], 0.0), lse.float().masked_fill(blind, float("-inf"))
 
 
-def backward(grad_out, q, k, v, key_padding_mask, out, lse, scale):
+def backward(grad_out, q, k, v, mask, out, lse, scale):
     """Gradients of this block given the MERGED out and lse over all blocks -> (dq, dk, dv).
 
     With the merged statistics, p = exp(s - lse) is the block's slice of the global softmax, so
     the per-block results sum (dq) or concatenate (dk, dv) to the exact full gradient. Rows
-    with no key at all carry lse = +inf, which makes their p, and so their gradients, zero.
+    that saw no key at all carry lse = +inf, which makes their p, and so their gradients, zero.
     """
-    bias = _bias(key_padding_mask, q, k, None)
+    bias = _bias(mask, q, open_empty_rows=False)
     lse = lse.masked_fill(lse == float("-inf"), float("inf"))
     if q.is_cuda:
         padded = torch.zeros(*lse.shape[:2], lse.shape[2] + (-lse.shape[2]) % 32, device=lse.device)

@@ -1,21 +1,26 @@
-"""`dense`: softmax(q k^T / sqrt(d) + mask) v over the keys this rank holds, through torch SDPA."""
+"""`dense`: softmax(q k^T / sqrt(d) + mask) v over the keys this rank holds, through torch SDPA.
+
+The mask comes from segment ids (masks.py): the key-padding row when the batch holds one segment
+per sample, the block-diagonal [b, 1, s, s] mask when samples are packed.
+"""
 import torch.nn.functional as F
 
 from megatron.errors import ConfigError
+from megatron.model.attention.masks import segment_mask
 from megatron.model.attention.registry import AttentionCore, register
 
 
-def sdpa(q, k, v, key_padding_mask, dropout_p: float = 0.0):
-    """q, k, v: [b, s, heads, d]; key_padding_mask: [b, s_k] True at padding -> [b, s, heads, d].
+def sdpa(q, k, v, segment_ids, dropout_p: float = 0.0):
+    """q, k, v: [b, s, heads, d]; segment_ids: [b, s] (0 at padding) -> [b, s, heads, d].
 
-    A sample whose keys are all padding gets zeros (SDPA alone would give NaN): it attends to
-    every key inside the kernel and its output is then zeroed, so no NaN reaches backward.
+    A query that may see no key (padding) gets zeros (SDPA alone would give NaN): inside the
+    kernel it attends to every key, and its output is then zeroed, so no NaN reaches backward.
     """
-    no_keys = key_padding_mask.all(dim=-1)  # [b]
-    keep = (~key_padding_mask | no_keys[:, None])[:, None, None, :]  # [b, 1, 1, s_k]
+    mask = segment_mask(segment_ids, segment_ids)
+    keep = mask.allowed | ~mask.allowed.any(-1, keepdim=True)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=keep, dropout_p=dropout_p)
-    return out.masked_fill(no_keys[:, None, None, None], 0.0).transpose(1, 2)
+    return out.masked_fill(mask.blind[:, None, :, None], 0.0).transpose(1, 2)
 
 
 @register("dense")
@@ -32,5 +37,5 @@ class DenseAttention(AttentionCore):
                 f"attention 'dense' sees only the local chunk but the sequence-parallel size is {sequence_parallel_size}",
                 "use attention 'ring' or 'ulysses' with sequence parallelism")
 
-    def forward(self, q, k, v, key_padding_mask):
-        return sdpa(q, k, v, key_padding_mask, self.dropout_p if self.training else 0.0)
+    def forward(self, q, k, v, segment_ids):
+        return sdpa(q, k, v, segment_ids, self.dropout_p if self.training else 0.0)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.errors import ConfigError
+from megatron.model.attention.masks import PAD_SEGMENT
 from megatron.model.attention.registry import AttentionCore, register
 from megatron.parallel import state
 
@@ -90,12 +91,13 @@ class LinformerAttention(AttentionCore):
                 raise _length_error(saved.shape[-1], self.seq_length)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def forward(self, q, k, v, key_padding_mask):
+    def forward(self, q, k, v, segment_ids):
+        # one segment per sample (packing is refused at start-up): only padding is masked
         b, chunk, heads, d = q.shape  # [b, s/P, heads, d]
         if chunk * self.size != self.seq_length:
             raise _length_error(self.seq_length, chunk * self.size)
         columns = slice(self.rank * chunk, (self.rank + 1) * chunk)
-        pad = key_padding_mask[:, None, :, None]  # [b, 1, s/P, 1]
+        pad = (segment_ids == PAD_SEGMENT)[:, None, :, None]  # [b, 1, s/P, 1]
         key_projection = self.key_projection[..., columns]  # [heads or 1, k, s/P]
         value_projection = key_projection if self.value_projection is None else self.value_projection[..., columns]
         projected = torch.stack([key_projection @ k.transpose(1, 2).masked_fill(pad, 0.0),

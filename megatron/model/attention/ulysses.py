@@ -1,15 +1,15 @@
 """`ulysses`: all-to-all from sequence-split to head-split, full-sequence SDPA, and back.
 
 DeepSpeed's DistributedAttention does both all-to-alls (q/k/v in, output back). Each rank then
-attends over the whole sequence for heads/P heads, so it needs the whole key-padding mask,
-which is all-gathered over the seq group (b * s booleans, no gradient).
+attends over the whole sequence for heads/P heads, so it needs the segment ids of the whole
+sequence, which are all-gathered over the seq group (b * s integers, no gradient).
 """
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from megatron.errors import ConfigError
 from megatron.model.attention.dense import sdpa
+from megatron.model.attention.masks import gather_chunks
 from megatron.model.attention.registry import AttentionCore, register
 from megatron.parallel import state
 
@@ -19,8 +19,8 @@ class _LocalAttention(nn.Module):
         super().__init__()
         self.dropout_p = dropout_p
 
-    def forward(self, q, k, v, key_padding_mask):  # [b, s, heads/P, d], mask [b, s]
-        return sdpa(q, k, v, key_padding_mask, self.dropout_p if self.training else 0.0)
+    def forward(self, q, k, v, segment_ids):  # [b, s, heads/P, d], segment ids [b, s]
+        return sdpa(q, k, v, segment_ids, self.dropout_p if self.training else 0.0)
 
 
 @register("ulysses")
@@ -45,10 +45,7 @@ class UlyssesAttention(AttentionCore):
                 f"sequence-parallel size ({sequence_parallel_size})",
                 "choose a head count that is a multiple of --sequence-parallel-size, or attention 'ring'")
 
-    def forward(self, q, k, v, key_padding_mask):
+    def forward(self, q, k, v, segment_ids):
         if self.size == 1:
-            return self.local(q, k, v, key_padding_mask)
-        chunks = [torch.empty_like(key_padding_mask, dtype=torch.uint8) for _ in range(self.size)]
-        dist.all_gather(chunks, key_padding_mask.to(torch.uint8), group=self.group)
-        full_mask = torch.cat(chunks, dim=1).bool()  # [b, s]
-        return self.distributed(q, k, v, 0, None, full_mask)
+            return self.local(q, k, v, segment_ids)
+        return self.distributed(q, k, v, 0, None, torch.cat(gather_chunks(segment_ids, self.group, self.size), dim=1))

@@ -1,0 +1,75 @@
+"""Which keys a query may see, from segment ids: the same segment, never padding.
+
+Segment ids `[b, s]` are 0 (PAD_SEGMENT) at padding and 1, 2, ... for the segments of a packed
+sample (one segment when unpacked). A query attends to key j iff seg[q] == seg[j] != 0, so a
+padding query sees nothing (its output is 0) and segments never see each other.
+
+The attention cores work on (query chunk, key block) pairs. Each pair is one of three kinds,
+decided on the host before any kernel runs:
+  - "skip":   no query shares a segment with any key: the block is not computed at all;
+  - "single": in every sample, all non-padding tokens of both sides are one segment (always the
+              case unpacked): the mask is the cheap key-padding row [b, 1, 1, s_k];
+  - "mixed":  the block-diagonal mask [b, 1, s_q, s_k].
+The decision uses each side's (min, max) segment id per sample. Segments are contiguous runs
+with increasing ids, so the ids a side holds are exactly that range and two sides share a
+segment iff the ranges overlap (for any other layout the test only skips less, never wrongly).
+"""
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from megatron.data.batch import PAD_SEGMENT
+
+_NONE = torch.iinfo(torch.int64).max  # min id of a side without any segment
+
+
+class BlockMask(NamedTuple):
+    allowed: torch.Tensor  # [b, 1, s_q or 1, s_k] bool: query may see key
+    blind: torch.Tensor  # [b, s_q] bool: query sees no key of this block (output 0, lse -inf)
+
+
+def id_range(segment_ids) -> torch.Tensor:
+    """[b, s] -> [b, 2] (min, max) of the non-padding ids; (_NONE, PAD_SEGMENT) when there are none."""
+    real = segment_ids != PAD_SEGMENT
+    low = segment_ids.masked_fill(~real, _NONE).amin(1)
+    return torch.stack([low, segment_ids.amax(1)], 1)
+
+
+def block_kinds(q_range, k_ranges: list) -> list:
+    """Kinds ("skip", "single", "mixed") of the query side against each key side, from id_range()
+    results; one host synchronisation for all of them."""
+    if not k_ranges:
+        return []
+    k = torch.stack(k_ranges)  # [n, b, 2]
+    q = q_range[None]  # [1, b, 2]
+    shares = torch.maximum(q[..., 0], k[..., 0]) <= torch.minimum(q[..., 1], k[..., 1])  # [n, b]
+    low = torch.minimum(q[..., 0], k[..., 0])
+    high = torch.maximum(q[..., 1], k[..., 1])
+    single = (low == high) | (high == PAD_SEGMENT)  # at most one segment id on both sides
+    flags = torch.stack([shares.any(1), single.all(1)], 1).tolist()
+    return ["skip" if not any_pair else "single" if one else "mixed" for any_pair, one in flags]
+
+
+def block_mask(q_segments, k_segments, kind: str) -> BlockMask:
+    """The mask of one (query chunk [b, s_q], key block [b, s_k]) pair of kind "single" or "mixed"."""
+    key_real = (k_segments != PAD_SEGMENT)[:, None, None, :]  # [b, 1, 1, s_k]
+    if kind == "single":
+        blind = (q_segments == PAD_SEGMENT) | ~key_real[:, 0, 0].any(-1, keepdim=True)
+        return BlockMask(key_real, blind)
+    allowed = (q_segments[:, None, :, None] == k_segments[:, None, None, :]) & key_real
+    return BlockMask(allowed, ~allowed[:, 0].any(-1))
+
+
+def segment_mask(q_segments, k_segments) -> BlockMask:
+    """block_mask of whatever kind the pair is ("skip" gives an all-blind "mixed" mask)."""
+    kind = block_kinds(id_range(q_segments), [id_range(k_segments)])[0]
+    return block_mask(q_segments, k_segments, "single" if kind == "single" else "mixed")
+
+
+def gather_chunks(segment_ids, group, size: int) -> list:
+    """[b, s/P] segment ids of this seq rank -> those of every seq rank, in rank order (b * s
+    integers: cheap next to the K/V they describe)."""
+    chunks = [torch.empty_like(segment_ids) for _ in range(size)]
+    dist.all_gather(chunks, segment_ids.contiguous(), group=group)
+    return chunks
