@@ -1,5 +1,8 @@
 """A small BERT and a padded batch shared by the exactness tests (importable by spawned ranks)."""
+from dataclasses import fields
+
 import torch
+import torch.nn.functional as F
 
 from megatron.data.batch import BertBatch
 from megatron.model.bert import BertConfig, BertModel
@@ -33,6 +36,45 @@ def padded_batch(seq_length=48, pad_starts=(48, 29, 5, 24), seed: int = 7) -> Be
     labels = torch.randint(5, VOCAB, (b, seq_length), generator=g)
     sop_labels = torch.randint(0, 2, (b,), generator=g)
     return BertBatch.unpacked(tokens, token_types, key_padding_mask, labels, loss_mask, sop_labels)
+
+
+# sample 0: segments crossing the chunk boundaries at SP = 2 and 4, then a chunk of padding at
+# SP = 4; 1: full, no padding; 2: one segment filling the sequence; 3: two short segments, then
+# padding over the last chunk at SP = 2 and the last two at SP = 4
+PACKED_LAYOUTS = ((7, 13, 5, 11), (20, 16, 12), (48,), (9, 9))
+
+
+def packed_batch(layouts=PACKED_LAYOUTS, seq_length=48, seed: int = 7):
+    """Packed samples of random segments ([CLS] A [SEP] B [SEP]: types 0 then 1, ~30% predicted)
+    -> (packed BertBatch, [per sample: [per segment: the same segment alone as an unpacked
+    BertBatch of one sample, padded to seq_length]])."""
+    g = torch.Generator().manual_seed(seed)
+    packed, alone = [], []
+    for lengths in layouts:
+        parts, singles = [], []
+        for number, length in enumerate(lengths, start=1):
+            tokens = torch.randint(5, VOCAB, (length,), generator=g)
+            token_types = (torch.arange(length) >= length // 2).long()
+            loss_mask = torch.rand(length, generator=g) < 0.3
+            loss_mask[[0, length - 1]] = False  # never [CLS] or the final [SEP]
+            labels = torch.randint(5, VOCAB, (length,), generator=g)
+            sop_label = torch.randint(0, 2, (1,), generator=g)
+            fields = dict(tokens=tokens, token_types=token_types, segment_ids=torch.full((length,), number),
+                          position_ids=torch.arange(length), labels=labels, loss_mask=loss_mask,
+                          sop_labels=sop_label.expand(length))
+            parts.append(fields)
+            pad = seq_length - length
+            padded = {name: F.pad(value, (0, pad))[None] for name, value in fields.items()}
+            singles.append(BertBatch.unpacked(padded["tokens"], padded["token_types"], padded["segment_ids"] == 0,
+                                              padded["labels"], padded["loss_mask"], sop_label))
+        pad = seq_length - sum(lengths)
+        packed.append({name: F.pad(torch.cat([part[name] for part in parts]), (0, pad)) for name in parts[0]})
+        alone.append(singles)
+    return BertBatch(**{name: torch.stack([sample[name] for sample in packed]) for name in packed[0]}), alone
+
+
+def concat_batches(*batches) -> BertBatch:
+    return BertBatch(**{f.name: torch.cat([getattr(b, f.name) for b in batches]) for f in fields(BertBatch)})
 
 
 def with_fp16_kernels_allowed(fn, *args, **kwargs):

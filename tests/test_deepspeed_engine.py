@@ -1,7 +1,8 @@
 """Training through DeepSpeed equals single-process training on the same global batch.
 
 Both engine paths (plain model with ZeRO 0-3, PipelineModule with ZeRO 0/1) at several
-(pipeline, data, sequence) layouts, 3 AdamW steps with gradient clipping. The reference runs
+(pipeline, data, sequence) layouts, 3 AdamW steps with gradient clipping, on a global batch of
+padded and packed samples. The reference runs
 the same micro-batches in this process: gradient = mean over micro-batches, clipped to norm 1.
 Clipping both sides to the same norm hides a constant factor in the gradients, so the ZeRO x SP
 test compares the first step's gradients before clipping, and the logged norms, with clipping off.
@@ -11,7 +12,7 @@ import functools
 import pytest
 import torch
 
-from bert_fixtures import padded_batch, small_config, small_model, with_fp16_kernels_allowed
+from bert_fixtures import concat_batches, packed_batch, padded_batch, small_config, small_model, with_fp16_kernels_allowed
 from megatron.config import resolve
 from megatron.engine import build_engine, check_precision_supported, train_step
 from megatron.errors import ConfigError
@@ -38,8 +39,12 @@ def ds_config(micro: int, gas: int, zero_stage: int, sequence: int, attention: s
     }
 
 
-def micro_batches(micro: int) -> list:
+def micro_batches(micro: int, attention: str = "ring") -> list:
+    """Two padded samples, then two packed ones (PACKED_LAYOUTS: segments across the seq chunks),
+    except for linformer, which refuses packing."""
     batch = padded_batch()
+    if attention != "linformer":
+        batch = concat_batches(batch.samples(0, 2), packed_batch()[0].samples(0, 2))
     return [batch.samples(i, i + micro) for i in range(0, GLOBAL_BATCH, micro)]
 
 
@@ -70,7 +75,7 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
     first_grads = {}
     if clip == NO_CLIP:
         _capture_first_grads(engine, first_grads)
-    mine = micro_batches(micro)[state.get_data_parallel_rank() * gas:][:gas]
+    mine = micro_batches(micro, attention)[state.get_data_parallel_rank() * gas:][:gas]
     steps = [train_step(engine, mine) for _ in range(STEPS)]
     losses = [step.loss for step in steps]
     # forward passes per attention module and micro-batch: 2 when recomputed in backward
@@ -121,7 +126,7 @@ def deepspeed_runs(runs: list) -> list:
 def reference_run(micro: int, attention: str = "ring", clip: float = CLIP) -> dict:
     model = small_model(small_config(attention, **ATTENTION_OPTIONS[attention]))
     optimizer = torch.optim.AdamW(model.parameters(), **ADAM)
-    batches = micro_batches(micro)
+    batches = micro_batches(micro, attention)
     losses, grad_norms, first_grads = [], [], None
     for _ in range(STEPS):
         optimizer.zero_grad()
