@@ -161,6 +161,8 @@ class StepResult:
     mlm: float | None  # its MLM and SOP parts (None in a pipeline: only the total leaves the engine)
     sop: float | None
     grad_norm: float | None
+    real_token_share: float = 1.0  # non-padding tokens / tokens of this data rank's micro-batches
+    segments_per_sample: float = 1.0  # packed samples hold several
 
 
 def _chunks(micro_batches: list) -> list:
@@ -193,7 +195,9 @@ def train_step(engine, micro_batches: list) -> StepResult:
             parts += torch.stack([loss.total.detach(), loss.mlm, loss.sop]).float().cpu()
         loss, mlm, sop = _whole(parts / len(chunks), average_data=True).tolist()
     norm = engine.get_global_grad_norm()
-    return StepResult(loss=loss, mlm=mlm, sop=sop, grad_norm=None if norm is None else float(norm))
+    return StepResult(loss=loss, mlm=mlm, sop=sop, grad_norm=None if norm is None else float(norm),
+                      real_token_share=sum(b.real_token_share() for b in micro_batches) / len(micro_batches),
+                      segments_per_sample=sum(b.segments_per_sample() for b in micro_batches) / len(micro_batches))
 
 
 @torch.no_grad()

@@ -81,6 +81,8 @@ class RunLog:
             "mlm_loss": mean([r.mlm for r in window]), "sop_loss": mean([r.sop for r in window]),
             "grad_norm": window[-1].grad_norm, "loss_scale": loss_scale,
             "tokens_per_s": self.tokens_per_step * len(window) / elapsed,
+            "real_token_share": mean([r.real_token_share for r in window]),
+            "segments_per_sample": mean([r.segments_per_sample for r in window]),
             "tflops_per_rank": self.flops_per_rank_step * len(window) / elapsed / 1e12,
             "peak_memory_mib": peak_memory_mib(),
         }
@@ -89,7 +91,9 @@ class RunLog:
         parts += [f"{name} {record[key]:.4f}" for name, key in (("mlm", "mlm_loss"), ("sop", "sop_loss"),
                                                                 ("grad norm", "grad_norm"), ("loss scale", "loss_scale"))
                   if record[key] is not None]
-        parts += [f"tokens/s {record['tokens_per_s']:.0f}", f"TFLOP/s/rank {record['tflops_per_rank']:.4f}",
+        record["real_tokens_per_s"] = record["tokens_per_s"] * record["real_token_share"]
+        parts += [f"real tokens {record['real_token_share']:.2f}", f"segments/sample {record['segments_per_sample']:.1f}",
+                  f"tokens/s {record['tokens_per_s']:.0f} (real {record['real_tokens_per_s']:.0f})", f"TFLOP/s/rank {record['tflops_per_rank']:.4f}",
                   f"peak mem {record['peak_memory_mib']:.0f} MiB"]
         self._emit(record, " | ".join(parts))
 
