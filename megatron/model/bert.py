@@ -16,6 +16,7 @@ from torch import nn
 
 from megatron.errors import ConfigError
 from megatron.model import attention
+from megatron.model.init import init_bert_weights
 from megatron.model.layernorm import layer_norm
 
 
@@ -216,19 +217,9 @@ class BertModel(nn.Module):
         self.final_layernorm = final_layernorm(config)
         self.lm_head = LMHead(config)
         self.binary_head = BinaryHead(config) if config.add_binary_head else None
-        self.apply(self._init_weights)
-
-    def _init_weights(self, module):
-        # Megatron: N(0, std) everywhere, std / sqrt(2 * layers) for the two projections that
-        # write into the residual stream, so its variance does not grow with depth.
-        std = self.config.init_method_std
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-        if isinstance(module, (SelfAttention, MLP)):
-            output = module.dense if isinstance(module, SelfAttention) else module.dense_4h_to_h
-            nn.init.normal_(output.weight, mean=0.0, std=std / math.sqrt(2.0 * self.config.num_layers))
+        # Megatron's init, each parameter from a generator keyed by (seed, name): the same weights
+        # whatever the layout (model/init.py); the seed is the one torch.manual_seed set
+        init_bert_weights(self, config, seed=torch.initial_seed())
 
     def encode(self, input_ids, token_type_ids, position_ids, segment_ids):
         """[b, s/P] token ids -> [b, s/P, h] final hidden states. segment_ids is 0 at padding."""

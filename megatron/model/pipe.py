@@ -23,6 +23,7 @@ from torch import nn
 
 from megatron.model.bert import (BertConfig, BertModel, BinaryHead, Embeddings, LMHead, TransformerLayer,
                                  final_layernorm)
+from megatron.model.init import init_bert_weights
 from megatron.model.loss import bert_loss
 from megatron.parallel import state
 
@@ -100,10 +101,10 @@ class BertModelPipe(PipelineModule):
                          # only transformer layers: the embedding's inputs carry no gradient
                          checkpointable_layers=["TransformerLayerPipe"])
         self.config = config
-        # Megatron init, same rules as BertModel (weights are then usually loaded or broadcast)
-        self.apply(lambda module: BertModel._init_weights(self, module))
-        # each stage drew its own copy of the tied embedding above: make them one again
-        self._synchronize_tied_weights()
+        # BertModel's init, keyed by each parameter's BertModel name: every stage (and both copies
+        # of the tied embedding) holds what the single process draws for the same seed
+        init_bert_weights(self, config, seed=torch.initial_seed(),
+                          bert_name=lambda name: pipe_to_bert_name(name, config.num_layers))
 
     def get_tied_weights_and_groups(self):
         """Tied embedding over its stages, then every parameter SUMMED over the seq group."""
