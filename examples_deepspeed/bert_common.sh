@@ -7,12 +7,30 @@
 #
 # Environment: RUN_DIR (the JSON, logs and checkpoints; default runs/<script name>), MASTER_PORT,
 # HOSTFILE + NUM_NODES (several machines; bert_multinode.sh sets them), NODE_RANK + MASTER_ADDR
-# (start only this machine's ranks, without ssh), DRY_RUN=1 (print the launcher command, run nothing),
+# (start only this machine's ranks, without ssh), DRY_RUN=1 (print the JSON and the launcher command,
+# write and run nothing), STOP_TIMEOUT (launcher_group.sh),
 # PYTHON (default .venv/bin/python; the deepspeed launcher beside it is used).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 SCRIPT="$(basename "$0")"
+source "$ROOT/examples_deepspeed/launcher_group.sh"
+
+fail() {  # one line, exit 2
+    echo "$SCRIPT: error: $1" >&2
+    exit 2
+}
+
+# decimal() NAME VALUE MIN FIX: VALUE as a decimal integer >= MIN into NAME (a leading zero is not
+# octal: 08 is 8, 010 is 10), else one line naming NAME and FIX
+decimal() {
+    case "$2" in
+        '' | *[!0-9]*) fail "$1 = '$2' is not a non-negative integer; $4" ;;
+    esac
+    [ "${#2}" -le 9 ] || fail "$1 = '$2' is too large; $4"
+    printf -v "$1" %d "$((10#$2))"
+    [ "${!1}" -ge "$3" ] || fail "$1 = '$2' is below $3; $4"
+}
 
 NAMES=(PROCS PP SP SEQ_LEN MICRO_BATCH GLOBAL_BATCH ${VARIANT_ARG:-} LAYERS HIDDEN HEADS)
 if [ $# -lt ${#NAMES[@]} ]; then
@@ -21,14 +39,26 @@ if [ $# -lt ${#NAMES[@]} ]; then
 fi
 for name in "${NAMES[@]}"; do
     case "$1" in
-        '' | *[!0-9]* | 0) echo "$SCRIPT: error: $name = '$1' is not a positive integer; pass ${NAMES[*]}" >&2; exit 2 ;;
+        '' | *[!0-9]*) fail "$name = '$1' is not a positive integer; pass ${NAMES[*]}" ;;
     esac
-    printf -v "$name" %s "$1"
+    decimal "$name" "$1" 0 "pass ${NAMES[*]}"
+    [ "${!name}" -ge 1 ] || fail "$name = '$1' is not a positive integer; pass ${NAMES[*]}"
     shift
 done
+decimal NODES "${NUM_NODES:-1}" 1 "set NUM_NODES to the number of machines"
+WORLD=$((NODES * PROCS))
+decimal PORT "${MASTER_PORT:-29500}" 1 "set MASTER_PORT to a free TCP port (1-65535)"
+[ "$PORT" -le 65535 ] || fail "MASTER_PORT = $PORT is above 65535; set MASTER_PORT to a free TCP port (1-65535)"
+if [ -n "${HOSTFILE:-}" ] && [ -n "${NODE_RANK:-}" ]; then
+    decimal RANK_OF_NODE "$NODE_RANK" 0 "set NODE_RANK to this machine's index, 0 to NUM_NODES - 1"
+    [ "$RANK_OF_NODE" -lt "$NODES" ] || fail "NODE_RANK $RANK_OF_NODE is beyond the $NODES nodes (NUM_NODES); set NODE_RANK to this machine's index, 0 to $((NODES - 1))"
+    [ -n "${MASTER_ADDR:-}" ] || fail "NODE_RANK is set without MASTER_ADDR; set MASTER_ADDR to the address of the node with rank 0"
+fi
 
 RUN_DIR="${RUN_DIR:-$ROOT/runs/${SCRIPT%.sh}}"
-NODES="${NUM_NODES:-1}"
+if [ -e "$RUN_DIR" ] && [ ! -d "$RUN_DIR" ]; then
+    fail "RUN_DIR $RUN_DIR is a file, not a directory; set RUN_DIR to a directory for the config, logs and checkpoints"
+fi
 TEMPLATE="$ROOT/ds_configs/${ATTENTION}_sp2.json"
 [ "$PP" -eq 1 ] || TEMPLATE="$ROOT/ds_configs/pipeline_zero1_ring_sp2.json"
 MODEL=(--num-layers "$LAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS" --seq-length "$SEQ_LEN"
@@ -37,22 +67,33 @@ SETTINGS=(sequence_parallel.size="$SP" sequence_parallel.attention="$ATTENTION"
           train_micro_batch_size_per_gpu="$MICRO_BATCH" train_batch_size="$GLOBAL_BATCH"
           gradient_accumulation_steps=null)  # null: derived from global / (micro x data-parallel size)
 [ -z "${VARIANT_KEY:-}" ] || SETTINGS+=("$VARIANT_KEY=${!VARIANT_ARG}")
-"$PYTHON" "$ROOT/tools/ds_config.py" set "$TEMPLATE" "${SETTINGS[@]}" --output "$RUN_DIR/ds_config.json" \
-    --world-size $((NODES * PROCS)) "${MODEL[@]}" > /dev/null
+DRY_RUN="${DRY_RUN:-0}"
+case "$DRY_RUN" in
+    0 | 1) ;;
+    *) fail "DRY_RUN = '$DRY_RUN' is not 0 or 1; set DRY_RUN=1 to print the launch without running it" ;;
+esac
+CONFIG=("$PYTHON" "$ROOT/tools/ds_config.py" set "$TEMPLATE" "${SETTINGS[@]}" --world-size "$WORLD" "${MODEL[@]}")
+if [ "$DRY_RUN" = 1 ]; then
+    "${CONFIG[@]}" --output -  # a dry run writes nothing: the JSON it would write is printed
+else
+    "${CONFIG[@]}" --output "$RUN_DIR/ds_config.json" > /dev/null
+fi
 
-LAUNCHER=("$(dirname "$PYTHON")/deepspeed" --num_gpus "$PROCS" --master_port "${MASTER_PORT:-29500}")
+LAUNCHER=("$(dirname "$PYTHON")/deepspeed" --num_gpus "$PROCS" --master_port "$PORT")
 if [ -n "${HOSTFILE:-}" ]; then
     LAUNCHER+=(--hostfile "$HOSTFILE" --num_nodes "$NODES")
     if [ -n "${NODE_RANK:-}" ]; then
-        LAUNCHER+=(--no_ssh --node_rank "$NODE_RANK" --master_addr "${MASTER_ADDR:?NODE_RANK needs MASTER_ADDR, the address of the node with rank 0}")
+        LAUNCHER+=(--no_ssh --node_rank "$RANK_OF_NODE" --master_addr "$MASTER_ADDR")
     fi
 fi
 COMMAND=("${LAUNCHER[@]}" "$ROOT/pretrain_bert.py" --deepspeed --deepspeed_config "$RUN_DIR/ds_config.json"
          "${MODEL[@]}" --train-iters 1000 --lr 1e-4 --lr-warmup-fraction 0.01 --log-interval 10
          --eval-interval 500 --eval-iters 10 --save "$RUN_DIR/checkpoints" --save-interval 500 --log-dir "$RUN_DIR" "$@")
-if [ "${DRY_RUN:-0}" = 1 ]; then
+if [ "$DRY_RUN" = 1 ]; then
     printf '%q ' "${COMMAND[@]}"
     echo
     exit 0
 fi
-exec "${COMMAND[@]}"
+status=0
+run_launcher "${COMMAND[@]}" || status=$?
+exit "$status"

@@ -28,6 +28,7 @@ import os
 import pickle
 import re
 import shutil
+import socket
 import zipfile
 
 import torch
@@ -117,6 +118,50 @@ def _commit(save_dir: str, tag: str) -> None:
     _fsync(save_dir)
 
 
+def check_writable(save_dir: str) -> None:
+    """Before the first step, not at the first save after hours of training: the first local rank
+    of every node (all of a node's ranks write into the checkpoint) creates and removes a probe
+    file in `save_dir`. Folders created for it are removed again (the first save makes them for
+    good), so a run that fails later at start-up leaves nothing. All ranks raise the same error."""
+    problem, created = None, []
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        try:
+            problem = _save_dir_problem(save_dir)
+            if problem is None:
+                folder = os.path.abspath(save_dir)
+                while not os.path.exists(folder):
+                    created.append(folder)
+                    folder = os.path.dirname(folder)
+                os.makedirs(save_dir, exist_ok=True)
+                probe = os.path.join(save_dir, f".write_probe.{socket.gethostname()}.{os.getpid()}")
+                with open(probe, "w") as file:
+                    file.write("probe")
+                os.remove(probe)
+        except OSError as error:
+            problem = f"--save {save_dir} is not writable on {socket.gethostname()} ({error.strerror or error})"
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)  # also: no probe is removed while another node writes one
+    for folder in created:  # innermost first; a folder another node's probe still needs is not empty
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+    dist.barrier()  # removed on every node when any rank returns
+    found = next((text for text in problems if text), None)
+    if found:
+        raise ConfigError(found, "pass a --save directory this user can write on every node")
+
+
+def _save_dir_problem(save_dir: str) -> str | None:
+    """Why `save_dir` cannot become a checkpoint folder, when it is not a permission: a file in
+    its place or on its path."""
+    folder = os.path.abspath(save_dir)
+    while folder and not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if os.path.isdir(folder):
+        return None
+    where = "is a file" if folder == os.path.abspath(save_dir) else f"lies under {folder}, which is a file"
+    return f"--save {save_dir} {where}, not a directory"
+
+
 def check_save_dir(save_dir: str, start_iteration: int) -> None:
     """Refuses a --save directory whose `latest` checkpoint is ahead of this run's start: the
     run would overwrite it (or leave `latest` going backwards)."""
@@ -175,8 +220,17 @@ def run_state(load_dir: str, tag: str) -> dict:
     folder = checkpoint_folder(load_dir, tag)
     path = os.path.join(folder, RUN_STATE)
     if os.path.isfile(path):
-        with open(path) as file:
-            return json.load(file)
+        try:
+            with open(path, encoding="utf-8") as file:
+                state = json.load(file)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise DataError(f"checkpoint file {path} is not valid JSON ({error.__class__.__name__}: "
+                            f"{str(error).splitlines()[0]}): truncated or overwritten",
+                            "restore it or resume from an earlier complete checkpoint") from None
+        if not isinstance(state, dict) or not {"config", "iteration", "consumed_samples"} <= set(state):
+            raise DataError(f"checkpoint file {path} lacks config, iteration or consumed_samples",
+                            "restore it or resume from an earlier complete checkpoint")
+        return state
     states = sorted(glob.glob(os.path.join(folder, "*mp_rank_00_model_states.pt")))
     stored = safe_load(states[0]) if len(states) == 1 and "zero_pp" not in states[0] else None
     if not stored or "config" not in stored:

@@ -19,7 +19,9 @@ The JSON section DeepSpeed itself never reads (it ignores unknown top-level keys
 
 Every violated constraint is a ConfigError naming the key (or flag) and the fix.
 """
+import contextlib
 import dataclasses
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,19 +70,102 @@ def read_ds_config(path) -> dict:
     if not path.is_file():
         raise ConfigError(f"DeepSpeed config {path} does not exist", "pass an existing JSON file to --deepspeed_config")
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_refuse_duplicates(path))
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path}:{error.lineno}:{error.colno}: invalid JSON ({error.msg})",
                           "fix the JSON syntax at that position") from None
+    except (UnicodeDecodeError, OSError) as error:
+        raise ConfigError(f"DeepSpeed config {path} cannot be read as UTF-8 text "
+                          f"({getattr(error, 'strerror', None) or error.__class__.__name__})",
+                          "pass a readable JSON file to --deepspeed_config") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path} holds a JSON {type(config).__name__}, not an object", "wrap the settings in { }")
     check_deepspeed_types(config)
     return config
 
 
+def _refuse_duplicates(path):
+    """json object_pairs_hook: a key given twice in one object (json keeps the last, silently)."""
+    def build(pairs):
+        seen = {}
+        for key, value in pairs:
+            if key in seen:
+                raise ConfigError(f"{path}: key {key!r} appears twice in one object (the second would win "
+                                  "silently)", f"keep one {key!r}")
+            seen[key] = value
+        return seen
+    return build
+
+
+# read by DeepSpeed outside DeepSpeedConfig's own look-ups (launcher, autotuner, profilers, ...)
+_DEEPSPEED_OTHER_KEYS = {"optimizer", "scheduler", "activation_checkpointing", "flops_profiler", "aio", "autotuning",
+                         "sparse_attention", "monitor_config", "zero_optimization", "train_batch_size",
+                         "fp16", "bf16", "amp", "checkpoint", "pipeline", "elasticity", "compression_training"}
+_known_top_level_keys = None
+
+
+def deepspeed_top_level_keys() -> set:
+    """Top-level keys DeepSpeed reads: those its DeepSpeedConfig looks up (traced once on a minimal
+    config), the keys named in its constants, the few read elsewhere, and this project's section.
+    DeepSpeed ignores any other key, so a typo such as `trian_batch_size` would change nothing."""
+    global _known_top_level_keys
+    if _known_top_level_keys is None:
+        import deepspeed.runtime.constants as constants
+        from deepspeed.runtime.config import DeepSpeedConfig
+
+        looked_up = set()
+
+        class Tracing(dict):
+            def get(self, key, *default):
+                looked_up.add(key)
+                return super().get(key, *default)
+
+            def __getitem__(self, key):
+                looked_up.add(key)
+                return super().__getitem__(key)
+
+            def __contains__(self, key):
+                looked_up.add(key)
+                return super().__contains__(key)
+
+        with contextlib.suppress(Exception):
+            DeepSpeedConfig(Tracing(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1))
+        named = {value for name, value in vars(constants).items()
+                 if name.isupper() and isinstance(value, str) and value.isidentifier() and value.islower()}
+        _known_top_level_keys = looked_up | named | _DEEPSPEED_OTHER_KEYS | {SECTION}
+    return _known_top_level_keys
+
+
+def _optimizer_names() -> dict:
+    """lower-case name -> accepted spelling: DeepSpeed's own optimizers and torch.optim's classes."""
+    import torch
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+    names = {name.lower(): name for name in DEEPSPEED_OPTIMIZERS}
+    for name, value in vars(torch.optim).items():
+        if isinstance(value, type) and issubclass(value, torch.optim.Optimizer) and value is not torch.optim.Optimizer:
+            names.setdefault(name.lower(), name)
+    return names
+
+
 def check_deepspeed_types(ds_config: dict) -> None:
     """The DeepSpeed keys read here (and by the trainer) before DeepSpeed sees them have the right JSON
-    type: otherwise the mistake surfaces later as an AttributeError or TypeError far from the key."""
+    type: otherwise the mistake surfaces later as an AttributeError or TypeError far from the key.
+    Keys DeepSpeed would ignore and `enabled` values that are not booleans (DeepSpeed reads "false"
+    as true) are refused too."""
+    unknown = sorted(set(ds_config) - deepspeed_top_level_keys())
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(deepspeed_top_level_keys()), n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"unknown top-level key {unknown[0]!r} (DeepSpeed would ignore it)",
+                          f"{hint}fix the spelling or remove it (https://www.deepspeed.ai/docs/config-json/)")
+    _check_enabled_flags(ds_config, "")
+    optimizer_type = ds_config.get("optimizer", {}).get("type") if isinstance(ds_config.get("optimizer"), dict) else None
+    if optimizer_type is not None:
+        names = _optimizer_names()
+        if not isinstance(optimizer_type, str) or optimizer_type.lower() not in names:
+            raise ConfigError(f"optimizer.type {json.dumps(optimizer_type)} is not an optimizer DeepSpeed knows",
+                              f"use one of {', '.join(sorted(set(names.values()), key=str.lower))}")
     for key in ("zero_optimization", "activation_checkpointing", "pipeline", "optimizer", SECTION):
         if key in ds_config and not isinstance(ds_config[key], dict):
             raise ConfigError(f"{key} = {json.dumps(ds_config[key])} is not a JSON object",
@@ -93,6 +178,16 @@ def check_deepspeed_types(ds_config: dict) -> None:
     if isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or clipping < 0:
         raise ConfigError(f"gradient_clipping = {json.dumps(clipping)} is not a number >= 0",
                           "set gradient_clipping to a number (0 turns clipping off)")
+
+
+def _check_enabled_flags(node, path: str) -> None:
+    for key, value in node.items():
+        where = f"{path}{key}"
+        if key == "enabled" and not isinstance(value, bool):
+            raise ConfigError(f"{where} = {json.dumps(value)} is not a boolean (DeepSpeed would read any non-empty "
+                              "value as true)", f"set {where} to true or false, without quotes")
+        if isinstance(value, dict):
+            _check_enabled_flags(value, f"{where}.")
 
 
 def deepspeed_accepts(ds_config: dict) -> None:
@@ -261,8 +356,12 @@ def _packing(values: dict) -> bool:
 
 def _batch_sizes(values: dict, ds_config: dict, data: int) -> tuple:
     """(micro, grad-acc, global) from flags over DeepSpeed's keys; global = micro * gas * data."""
-    micro = values.pop("micro_batch_size", None) or ds_config.get("train_micro_batch_size_per_gpu")
-    global_batch = values.pop("global_batch_size", None) or ds_config.get("train_batch_size")
+    micro, global_batch = values.pop("micro_batch_size", None), values.pop("global_batch_size", None)
+    for flag, value in (("--micro-batch-size", micro), ("--global-batch-size", global_batch)):
+        if value is not None and value < 1:  # not "not given": 0 must not fall back to the JSON
+            raise ConfigError(f"{flag} {value} must be >= 1", f"pass {flag} 1 or more")
+    micro = ds_config.get("train_micro_batch_size_per_gpu") if micro is None else micro
+    global_batch = ds_config.get("train_batch_size") if global_batch is None else global_batch
     gas = ds_config.get("gradient_accumulation_steps")
     for key, value in (("train_micro_batch_size_per_gpu", micro), ("train_batch_size", global_batch),
                        ("gradient_accumulation_steps", gas)):

@@ -1,4 +1,5 @@
 """Errors a user can cause, reported as one line that names the problem and the fix."""
+import signal
 import sys
 
 
@@ -16,11 +17,34 @@ class DataError(ConfigError):
     one-line `<problem>; <fix>` message; a ConfigError so entry points catch both alike."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) raised as an exception in the main thread, so that the `except
+    BaseException` / `finally` clean-ups of a tool remove what it had started."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one clean-up; a repeated signal must not cut it short
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
 def run_tool(prog: str, main) -> int:
     """Runs a command-line tool's `main()`: a ConfigError becomes `<prog>: error: <problem>; <fix>`
-    on stderr and exit code 2 (argparse's own code for a bad command line), no traceback."""
+    on stderr and exit code 2 (argparse's own code for a bad command line), no traceback. SIGINT
+    (Ctrl-C) and SIGTERM stop it the same way: its clean-up runs, one line, exit 128 + signal."""
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    signal.signal(signal.SIGINT, _raise_interrupted)
     try:
         return main() or 0
     except ConfigError as error:
         print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         return 2
+    except KeyboardInterrupt as error:
+        signum = getattr(error, "signum", signal.SIGINT)
+        print(f"{prog}: error: interrupted by {signal.Signals(signum).name}, partial output removed; "
+              "rerun the same command to start over", file=sys.stderr, flush=True)
+        return 128 + signum

@@ -24,7 +24,7 @@ import torch
 
 from megatron.checkpoint import tag_for
 from megatron.config import TrainConfig
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 
 PADDED_VOCAB_BIAS = -1.0e4  # exp(-1e4 - max logit) is 0 in fp32, bf16 and fp16
@@ -150,7 +150,14 @@ def read_hf_config(folder) -> dict:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise ConfigError(f"{path} does not exist", "point at a Hugging Face model folder (config.json + weights)")
-    return json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DataError(f"{path} is not valid JSON ({error.__class__.__name__}: {str(error).splitlines()[0]})",
+                        "copy or download the model folder again") from None
+    if not isinstance(config, dict):
+        raise DataError(f"{path} holds no JSON object", "copy or download the model folder again")
+    return config
 
 
 def bert_fields_from_hf(hf_config: dict) -> dict:
@@ -291,12 +298,23 @@ def write_safetensors(path: Path, tensors: dict) -> None:
 
 def read_safetensors(path: Path) -> dict:
     data = bytearray(Path(path).read_bytes())
+    damaged = DataError(f"{path} is not a complete safetensors file ({len(data)} bytes: truncated or overwritten)",
+                        "copy or download the model folder again")
+    if len(data) < 8:
+        raise damaged
     (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + length])
+    try:
+        header = json.loads(data[8:8 + length]) if 8 + length <= len(data) else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        header = None
+    if not isinstance(header, dict):
+        raise damaged
     header.pop("__metadata__", None)
     tensors = {}
     for name, entry in header.items():
         begin, end = entry["data_offsets"]
+        if not 0 <= begin <= end <= len(data) - 8 - length:
+            raise damaged
         raw = (torch.frombuffer(data, dtype=torch.uint8, count=end - begin, offset=8 + length + begin).clone()
                if end > begin else torch.empty(0, dtype=torch.uint8))  # the clone is aligned for the view
         tensors[name] = raw.view(SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])

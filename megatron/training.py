@@ -5,7 +5,9 @@ any env:// launcher). Errors a user can cause end the run with one line and exit
 """
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 
@@ -21,7 +23,7 @@ from megatron.data.default_dataset import prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import build_tokenizer
 from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, DataError
 from megatron.parallel import state
 from megatron.run_log import RunLog
 
@@ -29,41 +31,125 @@ from megatron.run_log import RunLog
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        pretrain(args)
+        check_flags(args)
+        stopped_by = pretrain(args)
     except ConfigError as error:
         if args.debug:
             raise
-        print(f"pretrain_bert.py: error: {error}", file=sys.stderr, flush=True)
+        report_once(f"pretrain_bert.py: error: {error}")
         return 2
-    return 0
+    except OSError as error:  # a path the run reads or writes: permissions, a folder given for a file, space
+        if args.debug or not error.filename:
+            raise
+        report_once(f"pretrain_bert.py: error: cannot use {error.filename} ({error.strerror or error}); "
+                    "check the path, its permissions and free space (--debug shows where)")
+        return 2
+    return 128 + stopped_by if stopped_by else 0
+
+
+def report_once(line: str) -> None:
+    """Prints an error line once per run, not once per rank, while every rank still exits non-zero.
+
+    Before the process group exists every rank fails alike (same flags): rank 0 prints. After, the
+    first rank to report wins a counter in the rendezvous store, which also covers an error that
+    only some ranks meet (a file missing on one node). Rank 0 hosts the store: it lingers briefly
+    so that ranks failing the same way can still reach it."""
+    first = int(os.environ.get("RANK", "0")) == 0
+    if dist.is_available() and dist.is_initialized():
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            first = store.add("megatron/errors_reported", 1) == 1
+            deadline = time.monotonic() + 2.0
+            while (dist.get_rank() == 0 and time.monotonic() < deadline
+                   and store.add("megatron/errors_reported", 0) < dist.get_world_size()):
+                time.sleep(0.05)
+        except Exception:  # the store is gone (rank 0 exited): better twice than never
+            first = True
+    if first:
+        print(line, file=sys.stderr, flush=True)
+
+
+def check_flags(args) -> None:
+    """Flag values that cannot mean what was asked, refused before DeepSpeed starts (cheap, on every
+    rank alike). Model sizes and parallel degrees are checked by megatron.config."""
+    def at_least(flag: str, value, low, fix: str = ""):
+        if value is not None and value < low:
+            raise ConfigError(f"{flag} {value} must be >= {low}", fix or f"pass {flag} {low} or more")
+
+    for flag, value in (("--train-iters", args.train_iters), ("--train-samples", args.train_samples)):
+        if value is not None and value < 0:
+            raise ConfigError(f"{flag} {value} is negative", f"pass {flag} N with N >= 1 (the run length)")
+    for flag, value in (("--log-interval", args.log_interval), ("--eval-interval", args.eval_interval),
+                        ("--eval-iters", args.eval_iters), ("--save-interval", args.save_interval),
+                        ("--micro-batch-size", args.micro_batch_size),
+                        ("--global-batch-size", args.global_batch_size),
+                        ("--checkpoint-num-layers", args.checkpoint_num_layers)):
+        at_least(flag, value, 1)
+    if not 0 < args.mask_prob <= 1:
+        raise ConfigError(f"--mask-prob {args.mask_prob} is outside (0, 1]",
+                          "pass the fraction of tokens to mask, e.g. --mask-prob 0.15")
+    if not 0 <= args.lr_warmup_fraction <= 1:
+        raise ConfigError(f"--lr-warmup-fraction {args.lr_warmup_fraction} is outside [0, 1]",
+                          "pass the fraction of the steps to warm up over, e.g. --lr-warmup-fraction 0.01")
+    lr = getattr(args, "lr", None)
+    if lr is not None and not lr >= 0:
+        raise ConfigError(f"--lr {lr} is negative", "pass a positive peak learning rate, e.g. --lr 1e-4")
+    if args.min_lr is not None and not args.min_lr >= 0:
+        raise ConfigError(f"--min-lr {args.min_lr} is negative", "pass --min-lr 0 or a small positive rate")
+    if lr is not None and args.min_lr is not None and args.min_lr > lr:
+        raise ConfigError(f"--min-lr {args.min_lr} is above --lr {lr}: the schedule would rise as it decays",
+                          "pass a --min-lr at most --lr")
+    if not 0 <= args.seed < 2**32:
+        raise ConfigError(f"--seed {args.seed} is outside [0, 2**32)", "pass a seed between 0 and 4294967295")
 
 
 def lr_schedule(args, train_iters: int):
     """Megatron's schedule as an optimizer -> LambdaLR factory: linear warm-up from 0 over
-    lr_warmup_fraction of the steps, then linear or cosine decay to min_lr at the last step."""
+    lr_warmup_fraction of the steps, then linear or cosine decay to min_lr at the last step.
+    The peak is the optimizer's learning rate (--lr, else the JSON's optimizer.params.lr)."""
     warmup = int(args.lr_warmup_fraction * train_iters)
-    floor = args.min_lr / args.lr if args.lr else 0.0
 
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if args.lr_decay_style == "constant" or train_iters <= warmup:
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, train_iters - warmup))
-        decay = 1.0 - progress if args.lr_decay_style == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return floor + (1.0 - floor) * decay
+    def build(optimizer):
+        peak = optimizer.param_groups[0]["lr"]
+        floor = args.min_lr / peak if peak else 0.0
 
-    return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            if args.lr_decay_style == "constant" or train_iters <= warmup:
+                return 1.0
+            progress = min(1.0, (step - warmup) / max(1, train_iters - warmup))
+            decay = 1.0 - progress if args.lr_decay_style == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+            return floor + (1.0 - floor) * decay
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+    return build
+
+
+OPTIMIZER_DEFAULTS = {"lr": 1e-4, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}
 
 
 def deepspeed_settings(args) -> dict:
     """The JSON (if any) with the optimizer and clipping the flags describe filled in: flags
     given on the command line win, the JSON fills the rest, then the defaults."""
     ds = read_ds_config(args.deepspeed_config) if args.deepspeed_config else {}
+    if "scheduler" in ds:  # DeepSpeed would silently drop it for the schedule handed to it
+        raise ConfigError(f'{args.deepspeed_config}: the "scheduler" section is not used (the trainer runs '
+                          "Megatron's warm-up + decay schedule)", 'remove "scheduler" and set --lr, --min-lr, '
+                          "--lr-decay-style and --lr-warmup-fraction")
     ds.setdefault("optimizer", {"type": "AdamW", "params": {}})
     params = ds["optimizer"].setdefault("params", {})
-    params.update(lr=args.lr, weight_decay=args.weight_decay, betas=[args.adam_beta1, args.adam_beta2],
-                  eps=args.adam_eps)
+    for key, value in OPTIMIZER_DEFAULTS.items():
+        params.setdefault(key, value)
+    betas = list(params["betas"])
+    for index, beta in enumerate((args.adam_beta1, args.adam_beta2)):
+        betas[index] = betas[index] if beta is None else beta
+    given = {"lr": args.lr, "weight_decay": args.weight_decay, "betas": betas, "eps": args.adam_eps}
+    params.update({key: value for key, value in given.items() if value is not None})
+    if args.min_lr is not None and args.lr is None and args.min_lr > params["lr"]:
+        raise ConfigError(f"--min-lr {args.min_lr} is above the JSON's optimizer.params.lr {params['lr']}: the "
+                          "schedule would rise as it decays", "pass a --min-lr at most the peak, or --lr")
     if not torch.cuda.is_available():
         params.setdefault("torch_adam", True)  # DeepSpeed's fused Adam needs a GPU
     if args.clip_grad is not None:
@@ -91,6 +177,8 @@ def pretrain(args) -> None:
     determinism.configure(args.deterministic)
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     torch.manual_seed(args.seed)
+    if args.save:
+        checkpoint.check_writable(args.save)  # before any work that a failed first save would lose
     ds = deepspeed_settings(args)
     data_path, vocab_file = data_paths(args)
     tokenizer = build_tokenizer(args.tokenizer_type, vocab_file)
@@ -104,6 +192,11 @@ def pretrain(args) -> None:
     if tokenizer.vocab_size > config.model.vocab_size:
         raise ConfigError(f"the vocab file has {tokenizer.vocab_size} tokens, the model's vocab_size is "
                           f"{config.model.vocab_size}", "pass the --vocab-file the model was trained with")
+    shortest = 5 if config.model.add_binary_head else 4  # [CLS] A [SEP] B [SEP] with a token each (no B: 4)
+    if config.model.seq_length < shortest:
+        raise ConfigError(f"--seq-length {config.model.seq_length} leaves no room for a sample's text (the "
+                          f"[CLS]/[SEP] tokens and one token per segment need {shortest})",
+                          f"pass --seq-length {shortest} or more (BERT uses 128 to 512)")
     if not (args.train_iters or args.train_samples):
         raise ConfigError("the run length is not set", "pass --train-iters N or --train-samples N")
     global_batch = config.global_batch_size
@@ -132,19 +225,28 @@ def pretrain(args) -> None:
         checkpoint.check_save_dir(args.save, iteration)
     log = RunLog(args, config, train_iters)
 
+    stop = StopSignals(vocab_file)
+
     def batches(dataset, start: int, count: int):
         """`count` steps of this data rank's micro-batches (lists of gas BertBatch)."""
         sampler = PretrainingSampler(len(dataset), start, config.micro_batch_size,
                                      state.get_data_parallel_rank(), state.get_data_parallel_world_size())
         indices = iter(sampler)
         for _ in range(count):
-            yield [collate_bert([dataset[i] for i in next(indices)]) for _ in range(config.gradient_accumulation_steps)]
+            step = [collate_bert([dataset[i] for i in next(indices)]) for _ in range(config.gradient_accumulation_steps)]
+            stop.agree(step, config.model.vocab_size)
+            yield step
 
     train_batches = batches(train_set, consumed, train_iters - iteration)
+    first_iteration = iteration
+    stop.install()
     while iteration < train_iters:
         start = time.perf_counter()
+        step_batches = next(train_batches)
+        if stop.agreed:
+            break
         set_attention_iteration(engine, iteration)
-        result = train_step(engine, next(train_batches))
+        result = train_step(engine, step_batches)
         iteration += 1
         consumed += global_batch
         log.step(iteration, consumed, result, engine, time.perf_counter() - start)
@@ -155,6 +257,9 @@ def pretrain(args) -> None:
         if args.save and (iteration == train_iters or (args.save_interval and iteration % args.save_interval == 0)):
             last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed))
             log.message(f"saved checkpoint {last_checkpoint}")
+    if stop.agreed:
+        return stop.finish(args, engine, config, iteration, consumed, first_iteration, last_checkpoint, log)
+    stop.uninstall()
     if test_set is not None:
         log.evaluation("test", iteration, evaluate(batches, engine, test_set, 0, args.eval_iters))
     log.finish(args.save)
@@ -215,6 +320,66 @@ def check_step(args, engine, iteration: int, loss: float, last_checkpoint, log) 
              if last_checkpoint else "no checkpoint was saved before it: rerun with --save and --save-interval")
     raise ConfigError(f"loss is {loss} at iteration {iteration}",
                       f"{where} (e.g. with a lower --lr), or pass --skip-nan-batches to skip such steps")
+
+
+class StopSignals:
+    """SIGTERM / SIGINT during training (a scheduler's preemption, Ctrl-C forwarded by a launch
+    script): the handler only notes the signal; every rank learns of it at the next step boundary
+    from one all-reduce (MAX) per step, so all stop after the same iteration, save a final
+    checkpoint (with --save) and exit 128 + the signal. The same all-reduce carries the largest
+    token id of each rank's batch: data made with another vocab stops every rank with one line,
+    not an index error in one rank's embedding. Repeated signals (the deepspeed launcher sends
+    its own SIGTERM) are ignored while the checkpoint is written."""
+
+    def __init__(self, vocab_file: str):
+        self.vocab_file = vocab_file
+        self.received = self.agreed = 0
+        self.previous = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():  # signal handlers live there only
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self.previous[signum] = signal.signal(signum, self._note)
+
+    def _note(self, signum, frame) -> None:
+        self.received = self.received or signum
+
+    def uninstall(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous = {}
+
+    def agree(self, step: list, vocab_size: int) -> None:
+        """Called by every rank with its micro-batches of one step (train or eval)."""
+        top = max(int(batch.tokens.max()) for batch in step)
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        flags = torch.tensor([self.received, top], dtype=torch.long, device=device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        received, top = (int(value) for value in flags.tolist())
+        if top >= vocab_size:
+            raise DataError(f"the data holds token id {top}, beyond the {vocab_size} tokens of the vocab "
+                            f"{self.vocab_file}", "pass the --vocab-file the data was preprocessed with, or rerun "
+                            "tools/preprocess_data.py with this one")
+        self.agreed = self.agreed or received
+
+    def finish(self, args, engine, config, iteration: int, consumed: int, first_iteration: int,
+               last_checkpoint, log) -> int:
+        """The agreed stop: saves what was trained since the last checkpoint; returns the signal number."""
+        name = signal.Signals(self.agreed).name
+        if args.save and iteration > first_iteration and last_checkpoint != os.path.join(
+                args.save, checkpoint.tag_for(iteration)):
+            last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed))
+        if args.save and last_checkpoint:
+            line = (f"stopped by {name} after iteration {iteration}; checkpoint {last_checkpoint} holds it: "
+                    f"resume with --load {args.save}")
+        else:
+            line = (f"stopped by {name} after iteration {iteration}; no checkpoint holds it: pass --save DIR "
+                    "to keep the progress of a stopped run")
+        log.finish(args.save)
+        if dist.get_rank() == 0:
+            print(f"pretrain_bert.py: {line}", file=sys.stderr, flush=True)
+        self.uninstall()
+        return self.agreed
 
 
 def evaluate(batches, engine, dataset, run: int, eval_iters: int) -> float:

@@ -51,10 +51,13 @@ class Case:
     files: dict = field(default_factory=dict)  # name -> text written into the case folder first
     setup: object = None  # callable(tmp, assets) that breaks something in the case folder
     needs_checkpoint: bool = False
+    env: dict = field(default_factory=dict)  # extra environment (launch scripts)
+    mid_run: bool = False  # found while training: the run log of the failed run stays (nothing else)
 
 
-def pretrain(*argv, files=None, setup=None, phrases=(), needs_checkpoint=False, id=""):
-    return Case(id, "pretrain", [*PRETRAIN, *argv], tuple(phrases), files or {}, setup, needs_checkpoint)
+def pretrain(*argv, files=None, setup=None, phrases=(), needs_checkpoint=False, id="", mid_run=False):
+    return Case(id, "pretrain", [*PRETRAIN, *argv], tuple(phrases), files or {}, setup, needs_checkpoint,
+                mid_run=mid_run)
 
 
 def copy_data(tmp: Path, assets: dict) -> Path:
@@ -90,6 +93,32 @@ def corrupt_checkpoint(tmp: Path, assets: dict):
     model_states = sorted(copy.glob("*/mp_rank_00_model_states.pt"))
     assert model_states, list(copy.rglob("*"))
     model_states[0].write_bytes(b"not a torch file")
+
+
+def idx_from_another_dataset(tmp, assets):
+    """The valid .bin with the .idx of a smaller dataset."""
+    from megatron.data.indexed_dataset import make_builder
+
+    prefix = copy_data(tmp, assets)
+    builder = make_builder(str(tmp / "other"), "mmap", 2000)
+    builder.add_document([[5, 6, 7], [8, 9]])
+    builder.finalize()
+    shutil.move(str(tmp / "other.idx"), f"{prefix}.idx")
+    os.remove(tmp / "other.bin")
+
+
+def vocab_of(lines: int):
+    """A vocab of the first `lines` tokens of the valid one: the data holds ids beyond it."""
+    def setup(tmp, assets):
+        tokens = Path(assets["vocab"]).read_text().splitlines()[:lines]
+        (tmp / "vocab.txt").write_text("\n".join(tokens) + "\n")
+    return setup
+
+
+def truncated_run_state(tmp: Path, assets: dict):
+    copy = shutil.copytree(assets["ckpt"], tmp / "ckpt")
+    for path in copy.glob("*/run_state.json"):
+        path.write_text(path.read_text()[:25])
 
 
 CASES = [
@@ -226,6 +255,60 @@ CASES = [
     pretrain("--load", "{tmp}/ckpt", id="checkpoint_corrupt_file", needs_checkpoint=True,
              setup=corrupt_checkpoint,
              phrases=("mp_rank_00_model_states.pt cannot be read", "resume from an earlier complete checkpoint")),
+    pretrain("--load", "{tmp}/ckpt", id="checkpoint_truncated_run_state", needs_checkpoint=True,
+             setup=truncated_run_state, phrases=("run_state.json is not valid JSON", "truncated",
+                                                 "resume from an earlier complete checkpoint")),
+    # ---- an unwritable --save is found before the first step, not at the first save
+    pretrain("--save", "{tmp}/afile", id="save_is_a_file", files={"afile": "x"},
+             phrases=("--save", "afile is a file, not a directory", "pass a --save directory")),
+    pretrain("--save", "{tmp}/afile/checkpoints", id="save_under_a_file", files={"afile": "x"},
+             phrases=("lies under", "afile, which is a file", "pass a --save directory")),
+    # ---- silent accepts that changed the meaning
+    pretrain("--data-path", "{tmp}/copy", setup=idx_from_another_dataset, id="data_idx_from_another_dataset",
+             phrases=("copy.idx describes", "come from different datasets", "rerun tools/preprocess_data.py")),
+    pretrain("--vocab-file", "{tmp}/vocab.txt", setup=vocab_of(1000), id="data_token_ids_beyond_the_vocab",
+             phrases=("the data holds token id", "beyond the 1000 tokens", "--vocab-file the data was preprocessed with"),
+             mid_run=True),
+    pretrain("--seq-length", "3", id="flag_seq_length_too_short", phrases=("--seq-length 3 leaves no room",
+                                                                            "--seq-length 5 or more")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_unknown_top_level_key",
+             files={"ds.json": ds_json(trian_batch_size=2)},
+             phrases=("unknown top-level key 'trian_batch_size'", "did you mean 'train_batch_size'")),
+    Case("json_duplicate_key", "ds_config", ["validate", "{tmp}/ds.json", "--world-size", "1"],
+         ("key 'stage' appears twice", "keep one 'stage'"),
+         files={"ds.json": '{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1, "stage": 2}}'}),
+    Case("json_enabled_not_boolean", "ds_config", ["validate", "{tmp}/ds.json", "--world-size", "1"],
+         ('fp16.enabled = "false" is not a boolean', "true or false, without quotes"),
+         files={"ds.json": ds_json(fp16={"enabled": "false"})}),
+    Case("json_unknown_optimizer", "ds_config", ["validate", "{tmp}/ds.json", "--world-size", "1"],
+         ('optimizer.type "Adamz" is not an optimizer DeepSpeed knows', "adamw"),
+         files={"ds.json": ds_json(optimizer={"type": "Adamz", "params": {}})}),
+    Case("tool_ds_config_output_under_a_file", "ds_config", ["set", "{tmp}/ds.json", "sequence_parallel.size=1",
+                                                               "--output", "{tmp}/afile/ds.json"],
+         ("afile, which is a file", "pass a path inside a directory"), files={"ds.json": ds_json(), "afile": "x"}),
+    # ---- errors print once, every rank exits non-zero (before and after the process group exists)
+    Case("flag_log_interval_zero_two_ranks", "launch2", [*PRETRAIN, "--log-interval", "0"],
+         ("--log-interval 0 must be >= 1", "pass --log-interval 1 or more")),
+    # ---- tools
+    Case("tool_build_vocab_output_is_a_directory", "build_vocab", ["--input", "{corpus}", "--output", "{tmp}/out"],
+         ("--output", "out is a directory", "pass a file path"), files={"out/.keep": ""}),
+    Case("tool_build_vocab_binary_corpus", "build_vocab", ["--input", "{tmp}/corpus.bin", "--output", "{tmp}/v.txt"],
+         ("corpus.bin line 1: not UTF-8 text", "pass a loose-JSON corpus in UTF-8"),
+         setup=lambda tmp, assets: (tmp / "corpus.bin").write_bytes(b'{"text": "caf\xe9"}\n\x00\xff\xfe')),
+    Case("tool_preprocess_output_under_a_file", "preprocess", ["--input", "{corpus}", "--vocab-file", "{vocab}",
+                                                                 "--output-prefix", "{tmp}/afile/corpus"],
+         ("afile, which is a file", "inside a directory"), files={"afile": "x"}),
+    # ---- launch scripts
+    Case("script_run_dir_is_a_file", "multinode", ["{tmp}/hostfile", "1"], ("RUN_DIR", "is a file, not a directory"),
+         files={"hostfile": "worker-1 slots=2\n", "run": "x"}),
+    Case("hostfile_is_a_directory", "multinode", ["{tmp}/hosts", "1"], ("hostfile", "hosts is a directory"),
+         files={"hosts/.keep": ""}),
+    Case("script_node_rank_beyond_nodes", "multinode", ["{tmp}/hostfile", "2"],
+         ("NODE_RANK 2 is beyond the 2 nodes", "0 to 1"), files={"hostfile": "worker-1 slots=2\nworker-2 slots=2\n"},
+         env={"NODE_RANK": "2", "MASTER_ADDR": "127.0.0.1"}),
+    Case("script_leading_zero_world_size", "multinode", ["{tmp}/hostfile", "1"],
+         ("train_batch_size 4 != train_micro_batch_size_per_gpu 2", "data-parallel size 4"),
+         files={"hostfile": "worker-1 slots=8\n"}, env={"TAIL": "bert_distributed.sh 08 1 2 64 2 4 2 64 4"}),
     Case("checkpoint_convert_missing", "convert", ["to-hf", "--load", "{tmp}/none", "--vocab-file", "{vocab}",
                                                    "--output", "{tmp}/hf"],
          ("no checkpoint in", "none", "point --load at a directory written by --save")),
@@ -264,12 +347,14 @@ def checkpoint(assets) -> str:
     return str(save)
 
 
-def run_command(command: str, argv: list, tmp: Path, assets: dict, extra=()) -> subprocess.CompletedProcess:
+def run_command(command: str, argv: list, tmp: Path, assets: dict, extra=(), env=None) -> subprocess.CompletedProcess:
     """One rank by env:// (the launcher sets its own), on CPU; the launch scripts' RUN_DIR in `tmp`."""
     values = {"tmp": str(tmp), "port": str(free_port()), **{key: str(value) for key, value in assets.items()}}
+    env = dict(env or {})
+    extra = env.pop("TAIL").split() if "TAIL" in env else extra
     line = [part.format(**values) for part in [*COMMANDS[command], *argv, *extra]]
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": "", "RUN_DIR": str(tmp / "run")}
+           "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": "", "RUN_DIR": str(tmp / "run"), **env}
     return subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -288,7 +373,8 @@ def run_case(case: Case, tmp: Path, assets: dict) -> tuple:
     if case.setup:
         case.setup(tmp, assets)
     before = snapshot(tmp)
-    result = run_command(case.command, case.argv, tmp, assets, MULTINODE_TAIL if case.command == "multinode" else ())
+    result = run_command(case.command, case.argv, tmp, assets, MULTINODE_TAIL if case.command == "multinode" else (),
+                         case.env)
     return result, before, snapshot(tmp)
 
 
@@ -311,6 +397,10 @@ def test_bad_input_is_one_line_and_leaves_nothing(case, outcomes):
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
     assert lines and all(phrase in lines[-1] for phrase in case.phrases), result.stderr[-3000:]
     assert "error" in lines[-1] and "Traceback" not in result.stderr, result.stderr[-3000:]
+    # once, not once per rank (launch2: two ranks, each exits non-zero)
+    assert sum(": error: " in line for line in lines) == 1, result.stderr[-3000:]
+    if case.mid_run:
+        after = {path: value for path, value in after.items() if path.split(os.sep)[0] != "log"}
     assert after == before  # nothing written, nothing half-written
 
 
@@ -318,3 +408,48 @@ def test_debug_shows_the_traceback(tmp_path, assets):
     result = run_command("pretrain", [*PRETRAIN, "--vocab-file", "{tmp}/none.txt", "--debug"], tmp_path, assets)
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "DataError: vocab file" in result.stderr, result.stderr[-3000:]
+
+
+# Flag values that cannot mean what was asked: refused before the process group or DeepSpeed
+# starts, so they are checked in this process (main() is stopped if it gets as far as pretrain).
+FLAG_MISTAKES = {
+    "mask_prob_zero": (["--mask-prob", "0"], ("--mask-prob 0.0 is outside (0, 1]", "--mask-prob 0.15")),
+    "mask_prob_above_one": (["--mask-prob", "1.5"], ("--mask-prob 1.5 is outside (0, 1]",)),
+    "micro_batch_zero": (["--micro-batch-size", "0"], ("--micro-batch-size 0 must be >= 1",)),
+    "global_batch_zero": (["--global-batch-size", "0"], ("--global-batch-size 0 must be >= 1",)),
+    "warmup_fraction_above_one": (["--lr-warmup-fraction", "1.5"], ("--lr-warmup-fraction 1.5 is outside [0, 1]",)),
+    "min_lr_above_lr": (["--lr", "1e-4", "--min-lr", "1e-3"], ("--min-lr 0.001 is above --lr 0.0001",
+                                                              "--min-lr at most --lr")),
+    "negative_lr": (["--lr=-1e-4"], ("--lr -0.0001 is negative", "positive peak learning rate")),
+    "log_interval_zero": (["--log-interval", "0"], ("--log-interval 0 must be >= 1",)),
+    "eval_interval_zero": (["--eval-interval", "0"], ("--eval-interval 0 must be >= 1",)),
+    "eval_iters_zero": (["--eval-iters", "0"], ("--eval-iters 0 must be >= 1",)),
+    "save_interval_zero": (["--save-interval", "0"], ("--save-interval 0 must be >= 1",)),
+    "negative_train_iters": (["--train-iters", "-5"], ("--train-iters -5 is negative", "the run length")),
+    "negative_seed": (["--seed", "-1"], ("--seed -1 is outside [0, 2**32)",)),
+}
+
+
+@pytest.mark.parametrize("mistake", FLAG_MISTAKES)
+def test_flag_mistake_is_one_line_before_anything_starts(mistake, monkeypatch, capsys):
+    import megatron.training as training
+
+    argv, phrases = FLAG_MISTAKES[mistake]
+    monkeypatch.setattr(training, "pretrain", lambda args: pytest.fail("the flags were accepted"))
+    placeholders = {"tmp": "/nonexistent", "data": "/nonexistent/data", "vocab": "/nonexistent/vocab.txt"}
+    assert training.main([part.format(**placeholders) for part in [*PRETRAIN, *argv]]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pretrain_bert.py: error: "), lines
+    assert all(phrase in lines[0] for phrase in phrases), lines
+
+
+def test_truncated_safetensors_is_a_data_error(tmp_path):
+    from megatron.errors import DataError
+    from megatron.hf_convert import read_safetensors, write_safetensors
+    import torch
+
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, {"w": torch.ones(64, 64)})
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(DataError, match="model.safetensors is not a complete safetensors file"):
+        read_safetensors(path)

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from megatron import checkpoint, run_log
+from megatron import checkpoint, run_log, training
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig
 from megatron.parallel.spawn import RankFailure, free_port, run_on_ranks
@@ -303,3 +303,54 @@ def test_fp16_overflow_lowers_the_loss_scale_and_skips(tmp_path, data_dir):
     assert scales[3] == scales[2] / 2 and scales[2] == 2.0 ** 8, scales
     assert "iteration 3:" in out and "update skipped" in out
     assert same_weights(weights(tmp_path, 3), weights(tmp_path, 2))
+
+
+# ---------------------------------------------------------------- checked before the first step
+
+def two_nodes_one_unwritable(save_dir: str, unwritable_rank: int) -> dict:
+    """Each rank plays a node (LOCAL_RANK 0); on `unwritable_rank` the probe file cannot be created.
+    Also reports an error from all ranks and then from rank 1 alone: how often it is printed."""
+    import builtins
+
+    os.environ["LOCAL_RANK"] = "0"
+    rank, outcome = torch.distributed.get_rank(), {}
+    real_open = builtins.open
+
+    def open_denied(file, *args, **kwargs):
+        if ".write_probe." in str(file):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    builtins.open = open_denied if rank == unwritable_rank else real_open
+    try:
+        checkpoint.check_writable(save_dir)
+    except ConfigError as error:
+        outcome["error"] = str(error)
+    finally:
+        builtins.open = real_open
+    outcome["left"] = os.path.exists(os.path.dirname(save_dir))
+    for reporters in ((0, 1), (1,)):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            if rank in reporters:
+                training.report_once(f"pretrain_bert.py: error: found by {reporters}")
+        torch.distributed.barrier()
+        outcome[reporters] = err.getvalue()
+        if rank == 0:  # a fresh count for the next case (a run reports once)
+            torch.distributed.distributed_c10d._get_default_store().delete_key("megatron/errors_reported")
+        torch.distributed.barrier()
+    return outcome
+
+
+def test_unwritable_save_on_one_node_stops_every_rank_before_training(tmp_path):
+    """The node whose --save cannot be written is named; every rank raises, before any step, and
+    the folders the probe created are gone. An error is printed once, whichever ranks meet it."""
+    save_dir = tmp_path / "new" / "ckpt"
+    outcomes = run_on_ranks(two_nodes_one_unwritable, 2, str(save_dir), 1, timeout=120)
+    errors = {outcome.get("error") for outcome in outcomes}
+    assert len(errors) == 1 and errors != {None}, errors
+    assert f"--save {save_dir} is not writable on" in errors.pop()
+    assert not any(outcome["left"] for outcome in outcomes)  # tmp/new was created for the probe, then removed
+    for reporters in ((0, 1), (1,)):
+        printed = "".join(outcome[reporters] for outcome in outcomes)
+        assert printed == f"pretrain_bert.py: error: found by {reporters}\n", printed

@@ -1,14 +1,18 @@
 """examples_deepspeed/: each launch script trains 2 steps of a tiny BERT through the deepspeed
 launcher (2 CPU ranks over gloo when there are fewer than 2 GPUs), and a two-node launch on one
 machine: bert_multinode.sh run twice, node ranks 0 and 1, master 127.0.0.1, one rank per node."""
+import contextlib
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from megatron import checkpoint, run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port
 
@@ -42,12 +46,13 @@ def losses(run_dir: Path) -> list:
     return [r["loss"] for r in records if r["kind"] == "train"]
 
 
-def run_script(script: str, run_dir: Path, *arguments) -> None:
+def run_script(script: str, run_dir: Path, *arguments, iterations: int = 2) -> None:
     """Two ranks on this machine, 2 steps; checks the run finished and saved its checkpoint."""
     result = subprocess.run([str(SCRIPTS / script), "2", *arguments], env=launch_env(run_dir), capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "iteration 2/2" in result.stdout and (run_dir / "checkpoints" / "iter_0000002").is_dir()
+    assert f"iteration {iterations}/{iterations}" in result.stdout
+    assert (run_dir / "checkpoints" / f"iter_{iterations:07d}").is_dir()
 
 
 # bert_distributed.sh (ring) runs in test_two_node_launch_on_one_machine as the single-node reference
@@ -73,15 +78,41 @@ def test_bad_positional_argument_is_one_line(tmp_path):
                                           "PROCS PP SP SEQ_LEN MICRO_BATCH GLOBAL_BATCH LAYERS HIDDEN HEADS"]
 
 
+def dry_run(script: str, run_dir: Path, *arguments, **env) -> tuple:
+    """(the JSON it would write, the launcher command line); checks that it wrote nothing."""
+    result = subprocess.run([str(SCRIPTS / script), *arguments], env=launch_env(run_dir, **env), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert not run_dir.exists() or not any(run_dir.iterdir())  # a dry run writes nothing
+    lines = result.stdout.splitlines()  # DeepSpeed may log a line before the JSON
+    start, end = lines.index("{"), len(lines) - 1 - lines[::-1].index("}")
+    return json.loads("\n".join(lines[start:end + 1])), lines[-1]
+
+
 def test_multinode_dry_run_prints_the_hostfile_launch(tmp_path):
-    result = subprocess.run([str(SCRIPTS / "bert_multinode.sh"), "--dry-run", str(ROOT / "hostfile.example"), "2",
-                             "bert_distributed.sh", "8", "1", "8", "16384", "1", "4", "24", "1024", "16"],
-                            env=launch_env(tmp_path), capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "--num_gpus 8 --master_port" in result.stdout
-    assert f"--hostfile {ROOT / 'hostfile.example'} --num_nodes 2 " in result.stdout and "--no_ssh" not in result.stdout
+    config, command = dry_run("bert_multinode.sh", tmp_path, "--dry-run", str(ROOT / "hostfile.example"), "2",
+                              "bert_distributed.sh", "8", "1", "8", "16384", "1", "4", "24", "1024", "16")
+    assert "--num_gpus 8 --master_port" in command
+    assert f"--hostfile {ROOT / 'hostfile.example'} --num_nodes 2 " in command and "--no_ssh" not in command
     # 16 ranks: data-parallel 2, so grad-acc = 4 / (1 x 2) = 2, derived at start-up from the null
-    assert json.loads((tmp_path / "ds_config.json").read_text())["gradient_accumulation_steps"] is None
+    assert config["gradient_accumulation_steps"] is None
+
+
+def test_numbers_are_decimal_and_a_dry_run_writes_nothing(tmp_path):
+    """`08` is 8 ranks, not a bash octal error that skipped the config and launched a stale one;
+    `010` is 10 ranks, validated at world size 10 (global batch 20 = micro 4 x data 5)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for procs, global_batch in (("08", "16"), ("010", "20")):
+        config, command = dry_run("bert_distributed.sh", run_dir, procs, "1", "2", "128", "4", global_batch, *SHAPE,
+                                  DRY_RUN="1")
+        assert f"--num_gpus {int(procs)} --master_port" in command
+        assert config["train_batch_size"] == int(global_batch)
+    # 08 ranks with a batch that fits 10 only: the config step fails and nothing launches
+    result = subprocess.run([str(SCRIPTS / "bert_distributed.sh"), "08", "1", "2", "128", "4", "20", *SHAPE],
+                            env=launch_env(run_dir), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "data-parallel size 4" in result.stderr.splitlines()[-1], result.stderr
+    assert "deepspeed" not in result.stdout and not any(run_dir.iterdir())
 
 
 def test_two_node_launch_on_one_machine(tmp_path, data_dir):
@@ -110,3 +141,56 @@ def test_two_node_launch_on_one_machine(tmp_path, data_dir):
 
     run_script("bert_distributed.sh", single, *LAYOUT, *SHAPE, *train_flags(data_dir))
     assert len(losses(multi)) == 2 and losses(multi) == losses(single)
+
+
+def train_records(run_dir: Path) -> dict:
+    """iteration -> (loss, lr, consumed samples); a repeated iteration must repeat the same values."""
+    records = {}
+    for record in run_log.read_metrics(run_dir / "metrics.jsonl"):
+        if record["kind"] == "train":
+            fields = (record["loss"], record["lr"], record["consumed_samples"])
+            assert records.setdefault(record["iteration"], fields) == fields, record
+    return records
+
+
+def processes_using(path: Path) -> list:
+    rows = subprocess.run(["ps", "-e", "-o", "pid=,stat=,args="], capture_output=True, text=True).stdout.splitlines()
+    return [row for row in rows if str(path) in row and " Z" not in f" {row.split()[1]}"]
+
+
+def test_sigterm_stops_every_rank_and_the_saved_checkpoint_resumes_exactly(tmp_path, data_dir):
+    """SIGTERM to the launch script (a scheduler's preemption): every rank stops after the same
+    step, a final checkpoint is saved, no process of the run is left, exit 143 with one line; the
+    run resumed from that checkpoint equals an uninterrupted one (losses, lr, weights)."""
+    iterations = 6
+    flags = [*train_flags(data_dir), "--train-iters", str(iterations), "--save-interval", "1000",
+             "--eval-interval", "1000", "--hidden-dropout", "0.1"]  # dropout: the RNG state must resume too
+    arguments = ["2", *LAYOUT, *SHAPE, *flags]
+    killed = tmp_path / "killed"
+    script = subprocess.Popen([str(SCRIPTS / "bert_distributed.sh"), *arguments], env=launch_env(killed),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (killed / "metrics.jsonl").is_file() or max(train_records(killed), default=0) < 2:
+            assert script.poll() is None and time.monotonic() < deadline, script.stderr.read()[-3000:]
+            time.sleep(0.05)
+        script.send_signal(signal.SIGTERM)  # the script only, as `kill <pid>` or a scheduler does
+        stderr = script.communicate(timeout=120)[1]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)
+    assert script.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert not processes_using(killed), processes_using(killed)  # no orphan rank goes on training
+    stopped = [line for line in stderr.splitlines() if "stopped by SIGTERM" in line]
+    assert len(stopped) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    last = max(train_records(killed))
+    assert 2 <= last < iterations and checkpoint.latest_tag(str(killed / "checkpoints")) == checkpoint.tag_for(last)
+    assert f"pretrain_bert.py: stopped by SIGTERM after iteration {last}; checkpoint " in stopped[0]
+
+    run_script("bert_distributed.sh", killed, *arguments[1:], "--load", str(killed / "checkpoints"),
+               iterations=iterations)
+    straight = tmp_path / "straight"
+    run_script("bert_distributed.sh", straight, *arguments[1:], iterations=iterations)
+    assert train_records(killed) == train_records(straight) and len(train_records(straight)) == iterations
+    got, want = (checkpoint.bert_state_from_checkpoint(str(run / "checkpoints")) for run in (killed, straight))
+    assert set(got) == set(want) and all(torch.equal(got[name], want[name]) for name in want)

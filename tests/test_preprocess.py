@@ -1,9 +1,13 @@
 """tools/preprocess_data.py end to end: outputs, worker-count independence, sentence splitting,
 bad input, and the datasets it writes feeding BERT samples; plus the sample-corpus tool."""
+import contextlib
 import io
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -245,3 +249,58 @@ def test_preprocessed_data_trains_a_small_bert(corpus, tmp_path):
             optimizer.step()
             losses.append(loss.item())
     assert all(np.isfinite(losses)) and np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4])
+
+
+# ---------------------------------------------------------------- Ctrl-C / SIGTERM
+
+def opened(pid: int, path: Path) -> bool:
+    """Whether process `pid` holds `path` open (Linux /proc)."""
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.path.realpath(fd) == str(path) for fd in fds.iterdir())
+    except OSError:
+        return False
+
+
+def group_alive(group: int) -> bool:
+    """Whether process group `group` still has a live (not zombie) process."""
+    rows = subprocess.run(["ps", "-e", "-o", "pgid=,stat="], capture_output=True, text=True).stdout.split("\n")
+    return any(row.split()[0] == str(group) and not row.split()[1].startswith("Z") for row in rows if row.strip())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tool,signum", [("preprocess_data.py", signal.SIGINT), ("preprocess_data.py", signal.SIGTERM),
+                                         ("build_vocab.py", signal.SIGINT)], ids=["preprocess-SIGINT",
+                                                                                 "preprocess-SIGTERM", "build_vocab-SIGINT"])
+def test_interrupt_stops_promptly_removing_partial_output(corpus, tmp_path, tool, signum):
+    """The signal goes to the whole process group, as a terminal's Ctrl-C does: the tool (and its
+    workers) exit within seconds, with one line and exit code 128 + signal, and leave nothing."""
+    big = tmp_path / "big.json"
+    text = corpus[0].read_text()
+    big.write_text(text * max(1, 25_000_000 // len(text)))  # far more than it does before the signal
+    out = tmp_path / "out"
+    argv = (["--input", str(big), "--vocab-file", str(corpus[1]), "--output-prefix", str(out / "wiki"), "--workers",
+             "2", "--split-sentences", "--log-interval", "100"] if tool == "preprocess_data.py"
+            else ["--input", str(big), "--output", str(out / "vocab.txt"), "--vocab-size", "2000"])
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / tool), *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        if tool == "preprocess_data.py":
+            assert "processed" in proc.stderr.readline()  # the first progress line: workers are busy
+        else:
+            while not opened(proc.pid, big) and proc.poll() is None:  # the trainer reads the corpus
+                time.sleep(0.05)
+        assert proc.poll() is None, "finished before the signal"
+        os.killpg(proc.pid, signum)
+        start = time.monotonic()
+        stderr = proc.communicate(timeout=30)[1]
+        assert time.monotonic() - start < 15
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signum, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1:] == [f"{tool}: error: interrupted by {signal.Signals(signum).name}, "
+                                                "partial output removed; rerun the same command to start over"]
+    assert "Traceback" not in stderr
+    assert not out.exists()  # no .partial, no folder it created
+    assert not group_alive(proc.pid)  # no worker left behind

@@ -2,7 +2,9 @@
 [PAD]=0, [UNK], [CLS], [SEP], [MASK]), for users without a vocab and for the default dataset.
 """
 import argparse
+import contextlib
 import sys
+import threading
 from pathlib import Path
 
 from megatron.data.tokenizer import SPECIAL_TOKENS, TOKENIZER_TYPES
@@ -20,15 +22,56 @@ def main(argv=None):
     parser.add_argument("--min-frequency", type=int, default=2)
     args = parser.parse_args(argv)
     input_path, output = Path(args.input), Path(args.output)
+    if input_path.is_dir():
+        raise DataError(f"--input {input_path} is a directory", "pass the loose-JSON corpus file itself")
     if not input_path.is_file():
         raise DataError(f"input file {input_path} does not exist",
                         "pass --input with a loose-JSON corpus (tools/make_sample_corpus.py writes one)")
+    if output.is_dir():
+        raise ConfigError(f"--output {output} is a directory", f"pass a file path, e.g. --output {output / 'vocab.txt'}")
     if args.vocab_size <= len(SPECIAL_TOKENS):
         raise ConfigError(f"--vocab-size {args.vocab_size} leaves no room beyond the special tokens", "pass a larger --vocab-size")
-    tokens = train_vocab(input_path, TOKENIZER_TYPES[args.tokenizer_type], args.vocab_size, args.min_frequency, args.json_keys)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    write_vocab(tokens, output)
+    if args.min_frequency < 1:
+        raise ConfigError(f"--min-frequency {args.min_frequency} must be >= 1", "pass --min-frequency 1 or more")
+    tokens = in_thread(train_vocab, input_path, TOKENIZER_TYPES[args.tokenizer_type], args.vocab_size,
+                       args.min_frequency, args.json_keys)
+    created = []
+    folder = output.parent.absolute()
+    while not folder.exists():
+        created.append(folder)
+        folder = folder.parent
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        write_vocab(tokens, output)
+    except BaseException as error:
+        for made in created:  # innermost first
+            with contextlib.suppress(OSError):
+                made.rmdir()
+        if isinstance(error, OSError):
+            raise ConfigError(f"cannot write --output {output} ({error.strerror or error})",
+                              "pass an --output in a folder this user can write") from None
+        raise
     print(f"wrote {len(tokens)} tokens to {output}")
+
+
+def in_thread(function, *args):
+    """`function(*args)` in a daemon thread: the tokenizers trainer runs in Rust, where Python cannot
+    act on Ctrl-C or SIGTERM until it returns; the main thread waits here and can."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = function(*args)
+        except BaseException as error:  # handed to the main thread
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 if __name__ == "__main__":

@@ -20,10 +20,17 @@ LINE = re.compile(r"(\S+)\s+slots=(\d+)")
 def read_hostfile(path) -> dict:
     """{host: slots} in file order; every line is checked."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"hostfile {path} is a directory", "pass the hostfile itself (" + FORMAT + ")")
     if not path.is_file():
         raise ConfigError(f"hostfile {path} does not exist", FORMAT)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"hostfile {path} cannot be read as text ({getattr(error, 'strerror', None) or error})",
+                          FORMAT) from None
     hosts = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue

@@ -1,7 +1,7 @@
 """Reads, edits, checks and compares DeepSpeed JSON configs the way pretrain_bert.py resolves them.
 
     python tools/ds_config.py show CONFIG [--world-size N] [model/parallel flags]
-    python tools/ds_config.py set CONFIG key.path=value ... [-o OUT] [--world-size N] [flags]
+    python tools/ds_config.py set CONFIG key.path=value ... [-o OUT|-] [--world-size N] [flags]
     python tools/ds_config.py validate CONFIG --world-size N [--pipeline-model-parallel-size P] [flags]
     python tools/ds_config.py diff A B
 
@@ -68,15 +68,33 @@ def assign(ds_config: dict, assignment: str) -> None:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Whole file or nothing: a temporary file in the same folder, then os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Whole file or nothing: a temporary file in the same folder, then os.replace. Folders it
+    creates are removed again if the write fails."""
+    if path.is_dir():
+        raise ConfigError(f"output {path} is a directory", "pass a file path to write the JSON to")
+    created = []
+    folder = path.parent.absolute()
+    while not folder.exists():
+        created.append(folder)
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"output {path} lies under {folder}, which is a file", "pass a path inside a directory")
+    temporary = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(handle, "w") as stream:
             stream.write(text)
         os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
+    except BaseException as error:
+        if temporary and os.path.exists(temporary):
+            os.unlink(temporary)
+        for made in created:  # innermost first
+            if made.is_dir():
+                made.rmdir()
+        if isinstance(error, OSError):
+            raise ConfigError(f"cannot write {path} ({error.strerror or error})",
+                              "pass an --output in a folder this user can write") from None
         raise
 
 
@@ -99,8 +117,12 @@ def set_keys(args) -> int:
     for assignment in args.assignments:
         assign(ds_config, assignment)
     resolved(ds_config, args)
+    text = json.dumps(ds_config, indent=2) + "\n"
+    if str(args.output) == "-":  # print the result, write nothing (the launch scripts' dry run)
+        print(text, end="")
+        return 0
     output = args.output or args.config
-    write_atomically(output, json.dumps(ds_config, indent=2) + "\n")
+    write_atomically(output, text)
     print(output)
     return 0
 
@@ -147,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("show", show, "print the resolved config: model, parallel layout, batch sizes, with defaults")
     setter = command("set", set_keys, "set key.path=value ... (JSON-typed), validate, write atomically")
     setter.add_argument("assignments", nargs="+", metavar="key.path=value")
-    setter.add_argument("-o", "--output", type=Path, help="write here instead of editing CONFIG in place")
+    setter.add_argument("-o", "--output", type=Path, help="write here instead of editing CONFIG in place; "
+                        "'-' prints the result and writes nothing")
     command("validate", validate, "check pipeline x data x sequence and the batch arithmetic at a world size",
             world_size_required=True)
     differ = commands.add_parser("diff", help="print the keys whose values differ (exit 1 if any)")

@@ -205,6 +205,13 @@ def _overrun(bin_path, bin_size) -> DataError:
     return DataError(f"{bin_path}: items overrun the {bin_size}-byte data file (truncated or mismatched .bin/.idx)", _REBUILD)
 
 
+def _mismatch(index_path, bin_path, bin_size, described) -> DataError:
+    """A .bin longer than the items its .idx describes: the pair comes from two datasets (every builder
+    writes the items back to back, so the sizes agree exactly)."""
+    return DataError(f"{index_path} describes {described} bytes of tokens but {bin_path} holds {bin_size}: the .idx "
+                     "and .bin come from different datasets", _REBUILD)
+
+
 def _require_files(prefix):
     for path in (index_file_path(prefix), data_file_path(prefix)):
         if not os.path.isfile(path):
@@ -230,6 +237,9 @@ class MMapIndexedDataset(_Reader):
         ends = self.pointers + self.sizes.astype(np.int64) * self.dtype.itemsize
         if count and (self.sizes.min() < 0 or self.pointers.min() < 0 or ends.max() > bin_size):
             raise _overrun(bin_path, bin_size)
+        described = int(ends.max()) if count else 0
+        if described != bin_size:
+            raise _mismatch(index_path, bin_path, bin_size, described)
         self._check_doc_idx(index_path)
         self._bin = np.memmap(bin_path, mode="r", order="C") if bin_size else np.zeros(0, np.uint8)
 
@@ -265,6 +275,8 @@ class IndexedDataset(_Reader):
         bin_size = os.path.getsize(bin_path)
         if data_offsets[0] != 0 or np.any(np.diff(data_offsets) != sizes) or data_offsets[-1] * element_size > bin_size:
             raise _overrun(bin_path, bin_size)
+        if data_offsets[-1] * element_size != bin_size:
+            raise _mismatch(index_path, bin_path, bin_size, int(data_offsets[-1] * element_size))
         self._check_doc_idx(index_path)
         self._bin_path = bin_path
 

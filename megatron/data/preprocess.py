@@ -1,17 +1,20 @@
 """Loose JSON (one object per line, e.g. wikiextractor output) -> Megatron indexed datasets.
 
-Workers tokenize chunks of lines (`imap` over bounded batches, so output order is input order
-and does not depend on the worker count); the main process alone writes. A bad line stops the run with its line
+Workers tokenize numbered chunks of lines (bounded in flight, reassembled in order, so the output
+does not depend on the worker count); the main process alone writes. A bad line stops the run with its line
 number and removes the partial output, unless `skip_invalid` counts and skips it.
 """
-import collections
 import contextlib
+import ctypes
 import itertools
 import json
 import multiprocessing
 import os
+import queue as queue_module
+import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import build_tokenizer
 from megatron.errors import ConfigError, DataError
 
-CHUNK_LINES = 32  # lines per imap task: large enough to hide IPC, small enough to balance
+CHUNK_LINES = 32  # lines per worker task: large enough to hide IPC, small enough to balance
 
 
 @dataclass
@@ -105,8 +108,18 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     if options.split_sentences:
         sentence_splitter(options.lang, options.keep_newlines)  # fail now, not in every worker
     created = _missing_folders(Path(options.output_prefix).parent)
-    for folder in created:
-        folder.mkdir()
+    existing = created[0].parent if created else Path(options.output_prefix).parent
+    if not existing.is_dir():
+        raise ConfigError(f"--output-prefix {options.output_prefix} lies under {existing}, which is a file",
+                          "pass an --output-prefix inside a directory")
+    try:
+        for folder in created:
+            folder.mkdir()
+    except OSError as error:
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise _unwritable(options, error) from None
     report = PreprocessReport(outputs={key: output_prefix(options, key) for key in options.json_keys})
     builders = {}
     encoded = _encoded(options)
@@ -135,16 +148,23 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
                                 "pass a non-empty loose-JSON corpus and check --json-keys")
         for builder in builders.values():
             builder.finalize()
-    except BaseException:
-        encoded.close()  # stops the worker pool now, not when the generator is collected
+    except BaseException as error:
+        encoded.close()  # stops the workers now, not when the generator is collected
         for builder in builders.values():
             builder.abort()
         for folder in reversed(created):
             with contextlib.suppress(OSError):  # a folder something else wrote into stays
                 folder.rmdir()
+        if isinstance(error, OSError) and error.filename:
+            raise _unwritable(options, error) from None
         raise
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _unwritable(options: PreprocessOptions, error: OSError) -> ConfigError:
+    return ConfigError(f"cannot use {error.filename} ({error.strerror or error})",
+                       "check that --input is readable and the --output-prefix folder writable, with free space")
 
 
 def _missing_folders(folder: Path) -> list:
@@ -159,9 +179,11 @@ def _missing_folders(folder: Path) -> list:
 def _encoded(options: PreprocessOptions):
     """(line number, documents or error, bytes) for every non-blank line, in input order.
 
-    Lines go to the pool in bounded batches, two in flight so workers never wait on the
-    writer. On any exit the pool is closed and joined, never terminated: terminating a Pool
-    whose task feeder is still reading the input can deadlock (seen here under load).
+    Chunks of lines go to `workers` processes through a task queue, at most 8 per worker in
+    flight, and come back numbered, so output order is input order. Workers ignore SIGINT and
+    SIGTERM (a terminal's Ctrl-C reaches the whole process group): the main process alone reacts,
+    and when it stops early (a bad line, an interrupt) it kills the workers instead of waiting for
+    them: a multiprocessing Pool whose worker died mid-task never finishes joining.
     """
     encoder = Encoder(options)
     lines = _numbered_lines(options.input)
@@ -170,32 +192,82 @@ def _encoded(options: PreprocessOptions):
         yield from map(encoder.encode, lines)
         return
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    pool = context.Pool(options.workers, initializer=_start_worker, initargs=(encoder,))
-    batch_lines = CHUNK_LINES * options.workers * 4
-    in_flight = collections.deque()
+    tasks, results = context.Queue(), context.Queue()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # until workers ignore them
     try:
-        while batch := list(itertools.islice(lines, batch_lines)):
-            in_flight.append(pool.imap(_encode_in_worker, batch, CHUNK_LINES))
-            if len(in_flight) == 2:
-                yield from in_flight.popleft()
-        while in_flight:
-            yield from in_flight.popleft()
+        workers = [context.Process(target=_worker_loop, args=(encoder, tasks, results), daemon=True)
+                   for _ in range(options.workers)]
+        for worker in workers:
+            worker.start()
     finally:
-        pool.close()
-        pool.join()
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    finished = False
+    try:
+        sent = emitted = 0
+        ready, more = {}, True
+        while True:
+            while more and sent - emitted < 8 * options.workers:
+                chunk = list(itertools.islice(lines, CHUNK_LINES))
+                if not chunk:
+                    more = False
+                    break
+                tasks.put((sent, chunk))
+                sent += 1
+            if emitted == sent:
+                break
+            while emitted not in ready:
+                number, encoded = _next_result(results, workers)
+                ready[number] = encoded
+            yield from ready.pop(emitted)
+            emitted += 1
+        finished = True
+    finally:
+        if finished:
+            for _ in workers:
+                tasks.put(None)
+        for worker in workers:
+            if not finished:
+                worker.kill()
+            worker.join()
+        for queue in (tasks, results):
+            queue.cancel_join_thread()  # nothing left to flush to workers that are gone
+            queue.close()
 
 
-_WORKER_ENCODER: Encoder | None = None
+def _next_result(results, workers) -> tuple:
+    """The next (chunk number, encoded lines) from any worker; a worker that died is an error."""
+    while True:
+        try:
+            number, encoded = results.get(timeout=1.0)
+        except queue_module.Empty:
+            dead = [worker for worker in workers if not worker.is_alive()]
+            if dead:
+                raise RuntimeError(f"a tokenizing worker died (exit code {dead[0].exitcode})") from None
+            continue
+        if number < 0:
+            raise RuntimeError(f"a tokenizing worker failed:\n{encoded}")
+        return number, encoded
 
 
-def _start_worker(encoder: Encoder):
-    global _WORKER_ENCODER
-    encoder.start()
-    _WORKER_ENCODER = encoder
+def _worker_loop(encoder: Encoder, tasks, results) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    _die_with_parent()
+    try:
+        encoder.start()
+        while (task := tasks.get()) is not None:
+            number, chunk = task
+            results.put((number, [encoder.encode(line) for line in chunk]))
+    except Exception:
+        results.put((-1, traceback.format_exc()))
 
 
-def _encode_in_worker(numbered_line):
-    return _WORKER_ENCODER.encode(numbered_line)
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the main process dies, even by SIGKILL."""
+    if sys.platform == "linux":
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _log_progress(report: PreprocessReport, elapsed: float, log):

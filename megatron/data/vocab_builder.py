@@ -12,16 +12,27 @@ from megatron.errors import DataError
 
 
 def corpus_texts(path: Path, json_keys):
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
+    with open(path, "rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(f"{path} line {number}: not UTF-8 text (byte {raw[error.start]:#04x} at column "
+                                f"{error.start + 1}); is it a binary file?",
+                                "pass a loose-JSON corpus in UTF-8 (one JSON object per line)") from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-                yield from (record[key] for key in json_keys)
+                texts = [record[key] for key in json_keys]
             except (json.JSONDecodeError, KeyError, TypeError) as error:
                 raise DataError(f"{path} line {number}: not a JSON object with keys {', '.join(json_keys)} ({error})",
                                 "fix the line or pass --json-keys naming the text fields") from None
+            for key, text in zip(json_keys, texts):
+                if not isinstance(text, str):
+                    raise DataError(f"{path} line {number}: key {key!r} holds {type(text).__name__}, not text",
+                                    "fix the line or pass --json-keys naming the text fields")
+            yield from texts
 
 
 def train_vocab(input_path: Path, lower_case: bool, vocab_size: int, min_frequency: int = 2, json_keys=("text",)) -> list[str]:
@@ -36,6 +47,12 @@ def train_vocab(input_path: Path, lower_case: bool, vocab_size: int, min_frequen
 
 
 def write_vocab(tokens: list[str], output: Path):
+    """Whole file or nothing: `<output>.partial`, then a rename; the partial file never stays."""
+    output = Path(output)
     partial = output.with_name(output.name + ".partial")
-    partial.write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
-    os.replace(partial, output)
+    try:
+        partial.write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
+        os.replace(partial, output)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
