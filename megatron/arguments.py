@@ -17,6 +17,7 @@ _FIELDS = {
     "linformer_share_kv": "linformer_share_kv", "block_size": "bigbird_block_size",
     "bigbird_num_random_blocks": "bigbird_num_random_blocks",
     "bigbird_num_window_blocks": "bigbird_num_window_blocks",
+    "ulysses_size": "ulysses_size",
     "sequence_parallel_size": "sequence_parallel_size", "pipeline_model_parallel_size": "pipeline_parallel_size",
     "micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size",
 }
@@ -46,7 +47,10 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
                             "(exportable to Hugging Face; use it with --layernorm-layout pre)")
 
     attn = parser.add_argument_group("attention (also from the JSON's sequence_parallel section)")
-    attn.add_argument("--attention", help="variant: dense, ring, ulysses, linformer, bigbird")
+    attn.add_argument("--attention", help="variant: dense, ring, ulysses, hybrid, linformer, bigbird")
+    attn.add_argument("--ulysses-size", type=int, help="hybrid: seq ranks per all-to-all group (adjacent ranks, "
+                      "one node); the ring spans --sequence-parallel-size / this many groups (default: the largest "
+                      "divisor of the SP size and the heads, at most 8)")
     attn.add_argument("--linformer-k", type=int, help="linformer: projected length k")
     attn.add_argument("--linformer-share-heads", action="store_const", const=True,
                       help="linformer: one projection for all heads")
@@ -103,16 +107,19 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     train = parser.add_argument_group("training")
     train.add_argument("--train-iters", type=int, help="optimizer steps to train (or --train-samples)")
     train.add_argument("--train-samples", type=int, help="samples to train on; steps = samples / global batch")
-    train.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default 1e-4)")
+    # optimizer flags default to None ("not given"): given ones override the JSON's optimizer.params,
+    # which override the defaults (training.OPTIMIZER_DEFAULTS)
+    train.add_argument("--lr", type=float, help="peak learning rate (default: the JSON's optimizer.params.lr, "
+                       "else 1e-4)")
     train.add_argument("--min-lr", type=float, default=0.0, help="learning rate at the end of the decay (default 0)")
     train.add_argument("--lr-decay-style", choices=["linear", "cosine", "constant"], default="linear",
                        help="decay after warm-up (default linear)")
     train.add_argument("--lr-warmup-fraction", type=float, default=0.01,
                        help="fraction of the steps with linear warm-up from 0 (default 0.01)")
-    train.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
-    train.add_argument("--adam-beta1", type=float, default=0.9)
-    train.add_argument("--adam-beta2", type=float, default=0.999)
-    train.add_argument("--adam-eps", type=float, default=1e-8)
+    train.add_argument("--weight-decay", type=float, help="AdamW weight decay (default: the JSON's, else 0.01)")
+    train.add_argument("--adam-beta1", type=float, help="Adam beta1 (default: the JSON's betas[0], else 0.9)")
+    train.add_argument("--adam-beta2", type=float, help="Adam beta2 (default: the JSON's betas[1], else 0.999)")
+    train.add_argument("--adam-eps", type=float, help="Adam epsilon (default: the JSON's eps, else 1e-8)")
     train.add_argument("--clip-grad", type=float, help="gradient-norm clipping (default: the JSON's "
                        "gradient_clipping, else 1.0; 0 turns it off)")
     train.add_argument("--seed", type=int, default=1234, help="seed of initialisation, masking, sampling")

@@ -1,10 +1,13 @@
-"""The optimizer and clipping the trainer hands DeepSpeed: flags over the JSON, and the Adam
-implementation per device (DeepSpeed's FusedAdam on CUDA, torch's AdamW on CPU)."""
+"""The optimizer and clipping the trainer hands DeepSpeed: flags given over the JSON over the
+defaults, the Adam implementation per device (DeepSpeed's FusedAdam on CUDA, torch's AdamW on
+CPU), and a JSON scheduler refused (the trainer runs its own schedule)."""
 import json
 
+import pytest
 import torch
 
 from megatron.arguments import build_parser
+from megatron.errors import ConfigError
 from megatron.training import deepspeed_settings
 
 
@@ -33,3 +36,36 @@ def test_flags_fill_the_json_optimizer_and_clipping(tmp_path, monkeypatch):
     assert params["torch_adam"] is False  # the JSON's own choice stays
     assert ds["gradient_clipping"] == 0
     assert settings("--deepspeed_config", str(path), monkeypatch=monkeypatch)["gradient_clipping"] == 5.0
+
+
+def test_only_given_flags_override_the_json_optimizer(tmp_path, monkeypatch):
+    """Flags given > the JSON's optimizer.params > defaults: a flag's default never replaces a
+    JSON value (--lr's default 1e-4 used to win over the JSON's lr)."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {
+        "lr": 5e-4, "weight_decay": 0.1, "betas": [0.8, 0.95], "eps": 1e-6}}}))
+    params = settings("--deepspeed_config", str(path), monkeypatch=monkeypatch)["optimizer"]["params"]
+    assert (params["lr"], params["weight_decay"], params["betas"], params["eps"]) == (5e-4, 0.1, [0.8, 0.95], 1e-6)
+    params = settings("--deepspeed_config", str(path), "--adam-beta2", "0.99", "--adam-eps", "1e-7",
+                      monkeypatch=monkeypatch)["optimizer"]["params"]
+    assert (params["lr"], params["weight_decay"], params["betas"], params["eps"]) == (5e-4, 0.1, [0.8, 0.99], 1e-7)
+    path.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"weight_decay": 0.0}}}))
+    params = settings("--deepspeed_config", str(path), monkeypatch=monkeypatch)["optimizer"]["params"]
+    assert (params["lr"], params["weight_decay"], params["betas"], params["eps"]) == (1e-4, 0.0, [0.9, 0.999], 1e-8)
+
+
+def test_json_scheduler_is_refused_in_one_line(tmp_path, monkeypatch):
+    """DeepSpeed drops a JSON "scheduler" for the schedule the trainer hands it: say so."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}}))
+    with pytest.raises(ConfigError) as error:
+        settings("--deepspeed_config", str(path), monkeypatch=monkeypatch)
+    assert '"scheduler" section is not used' in str(error.value) and "--lr-warmup-fraction" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_min_lr_above_the_json_lr_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}}))
+    with pytest.raises(ConfigError, match=r"--min-lr 0.0001 is above the JSON's optimizer.params.lr 1e-05"):
+        settings("--deepspeed_config", str(path), "--min-lr", "1e-4", monkeypatch=monkeypatch)

@@ -13,11 +13,11 @@ import torch
 from megatron.training import lr_schedule
 
 
-def lrs(style: str, steps, warmup_fraction=0.1, train_iters=100) -> list:
+def lrs(style: str, steps, warmup_fraction=0.1, train_iters=100, flag_lr=1e-3) -> list:
     """The LR of each step in `steps` under DeepSpeed's use of the scheduler: built on the
-    optimizer (step 0), then stepped once after every optimizer step."""
-    args = SimpleNamespace(lr=1e-3, min_lr=1e-4, lr_warmup_fraction=warmup_fraction, lr_decay_style=style)
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.lr)
+    optimizer (step 0, lr 1e-3), then stepped once after every optimizer step."""
+    args = SimpleNamespace(lr=flag_lr, min_lr=1e-4, lr_warmup_fraction=warmup_fraction, lr_decay_style=style)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
     scheduler = lr_schedule(args, train_iters)(optimizer)
     seen = {}
     for step in range(max(steps) + 1):
@@ -45,3 +45,8 @@ def test_warmup_then_decay_to_min_lr(style, after_warmup):
 def test_no_warmup_starts_at_lr():
     # warm-up fraction 0: step 0 is the top of the decay; linear over 100 steps, k=50 -> p=1/2
     assert lrs("linear", [0, 50, 100], warmup_fraction=0.0) == pytest.approx([1e-3, 5.5e-4, 1e-4], rel=1e-12, abs=0)
+
+
+def test_peak_is_the_optimizer_lr_without_the_flag():
+    # no --lr: the optimizer's lr (the JSON's optimizer.params.lr) is the peak; min-lr is still reached
+    assert lrs("linear", [9, 55, 100], flag_lr=None) == pytest.approx([1e-3, 5.5e-4, 1e-4], rel=1e-12, abs=0)
