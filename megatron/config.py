@@ -10,7 +10,8 @@ The JSON section DeepSpeed itself never reads (it ignores unknown top-level keys
 
     "sequence_parallel": {
         "size": 4,                      # SP degree (ranks that split one sequence)
-        "attention": "ring",            # dense | ring | ulysses | linformer | bigbird
+        "attention": "ring",            # dense | ring | ulysses | hybrid | linformer | bigbird
+        "ulysses_size": 2,              # hybrid: all-to-all over groups of 2 adjacent ranks, ring across them
         "linformer": {"k": 256, "share_heads": false, "share_kv": false},
         "bigbird": {"block_size": 64, "num_window_blocks": 3, "num_random_blocks": 2},
         "pack_samples": false,          # several segments per sample (--pack-samples)
@@ -248,7 +249,7 @@ def _section_values(ds_config: dict) -> dict:
     section = ds_config.get(SECTION, {})
     if not isinstance(section, dict):
         raise ConfigError(f"{SECTION} must be a JSON object", f'write "{SECTION}": {{"size": ..., "attention": ...}}')
-    known = {"size", "attention", "pack_samples", "max_segment_length", *_ATTENTION_OPTIONS}
+    known = {"size", "attention", "ulysses_size", "pack_samples", "max_segment_length", *_ATTENTION_OPTIONS}
     for key in section:
         if key not in known:
             raise ConfigError(f"unknown key {SECTION}.{key}", f"use one of: {', '.join(sorted(known))}")
@@ -257,6 +258,8 @@ def _section_values(ds_config: dict) -> dict:
         values["sequence_parallel_size"] = _typed(f"{SECTION}.size", section["size"], int)
     if "attention" in section:
         values["attention"] = _typed(f"{SECTION}.attention", section["attention"], str)
+    if section.get("ulysses_size") is not None:
+        values["ulysses_size"] = _typed(f"{SECTION}.ulysses_size", section["ulysses_size"], int)
     if "pack_samples" in section:
         values["pack_samples"] = _typed(f"{SECTION}.pack_samples", section["pack_samples"], bool)
     if section.get("max_segment_length") is not None:
@@ -314,6 +317,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
                           "the first stage's gradient norm only", "use zero_optimization.stage 1 (or gradient_clipping 0)")
 
     values = {**attention.variant_defaults(values.get("attention", BertConfig.attention)), **values}
+    _ulysses_size(values, sequence)
     model_fields = {f.name for f in dataclasses.fields(BertConfig)}
     unknown = set(values) - model_fields
     if unknown:
@@ -333,6 +337,23 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
                        data_parallel_size=data, micro_batch_size=micro, gradient_accumulation_steps=gas,
                        zero_stage=zero_stage, activation_checkpoint_interval=checkpoint_interval,
                        compile_mlp=compile_mlp, pack_samples=pack_samples, ds_config=resolved)
+
+
+def _ulysses_size(values: dict, sequence: int) -> None:
+    """ulysses_size belongs to hybrid attention only; hybrid without it gets its default (hybrid.py)."""
+    ulysses, variant = values.get("ulysses_size"), values.get("attention", BertConfig.attention)
+    if variant != "hybrid":
+        if ulysses is not None:
+            raise ConfigError(f"{SECTION}.ulysses_size {ulysses} is set but attention is '{variant}'",
+                              "set attention 'hybrid' or drop ulysses_size (--ulysses-size)")
+        return
+    if ulysses is not None and ulysses < 1:
+        raise ConfigError(f"{SECTION}.ulysses_size {ulysses} must be >= 1", "set ulysses_size to a divisor of size")
+    if ulysses is None:
+        from megatron.model.attention.hybrid import ulysses_degree
+
+        values["ulysses_size"] = ulysses_degree(None, values.get("num_attention_heads", BertConfig.num_attention_heads),
+                                                sequence)
 
 
 def _packing(values: dict) -> bool:

@@ -25,7 +25,8 @@ from megatron.parallel.grads import sum_sequence_grads_in_zero3_reduce_scatter
 
 def initialize_parallel(config: TrainConfig) -> None:
     if not state.is_initialized():
-        state.initialize(pipeline=config.pipeline_parallel_size, sequence=config.sequence_parallel_size)
+        state.initialize(pipeline=config.pipeline_parallel_size, sequence=config.sequence_parallel_size,
+                         ulysses=config.model.ulysses_size or 1)  # set for hybrid attention only
 
 
 def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_scheduler=None):

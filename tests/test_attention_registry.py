@@ -7,12 +7,13 @@ from megatron.model import attention
 
 
 @pytest.mark.parametrize("variant,size,overrides,message", [
-    ("ring", 5, {}, "seq_length 48 is not divisible by the sequence-parallel size 5"),
+    ("linformer", 5, dict(linformer_k=8), "seq_length 48 is not divisible by the sequence-parallel size 5"),
     ("ulysses", 3, {}, "ulysses needs num_attention_heads (4) divisible by the sequence-parallel size (3)"),
-    ("ulysses", 5, {}, "seq_length 48 is not divisible by the sequence-parallel size 5"),
+    ("ulysses", 5, {}, "ulysses needs num_attention_heads (4) divisible by the sequence-parallel size (5)"),
+    ("hybrid", 6, dict(ulysses_size=4), "ulysses_size 4 does not divide the sequence-parallel size 6"),
     ("dense", 2, {}, "attention 'dense' sees only the local chunk"),
     ("ring", 2, dict(attention_dropout=0.1), "attention_dropout 0.1 is not supported by ring attention"),
-    ("flash", 1, {}, "unknown attention variant 'flash'; choose one of: bigbird, dense, linformer, ring, ulysses"),
+    ("flash", 1, {}, "unknown attention variant 'flash'; choose one of: bigbird, dense, hybrid, linformer, ring, ulysses"),
 ])
 def test_bad_attention_settings(variant, size, overrides, message):
     config = small_config(variant, **overrides)
@@ -22,6 +23,7 @@ def test_bad_attention_settings(variant, size, overrides, message):
     assert message in text and "\n" not in text and "; " in text
 
 
-@pytest.mark.parametrize("variant,size", [("ring", 3), ("ring", 4), ("ulysses", 4), ("dense", 1)])
+@pytest.mark.parametrize("variant,size", [("ring", 3), ("ring", 4), ("ulysses", 4), ("dense", 1), ("ring", 5),
+                                          ("hybrid", 6)])  # ring 5: 48 tokens padded to 50
 def test_valid_settings_pass(variant, size):
     attention.check(small_config(variant), size)

@@ -175,7 +175,7 @@ CASES = [
          ("zero_optimization.stage 2 cannot be combined with pipeline", "use zero_optimization.stage 0 or 1"),
          files={"ds.json": ds_json(zero_optimization__stage=2)}),
     # ---- flags
-    Case("flag_seq_not_divisible_by_sp", "launch2", [*PRETRAIN, "--sequence-parallel-size", "2", "--attention", "ring",
+    Case("flag_seq_not_divisible_by_sp", "launch2", [*PRETRAIN, "--sequence-parallel-size", "2", "--attention", "linformer",
                                                      "--seq-length", "63", "--max-position-embeddings", "64"],
          ("seq_length 63 is not divisible by the sequence-parallel size 2",
           "multiple of --sequence-parallel-size")),

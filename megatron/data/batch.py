@@ -10,7 +10,6 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from megatron.errors import ConfigError
 
 PAD_SEGMENT = 0  # segment id of padding: attends to nothing, seen by nothing
 
@@ -43,13 +42,22 @@ class BertBatch:
         return cls_positions(self.position_ids, self.segment_ids)
 
     def sequence_chunk(self, rank: int, size: int) -> "BertBatch":
-        """Rank `rank` of `size` keeps tokens [rank * s/size, (rank + 1) * s/size) of every field."""
-        seq = self.tokens.shape[1]
-        if seq % size:
-            raise ConfigError(f"sequence length {seq} is not divisible by the sequence-parallel size {size}",
-                              "choose --seq-length as a multiple of --sequence-parallel-size")
-        step = seq // size
-        return BertBatch(**{f.name: getattr(self, f.name)[:, rank * step:(rank + 1) * step] for f in fields(self)})
+        """Rank `rank` of `size` keeps tokens [rank * c, (rank + 1) * c) of every field, c = ceil(s/size).
+
+        A length that `size` does not divide is first padded at the tail to size * c with padding
+        positions (segment id PAD_SEGMENT, no loss, no [CLS]): attention cores let padding see
+        nothing and be seen by nothing, so the result is that of the unpadded sample (the cores
+        that cannot pad refuse such a length at start-up: registry.AttentionCore.check)."""
+        step = -(-self.tokens.shape[1] // size)
+        batch = self.padded_to(step * size)
+        return BertBatch(**{f.name: getattr(batch, f.name)[:, rank * step:(rank + 1) * step] for f in fields(self)})
+
+    def padded_to(self, length: int) -> "BertBatch":
+        """The batch with `length - s` padding positions appended (every field 0 / False there)."""
+        extra = length - self.tokens.shape[1]
+        if extra <= 0:
+            return self
+        return BertBatch(**{f.name: torch.nn.functional.pad(getattr(self, f.name), (0, extra)) for f in fields(self)})
 
     def samples(self, start: int, stop: int) -> "BertBatch":
         """Samples [start, stop) of the batch (a micro-batch of a global batch)."""

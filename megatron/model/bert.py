@@ -52,6 +52,9 @@ class BertConfig:
     bigbird_num_window_blocks: int = 3  # odd: the block and (w - 1) / 2 neighbours on each side
     bigbird_num_random_blocks: int = 2
     bigbird_seed: int = 0  # with the iteration and the layer, fixes the random blocks
+    # hybrid: seq ranks per Ulysses (all-to-all) group; the ring spans size / ulysses_size groups
+    # (None: the largest divisor of the SP size and the heads, at most 8)
+    ulysses_size: int | None = None
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:

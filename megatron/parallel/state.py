@@ -2,6 +2,9 @@
 
 Sequence-parallel ranks exchange K/V every layer, so they are made neighbours (consecutive
 global ranks, hence on one node). Global rank = (pipe * data_size + data) * seq_size + seq.
+Hybrid attention splits the seq group once more (ulysses x ring, ulysses fastest): seq ranks
+[i * U, (i + 1) * U) form Ulysses group i (adjacent: one node under the launcher) and the seq
+ranks with the same seq % U form a ring across those groups.
 
 This module is also the `mpu` handed to DeepSpeed: it answers the `get_*` names DeepSpeed
 looks up. Before `initialize()` every accessor answers as a single process would (world 1,
@@ -22,6 +25,7 @@ class ParallelDims:
     pipeline: int = 1
     data: int = 1
     sequence: int = 1
+    ulysses: int = 1  # hybrid attention: ranks of one all-to-all group inside the seq group (divides sequence)
 
     @property
     def world_size(self) -> int:
@@ -74,12 +78,15 @@ def coord_of(dims: ParallelDims, rank: int) -> dict:
 def _group_lists(dims: ParallelDims) -> dict:
     """Every group of each kind, as lists of global ranks; all ranks create them in this order."""
     everyone = range(dims.world_size)
+    ulysses = dims.ulysses
     keys = {
         "seq": lambda c: (c["pipe"], c["data"]),
         "data": lambda c: (c["pipe"], c["seq"]),
         "pipe": lambda c: (c["data"], c["seq"]),
         "seq_data": lambda c: (c["pipe"],),
         "model": lambda c: (c["pipe"], c["data"], c["seq"]),  # tensor parallel degree is 1
+        "seq_ulysses": lambda c: (c["pipe"], c["data"], c["seq"] // ulysses),  # adjacent seq ranks
+        "seq_ring": lambda c: (c["pipe"], c["data"], c["seq"] % ulysses),  # one rank of each Ulysses group
     }
     lists = {}
     for name, key in keys.items():
@@ -90,8 +97,10 @@ def _group_lists(dims: ParallelDims) -> dict:
     return lists
 
 
-def initialize(pipeline: int = 1, sequence: int = 1, data: int | None = None, backend: str | None = None) -> ParallelDims:
-    """Creates the groups. Starts torch.distributed and deepspeed.comm (env:// rendezvous) if needed."""
+def initialize(pipeline: int = 1, sequence: int = 1, data: int | None = None, backend: str | None = None,
+               ulysses: int = 1) -> ParallelDims:
+    """Creates the groups. Starts torch.distributed and deepspeed.comm (env:// rendezvous) if needed.
+    `ulysses`: hybrid attention's all-to-all degree inside the seq group (1: no hybrid split)."""
     global _STATE
     import deepspeed
 
@@ -100,11 +109,19 @@ def initialize(pipeline: int = 1, sequence: int = 1, data: int | None = None, ba
     elif not deepspeed.comm.is_initialized():
         deepspeed.init_distributed(dist_backend=dist.get_backend())
     dims = resolve_dims(dist.get_world_size(), pipeline=pipeline, sequence=sequence, data=data)
+    if ulysses < 1 or sequence % ulysses:
+        raise ConfigError(f"ulysses size {ulysses} does not divide the sequence-parallel size {sequence}",
+                          "set --ulysses-size to a divisor of --sequence-parallel-size")
+    dims = ParallelDims(dims.pipeline, dims.data, dims.sequence, ulysses)
     rank = dist.get_rank()
-    ranks, handles = {}, {}
+    ranks, handles, made = {}, {}, {}
     for name, groups in _group_lists(dims).items():
         for members in groups:
-            handle = dist.new_group(members)
+            # a group with the members of one made before (the hybrid groups at ulysses 1 or =
+            # sequence) shares its handle: every rank skips the same creations
+            handle = made.get(tuple(members))
+            if handle is None:
+                handle = made[tuple(members)] = dist.new_group(members)
             if rank in members:
                 ranks[name], handles[name] = members, handle
     _STATE = _Groups(dims=dims, coord=coord_of(dims, rank), ranks=ranks, handles=handles)
@@ -151,6 +168,24 @@ def get_sequence_parallel_rank() -> int:
 
 def get_sequence_parallel_ranks() -> list:
     return list(_STATE.ranks["seq"]) if _STATE else [0]
+
+
+# Hybrid attention's split of the seq group: all-to-all inside a Ulysses group (adjacent seq
+# ranks), the ring across Ulysses groups (one rank of each). Single process: world 1, group None.
+def get_ulysses_parallel_group():
+    return _group("seq_ulysses")
+
+
+def get_ulysses_parallel_ranks() -> list:
+    return list(_STATE.ranks["seq_ulysses"]) if _STATE else [0]
+
+
+def get_ring_parallel_group():
+    return _group("seq_ring")
+
+
+def get_ring_parallel_ranks() -> list:
+    return list(_STATE.ranks["seq_ring"]) if _STATE else [0]
 
 
 # Data x seq: the ranks holding replicas of the same parameters (ZeRO shards over them).

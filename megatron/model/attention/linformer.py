@@ -58,6 +58,8 @@ def _length_error(built: int, got: int) -> ConfigError:
 
 @register("linformer")
 class LinformerAttention(AttentionCore):
+    accepts_tail_padding = False  # E and F span seq_length: padding would change the projections
+
     def __init__(self, config):
         super().__init__()
         self.group = state.get_sequence_parallel_group()

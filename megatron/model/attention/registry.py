@@ -20,12 +20,17 @@ class AttentionCore(nn.Module):
     # False where backward recomputes blocks exactly (ring, bigbird): the SDPA kernels take no
     # RNG state, so recomputation cannot replay dropout masks
     supports_attention_dropout = True
+    # True where a seq_length that SP does not divide may be padded at the tail to a multiple
+    # (BertBatch.sequence_chunk; padding is seen by nothing, so the result is exact); False where
+    # the padded length would change the math (linformer's projections span seq_length)
+    accepts_tail_padding = True
 
     @classmethod
     def check(cls, config, sequence_parallel_size: int) -> None:
-        if config.seq_length % sequence_parallel_size:
+        if config.seq_length % sequence_parallel_size and not cls.accepts_tail_padding:
             raise ConfigError(
-                f"seq_length {config.seq_length} is not divisible by the sequence-parallel size {sequence_parallel_size}",
+                f"seq_length {config.seq_length} is not divisible by the sequence-parallel size {sequence_parallel_size}"
+                f" ({cls.name} cannot pad it: padding would change its result)",
                 "choose --seq-length as a multiple of --sequence-parallel-size")
         if config.attention_dropout > 0 and not cls.supports_attention_dropout:
             raise ConfigError(

@@ -129,10 +129,11 @@ class _RingAttention(torch.autograd.Function):
 class RingAttention(AttentionCore):
     supports_attention_dropout = False
 
-    def __init__(self, config):
+    def __init__(self, config, group=None, ranks=None):
+        """`group`, `ranks`: the ranks of the ring (default: the seq group; hybrid's ring group)."""
         super().__init__()
-        self.group = state.get_sequence_parallel_group()
-        self.ring = _Ring(self.group, state.get_sequence_parallel_ranks())
+        self.group = state.get_sequence_parallel_group() if ranks is None else group
+        self.ring = _Ring(self.group, state.get_sequence_parallel_ranks() if ranks is None else ranks)
         self.scale = config.head_dim ** -0.5
 
     def forward(self, q, k, v, segment_ids):

@@ -43,7 +43,8 @@ class UlyssesAttention(AttentionCore):
             raise ConfigError(
                 f"ulysses needs num_attention_heads ({config.num_attention_heads}) divisible by the "
                 f"sequence-parallel size ({sequence_parallel_size})",
-                "choose a head count that is a multiple of --sequence-parallel-size, or attention 'ring'")
+                "choose a head count that is a multiple of --sequence-parallel-size, or attention 'hybrid' "
+                "(Ulysses inside groups of --ulysses-size ranks dividing the heads, a ring across them) or 'ring'")
 
     def forward(self, q, k, v, segment_ids):
         if self.size == 1:

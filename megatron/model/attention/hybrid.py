@@ -1,0 +1,83 @@
+"""`hybrid`: Ulysses all-to-all inside a group of adjacent seq ranks, the ring across those groups.
+
+The seq group of P = U x R ranks is split by megatron.parallel.state: Ulysses group i holds
+the adjacent seq ranks [i * U, (i + 1) * U) (one node under the launcher: the all-to-all runs
+on NVLink), and ring group u holds seq ranks u, u + U, u + 2U, ... (one rank per Ulysses
+group: only the ring crosses nodes).
+
+    q, k, v [b, s/P, heads, d]
+      -> all-to-all in the Ulysses group (DeepSpeed's _SeqAllToAll, as `ulysses`): scatter the
+         heads, gather the sequence: [b, s/R, heads/U, d], the contiguous tokens of all U ranks
+      -> the ring (ring.py's RingAttention, its LSE merge and recompute, unchanged) over the
+         ring group on that longer chunk, for heads/U heads
+      -> all-to-all back: [b, s/P, heads, d]
+
+Both all-to-alls are differentiable (backward is the reverse all-to-all), so backward is the
+ring's own backward between two all-to-alls. What a query may see stays data: the chunk's
+segment ids are all-gathered over the Ulysses group (b * s/R integers) and then handed to the
+ring, which gathers them over its group as usual. U = 1 is the ring, U = P is Ulysses; any P
+works as long as U divides the heads (P = 6 with 4 heads: U = 2, R = 3).
+
+Bytes sent per rank per layer (benchmarks/comm_model.py, RESULTS.md): the all-to-alls move
+4 x b s h / P x (U - 1) / U elements each way, the ring (R - 1) K/V chunks of 2 x b s h / P.
+"""
+import torch
+
+from megatron.errors import ConfigError
+from megatron.model.attention.masks import gather_chunks
+from megatron.model.attention.registry import AttentionCore, register
+from megatron.model.attention.ring import RingAttention
+from megatron.parallel import state
+
+NODE_SIZE = 8  # the default Ulysses degree is at most one node of 8 GPUs
+
+
+def ulysses_degree(ulysses_size: int | None, num_attention_heads: int, sequence_parallel_size: int) -> int:
+    """ulysses_size, else the largest divisor of the SP size that divides the heads and is at most
+    NODE_SIZE (the all-to-all stays inside a node)."""
+    if ulysses_size is not None:
+        return ulysses_size
+    return max(u for u in range(1, min(NODE_SIZE, max(sequence_parallel_size, 1)) + 1)
+               if sequence_parallel_size % u == 0 and num_attention_heads % u == 0)
+
+
+@register("hybrid")
+class HybridAttention(AttentionCore):
+    supports_attention_dropout = False  # the ring recomputes its blocks in backward
+
+    def __init__(self, config):
+        super().__init__()
+        size = state.get_sequence_parallel_world_size()
+        self.ulysses_size = ulysses_degree(config.ulysses_size, config.num_attention_heads, size)
+        self.ulysses_group = state.get_ulysses_parallel_group()
+        built = len(state.get_ulysses_parallel_ranks())
+        if built != self.ulysses_size:
+            raise ConfigError(f"hybrid attention wants ulysses_size {self.ulysses_size} but the process groups were "
+                              f"made with {built}", "pass ulysses=config.model.ulysses_size to "
+                              "megatron.parallel.state.initialize (engine.initialize_parallel does)")
+        self.ring = RingAttention(config, state.get_ring_parallel_group(), state.get_ring_parallel_ranks())
+
+    @classmethod
+    def check(cls, config, sequence_parallel_size):
+        super().check(config, sequence_parallel_size)
+        heads = config.num_attention_heads
+        ulysses = ulysses_degree(config.ulysses_size, heads, sequence_parallel_size)
+        if ulysses < 1 or sequence_parallel_size % ulysses:
+            raise ConfigError(f"ulysses_size {ulysses} does not divide the sequence-parallel size "
+                              f"{sequence_parallel_size}", "set ulysses_size (--ulysses-size) to a divisor of size")
+        if heads % ulysses:
+            raise ConfigError(f"hybrid needs num_attention_heads ({heads}) divisible by ulysses_size ({ulysses})",
+                              "set ulysses_size (--ulysses-size) to a divisor of the head count")
+
+    def forward(self, q, k, v, segment_ids):
+        # q, k, v [b, s/P, heads, d]; segment_ids [b, s/P]
+        if self.ulysses_size == 1:
+            return self.ring(q, k, v, segment_ids)
+        from deepspeed.sequence.layer import _SeqAllToAll
+
+        group, batch_dim = self.ulysses_group, 0
+        # scatter heads (dim 2), gather sequence (dim 1): [b, s/R, heads/U, d]
+        q, k, v = (_SeqAllToAll.apply(group, x, 2, 1, batch_dim) for x in (q, k, v))
+        segment_ids = torch.cat(gather_chunks(segment_ids, group, self.ulysses_size), dim=1)  # [b, s/R]
+        out = self.ring(q, k, v, segment_ids)
+        return _SeqAllToAll.apply(group, out, 1, 2, batch_dim)  # back to [b, s/P, heads, d]
