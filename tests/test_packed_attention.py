@@ -14,6 +14,7 @@ The engine paths (PP x SP, ZeRO 0-3) train on packed micro-batches in test_deeps
 import collections
 import functools
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from bert_fixtures import (PACKED_LAYOUTS, naive_masked_attention, packed_batch, segment_allowed, small_config,
                            small_model)
 from megatron.model import attention
-from megatron.model.attention import blocks
+from megatron.model.attention import blocks, masks
 from megatron.model.attention.bigbird import BigBirdAttention, block_pattern
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
@@ -41,7 +42,14 @@ def core_inputs():
 
 
 def core_chunk(variant: str, size: int):
-    """This rank's attention output and q/k/v gradients (float32) for its chunk."""
+    """This rank's attention output and q/k/v gradients (float32) for its chunk. "ring tiles":
+    the ring with tiles of 5 query rows, which cut through segments and chunks alike."""
+    if variant == "ring tiles":
+        masks.ROWS_PER_TILE, default = 5, masks.ROWS_PER_TILE
+        try:
+            return core_chunk("ring", size)
+        finally:
+            masks.ROWS_PER_TILE = default
     core = attention.build(small_config(variant, seq_length=S, hidden_size=HEADS * D, num_attention_heads=HEADS,
                                         **OPTIONS[variant]))
     if isinstance(core, BigBirdAttention):
@@ -56,7 +64,7 @@ def core_chunk(variant: str, size: int):
 
 def core_reference(variant: str):
     q, k, v, grad_out, segment_ids = core_inputs()
-    allowed = segment_allowed(segment_ids)
+    allowed = segment_allowed(segment_ids)  # the ring's tiles compute the same math
     if variant == "bigbird":  # and only the blocks of the pattern
         block = OPTIONS["bigbird"]["bigbird_block_size"]
         slots, valid = block_pattern(S // block, 3, 2, 0, ITERATION, LAYER)
@@ -143,7 +151,7 @@ def rank_checks(size: int) -> dict:
     """Everything one rank of an SP = size run reports (one spawn per size: start-up dominates)."""
     state.initialize(sequence=size)
     aligned = torch.arange(S).div(S // size, rounding_mode="floor")[None] + 1  # one segment per chunk
-    return {"core": {variant: core_chunk(variant, size) for variant in ("ring", "ulysses", "bigbird")},
+    return {"core": {variant: core_chunk(variant, size) for variant in ("ring", "ring tiles", "ulysses", "bigbird")},
             "model": {variant: model_chunk(variant, size) for variant in ("ring", "ulysses", "bigbird")},
             "calls": {"aligned": ring_kernel_calls(aligned), "one segment": ring_kernel_calls(torch.ones(1, S).long()),
                       "half padding": ring_kernel_calls((torch.arange(S) < S // 2).long()[None])}}
@@ -166,12 +174,12 @@ def assert_close(label, got, want):
     assert diff <= REL_TOL, f"{label}: max relative diff {diff:.2e}"
 
 
-@pytest.mark.parametrize("variant,size", [("dense", 1), ("ring", 1), ("ulysses", 1), ("bigbird", 1),
-                                          ("ring", 2), ("ulysses", 2), ("bigbird", 2),
-                                          ("ring", 4), ("ulysses", 4), ("bigbird", 4)])
+@pytest.mark.parametrize("variant,size", [("dense", 1), ("ring", 1), ("ring tiles", 1), ("ulysses", 1), ("bigbird", 1),
+                                          ("ring", 2), ("ring tiles", 2), ("ulysses", 2), ("bigbird", 2),
+                                          ("ring", 4), ("ring tiles", 4), ("ulysses", 4), ("bigbird", 4)])
 def test_core_sees_only_its_own_segment(variant, size):
     chunks = results(size, "core", variant)
-    expected = core_reference(variant)
+    expected = core_reference(variant.split()[0])
     for name, got, want in zip(("out", "dq", "dk", "dv"), (torch.cat(c, dim=1) for c in zip(*chunks)), expected):
         assert_close(f"{variant} sp={size} {name}", got, want)
     padding = core_inputs()[-1] == 0
@@ -220,3 +228,37 @@ def test_ring_skips_blocks_without_a_shared_segment(size):
         real_chunks = size // 2  # half padding: the first P/2 chunks attend to each other only
         expected = (real_chunks, real_chunks) if rank < real_chunks else (0, 0)
         assert calls["half padding"] == expected, f"rank {rank}: {calls['half padding']}"
+
+
+def rectangles(tiles, s_q, s_k):
+    covered = torch.zeros(s_q, s_k, dtype=torch.int64)
+    for tile in tiles:
+        covered[tile.q_start:tile.q_stop, tile.k_start:tile.k_stop] += 1
+    return covered
+
+
+@pytest.mark.parametrize("size,rows", [(1, 5), (1, 512), (2, 7), (4, 3)])
+def test_tiles_cover_every_pair_that_may_attend(size, rows):
+    """Across all (query chunk, key chunk) pairs of PACKED_LAYOUTS: the tiles' rectangles hold every
+    query-key pair of a shared segment, never overlap, and leave out the pairs no sample needs."""
+    segment_ids = packed_batch()[0].segment_ids
+    step = S // size
+    for r in range(size):
+        for c in range(size):
+            q, k = segment_ids[:, r * step:(r + 1) * step], segment_ids[:, c * step:(c + 1) * step]
+            covered = rectangles(masks.tile_plan(q.numpy(), k.numpy(), rows), step, step)
+            needed = ((q[:, :, None] == k[:, None, :]) & (k[:, None, :] != 0)).any(0)
+            assert covered.max() <= 1, f"chunks {r}, {c}: overlapping tiles"
+            assert not (needed & (covered == 0)).any(), f"chunks {r}, {c}: a pair that may attend is not computed"
+            if not needed.any():
+                assert covered.sum() == 0, f"chunks {r}, {c}: a block without a shared segment is computed"
+
+
+def test_tiles_of_packed_segments_cost_their_squares():
+    """16 segments of 16 tokens in 256: tiles of 16 rows cost 16 x 16^2 scores instead of 256^2."""
+    segment_ids = (torch.arange(256) // 16 + 1)[None].numpy()
+    tiles = masks.tile_plan(segment_ids, segment_ids, 16)
+    assert len(tiles) == 16 and all(t.kind == "single" for t in tiles)
+    assert int(rectangles(tiles, 256, 256).sum()) == 16 * 16 ** 2
+    unpacked = masks.tile_plan(np.ones((1, 256), dtype=np.int64), np.ones((1, 256), dtype=np.int64), 16)
+    assert unpacked == [masks.Tile(0, 256, 0, 256, "single")], "one segment: one tile, no cutting"

@@ -13,9 +13,15 @@ decided on the host before any kernel runs:
 The decision uses each side's (min, max) segment id per sample. Segments are contiguous runs
 with increasing ids, so the ids a side holds are exactly that range and two sides share a
 segment iff the ranges overlap (for any other layout the test only skips less, never wrongly).
+
+The ring goes further (`tile_plan`): a block is cut into tiles of query rows, and each tile is
+cropped to the rows and key columns that can see anything, so a packed block costs about the
+sum of its segments' squares instead of s_q x s_k (what varlen kernels do on a GPU): the block
+of two neighbouring chunks shrinks to the one segment that straddles them.
 """
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -59,6 +65,57 @@ def block_mask(q_segments, k_segments, kind: str) -> BlockMask:
         return BlockMask(key_real, blind)
     allowed = (q_segments[:, None, :, None] == k_segments[:, None, None, :]) & key_real
     return BlockMask(allowed, ~allowed[:, 0].any(-1))
+
+
+class Tile(NamedTuple):
+    """Query rows [q_start, q_stop) against key columns [k_start, k_stop) of a block, and its kind."""
+    q_start: int
+    q_stop: int
+    k_start: int
+    k_stop: int
+    kind: str  # "single" or "mixed"
+
+
+ROWS_PER_TILE = 512  # query rows per tile of a mixed block: tighter crops vs more kernel calls
+
+
+def tile_plan(q_segments: np.ndarray, k_segments: np.ndarray, rows: int | None = None) -> list:
+    """The tiles to compute for a query chunk [b, s_q] against a key block [b, s_k] (segment ids
+    on the host); [] when no query shares a segment with any key (the block is skipped). A
+    single-segment block is one tile, a mixed one a tile per `rows` query rows; every tile is
+    cropped to its rows that see a key and the keys they see, over all samples of the batch."""
+    rows = rows or ROWS_PER_TILE
+    whole = _crop(q_segments, k_segments, 0, q_segments.shape[1])
+    if whole is None or whole.kind == "single":
+        return [] if whole is None else [whole]
+    tiles = (_crop(q_segments, k_segments, start, min(start + rows, whole.q_stop))
+             for start in range(whole.q_start, whole.q_stop, rows))
+    return [tile for tile in tiles if tile is not None]
+
+
+def _crop(q_segments, k_segments, start: int, stop: int):
+    """The Tile of query rows [start, stop), cropped; None when they see no key."""
+    q = q_segments[:, start:stop]
+    low, high = _id_range(q)  # [b]: the ids these rows hold, exactly (segments are contiguous)
+    seen = (k_segments >= low[:, None]) & (k_segments <= high[:, None]) & (k_segments != PAD_SEGMENT)
+    columns = np.flatnonzero(seen.any(0))
+    if not len(columns):
+        return None
+    k_start, k_stop = int(columns[0]), int(columns[-1]) + 1
+    k_low, k_high = _id_range(np.where(seen, k_segments, PAD_SEGMENT)[:, k_start:k_stop])
+    seeing = (q >= k_low[:, None]) & (q <= k_high[:, None]) & (q != PAD_SEGMENT)
+    rows = np.flatnonzero(seeing.any(0))
+    q_start, q_stop = start + int(rows[0]), start + int(rows[-1]) + 1
+    ids = np.concatenate([q_segments[:, q_start:q_stop], k_segments[:, k_start:k_stop]], 1)
+    low, high = _id_range(ids)
+    single = bool(((low == high) | (high == PAD_SEGMENT)).all())
+    return Tile(q_start, q_stop, k_start, k_stop, "single" if single else "mixed")
+
+
+def _id_range(segment_ids: np.ndarray) -> tuple:
+    """[b, n] -> per sample (min, max) of the non-padding ids; (_NONE, PAD_SEGMENT) for none."""
+    real = segment_ids != PAD_SEGMENT
+    return np.where(real, segment_ids, _NONE).min(1), np.where(real, segment_ids, PAD_SEGMENT).max(1)
 
 
 def segment_mask(q_segments, k_segments) -> BlockMask:
