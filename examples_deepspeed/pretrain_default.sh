@@ -17,7 +17,8 @@ elif [ "$gpus" -eq 1 ]; then
     ranks=1 sp=(--sequence-parallel-size 1)  # NCCL needs a GPU per rank: one GPU, the whole sequence
     echo "pretrain_default.sh: one GPU found: training on it with sequence-parallel size 1 (2 GPUs give SP=2)"
 fi
-exec .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
+source examples_deepspeed/launcher_group.sh  # SIGTERM / Ctrl-C stop every rank (a final checkpoint is saved)
+run_launcher .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
     --deepspeed --deepspeed_config ds_configs/ring_sp2.json "${sp[@]}" \
     --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --max-position-embeddings 512 \
     --train-iters 300 --lr 5e-4 --lr-warmup-fraction 0.05 \

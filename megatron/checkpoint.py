@@ -184,6 +184,9 @@ def rng_states() -> dict:
 
 def latest_tag(load_dir: str) -> str:
     path = os.path.join(load_dir, LATEST)
+    if os.path.isfile(load_dir):
+        raise ConfigError(f"{load_dir} is a file, not a checkpoint directory",
+                          "point --load at the directory a run wrote with --save")
     if not os.path.isfile(path):
         raise ConfigError(f"no checkpoint in {load_dir} (missing '{LATEST}')", "point --load at a directory written by --save")
     with open(path) as file:

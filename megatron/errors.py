@@ -43,6 +43,13 @@ def run_tool(prog: str, main) -> int:
     except ConfigError as error:
         print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         return 2
+    except OSError as error:  # a path the tool reads or writes: permissions, a folder for a file, space
+        if not error.filename:
+            raise
+        names = " -> ".join(str(name) for name in (error.filename, error.filename2) if name)
+        print(f"{prog}: error: cannot use {names} ({error.strerror or error}); check the path, its permissions "
+              "and free space", file=sys.stderr, flush=True)
+        return 2
     except KeyboardInterrupt as error:
         signum = getattr(error, "signum", signal.SIGINT)
         print(f"{prog}: error: interrupted by {signal.Signals(signum).name}, partial output removed; "

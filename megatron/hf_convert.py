@@ -121,7 +121,8 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file, lower_ca
     temporary sibling folder renamed at the end, so a failure leaves nothing half-written."""
     output = Path(output)
     if output.exists():
-        raise ConfigError(f"output folder {output} already exists", "choose a new output folder or remove it")
+        what = "a file" if Path(output).is_file() else "an existing folder"
+        raise ConfigError(f"output {output} is {what}", "choose a new output folder (it is created) or remove it")
     vocab = Path(vocab_file).read_text(encoding="utf-8").splitlines()
     if len(vocab) != config.vocab_size:
         raise ConfigError(f"vocab file {vocab_file} has {len(vocab)} tokens, the model's vocab_size is "
@@ -148,6 +149,9 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file, lower_ca
 
 def read_hf_config(folder) -> dict:
     path = Path(folder) / "config.json"
+    if Path(folder).is_file():
+        raise ConfigError(f"{folder} is a file, not a Hugging Face model folder",
+                          "point at the folder holding config.json and the weights")
     if not path.is_file():
         raise ConfigError(f"{path} does not exist", "point at a Hugging Face model folder (config.json + weights)")
     try:

@@ -142,10 +142,16 @@ def read_metrics(path) -> list:
     fields its kind needs, is a ConfigError naming the line. A torn record (the start of a JSON
     object cut off by a killed run, which a resumed run appends after) is skipped with a warning."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory", f"pass the metrics.jsonl file, e.g. {path / 'metrics.jsonl'}")
     if not path.is_file():
         raise ConfigError(f"{path} does not exist", METRICS_FIX)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text (a binary file?)", METRICS_FIX) from None
     records, torn = [], []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

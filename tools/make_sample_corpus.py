@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from megatron.data.sample_corpus import DEFAULT_PACKAGES, write_corpus
-from megatron.errors import run_tool
+from megatron.errors import ConfigError, run_tool
 
 
 def main(argv=None):
@@ -18,6 +18,15 @@ def main(argv=None):
                         help="installed packages whose docstrings follow the standard library's")
     args = parser.parse_args(argv)
     output = Path(args.output)
+    if output.is_dir():
+        raise ConfigError(f"--output {output} is a directory", f"pass a file path, e.g. --output {output / 'corpus.json'}")
+    if args.max_mb <= 0:
+        raise ConfigError(f"--max-mb {args.max_mb} is not positive", "pass the corpus size in MB, e.g. --max-mb 4")
+    folder = output.parent.absolute()
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"--output {output} lies under {folder}, which is a file", "pass a path inside a directory")
     output.parent.mkdir(parents=True, exist_ok=True)
     count, written = write_corpus(output, int(args.max_mb * 2**20), tuple(args.packages))
     print(f"wrote {count} documents, {written / 2**20:.2f} MB to {output}")
