@@ -162,6 +162,7 @@ class StepResult:
     mlm: float | None  # its MLM and SOP parts (None in a pipeline: only the total leaves the engine)
     sop: float | None
     grad_norm: float | None
+    mlm_accuracy: float | None = None  # masked tokens predicted right (None in a pipeline, as mlm)
     real_token_share: float = 1.0  # non-padding tokens / tokens of this data rank's micro-batches
     segments_per_sample: float = 1.0  # packed samples hold several
 
@@ -186,17 +187,17 @@ def train_step(engine, micro_batches: list) -> StepResult:
     chunks = _chunks(micro_batches)
     if state.get_pipe_parallel_world_size() > 1:
         share = engine.train_batch(data_iter=iter([_pipeline_item(chunk) for chunk in chunks])).detach().clone()
-        loss, mlm, sop = _whole(share.reshape(1), average_data=False).item(), None, None  # DeepSpeed averaged data
+        loss, mlm, sop, accuracy = _whole(share.reshape(1), average_data=False).item(), None, None, None
     else:
-        parts = torch.zeros(3)
+        parts = torch.zeros(4)
         for chunk in chunks:
             loss = bert_batch_loss(*engine(*chunk.model_inputs()), chunk)
             engine.backward(loss.total)
             engine.step()
-            parts += torch.stack([loss.total.detach(), loss.mlm, loss.sop]).float().cpu()
-        loss, mlm, sop = _whole(parts / len(chunks), average_data=True).tolist()
+            parts += torch.stack([loss.total.detach(), loss.mlm, loss.sop, loss.mlm_accuracy]).float().cpu()
+        loss, mlm, sop, accuracy = _whole(parts / len(chunks), average_data=True).tolist()
     norm = engine.get_global_grad_norm()
-    return StepResult(loss=loss, mlm=mlm, sop=sop, grad_norm=None if norm is None else float(norm),
+    return StepResult(loss=loss, mlm=mlm, sop=sop, grad_norm=None if norm is None else float(norm), mlm_accuracy=accuracy,
                       real_token_share=sum(b.real_token_share() for b in micro_batches) / len(micro_batches),
                       segments_per_sample=sum(b.segments_per_sample() for b in micro_batches) / len(micro_batches))
 

@@ -79,6 +79,7 @@ class RunLog:
             "kind": "train", "iteration": iteration, "consumed_samples": consumed, "time": time.time(),
             "lr": engine.get_lr()[0], "loss": mean([r.loss for r in window]),
             "mlm_loss": mean([r.mlm for r in window]), "sop_loss": mean([r.sop for r in window]),
+            "mlm_accuracy": mean([r.mlm_accuracy for r in window]),
             "grad_norm": window[-1].grad_norm, "loss_scale": loss_scale,
             "tokens_per_s": self.tokens_per_step * len(window) / elapsed,
             "real_token_share": mean([r.real_token_share for r in window]),
@@ -88,7 +89,8 @@ class RunLog:
         }
         parts = [f"iteration {iteration}/{self.train_iters}", f"consumed samples {consumed}",
                  f"lr {record['lr']:.3e}", f"loss {record['loss']:.4f}"]
-        parts += [f"{name} {record[key]:.4f}" for name, key in (("mlm", "mlm_loss"), ("sop", "sop_loss"),
+        parts += [f"{name} {record[key]:.4f}" for name, key in (("mlm", "mlm_loss"), ("mlm acc", "mlm_accuracy"),
+                                                                ("sop", "sop_loss"),
                                                                 ("grad norm", "grad_norm"), ("loss scale", "loss_scale"))
                   if record[key] is not None]
         record["real_tokens_per_s"] = record["tokens_per_s"] * record["real_token_share"]

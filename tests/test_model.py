@@ -6,7 +6,7 @@ import torch
 
 from bert_fixtures import padded_batch, small_config, small_model
 from megatron.errors import ConfigError
-from megatron.model.loss import bert_batch_loss
+from megatron.model.loss import bert_batch_loss, bert_loss
 from megatron.model.bert import BertConfig
 
 
@@ -101,3 +101,10 @@ def test_layernorm_uses_apex_only_on_cuda_when_installed(monkeypatch):
     assert type(layer_norm(8, 1e-5)) is fake.FusedLayerNorm
     monkeypatch.setitem(sys.modules, "apex.normalization", None)  # PyPI's unrelated `apex`
     assert type(layer_norm(8, 1e-5)) is torch.nn.LayerNorm
+
+
+def test_mlm_accuracy_is_the_share_of_masked_tokens_predicted():
+    """Shares of the accuracy, like those of the loss, sum over chunks to the whole-sequence value."""
+    logits = torch.randn(10, 16, generator=torch.Generator().manual_seed(0))
+    labels = (logits.argmax(-1) + torch.tensor([0, 0, 0] + [1] * 7)) % 16  # the first 3 predicted right
+    assert bert_loss(logits, labels).mlm_accuracy.item() == pytest.approx(0.3)

@@ -258,7 +258,7 @@ def test_tiles_of_packed_segments_cost_their_squares():
     """16 segments of 16 tokens in 256: tiles of 16 rows cost 16 x 16^2 scores instead of 256^2."""
     segment_ids = (torch.arange(256) // 16 + 1)[None].numpy()
     tiles = masks.tile_plan(segment_ids, segment_ids, 16)
-    assert len(tiles) == 16 and all(t.kind == "single" for t in tiles)
+    assert len(tiles) == 16 and all(t.kind == "full" for t in tiles)  # one segment, no padding: unmasked
     assert int(rectangles(tiles, 256, 256).sum()) == 16 * 16 ** 2
     unpacked = masks.tile_plan(np.ones((1, 256), dtype=np.int64), np.ones((1, 256), dtype=np.int64), 16)
-    assert unpacked == [masks.Tile(0, 256, 0, 256, "single")], "one segment: one tile, no cutting"
+    assert unpacked == [masks.Tile(0, 256, 0, 256, "full")], "one segment: one tile, no cutting"

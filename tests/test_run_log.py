@@ -44,7 +44,7 @@ def write_run_log(log_dir: Path, stdout: io.StringIO, monkeypatch, steps=4, inte
     engine = SimpleNamespace(fp16_enabled=lambda: False, get_lr=lambda: [1e-3])
     for iteration in range(1, steps + 1):
         loss = 10.0 - iteration
-        result = SimpleNamespace(loss=loss, mlm=loss - 0.75, sop=0.75, grad_norm=1.5,
+        result = SimpleNamespace(loss=loss, mlm=loss - 0.75, sop=0.75, grad_norm=1.5, mlm_accuracy=0.125 * iteration,
                                  real_token_share=0.25 * (iteration % 2 + 1), segments_per_sample=iteration)
         log.step(iteration, 4 * iteration, result, engine, seconds=0.5)
     log.message("saved checkpoint ckpt/iter_0000004")
@@ -62,7 +62,7 @@ def test_plain_lines_when_stdout_is_not_a_terminal(tmp_path, monkeypatch):
     lines = text.splitlines()
     # 2 steps of 4 samples x 48 tokens in 1 s: 384 tokens/s, of which a mean 0.375 are real
     assert lines[0].startswith("iteration 2/4 | consumed samples 8 | lr 1.000e-03 | loss 8.5000 | mlm 7.7500 | "
-                               "sop 0.7500 | grad norm 1.5000 | real tokens 0.38 | segments/sample 1.5 | "
+                               "mlm acc 0.1875 | sop 0.7500 | grad norm 1.5000 | real tokens 0.38 | segments/sample 1.5 | "
                                "tokens/s 384 (real 144) | TFLOP/s/rank "), lines[0]
     assert lines[1].startswith("iteration 4/4 | consumed samples 16 | lr 1.000e-03 | loss 6.5000 | "), lines[1]
     assert " MiB" in lines[0] and "loss scale" not in lines[0]  # fp32: no loss scale
@@ -74,7 +74,7 @@ def test_plain_lines_when_stdout_is_not_a_terminal(tmp_path, monkeypatch):
         ("train", 2, 8.5), ("train", 4, 6.5), ("validation", 4, 6.5), ("test", 4, 6.25)]
     assert set(records[0]) == {"kind", "iteration", "consumed_samples", "time", "lr", "loss", "mlm_loss", "sop_loss",
                                "grad_norm", "loss_scale", "tokens_per_s", "tflops_per_rank", "peak_memory_mib",
-                               "real_token_share", "segments_per_sample", "real_tokens_per_s"}
+                               "real_token_share", "segments_per_sample", "real_tokens_per_s", "mlm_accuracy"}
 
 
 def test_progress_bar_when_stdout_is_a_terminal(tmp_path, monkeypatch):

@@ -19,7 +19,8 @@ from megatron.parallel import state
 class BertLoss(NamedTuple):
     total: torch.Tensor  # this rank's share: backward on it
     mlm: torch.Tensor  # this rank's share of the MLM loss (detached)
-    sop: torch.Tensor  # the SOP loss where [CLS] lives, else 0 (detached)
+    sop: torch.Tensor  # this rank's share of the SOP loss (detached)
+    mlm_accuracy: torch.Tensor  # this rank's share of the fraction of masked tokens predicted right
 
 
 def sequence_counts(mlm_labels, sop_labels) -> torch.Tensor:
@@ -69,7 +70,8 @@ def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None) -> BertL
     if sop_logits is not None:
         sop = SummedCrossEntropy.apply(sop_logits, sop_labels) / counts[1]
     total = mlm + sop
-    return BertLoss(total=total, mlm=mlm.detach(), sop=sop.detach())
+    correct = (mlm_logits.detach().argmax(-1) == mlm_labels).sum() / counts[0]
+    return BertLoss(total=total, mlm=mlm.detach(), sop=sop.detach(), mlm_accuracy=correct)
 
 
 def bert_batch_loss(mlm_logits, sop_logits, batch) -> BertLoss:
