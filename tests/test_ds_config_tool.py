@@ -95,3 +95,20 @@ def test_command_line_error_is_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.splitlines() == [f"ds_config.py: error: DeepSpeed config {tmp_path / 'no.json'} does not "
                                           "exist; pass an existing JSON file to --deepspeed_config"]
+
+
+@pytest.mark.parametrize("assignment,message", [
+    ("sequence_parallel.ulysses_size=3", "ulysses_size 3 does not divide the sequence-parallel size 4"),
+    ("sequence_parallel.ulysses_size=true", "sequence_parallel.ulysses_size = True is not an integer"),
+    ("sequence_parallel.attention=ring", "sequence_parallel.ulysses_size 2 is set but attention is 'ring'"),
+])
+def test_hybrid_keys_are_validated(capsys, tmp_path, assignment, message):
+    """ulysses_size divides size, the heads divide by it, and it belongs to hybrid only (issue 15)."""
+    hybrid = ROOT / "ds_configs" / "hybrid_sp4.json"
+    code, out, _ = run(capsys, "validate", hybrid, "--world-size", 8, "--num-attention-heads", 4, "--hidden-size", 64)
+    assert code == 0 and "attention hybrid (Ulysses 2 adjacent ranks x ring 2)" in out and "data 2" in out
+    code, _, err = run(capsys, "validate", hybrid, "--world-size", 4, "--num-attention-heads", 3, "--hidden-size", 63)
+    assert code == 2 and "hybrid needs num_attention_heads (3) divisible by ulysses_size (2)" in err
+    code, _, err = run(capsys, "set", hybrid, assignment, "-o", tmp_path / "out.json", "--world-size", 4)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out.json").exists()

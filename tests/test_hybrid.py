@@ -13,6 +13,9 @@ Through the engine: ZeRO 2 x hybrid SP=4 and PP=2 x hybrid (world 4), PP=2 x hyb
 8, slow); through the real `deepspeed` launcher once (4 ranks, a seq length padded to 4).
 """
 import functools
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -185,3 +188,64 @@ def test_hybrid_config_from_json_and_flags():
     assert config.model.ulysses_size == 1  # the flag wins
     config = resolve(flags, {"sequence_parallel": {"size": 6, "attention": "hybrid"}}, 6)
     assert config.model.ulysses_size == 2  # default: the largest divisor of 6 and the 4 heads
+
+
+def hybrid_engine_runs(runs: list) -> list:
+    """test_deepspeed_engine's runs (argument tuples) with attention 'hybrid' at ulysses_size 2."""
+    import test_deepspeed_engine
+
+    test_deepspeed_engine.ATTENTION_OPTIONS["hybrid"] = {"ulysses_size": ULYSSES}
+    return test_deepspeed_engine.deepspeed_runs(runs)
+
+
+def test_hybrid_through_the_engine_zero2_and_pipeline():
+    """World 4: ZeRO 2 x hybrid SP=4 (2 x 2), gradients before clipping and 3 AdamW steps; and a
+    2-stage pipeline x hybrid SP=2 (ZeRO 1). Padded and packed micro-batches; the reference is
+    one process (ring at SP=1 is exact attention)."""
+    from test_deepspeed_engine import NO_CLIP, check_against_reference, reference_run
+
+    runs = [(1, 2, 2, 2, 4, "hybrid", 0, None, False, NO_CLIP), (2, 2, 2, 1, 2, "hybrid")]
+    per_rank = run_on_ranks(hybrid_engine_runs, 4, runs, timeout=420)
+    zero2 = [results[0] for results in per_rank]
+    expected = reference_run(2, "ring", clip=NO_CLIP)
+    for rank, result in enumerate(zero2):
+        diff = max_relative_diff(result["grads"], expected["grads"])
+        assert diff <= REL_TOL, f"zero2 hybrid sp4 rank {rank}: gradients before clipping differ by {diff:.2e}"
+        assert result["grad_norms"] == pytest.approx(expected["grad_norms"], rel=REL_TOL)
+    check_against_reference(zero2, micro=2, label="zero2 hybrid sp4 (2x2)", expected=expected)
+    check_against_reference([results[1] for results in per_rank], micro=2, label="pp2 hybrid sp2 zero1")
+
+
+@pytest.mark.slow
+def test_hybrid_pipeline_world_8():
+    """pp=2 x hybrid sp=4 (2 x 2), ZeRO 1 (world 8): every group split at once."""
+    results = run_on_ranks(hybrid_engine_runs, 8, [(2, 2, 2, 1, 4, "hybrid")], timeout=600)
+    from test_deepspeed_engine import check_against_reference
+
+    check_against_reference([r[0] for r in results], micro=2, label="pp2 hybrid sp4 (2x2) zero1")
+
+
+def test_hybrid_through_the_real_launcher(tmp_path):
+    """`deepspeed --num_gpus 4` (CPU ranks over gloo) with ds_configs/hybrid_sp4.json and 126
+    tokens per sample (padded to 128 for SP=4): two steps train and the resolved layout is 2 x 2."""
+    from megatron.data.default_dataset import prepare_default_dataset
+    from megatron.parallel.spawn import free_port
+    from test_training import PYTHON, TINY
+
+    data_dir = tmp_path / "data"
+    prepare_default_dataset(data_dir)
+    command = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "4", "--master_port", str(free_port()),
+               str(ROOT / "pretrain_bert.py"), *TINY, "--seq-length", "126", "--deepspeed", "--deepspeed_config",
+               str(ROOT / "ds_configs" / "hybrid_sp4.json"), "--train-iters", "2", "--log-interval", "1",
+               "--eval-iters", "1", "--default-data-dir", str(data_dir), "--log-dir", str(tmp_path / "log")]
+    result = subprocess.run(command, cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True,
+                            text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "iteration 2/2" in result.stdout
+    line = next(line for line in result.stdout.splitlines() if line.startswith("resolved config: "))
+    config = json.loads(line.removeprefix("resolved config: "))
+    assert (config["sequence_parallel_size"], config["model"]["attention"], config["model"]["ulysses_size"],
+            config["model"]["seq_length"]) == (4, "hybrid", 2, 126)
+    records = [json.loads(r) for r in (tmp_path / "log" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert len(losses) == 2 and all(loss == loss and loss > 0 for loss in losses)

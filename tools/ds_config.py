@@ -133,10 +133,18 @@ def validate(args) -> int:
           f"x data {config['data_parallel_size']} x sequence {config['sequence_parallel_size']}, global batch "
           f"{config['global_batch_size']} = micro {config['micro_batch_size']} x grad-acc "
           f"{config['gradient_accumulation_steps']} x data {config['data_parallel_size']}, "
-          f"attention {config['model']['attention']}, ZeRO stage {config['zero_stage']}"
+          f"attention {config['model']['attention']}{_hybrid_layout(config)}, ZeRO stage {config['zero_stage']}"
           + (f", packed samples (segments of up to {config['model']['max_segment_length']} tokens)"
              if config["pack_samples"] else ""))
     return 0
+
+
+def _hybrid_layout(config: dict) -> str:
+    """' (Ulysses 2 x ring 2)' for hybrid attention: the all-to-all groups of adjacent ranks x the ring."""
+    if config["model"]["attention"] != "hybrid":
+        return ""
+    ulysses = config["model"]["ulysses_size"]
+    return f" (Ulysses {ulysses} adjacent ranks x ring {config['sequence_parallel_size'] // ulysses})"
 
 
 def diff(args) -> int:

@@ -48,7 +48,8 @@ class HybridAttention(AttentionCore):
     def __init__(self, config):
         super().__init__()
         size = state.get_sequence_parallel_world_size()
-        self.ulysses_size = ulysses_degree(config.ulysses_size, config.num_attention_heads, size)
+        # one process (a reference, a checkpoint converter): plain attention, whatever ulysses_size says
+        self.ulysses_size = ulysses_degree(config.ulysses_size, config.num_attention_heads, size) if size > 1 else 1
         self.ulysses_group = state.get_ulysses_parallel_group()
         built = len(state.get_ulysses_parallel_ranks())
         if built != self.ulysses_size:
@@ -60,6 +61,8 @@ class HybridAttention(AttentionCore):
     @classmethod
     def check(cls, config, sequence_parallel_size):
         super().check(config, sequence_parallel_size)
+        if sequence_parallel_size == 1:
+            return
         heads = config.num_attention_heads
         ulysses = ulysses_degree(config.ulysses_size, heads, sequence_parallel_size)
         if ulysses < 1 or sequence_parallel_size % ulysses:
