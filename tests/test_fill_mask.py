@@ -1,0 +1,57 @@
+"""tools/fill_mask.py: the predictions it prints are the model's own for the [MASK] positions."""
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from bert_fixtures import small_config, small_model
+from megatron.hf_convert import save_weights_only_checkpoint
+from test_hf_convert import write_vocab_file
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "fill_mask.py"
+
+
+def run_tool(*args):
+    return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_prints_the_models_top_predictions(tmp_path):
+    vocab_file = write_vocab_file(tmp_path / "vocab.txt")
+    config = small_config("ring", seq_length=16, max_position_embeddings=16)
+    model = small_model(config, seed=3)
+    with torch.no_grad():  # a decisive LM bias, so that the top tokens are not a tie
+        model.lm_head.bias.copy_(torch.linspace(0, 8, config.padded_vocab_size))
+    save_weights_only_checkpoint(tmp_path / "ckpt", model.state_dict(), config)
+    sys.path.insert(0, str(TOOL.parent))
+    from fill_mask import fill_mask, load_model
+
+    from megatron.data.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer("BertWordPieceLowerCase", vocab_file)
+    text = "[MASK] b [MASK]"
+    expected = fill_mask(load_model(str(tmp_path / "ckpt")), tokenizer, text, top_k=3)
+    result = run_tool("--load", str(tmp_path / "ckpt"), "--vocab-file", str(vocab_file), "--text", text, "--top-k", "3")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    lines = lines[lines.index(text):]  # (DeepSpeed may print its accelerator line first)
+    assert len(lines) == 3
+    for number, predictions in enumerate(expected, start=1):
+        assert lines[number] == f"  [MASK] {number}: " + ", ".join(f"{t} {p:.2f}" for t, p in predictions)
+    # the same model in-process, by hand: the top token of the first [MASK] (position 1 after [CLS])
+    ids = [tokenizer.cls, tokenizer.mask, *tokenizer.tokenize(" b "), tokenizer.mask, tokenizer.sep]
+    tokens = torch.tensor(ids + [tokenizer.pad] * (16 - len(ids)))[None]
+    segment_ids = (torch.arange(16) < len(ids)).long()[None]
+    hidden = model.eval().encode(tokens, torch.zeros_like(tokens), torch.arange(16)[None] * segment_ids, segment_ids)
+    logits = model.lm_head(hidden[0, 1], model.embeddings.word_embeddings.weight)[:tokenizer.vocab_size]
+    assert expected[0][0][0] == tokenizer.convert_ids_to_tokens([int(logits.argmax())])[0]
+
+
+def test_text_without_mask_is_a_one_line_error(tmp_path):
+    vocab_file = write_vocab_file(tmp_path / "vocab.txt")
+    config = small_config("ring", seq_length=16, max_position_embeddings=16)
+    save_weights_only_checkpoint(tmp_path / "ckpt", small_model(config).state_dict(), config)
+    result = run_tool("--load", str(tmp_path / "ckpt"), "--vocab-file", str(vocab_file), "--text", "no mask here")
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("fill_mask.py: error: --text 'no mask here' holds no [MASK]; "
+                                     "put [MASK] where a word should be predicted")

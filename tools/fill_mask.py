@@ -1,0 +1,84 @@
+"""Fill [MASK] in a sentence with a trained checkpoint: the quickest look at what a run learned.
+
+    python tools/fill_mask.py --load runs/default/checkpoints --text "the function returns a [MASK] of the values"
+
+Loads the checkpoint (any pipeline / sequence-parallel degree / ZeRO stage) into one process and
+prints the top-k tokens for every [MASK], with their probabilities. The vocab defaults to the
+embedded default corpus' vocab (the one the README's main job trains with).
+"""
+import argparse
+import sys
+
+import torch
+
+from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config
+from megatron.data.batch import BertBatch
+from megatron.data.tokenizer import TOKENIZER_TYPES, build_tokenizer
+from megatron.errors import ConfigError, run_tool
+from megatron.model.bert import BertConfig, BertModel
+
+MASK = "[MASK]"
+DEFAULT_VOCAB = ".cache/default_data/vocab.txt"
+
+
+def encode(tokenizer, text: str, seq_length: int) -> tuple:
+    """[CLS] text [SEP] with every literal [MASK] as the mask id -> (BertBatch of one sample, mask positions)."""
+    pieces = text.split(MASK)
+    if len(pieces) == 1:
+        raise ConfigError(f"--text {text!r} holds no {MASK}", f"put {MASK} where a word should be predicted")
+    ids = [tokenizer.cls]
+    for index, piece in enumerate(pieces):
+        ids += tokenizer.tokenize(piece) + ([tokenizer.mask] if index < len(pieces) - 1 else [])
+    ids.append(tokenizer.sep)
+    if len(ids) > seq_length:
+        raise ConfigError(f"--text is {len(ids)} tokens with [CLS] and [SEP], the model's sequence is {seq_length}",
+                          "shorten the text")
+    tokens = torch.full((1, seq_length), tokenizer.pad)
+    tokens[0, :len(ids)] = torch.tensor(ids)
+    padding = torch.arange(seq_length)[None] >= len(ids)
+    masked = tokens == tokenizer.mask
+    batch = BertBatch.unpacked(tokens, torch.zeros_like(tokens), padding, tokens, masked, torch.zeros(1, dtype=torch.long))
+    return batch, masked[0].nonzero().flatten().tolist()
+
+
+@torch.no_grad()
+def fill_mask(model: BertModel, tokenizer, text: str, top_k: int) -> list:
+    """-> per [MASK]: [(token, probability)] best first."""
+    batch, _ = encode(tokenizer, text, model.config.seq_length)
+    mlm_logits, _ = model(*batch.model_inputs())
+    probabilities = torch.softmax(mlm_logits[:, :tokenizer.vocab_size].float(), dim=-1)
+    best = probabilities.topk(top_k, dim=-1)
+    return [list(zip(tokenizer.convert_ids_to_tokens(ids), values.tolist())) for values, ids in zip(*best)]
+
+
+def load_model(load_dir: str) -> BertModel:
+    tag = latest_tag(load_dir)
+    model = BertModel(BertConfig(**stored_config(load_dir, tag)["model"]))  # the saved attention, at SP = 1
+    model.load_state_dict(bert_state_from_checkpoint(load_dir, tag))
+    return model.eval()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--load", required=True, help="checkpoint directory (its 'latest' tag)")
+    parser.add_argument("--text", action="append", required=True,
+                        help=f"a sentence with one or more {MASK}; repeat the flag for several")
+    parser.add_argument("--vocab-file", default=DEFAULT_VOCAB, help=f"vocab.txt of the run (default {DEFAULT_VOCAB})")
+    parser.add_argument("--tokenizer-type", default="BertWordPieceLowerCase", choices=sorted(TOKENIZER_TYPES))
+    parser.add_argument("--top-k", type=int, default=5, help="predictions shown per [MASK] (default 5)")
+    args = parser.parse_args(argv)
+    if args.top_k < 1:
+        raise ConfigError(f"--top-k {args.top_k} must be >= 1", "pass --top-k 5, say")
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
+    model = load_model(args.load)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ConfigError(f"the vocab file has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}",
+                          "pass the --vocab-file the model was trained with")
+    for text in args.text:
+        print(text)
+        for number, predictions in enumerate(fill_mask(model, tokenizer, text, args.top_k), start=1):
+            print(f"  [MASK] {number}: " + ", ".join(f"{token} {p:.2f}" for token, p in predictions))
+
+
+if __name__ == "__main__":
+    sys.exit(run_tool("fill_mask.py", main))
