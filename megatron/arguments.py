@@ -39,12 +39,16 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
     model.add_argument("--init-method-std", type=float, help="init std (default 0.02)")
     model.add_argument("--layernorm-epsilon", type=float, help="LayerNorm epsilon (default 1e-5)")
     model.add_argument("--layernorm-layout", choices=["pre", "post"],
-                       help="pre: Megatron x + f(LN(x)) (default); post: original BERT LN(x + f(x))")
+                       help="pre: Megatron x + f(LN(x)), exports as HF MegatronBert (default); post: original BERT "
+                            "LN(x + f(x)), HF Bert")
     model.add_argument("--bert-no-binary-head", dest="add_binary_head", action="store_const", const=False,
                        help="drop the sentence-order head and its loss")
     model.add_argument("--no-embedding-layernorm", dest="embedding_layernorm", action="store_const", const=False,
-                       help="no LayerNorm after the embeddings: Megatron's pre-LN layout as in HF MegatronBert "
-                            "(exportable to Hugging Face; use it with --layernorm-layout pre)")
+                       help="no LayerNorm after the embeddings (the default with --layernorm-layout pre: "
+                            "Megatron's layout, HF MegatronBert)")
+    model.add_argument("--embedding-layernorm", dest="embedding_layernorm", action="store_const", const=True,
+                       help="a LayerNorm after the embeddings (the default with --layernorm-layout post, as HF "
+                            "Bert; with pre it has no Hugging Face equivalent and is refused on export)")
 
     attn = parser.add_argument_group("attention (also from the JSON's sequence_parallel section)")
     attn.add_argument("--attention", help="variant: dense, ring, ulysses, hybrid, linformer, bigbird")

@@ -116,6 +116,16 @@ def hf_config_from_bert(config: BertConfig, pad_token_id: int) -> dict:
             "tie_word_embeddings": True}
 
 
+def created_folder(path) -> Path:
+    """A folder from tempfile.mkdtemp (mode 0700, private to its user) given the mode a plain
+    mkdir would have (0777 less the umask): it is renamed into the user's output, which others
+    sharing a model folder (a team, a serving account) must be able to read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o777 & ~umask)
+    return Path(path)
+
+
 def save_hf_folder(output, state: dict, config: BertConfig, vocab_file, lower_case: bool) -> None:
     """Writes config.json, model.safetensors, vocab.txt and tokenizer_config.json; atomic: a
     temporary sibling folder renamed at the end, so a failure leaves nothing half-written."""
@@ -131,7 +141,7 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file, lower_ca
         raise ConfigError(f"vocab file {vocab_file} has no [PAD] token", "pass a BERT vocab.txt")
     tensors = hf_state_from_bert(state, config)
     output.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    partial = created_folder(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         write_json(partial / "config.json", hf_config_from_bert(config, vocab.index("[PAD]")))
         write_safetensors(partial / "model.safetensors", tensors)
@@ -335,7 +345,7 @@ def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig) -> N
         raise ConfigError(f"{save_dir} already holds a checkpoint", "choose a new --save directory")
     tag = tag_for(0)
     save_dir.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{tag}.", dir=save_dir))
+    partial = created_folder(tempfile.mkdtemp(prefix=f".{tag}.", dir=save_dir))
     try:
         torch.save({"module": state, "config": TrainConfig(model=config).to_dict(), "iteration": 0,
                     "consumed_samples": 0, "weights_only": True}, partial / "mp_rank_00_model_states.pt")

@@ -49,7 +49,11 @@ def test_flags_and_unset_flags():
     assert given["micro_batch_size"] == 3 and given["add_binary_head"] is False
     assert resolve({**flags("--no-embedding-layernorm"), **SMALL}, BASE, world_size=4).model.embedding_layernorm is False
     assert given["sequence_parallel_size"] is None and given["attention"] is None
-    assert flags()["embedding_layernorm"] is None and resolve(SMALL, BASE, world_size=4).model.embedding_layernorm
+    # unset: the layout's own, so that the defaults export to Hugging Face (pre: MegatronBert, none)
+    assert flags()["embedding_layernorm"] is None and resolve(SMALL, BASE, world_size=4).model.embedding_layernorm is False
+    post = resolve({**flags("--layernorm-layout", "post"), **SMALL}, BASE, world_size=4).model
+    assert post.embedding_layernorm is True
+    assert resolve({**flags("--embedding-layernorm"), **SMALL}, BASE, world_size=4).model.embedding_layernorm is True
     assert resolve({**flags("--compile-mlp"), **SMALL}, BASE, world_size=4).compile_mlp is True
     assert resolve({**flags(), **SMALL}, BASE, world_size=4).compile_mlp is False
 

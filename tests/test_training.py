@@ -81,7 +81,8 @@ def launched(tmp_path_factory, data_dir) -> SimpleNamespace:
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [json.loads(line) for line in (out / "log" / "metrics.jsonl").read_text().splitlines()]
-    return SimpleNamespace(stdout=result.stdout, records=records, tensorboard_dir=out / "tb")
+    return SimpleNamespace(stdout=result.stdout, stderr=result.stderr, records=records, tensorboard_dir=out / "tb",
+                           checkpoints=out / "ckpt", log_dir=out / "log", vocab_file=Path(data_dir) / "vocab.txt")
 
 
 def test_real_launcher_runs_two_steps(launched):
@@ -149,3 +150,37 @@ def test_bad_input_is_one_line(tmp_path, data_dir, argv, message):
     assert result.returncode == 2, result.stderr[-2000:]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+
+
+def test_a_default_run_exports_to_hugging_face(launched, tmp_path):
+    """The launched run uses the trainer's default layout (pre-LN, no embedding LayerNorm: HF
+    MegatronBert): tools/convert_checkpoint.py to-hf exports its checkpoint into a folder with
+    a plain mkdir's permissions (not mkdtemp's 0700) that transformers loads."""
+    output = tmp_path / "hf"
+    result = subprocess.run([PYTHON, str(ROOT / "tools" / "convert_checkpoint.py"), "to-hf", "--load",
+                             str(launched.checkpoints), "--vocab-file", str(launched.vocab_file), "--output",
+                             str(output)], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "MegatronBertForPreTraining" in result.stdout
+    umask = os.umask(0)
+    os.umask(umask)
+    assert output.stat().st_mode & 0o777 == 0o777 & ~umask
+    from transformers import MegatronBertForPreTraining
+
+    model = MegatronBertForPreTraining.from_pretrained(output)
+    assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 64
+
+
+def test_pretrain_default_settings_export():
+    """examples_deepspeed/pretrain_default.sh's model flags resolve to an exportable layout."""
+    from megatron.arguments import build_parser, config_flags
+    from megatron.config import read_ds_config, resolve
+    from megatron.hf_convert import check_exportable
+
+    script = (ROOT / "examples_deepspeed" / "pretrain_default.sh").read_text()
+    command = script[script.index("pretrain_bert.py \\"):].replace("\\\n", " ").split("\n")[0]
+    flags = [word for word in command.split()[1:] if not word.startswith('"$')]  # "${sp[@]}", "$@"
+    args = build_parser().parse_args(flags)
+    config = resolve({**config_flags(args), "vocab_size": 1000}, read_ds_config(ROOT / args.deepspeed_config), 2)
+    assert config.model.layernorm_layout == "pre" and config.model.embedding_layernorm is False
+    check_exportable(config.model)

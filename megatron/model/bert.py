@@ -40,7 +40,9 @@ class BertConfig:
     make_vocab_size_divisible_by: int = 128
     # "pre": Megatron's x + f(LN(x)) with a final LayerNorm; "post": original BERT's LN(x + f(x)).
     layernorm_layout: str = "pre"
-    embedding_layernorm: bool = True
+    # a LayerNorm after the embeddings; None: the layout's own (post: yes, as HF Bert; pre: no, as
+    # Megatron and HF MegatronBert), so that the defaults export to Hugging Face
+    embedding_layernorm: bool | None = None
     add_binary_head: bool = True
     attention: str = "dense"  # a name in the attention registry
     # linformer: keys and values projected from s to k rows (E, F: [heads or 1, k, s])
@@ -57,6 +59,8 @@ class BertConfig:
     ulysses_size: int | None = None
 
     def __post_init__(self):
+        if self.embedding_layernorm is None:
+            self.embedding_layernorm = self.layernorm_layout == "post"
         if self.ffn_hidden_size is None:
             self.ffn_hidden_size = 4 * self.hidden_size
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size",
