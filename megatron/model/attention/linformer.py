@@ -74,7 +74,7 @@ class LinformerAttention(AttentionCore):
 
     def reset_parameters(self):
         # N(0, 1/s): each projected row sums s keys, so E K keeps the scale of K whatever s is.
-        # Not an nn.Linear, so BertModel._init_weights leaves these alone.
+        # Not an nn.Linear: model/init.py runs this reset under the parameter's own generator.
         for projection in (self.key_projection, self.value_projection):
             if projection is not None:
                 nn.init.normal_(projection, mean=0.0, std=self.seq_length ** -0.5)
