@@ -171,30 +171,27 @@ def projection_table(seq_lengths=(32768, 65536, 131072, 262144), node_counts=(1,
                 nbytes, compute, exposed = result
                 exposure[variant] = exposed / compute
                 cells.append(f"{nbytes / 1e6:.0f} / {100 * exposed / compute:.0f}%")
-            pick = min(exposure, key=lambda v: (round(exposure[v], 2), ("hybrid", "ulysses", "ring").index(v)))
+            best = min(exposure.values())
+            pick = min((v for v in exposure if exposure[v] <= best + 0.01), key=lambda v: project(v, s, nodes)[0])
             lines.append(f"| {s // 1024}K | {nodes} | " + " | ".join(cells) + f" | {pick} |")
     return "\n".join(lines)
 
 
 def measured_rows(P: int, U: int, variants, b: int, s: int, heads: int, d: int) -> list:
-    from megatron.parallel import state
+    """[(variant, P, its Ulysses degree, per-rank measured bytes, modelled bytes)], one spawn of P ranks."""
     from megatron.parallel.spawn import run_on_ranks
 
-    rows = []
-    for variant in variants:
-        per_rank = run_on_ranks(_measure_on_rank, P, variant, P, U if variant == "hybrid" else 1, b, s, heads, d,
-                                timeout=300)
-        model = modelled_bytes(variant, b, s, P, heads * d, U, 4)
-        rows.append((variant, P, U if variant == "hybrid" else (P if variant == "ulysses" else 1), per_rank, model))
-    del state
-    return rows
+    per_rank = run_on_ranks(_measure_on_rank, P, variants, P, U, b, s, heads, d, timeout=600)
+    return [(variant, P, U if variant == "hybrid" else (P if variant == "ulysses" else 1),
+             [rank[variant] for rank in per_rank], modelled_bytes(variant, b, s, P, heads * d, U, 4))
+            for variant in variants]
 
 
-def _measure_on_rank(variant, P, U, b, s, heads, d):
+def _measure_on_rank(variants, P, U, b, s, heads, d):
     from megatron.parallel import state
 
     state.initialize(sequence=P, ulysses=U)
-    return measure(variant, b, s, heads, d, U)
+    return {variant: measure(variant, b, s, heads, d, U) for variant in variants}
 
 
 def main():
@@ -254,15 +251,20 @@ per GPU, 8 rings side by side). Ulysses needs 16 % P = 0 (P <= 16).
 
 {projection_table()}
 
-**Which variant when.** Inside one node (P <= 8) Ulysses moves P/2 times fewer bytes than the ring
-and its all-to-all costs a few % of attention at 32K+ on NVLink: use `ulysses` when the heads divide
-P, else `hybrid` with `ulysses_size` the largest divisor of the heads and P (the ring hides at these
-lengths too). Across nodes use `hybrid` with `ulysses_size` = GPUs per node: its all-to-all stays on
-NVLink and its ring, carrying 1/8 of the ring's per-step bytes per link... no, the same bytes per
-rank but over 8 parallel IB links with 8x longer blocks, hides once s/N exceeds about {FLOPS / IB / 1000:.0f}K tokens,
-where the plain ring needs s/(8N) above that. Ulysses across nodes sends most of its all-to-all over
-IB, unhidden, and stops at P = heads. `ring` remains the choice when the heads are fewer than the
-GPUs of a node and long sequences make every block big enough to hide the exchange.
+**Which variant when** (the table's `pick`: least exposed communication, within a point the fewer
+bytes). Inside one node (P <= 8, all NVLink) every variant hides or nearly hides its traffic from
+32K tokens on, and Ulysses moves P/2 = 4x fewer bytes than the ring (NVLink left to ZeRO and
+data-parallel traffic): `ulysses` when the heads divide P, else `hybrid` with the largest
+`ulysses_size` dividing both, else `ring`. Across nodes the plain ring runs each step at the IB
+hop's speed and hides only when a rank holds more than ~{FLOPS / IB / 1000:.0f}K tokens (s >= {GPUS_PER_NODE * FLOPS / IB / 1000:.0f}K x N): at
+32K-128K its exposed communication is 0.4-21x the attention time. `hybrid` with `ulysses_size` =
+GPUs per node keeps the all-to-all on NVLink and runs the ring between nodes on blocks {GPUS_PER_NODE}x longer
+(s/N tokens for heads/{GPUS_PER_NODE} heads), which hide once s/N exceeds ~{FLOPS / IB / 1000:.0f}K: a few % of attention from
+about 10% at 64K on 2-4 nodes and 3-5% from 128K on 2-8 nodes; what stays exposed is mostly the last hop of the fp32 dK/dV
+accumulators (not overlapped by this ring). Ulysses over 2 nodes (P = 16 = heads) is as good or a little better but
+ends at P = heads, with most of its all-to-all on IB. Short sequences over many nodes (32K on 8
+nodes) are communication-bound whatever the variant: use fewer sequence-parallel ranks and more
+data parallelism.
 """)
 
 
