@@ -45,7 +45,7 @@ CORES = 2
 TARGET = 0.8  # the issue's ring efficiency target
 
 
-def _local_shift(self, tensor, tag):
+def _local_shift(self, tensor):
     """`_Ring.shift` without communication: the 'received' block is a copy of the sent one."""
     received = tensor.clone()
     return lambda: received
@@ -55,20 +55,20 @@ def _recording_shift(log: list):
     """`_Ring.shift` that also logs each message's size, for the comm-alone replay."""
     shift = ring._Ring.shift
 
-    def recorded(self, tensor, tag):
-        log.append((tensor.numel(), tensor.dtype, tag))
-        return shift(self, tensor, tag)
+    def recorded(self, tensor):
+        log.append((tensor.numel(), tensor.dtype))
+        return shift(self, tensor)
     return recorded
 
 
 def _replay(messages: list) -> float:
     """Seconds to send `messages` around the ring one after another, with no compute between."""
     exchanger = ring._Ring(state.get_sequence_parallel_group(), state.get_sequence_parallel_ranks())
-    buffers = [(torch.zeros(numel, dtype=dtype), tag) for numel, dtype, tag in messages]
+    buffers = [torch.zeros(numel, dtype=dtype) for numel, dtype in messages]
     dist.barrier()
     start = time.perf_counter()
-    for tensor, tag in buffers:
-        exchanger.shift(tensor, tag)()
+    for tensor in buffers:
+        exchanger.shift(tensor)()
     return time.perf_counter() - start
 
 

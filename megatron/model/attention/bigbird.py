@@ -15,7 +15,9 @@ does not start at layer 0). Until it is called, every layer uses iteration 0 and
 Under sequence parallelism rank p holds blocks [p*m, (p+1)*m), m = n / P:
   - Non-global query blocks gather their key blocks; the ones held elsewhere (window halo from
     the adjacent ranks, the two global blocks, random blocks) are fetched point-to-point from
-    their owners, each needed block once per rank; their dK, dV go back the same way in backward.
+    their owners, each needed block once per rank; their dK, dV go back the same way in backward
+    (comm.SeqComm.exchange: one batch_isend_irecv per exchange, the same issue order on every
+    rank, no tags: NCCL-safe; K/V, their segment ids and the gradients are three exchanges).
   - Global query blocks (on ranks 0 and P-1) attend to the whole sequence without moving it: the
     two query blocks are shared with every rank, each rank attends them to its local keys with
     the log-sum-exp of its partial result, and the P partials are merged (as the ring does).
@@ -34,14 +36,13 @@ import hashlib
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from megatron.errors import ConfigError
 from megatron.model.attention import blocks, masks
+from megatron.model.attention.comm import SeqComm
 from megatron.model.attention.registry import AttentionCore, register
 from megatron.parallel import state
 
-_KV_TAG, _SEGMENT_TAG, _GRAD_TAG = 10, 11, 12
 _PASS_KEYS = 16384
 
 
@@ -123,40 +124,14 @@ def _plan(slots, valid, rank: int, size: int, ranks: list, device) -> _Plan:
                  {dst: ids.to(device) for dst, ids in send.items() if len(ids)}, {src: k for src, k in recv.items() if k})
 
 
-@dataclass
-class _SeqGroup:
-    group: object
-    size: int
-    rank: int
-    ranks: list
-
-    def sum(self, tensor):
-        """All-reduce (sum) of a copy of `tensor`; the tensor itself on one rank."""
-        if self.size == 1:
-            return tensor
-        total = tensor.contiguous().clone()
-        dist.all_reduce(total, group=self.group)
-        return total
-
-    def exchange(self, outgoing: dict, incoming: dict, tag: int) -> list:
-        """Sends outgoing[dst] while receiving into incoming[src]; returns the received tensors
-        in ascending source rank."""
-        works = [dist.isend(tensor.contiguous(), dst, group=self.group, tag=tag) for dst, tensor in outgoing.items()]
-        works += [dist.irecv(buffer, src, group=self.group, tag=tag) for src, buffer in sorted(incoming.items())]
-        for work in works:
-            work.wait()
-        return [buffer for _, buffer in sorted(incoming.items())]
-
-
 def _fetch(k, v, segment_ids, plan, seq):
     """Local blocks k, v [b, m, B, heads, d], segment ids [b, m, B] -> the remote blocks this rank
     needs: k, v [b, F, B, heads, d] and their segment ids [b, F, B], in ascending block order."""
     b, _, block, heads, d = k.shape
     kv = seq.exchange({dst: torch.stack([k[:, ids], v[:, ids]]) for dst, ids in plan.send.items()},
-                      {src: k.new_empty(2, b, count, block, heads, d) for src, count in plan.recv.items()}, _KV_TAG)
+                      {src: k.new_empty(2, b, count, block, heads, d) for src, count in plan.recv.items()})
     segments = seq.exchange({dst: segment_ids[:, ids] for dst, ids in plan.send.items()},
-                            {src: segment_ids.new_empty(b, count, block) for src, count in plan.recv.items()},
-                            _SEGMENT_TAG)
+                            {src: segment_ids.new_empty(b, count, block) for src, count in plan.recv.items()})
     if not kv:
         return k[:, :0], v[:, :0], segment_ids[:, :0]
     fetched_k, fetched_v = torch.cat(kv, 2).unbind(0)
@@ -172,7 +147,7 @@ def _send_home(grad_fetched, grad_local, plan, seq):
         start += count
     shape = grad_local.shape
     incoming = {dst: grad_local.new_empty(2, shape[1], len(ids), *shape[3:]) for dst, ids in plan.send.items()}
-    for (_, ids), grad in zip(sorted(plan.send.items()), seq.exchange(outgoing, incoming, _GRAD_TAG)):
+    for (_, ids), grad in zip(sorted(plan.send.items()), seq.exchange(outgoing, incoming)):
         grad_local.index_add_(2, ids, grad)
 
 
@@ -192,6 +167,8 @@ def _row_masks(q_segments, k_segments):
     """Masks of the (sample, query block) kernel items [n, B] x [n, c*B] -> (the items that see
     some key, their BlockMask); the other items are not computed."""
     mask = masks.segment_mask(q_segments, k_segments)
+    if mask.allowed is None:  # "full": every item sees every key, no mask
+        return torch.arange(q_segments.shape[0], device=q_segments.device), mask
     active = (~mask.blind).any(-1).nonzero().squeeze(1)
     return active, masks.BlockMask(mask.allowed[active], mask.blind[active])
 
@@ -256,10 +233,7 @@ class _BigBirdAttention(torch.autograd.Function):
             global_out, global_lse = blocks.forward(_flat(global_q), _flat(k), _flat(v), global_mask, scale)
             global_out, global_lse = global_out.contiguous(), global_lse.contiguous()
         if seq.size > 1:
-            outs = [torch.empty_like(global_out) for _ in range(seq.size)]
-            lses = [torch.empty_like(global_lse) for _ in range(seq.size)]
-            dist.all_gather(outs, global_out, group=seq.group)
-            dist.all_gather(lses, global_lse, group=seq.group)
+            outs, lses = seq.all_gather(global_out), seq.all_gather(global_lse)
             global_out = global_lse = None
             for part_out, part_lse in zip(outs, lses):
                 global_out, global_lse = blocks.merge(global_out, global_lse, part_out.float(), part_lse)
@@ -360,8 +334,7 @@ class BigBirdAttention(AttentionCore):
 
     def __init__(self, config):
         super().__init__()
-        self.seq = _SeqGroup(state.get_sequence_parallel_group(), state.get_sequence_parallel_world_size(),
-                             state.get_sequence_parallel_rank(), state.get_sequence_parallel_ranks())
+        self.seq = SeqComm(state.get_sequence_parallel_group(), state.get_sequence_parallel_ranks())
         self.block_size = config.bigbird_block_size
         self.window = config.bigbird_num_window_blocks
         self.num_random = config.bigbird_num_random_blocks

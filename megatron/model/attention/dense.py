@@ -16,11 +16,13 @@ def sdpa(q, k, v, segment_ids, dropout_p: float = 0.0):
     A query that may see no key (padding) gets zeros (SDPA alone would give NaN): inside the
     kernel it attends to every key, and its output is then zeroed, so no NaN reaches backward.
     """
-    mask = segment_mask(segment_ids, segment_ids)
-    keep = mask.allowed | ~mask.allowed.any(-1, keepdim=True)
+    mask = segment_mask(segment_ids, segment_ids)  # allowed None: no padding, one segment (flash on CUDA)
+    keep = None if mask.allowed is None else mask.allowed | ~mask.allowed.any(-1, keepdim=True)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=keep, dropout_p=dropout_p)
-    return out.masked_fill(mask.blind[:, None, :, None], 0.0).transpose(1, 2)
+    if mask.blind is not None:
+        out = out.masked_fill(mask.blind[:, None, :, None], 0.0)
+    return out.transpose(1, 2)
 
 
 @register("dense")

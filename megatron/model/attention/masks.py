@@ -4,15 +4,18 @@ Segment ids `[b, s]` are 0 (PAD_SEGMENT) at padding and 1, 2, ... for the segmen
 sample (one segment when unpacked). A query attends to key j iff seg[q] == seg[j] != 0, so a
 padding query sees nothing (its output is 0) and segments never see each other.
 
-The attention cores work on (query chunk, key block) pairs. Each pair is one of three kinds,
+The attention cores work on (query chunk, key block) pairs. Each pair is one of four kinds,
 decided on the host before any kernel runs:
   - "skip":   no query shares a segment with any key: the block is not computed at all;
+  - "full":   in every sample, every token of both sides is in one segment, no padding: no mask
+              at all (BlockMask(None, None)), which lets CUDA run the flash kernel (blocks.py);
   - "single": in every sample, all non-padding tokens of both sides are one segment (always the
               case unpacked): the mask is the cheap key-padding row [b, 1, 1, s_k];
   - "mixed":  the block-diagonal mask [b, 1, s_q, s_k].
-The decision uses each side's (min, max) segment id per sample. Segments are contiguous runs
-with increasing ids, so the ids a side holds are exactly that range and two sides share a
-segment iff the ranges overlap (for any other layout the test only skips less, never wrongly).
+The decision uses each side's (min, max) segment id and whether it holds padding, per sample.
+Segments are contiguous runs with increasing ids, so the ids a side holds are exactly that range
+and two sides share a segment iff the ranges overlap (for any other layout the test only skips
+less, never wrongly).
 
 The ring goes further (`tile_plan`): a block is cut into tiles of query rows, and each tile is
 cropped to the rows and key columns that can see anything, so a packed block costs about the
@@ -31,34 +34,39 @@ _NONE = torch.iinfo(torch.int64).max  # min id of a side without any segment
 
 
 class BlockMask(NamedTuple):
-    allowed: torch.Tensor  # [b, 1, s_q or 1, s_k] bool: query may see key
-    blind: torch.Tensor  # [b, s_q] bool: query sees no key of this block (output 0, lse -inf)
+    allowed: torch.Tensor | None  # [b, 1, s_q or 1, s_k] bool: query may see key (None: every key)
+    blind: torch.Tensor | None  # [b, s_q] bool: query sees no key of this block (output 0, lse -inf)
 
 
 def id_range(segment_ids) -> torch.Tensor:
-    """[b, s] -> [b, 2] (min, max) of the non-padding ids; (_NONE, PAD_SEGMENT) when there are none."""
+    """[b, s] -> [b, 3] (min, max) of the non-padding ids, (_NONE, PAD_SEGMENT) when there are
+    none, and 1 where the side holds padding (else 0)."""
     real = segment_ids != PAD_SEGMENT
     low = segment_ids.masked_fill(~real, _NONE).amin(1)
-    return torch.stack([low, segment_ids.amax(1)], 1)
+    return torch.stack([low, segment_ids.amax(1), (~real).any(1).long()], 1)
 
 
 def block_kinds(q_range, k_ranges: list) -> list:
-    """Kinds ("skip", "single", "mixed") of the query side against each key side, from id_range()
-    results; one host synchronisation for all of them."""
+    """Kinds ("skip", "full", "single", "mixed") of the query side against each key side, from
+    id_range() results; one host synchronisation for all of them."""
     if not k_ranges:
         return []
-    k = torch.stack(k_ranges)  # [n, b, 2]
-    q = q_range[None]  # [1, b, 2]
+    k = torch.stack(k_ranges)  # [n, b, 3]
+    q = q_range[None]  # [1, b, 3]
     shares = torch.maximum(q[..., 0], k[..., 0]) <= torch.minimum(q[..., 1], k[..., 1])  # [n, b]
     low = torch.minimum(q[..., 0], k[..., 0])
     high = torch.maximum(q[..., 1], k[..., 1])
     single = (low == high) | (high == PAD_SEGMENT)  # at most one segment id on both sides
-    flags = torch.stack([shares.any(1), single.all(1)], 1).tolist()
-    return ["skip" if not any_pair else "single" if one else "mixed" for any_pair, one in flags]
+    unpadded = (q[..., 2] == 0) & (k[..., 2] == 0) & (low == high)  # one segment, no padding, both sides
+    flags = torch.stack([shares.any(1), single.all(1), unpadded.all(1)], 1).tolist()
+    return ["skip" if not any_pair else "full" if full else "single" if one else "mixed"
+            for any_pair, one, full in flags]
 
 
 def block_mask(q_segments, k_segments, kind: str) -> BlockMask:
-    """The mask of one (query chunk [b, s_q], key block [b, s_k]) pair of kind "single" or "mixed"."""
+    """The mask of one (query chunk [b, s_q], key block [b, s_k]) pair of kind "full", "single" or "mixed"."""
+    if kind == "full":
+        return BlockMask(None, None)
     key_real = (k_segments != PAD_SEGMENT)[:, None, None, :]  # [b, 1, 1, s_k]
     if kind == "single":
         blind = (q_segments == PAD_SEGMENT) | ~key_real[:, 0, 0].any(-1, keepdim=True)
@@ -73,7 +81,7 @@ class Tile(NamedTuple):
     q_stop: int
     k_start: int
     k_stop: int
-    kind: str  # "single" or "mixed"
+    kind: str  # "full", "single" or "mixed"
 
 
 ROWS_PER_TILE = 512  # query rows per tile of a mixed block: tighter crops vs more kernel calls
@@ -86,7 +94,7 @@ def tile_plan(q_segments: np.ndarray, k_segments: np.ndarray, rows: int | None =
     cropped to its rows that see a key and the keys they see, over all samples of the batch."""
     rows = rows or ROWS_PER_TILE
     whole = _crop(q_segments, k_segments, 0, q_segments.shape[1])
-    if whole is None or whole.kind == "single":
+    if whole is None or whole.kind != "mixed":
         return [] if whole is None else [whole]
     tiles = (_crop(q_segments, k_segments, start, min(start + rows, whole.q_stop))
              for start in range(whole.q_start, whole.q_stop, rows))
@@ -109,7 +117,8 @@ def _crop(q_segments, k_segments, start: int, stop: int):
     ids = np.concatenate([q_segments[:, q_start:q_stop], k_segments[:, k_start:k_stop]], 1)
     low, high = _id_range(ids)
     single = bool(((low == high) | (high == PAD_SEGMENT)).all())
-    return Tile(q_start, q_stop, k_start, k_stop, "single" if single else "mixed")
+    full = single and bool((ids != PAD_SEGMENT).all())  # no padding either: no mask (flash on CUDA)
+    return Tile(q_start, q_stop, k_start, k_stop, "full" if full else "single" if single else "mixed")
 
 
 def _id_range(segment_ids: np.ndarray) -> tuple:
@@ -121,7 +130,7 @@ def _id_range(segment_ids: np.ndarray) -> tuple:
 def segment_mask(q_segments, k_segments) -> BlockMask:
     """block_mask of whatever kind the pair is ("skip" gives an all-blind "mixed" mask)."""
     kind = block_kinds(id_range(q_segments), [id_range(k_segments)])[0]
-    return block_mask(q_segments, k_segments, "single" if kind == "single" else "mixed")
+    return block_mask(q_segments, k_segments, "mixed" if kind == "skip" else kind)
 
 
 def gather_chunks(segment_ids, group, size: int) -> list:

@@ -2,13 +2,13 @@
 
 Forward, on seq rank r of P: step t attends the local queries to the K/V chunk of rank r - t
 and merges by log-sum-exp; while one block computes, the next chunk is already in flight
-(isend/irecv into a fresh buffer). What a query may see comes from segment ids (masks.py),
-all-gathered once per call (b * s integers), so the kind of every block is known before the
-ring starts: a block in which no query shares a segment with any key (packed samples, chunks
-of padding) is neither computed nor recomputed, though its K/V still travel on, and the others
-are cut into tiles cropped to the rows and keys that can see each other (masks.tile_plan). Saved for
-backward are only q, k, v, the segment ids, the output and the lse: all O(s/P), never a
-[heads, s/P, s] score matrix.
+(comm.SeqComm.shift: one batched send/receive into a fresh buffer, NCCL-safe). What a query may
+see comes from segment ids (masks.py), all-gathered once per call (b * s integers), so the kind
+of every block is known before the ring starts: a block in which no query shares a segment with
+any key (packed samples, chunks of padding) is neither computed nor recomputed, though its K/V
+still travel on, and the others are cut into tiles cropped to the rows and keys that can see
+each other (masks.tile_plan). Saved for backward are only q, k, v, the segment ids, the output
+and the lse: all O(s/P), never a [heads, s/P, s] score matrix.
 
 Backward sends the K/V chunks around the ring again and recomputes each block from the saved
 lse. The dK/dV of a chunk travel with it as an accumulator that every rank adds its share to;
