@@ -26,3 +26,13 @@ bench-preprocess:
 # torch.profiler tables of one step of ours and of Hugging Face's -> benchmarks/profiles/
 profile:
 	$(PYTHON) benchmarks/train_step.py --profile --seq-lengths 512 2048
+
+# The CUDA path on one GPU (benchmarks/gpu_check.sh): `make gpu-prepare` here (PyPI) downloads the
+# wheels the GPU machine lacks into .cache/gpu_wheels; `make gpu-check` there installs them and
+# runs the CUDA tests, kernels, a deepspeed-launcher run and the GPU benchmarks (< 10 minutes),
+# writing their sections of benchmarks/RESULTS.md.
+gpu-prepare:
+	bash benchmarks/gpu_check.sh --prepare
+
+gpu-check:
+	bash benchmarks/gpu_check.sh

@@ -1,6 +1,7 @@
 """Writes one benchmark's section of benchmarks/RESULTS.md, leaving the other sections alone."""
 import platform
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -21,3 +22,7 @@ def write_section(heading: str, body: str) -> None:
     pattern = re.compile(rf"^## {re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
     text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
     RESULTS.write_text(text)
+
+
+if __name__ == "__main__":  # python benchmarks/results.py HEADING FILE: FILE's text as that section
+    write_section(sys.argv[1], Path(sys.argv[2]).read_text())

@@ -53,15 +53,18 @@ def tag_for(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 
 
-def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_samples: int) -> str:
-    """Saves on every rank; returns the tag once `latest` names it."""
+def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_samples: int,
+         schedule: dict | None = None) -> str:
+    """Saves on every rank; returns the tag once `latest` names it. `schedule`: the learning-rate
+    settings of the run (training.schedule_settings), compared by a resume."""
     tag, rank = tag_for(iteration), dist.get_rank()
     staging = os.path.join(save_dir, tag + PARTIAL)
     if rank == 0:
         os.makedirs(save_dir, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
     dist.barrier()
-    run_state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples}
+    run_state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples,
+                 **({"schedule": schedule} if schedule else {})}
     engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=run_state, save_latest=False)
     torch.save(rng_states(), os.path.join(staging, f"rng_rank{rank}.pt"))
     _save_layout_free(engine, config, staging)

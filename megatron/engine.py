@@ -20,6 +20,7 @@ from megatron.data.batch import BertBatch
 from megatron.model.bert import BertModel, TransformerLayer
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
+from megatron.parallel.device import to_device
 from megatron.parallel.grads import sum_sequence_grads_in_zero3_reduce_scatter
 
 
@@ -167,9 +168,10 @@ class StepResult:
     segments_per_sample: float = 1.0  # packed samples hold several
 
 
-def _chunks(micro_batches: list) -> list:
+def _chunks(micro_batches: list, device) -> list:
+    """This seq rank's slices of the (host) micro-batches, on `device` (pinned, non-blocking copies)."""
     seq_rank, seq_size = state.get_sequence_parallel_rank(), state.get_sequence_parallel_world_size()
-    return [batch.sequence_chunk(seq_rank, seq_size) for batch in micro_batches]
+    return [to_device(batch.sequence_chunk(seq_rank, seq_size), device) for batch in micro_batches]
 
 
 def _whole(values: torch.Tensor, average_data: bool) -> torch.Tensor:
@@ -184,18 +186,18 @@ def _whole(values: torch.Tensor, average_data: bool) -> torch.Tensor:
 
 def train_step(engine, micro_batches: list) -> StepResult:
     """One optimizer step over this data-parallel rank's micro-batches (full-length BertBatch)."""
-    chunks = _chunks(micro_batches)
+    chunks = _chunks(micro_batches, engine.device)
     if state.get_pipe_parallel_world_size() > 1:
         share = engine.train_batch(data_iter=iter([_pipeline_item(chunk) for chunk in chunks])).detach().clone()
         loss, mlm, sop, accuracy = _whole(share.reshape(1), average_data=False).item(), None, None, None
     else:
-        parts = torch.zeros(4)
+        parts = torch.zeros(4, device=engine.device)  # on the device: NCCL reduces it, no sync per micro-batch
         for chunk in chunks:
             loss = bert_batch_loss(*engine(*chunk.model_inputs()), chunk)
             engine.backward(loss.total)
             engine.step()
-            parts += torch.stack([loss.total.detach(), loss.mlm, loss.sop, loss.mlm_accuracy]).float().cpu()
-        loss, mlm, sop, accuracy = _whole(parts / len(chunks), average_data=True).tolist()
+            parts += torch.stack([loss.total.detach(), loss.mlm, loss.sop, loss.mlm_accuracy]).float()
+        loss, mlm, sop, accuracy = _whole(parts / len(chunks), average_data=True).tolist()  # the step's logged-loss sync
     norm = engine.get_global_grad_norm()
     return StepResult(loss=loss, mlm=mlm, sop=sop, grad_norm=None if norm is None else float(norm), mlm_accuracy=accuracy,
                       real_token_share=sum(b.real_token_share() for b in micro_batches) / len(micro_batches),
@@ -205,13 +207,13 @@ def train_step(engine, micro_batches: list) -> StepResult:
 @torch.no_grad()
 def eval_step(engine, micro_batches: list) -> float:
     """Whole-sequence loss on these micro-batches, averaged over them and the data ranks."""
-    chunks = _chunks(micro_batches)
+    chunks = _chunks(micro_batches, engine.device)
     if state.get_pipe_parallel_world_size() > 1:
         share = engine.eval_batch(data_iter=iter([_pipeline_item(chunk) for chunk in chunks])).detach().clone()
         return _whole(share.reshape(1).float(), average_data=False).item()
     engine.module.eval()
-    total = torch.zeros(1)
+    total = torch.zeros(1, device=engine.device)
     for chunk in chunks:
-        total += bert_batch_loss(*engine(*chunk.model_inputs()), chunk).total.float().cpu()
+        total += bert_batch_loss(*engine(*chunk.model_inputs()), chunk).total.float()
     engine.module.train()
     return _whole(total / len(chunks), average_data=True).item()

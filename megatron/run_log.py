@@ -1,5 +1,11 @@
 """What a run reports: log lines (or a progress bar on a terminal), metrics.jsonl, TensorBoard
-scalars, and the loss / throughput plot at the end. Only global rank 0 writes."""
+scalars, and the loss / throughput plot at the end. Only global rank 0 writes.
+
+metrics.jsonl is appended to by every run that logs into the folder (a resumed run continues
+its file). Each record carries the `run` id of the run that wrote it, and each run first writes
+a `start` record with the iteration it starts from; `read_metrics` drops what a later start
+supersedes (the steps a resumed run redoes after its checkpoint, or all of an earlier run when
+a new one starts from scratch), so a reader sees one history without repeated iterations."""
 import json
 import os
 import resource
@@ -24,6 +30,7 @@ class RunLog:
                                     / dist.get_world_size())
         self.window, self.window_seconds = [], 0.0
         self.dir = Path(args.log_dir)
+        self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
         self.tensorboard = self.bar = None
         if not self.writer:
             return
@@ -45,12 +52,22 @@ class RunLog:
             # drawn on stdout, the stream whose isatty() chose it; log lines go through bar.write
             self.bar = tqdm(total=train_iters, unit="step", dynamic_ncols=True, file=sys.stdout)
 
+    def start(self, iteration: int, line: str, **fields) -> None:
+        """The run's first record: where it starts (0, or the checkpoint's iteration) and the
+        line that says so on screen."""
+        if self.writer:
+            self.metrics.write(json.dumps({"kind": "start", "run": self.run_id, "iteration": iteration,
+                                           "time": time.time(), **fields}) + "\n")
+            self.metrics.flush()
+            self._print(line)
+
     def _emit(self, record: dict, line: str) -> None:
+        record["run"] = self.run_id
         self.metrics.write(json.dumps(record) + "\n")
         self.metrics.flush()
         if self.tensorboard:
             for key, value in record.items():
-                if isinstance(value, (int, float)) and key not in ("iteration", "time"):
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("iteration", "time"):
                     self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["iteration"])
         self._print(line)
 
@@ -173,7 +190,20 @@ def read_metrics(path) -> list:
     if torn:
         print(f"warning: {path}: skipped torn line(s) {', '.join(map(str, torn))} (a killed run's last write)",
               file=sys.stderr, flush=True)
-    return records
+    return superseded_dropped(records)
+
+
+def superseded_dropped(records: list) -> list:
+    """The records without those a later run's `start` supersedes: a run starting at iteration N
+    redoes every step after N, so earlier records beyond N (and all earlier records when N is 0,
+    a new run from scratch) belong to a history that no checkpoint continues."""
+    kept = []
+    for record in records:
+        if record["kind"] == "start":
+            start = record.get("iteration", 0)
+            kept = [r for r in kept if start > 0 and (r["kind"] == "start" or r.get("iteration", 0) <= start)]
+        kept.append(record)
+    return kept
 
 
 def plot_metrics(metrics_path, png_path) -> Path:

@@ -24,7 +24,7 @@ from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import build_tokenizer
 from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import ConfigError, DataError
-from megatron.parallel import state
+from megatron.parallel import device, state
 from megatron.run_log import RunLog
 
 
@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_flags(args)
+        check_start(args)
         stopped_by = pretrain(args)
     except ConfigError as error:
         if args.debug:
@@ -103,28 +104,82 @@ def check_flags(args) -> None:
         raise ConfigError(f"--seed {args.seed} is outside [0, 2**32)", "pass a seed between 0 and 4294967295")
 
 
+def check_start(args) -> None:
+    """Where the run starts, checked from the files before any start-up work (DeepSpeed, data,
+    model): a --save directory whose checkpoint is ahead of that start is refused now, not after
+    the engine is built."""
+    if not args.save:
+        return
+    start = 0
+    if args.load:
+        state = checkpoint.run_state(args.load, checkpoint.latest_tag(args.load))
+        start = 0 if state.get("weights_only") else state["iteration"]
+    checkpoint.check_save_dir(args.save, start)
+
+
+def schedule_settings(args, ds: dict, train_iters: int) -> dict:
+    """What shapes the learning rate over the run; saved with each checkpoint so that a resume
+    can say what changed."""
+    return {"train_iters": train_iters, "lr": ds["optimizer"]["params"]["lr"], "min_lr": args.min_lr,
+            "lr_decay_style": args.lr_decay_style, "lr_warmup_fraction": args.lr_warmup_fraction}
+
+
+def lr_factor(schedule: dict, peak: float):
+    """step -> multiple of the peak: linear warm-up from 0 over lr_warmup_fraction of the steps,
+    then linear or cosine decay to min_lr at the last step (Megatron's schedule). Step i (from 0)
+    is the rate of iteration i + 1."""
+    train_iters, style = schedule["train_iters"], schedule["lr_decay_style"]
+    warmup = int(schedule["lr_warmup_fraction"] * train_iters)
+    floor = schedule["min_lr"] / peak if peak else 0.0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if style == "constant" or train_iters <= warmup:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, train_iters - warmup))
+        decay = 1.0 - progress if style == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return floor + (1.0 - floor) * decay
+
+    return factor
+
+
 def lr_schedule(args, train_iters: int):
-    """Megatron's schedule as an optimizer -> LambdaLR factory: linear warm-up from 0 over
-    lr_warmup_fraction of the steps, then linear or cosine decay to min_lr at the last step.
-    The peak is the optimizer's learning rate (--lr, else the JSON's optimizer.params.lr)."""
-    warmup = int(args.lr_warmup_fraction * train_iters)
+    """Megatron's schedule (lr_factor) as an optimizer -> LambdaLR factory. The peak is the
+    optimizer's learning rate (--lr, else the JSON's optimizer.params.lr)."""
+    schedule = {"train_iters": train_iters, "min_lr": args.min_lr, "lr_decay_style": args.lr_decay_style,
+                "lr_warmup_fraction": args.lr_warmup_fraction}
 
     def build(optimizer):
-        peak = optimizer.param_groups[0]["lr"]
-        floor = args.min_lr / peak if peak else 0.0
-
-        def factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            if args.lr_decay_style == "constant" or train_iters <= warmup:
-                return 1.0
-            progress = min(1.0, (step - warmup) / max(1, train_iters - warmup))
-            decay = 1.0 - progress if args.lr_decay_style == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-            return floor + (1.0 - floor) * decay
-
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(schedule, optimizer.param_groups[0]["lr"]))
 
     return build
+
+
+def describe_resume(engine, stored: dict | None, schedule: dict, iteration: int) -> str | None:
+    """A warning when the schedule settings differ from the checkpoint's, saying what the
+    learning rate does: the first resumed step keeps the rate the checkpoint left in the
+    optimizer, the peak stays the checkpoint's (the scheduler state restores it), and this
+    run's warm-up and decay (over its --train-iters) shape the rest."""
+    if not stored:
+        return None
+    flags = {"train_iters": "--train-iters", "lr": "--lr", "min_lr": "--min-lr", "lr_decay_style": "--lr-decay-style",
+             "lr_warmup_fraction": "--lr-warmup-fraction"}
+    changed = [f"{flag} {schedule[key]} (the checkpoint's: {stored.get(key)})" for key, flag in flags.items()
+               if key in stored and stored[key] != schedule[key]]
+    if not changed or engine.lr_scheduler is None:
+        return None
+    scheduler = engine.lr_scheduler
+    peak = scheduler.base_lrs[0]
+    factor = lr_factor({**schedule, "lr": peak}, peak)
+    train_iters = schedule["train_iters"]
+    then = (f"then {peak * factor(iteration + 1):.3e} at iteration {iteration + 2}, ending at "
+            f"{peak * factor(train_iters - 1):.3e} at iteration {train_iters}" if train_iters > iteration + 1 else
+            f"and the run ends at iteration {train_iters}")
+    return (f"warning: resuming with {', '.join(changed)}: the schedule continues from iteration {iteration} with "
+            f"the checkpoint's peak {peak:.3e} and this run's warm-up and decay: lr {engine.get_lr()[0]:.3e} for "
+            f"iteration {iteration + 1} (as the checkpoint left it), {then}; to change the peak, start a new run "
+            "from the weights (tools/convert_checkpoint.py, or a new --save)")
 
 
 OPTIMIZER_DEFAULTS = {"lr": 1e-4, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}
@@ -175,7 +230,8 @@ def data_paths(args) -> tuple:
 
 def pretrain(args) -> None:
     determinism.configure(args.deterministic)
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)
+    deepspeed.init_distributed(dist_backend=device.backend())
     torch.manual_seed(args.seed)
     if args.save:
         checkpoint.check_writable(args.save)  # before any work that a failed first save would lose
@@ -217,13 +273,21 @@ def pretrain(args) -> None:
         skip_nonfinite_updates(engine)
     iteration = consumed = 0
     last_checkpoint = None
+    schedule = schedule_settings(args, ds, train_iters)
+    log = RunLog(args, config, train_iters)
     if args.load and not weights_only:
         client = checkpoint.load(engine, args.load, config)
         iteration, consumed = client["iteration"], client["consumed_samples"]
         last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
-    if args.save:
-        checkpoint.check_save_dir(args.save, iteration)
-    log = RunLog(args, config, train_iters)
+        log.start(iteration, f"resuming from {last_checkpoint} iteration {iteration}, consumed samples {consumed}",
+                  resumed_from=last_checkpoint)
+        warning = describe_resume(engine, client.get("schedule"), schedule, iteration)
+        if warning and dist.get_rank() == 0:
+            print(warning, file=sys.stderr, flush=True)
+    else:
+        source = args.init_from_hf or (args.load if weights_only else None)
+        log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",
+                  weights_from=source)
 
     stop = StopSignals(vocab_file)
 
@@ -255,10 +319,12 @@ def pretrain(args) -> None:
             run = iteration // args.eval_interval - 1
             log.evaluation("validation", iteration, evaluate(batches, engine, valid_set, run, args.eval_iters))
         if args.save and (iteration == train_iters or (args.save_interval and iteration % args.save_interval == 0)):
-            last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed))
+            last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
+                                                                      schedule=schedule))
             log.message(f"saved checkpoint {last_checkpoint}")
     if stop.agreed:
-        return stop.finish(args, engine, config, iteration, consumed, first_iteration, last_checkpoint, log)
+        return stop.finish(args, engine, config, iteration, consumed, first_iteration, last_checkpoint, log,
+                           schedule)
     stop.uninstall()
     if test_set is not None:
         log.evaluation("test", iteration, evaluate(batches, engine, test_set, 0, args.eval_iters))
@@ -363,12 +429,13 @@ class StopSignals:
         self.agreed = self.agreed or received
 
     def finish(self, args, engine, config, iteration: int, consumed: int, first_iteration: int,
-               last_checkpoint, log) -> int:
+               last_checkpoint, log, schedule: dict | None = None) -> int:
         """The agreed stop: saves what was trained since the last checkpoint; returns the signal number."""
         name = signal.Signals(self.agreed).name
         if args.save and iteration > first_iteration and last_checkpoint != os.path.join(
                 args.save, checkpoint.tag_for(iteration)):
-            last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed))
+            last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
+                                                                      schedule=schedule))
         if args.save and last_checkpoint:
             line = (f"stopped by {name} after iteration {iteration}; checkpoint {last_checkpoint} holds it: "
                     f"resume with --load {args.save}")

@@ -72,7 +72,7 @@ def test_plain_lines_when_stdout_is_not_a_terminal(tmp_path, monkeypatch):
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [(r["kind"], r["iteration"], r["loss"]) for r in records] == [
         ("train", 2, 8.5), ("train", 4, 6.5), ("validation", 4, 6.5), ("test", 4, 6.25)]
-    assert set(records[0]) == {"kind", "iteration", "consumed_samples", "time", "lr", "loss", "mlm_loss", "sop_loss",
+    assert set(records[0]) == {"kind", "run", "iteration", "consumed_samples", "time", "lr", "loss", "mlm_loss", "sop_loss",
                                "grad_norm", "loss_scale", "tokens_per_s", "tflops_per_rank", "peak_memory_mib",
                                "real_token_share", "segments_per_sample", "real_tokens_per_s", "mlm_accuracy"}
 
@@ -147,3 +147,32 @@ def test_plot_run_script_exit_code(tmp_path):
     assert result.returncode == 2
     assert result.stderr == (f"plot_run.py: error: {tmp_path / 'metrics.jsonl'} does not exist; "
                              "pass the metrics.jsonl a run wrote under --log-dir\n")
+
+
+def test_a_resumed_run_supersedes_the_steps_it_redoes(tmp_path, monkeypatch):
+    """Each run writes a start record and tags its records with its run id; a run resumed at
+    iteration 2 redoes 3 and 4 (logged by a run killed after its checkpoint at 2): the reader
+    keeps the resumed run's, and a new run from scratch hides everything before it."""
+    log_dir = tmp_path / "log"
+    metrics = write_run_log(log_dir, io.StringIO(), monkeypatch, steps=4, interval=1)  # a run without start record
+    stdout = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    monkeypatch.setattr(run_log.os, "getpid", lambda: 424242)  # another process: another run id
+    log = rank_0_run_log(monkeypatch, log_dir, steps=4, interval=1)
+    log.start(2, "resuming from ckpt/iter_0000002 iteration 2, consumed samples 8", resumed_from="ckpt/iter_0000002")
+    engine = SimpleNamespace(fp16_enabled=lambda: False, get_lr=lambda: [1e-3])
+    for iteration in (3, 4):
+        result = SimpleNamespace(loss=1.0, mlm=0.5, sop=0.5, grad_norm=1.0, mlm_accuracy=0.5, real_token_share=1.0,
+                                 segments_per_sample=1.0)
+        log.step(iteration, 4 * iteration, result, engine, seconds=0.5)
+    log.finish(None)
+    assert stdout.getvalue().splitlines()[0] == "resuming from ckpt/iter_0000002 iteration 2, consumed samples 8"
+    records = run_log.read_metrics(metrics)
+    train = [(r["iteration"], r["loss"]) for r in records if r["kind"] == "train"]
+    assert train == [(1, 9.0), (2, 8.0), (3, 1.0), (4, 1.0)]  # the killed run's 3 and 4 are superseded
+    assert [r["run"] for r in records if r["kind"] == "train"][2:] == [log.run_id] * 2
+    assert len({r["run"] for r in records if r["kind"] == "train" and r["iteration"] <= 2}) == 1
+    log = rank_0_run_log(monkeypatch, log_dir, steps=4, interval=1)
+    log.start(0, "starting from scratch")
+    log.metrics.close()
+    assert [r["kind"] for r in run_log.read_metrics(metrics)] == ["start"]

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from megatron import run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
 from megatron.training import main
@@ -62,9 +63,36 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
     train = [r for r in records if r["kind"] == "train"]
     assert [r["iteration"] for r in train] == [10, 20, 30, 40, 50]
     assert train[-1]["loss"] < train[0]["loss"] - 0.5, [r["loss"] for r in train]
-    assert {r["kind"] for r in records} == {"train", "validation", "test"}
+    assert {r["kind"] for r in records} == {"start", "train", "validation", "test"}
     assert all(r["tokens_per_s"] > 0 and r["peak_memory_mib"] > 0 for r in train)
     assert (tmp_path / "ckpt" / "iter_0000050").is_dir() and (tmp_path / "log" / "loss.png").stat().st_size > 0
+
+    # resumed on one rank (SP=1: the layout-free files) with a longer run and another peak: one line says
+    # where it starts, one warning what the schedule does; the log goes on in the same metrics.jsonl
+    resume = [*TINY, "--deepspeed", "--deepspeed_config", str(config), "--sequence-parallel-size", "1",
+              "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "ckpt"), "--train-iters", "54",
+              "--lr", "2e-3", "--log-interval", "2", "--eval-interval", "1000", "--eval-iters", "1",
+              "--default-data-dir", data_dir, "--log-dir", str(tmp_path / "log")]
+    result = run_entry_point(*resume)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ckpt = tmp_path / "ckpt" / "iter_0000050"
+    assert f"resuming from {ckpt} iteration 50, consumed samples 200" in result.stdout.splitlines()
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: resuming with")]
+    assert len(warnings) == 1, result.stderr[-3000:]
+    assert ("--train-iters 54 (the checkpoint's: 50), --lr 0.002 (the checkpoint's: 0.001)" in warnings[0]
+            and "the checkpoint's peak 1.000e-03" in warnings[0] and "at iteration 54" in warnings[0]), warnings[0]
+    records = run_log.read_metrics(tmp_path / "log" / "metrics.jsonl")
+    starts = [r for r in records if r["kind"] == "start"]
+    assert [r["iteration"] for r in starts] == [0, 50] and starts[1]["resumed_from"] == str(ckpt)
+    assert [r["iteration"] for r in records if r["kind"] == "train"] == [10, 20, 30, 40, 50, 52, 54]
+    assert len({r["run"] for r in records}) == 2
+
+    # a new run into the same --save is refused from the files, before DeepSpeed starts
+    fresh = resume[:resume.index("--load")] + resume[resume.index("--load") + 2:]
+    result = run_entry_point(*fresh)
+    assert result.returncode == 2 and "resolved config" not in result.stdout, result.stdout[-2000:]
+    assert (f"pretrain_bert.py: error: --save {tmp_path / 'ckpt'} holds checkpoint iter_0000054, ahead of this "
+            "run's start at iteration 0") in result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +115,7 @@ def launched(tmp_path_factory, data_dir) -> SimpleNamespace:
 
 def test_real_launcher_runs_two_steps(launched):
     assert "iteration 2/2" in launched.stdout and "saved checkpoint" in launched.stdout
+    assert launched.stdout.splitlines().count("starting from scratch") == 1
 
 
 def test_resolved_config_is_printed_once_by_rank_0(launched):
@@ -123,7 +152,7 @@ def test_tensorboard_scalars_are_the_logged_metrics(launched):
                                           "tflops_per_rank", "peak_memory_mib", "consumed_samples", "real_token_share",
                                           "segments_per_sample", "real_tokens_per_s", "mlm_accuracy")}
     assert tags == train | {"validation/loss", "test/loss"}  # fp32 run: no train/loss_scale
-    assert {r["kind"] for r in launched.records} == {"train", "validation", "test"}
+    assert {r["kind"] for r in launched.records} == {"start", "train", "validation", "test"}
     for tag in sorted(tags):
         kind, name = tag.split("/")
         logged = [(r["iteration"], float(np.float32(r[name]))) for r in launched.records if r["kind"] == kind]

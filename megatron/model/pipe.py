@@ -3,10 +3,13 @@
     [word embedding (tied)] [positions + types] [layer 0] ... [layer N-1]
     [word embedding (tied): hands over its weight] [heads]
 
-Between stages travel (hidden [b, s/P, h], segment_ids [b, s/P], mlm_mask [b, s/P], cls_mask
-[b, s/P]): fixed shapes, the last three without gradient. The word embedding is tied between the
-first and last stage (DeepSpeed all-reduces its gradient over the two). The loss function runs
-on the last stage with labels (labels, loss_mask, sop_labels, cls_mask).
+Between stages travel (hidden [b, s/P, h], segment_ids [b, s/P] int64, token_flags [b, s/P]
+int64): fixed shapes, the last two without gradient. token_flags carries the MLM and [CLS]
+masks as bits (`_MLM`, `_CLS`): DeepSpeed's pipeline engine casts only the LAST bool tensor of
+a stage's outputs for NCCL (runtime/pipe/engine.py, has_bool_tensors), so no bool tensor
+crosses stages. The word embedding is tied between the first and last stage (DeepSpeed
+all-reduces its gradient over the two). The loss function runs on the last stage with labels
+(labels, loss_mask, sop_labels, cls_mask), which the engine loads there and never sends.
 
 Sequence parallelism inside a pipeline: DeepSpeed's topology gets the seq axis under the name
 'model' (pipe x data x model, model fastest = our pipe x data x seq), so every stage sends to
@@ -40,13 +43,17 @@ class WordEmbeddingPipe(nn.Module):
         return self.word_embeddings(tokens), *rest
 
 
+_MLM, _CLS = 1, 2  # token_flags bits
+
+
 class EmbeddingPipe(Embeddings):
     def __init__(self, config: BertConfig):
         super().__init__(config, word_embeddings=False)
 
     def forward(self, inputs):
         words, token_types, position_ids, segment_ids, mlm_mask, cls_mask = inputs
-        return self.add_positions_and_types(words, token_types, position_ids), segment_ids, mlm_mask, cls_mask
+        token_flags = mlm_mask.long() * _MLM + cls_mask.long() * _CLS  # [b, s/P] int64: NCCL-safe
+        return self.add_positions_and_types(words, token_types, position_ids), segment_ids, token_flags
 
 
 def _hand_over_word_embeddings(embedding: WordEmbeddingPipe, inputs):
@@ -56,8 +63,8 @@ def _hand_over_word_embeddings(embedding: WordEmbeddingPipe, inputs):
 
 class TransformerLayerPipe(TransformerLayer):
     def forward(self, inputs):
-        hidden, segment_ids, *masks = inputs
-        return super().forward(hidden, segment_ids), segment_ids, *masks
+        hidden, segment_ids, token_flags = inputs
+        return super().forward(hidden, segment_ids), segment_ids, token_flags
 
 
 class HeadsPipe(nn.Module):
@@ -70,7 +77,8 @@ class HeadsPipe(nn.Module):
         self.binary_head = BinaryHead(config) if config.add_binary_head else None
 
     def forward(self, inputs):
-        hidden, _, mlm_mask, cls_mask, word_embeddings_weight = inputs
+        hidden, _, token_flags, word_embeddings_weight = inputs
+        mlm_mask, cls_mask = (token_flags & _MLM) != 0, (token_flags & _CLS) != 0
         hidden = self.final_layernorm(hidden)
         mlm_logits = self.lm_head(hidden[mlm_mask], word_embeddings_weight)
         if self.binary_head is None:

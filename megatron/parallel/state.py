@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.errors import ConfigError
+from megatron.parallel import device
 
 AXES = ("pipe", "data", "seq")
 
@@ -105,7 +106,8 @@ def initialize(pipeline: int = 1, sequence: int = 1, data: int | None = None, ba
     import deepspeed
 
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+        device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)
+        deepspeed.init_distributed(dist_backend=backend or device.backend())
     elif not deepspeed.comm.is_initialized():
         deepspeed.init_distributed(dist_backend=dist.get_backend())
     dims = resolve_dims(dist.get_world_size(), pipeline=pipeline, sequence=sequence, data=data)

@@ -1,0 +1,176 @@
+"""Attention kernels and the P > 1 math on one device: the ring and BigBird at SP = 1, 2, 4 as
+P virtual ranks in one process (megatron/model/attention/simulate.py), against a float64
+softmax(QK^T + mask)V reference, in fp32 and bf16, for three sample layouts:
+
+  unpadded  one segment per sample, no padding: "full" blocks (flash on CUDA in bf16)
+  padded    one segment per sample, some padding: the memory-efficient kernel with a bias
+  packed    several segments per sample and padding: "mixed" tiles, also with a bias
+
+On CUDA it also times one unmasked block (forward + backward) with each kernel that can run it
+(flash, cuDNN, memory-efficient), the evidence for blocks.UNMASKED_CUDA_KERNEL. Writes the
+"GPU check: attention kernels" section of RESULTS.md (benchmarks/gpu_check.sh runs it);
+exits 1 if an error is above its tolerance. Runs on CPU too (small shapes: tests use it).
+"""
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from megatron.model.attention import bigbird, blocks, masks, simulate  # noqa: E402
+
+TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}  # max |error| / max |reference|
+LAYOUTS = ("unpadded", "padded", "packed")
+
+
+def segment_ids(layout: str, b: int, s: int) -> torch.Tensor:
+    ids = torch.ones(b, s, dtype=torch.long)
+    if layout == "padded":
+        for i in range(b):
+            ids[i, s - (i + 1) * s // (2 * b):] = 0  # sample i: the last (i+1)/2b of it is padding
+    elif layout == "packed":
+        for i in range(b):
+            cuts = sorted({s // 5 + 7 * i, s // 2 + 3 * i, 4 * s // 5})
+            for number, cut in enumerate(cuts, start=2):
+                ids[i, cut:] = number
+            ids[i, s - s // 16 * (i % 2):] = 0
+    return ids
+
+
+def bigbird_allowed(s: int, block: int, window: int, num_random: int, seed: int) -> torch.Tensor:
+    """[s, s] token mask of BigBird's block pattern (iteration 0, layer 0)."""
+    n = s // block
+    slots, valid = bigbird.block_pattern(n, window, num_random, seed, 0, 0)
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for row in range(n):
+        allowed[row, slots[row][valid[row]]] = True
+    allowed[[0, -1], :] = True
+    allowed[:, [0, -1]] = True
+    return allowed.repeat_interleave(block, 0).repeat_interleave(block, 1)
+
+
+def reference(q, k, v, grad_out, allowed):
+    """float64 softmax attention under allowed [b, s, s] (rows that see nothing give 0) -> out, dq, dk, dv."""
+    q, k, v = (x.detach().double().requires_grad_(True) for x in (q, k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    empty = ~allowed.any(-1)[:, None, :, None]
+    scores = scores.masked_fill(~allowed[:, None], float("-inf")).masked_fill(empty, 0.0)
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, -1).masked_fill(empty, 0.0), v)
+    out.backward(grad_out.double())
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def count_kernels():
+    """Wraps blocks.kernel to count the kernels chosen (and whether with a mask) -> (Counter, original)."""
+    counts, choose = collections.Counter(), blocks.kernel
+
+    def counted(q, mask):
+        name = choose(q, mask)
+        counts[name + (" unmasked" if mask.allowed is None else " +bias")] += 1
+        return name
+    blocks.kernel = counted
+    return counts, choose
+
+
+def accuracy(variant: str, size: int, layout: str, dtype, device, b=2, s=256, heads=4, d=64, block=16,
+             seed=0) -> dict:
+    """Max relative errors of out, dq, dk, dv of the simulated core against float64, and the
+    kernels it ran."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, grad_out = (torch.randn(b, s, heads, d, generator=g) for _ in range(4))
+    ids = segment_ids(layout, b, s)
+    allowed = (ids[:, :, None] == ids[:, None, :]) & (ids[:, None, :] != 0)
+    if variant == "bigbird":
+        allowed = allowed & bigbird_allowed(s, block, 3, 2, 1234)
+    want = reference(q, k, v, grad_out, allowed)
+    inputs = [x.to(device, dtype) for x in (q, k, v)] + [ids.to(device), grad_out.to(device, dtype)]
+    counts, choose = count_kernels()
+    try:
+        if variant == "ring":
+            got, _ = simulate.ring_attention(*inputs, size)
+        else:
+            got, _ = simulate.bigbird_attention(*inputs, size, block, window=3, num_random=2, seed=1234)
+    finally:
+        blocks.kernel = choose
+    errors = {name: ((a.double().cpu() - w).abs().max() / w.abs().max()).item()
+              for name, a, w in zip(("out", "dq", "dk", "dv"), got, want)}
+    return {"variant": variant, "P": size, "layout": layout, "dtype": str(dtype).replace("torch.", ""),
+            "errors": errors, "kernels": dict(counts), "ok": max(errors.values()) <= TOLERANCE[dtype]}
+
+
+def time_kernels(device, dtype=torch.bfloat16, b=1, heads=16, s=4096, d=64, repeats=10) -> list:
+    """(kernel, ms per block forward + backward) for an unmasked [b, heads, s, d] block."""
+    rows = []
+    q, k, v, grad_out = (torch.randn(b, heads, s, d, device=device, dtype=dtype) for _ in range(4))
+    unmasked = masks.BlockMask(None, None)
+    default = blocks.UNMASKED_CUDA_KERNEL
+    for name in ("flash", "cudnn", "efficient"):
+        blocks.UNMASKED_CUDA_KERNEL = name
+        choose = blocks.kernel
+        if name == "efficient":
+            blocks.kernel = lambda q, mask: "efficient"
+        try:
+            for i in range(repeats + 2):
+                if i == 2:
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                out, lse = blocks.forward(q, k, v, unmasked, d ** -0.5)
+                blocks.backward(grad_out, q, k, v, unmasked, out, lse, d ** -0.5)
+            torch.cuda.synchronize()
+            rows.append((name, (time.perf_counter() - start) / repeats * 1e3))
+        except RuntimeError as error:  # a kernel this torch / GPU does not offer
+            rows.append((name, f"not available: {str(error).splitlines()[0][:80]}"))
+        finally:
+            blocks.kernel, blocks.UNMASKED_CUDA_KERNEL = choose, default
+    return rows
+
+
+def run(device, dtypes, sizes, layouts=LAYOUTS, **shape) -> list:
+    return [accuracy(variant, size, layout, dtype, device, **shape)
+            for dtype in dtypes for variant in ("ring", "bigbird") for size in sizes for layout in layouts]
+
+
+def table(results: list) -> str:
+    lines = ["| core | P | layout | dtype | out | dq | dk | dv | kernels | ok |", "|" + "---|" * 10]
+    for r in results:
+        e = r["errors"]
+        kernels = ", ".join(f"{k} x{n}" for k, n in sorted(r["kernels"].items()))
+        lines.append(f"| {r['variant']} | {r['P']} | {r['layout']} | {r['dtype']} | {e['out']:.1e} | {e['dq']:.1e} | "
+                     f"{e['dk']:.1e} | {e['dv']:.1e} | {kernels} | {'yes' if r['ok'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args(argv)
+    from results import machine, write_section
+
+    device = torch.device(args.device)
+    results = run(device, [getattr(torch, name) for name in args.dtypes], args.sizes, s=args.seq)
+    body = [f"Machine: {machine()}. `python benchmarks/gpu_kernels.py` (b=2, s={args.seq}, 4 heads of 64; BigBird "
+            "blocks of 16, window 3, 2 random). Errors: max |ours - float64| / max |float64|; tolerance "
+            f"{TOLERANCE[torch.float32]:g} (fp32), {TOLERANCE[torch.bfloat16]:g} (bf16). P > 1 runs as P virtual ranks "
+            "in one process (attention/simulate.py).", "", table(results)]
+    if device.type == "cuda":
+        body += ["", "One unmasked block [1, 16, 4096, 64] bf16, forward + backward:", "",
+                 "| kernel | ms |", "|---|---|"]
+        body += [f"| {name} | {ms if isinstance(ms, str) else f'{ms:.2f}'} |" for name, ms in time_kernels(device)]
+    text = "\n".join(body)
+    print(text)
+    if not args.no_write:
+        write_section("GPU check: attention kernels", text)
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
