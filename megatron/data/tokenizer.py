@@ -77,10 +77,19 @@ class BertWordPiece:
 def read_vocab(vocab_file) -> dict[str, int]:
     """One token per line; the line number is the id (the BERT `vocab.txt` convention)."""
     path = Path(vocab_file)
+    if path.is_dir():
+        raise DataError(f"vocab file {path} is a directory", "pass the vocab.txt inside it to --vocab-file")
     if not path.is_file():
         raise DataError(f"vocab file {path} does not exist",
                         "pass --vocab-file with a BERT vocab.txt (tools/build_vocab.py makes one)")
-    tokens = path.read_text(encoding="utf-8").splitlines()
+    raw = path.read_bytes()
+    try:
+        tokens = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise DataError(f"vocab file {path} is not UTF-8 text (line {line}: byte {raw[error.start]:#04x}); is it a "
+                        "binary file?", "pass a BERT vocab.txt in UTF-8, one token per line (tools/build_vocab.py "
+                        "makes one)") from None
     vocab = {}
     for index, token in enumerate(tokens):
         vocab.setdefault(token, index)
