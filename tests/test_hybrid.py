@@ -9,8 +9,8 @@ One spawn per world size (start-up dominates on 2 cores), each rank reporting ev
     divides, equals one process in hidden states, loss and gradients, for hybrid and ring (and
     ulysses at SP = 4);
   - the bytes each rank sends per layer equal benchmarks/comm_model.py's model.
-Through the engine: ZeRO 2 x hybrid SP=4 and PP=2 x hybrid (world 4), PP=2 x hybrid SP=4 (world
-8, slow); through the real `deepspeed` launcher once (4 ranks, a seq length padded to 4).
+Through the engine: ZeRO 2 x hybrid SP=4 and PP=2 x hybrid (in the world-4 spawn), PP=2 x hybrid
+SP=4 (world 8, slow); through the real `deepspeed` launcher once (4 ranks, a seq length padded to 4).
 """
 import functools
 import json
@@ -85,8 +85,18 @@ def rank_checks(size: int) -> dict:
                                        ULYSSES if variant == "hybrid" else 1) for variant in VARIANTS[size]}}
 
 
+# world 4 also runs the engine (test_hybrid_through_the_engine_zero2_and_pipeline): one spawn
+ENGINE_RUNS = [(1, 2, 2, 2, 4, "hybrid", 0, None, False, 1e6), (2, 2, 2, 1, 2, "hybrid")]
+
+
+def world_4_checks() -> dict:
+    return {**rank_checks(4), "engine": hybrid_engine_runs(ENGINE_RUNS)}
+
+
 @functools.cache
 def spawned(size: int) -> list:
+    if size == 4:
+        return run_on_ranks(world_4_checks, 4, timeout=600)
     return run_on_ranks(rank_checks, size, size, timeout=300)
 
 
@@ -204,8 +214,8 @@ def test_hybrid_through_the_engine_zero2_and_pipeline():
     one process (ring at SP=1 is exact attention)."""
     from test_deepspeed_engine import NO_CLIP, check_against_reference, reference_run
 
-    runs = [(1, 2, 2, 2, 4, "hybrid", 0, None, False, NO_CLIP), (2, 2, 2, 1, 2, "hybrid")]
-    per_rank = run_on_ranks(hybrid_engine_runs, 4, runs, timeout=420)
+    assert ENGINE_RUNS[0][-1] == NO_CLIP  # the first run's gradients are captured before clipping
+    per_rank = [result["engine"] for result in spawned(4)]
     zero2 = [results[0] for results in per_rank]
     expected = reference_run(2, "ring", clip=NO_CLIP)
     for rank, result in enumerate(zero2):
