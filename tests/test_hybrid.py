@@ -237,17 +237,15 @@ def test_hybrid_pipeline_world_8():
 
 def test_hybrid_through_the_real_launcher(tmp_path):
     """`deepspeed --num_gpus 4` (CPU ranks over gloo) with ds_configs/hybrid_sp4.json and 126
-    tokens per sample (padded to 128 for SP=4): two steps train and the resolved layout is 2 x 2."""
-    from megatron.data.default_dataset import prepare_default_dataset
+    tokens per sample (padded to 128 for SP=4): two steps train and the resolved layout is 2 x 2.
+    The data is the default run's (.cache/default_data, built on first use and then reused)."""
     from megatron.parallel.spawn import free_port
     from test_training import PYTHON, TINY
 
-    data_dir = tmp_path / "data"
-    prepare_default_dataset(data_dir)
     command = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "4", "--master_port", str(free_port()),
                str(ROOT / "pretrain_bert.py"), *TINY, "--seq-length", "126", "--deepspeed", "--deepspeed_config",
                str(ROOT / "ds_configs" / "hybrid_sp4.json"), "--train-iters", "2", "--log-interval", "1",
-               "--eval-iters", "1", "--default-data-dir", str(data_dir), "--log-dir", str(tmp_path / "log")]
+               "--eval-iters", "1", "--log-dir", str(tmp_path / "log")]
     result = subprocess.run(command, cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True,
                             text=True, timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
