@@ -1,9 +1,12 @@
 # Sourced by the launch scripts: `run_launcher COMMAND ...` runs the deepspeed launcher in its own
 # process group and stops the whole run on SIGTERM / SIGINT. The launcher itself does not: its
 # outer process dies on SIGTERM and leaves the ranks training as orphans. Here the signal goes to
-# every process of the group (launcher and ranks); the ranks save a final checkpoint (with --save)
-# and exit, and the script returns once none of them is left (STOP_TIMEOUT seconds at most, default
-# 120, then SIGKILL). Exit status: the launcher's, or 128 + the signal.
+# this machine's ranks (the processes of the group running pretrain_bert.py): they save a final
+# checkpoint (with --save) and exit, and the launcher, seeing them exit, ends too. With no rank
+# here yet (still starting, or ranks reached by ssh) it goes to the whole group, whose launcher
+# then stops the ranks its way. The script returns once no process of the group is left
+# (STOP_TIMEOUT seconds at most, default 120, then SIGKILL). Exit status: the launcher's, or
+# 128 + the signal.
 
 # processes of group $1 that are not zombies (a reparented zombie can outlive its group's work)
 group_alive() {
@@ -14,6 +17,22 @@ group_alive() {
     fi
 }
 
+# stop_run SIGNAL GROUP: the signal to the group's ranks (the children of DeepSpeed's per-node
+# launcher, deepspeed.launcher.launch), else to the whole group
+stop_run() {
+    local launchers ranks=""
+    launchers="$(pgrep -g "$2" -f deepspeed.launcher.launch 2> /dev/null)" || true
+    for launcher in $launchers; do
+        ranks+=" $(pgrep -P "$launcher" 2> /dev/null | tr '\n' ' ')" || true
+    done
+    if [ -n "${ranks// /}" ]; then
+        # shellcheck disable=SC2086  # one pid per word
+        kill -s "$1" $ranks 2> /dev/null || true
+    else
+        kill -s "$1" -- "-$2" 2> /dev/null || true
+    fi
+}
+
 run_launcher() {
     local status=0 signal_number=0 deadline
     set -m  # job control: the background job gets a process group of its own
@@ -21,8 +40,8 @@ run_launcher() {
     LAUNCHER_GROUP=$!
     set +m
     # shellcheck disable=SC2064  # the group id is fixed now
-    trap "signal_number=15; trap '' TERM INT; kill -TERM -- -$LAUNCHER_GROUP 2> /dev/null || true" TERM
-    trap "signal_number=2; trap '' TERM INT; kill -INT -- -$LAUNCHER_GROUP 2> /dev/null || true" INT
+    trap "signal_number=15; trap '' TERM INT; stop_run TERM $LAUNCHER_GROUP" TERM
+    trap "signal_number=2; trap '' TERM INT; stop_run INT $LAUNCHER_GROUP" INT
     while kill -0 "$LAUNCHER_GROUP" 2> /dev/null; do
         status=0
         wait "$LAUNCHER_GROUP" || status=$?
