@@ -5,7 +5,10 @@
 """
 import sys
 
-from megatron.training import main
+from megatron.quiet import quiet_deepspeed
+
+quiet_deepspeed()  # before DeepSpeed is first imported (megatron.training imports it)
+from megatron.training import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,7 +18,13 @@ The JSON section DeepSpeed itself never reads (it ignores unknown top-level keys
         "max_segment_length": 512       # packed: the longest segment (default min(seq, positions))
     }
 
-Every violated constraint is a ConfigError naming the key (or flag) and the fix.
+The pipeline degree may live in the JSON too, in DeepSpeed's own (otherwise unused) key
+`"pipeline": {"stages": 2}` ("auto", DeepSpeed's default, means 1 here), so that one file
+describes the whole layout; --pipeline-model-parallel-size overrides it.
+
+Every violated constraint is a ConfigError naming the key (or flag) and the fix. Nothing here
+imports torch or DeepSpeed unless DeepSpeed's own checks are asked for (`resolve(...,
+deepspeed_check=True)`, the trainer's default): tools/ds_config.py answers in a fraction of a second.
 """
 import contextlib
 import dataclasses
@@ -29,7 +35,7 @@ from pathlib import Path
 
 from megatron.errors import ConfigError
 from megatron.model import attention
-from megatron.model.bert import BertConfig
+from megatron.model.args import BertConfig
 
 SECTION = "sequence_parallel"
 # JSON sub-sections of SECTION -> BertConfig field prefix
@@ -98,47 +104,75 @@ def _refuse_duplicates(path):
     return build
 
 
+# DeepSpeed 0.19.8's top-level keys (traced_deepspeed_top_level_keys, which imports DeepSpeed, finds
+# the same set: tests/test_ds_config_tool.py holds the two equal, so a DeepSpeed upgrade updates it)
+DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
+    "activation_checkpointing", "aio", "amp", "auto", "auto_cast", "autotuning", "bf16",
+    "bf16_master_weights_and_grads", "bf16_optimizer_states", "bfloat16", "buffer_dtype", "check_overflow",
+    "checkpoint", "comet", "comms_logger", "communication_data_type", "compile", "compression_training",
+    "consecutive_hysteresis", "csv_monitor", "curriculum_learning", "data_efficiency", "data_parallel_group",
+    "data_types", "dataloader_drop_last", "datastates_ckpt", "ddp_bf16", "disable_allgather", "disable_python_gc",
+    "ds_pipe_replicated", "dtype", "dump_state", "eigenvalue", "elasticity", "enabled", "encode", "eval",
+    "expert_parallel", "flops_profiler", "fp16", "fp16_master_weights_and_grads", "fp32", "global_rank",
+    "grad_accum_dtype", "gradient_accumulation_steps", "gradient_allreduce_op", "gradient_clipping",
+    "gradient_predivide_factor", "graph_harvesting", "hybrid_engine", "hysteresis", "immediate_grad_update",
+    "initial_scale_power", "keep_in_fp32_modules", "legacy_fusion", "load_universal", "log_level", "loss_scale",
+    "loss_scale_window", "lower_precision_safe_modules", "managed_gradient_accumulation", "max_grad_norm", "mean",
+    "memory_breakdown", "min_loss_scale", "monitor_config", "nebula", "optimizer", "parallel_write", "param_dtype",
+    "params", "pipeline", "pipeline_stage", "predict", "prescale_gradients", "progressive_layer_drop",
+    "quantize_training", "scheduler", "seq_parallel_communication_data_type", "sparse_attention",
+    "sparse_gradients", "steps_per_print", "sum", "tag_validation", "tensor_parallel", "tensorboard", "timers",
+    "torch_autocast", "train", "train_batch_size", "train_micro_batch_size_per_gpu", "type",
+    "use_data_before_expert_parallelism", "use_node_local_storage", "vocabulary_size", "wall_clock_breakdown",
+    "wandb", "weight_quantization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+    "zero_optimization"})
+# optimizer.type spellings DeepSpeed accepts: its own optimizers and torch.optim's classes, by lower-case
+# name (traced_optimizer_names finds the same)
+OPTIMIZER_NAMES = {name.lower(): name for name in (
+    "Adadelta", "Adafactor", "adagrad", "adam", "Adamax", "adamw", "ASGD", "lamb", "LBFGS", "lion", "muadam",
+    "muadamw", "muon", "musgd", "NAdam", "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam")}
 # read by DeepSpeed outside DeepSpeedConfig's own look-ups (launcher, autotuner, profilers, ...)
 _DEEPSPEED_OTHER_KEYS = {"optimizer", "scheduler", "activation_checkpointing", "flops_profiler", "aio", "autotuning",
                          "sparse_attention", "monitor_config", "zero_optimization", "train_batch_size",
                          "fp16", "bf16", "amp", "checkpoint", "pipeline", "elasticity", "compression_training"}
-_known_top_level_keys = None
 
 
 def deepspeed_top_level_keys() -> set:
-    """Top-level keys DeepSpeed reads: those its DeepSpeedConfig looks up (traced once on a minimal
-    config), the keys named in its constants, the few read elsewhere, and this project's section.
-    DeepSpeed ignores any other key, so a typo such as `trian_batch_size` would change nothing."""
-    global _known_top_level_keys
-    if _known_top_level_keys is None:
-        import deepspeed.runtime.constants as constants
-        from deepspeed.runtime.config import DeepSpeedConfig
-
-        looked_up = set()
-
-        class Tracing(dict):
-            def get(self, key, *default):
-                looked_up.add(key)
-                return super().get(key, *default)
-
-            def __getitem__(self, key):
-                looked_up.add(key)
-                return super().__getitem__(key)
-
-            def __contains__(self, key):
-                looked_up.add(key)
-                return super().__contains__(key)
-
-        with contextlib.suppress(Exception):
-            DeepSpeedConfig(Tracing(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1))
-        named = {value for name, value in vars(constants).items()
-                 if name.isupper() and isinstance(value, str) and value.isidentifier() and value.islower()}
-        _known_top_level_keys = looked_up | named | _DEEPSPEED_OTHER_KEYS | {SECTION}
-    return _known_top_level_keys
+    """Top-level keys DeepSpeed reads, and this project's section. DeepSpeed ignores any other
+    key, so a typo such as `trian_batch_size` would change nothing."""
+    return DEEPSPEED_TOP_LEVEL_KEYS | {SECTION}
 
 
-def _optimizer_names() -> dict:
-    """lower-case name -> accepted spelling: DeepSpeed's own optimizers and torch.optim's classes."""
+def traced_deepspeed_top_level_keys() -> set:
+    """DEEPSPEED_TOP_LEVEL_KEYS from the installed DeepSpeed: the keys its DeepSpeedConfig looks
+    up (traced on a minimal config), the keys named in its constants, and the few read elsewhere."""
+    import deepspeed.runtime.constants as constants
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    looked_up = set()
+
+    class Tracing(dict):
+        def get(self, key, *default):
+            looked_up.add(key)
+            return super().get(key, *default)
+
+        def __getitem__(self, key):
+            looked_up.add(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key):
+            looked_up.add(key)
+            return super().__contains__(key)
+
+    with contextlib.suppress(Exception):
+        DeepSpeedConfig(Tracing(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1))
+    named = {value for name, value in vars(constants).items()
+             if name.isupper() and isinstance(value, str) and value.isidentifier() and value.islower()}
+    return looked_up | named | _DEEPSPEED_OTHER_KEYS
+
+
+def traced_optimizer_names() -> dict:
+    """OPTIMIZER_NAMES from the installed DeepSpeed and torch."""
     import torch
     from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
 
@@ -163,7 +197,7 @@ def check_deepspeed_types(ds_config: dict) -> None:
     _check_enabled_flags(ds_config, "")
     optimizer_type = ds_config.get("optimizer", {}).get("type") if isinstance(ds_config.get("optimizer"), dict) else None
     if optimizer_type is not None:
-        names = _optimizer_names()
+        names = OPTIMIZER_NAMES
         if not isinstance(optimizer_type, str) or optimizer_type.lower() not in names:
             raise ConfigError(f"optimizer.type {json.dumps(optimizer_type)} is not an optimizer DeepSpeed knows",
                               f"use one of {', '.join(sorted(set(names.values()), key=str.lower))}")
@@ -275,12 +309,15 @@ def _section_values(ds_config: dict) -> dict:
     return values
 
 
-def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
+def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool = True) -> TrainConfig:
     """Merges flags (None = not given) over the JSON over defaults, then validates.
 
     `flags` keys are TrainConfig / BertConfig field names; `micro_batch_size` and
-    `global_batch_size` mirror DeepSpeed's batch keys and override them.
+    `global_batch_size` mirror DeepSpeed's batch keys and override them. `deepspeed_check`:
+    also run DeepSpeed's own checks of its sections (imports DeepSpeed: seconds).
     """
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ConfigError(f"world size {world_size} must be >= 1", "launch at least one process (--world-size N)")
     check_deepspeed_types(ds_config)
     given = {key: value for key, value in flags.items() if value is not None}
     values = {**_section_values(ds_config), **given}
@@ -288,9 +325,9 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
     checkpoint_interval = values.pop("activation_checkpoint_interval", 0) or int("activation_checkpointing" in ds_config)
     compile_mlp = values.pop("compile_mlp", False)
     pack_samples = _packing(values)
-    pipeline = values.pop("pipeline_parallel_size", 1)
+    pipeline = values.pop("pipeline_parallel_size", None) or _json_pipeline_stages(ds_config)
     sequence = values.pop("sequence_parallel_size", 1)
-    for key, value in (("--pipeline-model-parallel-size", pipeline), (f"{SECTION}.size", sequence)):
+    for key, value in (("--pipeline-model-parallel-size (pipeline.stages)", pipeline), (f"{SECTION}.size", sequence)):
         if value < 1:
             raise ConfigError(f"{key} = {value} must be >= 1", f"set {key} to a positive integer")
     if world_size % (pipeline * sequence):
@@ -331,12 +368,25 @@ def resolve(flags: dict, ds_config: dict, world_size: int) -> TrainConfig:
     resolved = {**ds_config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
                 "train_batch_size": global_batch}
     if pipeline > 1:  # sequence-split activations must travel whole between stages
-        resolved["pipeline"] = {**ds_config.get("pipeline", {}), "pipe_partitioned": False, "grad_partitioned": False}
-    deepspeed_accepts(resolved)
+        resolved["pipeline"] = {**ds_config.get("pipeline", {}), "stages": pipeline, "pipe_partitioned": False,
+                                "grad_partitioned": False}
+    if deepspeed_check:
+        deepspeed_accepts(resolved)
     return TrainConfig(model=model, pipeline_parallel_size=pipeline, sequence_parallel_size=sequence,
                        data_parallel_size=data, micro_batch_size=micro, gradient_accumulation_steps=gas,
                        zero_stage=zero_stage, activation_checkpoint_interval=checkpoint_interval,
                        compile_mlp=compile_mlp, pack_samples=pack_samples, ds_config=resolved)
+
+
+def _json_pipeline_stages(ds_config: dict) -> int:
+    """DeepSpeed's `pipeline.stages` (an int, or its default "auto": no pipeline here)."""
+    stages = ds_config.get("pipeline", {}).get("stages", "auto")
+    if stages == "auto":
+        return 1
+    if isinstance(stages, bool) or not isinstance(stages, int):
+        raise ConfigError(f"pipeline.stages = {json.dumps(stages)} is not an integer",
+                          'set pipeline.stages to the number of pipeline stages (or "auto": none)')
+    return stages
 
 
 def _ulysses_size(values: dict, sequence: int) -> None:
@@ -350,7 +400,7 @@ def _ulysses_size(values: dict, sequence: int) -> None:
     if ulysses is not None and ulysses < 1:
         raise ConfigError(f"{SECTION}.ulysses_size {ulysses} must be >= 1", "set ulysses_size to a divisor of size")
     if ulysses is None:
-        from megatron.model.attention.hybrid import ulysses_degree
+        from megatron.model.attention import ulysses_degree
 
         values["ulysses_size"] = ulysses_degree(None, values.get("num_attention_heads", BertConfig.num_attention_heads),
                                                 sequence)

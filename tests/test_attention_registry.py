@@ -27,3 +27,8 @@ def test_bad_attention_settings(variant, size, overrides, message):
                                           ("hybrid", 6)])  # ring 5: 48 tokens padded to 50
 def test_valid_settings_pass(variant, size):
     attention.check(small_config(variant), size)
+
+
+def test_every_core_has_its_start_up_rules():
+    """rules.py (torch-free, read by megatron.config and tools/ds_config.py) knows exactly the cores."""
+    assert sorted(attention.VARIANTS) == sorted(attention.RULES)

@@ -1,6 +1,7 @@
 """tools/ds_config.py: show / set / validate / diff round trips, one-line errors naming the key,
 and the atomic write that leaves the file untouched on error."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -112,3 +113,97 @@ def test_hybrid_keys_are_validated(capsys, tmp_path, assignment, message):
     code, _, err = run(capsys, "set", hybrid, assignment, "-o", tmp_path / "out.json", "--world-size", 4)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out.json").exists()
+
+
+# ---------------------------------------------------------------- issue 16: a fast, quiet tool; the layout in one file
+
+def test_the_tool_imports_neither_torch_nor_deepspeed(tmp_path):
+    """--help, show, set and validate as real processes: no torch, no DeepSpeed (and so no accelerator
+    warning), nothing on stderr; -X importtime lists every module a process imports."""
+    out = tmp_path / "ds.json"
+    for argv in (["--help"], ["show", RING, *NO_DROPOUT], ["set", RING, "train_batch_size=8", "-o", out, *NO_DROPOUT],
+                 ["validate", out, "--world-size", 4, *NO_DROPOUT]):
+        result = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "tools" / "ds_config.py"),
+                                 *map(str, argv)], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr[-2000:]
+        imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
+                    if line.startswith("import time:")}
+        assert not {"torch", "deepspeed", "pydantic"} & imported, argv
+        other = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+        assert other == ([] if argv[0] != "set" else
+                         ["gradient_accumulation_steps set to null: derived as 2 at world size 2 (and at any other)"])
+
+
+def test_static_deepspeed_tables_match_the_installed_deepspeed():
+    from megatron.config import (DEEPSPEED_TOP_LEVEL_KEYS, OPTIMIZER_NAMES, traced_deepspeed_top_level_keys,
+                                 traced_optimizer_names)
+
+    assert traced_deepspeed_top_level_keys() == DEEPSPEED_TOP_LEVEL_KEYS
+    assert traced_optimizer_names() == OPTIMIZER_NAMES
+
+
+def test_deepspeed_check_runs_deepspeeds_own_section_checks(capsys, config):
+    ds = json.loads(config.read_text())
+    ds["zero_optimization"]["overlap_comm"] = "sometimes"
+    config.write_text(json.dumps(ds))
+    assert run(capsys, "validate", config, "--world-size", 2, *NO_DROPOUT)[0] == 0  # fast: our checks only
+    code, _, err = run(capsys, "validate", config, "--world-size", 2, "--deepspeed-check", *NO_DROPOUT)
+    assert code == 2 and "DeepSpeed rejects zero_optimization.overlap_comm" in err, err
+
+
+def test_pipeline_degree_lives_in_the_json(capsys, tmp_path):
+    path = tmp_path / "pp.json"
+    path.write_text(json.dumps({**json.loads(RING.read_text()), "pipeline": {"stages": 2}}))
+    shown = json.loads(run(capsys, "show", path, *NO_DROPOUT)[1])
+    assert (shown["world_size"], shown["pipeline_parallel_size"], shown["sequence_parallel_size"]) == (4, 2, 2)
+    assert shown["ds_config"]["pipeline"]["stages"] == 2
+    code, out, _ = run(capsys, "validate", path, "--world-size", 8, *NO_DROPOUT)
+    assert code == 0 and "pipeline 2 x data 2 x sequence 2" in out
+    code, out, _ = run(capsys, "validate", path, "--world-size", 4, "--pipeline-model-parallel-size", 1, *NO_DROPOUT)
+    assert code == 0 and "pipeline 1 x data 2 x sequence 2" in out  # the flag wins
+    code, _, err = run(capsys, "set", path, "pipeline.stages=\"two\"", *NO_DROPOUT)
+    assert code == 2 and 'pipeline.stages = "two" is not an integer' in err
+    template = json.loads((ROOT / "ds_configs" / "pipeline_zero1_ring_sp2.json").read_text())
+    assert template["pipeline"]["stages"] == 2  # the pipeline template describes its whole layout
+
+
+@pytest.mark.parametrize("assignments,derived,expected", [
+    (["train_batch_size=16"], "gradient_accumulation_steps", (16, 4, 4)),
+    (["train_micro_batch_size_per_gpu=2"], None, (2, 2, 1)),  # no train_batch_size in ring_sp2.json: derived
+    (["gradient_accumulation_steps=4"], None, (16, 4, 4)),  # no train_batch_size to contradict
+    (["train_batch_size=16", "gradient_accumulation_steps=2", "train_micro_batch_size_per_gpu=2"], None, (16, 2, 2)),
+    (["train_batch_size=8", "gradient_accumulation_steps=2"], None, (8, 4, 2)),
+])
+def test_set_batch_sizes_on_a_template(capsys, config, assignments, derived, expected):
+    """A batch key set on a template leaves another to be derived (null) instead of contradicting it
+    (ring_sp2.json fixes micro 4 and grad-acc 1 for world size 2)."""
+    code, _, err = run(capsys, "set", config, *assignments, *NO_DROPOUT)
+    assert code == 0, err
+    written = json.loads(config.read_text())
+    if derived:
+        assert written[derived] is None and f"{derived} set to null" in err
+    shown = json.loads(run(capsys, "show", config, *NO_DROPOUT)[1])["ds_config"]
+    assert tuple(shown[key] for key in ds_config.BATCH_KEYS) == expected
+
+
+def test_validate_refuses_world_size_0(capsys):
+    code, _, err = run(capsys, "validate", RING, "--world-size", 0, *NO_DROPOUT)
+    assert code == 2 and "world size 0 must be >= 1" in err
+
+
+def test_show_prints_the_seed_the_trainer_uses(capsys):
+    bigbird = ROOT / "ds_configs" / "bigbird_sp2.json"
+    flags = ["--seq-length", 1024, "--max-position-embeddings", 1024]
+    assert json.loads(run(capsys, "show", bigbird, *flags)[1])["model"]["bigbird_seed"] == 1234  # the trainer's --seed
+    assert json.loads(run(capsys, "show", bigbird, *flags, "--seed", 7)[1])["model"]["bigbird_seed"] == 7
+
+
+def test_set_keeps_the_files_permissions(capsys, config, tmp_path):
+    config.chmod(0o640)
+    assert run(capsys, "set", config, "zero_optimization.stage=2", *NO_DROPOUT)[0] == 0
+    assert config.stat().st_mode & 0o777 == 0o640
+    new = tmp_path / "new.json"
+    assert run(capsys, "set", config, "zero_optimization.stage=1", "-o", new, *NO_DROPOUT)[0] == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert new.stat().st_mode & 0o777 == 0o666 & ~umask

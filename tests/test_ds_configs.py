@@ -24,8 +24,8 @@ def test_config_loads_and_validates(path):
     assert DeepSpeedConfig(str(path)).train_micro_batch_size_per_gpu == ds["train_micro_batch_size_per_gpu"]
     pipeline = 2 if path.stem.startswith("pipeline") else 1
     world = 2 * ds["sequence_parallel"]["size"] * pipeline  # two data-parallel replicas
-    config = resolve({**MODEL, "pipeline_parallel_size": pipeline}, ds, world_size=world)
-    assert config.data_parallel_size == 2
+    config = resolve(MODEL, ds, world_size=world)  # the pipeline degree from the JSON's pipeline.stages
+    assert config.data_parallel_size == 2 and config.pipeline_parallel_size == pipeline
     assert config.model.attention == ds["sequence_parallel"]["attention"]
     assert config.global_batch_size == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 2
     assert config.activation_checkpoint_interval == (1 if path.stem.startswith("checkpointing") else 0)

@@ -13,6 +13,12 @@ The model and parallel flags are pretrain_bert.py's (--seq-length, --attention-d
 --pipeline-model-parallel-size, ...): settings that live on the command line, not in the JSON,
 take part in the checks. Without --world-size the smallest world the JSON fits is used:
 pipeline x sequence-parallel x (train_batch_size / (micro x grad-acc)).
+Setting the global or micro batch of a template that also fixes grad-acc makes
+gradient_accumulation_steps null (derived), said on stderr. The pipeline degree may be in the
+JSON (`pipeline.stages`). `show` prints what the trainer will use (BigBird's seed is --seed, as
+there). The tool imports neither torch nor DeepSpeed: it answers in a fraction of a second;
+--deepspeed-check adds DeepSpeed's own checks of its sections (seconds), which the trainer runs
+at start-up. A file edited in place keeps its permissions.
 Errors are one line naming the key and the fix, exit code 2; `diff` exits 1 when the files differ.
 """
 import argparse
@@ -29,7 +35,8 @@ from megatron.errors import ConfigError
 
 def implied_world_size(ds_config: dict, flags: dict) -> int:
     """pipeline x sequence-parallel x the data-parallel degree the batch keys imply (1 if they don't)."""
-    pipeline = flags.get("pipeline_parallel_size") or 1
+    stages = ds_config.get("pipeline", {}).get("stages") if isinstance(ds_config.get("pipeline"), dict) else None
+    pipeline = flags.get("pipeline_parallel_size") or (stages if isinstance(stages, int) and stages > 0 else 1)
     section = ds_config.get(SECTION, {})
     sequence = flags.get("sequence_parallel_size") or (section.get("size", 1) if isinstance(section, dict) else 1)
     batch = [ds_config.get(key) for key in ("train_batch_size", "train_micro_batch_size_per_gpu",
@@ -41,10 +48,33 @@ def implied_world_size(ds_config: dict, flags: dict) -> int:
 
 
 def resolved(ds_config: dict, args) -> dict:
+    """The config as the trainer resolves it: its flags, and BigBird's seed from --seed as it does."""
     flags = config_flags(args)
-    world_size = args.world_size or implied_world_size(ds_config, flags)
-    config = resolve(flags, ds_config, world_size)
+    flags["bigbird_seed"] = args.seed
+    world_size = args.world_size if args.world_size is not None else implied_world_size(ds_config, flags)
+    if args.deepspeed_check:
+        from megatron.quiet import quiet_deepspeed
+
+        quiet_deepspeed()
+    config = resolve(flags, ds_config, world_size, deepspeed_check=args.deepspeed_check)
     return {"world_size": world_size, "global_batch_size": config.global_batch_size, **config.to_dict()}
+
+
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def derive_untouched_batch_key(ds_config: dict, assigned: set) -> str | None:
+    """`set train_batch_size=16` on a template that fixes micro and grad-acc would contradict them at
+    the world size the template was made for: setting the global or the micro batch without grad-acc
+    leaves grad-acc to be derived (null), as the trainer derives it, when the JSON fixes the global
+    batch as well. Returns the key made null, if any."""
+    key = "gradient_accumulation_steps"
+    if key in assigned or ds_config.get(key) is None or not assigned & set(BATCH_KEYS):
+        return None
+    if ds_config.get("train_batch_size") is None:
+        return None  # micro x grad-acc x data gives the global batch: nothing contradicts
+    ds_config[key] = None
+    return key
 
 
 def assign(ds_config: dict, assignment: str) -> None:
@@ -85,6 +115,7 @@ def write_atomically(path: Path, text: str) -> None:
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(handle, "w") as stream:
             stream.write(text)
+        os.chmod(temporary, file_mode(path))  # mkstemp's 0600 would replace the file's own mode
         os.replace(temporary, path)
     except BaseException as error:
         if temporary and os.path.exists(temporary):
@@ -96,6 +127,15 @@ def write_atomically(path: Path, text: str) -> None:
             raise ConfigError(f"cannot write {path} ({error.strerror or error})",
                               "pass an --output in a folder this user can write") from None
         raise
+
+
+def file_mode(path: Path) -> int:
+    """The mode the written file keeps: the existing file's, else a plain open()'s (0666 less the umask)."""
+    if path.exists():
+        return path.stat().st_mode & 0o7777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def flatten(value, prefix: str = "") -> dict:
@@ -116,7 +156,11 @@ def set_keys(args) -> int:
     ds_config = read_ds_config(args.config)
     for assignment in args.assignments:
         assign(ds_config, assignment)
-    resolved(ds_config, args)
+    derived = derive_untouched_batch_key(ds_config, {text.partition("=")[0] for text in args.assignments})
+    config = resolved(ds_config, args)
+    if derived and str(args.output) != "-":
+        print(f"{derived} set to null: derived as {config['ds_config'][derived]} at world size "
+              f"{config['world_size']} (and at any other)", file=sys.stderr)
     text = json.dumps(ds_config, indent=2) + "\n"
     if str(args.output) == "-":  # print the result, write nothing (the launch scripts' dry run)
         print(text, end="")
@@ -169,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("config", type=Path, help="DeepSpeed JSON file")
         sub.add_argument("--world-size", type=int, required=world_size_required,
                          help="processes the run launches (default: the smallest the JSON fits)")
+        sub.add_argument("--seed", type=int, default=1234, help="the trainer's --seed (BigBird's random blocks "
+                         "follow it; default 1234, the trainer's)")
+        sub.add_argument("--deepspeed-check", action="store_true",
+                         help="also run DeepSpeed's own checks of its sections, as the trainer does at start-up "
+                              "(imports DeepSpeed: a few seconds)")
         add_model_and_parallel_args(sub)
         add_packing_args(sub.add_argument_group("data packing"))
         sub.set_defaults(run=run)

@@ -1,5 +1,18 @@
-"""Attention cores, one file per variant, chosen by name through the registry."""
-from megatron.model.attention import bigbird, dense, hybrid, linformer, ring, ulysses  # noqa: F401  (registers the variants)
-from megatron.model.attention.registry import VARIANTS, build, check, variant_defaults
+"""Attention cores, one file per variant, chosen by name through the registry.
 
-__all__ = ["VARIANTS", "build", "check", "variant_defaults"]
+The start-up checks (rules.py: check, variant_defaults, ulysses_degree) import without torch; the
+cores and the registry (VARIANTS, build) are imported on first use, so that resolving a config
+(megatron.config, tools/ds_config.py) stays fast.
+"""
+from megatron.model.attention.rules import RULES, check, ulysses_degree, variant_defaults
+
+__all__ = ["RULES", "VARIANTS", "build", "check", "ulysses_degree", "variant_defaults"]
+
+
+def __getattr__(name: str):
+    if name in ("VARIANTS", "build"):
+        from megatron.model.attention import bigbird, dense, hybrid, linformer, ring, ulysses  # noqa: F401  (register)
+        from megatron.model.attention import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

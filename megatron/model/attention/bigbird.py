@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 import torch
 
-from megatron.errors import ConfigError
 from megatron.model.attention import blocks, masks
 from megatron.model.attention.comm import SeqComm
 from megatron.model.attention.registry import AttentionCore, register
@@ -330,7 +329,6 @@ class _BigBirdAttention(torch.autograd.Function):
 
 @register("bigbird")
 class BigBirdAttention(AttentionCore):
-    supports_attention_dropout = False
 
     def __init__(self, config):
         super().__init__()
@@ -343,27 +341,6 @@ class BigBirdAttention(AttentionCore):
         self.iteration = 0
         self.layer = 0
         self._cached_plan = (None, None)
-
-    @classmethod
-    def check(cls, config, sequence_parallel_size):
-        super().check(config, sequence_parallel_size)
-        block, window, num_random = config.bigbird_block_size, config.bigbird_num_window_blocks, config.bigbird_num_random_blocks
-        if config.seq_length % (sequence_parallel_size * block):
-            raise ConfigError(
-                f"seq_length {config.seq_length} is not divisible by bigbird block size {block} x "
-                f"sequence-parallel size {sequence_parallel_size}",
-                f"choose --seq-length as a multiple of {sequence_parallel_size * block} or another --block-size")
-        num_blocks = config.seq_length // block
-        if num_blocks < window + 2 + num_random:
-            raise ConfigError(
-                f"bigbird needs at least {window + 2 + num_random} blocks (window {window} + 2 global + "
-                f"{num_random} random) but seq_length {config.seq_length} / block size {block} gives {num_blocks}",
-                "lower --block-size, the window or the random blocks, or raise --seq-length")
-        if num_blocks // sequence_parallel_size < window // 2:
-            raise ConfigError(
-                f"bigbird window {window} reaches {window // 2} blocks to each side but each of the "
-                f"{sequence_parallel_size} sequence-parallel ranks holds {num_blocks // sequence_parallel_size}",
-                "use a smaller --block-size or window, or fewer sequence-parallel ranks")
 
     def pattern(self, num_blocks: int):
         """This layer's pattern at the current iteration (see block_pattern)."""

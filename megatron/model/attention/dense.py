@@ -5,7 +5,6 @@ per sample, the block-diagonal [b, 1, s, s] mask when samples are packed.
 """
 import torch.nn.functional as F
 
-from megatron.errors import ConfigError
 from megatron.model.attention.masks import segment_mask
 from megatron.model.attention.registry import AttentionCore, register
 
@@ -30,14 +29,6 @@ class DenseAttention(AttentionCore):
     def __init__(self, config):
         super().__init__()
         self.dropout_p = config.attention_dropout
-
-    @classmethod
-    def check(cls, config, sequence_parallel_size):
-        super().check(config, sequence_parallel_size)
-        if sequence_parallel_size > 1:
-            raise ConfigError(
-                f"attention 'dense' sees only the local chunk but the sequence-parallel size is {sequence_parallel_size}",
-                "use attention 'ring' or 'ulysses' with sequence parallelism")
 
     def forward(self, q, k, v, segment_ids):
         return sdpa(q, k, v, segment_ids, self.dropout_p if self.training else 0.0)

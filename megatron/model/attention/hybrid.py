@@ -27,23 +27,12 @@ from megatron.errors import ConfigError
 from megatron.model.attention.masks import gather_chunks
 from megatron.model.attention.registry import AttentionCore, register
 from megatron.model.attention.ring import RingAttention
+from megatron.model.attention.rules import ulysses_degree
 from megatron.parallel import state
-
-NODE_SIZE = 8  # the default Ulysses degree is at most one node of 8 GPUs
-
-
-def ulysses_degree(ulysses_size: int | None, num_attention_heads: int, sequence_parallel_size: int) -> int:
-    """ulysses_size, else the largest divisor of the SP size that divides the heads and is at most
-    NODE_SIZE (the all-to-all stays inside a node)."""
-    if ulysses_size is not None:
-        return ulysses_size
-    return max(u for u in range(1, min(NODE_SIZE, max(sequence_parallel_size, 1)) + 1)
-               if sequence_parallel_size % u == 0 and num_attention_heads % u == 0)
 
 
 @register("hybrid")
 class HybridAttention(AttentionCore):
-    supports_attention_dropout = False  # the ring recomputes its blocks in backward
 
     def __init__(self, config):
         super().__init__()
@@ -57,20 +46,6 @@ class HybridAttention(AttentionCore):
                               f"made with {built}", "pass ulysses=config.model.ulysses_size to "
                               "megatron.parallel.state.initialize (engine.initialize_parallel does)")
         self.ring = RingAttention(config, state.get_ring_parallel_group(), state.get_ring_parallel_ranks())
-
-    @classmethod
-    def check(cls, config, sequence_parallel_size):
-        super().check(config, sequence_parallel_size)
-        if sequence_parallel_size == 1:
-            return
-        heads = config.num_attention_heads
-        ulysses = ulysses_degree(config.ulysses_size, heads, sequence_parallel_size)
-        if ulysses < 1 or sequence_parallel_size % ulysses:
-            raise ConfigError(f"ulysses_size {ulysses} does not divide the sequence-parallel size "
-                              f"{sequence_parallel_size}", "set ulysses_size (--ulysses-size) to a divisor of size")
-        if heads % ulysses:
-            raise ConfigError(f"hybrid needs num_attention_heads ({heads}) divisible by ulysses_size ({ulysses})",
-                              "set ulysses_size (--ulysses-size) to a divisor of the head count")
 
     def forward(self, q, k, v, segment_ids):
         # q, k, v [b, s/P, heads, d]; segment_ids [b, s/P]

@@ -58,7 +58,6 @@ def _length_error(built: int, got: int) -> ConfigError:
 
 @register("linformer")
 class LinformerAttention(AttentionCore):
-    accepts_tail_padding = False  # E and F span seq_length: padding would change the projections
 
     def __init__(self, config):
         super().__init__()
@@ -78,13 +77,6 @@ class LinformerAttention(AttentionCore):
         for projection in (self.key_projection, self.value_projection):
             if projection is not None:
                 nn.init.normal_(projection, mean=0.0, std=self.seq_length ** -0.5)
-
-    @classmethod
-    def check(cls, config, sequence_parallel_size):
-        super().check(config, sequence_parallel_size)
-        if config.linformer_k > config.seq_length:
-            raise ConfigError(f"linformer_k {config.linformer_k} exceeds seq_length {config.seq_length}",
-                              "choose --linformer-k at most --seq-length")
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         for name in ("key_projection", "value_projection"):

@@ -123,7 +123,6 @@ class _RingAttention(torch.autograd.Function):
 
 @register("ring")
 class RingAttention(AttentionCore):
-    supports_attention_dropout = False
 
     def __init__(self, config, group=None, ranks=None):
         """`group`, `ranks`: the ranks of the ring (default: the seq group; hybrid's ring group)."""

@@ -7,7 +7,6 @@ sequence, which are all-gathered over the seq group (b * s integers, no gradient
 import torch
 from torch import nn
 
-from megatron.errors import ConfigError
 from megatron.model.attention.dense import sdpa
 from megatron.model.attention.masks import gather_chunks
 from megatron.model.attention.registry import AttentionCore, register
@@ -35,16 +34,6 @@ class UlyssesAttention(AttentionCore):
 
             # [b, s/P, heads, d]: scatter heads (dim 2), gather sequence (dim 1)
             self.distributed = DistributedAttention(self.local, self.group, scatter_idx=2, gather_idx=1)
-
-    @classmethod
-    def check(cls, config, sequence_parallel_size):
-        super().check(config, sequence_parallel_size)
-        if config.num_attention_heads % sequence_parallel_size:
-            raise ConfigError(
-                f"ulysses needs num_attention_heads ({config.num_attention_heads}) divisible by the "
-                f"sequence-parallel size ({sequence_parallel_size})",
-                "choose a head count that is a multiple of --sequence-parallel-size, or attention 'hybrid' "
-                "(Ulysses inside groups of --ulysses-size ranks dividing the heads, a ring across them) or 'ring'")
 
     def forward(self, q, k, v, segment_ids):
         if self.size == 1:
