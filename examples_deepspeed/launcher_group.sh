@@ -1,8 +1,8 @@
 # Sourced by the launch scripts: `run_launcher COMMAND ...` runs the deepspeed launcher in its own
 # process group and stops the whole run on SIGTERM / SIGINT. The launcher itself does not: its
 # outer process dies on SIGTERM and leaves the ranks training as orphans. Here the signal goes to
-# this machine's ranks (the processes of the group running pretrain_bert.py): they save a final
-# checkpoint (with --save) and exit, and the launcher, seeing them exit, ends too. With no rank
+# this machine's ranks (the children of deepspeed.launcher.launch in the group): they save a final
+# checkpoint (with --save) and exit, and the launcher, seeing them exit, ends with their status. With no rank
 # here yet (still starting, or ranks reached by ssh) it goes to the whole group, whose launcher
 # then stops the ranks its way. The script returns once no process of the group is left
 # (STOP_TIMEOUT seconds at most, default 120, then SIGKILL). Exit status: the launcher's, or

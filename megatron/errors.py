@@ -1,6 +1,7 @@
 """Errors a user can cause, reported as one line that names the problem and the fix."""
 import signal
 import sys
+import threading
 
 
 class ConfigError(ValueError):
@@ -36,8 +37,9 @@ def run_tool(prog: str, main) -> int:
     """Runs a command-line tool's `main()`: a ConfigError becomes `<prog>: error: <problem>; <fix>`
     on stderr and exit code 2 (argparse's own code for a bad command line), no traceback. SIGINT
     (Ctrl-C) and SIGTERM stop it the same way: its clean-up runs, one line, exit 128 + signal."""
-    signal.signal(signal.SIGTERM, _raise_interrupted)
-    signal.signal(signal.SIGINT, _raise_interrupted)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # signal handlers live there only
+        previous = {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         return main() or 0
     except ConfigError as error:
@@ -55,3 +57,6 @@ def run_tool(prog: str, main) -> int:
         print(f"{prog}: error: interrupted by {signal.Signals(signum).name}, partial output removed; "
               "rerun the same command to start over", file=sys.stderr, flush=True)
         return 128 + signum
+    finally:
+        for signum, handler in previous.items():  # a caller in the same process keeps its own
+            signal.signal(signum, handler)
