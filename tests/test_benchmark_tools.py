@@ -1,5 +1,6 @@
-"""The measuring parts of benchmarks/: the longest-sequence search, the soak's growth test, and
-the ring exchange hooks of the scaling benchmark (which must hit ring.py's real exchange)."""
+"""The measuring parts of benchmarks/: the longest-sequence search, the soak's growth test, the
+ring exchange hooks of the scaling benchmark (which must hit ring.py's real exchange), and the
+packed-vs-unpacked steps and equal-time race of the packing benchmark."""
 import sys
 from pathlib import Path
 
@@ -9,9 +10,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from longest_sequence import longest_fitting  # noqa: E402
+import packing  # noqa: E402
 from soak import rss_trend  # noqa: E402
 from sp_scaling import time_steps  # noqa: E402
 
+from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
 from megatron.parallel.spawn import run_on_ranks  # noqa: E402
 
 
@@ -59,3 +62,23 @@ def test_ring_exchange_is_recorded_and_replaced_by_a_local_copy():
         assert row["messages"] == 4 * 4
         assert len(row["comm"]) == len(row["local"]) == 1
         assert row["comm_alone"] > 0
+
+
+def test_packing_benchmark_times_both_kinds_of_sample_and_races_them_from_one_start(tmp_path):
+    """In this process (SP=1, a small corpus): both kinds of sample get the same timed steps, the
+    packed ones nearly full of text; the race starts both models from the same weights (the same
+    loss at 0 s) and evaluates each at every mark until both have trained the time."""
+    data = str(tmp_path)
+    prepare_default_dataset(data, workers=1, max_bytes=300_000, packages=(), vocab_size=2000)
+    seq, steps = 256, 2
+    timed = packing.time_steps(data, 1, [128], [seq], [steps])[128, seq]
+    assert [len(timed[mode]["seconds"]) for mode in ("packed", "unpacked")] == [steps, steps]
+    assert timed["packed"]["real"] >= 0.9 * steps * seq >= timed["unpacked"]["real"] * 0.9
+
+    seconds, evaluations = 0.2, 2
+    log = packing.race(data, 1, 128, 128, seconds, evaluations, eval_samples=1, train_samples=32)
+    assert log["packed"]["eval"][0] == log["unpacked"]["eval"][0] == (0.0, log["packed"]["eval"][0][1])
+    for mode in ("packed", "unpacked"):
+        times = [t for t, _ in log[mode]["eval"]]
+        assert times == sorted(times) and times[-1] >= seconds and 2 <= len(times) <= evaluations + 1
+        assert log[mode]["steps"] == len(log[mode]["train"]) >= 1
