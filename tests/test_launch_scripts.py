@@ -162,7 +162,7 @@ def test_sigterm_stops_every_rank_and_the_saved_checkpoint_resumes_exactly(tmp_p
     """SIGTERM to the launch script (a scheduler's preemption): every rank stops after the same
     step, a final checkpoint is saved, no process of the run is left, exit 143 with one line; the
     run resumed from that checkpoint equals an uninterrupted one (losses, lr, weights)."""
-    iterations = 6
+    iterations = 20  # room for the steps that run while the signal travels (a loaded machine)
     flags = [*train_flags(data_dir), "--train-iters", str(iterations), "--save-interval", "1000",
              "--eval-interval", "1000", "--hidden-dropout", "0.1"]  # dropout: the RNG state must resume too
     arguments = ["2", *LAYOUT, *SHAPE, *flags]
