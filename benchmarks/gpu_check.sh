@@ -17,6 +17,8 @@
 # BertForPreTraining, BERT-base and -large at s = 512 and 2048, bf16, MFU vs the measured bf16
 # matmul rate), longest (gpu_longest.py: the longest BERT-base step at SP = 1, checkpointed).
 # A failing step does not stop the others; the summary table records each one's status and time.
+# Should the whole set run past a 10-minute limit, run it in two calls, e.g. `cuda-tests kernels
+# trainer`, then `train-step longest` (each subset writes its own summary section).
 #
 # From a session with a GPU lent (the device tool), after `make gpu-prepare` here:
 #   run(command="bash benchmarks/gpu_check.sh", carry=[".cache/gpu_wheels"], timeout_s=600)
@@ -36,7 +38,8 @@ for arg in "$@"; do
         *) echo "gpu_check.sh: unknown argument '$arg'; use --prepare, --dry-run or steps: cuda-tests kernels trainer train-step longest" >&2; exit 2 ;;
     esac
 done
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(cuda-tests kernels trainer train-step longest)
+HEADING="GPU check: summary"  # a subset of the steps writes its own summary section
+if [ ${#STEPS[@]} -gt 0 ]; then HEADING="$HEADING (${STEPS[*]})"; else STEPS=(cuda-tests kernels trainer train-step longest); fi
 
 run() {  # prints the command, runs it unless --dry-run
     echo "+ $*"
@@ -129,5 +132,5 @@ if [ "$DRY" = 0 ]; then
         cat "$SUMMARY"
     } > "$WORK/summary_section.md"
 fi
-run "$PY" benchmarks/results.py "GPU check: summary" "$WORK/summary_section.md"
+run "$PY" benchmarks/results.py "$HEADING" "$WORK/summary_section.md"
 exit $FAILED
