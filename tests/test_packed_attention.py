@@ -43,13 +43,14 @@ def core_inputs():
 
 def core_chunk(variant: str, size: int):
     """This rank's attention output and q/k/v gradients (float32) for its chunk. "ring tiles":
-    the ring with tiles of 5 query rows, which cut through segments and chunks alike."""
+    the ring with a tile per segment (of 2+ rows), cut every 5 rows."""
     if variant == "ring tiles":
-        masks.ROWS_PER_TILE, default = 5, masks.ROWS_PER_TILE
+        defaults = masks.ROWS_PER_TILE, masks.MIN_ROWS_PER_TILE
+        masks.ROWS_PER_TILE, masks.MIN_ROWS_PER_TILE = 5, 2  # a tile per segment, cut every 5 rows
         try:
             return core_chunk("ring", size)
         finally:
-            masks.ROWS_PER_TILE = default
+            masks.ROWS_PER_TILE, masks.MIN_ROWS_PER_TILE = defaults
     core = attention.build(small_config(variant, seq_length=S, hidden_size=HEADS * D, num_attention_heads=HEADS,
                                         **OPTIONS[variant]))
     if isinstance(core, BigBirdAttention):
@@ -237,8 +238,8 @@ def rectangles(tiles, s_q, s_k):
     return covered
 
 
-@pytest.mark.parametrize("size,rows", [(1, 5), (1, 512), (2, 7), (4, 3)])
-def test_tiles_cover_every_pair_that_may_attend(size, rows):
+@pytest.mark.parametrize("size,rows,shortest", [(1, 5, 2), (1, 512, 64), (1, 512, 6), (2, 7, 1), (4, 3, 4)])
+def test_tiles_cover_every_pair_that_may_attend(size, rows, shortest):
     """Across all (query chunk, key chunk) pairs of PACKED_LAYOUTS: the tiles' rectangles hold every
     query-key pair of a shared segment, never overlap, and leave out the pairs no sample needs."""
     segment_ids = packed_batch()[0].segment_ids
@@ -246,7 +247,7 @@ def test_tiles_cover_every_pair_that_may_attend(size, rows):
     for r in range(size):
         for c in range(size):
             q, k = segment_ids[:, r * step:(r + 1) * step], segment_ids[:, c * step:(c + 1) * step]
-            covered = rectangles(masks.tile_plan(q.numpy(), k.numpy(), rows), step, step)
+            covered = rectangles(masks.tile_plan(q.numpy(), k.numpy(), rows, shortest), step, step)
             needed = ((q[:, :, None] == k[:, None, :]) & (k[:, None, :] != 0)).any(0)
             assert covered.max() <= 1, f"chunks {r}, {c}: overlapping tiles"
             assert not (needed & (covered == 0)).any(), f"chunks {r}, {c}: a pair that may attend is not computed"
@@ -255,10 +256,16 @@ def test_tiles_cover_every_pair_that_may_attend(size, rows):
 
 
 def test_tiles_of_packed_segments_cost_their_squares():
-    """16 segments of 16 tokens in 256: tiles of 16 rows cost 16 x 16^2 scores instead of 256^2."""
+    """A tile per segment, each seeing only its own keys: 16 segments of 16 tokens cost 16 x 16^2
+    scores instead of 256^2; segments of 500 in 4096 (a default-corpus sample), the sum of their
+    squares; segments shorter than MIN_ROWS_PER_TILE share a tile."""
     segment_ids = (torch.arange(256) // 16 + 1)[None].numpy()
-    tiles = masks.tile_plan(segment_ids, segment_ids, 16)
+    tiles = masks.tile_plan(segment_ids, segment_ids, 512, 16)
     assert len(tiles) == 16 and all(t.kind == "full" for t in tiles)  # one segment, no padding: unmasked
     assert int(rectangles(tiles, 256, 256).sum()) == 16 * 16 ** 2
+    long = (torch.arange(4096) // 500 + 1)[None].numpy()
+    assert int(rectangles(masks.tile_plan(long, long), 4096, 4096).sum()) == 8 * 500 ** 2 + 96 ** 2
+    merged = masks.tile_plan(segment_ids, segment_ids, 512, 64)
+    assert len(merged) == 4 and int(rectangles(merged, 256, 256).sum()) == 4 * 64 ** 2
     unpacked = masks.tile_plan(np.ones((1, 256), dtype=np.int64), np.ones((1, 256), dtype=np.int64), 16)
     assert unpacked == [masks.Tile(0, 256, 0, 256, "full")], "one segment: one tile, no cutting"

@@ -84,21 +84,42 @@ class Tile(NamedTuple):
     kind: str  # "full", "single" or "mixed"
 
 
-ROWS_PER_TILE = 512  # query rows per tile of a mixed block: tighter crops vs more kernel calls
+ROWS_PER_TILE = 512  # the most query rows of a tile: a longer segment is cut into row ranges
+MIN_ROWS_PER_TILE = 64  # segments shorter than this share a tile: fewer, larger kernel calls
 
 
-def tile_plan(q_segments: np.ndarray, k_segments: np.ndarray, rows: int | None = None) -> list:
+def tile_plan(q_segments: np.ndarray, k_segments: np.ndarray, rows: int | None = None,
+              shortest: int | None = None) -> list:
     """The tiles to compute for a query chunk [b, s_q] against a key block [b, s_k] (segment ids
     on the host); [] when no query shares a segment with any key (the block is skipped). A
-    single-segment block is one tile, a mixed one a tile per `rows` query rows; every tile is
+    single-segment block is one tile; a mixed one is cut at the segment starts (of any sample)
+    into row ranges of `shortest` to `rows` rows, so that a tile of one sample's segment sees
+    exactly that segment's keys: the block costs the sum of its segments' squares. Every tile is
     cropped to its rows that see a key and the keys they see, over all samples of the batch."""
-    rows = rows or ROWS_PER_TILE
     whole = _crop(q_segments, k_segments, 0, q_segments.shape[1])
     if whole is None or whole.kind != "mixed":
         return [] if whole is None else [whole]
-    tiles = (_crop(q_segments, k_segments, start, min(start + rows, whole.q_stop))
-             for start in range(whole.q_start, whole.q_stop, rows))
+    ranges = _row_ranges(q_segments, whole.q_start, whole.q_stop, rows or ROWS_PER_TILE,
+                         shortest or MIN_ROWS_PER_TILE)
+    tiles = (_crop(q_segments, k_segments, start, stop) for start, stop in ranges)
     return [tile for tile in tiles if tile is not None]
+
+
+def _row_ranges(q_segments, start: int, stop: int, longest: int, shortest: int) -> list:
+    """[start, stop) cut where any sample's segment changes, merging pieces shorter than
+    `shortest` with the next one and cutting pieces longer than `longest`."""
+    q = q_segments[:, start:stop]
+    boundaries = (np.flatnonzero((q[:, 1:] != q[:, :-1]).any(0)) + start + 1).tolist() + [stop]
+    ranges, first = [], start
+    for boundary in boundaries:
+        if boundary - first < shortest and boundary != stop:
+            continue
+        while boundary - first > longest:
+            ranges.append((first, first + longest))
+            first += longest
+        ranges.append((first, boundary))
+        first = boundary
+    return ranges
 
 
 def _crop(q_segments, k_segments, start: int, stop: int):
