@@ -20,7 +20,9 @@ case "$2" in
 esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # DeepSpeed's launcher would stop on a bad line with a traceback: name the line here instead
-"${PYTHON:-$ROOT/.venv/bin/python}" "$ROOT/tools/check_hostfile.py" "$1" --num-nodes "$2" > /dev/null
+RANKS=()  # PROCS, the script's first argument, when it is a number (the script itself names it otherwise)
+case "${4:-}" in '' | *[!0-9]*) ;; *) RANKS=(--ranks-per-node "$((10#$4))") ;; esac
+"${PYTHON:-$ROOT/.venv/bin/python}" "$ROOT/tools/check_hostfile.py" "$1" --num-nodes "$2" "${RANKS[@]}" > /dev/null
 HOSTFILE="$(realpath "$1")" NUM_NODES="$2" SCRIPT="$3"
 shift 3
 case "$SCRIPT" in

@@ -13,6 +13,7 @@ gpus="$(.venv/bin/python -c 'import torch; print(torch.cuda.device_count())')"
 ranks=2 sp=()
 if [ "$gpus" -eq 0 ]; then
     export CUDA_VISIBLE_DEVICES=""  # sequence parallelism over 2 ranks: 2 CPU processes over gloo
+    export DS_ACCELERATOR=cpu  # said, not guessed: no "unable to detect" warning from the launcher
 elif [ "$gpus" -eq 1 ]; then
     ranks=1 sp=(--sequence-parallel-size 1)  # NCCL needs a GPU per rank: one GPU, the whole sequence
     echo "pretrain_default.sh: one GPU found: training on it with sequence-parallel size 1 (2 GPUs give SP=2)"

@@ -62,8 +62,22 @@ class TrainConfig:
         return self.micro_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
 
     def to_dict(self) -> dict:
-        """JSON-ready, for the start-up print and for checkpoints."""
+        """JSON-ready, for the log directory's config.json and for checkpoints."""
         return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        """One line: layout, attention, precision, ZeRO, batch, model size."""
+        model = self.model
+        attention = model.attention + (f" (Ulysses {model.ulysses_size} x ring "
+                                       f"{self.sequence_parallel_size // model.ulysses_size})"
+                                       if model.attention == "hybrid" and model.ulysses_size else "")
+        return (f"pipeline {self.pipeline_parallel_size} x data {self.data_parallel_size} x sequence "
+                f"{self.sequence_parallel_size}, {attention} attention, {precision(self.ds_config)}, ZeRO "
+                f"{self.zero_stage}, global batch {self.global_batch_size} = micro {self.micro_batch_size} x grad-acc "
+                f"{self.gradient_accumulation_steps} x data {self.data_parallel_size}"
+                + (", packed samples" if self.pack_samples else "")
+                + f", {model.num_layers} layers x hidden {model.hidden_size} x {model.num_attention_heads} heads, "
+                f"seq {model.seq_length}, {model.layernorm_layout}-LN")
 
 
 def precision(ds_config: dict) -> str:

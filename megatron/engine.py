@@ -6,7 +6,6 @@ dividing by the data degree only: SUM over seq, MEAN over data, as our loss shar
 pipeline size > 1: BertModelPipe (model/pipe.py) under DeepSpeed's pipeline engine.
 """
 import functools
-import json
 from dataclasses import dataclass
 
 import deepspeed
@@ -35,8 +34,6 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
     `lr_scheduler`: a callable optimizer -> scheduler, stepped by DeepSpeed at every optimizer step."""
     check_precision_supported(config.ds_config)
     initialize_parallel(config)
-    if dist.get_rank() == 0:
-        print(f"resolved config: {json.dumps(config.to_dict(), sort_keys=True)}", flush=True)
     if config.pipeline_parallel_size > 1:
         from megatron.model.pipe import BertModelPipe, load_bert_state
 

@@ -61,6 +61,13 @@ class RunLog:
             self.metrics.flush()
             self._print(line)
 
+    def config(self, config) -> None:
+        """The resolved configuration as config.json in the log directory, one line on screen."""
+        if self.writer:
+            path = self.dir / "config.json"
+            path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+            self._print(f"config: {config.summary()} (resolved: {path})")
+
     def _emit(self, record: dict, line: str) -> None:
         record["run"] = self.run_id
         self.metrics.write(json.dumps(record) + "\n")

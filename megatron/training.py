@@ -275,6 +275,7 @@ def pretrain(args) -> None:
     last_checkpoint = None
     schedule = schedule_settings(args, ds, train_iters)
     log = RunLog(args, config, train_iters)
+    log.config(config)
     if args.load and not weights_only:
         client = checkpoint.load(engine, args.load, config)
         iteration, consumed = client["iteration"], client["consumed_samples"]

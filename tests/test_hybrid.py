@@ -250,8 +250,9 @@ def test_hybrid_through_the_real_launcher(tmp_path):
                             text=True, timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "iteration 2/2" in result.stdout
-    line = next(line for line in result.stdout.splitlines() if line.startswith("resolved config: "))
-    config = json.loads(line.removeprefix("resolved config: "))
+    assert any(line.startswith("config: ") and "hybrid (Ulysses 2 x ring 2) attention" in line
+               for line in result.stdout.splitlines()), result.stdout[-3000:]
+    config = json.loads((tmp_path / "log" / "config.json").read_text())  # the resolved config, as the run used it
     assert (config["sequence_parallel_size"], config["model"]["attention"], config["model"]["ulysses_size"],
             config["model"]["seq_length"]) == (4, "hybrid", 2, 126)
     records = [json.loads(r) for r in (tmp_path / "log" / "metrics.jsonl").read_text().splitlines()]

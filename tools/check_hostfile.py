@@ -1,9 +1,11 @@
 """Checks a DeepSpeed hostfile before a multi-node launch (examples_deepspeed/bert_multinode.sh calls it).
 
-    python tools/check_hostfile.py HOSTFILE [--num-nodes N]
+    python tools/check_hostfile.py HOSTFILE [--num-nodes N] [--ranks-per-node R]
 
 The format is DeepSpeed's (deepspeed/launcher/runner.py): one `<host> slots=<gpus>` line per machine,
-`#` comments and blank lines ignored. DeepSpeed's own parser stops with a ValueError traceback and
+optionally followed by a `# comment`; `#` comment lines and blank lines ignored. With --ranks-per-node
+(the launch's PROCS, DeepSpeed's --num_gpus), each of the first N hosts must have that many slots:
+DeepSpeed would start R ranks on a machine with fewer GPUs. DeepSpeed's own parser stops with a ValueError traceback and
 the whole file on a bad line; this names the line and the fix, exit code 2, before anything starts.
 """
 import argparse
@@ -14,7 +16,7 @@ from pathlib import Path
 from megatron.errors import ConfigError, run_tool
 
 FORMAT = "write one line per machine: <host> slots=<gpus>"
-LINE = re.compile(r"(\S+)\s+slots=(\d+)")
+LINE = re.compile(r"(\S+)\s+slots=(\d+)(?:\s+#.*)?")  # DeepSpeed ignores what follows the slots
 
 
 def read_hostfile(path) -> dict:
@@ -53,11 +55,20 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("hostfile")
     parser.add_argument("--num-nodes", type=int, help="machines the launch uses (at most the hosts listed)")
+    parser.add_argument("--ranks-per-node", type=int, help="ranks the launch starts on each machine (PROCS)")
     args = parser.parse_args(argv)
     hosts = read_hostfile(args.hostfile)
     if args.num_nodes is not None and not 1 <= args.num_nodes <= len(hosts):
         raise ConfigError(f"NUM_NODES {args.num_nodes} but hostfile {args.hostfile} lists {len(hosts)} hosts",
                           f"pass NUM_NODES between 1 and {len(hosts)} or add hosts to the hostfile")
+    if args.ranks_per_node is not None:
+        used = list(hosts.items())[:args.num_nodes or len(hosts)]
+        short = [(host, slots) for host, slots in used if slots < args.ranks_per_node]
+        if short:
+            host, slots = short[0]
+            raise ConfigError(f"PROCS {args.ranks_per_node} ranks per node but hostfile {args.hostfile} gives {host} "
+                              f"slots={slots}", f"pass PROCS at most {min(s for _, s in used)} or raise the slots "
+                              "of that machine")
     print(f"{args.hostfile}: {len(hosts)} hosts, {sum(hosts.values())} slots")
     return 0
 

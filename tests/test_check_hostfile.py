@@ -1,0 +1,39 @@
+"""tools/check_hostfile.py accepts what DeepSpeed's hostfile parser accepts (a trailing `# comment`)
+and checks each used machine's slots against the ranks per node the launch starts."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def check(*argv) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "check_hostfile.py"), *map(str, argv)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_trailing_comment_is_accepted(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# two machines\nworker-1 slots=8   # the rack's first\nworker-2 slots=4 #second\n\n")
+    result = check(hostfile, "--num-nodes", 2)
+    assert result.returncode == 0 and result.stdout == f"{hostfile}: 2 hosts, 12 slots\n", result.stderr
+    (tmp_path / "bad").write_text("worker-1 slots=8 extra\n")
+    result = check(tmp_path / "bad")
+    assert result.returncode == 2 and "line 1 'worker-1 slots=8 extra' is not '<host> slots=<gpus>'" in result.stderr
+
+
+def test_slots_are_checked_against_the_ranks_per_node(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-1 slots=8\nworker-2 slots=4\nworker-3 slots=2\n")
+    assert check(hostfile, "--num-nodes", 2, "--ranks-per-node", 4).returncode == 0  # worker-3 is not used
+    result = check(hostfile, "--num-nodes", 2, "--ranks-per-node", 8)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"check_hostfile.py: error: PROCS 8 ranks per node but hostfile {hostfile} gives worker-2 slots=4; "
+        "pass PROCS at most 4 or raise the slots of that machine"]
+    # the multi-node launch script passes its PROCS (a dry run: nothing starts)
+    script = subprocess.run([str(ROOT / "examples_deepspeed" / "bert_multinode.sh"), "--dry-run", str(hostfile), "2",
+                             "bert_distributed.sh", "8", "1", "8", "16384", "1", "8", "24", "1024", "16"],
+                            env={**os.environ, "RUN_DIR": str(tmp_path / "run")}, capture_output=True, text=True,
+                            timeout=120)
+    assert script.returncode == 2 and "PROCS 8 ranks per node" in script.stderr, script.stderr[-2000:]
