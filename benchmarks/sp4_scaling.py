@@ -28,36 +28,39 @@ LAYOUTS = (("ring", 1), ("ulysses", 4), ("hybrid", 2))  # (variant, Ulysses degr
 HEADING = "Sequence-parallel scaling at SP=4: ring, ulysses, hybrid (CPU)"
 
 
-def time_layout(variant: str, size: int, ulysses: int, seq_lengths: list, steps: int) -> dict:
-    """{seq: [seconds per timed step]} on this rank."""
+def time_layouts(size: int, seq_lengths: list, steps: int) -> dict:
+    """{(variant, seq): [seconds per timed step]} on this rank. The three layouts share one set of
+    ranks (the seq group serves ring and ulysses, its Ulysses x ring split hybrid) and take turns
+    step by step, so that all of them see the same machine load."""
     if size > 1:
-        state.initialize(sequence=size, ulysses=ulysses if variant == "hybrid" else 1)
+        state.initialize(sequence=size, ulysses=dict(LAYOUTS)["hybrid"])
     out = {}
     for seq in seq_lengths:
-        config = bert_config(variant, seq)
-        if variant == "hybrid":
-            config.ulysses_size = ulysses
-        step = train_step(config, size)
-        times = []
-        for i in range(steps + 1):  # the first is a warm-up
-            if size > 1:
-                dist.barrier()
-            start = time.perf_counter()
-            step()
-            if i:
-                times.append(time.perf_counter() - start)
-        out[seq] = times
+        step_of = {}
+        for variant, ulysses in LAYOUTS:
+            config = bert_config(variant, seq)
+            if variant == "hybrid":
+                config.ulysses_size = ulysses
+            step_of[variant] = train_step(config, size)
+        for i in range(steps + 1):  # the first round is a warm-up
+            for variant, step in step_of.items():
+                if size > 1:
+                    dist.barrier()
+                start = time.perf_counter()
+                step()
+                if i:
+                    out.setdefault((variant, seq), []).append(time.perf_counter() - start)
     return out
 
 
 def run(seq_lengths: list, steps: int) -> dict:
     """{(variant, size): {seq: median over steps of the slowest rank's seconds}}."""
     results = {}
-    for variant, ulysses in LAYOUTS:
-        for size in (1, 4):
-            per_rank = run_on_ranks(time_layout, size, variant, size, ulysses, seq_lengths, steps, timeout=3600,
-                                    threads_per_rank=max(CORES // size, 1))
-            results[variant, size] = {seq: statistics.median(max(t) for t in zip(*(r[seq] for r in per_rank)))
+    for size in (1, 4):
+        per_rank = run_on_ranks(time_layouts, size, size, seq_lengths, steps, timeout=3600,
+                                threads_per_rank=max(CORES // size, 1))
+        for variant, _ in LAYOUTS:
+            results[variant, size] = {seq: statistics.median(max(t) for t in zip(*(r[variant, seq] for r in per_rank)))
                                       for seq in seq_lengths}
             print(variant, size, results[variant, size], flush=True)
     return results
@@ -79,8 +82,11 @@ def main():
             lines.append(f"| {variant} | {ulysses} x {4 // ulysses} | {seq} | {t1:.3f} | {t4:.3f} | {seq / t4:.0f} | "
                          f"{t1 / t4:.2f} |")
     load = max(load_before[0], load_after[0])
-    warning = (f"**Measured under a load average of {load:.1f} on {CORES} cores (other work on the machine): the "
-               "ratios are noisy; rerun on an idle machine.**\n" if load > 2 * CORES else "")
+    warning = (f"**Measured under a load average of {load:.1f} on {CORES} cores (other work on the machine): the SP=1 "
+               f"times, and so the efficiencies, are not valid** (a {CORES}-thread step stalls whenever one of its "
+               "threads is descheduled); the SP=4 columns, single-threaded ranks with the three layouts taking "
+               "turns, still compare the layouts with each other. Rerun on an idle machine.\n"
+               if load > 2 * CORES else "")
     write_section(HEADING, f"""
 Machine: {machine()}. Command: `.venv/bin/python benchmarks/sp4_scaling.py --seq-lengths
 {' '.join(map(str, args.seq_lengths))} --steps {args.steps}` ({time.perf_counter() - started:.0f} s). Load average before:
@@ -89,10 +95,11 @@ Machine: {machine()}. Command: `.venv/bin/python benchmarks/sp4_scaling.py --seq
 The SP=2 section's model and step (4-layer BERT, h=128, 4 heads, batch 1, fp32, whole training
 step); SP=1: one process with {CORES} threads; SP=4: four processes over gloo with 1 thread each on
 the same {CORES} cores (two ranks per core), as ring (1 x 4), ulysses (4 x 1) and hybrid (Ulysses
-2 x ring 2). Median of {args.steps} steps after a warm-up, slowest rank per step. On CPU every link is
+2 x ring 2), the three taking turns step by step in one set of ranks (same load for all). Median of
+{args.steps} steps after a warm-up, slowest rank per step. On CPU every link is
 shared memory, so this shows the cores' view (hybrid's all-to-all plus a 2-step ring against
 ring's 4 steps and ulysses' all-to-all alone); which layout wins on GPUs is the communication
-model's question (section above).
+model's question (next section).
 
 {chr(10).join(lines)}
 """)
