@@ -274,10 +274,10 @@ def pretrain(args) -> None:
     iteration = consumed = 0
     last_checkpoint = None
     schedule = schedule_settings(args, ds, train_iters)
-    log = RunLog(args, config, train_iters)
+    client = checkpoint.load(engine, args.load, config) if args.load and not weights_only else None
+    log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
     log.config(config)
-    if args.load and not weights_only:
-        client = checkpoint.load(engine, args.load, config)
+    if client:
         iteration, consumed = client["iteration"], client["consumed_samples"]
         last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
         log.start(iteration, f"resuming from {last_checkpoint} iteration {iteration}, consumed samples {consumed}",
