@@ -158,6 +158,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--skip-nan-batches", action="store_true", help="skip the update of a step whose loss or "
                      "gradients are NaN/inf and go on (default: stop, naming the last good checkpoint)")
     run.add_argument("--save-interval", type=int, help="steps between checkpoints (always saved at the end)")
+    run.add_argument("--keep-last", type=int, metavar="N", help="after each save, remove the --save folder's "
+                     "older iter_* checkpoints beyond the newest N (never the one 'latest' names; default: keep all)")
     run.add_argument("--eval-interval", type=int, default=1000, help="steps between validation runs")
     run.add_argument("--eval-iters", type=int, default=10, help="validation / test micro-steps per evaluation")
     run.add_argument("--log-interval", type=int, default=10, help="steps between log lines")

@@ -45,6 +45,7 @@ LATEST = "latest"
 RUN_STATE = "run_state.json"
 LAYOUT_FREE = "layout_free_stage{stage}.pt"
 PARTIAL = ".partial"
+REMOVING = ".removing"  # an old checkpoint being removed by --keep-last
 # what torch.load raises on a truncated or overwritten file
 UNREADABLE = (EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, ValueError, OSError)
 
@@ -54,9 +55,10 @@ def tag_for(iteration: int) -> str:
 
 
 def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_samples: int,
-         schedule: dict | None = None) -> str:
+         schedule: dict | None = None, keep_last: int | None = None) -> str:
     """Saves on every rank; returns the tag once `latest` names it. `schedule`: the learning-rate
-    settings of the run (training.schedule_settings), compared by a resume."""
+    settings of the run (training.schedule_settings), compared by a resume. `keep_last`: once the
+    new checkpoint is committed, rank 0 removes all but the newest that many (prune)."""
     tag, rank = tag_for(iteration), dist.get_rank()
     staging = os.path.join(save_dir, tag + PARTIAL)
     if rank == 0:
@@ -74,8 +76,37 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     dist.barrier()  # every rank's files are written
     if rank == 0:
         _commit(save_dir, tag)
-    dist.barrier()
+        if keep_last:
+            removed = prune(save_dir, keep_last)
+            if removed:
+                print(f"removed checkpoint{'s' if len(removed) > 1 else ''} {', '.join(removed)} of {save_dir} "
+                      f"(--keep-last {keep_last})", flush=True)
+    dist.barrier()  # no rank returns (and may save again) while old folders are being removed
     return tag
+
+
+def prune(save_dir: str, keep_last: int) -> list[str]:
+    """Removes the complete `iter_*` folders of `save_dir` beyond the newest `keep_last` (by
+    iteration); returns their tags, oldest first. Never the folder `latest` names (even if older,
+    e.g. written by hand), nor a `<tag>.partial` staging folder or anything else. Called by rank 0
+    after a commit, between barriers, so no rank is writing. Each folder is first renamed to
+    `<tag>.removing` (atomic), so a run killed mid-removal leaves no half iter_* folder that looks
+    complete; leftovers of such a kill are removed too."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last {keep_last} must be >= 1")
+    latest = latest_tag(save_dir) if os.path.isfile(os.path.join(save_dir, LATEST)) else None
+    tags = sorted((name for name in os.listdir(save_dir)
+                   if re.fullmatch(r"iter_\d+", name) and os.path.isdir(os.path.join(save_dir, name))),
+                  key=lambda name: int(name[len("iter_"):]))
+    removed = [tag for tag in tags[:-keep_last] if tag != latest]
+    for tag in removed:
+        doomed = os.path.join(save_dir, tag + REMOVING)
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.replace(os.path.join(save_dir, tag), doomed)
+    for name in os.listdir(save_dir):
+        if name.endswith(REMOVING):
+            shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
+    return removed
 
 
 def _save_layout_free(engine, config: TrainConfig, staging: str) -> None:

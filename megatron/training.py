@@ -18,7 +18,8 @@ import torch.distributed as dist
 from megatron import checkpoint, determinism, hf_convert
 from megatron.arguments import build_parser, config_flags
 from megatron.config import read_ds_config, resolve
-from megatron.data.bert_dataset import SPLIT_NAMES, build_train_valid_test_datasets, token_stats
+from megatron.data import index_maps
+from megatron.data.bert_dataset import SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, token_stats
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import build_tokenizer
@@ -84,7 +85,7 @@ def check_flags(args) -> None:
                         ("--eval-iters", args.eval_iters), ("--save-interval", args.save_interval),
                         ("--micro-batch-size", args.micro_batch_size),
                         ("--global-batch-size", args.global_batch_size),
-                        ("--checkpoint-num-layers", args.checkpoint_num_layers)):
+                        ("--checkpoint-num-layers", args.checkpoint_num_layers), ("--keep-last", args.keep_last)):
         at_least(flag, value, 1)
     if not 0 < args.mask_prob <= 1:
         raise ConfigError(f"--mask-prob {args.mask_prob} is outside (0, 1]",
@@ -266,6 +267,9 @@ def pretrain(args) -> None:
         for name, dataset in zip(SPLIT_NAMES, (train_set, valid_set, test_set)):
             if dataset is not None:
                 print(token_stats(dataset).describe(name), flush=True)
+    used_maps = [path for dataset in (train_set, valid_set, test_set) for path in index_maps.used_maps(dataset)]
+    if dist.get_rank() == 0:
+        print(index_maps.describe(parse_data_path(data_path)[1], used_maps, args.log_dir), flush=True)
 
     engine = build_engine(config, bert_state=initial_weights(args, config, weights_only),
                           lr_scheduler=lr_schedule(args, train_iters))
@@ -277,6 +281,8 @@ def pretrain(args) -> None:
     client = checkpoint.load(engine, args.load, config) if args.load and not weights_only else None
     log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
     log.config(config)
+    if dist.get_rank() == 0:
+        index_maps.write_used(args.log_dir, used_maps)  # what tools/clean_index_maps.py --keep-run keeps
     if client:
         iteration, consumed = client["iteration"], client["consumed_samples"]
         last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
@@ -321,7 +327,7 @@ def pretrain(args) -> None:
             log.evaluation("validation", iteration, evaluate(batches, engine, valid_set, run, args.eval_iters))
         if args.save and (iteration == train_iters or (args.save_interval and iteration % args.save_interval == 0)):
             last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
-                                                                      schedule=schedule))
+                                                                      schedule=schedule, keep_last=args.keep_last))
             log.message(f"saved checkpoint {last_checkpoint}")
     if stop.agreed:
         return stop.finish(args, engine, config, iteration, consumed, first_iteration, last_checkpoint, log,
@@ -436,7 +442,7 @@ class StopSignals:
         if args.save and iteration > first_iteration and last_checkpoint != os.path.join(
                 args.save, checkpoint.tag_for(iteration)):
             last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
-                                                                      schedule=schedule))
+                                                                      schedule=schedule, keep_last=args.keep_last))
         if args.save and last_checkpoint:
             line = (f"stopped by {name} after iteration {iteration}; checkpoint {last_checkpoint} holds it: "
                     f"resume with --load {args.save}")

@@ -443,6 +443,7 @@ FLAG_MISTAKES = {
     "eval_interval_zero": (["--eval-interval", "0"], ("--eval-interval 0 must be >= 1",)),
     "eval_iters_zero": (["--eval-iters", "0"], ("--eval-iters 0 must be >= 1",)),
     "save_interval_zero": (["--save-interval", "0"], ("--save-interval 0 must be >= 1",)),
+    "keep_last_zero": (["--keep-last", "0"], ("--keep-last 0 must be >= 1",)),
     "negative_train_iters": (["--train-iters", "-5"], ("--train-iters -5 is negative", "the run length")),
     "negative_seed": (["--seed", "-1"], ("--seed -1 is outside [0, 2**32)",)),
 }

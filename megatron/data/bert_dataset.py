@@ -109,6 +109,9 @@ class BertDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.mapping)
 
+    def map_files(self) -> list[str]:
+        return [mapping_path(*self.mapping_settings)]
+
     def segment(self, idx: int) -> dict:
         """Segment idx of the mapping, unpadded; its randomness is keyed by idx alone, so it is the
         same whether it fills a sample alone or sits in a packed one."""
@@ -149,7 +152,7 @@ class PackedBertDataset(torch.utils.data.Dataset):
                               "lower --max-segment-length to at most --seq-length")
         self.segments = segments
         self.seq_length = seq_length
-        path = packmap_path(segments.mapping_settings, seq_length, window)
+        self.path = path = packmap_path(segments.mapping_settings, seq_length, window)
 
         def build():
             offsets, indices = helpers.pack_segments(segments.segment_lengths(), seq_length,
@@ -166,6 +169,9 @@ class PackedBertDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
+
+    def map_files(self) -> list[str]:
+        return self.segments.map_files() + [self.path]
 
     def segment_indices(self, idx: int) -> np.ndarray:
         return self.indices[self.offsets[idx]:self.offsets[idx + 1]]

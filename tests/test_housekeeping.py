@@ -1,0 +1,115 @@
+"""Checkpoint and cache housekeeping: --keep-last pruning on a checkpoint folder tree, the index
+map report, and tools/clean_index_maps.py run as a real subprocess."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron import checkpoint
+from megatron.arguments import build_parser
+from megatron.data import index_maps
+from megatron.errors import ConfigError
+from megatron.training import check_flags
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fake_checkpoints(save_dir: Path, iterations, latest) -> None:
+    for iteration in iterations:
+        folder = save_dir / checkpoint.tag_for(iteration)
+        folder.mkdir(parents=True)
+        (folder / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    (save_dir / checkpoint.LATEST).write_text(checkpoint.tag_for(latest))
+
+
+def test_prune_keeps_the_newest_and_latest(tmp_path):
+    fake_checkpoints(tmp_path, [10, 20, 30, 40, 100], latest=100)
+    (tmp_path / "iter_0000200.partial").mkdir()  # a save being written: never touched
+    (tmp_path / "iter_0000005.removing").mkdir()  # left by a kill during an earlier removal
+    (tmp_path / "notes").mkdir()
+    assert checkpoint.prune(str(tmp_path), 2) == ["iter_0000010", "iter_0000020", "iter_0000030"]
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000040", "iter_0000100", "iter_0000200.partial", "latest", "notes"]
+
+
+def test_prune_never_removes_what_latest_names(tmp_path):
+    fake_checkpoints(tmp_path, [1, 2, 3], latest=1)  # 'latest' set back by hand
+    assert checkpoint.prune(str(tmp_path), 1) == ["iter_0000002"]
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000001", "iter_0000003", "latest"]
+    assert checkpoint.prune(str(tmp_path), 5) == []
+
+
+def test_keep_last_below_one_is_one_line_error():
+    args = build_parser().parse_args(["--keep-last", "0"])
+    with pytest.raises(ConfigError, match="--keep-last 0 must be >= 1"):
+        check_flags(args)
+    assert build_parser().parse_args([]).keep_last is None  # default: keep all
+
+
+def fake_maps(folder: Path) -> list[Path]:
+    names = ["c_train_indexmap_800mns_125msl_0.10ssp_1234s_0-90docs.npy",
+             "c_valid_indexmap_80mns_125msl_0.10ssp_1234s_90-99docs.npy",
+             "c_train_indexmap_400mns_125msl_0.10ssp_1234s_0-90docs.npy",  # older settings
+             "c_train_packmap_400mns_125msl_0.10ssp_1234s_0-90docs_512sl_256w.npy",
+             "c_train_indexmap_9mns_1msl.npy.partial.npy",  # a killed build
+             "other_train_indexmap_1mns.npy"]  # another prefix
+    for name in names:
+        (folder / name).write_bytes(b"0" * 2048)
+    (folder / "c_text_sentence.bin").write_bytes(b"data")
+    return [folder / name for name in names]
+
+
+def test_describe_counts_other_maps(tmp_path):
+    maps = fake_maps(tmp_path)
+    line = index_maps.describe([str(tmp_path / "c")], [str(maps[0]), str(maps[1])], "runs/x")
+    assert line.startswith(f"index maps in {tmp_path.resolve()}: 2 used by this run; 3 others from other settings "
+                           "(6.0 KB): python tools/clean_index_maps.py")
+    assert line.endswith("--keep-run runs/x removes them")
+    assert index_maps.describe([str(tmp_path / "other")], [str(maps[5])], "x").endswith("1 used by this run, no others")
+
+
+def clean(*args):
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "clean_index_maps.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_clean_tool_keeps_a_runs_maps(tmp_path):
+    maps = fake_maps(tmp_path)
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    index_maps.write_used(str(log_dir), [str(maps[0]), str(maps[1])])
+    dry = clean(tmp_path / "c", "--keep-run", log_dir, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines()[-1] == "would remove 3 index maps (6.0 KB), 2 kept"
+    assert all(path.exists() for path in maps)
+    done = clean(tmp_path / "c", "--keep-run", log_dir)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([maps[0].name, maps[1].name, maps[5].name,
+                                                                 "c_text_sentence.bin", "run"])
+    everything = clean(tmp_path / "c")
+    assert everything.stdout.splitlines()[-1] == "removed 2 index maps (4.0 KB), 0 kept"
+    assert (tmp_path / "c_text_sentence.bin").exists() and maps[5].exists()
+
+
+def test_clean_tool_errors_are_one_line(tmp_path):
+    result = clean(tmp_path / "c", "--keep-run", tmp_path / "no_run")
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert "has no readable index_maps.json" in result.stderr
+    result = clean(tmp_path / "missing" / "c")
+    assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_map_files_name_what_the_dataset_reads():
+    from megatron.data.bert_dataset import PackedBertDataset, mapping_path, packmap_path
+
+    class Segments:
+        mapping_settings = ("p", "train", 0, 9, 100, 125, 0.1, 1234, True)
+        map_files = lambda self: [mapping_path(*self.mapping_settings)]  # noqa: E731
+
+    packed = PackedBertDataset.__new__(PackedBertDataset)
+    packed.segments, packed.path = Segments(), packmap_path(Segments.mapping_settings, 512, 256)
+    assert packed.map_files() == ["p_train_indexmap_100mns_125msl_0.10ssp_1234s_0-9docs.npy",
+                                  "p_train_packmap_100mns_125msl_0.10ssp_1234s_0-9docs_512sl_256w.npy"]
+    assert json.loads(json.dumps(index_maps.used_maps(None))) == []

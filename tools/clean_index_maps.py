@@ -1,0 +1,51 @@
+"""Removes the cached index maps of a data prefix: all of them, or those no kept run uses.
+
+    python tools/clean_index_maps.py PREFIX [PREFIX ...] [--keep-run LOG_DIR ...] [--dry-run]
+
+The trainer caches `{PREFIX}_{split}_indexmap_*.npy` / `_packmap_*.npy` next to the data, one set
+per combination of settings (samples, sequence length, seed, split, packing), and lists the ones a
+run uses in `<log-dir>/index_maps.json`. With --keep-run, the maps listed there stay; without,
+every map of PREFIX goes (a run rebuilds what it needs on its next start). Do not clean while a
+run on this data is starting: it may be building a map (`*.partial.npy`) this would remove.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+from megatron.data.index_maps import USED_FILE, maps_of, read_used, size_text
+from megatron.errors import ConfigError, run_tool
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="clean_index_maps.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("prefixes", nargs="+", metavar="PREFIX", help="data prefix, as given to --data-path")
+    parser.add_argument("--keep-run", action="append", default=[], metavar="LOG_DIR",
+                        help=f"keep the maps the run logging to LOG_DIR uses (its {USED_FILE}); repeatable")
+    parser.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    args = parser.parse_args(argv)
+    keep = set()
+    for log_dir in args.keep_run:
+        used = read_used(log_dir)
+        if not used:
+            raise ConfigError(f"--keep-run {log_dir} has no readable {USED_FILE}",
+                              "pass the --log-dir of a run that started (it writes the file), or drop --keep-run")
+        keep |= used
+    for prefix in args.prefixes:
+        if not Path(prefix).parent.is_dir():
+            raise ConfigError(f"{prefix}: folder {Path(prefix).parent} does not exist", "pass the --data-path prefix")
+    found = [path for prefix in args.prefixes for path in maps_of(prefix)]
+    doomed = [path for path in found if str(path.resolve()) not in keep]
+    size = 0
+    for path in doomed:
+        size += path.stat().st_size
+        if not args.dry_run:
+            path.unlink()
+        print(f"{'would remove' if args.dry_run else 'removed'} {path}")
+    print(f"{'would remove' if args.dry_run else 'removed'} {len(doomed)} index maps ({size_text(size)}), "
+          f"{len(found) - len(doomed)} kept")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_tool("clean_index_maps.py", main))
