@@ -29,7 +29,7 @@ from megatron.model import attention
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
-from test_packed_attention import HEADS, S, D, assert_close, core_inputs, core_reference
+from test_packed_attention import assert_close, core_chunk, core_inputs, core_reference
 from test_sequence_parallel_bert import REL_TOL, max_relative_diff
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -52,18 +52,6 @@ def options(variant: str) -> dict:
     return {"ulysses_size": ULYSSES} if variant == "hybrid" else {}
 
 
-def core_chunk(size: int):
-    """This rank's hybrid output and q/k/v gradients (float32) on its chunk of the packed inputs."""
-    core = attention.build(small_config("hybrid", seq_length=S, hidden_size=HEADS * D, num_attention_heads=HEADS,
-                                        ulysses_size=ULYSSES))
-    rank, step = state.get_sequence_parallel_rank(), S // size
-    q, k, v, grad_out, segment_ids = (t[:, rank * step:(rank + 1) * step] for t in core_inputs())
-    q, k, v = (t.float().requires_grad_(True) for t in (q, k, v))
-    out = core(q, k, v, segment_ids)
-    out.backward(grad_out.float())
-    return out.detach(), q.grad, k.grad, v.grad
-
-
 def model_chunk(variant: str, size: int):
     """Final hidden states of this rank's (padded) chunk, its loss share and unreduced gradients."""
     model = small_model(small_config(variant, seq_length=UNEVEN, **options(variant)))
@@ -79,7 +67,7 @@ def rank_checks(size: int) -> dict:
     state.initialize(sequence=size, ulysses=ULYSSES)
     shape = COMM_SHAPE
     return {"groups": (state.get_ulysses_parallel_ranks(), state.get_ring_parallel_ranks()),
-            "core": core_chunk(size),
+            "core": core_chunk("hybrid", size),
             "model": {variant: model_chunk(variant, size) for variant in VARIANTS[size]},
             "bytes": {variant: measure(variant, shape["b"], shape["s"], shape["heads"], shape["d"],
                                        ULYSSES if variant == "hybrid" else 1) for variant in VARIANTS[size]}}

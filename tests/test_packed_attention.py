@@ -30,7 +30,8 @@ from megatron.parallel.spawn import run_on_ranks
 from test_sequence_parallel_bert import REL_TOL, max_relative_diff
 
 S, HEADS, D = 48, 4, 8
-OPTIONS = {"dense": {}, "ring": {}, "ulysses": {}, "bigbird": dict(bigbird_block_size=4)}
+OPTIONS = {"dense": {}, "ring": {}, "ulysses": {}, "bigbird": dict(bigbird_block_size=4),
+           "hybrid": dict(ulysses_size=2)}
 ITERATION, LAYER = 2, 3  # the BigBird core's pattern
 
 
