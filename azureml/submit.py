@@ -12,7 +12,8 @@ distribution runs the command once per instance (process_count_per_instance 1) w
 MASTER_ADDR, MASTER_PORT and NODE_RANK set; the command installs the package (compiling the
 data helpers) and starts that instance's GPUS_PER_NODE ranks with DeepSpeed's per-node launcher
 (deepspeed.launcher.launch), exactly as `deepspeed --no_ssh --node_rank` would. Flags after `--`
-go to pretrain_bert.py. A real submit reads the workspace from config.json (MLClient.from_config:
+go to pretrain_bert.py; they, the JSON, the layout for the job's world and a local data folder are
+checked as the trainer checks them before anything is written (validate). A real submit reads the workspace from config.json (MLClient.from_config:
 ./config.json or ./.azureml/config.json, or --workspace-config) and your Azure login.
 """
 import argparse
@@ -59,13 +60,60 @@ def node_command(instance_count: int, gpus_per_node: int, data_prefix: str, voca
     ])
 
 
-def build_job(args):
+def is_local(data: str) -> bool:
+    return "://" not in data and not data.startswith("azureml:")
+
+
+def validate(args) -> None:
+    """The trainer's own checks, run here before anything is written or submitted, so that a job
+    does not wait in the queue for a node only to stop at start-up: pretrain_bert.py's argument
+    parser (unknown flags, bad values) and flag checks, the DeepSpeed JSON as the trainer reads it
+    (megatron.config.read_ds_config) and the layout it resolves for this job's world
+    (megatron.config.resolve with instance count x GPUs per node), and a local --data folder's
+    files (an azureml:// URI is checked by AzureML when the job mounts it)."""
     if not args.ds_config.is_file():
         raise SubmitError(f"--ds-config {args.ds_config} does not exist; pass a JSON from ds_configs/ "
                           "(or one made with tools/ds_config.py set)")
     for name in ("instance_count", "gpus_per_node"):
         if getattr(args, name) < 1:
             raise SubmitError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1; pass a positive integer")
+    data = Path(args.data)
+    if is_local(args.data):
+        if not data.is_dir():
+            raise SubmitError(f"--data {args.data} is not a folder; pass the local folder of the preprocessed "
+                              ".bin/.idx and the vocab file, or an azureml:// URI")
+        for name in (f"{args.data_prefix}.bin", f"{args.data_prefix}.idx", args.vocab):
+            if not (data / name).is_file():
+                raise SubmitError(f"--data {args.data} has no {name}; pass the folder tools/preprocess_data.py wrote "
+                                  "(--data-prefix names the .bin/.idx in it, --vocab the vocab file)")
+    from megatron.quiet import quiet_deepspeed
+
+    quiet_deepspeed()  # before DeepSpeed is first imported: no accelerator warning
+    from megatron.arguments import build_parser as trainer_parser, config_flags
+    from megatron.config import read_ds_config, resolve
+    from megatron.errors import ConfigError
+    from megatron.training import check_flags
+
+    def refuse(message):
+        raise SubmitError(f"pretrain_bert.py flags after --: {message}; see python pretrain_bert.py --help")
+
+    parser = trainer_parser()
+    parser.error = refuse  # one line, not argparse's usage and exit
+    trainer_args = parser.parse_args([*args.flags, "--deepspeed", "--deepspeed_config", str(args.ds_config)])
+    try:
+        check_flags(trainer_args)
+        flags = config_flags(trainer_args)
+        if is_local(args.data) and not flags["vocab_size"]:
+            with open(data / args.vocab, encoding="utf-8", errors="replace") as file:
+                flags["vocab_size"] = sum(1 for line in file if line.strip())
+        flags["bigbird_seed"] = trainer_args.seed
+        resolve(flags, read_ds_config(args.ds_config), args.instance_count * args.gpus_per_node)
+    except ConfigError as error:
+        raise SubmitError(str(error)) from None
+
+
+def build_job(args):
+    validate(args)
     try:
         from azure.ai.ml import Input, PyTorchDistribution
         from azure.ai.ml.entities import CommandJob, Environment, JobResourceConfiguration

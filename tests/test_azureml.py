@@ -23,12 +23,21 @@ def submit(*argv, cwd) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+def data_folder(folder: Path, prefix: str = "corpus_text_sentence") -> Path:
+    """A local --data folder as tools/preprocess_data.py leaves it (contents are not read)."""
+    folder.mkdir(parents=True)
+    for name in (f"{prefix}.bin", f"{prefix}.idx"):
+        (folder / name).write_bytes(b"")
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n")
+    return folder
+
+
 @needs_sdk
 def test_dry_run_yaml_reloads(tmp_path):
-    job_file, data = tmp_path / "job.yml", tmp_path / "data"
-    data.mkdir()
+    job_file, data = tmp_path / "job.yml", data_folder(tmp_path / "data", "wiki_text_sentence")
     result = submit("--dry-run", job_file, "--instance-count", 2, "--gpus-per-node", 4, "--data", data,
-                    "--data-prefix", "wiki_text_sentence", "--env", "NCCL_DEBUG=INFO", "--", "--seq-length", 8192,
+                    "--data-prefix", "wiki_text_sentence", "--env", "NCCL_DEBUG=INFO", "--",
+                    "--max-position-embeddings", 8192, "--seq-length", 8192,
                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     job = load_job(job_file)
@@ -48,7 +57,7 @@ def test_dry_run_yaml_reloads(tmp_path):
 
 @needs_sdk
 def test_submit_without_workspace_config_is_one_line(tmp_path):
-    result = submit("--data", tmp_path, cwd=tmp_path)
+    result = submit("--data", data_folder(tmp_path / "data"), cwd=tmp_path)
     errors = [line for line in result.stderr.splitlines() if line.startswith("submit.py: error:")]
     assert result.returncode == 2 and len(errors) == 1 and "no AzureML workspace config found" in errors[0]
     assert "Traceback" not in result.stderr
@@ -59,4 +68,36 @@ def test_missing_ds_config_is_one_line(tmp_path):
                     cwd=tmp_path)
     errors = [line for line in result.stderr.splitlines() if line.startswith("submit.py: error:")]
     assert result.returncode == 2 and len(errors) == 1 and "no.json" in errors[0], result.stderr
+    assert not (tmp_path / "job.yml").exists()
+
+
+# validated as the trainer validates, before anything is written: (submit.py flags, phrases of the error)
+REFUSED = {
+    "world_does_not_fit_the_json": (["--instance-count", "1", "--gpus-per-node", "3"],
+                                    ("sequence_parallel.size 2 x pipeline 1 does not divide the world size 3",)),
+    "unknown_trainer_flag": (["--", "--num-layerz", "2"], ("pretrain_bert.py flags after --: unrecognized "
+                                                           "arguments: --num-layerz 2",)),
+    "bad_trainer_value": (["--", "--mask-prob", "0"], ("--mask-prob 0.0 is outside (0, 1]",)),
+    "invalid_json": (["--ds-config", "{tmp}/bad.json"], ("bad.json:1:17: invalid JSON",)),
+    "missing_local_data": (["--data", "{tmp}/nowhere"], ("--data {tmp}/nowhere is not a folder",)),
+    "data_without_the_prefix": (["--data-prefix", "wiki"], ("has no wiki.bin",)),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_submit_validates_as_the_trainer(case, tmp_path, capsys):
+    """In-process (one import of the trainer for all cases): one line, exit 2, no job.yml."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("azureml_submit", SUBMIT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "bad.json").write_text('{"train_batch": }')
+    argv, phrases = REFUSED[case]
+    argv = [part.format(tmp=tmp_path) for part in argv]
+    data = ["--data", str(data_folder(tmp_path / "data"))] if "--data" not in argv else []
+    assert module.main(["--dry-run", str(tmp_path / "job.yml"), *data, *argv]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("submit.py: error: "), lines
+    assert all(phrase.format(tmp=tmp_path) in lines[0] for phrase in phrases), lines[0]
     assert not (tmp_path / "job.yml").exists()
