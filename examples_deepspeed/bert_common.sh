@@ -67,6 +67,9 @@ SETTINGS=(sequence_parallel.size="$SP" sequence_parallel.attention="$ATTENTION"
           train_micro_batch_size_per_gpu="$MICRO_BATCH" train_batch_size="$GLOBAL_BATCH"
           gradient_accumulation_steps=null)  # null: derived from global / (micro x data-parallel size)
 [ -z "${VARIANT_KEY:-}" ] || SETTINGS+=("$VARIANT_KEY=${!VARIANT_ARG}")
+# packed samples (several documents per sequence, each attending to itself; --no-pack-samples turns
+# it off): linformer's projection mixes positions across segments, so it trains unpacked
+[ "$ATTENTION" = linformer ] || SETTINGS+=(sequence_parallel.pack_samples=true)
 DRY_RUN="${DRY_RUN:-0}"
 case "$DRY_RUN" in
     0 | 1) ;;

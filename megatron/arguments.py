@@ -101,6 +101,8 @@ def add_packing_args(group) -> None:
                        help="pack several segments ([CLS] A [SEP] B [SEP], each with its own positions from 0, "
                             "sentence-order label and masking) into each sample until the sequence is full, "
                             "each attending only to itself: most of a long sequence is real tokens, not padding")
+    group.add_argument("--no-pack-samples", dest="pack_samples", action="store_const", const=False,
+                       help="one segment per sample, padded (overrides the JSON's sequence_parallel.pack_samples)")
     group.add_argument("--max-segment-length", type=int,
                        help="with --pack-samples: tokens of the longest segment (default: the smaller of "
                             "--seq-length and --max-position-embeddings); --seq-length may then exceed "

@@ -251,6 +251,11 @@ def test_packing_settings_resolve_from_flags_and_json():
     assert config.pack_samples and config.model.max_segment_length == 64
     config = resolve(base, {"sequence_parallel": {"pack_samples": True, "max_segment_length": 100}}, 1)
     assert config.model.max_segment_length == 100 and config.to_dict()["pack_samples"] is True
+    from megatron.arguments import build_parser, config_flags
+
+    off = config_flags(build_parser().parse_args(["--no-pack-samples"]))["pack_samples"]
+    config = resolve(base | {"seq_length": 64, "pack_samples": off}, {"sequence_parallel": {"pack_samples": True}}, 1)
+    assert off is False and not config.pack_samples  # the flag wins over the JSON
     with pytest.raises(ConfigError, match="seq_length 1024 exceeds max_position_embeddings 128"):
         resolve(base, {}, 1)
     with pytest.raises(ConfigError, match="sequence_parallel.pack_samples = 'yes' is not a boolean"):

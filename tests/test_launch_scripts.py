@@ -67,6 +67,7 @@ def test_variant_script_trains_two_steps(tmp_path, data_dir, script, variant, op
     assert (written["sequence_parallel"]["size"], written["sequence_parallel"]["attention"]) == (sp, variant)
     assert written["sequence_parallel"][variant][option] == value  # the positional LINFORMER_K / BLOCK_SIZE
     assert ("pipeline" in written) == (pp > 1)  # the pipeline template, taken for PP > 1
+    assert written["sequence_parallel"].get("pack_samples", False) == (variant != "linformer")  # packed by default
     assert len(losses(tmp_path)) == 2
 
 
