@@ -56,13 +56,14 @@ def test_cudnn_is_chosen_for_unmasked_half_blocks_when_asked(monkeypatch):
     assert blocks.kernel(fake(True, torch.float32), masks.BlockMask(None, None)) == "efficient"
 
 
-def test_block_kinds_full_only_without_padding_and_with_one_segment():
+def test_pair_kinds_full_only_without_padding_and_with_one_segment():
     ones, padded, packed = torch.ones(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long), torch.ones(2, 8)
     padded[1, 6:] = 0
     packed = packed.long()
     packed[0, 4:] = 2
-    kinds = masks.block_kinds(masks.id_range(ones), [masks.id_range(x) for x in (ones, padded, packed)])
+    kinds = [masks.kind_of(ones, x) for x in (ones, padded, packed)]
     assert kinds == ["full", "single", "mixed"]
+    assert masks.kind_of(ones, 3 * ones) == "skip"  # no shared segment
     assert masks.block_mask(ones, ones, "full") == masks.BlockMask(None, None)
     assert masks.tile_plan(ones.numpy(), ones.numpy())[0].kind == "full"
     assert masks.tile_plan(ones.numpy(), padded.numpy())[0].kind == "single"

@@ -174,7 +174,7 @@ def _row_masks(q_segments, k_segments):
 
 def _global_mask(global_segments, segment_ids):
     """The global query blocks [b, 2B] against this rank's keys [b, m*B]: None when they share no segment."""
-    kind = masks.block_kinds(masks.id_range(global_segments), [masks.id_range(segment_ids)])[0]
+    kind = masks.kind_of(global_segments, segment_ids)
     return None if kind == "skip" else masks.block_mask(global_segments, segment_ids, kind)
 
 

@@ -12,7 +12,8 @@ decided on the host before any kernel runs:
   - "single": in every sample, all non-padding tokens of both sides are one segment (always the
               case unpacked): the mask is the cheap key-padding row [b, 1, 1, s_k];
   - "mixed":  the block-diagonal mask [b, 1, s_q, s_k].
-The decision uses each side's (min, max) segment id and whether it holds padding, per sample.
+The decision (`pair_kind`, on the host) uses each side's (min, max) segment id and whether it
+holds padding, per sample.
 Segments are contiguous runs with increasing ids, so the ids a side holds are exactly that range
 and two sides share a segment iff the ranges overlap (for any other layout the test only skips
 less, never wrongly).
@@ -38,29 +39,13 @@ class BlockMask(NamedTuple):
     blind: torch.Tensor | None  # [b, s_q] bool: query sees no key of this block (output 0, lse -inf)
 
 
-def id_range(segment_ids) -> torch.Tensor:
-    """[b, s] -> [b, 3] (min, max) of the non-padding ids, (_NONE, PAD_SEGMENT) when there are
-    none, and 1 where the side holds padding (else 0)."""
-    real = segment_ids != PAD_SEGMENT
-    low = segment_ids.masked_fill(~real, _NONE).amin(1)
-    return torch.stack([low, segment_ids.amax(1), (~real).any(1).long()], 1)
-
-
-def block_kinds(q_range, k_ranges: list) -> list:
-    """Kinds ("skip", "full", "single", "mixed") of the query side against each key side, from
-    id_range() results; one host synchronisation for all of them."""
-    if not k_ranges:
-        return []
-    k = torch.stack(k_ranges)  # [n, b, 3]
-    q = q_range[None]  # [1, b, 3]
-    shares = torch.maximum(q[..., 0], k[..., 0]) <= torch.minimum(q[..., 1], k[..., 1])  # [n, b]
-    low = torch.minimum(q[..., 0], k[..., 0])
-    high = torch.maximum(q[..., 1], k[..., 1])
-    single = (low == high) | (high == PAD_SEGMENT)  # at most one segment id on both sides
-    unpadded = (q[..., 2] == 0) & (k[..., 2] == 0) & (low == high)  # one segment, no padding, both sides
-    flags = torch.stack([shares.any(1), single.all(1), unpadded.all(1)], 1).tolist()
-    return ["skip" if not any_pair else "full" if full else "single" if one else "mixed"
-            for any_pair, one, full in flags]
+def pair_kind(q_segments: np.ndarray, k_segments: np.ndarray) -> str:
+    """The kind ("skip", "full", "single", "mixed") of a query side [b, s_q] against a key side
+    [b, s_k], from their segment ids on the host."""
+    (q_low, q_high), (k_low, k_high) = _id_range(q_segments), _id_range(k_segments)
+    if not (np.maximum(q_low, k_low) <= np.minimum(q_high, k_high)).any():
+        return "skip"
+    return _kind(np.concatenate([q_segments, k_segments], 1))
 
 
 def block_mask(q_segments, k_segments, kind: str) -> BlockMask:
@@ -136,10 +121,15 @@ def _crop(q_segments, k_segments, start: int, stop: int):
     rows = np.flatnonzero(seeing.any(0))
     q_start, q_stop = start + int(rows[0]), start + int(rows[-1]) + 1
     ids = np.concatenate([q_segments[:, q_start:q_stop], k_segments[:, k_start:k_stop]], 1)
+    return Tile(q_start, q_stop, k_start, k_stop, _kind(ids))
+
+
+def _kind(ids: np.ndarray) -> str:
+    """"full", "single" or "mixed" of a pair whose ids of both sides are `ids` [b, n]."""
     low, high = _id_range(ids)
-    single = bool(((low == high) | (high == PAD_SEGMENT)).all())
-    full = single and bool((ids != PAD_SEGMENT).all())  # no padding either: no mask (flash on CUDA)
-    return Tile(q_start, q_stop, k_start, k_stop, "full" if full else "single" if single else "mixed")
+    if not ((low == high) | (high == PAD_SEGMENT)).all():
+        return "mixed"
+    return "full" if (ids != PAD_SEGMENT).all() else "single"  # no padding either: no mask (flash on CUDA)
 
 
 def _id_range(segment_ids: np.ndarray) -> tuple:
@@ -148,9 +138,16 @@ def _id_range(segment_ids: np.ndarray) -> tuple:
     return np.where(real, segment_ids, _NONE).min(1), np.where(real, segment_ids, PAD_SEGMENT).max(1)
 
 
+def kind_of(q_segments, k_segments) -> str:
+    """pair_kind of two sides held as tensors: their ids come to the host together, in one
+    synchronisation."""
+    host = torch.cat([q_segments, k_segments], 1).cpu().numpy()
+    return pair_kind(host[:, :q_segments.shape[1]], host[:, q_segments.shape[1]:])
+
+
 def segment_mask(q_segments, k_segments) -> BlockMask:
     """block_mask of whatever kind the pair is ("skip" gives an all-blind "mixed" mask)."""
-    kind = block_kinds(id_range(q_segments), [id_range(k_segments)])[0]
+    kind = kind_of(q_segments, k_segments)
     return block_mask(q_segments, k_segments, "mixed" if kind == "skip" else kind)
 
 
