@@ -64,14 +64,14 @@ def cached_array(path: str, build) -> np.ndarray:
     return np.load(path, mmap_mode="r", allow_pickle=False)
 
 
-def samples_mapping(indexed, prefix: str, name: str, doc_range: tuple, max_num_samples: int, max_tokens: int,
-                    short_seq_prob: float, seed: int, binary_head: bool) -> np.ndarray:
+def samples_mapping(indexed, prefix: str, name: str, first_doc: int, end_doc: int, max_num_samples: int,
+                    max_tokens: int, short_seq_prob: float, seed: int, binary_head: bool) -> np.ndarray:
     """[n, 3] rows (first sentence, end sentence, target tokens) over documents
-    [doc_range[0], doc_range[1]), built once and cached."""
-    path = mapping_path(prefix, name, *doc_range, max_num_samples, max_tokens, short_seq_prob, seed, binary_head)
+    [first_doc, end_doc), built once and cached (arguments: mapping_path's, after `indexed`)."""
+    path = mapping_path(prefix, name, first_doc, end_doc, max_num_samples, max_tokens, short_seq_prob, seed, binary_head)
 
     def build():
-        docs = np.ascontiguousarray(indexed.doc_idx[doc_range[0]:doc_range[1] + 1], dtype=np.int64)
+        docs = np.ascontiguousarray(indexed.doc_idx[first_doc:end_doc + 1], dtype=np.int64)
         return helpers.build_mapping(docs, indexed.sizes, 2**31 - 1, max_num_samples, max_tokens, short_seq_prob,
                                      seed, min_num_sent=2 if binary_head else 1,
                                      long_sentence_len=max(LONG_SENTENCE_LEN, max_tokens))
@@ -99,8 +99,7 @@ class BertDataset(torch.utils.data.Dataset):
         specials = 3 if binary_head else 2
         self.mapping_settings = (prefix, name, *doc_range, max_num_samples, seq_length - specials, short_seq_prob,
                                  seed, binary_head)
-        self.mapping = samples_mapping(indexed, prefix, name, doc_range, max_num_samples, seq_length - specials,
-                                       short_seq_prob, seed, binary_head)
+        self.mapping = samples_mapping(indexed, *self.mapping_settings)
         self.ids = SpecialIds(cls=tokenizer.cls, sep=tokenizer.sep, mask=tokenizer.mask, pad=tokenizer.pad)
         vocab_tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
         self.random_ids = np.array([i for i, t in enumerate(vocab_tokens) if not (t.startswith("[") and t.endswith("]"))])

@@ -127,11 +127,3 @@ def pack(segments: list, seq_length: int, pad: int) -> dict:
         sample[key] = np.pad(np.concatenate(values), (0, seq_length - length), constant_values=fill)
     return sample
 
-
-def build_sample(sentences: list, target_tokens: int, seq_length: int, ids: SpecialIds, random_ids,
-                 masked_lm_prob: float, rng: np.random.RandomState, binary_head: bool = True,
-                 continuation=None) -> dict:
-    """An unpacked sample: one segment padded to seq_length (see build_segment)."""
-    segment = build_segment(sentences, target_tokens, seq_length, ids, random_ids, masked_lm_prob, rng, binary_head,
-                            continuation)
-    return pack([segment], seq_length, ids.pad)
