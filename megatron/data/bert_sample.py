@@ -126,4 +126,3 @@ def pack(segments: list, seq_length: int, pad: int) -> dict:
         fill = pad if key in ("tokens", "labels") else 0
         sample[key] = np.pad(np.concatenate(values), (0, seq_length - length), constant_values=fill)
     return sample
-
