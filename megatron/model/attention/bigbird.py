@@ -162,19 +162,26 @@ def _gather(k, v, segment_ids, slot_index, slot_valid):
     return sel_k, sel_v, segments.reshape(b * rows, c * block)
 
 
-def _row_masks(q_segments, k_segments):
-    """Masks of the (sample, query block) kernel items [n, B] x [n, c*B] -> (the items that see
-    some key, their BlockMask); the other items are not computed."""
-    mask = masks.segment_mask(q_segments, k_segments)
-    if mask.allowed is None:  # "full": every item sees every key, no mask
-        return torch.arange(q_segments.shape[0], device=q_segments.device), mask
-    active = (~mask.blind).any(-1).nonzero().squeeze(1)
-    return active, masks.BlockMask(mask.allowed[active], mask.blind[active])
+def _row_plan(q_segments, k_segments) -> tuple:
+    """The (sample, query block) kernel items [n, B] x [n, c*B] of a pass -> (their pair kind,
+    the items that see some key); the other items are not computed. Forward works this out on
+    the host once; backward reuses it (_row_mask)."""
+    kind = masks.kind_of(q_segments, k_segments)
+    if kind == "full":  # every item sees every key
+        return kind, torch.arange(q_segments.shape[0], device=q_segments.device)
+    if kind == "skip":
+        return kind, q_segments.new_zeros(0)
+    return kind, (~masks.block_mask(q_segments, k_segments, kind).blind).any(-1).nonzero().squeeze(1)
 
 
-def _global_mask(global_segments, segment_ids):
-    """The global query blocks [b, 2B] against this rank's keys [b, m*B]: None when they share no segment."""
-    kind = masks.kind_of(global_segments, segment_ids)
+def _row_mask(q_segments, k_segments, kind: str, active) -> masks.BlockMask:
+    """The BlockMask of a pass's active items (see _row_plan)."""
+    return masks.block_mask(q_segments[active], k_segments[active], kind)
+
+
+def _global_mask(global_segments, segment_ids, kind: str):
+    """The global query blocks [b, 2B] against this rank's keys [b, m*B] (their pair kind, from
+    forward): None when they share no segment."""
     return None if kind == "skip" else masks.block_mask(global_segments, segment_ids, kind)
 
 
@@ -224,7 +231,8 @@ class _BigBirdAttention(torch.autograd.Function):
         # Global query blocks 0 and n-1, shared with every rank: [b, 2, B, heads, d]. Each rank
         # attends them to its keys; the partial results are merged by log-sum-exp in rank order.
         global_q, global_segments = _global_queries(q, segment_ids, seq)
-        global_mask = _global_mask(global_segments, segment_ids.view(b, -1))
+        global_kind = masks.kind_of(global_segments, segment_ids.view(b, -1))
+        global_mask = _global_mask(global_segments, segment_ids.view(b, -1), global_kind)
         if global_mask is None:
             global_out = q.new_zeros(b, heads, 2 * block, d)
             global_lse = q.new_full((b, heads, 2 * block), float("-inf"), dtype=torch.float32)
@@ -242,6 +250,7 @@ class _BigBirdAttention(torch.autograd.Function):
         fetched_k, fetched_v, fetched_segments = _fetch(k, v, segment_ids, plan, seq)
         rows = q[:, plan.row_start:plan.row_stop]
         sparse_out = sparse_lse = None
+        row_plans = []  # per pass: (kind, active items), reused by backward
         pieces = [global_out.transpose(1, 2).view(b, 2, block, heads, d)[:, :1]] if first else []
         if rows.shape[1]:
             extended = (torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1),
@@ -251,10 +260,13 @@ class _BigBirdAttention(torch.autograd.Function):
             for part in _passes(plan, block):
                 sel_k, sel_v, sel_segments = _gather(*extended, plan.slot_index[part], plan.slot_valid[part])
                 items = _items(rows[:, part])
-                active, mask = _row_masks(row_segments[:, part].reshape(items.shape[0], block), sel_segments)
+                item_segments = row_segments[:, part].reshape(items.shape[0], block)
+                kind, active = _row_plan(item_segments, sel_segments)
+                row_plans.append((kind, active))
                 out = items.new_zeros(items.shape)
                 lse = out.new_full(items.shape[:3], float("-inf"), dtype=torch.float32)
                 if len(active):
+                    mask = _row_mask(item_segments, sel_segments, kind, active)
                     out[active], lse[active] = blocks.forward(items[active], sel_k[active], sel_v[active], mask, scale)
                 outs.append(out.transpose(1, 2).reshape(b, -1, block, heads, d))
                 lses.append(lse.view(b, -1, heads, block))
@@ -266,6 +278,7 @@ class _BigBirdAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, segment_ids, fetched_k, fetched_v, fetched_segments,
                               global_q, global_segments, global_out, global_lse, sparse_out, sparse_lse)
         ctx.plan, ctx.seq, ctx.scale = plan, seq, scale
+        ctx.global_kind, ctx.row_plans = global_kind, row_plans
         return torch.cat(pieces, 1)
 
     @staticmethod
@@ -283,7 +296,7 @@ class _BigBirdAttention(torch.autograd.Function):
         # partial with the merged lse, and the partial dq's are summed back the same way.
         zeros = grad_out.new_zeros(b, 1, block, heads, d)
         global_grad = seq.sum(torch.cat([grad_out[:, :1] if first else zeros, grad_out[:, -1:] if last else zeros], 1))
-        global_mask = _global_mask(global_segments, segment_ids.view(b, -1))
+        global_mask = _global_mask(global_segments, segment_ids.view(b, -1), ctx.global_kind)
         dq_global = q.new_zeros(b, 2, block, heads, d)
         if global_mask is not None:
             dq_global, dk_global, dv_global = blocks.backward(_flat(global_grad), _flat(global_q), _flat(k), _flat(v),
@@ -304,13 +317,13 @@ class _BigBirdAttention(torch.autograd.Function):
             extended = (torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1),
                         torch.cat([segment_ids, fetched_segments], 1))
             grad_extended = k.new_zeros((2, b, m + fetched_k.shape[1], block, heads, d), dtype=torch.float32)
-            for part in _passes(plan, block):
+            for part, (kind, active) in zip(_passes(plan, block), ctx.row_plans):
+                if not len(active):
+                    continue
                 local = slice(plan.row_start + part.start, plan.row_start + part.stop)
                 sel_k, sel_v, sel_segments = _gather(*extended, plan.slot_index[part], plan.slot_valid[part])
                 items = _items(q[:, local])
-                active, mask = _row_masks(segment_ids[:, local].reshape(items.shape[0], block), sel_segments)
-                if not len(active):
-                    continue
+                mask = _row_mask(segment_ids[:, local].reshape(items.shape[0], block), sel_segments, kind, active)
                 lse = sparse_lse[:, part].reshape(-1, heads, block)[active]
                 dq_act, dk_act, dv_act = blocks.backward(_items(grad_out[:, local])[active], items[active],
                                                          sel_k[active], sel_v[active], mask,
