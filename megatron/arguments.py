@@ -140,6 +140,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     data.add_argument("--vocab-file", help="WordPiece vocab.txt (default: the embedded corpus' vocab)")
     data.add_argument("--tokenizer-type", default="BertWordPieceLowerCase",
                       help="BertWordPieceLowerCase (default) or BertWordPieceCase")
+    data.add_argument("--data-cache-path", metavar="DIR",
+                      help="writable folder for the index maps (default: next to the data; needed when the data is "
+                           "on a read-only mount; maps are named by the data's contents, so later runs reuse them)")
     data.add_argument("--data-impl", default="mmap", choices=["mmap", "cached", "lazy"], help="indexed dataset format")
     data.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens masked for MLM")
     data.add_argument("--whole-word-masking", action="store_true",
@@ -152,7 +155,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run = parser.add_argument_group("checkpoints, evaluation, logging")
     run.add_argument("--save", help="checkpoint directory")
     run.add_argument("--load", help="checkpoint directory to resume from (its 'latest' tag); a weights-only "
-                     "checkpoint (tools/convert_checkpoint.py from-hf) starts a new run from its weights")
+                     "checkpoint (tools/convert_checkpoint.py from-hf) starts a new run from its weights; the --save "
+                     "folder itself before its first checkpoint: start from scratch (a requeued job resumes)")
     run.add_argument("--init-from-hf", metavar="DIR", help="start from a Hugging Face Bert* / MegatronBert* folder; "
                      "its config fills the model-size flags not given, heads it lacks are initialised")
     run.add_argument("--no-position-extension", action="store_true", help="with --init-from-hf: refuse a "

@@ -108,7 +108,12 @@ def check_flags(args) -> None:
 def check_start(args) -> None:
     """Where the run starts, checked from the files before any start-up work (DeepSpeed, data,
     model): a --save directory whose checkpoint is ahead of that start is refused now, not after
-    the engine is built."""
+    the engine is built. --load naming the --save folder before it holds a checkpoint starts from
+    scratch (Megatron's `--load X --save X`: a job that is resubmitted or requeued with the same
+    command resumes from its last save, and its first run starts fresh)."""
+    if args.load and args.save and os.path.realpath(args.load) == os.path.realpath(args.save) \
+            and not os.path.isfile(os.path.join(args.load, checkpoint.LATEST)):
+        args.load = None
     if not args.save:
         return
     start = 0
@@ -262,14 +267,15 @@ def pretrain(args) -> None:
     samples = (train_iters * global_batch, eval_runs * args.eval_iters * global_batch, args.eval_iters * global_batch)
     train_set, valid_set, test_set = build_train_valid_test_datasets(
         data_path, args.data_impl, args.split, samples, config.model.seq_length, tokenizer,
-        **sample_options(args, config))
+        cache_path=args.data_cache_path, **sample_options(args, config))
     if dist.get_rank() == 0:
         for name, dataset in zip(SPLIT_NAMES, (train_set, valid_set, test_set)):
             if dataset is not None:
                 print(token_stats(dataset).describe(name), flush=True)
     used_maps = [path for dataset in (train_set, valid_set, test_set) for path in index_maps.used_maps(dataset)]
     if dist.get_rank() == 0:
-        print(index_maps.describe(parse_data_path(data_path)[1], used_maps, args.log_dir), flush=True)
+        print(index_maps.describe(parse_data_path(data_path)[1], used_maps, args.log_dir, args.data_cache_path),
+              flush=True)
 
     engine = build_engine(config, bert_state=initial_weights(args, config, weights_only),
                           lr_scheduler=lr_schedule(args, train_iters))

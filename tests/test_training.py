@@ -98,24 +98,34 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory, data_dir) -> SimpleNamespace:
     """Two steps at SP=2 through the real `deepspeed` launcher (2 CPU ranks), stdout a pipe,
-    with a validation run each step and TensorBoard scalars: run once, read by the tests below."""
+    with a validation run each step and TensorBoard scalars, index maps in a --data-cache-path and
+    `--load` = `--save` (a requeued job's command; empty at first): run once, read by the tests below."""
     out = tmp_path_factory.mktemp("launched")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     command = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
                str(ROOT / "pretrain_bert.py"), *TINY, "--deepspeed", "--deepspeed_config",
                str(ROOT / "ds_configs" / "ring_sp2.json"), "--train-iters", "2", "--log-interval", "1",
                "--eval-interval", "1", "--eval-iters", "1", "--default-data-dir", data_dir,
-               "--save", str(out / "ckpt"), "--log-dir", str(out / "log"), "--tensorboard-dir", str(out / "tb")]
+               "--save", str(out / "ckpt"), "--load", str(out / "ckpt"), "--data-cache-path", str(out / "cache"),
+               "--log-dir", str(out / "log"), "--tensorboard-dir", str(out / "tb")]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [json.loads(line) for line in (out / "log" / "metrics.jsonl").read_text().splitlines()]
     return SimpleNamespace(stdout=result.stdout, stderr=result.stderr, records=records, tensorboard_dir=out / "tb",
-                           checkpoints=out / "ckpt", log_dir=out / "log", vocab_file=Path(data_dir) / "vocab.txt")
+                           checkpoints=out / "ckpt", log_dir=out / "log", vocab_file=Path(data_dir) / "vocab.txt",
+                           cache=out / "cache")
 
 
 def test_real_launcher_runs_two_steps(launched):
     assert "iteration 2/2" in launched.stdout and "saved checkpoint" in launched.stdout
     assert launched.stdout.splitlines().count("starting from scratch") == 1
+
+
+def test_index_maps_are_read_from_the_data_cache_path(launched):
+    used = json.loads((launched.log_dir / "index_maps.json").read_text())["maps"]
+    assert len(used) >= 2 and all(Path(path).parent == launched.cache.resolve() for path in used), used
+    assert sorted(str(path.resolve()) for path in launched.cache.iterdir()) == sorted(used)
+    assert f"index maps in {launched.cache.resolve()}: {len(used)} used by this run" in launched.stdout
 
 
 def test_resolved_config_is_written_to_the_log_dir_with_one_line_on_screen(launched):

@@ -1,10 +1,10 @@
 """Removes the cached index maps of a data prefix: all of them, or those no kept run uses.
 
-    python tools/clean_index_maps.py PREFIX [PREFIX ...] [--keep-run LOG_DIR ...] [--dry-run]
+    python tools/clean_index_maps.py PREFIX [PREFIX ...] [--data-cache-path DIR] [--keep-run LOG_DIR ...] [--dry-run]
 
-The trainer caches `{PREFIX}_{split}_indexmap_*.npy` / `_packmap_*.npy` next to the data, one set
-per combination of settings (samples, sequence length, seed, split, packing), and lists the ones a
-run uses in `<log-dir>/index_maps.json`. With --keep-run, the maps listed there stay; without,
+The trainer caches `{PREFIX}_{split}_indexmap_*.npy` / `_packmap_*.npy` next to the data (or, given
+--data-cache-path, in that folder), one set per combination of settings (samples, sequence length,
+seed, split, packing), and lists the ones a run uses in `<log-dir>/index_maps.json`. With --keep-run, the maps listed there stay; without,
 every map of PREFIX goes (a run rebuilds what it needs on its next start). Do not clean while a
 run on this data is starting: it may be building a map (`*.partial.npy`) this would remove.
 """
@@ -20,6 +20,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="clean_index_maps.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("prefixes", nargs="+", metavar="PREFIX", help="data prefix, as given to --data-path")
+    parser.add_argument("--data-cache-path", metavar="DIR",
+                        help="the trainer's --data-cache-path: clean the maps of PREFIX kept there")
     parser.add_argument("--keep-run", action="append", default=[], metavar="LOG_DIR",
                         help=f"keep the maps the run logging to LOG_DIR uses (its {USED_FILE}); repeatable")
     parser.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
@@ -34,7 +36,12 @@ def main(argv=None) -> int:
     for prefix in args.prefixes:
         if not Path(prefix).parent.is_dir():
             raise ConfigError(f"{prefix}: folder {Path(prefix).parent} does not exist", "pass the --data-path prefix")
-    found = [path for prefix in args.prefixes for path in maps_of(prefix)]
+        if args.data_cache_path and not Path(f"{prefix}.idx").is_file():
+            raise ConfigError(f"{prefix}.idx does not exist: the cached maps are named by its contents",
+                              "pass the --data-path prefix of the data the maps were built from")
+    if args.data_cache_path and not Path(args.data_cache_path).is_dir():
+        raise ConfigError(f"--data-cache-path {args.data_cache_path} is not a folder", "pass the trainer's --data-cache-path")
+    found = [path for prefix in args.prefixes for path in maps_of(prefix, args.data_cache_path)]
     doomed = [path for path in found if str(path.resolve()) not in keep]
     size = 0
     for path in doomed:

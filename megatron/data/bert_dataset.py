@@ -3,13 +3,16 @@
 A segment is a row (first sentence, end sentence, target length) of a mapping built by the C++
 `build_mapping` over the documents of one split; unpacked, a sample is one segment. Packed
 (--pack-samples), a sample holds several segments back to back, chosen by the C++
-`pack_segments` (best fit over a window of open samples). Mappings are saved next to the data as
-`{prefix}_{split}_indexmap_*.npy` and `{prefix}_{split}_packmap_*.npy`; in a distributed run
-rank 0 builds a missing one while the others wait at a barrier, and every later run reuses it.
+`pack_segments` (best fit over a window of open samples). Mappings are saved next to the data
+(or in --data-cache-path: index_maps.py names them) as `{maps}_{split}_indexmap_*.npy` and
+`{maps}_{split}_packmap_*.npy`; in a distributed run rank 0 builds a missing one while the
+others wait (cached_array), and every later run reuses it.
 """
+import contextlib
 import math
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron.data import helpers
+from megatron.data import helpers, index_maps
 from megatron.data.bert_sample import SpecialIds, build_segment, pack, segment_length
 from megatron.data.blendable import BlendableDataset
 from megatron.data.indexed_dataset import make_dataset
@@ -51,17 +54,40 @@ def mapping_path(prefix: str, name: str, first_doc: int, end_doc: int, max_num_s
 
 
 def cached_array(path: str, build) -> np.ndarray:
-    """The array saved at `path`, built by `build()` first if missing: by rank 0 alone in a
-    distributed run (the others wait at a barrier), written to a .partial file and renamed, so
-    a crash never leaves a file that looks complete. Loaded memory-mapped."""
+    """The array saved at `path`, built by `build()` first if missing, then loaded memory-mapped.
+
+    In a distributed run rank 0 builds it while the others wait; then the first rank of any node
+    that still does not see it (a cache folder each node has on its own disk) builds it there,
+    the same array, as the build is deterministic. Written to a per-process `.partial` file and
+    renamed, so a crash never leaves a file that looks complete. A folder that cannot be written
+    (data on a read-only mount) stops every rank with the same one-line error."""
     distributed = dist.is_available() and dist.is_initialized()
-    if not os.path.isfile(path) and (not distributed or dist.get_rank() == 0):
-        partial = Path(path + ".partial.npy")
+    first_of_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    for builds in ((not distributed or dist.get_rank() == 0), first_of_node):
+        problem = _save_built(path, build) if builds and not os.path.isfile(path) else None
+        if distributed:
+            problems = [None] * dist.get_world_size()
+            dist.all_gather_object(problems, problem)
+            problem = next((text for text in problems if text), None)
+        if problem:
+            raise DataError(problem, "pass --data-cache-path DIR, a folder every rank can write, to keep the "
+                                     "index maps apart from the data (Megatron's flag; the data is only read)")
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def _save_built(path: str, build) -> str | None:
+    """Builds and saves the array at `path`; None, or the reason it could not be written."""
+    partial = Path(f"{path}.partial-{socket.gethostname()}-{os.getpid()}.npy")
+    try:
+        partial.parent.mkdir(parents=True, exist_ok=True)
         np.save(partial, build(), allow_pickle=False)
         os.replace(partial, path)
-    if distributed:
-        dist.barrier()
-    return np.load(path, mmap_mode="r", allow_pickle=False)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        return (f"index map {Path(path).name} cannot be written to {Path(path).parent} on {socket.gethostname()} "
+                f"({error.strerror or error})")
+    return None
 
 
 def samples_mapping(indexed, prefix: str, name: str, first_doc: int, end_doc: int, max_num_samples: int,
@@ -257,15 +283,17 @@ def parse_data_path(data_path: list[str]) -> tuple[list[float], list[str]]:
 
 
 def build_train_valid_test_datasets(data_path: list[str], data_impl: str, split: str, num_samples: tuple,
-                                    seq_length: int, tokenizer, **sample_options) -> list:
+                                    seq_length: int, tokenizer, cache_path: str | None = None,
+                                    **sample_options) -> list:
     """[train, valid, test] (None where a split has no documents or no samples are asked for);
-    several prefixes are blended by weight. sample_options go to BertDataset, except
+    several prefixes are blended by weight; the index maps are cached next to the data or in
+    cache_path (--data-cache-path). sample_options go to BertDataset, except
     pack_samples (True: PackedBertDataset samples of seq_length tokens; num_samples then counts
     packed samples) and max_segment_length (the longest segment when packed; default seq_length)."""
     weights, prefixes = parse_data_path(data_path)
     per_prefix = [_split_datasets(prefix, data_impl, split,
                                   [math.ceil(w * n * 1.005) + 1 if n else 0 for n in num_samples],
-                                  seq_length, tokenizer, sample_options)
+                                  seq_length, tokenizer, cache_path, sample_options)
                   for w, prefix in zip(weights, prefixes)]
     if len(prefixes) == 1:
         return per_prefix[0]
@@ -276,20 +304,21 @@ def build_train_valid_test_datasets(data_path: list[str], data_impl: str, split:
     return blended
 
 
-def _split_datasets(prefix, data_impl, split, num_samples, seq_length, tokenizer, sample_options) -> list:
+def _split_datasets(prefix, data_impl, split, num_samples, seq_length, tokenizer, cache_path, sample_options) -> list:
     options = dict(sample_options)
     pack_samples = options.pop("pack_samples", False)
     max_segment_length = options.pop("max_segment_length", None) or seq_length
     indexed = make_dataset(prefix, data_impl)
+    maps = index_maps.maps_prefix(prefix, cache_path)
     bounds = split_boundaries(split, len(indexed.doc_idx) - 1)
     datasets = []
     for s, name in enumerate(SPLIT_NAMES):
         if bounds[s + 1] <= bounds[s] or not num_samples[s]:
             datasets.append(None)
         elif pack_samples:
-            datasets.append(packed_dataset(name, indexed, prefix, (bounds[s], bounds[s + 1]), num_samples[s],
+            datasets.append(packed_dataset(name, indexed, maps, (bounds[s], bounds[s + 1]), num_samples[s],
                                            seq_length, max_segment_length, tokenizer, **options))
         else:
-            datasets.append(BertDataset(name, indexed, prefix, (bounds[s], bounds[s + 1]), num_samples[s], seq_length,
+            datasets.append(BertDataset(name, indexed, maps, (bounds[s], bounds[s + 1]), num_samples[s], seq_length,
                                         tokenizer, **options))
     return datasets

@@ -1,13 +1,20 @@
-"""The index maps a run caches next to its data, and the ones older settings left behind.
+"""The index maps a run caches next to its data (or in --data-cache-path), and the ones older
+settings left behind.
 
-bert_dataset.py saves `{prefix}_{split}_indexmap_*.npy` and `{prefix}_{split}_packmap_*.npy`
+bert_dataset.py saves `{maps}_{split}_indexmap_*.npy` and `{maps}_{split}_packmap_*.npy`
 named by every setting that shapes them (samples, sequence length, seed, documents, packing), so
 another --train-iters, batch, --split or --seq-length builds new maps and leaves the old ones.
+`{maps}` is the data prefix itself, or with --data-cache-path `{cache}/{name}-{fingerprint}`: data
+on a read-only mount keeps its maps in a writable folder, and the fingerprint (of the `.idx`
+file's contents, not its path, which a job's mount changes) keeps two corpora of the same name
+apart while later jobs on the same data reuse the maps.
 The trainer says where they are at start-up and lists the ones it uses in
 `<log-dir>/index_maps.json`; tools/clean_index_maps.py removes the others (or all: any missing
 map is rebuilt on the next start). No torch here: the tool stays fast.
 """
+import hashlib
 import json
+import os
 from pathlib import Path
 
 SPLITS = ("train", "valid", "test")
@@ -15,10 +22,35 @@ KINDS = ("indexmap", "packmap")
 USED_FILE = "index_maps.json"  # in the log directory: {"maps": [absolute paths]}
 
 
-def maps_of(prefix: str) -> list[Path]:
-    """The map files of a data prefix (any settings), including `.partial.npy` leftovers of a
-    build that was killed; sorted."""
-    base = Path(prefix)
+FINGERPRINT_BYTES = 1 << 20  # of the .idx read from each end: its header and the last sentences' sizes
+
+
+def fingerprint(prefix: str) -> str:
+    """10 hex digits of the `.idx` file's size and its first and last MiB: the same for a copy of
+    the data wherever it is mounted, different for another corpus of the same name."""
+    path = Path(f"{prefix}.idx")
+    digest = hashlib.sha1()
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        digest.update(str(size).encode())
+        digest.update(file.read(FINGERPRINT_BYTES))
+        file.seek(max(0, size - FINGERPRINT_BYTES))
+        digest.update(file.read(FINGERPRINT_BYTES))
+    return digest.hexdigest()[:10]
+
+
+def maps_prefix(prefix: str, cache_path: str | None = None) -> str:
+    """The prefix a data prefix's map files are named from: itself (next to the data) or, with a
+    cache folder, `{cache_path}/{name}-{fingerprint}`."""
+    if not cache_path:
+        return prefix
+    return str(Path(cache_path) / f"{Path(prefix).name}-{fingerprint(prefix)}")
+
+
+def maps_of(prefix: str, cache_path: str | None = None) -> list[Path]:
+    """The map files of a data prefix (any settings), including `.partial` leftovers of a build
+    that was killed; sorted."""
+    base = Path(maps_prefix(prefix, cache_path))
     found = set()
     for split in SPLITS:
         for kind in KINDS:
@@ -44,18 +76,20 @@ def size_text(size: int) -> str:
     return ""
 
 
-def describe(prefixes: list[str], used: list[str], log_dir: str) -> str:
+def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str | None = None) -> str:
     """One line: where the maps live, how many this run uses, how many (and how large) others are
     there, and the command that removes those."""
     used_set = {str(Path(path).resolve()) for path in used}
-    others = [path for prefix in prefixes for path in maps_of(prefix) if str(path.resolve()) not in used_set]
-    folders = sorted({str(Path(prefix).resolve().parent) for prefix in prefixes})
+    others = [path for prefix in prefixes for path in maps_of(prefix, cache_path)
+              if str(path.resolve()) not in used_set]
+    folders = sorted({str(Path(maps_prefix(prefix, cache_path)).resolve().parent) for prefix in prefixes})
     line = f"index maps in {', '.join(folders)}: {len(used_set)} used by this run"
     if not others:
         return line + ", no others"
     size = sum(path.stat().st_size for path in others)
+    cache = f" --data-cache-path {cache_path}" if cache_path else ""
     return (f"{line}; {len(others)} others from other settings ({size_text(size)}): "
-            f"python tools/clean_index_maps.py {' '.join(prefixes)} --keep-run {log_dir} removes them")
+            f"python tools/clean_index_maps.py {' '.join(prefixes)}{cache} --keep-run {log_dir} removes them")
 
 
 def write_used(log_dir: str, used: list[str]) -> Path:
