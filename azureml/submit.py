@@ -5,27 +5,41 @@
         --data-prefix wiki_text_sentence -- --num-layers 24 --hidden-size 1024 --train-iters 100000
     python azureml/submit.py --dry-run job.yml ...      # writes the job YAML, needs no credentials
 
-The job uploads this repository as its code folder (files .gitignore excludes stay home), runs in
-an environment of a CUDA image plus this project's pinned requirements.txt, and gets the DeepSpeed
-JSON and the data folder (preprocessed .bin/.idx and vocab.txt) as inputs. The PyTorch
-distribution runs the command once per instance (process_count_per_instance 1) with
+The job uploads this repository as its code folder (files .gitignore excludes stay home) and
+runs in an image built from azureml/Dockerfile: CUDA 13.0 as the pinned torch's wheels, the
+pinned requirements.txt, and DeepSpeed's FusedAdam/CPUAdam compiled in (no JIT build at
+start-up). Inputs: the DeepSpeed JSON and the data folder (preprocessed .bin/.idx and vocab.txt),
+mounted read-only. Outputs, mounted read-write on every node, so that all nodes write into one
+folder: `checkpoints` (--save and --load: a job resubmitted with the same --checkpoints resumes
+from its last save) and `data_cache` (--data-cache-path: the index maps the read-only data cannot
+hold; the same --data-cache reuses them across jobs). Logs go to ./outputs/logs of node 0. The
+PyTorch distribution runs the command once per instance (process_count_per_instance 1) with
 MASTER_ADDR, MASTER_PORT and NODE_RANK set; the command installs the package (compiling the
 data helpers) and starts that instance's GPUS_PER_NODE ranks with DeepSpeed's per-node launcher
 (deepspeed.launcher.launch), exactly as `deepspeed --no_ssh --node_rank` would. Flags after `--`
-go to pretrain_bert.py; they, the JSON, the layout for the job's world and a local data folder are
-checked as the trainer checks them before anything is written (validate). A real submit reads the workspace from config.json (MLClient.from_config:
-./config.json or ./.azureml/config.json, or --workspace-config) and your Azure login.
+go to pretrain_bert.py; they, the JSON, the layout for the job's world, the image's CUDA and a
+local data folder are checked as the trainer checks them before anything is written (validate).
+A real submit reads the workspace from config.json (MLClient.from_config: ./config.json or
+./.azureml/config.json, or --workspace-config) and your Azure login.
 """
 import argparse
 import base64
 import io
 import json
+import re
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-cuda11.8-cudnn8-ubuntu22.04"
+DOCKERFILE = ROOT / "azureml" / "Dockerfile"
+# The CUDA of torch's Linux wheels on PyPI, from their metadata (torch 2.13.0 requires
+# cuda-toolkit==13.0.3). The image's nvcc must match it: a new torch pin needs its line here.
+TORCH_CUDA = {"2.13.0": "13.0"}
+# Flags the job sets itself: the inputs' and outputs' mount points.
+JOB_FLAGS = {"--data-path": "--data", "--vocab-file": "--vocab", "--save": "--checkpoints", "--load": "--checkpoints",
+             "--data-cache-path": "--data-cache", "--log-dir": None, "--deepspeed_config": "--ds-config"}
 NCCL_ENV = {  # NCCL over the node's Ethernet/InfiniBand; errors surface instead of hanging
     "NCCL_DEBUG": "WARN",
     "NCCL_SOCKET_IFNAME": "eth0",
@@ -38,12 +52,47 @@ class SubmitError(Exception):
     """A one-line problem; fix, like megatron.errors.ConfigError."""
 
 
-def conda_environment() -> dict:
-    """Python 3.11 and requirements.txt's pins, read from the file so that they cannot drift."""
-    lines = (ROOT / "requirements.txt").read_text().splitlines()
-    pins = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    return {"name": "bert-longseq", "channels": ["conda-forge"],
-            "dependencies": ["python=3.11", "pip", {"pip": pins}]}
+def default_image() -> str:
+    """The base image azureml/Dockerfile names (its `ARG IMAGE=` line)."""
+    return re.search(r"^ARG IMAGE=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE).group(1)
+
+
+def pinned(package: str) -> str:
+    """The version requirements.txt pins for `package`."""
+    match = re.search(rf"^{re.escape(package)}==(\S+)$", (ROOT / "requirements.txt").read_text(), re.MULTILINE)
+    return match.group(1)
+
+
+def image_cuda(image: str) -> str | None:
+    """The CUDA version an image's name states (nvidia/cuda:13.0.0-devel-..., ...-cuda12.4-...)."""
+    match = re.search(r"cuda[:\-_]?(\d+)\.(\d+)", image)
+    return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
+def check_image(image: str) -> None:
+    """The image must bring the nvcc of torch's CUDA: DeepSpeed's op builds compare them."""
+    torch_version = pinned("torch")
+    if torch_version not in TORCH_CUDA:
+        raise SubmitError(f"requirements.txt pins torch {torch_version}, whose CUDA submit.py does not know; "
+                          "add its wheels' CUDA version to TORCH_CUDA in azureml/submit.py")
+    cuda, wanted = image_cuda(image), TORCH_CUDA[torch_version]
+    if cuda is None:
+        print(f"submit.py: warning: --image {image} does not name its CUDA version; it must have CUDA {wanted}'s "
+              f"nvcc (torch {torch_version}'s)", file=sys.stderr)
+    elif cuda != wanted:
+        raise SubmitError(f"--image {image} is CUDA {cuda}, the pinned torch {torch_version}'s wheels are CUDA {wanted} "
+                          f"(DeepSpeed's FusedAdam build would refuse the mismatch); pass a CUDA {wanted} devel image "
+                          f"such as the default {default_image()}")
+
+
+def write_build_context(folder: Path, image: str) -> Path:
+    """azureml/Dockerfile (FROM `image`) and requirements.txt in `folder`: what AzureML builds the
+    job's image from."""
+    folder.mkdir(parents=True, exist_ok=True)
+    dockerfile = re.sub(r"^ARG IMAGE=\S+$", f"ARG IMAGE={image}", DOCKERFILE.read_text(), flags=re.MULTILINE)
+    (folder / "Dockerfile").write_text(dockerfile)
+    (folder / "requirements.txt").write_text((ROOT / "requirements.txt").read_text())
+    return folder
 
 
 def node_command(instance_count: int, gpus_per_node: int, data_prefix: str, vocab: str, flags: list) -> str:
@@ -56,7 +105,8 @@ def node_command(instance_count: int, gpus_per_node: int, data_prefix: str, voca
         "--node_rank=$NODE_RANK --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT",
         "pretrain_bert.py --deepspeed --deepspeed_config ${{inputs.ds_config}}",
         f"--data-path ${{{{inputs.data}}}}/{data_prefix} --vocab-file ${{{{inputs.data}}}}/{vocab}",
-        "--save ./outputs/checkpoints --log-dir ./outputs/logs", *map(shlex.quote, flags),
+        "--save ${{outputs.checkpoints}} --load ${{outputs.checkpoints}}",
+        "--data-cache-path ${{outputs.data_cache}} --log-dir ./outputs/logs", *map(shlex.quote, flags),
     ])
 
 
@@ -74,6 +124,16 @@ def validate(args) -> None:
     if not args.ds_config.is_file():
         raise SubmitError(f"--ds-config {args.ds_config} does not exist; pass a JSON from ds_configs/ "
                           "(or one made with tools/ds_config.py set)")
+    check_image(args.image)
+    for option in (args.checkpoints, args.data_cache):
+        if option and not option.startswith("azureml://"):
+            raise SubmitError(f"{option} is not a datastore path; pass --checkpoints / --data-cache as "
+                              "azureml://datastores/<store>/paths/<folder>")
+    for flag in args.flags:
+        name = flag.split("=", 1)[0]
+        if name in JOB_FLAGS:
+            instead = f"; pass {JOB_FLAGS[name]} to submit.py instead" if JOB_FLAGS[name] else ""
+            raise SubmitError(f"pretrain_bert.py flags after --: {name} is set by the job (a mount point){instead}")
     for name in ("instance_count", "gpus_per_node"):
         if getattr(args, name) < 1:
             raise SubmitError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1; pass a positive integer")
@@ -112,20 +172,24 @@ def validate(args) -> None:
         raise SubmitError(str(error)) from None
 
 
-def build_job(args):
+def build_job(args, context: Path):
+    """The command job; its image is built from `context` (write_build_context)."""
     validate(args)
     try:
-        from azure.ai.ml import Input, PyTorchDistribution
-        from azure.ai.ml.entities import CommandJob, Environment, JobResourceConfiguration
+        from azure.ai.ml import Input, Output, PyTorchDistribution
+        from azure.ai.ml.entities import BuildContext, CommandJob, Environment, JobResourceConfiguration
     except ImportError:
         raise SubmitError("azure-ai-ml is not installed; pip install -r requirements-azureml.txt") from None
-    environment = Environment(image=args.image, conda_file=conda_environment())
+    environment = Environment(build=BuildContext(path=str(write_build_context(context, args.image).resolve())))
+    data = str(Path(args.data).resolve()) if is_local(args.data) else args.data
     return CommandJob(
         code=str(ROOT),
         command=node_command(args.instance_count, args.gpus_per_node, args.data_prefix, args.vocab, args.flags),
         environment=environment,
         inputs={"ds_config": Input(type="uri_file", path=str(args.ds_config.resolve())),
-                "data": Input(type="uri_folder", path=args.data)},
+                "data": Input(type="uri_folder", path=data, mode="ro_mount")},
+        outputs={"checkpoints": Output(type="uri_folder", mode="rw_mount", path=args.checkpoints),
+                 "data_cache": Output(type="uri_folder", mode="rw_mount", path=args.data_cache)},
         resources=JobResourceConfiguration(instance_count=args.instance_count),
         distribution=PyTorchDistribution(process_count_per_instance=1),
         environment_variables={**NCCL_ENV, **dict(args.env)},
@@ -185,7 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder with the preprocessed .bin/.idx and vocab.txt: a local path or an azureml:// URI")
     parser.add_argument("--data-prefix", default="corpus_text_sentence", help="the .bin/.idx name inside --data")
     parser.add_argument("--vocab", default="vocab.txt", help="the vocab file inside --data")
-    parser.add_argument("--image", default=IMAGE, help="base Docker image (CUDA + MPI)")
+    parser.add_argument("--image", default=default_image(),
+                        help=f"base image of azureml/Dockerfile: a CUDA devel image of torch's CUDA (default %(default)s)")
+    parser.add_argument("--checkpoints", metavar="URI",
+                        help="datastore folder for the checkpoints (azureml://datastores/<store>/paths/<folder>; "
+                             "default: a new one per job); the same URI again resumes from its last checkpoint")
+    parser.add_argument("--data-cache", metavar="URI",
+                        help="datastore folder for the index maps (default: a new one per job); the same URI again "
+                             "reuses them")
     parser.add_argument("--env", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment variable (repeatable; overrides the NCCL defaults)")
     parser.add_argument("--experiment", default="bert-longseq")
@@ -198,12 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        job = build_job(args)
-        if args.dry_run:
+        if args.dry_run:  # the build context stays next to the YAML, which names it
+            job = build_job(args, args.dry_run.parent / f"{args.dry_run.stem}_environment")
             write_job_yaml(job, args.dry_run)
             print(args.dry_run)
         else:
-            print(submit(job, args.workspace_config).studio_url)
+            with tempfile.TemporaryDirectory(prefix="bert-longseq-environment-") as context:
+                print(submit(build_job(args, Path(context)), args.workspace_config).studio_url)
     except SubmitError as error:
         print(f"submit.py: error: {error}", file=sys.stderr)
         return 2

@@ -1,6 +1,8 @@
 """azureml/submit.py: the dry run writes a command job YAML that azure.ai.ml.load_job reads back
-with the code folder, the pinned environment, the nodes, the distribution, the inputs and the NCCL
-variables; a real submit without a workspace config stops with one line."""
+with the code folder, the image's build context (CUDA of the pinned torch, pinned requirements,
+DeepSpeed ops prebuilt), the nodes, the distribution, the read-only data input, the read-write
+checkpoint and index-map outputs and the NCCL variables; a real submit without a workspace
+config stops with one line; bad input stops with one line before anything is written."""
 import subprocess
 import sys
 from pathlib import Path
@@ -35,8 +37,9 @@ def data_folder(folder: Path, prefix: str = "corpus_text_sentence") -> Path:
 @needs_sdk
 def test_dry_run_yaml_reloads(tmp_path):
     job_file, data = tmp_path / "job.yml", data_folder(tmp_path / "data", "wiki_text_sentence")
-    result = submit("--dry-run", job_file, "--instance-count", 2, "--gpus-per-node", 4, "--data", data,
-                    "--data-prefix", "wiki_text_sentence", "--env", "NCCL_DEBUG=INFO", "--",
+    checkpoints = "azureml://datastores/workspaceblobstore/paths/bert/run1/checkpoints"
+    result = submit("--dry-run", job_file, "--instance-count", 2, "--gpus-per-node", 4, "--data", "data",
+                    "--data-prefix", "wiki_text_sentence", "--env", "NCCL_DEBUG=INFO", "--checkpoints", checkpoints, "--",
                     "--max-position-embeddings", 8192, "--seq-length", 8192,
                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -44,15 +47,59 @@ def test_dry_run_yaml_reloads(tmp_path):
     assert job.type == "command" and Path(job.code) == ROOT
     assert job.resources.instance_count == 2
     assert job.distribution.type == "pytorch" and job.distribution.process_count_per_instance == 1
-    assert (job.inputs["data"].type, job.inputs["data"].path) == ("uri_folder", str(data))
+    data_input = job.inputs["data"]
+    assert (data_input.type, data_input.path, data_input.mode) == ("uri_folder", str(data), "ro_mount")
     assert job.inputs["ds_config"].path == str(ROOT / "ds_configs" / "ring_sp2.json")
+    assert {name: (output.type, output.mode, output.path) for name, output in job.outputs.items()} == {
+        "checkpoints": ("uri_folder", "rw_mount", checkpoints), "data_cache": ("uri_folder", "rw_mount", None)}
     assert job.environment_variables["NCCL_DEBUG"] == "INFO" and job.environment_variables["NCCL_SOCKET_IFNAME"]
-    pins = job.environment.conda_file["dependencies"][-1]["pip"]
-    assert "torch==2.13.0" in pins and "deepspeed==0.19.8" in pins and "python=3.11" in job.environment.conda_file[
-        "dependencies"]
+    context = Path(job.environment.build.path)
+    assert context == tmp_path / "job_environment" and job.environment.image is None
+    assert (context / "requirements.txt").read_text() == (ROOT / "requirements.txt").read_text()
+    dockerfile = (context / "Dockerfile").read_text()
+    assert "ARG IMAGE=nvidia/cuda:13.0.0-devel-ubuntu22.04\nFROM ${IMAGE}" in dockerfile
+    assert "DS_BUILD_FUSED_ADAM=1" in dockerfile and "COPY requirements.txt" in dockerfile
     assert "python -m deepspeed.launcher.launch" in job.command and "--node_rank=$NODE_RANK" in job.command
     assert "--data-path ${{inputs.data}}/wiki_text_sentence --vocab-file ${{inputs.data}}/vocab.txt" in job.command
+    assert "--save ${{outputs.checkpoints}} --load ${{outputs.checkpoints}}" in job.command
+    assert "--data-cache-path ${{outputs.data_cache}}" in job.command
     assert "--deepspeed_config ${{inputs.ds_config}}" in job.command and job.command.endswith("--seq-length 8192")
+
+
+def load_submit_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("azureml_submit", SUBMIT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+OLD_IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-cuda11.8-cudnn8-ubuntu22.04"  # the image before: CUDA 11.8
+
+
+def test_image_cuda_is_the_pinned_torchs_for_deepspeeds_op_builds(monkeypatch):
+    """The default image's CUDA passes the check DeepSpeed's FusedAdam/CPUAdam build runs against
+    torch's CUDA (its assert_no_cuda_mismatch; DS_SKIP_CUDA_CHECK unset); the image of before does
+    not, and submit.py refuses it before writing anything."""
+    import torch
+    from deepspeed.ops.op_builder import builder
+
+    module = load_submit_module()
+    monkeypatch.delenv("DS_SKIP_CUDA_CHECK", raising=False)
+    torch_cuda = module.TORCH_CUDA[module.pinned("torch")]  # a new torch pin must state its CUDA
+    monkeypatch.setattr(torch.version, "cuda", torch_cuda)
+    for image, accepted in ((module.default_image(), True), (OLD_IMAGE, False)):
+        major, minor = module.image_cuda(image).split(".")
+        monkeypatch.setattr(builder, "installed_cuda_version", lambda name="": (int(major), int(minor)))
+        if accepted:
+            assert builder.assert_no_cuda_mismatch("fused_adam")
+            module.check_image(image)
+        else:
+            with pytest.raises(builder.CUDAMismatchException):
+                builder.assert_no_cuda_mismatch("fused_adam")
+            with pytest.raises(module.SubmitError, match="is CUDA 11.8, the pinned torch"):
+                module.check_image(image)
 
 
 @needs_sdk
@@ -68,7 +115,7 @@ def test_missing_ds_config_is_one_line(tmp_path):
                     cwd=tmp_path)
     errors = [line for line in result.stderr.splitlines() if line.startswith("submit.py: error:")]
     assert result.returncode == 2 and len(errors) == 1 and "no.json" in errors[0], result.stderr
-    assert not (tmp_path / "job.yml").exists()
+    assert not (tmp_path / "job.yml").exists() and not (tmp_path / "job_environment").exists()
 
 
 # validated as the trainer validates, before anything is written: (submit.py flags, phrases of the error)
@@ -81,17 +128,18 @@ REFUSED = {
     "invalid_json": (["--ds-config", "{tmp}/bad.json"], ("bad.json:1:17: invalid JSON",)),
     "missing_local_data": (["--data", "{tmp}/nowhere"], ("--data {tmp}/nowhere is not a folder",)),
     "data_without_the_prefix": (["--data-prefix", "wiki"], ("has no wiki.bin",)),
+    "image_of_another_cuda": (["--image", OLD_IMAGE], ("is CUDA 11.8, the pinned torch 2.13.0's wheels are CUDA 13.0",)),
+    "flag_the_job_sets": (["--", "--save", "/tmp/x"], ("--save is set by the job (a mount point); pass "
+                                                       "--checkpoints to submit.py instead",)),
+    "checkpoints_not_on_a_datastore": (["--checkpoints", "./ckpt"], ("./ckpt is not a datastore path",)),
 }
 
 
 @pytest.mark.parametrize("case", REFUSED)
 def test_submit_validates_as_the_trainer(case, tmp_path, capsys):
-    """In-process (one import of the trainer for all cases): one line, exit 2, no job.yml."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("azureml_submit", SUBMIT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """In-process (one import of the trainer for all cases): one line, exit 2, no job.yml and no
+    build context."""
+    module = load_submit_module()
     (tmp_path / "bad.json").write_text('{"train_batch": }')
     argv, phrases = REFUSED[case]
     argv = [part.format(tmp=tmp_path) for part in argv]
@@ -100,4 +148,4 @@ def test_submit_validates_as_the_trainer(case, tmp_path, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("submit.py: error: "), lines
     assert all(phrase.format(tmp=tmp_path) in lines[0] for phrase in phrases), lines[0]
-    assert not (tmp_path / "job.yml").exists()
+    assert not (tmp_path / "job.yml").exists() and not (tmp_path / "job_environment").exists()
