@@ -7,6 +7,10 @@
 # then stops the ranks its way. The script returns once no process of the group is left
 # (STOP_TIMEOUT seconds at most, default 120, then SIGKILL). Exit status: the launcher's, or
 # 128 + the signal.
+# On a machine without a visible GPU it also names the CPU accelerator (DS_ACCELERATOR=cpu, what
+# DeepSpeed then picks anyway), as megatron/quiet.py does for the ranks: the launcher processes
+# (deepspeed's runner and its per-node launch) then do not log "Setting accelerator to CPU. If you
+# have GPU or other accelerator, we were unable to detect it." A DS_ACCELERATOR the user set is kept.
 
 # processes of group $1 that are not zombies (a reparented zombie can outlive its group's work)
 group_alive() {
@@ -33,8 +37,21 @@ stop_run() {
     fi
 }
 
+# true unless no GPU can be visible: CUDA_VISIBLE_DEVICES set empty (or -1...), or no NVIDIA
+# (/dev/nvidia0...) or ROCm (/dev/kfd) device node; a device node with a broken driver counts as a
+# GPU (DeepSpeed then says so itself). No torch import: a launch pays nothing for it.
+gpu_visible() {
+    case "${CUDA_VISIBLE_DEVICES-unset}" in
+        '' | -1*) return 1 ;;
+    esac
+    [ -e /dev/kfd ] || compgen -G '/dev/nvidia[0-9]*' > /dev/null
+}
+
 run_launcher() {
     local status=0 signal_number=0 deadline
+    if [ -z "${DS_ACCELERATOR+set}" ] && ! gpu_visible; then
+        export DS_ACCELERATOR=cpu
+    fi
     set -m  # job control: the background job gets a process group of its own
     "$@" &
     LAUNCHER_GROUP=$!

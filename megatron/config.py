@@ -27,6 +27,7 @@ imports torch or DeepSpeed unless DeepSpeed's own checks are asked for (`resolve
 deepspeed_check=True)`, the trainer's default): tools/ds_config.py answers in a fraction of a second.
 """
 import contextlib
+import copy
 import dataclasses
 import difflib
 import json
@@ -149,6 +150,24 @@ OPTIMIZER_NAMES = {name.lower(): name for name in (
 _DEEPSPEED_OTHER_KEYS = {"optimizer", "scheduler", "activation_checkpointing", "flops_profiler", "aio", "autotuning",
                          "sparse_attention", "monitor_config", "zero_optimization", "train_batch_size",
                          "fp16", "bf16", "amp", "checkpoint", "pipeline", "elasticity", "compression_training"}
+
+
+# optimizer.params the trainer fills where neither its flags (--lr, --weight-decay, --adam-beta1/2,
+# --adam-eps) nor the JSON give them (training.deepspeed_settings; tools/ds_config.py show prints them)
+OPTIMIZER_DEFAULTS = {"lr": 1e-4, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}
+
+
+def default_optimizer(ds_config: dict) -> dict:
+    """Fills, in place, the JSON's optimizer (AdamW when it names none) with the OPTIMIZER_DEFAULTS
+    its params lack; returns the params."""
+    optimizer = ds_config.setdefault("optimizer", {"type": "AdamW", "params": {}})
+    params = optimizer.setdefault("params", {}) if isinstance(optimizer, dict) else None
+    if not isinstance(params, dict):
+        key, value = ("optimizer", optimizer) if params is None else ("optimizer.params", params)
+        raise ConfigError(f"{key} = {json.dumps(value)} is not a JSON object", f"make {key} a JSON object or remove it")
+    for key, value in OPTIMIZER_DEFAULTS.items():
+        params.setdefault(key, copy.deepcopy(value))  # the defaults' betas list is never the JSON's
+    return params
 
 
 def deepspeed_top_level_keys() -> set:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from megatron import checkpoint, determinism, hf_convert
 from megatron.arguments import build_parser, config_flags
-from megatron.config import read_ds_config, resolve
+from megatron.config import default_optimizer, read_ds_config, resolve
 from megatron.data import index_maps
 from megatron.data.bert_dataset import SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, token_stats
 from megatron.data.default_dataset import prepare_default_dataset
@@ -188,9 +188,6 @@ def describe_resume(engine, stored: dict | None, schedule: dict, iteration: int)
             "from the weights (tools/convert_checkpoint.py, or a new --save)")
 
 
-OPTIMIZER_DEFAULTS = {"lr": 1e-4, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}
-
-
 def deepspeed_settings(args) -> dict:
     """The JSON (if any) with the optimizer and clipping the flags describe filled in: flags
     given on the command line win, the JSON fills the rest, then the defaults."""
@@ -199,10 +196,7 @@ def deepspeed_settings(args) -> dict:
         raise ConfigError(f'{args.deepspeed_config}: the "scheduler" section is not used (the trainer runs '
                           "Megatron's warm-up + decay schedule)", 'remove "scheduler" and set --lr, --min-lr, '
                           "--lr-decay-style and --lr-warmup-fraction")
-    ds.setdefault("optimizer", {"type": "AdamW", "params": {}})
-    params = ds["optimizer"].setdefault("params", {})
-    for key, value in OPTIMIZER_DEFAULTS.items():
-        params.setdefault(key, value)
+    params = default_optimizer(ds)  # AdamW, and the params the JSON lacks from OPTIMIZER_DEFAULTS
     betas = list(params["betas"])
     for index, beta in enumerate((args.adam_beta1, args.adam_beta2)):
         betas[index] = betas[index] if beta is None else beta

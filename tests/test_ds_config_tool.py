@@ -207,3 +207,50 @@ def test_set_keeps_the_files_permissions(capsys, config, tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert new.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def shown_optimizer(path: Path, *flags) -> dict:
+    """`show`'s optimizer section, from the real tool."""
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "ds_config.py"), "show", str(path), *NO_DROPOUT,
+                             *flags], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    return json.loads(result.stdout)["ds_config"]["optimizer"]
+
+
+def trainer_optimizer(path: Path, monkeypatch, cuda: bool | None) -> dict:
+    """The optimizer section training.deepspeed_settings hands DeepSpeed for that JSON, no optimizer flags
+    given; `cuda` None: this machine's torch.cuda.is_available(). With CUDA, FusedAdam can be had (the
+    trainer's fallback to torch's Adam where it cannot be built is beyond a tool that imports no torch)."""
+    import torch
+
+    from megatron.arguments import build_parser
+    from megatron.parallel import device
+    from megatron.training import deepspeed_settings
+
+    if cuda is not None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(device, "fused_adam_problem", lambda: None, raising=False)
+    return deepspeed_settings(build_parser().parse_args(["--deepspeed_config", str(path)]))["optimizer"]
+
+
+def test_show_prints_the_optimizer_the_trainer_fills(monkeypatch):
+    """The templates name no optimizer: the trainer's AdamW with its default params, and torch's Adam
+    without CUDA (--no-cuda), DeepSpeed's FusedAdam with it (--cuda)."""
+    defaults = {"lr": 1e-4, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}
+    assert shown_optimizer(RING, "--no-cuda") == {"type": "AdamW", "params": {**defaults, "torch_adam": True}}
+    assert shown_optimizer(RING, "--cuda") == {"type": "AdamW", "params": defaults}
+    for cuda in (False, True):
+        assert trainer_optimizer(RING, monkeypatch, cuda) == shown_optimizer(RING, "--cuda" if cuda else "--no-cuda")
+
+
+def test_show_fills_a_partial_json_optimizer_as_the_trainer_does(tmp_path, monkeypatch):
+    """The JSON's own type and params stay, the missing params come from the same defaults; without
+    --cuda / --no-cuda the tool judges this machine as torch does (without importing it)."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({**json.loads(RING.read_text()), "optimizer": {
+        "type": "Adam", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "fused": True}}}))
+    shown = shown_optimizer(path, "--no-cuda")
+    assert shown == {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "fused": True, "weight_decay": 0.01,
+                                                "eps": 1e-8, "torch_adam": True}}
+    assert trainer_optimizer(path, monkeypatch, False) == shown
+    assert trainer_optimizer(path, monkeypatch, None) == shown_optimizer(path)  # this machine, either way

@@ -4,6 +4,7 @@ machine: bert_multinode.sh run twice, node ranks 0 and 1, master 127.0.0.1, one 
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -21,6 +22,7 @@ SCRIPTS = ROOT / "examples_deepspeed"
 # PP SP SEQ_LEN MICRO_BATCH GLOBAL_BATCH come after PROCS; LAYERS HIDDEN HEADS after the variant's argument
 LAYOUT = ["1", "2", "128", "4", "4"]
 SHAPE = ["2", "64", "4"]
+ACCELERATOR_WARNING = "Setting accelerator to CPU"  # DeepSpeed's "... we were unable to detect it"
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +54,7 @@ def run_script(script: str, run_dir: Path, *arguments, iterations: int = 2) -> N
                             text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"iteration {iterations}/{iterations}" in result.stdout
+    assert ACCELERATOR_WARNING not in result.stdout + result.stderr  # nor from DeepSpeed's launcher processes
     assert (run_dir / "checkpoints" / f"iter_{iterations:07d}").is_dir()
 
 
@@ -77,6 +80,20 @@ def test_bad_positional_argument_is_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["bert_distributed.sh: error: SP = 'two' is not a positive integer; pass "
                                           "PROCS PP SP SEQ_LEN MICRO_BATCH GLOBAL_BATCH LAYERS HIDDEN HEADS"]
+
+
+@pytest.mark.parametrize("user_setting,expected", [(None, "cpu"), ("cuda", "cuda")])
+def test_launcher_names_the_cpu_accelerator_unless_the_user_did(user_setting, expected):
+    """run_launcher (every launch script's) starts DeepSpeed's launcher with DS_ACCELERATOR=cpu when no
+    GPU is visible, so that its processes do not log "Setting accelerator to CPU. If you have GPU or
+    other accelerator, we were unable to detect it." (the real launches above check the output); a
+    DS_ACCELERATOR the user set is kept."""
+    env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}
+    env.update(CUDA_VISIBLE_DEVICES="", **({"DS_ACCELERATOR": user_setting} if user_setting else {}))
+    launcher = 'echo "${DS_ACCELERATOR-unset}"'
+    result = subprocess.run(["bash", "-c", f'source "$1"; run_launcher bash -c {shlex.quote(launcher)}', "probe",
+                             str(SCRIPTS / "launcher_group.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"{expected}\n", "")
 
 
 def dry_run(script: str, run_dir: Path, *arguments, **env) -> tuple:
@@ -138,6 +155,7 @@ def test_two_node_launch_on_one_machine(tmp_path, data_dir):
         assert node.returncode == 0, output[-3000:]
         assert f"nnodes=2, num_local_procs=1, node_rank={rank}" in output
         assert "{'node-a': [0], 'node-b': [1]}" in output  # global rank 1 lives on the second node
+        assert ACCELERATOR_WARNING not in output
     assert "iteration 2/2" in outputs[0]
 
     run_script("bert_distributed.sh", single, *LAYOUT, *SHAPE, *train_flags(data_dir))

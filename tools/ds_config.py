@@ -15,21 +15,28 @@ take part in the checks. Without --world-size the smallest world the JSON fits i
 pipeline x sequence-parallel x (train_batch_size / (micro x grad-acc)).
 Setting the global or micro batch of a template that also fixes grad-acc makes
 gradient_accumulation_steps null (derived), said on stderr. The pipeline degree may be in the
-JSON (`pipeline.stages`). `show` prints what the trainer will use (BigBird's seed is --seed, as
-there). The tool imports neither torch nor DeepSpeed: it answers in a fraction of a second;
---deepspeed-check adds DeepSpeed's own checks of its sections (seconds), which the trainer runs
-at start-up. A file edited in place keeps its permissions.
+JSON (`pipeline.stages`). `show` prints what the trainer will use: BigBird's seed is --seed, and
+the optimizer is filled as there (AdamW, the default params the JSON lacks, torch_adam without
+CUDA: --cuda / --no-cuda for the run's machines, default this one's; the trainer's --lr,
+--weight-decay, --adam-* and --clip-grad flags win over all of these). The tool imports neither
+torch nor DeepSpeed: it answers in a fraction of a second; --deepspeed-check adds DeepSpeed's
+own checks of its sections (seconds), which the trainer runs at start-up. A file edited in place
+keeps its permissions.
 Errors are one line naming the key and the fix, exit code 2; `diff` exits 1 when the files differ.
 """
 import argparse
+import copy
+import glob
+import importlib.util
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
 
 from megatron.arguments import add_model_and_parallel_args, add_packing_args, config_flags
-from megatron.config import SECTION, read_ds_config, resolve
+from megatron.config import SECTION, default_optimizer, read_ds_config, resolve
 from megatron.errors import ConfigError
 
 
@@ -47,8 +54,34 @@ def implied_world_size(ds_config: dict, flags: dict) -> int:
     return pipeline * sequence * data if isinstance(sequence, int) else pipeline
 
 
+def cuda_visible() -> bool:
+    """torch.cuda.is_available() as the trainer will see it on this machine, without importing
+    torch (seconds): a torch built for CUDA (or ROCm), a GPU device node (NVIDIA's /dev/nvidia0...,
+    ROCm's /dev/kfd), and CUDA_VISIBLE_DEVICES not set empty or to -1."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
+        return False
+    if not (os.path.exists("/dev/kfd") or glob.glob("/dev/nvidia[0-9]*")):
+        return False
+    spec = importlib.util.find_spec("torch")  # finds the package, imports nothing
+    version = Path(spec.origin).with_name("version.py") if spec and spec.origin else None
+    return bool(version and version.is_file()
+                and re.search(r"^(cuda|hip)\b.*=\s*['\"]\d", version.read_text(), re.MULTILINE))
+
+
+def trainer_optimizer(ds_config: dict, cuda: bool) -> None:
+    """The optimizer the trainer hands DeepSpeed when no optimizer flag is given (as
+    training.deepspeed_settings fills it): AdamW with OPTIMIZER_DEFAULTS for the params the JSON
+    lacks, and torch's Adam where there is no CUDA (DeepSpeed's FusedAdam needs a GPU)."""
+    params = default_optimizer(ds_config)
+    if not cuda:
+        params.setdefault("torch_adam", True)
+
+
 def resolved(ds_config: dict, args) -> dict:
-    """The config as the trainer resolves it: its flags, and BigBird's seed from --seed as it does."""
+    """The config as the trainer resolves it: its flags, the optimizer it fills, and BigBird's
+    seed from --seed as it does."""
+    ds_config = copy.deepcopy(ds_config)  # `set` writes the file's own keys, not the filled ones
+    trainer_optimizer(ds_config, cuda_visible() if args.cuda is None else args.cuda)
     flags = config_flags(args)
     flags["bigbird_seed"] = args.seed
     world_size = args.world_size if args.world_size is not None else implied_world_size(ds_config, flags)
@@ -215,6 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="processes the run launches (default: the smallest the JSON fits)")
         sub.add_argument("--seed", type=int, default=1234, help="the trainer's --seed (BigBird's random blocks "
                          "follow it; default 1234, the trainer's)")
+        sub.add_argument("--cuda", action=argparse.BooleanOptionalAction,
+                         help="the run's machines have CUDA (DeepSpeed's FusedAdam, which the trainer replaces "
+                              "by torch's Adam, with a warning, where it cannot be built) or not (torch's Adam: "
+                              "optimizer.params.torch_adam); default: this machine's")
         sub.add_argument("--deepspeed-check", action="store_true",
                          help="also run DeepSpeed's own checks of its sections, as the trainer does at start-up "
                               "(imports DeepSpeed: a few seconds)")
