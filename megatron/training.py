@@ -207,6 +207,14 @@ def deepspeed_settings(args) -> dict:
                           "schedule would rise as it decays", "pass a --min-lr at most the peak, or --lr")
     if not torch.cuda.is_available():
         params.setdefault("torch_adam", True)  # DeepSpeed's fused Adam needs a GPU
+    elif ds["optimizer"].get("type", "").lower() in ("adam", "adamw") and "torch_adam" not in params:
+        problem = device.fused_adam_problem()  # a JIT build that would fail every rank at start-up
+        if problem:
+            params["torch_adam"] = True
+            if int(os.environ.get("RANK", 0)) == 0:
+                print(f"warning: DeepSpeed's FusedAdam cannot be had here: {problem}; training with torch's Adam "
+                      "(the same update, unfused). For the fused kernel install the CUDA toolkit torch was built "
+                      "with, or prebuild it: DS_BUILD_FUSED_ADAM=1 pip install deepspeed", file=sys.stderr, flush=True)
     if args.clip_grad is not None:
         ds["gradient_clipping"] = args.clip_grad
     ds.setdefault("steps_per_print", 10**9)  # the run log prints progress
@@ -231,7 +239,7 @@ def data_paths(args) -> tuple:
 def pretrain(args) -> None:
     determinism.configure(args.deterministic)
     device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)
-    deepspeed.init_distributed(dist_backend=device.backend())
+    device.init_distributed()  # and the /dev/shm names DeepSpeed leaves behind
     torch.manual_seed(args.seed)
     if args.save:
         checkpoint.check_writable(args.save)  # before any work that a failed first save would lose

@@ -178,6 +178,58 @@ def test_gpu_check_prepare_lists_the_wheels_it_needs():
 
 # --- on a GPU ---------------------------------------------------------------------------------
 
+def fake_toolkit(folder: Path, release: str, ninja: bool = True) -> str:
+    """A CUDA_HOME whose bin/nvcc reports `release` (and a ninja on PATH when asked)."""
+    (folder / "bin").mkdir(parents=True)
+    nvcc = folder / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    nvcc.chmod(0o755)
+    if ninja:
+        (folder / "bin" / "ninja").write_text("#!/bin/sh\necho 1.11.1\n")
+        (folder / "bin" / "ninja").chmod(0o755)
+    return str(folder)
+
+
+def test_fused_adam_problem_follows_the_jit_builds_rules(monkeypatch, tmp_path):
+    """Prebuilt: fine. Else the JIT build needs an nvcc of torch's CUDA major (torch's cpp_extension
+    refuses another) and ninja."""
+    from deepspeed import git_version_info
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(git_version_info, "installed_ops", {"fused_adam": False})
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    assert "no CUDA toolkit (nvcc)" in device.fused_adam_problem()
+    cases = {"11.8": "is CUDA 11.8, torch's is 13.0", "12.4": "is CUDA 12.4, torch's is 13.0", "13.2": None}
+    for release, problem in cases.items():
+        home = fake_toolkit(tmp_path / release, release)
+        monkeypatch.setattr(cpp_extension, "CUDA_HOME", home)
+        monkeypatch.setenv("PATH", f"{home}/bin:/usr/bin:/bin")
+        found = device.fused_adam_problem()
+        assert (found is None) if problem is None else (problem in found), (release, found)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert "ninja" in device.fused_adam_problem()
+    monkeypatch.setattr(git_version_info, "installed_ops", {"fused_adam": True})
+    assert device.fused_adam_problem() is None
+
+
+def test_a_cuda_machine_that_cannot_build_fused_adam_trains_with_torch_adam(monkeypatch, capsys):
+    """One warning line, torch's Adam chosen; a JSON that names torch_adam is left as it is."""
+    from megatron import training
+    from megatron.arguments import build_parser
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(device, "fused_adam_problem", lambda: "it is not prebuilt and nvcc is CUDA 11.8")
+    ds = training.deepspeed_settings(build_parser().parse_args([]))
+    assert ds["optimizer"]["params"]["torch_adam"] is True
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["warning: DeepSpeed's FusedAdam cannot be had here: it is not prebuilt and nvcc is CUDA 11.8; "
+                     "training with torch's Adam (the same update, unfused). For the fused kernel install the CUDA "
+                     "toolkit torch was built with, or prebuild it: DS_BUILD_FUSED_ADAM=1 pip install deepspeed"], lines
+    monkeypatch.setattr(device, "fused_adam_problem", lambda: None)
+    assert "torch_adam" not in training.deepspeed_settings(build_parser().parse_args([]))["optimizer"]["params"]
+
+
 @cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -20,6 +20,9 @@ def settings(*argv, monkeypatch=None, cuda=False):
 def test_cpu_uses_torch_adamw_and_cuda_deepspeed_fused_adam(monkeypatch):
     cpu = settings(monkeypatch=monkeypatch, cuda=False)
     assert cpu["optimizer"]["type"] == "AdamW" and cpu["optimizer"]["params"]["torch_adam"] is True
+    from megatron.parallel import device
+
+    monkeypatch.setattr(device, "fused_adam_problem", lambda: None)  # prebuilt, or an nvcc of torch's CUDA
     gpu = settings(monkeypatch=monkeypatch, cuda=True)
     assert "torch_adam" not in gpu["optimizer"]["params"]  # DeepSpeed then builds its FusedAdam
 

@@ -102,7 +102,8 @@ def launched(tmp_path_factory, data_dir) -> SimpleNamespace:
     `--load` = `--save` (a requeued job's command; empty at first): run once, read by the tests below."""
     out = tmp_path_factory.mktemp("launched")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    command = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
+    port = free_port()
+    command = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port", str(port),
                str(ROOT / "pretrain_bert.py"), *TINY, "--deepspeed", "--deepspeed_config",
                str(ROOT / "ds_configs" / "ring_sp2.json"), "--train-iters", "2", "--log-interval", "1",
                "--eval-interval", "1", "--eval-iters", "1", "--default-data-dir", data_dir,
@@ -113,12 +114,19 @@ def launched(tmp_path_factory, data_dir) -> SimpleNamespace:
     records = [json.loads(line) for line in (out / "log" / "metrics.jsonl").read_text().splitlines()]
     return SimpleNamespace(stdout=result.stdout, stderr=result.stderr, records=records, tensorboard_dir=out / "tb",
                            checkpoints=out / "ckpt", log_dir=out / "log", vocab_file=Path(data_dir) / "vocab.txt",
-                           cache=out / "cache")
+                           cache=out / "cache", port=port)
 
 
 def test_real_launcher_runs_two_steps(launched):
     assert "iteration 2/2" in launched.stdout and "saved checkpoint" in launched.stdout
     assert launched.stdout.splitlines().count("starting from scratch") == 1
+
+
+def test_no_shared_memory_left_behind(launched):
+    """DeepSpeed's CPU all-reduce buffers (66 MB per rank in /dev/shm) go with the run."""
+    left = [name for name in os.listdir("/dev/shm") if name.startswith("deepspeed_allreduce_buffer_")
+            and f"_{launched.port}_" in name]
+    assert left == []
 
 
 def test_index_maps_are_read_from_the_data_cache_path(launched):

@@ -6,8 +6,17 @@ LOCAL_RANK environment variable (and as --local_rank). `select_device` binds the
 cuda:LOCAL_RANK BEFORE torch.distributed starts: NCCL creates its communicators on the current
 device, and an unbound rank would put every rank of a node on cuda:0. Without CUDA the rank
 stays on the CPU and the backend is gloo; with CUDA it is NCCL (never gloo by default).
+
+DeepSpeed's FusedAdam is a CUDA op: prebuilt into the deepspeed install (DS_BUILD_FUSED_ADAM=1,
+as the AzureML image does) or JIT-built by each rank at start-up with the machine's nvcc, which
+torch's cpp_extension refuses when its CUDA major differs from torch's. `fused_adam_problem`
+says beforehand whether that would happen, so the trainer takes torch's Adam instead of failing.
 """
+import contextlib
 import os
+import re
+import shutil
+import subprocess
 
 import torch
 
@@ -33,6 +42,28 @@ def backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def init_distributed(dist_backend: str | None = None) -> None:
+    """deepspeed.init_distributed (env:// rendezvous), then the /dev/shm name of this rank's
+    DeepSpeed CPU all-reduce buffer removed.
+
+    DeepSpeed's CPU comm op (ops/csrc/cpu/comm/shm.cpp) gives each rank of a one-node launch
+    (LOCAL_SIZE = world size) a 66 MB `/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>`
+    that every rank maps during init and nothing removes: launches with new ports fill /dev/shm
+    until ranks are OOM-killed. Once all ranks are past init (the barrier) each has mapped every
+    buffer, so the names can go; the memory stays while the ranks map it and is freed at exit."""
+    import deepspeed
+    import torch.distributed as dist
+
+    deepspeed.init_distributed(dist_backend=dist_backend or backend())
+    if dist.get_backend() == "nccl" or os.environ.get("LOCAL_SIZE") != str(dist.get_world_size()):
+        return
+    dist.barrier()
+    name = (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{dist.get_rank()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name)
+
+
 def to_device(batch, device):
     """A BertBatch's tensors on `device`. To a GPU they go through pinned (page-locked) host
     memory with non_blocking copies: the copy is queued on the stream and the host goes on
@@ -43,3 +74,27 @@ def to_device(batch, device):
         return batch
     return type(batch)(**{name: tensor.pin_memory().to(device, non_blocking=True)
                           for name, tensor in vars(batch).items()})
+
+
+def fused_adam_problem() -> str | None:
+    """Why DeepSpeed's FusedAdam cannot be had on this CUDA machine, or None: not prebuilt, and no
+    JIT build possible (no nvcc, an nvcc of another CUDA major than torch's, no ninja)."""
+    from deepspeed.git_version_info import installed_ops
+    from torch.utils import cpp_extension
+
+    if installed_ops.get("fused_adam"):
+        return None
+    if cpp_extension.CUDA_HOME is None:
+        return f"it is not prebuilt and there is no CUDA toolkit (nvcc) to build it for torch's CUDA {torch.version.cuda}"
+    nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+    try:
+        output = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"it is not prebuilt and {nvcc} does not run ({error})"
+    release = re.search(r"release (\d+)\.(\d+)", output)
+    found = f"{release.group(1)}.{release.group(2)}" if release else "of unknown version"
+    if not release or release.group(1) != str(torch.version.cuda).split(".")[0]:
+        return f"it is not prebuilt and {nvcc} is CUDA {found}, torch's is {torch.version.cuda} (the JIT build refuses)"
+    if shutil.which("ninja") is None:
+        return "it is not prebuilt and ninja, which its JIT build needs, is not installed (pip install ninja)"
+    return None

@@ -107,9 +107,9 @@ def initialize(pipeline: int = 1, sequence: int = 1, data: int | None = None, ba
 
     if not dist.is_initialized():
         device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)
-        deepspeed.init_distributed(dist_backend=backend or device.backend())
+        device.init_distributed(backend)
     elif not deepspeed.comm.is_initialized():
-        deepspeed.init_distributed(dist_backend=dist.get_backend())
+        device.init_distributed(dist.get_backend())
     dims = resolve_dims(dist.get_world_size(), pipeline=pipeline, sequence=sequence, data=data)
     if ulysses < 1 or sequence % ulysses:
         raise ConfigError(f"ulysses size {ulysses} does not divide the sequence-parallel size {sequence}",
