@@ -38,13 +38,13 @@ stop_run() {
 }
 
 # true unless no GPU can be visible: CUDA_VISIBLE_DEVICES set empty (or -1...), or no NVIDIA
-# (/dev/nvidia0...) or ROCm (/dev/kfd) device node; a device node with a broken driver counts as a
-# GPU (DeepSpeed then says so itself). No torch import: a launch pays nothing for it.
+# (/dev/nvidia0...), ROCm (/dev/kfd) or WSL2 (/dev/dxg) device node; a device node with a broken
+# driver counts as a GPU (DeepSpeed then says so itself). No torch import: a launch pays nothing.
 gpu_visible() {
     case "${CUDA_VISIBLE_DEVICES-unset}" in
         '' | -1*) return 1 ;;
     esac
-    [ -e /dev/kfd ] || compgen -G '/dev/nvidia[0-9]*' > /dev/null
+    [ -e /dev/kfd ] || [ -e /dev/dxg ] || compgen -G '/dev/nvidia[0-9]*' > /dev/null
 }
 
 run_launcher() {

@@ -110,9 +110,9 @@ def test_report_and_clean_tool_look_in_the_cache(tmp_path):
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "is not a folder" in result.stderr
 
 
-def build_as_a_node(prefix, vocab_file, caches):
+def build_as_a_node(prefix, vocab_file, caches, failing_build=False):
     """Each rank plays a node (LOCAL_RANK 0) whose cache folder is caches[rank]: (did this rank
-    build the map, the mapping, or the error it raised)."""
+    build the map, the mapping, or the error it raised as 'Type: message')."""
     from megatron.data.tokenizer import BertWordPiece
     from megatron.data.bert_dataset import BertDataset
     from megatron.data.indexed_dataset import make_dataset
@@ -121,13 +121,18 @@ def build_as_a_node(prefix, vocab_file, caches):
     rank = __import__("torch").distributed.get_rank()
     calls = []
     build = bert_dataset.helpers.build_mapping
-    bert_dataset.helpers = type("Counting", (), {"build_mapping": staticmethod(
-        lambda *a, **k: calls.append(1) or build(*a, **k))})
+    def counting(*args, **kwargs):
+        calls.append(1)
+        if failing_build:
+            raise ValueError("bad sizes")
+        return build(*args, **kwargs)
+
+    bert_dataset.helpers = type("Counting", (), {"build_mapping": staticmethod(counting)})
     maps = index_maps.maps_prefix(prefix, caches[rank])
     try:
         train = BertDataset("train", make_dataset(prefix), maps, (0, 40), 64, 64, BertWordPiece(vocab_file))
-    except DataError as error:
-        return bool(calls), str(error)
+    except (DataError, ValueError) as error:
+        return bool(calls), f"{type(error).__name__}: {error}"
     return bool(calls), np.array(train.mapping)
 
 
@@ -145,3 +150,8 @@ def test_each_node_builds_into_its_own_cache_and_an_unwritable_one_stops_all(tmp
     (built0, error0), (built1, error1) = run_on_ranks(build_as_a_node, 2, prefix, vocab, broken, timeout=120)
     assert (built0, built1) == (True, False) and error0 == error1, (error0, error1)
     assert f"cannot be written to {tmp_path / 'a_file' / 'cache'}" in error0 and "--data-cache-path DIR" in error0
+    # a build that fails otherwise (a bug, a corrupt .idx): its own error on the builder, one line on the rest
+    fresh = [str(tmp_path / "fresh")] * 2
+    (built0, error0), (built1, error1) = run_on_ranks(build_as_a_node, 2, prefix, vocab, fresh, True, timeout=120)
+    assert error0 == "ValueError: bad sizes" and error1.startswith("DataError: building index map "), error1
+    assert "failed (ValueError: bad sizes)" in error1 and not list((tmp_path / "fresh").iterdir())

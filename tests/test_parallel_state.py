@@ -1,4 +1,6 @@
 """Topology pipe x data x seq (seq fastest), its groups, and the mpu names DeepSpeed reads."""
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -64,3 +66,29 @@ def test_groups_on_four_ranks():
         assert r["data_parallel"] == (1, 0, float(rank))
         assert r["pipe_parallel"] == (2, pipe, float(seq + seq + 2))
         assert r["model_parallel"] == (1, 0, float(rank))
+
+
+def init_with_shared_memory() -> tuple:
+    """A one-node launch's environment (LOCAL_SIZE = world size, as DeepSpeed's launcher sets it):
+    whether this rank's /dev/shm buffer existed after DeepSpeed's init, and whether it still does."""
+    import deepspeed
+
+    from megatron.parallel import device
+
+    os.environ["LOCAL_SIZE"] = os.environ["WORLD_SIZE"]
+    name = (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{os.environ['MASTER_ADDR']}_"
+            f"{os.environ['MASTER_PORT']}_{dist.get_rank()}")
+    seen = []
+    original = deepspeed.init_distributed
+    deepspeed.init_distributed = lambda **kwargs: (original(**kwargs), seen.append(os.path.exists(name)))
+    try:
+        device.init_distributed()
+    finally:
+        deepspeed.init_distributed = original
+    return seen, os.path.exists(name)
+
+
+def test_deepspeeds_shared_memory_buffers_leave_no_name_behind():
+    """DeepSpeed's CPU all-reduce op makes a 66 MB /dev/shm file per rank of a one-node launch and
+    never removes it; device.init_distributed removes the names once all ranks have mapped them."""
+    assert run_on_ranks(init_with_shared_memory, 2) == [([True], False), ([True], False)]

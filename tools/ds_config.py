@@ -57,10 +57,10 @@ def implied_world_size(ds_config: dict, flags: dict) -> int:
 def cuda_visible() -> bool:
     """torch.cuda.is_available() as the trainer will see it on this machine, without importing
     torch (seconds): a torch built for CUDA (or ROCm), a GPU device node (NVIDIA's /dev/nvidia0...,
-    ROCm's /dev/kfd), and CUDA_VISIBLE_DEVICES not set empty or to -1."""
+    ROCm's /dev/kfd, WSL2's /dev/dxg), and CUDA_VISIBLE_DEVICES not set empty or to -1."""
     if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
         return False
-    if not (os.path.exists("/dev/kfd") or glob.glob("/dev/nvidia[0-9]*")):
+    if not (os.path.exists("/dev/kfd") or os.path.exists("/dev/dxg") or glob.glob("/dev/nvidia[0-9]*")):
         return False
     spec = importlib.util.find_spec("torch")  # finds the package, imports nothing
     version = Path(spec.origin).with_name("version.py") if spec and spec.origin else None

@@ -64,30 +64,44 @@ def cached_array(path: str, build) -> np.ndarray:
     distributed = dist.is_available() and dist.is_initialized()
     first_of_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
     for builds in ((not distributed or dist.get_rank() == 0), first_of_node):
-        problem = _save_built(path, build) if builds and not os.path.isfile(path) else None
-        if distributed:
+        failure = _save_built(path, build) if builds and not os.path.isfile(path) else None
+        problem = _failure_text(path, failure)
+        if distributed:  # every rank takes part, so that one failed build stops all, none waits
             problems = [None] * dist.get_world_size()
             dist.all_gather_object(problems, problem)
-            problem = next((text for text in problems if text), None)
+            problem = next((found for found in problems if found), None)
+        if failure is not None and not isinstance(failure, OSError):
+            raise failure  # a bug, not a folder: its traceback, on the rank that met it
         if problem:
-            raise DataError(problem, "pass --data-cache-path DIR, a folder every rank can write, to keep the "
-                                     "index maps apart from the data (Megatron's flag; the data is only read)")
+            text, unwritable = problem
+            raise DataError(text, "pass --data-cache-path DIR, a folder every rank can write, to keep the index "
+                                  "maps apart from the data (Megatron's flag; the data is only read)" if unwritable
+                            else "see the traceback of the rank that built it (a corrupt .idx? preprocess again)")
     return np.load(path, mmap_mode="r", allow_pickle=False)
 
 
-def _save_built(path: str, build) -> str | None:
-    """Builds and saves the array at `path`; None, or the reason it could not be written."""
+def _save_built(path: str, build) -> Exception | None:
+    """Builds and saves the array at `path`; None, or what stopped it (the partial file removed)."""
     partial = Path(f"{path}.partial-{socket.gethostname()}-{os.getpid()}.npy")
     try:
         partial.parent.mkdir(parents=True, exist_ok=True)
         np.save(partial, build(), allow_pickle=False)
         os.replace(partial, path)
-    except OSError as error:
+    except Exception as error:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
-        return (f"index map {Path(path).name} cannot be written to {Path(path).parent} on {socket.gethostname()} "
-                f"({error.strerror or error})")
+        return error
     return None
+
+
+def _failure_text(path: str, failure: Exception | None) -> tuple[str, bool] | None:
+    """(what went wrong, whether it is the folder that cannot be written), or None."""
+    if failure is None:
+        return None
+    where = f"{Path(path).parent} on {socket.gethostname()}"
+    if isinstance(failure, OSError):
+        return f"index map {Path(path).name} cannot be written to {where} ({failure.strerror or failure})", True
+    return f"building index map {Path(path).name} for {where} failed ({type(failure).__name__}: {failure})", False
 
 
 def samples_mapping(indexed, prefix: str, name: str, first_doc: int, end_doc: int, max_num_samples: int,
