@@ -157,9 +157,10 @@ _DEEPSPEED_OTHER_KEYS = {"optimizer", "scheduler", "activation_checkpointing", "
 OPTIMIZER_DEFAULTS = {"lr": 1e-4, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}
 
 
-def default_optimizer(ds_config: dict) -> dict:
+def default_optimizer(ds_config: dict, cuda: bool) -> dict:
     """Fills, in place, the JSON's optimizer (AdamW when it names none) with the OPTIMIZER_DEFAULTS
-    its params lack; returns the params."""
+    its params lack, and torch's Adam where there is no CUDA (DeepSpeed's FusedAdam needs a GPU);
+    returns the params."""
     optimizer = ds_config.setdefault("optimizer", {"type": "AdamW", "params": {}})
     params = optimizer.setdefault("params", {}) if isinstance(optimizer, dict) else None
     if not isinstance(params, dict):
@@ -167,6 +168,8 @@ def default_optimizer(ds_config: dict) -> dict:
         raise ConfigError(f"{key} = {json.dumps(value)} is not a JSON object", f"make {key} a JSON object or remove it")
     for key, value in OPTIMIZER_DEFAULTS.items():
         params.setdefault(key, copy.deepcopy(value))  # the defaults' betas list is never the JSON's
+    if not cuda:
+        params.setdefault("torch_adam", True)
     return params
 
 

@@ -196,7 +196,8 @@ def deepspeed_settings(args) -> dict:
         raise ConfigError(f'{args.deepspeed_config}: the "scheduler" section is not used (the trainer runs '
                           "Megatron's warm-up + decay schedule)", 'remove "scheduler" and set --lr, --min-lr, '
                           "--lr-decay-style and --lr-warmup-fraction")
-    params = default_optimizer(ds)  # AdamW, and the params the JSON lacks from OPTIMIZER_DEFAULTS
+    cuda = torch.cuda.is_available()
+    params = default_optimizer(ds, cuda)  # AdamW, the params the JSON lacks, torch_adam without CUDA
     betas = list(params["betas"])
     for index, beta in enumerate((args.adam_beta1, args.adam_beta2)):
         betas[index] = betas[index] if beta is None else beta
@@ -205,9 +206,7 @@ def deepspeed_settings(args) -> dict:
     if args.min_lr is not None and args.lr is None and args.min_lr > params["lr"]:
         raise ConfigError(f"--min-lr {args.min_lr} is above the JSON's optimizer.params.lr {params['lr']}: the "
                           "schedule would rise as it decays", "pass a --min-lr at most the peak, or --lr")
-    if not torch.cuda.is_available():
-        params.setdefault("torch_adam", True)  # DeepSpeed's fused Adam needs a GPU
-    elif ds["optimizer"].get("type", "").lower() in ("adam", "adamw") and "torch_adam" not in params:
+    if cuda and ds["optimizer"].get("type", "").lower() in ("adam", "adamw") and "torch_adam" not in params:
         problem = device.fused_adam_problem()  # a JIT build that would fail every rank at start-up
         if problem:
             params["torch_adam"] = True

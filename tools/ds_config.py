@@ -68,20 +68,11 @@ def cuda_visible() -> bool:
                 and re.search(r"^(cuda|hip)\b.*=\s*['\"]\d", version.read_text(), re.MULTILINE))
 
 
-def trainer_optimizer(ds_config: dict, cuda: bool) -> None:
-    """The optimizer the trainer hands DeepSpeed when no optimizer flag is given (as
-    training.deepspeed_settings fills it): AdamW with OPTIMIZER_DEFAULTS for the params the JSON
-    lacks, and torch's Adam where there is no CUDA (DeepSpeed's FusedAdam needs a GPU)."""
-    params = default_optimizer(ds_config)
-    if not cuda:
-        params.setdefault("torch_adam", True)
-
-
 def resolved(ds_config: dict, args) -> dict:
     """The config as the trainer resolves it: its flags, the optimizer it fills, and BigBird's
     seed from --seed as it does."""
     ds_config = copy.deepcopy(ds_config)  # `set` writes the file's own keys, not the filled ones
-    trainer_optimizer(ds_config, cuda_visible() if args.cuda is None else args.cuda)
+    default_optimizer(ds_config, cuda_visible() if args.cuda is None else args.cuda)  # as deepspeed_settings
     flags = config_flags(args)
     flags["bigbird_seed"] = args.seed
     world_size = args.world_size if args.world_size is not None else implied_world_size(ds_config, flags)

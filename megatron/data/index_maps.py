@@ -50,7 +50,11 @@ def maps_prefix(prefix: str, cache_path: str | None = None) -> str:
 def maps_of(prefix: str, cache_path: str | None = None) -> list[Path]:
     """The map files of a data prefix (any settings), including `.partial` leftovers of a build
     that was killed; sorted."""
-    base = Path(maps_prefix(prefix, cache_path))
+    return _maps_named(Path(maps_prefix(prefix, cache_path)))
+
+
+def _maps_named(base: Path) -> list[Path]:
+    """The map files named from `base` (a maps_prefix)."""
     found = set()
     for split in SPLITS:
         for kind in KINDS:
@@ -80,9 +84,9 @@ def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str
     """One line: where the maps live, how many this run uses, how many (and how large) others are
     there, and the command that removes those."""
     used_set = {str(Path(path).resolve()) for path in used}
-    others = [path for prefix in prefixes for path in maps_of(prefix, cache_path)
-              if str(path.resolve()) not in used_set]
-    folders = sorted({str(Path(maps_prefix(prefix, cache_path)).resolve().parent) for prefix in prefixes})
+    bases = [Path(maps_prefix(prefix, cache_path)) for prefix in prefixes]  # one fingerprint read each
+    others = [path for base in bases for path in _maps_named(base) if str(path.resolve()) not in used_set]
+    folders = sorted({str(base.resolve().parent) for base in bases})
     line = f"index maps in {', '.join(folders)}: {len(used_set)} used by this run"
     if not others:
         return line + ", no others"
