@@ -29,7 +29,6 @@ import torch.distributed as dist
 from megatron.data.batch import BertBatch
 from megatron.engine import checkpoint_layers
 from megatron.model import attention
-from megatron.model.attention.dense import sdpa
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
@@ -61,8 +60,8 @@ def naive(q, k, v, key_padding_mask):
 
 def attention_step(variant: str, size: int, seq: int):
     """One fwd+bwd of the attention core alone on this rank's [1, s/P, heads, d] chunk."""
-    if variant in ("dense", "naive"):
-        core = sdpa if variant == "dense" else naive
+    if variant == "naive":
+        core = naive
     else:
         core = attention.build(BertConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, seq_length=seq,
                                           max_position_embeddings=seq, num_layers=1, attention=variant,

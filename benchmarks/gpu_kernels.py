@@ -3,11 +3,14 @@ P virtual ranks in one process (megatron/model/attention/simulate.py), against a
 softmax(QK^T + mask)V reference, in fp32 and bf16, for three sample layouts:
 
   unpadded  one segment per sample, no padding: "full" blocks (flash on CUDA in bf16)
-  padded    one segment per sample, some padding: the memory-efficient kernel with a bias
-  packed    several segments per sample and padding: "mixed" tiles, also with a bias
+  padded    one segment per sample, some padding: varlen flash in bf16, per-tile memory-efficient
+            with the tile's bias in fp32
+  packed    several segments per sample and padding: "mixed" blocks, the same kernels
 
 On CUDA it also times one unmasked block (forward + backward) with each kernel that can run it
-(flash, cuDNN, memory-efficient), the evidence for blocks.UNMASKED_CUDA_KERNEL. Writes the
+(flash, cuDNN, memory-efficient), the evidence for blocks.UNMASKED_CUDA_KERNEL, and one packed
+block with varlen flash against per-tile memory-efficient with a bias. The same checks run on
+CPU inside kernels.emulated_cuda() (tests/test_cuda_emulated.py). Writes the
 "GPU check: attention kernels" section of RESULTS.md (benchmarks/gpu_check.sh runs it);
 exits 1 if an error is above its tolerance. Runs on CPU too (small shapes: tests use it).
 """
@@ -65,22 +68,23 @@ def reference(q, k, v, grad_out, allowed):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def count_kernels():
-    """Wraps blocks.kernel to count the kernels chosen (and whether with a mask) -> (Counter, original)."""
+def count_kernels(force_masked: str | None = None):
+    """Wraps blocks.kernel to count the kernels chosen (and whether for a masked block) ->
+    (Counter, original). `force_masked`: the kernel every masked block takes instead."""
     counts, choose = collections.Counter(), blocks.kernel
 
-    def counted(q, mask):
-        name = choose(q, mask)
-        counts[name + (" unmasked" if mask.allowed is None else " +bias")] += 1
+    def counted(q, masked, varlen=False):
+        name = force_masked if masked and force_masked else choose(q, masked, varlen)
+        counts[name + (" masked" if masked else " unmasked")] += 1
         return name
     blocks.kernel = counted
     return counts, choose
 
 
 def accuracy(variant: str, size: int, layout: str, dtype, device, b=2, s=256, heads=4, d=64, block=16,
-             seed=0) -> dict:
+             seed=0, force_masked: str | None = None) -> dict:
     """Max relative errors of out, dq, dk, dv of the simulated core against float64, and the
-    kernels it ran."""
+    kernels it ran (`force_masked`: count_kernels')."""
     g = torch.Generator().manual_seed(seed)
     q, k, v, grad_out = (torch.randn(b, s, heads, d, generator=g) for _ in range(4))
     ids = segment_ids(layout, b, s)
@@ -89,7 +93,7 @@ def accuracy(variant: str, size: int, layout: str, dtype, device, b=2, s=256, he
         allowed = allowed & bigbird_allowed(s, block, 3, 2, 1234)
     want = reference(q, k, v, grad_out, allowed)
     inputs = [x.to(device, dtype) for x in (q, k, v)] + [ids.to(device), grad_out.to(device, dtype)]
-    counts, choose = count_kernels()
+    counts, choose = count_kernels(force_masked)
     try:
         if variant == "ring":
             got, _ = simulate.ring_attention(*inputs, size)
@@ -113,7 +117,7 @@ def time_kernels(device, dtype=torch.bfloat16, b=1, heads=16, s=4096, d=64, repe
         blocks.UNMASKED_CUDA_KERNEL = name
         choose = blocks.kernel
         if name == "efficient":
-            blocks.kernel = lambda q, mask: "efficient"
+            blocks.kernel = lambda q, masked, varlen=False: "efficient"
         try:
             for i in range(repeats + 2):
                 if i == 2:
@@ -127,6 +131,34 @@ def time_kernels(device, dtype=torch.bfloat16, b=1, heads=16, s=4096, d=64, repe
             rows.append((name, f"not available: {str(error).splitlines()[0][:80]}"))
         finally:
             blocks.kernel, blocks.UNMASKED_CUDA_KERNEL = choose, default
+    return rows
+
+
+def time_masked_kernels(device, dtype=torch.bfloat16, b=1, heads=16, s=4096, d=64, segment=500,
+                        repeats=10) -> list:
+    """(kernel, ms per block forward + backward) for a packed [b, heads, s, d] block (segments of
+    `segment` tokens): varlen flash against per-tile memory-efficient with each tile's bias."""
+    ids = (torch.arange(s) // segment + 1).expand(b, s).contiguous()
+    host = ids.numpy()
+    plan = masks.block_plan(host, host, device, cuda=True)
+    ids = ids.to(device)
+    q, k, v, grad_out = (torch.randn(b, s, heads, d, device=device, dtype=dtype).transpose(1, 2) for _ in range(4))
+    rows = []
+    for name in ("varlen_flash", "efficient"):
+        counts, choose = count_kernels(name)
+        try:
+            for i in range(repeats + 2):
+                if i == 2:
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                out, lse = blocks.attend(q, k, v, ids, ids, plan, d ** -0.5)
+                blocks.attend_backward(grad_out, q, k, v, ids, ids, plan, out, lse, d ** -0.5)
+            torch.cuda.synchronize()
+            rows.append((name, (time.perf_counter() - start) / repeats * 1e3))
+        except RuntimeError as error:
+            rows.append((name, f"not available: {str(error).splitlines()[0][:80]}"))
+        finally:
+            blocks.kernel = choose
     return rows
 
 
@@ -165,6 +197,10 @@ def main(argv=None) -> int:
         body += ["", "One unmasked block [1, 16, 4096, 64] bf16, forward + backward:", "",
                  "| kernel | ms |", "|---|---|"]
         body += [f"| {name} | {ms if isinstance(ms, str) else f'{ms:.2f}'} |" for name, ms in time_kernels(device)]
+        body += ["", "One packed block [1, 16, 4096, 64] bf16 (segments of 500 tokens), forward + backward:", "",
+                 "| kernel | ms |", "|---|---|"]
+        body += [f"| {name} | {ms if isinstance(ms, str) else f'{ms:.2f}'} |"
+                 for name, ms in time_masked_kernels(device)]
     text = "\n".join(body)
     print(text)
     if not args.no_write:

@@ -3,14 +3,11 @@ cleanly without a GPU; benchmarks/gpu_check.sh runs them on one).
 
 CPU: which SDPA kernel each block gets (blocks.kernel), unmasked ("full") blocks running with no
 mask at all and still exact, the pipeline's inter-stage tensors holding no bool (NCCL), the
-device helpers on CPU, and benchmarks/gpu_check.sh's commands (bash -n, --dry-run).
+device helpers on CPU (the CUDA branches themselves, on emulated kernels: test_cuda_emulated.py;
+benchmarks/gpu_check.sh: test_gpu_check.py).
 CUDA: every kernel against float64, the simulated ring and BigBird at P = 1, 2, 4 in fp32 and
 bf16, the rank -> device binding, pinned non-blocking batch copies, the CUDA RNG in checkpoints.
 """
-import os
-import re
-import shlex
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bert_fixtures import naive_masked_attention, segment_allowed, small_config, small_model
+from bert_fixtures import segment_allowed, small_config, small_model
 from megatron.data.batch import BertBatch
 from megatron.model import attention
 from megatron.model.attention import blocks, masks
@@ -36,24 +33,25 @@ def fake(is_cuda: bool, dtype, head_dim: int = 64):
     return SimpleNamespace(is_cuda=is_cuda, dtype=dtype, shape=(2, 4, 128, head_dim))
 
 
-@pytest.mark.parametrize("is_cuda,dtype,head_dim,masked,expected", [
-    (False, torch.float32, 64, False, "cpu_flash"),
-    (False, torch.bfloat16, 64, True, "cpu_flash"),
-    (True, torch.bfloat16, 64, False, "flash"),
-    (True, torch.float16, 128, False, "flash"),
-    (True, torch.float32, 64, False, "efficient"),  # flash has no fp32
-    (True, torch.bfloat16, 320, False, "efficient"),  # head dim past flash's 256
-    (True, torch.bfloat16, 64, True, "efficient"),  # padding / segments: a bias
+@pytest.mark.parametrize("is_cuda,dtype,head_dim,masked,varlen,expected", [
+    (False, torch.float32, 64, False, False, "cpu_flash"),
+    (False, torch.bfloat16, 64, True, True, "cpu_flash"),
+    (True, torch.bfloat16, 64, False, False, "flash"),
+    (True, torch.float16, 128, False, False, "flash"),
+    (True, torch.float32, 64, False, False, "efficient"),  # flash has no fp32
+    (True, torch.bfloat16, 320, False, False, "efficient"),  # head dim past flash's 256
+    (True, torch.bfloat16, 64, True, True, "varlen_flash"),  # padding / segments: variable lengths, no bias
+    (True, torch.float32, 64, True, True, "efficient"),  # fp32: per tile, the tile's bias
+    (True, torch.bfloat16, 64, True, False, "efficient"),  # a layout varlen cannot describe (BigBird's slots)
 ])
-def test_kernel_per_block(is_cuda, dtype, head_dim, masked, expected):
-    mask = masks.BlockMask(torch.ones(1, 1, 1, 1, dtype=torch.bool), None) if masked else masks.BlockMask(None, None)
-    assert blocks.kernel(fake(is_cuda, dtype, head_dim), mask) == expected
+def test_kernel_per_block(is_cuda, dtype, head_dim, masked, varlen, expected):
+    assert blocks.kernel(fake(is_cuda, dtype, head_dim), masked, varlen) == expected
 
 
 def test_cudnn_is_chosen_for_unmasked_half_blocks_when_asked(monkeypatch):
     monkeypatch.setattr(blocks, "UNMASKED_CUDA_KERNEL", "cudnn")
-    assert blocks.kernel(fake(True, torch.bfloat16), masks.BlockMask(None, None)) == "cudnn"
-    assert blocks.kernel(fake(True, torch.float32), masks.BlockMask(None, None)) == "efficient"
+    assert blocks.kernel(fake(True, torch.bfloat16), masked=False) == "cudnn"
+    assert blocks.kernel(fake(True, torch.float32), masked=False) == "efficient"
 
 
 def test_pair_kinds_full_only_without_padding_and_with_one_segment():
@@ -139,43 +137,6 @@ def test_device_helpers_on_cpu(monkeypatch):
     assert device.to_device(batch, "cpu") is batch
 
 
-# --- benchmarks/gpu_check.sh ------------------------------------------------------------------
-
-SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-
-
-def test_gpu_check_script_parses_and_its_dry_run_is_well_formed(tmp_path):
-    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
-    env = {**os.environ, "GPU_CHECK_WORK": str(tmp_path)}
-    done = subprocess.run(["bash", str(SCRIPT), "--dry-run"], check=True, capture_output=True, text=True, env=env,
-                          cwd=ROOT)
-    commands = [line[2:] for line in done.stdout.splitlines() if line.startswith("+ ")]
-    text = "\n".join(commands)
-    for needed in ("pip install", "pytest", "-m cuda", "gpu_kernels.py", "deepspeed --num_gpus 1", "pretrain_bert.py",
-                   "train_step.py", "--shape base", "--shape large", "gpu_longest.py", "results.py"):
-        assert needed in text, f"gpu_check.sh --dry-run runs no '{needed}'"
-    for command in commands:
-        words = shlex.split(command)
-        scripts = [w for w in words if w.endswith((".py", ".sh")) and not w.startswith("-")]
-        for script in scripts:
-            assert (ROOT / script).is_file(), f"{script} (in: {command}) does not exist"
-        flags = {w.split("=")[0] for w in words if w.startswith("--")}
-        py = next((w for w in scripts if w.startswith("benchmarks/") or w == "pretrain_bert.py"), None)
-        if py and "pytest" not in command:  # every flag is one the script's parser declares
-            source = (ROOT / "megatron" / "arguments.py" if py == "pretrain_bert.py" else ROOT / py).read_text()
-            for flag in flags - {"--deepspeed", "--num_gpus", "--master_port", "--deepspeed_config"}:
-                declared = f'"{flag}"' in source or f'"--{flag[5:]}"' in source and "BooleanOptionalAction" in source
-                assert declared, f"{py} has no flag {flag} (in: {command})"
-    config = re.search(r"--deepspeed_config (\S+)", text).group(1)
-    assert Path(config).is_file(), "the dry run writes the trainer's DeepSpeed config"
-
-
-def test_gpu_check_prepare_lists_the_wheels_it_needs():
-    done = subprocess.run(["bash", str(SCRIPT), "--prepare", "--dry-run"], check=True, capture_output=True,
-                          text=True, cwd=ROOT)
-    assert "pip download" in done.stdout and "deepspeed==0.19.8" in done.stdout and "pydantic" in done.stdout
-
-
 # --- on a GPU ---------------------------------------------------------------------------------
 
 def fake_toolkit(folder: Path, release: str, ninja: bool = True) -> str:
@@ -233,32 +194,35 @@ def test_a_cuda_machine_that_cannot_build_fused_adam_trains_with_torch_adam(monk
 @cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kernel_name", ["flash", "cudnn", "efficient"])
-@pytest.mark.parametrize("masked", [False, True])
-def test_cuda_block_kernel_matches_float64(monkeypatch, dtype, kernel_name, masked):
-    if masked and kernel_name != "efficient":
-        pytest.skip("masked blocks always take the memory-efficient kernel")
-    if kernel_name in ("flash", "cudnn") and dtype == torch.float32:
+@pytest.mark.parametrize("kernel_name", ["flash", "cudnn", "efficient", "varlen_flash"])
+@pytest.mark.parametrize("layout", ["unpadded", "padded", "packed"])
+def test_cuda_block_kernel_matches_float64(monkeypatch, dtype, kernel_name, layout):
+    """A whole block (its BlockPlan as the ring makes it) on each real CUDA kernel that can take it."""
+    masked = layout != "unpadded"
+    if kernel_name in ("flash", "cudnn", "varlen_flash") and dtype == torch.float32:
         pytest.skip("flash / cuDNN have no fp32")
+    if masked != (kernel_name in ("varlen_flash", "efficient")):
+        pytest.skip("masked blocks take varlen flash or memory-efficient, unmasked ones flash, cuDNN or memory-efficient")
     monkeypatch.setattr(blocks, "UNMASKED_CUDA_KERNEL", kernel_name)
-    if kernel_name == "efficient" and not masked:
-        monkeypatch.setattr(blocks, "kernel", lambda q, mask: "efficient")
+    monkeypatch.setattr(blocks, "kernel", blocks.kernel)  # restored after the test
+    if masked:
+        gpu_kernels.count_kernels(kernel_name)  # every masked block on this kernel
+    elif kernel_name == "efficient":
+        blocks.kernel = lambda q, masked, varlen=False: "efficient"
     g = torch.Generator().manual_seed(0)
-    q, k, v, grad_out = (torch.randn(2, 4, 192, 64, generator=g) for _ in range(4))
-    ids = gpu_kernels.segment_ids("packed" if masked else "unpadded", 2, 192)
-    mask = masks.segment_mask(ids, ids)
-    assert (mask.allowed is None) == (not masked)
-    on = [x.cuda().to(dtype) for x in (q, k, v, grad_out)]
-    cuda_mask = masks.segment_mask(ids.cuda(), ids.cuda())
-    out, lse = blocks.forward(*on[:3], cuda_mask, 64 ** -0.5)
-    grads = blocks.backward(on[3], *on[:3], cuda_mask, out, lse, 64 ** -0.5)
-    allowed = (ids[:, :, None] == ids[:, None, :]) & (ids[:, None, :] != 0)
-    want = gpu_kernels.reference(*(x.transpose(1, 2) for x in (q, k, v, grad_out)), allowed)
+    q, k, v, grad_out = (torch.randn(2, 192, 4, 64, generator=g) for _ in range(4))
+    ids = gpu_kernels.segment_ids(layout, 2, 192)
+    plan = masks.block_plan(ids.numpy(), ids.numpy(), "cuda", cuda=True)
+    on = [x.cuda().to(dtype).transpose(1, 2) for x in (q, k, v, grad_out)]
+    cuda_ids = ids.cuda()
+    out, lse = blocks.attend(*on[:3], cuda_ids, cuda_ids, plan, 64 ** -0.5)
+    grads = blocks.attend_backward(on[3], *on[:3], cuda_ids, cuda_ids, plan, out, lse, 64 ** -0.5)
+    want = gpu_kernels.reference(q, k, v, grad_out, segment_allowed(ids))
     tolerance = gpu_kernels.TOLERANCE[dtype]
     for name, got, expected in zip(("out", "dq", "dk", "dv"), (out, *grads), want):
         got = got.transpose(1, 2).double().cpu()
         error = ((got - expected).abs().max() / expected.abs().max()).item()
-        assert error <= tolerance, f"{kernel_name} {dtype} {name}: {error:.1e}"
+        assert error <= tolerance, f"{kernel_name} {layout} {dtype} {name}: {error:.1e}"
 
 
 @cuda

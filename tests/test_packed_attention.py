@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from bert_fixtures import (PACKED_LAYOUTS, naive_masked_attention, packed_batch, segment_allowed, small_config,
                            small_model)
 from megatron.model import attention
-from megatron.model.attention import blocks, masks
+from megatron.model.attention import kernels, masks
 from megatron.model.attention.bigbird import BigBirdAttention, block_pattern
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
@@ -139,11 +139,11 @@ def ring_kernel_calls(segment_ids):
     step = S // size
     q, k, v = (torch.randn(segment_ids.shape[0], step, HEADS, D, requires_grad=True) for _ in range(3))
     counting = CountingOps()
-    blocks.aten = counting
+    kernels.ATEN = counting
     try:
         core(q, k, v, segment_ids[:, rank * step:(rank + 1) * step]).sum().backward()
     finally:
-        blocks.aten = torch.ops.aten
+        kernels.ATEN = torch.ops.aten
     calls = counting.calls
     return (calls["_scaled_dot_product_flash_attention_for_cpu"],
             calls["_scaled_dot_product_flash_attention_for_cpu_backward"])

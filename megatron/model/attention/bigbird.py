@@ -34,10 +34,13 @@ replay the dropout masks).
 """
 import hashlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from megatron.model.attention import blocks, masks
+from megatron.data.batch import PAD_SEGMENT
+from megatron.model.attention import blocks, masks, plans
 from megatron.model.attention.comm import SeqComm
 from megatron.model.attention.registry import AttentionCore, register
 from megatron.parallel import state
@@ -99,6 +102,10 @@ class _Plan:
     slot_valid: torch.Tensor
     send: dict  # global rank -> local block indices it needs from us
     recv: dict  # global rank -> how many blocks it sends us (ascending global rank = block order)
+    slot_blocks: np.ndarray  # [rows, c] on the host: the global key block of each slot
+    slot_valid_host: np.ndarray  # [rows, c] on the host: slot_valid
+    first_block: int  # the global index of this rank's first block
+    num_local: int  # blocks per rank (m)
 
 
 def _plan(slots, valid, rank: int, size: int, ranks: list, device) -> _Plan:
@@ -119,8 +126,10 @@ def _plan(slots, valid, rank: int, size: int, ranks: list, device) -> _Plan:
     rows = slice(rank * m + row_start, rank * m + row_stop)
     send = {ranks[r]: needs[r][owner[needs[r]] == rank] - rank * m for r in range(size) if r != rank}
     recv = {ranks[r]: int((owner[needs[rank]] == r).sum()) for r in range(size) if r != rank}
-    return _Plan(row_start, row_stop, position[slots[rows]].to(device), valid[rows].to(device),
-                 {dst: ids.to(device) for dst, ids in send.items() if len(ids)}, {src: k for src, k in recv.items() if k})
+    return _Plan(row_start, row_stop, plans.to_device(position[slots[rows]].numpy(), device),
+                 plans.to_device(valid[rows].numpy(), device),
+                 {dst: plans.to_device(ids.numpy(), device) for dst, ids in send.items() if len(ids)},
+                 {src: k for src, k in recv.items() if k}, slots[rows].numpy(), valid[rows].numpy(), rank * m, m)
 
 
 def _fetch(k, v, segment_ids, plan, seq):
@@ -162,20 +171,39 @@ def _gather(k, v, segment_ids, slot_index, slot_valid):
     return sel_k, sel_v, segments.reshape(b * rows, c * block)
 
 
-def _row_plan(q_segments, k_segments) -> tuple:
-    """The (sample, query block) kernel items [n, B] x [n, c*B] of a pass -> (their pair kind,
-    the items that see some key); the other items are not computed. Forward works this out on
-    the host once; backward reuses it (_row_mask)."""
-    kind = masks.kind_of(q_segments, k_segments)
-    if kind == "full":  # every item sees every key
-        return kind, torch.arange(q_segments.shape[0], device=q_segments.device)
-    if kind == "skip":
-        return kind, q_segments.new_zeros(0)
-    return kind, (~masks.block_mask(q_segments, k_segments, kind).blind).any(-1).nonzero().squeeze(1)
+class _LayerPlan(NamedTuple):
+    """What one layer's pattern lets each query see in this micro-batch, decided on the host from
+    the gathered segment ids (no device synchronisation per layer): the global query blocks'
+    pair kind against this rank's keys, and per pass of non-global rows (kind, the active items:
+    those with a query that sees a key; the others are not computed)."""
+    global_kind: str
+    passes: list
+
+
+def _layer_plan(host_ids: np.ndarray, plan: _Plan, block: int, device) -> _LayerPlan:
+    """The _LayerPlan of a layer's pattern plan; host_ids: the whole sequence's segment ids [b, s]."""
+    b = host_ids.shape[0]
+    by_block = host_ids.reshape(b, -1, block)  # [b, n, B]
+    keys = by_block[:, plan.first_block:plan.first_block + plan.num_local].reshape(b, -1)
+    global_q = np.concatenate([by_block[:, 0], by_block[:, -1]], 1)  # [b, 2B]
+    rows = by_block[:, plan.first_block + plan.row_start:plan.first_block + plan.row_stop]  # [b, rows, B]
+    passes = []
+    for part in _passes(plan, block):
+        q_items = rows[:, part].reshape(-1, block)  # [b * rows, B], sample-major as _items
+        k_items = np.where(plan.slot_valid_host[part][None, :, :, None], by_block[:, plan.slot_blocks[part]],
+                           PAD_SEGMENT).reshape(len(q_items), -1)  # [b * rows, c * B], invalid slots as padding
+        kind = masks.pair_kind(q_items, k_items)
+        if kind in ("full", "skip"):
+            active = np.arange(len(q_items) if kind == "full" else 0)
+        else:
+            sees = (q_items[:, :, None] == k_items[:, None, :]) & (k_items != PAD_SEGMENT)[:, None, :]
+            active = np.flatnonzero(sees.any((1, 2)))
+        passes.append((kind, plans.to_device(active, device)))
+    return _LayerPlan(masks.pair_kind(global_q, keys), passes)
 
 
 def _row_mask(q_segments, k_segments, kind: str, active) -> masks.BlockMask:
-    """The BlockMask of a pass's active items (see _row_plan)."""
+    """The BlockMask of a pass's active items (see _LayerPlan)."""
     return masks.block_mask(q_segments[active], k_segments[active], kind)
 
 
@@ -205,6 +233,12 @@ def _flat(x):
     return x.reshape(b, blocks_ * block, heads, d).transpose(1, 2)
 
 
+def host_segment_ids(segment_ids, seq) -> np.ndarray:
+    """This rank's chunk of segment ids [b, s/P] -> the whole sequence's [b, s] on the host."""
+    chunks = seq.all_gather(segment_ids) if seq.size > 1 else [segment_ids]
+    return plans.to_host(torch.cat(chunks, 1))  # the plan's one host synchronisation
+
+
 def _global_queries(q, segment_ids, seq):
     """The global query blocks 0 and n-1 and their segment ids, from their owners (the first and
     last seq rank) to every rank: [b, 2, B, heads, d] and [b, 2 * B]."""
@@ -225,44 +259,40 @@ class _BigBirdAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, segment_ids, plan, seq, scale):
+    def forward(ctx, q, k, v, segment_ids, plan, layer, seq, scale):
         b, m, block, heads, d = q.shape
         first, last = seq.rank == 0, seq.rank == seq.size - 1
         # Global query blocks 0 and n-1, shared with every rank: [b, 2, B, heads, d]. Each rank
         # attends them to its keys; the partial results are merged by log-sum-exp in rank order.
         global_q, global_segments = _global_queries(q, segment_ids, seq)
-        global_kind = masks.kind_of(global_segments, segment_ids.view(b, -1))
-        global_mask = _global_mask(global_segments, segment_ids.view(b, -1), global_kind)
+        global_mask = _global_mask(global_segments, segment_ids.view(b, -1), layer.global_kind)
+        # [b, heads, 2B, d] views of [b, 2B, heads, d] memory throughout: the layout the kernels
+        # write and the memory-efficient backward assumes for `out` (kernels.py)
         if global_mask is None:
-            global_out = q.new_zeros(b, heads, 2 * block, d)
-            global_lse = q.new_full((b, heads, 2 * block), float("-inf"), dtype=torch.float32)
+            global_out, global_lse = blocks.empty_result(_flat(global_q))
         else:
             global_out, global_lse = blocks.forward(_flat(global_q), _flat(k), _flat(v), global_mask, scale)
-            global_out, global_lse = global_out.contiguous(), global_lse.contiguous()
         if seq.size > 1:
-            outs, lses = seq.all_gather(global_out), seq.all_gather(global_lse)
+            outs, lses = seq.all_gather(global_out.transpose(1, 2)), seq.all_gather(global_lse)
             global_out = global_lse = None
             for part_out, part_lse in zip(outs, lses):
-                global_out, global_lse = blocks.merge(global_out, global_lse, part_out.float(), part_lse)
-        global_out = global_out.to(q.dtype).contiguous()  # [b, heads, 2B, d]
+                global_out, global_lse = blocks.merge(global_out, global_lse, part_out.transpose(1, 2).float(), part_lse)
+        global_out = global_out.to(q.dtype)
 
         # Non-global query blocks: each attends to its gathered window, global and random blocks.
         fetched_k, fetched_v, fetched_segments = _fetch(k, v, segment_ids, plan, seq)
         rows = q[:, plan.row_start:plan.row_stop]
         sparse_out = sparse_lse = None
-        row_plans = []  # per pass: (kind, active items), reused by backward
         pieces = [global_out.transpose(1, 2).view(b, 2, block, heads, d)[:, :1]] if first else []
         if rows.shape[1]:
             extended = (torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1),
                         torch.cat([segment_ids, fetched_segments], 1))
             row_segments = segment_ids[:, plan.row_start:plan.row_stop]
             outs, lses = [], []
-            for part in _passes(plan, block):
+            for part, (kind, active) in zip(_passes(plan, block), layer.passes):
                 sel_k, sel_v, sel_segments = _gather(*extended, plan.slot_index[part], plan.slot_valid[part])
                 items = _items(rows[:, part])
                 item_segments = row_segments[:, part].reshape(items.shape[0], block)
-                kind, active = _row_plan(item_segments, sel_segments)
-                row_plans.append((kind, active))
                 out = items.new_zeros(items.shape)
                 lse = out.new_full(items.shape[:3], float("-inf"), dtype=torch.float32)
                 if len(active):
@@ -277,8 +307,7 @@ class _BigBirdAttention(torch.autograd.Function):
             pieces.append(global_out.transpose(1, 2).view(b, 2, block, heads, d)[:, 1:])
         ctx.save_for_backward(q, k, v, segment_ids, fetched_k, fetched_v, fetched_segments,
                               global_q, global_segments, global_out, global_lse, sparse_out, sparse_lse)
-        ctx.plan, ctx.seq, ctx.scale = plan, seq, scale
-        ctx.global_kind, ctx.row_plans = global_kind, row_plans
+        ctx.plan, ctx.layer, ctx.seq, ctx.scale = plan, layer, seq, scale
         return torch.cat(pieces, 1)
 
     @staticmethod
@@ -296,7 +325,7 @@ class _BigBirdAttention(torch.autograd.Function):
         # partial with the merged lse, and the partial dq's are summed back the same way.
         zeros = grad_out.new_zeros(b, 1, block, heads, d)
         global_grad = seq.sum(torch.cat([grad_out[:, :1] if first else zeros, grad_out[:, -1:] if last else zeros], 1))
-        global_mask = _global_mask(global_segments, segment_ids.view(b, -1), ctx.global_kind)
+        global_mask = _global_mask(global_segments, segment_ids.view(b, -1), ctx.layer.global_kind)
         dq_global = q.new_zeros(b, 2, block, heads, d)
         if global_mask is not None:
             dq_global, dk_global, dv_global = blocks.backward(_flat(global_grad), _flat(global_q), _flat(k), _flat(v),
@@ -317,7 +346,7 @@ class _BigBirdAttention(torch.autograd.Function):
             extended = (torch.cat([k, fetched_k], 1), torch.cat([v, fetched_v], 1),
                         torch.cat([segment_ids, fetched_segments], 1))
             grad_extended = k.new_zeros((2, b, m + fetched_k.shape[1], block, heads, d), dtype=torch.float32)
-            for part, (kind, active) in zip(_passes(plan, block), ctx.row_plans):
+            for part, (kind, active) in zip(_passes(plan, block), ctx.layer.passes):
                 if not len(active):
                     continue
                 local = slice(plan.row_start + part.start, plan.row_start + part.stop)
@@ -337,7 +366,7 @@ class _BigBirdAttention(torch.autograd.Function):
             dkv += grad_extended[:, :, :m]
             grad_fetched += grad_extended[:, :, m:]
         _send_home(grad_fetched, dkv, plan, seq)
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
 
 
 @register("bigbird")
@@ -365,12 +394,20 @@ class BigBirdAttention(AttentionCore):
             self._cached_plan = (key, _plan(*self.pattern(num_blocks), self.seq.rank, self.seq.size, self.seq.ranks, device))
         return self._cached_plan[1]
 
+    def host_ids(self, segment_ids) -> np.ndarray:
+        """The whole sequence's segment ids [b, s] on the host: gathered and copied once per
+        micro-batch (plans.py), then every layer plans its pattern from them without waiting."""
+        return plans.cached(("bigbird", self.seq.rank, tuple(self.seq.ranks)), segment_ids,
+                            lambda: host_segment_ids(segment_ids, self.seq))
+
     def forward(self, q, k, v, segment_ids):
         b, chunk, heads, d = q.shape  # [b, s/P, heads, d]
         m = chunk // self.block_size
         plan = self._plan(m * self.seq.size, q.device)
+        layer = _layer_plan(self.host_ids(segment_ids), plan, self.block_size, q.device)
         q, k, v = (x.view(b, m, self.block_size, heads, d) for x in (q, k, v))
-        out = _BigBirdAttention.apply(q, k, v, segment_ids.view(b, m, self.block_size), plan, self.seq, self.scale)
+        out = _BigBirdAttention.apply(q, k, v, segment_ids.view(b, m, self.block_size), plan, layer, self.seq,
+                                      self.scale)
         return out.view(b, chunk, heads, d)
 
 

@@ -2,80 +2,94 @@
 
 The ring runs this per key block and merges blocks by log-sum-exp; backward recomputes each
 block's probabilities from the merged lse, so no score matrix outlives one block. Both
-directions call torch's SDPA kernels that return (forward) and accept (backward) the lse.
+directions call torch's SDPA kernels that return (forward) and accept (backward) the lse,
+through kernels.py, which states what each CUDA kernel assumes (and can emulate them on CPU).
 
-Which kernel computes a block (`kernel()`):
-  | device | block                                   | kernel                                        |
-  |--------|-----------------------------------------|-----------------------------------------------|
-  | CPU    | any                                     | flash (CPU), with a bias only if masked       |
-  | CUDA   | unmasked (masks "full": one segment, no | flash (fp16/bf16, head dim % 8 == 0, <= 256), |
-  |        | padding on either side), fp16/bf16      | or cuDNN where UNMASKED_CUDA_KERNEL = "cudnn" |
-  | CUDA   | unmasked, fp32 (flash has no fp32)      | memory-efficient, no bias                     |
-  | CUDA   | padding or several segments             | memory-efficient with an additive bias        |
-Unpacked samples without padding are all "full" blocks: the fast path. Packed samples are
-"mixed" blocks, cropped into tiles by masks.tile_plan; a varlen flash call (torch's
-_flash_attention_forward with cumulative lengths) could replace the bias there, but it needs
-each tile's segment lengths on the host (one more host synchronisation per block) and has no
-backward that takes a merged lse across blocks, so masked blocks keep the bias.
-
-Shapes: q [b, heads, s_q, d]; k, v [b, heads, s_k, d]; mask: a masks.BlockMask (which keys each
-query may see, and the queries that see none; allowed None: every query sees every key); lse
-[b, heads, s_q] float32.
+Which kernel computes a block (masks.BlockPlan; `kernel()` picks):
+  | device | block                                         | kernel                                       |
+  |--------|-----------------------------------------------|----------------------------------------------|
+  | CPU    | any                                           | flash (CPU) per tile, a tile bias if masked  |
+  | CUDA   | "full" (one segment, no padding), fp16/bf16   | flash (head dim % 8 == 0, <= 256), or cuDNN  |
+  |        |                                               | where UNMASKED_CUDA_KERNEL = "cudnn"         |
+  | CUDA   | "full", fp32 (flash has no fp32)              | memory-efficient, no bias                    |
+  | CUDA   | padding or several segments, fp16/bf16        | varlen flash: one call for the whole block,  |
+  |        |                                               | each (sample, segment) a sequence            |
+  | CUDA   | padding or several segments, fp32 (no flash), | memory-efficient per tile, with the bias of  |
+  |        | or a layout varlen cannot describe (BigBird's | that tile only (never s x s)                 |
+  |        | gathered key slots)                           |                                              |
+Backward takes the MERGED out and lse of all blocks (varlen flash too: its lse is [heads,
+total rows], converted here), so each block's gradients are exact slices
+of the full softmax's. Shapes: q [b, heads, s_q, d]; k, v [b, heads, s_k, d], all views of
+[b, s, heads, d] memory, the layout the CUDA kernels write and (memory-efficient backward) assume;
+lse [b, heads, s_q] float32.
 """
 import torch
 
-from megatron.model.attention import masks
+from megatron.model.attention import kernels, masks
 
-aten = torch.ops.aten
-_ALIGN = 16  # the CUDA memory-efficient kernel wants the bias' last dim 16-aligned in memory
 UNMASKED_CUDA_KERNEL = "flash"  # or "cudnn": unmasked fp16/bf16 blocks on CUDA (gpu_check compares both)
+_HALF = (torch.float16, torch.bfloat16)
 
 
-def kernel(q, mask) -> str:
-    """The SDPA kernel for a block of queries q and this mask (module docstring)."""
-    if not q.is_cuda:
+def kernel(q, masked: bool, varlen: bool = False) -> str:
+    """The kernel for a block of queries q (module docstring): masked = padding or segments;
+    varlen = the block's plan has variable-length sequences."""
+    if not kernels.on_cuda(q):
         return "cpu_flash"
-    if mask.allowed is None and q.dtype in (torch.float16, torch.bfloat16):
-        if UNMASKED_CUDA_KERNEL == "cudnn":
-            return "cudnn"
-        if q.shape[-1] % 8 == 0 and q.shape[-1] <= 256:
-            return "flash"
-    return "efficient"
+    flash_shape = q.shape[-1] % 8 == 0 and q.shape[-1] <= 256 and q.dtype in _HALF
+    if masked:
+        return "varlen_flash" if varlen and flash_shape else "efficient"
+    if q.dtype in _HALF and UNMASKED_CUDA_KERNEL == "cudnn":
+        return "cudnn"
+    return "flash" if flash_shape else "efficient"
+
+
+def kernel_layout(shape, dtype, device, fill=0.0):
+    """A [b, heads, s, d] tensor filled with `fill`, viewing [b, s, heads, d] memory."""
+    b, heads, s, d = shape
+    return torch.full((b, s, heads, d), fill, dtype=dtype, device=device).transpose(1, 2)
+
+
+def empty_result(q):
+    """(out, lse) of queries that see no key: zeros, -inf."""
+    return kernel_layout(q.shape, q.dtype, q.device), q.new_full(q.shape[:3], float("-inf"), dtype=torch.float32)
 
 
 def _bias(mask, q, open_empty_rows: bool):
     """Additive mask [b, heads, s_q or 1 -> s_q, s_k]: -inf where a query may not see a key, 0
-    elsewhere (None for an unmasked block). Forward opens a row that may see nothing to every
-    key (no NaN; its output is zeroed afterwards); backward must not, as that row's merged lse
-    may be finite."""
+    elsewhere (None for an unmasked block), its rows padded to kernels.BIAS_ALIGN. Forward opens
+    a row that may see nothing to every key (no NaN; its output is zeroed afterwards); backward
+    must not, as that row's merged lse may be finite."""
     if mask.allowed is None:
         return None
     allowed = mask.allowed | ~mask.allowed.any(-1, keepdim=True) if open_empty_rows else mask.allowed
     b, _, rows, s_k = allowed.shape
-    bias = torch.zeros(b, 1, rows, s_k + (-s_k) % _ALIGN, dtype=q.dtype, device=q.device)
+    bias = torch.zeros(b, 1, rows, s_k + (-s_k) % kernels.BIAS_ALIGN, dtype=q.dtype, device=q.device)
     bias[..., :s_k].masked_fill_(~allowed, float("-inf"))
     return bias[..., :s_k].expand(b, q.shape[1], q.shape[2], s_k)
 
 
 def forward(q, k, v, mask, scale):
-    """-> (out [b, heads, s_q, d], lse [b, heads, s_q]); lse = -inf and out = 0 for the queries
-    that see no key of this block (mask.blind)."""
+    """One call of the kernel for a block under a masks.BlockMask -> (out [b, heads, s_q, d],
+    lse [b, heads, s_q]); lse = -inf and out = 0 for the queries that see no key (mask.blind)."""
+    ops, s_q = kernels.ops(), q.shape[2]
+    chosen = kernel(q, mask.allowed is not None)
     bias = _bias(mask, q, open_empty_rows=True)
-    chosen = kernel(q, mask)
     if chosen == "flash":
-        out, lse = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)[:2]
+        out, lse = ops._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)[:2]
     elif chosen == "cudnn":
-        out, lse = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False, scale=scale)[:2]
-        lse = lse.reshape(q.shape[:3])  # cuDNN's softmax stats may carry a trailing dim of 1
+        out, lse = ops._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False, scale=scale)[:2]
+        lse = lse.reshape(q.shape[:3])  # cuDNN's softmax stats carry a trailing dim of 1
     elif chosen == "efficient":
-        out, lse = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, scale=scale)[:2]
-        lse = lse[..., : q.shape[2]]
+        out, lse = ops._scaled_dot_product_efficient_attention(q, k, v, bias, True, scale=scale)[:2]
+        lse = lse[..., :s_q]  # padded to kernels.LSE_ROWS_ALIGN rows
     else:
-        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias, scale=scale)
+        out, lse = ops._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias, scale=scale)
     if mask.blind is None:
         return out, lse.float()
     blind = mask.blind[:, None, :]  # [b, 1, s_q]
-    return out.masked_fill(blind[..., None], 0.0), lse.float().masked_fill(blind, float("-inf"))
+    # in place: out keeps the layout the kernel wrote (out-of-place masked_fill would make it contiguous)
+    return out.masked_fill_(blind[..., None], 0.0), lse.float().masked_fill(blind, float("-inf"))
 
 
 def backward(grad_out, q, k, v, mask, out, lse, scale):
@@ -85,45 +99,81 @@ def backward(grad_out, q, k, v, mask, out, lse, scale):
     the per-block results sum (dq) or concatenate (dk, dv) to the exact full gradient. Rows
     that saw no key at all carry lse = +inf, which makes their p, and so their gradients, zero.
     """
+    ops, s_q, s_k = kernels.ops(), q.shape[2], k.shape[2]
+    chosen = kernel(q, mask.allowed is not None)
     bias = _bias(mask, q, open_empty_rows=False)
-    lse = lse.masked_fill(lse == float("-inf"), float("inf"))
-    chosen = kernel(q, mask)
-    s_q, s_k = q.shape[2], k.shape[2]
+    lse = _blind_rows_infinite(lse)
     unused = torch.empty((), dtype=torch.int64, device=q.device)  # RNG seed/offset: no dropout here
     if chosen == "flash":
-        return aten._scaled_dot_product_flash_attention_backward(
+        return ops._scaled_dot_product_flash_attention_backward(
             grad_out, q, k, v, out, lse.contiguous(), None, None, s_q, s_k, 0.0, False, unused, unused, scale=scale)
     if chosen == "cudnn":
-        return aten._scaled_dot_product_cudnn_attention_backward(
+        return ops._scaled_dot_product_cudnn_attention_backward(
             grad_out, q, k, v, out, lse[..., None].contiguous(), unused, unused, None, None, None, s_q, s_k, 0.0,
             False, scale=scale)
     if chosen == "efficient":
-        padded = torch.zeros(*lse.shape[:2], s_q + (-s_q) % 32, device=lse.device)
+        padded = lse.new_zeros(*lse.shape[:2], s_q + (-s_q) % kernels.LSE_ROWS_ALIGN)
         padded[..., :s_q] = lse
-        dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
+        dq, dk, dv, _ = ops._scaled_dot_product_efficient_attention_backward(
             grad_out, q, k, v, bias, out, padded, unused, unused, 0.0, [True, True, True, False], scale=scale)
         return dq, dk, dv
-    return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+    return ops._scaled_dot_product_flash_attention_for_cpu_backward(
         grad_out, q, k, v, out, lse, 0.0, False, attn_mask=bias, scale=scale)
 
 
-def tiled_forward(q, k, v, q_segments, k_segments, tiles, scale):
-    """forward() of a whole block cut into masks.tile_plan() tiles: rows outside every tile see
-    no key of this block (out 0, lse -inf)."""
-    out = q.new_zeros(q.shape)
-    lse = q.new_full(q.shape[:3], float("-inf"), dtype=torch.float32)
-    for tile in tiles:
+def _blind_rows_infinite(lse):
+    """Backward's lse: rows that saw no key get +inf (p = exp(s - lse) = 0), not -inf."""
+    return lse.masked_fill(lse == float("-inf"), float("inf"))
+
+
+def _flat(x):
+    """[b, heads, s, d] view of [b, s, heads, d] memory -> the varlen kernels' [b * s, heads, d] (a view)."""
+    return x.transpose(1, 2).flatten(0, 1)
+
+
+def _varlen_forward(q, k, v, varlen, scale):
+    """A whole masked block in one varlen flash call -> (out, lse) as forward() returns them."""
+    b, heads, s_q, d = q.shape
+    out, lse = kernels.ops()._flash_attention_forward(_flat(q), _flat(k), _flat(v), varlen.cu_q, varlen.cu_k,
+                                                      varlen.max_q, varlen.max_k, 0.0, False, False, scale=scale)[:2]
+    lse = lse.view(heads, b, s_q).transpose(0, 1)  # [heads, b * s_q] -> [b, heads, s_q]
+    # rows of a sequence without keys (padding, segments this block lacks): out 0, lse +inf -> -inf
+    lse = lse.masked_fill(lse.isinf(), float("-inf"))
+    return out.view(b, s_q, heads, d).transpose(1, 2), lse
+
+
+def _varlen_backward(grad_out, q, k, v, out, lse, varlen, scale):
+    b, heads, s_q, d = q.shape
+    lse = _blind_rows_infinite(lse).transpose(0, 1).reshape(heads, b * s_q)  # the kernel's [heads, total rows]
+    unused = torch.empty((), dtype=torch.int64, device=q.device)
+    grads = kernels.ops()._flash_attention_backward(*(_flat(x) for x in (grad_out, q, k, v, out)), lse, varlen.cu_q,
+                                                    varlen.cu_k, varlen.max_q, varlen.max_k, 0.0, False, unused,
+                                                    unused, scale=scale)
+    return tuple(x.view(b, -1, heads, d).transpose(1, 2).float() for x in grads)
+
+
+def attend(q, k, v, q_segments, k_segments, plan, scale):
+    """forward() of a whole block by its masks.BlockPlan: one call when "full" or varlen, else
+    tile by tile (rows outside every tile see no key of this block: out 0, lse -inf)."""
+    if kernel(q, plan.kind != "full", plan.varlen is not None) == "varlen_flash":
+        return _varlen_forward(q, k, v, plan.varlen, scale)
+    if len(plan.tiles) == 1 and plan.tiles[0][:4] == (0, q.shape[2], 0, k.shape[2]):  # the whole block: no copy
+        return forward(q, k, v, masks.block_mask(q_segments, k_segments, plan.kind), scale)
+    out, lse = empty_result(q)
+    for tile in plan.tiles:
         rows, columns = slice(tile.q_start, tile.q_stop), slice(tile.k_start, tile.k_stop)
         mask = masks.block_mask(q_segments[:, rows], k_segments[:, columns], tile.kind)
         out[:, :, rows], lse[:, :, rows] = forward(q[:, :, rows], k[:, :, columns], v[:, :, columns], mask, scale)
     return out, lse
 
 
-def tiled_backward(grad_out, q, k, v, q_segments, k_segments, tiles, out, lse, scale):
-    """backward() of a block computed by tiled_forward -> (dq, dk, dv) in float32."""
-    dq = q.new_zeros(q.shape, dtype=torch.float32)
-    dk, dv = (x.new_zeros(x.shape, dtype=torch.float32) for x in (k, v))
-    for tile in tiles:
+def attend_backward(grad_out, q, k, v, q_segments, k_segments, plan, out, lse, scale):
+    """backward() of a block computed by attend() -> (dq, dk, dv) in float32."""
+    if kernel(q, plan.kind != "full", plan.varlen is not None) == "varlen_flash":
+        return _varlen_backward(grad_out, q, k, v, out, lse, plan.varlen, scale)
+    dq = kernel_layout(q.shape, torch.float32, q.device)
+    dk, dv = (kernel_layout(x.shape, torch.float32, x.device) for x in (k, v))
+    for tile in plan.tiles:
         rows, columns = slice(tile.q_start, tile.q_stop), slice(tile.k_start, tile.k_stop)
         mask = masks.block_mask(q_segments[:, rows], k_segments[:, columns], tile.kind)
         dq_tile, dk_tile, dv_tile = backward(grad_out[:, :, rows], q[:, :, rows], k[:, :, columns], v[:, :, columns],
@@ -135,7 +185,7 @@ def tiled_backward(grad_out, q, k, v, q_segments, k_segments, tiles, out, lse, s
 
 
 def merge(out, lse, block_out, block_lse):
-    """Log-sum-exp merge of two partial softmax results (out in float32).
+    """Log-sum-exp merge of two partial softmax results (out in float32, in block_out's layout).
 
     new_lse = log(e^lse + e^block_lse); each side is weighted by e^(its lse - new_lse). Where
     both sides have seen no key (lse = -inf), the weights are defined as 0, giving zeros.

@@ -24,9 +24,10 @@ Bytes sent per rank per layer (benchmarks/comm_model.py, RESULTS.md): the all-to
 import torch
 
 from megatron.errors import ConfigError
+from megatron.model.attention import plans
 from megatron.model.attention.masks import gather_chunks
 from megatron.model.attention.registry import AttentionCore, register
-from megatron.model.attention.ring import RingAttention
+from megatron.model.attention.ring import RingAttention, RingPlan, schedule
 from megatron.model.attention.rules import ulysses_degree
 from megatron.parallel import state
 
@@ -47,6 +48,16 @@ class HybridAttention(AttentionCore):
                               "megatron.parallel.state.initialize (engine.initialize_parallel does)")
         self.ring = RingAttention(config, state.get_ring_parallel_group(), state.get_ring_parallel_ranks())
 
+    def plan(self, segment_ids) -> RingPlan:
+        """The ring's plan of the Ulysses group's chunk (its segment ids gathered, b * s/R
+        integers), once per micro-batch (plans.py)."""
+        key = ("hybrid", self.ring.ring.rank, tuple(self.ring.ring.ranks), tuple(state.get_ulysses_parallel_ranks()))
+
+        def make():
+            chunk = torch.cat(gather_chunks(segment_ids, self.ulysses_group, self.ulysses_size), dim=1)  # [b, s/R]
+            return schedule(chunk, self.ring.ring)
+        return plans.cached(key, segment_ids, make)
+
     def forward(self, q, k, v, segment_ids):
         # q, k, v [b, s/P, heads, d]; segment_ids [b, s/P]
         if self.ulysses_size == 1:
@@ -56,6 +67,5 @@ class HybridAttention(AttentionCore):
         group, batch_dim = self.ulysses_group, 0
         # scatter heads (dim 2), gather sequence (dim 1): [b, s/R, heads/U, d]
         q, k, v = (_SeqAllToAll.apply(group, x, 2, 1, batch_dim) for x in (q, k, v))
-        segment_ids = torch.cat(gather_chunks(segment_ids, group, self.ulysses_size), dim=1)  # [b, s/R]
-        out = self.ring(q, k, v, segment_ids)
+        out = self.ring.attend(q, k, v, self.plan(segment_ids))
         return _SeqAllToAll.apply(group, out, 1, 2, batch_dim)  # back to [b, s/P, heads, d]

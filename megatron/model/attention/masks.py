@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.data.batch import PAD_SEGMENT
+from megatron.model.attention import plans
 
 _NONE = torch.iinfo(torch.int64).max  # min id of a side without any segment
 
@@ -136,6 +137,73 @@ def _id_range(segment_ids: np.ndarray) -> tuple:
     """[b, n] -> per sample (min, max) of the non-padding ids; (_NONE, PAD_SEGMENT) for none."""
     real = segment_ids != PAD_SEGMENT
     return np.where(real, segment_ids, _NONE).min(1), np.where(real, segment_ids, PAD_SEGMENT).max(1)
+
+
+class Varlen(NamedTuple):
+    """A block as variable-length sequences for the CUDA varlen kernels: the query rows and the
+    keys of every (sample, segment), padding rows as sequences without keys and padding keys as
+    sequences without queries, so that the sequences cover both sides in memory order. cu_q,
+    cu_k: [n + 1] int32 cumulative row / key offsets into the block flattened to [b * s_q] and
+    [b * s_k] (on the kernels' device); max_q, max_k: the longest sequence on each side."""
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+
+
+class BlockPlan(NamedTuple):
+    """How one (query chunk, key block) pair is computed: its kind ("full", "single", "mixed"),
+    its tiles (tile_plan: the CPU kernels, and CUDA where the layout has no Varlen) and, for a
+    masked pair on CUDA, the pair as variable-length sequences (Varlen; None otherwise)."""
+    kind: str
+    tiles: list
+    varlen: "Varlen | None"
+
+
+def block_plan(q_segments: np.ndarray, k_segments: np.ndarray, device, cuda: bool) -> "BlockPlan | None":
+    """The BlockPlan of a query side [b, s_q] against a key side [b, s_k] (host ids); None when
+    no query sees any key (the block is skipped). `cuda`: plan the variable-length sequences the
+    CUDA kernels take for masked pairs (their offsets go to `device` without waiting)."""
+    tiles = tile_plan(q_segments, k_segments)
+    if not tiles:
+        return None
+    kind = "full" if tiles[0].kind == "full" else ("mixed" if len(tiles) > 1 else tiles[0].kind)
+    lengths = varlen_lengths(q_segments, k_segments) if cuda and kind != "full" else None
+    if lengths is None:
+        return BlockPlan(kind, tiles, None)
+    offsets = np.zeros((2, len(lengths[0]) + 1), dtype=np.int32)
+    np.cumsum(lengths, axis=1, out=offsets[:, 1:])
+    cu = plans.to_device(offsets, device)
+    return BlockPlan(kind, tiles, Varlen(cu[0], cu[1], int(lengths[0].max()), int(lengths[1].max())))
+
+
+def varlen_lengths(q_segments: np.ndarray, k_segments: np.ndarray):
+    """(query lengths, key lengths) [n] of the block's sequences (see Varlen), or None when a
+    sample's segments are not contiguous ascending runs with padding only at the tail (a layout
+    the cumulative offsets cannot describe; BigBird's gathered keys, for instance)."""
+    q_lengths, k_lengths = [], []
+    for q_ids, k_ids in zip(q_segments, k_segments):
+        q_runs, k_runs = _runs(q_ids), _runs(k_ids)
+        if q_runs is None or k_runs is None:
+            return None
+        segments = sorted((q_runs.keys() | k_runs.keys()) - {PAD_SEGMENT})
+        pairs = [(q_runs.get(segment, 0), k_runs.get(segment, 0)) for segment in segments]
+        pairs += [(q_runs.get(PAD_SEGMENT, 0), 0), (0, k_runs.get(PAD_SEGMENT, 0))]
+        for q_length, k_length in pairs:
+            if q_length or k_length:
+                q_lengths.append(q_length)
+                k_lengths.append(k_length)
+    return np.asarray(q_lengths, dtype=np.int32), np.asarray(k_lengths, dtype=np.int32)
+
+
+def _runs(ids: np.ndarray) -> dict | None:
+    """{segment id: length} of a row of ids made of ascending runs, padding (if any) last; None otherwise."""
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    values = ids[starts]
+    real = values[values != PAD_SEGMENT]
+    if (values[:len(real)] == PAD_SEGMENT).any() or (np.diff(real) <= 0).any():
+        return None
+    return dict(zip(values.tolist(), np.diff(np.r_[starts, len(ids)]).tolist()))
 
 
 def kind_of(q_segments, k_segments) -> str:

@@ -17,9 +17,11 @@ one last hop takes it home to the chunk's owner.
 Attention dropout is refused: recomputing blocks exactly in backward would need the same
 dropout masks, and the SDPA kernels used here take no RNG state.
 """
+from typing import NamedTuple
+
 import torch
 
-from megatron.model.attention import blocks, masks
+from megatron.model.attention import blocks, kernels, masks, plans
 from megatron.model.attention.comm import SeqComm
 from megatron.model.attention.registry import AttentionCore, register
 from megatron.parallel import state
@@ -31,72 +33,75 @@ from megatron.parallel import state
 _Ring = SeqComm
 
 
-def schedule(segment_ids, ring) -> tuple:
-    """(k_segments, plans): the segment ids of the K/V chunk this rank holds at each ring step and
-    that block's tiles (masks.tile_plan; [] = skipped). Every rank learns every chunk's segment
-    ids up front (b * s integers), so all plans are settled before the ring starts, in one host
-    synchronisation."""
+class RingPlan(NamedTuple):
+    """The ring's plan of a micro-batch on this rank: the segment ids of the K/V chunk held at
+    each step and that block's masks.BlockPlan (None: skipped)."""
+    k_segments: list
+    blocks: list
+
+
+def schedule(segment_ids, ring) -> RingPlan:
+    """This rank's RingPlan. Every rank learns every chunk's segment ids up front (b * s
+    integers), so all blocks are planned before the ring starts, in one host synchronisation."""
     chunks = ring.all_gather(segment_ids) if ring.size > 1 else [segment_ids]
     k_segments = [chunks[(ring.rank - step) % ring.size] for step in range(ring.size)]
-    host = torch.stack(chunks).cpu().numpy()  # the call's one host synchronisation
-    plans = [masks.tile_plan(host[ring.rank], host[(ring.rank - step) % ring.size]) for step in range(ring.size)]
-    return k_segments, plans
+    host = plans.to_host(torch.stack(chunks))  # the plan's one host synchronisation
+    cuda = kernels.on_cuda(segment_ids)
+    return RingPlan(k_segments, [masks.block_plan(host[ring.rank], host[(ring.rank - step) % ring.size],
+                                                  segment_ids.device, cuda) for step in range(ring.size)])
 
 
-def _pack(*tensors):
-    return torch.cat([t.reshape(-1) for t in tensors])
+def _pack(k, v):
+    """K and V of a chunk, [b, heads, s/P, d] views of [b, s/P, heads, d], in one flat buffer in
+    that memory order, so that _unpack gives back the kernels' layout."""
+    return torch.cat([x.transpose(1, 2).reshape(-1) for x in (k, v)])
 
 
-def _unpack(flat, shapes, dtypes):
-    out, offset = [], 0
-    for shape, dtype in zip(shapes, dtypes):
-        numel = shape.numel()
-        out.append(flat[offset:offset + numel].view(shape).to(dtype))
-        offset += numel
-    return out
+def _unpack(flat, shape, dtype):
+    """flat -> two [b, heads, s/P, d] views of [b, s/P, heads, d] memory (in `dtype`)."""
+    b, heads, s, d = shape
+    numel = shape.numel()
+    return [flat[i * numel:(i + 1) * numel].view(b, s, heads, d).transpose(1, 2).to(dtype) for i in range(2)]
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_segments, k_segments, plans, ring, scale):
-        # q, k, v: [b, heads, s/P, d] (strided views are fine); q_segments [b, s/P]; k_segments[t],
-        # plans[t]: the segment ids of the K/V chunk held at step t and that block's tiles
-        # (masks.tile_plan; none: the block is skipped)
-        layout = ((k.shape, v.shape), (k.dtype, v.dtype))
+    def forward(ctx, q, k, v, q_segments, plan, ring, scale):
+        # q, k, v: [b, heads, s/P, d] views of [b, s/P, heads, d] (the kernels' layout); q_segments
+        # [b, s/P]; plan: this rank's RingPlan
         block = (k, v)  # step 0 attends to the local chunk
         kv = _pack(k, v) if ring.size > 1 else None
         out = lse = None
         for step in range(ring.size):
             pending = ring.shift(kv) if step < ring.size - 1 else None
-            if plans[step]:
-                out, lse = blocks.merge(out, lse, *blocks.tiled_forward(q, *block, q_segments, k_segments[step],
-                                                                        plans[step], scale))
+            if plan.blocks[step]:
+                out, lse = blocks.merge(out, lse, *blocks.attend(q, *block, q_segments, plan.k_segments[step],
+                                                                 plan.blocks[step], scale))
             if pending:
                 kv = pending()
-                block = _unpack(kv, *layout)
+                block = _unpack(kv, k.shape, k.dtype)
         if out is None:  # no query of this chunk sees any key (a chunk of padding)
-            out, lse = q.new_zeros(q.shape), q.new_full(q.shape[:3], float("-inf"), dtype=torch.float32)
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, q_segments, out, lse, *k_segments)
-        ctx.plans, ctx.ring, ctx.scale = plans, ring, scale
+            out, lse = blocks.empty_result(q)
+        out = out.to(q.dtype)  # keeps the [b, s/P, heads, d] memory order (blocks.empty_result)
+        ctx.save_for_backward(q, k, v, q_segments, out, lse, *plan.k_segments)
+        ctx.plan, ctx.ring, ctx.scale = plan, ring, scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, q_segments, out, lse, *k_segments = ctx.saved_tensors
-        plans, ring, scale = ctx.plans, ctx.ring, ctx.scale
-        layout = ((k.shape, v.shape), (k.dtype, v.dtype))
+        plan, ring, scale = ctx.plan, ctx.ring, ctx.scale
         block = (k, v)
         kv = _pack(k, v) if ring.size > 1 else None
-        dq = q.new_zeros(q.shape, dtype=torch.float32)
+        dq = blocks.kernel_layout(q.shape, torch.float32, q.device)
         grad_waiter = None  # the (dk, dv) accumulator of the held chunk, from rank r-1
-        nothing = (None, None, None, None, None, None)
+        nothing = (None, None, None, None)
         for step in range(ring.size):
             kv_waiter = ring.shift(kv) if step < ring.size - 1 else None
             dk_blk = dv_blk = None
-            if plans[step]:  # a skipped block adds nothing to dq, dk or dv
-                dq_blk, dk_blk, dv_blk = blocks.tiled_backward(grad_out, q, *block, q_segments, k_segments[step],
-                                                               plans[step], out, lse, scale)
+            if plan.blocks[step]:  # a skipped block adds nothing to dq, dk or dv
+                dq_blk, dk_blk, dv_blk = blocks.attend_backward(grad_out, q, *block, q_segments, k_segments[step],
+                                                                plan.blocks[step], out, lse, scale)
                 dq.add_(dq_blk)
             if ring.size == 1:
                 if dk_blk is None:
@@ -105,7 +110,7 @@ class _RingAttention(torch.autograd.Function):
             if grad_waiter:  # add our share into the received accumulator and pass it on
                 dkv = grad_waiter()
                 if dk_blk is not None:
-                    dk_acc, dv_acc = _unpack(dkv, (k.shape, v.shape), (torch.float32, torch.float32))
+                    dk_acc, dv_acc = _unpack(dkv, k.shape, torch.float32)
                     dk_acc.add_(dk_blk)
                     dv_acc.add_(dv_blk)
             elif dk_blk is not None:
@@ -116,8 +121,8 @@ class _RingAttention(torch.autograd.Function):
             grad_waiter = ring.shift(dkv)  # the last of these hops takes it home
             if kv_waiter:
                 kv = kv_waiter()
-                block = _unpack(kv, *layout)
-        dk, dv = _unpack(grad_waiter(), (k.shape, v.shape), (k.dtype, v.dtype))
+                block = _unpack(kv, k.shape, k.dtype)
+        dk, dv = _unpack(grad_waiter(), k.shape, k.dtype)
         return dq.to(q.dtype), dk, dv, *nothing
 
 
@@ -131,10 +136,17 @@ class RingAttention(AttentionCore):
         self.ring = _Ring(self.group, state.get_sequence_parallel_ranks() if ranks is None else ranks)
         self.scale = config.head_dim ** -0.5
 
+    def plan(self, segment_ids) -> RingPlan:
+        """This micro-batch's RingPlan, made by the first layer and reused (plans.py)."""
+        key = ("ring", self.ring.rank, tuple(self.ring.ranks))
+        return plans.cached(key, segment_ids, lambda: schedule(segment_ids, self.ring))
+
     def forward(self, q, k, v, segment_ids):
-        ring = self.ring
-        k_segments, plans = schedule(segment_ids, ring)
-        # [b, s/P, heads, d] -> the kernels' [b, heads, s/P, d] (strided views) and back
+        return self.attend(q, k, v, self.plan(segment_ids))
+
+    def attend(self, q, k, v, plan: RingPlan):
+        """q, k, v [b, s/P, heads, d] of the chunk whose segment ids are plan.k_segments[0]."""
+        # -> the kernels' [b, heads, s/P, d] (strided views) and back: free
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-        out = _RingAttention.apply(q, k, v, segment_ids, k_segments, plans, ring, self.scale)
+        out = _RingAttention.apply(q, k, v, plan.k_segments[0], plan, self.ring, self.scale)
         return out.transpose(1, 2)

@@ -171,8 +171,8 @@ def _ring_rank(comm, q, k, v, segment_ids, grad_out, scale):
     local = slice(comm.rank * step, (comm.rank + 1) * step)
     q, k, v, grad_out = (x[:, local].transpose(1, 2) for x in (q, k, v, grad_out))
     segments = segment_ids[:, local]
-    k_segments, plans = ring.schedule(segments, comm)
-    out, grads = _run_function(ring._RingAttention, (q, k, v), grad_out, (segments, k_segments, plans, comm, scale))
+    plan = ring.schedule(segments, comm)
+    out, grads = _run_function(ring._RingAttention, (q, k, v), grad_out, (segments, plan, comm, scale))
     return tuple(x.transpose(1, 2) for x in (out, *grads))
 
 
@@ -191,8 +191,9 @@ def _bigbird_rank(comm, q, k, v, segment_ids, grad_out, scale, block_size, patte
     local = slice(comm.rank * step, (comm.rank + 1) * step)
     plan = bigbird._plan(*pattern, comm.rank, comm.size, comm.ranks, q.device)
     q, k, v, grad_out = (x[:, local].reshape(b, m, block_size, heads, d) for x in (q, k, v, grad_out))
+    layer = bigbird._layer_plan(bigbird.host_segment_ids(segment_ids[:, local], comm), plan, block_size, q.device)
     segments = segment_ids[:, local].reshape(b, m, block_size)
-    out, grads = _run_function(bigbird._BigBirdAttention, (q, k, v), grad_out, (segments, plan, comm, scale))
+    out, grads = _run_function(bigbird._BigBirdAttention, (q, k, v), grad_out, (segments, plan, layer, comm, scale))
     return tuple(x.reshape(b, step, heads, d) for x in (out, *grads))
 
 

@@ -1,13 +1,15 @@
 """`ulysses`: all-to-all from sequence-split to head-split, full-sequence SDPA, and back.
 
 DeepSpeed's DistributedAttention does both all-to-alls (q/k/v in, output back). Each rank then
-attends over the whole sequence for heads/P heads, so it needs the segment ids of the whole
-sequence, which are all-gathered over the seq group (b * s integers, no gradient).
+attends over the whole sequence for heads/P heads as `dense` does (segment-tiled, no s x s
+mask), so it needs the segment ids of the whole sequence: all-gathered over the seq group (b * s
+integers) and planned once per micro-batch (plans.py).
 """
 import torch
 from torch import nn
 
-from megatron.model.attention.dense import sdpa
+from megatron.model.attention import plans
+from megatron.model.attention.dense import attend, whole_sequence_plan
 from megatron.model.attention.masks import gather_chunks
 from megatron.model.attention.registry import AttentionCore, register
 from megatron.parallel import state
@@ -18,8 +20,8 @@ class _LocalAttention(nn.Module):
         super().__init__()
         self.dropout_p = dropout_p
 
-    def forward(self, q, k, v, segment_ids):  # [b, s, heads/P, d], segment ids [b, s]
-        return sdpa(q, k, v, segment_ids, self.dropout_p if self.training else 0.0)
+    def forward(self, q, k, v, plan):  # [b, s, heads/P, d], the whole sequence's plan
+        return attend(q, k, v, plan, self.dropout_p if self.training else 0.0)
 
 
 @register("ulysses")
@@ -35,7 +37,14 @@ class UlyssesAttention(AttentionCore):
             # [b, s/P, heads, d]: scatter heads (dim 2), gather sequence (dim 1)
             self.distributed = DistributedAttention(self.local, self.group, scatter_idx=2, gather_idx=1)
 
+    def plan(self, segment_ids):
+        """The whole sequence's plan (dense.whole_sequence_plan of the gathered ids), once per micro-batch."""
+        def make():
+            whole = torch.cat(gather_chunks(segment_ids, self.group, self.size), dim=1) if self.size > 1 else segment_ids
+            return whole_sequence_plan(whole)
+        return plans.cached(("ulysses", state.get_sequence_parallel_rank(), self.size), segment_ids, make)
+
     def forward(self, q, k, v, segment_ids):
         if self.size == 1:
-            return self.local(q, k, v, segment_ids)
-        return self.distributed(q, k, v, 0, None, torch.cat(gather_chunks(segment_ids, self.group, self.size), dim=1))
+            return self.local(q, k, v, self.plan(segment_ids))
+        return self.distributed(q, k, v, 0, None, self.plan(segment_ids))

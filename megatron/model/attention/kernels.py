@@ -1,0 +1,276 @@
+"""The SDPA kernels the attention cores call (blocks.py), what each CUDA kernel assumes, and an
+emulation of those CUDA kernels on CPU that enforces it.
+
+torch's CPU kernels accept any layout; the CUDA kernels do not all read what they are given.
+What each assumes (torch 2.11-2.13, aten/src/ATen/native/transformers/cuda/: attention.cu,
+attention_backward.cu, flash_attn/flash_api.cpp, mem_eff_attention/kernel_backward.h):
+
+  | kernel (aten::)                    | q, k, v              | out / grad_out                         | lse                        | other                            |
+  |------------------------------------|----------------------|----------------------------------------|----------------------------|----------------------------------|
+  | _scaled_dot_product_flash_attention| [b, h, s, d], last   | forward writes [b, s, h, d] memory     | [b, h, s_q] fp32,          | fp16/bf16; d % 8 == 0, d <= 256  |
+  |   (+ _backward)                    | stride 1             | (returned transposed); backward makes  | contiguous                 |                                  |
+  |                                    |                      | both contiguous: any layout            |                            |                                  |
+  | _flash_attention_forward/_backward | [total, h, d], last  | forward: empty_like(q); backward: any  | [h, total_q] fp32, read as | cum_seq_q/k int32 [n + 1],       |
+  |   (varlen: cum_seq_q, cum_seq_k)   | stride 1; sequence i | layout (made contiguous)               | contiguous, unpadded; rows | contiguous; rows past cum[-1]    |
+  |                                    | = rows cum[i]:cum[i+1]|                                       | of a sequence without keys | are never written; max_q/max_k   |
+  |                                    |                      |                                        | get +inf, out 0            | bound what is read; fp16/bf16    |
+  | _scaled_dot_product_efficient_     | [b, h, s, d], last   | forward writes [b, s, h, d] memory;    | [b, h, ceil32(s_q)] fp32,  | bias: q's dtype, last stride 1,  |
+  |   attention (+ _backward)          | stride 1             | fp16/bf16 BACKWARD READS out's ROWS AT | padded rows +inf (kept in  | other strides % (128 bits / the  |
+  |                                    |                      | STRIDE h * d (o_strideM() = heads x    | backward: lse strides % 8) | element: 8 half, 4 fp32); a row  |
+  |                                    |                      | head dim), batch and head strides its  |                            | masked whole gives out 0, lse 0  |
+  |                                    |                      | own; fp32 computes that term on the    |                            |                                  |
+  |                                    |                      | host by out's strides; grad_out any    |                            |                                  |
+  | _scaled_dot_product_cudnn_attention| [b, h, s, d], last   | forward matches q's stride order;      | [b, h, s_q, 1] fp32        | fp16/bf16; d % 8 == 0            |
+  |   (+ _backward)                    | stride 1             | backward reads both by their strides   |                            |                                  |
+
+So a buffer handed to the memory-efficient backward as `out` must hold its rows h * d apart: a
+[b, h, s, d] view of [b, s, h, d] memory (what that kernel's forward returns; blocks.kernel_layout
+allocates it), never [b, h, s, d]-contiguous memory, which in fp16/bf16 reads the wrong rows
+(silently wrong gradients, or an illegal address past the buffer). Nothing in torch checks it.
+
+`emulated_cuda()` makes the cores take their CUDA branches on CPU tensors, with `ops()` giving
+kernels that check the preconditions above (KernelContractError) and compute in float64 reading
+memory as the CUDA kernel does: the fp16/bf16 memory-efficient backward reads `out` at row stride h * d,
+varlen flash leaves rows outside every sequence unwritten (NaN here) and computes a sequence's
+first max_q rows only. What the emulation cannot see: the kernels' own rounding and speed,
+alignment of data pointers, and anything of a kernel not listed here.
+"""
+import contextlib
+import threading
+
+import torch
+
+BIAS_ALIGN = 16  # elements: bias rows padded to this (the kernel needs 128-bit aligned strides: 8 half, 4 fp32)
+LSE_ROWS_ALIGN = 32  # the memory-efficient kernel's lse has its rows padded to a multiple of 32
+_HALF = (torch.float16, torch.bfloat16)
+_lock = threading.Lock()
+_emulating = 0  # > 0 inside emulated_cuda() (threads of simulate.py's virtual ranks share it)
+
+
+class KernelContractError(AssertionError):
+    """A call the real CUDA kernel would compute wrongly or refuse."""
+
+
+def on_cuda(x) -> bool:
+    """Whether the cores take their CUDA branch for tensor x (always, inside emulated_cuda())."""
+    return x.is_cuda or _emulating > 0
+
+
+ATEN = torch.ops.aten  # the real kernels (a test may stand a counter in)
+
+
+def ops():
+    """The kernels' namespace: ATEN, or the emulation inside emulated_cuda()."""
+    return _EMULATED if _emulating > 0 else ATEN
+
+
+@contextlib.contextmanager
+def emulated_cuda():
+    """The cores' CUDA branches on CPU tensors, through contract-checking emulated kernels."""
+    global _emulating
+    with _lock:
+        _emulating += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _emulating -= 1
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise KernelContractError(message)
+
+
+def _check_qkv(q, k, v, dims: int, dtypes, name: str) -> None:
+    for label, x in (("q", q), ("k", k), ("v", v)):
+        _check(x.dim() == dims, f"{name}: {label} must be {dims}-D, got {tuple(x.shape)}")
+        _check(x.stride(-1) == 1, f"{name}: {label}'s last dim must be contiguous, strides {x.stride()}")
+        _check(x.dtype == q.dtype and x.dtype in dtypes, f"{name}: {label} dtype {x.dtype} (wants one of {dtypes})")
+
+
+def _check_flash_head_dim(q, name: str) -> None:
+    _check(q.shape[-1] % 8 == 0 and q.shape[-1] <= 256, f"{name}: head dim {q.shape[-1]} (wants % 8 == 0, <= 256)")
+
+
+def _check_lse(lse, shape: tuple, name: str) -> None:
+    _check(lse.dtype == torch.float32, f"{name}: logsumexp must be float32, got {lse.dtype}")
+    _check(tuple(lse.shape) == shape, f"{name}: logsumexp shape {tuple(lse.shape)}, the kernel assumes {shape}")
+    _check(lse.is_contiguous(), f"{name}: logsumexp must be contiguous")
+
+
+def _scores(q, k, scale, bias=None, allowed=None):
+    """float64 scores [..., s_q, s_k] with the additive bias and/or the allowed mask."""
+    scores = torch.matmul(q.double(), k.double().transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias.double()
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores
+
+
+def _attend(q, k, v, scale, bias=None, allowed=None):
+    """-> (out float64 [..., s_q, d], lse float64 [..., s_q]); rows that see nothing: 0, -inf."""
+    scores = _scores(q, k, scale, bias, allowed)
+    lse = torch.logsumexp(scores, -1)
+    p = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+    return torch.matmul(p, v.double()), lse
+
+
+def _gradients(grad_out, q, k, v, out, lse, scale, bias=None, allowed=None):
+    """The standard attention backward from the given out and lse (as the kernels compute it:
+    D = rowsum(dO * O) from the `out` they read) -> float64 (dq, dk, dv)."""
+    scores = _scores(q, k, scale, bias, allowed)
+    p = torch.exp(scores - lse.double()[..., None])
+    grad_out = grad_out.double()
+    dv = torch.matmul(p.transpose(-1, -2), grad_out)
+    dp = torch.matmul(grad_out, v.double().transpose(-1, -2))
+    ds = p * (dp - (grad_out * out.double()).sum(-1, keepdim=True))
+    return torch.matmul(ds, k.double()) * scale, torch.matmul(ds.transpose(-1, -2), q.double()) * scale, dv
+
+
+def _written_as_forward(out64, dtype):
+    """[b, h, s, d] result -> the memory the CUDA forwards write: [b, s, h, d], viewed transposed."""
+    return out64.transpose(1, 2).to(dtype).contiguous().transpose(1, 2)
+
+
+def _rows_at_stride(out, row_stride: int):
+    """`out` [b, h, s, d] read as the memory-efficient backward reads it: batch and head strides
+    its own, rows `row_stride` apart (raises past the buffer, as the GPU would fault)."""
+    b, h, s, d = out.shape
+    try:
+        return out.as_strided((b, h, s, d), (out.stride(0), out.stride(1), row_stride, 1))
+    except RuntimeError as error:
+        raise KernelContractError(f"memory-efficient backward: reading out's rows {row_stride} apart runs past "
+                                  f"its buffer (an illegal memory access on the GPU): {error}") from error
+
+
+class _Emulated:
+    """torch.ops.aten's CUDA attention kernels, emulated (same names and arguments)."""
+
+    def _scaled_dot_product_flash_attention(self, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False,
+                                            *, scale=None):
+        name = "flash forward"
+        _check_qkv(q, k, v, 4, _HALF, name)
+        _check_flash_head_dim(q, name)
+        _check(dropout_p == 0.0 and not is_causal, f"{name}: only dropout 0, not causal, is emulated")
+        out, lse = _attend(q, k, v, scale)
+        unused = torch.empty(0)
+        return _written_as_forward(out, q.dtype), lse.float(), unused, unused, q.shape[2], k.shape[2], unused, unused, unused
+
+    def _scaled_dot_product_flash_attention_backward(self, grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q,
+                                                     max_k, dropout_p, is_causal, philox_seed, philox_offset, *,
+                                                     scale=None):
+        name = "flash backward"
+        _check_qkv(q, k, v, 4, _HALF, name)
+        for label, x in (("out", out), ("grad_out", grad_out)):
+            _check(x.stride(-1) == 1 and x.dtype == q.dtype and x.shape == q.shape, f"{name}: {label} {x.shape} "
+                   f"{x.dtype} strides {x.stride()}")
+        _check_lse(lse, tuple(q.shape[:3]), name)
+        return tuple(g.to(q.dtype) for g in _gradients(grad_out, q, k, v, out, lse, scale))
+
+    def _flash_attention_forward(self, q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                                 return_debug_mask, *, scale=None, **_):
+        name = "varlen flash forward"
+        _check_qkv(q, k, v, 3, _HALF, name)
+        _check_flash_head_dim(q, name)
+        sequences = self._sequences(q, k, cum_seq_q, cum_seq_k, max_q, max_k, name)
+        heads = q.shape[1]
+        out = torch.full(q.shape, float("nan"), dtype=q.dtype)  # rows outside every sequence: never written
+        lse = torch.full((heads, q.shape[0]), float("nan"), dtype=torch.float32)
+        for rows, columns in sequences:
+            if columns.start == columns.stop:  # no keys: flash writes 0 and +inf
+                out[rows], lse[:, rows] = 0.0, float("inf")
+                continue
+            o, l = _attend(q[rows].transpose(0, 1), k[columns].transpose(0, 1), v[columns].transpose(0, 1), scale)
+            out[rows], lse[:, rows] = o.transpose(0, 1).to(q.dtype), l.float()
+        unused = torch.empty(0)
+        return out, lse, unused, unused, unused
+
+    def _flash_attention_backward(self, grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                  is_causal, rng_state, unused, *, scale=None, **_):
+        name = "varlen flash backward"
+        _check_qkv(q, k, v, 3, _HALF, name)
+        for label, x in (("out", out), ("grad_out", grad_out)):
+            _check(x.stride(-1) == 1 and x.shape == q.shape, f"{name}: {label} {x.shape} strides {x.stride()}")
+        _check_lse(lse, (q.shape[1], q.shape[0]), name)
+        sequences = self._sequences(q, k, cum_seq_q, cum_seq_k, max_q, max_k, name)
+        grads = [torch.zeros(x.shape, dtype=torch.float64) for x in (q, k, v)]
+        for rows, columns in sequences:
+            if columns.start == columns.stop or rows.start == rows.stop:
+                continue
+            parts = _gradients(*(x[rows].transpose(0, 1) for x in (grad_out, q)), k[columns].transpose(0, 1),
+                               v[columns].transpose(0, 1), out[rows].transpose(0, 1), lse[:, rows], scale)
+            for grad, part, where in zip(grads, parts, (rows, columns, columns)):
+                grad[where] += part.transpose(0, 1)
+        return tuple(g.to(q.dtype) for g in grads)
+
+    @staticmethod
+    def _sequences(q, k, cum_seq_q, cum_seq_k, max_q, max_k, name) -> list:
+        """[(row slice, key slice)] of the varlen sequences, each cut to the max_q / max_k the
+        kernel is told (it never looks further)."""
+        for label, cu, total in (("cum_seq_q", cum_seq_q, q.shape[0]), ("cum_seq_k", cum_seq_k, k.shape[0])):
+            _check(cu is not None and cu.dtype == torch.int32 and cu.dim() == 1 and cu.is_contiguous(),
+                   f"{name}: {label} must be a contiguous int32 vector")
+            _check(int(cu[0]) == 0 and bool((cu[1:] >= cu[:-1]).all()) and int(cu[-1]) <= total,
+                   f"{name}: {label} {cu.tolist()} is not cumulative within {total} rows")
+        _check(len(cum_seq_q) == len(cum_seq_k), f"{name}: cum_seq_q and cum_seq_k hold different batch sizes")
+        bounds = list(zip(cum_seq_q.tolist(), cum_seq_q[1:].tolist(), cum_seq_k.tolist(), cum_seq_k[1:].tolist()))
+        return [(slice(q0, min(q1, q0 + max_q)), slice(k0, min(k1, k0 + max_k))) for q0, q1, k0, k1 in bounds]
+
+    def _scaled_dot_product_efficient_attention(self, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                                                is_causal=False, *, scale=None):
+        name = "memory-efficient forward"
+        _check_qkv(q, k, v, 4, (*_HALF, torch.float32), name)
+        self._check_bias(attn_bias, q, name)
+        out, lse = _attend(q, k, v, scale, bias=attn_bias)
+        lse = lse.masked_fill(lse == float("-inf"), 0.0)  # a row masked whole: out 0, lse 0
+        padded = torch.full((*q.shape[:2], q.shape[2] + (-q.shape[2]) % LSE_ROWS_ALIGN), float("inf"))
+        padded[..., :q.shape[2]] = lse
+        unused = torch.empty(0)
+        return _written_as_forward(out, q.dtype), padded, unused, unused
+
+    def _scaled_dot_product_efficient_attention_backward(self, grad_out, q, k, v, attn_bias, out, lse, philox_seed,
+                                                         philox_offset, dropout_p, grad_input_mask, is_causal=False,
+                                                         *, scale=None):
+        name = "memory-efficient backward"
+        _check_qkv(q, k, v, 4, (*_HALF, torch.float32), name)
+        self._check_bias(attn_bias, q, name)
+        b, heads, s_q, d = q.shape
+        _check_lse(lse, (b, heads, s_q + (-s_q) % LSE_ROWS_ALIGN), name)
+        _check(grad_out.stride(-1) == 1 and out.stride(-1) == 1, f"{name}: out / grad_out last dim not contiguous")
+        read = _rows_at_stride(out, heads * d) if q.dtype in _HALF else out  # fp32: the host's sum, by strides
+        grads = _gradients(grad_out, q, k, v, read, lse[..., :s_q], scale, bias=attn_bias)
+        return (*(g.to(q.dtype) for g in grads), None)
+
+    @staticmethod
+    def _check_bias(bias, q, name) -> None:
+        if bias is None:
+            return
+        _check(bias.dtype == q.dtype, f"{name}: bias dtype {bias.dtype} differs from q's {q.dtype}")
+        _check(bias.stride(-1) == 1, f"{name}: bias' last dim must be contiguous")
+        align = 128 // (8 * bias.element_size())
+        for dim in range(bias.dim() - 1):
+            _check(bias.stride(dim) % align == 0, f"{name}: bias strides {bias.stride()} are not {align}-element "
+                   "aligned (pad its rows)")
+
+    def _scaled_dot_product_cudnn_attention(self, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                                            is_causal=False, return_debug_mask=False, *, scale=None):
+        name = "cuDNN forward"
+        _check_qkv(q, k, v, 4, _HALF, name)
+        _check(attn_bias is None, f"{name}: no bias is emulated")
+        out, lse = _attend(q, k, v, scale)
+        unused = torch.empty(0)
+        return (_written_as_forward(out, q.dtype), lse.float()[..., None], unused, unused, q.shape[2], k.shape[2],
+                unused, unused, unused)
+
+    def _scaled_dot_product_cudnn_attention_backward(self, grad_out, q, k, v, out, lse, philox_seed, philox_offset,
+                                                     attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                                     is_causal, *, scale=None):
+        name = "cuDNN backward"
+        _check_qkv(q, k, v, 4, _HALF, name)
+        _check_lse(lse, (*q.shape[:3], 1), name)
+        return tuple(g.to(q.dtype) for g in _gradients(grad_out, q, k, v, out, lse[..., 0], scale))
+
+
+_EMULATED = _Emulated()
