@@ -16,8 +16,7 @@ Sequence parallelism inside a pipeline: DeepSpeed's topology gets the seq axis u
 the next stage's rank with the same (data, seq) coordinates. Activation partitioning over that
 axis stays off (megatron.config sets pipe_partitioned / grad_partitioned false). DeepSpeed's
 pipeline engine averages gradients over the data axis only; the seq-group SUM is added by
-`get_tied_weights_and_groups`, whose (weight, group) pairs the engine all-reduces right before
-its data-parallel reduction.
+`get_tied_weights_and_groups`, which the engine calls right before its data-parallel reduction.
 """
 import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
@@ -29,6 +28,7 @@ from megatron.model.bert import (BertConfig, BertModel, BinaryHead, Embeddings, 
 from megatron.model.init import init_bert_weights
 from megatron.model.loss import bert_loss
 from megatron.parallel import state
+from megatron.parallel.grads import allreduce_sequence_parallel_grads
 
 
 class WordEmbeddingPipe(nn.Module):
@@ -115,12 +115,15 @@ class BertModelPipe(PipelineModule):
                           bert_name=lambda name: pipe_to_bert_name(name, config.num_layers))
 
     def get_tied_weights_and_groups(self):
-        """Tied embedding over its stages, then every parameter SUMMED over the seq group."""
-        pairs = super().get_tied_weights_and_groups()
-        if state.get_sequence_parallel_world_size() > 1:
-            group = state.get_sequence_parallel_group()
-            pairs += [(p, group) for p in self.parameters() if p.requires_grad]
-        return pairs
+        """The tied embedding's (weight, group) pairs, after the seq-group SUM of every gradient.
+
+        DeepSpeed's pipeline engine calls this once per training step (ReduceTiedGrads, right
+        before its data-parallel reduction) and all-reduces each returned pair on its own: the
+        seq-group sum is therefore done here, as one flattened all-reduce instead of one per
+        parameter. The engine then sums the embedding over its two stages; the two sums run over
+        different axes, so their order does not matter."""
+        allreduce_sequence_parallel_grads(self.parameters())
+        return super().get_tied_weights_and_groups()
 
 
 def _layout(num_layers: int) -> list:

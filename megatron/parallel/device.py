@@ -68,11 +68,12 @@ def to_device(batch, device):
     """A BertBatch's tensors on `device`. To a GPU they go through pinned (page-locked) host
     memory with non_blocking copies: the copy is queued on the stream and the host goes on
     (the pinned staging buffer is kept alive by torch's caching host allocator until the copy
-    has run). A rank's slice of the batch is strided, so it is pinned here, after slicing."""
+    has run). A rank's slice of the batch is strided: pinned as it is, the copy would go through
+    a pageable contiguous temporary, so a contiguous copy of it is what gets pinned."""
     device = torch.device(device)
     if device.type != "cuda":
         return batch
-    return type(batch)(**{name: tensor.pin_memory().to(device, non_blocking=True)
+    return type(batch)(**{name: tensor.contiguous().pin_memory().to(device, non_blocking=True)
                           for name, tensor in vars(batch).items()})
 
 

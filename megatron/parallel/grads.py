@@ -11,15 +11,16 @@ def allreduce_sequence_parallel_grads(params) -> None:
 
     Each seq rank's loss is its chunk's share of the sequence loss (see model/loss.py), so the
     sum of the per-rank gradients is the full-sequence gradient. A parameter without a
-    gradient on some rank contributes zeros.
+    gradient on some rank contributes zeros. Where DeepSpeed's BF16_Optimizer keeps an fp32
+    copy of a gradient (`_hp_grad`, which it steps with), that copy is summed.
     """
     if state.get_sequence_parallel_world_size() == 1:
         return
     params = [p for p in params if p.requires_grad]
     for p in params:
-        if p.grad is None:
+        if p.grad is None and getattr(p, "_hp_grad", None) is None:
             p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
+    grads = [p.grad if getattr(p, "_hp_grad", None) is None else p._hp_grad for p in params]
     flat = _flatten_dense_tensors(grads)
     dist.all_reduce(flat, group=state.get_sequence_parallel_group())
     for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):

@@ -7,9 +7,9 @@ values at padding are zeroed before the projection, so padding never enters E K 
 Under sequence parallelism the projection is a sum over chunks: E K = sum_r E[:, :, chunk r] K_r.
 Seq rank r multiplies its own column slice of E and F into its local K, V chunk, giving
 [b, heads, k, d] each, and ONE all-reduce over the seq group sums them (autograd-aware: its
-backward is an all-reduce of the gradient, `_AllReduceSum`). What crosses ranks per layer
-is 2 * b * heads * k * d numbers, independent of s. Each rank then attends its s/P queries to
-the k projected rows: O(s/P * k) scores per head, never s x s.
+backward is an all-reduce of the gradient, `_AllReduceSum`; both sum in fp32). What crosses
+ranks per layer is 2 * b * heads * k * d numbers, independent of s. Each rank then attends its
+s/P queries to the k projected rows: O(s/P * k) scores per head, never s x s.
 
 Gradients of E and F: every rank holds the full s columns (identical after init: the same
 seed draws them on every rank). On rank r, backward writes the exact full-loss gradient into
@@ -32,6 +32,14 @@ from megatron.model.attention.registry import AttentionCore, register
 from megatron.parallel import state
 
 
+def _sum_in_fp32(tensor, group):
+    """All-reduce in fp32, cast back once. In bf16 (8 significant bits) every partial sum of a
+    ring or tree reduction would be rounded again, an error that grows with the group size."""
+    total = tensor.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    dist.all_reduce(total, group=group)
+    return total.to(tensor.dtype)
+
+
 class _AllReduceSum(torch.autograd.Function):
     """Sum over the seq group. The sum is replicated and each rank's loss share reaches it
     through its own queries only, so the whole loss' gradient with respect to it is the sum of
@@ -40,15 +48,11 @@ class _AllReduceSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, group):
         ctx.group = group
-        total = tensor.clone()
-        dist.all_reduce(total, group=group)
-        return total
+        return _sum_in_fp32(tensor, group)
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+        return _sum_in_fp32(grad, ctx.group), None
 
 
 def _length_error(built: int, got: int) -> ConfigError:
