@@ -32,9 +32,11 @@ profile:
 	$(PYTHON) benchmarks/train_step.py --profile --seq-lengths 512 2048
 
 # The CUDA path on one GPU (benchmarks/gpu_check.sh): `make gpu-prepare` here (PyPI) downloads the
-# wheels the GPU machine lacks into .cache/gpu_wheels; `make gpu-check` there installs them and
-# runs the CUDA tests, kernels, a deepspeed-launcher run and the GPU benchmarks (< 10 minutes),
-# writing their sections of benchmarks/RESULTS.md.
+# wheels the GPU machine lacks (deepspeed, pydantic, the Punkt models) into .cache/gpu_wheels and
+# builds .cache/default_data (carry both); `make gpu-check` there installs them and runs the CUDA
+# tests, kernels, a deepspeed-launcher run and the GPU benchmarks, each step under `timeout` with
+# its share of a 540 s budget (GPU_CHECK_BUDGET_S), writing their sections of benchmarks/RESULTS.md
+# and, where $OUT is set (the device tool), summary.md, RESULTS.md and logs.tar.gz under $OUT.
 gpu-prepare:
 	bash benchmarks/gpu_check.sh --prepare
 

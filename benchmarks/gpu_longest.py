@@ -4,12 +4,16 @@ One step = forward, backward, AdamW (torch, fused) of BERT-base (12 layers, h = 
 vocab 30522, learned positions as long as the sequence), batch 1, no padding (so the ring's
 blocks are unmasked: the flash kernel), bf16 autocast with fp32 weights and Adam state, every
 layer checkpointed (engine.checkpoint_layers, DeepSpeed's checkpoint), 15% MLM positions.
-Sequence lengths double from --start until a step runs out of GPU memory (or the time budget
-is spent), then halve the gap down to --step. Writes the "GPU check: longest BERT-base step"
-section of RESULTS.md (benchmarks/gpu_check.sh runs it). The CPU counterpart, under a memory
+Sequence lengths double from --start until a step runs out of GPU memory, then halve the gap
+down to --step, within --budget-s: a length is not started when the time the lengths before it
+predict for it (their growth with s, at most s^2) would overrun what is left of the budget, since
+one step at 512K tokens can take minutes. Writes the "GPU check: longest BERT-base step" section
+of RESULTS.md after every length, so a search cut short leaves what it measured
+(benchmarks/gpu_check.sh runs it, under its share of the check's budget). The CPU counterpart, under a memory
 cap and for every variant and SP, is benchmarks/longest_sequence.py.
 """
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -60,13 +64,44 @@ def step_at(seq: int, device, attention: str = "ring") -> dict:
         torch.cuda.empty_cache()
 
 
-def search(start: int, step: int, budget_s: float, device) -> tuple:
-    """(longest fitting length, {seq: result}) by doubling then bisection in multiples of `step`."""
-    began, tried = time.perf_counter(), {}
+def predicted_seconds(seq: int, tried: dict):
+    """Wall seconds a length should take (model build, two steps), from the lengths that fitted:
+    the longest one's time scaled by (seq / its seq) ** growth, the growth measured between the two
+    longest (clamped to [1, 2]: linear layers to attention's s^2), 2 after a single length.
+    None before any length fitted."""
+    fitted = sorted((s, result["wall_s"]) for s, result in tried.items() if not result.get("oom"))
+    if not fitted:
+        return None
+    seq_ref, wall_ref = fitted[-1]
+    growth = 2.0
+    if len(fitted) > 1:
+        seq_prev, wall_prev = fitted[-2]
+        measured = math.log(max(wall_ref, 1e-9) / max(wall_prev, 1e-9)) / math.log(seq_ref / seq_prev)
+        growth = min(2.0, max(1.0, measured))
+    return wall_ref * (seq / seq_ref) ** growth
+
+
+def search(start: int, step: int, budget_s: float, run, clock=time.perf_counter, report=None,
+           safety: float = 1.2) -> tuple:
+    """(longest fitting length, {seq: result}, refused) by doubling then bisection in multiples of
+    `step`; run(seq) -> step_at's result. A length whose predicted time (x safety) exceeds what is
+    left of budget_s is not started: refused = {seq, predicted_s, left_s}, else None.
+    report(tried) is called after every length (the partial results)."""
+    began, tried, refused = clock(), {}, None
     low, high, seq = None, None, start
-    while time.perf_counter() - began < budget_s:
-        tried[seq] = step_at(seq, device)
+    while True:
+        left = budget_s - (clock() - began)
+        predicted = predicted_seconds(seq, tried)
+        if left <= 0 or (predicted is not None and predicted * safety > left):
+            refused = {"seq": seq, "predicted_s": predicted, "left_s": max(left, 0.0)}
+            print(f"not starting s = {seq}: predicted {predicted or 0:.0f} s, {max(left, 0):.0f} s of the budget left",
+                  flush=True)
+            break
+        started = clock()
+        tried[seq] = dict(run(seq), wall_s=clock() - started)
         print(seq, tried[seq], flush=True)
+        if report:
+            report(tried)
         if tried[seq].get("oom"):
             high = seq
         else:
@@ -81,41 +116,65 @@ def search(start: int, step: int, budget_s: float, device) -> tuple:
             break
         else:
             seq = (low + high) // 2 // step * step
-    return low, tried
+    return low, tried, refused
+
+
+def section(args, longest, tried: dict, refused, partial: bool = False) -> str:
+    """The RESULTS.md section: the search's settings, the longest length that fitted, every length tried."""
+    rows = ["| s | result | step s | tokens/s | peak GiB | wall s |", "|---|---|---|---|---|---|"]
+    for seq, result in sorted(tried.items()):
+        if result.get("oom"):
+            rows.append(f"| {seq} | out of memory | | | | {result['wall_s']:.0f} |")
+        else:
+            rows.append(f"| {seq} | fits | {result['seconds']:.2f} | {seq / result['seconds']:.0f} | "
+                        f"{result['peak_gib']:.1f} | {result['wall_s']:.0f} |")
+    if refused:
+        why = (f"predicted {refused['predicted_s']:.0f} s, {refused['left_s']:.0f} s of the budget left"
+               if refused["predicted_s"] is not None else "the budget was spent")
+        rows.append(f"| {refused['seq']} | not started: {why} | | | | |")
+    if partial:
+        verdict = "**Search in progress** (partial results: the lengths measured so far)."
+    elif longest:
+        verdict = f"**Longest step that fits: s = {longest}** (target >= 65536)."
+    else:
+        verdict = "**No length fitted.**"
+    return "\n".join([
+        f"Machine: {machine()}. `python benchmarks/gpu_longest.py --start {args.start} --step {args.step} "
+        f"--budget-s {args.budget_s:.0f}` (a length is started only when the growth measured so far "
+        f"predicts it ends within the budget).",
+        "",
+        "BERT-base (12 layers, h=768, 12 heads, vocab 30522), SP=1, ring core (unmasked blocks: flash), every "
+        "layer checkpointed, bf16 autocast, fp32 weights and torch fused AdamW, batch 1, 15% MLM positions. "
+        "wall s: the model's build and both steps.",
+        "",
+        verdict,
+        "",
+        *rows])
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--start", type=int, default=16384)
     parser.add_argument("--step", type=int, default=8192)
-    parser.add_argument("--budget-s", type=float, default=150.0, help="stop searching after this long")
+    parser.add_argument("--budget-s", type=float, default=150.0, help="start no length predicted to end later")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_longest.py needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda", torch.cuda.current_device())
-    longest, tried = search(args.start, args.step, args.budget_s, device)
-    rows = ["| s | result | step s | tokens/s | peak GiB |", "|---|---|---|---|---|"]
-    for seq, result in sorted(tried.items()):
-        if result.get("oom"):
-            rows.append(f"| {seq} | out of memory | | | |")
-        else:
-            rows.append(f"| {seq} | fits | {result['seconds']:.2f} | {seq / result['seconds']:.0f} | "
-                        f"{result['peak_gib']:.1f} |")
-    text = "\n".join([
-        f"Machine: {machine()}. `python benchmarks/gpu_longest.py --start {args.start} --step {args.step}` "
-        f"(search budget {args.budget_s:.0f} s).",
-        "",
-        "BERT-base (12 layers, h=768, 12 heads, vocab 30522), SP=1, ring core (unmasked blocks: flash), every "
-        "layer checkpointed, bf16 autocast, fp32 weights and torch fused AdamW, batch 1, 15% MLM positions.",
-        "",
-        f"**Longest step that fits: s = {longest}** (target >= 65536)." if longest else "**No length fitted.**",
-        "",
-        *rows])
+    heading = "GPU check: longest BERT-base step"
+
+    def report(tried):  # the partial section after every length: a search cut short keeps it
+        if not args.no_write:
+            write_section(heading, section(args, None, tried, None, partial=True))
+
+    longest, tried, refused = search(args.start, args.step, args.budget_s, lambda seq: step_at(seq, device),
+                                     report=report)
+    text = section(args, longest, tried, refused)
     print(text)
     if not args.no_write:
-        write_section("GPU check: longest BERT-base step", text)
+        write_section(heading, text)
     return 0 if longest else 1
 
 
