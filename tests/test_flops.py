@@ -2,6 +2,7 @@
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.data.batch import BertBatch
@@ -22,9 +23,18 @@ def test_formula_matches_counted_matmuls(attention):
     loss_mask[:, ::8] = True
     batch = BertBatch.unpacked(tokens, torch.zeros_like(tokens), torch.zeros_like(loss_mask), tokens, loss_mask,
                                torch.zeros(batch_size, dtype=torch.long))
-    # the math SDPA backend runs attention as bmm, which the counter sees (flash kernels it does not)
-    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+    # the math SDPA backend runs attention as bmm, which the counter sees; the cores' direct calls of
+    # the CPU flash kernel are counted with the formula torch registers for the CUDA flash kernel
+    aten = torch.ops.aten
+    cpu_flash = {aten._scaled_dot_product_flash_attention_for_cpu:
+                 lambda q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_flop_count(q, k, v),
+                 aten._scaled_dot_product_flash_attention_for_cpu_backward:
+                 lambda grad, q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_backward_flop_count(
+                     grad, q, k, v)}
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False, custom_mapping=cpu_flash) as counter:
         bert_batch_loss(*model(*batch.model_inputs()), batch).total.backward()
     expected = batch_size * training_flops_per_sample(config, masked_fraction=1 / 8)
+    if attention == "dense":  # its flash backward recomputes q k^T, which model FLOPs leave out
+        expected += config.num_layers * 2 * batch_size * seq * seq * config.hidden_size
     # the formula leaves out the pooler and SOP classifier (h^2 + 2h per sample, 6x)
     assert counter.get_total_flops() == pytest.approx(expected, rel=2e-4)
