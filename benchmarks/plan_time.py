@@ -75,7 +75,7 @@ def measure(tree: Path, seq: int, layers: int, repeats: int) -> dict:
                           capture_output=True, text=True, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True).stdout
-    return {**result, "tree": str(tree), "commit": commit.strip()}
+    return {**result, "tree": str(tree), "commit": commit.strip() or f"{tree} (not a git tree)"}
 
 
 def main(argv=None) -> int:

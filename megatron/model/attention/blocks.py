@@ -152,12 +152,17 @@ def _varlen_backward(grad_out, q, k, v, out, lse, varlen, scale):
     return tuple(x.view(b, -1, heads, d).transpose(1, 2).float() for x in grads)
 
 
+def _whole(plan, q, k) -> bool:
+    """The plan is one tile covering the whole block."""
+    return len(plan.tiles) == 1 and plan.tiles[0][:4] == (0, q.shape[2], 0, k.shape[2])
+
+
 def attend(q, k, v, q_segments, k_segments, plan, scale):
     """forward() of a whole block by its masks.BlockPlan: one call when "full" or varlen, else
     tile by tile (rows outside every tile see no key of this block: out 0, lse -inf)."""
     if kernel(q, plan.kind != "full", plan.varlen is not None) == "varlen_flash":
         return _varlen_forward(q, k, v, plan.varlen, scale)
-    if len(plan.tiles) == 1 and plan.tiles[0][:4] == (0, q.shape[2], 0, k.shape[2]):  # the whole block: no copy
+    if _whole(plan, q, k):  # one tile covering the block: no copies
         return forward(q, k, v, masks.block_mask(q_segments, k_segments, plan.kind), scale)
     out, lse = empty_result(q)
     for tile in plan.tiles:
@@ -171,6 +176,9 @@ def attend_backward(grad_out, q, k, v, q_segments, k_segments, plan, out, lse, s
     """backward() of a block computed by attend() -> (dq, dk, dv) in float32."""
     if kernel(q, plan.kind != "full", plan.varlen is not None) == "varlen_flash":
         return _varlen_backward(grad_out, q, k, v, out, lse, plan.varlen, scale)
+    if _whole(plan, q, k):
+        grads = backward(grad_out, q, k, v, masks.block_mask(q_segments, k_segments, plan.kind), out, lse, scale)
+        return tuple(grad.float() for grad in grads)
     dq = kernel_layout(q.shape, torch.float32, q.device)
     dk, dv = (kernel_layout(x.shape, torch.float32, x.device) for x in (k, v))
     for tile in plan.tiles:

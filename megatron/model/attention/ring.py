@@ -91,11 +91,17 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, q_segments, out, lse, *k_segments = ctx.saved_tensors
         plan, ring, scale = ctx.plan, ctx.ring, ctx.scale
+        nothing = (None, None, None, None)
+        if ring.size == 1:  # one block: its gradients are the result
+            if not plan.blocks[0]:
+                return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), *nothing
+            grads = blocks.attend_backward(grad_out, q, k, v, q_segments, k_segments[0], plan.blocks[0], out, lse,
+                                           scale)
+            return (*(grad.to(x.dtype) for grad, x in zip(grads, (q, k, v))), *nothing)
         block = (k, v)
-        kv = _pack(k, v) if ring.size > 1 else None
+        kv = _pack(k, v)
         dq = blocks.kernel_layout(q.shape, torch.float32, q.device)
         grad_waiter = None  # the (dk, dv) accumulator of the held chunk, from rank r-1
-        nothing = (None, None, None, None)
         for step in range(ring.size):
             kv_waiter = ring.shift(kv) if step < ring.size - 1 else None
             dk_blk = dv_blk = None
@@ -103,10 +109,6 @@ class _RingAttention(torch.autograd.Function):
                 dq_blk, dk_blk, dv_blk = blocks.attend_backward(grad_out, q, *block, q_segments, k_segments[step],
                                                                 plan.blocks[step], out, lse, scale)
                 dq.add_(dq_blk)
-            if ring.size == 1:
-                if dk_blk is None:
-                    return dq.to(q.dtype), torch.zeros_like(k), torch.zeros_like(v), *nothing
-                return dq.to(q.dtype), dk_blk.to(k.dtype), dv_blk.to(v.dtype), *nothing
             if grad_waiter:  # add our share into the received accumulator and pass it on
                 dkv = grad_waiter()
                 if dk_blk is not None:
