@@ -5,6 +5,8 @@ fill what the command line leaves out; the real defaults live in BertConfig / Tr
 """
 import argparse
 
+from megatron.model.args import MODEL_PRESETS
+
 # flag destination -> BertConfig / TrainConfig field
 _FIELDS = {
     "num_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
@@ -17,7 +19,12 @@ _FIELDS = {
     "linformer_share_kv": "linformer_share_kv", "block_size": "bigbird_block_size",
     "bigbird_num_random_blocks": "bigbird_num_random_blocks",
     "bigbird_num_window_blocks": "bigbird_num_window_blocks",
-    "ulysses_size": "ulysses_size",
+    "ulysses_size": "ulysses_size", "type_vocab_size": "type_vocab_size",
+    "position_embedding_type": "position_embedding_type", "rotary_base": "rotary_base",
+    "local_rotary_base": "local_rotary_base", "local_attention_window": "local_attention_window",
+    "global_attention_every": "global_attention_every", "mlp_type": "mlp_type", "add_bias_linear": "add_bias_linear",
+    "normalization": "normalization", "first_layer_attention_norm": "first_layer_attention_norm",
+    "model_preset": "model_preset",
     "sequence_parallel_size": "sequence_parallel_size", "pipeline_model_parallel_size": "pipeline_parallel_size",
     "micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size",
 }
@@ -49,6 +56,46 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
     model.add_argument("--embedding-layernorm", dest="embedding_layernorm", action="store_const", const=True,
                        help="a LayerNorm after the embeddings (the default with --layernorm-layout post, as HF "
                             "Bert; with pre it has no Hugging Face equivalent and is refused on export)")
+    model.add_argument("--type-vocab-size", type=int, help="token types (default 2: sentence A and B); 0: no "
+                       "token-type embedding (ModernBERT)")
+
+    modern = parser.add_argument_group(
+        "modern encoder layers (classic Megatron BERT when none is given; a preset sets them all)")
+    modern.add_argument("--model-preset", choices=sorted(MODEL_PRESETS),
+                        help="every model field of a published architecture (modernbert-base: 22 layers, hidden "
+                             "768, 12 heads, ffn 1152; modernbert-large: 28 x 1024 x 16, ffn 2624; both: rope "
+                             "160000 / local 10000, window 128 with a global layer every 3rd, GeGLU, no biases, "
+                             "LayerNorm eps 1e-5 after the embeddings, pre-LN, no attention norm in layer 0, no "
+                             "token types, no sentence-order head, no dropout, vocab 50368); any flag given "
+                             "overrides its field (also the JSON's sequence_parallel.model_preset)")
+    modern.add_argument("--position-embedding-type", choices=["learned", "rope"],
+                        help="learned: a table of --max-position-embeddings rows (default); rope: rotary q and k "
+                             "from each token's position in its segment, no table")
+    modern.add_argument("--rotary-base", type=float, help="rope theta of the global layers (default 10000; "
+                        "ModernBERT 160000)")
+    modern.add_argument("--local-rotary-base", type=float, help="rope theta of the local (sliding-window) layers "
+                        "(default 10000)")
+    modern.add_argument("--local-attention-window", type=int, help="even W: local layers let a query see the keys "
+                        "within W/2 positions on each side, in its own segment (ModernBERT 128; default: none, every "
+                        "layer global)")
+    modern.add_argument("--global-attention-every", type=int, help="with --local-attention-window: layer i is global "
+                        "when i %% N == 0, local otherwise (ModernBERT 3; default 1: every layer global)")
+    modern.add_argument("--mlp-type", choices=["gelu", "geglu", "swiglu"],
+                        help="gelu: h -> ffn -> h (default); geglu / swiglu: gated, h -> 2 x ffn, act(first half) x "
+                             "second half, ffn -> h (ffn: --ffn-hidden-size, the width after gating)")
+    modern.add_argument("--swiglu", dest="mlp_type", action="store_const", const="swiglu",
+                        help="same as --mlp-type swiglu (Megatron's flag)")
+    modern.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_const", const=False,
+                        help="no biases in the linear layers of the layers and heads, nor in the norms (the LM "
+                             "decoder keeps its bias)")
+    modern.add_argument("--add-bias-linear", dest="add_bias_linear", action="store_const", const=True,
+                        help="biases in the linear layers and norms (the default; overrides a preset)")
+    modern.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"],
+                        help="every norm of the model (default LayerNorm; eps: --layernorm-epsilon)")
+    modern.add_argument("--no-first-layer-attention-norm", dest="first_layer_attention_norm", action="store_const",
+                        const=False, help="layer 0 has no norm before its attention (ModernBERT; pre-LN only)")
+    modern.add_argument("--first-layer-attention-norm", dest="first_layer_attention_norm", action="store_const",
+                        const=True, help="layer 0 has a norm before its attention (the default; overrides a preset)")
 
     attn = parser.add_argument_group("attention (also from the JSON's sequence_parallel section)")
     attn.add_argument("--attention", help="variant: dense, ring, ulysses, hybrid, linformer, bigbird")
@@ -105,8 +152,8 @@ def add_packing_args(group) -> None:
                        help="one segment per sample, padded (overrides the JSON's sequence_parallel.pack_samples)")
     group.add_argument("--max-segment-length", type=int,
                        help="with --pack-samples: tokens of the longest segment (default: the smaller of "
-                            "--seq-length and --max-position-embeddings); --seq-length may then exceed "
-                            "--max-position-embeddings")
+                            "--seq-length and --max-position-embeddings; with rope, --seq-length); --seq-length "
+                            "may then exceed --max-position-embeddings")
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

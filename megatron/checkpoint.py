@@ -281,7 +281,7 @@ def stored_config(load_dir: str, tag: str) -> dict:
 
 
 def check_model_shapes(stored: dict, config: BertConfig, folder: str) -> None:
-    """The checkpoint's model must have this run's tensor shapes; names the first that differs."""
+    """The checkpoint's model must have this run's tensors and shapes; names the first that differs."""
     fields = {f.name for f in dataclasses.fields(BertConfig)}
     with torch.device("meta"):
         found = BertModel(BertConfig(**{k: v for k, v in stored.items() if k in fields})).state_dict()
@@ -291,6 +291,10 @@ def check_model_shapes(stored: dict, config: BertConfig, folder: str) -> None:
             shape = list(found[name].shape) if name in found else "nothing"
             raise ConfigError(f"checkpoint {folder} holds {name} of shape {shape}, this model expects "
                               f"{list(tensor.shape)}", "resume with the model flags the checkpoint was trained with")
+    extra = [name for name in found if name not in expected]  # e.g. biases or a position table dropped
+    if extra:
+        raise ConfigError(f"checkpoint {folder} holds {extra[0]}, which this model does not have",
+                          "resume with the model flags the checkpoint was trained with")
 
 
 @contextlib.contextmanager

@@ -15,7 +15,8 @@ The JSON section DeepSpeed itself never reads (it ignores unknown top-level keys
         "linformer": {"k": 256, "share_heads": false, "share_kv": false},
         "bigbird": {"block_size": 64, "num_window_blocks": 3, "num_random_blocks": 2},
         "pack_samples": false,          # several segments per sample (--pack-samples)
-        "max_segment_length": 512       # packed: the longest segment (default min(seq, positions))
+        "max_segment_length": 512,      # packed: the longest segment (default min(seq, positions); rope: seq)
+        "model_preset": "modernbert-base"  # the model fields of a preset (--model-preset), below the flags
     }
 
 The pipeline degree may live in the JSON too, in DeepSpeed's own (otherwise unused) key
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from megatron.errors import ConfigError
 from megatron.model import attention
-from megatron.model.args import BertConfig
+from megatron.model.args import BertConfig, preset_fields
 
 SECTION = "sequence_parallel"
 # JSON sub-sections of SECTION -> BertConfig field prefix
@@ -78,7 +79,18 @@ class TrainConfig:
                 f"{self.gradient_accumulation_steps} x data {self.data_parallel_size}"
                 + (", packed samples" if self.pack_samples else "")
                 + f", {model.num_layers} layers x hidden {model.hidden_size} x {model.num_attention_heads} heads, "
-                f"seq {model.seq_length}, {model.layernorm_layout}-LN")
+                f"seq {model.seq_length}, {model.layernorm_layout}-LN" + _layer_options(model))
+
+
+def _layer_options(model: BertConfig) -> str:
+    """The modern layer options in use, e.g. ', rope, local window 128 (global every 3rd), geglu, no biases'."""
+    options = ["rope"] if model.position_embedding_type == "rope" else []
+    if model.local_attention_window is not None and model.global_attention_every > 1:
+        options.append(f"local window {model.local_attention_window} (global every {model.global_attention_every})")
+    options += [model.mlp_type] if model.mlp_type != "gelu" else []
+    options += ["no biases"] if not model.add_bias_linear else []
+    options += [model.normalization] if model.normalization != "LayerNorm" else []
+    return "".join(f", {option}" for option in options)
 
 
 def precision(ds_config: dict) -> str:
@@ -319,7 +331,8 @@ def _section_values(ds_config: dict) -> dict:
     section = ds_config.get(SECTION, {})
     if not isinstance(section, dict):
         raise ConfigError(f"{SECTION} must be a JSON object", f'write "{SECTION}": {{"size": ..., "attention": ...}}')
-    known = {"size", "attention", "ulysses_size", "pack_samples", "max_segment_length", *_ATTENTION_OPTIONS}
+    known = {"size", "attention", "ulysses_size", "pack_samples", "max_segment_length", "model_preset",
+             *_ATTENTION_OPTIONS}
     for key in section:
         if key not in known:
             raise ConfigError(f"unknown key {SECTION}.{key}", f"use one of: {', '.join(sorted(known))}")
@@ -334,6 +347,8 @@ def _section_values(ds_config: dict) -> dict:
         values["pack_samples"] = _typed(f"{SECTION}.pack_samples", section["pack_samples"], bool)
     if section.get("max_segment_length") is not None:
         values["max_segment_length"] = _typed(f"{SECTION}.max_segment_length", section["max_segment_length"], int)
+    if section.get("model_preset") is not None:
+        values["model_preset"] = _typed(f"{SECTION}.model_preset", section["model_preset"], str)
     for variant, options in _ATTENTION_OPTIONS.items():
         sub = section.get(variant, {})
         for key, value in sub.items():
@@ -357,6 +372,8 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     check_deepspeed_types(ds_config)
     given = {key: value for key, value in flags.items() if value is not None}
     values = {**_section_values(ds_config), **given}
+    values = {**model_preset(flags, ds_config), **values}  # a preset's fields, each below its own flag
+    values.pop("model_preset", None)
     # --checkpoint-activations, else DeepSpeed's own "activation_checkpointing" section turns it on
     checkpoint_interval = values.pop("activation_checkpoint_interval", 0) or int("activation_checkpointing" in ds_config)
     compile_mlp = values.pop("compile_mlp", False)
@@ -414,6 +431,19 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
                        compile_mlp=compile_mlp, pack_samples=pack_samples, ds_config=resolved)
 
 
+def model_preset(flags: dict, ds_config: dict) -> dict:
+    """The BertConfig fields of the preset named by --model-preset, else by the JSON's
+    sequence_parallel.model_preset ({} when neither names one)."""
+    name = flags.get("model_preset")
+    if name is None:
+        name = _section_values(ds_config).get("model_preset")
+    try:
+        return preset_fields(name)
+    except ConfigError as error:
+        source = "--model-preset" if flags.get("model_preset") is not None else f"{SECTION}.model_preset"
+        raise ConfigError(f"{source}: {error.problem}", error.fix) from None
+
+
 def _json_pipeline_stages(ds_config: dict) -> int:
     """DeepSpeed's `pipeline.stages` (an int, or its default "auto": no pipeline here)."""
     stages = ds_config.get("pipeline", {}).get("stages", "auto")
@@ -444,7 +474,7 @@ def _ulysses_size(values: dict, sequence: int) -> None:
 
 def _packing(values: dict) -> bool:
     """Pops pack_samples; when packing, sets max_segment_length (default: the sequence or the position
-    table, whichever is shorter). BertConfig checks that a segment fits both."""
+    table, whichever is shorter; with rope, the sequence). BertConfig checks that a segment fits both."""
     pack_samples = values.pop("pack_samples", False)
     if not pack_samples:
         if values.get("max_segment_length") is not None:
@@ -455,9 +485,11 @@ def _packing(values: dict) -> bool:
         raise ConfigError("packed samples (--pack-samples) cannot use linformer attention: its projection mixes "
                           "the positions of all segments of a sample", "use ring, ulysses, bigbird or dense "
                           "attention, or drop --pack-samples")
-    if values.get("max_segment_length") is None:
-        values["max_segment_length"] = min(values.get("seq_length", BertConfig.seq_length),
-                                           values.get("max_position_embeddings", BertConfig.max_position_embeddings))
+    if values.get("max_segment_length") is None:  # rope has no table: a segment may fill the sequence
+        sequence = values.get("seq_length", BertConfig.seq_length)
+        table = values.get("max_position_embeddings", BertConfig.max_position_embeddings)
+        learned = values.get("position_embedding_type", BertConfig.position_embedding_type) == "learned"
+        values["max_segment_length"] = min(sequence, table) if learned else sequence
     return True
 
 

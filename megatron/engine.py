@@ -103,9 +103,9 @@ def checkpoint_layers(model: BertModel, interval: int = 1) -> None:
     """
     forwards = [type(layer).forward.__get__(layer) for layer in model.layers]
 
-    def run_chunk(start, x, segment_ids):
+    def run_chunk(start, x, segment_ids, position_ids):
         for forward in forwards[start:start + interval]:
-            x = forward(x, segment_ids)
+            x = forward(x, segment_ids, position_ids)
         return x
 
     for index, layer in enumerate(model.layers):
@@ -115,7 +115,7 @@ def checkpoint_layers(model: BertModel, interval: int = 1) -> None:
             layer.forward = _computed_in_its_chunk
 
 
-def _computed_in_its_chunk(x, segment_ids):
+def _computed_in_its_chunk(x, segment_ids, position_ids):
     return x
 
 

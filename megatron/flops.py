@@ -4,7 +4,8 @@ A matmul with an [m, n] weight costs 2 x m x n FLOPs per token forward and twice
 (input and weight gradients), so a token costs 6 x (the weights it meets) for training;
 activation recomputation is not counted (model FLOPs, not hardware FLOPs). Per sample of s tokens:
 
-  6 x N_layers x s                  N_layers = L x (4h^2 + 2hf): qkv + output projections, MLP (f = ffn)
+  6 x N_layers x s                  N_layers = L x (4h^2 + 2hf): qkv + output projections, MLP (f = ffn;
+                                    a gated MLP, geglu / swiglu, has 3hf: h -> 2f and f -> h)
   + 6 x N_head x (masked x s)       N_head = h^2 + h x V: the LM head runs at the masked positions
                                     only (`masked_fraction`, 15%); 1.0 gives a model that runs it
                                     everywhere, as Hugging Face's does
@@ -32,7 +33,7 @@ def attention_keys(config: BertConfig) -> float:
 
 def training_flops_per_sample(config: BertConfig, masked_fraction: float = 0.15) -> float:
     s, h, L = config.seq_length, config.hidden_size, config.num_layers
-    layer_params = 4 * h * h + 2 * h * config.ffn_hidden_size
+    layer_params = 4 * h * h + (2 if config.mlp_type == "gelu" else 3) * h * config.ffn_hidden_size
     head_params = h * h + h * config.padded_vocab_size
     flops = 6 * L * layer_params * s + 6 * head_params * masked_fraction * s
     flops += 6 * L * s * 2 * attention_keys(config) * h

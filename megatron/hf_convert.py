@@ -79,8 +79,20 @@ def name_map(config: BertConfig) -> list[tuple[str, tuple[str, ...]]]:
 
 # ---------------------------------------------------------------- ours -> HF
 
+# the layer options HF Bert / MegatronBert have only in their classic form
+CLASSIC_LAYER = dict(position_embedding_type="learned", local_attention_window=None, mlp_type="gelu",
+                     add_bias_linear=True, normalization="LayerNorm", first_layer_attention_norm=True)
+
+
 def check_exportable(config: BertConfig) -> None:
-    """HF has no pre-LN BERT with an embedding LayerNorm, nor a post-LN one without it."""
+    """HF has no pre-LN BERT with an embedding LayerNorm, nor a post-LN one without it, and none
+    with the modern layer options (rope, local layers, gated MLPs, no biases, RMSNorm, no token types)."""
+    modern = [f"{field} {getattr(config, field)}" for field, classic in CLASSIC_LAYER.items()
+              if getattr(config, field) != classic]
+    modern += [f"type_vocab_size {config.type_vocab_size}"] if config.type_vocab_size == 0 else []
+    if modern:
+        raise ConfigError(f"a model with {', '.join(modern)} has no Hugging Face Bert or MegatronBert equivalent",
+                          "export a classic BERT (learned positions, GELU, biases, LayerNorm, token types)")
     if config.embedding_layernorm != (config.layernorm_layout == "post"):
         model_type = LAYOUTS[config.layernorm_layout][0]
         raise ConfigError(

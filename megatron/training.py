@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from megatron import checkpoint, determinism, hf_convert
 from megatron.arguments import build_parser, config_flags
-from megatron.config import default_optimizer, read_ds_config, resolve
+from megatron.config import default_optimizer, model_preset, read_ds_config, resolve
 from megatron.data import index_maps
 from megatron.data.bert_dataset import SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, token_stats
 from megatron.data.default_dataset import prepare_default_dataset
@@ -249,7 +249,8 @@ def pretrain(args) -> None:
     weights_only = bool(args.load and checkpoint.run_state(args.load, checkpoint.latest_tag(args.load)).get("weights_only"))
     for field, value in initial_model_fields(args, weights_only).items():
         flags[field] = value if flags.get(field) is None else flags[field]
-    flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
+    # the flag, else a preset's (a model larger than the vocab file is allowed), else the vocab file's
+    flags["vocab_size"] = flags["vocab_size"] or model_preset(flags, ds).get("vocab_size") or tokenizer.vocab_size
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     config = resolve(flags, ds, dist.get_world_size())
     if tokenizer.vocab_size > config.model.vocab_size:
@@ -361,7 +362,8 @@ def initial_model_fields(args, weights_only: bool) -> dict:
         fields = checkpoint.stored_config(args.load, checkpoint.latest_tag(args.load))["model"]
     else:
         return {}
-    shaping = (*hf_convert.HF_CONFIG_KEYS, "max_position_embeddings", "layernorm_layout", "embedding_layernorm")
+    shaping = (*hf_convert.HF_CONFIG_KEYS, "max_position_embeddings", "layernorm_layout", "embedding_layernorm",
+               "position_embedding_type", "mlp_type", "add_bias_linear", "normalization", "first_layer_attention_norm")
     return {field: fields[field] for field in shaping if field in fields}
 
 

@@ -108,7 +108,7 @@ def test_pipeline_stages_exchange_no_bool_tensors():
     DeepSpeed casts only the last one for NCCL. The heads decode the masks back."""
     config = small_config("dense", seq_length=16, hidden_size=16, num_attention_heads=2)
     torch.manual_seed(0)
-    embedding, layer, heads = EmbeddingPipe(config), TransformerLayerPipe(config), HeadsPipe(config)
+    embedding, layer, heads = EmbeddingPipe(config), TransformerLayerPipe(config, 0), HeadsPipe(config)
     words = torch.randn(2, 16, 16)
     token_types = torch.zeros(2, 16, dtype=torch.long)
     positions = torch.arange(16).expand(2, 16)
@@ -118,7 +118,7 @@ def test_pipeline_stages_exchange_no_bool_tensors():
     stage = embedding((words, token_types, positions, segment_ids, mlm_mask, cls_mask))
     hidden = layer(stage)
     for outputs in (stage, hidden):
-        assert [t.dtype for t in outputs] == [torch.float32, torch.int64, torch.int64]
+        assert [t.dtype for t in outputs] == [torch.float32, torch.int64, torch.int64, torch.int64]
     weight = torch.randn(config.padded_vocab_size, 16)
     mlm_logits, sop_logits = heads((*hidden, weight))
     assert mlm_logits.shape[0] == int(mlm_mask.sum()) and sop_logits.shape[0] == 2

@@ -1,5 +1,9 @@
 """The model's configuration (BertConfig), without torch: megatron.config resolves and checks it,
-and tools/ds_config.py does the same in a fraction of a second. bert.py builds the model from it."""
+and tools/ds_config.py does the same in a fraction of a second. bert.py builds the model from it.
+
+The defaults are Megatron BERT (learned positions, GELU MLP, biases, LayerNorm). The modern layer
+options are fields too, chosen per layer index by a rule (`is_local_layer`), never by subclasses;
+MODEL_PRESETS sets them all at once (--model-preset modernbert-base)."""
 import math
 from dataclasses import dataclass
 
@@ -18,7 +22,7 @@ class BertConfig:
     # packed samples (--pack-samples): the longest segment, whose positions must fit the table;
     # None: unpacked, one segment of up to seq_length tokens
     max_segment_length: int | None = None
-    type_vocab_size: int = 2
+    type_vocab_size: int = 2  # 0: no token-type table (ModernBERT); the batch's token types are then unread
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     layernorm_epsilon: float = 1e-5
@@ -30,6 +34,20 @@ class BertConfig:
     # Megatron and HF MegatronBert), so that the defaults export to Hugging Face
     embedding_layernorm: bool | None = None
     add_binary_head: bool = True
+    # positions: "learned" (a table of max_position_embeddings rows) or "rope" (rotary: q and k of every
+    # layer rotated by angles position * base^(-2i/d) from the batch's position_ids; no table)
+    position_embedding_type: str = "learned"
+    rotary_base: float = 10000.0  # rope theta of the global layers (ModernBERT 160000)
+    local_rotary_base: float = 10000.0  # rope theta of the local (sliding-window) layers (ModernBERT 10000)
+    # local layers: key j visible from query i iff |i - j| <= window // 2, within the same segment
+    # (ModernBERT 128: 64 keys each side); None: every layer global
+    local_attention_window: int | None = None
+    global_attention_every: int = 1  # layer i is global when i % this == 0 (ModernBERT 3); 1: all global
+    # "gelu": h -> ffn -> h; gated "geglu" / "swiglu": h -> 2 ffn, act(first half) * second half, ffn -> h
+    mlp_type: str = "gelu"
+    add_bias_linear: bool = True  # biases of every Linear in the layers and heads (not the decoder's) and the norms
+    normalization: str = "LayerNorm"  # or "RMSNorm", for every norm of the model
+    first_layer_attention_norm: bool = True  # False: layer 0 has no norm before its attention (ModernBERT)
     attention: str = "dense"  # a name in the attention registry
     # linformer: keys and values projected from s to k rows (E, F: [heads or 1, k, s])
     linformer_k: int = 256
@@ -54,11 +72,16 @@ class BertConfig:
                      "bigbird_block_size", "bigbird_num_window_blocks"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} = {getattr(self, name)} must be positive", f"set {name} to an integer >= 1")
+        if self.type_vocab_size < 0:
+            raise ConfigError(f"type_vocab_size = {self.type_vocab_size} is negative",
+                              "set --type-vocab-size to 0 (no token types) or more")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}",
                 "choose a head count that divides the hidden size")
-        if self.max_segment_length is None and self.seq_length > self.max_position_embeddings:
+        self._check_layer_options()
+        learned = self.position_embedding_type == "learned"  # only a table bounds the positions
+        if learned and self.max_segment_length is None and self.seq_length > self.max_position_embeddings:
             raise ConfigError(
                 f"seq_length {self.seq_length} exceeds max_position_embeddings {self.max_position_embeddings}",
                 "raise --max-position-embeddings or lower --seq-length (or pack samples: --pack-samples)")
@@ -70,7 +93,7 @@ class BertConfig:
             if segment > self.seq_length:
                 raise ConfigError(f"max_segment_length {segment} exceeds seq_length {self.seq_length}",
                                   "lower --max-segment-length to at most --seq-length")
-            if segment > self.max_position_embeddings:
+            if learned and segment > self.max_position_embeddings:
                 raise ConfigError(
                     f"max_segment_length {segment} exceeds max_position_embeddings {self.max_position_embeddings}",
                     "lower --max-segment-length or raise --max-position-embeddings")
@@ -86,6 +109,44 @@ class BertConfig:
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} = {getattr(self, name)} is outside [0, 1)", f"set {name} between 0 and 1")
 
+    def _check_layer_options(self) -> None:
+        choices = {"position_embedding_type": ("learned", "rope"), "mlp_type": ("gelu", "geglu", "swiglu"),
+                   "normalization": ("LayerNorm", "RMSNorm")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{name} '{getattr(self, name)}' is unknown",
+                                  f"set {flag} to one of {', '.join(allowed)}")
+        if self.position_embedding_type == "rope":
+            if self.head_dim % 2:
+                raise ConfigError(f"rope needs an even head dim, hidden_size {self.hidden_size} / "
+                                  f"num_attention_heads {self.num_attention_heads} = {self.head_dim}",
+                                  "choose a head count that gives an even head dim, or "
+                                  "--position-embedding-type learned")
+            for name in ("rotary_base", "local_rotary_base"):
+                if not getattr(self, name) > 1:
+                    raise ConfigError(f"{name} = {getattr(self, name)} must be above 1",
+                                      f"set --{name.replace('_', '-')} to the rope theta, e.g. 10000")
+        window = self.local_attention_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2 or window % 2):
+            raise ConfigError(f"local_attention_window = {window} is not an even integer >= 2 (W / 2 keys on each "
+                              "side of a query)", "set --local-attention-window to an even window, e.g. 128")
+        if self.global_attention_every < 1:
+            raise ConfigError(f"global_attention_every = {self.global_attention_every} must be >= 1",
+                              "set --global-attention-every N (layer i is global when i % N == 0; 1: all global)")
+        if not self.first_layer_attention_norm and self.layernorm_layout != "pre":
+            raise ConfigError("first_layer_attention_norm false needs layernorm_layout 'pre' (a post-LN layer 0 "
+                              "would leave its attention output unnormalised)",
+                              "use --layernorm-layout pre or drop --no-first-layer-attention-norm")
+
+    def is_local_layer(self, index: int) -> bool:
+        """Layer `index` attends to a sliding window (local) rather than the whole sequence (global)."""
+        return self.local_attention_window is not None and index % self.global_attention_every != 0
+
+    def layer_rotary_base(self, index: int) -> float:
+        """The rope theta of layer `index`: local layers have their own (ModernBERT: 10000 vs 160000)."""
+        return self.local_rotary_base if self.is_local_layer(index) else self.rotary_base
+
     @property
     def padded_vocab_size(self) -> int:
         """Vocab rounded up so the decoder GEMM has friendly shapes; extra rows are never labels."""
@@ -95,3 +156,31 @@ class BertConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+
+# --model-preset (or the JSON's sequence_parallel.model_preset): BertConfig fields, each overridable
+# by its own flag. ModernBERT (answerdotai, Hugging Face ModernBertConfig): rope with theta 160000
+# (global) / 10000 (local), a local window of 128 with a global layer every 3rd (i % 3 == 0), GeGLU,
+# no biases (norms included), LayerNorm eps 1e-5, a norm after the embeddings, pre-LN with a final
+# norm, no attention norm in layer 0, no token types, no sentence-order head, no dropout, vocab 50368
+# (a multiple of 64: the decoder has exactly its rows).
+_MODERNBERT = dict(vocab_size=50368, make_vocab_size_divisible_by=64, max_position_embeddings=8192,
+                   position_embedding_type="rope", rotary_base=160000.0, local_rotary_base=10000.0,
+                   local_attention_window=128, global_attention_every=3, mlp_type="geglu", add_bias_linear=False,
+                   normalization="LayerNorm", layernorm_epsilon=1e-5, layernorm_layout="pre",
+                   embedding_layernorm=True, first_layer_attention_norm=False, type_vocab_size=0,
+                   add_binary_head=False, hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.02)
+MODEL_PRESETS = {
+    "modernbert-base": dict(_MODERNBERT, num_layers=22, hidden_size=768, num_attention_heads=12, ffn_hidden_size=1152),
+    "modernbert-large": dict(_MODERNBERT, num_layers=28, hidden_size=1024, num_attention_heads=16,
+                             ffn_hidden_size=2624),
+}
+
+
+def preset_fields(name: str | None) -> dict:
+    """The BertConfig fields of preset `name` ({} for None)."""
+    if name is None:
+        return {}
+    if name not in MODEL_PRESETS:
+        raise ConfigError(f"model preset '{name}' is unknown", f"use one of {', '.join(MODEL_PRESETS)}")
+    return dict(MODEL_PRESETS[name])

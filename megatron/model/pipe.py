@@ -3,13 +3,15 @@
     [word embedding (tied)] [positions + types] [layer 0] ... [layer N-1]
     [word embedding (tied): hands over its weight] [heads]
 
-Between stages travel (hidden [b, s/P, h], segment_ids [b, s/P] int64, token_flags [b, s/P]
-int64): fixed shapes, the last two without gradient. token_flags carries the MLM and [CLS]
-masks as bits (`_MLM`, `_CLS`): DeepSpeed's pipeline engine casts only the LAST bool tensor of
-a stage's outputs for NCCL (runtime/pipe/engine.py, has_bool_tensors), so no bool tensor
-crosses stages. The word embedding is tied between the first and last stage (DeepSpeed
-all-reduces its gradient over the two). The loss function runs on the last stage with labels
-(labels, loss_mask, sop_labels, cls_mask), which the engine loads there and never sends.
+Between stages travel (hidden [b, s/P, h], segment_ids [b, s/P] int64, position_ids [b, s/P]
+int64, token_flags [b, s/P] int64): fixed shapes, the last three without gradient. The layers
+read position_ids for rope (a learned table is read by the first stage only, but the tuple
+keeps one shape for every layout). token_flags carries the MLM and [CLS] masks as bits (`_MLM`,
+`_CLS`): DeepSpeed's pipeline engine casts only the LAST bool tensor of a stage's outputs for
+NCCL (runtime/pipe/engine.py, has_bool_tensors), so no bool tensor crosses stages. The word
+embedding is tied between the first and last stage (DeepSpeed all-reduces its gradient over the
+two). The loss function runs on the last stage with labels (labels, loss_mask, sop_labels,
+cls_mask), which the engine loads there and never sends.
 
 Sequence parallelism inside a pipeline: DeepSpeed's topology gets the seq axis under the name
 'model' (pipe x data x model, model fastest = our pipe x data x seq), so every stage sends to
@@ -53,7 +55,7 @@ class EmbeddingPipe(Embeddings):
     def forward(self, inputs):
         words, token_types, position_ids, segment_ids, mlm_mask, cls_mask = inputs
         token_flags = mlm_mask.long() * _MLM + cls_mask.long() * _CLS  # [b, s/P] int64: NCCL-safe
-        return self.add_positions_and_types(words, token_types, position_ids), segment_ids, token_flags
+        return self.add_positions_and_types(words, token_types, position_ids), segment_ids, position_ids, token_flags
 
 
 def _hand_over_word_embeddings(embedding: WordEmbeddingPipe, inputs):
@@ -63,8 +65,8 @@ def _hand_over_word_embeddings(embedding: WordEmbeddingPipe, inputs):
 
 class TransformerLayerPipe(TransformerLayer):
     def forward(self, inputs):
-        hidden, segment_ids, token_flags = inputs
-        return super().forward(hidden, segment_ids), segment_ids, token_flags
+        hidden, segment_ids, position_ids, token_flags = inputs
+        return super().forward(hidden, segment_ids, position_ids), segment_ids, position_ids, token_flags
 
 
 class HeadsPipe(nn.Module):
@@ -77,7 +79,7 @@ class HeadsPipe(nn.Module):
         self.binary_head = BinaryHead(config) if config.add_binary_head else None
 
     def forward(self, inputs):
-        hidden, _, token_flags, word_embeddings_weight = inputs
+        hidden, _, _, token_flags, word_embeddings_weight = inputs
         mlm_mask, cls_mask = (token_flags & _MLM) != 0, (token_flags & _CLS) != 0
         hidden = self.final_layernorm(hidden)
         mlm_logits = self.lm_head(hidden[mlm_mask], word_embeddings_weight)
@@ -98,7 +100,7 @@ class BertModelPipe(PipelineModule):
         dims = state.get_dims()
         specs = [TiedLayerSpec("embed", WordEmbeddingPipe, config, tied_weight_attr=["word_embeddings.weight"]),
                  LayerSpec(EmbeddingPipe, config)]
-        specs += [LayerSpec(TransformerLayerPipe, config) for _ in range(config.num_layers)]
+        specs += [LayerSpec(TransformerLayerPipe, config, index) for index in range(config.num_layers)]
         specs += [TiedLayerSpec("embed", WordEmbeddingPipe, config, forward_fn=_hand_over_word_embeddings,
                                 tied_weight_attr=["word_embeddings.weight"]),
                   LayerSpec(HeadsPipe, config)]

@@ -11,7 +11,7 @@ __all__ = ["RULES", "VARIANTS", "build", "check", "ulysses_degree", "variant_def
 
 def __getattr__(name: str):
     if name in ("VARIANTS", "build"):
-        from megatron.model.attention import bigbird, dense, hybrid, linformer, ring, ulysses  # noqa: F401  (register)
+        from megatron.model.attention import bigbird, dense, hybrid, linformer, local, ring, ulysses  # noqa: F401
         from megatron.model.attention import registry
 
         return getattr(registry, name)

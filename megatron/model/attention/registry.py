@@ -38,6 +38,8 @@ def check(config, sequence_parallel_size: int | None = None) -> None:
     rules.check(config, size)
 
 
-def build(config) -> AttentionCore:
+def build(config, layer_index: int = 0) -> AttentionCore:
+    """The core of layer `layer_index`: "local" for the local sliding-window layers, the
+    configured variant for the others."""
     check(config)
-    return variant(config.attention)(config)
+    return VARIANTS["local"](config) if config.is_local_layer(layer_index) else variant(config.attention)(config)

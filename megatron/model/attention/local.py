@@ -1,0 +1,197 @@
+"""`local`: sliding-window attention over an SP-split sequence in O(s/P * W) per rank. A query
+sees the keys at most `half = local_attention_window // 2` positions away on either side, in its
+own segment (ModernBERT's local layers: window 128, 64 keys each side).
+
+Besides its chunk a rank needs the `half` keys and values on each side of it: one halo exchange
+per local layer with the ranks that hold them (comm.SeqComm.exchange: one batch, the same issue
+order on every rank: NCCL-safe), never a ring pass or an all-to-all. Usually that is the two
+neighbours; when a chunk is shorter than `half`, the halo spans several ranks, and rank r
+receives from each rank within ceil(half / chunk) of it the part of that rank's chunk that lies
+within `half` of r's chunk (`halo`). Backward sends the halo's dK, dV home the same way.
+
+The chunk's own attention is banded: query rows in tiles of `_TILE_ROWS`, each against the keys of
+the extended chunk [left halo | chunk | right halo] that its rows' windows reach (rows + 2 half),
+with the tile's mask (window, same segment, no padding): never an s x s mask. A query row's keys
+all lie in its tile, so each tile's softmax is final and backward recomputes it from its saved
+lse. What a token may see is data: the whole sequence's segment ids are all-gathered once per
+micro-batch (plans.py; b * s integers, also the collective that gives NCCL the group's
+communicator) and every tile's mask is made from them once, for every local layer.
+"""
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from megatron.data.batch import PAD_SEGMENT
+from megatron.model.attention import blocks, plans
+from megatron.model.attention.comm import SeqComm
+from megatron.model.attention.masks import BlockMask
+from megatron.model.attention.registry import AttentionCore, register
+from megatron.parallel import state
+
+_TILE_ROWS = 64  # query rows per tile (at least `half`: a tile's keys are then at most 3x its rows)
+
+
+class Halo(NamedTuple):
+    """Rank r's halo: `left` / `right` keys beyond its chunk; `send[peer]` = (start, stop) of
+    its chunk that `peer` needs; `recv[peer]` = how many keys `peer` sends (ascending peer rank
+    is ascending position: the received pieces concatenate in sequence order)."""
+    left: int
+    right: int
+    send: dict
+    recv: dict
+
+
+def halo(rank: int, size: int, chunk: int, half: int, ranks: list) -> Halo:
+    """The halo of seq rank `rank` of `size`, chunks of `chunk` tokens, global ranks `ranks`."""
+    total = size * chunk
+
+    def reach(r):  # the positions rank r's queries may see
+        return max(0, r * chunk - half), min(total, (r + 1) * chunk + half)
+
+    def overlap(r, span):
+        start, stop = max(r * chunk, span[0]), min((r + 1) * chunk, span[1])
+        return (start - r * chunk, stop - r * chunk) if start < stop else None
+
+    span = reach(rank)
+    send, recv = {}, {}
+    for peer in range(size):
+        if peer == rank:
+            continue
+        if (part := overlap(rank, reach(peer))) is not None:
+            send[ranks[peer]] = part
+        if (part := overlap(peer, span)) is not None:
+            recv[ranks[peer]] = part[1] - part[0]
+    return Halo(rank * chunk - span[0], span[1] - (rank + 1) * chunk, send, recv)
+
+
+class Tile(NamedTuple):
+    """Query rows [q_start, q_stop) of the chunk against keys [k_start, k_stop) of the extended
+    chunk, with their mask."""
+    q_start: int
+    q_stop: int
+    k_start: int
+    k_stop: int
+    mask: BlockMask
+
+
+class LocalPlan(NamedTuple):
+    halo: Halo
+    tiles: list
+
+
+def local_plan(segment_ids, seq, half: int) -> LocalPlan:
+    """This rank's LocalPlan from its chunk of segment ids [b, s/P]: the halo and every tile
+    with its mask (tiles in which no query sees a key are left out)."""
+    b, chunk = segment_ids.shape
+    whole = torch.cat(seq.all_gather(segment_ids), 1) if seq.size > 1 else segment_ids  # [b, s]
+    host = plans.to_host(whole)  # the plan's one host synchronisation
+    geometry = halo(seq.rank, seq.size, chunk, half, seq.ranks)
+    first = seq.rank * chunk  # global position of the chunk's first token
+    start = first - geometry.left  # ... and of the extended chunk's first key
+    stop = first + chunk + geometry.right
+    tiles = []
+    for q_start in range(0, chunk, _TILE_ROWS):
+        q_stop = min(chunk, q_start + _TILE_ROWS)
+        k_start, k_stop = max(start, first + q_start - half), min(stop, first + q_stop + half)  # global
+        q_ids, k_ids = host[:, first + q_start:first + q_stop], host[:, k_start:k_stop]
+        near = np.abs(np.arange(first + q_start, first + q_stop)[:, None] - np.arange(k_start, k_stop)[None]) <= half
+        if not ((q_ids[:, :, None] == k_ids[:, None, :]) & (k_ids != PAD_SEGMENT)[:, None, :] & near).any():
+            continue
+        q_dev, k_dev = whole[:, first + q_start:first + q_stop], whole[:, k_start:k_stop]
+        allowed = ((q_dev[:, :, None] == k_dev[:, None, :]) & (k_dev != PAD_SEGMENT)[:, None, :]
+                   & plans.to_device(near, whole.device))[:, None]  # [b, 1, rows, keys]
+        tiles.append(Tile(q_start, q_stop, k_start - start, k_stop - start, BlockMask(allowed, ~allowed[:, 0].any(-1))))
+    return LocalPlan(geometry, tiles)
+
+
+def _sides(peers, seq) -> tuple:
+    """Peers (global ranks) before and after this rank in the sequence, each in sequence order."""
+    ordered = sorted(peers, key=seq.ranks.index)
+    return [p for p in ordered if seq.ranks.index(p) < seq.rank], [p for p in ordered if seq.ranks.index(p) > seq.rank]
+
+
+def _exchange_halo(x, geometry: Halo, seq):
+    """[b, s/P, ...] of this rank -> the extended [b, left + s/P + right, ...]: the pieces of
+    other ranks' chunks in its halo, in sequence order."""
+    incoming = {peer: x.new_empty(x.shape[0], count, *x.shape[2:]) for peer, count in geometry.recv.items()}
+    received = dict(zip(sorted(incoming), seq.exchange(
+        {peer: x[:, a:b].contiguous() for peer, (a, b) in geometry.send.items()}, incoming)))
+    before, after = _sides(geometry.recv, seq)
+    return torch.cat([*(received[p] for p in before), x, *(received[p] for p in after)], 1)
+
+
+def _send_halo_home(grad_extended, geometry: Halo, seq):
+    """dK or dV of the extended chunk -> this rank's [b, s/P, ...], with the halo parts other
+    ranks computed for its keys added in."""
+    chunk = grad_extended.shape[1] - geometry.left - geometry.right
+    before, after = _sides(geometry.recv, seq)
+    outgoing = {}
+    for peers, offset in ((before, 0), (after, geometry.left + chunk)):  # the received pieces' places
+        for peer in peers:
+            outgoing[peer] = grad_extended[:, offset:offset + geometry.recv[peer]].contiguous()
+            offset += geometry.recv[peer]
+    own = grad_extended[:, geometry.left:geometry.left + chunk].clone()
+    incoming = {peer: own.new_empty(own.shape[0], b - a, *own.shape[2:]) for peer, (a, b) in geometry.send.items()}
+    for peer, grad in zip(sorted(incoming), seq.exchange(outgoing, incoming)):
+        a, b = geometry.send[peer]
+        own[:, a:b] += grad
+    return own
+
+
+class _LocalAttention(torch.autograd.Function):
+    """q, k, v [b, s/P, heads, d] of this rank -> out [b, s/P, heads, d]."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan, seq, scale):
+        kv = _exchange_halo(torch.stack([k, v], 2), plan.halo, seq) if seq.size > 1 else torch.stack([k, v], 2)
+        k_ext, v_ext = kv.unbind(2)  # [b, left + s/P + right, heads, d]
+        q_t, k_t, v_t = (x.transpose(1, 2) for x in (q, k_ext, v_ext))  # the kernels' layout (views)
+        out, lse = blocks.empty_result(q_t)
+        for tile in plan.tiles:
+            rows, keys = slice(tile.q_start, tile.q_stop), slice(tile.k_start, tile.k_stop)
+            out[:, :, rows], lse[:, :, rows] = blocks.forward(q_t[:, :, rows], k_t[:, :, keys], v_t[:, :, keys],
+                                                              tile.mask, scale)
+        ctx.save_for_backward(q_t, k_t, v_t, out, lse)
+        ctx.plan, ctx.seq, ctx.scale = plan, seq, scale
+        return out.transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q_t, k_t, v_t, out, lse = ctx.saved_tensors
+        plan, seq = ctx.plan, ctx.seq
+        grad_out = grad_out.transpose(1, 2)
+        dq = blocks.kernel_layout(q_t.shape, torch.float32, q_t.device)
+        dk, dv = (blocks.kernel_layout(x.shape, torch.float32, x.device) for x in (k_t, v_t))
+        for tile in plan.tiles:
+            rows, keys = slice(tile.q_start, tile.q_stop), slice(tile.k_start, tile.k_stop)
+            dq_tile, dk_tile, dv_tile = blocks.backward(grad_out[:, :, rows], q_t[:, :, rows], k_t[:, :, keys],
+                                                        v_t[:, :, keys], tile.mask, out[:, :, rows],
+                                                        lse[:, :, rows], ctx.scale)
+            dq[:, :, rows] += dq_tile
+            dk[:, :, keys] += dk_tile
+            dv[:, :, keys] += dv_tile
+        dkv = torch.stack([dk.transpose(1, 2), dv.transpose(1, 2)], 2)  # [b, extended, 2, heads, d]
+        if seq.size > 1:
+            dkv = _send_halo_home(dkv, plan.halo, seq)
+        dk, dv = dkv.unbind(2)
+        dtype = q_t.dtype
+        return dq.transpose(1, 2).to(dtype), dk.to(dtype), dv.to(dtype), None, None, None
+
+
+@register("local")
+class LocalAttention(AttentionCore):
+
+    def __init__(self, config):
+        super().__init__()
+        self.seq = SeqComm(state.get_sequence_parallel_group(), state.get_sequence_parallel_ranks())
+        self.half = config.local_attention_window // 2
+        self.scale = config.head_dim ** -0.5
+
+    def plan(self, segment_ids) -> LocalPlan:
+        """Once per micro-batch, shared by every local layer (plans.py)."""
+        key = ("local", self.half, self.seq.rank, tuple(self.seq.ranks))
+        return plans.cached(key, segment_ids, lambda: local_plan(segment_ids, self.seq, self.half))
+
+    def forward(self, q, k, v, segment_ids):
+        return _LocalAttention.apply(q, k, v, self.plan(segment_ids), self.seq, self.scale)

@@ -1,0 +1,103 @@
+"""The local sliding-window core (megatron/model/attention/local.py) against a float64 reference
+written from the definition (query i sees key j iff |i - j| <= window // 2, same segment, no
+padding), at SP 1, 2, 4 and under hybrid's groups (real ranks over gloo), with segments crossing
+chunk boundaries, chunks of padding and chunks shorter than half the window; on the CPU kernels
+and on the emulated CUDA kernels (kernels.py: what they see and cannot is said there).
+"""
+import contextlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bert_fixtures import PACKED_LAYOUTS, naive_masked_attention, packed_batch
+from megatron.model.attention import kernels, local
+from megatron.parallel import state
+from megatron.parallel.spawn import run_on_ranks
+
+S, HEADS, D = 48, 2, 8
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def window_allowed(segment_ids, window: int):
+    """[b, s, s]: the definition."""
+    positions = torch.arange(segment_ids.shape[1])
+    near = (positions[:, None] - positions[None, :]).abs() <= window // 2
+    same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
+    return same & near
+
+
+def inputs():
+    g = torch.Generator().manual_seed(11)
+    q, k, v, grad_out = (torch.randn(len(PACKED_LAYOUTS), S, HEADS, D, generator=g, dtype=torch.float64)
+                         for _ in range(4))
+    return q, k, v, grad_out, packed_batch()[0].segment_ids
+
+
+def reference(window: int):
+    q, k, v, grad_out, segment_ids = inputs()
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = naive_masked_attention(*leaves, window_allowed(segment_ids, window))
+    out.backward(grad_out)
+    return out.detach(), *(t.grad for t in leaves)
+
+
+def chunk_run(window: int, size: int, dtype, emulated: bool):
+    """This rank's out, dq, dk, dv (float64) and the largest tile mask's (rows, keys)."""
+    core = local.LocalAttention(SimpleNamespace(local_attention_window=window, head_dim=D))
+    rank, step = state.get_sequence_parallel_rank(), S // size
+    part = slice(rank * step, (rank + 1) * step)
+    q, k, v, grad_out, segment_ids = (t[:, part] for t in inputs())
+    leaves = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+    with kernels.emulated_cuda() if emulated else contextlib.nullcontext():
+        out = core(*leaves, segment_ids)
+        out.backward(grad_out.to(dtype))
+    tiles = core.plan(segment_ids).tiles
+    largest = max(tuple(t.mask.allowed.shape[-2:]) for t in tiles) if tiles else (0, 0)
+    return [x.double() for x in (out.detach(), *(t.grad for t in leaves))], largest
+
+
+CASES = [(window, dtype, emulated) for window in (8, 32) for dtype in (torch.float32, torch.bfloat16)
+         for emulated in (False, True) if emulated or dtype == torch.float32]
+
+
+def rank_results(size: int, ulysses: int = 1) -> dict:
+    if size > 1:
+        state.initialize(sequence=size, ulysses=ulysses)
+    return {case: chunk_run(case[0], size, case[1], case[2]) for case in CASES}
+
+
+def check(results: list, size: int):
+    for case in CASES:
+        window, dtype, emulated = case
+        want = reference(window)
+        got = [torch.cat(parts, 1) for parts in zip(*(r[case][0] for r in results))]
+        for name, a, w in zip(("out", "dq", "dk", "dv"), got, want):
+            error = ((a - w).abs().max() / w.abs().max()).item()
+            assert error <= TOLERANCE[dtype], f"window {window} sp={size} {dtype} emulated={emulated} {name}: {error:.1e}"
+        for rows, keys in (r[case][1] for r in results):  # banded: one tile's mask, never s x s
+            assert rows <= local._TILE_ROWS and keys <= rows + 2 * (window // 2), (rows, keys)
+
+
+def test_local_core_at_one_rank():
+    check([rank_results(1)], 1)
+
+
+@pytest.mark.parametrize("size,ulysses", [(2, 1), (4, 1), (4, 2)], ids=["sp2", "sp4", "sp4-hybrid-groups"])
+def test_local_core_across_ranks(size, ulysses):
+    """At SP = 4 a chunk holds 12 tokens: window 32 reaches 16 keys to each side, over two ranks."""
+    check(run_on_ranks(rank_results, size, size, ulysses, timeout=300), size)
+
+
+def test_halo_geometry_when_chunks_are_shorter_than_half_the_window():
+    ranks = [10, 11, 12, 13]  # global ranks of the seq group
+    geometry = local.halo(2, 4, 12, 16, ranks)
+    assert (geometry.left, geometry.right) == (16, 12)
+    assert geometry.recv == {10: 4, 11: 12, 13: 12}
+    assert geometry.send == {11: (0, 12), 13: (0, 12), 10: (0, 4)}
+    # every send meets the receive of the same size on the other side
+    for rank in range(4):
+        mine = local.halo(rank, 4, 12, 16, ranks)
+        for peer, (a, b) in mine.send.items():
+            assert local.halo(ranks.index(peer), 4, 12, 16, ranks).recv[ranks[rank]] == b - a
+    assert local.halo(0, 4, 64, 16, ranks) == local.Halo(0, 16, {11: (48, 64)}, {11: 16})
