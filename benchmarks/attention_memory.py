@@ -73,12 +73,21 @@ def attention_step(variant: str, size: int, seq: int):
     return lambda: core(q, k, v, mask).sum().backward()
 
 
+# "modern": ModernBERT's layers (rope, local window 128 with a global ring layer every third, GeGLU,
+# no biases, pre-LN) on the ring for the global layers
+MODERN = dict(position_embedding_type="rope", rotary_base=160000.0, local_attention_window=128,
+              global_attention_every=3, mlp_type="geglu", add_bias_linear=False, layernorm_layout="pre",
+              first_layer_attention_norm=False, type_vocab_size=0)
+
+
 def bert_config(variant: str, seq: int, hidden: int = HEADS * HEAD_DIM, heads: int = HEADS, layers: int = 4,
                 vocab: int = 1000) -> BertConfig:
-    """A small BERT without dropout (ring refuses attention dropout) and VARIANT_OPTIONS."""
+    """A small BERT without dropout (ring refuses attention dropout) and VARIANT_OPTIONS ("modern":
+    MODERN's layers, ring global layers)."""
+    options = MODERN if variant == "modern" else VARIANT_OPTIONS.get(variant, {})
     return BertConfig(vocab_size=vocab, hidden_size=hidden, num_attention_heads=heads, num_layers=layers,
-                      seq_length=seq, max_position_embeddings=seq, attention=variant, attention_dropout=0.0,
-                      hidden_dropout=0.0, **VARIANT_OPTIONS.get(variant, {}))
+                      seq_length=seq, max_position_embeddings=seq, attention="ring" if variant == "modern" else variant,
+                      attention_dropout=0.0, hidden_dropout=0.0, **options)
 
 
 def random_chunk(config: BertConfig, size: int, batch: int = 1, seed: int = 0) -> BertBatch:

@@ -22,7 +22,9 @@ SCRIPTS = ROOT / "examples_deepspeed"
 # PP SP SEQ_LEN MICRO_BATCH GLOBAL_BATCH come after PROCS; LAYERS HIDDEN HEADS after the variant's argument
 LAYOUT = ["1", "2", "128", "4", "4"]
 SHAPE = ["2", "64", "4"]
-ACCELERATOR_WARNING = "Setting accelerator to CPU"  # DeepSpeed's "... we were unable to detect it"
+ACCELERATOR_WARNING = "Setting accelerator to CPU"
+# the modernbert preset at the tiny SHAPE: layer 0 global (ring), layer 1 local (window 32)
+MODERN = ["--model-preset", "modernbert-base", "--ffn-hidden-size", "96", "--local-attention-window", "32"]  # DeepSpeed's "... we were unable to detect it"
 
 
 @pytest.fixture(scope="module")
@@ -135,14 +137,15 @@ def test_numbers_are_decimal_and_a_dry_run_writes_nothing(tmp_path):
 
 def test_two_node_launch_on_one_machine(tmp_path, data_dir):
     """Two launchers (node ranks 0 and 1) meet at 127.0.0.1; rank 0 on node-a, rank 1 on node-b
-    split each sequence (SP=2, ring). They must train, and give the losses of the same job
-    launched on one node with 2 ranks (the single-node script run in this test)."""
+    split each sequence (SP=2, ring global layers, halo-exchanging local layers: the modernbert
+    preset, shrunk). They must train, and give the losses of the same job launched on one node
+    with 2 ranks (the single-node script run in this test)."""
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
     single, multi = tmp_path / "single", tmp_path / "multi"
     port = str(free_port())
     nodes = [subprocess.Popen([str(SCRIPTS / "bert_multinode.sh"), str(hostfile), "2", "bert_distributed.sh", "1",
-                               *LAYOUT, *SHAPE, *train_flags(data_dir)],
+                               *LAYOUT, *SHAPE, *train_flags(data_dir), *MODERN],
                               env=launch_env(multi, NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in (0, 1)]
@@ -158,8 +161,10 @@ def test_two_node_launch_on_one_machine(tmp_path, data_dir):
         assert ACCELERATOR_WARNING not in output
     assert "iteration 2/2" in outputs[0]
 
-    run_script("bert_distributed.sh", single, *LAYOUT, *SHAPE, *train_flags(data_dir))
+    run_script("bert_distributed.sh", single, *LAYOUT, *SHAPE, *train_flags(data_dir), *MODERN)
     assert len(losses(multi)) == 2 and losses(multi) == losses(single)
+    model = json.loads((single / "config.json").read_text())["model"]
+    assert (model["position_embedding_type"], model["local_attention_window"], model["mlp_type"]) == ("rope", 32, "geglu")
 
 
 def train_records(run_dir: Path) -> dict:

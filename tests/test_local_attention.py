@@ -101,3 +101,17 @@ def test_halo_geometry_when_chunks_are_shorter_than_half_the_window():
         for peer, (a, b) in mine.send.items():
             assert local.halo(ranks.index(peer), 4, 12, 16, ranks).recv[ranks[rank]] == b - a
     assert local.halo(0, 4, 64, 16, ranks) == local.Halo(0, 16, {11: (48, 64)}, {11: 16})
+
+
+@pytest.mark.parametrize("variant,options,message", [
+    ("linformer", dict(linformer_k=8), "linformer attention cannot be combined with local sliding-window layers"),
+    ("bigbird", dict(bigbird_block_size=4), "bigbird attention cannot be combined with local sliding-window layers"),
+    ("ulysses", dict(attention_dropout=0.1), "attention_dropout 0.1 is not supported with local layers")])
+def test_local_layers_refuse_what_they_cannot_combine_with(variant, options, message):
+    from bert_fixtures import small_config
+    from megatron.errors import ConfigError
+    from megatron.model.attention import rules
+
+    config = small_config(variant, local_attention_window=8, global_attention_every=2, **options)
+    with pytest.raises(ConfigError, match=message):
+        rules.check(config, 1)

@@ -4,7 +4,7 @@ biases, pre-LN without a first attention norm) at SP 2 and 4, with ring, Ulysses
 global layers and halo-exchanging local layers, gives the SP = 1 hidden states, loss and every
 gradient on padded and packed batches (segments crossing chunk boundaries, chunks of padding,
 chunks shorter than half the window at SP = 4); and the same through DeepSpeed with a pipeline
-and with ZeRO 3. Real ranks over gloo.
+and with ZeRO 2 and 3. Real ranks over gloo.
 """
 import pytest
 import torch
@@ -60,10 +60,10 @@ def modern_engine_runs(runs: list) -> list:
     return engine_tests.deepspeed_runs(runs)
 
 
-def test_modern_model_through_deepspeed_pipeline_and_zero3():
-    """pp 2 x sp 2 (ZeRO 1) and sp 2 x dp 2 (ZeRO 3), 3 AdamW steps on padded and packed
+def test_modern_model_through_deepspeed_pipeline_and_zero():
+    """pp 2 x sp 2 (ZeRO 1) and sp 2 x dp 2 (ZeRO 2 and 3), 3 AdamW steps on padded and packed
     micro-batches: the single process's losses, gradient norms and parameters."""
-    runs = [(2, 2, 2, 1, 2), (1, 2, 1, 3, 2)]  # (pipeline, micro, accumulation, ZeRO stage, sequence)
+    runs = [(2, 2, 2, 1, 2), (1, 2, 1, 2, 2), (1, 2, 1, 3, 2)]  # (pipeline, micro, accumulation, ZeRO, sequence)
     per_rank = run_on_ranks(modern_engine_runs, 4, runs, timeout=420)
     engine_tests.ATTENTION_OPTIONS["ring"] = MODERN
     try:
