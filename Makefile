@@ -1,12 +1,12 @@
 # Benchmarks on CPU: each script writes its section of benchmarks/RESULTS.md and its PNG.
-# `make bench` reruns the CPU set (about 25 minutes on 2 idle cores); run it on an otherwise
+# `make bench` reruns the CPU set (about 40 minutes on 2 idle cores); run it on an otherwise
 # idle machine, the tables record the load average they ran under.
 PYTHON ?= .venv/bin/python
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: bench bench-train-step bench-sp-scaling bench-longest bench-attention bench-preprocess bench-packing profile
+.PHONY: bench bench-train-step bench-sp-scaling bench-longest bench-attention bench-preprocess bench-packing bench-modern profile
 
-bench: bench-train-step bench-sp-scaling bench-longest bench-attention bench-preprocess bench-packing
+bench: bench-train-step bench-sp-scaling bench-longest bench-attention bench-preprocess bench-packing bench-modern
 
 bench-train-step:
 	$(PYTHON) benchmarks/train_step.py
@@ -26,6 +26,11 @@ bench-preprocess:
 # packed vs unpacked samples on the default corpus: real tokens/s at SP=1 and ring SP=2, loss in equal time
 bench-packing:
 	$(PYTHON) benchmarks/packing.py
+
+# ModernBERT-shaped model (rope, local/global, GeGLU) vs HF ModernBertForMaskedLM at 1024-16384 tokens,
+# the local layer's per-token cost, the halo bytes at SP 2/4 (about 12 minutes on 2 idle cores)
+bench-modern:
+	$(PYTHON) benchmarks/modern.py
 
 # torch.profiler tables of one step of ours and of Hugging Face's -> benchmarks/profiles/
 profile:

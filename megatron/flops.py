@@ -10,18 +10,26 @@ activation recomputation is not counted (model FLOPs, not hardware FLOPs). Per s
                                     only (`masked_fraction`, 15%); 1.0 gives a model that runs it
                                     everywhere, as Hugging Face's does
   + 6 x L x s x 2 x keys x h        attention: QK^T and PV, 2 x keys x h each per query forward
-    keys = s (dense, ring, ulysses); k (linformer, which adds 6 x L x 2 x s x k x h for its
-    E and F projections of K and V); block x (window + 2 global + random) for BigBird's
-    sparse query blocks (its two global query blocks attend to all s keys)
+    keys = s (dense, ring, ulysses, hybrid); k (linformer, which adds 6 x L x 2 x s x k x h for
+    its E and F projections of K and V); block x (window + 2 global + random) for BigBird's
+    sparse query blocks (its two global query blocks attend to all s keys).
+    Local (sliding-window) layers, `config.is_local_layer(i)`, count keys = min(s, W + 1): a
+    query sees at most W / 2 keys on each side and itself, so their attention is O(s x W), not
+    O(s^2); the global layers between them count as their variant. (W + 1 is the interior
+    query's count: the W / 2 queries at each end of a segment see fewer, which the model FLOPs
+    do not subtract; the local core's banded tiles compute more, T x (T + W) per tile of T
+    query rows, which they do not add either: model FLOPs count the math, not the kernels.)
 
 Embeddings are lookups, LayerNorm, GELU, softmax and biases are elementwise: not counted.
 """
 from megatron.model.bert import BertConfig
 
 
-def attention_keys(config: BertConfig) -> float:
-    """Average keys per query of this variant."""
+def attention_keys(config: BertConfig, local: bool = False) -> float:
+    """Average keys per query of this variant (`local`: of a local sliding-window layer)."""
     s = config.seq_length
+    if local:
+        return min(s, config.local_attention_window + 1)
     if config.attention == "linformer":
         return min(config.linformer_k, s)
     if config.attention == "bigbird":
@@ -36,7 +44,11 @@ def training_flops_per_sample(config: BertConfig, masked_fraction: float = 0.15)
     layer_params = 4 * h * h + (2 if config.mlp_type == "gelu" else 3) * h * config.ffn_hidden_size
     head_params = h * h + h * config.padded_vocab_size
     flops = 6 * L * layer_params * s + 6 * head_params * masked_fraction * s
-    flops += 6 * L * s * 2 * attention_keys(config) * h
-    if config.attention == "linformer":
-        flops += 6 * L * 2 * s * attention_keys(config) * h
+    local_layers = sum(config.is_local_layer(i) for i in range(L))
+    global_layers = L - local_layers
+    flops += 6 * global_layers * s * 2 * attention_keys(config) * h
+    if local_layers:
+        flops += 6 * local_layers * s * 2 * attention_keys(config, local=True) * h
+    if config.attention == "linformer":  # (the config refuses local layers with linformer)
+        flops += 6 * global_layers * 2 * s * attention_keys(config) * h
     return flops

@@ -7,18 +7,20 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.data.batch import BertBatch
 from megatron.flops import training_flops_per_sample
+from megatron.model.attention import local
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.loss import bert_batch_loss
 
+MODERN = dict(position_embedding_type="rope", type_vocab_size=0, mlp_type="geglu", add_bias_linear=False,
+              embedding_layernorm=True, first_layer_attention_norm=False)
 
-@pytest.mark.parametrize("attention", ["dense", "linformer"])
-def test_formula_matches_counted_matmuls(attention):
-    config = BertConfig(vocab_size=1000, hidden_size=64, num_layers=2, num_attention_heads=4, seq_length=256,
-                        max_position_embeddings=256, attention=attention, attention_dropout=0.0, linformer_k=32,
-                        make_vocab_size_divisible_by=8)
+
+def counted_step_flops(config: BertConfig, batch_size: int) -> float:
+    """FLOPs torch's counter sees in one forward + backward on random tokens (every 8th one an MLM
+    position, one segment per sample, no padding)."""
     model = BertModel(config)
-    batch_size, seq = 2, config.seq_length
-    tokens = torch.randint(5, 1000, (batch_size, seq), generator=torch.Generator().manual_seed(0))
+    seq = config.seq_length
+    tokens = torch.randint(5, config.vocab_size, (batch_size, seq), generator=torch.Generator().manual_seed(0))
     loss_mask = torch.zeros(batch_size, seq, dtype=torch.bool)
     loss_mask[:, ::8] = True
     batch = BertBatch.unpacked(tokens, torch.zeros_like(tokens), torch.zeros_like(loss_mask), tokens, loss_mask,
@@ -33,8 +35,57 @@ def test_formula_matches_counted_matmuls(attention):
                      grad, q, k, v)}
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False, custom_mapping=cpu_flash) as counter:
         bert_batch_loss(*model(*batch.model_inputs()), batch).total.backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("attention", ["dense", "linformer"])
+def test_formula_matches_counted_matmuls(attention):
+    config = BertConfig(vocab_size=1000, hidden_size=64, num_layers=2, num_attention_heads=4, seq_length=256,
+                        max_position_embeddings=256, attention=attention, attention_dropout=0.0, linformer_k=32,
+                        make_vocab_size_divisible_by=8)
+    batch_size, seq = 2, config.seq_length
     expected = batch_size * training_flops_per_sample(config, masked_fraction=1 / 8)
     if attention == "dense":  # its flash backward recomputes q k^T, which model FLOPs leave out
         expected += config.num_layers * 2 * batch_size * seq * seq * config.hidden_size
     # the formula leaves out the pooler and SOP classifier (h^2 + 2h per sample, 6x)
-    assert counter.get_total_flops() == pytest.approx(expected, rel=2e-4)
+    assert counted_step_flops(config, batch_size) == pytest.approx(expected, rel=2e-4)
+
+
+def test_local_layers_count_a_window_of_keys_not_the_sequence():
+    """Layers 1, 2, 4, 5 of 6 local (window 32: 33 keys per query), 0 and 3 global (256 keys), a
+    GeGLU MLP (3hf) and the rest of the modern layout. The counter sees the local core's tiles:
+    T = 64 query rows against the T + 2 x 16 keys their windows reach (T + 16 at the two ends),
+    forward 2 matmuls, backward 5 (q k^T recomputed), where model FLOPs count 6 over 33 keys."""
+    window, tile, seq, batch_size = 32, local._TILE_ROWS, 256, 2
+    config = BertConfig(vocab_size=1000, hidden_size=64, num_layers=6, num_attention_heads=4, ffn_hidden_size=96,
+                        seq_length=seq, max_position_embeddings=seq, attention_dropout=0.0,
+                        make_vocab_size_divisible_by=8, local_attention_window=window, global_attention_every=3,
+                        add_binary_head=False, **MODERN)
+    h, half = config.hidden_size, window // 2
+    local_layers, global_layers = 4, 2
+    assert [config.is_local_layer(i) for i in range(6)] == [False, True, True, False, True, True]
+
+    # the formula, written out: a gated MLP's 3hf, the head at the masked eighth, keys per layer kind
+    per_token = 6 * 6 * (4 * h * h + 3 * h * 96) + 6 * (h * h + h * config.padded_vocab_size) / 8
+    attention = 6 * 2 * h * (global_layers * seq + local_layers * (window + 1))
+    assert training_flops_per_sample(config, 1 / 8) == pytest.approx(seq * (per_token + attention), rel=1e-12)
+
+    # what the kernels run: the model FLOPs, less the local layers' 6 x 2 x (W + 1) x h per query,
+    # plus their tiles' 7 matmuls of 2 x rows x keys x h, plus the global layers' recompute
+    tile_keys = seq * (tile + 2 * half) - 2 * tile * half  # sum over tiles of rows x keys
+    expected = batch_size * training_flops_per_sample(config, masked_fraction=1 / 8)
+    expected += local_layers * batch_size * 2 * h * (7 * tile_keys - 6 * seq * (window + 1))
+    expected += global_layers * 2 * batch_size * seq * seq * h
+    assert counted_step_flops(config, batch_size) == pytest.approx(expected, rel=2e-4)
+
+
+def test_local_layers_cost_the_same_per_token_at_any_length():
+    """Layer 0 global, layers 1 and 2 local: beyond the global layer's 6 x 2 x s x h per token, a
+    token costs the same at 1024 and 16384 tokens (a local layer counted over s keys would not)."""
+    def per_token_without_global_attention(seq):
+        config = BertConfig(num_layers=3, seq_length=seq, max_position_embeddings=seq, attention_dropout=0.0,
+                            local_attention_window=128, global_attention_every=4)
+        return training_flops_per_sample(config) / seq - 6 * 2 * seq * config.hidden_size
+
+    assert per_token_without_global_attention(16384) == pytest.approx(per_token_without_global_attention(1024),
+                                                                       rel=1e-12)

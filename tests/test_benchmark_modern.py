@@ -1,0 +1,89 @@
+"""benchmarks/modern.py's pieces at tiny sizes: both contestants' timed steps run on the same model
+(equal first losses), the ratio and the 'not run' estimate reach the table, the local layer alone
+is timed against its masked s x s twin, and the halo bytes counted from the local core's
+exchanges equal the model at SP = 2 and 4. No wall-clock asserts."""
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import modern  # noqa: E402
+
+pytest.importorskip("transformers")
+TINY = dict(num_layers=3, hidden_size=64, num_attention_heads=2, ffn_hidden_size=96, vocab_size=1024,
+            local_attention_window=32)
+
+
+def test_contestants_compute_the_same_model_and_their_ratio_reaches_the_table():
+    contestants = modern.build_contestants(modern.CONTESTANTS, 256, TINY)
+    assert [modern.model_config(256, TINY).is_local_layer(i) for i in range(3)] == [False, True, True]
+    batch = modern.make_batch(256, 1024, seed=3)
+    losses = {name: step(batch) for name, step in contestants.items()}  # the same starting weights
+    for name in ("hf", "hf-sparse"):
+        torch.testing.assert_close(losses[name], losses["ours"], rtol=0, atol=2e-5)
+    lines = []
+    results = modern.bench_steps(contestants, [128, 256], repeats=2, long_repeats=1, warmup=0,
+                                 max_step_s=math.inf, shape=TINY, log=lines.append)
+    assert set(results) == {128, 256} and len(lines) == 6
+    for row in results.values():
+        assert set(row) == set(modern.CONTESTANTS)
+        assert all(r["tokens_per_s"] > 0 and r["repeats"] == 2 for r in row.values())
+    table = modern.step_table(results, modern.CONTESTANTS)
+    ratio = results[256]["ours"]["tokens_per_s"] / results[256]["hf"]["tokens_per_s"]
+    assert f"**{ratio:.2f}x**" in table.splitlines()[-1]
+    # a contestant whose estimated step exceeds the limit is not run; ours always is
+    skipped = modern.bench_steps({n: contestants[n] for n in ("ours", "hf")}, [128, 256], repeats=1,
+                                 long_repeats=1, warmup=0, max_step_s=1e-9, shape=TINY, log=lines.append)
+    assert "tokens_per_s" in skipped[256]["ours"] and skipped[256]["hf"]["estimated_s"] > 0
+    assert "not run: " in modern.step_table(skipped, ("ours", "hf")).splitlines()[-1]
+
+
+def test_step_estimate_fits_linear_plus_quadratic():
+    def seconds(s):
+        return 1e-3 * s + 1e-7 * s * s
+
+    assert modern.estimate_seconds({}, 4096) is None
+    assert modern.estimate_seconds({1024: seconds(1024), 2048: seconds(2048)}, 8192) == pytest.approx(seconds(8192))
+    assert modern.estimate_seconds({1024: 2.0}, 2048) == pytest.approx(8.0)  # one point: s^2 (an upper bound)
+
+
+def test_local_layer_alone_and_its_masked_twin_are_timed():
+    layer = modern.bench_local_layer([128, 256], window=32, heads=2, head_dim=8, repeats=1, max_step_s=math.inf,
+                                     log=lambda _: None)
+    for row in layer.values():
+        assert all(row[name] > 0 for name in ("ours", "masked s x s", "plan"))
+    steps = {s: {"ours": {"tflops": 1e-3 * s}} for s in (128, 256)}
+    table = modern.quadratic_table(steps, layer)
+    assert "| 256 | 256.0 | **2.00** |" in table
+
+
+def test_the_local_cores_masked_twin_is_the_same_attention():
+    """The baseline times the same math: SDPA under the s x s window mask equals the local core."""
+    from types import SimpleNamespace
+
+    from megatron.model.attention import local
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 200, 2, 8, generator=g) for _ in range(3))
+    core = local.LocalAttention(SimpleNamespace(local_attention_window=32, head_dim=8))
+    ours = core(q, k, v, torch.ones(1, 200, dtype=torch.long))
+    masked = torch.nn.functional.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)),
+                                                             attn_mask=modern.window_mask(200, 16))
+    torch.testing.assert_close(ours, masked.transpose(1, 2), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("size", [2, 4])
+def test_halo_bytes_equal_the_model(size, dtype):
+    window, heads, head_dim = 32, 2, 8
+    sent = modern.halo_bytes(size, 256, window, heads, head_dim, dtype)
+    assert sent == [modern.halo_model_bytes(rank, size, window, 1, heads * head_dim, dtype.itemsize)
+                    for rank in range(size)]
+    # an interior rank sends 2 x W x h values forward (W / 2 tokens' K and V to each side)
+    if size == 4:
+        assert sent[1][0] == 2 * window * heads * head_dim * dtype.itemsize
+    rows = modern.bench_halo([size], 256, window, heads, head_dim, [dtype])
+    assert "differs" not in modern.halo_table(rows)
