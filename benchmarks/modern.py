@@ -44,6 +44,7 @@ sys.path.insert(0, str(HERE))
 from results import machine, write_section  # noqa: E402
 from train_step import MMAP_THRESHOLD, adamw, alternate, summary, versions  # noqa: E402
 
+from megatron import hf_modernbert  # noqa: E402
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.flops import training_flops_per_sample  # noqa: E402
 from megatron.model.args import MODEL_PRESETS  # noqa: E402
@@ -73,24 +74,6 @@ def model_config(seq: int, shape: dict | None = None) -> BertConfig:
     """Our ModernBERT-shaped config at `seq` tokens (`shape`: sizes over SHAPE, for tests)."""
     return BertConfig(**{**PRESET, **SHAPE, **(shape or {}), "seq_length": seq,
                          "max_position_embeddings": max(seq, PRESET["max_position_embeddings"])})
-
-
-def hf_state(state: dict, config: BertConfig) -> dict:
-    """Our state dict in ModernBertForMaskedLM's names (the layouts agree: fused qkv in q, k, v
-    order, GeGLU's Wi as [gate half; value half]; tests/test_modern_layers.py holds the parity)."""
-    names = {"embeddings.word_embeddings": "model.embeddings.tok_embeddings",
-             "embeddings.layernorm": "model.embeddings.norm", "final_layernorm": "model.final_norm",
-             "lm_head.dense": "head.dense", "lm_head.layernorm": "head.norm"}
-    for i in range(config.num_layers):
-        names.update({f"layers.{i}.{ours}": f"model.layers.{i}.{theirs}" for ours, theirs in (
-            ("attention_layernorm", "attn_norm"), ("attention.query_key_value", "attn.Wqkv"),
-            ("attention.dense", "attn.Wo"), ("mlp_layernorm", "mlp_norm"), ("mlp.dense_h_to_4h", "mlp.Wi"),
-            ("mlp.dense_4h_to_h", "mlp.Wo"))})
-    converted = {names[name.rsplit(".", 1)[0]] + ".weight": tensor for name, tensor in state.items()
-                 if name != "lm_head.bias"}
-    converted.update({"decoder.weight": state["embeddings.word_embeddings.weight"],
-                      "decoder.bias": state["lm_head.bias"]})
-    return converted
 
 
 def make_batch(seq: int, vocab: int, seed: int = 0) -> BertBatch:
@@ -133,7 +116,9 @@ class HuggingFace:
             bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, sparse_prediction=sparse_prediction,
             attn_implementation="sdpa")
         self.model = transformers.ModernBertForMaskedLM(hf_config)
-        self.model.load_state_dict(hf_state(state, config))
+        # the converter's map (megatron/hf_modernbert.py); decoder.weight is tied to the token embeddings
+        missing, unexpected = self.model.load_state_dict(hf_modernbert.hf_state_from_bert(state, config), strict=False)
+        assert missing == ["decoder.weight"] and not unexpected, (missing, unexpected)
         self.model.train()
         self.optimizer = adamw(self.model.parameters())
 

@@ -4,6 +4,8 @@ Every flag defaults to None ("not given") so that megatron.config can let the De
 fill what the command line leaves out; the real defaults live in BertConfig / TrainConfig.
 """
 import argparse
+import os
+import sys
 
 from megatron.model.args import MODEL_PRESETS
 
@@ -122,8 +124,8 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
     memory = parser.add_argument_group("memory")
     memory.add_argument("--checkpoint-activations", action="store_true",
                         help="recompute transformer layers in backward (DeepSpeed activation checkpointing)")
-    memory.add_argument("--checkpoint-num-layers", type=int, default=1,
-                        help="transformer layers per checkpointed chunk (default 1)")
+    memory.add_argument("--checkpoint-num-layers", type=int,
+                        help="with --checkpoint-activations: transformer layers per checkpointed chunk (default 1)")
     speed = parser.add_argument_group("speed")
     speed.add_argument("--compile-mlp", action="store_true", default=None,
                        help="torch.compile each layer's MLP sublayer: fused bias-GELU and bias-dropout-add "
@@ -137,7 +139,7 @@ def config_flags(args: argparse.Namespace) -> dict:
     for field in ("add_binary_head", "embedding_layernorm", "compile_mlp", "pack_samples", "max_segment_length"):
         values[field] = getattr(args, field, None)
     if getattr(args, "checkpoint_activations", False):
-        values["activation_checkpoint_interval"] = args.checkpoint_num_layers
+        values["activation_checkpoint_interval"] = args.checkpoint_num_layers or 1
     return values
 
 
@@ -164,7 +166,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     # which override the defaults (config.OPTIMIZER_DEFAULTS)
     train.add_argument("--lr", type=float, help="peak learning rate (default: the JSON's optimizer.params.lr, "
                        "else 1e-4)")
-    train.add_argument("--min-lr", type=float, default=0.0, help="learning rate at the end of the decay (default 0)")
+    train.add_argument("--min-lr", type=float, help="learning rate at the end of a linear or cosine decay (default 0)")
     train.add_argument("--lr-decay-style", choices=["linear", "cosine", "constant"], default="linear",
                        help="decay after warm-up (default linear)")
     train.add_argument("--lr-warmup-fraction", type=float, default=0.01,
@@ -204,8 +206,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--load", help="checkpoint directory to resume from (its 'latest' tag); a weights-only "
                      "checkpoint (tools/convert_checkpoint.py from-hf) starts a new run from its weights; the --save "
                      "folder itself before its first checkpoint: start from scratch (a requeued job resumes)")
-    run.add_argument("--init-from-hf", metavar="DIR", help="start from a Hugging Face Bert* / MegatronBert* folder; "
-                     "its config fills the model-size flags not given, heads it lacks are initialised")
+    run.add_argument("--init-from-hf", metavar="DIR", help="start from a Hugging Face Bert* / MegatronBert* / "
+                     "ModernBert* folder; its config fills the model flags not given, heads it lacks are initialised")
     run.add_argument("--no-position-extension", action="store_true", help="with --init-from-hf: refuse a "
                      "--max-position-embeddings above the folder's instead of repeating its learned positions")
     run.add_argument("--skip-nan-batches", action="store_true", help="skip the update of a step whose loss or "
@@ -222,10 +224,31 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
+def launcher_rank() -> int:
+    """This process' global rank as its launcher set it before any process group exists: the env://
+    RANK (deepspeed, torchrun), else an MPI launcher's; 0 for a process started by hand."""
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+class OncePerRunParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage, help and error lines are printed by global rank 0 only: the
+    launcher starts every rank with the same command line, so every rank fails alike (exit code 2)
+    and one copy of the message says it all."""
+
+    def _print_message(self, message, file=None):
+        if message and launcher_rank() == 0:
+            (file or sys.stderr).write(message)
+            (file or sys.stderr).flush()
+
+
 def build_parser() -> argparse.ArgumentParser:
     import deepspeed
 
-    parser = argparse.ArgumentParser(
+    parser = OncePerRunParser(
         prog="pretrain_bert.py",
         description="Pretrain Megatron BERT (MLM + sentence order) with sequence-parallel attention under "
                     "DeepSpeed. Run it through the launcher: deepspeed --num_gpus N pretrain_bert.py ... "

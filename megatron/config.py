@@ -31,7 +31,9 @@ import contextlib
 import copy
 import dataclasses
 import difflib
+import importlib.util
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,12 +101,13 @@ def precision(ds_config: dict) -> str:
 
 
 def read_ds_config(path) -> dict:
-    """Reads a DeepSpeed JSON file; syntax errors name the line and column."""
+    """Reads a DeepSpeed JSON file strictly (strict_json_loads: no duplicate keys, no NaN / Infinity);
+    syntax errors name the line and column; the types and ranges are checked (check_deepspeed_types)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"DeepSpeed config {path} does not exist", "pass an existing JSON file to --deepspeed_config")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_refuse_duplicates(path))
+        config = strict_json_loads(path.read_text(encoding="utf-8"), path)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path}:{error.lineno}:{error.colno}: invalid JSON ({error.msg})",
                           "fix the JSON syntax at that position") from None
@@ -116,6 +119,43 @@ def read_ds_config(path) -> dict:
         raise ConfigError(f"{path} holds a JSON {type(config).__name__}, not an object", "wrap the settings in { }")
     check_deepspeed_types(config)
     return config
+
+
+class _NotFinite:
+    """Stands for a JSON number that is not finite while the document is parsed: `NaN`,
+    `Infinity`, `-Infinity` (Python's json reads them, strict readers refuse them) or a literal
+    too large for a float (`1e999` reads as inf)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _finite_float(text: str):
+    value = float(text)
+    return value if math.isfinite(value) else _NotFinite(text)
+
+
+def strict_json_loads(text: str, source, key: str = "") -> object:
+    """json.loads that refuses what a strict JSON reader refuses and Python's accepts: a key given
+    twice in one object (the second would win silently), and NaN / Infinity / numbers that overflow
+    to infinity, named by their key path (`optimizer.params.lr = NaN`; `key`: the path of the whole
+    text). `source` (a file) starts the error line. Syntax errors stay json.JSONDecodeError (the
+    caller names line and column)."""
+    value = json.loads(text, object_pairs_hook=_refuse_duplicates(source), parse_constant=_NotFinite,
+                       parse_float=_finite_float)
+    _refuse_not_finite(value, key, source)
+    return value
+
+
+def _refuse_not_finite(node, where: str, source) -> None:
+    if isinstance(node, _NotFinite):
+        key = where or "the document"
+        raise ConfigError(f"{source}: {key} = {node.text} is not a finite number (strict JSON readers, DeepSpeed's "
+                          "checks and this trainer refuse NaN and Infinity)", f"write a finite number for {key}")
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        _refuse_not_finite(child, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else key,
+                           source)
 
 
 def _refuse_duplicates(path):
@@ -165,24 +205,187 @@ _DEEPSPEED_OTHER_KEYS = {"optimizer", "scheduler", "activation_checkpointing", "
 
 
 # optimizer.params the trainer fills where neither its flags (--lr, --weight-decay, --adam-beta1/2,
-# --adam-eps) nor the JSON give them (training.deepspeed_settings; tools/ds_config.py show prints them)
+# --adam-eps) nor the JSON give them, each only for an optimizer that takes it (training.deepspeed_settings;
+# tools/ds_config.py show prints them)
 OPTIMIZER_DEFAULTS = {"lr": 1e-4, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}
+# keys DeepSpeed pops from an Adam's params before the optimizer class sees them (engine.py
+# _configure_basic_optimizer, get_optimizer_configuration)
+_ADAM_DEEPSPEED_KEYS = ("adam_w_mode", "torch_adam", "fp32_optimizer_states")
+# optimizer.params each optimizer.type takes (lower-case): the keyword arguments of the class(es) DeepSpeed
+# 0.19.8 builds for it (DeepSpeed's own: FusedAdam or DeepSpeedCPUAdam, FusedLamb, FusedLion or DeepSpeedCPULion,
+# torch's Adagrad or DeepSpeedCPUAdagrad, Muon's halves; else torch.optim's class); traced_optimizer_params finds
+# the same (tests/test_ds_config_tool.py holds the two equal). Anything else is a TypeError inside
+# deepspeed.initialize, or (Muon) silently ignored.
+_TORCH_ADAMW = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable",
+                "differentiable", "fused")
+_DEEPSPEED_ADAM = ("lr", "bias_correction", "betas", "eps", "weight_decay", "amsgrad", "set_grad_none",
+                   *_ADAM_DEEPSPEED_KEYS)
+OPTIMIZER_PARAMS = {name: frozenset(params) for name, params in {
+    "adam": _DEEPSPEED_ADAM, "adamw": _DEEPSPEED_ADAM,
+    "adagrad": ("lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "foreach", "maximize",
+                "differentiable", "fused", "amsgrad", "fp32_optimizer_states"),
+    "lamb": ("lr", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weight_decay", "max_coeff", "min_coeff",
+             "amsgrad"),
+    "lion": ("lr", "betas", "weight_decay", "set_grad_none", "fp32_optimizer_states"),
+    "muon": ("lr", "momentum", "weight_decay", "ns_method", "betas", "eps", "muon_lr", "adam_lr",
+             *_ADAM_DEEPSPEED_KEYS),
+    "adadelta": ("lr", "rho", "eps", "weight_decay", "foreach", "capturable", "maximize", "differentiable"),
+    "adafactor": ("lr", "beta2_decay", "eps", "d", "weight_decay", "foreach", "maximize"),
+    "adamax": ("lr", "betas", "eps", "weight_decay", "foreach", "maximize", "differentiable", "capturable"),
+    "asgd": ("lr", "lambd", "alpha", "t0", "weight_decay", "foreach", "maximize", "differentiable", "capturable"),
+    "lbfgs": ("lr", "max_iter", "max_eval", "tolerance_grad", "tolerance_change", "history_size", "line_search_fn"),
+    "nadam": ("lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "foreach", "maximize",
+              "capturable", "differentiable"),
+    "radam": ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "foreach", "maximize", "capturable",
+              "differentiable"),
+    "rmsprop": ("lr", "alpha", "eps", "weight_decay", "momentum", "centered", "capturable", "foreach", "maximize",
+                "differentiable"),
+    "rprop": ("lr", "etas", "step_sizes", "capturable", "foreach", "maximize", "differentiable"),
+    "sgd": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "foreach", "differentiable",
+            "fused"),
+    "sparseadam": ("lr", "betas", "eps", "maximize"),
+}.items()}
+# Adam / AdamW with optimizer.params.torch_adam true: torch's AdamW (or Adam) gets the params
+TORCH_ADAM_PARAMS = frozenset((*_TORCH_ADAMW, *_ADAM_DEEPSPEED_KEYS))
+# muP's optimizers come from the `mup` package (not a dependency); their params are torch's
+_MUP_OPTIMIZERS = ("muadam", "muadamw", "musgd")
+# optimizer types that cannot train this model whatever their params
+_UNUSABLE_OPTIMIZERS = {
+    "lbfgs": "LBFGS needs a closure that re-evaluates the loss, which DeepSpeed's engine.step() does not pass",
+    "sparseadam": "SparseAdam takes only sparse gradients and every gradient of this model is dense"}
+_CUDA_ONLY_OPTIMIZERS = {"lamb": "FusedLamb", "lion": "FusedLion"}  # DeepSpeed's kernels: "not implemented on CPU"
+# value rules of the params that have one meaning in every optimizer taking them
+_NON_NEGATIVE_PARAMS = ("lr", "weight_decay", "momentum", "dampening", "lr_decay", "initial_accumulator_value",
+                        "momentum_decay", "muon_lr", "adam_lr", "rho", "alpha")
+_BOOLEAN_PARAMS = ("amsgrad", "bias_correction", "set_grad_none", "nesterov", "maximize", "capturable",
+                   "differentiable", "centered", "decoupled_weight_decay", "eps_inside_sqrt", *_ADAM_DEEPSPEED_KEYS)
+_BOOLEAN_OR_NULL_PARAMS = ("foreach", "fused")
+
+
+def optimizer_params_taken(ds_config: dict, cuda: bool | None = None) -> tuple:
+    """(the optimizer.params the JSON's optimizer.type takes, the optimizer named as in an error), or
+    (None, name) where they are not known here (muP's). Which Adam DeepSpeed builds follows
+    optimizer.params.torch_adam, which the trainer sets without CUDA: `cuda` None (not known) takes
+    either Adam's params."""
+    optimizer = ds_config.get("optimizer") or {}
+    name = str(optimizer.get("type") or "AdamW")
+    params = optimizer.get("params") if isinstance(optimizer.get("params"), dict) else {}
+    if name.lower() in ("adam", "adamw"):
+        torch_adam = params.get("torch_adam", None if cuda is None else not cuda)
+        if torch_adam is True:
+            return TORCH_ADAM_PARAMS, f"torch's {name} (optimizer.params.torch_adam true, the default without CUDA)"
+        if torch_adam is None:
+            return OPTIMIZER_PARAMS[name.lower()] | TORCH_ADAM_PARAMS, f"optimizer.type {name}"
+        return OPTIMIZER_PARAMS[name.lower()], f"DeepSpeed's {name} (FusedAdam, or CPUAdam under ZeRO offload)"
+    return OPTIMIZER_PARAMS.get(name.lower()), f"optimizer.type {name}"
+
+
+def check_optimizer(ds_config: dict, cuda: bool | None = None) -> None:
+    """optimizer.type usable here and optimizer.params that it takes, each of the right type and range:
+    otherwise deepspeed.initialize fails with a TypeError (or a value error inside torch) after the
+    data's index maps are built, or (Muon) ignores the key. `cuda`: whether the run has CUDA (None:
+    not known, the device-only rules are skipped)."""
+    optimizer = ds_config.get("optimizer")
+    if not isinstance(optimizer, dict):
+        return
+    name = str(optimizer.get("type") or "AdamW")
+    kind = name.lower()
+    if kind in _UNUSABLE_OPTIMIZERS:
+        raise ConfigError(f"optimizer.type {name} cannot train this model: {_UNUSABLE_OPTIMIZERS[kind]}",
+                          "use AdamW (the default) or another optimizer")
+    if kind in _MUP_OPTIMIZERS and importlib.util.find_spec("mup") is None:
+        raise ConfigError(f"optimizer.type {name} comes from the mup package, which is not installed",
+                          "pip install mup, or use AdamW (the default)")
+    zero = ds_config.get("zero_optimization")
+    offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+    on_cpu = isinstance(offload, dict) and offload.get("device") in ("cpu", "nvme")
+    if cuda is False and kind in _CUDA_ONLY_OPTIMIZERS and not (kind == "lion" and on_cpu):
+        raise ConfigError(f"optimizer.type {name} is DeepSpeed's {_CUDA_ONLY_OPTIMIZERS[kind]}, a CUDA kernel, and "
+                          "this run has no CUDA", "use AdamW (torch's, the default without CUDA) or run on GPUs")
+    params = optimizer.get("params", {})
+    if not isinstance(params, dict):
+        raise ConfigError(f"optimizer.params = {json.dumps(params)} is not a JSON object",
+                          "make optimizer.params a JSON object or remove it")
+    taken, which = optimizer_params_taken(ds_config, cuda)
+    for key, value in params.items():
+        where = f"optimizer.params.{key}"
+        if key == "max_grad_norm":
+            raise ConfigError(f"{where} is not read by DeepSpeed (it refuses it at start-up)",
+                              "set the top-level gradient_clipping (or --clip-grad) instead")
+        if taken is not None and key not in taken:
+            raise ConfigError(f"{where} is not a parameter of {which}, which takes {', '.join(sorted(taken))}",
+                              f"remove {key} or choose an optimizer.type that takes it")
+        _check_optimizer_value(where, key, value, kind)
+
+
+def _check_optimizer_value(where: str, key: str, value, kind: str) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if key in _NON_NEGATIVE_PARAMS and not (number and value >= 0):
+        raise ConfigError(f"{where} = {json.dumps(value)} is not a number >= 0",
+                          f"set {where} to a number{', e.g. 1e-4' if key == 'lr' else ''}, without quotes")
+    if key == "eps" and kind != "adafactor" and not (number and value > 0):  # Adafactor's eps is a pair
+        raise ConfigError(f"{where} = {json.dumps(value)} is not a number > 0", f"set {where} to e.g. 1e-8")
+    if key == "betas" and not (isinstance(value, list) and len(value) == 2 and all(
+            isinstance(beta, (int, float)) and not isinstance(beta, bool) and 0 <= beta < 1 for beta in value)):
+        raise ConfigError(f"{where} = {json.dumps(value)} is not two numbers in [0, 1)",
+                          f"set {where} to e.g. [0.9, 0.999]")
+    if key in _BOOLEAN_PARAMS and not isinstance(value, bool):
+        raise ConfigError(f"{where} = {json.dumps(value)} is not a boolean", f"set {where} to true or false")
+    if key in _BOOLEAN_OR_NULL_PARAMS and not (value is None or isinstance(value, bool)):
+        raise ConfigError(f"{where} = {json.dumps(value)} is not a boolean or null",
+                          f"set {where} to true, false or null")
 
 
 def default_optimizer(ds_config: dict, cuda: bool) -> dict:
-    """Fills, in place, the JSON's optimizer (AdamW when it names none) with the OPTIMIZER_DEFAULTS
-    its params lack, and torch's Adam where there is no CUDA (DeepSpeed's FusedAdam needs a GPU);
-    returns the params."""
+    """Checks the JSON's optimizer (check_optimizer), then fills it in place: AdamW when it names none,
+    the OPTIMIZER_DEFAULTS its params lack (those its type takes), and torch's Adam where there is no
+    CUDA (DeepSpeed's FusedAdam needs a GPU); returns the params."""
     optimizer = ds_config.setdefault("optimizer", {"type": "AdamW", "params": {}})
     params = optimizer.setdefault("params", {}) if isinstance(optimizer, dict) else None
     if not isinstance(params, dict):
         key, value = ("optimizer", optimizer) if params is None else ("optimizer.params", params)
         raise ConfigError(f"{key} = {json.dumps(value)} is not a JSON object", f"make {key} a JSON object or remove it")
-    for key, value in OPTIMIZER_DEFAULTS.items():
-        params.setdefault(key, copy.deepcopy(value))  # the defaults' betas list is never the JSON's
-    if not cuda:
+    if optimizer.get("type") is None:  # DeepSpeed would build no optimizer at all
+        optimizer["type"] = "AdamW"
+    check_optimizer(ds_config, cuda)
+    adam = optimizer["type"].lower() in ("adam", "adamw")
+    if adam and not cuda:
         params.setdefault("torch_adam", True)
+    taken, _ = optimizer_params_taken(ds_config, cuda)
+    for key, value in OPTIMIZER_DEFAULTS.items():
+        if (taken is None or key in taken) and not (key == "eps" and optimizer["type"].lower() == "adafactor"):
+            # Adafactor's eps is a pair (its own default stays)
+            params.setdefault(key, copy.deepcopy(value))  # the defaults' betas list is never the JSON's
     return params
+
+
+def traced_optimizer_params() -> dict:
+    """OPTIMIZER_PARAMS from the installed DeepSpeed and torch: the keyword arguments of the classes
+    DeepSpeed's engine builds for each type, and the keys it reads or pops itself."""
+    import inspect
+
+    import torch
+    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+    from deepspeed.ops.lamb import FusedLamb
+    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    def keywords(*classes, passed_by_deepspeed=()):
+        names = {name for cls in classes for name in inspect.signature(cls.__init__).parameters}
+        return names - {"self", "params", "model_params", "max_grad_norm", *passed_by_deepspeed}
+
+    adam = keywords(FusedAdam, DeepSpeedCPUAdam, passed_by_deepspeed=("adamw_mode",)) | set(_ADAM_DEEPSPEED_KEYS)
+    traced = {"adam": adam, "adamw": adam, "adagrad": keywords(torch.optim.Adagrad, DeepSpeedCPUAdagrad),
+              "lamb": keywords(FusedLamb), "lion": keywords(FusedLion, DeepSpeedCPULion),
+              "muon": {*DeepSpeedEngine._MUON_HALF_KEYS, *DeepSpeedEngine._ADAM_HALF_KEYS, "muon_lr", "adam_lr",
+                       *_ADAM_DEEPSPEED_KEYS}}
+    for name in OPTIMIZER_NAMES.values():
+        cls = getattr(torch.optim, name, None)
+        if name.lower() not in traced and name.lower() not in _MUP_OPTIMIZERS and cls is not None:
+            traced[name.lower()] = keywords(cls)
+    return {name: frozenset(params) for name, params in traced.items()}, keywords(torch.optim.AdamW) | set(
+        _ADAM_DEEPSPEED_KEYS)
 
 
 def deepspeed_top_level_keys() -> set:
@@ -253,14 +456,35 @@ def check_deepspeed_types(ds_config: dict) -> None:
         if key in ds_config and not isinstance(ds_config[key], dict):
             raise ConfigError(f"{key} = {json.dumps(ds_config[key])} is not a JSON object",
                               f'write "{key}": {{...}} or remove it')
+    check_optimizer(ds_config)
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         if ds_config.get(key) is not None:  # null: derived from the other two
             _typed(key, ds_config[key], int)
     _typed("zero_optimization.stage", ds_config.get("zero_optimization", {}).get("stage", 0), int)
     clipping = ds_config.get("gradient_clipping", 0.0)
-    if isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or clipping < 0:
+    if isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or not clipping >= 0:
         raise ConfigError(f"gradient_clipping = {json.dumps(clipping)} is not a number >= 0",
                           "set gradient_clipping to a number (0 turns clipping off)")
+    for key, rule in _TOP_LEVEL_SCALARS.items():
+        value = ds_config.get(key)
+        if value is None:
+            continue
+        if rule == "boolean" and not isinstance(value, bool):
+            raise ConfigError(f"{key} = {json.dumps(value)} is not a boolean (DeepSpeed would read it without "
+                              "checking)", f"set {key} to true or false, without quotes")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if (rule == "an integer >= 1" and not (number and isinstance(value, int) and value >= 1)
+                or rule == "a number > 0" and not (number and value > 0)):
+            raise ConfigError(f"{key} = {json.dumps(value)} is not {rule}", f"set {key} to {rule}, without quotes")
+
+
+# DeepSpeed's top-level scalars that its config reads without checking the type (a string or a number
+# where a boolean belongs is accepted, then misread, or a TypeError mid-run)
+_TOP_LEVEL_SCALARS = {
+    "steps_per_print": "an integer >= 1", "gradient_predivide_factor": "a number > 0",
+    "prescale_gradients": "boolean", "wall_clock_breakdown": "boolean", "memory_breakdown": "boolean",
+    "dataloader_drop_last": "boolean", "dump_state": "boolean", "disable_allgather": "boolean",
+    "zero_allow_untested_optimizer": "boolean", "zero_force_ds_cpu_optimizer": "boolean"}
 
 
 def _check_enabled_flags(node, path: str) -> None:
@@ -279,7 +503,7 @@ def deepspeed_accepts(ds_config: dict) -> None:
     deepspeed.initialize. The batch keys are left out: their arithmetic is checked above at the
     real world size, which DeepSpeed cannot know before the processes start."""
     import pydantic
-    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
 
     trial = {key: value for key, value in ds_config.items() if key != "train_batch_size"}
     try:
@@ -290,7 +514,7 @@ def deepspeed_accepts(ds_config: dict) -> None:
             str(part) for part in first["loc"])
         raise ConfigError(f"DeepSpeed rejects {key}: {first['msg']}",
                           f"fix or remove {key} (https://www.deepspeed.ai/docs/config-json/)") from None
-    except (AssertionError, ValueError, TypeError, KeyError) as error:
+    except (AssertionError, ValueError, TypeError, KeyError, DeepSpeedConfigError) as error:
         text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError(f"DeepSpeed rejects the config: {text}",
                           "fix the setting it names (https://www.deepspeed.ai/docs/config-json/)") from None
@@ -371,7 +595,9 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         raise ConfigError(f"world size {world_size} must be >= 1", "launch at least one process (--world-size N)")
     check_deepspeed_types(ds_config)
     given = {key: value for key, value in flags.items() if value is not None}
-    values = {**_section_values(ds_config), **given}
+    section = _section_values(ds_config)
+    values = {**section, **given}
+    _check_model_numbers(values)
     values = {**model_preset(flags, ds_config), **values}  # a preset's fields, each below its own flag
     values.pop("model_preset", None)
     # --checkpoint-activations, else DeepSpeed's own "activation_checkpointing" section turns it on
@@ -417,6 +643,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         attention.check(model, sequence)
     except ConfigError as error:
         raise ConfigError(f"{SECTION}: {error.problem}", error.fix) from None
+    _refuse_unused_options(given, section, model)
 
     resolved = {**ds_config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
                 "train_batch_size": global_batch}
@@ -429,6 +656,64 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
                        data_parallel_size=data, micro_batch_size=micro, gradient_accumulation_steps=gas,
                        zero_stage=zero_stage, activation_checkpoint_interval=checkpoint_interval,
                        compile_mlp=compile_mlp, pack_samples=pack_samples, ds_config=resolved)
+
+
+# options that belong to one attention variant: BertConfig field -> (flag, JSON key)
+_VARIANT_OPTIONS = {
+    "linformer": {"linformer_k": ("--linformer-k", f"{SECTION}.linformer.k"),
+                  "linformer_share_heads": ("--linformer-share-heads", f"{SECTION}.linformer.share_heads"),
+                  "linformer_share_kv": ("--linformer-share-kv", f"{SECTION}.linformer.share_kv")},
+    "bigbird": {"bigbird_block_size": ("--block-size", f"{SECTION}.bigbird.block_size"),
+                "bigbird_num_window_blocks": ("--bigbird-num-window-blocks", f"{SECTION}.bigbird.num_window_blocks"),
+                "bigbird_num_random_blocks": ("--bigbird-num-random-blocks", f"{SECTION}.bigbird.num_random_blocks")}}
+# model fields that must be finite and above a bound whatever else is set (BertConfig checks the rest)
+_POSITIVE_MODEL_NUMBERS = {"init_method_std": "--init-method-std", "layernorm_epsilon": "--layernorm-epsilon",
+                           "rotary_base": "--rotary-base", "local_rotary_base": "--local-rotary-base"}
+
+
+def _check_model_numbers(values: dict) -> None:
+    """Model numbers BertConfig takes as they come: a negative or zero init std or LayerNorm epsilon
+    (or NaN, inf) reaches torch's init or the first forward pass, after the data's index maps are built."""
+    for key, flag in _POSITIVE_MODEL_NUMBERS.items():
+        value = values.get(key)
+        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                      and math.isfinite(value) and value > 0):
+            raise ConfigError(f"{key} = {value} is not a finite number > 0",
+                              f"pass {flag} with a positive value, e.g. {getattr(BertConfig, key)}")
+
+
+def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> None:
+    """Options given (by flag or in the JSON section) that the resolved run would not read: a variant's
+    options with another attention variant (as ulysses_size is refused), rope bases with learned
+    positions, local-layer options when no layer is local. Preset values are not "given": only what
+    the user set is refused."""
+    def name(key: str, flag: str, json_key: str | None = None) -> str:
+        return flag if key in flags or json_key is None else json_key
+
+    for variant, options in _VARIANT_OPTIONS.items():
+        for key, (flag, json_key) in options.items():
+            if (key in flags or key in section) and model.attention != variant:
+                option = name(key, flag, json_key)
+                raise ConfigError(f"{option} is set but attention is '{model.attention}' ({variant} options are "
+                                  "read by that variant only)", f"set attention '{variant}' or drop {option}")
+    rope = model.position_embedding_type == "rope"
+    for key in ("rotary_base", "local_rotary_base"):
+        if key in flags and not rope:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} {flags[key]} is set but positions are learned (a table, no rotary angles)",
+                              f"add --position-embedding-type rope or drop {flag}")
+    any_local = any(model.is_local_layer(index) for index in range(model.num_layers))
+    if "global_attention_every" in flags and model.local_attention_window is None:
+        raise ConfigError(f"--global-attention-every {flags['global_attention_every']} is set without "
+                          "--local-attention-window: every layer is global", "add --local-attention-window W or drop "
+                          "--global-attention-every")
+    for key in ("local_attention_window", "local_rotary_base"):
+        if key in flags and not any_local:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} {flags[key]} is set but no layer is local (layer i is local when "
+                              f"i % --global-attention-every != 0; it is {model.global_attention_every}, with "
+                              f"{model.num_layers} layers)", f"add --global-attention-every N (N > 1, with "
+                              f"--local-attention-window W) or drop {flag}")
 
 
 def model_preset(flags: dict, ds_config: dict) -> dict:

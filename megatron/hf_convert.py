@@ -11,6 +11,9 @@ repeating the learned rows (Longformer's recipe) unless refused.
 
 `transformers` is not needed here: folders are read and written as plain JSON, vocab text and
 safetensors (a JSON header followed by raw little-endian tensor bytes).
+
+ModernBERT has its own adapter (hf_modernbert: name map, shape transforms, config) on this module's
+plumbing; the entry points below choose it by the folder's model_type or the model's layer options.
 """
 import json
 import os
@@ -23,7 +26,7 @@ from pathlib import Path
 import torch
 
 from megatron.checkpoint import tag_for
-from megatron.config import TrainConfig
+from megatron.config import TrainConfig, strict_json_loads
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 
@@ -138,8 +141,26 @@ def created_folder(path) -> Path:
     return Path(path)
 
 
+def hf_files(state: dict, config: BertConfig, vocab: list, lower_case: bool) -> tuple[dict, dict]:
+    """(tensors, {file name: JSON}: config.json and the tokenizer's) in the Hugging Face family of
+    `config`: BERT here, ModernBERT (any modern layer option) in hf_modernbert; `vocab`: the tokens of
+    the vocab.txt exported with them."""
+    from megatron import hf_modernbert  # the other adapter (it imports this module's plumbing)
+
+    if hf_modernbert.is_modern(config):
+        return hf_modernbert.hf_files(state, config, vocab, lower_case)
+    return hf_state_from_bert(state, config), {"config.json": hf_config_from_bert(config, vocab.index("[PAD]")),
+                                               "tokenizer_config.json": tokenizer_config(config, lower_case)}
+
+
+def tokenizer_config(config: BertConfig, lower_case: bool) -> dict:
+    return {"tokenizer_class": "BertTokenizer", "do_lower_case": lower_case,
+            "model_max_length": config.max_position_embeddings}
+
+
 def save_hf_folder(output, state: dict, config: BertConfig, vocab_file, lower_case: bool) -> None:
-    """Writes config.json, model.safetensors, vocab.txt and tokenizer_config.json; atomic: a
+    """Writes config.json, model.safetensors, vocab.txt and tokenizer_config.json (and tokenizer.json
+    for ModernBERT, whose AutoTokenizer reads nothing else); atomic: a
     temporary sibling folder renamed at the end, so a failure leaves nothing half-written."""
     output = Path(output)
     if output.exists():
@@ -151,16 +172,14 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file, lower_ca
                           f"{config.vocab_size}", "pass the vocab.txt the model was trained with")
     if "[PAD]" not in vocab:
         raise ConfigError(f"vocab file {vocab_file} has no [PAD] token", "pass a BERT vocab.txt")
-    tensors = hf_state_from_bert(state, config)
+    tensors, files = hf_files(state, config, vocab, lower_case)
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = created_folder(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
-        write_json(partial / "config.json", hf_config_from_bert(config, vocab.index("[PAD]")))
+        for name, value in files.items():
+            write_json(partial / name, value)
         write_safetensors(partial / "model.safetensors", tensors)
         shutil.copyfile(vocab_file, partial / "vocab.txt")
-        write_json(partial / "tokenizer_config.json", {
-            "tokenizer_class": "BertTokenizer", "do_lower_case": lower_case,
-            "model_max_length": config.max_position_embeddings})
         os.replace(partial, output)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -177,7 +196,7 @@ def read_hf_config(folder) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path} does not exist", "point at a Hugging Face model folder (config.json + weights)")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = strict_json_loads(path.read_text(encoding="utf-8"), path)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DataError(f"{path} is not valid JSON ({error.__class__.__name__}: {str(error).splitlines()[0]})",
                         "copy or download the model folder again") from None
@@ -188,15 +207,28 @@ def read_hf_config(folder) -> dict:
 
 def bert_fields_from_hf(hf_config: dict) -> dict:
     """BertConfig fields of the model an HF config describes; refuses math we do not reproduce."""
+    from megatron import hf_modernbert  # the other adapter
+
     model_type = hf_config.get("model_type")
+    if model_type == hf_modernbert.MODEL_TYPE:
+        return hf_modernbert.fields_from_hf(hf_config)
     if model_type not in MODEL_TYPES:
         raise ConfigError(f"Hugging Face model_type '{model_type}' is not a BERT",
-                          f"convert a model of type {' or '.join(MODEL_TYPES)}")
+                          f"convert a model of type {', '.join(MODEL_TYPES)} or {hf_modernbert.MODEL_TYPE}")
     for key, supported in (("hidden_act", "gelu"), ("position_embedding_type", "absolute")):
         if hf_config.get(key, supported) != supported:
             raise ConfigError(f"Hugging Face {key} '{hf_config[key]}' differs from this model's '{supported}'",
                               f"convert a model with {key} '{supported}'")
     fields = {field: hf_config[key] for field, key in {**HF_CONFIG_KEYS, **HF_OTHER_KEYS}.items() if key in hf_config}
+    for field, value in fields.items():  # a string or a negative size would surface as a TypeError later
+        integer = field not in ("layernorm_epsilon", "hidden_dropout", "attention_dropout", "init_method_std")
+        positive = field in ("layernorm_epsilon", "init_method_std")
+        number = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+        if not number or value < 0 or (positive and value == 0):
+            key = {**HF_CONFIG_KEYS, **HF_OTHER_KEYS}[field]
+            what = "an integer >= 0" if integer else "a number > 0" if positive else "a number >= 0"
+            raise DataError(f"{key} = {json.dumps(value)} in the Hugging Face config.json is not {what}",
+                            "fix config.json in the model folder (or download it again)")
     layout = MODEL_TYPES[model_type]
     return {**fields, "layernorm_layout": layout, "embedding_layernorm": layout == "post"}
 
@@ -209,23 +241,39 @@ def check_compatible(hf_fields: dict, config: BertConfig) -> None:
                               f"{getattr(config, field)}", f"set {field} to {hf_fields[field]}")
 
 
-def read_hf_tensors(folder) -> dict:
-    """Tensors of an HF folder (model.safetensors, sharded safetensors or pytorch_model.bin),
-    renamed as in a *ForPreTraining model: `bert.` added to base-model names, and the old
-    TF-era `gamma`/`beta` LayerNorm names read as `weight`/`bias`."""
+def read_hf_weights(folder) -> dict:
+    """Tensors of an HF folder as stored (model.safetensors, sharded safetensors or pytorch_model.bin)."""
     folder = Path(folder)
     if (folder / "model.safetensors").is_file():
         tensors = read_safetensors(folder / "model.safetensors")
     elif (folder / "model.safetensors.index.json").is_file():
-        shards = set(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].values())
+        index = folder / "model.safetensors.index.json"
+        try:
+            weight_map = strict_json_loads(index.read_text(encoding="utf-8"), index).get("weight_map")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            weight_map = None
+        if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
+            raise DataError(f"{index} is not a safetensors index (a JSON object with a weight_map of file names)",
+                            "copy or download the model folder again")
+        shards = set(weight_map.values())
+        for shard in sorted(shards):
+            if not (folder / shard).is_file():
+                raise DataError(f"{index} names the shard {shard}, which is not in {folder}",
+                                "copy or download the model folder again (every shard)")
         tensors = {name: t for shard in sorted(shards) for name, t in read_safetensors(folder / shard).items()}
     elif (folder / "pytorch_model.bin").is_file():
         tensors = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise ConfigError(f"{folder} holds no model.safetensors or pytorch_model.bin",
                           "point at a Hugging Face model folder saved with save_pretrained")
+    return tensors
+
+
+def read_hf_tensors(folder) -> dict:
+    """Tensors of an HF BERT folder renamed as in a *ForPreTraining model: `bert.` added to base-model
+    names, and the old TF-era `gamma`/`beta` LayerNorm names read as `weight`/`bias`."""
     renamed = {}
-    for name, tensor in tensors.items():
+    for name, tensor in read_hf_weights(folder).items():
         name = f"bert.{name}" if name.startswith(("embeddings.", "encoder.", "pooler.")) else name
         name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
         renamed[name] = tensor
@@ -245,6 +293,7 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, extend_positions: bool
     state, used = {}, set(TIED) | BUFFERS
     for ours, hf_names in name_map(config):
         if not all(name in tensors for name in hf_names):
+            used.update(hf_names)  # q and v of a missing k are not "ignored": the k is missing
             continue
         parts = [tensors[name].float() for name in hf_names]
         if ours == "embeddings.position_embeddings.weight":
@@ -284,14 +333,49 @@ def positions_for(table: torch.Tensor, rows: int, name: str, extend: bool) -> to
     return table.repeat((rows + found - 1) // found, 1)[:rows]
 
 
+# BertModel tensors an HF folder may lack as a whole, each group initialised: the heads a *Model or
+# *ForMaskedLM folder has no use for (the MLM head, the pooler and the sentence-order classifier),
+# and the parts HF has no counterpart for (linformer projections: `.attention.core.`)
+HEAD_GROUPS = ("lm_head.", "binary_head.pooler.", "binary_head.classifier.")
+
+
+def missing_encoder_tensors(missing: list, tensors: dict, config: BertConfig) -> list:
+    """HF names, absent from `tensors`, of the tensors among `missing` (BertModel names) that no
+    folder may lack: any of the embeddings, the layers (their linformer projections aside) and the
+    final norm, and any tensor of a head the folder has in part (it holds a head whole or not at all)."""
+    hf_names = dict(name_map(config))
+    absent = set(missing)
+    required = [name for name in missing if name in hf_names and not name.startswith(HEAD_GROUPS)]
+    for group in HEAD_GROUPS:
+        members = [name for name in hf_names if name.startswith(group)]
+        if members and not set(members) <= absent:
+            required += [name for name in members if name in absent]
+    return [hf for name in sorted(required) for hf in hf_names[name] if hf not in tensors]
+
+
 def load_hf_as_bert_state(folder, config: BertConfig, extend_positions: bool = True) -> dict:
     """A full BertModel state dict for `config` from an HF folder (the trainer's `--init-from-hf`).
 
-    Parts HF lacks (a BertModel folder has no MLM / SOP head; our linformer projections) come
-    from BertModel(config)'s init under the current RNG and are listed in one warning line.
+    Heads a folder may lack as a whole (a BertModel folder has no MLM / SOP head; a *ForMaskedLM
+    none for sentence order) and our linformer projections come from BertModel(config)'s init under
+    the current RNG and are listed in one warning line. Any other tensor the folder lacks (an encoder
+    layer's, an embedding, part of a head) is a DataError naming them: a damaged or truncated folder
+    would otherwise train from a randomly initialised layer.
     """
-    check_compatible(bert_fields_from_hf(read_hf_config(folder)), config)
-    state, missing = bert_state_from_hf(read_hf_tensors(folder), config, extend_positions)
+    from megatron import hf_modernbert  # the other adapter
+
+    hf_config = read_hf_config(folder)
+    if hf_config.get("model_type") == hf_modernbert.MODEL_TYPE:
+        return hf_modernbert.load_hf_as_bert_state(folder, config, hf_config)
+    check_compatible(bert_fields_from_hf(hf_config), config)
+    tensors = read_hf_tensors(folder)
+    state, missing = bert_state_from_hf(tensors, config, extend_positions)
+    lacking = missing_encoder_tensors(missing, tensors, config)
+    if lacking:
+        shown = ", ".join(lacking[:6]) + (f" and {len(lacking) - 6} more" if len(lacking) > 6 else "")
+        raise DataError(f"the Hugging Face folder {folder} lacks {len(lacking)} tensor(s) of the model: {shown}",
+                        "copy or download the model folder again (every weights file), or convert a folder whose "
+                        "config.json matches its weights")
     if missing:
         fresh = BertModel(config).state_dict()
         state.update({name: fresh[name] for name in missing})
@@ -302,7 +386,7 @@ def load_hf_as_bert_state(folder, config: BertConfig, extend_positions: bool = T
 # ---------------------------------------------------------------- files
 
 def write_json(path: Path, value: dict) -> None:
-    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def write_safetensors(path: Path, tensors: dict) -> None:

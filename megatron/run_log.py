@@ -7,6 +7,7 @@ a `start` record with the iteration it starts from; `read_metrics` drops what a 
 supersedes (the steps a resumed run redoes after its checkpoint, or all of an earlier run when
 a new one starts from scratch), so a reader sees one history without repeated iterations."""
 import json
+import math
 import os
 import resource
 import sys
@@ -65,12 +66,12 @@ class RunLog:
         """The resolved configuration as config.json in the log directory, one line on screen."""
         if self.writer:
             path = self.dir / "config.json"
-            path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+            path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n")
             self._print(f"config: {config.summary()} (resolved: {path})")
 
     def _emit(self, record: dict, line: str) -> None:
         record["run"] = self.run_id
-        self.metrics.write(json.dumps(record) + "\n")
+        self.metrics.write(json.dumps(finite_or_null(record), allow_nan=False) + "\n")
         self.metrics.flush()
         if self.tensorboard:
             for key, value in record.items():
@@ -145,6 +146,13 @@ class RunLog:
               + (f"\ncheckpoint: {save_dir}" if save_dir else ""), flush=True)
 
 
+def finite_or_null(record: dict) -> dict:
+    """The record with NaN / inf values (a skipped step's loss, an fp16 overflow's grad norm) as null:
+    metrics.jsonl stays JSON that strict readers accept; the screen line and TensorBoard keep them."""
+    return {key: None if isinstance(value, float) and not math.isfinite(value) else value
+            for key, value in record.items()}
+
+
 def peak_memory_mib() -> float:
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**20
@@ -189,7 +197,8 @@ def read_metrics(path) -> list:
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
             raise ConfigError(f"{path} line {number} is not a run-log record (a JSON object with a kind)", METRICS_FIX)
-        missing = [key for key in PLOTTED.get(record["kind"], ()) if not isinstance(record.get(key), (int, float))]
+        missing = [key for key in PLOTTED.get(record["kind"], ()) if not isinstance(record.get(key), (int, float))
+                   and not (key == "loss" and key in record and record[key] is None)]  # null: a NaN / inf loss
         if missing:
             raise ConfigError(f"{path} line {number}: a {record['kind']} record without {', '.join(missing)}",
                               METRICS_FIX)
@@ -226,11 +235,14 @@ def plot_metrics(metrics_path, png_path) -> Path:
         raise ConfigError(f"{metrics_path} has no train records",
                           f"{METRICS_FIX} after its first --log-interval steps")
     fig, (loss_ax, speed_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    loss_ax.plot([r["iteration"] for r in train], [r["loss"] for r in train], label="train")
+    def losses(points: list) -> list:  # a non-finite loss (null) is a gap in the curve
+        return [math.nan if r["loss"] is None else r["loss"] for r in points]
+
+    loss_ax.plot([r["iteration"] for r in train], losses(train), label="train")
     for kind in ("validation", "test"):
         points = [r for r in records if r["kind"] == kind]
         if points:
-            loss_ax.plot([r["iteration"] for r in points], [r["loss"] for r in points], "o-", label=kind)
+            loss_ax.plot([r["iteration"] for r in points], losses(points), "o-", label=kind)
     loss_ax.set(xlabel="iteration", ylabel="loss (MLM + SOP)")
     loss_ax.legend()
     speed_ax.plot([r["iteration"] for r in train], [r["tokens_per_s"] for r in train])

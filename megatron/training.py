@@ -3,8 +3,10 @@
 pretrain_bert.py calls `main`; every rank runs this, started by the `deepspeed` launcher (or
 any env:// launcher). Errors a user can cause end the run with one line and exit code 2.
 """
+import importlib.util
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -15,16 +17,18 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, determinism, hf_convert
-from megatron.arguments import build_parser, config_flags
-from megatron.config import default_optimizer, model_preset, read_ds_config, resolve
+from megatron import checkpoint, determinism, hf_convert, hf_modernbert
+from megatron.arguments import build_parser, config_flags, launcher_rank
+from megatron.config import (OPTIMIZER_DEFAULTS, default_optimizer, model_preset, optimizer_params_taken,
+                             read_ds_config, resolve)
 from megatron.data import index_maps
 from megatron.data.bert_dataset import SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, token_stats
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
-from megatron.data.tokenizer import build_tokenizer
+from megatron.data.tokenizer import TOKENIZER_TYPES, build_tokenizer
 from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import ConfigError, DataError
+from megatron.model.args import BertConfig
 from megatron.parallel import device, state
 from megatron.run_log import RunLog
 
@@ -33,6 +37,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_flags(args)
+        check_flag_combinations(args)
         check_start(args)
         stopped_by = pretrain(args)
     except ConfigError as error:
@@ -56,7 +61,9 @@ def report_once(line: str) -> None:
     first rank to report wins a counter in the rendezvous store, which also covers an error that
     only some ranks meet (a file missing on one node). Rank 0 hosts the store: it lingers briefly
     so that ranks failing the same way can still reach it."""
-    first = int(os.environ.get("RANK", "0")) == 0
+    # a partial launcher environment (launch_environment) is a process started by hand: it prints
+    partial = any(name in os.environ for name in RENDEZVOUS[:3]) and not all(name in os.environ for name in RENDEZVOUS)
+    first = launcher_rank() == 0 or partial
     if dist.is_available() and dist.is_initialized():
         try:
             store = dist.distributed_c10d._get_default_store()
@@ -72,15 +79,23 @@ def report_once(line: str) -> None:
 
 
 def check_flags(args) -> None:
-    """Flag values that cannot mean what was asked, refused before DeepSpeed starts (cheap, on every
-    rank alike). Model sizes and parallel degrees are checked by megatron.config."""
+    """Flag values that cannot mean what was asked, and flags the run would not read, refused before
+    DeepSpeed starts (cheap, on every rank alike). Model sizes and parallel degrees are checked by
+    megatron.config; the data's weights and split here, before any index map is built."""
     def at_least(flag: str, value, low, fix: str = ""):
         if value is not None and value < low:
             raise ConfigError(f"{flag} {value} must be >= {low}", fix or f"pass {flag} {low} or more")
 
+    for dest, value in sorted(vars(args).items()):  # argparse's float() reads "nan" and "inf"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"--{dest.replace('_', '-')} {value} is not a finite number",
+                              f"pass a finite --{dest.replace('_', '-')}")
     for flag, value in (("--train-iters", args.train_iters), ("--train-samples", args.train_samples)):
         if value is not None and value < 0:
             raise ConfigError(f"{flag} {value} is negative", f"pass {flag} N with N >= 1 (the run length)")
+    if args.train_iters is not None and args.train_samples is not None:
+        raise ConfigError(f"--train-iters {args.train_iters} and --train-samples {args.train_samples} both set the "
+                          "run length", "pass one of them")
     for flag, value in (("--log-interval", args.log_interval), ("--eval-interval", args.eval_interval),
                         ("--eval-iters", args.eval_iters), ("--save-interval", args.save_interval),
                         ("--micro-batch-size", args.micro_batch_size),
@@ -93,6 +108,25 @@ def check_flags(args) -> None:
     if not 0 <= args.lr_warmup_fraction <= 1:
         raise ConfigError(f"--lr-warmup-fraction {args.lr_warmup_fraction} is outside [0, 1]",
                           "pass the fraction of the steps to warm up over, e.g. --lr-warmup-fraction 0.01")
+    check_optimizer_flags(args)
+    for flag, value, example in (("--init-method-std", args.init_method_std, 0.02),
+                                 ("--layernorm-epsilon", args.layernorm_epsilon, 1e-5)):
+        if value is not None and not value > 0:
+            raise ConfigError(f"{flag} {value} must be > 0", f"pass a positive {flag}, e.g. {example}")
+    if not 0 <= args.seed < 2**32:
+        raise ConfigError(f"--seed {args.seed} is outside [0, 2**32)", "pass a seed between 0 and 4294967295")
+    if args.tokenizer_type not in TOKENIZER_TYPES:  # before the default corpus is built for it
+        raise ConfigError(f"unknown --tokenizer-type {args.tokenizer_type}", f"use one of {', '.join(TOKENIZER_TYPES)}")
+    check_split(args.split)
+    if args.data_path:
+        check_data_path(args.data_path)
+        if not args.vocab_file:
+            raise ConfigError("--data-path is given without --vocab-file", "pass the vocab.txt the data was made with")
+
+
+def check_optimizer_flags(args) -> None:
+    """--lr, --min-lr, --weight-decay, --adam-* and --clip-grad in their ranges (the JSON's own
+    optimizer.params are checked by megatron.config against the optimizer type)."""
     lr = getattr(args, "lr", None)
     if lr is not None and not lr >= 0:
         raise ConfigError(f"--lr {lr} is negative", "pass a positive peak learning rate, e.g. --lr 1e-4")
@@ -101,8 +135,73 @@ def check_flags(args) -> None:
     if lr is not None and args.min_lr is not None and args.min_lr > lr:
         raise ConfigError(f"--min-lr {args.min_lr} is above --lr {lr}: the schedule would rise as it decays",
                           "pass a --min-lr at most --lr")
-    if not 0 <= args.seed < 2**32:
-        raise ConfigError(f"--seed {args.seed} is outside [0, 2**32)", "pass a seed between 0 and 4294967295")
+    if args.weight_decay is not None and not args.weight_decay >= 0:
+        raise ConfigError(f"--weight-decay {args.weight_decay} is negative",
+                          "pass --weight-decay 0 (none) or a positive rate, e.g. 0.01")
+    for flag, value, example in (("--adam-beta1", args.adam_beta1, 0.9), ("--adam-beta2", args.adam_beta2, 0.999)):
+        if value is not None and not 0 <= value < 1:
+            raise ConfigError(f"{flag} {value} is outside [0, 1)", f"pass {flag} {example} or another decay in [0, 1)")
+    if args.adam_eps is not None and not args.adam_eps > 0:
+        raise ConfigError(f"--adam-eps {args.adam_eps} must be > 0", "pass a small positive --adam-eps, e.g. 1e-8")
+    if args.clip_grad is not None and not args.clip_grad >= 0:
+        raise ConfigError(f"--clip-grad {args.clip_grad} is negative",
+                          "pass the gradient-norm limit, e.g. --clip-grad 1.0 (0 turns clipping off)")
+
+
+def check_flag_combinations(args) -> None:
+    """The run length, and flags that only mean something with another flag: given without it they
+    would be ignored. (Not in check_flags: azureml/submit.py checks the flags it is given with it and
+    adds --save, --load and the data flags itself.)"""
+    if not (args.train_iters or args.train_samples):
+        raise ConfigError("the run length is not set", "pass --train-iters N or --train-samples N")
+    needs = ((args.save_interval, "--save-interval", args.save, "--save DIR", "checkpoints are saved only with --save"),
+             (args.keep_last, "--keep-last", args.save, "--save DIR", "it prunes the --save folder"),
+             (args.checkpoint_num_layers, "--checkpoint-num-layers", args.checkpoint_activations,
+              "--checkpoint-activations", "it sizes the recomputed chunks"),
+             (args.no_position_extension or None, "--no-position-extension", args.init_from_hf, "--init-from-hf DIR",
+              "it refuses extending the Hugging Face folder's positions"))
+    for value, flag, needed, needed_flag, why in needs:
+        if value is not None and not needed:
+            raise ConfigError(f"{flag} is given without {needed_flag.split()[0]} ({why})",
+                              f"add {needed_flag} or drop {flag}")
+    if args.min_lr is not None and args.lr_decay_style == "constant":
+        raise ConfigError(f"--min-lr {args.min_lr} is given with --lr-decay-style constant, which never decays",
+                          "pass --lr-decay-style linear or cosine, or drop --min-lr")
+
+
+def check_split(split: str) -> None:
+    """--split TRAIN,VALID,TEST document weights: up to three finite numbers >= 0, the train weight > 0."""
+    parts = [part.strip() for part in re.split(r"[,/]", split) if part.strip()]  # as the data layer reads it
+    try:
+        weights = [float(part) for part in parts]
+    except ValueError:
+        weights = []
+    if not 1 <= len(weights) <= 3 or any(not math.isfinite(weight) or weight < 0 for weight in weights):
+        raise ConfigError(f"--split {split!r} is not up to three finite weights >= 0 (train,valid,test)",
+                          "pass e.g. --split 949,50,1")
+    if weights[0] <= 0:
+        raise ConfigError(f"--split {split!r} gives the training set no documents (its first weight is "
+                          f"{parts[0]})", "give training a positive share, e.g. --split 949,50,1")
+
+
+def check_data_path(data_path: list) -> None:
+    """--data-path PREFIX or W1 PREFIX1 W2 PREFIX2 ...: each weight a finite number >= 0, not all 0
+    (the data layer's parse_data_path names any other malformed list)."""
+    pairs = list(zip(data_path[0::2], data_path[1::2])) if len(data_path) > 1 and len(data_path) % 2 == 0 else []
+    weights = []
+    for weight, prefix in pairs:
+        try:
+            weights.append(float(weight))
+        except ValueError:
+            break
+        if not math.isfinite(weights[-1]) or weights[-1] < 0:
+            raise ConfigError(f"--data-path weight {weight} of {prefix} is not a finite number >= 0",
+                              "give each prefix a weight >= 0 (they are normalised to sum 1): --data-path W1 PREFIX1 "
+                              "W2 PREFIX2 ...")
+    if pairs and len(weights) == len(pairs) and not any(weights):
+        raise ConfigError(f"--data-path weights {', '.join(data_path[0::2])} are all 0: no prefix would be read",
+                          "give at least one prefix a positive weight")
+    parse_data_path(data_path)
 
 
 def check_start(args) -> None:
@@ -114,6 +213,8 @@ def check_start(args) -> None:
     if args.load and args.save and os.path.realpath(args.load) == os.path.realpath(args.save) \
             and not os.path.isfile(os.path.join(args.load, checkpoint.LATEST)):
         args.load = None
+    if args.init_from_hf and args.load:
+        raise ConfigError("--init-from-hf and --load are both given", "resume with --load alone")
     if not args.save:
         return
     start = 0
@@ -126,7 +227,7 @@ def check_start(args) -> None:
 def schedule_settings(args, ds: dict, train_iters: int) -> dict:
     """What shapes the learning rate over the run; saved with each checkpoint so that a resume
     can say what changed."""
-    return {"train_iters": train_iters, "lr": ds["optimizer"]["params"]["lr"], "min_lr": args.min_lr,
+    return {"train_iters": train_iters, "lr": ds["optimizer"]["params"]["lr"], "min_lr": args.min_lr or 0.0,
             "lr_decay_style": args.lr_decay_style, "lr_warmup_fraction": args.lr_warmup_fraction}
 
 
@@ -153,7 +254,7 @@ def lr_factor(schedule: dict, peak: float):
 def lr_schedule(args, train_iters: int):
     """Megatron's schedule (lr_factor) as an optimizer -> LambdaLR factory. The peak is the
     optimizer's learning rate (--lr, else the JSON's optimizer.params.lr)."""
-    schedule = {"train_iters": train_iters, "min_lr": args.min_lr, "lr_decay_style": args.lr_decay_style,
+    schedule = {"train_iters": train_iters, "min_lr": args.min_lr or 0.0, "lr_decay_style": args.lr_decay_style,
                 "lr_warmup_fraction": args.lr_warmup_fraction}
 
     def build(optimizer):
@@ -198,10 +299,20 @@ def deepspeed_settings(args) -> dict:
                           "--lr-decay-style and --lr-warmup-fraction")
     cuda = torch.cuda.is_available()
     params = default_optimizer(ds, cuda)  # AdamW, the params the JSON lacks, torch_adam without CUDA
-    betas = list(params["betas"])
-    for index, beta in enumerate((args.adam_beta1, args.adam_beta2)):
-        betas[index] = betas[index] if beta is None else beta
-    given = {"lr": args.lr, "weight_decay": args.weight_decay, "betas": betas, "eps": args.adam_eps}
+    taken, optimizer = optimizer_params_taken(ds, cuda)
+    flags = (("--lr", "lr", args.lr), ("--weight-decay", "weight_decay", args.weight_decay),
+             ("--adam-beta1", "betas", args.adam_beta1), ("--adam-beta2", "betas", args.adam_beta2),
+             ("--adam-eps", "eps", args.adam_eps))
+    for flag, key, value in flags:
+        if value is not None and taken is not None and key not in taken:
+            raise ConfigError(f"{flag} {value} is given but {optimizer} takes no {key}",
+                              f"drop {flag}, or use an optimizer.type that takes {key} (e.g. AdamW)")
+    if args.adam_beta1 is not None or args.adam_beta2 is not None:
+        betas = list(params.get("betas", OPTIMIZER_DEFAULTS["betas"]))  # two numbers: checked with the JSON
+        for index, beta in enumerate((args.adam_beta1, args.adam_beta2)):
+            betas[index] = betas[index] if beta is None else beta
+        params["betas"] = betas
+    given = {"lr": args.lr, "weight_decay": args.weight_decay, "eps": args.adam_eps}
     params.update({key: value for key, value in given.items() if value is not None})
     if args.min_lr is not None and args.lr is None and args.min_lr > params["lr"]:
         raise ConfigError(f"--min-lr {args.min_lr} is above the JSON's optimizer.params.lr {params['lr']}: the "
@@ -235,34 +346,107 @@ def data_paths(args) -> tuple:
     return [default.data_prefix], args.vocab_file or str(default.vocab_file)
 
 
-def pretrain(args) -> None:
-    determinism.configure(args.deterministic)
-    device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)
-    device.init_distributed()  # and the /dev/shm names DeepSpeed leaves behind
-    torch.manual_seed(args.seed)
-    if args.save:
-        checkpoint.check_writable(args.save)  # before any work that a failed first save would lose
-    ds = deepspeed_settings(args)
-    data_path, vocab_file = data_paths(args)
-    tokenizer = build_tokenizer(args.tokenizer_type, vocab_file)
+# the env:// rendezvous variables every rank of a launch gets (deepspeed, torchrun, the AzureML job)
+RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# launchers DeepSpeed discovers without them: MPI (through mpi4py), AzureML, SageMaker, DLTS
+MPI_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+OTHER_LAUNCHERS = ("AZUREML_EXPERIMENT_ID", "SM_TRAINING_ENV", "DLTS_JOB_ID")
+HOW_TO_LAUNCH = "deepspeed --num_gpus N pretrain_bert.py ... (or torchrun --nproc_per_node N)"
+
+
+def launch_environment() -> str | None:
+    """`python pretrain_bert.py ...` without a launcher runs as one process: with none of RANK,
+    WORLD_SIZE, LOCAL_RANK set (and no MPI or cluster launcher of DeepSpeed's), the env://
+    rendezvous of a world of 1 is set (MASTER_ADDR 127.0.0.1, a free MASTER_PORT, unless given);
+    returns the line that says so. Without it DeepSpeed would look for MPI and fail with
+    `No module named 'mpi4py'`. A partial launcher environment, or MPI without mpi4py, is one line
+    saying how to launch."""
+    present = [name for name in RENDEZVOUS if name in os.environ]
+    if len(present) == len(RENDEZVOUS) or any(name in os.environ for name in OTHER_LAUNCHERS):
+        return None
+    mpi = [name for name in MPI_LAUNCHERS if name in os.environ]
+    if mpi:
+        if importlib.util.find_spec("mpi4py") is None:
+            raise ConfigError(f"started by an MPI launcher ({mpi[0]} is set) without the env:// variables "
+                              f"{', '.join(name for name in RENDEZVOUS if name not in present)}, and DeepSpeed needs "
+                              "mpi4py to find the ranks", f"pip install mpi4py, or launch with {HOW_TO_LAUNCH}")
+        return None
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "1")
+    if tasks.isdigit() and int(tasks) > 1:  # `srun -n 4 python pretrain_bert.py`: 4 runs of world size 1
+        raise ConfigError(f"started as one of {tasks} srun tasks without the env:// variables "
+                          f"{', '.join(name for name in RENDEZVOUS if name not in present)}: each would train alone",
+                          f"launch with {HOW_TO_LAUNCH} (one srun task per node), or export them per task")
+    per_rank = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if name in os.environ]
+    if per_rank:
+        missing = [name for name in RENDEZVOUS if name not in present]
+        verbs = ("is" if len(per_rank) == 1 else "are", "is" if len(missing) == 1 else "are")
+        raise ConfigError(f"{', '.join(per_rank)} {verbs[0]} set but {', '.join(missing)} {verbs[1]} not: a partial "
+                          "launcher environment",
+                          f"launch with {HOW_TO_LAUNCH}, or unset {', '.join(present)} to run one process")
+    from megatron.parallel.spawn import free_port
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    return (f"no launcher: running as one process (world size 1); for several GPUs or nodes launch with "
+            f"{HOW_TO_LAUNCH}")
+
+
+def model_flags(args, ds: dict, weights_only: bool) -> dict:
+    """BertConfig / TrainConfig field values from the flags, with the sizes of the weights the run
+    starts from (--init-from-hf, weights-only --load) where the flags leave them out; vocab_size
+    None where neither they nor a preset give it (the vocab file's, once it is read)."""
     flags = config_flags(args)
-    weights_only = bool(args.load and checkpoint.run_state(args.load, checkpoint.latest_tag(args.load)).get("weights_only"))
     for field, value in initial_model_fields(args, weights_only).items():
         flags[field] = value if flags.get(field) is None else flags[field]
     # the flag, else a preset's (a model larger than the vocab file is allowed), else the vocab file's
-    flags["vocab_size"] = flags["vocab_size"] or model_preset(flags, ds).get("vocab_size") or tokenizer.vocab_size
+    flags["vocab_size"] = flags["vocab_size"] or model_preset(flags, ds).get("vocab_size")
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
-    config = resolve(flags, ds, dist.get_world_size())
-    if tokenizer.vocab_size > config.model.vocab_size:
-        raise ConfigError(f"the vocab file has {tokenizer.vocab_size} tokens, the model's vocab_size is "
-                          f"{config.model.vocab_size}", "pass the --vocab-file the model was trained with")
+    return flags
+
+
+def check_sample_room(config) -> None:
     shortest = 5 if config.model.add_binary_head else 4  # [CLS] A [SEP] B [SEP] with a token each (no B: 4)
     if config.model.seq_length < shortest:
         raise ConfigError(f"--seq-length {config.model.seq_length} leaves no room for a sample's text (the "
                           f"[CLS]/[SEP] tokens and one token per segment need {shortest})",
                           f"pass --seq-length {shortest} or more (BERT uses 128 to 512)")
-    if not (args.train_iters or args.train_samples):
-        raise ConfigError("the run length is not set", "pass --train-iters N or --train-samples N")
+
+
+def pretrain(args) -> None:
+    note = launch_environment()
+    determinism.configure(args.deterministic)
+    torch.manual_seed(args.seed)  # the heads an HF folder lacks are initialised below
+    # One validation pass before any work (rendezvous, data, model): the JSON, the optimizer, the model
+    # and layout at the launcher's world size, with a stand-in vocab size where the vocab file decides
+    # it; the weights the run starts from (an HF folder's missing tensor) where the vocab is known.
+    ds = deepspeed_settings(args)
+    weights_only = bool(args.load and checkpoint.run_state(args.load, checkpoint.latest_tag(args.load)).get(
+        "weights_only"))
+    flags = model_flags(args, ds, weights_only)
+    world = os.environ.get("WORLD_SIZE", "")
+    checked, bert_state = world.isdigit(), None
+    if checked:  # else (MPI, AzureML discovery) at the resolve below, still before the data
+        config = resolve({**flags, "vocab_size": flags["vocab_size"] or BertConfig.vocab_size}, ds, int(world))
+        check_sample_room(config)
+        if flags["vocab_size"]:  # the config below is this one
+            bert_state = initial_weights(args, config, weights_only)
+    device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)
+    device.init_distributed()  # and the /dev/shm names DeepSpeed leaves behind
+    if note and dist.get_rank() == 0:
+        print(note, flush=True)
+    if args.save:
+        checkpoint.check_writable(args.save)  # before any work that a failed first save would lose
+    data_path, vocab_file = data_paths(args)
+    tokenizer = build_tokenizer(args.tokenizer_type, vocab_file)
+    flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
+    config = resolve(flags, ds, dist.get_world_size(), deepspeed_check=not checked)
+    if tokenizer.vocab_size > config.model.vocab_size:
+        raise ConfigError(f"the vocab file has {tokenizer.vocab_size} tokens, the model's vocab_size is "
+                          f"{config.model.vocab_size}", "pass the --vocab-file the model was trained with")
+    check_sample_room(config)
+    if bert_state is None:
+        bert_state = initial_weights(args, config, weights_only)
     global_batch = config.global_batch_size
     train_iters = args.train_iters or math.ceil(args.train_samples / global_batch)
     eval_runs = train_iters // args.eval_interval + 1
@@ -279,8 +463,7 @@ def pretrain(args) -> None:
         print(index_maps.describe(parse_data_path(data_path)[1], used_maps, args.log_dir, args.data_cache_path),
               flush=True)
 
-    engine = build_engine(config, bert_state=initial_weights(args, config, weights_only),
-                          lr_scheduler=lr_schedule(args, train_iters))
+    engine = build_engine(config, bert_state=bert_state, lr_scheduler=lr_schedule(args, train_iters))
     if args.skip_nan_batches:
         skip_nonfinite_updates(engine)
     iteration = consumed = 0
@@ -355,7 +538,9 @@ def sample_options(args, config) -> dict:
 
 def initial_model_fields(args, weights_only: bool) -> dict:
     """Model settings of the weights a run starts from (--init-from-hf, or a weights-only --load):
-    the sizes and layout, which the flags may restate but not change."""
+    the sizes and layout, which the flags may restate but not change; for a modern model (a ModernBERT
+    folder) also its layer rule (rope thetas, window, global period), head and vocab padding, which the
+    flags may change."""
     if args.init_from_hf:
         fields = hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(args.init_from_hf))
     elif weights_only:
@@ -364,19 +549,17 @@ def initial_model_fields(args, weights_only: bool) -> dict:
         return {}
     shaping = (*hf_convert.HF_CONFIG_KEYS, "max_position_embeddings", "layernorm_layout", "embedding_layernorm",
                "position_embedding_type", "mlp_type", "add_bias_linear", "normalization", "first_layer_attention_norm")
-    return {field: fields[field] for field in shaping if field in fields}
+    return {**{field: fields[field] for field in shaping if field in fields}, **hf_modernbert.carried_fields(fields)}
 
 
 def initial_weights(args, config, weights_only: bool) -> dict | None:
     """BertModel state to start from (None: fresh init, or a full checkpoint that --load restores)."""
     if args.init_from_hf:
-        if args.load:
-            raise ConfigError("--init-from-hf and --load are both given", "resume with --load alone")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             state = hf_convert.load_hf_as_bert_state(args.init_from_hf, config.model,
                                                      extend_positions=not args.no_position_extension)
-        if dist.get_rank() == 0:
+        if launcher_rank() == 0:  # also before the process group exists
             for warning in caught:
                 print(f"warning: {warning.message}", file=sys.stderr, flush=True)
         return state

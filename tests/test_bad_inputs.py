@@ -5,6 +5,7 @@ Each row of CASES breaks one thing of a valid tiny setup (dataset, vocab, DeepSp
 checkpoint, hostfile) built once per module, runs the real entry point in a subprocess and
 names the phrases the last stderr line must hold. Adding a case is one row.
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -119,6 +120,31 @@ def truncated_run_state(tmp: Path, assets: dict):
     copy = shutil.copytree(assets["ckpt"], tmp / "ckpt")
     for path in copy.glob("*/run_state.json"):
         path.write_text(path.read_text()[:25])
+
+
+def hf_folder(tmp: Path, assets: dict, without=(), config_changes=None) -> Path:
+    """A Hugging Face MegatronBert folder of the TINY model (this trainer's export of fresh weights) in
+    `tmp`/hf, without the tensors `without` (a damaged download) and with `config_changes` in config.json."""
+    from megatron import hf_convert
+    from megatron.model.bert import BertConfig, BertModel
+
+    vocab_size = len(Path(assets["vocab"]).read_text().splitlines())
+    config = BertConfig(vocab_size=vocab_size, num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64,
+                        max_position_embeddings=512)  # as published BERTs (the run passes 512 too)
+    hf_convert.save_hf_folder(tmp / "hf", BertModel(config).state_dict(), config, assets["vocab"], lower_case=True)
+    weights = tmp / "hf" / "model.safetensors"
+    tensors = hf_convert.read_safetensors(weights)
+    assert set(without) <= set(tensors), sorted(tensors)
+    hf_convert.write_safetensors(weights, {name: t for name, t in tensors.items() if name not in without})
+    if config_changes:
+        path = tmp / "hf" / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **config_changes}))
+    return tmp / "hf"
+
+
+MISSING_KEY = "bert.encoder.layer.1.attention.self.key.weight"
+# the env:// variables a launcher sets: None unsets them (a process started by hand)
+NO_LAUNCHER = {name: None for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
 
 
 CASES = [
@@ -328,6 +354,25 @@ CASES = [
     Case("checkpoint_convert_missing", "convert", ["to-hf", "--load", "{tmp}/none", "--vocab-file", "{vocab}",
                                                    "--output", "{tmp}/hf"],
          ("no checkpoint in", "none", "point --load at a directory written by --save")),
+    # ---- silent accepts: non-finite JSON, options the run would not read (more in CONFIG_MISTAKES, in-process)
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_nan_gradient_clipping",
+             files={"ds.json": '{"train_micro_batch_size_per_gpu": 2, "gradient_clipping": NaN}'},
+             phrases=("ds.json: gradient_clipping = NaN is not a finite number", "write a finite number")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_optimizer_type_whose_params_differ",
+             files={"ds.json": ds_json(optimizer={"type": "SGD", "params": {"lr": 0.1, "betas": [0.9, 0.99]}})},
+             phrases=("optimizer.params.betas is not a parameter of optimizer.type SGD", "remove betas")),
+    Case("tool_ds_config_set_infinity", "ds_config", ["set", "{tmp}/ds.json", "gradient_clipping=Infinity"],
+         ("gradient_clipping = Infinity is not a finite number", "write a finite number for gradient_clipping"),
+         files={"ds.json": ds_json()}),
+    Case("hf_missing_encoder_tensor", "convert", ["from-hf", "--hf-dir", "{tmp}/hf", "--save", "{tmp}/ckpt"],
+         ("lacks 1 tensor(s) of the model", MISSING_KEY, "copy or download the model folder again"),
+         setup=lambda tmp, assets: hf_folder(tmp, assets, without=(MISSING_KEY,))),
+    # ---- without the launcher: one process, and its errors one line (not `No module named 'mpi4py'`)
+    Case("launch_none_option_of_another_variant", "pretrain", [*PRETRAIN, "--attention", "ring", "--linformer-k", "16"],
+         ("--linformer-k is set but attention is 'ring'", "set attention 'linformer' or drop --linformer-k"),
+         env=NO_LAUNCHER),
+    Case("flag_unknown_two_ranks", "launch2", [*PRETRAIN, "--linformer-kk", "16"],
+         ("pretrain_bert.py: error: unrecognized arguments: --linformer-kk 16",)),
 ]
 
 
@@ -373,6 +418,7 @@ def run_command(command: str, argv: list, tmp: Path, assets: dict, extra=(), env
     line = [part.format(**values) for part in [*COMMANDS[command], *argv, *extra]]
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": "", "RUN_DIR": str(tmp / "run"), **env}
+    env = {name: value for name, value in env.items() if value is not None}  # None: unset
     return subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -446,6 +492,43 @@ FLAG_MISTAKES = {
     "keep_last_zero": (["--keep-last", "0"], ("--keep-last 0 must be >= 1",)),
     "negative_train_iters": (["--train-iters", "-5"], ("--train-iters -5 is negative", "the run length")),
     "negative_seed": (["--seed", "-1"], ("--seed -1 is outside [0, 2**32)",)),
+    # numbers that reached torch after the index maps were built
+    "init_method_std_negative": (["--init-method-std", "-1"], ("--init-method-std -1.0 must be > 0",
+                                                                "--init-method-std, e.g. 0.02")),
+    "layernorm_epsilon_zero": (["--layernorm-epsilon", "0"], ("--layernorm-epsilon 0.0 must be > 0",)),
+    "weight_decay_negative": (["--weight-decay", "-5"], ("--weight-decay -5.0 is negative",)),
+    "adam_beta1_above_one": (["--adam-beta1", "1.5"], ("--adam-beta1 1.5 is outside [0, 1)", "--adam-beta1 0.9")),
+    "adam_beta2_one": (["--adam-beta2", "1"], ("--adam-beta2 1.0 is outside [0, 1)",)),
+    "adam_eps_zero": (["--adam-eps", "0"], ("--adam-eps 0.0 must be > 0", "e.g. 1e-8")),
+    "clip_grad_negative": (["--clip-grad", "-1"], ("--clip-grad -1.0 is negative", "0 turns clipping off")),
+    "lr_nan": (["--lr", "nan"], ("--lr nan is not a finite number",)),
+    "hidden_dropout_inf": (["--hidden-dropout", "inf"], ("--hidden-dropout inf is not a finite number",)),
+    "rotary_base_inf": (["--rotary-base", "inf"], ("--rotary-base inf is not a finite number",)),
+    "train_iters_and_train_samples": (["--train-samples", "100"], ("--train-iters 1 and --train-samples 100 both",
+                                                                  "pass one of them")),
+    "split_without_training": (["--split", "0,0,100"], ("--split '0,0,100' gives the training set no documents",
+                                                        "--split 949,50,1")),
+    "split_nan": (["--split", "98,nan,2"], ("--split '98,nan,2' is not up to three finite weights",)),
+    "split_four_parts": (["--split", "90,5,4,1"], ("--split '90,5,4,1' is not up to three finite weights",)),
+    "data_path_negative_weight": (["--data-path", "-1", "{data}", "2", "{data}"],
+                                  ("--data-path weight -1 of /nonexistent/data is not a finite number >= 0",
+                                   "--data-path W1 PREFIX1")),
+    "data_path_weights_all_zero": (["--data-path", "0", "{data}", "0", "{data}"],
+                                   ("--data-path weights 0, 0 are all 0", "a positive weight")),
+    "data_path_without_vocab": (["--data-path", "{data}", "--vocab-file", ""], ("--data-path is given without "
+                                                                                 "--vocab-file",)),
+    "tokenizer_type_unknown": (["--tokenizer-type", "BertWordPieceUpper"], (
+        "unknown --tokenizer-type BertWordPieceUpper", "BertWordPieceLowerCase")),
+    # flags the run would not read
+    "save_interval_without_save": (["--save-interval", "10"], ("--save-interval is given without --save",
+                                                               "add --save DIR or drop --save-interval")),
+    "keep_last_without_save": (["--keep-last", "2"], ("--keep-last is given without --save",)),
+    "checkpoint_num_layers_without_recompute": (["--checkpoint-num-layers", "2"], (
+        "--checkpoint-num-layers is given without --checkpoint-activations", "add --checkpoint-activations")),
+    "no_position_extension_without_hf": (["--no-position-extension"], (
+        "--no-position-extension is given without --init-from-hf",)),
+    "min_lr_with_constant_decay": (["--lr-decay-style", "constant", "--min-lr", "1e-5"], (
+        "--min-lr 1e-05 is given with --lr-decay-style constant", "linear or cosine")),
 }
 
 
@@ -472,3 +555,180 @@ def test_truncated_safetensors_is_a_data_error(tmp_path):
     path.write_bytes(path.read_bytes()[:1000])
     with pytest.raises(DataError, match="model.safetensors is not a complete safetensors file"):
         read_safetensors(path)
+
+
+# Settings that only the resolved configuration can judge (the JSON, the optimizer type, the attention variant,
+# the layer options, an HF folder, the launch environment): refused by pretrain() before the rendezvous (here:
+# device.select_device fails the test), in this process, one line, nothing written. id -> (argv, files, phrases,
+# env); argv and files take {tmp}, and {hf}: a call that builds an HF folder in tmp first.
+CONFIG_MISTAKES = {
+    # ---- JSON read strictly
+    "json_nan_clipping": (["--deepspeed_config", "{tmp}/ds.json"],
+                          {"ds.json": '{"train_micro_batch_size_per_gpu": 2, "gradient_clipping": NaN}'},
+                          ("ds.json: gradient_clipping = NaN is not a finite number",), {}),
+    "json_infinity_nested": (["--deepspeed_config", "{tmp}/ds.json"],
+                             {"ds.json": '{"optimizer": {"type": "AdamW", "params": {"eps": -Infinity}}}'},
+                             ("optimizer.params.eps = -Infinity is not a finite number",), {}),
+    "json_number_overflows_to_inf": (["--deepspeed_config", "{tmp}/ds.json"],
+                                     {"ds.json": '{"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1e999}'},
+                                     ("gradient_clipping = 1e999 is not a finite number",), {}),
+    # ---- optimizer params against the optimizer type
+    "json_lr_string": (["--deepspeed_config", "{tmp}/ds.json"],
+                       {"ds.json": ds_json(optimizer={"type": "AdamW", "params": {"lr": "1e-3"}})},
+                       ('optimizer.params.lr = "1e-3" is not a number >= 0', "without quotes"), {}),
+    "json_betas_of_length_one": (["--deepspeed_config", "{tmp}/ds.json"],
+                                 {"ds.json": ds_json(optimizer={"type": "AdamW", "params": {"betas": [0.9]}})},
+                                 ("optimizer.params.betas = [0.9] is not two numbers in [0, 1)", "[0.9, 0.999]"), {}),
+    "json_betas_of_length_one_with_beta2_flag": (
+        ["--deepspeed_config", "{tmp}/ds.json", "--adam-beta2", "0.99"],
+        {"ds.json": ds_json(optimizer={"type": "AdamW", "params": {"betas": [0.9]}})},
+        ("optimizer.params.betas = [0.9] is not two numbers",), {}),
+    "json_beta_of_one": (["--deepspeed_config", "{tmp}/ds.json"],
+                         {"ds.json": ds_json(optimizer={"type": "Adam", "params": {"betas": [0.9, 1.0]}})},
+                         ("optimizer.params.betas = [0.9, 1.0] is not two numbers in [0, 1)",), {}),
+    "json_eps_zero": (["--deepspeed_config", "{tmp}/ds.json"],
+                      {"ds.json": ds_json(optimizer={"type": "AdamW", "params": {"eps": 0}})},
+                      ("optimizer.params.eps = 0 is not a number > 0",), {}),
+    "json_weight_decay_negative": (["--deepspeed_config", "{tmp}/ds.json"],
+                                   {"ds.json": ds_json(optimizer={"type": "AdamW", "params": {"weight_decay": -1}})},
+                                   ("optimizer.params.weight_decay = -1 is not a number >= 0",), {}),
+    "json_amsgrad_string": (["--deepspeed_config", "{tmp}/ds.json"],
+                            {"ds.json": ds_json(optimizer={"type": "AdamW", "params": {"amsgrad": "yes"}})},
+                            ('optimizer.params.amsgrad = "yes" is not a boolean',), {}),
+    "json_sgd_with_eps": (["--deepspeed_config", "{tmp}/ds.json"],
+                          {"ds.json": ds_json(optimizer={"type": "SGD", "params": {"eps": 1e-8}})},
+                          ("optimizer.params.eps is not a parameter of optimizer.type SGD, which takes dampening",),
+                          {}),
+    "json_fused_adam_param_with_torch_adam": (
+        ["--deepspeed_config", "{tmp}/ds.json"],
+        {"ds.json": ds_json(optimizer={"type": "AdamW", "params": {"torch_adam": True, "bias_correction": True}})},
+        ("optimizer.params.bias_correction is not a parameter of torch's AdamW",), {}),
+    "json_muon_unknown_param": (["--deepspeed_config", "{tmp}/ds.json"],
+                                {"ds.json": ds_json(optimizer={"type": "Muon", "params": {"nesterov": True}})},
+                                ("optimizer.params.nesterov is not a parameter of optimizer.type Muon",), {}),
+    "json_max_grad_norm": (["--deepspeed_config", "{tmp}/ds.json"],
+                           {"ds.json": ds_json(optimizer={"type": "AdamW", "params": {"max_grad_norm": 1.0}})},
+                           ("optimizer.params.max_grad_norm", "gradient_clipping"), {}),
+    "json_lbfgs": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(optimizer={"type": "LBFGS"})},
+                   ("optimizer.type LBFGS cannot train this model", "closure"), {}),
+    "json_sgd_with_adam_beta1_flag": (["--deepspeed_config", "{tmp}/ds.json", "--adam-beta1", "0.8"],
+                                      {"ds.json": ds_json(optimizer={"type": "SGD", "params": {"lr": 0.1}})},
+                                      ("--adam-beta1 0.8 is given but optimizer.type SGD takes no betas",
+                                       "drop --adam-beta1"), {}),
+    # ---- DeepSpeed's unchecked top-level scalars
+    "json_steps_per_print_string": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(steps_per_print="10")},
+                                    ('steps_per_print = "10" is not an integer >= 1',), {}),
+    "json_prescale_gradients_number": (["--deepspeed_config", "{tmp}/ds.json"],
+                                       {"ds.json": ds_json(prescale_gradients=1)},
+                                       ("prescale_gradients = 1 is not a boolean",), {}),
+    "json_sparse_gradients": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(sparse_gradients=True)},
+                              ("DeepSpeed rejects the config: Sparse compression",), {}),
+    # ---- options of a variant or mode the run does not use
+    "json_bigbird_section_with_ring": (
+        ["--deepspeed_config", "{tmp}/ds.json"],
+        {"ds.json": ds_json(sequence_parallel={"size": 1, "attention": "ring", "bigbird": {"block_size": 16}})},
+        ("sequence_parallel.bigbird.block_size is set but attention is 'ring'", "set attention 'bigbird'"), {}),
+    "json_linformer_section_with_dense": (
+        ["--deepspeed_config", "{tmp}/ds.json"],
+        {"ds.json": ds_json(sequence_parallel={"size": 1, "attention": "dense", "linformer": {"share_kv": False}})},
+        ("sequence_parallel.linformer.share_kv is set but attention is 'dense'",), {}),
+    "flag_linformer_k_with_ring": (["--attention", "ring", "--linformer-k", "16"],
+                                   {}, ("--linformer-k is set but attention is 'ring'",), {}),
+    "flag_block_size_with_dense": (["--block-size", "16"], {}, ("--block-size is set but attention is 'dense'",), {}),
+    "flag_rotary_base_with_learned_positions": (["--rotary-base", "500000"], {}, (
+        "--rotary-base 500000.0 is set but positions are learned", "add --position-embedding-type rope"), {}),
+    "flag_global_every_without_window": (["--global-attention-every", "3"], {}, (
+        "--global-attention-every 3 is set without --local-attention-window",), {}),
+    "flag_window_with_every_layer_global": (["--position-embedding-type", "rope", "--local-attention-window", "16"],
+                                            {}, ("--local-attention-window 16 is set but no layer is local",), {}),
+    "flag_local_rotary_base_without_local_layers": (
+        ["--position-embedding-type", "rope", "--local-rotary-base", "500"], {},
+        ("--local-rotary-base 500.0 is set but no layer is local",), {}),
+    # ---- Hugging Face import accounts for every tensor
+    "hf_missing_encoder_tensor": (["--init-from-hf", "{hf}", "--max-position-embeddings", "512"], {},
+                                  ("lacks 1 tensor(s) of the model", MISSING_KEY), {}),
+    "hf_config_string_size": (["--init-from-hf", "{hf}", "--max-position-embeddings", "512"],
+                              {"hf_config": {"num_hidden_layers": "2"}},
+                              ('num_hidden_layers = "2" in the Hugging Face config.json is not an integer',), {}),
+    # ---- the launch environment
+    "launch_partial_environment": ([], {}, ("RANK is set but WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not",
+                                            "deepspeed --num_gpus N pretrain_bert.py"), {**NO_LAUNCHER, "RANK": "0"}),
+    "launch_srun_tasks_without_launcher": ([], {}, ("started as one of 4 srun tasks without the env:// variables",
+                                                    "each would train alone", "deepspeed --num_gpus N"),
+                                           {**NO_LAUNCHER, "SLURM_STEP_NUM_TASKS": "4"}),
+    "launch_mpi_without_mpi4py": ([], {}, ("started by an MPI launcher (OMPI_COMM_WORLD_SIZE is set)",
+                                           "pip install mpi4py"), {**NO_LAUNCHER, "OMPI_COMM_WORLD_SIZE": "2"}),
+}
+SKIPPED = {"launch_mpi_without_mpi4py": "mpi4py is installed" if importlib.util.find_spec("mpi4py") else None}
+
+
+@pytest.mark.parametrize("mistake", CONFIG_MISTAKES)
+def test_config_mistake_is_one_line_before_the_rendezvous(mistake, tmp_path, monkeypatch, capsys, assets):
+    import megatron.training as training
+
+    if SKIPPED.get(mistake):
+        pytest.skip(SKIPPED[mistake])
+    argv, files, phrases, env = CONFIG_MISTAKES[mistake]
+    launcher = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for name, value in {**launcher, **env}.items():
+        monkeypatch.setenv(name, "")  # recorded: restored (or removed) after the test
+        if value is None:
+            monkeypatch.delenv(name)
+        else:
+            monkeypatch.setenv(name, value)
+    monkeypatch.setattr(training.device, "select_device", lambda: pytest.fail("accepted up to the rendezvous"))
+    files = dict(files)
+    hf_config = files.pop("hf_config", None)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    hf = hf_folder(tmp_path, assets, without=(MISSING_KEY,) if mistake == "hf_missing_encoder_tensor" else (),
+                   config_changes=hf_config) if "{hf}" in argv else None
+    placeholders = {"tmp": str(tmp_path), "hf": str(hf), "data": "/nonexistent/data", "vocab": "/nonexistent/vocab.txt"}
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    code = training.main([part.format(**placeholders) for part in [*PRETRAIN, *argv]])
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("pretrain_bert.py: error: "), lines
+    assert all(phrase in lines[0] for phrase in phrases), lines
+    assert snapshot(tmp_path) == before
+
+
+def test_a_cpu_run_refuses_deepspeeds_cuda_only_optimizers(monkeypatch):
+    """Lamb and Lion are DeepSpeed's CUDA kernels ("not implemented on CPU backend" inside deepspeed.initialize);
+    muP's optimizers need the mup package."""
+    import torch
+
+    from megatron.config import default_optimizer
+    from megatron.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name, kernel in (("Lamb", "FusedLamb"), ("Lion", "FusedLion")):
+        with pytest.raises(ConfigError, match=f"optimizer.type {name} is DeepSpeed's {kernel}, a CUDA kernel"):
+            default_optimizer({"optimizer": {"type": name}}, cuda=False)
+        default_optimizer({"optimizer": {"type": name}}, cuda=True)
+    lion_offloaded = {"optimizer": {"type": "Lion"}, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
+    assert default_optimizer(lion_offloaded, cuda=False)["lr"] == 1e-4  # DeepSpeedCPULion
+    if importlib.util.find_spec("mup") is None:
+        with pytest.raises(ConfigError, match="optimizer.type MuAdam comes from the mup package, which is not"):
+            default_optimizer({"optimizer": {"type": "MuAdam"}}, cuda=False)
+
+
+# the tools that import torch (and through megatron.checkpoint or the model, DeepSpeed)
+TOOLS = ("convert_checkpoint.py", "fill_mask.py", "plot_run.py", "preprocess_data.py", "build_vocab.py",
+         "clean_index_maps.py", "make_sample_corpus.py")
+
+
+def test_tools_print_nothing_of_deepspeeds_accelerator_detection():
+    """DeepSpeed logs "Setting accelerator to CPU ... we were unable to detect it" on every import without
+    CUDA; the tools name the accelerator first (megatron.quiet), as pretrain_bert.py does."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("DS_ACCELERATOR", None)
+
+    def run(tool: str) -> subprocess.CompletedProcess:
+        return subprocess.run([PYTHON, str(ROOT / "tools" / tool), "--help"], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    with ThreadPoolExecutor(2) as pool:
+        for tool, result in zip(TOOLS, pool.map(run, TOOLS)):
+            assert result.returncode == 0, (tool, result.stderr[-2000:])
+            assert "accelerator" not in (result.stdout + result.stderr).lower(), (tool, result.stderr[-2000:])

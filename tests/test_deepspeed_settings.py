@@ -30,12 +30,12 @@ def test_cpu_uses_torch_adamw_and_cuda_deepspeed_fused_adam(monkeypatch):
 def test_flags_fill_the_json_optimizer_and_clipping(tmp_path, monkeypatch):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 1.0, "torch_adam": False,
-                                                                          "fused": True}},
+                                                                          "amsgrad": True}},
                                 "gradient_clipping": 5.0}))
     ds = settings("--deepspeed_config", str(path), "--lr", "3e-4", "--adam-beta2", "0.98", "--clip-grad", "0",
                   monkeypatch=monkeypatch, cuda=False)
     params = ds["optimizer"]["params"]
-    assert params["lr"] == 3e-4 and params["betas"] == [0.9, 0.98] and params["fused"] is True
+    assert params["lr"] == 3e-4 and params["betas"] == [0.9, 0.98] and params["amsgrad"] is True
     assert params["torch_adam"] is False  # the JSON's own choice stays
     assert ds["gradient_clipping"] == 0
     assert settings("--deepspeed_config", str(path), monkeypatch=monkeypatch)["gradient_clipping"] == 5.0
@@ -72,3 +72,26 @@ def test_min_lr_above_the_json_lr_is_refused(tmp_path, monkeypatch):
     path.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}}))
     with pytest.raises(ConfigError, match=r"--min-lr 0.0001 is above the JSON's optimizer.params.lr 1e-05"):
         settings("--deepspeed_config", str(path), "--min-lr", "1e-4", monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("name", ["SGD", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "Rprop", "ASGD",
+                                  "Adafactor", "Adam", "AdamW"])
+def test_every_optimizer_type_gets_only_the_params_it_takes(tmp_path, monkeypatch, name):
+    """The defaults fill only the params the type takes (SGD has no betas, no eps), torch_adam only for an
+    Adam: the params the trainer hands DeepSpeed construct the torch class DeepSpeed builds on CPU."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"optimizer": {"type": name}}))
+    params = dict(settings("--deepspeed_config", str(path), monkeypatch=monkeypatch)["optimizer"]["params"])
+    cls = getattr(torch.optim, "AdamW" if params.pop("torch_adam", False) else name)
+    assert params["lr"] == 1e-4
+    cls([torch.nn.Parameter(torch.zeros(2))], **params)  # no TypeError
+
+
+def test_optimizer_flags_are_refused_where_the_type_has_no_such_param(tmp_path, monkeypatch):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}}))
+    assert settings("--deepspeed_config", str(path), "--weight-decay", "0.1", "--lr", "0.2",
+                    monkeypatch=monkeypatch)["optimizer"]["params"] == {"lr": 0.2, "momentum": 0.9, "weight_decay": 0.1}
+    for flag in ("--adam-beta1", "--adam-beta2", "--adam-eps"):
+        with pytest.raises(ConfigError, match=f"{flag} 0.5 is given but optimizer.type SGD takes no "):
+            settings("--deepspeed_config", str(path), flag, "0.5", monkeypatch=monkeypatch)

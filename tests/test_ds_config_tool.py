@@ -135,11 +135,12 @@ def test_the_tool_imports_neither_torch_nor_deepspeed(tmp_path):
 
 
 def test_static_deepspeed_tables_match_the_installed_deepspeed():
-    from megatron.config import (DEEPSPEED_TOP_LEVEL_KEYS, OPTIMIZER_NAMES, traced_deepspeed_top_level_keys,
-                                 traced_optimizer_names)
+    from megatron.config import (DEEPSPEED_TOP_LEVEL_KEYS, OPTIMIZER_NAMES, OPTIMIZER_PARAMS, TORCH_ADAM_PARAMS,
+                                 traced_deepspeed_top_level_keys, traced_optimizer_names, traced_optimizer_params)
 
     assert traced_deepspeed_top_level_keys() == DEEPSPEED_TOP_LEVEL_KEYS
     assert traced_optimizer_names() == OPTIMIZER_NAMES
+    assert traced_optimizer_params() == (OPTIMIZER_PARAMS, TORCH_ADAM_PARAMS)
 
 
 def test_deepspeed_check_runs_deepspeeds_own_section_checks(capsys, config):

@@ -233,3 +233,73 @@ def test_sharded_and_pytorch_bin_folders_read_alike(tmp_path):
     for other in ("sharded", "bin"):
         got = hf_convert.load_hf_as_bert_state(tmp_path / other, config)
         assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want), other
+
+
+def without_tensors(folder, *names):
+    """The folder's model.safetensors rewritten without `names` (a damaged or partial download)."""
+    tensors = hf_convert.read_safetensors(folder / "model.safetensors")
+    assert set(names) <= set(tensors), sorted(tensors)
+    hf_convert.write_safetensors(folder / "model.safetensors", {n: t for n, t in tensors.items() if n not in names})
+
+
+@pytest.mark.parametrize("removed", [
+    ("bert.encoder.layer.1.attention.self.key.weight",),  # an encoder layer's
+    ("bert.embeddings.word_embeddings.weight", "bert.encoder.ln.weight"),  # the embeddings, the final norm
+    ("cls.predictions.transform.LayerNorm.weight",),  # part of the MLM head: a folder holds a head whole or not
+])
+def test_a_missing_model_tensor_is_one_error_line_not_a_random_layer(tmp_path, removed):
+    from megatron.errors import DataError
+
+    _, folder = hf_model("megatron-bert", tmp_path)
+    without_tensors(folder, *removed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no "initialised" warning first
+        with pytest.raises(DataError) as error:
+            hf_convert.load_hf_as_bert_state(folder, our_config("megatron-bert"))
+    text = str(error.value)
+    assert "\n" not in text and f"lacks {len(removed)} tensor(s) of the model: " in text, text
+    assert all(name in text for name in removed) and "copy or download the model folder again" in text
+
+
+def test_a_masked_lm_folder_initialises_the_whole_sentence_order_head(tmp_path):
+    """BertForMaskedLM has no pooler and no seq_relationship: both heads are initialised, one warning."""
+    hf, folder = hf_model("bert", tmp_path)
+    without_tensors(folder, "bert.pooler.dense.weight", "bert.pooler.dense.bias", "cls.seq_relationship.weight",
+                    "cls.seq_relationship.bias")
+    with pytest.warns(UserWarning, match="initialised: binary_head.classifier.bias, binary_head.classifier.weight, "
+                                         "binary_head.pooler.bias, binary_head.pooler.weight$"):
+        state = hf_convert.load_hf_as_bert_state(folder, our_config("bert"))
+    assert torch.equal(state["lm_head.dense.weight"], hf.cls.predictions.transform.dense.weight)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("num_hidden_layers", "2", 'num_hidden_layers = "2" in the Hugging Face config.json is not an integer >= 0'),
+    ("hidden_size", 32.5, "hidden_size = 32.5 in the Hugging Face config.json is not an integer >= 0"),
+    ("layer_norm_eps", 0, "layer_norm_eps = 0 in the Hugging Face config.json is not a number > 0"),
+    ("initializer_range", -0.02, "initializer_range = -0.02 in the Hugging Face config.json is not a number > 0"),
+])
+def test_hf_config_values_of_the_wrong_type_are_one_line(tmp_path, key, value, message):
+    from megatron.errors import DataError
+
+    config = {**HF_CLASSES["bert"][0](**HF_SIZES).to_dict(), key: value}
+    with pytest.raises(DataError, match=message.replace(".", r"\.")):
+        hf_convert.bert_fields_from_hf(config)
+
+
+def test_hf_config_with_nan_is_refused(tmp_path):
+    from megatron.errors import ConfigError as Error
+
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "layer_norm_eps": NaN}')
+    with pytest.raises(Error, match=r"config.json: layer_norm_eps = NaN is not a finite number"):
+        hf_convert.read_hf_config(tmp_path)
+
+
+def test_a_sharded_folder_missing_a_shard_is_one_line(tmp_path):
+    from megatron.errors import DataError
+
+    hf, _ = hf_model("bert", tmp_path)
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    shards = sorted((tmp_path / "sharded").glob("*.safetensors"))
+    shards[-1].unlink()
+    with pytest.raises(DataError, match=f"names the shard {shards[-1].name}, which is not in"):
+        hf_convert.read_hf_tensors(tmp_path / "sharded")

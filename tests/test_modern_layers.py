@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from bert_fixtures import naive_masked_attention, packed_batch, padded_batch, segment_allowed, small_config, small_model
+from megatron import hf_modernbert
 from megatron.arguments import add_model_and_parallel_args, config_flags
 from megatron.checkpoint import check_model_shapes
 from megatron.config import read_ds_config, resolve
@@ -321,19 +322,10 @@ def test_modernbert_shaped_model_computes_what_hugging_face_modernbert_does():
         local_rope_theta=10000.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
         attn_implementation="eager")
     hf = transformers.ModernBertForMaskedLM(hf_config).eval()
-    names = {"embeddings.word_embeddings": "model.embeddings.tok_embeddings",
-             "embeddings.layernorm": "model.embeddings.norm", "final_layernorm": "model.final_norm",
-             "lm_head.dense": "head.dense", "lm_head.layernorm": "head.norm"}
-    for i in range(layers):
-        names.update({f"layers.{i}.{ours}": f"model.layers.{i}.{theirs}" for ours, theirs in (
-            ("attention_layernorm", "attn_norm"), ("attention.query_key_value", "attn.Wqkv"),
-            ("attention.dense", "attn.Wo"), ("mlp_layernorm", "mlp_norm"), ("mlp.dense_h_to_4h", "mlp.Wi"),
-            ("mlp.dense_4h_to_h", "mlp.Wo"))})
-    state = {names[name.rsplit(".", 1)[0]] + ".weight": tensor for name, tensor in model.state_dict().items()
-             if name != "lm_head.bias"}
-    state.update({"decoder.weight": model.embeddings.word_embeddings.weight, "decoder.bias": model.lm_head.bias})
-    assert set(state) == set(hf.state_dict())
-    hf.load_state_dict(state)
+    state = hf_modernbert.hf_state_from_bert(model.state_dict(), config)  # the converter's name map
+    assert set(state) | {"decoder.weight"} == set(hf.state_dict())  # the decoder is tied, not stored
+    hf.load_state_dict(state, strict=False)
+    assert hf.decoder.weight is hf.model.embeddings.tok_embeddings.weight
     tokens = torch.randint(5, 112, (2, 40), generator=torch.Generator().manual_seed(8))
     ones = torch.ones_like(tokens)
     with torch.no_grad():
@@ -345,11 +337,16 @@ def test_modernbert_shaped_model_computes_what_hugging_face_modernbert_does():
 
 def test_model_preset_from_the_json_and_explicit_flags_win():
     flags = parse("--model-preset", "modernbert-base", "--num-layers", "4", "--rotary-base", "500000",
-                  "--add-bias-linear", "--position-embedding-type", "learned", "--first-layer-attention-norm",
+                  "--add-bias-linear", "--first-layer-attention-norm",
                   "--swiglu", "--type-vocab-size", "2", "--global-attention-every", "2")
     model = resolve(flags, {}, world_size=1, deepspeed_check=False).model
     assert (model.num_layers, model.rotary_base, model.add_bias_linear, model.position_embedding_type) == (
-        4, 500000.0, True, "learned")
+        4, 500000.0, True, "rope")
+    # learned positions over the preset: its rope bases are not given, so not refused as unused
+    learned = parse("--model-preset", "modernbert-base", "--position-embedding-type", "learned")
+    assert resolve(learned, {}, world_size=1, deepspeed_check=False).model.position_embedding_type == "learned"
+    with pytest.raises(ConfigError, match="--rotary-base 500000.0 is set but positions are learned"):
+        resolve({**learned, "rotary_base": 500000.0}, {}, world_size=1, deepspeed_check=False)
     assert (model.first_layer_attention_norm, model.mlp_type, model.type_vocab_size) == (True, "swiglu", 2)
     assert (model.global_attention_every, model.hidden_size, model.local_attention_window) == (2, 768, 128)
     assert parse("--mlp-type", "geglu")["mlp_type"] == "geglu" and parse("--normalization", "RMSNorm")[

@@ -116,7 +116,7 @@ TRAIN = {"kind": "train", "iteration": 10, "consumed_samples": 40, "loss": 9.2, 
     (json.dumps({"kind": "validation", "iteration": 10, "loss": 7.5}), "has no train records"),
     (json.dumps(TRAIN) + "\n[\"kind\", \"train\", \"iter", "line 2 is not a run-log record"),
     ("[1, 2]", "line 1 is not a run-log record"),
-    (json.dumps({**TRAIN, "loss": None}), "line 1: a train record without loss"),
+    (json.dumps({**TRAIN, "loss": "9.2"}), "line 1: a train record without loss"),  # null: a NaN loss
 ])
 def test_plot_run_bad_log_is_one_line(tmp_path, capsys, content, message):
     metrics = tmp_path / "metrics.jsonl"
@@ -176,3 +176,25 @@ def test_a_resumed_run_supersedes_the_steps_it_redoes(tmp_path, monkeypatch):
     log.start(0, "starting from scratch")
     log.metrics.close()
     assert [r["kind"] for r in run_log.read_metrics(metrics)] == ["start"]
+
+
+def test_a_non_finite_loss_is_written_as_null_and_still_plots(tmp_path, monkeypatch):
+    """A skipped step's NaN loss (--skip-nan-batches) or an fp16 overflow's inf: metrics.jsonl stays JSON a
+    strict reader accepts (null, not a bare NaN), the screen line keeps "nan", the plot leaves a gap."""
+    stdout = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=2, interval=1)
+    engine = SimpleNamespace(fp16_enabled=lambda: False, get_lr=lambda: [1e-3])
+    for iteration, loss in ((1, float("nan")), (2, 9.0)):
+        result = SimpleNamespace(loss=loss, mlm=loss, sop=0.5, grad_norm=float("inf"), mlm_accuracy=0.0,
+                                 real_token_share=1.0, segments_per_sample=1.0)
+        log.step(iteration, 4 * iteration, result, engine, seconds=0.5)
+    log.evaluation("validation", 2, float("nan"))
+    log.finish(None)
+    text = (tmp_path / "log" / "metrics.jsonl").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    records = [json.loads(line, parse_constant=lambda name: pytest.fail(name)) for line in text.splitlines()]
+    assert [(r["iteration"], r["loss"], r.get("grad_norm")) for r in records] == [(1, None, None), (2, 9.0, None),
+                                                                            (2, None, None)]
+    assert "loss nan" in stdout.getvalue().splitlines()[0]
+    assert (tmp_path / "log" / "loss.png").read_bytes()[:8] == PNG_MAGIC

@@ -244,3 +244,19 @@ def test_pretrain_default_settings_export():
     config = resolve({**config_flags(args), "vocab_size": 1000}, read_ds_config(ROOT / args.deepspeed_config), 2)
     assert config.model.layernorm_layout == "pre" and config.model.embedding_layernorm is False
     check_exportable(config.model)
+
+
+def test_runs_without_a_launcher_as_one_process(tmp_path, data_dir):
+    """`python pretrain_bert.py ...` with no RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: one
+    process (world size 1) on a free port, saying so in one line; not DeepSpeed's MPI discovery
+    (`No module named 'mpi4py'`)."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    argv = [*TINY, "--train-iters", "1", "--eval-iters", "1", "--split", "100,0,0", "--default-data-dir", data_dir,
+            "--log-dir", str(tmp_path / "log")]
+    result = subprocess.run([PYTHON, str(ROOT / "pretrain_bert.py"), *argv], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "no launcher: running as one process (world size 1)" in result.stdout
+    assert "mpi4py" not in result.stderr and "Traceback" not in result.stderr
+    assert "config: pipeline 1 x data 1 x sequence 1" in result.stdout

@@ -3,8 +3,9 @@
   to-hf    a checkpoint of any pipeline / sequence-parallel degree and ZeRO stage -> a Hugging Face
            folder (config.json, model.safetensors, vocab.txt, tokenizer_config.json) for
            BertForPreTraining (post-LayerNorm layout) or MegatronBertForPreTraining (pre-LayerNorm);
-           *ForMaskedLM when the model has no sentence-order head. Padded vocab rows are trimmed.
-  from-hf  a Hugging Face Bert* / MegatronBert* folder -> a weights-only checkpoint for this
+           *ForMaskedLM when the model has no sentence-order head; ModernBertForMaskedLM for a model
+           with the modern layer options (--model-preset modernbert-*). Padded vocab rows are trimmed.
+  from-hf  a Hugging Face Bert* / MegatronBert* / ModernBert* folder -> a weights-only checkpoint for this
            trainer. Heads the folder lacks are initialised and listed in one warning line. A
            larger --max-position-embeddings extends the 512 learned positions by repeating them
            (--no-position-extension refuses instead).
@@ -13,11 +14,14 @@ import argparse
 import sys
 import warnings
 
-from megatron import hf_convert
-from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config
-from megatron.data.tokenizer import TOKENIZER_TYPES
-from megatron.errors import run_tool
-from megatron.model.bert import BertConfig
+from megatron.quiet import quiet_deepspeed
+
+quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
+from megatron import hf_convert  # noqa: E402
+from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config  # noqa: E402
+from megatron.data.tokenizer import TOKENIZER_TYPES  # noqa: E402
+from megatron.errors import run_tool  # noqa: E402
+from megatron.model.bert import BertConfig  # noqa: E402
 
 
 def to_hf(args) -> None:
@@ -25,7 +29,7 @@ def to_hf(args) -> None:
     config = BertConfig(**stored_config(args.load, tag)["model"])
     state = bert_state_from_checkpoint(args.load, tag)
     hf_convert.save_hf_folder(args.output, state, config, args.vocab_file, TOKENIZER_TYPES[args.tokenizer_type])
-    print(f"wrote {hf_convert.LAYOUTS[config.layernorm_layout][1 if config.add_binary_head else 2]} "
+    print(f"wrote {hf_convert.read_hf_config(args.output)['architectures'][0]} "
           f"({config.num_layers} layers, hidden {config.hidden_size}) to {args.output}")
 
 

@@ -6,7 +6,8 @@
     python tools/ds_config.py diff A B
 
 `set` parses each value as JSON (`4`, `true`, `null`, `[0.9, 0.999]`, `"text"`; a bare word
-that is not JSON is a string), creates missing objects on the path, resolves the result and
+that is not JSON is a string; NaN, Infinity and numbers too large for a float are refused, as
+in the files it reads), creates missing objects on the path, resolves the result and
 writes it (in place, or to OUT) through a temporary file and os.replace: on any error nothing
 is written. A null value leaves the setting to be derived (e.g. gradient_accumulation_steps).
 The model and parallel flags are pretrain_bert.py's (--seq-length, --attention-dropout,
@@ -36,7 +37,7 @@ import tempfile
 from pathlib import Path
 
 from megatron.arguments import add_model_and_parallel_args, add_packing_args, config_flags
-from megatron.config import SECTION, default_optimizer, read_ds_config, resolve
+from megatron.config import SECTION, default_optimizer, read_ds_config, resolve, strict_json_loads
 from megatron.errors import ConfigError
 
 
@@ -107,7 +108,7 @@ def assign(ds_config: dict, assignment: str) -> None:
     if not sep or not key:
         raise ConfigError(f"{assignment!r} is not key.path=value", "write e.g. sequence_parallel.size=4")
     try:
-        value = json.loads(text)
+        value = strict_json_loads(text, "set", key)  # NaN, Infinity, 1e999: no strict reader accepts them
     except json.JSONDecodeError:
         value = text
     *parents, leaf = key.split(".")
@@ -172,7 +173,7 @@ def flatten(value, prefix: str = "") -> dict:
 
 
 def show(args) -> int:
-    print(json.dumps(resolved(read_ds_config(args.config), args), indent=2))
+    print(json.dumps(resolved(read_ds_config(args.config), args), indent=2, allow_nan=False))
     return 0
 
 
@@ -185,7 +186,7 @@ def set_keys(args) -> int:
     if derived and str(args.output) != "-":
         print(f"{derived} set to null: derived as {config['ds_config'][derived]} at world size "
               f"{config['world_size']} (and at any other)", file=sys.stderr)
-    text = json.dumps(ds_config, indent=2) + "\n"
+    text = json.dumps(ds_config, indent=2, allow_nan=False) + "\n"
     if str(args.output) == "-":  # print the result, write nothing (the launch scripts' dry run)
         print(text, end="")
         return 0

@@ -9,13 +9,16 @@ embedded default corpus' vocab (the one the README's main job trains with).
 import argparse
 import sys
 
-import torch
+from megatron.quiet import quiet_deepspeed
 
-from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config
-from megatron.data.batch import BertBatch
-from megatron.data.tokenizer import TOKENIZER_TYPES, build_tokenizer
-from megatron.errors import ConfigError, run_tool
-from megatron.model.bert import BertConfig, BertModel
+quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
+import torch  # noqa: E402
+
+from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config  # noqa: E402
+from megatron.data.batch import BertBatch  # noqa: E402
+from megatron.data.tokenizer import TOKENIZER_TYPES, build_tokenizer  # noqa: E402
+from megatron.errors import ConfigError, run_tool  # noqa: E402
+from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 
 MASK = "[MASK]"
 DEFAULT_VOCAB = ".cache/default_data/vocab.txt"
