@@ -461,7 +461,8 @@ def main():
     plot(steps, layer, args.contestants)
     minutes = (time.perf_counter() - started) / 60
     cores = len(os.sched_getaffinity(0))
-    oversubscribed = args.threads > 1 and max(load_before[0], os.getloadavg()[0]) > cores
+    # other jobs' load when it started, plus its own threads (its own load is no oversubscription)
+    oversubscribed = args.threads > 1 and load_before[0] + args.threads > cores + 0.5
     command = "`.venv/bin/python benchmarks/modern.py " + " ".join(sys.argv[1:]) + "`"
     layers = ", ".join("global" if not config.is_local_layer(i) else "local" for i in range(config.num_layers))
     write_section(HEADING, f"""
