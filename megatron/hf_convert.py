@@ -370,7 +370,12 @@ def load_hf_as_bert_state(folder, config: BertConfig, extend_positions: bool = T
     check_compatible(bert_fields_from_hf(hf_config), config)
     tensors = read_hf_tensors(folder)
     state, missing = bert_state_from_hf(tensors, config, extend_positions)
-    lacking = missing_encoder_tensors(missing, tensors, config)
+    return completed(state, missing, missing_encoder_tensors(missing, tensors, config), folder, config)
+
+
+def completed(state: dict, missing: list, lacking: list, folder, config: BertConfig) -> dict:
+    """`state` with the `missing` tensors a folder may lack (whole heads) initialised as a new
+    model's, in one warning line; a folder that `lacking` names (HF tensor names) is one error."""
     if lacking:
         shown = ", ".join(lacking[:6]) + (f" and {len(lacking) - 6} more" if len(lacking) > 6 else "")
         raise DataError(f"the Hugging Face folder {folder} lacks {len(lacking)} tensor(s) of the model: {shown}",
@@ -379,7 +384,7 @@ def load_hf_as_bert_state(folder, config: BertConfig, extend_positions: bool = T
     if missing:
         fresh = BertModel(config).state_dict()
         state.update({name: fresh[name] for name in missing})
-        warnings.warn(f"not in the Hugging Face folder, initialised: {', '.join(missing)}", stacklevel=2)
+        warnings.warn(f"not in the Hugging Face folder, initialised: {', '.join(missing)}", stacklevel=3)
     return state
 
 

@@ -342,17 +342,8 @@ def load_hf_as_bert_state(folder, config: BertConfig, hf_config: dict | None = N
     # initialised: what ModernBERT has no counterpart for (a sentence-order head, linformer projections),
     # and the MLM head when the folder has none of it
     fresh = [name for name in missing if name not in hf_names or (set(lm_head) <= set(missing) and name in lm_head)]
-    lacking = [hf_names[name] for name in missing if name not in fresh]
-    if lacking:
-        shown = ", ".join(lacking[:6]) + (f" and {len(lacking) - 6} more" if len(lacking) > 6 else "")
-        raise DataError(f"the Hugging Face folder {folder} lacks {len(lacking)} tensor(s) of the model: {shown}",
-                        "copy or download the model folder again (every weights file), or convert a folder whose "
-                        "config.json matches its weights")
-    if missing:
-        initial = BertModel(config).state_dict()
-        state.update({name: initial[name] for name in missing})
-        warnings.warn(f"not in the Hugging Face folder, initialised: {', '.join(missing)}", stacklevel=2)
-    return state
+    return hf_convert.completed(state, missing, [hf_names[name] for name in missing if name not in fresh], folder,
+                                config)
 
 
 # ---------------------------------------------------------------- a run's start
