@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from results import machine, write_section  # noqa: E402
-from train_step import MMAP_THRESHOLD, adamw, alternate, summary, versions  # noqa: E402
+from train_step import MMAP_THRESHOLD, adamw, alternate, optimizer_step, summary, versions  # noqa: E402
 
 from megatron import hf_modernbert  # noqa: E402
 from megatron.data.batch import BertBatch  # noqa: E402
@@ -94,10 +94,7 @@ class Ours:
 
     def __call__(self, batch: BertBatch) -> torch.Tensor:
         loss = bert_batch_loss(*self.model(*batch.model_inputs()), batch).total
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return optimizer_step(loss, self.optimizer)
 
 
 class HuggingFace:
@@ -125,10 +122,7 @@ class HuggingFace:
     def __call__(self, batch: BertBatch) -> torch.Tensor:
         loss = self.model(input_ids=batch.tokens, attention_mask=torch.ones_like(batch.tokens),
                           labels=batch.labels.masked_fill(~batch.loss_mask, -100)).loss
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return optimizer_step(loss, self.optimizer)
 
 
 def build_contestants(names, seq: int, shape: dict | None = None) -> dict:

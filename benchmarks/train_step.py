@@ -96,10 +96,7 @@ class Ours:
     def __call__(self, batch: BertBatch) -> torch.Tensor:
         with autocast():
             loss = bert_batch_loss(*self.model(*batch.model_inputs()), batch).total
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return optimizer_step(loss, self.optimizer)
 
 
 class HuggingFace:
@@ -119,10 +116,15 @@ class HuggingFace:
                               attention_mask=(~batch.key_padding_mask).long(),
                               labels=batch.labels.masked_fill(~batch.loss_mask, -100),
                               next_sentence_label=batch.sop_labels[:, 0]).loss
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return optimizer_step(loss, self.optimizer)
+
+
+def optimizer_step(loss, optimizer) -> torch.Tensor:
+    """Backward, optimizer step, gradients cleared -> the detached loss (the end of every contestant's step)."""
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
 
 
 def autocast():

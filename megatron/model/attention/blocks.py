@@ -164,12 +164,7 @@ def attend(q, k, v, q_segments, k_segments, plan, scale):
         return _varlen_forward(q, k, v, plan.varlen, scale)
     if _whole(plan, q, k):  # one tile covering the block: no copies
         return forward(q, k, v, masks.block_mask(q_segments, k_segments, plan.kind), scale)
-    out, lse = empty_result(q)
-    for tile in plan.tiles:
-        rows, columns = slice(tile.q_start, tile.q_stop), slice(tile.k_start, tile.k_stop)
-        mask = masks.block_mask(q_segments[:, rows], k_segments[:, columns], tile.kind)
-        out[:, :, rows], lse[:, :, rows] = forward(q[:, :, rows], k[:, :, columns], v[:, :, columns], mask, scale)
-    return out, lse
+    return forward_tiles(q, k, v, _tile_masks(plan.tiles, q_segments, k_segments), scale)
 
 
 def attend_backward(grad_out, q, k, v, q_segments, k_segments, plan, out, lse, scale):
@@ -179,11 +174,31 @@ def attend_backward(grad_out, q, k, v, q_segments, k_segments, plan, out, lse, s
     if _whole(plan, q, k):
         grads = backward(grad_out, q, k, v, masks.block_mask(q_segments, k_segments, plan.kind), out, lse, scale)
         return tuple(grad.float() for grad in grads)
+    return backward_tiles(grad_out, q, k, v, _tile_masks(plan.tiles, q_segments, k_segments), out, lse, scale)
+
+
+def _tile_masks(tiles, q_segments, k_segments):
+    """masks.tile_plan tiles -> (query rows, key columns, their BlockMask) for forward_tiles / backward_tiles."""
+    for tile in tiles:
+        rows, columns = slice(tile.q_start, tile.q_stop), slice(tile.k_start, tile.k_stop)
+        yield rows, columns, masks.block_mask(q_segments[:, rows], k_segments[:, columns], tile.kind)
+
+
+def forward_tiles(q, k, v, tiles, scale):
+    """forward() tile by tile; `tiles`: (query rows, key columns, BlockMask), each query row in at
+    most one tile, which holds all the keys it sees in this block. Rows outside every tile see no
+    key of it: out 0, lse -inf."""
+    out, lse = empty_result(q)
+    for rows, columns, mask in tiles:
+        out[:, :, rows], lse[:, :, rows] = forward(q[:, :, rows], k[:, :, columns], v[:, :, columns], mask, scale)
+    return out, lse
+
+
+def backward_tiles(grad_out, q, k, v, tiles, out, lse, scale):
+    """backward() of forward_tiles (the same tiles) -> (dq, dk, dv) in float32."""
     dq = kernel_layout(q.shape, torch.float32, q.device)
     dk, dv = (kernel_layout(x.shape, torch.float32, x.device) for x in (k, v))
-    for tile in plan.tiles:
-        rows, columns = slice(tile.q_start, tile.q_stop), slice(tile.k_start, tile.k_stop)
-        mask = masks.block_mask(q_segments[:, rows], k_segments[:, columns], tile.kind)
+    for rows, columns, mask in tiles:
         dq_tile, dk_tile, dv_tile = backward(grad_out[:, :, rows], q[:, :, rows], k[:, :, columns], v[:, :, columns],
                                              mask, out[:, :, rows], lse[:, :, rows], scale)
         dq[:, :, rows] += dq_tile

@@ -139,6 +139,11 @@ def _send_halo_home(grad_extended, geometry: Halo, seq):
     return own
 
 
+def _tile_masks(tiles):
+    """LocalPlan tiles -> (query rows, extended key columns, BlockMask) for blocks.forward_tiles."""
+    return [(slice(t.q_start, t.q_stop), slice(t.k_start, t.k_stop), t.mask) for t in tiles]
+
+
 class _LocalAttention(torch.autograd.Function):
     """q, k, v [b, s/P, heads, d] of this rank -> out [b, s/P, heads, d]."""
 
@@ -147,11 +152,7 @@ class _LocalAttention(torch.autograd.Function):
         kv = _exchange_halo(torch.stack([k, v], 2), plan.halo, seq) if seq.size > 1 else torch.stack([k, v], 2)
         k_ext, v_ext = kv.unbind(2)  # [b, left + s/P + right, heads, d]
         q_t, k_t, v_t = (x.transpose(1, 2) for x in (q, k_ext, v_ext))  # the kernels' layout (views)
-        out, lse = blocks.empty_result(q_t)
-        for tile in plan.tiles:
-            rows, keys = slice(tile.q_start, tile.q_stop), slice(tile.k_start, tile.k_stop)
-            out[:, :, rows], lse[:, :, rows] = blocks.forward(q_t[:, :, rows], k_t[:, :, keys], v_t[:, :, keys],
-                                                              tile.mask, scale)
+        out, lse = blocks.forward_tiles(q_t, k_t, v_t, _tile_masks(plan.tiles), scale)
         ctx.save_for_backward(q_t, k_t, v_t, out, lse)
         ctx.plan, ctx.seq, ctx.scale = plan, seq, scale
         return out.transpose(1, 2)
@@ -161,16 +162,7 @@ class _LocalAttention(torch.autograd.Function):
         q_t, k_t, v_t, out, lse = ctx.saved_tensors
         plan, seq = ctx.plan, ctx.seq
         grad_out = grad_out.transpose(1, 2)
-        dq = blocks.kernel_layout(q_t.shape, torch.float32, q_t.device)
-        dk, dv = (blocks.kernel_layout(x.shape, torch.float32, x.device) for x in (k_t, v_t))
-        for tile in plan.tiles:
-            rows, keys = slice(tile.q_start, tile.q_stop), slice(tile.k_start, tile.k_stop)
-            dq_tile, dk_tile, dv_tile = blocks.backward(grad_out[:, :, rows], q_t[:, :, rows], k_t[:, :, keys],
-                                                        v_t[:, :, keys], tile.mask, out[:, :, rows],
-                                                        lse[:, :, rows], ctx.scale)
-            dq[:, :, rows] += dq_tile
-            dk[:, :, keys] += dk_tile
-            dv[:, :, keys] += dv_tile
+        dq, dk, dv = blocks.backward_tiles(grad_out, q_t, k_t, v_t, _tile_masks(plan.tiles), out, lse, ctx.scale)
         dkv = torch.stack([dk.transpose(1, 2), dv.transpose(1, 2)], 2)  # [b, extended, 2, heads, d]
         if seq.size > 1:
             dkv = _send_halo_home(dkv, plan.halo, seq)
