@@ -375,6 +375,15 @@ CASES = [
          ("pretrain_bert.py: error: unrecognized arguments: --linformer-kk 16",)),
 ]
 
+CASES += [  # ---- derived files: data, index maps and vocab/tokenizer identity
+]
+CASES += [  # ---- corpora as published (.jsonl.gz, .jsonl.zst, Parquet)
+]
+CASES += [  # ---- resumes
+]
+CASES += [  # ---- signals and faults
+]
+
 
 COMMANDS = {
     "pretrain": [PYTHON, str(ROOT / "pretrain_bert.py")],
