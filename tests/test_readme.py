@@ -1,7 +1,8 @@
-"""Every command in the README's bash blocks is executed: the cheap ones here, for real, in the
-README's order, in a folder that looks like the repository (tools, configs, launch scripts in a
-dry run); the long trainings by the tests named in COVERED, which run them or their small-size
-equivalent. A new README command that is neither fails this test."""
+"""Every command in the bash blocks of the README and of docs/*.md is executed: the cheap ones
+here, for real, in the pages' order (README first), in a folder that looks like the repository
+(tools, configs, launch scripts in a dry run); the long trainings by the tests named in COVERED,
+which run them or their small-size equivalent. A new command that is neither fails this test.
+The README stays a two-minute read: under 150 lines, linking every page of docs/."""
 import os
 import re
 import shlex
@@ -13,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 # command prefix -> the test that runs it (at a size a CI machine runs)
 COVERED = {
@@ -40,9 +42,10 @@ EXIT_CODES = {".venv/bin/python tools/ds_config.py diff": 1}  # diff: 1 when the
 
 
 def readme_commands() -> list:
-    """The commands of the ```bash blocks, continuation lines joined, comments dropped."""
+    """The commands of the pages' ```bash blocks, continuation lines joined, comments dropped."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+    blocks = [block for page in PAGES for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S)]
+    for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s+#.*$", "", line).strip()
             if line and not line.startswith("#"):
@@ -67,6 +70,16 @@ def test_every_readme_command_is_run_or_covered():
         if test.startswith("tests/"):
             path, name = test.split("::")
             assert re.search(rf"^def {name}\(", (ROOT / path).read_text(), flags=re.M), test
+
+
+def test_readme_is_short_and_links_every_page():
+    text = README.read_text()
+    assert len(text.splitlines()) < 150
+    linked = set(re.findall(r"\]\((docs/[\w-]+\.md)\)", text))
+    assert linked == {f"docs/{page.name}" for page in PAGES[1:]}
+    for page in PAGES:  # links between pages resolve
+        for target in re.findall(r"\]\(([\w./-]+\.(?:md|png))\)", page.read_text()):
+            assert (page.parent / target).is_file(), f"{page.name} links {target}"
 
 
 @pytest.fixture
