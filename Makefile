@@ -4,7 +4,7 @@
 PYTHON ?= .venv/bin/python
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: bench bench-train-step bench-sp-scaling bench-longest bench-attention bench-preprocess bench-packing bench-modern profile
+.PHONY: bench-main-job bench bench-train-step bench-sp-scaling bench-longest bench-attention bench-preprocess bench-packing bench-modern profile
 
 bench: bench-train-step bench-sp-scaling bench-longest bench-attention bench-preprocess bench-packing bench-modern
 

@@ -317,9 +317,9 @@ def trainer_data_share(data_dir: str, log_dir: str, iterations: int) -> dict:
         inside.append(time.perf_counter() - start)
         return result
 
-    def log(self, iteration, consumed, result, engine, seconds):
+    def log(self, iteration, consumed, result, engine, seconds, lr):
         whole.append(seconds)
-        return real_log(self, iteration, consumed, result, engine, seconds)
+        return real_log(self, iteration, consumed, result, engine, seconds, lr)
 
     megatron.training.train_step, megatron.run_log.RunLog.step = step, log
     argv = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "512",

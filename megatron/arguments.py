@@ -186,9 +186,12 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     data.add_argument("--data-path", nargs="+", help="PREFIX or W1 PREFIX1 W2 PREFIX2 ... of preprocessed "
                       ".bin/.idx data (default: the embedded sample corpus, built on first use)")
     data.add_argument("--split", default="969,30,1", help="train,valid,test document split (default 969,30,1)")
-    data.add_argument("--vocab-file", help="WordPiece vocab.txt (default: the embedded corpus' vocab)")
-    data.add_argument("--tokenizer-type", default="BertWordPieceLowerCase",
-                      help="BertWordPieceLowerCase (default) or BertWordPieceCase")
+    data.add_argument("--vocab-file", help="WordPiece vocab.txt (default: the one a --load checkpoint carries, "
+                      "else the embedded corpus' vocab)")
+    data.add_argument("--tokenizer-file", help="Hugging Face tokenizer.json, or the model folder holding it "
+                      "(--tokenizer-type HFTokenizer); default: the one a --load checkpoint carries")
+    data.add_argument("--tokenizer-type", help="BertWordPieceLowerCase (default with --vocab-file), "
+                      "BertWordPieceCase, or HFTokenizer (default with --tokenizer-file)")
     data.add_argument("--data-cache-path", metavar="DIR",
                       help="writable folder for the index maps (default: next to the data; needed when the data is "
                            "on a read-only mount; maps are named by the data's contents, so later runs reuse them)")
@@ -206,6 +209,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--load", help="checkpoint directory to resume from (its 'latest' tag); a weights-only "
                      "checkpoint (tools/convert_checkpoint.py from-hf) starts a new run from its weights; the --save "
                      "folder itself before its first checkpoint: start from scratch (a requeued job resumes)")
+    run.add_argument("--finetune", action="store_true", help="with --load: start a new run from the checkpoint's "
+                     "weights (iteration 0, a fresh optimizer, schedule and RNG; any layout), as for a weights-only one")
+    run.add_argument("--no-load-rng", action="store_true", help="with --load: go on without the checkpoint's RNG "
+                     "states (e.g. a lost rng_rank*.pt); the run is then no longer bit-exact (one warning)")
     run.add_argument("--init-from-hf", metavar="DIR", help="start from a Hugging Face Bert* / MegatronBert* / "
                      "ModernBert* folder; its config fills the model flags not given, heads it lacks are initialised")
     run.add_argument("--no-position-extension", action="store_true", help="with --init-from-hf: refuse a "
@@ -221,6 +228,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--log-dir", default="runs/bert", help="metrics.jsonl and loss.png go here (default runs/bert)")
     run.add_argument("--tensorboard-dir", help="write TensorBoard scalars here (needs the tensorboard package)")
     run.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    run.add_argument("--rendezvous-timeout", type=float, default=300, metavar="SECONDS",
+                     help="how long the ranks wait at start-up for all of them to reach MASTER_ADDR:MASTER_PORT "
+                          "before failing with one line naming how many arrived (default 300)")
     return parser
 
 

@@ -14,14 +14,15 @@ read with `torch.load(weights_only=True)`; DeepSpeed unpickles its model / optim
 full (`TorchCheckpointEngine.load`, weights_only=False), so load only checkpoints you trust.
 
 Other layouts: each pipeline stage also writes `layout_free_stage{k}.pt` (optimizer_state.gather:
-fp32 weights and Adam moments in BertModel names, Adam's step, the LR schedule, DeepSpeed's
-counters). `load` reads DeepSpeed's files when the layout allows (same pipeline degree,
+fp32 weights and Adam moments in BertModel names, Adam's step, the optimizer's settings and loss
+scale, the LR schedule, DeepSpeed's counters). `load` reads DeepSpeed's files when the layout allows (same pipeline degree,
 precision and ZeRO partitioning), else these, so a run continues at another pipeline degree,
 SP/data degree or ZeRO stage 0-2. `bert_state_from_checkpoint` reads the weights of any layout
 (plain model at any ZeRO stage, or pipeline layer files) back into BertModel names.
 """
 import contextlib
 import dataclasses
+import errno
 import glob
 import json
 import os
@@ -29,22 +30,26 @@ import pickle
 import re
 import shutil
 import socket
+import sys
 import zipfile
 
 import torch
 import torch.distributed as dist
 
 from megatron import optimizer_state
-from megatron.config import TrainConfig, precision
+from megatron.config import TrainConfig, precision, strict_json_loads
+from megatron.data import tokenizer as tokenizers
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.pipe import pipe_layer_to_bert
-from megatron.parallel import state as parallel_state
+from megatron.parallel import launcher_watch, state as parallel_state
 
 LATEST = "latest"
 RUN_STATE = "run_state.json"
 LAYOUT_FREE = "layout_free_stage{stage}.pt"
 PARTIAL = ".partial"
+LOCK = ".lock"  # the run writing into a --save folder: {"host", "pid", "start"}
+FULL_BYTES = 16 * 2**20  # less free space than this after a failed write: the disk is full
 REMOVING = ".removing"  # an old checkpoint being removed by --keep-last
 # what torch.load raises on a truncated or overwritten file
 UNREADABLE = (EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, ValueError, OSError)
@@ -55,10 +60,11 @@ def tag_for(iteration: int) -> str:
 
 
 def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_samples: int,
-         schedule: dict | None = None, keep_last: int | None = None) -> str:
+         schedule: dict | None = None, keep_last: int | None = None, tokenizer=None) -> str:
     """Saves on every rank; returns the tag once `latest` names it. `schedule`: the learning-rate
     settings of the run (training.schedule_settings), compared by a resume. `keep_last`: once the
-    new checkpoint is committed, rank 0 removes all but the newest that many (prune)."""
+    new checkpoint is committed, rank 0 removes all but the newest that many (prune). `tokenizer`:
+    copied in with its identity, so fill-mask, export and a resume need no tokenizer flag."""
     tag, rank = tag_for(iteration), dist.get_rank()
     staging = os.path.join(save_dir, tag + PARTIAL)
     if rank == 0:
@@ -67,13 +73,35 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     dist.barrier()
     run_state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples,
                  **({"schedule": schedule} if schedule else {})}
-    engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=run_state, save_latest=False)
-    torch.save(rng_states(), os.path.join(staging, f"rng_rank{rank}.pt"))
-    _save_layout_free(engine, config, staging)
-    if rank == 0:
-        with open(os.path.join(staging, RUN_STATE), "w") as file:
-            json.dump(run_state, file)
-    dist.barrier()  # every rank's files are written
+    problem = None
+    try:
+        engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=run_state, save_latest=False)
+    except (OSError, RuntimeError) as error:  # a full disk: torch.save's `basic_ios::clear: iostream error`
+        problem = _write_problem(save_dir, tag, error)
+        dist.barrier()  # the one save_checkpoint ends with, which this rank missed
+
+    def rank0_files():
+        if rank == 0:
+            with open(os.path.join(staging, RUN_STATE), "w") as file:
+                json.dump(run_state, file)
+            if tokenizer is not None:
+                tokenizers.carry(tokenizer, staging)
+
+    for write in (lambda: torch.save(rng_states(), os.path.join(staging, f"rng_rank{rank}.pt")),
+                  lambda: _save_layout_free(engine, config, staging),  # collective: every rank calls it
+                  rank0_files):
+        try:
+            write()
+        except (OSError, RuntimeError) as error:
+            problem = problem or _write_problem(save_dir, tag, error)
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)  # every rank's files are written, or why not
+    found = next((found for found in problems if found), None)
+    if found:
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)  # it would fill the disk further
+        dist.barrier()
+        raise ConfigError(*found)
     if rank == 0:
         _commit(save_dir, tag)
         if keep_last:
@@ -83,6 +111,31 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
                       f"(--keep-last {keep_last})", flush=True)
     dist.barrier()  # no rank returns (and may save again) while old folders are being removed
     return tag
+
+
+def _write_problem(save_dir: str, tag: str, error: Exception) -> tuple[str, str]:
+    """(problem, fix) of a failed checkpoint write. A full disk is named as such: an OSError says
+    ENOSPC, torch's writer only `iostream error` / `file write failed`, so little space left on the
+    folder's disk (under FULL_BYTES) counts as full too."""
+    try:
+        free = shutil.disk_usage(save_dir).free
+    except OSError:
+        free = None
+    code = getattr(error, "errno", None)
+    full = code in (errno.ENOSPC, errno.EDQUOT) or (not isinstance(error, OSError) and free is not None
+                                                    and free < FULL_BYTES)
+    kept = (f"'latest' still names {latest_tag(save_dir)}" if os.path.isfile(os.path.join(save_dir, LATEST))
+            else "no earlier checkpoint exists")
+    where = f"--save {save_dir} on {socket.gethostname()}"
+    if full:
+        free_text = f", {free / 2**20:.1f} MiB free" if free is not None else ""
+        what = "the disk quota is exceeded" if code == errno.EDQUOT else "the disk is full"
+        return (f"cannot write checkpoint {tag}: {what} ({where}{free_text})",
+                f"free space there or pass another --save, then resume; nothing of {tag} was kept and {kept}")
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else (
+        str(error).splitlines()[0] if str(error) else type(error).__name__)
+    return (f"cannot write checkpoint {tag} into {where} ({reason})",
+            f"check the folder and its disk, then resume; nothing of {tag} was kept and {kept}")
 
 
 def prune(save_dir: str, keep_last: int) -> list[str]:
@@ -156,8 +209,10 @@ def check_writable(save_dir: str) -> None:
     """Before the first step, not at the first save after hours of training: the first local rank
     of every node (all of a node's ranks write into the checkpoint) creates and removes a probe
     file in `save_dir`. Folders created for it are removed again (the first save makes them for
-    good), so a run that fails later at start-up leaves nothing. All ranks raise the same error."""
+    good), so a run that fails later at start-up leaves nothing. Global rank 0 then takes the
+    folder's lock (take_lock), which release_lock gives back. All ranks raise the same error."""
     problem, created = None, []
+    fix = "pass a --save directory this user can write on every node"
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:
         try:
             problem = _save_dir_problem(save_dir)
@@ -168,20 +223,109 @@ def check_writable(save_dir: str) -> None:
                     folder = os.path.dirname(folder)
                 os.makedirs(save_dir, exist_ok=True)
                 probe = os.path.join(save_dir, f".write_probe.{socket.gethostname()}.{os.getpid()}")
-                with open(probe, "w") as file:
-                    file.write("probe")
-                os.remove(probe)
+                try:
+                    with open(probe, "w") as file:
+                        file.write("probe")
+                finally:  # created even when the write fails (a full disk)
+                    with contextlib.suppress(OSError):
+                        os.remove(probe)
         except OSError as error:
             problem = f"--save {save_dir} is not writable on {socket.gethostname()} ({error.strerror or error})"
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                problem, fix = f"{problem}: its disk is full", "free space there or pass a --save directory on another disk"
+    problem = problem and (problem, fix)
+    if problem is None and dist.get_rank() == 0:
+        try:
+            problem = take_lock(save_dir, created)
+        except OSError as error:
+            problem = (f"--save {save_dir}: cannot write its lock on {socket.gethostname()} "
+                       f"({error.strerror or error})", fix)
     problems = [None] * dist.get_world_size()
     dist.all_gather_object(problems, problem)  # also: no probe is removed while another node writes one
+    found = next((text for text in problems if text), None)
+    if found:
+        release_lock()  # a run that does not start holds none
     for folder in created:  # innermost first; a folder another node's probe still needs is not empty
         with contextlib.suppress(OSError):
             os.rmdir(folder)
     dist.barrier()  # removed on every node when any rank returns
-    found = next((text for text in problems if text), None)
     if found:
-        raise ConfigError(found, "pass a --save directory this user can write on every node")
+        raise ConfigError(*found)
+
+
+_held_lock = {}  # the lock this process holds: {"path", "created": folders made for it}
+
+
+def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
+    """Writes `save_dir`/.lock naming this host and process, or returns (problem, fix) when a live
+    run holds it: two runs saving into one folder would delete each other's `.partial` staging
+    folders and interleave their checkpoints. A lock whose process no longer runs on this host (a
+    crashed or killed run) is taken over with one line. A lock of another host cannot be checked
+    from here: it is refused, naming the file to remove once that run is known to have ended.
+    `created`: folders made for the lock, removed again by release_lock when left empty."""
+    path, host = os.path.join(save_dir, LOCK), socket.gethostname()
+    staged = f"{path}.{host}.{os.getpid()}"
+    try:
+        with open(staged, "w") as file:
+            json.dump({"host": host, "pid": os.getpid(), "start": launcher_watch.start_time(os.getpid())}, file)
+        for _ in range(2):
+            try:
+                os.link(staged, path)  # atomic: fails if a lock exists
+                _held_lock.update(path=path, created=list(created))
+                return None
+            except FileExistsError:
+                holder = _read_lock(path)
+            if holder and holder.get("host") != host:
+                return (f"--save {save_dir} is locked by pid {holder['pid']} on host {holder.get('host')}, whose run "
+                        f"cannot be checked from {host}",
+                        f"choose another --save directory, or remove {path} once that run has ended")
+            if holder and _running(holder):
+                return (f"--save {save_dir} is in use by a live run: pid {holder['pid']} on this host ({host}) "
+                        f"holds {path}", "wait for that run to end or stop it, or choose another --save directory")
+            print(f"warning: --save {save_dir}: taking over the lock of "
+                  f"{'pid ' + str(holder['pid']) if holder else 'an unknown process'} on {host}, which no longer runs "
+                  "(a crashed or killed run)", file=sys.stderr, flush=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        return (f"--save {save_dir}: its lock {path} was just taken by another run starting there",
+                "choose another --save directory")
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(staged)
+
+
+def _read_lock(path: str) -> dict | None:
+    try:
+        with open(path) as file:
+            holder = json.load(file)
+    except (OSError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
+
+
+def _running(holder: dict) -> bool:
+    """Whether the lock's process (on this host) still runs: its pid exists, with the same start time."""
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    started = launcher_watch.start_time(holder["pid"])
+    return started is None or holder.get("start") in (None, started)
+
+
+def release_lock() -> None:
+    """Removes the lock this process holds (rank 0 at the end of its run, however it ends), and the
+    folders made for it when the run left them empty."""
+    if not _held_lock:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(_held_lock["path"])
+    for folder in _held_lock["created"]:  # innermost first
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+    _held_lock.clear()
 
 
 def _save_dir_problem(save_dir: str) -> str | None:
@@ -224,7 +368,13 @@ def latest_tag(load_dir: str) -> str:
     if not os.path.isfile(path):
         raise ConfigError(f"no checkpoint in {load_dir} (missing '{LATEST}')", "point --load at a directory written by --save")
     with open(path) as file:
-        return file.read().strip()
+        tag = file.read().strip()
+    if not tag:  # else it would name the directory itself, "incomplete"
+        tags = sorted(name for name in os.listdir(load_dir) if re.fullmatch(r"iter_\d+", name))
+        raise DataError(f"the '{LATEST}' file of {load_dir} is empty: it names no checkpoint",
+                        f"write the tag of a complete iter_* folder of {load_dir} into it"
+                        + (f" (the newest: {tags[-1]})" if tags else ""))
+    return tag
 
 
 def checkpoint_folder(load_dir: str, tag: str) -> str:
@@ -257,22 +407,34 @@ def run_state(load_dir: str, tag: str) -> dict:
     folder = checkpoint_folder(load_dir, tag)
     path = os.path.join(folder, RUN_STATE)
     if os.path.isfile(path):
+        fix = "restore it or resume from an earlier complete checkpoint"
         try:
             with open(path, encoding="utf-8") as file:
-                state = json.load(file)
+                state = strict_json_loads(file.read(), f"checkpoint file {path}")
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise DataError(f"checkpoint file {path} is not valid JSON ({error.__class__.__name__}: "
-                            f"{str(error).splitlines()[0]}): truncated or overwritten",
-                            "restore it or resume from an earlier complete checkpoint") from None
-        if not isinstance(state, dict) or not {"config", "iteration", "consumed_samples"} <= set(state):
-            raise DataError(f"checkpoint file {path} lacks config, iteration or consumed_samples",
-                            "restore it or resume from an earlier complete checkpoint")
+                            f"{str(error).splitlines()[0]}): truncated or overwritten", fix) from None
+        except ConfigError as error:  # NaN / Infinity or a repeated key: written by something else
+            raise DataError(error.problem, fix) from None
+        if not isinstance(state, dict):
+            raise DataError(f"checkpoint file {path} holds no JSON object", fix)
+        for key, kind in (("config", dict), ("iteration", int), ("consumed_samples", int)):
+            value = state.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+                found = "nothing" if key not in state else json.dumps(value)[:40]
+                raise DataError(f"checkpoint file {path} holds {found} as {key}, not "
+                                f"{'an object' if kind is dict else 'a count'}", fix)
         return state
     states = sorted(glob.glob(os.path.join(folder, "*mp_rank_00_model_states.pt")))
     stored = safe_load(states[0]) if len(states) == 1 and "zero_pp" not in states[0] else None
     if not stored or "config" not in stored:
         raise DataError(f"checkpoint folder {folder} has no {RUN_STATE}", "point at a checkpoint written by this trainer")
     return {key: value for key, value in stored.items() if key != "module"}
+
+
+def carried_tokenizer(load_dir: str, tag: str | None = None):
+    """The tokenizer the checkpoint carries (None: saved before checkpoints carried one)."""
+    return tokenizers.carried_tokenizer(checkpoint_folder(load_dir, tag or latest_tag(load_dir)))
 
 
 def stored_config(load_dir: str, tag: str) -> dict:
@@ -319,12 +481,61 @@ def _one_line_read_errors(engine):
         reader.load = original
 
 
-def load(engine, load_dir: str, config: TrainConfig) -> dict:
-    """Restores engine state and this rank's RNG; returns the run state (iteration, ...)."""
+# BertConfig fields that decide what the weights compute besides their shapes (check_model_shapes):
+# a resume keeps them. Dropout, init, sequence length, packing and the attention variant may change.
+MODEL_FIELDS = ("vocab_size", "num_attention_heads", "layernorm_epsilon", "layernorm_layout", "normalization",
+                "mlp_type", "rotary_base", "local_rotary_base", "local_attention_window", "global_attention_every")
+
+
+def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
+    """A resume whose model flags differ from the checkpoint's: the first differing shape, else
+    the first differing MODEL_FIELDS value (same shapes, other math: e.g. the head count)."""
+    check_model_shapes(stored, config, folder)
+    fields = {f.name for f in dataclasses.fields(BertConfig)}
+    trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
+    for name in MODEL_FIELDS:
+        if getattr(trained, name) != getattr(config, name):
+            raise ConfigError(f"checkpoint {folder} was trained with {name} {getattr(trained, name)}, this run's "
+                              f"model has {getattr(config, name)}",
+                              "resume with the model flags the checkpoint was trained with")
+
+
+def _rng_state(folder: str, stored: dict, load_rng: bool) -> dict | None:
+    """This rank's RNG states: rng_rank{r}.pt, r = this rank modulo the checkpoint's world size
+    (the rank itself in the same world). Read on every rank before anything is loaded; a missing or
+    unreadable file on any rank stops all of them with the same line. load_rng False: none, with
+    one warning (--no-load-rng)."""
+    if not load_rng:
+        if dist.get_rank() == 0:
+            print(f"warning: --no-load-rng: the RNG states of {folder} are not restored; this run is no longer "
+                  "bit-exact with an uninterrupted one (its dropout draws differ)", file=sys.stderr, flush=True)
+        return None
+    world = stored["pipeline_parallel_size"] * stored["data_parallel_size"] * stored["sequence_parallel_size"]
+    path = os.path.join(folder, f"rng_rank{dist.get_rank() % world}.pt")
+    state, problem = None, None
+    try:
+        state = safe_load(path)
+        if not isinstance(state, dict) or getattr(state.get("cpu"), "dtype", None) != torch.uint8:
+            problem = f"checkpoint file {path} holds no RNG state"
+    except DataError as error:
+        problem = error.problem
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)
+    found = next((text for text in problems if text), None)
+    if found:
+        raise DataError(found, "restore it, resume from an earlier complete checkpoint, or pass --no-load-rng to go "
+                        "on without the saved RNG states (the run is then no longer bit-exact)")
+    return state
+
+
+def load(engine, load_dir: str, config: TrainConfig, load_rng: bool = True) -> dict:
+    """Restores engine state and this rank's RNG (load_rng False: not the RNG, with a warning);
+    returns the run state (iteration, ...)."""
     tag = latest_tag(load_dir)
     folder = checkpoint_folder(load_dir, tag)
     state = run_state(load_dir, tag)
-    check_model_shapes(state["config"]["model"], config.model, folder)
+    check_same_model(state["config"]["model"], config.model, folder)
+    rng_state = _rng_state(folder, state["config"], load_rng)
     if same_layout(state["config"], config.to_dict()):
         with _one_line_read_errors(engine):
             path, _ = engine.load_checkpoint(load_dir, tag=tag)
@@ -332,9 +543,7 @@ def load(engine, load_dir: str, config: TrainConfig) -> dict:
             raise DataError(f"checkpoint {folder} could not be loaded", "check that the folder is complete")
     else:
         _load_layout_free(engine, config, folder, state["config"])
-    rng = os.path.join(folder, f"rng_rank{dist.get_rank()}.pt")
-    if os.path.isfile(rng):
-        rng_state = safe_load(rng)
+    if rng_state is not None:
         torch.set_rng_state(rng_state["cpu"])
         if "cuda" in rng_state and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng_state["cuda"])
@@ -353,7 +562,8 @@ def same_layout(stored: dict, current: dict) -> bool:
 
 def _load_layout_free(engine, config: TrainConfig, folder: str, stored: dict) -> None:
     """Loads a checkpoint written in another layout from its layout-free files (weights, Adam
-    state, LR schedule, counters); DeepSpeed's own files are not read."""
+    state, the optimizer's settings and loss scale, LR schedule, counters); DeepSpeed's own files
+    are not read."""
     paths = [os.path.join(folder, LAYOUT_FREE.format(stage=stage)) for stage in range(stored["pipeline_parallel_size"])]
     if not all(os.path.isfile(path) for path in paths):
         raise DataError(f"checkpoint {folder} (pipeline {stored['pipeline_parallel_size']}, ZeRO {stored['zero_stage']}, "
@@ -361,7 +571,11 @@ def _load_layout_free(engine, config: TrainConfig, folder: str, stored: dict) ->
                         f"{precision(stored['ds_config'])}) has no {LAYOUT_FREE.format(stage='*')} files to load "
                         "in another layout", "resume in the layout it was written in")
     stages = [safe_load(path) for path in paths]
-    merged = {"step": stages[0]["step"], "params": {}}
+    if "param_groups" not in stages[0]:
+        raise DataError(f"{paths[0]} was written without the optimizer's settings (learning rate, weight decay, "
+                        "loss scale) by an earlier version of this trainer", "resume in the layout it was written in")
+    merged = {"step": stages[0]["step"], "params": {}, "param_groups": stages[0]["param_groups"],
+              "loss_scaler": stages[0]["loss_scaler"]}
     for stage in stages:
         merged["params"].update(stage["params"])
     optimizer_state.scatter(engine, config.model, merged)
@@ -372,7 +586,7 @@ def _load_layout_free(engine, config: TrainConfig, folder: str, stored: dict) ->
     if dist.get_rank() == 0:
         print(f"loaded {folder} written at pipeline {stored['pipeline_parallel_size']}, ZeRO {stored['zero_stage']}, "
               f"data x seq {stored['data_parallel_size']} x {stored['sequence_parallel_size']} from its layout-free "
-              "files (weights, Adam state, LR schedule)", flush=True)
+              "files (weights, Adam state and settings, LR schedule)", flush=True)
 
 
 def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:

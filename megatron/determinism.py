@@ -1,6 +1,6 @@
 """`--deterministic`: the settings that make a GPU run repeat itself bit for bit.
 
-On CPU a run with the same config, seed and world layout is already bit-exact (README,
+On CPU a run with the same config, seed and world layout is already bit-exact (docs/resuming.md,
 "Reproducibility"); these settings change nothing there. On CUDA they turn off what varies
 from run to run: kernels that accumulate with atomics (SDPA's memory-efficient backward,
 index_add / scatter_add), cuBLAS' split-K workspaces, TF32 and cuDNN autotuning, and NCCL's

@@ -27,6 +27,7 @@ import torch
 
 from megatron.checkpoint import tag_for
 from megatron.config import TrainConfig, strict_json_loads
+from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 
@@ -158,28 +159,56 @@ def tokenizer_config(config: BertConfig, lower_case: bool) -> dict:
             "model_max_length": config.max_position_embeddings}
 
 
-def save_hf_folder(output, state: dict, config: BertConfig, vocab_file, lower_case: bool) -> None:
+def hf_tokenizer_files(state: dict, config: BertConfig, tokenizer) -> tuple[dict, dict]:
+    """hf_files for a model trained with a Hugging Face tokenizer (megatron.data.tokenizer.HFTokenizer):
+    the special ids and names from the tokenizer, whose tokenizer.json AutoTokenizer then reads."""
+    from megatron import hf_modernbert
+
+    named = {f"{kind}_token": token for kind, token in tokenizer.special_tokens().items()}
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": config.max_position_embeddings,
+                **named}
+    if hf_modernbert.is_modern(config):
+        special_ids = {"pad": tokenizer.pad, "cls": tokenizer.cls, "sep": tokenizer.sep}
+        tensors, hf_config = (hf_modernbert.hf_state_from_bert(state, config),
+                              hf_modernbert.hf_config_from_bert(config, special_ids))
+    else:
+        tensors, hf_config = hf_state_from_bert(state, config), hf_config_from_bert(config, tokenizer.pad)
+    return tensors, {"config.json": hf_config, "tokenizer_config.json": settings}
+
+
+def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, lower_case: bool = True,
+                   hf_tokenizer=None) -> None:
     """Writes config.json, model.safetensors, vocab.txt and tokenizer_config.json (and tokenizer.json
-    for ModernBERT, whose AutoTokenizer reads nothing else); atomic: a
-    temporary sibling folder renamed at the end, so a failure leaves nothing half-written."""
+    for ModernBERT, whose AutoTokenizer reads nothing else); with `hf_tokenizer` (vocab_file None)
+    its tokenizer.json instead of the vocab.txt. Atomic: a temporary sibling folder renamed at the
+    end, so a failure leaves nothing half-written."""
     output = Path(output)
     if output.exists():
         what = "a file" if Path(output).is_file() else "an existing folder"
         raise ConfigError(f"output {output} is {what}", "choose a new output folder (it is created) or remove it")
-    vocab = Path(vocab_file).read_text(encoding="utf-8").splitlines()
-    if len(vocab) != config.vocab_size:
-        raise ConfigError(f"vocab file {vocab_file} has {len(vocab)} tokens, the model's vocab_size is "
-                          f"{config.vocab_size}", "pass the vocab.txt the model was trained with")
-    if "[PAD]" not in vocab:
-        raise ConfigError(f"vocab file {vocab_file} has no [PAD] token", "pass a BERT vocab.txt")
-    tensors, files = hf_files(state, config, vocab, lower_case)
+    if hf_tokenizer is not None:
+        if hf_tokenizer.vocab_size > config.vocab_size:
+            raise ConfigError(f"tokenizer {hf_tokenizer.file} has {hf_tokenizer.vocab_size} tokens, the model's "
+                              f"vocab_size is {config.vocab_size}", "pass the tokenizer the model was trained with")
+        tensors, files = hf_tokenizer_files(state, config, hf_tokenizer)
+        copied = {"tokenizer.json": hf_tokenizer.file}
+    else:
+        vocab = Path(vocab_file).read_text(encoding="utf-8").splitlines()
+        if len(vocab) != config.vocab_size:
+            raise ConfigError(f"vocab file {vocab_file} has {len(vocab)} tokens, the model's vocab_size is "
+                              f"{config.vocab_size}", "pass the vocab.txt the model was trained with")
+        if "[PAD]" not in vocab:
+            raise ConfigError(f"vocab file {vocab_file} has no [PAD] token", "pass a BERT vocab.txt")
+        tensors, files = hf_files(state, config, vocab, lower_case)
+        copied = {"vocab.txt": vocab_file}
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = created_folder(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         for name, value in files.items():
             write_json(partial / name, value)
         write_safetensors(partial / "model.safetensors", tensors)
-        shutil.copyfile(vocab_file, partial / "vocab.txt")
+        for name, source in copied.items():
+            shutil.copyfile(source, partial / name)
         os.replace(partial, output)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -436,11 +465,30 @@ def read_safetensors(path: Path) -> dict:
     return tensors
 
 
-def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig) -> None:
+def read_hf_tokenizer(folder):
+    """The tokenizer of a Hugging Face folder, for the checkpoint made from it to carry: its vocab.txt
+    (WordPiece, lower-cased as its tokenizer_config.json says), else its tokenizer.json; None when it
+    has neither, and with one warning when they cannot be read (training then names one by its flag)."""
+    folder = Path(folder)
+    try:
+        if (folder / "vocab.txt").is_file():
+            settings = folder / "tokenizer_config.json"
+            lower_case = json.loads(settings.read_text()).get("do_lower_case", True) if settings.is_file() else True
+            return BertWordPiece(folder / "vocab.txt", lower_case=bool(lower_case))
+        if (folder / "tokenizer.json").is_file():
+            return HFTokenizer(folder)
+    except (ConfigError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
+        warnings.warn(f"the checkpoint carries no tokenizer ({error}); name one with --vocab-file or "
+                      "--tokenizer-file when training from it", stacklevel=2)
+    return None
+
+
+def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, tokenizer=None) -> None:
     """A checkpoint directory with weights and config but no optimizer state, in the file layout
     of a plain-model ZeRO-0 checkpoint (`latest`, `iter_0000000/mp_rank_00_model_states.pt`), so
     `bert_state_from_checkpoint` and `stored_config` read it; `weights_only` marks it for a
-    trainer that starts from its weights at any layout. Atomic like save_hf_folder."""
+    trainer that starts from its weights at any layout; `tokenizer` carried as a trained one is.
+    Atomic like save_hf_folder."""
     save_dir = Path(save_dir)
     if (save_dir / "latest").exists():
         raise ConfigError(f"{save_dir} already holds a checkpoint", "choose a new --save directory")
@@ -450,6 +498,8 @@ def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig) -> N
     try:
         torch.save({"module": state, "config": TrainConfig(model=config).to_dict(), "iteration": 0,
                     "consumed_samples": 0, "weights_only": True}, partial / "mp_rank_00_model_states.pt")
+        if tokenizer is not None:
+            carry(tokenizer, partial)
         os.replace(partial, save_dir / tag)
         (save_dir / "latest").write_text(tag)
     except BaseException:

@@ -3,12 +3,13 @@
 DeepSpeed's own files follow the layout that wrote them: pipeline stages own disjoint parameters,
 ZeRO flattens and partitions them over data x seq. `gather` turns one stage's optimizer into
 {BertModel name: fp32 master, exp_avg, exp_avg_sq} plus Adam's step count (DeepSpeed's
-`safe_get_full_*` for its ZeRO and bf16 optimizers, the torch optimizer's own state at ZeRO 0);
+`safe_get_full_*` for its ZeRO and bf16 optimizers, the torch optimizer's own state at ZeRO 0) and
+the optimizer's settings (`settings`: what DeepSpeed's own files restore besides the tensors);
 `scatter` writes such a dict into an engine of any pipeline degree, SP degree and ZeRO stage 0-2.
 """
 import torch
 
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig
 from megatron.model.pipe import pipe_to_bert_name
 
@@ -72,11 +73,39 @@ def gather(engine, config: BertConfig) -> dict:
             state = base.state.get(param, {})
             entry = {"fp32": param.detach(), **{key: state.get(key, torch.zeros_like(param)) for key in MOMENTS}}
         params[name] = {key: value.detach().float().cpu().clone() for key, value in entry.items()}
-    return {"step": adam_step(engine), "params": params}
+    return {"step": adam_step(engine), "params": params, **settings(engine)}
+
+
+def settings(engine) -> dict:
+    """{"param_groups", "loss_scaler"}: every param-group field but the tensors (lr as the scheduler
+    left it for the next step, betas, eps, weight decay, the scheduler's initial_lr, ...), and a
+    dynamic loss scaler's state (fp16: scale, iterations since the last overflow, hysteresis; None
+    for a static one, whose scale is the config's). DeepSpeed's own files restore both: the same
+    resume in another layout must not run its next step with this run's fresh values."""
+    groups = [{key: value for key, value in group.items() if key != "params"}
+              for group in _base_optimizer(engine).param_groups]
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    dynamic = getattr(scaler, "dynamic", False)
+    return {"param_groups": groups, "loss_scaler": {key: value for key, value in vars(scaler).items()
+                                                    if isinstance(value, (int, float))} if dynamic else None}
+
+
+def restore_settings(engine, stored: dict) -> None:
+    """Writes `settings` of a checkpoint into this engine's optimizer (any layout: one group per
+    stage, the same fields); a dynamic loss scale only into a run that scales dynamically too."""
+    groups = _base_optimizer(engine).param_groups
+    if len(stored["param_groups"]) != len(groups):
+        raise DataError(f"the checkpoint's optimizer has {len(stored['param_groups'])} parameter groups, this "
+                        f"run's {len(groups)}", "resume in the layout the checkpoint was written in")
+    for group, saved in zip(groups, stored["param_groups"]):
+        group.update(saved)
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    if stored["loss_scaler"] and getattr(scaler, "dynamic", False):
+        vars(scaler).update(stored["loss_scaler"])
 
 
 def scatter(engine, config: BertConfig, stored: dict) -> None:
-    """Writes gathered state (any layout's, merged) into this engine's optimizer."""
+    """Writes gathered state (any layout's, merged) into this engine's optimizer, settings included."""
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     base = _base_optimizer(engine)
@@ -102,6 +131,7 @@ def scatter(engine, config: BertConfig, stored: dict) -> None:
             base.state[param] = {"step": step.clone(), **{key: entry[key].to(param) for key in MOMENTS}}
     if collective(engine) and hasattr(engine.optimizer, "update_lp_params"):
         engine.optimizer.update_lp_params()  # bf16 / fp16 model copies from the fp32 masters just set
+    restore_settings(engine, stored)
 
 
 def _create_flat_state(engine, base, step) -> None:

@@ -6,10 +6,13 @@ its file). Each record carries the `run` id of the run that wrote it, and each r
 a `start` record with the iteration it starts from; `read_metrics` drops what a later start
 supersedes (the steps a resumed run redoes after its checkpoint, or all of an earlier run when
 a new one starts from scratch), so a reader sees one history without repeated iterations."""
+import contextlib
+import errno
 import json
 import math
 import os
 import resource
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -33,6 +36,7 @@ class RunLog:
         self.dir = Path(args.log_dir)
         self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
         self.tensorboard = self.bar = None
+        self.failure = None  # (problem, fix) once metrics.jsonl cannot be written: the run stops
         if not self.writer:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -57,9 +61,7 @@ class RunLog:
         """The run's first record: where it starts (0, or the checkpoint's iteration) and the
         line that says so on screen."""
         if self.writer:
-            self.metrics.write(json.dumps({"kind": "start", "run": self.run_id, "iteration": iteration,
-                                           "time": time.time(), **fields}) + "\n")
-            self.metrics.flush()
+            self._append({"kind": "start", "run": self.run_id, "iteration": iteration, "time": time.time(), **fields})
             self._print(line)
 
     def config(self, config) -> None:
@@ -71,13 +73,34 @@ class RunLog:
 
     def _emit(self, record: dict, line: str) -> None:
         record["run"] = self.run_id
-        self.metrics.write(json.dumps(finite_or_null(record), allow_nan=False) + "\n")
-        self.metrics.flush()
+        self._append(finite_or_null(record))
         if self.tensorboard:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("iteration", "time"):
                     self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["iteration"])
         self._print(line)
+
+    def _append(self, record: dict) -> None:
+        """One line of metrics.jsonl. A write that fails (a full disk) does not end the run here,
+        on rank 0 alone, with a traceback: `failure` says why, the training loop's stop agreement
+        (training.StopSignals) stops every rank at the next step, with a final checkpoint."""
+        if self.failure:
+            return
+        try:
+            self.metrics.write(json.dumps(record, allow_nan=False) + "\n")
+            self.metrics.flush()
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                self.metrics.close()  # closed with its unwritten buffer: no second error at exit
+            path = self.dir / "metrics.jsonl"
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                free = shutil.disk_usage(self.dir).free / 2**20
+                what = "the disk is full" if error.errno == errno.ENOSPC else "the disk quota is exceeded"
+                reason = f"{what}, {free:.1f} MiB free"
+            else:
+                reason = error.strerror or str(error)
+            self.failure = (f"cannot write the run log {path} ({reason})",
+                            "free space there or pass another --log-dir")
 
     def _print(self, line: str) -> None:
         """A whole line on stdout, above the progress bar when there is one."""
@@ -86,7 +109,8 @@ class RunLog:
         else:
             print(line, flush=True)
 
-    def step(self, iteration: int, consumed: int, result, engine, seconds: float) -> None:
+    def step(self, iteration: int, consumed: int, result, engine, seconds: float, lr: float) -> None:
+        """One optimizer step; `lr` is the rate it used (read before it: the scheduler has moved on)."""
         self.window.append(result)
         self.window_seconds += seconds
         if self.bar and self.writer:
@@ -102,7 +126,7 @@ class RunLog:
         loss_scale = engine.optimizer.cur_scale if engine.fp16_enabled() else None
         record = {
             "kind": "train", "iteration": iteration, "consumed_samples": consumed, "time": time.time(),
-            "lr": engine.get_lr()[0], "loss": mean([r.loss for r in window]),
+            "lr": lr, "loss": mean([r.loss for r in window]),
             "mlm_loss": mean([r.mlm for r in window]), "sop_loss": mean([r.sop for r in window]),
             "mlm_accuracy": mean([r.mlm_accuracy for r in window]),
             "grad_norm": window[-1].grad_norm, "loss_scale": loss_scale,
@@ -141,6 +165,8 @@ class RunLog:
         self.metrics.close()
         if self.tensorboard:
             self.tensorboard.close()
+        if self.failure:  # at the last step, after which no stop agreement comes
+            raise ConfigError(*self.failure)
         plot = plot_metrics(self.dir / "metrics.jsonl", self.dir / "loss.png")
         print(f"logs: {self.dir / 'metrics.jsonl'}\nloss plot: {plot}"
               + (f"\ncheckpoint: {save_dir}" if save_dir else ""), flush=True)

@@ -25,11 +25,12 @@ from megatron.data import index_maps
 from megatron.data.bert_dataset import SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, token_stats
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
-from megatron.data.tokenizer import TOKENIZER_TYPES, build_tokenizer
+from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, HFTokenizer, build_tokenizer, check_data_vocab,
+                                     choose_tokenizer, explicit_tokenizer)
 from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import ConfigError, DataError
 from megatron.model.args import BertConfig
-from megatron.parallel import device, state
+from megatron.parallel import device, launcher_watch, state
 from megatron.run_log import RunLog
 
 
@@ -43,7 +44,7 @@ def main(argv=None) -> int:
     except ConfigError as error:
         if args.debug:
             raise
-        report_once(f"pretrain_bert.py: error: {error}")
+        report_once(f"pretrain_bert.py: error: {error}", node_leaders=getattr(error, "node_leaders", False))
         return 2
     except OSError as error:  # a path the run reads or writes: permissions, a folder given for a file, space
         if args.debug or not error.filename:
@@ -51,11 +52,14 @@ def main(argv=None) -> int:
         report_once(f"pretrain_bert.py: error: cannot use {error.filename} ({error.strerror or error}); "
                     "check the path, its permissions and free space (--debug shows where)")
         return 2
+    finally:
+        checkpoint.release_lock()  # the --save folder's, taken by rank 0 at start-up
     return 128 + stopped_by if stopped_by else 0
 
 
-def report_once(line: str) -> None:
+def report_once(line: str, node_leaders: bool = False) -> None:
     """Prints an error line once per run, not once per rank, while every rank still exits non-zero.
+    `node_leaders`: also each node's first rank prints it (a rendezvous that rank 0 never reached).
 
     Before the process group exists every rank fails alike (same flags): rank 0 prints. After, the
     first rank to report wins a counter in the rendezvous store, which also covers an error that
@@ -63,7 +67,7 @@ def report_once(line: str) -> None:
     so that ranks failing the same way can still reach it."""
     # a partial launcher environment (launch_environment) is a process started by hand: it prints
     partial = any(name in os.environ for name in RENDEZVOUS[:3]) and not all(name in os.environ for name in RENDEZVOUS)
-    first = launcher_rank() == 0 or partial
+    first = launcher_rank() == 0 or partial or (node_leaders and device.local_rank() == 0)
     if dist.is_available() and dist.is_initialized():
         try:
             store = dist.distributed_c10d._get_default_store()
@@ -100,7 +104,8 @@ def check_flags(args) -> None:
                         ("--eval-iters", args.eval_iters), ("--save-interval", args.save_interval),
                         ("--micro-batch-size", args.micro_batch_size),
                         ("--global-batch-size", args.global_batch_size),
-                        ("--checkpoint-num-layers", args.checkpoint_num_layers), ("--keep-last", args.keep_last)):
+                        ("--checkpoint-num-layers", args.checkpoint_num_layers), ("--keep-last", args.keep_last),
+                        ("--rendezvous-timeout", args.rendezvous_timeout)):
         at_least(flag, value, 1)
     if not 0 < args.mask_prob <= 1:
         raise ConfigError(f"--mask-prob {args.mask_prob} is outside (0, 1]",
@@ -115,13 +120,14 @@ def check_flags(args) -> None:
             raise ConfigError(f"{flag} {value} must be > 0", f"pass a positive {flag}, e.g. {example}")
     if not 0 <= args.seed < 2**32:
         raise ConfigError(f"--seed {args.seed} is outside [0, 2**32)", "pass a seed between 0 and 4294967295")
-    if args.tokenizer_type not in TOKENIZER_TYPES:  # before the default corpus is built for it
-        raise ConfigError(f"unknown --tokenizer-type {args.tokenizer_type}", f"use one of {', '.join(TOKENIZER_TYPES)}")
+    if args.tokenizer_type not in (None, *TYPE_NAMES):  # before the default corpus is built for it
+        raise ConfigError(f"unknown --tokenizer-type {args.tokenizer_type}", f"use one of {', '.join(TYPE_NAMES)}")
     check_split(args.split)
     if args.data_path:
         check_data_path(args.data_path)
-        if not args.vocab_file:
-            raise ConfigError("--data-path is given without --vocab-file", "pass the vocab.txt the data was made with")
+        if not (args.vocab_file or args.tokenizer_file or args.load or args.init_from_hf):  # they carry one
+            raise ConfigError("--data-path is given without --vocab-file", "pass the vocab.txt (or --tokenizer-file) "
+                              "the data was made with")
 
 
 def check_optimizer_flags(args) -> None:
@@ -159,11 +165,17 @@ def check_flag_combinations(args) -> None:
              (args.checkpoint_num_layers, "--checkpoint-num-layers", args.checkpoint_activations,
               "--checkpoint-activations", "it sizes the recomputed chunks"),
              (args.no_position_extension or None, "--no-position-extension", args.init_from_hf, "--init-from-hf DIR",
-              "it refuses extending the Hugging Face folder's positions"))
+              "it refuses extending the Hugging Face folder's positions"),
+             (args.no_load_rng or None, "--no-load-rng", args.load, "--load DIR", "it skips the checkpoint's RNG "
+              "states"),
+             (args.finetune or None, "--finetune", args.load, "--load DIR", "it starts from that checkpoint's weights"))
     for value, flag, needed, needed_flag, why in needs:
         if value is not None and not needed:
             raise ConfigError(f"{flag} is given without {needed_flag.split()[0]} ({why})",
                               f"add {needed_flag} or drop {flag}")
+    if args.no_load_rng and args.finetune:
+        raise ConfigError("--no-load-rng is given with --finetune, which restores no RNG state anyway",
+                          "drop --no-load-rng")
     if args.min_lr is not None and args.lr_decay_style == "constant":
         raise ConfigError(f"--min-lr {args.min_lr} is given with --lr-decay-style constant, which never decays",
                           "pass --lr-decay-style linear or cosine, or drop --min-lr")
@@ -220,7 +232,7 @@ def check_start(args) -> None:
     start = 0
     if args.load:
         state = checkpoint.run_state(args.load, checkpoint.latest_tag(args.load))
-        start = 0 if state.get("weights_only") else state["iteration"]
+        start = 0 if state.get("weights_only") or args.finetune else state["iteration"]
     checkpoint.check_save_dir(args.save, start)
 
 
@@ -332,18 +344,36 @@ def deepspeed_settings(args) -> dict:
 
 
 def data_paths(args) -> tuple:
-    """(data_path list, vocab_file): the flags, or the embedded default dataset built once per node."""
+    """(data_path list, tokenizer): --data-path or the embedded default dataset (built once per node);
+    the tokenizer the flags name, else the one the --load checkpoint carries or the --init-from-hf
+    folder holds, else the default dataset's vocab, refused where it differs from the vocab the
+    checkpoint, the folder or any dataset was made with."""
+    if args.load:
+        tokenizer = choose_tokenizer(explicit_tokenizer(args), checkpoint.carried_tokenizer(args.load), args.load,
+                                     args.tokenizer_type)
+    else:  # an HF folder's tokenizer_config may not say its case: an explicit --tokenizer-type wins
+        folder = hf_convert.read_hf_tokenizer(args.init_from_hf) if args.init_from_hf else None
+        tokenizer = choose_tokenizer(explicit_tokenizer(args), folder, args.init_from_hf)
     if args.data_path:
-        if not args.vocab_file:
-            raise ConfigError("--data-path is given without --vocab-file", "pass the vocab.txt the data was made with")
-        return args.data_path, args.vocab_file
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if local_rank == 0:
-        default = prepare_default_dataset(args.default_data_dir)
-    dist.barrier()
-    if local_rank != 0:
-        default = prepare_default_dataset(args.default_data_dir)  # finds it built: reuses it
-    return [default.data_prefix], args.vocab_file or str(default.vocab_file)
+        if tokenizer is None:
+            raise ConfigError("--data-path is given without --vocab-file, and the run starts from nothing that "
+                              "carries a tokenizer", "pass the vocab.txt (or --tokenizer-file) the data was made with")
+        data_path = args.data_path
+    else:
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if local_rank == 0:
+            default = prepare_default_dataset(args.default_data_dir)
+        dist.barrier()
+        if local_rank != 0:
+            default = prepare_default_dataset(args.default_data_dir)  # finds it built: reuses it
+        data_path = [default.data_prefix]
+        tokenizer = tokenizer or build_tokenizer(args.tokenizer_type, default.vocab_file)
+    if args.whole_word_masking and isinstance(tokenizer, HFTokenizer) and not any(
+            token.startswith("##") for token in tokenizer.tokens):
+        raise ConfigError(f"--whole-word-masking finds words by WordPiece '##' continuations, and the {HF_TOKENIZER} "
+                          f"{tokenizer.file} has none", "drop --whole-word-masking")
+    check_data_vocab(tokenizer, parse_data_path(data_path)[1])
+    return data_path, tokenizer
 
 
 # the env:// rendezvous variables every rank of a launch gets (deepspeed, torchrun, the AzureML job)
@@ -421,8 +451,8 @@ def pretrain(args) -> None:
     # and layout at the launcher's world size, with a stand-in vocab size where the vocab file decides
     # it; the weights the run starts from (an HF folder's missing tensor) where the vocab is known.
     ds = deepspeed_settings(args)
-    weights_only = bool(args.load and checkpoint.run_state(args.load, checkpoint.latest_tag(args.load)).get(
-        "weights_only"))
+    weights_only = bool(args.load and (args.finetune or checkpoint.run_state(
+        args.load, checkpoint.latest_tag(args.load)).get("weights_only")))
     flags = model_flags(args, ds, weights_only)
     world = os.environ.get("WORLD_SIZE", "")
     checked, bert_state = world.isdigit(), None
@@ -432,13 +462,12 @@ def pretrain(args) -> None:
         if flags["vocab_size"]:  # the config below is this one
             bert_state = initial_weights(args, config, weights_only)
     device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)
-    device.init_distributed()  # and the /dev/shm names DeepSpeed leaves behind
+    device.init_distributed(rendezvous_timeout=args.rendezvous_timeout)  # and the /dev/shm names DeepSpeed leaves
     if note and dist.get_rank() == 0:
         print(note, flush=True)
     if args.save:
         checkpoint.check_writable(args.save)  # before any work that a failed first save would lose
-    data_path, vocab_file = data_paths(args)
-    tokenizer = build_tokenizer(args.tokenizer_type, vocab_file)
+    data_path, tokenizer = data_paths(args)
     flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
     config = resolve(flags, ds, dist.get_world_size(), deepspeed_check=not checked)
     if tokenizer.vocab_size > config.model.vocab_size:
@@ -469,7 +498,8 @@ def pretrain(args) -> None:
     iteration = consumed = 0
     last_checkpoint = None
     schedule = schedule_settings(args, ds, train_iters)
-    client = checkpoint.load(engine, args.load, config) if args.load and not weights_only else None
+    client = (checkpoint.load(engine, args.load, config, load_rng=not args.no_load_rng)
+              if args.load and not weights_only else None)
     log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
     log.config(config)
     if dist.get_rank() == 0:
@@ -487,7 +517,7 @@ def pretrain(args) -> None:
         log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",
                   weights_from=source)
 
-    stop = StopSignals(vocab_file)
+    stop = StopSignals(tokenizer.file, log)
 
     def batches(dataset, start: int, count: int):
         """`count` steps of this data rank's micro-batches (lists of gas BertBatch)."""
@@ -508,24 +538,31 @@ def pretrain(args) -> None:
         if stop.agreed:
             break
         set_attention_iteration(engine, iteration)
+        lr = engine.get_lr()[0]  # the rate of this step: DeepSpeed steps the scheduler after it
         result = train_step(engine, step_batches)
         iteration += 1
         consumed += global_batch
-        log.step(iteration, consumed, result, engine, time.perf_counter() - start)
+        log.step(iteration, consumed, result, engine, time.perf_counter() - start, lr)
         check_step(args, engine, iteration, result.loss, last_checkpoint, log)
         if valid_set is not None and iteration % args.eval_interval == 0:
             run = iteration // args.eval_interval - 1
-            log.evaluation("validation", iteration, evaluate(batches, engine, valid_set, run, args.eval_iters))
+            loss = evaluate(batches, engine, valid_set, run, args.eval_iters, stop)
+            if stop.agreed:
+                break
+            log.evaluation("validation", iteration, loss)
         if args.save and (iteration == train_iters or (args.save_interval and iteration % args.save_interval == 0)):
             last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
-                                                                      schedule=schedule, keep_last=args.keep_last))
+                                                                      schedule=schedule, keep_last=args.keep_last,
+                                                                      tokenizer=tokenizer))
             log.message(f"saved checkpoint {last_checkpoint}")
+    if test_set is not None and not stop.agreed:
+        loss = evaluate(batches, engine, test_set, 0, args.eval_iters, stop)
+        if not stop.agreed:
+            log.evaluation("test", iteration, loss)
     if stop.agreed:
         return stop.finish(args, engine, config, iteration, consumed, first_iteration, last_checkpoint, log,
-                           schedule)
+                           schedule, tokenizer)
     stop.uninstall()
-    if test_set is not None:
-        log.evaluation("test", iteration, evaluate(batches, engine, test_set, 0, args.eval_iters))
     log.finish(args.save)
 
 
@@ -594,31 +631,48 @@ class StopSignals:
     checkpoint (with --save) and exit 128 + the signal. The same all-reduce carries the largest
     token id of each rank's batch: data made with another vocab stops every rank with one line,
     not an index error in one rank's embedding. Repeated signals (the deepspeed launcher sends
-    its own SIGTERM) are ignored while the checkpoint is written."""
+    its own SIGTERM) are ignored while the checkpoint is written. The end of the rank's launcher
+    (a SIGINT or SIGTERM to the `deepspeed` command ends it alone) is a SIGTERM too
+    (parallel/launcher_watch.py). Evaluation steps agree the same way: a stop is honoured within
+    one step, in training and in evaluation."""
 
-    def __init__(self, vocab_file: str):
+    LOG_FAILED = 1000  # above any signal number: wins the MAX
+
+    def __init__(self, vocab_file: str, log=None):
         self.vocab_file = vocab_file
+        self.log = log  # rank 0's RunLog: a run log that cannot be written (full disk) stops the run too
         self.received = self.agreed = 0
         self.previous = {}
+        self.launcher_gone = None  # what ended, when the stop comes from the launcher's end
+        self.watching = None
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():  # signal handlers live there only
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self.previous[signum] = signal.signal(signum, self._note)
+        self.watching = launcher_watch.watch(self._launcher_ended)
 
     def _note(self, signum, frame) -> None:
         self.received = self.received or signum
+
+    def _launcher_ended(self, description: str) -> None:
+        if not self.received:  # else the signal that came first names the stop
+            self.launcher_gone = description
+            self._note(signal.SIGTERM, None)
 
     def uninstall(self) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
         self.previous = {}
+        if self.watching:
+            self.watching.set()
 
     def agree(self, step: list, vocab_size: int) -> None:
         """Called by every rank with its micro-batches of one step (train or eval)."""
         top = max(int(batch.tokens.max()) for batch in step)
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        flags = torch.tensor([self.received, top], dtype=torch.long, device=device)
+        received = self.received or (self.LOG_FAILED if self.log is not None and self.log.failure else 0)
+        flags = torch.tensor([received, top], dtype=torch.long, device=device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         received, top = (int(value) for value in flags.tolist())
         if top >= vocab_size:
@@ -628,31 +682,47 @@ class StopSignals:
         self.agreed = self.agreed or received
 
     def finish(self, args, engine, config, iteration: int, consumed: int, first_iteration: int,
-               last_checkpoint, log, schedule: dict | None = None) -> int:
-        """The agreed stop: saves what was trained since the last checkpoint; returns the signal number."""
-        name = signal.Signals(self.agreed).name
+               last_checkpoint, log, schedule: dict | None = None, tokenizer=None) -> int:
+        """The agreed stop: saves what was trained since the last checkpoint; returns the signal number,
+        or raises the run log's write failure as one line (every rank alike)."""
+        name = "" if self.agreed == self.LOG_FAILED else signal.Signals(self.agreed).name
+        if self.launcher_gone and self.agreed == signal.SIGTERM:
+            name = f"the end of {self.launcher_gone}"
         if args.save and iteration > first_iteration and last_checkpoint != os.path.join(
                 args.save, checkpoint.tag_for(iteration)):
             last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
-                                                                      schedule=schedule, keep_last=args.keep_last))
+                                                                      schedule=schedule, keep_last=args.keep_last,
+                                                                      tokenizer=tokenizer))
         if args.save and last_checkpoint:
             line = (f"stopped by {name} after iteration {iteration}; checkpoint {last_checkpoint} holds it: "
                     f"resume with --load {args.save}")
         else:
             line = (f"stopped by {name} after iteration {iteration}; no checkpoint holds it: pass --save DIR "
                     "to keep the progress of a stopped run")
+        self.uninstall()
+        if self.agreed == self.LOG_FAILED:
+            failure = [log.failure]
+            dist.broadcast_object_list(failure, src=0)
+            held = (f"checkpoint {last_checkpoint} holds iteration {iteration}: resume with --load {args.save}"
+                    if args.save and last_checkpoint else f"no checkpoint holds iteration {iteration}")
+            raise ConfigError(failure[0][0], f"{failure[0][1]}; {held}")
         log.finish(args.save)
         if dist.get_rank() == 0:
             print(f"pretrain_bert.py: {line}", file=sys.stderr, flush=True)
-        self.uninstall()
         return self.agreed
 
 
-def evaluate(batches, engine, dataset, run: int, eval_iters: int) -> float:
-    """Mean loss over `eval_iters` steps; validation run k reads the k-th slice of the set."""
+def evaluate(batches, engine, dataset, run: int, eval_iters: int, stop: StopSignals) -> float | None:
+    """Mean loss over `eval_iters` steps; validation run k reads the k-th slice of the set. None
+    when a stop is agreed (every rank at the same step): a scheduler's grace period goes to the
+    final checkpoint, not to the rest of the evaluation."""
     per_run = eval_iters * engine.train_batch_size()
     start = min(run * per_run, max(0, len(dataset) - per_run))
-    losses = [eval_step(engine, step) for step in batches(dataset, start, eval_iters)]
+    losses = []
+    for step in batches(dataset, start, eval_iters):
+        if stop.agreed:
+            return None
+        losses.append(eval_step(engine, step))
     return sum(losses) / len(losses)
 
 

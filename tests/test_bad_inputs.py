@@ -19,6 +19,7 @@ import pytest
 
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port
+from test_corpus_formats import broken_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -298,7 +299,10 @@ CASES = [
     # ---- silent accepts that changed the meaning
     pretrain("--data-path", "{tmp}/copy", setup=idx_from_another_dataset, id="data_idx_from_another_dataset",
              phrases=("copy.idx describes", "come from different datasets", "rerun tools/preprocess_data.py")),
-    pretrain("--vocab-file", "{tmp}/vocab.txt", setup=vocab_of(1000), id="data_token_ids_beyond_the_vocab",
+    # data without the record of its vocab (copy_data leaves it behind, as data made before it existed): found mid-run
+    pretrain("--vocab-file", "{tmp}/vocab.txt", "--data-path", "{tmp}/copy", "--data-cache-path", "{tmp}/log/maps",
+             id="data_token_ids_beyond_the_vocab",
+             setup=lambda tmp, assets: (vocab_of(1000)(tmp, assets), copy_data(tmp, assets)),
              phrases=("the data holds token id", "beyond the 1000 tokens", "--vocab-file the data was preprocessed with"),
              mid_run=True),
     pretrain("--seq-length", "3", id="flag_seq_length_too_short", phrases=("--seq-length 3 leaves no room",
@@ -375,13 +379,159 @@ CASES = [
          ("pretrain_bert.py: error: unrecognized arguments: --linformer-kk 16",)),
 ]
 
+def shuffled_vocab(tmp: Path, assets: dict) -> list:
+    """{tmp}/vocab.txt: the valid vocab with its learned tokens in another order (same size, same specials)."""
+    import random
+
+    tokens = Path(assets["vocab"]).read_text().splitlines()
+    learned = [token for token in tokens if not token.startswith("[")]
+    random.Random(0).shuffle(learned)
+    shuffled = [token if token.startswith("[") else learned.pop() for token in tokens]
+    (tmp / "vocab.txt").write_text("\n".join(shuffled) + "\n")
+    return shuffled
+
+
+def tokenizer_json_of(tokens_of):
+    """A setup writing {tmp}/tokenizer.json: a WordPiece tokenizer.json over `tokens_of(tmp, assets)`."""
+    def setup(tmp, assets):
+        from megatron.hf_modernbert import wordpiece_tokenizer_json
+
+        (tmp / "tokenizer.json").write_text(json.dumps(wordpiece_tokenizer_json(tokens_of(tmp, assets), True)))
+    return setup
+
+
 CASES += [  # ---- derived files: data, index maps and vocab/tokenizer identity
+    pretrain("--vocab-file", "{tmp}/vocab.txt", setup=shuffled_vocab, id="vocab_shuffled_vs_data",
+             phrases=("the data", "sample_text_sentence was preprocessed with the vocab",
+                      "whose tokens differ from the run's", "vocab.txt (sha256",
+                      "rerun tools/preprocess_data.py with this one")),
+    pretrain("--load", "{ckpt}", "--vocab-file", "{tmp}/vocab.txt", setup=shuffled_vocab, needs_checkpoint=True,
+             id="vocab_shuffled_vs_checkpoint_at_resume",
+             phrases=("the vocab", "vocab.txt differs from", "iter_0000001/vocab.txt, the one checkpoint",
+                      "drop --vocab-file/--tokenizer-file (the checkpoint carries its tokenizer)")),
+    Case("vocab_shuffled_fill_mask", "fill_mask", ["--load", "{ckpt}", "--vocab-file", "{tmp}/vocab.txt", "--text",
+                                                   "a [MASK] b"], ("vocab.txt differs from", "the one checkpoint"),
+         setup=shuffled_vocab, needs_checkpoint=True),
+    Case("vocab_shuffled_to_hf", "convert", ["to-hf", "--load", "{ckpt}", "--vocab-file", "{tmp}/vocab.txt", "--output",
+                                             "{tmp}/hf"], ("vocab.txt differs from", "the one checkpoint"),
+         setup=shuffled_vocab, needs_checkpoint=True),
+    Case("tokenizer_file_differs_from_checkpoint", "fill_mask", ["--load", "{ckpt}", "--tokenizer-file",
+                                                                 "{tmp}/tokenizer.json", "--text", "a [MASK] b"],
+         ("tokenizer.json differs from", "vocab.txt, the one checkpoint", "pass the one it was trained with"),
+         setup=tokenizer_json_of(shuffled_vocab), needs_checkpoint=True),
+    Case("tokenizer_type_differs_from_checkpoint", "convert", ["to-hf", "--load", "{ckpt}", "--tokenizer-type",
+                                                               "BertWordPieceCase", "--output", "{tmp}/hf"],
+         ("--tokenizer-type BertWordPieceCase differs from BertWordPieceLowerCase", "drop --tokenizer-type"),
+         needs_checkpoint=True),
+    Case("tokenizer_json_without_mask", "preprocess", ["--input", "{corpus}", "--tokenizer-file",
+                                                       "{tmp}/tokenizer.json", "--output-prefix", "{tmp}/out/corpus"],
+         ("tokenizer.json has no such token: no mask token ([MASK] or <mask>)", "tokenizer_config.json"),
+         setup=tokenizer_json_of(lambda tmp, assets: [token for token in Path(assets["vocab"]).read_text().splitlines()
+                                                      if token != "[MASK]"])),
+    Case("tokenizer_file_not_a_tokenizer", "preprocess", ["--input", "{corpus}", "--tokenizer-file", "{vocab}",
+                                                          "--output-prefix", "{tmp}/out/corpus"],
+         ("vocab.txt is not a Hugging Face tokenizer.json", "a BERT vocab.txt is read with --vocab-file")),
+    pretrain("--tokenizer-file", "{tmp}/tokenizer.json", setup=tokenizer_json_of(shuffled_vocab),
+             id="tokenizer_file_and_vocab_file",
+             phrases=("--tokenizer-type HFTokenizer reads --tokenizer-file, and --vocab-file is given",
+                      "drop --vocab-file")),
+    pretrain("--vocab-file", "", "--tokenizer-file", "{tmp}/tokenizer.json", "--whole-word-masking",
+             setup=tokenizer_json_of(lambda tmp, assets: [token for token in Path(assets["vocab"]).read_text().split()
+                                                          if not token.startswith("##")]),
+             id="tokenizer_without_word_pieces_whole_word_masking",
+             phrases=("--whole-word-masking finds words by WordPiece '##' continuations", "tokenizer.json has none",
+                      "drop --whole-word-masking")),
 ]
 CASES += [  # ---- corpora as published (.jsonl.gz, .jsonl.zst, Parquet)
+    Case("corpus_parquet_missing_column", "preprocess", ["--input", "{tmp}/corpus/wiki.parquet", "--json-keys", "body",
+                                                         "--vocab-file", "{vocab}", "--output-prefix", "{tmp}/out/c"],
+         ("wiki.parquet has no column 'body' (it has id, url, title, text, length)",
+          "pass --json-keys with column names of the Parquet files"), setup=broken_corpus("parquet_missing_column")),
+    Case("corpus_shard_not_parquet", "preprocess", ["--input", "{tmp}/corpus/shards", "--vocab-file", "{vocab}",
+                                                    "--output-prefix", "{tmp}/out/c"],
+         ("part-00001.parquet is not a Parquet file", "pass Parquet shards only"),
+         setup=broken_corpus("shard_not_parquet")),
+    Case("corpus_parquet_null_text", "preprocess", ["--input", "{tmp}/corpus/wiki.parquet", "--vocab-file", "{vocab}",
+                                                    "--output-prefix", "{tmp}/out/c", "--workers", "2"],
+         ("wiki.parquet row 5: key 'text' is not a string", "--skip-invalid"), setup=broken_corpus("parquet_null_text")),
+    Case("corpus_gzip_truncated", "preprocess", ["--input", "{tmp}/corpus/wiki.jsonl.gz", "--vocab-file", "{vocab}",
+                                                 "--output-prefix", "{tmp}/out/c"],
+         ("wiki.jsonl.gz is not a readable gzip file (Compressed file ended", "download or compress it again"),
+         setup=broken_corpus("gzip_truncated")),
+    Case("corpus_zstd_truncated", "preprocess", ["--input", "{tmp}/corpus/wiki.jsonl.zst", "--vocab-file", "{vocab}",
+                                                 "--output-prefix", "{tmp}/out/c"],
+         ("wiki.jsonl.zst is not a readable zstd file (truncated", "download or compress it again"),
+         setup=broken_corpus("zstd_truncated")),
+    Case("corpus_empty_glob", "preprocess", ["--input", "{tmp}/shards/*.parquet", "--vocab-file", "{vocab}",
+                                             "--output-prefix", "{tmp}/out/c"],
+         ("shards/*.parquet matches no files", "check the pattern")),
+    Case("corpus_folder_without_shards", "preprocess", ["--input", "{tmp}/corpus/notes", "--vocab-file", "{vocab}",
+                                                        "--output-prefix", "{tmp}/out/c"],
+         ("notes holds no corpus shards (.json, .jsonl, .json.gz", "pass a folder, file or glob"),
+         setup=broken_corpus("folder_without_shards")),
+    pretrain("--data-path", "{tmp}/copy", id="data_bin_of_a_larger_dataset",
+             setup=lambda tmp, assets: Path(f"{copy_data(tmp, assets)}.bin").write_bytes(
+                 Path(assets["data"] + ".bin").read_bytes() * 2),
+             phrases=("copy.idx describes", "come from different datasets", "rerun tools/preprocess_data.py")),
 ]
 CASES += [  # ---- resumes
+    pretrain("--load", "{tmp}/ckpt", id="resume_latest_empty", needs_checkpoint=True,
+             setup=lambda tmp, assets: (shutil.copytree(assets["ckpt"], tmp / "ckpt") / "latest").write_text("\n"),
+             phrases=("the 'latest' file of", "is empty: it names no checkpoint", "write the tag of a complete iter_* "
+                      "folder", "(the newest: iter_0000001)")),
+    pretrain("--load", "{tmp}/ckpt", id="resume_latest_names_a_missing_tag", needs_checkpoint=True,
+             setup=lambda tmp, assets: (shutil.copytree(assets["ckpt"], tmp / "ckpt") / "latest").write_text(
+                 "iter_0000009"),
+             phrases=("iter_0000009 named by", "does not exist", "write the tag of a complete iter_* folder")),
+    pretrain("--load", "{tmp}/ckpt", id="resume_run_state_nan", needs_checkpoint=True,
+             setup=lambda tmp, assets: (state := shutil.copytree(assets["ckpt"], tmp / "ckpt") / "iter_0000001" /
+                                        "run_state.json").write_text(state.read_text().replace(
+                                            '"consumed_samples": 2', '"consumed_samples": NaN')),
+             phrases=("run_state.json: consumed_samples = NaN is not a finite number",
+                      "resume from an earlier complete checkpoint")),
+    pretrain("--load", "{tmp}/ckpt", id="resume_run_state_iteration_not_a_count", needs_checkpoint=True,
+             setup=lambda tmp, assets: (state := shutil.copytree(assets["ckpt"], tmp / "ckpt") / "iter_0000001" /
+                                        "run_state.json").write_text(state.read_text().replace(
+                                            '"iteration": 1', '"iteration": "1"')),
+             phrases=('run_state.json holds "1" as iteration, not a count', "resume from an earlier complete")),
+    pretrain("--load", "{tmp}/ckpt", id="resume_rng_file_missing", needs_checkpoint=True,
+             setup=lambda tmp, assets: (shutil.copytree(assets["ckpt"], tmp / "ckpt") / "iter_0000001" /
+                                        "rng_rank0.pt").unlink(),
+             phrases=("rng_rank0.pt is missing", "or pass --no-load-rng", "no longer bit-exact")),
+    pretrain("--load", "{tmp}/ckpt", id="resume_rng_file_truncated", needs_checkpoint=True,
+             setup=lambda tmp, assets: (rng := shutil.copytree(assets["ckpt"], tmp / "ckpt") / "iter_0000001" /
+                                        "rng_rank0.pt").write_bytes(rng.read_bytes()[:200]),
+             phrases=("rng_rank0.pt cannot be read", "or pass --no-load-rng")),
+    pretrain("--load", "{ckpt}", "--num-attention-heads", "8", id="resume_other_head_count", needs_checkpoint=True,
+             phrases=("was trained with num_attention_heads 4, this run's model has 8",
+                      "resume with the model flags the checkpoint was trained with")),
+    pretrain("--load", "{ckpt}", "--bert-no-binary-head", id="resume_without_the_binary_head", needs_checkpoint=True,
+             phrases=("holds binary_head.pooler.weight, which this model does not have",
+                      "resume with the model flags the checkpoint was trained with")),
+    pretrain("--no-load-rng", id="resume_no_load_rng_without_load",
+             phrases=("--no-load-rng is given without --load", "add --load DIR or drop --no-load-rng")),
+    pretrain("--finetune", id="finetune_without_load", phrases=("--finetune is given without --load",
+                                                                  "add --load DIR or drop --finetune")),
+    pretrain("--finetune", "--load", "{ckpt}", "--no-load-rng", id="finetune_with_no_load_rng", needs_checkpoint=True,
+             phrases=("--no-load-rng is given with --finetune", "drop --no-load-rng")),
 ]
 CASES += [  # ---- signals and faults
+    pretrain("--save", "{tmp}/ckpt", id="save_locked_by_a_live_run",  # this test process plays the live run
+             setup=lambda tmp, assets: (tmp / "ckpt").mkdir() or (tmp / "ckpt" / ".lock").write_text(json.dumps(
+                 {"host": os.uname().nodename, "pid": os.getpid(), "start": None})),
+             phrases=("ckpt is in use by a live run", f"pid {os.getpid()} on this host", "choose another --save")),
+    pretrain("--save", "{tmp}/ckpt", id="save_locked_on_another_host",
+             setup=lambda tmp, assets: (tmp / "ckpt").mkdir() or (tmp / "ckpt" / ".lock").write_text(json.dumps(
+                 {"host": "node-7", "pid": 4242, "start": "1"})),
+             phrases=("locked by pid 4242 on host node-7", "cannot be checked", "ckpt/.lock once that run has ended")),
+    Case("rendezvous_missing_rank", "pretrain", [*PRETRAIN, "--rendezvous-timeout", "2"],
+         ("the rendezvous at 127.0.0.1:", "timed out after 2 s: 1 of 2 ranks arrived", "raise --rendezvous-timeout"),
+         env={"WORLD_SIZE": "2"}),
+    Case("rendezvous_rank_0_missing", "pretrain", [*PRETRAIN, "--rendezvous-timeout", "2"],
+         ("rank 1 could not reach the rendezvous at 127.0.0.1:", "within 2 s", "raise --rendezvous-timeout"),
+         env={"WORLD_SIZE": "2", "RANK": "1"}),
+    pretrain("--rendezvous-timeout", "0", id="flag_rendezvous_timeout_zero",
+             phrases=("--rendezvous-timeout 0.0 must be >= 1", "pass --rendezvous-timeout 1 or more")),
 ]
 
 
@@ -395,6 +545,7 @@ COMMANDS = {
     "convert": [PYTHON, str(ROOT / "tools" / "convert_checkpoint.py")],
     "make_corpus": [PYTHON, str(ROOT / "tools" / "make_sample_corpus.py")],
     "plot": [PYTHON, str(ROOT / "tools" / "plot_run.py")],
+    "fill_mask": [PYTHON, str(ROOT / "tools" / "fill_mask.py")],
     # the hostfile is checked before anything else runs: the arguments after the script never matter
     "multinode": [str(ROOT / "examples_deepspeed" / "bert_multinode.sh"), "--dry-run"],
 }

@@ -111,7 +111,7 @@ def test_cli_accepts_megatron_and_legacy_spellings(corpus, tmp_path):
     parsed = preprocess_data.parse_args(["--input", "x.json", "--json-key", "text", "title", "--vocab", "v.txt",
                                          "--output-prefix", "out", "--dataset-impl", "cached", "--workers", "2"])
     assert parsed.json_keys == ("text", "title") and parsed.vocab_file == "v.txt" and parsed.dataset_impl == "cached"
-    assert parsed.split_sentences is False and parsed.tokenizer_type == "BertWordPieceLowerCase"
+    assert parsed.split_sentences is False and parsed.tokenizer_type is None  # WordPiece: the file decides
 
 
 def test_progress_reports_docs_and_megabytes_per_second(corpus, tmp_path):
@@ -270,14 +270,22 @@ def group_alive(group: int) -> bool:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("tool,signum", [("preprocess_data.py", signal.SIGINT), ("preprocess_data.py", signal.SIGTERM),
-                                         ("build_vocab.py", signal.SIGINT)], ids=["preprocess-SIGINT",
-                                                                                 "preprocess-SIGTERM", "build_vocab-SIGINT"])
+                                         ("build_vocab.py", signal.SIGINT), ("preprocess_data.py (parquet)", signal.SIGINT)],
+                         ids=["preprocess-SIGINT", "preprocess-SIGTERM", "build_vocab-SIGINT", "preprocess-parquet-SIGINT"])
 def test_interrupt_stops_promptly_removing_partial_output(corpus, tmp_path, tool, signum):
     """The signal goes to the whole process group, as a terminal's Ctrl-C does: the tool (and its
     workers) exit within seconds, with one line and exit code 128 + signal, and leave nothing."""
     big = tmp_path / "big.json"
     text = corpus[0].read_text()
     big.write_text(text * max(1, 25_000_000 // len(text)))  # far more than it does before the signal
+    if tool.endswith("(parquet)"):  # the same text as Parquet, read by record batches in the main process
+        import pyarrow.json
+        import pyarrow.parquet
+
+        tool, parquet = "preprocess_data.py", big.with_suffix(".parquet")
+        pyarrow.parquet.write_table(pyarrow.json.read_json(big), parquet)
+        big.unlink()
+        big = parquet
     out = tmp_path / "out"
     argv = (["--input", str(big), "--vocab-file", str(corpus[1]), "--output-prefix", str(out / "wiki"), "--workers",
              "2", "--split-sentences", "--log-interval", "100"] if tool == "preprocess_data.py"

@@ -32,6 +32,14 @@ COVERED = {
         "tests/test_launch_scripts.py::test_two_node_launch_on_one_machine",
     "NODE_RANK=1 MASTER_ADDR=10.0.0.4 examples_deepspeed/bert_multinode.sh":
         "tests/test_launch_scripts.py::test_two_node_launch_on_one_machine",
+    ".venv/bin/python tools/preprocess_data.py --input corpus.json --tokenizer-file":
+        "tests/test_hf_tokenizer.py::test_bpe_from_preprocessing_to_training_fill_mask_and_a_modernbert_export",
+    ".venv/bin/python tools/preprocess_data.py --input 'shards/*.parquet'":
+        "tests/test_corpus_formats.py::test_every_corpus_format_writes_the_bytes_of_loose_json",
+    ".venv/bin/python tools/extend_context.py --from hf/modernbert-base":
+        "tests/test_extend_context.py::test_a_modernbert_continues_at_4x_on_sp2_and_exports_to_transformers",
+    ".venv/bin/python tools/convert_checkpoint.py to-hf --load ckpt/mb-32k":
+        "tests/test_extend_context.py::test_a_modernbert_continues_at_4x_on_sp2_and_exports_to_transformers",
     ".venv/bin/python azureml/submit.py --compute gpu-cluster": "tests/test_azureml.py::test_submit_without_workspace_config_is_one_line",
 }
 # run here: launch scripts with DRY_RUN=1 (they resolve and validate the JSON for the world size and print the

@@ -41,12 +41,12 @@ def write_run_log(log_dir: Path, stdout: io.StringIO, monkeypatch, steps=4, inte
     a checkpoint message, a validation and a test loss, then finish(). -> metrics.jsonl."""
     monkeypatch.setattr(sys, "stdout", stdout)
     log = rank_0_run_log(monkeypatch, log_dir, steps, interval)
-    engine = SimpleNamespace(fp16_enabled=lambda: False, get_lr=lambda: [1e-3])
+    engine = SimpleNamespace(fp16_enabled=lambda: False)
     for iteration in range(1, steps + 1):
         loss = 10.0 - iteration
         result = SimpleNamespace(loss=loss, mlm=loss - 0.75, sop=0.75, grad_norm=1.5, mlm_accuracy=0.125 * iteration,
                                  real_token_share=0.25 * (iteration % 2 + 1), segments_per_sample=iteration)
-        log.step(iteration, 4 * iteration, result, engine, seconds=0.5)
+        log.step(iteration, 4 * iteration, result, engine, seconds=0.5, lr=1e-3)
     log.message("saved checkpoint ckpt/iter_0000004")
     log.evaluation("validation", steps, 6.5)
     log.evaluation("test", steps, 6.25)
@@ -160,11 +160,11 @@ def test_a_resumed_run_supersedes_the_steps_it_redoes(tmp_path, monkeypatch):
     monkeypatch.setattr(run_log.os, "getpid", lambda: 424242)  # another process: another run id
     log = rank_0_run_log(monkeypatch, log_dir, steps=4, interval=1)
     log.start(2, "resuming from ckpt/iter_0000002 iteration 2, consumed samples 8", resumed_from="ckpt/iter_0000002")
-    engine = SimpleNamespace(fp16_enabled=lambda: False, get_lr=lambda: [1e-3])
+    engine = SimpleNamespace(fp16_enabled=lambda: False)
     for iteration in (3, 4):
         result = SimpleNamespace(loss=1.0, mlm=0.5, sop=0.5, grad_norm=1.0, mlm_accuracy=0.5, real_token_share=1.0,
                                  segments_per_sample=1.0)
-        log.step(iteration, 4 * iteration, result, engine, seconds=0.5)
+        log.step(iteration, 4 * iteration, result, engine, seconds=0.5, lr=1e-3)
     log.finish(None)
     assert stdout.getvalue().splitlines()[0] == "resuming from ckpt/iter_0000002 iteration 2, consumed samples 8"
     records = run_log.read_metrics(metrics)
@@ -184,11 +184,11 @@ def test_a_non_finite_loss_is_written_as_null_and_still_plots(tmp_path, monkeypa
     stdout = io.StringIO()
     monkeypatch.setattr(sys, "stdout", stdout)
     log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=2, interval=1)
-    engine = SimpleNamespace(fp16_enabled=lambda: False, get_lr=lambda: [1e-3])
+    engine = SimpleNamespace(fp16_enabled=lambda: False)
     for iteration, loss in ((1, float("nan")), (2, 9.0)):
         result = SimpleNamespace(loss=loss, mlm=loss, sop=0.5, grad_norm=float("inf"), mlm_accuracy=0.0,
                                  real_token_share=1.0, segments_per_sample=1.0)
-        log.step(iteration, 4 * iteration, result, engine, seconds=0.5)
+        log.step(iteration, 4 * iteration, result, engine, seconds=0.5, lr=1e-3)
     log.evaluation("validation", 2, float("nan"))
     log.finish(None)
     text = (tmp_path / "log" / "metrics.jsonl").read_text()

@@ -13,7 +13,7 @@ import pytest
 from megatron import run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
-from megatron.training import main
+from megatron.training import lr_factor, main
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -170,6 +170,17 @@ def test_log_lines_are_plain_when_stdout_is_a_pipe(launched):
                    for line in lines) == 1, launched.stdout[-3000:]
 
 
+def test_logged_lr_is_the_rate_the_logged_step_used(launched):
+    """DeepSpeed steps the scheduler after each step: the record of iteration i holds the rate of
+    step i - 1 of the schedule (TINY: --lr 1e-3, 2 steps, no warm-up step: 1e-3 then 5e-4), not the next."""
+    flags = dict(zip(TINY[::2], TINY[1::2]))
+    schedule = {"train_iters": 2, "min_lr": 0.0, "lr_decay_style": "linear",
+                "lr_warmup_fraction": float(flags["--lr-warmup-fraction"])}
+    factor = lr_factor(schedule, float(flags["--lr"]))
+    logged = [record["lr"] for record in launched.records if record["kind"] == "train"]
+    assert logged == pytest.approx([float(flags["--lr"]) * factor(step) for step in range(2)], rel=1e-12)
+
+
 def test_tensorboard_scalars_are_the_logged_metrics(launched):
     """Rank 0 writes one event file; each metric of metrics.jsonl is a scalar `<kind>/<name>` by
     iteration, with the logged value (TensorBoard keeps float32)."""
@@ -235,15 +246,18 @@ def test_pretrain_default_settings_export():
     """examples_deepspeed/pretrain_default.sh's model flags resolve to an exportable layout."""
     from megatron.arguments import build_parser, config_flags
     from megatron.config import read_ds_config, resolve
-    from megatron.hf_convert import check_exportable
+    from megatron.hf_modernbert import check_exportable
 
     script = (ROOT / "examples_deepspeed" / "pretrain_default.sh").read_text()
     command = script[script.index("pretrain_bert.py \\"):].replace("\\\n", " ").split("\n")[0]
     flags = [word for word in command.split()[1:] if not word.startswith('"$')]  # "${sp[@]}", "$@"
     args = build_parser().parse_args(flags)
     config = resolve({**config_flags(args), "vocab_size": 1000}, read_ds_config(ROOT / args.deepspeed_config), 2)
-    assert config.model.layernorm_layout == "pre" and config.model.embedding_layernorm is False
-    check_exportable(config.model)
+    model = config.model
+    assert (model.seq_length, model.position_embedding_type, model.local_attention_window) == (1024, "rope", 128)
+    assert [model.is_local_layer(i) for i in range(model.num_layers)] == [False, True, True]
+    assert config.sequence_parallel_size == 2 and config.pack_samples
+    check_exportable(model)  # as a ModernBertForMaskedLM
 
 
 def test_runs_without_a_launcher_as_one_process(tmp_path, data_dir):

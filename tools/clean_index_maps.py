@@ -2,11 +2,14 @@
 
     python tools/clean_index_maps.py PREFIX [PREFIX ...] [--data-cache-path DIR] [--keep-run LOG_DIR ...] [--dry-run]
 
-The trainer caches `{PREFIX}_{split}_indexmap_*.npy` / `_packmap_*.npy` next to the data (or, given
---data-cache-path, in that folder), one set per combination of settings (samples, sequence length,
-seed, split, packing), and lists the ones a run uses in `<log-dir>/index_maps.json`. With --keep-run, the maps listed there stay; without,
-every map of PREFIX goes (a run rebuilds what it needs on its next start). Do not clean while a
-run on this data is starting: it may be building a map (`*.partial.npy`) this would remove.
+The trainer caches `{PREFIX}-{fingerprint}_{split}_indexmap_*.npy` / `_packmap_*.npy` next to the data
+(or, given --data-cache-path, in that folder), one set per combination of settings (samples, sequence
+length, seed, split, packing), the fingerprint being of the data's contents, and lists the ones a run
+uses in `<log-dir>/index_maps.json`. Next to the data every map of PREFIX counts, also those of older
+data at PREFIX (another fingerprint, or none); in the cache only those of the data PREFIX holds now
+(another fingerprint may be another corpus of the same name). With --keep-run, the maps listed there
+stay; without, every map of PREFIX goes (a run rebuilds what it needs on its next start). Do not clean
+while a run on this data is starting: it may be building a map (`*.partial.npy`) this would remove.
 """
 import argparse
 import sys
@@ -36,8 +39,9 @@ def main(argv=None) -> int:
     for prefix in args.prefixes:
         if not Path(prefix).parent.is_dir():
             raise ConfigError(f"{prefix}: folder {Path(prefix).parent} does not exist", "pass the --data-path prefix")
-        if args.data_cache_path and not Path(f"{prefix}.idx").is_file():
-            raise ConfigError(f"{prefix}.idx does not exist: the cached maps are named by its contents",
+        missing = [f"{prefix}{suffix}" for suffix in (".idx", ".bin") if not Path(f"{prefix}{suffix}").is_file()]
+        if args.data_cache_path and missing:
+            raise ConfigError(f"{missing[0]} does not exist: the cached maps are named by the data's contents",
                               "pass the --data-path prefix of the data the maps were built from")
     if args.data_cache_path and not Path(args.data_cache_path).is_dir():
         raise ConfigError(f"--data-cache-path {args.data_cache_path} is not a folder", "pass the trainer's --data-cache-path")

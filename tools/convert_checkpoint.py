@@ -1,7 +1,8 @@
 """Converts BERT checkpoints between this trainer and Hugging Face Transformers.
 
   to-hf    a checkpoint of any pipeline / sequence-parallel degree and ZeRO stage -> a Hugging Face
-           folder (config.json, model.safetensors, vocab.txt, tokenizer_config.json) for
+           folder (config.json, model.safetensors, the tokenizer the checkpoint carries: vocab.txt, or
+           tokenizer.json for a Hugging Face tokenizer, and tokenizer_config.json) for
            BertForPreTraining (post-LayerNorm layout) or MegatronBertForPreTraining (pre-LayerNorm);
            *ForMaskedLM when the model has no sentence-order head; ModernBertForMaskedLM for a model
            with the modern layer options (--model-preset modernbert-*). Padded vocab rows are trimmed.
@@ -18,8 +19,8 @@ from megatron.quiet import quiet_deepspeed
 
 quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
 from megatron import hf_convert  # noqa: E402
-from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config  # noqa: E402
-from megatron.data.tokenizer import TOKENIZER_TYPES  # noqa: E402
+from megatron.checkpoint import bert_state_from_checkpoint, checkpoint_folder, latest_tag, stored_config  # noqa: E402
+from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer  # noqa: E402
 from megatron.errors import run_tool  # noqa: E402
 from megatron.model.bert import BertConfig  # noqa: E402
 
@@ -27,8 +28,12 @@ from megatron.model.bert import BertConfig  # noqa: E402
 def to_hf(args) -> None:
     tag = args.tag or latest_tag(args.load)
     config = BertConfig(**stored_config(args.load, tag)["model"])
+    tokenizer = checkpoint_tokenizer(args, checkpoint_folder(args.load, tag))
     state = bert_state_from_checkpoint(args.load, tag)
-    hf_convert.save_hf_folder(args.output, state, config, args.vocab_file, TOKENIZER_TYPES[args.tokenizer_type])
+    if isinstance(tokenizer, HFTokenizer):
+        hf_convert.save_hf_folder(args.output, state, config, hf_tokenizer=tokenizer)
+    else:
+        hf_convert.save_hf_folder(args.output, state, config, tokenizer.vocab_file, tokenizer.lower_case)
     print(f"wrote {hf_convert.read_hf_config(args.output)['architectures'][0]} "
           f"({config.num_layers} layers, hidden {config.hidden_size}) to {args.output}")
 
@@ -41,7 +46,7 @@ def from_hf(args) -> None:
     fields["seq_length"] = args.seq_length or fields.get("max_position_embeddings", BertConfig.max_position_embeddings)
     config = BertConfig(**fields)
     state = hf_convert.load_hf_as_bert_state(args.hf_dir, config, extend_positions=not args.no_position_extension)
-    hf_convert.save_weights_only_checkpoint(args.save, state, config)
+    hf_convert.save_weights_only_checkpoint(args.save, state, config, hf_convert.read_hf_tokenizer(args.hf_dir))
     print(f"wrote a weights-only checkpoint ({config.layernorm_layout}-LayerNorm, {config.num_layers} layers, "
           f"{config.max_position_embeddings} positions) to {args.save}")
 
@@ -52,8 +57,8 @@ def main(argv=None) -> None:
     export = commands.add_parser("to-hf", help="this trainer's checkpoint -> Hugging Face folder")
     export.add_argument("--load", required=True, help="checkpoint directory (written by --save)")
     export.add_argument("--tag", help="checkpoint tag, e.g. iter_0001000 (default: the one in 'latest')")
-    export.add_argument("--vocab-file", required=True, help="the vocab.txt the model was trained with")
-    export.add_argument("--tokenizer-type", default="BertWordPieceLowerCase", choices=sorted(TOKENIZER_TYPES))
+    add_tokenizer_flags(export, "the vocab.txt the model was trained with (default: the one the checkpoint "
+                        "carries; needed for a checkpoint saved before checkpoints carried one)")
     export.add_argument("--output", required=True, help="Hugging Face folder to create (must not exist)")
     export.set_defaults(run=to_hf)
     load = commands.add_parser("from-hf", help="Hugging Face folder -> weights-only checkpoint")

@@ -3,10 +3,12 @@
     python tools/fill_mask.py --load runs/default/checkpoints --text "the function returns a [MASK] of the values"
 
 Loads the checkpoint (any pipeline / sequence-parallel degree / ZeRO stage) into one process and
-prints the top-k tokens for every [MASK], with their probabilities. The vocab defaults to the
-embedded default corpus' vocab (the one the README's main job trains with).
+prints the top-k tokens for every [MASK], with their probabilities. The tokenizer is the one the
+checkpoint carries (a flag naming another vocab is refused); a checkpoint saved before checkpoints
+carried one uses --vocab-file / --tokenizer-file, by default the embedded corpus' vocab.
 """
 import argparse
+import re
 import sys
 
 from megatron.quiet import quiet_deepspeed
@@ -14,9 +16,9 @@ from megatron.quiet import quiet_deepspeed
 quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
 import torch  # noqa: E402
 
-from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config  # noqa: E402
+from megatron.checkpoint import bert_state_from_checkpoint, checkpoint_folder, latest_tag, stored_config  # noqa: E402
 from megatron.data.batch import BertBatch  # noqa: E402
-from megatron.data.tokenizer import TOKENIZER_TYPES, build_tokenizer  # noqa: E402
+from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer  # noqa: E402
 from megatron.errors import ConfigError, run_tool  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 
@@ -25,13 +27,20 @@ DEFAULT_VOCAB = ".cache/default_data/vocab.txt"
 
 
 def encode(tokenizer, text: str, seq_length: int) -> tuple:
-    """[CLS] text [SEP] with every literal [MASK] as the mask id -> (BertBatch of one sample, mask positions)."""
-    pieces = text.split(MASK)
+    """[CLS] text [SEP] with every literal [MASK] (or the tokenizer's own mask token, e.g. <mask>) as the
+    mask id -> (BertBatch of one sample, mask positions). A Hugging Face tokenizer encodes the text
+    with its mask token in place, as transformers does (its spacing rules, e.g. lstrip, apply)."""
+    mask_token = tokenizer.convert_ids_to_tokens([tokenizer.mask])[0]
+    markers = sorted({MASK, mask_token})
+    pieces = re.split("|".join(map(re.escape, markers)), text)
     if len(pieces) == 1:
-        raise ConfigError(f"--text {text!r} holds no {MASK}", f"put {MASK} where a word should be predicted")
-    ids = [tokenizer.cls]
-    for index, piece in enumerate(pieces):
-        ids += tokenizer.tokenize(piece) + ([tokenizer.mask] if index < len(pieces) - 1 else [])
+        raise ConfigError(f"--text {text!r} holds no {' or '.join(markers)}",
+                          f"put {MASK} where a word should be predicted")
+    body = tokenizer.tokenize(mask_token.join(pieces)) if isinstance(tokenizer, HFTokenizer) else []
+    if body.count(tokenizer.mask) != len(pieces) - 1:  # WordPiece (no added tokens): piece by piece
+        body = [token for piece in pieces[:-1] for token in (*tokenizer.tokenize(piece), tokenizer.mask)]
+        body += tokenizer.tokenize(pieces[-1])
+    ids = [tokenizer.cls, *body]
     ids.append(tokenizer.sep)
     if len(ids) > seq_length:
         raise ConfigError(f"--text is {len(ids)} tokens with [CLS] and [SEP], the model's sequence is {seq_length}",
@@ -66,13 +75,13 @@ def main(argv=None) -> None:
     parser.add_argument("--load", required=True, help="checkpoint directory (its 'latest' tag)")
     parser.add_argument("--text", action="append", required=True,
                         help=f"a sentence with one or more {MASK}; repeat the flag for several")
-    parser.add_argument("--vocab-file", default=DEFAULT_VOCAB, help=f"vocab.txt of the run (default {DEFAULT_VOCAB})")
-    parser.add_argument("--tokenizer-type", default="BertWordPieceLowerCase", choices=sorted(TOKENIZER_TYPES))
+    add_tokenizer_flags(parser, "vocab.txt of the run (default: the one the checkpoint carries, else "
+                        f"{DEFAULT_VOCAB})")
     parser.add_argument("--top-k", type=int, default=5, help="predictions shown per [MASK] (default 5)")
     args = parser.parse_args(argv)
     if args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k} must be >= 1", "pass --top-k 5, say")
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file)
+    tokenizer = checkpoint_tokenizer(args, checkpoint_folder(args.load, latest_tag(args.load)), DEFAULT_VOCAB)
     model = load_model(args.load)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ConfigError(f"the vocab file has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}",

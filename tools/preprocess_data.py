@@ -1,4 +1,7 @@
-"""Turns a loose-JSON corpus into Megatron indexed datasets: `{prefix}_{key}_{sentence|document}.bin/.idx`.
+"""Turns a corpus into Megatron indexed datasets: `{prefix}_{key}_{sentence|document}.bin/.idx`.
+
+The corpus is loose JSON (one object per line), plain or compressed (`.jsonl.gz`, `.jsonl.zst`), or
+Parquet (`--json-keys` name its columns); one file, a folder of shards or a quoted glob.
 
 Flags follow Megatron's tools/preprocess_data.py (plus `--vocab`/`--json-key` spellings and
 `--skip-invalid`), so existing launch scripts run unchanged.
@@ -8,22 +11,24 @@ import sys
 
 from megatron.data.indexed_dataset import IMPLS
 from megatron.data.preprocess import PreprocessOptions, preprocess
-from megatron.data.tokenizer import TOKENIZER_TYPES
+from megatron.data.tokenizer import add_tokenizer_flags
 from megatron.errors import run_tool
 
 
 def parse_args(argv=None) -> PreprocessOptions:
     parser = argparse.ArgumentParser(description=__doc__)
     group = parser.add_argument_group("input")
-    group.add_argument("--input", required=True, help="loose JSON, one object per line")
-    group.add_argument("--json-keys", "--json-key", nargs="+", default=["text"], help="keys to extract; each gets its own output")
+    group.add_argument("--input", required=True,
+                       help="loose JSON (one object per line), .jsonl.gz, .jsonl.zst or .parquet; or a folder or "
+                            "quoted glob of such shards, read in sorted order")
+    group.add_argument("--json-keys", "--json-key", nargs="+", default=["text"],
+                       help="keys (Parquet: columns) to extract; each gets its own output")
     group.add_argument("--split-sentences", action="store_true", help="one item per sentence (Punkt), needed for BERT")
     group.add_argument("--keep-newlines", action="store_true", help="keep newlines between sentences when splitting")
     group.add_argument("--lang", default="english", help="Punkt model language for --split-sentences")
-    group.add_argument("--skip-invalid", action="store_true", help="count and skip bad lines instead of stopping")
+    group.add_argument("--skip-invalid", action="store_true", help="count and skip bad records (lines, Parquet rows) instead of stopping")
     group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-type", default="BertWordPieceLowerCase", choices=sorted(TOKENIZER_TYPES))
-    group.add_argument("--vocab-file", "--vocab", required=True, help="BERT vocab.txt")
+    add_tokenizer_flags(group, "BERT vocab.txt (or --tokenizer-file)")
     group.add_argument("--append-eod", action="store_true", help="append an end-of-document token to each document")
     group = parser.add_argument_group("output")
     group.add_argument("--output-prefix", required=True, help="path prefix of the .bin/.idx files")
@@ -41,6 +46,8 @@ def main(argv=None):
         print(f"{key}: {prefix}.bin/.idx")
     print(f"{report.documents} documents, {report.skipped} skipped, {report.bytes_read / 2**20:.2f} MB "
           f"in {report.seconds:.2f} s")
+    if report.removed_maps:
+        print(f"removed {len(report.removed_maps)} index maps of the data these outputs replaced")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@ A segment is a row (first sentence, end sentence, target length) of a mapping bu
 `build_mapping` over the documents of one split; unpacked, a sample is one segment. Packed
 (--pack-samples), a sample holds several segments back to back, chosen by the C++
 `pack_segments` (best fit over a window of open samples). Mappings are saved next to the data
-(or in --data-cache-path: index_maps.py names them) as `{maps}_{split}_indexmap_*.npy` and
-`{maps}_{split}_packmap_*.npy`; in a distributed run rank 0 builds a missing one while the
-others wait (cached_array), and every later run reuses it.
+(or in --data-cache-path) as `{maps}_{split}_indexmap_*.npy` and `{maps}_{split}_packmap_*.npy`,
+`{maps}` carrying a fingerprint of the data's contents (index_maps.py), so that other data at the
+same prefix never meets maps of the old; in a distributed run rank 0 builds a missing one while
+the others wait (cached_array), and every later run on the same data reuses it.
 """
 import contextlib
 import math
@@ -77,7 +78,11 @@ def cached_array(path: str, build) -> np.ndarray:
             raise DataError(text, "pass --data-cache-path DIR, a folder every rank can write, to keep the index "
                                   "maps apart from the data (Megatron's flag; the data is only read)" if unwritable
                             else "see the traceback of the rank that built it (a corrupt .idx? preprocess again)")
-    return np.load(path, mmap_mode="r", allow_pickle=False)
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:  # written whole and renamed: damaged since, or not a map
+        raise DataError(f"index map {path} cannot be read ({error})",
+                        "delete it: the next start builds it again") from None
 
 
 def _save_built(path: str, build) -> Exception | None:
@@ -142,7 +147,8 @@ class BertDataset(torch.utils.data.Dataset):
         self.mapping = samples_mapping(indexed, *self.mapping_settings)
         self.ids = SpecialIds(cls=tokenizer.cls, sep=tokenizer.sep, mask=tokenizer.mask, pad=tokenizer.pad)
         vocab_tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
-        self.random_ids = np.array([i for i, t in enumerate(vocab_tokens) if not (t.startswith("[") and t.endswith("]"))])
+        reserved = tokenizer.reserved_ids()
+        self.random_ids = np.array([i for i in range(tokenizer.vocab_size) if i not in reserved])
         self.continuation = (np.array([t.startswith("##") for t in vocab_tokens]) if whole_word_masking else None)
 
     def __len__(self) -> int:

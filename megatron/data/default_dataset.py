@@ -10,6 +10,7 @@ from pathlib import Path
 from megatron.data.indexed_dataset import dataset_exists
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.sample_corpus import DEFAULT_PACKAGES, write_corpus
+from megatron.data.tokenizer import BertWordPiece, data_identity_path, write_data_identity
 from megatron.data.vocab_builder import train_vocab, write_vocab
 
 DEFAULT_VOCAB_SIZE = 8192  # ample for a ~2 MB corpus; keeps the default model's embedding small
@@ -36,4 +37,6 @@ def prepare_default_dataset(directory, workers: int = 2, max_bytes: int = 4 * 2*
     data_prefix = f"{options.output_prefix}_text_sentence"
     if not dataset_exists(data_prefix):
         preprocess(options)
+    elif not data_identity_path(data_prefix).is_file():  # built before preprocessing recorded its vocab
+        write_data_identity(BertWordPiece(vocab_file), data_prefix)
     return DefaultDataset(corpus, vocab_file, data_prefix)

@@ -1,65 +1,102 @@
 """The index maps a run caches next to its data (or in --data-cache-path), and the ones older
-settings left behind.
+settings or older data left behind.
 
 bert_dataset.py saves `{maps}_{split}_indexmap_*.npy` and `{maps}_{split}_packmap_*.npy`
 named by every setting that shapes them (samples, sequence length, seed, documents, packing), so
 another --train-iters, batch, --split or --seq-length builds new maps and leaves the old ones.
-`{maps}` is the data prefix itself, or with --data-cache-path `{cache}/{name}-{fingerprint}`: data
-on a read-only mount keeps its maps in a writable folder, and the fingerprint (of the `.idx`
-file's contents, not its path, which a job's mount changes) keeps two corpora of the same name
-apart while later jobs on the same data reuse the maps.
+`{maps}` is `{folder}/{name}-{fingerprint}`: the folder is the data's own, or --data-cache-path
+(data on a read-only mount keeps its maps in a writable folder), and the fingerprint is of the
+data's contents, not its path (which a job's mount changes): later jobs on the same data reuse
+the maps, and data preprocessed again into the same prefix, or another corpus of the same name in
+a shared cache, gets maps of its own. Next to the data, maps of another fingerprint, or of none
+(named before fingerprints), are of older data: preprocessing removes them when it overwrites
+the prefix, and the start-up line counts them with the maps of other settings.
 The trainer says where they are at start-up and lists the ones it uses in
 `<log-dir>/index_maps.json`; tools/clean_index_maps.py removes the others (or all: any missing
 map is rebuilt on the next start). No torch here: the tool stays fast.
 """
+import functools
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 SPLITS = ("train", "valid", "test")
 KINDS = ("indexmap", "packmap")
 USED_FILE = "index_maps.json"  # in the log directory: {"maps": [absolute paths]}
+MAP_NAME = rf"_({'|'.join(SPLITS)})_({'|'.join(KINDS)})_.*\.npy"  # after the maps prefix's name
 
-
-FINGERPRINT_BYTES = 1 << 20  # of the .idx read from each end: its header and the last sentences' sizes
+BIN_WHOLE_BYTES = 16 << 20  # a .bin up to this size is hashed whole; a larger one by its size and samples:
+BIN_BLOCKS, BIN_BLOCK_BYTES = 256, 64 << 10  # 16 MiB read, evenly spread, first and last bytes included
 
 
 def fingerprint(prefix: str) -> str:
-    """10 hex digits of the `.idx` file's size and its first and last MiB: the same for a copy of
-    the data wherever it is mounted, different for another corpus of the same name."""
-    path = Path(f"{prefix}.idx")
+    """10 hex digits of the data's contents: the whole `.idx` (every document boundary and sentence
+    size, all that a map is built from), the `.bin`'s size and its bytes (whole up to 16 MiB, else
+    256 evenly spread blocks of 64 KiB). The same for a copy of the data wherever it is mounted,
+    different for other text in the same prefix: other sizes change the `.idx`, other tokens of the
+    same sizes the `.bin` (a large `.bin` changed only between the sampled blocks keeps its
+    fingerprint; preprocessing removes the maps next to the data it overwrites anyway). Computed
+    once per process for unchanged files."""
+    paths = [Path(f"{prefix}.idx"), Path(f"{prefix}.bin")]
+    stats = [path.stat() for path in paths]
+    return _contents_digest(*map(str, paths), *((st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev) for st in stats))
+
+
+@functools.lru_cache(maxsize=64)
+def _contents_digest(idx_path: str, bin_path: str, *stat_keys) -> str:
     digest = hashlib.sha1()
-    with open(path, "rb") as file:
+    with open(idx_path, "rb") as file:
+        digest.update(hashlib.file_digest(file, "sha1").digest())
+    with open(bin_path, "rb") as file:
         size = os.fstat(file.fileno()).st_size
         digest.update(str(size).encode())
-        digest.update(file.read(FINGERPRINT_BYTES))
-        file.seek(max(0, size - FINGERPRINT_BYTES))
-        digest.update(file.read(FINGERPRINT_BYTES))
+        if size <= BIN_WHOLE_BYTES:
+            digest.update(hashlib.file_digest(file, "sha1").digest())
+        else:
+            for block in range(BIN_BLOCKS):
+                file.seek(block * (size - BIN_BLOCK_BYTES) // (BIN_BLOCKS - 1))
+                digest.update(file.read(BIN_BLOCK_BYTES))
     return digest.hexdigest()[:10]
 
 
 def maps_prefix(prefix: str, cache_path: str | None = None) -> str:
-    """The prefix a data prefix's map files are named from: itself (next to the data) or, with a
-    cache folder, `{cache_path}/{name}-{fingerprint}`."""
-    if not cache_path:
-        return prefix
-    return str(Path(cache_path) / f"{Path(prefix).name}-{fingerprint(prefix)}")
+    """The prefix a data prefix's map files are named from: `{folder}/{name}-{fingerprint}`, the
+    folder being the data's own or the cache folder."""
+    return str(maps_folder(prefix, cache_path) / f"{Path(prefix).name}-{fingerprint(prefix)}")
+
+
+def maps_folder(prefix: str, cache_path: str | None = None) -> Path:
+    """Where the maps of a data prefix live: the cache folder, else the data's own."""
+    return Path(cache_path) if cache_path else Path(prefix).parent
 
 
 def maps_of(prefix: str, cache_path: str | None = None) -> list[Path]:
     """The map files of a data prefix (any settings), including `.partial` leftovers of a build
-    that was killed; sorted."""
-    return _maps_named(Path(maps_prefix(prefix, cache_path)))
+    that was killed; sorted. In a cache folder those of the data's fingerprint (another
+    fingerprint may be another corpus of the same name); next to the data, those of any
+    fingerprint or none (older data of this prefix)."""
+    name = re.escape(Path(prefix).name)
+    pattern = rf"{name}-{fingerprint(prefix)}" if cache_path else rf"{name}(-[0-9a-f]{{10}})?"
+    return _maps_matching(maps_folder(prefix, cache_path), pattern + MAP_NAME)
 
 
-def _maps_named(base: Path) -> list[Path]:
-    """The map files named from `base` (a maps_prefix)."""
-    found = set()
-    for split in SPLITS:
-        for kind in KINDS:
-            found.update(base.parent.glob(f"{base.name}_{split}_{kind}_*.npy"))
-    return sorted(path for path in found if path.is_file())
+def remove_stale(prefix: str) -> list[Path]:
+    """Removes the maps next to the data that were built from other data of this prefix (another
+    fingerprint, or none): preprocessing calls it after overwriting the prefix. Returns them."""
+    current = re.compile(rf"{re.escape(Path(prefix).name)}-{fingerprint(prefix)}{MAP_NAME}")
+    stale = [path for path in maps_of(prefix) if not current.fullmatch(path.name)]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+def _maps_matching(folder: Path, pattern: str) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    name = re.compile(pattern)
+    return sorted(folder / entry.name for entry in os.scandir(folder) if name.fullmatch(entry.name) and entry.is_file())
 
 
 def used_maps(dataset) -> list[str]:
@@ -84,15 +121,14 @@ def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str
     """One line: where the maps live, how many this run uses, how many (and how large) others are
     there, and the command that removes those."""
     used_set = {str(Path(path).resolve()) for path in used}
-    bases = [Path(maps_prefix(prefix, cache_path)) for prefix in prefixes]  # one fingerprint read each
-    others = [path for base in bases for path in _maps_named(base) if str(path.resolve()) not in used_set]
-    folders = sorted({str(base.resolve().parent) for base in bases})
+    others = [path for prefix in prefixes for path in maps_of(prefix, cache_path) if str(path.resolve()) not in used_set]
+    folders = sorted({str(maps_folder(prefix, cache_path).resolve()) for prefix in prefixes})
     line = f"index maps in {', '.join(folders)}: {len(used_set)} used by this run"
     if not others:
         return line + ", no others"
     size = sum(path.stat().st_size for path in others)
     cache = f" --data-cache-path {cache_path}" if cache_path else ""
-    return (f"{line}; {len(others)} others from other settings ({size_text(size)}): "
+    return (f"{line}; {len(others)} others from other settings or older data ({size_text(size)}): "
             f"python tools/clean_index_maps.py {' '.join(prefixes)}{cache} --keep-run {log_dir} removes them")
 
 

@@ -1,8 +1,10 @@
-"""Loose JSON (one object per line, e.g. wikiextractor output) -> Megatron indexed datasets.
+"""Corpora (loose JSON such as wikiextractor output, plain, .gz or .zst, or Parquet; one file or a
+folder/glob of shards: corpus_files.py reads them) -> Megatron indexed datasets.
 
 Workers tokenize numbered chunks of lines (bounded in flight, reassembled in order, so the output
 does not depend on the worker count); the main process alone writes. A bad line stops the run with its line
-number and removes the partial output, unless `skip_invalid` counts and skips it.
+number and removes the partial output, unless `skip_invalid` counts and skips it. Index maps next
+to a prefix it overwrites that were built from the old data are removed.
 """
 import contextlib
 import ctypes
@@ -18,9 +20,11 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megatron.data import index_maps
+from megatron.data.corpus_files import Corpus
 from megatron.data.indexed_dataset import make_builder
 from megatron.data.sentences import sentence_splitter
-from megatron.data.tokenizer import build_tokenizer
+from megatron.data.tokenizer import build_tokenizer, data_identity_path, write_data_identity
 from megatron.errors import ConfigError, DataError
 
 CHUNK_LINES = 32  # lines per worker task: large enough to hide IPC, small enough to balance
@@ -30,9 +34,10 @@ CHUNK_LINES = 32  # lines per worker task: large enough to hide IPC, small enoug
 class PreprocessOptions:
     input: str
     output_prefix: str
-    vocab_file: str
+    vocab_file: str | None = None  # a WordPiece vocab.txt (or tokenizer_file)
     json_keys: tuple = ("text",)
-    tokenizer_type: str = "BertWordPieceLowerCase"
+    tokenizer_type: str | None = None  # None: HFTokenizer with tokenizer_file, else BertWordPieceLowerCase
+    tokenizer_file: str | None = None  # a Hugging Face tokenizer.json (or its folder)
     split_sentences: bool = False
     keep_newlines: bool = False
     append_eod: bool = False
@@ -47,9 +52,10 @@ class PreprocessOptions:
 class PreprocessReport:
     documents: int = 0
     skipped: int = 0
-    bytes_read: int = 0
+    bytes_read: int = 0  # JSON lines as decompressed; of Parquet rows, the text of the --json-keys columns
     seconds: float = 0.0
     outputs: dict = field(default_factory=dict)  # json key -> output prefix
+    removed_maps: list = field(default_factory=list)  # index maps of the data the outputs replaced
 
 
 def output_prefix(options: PreprocessOptions, key: str) -> str:
@@ -65,46 +71,41 @@ class Encoder:
 
     def start(self):
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # parallelism is the worker count, nothing hidden
-        self.tokenizer = build_tokenizer(self.options.tokenizer_type, self.options.vocab_file)
+        self.tokenizer = build_tokenizer(self.options.tokenizer_type, self.options.vocab_file,
+                                         self.options.tokenizer_file)
         self.split = (sentence_splitter(self.options.lang, self.options.keep_newlines)
                       if self.options.split_sentences else lambda text: [text])
 
-    def encode(self, numbered_line) -> tuple:
-        """(line number, raw bytes) -> (line number, {key: [sentence ids]} or an error string, bytes)."""
-        number, raw = numbered_line
+    def encode(self, item) -> tuple:
+        """(location, a JSON line's bytes or a Parquet row's dict, bytes) -> (location,
+        {key: [sentence ids]} or an error string, bytes)."""
+        number, raw, size = item
         try:
-            record = json.loads(raw)
+            record = raw if isinstance(raw, dict) else json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            return number, f"invalid JSON ({error.__class__.__name__}: {error})", len(raw)
+            return number, f"invalid JSON ({error.__class__.__name__}: {error})", size
         if not isinstance(record, dict):
-            return number, "not a JSON object", len(raw)
+            return number, "not a JSON object", size
         documents = {}
         for key in self.options.json_keys:
             if key not in record:
-                return number, f"no key {key!r}", len(raw)
+                return number, f"no key {key!r}", size
             if not isinstance(record[key], str):
-                return number, f"key {key!r} is not a string", len(raw)
+                return number, f"key {key!r} is not a string", size
             sentences = [ids for ids in self.tokenizer.tokenize_batch(self.split(record[key])) if ids]
             if sentences and self.options.append_eod:
                 sentences[-1].append(self.tokenizer.eod)
             documents[key] = sentences
-        return number, documents, len(raw)
-
-
-def _numbered_lines(path):
-    with open(path, "rb") as lines:
-        for number, raw in enumerate(lines, 1):
-            if raw.strip():
-                yield number, raw
+        return number, documents, size
 
 
 def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     """Writes one dataset per json key; returns counts. Raises ConfigError/DataError on user errors."""
-    if not Path(options.input).is_file():
-        raise DataError(f"input file {options.input} does not exist", "pass --input with a loose-JSON file (one object per line)")
+    corpus = Corpus(options.input, options.json_keys)
     if options.workers < 1:
         raise ConfigError(f"--workers {options.workers} must be >= 1", "pass a positive worker count")
-    vocab_size = build_tokenizer(options.tokenizer_type, options.vocab_file).vocab_size
+    tokenizer = build_tokenizer(options.tokenizer_type, options.vocab_file, options.tokenizer_file)
+    vocab_size = tokenizer.vocab_size  # the ids' dtype: uint16 below 65500 tokens, else int32
     if options.split_sentences:
         sentence_splitter(options.lang, options.keep_newlines)  # fail now, not in every worker
     created = _missing_folders(Path(options.output_prefix).parent)
@@ -122,7 +123,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         raise _unwritable(options, error) from None
     report = PreprocessReport(outputs={key: output_prefix(options, key) for key in options.json_keys})
     builders = {}
-    encoded = _encoded(options)
+    encoded = _encoded(options, corpus)
     start = time.perf_counter()
     try:
         for key, prefix in report.outputs.items():
@@ -131,8 +132,8 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
             report.bytes_read += size
             if isinstance(documents, str):
                 if not options.skip_invalid:
-                    raise DataError(f"{options.input} line {number}: {documents}",
-                                    "fix the line or pass --skip-invalid to skip such lines")
+                    raise DataError(f"{corpus.where(number)}: {documents}",
+                                    "fix the record or pass --skip-invalid to skip such records")
                 report.skipped += 1
                 continue
             for key, sentences in documents.items():
@@ -148,10 +149,14 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
                                 "pass a non-empty loose-JSON corpus and check --json-keys")
         for builder in builders.values():
             builder.finalize()
+        for prefix in report.outputs.values():  # which vocab made these ids, checked by the trainer
+            write_data_identity(tokenizer, prefix)
     except BaseException as error:
         encoded.close()  # stops the workers now, not when the generator is collected
         for builder in builders.values():
             builder.abort()
+        for prefix in report.outputs.values():
+            data_identity_path(prefix).unlink(missing_ok=True)
         for folder in reversed(created):
             with contextlib.suppress(OSError):  # a folder something else wrote into stays
                 folder.rmdir()
@@ -159,6 +164,8 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
             raise _unwritable(options, error) from None
         raise
     report.seconds = time.perf_counter() - start
+    for prefix in report.outputs.values():  # built from the data just replaced: no run may use them again
+        report.removed_maps += index_maps.remove_stale(prefix)
     return report
 
 
@@ -176,8 +183,8 @@ def _missing_folders(folder: Path) -> list:
     return missing[::-1]
 
 
-def _encoded(options: PreprocessOptions):
-    """(line number, documents or error, bytes) for every non-blank line, in input order.
+def _encoded(options: PreprocessOptions, corpus: Corpus):
+    """(location, documents or error, bytes) for every record of the corpus, in input order.
 
     Chunks of lines go to `workers` processes through a task queue, at most 8 per worker in
     flight, and come back numbered, so output order is input order. Workers ignore SIGINT and
@@ -186,7 +193,7 @@ def _encoded(options: PreprocessOptions):
     them: a multiprocessing Pool whose worker died mid-task never finishes joining.
     """
     encoder = Encoder(options)
-    lines = _numbered_lines(options.input)
+    lines = corpus.records()
     if options.workers == 1:
         encoder.start()
         yield from map(encoder.encode, lines)

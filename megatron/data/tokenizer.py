@@ -1,8 +1,18 @@
-"""BERT WordPiece tokenizers over a standard `vocab.txt`, backed by HF `tokenizers` (Rust).
+"""Tokenizers: BERT WordPiece over a standard `vocab.txt` and any Hugging Face `tokenizer.json`,
+both backed by HF `tokenizers` (Rust), and the vocab's identity that travels with data and checkpoints.
 
 Megatron's names are kept (`BertWordPieceLowerCase`, `BertWordPieceCase`) so existing launch
-scripts work; the special ids come from the vocab file itself, never from constants.
+scripts work; `HFTokenizer` reads a `tokenizer.json` (or the folder holding one). Special ids
+come from the vocab file or tokenizer itself, never from constants.
+
+Identity: a sha256 of the tokens in id order. Preprocessing writes it beside the data, a
+checkpoint stores it with a copy of its tokenizer file, and training, resume, fill-mask and
+export compare them: a shuffled vocab of the same size is refused, not trained on.
 """
+import hashlib
+import json
+import os
+import shutil
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -14,14 +24,64 @@ from megatron.errors import ConfigError, DataError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_TYPES = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}  # name -> lower_case
+HF_TOKENIZER = "HFTokenizer"
+TYPE_NAMES = (*TOKENIZER_TYPES, HF_TOKENIZER)  # every --tokenizer-type
+# the names each special token the samples need goes by (BERT / ModernBERT, RoBERTa, XLNet / ALBERT)
+SPECIAL_NAMES = {"cls": ("[CLS]", "<s>", "<cls>"), "sep": ("[SEP]", "</s>", "<sep>"), "mask": ("[MASK]", "<mask>"),
+                 "pad": ("[PAD]", "<pad>")}
+CARRIED = "tokenizer_identity.json"  # in a checkpoint folder, beside its copy of the tokenizer file
+CARRIED_FILES = {HF_TOKENIZER: "tokenizer.json", **{name: "vocab.txt" for name in TOKENIZER_TYPES}}
+DATA_IDENTITY = ".vocab_identity.json"  # beside a dataset's .bin/.idx: <prefix>.vocab_identity.json
 
 
-class BertWordPiece:
-    """Text -> WordPiece ids without special tokens; [CLS]/[SEP] are added by the sample builder."""
+class _Tokenizer:
+    """What both tokenizers share: text -> ids without special tokens ([CLS]/[SEP] are added by the
+    sample builder), the special ids, the vocab's identity and the record that carries it."""
+
+    type_name: str
+    file: str  # the vocab.txt or tokenizer.json a checkpoint carries
+    tokens: list  # token of each id
+    ids: dict  # kind (cls, sep, mask, pad) -> id
+    _rust: Tokenizer
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._rust.encode(text, add_special_tokens=False).ids
+
+    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
+        # the _fast variant skips character offsets, which nothing here needs (~25% faster)
+        return [encoding.ids for encoding in self._rust.encode_batch_fast(texts, add_special_tokens=False)]
+
+    cls = property(lambda self: self.ids["cls"])  # the special ids, as the tokenizer names them
+    sep = property(lambda self: self.ids["sep"])
+    pad = property(lambda self: self.ids["pad"])
+    mask = property(lambda self: self.ids["mask"])
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def eod(self) -> int:
+        """End of document, appended by `--append-eod`; BERT has none of its own, so [SEP] as in Megatron."""
+        return self.sep
+
+    @property
+    def identity(self) -> str:
+        """sha256 of the tokens in id order: equal sizes are not equal vocabs."""
+        return hashlib.sha256(json.dumps(self.tokens, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+    def record(self) -> dict:
+        return {"tokenizer_type": self.type_name, "file": os.path.abspath(self.file), "vocab_size": self.vocab_size,
+                "vocab_sha256": self.identity, "special_tokens": self.special_tokens()}
+
+
+class BertWordPiece(_Tokenizer):
+    """A BERT vocab.txt: the line number is the id, the special tokens are [CLS] [SEP] [MASK] [PAD]."""
 
     def __init__(self, vocab_file: str, lower_case: bool = True):
-        self.vocab_file = str(vocab_file)
+        self.vocab_file = self.file = str(vocab_file)
         self.lower_case = lower_case
+        self.type_name = next(name for name, lower in TOKENIZER_TYPES.items() if lower == lower_case)
         self.vocab = read_vocab(vocab_file)
         missing = [token for token in SPECIAL_TOKENS if token not in self.vocab]
         if missing:
@@ -31,6 +91,8 @@ class BertWordPiece:
         self._rust.normalizer = BertNormalizer(lowercase=lower_case, strip_accents=lower_case)
         self._rust.pre_tokenizer = BertPreTokenizer()
         self.inv_vocab = {index: token for token, index in self.vocab.items()}
+        self.tokens = list(self.vocab)
+        self.ids = {kind: self.vocab[token] for kind, token in self.special_tokens().items()}
 
     def __getstate__(self):  # workers rebuild from the file rather than pickling the Rust object
         return {"vocab_file": self.vocab_file, "lower_case": self.lower_case}
@@ -38,40 +100,118 @@ class BertWordPiece:
     def __setstate__(self, state):
         self.__init__(state["vocab_file"], state["lower_case"])
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
+    def special_tokens(self) -> dict:
+        return {kind: names[0] for kind, names in SPECIAL_NAMES.items()}
 
-    def tokenize(self, text: str) -> list[int]:
-        return self._rust.encode(text, add_special_tokens=False).ids
-
-    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        # the _fast variant skips character offsets, which nothing here needs (~25% faster)
-        return [encoding.ids for encoding in self._rust.encode_batch_fast(texts, add_special_tokens=False)]
+    def reserved_ids(self) -> set:
+        """Ids masking never draws as a random replacement: [PAD], [CLS], [unused0], ... (BERT's rule)."""
+        return {index for token, index in self.vocab.items() if token.startswith("[") and token.endswith("]")}
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.inv_vocab[int(index)] for index in ids]
 
-    @property
-    def cls(self) -> int:
-        return self.vocab["[CLS]"]
 
-    @property
-    def sep(self) -> int:
-        return self.vocab["[SEP]"]
+class HFTokenizer(_Tokenizer):
+    """Any Hugging Face fast tokenizer (BPE, Unigram, WordPiece, WordLevel) from its tokenizer.json.
 
-    @property
-    def pad(self) -> int:
-        return self.vocab["[PAD]"]
+    Text is encoded without the tokenizer's own template. The special tokens come from
+    `special_tokens` (a checkpoint's record), else the tokenizer_config.json beside the file, else
+    the post-processor's template, else the tokenizer's tokens by their usual names; one that
+    cannot be found is an error."""
 
-    @property
-    def mask(self) -> int:
-        return self.vocab["[MASK]"]
+    type_name = HF_TOKENIZER
 
-    @property
-    def eod(self) -> int:
-        """End of document, appended by `--append-eod`; BERT has none of its own, so [SEP] as in Megatron."""
-        return self.sep
+    def __init__(self, path, special_tokens: dict | None = None):
+        path = Path(path)
+        self.file = str(path / "tokenizer.json" if path.is_dir() else path)
+        self._rust = _read_tokenizer_json(path)
+        ids = self._rust.get_vocab(with_added_tokens=True)
+        if not ids:
+            raise DataError(f"tokenizer {self.file} has no tokens", "pass a trained tokenizer.json")
+        self.tokens = [""] * (max(ids.values()) + 1)  # an id no token has (none in practice) stays ""
+        for token, index in ids.items():
+            self.tokens[index] = token
+        self.special = special_tokens or _find_special_tokens(self._rust, Path(self.file))
+        self.ids = {}
+        for kind in SPECIAL_NAMES:
+            token = self.special.get(kind)
+            if token is None or token not in ids:
+                where = f"names {token!r}, which is not one of its tokens" if token else "has no such token"
+                raise DataError(f"tokenizer {self.file} {where}: no {kind} token ({' or '.join(SPECIAL_NAMES[kind])})",
+                                f"add the {kind} token to the tokenizer as a special token, or name it as "
+                                f"\"{kind}_token\" in a tokenizer_config.json beside the tokenizer.json")
+            self.ids[kind] = ids[token]
+
+    def __getstate__(self):
+        return {"file": self.file, "special": self.special}
+
+    def __setstate__(self, state):
+        self.__init__(state["file"], state["special"])
+
+    def special_tokens(self) -> dict:
+        return dict(self.special)
+
+    def reserved_ids(self) -> set:
+        """Ids masking never draws as a random replacement: the special tokens (<s>, <mask>, ... and any
+        other added special token) and ids no token has."""
+        added = {index for index, token in self._rust.get_added_tokens_decoder().items() if token.special}
+        return added | set(self.ids.values()) | {index for index, token in enumerate(self.tokens) if not token}
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        return [self.tokens[int(index)] for index in ids]
+
+
+def _read_tokenizer_json(path: Path) -> Tokenizer:
+    fix = "pass a Hugging Face tokenizer.json (or the model folder holding one) with --tokenizer-file"
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if path.is_dir() and not file.is_file():
+        raise DataError(f"tokenizer folder {path} has no tokenizer.json",
+                        f"{fix}; a folder with only a vocab.txt is read with --vocab-file")
+    if not file.is_file():
+        raise DataError(f"tokenizer file {file} does not exist", fix)
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as error:  # the Rust side raises plain Exceptions (serde's message)
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise DataError(f"tokenizer file {file} is not a Hugging Face tokenizer.json ({reason})",
+                        f"{fix}; a BERT vocab.txt is read with --vocab-file") from None
+
+
+def _find_special_tokens(rust: Tokenizer, file: Path) -> dict:
+    """kind -> token string from, in order: tokenizer_config.json beside `file`, the post-processor
+    (TemplateProcessing: first and last special of the single template; Roberta/Bert: cls, sep),
+    the tokenizer's tokens by the names in SPECIAL_NAMES (added special tokens first)."""
+    found = {}
+    config = file.parent / "tokenizer_config.json"
+    if config.is_file():
+        try:
+            settings = json.loads(config.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise DataError(f"{config} is not valid JSON ({error})", "fix or remove it") from None
+        for kind in SPECIAL_NAMES:
+            value = settings.get(f"{kind}_token") if isinstance(settings, dict) else None
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                found[kind] = value
+    processors = [json.loads(rust.to_str()).get("post_processor") or {}]
+    while processors:
+        processor = processors.pop(0)
+        processors += processor.get("processors") or []
+        if processor.get("type") in ("RobertaProcessing", "BertProcessing"):
+            found.setdefault("cls", processor["cls"][0])
+            found.setdefault("sep", processor["sep"][0])
+        elif processor.get("type") == "TemplateProcessing":
+            specials = [piece["SpecialToken"]["id"] for piece in processor.get("single", []) if "SpecialToken" in piece]
+            if len(specials) >= 2:
+                found.setdefault("cls", specials[0])
+                found.setdefault("sep", specials[-1])
+    added = [token.content for token in rust.get_added_tokens_decoder().values() if token.special]
+    vocab = rust.get_vocab(with_added_tokens=True)
+    for kind, names in SPECIAL_NAMES.items():
+        if kind not in found:
+            found[kind] = next((name for name in names if name in added), None) or next(
+                (name for name in names if name in vocab), None)
+    return {kind: token for kind, token in found.items() if token is not None}
 
 
 def read_vocab(vocab_file) -> dict[str, int]:
@@ -98,7 +238,138 @@ def read_vocab(vocab_file) -> dict[str, int]:
     return vocab
 
 
-def build_tokenizer(tokenizer_type: str, vocab_file) -> BertWordPiece:
-    if tokenizer_type not in TOKENIZER_TYPES:
-        raise ConfigError(f"unknown --tokenizer-type {tokenizer_type}", f"use one of {', '.join(TOKENIZER_TYPES)}")
+def build_tokenizer(tokenizer_type: str | None, vocab_file=None, tokenizer_file=None):
+    """The tokenizer the flags name: `--tokenizer-file` (a tokenizer.json or its folder) means
+    HFTokenizer, `--vocab-file` a WordPiece vocab.txt; `tokenizer_type` None picks by the file."""
+    tokenizer_type = tokenizer_type or (HF_TOKENIZER if tokenizer_file else "BertWordPieceLowerCase")
+    if tokenizer_type not in TYPE_NAMES:
+        raise ConfigError(f"unknown --tokenizer-type {tokenizer_type}", f"use one of {', '.join(TYPE_NAMES)}")
+    if tokenizer_type == HF_TOKENIZER:
+        if not tokenizer_file:
+            raise ConfigError(f"--tokenizer-type {HF_TOKENIZER} needs --tokenizer-file",
+                              "pass a tokenizer.json (or the Hugging Face folder holding one) with --tokenizer-file")
+        if vocab_file:
+            raise ConfigError(f"--tokenizer-type {HF_TOKENIZER} reads --tokenizer-file, and --vocab-file is given",
+                              "pass the tokenizer.json (or its folder) with --tokenizer-file and drop --vocab-file")
+        return HFTokenizer(tokenizer_file)
+    if tokenizer_file:
+        raise ConfigError(f"--tokenizer-file is read by --tokenizer-type {HF_TOKENIZER}, not {tokenizer_type}",
+                          f"drop --tokenizer-type {tokenizer_type}, or pass its vocab.txt with --vocab-file")
+    if not vocab_file:
+        raise ConfigError("neither --vocab-file nor --tokenizer-file is given",
+                          "pass a BERT vocab.txt with --vocab-file, or a tokenizer.json with --tokenizer-file")
     return BertWordPiece(vocab_file, lower_case=TOKENIZER_TYPES[tokenizer_type])
+
+
+def explicit_tokenizer(args):
+    """The tokenizer named by the flags --tokenizer-type/--vocab-file/--tokenizer-file of `args`, or
+    None when they name no file (the checkpoint's or the default one is used)."""
+    if not (args.vocab_file or args.tokenizer_file):
+        return None
+    return build_tokenizer(args.tokenizer_type, args.vocab_file, args.tokenizer_file)
+
+
+# ---------------------------------------------------------------- identity carried by checkpoints and data
+
+def _write_json_atomic(path: Path, value: dict) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(value, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+
+
+def _read_record(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DataError(f"{path} is not valid JSON ({error.__class__.__name__}): truncated or overwritten",
+                        "restore it (or remove it to skip the vocab check)") from None
+    if not isinstance(record, dict) or not {"tokenizer_type", "vocab_sha256", "file"} <= set(record):
+        raise DataError(f"{path} lacks tokenizer_type, vocab_sha256 or file",
+                        "restore it (or remove it to skip the vocab check)")
+    return record
+
+
+def carry(tokenizer, folder) -> None:
+    """Into a checkpoint folder being written: a copy of the tokenizer file and its identity record."""
+    folder = Path(folder)
+    shutil.copyfile(tokenizer.file, folder / CARRIED_FILES[tokenizer.type_name])
+    _write_json_atomic(folder / CARRIED, tokenizer.record())
+
+
+def carried_tokenizer(folder):
+    """The tokenizer a checkpoint folder carries, or None (written before checkpoints carried one)."""
+    folder = Path(folder)
+    if not (folder / CARRIED).is_file():
+        return None
+    record = _read_record(folder / CARRIED)
+    name = record["tokenizer_type"]
+    file = folder / CARRIED_FILES.get(name, "")
+    if name not in TYPE_NAMES or not file.is_file():
+        raise DataError(f"checkpoint {folder} names tokenizer {name} in {CARRIED} but lacks its "
+                        f"{CARRIED_FILES.get(name, 'file')}", "restore the checkpoint folder")
+    tokenizer = (HFTokenizer(file, record.get("special_tokens")) if name == HF_TOKENIZER
+                 else BertWordPiece(file, TOKENIZER_TYPES[name]))
+    if tokenizer.identity != record["vocab_sha256"]:
+        raise DataError(f"checkpoint {folder}: {file.name} is not the tokenizer its {CARRIED} records "
+                        "(edited after the save?)", "restore the checkpoint folder")
+    return tokenizer
+
+
+def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None = None):
+    """The run's tokenizer: the one the flags name, else the one `checkpoint` carries (None: neither).
+    Flags naming another vocab, or another type, than the checkpoint was trained with are refused."""
+    if carried is None:
+        return explicit
+    if explicit is not None and explicit.identity != carried.identity:
+        raise DataError(f"the vocab {explicit.file} differs from {carried.file}, the one checkpoint {checkpoint} "
+                        f"was trained with (same tokens in the same order: sha256 {explicit.identity[:12]} vs "
+                        f"{carried.identity[:12]})", "drop --vocab-file/--tokenizer-file (the checkpoint carries "
+                        "its tokenizer) or pass the one it was trained with")
+    if flag_type and flag_type != carried.type_name:
+        raise ConfigError(f"--tokenizer-type {flag_type} differs from {carried.type_name}, which checkpoint "
+                          f"{checkpoint} was trained with", "drop --tokenizer-type (the checkpoint carries it)")
+    return explicit or carried
+
+
+def checkpoint_tokenizer(args, folder, fallback_vocab=None):
+    """A tool's tokenizer for checkpoint `folder`: the flags', else the one it carries, else the
+    `fallback_vocab` (WordPiece), else an error asking for the flag."""
+    tokenizer = choose_tokenizer(explicit_tokenizer(args), carried_tokenizer(folder), folder, args.tokenizer_type)
+    if tokenizer is None and fallback_vocab:
+        return build_tokenizer(args.tokenizer_type, fallback_vocab)
+    if tokenizer is None:
+        raise ConfigError(f"checkpoint {folder} carries no tokenizer (saved before checkpoints carried one)",
+                          "pass the --vocab-file (or --tokenizer-file) the model was trained with")
+    return tokenizer
+
+
+def add_tokenizer_flags(parser, vocab_help: str) -> None:
+    """--vocab-file, --tokenizer-file, --tokenizer-type of the tools (pretrain_bert.py: megatron.arguments)."""
+    parser.add_argument("--vocab-file", "--vocab", help=vocab_help)
+    parser.add_argument("--tokenizer-file", help="Hugging Face tokenizer.json, or the model folder holding it "
+                        f"(--tokenizer-type {HF_TOKENIZER})")
+    parser.add_argument("--tokenizer-type", choices=TYPE_NAMES, help=f"default: {HF_TOKENIZER} with --tokenizer-file, "
+                        "else BertWordPieceLowerCase")
+
+
+def data_identity_path(prefix: str) -> Path:
+    return Path(str(prefix) + DATA_IDENTITY)
+
+
+def write_data_identity(tokenizer, prefix: str) -> None:
+    """Beside the .bin/.idx of `prefix`: which vocab made its ids (preprocessing writes it)."""
+    _write_json_atomic(data_identity_path(prefix), tokenizer.record())
+
+
+def check_data_vocab(tokenizer, prefixes) -> None:
+    """Each dataset's recorded vocab (data made before the record existed: size checks only) is the run's."""
+    for prefix in prefixes:
+        path = data_identity_path(prefix)
+        if not path.is_file():
+            continue
+        record = _read_record(path)
+        if record["vocab_sha256"] != tokenizer.identity:
+            raise DataError(f"the data {prefix} was preprocessed with the vocab {record['file']}, whose tokens "
+                            f"differ from the run's {tokenizer.file} (sha256 {record['vocab_sha256'][:12]} vs "
+                            f"{tokenizer.identity[:12]})", "pass the --vocab-file/--tokenizer-file the data was made "
+                            "with, or rerun tools/preprocess_data.py with this one")

@@ -16,9 +16,14 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import subprocess
+import time
+from datetime import timedelta
 
 import torch
+
+from megatron.errors import ConfigError
 
 
 def local_rank() -> int:
@@ -42,9 +47,10 @@ def backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(dist_backend: str | None = None) -> None:
-    """deepspeed.init_distributed (env:// rendezvous), then the /dev/shm name of this rank's
-    DeepSpeed CPU all-reduce buffer removed.
+def init_distributed(dist_backend: str | None = None, rendezvous_timeout: float = 300.0) -> None:
+    """The env:// rendezvous (`rendezvous`, bounded by `rendezvous_timeout` seconds), then
+    deepspeed.init_distributed, then the /dev/shm name of this rank's DeepSpeed CPU all-reduce
+    buffer removed.
 
     DeepSpeed's CPU comm op (ops/csrc/cpu/comm/shm.cpp) gives each rank of a one-node launch
     (LOCAL_SIZE = world size) a 66 MB `/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>`
@@ -54,7 +60,11 @@ def init_distributed(dist_backend: str | None = None) -> None:
     import deepspeed
     import torch.distributed as dist
 
-    deepspeed.init_distributed(dist_backend=dist_backend or backend())
+    # under torchrun its agent has gathered the workers already and hosts the store they join
+    if not dist.is_initialized() and all(name in os.environ for name in ENV_RENDEZVOUS) \
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        rendezvous(dist_backend or backend(), rendezvous_timeout)
+    deepspeed.init_distributed(dist_backend=dist_backend or backend())  # wraps the group made above
     if dist.get_backend() == "nccl" or os.environ.get("LOCAL_SIZE") != str(dist.get_world_size()):
         return
     dist.barrier()
@@ -62,6 +72,65 @@ def init_distributed(dist_backend: str | None = None) -> None:
             f"{os.environ.get('MASTER_PORT', '')}_{dist.get_rank()}")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(name)
+
+
+ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def rendezvous(dist_backend: str, timeout: float) -> None:
+    """torch.distributed's default process group over a TCPStore at MASTER_ADDR:MASTER_PORT, once all
+    WORLD_SIZE ranks have arrived there, or a ConfigError after `timeout` seconds naming how many did.
+
+    torch's own env:// rendezvous waits for missing ranks as long as the process group's collective
+    timeout (DeepSpeed's 10 minutes, torch's 30), silently: a node that never started reads as a
+    hang. Here the wait is bounded on its own; the store then takes the collective timeout, which
+    later waits (a rank building the data while the others stand at a barrier) need."""
+    import deepspeed
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    fix = (f"start every rank of the {world} (each node's launcher with the same --master_addr and --master_port), "
+           "check that the address is reachable from every node, or raise --rendezvous-timeout")
+    deadline = time.monotonic() + timeout
+    while rank != 0 and not _reachable(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), deadline):
+        if time.monotonic() >= deadline:  # torch's own retries would print C++ stack traces meanwhile
+            unreached = ConfigError(f"rank {rank} could not reach the rendezvous at {address} (rank 0's) within "
+                                    f"{timeout:g} s: 0 of {world} ranks known to have arrived", fix)
+            unreached.node_leaders = True  # rank 0 may be the one missing: each node's first rank prints it
+            raise unreached
+        time.sleep(0.2)
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=rank == 0,
+                              timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    except (RuntimeError, ValueError) as error:  # DistNetworkError / DistStoreError: the port is not a store
+        raise ConfigError(f"rank {rank} could not join the rendezvous at {address} "
+                          f"({str(error).splitlines()[0][:100]})", fix) from None
+    arrived = 0
+    try:
+        arrived = store.add("megatron/rendezvous", 1)
+        while arrived < world and time.monotonic() < deadline:
+            time.sleep(0.1)
+            arrived = store.add("megatron/rendezvous", 0)
+    except RuntimeError:  # rank 0 gave up and its store went with it
+        pass
+    if arrived < world:
+        raise ConfigError(f"the rendezvous at {address} timed out after {timeout:g} s: {arrived} of {world} ranks "
+                          "arrived", fix)
+    collective_timeout = deepspeed.constants.default_pg_timeout
+    store.set_timeout(collective_timeout)
+    options = {"device_id": torch.device("cuda", local_rank())} if dist_backend == "nccl" and world > 1 else {}
+    dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world, timeout=collective_timeout,
+                            **options)
+
+
+def _reachable(host: str, port: int, deadline: float) -> bool:
+    """Whether a TCP connection to host:port opens before `deadline` (one try)."""
+    try:
+        with socket.create_connection((host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+            return True
+    except OSError:
+        return False
 
 
 def to_device(batch, device):

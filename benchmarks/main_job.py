@@ -1,0 +1,142 @@
+"""Which layer the README's main job trains: the classic BERT layer or the modern one (rotary
+positions, a local 128-token window in two layers of three, GeGLU, no biases, no dropout, no
+sentence-order head: ModernBERT's layout with the corpus' own vocab),
+at the main job's settings (packed samples of 1024 tokens, ring attention at sequence-parallel
+size 2, 2 CPU ranks over gloo, the embedded default corpus and vocab).
+
+Both candidates run at once through the real `deepspeed` launcher, each with the main job's flags
+and its own model flags, for the same wall time: side by side they share the machine (and
+whatever else loads it) alike, so the MLM loss each has reached at a given time compares what
+each learns in equal time. Each logs every --log-interval steps (the mean MLM loss and accuracy of
+those steps); the table reads both curves at evenly spaced times, next to the corpus' unigram
+cross-entropy (what a model that ignores context reaches). Sizes: the classic model is the main
+job's before this comparison (2 layers, 128 wide, FFN 512); the modern one has 3 layers (global,
+local, local) of the same width with a GeGLU FFN of 192, about the same parameters and FLOPs per
+token.
+
+    .venv/bin/python benchmarks/main_job.py [--seconds 600] [--log-interval 25]
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+from packing import LoadSampler  # noqa: E402
+from results import machine, write_section  # noqa: E402
+
+from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
+from megatron.data.indexed_dataset import make_dataset  # noqa: E402
+from megatron.parallel.spawn import free_port  # noqa: E402
+
+MAIN_JOB = ["--deepspeed", "--deepspeed_config", "ds_configs/ring_sp2.json", "--pack-samples", "--seq-length", "1024",
+            "--micro-batch-size", "2", "--lr", "1e-3", "--lr-warmup-fraction", "0.02", "--eval-interval", "100000"]
+CANDIDATES = {
+    "classic": ["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4",
+                "--max-position-embeddings", "1024"],
+    "modern": ["--num-layers", "3", "--hidden-size", "128", "--num-attention-heads", "4", "--ffn-hidden-size", "192",
+               "--position-embedding-type", "rope", "--rotary-base", "10000", "--local-attention-window", "128",
+               "--global-attention-every", "3", "--mlp-type", "geglu", "--disable-bias-linear",
+               "--layernorm-epsilon", "1e-5", "--embedding-layernorm", "--no-first-layer-attention-norm",
+               "--type-vocab-size", "0", "--bert-no-binary-head", "--hidden-dropout", "0", "--attention-dropout", "0"],
+}
+
+
+def launch(name: str, out: Path, data_dir: str, train_iters: int, log_interval: int) -> subprocess.Popen:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions")}
+    command = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
+               str(REPO / "pretrain_bert.py"), *MAIN_JOB, *CANDIDATES[name], "--train-iters", str(train_iters),
+               "--log-interval", str(log_interval), "--default-data-dir", data_dir, "--log-dir", str(out / name)]
+    log = open(out / f"{name}.log", "w")
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def curve(metrics: Path) -> list:
+    """[(seconds since the first logged step's start, mlm loss, mlm accuracy, iteration)] of a run."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    start = next(r["time"] for r in records if r.get("kind") == "start")
+    return [(r["time"] - start, r["mlm_loss"], r["mlm_accuracy"], r["iteration"])
+            for r in records if r.get("kind") == "train"]
+
+
+def started(metrics: Path) -> bool:
+    return metrics.is_file() and '"kind": "train"' in metrics.read_text()
+
+
+def at(points: list, seconds: float):
+    """The last logged point at or before `seconds` (None before the first)."""
+    before = [point for point in points if point[0] <= seconds]
+    return before[-1] if before else None
+
+
+def unigram_entropy(prefix: str) -> float:
+    """Cross-entropy (nats) of the corpus' tokens under their own frequencies."""
+    dataset = make_dataset(prefix, "mmap")
+    counts = np.bincount(np.concatenate([dataset[i] for i in range(len(dataset))]).astype(np.int64))
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def table(curves: dict, seconds: float, rows: int, unigram: float) -> str:
+    lines = ["| time (s) | " + " | ".join(f"{name}: step, MLM loss, accuracy" for name in curves) + " |",
+             "|---|" + "---|" * len(curves)]
+    for k in range(1, rows + 1):
+        t = seconds * k / rows
+        cells = []
+        for points in curves.values():
+            point = at(points, t)
+            cells.append("-" if point is None else f"{point[3]}, {point[1]:.3f}, {100 * point[2]:.1f}%")
+        lines.append(f"| {t:.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\nUnigram cross-entropy of the corpus: {unigram:.2f} nats."
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=600, help="wall time both run side by side")
+    parser.add_argument("--log-interval", type=int, default=25)
+    parser.add_argument("--train-iters", type=int, default=3000, help="the schedule both follow (warm-up 2%%, "
+                        "linear decay to this step); the runs stop at --seconds")
+    parser.add_argument("--rows", type=int, default=6)
+    parser.add_argument("--out", default=str(REPO / ".cache" / "bench_main_job"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = prepare_default_dataset(REPO / ".cache" / "default_data")
+    load = LoadSampler()
+    runs = {name: launch(name, out, str(REPO / ".cache" / "default_data"), args.train_iters, args.log_interval)
+            for name in CANDIDATES}
+    began = time.time()
+    while not all(started(out / name / "metrics.jsonl") for name in CANDIDATES):  # start-up is not training time
+        if any(run.poll() is not None for run in runs.values()):
+            sys.exit(f"a run ended before training: see {out}/*.log")
+        time.sleep(2)
+    time.sleep(args.seconds)
+    for run in runs.values():
+        os.killpg(run.pid, signal.SIGTERM)
+    for run in runs.values():
+        run.wait(timeout=120)
+    load.stop()
+    curves = {name: curve(out / name / "metrics.jsonl") for name in CANDIDATES}
+    seconds = min(points[-1][0] for points in curves.values())
+    body = (f"Machine: {machine()}; {load.describe()}. Started {time.strftime('%Y-%m-%d %H:%M', time.gmtime(began))} "
+            f"UTC.\n\nCommand: `.venv/bin/python benchmarks/main_job.py --seconds {args.seconds:g} --log-interval "
+            f"{args.log_interval} --train-iters {args.train_iters}` (both candidates side by side, {seconds:.0f} s of training each).\n\n"
+            f"Main job flags: `{' '.join(MAIN_JOB)}`; classic: `{' '.join(CANDIDATES['classic'])}`; modern: "
+            f"`{' '.join(CANDIDATES['modern'])}`.\n\n"
+            + table(curves, seconds, args.rows, unigram_entropy(str(data.data_prefix))))
+    write_section("Main job: classic or modern layers", body)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()

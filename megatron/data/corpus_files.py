@@ -1,0 +1,197 @@
+"""Corpora as they are published: loose JSON (one object per line), plain or compressed
+(`.gz`, `.zst`), and Parquet, as one file or a folder or glob of shards.
+
+tools/preprocess_data.py reads every format as one stream of records in shard order: a JSON
+line's raw bytes (the tokenizing workers parse them) or a Parquet row's dict of the asked-for
+columns (pyarrow reads record batches of those columns only: no whole-file load, no other
+column decoded). The same text gives the same records, so the same `.bin`/`.idx` bytes. A
+shard that cannot be read is one DataError naming it; Parquet shards are checked (footer and
+columns) before anything is written. pyarrow and zstandard are imported by the shards that need
+them: loose JSON (and the trainer, which imports the preprocessing for its default corpus) pays
+for neither.
+"""
+import glob
+import gzip
+import io
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from megatron.errors import DataError
+
+PARQUET_BATCH_ROWS = 1024  # rows decoded at once: a batch of long articles stays a few MB
+FOLDER_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz", ".json.zst", ".jsonl.zst", ".json.zstd",
+                   ".jsonl.zstd", ".parquet")  # what a folder's shards may be; a glob or a file may be any name
+FORMATS_HELP = "loose JSON, .jsonl.gz, .jsonl.zst or .parquet"
+
+
+def shard_kind(name: str) -> str:
+    """The format a file name says: parquet, gzip or zstd (compressed JSON lines), else json."""
+    name = name.lower()
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith(".gz"):
+        return "gzip"
+    if name.endswith((".zst", ".zstd")):
+        return "zstd"
+    return "json"
+
+
+@dataclass(frozen=True)
+class Shard:
+    path: str
+    kind: str
+
+    @property
+    def unit(self) -> str:
+        return "row" if self.kind == "parquet" else "line"
+
+
+class Corpus:
+    """The shards of `--input` (a file, a folder, or a glob pattern) and the columns or JSON keys
+    to read; raises DataError for an input that names nothing readable."""
+
+    def __init__(self, spec: str, keys: tuple):
+        self.keys = tuple(keys)
+        self.shards = [Shard(path, shard_kind(path)) for path in _shard_paths(spec)]
+        for shard in self.shards:
+            if shard.kind == "parquet":
+                _check_parquet(shard.path, self.keys)
+
+    def where(self, location: tuple) -> str:
+        """'path line 7' / 'path row 7' for a record's (shard index, number)."""
+        shard = self.shards[location[0]]
+        return f"{shard.path} {shard.unit} {location[1]}"
+
+    def records(self):
+        """((shard index, number), record, bytes of text) for every record, in shard order; number
+        counts lines (blank ones skipped, not renumbered) or rows from 1 in each shard."""
+        for index, shard in enumerate(self.shards):
+            rows = _parquet_rows(shard.path, self.keys) if shard.kind == "parquet" else _json_lines(shard)
+            for number, record, size in rows:
+                yield (index, number), record, size
+
+
+def _shard_paths(spec: str) -> list[str]:
+    path = Path(spec)
+    if path.is_file():
+        return [spec]
+    if path.is_dir():
+        found = sorted(str(file) for file in path.rglob("*") if file.is_file()
+                       and file.name.lower().endswith(FOLDER_SUFFIXES)
+                       and not any(part.startswith((".", "_")) for part in file.relative_to(path).parts))
+        if not found:
+            raise DataError(f"input folder {spec} holds no corpus shards ({', '.join(FOLDER_SUFFIXES)})",
+                            f"pass a folder, file or glob of {FORMATS_HELP} files")
+        return found
+    if glob.has_magic(spec):
+        found = sorted(name for name in glob.glob(spec, recursive=True) if Path(name).is_file())
+        if not found:
+            raise DataError(f"--input {spec} matches no files", "check the pattern (quoted, so the shell leaves "
+                                                                  "it to the tool) and the folder")
+        return found
+    raise DataError(f"input file {spec} does not exist",
+                    f"pass --input with a {FORMATS_HELP} file, or a folder or glob of them")
+
+
+def _json_lines(shard: Shard):
+    """(line number, raw bytes, bytes) of the non-blank lines of a plain or compressed JSON-lines file."""
+    file = open(shard.path, "rb")  # a missing or unreadable file: an OSError naming it
+    corrupt = ()  # what a damaged compressed stream raises
+    try:
+        if shard.kind == "gzip":
+            lines, corrupt = gzip.GzipFile(fileobj=file), (OSError, EOFError, zlib.error)
+        elif shard.kind == "zstd":
+            import zstandard
+
+            lines, corrupt = io.BufferedReader(_ZstdFrames(file), 1 << 20), (zstandard.ZstdError,)
+        else:
+            lines = file
+        for number, raw in enumerate(lines, 1):
+            if raw.strip():
+                yield number, raw, len(raw)
+    except corrupt as error:
+        if getattr(error, "filename", None):  # the disk, not the stream
+            raise
+        raise DataError(f"{shard.path} is not a readable {shard.kind} file ({error or type(error).__name__})",
+                        "download or compress it again (gzip -t / zstd -t test a file), or leave it out of --input"
+                        ) from None
+    finally:
+        file.close()
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a zstd stream of one or more frames (as parallel writers and
+    `cat a.zst b.zst` make), ended by a frame's end: zstandard's own stream_reader returns what it
+    has when the input stops inside a frame, so a truncated download would pass as a shorter
+    corpus; here it raises ZstdError."""
+
+    def __init__(self, file):
+        import zstandard
+
+        self.file, self.decompressor, self.error = file, zstandard.ZstdDecompressor(), zstandard.ZstdError
+        self.frame, self.in_frame, self.unused, self.out = self.decompressor.decompressobj(), False, b"", memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.out:
+            compressed = self.unused or self.file.read(1 << 20)
+            self.unused = b""
+            if not compressed:
+                if self.in_frame:
+                    raise self.error("truncated: the stream ends inside a frame")
+                return 0
+            self.in_frame = True
+            self.out = memoryview(self.frame.decompress(compressed))
+            if self.frame.eof:  # the next frame starts in what this one left
+                self.unused, self.in_frame, self.frame = self.frame.unused_data, False, self.decompressor.decompressobj()
+        size = min(len(buffer), len(self.out))
+        buffer[:size], self.out = self.out[:size], self.out[size:]
+        return size
+
+
+def _check_parquet(path: str, keys: tuple) -> None:
+    """Refuses a shard that is not Parquet or lacks a text column `keys` names (its footer only)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        with pq.ParquetFile(path) as file:
+            schema = file.schema_arrow
+    except (pa.ArrowException, ValueError) as error:
+        raise DataError(f"{path} is not a Parquet file ({error})",
+                        "pass Parquet shards only, or name the file by its format (.jsonl, .jsonl.gz, .jsonl.zst)"
+                        ) from None
+    for key in keys:
+        if key not in schema.names:
+            raise DataError(f"{path} has no column {key!r} (it has {', '.join(schema.names)})",
+                            "pass --json-keys with column names of the Parquet files")
+        kind = schema.field(key).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
+            raise DataError(f"{path} column {key!r} holds {kind}, not text",
+                            "pass --json-keys with text columns of the Parquet files")
+
+
+def _parquet_rows(path: str, keys: tuple):
+    """(row number, {key: text or None}, UTF-8 bytes of the row's text) of one Parquet shard, read a
+    record batch of the `keys` columns at a time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    number = 0
+    try:
+        with pq.ParquetFile(path) as file:
+            for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=list(keys)):
+                columns = [batch.column(key) for key in keys]
+                sizes = pc.binary_length(columns[0]).fill_null(0)
+                for column in columns[1:]:
+                    sizes = pc.add(sizes, pc.binary_length(column).fill_null(0))
+                for values, size in zip(zip(*(column.to_pylist() for column in columns)), sizes.to_pylist()):
+                    number += 1
+                    yield number, dict(zip(keys, values)), size
+    except (pa.ArrowException, ValueError) as error:
+        raise DataError(f"{path} row {number + 1}: the Parquet file cannot be read ({error})",
+                        "download or write the shard again, or leave it out of --input") from None

@@ -1,0 +1,80 @@
+"""Noticing that this rank's launcher is gone, so that the rank stops as on SIGTERM.
+
+The `deepspeed` command runs `python -m deepspeed.launcher.launch`, which starts the ranks. A
+SIGINT or SIGTERM to the `deepspeed` command ends it alone (runner.py forwards signals only to
+pdsh jobs), leaving launch.py and the ranks training; launch.py itself, when killed by SIGKILL,
+forwards nothing. A rank therefore watches its parent when that is a launcher (DeepSpeed's
+launch.py, torchrun) and, when the parent is launch.py started by the `deepspeed` command, that
+command too. A process is named by its pid and its start time, so a reused pid is not taken for
+the launcher still running. Linux (/proc) only: elsewhere nothing is watched.
+"""
+import os
+import threading
+
+POLL_SECONDS = 1.0
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat from field 3 on (after the command name, which may hold spaces), or None
+    when there is no such process (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            stat = file.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def start_time(pid: int) -> str | None:
+    """The process' start time in clock ticks since boot, or None when there is no such process."""
+    fields = _stat(pid)
+    return fields[19] if fields else None  # field 22
+
+
+def _parent_of(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None  # field 4
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return file.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+LAUNCHERS = ("deepspeed", "torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
+def launcher_processes() -> list[tuple[int, str | None, str]]:
+    """(pid, start time, description) of the processes whose end should stop this rank: a parent
+    that is a launcher (not a shell: `nohup python pretrain_bert.py &` outlives its shell), and the
+    `deepspeed` command above DeepSpeed's launch.py."""
+    parent = os.getppid()
+    command = _command_line(parent)
+    if parent <= 1 or not any(name in command for name in LAUNCHERS):
+        return []
+    watched = [(parent, start_time(parent), f"its launcher (pid {parent})")]
+    grandparent = _parent_of(parent)
+    if "deepspeed.launcher.launch" in command and grandparent and grandparent > 1 \
+            and "deepspeed" in _command_line(grandparent):
+        watched.append((grandparent, start_time(grandparent), f"the deepspeed command (pid {grandparent})"))
+    return watched
+
+
+def watch(on_gone) -> threading.Event:
+    """Calls `on_gone(description)` once, from a daemon thread, when a launcher process ends;
+    returns the event that stops the watching."""
+    stopped = threading.Event()
+    watched = launcher_processes()
+
+    def poll():
+        while watched and not stopped.wait(POLL_SECONDS):
+            for pid, started, description in watched:
+                if start_time(pid) != started:  # gone, or its pid taken by another process
+                    on_gone(description)
+                    return
+
+    threading.Thread(target=poll, name="launcher-watch", daemon=True).start()
+    return stopped

@@ -1,0 +1,191 @@
+"""tools/preprocess_data.py on corpora as published: `.jsonl.gz`, `.jsonl.zst` (several frames),
+Parquet (record batches, other columns present), a folder of shards, a glob of mixed shards: the
+same `.bin`/`.idx` bytes as loose JSON of the same text, at 1 and 2 workers; and each way such a
+corpus can be broken is one DataError naming the shard, with nothing written."""
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from megatron.data import corpus_files
+from megatron.data.preprocess import PreprocessOptions, preprocess
+from megatron.data.vocab_builder import train_vocab, write_vocab
+from megatron.errors import DataError
+from test_preprocess import article, file_bytes
+
+KEYS = ("text", "title")
+
+
+def jsonl(records) -> bytes:
+    return "".join(json.dumps(record) + "\n" for record in records).encode()
+
+
+def write_shard(path: Path, records: list, row_group_size: int = 16) -> Path:
+    """`records` in the format the name says: .jsonl, .jsonl.gz, .jsonl.zst (one frame per half, as
+    split writers make) or .parquet (string columns of the records plus an int column `length`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kind = corpus_files.shard_kind(path.name)
+    if kind == "parquet":
+        table = pa.Table.from_pylist([{**record, "length": len(record["text"] or "")} for record in records])
+        pq.write_table(table, path, row_group_size=row_group_size)
+    elif kind == "gzip":
+        path.write_bytes(gzip.compress(jsonl(records)))
+    elif kind == "zstd":
+        half = len(records) // 2
+        path.write_bytes(b"".join(zstandard.ZstdCompressor().compress(jsonl(part))
+                                  for part in (records[:half], records[half:])))
+    else:
+        path.write_bytes(jsonl(records))
+    return path
+
+
+def shards(folder: Path, names: list, records: list) -> None:
+    """`records` cut into len(names) consecutive shards."""
+    step = -(-len(records) // len(names))
+    for i, name in enumerate(names):
+        write_shard(folder / name, records[i * step:(i + 1) * step])
+
+
+def as_input(layout: str, folder: Path, records: list) -> str:
+    """The --input of one corpus layout holding `records`, written under `folder`."""
+    if layout == "folder of parquet shards":
+        shards(folder / "shards", [f"part-{i:05d}.parquet" for i in range(3)], records)
+        (folder / "shards" / "_SUCCESS").write_text("")  # what Spark leaves beside its shards: not a shard
+        (folder / "shards" / ".part-00000.parquet.crc").write_bytes(b"\x00crc")
+        return str(folder / "shards")
+    if layout == "glob of mixed shards":
+        shards(folder / "mix", ["part-0.jsonl", "part-1.jsonl.gz", "part-2.jsonl.zst", "part-3.parquet"], records)
+        return str(folder / "mix" / "part-*")
+    return str(write_shard(folder / f"wiki.{layout}", records))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """(records, vocab, outputs of loose JSON): 120 articles, both keys split into sentences."""
+    folder = tmp_path_factory.mktemp("reference")
+    records = [article(i) for i in range(120)]
+    path = write_shard(folder / "wiki.json", records)
+    write_vocab(train_vocab(path, lower_case=True, vocab_size=400), folder / "vocab.txt")
+    report = preprocess(options(path, folder / "out" / "wiki", folder / "vocab.txt"))
+    return records, folder / "vocab.txt", report.outputs
+
+
+def options(path, prefix, vocab, **overrides) -> PreprocessOptions:
+    return PreprocessOptions(**{"input": str(path), "output_prefix": str(prefix), "vocab_file": str(vocab),
+                                "json_keys": KEYS, "split_sentences": True, "log_interval": 0, **overrides})
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout,workers", [("jsonl.gz", 1), ("jsonl.zst", 1), ("parquet", 1),
+                                            ("folder of parquet shards", 2), ("glob of mixed shards", 1)])
+def test_every_corpus_format_writes_the_bytes_of_loose_json(reference, tmp_path, monkeypatch, layout, workers):
+    records, vocab, expected = reference
+    monkeypatch.setattr(corpus_files, "PARQUET_BATCH_ROWS", 10)  # batches that cut across row groups and shards
+    report = preprocess(options(as_input(layout, tmp_path, records), tmp_path / "out" / "wiki", vocab,
+                                workers=workers))
+    assert (report.documents, report.skipped) == (120, 0)
+    for key in KEYS:
+        assert file_bytes(report.outputs[key]) == file_bytes(expected[key]), key
+    assert report.bytes_read > sum(len(record["text"]) for record in records)
+
+
+def test_parquet_reads_only_the_asked_columns_in_batches(reference, tmp_path, monkeypatch):
+    """No whole-file load: pyarrow is asked for record batches of the --json-keys columns."""
+    records, vocab, expected = reference
+    path = write_shard(tmp_path / "wiki.parquet", records)
+    asked = []
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def recording(self, batch_size, columns, **kwargs):
+        asked.append((batch_size, tuple(columns)))
+        return iter_batches(self, batch_size=batch_size, columns=columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", recording)
+    monkeypatch.setattr(pq, "read_table", pytest.fail)
+    report = preprocess(options(path, tmp_path / "out" / "wiki", vocab, json_keys=("title",)))
+    assert asked == [(corpus_files.PARQUET_BATCH_ROWS, ("title",))]
+    assert file_bytes(report.outputs["title"]) == file_bytes(expected["title"])
+
+
+def null_text(tmp: Path, records: list) -> str:
+    """A Parquet file whose 5th row has no text (null)."""
+    return as_input("parquet", tmp, [{**record, "text": None} if i == 4 else record for i, record in enumerate(records)])
+
+
+def truncated(path: Path) -> str:
+    path.write_bytes(path.read_bytes()[:-40])
+    return str(path)
+
+
+def one_shard_not_parquet(tmp: Path, records: list) -> str:
+    folder = as_input("folder of parquet shards", tmp, records)
+    (tmp / "shards" / "part-00001.parquet").write_bytes(jsonl(records))
+    return folder
+
+
+def gzip_with_bad_line(tmp: Path, records: list) -> str:
+    lines = jsonl(records).splitlines(keepends=True)
+    lines[2] = b'{"text": \n'
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "wiki.jsonl.gz").write_bytes(gzip.compress(b"".join(lines)))
+    return str(tmp / "wiki.jsonl.gz")
+
+
+def folder_without_shards(tmp: Path, records: list) -> str:
+    (tmp / "notes").mkdir(parents=True)
+    (tmp / "notes" / "README.md").write_text("the shards are elsewhere")
+    return str(tmp / "notes")
+
+
+BROKEN = {  # id -> (writes the input under a folder from the records and returns --input, json keys, message)
+    "parquet_missing_column": (lambda tmp, records: as_input("parquet", tmp, records), ("body",),
+                               r"wiki\.parquet has no column 'body' \(it has id, title, text, length\); pass "
+                               "--json-keys with column names"),
+    "parquet_column_not_text": (lambda tmp, records: as_input("parquet", tmp, records), ("length",),
+                                r"wiki\.parquet column 'length' holds int64, not text; pass --json-keys with text"),
+    "shard_not_parquet": (one_shard_not_parquet, KEYS,
+                          r"part-00001\.parquet is not a Parquet file \(.*magic bytes.*\); pass Parquet shards"),
+    "gzip_truncated": (lambda tmp, records: truncated(write_shard(tmp / "wiki.jsonl.gz", records)), KEYS,
+                       r"wiki\.jsonl\.gz is not a readable gzip file \(Compressed file ended.*\); download or "
+                       "compress"),
+    "gzip_not_gzip": (lambda tmp, records: str(write_shard(tmp / "wiki.json", records).rename(tmp / "wiki.jsonl.gz")),
+                      KEYS, r"wiki\.jsonl\.gz is not a readable gzip file \(Not a gzipped file"),
+    "zstd_truncated": (lambda tmp, records: truncated(write_shard(tmp / "wiki.jsonl.zst", records)), KEYS,
+                       r"wiki\.jsonl\.zst is not a readable zstd file \(truncated: the stream ends inside a frame\)"),
+    "empty_glob": (lambda tmp, records: str(tmp / "nowhere" / "*.parquet"), KEYS,
+                   r"--input .*nowhere/\*\.parquet matches no files; check the pattern"),
+    "folder_without_shards": (folder_without_shards, KEYS, r"input folder .*notes holds no corpus shards"),
+    "parquet_null_text": (null_text, KEYS, r"wiki\.parquet row 5: key 'text' is not a string; .*--skip-invalid"),
+    "bad_line_in_gzip": (gzip_with_bad_line, KEYS, r"wiki\.jsonl\.gz line 3: invalid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_corpus_is_one_line_naming_the_shard_and_leaves_nothing(reference, tmp_path, case):
+    records, vocab, _ = reference
+    write, keys, pattern = BROKEN[case]
+    spec = write(tmp_path, records)
+    with pytest.raises(DataError) as error:
+        preprocess(options(spec, tmp_path / "out" / "wiki", vocab, json_keys=keys, workers=2))
+    assert re.search(pattern, str(error.value)) and "\n" not in str(error.value), str(error.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_skip_invalid_skips_a_null_parquet_row(reference, tmp_path):
+    records, vocab, _ = reference
+    report = preprocess(options(null_text(tmp_path, records), tmp_path / "out" / "wiki", vocab, skip_invalid=True))
+    assert (report.documents, report.skipped) == (119, 1)
+
+
+def broken_corpus(case: str):
+    """A setup for the bad-input catalogue (tests/test_bad_inputs.py): writes BROKEN[case]'s input
+    from the valid sample corpus to `{tmp}/corpus/` (it names the --input on the command line)."""
+    def setup(tmp: Path, assets: dict):
+        records = [json.loads(line) for line in Path(assets["corpus"]).read_text().splitlines()[:40]]
+        BROKEN[case][0](tmp / "corpus", records)
+    return setup

@@ -1,0 +1,144 @@
+"""tools/extend_context.py: a ModernBERT folder (random weights declared as trained at 64 tokens,
+its own BPE tokenizer.json) continued at 4x (256) on SP = 2 through the real `deepspeed` launcher
+(2 CPU ranks over gloo) on a corpus preprocessed with the folder's tokenizer, no tokenizer flag
+anywhere; the exported folder loads in transformers (model and tokenizer) and gives our logits at
+the new length; the same command resumes once --save holds a checkpoint; what cannot be extended
+this way is one line.
+
+What it cannot see: whether the scaled theta helps a real model at 32K (that takes GPUs and long
+documents); here the model is random and trains three steps, the point is the plumbing."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config
+from megatron.data.preprocess import PreprocessOptions, preprocess
+from megatron.data.tokenizer import HFTokenizer
+from megatron.model.bert import BertConfig, BertModel
+from megatron.parallel.spawn import free_port
+from test_hf_modernbert import ATOL, SPECIAL, compare, randomize
+from test_hf_tokenizer import corpus, modernbert_style, texts  # noqa: F401 (fixtures)
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+TOOL = [PYTHON, str(ROOT / "tools" / "extend_context.py")]
+TRAINED, LONGER = 64, 256
+
+
+def tiny_modernbert(folder: Path, vocab_size: int, tokenizer: Path | None = None) -> Path:
+    """A random ModernBertForMaskedLM declared as trained at 64 tokens: 3 layers (global, local,
+    local), a window of 16, head size 16; with `tokenizer`, its tokenizer.json and special ids."""
+    special = SPECIAL
+    if tokenizer:
+        ours = HFTokenizer(tokenizer)
+        special = dict(pad_token_id=ours.pad, cls_token_id=ours.cls, sep_token_id=ours.sep, bos_token_id=ours.cls,
+                       eos_token_id=ours.sep)
+    config = transformers.ModernBertConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=3,
+                                           num_attention_heads=4, intermediate_size=96, local_attention=16,
+                                           global_attn_every_n_layers=3, global_rope_theta=10000.0,
+                                           local_rope_theta=10000.0, max_position_embeddings=TRAINED, **special)
+    torch.manual_seed(0)
+    model = transformers.ModernBertForMaskedLM(config)
+    randomize(model, 0)
+    model.save_pretrained(folder)
+    if tokenizer:
+        (folder / "tokenizer.json").write_bytes(tokenizer.read_bytes())
+    return folder
+
+
+def run(*argv) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TORCH_EXTENSIONS_DIR": os.environ.get(
+        "TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))}
+    return subprocess.run([*TOOL, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+
+
+@pytest.fixture(scope="module")
+def extended(tmp_path_factory, corpus, modernbert_style):  # noqa: F811
+    out = tmp_path_factory.mktemp("extend")
+    source = tiny_modernbert(out / "hf", HFTokenizer(modernbert_style).vocab_size, modernbert_style)
+    preprocess(PreprocessOptions(input=str(corpus), output_prefix=str(out / "data" / "bpe"),
+                                 tokenizer_file=str(source / "tokenizer.json"), split_sentences=True))
+    argv = ["--from", str(source), "--seq-length", str(LONGER), "--save", str(out / "ckpt"), "--num-gpus", "2",
+            "--master-port", str(free_port()), "--", "--data-path", str(out / "data" / "bpe_text_sentence"),
+            "--train-iters", "3", "--micro-batch-size", "1", "--log-interval", "1", "--eval-iters", "1",
+            "--lr", "1e-4", "--log-dir", str(out / "log")]
+    result = run(*argv)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out, argv, result
+
+
+def test_a_modernbert_continues_at_4x_on_sp2_and_exports_to_transformers(extended, tmp_path):
+    out, _, result = extended
+    theta = 10000 * 4 ** (16 / 14)
+    assert f"trained at {TRAINED} tokens -> {LONGER} (4x); global rope theta 10000 -> {theta:.6g}" in result.stdout
+    stored = stored_config(str(out / "ckpt"), latest_tag(str(out / "ckpt")))
+    model = stored["model"]
+    assert (model["seq_length"], model["rotary_base"], model["local_rotary_base"]) == (LONGER, float(f"{theta:.6g}"),
+                                                                                       10000.0)
+    assert (model["local_attention_window"], model["global_attention_every"]) == (16, 3)
+    assert stored["sequence_parallel_size"] == 2 and model["attention"] == "ring" and stored["pack_samples"]
+    steps = [json.loads(line) for line in (out / "log" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r.get("kind") == "train"]
+    assert [r["iteration"] for r in steps] == [1, 2, 3] and all(0 < r["loss"] < 20 for r in steps)
+    assert all(r["real_token_share"] > 0.9 for r in steps)  # packed: no padding
+
+    exported = tmp_path / "hf-256"
+    done = subprocess.run([PYTHON, str(ROOT / "tools" / "convert_checkpoint.py"), "to-hf", "--load", str(out / "ckpt"),
+                           "--output", str(exported)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported)  # the folder's own, carried through
+    assert tokenizer("a test").input_ids[0] == HFTokenizer(out / "hf" / "tokenizer.json").cls
+    hf_config = json.loads((exported / "config.json").read_text())
+    assert hf_config["max_position_embeddings"] == LONGER
+    hf = transformers.ModernBertForMaskedLM.from_pretrained(exported, attn_implementation="eager").eval()
+    ours = BertModel(BertConfig(**{**model, "attention": "dense"}))
+    ours.load_state_dict(bert_state_from_checkpoint(str(out / "ckpt")), strict=False)
+    # fp32 rounding of the rope angles (transformers computes them in fp32 even for a float64 model)
+    # grows with the position: at 256 tokens of this peaked random model it reaches ~1e-5 in hidden states
+    hidden, logits = compare(ours.eval(), hf, LONGER, "extended")
+    assert hidden < 3 * ATOL and logits < 10 * ATOL
+
+
+def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended):
+    out, argv, _ = extended
+    result = run(*argv[:argv.index("--")], "--dry-run")
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.splitlines()[-1]
+    assert f"--load {out / 'ckpt'} " in command and "--init-from-hf" not in command
+
+
+def test_a_checkpoint_continues_from_its_weights_as_a_new_run(extended, tmp_path):
+    """The run above (trained at 256) as the source: --load --finetune starts at iteration 0 at 4x again,
+    theta scaled from the checkpoint's, the tokenizer the checkpoint carries."""
+    out, argv, _ = extended
+    tail = argv[argv.index("--"):]
+    tail[tail.index("--train-iters") + 1] = "1"
+    tail[tail.index("--log-dir") + 1] = str(tmp_path / "log")
+    result = run("--from", str(out / "ckpt"), "--seq-length", str(4 * LONGER), "--save", str(tmp_path / "ckpt"),
+                 "--num-gpus", "2", "--master-port", str(free_port()), *tail)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"--load {out / 'ckpt'} --finetune" in result.stdout
+    source = stored_config(str(out / "ckpt"), latest_tag(str(out / "ckpt")))["model"]
+    stored = stored_config(str(tmp_path / "ckpt"), latest_tag(str(tmp_path / "ckpt")))["model"]
+    assert latest_tag(str(tmp_path / "ckpt")) == "iter_0000001" and stored["seq_length"] == 4 * LONGER
+    assert stored["rotary_base"] == float(f"{source['rotary_base'] * 4 ** (16 / 14):.6g}")
+
+
+def test_what_cannot_be_extended_is_one_line(tmp_path):
+    source = tiny_modernbert(tmp_path / "hf", 100)
+    bert = tmp_path / "bert"
+    transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                                                         num_attention_heads=2, intermediate_size=64)).save_pretrained(bert)
+    for argv, message in ((["--from", str(source), "--seq-length", str(TRAINED * 128)], "pick 1 to 64 times 64"),
+                          (["--from", str(tmp_path), "--seq-length", "256"], "is neither a Hugging Face folder"),
+                          (["--from", str(bert), "--seq-length", "2048"], "has learned positions, not rotary ones")):
+        result = run(*argv, "--save", str(tmp_path / "c"), "--dry-run")
+        assert result.returncode == 2 and message in result.stderr.splitlines()[-1], result.stderr[-2000:]
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "c").exists()

@@ -1,0 +1,192 @@
+"""Any Hugging Face tokenizer (a tokenizer.json): special ids read from it, ids above 65535 stored
+exactly, and one path through every tool: preprocessing -> training (the checkpoint carries the
+tokenizer) -> resume, fill-mask and to-hf with no tokenizer flag -> transformers' AutoTokenizer
+and AutoModelForMaskedLM read the ModernBERT export -> from-hf carries it again."""
+import json
+import os
+import pickle
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from megatron.data.indexed_dataset import make_dataset
+from megatron.data.preprocess import PreprocessOptions, preprocess
+from megatron.data.sample_corpus import write_corpus
+from megatron.data.tokenizer import HFTokenizer, build_tokenizer, carried_tokenizer, data_identity_path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+# a ModernBERT-shaped model, shrunk; the preset's vocab (50368) is larger than the tokenizer's
+MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+         "--max-position-embeddings", "64", "--micro-batch-size", "2", "--model-preset", "modernbert-base",
+         "--ffn-hidden-size", "96", "--local-attention-window", "32", "--eval-iters", "1"]
+TEXT = "the function returns a [MASK] of the values"
+
+
+def train_bpe(texts, special_tokens, vocab_size=1500) -> Tokenizer:
+    """A byte-level BPE as ModernBERT's and RoBERTa's are built (special tokens added, no template)."""
+    tokenizer = Tokenizer(models.BPE(unk_token=special_tokens[0]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens))
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.json"
+    write_corpus(path, 200_000)
+    return path
+
+
+@pytest.fixture(scope="module")
+def texts(corpus) -> list:
+    return [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def modernbert_style(texts, tmp_path_factory) -> Path:
+    """[CLS] [SEP] [MASK] [PAD] [UNK] added special tokens, [CLS] $A [SEP] as the template."""
+    tokenizer = train_bpe(texts, ["[UNK]", "[MASK]", "[SEP]", "[PAD]", "[CLS]"])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")])
+    path = tmp_path_factory.mktemp("modernbert_style") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+def test_special_ids_are_read_from_the_tokenizer(texts, modernbert_style, tmp_path):
+    import transformers
+
+    ours = HFTokenizer(modernbert_style)
+    reference = Tokenizer.from_file(str(modernbert_style))
+    assert (ours.cls, ours.sep, ours.mask, ours.pad, ours.eod) == tuple(
+        reference.token_to_id(token) for token in ("[CLS]", "[SEP]", "[MASK]", "[PAD]", "[SEP]")) == (4, 2, 1, 3, 2)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(modernbert_style))
+    sample = texts[:40]
+    assert ours.tokenize_batch(sample) == [fast(text, add_special_tokens=False).input_ids for text in sample]
+    assert pickle.loads(pickle.dumps(ours)).tokenize(sample[0]) == ours.tokenize(sample[0])
+    assert max(max(ids) for ids in ours.tokenize_batch(sample)) < ours.vocab_size == reference.get_vocab_size()
+
+    # RoBERTa's names, from its post-processor (cls, sep) and its tokens (mask, pad), none at BERT's ids
+    roberta = train_bpe(texts[:200], ["<unk>", "<mask>", "</s>", "<pad>", "<s>"], vocab_size=600)
+    roberta.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 4))
+    roberta.save(str(tmp_path / "roberta.json"))
+    tokenizer = build_tokenizer(None, tokenizer_file=tmp_path / "roberta.json")
+    assert (tokenizer.cls, tokenizer.sep, tokenizer.mask, tokenizer.pad) == (4, 2, 1, 3)
+    assert tokenizer.special_tokens() == {"cls": "<s>", "sep": "</s>", "mask": "<mask>", "pad": "<pad>"}
+
+    # a model folder: its tokenizer_config.json names the tokens (here: mask and pad swapped on purpose)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    roberta.save(str(folder / "tokenizer.json"))
+    settings = {"mask_token": {"content": "<pad>"}, "pad_token": "<mask>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    swapped = build_tokenizer("HFTokenizer", tokenizer_file=folder)
+    assert (swapped.mask, swapped.pad, swapped.cls) == (3, 1, 4) and swapped.file == str(folder / "tokenizer.json")
+
+
+def test_ids_above_65535_round_trip_through_the_bin(tmp_path):
+    """A 70000-entry WordLevel vocab whose words (all but 'low') have ids above 65535: stored as int32 and read
+    back exactly (uint16 would wrap them)."""
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
+    vocab = {f"filler{i}": i for i in range(70_000) if i not in (3, 7)}
+    vocab.update({word: 70_000 + 11 * index for index, word in enumerate(words)})  # sparse on purpose
+    vocab.update({"[UNK]": 3, "low": 7})
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(["[CLS]", "[SEP]", "[MASK]", "[PAD]"])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(words + ["low", "unknown"]) for _ in range(rng.randint(1, 30))) for _ in range(50)]
+    (tmp_path / "corpus.json").write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
+    report = preprocess(PreprocessOptions(input=str(tmp_path / "corpus.json"), output_prefix=str(tmp_path / "big"),
+                                          tokenizer_file=str(tmp_path / "tokenizer.json"), log_interval=0))
+    ours = HFTokenizer(tmp_path / "tokenizer.json")
+    assert ours.vocab_size == 70_056 and ours.mask > 65535  # ids are sparse: the size is the largest id + 1
+    dataset = make_dataset(report.outputs["text"])
+    stored = [dataset[i].tolist() for i in range(len(dataset))]
+    assert dataset.dtype.itemsize == 4 and stored == ours.tokenize_batch(lines)
+    assert max(max(ids) for ids in stored) == 70_055 and 7 in stored[0] + stored[1] + stored[2]
+    record = json.loads(data_identity_path(report.outputs["text"]).read_text())
+    assert record["vocab_sha256"] == ours.identity and record["vocab_size"] == ours.vocab_size
+
+
+def run(script: str, *argv, cwd=ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)  # one process without a launcher
+    result = subprocess.run([PYTHON, str(ROOT / script), *map(str, argv)], cwd=cwd, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result
+
+
+def test_bpe_from_preprocessing_to_training_fill_mask_and_a_modernbert_export(corpus, modernbert_style, tmp_path,
+                                                                               capsys):
+    import torch
+    import transformers
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import convert_checkpoint
+    import fill_mask
+
+
+    run("tools/preprocess_data.py", "--input", corpus, "--tokenizer-file", modernbert_style, "--output-prefix",
+        tmp_path / "data" / "bpe", "--split-sentences", "--log-interval", "0")
+    prefix = tmp_path / "data" / "bpe_text_sentence"
+    tokenizer = HFTokenizer(modernbert_style)
+    assert json.loads(data_identity_path(prefix).read_text())["vocab_sha256"] == tokenizer.identity
+
+    run("pretrain_bert.py", *MODEL, "--data-path", prefix, "--tokenizer-file", modernbert_style, "--train-iters", "2",
+        "--save", tmp_path / "ckpt", "--log-dir", tmp_path / "log")
+    folder = tmp_path / "ckpt" / "iter_0000002"
+    assert (folder / "tokenizer.json").read_bytes() == modernbert_style.read_bytes()
+    carried = json.loads((folder / "tokenizer_identity.json").read_text())
+    assert carried["vocab_sha256"] == tokenizer.identity and carried["special_tokens"]["mask"] == "[MASK]"
+
+    # a resume, fill-mask and the export name no tokenizer: the checkpoint's is used
+    run("pretrain_bert.py", *MODEL, "--data-path", prefix, "--train-iters", "3", "--load", tmp_path / "ckpt",
+        "--log-dir", tmp_path / "log2")
+    capsys.readouterr()  # the tools in this process (the trainer above ran as a process of its own)
+    fill_mask.main(["--load", str(tmp_path / "ckpt"), "--text", TEXT, "--top-k", "3"])
+    printed = capsys.readouterr().out.splitlines()
+    expected = fill_mask.fill_mask(fill_mask.load_model(str(tmp_path / "ckpt")), tokenizer, TEXT, top_k=3)
+    assert printed == [TEXT, "  [MASK] 1: " + ", ".join(f"{t} {p:.2f}" for t, p in expected[0])]
+    convert_checkpoint.main(["to-hf", "--load", str(tmp_path / "ckpt"), "--output", str(tmp_path / "hf")])
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == modernbert_style.read_bytes()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = TEXT.replace(" [MASK]", "")
+    assert hf_tokenizer(text).input_ids == [tokenizer.cls, *tokenizer.tokenize(text), tokenizer.sep]
+    assert (hf_tokenizer.mask_token_id, hf_tokenizer.pad_token_id) == (tokenizer.mask, tokenizer.pad)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(model).__name__ == "ModernBertForMaskedLM" and model.config.pad_token_id == tokenizer.pad
+    ids = hf_tokenizer(TEXT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, ids[0].tolist().index(tokenizer.mask), :tokenizer.vocab_size]
+    probabilities = torch.softmax(logits, dim=-1)
+    for token, probability in expected[0]:  # transformers' own tokenizer and model agree with fill-mask
+        assert abs(float(probabilities[tokenizer.tokens.index(token)]) - probability) < 1e-5, token
+    # and back: the weights-only checkpoint made from the export carries its tokenizer again
+    convert_checkpoint.main(["from-hf", "--hf-dir", str(tmp_path / "hf"), "--save", str(tmp_path / "from_hf")])
+    again = carried_tokenizer(tmp_path / "from_hf" / "iter_0000000")
+    assert isinstance(again, HFTokenizer) and again.identity == tokenizer.identity and again.ids == tokenizer.ids
+
+
+def test_masking_never_draws_special_tokens_as_random_replacements(texts, modernbert_style, tmp_path):
+    """BPE special tokens are not bracketed like BERT's: <s>, </s>, <pad>, <mask>, <unk> and any added
+    special token are reserved by the tokenizer itself, ordinary tokens are not."""
+    roberta = train_bpe(texts[:200], ["<unk>", "<mask>", "</s>", "<pad>", "<s>"], vocab_size=600)
+    roberta.add_special_tokens(["<|endoftext|>"])
+    roberta.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 4))
+    roberta.save(str(tmp_path / "roberta.json"))
+    tokenizer = HFTokenizer(tmp_path / "roberta.json")
+    special = {roberta.token_to_id(t) for t in ("<unk>", "<mask>", "</s>", "<pad>", "<s>", "<|endoftext|>")}
+    assert tokenizer.reserved_ids() == special
+    modern = HFTokenizer(modernbert_style)
+    assert {modern.tokens[i] for i in modern.reserved_ids()} == {"[UNK]", "[MASK]", "[SEP]", "[PAD]", "[CLS]"}

@@ -1,0 +1,205 @@
+"""Faults of the folders a run writes: a full disk at the --save probe, at a checkpoint save and in
+the run log is named as such in one line, with no `.partial` or probe file left; a --save folder
+is locked by the run writing it (a live holder refuses a second run, a dead one is taken over).
+
+The full disks are real: the run is started in a mount namespace of its own (`unshare`) with the
+folder mounted as a small tmpfs, so torch's and DeepSpeed's writers meet the kernel's ENOSPC (torch
+reports it only as `basic_ios::clear: iostream error`). That needs root or unprivileged user
+namespaces; without them the tests skip, saying so."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from megatron import checkpoint, run_log
+from megatron.data.default_dataset import prepare_default_dataset
+from megatron.parallel.launcher_watch import start_time
+from megatron.parallel.spawn import free_port
+
+from test_bad_inputs import PYTHON, ROOT, TINY
+
+MOUNT = 'mount -t tmpfs -o size="$1" tmpfs "$0" && {fill} shift && "$@"; code=$?; echo LEFT: $(ls -A "$0"); exit $code'
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> list:
+    directory = tmp_path_factory.mktemp("data")
+    dataset = prepare_default_dataset(directory, max_bytes=300_000, vocab_size=2000)
+    return ["--data-path", str(dataset.data_prefix), "--vocab-file", str(dataset.vocab_file)]
+
+
+def namespace_prefix() -> list | None:
+    """`unshare` arguments that give a command a mount namespace in which it may mount, or None."""
+    if shutil.which("unshare") is None:
+        return None
+    for prefix in (["unshare", "--mount"], ["unshare", "--map-root-user", "--mount"]):
+        probe = subprocess.run([*prefix, "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True)
+        if probe.returncode == 0:
+            return prefix
+    return None
+
+
+NAMESPACE = namespace_prefix()
+needs_tmpfs = pytest.mark.skipif(NAMESPACE is None, reason="mounting a small tmpfs needs root or unprivileged user "
+                                 "namespaces (unshare --map-root-user --mount), which this machine refuses")
+
+
+def on_tmpfs(folder, size: str, argv: list, fill: bool = False) -> tuple:
+    """pretrain_bert.py (one rank) with `folder` a fresh tmpfs of `size` (`fill`: filled up first);
+    returns (exit code, stderr lines, the names left in the folder)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = MOUNT.format(fill='(cat /dev/zero > "$0/filler") 2>/dev/null;' if fill else "")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([*NAMESPACE, "sh", "-c", script, str(folder), size, PYTHON, str(ROOT / "pretrain_bert.py"),
+                             *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    left = result.stdout.splitlines()[-1].split()[1:]  # the line after LEFT:
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    return result.returncode, errors, left
+
+
+def run_argv(tmp_path, data, *extra) -> list:
+    return [*TINY, *data, "--eval-iters", "1", "--eval-interval", "1000", "--log-dir", str(tmp_path / "log"), *extra]
+
+
+@needs_tmpfs
+def test_full_disk_at_save_is_named_and_leaves_no_partial(tmp_path, data):
+    """The probe fits, the first checkpoint does not: one line naming the full disk, exit 2, the
+    staging folder removed (it would hold the space), the lock released."""
+    save = tmp_path / "ckpt"
+    code, errors, left = on_tmpfs(save, "256k", run_argv(tmp_path, data, "--train-iters", "2", "--save", str(save)))
+    assert code == 2, errors[-20:]
+    assert errors == [f"pretrain_bert.py: error: cannot write checkpoint iter_0000002: the disk is full (--save {save} "
+                      f"on {socket.gethostname()}, 0.0 MiB free); free space there or pass another --save, then "
+                      "resume; nothing of iter_0000002 was kept and no earlier checkpoint exists"], errors[-20:]
+    assert left == []  # no iter_0000002.partial, no .write_probe.*, no .lock
+
+
+@needs_tmpfs
+def test_full_disk_at_the_start_leaves_no_probe_file(tmp_path, data):
+    """A --save folder on a disk already full is refused before the first step, naming the full disk;
+    the probe file (created before its write failed) is removed."""
+    save = tmp_path / "ckpt"
+    code, errors, left = on_tmpfs(save, "64k", run_argv(tmp_path, data, "--train-iters", "2", "--save", str(save)),
+                                  fill=True)
+    assert code == 2 and len(errors) == 1, errors[-20:]
+    assert f"--save {save} is not writable on" in errors[0] and "No space left on device): its disk is full" in errors[0]
+    assert left == ["filler"]
+
+
+@needs_tmpfs
+def test_full_log_disk_stops_the_run_with_a_checkpoint(tmp_path, data):
+    """metrics.jsonl fills its disk mid-run: the run stops at the next step, saves (on another disk)
+    and names the full log disk and the checkpoint to resume from, in one line."""
+    log, save = tmp_path / "log", tmp_path / "ckpt"
+    code, errors, _ = on_tmpfs(log, "16k", run_argv(tmp_path, data, "--train-iters", "200", "--log-interval", "1",
+                                                    "--save", str(save)))
+    latest = checkpoint.latest_tag(str(save))
+    iteration = int(latest[len("iter_"):])
+    assert code == 2 and len(errors) == 1, errors[-20:]
+    assert errors[0] == (f"pretrain_bert.py: error: cannot write the run log {log / 'metrics.jsonl'} (the disk is "
+                         f"full, 0.0 MiB free); free space there or pass another --log-dir; checkpoint {save / latest} "
+                         f"holds iteration {iteration}: resume with --load {save}")
+    assert 0 < iteration < 200
+
+
+# ---------------------------------------------------------------- the --save lock
+
+def write_lock(folder, host: str, pid: int, start) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / checkpoint.LOCK).write_text(json.dumps({"host": host, "pid": pid, "start": start}))
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_lock_refuses_a_live_holder_and_another_host(tmp_path, capsys):
+    host = socket.gethostname()
+    write_lock(tmp_path, host, os.getpid(), start_time(os.getpid()))
+    problem, fix = checkpoint.take_lock(str(tmp_path))
+    assert problem == (f"--save {tmp_path} is in use by a live run: pid {os.getpid()} on this host ({host}) holds "
+                       f"{tmp_path / checkpoint.LOCK}")
+    assert "choose another --save directory" in fix
+    write_lock(tmp_path, "other-node", 4242, "1")
+    problem, fix = checkpoint.take_lock(str(tmp_path))
+    assert problem == f"--save {tmp_path} is locked by pid 4242 on host other-node, whose run cannot be checked from {host}"
+    assert f"remove {tmp_path / checkpoint.LOCK} once that run has ended" in fix
+    # this pid with another start time: the pid was reused after the holder died
+    write_lock(tmp_path, host, os.getpid(), "1")
+    assert checkpoint.take_lock(str(tmp_path)) is None
+    checkpoint.release_lock()
+    assert sorted(os.listdir(tmp_path)) == [] and capsys.readouterr().err.count("taking over the lock") == 1
+
+
+def test_stale_lock_is_taken_over_by_a_run(tmp_path, data):
+    """A crashed run's lock (its pid gone) is taken over with one line; the run trains, saves and
+    releases the lock at its end."""
+    save = tmp_path / "ckpt"
+    pid = dead_pid()
+    write_lock(save, socket.gethostname(), pid, "1")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([PYTHON, str(ROOT / "pretrain_bert.py"),
+                             *run_argv(tmp_path, data, "--train-iters", "1", "--save", str(save))],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if "lock" in line]
+    assert warnings == [f"warning: --save {save}: taking over the lock of pid {pid} on {socket.gethostname()}, which no "
+                        "longer runs (a crashed or killed run)"], result.stderr[-3000:]
+    assert sorted(os.listdir(save)) == ["iter_0000001", "latest"]
+    assert [r["iteration"] for r in run_log.read_metrics(tmp_path / "log" / "metrics.jsonl") if r["kind"] == "train"] == [1]
+
+
+# ---------------------------------------------------------------- one rank's disk fills inside DeepSpeed's save
+
+def main_with_full_disk_in_save(argv, full_rank: int, tag: str) -> tuple:
+    """`main`, where rank `full_rank`'s disk fills while DeepSpeed writes its ZeRO optimizer shard of
+    checkpoint `tag` (torch's writer says only `iostream error`); returns (exit code, stderr)."""
+    import contextlib
+    import io
+
+    import torch
+    import torch.distributed as dist
+
+    from megatron import training
+
+    if dist.get_rank() == full_rank:
+        original = torch.save
+
+        def save(obj, f, *args, **kwargs):
+            if f"{tag}{checkpoint.PARTIAL}" in str(f) and "optim_states" in str(f):
+                shutil.disk_usage = lambda path: SimpleNamespace(total=2**30, used=2**30, free=0)
+                raise RuntimeError("basic_ios::clear: iostream error")
+            return original(obj, f, *args, **kwargs)
+
+        torch.save = save
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = training.main(argv)
+    return code, err.getvalue()
+
+
+def test_full_disk_on_one_rank_inside_deepspeeds_save_stops_every_rank(tmp_path, data):
+    """ZeRO 1 on two ranks: rank 1 fails inside engine.save_checkpoint (it misses DeepSpeed's closing
+    barrier); both ranks agree, the staging folder goes, `latest` keeps the previous checkpoint."""
+    from megatron.parallel.spawn import run_on_ranks
+
+    save = tmp_path / "ckpt"
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    argv = run_argv(tmp_path, data, "--deepspeed", "--deepspeed_config", str(tmp_path / "ds.json"), "--train-iters",
+                    "4", "--save-interval", "2", "--save", str(save))
+    outcomes = run_on_ranks(main_with_full_disk_in_save, 2, argv, 1, checkpoint.tag_for(4), timeout=240)
+    assert [code for code, _ in outcomes] == [2, 2], outcomes[1][1][-3000:]
+    errors = [line for _, err in outcomes for line in err.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        "pretrain_bert.py: error: cannot write checkpoint iter_0000004: the disk is full"), errors
+    assert errors[0].endswith("nothing of iter_0000004 was kept and 'latest' still names iter_0000002")
+    assert checkpoint.latest_tag(str(save)) == checkpoint.tag_for(2)
+    assert not [name for name in os.listdir(save) if name.endswith(checkpoint.PARTIAL)], os.listdir(save)

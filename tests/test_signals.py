@@ -1,0 +1,150 @@
+"""Stop requests through the real entry point, on two ranks over gloo: SIGTERM to one rank during
+evaluation stops both within one evaluation step, with the final checkpoint; SIGINT or SIGTERM to
+the `deepspeed` command (which ends it alone, leaving its launch.py and the ranks running) stops
+every rank after a checkpoint; a run log that cannot be written on rank 0 stops every rank at the
+next step. (The rendezvous timeout and the --save lock are rows of test_bad_inputs.py.)"""
+import contextlib
+import errno
+import io
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from megatron import checkpoint, run_log, training
+from megatron.data.default_dataset import prepare_default_dataset
+from megatron.parallel.spawn import free_port, run_on_ranks
+
+from test_bad_inputs import PYTHON, ROOT, TINY
+from test_fault_tolerance import logged_iterations
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> list:
+    directory = tmp_path_factory.mktemp("data")
+    dataset = prepare_default_dataset(directory, max_bytes=300_000, vocab_size=2000)
+    return ["--data-path", str(dataset.data_prefix), "--vocab-file", str(dataset.vocab_file)]
+
+
+def run_argv(tmp_path, data, *extra) -> list:
+    return [*TINY, *data, "--log-interval", "1", "--save", str(tmp_path / "ckpt"), "--log-dir", str(tmp_path / "log"),
+            *extra]
+
+
+def records(tmp_path, kind: str) -> list:
+    return [r["iteration"] for r in run_log.read_metrics(tmp_path / "log" / "metrics.jsonl") if r["kind"] == kind]
+
+
+def main_signalled_in_evaluation(argv, signalled_rank: int) -> tuple:
+    """`main`, with SIGTERM sent to rank `signalled_rank` inside its first evaluation step; returns
+    (exit code, evaluation steps this rank ran, stderr)."""
+    steps = []
+    evaluate_step = training.eval_step
+
+    def eval_step(engine, micro_batches):
+        steps.append(1)
+        if len(steps) == 1 and dist.get_rank() == signalled_rank:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate_step(engine, micro_batches)
+
+    training.eval_step = eval_step
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = training.main(argv)
+    return code, len(steps), err.getvalue()
+
+
+def test_sigterm_in_evaluation_stops_every_rank_within_one_step(tmp_path, data):
+    """Validation of 50 steps at iteration 2; rank 1 gets SIGTERM in the first: both ranks run that
+    one step only, log no validation loss, save iteration 2 and exit 128 + 15."""
+    argv = run_argv(tmp_path, data, "--train-iters", "6", "--eval-interval", "2", "--eval-iters", "50")
+    outcomes = run_on_ranks(main_signalled_in_evaluation, 2, argv, 1, timeout=240)
+    assert [(code, steps) for code, steps, _ in outcomes] == [(143, 1), (143, 1)], outcomes[0][2][-3000:]
+    assert (f"pretrain_bert.py: stopped by SIGTERM after iteration 2; checkpoint {tmp_path / 'ckpt' / 'iter_0000002'} "
+            f"holds it: resume with --load {tmp_path / 'ckpt'}") in outcomes[0][2]
+    assert checkpoint.latest_tag(str(tmp_path / "ckpt")) == checkpoint.tag_for(2)
+    assert records(tmp_path, "train") == [1, 2] and records(tmp_path, "validation") == []
+
+
+class FullDisk(io.StringIO):
+    """metrics.jsonl on a disk that fills after `room` characters: writes beyond fail with ENOSPC."""
+
+    def __init__(self, room: int):
+        super().__init__()
+        self.room = room
+
+    def write(self, text: str) -> int:
+        if self.tell() + len(text) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(text)
+
+
+def main_with_full_log_disk(argv, room: int) -> tuple:
+    """`main` with rank 0's metrics.jsonl on a disk with `room` characters free; returns (exit code, stderr)."""
+    real_open = open
+    run_log.open = lambda path, *args, **kwargs: FullDisk(room) if str(path).endswith("metrics.jsonl") else real_open(
+        path, *args, **kwargs)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = training.main(argv)
+    return code, err.getvalue()
+
+
+def test_full_log_disk_on_rank_0_stops_every_rank_at_the_next_step(tmp_path, data):
+    """Only rank 0 writes the log: its failed write stops both ranks at the next step boundary, with
+    a checkpoint of the last step, and one line naming the log and the checkpoint (the write layer
+    is replaced here: test_save_faults.py fills a real disk, on one rank)."""
+    argv = run_argv(tmp_path, data, "--train-iters", "50", "--eval-interval", "1000", "--eval-iters", "1")
+    outcomes = run_on_ranks(main_with_full_log_disk, 2, argv, 2000, timeout=240)
+    assert [code for code, _ in outcomes] == [2, 2], outcomes[0][1][-3000:]
+    latest = checkpoint.latest_tag(str(tmp_path / "ckpt"))
+    errors = [line for _, err in outcomes for line in err.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"pretrain_bert.py: error: cannot write the run log {tmp_path / 'log' / 'metrics.jsonl'} (the disk is full"), errors
+    assert errors[0].endswith(f"checkpoint {tmp_path / 'ckpt' / latest} holds iteration {int(latest[5:])}: resume with "
+                              f"--load {tmp_path / 'ckpt'}")
+    assert 0 < int(latest[5:]) < 50
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_to_the_deepspeed_command_stops_every_rank_after_a_checkpoint(tmp_path, data, signum):
+    """`deepspeed --num_gpus 2` (CPU ranks): the signal goes to the `deepspeed` command alone, which
+    exits without passing it on; its launch.py and both ranks must still end, after saving."""
+    stdout = tmp_path / "output.txt"
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    command = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
+               str(ROOT / "pretrain_bert.py"), *run_argv(tmp_path, data, "--train-iters", "100000",
+                                                         "--eval-interval", "100000", "--eval-iters", "1")]
+    with open(stdout, "w") as output:
+        launcher = subprocess.Popen(command, cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": ""}, stdout=output,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while logged_iterations(tmp_path / "log" / "metrics.jsonl") < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline, stdout.read_text()[-3000:]
+            time.sleep(0.2)
+        launcher.send_signal(signum)
+        launcher.wait(timeout=30)  # the deepspeed command ends at once; the ranks go on for now
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # every process it started (launch.py, the ranks) ends
+            try:
+                os.killpg(launcher.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"ranks still running 90 s after {signum.name} to the deepspeed command: "
+                        f"{stdout.read_text()[-3000:]}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    latest = checkpoint.latest_tag(str(tmp_path / "ckpt"))
+    assert 2 <= int(latest[5:]) < 100000
+    assert (f"pretrain_bert.py: stopped by the end of the deepspeed command (pid {launcher.pid}) after iteration "
+            f"{int(latest[5:])}; checkpoint {tmp_path / 'ckpt' / latest} holds it") in stdout.read_text()
+    assert records(tmp_path, "train")[-1] == int(latest[5:])

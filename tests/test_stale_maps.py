@@ -1,0 +1,172 @@
+"""Index maps know the data they were built from: their names carry a fingerprint of the `.idx`
+and `.bin` next to the data as in a cache folder, preprocessing into a prefix removes the maps of
+the data it replaces, and a run on the new data builds its own maps (the same as in a fresh
+folder) instead of reusing the old ones (which gave too few samples, or a traceback when the new
+documents were shorter)."""
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megatron.data import bert_dataset, index_maps
+from megatron.data.bert_dataset import build_train_valid_test_datasets
+from megatron.data.preprocess import PreprocessOptions, preprocess
+from megatron.data.tokenizer import build_tokenizer
+from megatron.data.vocab_builder import train_vocab, write_vocab
+from megatron.errors import DataError
+from test_corpus_formats import write_shard
+from test_preprocess import article
+from test_tokenizer import load_tool
+
+DOCS = 120
+
+
+def short_article(i: int) -> dict:
+    """Other text, the same number of documents, two short sentences each."""
+    return {"text": f"Short note {i} on the harbor.\nIt was rebuilt in {1950 + i}."}
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """(long corpus, short corpus, vocab, tokenizer): the same document count, other text."""
+    folder = tmp_path_factory.mktemp("corpora")
+    long = write_shard(folder / "long.json", [article(i) for i in range(DOCS)])
+    short = write_shard(folder / "short.json", [short_article(i) for i in range(DOCS)])
+    (folder / "both.json").write_bytes(long.read_bytes() + short.read_bytes())
+    write_vocab(train_vocab(folder / "both.json", lower_case=True, vocab_size=400), folder / "vocab.txt")
+    return long, short, folder / "vocab.txt", build_tokenizer("BertWordPieceLowerCase", folder / "vocab.txt")
+
+
+def preprocessed(corpus, output_prefix, vocab) -> str:
+    report = preprocess(PreprocessOptions(input=str(corpus), output_prefix=str(output_prefix), vocab_file=str(vocab),
+                                          split_sentences=True, log_interval=0))
+    return report.outputs["text"]
+
+
+def train_set(prefix, tokenizer, cache_path=None):
+    return build_train_valid_test_datasets([prefix], "mmap", "1", (300, 0, 0), 48, tokenizer, cache_path=cache_path,
+                                           seed=3)[0]
+
+
+@pytest.fixture
+def builds(monkeypatch) -> list:
+    """Records every index map built (not loaded)."""
+    built, build_mapping = [], bert_dataset.helpers.build_mapping
+
+    def counting(*args, **kwargs):
+        built.append(args[3])
+        return build_mapping(*args, **kwargs)
+
+    monkeypatch.setattr(bert_dataset.helpers, "build_mapping", counting)
+    return built
+
+
+def test_preprocessing_again_removes_the_old_maps_and_the_next_run_builds_new_ones(corpora, tmp_path, builds, capsys):
+    long, short, vocab, tokenizer = corpora
+    prefix = preprocessed(long, tmp_path / "data" / "wiki", vocab)
+    old = train_set(prefix, tokenizer)
+    old_maps = old.map_files()
+    old_fingerprint = index_maps.fingerprint(prefix)
+    assert [path.rsplit("/", 1)[1].split("_train_")[0] for path in old_maps] == [f"wiki_text_sentence-{old_fingerprint}"]
+    assert len(builds) == 1
+
+    # the same document count, other (shorter) text, into the same prefix, through the tool
+    main = load_tool("preprocess_data").main
+    main(["--input", str(short), "--vocab-file", str(vocab), "--output-prefix", str(tmp_path / "data" / "wiki"),
+          "--split-sentences", "--log-interval", "0"])
+    assert capsys.readouterr().out.splitlines()[-1] == "removed 1 index maps of the data these outputs replaced"
+    assert not any(os.path.exists(path) for path in old_maps)
+    assert index_maps.fingerprint(prefix) != old_fingerprint
+
+    new = train_set(prefix, tokenizer)
+    assert len(builds) == 2 and new.map_files() != old_maps
+    fresh = train_set(preprocessed(short, tmp_path / "fresh" / "wiki", vocab), tokenizer)
+    assert np.array_equal(new.mapping, fresh.mapping) and len(new) != len(old)
+    for index in (0, len(new) // 2, len(new) - 1):  # every sample readable, as in a fresh folder
+        assert np.array_equal(new[index]["tokens"], fresh[index]["tokens"])
+    line = index_maps.describe([prefix], index_maps.used_maps(new), "runs/x")
+    assert line == f"index maps in {(tmp_path / 'data').resolve()}: 1 used by this run, no others"
+
+    # preprocessing the same text again keeps the maps: they still describe the data
+    assert preprocess(PreprocessOptions(input=str(short), output_prefix=str(tmp_path / "data" / "wiki"),
+                                        vocab_file=str(vocab), split_sentences=True, log_interval=0)).removed_maps == []
+    train_set(prefix, tokenizer)
+    assert len(builds) == 3  # the fresh folder's build; the data folder's map was reused
+
+
+def test_a_cache_folder_gets_maps_of_the_new_data(corpora, tmp_path, builds):
+    long, short, vocab, tokenizer = corpora
+    cache = tmp_path / "cache"
+    prefix = preprocessed(long, tmp_path / "data" / "wiki", vocab)
+    old = train_set(prefix, tokenizer, str(cache))
+    prefix = preprocessed(short, tmp_path / "data" / "wiki", vocab)
+    new = train_set(prefix, tokenizer, str(cache))
+    assert len(builds) == 2 and len(new) != len(old)
+    assert all(path.startswith(str(cache)) for path in old.map_files() + new.map_files())
+    assert index_maps.maps_of(prefix, str(cache)) == [cache / path.rsplit("/", 1)[1] for path in new.map_files()]
+
+
+def test_the_fingerprint_sees_other_tokens_of_the_same_sizes(corpora, tmp_path, monkeypatch):
+    """A `.bin` with other tokens at the same sizes leaves the `.idx` as it was: the `.bin` counts,
+    hashed whole when small, by size and evenly spread blocks when large."""
+    long, _, vocab, _ = corpora
+    prefix = preprocessed(long, tmp_path / "wiki", vocab)
+
+    def fingerprint():
+        index_maps._contents_digest.cache_clear()  # as a new process would (the clock may not tick)
+        return index_maps.fingerprint(prefix)
+
+    monkeypatch.setattr(index_maps, "BIN_BLOCK_BYTES", 64)
+    for whole_bytes in (index_maps.BIN_WHOLE_BYTES, 1024):  # the .bin is ~10 KB
+        monkeypatch.setattr(index_maps, "BIN_WHOLE_BYTES", whole_bytes)
+        before = fingerprint()
+        tokens = np.memmap(f"{prefix}.bin", dtype=np.uint16, mode="r+")
+        tokens[:8] = np.roll(tokens[:8], 1)  # in the first block, sampled in both modes
+        tokens.flush()
+        del tokens
+        assert fingerprint() != before, whole_bytes
+    before = fingerprint()
+    index = np.memmap(f"{prefix}.idx", dtype=np.uint8, mode="r+")
+    index[-1] ^= 1  # the last document boundary
+    index.flush()
+    del index
+    assert fingerprint() != before
+
+
+def test_a_damaged_map_is_one_line_and_deleting_it_rebuilds_it(corpora, tmp_path):
+    long, _, vocab, tokenizer = corpora
+    prefix = preprocessed(long, tmp_path / "wiki", vocab)
+    built = train_set(prefix, tokenizer)
+    path, expected = built.map_files()[0], np.array(built.mapping)
+    del built  # its memory map of the file
+    with open(path, "r+b") as file:
+        file.truncate(100)
+    with pytest.raises(DataError, match=f"index map {path} cannot be read .*; delete it: the next start builds it "
+                                        "again") as error:
+        train_set(prefix, tokenizer)
+    assert "\n" not in str(error.value)
+    os.remove(path)
+    assert np.array_equal(train_set(prefix, tokenizer).mapping, expected)
+
+
+def test_maps_of_data_replaced_by_a_copy_are_counted_and_cleaned(corpora, tmp_path, capsys):
+    """Data copied over the prefix (not preprocessed there) leaves the old maps: the start-up line
+    counts them with the others and tools/clean_index_maps.py removes them, keeping the run's."""
+    long, short, vocab, tokenizer = corpora
+    prefix = preprocessed(long, tmp_path / "data" / "wiki", vocab)
+    old = train_set(prefix, tokenizer).map_files()
+    other = preprocessed(short, tmp_path / "other" / "wiki", vocab)
+    for suffix in (".bin", ".idx"):
+        shutil.copy(other + suffix, prefix + suffix)
+    used = index_maps.used_maps(train_set(prefix, tokenizer))
+    line = index_maps.describe([prefix], used, str(tmp_path / "log"))
+    assert line.startswith(f"index maps in {(tmp_path / 'data').resolve()}: 1 used by this run; 1 others from other "
+                           "settings or older data"), line
+    (tmp_path / "log").mkdir()
+    index_maps.write_used(str(tmp_path / "log"), used)
+    size = index_maps.size_text(os.path.getsize(old[0]))
+    load_tool("clean_index_maps").main([prefix, "--keep-run", str(tmp_path / "log")])
+    assert capsys.readouterr().out.splitlines() == [f"removed {old[0]}", f"removed 1 index maps ({size}), 1 kept"]
+    assert index_maps.maps_of(prefix) == [Path(path) for path in used]

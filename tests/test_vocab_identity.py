@@ -1,0 +1,84 @@
+"""The vocab's identity (sha256 of its tokens in id order): what data and checkpoints carry, and what
+the run, a resume, fill-mask and to-hf compare (the entry points' one-line refusals are rows of
+tests/test_bad_inputs.py)."""
+import json
+
+import pytest
+
+from megatron.data.default_dataset import prepare_default_dataset
+from megatron.data.tokenizer import (CARRIED, BertWordPiece, HFTokenizer, carried_tokenizer, carry, check_data_vocab,
+                                     choose_tokenizer, data_identity_path, write_data_identity)
+from megatron.errors import ConfigError, DataError
+from megatron.hf_modernbert import wordpiece_tokenizer_json
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s", "."]
+
+
+def write(path, tokens):
+    path.write_text("\n".join(tokens) + "\n")
+    return path
+
+
+def test_same_size_is_not_same_vocab(tmp_path):
+    original = BertWordPiece(write(tmp_path / "a.txt", VOCAB))
+    shuffled = BertWordPiece(write(tmp_path / "b.txt", VOCAB[:5] + VOCAB[5:][::-1]))
+    copy = BertWordPiece(write(tmp_path / "c.txt", VOCAB))
+    assert shuffled.vocab_size == original.vocab_size and shuffled.identity != original.identity
+    assert copy.identity == original.identity  # the tokens decide, not the path
+    (tmp_path / "tokenizer.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, True)))
+    assert HFTokenizer(tmp_path / "tokenizer.json").identity == original.identity  # nor the file format
+    record = original.record()
+    assert record["vocab_sha256"] == original.identity and record["file"] == str(tmp_path / "a.txt")
+    assert record["special_tokens"] == {"cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]", "pad": "[PAD]"}
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "hf"])
+def test_a_checkpoint_folder_carries_its_tokenizer(tmp_path, kind):
+    if kind == "hf":
+        (tmp_path / "source.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, False)))
+        tokenizer = HFTokenizer(tmp_path / "source.json")
+    else:
+        tokenizer = BertWordPiece(write(tmp_path / "source.txt", VOCAB), lower_case=False)
+    folder = tmp_path / "iter_0000001"
+    folder.mkdir()
+    assert carried_tokenizer(folder) is None  # a checkpoint saved before checkpoints carried one
+    carry(tokenizer, folder)
+    carried = carried_tokenizer(folder)
+    assert type(carried) is type(tokenizer) and carried.identity == tokenizer.identity
+    assert carried.type_name == tokenizer.type_name and carried.file != tokenizer.file  # the copy in the folder
+    assert (carried.cls, carried.sep, carried.mask, carried.pad) == (2, 3, 4, 0)
+    assert carried.tokenize("The cats") == tokenizer.tokenize("The cats")
+    # the run's flags: none -> the carried one; the same vocab -> accepted; another -> one line naming both files
+    assert choose_tokenizer(None, carried, "ckpt") is carried
+    assert choose_tokenizer(tokenizer, carried, "ckpt") is tokenizer
+    other = BertWordPiece(write(tmp_path / "other.txt", VOCAB[:5] + VOCAB[5:][::-1]))
+    with pytest.raises(DataError, match=f"the vocab {tmp_path}/other.txt differs from {folder}/.*, the one checkpoint "
+                                        "ckpt was trained with"):
+        choose_tokenizer(other, carried, "ckpt")
+    with pytest.raises(ConfigError, match="--tokenizer-type BertWordPieceLowerCase differs from"):
+        choose_tokenizer(None, carried, "ckpt", "BertWordPieceLowerCase")
+    copied = folder / ("tokenizer.json" if kind == "hf" else "vocab.txt")
+    copied.write_text(copied.read_text().replace("mat", "rug"))
+    with pytest.raises(DataError, match=f"{copied.name} is not the tokenizer its {CARRIED} records"):
+        carried_tokenizer(folder)
+
+
+def test_data_records_its_vocab(tmp_path):
+    tokenizer = BertWordPiece(write(tmp_path / "vocab.txt", VOCAB))
+    shuffled = BertWordPiece(write(tmp_path / "shuffled.txt", VOCAB[:5] + VOCAB[5:][::-1]))
+    prefixes = [str(tmp_path / "a_text_sentence"), str(tmp_path / "b_text_sentence")]
+    check_data_vocab(shuffled, prefixes)  # data made before the record existed: size checks only
+    write_data_identity(tokenizer, prefixes[1])
+    check_data_vocab(tokenizer, prefixes)
+    with pytest.raises(DataError, match=f"the data {prefixes[1]} was preprocessed with the vocab {tmp_path}/vocab.txt, "
+                                        f"whose tokens differ from the run's {tmp_path}/shuffled.txt"):
+        check_data_vocab(shuffled, prefixes)
+
+
+def test_the_default_dataset_gains_the_record_it_was_built_without(tmp_path):
+    dataset = prepare_default_dataset(tmp_path, workers=1, max_bytes=60_000, vocab_size=600)
+    record = data_identity_path(dataset.data_prefix)
+    assert json.loads(record.read_text())["vocab_sha256"] == BertWordPiece(dataset.vocab_file).identity
+    record.unlink()
+    prepare_default_dataset(tmp_path, workers=1, max_bytes=60_000, vocab_size=600)
+    assert json.loads(record.read_text())["vocab_sha256"] == BertWordPiece(dataset.vocab_file).identity

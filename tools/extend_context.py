@@ -1,0 +1,151 @@
+"""Continues a model with rotary positions (a ModernBERT folder or a checkpoint of this trainer)
+at a longer sequence: one command that picks the launch for you and starts the `deepspeed` launcher.
+
+  - the weights: `--init-from-hf FROM` for a Hugging Face folder, `--load FROM --finetune` for a
+    checkpoint (a new run from its weights, any layout); once `--save` holds a checkpoint the same
+    command resumes from it instead (a requeued job goes on);
+  - the length: `--seq-length`, 1-64x the length the model was trained at (an HF folder's
+    `max_position_embeddings`, a checkpoint's `seq_length`), packed samples on;
+  - the positions: the global layers' rope theta scaled with the length (NTK-aware:
+    theta x factor^(d / (d - 2)) for head size d, which stretches the slowest rotation by the
+    factor and leaves the fastest ones alone) unless `--rotary-base` names one; local layers keep
+    theirs (their window does not grow);
+  - the split: every rank on one sequence (`--sequence-parallel-size`, default all ranks), global
+    layers by ring or hybrid attention, local layers by their halo exchange.
+
+Anything after `--` goes to pretrain_bert.py unchanged (data, tokenizer, schedule, logging flags).
+`--dry-run` prints the command instead of running it.
+"""
+import argparse
+import math
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from megatron.quiet import quiet_deepspeed
+
+quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
+from megatron import checkpoint, hf_convert  # noqa: E402
+from megatron.errors import ConfigError, DataError, run_tool  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_FACTOR = 64
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--from", dest="source", required=True, metavar="DIR",
+                        help="a Hugging Face ModernBERT folder, or a checkpoint folder of this trainer")
+    parser.add_argument("--seq-length", type=int, required=True, help="the new sequence length")
+    parser.add_argument("--save", required=True, help="checkpoint folder of the continued run")
+    parser.add_argument("--num-gpus", type=int, help="ranks on this machine (default: its GPUs; without GPUs, "
+                        "CPU processes, as many as --sequence-parallel-size or 2)")
+    parser.add_argument("--sequence-parallel-size", type=int, help="ranks per sequence (default: all ranks)")
+    parser.add_argument("--attention", choices=("ring", "hybrid"), default="ring", help="the global layers' "
+                        "variant (default ring)")
+    parser.add_argument("--ulysses-size", type=int, help="hybrid: ranks per all-to-all group")
+    parser.add_argument("--rotary-base", type=float, help="the global layers' rope theta (default: scaled with "
+                        "the length, see above)")
+    parser.add_argument("--deepspeed-config", default=str(ROOT / "ds_configs" / "ring_sp2.json"),
+                        help="DeepSpeed JSON (batch, ZeRO, precision; its sequence_parallel section is overridden)")
+    parser.add_argument("--master-port", type=int, help="the launcher's rendezvous port (default its 29500)")
+    parser.add_argument("--dry-run", action="store_true", help="print the launch command, do not run it")
+    parser.add_argument("pretrain_args", nargs=argparse.REMAINDER, help="-- then flags for pretrain_bert.py")
+    args = parser.parse_args(argv)
+    if args.pretrain_args[:1] == ["--"]:
+        args.pretrain_args = args.pretrain_args[1:]
+    elif args.pretrain_args:
+        parser.error(f"unrecognized arguments: {' '.join(args.pretrain_args)} (flags for pretrain_bert.py go "
+                     "after --)")
+    return args
+
+
+def source_model(source: str) -> tuple[dict, str]:
+    """(BertConfig fields, how the run starts from them) of an HF folder or a checkpoint folder."""
+    folder = Path(source)
+    if (folder / "config.json").is_file():
+        return hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(folder)), "hf"
+    if (folder / checkpoint.LATEST).is_file():
+        return checkpoint.stored_config(source, checkpoint.latest_tag(source))["model"], "checkpoint"
+    raise DataError(f"--from {source} is neither a Hugging Face folder (no config.json) nor a checkpoint folder "
+                    f"(no {checkpoint.LATEST} file)", "pass a ModernBERT folder or a --save folder of this trainer")
+
+
+def trained_length(fields: dict, kind: str) -> int:
+    """The length the model was trained at: a checkpoint's seq_length; an HF folder's
+    max_position_embeddings (what its config declares)."""
+    return int(fields["seq_length"] if kind == "checkpoint" else fields["max_position_embeddings"])
+
+
+def scaled_theta(theta: float, factor: float, head_dim: int) -> float:
+    """NTK-aware rope base for a sequence `factor` times longer: the slowest of the d/2 rotations
+    turns `factor` times slower, the fastest keeps its rate."""
+    return theta * factor ** (head_dim / (head_dim - 2))
+
+
+def check(args, fields: dict, kind: str) -> float:
+    """The length factor, after refusing what cannot be extended this way."""
+    if fields.get("position_embedding_type", "learned") != "rope":
+        raise ConfigError(f"--from {args.source} has learned positions, not rotary ones", "extend a learned-position "
+                          "BERT with pretrain_bert.py --init-from-hf DIR --max-position-embeddings N (it repeats the "
+                          "table), or start from a ModernBERT")
+    old = trained_length(fields, kind)
+    factor = args.seq_length / old
+    if not 1 <= factor <= MAX_FACTOR:
+        raise ConfigError(f"--seq-length {args.seq_length} is {factor:g}x the {old} tokens the model was trained at",
+                          f"pick 1 to {MAX_FACTOR} times {old}")
+    if args.rotary_base is not None and not (math.isfinite(args.rotary_base) and args.rotary_base > 1):
+        raise ConfigError(f"--rotary-base {args.rotary_base} must be a finite number above 1", "pass e.g. 160000")
+    if (args.attention == "hybrid") != (args.ulysses_size is not None):
+        raise ConfigError("--ulysses-size goes with --attention hybrid and only with it",
+                          "give both or neither")
+    return factor
+
+
+def ranks(args) -> tuple[int, bool]:
+    """(ranks on this machine, on CPU)."""
+    import torch
+    gpus = torch.cuda.device_count()
+    count = args.num_gpus or gpus or args.sequence_parallel_size or 2
+    if count < 1:
+        raise ConfigError(f"--num-gpus {count} must be >= 1", "pass 1 or more")
+    return count, gpus == 0
+
+
+def launch_command(args, fields: dict, kind: str, factor: float, world: int) -> list:
+    head_dim = fields["hidden_size"] // fields["num_attention_heads"]
+    theta = args.rotary_base or scaled_theta(fields["rotary_base"], factor, head_dim)
+    if (Path(args.save) / checkpoint.LATEST).is_file():
+        start = ["--load", args.save]  # a requeued job: go on from the last save
+    elif kind == "hf":
+        start = ["--init-from-hf", args.source]
+    else:
+        start = ["--load", args.source, "--finetune"]
+    hybrid = ["--ulysses-size", str(args.ulysses_size)] if args.ulysses_size else []
+    port = ["--master_port", str(args.master_port)] if args.master_port else []
+    return [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(world), *port, str(ROOT / "pretrain_bert.py"),
+            "--deepspeed", "--deepspeed_config", args.deepspeed_config, *start,
+            "--sequence-parallel-size", str(args.sequence_parallel_size or world), "--attention", args.attention,
+            *hybrid, "--seq-length", str(args.seq_length), "--max-position-embeddings", str(args.seq_length),
+            "--rotary-base", f"{theta:.6g}", "--pack-samples", "--save", args.save, *args.pretrain_args]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    fields, kind = source_model(args.source)
+    factor = check(args, fields, kind)
+    world, on_cpu = ranks(args)
+    command = launch_command(args, fields, kind, factor, world)
+    print(f"extend_context.py: {kind} {args.source} trained at {trained_length(fields, kind)} tokens -> "
+          f"{args.seq_length} ({factor:g}x); global rope theta {fields['rotary_base']:g} -> "
+          f"{command[command.index('--rotary-base') + 1]}", flush=True)
+    print(shlex.join(command), flush=True)
+    if args.dry_run:
+        return 0
+    env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if on_cpu else {})}  # CPU: processes over gloo
+    os.execve(command[0], command, env)  # the launcher takes this process: signals reach it directly
+
+
+if __name__ == "__main__":
+    sys.exit(run_tool("extend_context.py", main))
