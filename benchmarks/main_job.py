@@ -17,8 +17,10 @@ token.
     .venv/bin/python benchmarks/main_job.py [--seconds 600] [--log-interval 25]
 """
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,7 +64,8 @@ def launch(name: str, out: Path, data_dir: str, train_iters: int, log_interval: 
 
 
 def curve(metrics: Path) -> list:
-    """[(seconds since the first logged step's start, mlm loss, mlm accuracy, iteration)] of a run."""
+    """[(seconds since the run's start record, mlm loss, mlm accuracy, iteration)]: the same start-up
+    (data, model) for both, so the times compare."""
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     start = next(r["time"] for r in records if r.get("kind") == "start")
     return [(r["time"] - start, r["mlm_loss"], r["mlm_accuracy"], r["iteration"])
@@ -112,20 +115,29 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data = prepare_default_dataset(REPO / ".cache" / "default_data")
+    for name in CANDIDATES:  # metrics.jsonl appends: an earlier run's records must not count
+        shutil.rmtree(out / name, ignore_errors=True)
     load = LoadSampler()
-    runs = {name: launch(name, out, str(REPO / ".cache" / "default_data"), args.train_iters, args.log_interval)
-            for name in CANDIDATES}
-    began = time.time()
-    while not all(started(out / name / "metrics.jsonl") for name in CANDIDATES):  # start-up is not training time
-        if any(run.poll() is not None for run in runs.values()):
-            sys.exit(f"a run ended before training: see {out}/*.log")
-        time.sleep(2)
-    time.sleep(args.seconds)
-    for run in runs.values():
-        os.killpg(run.pid, signal.SIGTERM)
-    for run in runs.values():
-        run.wait(timeout=120)
-    load.stop()
+    runs = {}
+    try:
+        for name in CANDIDATES:
+            runs[name] = launch(name, out, str(REPO / ".cache" / "default_data"), args.train_iters, args.log_interval)
+        began = time.time()
+        while not all(started(out / name / "metrics.jsonl") for name in CANDIDATES):  # start-up is not training
+            if any(run.poll() is not None for run in runs.values()):
+                sys.exit(f"a run ended before training: see {out}/*.log")
+            time.sleep(2)
+        time.sleep(args.seconds)
+    finally:  # the runs are sessions of their own: Ctrl-C here does not reach them
+        for run in runs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.pid, signal.SIGTERM)
+        for run in runs.values():
+            try:
+                run.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(run.pid, signal.SIGKILL)
+        load.stop()
     curves = {name: curve(out / name / "metrics.jsonl") for name in CANDIDATES}
     seconds = min(points[-1][0] for points in curves.values())
     body = (f"Machine: {machine()}; {load.describe()}. Started {time.strftime('%Y-%m-%d %H:%M', time.gmtime(began))} "

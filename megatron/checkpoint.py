@@ -31,6 +31,8 @@ import re
 import shutil
 import socket
 import sys
+import threading
+import time
 import zipfile
 
 import torch
@@ -253,16 +255,18 @@ def check_writable(save_dir: str) -> None:
         raise ConfigError(*found)
 
 
-_held_lock = {}  # the lock this process holds: {"path", "created": folders made for it}
+_held_lock = {}  # the lock this process holds: {"path", "created": folders made for it, "beat": Event}
+LOCK_HEARTBEAT_S = 30  # the holder touches its lock this often
+LOCK_STALE_S = 300  # a lock untouched this long is a dead run's, on any host
 
 
 def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
     """Writes `save_dir`/.lock naming this host and process, or returns (problem, fix) when a live
     run holds it: two runs saving into one folder would delete each other's `.partial` staging
-    folders and interleave their checkpoints. A lock whose process no longer runs on this host (a
-    crashed or killed run) is taken over with one line. A lock of another host cannot be checked
-    from here: it is refused, naming the file to remove once that run is known to have ended.
-    `created`: folders made for the lock, removed again by release_lock when left empty."""
+    folders and interleave their checkpoints. The holder touches the lock every LOCK_HEARTBEAT_S;
+    a lock whose process no longer runs on this host, or one of any host untouched for LOCK_STALE_S
+    (a crashed, killed or preempted run, e.g. a requeued job on another node), is taken over with
+    one line. `created`: folders made for the lock, removed again by release_lock when left empty."""
     path, host = os.path.join(save_dir, LOCK), socket.gethostname()
     staged = f"{path}.{host}.{os.getpid()}"
     try:
@@ -271,27 +275,65 @@ def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
         for _ in range(2):
             try:
                 os.link(staged, path)  # atomic: fails if a lock exists
-                _held_lock.update(path=path, created=list(created))
+                _held_lock.update(path=path, created=list(created), beat=_heartbeat(path))
                 return None
             except FileExistsError:
-                holder = _read_lock(path)
-            if holder and holder.get("host") != host:
-                return (f"--save {save_dir} is locked by pid {holder['pid']} on host {holder.get('host')}, whose run "
-                        f"cannot be checked from {host}",
-                        f"choose another --save directory, or remove {path} once that run has ended")
-            if holder and _running(holder):
+                holder, age = _read_lock(path), _age(path)
+            if holder and age < LOCK_STALE_S and holder.get("host") != host:
+                return (f"--save {save_dir} is locked by pid {holder['pid']} on host {holder.get('host')}, whose "
+                        f"lock was touched {age:.0f} s ago (a run's lock is stale after {LOCK_STALE_S} s)",
+                        f"choose another --save directory, or wait, or remove {path} once that run has ended")
+            if holder and age < LOCK_STALE_S and _running(holder):
                 return (f"--save {save_dir} is in use by a live run: pid {holder['pid']} on this host ({host}) "
                         f"holds {path}", "wait for that run to end or stop it, or choose another --save directory")
+            if not _remove_stale(path, holder):
+                break
             print(f"warning: --save {save_dir}: taking over the lock of "
-                  f"{'pid ' + str(holder['pid']) if holder else 'an unknown process'} on {host}, which no longer runs "
-                  "(a crashed or killed run)", file=sys.stderr, flush=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+                  f"{'pid ' + str(holder['pid']) + ' on ' + str(holder.get('host')) if holder else 'an unknown process'}"
+                  ", which no longer runs (a crashed or killed run)", file=sys.stderr, flush=True)
         return (f"--save {save_dir}: its lock {path} was just taken by another run starting there",
                 "choose another --save directory")
     finally:
         with contextlib.suppress(OSError):
             os.remove(staged)
+
+
+def _age(path: str) -> float:
+    """Seconds since the lock was last touched (0 when it cannot be read: not stale)."""
+    try:
+        return max(0.0, time.time() - os.stat(path).st_mtime)
+    except OSError:
+        return 0.0
+
+
+def _remove_stale(path: str, holder: dict | None) -> bool:
+    """Moves the stale lock aside and removes it, unless another run replaced it meanwhile (then it
+    is put back): two runs taking over the same stale lock must not both end up holding it."""
+    aside = f"{path}.stale.{socket.gethostname()}.{os.getpid()}"
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return True  # gone already: try to link ours
+    if _read_lock(aside) != holder:
+        with contextlib.suppress(OSError):
+            os.link(aside, path)
+        os.remove(aside)
+        return False
+    os.remove(aside)
+    return True
+
+
+def _heartbeat(path: str) -> threading.Event:
+    """Touches the lock every LOCK_HEARTBEAT_S until the returned event is set (release_lock)."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(LOCK_HEARTBEAT_S):
+            with contextlib.suppress(OSError):
+                os.utime(path)
+
+    threading.Thread(target=beat, name="save-lock-heartbeat", daemon=True).start()
+    return stop
 
 
 def _read_lock(path: str) -> dict | None:
@@ -320,6 +362,7 @@ def release_lock() -> None:
     folders made for it when the run left them empty."""
     if not _held_lock:
         return
+    _held_lock["beat"].set()
     with contextlib.suppress(FileNotFoundError):
         os.remove(_held_lock["path"])
     for folder in _held_lock["created"]:  # innermost first

@@ -353,7 +353,9 @@ def data_paths(args) -> tuple:
                                      args.tokenizer_type)
     else:  # an HF folder's tokenizer_config may not say its case: an explicit --tokenizer-type wins
         folder = hf_convert.read_hf_tokenizer(args.init_from_hf) if args.init_from_hf else None
-        tokenizer = choose_tokenizer(explicit_tokenizer(args), folder, args.init_from_hf)
+        explicit = explicit_tokenizer(args)
+        tokenizer = choose_tokenizer(explicit, folder, args.init_from_hf)
+        tokenizer = explicit if explicit is not None and args.tokenizer_type else tokenizer
     if args.data_path:
         if tokenizer is None:
             raise ConfigError("--data-path is given without --vocab-file, and the run starts from nothing that "
@@ -638,8 +640,8 @@ class StopSignals:
 
     LOG_FAILED = 1000  # above any signal number: wins the MAX
 
-    def __init__(self, vocab_file: str, log=None):
-        self.vocab_file = vocab_file
+    def __init__(self, tokenizer_file: str, log=None):
+        self.tokenizer_file = tokenizer_file
         self.log = log  # rank 0's RunLog: a run log that cannot be written (full disk) stops the run too
         self.received = self.agreed = 0
         self.previous = {}
@@ -677,7 +679,8 @@ class StopSignals:
         received, top = (int(value) for value in flags.tolist())
         if top >= vocab_size:
             raise DataError(f"the data holds token id {top}, beyond the {vocab_size} tokens of the vocab "
-                            f"{self.vocab_file}", "pass the --vocab-file the data was preprocessed with, or rerun "
+                            f"{self.tokenizer_file}", "pass the --vocab-file (or --tokenizer-file) the data was "
+                            "preprocessed with, or rerun "
                             "tools/preprocess_data.py with this one")
         self.agreed = self.agreed or received
 

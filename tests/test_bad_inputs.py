@@ -303,7 +303,7 @@ CASES = [
     pretrain("--vocab-file", "{tmp}/vocab.txt", "--data-path", "{tmp}/copy", "--data-cache-path", "{tmp}/log/maps",
              id="data_token_ids_beyond_the_vocab",
              setup=lambda tmp, assets: (vocab_of(1000)(tmp, assets), copy_data(tmp, assets)),
-             phrases=("the data holds token id", "beyond the 1000 tokens", "--vocab-file the data was preprocessed with"),
+             phrases=("the data holds token id", "beyond the 1000 tokens", "(or --tokenizer-file) the data was preprocessed with"),
              mid_run=True),
     pretrain("--seq-length", "3", id="flag_seq_length_too_short", phrases=("--seq-length 3 leaves no room",
                                                                             "--seq-length 5 or more")),
@@ -523,7 +523,7 @@ CASES += [  # ---- signals and faults
     pretrain("--save", "{tmp}/ckpt", id="save_locked_on_another_host",
              setup=lambda tmp, assets: (tmp / "ckpt").mkdir() or (tmp / "ckpt" / ".lock").write_text(json.dumps(
                  {"host": "node-7", "pid": 4242, "start": "1"})),
-             phrases=("locked by pid 4242 on host node-7", "cannot be checked", "ckpt/.lock once that run has ended")),
+             phrases=("locked by pid 4242 on host node-7, whose lock was touched", "ckpt/.lock once that run has ended")),
     Case("rendezvous_missing_rank", "pretrain", [*PRETRAIN, "--rendezvous-timeout", "2"],
          ("the rendezvous at 127.0.0.1:", "timed out after 2 s: 1 of 2 ranks arrived", "raise --rendezvous-timeout"),
          env={"WORLD_SIZE": "2"}),

@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -129,13 +130,36 @@ def test_lock_refuses_a_live_holder_and_another_host(tmp_path, capsys):
     assert "choose another --save directory" in fix
     write_lock(tmp_path, "other-node", 4242, "1")
     problem, fix = checkpoint.take_lock(str(tmp_path))
-    assert problem == f"--save {tmp_path} is locked by pid 4242 on host other-node, whose run cannot be checked from {host}"
+    assert problem.startswith(f"--save {tmp_path} is locked by pid 4242 on host other-node, whose lock was touched ")
     assert f"remove {tmp_path / checkpoint.LOCK} once that run has ended" in fix
+    # another host's lock nobody touched for LOCK_STALE_S: a preempted run (a requeue on another node)
+    stale = time.time() - checkpoint.LOCK_STALE_S - 1
+    os.utime(tmp_path / checkpoint.LOCK, (stale, stale))
+    assert checkpoint.take_lock(str(tmp_path)) is None
+    checkpoint.release_lock()
     # this pid with another start time: the pid was reused after the holder died
     write_lock(tmp_path, host, os.getpid(), "1")
     assert checkpoint.take_lock(str(tmp_path)) is None
     checkpoint.release_lock()
-    assert sorted(os.listdir(tmp_path)) == [] and capsys.readouterr().err.count("taking over the lock") == 1
+    assert sorted(os.listdir(tmp_path)) == [] and capsys.readouterr().err.count("taking over the lock") == 2
+
+
+def test_the_holder_touches_its_lock_and_a_replaced_stale_lock_is_not_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "LOCK_HEARTBEAT_S", 0.05)
+    assert checkpoint.take_lock(str(tmp_path)) is None
+    lock = tmp_path / checkpoint.LOCK
+    old = time.time() - 1000
+    os.utime(lock, (old, old))
+    time.sleep(0.3)
+    assert time.time() - lock.stat().st_mtime < 1  # the heartbeat touched it again
+    checkpoint.release_lock()
+    # two runs judge the same lock stale; the first has replaced it with its own when the second acts
+    write_lock(tmp_path, "other-node", 4242, "1")
+    stale_holder = checkpoint._read_lock(str(lock))
+    write_lock(tmp_path, "node-9", 77, "5")  # the other run's fresh lock
+    assert checkpoint._remove_stale(str(lock), stale_holder) is False
+    assert checkpoint._read_lock(str(lock)) == {"host": "node-9", "pid": 77, "start": "5"}
+    assert sorted(os.listdir(tmp_path)) == [checkpoint.LOCK]
 
 
 def test_stale_lock_is_taken_over_by_a_run(tmp_path, data):

@@ -148,3 +148,17 @@ def test_signal_to_the_deepspeed_command_stops_every_rank_after_a_checkpoint(tmp
     assert (f"pretrain_bert.py: stopped by the end of the deepspeed command (pid {launcher.pid}) after iteration "
             f"{int(latest[5:])}; checkpoint {tmp_path / 'ckpt' / latest} holds it") in stdout.read_text()
     assert records(tmp_path, "train")[-1] == int(latest[5:])
+
+
+@pytest.mark.parametrize("command, launcher", [
+    ("/venv/bin/python3.11 /venv/bin/deepspeed --num_gpus 2 pretrain_bert.py", True),
+    ("/venv/bin/python3.11 -u -m deepspeed.launcher.launch --world_info=e30= pretrain_bert.py", True),
+    ("/venv/bin/python /venv/bin/torchrun --nproc_per_node 2 pretrain_bert.py", True),
+    ("python -m torch.distributed.run --nproc_per_node 2 pretrain_bert.py", True),
+    ("bash examples_deepspeed/bert_distributed.sh 2 1 2 128", False),  # a path naming deepspeed is no launcher
+    ("/bin/bash", False),
+    ("", False),
+])
+def test_only_launchers_are_watched(command, launcher):
+    from megatron.parallel.launcher_watch import _is_launcher
+    assert _is_launcher(command) is launcher

@@ -50,7 +50,8 @@ def test_a_checkpoint_folder_carries_its_tokenizer(tmp_path, kind):
     assert carried.tokenize("The cats") == tokenizer.tokenize("The cats")
     # the run's flags: none -> the carried one; the same vocab -> accepted; another -> one line naming both files
     assert choose_tokenizer(None, carried, "ckpt") is carried
-    assert choose_tokenizer(tokenizer, carried, "ckpt") is tokenizer
+    # the same tokens named by a flag: the checkpoint's own (its case: the flag's type defaults to lowercase)
+    assert choose_tokenizer(tokenizer, carried, "ckpt") is carried
     other = BertWordPiece(write(tmp_path / "other.txt", VOCAB[:5] + VOCAB[5:][::-1]))
     with pytest.raises(DataError, match=f"the vocab {tmp_path}/other.txt differs from {folder}/.*, the one checkpoint "
                                         "ckpt was trained with"):
@@ -82,3 +83,20 @@ def test_the_default_dataset_gains_the_record_it_was_built_without(tmp_path):
     record.unlink()
     prepare_default_dataset(tmp_path, workers=1, max_bytes=60_000, vocab_size=600)
     assert json.loads(record.read_text())["vocab_sha256"] == BertWordPiece(dataset.vocab_file).identity
+
+
+def test_a_cased_checkpoint_stays_cased_when_a_flag_names_its_vocab(tmp_path):
+    """--vocab-file without --tokenizer-type builds the lowercase default; the checkpoint's cased
+    tokenizer must win, or every later checkpoint, fill-mask and export would lowercase. And the
+    carried copy outlives the file it was read from (--keep-last removes the checkpoint resumed from)."""
+    cased = BertWordPiece(write(tmp_path / "vocab.txt", VOCAB), lower_case=False)
+    (tmp_path / "ckpt").mkdir()
+    carry(cased, tmp_path / "ckpt")
+    carried = carried_tokenizer(tmp_path / "ckpt")
+    chosen = choose_tokenizer(BertWordPiece(tmp_path / "vocab.txt"), carried, "ckpt")
+    assert chosen.type_name == "BertWordPieceCase" and chosen.tokenize("The") != BertWordPiece(
+        tmp_path / "vocab.txt").tokenize("The")
+    (tmp_path / "next").mkdir()
+    (tmp_path / "ckpt" / "vocab.txt").unlink()
+    carry(carried, tmp_path / "next")
+    assert carried_tokenizer(tmp_path / "next").identity == cased.identity

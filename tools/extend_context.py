@@ -115,7 +115,7 @@ def ranks(args) -> tuple[int, bool]:
 
 def launch_command(args, fields: dict, kind: str, factor: float, world: int) -> list:
     head_dim = fields["hidden_size"] // fields["num_attention_heads"]
-    theta = args.rotary_base or scaled_theta(fields["rotary_base"], factor, head_dim)
+    theta = args.rotary_base or float(f"{scaled_theta(fields['rotary_base'], factor, head_dim):.6g}")
     if (Path(args.save) / checkpoint.LATEST).is_file():
         start = ["--load", args.save]  # a requeued job: go on from the last save
     elif kind == "hf":
@@ -128,7 +128,7 @@ def launch_command(args, fields: dict, kind: str, factor: float, world: int) -> 
             "--deepspeed", "--deepspeed_config", args.deepspeed_config, *start,
             "--sequence-parallel-size", str(args.sequence_parallel_size or world), "--attention", args.attention,
             *hybrid, "--seq-length", str(args.seq_length), "--max-position-embeddings", str(args.seq_length),
-            "--rotary-base", f"{theta:.6g}", "--pack-samples", "--save", args.save, *args.pretrain_args]
+            "--rotary-base", str(theta), "--pack-samples", "--save", args.save, *args.pretrain_args]
 
 
 def main(argv=None) -> int:

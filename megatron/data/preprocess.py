@@ -122,7 +122,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
                 folder.rmdir()
         raise _unwritable(options, error) from None
     report = PreprocessReport(outputs={key: output_prefix(options, key) for key in options.json_keys})
-    builders = {}
+    builders, identities = {}, []  # identities: the records this run wrote
     encoded = _encoded(options, corpus)
     start = time.perf_counter()
     try:
@@ -146,16 +146,17 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
             if len(builder.doc_idx) == 1:  # only the leading 0: an empty dataset would fail every reader later
                 raise DataError(f"{options.input} has no documents with text under the key '{key}' "
                                 f"({report.documents} documents read, {report.skipped} skipped)",
-                                "pass a non-empty loose-JSON corpus and check --json-keys")
+                                "pass a corpus with text and check --json-keys (column names for Parquet)")
         for builder in builders.values():
             builder.finalize()
         for prefix in report.outputs.values():  # which vocab made these ids, checked by the trainer
+            identities.append(prefix)
             write_data_identity(tokenizer, prefix)
     except BaseException as error:
         encoded.close()  # stops the workers now, not when the generator is collected
         for builder in builders.values():
             builder.abort()
-        for prefix in report.outputs.values():
+        for prefix in identities:  # an older dataset kept at another prefix keeps its record
             data_identity_path(prefix).unlink(missing_ok=True)
         for folder in reversed(created):
             with contextlib.suppress(OSError):  # a folder something else wrote into stays

@@ -12,7 +12,6 @@ export compare them: a shuffled vocab of the same size is refused, not trained o
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -83,6 +82,7 @@ class BertWordPiece(_Tokenizer):
         self.lower_case = lower_case
         self.type_name = next(name for name, lower in TOKENIZER_TYPES.items() if lower == lower_case)
         self.vocab = read_vocab(vocab_file)
+        self.file_bytes = Path(vocab_file).read_bytes()  # what a checkpoint carries, even once the file is gone
         missing = [token for token in SPECIAL_TOKENS if token not in self.vocab]
         if missing:
             raise DataError(f"vocab file {vocab_file} lacks the special tokens {' '.join(missing)}",
@@ -125,6 +125,7 @@ class HFTokenizer(_Tokenizer):
         path = Path(path)
         self.file = str(path / "tokenizer.json" if path.is_dir() else path)
         self._rust = _read_tokenizer_json(path)
+        self.file_bytes = Path(self.file).read_bytes()  # what a checkpoint carries, even once the file is gone
         ids = self._rust.get_vocab(with_added_tokens=True)
         if not ids:
             raise DataError(f"tokenizer {self.file} has no tokens", "pass a trained tokenizer.json")
@@ -290,9 +291,11 @@ def _read_record(path: Path) -> dict:
 
 
 def carry(tokenizer, folder) -> None:
-    """Into a checkpoint folder being written: a copy of the tokenizer file and its identity record."""
+    """Into a checkpoint folder being written: a copy of the tokenizer file and its identity record. The
+    bytes read when the tokenizer was built: a resumed run's tokenizer is the file of the checkpoint it
+    resumed from, which --keep-last may have removed since."""
     folder = Path(folder)
-    shutil.copyfile(tokenizer.file, folder / CARRIED_FILES[tokenizer.type_name])
+    (folder / CARRIED_FILES[tokenizer.type_name]).write_bytes(tokenizer.file_bytes)
     _write_json_atomic(folder / CARRIED, tokenizer.record())
 
 
@@ -328,7 +331,7 @@ def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None =
     if flag_type and flag_type != carried.type_name:
         raise ConfigError(f"--tokenizer-type {flag_type} differs from {carried.type_name}, which checkpoint "
                           f"{checkpoint} was trained with", "drop --tokenizer-type (the checkpoint carries it)")
-    return explicit or carried
+    return carried  # the same tokens; its case (WordPiece) is the checkpoint's, not --tokenizer-type's default
 
 
 def checkpoint_tokenizer(args, folder, fallback_vocab=None):

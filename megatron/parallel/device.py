@@ -109,11 +109,15 @@ def rendezvous(dist_backend: str, timeout: float) -> None:
     arrived = 0
     try:
         arrived = store.add("megatron/rendezvous", 1)
-        while arrived < world and time.monotonic() < deadline:
-            time.sleep(0.1)
-            arrived = store.add("megatron/rendezvous", 0)
+        if rank == 0:  # rank 0 alone decides, so no rank goes on while another gives up
+            while arrived < world and time.monotonic() < deadline:
+                time.sleep(0.1)
+                arrived = store.add("megatron/rendezvous", 0)
+            store.set("megatron/rendezvous_verdict", str(arrived))
+        else:  # waits for rank 0's count (at most the store's timeout)
+            arrived = int(store.get("megatron/rendezvous_verdict"))
     except RuntimeError:  # rank 0 gave up and its store went with it
-        pass
+        arrived = min(arrived, world - 1)
     if arrived < world:
         raise ConfigError(f"the rendezvous at {address} timed out after {timeout:g} s: {arrived} of {world} ranks "
                           "arrived", fix)

@@ -53,14 +53,24 @@ def launcher_processes() -> list[tuple[int, str | None, str]]:
     `deepspeed` command above DeepSpeed's launch.py."""
     parent = os.getppid()
     command = _command_line(parent)
-    if parent <= 1 or not any(name in command for name in LAUNCHERS):
+    if parent <= 1 or not _is_launcher(command):
         return []
     watched = [(parent, start_time(parent), f"its launcher (pid {parent})")]
     grandparent = _parent_of(parent)
-    if "deepspeed.launcher.launch" in command and grandparent and grandparent > 1 \
-            and "deepspeed" in _command_line(grandparent):
+    if "deepspeed.launcher.launch" in command.split() and grandparent and grandparent > 1 \
+            and _is_launcher(_command_line(grandparent)):
         watched.append((grandparent, start_time(grandparent), f"the deepspeed command (pid {grandparent})"))
     return watched
+
+
+def _is_launcher(command: str) -> bool:
+    """Whether a command line runs a launcher: a program or script named one (`deepspeed`,
+    `torchrun`) or a launcher module (`python -m torch.distributed.run`), not merely a path that
+    mentions one (`bash examples_deepspeed/run.sh`)."""
+    words = command.split()
+    programs = {os.path.basename(word) for word in words[:3]}  # the interpreter, then the script
+    modules = {words[i + 1] for i, word in enumerate(words[:-1]) if word == "-m"}
+    return bool(programs & set(LAUNCHERS) or any(module.startswith(LAUNCHERS) for module in modules))
 
 
 def watch(on_gone) -> threading.Event:
