@@ -195,6 +195,8 @@ def train_step(engine, micro_batches: list) -> StepResult:
             engine.step()
             parts += torch.stack([loss.total.detach(), loss.mlm, loss.sop, loss.mlm_accuracy]).float()
         loss, mlm, sop, accuracy = _whole(parts / len(chunks), average_data=True).tolist()  # the step's logged-loss sync
+        if not engine.module.config.add_binary_head:  # no sentence-order head: no "sop 0.0000" in the log
+            sop = None
     norm = engine.get_global_grad_norm()
     return StepResult(loss=loss, mlm=mlm, sop=sop, grad_norm=None if norm is None else float(norm), mlm_accuracy=accuracy,
                       real_token_share=sum(b.real_token_share() for b in micro_batches) / len(micro_batches),
