@@ -252,7 +252,7 @@ CASES = [
              phrases=("weight/prefix pairs", "--data-path W1 PREFIX1")),
     Case("data_empty_corpus", "preprocess", ["--input", "{tmp}/empty.json", "--vocab-file", "{vocab}",
                                              "--output-prefix", "{tmp}/out/corpus", "--split-sentences"],
-         ("empty.json has no documents", "non-empty loose-JSON corpus"), files={"empty.json": "", "out/.keep": ""}),
+         ("empty.json has no documents", "pass a corpus with text"), files={"empty.json": "", "out/.keep": ""}),
     Case("data_corpus_bad_json_line", "preprocess", ["--input", "{tmp}/bad.json", "--vocab-file", "{vocab}",
                                                      "--output-prefix", "{tmp}/out/corpus"],
          ("bad.json line 2: invalid JSON", "--skip-invalid"),

@@ -110,6 +110,14 @@ def test_full_log_disk_on_rank_0_stops_every_rank_at_the_next_step(tmp_path, dat
     assert 0 < int(latest[5:]) < 50
 
 
+def default_signals():
+    """The launcher as a terminal starts it: an ignored SIGINT is inherited across exec (a test
+    process that ignores it, like a shell's background job, would hand that on), and a Python
+    whose SIGINT is ignored at start never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_to_the_deepspeed_command_stops_every_rank_after_a_checkpoint(tmp_path, data, signum):
     """`deepspeed --num_gpus 2` (CPU ranks): the signal goes to the `deepspeed` command alone, which
@@ -122,7 +130,7 @@ def test_signal_to_the_deepspeed_command_stops_every_rank_after_a_checkpoint(tmp
                                                          "--eval-interval", "100000", "--eval-iters", "1")]
     with open(stdout, "w") as output:
         launcher = subprocess.Popen(command, cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": ""}, stdout=output,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_signals)
     try:
         deadline = time.monotonic() + 180
         while logged_iterations(tmp_path / "log" / "metrics.jsonl") < 2:
