@@ -688,20 +688,11 @@ class StopSignals:
                last_checkpoint, log, schedule: dict | None = None, tokenizer=None) -> int:
         """The agreed stop: saves what was trained since the last checkpoint; returns the signal number,
         or raises the run log's write failure as one line (every rank alike)."""
-        name = "" if self.agreed == self.LOG_FAILED else signal.Signals(self.agreed).name
-        if self.launcher_gone and self.agreed == signal.SIGTERM:
-            name = f"the end of {self.launcher_gone}"
         if args.save and iteration > first_iteration and last_checkpoint != os.path.join(
                 args.save, checkpoint.tag_for(iteration)):
             last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
                                                                       schedule=schedule, keep_last=args.keep_last,
                                                                       tokenizer=tokenizer))
-        if args.save and last_checkpoint:
-            line = (f"stopped by {name} after iteration {iteration}; checkpoint {last_checkpoint} holds it: "
-                    f"resume with --load {args.save}")
-        else:
-            line = (f"stopped by {name} after iteration {iteration}; no checkpoint holds it: pass --save DIR "
-                    "to keep the progress of a stopped run")
         self.uninstall()
         if self.agreed == self.LOG_FAILED:
             failure = [log.failure]
@@ -709,6 +700,15 @@ class StopSignals:
             held = (f"checkpoint {last_checkpoint} holds iteration {iteration}: resume with --load {args.save}"
                     if args.save and last_checkpoint else f"no checkpoint holds iteration {iteration}")
             raise ConfigError(failure[0][0], f"{failure[0][1]}; {held}")
+        name = signal.Signals(self.agreed).name
+        if self.launcher_gone and self.agreed == signal.SIGTERM:
+            name = f"the end of {self.launcher_gone}"
+        if args.save and last_checkpoint:
+            line = (f"stopped by {name} after iteration {iteration}; checkpoint {last_checkpoint} holds it: "
+                    f"resume with --load {args.save}")
+        else:
+            line = (f"stopped by {name} after iteration {iteration}; no checkpoint holds it: pass --save DIR "
+                    "to keep the progress of a stopped run")
         log.finish(args.save)
         if dist.get_rank() == 0:
             print(f"pretrain_bert.py: {line}", file=sys.stderr, flush=True)
