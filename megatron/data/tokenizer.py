@@ -9,6 +9,7 @@ Identity: a sha256 of the tokens in id order. Preprocessing writes it beside the
 checkpoint stores it with a copy of its tokenizer file, and training, resume, fill-mask and
 export compare them: a shuffled vocab of the same size is refused, not trained on.
 """
+import functools
 import hashlib
 import json
 import os
@@ -64,9 +65,10 @@ class _Tokenizer:
         """End of document, appended by `--append-eod`; BERT has none of its own, so [SEP] as in Megatron."""
         return self.sep
 
-    @property
+    @functools.cached_property
     def identity(self) -> str:
-        """sha256 of the tokens in id order: equal sizes are not equal vocabs."""
+        """sha256 of the tokens in id order: equal sizes are not equal vocabs (computed once: every save
+        and check reads it)."""
         return hashlib.sha256(json.dumps(self.tokens, ensure_ascii=False).encode("utf-8")).hexdigest()
 
     def record(self) -> dict:
