@@ -28,7 +28,6 @@ share of a real trainer iteration spent outside `train_step` (data loading, logg
 """
 import argparse
 import os
-import resource
 import statistics
 import sys
 import time

@@ -22,7 +22,6 @@ SP/data degree or ZeRO stage 0-2. `bert_state_from_checkpoint` reads the weights
 """
 import contextlib
 import dataclasses
-import errno
 import glob
 import json
 import os
@@ -41,7 +40,7 @@ import torch.distributed as dist
 from megatron import optimizer_state
 from megatron.config import TrainConfig, precision, strict_json_loads
 from megatron.data import tokenizer as tokenizers
-from megatron.errors import ConfigError, DataError
+from megatron.errors import ConfigError, DataError, disk_full
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.pipe import pipe_layer_to_bert
 from megatron.parallel import launcher_watch, state as parallel_state
@@ -105,13 +104,20 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
         dist.barrier()
         raise ConfigError(*found)
     if rank == 0:
-        _commit(save_dir, tag)
-        if keep_last:
+        try:
+            _commit(save_dir, tag)
+        except OSError as error:  # the disk fills at an fsync or at `latest`
+            problem = _write_problem(save_dir, tag, error)
+        if keep_last and not problem:
             removed = prune(save_dir, keep_last)
             if removed:
                 print(f"removed checkpoint{'s' if len(removed) > 1 else ''} {', '.join(removed)} of {save_dir} "
                       f"(--keep-last {keep_last})", flush=True)
-    dist.barrier()  # no rank returns (and may save again) while old folders are being removed
+    committed = [problem]
+    # no rank returns (and may save again) while old folders are being removed; all raise alike
+    dist.broadcast_object_list(committed, src=0)
+    if committed[0]:
+        raise ConfigError(*committed[0])
     return tag
 
 
@@ -123,15 +129,13 @@ def _write_problem(save_dir: str, tag: str, error: Exception) -> tuple[str, str]
         free = shutil.disk_usage(save_dir).free
     except OSError:
         free = None
-    code = getattr(error, "errno", None)
-    full = code in (errno.ENOSPC, errno.EDQUOT) or (not isinstance(error, OSError) and free is not None
-                                                    and free < FULL_BYTES)
+    what = disk_full(error) or ("the disk is full" if not isinstance(error, OSError) and free is not None
+                                and free < FULL_BYTES else None)
     kept = (f"'latest' still names {latest_tag(save_dir)}" if os.path.isfile(os.path.join(save_dir, LATEST))
             else "no earlier checkpoint exists")
     where = f"--save {save_dir} on {socket.gethostname()}"
-    if full:
+    if what:
         free_text = f", {free / 2**20:.1f} MiB free" if free is not None else ""
-        what = "the disk quota is exceeded" if code == errno.EDQUOT else "the disk is full"
         return (f"cannot write checkpoint {tag}: {what} ({where}{free_text})",
                 f"free space there or pass another --save, then resume; nothing of {tag} was kept and {kept}")
     reason = error.strerror if isinstance(error, OSError) and error.strerror else (
@@ -188,22 +192,31 @@ def _fsync(path: str) -> None:
 
 
 def _commit(save_dir: str, tag: str) -> None:
-    """`<tag>.partial` -> `<tag>`, then `latest` -> tag; data on disk before each rename."""
+    """`<tag>.partial` -> `<tag>`, then `latest` -> tag; data on disk before each rename. A write
+    that fails (a full disk shows at an fsync or at the pointer) leaves no trace of `tag`: `latest`
+    keeps naming the previous checkpoint."""
     staging, final = os.path.join(save_dir, tag + PARTIAL), os.path.join(save_dir, tag)
-    for root, _, files in os.walk(staging):
-        for name in files:
-            _fsync(os.path.join(root, name))
-    if os.path.isdir(final):
-        # a folder of this iteration that `latest` does not name (check_save_dir refuses the other case)
-        shutil.rmtree(final)
-    os.replace(staging, final)
-    _fsync(save_dir)
     pointer = os.path.join(save_dir, f".{LATEST}.tmp")
-    with open(pointer, "w") as file:
-        file.write(tag)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(pointer, os.path.join(save_dir, LATEST))
+    try:
+        for root, _, files in os.walk(staging):
+            for name in files:
+                _fsync(os.path.join(root, name))
+        if os.path.isdir(final):
+            # a folder of this iteration that `latest` does not name (check_save_dir refuses the other case)
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        _fsync(save_dir)
+        with open(pointer, "w") as file:
+            file.write(tag)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(pointer, os.path.join(save_dir, LATEST))
+    except OSError:
+        for leftover in (staging, final):
+            shutil.rmtree(leftover, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.remove(pointer)
+        raise
     _fsync(save_dir)
 
 
@@ -233,8 +246,8 @@ def check_writable(save_dir: str) -> None:
                         os.remove(probe)
         except OSError as error:
             problem = f"--save {save_dir} is not writable on {socket.gethostname()} ({error.strerror or error})"
-            if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                problem, fix = f"{problem}: its disk is full", "free space there or pass a --save directory on another disk"
+            if disk_full(error):
+                problem, fix = f"{problem}: {disk_full(error)}", "free space there or pass a --save directory on another disk"
     problem = problem and (problem, fix)
     if problem is None and dist.get_rank() == 0:
         try:

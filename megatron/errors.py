@@ -1,4 +1,5 @@
 """Errors a user can cause, reported as one line that names the problem and the fix."""
+import errno
 import signal
 import sys
 import threading
@@ -16,6 +17,13 @@ class ConfigError(ValueError):
 class DataError(ConfigError):
     """A data file or input record that cannot be used (missing, corrupt, malformed). Same
     one-line `<problem>; <fix>` message; a ConfigError so entry points catch both alike."""
+
+
+def disk_full(error: BaseException) -> str | None:
+    """What a failed write says of its disk ("the disk is full" / "the disk quota is exceeded"), or
+    None for another cause: checkpoints, the run log and the --save probe name a full disk alike."""
+    return {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}.get(
+        getattr(error, "errno", None))
 
 
 class Interrupted(KeyboardInterrupt):

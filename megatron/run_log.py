@@ -7,7 +7,6 @@ a `start` record with the iteration it starts from; `read_metrics` drops what a 
 supersedes (the steps a resumed run redoes after its checkpoint, or all of an earlier run when
 a new one starts from scratch), so a reader sees one history without repeated iterations."""
 import contextlib
-import errno
 import json
 import math
 import os
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, disk_full
 from megatron.flops import training_flops_per_sample
 
 
@@ -93,10 +92,8 @@ class RunLog:
             with contextlib.suppress(OSError):
                 self.metrics.close()  # closed with its unwritten buffer: no second error at exit
             path = self.dir / "metrics.jsonl"
-            if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                free = shutil.disk_usage(self.dir).free / 2**20
-                what = "the disk is full" if error.errno == errno.ENOSPC else "the disk quota is exceeded"
-                reason = f"{what}, {free:.1f} MiB free"
+            if disk_full(error):
+                reason = f"{disk_full(error)}, {shutil.disk_usage(self.dir).free / 2**20:.1f} MiB free"
             else:
                 reason = error.strerror or str(error)
             self.failure = (f"cannot write the run log {path} ({reason})",

@@ -13,7 +13,6 @@ import threading
 import time
 import warnings
 
-import deepspeed
 import torch
 import torch.distributed as dist
 

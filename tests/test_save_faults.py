@@ -88,7 +88,7 @@ def test_full_disk_at_the_start_leaves_no_probe_file(tmp_path, data):
     code, errors, left = on_tmpfs(save, "64k", run_argv(tmp_path, data, "--train-iters", "2", "--save", str(save)),
                                   fill=True)
     assert code == 2 and len(errors) == 1, errors[-20:]
-    assert f"--save {save} is not writable on" in errors[0] and "No space left on device): its disk is full" in errors[0]
+    assert f"--save {save} is not writable on" in errors[0] and "No space left on device): the disk is full" in errors[0]
     assert left == ["filler"]
 
 
@@ -106,6 +106,35 @@ def test_full_log_disk_stops_the_run_with_a_checkpoint(tmp_path, data):
                          f"full, 0.0 MiB free); free space there or pass another --log-dir; checkpoint {save / latest} "
                          f"holds iteration {iteration}: resume with --load {save}")
     assert 0 < iteration < 200
+
+
+@pytest.mark.parametrize("failing_fsync", [1, 2, 3], ids=["staged_file", "folder_after_rename", "latest_pointer"])
+def test_a_commit_cut_by_a_full_disk_leaves_no_trace_and_latest_as_it_was(tmp_path, monkeypatch, failing_fsync):
+    """The commit's fsyncs are where a full disk often shows (delayed allocation): whichever fails,
+    neither the staged folder, nor a renamed one that `latest` does not name, nor `.latest.tmp` is
+    left, and the line names the full disk. Emulated ENOSPC: a tmpfs fills at the write, not here."""
+    import errno
+
+    (tmp_path / "iter_0000001").mkdir()
+    (tmp_path / "latest").write_text("iter_0000001")
+    (tmp_path / f"iter_0000002{checkpoint.PARTIAL}").mkdir()
+    (tmp_path / f"iter_0000002{checkpoint.PARTIAL}" / "weights.pt").write_bytes(b"weights")
+    calls, real_fsync = [], os.fsync
+
+    def fsync(descriptor):
+        calls.append(descriptor)
+        if len(calls) == failing_fsync:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError) as raised:
+        checkpoint._commit(str(tmp_path), "iter_0000002")
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000001", "latest"]
+    assert checkpoint.latest_tag(str(tmp_path)) == "iter_0000001"
+    problem, fix = checkpoint._write_problem(str(tmp_path), "iter_0000002", raised.value)
+    assert problem.startswith("cannot write checkpoint iter_0000002: the disk is full"), problem
+    assert fix.endswith("nothing of iter_0000002 was kept and 'latest' still names iter_0000001"), fix
 
 
 # ---------------------------------------------------------------- the --save lock

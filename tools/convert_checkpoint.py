@@ -33,7 +33,7 @@ def to_hf(args) -> None:
     if isinstance(tokenizer, HFTokenizer):
         hf_convert.save_hf_folder(args.output, state, config, hf_tokenizer=tokenizer)
     else:
-        hf_convert.save_hf_folder(args.output, state, config, tokenizer.vocab_file, tokenizer.lower_case)
+        hf_convert.save_hf_folder(args.output, state, config, tokenizer.file, tokenizer.lower_case)
     print(f"wrote {hf_convert.read_hf_config(args.output)['architectures'][0]} "
           f"({config.num_layers} layers, hidden {config.hidden_size}) to {args.output}")
 

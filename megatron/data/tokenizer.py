@@ -80,7 +80,7 @@ class BertWordPiece(_Tokenizer):
     """A BERT vocab.txt: the line number is the id, the special tokens are [CLS] [SEP] [MASK] [PAD]."""
 
     def __init__(self, vocab_file: str, lower_case: bool = True):
-        self.vocab_file = self.file = str(vocab_file)
+        self.file = str(vocab_file)
         self.lower_case = lower_case
         self.type_name = next(name for name, lower in TOKENIZER_TYPES.items() if lower == lower_case)
         self.vocab = read_vocab(vocab_file)
@@ -97,7 +97,7 @@ class BertWordPiece(_Tokenizer):
         self.ids = {kind: self.vocab[token] for kind, token in self.special_tokens().items()}
 
     def __getstate__(self):  # workers rebuild from the file rather than pickling the Rust object
-        return {"vocab_file": self.vocab_file, "lower_case": self.lower_case}
+        return {"vocab_file": self.file, "lower_case": self.lower_case}
 
     def __setstate__(self, state):
         self.__init__(state["vocab_file"], state["lower_case"])

@@ -25,7 +25,7 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from torch import nn
 
-from megatron.model.bert import (BertConfig, BertModel, BinaryHead, Embeddings, LMHead, TransformerLayer,
+from megatron.model.bert import (BertConfig, BinaryHead, Embeddings, LMHead, TransformerLayer,
                                  final_layernorm)
 from megatron.model.init import init_bert_weights
 from megatron.model.loss import bert_loss

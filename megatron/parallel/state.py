@@ -12,7 +12,6 @@ rank 0, group None), so the model runs in one process with no distributed setup.
 """
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
 from megatron.errors import ConfigError
