@@ -5,8 +5,10 @@
 """
 import sys
 
+from megatron.parallel import launcher_watch
 from megatron.quiet import quiet_deepspeed
 
+launcher_watch.note_launchers()  # first: a launcher that ends during the imports below is still noticed
 quiet_deepspeed()  # before DeepSpeed is first imported (megatron.training imports it)
 from megatron.training import main  # noqa: E402
 

@@ -22,6 +22,7 @@ SP/data degree or ZeRO stage 0-2. `bert_state_from_checkpoint` reads the weights
 """
 import contextlib
 import dataclasses
+import errno
 import glob
 import json
 import os
@@ -268,35 +269,38 @@ def check_writable(save_dir: str) -> None:
         raise ConfigError(*found)
 
 
-_held_lock = {}  # the lock this process holds: {"path", "created": folders made for it, "beat": Event}
+_held_lock = {}  # the lock this process holds: {"path", "record", "created": folders made for it, "beat": Event}
 LOCK_HEARTBEAT_S = 30  # the holder touches its lock this often
-LOCK_STALE_S = 300  # a lock untouched this long is a dead run's, on any host
+LOCK_STALE_S = 300  # a lock of another host untouched this long is a dead run's
 
 
 def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
     """Writes `save_dir`/.lock naming this host and process, or returns (problem, fix) when a live
     run holds it: two runs saving into one folder would delete each other's `.partial` staging
     folders and interleave their checkpoints. The holder touches the lock every LOCK_HEARTBEAT_S;
-    a lock whose process no longer runs on this host, or one of any host untouched for LOCK_STALE_S
-    (a crashed, killed or preempted run, e.g. a requeued job on another node), is taken over with
-    one line. `created`: folders made for the lock, removed again by release_lock when left empty."""
+    a lock whose process no longer runs on this host, or one of another host untouched for
+    LOCK_STALE_S (a crashed, killed or preempted run, e.g. a requeued job on another node), is taken
+    over with one line. `created`: folders made for the lock, removed again by release_lock when left empty."""
     path, host = os.path.join(save_dir, LOCK), socket.gethostname()
     staged = f"{path}.{host}.{os.getpid()}"
+    record = {"host": host, "pid": os.getpid(), "start": launcher_watch.start_time(os.getpid())}
     try:
         with open(staged, "w") as file:
-            json.dump({"host": host, "pid": os.getpid(), "start": launcher_watch.start_time(os.getpid())}, file)
+            json.dump(record, file)
         for _ in range(2):
             try:
-                os.link(staged, path)  # atomic: fails if a lock exists
-                _held_lock.update(path=path, created=list(created), beat=_heartbeat(path))
+                _place(staged, path)
+                _held_lock.update(path=path, record=record, created=list(created), beat=_heartbeat(path, record))
                 return None
             except FileExistsError:
                 holder, age = _read_lock(path), _age(path)
-            if holder and age < LOCK_STALE_S and holder.get("host") != host:
+            if holder and holder.get("host") != host and age < LOCK_STALE_S:
                 return (f"--save {save_dir} is locked by pid {holder['pid']} on host {holder.get('host')}, whose "
                         f"lock was touched {age:.0f} s ago (a run's lock is stale after {LOCK_STALE_S} s)",
                         f"choose another --save directory, or wait, or remove {path} once that run has ended")
-            if holder and age < LOCK_STALE_S and _running(holder):
+            # on this host the process tells, whatever the lock's age: a live run's heartbeat may
+            # wait for the GIL (a long index-map build) longer than LOCK_STALE_S
+            if holder and holder.get("host") == host and _running(holder):
                 return (f"--save {save_dir} is in use by a live run: pid {holder['pid']} on this host ({host}) "
                         f"holds {path}", "wait for that run to end or stop it, or choose another --save directory")
             if not _remove_stale(path, holder):
@@ -309,6 +313,26 @@ def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
     finally:
         with contextlib.suppress(OSError):
             os.remove(staged)
+
+
+NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV)  # blob FUSE mounts (blobfuse2, gcsfuse)
+
+
+def _place(source: str, path: str) -> None:
+    """`path` as a copy of `source`, only if no `path` exists (else FileExistsError): a hard link,
+    which appears whole at once, or an exclusive create where the filesystem has no hard links
+    (a reader that meets it still empty finds no holder and does not take it: _remove_stale)."""
+    try:
+        os.link(source, path)
+    except FileExistsError:
+        raise
+    except OSError as error:
+        if error.errno not in NO_HARD_LINKS:
+            raise
+        with open(source, "rb") as file:
+            content = file.read()
+        with open(path, "xb") as file:
+            file.write(content)
 
 
 def _age(path: str) -> float:
@@ -329,21 +353,23 @@ def _remove_stale(path: str, holder: dict | None) -> bool:
         return True  # gone already: try to link ours
     if _read_lock(aside) != holder:
         with contextlib.suppress(OSError):
-            os.link(aside, path)
+            _place(aside, path)
         os.remove(aside)
         return False
     os.remove(aside)
     return True
 
 
-def _heartbeat(path: str) -> threading.Event:
-    """Touches the lock every LOCK_HEARTBEAT_S until the returned event is set (release_lock)."""
+def _heartbeat(path: str, record: dict) -> threading.Event:
+    """Touches the lock every LOCK_HEARTBEAT_S, while it is still this run's, until the returned
+    event is set (release_lock)."""
     stop = threading.Event()
 
     def beat():
         while not stop.wait(LOCK_HEARTBEAT_S):
-            with contextlib.suppress(OSError):
-                os.utime(path)
+            if _read_lock(path) == record:
+                with contextlib.suppress(OSError):
+                    os.utime(path)
 
     threading.Thread(target=beat, name="save-lock-heartbeat", daemon=True).start()
     return stop
@@ -371,13 +397,14 @@ def _running(holder: dict) -> bool:
 
 
 def release_lock() -> None:
-    """Removes the lock this process holds (rank 0 at the end of its run, however it ends), and the
-    folders made for it when the run left them empty."""
+    """Removes the lock this process holds (rank 0 at the end of its run, however it ends), unless
+    another run has taken it over meanwhile, and the folders made for it when the run left them empty."""
     if not _held_lock:
         return
     _held_lock["beat"].set()
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(_held_lock["path"])
+    if _read_lock(_held_lock["path"]) == _held_lock["record"]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(_held_lock["path"])
     for folder in _held_lock["created"]:  # innermost first
         with contextlib.suppress(OSError):
             os.rmdir(folder)

@@ -61,6 +61,12 @@ def as_input(layout: str, folder: Path, records: list) -> str:
     if layout == "glob of mixed shards":
         shards(folder / "mix", ["part-0.jsonl", "part-1.jsonl.gz", "part-2.jsonl.zst", "part-3.parquet"], records)
         return str(folder / "mix" / "part-*")
+    if layout == "parquet of string_view and dictionary":  # pyarrow's newer string type; a pandas categorical
+        folder.mkdir(parents=True, exist_ok=True)
+        table = pa.table({"text": pa.array([record["text"] for record in records], pa.string_view()),
+                          "title": pa.array([record["title"] for record in records]).dictionary_encode()})
+        pq.write_table(table, folder / "wiki.parquet", row_group_size=16)
+        return str(folder / "wiki.parquet")
     return str(write_shard(folder / f"wiki.{layout}", records))
 
 
@@ -82,7 +88,8 @@ def options(path, prefix, vocab, **overrides) -> PreprocessOptions:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("layout,workers", [("jsonl.gz", 1), ("jsonl.zst", 1), ("parquet", 1),
-                                            ("folder of parquet shards", 2), ("glob of mixed shards", 1)])
+                                            ("folder of parquet shards", 2), ("glob of mixed shards", 1),
+                                            ("parquet of string_view and dictionary", 1)])
 def test_every_corpus_format_writes_the_bytes_of_loose_json(reference, tmp_path, monkeypatch, layout, workers):
     records, vocab, expected = reference
     monkeypatch.setattr(corpus_files, "PARQUET_BATCH_ROWS", 10)  # batches that cut across row groups and shards

@@ -117,6 +117,24 @@ def test_ids_above_65535_round_trip_through_the_bin(tmp_path):
     assert record["vocab_sha256"] == ours.identity and record["vocab_size"] == ours.vocab_size
 
 
+def test_the_truncation_and_padding_a_tokenizer_json_was_saved_with_are_ignored(tmp_path):
+    """Published tokenizer.json files often keep truncation (max_length 512) and padding: documents
+    must not be cut at max_length nor padded with [PAD] ids."""
+    words = [f"w{i}" for i in range(20)]
+    tokenizer = Tokenizer(models.WordLevel({token: i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]",
+                                                                              "[MASK]", *words])}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.enable_truncation(max_length=8)
+    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    document = " ".join(words)
+    (tmp_path / "corpus.json").write_text(json.dumps({"text": document}) + "\n")
+    report = preprocess(PreprocessOptions(input=str(tmp_path / "corpus.json"), output_prefix=str(tmp_path / "out"),
+                                          tokenizer_file=str(tmp_path), log_interval=0))
+    assert make_dataset(report.outputs["text"])[0].tolist() == list(range(5, 25))
+    assert HFTokenizer(tmp_path).tokenize_batch(["w1", document]) == [[6], list(range(5, 25))]
+
+
 def run(script: str, *argv, cwd=ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

@@ -1,6 +1,7 @@
 """tools/preprocess_data.py end to end: outputs, worker-count independence, sentence splitting,
 bad input, and the datasets it writes feeding BERT samples; plus the sample-corpus tool."""
 import contextlib
+import errno
 import io
 import json
 import os
@@ -14,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 
+from megatron.data import indexed_dataset
 from megatron.data.bert_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import make_dataset
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.sample_corpus import write_corpus
 from megatron.data.sentences import sentence_splitter
-from megatron.data.tokenizer import build_tokenizer
+from megatron.data.tokenizer import BertWordPiece, build_tokenizer, check_data_vocab, data_identity_path
 from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.errors import ConfigError, DataError
 from test_tokenizer import load_tool
@@ -165,6 +167,34 @@ def test_cli_error_is_one_line_with_nonzero_exit(corpus, tmp_path):
     assert result.stderr.count("\n") == 1 and "line 2" in result.stderr
     assert result.stderr.startswith("preprocess_data.py: error: ")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_multi_key_run_never_pairs_data_with_another_vocabs_record(corpus, tmp_path, monkeypatch):
+    """The disk fills while the second key's .idx is written: the first key's data, already replaced,
+    carries the record of the vocab that made it (the trainer refuses the old vocab), and the second
+    key's data, not replaced, carries none (data without a record: size checks only)."""
+    vocab_b = tmp_path / "vocab_b.txt"  # the same tokens in another order
+    vocab_b.write_text("\n".join(corpus[1].read_text().splitlines()[::-1]) + "\n")
+    tokenizer_a, tokenizer_b = BertWordPiece(corpus[1]), BertWordPiece(vocab_b)
+    report = preprocess(options(corpus, tmp_path, json_keys=("text", "title")))
+    text, title = report.outputs["text"], report.outputs["title"]
+    before = {prefix: file_bytes(prefix) for prefix in (text, title)}
+    finalize = indexed_dataset._Builder.finalize
+
+    def disk_full_at_title(builder):
+        if builder.prefix == title:
+            raise OSError(errno.ENOSPC, "No space left on device", builder._idx_partial)
+        finalize(builder)
+
+    monkeypatch.setattr(indexed_dataset._Builder, "finalize", disk_full_at_title)
+    with pytest.raises(ConfigError, match="No space left on device"):
+        preprocess(options(corpus, tmp_path, json_keys=("text", "title"), vocab_file=str(vocab_b)))
+    assert file_bytes(text) != before[text] and file_bytes(title) == before[title]
+    assert json.loads(data_identity_path(text).read_text())["vocab_sha256"] == tokenizer_b.identity
+    assert not data_identity_path(title).exists()
+    check_data_vocab(tokenizer_b, [text, title])
+    with pytest.raises(DataError, match=f"the data {text} was preprocessed with the vocab {vocab_b}"):
+        check_data_vocab(tokenizer_a, [text, title])
 
 
 def test_missing_punkt_models_are_a_clear_error(corpus, tmp_path, monkeypatch):

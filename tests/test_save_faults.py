@@ -157,12 +157,15 @@ def test_lock_refuses_a_live_holder_and_another_host(tmp_path, capsys):
     assert problem == (f"--save {tmp_path} is in use by a live run: pid {os.getpid()} on this host ({host}) holds "
                        f"{tmp_path / checkpoint.LOCK}")
     assert "choose another --save directory" in fix
+    # on this host a live holder is never stale: its heartbeat may wait for the GIL (a long map build)
+    stale = time.time() - checkpoint.LOCK_STALE_S - 1
+    os.utime(tmp_path / checkpoint.LOCK, (stale, stale))
+    assert checkpoint.take_lock(str(tmp_path))[0] == problem
     write_lock(tmp_path, "other-node", 4242, "1")
     problem, fix = checkpoint.take_lock(str(tmp_path))
     assert problem.startswith(f"--save {tmp_path} is locked by pid 4242 on host other-node, whose lock was touched ")
     assert f"remove {tmp_path / checkpoint.LOCK} once that run has ended" in fix
     # another host's lock nobody touched for LOCK_STALE_S: a preempted run (a requeue on another node)
-    stale = time.time() - checkpoint.LOCK_STALE_S - 1
     os.utime(tmp_path / checkpoint.LOCK, (stale, stale))
     assert checkpoint.take_lock(str(tmp_path)) is None
     checkpoint.release_lock()
@@ -181,7 +184,13 @@ def test_the_holder_touches_its_lock_and_a_replaced_stale_lock_is_not_removed(tm
     os.utime(lock, (old, old))
     time.sleep(0.3)
     assert time.time() - lock.stat().st_mtime < 1  # the heartbeat touched it again
+    # another run took the lock over (this one judged dead): neither touched nor removed by this one
+    write_lock(tmp_path, "node-9", 77, "5")
+    os.utime(lock, (old, old))
+    time.sleep(0.3)
     checkpoint.release_lock()
+    assert checkpoint._read_lock(str(lock)) == {"host": "node-9", "pid": 77, "start": "5"}
+    assert lock.stat().st_mtime == old
     # two runs judge the same lock stale; the first has replaced it with its own when the second acts
     write_lock(tmp_path, "other-node", 4242, "1")
     stale_holder = checkpoint._read_lock(str(lock))
@@ -189,6 +198,22 @@ def test_the_holder_touches_its_lock_and_a_replaced_stale_lock_is_not_removed(tm
     assert checkpoint._remove_stale(str(lock), stale_holder) is False
     assert checkpoint._read_lock(str(lock)) == {"host": "node-9", "pid": 77, "start": "5"}
     assert sorted(os.listdir(tmp_path)) == [checkpoint.LOCK]
+
+
+def test_a_folder_without_hard_links_is_locked_by_an_exclusive_create(tmp_path, monkeypatch):
+    """Blob FUSE mounts refuse link(2) (EPERM / EOPNOTSUPP): the lock is then created exclusively."""
+    import errno
+
+    def no_link(source, target):
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM), source, None, target)
+
+    monkeypatch.setattr(os, "link", no_link)
+    assert checkpoint.take_lock(str(tmp_path)) is None
+    lock = checkpoint._read_lock(str(tmp_path / checkpoint.LOCK))
+    assert (lock["host"], lock["pid"]) == (socket.gethostname(), os.getpid())
+    assert "in use by a live run" in checkpoint.take_lock(str(tmp_path))[0]
+    checkpoint.release_lock()
+    assert os.listdir(tmp_path) == []
 
 
 def test_stale_lock_is_taken_over_by_a_run(tmp_path, data):

@@ -1,7 +1,7 @@
 """Stop requests through the real entry point, on two ranks over gloo: SIGTERM to one rank during
 evaluation stops both within one evaluation step, with the final checkpoint; SIGINT or SIGTERM to
 the `deepspeed` command (which ends it alone, leaving its launch.py and the ranks running) stops
-every rank after a checkpoint; a run log that cannot be written on rank 0 stops every rank at the
+every rank after a checkpoint, also when it ends while the ranks are still starting; a run log that cannot be written on rank 0 stops every rank at the
 next step. (The rendezvous timeout and the --save lock are rows of test_bad_inputs.py.)"""
 import contextlib
 import errno
@@ -170,3 +170,53 @@ def test_signal_to_the_deepspeed_command_stops_every_rank_after_a_checkpoint(tmp
 def test_only_launchers_are_watched(command, launcher):
     from megatron.parallel.launcher_watch import _is_launcher
     assert _is_launcher(command) is launcher
+
+
+RANK_SCRIPT = """import os, sys, time
+sys.path.insert(0, {root!r})
+from megatron.parallel import launcher_watch
+launcher_watch.note_launchers()
+print("noted", flush=True)
+while not os.path.exists({go!r}):  # imports, data, engine: the watch starts late
+    time.sleep(0.05)
+ended = []
+launcher_watch.watch(ended.append)
+time.sleep(1)
+print(ended, flush=True)
+"""
+
+
+def test_a_deepspeed_command_that_ends_before_the_watch_starts_is_noticed(tmp_path):
+    """The `deepspeed` command ends while the rank is still starting (its launch.py, re-parented to
+    init, no longer leads to it): the rank noted it at its start and stops at once when it watches.
+    A stand-in chain with the real command lines' shapes (a program named deepspeed, then
+    `python -m deepspeed.launcher.launch`), no DeepSpeed or torch: seconds."""
+    launch = tmp_path / "fake" / "deepspeed" / "launcher"
+    launch.mkdir(parents=True)
+    for package in (launch.parent, launch):
+        (package / "__init__.py").write_text("")
+    (launch / "launch.py").write_text("import subprocess, sys\nsys.exit(subprocess.call([sys.executable, sys.argv[1]]))\n")
+    (tmp_path / "rank.py").write_text(RANK_SCRIPT.format(root=str(ROOT), go=str(tmp_path / "go")))
+    (tmp_path / "deepspeed").write_text(
+        "import subprocess, sys\nsys.exit(subprocess.call([sys.executable, '-m', 'deepspeed.launcher.launch', "
+        f"{str(tmp_path / 'rank.py')!r}]))\n")
+    output = tmp_path / "rank.out"
+    with open(output, "w") as out:
+        command = subprocess.Popen([PYTHON, str(tmp_path / "deepspeed")], stdout=out, start_new_session=True,
+                                   env={**os.environ, "PYTHONPATH": str(tmp_path / "fake")})
+    try:
+        deadline = time.monotonic() + 60
+        while "noted" not in output.read_text():
+            assert command.poll() is None and time.monotonic() < deadline, output.read_text()
+            time.sleep(0.05)
+        command.kill()  # the deepspeed command ends alone
+        command.wait()
+        (tmp_path / "go").touch()
+        deadline = time.monotonic() + 60
+        while len(output.read_text().splitlines()) < 2:
+            assert time.monotonic() < deadline, output.read_text()
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(command.pid, signal.SIGKILL)
+    assert output.read_text().splitlines()[1] == str([f"the deepspeed command (pid {command.pid})"])

@@ -153,7 +153,8 @@ class _ZstdFrames(io.RawIOBase):
 
 
 def _check_parquet(path: str, keys: tuple) -> None:
-    """Refuses a shard that is not Parquet or lacks a text column `keys` names (its footer only)."""
+    """Refuses a shard that is not Parquet or lacks a text column `keys` names (its footer only): text
+    is string, large_string, string_view, or a dictionary of them (_plain_text decodes each batch)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -169,7 +170,8 @@ def _check_parquet(path: str, keys: tuple) -> None:
             raise DataError(f"{path} has no column {key!r} (it has {', '.join(schema.names)})",
                             "pass --json-keys with column names of the Parquet files")
         kind = schema.field(key).type
-        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
+        text = kind.value_type if pa.types.is_dictionary(kind) else kind  # pandas categoricals are dictionaries
+        if not (pa.types.is_string(text) or pa.types.is_large_string(text) or pa.types.is_string_view(text)):
             raise DataError(f"{path} column {key!r} holds {kind}, not text",
                             "pass --json-keys with text columns of the Parquet files")
 
@@ -185,7 +187,7 @@ def _parquet_rows(path: str, keys: tuple):
     try:
         with pq.ParquetFile(path) as file:
             for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=list(keys)):
-                columns = [batch.column(key) for key in keys]
+                columns = [_plain_text(batch.column(key)) for key in keys]
                 sizes = pc.binary_length(columns[0]).fill_null(0)
                 for column in columns[1:]:
                     sizes = pc.add(sizes, pc.binary_length(column).fill_null(0))
@@ -195,3 +197,14 @@ def _parquet_rows(path: str, keys: tuple):
     except (pa.ArrowException, ValueError) as error:
         raise DataError(f"{path} row {number + 1}: the Parquet file cannot be read ({error})",
                         "download or write the shard again, or leave it out of --input") from None
+
+
+def _plain_text(column):
+    """A batch's text column as string or large_string, the types pc.binary_length has kernels for:
+    string_view is cast; a dictionary's values are cast first, then taken by its indices (a
+    dictionary of string_view cannot be cast directly: no take kernel for string_view)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type):
+        return column.dictionary.cast(pa.large_string()).take(column.indices)
+    return column.cast(pa.large_string()) if pa.types.is_string_view(column.type) else column

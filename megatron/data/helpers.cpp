@@ -56,41 +56,45 @@ py::array_t<int64_t> build_mapping(const Int64Array& docs_array, const Int32Arra
   }
   const uint32_t short_ratio = short_seq_prob > 0.0 ? static_cast<uint32_t>(std::lround(1.0 / short_seq_prob)) : 0;
 
-  std::mt19937 rng(seed);
   std::vector<int64_t> rows;  // flattened [n, 3]
-  for (int64_t epoch = 0; epoch < num_epochs && static_cast<int64_t>(rows.size() / 3) < max_num_samples; ++epoch) {
-    const size_t before = rows.size();
-    for (int64_t d = 0; d < num_docs; ++d) {
-      const int64_t first = docs(d), last = docs(d + 1);
-      if (last - first < min_num_sent) continue;
-      bool too_long = false;
-      for (int64_t s = first; s < last && !too_long; ++s) too_long = sizes(s) > long_sentence_len;
-      if (too_long) continue;
+  {
+    // Minutes on a large corpus: other Python threads (the --save lock's heartbeat) run meanwhile.
+    py::gil_scoped_release released;
+    std::mt19937 rng(seed);
+    for (int64_t epoch = 0; epoch < num_epochs && static_cast<int64_t>(rows.size() / 3) < max_num_samples; ++epoch) {
+      const size_t before = rows.size();
+      for (int64_t d = 0; d < num_docs; ++d) {
+        const int64_t first = docs(d), last = docs(d + 1);
+        if (last - first < min_num_sent) continue;
+        bool too_long = false;
+        for (int64_t s = first; s < last && !too_long; ++s) too_long = sizes(s) > long_sentence_len;
+        if (too_long) continue;
 
-      int32_t target = target_length(rng, short_ratio, max_seq_length);
-      int64_t start = first, length = 0;
-      for (int64_t s = first; s < last; ++s) {
-        length += sizes(s);
-        const int64_t count = s + 1 - start;
-        const bool doc_ends = s + 1 == last;
-        if ((length >= target && count >= min_num_sent) || doc_ends) {
-          if (count >= min_num_sent) rows.insert(rows.end(), {start, s + 1, static_cast<int64_t>(target)});
-          start = s + 1;
-          length = 0;
-          if (!doc_ends) target = target_length(rng, short_ratio, max_seq_length);
+        int32_t target = target_length(rng, short_ratio, max_seq_length);
+        int64_t start = first, length = 0;
+        for (int64_t s = first; s < last; ++s) {
+          length += sizes(s);
+          const int64_t count = s + 1 - start;
+          const bool doc_ends = s + 1 == last;
+          if ((length >= target && count >= min_num_sent) || doc_ends) {
+            if (count >= min_num_sent) rows.insert(rows.end(), {start, s + 1, static_cast<int64_t>(target)});
+            start = s + 1;
+            length = 0;
+            if (!doc_ends) target = target_length(rng, short_ratio, max_seq_length);
+          }
         }
       }
+      if (rows.size() == before) break;  // no document yields a sample: more epochs would not either
     }
-    if (rows.size() == before) break;  // no document yields a sample: more epochs would not either
-  }
 
-  // Fisher-Yates with its own stream, so the order does not depend on how many targets were drawn.
-  const int64_t n = static_cast<int64_t>(rows.size() / 3);
-  std::mt19937 shuffle_rng(seed + 1);
-  for (int64_t i = n - 1; i > 0; --i) {
-    const int64_t j = static_cast<int64_t>(shuffle_rng() % static_cast<uint32_t>(i + 1));
-    for (int k = 0; k < 3; ++k) std::swap(rows[3 * i + k], rows[3 * j + k]);
+    // Fisher-Yates with its own stream, so the order does not depend on how many targets were drawn.
+    std::mt19937 shuffle_rng(seed + 1);
+    for (int64_t i = static_cast<int64_t>(rows.size() / 3) - 1; i > 0; --i) {
+      const int64_t j = static_cast<int64_t>(shuffle_rng() % static_cast<uint32_t>(i + 1));
+      for (int k = 0; k < 3; ++k) std::swap(rows[3 * i + k], rows[3 * j + k]);
+    }
   }
+  const int64_t n = static_cast<int64_t>(rows.size() / 3);
   py::array_t<int64_t> result({n, static_cast<int64_t>(3)});
   std::copy(rows.begin(), rows.end(), result.mutable_data());
   return result;

@@ -122,7 +122,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
                 folder.rmdir()
         raise _unwritable(options, error) from None
     report = PreprocessReport(outputs={key: output_prefix(options, key) for key in options.json_keys})
-    builders, identities = {}, []  # identities: the records this run wrote
+    builders = {}
     encoded = _encoded(options, corpus)
     start = time.perf_counter()
     try:
@@ -147,17 +147,12 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
                 raise DataError(f"{options.input} has no documents with text under the key '{key}' "
                                 f"({report.documents} documents read, {report.skipped} skipped)",
                                 "pass a corpus with text and check --json-keys (column names for Parquet)")
-        for builder in builders.values():
-            builder.finalize()
-        for prefix in report.outputs.values():  # which vocab made these ids, checked by the trainer
-            identities.append(prefix)
-            write_data_identity(tokenizer, prefix)
+        for key, builder in builders.items():
+            _replace(builder, tokenizer, report.outputs[key])
     except BaseException as error:
         encoded.close()  # stops the workers now, not when the generator is collected
-        for builder in builders.values():
+        for builder in builders.values():  # a finalized one has nothing left to remove
             builder.abort()
-        for prefix in identities:  # an older dataset kept at another prefix keeps its record
-            data_identity_path(prefix).unlink(missing_ok=True)
         for folder in reversed(created):
             with contextlib.suppress(OSError):  # a folder something else wrote into stays
                 folder.rmdir()
@@ -168,6 +163,16 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     for prefix in report.outputs.values():  # built from the data just replaced: no run may use them again
         report.removed_maps += index_maps.remove_stale(prefix)
     return report
+
+
+def _replace(builder, tokenizer, prefix: str) -> None:
+    """The dataset at `prefix` and the record of the vocab that made its ids (checked by the trainer)
+    change together: the old record goes first, so a failed finalize (a full disk) leaves the data,
+    old or new, with no record rather than one naming another vocab; a later key's failure leaves this
+    key's new data with its true record."""
+    data_identity_path(prefix).unlink(missing_ok=True)
+    builder.finalize()
+    write_data_identity(tokenizer, prefix)
 
 
 def _unwritable(options: PreprocessOptions, error: OSError) -> ConfigError:

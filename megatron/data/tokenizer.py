@@ -116,10 +116,10 @@ class BertWordPiece(_Tokenizer):
 class HFTokenizer(_Tokenizer):
     """Any Hugging Face fast tokenizer (BPE, Unigram, WordPiece, WordLevel) from its tokenizer.json.
 
-    Text is encoded without the tokenizer's own template. The special tokens come from
-    `special_tokens` (a checkpoint's record), else the tokenizer_config.json beside the file, else
-    the post-processor's template, else the tokenizer's tokens by their usual names; one that
-    cannot be found is an error."""
+    Text is encoded without the tokenizer's own template, truncation or padding. The special tokens
+    come from `special_tokens` (a checkpoint's record), else the tokenizer_config.json beside the
+    file, else the post-processor's template, else the tokenizer's tokens by their usual names; one
+    that cannot be found is an error."""
 
     type_name = HF_TOKENIZER
 
@@ -173,11 +173,16 @@ def _read_tokenizer_json(path: Path) -> Tokenizer:
     if not file.is_file():
         raise DataError(f"tokenizer file {file} does not exist", fix)
     try:
-        return Tokenizer.from_file(str(file))
+        tokenizer = Tokenizer.from_file(str(file))
     except Exception as error:  # the Rust side raises plain Exceptions (serde's message)
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise DataError(f"tokenizer file {file} is not a Hugging Face tokenizer.json ({reason})",
                         f"{fix}; a BERT vocab.txt is read with --vocab-file") from None
+    # published files often keep the truncation (max_length 512) and padding they were saved with:
+    # documents are cut into samples by the dataset, never by the tokenizer, and pad ids are no text
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def _find_special_tokens(rust: Tokenizer, file: Path) -> dict:

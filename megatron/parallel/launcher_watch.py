@@ -73,18 +73,31 @@ def _is_launcher(command: str) -> bool:
     return bool(programs & set(LAUNCHERS) or any(module.startswith(LAUNCHERS) for module in modules))
 
 
+_noted = None  # launcher_processes() at the rank's start (note_launchers), when it was called
+
+
+def note_launchers() -> None:
+    """Notes the launcher processes first thing in a rank, before seconds of imports and set-up:
+    once the `deepspeed` command has ended, launch.py's parent is init and the command can no
+    longer be found, so a watch that started later would miss that end."""
+    global _noted
+    _noted = launcher_processes()
+
+
 def watch(on_gone) -> threading.Event:
-    """Calls `on_gone(description)` once, from a daemon thread, when a launcher process ends;
-    returns the event that stops the watching."""
+    """Calls `on_gone(description)` once, from a daemon thread, when a launcher process (noted at
+    the start, else now) ends, at once if one has already; returns the event that stops the watching."""
     stopped = threading.Event()
-    watched = launcher_processes()
+    watched = launcher_processes() if _noted is None else _noted
 
     def poll():
-        while watched and not stopped.wait(POLL_SECONDS):
+        while watched:
             for pid, started, description in watched:
                 if start_time(pid) != started:  # gone, or its pid taken by another process
                     on_gone(description)
                     return
+            if stopped.wait(POLL_SECONDS):
+                return
 
     threading.Thread(target=poll, name="launcher-watch", daemon=True).start()
     return stopped
