@@ -182,7 +182,7 @@ def build_on_rank(prefix, vocab_file):
 
 def test_one_rank_builds_the_index_map_while_the_other_waits(data, tmp_path):
     prefix = write_corpus(tmp_path / "c", num_docs=40)
-    (built0, mapping0), (built1, mapping1) = run_on_ranks(build_on_rank, 2, prefix, data[1].vocab_file, timeout=120)
+    (built0, mapping0), (built1, mapping1) = run_on_ranks(build_on_rank, 2, prefix, data[1].file, timeout=120)
     assert (built0, built1) == (True, False)
     assert np.array_equal(mapping0, mapping1) and len(mapping0) >= 64
 

@@ -201,7 +201,7 @@ def pack_on_rank(prefix, vocab_file):
 
 def test_one_rank_packs_while_the_other_waits(data, tmp_path):
     prefix = write_corpus(tmp_path / "c", num_docs=40)
-    (packed0, *maps0), (packed1, *maps1) = run_on_ranks(pack_on_rank, 2, prefix, data[1].vocab_file, timeout=120)
+    (packed0, *maps0), (packed1, *maps1) = run_on_ranks(pack_on_rank, 2, prefix, data[1].file, timeout=120)
     assert (packed0, packed1) == (True, False)
     assert all(np.array_equal(a, b) for a, b in zip(maps0, maps1)) and len(maps0[0]) - 1 >= 30
 
@@ -316,7 +316,7 @@ def test_pretrain_packs_with_the_flag(tmp_path):
     prefix, vocab = write_corpus(tmp_path / "corpus", num_docs=120), write_vocab(tmp_path)
     argv = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "256",
             "--max-position-embeddings", "64", "--micro-batch-size", "2", "--train-iters", "3", "--eval-iters", "1",
-            "--split", "80,10,10", "--data-path", prefix, "--vocab-file", str(vocab.vocab_file), "--pack-samples"]
+            "--split", "80,10,10", "--data-path", prefix, "--vocab-file", str(vocab.file), "--pack-samples"]
     kind, length, seq, printed = run_on_ranks(pretrain_datasets, 1, argv, timeout=120)[0]
     assert (kind, seq) == ("PackedBertDataset", 256) and length >= 6
     assert f"train data: {length} packed samples of 256 tokens," in printed

@@ -2,6 +2,7 @@
 import os
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from megatron.parallel.spawn import RankFailure, run_on_ranks
@@ -46,3 +47,19 @@ def test_hanging_rank_times_out():
 def test_dead_rank_is_reported():
     with pytest.raises(RankFailure, match="rank1 exited without a result"):
         run_on_ranks(die_on_rank_one, 2, timeout=60)
+
+
+def environment_threads_and_output(name: str):
+    print(f"rank {dist.get_rank()} writes here", flush=True)
+    return os.environ.get(name), torch.get_num_threads()
+
+
+def test_ranks_take_the_callers_environment_threads_and_output_at_the_call(monkeypatch, capfd):
+    """Forked from a server started earlier, a rank still sees the environment and stdout the
+    caller has at the call (here: pytest's capture of this test), as a spawned rank would."""
+    with capfd.disabled():  # the server (if this is the first call) starts with other stdout and environment
+        run_on_ranks(rank_and_world, 2)
+    monkeypatch.setenv("SPAWN_TEST_VALUE", "changed after the server started")
+    assert run_on_ranks(environment_threads_and_output, 2, "SPAWN_TEST_VALUE", threads_per_rank=2) == [
+        ("changed after the server started", 2)] * 2
+    assert sorted(capfd.readouterr().out.splitlines()) == ["rank 0 writes here", "rank 1 writes here"]

@@ -52,7 +52,7 @@ def test_flag_reaches_the_train_valid_and_test_datasets(tmp_path):
     prefix, vocab = write_corpus(tmp_path / "corpus", num_docs=120), write_vocab(tmp_path)
     argv = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "64",
             "--max-position-embeddings", "64", "--micro-batch-size", "2", "--train-iters", "2", "--eval-iters", "1",
-            "--split", "80,10,10", "--data-path", prefix, "--vocab-file", str(vocab.vocab_file)]
+            "--split", "80,10,10", "--data-path", prefix, "--vocab-file", str(vocab.file)]
     with_flag, without = run_on_ranks(datasets_of_pretrain, 1, [[*argv, "--whole-word-masking"], argv], timeout=120)[0]
     assert with_flag == [("train", True), ("valid", True), ("test", True)]
     assert without == [("train", False), ("valid", False), ("test", False)]

@@ -1,8 +1,12 @@
 """Runs a function on N ranks in real processes over gloo (tests and benchmarks).
 
-Each rank is a fresh `spawn` process with torch.distributed initialised on 127.0.0.1 at a free
-port. Results come back pickled through `torch.save`; a rank that raises surfaces its own
-traceback in the parent, a rank that dies or hangs past `timeout` fails the call.
+Each rank is a fresh process with torch.distributed initialised on 127.0.0.1 at a free port.
+Ranks are forked from a `forkserver` that has imported torch, DeepSpeed and the trainer once
+(a spawned rank spends seconds importing them, more than most multi-rank tests spend running);
+with CUDA they are spawned, as a process that has asked for the GPUs must not fork. Either way a
+rank starts from freshly imported modules, with the caller's environment and stdout/stderr as
+they are at the call. Results come back pickled through `torch.save`; a rank that raises
+surfaces its own traceback in the parent, a rank that dies or hangs past `timeout` fails the call.
 """
 import io
 import multiprocessing
@@ -12,6 +16,7 @@ import socket
 import time
 import traceback
 from datetime import timedelta
+from multiprocessing import reduction
 
 import torch
 import torch.distributed as dist
@@ -33,7 +38,40 @@ def _serialize(obj) -> bytes:
     return buffer.getvalue()
 
 
-def _child(fn, args, kwargs, rank, world_size, port, threads, timeout, results):
+PRELOADED = ["torch", "torch.distributed", "deepspeed", "megatron.training"]
+
+
+def _context():
+    if torch.cuda.is_available():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOADED)  # read when the server starts, at the first call
+    return context
+
+
+class _CallersOutput:
+    """The caller's stdout and stderr as they are at the call (pytest's capture of the running
+    test), handed to a rank as file descriptors: a forked rank's own are the server's."""
+
+    def __reduce__(self):
+        return _CallersOutput._descriptors, (reduction.DupFd(1), reduction.DupFd(2))
+
+    @staticmethod
+    def _descriptors(*duplicates) -> list:
+        return [duplicate.detach() for duplicate in duplicates]
+
+
+def _write_where_the_caller_does(descriptors: list) -> None:
+    for target, descriptor in zip((1, 2), descriptors):
+        if descriptor != target:  # a spawned rank inherits the same numbers
+            os.dup2(descriptor, target)
+            os.close(descriptor)
+
+
+def _child(fn, args, kwargs, rank, world_size, port, threads, timeout, results, environ, output):
+    os.environ.clear()
+    os.environ.update(environ)
+    _write_where_the_caller_does(output)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
@@ -60,15 +98,17 @@ def _failure_message(procs, silent, errors, world_size) -> str:
 def run_on_ranks(fn, world_size: int, *args, timeout: float = 180.0, threads_per_rank: int = 1, **kwargs) -> list:
     """Calls `fn(*args, **kwargs)` on every rank; returns the per-rank results in rank order.
 
-    `fn` must be importable by name (a module-level function): ranks are spawned, not forked.
+    `fn` must be importable by name (a module-level function): ranks do not inherit the caller's
+    memory.
     """
-    context = multiprocessing.get_context("spawn")
+    context = _context()
     results = context.Queue()
     port = free_port()
     procs = [
         context.Process(
             target=_child,
-            args=(fn, args, kwargs, rank, world_size, port, threads_per_rank, timeout, results),
+            args=(fn, args, kwargs, rank, world_size, port, threads_per_rank, timeout, results, dict(os.environ),
+                  _CallersOutput()),
             name=f"rank{rank}",
         )
         for rank in range(world_size)
