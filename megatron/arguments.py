@@ -143,6 +143,18 @@ def config_flags(args: argparse.Namespace) -> dict:
     return values
 
 
+def flag_setting(field: str, value) -> str:
+    """The command line that sets model field `field` to `value` ('--hidden-size 128',
+    '--disable-bias-linear'), for errors about a field the user may have set by another route."""
+    dests = [dest for dest, name in _FIELDS.items() if name == field] or [field]
+    actions = [action for action in add_model_and_parallel_args(argparse.ArgumentParser())._actions
+               if action.dest in dests]
+    option = next((action for action in actions if action.nargs != 0), None)
+    if option is not None and not isinstance(value, bool):
+        return f"{option.option_strings[0]} {value}"
+    return next(action for action in actions if action.const == value).option_strings[0]
+
+
 def add_packing_args(group) -> None:
     """--pack-samples and --max-segment-length (also the JSON's sequence_parallel.pack_samples and
     .max_segment_length): in the trainer's data group and in tools/ds_config.py, which checks them."""

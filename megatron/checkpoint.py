@@ -218,7 +218,8 @@ def _commit(save_dir: str, tag: str) -> None:
         with contextlib.suppress(OSError):
             os.remove(pointer)
         raise
-    _fsync(save_dir)
+    with contextlib.suppress(OSError):  # `latest` names the new checkpoint already: it is kept
+        _fsync(save_dir)
 
 
 def check_writable(save_dir: str) -> None:
@@ -261,6 +262,7 @@ def check_writable(save_dir: str) -> None:
     found = next((text for text in problems if text), None)
     if found:
         release_lock()  # a run that does not start holds none
+        dist.barrier()  # gone before another node, which may have made the folders, removes them
     for folder in created:  # innermost first; a folder another node's probe still needs is not empty
         with contextlib.suppress(OSError):
             os.rmdir(folder)
@@ -294,6 +296,8 @@ def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
                 return None
             except FileExistsError:
                 holder, age = _read_lock(path), _age(path)
+            if holder is None and age < LOCK_HEARTBEAT_S:
+                break  # being written by a run starting there (an exclusive create appears empty first)
             if holder and holder.get("host") != host and age < LOCK_STALE_S:
                 return (f"--save {save_dir} is locked by pid {holder['pid']} on host {holder.get('host')}, whose "
                         f"lock was touched {age:.0f} s ago (a run's lock is stale after {LOCK_STALE_S} s)",
@@ -321,7 +325,7 @@ NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV)  # bl
 def _place(source: str, path: str) -> None:
     """`path` as a copy of `source`, only if no `path` exists (else FileExistsError): a hard link,
     which appears whole at once, or an exclusive create where the filesystem has no hard links
-    (a reader that meets it still empty finds no holder and does not take it: _remove_stale)."""
+    (a reader that meets it still empty, and younger than LOCK_HEARTBEAT_S, leaves it: take_lock)."""
     try:
         os.link(source, path)
     except FileExistsError:

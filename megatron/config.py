@@ -34,9 +34,11 @@ import difflib
 import importlib.util
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megatron.arguments import flag_setting
 from megatron.errors import ConfigError
 from megatron.model import attention
 from megatron.model.args import BertConfig, preset_fields
@@ -642,7 +644,8 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     try:
         attention.check(model, sequence)
     except ConfigError as error:
-        raise ConfigError(f"{SECTION}: {error.problem}", error.fix) from None
+        raise ConfigError(f"{SECTION}: {error.problem}", _preset_named(error.fix, given, section, flags, ds_config)
+                          ) from None
     _refuse_unused_options(given, section, model)
 
     resolved = {**ds_config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
@@ -656,6 +659,15 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
                        data_parallel_size=data, micro_batch_size=micro, gradient_accumulation_steps=gas,
                        zero_stage=zero_stage, activation_checkpoint_interval=checkpoint_interval,
                        compile_mlp=compile_mlp, pack_samples=pack_samples, ds_config=resolved)
+
+
+def _preset_named(fix: str, given: dict, section: dict, flags: dict, ds_config: dict) -> str:
+    """`fix` with each flag it tells to drop that the user did not give but the preset set
+    ('drop --local-attention-window (set by --model-preset modernbert-base)')."""
+    for name in model_preset(flags, ds_config).keys() - given.keys() - section.keys():
+        flag = "--" + name.replace("_", "-")
+        fix = re.sub(f"{flag}(?![-\\w])", f"{flag} (set by {preset_source(flags, ds_config)})", fix)
+    return fix
 
 
 # options that belong to one attention variant: BertConfig field -> (flag, JSON key)
@@ -727,6 +739,39 @@ def model_preset(flags: dict, ds_config: dict) -> dict:
     except ConfigError as error:
         source = "--model-preset" if flags.get("model_preset") is not None else f"{SECTION}.model_preset"
         raise ConfigError(f"{source}: {error.problem}", error.fix) from None
+
+
+def preset_source(flags: dict, ds_config: dict) -> str | None:
+    """Where the preset comes from, for errors about a field it set: '--model-preset modernbert-base'
+    or 'sequence_parallel.model_preset modernbert-base' (None: no preset)."""
+    if flags.get("model_preset") is not None:
+        return f"--model-preset {flags['model_preset']}"
+    name = _section_values(ds_config).get("model_preset")
+    return None if name is None else f"{SECTION}.model_preset {name}"
+
+
+# fields of the weights a run starts from (--init-from-hf, a weights-only --load) that the run may set
+# otherwise: the position table's length (extended by repetition), the rope thetas and the window (a
+# longer context), the sentence-order head (initialised) and the vocab padding. The others (sizes,
+# layout, layer types, the global-layer period) are the weights' own.
+ADJUSTABLE_START_FIELDS = ("max_position_embeddings", "rotary_base", "local_rotary_base", "local_attention_window",
+                           "add_binary_head", "make_vocab_size_divisible_by")
+
+
+def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict) -> None:
+    """A model flag, or a preset's field, that contradicts the weights a run starts from (`start`: their
+    BertConfig fields; `source`: e.g. 'the --init-from-hf folder DIR'), naming the field and both
+    values: the weights' fields would otherwise win over a preset silently, or a flag's value would
+    meet the weights only as a shape error, or as an option refused for a reason the user never gave."""
+    preset, named = model_preset(flags, ds_config), preset_source(flags, ds_config)
+    for name, have in start.items():
+        value = flags.get(name)
+        if name in ADJUSTABLE_START_FIELDS or (value if value is not None else preset.get(name, have)) == have:
+            continue
+        setter = drop = flag_setting(name, value) if value is not None else named
+        setter += "" if value is not None else f" ({name} {preset[name]})"
+        raise ConfigError(f"{setter} contradicts {source}, whose model has {name} {have}",
+                          f"drop {drop}: the weights fix {name}")
 
 
 def _json_pipeline_stages(ds_config: dict) -> int:

@@ -241,9 +241,12 @@ def bert_fields_from_hf(hf_config: dict) -> dict:
     model_type = hf_config.get("model_type")
     if model_type == hf_modernbert.MODEL_TYPE:
         return hf_modernbert.fields_from_hf(hf_config)
+    types = f"{', '.join(MODEL_TYPES)} or {hf_modernbert.MODEL_TYPE}"
+    if model_type is None:
+        raise DataError("config.json has no model_type", f"add the model's model_type ({types}) to config.json, or "
+                        "download the model folder again")
     if model_type not in MODEL_TYPES:
-        raise ConfigError(f"Hugging Face model_type '{model_type}' is not a BERT",
-                          f"convert a model of type {', '.join(MODEL_TYPES)} or {hf_modernbert.MODEL_TYPE}")
+        raise ConfigError(f"Hugging Face model_type '{model_type}' is not a BERT", f"convert a model of type {types}")
     for key, supported in (("hidden_act", "gelu"), ("position_embedding_type", "absolute")):
         if hf_config.get(key, supported) != supported:
             raise ConfigError(f"Hugging Face {key} '{hf_config[key]}' differs from this model's '{supported}'",
@@ -324,7 +327,7 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, extend_positions: bool
         if not all(name in tensors for name in hf_names):
             used.update(hf_names)  # q and v of a missing k are not "ignored": the k is missing
             continue
-        parts = [tensors[name].float() for name in hf_names]
+        parts = [weight(name, tensors[name]) for name in hf_names]
         if ours == "embeddings.position_embeddings.weight":
             parts = [positions_for(parts[0], config.max_position_embeddings, hf_names[0], extend_positions)]
         want = list(expected[ours].shape)
@@ -345,6 +348,14 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, extend_positions: bool
     if ignored:
         warnings.warn(f"Hugging Face tensors ignored (not part of this model): {', '.join(ignored)}", stacklevel=2)
     return state, sorted(set(expected) - set(state))
+
+
+def weight(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """An HF weight as float32; an integer one (a damaged or quantized file) is refused, not cast."""
+    if not tensor.is_floating_point():
+        raise DataError(f"tensor {name} is {str(tensor.dtype).removeprefix('torch.')}, not floating point",
+                        "copy or download the model folder again")
+    return tensor.float()
 
 
 def positions_for(table: torch.Tensor, rows: int, name: str, extend: bool) -> torch.Tensor:
@@ -468,18 +479,20 @@ def read_safetensors(path: Path) -> dict:
 def read_hf_tokenizer(folder):
     """The tokenizer of a Hugging Face folder, for the checkpoint made from it to carry: its vocab.txt
     (WordPiece, lower-cased as its tokenizer_config.json says), else its tokenizer.json; None when it
-    has neither, and with one warning when they cannot be read (training then names one by its flag)."""
+    has neither. One that cannot be read is a DataError naming the folder and the problem (a run or
+    checkpoint would otherwise go on with another tokenizer, or none)."""
     folder = Path(folder)
+    settings = folder / "tokenizer_config.json"
     try:
         if (folder / "vocab.txt").is_file():
-            settings = folder / "tokenizer_config.json"
             lower_case = json.loads(settings.read_text()).get("do_lower_case", True) if settings.is_file() else True
             return BertWordPiece(folder / "vocab.txt", lower_case=bool(lower_case))
         if (folder / "tokenizer.json").is_file():
             return HFTokenizer(folder)
     except (ConfigError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
-        warnings.warn(f"the checkpoint carries no tokenizer ({error}); name one with --vocab-file or "
-                      "--tokenizer-file when training from it", stacklevel=2)
+        problem = error.problem if isinstance(error, ConfigError) else f"{settings} is not a JSON object"
+        raise DataError(f"the tokenizer of the Hugging Face folder {folder} cannot be used: {problem}",
+                        "fix it or download the model folder again") from None
     return None
 
 

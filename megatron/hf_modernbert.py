@@ -312,7 +312,7 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, decoder_bias: bool = T
     for ours, hf in name_map(config):
         if hf not in tensors:
             continue
-        tensor = tensors[hf].float()
+        tensor = hf_convert.weight(hf, tensors[hf])
         want = list(expected[ours].shape)
         want[0] = config.vocab_size if ours in hf_convert.PADDED else want[0]
         if list(tensor.shape) != want:

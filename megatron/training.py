@@ -19,7 +19,7 @@ import torch.distributed as dist
 from megatron import checkpoint, determinism, hf_convert, hf_modernbert
 from megatron.arguments import build_parser, config_flags, launcher_rank
 from megatron.config import (OPTIMIZER_DEFAULTS, default_optimizer, model_preset, optimizer_params_taken,
-                             read_ds_config, resolve)
+                             read_ds_config, refuse_contradictions, resolve)
 from megatron.data import index_maps
 from megatron.data.bert_dataset import SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, token_stats
 from megatron.data.default_dataset import prepare_default_dataset
@@ -351,14 +351,24 @@ def data_paths(args) -> tuple:
         tokenizer = choose_tokenizer(explicit_tokenizer(args), checkpoint.carried_tokenizer(args.load), args.load,
                                      args.tokenizer_type)
     else:  # an HF folder's tokenizer_config may not say its case: an explicit --tokenizer-type wins
-        folder = hf_convert.read_hf_tokenizer(args.init_from_hf) if args.init_from_hf else None
         explicit = explicit_tokenizer(args)
+        try:
+            folder = hf_convert.read_hf_tokenizer(args.init_from_hf) if args.init_from_hf else None
+        except DataError as error:  # the flags' tokenizer makes up for it
+            if explicit is None:
+                raise DataError(error.problem, f"{error.fix}, or pass the --tokenizer-file (or --vocab-file) the "
+                                "data was made with") from None
+            if launcher_rank() == 0:
+                print(f"warning: {error.problem}; the run uses {explicit.file}", file=sys.stderr, flush=True)
+            folder = None
         tokenizer = choose_tokenizer(explicit, folder, args.init_from_hf)
         tokenizer = explicit if explicit is not None and args.tokenizer_type else tokenizer
     if args.data_path:
         if tokenizer is None:
-            raise ConfigError("--data-path is given without --vocab-file, and the run starts from nothing that "
-                              "carries a tokenizer", "pass the vocab.txt (or --tokenizer-file) the data was made with")
+            source = (f"the --init-from-hf folder {args.init_from_hf} holds no vocab.txt or tokenizer.json"
+                      if args.init_from_hf else "the run starts from nothing that carries a tokenizer")
+            raise ConfigError(f"--data-path is given without --vocab-file, and {source}",
+                              "pass the vocab.txt (or --tokenizer-file) the data was made with")
         data_path = args.data_path
     else:
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -428,7 +438,10 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
     starts from (--init-from-hf, weights-only --load) where the flags leave them out; vocab_size
     None where neither they nor a preset give it (the vocab file's, once it is read)."""
     flags = config_flags(args)
-    for field, value in initial_model_fields(args, weights_only).items():
+    start = initial_model_fields(args, weights_only)
+    refuse_contradictions(start, f"the --init-from-hf folder {args.init_from_hf}" if args.init_from_hf
+                          else f"the weights-only checkpoint {args.load}", flags, ds)
+    for field, value in start.items():
         flags[field] = value if flags.get(field) is None else flags[field]
     # the flag, else a preset's (a model larger than the vocab file is allowed), else the vocab file's
     flags["vocab_size"] = flags["vocab_size"] or model_preset(flags, ds).get("vocab_size")
@@ -578,7 +591,7 @@ def initial_model_fields(args, weights_only: bool) -> dict:
     """Model settings of the weights a run starts from (--init-from-hf, or a weights-only --load):
     the sizes and layout, which the flags may restate but not change; for a modern model (a ModernBERT
     folder) also its layer rule (rope thetas, window, global period), head and vocab padding, which the
-    flags may change."""
+    flags may change, the global period aside (config.refuse_contradictions)."""
     if args.init_from_hf:
         fields = hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(args.init_from_hf))
     elif weights_only:

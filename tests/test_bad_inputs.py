@@ -533,6 +533,16 @@ CASES += [  # ---- signals and faults
     pretrain("--rendezvous-timeout", "0", id="flag_rendezvous_timeout_zero",
              phrases=("--rendezvous-timeout 0.0 must be >= 1", "pass --rendezvous-timeout 1 or more")),
 ]
+# ---- extfix: tools/extend_context.py refuses in its own flag names before the launcher starts (more in-process
+# in test_extend_context.py)
+CASES += [
+    Case("extend_num_gpus_zero", "extend", ["--from", "{tmp}", "--seq-length", "256", "--save", "{tmp}/ck",
+                                            "--num-gpus", "0", "--dry-run"],
+         ("--num-gpus 0 must be >= 1", "pass --num-gpus 1 or more")),
+    Case("extend_from_is_a_file", "extend", ["--from", "{tmp}/model.safetensors", "--seq-length", "256", "--save",
+                                             "{tmp}/ck", "--dry-run"],
+         ("model.safetensors is a file", "pass the folder holding it"), files={"model.safetensors": "x"}),
+]
 
 
 COMMANDS = {
@@ -546,6 +556,7 @@ COMMANDS = {
     "make_corpus": [PYTHON, str(ROOT / "tools" / "make_sample_corpus.py")],
     "plot": [PYTHON, str(ROOT / "tools" / "plot_run.py")],
     "fill_mask": [PYTHON, str(ROOT / "tools" / "fill_mask.py")],
+    "extend": [PYTHON, str(ROOT / "tools" / "extend_context.py")],
     # the hostfile is checked before anything else runs: the arguments after the script never matter
     "multinode": [str(ROOT / "examples_deepspeed" / "bert_multinode.sh"), "--dry-run"],
 }
@@ -818,6 +829,11 @@ CONFIG_MISTAKES = {
                                            {**NO_LAUNCHER, "SLURM_STEP_NUM_TASKS": "4"}),
     "launch_mpi_without_mpi4py": ([], {}, ("started by an MPI launcher (OMPI_COMM_WORLD_SIZE is set)",
                                            "pip install mpi4py"), {**NO_LAUNCHER, "OMPI_COMM_WORLD_SIZE": "2"}),
+    # ---- hffix: a preset or flag that contradicts the --init-from-hf folder (more in test_config.py)
+    "hf_preset_contradicts_the_folder": (
+        ["--init-from-hf", "{hf}", "--max-position-embeddings", "512", "--model-preset", "modernbert-base"], {},
+        ("--model-preset modernbert-base (vocab_size 50368) contradicts the --init-from-hf folder",
+         "drop --model-preset modernbert-base"), {}),
 }
 SKIPPED = {"launch_mpi_without_mpi4py": "mpi4py is installed" if importlib.util.find_spec("mpi4py") else None}
 

@@ -6,7 +6,7 @@ import pytest
 from deepspeed.runtime.config import DeepSpeedConfig
 
 from megatron.arguments import add_model_and_parallel_args, config_flags
-from megatron.config import read_ds_config, resolve
+from megatron.config import read_ds_config, refuse_contradictions, resolve
 from megatron.errors import ConfigError
 
 BASE = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
@@ -143,3 +143,40 @@ def test_attention_dropout_defaults_to_zero_where_the_variant_cannot_drop_out():
     with pytest.raises(ConfigError, match="attention_dropout 0.1 is not supported by ring attention"):
         resolve({**small, "attention_dropout": 0.1}, BASE, world_size=4)
 
+
+
+# the fields of a tiny ModernBERT folder a run starts from (training.initial_model_fields)
+START = dict(vocab_size=1500, hidden_size=64, num_layers=3, position_embedding_type="rope", global_attention_every=3,
+             rotary_base=1e4, local_attention_window=16, max_position_embeddings=64)
+
+
+@pytest.mark.parametrize("argv,ds,message", [
+    (["--model-preset", "modernbert-large"], {}, "--model-preset modernbert-large (vocab_size 50368) contradicts the "
+     "--init-from-hf folder mb, whose model has vocab_size 1500; drop --model-preset modernbert-large"),
+    ([], {"sequence_parallel": {"model_preset": "modernbert-base"}}, "sequence_parallel.model_preset modernbert-base "
+     "(vocab_size 50368) contradicts"),
+    (["--global-attention-every", "2"], {}, "--global-attention-every 2 contradicts the --init-from-hf folder mb, "
+     "whose model has global_attention_every 3; drop --global-attention-every 2"),
+    (["--position-embedding-type", "learned"], {}, "--position-embedding-type learned contradicts the --init-from-hf "
+     "folder mb, whose model has position_embedding_type rope"),
+])
+def test_a_start_from_weights_refuses_a_flag_or_preset_that_contradicts_them(argv, ds, message):
+    with pytest.raises(ConfigError) as error:
+        refuse_contradictions(START, "the --init-from-hf folder mb", flags(*argv), ds)
+    assert message in str(error.value), error.value
+
+
+def test_a_start_from_weights_takes_restated_sizes_and_a_new_context():
+    refuse_contradictions(START, "the --init-from-hf folder mb", flags(
+        "--hidden-size", "64", "--rotary-base", "160000", "--local-attention-window", "8",
+        "--max-position-embeddings", "8192", "--vocab-size", "1500"), {})
+
+
+def test_local_layers_are_refused_with_linformer_or_bigbird_first_naming_a_preset_that_set_them():
+    local = dict(SMALL, position_embedding_type="rope", local_attention_window=16, global_attention_every=2)
+    with pytest.raises(ConfigError, match="bigbird attention cannot be combined with local sliding-window layers"):
+        resolve({**local, "attention": "bigbird"}, {}, world_size=1, deepspeed_check=False)  # 1 block of 64: too few
+    with pytest.raises(ConfigError) as error:
+        resolve(flags("--model-preset", "modernbert-base", "--attention", "linformer"), {}, world_size=1,
+                deepspeed_check=False)
+    assert "drop --local-attention-window (set by --model-preset modernbert-base)" in str(error.value), error.value

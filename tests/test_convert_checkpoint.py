@@ -1,17 +1,21 @@
 """tools/convert_checkpoint.py end to end: a checkpoint saved by a pipeline 2 x sequence-parallel 2
 run -> Hugging Face folder -> equal logits to the single-process model holding the run's weights;
 and back (from-hf) to a checkpoint whose weights are the same."""
+import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import transformers
 
-from bert_fixtures import padded_batch, small_model
-from megatron import checkpoint
+from bert_fixtures import padded_batch, small_config, small_model
+from megatron import checkpoint, hf_convert
 from megatron.config import resolve
 from megatron.engine import build_engine, train_step
+from megatron.errors import ConfigError
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.pipe import bert_to_pipe_name
 from megatron.parallel import state
@@ -97,3 +101,39 @@ def test_tool_errors_are_one_line(tmp_path):
         f"convert_checkpoint.py: error: {tmp_path / 'missing' / 'config.json'} does not exist; "
         "point at a Hugging Face model folder (config.json + weights)"]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.filterwarnings("ignore:.*holds no vocab.txt")  # the damaged folders have no tokenizer either
+def test_from_hf_refuses_a_damaged_folder_and_to_hf_asks_for_a_missing_tokenizer(tmp_path):
+    """In-process: an unreadable tokenizer, integer weights and a config.json without model_type stop
+    from-hf writing nothing; a folder without any tokenizer converts with a warning, and to-hf then asks
+    for one (no reason the checkpoint does not have)."""
+    spec = importlib.util.spec_from_file_location("convert_checkpoint", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    config = small_config("dense", layernorm_layout="post", embedding_layernorm=True)
+    folder = tmp_path / "hf"
+    hf_convert.save_hf_folder(folder, small_model(config).state_dict(), config, write_vocab_file(tmp_path / "v.txt"))
+    (folder / "vocab.txt").unlink()
+    weights, settings = folder / "model.safetensors", folder / "config.json"
+    tensors, hf_config = hf_convert.read_safetensors(weights), json.loads(settings.read_text())
+    integers = {name: tensor.to(torch.int32) for name, tensor in tensors.items()}
+    untyped = {key: value for key, value in hf_config.items() if key != "model_type"}
+    damages = [("tokenizer.json", "{oops", "the tokenizer of the Hugging Face folder"),
+               ("model.safetensors", integers, "is int32, not floating point"),
+               ("config.json", untyped, "config.json has no model_type")]
+    for name, damaged, message in damages:
+        if name == "model.safetensors":
+            hf_convert.write_safetensors(weights, damaged)
+        else:
+            (folder / name).write_text(damaged if isinstance(damaged, str) else json.dumps(damaged))
+        with pytest.raises(ConfigError, match=message):
+            tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "ckpt")])
+        assert not (tmp_path / "ckpt").exists()
+        (folder / "tokenizer.json").unlink(missing_ok=True)
+        hf_convert.write_safetensors(weights, tensors)
+        settings.write_text(json.dumps(hf_config))
+    with pytest.warns(UserWarning, match="holds no vocab.txt or tokenizer.json, so the checkpoint carries no"):
+        tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "ckpt")])
+    with pytest.raises(ConfigError, match=r"iter_0000000 carries no tokenizer; pass the --vocab-file"):
+        tool.main(["to-hf", "--load", str(tmp_path / "ckpt"), "--output", str(tmp_path / "back")])

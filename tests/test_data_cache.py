@@ -138,7 +138,7 @@ def build_as_a_node(prefix, vocab_file, caches, failing_build=False):
 
 def test_each_node_builds_into_its_own_cache_and_an_unwritable_one_stops_all(tmp_path):
     prefix = write_corpus(tmp_path / "c", num_docs=40)
-    vocab = write_vocab(tmp_path).vocab_file
+    vocab = write_vocab(tmp_path).file
     (tmp_path / "a_file").write_text("")
     caches = [str(tmp_path / "node0"), str(tmp_path / "node1")]
     (built0, map0), (built1, map1) = run_on_ranks(build_as_a_node, 2, prefix, vocab, caches, timeout=120)

@@ -2,13 +2,15 @@
 its own BPE tokenizer.json) continued at 4x (256) on SP = 2 through the real `deepspeed` launcher
 (2 CPU ranks over gloo) on a corpus preprocessed with the folder's tokenizer, no tokenizer flag
 anywhere; the exported folder loads in transformers (model and tokenizer) and gives our logits at
-the new length; the same command resumes once --save holds a checkpoint; what cannot be extended
-this way is one line.
+the new length; the same command resumes once --save holds a checkpoint (one more step, the same
+model); what cannot be extended or resumed this way is one line, before the launcher starts.
 
 What it cannot see: whether the scaled theta helps a real model at 32K (that takes GPUs and long
 documents); here the model is random and trains three steps, the point is the plumbing."""
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ import transformers
 from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.tokenizer import HFTokenizer
+from megatron.errors import run_tool
 from megatron.model.bert import BertConfig, BertModel
 from megatron.parallel.spawn import free_port
 from test_hf_modernbert import ATOL, SPECIAL, compare, randomize
@@ -29,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 TOOL = [PYTHON, str(ROOT / "tools" / "extend_context.py")]
 TRAINED, LONGER = 64, 256
+_spec = importlib.util.spec_from_file_location("extend_context", ROOT / "tools" / "extend_context.py")
+extend_context = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(extend_context)
 
 
 def tiny_modernbert(folder: Path, vocab_size: int, tokenizer: Path | None = None) -> Path:
@@ -105,12 +111,43 @@ def test_a_modernbert_continues_at_4x_on_sp2_and_exports_to_transformers(extende
     assert hidden < 3 * ATOL and logits < 10 * ATOL
 
 
-def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended):
+def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_path, capsys):
+    """One more step: the resume restates the model the first run took from the folder (--load
+    alone takes none from the checkpoint); another length is refused before the launcher starts."""
     out, argv, _ = extended
-    result = run(*argv[:argv.index("--")], "--dry-run")
-    assert result.returncode == 0, result.stderr
-    command = result.stdout.splitlines()[-1]
-    assert f"--load {out / 'ckpt'} " in command and "--init-from-hf" not in command
+    tail = argv[argv.index("--"):]
+    tail[tail.index("--train-iters") + 1] = "4"
+    tail[tail.index("--log-dir") + 1] = str(tmp_path / "log")
+    head = argv[:argv.index("--")]
+    head[head.index("--master-port") + 1] = str(free_port())
+    result = run(*head, *tail)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"--load {out / 'ckpt'} " in result.stdout and "--init-from-hf" not in result.stdout
+    assert f"resuming from {out / 'ckpt' / 'iter_0000003'} iteration 3" in result.stdout
+    steps = [json.loads(line) for line in (tmp_path / "log" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in steps if r.get("kind") == "train"] == [4]
+    first, resumed = (json.loads((log / "config.json").read_text())["model"] for log in (out / "log", tmp_path / "log"))
+    assert resumed == first and latest_tag(str(out / "ckpt")) == "iter_0000004"
+
+    # a field the first run may have set after `--` (the window) is restated as --save holds it
+    shutil.copytree(out / "ckpt" / "iter_0000004", tmp_path / "wider" / "iter_0000004")
+    state = json.loads((tmp_path / "wider" / "iter_0000004" / "run_state.json").read_text())
+    state["config"]["model"]["local_attention_window"] *= 2
+    (tmp_path / "wider" / "iter_0000004" / "run_state.json").write_text(json.dumps(state))
+    (tmp_path / "wider" / "latest").write_text("iter_0000004")
+    wider = list(head)
+    wider[wider.index("--save") + 1] = str(tmp_path / "wider")
+    capsys.readouterr()
+    assert run_tool("extend_context.py", lambda: extend_context.main([*wider, "--dry-run"])) == 0
+    assert f"--local-attention-window {state['config']['model']['local_attention_window']} " in capsys.readouterr().out
+
+    theta = float(f"{10000 * 4 ** (16 / 14):.6g}")
+    assert f"rerun with --rotary-base {theta} or choose" in one_line(capsys, *head, "--rotary-base", "20000")
+    other = tiny_modernbert(tmp_path / "other", 100)
+    assert "extended from a model with vocab_size" in one_line(capsys, *head, "--from", str(other))
+    head[head.index("--seq-length") + 1] = str(2 * LONGER)
+    assert one_line(capsys, *head) == (f"the checkpoint in --save was extended to {LONGER} tokens; rerun with "
+                                       f"--seq-length {LONGER} or choose a new --save")
 
 
 def test_a_checkpoint_continues_from_its_weights_as_a_new_run(extended, tmp_path):
@@ -130,15 +167,52 @@ def test_a_checkpoint_continues_from_its_weights_as_a_new_run(extended, tmp_path
     assert stored["rotary_base"] == float(f"{source['rotary_base'] * 4 ** (16 / 14):.6g}")
 
 
-def test_what_cannot_be_extended_is_one_line(tmp_path):
+def one_line(capsys, *argv) -> str:
+    """The error line of the tool run in this process with --dry-run (exit 2, nothing else on stderr)."""
+    capsys.readouterr()
+    assert run_tool("extend_context.py", lambda: extend_context.main([*argv, "--dry-run"])) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("extend_context.py: error: "), lines
+    return lines[0].removeprefix("extend_context.py: error: ")
+
+
+def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
     source = tiny_modernbert(tmp_path / "hf", 100)
     bert = tmp_path / "bert"
     transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
                                                          num_attention_heads=2, intermediate_size=64)).save_pretrained(bert)
-    for argv, message in ((["--from", str(source), "--seq-length", str(TRAINED * 128)], "pick 1 to 64 times 64"),
-                          (["--from", str(tmp_path), "--seq-length", "256"], "is neither a Hugging Face folder"),
-                          (["--from", str(bert), "--seq-length", "2048"], "has learned positions, not rotary ones")):
-        result = run(*argv, "--save", str(tmp_path / "c"), "--dry-run")
-        assert result.returncode == 2 and message in result.stderr.splitlines()[-1], result.stderr[-2000:]
-        assert "Traceback" not in result.stderr
+    learned = tmp_path / "learned"  # a trainer checkpoint of a classic BERT, as far as the tool reads it
+    (learned / "iter_0000001").mkdir(parents=True)
+    (learned / "latest").write_text("iter_0000001")
+    (learned / "iter_0000001" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    (learned / "iter_0000001" / "run_state.json").write_text(json.dumps(
+        {"config": {"model": {"position_embedding_type": "learned", "seq_length": 64}}, "iteration": 1,
+         "consumed_samples": 2}))
+    (tmp_path / "only_config").mkdir()
+    (tmp_path / "only_config" / "config.json").write_text((source / "config.json").read_text())
+    (tmp_path / "a_file").write_text("x")
+    save = str(tmp_path / "c")
+    hf = ["--from", str(source), "--seq-length", "256"]
+    for argv, message in (
+            (["--from", str(source), "--seq-length", str(TRAINED * 128), "--save", save], "pick 1 to 64 times 64"),
+            (["--from", str(tmp_path), "--seq-length", "256", "--save", save], "is neither a Hugging Face folder"),
+            (["--from", str(bert), "--seq-length", "2048", "--save", save],
+             f"has learned positions, not rotary ones; extend a learned-position BERT with pretrain_bert.py "
+             f"--init-from-hf {bert} --max-position-embeddings N"),
+            (["--from", str(learned), "--seq-length", "2048", "--save", save],
+             f"with tools/convert_checkpoint.py to-hf --load {learned} --output HF, then pretrain_bert.py "
+             "--init-from-hf HF --max-position-embeddings N"),
+            (["--from", str(tmp_path / "missing"), "--seq-length", "256", "--save", save], "missing does not exist"),
+            (["--from", str(source / "config.json"), "--seq-length", "256", "--save", save],
+             "config.json is a file; pass the folder holding it"),
+            (["--from", str(tmp_path / "only_config"), "--seq-length", "256", "--save", save],
+             "holds config.json but no weights"),
+            ([*hf, "--save", save, "--num-gpus", "0"], "--num-gpus 0 must be >= 1"),
+            ([*hf, "--save", save, "--num-gpus", "2", "--sequence-parallel-size", "3"],
+             "--sequence-parallel-size 3 does not divide the 2 ranks"),
+            ([*hf, "--save", save, "--deepspeed-config", str(tmp_path / "missing.json")],
+             "pass an existing JSON file to --deepspeed-config"),
+            ([*hf, "--save", str(tmp_path / "a_file")], "a_file is a file; pass a folder"),
+            ([*hf, "--save", str(source)], "--save is the --from folder; choose another --save")):
+        assert message in one_line(capsys, *argv)
     assert not (tmp_path / "c").exists()

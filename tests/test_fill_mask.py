@@ -1,11 +1,14 @@
 """tools/fill_mask.py: the predictions it prints are the model's own for the [MASK] positions."""
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from bert_fixtures import small_config, small_model
+from megatron.errors import ConfigError
 from megatron.hf_convert import save_weights_only_checkpoint
 from test_hf_convert import write_vocab_file
 
@@ -55,3 +58,18 @@ def test_text_without_mask_is_a_one_line_error(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == ("fill_mask.py: error: --text 'no mask here' holds no [MASK]; "
                                      "put [MASK] where a word should be predicted")
+
+
+def test_a_converted_checkpoint_without_a_tokenizer_asks_for_one(tmp_path, monkeypatch):
+    """A from-hf checkpoint of a folder without a tokenizer never saw the embedded corpus: its vocab is no
+    default for it, even where it exists (in-process)."""
+    spec = importlib.util.spec_from_file_location("fill_mask", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    config = small_config("ring", seq_length=16, max_position_embeddings=16)
+    save_weights_only_checkpoint(tmp_path / "ckpt", small_model(config).state_dict(), config)
+    (tmp_path / tool.DEFAULT_VOCAB).parent.mkdir(parents=True)
+    write_vocab_file(tmp_path / tool.DEFAULT_VOCAB)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"iter_0000000 carries no tokenizer; pass the --vocab-file"):
+        tool.main(["--load", str(tmp_path / "ckpt"), "--text", "a [MASK]"])

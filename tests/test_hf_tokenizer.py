@@ -17,6 +17,7 @@ from megatron.data.indexed_dataset import make_dataset
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.sample_corpus import write_corpus
 from megatron.data.tokenizer import HFTokenizer, build_tokenizer, carried_tokenizer, data_identity_path
+from megatron.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -89,6 +90,10 @@ def test_special_ids_are_read_from_the_tokenizer(texts, modernbert_style, tmp_pa
     (folder / "tokenizer_config.json").write_text(json.dumps(settings))
     swapped = build_tokenizer("HFTokenizer", tokenizer_file=folder)
     assert (swapped.mask, swapped.pad, swapped.cls) == (3, 1, 4) and swapped.file == str(folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"mask_token": "<nonexistent>"}))
+    with pytest.raises(DataError, match=f"{folder / 'tokenizer_config.json'} names '<nonexistent>' as mask_token, "
+                                        "which is not a token of .*tokenizer.json; set \"mask_token\""):
+        build_tokenizer("HFTokenizer", tokenizer_file=folder)
 
 
 def test_ids_above_65535_round_trip_through_the_bin(tmp_path):

@@ -2,14 +2,17 @@
 folder without heads, fewer positions than the run) and --load of a weights-only checkpoint that
 tools/convert_checkpoint.py from-hf wrote. Tiny random HF models, built offline. --lr 0 keeps the
 weights of the first step, so the saved checkpoint shows what the run started from."""
+import argparse
 from pathlib import Path
 
+import pytest
 import torch
 
-from megatron import checkpoint, hf_convert
+from megatron import checkpoint, hf_convert, training
+from megatron.errors import DataError
 from megatron.model.bert import BertConfig
 from test_convert_checkpoint import convert
-from test_hf_convert import hf_model
+from test_hf_convert import hf_model, write_vocab_file
 from test_training import TINY, data_dir, run_entry_point  # noqa: F401 (data_dir is a fixture)
 
 HF = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
@@ -68,3 +71,23 @@ def test_load_weights_only_checkpoint_from_the_converter(tmp_path, data_dir):
     assert set(trained) == set(converted) and all(torch.equal(trained[n], converted[n]) for n in converted)
     stored = checkpoint.run_state(str(tmp_path / "run"), checkpoint.tag_for(1))
     assert stored["iteration"] == 1 and stored["config"]["model"]["layernorm_layout"] == "pre"
+
+
+def test_an_unreadable_folder_tokenizer_is_one_line_or_a_warning_beside_the_flags(tmp_path, capsys):
+    """In-process (training.data_paths): the folder's broken tokenizer.json stops a run that has no other
+    tokenizer; beside --vocab-file it is a plain warning line (no Python warning with its source line)."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{oops")
+    args = argparse.Namespace(load=None, init_from_hf=str(folder), vocab_file=None, tokenizer_file=None,
+                              tokenizer_type=None, data_path=[str(tmp_path / "data")], whole_word_masking=False)
+    with pytest.raises(DataError, match=f"the tokenizer of the Hugging Face folder {folder} cannot be used: .*; fix "
+                                        "it or download the model folder again, or pass the --tokenizer-file"):
+        training.data_paths(args)
+    args.vocab_file = str(write_vocab_file(tmp_path / "vocab.txt"))
+    capsys.readouterr()
+    assert training.data_paths(args)[1].file == args.vocab_file
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: the tokenizer of the Hugging Face folder {folder} cannot be used: tokenizer file "
+        f"{folder / 'tokenizer.json'} is not a Hugging Face tokenizer.json (key must be a string at line 1 column 2); "
+        f"the run uses {args.vocab_file}"]

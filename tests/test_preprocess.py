@@ -206,6 +206,25 @@ def test_missing_punkt_models_are_a_clear_error(corpus, tmp_path, monkeypatch):
         preprocess(options(corpus, tmp_path, lang="klingon"))
 
 
+def test_a_folder_holding_the_output_is_read_again_without_it(corpus, tmp_path):
+    """Corpus and data side by side (--output-prefix inside the --input folder): the second run reads
+    the corpus only, not the vocab record (a .json) the first wrote."""
+    (tmp_path / "wiki.json").write_bytes(corpus[0].read_bytes())
+    first = preprocess(options(corpus, tmp_path, input=str(tmp_path)))
+    data = file_bytes(first.outputs["text"])
+    assert data_identity_path(first.outputs["text"]).is_file()
+    assert file_bytes(preprocess(options(corpus, tmp_path, input=str(tmp_path))).outputs["text"]) == data
+
+
+@pytest.mark.parametrize("prefix", ["out/", ""])
+def test_an_output_prefix_naming_a_folder_is_refused(corpus, tmp_path, monkeypatch, prefix):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=f"--output-prefix '{prefix}' names a folder; add a file name, e.g. "
+                                          f"{prefix}corpus"):
+        preprocess(options(corpus, tmp_path, output_prefix=prefix))
+    assert not list(tmp_path.iterdir())
+
+
 def test_missing_input_is_reported(corpus, tmp_path):
     with pytest.raises(DataError, match="input file .*nope.json does not exist"):
         preprocess(options(corpus, tmp_path, input=str(tmp_path / "nope.json")))

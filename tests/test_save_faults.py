@@ -108,7 +108,8 @@ def test_full_log_disk_stops_the_run_with_a_checkpoint(tmp_path, data):
     assert 0 < iteration < 200
 
 
-@pytest.mark.parametrize("failing_fsync", [1, 2, 3], ids=["staged_file", "folder_after_rename", "latest_pointer"])
+@pytest.mark.parametrize("failing_fsync", [1, 2, 3, 4],
+                         ids=["staged_file", "folder_after_rename", "latest_pointer", "folder_after_latest"])
 def test_a_commit_cut_by_a_full_disk_leaves_no_trace_and_latest_as_it_was(tmp_path, monkeypatch, failing_fsync):
     """The commit's fsyncs are where a full disk often shows (delayed allocation): whichever fails,
     neither the staged folder, nor a renamed one that `latest` does not name, nor `.latest.tmp` is
@@ -128,6 +129,11 @@ def test_a_commit_cut_by_a_full_disk_leaves_no_trace_and_latest_as_it_was(tmp_pa
         real_fsync(descriptor)
 
     monkeypatch.setattr(os, "fsync", fsync)
+    if failing_fsync == 4:  # after `latest` was replaced: the checkpoint is kept, nothing to report
+        checkpoint._commit(str(tmp_path), "iter_0000002")
+        assert sorted(os.listdir(tmp_path)) == ["iter_0000001", "iter_0000002", "latest"]
+        assert checkpoint.latest_tag(str(tmp_path)) == "iter_0000002"
+        return
     with pytest.raises(OSError) as raised:
         checkpoint._commit(str(tmp_path), "iter_0000002")
     assert sorted(os.listdir(tmp_path)) == ["iter_0000001", "latest"]
@@ -208,6 +214,9 @@ def test_a_folder_without_hard_links_is_locked_by_an_exclusive_create(tmp_path, 
         raise OSError(errno.EPERM, os.strerror(errno.EPERM), source, None, target)
 
     monkeypatch.setattr(os, "link", no_link)
+    (tmp_path / checkpoint.LOCK).touch()  # another run's exclusive create, not written yet: not taken over
+    assert "was just taken by another run starting there" in checkpoint.take_lock(str(tmp_path))[0]
+    (tmp_path / checkpoint.LOCK).unlink()
     assert checkpoint.take_lock(str(tmp_path)) is None
     lock = checkpoint._read_lock(str(tmp_path / checkpoint.LOCK))
     assert (lock["host"], lock["pid"]) == (socket.gethostname(), os.getpid())

@@ -15,7 +15,7 @@ from megatron.data.bert_dataset import build_train_valid_test_datasets
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.tokenizer import build_tokenizer
 from megatron.data.vocab_builder import train_vocab, write_vocab
-from megatron.errors import DataError
+from megatron.errors import ConfigError, DataError
 from test_corpus_formats import write_shard
 from test_preprocess import article
 from test_tokenizer import load_tool
@@ -170,3 +170,14 @@ def test_maps_of_data_replaced_by_a_copy_are_counted_and_cleaned(corpora, tmp_pa
     load_tool("clean_index_maps").main([prefix, "--keep-run", str(tmp_path / "log")])
     assert capsys.readouterr().out.splitlines() == [f"removed {old[0]}", f"removed 1 index maps ({size}), 1 kept"]
     assert index_maps.maps_of(prefix) == [Path(path) for path in used]
+
+
+def test_clean_refuses_a_prefix_with_neither_data_nor_maps(corpora, tmp_path):
+    """A typo, a folder, "" or the .bin itself would otherwise be "0 index maps removed"."""
+    prefix = preprocessed(corpora[0], tmp_path / "wiki", corpora[2])
+    clean = load_tool("clean_index_maps").main
+    with pytest.raises(ConfigError, match=f"{prefix}.bin is a data file, not its prefix; pass {prefix}, as given"):
+        clean([f"{prefix}.bin", "--dry-run"])
+    for wrong in (str(tmp_path / "wiki"), str(tmp_path), ""):
+        with pytest.raises(ConfigError, match=f"no data .* and no index maps at '{wrong}'; pass the prefix as given"):
+            clean([wrong, "--dry-run"])

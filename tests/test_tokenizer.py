@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer
+from tokenizers.models import WordPiece
 
 from megatron.data.tokenizer import BertWordPiece, build_tokenizer
 from megatron.data.vocab_builder import train_vocab, write_vocab
@@ -65,6 +67,10 @@ def test_bad_tokenizer_settings_are_one_line_errors(tmp_path, vocab_file):
         build_tokenizer("GPT2BPETokenizer", vocab_file)
     with pytest.raises(DataError, match="does not exist.*--vocab-file"):
         build_tokenizer("BertWordPieceLowerCase", tmp_path / "missing.txt")
+    Tokenizer(WordPiece({token: i for i, token in enumerate(VOCAB)}, unk_token="[UNK]")).save(str(tmp_path / "t.json"))
+    with pytest.raises(DataError, match="t.json is a Hugging Face tokenizer.json, not a vocab.txt; pass it with "
+                                        "--tokenizer-file"):
+        build_tokenizer("BertWordPieceLowerCase", tmp_path / "t.json")
 
 
 def write_corpus(path, lines):

@@ -12,6 +12,7 @@ stay; without, every map of PREFIX goes (a run rebuilds what it needs on its nex
 while a run on this data is starting: it may be building a map (`*.partial.npy`) this would remove.
 """
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -39,10 +40,16 @@ def main(argv=None) -> int:
     for prefix in args.prefixes:
         if not Path(prefix).parent.is_dir():
             raise ConfigError(f"{prefix}: folder {Path(prefix).parent} does not exist", "pass the --data-path prefix")
+        stem, extension = os.path.splitext(prefix)
+        if extension in (".bin", ".idx") and Path(prefix).is_file():
+            raise ConfigError(f"{prefix} is a data file, not its prefix", f"pass {stem}, as given to --data-path")
         missing = [f"{prefix}{suffix}" for suffix in (".idx", ".bin") if not Path(f"{prefix}{suffix}").is_file()]
         if args.data_cache_path and missing:
             raise ConfigError(f"{missing[0]} does not exist: the cached maps are named by the data's contents",
                               "pass the --data-path prefix of the data the maps were built from")
+        if len(missing) == 2 and not maps_of(prefix):  # a typo, a folder, "": not "0 removed"
+            raise ConfigError(f"no data (.bin/.idx) and no index maps at {prefix!r}",
+                              "pass the prefix as given to --data-path (without .bin)")
     if args.data_cache_path and not Path(args.data_cache_path).is_dir():
         raise ConfigError(f"--data-cache-path {args.data_cache_path} is not a folder", "pass the trainer's --data-cache-path")
     found = [path for prefix in args.prefixes for path in maps_of(prefix, args.data_cache_path)]

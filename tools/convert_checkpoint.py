@@ -40,13 +40,17 @@ def to_hf(args) -> None:
 
 def from_hf(args) -> None:
     fields = hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(args.hf_dir))
+    tokenizer = hf_convert.read_hf_tokenizer(args.hf_dir)  # before the weights: an unreadable one stops here
+    if tokenizer is None:
+        warnings.warn(f"{args.hf_dir} holds no vocab.txt or tokenizer.json, so the checkpoint carries no tokenizer: "
+                      "pass --vocab-file or --tokenizer-file to pretrain_bert.py, to-hf and fill_mask.py with it")
     for name in ("max_position_embeddings", "make_vocab_size_divisible_by"):
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
     fields["seq_length"] = args.seq_length or fields.get("max_position_embeddings", BertConfig.max_position_embeddings)
     config = BertConfig(**fields)
     state = hf_convert.load_hf_as_bert_state(args.hf_dir, config, extend_positions=not args.no_position_extension)
-    hf_convert.save_weights_only_checkpoint(args.save, state, config, hf_convert.read_hf_tokenizer(args.hf_dir))
+    hf_convert.save_weights_only_checkpoint(args.save, state, config, tokenizer)
     print(f"wrote a weights-only checkpoint ({config.layernorm_layout}-LayerNorm, {config.num_layers} layers, "
           f"{config.max_position_embeddings} positions) to {args.save}")
 
@@ -58,7 +62,7 @@ def main(argv=None) -> None:
     export.add_argument("--load", required=True, help="checkpoint directory (written by --save)")
     export.add_argument("--tag", help="checkpoint tag, e.g. iter_0001000 (default: the one in 'latest')")
     add_tokenizer_flags(export, "the vocab.txt the model was trained with (default: the one the checkpoint "
-                        "carries; needed for a checkpoint saved before checkpoints carried one)")
+                        "carries; needed for one that carries none)")
     export.add_argument("--output", required=True, help="Hugging Face folder to create (must not exist)")
     export.set_defaults(run=to_hf)
     load = commands.add_parser("from-hf", help="Hugging Face folder -> weights-only checkpoint")

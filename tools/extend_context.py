@@ -3,7 +3,8 @@ at a longer sequence: one command that picks the launch for you and starts the `
 
   - the weights: `--init-from-hf FROM` for a Hugging Face folder, `--load FROM --finetune` for a
     checkpoint (a new run from its weights, any layout); once `--save` holds a checkpoint the same
-    command resumes from it instead (a requeued job goes on);
+    command resumes from it instead (a requeued job goes on, with the model flags restated: `--load`
+    alone takes none from the checkpoint; another length or theta than --save holds is refused);
   - the length: `--seq-length`, 1-64x the length the model was trained at (an HF folder's
     `max_position_embeddings`, a checkpoint's `seq_length`), packed samples on;
   - the positions: the global layers' rope theta scaled with the length (NTK-aware:
@@ -27,10 +28,15 @@ from megatron.quiet import quiet_deepspeed
 
 quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
 from megatron import checkpoint, hf_convert  # noqa: E402
+from megatron.arguments import flag_setting  # noqa: E402
+from megatron.config import ADJUSTABLE_START_FIELDS, read_ds_config  # noqa: E402
 from megatron.errors import ConfigError, DataError, run_tool  # noqa: E402
+from megatron.training import initial_model_fields  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FACTOR = 64
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")  # what --init-from-hf reads
+EXTENDED = ("seq_length", "max_position_embeddings", "rotary_base")  # the fields this tool sets, not --from
 
 
 def parse_args(argv=None):
@@ -64,7 +70,15 @@ def parse_args(argv=None):
 def source_model(source: str) -> tuple[dict, str]:
     """(BertConfig fields, how the run starts from them) of an HF folder or a checkpoint folder."""
     folder = Path(source)
+    if not folder.exists():
+        raise DataError(f"--from {source} does not exist",
+                        "pass a ModernBERT folder or a --save folder of this trainer")
+    if not folder.is_dir():
+        raise DataError(f"--from {source} is a file", "pass the folder holding it")
     if (folder / "config.json").is_file():
+        if not any((folder / name).is_file() for name in HF_WEIGHTS):
+            raise DataError(f"--from {source} holds config.json but no weights ({', '.join(HF_WEIGHTS)})",
+                            "pass the whole folder save_pretrained wrote")
         return hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(folder)), "hf"
     if (folder / checkpoint.LATEST).is_file():
         return checkpoint.stored_config(source, checkpoint.latest_tag(source))["model"], "checkpoint"
@@ -87,9 +101,13 @@ def scaled_theta(theta: float, factor: float, head_dim: int) -> float:
 def check(args, fields: dict, kind: str) -> float:
     """The length factor, after refusing what cannot be extended this way."""
     if fields.get("position_embedding_type", "learned") != "rope":
-        raise ConfigError(f"--from {args.source} has learned positions, not rotary ones", "extend a learned-position "
-                          "BERT with pretrain_bert.py --init-from-hf DIR --max-position-embeddings N (it repeats the "
-                          "table), or start from a ModernBERT")
+        # a checkpoint goes through an HF folder: --load --finetune keeps the table's size
+        how = (f"pretrain_bert.py --init-from-hf {args.source}" if kind == "hf" else
+               f"tools/convert_checkpoint.py to-hf --load {args.source} --output HF, then pretrain_bert.py "
+               "--init-from-hf HF")
+        raise ConfigError(f"--from {args.source} has learned positions, not rotary ones", f"extend a learned-position "
+                          f"BERT with {how} --max-position-embeddings N (it repeats the table), or start from a "
+                          "ModernBERT")
     old = trained_length(fields, kind)
     factor = args.seq_length / old
     if not 1 <= factor <= MAX_FACTOR:
@@ -97,27 +115,90 @@ def check(args, fields: dict, kind: str) -> float:
                           f"pick 1 to {MAX_FACTOR} times {old}")
     if args.rotary_base is not None and not (math.isfinite(args.rotary_base) and args.rotary_base > 1):
         raise ConfigError(f"--rotary-base {args.rotary_base} must be a finite number above 1", "pass e.g. 160000")
-    if (args.attention == "hybrid") != (args.ulysses_size is not None):
-        raise ConfigError("--ulysses-size goes with --attention hybrid and only with it",
-                          "give both or neither")
     return factor
 
 
-def ranks(args) -> tuple[int, bool]:
-    """(ranks on this machine, on CPU)."""
+def ranks(args) -> tuple[int, int, bool]:
+    """(ranks on this machine, ranks per sequence, on CPU), checked here in this tool's flag names
+    (the trainer would name its own, after the launcher has started)."""
     import torch
+    for flag, value in (("--num-gpus", args.num_gpus), ("--sequence-parallel-size", args.sequence_parallel_size),
+                        ("--ulysses-size", args.ulysses_size)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value} must be >= 1", f"pass {flag} 1 or more")
+    if (args.attention == "hybrid") != (args.ulysses_size is not None):
+        raise ConfigError("--ulysses-size goes with --attention hybrid and only with it",
+                          "give both or neither")
     gpus = torch.cuda.device_count()
-    count = args.num_gpus or gpus or args.sequence_parallel_size or 2
-    if count < 1:
-        raise ConfigError(f"--num-gpus {count} must be >= 1", "pass 1 or more")
-    return count, gpus == 0
+    world = args.num_gpus or gpus or args.sequence_parallel_size or 2
+    sequence = args.sequence_parallel_size or world
+    if world % sequence:
+        raise ConfigError(f"--sequence-parallel-size {sequence} does not divide the {world} ranks",
+                          f"pass a divisor of {world}, or --num-gpus a multiple of {sequence}")
+    if args.ulysses_size and sequence % args.ulysses_size:
+        raise ConfigError(f"--ulysses-size {args.ulysses_size} does not divide the {sequence} ranks per sequence",
+                          f"pass a divisor of {sequence}")
+    return world, sequence, gpus == 0
 
 
-def launch_command(args, fields: dict, kind: str, factor: float, world: int) -> list:
+def check_paths(args) -> None:
+    """--save and --deepspeed-config, before the launcher starts."""
+    if Path(args.save).resolve() == Path(args.source).resolve():
+        raise ConfigError("--save is the --from folder", "choose another --save")
+    if Path(args.save).exists() and not Path(args.save).is_dir():
+        raise ConfigError(f"--save {args.save} is a file", "pass a folder (a new one, or the --save of this run)")
+    try:
+        read_ds_config(args.deepspeed_config)
+    except ConfigError as error:  # its fixes name the trainer's flag
+        raise ConfigError(error.problem, error.fix.replace("--deepspeed_config", "--deepspeed-config")) from None
+
+
+def rope_theta(args, fields: dict, factor: float) -> float:
+    """--rotary-base, else the source's theta scaled with the length (6 digits, as the command shows it)."""
     head_dim = fields["hidden_size"] // fields["num_attention_heads"]
-    theta = args.rotary_base or float(f"{scaled_theta(fields['rotary_base'], factor, head_dim):.6g}")
-    if (Path(args.save) / checkpoint.LATEST).is_file():
-        start = ["--load", args.save]  # a requeued job: go on from the last save
+    return args.rotary_base or float(f"{scaled_theta(fields['rotary_base'], factor, head_dim):.6g}")
+
+
+def source_fields(args, kind: str) -> dict:
+    """The model fields the first run took from --from (the trainer's own choice), less those this
+    tool sets: a resume restates them, since `--load` alone takes no model from the checkpoint."""
+    start = argparse.Namespace(init_from_hf=args.source if kind == "hf" else None, load=args.source)
+    return {field: value for field, value in initial_model_fields(start, kind == "checkpoint").items()
+            if field not in EXTENDED}
+
+
+def resumed_model(args, fields: dict, theta: float) -> dict:
+    """The model fields a resume restates: --from's, with those a run may set otherwise (window, local
+    theta, head, vocab padding: config.ADJUSTABLE_START_FIELDS, maybe given after `--` the first
+    time) as the checkpoint in --save holds them. Refuses a resume of another extension or model."""
+    stored = checkpoint.stored_config(args.save, checkpoint.latest_tag(args.save))["model"]
+    if stored["seq_length"] != args.seq_length:
+        raise ConfigError(f"the checkpoint in --save was extended to {stored['seq_length']} tokens",
+                          f"rerun with --seq-length {stored['seq_length']} or choose a new --save")
+    if stored["rotary_base"] != theta:
+        raise ConfigError(f"the checkpoint in --save was extended with global rope theta {stored['rotary_base']}, "
+                          f"this command gives {theta}",
+                          f"rerun with --rotary-base {stored['rotary_base']} or choose a new --save")
+    for field, value in fields.items():
+        if field not in ADJUSTABLE_START_FIELDS and stored.get(field) != value:
+            raise ConfigError(f"the checkpoint in --save was extended from a model with {field} {stored.get(field)}, "
+                              f"--from {args.source} has {value}", "rerun with the --from it was extended from or "
+                              "choose a new --save")
+    return {field: stored.get(field, value) if field in ADJUSTABLE_START_FIELDS else value
+            for field, value in fields.items()}
+
+
+def model_flags(fields: dict) -> list:
+    """pretrain_bert.py flags that set `fields`; a sentence-order head is the trainer's default and has
+    no flag of its own."""
+    return [part for field, value in fields.items() if not (field == "add_binary_head" and value)
+            for part in flag_setting(field, value).split()]
+
+
+def launch_command(args, kind: str, theta: float, world: int, sequence: int, resume: list | None) -> list:
+    """`resume`: the model flags of a requeued job (None: a first run, the trainer takes the model from --from)."""
+    if resume is not None:
+        start = ["--load", args.save, *resume]  # a requeued job: go on from the last save
     elif kind == "hf":
         start = ["--init-from-hf", args.source]
     else:
@@ -126,20 +207,24 @@ def launch_command(args, fields: dict, kind: str, factor: float, world: int) -> 
     port = ["--master_port", str(args.master_port)] if args.master_port else []
     return [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(world), *port, str(ROOT / "pretrain_bert.py"),
             "--deepspeed", "--deepspeed_config", args.deepspeed_config, *start,
-            "--sequence-parallel-size", str(args.sequence_parallel_size or world), "--attention", args.attention,
+            "--sequence-parallel-size", str(sequence), "--attention", args.attention,
             *hybrid, "--seq-length", str(args.seq_length), "--max-position-embeddings", str(args.seq_length),
             "--rotary-base", str(theta), "--pack-samples", "--save", args.save, *args.pretrain_args]
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    world, sequence, on_cpu = ranks(args)
+    check_paths(args)
     fields, kind = source_model(args.source)
     factor = check(args, fields, kind)
-    world, on_cpu = ranks(args)
-    command = launch_command(args, fields, kind, factor, world)
+    theta = rope_theta(args, fields, factor)
+    resume = None
+    if (Path(args.save) / checkpoint.LATEST).is_file():  # a requeued job
+        resume = model_flags(resumed_model(args, source_fields(args, kind), theta))
+    command = launch_command(args, kind, theta, world, sequence, resume)
     print(f"extend_context.py: {kind} {args.source} trained at {trained_length(fields, kind)} tokens -> "
-          f"{args.seq_length} ({factor:g}x); global rope theta {fields['rotary_base']:g} -> "
-          f"{command[command.index('--rotary-base') + 1]}", flush=True)
+          f"{args.seq_length} ({factor:g}x); global rope theta {fields['rotary_base']:g} -> {theta}", flush=True)
     print(shlex.join(command), flush=True)
     if args.dry_run:
         return 0

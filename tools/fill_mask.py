@@ -4,19 +4,21 @@
 
 Loads the checkpoint (any pipeline / sequence-parallel degree / ZeRO stage) into one process and
 prints the top-k tokens for every [MASK], with their probabilities. The tokenizer is the one the
-checkpoint carries (a flag naming another vocab is refused); a checkpoint saved before checkpoints
-carried one uses --vocab-file / --tokenizer-file, by default the embedded corpus' vocab.
+checkpoint carries (a flag naming another vocab is refused); one that carries none uses --vocab-file /
+--tokenizer-file, by default (a run trained before checkpoints carried one) the embedded corpus' vocab.
 """
 import argparse
 import re
 import sys
+from pathlib import Path
 
 from megatron.quiet import quiet_deepspeed
 
 quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
 import torch  # noqa: E402
 
-from megatron.checkpoint import bert_state_from_checkpoint, checkpoint_folder, latest_tag, stored_config  # noqa: E402
+from megatron.checkpoint import (bert_state_from_checkpoint, checkpoint_folder, latest_tag, run_state,  # noqa: E402
+                                 stored_config)
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer  # noqa: E402
 from megatron.errors import ConfigError, run_tool  # noqa: E402
@@ -81,7 +83,11 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k} must be >= 1", "pass --top-k 5, say")
-    tokenizer = checkpoint_tokenizer(args, checkpoint_folder(args.load, latest_tag(args.load)), DEFAULT_VOCAB)
+    tag = latest_tag(args.load)
+    # the embedded corpus' vocab, where it exists, for a trained checkpoint saved before checkpoints carried
+    # their tokenizer; a converted one (weights-only) was never trained on it
+    default = Path(DEFAULT_VOCAB).is_file() and not run_state(args.load, tag).get("weights_only")
+    tokenizer = checkpoint_tokenizer(args, checkpoint_folder(args.load, tag), DEFAULT_VOCAB if default else None)
     model = load_model(args.load)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ConfigError(f"the vocab file has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}",

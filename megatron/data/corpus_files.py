@@ -17,6 +17,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron.data.tokenizer import DATA_IDENTITY
 from megatron.errors import DataError
 
 PARQUET_BATCH_ROWS = 1024  # rows decoded at once: a batch of long articles stays a few MB
@@ -77,7 +78,7 @@ def _shard_paths(spec: str) -> list[str]:
     if path.is_file():
         return [spec]
     if path.is_dir():
-        found = sorted(str(file) for file in path.rglob("*") if file.is_file()
+        found = sorted(str(file) for file in path.rglob("*") if file.is_file() and not _derived(file.name)
                        and file.name.lower().endswith(FOLDER_SUFFIXES)
                        and not any(part.startswith((".", "_")) for part in file.relative_to(path).parts))
         if not found:
@@ -85,13 +86,19 @@ def _shard_paths(spec: str) -> list[str]:
                             f"pass a folder, file or glob of {FORMATS_HELP} files")
         return found
     if glob.has_magic(spec):
-        found = sorted(name for name in glob.glob(spec, recursive=True) if Path(name).is_file())
+        found = sorted(name for name in glob.glob(spec, recursive=True) if Path(name).is_file() and not _derived(name))
         if not found:
             raise DataError(f"--input {spec} matches no files", "check the pattern (quoted, so the shell leaves "
                                                                   "it to the tool) and the folder")
         return found
     raise DataError(f"input file {spec} does not exist",
                     f"pass --input with a {FORMATS_HELP} file, or a folder or glob of them")
+
+
+def _derived(name: str) -> bool:
+    """Whether a file is the vocab record preprocessing writes beside its `.bin`/`.idx` (a `.json`,
+    never a shard): skipped, so a corpus folder that also holds its data can be preprocessed again."""
+    return name.endswith(DATA_IDENTITY)
 
 
 def _json_lines(shard: Shard):

@@ -101,6 +101,9 @@ class Encoder:
 
 def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     """Writes one dataset per json key; returns counts. Raises ConfigError/DataError on user errors."""
+    if os.path.basename(options.output_prefix) in ("", ".", ".."):  # `out/`, "": files named `_text_document.bin`
+        raise ConfigError(f"--output-prefix {options.output_prefix!r} names a folder",
+                          f"add a file name, e.g. {os.path.join(options.output_prefix, 'corpus')}")
     corpus = Corpus(options.input, options.json_keys)
     if options.workers < 1:
         raise ConfigError(f"--workers {options.workers} must be >= 1", "pass a positive worker count")

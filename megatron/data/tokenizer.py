@@ -188,8 +188,10 @@ def _read_tokenizer_json(path: Path) -> Tokenizer:
 def _find_special_tokens(rust: Tokenizer, file: Path) -> dict:
     """kind -> token string from, in order: tokenizer_config.json beside `file`, the post-processor
     (TemplateProcessing: first and last special of the single template; Roberta/Bert: cls, sep),
-    the tokenizer's tokens by the names in SPECIAL_NAMES (added special tokens first)."""
+    the tokenizer's tokens by the names in SPECIAL_NAMES (added special tokens first). A token the
+    config names that the tokenizer lacks is an error naming the config."""
     found = {}
+    vocab = rust.get_vocab(with_added_tokens=True)
     config = file.parent / "tokenizer_config.json"
     if config.is_file():
         try:
@@ -199,8 +201,13 @@ def _find_special_tokens(rust: Tokenizer, file: Path) -> dict:
         for kind in SPECIAL_NAMES:
             value = settings.get(f"{kind}_token") if isinstance(settings, dict) else None
             value = value.get("content") if isinstance(value, dict) else value
-            if isinstance(value, str):
-                found[kind] = value
+            if not isinstance(value, str):
+                continue
+            if value not in vocab:  # the config is what to fix, not the tokenizer
+                raise DataError(f"{config} names {value!r} as {kind}_token, which is not a token of {file}",
+                                f"set \"{kind}_token\" to one of its tokens ({' or '.join(SPECIAL_NAMES[kind])} "
+                                "usually), or remove it to use the tokenizer's own")
+            found[kind] = value
     processors = [json.loads(rust.to_str()).get("post_processor") or {}]
     while processors:
         processor = processors.pop(0)
@@ -214,7 +221,6 @@ def _find_special_tokens(rust: Tokenizer, file: Path) -> dict:
                 found.setdefault("cls", specials[0])
                 found.setdefault("sep", specials[-1])
     added = [token.content for token in rust.get_added_tokens_decoder().values() if token.special]
-    vocab = rust.get_vocab(with_added_tokens=True)
     for kind, names in SPECIAL_NAMES.items():
         if kind not in found:
             found[kind] = next((name for name in names if name in added), None) or next(
@@ -232,18 +238,32 @@ def read_vocab(vocab_file) -> dict[str, int]:
                         "pass --vocab-file with a BERT vocab.txt (tools/build_vocab.py makes one)")
     raw = path.read_bytes()
     try:
-        tokens = raw.decode("utf-8").splitlines()
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         line = raw.count(b"\n", 0, error.start) + 1
         raise DataError(f"vocab file {path} is not UTF-8 text (line {line}: byte {raw[error.start]:#04x}); is it a "
                         "binary file?", "pass a BERT vocab.txt in UTF-8, one token per line (tools/build_vocab.py "
                         "makes one)") from None
+    if _is_tokenizer_json(text):
+        raise DataError(f"vocab file {path} is a Hugging Face tokenizer.json, not a vocab.txt",
+                        "pass it with --tokenizer-file instead of --vocab-file")
     vocab = {}
-    for index, token in enumerate(tokens):
+    for index, token in enumerate(text.splitlines()):
         vocab.setdefault(token, index)
     if not vocab:
         raise DataError(f"vocab file {path} is empty", "pass a BERT vocab.txt with one token per line")
     return vocab
+
+
+def _is_tokenizer_json(text: str) -> bool:
+    """Whether a file's text is a Hugging Face tokenizer.json (a JSON object with a "model"), which
+    read as a vocab.txt would be lines of JSON lacking [CLS] and [MASK]."""
+    if not text.lstrip().startswith("{"):  # a vocab.txt: parsed no further
+        return False
+    try:
+        return "model" in json.loads(text)
+    except json.JSONDecodeError:
+        return False
 
 
 def build_tokenizer(tokenizer_type: str | None, vocab_file=None, tokenizer_file=None):
@@ -348,7 +368,7 @@ def checkpoint_tokenizer(args, folder, fallback_vocab=None):
     if tokenizer is None and fallback_vocab:
         return build_tokenizer(args.tokenizer_type, fallback_vocab)
     if tokenizer is None:
-        raise ConfigError(f"checkpoint {folder} carries no tokenizer (saved before checkpoints carried one)",
+        raise ConfigError(f"checkpoint {folder} carries no tokenizer",
                           "pass the --vocab-file (or --tokenizer-file) the model was trained with")
     return tokenizer
 

@@ -1,13 +1,16 @@
 """Runs a function on N ranks in real processes over gloo (tests and benchmarks).
 
-Each rank is a fresh process with torch.distributed initialised on 127.0.0.1 at a free port.
-Ranks are forked from a `forkserver` that has imported torch, DeepSpeed and the trainer once
-(a spawned rank spends seconds importing them, more than most multi-rank tests spend running);
-with CUDA they are spawned, as a process that has asked for the GPUs must not fork. Either way a
-rank starts from freshly imported modules, with the caller's environment and stdout/stderr as
-they are at the call. Results come back pickled through `torch.save`; a rank that raises
-surfaces its own traceback in the parent, a rank that dies or hangs past `timeout` fails the call.
+Each rank is a fresh process with torch.distributed initialised on 127.0.0.1 at a free port. Ranks
+are forked from a `forkserver` that has imported torch, DeepSpeed and the trainer once (a spawned
+rank spends seconds importing them, more than most multi-rank tests spend running); with CUDA they
+are spawned, as a process that has asked for the GPUs must not fork. Either way a rank starts from
+freshly imported modules, with the caller's environment and stdout/stderr as they are at the call;
+what a fork cannot renew is the string hash seed, the same in every rank (the real launcher's
+ranks each have their own: tests/test_launch_scripts.py runs through it). Results come back
+pickled through `torch.save`; a rank that raises surfaces its own traceback in the parent, a rank
+that dies or hangs past `timeout` fails the call.
 """
+import contextlib
 import io
 import multiprocessing
 import os
@@ -79,10 +82,15 @@ def _child(fn, args, kwargs, rank, world_size, port, threads, timeout, results, 
     torch.set_num_threads(threads)
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout))
-        results.put((rank, None, _serialize(fn(*args, **kwargs))))
-        dist.barrier()  # keep every rank's sockets open until all results are out
+        payload = _serialize(fn(*args, **kwargs))
     except BaseException:
         results.put((rank, traceback.format_exc(), None))
+    else:
+        results.put((rank, None, payload))
+        # keep every rank's sockets open until all results are out; a rank that never gets here is
+        # reported by the parent (its own error, or the timeout), not as this rank's failure
+        with contextlib.suppress(RuntimeError):
+            dist.barrier()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -150,15 +150,15 @@ def variant_defaults(name: str) -> dict:
 
 
 def check(config, sequence_parallel_size: int) -> None:
-    """Start-up validation of config.attention against the SP degree, and of local layers."""
-    variant_rules(config.attention).check(config, sequence_parallel_size)
-    if config.local_attention_window is None:
-        return
-    if config.attention in ("linformer", "bigbird"):
+    """Start-up validation of local layers, then of config.attention against the SP degree (a variant
+    that cannot have local layers at all is named before its own limits)."""
+    local = config.local_attention_window is not None
+    if local and config.attention in ("linformer", "bigbird"):
         raise ConfigError(f"{config.attention} attention cannot be combined with local sliding-window layers "
                           "(its global layers would change the math of a windowed model)",
                           "use attention dense, ring, ulysses or hybrid for the global layers, or drop "
                           "--local-attention-window")
-    if config.attention_dropout > 0:
+    variant_rules(config.attention).check(config, sequence_parallel_size)
+    if local and config.attention_dropout > 0:
         raise ConfigError(f"attention_dropout {config.attention_dropout} is not supported with local layers "
                           "(their tiles are recomputed exactly in backward)", "set --attention-dropout 0")
