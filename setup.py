@@ -43,6 +43,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["megatron", "megatron.*"]),
+    package_data={"megatron.data": ["default_vocab.txt"]},  # the default run's vocab (default_dataset.py)
     install_requires=read_requirements("requirements.txt"),
     extras_require={
         "test": read_requirements("requirements-test.txt"),

@@ -18,7 +18,7 @@ import torch
 from megatron.data import indexed_dataset
 from megatron.data.bert_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import make_dataset
-from megatron.data.default_dataset import prepare_default_dataset
+from megatron.data.default_dataset import DEFAULT_VOCAB_SIZE, prepare_default_dataset
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.sample_corpus import write_corpus
 from megatron.data.sentences import sentence_splitter
@@ -271,6 +271,18 @@ def test_default_dataset_is_built_once_and_reused(tmp_path):
     tokenizer = build_tokenizer("BertWordPieceLowerCase", first.vocab_file)
     train, valid, _ = build_train_valid_test_datasets([first.data_prefix], "mmap", "949,50,1", (64, 8, 0), 128, tokenizer)
     assert len(train) >= 64 and len(valid) >= 8
+
+
+def test_the_default_vocab_is_embedded_so_every_build_gives_the_same_ids(tmp_path):
+    """HF's trainer breaks count ties differently in each process: the default run's vocab is the
+    embedded file, so two builds (two clones) hold the same token ids."""
+    from megatron.data.default_dataset import EMBEDDED_VOCAB
+
+    builds = [prepare_default_dataset(tmp_path / name, workers=1, max_bytes=300_000) for name in ("a", "b")]
+    assert all(build.vocab_file.read_bytes() == EMBEDDED_VOCAB.read_bytes() for build in builds)
+    assert len(EMBEDDED_VOCAB.read_text(encoding="utf-8").splitlines()) == DEFAULT_VOCAB_SIZE
+    first, second = (Path(build.data_prefix + ".bin").read_bytes() for build in builds)
+    assert first == second
 
 
 def test_preprocessed_data_trains_a_small_bert(corpus, tmp_path):

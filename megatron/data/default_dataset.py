@@ -3,6 +3,11 @@
 Built from the Python installation alone (no download) into one directory, each step skipped
 when its output already exists, each output written atomically, so an interrupted build
 resumes and a finished one is reused. The trainer's default run points here.
+
+The vocab of the default size is the embedded `default_vocab.txt`, trained once from the default
+corpus (`tools/build_vocab.py --input .cache/default_data/sample_corpus.json --vocab-size 8192`):
+HF's WordPiece trainer breaks ties in pair counts differently in each process, so a vocab trained
+at each build would change the data's ids, and the default run's losses, from clone to clone.
 """
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +19,7 @@ from megatron.data.tokenizer import BertWordPiece, data_identity_path, write_dat
 from megatron.data.vocab_builder import train_vocab, write_vocab
 
 DEFAULT_VOCAB_SIZE = 8192  # ample for a ~2 MB corpus; keeps the default model's embedding small
+EMBEDDED_VOCAB = Path(__file__).with_name("default_vocab.txt")  # DEFAULT_VOCAB_SIZE tokens
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,8 @@ def prepare_default_dataset(directory, workers: int = 2, max_bytes: int = 4 * 2*
     if not corpus.is_file():
         write_corpus(corpus, max_bytes, packages)
     if not vocab_file.is_file():
-        write_vocab(train_vocab(corpus, lower_case=True, vocab_size=vocab_size), vocab_file)
+        write_vocab(EMBEDDED_VOCAB.read_text(encoding="utf-8").splitlines() if vocab_size == DEFAULT_VOCAB_SIZE
+                    else train_vocab(corpus, lower_case=True, vocab_size=vocab_size), vocab_file)
     options = PreprocessOptions(input=str(corpus), output_prefix=str(directory / "sample"), vocab_file=str(vocab_file),
                                 split_sentences=True, workers=workers, log_interval=0)
     data_prefix = f"{options.output_prefix}_text_sentence"
