@@ -45,13 +45,18 @@ for name in "${NAMES[@]}"; do
     [ "${!name}" -ge 1 ] || fail "$name = '$1' is not a positive integer; pass ${NAMES[*]}"
     shift
 done
-decimal NODES "${NUM_NODES:-1}" 1 "set NUM_NODES to the number of machines"
-WORLD=$((NODES * PROCS))
-decimal PORT "${MASTER_PORT:-29500}" 1 "set MASTER_PORT to a free TCP port (1-65535)"
-[ "$PORT" -le 65535 ] || fail "MASTER_PORT = $PORT is above 65535; set MASTER_PORT to a free TCP port (1-65535)"
+# decimal() normalizes the environment's values under their own names (the messages name them)
+decimal NUM_NODES "${NUM_NODES:-1}" 1 "set NUM_NODES to the number of machines"
+WORLD=$((NUM_NODES * PROCS))
+decimal MASTER_PORT "${MASTER_PORT:-29500}" 1 "set MASTER_PORT to a free TCP port (1-65535)"
+[ "$MASTER_PORT" -le 65535 ] || fail "MASTER_PORT = $MASTER_PORT is above 65535; set MASTER_PORT to a free TCP port (1-65535)"
+# without a hostfile the launcher starts PROCS ranks here alone: a world of NUM_NODES machines never forms
+[ -n "${HOSTFILE:-}" ] || [ "$NUM_NODES" -eq 1 ] || fail "NUM_NODES $NUM_NODES is set without HOSTFILE; launch several machines with bert_multinode.sh HOSTFILE NUM_NODES $SCRIPT ..."
+# (NODE_RANK=0 alone is a scheduler's single node, e.g. AzureML's)
+[ -n "${HOSTFILE:-}" ] || [[ "${NODE_RANK:-0}" =~ ^0+$ ]] || fail "NODE_RANK $NODE_RANK is set without HOSTFILE; launch several machines with bert_multinode.sh HOSTFILE NUM_NODES $SCRIPT ..."
 if [ -n "${HOSTFILE:-}" ] && [ -n "${NODE_RANK:-}" ]; then
-    decimal RANK_OF_NODE "$NODE_RANK" 0 "set NODE_RANK to this machine's index, 0 to NUM_NODES - 1"
-    [ "$RANK_OF_NODE" -lt "$NODES" ] || fail "NODE_RANK $RANK_OF_NODE is beyond the $NODES nodes (NUM_NODES); set NODE_RANK to this machine's index, 0 to $((NODES - 1))"
+    decimal NODE_RANK "$NODE_RANK" 0 "set NODE_RANK to this machine's index, 0 to NUM_NODES - 1"
+    [ "$NODE_RANK" -lt "$NUM_NODES" ] || fail "NODE_RANK $NODE_RANK is beyond the $NUM_NODES nodes (NUM_NODES); set NODE_RANK to this machine's index, 0 to $((NUM_NODES - 1))"
     [ -n "${MASTER_ADDR:-}" ] || fail "NODE_RANK is set without MASTER_ADDR; set MASTER_ADDR to the address of the node with rank 0"
 fi
 
@@ -82,11 +87,11 @@ else
     "${CONFIG[@]}" --output "$RUN_DIR/ds_config.json" > /dev/null
 fi
 
-LAUNCHER=("$(dirname "$PYTHON")/deepspeed" --num_gpus "$PROCS" --master_port "$PORT")
+LAUNCHER=("$(dirname "$PYTHON")/deepspeed" --num_gpus "$PROCS" --master_port "$MASTER_PORT")
 if [ -n "${HOSTFILE:-}" ]; then
-    LAUNCHER+=(--hostfile "$HOSTFILE" --num_nodes "$NODES")
+    LAUNCHER+=(--hostfile "$HOSTFILE" --num_nodes "$NUM_NODES")
     if [ -n "${NODE_RANK:-}" ]; then
-        LAUNCHER+=(--no_ssh --node_rank "$RANK_OF_NODE" --master_addr "$MASTER_ADDR")
+        LAUNCHER+=(--no_ssh --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR")
     fi
 fi
 COMMAND=("${LAUNCHER[@]}" "$ROOT/pretrain_bert.py" --deepspeed --deepspeed_config "$RUN_DIR/ds_config.json"

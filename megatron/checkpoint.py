@@ -453,6 +453,11 @@ def latest_tag(load_dir: str) -> str:
         raise ConfigError(f"{load_dir} is a file, not a checkpoint directory",
                           "point --load at the directory a run wrote with --save")
     if not os.path.isfile(path):
+        parent = os.path.dirname(os.path.normpath(load_dir))
+        if re.fullmatch(r"iter_\d+", os.path.basename(os.path.normpath(load_dir))) and \
+                os.path.isfile(os.path.join(parent, LATEST)):
+            raise ConfigError(f"{load_dir} is one checkpoint of the --save directory {parent}",
+                              f"point --load at {parent} (its '{LATEST}' names the checkpoint to resume)")
         raise ConfigError(f"no checkpoint in {load_dir} (missing '{LATEST}')", "point --load at a directory written by --save")
     with open(path) as file:
         tag = file.read().strip()
@@ -587,6 +592,18 @@ def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
                               "resume with the model flags the checkpoint was trained with")
 
 
+def check_same_optimizer(stored: dict, ds_config: dict, folder: str) -> None:
+    """The optimizer state restores into an optimizer of the same kind only (another kind's state is
+    keyed by other names: e.g. SGD reading Adam's state stops with a KeyError in its first step).
+    Adam and AdamW keep the same state (DeepSpeed's Adam is AdamW unless adam_w_mode is off)."""
+    trained, current = (((config or {}).get("optimizer") or {}).get("type") for config in (stored.get("ds_config"),
+                                                                                             ds_config))
+    if trained and current and len({{"adamw": "adam"}.get(name.lower(), name.lower()) for name in (trained, current)}) > 1:
+        raise ConfigError(f"checkpoint {folder} holds the state of optimizer.type {trained}, this run's is {current}",
+                          f"resume with optimizer.type {trained}, or pass --finetune to start a new run from its "
+                          "weights with a fresh optimizer")
+
+
 def _rng_state(folder: str, stored: dict, load_rng: bool) -> dict | None:
     """This rank's RNG states: rng_rank{r}.pt, r = this rank modulo the checkpoint's world size
     (the rank itself in the same world). Read on every rank before anything is loaded; a missing or
@@ -622,6 +639,7 @@ def load(engine, load_dir: str, config: TrainConfig, load_rng: bool = True) -> d
     folder = checkpoint_folder(load_dir, tag)
     state = run_state(load_dir, tag)
     check_same_model(state["config"]["model"], config.model, folder)
+    check_same_optimizer(state["config"], config.ds_config, folder)
     rng_state = _rng_state(folder, state["config"], load_rng)
     if same_layout(state["config"], config.to_dict()):
         with _one_line_read_errors(engine):

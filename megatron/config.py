@@ -106,6 +106,8 @@ def read_ds_config(path) -> dict:
     """Reads a DeepSpeed JSON file strictly (strict_json_loads: no duplicate keys, no NaN / Infinity);
     syntax errors name the line and column; the types and ranges are checked (check_deepspeed_types)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"DeepSpeed config {path} is a directory", "pass the JSON file itself to --deepspeed_config")
     if not path.is_file():
         raise ConfigError(f"DeepSpeed config {path} does not exist", "pass an existing JSON file to --deepspeed_config")
     try:

@@ -37,3 +37,12 @@ def test_slots_are_checked_against_the_ranks_per_node(tmp_path):
                             env={**os.environ, "RUN_DIR": str(tmp_path / "run")}, capture_output=True, text=True,
                             timeout=120)
     assert script.returncode == 2 and "PROCS 8 ranks per node" in script.stderr, script.stderr[-2000:]
+
+
+def test_ranks_per_node_below_one_is_refused(tmp_path):
+    """--ranks-per-node 0 (or -3) passed every hostfile."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-1 slots=8\n")
+    result = check(hostfile, "--ranks-per-node", 0)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "check_hostfile.py: error: --ranks-per-node 0 must be >= 1; pass the ranks each machine starts"]

@@ -103,3 +103,24 @@ def test_zero3_weights_read_back(tmp_path):
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(Exception, match="no checkpoint in .* \\(missing 'latest'\\); point --load"):
         checkpoint.latest_tag(str(tmp_path))
+    # one iter_* folder of a --save directory: the directory is what --load takes
+    (tmp_path / "iter_0000002").mkdir()
+    (tmp_path / "latest").write_text("iter_0000002")
+    with pytest.raises(Exception, match=f"{tmp_path / 'iter_0000002'} is one checkpoint of the --save directory "
+                                        f"{tmp_path}; point --load at {tmp_path} "):
+        checkpoint.latest_tag(str(tmp_path / "iter_0000002"))
+
+
+def test_a_resume_with_another_optimizer_type_is_refused():
+    """SGD restoring AdamW's state stopped with KeyError 'momentum' in its first step; a type given in
+    other case is the same optimizer (DeepSpeed reads it case-insensitively), and Adam keeps AdamW's
+    state (the same moments)."""
+    from megatron.checkpoint import check_same_optimizer
+    from megatron.errors import ConfigError
+
+    stored = {"ds_config": {"optimizer": {"type": "AdamW", "params": {}}}}
+    with pytest.raises(ConfigError, match="holds the state of optimizer.type AdamW, this run's is SGD; resume with "
+                                          "optimizer.type AdamW, or pass --finetune"):
+        check_same_optimizer(stored, {"optimizer": {"type": "SGD"}}, "ckpt/iter_0000002")
+    check_same_optimizer(stored, {"optimizer": {"type": "adamw"}}, "ckpt/iter_0000002")
+    check_same_optimizer(stored, {"optimizer": {"type": "Adam"}}, "ckpt/iter_0000002")

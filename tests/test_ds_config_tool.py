@@ -255,3 +255,20 @@ def test_show_fills_a_partial_json_optimizer_as_the_trainer_does(tmp_path, monke
                                                 "eps": 1e-8, "torch_adam": True}}
     assert trainer_optimizer(path, monkeypatch, False) == shown
     assert trainer_optimizer(path, monkeypatch, None) == shown_optimizer(path)  # this machine, either way
+
+
+@pytest.mark.parametrize("assignment", ["zero_optimization..stage=1", "zero_optimization.=1",
+                                        "zero_optimization.stage =1"])
+def test_set_refuses_an_empty_or_space_padded_key(capsys, config, assignment):
+    """these wrote "": {...} or "stage " into zero_optimization, which DeepSpeed refuses at the run's start."""
+    before = config.read_bytes()
+    code, out, err = run(capsys, "set", config, assignment, *NO_DROPOUT)
+    assert code == 2 and out == "" and before == config.read_bytes()
+    assert err.startswith(f"ds_config.py: error: {assignment.partition('=')[0]!r} in {assignment!r} has an empty or "
+                          "space-padded key; write the key path without blanks"), err
+
+
+def test_a_directory_is_not_called_missing(capsys, tmp_path):
+    """a folder passed as CONFIG (or --deepspeed_config) was said not to exist."""
+    code, _, err = run(capsys, "show", tmp_path)
+    assert code == 2 and f"DeepSpeed config {tmp_path} is a directory; pass the JSON file itself" in err, err

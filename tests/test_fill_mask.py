@@ -73,3 +73,21 @@ def test_a_converted_checkpoint_without_a_tokenizer_asks_for_one(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"iter_0000000 carries no tokenizer; pass the --vocab-file"):
         tool.main(["--load", str(tmp_path / "ckpt"), "--text", "a [MASK]"])
+
+
+def test_top_k_beyond_the_vocab_and_a_later_text_without_mask_print_nothing(tmp_path, capsys):
+    """--top-k above the vocab size was torch's `selected index k out of range` traceback; a second
+    --text without [MASK] came after the first one's predictions were printed (in-process)."""
+    spec = importlib.util.spec_from_file_location("fill_mask", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    vocab_file = write_vocab_file(tmp_path / "vocab.txt")
+    vocab_size = len(vocab_file.read_text().splitlines())
+    config = small_config("ring", seq_length=16, max_position_embeddings=16)
+    save_weights_only_checkpoint(tmp_path / "ckpt", small_model(config).state_dict(), config)
+    load = ["--load", str(tmp_path / "ckpt"), "--vocab-file", str(vocab_file)]
+    with pytest.raises(ConfigError, match=rf"--top-k {vocab_size + 1} exceeds the {vocab_size} tokens of the vocab"):
+        tool.main([*load, "--text", "a [MASK]", "--top-k", str(vocab_size + 1)])
+    with pytest.raises(ConfigError, match="--text 'no mask' holds no"):
+        tool.main([*load, "--text", "a [MASK]", "--text", "no mask"])
+    assert capsys.readouterr().out == ""

@@ -84,6 +84,21 @@ def test_bad_positional_argument_is_one_line(tmp_path):
                                           "PROCS PP SP SEQ_LEN MICRO_BATCH GLOBAL_BATCH LAYERS HIDDEN HEADS"]
 
 
+
+@pytest.mark.parametrize("env, message", [
+    ({"MASTER_PORT": "0"}, "MASTER_PORT = '0' is below 1; set MASTER_PORT to a free TCP port"),
+    ({"NUM_NODES": "x"}, "NUM_NODES = 'x' is not a non-negative integer; set NUM_NODES"),
+    ({"NUM_NODES": "2"}, "NUM_NODES 2 is set without HOSTFILE; launch several machines with bert_multinode.sh"),
+    ({"NODE_RANK": "1"}, "NODE_RANK 1 is set without HOSTFILE; launch several machines with bert_multinode.sh")])
+def test_launch_environment_mistakes_name_the_variable(tmp_path, env, message):
+    """the messages said PORT / NODES (the script's own names); NUM_NODES or NODE_RANK without a
+    hostfile sized the JSON for machines the launcher would never start (a lone run per machine)."""
+    result = subprocess.run([str(SCRIPTS / "bert_distributed.sh"), "2", *LAYOUT, *SHAPE], capture_output=True,
+                            text=True, env={**launch_env(tmp_path), "DRY_RUN": "1", **env}, timeout=60)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"bert_distributed.sh: error: {message}")
+
+
 @pytest.mark.parametrize("user_setting,expected", [(None, "cpu"), ("cuda", "cuda")])
 def test_launcher_names_the_cpu_accelerator_unless_the_user_did(user_setting, expected):
     """run_launcher (every launch script's) starts DeepSpeed's launcher with DS_ACCELERATOR=cpu when no

@@ -262,6 +262,28 @@ def test_sample_corpus_cli_writes_the_corpus(tmp_path):
     assert result.stdout.startswith("wrote ") and 0 < (tmp_path / "c.json").stat().st_size <= 0.05 * 2**20
 
 
+
+@pytest.mark.parametrize("argv, phrase", [(["--max-mb", "nan"], "--max-mb nan is not a positive finite number"),
+                                          (["--max-mb", "1e-6"], "--max-mb 1e-06 holds no document"),
+                                          (["--max-mb", "0.01", "--packages", "nosuchpkg"],
+                                           "package nosuchpkg is not installed")])
+def test_sample_corpus_cli_refuses_what_it_would_not_write(tmp_path, argv, phrase):
+    """--max-mb nan was a ValueError traceback, a size below the first document wrote an empty corpus,
+    and a package not installed went unnoticed by a corpus full before its turn (in-process)."""
+    with pytest.raises(ConfigError, match=phrase.replace(".", r"\.")):
+        load_tool("make_sample_corpus").main(["--output", str(tmp_path / "c.json"), *argv])
+    assert list(tmp_path.iterdir()) == []
+
+
+
+def test_a_vocab_from_a_corpus_without_text_is_refused(tmp_path):
+    """an empty corpus (or one whose texts are empty) gave a vocab of the 5 special tokens alone."""
+    (tmp_path / "empty.json").write_text('{"text": ""}\n')
+    with pytest.raises(DataError, match="empty.json gave no token to learn .no text under --json-keys text.; pass a "
+                                        "corpus with text"):
+        train_vocab(tmp_path / "empty.json", lower_case=True, vocab_size=400)
+
+
 def test_default_dataset_is_built_once_and_reused(tmp_path):
     first = prepare_default_dataset(tmp_path, workers=1, max_bytes=300_000, packages=(), vocab_size=2000)
     stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}

@@ -57,6 +57,8 @@ def main(argv=None) -> int:
     parser.add_argument("--num-nodes", type=int, help="machines the launch uses (at most the hosts listed)")
     parser.add_argument("--ranks-per-node", type=int, help="ranks the launch starts on each machine (PROCS)")
     args = parser.parse_args(argv)
+    if args.ranks_per_node is not None and args.ranks_per_node < 1:
+        raise ConfigError(f"--ranks-per-node {args.ranks_per_node} must be >= 1", "pass the ranks each machine starts")
     hosts = read_hostfile(args.hostfile)
     if args.num_nodes is not None and not 1 <= args.num_nodes <= len(hosts):
         raise ConfigError(f"NUM_NODES {args.num_nodes} but hostfile {args.hostfile} lists {len(hosts)} hosts",

@@ -111,7 +111,10 @@ def assign(ds_config: dict, assignment: str) -> None:
         value = strict_json_loads(text, "set", key)  # NaN, Infinity, 1e999: no strict reader accepts them
     except json.JSONDecodeError:
         value = text
-    *parents, leaf = key.split(".")
+    *parents, leaf = parts = key.split(".")
+    if any(not part or part != part.strip() for part in parts):  # DeepSpeed would read '' or 'stage ' as another key
+        raise ConfigError(f"{key!r} in {assignment!r} has an empty or space-padded key",
+                          "write the key path without blanks, e.g. zero_optimization.stage=1")
     node = ds_config
     for depth, part in enumerate(parents):
         node = node.setdefault(part, {})

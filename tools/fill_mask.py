@@ -88,13 +88,17 @@ def main(argv=None) -> None:
     # their tokenizer; a converted one (weights-only) was never trained on it
     default = Path(DEFAULT_VOCAB).is_file() and not run_state(args.load, tag).get("weights_only")
     tokenizer = checkpoint_tokenizer(args, checkpoint_folder(args.load, tag), DEFAULT_VOCAB if default else None)
+    if args.top_k > tokenizer.vocab_size:
+        raise ConfigError(f"--top-k {args.top_k} exceeds the {tokenizer.vocab_size} tokens of the vocab",
+                          f"pass --top-k at most {tokenizer.vocab_size}")
     model = load_model(args.load)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ConfigError(f"the vocab file has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}",
                           "pass the --vocab-file the model was trained with")
-    for text in args.text:
+    results = [(text, fill_mask(model, tokenizer, text, args.top_k)) for text in args.text]  # all checked, then printed
+    for text, masks in results:
         print(text)
-        for number, predictions in enumerate(fill_mask(model, tokenizer, text, args.top_k), start=1):
+        for number, predictions in enumerate(masks, start=1):
             print(f"  [MASK] {number}: " + ", ".join(f"{token} {p:.2f}" for token, p in predictions))
 
 

@@ -3,6 +3,7 @@
 megatron/data/sample_corpus.py for what is kept.
 """
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -20,8 +21,9 @@ def main(argv=None):
     output = Path(args.output)
     if output.is_dir():
         raise ConfigError(f"--output {output} is a directory", f"pass a file path, e.g. --output {output / 'corpus.json'}")
-    if args.max_mb <= 0:
-        raise ConfigError(f"--max-mb {args.max_mb} is not positive", "pass the corpus size in MB, e.g. --max-mb 4")
+    if not 0 < args.max_mb < math.inf:  # nan fails too
+        raise ConfigError(f"--max-mb {args.max_mb} is not a positive finite number",
+                          "pass the corpus size in MB, e.g. --max-mb 4")
     folder = output.parent.absolute()
     while not folder.exists():
         folder = folder.parent
@@ -29,6 +31,9 @@ def main(argv=None):
         raise ConfigError(f"--output {output} lies under {folder}, which is a file", "pass a path inside a directory")
     output.parent.mkdir(parents=True, exist_ok=True)
     count, written = write_corpus(output, int(args.max_mb * 2**20), tuple(args.packages))
+    if count == 0:  # a corpus without documents, which preprocess_data.py refuses
+        output.unlink()
+        raise ConfigError(f"--max-mb {args.max_mb} holds no document", "pass a larger --max-mb, e.g. --max-mb 4")
     print(f"wrote {count} documents, {written / 2**20:.2f} MB to {output}")
 
 

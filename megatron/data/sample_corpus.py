@@ -68,11 +68,12 @@ def package_root(package: str) -> Path:
 
 
 def documents(packages):
-    """(title, url, paragraphs) for every source, in a fixed order."""
-    for topic in sorted(topics):
-        yield topic, f"pydoc-topic:{topic}", prose_paragraphs(topics[topic])
+    """(title, url, paragraphs) for every source, in a fixed order. A package that is not installed is
+    refused at the first document, before a small corpus would leave it out unnoticed."""
     sources = [("python-stdlib", python_files(Path(sysconfig.get_paths()["stdlib"])))]
     sources += [(package, python_files(package_root(package), package + ".")) for package in packages]
+    for topic in sorted(topics):
+        yield topic, f"pydoc-topic:{topic}", prose_paragraphs(topics[topic])
     for origin, files in sources:
         for module, path in files:
             paragraphs = [p for doc in module_docstrings(path) for p in prose_paragraphs(doc)]

@@ -43,6 +43,9 @@ def train_vocab(input_path: Path, lower_case: bool, vocab_size: int, min_frequen
     tokenizer.train_from_iterator(corpus_texts(input_path, json_keys), vocab_size=vocab_size, min_frequency=min_frequency,
                                   special_tokens=list(SPECIAL_TOKENS), show_progress=False)
     learned = set(tokenizer.get_vocab()) - set(SPECIAL_TOKENS)
+    if not learned:  # a vocab of the special tokens alone would tokenize every word as [UNK]
+        raise DataError(f"{input_path} gave no token to learn (no text under --json-keys {' '.join(json_keys)})",
+                        "pass a corpus with text")
     return list(SPECIAL_TOKENS) + sorted(learned)
 
 
