@@ -248,8 +248,8 @@ def check_writable(save_dir: str) -> None:
                         os.remove(probe)
         except OSError as error:
             problem = f"--save {save_dir} is not writable on {socket.gethostname()} ({error.strerror or error})"
-            if disk_full(error):
-                problem, fix = f"{problem}: {disk_full(error)}", "free space there or pass a --save directory on another disk"
+            if full := disk_full(error):
+                problem, fix = f"{problem}: {full}", "free space there or pass a --save directory on another disk"
     problem = problem and (problem, fix)
     if problem is None and dist.get_rank() == 0:
         try:

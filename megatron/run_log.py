@@ -92,8 +92,8 @@ class RunLog:
             with contextlib.suppress(OSError):
                 self.metrics.close()  # closed with its unwritten buffer: no second error at exit
             path = self.dir / "metrics.jsonl"
-            if disk_full(error):
-                reason = f"{disk_full(error)}, {shutil.disk_usage(self.dir).free / 2**20:.1f} MiB free"
+            if full := disk_full(error):
+                reason = f"{full}, {shutil.disk_usage(self.dir).free / 2**20:.1f} MiB free"
             else:
                 reason = error.strerror or str(error)
             self.failure = (f"cannot write the run log {path} ({reason})",
