@@ -50,6 +50,12 @@ decimal NUM_NODES "${NUM_NODES:-1}" 1 "set NUM_NODES to the number of machines"
 WORLD=$((NUM_NODES * PROCS))
 decimal MASTER_PORT "${MASTER_PORT:-29500}" 1 "set MASTER_PORT to a free TCP port (1-65535)"
 [ "$MASTER_PORT" -le 65535 ] || fail "MASTER_PORT = $MASTER_PORT is above 65535; set MASTER_PORT to a free TCP port (1-65535)"
+found="$(command -v -- "$PYTHON")" || fail "PYTHON $PYTHON is not an executable; set PYTHON to the python of the environment the trainer is installed in (the README's commands create .venv)"
+PYTHON="$found"
+[ -x "$(dirname "$PYTHON")/deepspeed" ] || fail "no deepspeed launcher beside $PYTHON; install the requirements into that environment (pip install -r requirements.txt) or set PYTHON to another"
+if [ -n "${HOSTFILE:-}" ]; then  # DeepSpeed's launcher would stop on a bad line with a traceback: name the line here
+    "$PYTHON" "$ROOT/tools/check_hostfile.py" "$HOSTFILE" --num-nodes "$NUM_NODES" --ranks-per-node "$PROCS" > /dev/null
+fi
 # without a hostfile the launcher starts PROCS ranks here alone: a world of NUM_NODES machines never forms
 [ -n "${HOSTFILE:-}" ] || [ "$NUM_NODES" -eq 1 ] || fail "NUM_NODES $NUM_NODES is set without HOSTFILE; launch several machines with bert_multinode.sh HOSTFILE NUM_NODES $SCRIPT ..."
 # (NODE_RANK=0 alone is a scheduler's single node, e.g. AzureML's)

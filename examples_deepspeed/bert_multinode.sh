@@ -18,12 +18,8 @@ fi
 case "$2" in
     '' | *[!0-9]* | 0) echo "$(basename "$0"): error: NUM_NODES = '$2' is not a positive integer; pass HOSTFILE NUM_NODES SCRIPT ARGS ..." >&2; exit 2 ;;
 esac
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# DeepSpeed's launcher would stop on a bad line with a traceback: name the line here instead
-RANKS=()  # PROCS, the script's first argument, when it is a number (the script itself names it otherwise)
-case "${4:-}" in '' | *[!0-9]*) ;; *) RANKS=(--ranks-per-node "$((10#$4))") ;; esac
-"${PYTHON:-$ROOT/.venv/bin/python}" "$ROOT/tools/check_hostfile.py" "$1" --num-nodes "$2" "${RANKS[@]}" > /dev/null
-HOSTFILE="$(realpath "$1")" NUM_NODES="$2" SCRIPT="$3"
+# the script checks the hostfile (bert_common.sh); SCRIPT may be given as a path
+HOSTFILE="$(realpath -m "$1")" NUM_NODES="$2" SCRIPT="$(basename "$3")"
 shift 3
 case "$SCRIPT" in
     bert_distributed.sh | bert_distributed_linformer.sh | bert_distributed_bigbird.sh) ;;

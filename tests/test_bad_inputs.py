@@ -345,6 +345,10 @@ CASES = [
     Case("script_leading_zero_world_size", "multinode", ["{tmp}/hostfile", "1"],
          ("train_batch_size 4 != train_micro_batch_size_per_gpu 2", "data-parallel size 4"),
          files={"hostfile": "worker-1 slots=8\n"}, env={"TAIL": "bert_distributed.sh 08 1 2 64 2 4 2 64 4"}),
+    Case("script_python_not_executable", "multinode", ["{tmp}/hostfile", "1"], ("PYTHON", "py is not an executable", "set PYTHON"),
+         files={"hostfile": "worker-1 slots=2\n", "py": "x"}, env={"PYTHON": "{tmp}/py"}),
+    Case("script_hostfile_given_directly", "distributed", ["2", "1", "2", "64", "2", "4", "2", "64", "4"], ("hostfile", "line 1", "slots=<gpus>"),
+         files={"hostfile": "worker-1 slots=two\n"}, env={"HOSTFILE": "{tmp}/hostfile", "DRY_RUN": "1"}),
     Case("tool_make_corpus_output_is_a_directory", "make_corpus", ["--output", "{tmp}/out"],
          ("--output", "out is a directory", "pass a file path"), files={"out/.keep": ""}),
     Case("tool_plot_run_directory", "plot", ["{tmp}/log"], ("log is a directory", "metrics.jsonl"),
@@ -557,8 +561,8 @@ COMMANDS = {
     "plot": [PYTHON, str(ROOT / "tools" / "plot_run.py")],
     "fill_mask": [PYTHON, str(ROOT / "tools" / "fill_mask.py")],
     "extend": [PYTHON, str(ROOT / "tools" / "extend_context.py")],
-    # the hostfile is checked before anything else runs: the arguments after the script never matter
     "multinode": [str(ROOT / "examples_deepspeed" / "bert_multinode.sh"), "--dry-run"],
+    "distributed": [str(ROOT / "examples_deepspeed" / "bert_distributed.sh")],
 }
 MULTINODE_TAIL = ["bert_distributed.sh", "2", "1", "2", "64", "2", "4", "2", "64", "4"]
 
@@ -584,7 +588,7 @@ def checkpoint(assets) -> str:
 def run_command(command: str, argv: list, tmp: Path, assets: dict, extra=(), env=None) -> subprocess.CompletedProcess:
     """One rank by env:// (the launcher sets its own), on CPU; the launch scripts' RUN_DIR in `tmp`."""
     values = {"tmp": str(tmp), "port": str(free_port()), **{key: str(value) for key, value in assets.items()}}
-    env = dict(env or {})
+    env = {name: value if value is None else value.format(**values) for name, value in (env or {}).items()}
     extra = env.pop("TAIL").split() if "TAIL" in env else extra
     line = [part.format(**values) for part in [*COMMANDS[command], *argv, *extra]]
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",

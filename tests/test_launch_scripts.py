@@ -126,7 +126,8 @@ def dry_run(script: str, run_dir: Path, *arguments, **env) -> tuple:
 
 def test_multinode_dry_run_prints_the_hostfile_launch(tmp_path):
     config, command = dry_run("bert_multinode.sh", tmp_path, "--dry-run", str(ROOT / "hostfile.example"), "2",
-                              "bert_distributed.sh", "8", "1", "8", "16384", "1", "4", "24", "1024", "16")
+                              "examples_deepspeed/bert_distributed.sh", "8", "1", "8", "16384", "1", "4", "24", "1024",
+                              "16")  # SCRIPT as a path from the repository root: its name is taken
     assert "--num_gpus 8 --master_port" in command
     assert f"--hostfile {ROOT / 'hostfile.example'} --num_nodes 2 " in command and "--no_ssh" not in command
     # 16 ranks: data-parallel 2, so grad-acc = 4 / (1 x 2) = 2, derived at start-up from the null
