@@ -71,7 +71,7 @@ def test_sample_layout_segments_and_padding(data):
         assert tokens[0] == 2 and len(seps) == 2 and seps[1] == length - 1
         assert (types[:seps[0] + 1] == 0).all() and (types[seps[0] + 1:] == 1).all()
         assert (sample["tokens"][length:] == 0).all() and not sample["loss_mask"][length:].any()
-        first, end, target = train.mapping[i]
+        first, end, target, _ = train.mapping[i]
         text = np.concatenate([indexed[s] for s in range(first, end)])
         if len(text) <= min(target, 61):  # not truncated: the segments are the span, in or out of order
             a, b = tokens[1:seps[0]], tokens[seps[0] + 1:-1]
@@ -159,7 +159,7 @@ def test_splits_use_disjoint_documents(data):
 def test_index_map_is_cached_next_to_the_data_and_reused(data, monkeypatch, tmp_path):
     prefix = write_corpus(tmp_path / "c", num_docs=50)
     first = dataset((prefix, data[1]), num_samples=100, doc_range=(0, 50))
-    cached = list(tmp_path.glob("c_train_indexmap_100mns_61msl_0.10ssp_1234s_0-50docs.npy"))
+    cached = list(tmp_path.glob("c_train_indexmap_100mns_61msl_0.10ssp_1234s_0-50docs_ep.npy"))
     assert len(cached) == 1 and len(list(tmp_path.glob("*partial*"))) == 0
 
     def must_not_build(*args, **kwargs):

@@ -30,8 +30,8 @@ def reference_mapping(docs, sizes, num_epochs, max_num_samples, max_seq_length, 
         r = draw()
         return 2 + r % (max_seq_length - 1) if r % short_ratio == 0 else max_seq_length
 
-    rows = []
-    for _ in range(num_epochs):
+    rows, shuffle = [], Draws(seed + 1)
+    for epoch in range(num_epochs):
         if len(rows) >= max_num_samples:
             break
         before = len(rows)
@@ -44,17 +44,16 @@ def reference_mapping(docs, sizes, num_epochs, max_num_samples, max_seq_length, 
                 count, ends = s + 1 - start, s + 1 == last
                 if (length >= goal and count >= min_num_sent) or ends:
                     if count >= min_num_sent:
-                        rows.append([start, s + 1, goal])
+                        rows.append([start, s + 1, goal, epoch])
                     start, length = s + 1, 0
                     if not ends:
                         goal = target()
         if len(rows) == before:
             break
-    shuffle = Draws(seed + 1)
-    for i in range(len(rows) - 1, 0, -1):
-        j = shuffle() % (i + 1)
-        rows[i], rows[j] = rows[j], rows[i]
-    return np.array(rows, dtype=np.int64).reshape(-1, 3)
+        for i in range(len(rows) - 1, before, -1):  # this epoch's rows only
+            j = before + shuffle() % (i - before + 1)
+            rows[i], rows[j] = rows[j], rows[i]
+    return np.array(rows, dtype=np.int64).reshape(-1, 4)
 
 
 def reference_blending(weights, size):
@@ -113,6 +112,20 @@ def test_build_mapping_makes_whole_epochs_until_enough_samples():
     docs, sizes = random_corpus(5)
     one_epoch = len(helpers.build_mapping(docs, sizes, 1, 10**9, 64, 0.0, 1))
     assert len(helpers.build_mapping(docs, sizes, 10**6, one_epoch + 1, 64, 0.0, 1)) == 2 * one_epoch
+
+
+def test_build_mapping_for_more_samples_starts_with_the_mapping_for_fewer():
+    """Shuffled within each epoch, the streams going on: a resume that asks for more samples (a longer
+    --train-iters, a larger batch) reads the samples it has not read yet, in the same order."""
+    docs, sizes = random_corpus(6)
+    one_epoch = len(helpers.build_mapping(docs, sizes, 1, 10**9, 64, 0.1, 3))
+    fewer = helpers.build_mapping(docs, sizes, 10**6, one_epoch + 1, 64, 0.1, 3)
+    more = helpers.build_mapping(docs, sizes, 10**6, 5 * len(fewer), 64, 0.1, 3)
+    assert fewer[-1, 3] >= 1 and more[-1, 3] > fewer[-1, 3]  # both span epochs
+    np.testing.assert_array_equal(more[:len(fewer)], fewer)
+    for epoch in range(more[-1, 3] + 1):  # every epoch holds each sample once
+        rows = more[more[:, 3] == epoch]
+        assert len(np.unique(rows[:, 0])) == len(rows)
 
 
 def test_build_mapping_rejects_bad_documents():

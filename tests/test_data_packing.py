@@ -167,11 +167,26 @@ def test_packed_items_depend_only_on_their_index(data):
     assert not np.array_equal(other_seed[3]["tokens"], first[3]["tokens"])
 
 
+def test_packing_for_more_samples_starts_with_the_packing_for_fewer(data):
+    """Packed one epoch at a time: a resume that asks for more samples (a longer --train-iters, a
+    larger batch: other maps) reads the same samples up to where it stopped, then the unread ones."""
+    fewer, more = packed(data, num_samples=60), packed(data, num_samples=900)
+    epochs = more.segments.mapping[:, 3]
+    assert epochs[-1] > fewer.segments.mapping[-1, 3] and len(more) > len(fewer)  # more epochs
+    assert np.array_equal(more.segments.mapping[:len(fewer.segments)], fewer.segments.mapping)
+    assert np.array_equal(more.offsets[:len(fewer) + 1], fewer.offsets)
+    assert np.array_equal(more.indices[:len(fewer.indices)], fewer.indices)
+    for i in (0, len(fewer) - 1):
+        assert all(np.array_equal(more[i][key], fewer[i][key]) for key in FIELDS)
+    for i in range(len(more)):  # a sample never mixes epochs
+        assert len(set(epochs[more.segment_indices(i)].tolist())) == 1
+
+
 def test_pack_map_is_cached_next_to_the_data_and_reused(data, tmp_path, monkeypatch):
     prefix = write_corpus(tmp_path / "c", num_docs=60)
     first = packed((prefix, data[1]), num_samples=20, doc_range=(0, 60))
     mns = first.segments.mapping_settings[4]  # the segment mapping's max_num_samples, sized for 20 samples
-    name = f"c_train_packmap_{mns}mns_61msl_0.10ssp_1234s_0-60docs_256sl_{bert_dataset.PACK_WINDOW}w.npy"
+    name = f"c_train_packmap_{mns}mns_61msl_0.10ssp_1234s_0-60docs_ep_256sl_{bert_dataset.PACK_WINDOW}w.npy"
     assert [p.name for p in tmp_path.glob("c_train_packmap_*")] == [name]
     assert (tmp_path / name.replace("packmap", "indexmap").replace(f"_256sl_{bert_dataset.PACK_WINDOW}w", "")).is_file()
     assert not list(tmp_path.glob("*partial*"))

@@ -110,6 +110,6 @@ def test_map_files_name_what_the_dataset_reads():
 
     packed = PackedBertDataset.__new__(PackedBertDataset)
     packed.segments, packed.path = Segments(), packmap_path(Segments.mapping_settings, 512, 256)
-    assert packed.map_files() == ["p_train_indexmap_100mns_125msl_0.10ssp_1234s_0-9docs.npy",
-                                  "p_train_packmap_100mns_125msl_0.10ssp_1234s_0-9docs_512sl_256w.npy"]
+    assert packed.map_files() == ["p_train_indexmap_100mns_125msl_0.10ssp_1234s_0-9docs_ep.npy",
+                                  "p_train_packmap_100mns_125msl_0.10ssp_1234s_0-9docs_ep_512sl_256w.npy"]
     assert json.loads(json.dumps(index_maps.used_maps(None))) == []

@@ -1,9 +1,11 @@
 """BERT datasets over Megatron indexed data: document split, cached sample mappings, packing, blending.
 
-A segment is a row (first sentence, end sentence, target length) of a mapping built by the C++
-`build_mapping` over the documents of one split; unpacked, a sample is one segment. Packed
+A segment is a row (first sentence, end sentence, target length, epoch) of a mapping built by the
+C++ `build_mapping` over the documents of one split; unpacked, a sample is one segment. Packed
 (--pack-samples), a sample holds several segments back to back, chosen by the C++
-`pack_segments` (best fit over a window of open samples). Mappings are saved next to the data
+`pack_segments` (best fit over a window of open samples), one epoch at a time. Both are shuffled
+within each epoch only, so the mapping for more samples starts with the mapping for fewer: a run
+resumed with a longer --train-iters or another batch size reads on in the same order. Mappings are saved next to the data
 (or in --data-cache-path) as `{maps}_{split}_indexmap_*.npy` and `{maps}_{split}_packmap_*.npy`,
 `{maps}` carrying a fingerprint of the data's contents (index_maps.py), so that other data at the
 same prefix never meets maps of the old; in a distributed run rank 0 builds a missing one while
@@ -50,8 +52,9 @@ def split_boundaries(split: str, num_docs: int) -> list[int]:
 
 def mapping_path(prefix: str, name: str, first_doc: int, end_doc: int, max_num_samples: int, max_seq_length: int,
                  short_seq_prob: float, seed: int, binary_head: bool) -> str:
+    """`_ep`: shuffled per epoch (maps without it are of the whole-map shuffle, before)."""
     return (f"{prefix}_{name}_indexmap_{max_num_samples}mns_{max_seq_length}msl_{short_seq_prob:0.2f}ssp_{seed}s"
-            f"_{first_doc}-{end_doc}docs{'' if binary_head else '_nobh'}.npy")
+            f"_{first_doc}-{end_doc}docs{'' if binary_head else '_nobh'}_ep.npy")
 
 
 def cached_array(path: str, build) -> np.ndarray:
@@ -111,7 +114,7 @@ def _failure_text(path: str, failure: Exception | None) -> tuple[str, bool] | No
 
 def samples_mapping(indexed, prefix: str, name: str, first_doc: int, end_doc: int, max_num_samples: int,
                     max_tokens: int, short_seq_prob: float, seed: int, binary_head: bool) -> np.ndarray:
-    """[n, 3] rows (first sentence, end sentence, target tokens) over documents
+    """[n, 4] rows (first sentence, end sentence, target tokens, epoch) over documents
     [first_doc, end_doc), built once and cached (arguments: mapping_path's, after `indexed`)."""
     path = mapping_path(prefix, name, first_doc, end_doc, max_num_samples, max_tokens, short_seq_prob, seed, binary_head)
 
@@ -160,7 +163,7 @@ class BertDataset(torch.utils.data.Dataset):
     def segment(self, idx: int) -> dict:
         """Segment idx of the mapping, unpadded; its randomness is keyed by idx alone, so it is the
         same whether it fills a sample alone or sits in a packed one."""
-        first, end, target = (int(v) for v in self.mapping[idx])
+        first, end, target = (int(v) for v in self.mapping[idx, :3])
         sentences = [self.indexed[i].astype(np.int64) for i in range(first, end)]
         rng = np.random.RandomState((self.seed + idx) % 2**32)
         return build_segment(sentences, target, self.seq_length, self.ids, self.random_ids, self.masked_lm_prob, rng,
@@ -200,9 +203,7 @@ class PackedBertDataset(torch.utils.data.Dataset):
         self.path = path = packmap_path(segments.mapping_settings, seq_length, window)
 
         def build():
-            offsets, indices = helpers.pack_segments(segments.segment_lengths(), seq_length,
-                                                     (segments.seed + 2) % 2**32, window)  # own stream
-            return np.concatenate([[len(offsets) - 1], offsets, indices])
+            return pack_epochs(segments.mapping[:, 3], segments.segment_lengths(), seq_length, segments.seed, window)
 
         packmap = cached_array(path, build)
         num_samples = int(packmap[0])
@@ -224,6 +225,19 @@ class PackedBertDataset(torch.utils.data.Dataset):
     def __getitem__(self, idx: int) -> dict:
         return pack([self.segments.segment(int(j)) for j in self.segment_indices(idx)], self.seq_length,
                     self.segments.ids.pad)
+
+
+def pack_epochs(epochs: np.ndarray, lengths: np.ndarray, seq_length: int, seed: int, window: int) -> np.ndarray:
+    """The packing of a segment mapping, epoch by epoch (epoch e with its own stream, seed + 2 + e), as
+    [n, offsets[0..n], indices...]: the packing of more epochs starts with the packing of fewer."""
+    starts = np.flatnonzero(np.diff(epochs, prepend=-1))
+    offsets, indices = [np.zeros(1, dtype=np.int64)], []
+    for start, stop in zip(starts, [*starts[1:], len(epochs)]):
+        epoch_offsets, epoch_indices = helpers.pack_segments(lengths[start:stop], seq_length,
+                                                             (seed + 2 + int(epochs[start])) % 2**32, window)
+        offsets.append(epoch_offsets[1:] + start)
+        indices.append(epoch_indices + start)
+    return np.concatenate([[sum(len(part) for part in offsets) - 1], *offsets, *indices])
 
 
 def packed_dataset(name: str, indexed, prefix: str, doc_range: tuple, num_samples: int, seq_length: int,

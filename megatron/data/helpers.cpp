@@ -35,12 +35,14 @@ int32_t target_length(std::mt19937& rng, uint32_t short_ratio, int32_t max_lengt
 
 }  // namespace
 
-// Samples as rows (first sentence, one past the last sentence, target length), shuffled.
+// Samples as rows (first sentence, one past the last sentence, target length, epoch).
 // A document yields consecutive sentence spans that reach the target length and hold at
 // least min_num_sent sentences; its last span is kept if it has enough sentences. Documents
 // with fewer than min_num_sent sentences, or with a sentence longer than long_sentence_len
 // (it could not fit a sample), are skipped. Whole epochs are made until max_num_samples is
-// reached or num_epochs are done.
+// reached or num_epochs are done, each shuffled within itself, the streams going on from one
+// epoch to the next: the mapping for more samples starts with the mapping for fewer, so a run
+// resumed with a longer --train-iters (or another batch size) continues the same order.
 py::array_t<int64_t> build_mapping(const Int64Array& docs_array, const Int32Array& sizes_array, int64_t num_epochs,
                                    int64_t max_num_samples, int32_t max_seq_length, double short_seq_prob,
                                    uint32_t seed, int32_t min_num_sent, int32_t long_sentence_len) {
@@ -56,12 +58,16 @@ py::array_t<int64_t> build_mapping(const Int64Array& docs_array, const Int32Arra
   }
   const uint32_t short_ratio = short_seq_prob > 0.0 ? static_cast<uint32_t>(std::lround(1.0 / short_seq_prob)) : 0;
 
-  std::vector<int64_t> rows;  // flattened [n, 3]
+  constexpr int64_t kCols = 4;
+  std::vector<int64_t> rows;  // flattened [n, kCols]
   {
     // Minutes on a large corpus: other Python threads (the --save lock's heartbeat) run meanwhile.
     py::gil_scoped_release released;
     std::mt19937 rng(seed);
-    for (int64_t epoch = 0; epoch < num_epochs && static_cast<int64_t>(rows.size() / 3) < max_num_samples; ++epoch) {
+    // Fisher-Yates with its own stream, so the order does not depend on how many targets were drawn.
+    std::mt19937 shuffle_rng(seed + 1);
+    for (int64_t epoch = 0; epoch < num_epochs && static_cast<int64_t>(rows.size()) / kCols < max_num_samples;
+         ++epoch) {
       const size_t before = rows.size();
       for (int64_t d = 0; d < num_docs; ++d) {
         const int64_t first = docs(d), last = docs(d + 1);
@@ -77,7 +83,7 @@ py::array_t<int64_t> build_mapping(const Int64Array& docs_array, const Int32Arra
           const int64_t count = s + 1 - start;
           const bool doc_ends = s + 1 == last;
           if ((length >= target && count >= min_num_sent) || doc_ends) {
-            if (count >= min_num_sent) rows.insert(rows.end(), {start, s + 1, static_cast<int64_t>(target)});
+            if (count >= min_num_sent) rows.insert(rows.end(), {start, s + 1, static_cast<int64_t>(target), epoch});
             start = s + 1;
             length = 0;
             if (!doc_ends) target = target_length(rng, short_ratio, max_seq_length);
@@ -85,17 +91,15 @@ py::array_t<int64_t> build_mapping(const Int64Array& docs_array, const Int32Arra
         }
       }
       if (rows.size() == before) break;  // no document yields a sample: more epochs would not either
-    }
-
-    // Fisher-Yates with its own stream, so the order does not depend on how many targets were drawn.
-    std::mt19937 shuffle_rng(seed + 1);
-    for (int64_t i = static_cast<int64_t>(rows.size() / 3) - 1; i > 0; --i) {
-      const int64_t j = static_cast<int64_t>(shuffle_rng() % static_cast<uint32_t>(i + 1));
-      for (int k = 0; k < 3; ++k) std::swap(rows[3 * i + k], rows[3 * j + k]);
+      const int64_t first_row = static_cast<int64_t>(before) / kCols;
+      for (int64_t i = static_cast<int64_t>(rows.size()) / kCols - 1; i > first_row; --i) {
+        const int64_t j = first_row + static_cast<int64_t>(shuffle_rng() % static_cast<uint32_t>(i - first_row + 1));
+        for (int64_t k = 0; k < kCols; ++k) std::swap(rows[kCols * i + k], rows[kCols * j + k]);
+      }
     }
   }
-  const int64_t n = static_cast<int64_t>(rows.size() / 3);
-  py::array_t<int64_t> result({n, static_cast<int64_t>(3)});
+  const int64_t n = static_cast<int64_t>(rows.size()) / kCols;
+  py::array_t<int64_t> result({n, kCols});
   std::copy(rows.begin(), rows.end(), result.mutable_data());
   return result;
 }
