@@ -31,7 +31,7 @@ run_launcher .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
     --no-first-layer-attention-norm --type-vocab-size 0 --bert-no-binary-head --hidden-dropout 0 --attention-dropout 0 \
     --micro-batch-size 2 --train-iters 1000 --lr 1e-3 --lr-warmup-fraction 0.02 \
     --log-interval 50 --eval-interval 250 --eval-iters 5 \
-    --save runs/default/checkpoints --log-dir runs/default "$@"
+    --save runs/default/checkpoints --load runs/default/checkpoints --log-dir runs/default "$@"
 # What the model learned: its top guesses for masked words of two sentences
 .venv/bin/python tools/fill_mask.py --load runs/default/checkpoints \
     --text "the function returns a [MASK] of the values." --text "see the [MASK] for more details."

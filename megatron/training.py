@@ -526,6 +526,9 @@ def pretrain(args) -> None:
         warning = describe_resume(engine, client.get("schedule"), schedule, iteration)
         if warning and dist.get_rank() == 0:
             print(warning, file=sys.stderr, flush=True)
+        if iteration >= train_iters:  # a finished run started again (a rerun of the same command)
+            log.message(f"nothing to train: the checkpoint is at iteration {iteration} of --train-iters "
+                        f"{train_iters}; pass a larger --train-iters to train on")
     else:
         source = args.init_from_hf or (args.load if weights_only else None)
         log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",

@@ -257,6 +257,7 @@ def test_pretrain_default_settings_export():
     assert (model.seq_length, model.position_embedding_type, model.local_attention_window) == (1024, "rope", 128)
     assert [model.is_local_layer(i) for i in range(model.num_layers)] == [False, True, True]
     assert config.sequence_parallel_size == 2 and config.pack_samples
+    assert args.load == args.save  # run again, it resumes (or says it is complete) instead of refusing its --save
     check_exportable(model)  # as a ModernBertForMaskedLM
 
 
@@ -267,10 +268,17 @@ def test_runs_without_a_launcher_as_one_process(tmp_path, data_dir):
     env = {name: value for name, value in os.environ.items()
            if name not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     argv = [*TINY, "--train-iters", "1", "--eval-iters", "1", "--split", "100,0,0", "--default-data-dir", data_dir,
-            "--log-dir", str(tmp_path / "log")]
+            "--log-dir", str(tmp_path / "log"), "--save", str(tmp_path / "ck"), "--load", str(tmp_path / "ck")]
     result = subprocess.run([PYTHON, str(ROOT / "pretrain_bert.py"), *argv], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "no launcher: running as one process (world size 1)" in result.stdout
     assert "mpi4py" not in result.stderr and "Traceback" not in result.stderr
+    # the same command again (the main job run twice): it resumes the finished run and says so
+    again = subprocess.run([PYTHON, str(ROOT / "pretrain_bert.py"), *argv], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert ("nothing to train: the checkpoint is at iteration 1 of --train-iters 1; pass a larger --train-iters to "
+            "train on") in again.stdout
+    assert sorted(path.name for path in (tmp_path / "ck").iterdir()) == ["iter_0000001", "latest"]
     assert "config: pipeline 1 x data 1 x sequence 1" in result.stdout
