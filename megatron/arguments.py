@@ -152,7 +152,10 @@ def flag_setting(field: str, value) -> str:
     option = next((action for action in actions if action.nargs != 0), None)
     if option is not None and not isinstance(value, bool):
         return f"{option.option_strings[0]} {value}"
-    return next(action for action in actions if action.const == value).option_strings[0]
+    for action in actions:
+        if action.const == value:
+            return action.option_strings[0]
+    raise ValueError(f"no flag sets {field} to {value!r}")  # e.g. add_binary_head True: the default, no flag
 
 
 def add_packing_args(group) -> None:

@@ -247,16 +247,13 @@ def check_writable(save_dir: str) -> None:
                     with contextlib.suppress(OSError):
                         os.remove(probe)
         except OSError as error:
-            problem = f"--save {save_dir} is not writable on {socket.gethostname()} ({error.strerror or error})"
-            if full := disk_full(error):
-                problem, fix = f"{problem}: {full}", "free space there or pass a --save directory on another disk"
+            problem, fix = _unwritable(f"--save {save_dir} is not writable", error, fix)
     problem = problem and (problem, fix)
     if problem is None and dist.get_rank() == 0:
         try:
             problem = take_lock(save_dir, created)
         except OSError as error:
-            problem = (f"--save {save_dir}: cannot write its lock on {socket.gethostname()} "
-                       f"({error.strerror or error})", fix)
+            problem = _unwritable(f"--save {save_dir}: cannot write its lock", error, fix)
     problems = [None] * dist.get_world_size()
     dist.all_gather_object(problems, problem)  # also: no probe is removed while another node writes one
     found = next((text for text in problems if text), None)
@@ -269,6 +266,14 @@ def check_writable(save_dir: str) -> None:
     dist.barrier()  # removed on every node when any rank returns
     if found:
         raise ConfigError(*found)
+
+
+def _unwritable(what: str, error: OSError, fix: str) -> tuple[str, str]:
+    """(problem, fix) of a failed write at start-up: a full disk named as such."""
+    problem = f"{what} on {socket.gethostname()} ({error.strerror or error})"
+    if full := disk_full(error):
+        return f"{problem}: {full}", "free space there or pass a --save directory on another disk"
+    return problem, fix
 
 
 _held_lock = {}  # the lock this process holds: {"path", "record", "created": folders made for it, "beat": Event}
@@ -289,13 +294,15 @@ def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
     try:
         with open(staged, "w") as file:
             json.dump(record, file)
-        for _ in range(2):
+        for _ in range(3):
             try:
                 _place(staged, path)
                 _held_lock.update(path=path, record=record, created=list(created), beat=_heartbeat(path, record))
                 return None
             except FileExistsError:
                 holder, age = _read_lock(path), _age(path)
+            if age is None:
+                continue  # released since: place it again
             if holder is None and age < LOCK_HEARTBEAT_S:
                 break  # being written by a run starting there (an exclusive create appears empty first)
             if holder and holder.get("host") != host and age < LOCK_STALE_S:
@@ -335,16 +342,22 @@ def _place(source: str, path: str) -> None:
             raise
         with open(source, "rb") as file:
             content = file.read()
-        with open(path, "xb") as file:
-            file.write(content)
+        file = open(path, "xb")  # FileExistsError: another's, left alone
+        try:
+            with file:
+                file.write(content)
+        except OSError:  # a full disk: no empty lock left to refuse the next run
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            raise
 
 
-def _age(path: str) -> float:
-    """Seconds since the lock was last touched (0 when it cannot be read: not stale)."""
+def _age(path: str) -> float | None:
+    """Seconds since the lock was last touched; None when it is gone (released meanwhile)."""
     try:
         return max(0.0, time.time() - os.stat(path).st_mtime)
     except OSError:
-        return 0.0
+        return None
 
 
 def _remove_stale(path: str, holder: dict | None) -> bool:
@@ -453,7 +466,7 @@ def latest_tag(load_dir: str) -> str:
         raise ConfigError(f"{load_dir} is a file, not a checkpoint directory",
                           "point --load at the directory a run wrote with --save")
     if not os.path.isfile(path):
-        parent = os.path.dirname(os.path.normpath(load_dir))
+        parent = os.path.dirname(os.path.abspath(load_dir))  # a relative iter_* has a parent too
         if re.fullmatch(r"iter_\d+", os.path.basename(os.path.normpath(load_dir))) and \
                 os.path.isfile(os.path.join(parent, LATEST)):
             raise ConfigError(f"{load_dir} is one checkpoint of the --save directory {parent}",

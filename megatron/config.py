@@ -760,15 +760,26 @@ ADJUSTABLE_START_FIELDS = ("max_position_embeddings", "rotary_base", "local_rota
                            "add_binary_head", "make_vocab_size_divisible_by")
 
 
-def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict) -> None:
+def adjustable_start_fields(start: dict, from_hf: bool) -> tuple:
+    """ADJUSTABLE_START_FIELDS for an HF folder, whose weights are converted (table extended, vocab
+    padded again, head initialised); a weights-only checkpoint's are loaded as they are, so only the
+    fields that shape no weight: the rope thetas, the window, and the length where rope leaves no table."""
+    if from_hf:
+        return ADJUSTABLE_START_FIELDS
+    rope = start.get("position_embedding_type") == "rope"
+    return ("rotary_base", "local_rotary_base", "local_attention_window") + (("max_position_embeddings",) * rope)
+
+
+def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict, adjustable: tuple) -> None:
     """A model flag, or a preset's field, that contradicts the weights a run starts from (`start`: their
-    BertConfig fields; `source`: e.g. 'the --init-from-hf folder DIR'), naming the field and both
-    values: the weights' fields would otherwise win over a preset silently, or a flag's value would
-    meet the weights only as a shape error, or as an option refused for a reason the user never gave."""
+    BertConfig fields; `source`: e.g. 'the --init-from-hf folder DIR'; `adjustable`: the fields the run may
+    set otherwise), naming the field and both values: the weights' fields would otherwise win over a preset
+    silently, or a flag's value would meet the weights only as a shape error, or as an option refused for
+    a reason the user never gave."""
     preset, named = model_preset(flags, ds_config), preset_source(flags, ds_config)
     for name, have in start.items():
         value = flags.get(name)
-        if name in ADJUSTABLE_START_FIELDS or (value if value is not None else preset.get(name, have)) == have:
+        if name in adjustable or (value if value is not None else preset.get(name, have)) == have:
             continue
         setter = drop = flag_setting(name, value) if value is not None else named
         setter += "" if value is not None else f" ({name} {preset[name]})"

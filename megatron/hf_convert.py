@@ -273,6 +273,9 @@ def check_compatible(hf_fields: dict, config: BertConfig) -> None:
                               f"{getattr(config, field)}", f"set {field} to {hf_fields[field]}")
 
 
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")  # read_hf_weights's
+
+
 def read_hf_weights(folder) -> dict:
     """Tensors of an HF folder as stored (model.safetensors, sharded safetensors or pytorch_model.bin)."""
     folder = Path(folder)

@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from megatron import checkpoint, determinism, hf_convert, hf_modernbert
 from megatron.arguments import build_parser, config_flags, launcher_rank
-from megatron.config import (OPTIMIZER_DEFAULTS, default_optimizer, model_preset, optimizer_params_taken,
-                             read_ds_config, refuse_contradictions, resolve)
+from megatron.config import (OPTIMIZER_DEFAULTS, adjustable_start_fields, default_optimizer, model_preset,
+                             optimizer_params_taken, read_ds_config, refuse_contradictions, resolve)
 from megatron.data import index_maps
 from megatron.data.bert_dataset import SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, token_stats
 from megatron.data.default_dataset import prepare_default_dataset
@@ -440,7 +440,8 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
     flags = config_flags(args)
     start = initial_model_fields(args, weights_only)
     refuse_contradictions(start, f"the --init-from-hf folder {args.init_from_hf}" if args.init_from_hf
-                          else f"the weights-only checkpoint {args.load}", flags, ds)
+                          else f"the weights-only checkpoint {args.load}", flags, ds,
+                          adjustable_start_fields(start, bool(args.init_from_hf)))
     for field, value in start.items():
         flags[field] = value if flags.get(field) is None else flags[field]
     # the flag, else a preset's (a model larger than the vocab file is allowed), else the vocab file's

@@ -100,7 +100,7 @@ def test_zero3_weights_read_back(tmp_path):
     assert max_relative_diff(stored, reference, floor=1.0) <= REL_TOL
 
 
-def test_missing_checkpoint_is_a_clear_error(tmp_path):
+def test_missing_checkpoint_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(Exception, match="no checkpoint in .* \\(missing 'latest'\\); point --load"):
         checkpoint.latest_tag(str(tmp_path))
     # one iter_* folder of a --save directory: the directory is what --load takes
@@ -109,6 +109,9 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(Exception, match=f"{tmp_path / 'iter_0000002'} is one checkpoint of the --save directory "
                                         f"{tmp_path}; point --load at {tmp_path} "):
         checkpoint.latest_tag(str(tmp_path / "iter_0000002"))
+    monkeypatch.chdir(tmp_path)  # given relative, from inside the --save directory: it is named, not ''
+    with pytest.raises(Exception, match=f"iter_0000002 is one checkpoint of the --save directory {tmp_path}; "):
+        checkpoint.latest_tag("iter_0000002")
 
 
 def test_a_resume_with_another_optimizer_type_is_refused():

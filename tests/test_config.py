@@ -6,7 +6,7 @@ import pytest
 from deepspeed.runtime.config import DeepSpeedConfig
 
 from megatron.arguments import add_model_and_parallel_args, config_flags
-from megatron.config import read_ds_config, refuse_contradictions, resolve
+from megatron.config import adjustable_start_fields, read_ds_config, refuse_contradictions, resolve
 from megatron.errors import ConfigError
 
 BASE = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
@@ -162,14 +162,33 @@ START = dict(vocab_size=1500, hidden_size=64, num_layers=3, position_embedding_t
 ])
 def test_a_start_from_weights_refuses_a_flag_or_preset_that_contradicts_them(argv, ds, message):
     with pytest.raises(ConfigError) as error:
-        refuse_contradictions(START, "the --init-from-hf folder mb", flags(*argv), ds)
+        refuse_contradictions(START, "the --init-from-hf folder mb", flags(*argv), ds, adjustable_start_fields(
+            START, from_hf=True))
     assert message in str(error.value), error.value
 
 
 def test_a_start_from_weights_takes_restated_sizes_and_a_new_context():
     refuse_contradictions(START, "the --init-from-hf folder mb", flags(
         "--hidden-size", "64", "--rotary-base", "160000", "--local-attention-window", "8",
-        "--max-position-embeddings", "8192", "--vocab-size", "1500"), {})
+        "--max-position-embeddings", "8192", "--vocab-size", "1500"), {}, adjustable_start_fields(START, from_hf=True))
+
+
+@pytest.mark.parametrize("argv,field", [(["--make-vocab-size-divisible-by", "256"], "make_vocab_size_divisible_by"),
+                                        (["--bert-no-binary-head"], "add_binary_head")])
+def test_a_weights_only_start_refuses_what_would_reshape_its_weights(argv, field):
+    """An HF folder is converted (vocab padded again, a head initialised); a weights-only checkpoint is
+    loaded as it is: such a flag would meet it as a shape error saying 'resume with the model flags'."""
+    start = {**START, "make_vocab_size_divisible_by": 128, "add_binary_head": True}
+    refuse_contradictions(start, "the --init-from-hf folder mb", flags(*argv), {},
+                          adjustable_start_fields(start, from_hf=True))
+    with pytest.raises(ConfigError, match=f"contradicts the weights-only checkpoint ck, whose model has {field}"):
+        refuse_contradictions(start, "the weights-only checkpoint ck", flags(*argv), {},
+                              adjustable_start_fields(start, from_hf=False))
+    learned = {**START, "position_embedding_type": "learned"}  # a table of 64 rows; rope has none to resize
+    refuse_contradictions(START, "ck", flags("--max-position-embeddings", "128"), {}, adjustable_start_fields(START, False))
+    with pytest.raises(ConfigError, match="--max-position-embeddings 128 contradicts ck, whose model has max_pos"):
+        refuse_contradictions(learned, "ck", flags("--max-position-embeddings", "128"), {},
+                              adjustable_start_fields(learned, False))
 
 
 def test_local_layers_are_refused_with_linformer_or_bigbird_first_naming_a_preset_that_set_them():

@@ -225,6 +225,50 @@ def test_a_folder_without_hard_links_is_locked_by_an_exclusive_create(tmp_path, 
     assert os.listdir(tmp_path) == []
 
 
+def test_a_lock_released_while_being_read_is_taken_and_a_failed_write_leaves_none(tmp_path, monkeypatch):
+    """The holder releases its lock between our failed placing and our read: the folder is free, not
+    'just taken by another run'. Without hard links, a lock whose write fails (a full disk) is removed
+    again: an empty lock would refuse the next run as one starting there."""
+    import errno
+
+    place, calls = checkpoint._place, []
+
+    def released_meanwhile(source, path):
+        calls.append(path)
+        if len(calls) == 1:
+            raise FileExistsError(errno.EEXIST, "exists", path)  # and gone by the time it is read
+        place(source, path)
+
+    monkeypatch.setattr(checkpoint, "_place", released_meanwhile)
+    assert checkpoint.take_lock(str(tmp_path)) is None and len(calls) == 2
+    checkpoint.release_lock()
+    monkeypatch.setattr(checkpoint, "_place", place)
+
+    def no_link(source, target):
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM), source, None, target)
+
+    class FullDisk:
+        def __init__(self, file):
+            self.file = file
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    real_open = open
+    monkeypatch.setattr(os, "link", no_link)
+    monkeypatch.setattr("builtins.open", lambda path, mode="r", *a, **k: FullDisk(real_open(path, mode, *a, **k))
+                        if mode == "xb" else real_open(path, mode, *a, **k))
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.take_lock(str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
 def test_stale_lock_is_taken_over_by_a_run(tmp_path, data):
     """A crashed run's lock (its pid gone) is taken over with one line; the run trains, saves and
     releases the lock at its end."""

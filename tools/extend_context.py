@@ -35,8 +35,7 @@ from megatron.training import initial_model_fields  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FACTOR = 64
-HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")  # what --init-from-hf reads
-EXTENDED = ("seq_length", "max_position_embeddings", "rotary_base")  # the fields this tool sets, not --from
+EXTENDED = ("max_position_embeddings", "rotary_base")  # the fields this tool sets, not --from
 
 
 def parse_args(argv=None):
@@ -76,8 +75,9 @@ def source_model(source: str) -> tuple[dict, str]:
     if not folder.is_dir():
         raise DataError(f"--from {source} is a file", "pass the folder holding it")
     if (folder / "config.json").is_file():
-        if not any((folder / name).is_file() for name in HF_WEIGHTS):
-            raise DataError(f"--from {source} holds config.json but no weights ({', '.join(HF_WEIGHTS)})",
+        if not any((folder / name).is_file() for name in hf_convert.HF_WEIGHT_FILES):
+            raise DataError(f"--from {source} holds config.json but no weights "
+                            f"({', '.join(hf_convert.HF_WEIGHT_FILES)})",
                             "pass the whole folder save_pretrained wrote")
         return hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(folder)), "hf"
     if (folder / checkpoint.LATEST).is_file():

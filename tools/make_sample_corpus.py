@@ -29,11 +29,17 @@ def main(argv=None):
         folder = folder.parent
     if not folder.is_dir():
         raise ConfigError(f"--output {output} lies under {folder}, which is a file", "pass a path inside a directory")
+    created = [path for path in (output.parent.absolute(), *output.parent.absolute().parents) if not path.exists()]
     output.parent.mkdir(parents=True, exist_ok=True)
-    count, written = write_corpus(output, int(args.max_mb * 2**20), tuple(args.packages))
-    if count == 0:  # a corpus without documents, which preprocess_data.py refuses
-        output.unlink()
-        raise ConfigError(f"--max-mb {args.max_mb} holds no document", "pass a larger --max-mb, e.g. --max-mb 4")
+    try:
+        count, written = write_corpus(output, int(args.max_mb * 2**20), tuple(args.packages))
+        if count == 0:  # a corpus without documents, which preprocess_data.py refuses
+            output.unlink()
+            raise ConfigError(f"--max-mb {args.max_mb} holds no document", "pass a larger --max-mb, e.g. --max-mb 4")
+    except BaseException:  # a refusal (a package not installed, no document) leaves no folder it made
+        for folder in created:  # innermost first
+            folder.rmdir()
+        raise
     print(f"wrote {count} documents, {written / 2**20:.2f} MB to {output}")
 
 
