@@ -549,6 +549,9 @@ CASES += [
     Case("extend_from_is_a_file", "extend", ["--from", "{tmp}/model.safetensors", "--seq-length", "256", "--save",
                                              "{tmp}/ck", "--dry-run"],
          ("model.safetensors is a file", "pass the folder holding it"), files={"model.safetensors": "x"}),
+    # ---- main: paths
+    pretrain("--data-cache-path", "{tmp}/afile", files={"afile": "x"}, id="data_cache_path_is_a_file",
+             phrases=("--data-cache-path", "afile is a file, not a folder", "pass a folder for the index maps")),
 ]
 
 
@@ -669,6 +672,7 @@ FLAG_MISTAKES = {
     "save_interval_zero": (["--save-interval", "0"], ("--save-interval 0 must be >= 1",)),
     "keep_last_zero": (["--keep-last", "0"], ("--keep-last 0 must be >= 1",)),
     "negative_train_iters": (["--train-iters", "-5"], ("--train-iters -5 is negative", "the run length")),
+    "train_iters_zero": (["--train-iters", "0"], ("--train-iters 0 is zero: no step to train", "N >= 1")),
     "negative_seed": (["--seed", "-1"], ("--seed -1 is outside [0, 2**32)",)),
     # numbers that reached torch after the index maps were built
     "init_method_std_negative": (["--init-method-std", "-1"], ("--init-method-std -1.0 must be > 0",
@@ -915,3 +919,23 @@ def test_tools_print_nothing_of_deepspeeds_accelerator_detection():
         for tool, result in zip(TOOLS, pool.map(run, TOOLS)):
             assert result.returncode == 0, (tool, result.stderr[-2000:])
             assert "accelerator" not in (result.stdout + result.stderr).lower(), (tool, result.stderr[-2000:])
+
+
+def test_a_rendezvous_port_in_use_is_named_with_its_fix(monkeypatch):
+    """Rank 0's store cannot listen on a port another run holds: torch's message was cut before its
+    cause and the fix pointed at the address and the timeout, not at the port."""
+    import socket
+
+    from megatron.errors import ConfigError
+    from megatron.parallel import device
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
+            monkeypatch.setenv(name, value)
+        with pytest.raises(ConfigError) as error:
+            device.rendezvous("gloo", 5)
+    assert error.value.problem.startswith(f"rank 0 cannot host the rendezvous at 127.0.0.1:{port}: the port is in use")
+    assert error.value.fix.startswith("pass a free port: the launcher's --master_port")

@@ -60,7 +60,8 @@ def as_input(layout: str, folder: Path, records: list) -> str:
         return str(folder / "shards")
     if layout == "glob of mixed shards":
         shards(folder / "mix", ["part-0.jsonl", "part-1.jsonl.gz", "part-2.jsonl.zst", "part-3.parquet"], records)
-        return str(folder / "mix" / "part-*")
+        (folder / "mix" / "README.txt").write_text("not a shard: a glob that matches shards leaves it out\n")
+        return str(folder / "mix" / "*")
     if layout == "parquet of string_view and dictionary":  # pyarrow's newer string type; a pandas categorical
         folder.mkdir(parents=True, exist_ok=True)
         table = pa.table({"text": pa.array([record["text"] for record in records], pa.string_view()),
@@ -169,6 +170,8 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
     "folder_without_shards": (folder_without_shards, KEYS, r"input folder .*notes holds no corpus shards"),
     "parquet_null_text": (null_text, KEYS, r"wiki\.parquet row 5: key 'text' is not a string; .*--skip-invalid"),
     "bad_line_in_gzip": (gzip_with_bad_line, KEYS, r"wiki\.jsonl\.gz line 3: invalid JSON"),
+    "parquet_named_jsonl": (lambda tmp, records: str(Path(as_input("parquet", tmp, records)).rename(tmp / "w.jsonl")),
+                            KEYS, r"w\.jsonl is a Parquet file, though its name says JSON lines; name it \*\.parquet"),
 }
 
 

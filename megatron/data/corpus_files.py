@@ -22,7 +22,7 @@ from megatron.errors import DataError
 
 PARQUET_BATCH_ROWS = 1024  # rows decoded at once: a batch of long articles stays a few MB
 FOLDER_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz", ".json.zst", ".jsonl.zst", ".json.zstd",
-                   ".jsonl.zstd", ".parquet")  # what a folder's shards may be; a glob or a file may be any name
+                   ".jsonl.zstd", ".parquet")  # what a folder's shards may be (a glob's too, where some match)
 FORMATS_HELP = "loose JSON, .jsonl.gz, .jsonl.zst or .parquet"
 
 
@@ -54,7 +54,8 @@ class Corpus:
 
     def __init__(self, spec: str, keys: tuple):
         self.keys = tuple(keys)
-        self.shards = [Shard(path, shard_kind(path)) for path in _shard_paths(spec)]
+        paths, self.skipped = _shard_paths(spec)  # skipped: files a glob matched beside its shards (a README)
+        self.shards = [Shard(path, shard_kind(path)) for path in paths]
         for shard in self.shards:
             if shard.kind == "parquet":
                 _check_parquet(shard.path, self.keys)
@@ -73,10 +74,12 @@ class Corpus:
                 yield (index, number), record, size
 
 
-def _shard_paths(spec: str) -> list[str]:
+def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
+    """(the shards, the files a glob matched but left out): a folder's files with a shard's suffix;
+    a glob's the same where it matches any (else all it matches: `part-*` shards without one)."""
     path = Path(spec)
     if path.is_file():
-        return [spec]
+        return [spec], []
     if path.is_dir():
         found = sorted(str(file) for file in path.rglob("*") if file.is_file() and not _derived(file.name)
                        and file.name.lower().endswith(FOLDER_SUFFIXES)
@@ -84,13 +87,14 @@ def _shard_paths(spec: str) -> list[str]:
         if not found:
             raise DataError(f"input folder {spec} holds no corpus shards ({', '.join(FOLDER_SUFFIXES)})",
                             f"pass a folder, file or glob of {FORMATS_HELP} files")
-        return found
+        return found, []
     if glob.has_magic(spec):
         found = sorted(name for name in glob.glob(spec, recursive=True) if Path(name).is_file() and not _derived(name))
         if not found:
             raise DataError(f"--input {spec} matches no files", "check the pattern (quoted, so the shell leaves "
                                                                   "it to the tool) and the folder")
-        return found
+        shards = [name for name in found if name.lower().endswith(FOLDER_SUFFIXES)]
+        return (shards, [name for name in found if name not in shards]) if shards else (found, [])
     raise DataError(f"input file {spec} does not exist",
                     f"pass --input with a {FORMATS_HELP} file, or a folder or glob of them")
 
@@ -113,6 +117,7 @@ def _json_lines(shard: Shard):
 
             lines, corrupt = io.BufferedReader(_ZstdFrames(file), 1 << 20), (zstandard.ZstdError,)
         else:
+            _refuse_misnamed(shard.path, file.peek(4)[:4] if hasattr(file, "peek") else b"")
             lines = file
         for number, raw in enumerate(lines, 1):
             if raw.strip():
@@ -125,6 +130,17 @@ def _json_lines(shard: Shard):
                         ) from None
     finally:
         file.close()
+
+
+MAGIC = {b"PAR1": ("a Parquet file", ".parquet"), b"\x28\xb5\x2f\xfd": ("zstd-compressed", ".jsonl.zst")}
+
+
+def _refuse_misnamed(path: str, head: bytes) -> None:
+    """A file read as JSON lines for its name that is another format: named as such, not reported as
+    invalid JSON with the fix --skip-invalid."""
+    found = MAGIC.get(head) or (("gzip-compressed", ".jsonl.gz") if head[:2] == b"\x1f\x8b" else None)
+    if found:
+        raise DataError(f"{path} is {found[0]}, though its name says JSON lines", f"name it *{found[1]}")
 
 
 class _ZstdFrames(io.RawIOBase):

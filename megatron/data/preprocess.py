@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron.data import index_maps
-from megatron.data.corpus_files import Corpus
+from megatron.data.corpus_files import FORMATS_HELP, Corpus
 from megatron.data.indexed_dataset import make_builder
 from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import build_tokenizer, data_identity_path, write_data_identity
@@ -105,6 +105,10 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         raise ConfigError(f"--output-prefix {options.output_prefix!r} names a folder",
                           f"add a file name, e.g. {os.path.join(options.output_prefix, 'corpus')}")
     corpus = Corpus(options.input, options.json_keys)
+    if corpus.skipped:
+        names = ", ".join(Path(name).name for name in corpus.skipped[:3]) + (", ..." if len(corpus.skipped) > 3 else "")
+        print(f"note: --input {options.input}: left out {len(corpus.skipped)} matched file(s) without a corpus "
+              f"shard's name ({names}); the shards are {FORMATS_HELP}", file=log, flush=True)
     if options.workers < 1:
         raise ConfigError(f"--workers {options.workers} must be >= 1", "pass a positive worker count")
     tokenizer = build_tokenizer(options.tokenizer_type, options.vocab_file, options.tokenizer_file)

@@ -352,7 +352,7 @@ def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None =
         return explicit
     if explicit is not None and explicit.identity != carried.identity:
         raise DataError(f"the vocab {explicit.file} differs from {carried.file}, the one checkpoint {checkpoint} "
-                        f"was trained with (same tokens in the same order: sha256 {explicit.identity[:12]} vs "
+                        f"was trained with (its tokens or their order differ: sha256 {explicit.identity[:12]} vs "
                         f"{carried.identity[:12]})", "drop --vocab-file/--tokenizer-file (the checkpoint carries "
                         "its tokenizer) or pass the one it was trained with")
     if flag_type and flag_type != carried.type_name:

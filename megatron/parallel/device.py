@@ -104,8 +104,12 @@ def rendezvous(dist_backend: str, timeout: float) -> None:
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=rank == 0,
                               timeout=timedelta(seconds=timeout), wait_for_workers=False)
     except (RuntimeError, ValueError) as error:  # DistNetworkError / DistStoreError: the port is not a store
+        if "EADDRINUSE" in str(error):  # rank 0's store cannot listen: another run (or program) has the port
+            raise ConfigError(f"rank 0 cannot host the rendezvous at {address}: the port is in use on "
+                              f"{socket.gethostname()} (another run?)", "pass a free port: the launcher's "
+                              "--master_port (MASTER_PORT for the launch scripts, --master-port for the tools)")
         raise ConfigError(f"rank {rank} could not join the rendezvous at {address} "
-                          f"({str(error).splitlines()[0][:100]})", fix) from None
+                          f"({str(error).splitlines()[0][:200]})", fix) from None
     arrived = 0
     try:
         arrived = store.add("megatron/rendezvous", 1)
