@@ -5,22 +5,23 @@
         --data-prefix wiki_text_sentence -- --num-layers 24 --hidden-size 1024 --train-iters 100000
     python azureml/submit.py --dry-run job.yml ...      # writes the job YAML, needs no credentials
 
-The job uploads this repository as its code folder (files .gitignore excludes stay home) and
-runs in an image built from azureml/Dockerfile: CUDA 13.0 as the pinned torch's wheels, the
-pinned requirements.txt, and DeepSpeed's FusedAdam/CPUAdam compiled in (no JIT build at
-start-up). Inputs: the DeepSpeed JSON and the data folder (preprocessed .bin/.idx and vocab.txt),
-mounted read-only. Outputs, mounted read-write on every node, so that all nodes write into one
-folder: `checkpoints` (--save and --load: a job resubmitted with the same --checkpoints resumes
-from its last save) and `data_cache` (--data-cache-path: the index maps the read-only data cannot
-hold; the same --data-cache reuses them across jobs). Logs go to ./outputs/logs of node 0. The
-PyTorch distribution runs the command once per instance (process_count_per_instance 1) with
-MASTER_ADDR, MASTER_PORT and NODE_RANK set; the command installs the package (compiling the
-data helpers) and starts that instance's GPUS_PER_NODE ranks with DeepSpeed's per-node launcher
-(deepspeed.launcher.launch), exactly as `deepspeed --no_ssh --node_rank` would. Flags after `--`
-go to pretrain_bert.py; they, the JSON, the layout for the job's world, the image's CUDA and a
-local data folder are checked as the trainer checks them before anything is written (validate).
-A real submit reads the workspace from config.json (MLClient.from_config: ./config.json or
-./.azureml/config.json, or --workspace-config) and your Azure login.
+The job uploads this repository as its code folder (files .gitignore excludes stay home) and runs in
+an image built from azureml/Dockerfile: CUDA 13.0 as the pinned torch's wheels, the pinned
+requirements.txt, and DeepSpeed's FusedAdam/CPUAdam compiled in (no JIT build at start-up). Inputs:
+the DeepSpeed JSON and the data folder (preprocessed .bin/.idx and the vocab.txt or Hugging Face
+tokenizer.json they were made with), mounted read-only. Outputs, mounted read-write on every node,
+so that all nodes write into one folder: `checkpoints` (--save and --load: a job resubmitted with
+the same --checkpoints resumes from its last save) and `data_cache` (--data-cache-path: the index
+maps the read-only data cannot hold; the same --data-cache reuses them across jobs). Logs go to
+./outputs/logs of node 0. The PyTorch distribution runs the command once per instance
+(process_count_per_instance 1) with MASTER_ADDR, MASTER_PORT and NODE_RANK set; the command installs
+the package (compiling the data helpers) and starts that instance's GPUS_PER_NODE ranks with
+DeepSpeed's per-node launcher (deepspeed.launcher.launch), exactly as `deepspeed --no_ssh
+--node_rank` would. Flags after `--` go to pretrain_bert.py; they, the JSON, the layout for the
+job's world, the image's CUDA and a local data folder are checked as the trainer checks them before
+anything is written (validate). A real submit reads the workspace from config.json
+(MLClient.from_config: ./config.json or ./.azureml/config.json, or --workspace-config) and your
+Azure login.
 """
 import argparse
 import base64
@@ -37,9 +38,12 @@ DOCKERFILE = ROOT / "azureml" / "Dockerfile"
 # The CUDA of torch's Linux wheels on PyPI, from their metadata (torch 2.13.0 requires
 # cuda-toolkit==13.0.3). The image's nvcc must match it: a new torch pin needs its line here.
 TORCH_CUDA = {"2.13.0": "13.0"}
-# Flags the job sets itself: the inputs' and outputs' mount points.
-JOB_FLAGS = {"--data-path": "--data", "--vocab-file": "--vocab", "--save": "--checkpoints", "--load": "--checkpoints",
-             "--data-cache-path": "--data-cache", "--log-dir": None, "--deepspeed_config": "--ds-config"}
+# Trainer flags the job sets itself (the inputs' and outputs' mount points), by their argparse dest:
+# the flag and the submit.py option that sets it.
+JOB_FLAGS = {"data_path": ("--data-path", "--data and --data-prefix"), "vocab_file": ("--vocab-file", "--vocab"),
+             "tokenizer_file": ("--tokenizer-file", "--vocab"), "save": ("--save", "--checkpoints"),
+             "load": ("--load", "--checkpoints"), "data_cache_path": ("--data-cache-path", "--data-cache"),
+             "log_dir": ("--log-dir", None), "deepspeed_config": ("--deepspeed_config", "--ds-config")}
 NCCL_ENV = {  # NCCL over the node's Ethernet/InfiniBand; errors surface instead of hanging
     "NCCL_DEBUG": "WARN",
     "NCCL_SOCKET_IFNAME": "eth0",
@@ -95,6 +99,11 @@ def write_build_context(folder: Path, image: str) -> Path:
     return folder
 
 
+def tokenizer_flag(vocab: str) -> str:
+    """The trainer flag for --vocab: a *.json is a Hugging Face tokenizer.json (HFTokenizer), else a vocab.txt."""
+    return "--tokenizer-file" if vocab.endswith(".json") else "--vocab-file"
+
+
 def node_command(instance_count: int, gpus_per_node: int, data_prefix: str, vocab: str, flags: list) -> str:
     """Per instance: install, then DeepSpeed's per-node launcher for this node's ranks."""
     world_info = {f"node-{node}": list(range(gpus_per_node)) for node in range(instance_count)}
@@ -104,7 +113,8 @@ def node_command(instance_count: int, gpus_per_node: int, data_prefix: str, voca
         "python -m deepspeed.launcher.launch", f"--world_info={encoded}",
         "--node_rank=$NODE_RANK --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT",
         "pretrain_bert.py --deepspeed --deepspeed_config ${{inputs.ds_config}}",
-        f"--data-path ${{{{inputs.data}}}}/{data_prefix} --vocab-file ${{{{inputs.data}}}}/{vocab}",
+        f"--data-path ${{{{inputs.data}}}}/{shlex.quote(data_prefix)}",
+        f"{tokenizer_flag(vocab)} ${{{{inputs.data}}}}/{shlex.quote(vocab)}",
         "--save ${{outputs.checkpoints}} --load ${{outputs.checkpoints}}",
         "--data-cache-path ${{outputs.data_cache}} --log-dir ./outputs/logs", *map(shlex.quote, flags),
     ])
@@ -120,7 +130,8 @@ def validate(args) -> None:
     parser (unknown flags, bad values) and flag checks, the DeepSpeed JSON as the trainer reads it
     (megatron.config.read_ds_config) and the layout it resolves for this job's world
     (megatron.config.resolve with instance count x GPUs per node), and a local --data folder's
-    files (an azureml:// URI is checked by AzureML when the job mounts it)."""
+    files and tokenizer against the vocab record of its data (megatron.training.data_paths; an
+    azureml:// URI is checked by AzureML when the job mounts it)."""
     if not args.ds_config.is_file():
         raise SubmitError(f"--ds-config {args.ds_config} does not exist; pass a JSON from ds_configs/ "
                           "(or one made with tools/ds_config.py set)")
@@ -129,14 +140,12 @@ def validate(args) -> None:
         if option and not option.startswith("azureml://"):
             raise SubmitError(f"{option} is not a datastore path; pass --checkpoints / --data-cache as "
                               "azureml://datastores/<store>/paths/<folder>")
-    for flag in args.flags:
-        name = flag.split("=", 1)[0]
-        if name in JOB_FLAGS:
-            instead = f"; pass {JOB_FLAGS[name]} to submit.py instead" if JOB_FLAGS[name] else ""
-            raise SubmitError(f"pretrain_bert.py flags after --: {name} is set by the job (a mount point){instead}")
     for name in ("instance_count", "gpus_per_node"):
         if getattr(args, name) < 1:
             raise SubmitError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1; pass a positive integer")
+    if re.search(r"\.(bin|idx)$", args.data_prefix):
+        raise SubmitError(f"--data-prefix {args.data_prefix} ends in a file suffix; pass --data-prefix "
+                          f"{args.data_prefix[:-4]} (it names both the .bin and the .idx)")
     data = Path(args.data)
     if is_local(args.data):
         if not data.is_dir():
@@ -151,25 +160,51 @@ def validate(args) -> None:
     quiet_deepspeed()  # before DeepSpeed is first imported: no accelerator warning
     from megatron.arguments import build_parser as trainer_parser, config_flags
     from megatron.config import read_ds_config, resolve
-    from megatron.errors import ConfigError
-    from megatron.training import check_flags
+    from megatron.errors import ConfigError, DataError
+    from megatron.training import check_flags, data_paths
 
     def refuse(message):
         raise SubmitError(f"pretrain_bert.py flags after --: {message}; see python pretrain_bert.py --help")
 
     parser = trainer_parser()
     parser.error = refuse  # one line, not argparse's usage and exit
-    trainer_args = parser.parse_args([*args.flags, "--deepspeed", "--deepspeed_config", str(args.ds_config)])
+    given, defaults = parser.parse_args(args.flags), parser.parse_args([])
+    for dest, (flag, option) in JOB_FLAGS.items():  # by dest: an abbreviation (--loa) sets it too
+        if getattr(given, dest) != getattr(defaults, dest):
+            instead = f"; pass {option} to submit.py instead" if option else ""
+            raise SubmitError(f"pretrain_bert.py flags after --: {flag} is set by the job (a mount point){instead}")
+    folder = data if is_local(args.data) else Path()  # a remote folder's files are not read
+    trainer_args = parser.parse_args(["--deepspeed", "--deepspeed_config", str(args.ds_config), "--data-path",
+                                      str(folder / args.data_prefix), tokenizer_flag(args.vocab),
+                                      str(folder / args.vocab), *args.flags])
     try:
         check_flags(trainer_args)
         flags = config_flags(trainer_args)
-        if is_local(args.data) and not flags["vocab_size"]:
-            with open(data / args.vocab, encoding="utf-8", errors="replace") as file:
-                flags["vocab_size"] = sum(1 for line in file if line.strip())
+        if is_local(args.data):  # the tokenizer and the data's vocab record, as the trainer reads them
+            try:
+                _, tokenizer = data_paths(argparse.Namespace(**{**vars(trainer_args), "load": None,
+                                                                "init_from_hf": None, "data_cache_path": None}))
+            except DataError as error:  # its fix in submit.py's option
+                raise SubmitError(f"{error.problem}; pass --vocab the vocab.txt or tokenizer.json (named *.json) in "
+                                  "--data that the data was made with") from None
+            flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
         flags["bigbird_seed"] = trainer_args.seed
         resolve(flags, read_ds_config(args.ds_config), args.instance_count * args.gpus_per_node)
     except ConfigError as error:
         raise SubmitError(str(error)) from None
+
+
+def check_dry_run(path: Path, context: Path) -> None:
+    """The job YAML's path is a file in a folder and its build context's a folder, checked before
+    anything is written."""
+    if path.is_dir():
+        raise SubmitError(f"--dry-run {path} is a folder; pass the job YAML's file name, e.g. {path / 'job.yml'}")
+    above = next(folder for folder in (path.parent, *path.parent.parents) if folder.exists())
+    if not above.is_dir():
+        raise SubmitError(f"--dry-run {path}: {above} is a file, not a folder; pass a path in a folder")
+    if context.exists() and not context.is_dir():
+        raise SubmitError(f"--dry-run {path}: {context}, where the image's build context goes, is a file; "
+                          "remove it or pass another --dry-run name")
 
 
 def build_job(args, context: Path):
@@ -246,9 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ds-config", type=Path, default=ROOT / "ds_configs" / "ring_sp2.json",
                         help="DeepSpeed JSON (uploaded as an input)")
     parser.add_argument("--data", required=True,
-                        help="folder with the preprocessed .bin/.idx and vocab.txt: a local path or an azureml:// URI")
+                        help="folder with the preprocessed .bin/.idx and their vocab.txt or tokenizer.json: a local "
+                             "path or an azureml:// URI")
     parser.add_argument("--data-prefix", default="corpus_text_sentence", help="the .bin/.idx name inside --data")
-    parser.add_argument("--vocab", default="vocab.txt", help="the vocab file inside --data")
+    parser.add_argument("--vocab", default="vocab.txt", help="the vocab file inside --data: a WordPiece vocab.txt, or "
+                        "a Hugging Face tokenizer.json (a *.json: passed as --tokenizer-file)")
     parser.add_argument("--image", default=default_image(),
                         help=f"base image of azureml/Dockerfile: a CUDA devel image of torch's CUDA (default %(default)s)")
     parser.add_argument("--checkpoints", metavar="URI",
@@ -270,7 +307,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.dry_run:  # the build context stays next to the YAML, which names it
-            job = build_job(args, args.dry_run.parent / f"{args.dry_run.stem}_environment")
+            context = args.dry_run.parent / f"{args.dry_run.stem}_environment"
+            check_dry_run(args.dry_run, context)
+            job = build_job(args, context)
             write_job_yaml(job, args.dry_run)
             print(args.dry_run)
         else:

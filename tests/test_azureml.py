@@ -3,6 +3,8 @@ with the code folder, the image's build context (CUDA of the pinned torch, pinne
 DeepSpeed ops prebuilt), the nodes, the distribution, the read-only data input, the read-write
 checkpoint and index-map outputs and the NCCL variables; a real submit without a workspace
 config stops with one line; bad input stops with one line before anything is written."""
+import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -25,12 +27,25 @@ def submit(*argv, cwd) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-def data_folder(folder: Path, prefix: str = "corpus_text_sentence") -> Path:
-    """A local --data folder as tools/preprocess_data.py leaves it (contents are not read)."""
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def data_folder(folder: Path, prefix: str = "corpus_text_sentence", tokenizer: str = "vocab.txt") -> Path:
+    """A local --data folder as tools/preprocess_data.py leaves it with `tokenizer` (vocab.txt, or
+    tokenizer.json: a Hugging Face one) and its record of that tokenizer; vocab.txt, other.txt and
+    tokenizer.json all have other tokens (the .bin/.idx are not read)."""
+    from megatron.data.tokenizer import build_tokenizer, write_data_identity
+    from megatron.hf_modernbert import wordpiece_tokenizer_json
+
     folder.mkdir(parents=True)
     for name in (f"{prefix}.bin", f"{prefix}.idx"):
         (folder / name).write_bytes(b"")
-    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n")
+    (folder / "vocab.txt").write_text("\n".join([*SPECIALS, "a", "b"]) + "\n")
+    (folder / "other.txt").write_text("\n".join([*SPECIALS, "c", "d"]) + "\n")
+    (folder / "tokenizer.json").write_text(json.dumps(wordpiece_tokenizer_json([*SPECIALS, "e", "f"], True)))
+    hf = tokenizer.endswith(".json")
+    write_data_identity(build_tokenizer(None, None if hf else folder / tokenizer, folder / tokenizer if hf else None),
+                        str(folder / prefix))
     return folder
 
 
@@ -118,6 +133,19 @@ def test_missing_ds_config_is_one_line(tmp_path):
     assert not (tmp_path / "job.yml").exists() and not (tmp_path / "job_environment").exists()
 
 
+def test_hf_tokenizer_data_goes_as_tokenizer_file_and_names_are_quoted(tmp_path):
+    """Data made with a Hugging Face tokenizer.json passes (the trainer reads it with --tokenizer-file,
+    not --vocab-file); --data-prefix and --vocab reach the node's shell as one word each."""
+    module = load_submit_module()
+    data = data_folder(tmp_path / "data", "my corpus", "tokenizer.json")
+    module.validate(module.build_parser().parse_args(["--gpus-per-node", "2", "--data", str(data), "--data-prefix",
+                                                      "my corpus", "--vocab", "tokenizer.json"]))
+    words = shlex.split(module.node_command(1, 2, "x; rm -rf /", "my tokenizer.json", []))
+    assert words[words.index("--data-path") + 1] == "${{inputs.data}}/x; rm -rf /"
+    assert words[words.index("--tokenizer-file") + 1] == "${{inputs.data}}/my tokenizer.json"
+    assert "--vocab-file" not in words
+
+
 # validated as the trainer validates, before anything is written: (submit.py flags, phrases of the error)
 REFUSED = {
     "world_does_not_fit_the_json": (["--instance-count", "1", "--gpus-per-node", "3"],
@@ -131,6 +159,16 @@ REFUSED = {
     "image_of_another_cuda": (["--image", OLD_IMAGE], ("is CUDA 11.8, the pinned torch 2.13.0's wheels are CUDA 13.0",)),
     "flag_the_job_sets": (["--", "--save", "/tmp/x"], ("--save is set by the job (a mount point); pass "
                                                        "--checkpoints to submit.py instead",)),
+    "abbreviation_of_a_flag_the_job_sets": (["--", "--loa", "/tmp/x"], ("--load is set by the job",)),
+    "abbreviation_of_the_jobs_data_path": (["--", "--data-pat", "x"], ("--data-path is set by the job (a mount "
+                                                                       "point); pass --data and --data-prefix",)),
+    "vocab_other_than_the_datas": (["--vocab", "other.txt"], ("whose tokens differ from the run's {tmp}/data/other.txt",
+                                                              "; pass --vocab the vocab.txt or tokenizer.json")),
+    "tokenizer_json_other_than_the_datas": (["--vocab", "tokenizer.json"], ("whose tokens differ",)),
+    "prefix_with_its_suffix": (["--data-prefix", "corpus_text_sentence.bin"],
+                               ("ends in a file suffix; pass --data-prefix corpus_text_sentence ",)),
+    "dry_run_into_a_folder": (["--dry-run", "{tmp}"], ("--dry-run {tmp} is a folder; pass the job YAML's file name",)),
+    "dry_run_below_a_file": (["--dry-run", "{tmp}/bad.json/job.yml"], ("{tmp}/bad.json is a file, not a folder",)),
     "checkpoints_not_on_a_datastore": (["--checkpoints", "./ckpt"], ("./ckpt is not a datastore path",)),
 }
 
@@ -138,7 +176,7 @@ REFUSED = {
 @pytest.mark.parametrize("case", REFUSED)
 def test_submit_validates_as_the_trainer(case, tmp_path, capsys):
     """In-process (one import of the trainer for all cases): one line, exit 2, no job.yml and no
-    build context."""
+    build context (beside the job.yml, or beside a --dry-run folder)."""
     module = load_submit_module()
     (tmp_path / "bad.json").write_text('{"train_batch": }')
     argv, phrases = REFUSED[case]
@@ -149,3 +187,4 @@ def test_submit_validates_as_the_trainer(case, tmp_path, capsys):
     assert len(lines) == 1 and lines[0].startswith("submit.py: error: "), lines
     assert all(phrase.format(tmp=tmp_path) in lines[0] for phrase in phrases), lines[0]
     assert not (tmp_path / "job.yml").exists() and not (tmp_path / "job_environment").exists()
+    assert not (tmp_path.parent / f"{tmp_path.name}_environment").exists()
