@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vocab", default="vocab.txt", help="the vocab file inside --data: a WordPiece vocab.txt, or "
                         "a Hugging Face tokenizer.json (a *.json: passed as --tokenizer-file)")
     parser.add_argument("--image", default=default_image(),
-                        help=f"base image of azureml/Dockerfile: a CUDA devel image of torch's CUDA (default %(default)s)")
+                        help="base image of azureml/Dockerfile: a CUDA devel image of torch's CUDA (default %(default)s)")
     parser.add_argument("--checkpoints", metavar="URI",
                         help="datastore folder for the checkpoints (azureml://datastores/<store>/paths/<folder>; "
                              "default: a new one per job); the same URI again resumes from its last checkpoint")

@@ -52,7 +52,7 @@ from megatron.model.attention import local, plans, simulate  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 from megatron.model.loss import bert_batch_loss  # noqa: E402
 
-PRESET = MODEL_PRESETS["modernbert-base"]
+PRESET = {**MODEL_PRESETS["modernbert-base"], "vocab_size": 50368}  # ModernBERT's vocab: a preset leaves it to the run
 # the preset shrunk: hidden 256, 6 layers, 4 heads (head dim 64, as ModernBERT's), ffn at the preset's ratio
 SHAPE = dict(num_layers=6, hidden_size=256, num_attention_heads=4,
              ffn_hidden_size=256 * PRESET["ffn_hidden_size"] // PRESET["hidden_size"])

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 
+from megatron.errors import ConfigError
 from megatron.model.args import MODEL_PRESETS
 
 # flag destination -> BertConfig / TrainConfig field
@@ -30,6 +31,21 @@ _FIELDS = {
     "sequence_parallel_size": "sequence_parallel_size", "pipeline_model_parallel_size": "pipeline_parallel_size",
     "micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size",
 }
+
+
+class AliasOf(argparse.Action):
+    """A flag that stands for another's value (--swiglu: --mlp-type swiglu). It notes the value the
+    other flag had given before it, so that config_flags refuses the two with different values, in
+    either order, rather than letting the last one win."""
+
+    def __init__(self, option_strings, dest, const, help=None):
+        super().__init__(option_strings, dest, nargs=0, const=const, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        namespace.aliases = {**(getattr(namespace, "aliases", None) or {}),
+                             self.dest: (option_string, self.const, before)}
+        setattr(namespace, self.dest, self.const)
 
 
 def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -64,12 +80,13 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
     modern = parser.add_argument_group(
         "modern encoder layers (classic Megatron BERT when none is given; a preset sets them all)")
     modern.add_argument("--model-preset", choices=sorted(MODEL_PRESETS),
-                        help="every model field of a published architecture (modernbert-base: 22 layers, hidden "
+                        help="the model fields of a published architecture (modernbert-base: 22 layers, hidden "
                              "768, 12 heads, ffn 1152; modernbert-large: 28 x 1024 x 16, ffn 2624; both: rope "
                              "160000 / local 10000, window 128 with a global layer every 3rd, GeGLU, no biases, "
                              "LayerNorm eps 1e-5 after the embeddings, pre-LN, no attention norm in layer 0, no "
-                             "token types, no sentence-order head, no dropout, vocab 50368); any flag given "
-                             "overrides its field (also the JSON's sequence_parallel.model_preset)")
+                             "token types, no sentence-order head, no dropout, the vocab padded to a multiple of 64; "
+                             "its size is the vocab file's, as without a preset); any flag given overrides its "
+                             "field (also the JSON's sequence_parallel.model_preset)")
     modern.add_argument("--position-embedding-type", choices=["learned", "rope"],
                         help="learned: a table of --max-position-embeddings rows (default); rope: rotary q and k "
                              "from each token's position in its segment, no table")
@@ -85,7 +102,7 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
     modern.add_argument("--mlp-type", choices=["gelu", "geglu", "swiglu"],
                         help="gelu: h -> ffn -> h (default); geglu / swiglu: gated, h -> 2 x ffn, act(first half) x "
                              "second half, ffn -> h (ffn: --ffn-hidden-size, the width after gating)")
-    modern.add_argument("--swiglu", dest="mlp_type", action="store_const", const="swiglu",
+    modern.add_argument("--swiglu", dest="mlp_type", action=AliasOf, const="swiglu",
                         help="same as --mlp-type swiglu (Megatron's flag)")
     modern.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_const", const=False,
                         help="no biases in the linear layers of the layers and heads, nor in the norms (the LM "
@@ -109,7 +126,7 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
                       help="linformer: one projection for all heads")
     attn.add_argument("--linformer-share-kv", action="store_const", const=True,
                       help="linformer: the same projection for keys and values")
-    attn.add_argument("--bigbird", dest="attention", action="store_const", const="bigbird",
+    attn.add_argument("--bigbird", dest="attention", action=AliasOf, const="bigbird",
                       help="select bigbird attention (same as --attention bigbird)")
     attn.add_argument("--block-size", type=int, help="bigbird: block size B")
     attn.add_argument("--bigbird-num-random-blocks", type=int, help="bigbird: random blocks per row (default 2)")
@@ -136,6 +153,12 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
 def config_flags(args: argparse.Namespace) -> dict:
     """The given flags as config field values (None where not given)."""
     values = {field: getattr(args, dest, None) for dest, field in _FIELDS.items()}
+    for dest, (alias, const, before) in (getattr(args, "aliases", None) or {}).items():
+        other = before if before not in (None, const) else getattr(args, dest)
+        if other != const:
+            flag = "--" + dest.replace("_", "-")
+            raise ConfigError(f"{alias} and {flag} {other} contradict each other ({alias} is {flag} {const})",
+                              "pass one of them")
     for field in ("add_binary_head", "embedding_layernorm", "compile_mlp", "pack_samples", "max_segment_length"):
         values[field] = getattr(args, field, None)
     if getattr(args, "checkpoint_activations", False):

@@ -475,23 +475,34 @@ def latest_tag(load_dir: str) -> str:
     with open(path) as file:
         tag = file.read().strip()
     if not tag:  # else it would name the directory itself, "incomplete"
-        tags = sorted(name for name in os.listdir(load_dir) if re.fullmatch(r"iter_\d+", name))
         raise DataError(f"the '{LATEST}' file of {load_dir} is empty: it names no checkpoint",
-                        f"write the tag of a complete iter_* folder of {load_dir} into it"
-                        + (f" (the newest: {tags[-1]})" if tags else ""))
+                        f"write the tag of a complete iter_* folder of {load_dir} into it{newest_hint(load_dir)}")
     return tag
 
 
+def newest_hint(load_dir: str) -> str:
+    """' (the newest: iter_N)' of the complete iter_* folders in load_dir, '' without one: for a fix naming a tag."""
+    folders = {os.path.basename(os.path.dirname(path))
+               for path in glob.glob(os.path.join(glob.escape(load_dir), "iter_*", "*model_states.pt"))}
+    tags = sorted(tag for tag in folders if re.fullmatch(r"iter_\d+", tag))
+    return f" (the newest: {tags[-1]})" if tags else ""
+
+
 def checkpoint_folder(load_dir: str, tag: str) -> str:
-    """The tag's folder, checked to exist and to hold DeepSpeed's model states."""
+    """The tag's folder, checked to exist and to hold DeepSpeed's model states. A tag that `latest`
+    does not name came from the caller (to-hf --tag): the error then does not blame `latest`."""
     folder = os.path.join(load_dir, tag)
-    if not os.path.isdir(folder):
-        raise DataError(f"checkpoint folder {folder} named by {os.path.join(load_dir, LATEST)} does not exist",
-                        f"restore it, or write the tag of a complete iter_* folder of {load_dir} into 'latest'")
-    if not glob.glob(os.path.join(folder, "*model_states.pt")):
-        raise DataError(f"checkpoint folder {folder} is incomplete (no *model_states.pt)",
-                        f"restore it, or write the tag of a complete iter_* folder of {load_dir} into 'latest'")
-    return folder
+    if os.path.isdir(folder) and glob.glob(os.path.join(folder, "*model_states.pt")):
+        return folder
+    latest, named = os.path.join(load_dir, LATEST), False
+    if os.path.isfile(latest):
+        with open(latest) as file:
+            named = file.read().strip() == tag
+    problem = (f"{f' named by {latest}' if named else ''} does not exist" if not os.path.isdir(folder)
+               else " is incomplete (no *model_states.pt)")
+    raise DataError(f"checkpoint folder {folder}{problem}",
+                    (f"restore it, or write the tag of a complete iter_* folder of {load_dir} into '{LATEST}'"
+                     if named else f"pass the tag of a complete iter_* folder of {load_dir}") + newest_hint(load_dir))
 
 
 def safe_load(path: str):
@@ -556,8 +567,12 @@ def check_model_shapes(stored: dict, config: BertConfig, folder: str) -> None:
     for name, tensor in expected.items():
         if name not in found or found[name].shape != tensor.shape:
             shape = list(found[name].shape) if name in found else "nothing"
+            fix = "resume with the model flags the checkpoint was trained with"
+            if name.endswith("word_embeddings.weight") and stored.get("vocab_size") != config.vocab_size:
+                fix = (f"pass --vocab-size {stored['vocab_size']}, the checkpoint's (a --model-preset used to set "
+                       f"it; the vocab file does now), or {fix}")
             raise ConfigError(f"checkpoint {folder} holds {name} of shape {shape}, this model expects "
-                              f"{list(tensor.shape)}", "resume with the model flags the checkpoint was trained with")
+                              f"{list(tensor.shape)}", fix)
     extra = [name for name in found if name not in expected]  # e.g. biases or a position table dropped
     if extra:
         raise ConfigError(f"checkpoint {folder} holds {extra[0]}, which this model does not have",

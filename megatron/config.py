@@ -89,7 +89,7 @@ class TrainConfig:
 def _layer_options(model: BertConfig) -> str:
     """The modern layer options in use, e.g. ', rope, local window 128 (global every 3rd), geglu, no biases'."""
     options = ["rope"] if model.position_embedding_type == "rope" else []
-    if model.local_attention_window is not None and model.global_attention_every > 1:
+    if model.has_local_layers:
         options.append(f"local window {model.local_attention_window} (global every {model.global_attention_every})")
     options += [model.mlp_type] if model.mlp_type != "gelu" else []
     options += ["no biases"] if not model.add_bias_linear else []
@@ -642,12 +642,13 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     unknown = set(values) - model_fields
     if unknown:
         raise ConfigError(f"unknown setting(s) {sorted(unknown)}", "remove them or check the spelling")
-    model = BertConfig(**values)
+    where = ""  # the model's own checks; then the attention's, named by the JSON section
     try:
+        model = BertConfig(**values)
+        where = f"{SECTION}: "
         attention.check(model, sequence)
     except ConfigError as error:
-        raise ConfigError(f"{SECTION}: {error.problem}", _preset_named(error.fix, given, section, flags, ds_config)
-                          ) from None
+        raise ConfigError(where + error.problem, _preset_fix(error.fix, given, section, flags, ds_config)) from None
     _refuse_unused_options(given, section, model)
 
     resolved = {**ds_config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
@@ -663,12 +664,19 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
                        compile_mlp=compile_mlp, pack_samples=pack_samples, ds_config=resolved)
 
 
-def _preset_named(fix: str, given: dict, section: dict, flags: dict, ds_config: dict) -> str:
-    """`fix` with each flag it tells to drop that the user did not give but the preset set
-    ('drop --local-attention-window (set by --model-preset modernbert-base)')."""
-    for name in model_preset(flags, ds_config).keys() - given.keys() - section.keys():
-        flag = "--" + name.replace("_", "-")
-        fix = re.sub(f"{flag}(?![-\\w])", f"{flag} (set by {preset_source(flags, ds_config)})", fix)
+# a preset's setting that a fix tells to drop (as if it were a flag) -> the flag that undoes it
+_PRESET_UNDO = {"local_attention_window": ("--local-attention-window", "--global-attention-every 1 to make every "
+                                                                    "layer global"),
+                "first_layer_attention_norm": ("--no-first-layer-attention-norm", "--first-layer-attention-norm")}
+
+
+def _preset_fix(fix: str, given: dict, section: dict, flags: dict, ds_config: dict) -> str:
+    """`fix` where it tells to drop a flag that the user did not give but the preset set, which cannot
+    be dropped: the flag that undoes it instead ('pass --first-layer-attention-norm (--model-preset
+    modernbert-base sets --no-first-layer-attention-norm)')."""
+    for name in model_preset(flags, ds_config).keys() & _PRESET_UNDO.keys() - given.keys() - section.keys():
+        flag, undo = _PRESET_UNDO[name]
+        fix = re.sub(f"drop {flag}(?![-\\w])", f"pass {undo} ({preset_source(flags, ds_config)} sets {flag})", fix)
     return fix
 
 
@@ -716,13 +724,12 @@ def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> Non
             flag = "--" + key.replace("_", "-")
             raise ConfigError(f"{flag} {flags[key]} is set but positions are learned (a table, no rotary angles)",
                               f"add --position-embedding-type rope or drop {flag}")
-    any_local = any(model.is_local_layer(index) for index in range(model.num_layers))
     if "global_attention_every" in flags and model.local_attention_window is None:
         raise ConfigError(f"--global-attention-every {flags['global_attention_every']} is set without "
                           "--local-attention-window: every layer is global", "add --local-attention-window W or drop "
                           "--global-attention-every")
     for key in ("local_attention_window", "local_rotary_base"):
-        if key in flags and not any_local:
+        if key in flags and not model.has_local_layers:
             flag = "--" + key.replace("_", "-")
             raise ConfigError(f"{flag} {flags[key]} is set but no layer is local (layer i is local when "
                               f"i % --global-attention-every != 0; it is {model.global_attention_every}, with "

@@ -16,7 +16,10 @@ ModernBERT has its own adapter (hf_modernbert: name map, shape transforms, confi
 plumbing; the entry points below choose it by the folder's model_type or the model's layer options.
 """
 import json
+import math
 import os
+import pickle
+import re
 import shutil
 import struct
 import tempfile
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpoint import tag_for
+from megatron.checkpoint import UNREADABLE, tag_for
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry
 from megatron.errors import ConfigError, DataError
@@ -194,7 +197,7 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, low
         copied = {"tokenizer.json": hf_tokenizer.file}
     else:
         vocab = Path(vocab_file).read_text(encoding="utf-8").splitlines()
-        if len(vocab) != config.vocab_size:
+        if len(vocab) > config.vocab_size:  # fewer: rows no token reaches (--vocab-size), as HF allows
             raise ConfigError(f"vocab file {vocab_file} has {len(vocab)} tokens, the model's vocab_size is "
                               f"{config.vocab_size}", "pass the vocab.txt the model was trained with")
         if "[PAD]" not in vocab:
@@ -297,10 +300,33 @@ def read_hf_weights(folder) -> dict:
                                 "copy or download the model folder again (every shard)")
         tensors = {name: t for shard in sorted(shards) for name, t in read_safetensors(folder / shard).items()}
     elif (folder / "pytorch_model.bin").is_file():
-        tensors = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        tensors = read_pytorch_bin(folder / "pytorch_model.bin")
     else:
         raise ConfigError(f"{folder} holds no model.safetensors or pytorch_model.bin",
                           "point at a Hugging Face model folder saved with save_pretrained")
+    return tensors
+
+
+def read_pytorch_bin(path: Path) -> dict:
+    """The tensors of a pytorch_model.bin, loaded weights-only (unpickling anything else runs code):
+    a truncated file, a pickled model or anything but a name -> tensor mapping is one DataError."""
+    fix = "copy or download the model folder again (or save the model with save_pretrained)"
+    try:
+        tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        found = re.search(r"GLOBAL (\S+)", str(error))
+        what = f"a pickled {found.group(1)}" if found else "pickled Python objects"
+        raise DataError(f"{path} holds {what}, not only tensors (not loaded: unpickling it could run any code)",
+                        fix) from None
+    except (*UNREADABLE, KeyError) as error:
+        first = re.split(r"(?<=\.) ", (str(error).splitlines() or ["empty"])[0])[0]  # torch's first sentence
+        raise DataError(f"{path} cannot be read: truncated or not a PyTorch file ({type(error).__name__}: {first})",
+                        "copy or download the model folder again") from None
+    if not isinstance(tensors, dict):
+        raise DataError(f"{path} holds a {type(tensors).__name__}, not names mapped to tensors", fix)
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise DataError(f"{path} maps {name!r} to a {type(tensor).__name__}, not a tensor", fix)
     return tensors
 
 
@@ -416,9 +442,10 @@ def load_hf_as_bert_state(folder, config: BertConfig, extend_positions: bool = T
     return completed(state, missing, missing_encoder_tensors(missing, tensors, config), folder, config)
 
 
-def completed(state: dict, missing: list, lacking: list, folder, config: BertConfig) -> dict:
+def completed(state: dict, missing: list, lacking: list, folder, config: BertConfig, note: str = "") -> dict:
     """`state` with the `missing` tensors a folder may lack (whole heads) initialised as a new
-    model's, in one warning line; a folder that `lacking` names (HF tensor names) is one error."""
+    model's, in one warning line (after `note`: what else the line must say); a folder that
+    `lacking` names (HF tensor names) is one error."""
     if lacking:
         shown = ", ".join(lacking[:6]) + (f" and {len(lacking) - 6} more" if len(lacking) > 6 else "")
         raise DataError(f"the Hugging Face folder {folder} lacks {len(lacking)} tensor(s) of the model: {shown}",
@@ -427,7 +454,7 @@ def completed(state: dict, missing: list, lacking: list, folder, config: BertCon
     if missing:
         fresh = BertModel(config).state_dict()
         state.update({name: fresh[name] for name in missing})
-        warnings.warn(f"not in the Hugging Face folder, initialised: {', '.join(missing)}", stacklevel=3)
+        warnings.warn(f"{note}not in the Hugging Face folder, initialised: {', '.join(missing)}", stacklevel=3)
     return state
 
 
@@ -470,13 +497,44 @@ def read_safetensors(path: Path) -> dict:
     header.pop("__metadata__", None)
     tensors = {}
     for name, entry in header.items():
-        begin, end = entry["data_offsets"]
+        dtype, shape, begin, end = header_entry(path, name, entry)
         if not 0 <= begin <= end <= len(data) - 8 - length:
             raise damaged
         raw = (torch.frombuffer(data, dtype=torch.uint8, count=end - begin, offset=8 + length + begin).clone()
                if end > begin else torch.empty(0, dtype=torch.uint8))  # the clone is aligned for the view
-        tensors[name] = raw.view(SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
+        tensors[name] = raw.view(dtype).reshape(shape)
     return tensors
+
+
+def header_entry(path: Path, name: str, entry) -> tuple:
+    """(dtype, shape, begin, end) of a safetensors header entry, checked: a damaged or hand-edited
+    header is one DataError naming the tensor, not a KeyError or a failed reshape."""
+    def damaged(problem: str) -> DataError:
+        return DataError(f"{path} is damaged: the header entry of tensor {name} {problem}",
+                         "copy or download the model folder again")
+
+    def counts(value) -> bool:
+        return isinstance(value, list) and all(type(n) is int and n >= 0 for n in value)
+
+    if not isinstance(entry, dict):
+        raise damaged(f"is {json.dumps(entry)[:60]}, not an object with dtype, shape and data_offsets")
+    missing = [key for key in ("dtype", "shape", "data_offsets") if key not in entry]
+    if missing:
+        raise damaged(f"has no {' and no '.join(missing)}")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
+        raise DataError(f"{path}: tensor {name} has dtype {json.dumps(dtype)[:40]}, not one read here "
+                        f"({', '.join(SAFETENSORS_DTYPES)}): a quantized or damaged file",
+                        "convert a float32, bfloat16 or float16 save of the model, or copy or download the model "
+                        "folder again")
+    if not (counts(shape) and counts(offsets) and len(offsets) == 2):
+        raise damaged(f"has shape {json.dumps(shape)[:40]} and data_offsets {json.dumps(offsets)[:40]}: "
+                      "not lists of integers >= 0 (two offsets)")
+    size = SAFETENSORS_DTYPES[dtype].itemsize * math.prod(shape)
+    if offsets[1] - offsets[0] != size:
+        raise damaged(f"is {dtype} {shape} ({size} bytes) but its data_offsets {offsets} hold "
+                      f"{offsets[1] - offsets[0]} bytes")
+    return SAFETENSORS_DTYPES[dtype], shape, *offsets
 
 
 def read_hf_tokenizer(folder):

@@ -43,7 +43,7 @@ from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 
 MODEL_TYPE = "modernbert"
-ARCHITECTURE = "ModernBertForMaskedLM"  # what to-hf writes; ModernBertModel folders (no head) are read too
+ARCHITECTURE = "ModernBertForMaskedLM"  # what to-hf writes; ModernBertModel and fine-tuned folders are read too
 BASE_PREFIX = "model."  # ModernBertForMaskedLM's base model; a ModernBertModel folder's names lack it
 BASE_NAMES = ("embeddings.", "layers.", "final_norm.")
 TIED = ("decoder.weight", "model.embeddings.tok_embeddings.weight")
@@ -327,23 +327,39 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, decoder_bias: bool = T
 
 
 def load_hf_as_bert_state(folder, config: BertConfig, hf_config: dict | None = None) -> dict:
-    """A full BertModel state dict for `config` from a ModernBertForMaskedLM or ModernBertModel folder.
+    """A full BertModel state dict for `config` from a ModernBertForMaskedLM or ModernBertModel folder,
+    or a fine-tuned one (ModernBertForSequenceClassification, ...: read as a ModernBertModel).
 
     A head the folder lacks as a whole (a ModernBertModel has no MLM head; no ModernBERT has a
     sentence-order head) comes from BertModel(config)'s init under the current RNG, listed in one
-    warning line; any other missing tensor (a layer's, an embedding, part of the head) is one
-    DataError line naming them.
+    warning line (which names a task head dropped); any other missing tensor (a layer's, an
+    embedding, part of the head) is one DataError line naming them.
     """
     hf_config = hf_convert.read_hf_config(folder) if hf_config is None else hf_config
     check_compatible(fields_from_hf(hf_config), config)
-    state, missing = bert_state_from_hf(read_hf_tensors(folder), config, _flag(hf_config, "decoder_bias", True))
+    tensors = read_hf_tensors(folder)
+    task = task_architecture(hf_config)
+    dropped = sorted(name for name in tensors if not name.startswith(BASE_PREFIX)) if task else []
+    state, missing = bert_state_from_hf({name: t for name, t in tensors.items() if name not in dropped}, config,
+                                        _flag(hf_config, "decoder_bias", True))
     hf_names = dict(name_map(config))
     lm_head = [name for name in hf_names if name.startswith(LM_HEAD)]
     # initialised: what ModernBERT has no counterpart for (a sentence-order head, linformer projections),
     # and the MLM head when the folder has none of it
     fresh = [name for name in missing if name not in hf_names or (set(lm_head) <= set(missing) and name in lm_head)]
+    note = f"a {task} folder: its task head is dropped (not a masked-LM head): {', '.join(dropped)}; " if task else ""
     return hf_convert.completed(state, missing, [hf_names[name] for name in missing if name not in fresh], folder,
-                                config)
+                                config, note)
+
+
+def task_architecture(hf_config: dict) -> str | None:
+    """The fine-tuned architecture (ModernBertForSequenceClassification, ...) a folder's config names, or
+    None for ModernBertForMaskedLM / ModernBertModel (or none named). Its head.* is the task's own
+    (pooled output -> classifier), never trained to feed the tied decoder: a run that goes on
+    pretraining starts the MLM head fresh, as from a ModernBertModel, rather than half a classifier."""
+    names = hf_config.get("architectures") or []
+    tasks = [name for name in names if isinstance(name, str) and name not in (ARCHITECTURE, "ModernBertModel")]
+    return tasks[0] if tasks else None
 
 
 # ---------------------------------------------------------------- a run's start

@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from megatron import checkpoint, determinism, hf_convert, hf_modernbert
 from megatron.arguments import build_parser, config_flags, launcher_rank
-from megatron.config import (OPTIMIZER_DEFAULTS, adjustable_start_fields, default_optimizer, model_preset,
-                             optimizer_params_taken, read_ds_config, refuse_contradictions, resolve)
+from megatron.config import (OPTIMIZER_DEFAULTS, adjustable_start_fields, default_optimizer, optimizer_params_taken,
+                             read_ds_config, refuse_contradictions, resolve)
 from megatron.data import index_maps
 from megatron.data.bert_dataset import SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, token_stats
 from megatron.data.default_dataset import prepare_default_dataset
@@ -437,10 +437,17 @@ def launch_environment() -> str | None:
             f"{HOW_TO_LAUNCH}")
 
 
+def starts_from_weights(args) -> bool:
+    """Whether --load gives weights only (--finetune, or a weights-only checkpoint such as from-hf
+    writes): a new run from them, not a resume."""
+    return bool(args.load and (args.finetune or checkpoint.run_state(
+        args.load, checkpoint.latest_tag(args.load)).get("weights_only")))
+
+
 def model_flags(args, ds: dict, weights_only: bool) -> dict:
     """BertConfig / TrainConfig field values from the flags, with the sizes of the weights the run
     starts from (--init-from-hf, weights-only --load) where the flags leave them out; vocab_size
-    None where neither they nor a preset give it (the vocab file's, once it is read)."""
+    None where neither gives it (the vocab file's, once it is read: a preset never sets it)."""
     flags = config_flags(args)
     start = initial_model_fields(args, weights_only)
     refuse_contradictions(start, f"the --init-from-hf folder {args.init_from_hf}" if args.init_from_hf
@@ -448,8 +455,6 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
                           adjustable_start_fields(start, bool(args.init_from_hf)))
     for field, value in start.items():
         flags[field] = value if flags.get(field) is None else flags[field]
-    # the flag, else a preset's (a model larger than the vocab file is allowed), else the vocab file's
-    flags["vocab_size"] = flags["vocab_size"] or model_preset(flags, ds).get("vocab_size")
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     return flags
 
@@ -470,8 +475,7 @@ def pretrain(args) -> None:
     # and layout at the launcher's world size, with a stand-in vocab size where the vocab file decides
     # it; the weights the run starts from (an HF folder's missing tensor) where the vocab is known.
     ds = deepspeed_settings(args)
-    weights_only = bool(args.load and (args.finetune or checkpoint.run_state(
-        args.load, checkpoint.latest_tag(args.load)).get("weights_only")))
+    weights_only = starts_from_weights(args)
     flags = model_flags(args, ds, weights_only)
     world = os.environ.get("WORLD_SIZE", "")
     checked, bert_state = world.isdigit(), None
@@ -492,6 +496,11 @@ def pretrain(args) -> None:
     if tokenizer.vocab_size > config.model.vocab_size:
         raise ConfigError(f"the vocab file has {tokenizer.vocab_size} tokens, the model's vocab_size is "
                           f"{config.model.vocab_size}", "pass the --vocab-file the model was trained with")
+    if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token
+        source = f"--vocab-size {args.vocab_size}" if args.vocab_size else "the weights the run starts from"
+        print(f"warning: the model's vocab_size {config.model.vocab_size} ({source}) exceeds the tokenizer's "
+              f"{tokenizer.vocab_size} tokens: {config.model.vocab_size - tokenizer.vocab_size} embedding rows no "
+              "token reaches", file=sys.stderr, flush=True)
     check_sample_room(config)
     if bert_state is None:
         bert_state = initial_weights(args, config, weights_only)

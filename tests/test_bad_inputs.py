@@ -553,6 +553,34 @@ CASES += [
     pretrain("--data-cache-path", "{tmp}/afile", files={"afile": "x"}, id="data_cache_path_is_a_file",
              phrases=("--data-cache-path", "afile is a file, not a folder", "pass a folder for the index maps")),
 ]
+# ---- extfix2: flags after -- that tools/extend_context.py sets itself (more in test_extend_context.py)
+CASES += [
+    Case("extend_trainer_flag_it_sets", "extend", ["--from", "{tmp}", "--seq-length", "256", "--save", "{tmp}/ck", "--",
+                                                   "--seq-len", "128"],
+         ("--seq-len (for --seq-length) after -- would override what extend_context.py sets",
+          "pass --seq-length to extend_context.py (before --)")),
+]
+# ---- hfweights: a damaged Hugging Face weights file (every kind in-process in test_hf_convert.py)
+
+
+def truncated_pytorch_bin(tmp: Path, assets: dict) -> None:
+    """{tmp}/hf with its weights as a pytorch_model.bin cut in half (an interrupted download)."""
+    import torch
+
+    from megatron import hf_convert
+
+    folder = hf_folder(tmp, assets)
+    torch.save(hf_convert.read_safetensors(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    data = (folder / "pytorch_model.bin").read_bytes()
+    (folder / "pytorch_model.bin").write_bytes(data[:len(data) // 2])
+
+
+CASES += [
+    Case("hf_weights_truncated_bin", "convert", ["from-hf", "--hf-dir", "{tmp}/hf", "--save", "{tmp}/ck"],
+         ("hf/pytorch_model.bin cannot be read: truncated or not a PyTorch file", "copy or download the model folder "
+          "again"), setup=truncated_pytorch_bin),
+]
 
 
 COMMANDS = {
@@ -843,7 +871,7 @@ CONFIG_MISTAKES = {
     # ---- hffix: a preset or flag that contradicts the --init-from-hf folder (more in test_config.py)
     "hf_preset_contradicts_the_folder": (
         ["--init-from-hf", "{hf}", "--max-position-embeddings", "512", "--model-preset", "modernbert-base"], {},
-        ("--model-preset modernbert-base (vocab_size 50368) contradicts the --init-from-hf folder",
+        ("--model-preset modernbert-base (ffn_hidden_size 1152) contradicts the --init-from-hf folder",
          "drop --model-preset modernbert-base"), {}),
 }
 SKIPPED = {"launch_mpi_without_mpi4py": "mpi4py is installed" if importlib.util.find_spec("mpi4py") else None}

@@ -1,6 +1,7 @@
 """The resolved configuration: precedence, DeepSpeed's acceptance of our JSON, one-line errors."""
 import argparse
 import json
+import re
 
 import pytest
 from deepspeed.runtime.config import DeepSpeedConfig
@@ -151,10 +152,10 @@ START = dict(vocab_size=1500, hidden_size=64, num_layers=3, position_embedding_t
 
 
 @pytest.mark.parametrize("argv,ds,message", [
-    (["--model-preset", "modernbert-large"], {}, "--model-preset modernbert-large (vocab_size 50368) contradicts the "
-     "--init-from-hf folder mb, whose model has vocab_size 1500; drop --model-preset modernbert-large"),
+    (["--model-preset", "modernbert-large"], {}, "--model-preset modernbert-large (hidden_size 1024) contradicts the "
+     "--init-from-hf folder mb, whose model has hidden_size 64; drop --model-preset modernbert-large"),
     ([], {"sequence_parallel": {"model_preset": "modernbert-base"}}, "sequence_parallel.model_preset modernbert-base "
-     "(vocab_size 50368) contradicts"),
+     "(hidden_size 768) contradicts"),
     (["--global-attention-every", "2"], {}, "--global-attention-every 2 contradicts the --init-from-hf folder mb, "
      "whose model has global_attention_every 3; drop --global-attention-every 2"),
     (["--position-embedding-type", "learned"], {}, "--position-embedding-type learned contradicts the --init-from-hf "
@@ -191,11 +192,56 @@ def test_a_weights_only_start_refuses_what_would_reshape_its_weights(argv, field
                               adjustable_start_fields(learned, False))
 
 
-def test_local_layers_are_refused_with_linformer_or_bigbird_first_naming_a_preset_that_set_them():
+def test_local_layers_are_refused_with_linformer_or_bigbird_first():
     local = dict(SMALL, position_embedding_type="rope", local_attention_window=16, global_attention_every=2)
     with pytest.raises(ConfigError, match="bigbird attention cannot be combined with local sliding-window layers"):
         resolve({**local, "attention": "bigbird"}, {}, world_size=1, deepspeed_check=False)  # 1 block of 64: too few
+
+
+@pytest.mark.parametrize("argv,ds,fix,undo", [
+    (["--model-preset", "modernbert-base", "--attention", "linformer"], {}, "or pass --global-attention-every 1 to "
+     "make every layer global (--model-preset modernbert-base sets --local-attention-window)",
+     ["--global-attention-every", "1"]),
+    (["--attention", "bigbird"], {"sequence_parallel": {"model_preset": "modernbert-base"}}, "or pass "
+     "--global-attention-every 1 to make every layer global (sequence_parallel.model_preset modernbert-base sets "
+     "--local-attention-window)", ["--global-attention-every", "1"]),
+    (["--model-preset", "modernbert-base", "--layernorm-layout", "post"], {}, "use --layernorm-layout pre or pass "
+     "--first-layer-attention-norm (--model-preset modernbert-base sets --no-first-layer-attention-norm)",
+     ["--first-layer-attention-norm"]),
+])
+def test_a_fix_undoes_what_a_preset_set_rather_than_telling_to_drop_it(argv, ds, fix, undo):
+    """A preset's setting is no flag the user can drop; the fix names the flag that undoes it, and
+    passing that flag then resolves (a window with every layer global has no local layer to refuse)."""
     with pytest.raises(ConfigError) as error:
-        resolve(flags("--model-preset", "modernbert-base", "--attention", "linformer"), {}, world_size=1,
-                deepspeed_check=False)
-    assert "drop --local-attention-window (set by --model-preset modernbert-base)" in str(error.value), error.value
+        resolve(flags(*argv), ds, world_size=1, deepspeed_check=False)
+    assert str(error.value).endswith(fix), error.value
+    resolve(flags(*argv, *undo), ds, world_size=1, deepspeed_check=False)
+
+
+@pytest.mark.parametrize("ds", [{}, {"sequence_parallel": {"model_preset": "modernbert-base"}}])
+def test_a_preset_leaves_the_vocab_size_to_the_vocab_file(ds):
+    """A preset is an architecture: the run's vocab size is its vocab file's (None here: read with the
+    file), as without one, else --vocab-size's or the weights'; ModernBERT's 50368 over a vocab of
+    2000 would train rows no token reaches, and to-hf would refuse the checkpoint. Nor does it
+    contradict the vocab of the weights a run starts from."""
+    from megatron.arguments import build_parser
+    from megatron.training import model_flags
+
+    argv = [] if ds else ["--model-preset", "modernbert-base"]
+    assert model_flags(build_parser().parse_args(argv), ds, weights_only=False)["vocab_size"] is None
+    assert model_flags(build_parser().parse_args([*argv, "--vocab-size", "3000"]), ds, False)["vocab_size"] == 3000
+    refuse_contradictions(START, "the --init-from-hf folder mb", flags(*argv, "--hidden-size", "64", "--num-layers",
+                                                                       "3"), ds, adjustable_start_fields(START, True))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--mlp-type", "gelu", "--swiglu"], "--swiglu and --mlp-type gelu contradict each other (--swiglu is --mlp-type "
+     "swiglu); pass one of them"),
+    (["--swiglu", "--mlp-type", "geglu"], "--swiglu and --mlp-type geglu contradict"),
+    (["--bigbird", "--attention", "dense"], "--bigbird and --attention dense contradict"),
+])
+def test_an_alias_flag_beside_its_flag_with_another_value_is_refused(argv, message):
+    """Megatron's --swiglu is --mlp-type swiglu: given with --mlp-type gelu the last one would win silently."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        flags(*argv)
+    assert flags("--swiglu", "--mlp-type", "swiglu")["mlp_type"] == flags("--swiglu")["mlp_type"] == "swiglu"

@@ -137,3 +137,39 @@ def test_from_hf_refuses_a_damaged_folder_and_to_hf_asks_for_a_missing_tokenizer
         tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "ckpt")])
     with pytest.raises(ConfigError, match=r"iter_0000000 carries no tokenizer; pass the --vocab-file"):
         tool.main(["to-hf", "--load", str(tmp_path / "ckpt"), "--output", str(tmp_path / "back")])
+
+
+@pytest.mark.filterwarnings("ignore:.*holds no vocab.txt")
+def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_path):
+    """In-process. The stored seq_length is the length the model was trained at (extend_context scales
+    rope from it): a ModernBERT folder's max_position_embeddings, also under a longer
+    --max-position-embeddings, unless --seq-length sets one; a --seq-length beyond the positions, 0,
+    a shorter table and a --save in the folder are refused, nothing written. to-hf --tag of no
+    checkpoint does not blame 'latest'."""
+    from test_hf_modernbert import hf_folder
+
+    spec = importlib.util.spec_from_file_location("convert_checkpoint", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    _, folder = hf_folder(tmp_path, "geglu-every3")  # 512 positions, rope
+    files, save = sorted(folder.rglob("*")), tmp_path / "ckpt"
+    declares = f"the 512 positions {folder / 'config.json'} declares"
+    for flags, save_dir, message in [
+            (["--max-position-embeddings", "256"], save, f"--max-position-embeddings 256 is below {declares}"),
+            (["--seq-length", "1024"], save, f"--seq-length 1024 is above {declares}"),
+            (["--seq-length", "1024", "--max-position-embeddings", "768"], save,
+             "--seq-length 1024 is above --max-position-embeddings 768"),
+            (["--seq-length", "0"], save, "--seq-length 0 must be >= 1; pass --seq-length 1 or more, or drop it"),
+            ([], folder, f"--save {folder} is the --hf-dir folder: the checkpoint would be written into"),
+            ([], folder / "ck", f"--save {folder / 'ck'} is inside the --hf-dir folder")]:
+        with pytest.raises(ConfigError) as error:
+            tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(save_dir), *flags])
+        assert str(error.value).startswith(message), str(error.value)
+        assert not save.exists() and sorted(folder.rglob("*")) == files
+    tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(save), "--max-position-embeddings", "1024"])
+    stored = checkpoint.stored_config(str(save), "iter_0000000")["model"]
+    assert (stored["max_position_embeddings"], stored["seq_length"]) == (1024, 512)
+    with pytest.raises(ConfigError) as error:
+        tool.main(["to-hf", "--load", str(save), "--tag", "iter_0000099", "--output", str(tmp_path / "out")])
+    assert str(error.value) == (f"checkpoint folder {save / 'iter_0000099'} does not exist; pass the tag of a "
+                                f"complete iter_* folder of {save} (the newest: iter_0000000)")

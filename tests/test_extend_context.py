@@ -135,10 +135,10 @@ def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_pat
     state["config"]["model"]["local_attention_window"] *= 2
     (tmp_path / "wider" / "iter_0000004" / "run_state.json").write_text(json.dumps(state))
     (tmp_path / "wider" / "latest").write_text("iter_0000004")
-    wider = list(head)
+    wider = [*head, "--", "--train-iters", "5"]
     wider[wider.index("--save") + 1] = str(tmp_path / "wider")
     capsys.readouterr()
-    assert run_tool("extend_context.py", lambda: extend_context.main([*wider, "--dry-run"])) == 0
+    assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *wider])) == 0
     assert f"--local-attention-window {state['config']['model']['local_attention_window']} " in capsys.readouterr().out
 
     theta = float(f"{10000 * 4 ** (16 / 14):.6g}")
@@ -170,7 +170,7 @@ def test_a_checkpoint_continues_from_its_weights_as_a_new_run(extended, tmp_path
 def one_line(capsys, *argv) -> str:
     """The error line of the tool run in this process with --dry-run (exit 2, nothing else on stderr)."""
     capsys.readouterr()
-    assert run_tool("extend_context.py", lambda: extend_context.main([*argv, "--dry-run"])) == 2
+    assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *argv])) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("extend_context.py: error: "), lines
     return lines[0].removeprefix("extend_context.py: error: ")
@@ -213,6 +213,21 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
             ([*hf, "--save", save, "--deepspeed-config", str(tmp_path / "missing.json")],
              "pass an existing JSON file to --deepspeed-config"),
             ([*hf, "--save", str(tmp_path / "a_file")], "a_file is a file; pass a folder"),
-            ([*hf, "--save", str(source)], "--save is the --from folder; choose another --save")):
+            ([*hf, "--save", str(source)], "--save is the --from folder; choose another --save"),
+            ([*hf, "--save", save, "--master-port", "99999"], "--master-port 99999 is not a TCP port; pass a free"),
+            ([*hf, "--save", save, "--data-path", "x"], "--data-path is not an option of extend_context.py; flags for "
+             "pretrain_bert.py go after --"),
+            # what the tool sets, given again after --, abbreviated as argparse takes it: refused, not overridden
+            ([*hf, "--save", save, "--", "--train-iters", "1", "--seq-len", "128"],
+             "--seq-len (for --seq-length) after -- would override what extend_context.py sets; pass --seq-length to "
+             "extend_context.py (before --)"),
+            ([*hf, "--save", save, "--", "--save=other"], "--save after -- would override"),
+            ([*hf, "--save", save, "--", "--no-pack-samples"], "; drop --no-pack-samples"),
+            # the trainer's own start-up checks, on the command the launcher would get
+            ([*hf, "--save", save], "the run length is not set"),
+            ([*hf, "--save", save, "--", "--train-iters", "1", "--data-pth", "x"],
+             "pretrain_bert.py flags after --: unrecognized arguments: --data-pth x"),
+            ([*hf, "--save", save, "--num-gpus", "3", "--attention", "hybrid", "--ulysses-size", "3", "--",
+              "--train-iters", "1"], "hybrid needs num_attention_heads (4) divisible by ulysses_size (3)")):
         assert message in one_line(capsys, *argv)
     assert not (tmp_path / "c").exists()

@@ -202,6 +202,10 @@ def test_unreadable_checkpoints_are_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"holds embeddings.word_embeddings.weight of shape \[30592, 32\], this "
                                           r"model expects \[30592, 64\]"):
         checkpoint.check_model_shapes(vars(small), large, "ckpt/iter_0000004")
+    # a preset's vocab (50368) before presets left the vocab size to the vocab file: the flag to pass
+    preset_vocab = BertConfig(hidden_size=32, num_attention_heads=4, vocab_size=50368)
+    with pytest.raises(ConfigError, match=r"this model expects \[30592, 32\]; pass --vocab-size 50368, the "):
+        checkpoint.check_model_shapes(vars(preset_vocab), small, "ckpt/iter_0000004")
 
 
 def test_own_files_load_with_weights_only(tmp_path):

@@ -91,3 +91,35 @@ def test_top_k_beyond_the_vocab_and_a_later_text_without_mask_print_nothing(tmp_
     with pytest.raises(ConfigError, match="--text 'no mask' holds no"):
         tool.main([*load, "--text", "a [MASK]", "--text", "no mask"])
     assert capsys.readouterr().out == ""
+
+
+def test_byte_level_guesses_are_shown_decoded(tmp_path):
+    """A byte-level BPE's pieces are shown as the text they stand for (was: Ġthe), as transformers'
+    fill-mask pipeline decodes them; whitespace alone as its repr, on the one line."""
+    from test_hf_tokenizer import train_bpe
+
+    from megatron.data.tokenizer import HFTokenizer
+
+    sys.path.insert(0, str(TOOL.parent))
+    from fill_mask import fill_mask
+
+    bpe = train_bpe(["the cat sat on the mat\n", "the dog"] * 20, ["[UNK]", "[MASK]", "[SEP]", "[PAD]", "[CLS]"], 300)
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = HFTokenizer(tmp_path / "tokenizer.json")
+    model = small_model(small_config("ring", seq_length=16, vocab_size=tokenizer.vocab_size)).eval()
+    with torch.no_grad():  # the model's top three: these tokens, in this order
+        for bias, token in zip((30, 20, 10), ("Ġthe", "at", "Ċ")):
+            model.lm_head.bias[tokenizer.tokens.index(token)] = bias
+    assert [guess for guess, _ in fill_mask(model, tokenizer, "a [MASK]", 3)[0]] == ["the", "at", "'\\n'"]
+
+
+def test_a_hugging_face_folder_asks_for_the_conversion(tmp_path):
+    """--load of a Hugging Face folder was "missing 'latest'" (in-process)."""
+    sys.path.insert(0, str(TOOL.parent))
+    import fill_mask
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=f"--load {tmp_path} is a Hugging Face model folder, not a checkpoint of "
+                                          f"this trainer; convert it first: python tools/convert_checkpoint.py from-hf "
+                                          f"--hf-dir {tmp_path} --save DIR, then pass --load DIR"):
+        fill_mask.main(["--load", str(tmp_path), "--text", "a [MASK]"])

@@ -2,6 +2,7 @@
 position extension, and the one-line errors. HF models are built from small configs with random
 weights, offline."""
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,6 +182,15 @@ def test_export_refuses_what_hf_cannot_hold(tmp_path, vocab_file):
     with pytest.raises(ConfigError, match=r"tensors layers\.0\.attention\.core\.\S+ .*have no Hugging Face"):
         hf_convert.save_hf_folder(tmp_path / "b", BertModel(config).state_dict(), config, vocab_file, True)
     assert not list(tmp_path.iterdir())  # nothing half-written
+    config = our_config("megatron-bert")
+    tokens = Path(vocab_file).read_text(encoding="utf-8").splitlines()
+    (tmp_path / "longer.txt").write_text("\n".join(tokens + ["extra"]) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=f"has {len(tokens) + 1} tokens, the model's vocab_size is {len(tokens)}"):
+        hf_convert.save_hf_folder(tmp_path / "c", BertModel(config).state_dict(), config, tmp_path / "longer.txt", True)
+    # a model larger than its vocab (--vocab-size): rows no token reaches, as HF allows
+    (tmp_path / "shorter.txt").write_text("\n".join(tokens[:-5]) + "\n", encoding="utf-8")
+    hf_convert.save_hf_folder(tmp_path / "d", BertModel(config).state_dict(), config, tmp_path / "shorter.txt", True)
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "d").vocab_size == len(tokens)
 
 
 def test_safetensors_files_read_by_the_reference_library(tmp_path):
@@ -303,3 +313,61 @@ def test_a_sharded_folder_missing_a_shard_is_one_line(tmp_path):
     shards[-1].unlink()
     with pytest.raises(DataError, match=f"names the shard {shards[-1].name}, which is not in"):
         hf_convert.read_hf_tensors(tmp_path / "sharded")
+
+
+def rewrite_header(path, change) -> None:
+    """The safetensors file at `path` with `change` applied to its JSON header (the data as it was)."""
+    import json
+    import struct
+
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    change(header)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + data[8 + length:])
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda h: h["w"].update(dtype="F8_XX"), ': tensor w has dtype "F8_XX", not one read here (F64, F32'),
+    (lambda h: h["w"].update(shape=[7, 7]), " is damaged: the header entry of tensor w is F32 [7, 7] (196 bytes) but "
+                                            "its data_offsets [0, 24] hold 24 bytes"),
+    (lambda h: h["w"].pop("data_offsets"), " is damaged: the header entry of tensor w has no data_offsets"),
+    (lambda h: h.update(w="oops"), ' is damaged: the header entry of tensor w is "oops", not an object with dtype, '
+                                   'shape and data_offsets'),
+], ids=["dtype", "shape", "offsets", "entry"])
+def test_a_damaged_safetensors_header_is_one_line(tmp_path, change, message):
+    """Was a KeyError, TypeError or reshape RuntimeError traceback (from-hf, --init-from-hf, extend_context)."""
+    from megatron.errors import DataError
+
+    path = tmp_path / "model.safetensors"
+    hf_convert.write_safetensors(path, {"w": torch.ones(2, 3), "b": torch.zeros(3)})
+    rewrite_header(path, change)
+    with pytest.raises(DataError) as error:
+        hf_convert.read_hf_weights(tmp_path)
+    text = str(error.value)
+    assert text.startswith(f"{path}{message}"), text
+    assert text.endswith("copy or download the model folder again") and "\n" not in text, text
+
+
+@pytest.mark.parametrize("content,message", [
+    ("truncated", r"cannot be read: truncated or not a PyTorch file \([A-Za-z]+Error: [^\n]+\); copy or download "
+                  r"the model folder again$"),
+    ("pickled", r"holds a pickled torch\.nn\.modules\.linear\.Linear, not only tensors \(not loaded: unpickling it "
+                r"could run any code\); copy or download the model folder again \(or save the model with "
+                r"save_pretrained"),
+    ("nested", r"maps 'state_dict' to a dict, not a tensor; copy or download"),
+], ids=["truncated", "pickled", "nested"])
+def test_a_damaged_pytorch_bin_is_one_line(tmp_path, content, message):
+    """Was torch's RuntimeError / UnpicklingError traceback; a nested dict was 'lacks N tensors'."""
+    from megatron.errors import DataError
+
+    path = tmp_path / "pytorch_model.bin"
+    tensors = {"w": torch.ones(64, 64)}
+    torch.save({"truncated": tensors, "pickled": {"w": torch.nn.Linear(2, 2)},
+                "nested": {"state_dict": tensors}}[content], path)
+    if content == "truncated":
+        path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    with pytest.raises(DataError, match=f"^{path} {message}"):
+        hf_convert.read_hf_weights(tmp_path)

@@ -133,6 +133,23 @@ def test_model_folder_initialises_only_the_mlm_head_in_one_warning(tmp_path):
         assert compare(ours, hf, length, "ModernBertModel")[0] <= ATOL
 
 
+def test_a_fine_tuned_classifier_folder_reads_as_its_model_in_one_warning(tmp_path):
+    """ModernBertForSequenceClassification's head.* feeds its classifier, never the tied decoder: dropped
+    with the classifier, the MLM head initialised as for a ModernBertModel (was: 'lacks decoder.bias')."""
+    config = transformers.ModernBertConfig(**SHAPES["geglu-every3"], **SPECIAL, num_labels=3)
+    torch.manual_seed(0)
+    hf = transformers.ModernBertForSequenceClassification(config)
+    randomize(hf, seed=0)
+    hf.eval().save_pretrained(tmp_path / "classifier")
+    with pytest.warns(UserWarning) as record:
+        ours = our_model(tmp_path / "classifier")
+    assert len(record) == 1 and str(record[0].message) == (
+        "a ModernBertForSequenceClassification folder: its task head is dropped (not a masked-LM head): "
+        "classifier.bias, classifier.weight, head.dense.weight, head.norm.weight; not in the Hugging Face folder, "
+        "initialised: lm_head.bias, lm_head.dense.weight, lm_head.layernorm.weight")
+    assert compare(ours, hf.model, 30, "ModernBertForSequenceClassification")[0] <= ATOL
+
+
 def test_a_folder_without_decoder_bias_reads_as_a_zero_bias(tmp_path):
     config = transformers.ModernBertConfig(**SHAPES["geglu-every3"], **SPECIAL, decoder_bias=False)
     torch.manual_seed(0)

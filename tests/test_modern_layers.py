@@ -284,7 +284,9 @@ def parse(*argv) -> dict:
 def test_modernbert_presets_match_hugging_face():
     transformers = pytest.importorskip("transformers")
     hf = transformers.ModernBertConfig()
-    base = resolve(parse("--model-preset", "modernbert-base"), {}, world_size=1, deepspeed_check=False).model
+    # the vocab size is the run's (ModernBERT's here), not the preset's: its padding leaves HF's as it is
+    base = resolve(parse("--model-preset", "modernbert-base", "--vocab-size", str(hf.vocab_size)), {}, world_size=1,
+                   deepspeed_check=False).model
     local = [layer_type == "sliding_attention" for layer_type in hf.layer_types]
     assert [base.is_local_layer(i) for i in range(base.num_layers)] == local
     assert (base.num_layers, base.hidden_size, base.num_attention_heads, base.ffn_hidden_size) == (
@@ -300,7 +302,8 @@ def test_modernbert_presets_match_hugging_face():
     assert (base.embedding_layernorm, base.first_layer_attention_norm, base.layernorm_layout) == (True, False, "pre")
     assert base.hidden_dropout == hf.embedding_dropout == hf.mlp_dropout == 0.0
     assert base.attention_dropout == hf.attention_dropout == 0.0
-    large = resolve(parse("--model-preset", "modernbert-large"), {}, world_size=1, deepspeed_check=False).model
+    large = resolve(parse("--model-preset", "modernbert-large", "--vocab-size", str(hf.vocab_size)), {}, world_size=1,
+                    deepspeed_check=False).model
     assert (large.num_layers, large.hidden_size, large.num_attention_heads, large.ffn_hidden_size) == (
         28, 1024, 16, 2624)
     assert dataclasses.replace(large, num_layers=22, hidden_size=768, num_attention_heads=12,

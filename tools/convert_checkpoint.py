@@ -14,6 +14,7 @@
 import argparse
 import sys
 import warnings
+from pathlib import Path
 
 from megatron.quiet import quiet_deepspeed
 
@@ -21,7 +22,7 @@ quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imp
 from megatron import hf_convert  # noqa: E402
 from megatron.checkpoint import bert_state_from_checkpoint, checkpoint_folder, latest_tag, stored_config  # noqa: E402
 from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer  # noqa: E402
-from megatron.errors import run_tool  # noqa: E402
+from megatron.errors import ConfigError, run_tool  # noqa: E402
 from megatron.model.bert import BertConfig  # noqa: E402
 
 
@@ -38,8 +39,35 @@ def to_hf(args) -> None:
           f"({config.num_layers} layers, hidden {config.hidden_size}) to {args.output}")
 
 
+def check_from_hf(args, positions: int) -> None:
+    """The flags against the folder (`positions`: its config's max_position_embeddings): --save outside
+    it; no table shorter than the folder's (it would drop positions); no --seq-length beyond the
+    checkpoint's positions (the stored length is the one the model was trained at, from which
+    tools/extend_context.py scales rope: the folder's unless set)."""
+    save, folder = Path(args.save).resolve(), Path(args.hf_dir).resolve()
+    if save == folder or folder in save.parents:
+        raise ConfigError(f"--save {args.save} is {'the' if save == folder else 'inside the'} --hf-dir folder: the "
+                          "checkpoint would be written into the Hugging Face model folder", "choose another --save")
+    for flag in ("--max-position-embeddings", "--seq-length", "--make-vocab-size-divisible-by"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value} must be >= 1", f"pass {flag} 1 or more, or drop it")
+    declared = f"the {positions} positions {Path(args.hf_dir) / 'config.json'} declares"
+    if args.max_position_embeddings is not None and args.max_position_embeddings < positions:
+        raise ConfigError(f"--max-position-embeddings {args.max_position_embeddings} is below {declared}",
+                          f"pass {positions} or more, or drop it")
+    if args.seq_length is not None and args.seq_length > (args.max_position_embeddings or positions):
+        limit = (f"--max-position-embeddings {args.max_position_embeddings}" if args.max_position_embeddings
+                 else declared)
+        raise ConfigError(f"--seq-length {args.seq_length} is above {limit} (the stored length is the one the "
+                          "model was trained at)", f"drop --seq-length (the folder's {positions} is stored), or "
+                          "raise --max-position-embeddings with it")
+
+
 def from_hf(args) -> None:
     fields = hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(args.hf_dir))
+    positions = fields.get("max_position_embeddings", BertConfig.max_position_embeddings)
+    check_from_hf(args, positions)
     tokenizer = hf_convert.read_hf_tokenizer(args.hf_dir)  # before the weights: an unreadable one stops here
     if tokenizer is None:
         warnings.warn(f"{args.hf_dir} holds no vocab.txt or tokenizer.json, so the checkpoint carries no tokenizer: "
@@ -47,7 +75,7 @@ def from_hf(args) -> None:
     for name in ("max_position_embeddings", "make_vocab_size_divisible_by"):
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
-    fields["seq_length"] = args.seq_length or fields.get("max_position_embeddings", BertConfig.max_position_embeddings)
+    fields["seq_length"] = positions if args.seq_length is None else args.seq_length
     config = BertConfig(**fields)
     state = hf_convert.load_hf_as_bert_state(args.hf_dir, config, extend_positions=not args.no_position_extension)
     hf_convert.save_weights_only_checkpoint(args.save, state, config, tokenizer)
@@ -68,8 +96,10 @@ def main(argv=None) -> None:
     load = commands.add_parser("from-hf", help="Hugging Face folder -> weights-only checkpoint")
     load.add_argument("--hf-dir", required=True, help="folder with config.json and model.safetensors / pytorch_model.bin")
     load.add_argument("--save", required=True, help="checkpoint directory to create")
-    load.add_argument("--max-position-embeddings", type=int, help="target positions (default: the HF config's)")
-    load.add_argument("--seq-length", type=int, help="sequence length stored in the config (default: the positions)")
+    load.add_argument("--max-position-embeddings", type=int,
+                      help="target positions, at least the HF config's (default: the HF config's)")
+    load.add_argument("--seq-length", type=int, help="the length the model was trained at, stored in the config "
+                      "(default: the HF config's max_position_embeddings; at most the positions)")
     load.add_argument("--make-vocab-size-divisible-by", type=int, help="vocab padding multiple (default 128)")
     load.add_argument("--no-position-extension", action="store_true",
                       help="refuse a --max-position-embeddings above the checkpoint's instead of repeating positions")

@@ -14,8 +14,10 @@ at a longer sequence: one command that picks the launch for you and starts the `
   - the split: every rank on one sequence (`--sequence-parallel-size`, default all ranks), global
     layers by ring or hybrid attention, local layers by their halo exchange.
 
-Anything after `--` goes to pretrain_bert.py unchanged (data, tokenizer, schedule, logging flags).
-`--dry-run` prints the command instead of running it.
+Anything after `--` goes to pretrain_bert.py unchanged (data, tokenizer, schedule, logging flags),
+except a flag this tool sets (--seq-length, --save, ...: refused, naming the option to use). The
+command is checked here as the trainer checks it at start-up (its parser, flags, model and layout);
+`--dry-run` prints it instead of running it.
 """
 import argparse
 import math
@@ -57,13 +59,68 @@ def parse_args(argv=None):
     parser.add_argument("--master-port", type=int, help="the launcher's rendezvous port (default its 29500)")
     parser.add_argument("--dry-run", action="store_true", help="print the launch command, do not run it")
     parser.add_argument("pretrain_args", nargs=argparse.REMAINDER, help="-- then flags for pretrain_bert.py")
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
     if args.pretrain_args[:1] == ["--"]:
         args.pretrain_args = args.pretrain_args[1:]
-    elif args.pretrain_args:
-        parser.error(f"unrecognized arguments: {' '.join(args.pretrain_args)} (flags for pretrain_bert.py go "
-                     "after --)")
+    else:
+        unknown += args.pretrain_args
+    if unknown:
+        raise ConfigError(f"{unknown[0]} is not an option of extend_context.py", "flags for pretrain_bert.py go "
+                          "after --: extend_context.py --from DIR --seq-length N --save DIR -- --data-path ...")
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
+        raise ConfigError(f"--master-port {args.master_port} is not a TCP port", "pass a free port in 1-65535, "
+                          "e.g. 29500")
+    refuse_set_flags(args.pretrain_args)
     return args
+
+
+# pretrain_bert.py flags (by destination) that launch_command sets -> this tool's option for it
+SET_FLAGS = {"seq_length": "--seq-length", "max_position_embeddings": "--seq-length", "rotary_base": "--rotary-base",
+             "save": "--save", "load": "--from", "init_from_hf": "--from", "finetune": "--from",
+             "sequence_parallel_size": "--sequence-parallel-size", "attention": "--attention",
+             "ulysses_size": "--ulysses-size", "deepspeed_config": "--deepspeed-config",
+             "deepscale_config": "--deepspeed-config", "deepspeed": None, "deepscale": None, "pack_samples": None,
+             "local_rank": None}
+
+
+def trainer_parser() -> argparse.ArgumentParser:
+    """pretrain_bert.py's parser, its errors one line in this tool's form."""
+    from megatron.arguments import build_parser
+
+    def refuse(message):
+        raise ConfigError(f"pretrain_bert.py flags after --: {message}", "see python pretrain_bert.py --help")
+
+    parser = build_parser()
+    parser.error = refuse  # not argparse's usage and exit
+    return parser
+
+
+def trainer_action(parser: argparse.ArgumentParser, flag: str):
+    """The trainer's option that `flag` (--name or --name=value) gives, as argparse reads it: the
+    name, or an unambiguous prefix of one (allow_abbrev); None for an unknown or ambiguous flag
+    (the trainer's parser refuses those)."""
+    name = flag.split("=", 1)[0]
+    options = parser._option_string_actions
+    if name in options:
+        return options[name]
+    matches = [option for option in options if option.startswith(name)]
+    return options[matches[0]] if len(matches) == 1 else None
+
+
+def refuse_set_flags(pretrain_args: list) -> None:
+    """Flags after `--` that would override what this tool sets (the last flag wins in argparse): a
+    run at another length than the theta was scaled for, or saving where the same command does not
+    resume from."""
+    parser = trainer_parser()
+    for token in pretrain_args:
+        action = trainer_action(parser, token) if token.startswith("--") else None
+        if action is not None and action.dest in SET_FLAGS:
+            flag = token.split("=", 1)[0]
+            named = action.option_strings[-1] if flag in action.option_strings else \
+                f"{flag} (for {action.option_strings[-1]})"
+            instead = SET_FLAGS[action.dest]
+            raise ConfigError(f"{named} after -- would override what extend_context.py sets",
+                              f"pass {instead} to extend_context.py (before --)" if instead else f"drop {flag}")
 
 
 def source_model(source: str) -> tuple[dict, str]:
@@ -212,6 +269,24 @@ def launch_command(args, kind: str, theta: float, world: int, sequence: int, res
             "--rotary-base", str(theta), "--pack-samples", "--save", args.save, *args.pretrain_args]
 
 
+def check_launch(command: list, world: int) -> None:
+    """pretrain_bert.py's start-up checks, run here (--dry-run too) on the flags `command` gives it at
+    `world` ranks: its parser, its flag checks, where the run starts, and the model and layout it
+    resolves from the DeepSpeed JSON, so that a command that passes here passes them once launched."""
+    from megatron.config import resolve
+    from megatron.model.bert import BertConfig
+    from megatron.training import (check_flag_combinations, check_flags, check_sample_room, check_start,
+                                   deepspeed_settings, model_flags as trainer_flags, starts_from_weights)
+
+    args = trainer_parser().parse_args(command[command.index(str(ROOT / "pretrain_bert.py")) + 1:])
+    check_flags(args)
+    check_flag_combinations(args)
+    check_start(args)
+    ds = deepspeed_settings(args)
+    flags = trainer_flags(args, ds, starts_from_weights(args))
+    check_sample_room(resolve({**flags, "vocab_size": flags["vocab_size"] or BertConfig.vocab_size}, ds, world))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     world, sequence, on_cpu = ranks(args)
@@ -223,6 +298,7 @@ def main(argv=None) -> int:
     if (Path(args.save) / checkpoint.LATEST).is_file():  # a requeued job
         resume = model_flags(resumed_model(args, source_fields(args, kind), theta))
     command = launch_command(args, kind, theta, world, sequence, resume)
+    check_launch(command, world)
     print(f"extend_context.py: {kind} {args.source} trained at {trained_length(fields, kind)} tokens -> "
           f"{args.seq_length} ({factor:g}x); global rope theta {fields['rotary_base']:g} -> {theta}", flush=True)
     print(shlex.join(command), flush=True)

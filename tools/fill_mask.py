@@ -17,8 +17,8 @@ from megatron.quiet import quiet_deepspeed
 quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
 import torch  # noqa: E402
 
-from megatron.checkpoint import (bert_state_from_checkpoint, checkpoint_folder, latest_tag, run_state,  # noqa: E402
-                                 stored_config)
+from megatron.checkpoint import (LATEST, bert_state_from_checkpoint, checkpoint_folder, latest_tag,  # noqa: E402
+                                 run_state, stored_config)
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer  # noqa: E402
 from megatron.errors import ConfigError, run_tool  # noqa: E402
@@ -62,7 +62,17 @@ def fill_mask(model: BertModel, tokenizer, text: str, top_k: int) -> list:
     mlm_logits, _ = model(*batch.model_inputs())
     probabilities = torch.softmax(mlm_logits[:, :tokenizer.vocab_size].float(), dim=-1)
     best = probabilities.topk(top_k, dim=-1)
-    return [list(zip(tokenizer.convert_ids_to_tokens(ids), values.tolist())) for values, ids in zip(*best)]
+    return [list(zip(guesses(tokenizer, ids), values.tolist())) for values, ids in zip(*best)]
+
+
+def guesses(tokenizer, ids) -> list[str]:
+    """The tokens `ids` as text: a Hugging Face tokenizer's decoder turns byte-level pieces (Ġhave) into
+    what they stand for (' have', shown stripped; whitespace alone as its repr, '\\n'); WordPiece
+    tokens stay as they are (##ing: a word's continuation)."""
+    if not isinstance(tokenizer, HFTokenizer):
+        return tokenizer.convert_ids_to_tokens(ids)
+    texts = [tokenizer.decode_one(index) for index in ids]
+    return [text.strip() or repr(text) for text in texts]
 
 
 def load_model(load_dir: str) -> BertModel:
@@ -83,6 +93,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k} must be >= 1", "pass --top-k 5, say")
+    if (Path(args.load) / "config.json").is_file() and not (Path(args.load) / LATEST).exists():
+        raise ConfigError(f"--load {args.load} is a Hugging Face model folder, not a checkpoint of this trainer",
+                          f"convert it first: python tools/convert_checkpoint.py from-hf --hf-dir {args.load} "
+                          "--save DIR, then pass --load DIR")
     tag = latest_tag(args.load)
     # the embedded corpus' vocab, where it exists, for a trained checkpoint saved before checkpoints carried
     # their tokenizer; a converted one (weights-only) was never trained on it

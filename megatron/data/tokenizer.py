@@ -51,6 +51,10 @@ class _Tokenizer:
         # the _fast variant skips character offsets, which nothing here needs (~25% faster)
         return [encoding.ids for encoding in self._rust.encode_batch_fast(texts, add_special_tokens=False)]
 
+    def decode_one(self, token_id: int) -> str:
+        """One id as the text it stands for (byte-level 'Ġhave' -> ' have'; WordPiece: the token)."""
+        return self._rust.decode([int(token_id)], skip_special_tokens=False)
+
     cls = property(lambda self: self.ids["cls"])  # the special ids, as the tokenizer names them
     sep = property(lambda self: self.ids["sep"])
     pad = property(lambda self: self.ids["pad"])

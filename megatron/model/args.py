@@ -143,6 +143,12 @@ class BertConfig:
         """Layer `index` attends to a sliding window (local) rather than the whole sequence (global)."""
         return self.local_attention_window is not None and index % self.global_attention_every != 0
 
+    @property
+    def has_local_layers(self) -> bool:
+        """Some layer is local: a window alone is not enough (--global-attention-every 1, or a model of
+        one layer, leaves every layer global)."""
+        return any(self.is_local_layer(index) for index in range(self.num_layers))
+
     def layer_rotary_base(self, index: int) -> float:
         """The rope theta of layer `index`: local layers have their own (ModernBERT: 10000 vs 160000)."""
         return self.local_rotary_base if self.is_local_layer(index) else self.rotary_base
@@ -162,9 +168,10 @@ class BertConfig:
 # by its own flag. ModernBERT (answerdotai, Hugging Face ModernBertConfig): rope with theta 160000
 # (global) / 10000 (local), a local window of 128 with a global layer every 3rd (i % 3 == 0), GeGLU,
 # no biases (norms included), LayerNorm eps 1e-5, a norm after the embeddings, pre-LN with a final
-# norm, no attention norm in layer 0, no token types, no sentence-order head, no dropout, vocab 50368
-# (a multiple of 64: the decoder has exactly its rows).
-_MODERNBERT = dict(vocab_size=50368, make_vocab_size_divisible_by=64, max_position_embeddings=8192,
+# norm, no attention norm in layer 0, no token types, no sentence-order head, no dropout, the vocab
+# padded to a multiple of 64. The vocab size is not the architecture's: it is the run's vocab file's
+# (or --vocab-size, or the weights it starts from), as ModernBERT's 50368 is its tokenizer's, padded.
+_MODERNBERT = dict(make_vocab_size_divisible_by=64, max_position_embeddings=8192,
                    position_embedding_type="rope", rotary_base=160000.0, local_rotary_base=10000.0,
                    local_attention_window=128, global_attention_every=3, mlp_type="geglu", add_bias_linear=False,
                    normalization="LayerNorm", layernorm_epsilon=1e-5, layernorm_layout="pre",

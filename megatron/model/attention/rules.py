@@ -152,7 +152,7 @@ def variant_defaults(name: str) -> dict:
 def check(config, sequence_parallel_size: int) -> None:
     """Start-up validation of local layers, then of config.attention against the SP degree (a variant
     that cannot have local layers at all is named before its own limits)."""
-    local = config.local_attention_window is not None
+    local = config.has_local_layers
     if local and config.attention in ("linformer", "bigbird"):
         raise ConfigError(f"{config.attention} attention cannot be combined with local sliding-window layers "
                           "(its global layers would change the math of a windowed model)",
