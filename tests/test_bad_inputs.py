@@ -540,7 +540,7 @@ CASES += [  # ---- signals and faults
     pretrain("--rendezvous-timeout", "0", id="flag_rendezvous_timeout_zero",
              phrases=("--rendezvous-timeout 0.0 must be >= 1", "pass --rendezvous-timeout 1 or more")),
 ]
-# ---- extfix: tools/extend_context.py refuses in its own flag names before the launcher starts (more in-process
+# ---- tools/extend_context.py refuses in its own flag names before the launcher starts (more in-process
 # in test_extend_context.py)
 CASES += [
     Case("extend_num_gpus_zero", "extend", ["--from", "{tmp}", "--seq-length", "256", "--save", "{tmp}/ck",
@@ -549,18 +549,18 @@ CASES += [
     Case("extend_from_is_a_file", "extend", ["--from", "{tmp}/model.safetensors", "--seq-length", "256", "--save",
                                              "{tmp}/ck", "--dry-run"],
          ("model.safetensors is a file", "pass the folder holding it"), files={"model.safetensors": "x"}),
-    # ---- main: paths
+    # ---- paths
     pretrain("--data-cache-path", "{tmp}/afile", files={"afile": "x"}, id="data_cache_path_is_a_file",
              phrases=("--data-cache-path", "afile is a file, not a folder", "pass a folder for the index maps")),
 ]
-# ---- extfix2: flags after -- that tools/extend_context.py sets itself (more in test_extend_context.py)
+# ---- flags after -- that tools/extend_context.py sets itself (more in test_extend_context.py)
 CASES += [
     Case("extend_trainer_flag_it_sets", "extend", ["--from", "{tmp}", "--seq-length", "256", "--save", "{tmp}/ck", "--",
                                                    "--seq-len", "128"],
          ("--seq-len (for --seq-length) after -- would override what extend_context.py sets",
           "pass --seq-length to extend_context.py (before --)")),
 ]
-# ---- hfweights: a damaged Hugging Face weights file (every kind in-process in test_hf_convert.py)
+# ---- a damaged Hugging Face weights file (every kind in-process in test_hf_convert.py)
 
 
 def truncated_pytorch_bin(tmp: Path, assets: dict) -> None:
@@ -868,7 +868,7 @@ CONFIG_MISTAKES = {
                                            {**NO_LAUNCHER, "SLURM_STEP_NUM_TASKS": "4"}),
     "launch_mpi_without_mpi4py": ([], {}, ("started by an MPI launcher (OMPI_COMM_WORLD_SIZE is set)",
                                            "pip install mpi4py"), {**NO_LAUNCHER, "OMPI_COMM_WORLD_SIZE": "2"}),
-    # ---- hffix: a preset or flag that contradicts the --init-from-hf folder (more in test_config.py)
+    # ---- a preset or flag that contradicts the --init-from-hf folder (more in test_config.py)
     "hf_preset_contradicts_the_folder": (
         ["--init-from-hf", "{hf}", "--max-position-embeddings", "512", "--model-preset", "modernbert-base"], {},
         ("--model-preset modernbert-base (ffn_hidden_size 1152) contradicts the --init-from-hf folder",
