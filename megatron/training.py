@@ -53,7 +53,18 @@ def main(argv=None) -> int:
         return 2
     finally:
         checkpoint.release_lock()  # the --save folder's, taken by rank 0 at start-up
+    close_process_group()
     return 128 + stopped_by if stopped_by else 0
+
+
+def close_process_group() -> None:
+    """After a run every rank finished (or agreed to stop): without it gloo's threads can outlive the
+    interpreter and abort a rank at exit ('terminate called without an active exception', SIGABRT,
+    the launcher's exit code 250; seen once in a loaded test run). Not after an error: a rank still
+    inside a collective would keep the others waiting here."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def report_once(line: str, node_leaders: bool = False) -> None:
