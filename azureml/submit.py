@@ -158,7 +158,7 @@ def validate(args) -> None:
     from megatron.quiet import quiet_deepspeed
 
     quiet_deepspeed()  # before DeepSpeed is first imported: no accelerator warning
-    from megatron.arguments import build_parser as trainer_parser, config_flags
+    from megatron.arguments import build_parser as trainer_parser, config_flags, flags_given
     from megatron.config import read_ds_config, resolve
     from megatron.errors import ConfigError, DataError
     from megatron.training import check_flags, data_paths
@@ -168,9 +168,9 @@ def validate(args) -> None:
 
     parser = trainer_parser()
     parser.error = refuse  # one line, not argparse's usage and exit
-    given, defaults = parser.parse_args(args.flags), parser.parse_args([])
-    for dest, (flag, option) in JOB_FLAGS.items():  # by dest: an abbreviation (--loa) sets it too
-        if getattr(given, dest) != getattr(defaults, dest):
+    for _, action in flags_given(parser, args.flags):  # by dest: an abbreviation (--loa) sets it too
+        if action.dest in JOB_FLAGS:
+            flag, option = JOB_FLAGS[action.dest]
             instead = f"; pass {option} to submit.py instead" if option else ""
             raise SubmitError(f"pretrain_bert.py flags after --: {flag} is set by the job (a mount point){instead}")
     folder = data if is_local(args.data) else Path()  # a remote folder's files are not read

@@ -272,6 +272,19 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
+def flags_given(parser: argparse.ArgumentParser, argv: list) -> list:
+    """(the flag as written, its action) for each option `argv` names as argparse reads it: the name,
+    --name=value, or an unambiguous prefix (allow_abbrev: --loa is --load). For tools that set some of
+    the trainer's flags themselves and refuse them after `--` (the last flag would win silently)."""
+    options, given = parser._option_string_actions, []
+    for token in argv:
+        name = token.split("=", 1)[0]
+        matches = [name] if name in options else [option for option in options if option.startswith(name)]
+        if token.startswith("--") and len(matches) == 1:
+            given.append((name, options[matches[0]]))
+    return given
+
+
 def launcher_rank() -> int:
     """This process' global rank as its launcher set it before any process group exists: the env://
     RANK (deepspeed, torchrun), else an MPI launcher's; 0 for a process started by hand."""

@@ -108,6 +108,9 @@ def check_flags(args) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} {value} is {'negative' if value < 0 else 'zero'}: no step to train",
                               f"pass {flag} N with N >= 1 (the run length)")
+    if args.data_cache_path and os.path.exists(args.data_cache_path) and not os.path.isdir(args.data_cache_path):
+        raise ConfigError(f"--data-cache-path {args.data_cache_path} is a file, not a folder",
+                          "pass a folder for the index maps (it is made if missing)")
     if args.train_iters is not None and args.train_samples is not None:
         raise ConfigError(f"--train-iters {args.train_iters} and --train-samples {args.train_samples} both set the "
                           "run length", "pass one of them")
@@ -359,9 +362,6 @@ def data_paths(args) -> tuple:
     the tokenizer the flags name, else the one the --load checkpoint carries or the --init-from-hf
     folder holds, else the default dataset's vocab, refused where it differs from the vocab the
     checkpoint, the folder or any dataset was made with."""
-    if args.data_cache_path and os.path.exists(args.data_cache_path) and not os.path.isdir(args.data_cache_path):
-        raise ConfigError(f"--data-cache-path {args.data_cache_path} is a file, not a folder",
-                          "pass a folder for the index maps (it is made if missing)")
     if args.load:
         tokenizer = choose_tokenizer(explicit_tokenizer(args), checkpoint.carried_tokenizer(args.load), args.load,
                                      args.tokenizer_type)

@@ -30,7 +30,7 @@ from megatron.quiet import quiet_deepspeed
 
 quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
 from megatron import checkpoint, hf_convert  # noqa: E402
-from megatron.arguments import flag_setting  # noqa: E402
+from megatron.arguments import flag_setting, flags_given  # noqa: E402
 from megatron.config import ADJUSTABLE_START_FIELDS, read_ds_config  # noqa: E402
 from megatron.errors import ConfigError, DataError, run_tool  # noqa: E402
 from megatron.training import initial_model_fields  # noqa: E402
@@ -95,29 +95,13 @@ def trainer_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def trainer_action(parser: argparse.ArgumentParser, flag: str):
-    """The trainer's option that `flag` (--name or --name=value) gives, as argparse reads it: the
-    name, or an unambiguous prefix of one (allow_abbrev); None for an unknown or ambiguous flag
-    (the trainer's parser refuses those)."""
-    name = flag.split("=", 1)[0]
-    options = parser._option_string_actions
-    if name in options:
-        return options[name]
-    matches = [option for option in options if option.startswith(name)]
-    return options[matches[0]] if len(matches) == 1 else None
-
-
 def refuse_set_flags(pretrain_args: list) -> None:
     """Flags after `--` that would override what this tool sets (the last flag wins in argparse): a
     run at another length than the theta was scaled for, or saving where the same command does not
     resume from."""
-    parser = trainer_parser()
-    for token in pretrain_args:
-        action = trainer_action(parser, token) if token.startswith("--") else None
-        if action is not None and action.dest in SET_FLAGS:
-            flag = token.split("=", 1)[0]
-            named = action.option_strings[-1] if flag in action.option_strings else \
-                f"{flag} (for {action.option_strings[-1]})"
+    for flag, action in flags_given(trainer_parser(), pretrain_args):
+        if action.dest in SET_FLAGS:
+            named = flag if flag in action.option_strings else f"{flag} (for {action.option_strings[-1]})"
             instead = SET_FLAGS[action.dest]
             raise ConfigError(f"{named} after -- would override what extend_context.py sets",
                               f"pass {instead} to extend_context.py (before --)" if instead else f"drop {flag}")
