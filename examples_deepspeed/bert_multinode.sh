@@ -15,6 +15,7 @@ if [ $# -lt 3 ]; then
     echo "usage: $(basename "$0") [--dry-run] HOSTFILE NUM_NODES SCRIPT ARGS ..." >&2
     exit 2
 fi
+[ -n "$1" ] || { echo "$(basename "$0"): error: HOSTFILE is empty; pass the hostfile's path (lines 'worker-1 slots=8', see hostfile.example)" >&2; exit 2; }
 case "$2" in
     '' | *[!0-9]* | 0) echo "$(basename "$0"): error: NUM_NODES = '$2' is not a positive integer; pass HOSTFILE NUM_NODES SCRIPT ARGS ..." >&2; exit 2 ;;
 esac

@@ -18,6 +18,14 @@ elif [ "$gpus" -eq 1 ]; then
     echo "pretrain_default.sh: one GPU found: training on it with sequence-parallel size 1 (2 GPUs give SP=2)"
 fi
 source examples_deepspeed/launcher_group.sh  # SIGTERM / Ctrl-C stop every rank; no accelerator warning on CPU
+save=runs/default/checkpoints  # resumed when run again; a --save among the extra flags moves it
+args=("$@")
+for i in "${!args[@]}"; do
+    case "${args[$i]}" in
+        --save) save="${args[$((i + 1))]:-$save}" ;;
+        --save=*) save="${args[$i]#--save=}" ;;
+    esac
+done
 # Long packed samples (1024 tokens, several documents each, each attending to itself) split over the
 # 2 ranks: the global layer by ring attention, the local (128-token window) layers by a halo exchange
 # with the neighbour rank. The modern layers (rotary positions, local/global attention, GeGLU, no
@@ -31,7 +39,7 @@ run_launcher .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
     --no-first-layer-attention-norm --type-vocab-size 0 --bert-no-binary-head --hidden-dropout 0 --attention-dropout 0 \
     --micro-batch-size 2 --train-iters 1000 --lr 1e-3 --lr-warmup-fraction 0.02 \
     --log-interval 50 --eval-interval 250 --eval-iters 5 \
-    --save runs/default/checkpoints --load runs/default/checkpoints --log-dir runs/default "$@"
+    --save "$save" --load "$save" --log-dir runs/default "$@"
 # What the model learned: its top guesses for masked words of two sentences
-.venv/bin/python tools/fill_mask.py --load runs/default/checkpoints \
+.venv/bin/python tools/fill_mask.py --load "$save" \
     --text "the function returns a [MASK] of the values." --text "see the [MASK] for more details."

@@ -42,9 +42,11 @@ class AliasOf(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, const=const, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
+        aliases = getattr(namespace, "aliases", None) or {}
         before = getattr(namespace, self.dest, None)
-        namespace.aliases = {**(getattr(namespace, "aliases", None) or {}),
-                             self.dest: (option_string, self.const, before)}
+        if self.dest in aliases and before == self.const:  # the alias again: keep what came before it
+            before = aliases[self.dest][2]
+        namespace.aliases = {**aliases, self.dest: (option_string, self.const, before)}
         setattr(namespace, self.dest, self.const)
 
 

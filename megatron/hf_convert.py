@@ -307,6 +307,12 @@ def read_hf_weights(folder) -> dict:
     return tensors
 
 
+def _unreadable_bin(path: Path, error: Exception) -> DataError:
+    first = re.split(r"(?<=\.) ", (str(error).splitlines() or ["empty"])[0])[0]  # torch's first sentence
+    return DataError(f"{path} cannot be read: truncated or not a PyTorch file ({type(error).__name__}: {first})",
+                     "copy or download the model folder again")
+
+
 def read_pytorch_bin(path: Path) -> dict:
     """The tensors of a pytorch_model.bin, loaded weights-only (unpickling anything else runs code):
     a truncated file, a pickled model or anything but a name -> tensor mapping is one DataError."""
@@ -318,10 +324,12 @@ def read_pytorch_bin(path: Path) -> dict:
         what = f"a pickled {found.group(1)}" if found else "pickled Python objects"
         raise DataError(f"{path} holds {what}, not only tensors (not loaded: unpickling it could run any code)",
                         fix) from None
+    except OSError as error:
+        if error.filename:  # the file itself (permissions, a folder): named as any path the tool reads
+            raise
+        raise _unreadable_bin(path, error) from None
     except (*UNREADABLE, KeyError) as error:
-        first = re.split(r"(?<=\.) ", (str(error).splitlines() or ["empty"])[0])[0]  # torch's first sentence
-        raise DataError(f"{path} cannot be read: truncated or not a PyTorch file ({type(error).__name__}: {first})",
-                        "copy or download the model folder again") from None
+        raise _unreadable_bin(path, error) from None
     if not isinstance(tensors, dict):
         raise DataError(f"{path} holds a {type(tensors).__name__}, not names mapped to tensors", fix)
     for name, tensor in tensors.items():

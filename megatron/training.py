@@ -58,12 +58,11 @@ def main(argv=None) -> int:
 
 
 def close_process_group() -> None:
-    """After a run every rank finished (or agreed to stop): without it gloo's threads can outlive the
+    """After a run this rank finished (or agreed to stop): without it gloo's threads can outlive the
     interpreter and abort a rank at exit ('terminate called without an active exception', SIGABRT,
-    the launcher's exit code 250; seen once in a loaded test run). Not after an error: a rank still
-    inside a collective would keep the others waiting here."""
+    the launcher's exit code 250; seen once in a loaded test run). No collective: a rank that failed
+    alone at the end (rank 0's final log write) must not keep the others waiting here."""
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -345,6 +345,7 @@ CASES = [
     Case("script_leading_zero_world_size", "multinode", ["{tmp}/hostfile", "1"],
          ("train_batch_size 4 != train_micro_batch_size_per_gpu 2", "data-parallel size 4"),
          files={"hostfile": "worker-1 slots=8\n"}, env={"TAIL": "bert_distributed.sh 08 1 2 64 2 4 2 64 4"}),
+    Case("hostfile_argument_empty", "multinode", ["", "2"], ("HOSTFILE is empty", "pass the hostfile's path")),
     Case("script_python_not_executable", "multinode", ["{tmp}/hostfile", "1"], ("PYTHON", "py is not an executable", "set PYTHON"),
          files={"hostfile": "worker-1 slots=2\n", "py": "x"}, env={"PYTHON": "{tmp}/py"}),
     Case("script_hostfile_given_directly", "distributed", ["2", "1", "2", "64", "2", "4", "2", "64", "4"], ("hostfile", "line 1", "slots=<gpus>"),

@@ -239,6 +239,7 @@ def test_a_preset_leaves_the_vocab_size_to_the_vocab_file(ds):
      "swiglu); pass one of them"),
     (["--swiglu", "--mlp-type", "geglu"], "--swiglu and --mlp-type geglu contradict"),
     (["--bigbird", "--attention", "dense"], "--bigbird and --attention dense contradict"),
+    (["--attention", "ring", "--bigbird", "--bigbird"], "--bigbird and --attention ring contradict"),  # repeated
 ])
 def test_an_alias_flag_beside_its_flag_with_another_value_is_refused(argv, message):
     """Megatron's --swiglu is --mlp-type swiglu: given with --mlp-type gelu the last one would win silently."""

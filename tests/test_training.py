@@ -258,6 +258,7 @@ def test_pretrain_default_settings_export():
 
     script = (ROOT / "examples_deepspeed" / "pretrain_default.sh").read_text()
     command = script[script.index("pretrain_bert.py \\"):].replace("\\\n", " ").split("\n")[0]
+    command = command.replace('"$save"', "SAVE")  # the --save folder, resumed when run again
     flags = [word for word in command.split()[1:] if not word.startswith('"$')]  # "${sp[@]}", "$@"
     args = build_parser().parse_args(flags)
     config = resolve({**config_flags(args), "vocab_size": 1000}, read_ds_config(ROOT / args.deepspeed_config), 2)
@@ -265,8 +266,14 @@ def test_pretrain_default_settings_export():
     assert (model.seq_length, model.position_embedding_type, model.local_attention_window) == (1024, "rope", 128)
     assert [model.is_local_layer(i) for i in range(model.num_layers)] == [False, True, True]
     assert config.sequence_parallel_size == 2 and config.pack_samples
-    assert args.load == args.save  # run again, it resumes (or says it is complete) instead of refusing its --save
+    assert args.load == args.save == "SAVE"  # run again, it resumes (or says it is complete), not refusing --save
     check_exportable(model)  # as a ModernBertForMaskedLM
+    # the folder: runs/default/checkpoints, or a --save among the extra flags (then loaded from there too)
+    scan = script[script.index("save=runs/default"):script.index("done\n") + 5] + 'echo "$save"'
+    for extra, folder in (([], "runs/default/checkpoints"), (["--train-iters", "5", "--save", "/x y"], "/x y"),
+                          (["--save=/z"], "/z")):
+        found = subprocess.run(["bash", "-c", scan, "pretrain_default.sh", *extra], capture_output=True, text=True)
+        assert found.stdout == folder + "\n", found.stderr
 
 
 def test_runs_without_a_launcher_as_one_process(tmp_path, data_dir):

@@ -93,7 +93,8 @@ def _child(fn, args, kwargs, rank, world_size, port, threads, timeout, results, 
         # keep every rank's sockets open until all results are out; a rank that never gets here is
         # reported by the parent (its own error, or the timeout), not as this rank's failure
         with contextlib.suppress(RuntimeError):
-            dist.barrier()
+            if dist.is_initialized():  # the function may have closed it (training.main does)
+                dist.barrier()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
