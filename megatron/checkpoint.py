@@ -38,7 +38,7 @@ import zipfile
 import torch
 import torch.distributed as dist
 
-from megatron import optimizer_state
+from megatron import optimizer_state, paths
 from megatron.config import TrainConfig, precision, strict_json_loads
 from megatron.data import tokenizer as tokenizers
 from megatron.errors import ConfigError, DataError, disk_full
@@ -232,20 +232,10 @@ def check_writable(save_dir: str) -> None:
     fix = "pass a --save directory this user can write on every node"
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:
         try:
-            problem = _save_dir_problem(save_dir)
+            problem = paths.file_in_the_way("--save", save_dir)
             if problem is None:
-                folder = os.path.abspath(save_dir)
-                while not os.path.exists(folder):
-                    created.append(folder)
-                    folder = os.path.dirname(folder)
-                os.makedirs(save_dir, exist_ok=True)
-                probe = os.path.join(save_dir, f".write_probe.{socket.gethostname()}.{os.getpid()}")
-                try:
-                    with open(probe, "w") as file:
-                        file.write("probe")
-                finally:  # created even when the write fails (a full disk)
-                    with contextlib.suppress(OSError):
-                        os.remove(probe)
+                created = paths.missing_folders(save_dir)
+                paths.write_probe(save_dir)
         except OSError as error:
             problem, fix = _unwritable(f"--save {save_dir} is not writable", error, fix)
     problem = problem and (problem, fix)
@@ -428,18 +418,6 @@ def release_lock() -> None:
     _held_lock.clear()
 
 
-def _save_dir_problem(save_dir: str) -> str | None:
-    """Why `save_dir` cannot become a checkpoint folder, when it is not a permission: a file in
-    its place or on its path."""
-    folder = os.path.abspath(save_dir)
-    while folder and not os.path.exists(folder):
-        folder = os.path.dirname(folder)
-    if os.path.isdir(folder):
-        return None
-    where = "is a file" if folder == os.path.abspath(save_dir) else f"lies under {folder}, which is a file"
-    return f"--save {save_dir} {where}, not a directory"
-
-
 def check_save_dir(save_dir: str, start_iteration: int) -> None:
     """Refuses a --save directory whose `latest` checkpoint is ahead of this run's start: the
     run would overwrite it (or leave `latest` going backwards)."""
@@ -558,6 +536,14 @@ def stored_config(load_dir: str, tag: str) -> dict:
     return run_state(load_dir, tag)["config"]
 
 
+RESUME_FIX = "resume with the model flags the checkpoint was trained with"
+
+
+def _vocab_fix(vocab_size: int) -> str:
+    return (f"pass --vocab-size {vocab_size}, the checkpoint's (a --model-preset used to set it; the vocab file "
+            f"does now), or {RESUME_FIX}")
+
+
 def check_model_shapes(stored: dict, config: BertConfig, folder: str) -> None:
     """The checkpoint's model must have this run's tensors and shapes; names the first that differs."""
     fields = {f.name for f in dataclasses.fields(BertConfig)}
@@ -567,16 +553,15 @@ def check_model_shapes(stored: dict, config: BertConfig, folder: str) -> None:
     for name, tensor in expected.items():
         if name not in found or found[name].shape != tensor.shape:
             shape = list(found[name].shape) if name in found else "nothing"
-            fix = "resume with the model flags the checkpoint was trained with"
+            fix = RESUME_FIX
             if name.endswith("word_embeddings.weight") and stored.get("vocab_size") != config.vocab_size:
-                fix = (f"pass --vocab-size {stored['vocab_size']}, the checkpoint's (a --model-preset used to set "
-                       f"it; the vocab file does now), or {fix}")
+                fix = _vocab_fix(stored["vocab_size"])
             raise ConfigError(f"checkpoint {folder} holds {name} of shape {shape}, this model expects "
                               f"{list(tensor.shape)}", fix)
     extra = [name for name in found if name not in expected]  # e.g. biases or a position table dropped
     if extra:
         raise ConfigError(f"checkpoint {folder} holds {extra[0]}, which this model does not have",
-                          "resume with the model flags the checkpoint was trained with")
+                          RESUME_FIX)
 
 
 @contextlib.contextmanager
@@ -608,16 +593,17 @@ MODEL_FIELDS = ("vocab_size", "num_attention_heads", "layernorm_epsilon", "layer
 
 
 def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
-    """A resume whose model flags differ from the checkpoint's: the first differing shape, else
-    the first differing MODEL_FIELDS value (same shapes, other math: e.g. the head count)."""
-    check_model_shapes(stored, config, folder)
+    """A resume whose model flags differ from the checkpoint's: the first differing size or
+    MODEL_FIELDS value, named as a setting (`--num-layers 4` met a 3-layer checkpoint as 'holds
+    layers.3... of shape nothing'), else the first differing tensor shape."""
     fields = {f.name for f in dataclasses.fields(BertConfig)}
     trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
-    for name in MODEL_FIELDS:
+    for name in ("num_layers", "hidden_size", "ffn_hidden_size", *MODEL_FIELDS):
         if getattr(trained, name) != getattr(config, name):
+            fix = RESUME_FIX if name != "vocab_size" else _vocab_fix(getattr(trained, name))
             raise ConfigError(f"checkpoint {folder} was trained with {name} {getattr(trained, name)}, this run's "
-                              f"model has {getattr(config, name)}",
-                              "resume with the model flags the checkpoint was trained with")
+                              f"model has {getattr(config, name)}", fix)
+    check_model_shapes(stored, config, folder)
 
 
 def check_same_optimizer(stored: dict, ds_config: dict, folder: str) -> None:

@@ -456,7 +456,8 @@ def check_deepspeed_types(ds_config: dict) -> None:
         if not isinstance(optimizer_type, str) or optimizer_type.lower() not in names:
             raise ConfigError(f"optimizer.type {json.dumps(optimizer_type)} is not an optimizer DeepSpeed knows",
                               f"use one of {', '.join(sorted(set(names.values()), key=str.lower))}")
-    for key in ("zero_optimization", "activation_checkpointing", "pipeline", "optimizer", SECTION):
+    for key in ("zero_optimization", "activation_checkpointing", "pipeline", "optimizer", "fp16", "bf16", "bfloat16",
+                SECTION):
         if key in ds_config and not isinstance(ds_config[key], dict):
             raise ConfigError(f"{key} = {json.dumps(ds_config[key])} is not a JSON object",
                               f'write "{key}": {{...}} or remove it')
@@ -464,7 +465,7 @@ def check_deepspeed_types(ds_config: dict) -> None:
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         if ds_config.get(key) is not None:  # null: derived from the other two
             _typed(key, ds_config[key], int)
-    _typed("zero_optimization.stage", ds_config.get("zero_optimization", {}).get("stage", 0), int)
+    _check_precision_and_zero(ds_config)
     clipping = ds_config.get("gradient_clipping", 0.0)
     if isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or not clipping >= 0:
         raise ConfigError(f"gradient_clipping = {json.dumps(clipping)} is not a number >= 0",
@@ -480,6 +481,85 @@ def check_deepspeed_types(ds_config: dict) -> None:
         if (rule == "an integer >= 1" and not (number and isinstance(value, int) and value >= 1)
                 or rule == "a number > 0" and not (number and value > 0)):
             raise ConfigError(f"{key} = {json.dumps(value)} is not {rule}", f"set {key} to {rule}, without quotes")
+
+
+# the keys DeepSpeed 0.19.8's config models for these sections accept (they forbid any other);
+# traced_section_keys finds the same (tests/test_ds_config_tool.py holds the two equal)
+_BF16_KEYS = frozenset({"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+                        "bf16_optimizer_states"})
+DEEPSPEED_SECTION_KEYS = {
+    "fp16": frozenset({"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                       "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"}),
+    "bf16": _BF16_KEYS, "bfloat16": _BF16_KEYS,
+    "zero_optimization": frozenset({
+        "allgather_bucket_size", "allgather_partitions", "allgather_sequential", "compute_grad_norm",
+        "contiguous_gradients", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "elastic_checkpoint",
+        "enable_sanity_checks", "gather_16bit_weights_on_model_save", "ignore_unused_parameters", "leaf_module",
+        "legacy_stage1", "load_from_fp32_weights", "log_trace_cache_warnings", "max_live_parameters",
+        "max_reuse_distance", "memory_efficient_linear", "model_persistence_threshold", "module_granularity_threshold",
+        "offload_optimizer", "offload_param", "overlap_comm", "override_module_apply", "param_persistence_threshold",
+        "parameter_alignment", "pipeline_loading_checkpoint", "prefetch_bucket_size", "reduce_bucket_size",
+        "reduce_scatter", "round_robin_gradients", "save_muon_momentum_buffer_in_memory", "stage",
+        "stage3_allgather_sequential", "stage3_gather_16bit_weights_on_model_save",
+        "stage3_gather_fp16_weights_on_model_save", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+        "stage3_model_persistence_threshold", "stage3_module_granularity_threshold",
+        "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size", "stage3_use_all_reduce_for_fetch_params",
+        "sub_group_size", "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce", "zenflow",
+        "zero_hpz_partition_size", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
+        "zero_quantized_weights"})}
+# fp16's integer settings; the two that dynamic loss scaling divides by or floors at must be >= 1 there
+_FP16_INTEGERS = ("initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
+_FP16_DYNAMIC_POSITIVE = ("loss_scale_window", "min_loss_scale")
+
+
+def traced_section_keys() -> dict:
+    """DEEPSPEED_SECTION_KEYS from the installed DeepSpeed: its config models' field names and aliases."""
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    def keys(model) -> frozenset:
+        return frozenset({*model.model_fields, *(f.alias for f in model.model_fields.values() if f.alias)})
+
+    return {"fp16": keys(DeepSpeedFP16Config), "bf16": keys(DeepSpeedBF16Config),
+            "bfloat16": keys(DeepSpeedBF16Config), "zero_optimization": keys(DeepSpeedZeroConfig)}
+
+
+def _check_precision_and_zero(ds_config: dict) -> None:
+    """What DeepSpeed's own checks of fp16, bf16 and zero_optimization refuse in plain cases (unknown
+    keys, ZeRO stage, both precisions, loss scaling), without importing DeepSpeed: `ds_config.py set`
+    and `validate` refuse what the trainer's start-up would."""
+    for section, known in DEEPSPEED_SECTION_KEYS.items():
+        unknown = sorted(set(ds_config.get(section, {})) - known)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], sorted(known), n=1, cutoff=0.75)
+            raise ConfigError(f"unknown key {section}.{unknown[0]} (DeepSpeed refuses it)",
+                              f"{f'did you mean {close[0]!r}? ' if close else ''}fix the spelling or remove it "
+                              "(https://www.deepspeed.ai/docs/config-json/)")
+    stage = _typed("zero_optimization.stage", ds_config.get("zero_optimization", {}).get("stage", 0), int)
+    if not 0 <= stage <= 3:
+        raise ConfigError(f"zero_optimization.stage {stage} is not a ZeRO stage",
+                          "set zero_optimization.stage to 0, 1, 2 or 3")
+    bf16_key = "bf16" if "bf16" in ds_config else "bfloat16"  # DeepSpeed reads the old name only without the new
+    fp16, bf16 = ds_config.get("fp16", {}), ds_config.get(bf16_key, {})
+    if fp16.get("enabled") and bf16.get("enabled"):
+        raise ConfigError(f"fp16.enabled and {bf16_key}.enabled are both true", "pick one: set the other to false")
+    loss_scale = fp16.get("loss_scale", 0)
+    if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)) or loss_scale < 0:
+        raise ConfigError(f"fp16.loss_scale = {json.dumps(loss_scale)} is not a number >= 0",
+                          "set fp16.loss_scale to 0 (dynamic loss scaling) or a fixed scale > 0, without quotes")
+    for key in _FP16_INTEGERS:
+        value = _typed(f"fp16.{key}", fp16.get(key, 1), int)
+        if key in _FP16_DYNAMIC_POSITIVE and value < 1 and fp16.get("enabled") and loss_scale == 0:
+            raise ConfigError(f"fp16.{key} = {value} must be >= 1 with dynamic loss scaling (fp16.loss_scale 0)",
+                              f"set fp16.{key} to a positive integer")
+    for section, key in (("fp16", "fp16_master_weights_and_grads"), (bf16_key, "bf16_master_weights_and_grads"),
+                         (bf16_key, "bf16_optimizer_states")):
+        if ds_config.get(section, {}).get(key) and stage == 0:
+            raise ConfigError(f"{section}.{key} needs ZeRO (zero_optimization.stage is 0)",
+                              "set zero_optimization.stage to 1, 2 or 3, or drop the key")
+    if bf16.get("bf16_optimizer_states") and not bf16.get("bf16_master_weights_and_grads"):
+        raise ConfigError(f"{bf16_key}.bf16_optimizer_states needs {bf16_key}.bf16_master_weights_and_grads",
+                          f"set {bf16_key}.bf16_master_weights_and_grads to true, or drop bf16_optimizer_states")
 
 
 # DeepSpeed's top-level scalars that its config reads without checking the type (a string or a number
@@ -610,7 +690,8 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     pack_samples = _packing(values)
     pipeline = values.pop("pipeline_parallel_size", None) or _json_pipeline_stages(ds_config)
     sequence = values.pop("sequence_parallel_size", 1)
-    for key, value in (("--pipeline-model-parallel-size (pipeline.stages)", pipeline), (f"{SECTION}.size", sequence)):
+    sequence_key = "--sequence-parallel-size" if "sequence_parallel_size" in given else f"{SECTION}.size"
+    for key, value in (("--pipeline-model-parallel-size (pipeline.stages)", pipeline), (sequence_key, sequence)):
         if value < 1:
             raise ConfigError(f"{key} = {value} must be >= 1", f"set {key} to a positive integer")
     if world_size % (pipeline * sequence):

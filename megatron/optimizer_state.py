@@ -114,8 +114,9 @@ def scatter(engine, config: BertConfig, stored: dict) -> None:
         raise ConfigError(f"a checkpoint of another layout cannot be loaded into DeepSpeed's "
                           f"{type(engine.optimizer).__name__}", "resume at ZeRO stage 1 or 2 (fp16 and bf16 at stage 0 cannot take it)")
     if any(hasattr(param, "ds_id") for param in names):
-        raise ConfigError("a checkpoint of another layout cannot be loaded into ZeRO stage 3",
-                          "resume at ZeRO stage 0-2, save, then continue at stage 3 from that checkpoint in its layout")
+        raise ConfigError("ZeRO stage 3 resumes only its own checkpoints (stage 3, this layout); this one is of "
+                          "another stage or layout", "resume at ZeRO stage 0-2, or pass --finetune to go on at stage "
+                          "3 from its weights with a fresh optimizer")
     step = torch.tensor(stored["step"], dtype=torch.float32)
     if collective(engine):
         _create_flat_state(engine, base, step)

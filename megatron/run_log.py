@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron import paths
 from megatron.errors import ConfigError, disk_full
 from megatron.flops import training_flops_per_sample
 
@@ -169,6 +170,27 @@ class RunLog:
               + (f"\ncheckpoint: {save_dir}" if save_dir else ""), flush=True)
 
 
+def log_dir_problem(flag: str, path: str) -> tuple[str, str] | None:
+    """(problem, fix) when the folder of `flag` cannot take the run's logs, found at start-up
+    (training.check_log_dirs) rather than when rank 0 first writes there while the other ranks
+    train. A probe file is written and removed, and the folders made for it are removed again."""
+    fix = f"pass a {flag} directory this user can write"
+    if problem := paths.file_in_the_way(flag, path):
+        return problem, fix
+    created = paths.missing_folders(path)
+    try:
+        paths.write_probe(path)
+    except OSError as error:
+        if full := disk_full(error):
+            return f"{flag} {path} is not writable ({full})", f"free space there or pass a {flag} on another disk"
+        return f"{flag} {path} is not writable ({error.strerror or error})", fix
+    finally:
+        for made in created:  # innermost first
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
+    return None
+
+
 def finite_or_null(record: dict) -> dict:
     """The record with NaN / inf values (a skipped step's loss, an fp16 overflow's grad norm) as null:
     metrics.jsonl stays JSON that strict readers accept; the screen line and TensorBoard keep them."""
@@ -202,7 +224,7 @@ def read_metrics(path) -> list:
     if path.is_dir():
         raise ConfigError(f"{path} is a directory", f"pass the metrics.jsonl file, e.g. {path / 'metrics.jsonl'}")
     if not path.is_file():
-        raise ConfigError(f"{path} does not exist", METRICS_FIX)
+        raise ConfigError(f"{path} {'is not a file' if path.exists() else 'does not exist'}", METRICS_FIX)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -266,14 +288,17 @@ def plot_metrics(metrics_path, png_path) -> Path:
         points = [r for r in records if r["kind"] == kind]
         if points:
             loss_ax.plot([r["iteration"] for r in points], losses(points), "o-", label=kind)
-    loss_ax.set(xlabel="iteration", ylabel="loss (MLM + SOP)")
+    sop = any(r.get("sop_loss") is not None for r in train)  # no sentence-order head: MLM alone
+    loss_ax.set(xlabel="iteration", ylabel="loss (MLM + SOP)" if sop else "loss (MLM)")
     loss_ax.legend()
     speed_ax.plot([r["iteration"] for r in train], [r["tokens_per_s"] for r in train])
     speed_ax.set(xlabel="iteration", ylabel="tokens / s")
     for ax in (loss_ax, speed_ax):
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    Path(png_path).parent.mkdir(parents=True, exist_ok=True)
+    png_path = Path(png_path)
+    png_path = png_path if png_path.suffix else png_path.with_name(png_path.name + ".png")  # as savefig names it
+    png_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
-    return Path(png_path)
+    return png_path

@@ -30,7 +30,7 @@ from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, tra
 from megatron.errors import ConfigError, DataError
 from megatron.model.args import BertConfig
 from megatron.parallel import device, launcher_watch, state
-from megatron.run_log import RunLog
+from megatron.run_log import RunLog, log_dir_problem
 
 
 def main(argv=None) -> int:
@@ -249,6 +249,18 @@ def check_start(args) -> None:
     checkpoint.check_save_dir(args.save, start)
 
 
+def check_log_dirs(args) -> None:
+    """--log-dir and --tensorboard-dir, which rank 0 alone writes (RunLog), checked there before
+    any work; every rank raises rank 0's error, so none goes on training while rank 0 stops."""
+    found = [None]
+    if dist.get_rank() == 0:
+        dirs = [("--log-dir", args.log_dir), ("--tensorboard-dir", args.tensorboard_dir)]
+        found = [next(filter(None, (log_dir_problem(flag, path) for flag, path in dirs if path)), None)]
+    dist.broadcast_object_list(found, src=0)
+    if found[0]:
+        raise ConfigError(*found[0])
+
+
 def schedule_settings(args, ds: dict, train_iters: int) -> dict:
     """What shapes the learning rate over the run; saved with each checkpoint so that a resume
     can say what changed."""
@@ -312,6 +324,20 @@ def describe_resume(engine, stored: dict | None, schedule: dict, iteration: int)
             f"the checkpoint's peak {peak:.3e} and this run's warm-up and decay: lr {engine.get_lr()[0]:.3e} for "
             f"iteration {iteration + 1} (as the checkpoint left it), {then}; to change the peak, start a new run "
             "from the weights (tools/convert_checkpoint.py, or a new --save)")
+
+
+def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
+    """A warning when a resume changes what one sample is (its length, packing): the consumed-samples
+    count then points into another index map, so the rest of the current epoch is not exactly the
+    samples the run has not read yet."""
+    changes = [f"{flag} {now} (the checkpoint's: {then})" for flag, then, now in (
+        ("--seq-length", stored["model"]["seq_length"], config.model.seq_length),
+        ("--pack-samples", stored.get("pack_samples", False), config.pack_samples)) if then != now]
+    if not changes:
+        return None
+    return (f"warning: resuming with {', '.join(changes)}: samples are cut differently now, and the data goes on "
+            f"at sample {consumed} of the new index map, so some text of the current epoch may be read twice or "
+            "not at all (an epoch later every sample is read again); keep them to continue the same order")
 
 
 def deepspeed_settings(args) -> dict:
@@ -500,6 +526,7 @@ def pretrain(args) -> None:
         print(note, flush=True)
     if args.save:
         checkpoint.check_writable(args.save)  # before any work that a failed first save would lose
+    check_log_dirs(args)
     data_path, tokenizer = data_paths(args)
     flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
     config = resolve(flags, ds, dist.get_world_size(), deepspeed_check=not checked)
@@ -547,9 +574,10 @@ def pretrain(args) -> None:
         last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
         log.start(iteration, f"resuming from {last_checkpoint} iteration {iteration}, consumed samples {consumed}",
                   resumed_from=last_checkpoint)
-        warning = describe_resume(engine, client.get("schedule"), schedule, iteration)
-        if warning and dist.get_rank() == 0:
-            print(warning, file=sys.stderr, flush=True)
+        for warning in (describe_resume(engine, client.get("schedule"), schedule, iteration),
+                        describe_sample_change(client["config"], config, consumed)):
+            if warning and dist.get_rank() == 0:
+                print(warning, file=sys.stderr, flush=True)
         if iteration >= train_iters:  # a finished run started again (a rerun of the same command)
             log.message(f"nothing to train: the checkpoint is at iteration {iteration} of --train-iters "
                         f"{train_iters}; pass a larger --train-iters to train on")

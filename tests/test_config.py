@@ -7,7 +7,8 @@ import pytest
 from deepspeed.runtime.config import DeepSpeedConfig
 
 from megatron.arguments import add_model_and_parallel_args, config_flags
-from megatron.config import adjustable_start_fields, read_ds_config, refuse_contradictions, resolve
+from megatron.config import (adjustable_start_fields, deepspeed_accepts, read_ds_config, refuse_contradictions,
+                             resolve)
 from megatron.errors import ConfigError
 
 BASE = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
@@ -120,6 +121,36 @@ def test_invalid_combinations_name_the_key(ds_update, world, extra, message):
     text = str(error.value)
     assert message in text, text
     assert "\n" not in text and "; " in text
+
+
+@pytest.mark.parametrize("ds_update,message", [
+    ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage 4 is not a ZeRO stage"),
+    ({"zero_optimization": {"stage": -1}}, "zero_optimization.stage -1 is not a ZeRO stage"),
+    ({"zero_optimization": {"stag": 2}}, "unknown key zero_optimization.stag (DeepSpeed refuses it); did you mean"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "fp16.enabled and bf16.enabled are both true; pick one"),
+    ({"fp16": {"enabled": True}, "bfloat16": {"enabled": True}}, "fp16.enabled and bfloat16.enabled are both true"),
+    ({"fp16": {"loss_scale": -1}}, "fp16.loss_scale = -1 is not a number >= 0; set fp16.loss_scale to 0 (dynamic"),
+    ({"fp16": {"enabled": True, "loss_scale": True}}, "fp16.loss_scale = true is not a number >= 0"),
+    ({"fp16": {"enabled": True, "loss_scal": 0}}, "unknown key fp16.loss_scal"),
+    ({"bf16": {"enable": True}}, "unknown key bf16.enable"),
+    ({"fp16": True}, "fp16 = true is not a JSON object"),
+    ({"fp16": {"enabled": True, "loss_scale_window": 0}}, "fp16.loss_scale_window = 0 must be >= 1 with dynamic"),
+    ({"fp16": {"enabled": True, "hysteresis": 1.5}}, "fp16.hysteresis = 1.5 is not an integer"),
+    ({"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}}, "bf16.bf16_master_weights_and_grads needs "
+                                                                           "ZeRO (zero_optimization.stage is 0)"),
+    ({"bf16": {"enabled": True, "bf16_optimizer_states": True}, "zero_optimization": {"stage": 1}},
+     "bf16.bf16_optimizer_states needs bf16.bf16_master_weights_and_grads"),
+])
+def test_precision_and_zero_checks_refuse_what_deepspeed_refuses_without_importing_it(ds_update, message):
+    """resolve() without DeepSpeed's checks (tools/ds_config.py's default) refuses these as the trainer's
+    start-up does (DeepSpeed refuses each too), in one line naming the key and the fix."""
+    ds_config = {**BASE, **ds_update}
+    with pytest.raises(ConfigError) as error:
+        resolve(SMALL, ds_config, world_size=4, deepspeed_check=False)
+    text = str(error.value)
+    assert message in text and "\n" not in text and "; " in text, text
+    with pytest.raises(ConfigError, match="DeepSpeed rejects"):
+        deepspeed_accepts(ds_config)
 
 
 def test_json_syntax_error_names_line_and_column(tmp_path):

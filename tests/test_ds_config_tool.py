@@ -70,6 +70,10 @@ def test_set_to_output_leaves_the_template(capsys, tmp_path):
     (["zero_optimization.stage.x=1"], "zero_optimization.stage holds 1, not an object"),
     (["train_batch_size=6"], "train_batch_size 6 != train_micro_batch_size_per_gpu 4"),
     (["sequence_parallel.size"], "'sequence_parallel.size' is not key.path=value"),
+    (["zero_optimization.stage=4"], "zero_optimization.stage 4 is not a ZeRO stage; set zero_optimization.stage to 0, "
+                                    "1, 2 or 3"),
+    (["fp16.enabled=true", "bf16.enabled=true"], "fp16.enabled and bf16.enabled are both true; pick one"),
+    (["fp16.loss_scale=-1"], "fp16.loss_scale = -1 is not a number >= 0; set fp16.loss_scale to 0 (dynamic"),
 ])
 def test_bad_set_names_the_key_and_writes_nothing(capsys, config, assignments, message):
     before = config.read_text()
@@ -135,12 +139,14 @@ def test_the_tool_imports_neither_torch_nor_deepspeed(tmp_path):
 
 
 def test_static_deepspeed_tables_match_the_installed_deepspeed():
-    from megatron.config import (DEEPSPEED_TOP_LEVEL_KEYS, OPTIMIZER_NAMES, OPTIMIZER_PARAMS, TORCH_ADAM_PARAMS,
-                                 traced_deepspeed_top_level_keys, traced_optimizer_names, traced_optimizer_params)
+    from megatron.config import (DEEPSPEED_SECTION_KEYS, DEEPSPEED_TOP_LEVEL_KEYS, OPTIMIZER_NAMES, OPTIMIZER_PARAMS,
+                                 TORCH_ADAM_PARAMS, traced_deepspeed_top_level_keys, traced_optimizer_names,
+                                 traced_optimizer_params, traced_section_keys)
 
     assert traced_deepspeed_top_level_keys() == DEEPSPEED_TOP_LEVEL_KEYS
     assert traced_optimizer_names() == OPTIMIZER_NAMES
     assert traced_optimizer_params() == (OPTIMIZER_PARAMS, TORCH_ADAM_PARAMS)
+    assert traced_section_keys() == DEEPSPEED_SECTION_KEYS
 
 
 def test_deepspeed_check_runs_deepspeeds_own_section_checks(capsys, config):
@@ -190,6 +196,13 @@ def test_set_batch_sizes_on_a_template(capsys, config, assignments, derived, exp
 def test_validate_refuses_world_size_0(capsys):
     code, _, err = run(capsys, "validate", RING, "--world-size", 0, *NO_DROPOUT)
     assert code == 2 and "world size 0 must be >= 1" in err
+
+
+@pytest.mark.parametrize("assignment,named", [("sequence_parallel.size=0", "sequence_parallel.size = 0"),
+                                              ("pipeline.stages=-1", "(pipeline.stages) = -1")])
+def test_a_degree_below_1_is_named_not_the_world_size_it_implies(capsys, assignment, named):
+    code, _, err = run(capsys, "set", RING, assignment, "-o", "-", *NO_DROPOUT)
+    assert code == 2 and f"{named} must be >= 1" in err and "world size" not in err, err
 
 
 def test_show_prints_the_seed_the_trainer_uses(capsys):

@@ -83,6 +83,8 @@ def test_clean_tool_keeps_a_runs_maps(tmp_path):
     dry = clean(tmp_path / "c", "--keep-run", log_dir, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.splitlines()[-1] == "would remove 3 index maps (6.0 KB), 2 kept"
+    given_the_file = clean(tmp_path / "c", "--keep-run", log_dir / index_maps.USED_FILE, "--dry-run")
+    assert given_the_file.stdout == dry.stdout, given_the_file.stderr
     assert all(path.exists() for path in maps)
     done = clean(tmp_path / "c", "--keep-run", log_dir)
     assert done.returncode == 0, done.stderr

@@ -101,10 +101,12 @@ def test_plot_run_writes_a_png(tmp_path, monkeypatch):
     png = tmp_path / "plots" / "run.png"
     assert plot_run.main([str(metrics), "-o", str(png)]) == 0
     assert plot_run.main([str(metrics)]) == 0
-    for path in (png, metrics.with_name("loss.png")):
+    assert plot_run.main([str(metrics), "-o", str(tmp_path / "plain")]) == 0  # matplotlib adds .png: said so
+    for path in (png, metrics.with_name("loss.png"), tmp_path / "plain.png"):
         data = path.read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 1000, path
-    assert stdout.getvalue().splitlines()[-2:] == [str(png), str(metrics.with_name("loss.png"))]
+    assert stdout.getvalue().splitlines()[-3:] == [str(png), str(metrics.with_name("loss.png")),
+                                                   str(tmp_path / "plain.png")]
 
 
 TRAIN = {"kind": "train", "iteration": 10, "consumed_samples": 40, "loss": 9.2, "tokens_per_s": 512.0}

@@ -75,20 +75,23 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
     assert all(r["tokens_per_s"] > 0 and r["peak_memory_mib"] > 0 for r in train)
     assert (tmp_path / "ckpt" / "iter_0000050").is_dir() and (tmp_path / "log" / "loss.png").stat().st_size > 0
 
-    # resumed on one rank (SP=1: the layout-free files) with a longer run and another peak: one line says
-    # where it starts, one warning what the schedule does; the log goes on in the same metrics.jsonl
+    # resumed on one rank (SP=1: the layout-free files) with a longer run, another peak and sample length: one
+    # line says where it starts, warnings what the schedule and the data do; the log goes on in metrics.jsonl
     resume = [*TINY, "--deepspeed", "--deepspeed_config", str(config), "--sequence-parallel-size", "1",
               "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "ckpt"), "--train-iters", "54",
               "--lr", "2e-3", "--log-interval", "2", "--eval-interval", "1000", "--eval-iters", "1",
-              "--default-data-dir", data_dir, "--log-dir", str(tmp_path / "log")]
+              "--default-data-dir", data_dir, "--log-dir", str(tmp_path / "log"), "--seq-length", "96"]
     result = run_entry_point(*resume)
     assert result.returncode == 0, result.stderr[-3000:]
     ckpt = tmp_path / "ckpt" / "iter_0000050"
     assert f"resuming from {ckpt} iteration 50, consumed samples 200" in result.stdout.splitlines()
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: resuming with")]
-    assert len(warnings) == 1, result.stderr[-3000:]
+    assert len(warnings) == 2, result.stderr[-3000:]
     assert ("--train-iters 54 (the checkpoint's: 50), --lr 0.002 (the checkpoint's: 0.001)" in warnings[0]
             and "the checkpoint's peak 1.000e-03" in warnings[0] and "at iteration 54" in warnings[0]), warnings[0]
+    # another sample length: the consumed count points into another map, said once
+    assert warnings[1].startswith("warning: resuming with --seq-length 96 (the checkpoint's: 128): samples are cut "
+                                  "differently now, and the data goes on at sample 200 of the new index map")
     records = run_log.read_metrics(tmp_path / "log" / "metrics.jsonl")
     starts = [r for r in records if r["kind"] == "start"]
     assert [r["iteration"] for r in starts] == [0, 50] and starts[1]["resumed_from"] == str(ckpt)
@@ -297,3 +300,23 @@ def test_runs_without_a_launcher_as_one_process(tmp_path, data_dir):
             "train on") in again.stdout
     assert sorted(path.name for path in (tmp_path / "ck").iterdir()) == ["iter_0000001", "latest"]
     assert "config: pipeline 1 x data 1 x sequence 1" in result.stdout
+
+
+@pytest.mark.parametrize("flag, name, message", [
+    ("tensorboard_dir", "afile", "--tensorboard-dir {tmp}/afile is a file, not a directory; pass a --tensorboard-dir"),
+    ("log_dir", "afile/log", "--log-dir {tmp}/afile/log lies under {tmp}/afile, which is a file, not a directory"),
+])
+def test_log_folders_are_checked_before_any_work(tmp_path, monkeypatch, flag, name, message):
+    """Rank 0 checks both folders (RunLog writes them) and every rank gets its answer; the probe
+    leaves nothing, not even the log folder it made."""
+    from megatron import training
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setattr(training.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(training.dist, "broadcast_object_list", lambda found, src: None)  # one rank
+    args = SimpleNamespace(log_dir=str(tmp_path / "log"), tensorboard_dir=None)
+    setattr(args, flag, str(tmp_path / name))
+    with pytest.raises(training.ConfigError) as error:
+        training.check_log_dirs(args)
+    assert str(error.value).startswith(message.format(tmp=tmp_path))
+    assert [path.name for path in tmp_path.iterdir()] == ["afile"]

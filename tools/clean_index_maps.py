@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     keep = set()
     for log_dir in args.keep_run:
+        log_dir = Path(log_dir).parent if Path(log_dir).name == USED_FILE and Path(log_dir).is_file() else log_dir
         used = read_used(log_dir)
         if not used:
             raise ConfigError(f"--keep-run {log_dir} has no readable {USED_FILE}",

@@ -42,17 +42,21 @@ from megatron.errors import ConfigError
 
 
 def implied_world_size(ds_config: dict, flags: dict) -> int:
-    """pipeline x sequence-parallel x the data-parallel degree the batch keys imply (1 if they don't)."""
-    stages = ds_config.get("pipeline", {}).get("stages") if isinstance(ds_config.get("pipeline"), dict) else None
-    pipeline = flags.get("pipeline_parallel_size") or (stages if isinstance(stages, int) and stages > 0 else 1)
-    section = ds_config.get(SECTION, {})
-    sequence = flags.get("sequence_parallel_size") or (section.get("size", 1) if isinstance(section, dict) else 1)
+    """pipeline x sequence-parallel x the data-parallel degree the batch keys imply (1 if they don't).
+    A degree that is not a positive integer counts as 1 here: resolve() then names its key."""
+    def degree(flag, section: str, key: str) -> int:
+        value = ds_config.get(section, {}).get(key) if isinstance(ds_config.get(section), dict) else None
+        value = value if flag is None else flag
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+    pipeline = degree(flags.get("pipeline_parallel_size"), "pipeline", "stages")
+    sequence = degree(flags.get("sequence_parallel_size"), SECTION, "size")
     batch = [ds_config.get(key) for key in ("train_batch_size", "train_micro_batch_size_per_gpu",
                                              "gradient_accumulation_steps")]
     data = 1
     if all(isinstance(value, int) and value > 0 for value in batch) and batch[0] % (batch[1] * batch[2]) == 0:
         data = batch[0] // (batch[1] * batch[2])
-    return pipeline * sequence * data if isinstance(sequence, int) else pipeline
+    return pipeline * sequence * data
 
 
 def cuda_visible() -> bool:

@@ -1,0 +1,38 @@
+"""The folders a run writes into (--save, --log-dir, --tensorboard-dir), checked at start-up rather
+than when the first write fails while other ranks train."""
+import contextlib
+import os
+import socket
+
+
+def file_in_the_way(flag: str, path: str) -> str | None:
+    """Why `path` cannot become a folder when the cause is not a permission: a file in its place or
+    on its path."""
+    folder = os.path.abspath(path)
+    while folder and not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if os.path.isdir(folder):
+        return None
+    where = "is a file" if folder == os.path.abspath(path) else f"lies under {folder}, which is a file"
+    return f"{flag} {path} {where}, not a directory"
+
+
+def missing_folders(path: str) -> list:
+    """The folders `path` needs that do not exist yet, innermost first (to remove them again)."""
+    folder, missing = os.path.abspath(path), []
+    while not os.path.exists(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
+
+
+def write_probe(folder: str) -> None:
+    """Makes `folder`, writes a file in it and removes the file; an OSError says why it cannot."""
+    os.makedirs(folder, exist_ok=True)
+    probe = os.path.join(folder, f".write_probe.{socket.gethostname()}.{os.getpid()}")
+    try:
+        with open(probe, "w") as file:
+            file.write("probe")
+    finally:  # created even when the write fails (a full disk)
+        with contextlib.suppress(OSError):
+            os.remove(probe)
