@@ -300,11 +300,11 @@ def lr_schedule(args, train_iters: int):
     return build
 
 
-def describe_resume(engine, stored: dict | None, schedule: dict, iteration: int) -> str | None:
-    """A warning when the schedule settings differ from the checkpoint's, saying what the
-    learning rate does: the first resumed step keeps the rate the checkpoint left in the
-    optimizer, the peak stays the checkpoint's (the scheduler state restores it), and this
-    run's warm-up and decay (over its --train-iters) shape the rest."""
+def resume_schedule(engine, stored: dict | None, schedule: dict, iteration: int) -> str | None:
+    """When the schedule settings differ from the checkpoint's: this run's schedule sets the next
+    step's rate at once (as Megatron's scheduler does on load; the optimizer would otherwise keep
+    the rate the checkpoint's schedule left it, 0 after a finished run, for one step), the peak
+    staying the checkpoint's (the scheduler state restores it). Returns the warning saying so."""
     if not stored:
         return None
     flags = {"train_iters": "--train-iters", "lr": "--lr", "min_lr": "--min-lr", "lr_decay_style": "--lr-decay-style",
@@ -314,6 +314,10 @@ def describe_resume(engine, stored: dict | None, schedule: dict, iteration: int)
     if not changed or engine.lr_scheduler is None:
         return None
     scheduler = engine.lr_scheduler
+    rates = [base * rule(scheduler.last_epoch) for base, rule in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates):
+        group["lr"] = rate
+    scheduler._last_lr = rates  # what get_last_lr() reports until its next step
     peak = scheduler.base_lrs[0]
     factor = lr_factor({**schedule, "lr": peak}, peak)
     train_iters = schedule["train_iters"]
@@ -322,8 +326,8 @@ def describe_resume(engine, stored: dict | None, schedule: dict, iteration: int)
             f"and the run ends at iteration {train_iters}")
     return (f"warning: resuming with {', '.join(changed)}: the schedule continues from iteration {iteration} with "
             f"the checkpoint's peak {peak:.3e} and this run's warm-up and decay: lr {engine.get_lr()[0]:.3e} for "
-            f"iteration {iteration + 1} (as the checkpoint left it), {then}; to change the peak, start a new run "
-            "from the weights (tools/convert_checkpoint.py, or a new --save)")
+            f"iteration {iteration + 1}, {then}; to change the peak, start a new run from the weights "
+            "(tools/convert_checkpoint.py, or a new --save)")
 
 
 def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
@@ -574,7 +578,7 @@ def pretrain(args) -> None:
         last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
         log.start(iteration, f"resuming from {last_checkpoint} iteration {iteration}, consumed samples {consumed}",
                   resumed_from=last_checkpoint)
-        for warning in (describe_resume(engine, client.get("schedule"), schedule, iteration),
+        for warning in (resume_schedule(engine, client.get("schedule"), schedule, iteration),
                         describe_sample_change(client["config"], config, consumed)):
             if warning and dist.get_rank() == 0:
                 print(warning, file=sys.stderr, flush=True)

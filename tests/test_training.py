@@ -89,6 +89,14 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
     assert len(warnings) == 2, result.stderr[-3000:]
     assert ("--train-iters 54 (the checkpoint's: 50), --lr 0.002 (the checkpoint's: 0.001)" in warnings[0]
             and "the checkpoint's peak 1.000e-03" in warnings[0] and "at iteration 54" in warnings[0]), warnings[0]
+    # the first resumed step already at this run's rate (the checkpoint left 0: its schedule had ended)
+    from megatron.arguments import build_parser
+
+    args = build_parser().parse_args(resume)
+    rule = lr_factor({"train_iters": 54, "min_lr": 0.0, "lr_decay_style": args.lr_decay_style,
+                               "lr_warmup_fraction": args.lr_warmup_fraction}, 1e-3)
+    assert f"lr {1e-3 * rule(50):.3e} for iteration 51, then {1e-3 * rule(51):.3e} at iteration 52" in warnings[0]
+    assert rule(50) > 0
     # another sample length: the consumed count points into another map, said once
     assert warnings[1].startswith("warning: resuming with --seq-length 96 (the checkpoint's: 128): samples are cut "
                                   "differently now, and the data goes on at sample 200 of the new index map")
