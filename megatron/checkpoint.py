@@ -237,13 +237,15 @@ def check_writable(save_dir: str) -> None:
                 created = paths.missing_folders(save_dir)
                 paths.write_probe(save_dir)
         except OSError as error:
-            problem, fix = _unwritable(f"--save {save_dir} is not writable", error, fix)
+            problem, fix = paths.unwritable(f"--save {save_dir} is not writable on {socket.gethostname()}", "--save",
+                                            error, fix)
     problem = problem and (problem, fix)
     if problem is None and dist.get_rank() == 0:
         try:
             problem = take_lock(save_dir, created)
         except OSError as error:
-            problem = _unwritable(f"--save {save_dir}: cannot write its lock", error, fix)
+            problem = paths.unwritable(f"--save {save_dir}: cannot write its lock on {socket.gethostname()}", "--save",
+                                       error, fix)
     problems = [None] * dist.get_world_size()
     dist.all_gather_object(problems, problem)  # also: no probe is removed while another node writes one
     found = next((text for text in problems if text), None)
@@ -256,14 +258,6 @@ def check_writable(save_dir: str) -> None:
     dist.barrier()  # removed on every node when any rank returns
     if found:
         raise ConfigError(*found)
-
-
-def _unwritable(what: str, error: OSError, fix: str) -> tuple[str, str]:
-    """(problem, fix) of a failed write at start-up: a full disk named as such."""
-    problem = f"{what} on {socket.gethostname()} ({error.strerror or error})"
-    if full := disk_full(error):
-        return f"{problem}: {full}", "free space there or pass a --save directory on another disk"
-    return problem, fix
 
 
 _held_lock = {}  # the lock this process holds: {"path", "record", "created": folders made for it, "beat": Event}

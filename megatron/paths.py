@@ -4,6 +4,8 @@ import contextlib
 import os
 import socket
 
+from megatron.errors import disk_full
+
 
 def file_in_the_way(flag: str, path: str) -> str | None:
     """Why `path` cannot become a folder when the cause is not a permission: a file in its place or
@@ -36,3 +38,12 @@ def write_probe(folder: str) -> None:
     finally:  # created even when the write fails (a full disk)
         with contextlib.suppress(OSError):
             os.remove(probe)
+
+
+def unwritable(what: str, flag: str, error: OSError, fix: str) -> tuple[str, str]:
+    """(problem, fix) of a failed start-up write into the folder of `flag`: a full disk named as such,
+    with its own fix."""
+    problem = f"{what} ({error.strerror or error})"
+    if full := disk_full(error):
+        return f"{problem}: {full}", f"free space there or pass a {flag} directory on another disk"
+    return problem, fix

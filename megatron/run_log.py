@@ -181,9 +181,7 @@ def log_dir_problem(flag: str, path: str) -> tuple[str, str] | None:
     try:
         paths.write_probe(path)
     except OSError as error:
-        if full := disk_full(error):
-            return f"{flag} {path} is not writable ({full})", f"free space there or pass a {flag} on another disk"
-        return f"{flag} {path} is not writable ({error.strerror or error})", fix
+        return paths.unwritable(f"{flag} {path} is not writable", flag, error, fix)
     finally:
         for made in created:  # innermost first
             with contextlib.suppress(OSError):

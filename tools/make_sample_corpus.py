@@ -4,9 +4,11 @@ megatron/data/sample_corpus.py for what is kept.
 """
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
+from megatron import paths
 from megatron.data.sample_corpus import DEFAULT_PACKAGES, write_corpus
 from megatron.errors import ConfigError, run_tool
 
@@ -29,7 +31,7 @@ def main(argv=None):
         folder = folder.parent
     if not folder.is_dir():
         raise ConfigError(f"--output {output} lies under {folder}, which is a file", "pass a path inside a directory")
-    created = [path for path in (output.parent.absolute(), *output.parent.absolute().parents) if not path.exists()]
+    created = paths.missing_folders(output.parent)
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
         count, written = write_corpus(output, int(args.max_mb * 2**20), tuple(args.packages))
@@ -38,7 +40,7 @@ def main(argv=None):
             raise ConfigError(f"--max-mb {args.max_mb} holds no document", "pass a larger --max-mb, e.g. --max-mb 4")
     except BaseException:  # a refusal (a package not installed, no document) leaves no folder it made
         for folder in created:  # innermost first
-            folder.rmdir()
+            os.rmdir(folder)
         raise
     print(f"wrote {count} documents, {written / 2**20:.2f} MB to {output}")
 

@@ -5,11 +5,12 @@ C++ `build_mapping` over the documents of one split; unpacked, a sample is one s
 (--pack-samples), a sample holds several segments back to back, chosen by the C++
 `pack_segments` (best fit over a window of open samples), one epoch at a time. Both are shuffled
 within each epoch only, so the mapping for more samples starts with the mapping for fewer: a run
-resumed with a longer --train-iters or another batch size reads on in the same order. Mappings are saved next to the data
-(or in --data-cache-path) as `{maps}_{split}_indexmap_*.npy` and `{maps}_{split}_packmap_*.npy`,
-`{maps}` carrying a fingerprint of the data's contents (index_maps.py), so that other data at the
-same prefix never meets maps of the old; in a distributed run rank 0 builds a missing one while
-the others wait (cached_array), and every later run on the same data reuses it.
+resumed with a longer --train-iters or another batch size reads on in the same order. Mappings are
+saved next to the data (or in --data-cache-path) as `{maps}_{split}_indexmap_*.npy` and
+`{maps}_{split}_packmap_*.npy`, `{maps}` carrying a fingerprint of the data's contents
+(index_maps.py), so that other data at the same prefix never meets maps of the old; in a
+distributed run rank 0 builds a missing one while the others wait (cached_array), and every later
+run on the same data reuses it.
 """
 import contextlib
 import math

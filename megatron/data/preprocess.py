@@ -20,6 +20,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megatron import paths
 from megatron.data import index_maps
 from megatron.data.corpus_files import FORMATS_HELP, Corpus
 from megatron.data.indexed_dataset import make_builder
@@ -115,7 +116,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     vocab_size = tokenizer.vocab_size  # the ids' dtype: uint16 below 65500 tokens, else int32
     if options.split_sentences:
         sentence_splitter(options.lang, options.keep_newlines)  # fail now, not in every worker
-    created = _missing_folders(Path(options.output_prefix).parent)
+    created = [Path(folder) for folder in reversed(paths.missing_folders(Path(options.output_prefix).parent))]
     existing = created[0].parent if created else Path(options.output_prefix).parent
     if not existing.is_dir():
         raise ConfigError(f"--output-prefix {options.output_prefix} lies under {existing}, which is a file",
@@ -185,15 +186,6 @@ def _replace(builder, tokenizer, prefix: str) -> None:
 def _unwritable(options: PreprocessOptions, error: OSError) -> ConfigError:
     return ConfigError(f"cannot use {error.filename} ({error.strerror or error})",
                        "check that --input is readable and the --output-prefix folder writable, with free space")
-
-
-def _missing_folders(folder: Path) -> list:
-    """The folders to create for `folder` to exist, outermost first (removed again on failure)."""
-    missing = []
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    return missing[::-1]
 
 
 def _encoded(options: PreprocessOptions, corpus: Corpus):
