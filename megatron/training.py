@@ -53,15 +53,15 @@ def main(argv=None) -> int:
         return 2
     finally:
         checkpoint.release_lock()  # the --save folder's, taken by rank 0 at start-up
-    close_process_group()
+        close_process_group()  # after an error too (reported above): a failed start aborted at exit just the same
     return 128 + stopped_by if stopped_by else 0
 
 
 def close_process_group() -> None:
-    """After a run this rank finished (or agreed to stop): without it gloo's threads can outlive the
-    interpreter and abort a rank at exit ('terminate called without an active exception', SIGABRT,
-    the launcher's exit code 250; seen once in a loaded test run). No collective: a rank that failed
-    alone at the end (rank 0's final log write) must not keep the others waiting here."""
+    """When main ends, however it ends: without it gloo's threads can outlive the interpreter and abort
+    a rank at exit ('terminate called without an active exception', SIGABRT: the launcher's exit code
+    250, or -6 after a one-line start-up error; seen in loaded test runs). No collective: a rank that
+    failed alone (rank 0's final log write) must not keep the others waiting."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
