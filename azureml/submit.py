@@ -199,9 +199,10 @@ def check_dry_run(path: Path, context: Path) -> None:
     anything is written."""
     if path.is_dir():
         raise SubmitError(f"--dry-run {path} is a folder; pass the job YAML's file name, e.g. {path / 'job.yml'}")
-    above = next(folder for folder in (path.parent, *path.parent.parents) if folder.exists())
-    if not above.is_dir():
-        raise SubmitError(f"--dry-run {path}: {above} is a file, not a folder; pass a path in a folder")
+    from megatron.paths import file_in_the_way
+
+    if problem := file_in_the_way(f"--dry-run {path}: its folder", str(path.parent)):
+        raise SubmitError(f"{problem}; pass a path in a folder")
     if context.exists() and not context.is_dir():
         raise SubmitError(f"--dry-run {path}: {context}, where the image's build context goes, is a file; "
                           "remove it or pass another --dry-run name")

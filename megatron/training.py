@@ -16,7 +16,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, determinism, hf_convert, hf_modernbert
+from megatron import checkpoint, determinism, hf_convert, hf_modernbert, paths
 from megatron.arguments import build_parser, config_flags, launcher_rank
 from megatron.config import (OPTIMIZER_DEFAULTS, adjustable_start_fields, default_optimizer, optimizer_params_taken,
                              read_ds_config, refuse_contradictions, resolve)
@@ -107,9 +107,8 @@ def check_flags(args) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} {value} is {'negative' if value < 0 else 'zero'}: no step to train",
                               f"pass {flag} N with N >= 1 (the run length)")
-    if args.data_cache_path and os.path.exists(args.data_cache_path) and not os.path.isdir(args.data_cache_path):
-        raise ConfigError(f"--data-cache-path {args.data_cache_path} is a file, not a folder",
-                          "pass a folder for the index maps (it is made if missing)")
+    if args.data_cache_path and (problem := paths.file_in_the_way("--data-cache-path", args.data_cache_path)):
+        raise ConfigError(problem, "pass a folder for the index maps (it is made if missing)")
     if args.train_iters is not None and args.train_samples is not None:
         raise ConfigError(f"--train-iters {args.train_iters} and --train-samples {args.train_samples} both set the "
                           "run length", "pass one of them")

@@ -168,7 +168,7 @@ REFUSED = {
     "prefix_with_its_suffix": (["--data-prefix", "corpus_text_sentence.bin"],
                                ("ends in a file suffix; pass --data-prefix corpus_text_sentence ",)),
     "dry_run_into_a_folder": (["--dry-run", "{tmp}"], ("--dry-run {tmp} is a folder; pass the job YAML's file name",)),
-    "dry_run_below_a_file": (["--dry-run", "{tmp}/bad.json/job.yml"], ("{tmp}/bad.json is a file, not a folder",)),
+    "dry_run_below_a_file": (["--dry-run", "{tmp}/bad.json/job.yml"], ("its folder {tmp}/bad.json is a file, not a directory",)),
     "checkpoints_not_on_a_datastore": (["--checkpoints", "./ckpt"], ("./ckpt is not a datastore path",)),
 }
 

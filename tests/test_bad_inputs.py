@@ -552,7 +552,9 @@ CASES += [
          ("model.safetensors is a file", "pass the folder holding it"), files={"model.safetensors": "x"}),
     # ---- paths
     pretrain("--data-cache-path", "{tmp}/afile", files={"afile": "x"}, id="data_cache_path_is_a_file",
-             phrases=("--data-cache-path", "afile is a file, not a folder", "pass a folder for the index maps")),
+             phrases=("--data-cache-path", "afile is a file, not a directory", "pass a folder for the index maps")),
+    pretrain("--data-cache-path", "{tmp}/afile/maps", files={"afile": "x"}, id="data_cache_path_below_a_file",
+             phrases=("--data-cache-path", "maps lies under", "afile, which is a file", "pass a folder for the index")),
 ]
 # ---- flags after -- that tools/extend_context.py sets itself (more in test_extend_context.py)
 CASES += [

@@ -3,6 +3,7 @@
 """
 import argparse
 import contextlib
+import os
 import sys
 import threading
 from pathlib import Path
@@ -74,5 +75,17 @@ def in_thread(function, *args):
     return outcome["value"]
 
 
+def exit_now_if_trainer_running(code: int):
+    """After an interrupt the tokenizers trainer may still run in its thread, and it cannot be
+    stopped: finalising the interpreter under it can crash (a segfault after the one-line message),
+    so the process ends here, its output already flushed and its clean-up already done."""
+    if any(thread.daemon and thread.is_alive() for thread in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(run_tool("build_vocab.py", main))
+    exit_code = run_tool("build_vocab.py", main)
+    exit_now_if_trainer_running(exit_code)
+    sys.exit(exit_code)
