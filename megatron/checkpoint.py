@@ -650,7 +650,7 @@ def load(engine, load_dir: str, config: TrainConfig, load_rng: bool = True) -> d
     check_same_optimizer(state["config"], config.ds_config, folder)
     rng_state = _rng_state(folder, state["config"], load_rng)
     if same_layout(state["config"], config.to_dict()):
-        with _one_line_read_errors(engine):
+        with _one_line_read_errors(engine), torch.no_grad():  # a pipeline's load broadcasts the tied embedding
             path, _ = engine.load_checkpoint(load_dir, tag=tag)
         if path is None:
             raise DataError(f"checkpoint {folder} could not be loaded", "check that the folder is complete")

@@ -181,12 +181,24 @@ def _whole(values: torch.Tensor, average_data: bool) -> torch.Tensor:
     return values
 
 
+def _last_stage_parts(engine) -> torch.Tensor:
+    """The step's mean (mlm, sop, mlm accuracy) shares, which only the last pipeline stage computes,
+    on every stage of this rank's pipeline."""
+    parts = engine.module.loss_fn.parts
+    mean = torch.stack(parts).mean(0) if parts else torch.zeros(3, device=engine.device)
+    dist.broadcast(mean, src=engine.grid.stage_to_global(engine.num_stages - 1),
+                   group=state.get_pipe_parallel_group())
+    return mean
+
+
 def train_step(engine, micro_batches: list) -> StepResult:
     """One optimizer step over this data-parallel rank's micro-batches (full-length BertBatch)."""
     chunks = _chunks(micro_batches, engine.device)
     if state.get_pipe_parallel_world_size() > 1:
+        engine.module.loss_fn.parts.clear()
         share = engine.train_batch(data_iter=iter([_pipeline_item(chunk) for chunk in chunks])).detach().clone()
-        loss, mlm, sop, accuracy = _whole(share.reshape(1), average_data=False).item(), None, None, None
+        loss = _whole(share.reshape(1), average_data=False).item()
+        mlm, sop, accuracy = _whole(_last_stage_parts(engine), average_data=True).tolist()
     else:
         parts = torch.zeros(4, device=engine.device)  # on the device: NCCL reduces it, no sync per micro-batch
         for chunk in chunks:
@@ -195,8 +207,8 @@ def train_step(engine, micro_batches: list) -> StepResult:
             engine.step()
             parts += torch.stack([loss.total.detach(), loss.mlm, loss.sop, loss.mlm_accuracy]).float()
         loss, mlm, sop, accuracy = _whole(parts / len(chunks), average_data=True).tolist()  # the step's logged-loss sync
-        if not engine.module.config.add_binary_head:  # no sentence-order head: no "sop 0.0000" in the log
-            sop = None
+    if not engine.module.config.add_binary_head:  # no sentence-order head: no "sop 0.0000" in the log
+        sop = None
     norm = engine.get_global_grad_norm()
     return StepResult(loss=loss, mlm=mlm, sop=sop, grad_norm=None if norm is None else float(norm), mlm_accuracy=accuracy,
                       real_token_share=sum(b.real_token_share() for b in micro_batches) / len(micro_batches),

@@ -555,6 +555,8 @@ def pretrain(args) -> None:
         for name, dataset in zip(SPLIT_NAMES, (train_set, valid_set, test_set)):
             if dataset is not None:
                 print(token_stats(dataset).describe(name), flush=True)
+        for warning in data_warnings(args, data_path, valid_set, train_iters):
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
     used_maps = [path for dataset in (train_set, valid_set, test_set) for path in index_maps.used_maps(dataset)]
     if dist.get_rank() == 0:
         print(index_maps.describe(parse_data_path(data_path)[1], used_maps, args.log_dir, args.data_cache_path),
@@ -636,6 +638,18 @@ def pretrain(args) -> None:
                            schedule, tokenizer)
     stop.uninstall()
     log.finish(args.save)
+
+
+def data_warnings(args, data_path: list, valid_set, train_iters: int) -> list:
+    """What the data flags leave out without being wrong: a blended prefix of weight 0, and a run
+    that asks for evaluation with no validation documents."""
+    notes = [f"--data-path weight 0 for {prefix}: none of its samples are read"
+             for weight, prefix in zip(*parse_data_path(data_path)) if weight == 0]
+    if valid_set is None and args.eval_interval <= train_iters:
+        notes.append(f"--split {args.split} leaves no validation documents: the evaluation every --eval-interval "
+                     f"{args.eval_interval} steps is skipped; pass a --split with a validation share, "
+                     "e.g. --split 949,50,1")
+    return notes
 
 
 def sample_options(args, config) -> dict:

@@ -205,6 +205,8 @@ def test_blending_follows_the_weights(data, tmp_path):
     assert np.array_equal(train[where]["tokens"], expected["tokens"])
     with pytest.raises(ConfigError, match="weight/prefix pairs"):
         build_train_valid_test_datasets(["0.7", data[0], "0.3"], "mmap", "1", (10, 0, 0), 64, data[1])
+    with pytest.raises(ConfigError, match=f"names {data[0]} twice; pass each prefix once"):  # a typo for another
+        build_train_valid_test_datasets(["0.7", data[0], "0.3", f"{data[0]}/"], "mmap", "1", (10, 0, 0), 64, data[1])
 
 
 def test_sampler_splits_global_batches_and_resumes_exactly():

@@ -13,7 +13,7 @@ import pytest
 from megatron import run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
-from megatron.training import lr_factor, main
+from megatron.training import data_warnings, lr_factor, main
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -328,3 +328,14 @@ def test_log_folders_are_checked_before_any_work(tmp_path, monkeypatch, flag, na
         training.check_log_dirs(args)
     assert str(error.value).startswith(message.format(tmp=tmp_path))
     assert [path.name for path in tmp_path.iterdir()] == ["afile"]
+
+
+def test_data_flags_that_leave_data_out_are_named():
+    args = SimpleNamespace(split="100,0,0", eval_interval=10)
+    blend = ["0.5", "corpus_a", "0", "corpus_b"]
+    assert data_warnings(args, blend, valid_set=None, train_iters=20) == [
+        "--data-path weight 0 for corpus_b: none of its samples are read",
+        "--split 100,0,0 leaves no validation documents: the evaluation every --eval-interval 10 steps is skipped; "
+        "pass a --split with a validation share, e.g. --split 949,50,1"]
+    assert data_warnings(args, ["corpus_a"], valid_set=None, train_iters=9) == []  # no evaluation asked for
+    assert data_warnings(args, ["corpus_a"], valid_set=object(), train_iters=20) == []

@@ -113,7 +113,7 @@ def main(argv=None) -> None:
     for text, masks in results:
         print(text)
         for number, predictions in enumerate(masks, start=1):
-            print(f"  [MASK] {number}: " + ", ".join(f"{token} {p:.2f}" for token, p in predictions))
+            print(f"  [MASK] {number}: " + ", ".join(f"{token} {p:.2g}" for token, p in predictions))
 
 
 if __name__ == "__main__":

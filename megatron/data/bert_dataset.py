@@ -314,6 +314,9 @@ def parse_data_path(data_path: list[str]) -> tuple[list[float], list[str]]:
     if len(data_path) % 2 or not weights or min(weights) < 0 or sum(weights) <= 0:
         raise ConfigError(f"--data-path {' '.join(data_path)} is not one prefix or weight/prefix pairs",
                           "pass --data-path PREFIX or --data-path W1 PREFIX1 W2 PREFIX2 ...")
+    named = [os.path.normpath(prefix) for prefix in data_path[1::2]]
+    if twice := next((prefix for i, prefix in enumerate(named) if prefix in named[:i]), None):
+        raise ConfigError(f"--data-path names {twice} twice", "pass each prefix once, with the sum of its weights")
     return [w / sum(weights) for w in weights], list(data_path[1::2])
 
 

@@ -88,11 +88,20 @@ class HeadsPipe(nn.Module):
         return mlm_logits, self.binary_head(hidden[cls_mask])
 
 
-def pipeline_loss(outputs, labels):
-    """The rank's share of the loss (see model/loss.py), from the last stage's outputs."""
-    mlm_logits, sop_logits = outputs if isinstance(outputs, tuple) else (outputs, None)
-    token_labels, loss_mask, sop_labels, cls_mask = labels
-    return bert_loss(mlm_logits, token_labels[loss_mask], sop_logits, sop_labels[cls_mask]).total
+class PipelineLoss:
+    """The last stage's loss function: the rank's share of the loss (see model/loss.py) for DeepSpeed
+    to backpropagate, and each micro-batch's (mlm, sop, mlm accuracy) shares kept for the log line,
+    which DeepSpeed's engine does not return."""
+
+    def __init__(self):
+        self.parts = []
+
+    def __call__(self, outputs, labels):
+        mlm_logits, sop_logits = outputs if isinstance(outputs, tuple) else (outputs, None)
+        token_labels, loss_mask, sop_labels, cls_mask = labels
+        loss = bert_loss(mlm_logits, token_labels[loss_mask], sop_logits, sop_labels[cls_mask])
+        self.parts.append(torch.stack([loss.mlm, loss.sop, loss.mlm_accuracy]).float())
+        return loss.total
 
 
 class BertModelPipe(PipelineModule):
@@ -105,11 +114,12 @@ class BertModelPipe(PipelineModule):
                                 tied_weight_attr=["word_embeddings.weight"]),
                   LayerSpec(HeadsPipe, config)]
         topology = PipeModelDataParallelTopology(num_pp=dims.pipeline, num_mp=dims.sequence, num_dp=dims.data)
-        super().__init__(layers=specs, loss_fn=pipeline_loss, topology=topology,
-                         partition_method="type:TransformerLayerPipe",
-                         activation_checkpoint_interval=activation_checkpoint_interval,
-                         # only transformer layers: the embedding's inputs carry no gradient
-                         checkpointable_layers=["TransformerLayerPipe"])
+        with torch.no_grad():  # its in-place broadcast of the tied embedding, kept out of every backward
+            super().__init__(layers=specs, loss_fn=PipelineLoss(), topology=topology,
+                             partition_method="type:TransformerLayerPipe",
+                             activation_checkpoint_interval=activation_checkpoint_interval,
+                             # only transformer layers: the embedding's inputs carry no gradient
+                             checkpointable_layers=["TransformerLayerPipe"])
         self.config = config
         # BertModel's init, keyed by each parameter's BertModel name: every stage (and both copies
         # of the tied embedding) holds what the single process draws for the same seed
