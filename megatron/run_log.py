@@ -7,6 +7,7 @@ a `start` record with the iteration it starts from; `read_metrics` drops what a 
 supersedes (the steps a resumed run redoes after its checkpoint, or all of an earlier run when
 a new one starts from scratch), so a reader sees one history without repeated iterations."""
 import contextlib
+import importlib
 import json
 import math
 import os
@@ -43,13 +44,9 @@ class RunLog:
         self.metrics = open(self.dir / "metrics.jsonl", "a")
         if self.metrics.tell() and not _ends_with_newline(self.dir / "metrics.jsonl"):
             self.metrics.write("\n")  # a killed run's torn last line stays a line of its own
-        if args.tensorboard_dir:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError("--tensorboard-dir needs the tensorboard package",
-                                  "pip install -r requirements.txt (it pins tensorboard), or drop --tensorboard-dir"
-                                  ) from None
+        if args.tensorboard_dir:  # its package checked at start-up (tensorboard_problem)
+            from torch.utils.tensorboard import SummaryWriter
+
             self.tensorboard = SummaryWriter(args.tensorboard_dir)
         if sys.stdout.isatty():
             from tqdm import tqdm
@@ -186,6 +183,16 @@ def log_dir_problem(flag: str, path: str) -> tuple[str, str] | None:
         for made in created:  # innermost first
             with contextlib.suppress(OSError):
                 os.rmdir(made)
+    return None
+
+
+def tensorboard_problem() -> tuple[str, str] | None:
+    """(problem, fix) when --tensorboard-dir's writer cannot be imported."""
+    try:
+        importlib.import_module("torch.utils.tensorboard")  # fails without the tensorboard package
+    except ImportError:
+        return ("--tensorboard-dir needs the tensorboard package",
+                "pip install -r requirements.txt (it pins tensorboard), or drop --tensorboard-dir")
     return None
 
 

@@ -30,7 +30,7 @@ from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, tra
 from megatron.errors import ConfigError, DataError
 from megatron.model.args import BertConfig
 from megatron.parallel import device, launcher_watch, state
-from megatron.run_log import RunLog, log_dir_problem
+from megatron.run_log import RunLog, log_dir_problem, tensorboard_problem
 
 
 def main(argv=None) -> int:
@@ -249,12 +249,14 @@ def check_start(args) -> None:
 
 
 def check_log_dirs(args) -> None:
-    """--log-dir and --tensorboard-dir, which rank 0 alone writes (RunLog), checked there before
-    any work; every rank raises rank 0's error, so none goes on training while rank 0 stops."""
+    """--log-dir and --tensorboard-dir (and the tensorboard package), which rank 0 alone writes
+    (RunLog), checked there before any work; every rank raises rank 0's error, so none goes on training while rank 0 stops."""
     found = [None]
     if dist.get_rank() == 0:
         dirs = [("--log-dir", args.log_dir), ("--tensorboard-dir", args.tensorboard_dir)]
-        found = [next(filter(None, (log_dir_problem(flag, path) for flag, path in dirs if path)), None)]
+        problems = (*(log_dir_problem(flag, path) for flag, path in dirs if path),
+                    tensorboard_problem() if args.tensorboard_dir else None)
+        found = [next(filter(None, problems), None)]
     dist.broadcast_object_list(found, src=0)
     if found[0]:
         raise ConfigError(*found[0])

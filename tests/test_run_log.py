@@ -88,10 +88,17 @@ def test_progress_bar_when_stdout_is_a_terminal(tmp_path, monkeypatch):
     assert "saved checkpoint ckpt/iter_0000004" in shown and "test loss at iteration 4: 6.2500" in shown
 
 
-def test_tensorboard_dir_without_the_package_is_a_config_error(tmp_path, monkeypatch):
+def test_tensorboard_dir_without_the_package_is_a_start_up_error(tmp_path, monkeypatch):
+    """Checked with the log folders, before any work, rather than when rank 0 opens the log."""
+    from megatron import training
+
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # its import now fails
+    monkeypatch.setattr(training.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(training.dist, "broadcast_object_list", lambda found, src: None)  # one rank
+    args = SimpleNamespace(log_dir=str(tmp_path / "log"), tensorboard_dir=str(tmp_path / "tb"))
     with pytest.raises(ConfigError, match="--tensorboard-dir needs the tensorboard package; pip install"):
-        rank_0_run_log(monkeypatch, tmp_path / "log", steps=1, interval=1, tensorboard_dir=str(tmp_path / "tb"))
+        training.check_log_dirs(args)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_plot_run_writes_a_png(tmp_path, monkeypatch):
