@@ -19,12 +19,17 @@ fi
 case "$2" in
     '' | *[!0-9]* | 0) echo "$(basename "$0"): error: NUM_NODES = '$2' is not a positive integer; pass HOSTFILE NUM_NODES SCRIPT ARGS ..." >&2; exit 2 ;;
 esac
-# the script checks the hostfile (bert_common.sh); SCRIPT may be given as a path
-HOSTFILE="$(realpath -m "$1")" NUM_NODES="$2" SCRIPT="$(basename "$3")"
+# the script checks the hostfile (bert_common.sh); SCRIPT may be given as a path to the one beside this
+HOSTFILE="$(realpath -m "$1")" NUM_NODES="$2" GIVEN="$3" SCRIPT="$(basename "$3")"
 shift 3
 case "$SCRIPT" in
     bert_distributed.sh | bert_distributed_linformer.sh | bert_distributed_bigbird.sh) ;;
     *) echo "$(basename "$0"): error: SCRIPT $SCRIPT is not a launch script; use bert_distributed.sh, bert_distributed_linformer.sh or bert_distributed_bigbird.sh" >&2; exit 2 ;;
 esac
+HERE="$(dirname "$(realpath "$0")")"
+if [ "$GIVEN" != "$SCRIPT" ] && [ "$(realpath -m "$GIVEN")" != "$HERE/$SCRIPT" ]; then
+    echo "$(basename "$0"): error: SCRIPT $GIVEN is not the $SCRIPT beside $(basename "$0") ($HERE/$SCRIPT), which is what runs; pass $SCRIPT and put your settings in its arguments and flags" >&2
+    exit 2
+fi
 export HOSTFILE NUM_NODES
-exec "$(dirname "$0")/$SCRIPT" "$@"
+exec "$HERE/$SCRIPT" "$@"

@@ -529,6 +529,8 @@ def _check_precision_and_zero(ds_config: dict) -> None:
     keys, ZeRO stage, both precisions, loss scaling), without importing DeepSpeed: `ds_config.py set`
     and `validate` refuse what the trainer's start-up would."""
     for section, known in DEEPSPEED_SECTION_KEYS.items():
+        if section == "bfloat16" and "bf16" in ds_config:  # DeepSpeed reads the old name only without the new
+            continue
         unknown = sorted(set(ds_config.get(section, {})) - known)
         if unknown:
             close = difflib.get_close_matches(unknown[0], sorted(known), n=1, cutoff=0.75)
@@ -539,7 +541,7 @@ def _check_precision_and_zero(ds_config: dict) -> None:
     if not 0 <= stage <= 3:
         raise ConfigError(f"zero_optimization.stage {stage} is not a ZeRO stage",
                           "set zero_optimization.stage to 0, 1, 2 or 3")
-    bf16_key = "bf16" if "bf16" in ds_config else "bfloat16"  # DeepSpeed reads the old name only without the new
+    bf16_key = "bf16" if "bf16" in ds_config else "bfloat16"
     fp16, bf16 = ds_config.get("fp16", {}), ds_config.get(bf16_key, {})
     if fp16.get("enabled") and bf16.get("enabled"):
         raise ConfigError(f"fp16.enabled and {bf16_key}.enabled are both true", "pick one: set the other to false")
@@ -548,7 +550,8 @@ def _check_precision_and_zero(ds_config: dict) -> None:
         raise ConfigError(f"fp16.loss_scale = {json.dumps(loss_scale)} is not a number >= 0",
                           "set fp16.loss_scale to 0 (dynamic loss scaling) or a fixed scale > 0, without quotes")
     for key in _FP16_INTEGERS:
-        value = _typed(f"fp16.{key}", fp16.get(key, 1), int)
+        value = fp16.get(key, 1)
+        value = _typed(f"fp16.{key}", int(value) if isinstance(value, float) and value.is_integer() else value, int)
         if key in _FP16_DYNAMIC_POSITIVE and value < 1 and fp16.get("enabled") and loss_scale == 0:
             raise ConfigError(f"fp16.{key} = {value} must be >= 1 with dynamic loss scaling (fp16.loss_scale 0)",
                               f"set fp16.{key} to a positive integer")

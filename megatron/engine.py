@@ -157,10 +157,10 @@ def _pipeline_item(chunk: BertBatch) -> tuple:
 @dataclass
 class StepResult:
     loss: float  # the whole-sequence loss, averaged over micro-batches and data-parallel ranks
-    mlm: float | None  # its MLM and SOP parts (None in a pipeline: only the total leaves the engine)
-    sop: float | None
+    mlm: float  # its MLM and SOP parts
+    sop: float | None  # None without the sentence-order head
     grad_norm: float | None
-    mlm_accuracy: float | None = None  # masked tokens predicted right (None in a pipeline, as mlm)
+    mlm_accuracy: float | None = None  # masked tokens predicted right
     real_token_share: float = 1.0  # non-padding tokens / tokens of this data rank's micro-batches
     segments_per_sample: float = 1.0  # packed samples hold several
 

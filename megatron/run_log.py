@@ -303,6 +303,10 @@ def plot_metrics(metrics_path, png_path) -> Path:
     fig.tight_layout()
     png_path = Path(png_path)
     png_path = png_path if png_path.suffix else png_path.with_name(png_path.name + ".png")  # as savefig names it
+    if png_path.suffix[1:].lower() not in fig.canvas.get_supported_filetypes():
+        plt.close(fig)
+        raise ConfigError(f"{png_path}: matplotlib cannot write {png_path.suffix} files",
+                          "pass a name ending in .png (or .pdf, .svg)")
     png_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png_path, dpi=100)
     plt.close(fig)

@@ -315,12 +315,13 @@ def resume_schedule(engine, stored: dict | None, schedule: dict, iteration: int)
     if not changed or engine.lr_scheduler is None:
         return None
     scheduler = engine.lr_scheduler
+    # the factors were built for this run's --lr; the floor (--min-lr) is a fraction of the peak they scale
+    scheduler.lr_lambdas = [lr_factor(schedule, base) for base in scheduler.base_lrs]
     rates = [base * rule(scheduler.last_epoch) for base, rule in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
     for group, rate in zip(scheduler.optimizer.param_groups, rates):
         group["lr"] = rate
     scheduler._last_lr = rates  # what get_last_lr() reports until its next step
-    peak = scheduler.base_lrs[0]
-    factor = lr_factor({**schedule, "lr": peak}, peak)
+    peak, factor = scheduler.base_lrs[0], scheduler.lr_lambdas[0]
     train_iters = schedule["train_iters"]
     then = (f"then {peak * factor(iteration + 1):.3e} at iteration {iteration + 2}, ending at "
             f"{peak * factor(train_iters - 1):.3e} at iteration {train_iters}" if train_iters > iteration + 1 else
@@ -329,6 +330,13 @@ def resume_schedule(engine, stored: dict | None, schedule: dict, iteration: int)
             f"the checkpoint's peak {peak:.3e} and this run's warm-up and decay: lr {engine.get_lr()[0]:.3e} for "
             f"iteration {iteration + 1}, {then}; to change the peak, start a new run from the weights "
             "(tools/convert_checkpoint.py, or a new --save)")
+
+
+def nothing_to_train(args, iteration: int, train_iters: int) -> str:
+    """The line of a finished run started again, naming the run-length flag that was given."""
+    flag, length = (("--train-iters", f"--train-iters {train_iters}") if args.train_iters else
+                    ("--train-samples", f"{train_iters} (--train-samples {args.train_samples})"))
+    return f"nothing to train: the checkpoint is at iteration {iteration} of {length}; pass a larger {flag} to train on"
 
 
 def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
@@ -586,8 +594,7 @@ def pretrain(args) -> None:
             if warning and dist.get_rank() == 0:
                 print(warning, file=sys.stderr, flush=True)
         if iteration >= train_iters:  # a finished run started again (a rerun of the same command)
-            log.message(f"nothing to train: the checkpoint is at iteration {iteration} of --train-iters "
-                        f"{train_iters}; pass a larger --train-iters to train on")
+            log.message(nothing_to_train(args, iteration, train_iters))
     else:
         source = args.init_from_hf or (args.load if weights_only else None)
         log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",

@@ -153,6 +153,16 @@ def test_precision_and_zero_checks_refuse_what_deepspeed_refuses_without_importi
         deepspeed_accepts(ds_config)
 
 
+@pytest.mark.parametrize("ds_update", [
+    {"fp16": {"enabled": True, "hysteresis": 2.0}},  # a whole number written as a float
+    {"bf16": {"enabled": True}, "bfloat16": {"enable": True}},  # the old name is not read beside the new
+])
+def test_precision_checks_accept_what_deepspeed_accepts(ds_update):
+    ds_config = {**BASE, **ds_update}
+    resolve(SMALL, ds_config, world_size=4, deepspeed_check=False)
+    deepspeed_accepts(ds_config)
+
+
 def test_json_syntax_error_names_line_and_column(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text('{\n  "train_batch_size": 8,\n  "sequence_parallel": {"size": 2,}\n}\n')

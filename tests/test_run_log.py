@@ -114,6 +114,9 @@ def test_plot_run_writes_a_png(tmp_path, monkeypatch):
         assert data[:8] == PNG_MAGIC and len(data) > 1000, path
     assert stdout.getvalue().splitlines()[-3:] == [str(png), str(metrics.with_name("loss.png")),
                                                    str(tmp_path / "plain.png")]
+    with pytest.raises(ConfigError, match=r"run.v2: matplotlib cannot write .v2 files; pass a name ending in .png"):
+        plot_run.main([str(metrics), "-o", str(tmp_path / "new" / "run.v2")])
+    assert not (tmp_path / "new").exists()
 
 
 TRAIN = {"kind": "train", "iteration": 10, "consumed_samples": 40, "loss": 9.2, "tokens_per_s": 512.0}

@@ -9,11 +9,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from megatron import run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
-from megatron.training import data_warnings, lr_factor, main
+from megatron.training import data_warnings, lr_factor, lr_schedule, main, nothing_to_train, resume_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -339,3 +340,35 @@ def test_data_flags_that_leave_data_out_are_named():
         "pass a --split with a validation share, e.g. --split 949,50,1"]
     assert data_warnings(args, ["corpus_a"], valid_set=None, train_iters=9) == []  # no evaluation asked for
     assert data_warnings(args, ["corpus_a"], valid_set=object(), train_iters=20) == []
+
+
+def test_a_resume_with_another_peak_decays_to_min_lr():
+    """The checkpoint's peak stays (the scheduler state holds it); --min-lr is still where the decay
+    ends, and the warning states the rates the run then uses."""
+    settings = dict(min_lr=1e-4, lr_decay_style="linear", lr_warmup_fraction=0.0)
+    first = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    scheduler = lr_schedule(SimpleNamespace(**settings), 10)(first)
+    for _ in range(5):
+        first.step()
+        scheduler.step()
+    resumed = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2e-3)  # --lr 2e-3 on resume
+    engine = SimpleNamespace(lr_scheduler=lr_schedule(SimpleNamespace(**settings), 10)(resumed),
+                             get_lr=lambda: [group["lr"] for group in resumed.param_groups])
+    engine.lr_scheduler.load_state_dict(scheduler.state_dict())
+    schedule = {"train_iters": 10, "lr": 2e-3, **settings}
+    warning = resume_schedule(engine, {**schedule, "lr": 1e-3}, schedule, iteration=5)
+    assert "lr 5.500e-04 for iteration 6, then 4.600e-04 at iteration 7, ending at 1.900e-04 at iteration 10" in warning
+    rates = [resumed.param_groups[0]["lr"]]
+    for _ in range(4):
+        resumed.step()
+        engine.lr_scheduler.step()
+        rates.append(resumed.param_groups[0]["lr"])
+    assert rates == pytest.approx([5.5e-4, 4.6e-4, 3.7e-4, 2.8e-4, 1.9e-4])
+
+
+def test_nothing_to_train_names_the_run_length_flag_given():
+    by_samples = SimpleNamespace(train_iters=None, train_samples=8)
+    assert nothing_to_train(by_samples, 2, 2) == ("nothing to train: the checkpoint is at iteration 2 of 2 "
+                                                  "(--train-samples 8); pass a larger --train-samples to train on")
+    by_iters = SimpleNamespace(train_iters=2, train_samples=None)
+    assert nothing_to_train(by_iters, 2, 2).endswith("of --train-iters 2; pass a larger --train-iters to train on")

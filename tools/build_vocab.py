@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+from megatron import paths
 from megatron.data.tokenizer import SPECIAL_TOKENS, TOKENIZER_TYPES
 from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.errors import ConfigError, DataError, run_tool
@@ -36,18 +37,14 @@ def main(argv=None):
         raise ConfigError(f"--min-frequency {args.min_frequency} must be >= 1", "pass --min-frequency 1 or more")
     tokens = in_thread(train_vocab, input_path, TOKENIZER_TYPES[args.tokenizer_type], args.vocab_size,
                        args.min_frequency, args.json_keys)
-    created = []
-    folder = output.parent.absolute()
-    while not folder.exists():
-        created.append(folder)
-        folder = folder.parent
+    created = paths.missing_folders(str(output.parent))
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         write_vocab(tokens, output)
     except BaseException as error:
         for made in created:  # innermost first
             with contextlib.suppress(OSError):
-                made.rmdir()
+                os.rmdir(made)
         if isinstance(error, OSError):
             raise ConfigError(f"cannot write --output {output} ({error.strerror or error})",
                               "pass an --output in a folder this user can write") from None

@@ -39,6 +39,7 @@ from pathlib import Path
 from megatron.arguments import add_model_and_parallel_args, add_packing_args, config_flags
 from megatron.config import SECTION, default_optimizer, read_ds_config, resolve, strict_json_loads
 from megatron.errors import ConfigError
+from megatron.paths import file_in_the_way, missing_folders
 
 
 def implied_world_size(ds_config: dict, flags: dict) -> int:
@@ -134,13 +135,9 @@ def write_atomically(path: Path, text: str) -> None:
     creates are removed again if the write fails."""
     if path.is_dir():
         raise ConfigError(f"output {path} is a directory", "pass a file path to write the JSON to")
-    created = []
-    folder = path.parent.absolute()
-    while not folder.exists():
-        created.append(folder)
-        folder = folder.parent
-    if not folder.is_dir():
-        raise ConfigError(f"output {path} lies under {folder}, which is a file", "pass a path inside a directory")
+    if problem := file_in_the_way(f"output {path}: its folder", str(path.parent)):
+        raise ConfigError(problem, "pass a path inside a directory")
+    created = [Path(made) for made in missing_folders(str(path.parent))]
     temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

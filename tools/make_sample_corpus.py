@@ -26,11 +26,8 @@ def main(argv=None):
     if not 0 < args.max_mb < math.inf:  # nan fails too
         raise ConfigError(f"--max-mb {args.max_mb} is not a positive finite number",
                           "pass the corpus size in MB, e.g. --max-mb 4")
-    folder = output.parent.absolute()
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise ConfigError(f"--output {output} lies under {folder}, which is a file", "pass a path inside a directory")
+    if problem := paths.file_in_the_way(f"--output {output}: its folder", str(output.parent)):
+        raise ConfigError(problem, "pass a path inside a directory")
     created = paths.missing_folders(output.parent)
     output.parent.mkdir(parents=True, exist_ok=True)
     try:

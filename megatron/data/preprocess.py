@@ -116,11 +116,10 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     vocab_size = tokenizer.vocab_size  # the ids' dtype: uint16 below 65500 tokens, else int32
     if options.split_sentences:
         sentence_splitter(options.lang, options.keep_newlines)  # fail now, not in every worker
-    created = [Path(folder) for folder in reversed(paths.missing_folders(Path(options.output_prefix).parent))]
-    existing = created[0].parent if created else Path(options.output_prefix).parent
-    if not existing.is_dir():
-        raise ConfigError(f"--output-prefix {options.output_prefix} lies under {existing}, which is a file",
-                          "pass an --output-prefix inside a directory")
+    parent = str(Path(options.output_prefix).parent)
+    if problem := paths.file_in_the_way(f"--output-prefix {options.output_prefix}: its folder", parent):
+        raise ConfigError(problem, "pass an --output-prefix inside a directory")
+    created = [Path(made) for made in reversed(paths.missing_folders(parent))]
     try:
         for folder in created:
             folder.mkdir()
