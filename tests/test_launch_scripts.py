@@ -178,7 +178,9 @@ def test_two_node_launch_on_one_machine(tmp_path, data_dir):
     assert "iteration 2/2" in outputs[0]
 
     run_script("bert_distributed.sh", single, *LAYOUT, *SHAPE, *train_flags(data_dir), *MODERN)
-    assert len(losses(multi)) == 2 and losses(multi) == losses(single)
+    # the same job in the same layout; not bitwise: one fresh-clone run saw the second step's loss 1.1e-7
+    # (relative) apart, rounding of the ranks' CPU kernels that the first step did not show
+    assert len(losses(multi)) == 2 and losses(multi) == pytest.approx(losses(single), rel=1e-6, abs=0)
     model = json.loads((single / "config.json").read_text())["model"]
     assert (model["position_embedding_type"], model["local_attention_window"], model["mlp_type"]) == ("rope", 32, "geglu")
 
