@@ -504,8 +504,19 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
                           adjustable_start_fields(start, bool(args.init_from_hf)))
     for field, value in start.items():
         flags[field] = value if flags.get(field) is None else flags[field]
+    if flags.get("seq_length") is None and start:
+        flags["seq_length"] = start_length(args, weights_only, start)
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     return flags
+
+
+def start_length(args, weights_only: bool, start: dict) -> int:
+    """The --seq-length a run from weights takes when the flag is left out: a weights-only checkpoint's
+    trained length; for an HF folder, whose config states only its positions, the default 512 unless
+    the folder has fewer."""
+    if weights_only and not args.init_from_hf:
+        return checkpoint.stored_config(args.load, checkpoint.latest_tag(args.load))["model"]["seq_length"]
+    return min(BertConfig.seq_length, start.get("max_position_embeddings", BertConfig.seq_length))
 
 
 def check_sample_room(config) -> None:

@@ -169,6 +169,22 @@ def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_p
     tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(save), "--max-position-embeddings", "1024"])
     stored = checkpoint.stored_config(str(save), "iter_0000000")["model"]
     assert (stored["max_position_embeddings"], stored["seq_length"]) == (1024, 512)
+
+    # a run from the weights without --seq-length takes their trained length, not the default 512
+    from megatron.arguments import build_parser
+    from megatron.training import model_flags
+
+    tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "at256"), "--seq-length", "256"])
+    parse = build_parser().parse_args
+    assert model_flags(parse(["--load", str(tmp_path / "at256")]), {}, weights_only=True)["seq_length"] == 256
+    assert model_flags(parse(["--load", str(tmp_path / "at256"), "--seq-length", "64"]), {}, True)["seq_length"] == 64
+    short = tmp_path / "short"  # an HF folder of 128 positions (rope: no table to cut)
+    short.mkdir()
+    for file in folder.iterdir():
+        (short / file.name).write_bytes(file.read_bytes())
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 128}))
+    assert model_flags(parse(["--init-from-hf", str(short)]), {}, weights_only=False)["seq_length"] == 128
     with pytest.raises(ConfigError) as error:
         tool.main(["to-hf", "--load", str(save), "--tag", "iter_0000099", "--output", str(tmp_path / "out")])
     assert str(error.value) == (f"checkpoint folder {save / 'iter_0000099'} does not exist; pass the tag of a "
