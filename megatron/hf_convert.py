@@ -157,9 +157,16 @@ def hf_files(state: dict, config: BertConfig, vocab: list, lower_case: bool) -> 
                                                "tokenizer_config.json": tokenizer_config(config, lower_case)}
 
 
+def hf_positions(config: BertConfig) -> int:
+    """The max_position_embeddings (and tokenizer model_max_length) of an export: the table's rows, or
+    with rope, which has no table, the longer of the setting and the length the model trained at."""
+    if config.position_embedding_type == "rope":
+        return max(config.max_position_embeddings, config.seq_length)
+    return config.max_position_embeddings
+
+
 def tokenizer_config(config: BertConfig, lower_case: bool) -> dict:
-    return {"tokenizer_class": "BertTokenizer", "do_lower_case": lower_case,
-            "model_max_length": config.max_position_embeddings}
+    return {"tokenizer_class": "BertTokenizer", "do_lower_case": lower_case, "model_max_length": hf_positions(config)}
 
 
 def hf_tokenizer_files(state: dict, config: BertConfig, tokenizer) -> tuple[dict, dict]:
@@ -168,7 +175,7 @@ def hf_tokenizer_files(state: dict, config: BertConfig, tokenizer) -> tuple[dict
     from megatron import hf_modernbert
 
     named = {f"{kind}_token": token for kind, token in tokenizer.special_tokens().items()}
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": config.max_position_embeddings,
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": hf_positions(config),
                 **named}
     if hf_modernbert.is_modern(config):
         special_ids = {"pad": tokenizer.pad, "cls": tokenizer.cls, "sep": tokenizer.sep}

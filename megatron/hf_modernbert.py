@@ -144,7 +144,7 @@ def hf_config_from_bert(config: BertConfig, special_ids: dict) -> dict:
             "hidden_size": config.hidden_size, "intermediate_size": config.ffn_hidden_size,
             "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_attention_heads,
             "hidden_activation": {"geglu": "gelu", "swiglu": "silu"}[config.mlp_type],
-            "classifier_activation": "gelu", "max_position_embeddings": config.max_position_embeddings,
+            "classifier_activation": "gelu", "max_position_embeddings": hf_convert.hf_positions(config),
             "norm_eps": config.layernorm_epsilon, "initializer_range": config.init_method_std,
             "attention_bias": bias, "mlp_bias": bias, "norm_bias": bias, "classifier_bias": bias, "decoder_bias": True,
             "attention_dropout": config.attention_dropout, "embedding_dropout": config.hidden_dropout,

@@ -189,3 +189,21 @@ def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_p
         tool.main(["to-hf", "--load", str(save), "--tag", "iter_0000099", "--output", str(tmp_path / "out")])
     assert str(error.value) == (f"checkpoint folder {save / 'iter_0000099'} does not exist; pass the tag of a "
                                 f"complete iter_* folder of {save} (the newest: iter_0000000)")
+
+
+def test_to_hf_of_a_bigbird_model_says_the_export_attends_densely(tmp_path):
+    """The weights carry over whole, the block-sparse pattern does not: the export's outputs differ from
+    the trained model's, said in one warning line (Linformer, whose projections have no place, is refused)."""
+    from megatron.data.tokenizer import BertWordPiece
+
+    spec = importlib.util.spec_from_file_location("convert_checkpoint", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    config = small_config("bigbird", seq_length=64, bigbird_block_size=8, layernorm_layout="post",
+                          embedding_layernorm=True)
+    tokenizer = BertWordPiece(str(write_vocab_file(tmp_path / "vocab.txt")))
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config, tokenizer)
+    with pytest.warns(UserWarning, match="trained with BigBird's block-sparse attention; the Hugging Face model "
+                                         "attends to every token"):
+        tool.main(["to-hf", "--load", str(tmp_path / "ck"), "--output", str(tmp_path / "hf")])
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "bert"

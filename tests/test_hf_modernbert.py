@@ -315,6 +315,16 @@ def modern_config(**overrides) -> BertConfig:
     return BertConfig(**{**values, **overrides})
 
 
+def test_export_states_the_length_a_rope_model_trained_at():
+    """Rope has no table: a run may train beyond max_position_embeddings (a folder's 128, continued at
+    512); the export's positions and the tokenizer's model_max_length are the trained length then."""
+    config = modern_config(seq_length=512)
+    assert hf_modernbert.hf_config_from_bert(config, {"pad": 0, "cls": 2, "sep": 3})["max_position_embeddings"] == 512
+    assert hf_convert.tokenizer_config(config, lower_case=True)["model_max_length"] == 512
+    learned = modern_config(position_embedding_type="learned", seq_length=64)
+    assert hf_convert.hf_positions(learned) == 128  # a table's rows
+
+
 @pytest.mark.parametrize("overrides", [{}, dict(mlp_type="swiglu", add_bias_linear=True, global_attention_every=2)],
                          ids=["geglu", "swiglu-bias"])
 def test_ours_to_hf_loads_in_transformers_and_back_bitwise(tmp_path, overrides):

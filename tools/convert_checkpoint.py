@@ -29,6 +29,10 @@ from megatron.model.bert import BertConfig  # noqa: E402
 def to_hf(args) -> None:
     tag = args.tag or latest_tag(args.load)
     config = BertConfig(**stored_config(args.load, tag)["model"])
+    if config.attention == "bigbird":  # the weights carry over, the sparsity pattern does not
+        warnings.warn(f"{args.load} was trained with BigBird's block-sparse attention; the Hugging Face model "
+                      "attends to every token, so its outputs differ from the trained model's (the export suits "
+                      "fine-tuning with dense attention)")
     tokenizer = checkpoint_tokenizer(args, checkpoint_folder(args.load, tag))
     state = bert_state_from_checkpoint(args.load, tag)
     if isinstance(tokenizer, HFTokenizer):
