@@ -685,7 +685,11 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     section = _section_values(ds_config)
     values = {**section, **given}
     _check_model_numbers(values)
-    values = {**model_preset(flags, ds_config), **values}  # a preset's fields, each below its own flag
+    preset = model_preset(flags, ds_config)
+    if "hidden_size" in values and "ffn_hidden_size" not in values and "ffn_hidden_size" in preset:
+        # a preset resized by --hidden-size keeps its FFN ratio (1152 / 768 for modernbert-base)
+        values["ffn_hidden_size"] = round(preset["ffn_hidden_size"] * values["hidden_size"] / preset["hidden_size"])
+    values = {**preset, **values}  # a preset's fields, each below its own flag
     values.pop("model_preset", None)
     # --checkpoint-activations, else DeepSpeed's own "activation_checkpointing" section turns it on
     checkpoint_interval = values.pop("activation_checkpoint_interval", 0) or int("activation_checkpointing" in ds_config)

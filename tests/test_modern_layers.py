@@ -308,6 +308,11 @@ def test_modernbert_presets_match_hugging_face():
         28, 1024, 16, 2624)
     assert dataclasses.replace(large, num_layers=22, hidden_size=768, num_attention_heads=12,
                                ffn_hidden_size=1152) == base
+    # resized by --hidden-size, a preset keeps its FFN ratio (not 1152 beside a hidden size of 64)
+    small = [resolve(parse("--model-preset", "modernbert-base", "--hidden-size", "64", "--num-attention-heads", "4",
+                           *ffn), {}, world_size=1, deepspeed_check=False).model.ffn_hidden_size
+             for ffn in ([], ["--ffn-hidden-size", "80"])]
+    assert small == [96, 80]
 
 
 def test_modernbert_shaped_model_computes_what_hugging_face_modernbert_does():
