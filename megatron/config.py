@@ -736,7 +736,8 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         where = f"{SECTION}: "
         attention.check(model, sequence)
     except ConfigError as error:
-        raise ConfigError(where + error.problem, _preset_fix(error.fix, given, section, flags, ds_config)) from None
+        fix = _section_fix(_preset_fix(error.fix, given, section, flags, ds_config), given, section)
+        raise ConfigError(where + error.problem, fix) from None
     _refuse_unused_options(given, section, model)
 
     resolved = {**ds_config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
@@ -765,6 +766,16 @@ def _preset_fix(fix: str, given: dict, section: dict, flags: dict, ds_config: di
     for name in model_preset(flags, ds_config).keys() & _PRESET_UNDO.keys() - given.keys() - section.keys():
         flag, undo = _PRESET_UNDO[name]
         fix = re.sub(f"drop {flag}(?![-\\w])", f"pass {undo} ({preset_source(flags, ds_config)} sets {flag})", fix)
+    return fix
+
+
+def _section_fix(fix: str, given: dict, section: dict) -> str:
+    """`fix` naming the JSON key rather than the flag of a variant option the JSON section set and
+    no flag did ('choose sequence_parallel.linformer.k at most --seq-length')."""
+    for options in _VARIANT_OPTIONS.values():
+        for name, (flag, json_key) in options.items():
+            if name in section and name not in given:
+                fix = re.sub(f"{flag}(?![-\\w])", json_key, fix)
     return fix
 
 

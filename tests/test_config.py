@@ -114,6 +114,10 @@ def test_resolved_config_is_json_serialisable():
     ({"sequence_parallel": {"size": 2, "sparse": True}}, 4, {}, "unknown key sequence_parallel.sparse"),
     ({"sequence_parallel": {"linformer": {"k": 8, "rank": 2}}}, 4, {}, "unknown key sequence_parallel.linformer.rank"),
     ({"zero_optimization": {"stage": "one"}}, 4, {}, "zero_optimization.stage = 'one' is not an integer"),
+    ({"sequence_parallel": {"size": 2, "attention": "linformer", "linformer": {"k": 128}}}, 4, {},  # the JSON's k
+     "linformer_k 128 exceeds seq_length 64; choose sequence_parallel.linformer.k at most --seq-length"),
+    ({"sequence_parallel": {"size": 2, "attention": "linformer"}}, 4, {"linformer_k": 128},
+     "linformer_k 128 exceeds seq_length 64; choose --linformer-k at most --seq-length"),
 ])
 def test_invalid_combinations_name_the_key(ds_update, world, extra, message):
     with pytest.raises(ConfigError) as error:
