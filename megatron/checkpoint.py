@@ -443,7 +443,10 @@ def latest_tag(load_dir: str) -> str:
                 os.path.isfile(os.path.join(parent, LATEST)):
             raise ConfigError(f"{load_dir} is one checkpoint of the --save directory {parent}",
                               f"point --load at {parent} (its '{LATEST}' names the checkpoint to resume)")
-        raise ConfigError(f"no checkpoint in {load_dir} (missing '{LATEST}')", "point --load at a directory written by --save")
+        inside = sorted(os.path.dirname(found) for found in glob.glob(os.path.join(glob.escape(load_dir), "*", LATEST)))
+        raise ConfigError(f"no checkpoint in {load_dir} (missing '{LATEST}')",
+                          f"point --load at {inside[0]}, which holds one" if inside else
+                          "point --load at a directory written by --save")
     with open(path) as file:
         tag = file.read().strip()
     if not tag:  # else it would name the directory itself, "incomplete"

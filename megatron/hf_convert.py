@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpoint import UNREADABLE, tag_for
+from megatron.checkpoint import LATEST, UNREADABLE, tag_for
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry
 from megatron.errors import ConfigError, DataError
@@ -233,6 +233,9 @@ def read_hf_config(folder) -> dict:
         raise ConfigError(f"{folder} is a file, not a Hugging Face model folder",
                           "point at the folder holding config.json and the weights")
     if not path.is_file():
+        if (Path(folder) / LATEST).is_file():
+            raise ConfigError(f"{folder} is a checkpoint of this trainer, not a Hugging Face model folder",
+                              "pass it to --load (to-hf --load exports it)")
         raise ConfigError(f"{path} does not exist", "point at a Hugging Face model folder (config.json + weights)")
     try:
         config = strict_json_loads(path.read_text(encoding="utf-8"), path)

@@ -1,4 +1,5 @@
 """Checkpoints: exact resume in the same layout, and weights read back from any layout."""
+import shutil
 import warnings
 
 import pytest
@@ -114,6 +115,17 @@ def test_zero3_weights_read_back(tmp_path):
 def test_missing_checkpoint_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(Exception, match="no checkpoint in .* \\(missing 'latest'\\); point --load"):
         checkpoint.latest_tag(str(tmp_path))
+    # a run folder whose checkpoints lie one level down: named; and it is no Hugging Face folder
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "latest").write_text("iter_0000002")
+    with pytest.raises(Exception, match=f"missing 'latest'\\); point --load at {tmp_path / 'run' / 'checkpoints'}, "):
+        checkpoint.latest_tag(str(tmp_path / "run"))
+    from megatron.hf_convert import read_hf_config
+
+    with pytest.raises(Exception, match="checkpoints is a checkpoint of this trainer, not a Hugging Face model folder; "
+                                        "pass it to --load"):
+        read_hf_config(tmp_path / "run" / "checkpoints")
+    shutil.rmtree(tmp_path / "run")
     # one iter_* folder of a --save directory: the directory is what --load takes
     (tmp_path / "iter_0000002").mkdir()
     (tmp_path / "latest").write_text("iter_0000002")

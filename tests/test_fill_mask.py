@@ -40,7 +40,7 @@ def test_prints_the_models_top_predictions(tmp_path):
     lines = lines[lines.index(text):]  # (DeepSpeed may print its accelerator line first)
     assert len(lines) == 3
     for number, predictions in enumerate(expected, start=1):
-        assert lines[number] == f"  [MASK] {number}: " + ", ".join(f"{t} {p:.2f}" for t, p in predictions)
+        assert lines[number] == f"  [MASK] {number}: " + ", ".join(f"{t} {p:.2g}" for t, p in predictions)
     # the same model in-process, by hand: the top token of the first [MASK] (position 1 after [CLS])
     ids = [tokenizer.cls, tokenizer.mask, *tokenizer.tokenize(" b "), tokenizer.mask, tokenizer.sep]
     tokens = torch.tensor(ids + [tokenizer.pad] * (16 - len(ids)))[None]
