@@ -118,8 +118,14 @@ def rendezvous(dist_backend: str, timeout: float) -> None:
                 time.sleep(0.1)
                 arrived = store.add("megatron/rendezvous", 0)
             store.set("megatron/rendezvous_verdict", str(arrived))
-        else:  # waits for rank 0's count (at most the store's timeout)
+            read_by = time.monotonic() + 5.0  # a store that closes under a rank's read prints C++ stack frames
+            while arrived < world and store.add("megatron/verdict_read", 0) < arrived - 1 and time.monotonic() < read_by:
+                time.sleep(0.05)
+        else:  # rank 0, which started the clock before this rank could connect, gives its count by then
+            store.set_timeout(timedelta(seconds=timeout + 30))
             arrived = int(store.get("megatron/rendezvous_verdict"))
+            if arrived < world:  # rank 0 waits for this before its store goes
+                store.add("megatron/verdict_read", 1)
     except RuntimeError:  # rank 0 gave up and its store went with it
         arrived = min(arrived, world - 1)
     if arrived < world:
