@@ -1,36 +1,23 @@
 # Sourced by bert_distributed.sh, bert_distributed_linformer.sh and bert_distributed_bigbird.sh
-# (which set ATTENTION, and VARIANT_ARG + VARIANT_KEY for the variant's own positional argument):
+# (which set ATTENTION, and VARIANT_ARG + VARIANT_KEY + VARIANT_FLAG for the variant's own positional
+# argument):
 # the positional arguments of the original long-sequence scripts -> a DeepSpeed JSON made from a
 # template in ds_configs/ with tools/ds_config.py (validated for this world size) -> the deepspeed
 # launcher on pretrain_bert.py. Flags after the positional arguments go to pretrain_bert.py and win
-# over the defaults below (--train-iters, --data-path, --vocab-file, --save, ...).
+# over the defaults below (--train-iters, --data-path, --vocab-file, --save, ...); those that the
+# positional arguments or the script's JSON fix (--micro-batch-size, --attention, --deepspeed_config,
+# ...) are refused.
 #
 # Environment: RUN_DIR (the JSON, logs and checkpoints; default runs/<script name>), MASTER_PORT,
 # HOSTFILE + NUM_NODES (several machines; bert_multinode.sh sets them), NODE_RANK + MASTER_ADDR
-# (start only this machine's ranks, without ssh), DRY_RUN=1 (print the JSON and the launcher command,
-# write and run nothing), STOP_TIMEOUT (launcher_group.sh),
+# (start only this machine's ranks, without ssh; else the first host must answer passwordless ssh),
+# DRY_RUN=1 (print the JSON and the launcher command, write and run nothing), STOP_TIMEOUT (launcher_group.sh),
 # PYTHON (default .venv/bin/python; the deepspeed launcher beside it is used).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 SCRIPT="$(basename "$0")"
-source "$ROOT/examples_deepspeed/launcher_group.sh"
-
-fail() {  # one line, exit 2
-    echo "$SCRIPT: error: $1" >&2
-    exit 2
-}
-
-# decimal() NAME VALUE MIN FIX: VALUE as a decimal integer >= MIN into NAME (a leading zero is not
-# octal: 08 is 8, 010 is 10), else one line naming NAME and FIX
-decimal() {
-    case "$2" in
-        '' | *[!0-9]*) fail "$1 = '$2' is not a non-negative integer; $4" ;;
-    esac
-    [ "${#2}" -le 9 ] || fail "$1 = '$2' is too large; $4"
-    printf -v "$1" %d "$((10#$2))"
-    [ "${!1}" -ge "$3" ] || fail "$1 = '$2' is below $3; $4"
-}
+source "$ROOT/examples_deepspeed/launcher_group.sh"  # also fail, decimal and the STOP_TIMEOUT check
 
 NAMES=(PROCS PP SP SEQ_LEN MICRO_BATCH GLOBAL_BATCH ${VARIANT_ARG:-} LAYERS HIDDEN HEADS)
 if [ $# -lt ${#NAMES[@]} ]; then
@@ -45,6 +32,32 @@ for name in "${NAMES[@]}"; do
     [ "${!name}" -ge 1 ] || fail "$name = '$1' is not a positive integer; pass ${NAMES[*]}"
     shift
 done
+# Flags that the positional arguments or the script fix: after them pretrain_bert.py would take them
+# over what the script validated and wrote to RUN_DIR/ds_config.json (argparse's last flag wins),
+# also as --flag=value or an abbreviation (--micro-batch; argparse's allow_abbrev).
+declare -A FIXED=([--num-layers]=LAYERS [--hidden-size]=HIDDEN [--num-attention-heads]=HEADS [--seq-length]=SEQ_LEN
+                  [--max-position-embeddings]=SEQ_LEN [--pipeline-model-parallel-size]=PP [--sequence-parallel-size]=SP
+                  [--micro-batch-size]=MICRO_BATCH [--global-batch-size]=GLOBAL_BATCH [--attention]=ATTENTION
+                  [--bigbird]=ATTENTION [--deepspeed_config]=JSON [--deepscale_config]=JSON [--deepspeed-config]=JSON)
+[ -z "${VARIANT_FLAG:-}" ] || FIXED[$VARIANT_FLAG]=$VARIANT_ARG
+for token in "$@"; do
+    name="${token%%=*}"
+    case "$name" in
+        --deepspeed | --deepscale) continue ;;  # the trainer's own flags, prefixes of --deepspeed_config
+        --dry-run) fail "--dry-run after the positional arguments would go to pretrain_bert.py and launch; set DRY_RUN=1 (or bert_multinode.sh --dry-run HOSTFILE ...)" ;;
+        --?*) ;;
+        *) continue ;;
+    esac
+    for flag in "${!FIXED[@]}"; do
+        [[ "$flag" == "$name"* ]] || continue
+        [ "$name" = "$flag" ] && given="$name" || given="$name (for $flag)"
+        case "${FIXED[$flag]}" in
+            ATTENTION) fail "$given after the positional arguments would override the script's $ATTENTION attention; use bert_distributed.sh (ring), bert_distributed_linformer.sh or bert_distributed_bigbird.sh, or launch pretrain_bert.py with deepspeed and a JSON of ds_configs/" ;;
+            JSON) fail "$given after the positional arguments would replace the JSON the script writes to RUN_DIR/ds_config.json; drop it, or launch pretrain_bert.py with deepspeed and your JSON" ;;
+            *) fail "$given after the positional arguments would override ${FIXED[$flag]} = ${!FIXED[$flag]} in the JSON and command the script made; change the ${FIXED[$flag]} argument instead" ;;
+        esac
+    done
+done
 # decimal() normalizes the environment's values under their own names (the messages name them)
 decimal NUM_NODES "${NUM_NODES:-1}" 1 "set NUM_NODES to the number of machines"
 WORLD=$((NUM_NODES * PROCS))
@@ -53,8 +66,17 @@ decimal MASTER_PORT "${MASTER_PORT:-29500}" 1 "set MASTER_PORT to a free TCP por
 found="$(command -v -- "$PYTHON")" || fail "PYTHON $PYTHON is not an executable; set PYTHON to the python of the environment the trainer is installed in (the README's commands create .venv)"
 PYTHON="$found"
 [ -x "$(dirname "$PYTHON")/deepspeed" ] || fail "no deepspeed launcher beside $PYTHON; install the requirements into that environment (pip install -r requirements.txt) or set PYTHON to another"
+DRY_RUN="${DRY_RUN:-0}"
+case "$DRY_RUN" in
+    0 | 1) ;;
+    *) fail "DRY_RUN = '$DRY_RUN' is not 0 or 1; set DRY_RUN=1 to print the launch without running it" ;;
+esac
 if [ -n "${HOSTFILE:-}" ]; then  # DeepSpeed's launcher would stop on a bad line with a traceback: name the line here
-    "$PYTHON" "$ROOT/tools/check_hostfile.py" "$HOSTFILE" --num-nodes "$NUM_NODES" --ranks-per-node "$PROCS" > /dev/null
+    # and, when it would reach the hosts by ssh (no NODE_RANK), check that ssh as it does, but before the JSON is written
+    ssh=()
+    [ -n "${NODE_RANK:-}" ] || [ "$DRY_RUN" = 1 ] || ssh=(--ssh)
+    "$PYTHON" "$ROOT/tools/check_hostfile.py" "$HOSTFILE" --num-nodes "$NUM_NODES" --ranks-per-node "$PROCS" \
+        --script-names "${ssh[@]}" > /dev/null
 fi
 # without a hostfile the launcher starts PROCS ranks here alone: a world of NUM_NODES machines never forms
 [ -n "${HOSTFILE:-}" ] || [ "$NUM_NODES" -eq 1 ] || fail "NUM_NODES $NUM_NODES is set without HOSTFILE; launch several machines with bert_multinode.sh HOSTFILE NUM_NODES $SCRIPT ..."
@@ -67,8 +89,20 @@ if [ -n "${HOSTFILE:-}" ] && [ -n "${NODE_RANK:-}" ]; then
 fi
 
 RUN_DIR="${RUN_DIR:-$ROOT/runs/${SCRIPT%.sh}}"
-if [ -e "$RUN_DIR" ] && [ ! -d "$RUN_DIR" ]; then
-    fail "RUN_DIR $RUN_DIR is a file, not a directory; set RUN_DIR to a directory for the config, logs and checkpoints"
+# RUN_DIR, or the nearest folder above it that exists, must take a new folder (else ds_config.py's
+# error would name its own --output); a dry run writes nothing, not even this probe
+RUN_FIX="set RUN_DIR to a directory this user can write, for the config, logs and checkpoints"
+existing="$RUN_DIR"
+while [ ! -e "$existing" ] && [ ! -L "$existing" ]; do
+    existing="$(dirname -- "$existing")"
+done
+if [ ! -d "$existing" ]; then
+    [ "$existing" = "$RUN_DIR" ] || fail "RUN_DIR $RUN_DIR lies under $existing, which is a file; $RUN_FIX"
+    fail "RUN_DIR $RUN_DIR is a file, not a directory; $RUN_FIX"
+fi
+if [ "$DRY_RUN" = 0 ]; then
+    probe="$(mktemp -d -- "$existing/.run_dir_probe.XXXXXX" 2> /dev/null)" && rmdir -- "$probe" ||
+        fail "RUN_DIR $RUN_DIR cannot be created or written: $existing takes no new folder; $RUN_FIX"
 fi
 TEMPLATE="$ROOT/ds_configs/${ATTENTION}_sp2.json"
 [ "$PP" -eq 1 ] || TEMPLATE="$ROOT/ds_configs/pipeline_zero1_ring_sp2.json"
@@ -81,14 +115,11 @@ SETTINGS=(sequence_parallel.size="$SP" sequence_parallel.attention="$ATTENTION"
 # packed samples (several documents per sequence, each attending to itself; --no-pack-samples turns
 # it off): linformer's projection mixes positions across segments, so it trains unpacked
 [ "$ATTENTION" = linformer ] || SETTINGS+=(sequence_parallel.pack_samples=true)
-DRY_RUN="${DRY_RUN:-0}"
-case "$DRY_RUN" in
-    0 | 1) ;;
-    *) fail "DRY_RUN = '$DRY_RUN' is not 0 or 1; set DRY_RUN=1 to print the launch without running it" ;;
-esac
 CONFIG=("$PYTHON" "$ROOT/tools/ds_config.py" set "$TEMPLATE" "${SETTINGS[@]}" --world-size "$WORLD" "${MODEL[@]}")
 if [ "$DRY_RUN" = 1 ]; then
-    "${CONFIG[@]}" --output -  # a dry run writes nothing: the JSON it would write is printed
+    # a dry run writes nothing: the JSON it would write is printed, and where the command reads it
+    echo "# RUN_DIR/ds_config.json ($RUN_DIR/ds_config.json) would hold this JSON; the command below reads it there:"
+    "${CONFIG[@]}" --output -
 else
     "${CONFIG[@]}" --output "$RUN_DIR/ds_config.json" > /dev/null
 fi

@@ -6,6 +6,7 @@
 # --num_nodes NUM_NODES --num_gpus PROCS ...`, which reaches the other hosts by passwordless ssh.
 # Without ssh (schedulers, containers) run the same command on every machine with NODE_RANK=0..N-1
 # and MASTER_ADDR=<address of node 0>. --dry-run prints the launcher command instead of running it.
+[ -n "${BASH_VERSION:-}" ] || { echo "${0##*/}: error: this is a bash script, run by another shell; run it with bash: bash $0 ..." >&2; exit 2; }
 set -euo pipefail
 if [ "${1:-}" = --dry-run ]; then
     export DRY_RUN=1

@@ -1,5 +1,6 @@
-# Sourced by the launch scripts: `run_launcher COMMAND ...` runs the deepspeed launcher in its own
-# process group and stops the whole run on SIGTERM / SIGINT. The launcher itself does not: its
+# Sourced by the launch scripts: `fail` and `decimal` (one-line errors, exit 2), STOP_TIMEOUT checked
+# when sourced (before anything starts, not when a signal comes), and `run_launcher COMMAND ...`
+# runs the deepspeed launcher in its own process group and stops the whole run on SIGTERM / SIGINT. The launcher itself does not: its
 # outer process dies on SIGTERM and leaves the ranks training as orphans. Here the signal goes to
 # this machine's ranks (the children of deepspeed.launcher.launch in the group): they save a final
 # checkpoint (with --save) and exit, and the launcher, seeing them exit, ends with their status. With no rank
@@ -11,6 +12,24 @@
 # DeepSpeed then picks anyway), as megatron/quiet.py does for the ranks: the launcher processes
 # (deepspeed's runner and its per-node launch) then do not log "Setting accelerator to CPU. If you
 # have GPU or other accelerator, we were unable to detect it." A DS_ACCELERATOR the user set is kept.
+
+fail() {  # one line, exit 2
+    echo "$(basename "$0"): error: $1" >&2
+    exit 2
+}
+
+# decimal() NAME VALUE MIN FIX: VALUE as a decimal integer >= MIN into NAME (a leading zero is not
+# octal: 08 is 8, 010 is 10), else one line naming NAME and FIX
+decimal() {
+    case "$2" in
+        '' | *[!0-9]*) fail "$1 = '$2' is not a non-negative integer; $4" ;;
+    esac
+    [ "${#2}" -le 9 ] || fail "$1 = '$2' is too large; $4"
+    printf -v "$1" %d "$((10#$2))"
+    [ "${!1}" -ge "$3" ] || fail "$1 = '$2' is below $3; $4"
+}
+
+decimal STOP_TIMEOUT "${STOP_TIMEOUT:-120}" 1 "set STOP_TIMEOUT to the seconds the ranks get to stop after a signal (default 120)"
 
 # processes of group $1 that are not zombies (a reparented zombie can outlive its group's work)
 group_alive() {
@@ -64,12 +83,12 @@ run_launcher() {
         wait "$LAUNCHER_GROUP" || status=$?
     done
     if [ "$signal_number" -ne 0 ]; then
-        deadline=$((SECONDS + ${STOP_TIMEOUT:-120}))
+        deadline=$((SECONDS + STOP_TIMEOUT))
         while group_alive "$LAUNCHER_GROUP" && [ "$SECONDS" -lt "$deadline" ]; do
             sleep 0.2
         done
         if group_alive "$LAUNCHER_GROUP"; then
-            echo "$(basename "$0"): error: ranks still running ${STOP_TIMEOUT:-120} s after the signal: killed; the last checkpoint in --save is the one to resume from" >&2
+            echo "$(basename "$0"): error: ranks still running $STOP_TIMEOUT s after the signal: killed; the last checkpoint in --save is the one to resume from" >&2
             kill -KILL -- "-$LAUNCHER_GROUP" 2> /dev/null || true
         fi
         return $((128 + signal_number))

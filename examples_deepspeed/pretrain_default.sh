@@ -3,8 +3,10 @@
 # on the embedded default corpus and vocab, through the real deepspeed launcher.
 # Creates .venv and installs the pinned requirements on first use; builds the corpus, vocab and
 # preprocessed data into .cache/default_data once; extra flags are passed to pretrain_bert.py.
+[ -n "${BASH_VERSION:-}" ] || { echo "${0##*/}: error: this is a bash script, run by another shell; run it with bash: bash $0 ..." >&2; exit 2; }
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source examples_deepspeed/launcher_group.sh  # SIGTERM / Ctrl-C stop every rank; no accelerator warning on CPU; STOP_TIMEOUT checked
 [ -x .venv/bin/python ] || python3.11 -m venv .venv
 .venv/bin/pip install -q -r requirements.txt
 .venv/bin/pip install -q --no-build-isolation -e .
@@ -17,7 +19,6 @@ elif [ "$gpus" -eq 1 ]; then
     ranks=1 sp=(--sequence-parallel-size 1)  # NCCL needs a GPU per rank: one GPU, the whole sequence
     echo "pretrain_default.sh: one GPU found: training on it with sequence-parallel size 1 (2 GPUs give SP=2)"
 fi
-source examples_deepspeed/launcher_group.sh  # SIGTERM / Ctrl-C stop every rank; no accelerator warning on CPU
 save=runs/default/checkpoints  # resumed when run again; a --save among the extra flags moves it
 args=("$@")
 for i in "${!args[@]}"; do

@@ -594,6 +594,24 @@ CASES += [
     Case("log_dir_is_a_file_two_ranks", "launch2", [*PRETRAIN, "--log-dir", "{tmp}/afile"],
          ("--log-dir", "afile is a file, not a directory", "pass a --log-dir directory"), files={"afile": "x"}),
 ]
+SCRIPT_ARGS = ["2", "1", "2", "64", "2", "4", "2", "64", "4"]  # PROCS PP SP SEQ_LEN MICRO GLOBAL LAYERS HIDDEN HEADS
+CASES += [
+    # ---- launchfix: launch scripts refuse before anything is written (flags the positionals fix, RUN_DIR,
+    # the hostfile as DeepSpeed reads it, ssh that DeepSpeed's launcher needs: a real launch stopping at the check)
+    Case("script_flag_fixed_by_a_positional", "distributed", [*SCRIPT_ARGS, "--micro-batch-size=1"],
+         ("--micro-batch-size after the positional arguments would override MICRO_BATCH = 2",
+          "change the MICRO_BATCH argument"), env={"DRY_RUN": "1"}),
+    Case("script_run_dir_not_writable", "distributed", SCRIPT_ARGS,
+         ("RUN_DIR /proc/launchfix/run cannot be created or written", "set RUN_DIR to a directory this user can write"),
+         env={"RUN_DIR": "/proc/launchfix/run"}),
+    Case("hostfile_byte_order_mark", "multinode", ["{tmp}/hostfile", "1"], ("starts with a byte-order mark",
+                                                                            "save it as plain UTF-8"),
+         setup=lambda tmp, assets: (tmp / "hostfile").write_bytes("\ufeffworker-1 slots=2\n".encode())),
+    Case("script_hostfile_host_without_ssh", "distributed", SCRIPT_ARGS,
+         ("cannot reach nosuchhost.invalid, the hostfile's first host, by passwordless ssh", "set up ssh keys",
+          "NODE_RANK and MASTER_ADDR"), files={"hostfile": "nosuchhost.invalid slots=2\n"},
+         env={"HOSTFILE": "{tmp}/hostfile"}),
+]
 
 
 COMMANDS = {
@@ -980,3 +998,23 @@ def test_a_rendezvous_port_in_use_is_named_with_its_fix(monkeypatch):
             device.rendezvous("gloo", 5)
     assert error.value.problem.startswith(f"rank 0 cannot host the rendezvous at 127.0.0.1:{port}: the port is in use")
     assert error.value.fix.startswith("pass a free port: the launcher's --master_port")
+
+
+def test_ranks_that_came_to_a_failed_rendezvous_print_one_line_each():
+    """2 of 3 ranks arrive: rank 0 gives up and its store goes with it. Rank 1 read its verdict while the
+    store could still answer (it printed torch's C++ frames, 'recvVector failed', when the store closed
+    under its read, or 'timed out' when its read began before rank 0's clock ran out)."""
+    from megatron.parallel.spawn import free_port
+
+    code = ("import sys\nfrom megatron.errors import ConfigError\nfrom megatron.parallel import device\n"
+            "try:\n    device.rendezvous('gloo', 2.0)\nexcept ConfigError as error:\n"
+            "    print(f'error: {error}', file=sys.stderr)\n    sys.exit(2)\n")
+    env = {**os.environ, "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "DS_ACCELERATOR": "cpu"}
+    ranks = [subprocess.Popen([PYTHON, "-c", code], env={**env, "RANK": str(rank)}, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    for rank in ranks:
+        assert rank.wait(timeout=120) == 2
+    for rank in ranks:
+        lines = rank.stderr.read().strip().splitlines()
+        assert len(lines) == 1 and "timed out after 2 s: 2 of 3 ranks arrived" in lines[0], lines

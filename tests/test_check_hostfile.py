@@ -1,5 +1,6 @@
-"""tools/check_hostfile.py accepts what DeepSpeed's hostfile parser accepts (a trailing `# comment`)
-and checks each used machine's slots against the ranks per node the launch starts."""
+"""tools/check_hostfile.py accepts what DeepSpeed's hostfile parser accepts (`^(\S+)\s+slots=(\d+)`,
+the rest of the line ignored) and checks each used machine's slots against the ranks per node the
+launch starts, in its own flag names when run directly."""
 import os
 import subprocess
 import sys
@@ -13,14 +14,16 @@ def check(*argv) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-def test_trailing_comment_is_accepted(tmp_path):
+def test_what_follows_the_slots_is_ignored_as_deepspeed_does(tmp_path):
+    """`slots=8#c` and `slots=8 gpus=0,1` were refused as "not '<host> slots=<gpus>'"."""
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text("# two machines\nworker-1 slots=8   # the rack's first\nworker-2 slots=4 #second\n\n")
+    hostfile.write_text("# three machines\nworker-1 slots=8   # the rack's first\nworker-2 slots=4#second\n\n"
+                        "worker-3 slots=2 gpus=0,1\n")
     result = check(hostfile, "--num-nodes", 2)
-    assert result.returncode == 0 and result.stdout == f"{hostfile}: 2 hosts, 12 slots\n", result.stderr
-    (tmp_path / "bad").write_text("worker-1 slots=8 extra\n")
+    assert result.returncode == 0 and result.stdout == f"{hostfile}: 3 hosts, 14 slots\n", result.stderr
+    (tmp_path / "bad").write_text("worker-1 slots = 8\n")
     result = check(tmp_path / "bad")
-    assert result.returncode == 2 and "line 1 'worker-1 slots=8 extra' is not '<host> slots=<gpus>'" in result.stderr
+    assert result.returncode == 2 and "line 1 'worker-1 slots = 8' is not '<host> slots=<gpus>'" in result.stderr
 
 
 def test_slots_are_checked_against_the_ranks_per_node(tmp_path):
@@ -29,9 +32,13 @@ def test_slots_are_checked_against_the_ranks_per_node(tmp_path):
     assert check(hostfile, "--num-nodes", 2, "--ranks-per-node", 4).returncode == 0  # worker-3 is not used
     result = check(hostfile, "--num-nodes", 2, "--ranks-per-node", 8)
     assert result.returncode == 2 and result.stderr.splitlines() == [
-        f"check_hostfile.py: error: PROCS 8 ranks per node but hostfile {hostfile} gives worker-2 slots=4; "
-        "pass PROCS at most 4 or raise the slots of that machine"]
-    # the multi-node launch script passes its PROCS (a dry run: nothing starts)
+        f"check_hostfile.py: error: --ranks-per-node 8 but hostfile {hostfile} gives worker-2 slots=4; "
+        "pass --ranks-per-node at most 4 or raise the slots of that machine"]
+    result = check(hostfile, "--num-nodes", 4)  # said NUM_NODES, the launch script's name, when run directly
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"check_hostfile.py: error: --num-nodes 4 but hostfile {hostfile} lists 3 hosts; pass --num-nodes between 1 "
+        "and 3 or add hosts to the hostfile"]
+    # the multi-node launch script passes its PROCS, named as such (a dry run: nothing starts)
     script = subprocess.run([str(ROOT / "examples_deepspeed" / "bert_multinode.sh"), "--dry-run", str(hostfile), "2",
                              "bert_distributed.sh", "8", "1", "8", "16384", "1", "8", "24", "1024", "16"],
                             env={**os.environ, "RUN_DIR": str(tmp_path / "run")}, capture_output=True, text=True,

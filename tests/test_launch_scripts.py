@@ -89,10 +89,12 @@ def test_bad_positional_argument_is_one_line(tmp_path):
     ({"MASTER_PORT": "0"}, "MASTER_PORT = '0' is below 1; set MASTER_PORT to a free TCP port"),
     ({"NUM_NODES": "x"}, "NUM_NODES = 'x' is not a non-negative integer; set NUM_NODES"),
     ({"NUM_NODES": "2"}, "NUM_NODES 2 is set without HOSTFILE; launch several machines with bert_multinode.sh"),
-    ({"NODE_RANK": "1"}, "NODE_RANK 1 is set without HOSTFILE; launch several machines with bert_multinode.sh")])
+    ({"NODE_RANK": "1"}, "NODE_RANK 1 is set without HOSTFILE; launch several machines with bert_multinode.sh"),
+    ({"STOP_TIMEOUT": "5s"}, "STOP_TIMEOUT = '5s' is not a non-negative integer; set STOP_TIMEOUT to the seconds")])
 def test_launch_environment_mistakes_name_the_variable(tmp_path, env, message):
     """the messages said PORT / NODES (the script's own names); NUM_NODES or NODE_RANK without a
-    hostfile sized the JSON for machines the launcher would never start (a lone run per machine)."""
+    hostfile sized the JSON for machines the launcher would never start (a lone run per machine);
+    a STOP_TIMEOUT that is no number of seconds failed only after a SIGTERM, as `unbound variable`."""
     result = subprocess.run([str(SCRIPTS / "bert_distributed.sh"), "2", *LAYOUT, *SHAPE], capture_output=True,
                             text=True, env={**launch_env(tmp_path), "DRY_RUN": "1", **env}, timeout=60)
     lines = result.stderr.splitlines()
@@ -121,7 +123,48 @@ def dry_run(script: str, run_dir: Path, *arguments, **env) -> tuple:
     assert not run_dir.exists() or not any(run_dir.iterdir())  # a dry run writes nothing
     lines = result.stdout.splitlines()  # DeepSpeed may log a line before the JSON
     start, end = lines.index("{"), len(lines) - 1 - lines[::-1].index("}")
+    # where the printed command reads the JSON from (pasted without it, the command found no file)
+    assert lines[start - 1].startswith(f"# RUN_DIR/ds_config.json ({run_dir}/ds_config.json) would hold this JSON")
     return json.loads("\n".join(lines[start:end + 1])), lines[-1]
+
+
+@pytest.mark.parametrize("script,flags,message", [
+    ("bert_distributed.sh", ["--attention", "ulysses"], "--attention after the positional arguments would override "
+                                                        "the script's ring attention; use bert_distributed.sh (ring)"),
+    ("bert_distributed.sh", ["--seq", "256"], "--seq (for --seq-length) after the positional arguments would override "
+                                              "SEQ_LEN = 128"),
+    ("bert_distributed.sh", ["--deepspeed_config=my.json"], "--deepspeed_config after the positional arguments would "
+                                                            "replace the JSON the script writes to RUN_DIR/ds_config"),
+    ("bert_distributed_linformer.sh", ["--linformer-k", "16"], "--linformer-k after the positional arguments would "
+                                                               "override LINFORMER_K = 32"),
+    ("bert_distributed.sh", ["--dry-run"], "--dry-run after the positional arguments would go to pretrain_bert.py and "
+                                           "launch; set DRY_RUN=1")])
+def test_flags_the_positionals_fix_are_refused(tmp_path, script, flags, message):
+    """They trained silently with settings other than the JSON in RUN_DIR that the script had validated
+    (a late --dry-run launched for real, then failed in the trainer)."""
+    variant = ["32"] if "linformer" in script else []
+    result = subprocess.run([str(SCRIPTS / script), "2", *LAYOUT, *variant, *SHAPE, "--train-iters", "2", *flags],
+                            env=launch_env(tmp_path, DRY_RUN="1"), capture_output=True, text=True, timeout=60)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"{script}: error: {message}"), lines
+
+
+def test_flags_beside_the_fixed_ones_pass(tmp_path):
+    """The trainer's own flags that share a prefix with a fixed one, and the defaults flags win over."""
+    config, command = dry_run("bert_distributed.sh", tmp_path, "2", *LAYOUT, *SHAPE, "--attention-dropout", "0.1",
+                              "--deepspeed", "--model-preset", "modernbert-base", "--train-iters", "2", DRY_RUN="1")
+    assert command.endswith("--attention-dropout 0.1 --deepspeed --model-preset modernbert-base --train-iters 2 ")
+
+
+@pytest.mark.parametrize("script", ["bert_distributed.sh", "bert_multinode.sh"])
+def test_sh_instead_of_bash_is_one_line(tmp_path, script):
+    """`sh script` failed with `source: not found` or `set: Illegal option -o pipefail`."""
+    if subprocess.run(["sh", "-c", "echo ${BASH_VERSION:-}"], capture_output=True, text=True).stdout.strip():
+        pytest.skip("sh is bash here")
+    result = subprocess.run(["sh", str(SCRIPTS / script), "2", *LAYOUT, *SHAPE], env=launch_env(tmp_path),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"{script}: error: this is a bash script, run by another shell; run it with bash: bash {SCRIPTS / script} ..."]
 
 
 def test_multinode_dry_run_prints_the_hostfile_launch(tmp_path):

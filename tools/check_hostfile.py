@@ -1,22 +1,32 @@
 """Checks a DeepSpeed hostfile before a multi-node launch (examples_deepspeed/bert_multinode.sh calls it).
 
-    python tools/check_hostfile.py HOSTFILE [--num-nodes N] [--ranks-per-node R]
+    python tools/check_hostfile.py HOSTFILE [--num-nodes N] [--ranks-per-node R] [--ssh]
 
 The format is DeepSpeed's (deepspeed/launcher/runner.py): one `<host> slots=<gpus>` line per machine,
-optionally followed by a `# comment`; `#` comment lines and blank lines ignored. With --ranks-per-node
+read as DeepSpeed reads it (`^(\\S+)\\s+slots=(\\d+)`; what follows the slots is ignored: a `# comment`,
+`gpus=0,1`); `#` comment lines and blank lines ignored. With --ranks-per-node
 (the launch's PROCS, DeepSpeed's --num_gpus), each of the first N hosts must have that many slots:
-DeepSpeed would start R ranks on a machine with fewer GPUs. DeepSpeed's own parser stops with a ValueError traceback and
-the whole file on a bad line; this names the line and the fix, exit code 2, before anything starts.
+DeepSpeed would start R ranks on a machine with fewer GPUs. With --ssh, the first host must answer
+passwordless ssh, which DeepSpeed's launcher checks (with a traceback) after the run's JSON is written.
+DeepSpeed's own parser stops with a ValueError traceback and the whole file on a bad line; this names
+the line and the fix, exit code 2, before anything starts.
 """
 import argparse
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 from megatron.errors import ConfigError, run_tool
 
 FORMAT = "write one line per machine: <host> slots=<gpus>"
-LINE = re.compile(r"(\S+)\s+slots=(\d+)(?:\s+#.*)?")  # DeepSpeed ignores what follows the slots
+LINE = re.compile(r"(\S+)\s+slots=(\d+)")  # DeepSpeed's pattern, matched at the line's start; the rest is ignored
+BOM = "\ufeff"
+# the launch scripts' names for the flags (--script-names), else the tool's own
+NAMES = {False: {"nodes": "--num-nodes", "ranks": "--ranks-per-node", "ranks_given": "--ranks-per-node {}",
+                 "no_ssh": "start each machine's ranks on it (deepspeed --no_ssh --node_rank I --master_addr ADDR)"},
+         True: {"nodes": "NUM_NODES", "ranks": "PROCS", "ranks_given": "PROCS {} ranks per node",
+                "no_ssh": "run the same command on every machine with NODE_RANK and MASTER_ADDR (no ssh)"}}
 
 
 def read_hostfile(path) -> dict:
@@ -31,12 +41,14 @@ def read_hostfile(path) -> dict:
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"hostfile {path} cannot be read as text ({getattr(error, 'strerror', None) or error})",
                           FORMAT) from None
+    if text.startswith(BOM):  # DeepSpeed reads it as part of the first host's name, which ssh then cannot reach
+        raise ConfigError(f"hostfile {path} starts with a byte-order mark", "save it as plain UTF-8 (without BOM)")
     hosts = {}
     for number, line in enumerate(text.splitlines(), start=1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
-        match = LINE.fullmatch(text)
+        match = LINE.match(text)
         if not match:
             raise ConfigError(f"hostfile {path} line {number} {text!r} is not '<host> slots=<gpus>'", FORMAT)
         host, slots = match.group(1), int(match.group(2))
@@ -50,27 +62,50 @@ def read_hostfile(path) -> dict:
     return hosts
 
 
+def check_ssh(host: str, no_ssh: str) -> None:
+    """DeepSpeed's launcher check (`ssh -o PasswordAuthentication=no HOST hostname`), never prompting."""
+    command = ["ssh", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no", "-o", "ConnectTimeout=5", host,
+               "hostname"]
+    try:
+        result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        said = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1].strip()
+    except FileNotFoundError:
+        result, said = None, "no ssh command on this machine"
+    except subprocess.TimeoutExpired:
+        result, said = None, "no answer within 30 s"
+    if result is None or result.returncode != 0:
+        raise ConfigError(f"cannot reach {host}, the hostfile's first host, by passwordless ssh ({said}), which "
+                          "DeepSpeed's launcher needs", f"set up ssh keys so that `ssh {host}` asks for nothing, "
+                          f"or {no_ssh}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="check_hostfile.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("hostfile")
     parser.add_argument("--num-nodes", type=int, help="machines the launch uses (at most the hosts listed)")
     parser.add_argument("--ranks-per-node", type=int, help="ranks the launch starts on each machine (PROCS)")
+    parser.add_argument("--ssh", action="store_true", help="check that the first host answers passwordless ssh")
+    parser.add_argument("--script-names", action="store_true",
+                        help="name the launch scripts' NUM_NODES, PROCS and NODE_RANK in errors (bert_common.sh)")
     args = parser.parse_args(argv)
+    names = NAMES[args.script_names]
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
         raise ConfigError(f"--ranks-per-node {args.ranks_per_node} must be >= 1", "pass the ranks each machine starts")
     hosts = read_hostfile(args.hostfile)
     if args.num_nodes is not None and not 1 <= args.num_nodes <= len(hosts):
-        raise ConfigError(f"NUM_NODES {args.num_nodes} but hostfile {args.hostfile} lists {len(hosts)} hosts",
-                          f"pass NUM_NODES between 1 and {len(hosts)} or add hosts to the hostfile")
+        raise ConfigError(f"{names['nodes']} {args.num_nodes} but hostfile {args.hostfile} lists {len(hosts)} hosts",
+                          f"pass {names['nodes']} between 1 and {len(hosts)} or add hosts to the hostfile")
     if args.ranks_per_node is not None:
         used = list(hosts.items())[:args.num_nodes or len(hosts)]
         short = [(host, slots) for host, slots in used if slots < args.ranks_per_node]
         if short:
             host, slots = short[0]
-            raise ConfigError(f"PROCS {args.ranks_per_node} ranks per node but hostfile {args.hostfile} gives {host} "
-                              f"slots={slots}", f"pass PROCS at most {min(s for _, s in used)} or raise the slots "
-                              "of that machine")
+            raise ConfigError(f"{names['ranks_given'].format(args.ranks_per_node)} but hostfile {args.hostfile} "
+                              f"gives {host} slots={slots}", f"pass {names['ranks']} at most "
+                              f"{min(s for _, s in used)} or raise the slots of that machine")
+    if args.ssh:
+        check_ssh(next(iter(hosts)), names["no_ssh"])
     print(f"{args.hostfile}: {len(hosts)} hosts, {sum(hosts.values())} slots")
     return 0
 
