@@ -19,6 +19,7 @@ VmHWM - VmRSS(before): the step's own peak, max over ranks. Includes gloo's rece
 """
 import argparse
 import gc
+import itertools
 import os
 import time
 from pathlib import Path
@@ -28,13 +29,15 @@ import torch.distributed as dist
 
 from megatron.data.batch import BertBatch
 from megatron.engine import checkpoint_layers
+from megatron.errors import ConfigError
 from megatron.model import attention
+from megatron.model.attention import rules
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
 from megatron.parallel.grads import allreduce_sequence_parallel_grads
 from megatron.parallel.spawn import run_on_ranks
-from results import machine, write_section
+from results import machine, positive, write_section
 
 HEADS, HEAD_DIM = 4, 32
 NAIVE_MAX_SEQ = 8192  # the naive baseline needs ~3 x 4 * heads * s^2 bytes
@@ -43,6 +46,8 @@ VARIANT_OPTIONS = {  # Linformer: E = F, one per layer for all heads ("headwise 
     "linformer": dict(linformer_k=256, linformer_share_heads=True, linformer_share_kv=True),
     "bigbird": dict(bigbird_block_size=64, bigbird_num_window_blocks=3, bigbird_num_random_blocks=2),
 }
+LENGTHS_HELP = ("lengths every variant accepts with VARIANT_OPTIONS (Linformer k=256; BigBird at least 7 blocks "
+                "of 64, a multiple of 64 x SP): others are refused, naming the nearest that fits")
 
 
 def _status_kib(field: str) -> int:
@@ -88,6 +93,31 @@ def bert_config(variant: str, seq: int, hidden: int = HEADS * HEAD_DIM, heads: i
     return BertConfig(vocab_size=vocab, hidden_size=hidden, num_attention_heads=heads, num_layers=layers,
                       seq_length=seq, max_position_embeddings=seq, attention="ring" if variant == "modern" else variant,
                       attention_dropout=0.0, hidden_dropout=0.0, **options)
+
+
+def length_problem(seq: int, runs) -> str | None:
+    """Why one of `runs` ((variant, SP size)) cannot be built at `seq` with its fixed settings
+    (VARIANT_OPTIONS: Linformer's k, BigBird's blocks), or None when all can."""
+    for variant, size in runs:
+        if variant not in rules.RULES:  # naive: the materialised baseline builds at any length
+            continue
+        try:
+            rules.check(bert_config(variant, seq), size)
+        except ConfigError as error:
+            return f"{variant} at SP={size}: {error.problem}"
+    return None
+
+
+def check_lengths(parser: argparse.ArgumentParser, flag: str, seq_lengths: list, runs, fix: str = "") -> None:
+    """Refuses, before anything is measured, a length that a run cannot be built at. A refusal and
+    not a skip: the benchmark is the comparison of its variants at the same lengths with the same
+    settings, and shrinking Linformer's k to fit would measure another model."""
+    for seq in seq_lengths:
+        problem = length_problem(seq, runs)
+        if problem:
+            nearest = next(s for s in itertools.count(seq) if not length_problem(s, runs))
+            parser.error(f"{flag} {seq} does not suit {problem}; give lengths every variant accepts "
+                         f"(the nearest is {nearest}){fix}")
 
 
 def random_chunk(config: BertConfig, size: int, batch: int = 1, seed: int = 0) -> BertBatch:
@@ -203,15 +233,19 @@ def report(results: dict, seq_lengths: list) -> str:
         mem = [f"{cells[label][1]:.1f}" if cells[label] else "-" for label in labels]
         sec = [f"{cells[label][2]:.2f}" if cells[label] else "-" for label in labels]
         lines.append(f"| {seq} | " + " | ".join(mem) + " | " + " | ".join(sec) + " |")
-    top, below = seq_lengths[-1], seq_lengths[-2]
+    top = seq_lengths[-1]
     notes = []
     for variant in ("ring", "linformer", "bigbird"):
         peak = {size: dict((r[0], r[1]) for r in results[f"{variant} SP={size}"]) for size in (1, 2, 4)}
         seconds = {size: dict((r[0], r[2]) for r in results[f"{variant} SP={size}"]) for size in (1, 2, 4)}
-        notes.append(
-            f"{variant}: at s={top} peak SP=1/SP=2 = {peak[1][top] / peak[2][top]:.2f}, SP=1/SP=4 = "
-            f"{peak[1][top] / peak[4][top]:.2f} (ideal 2 and 4); SP=1 peak grows {peak[1][top] / peak[1][below]:.2f}x "
-            f"and time {seconds[1][top] / seconds[1][below]:.2f}x from s={below} to s={top} (linear: {top / below:.1f}x).")
+        note = (f"{variant}: at s={top} peak SP=1/SP=2 = {peak[1][top] / peak[2][top]:.2f}, SP=1/SP=4 = "
+                f"{peak[1][top] / peak[4][top]:.2f} (ideal 2 and 4)")
+        if len(seq_lengths) > 1:  # growth needs a second length
+            below = seq_lengths[-2]
+            note += (f"; SP=1 peak grows {peak[1][top] / peak[1][below]:.2f}x and time "
+                     f"{seconds[1][top] / seconds[1][below]:.2f}x from s={below} to s={top} "
+                     f"(linear: {top / below:.1f}x)")
+        notes.append(note + ".")
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {note}" for note in notes)
 
 
@@ -240,11 +274,20 @@ def plot(all_results: dict) -> None:
     fig.savefig(PLOT, dpi=100)
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seq-lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    parser.add_argument("--bert-seq-lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
-    args = parser.parse_args()
+    parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[1024, 2048, 4096, 8192, 16384],
+                        help=LENGTHS_HELP)
+    parser.add_argument("--bert-seq-lengths", type=positive(int), nargs="+", default=[2048, 4096, 8192, 16384],
+                        help=LENGTHS_HELP)
+    args = parser.parse_args(argv)
+    check_lengths(parser, "--seq-lengths", args.seq_lengths, PLANS["attention"])
+    check_lengths(parser, "--bert-seq-lengths", args.bert_seq_lengths, PLANS["bert"])
+    return args
+
+
+def main():
+    args = parse_args()
     lengths = {"attention": args.seq_lengths, "bert": args.bert_seq_lengths}
     all_results = {kind: run(kind, lengths[kind]) for kind in PLANS}
     plot(all_results)

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from results import machine, write_section
+from results import machine, positive, write_section
 
 HERE = Path(__file__).resolve().parent
 IDS = 8  # int64 segment ids
@@ -194,10 +194,15 @@ def _measure_on_rank(variants, P, U, b, s, heads, d):
     return {variant: measure(variant, b, s, heads, d, U) for variant in variants}
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seq-length", type=int, default=1000, help="tokens per sample (P need not divide it)")
-    args = parser.parse_args()
+    parser.add_argument("--seq-length", type=positive(int), default=1000,
+                        help="tokens per sample (P need not divide it)")
+    return parser.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     started = time.perf_counter()
     b, s, heads, d = 2, args.seq_length, 4, 16
     rows = measured_rows(4, 2, ("ring", "ulysses", "hybrid"), b, s, heads, d)

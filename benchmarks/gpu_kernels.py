@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from megatron.model.attention import bigbird, blocks, masks, simulate  # noqa: E402
+from results import machine, positive, write_section  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}  # max |error| / max |reference|
 LAYOUTS = ("unpadded", "padded", "packed")
@@ -181,11 +182,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--sizes", type=positive(int), nargs="+", default=[1, 2, 4])
+    parser.add_argument("--seq", type=positive(int), default=1024)
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args(argv)
-    from results import machine, write_section
 
     device = torch.device(args.device)
     results = run(device, [getattr(torch, name) for name in args.dtypes], args.sizes, s=args.seq)

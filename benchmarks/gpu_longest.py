@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from attention_memory import random_chunk  # noqa: E402
-from results import machine, write_section  # noqa: E402
+from results import machine, positive, write_section  # noqa: E402
 
 from megatron.engine import checkpoint_layers  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
@@ -154,9 +154,10 @@ def section(args, longest, tried: dict, refused, partial: bool = False) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--start", type=int, default=16384)
-    parser.add_argument("--step", type=int, default=8192)
-    parser.add_argument("--budget-s", type=float, default=150.0, help="start no length predicted to end later")
+    parser.add_argument("--start", type=positive(int), default=16384)
+    parser.add_argument("--step", type=positive(int), default=8192)
+    parser.add_argument("--budget-s", type=positive(float), default=150.0,
+                        help="start no length predicted to end later")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

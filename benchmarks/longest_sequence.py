@@ -27,7 +27,7 @@ from attention_memory import VARIANT_OPTIONS, bert_config, measure_peak, train_s
 from megatron.model.bert import BertModel
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
-from results import machine, write_section
+from results import machine, positive, write_section
 
 PLOT = Path(__file__).resolve().parent / "longest_sequence.png"
 MODEL = dict(hidden=256, heads=4, layers=4)
@@ -163,11 +163,15 @@ P-fold gain (SP=2 / SP=4 over SP=1; ideal 2x / 4x): {gains}.
 """)
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cap-mib", type=float, default=96.0, help="per-rank memory cap")
+    parser.add_argument("--cap-mib", type=positive(float), default=96.0, help="per-rank memory cap")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     started = time.perf_counter()
     found = search(args.variants, args.cap_mib)
     if args.variants == ["modern"]:  # its own section beside the classic variants'

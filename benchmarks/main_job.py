@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 from packing import LoadSampler  # noqa: E402
-from results import machine, write_section  # noqa: E402
+from results import machine, positive, write_section  # noqa: E402
 
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
 from megatron.data.indexed_dataset import make_dataset  # noqa: E402
@@ -103,15 +103,20 @@ def table(curves: dict, seconds: float, rows: int, unigram: float) -> str:
     return "\n".join(lines) + f"\n\nUnigram cross-entropy of the corpus: {unigram:.2f} nats."
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=600, help="wall time both run side by side")
-    parser.add_argument("--log-interval", type=int, default=25)
-    parser.add_argument("--train-iters", type=int, default=3000, help="the schedule both follow (warm-up 2%%, "
-                        "linear decay to this step); the runs stop at --seconds")
-    parser.add_argument("--rows", type=int, default=6)
+    parser.add_argument("--seconds", type=positive(float), default=600, help="wall time both run side by side")
+    parser.add_argument("--log-interval", type=positive(int), default=25)
+    parser.add_argument("--train-iters", type=positive(int), default=3000,
+                        help="the schedule both follow (warm-up 2%%, linear decay to this step); the runs stop at "
+                        "--seconds")
+    parser.add_argument("--rows", type=positive(int), default=6)
     parser.add_argument("--out", default=str(REPO / ".cache" / "bench_main_job"))
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data = prepare_default_dataset(REPO / ".cache" / "default_data")

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from results import machine, write_section  # noqa: E402
+from results import machine, positive, write_section  # noqa: E402
 from train_step import MMAP_THRESHOLD, adamw, alternate, optimizer_step, summary, versions  # noqa: E402
 
 from megatron import hf_modernbert  # noqa: E402
@@ -422,22 +422,27 @@ def plot(steps: dict, layer: dict, names) -> None:
     plt.close(fig)
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seq-lengths", type=int, nargs="+", default=[1024, 4096, 8192, 16384])
+    parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[1024, 4096, 8192, 16384])
     parser.add_argument("--contestants", nargs="+", choices=CONTESTANTS, default=list(CONTESTANTS))
-    parser.add_argument("--repeats", type=int, default=4,
+    parser.add_argument("--repeats", type=positive(int), default=4,
                         help="timed steps per contestant (order reversed every other)")
-    parser.add_argument("--long-repeats", type=int, default=2,
+    parser.add_argument("--long-repeats", type=positive(int), default=2,
                         help=f"repeats where a step takes over {FEWER_REPEATS_ABOVE_S:.0f} s (estimated)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--max-step-seconds", type=float, default=150.0,
                         help="a contestant whose step is estimated longer is not run at that length")
-    parser.add_argument("--halo-sizes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    args = parser.parse_args()
+    parser.add_argument("--halo-sizes", type=positive(int), nargs="+", default=[2, 4])
+    parser.add_argument("--threads", type=positive(int), default=len(os.sched_getaffinity(0)))
+    args = parser.parse_args(argv)
     if "ours" not in args.contestants:
         parser.error("--contestants must include ours (the ratios are ours / each other)")
+    return args
+
+
+def main():
+    args = parse_args()
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:
         # glibc reads it at start-up: restart so every tensor buffer is mmap-ed (train_step.py's method)
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD})

@@ -52,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import results  # noqa: E402
-from results import machine, write_section  # noqa: E402
+from results import machine, positive, write_section  # noqa: E402
 
 from megatron.data.bert_dataset import build_train_valid_test_datasets, token_stats  # noqa: E402
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
@@ -338,17 +338,19 @@ def plot(path: Path, shares: dict, measured: dict, log: dict, race: str) -> None
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hidden-sizes", type=int, nargs="+", default=[128, 256],
+    parser.add_argument("--hidden-sizes", type=positive(int), nargs="+", default=[128, 256],
                         help=f"hidden sizes of the {LAYERS}-layer model (heads of {HEAD_DIM})")
-    parser.add_argument("--seq-lengths", type=int, nargs="+", default=[1024, 4096, 16384])
-    parser.add_argument("--steps", type=int, nargs="+", default=[6, 4, 2],
+    parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--steps", type=positive(int), nargs="+", default=[6, 4, 2],
                         help="timed steps per kind of sample at each sequence length")
-    parser.add_argument("--race-hidden", type=int, default=128, help="hidden size of the equal-time loss run")
-    parser.add_argument("--race-seq", type=int, default=4096, help="sequence length of the equal-time loss run")
+    parser.add_argument("--race-hidden", type=positive(int), default=128, help="hidden size of the equal-time loss run")
+    parser.add_argument("--race-seq", type=positive(int), default=4096,
+                        help="sequence length of the equal-time loss run")
     parser.add_argument("--race-sp", type=int, default=2, choices=[1, 2], help="SP size of the equal-time loss run")
-    parser.add_argument("--race-seconds", type=float, default=60.0, help="training seconds each model gets")
-    parser.add_argument("--evaluations", type=int, default=6, help="evaluations after the one at 0 s")
-    parser.add_argument("--eval-samples", type=int, default=4, help="packed valid samples the loss is taken on")
+    parser.add_argument("--race-seconds", type=positive(float), default=60.0, help="training seconds each model gets")
+    parser.add_argument("--evaluations", type=positive(int), default=6, help="evaluations after the one at 0 s")
+    parser.add_argument("--eval-samples", type=positive(int), default=4,
+                        help="packed valid samples the loss is taken on")
     parser.add_argument("--data-dir", default=str(DATA_DIR), help="where the default corpus is (built if missing)")
     parser.add_argument("--results", default=str(results.RESULTS),
                         help="the Markdown file whose section this writes; the plot goes next to it")

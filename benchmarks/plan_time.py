@@ -15,7 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from megatron.errors import ConfigError, run_tool
+from results import machine, positive, write_section
+
 HERE = Path(__file__).resolve().parent
+SEGMENT = 1024  # MEASURE's max_segment_length: --seq below it cannot pack its samples
 
 MEASURE = r"""
 import json, sys, time, torch
@@ -70,25 +74,40 @@ print(json.dumps({"step_s": step[0], "plan_s": step[1], "plan_calls": step[2], "
 
 def measure(tree: Path, seq: int, layers: int, repeats: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(seq), str(layers), str(repeats)], env=env, cwd=tree,
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(seq), str(layers), str(repeats)],
+                          env=env, cwd=tree, capture_output=True, text=True)
+    if done.returncode:  # the child's own last line (its exception), not the script it was given
+        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise ConfigError(f"measuring {tree} failed: {last}", "fix that tree, or leave it out of --tree")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True).stdout
     return {**result, "tree": str(tree), "commit": commit.strip() or f"{tree} (not a git tree)"}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tree", action="append", help="a source tree to measure (repeatable; default: this one)")
-    parser.add_argument("--seq", type=int, default=8192)
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tree", action="append", type=lambda path: Path(path).resolve(),
+                        help="a source tree to measure (repeatable; default: this one)")
+    parser.add_argument("--seq", type=positive(int), default=8192,
+                        help=f"tokens per sample, at least the packed segments' cap {SEGMENT}")
+    parser.add_argument("--layers", type=positive(int), default=12)
+    parser.add_argument("--repeats", type=positive(int), default=3)
     parser.add_argument("--write", action="store_true", help="write the RESULTS.md section")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(HERE))
-    from results import machine, write_section
+    if args.seq < SEGMENT:
+        parser.error(f"--seq {args.seq} is shorter than the packed samples' segment length {SEGMENT}; "
+                     f"give --seq {SEGMENT} or more")
+    args.tree = args.tree or [HERE.parent]
+    for tree in args.tree:
+        if not (tree / "megatron").is_dir():
+            parser.error(f"--tree {tree} is not a source tree of this project (no megatron/ in it); "
+                         "give a checkout, e.g. from `git worktree add`")
+    return args
 
-    rows = [measure(Path(tree).resolve(), args.seq, args.layers, args.repeats) for tree in args.tree or [HERE.parent]]
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rows = [measure(tree, args.seq, args.layers, args.repeats) for tree in args.tree]
     lines = [f"Machine: {machine()}. `python benchmarks/plan_time.py` ({args.layers} layers, hidden 256, ring at "
              f"SP = 1, seq {args.seq}, {rows[0]['segments']} packed segments, fp32, 1 sample; median of "
              f"{args.repeats} forward + backward steps, each on a new micro-batch).", "",
@@ -105,4 +124,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool("plan_time.py", main))

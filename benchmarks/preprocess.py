@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from results import machine, write_section  # noqa: E402
+from results import machine, positive, write_section  # noqa: E402
 
 from megatron.data.preprocess import PreprocessOptions, preprocess  # noqa: E402
 from megatron.data.sample_corpus import write_corpus  # noqa: E402
@@ -222,10 +222,14 @@ def format_table(by_format: dict, sizes: dict, repeats: int) -> str:
     return "\n".join(table) + f"\n\nParquet / loose JSON throughput (target >= 0.90): {'; '.join(parquet)}."
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many runs per row")
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=positive(int), default=3, help="best of this many runs per row")
+    return parser.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -1,16 +1,35 @@
-"""Writes one benchmark's section of benchmarks/RESULTS.md, leaving the other sections alone."""
+"""Shared by the benchmarks: the argparse type of their counts, lengths and times, and the writer of
+one benchmark's section of benchmarks/RESULTS.md (leaving the other sections alone).
+
+    .venv/bin/python benchmarks/results.py HEADING FILE    # FILE's text as the `## HEADING` section
+"""
+import argparse
+import os
 import platform
 import re
 import sys
 from pathlib import Path
 
-import torch
-
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
+def positive(kind=int):
+    """An argparse type for a count, length or time that must be above 0 (int or float): 0 or less
+    is refused on the command line before anything is measured, not as a traceback minutes later."""
+    def parse(text: str):
+        value = kind(text)  # not a number: argparse's own "invalid int value"
+        if value <= 0:
+            raise argparse.ArgumentTypeError(
+                f"{text} must be above 0; give {'1 or more' if kind is int else 'a number above 0'}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def machine() -> str:
-    cores = len(__import__("os").sched_getaffinity(0))
+    import torch  # here, so that the command line of a benchmark is checked without loading torch
+
+    cores = len(os.sched_getaffinity(0))
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     return f"{platform.processor() or platform.machine()}, {cores} cores, {gpu}, torch {torch.__version__}"
 
@@ -24,5 +43,17 @@ def write_section(heading: str, body: str) -> None:
     RESULTS.write_text(text)
 
 
-if __name__ == "__main__":  # python benchmarks/results.py HEADING FILE: FILE's text as that section
-    write_section(sys.argv[1], Path(sys.argv[2]).read_text())
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="results.py", description="Writes FILE's text as the `## HEADING` "
+                                     "section of benchmarks/RESULTS.md, leaving the other sections alone.")
+    parser.add_argument("heading", help="the section's title (without `## `)")
+    parser.add_argument("file", type=Path, help="the section's text (markdown)")
+    args = parser.parse_args(argv)
+    write_section(args.heading, args.file.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    from megatron.errors import run_tool
+
+    sys.exit(run_tool("results.py", main))

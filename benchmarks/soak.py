@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from results import machine, write_section
+from results import machine, positive, write_section
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -121,12 +121,24 @@ def plot(samples: list, fit_start: int, trends: list) -> None:
     fig.savefig(PLOT, dpi=100)
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
+    """soak.py's own flags, checked here: passed on as the trainer's --train-iters and --log-interval,
+    a bad value would otherwise be refused by the trainer in terms of its flags, after start-up."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--sample-every", type=int, default=20, help="steps between RSS samples (the log interval)")
+    parser.add_argument("--steps", type=positive(int), default=2000)
+    parser.add_argument("--sample-every", type=positive(int), default=20,
+                        help="steps between RSS samples (the log interval)")
     parser.add_argument("--glibc-default", action="store_true", help="leave glibc's adaptive malloc thresholds on")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    samples = args.steps // args.sample_every - args.steps // 2 // args.sample_every  # logged in the second half
+    if samples < 3:
+        parser.error(f"--steps {args.steps} with --sample-every {args.sample_every} gives {samples} RSS samples in "
+                     "the second half of the run, and the fit needs 3; lower --sample-every or raise --steps")
+    return args
+
+
+def main():
+    args = parse_args()
     load_before = os.getloadavg()
     malloc_env = {} if args.glibc_default else FIXED_MALLOC
     with tempfile.TemporaryDirectory() as workdir:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from attention_memory import bert_config, train_step
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
-from results import machine, write_section
+from results import machine, positive, write_section
 
 CORES = 2
 LAYOUTS = (("ring", 1), ("ulysses", 4), ("hybrid", 2))  # (variant, Ulysses degree at SP=4)
@@ -66,11 +66,15 @@ def run(seq_lengths: list, steps: int) -> dict:
     return results
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seq-lengths", type=int, nargs="+", default=[2048, 4096])
-    parser.add_argument("--steps", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[2048, 4096])
+    parser.add_argument("--steps", type=positive(int), default=3)
+    return parser.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     load_before, started = os.getloadavg(), time.perf_counter()
     results = run(args.seq_lengths, args.steps)
     load_after = os.getloadavg()

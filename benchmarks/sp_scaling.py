@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from attention_memory import bert_config, train_step
+from attention_memory import LENGTHS_HELP, bert_config, check_lengths, train_step
 from megatron.model.attention import ring
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
-from results import machine, write_section
+from results import machine, positive, write_section
 
 HERE = Path(__file__).resolve().parent
 PLOT = HERE / "sp_scaling.png"
@@ -256,12 +256,19 @@ def profile_table(profiles: dict) -> str:
     return "\n".join(lines)
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seq-lengths", type=int, nargs="+", default=[1024, 2048, 4096])
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per run, after one warm-up")
+    parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[1024, 2048, 4096], help=LENGTHS_HELP)
+    parser.add_argument("--steps", type=positive(int), default=5, help="timed steps per run, after one warm-up")
     parser.add_argument("--profile", action="store_true", help="also profile ring at SP=1 and SP=2")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_lengths(parser, "--seq-lengths", args.seq_lengths,
+                  [(variant, size) for variant in VARIANTS for size in (1, 2)])
+    return args
+
+
+def main():
+    args = parse_args()
     load_before = os.getloadavg()
     started = time.perf_counter()
     results = run(args.seq_lengths, args.steps)

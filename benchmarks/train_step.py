@@ -39,8 +39,8 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from attention_memory import VARIANT_OPTIONS, _status_kib  # noqa: E402
-from results import machine, write_section  # noqa: E402
+from attention_memory import LENGTHS_HELP, VARIANT_OPTIONS, _status_kib, check_lengths  # noqa: E402
+from results import machine, positive, write_section  # noqa: E402
 
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.flops import training_flops_per_sample  # noqa: E402
@@ -53,6 +53,7 @@ SHAPES = {
     "base": dict(num_layers=12, hidden_size=768, num_attention_heads=12),
     "large": dict(num_layers=24, hidden_size=1024, num_attention_heads=16),
 }
+CONTESTANTS = ("ours", "hf", "ring", "linformer", "bigbird")
 VOCAB = 30522  # BERT's WordPiece vocab
 MASK_PROB = 0.15
 ADAMW = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
@@ -386,22 +387,32 @@ def versions() -> str:
            f"deepspeed {deepspeed.__version__}"
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=SHAPES, default="small")
-    parser.add_argument("--seq-lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-    parser.add_argument("--tokens-per-step", type=int, default=4096, help="batch = tokens-per-step / seq (>= 1)")
-    parser.add_argument("--contestants", nargs="+", default=["ours", "hf", "ring", "linformer", "bigbird"])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[512, 1024, 2048, 4096],
+                        help=LENGTHS_HELP)
+    parser.add_argument("--tokens-per-step", type=positive(int), default=4096,
+                        help="batch = tokens-per-step / seq (>= 1)")
+    parser.add_argument("--contestants", nargs="+", choices=CONTESTANTS, default=list(CONTESTANTS))
+    parser.add_argument("--repeats", type=positive(int), default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--threads", type=positive(int), default=len(os.sched_getaffinity(0)))
     parser.add_argument("--attention-dropout", type=float, default=0.0,
                         help="0 keeps SDPA on its flash kernel; > 0 (BERT's 0.1) sends both models to the math kernel")
     parser.add_argument("--peak-tflops", type=float, help="the device's dense peak (GPU); default: measured matmul rate")
     parser.add_argument("--extras", action=argparse.BooleanOptionalAction, default=True,
                         help="also the engine, optimizer and trainer data-time lines")
     parser.add_argument("--profile", action="store_true", help="write torch.profiler tables instead of benchmarking")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_lengths(parser, "--seq-lengths", args.seq_lengths,
+                  [] if args.profile else [(name, 1) for name in args.contestants if name not in ("ours", "hf")],
+                  fix=" or leave out that contestant")
+    return args
+
+
+def main():
+    args = parse_args()
     if DEVICE.type == "cpu" and os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:
         # glibc reads it at start-up: restart so every tensor buffer is mmap-ed (see docstring)
         os.execve(sys.executable, [sys.executable, *sys.argv],

@@ -1,0 +1,107 @@
+"""The benchmarks' command lines: an ordinary mistake stops a script before it measures anything,
+with one `<script>: error: <problem>; <fix>` line and exit code 2 (no traceback minutes into a
+run, no RESULTS.md section written)."""
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from megatron.errors import run_tool  # noqa: E402
+
+
+def refused(capsys, monkeypatch, script: str, argv: list, parse: str = "parse_args") -> str:
+    """The error line a benchmark's argument parsing ends with (it must exit 2)."""
+    monkeypatch.setattr(sys, "argv", [f"{script}.py"])  # argparse names the script from argv[0]
+    with pytest.raises(SystemExit) as stopped:
+        getattr(importlib.import_module(script), parse)(argv)
+    assert stopped.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("attention_memory", ["--seq-lengths", "1024", "0"]),
+    ("attention_memory", ["--bert-seq-lengths", "-4"]),
+    ("sp_scaling", ["--steps", "0"]),
+    ("sp4_scaling", ["--steps", "0"]),
+    ("train_step", ["--repeats", "0"]),
+    ("comm_model", ["--seq-length", "0"]),
+    ("modern", ["--seq-lengths", "0"]),
+    ("preprocess", ["--repeats", "0"]),
+    ("longest_sequence", ["--cap-mib", "0"]),
+    ("main_job", ["--seconds", "-1"]),
+    ("soak", ["--sample-every", "0"]),
+    ("soak", ["--steps", "0"]),
+    ("plan_time", ["--repeats", "0"]),
+])
+def test_counts_lengths_and_times_below_one_are_refused_by_the_parser(capsys, monkeypatch, script, argv):
+    flag, value = argv[0], argv[-1]
+    above = "1 or more" if flag != "--cap-mib" and flag != "--seconds" else "a number above 0"
+    assert refused(capsys, monkeypatch, script, argv) == \
+        f"{script}.py: error: argument {flag}: {value} must be above 0; give {above}"
+
+
+@pytest.mark.parametrize("script, argv, message", [
+    # a length the fixed Linformer k (256) or BigBird blocks (64, x SP) cannot take
+    ("attention_memory", ["--seq-lengths", "64"], "--seq-lengths 64 does not suit linformer at SP=1: linformer_k "
+     "256 exceeds seq_length 64; give lengths every variant accepts (the nearest is 512)"),
+    ("attention_memory", ["--bert-seq-lengths", "1000"], "--bert-seq-lengths 1000 does not suit bigbird at SP=1: "
+     "seq_length 1000 is not divisible by bigbird block size 64"),
+    ("sp_scaling", ["--seq-lengths", "64"], "--seq-lengths 64 does not suit linformer at SP=1"),
+    ("train_step", ["--seq-lengths", "64"], "(the nearest is 448) or leave out that contestant"),
+    ("train_step", ["--contestants", "ours", "dense"], "argument --contestants: invalid choice: 'dense'"),
+    ("plan_time", ["--seq", "64"], "--seq 64 is shorter than the packed samples' segment length 1024"),
+    ("plan_time", ["--tree", "/nonexistent"], "--tree /nonexistent is not a source tree of this project"),
+    ("soak", ["--steps", "20"], "--steps 20 with --sample-every 20 gives 1 RSS samples in the second half"),
+])
+def test_settings_a_benchmark_cannot_run_are_refused_before_it_measures(capsys, monkeypatch, script, argv, message):
+    assert message in refused(capsys, monkeypatch, script, argv)
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("attention_memory", []), ("sp_scaling", []), ("train_step", []), ("soak", []), ("plan_time", []),
+    ("attention_memory", ["--seq-lengths", "512", "--bert-seq-lengths", "512"]),
+    ("train_step", ["--seq-lengths", "64", "--contestants", "ours", "ring"]),
+])
+def test_default_and_suitable_settings_pass(script, argv):
+    importlib.import_module(script).parse_args(argv)
+
+
+def test_attention_memory_reports_a_single_length():
+    """One length (the natural small trial run) has no growth to report, only the SP ratios."""
+    import attention_memory
+
+    results = {f"{variant} SP={size}": [(512, 8.0 / size, 0.5)] for variant, size in attention_memory.PLANS["bert"]}
+    text = attention_memory.report(results, [512])
+    assert "- ring: at s=512 peak SP=1/SP=2 = 2.00, SP=1/SP=4 = 4.00 (ideal 2 and 4)." in text
+    assert "grows" not in text
+
+
+def test_plan_time_shows_the_measuring_process_error_in_one_line(tmp_path):
+    """A tree whose code cannot be measured: the child's exception line, not the script it ran."""
+    import plan_time
+
+    (tmp_path / "megatron").mkdir()
+    (tmp_path / "megatron" / "__init__.py").write_text("raise ImportError('a broken tree')")
+    with pytest.raises(plan_time.ConfigError) as failed:
+        plan_time.measure(tmp_path, 1024, 1, 1)
+    assert str(failed.value) == (f"measuring {tmp_path} failed: ImportError: a broken tree; fix that tree, "
+                                 "or leave it out of --tree")
+
+
+def test_results_cli_writes_nothing_for_help_or_a_missing_file(capsys, monkeypatch, tmp_path):
+    import results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
+    with pytest.raises(SystemExit) as stopped:
+        results.main(["--help", "somefile"])
+    assert stopped.value.code == 0 and capsys.readouterr().out.startswith("usage: results.py [-h] heading file")
+    with pytest.raises(SystemExit) as stopped:
+        results.main([])
+    assert stopped.value.code == 2
+    assert run_tool("results.py", lambda: results.main(["X", str(tmp_path / "missing.md")])) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"results.py: error: cannot use {tmp_path / 'missing.md'} (No such file or directory)")
+    assert not results.RESULTS.exists()
