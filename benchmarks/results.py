@@ -4,6 +4,7 @@ one benchmark's section of benchmarks/RESULTS.md (leaving the other sections alo
     .venv/bin/python benchmarks/results.py HEADING FILE    # FILE's text as the `## HEADING` section
 """
 import argparse
+import math
 import os
 import platform
 import re
@@ -18,7 +19,7 @@ def positive(kind=int):
     is refused on the command line before anything is measured, not as a traceback minutes later."""
     def parse(text: str):
         value = kind(text)  # not a number: argparse's own "invalid int value"
-        if value <= 0:
+        if not 0 < value < math.inf:  # nan fails too
             raise argparse.ArgumentTypeError(
                 f"{text} must be above 0; give {'1 or more' if kind is int else 'a number above 0'}")
         return value

@@ -18,6 +18,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 SCRIPT="$(basename "$0")"
 source "$ROOT/examples_deepspeed/launcher_group.sh"  # also fail, decimal and the STOP_TIMEOUT check
+[ "${BASH_VERSINFO[0]}" -ge 4 ] || fail "bash $BASH_VERSION is older than 4, whose associative arrays this script uses; run it with bash 4 or newer"
 
 NAMES=(PROCS PP SP SEQ_LEN MICRO_BATCH GLOBAL_BATCH ${VARIANT_ARG:-} LAYERS HIDDEN HEADS)
 if [ $# -lt ${#NAMES[@]} ]; then
@@ -36,7 +37,7 @@ done
 # over what the script validated and wrote to RUN_DIR/ds_config.json (argparse's last flag wins),
 # also as --flag=value or an abbreviation (--micro-batch; argparse's allow_abbrev).
 declare -A FIXED=([--num-layers]=LAYERS [--hidden-size]=HIDDEN [--num-attention-heads]=HEADS [--seq-length]=SEQ_LEN
-                  [--max-position-embeddings]=SEQ_LEN [--pipeline-model-parallel-size]=PP [--sequence-parallel-size]=SP
+                  [--pipeline-model-parallel-size]=PP [--sequence-parallel-size]=SP
                   [--micro-batch-size]=MICRO_BATCH [--global-batch-size]=GLOBAL_BATCH [--attention]=ATTENTION
                   [--bigbird]=ATTENTION [--deepspeed_config]=JSON [--deepscale_config]=JSON [--deepspeed-config]=JSON)
 [ -z "${VARIANT_FLAG:-}" ] || FIXED[$VARIANT_FLAG]=$VARIANT_ARG
@@ -48,7 +49,7 @@ for token in "$@"; do
         --?*) ;;
         *) continue ;;
     esac
-    for flag in "${!FIXED[@]}"; do
+    for flag in $(printf '%s\n' "${!FIXED[@]}" | sort); do  # in one order: --seq names --seq-length
         [[ "$flag" == "$name"* ]] || continue
         [ "$name" = "$flag" ] && given="$name" || given="$name (for $flag)"
         case "${FIXED[$flag]}" in

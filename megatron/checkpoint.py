@@ -541,6 +541,11 @@ def _vocab_fix(vocab_size: int) -> str:
             f"does now), or {RESUME_FIX}")
 
 
+def _ffn_fix(ffn_hidden_size: int) -> str:
+    return (f"pass --ffn-hidden-size {ffn_hidden_size}, the checkpoint's (a --model-preset resized by --hidden-size "
+            f"used to keep the preset's; it keeps its ratio now), or {RESUME_FIX}")
+
+
 def check_model_shapes(stored: dict, config: BertConfig, folder: str) -> None:
     """The checkpoint's model must have this run's tensors and shapes; names the first that differs."""
     fields = {f.name for f in dataclasses.fields(BertConfig)}
@@ -597,7 +602,8 @@ def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
     trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
     for name in ("num_layers", "hidden_size", "ffn_hidden_size", *MODEL_FIELDS):
         if getattr(trained, name) != getattr(config, name):
-            fix = RESUME_FIX if name != "vocab_size" else _vocab_fix(getattr(trained, name))
+            fix = {"vocab_size": _vocab_fix, "ffn_hidden_size": _ffn_fix}.get(name, lambda _: RESUME_FIX)(
+                getattr(trained, name))
             raise ConfigError(f"checkpoint {folder} was trained with {name} {getattr(trained, name)}, this run's "
                               f"model has {getattr(config, name)}", fix)
     check_model_shapes(stored, config, folder)

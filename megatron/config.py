@@ -685,11 +685,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     section = _section_values(ds_config)
     values = {**section, **given}
     _check_model_numbers(values)
-    preset = model_preset(flags, ds_config)
-    if "hidden_size" in values and "ffn_hidden_size" not in values and "ffn_hidden_size" in preset:
-        # a preset resized by --hidden-size keeps its FFN ratio (1152 / 768 for modernbert-base)
-        values["ffn_hidden_size"] = round(preset["ffn_hidden_size"] * values["hidden_size"] / preset["hidden_size"])
-    values = {**preset, **values}  # a preset's fields, each below its own flag
+    values = {**resized_preset(model_preset(flags, ds_config), values), **values}  # each below its own flag
     values.pop("model_preset", None)
     # --checkpoint-activations, else DeepSpeed's own "activation_checkpointing" section turns it on
     checkpoint_interval = values.pop("activation_checkpoint_interval", 0) or int("activation_checkpointing" in ds_config)
@@ -849,6 +845,15 @@ def model_preset(flags: dict, ds_config: dict) -> dict:
         raise ConfigError(f"{source}: {error.problem}", error.fix) from None
 
 
+def resized_preset(preset: dict, values: dict) -> dict:
+    """The preset's fields with its FFN width kept in ratio to a hidden size that `values` sets (1152 / 768
+    for modernbert-base: 96 at --hidden-size 64), unless `values` sets the FFN width too."""
+    if "hidden_size" in values and "ffn_hidden_size" not in values and "ffn_hidden_size" in preset:
+        return {**preset, "ffn_hidden_size": round(preset["ffn_hidden_size"] * values["hidden_size"]
+                                                   / preset["hidden_size"])}
+    return preset
+
+
 def preset_source(flags: dict, ds_config: dict) -> str | None:
     """Where the preset comes from, for errors about a field it set: '--model-preset modernbert-base'
     or 'sequence_parallel.model_preset modernbert-base' (None: no preset)."""
@@ -882,7 +887,8 @@ def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict
     set otherwise), naming the field and both values: the weights' fields would otherwise win over a preset
     silently, or a flag's value would meet the weights only as a shape error, or as an option refused for
     a reason the user never gave."""
-    preset, named = model_preset(flags, ds_config), preset_source(flags, ds_config)
+    preset = resized_preset(model_preset(flags, ds_config), {k: v for k, v in flags.items() if v is not None})
+    named = preset_source(flags, ds_config)
     for name, have in start.items():
         value = flags.get(name)
         if name in adjustable or (value if value is not None else preset.get(name, have)) == have:

@@ -160,7 +160,7 @@ class StepResult:
     mlm: float  # its MLM and SOP parts
     sop: float | None  # None without the sentence-order head
     grad_norm: float | None
-    mlm_accuracy: float | None = None  # masked tokens predicted right
+    mlm_accuracy: float  # masked tokens predicted right
     real_token_share: float = 1.0  # non-padding tokens / tokens of this data rank's micro-batches
     segments_per_sample: float = 1.0  # packed samples hold several
 

@@ -505,18 +505,20 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
     for field, value in start.items():
         flags[field] = value if flags.get(field) is None else flags[field]
     if flags.get("seq_length") is None and start:
-        flags["seq_length"] = start_length(args, weights_only, start)
+        flags["seq_length"] = start_length(args, weights_only, flags)
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     return flags
 
 
-def start_length(args, weights_only: bool, start: dict) -> int:
-    """The --seq-length a run from weights takes when the flag is left out: a weights-only checkpoint's
-    trained length; for an HF folder, whose config states only its positions, the default 512 unless
-    the folder has fewer."""
+def start_length(args, weights_only: bool, flags: dict) -> int:
+    """The --seq-length a run from weights takes when the flag is left out: the default 512, or less
+    where the weights reach less: a weights-only checkpoint's stored length (a from-hf one stores its
+    folder's positions), an HF folder's positions as this run sets them (--max-position-embeddings)."""
     if weights_only and not args.init_from_hf:
-        return checkpoint.stored_config(args.load, checkpoint.latest_tag(args.load))["model"]["seq_length"]
-    return min(BertConfig.seq_length, start.get("max_position_embeddings", BertConfig.seq_length))
+        reach = checkpoint.stored_config(args.load, checkpoint.latest_tag(args.load))["model"]["seq_length"]
+    else:
+        reach = flags.get("max_position_embeddings") or BertConfig.seq_length
+    return min(BertConfig.seq_length, reach)
 
 
 def check_sample_room(config) -> None:
@@ -666,9 +668,11 @@ def data_warnings(args, data_path: list, valid_set, train_iters: int) -> list:
     notes = [f"--data-path weight 0 for {prefix}: none of its samples are read"
              for weight, prefix in zip(*parse_data_path(data_path)) if weight == 0]
     if valid_set is None and args.eval_interval <= train_iters:
+        shares = re.split(r"[,/]", args.split)
+        fix = ("pass a larger validation share of --split, or a larger corpus" if len(shares) > 1 and float(shares[1])
+               else "pass a --split with a validation share, e.g. --split 949,50,1")
         notes.append(f"--split {args.split} leaves no validation documents: the evaluation every --eval-interval "
-                     f"{args.eval_interval} steps is skipped; pass a --split with a validation share, "
-                     "e.g. --split 949,50,1")
+                     f"{args.eval_interval} steps is skipped; {fix}")
     return notes
 
 

@@ -1,10 +1,13 @@
 """tools/check_hostfile.py accepts what DeepSpeed's hostfile parser accepts (`^(\S+)\s+slots=(\d+)`,
 the rest of the line ignored) and checks each used machine's slots against the ranks per node the
 launch starts, in its own flag names when run directly."""
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,3 +56,14 @@ def test_ranks_per_node_below_one_is_refused(tmp_path):
     result = check(hostfile, "--ranks-per-node", 0)
     assert result.returncode == 2 and result.stderr.splitlines() == [
         "check_hostfile.py: error: --ranks-per-node 0 must be >= 1; pass the ranks each machine starts"]
+
+
+def test_a_host_key_not_yet_accepted_is_named_as_such(monkeypatch):
+    """BatchMode ssh cannot accept a new host key; 'set up ssh keys' was the wrong advice for it."""
+    spec = importlib.util.spec_from_file_location("check_hostfile", ROOT / "tools" / "check_hostfile.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    refused = subprocess.CompletedProcess([], 255, "", "Host key verification failed.\n")
+    monkeypatch.setattr(tool.subprocess, "run", lambda *args, **kwargs: refused)
+    with pytest.raises(tool.ConfigError, match="run `ssh worker-1` once to accept its host key, or run"):
+        tool.check_ssh("worker-1", "run on every machine with NODE_RANK")

@@ -291,3 +291,24 @@ def test_an_alias_flag_beside_its_flag_with_another_value_is_refused(argv, messa
     with pytest.raises(ConfigError, match=re.escape(message)):
         flags(*argv)
     assert flags("--swiglu", "--mlp-type", "swiglu")["mlp_type"] == flags("--swiglu")["mlp_type"] == "swiglu"
+
+
+def test_a_preset_resized_by_hidden_size_keeps_its_ffn_ratio_against_weights_and_checkpoints():
+    """modernbert-base at --hidden-size 64 has an FFN of 96 (1152 / 768), also when compared with the
+    weights a run starts from; a checkpoint saved when it kept 1152 names the flag that resumes it."""
+    from megatron.checkpoint import check_same_model
+    from megatron.model.args import BertConfig
+
+    argv = ("--model-preset", "modernbert-base", "--hidden-size", "64", "--num-layers", "3")
+    start = {**START, "ffn_hidden_size": 96}
+    refuse_contradictions(start, "the --init-from-hf folder mb", flags(*argv), {}, adjustable_start_fields(start, True))
+    with pytest.raises(ConfigError, match=r"modernbert-base \(ffn_hidden_size 96\) contradicts the --init-from-hf "
+                                          "folder mb, whose model has ffn_hidden_size 128"):
+        refuse_contradictions({**start, "ffn_hidden_size": 128}, "the --init-from-hf folder mb", flags(*argv), {},
+                              adjustable_start_fields(start, True))
+    model = resolve(flags(*argv, "--num-attention-heads", "4", "--vocab-size", "100"), {}, world_size=1,
+                    deepspeed_check=False).model
+    stored = {**{field: getattr(model, field) for field in BertConfig.__dataclass_fields__}, "ffn_hidden_size": 1152}
+    with pytest.raises(ConfigError, match="trained with ffn_hidden_size 1152, this run's model has 96; pass "
+                                          "--ffn-hidden-size 1152, the checkpoint's"):
+        check_same_model(stored, model, "ckpt/iter_0000002")

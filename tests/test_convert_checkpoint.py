@@ -185,6 +185,9 @@ def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_p
     config = json.loads((short / "config.json").read_text())
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 128}))
     assert model_flags(parse(["--init-from-hf", str(short)]), {}, weights_only=False)["seq_length"] == 128
+    extended = parse(["--init-from-hf", str(short), "--max-position-embeddings", "256"])  # the run's positions
+    assert model_flags(extended, {}, weights_only=False)["seq_length"] == 256
+    assert model_flags(parse(["--init-from-hf", str(folder)]), {}, False)["seq_length"] == 512  # 512 at most
     with pytest.raises(ConfigError) as error:
         tool.main(["to-hf", "--load", str(save), "--tag", "iter_0000099", "--output", str(tmp_path / "out")])
     assert str(error.value) == (f"checkpoint folder {save / 'iter_0000099'} does not exist; pass the tag of a "

@@ -150,10 +150,13 @@ def test_flags_the_positionals_fix_are_refused(tmp_path, script, flags, message)
 
 
 def test_flags_beside_the_fixed_ones_pass(tmp_path):
-    """The trainer's own flags that share a prefix with a fixed one, and the defaults flags win over."""
+    """The trainer's own flags that share a prefix with a fixed one, and the defaults flags win over (a
+    longer position table: what starting from weights with more positions than SEQ_LEN needs)."""
     config, command = dry_run("bert_distributed.sh", tmp_path, "2", *LAYOUT, *SHAPE, "--attention-dropout", "0.1",
-                              "--deepspeed", "--model-preset", "modernbert-base", "--train-iters", "2", DRY_RUN="1")
-    assert command.endswith("--attention-dropout 0.1 --deepspeed --model-preset modernbert-base --train-iters 2 ")
+                              "--deepspeed", "--model-preset", "modernbert-base", "--train-iters", "2",
+                              "--max-position-embeddings", "256", DRY_RUN="1")
+    assert command.endswith("--attention-dropout 0.1 --deepspeed --model-preset modernbert-base --train-iters 2 "
+                            "--max-position-embeddings 256 ")
 
 
 @pytest.mark.parametrize("script", ["bert_distributed.sh", "bert_multinode.sh"])

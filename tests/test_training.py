@@ -339,6 +339,9 @@ def test_data_flags_that_leave_data_out_are_named():
         "--split 100,0,0 leaves no validation documents: the evaluation every --eval-interval 10 steps is skipped; "
         "pass a --split with a validation share, e.g. --split 949,50,1"]
     assert data_warnings(args, ["corpus_a"], valid_set=None, train_iters=9) == []  # no evaluation asked for
+    small = SimpleNamespace(split="969,30,1", eval_interval=10)  # a share that a small corpus rounds to none
+    assert data_warnings(small, ["corpus_a"], valid_set=None, train_iters=20)[0].endswith(
+        "skipped; pass a larger validation share of --split, or a larger corpus")
     assert data_warnings(args, ["corpus_a"], valid_set=object(), train_iters=20) == []
 
 

@@ -74,9 +74,10 @@ def check_ssh(host: str, no_ssh: str) -> None:
     except subprocess.TimeoutExpired:
         result, said = None, "no answer within 30 s"
     if result is None or result.returncode != 0:
+        fix = (f"run `ssh {host}` once to accept its host key" if "Host key verification failed" in said else
+               f"set up ssh keys so that `ssh {host}` asks for nothing")
         raise ConfigError(f"cannot reach {host}, the hostfile's first host, by passwordless ssh ({said}), which "
-                          "DeepSpeed's launcher needs", f"set up ssh keys so that `ssh {host}` asks for nothing, "
-                          f"or {no_ssh}")
+                          "DeepSpeed's launcher needs", f"{fix}, or {no_ssh}")
 
 
 def main(argv=None) -> int:
