@@ -902,7 +902,7 @@ CONFIG_MISTAKES = {
     # ---- a preset or flag that contradicts the --init-from-hf folder (more in test_config.py)
     "hf_preset_contradicts_the_folder": (
         ["--init-from-hf", "{hf}", "--max-position-embeddings", "512", "--model-preset", "modernbert-base"], {},
-        ("--model-preset modernbert-base (ffn_hidden_size 1152) contradicts the --init-from-hf folder",
+        ("--model-preset modernbert-base (ffn_hidden_size 96) contradicts the --init-from-hf folder",
          "drop --model-preset modernbert-base"), {}),
 }
 SKIPPED = {"launch_mpi_without_mpi4py": "mpi4py is installed" if importlib.util.find_spec("mpi4py") else None}
