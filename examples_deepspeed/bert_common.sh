@@ -142,4 +142,12 @@ if [ "$DRY_RUN" = 1 ]; then
 fi
 status=0
 run_launcher "${COMMAND[@]}" || status=$?
+# a launch the trainer refused at start-up (one line, exit 2) leaves no RUN_DIR that this script made for it
+if [ "$status" -eq 2 ] && [ "$RUN_DIR" != "$existing" ] && [ "$(ls -A -- "$RUN_DIR")" = ds_config.json ]; then
+    rm -f -- "$RUN_DIR/ds_config.json"
+    made="$RUN_DIR"
+    while [ "$made" != "$existing" ] && rmdir -- "$made" 2> /dev/null; do
+        made="$(dirname -- "$made")"
+    done
+fi
 exit "$status"

@@ -611,6 +611,9 @@ CASES += [
          ("cannot reach nosuchhost.invalid, the hostfile's first host, by passwordless ssh", "set up ssh keys",
           "NODE_RANK and MASTER_ADDR"), files={"hostfile": "nosuchhost.invalid slots=2\n"},
          env={"HOSTFILE": "{tmp}/hostfile"}),
+    # a launch the trainer refuses at start-up: the RUN_DIR the script made for it (its JSON only) is removed
+    Case("script_trainer_refusal_leaves_no_run_dir", "distributed", [*SCRIPT_ARGS, "--train-iters", "0"],
+         ("--train-iters 0 is zero: no step to train",)),
 ]
 
 
