@@ -6,7 +6,6 @@ any env:// launcher). Errors a user can cause end the run with one line and exit
 import importlib.util
 import math
 import os
-import re
 import signal
 import sys
 import threading
@@ -21,7 +20,8 @@ from megatron.arguments import build_parser, config_flags, launcher_rank
 from megatron.config import (OPTIMIZER_DEFAULTS, adjustable_start_fields, default_optimizer, optimizer_params_taken,
                              read_ds_config, refuse_contradictions, resolve)
 from megatron.data import index_maps
-from megatron.data.bert_dataset import SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, token_stats
+from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_weights,
+                                        token_stats)
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, HFTokenizer, build_tokenizer, check_data_vocab,
@@ -195,17 +195,13 @@ def check_flag_combinations(args) -> None:
 
 def check_split(split: str) -> None:
     """--split TRAIN,VALID,TEST document weights: up to three finite numbers >= 0, the train weight > 0."""
-    parts = [part.strip() for part in re.split(r"[,/]", split) if part.strip()]  # as the data layer reads it
-    try:
-        weights = [float(part) for part in parts]
-    except ValueError:
-        weights = []
+    weights = split_weights(split)  # as the data layer reads it
     if not 1 <= len(weights) <= 3 or any(not math.isfinite(weight) or weight < 0 for weight in weights):
         raise ConfigError(f"--split {split!r} is not up to three finite weights >= 0 (train,valid,test)",
                           "pass e.g. --split 949,50,1")
     if weights[0] <= 0:
         raise ConfigError(f"--split {split!r} gives the training set no documents (its first weight is "
-                          f"{parts[0]})", "give training a positive share, e.g. --split 949,50,1")
+                          f"{weights[0]:g})", "give training a positive share, e.g. --split 949,50,1")
 
 
 def check_data_path(data_path: list) -> None:
@@ -250,7 +246,8 @@ def check_start(args) -> None:
 
 def check_log_dirs(args) -> None:
     """--log-dir and --tensorboard-dir (and the tensorboard package), which rank 0 alone writes
-    (RunLog), checked there before any work; every rank raises rank 0's error, so none goes on training while rank 0 stops."""
+    (RunLog), checked there before any work; every rank raises rank 0's error, so none goes on
+    training while rank 0 stops."""
     found = [None]
     if dist.get_rank() == 0:
         dirs = [("--log-dir", args.log_dir), ("--tensorboard-dir", args.tensorboard_dir)]
@@ -668,8 +665,8 @@ def data_warnings(args, data_path: list, valid_set, train_iters: int) -> list:
     notes = [f"--data-path weight 0 for {prefix}: none of its samples are read"
              for weight, prefix in zip(*parse_data_path(data_path)) if weight == 0]
     if valid_set is None and args.eval_interval <= train_iters:
-        shares = re.split(r"[,/]", args.split)
-        fix = ("pass a larger validation share of --split, or a larger corpus" if len(shares) > 1 and float(shares[1])
+        shares = split_weights(args.split)
+        fix = ("pass a larger validation share of --split, or a larger corpus" if len(shares) > 1 and shares[1]
                else "pass a --split with a validation share, e.g. --split 949,50,1")
         notes.append(f"--split {args.split} leaves no validation documents: the evaluation every --eval-interval "
                      f"{args.eval_interval} steps is skipped; {fix}")

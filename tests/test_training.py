@@ -342,6 +342,9 @@ def test_data_flags_that_leave_data_out_are_named():
     small = SimpleNamespace(split="969,30,1", eval_interval=10)  # a share that a small corpus rounds to none
     assert data_warnings(small, ["corpus_a"], valid_set=None, train_iters=20)[0].endswith(
         "skipped; pass a larger validation share of --split, or a larger corpus")
+    empty_part = SimpleNamespace(split="100,,0", eval_interval=10)  # read as the data layer reads it: 100, 0
+    assert data_warnings(empty_part, ["corpus_a"], valid_set=None, train_iters=20)[0].endswith(
+        "skipped; pass a --split with a validation share, e.g. --split 949,50,1")
     assert data_warnings(args, ["corpus_a"], valid_set=object(), train_iters=20) == []
 
 

@@ -35,12 +35,18 @@ LONG_SENTENCE_LEN = 512  # Megatron skips documents with a longer sentence; we r
 PACK_WINDOW = 256  # open samples pack_segments fills at once: more fills better and searches longer
 
 
+def split_weights(split: str) -> list[float]:
+    """--split's weights as written ('949,50,1', Megatron's '90/5/5', empty parts skipped); [] when
+    one is not a number."""
+    try:
+        return [float(part) for part in re.split(r"[,/]", split) if part.strip()]
+    except ValueError:
+        return []
+
+
 def split_boundaries(split: str, num_docs: int) -> list[int]:
     """'949,50,1' over num_docs documents -> [0, train_end, valid_end, num_docs]."""
-    try:
-        weights = [float(part) for part in re.split(r"[,/]", split) if part.strip()]
-    except ValueError:
-        weights = []
+    weights = split_weights(split)
     if not 1 <= len(weights) <= 3 or min(weights) < 0 or sum(weights) <= 0:
         raise ConfigError(f"--split {split!r} is not up to three non-negative weights", "pass e.g. --split 949,50,1")
     weights = [w / sum(weights) for w in weights + [0.0] * (3 - len(weights))]
