@@ -495,26 +495,27 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
     starts from (--init-from-hf, weights-only --load) where the flags leave them out; vocab_size
     None where neither gives it (the vocab file's, once it is read: a preset never sets it)."""
     flags = config_flags(args)
-    start = initial_model_fields(args, weights_only)
+    weights = starting_weights_fields(args, weights_only)
+    start = initial_model_fields(weights)
     refuse_contradictions(start, f"the --init-from-hf folder {args.init_from_hf}" if args.init_from_hf
                           else f"the weights-only checkpoint {args.load}", flags, ds,
                           adjustable_start_fields(start, bool(args.init_from_hf)))
     for field, value in start.items():
         flags[field] = value if flags.get(field) is None else flags[field]
     if flags.get("seq_length") is None and start:
-        flags["seq_length"] = start_length(args, weights_only, flags)
+        flags["seq_length"] = start_length(args, weights, flags)
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     return flags
 
 
-def start_length(args, weights_only: bool, flags: dict) -> int:
+def start_length(args, weights: dict, flags: dict) -> int:
     """The --seq-length a run from weights takes when the flag is left out: the default 512, or less
     where the weights reach less: a weights-only checkpoint's stored length (a from-hf one stores its
     folder's positions), an HF folder's positions as this run sets them (--max-position-embeddings)."""
-    if weights_only and not args.init_from_hf:
-        reach = checkpoint.stored_config(args.load, checkpoint.latest_tag(args.load))["model"]["seq_length"]
-    else:
+    if args.init_from_hf:
         reach = flags.get("max_position_embeddings") or BertConfig.seq_length
+    else:
+        reach = weights["seq_length"]
     return min(BertConfig.seq_length, reach)
 
 
@@ -680,16 +681,22 @@ def sample_options(args, config) -> dict:
                 max_segment_length=config.model.max_segment_length)
 
 
-def initial_model_fields(args, weights_only: bool) -> dict:
-    """Model settings of the weights a run starts from (--init-from-hf, or a weights-only --load):
-    the sizes and layout, which the flags may restate but not change; for a modern model (a ModernBERT
-    folder) also its layer rule (rope thetas, window, global period), head and vocab padding, which the
-    flags may change, the global period aside (config.refuse_contradictions)."""
+def starting_weights_fields(args, weights_only: bool) -> dict:
+    """The BertConfig fields of the weights a run starts from (--init-from-hf, or a weights-only
+    --load), read once: a weights-only checkpoint without run_state.json keeps them in its weights file."""
     if args.init_from_hf:
-        fields = hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(args.init_from_hf))
-    elif weights_only:
-        fields = checkpoint.stored_config(args.load, checkpoint.latest_tag(args.load))["model"]
-    else:
+        return hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(args.init_from_hf))
+    if weights_only:
+        return checkpoint.stored_config(args.load, checkpoint.latest_tag(args.load))["model"]
+    return {}
+
+
+def initial_model_fields(fields: dict) -> dict:
+    """Of the starting weights' fields (starting_weights_fields): the sizes and layout, which the flags
+    may restate but not change; for a modern model (a ModernBERT folder) also its layer rule (rope
+    thetas, window, global period), head and vocab padding, which the flags may change, the global
+    period aside (config.refuse_contradictions)."""
+    if not fields:
         return {}
     shaping = (*hf_convert.HF_CONFIG_KEYS, "max_position_embeddings", "layernorm_layout", "embedding_layernorm",
                "position_embedding_type", "mlp_type", "add_bias_linear", "normalization", "first_layer_attention_norm")

@@ -33,7 +33,7 @@ from megatron import checkpoint, hf_convert  # noqa: E402
 from megatron.arguments import flag_setting, flags_given  # noqa: E402
 from megatron.config import ADJUSTABLE_START_FIELDS, read_ds_config  # noqa: E402
 from megatron.errors import ConfigError, DataError, run_tool  # noqa: E402
-from megatron.training import initial_model_fields  # noqa: E402
+from megatron.training import initial_model_fields, starting_weights_fields  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FACTOR = 64
@@ -204,8 +204,8 @@ def source_fields(args, kind: str) -> dict:
     """The model fields the first run took from --from (the trainer's own choice), less those this
     tool sets: a resume restates them, since `--load` alone takes no model from the checkpoint."""
     start = argparse.Namespace(init_from_hf=args.source if kind == "hf" else None, load=args.source)
-    return {field: value for field, value in initial_model_fields(start, kind == "checkpoint").items()
-            if field not in EXTENDED}
+    fields = initial_model_fields(starting_weights_fields(start, kind == "checkpoint"))
+    return {field: value for field, value in fields.items() if field not in EXTENDED}
 
 
 def resumed_model(args, fields: dict, theta: float) -> dict:
