@@ -96,8 +96,22 @@ def test_p2p_pairs_by_issue_order_and_simulation_equals_real_run(size):
         real = [torch.cat(parts, 1) for parts in zip(*(result[variant][0] for result in per_rank))]
         sim, comms = simulated(variant, size)
         assert [c.log for c in comms] == logs, f"{variant}: the simulation exchanged differently"
-        for name, got, want in zip(("out", "dq", "dk", "dv"), sim, real):
-            assert relative(got, want) <= 1e-6, f"{variant} P={size} {name}: {relative(got, want):.1e}"
+        for index, (name, got, want) in enumerate(zip(("out", "dq", "dk", "dv"), sim, real)):
+            assert relative(got, want) <= 1e-6, mismatch(variant, size, index, got, want)
+
+
+def mismatch(variant, size, index, sim, real) -> str:
+    """The failure message of a simulation that differs from the real run: which side moved
+    (the simulation run again, and for the ring both sides against float64) and where."""
+    name = ("out", "dq", "dk", "dv")[index]
+    where = tuple(int(i) for i in torch.unravel_index((sim - real).abs().argmax(), sim.shape))
+    message = (f"{variant} P={size} {name}: simulation vs real run {relative(sim, real):.1e} at {where}; "
+               f"simulation run again vs first {relative(simulated(variant, size)[0][index], sim):.1e}")
+    if variant == "ring":
+        exact = naive(*inputs())[index]
+        message += (f"; vs float64: simulation {relative(sim.double(), exact):.1e}, "
+                    f"real run {relative(real.double(), exact):.1e}")
+    return message
 
 
 def naive(q, k, v, grad_out, segment_ids, allowed=None):
