@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpoint import LATEST, UNREADABLE, tag_for
+from megatron.checkpoint import LATEST, RUN_STATE, UNREADABLE, tag_for
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry
 from megatron.errors import ConfigError, DataError
@@ -577,7 +577,7 @@ def read_hf_tokenizer(folder):
 
 def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, tokenizer=None) -> None:
     """A checkpoint directory with weights and config but no optimizer state, in the file layout
-    of a plain-model ZeRO-0 checkpoint (`latest`, `iter_0000000/mp_rank_00_model_states.pt`), so
+    of a plain-model ZeRO-0 checkpoint (`latest`, `iter_0000000/mp_rank_00_model_states.pt`, run_state.json), so
     `bert_state_from_checkpoint` and `stored_config` read it; `weights_only` marks it for a
     trainer that starts from its weights at any layout; `tokenizer` carried as a trained one is.
     Atomic like save_hf_folder."""
@@ -588,8 +588,11 @@ def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, toke
     save_dir.mkdir(parents=True, exist_ok=True)
     partial = created_folder(tempfile.mkdtemp(prefix=f".{tag}.", dir=save_dir))
     try:
-        torch.save({"module": state, "config": TrainConfig(model=config).to_dict(), "iteration": 0,
-                    "consumed_samples": 0, "weights_only": True}, partial / "mp_rank_00_model_states.pt")
+        header = {"config": TrainConfig(model=config).to_dict(), "iteration": 0, "consumed_samples": 0,
+                  "weights_only": True}
+        torch.save({"module": state, **header}, partial / "mp_rank_00_model_states.pt")
+        # the header again as JSON, so that reading it (checkpoint.run_state) loads no weights
+        (partial / RUN_STATE).write_text(json.dumps(header, allow_nan=False))
         if tokenizer is not None:
             carry(tokenizer, partial)
         os.replace(partial, save_dir / tag)

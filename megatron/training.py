@@ -683,7 +683,7 @@ def sample_options(args, config) -> dict:
 
 def starting_weights_fields(args, weights_only: bool) -> dict:
     """The BertConfig fields of the weights a run starts from (--init-from-hf, or a weights-only
-    --load), read once: a weights-only checkpoint without run_state.json keeps them in its weights file."""
+    --load), read once."""
     if args.init_from_hf:
         return hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(args.init_from_hf))
     if weights_only:

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from unittest import mock
 from pathlib import Path
 
 import pytest
@@ -172,11 +173,13 @@ def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_p
 
     # a run from the weights without --seq-length takes their trained length, not the default 512
     from megatron.arguments import build_parser
-    from megatron.training import model_flags
+    from megatron.training import model_flags, starts_from_weights
 
     tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "at256"), "--seq-length", "256"])
     parse = build_parser().parse_args
-    assert model_flags(parse(["--load", str(tmp_path / "at256")]), {}, weights_only=True)["seq_length"] == 256
+    with mock.patch.object(checkpoint, "safe_load", side_effect=AssertionError("weights loaded for the header")):
+        assert starts_from_weights(parse(["--load", str(tmp_path / "at256")]))  # from run_state.json, no weights
+        assert model_flags(parse(["--load", str(tmp_path / "at256")]), {}, weights_only=True)["seq_length"] == 256
     assert model_flags(parse(["--load", str(tmp_path / "at256"), "--seq-length", "64"]), {}, True)["seq_length"] == 64
     short = tmp_path / "short"  # an HF folder of 128 positions (rope: no table to cut)
     short.mkdir()
