@@ -2,8 +2,11 @@
 Parquet (record batches, other columns present), a folder of shards, a glob of mixed shards: the
 same `.bin`/`.idx` bytes as loose JSON of the same text, at 1 and 2 workers; and each way such a
 corpus can be broken is one DataError naming the shard, with nothing written."""
+import bz2
 import gzip
+import io
 import json
+import lzma
 import re
 from pathlib import Path
 
@@ -125,6 +128,16 @@ def null_text(tmp: Path, records: list) -> str:
     return as_input("parquet", tmp, [{**record, "text": None} if i == 4 else record for i, record in enumerate(records)])
 
 
+def not_utf8_text(tmp: Path, records: list) -> str:
+    """A Parquet file whose 5th row's text is Latin-1 bytes: a string column whose writer did not check UTF-8."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    texts = [b"caf\xe9 au lait." if i == 4 else record["text"].encode() for i, record in enumerate(records)]
+    table = pa.table({"title": [record["title"] for record in records],
+                      "text": pa.array(texts, pa.binary()).view(pa.string())})
+    pq.write_table(table, tmp / "wiki.parquet", row_group_size=16)
+    return str(tmp / "wiki.parquet")
+
+
 def truncated(path: Path) -> str:
     path.write_bytes(path.read_bytes()[:-40])
     return str(path)
@@ -142,6 +155,22 @@ def gzip_with_bad_line(tmp: Path, records: list) -> str:
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "wiki.jsonl.gz").write_bytes(gzip.compress(b"".join(lines)))
     return str(tmp / "wiki.jsonl.gz")
+
+
+def written(name: str, data):
+    """A writer of one file `name` holding data(records)."""
+    def write(tmp: Path, records: list) -> str:
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_bytes(data(records))
+        return str(tmp / name)
+    return write
+
+
+def empty_shard_in_folder(tmp: Path, records: list) -> str:
+    """A folder whose second shard is 0 bytes (an interrupted download), which gzip reads as no text."""
+    shards(tmp / "shards", ["part-0.jsonl.gz", "part-1.jsonl.gz"], records)
+    (tmp / "shards" / "part-1.jsonl.gz").write_bytes(b"")
+    return str(tmp / "shards")
 
 
 def folder_without_shards(tmp: Path, records: list) -> str:
@@ -165,10 +194,19 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
                       KEYS, r"wiki\.jsonl\.gz is not a readable gzip file \(Not a gzipped file"),
     "zstd_truncated": (lambda tmp, records: truncated(write_shard(tmp / "wiki.jsonl.zst", records)), KEYS,
                        r"wiki\.jsonl\.zst is not a readable zstd file \(truncated: the stream ends inside a frame\)"),
+    "gzip_empty_in_folder": (empty_shard_in_folder, KEYS, r"part-1\.jsonl\.gz is empty \(0 bytes\), not a complete "
+                                                          r"gzip file; download or compress it again"),
+    "zstd_empty": (written("wiki.jsonl.zst", lambda records: b""), KEYS,
+                   r"wiki\.jsonl\.zst is empty \(0 bytes\), not a complete zstd file"),
+    "bzip2_jsonl": (written("w.jsonl.bz2", lambda records: bz2.compress(jsonl(records))), KEYS,
+                    r"w\.jsonl\.bz2 is bzip2-compressed, which is not read; decompress it, or recompress it as "
+                    r"\.jsonl\.gz or \.jsonl\.zst"),
     "empty_glob": (lambda tmp, records: str(tmp / "nowhere" / "*.parquet"), KEYS,
                    r"--input .*nowhere/\*\.parquet matches no files; check the pattern"),
     "folder_without_shards": (folder_without_shards, KEYS, r"input folder .*notes holds no corpus shards"),
     "parquet_null_text": (null_text, KEYS, r"wiki\.parquet row 5: key 'text' is not a string; .*--skip-invalid"),
+    "parquet_not_utf8": (not_utf8_text, KEYS, r"wiki\.parquet row 5: key 'text' is not valid UTF-8 \(byte 0xe9 at "
+                                              r"byte 4\); .*--skip-invalid"),
     "bad_line_in_gzip": (gzip_with_bad_line, KEYS, r"wiki\.jsonl\.gz line 3: invalid JSON"),
     "parquet_named_jsonl": (lambda tmp, records: str(Path(as_input("parquet", tmp, records)).rename(tmp / "w.jsonl")),
                             KEYS, r"w\.jsonl is a Parquet file, though its name says JSON lines; name it \*\.parquet"),
@@ -186,10 +224,26 @@ def test_a_broken_corpus_is_one_line_naming_the_shard_and_leaves_nothing(referen
     assert not (tmp_path / "out").exists()
 
 
-def test_skip_invalid_skips_a_null_parquet_row(reference, tmp_path):
+@pytest.mark.parametrize("write", [null_text, not_utf8_text])
+def test_skip_invalid_skips_a_bad_parquet_row(reference, tmp_path, write):
     records, vocab, _ = reference
-    report = preprocess(options(null_text(tmp_path, records), tmp_path / "out" / "wiki", vocab, skip_invalid=True))
+    report = preprocess(options(write(tmp_path, records), tmp_path / "out" / "wiki", vocab, skip_invalid=True))
     assert (report.documents, report.skipped) == (119, 1)
+
+
+def test_a_dataset_snapshot_folder_reads_its_shards_and_notes_files_it_leaves_out(reference, tmp_path):
+    """A Hugging Face dataset snapshot: dataset_infos.json (metadata, not a record) and a README beside
+    data/*.parquet; and a shard in a compression that is not read (.jsonl.xz), named, not dropped silently."""
+    records, vocab, expected = reference
+    shards(tmp_path / "hf" / "data", ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet"], records)
+    (tmp_path / "hf" / "dataset_infos.json").write_text(json.dumps({"default": {"features": {"text": {}}}}))
+    (tmp_path / "hf" / "README.md").write_text("---\nlicense: cc-by-sa-4.0\n---\n")
+    (tmp_path / "hf" / "data" / "extra.jsonl.xz").write_bytes(lzma.compress(jsonl(records[:3])))
+    log = io.StringIO()
+    report = preprocess(options(tmp_path / "hf", tmp_path / "out" / "wiki", vocab), log=log)
+    for key in KEYS:
+        assert file_bytes(report.outputs[key]) == file_bytes(expected[key]), key
+    assert "left out 1 file(s) without a corpus shard's name (extra.jsonl.xz)" in log.getvalue(), log.getvalue()
 
 
 def broken_corpus(case: str):

@@ -19,7 +19,7 @@ from megatron.data import indexed_dataset
 from megatron.data.bert_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import make_dataset
 from megatron.data.default_dataset import DEFAULT_VOCAB_SIZE, prepare_default_dataset
-from megatron.data.preprocess import PreprocessOptions, preprocess
+from megatron.data.preprocess import Encoder, PreprocessOptions, preprocess
 from megatron.data.sample_corpus import write_corpus
 from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import BertWordPiece, build_tokenizer, check_data_vocab, data_identity_path
@@ -140,6 +140,8 @@ def corrupt_corpus(corpus, tmp_path, bad_line: int, bad: bytes) -> Path:
     (b'{"text": 5}', "line 77: key 'text' is not a string"),
     (b'["a list"]', "line 77: not a JSON object"),
     (b'{"text": "\xff\xfe"}', "line 77: invalid JSON"),
+    (b'{"text": "Broken emoji \\ud83d here."}', r"line 77: key 'text' holds a lone UTF-16 surrogate \(\\ud83d\) at "
+                                                r"character 14"),  # half an emoji: the tokenizers raise TypeError
 ])
 def test_bad_line_stops_with_its_number_and_leaves_nothing(corpus, tmp_path, workers, bad, message):
     path = corrupt_corpus(corpus, tmp_path, 77, bad)
@@ -150,11 +152,29 @@ def test_bad_line_stops_with_its_number_and_leaves_nothing(corpus, tmp_path, wor
     assert not out.exists()  # the output folder it created is gone again
 
 
-def test_skip_invalid_counts_and_skips(corpus, tmp_path):
-    path = corrupt_corpus(corpus, tmp_path, 3, b"not json")
+@pytest.mark.parametrize("bad", [b"not json", b'{"text": "\\ud800"}'])
+def test_skip_invalid_counts_and_skips(corpus, tmp_path, bad):
+    path = corrupt_corpus(corpus, tmp_path, 3, bad)
     report = preprocess(options(corpus, tmp_path / "out", input=str(path), skip_invalid=True))
     assert (report.documents, report.skipped) == (119, 1)
     assert len(make_dataset(report.outputs["text"]).doc_idx) == 120
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_by_a_signal_is_one_line_naming_it(corpus, tmp_path, monkeypatch):
+    """The out-of-memory killer's SIGKILL on a tokenizing worker: the signal and the fix, no traceback."""
+    encode = Encoder.encode
+
+    def killed_at_line_50(self, item):
+        if item[0] == (0, 50):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return encode(self, item)
+
+    monkeypatch.setattr(Encoder, "encode", killed_at_line_50)  # the forked workers inherit it
+    with pytest.raises(ConfigError, match=r"^a tokenizing worker was killed by SIGKILL \(often the out-of-memory "
+                                          r"killer\); rerun with fewer --workers"):
+        preprocess(options(corpus, tmp_path / "out", workers=2))
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.timeout(120)

@@ -24,6 +24,10 @@ PARQUET_BATCH_ROWS = 1024  # rows decoded at once: a batch of long articles stay
 FOLDER_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz", ".json.zst", ".jsonl.zst", ".json.zstd",
                    ".jsonl.zstd", ".parquet")  # what a folder's shards may be (a glob's too, where some match)
 FORMATS_HELP = "loose JSON, .jsonl.gz, .jsonl.zst or .parquet"
+COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd", ".bz2", ".xz", ".lz4", ".zip")  # a folder notes those it leaves out
+METADATA = ("dataset_info.json", "dataset_infos.json", "dataset_dict.json", "state.json")  # a Hugging Face
+# dataset's description beside its shards (snapshot_download, save_to_disk): JSON, not records
+REDOWNLOAD = "download or compress it again (gzip -t / zstd -t test a file), or leave it out of --input"
 
 
 def shard_kind(name: str) -> str:
@@ -54,7 +58,7 @@ class Corpus:
 
     def __init__(self, spec: str, keys: tuple):
         self.keys = tuple(keys)
-        paths, self.skipped = _shard_paths(spec)  # skipped: files a glob matched beside its shards (a README)
+        paths, self.skipped = _shard_paths(spec)  # skipped: files beside the shards that are left out
         self.shards = [Shard(path, shard_kind(path)) for path in paths]
         for shard in self.shards:
             if shard.kind == "parquet":
@@ -75,19 +79,20 @@ class Corpus:
 
 
 def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
-    """(the shards, the files a glob matched but left out): a folder's files with a shard's suffix;
-    a glob's the same where it matches any (else all it matches: `part-*` shards without one)."""
+    """(the shards, the files left out that a user may have meant as shards): a folder's files with
+    a shard's suffix (left out: compressed files without one, `RC_2019-01.zst`, `.jsonl.xz`); a glob's
+    the same where it matches any (else all it matches: `part-*` shards without one; left out: the rest)."""
     path = Path(spec)
     if path.is_file():
         return [spec], []
     if path.is_dir():
-        found = sorted(str(file) for file in path.rglob("*") if file.is_file() and not _derived(file.name)
-                       and file.name.lower().endswith(FOLDER_SUFFIXES)
+        files = sorted(str(file) for file in path.rglob("*") if file.is_file() and not _derived(file.name)
                        and not any(part.startswith((".", "_")) for part in file.relative_to(path).parts))
+        found = [name for name in files if name.lower().endswith(FOLDER_SUFFIXES)]
         if not found:
             raise DataError(f"input folder {spec} holds no corpus shards ({', '.join(FOLDER_SUFFIXES)})",
                             f"pass a folder, file or glob of {FORMATS_HELP} files")
-        return found, []
+        return found, [name for name in files if name not in found and name.lower().endswith(COMPRESSED_SUFFIXES)]
     if glob.has_magic(spec):
         found = sorted(name for name in glob.glob(spec, recursive=True) if Path(name).is_file() and not _derived(name))
         if not found:
@@ -100,9 +105,9 @@ def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
 
 
 def _derived(name: str) -> bool:
-    """Whether a file is the vocab record preprocessing writes beside its `.bin`/`.idx` (a `.json`,
-    never a shard): skipped, so a corpus folder that also holds its data can be preprocessed again."""
-    return name.endswith(DATA_IDENTITY)
+    """Whether a `.json` is never a shard: the vocab record preprocessing writes beside its `.bin`/`.idx`
+    (so a corpus folder that also holds its data can be preprocessed again) or a dataset's METADATA."""
+    return name.endswith(DATA_IDENTITY) or Path(name).name in METADATA
 
 
 def _json_lines(shard: Shard):
@@ -110,6 +115,8 @@ def _json_lines(shard: Shard):
     file = open(shard.path, "rb")  # a missing or unreadable file: an OSError naming it
     corrupt = ()  # what a damaged compressed stream raises
     try:
+        if shard.kind != "json" and not file.peek(1):  # gzip and zstd read 0 bytes as an empty text
+            raise DataError(f"{shard.path} is empty (0 bytes), not a complete {shard.kind} file", REDOWNLOAD)
         if shard.kind == "gzip":
             lines, corrupt = gzip.GzipFile(fileobj=file), (OSError, EOFError, zlib.error)
         elif shard.kind == "zstd":
@@ -117,7 +124,7 @@ def _json_lines(shard: Shard):
 
             lines, corrupt = io.BufferedReader(_ZstdFrames(file), 1 << 20), (zstandard.ZstdError,)
         else:
-            _refuse_misnamed(shard.path, file.peek(4)[:4] if hasattr(file, "peek") else b"")
+            _refuse_misnamed(shard.path, file.peek(8))
             lines = file
         for number, raw in enumerate(lines, 1):
             if raw.strip():
@@ -126,21 +133,29 @@ def _json_lines(shard: Shard):
         if getattr(error, "filename", None):  # the disk, not the stream
             raise
         raise DataError(f"{shard.path} is not a readable {shard.kind} file ({error or type(error).__name__})",
-                        "download or compress it again (gzip -t / zstd -t test a file), or leave it out of --input"
-                        ) from None
+                        REDOWNLOAD) from None
     finally:
         file.close()
 
 
-MAGIC = {b"PAR1": ("a Parquet file", ".parquet"), b"\x28\xb5\x2f\xfd": ("zstd-compressed", ".jsonl.zst")}
+RECOMPRESS = "decompress it, or recompress it as .jsonl.gz or .jsonl.zst"
+MAGIC = {  # the first bytes of what a file read as JSON lines may be instead -> (what it is, the fix)
+    b"PAR1": ("a Parquet file, though its name says JSON lines", "name it *.parquet"),
+    b"\x28\xb5\x2f\xfd": ("zstd-compressed, though its name says JSON lines", "name it *.jsonl.zst"),
+    b"\x1f\x8b": ("gzip-compressed, though its name says JSON lines", "name it *.jsonl.gz"),
+    b"BZh": ("bzip2-compressed, which is not read", RECOMPRESS),
+    b"\xfd7zXZ\x00": ("xz-compressed, which is not read", RECOMPRESS),
+    b"\x04\x22\x4d\x18": ("lz4-compressed, which is not read", RECOMPRESS),
+    b"PK\x03\x04": ("a zip archive, which is not read", "unzip it and pass the files it holds"),
+}
 
 
 def _refuse_misnamed(path: str, head: bytes) -> None:
     """A file read as JSON lines for its name that is another format: named as such, not reported as
     invalid JSON with the fix --skip-invalid."""
-    found = MAGIC.get(head) or (("gzip-compressed", ".jsonl.gz") if head[:2] == b"\x1f\x8b" else None)
-    if found:
-        raise DataError(f"{path} is {found[0]}, though its name says JSON lines", f"name it *{found[1]}")
+    for magic, (problem, fix) in MAGIC.items():
+        if head.startswith(magic):
+            raise DataError(f"{path} is {problem}", fix)
 
 
 class _ZstdFrames(io.RawIOBase):
@@ -214,12 +229,30 @@ def _parquet_rows(path: str, keys: tuple):
                 sizes = pc.binary_length(columns[0]).fill_null(0)
                 for column in columns[1:]:
                     sizes = pc.add(sizes, pc.binary_length(column).fill_null(0))
-                for values, size in zip(zip(*(column.to_pylist() for column in columns)), sizes.to_pylist()):
+                for values, size in zip(zip(*map(_python_text, columns)), sizes.to_pylist()):
                     number += 1
                     yield number, dict(zip(keys, values)), size
     except (pa.ArrowException, ValueError) as error:
         raise DataError(f"{path} row {number + 1}: the Parquet file cannot be read ({error})",
                         "download or write the shard again, or leave it out of --input") from None
+
+
+def _python_text(column) -> list:
+    """A batch's text column as str values (None for null); pyarrow leaves a writer's UTF-8 unchecked, so
+    a value that is not UTF-8 stays bytes: that row alone is bad (its number named, --skip-invalid skips it)."""
+    import pyarrow as pa
+
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        return [_decoded(value) for value in column.cast(pa.large_binary()).to_pylist()]
+
+
+def _decoded(value: bytes | None) -> str | bytes | None:
+    try:
+        return value.decode("utf-8") if value is not None else None
+    except UnicodeDecodeError:
+        return value
 
 
 def _plain_text(column):

@@ -91,13 +91,31 @@ class Encoder:
         for key in self.options.json_keys:
             if key not in record:
                 return number, f"no key {key!r}", size
-            if not isinstance(record[key], str):
-                return number, f"key {key!r} is not a string", size
+            if problem := _text_problem(key, record[key]):
+                return number, problem, size
             sentences = [ids for ids in self.tokenizer.tokenize_batch(self.split(record[key])) if ids]
             if sentences and self.options.append_eod:
                 sentences[-1].append(self.tokenizer.eod)
             documents[key] = sentences
         return number, documents, size
+
+
+def _text_problem(key: str, value) -> str | None:
+    """Why a record's value is no text a tokenizer takes, or None: not a string; a lone UTF-16 surrogate
+    (JSON's "\\ud83d" escape, half an emoji cut off in a crawl); bytes that are not UTF-8 (a Parquet
+    value, which corpus_files leaves undecoded)."""
+    try:
+        if isinstance(value, str):
+            value.encode("utf-8")
+            return None
+        if isinstance(value, bytes):
+            value.decode("utf-8")
+    except UnicodeEncodeError as error:
+        return (f"key {key!r} holds a lone UTF-16 surrogate (\\u{ord(value[error.start]):04x}) "
+                f"at character {error.start + 1}")
+    except UnicodeDecodeError as error:
+        return f"key {key!r} is not valid UTF-8 (byte 0x{value[error.start]:02x} at byte {error.start + 1})"
+    return f"key {key!r} is not a string"
 
 
 def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
@@ -108,7 +126,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     corpus = Corpus(options.input, options.json_keys)
     if corpus.skipped:
         names = ", ".join(Path(name).name for name in corpus.skipped[:3]) + (", ..." if len(corpus.skipped) > 3 else "")
-        print(f"note: --input {options.input}: left out {len(corpus.skipped)} matched file(s) without a corpus "
+        print(f"note: --input {options.input}: left out {len(corpus.skipped)} file(s) without a corpus "
               f"shard's name ({names}); the shards are {FORMATS_HELP}", file=log, flush=True)
     if options.workers < 1:
         raise ConfigError(f"--workers {options.workers} must be >= 1", "pass a positive worker count")
@@ -252,6 +270,12 @@ def _next_result(results, workers) -> tuple:
             number, encoded = results.get(timeout=1.0)
         except queue_module.Empty:
             dead = [worker for worker in workers if not worker.is_alive()]
+            if dead and dead[0].exitcode < 0:  # killed by a signal, not a bug here: a traceback would not help
+                signum = -dead[0].exitcode
+                name = {known.value: known.name for known in signal.Signals}.get(signum, f"signal {signum}")
+                raise ConfigError(f"a tokenizing worker was killed by {name}"
+                                  + (" (often the out-of-memory killer)" if signum == signal.SIGKILL else ""),
+                                  "rerun with fewer --workers, or where more memory is free") from None
             if dead:
                 raise RuntimeError(f"a tokenizing worker died (exit code {dead[0].exitcode})") from None
             continue
