@@ -615,6 +615,14 @@ CASES += [
     Case("script_trainer_refusal_leaves_no_run_dir", "distributed", [*SCRIPT_ARGS, "--train-iters", "0"],
          ("--train-iters 0 is zero: no step to train",)),
 ]
+CASES += [
+    # ---- tokfix: data whose record names another text pipeline than the run's tokenizer (same tokens)
+    pretrain("--tokenizer-type", "BertWordPieceCase", id="data_lowercased_run_cased",
+             phrases=("sample_text_sentence was preprocessed with the BertWordPieceLowerCase",
+                      "whose text pipeline differs from the run's BertWordPieceCase",
+                      "normalizer.lowercase: true vs false",
+                      "pass --tokenizer-type BertWordPieceLowerCase --vocab-file")),
+]
 
 
 COMMANDS = {

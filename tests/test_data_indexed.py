@@ -160,9 +160,17 @@ def test_damaged_files_are_one_line_errors(tmp_path, impl, what, transform, mess
 
 
 def test_wrong_impl_for_the_files_is_reported(tmp_path):
+    """The trainer's flag (--data-impl) and the value that reads the files, from their magic bytes: the
+    files are sound, nothing to rebuild (it named preprocessing's --dataset-impl and said rebuild)."""
     prefix = write_dataset(tmp_path / "d", "mmap")
-    with pytest.raises(DataError, match="bad magic.*--dataset-impl"):
+    with pytest.raises(DataError) as error:
         make_dataset(prefix, "lazy")
+    assert str(error.value) == (f"{prefix}.idx is a dataset index in the mmap format (magic b'MMIDIDX\\x00\\x00'), "
+                                "which --data-impl cached/lazy does not read; pass --data-impl mmap (the default)")
+    prefix = write_dataset(tmp_path / "t", "lazy")
+    with pytest.raises(DataError, match=r"TNTIDX.*which --data-impl mmap does not read; pass --data-impl lazy \(or "
+                                        r"cached\)$"):
+        make_dataset(prefix, "mmap")
 
 
 def test_missing_files_name_the_prefix(tmp_path):

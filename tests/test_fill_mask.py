@@ -123,3 +123,14 @@ def test_a_hugging_face_folder_asks_for_the_conversion(tmp_path):
                                           f"this trainer; convert it first: python tools/convert_checkpoint.py from-hf "
                                           f"--hf-dir {tmp_path} --save DIR, then pass --load DIR"):
         fill_mask.main(["--load", str(tmp_path), "--text", "a [MASK]"])
+
+
+def test_text_that_is_not_utf8_is_a_one_line_error(tmp_path):
+    """A Latin-1 'é' in argv reaches Python as a lone surrogate, which the tokenizer refused with a
+    TypeError traceback; the check comes before the checkpoint is read."""
+    result = subprocess.run([sys.executable, str(TOOL), "--load", str(tmp_path / "none"), "--text",
+                             "caf\udce9 returns a [MASK]."], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        r"fill_mask.py: error: --text 'caf\xe9 returns a [MASK].' is not valid UTF-8 (byte 0xe9 at character 4); "
+        "pass the text in UTF-8 (set the terminal or the script file to UTF-8)")

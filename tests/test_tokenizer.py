@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordPiece
+from tokenizers.normalizers import BertNormalizer
+from tokenizers.pre_tokenizers import BertPreTokenizer, Whitespace
 
-from megatron.data.tokenizer import BertWordPiece, build_tokenizer
+from megatron.data.tokenizer import (BertWordPiece, HFTokenizer, build_tokenizer, check_data_vocab, data_identity_path,
+                                     write_data_identity)
 from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.errors import ConfigError, DataError
 
@@ -98,3 +101,62 @@ def test_build_vocab_cli_reports_bad_input_in_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "line 2" in result.stderr and "--json-keys" in result.stderr
     assert not list(tmp_path.glob("v.txt*"))
+
+
+def bert_json(path: Path, lower_case: bool, pre_tokenizer=None) -> Path:
+    """A tokenizer.json over VOCAB as Hugging Face writes BERT's: strip_accents null (as lowercase)."""
+    rust = Tokenizer(WordPiece({token: index for index, token in enumerate(VOCAB)}, unk_token="[UNK]"))
+    rust.normalizer = BertNormalizer(lowercase=lower_case)
+    rust.pre_tokenizer = pre_tokenizer or BertPreTokenizer()
+    rust.save(str(path))
+    return path
+
+
+def test_data_of_another_case_or_text_pipeline_is_refused(tmp_path, vocab_file):
+    """The data check compared the tokens only: data made with BertWordPieceCase trained under the default
+    BertWordPieceLowerCase (or a tokenizer.json with another normalizer) without a word, and the checkpoint
+    and export carried a tokenizer other than the data's."""
+    prefix = str(tmp_path / "data")
+    write_data_identity(BertWordPiece(vocab_file, lower_case=False), prefix)
+    check_data_vocab(BertWordPiece(vocab_file, lower_case=False), [prefix])
+    with pytest.raises(DataError) as error:
+        check_data_vocab(BertWordPiece(vocab_file), [prefix])
+    assert str(error.value) == (
+        f"the data {prefix} was preprocessed with the BertWordPieceCase {vocab_file}, whose text pipeline differs "
+        f"from the run's BertWordPieceLowerCase {vocab_file} (normalizer.strip_accents: false vs true, "
+        "normalizer.lowercase: false vs true): the same tokens, split from text another way; pass --tokenizer-type "
+        f"BertWordPieceCase --vocab-file {vocab_file} (what the data was made with), or rerun "
+        "tools/preprocess_data.py with the run's tokenizer")
+    lower, cased = bert_json(tmp_path / "lower.json", True), bert_json(tmp_path / "cased.json", False)
+    write_data_identity(HFTokenizer(lower), prefix)
+    check_data_vocab(BertWordPiece(vocab_file), [prefix])  # BERT's tokenizer.json is the lower-cased vocab.txt
+    with pytest.raises(DataError, match=r"HFTokenizer \S*lower.json, whose text pipeline differs from the run's "
+                       r"HFTokenizer \S*cased.json \(normalizer.strip_accents: true vs false, normalizer.lowercase: "
+                       r"true vs false\).*; pass --tokenizer-file \S*lower.json \(what the data was made with\)"):
+        check_data_vocab(HFTokenizer(cased), [prefix])
+    with pytest.raises(DataError, match=r'\(pre_tokenizer: "BertPreTokenizer" vs "Whitespace"\)'):
+        check_data_vocab(HFTokenizer(bert_json(tmp_path / "split.json", True, Whitespace())), [prefix])
+
+
+def test_records_without_the_text_pipeline_or_with_another_versions_fields_still_work(tmp_path, vocab_file):
+    """A record written before records held the text pipeline: a WordPiece one's case is its type, a
+    tokenizer.json's pipeline is unknown (no refusal). A setting only one tokenizers version writes is no
+    difference."""
+    prefix = str(tmp_path / "data")
+
+    def write(tokenizer, change=lambda pipeline: pipeline.clear()):  # cleared: an older record, without it
+        write_data_identity(tokenizer, prefix)
+        record = json.loads(data_identity_path(prefix).read_text())
+        change(record["text_pipeline"])
+        data_identity_path(prefix).write_text(json.dumps({key: value for key, value in record.items() if value}))
+
+    write(BertWordPiece(vocab_file, lower_case=False))
+    check_data_vocab(BertWordPiece(vocab_file, lower_case=False), [prefix])
+    with pytest.raises(DataError, match="BertWordPieceCase .* differs from the run's BertWordPieceLowerCase"):
+        check_data_vocab(BertWordPiece(vocab_file), [prefix])
+    write(HFTokenizer(bert_json(tmp_path / "lower.json", True)))
+    check_data_vocab(HFTokenizer(bert_json(tmp_path / "cased.json", False)), [prefix])
+    write(BertWordPiece(vocab_file), lambda pipeline: pipeline.update({"normalizer.new_setting": 1}))
+    check_data_vocab(BertWordPiece(vocab_file), [prefix])
+    write(BertWordPiece(vocab_file), lambda pipeline: pipeline.pop("model.max_input_chars_per_word"))
+    check_data_vocab(BertWordPiece(vocab_file), [prefix])

@@ -75,6 +75,21 @@ def guesses(tokenizer, ids) -> list[str]:
     return [text.strip() or repr(text) for text in texts]
 
 
+def check_utf8(text: str) -> None:
+    """--text as Python decodes argv: a byte that is not UTF-8 (a Latin-1 terminal's 'é') becomes a lone
+    surrogate, which the tokenizer cannot take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(text[error.start])
+        if 0xDC80 <= code <= 0xDCFF:  # the byte as given (b'caf\xe9', not 'caf\udce9')
+            shown, what = repr(text.encode("utf-8", "surrogateescape"))[1:], f"byte {code - 0xDC00:#04x}"
+        else:
+            shown, what = ascii(text), f"lone surrogate U+{code:04X}"
+        raise ConfigError(f"--text {shown} is not valid UTF-8 ({what} at character {error.start + 1})",
+                          "pass the text in UTF-8 (set the terminal or the script file to UTF-8)") from None
+
+
 def load_model(load_dir: str) -> BertModel:
     tag = latest_tag(load_dir)
     model = BertModel(BertConfig(**stored_config(load_dir, tag)["model"]))  # the saved attention, at SP = 1
@@ -93,6 +108,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k} must be >= 1", "pass --top-k 5, say")
+    for text in args.text:
+        check_utf8(text)
     if (Path(args.load) / "config.json").is_file() and not (Path(args.load) / LATEST).exists():
         raise ConfigError(f"--load {args.load} is a Hugging Face model folder, not a checkpoint of this trainer",
                           f"convert it first: python tools/convert_checkpoint.py from-hf --hf-dir {args.load} "

@@ -27,6 +27,8 @@ MMAP_MAGIC = b"MMIDIDX\x00\x00"
 TNT_MAGIC = b"TNTIDX\x00\x00"
 IMPLS = ("mmap", "cached", "lazy")
 _REBUILD = "rerun tools/preprocess_data.py to rebuild it"
+_MAGICS = {"mmap": MMAP_MAGIC, "lazy": TNT_MAGIC}  # the reader of each format (cached reads TNTIDX too)
+_IMPL_NAMES = {"mmap": "mmap", "lazy": "cached/lazy"}  # each format by the --data-impl values that read it
 
 
 def dtype_code(dtype) -> int:
@@ -189,8 +191,14 @@ def _read_header(path, magic: bytes, layout: str) -> tuple:
     with open(path, "rb") as f:
         head = f.read(need)
     if head[:len(magic)] != magic:
+        found = _impl_of(head)
+        if found:  # a sound index of the other format: the trainer's --data-impl reads it
+            flags = "--data-impl mmap (the default)" if found == "mmap" else "--data-impl lazy (or cached)"
+            raise DataError(f"{path} is a dataset index in the {_IMPL_NAMES[found]} format (magic "
+                            f"{_MAGICS[found]!r}), which --data-impl {_IMPL_NAMES[_impl_of(magic)]} does not read",
+                            f"pass {flags}")
         raise DataError(f"{path}: not an indexed-dataset index (bad magic {head[:len(magic)]!r})",
-                        f"pass the prefix of a .bin/.idx pair or the matching --dataset-impl; {_REBUILD}")
+                        f"pass the prefix of a .bin/.idx pair; {_REBUILD}")
     if len(head) < need:
         raise DataError(f"{path}: header truncated at {size} bytes", _REBUILD)
     fields = struct.unpack(layout, head[len(magic):])
@@ -297,15 +305,20 @@ class IndexedCachedDataset(IndexedDataset):
         return self._data[start:start + length]
 
 
+def _impl_of(head: bytes) -> str | None:
+    """The reader of an index starting with `head`, by its magic bytes: mmap, lazy (TNTIDX, which cached
+    reads too), or None."""
+    return next((impl for impl, magic in _MAGICS.items() if head.startswith(magic)), None)
+
+
 def infer_dataset_impl(prefix) -> str:
     """mmap or lazy, from the index's magic bytes."""
     _require_files(prefix)
     with open(index_file_path(prefix), "rb") as f:
         magic = f.read(len(MMAP_MAGIC))
-    if magic == MMAP_MAGIC:
-        return "mmap"
-    if magic[:len(TNT_MAGIC)] == TNT_MAGIC:
-        return "lazy"
+    impl = _impl_of(magic)
+    if impl:
+        return impl
     raise DataError(f"{index_file_path(prefix)}: not an indexed-dataset index (bad magic {magic!r})", _REBUILD)
 
 
@@ -314,5 +327,5 @@ def make_dataset(prefix, impl: str = "infer"):
         impl = infer_dataset_impl(prefix)
     readers = {"mmap": MMapIndexedDataset, "cached": IndexedCachedDataset, "lazy": IndexedDataset}
     if impl not in readers:
-        raise ConfigError(f"unknown --dataset-impl {impl}", f"use one of infer, {', '.join(IMPLS)}")
+        raise ConfigError(f"unknown --data-impl {impl}", f"use one of infer, {', '.join(IMPLS)}")
     return readers[impl](prefix)

@@ -5,9 +5,11 @@ Megatron's names are kept (`BertWordPieceLowerCase`, `BertWordPieceCase`) so exi
 scripts work; `HFTokenizer` reads a `tokenizer.json` (or the folder holding one). Special ids
 come from the vocab file or tokenizer itself, never from constants.
 
-Identity: a sha256 of the tokens in id order. Preprocessing writes it beside the data, a
-checkpoint stores it with a copy of its tokenizer file, and training, resume, fill-mask and
-export compare them: a shuffled vocab of the same size is refused, not trained on.
+Identity: a sha256 of the tokens in id order, and the settings of the text pipeline (normalizer,
+pre-tokenizer, model) that turns text into them. Preprocessing writes both beside the data, a
+checkpoint stores them with a copy of its tokenizer file; training, resume, fill-mask and export
+compare the tokens, and training and resume the data's pipeline too: a shuffled vocab of the same
+size, or the same vocab cased where the data was lower-cased, is refused, not trained on.
 """
 import functools
 import hashlib
@@ -32,6 +34,7 @@ SPECIAL_NAMES = {"cls": ("[CLS]", "<s>", "<cls>"), "sep": ("[SEP]", "</s>", "<se
 CARRIED = "tokenizer_identity.json"  # in a checkpoint folder, beside its copy of the tokenizer file
 CARRIED_FILES = {HF_TOKENIZER: "tokenizer.json", **{name: "vocab.txt" for name in TOKENIZER_TYPES}}
 DATA_IDENTITY = ".vocab_identity.json"  # beside a dataset's .bin/.idx: <prefix>.vocab_identity.json
+PIPELINE_PARTS = ("normalizer", "pre_tokenizer", "model")  # what turns text into tokens, beside the tokens
 
 
 class _Tokenizer:
@@ -75,9 +78,15 @@ class _Tokenizer:
         and check reads it)."""
         return hashlib.sha256(json.dumps(self.tokens, ensure_ascii=False).encode("utf-8")).hexdigest()
 
+    @functools.cached_property
+    def pipeline(self) -> dict:
+        """The settings of the text pipeline (_pipeline): equal tokens are not equal ids for a text (a cased
+        and a lower-cased WordPiece share their vocab)."""
+        return _pipeline(self._rust)
+
     def record(self) -> dict:
         return {"tokenizer_type": self.type_name, "file": os.path.abspath(self.file), "vocab_size": self.vocab_size,
-                "vocab_sha256": self.identity, "special_tokens": self.special_tokens()}
+                "vocab_sha256": self.identity, "text_pipeline": self.pipeline, "special_tokens": self.special_tokens()}
 
 
 class BertWordPiece(_Tokenizer):
@@ -93,9 +102,7 @@ class BertWordPiece(_Tokenizer):
         if missing:
             raise DataError(f"vocab file {vocab_file} lacks the special tokens {' '.join(missing)}",
                             "use a BERT vocab.txt (or build one with tools/build_vocab.py)")
-        self._rust = Tokenizer(WordPiece(self.vocab, unk_token="[UNK]"))
-        self._rust.normalizer = BertNormalizer(lowercase=lower_case, strip_accents=lower_case)
-        self._rust.pre_tokenizer = BertPreTokenizer()
+        self._rust = _wordpiece(self.vocab, lower_case)
         self.inv_vocab = {index: token for token, index in self.vocab.items()}
         self.tokens = list(self.vocab)
         self.ids = {kind: self.vocab[token] for kind, token in self.special_tokens().items()}
@@ -166,6 +173,65 @@ class HFTokenizer(_Tokenizer):
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.tokens[int(index)] for index in ids]
+
+
+def _wordpiece(vocab: dict, lower_case: bool) -> Tokenizer:
+    """BERT's WordPiece: its normalizer lower-cases and strips accents, or keeps both."""
+    rust = Tokenizer(WordPiece(vocab, unk_token="[UNK]"))
+    rust.normalizer = BertNormalizer(lowercase=lower_case, strip_accents=lower_case)
+    rust.pre_tokenizer = BertPreTokenizer()
+    return rust
+
+
+def _pipeline(rust: Tokenizer) -> dict:
+    """path ("normalizer.lowercase") -> setting, for each part of the text pipeline (PIPELINE_PARTS): an
+    object as {}, a list as [its length], a long value (a precompiled charsmap) as its sha256. The model's
+    vocab and merges are left out: the identity covers the tokens. BertNormalizer's strip_accents None
+    ("as lowercase") is written out, so that a BERT tokenizer.json and a vocab.txt of the same case are one
+    pipeline."""
+    settings = json.loads(rust.to_str())
+    settings["model"] = {key: value for key, value in settings["model"].items() if key not in ("vocab", "merges")}
+    flat = {}
+    pending = [(part, settings[part]) for part in PIPELINE_PARTS]
+    while pending:
+        path, value = pending.pop(0)
+        if isinstance(value, dict) and value.get("type") == "BertNormalizer" and value.get("strip_accents") is None:
+            value["strip_accents"] = value.get("lowercase")
+        if isinstance(value, (dict, list)):
+            flat[path] = {} if isinstance(value, dict) else [len(value)]
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            pending[:0] = [(f"{path}.{key}", item) for key, item in items]  # depth first: a part reads in order
+        else:
+            text = json.dumps(value, ensure_ascii=False)
+            flat[path] = value if len(text) <= 80 else "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return flat
+
+
+def _pipeline_differences(recorded: dict, run: dict) -> list[str]:
+    """The settings in which two pipelines differ, as 'path: recorded vs run' (the topmost only: a changed type
+    is one difference). A field only one side has, in an object both have, is another tokenizers version's
+    field, not a difference."""
+    retyped = {path.rpartition(".")[0] for path in recorded.keys() & run.keys()
+               if path.endswith(".type") and recorded[path] != run[path]}  # another kind of object: one difference
+    differ = []
+    for path in [*recorded, *(path for path in run if path not in recorded)]:
+        parent = path.rpartition(".")[0]
+        if parent in differ or path in retyped:
+            differ.append(path)  # (under) a difference named once
+        elif path in recorded and path in run:
+            if recorded[path] != run[path]:
+                differ.append(path)
+        elif not (recorded.get(parent) == {} == run.get(parent)):
+            differ.append(path)
+
+    def shown(flat, path):  # an object by its type, a list by its length
+        value = flat.get(path)
+        if value == {}:
+            return json.dumps(flat.get(f"{path}.type", "an object"))
+        return f"a list of {value[0]}" if isinstance(value, list) else json.dumps(value)
+
+    return [f"{path}: {shown(recorded, path)} vs {shown(run, path)}" for path in differ
+            if path.rpartition(".")[0] not in differ]
 
 
 def _read_tokenizer_json(path: Path) -> Tokenizer:
@@ -395,8 +461,18 @@ def write_data_identity(tokenizer, prefix: str) -> None:
     _write_json_atomic(data_identity_path(prefix), tokenizer.record())
 
 
+def _recorded_pipeline(record: dict) -> dict | None:
+    """A record's text pipeline; in one written before records held it, a WordPiece type's own (its case
+    is the type), and None (unknown) for a tokenizer.json."""
+    if isinstance(record.get("text_pipeline"), dict):
+        return record["text_pipeline"]
+    lower_case = TOKENIZER_TYPES.get(record["tokenizer_type"])
+    return None if lower_case is None else _pipeline(_wordpiece({"[UNK]": 0}, lower_case))
+
+
 def check_data_vocab(tokenizer, prefixes) -> None:
-    """Each dataset's recorded vocab (data made before the record existed: size checks only) is the run's."""
+    """Each dataset's recorded vocab and text pipeline (data made before the record existed: size checks
+    only) is the run's."""
     for prefix in prefixes:
         path = data_identity_path(prefix)
         if not path.is_file():
@@ -407,3 +483,13 @@ def check_data_vocab(tokenizer, prefixes) -> None:
                             f"differ from the run's {tokenizer.file} (sha256 {record['vocab_sha256'][:12]} vs "
                             f"{tokenizer.identity[:12]})", "pass the --vocab-file/--tokenizer-file the data was made "
                             "with, or rerun tools/preprocess_data.py with this one")
+        recorded = _recorded_pipeline(record)
+        differ = _pipeline_differences(recorded, tokenizer.pipeline) if recorded is not None else []
+        if differ:
+            made_with = (f"--tokenizer-file {record['file']}" if record["tokenizer_type"] == HF_TOKENIZER
+                         else f"--tokenizer-type {record['tokenizer_type']} --vocab-file {record['file']}")
+            raise DataError(f"the data {prefix} was preprocessed with the {record['tokenizer_type']} {record['file']}, "
+                            f"whose text pipeline differs from the run's {tokenizer.type_name} {tokenizer.file} "
+                            f"({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}): the same tokens, "
+                            "split from text another way", f"pass {made_with} (what the data was made with), "
+                            "or rerun tools/preprocess_data.py with the run's tokenizer")
