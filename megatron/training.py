@@ -392,11 +392,10 @@ def deepspeed_settings(args) -> dict:
     return ds
 
 
-def data_paths(args) -> tuple:
-    """(data_path list, tokenizer): --data-path or the embedded default dataset (built once per node);
-    the tokenizer the flags name, else the one the --load checkpoint carries or the --init-from-hf
-    folder holds, else the default dataset's vocab, refused where it differs from the vocab the
-    checkpoint, the folder or any dataset was made with."""
+def run_tokenizer(args):
+    """The tokenizer the flags name, else the one the --load checkpoint carries or the --init-from-hf
+    folder holds (None: none gives one), refused where it differs from the checkpoint's or the
+    folder's. Needs no process group: tools/extend_context.py checks a launch with it."""
     if args.load:
         tokenizer = choose_tokenizer(explicit_tokenizer(args), checkpoint.carried_tokenizer(args.load), args.load,
                                      args.tokenizer_type)
@@ -413,6 +412,14 @@ def data_paths(args) -> tuple:
             folder = None
         tokenizer = choose_tokenizer(explicit, folder, args.init_from_hf)
         tokenizer = explicit if explicit is not None and args.tokenizer_type else tokenizer
+    return tokenizer
+
+
+def data_paths(args) -> tuple:
+    """(data_path list, tokenizer): --data-path or the embedded default dataset (built once per node);
+    the run's tokenizer (run_tokenizer), else the default dataset's vocab, refused where it differs
+    from the vocab any dataset was made with."""
+    tokenizer = run_tokenizer(args)
     if args.data_path:
         if tokenizer is None:
             source = (f"the --init-from-hf folder {args.init_from_hf} holds no vocab.txt or tokenizer.json"
@@ -519,6 +526,14 @@ def start_length(args, weights: dict, flags: dict) -> int:
     return min(BertConfig.seq_length, reach)
 
 
+def check_tokenizer_fits(tokenizer, vocab_size: int) -> None:
+    """Every token id has an embedding row. Names the tokenizer file, which may be a folder's or a
+    checkpoint's rather than a flag's."""
+    if tokenizer.vocab_size > vocab_size:
+        raise ConfigError(f"the tokenizer {tokenizer.file} has {tokenizer.vocab_size} tokens, the model's vocab_size "
+                          f"is {vocab_size}", "pass the --vocab-file (or --tokenizer-file) the model was trained with")
+
+
 def check_sample_room(config) -> None:
     shortest = 5 if config.model.add_binary_head else 4  # [CLS] A [SEP] B [SEP] with a token each (no B: 4)
     if config.model.seq_length < shortest:
@@ -554,9 +569,7 @@ def pretrain(args) -> None:
     data_path, tokenizer = data_paths(args)
     flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
     config = resolve(flags, ds, dist.get_world_size(), deepspeed_check=not checked)
-    if tokenizer.vocab_size > config.model.vocab_size:
-        raise ConfigError(f"the vocab file has {tokenizer.vocab_size} tokens, the model's vocab_size is "
-                          f"{config.model.vocab_size}", "pass the --vocab-file the model was trained with")
+    check_tokenizer_fits(tokenizer, config.model.vocab_size)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token
         source = f"--vocab-size {args.vocab_size}" if args.vocab_size else "the weights the run starts from"
         print(f"warning: the model's vocab_size {config.model.vocab_size} ({source}) exceeds the tokenizer's "

@@ -7,6 +7,7 @@ model); what cannot be extended or resumed this way is one line, before the laun
 
 What it cannot see: whether the scaled theta helps a real model at 32K (that takes GPUs and long
 documents); here the model is random and trains three steps, the point is the plumbing."""
+import argparse
 import importlib.util
 import json
 import os
@@ -26,7 +27,7 @@ from megatron.errors import run_tool
 from megatron.model.bert import BertConfig, BertModel
 from megatron.parallel.spawn import free_port
 from test_hf_modernbert import ATOL, SPECIAL, compare, randomize
-from test_hf_tokenizer import corpus, modernbert_style, texts  # noqa: F401 (fixtures)
+from test_hf_tokenizer import corpus, modernbert_style, texts, train_bpe  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -56,6 +57,27 @@ def tiny_modernbert(folder: Path, vocab_size: int, tokenizer: Path | None = None
     if tokenizer:
         (folder / "tokenizer.json").write_bytes(tokenizer.read_bytes())
     return folder
+
+
+def other_weights(folder: Path) -> Path:
+    """The folder's model with other weights: the same config and shapes."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    name = next(iter(tensors))
+    tensors[name] = tensors[name] + 1
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def fake_checkpoint(save: Path, model: dict) -> Path:
+    """A --save folder as far as the tool reads it before the launcher: `latest` and one run state."""
+    (save / "iter_0000001").mkdir(parents=True)
+    (save / "latest").write_text("iter_0000001")
+    (save / "iter_0000001" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    (save / "iter_0000001" / "run_state.json").write_text(json.dumps(
+        {"config": {"model": model}, "iteration": 1, "consumed_samples": 2}))
+    return save
 
 
 def run(*argv) -> subprocess.CompletedProcess:
@@ -111,9 +133,10 @@ def test_a_modernbert_continues_at_4x_on_sp2_and_exports_to_transformers(extende
     assert hidden < 3 * ATOL and logits < 10 * ATOL
 
 
-def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_path, capsys):
+def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_path, capsys, texts):  # noqa: F811
     """One more step: the resume restates the model the first run took from the folder (--load
-    alone takes none from the checkpoint); another length is refused before the launcher starts."""
+    alone takes none from the checkpoint); another model, length or tokenizer is refused before the
+    launcher starts."""
     out, argv, _ = extended
     tail = argv[argv.index("--"):]
     tail[tail.index("--train-iters") + 1] = "4"
@@ -144,7 +167,12 @@ def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_pat
     theta = float(f"{10000 * 4 ** (16 / 14):.6g}")
     assert f"rerun with --rotary-base {theta} or choose" in one_line(capsys, *head, "--rotary-base", "20000")
     other = tiny_modernbert(tmp_path / "other", 100)
-    assert "extended from a model with vocab_size" in one_line(capsys, *head, "--from", str(other))
+    assert one_line(capsys, *head, "--from", str(other)) == (
+        f"the checkpoint in --save was extended from {(out / 'hf').resolve()}, --from {other} holds another model; "
+        f"rerun with --from {(out / 'hf').resolve()} or choose a new --save")
+    train_bpe(texts[:200], ["[UNK]", "[MASK]", "[SEP]", "[PAD]", "[CLS]"], 300).save(str(tmp_path / "other.json"))
+    assert "differs from" in one_line(capsys, *head, "--", "--train-iters", "5", "--tokenizer-file",
+                                      str(tmp_path / "other.json"))
     head[head.index("--seq-length") + 1] = str(2 * LONGER)
     assert one_line(capsys, *head) == (f"the checkpoint in --save was extended to {LONGER} tokens; rerun with "
                                        f"--seq-length {LONGER} or choose a new --save")
@@ -181,13 +209,8 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
     bert = tmp_path / "bert"
     transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
                                                          num_attention_heads=2, intermediate_size=64)).save_pretrained(bert)
-    learned = tmp_path / "learned"  # a trainer checkpoint of a classic BERT, as far as the tool reads it
-    (learned / "iter_0000001").mkdir(parents=True)
-    (learned / "latest").write_text("iter_0000001")
-    (learned / "iter_0000001" / "mp_rank_00_model_states.pt").write_bytes(b"")
-    (learned / "iter_0000001" / "run_state.json").write_text(json.dumps(
-        {"config": {"model": {"position_embedding_type": "learned", "seq_length": 64}}, "iteration": 1,
-         "consumed_samples": 2}))
+    # a trainer checkpoint of a classic BERT
+    learned = fake_checkpoint(tmp_path / "learned", {"position_embedding_type": "learned", "seq_length": 64})
     (tmp_path / "only_config").mkdir()
     (tmp_path / "only_config" / "config.json").write_text((source / "config.json").read_text())
     (tmp_path / "a_file").write_text("x")
@@ -231,3 +254,58 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
               "--train-iters", "1"], "hybrid needs num_attention_heads (4) divisible by ulysses_size (3)")):
         assert message in one_line(capsys, *argv)
     assert not (tmp_path / "c").exists()
+
+
+def test_a_resume_with_another_from_is_refused_naming_both(tmp_path, capsys, monkeypatch):
+    """The first launch notes in --save what it starts from (path and a hash of the config and weights);
+    a resume from a copy elsewhere goes on, from other weights of the same shapes it stops in one line.
+    A --save without that note (extended before it existed, or another run) is compared by the model's
+    fields, the first that differs named before a length or theta."""
+    source = tiny_modernbert(tmp_path / "hf", 100)
+    save = tmp_path / "ext"
+    argv = ["--from", str(source), "--seq-length", "256", "--save", str(save), "--", "--train-iters", "1"]
+    assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *argv])) == 0
+    assert not save.exists()
+    launched = []
+    monkeypatch.setattr(extend_context.os, "execve", lambda path, command, env: launched.append(command))
+    assert run_tool("extend_context.py", lambda: extend_context.main(argv)) == 0 and launched
+    fake_checkpoint(save, {})  # what the first run saved (the tool reads no more of it before check_source)
+    extend_context.check_source(argparse.Namespace(source=str(shutil.copytree(source, tmp_path / "copy")),
+                                                   save=str(save)), "hf")
+    other = other_weights(shutil.copytree(source, tmp_path / "other"))
+    with_other = [*argv[:1], str(other), *argv[2:]]
+    assert one_line(capsys, *with_other) == (f"the checkpoint in --save was extended from {source.resolve()}, --from "
+                                             f"{other} holds another model; rerun with --from {source.resolve()} or "
+                                             "choose a new --save")
+    other_weights(source)
+    assert one_line(capsys, *argv).startswith(f"--from {source} has changed since the checkpoint in --save was "
+                                              "extended from it")
+
+    fields = extend_context.source_fields(argparse.Namespace(source=str(source)), "hf")
+    plain = fake_checkpoint(tmp_path / "plain", {**fields, "num_layers": 2, "seq_length": 256, "rotary_base": 1e4})
+    assert one_line(capsys, *argv[:5], str(plain)) == (f"the checkpoint in --save is of a model with num_layers 2, "
+                                                       f"--from {source} has 3; rerun with the --from it was "
+                                                       "extended from or choose a new --save")
+
+
+def test_the_dry_run_checks_the_tokenizer_and_the_data_as_the_run_does(tmp_path, capsys, texts,  # noqa: F811
+                                                                       modernbert_style):  # noqa: F811
+    """What the launched run refuses at once (the tokenizer it takes, the data's vocab and files, a
+    tokenizer larger than the model) is refused before the launcher, in the trainer's own words."""
+    size = HFTokenizer(modernbert_style).vocab_size
+    folder = tiny_modernbert(tmp_path / "hf", size, modernbert_style)
+    smaller = tiny_modernbert(tmp_path / "smaller", size - 1, modernbert_style)
+    no_tokenizer = tiny_modernbert(tmp_path / "no_tokenizer", size)
+    train_bpe(texts[:200], ["[UNK]", "[MASK]", "[SEP]", "[PAD]", "[CLS]"], 300).save(str(tmp_path / "other.json"))
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts[:20]))
+    preprocess(PreprocessOptions(input=str(tmp_path / "corpus.jsonl"), output_prefix=str(tmp_path / "other"),
+                                 tokenizer_file=str(tmp_path / "other.json"), split_sentences=True))
+    tail = ["--", "--train-iters", "1", "--data-path"]
+    for source, data, message in (
+            (no_tokenizer, "x", f"--init-from-hf folder {no_tokenizer} holds no vocab.txt or tokenizer.json"),
+            (folder, str(tmp_path / "other_text_sentence"), f"preprocessed with the vocab {tmp_path / 'other.json'}"),
+            (folder, str(tmp_path / "missing"), f"dataset file {tmp_path / 'missing'}.idx does not exist"),
+            (smaller, str(tmp_path / "missing"), f"the tokenizer {smaller / 'tokenizer.json'} has {size} tokens, the "
+             f"model's vocab_size is {size - 1}; pass the --vocab-file (or --tokenizer-file) the model was trained")):
+        argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"), *tail, data]
+        assert message in one_line(capsys, *argv)

@@ -4,7 +4,9 @@ at a longer sequence: one command that picks the launch for you and starts the `
   - the weights: `--init-from-hf FROM` for a Hugging Face folder, `--load FROM --finetune` for a
     checkpoint (a new run from its weights, any layout); once `--save` holds a checkpoint the same
     command resumes from it instead (a requeued job goes on, with the model flags restated: `--load`
-    alone takes none from the checkpoint; another length or theta than --save holds is refused);
+    alone takes none from the checkpoint; another --from than the first run's, which it notes in
+    --save/extended_from.json with a hash of its config and weights, or another length or theta than
+    --save holds is refused);
   - the length: `--seq-length`, 1-64x the length the model was trained at (an HF folder's
     `max_position_embeddings`, a checkpoint's `seq_length`), packed samples on;
   - the positions: the global layers' rope theta scaled with the length (NTK-aware:
@@ -16,10 +18,12 @@ at a longer sequence: one command that picks the launch for you and starts the `
 
 Anything after `--` goes to pretrain_bert.py unchanged (data, tokenizer, schedule, logging flags),
 except a flag this tool sets (--seq-length, --save, ...: refused, naming the option to use). The
-command is checked here as the trainer checks it at start-up (its parser, flags, model and layout);
-`--dry-run` prints it instead of running it.
+command is checked here as the trainer checks it at start-up (its parser, flags, tokenizer, the
+--data-path datasets, model and layout); `--dry-run` prints it instead of running it.
 """
 import argparse
+import hashlib
+import json
 import math
 import os
 import shlex
@@ -38,6 +42,7 @@ from megatron.training import initial_model_fields, starting_weights_fields  # n
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FACTOR = 64
 EXTENDED = ("max_position_embeddings", "rotary_base")  # the fields this tool sets, not --from
+SOURCE_RECORD = "extended_from.json"  # in --save: what the first run started from, for a resume to compare
 
 
 def parse_args(argv=None):
@@ -208,11 +213,70 @@ def source_fields(args, kind: str) -> dict:
     return {field: value for field, value in fields.items() if field not in EXTENDED}
 
 
+def source_files(source: str, kind: str) -> list:
+    """The files that make the model of --from: an HF folder's config and weights; a checkpoint's run
+    state and model states (weights, any layout) of its latest tag, not its optimizer states."""
+    if kind == "hf":
+        folder = Path(source)
+        return sorted([folder / "config.json", *folder.glob("*.safetensors"), *folder.glob("pytorch_model.bin")])
+    folder = Path(checkpoint.checkpoint_folder(source, checkpoint.latest_tag(source)))
+    return sorted([*folder.glob(checkpoint.RUN_STATE), *folder.glob("*model_states.pt")])
+
+
+def fingerprint(source: str, kind: str) -> str:
+    """sha256 over the names and bytes of source_files: the same model copied elsewhere matches, other
+    weights of the same shapes do not."""
+    digest = hashlib.sha256()
+    for path in source_files(source, kind):
+        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
+        with open(path, "rb") as file:
+            while block := file.read(2**24):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def record_source(args, kind: str) -> None:
+    """Notes in --save what the first run starts from (path and fingerprint), for check_source."""
+    record = {"from": str(Path(args.source).resolve()), "sha256": fingerprint(args.source, kind)}
+    Path(args.save).mkdir(parents=True, exist_ok=True)
+    partial = Path(args.save) / f"{SOURCE_RECORD}.partial"
+    partial.write_text(json.dumps(record), encoding="utf-8")
+    os.replace(partial, Path(args.save) / SOURCE_RECORD)
+
+
+def check_source(args, kind: str) -> None:
+    """A resume goes on from the model --from names, else it would continue another model's extension
+    under this command's summary. A --save without the record (extended before it existed, or not by
+    this tool) is left to resumed_model's comparison of the model fields."""
+    path = Path(args.save) / SOURCE_RECORD
+    if not path.is_file():
+        return
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        recorded, digest = record["from"], record["sha256"]
+    except (ValueError, KeyError, TypeError):
+        raise DataError(f"{path} is not the record extend_context.py writes (truncated or edited)",
+                        "restore it, or choose a new --save") from None
+    if digest == fingerprint(args.source, kind):
+        return
+    if recorded != str(Path(args.source).resolve()):
+        raise ConfigError(f"the checkpoint in --save was extended from {recorded}, --from {args.source} holds another "
+                          "model", f"rerun with --from {recorded} or choose a new --save")
+    raise ConfigError(f"--from {args.source} has changed since the checkpoint in --save was extended from it (its "
+                      "config or weights differ)", "restore it, or choose a new --save")
+
+
 def resumed_model(args, fields: dict, theta: float) -> dict:
     """The model fields a resume restates: --from's, with those a run may set otherwise (window, local
     theta, head, vocab padding: config.ADJUSTABLE_START_FIELDS, maybe given after `--` the first
-    time) as the checkpoint in --save holds them. Refuses a resume of another extension or model."""
+    time) as the checkpoint in --save holds them. Refuses a resume of another model (first: then a
+    length or theta would be the wrong thing to change) or extension."""
     stored = checkpoint.stored_config(args.save, checkpoint.latest_tag(args.save))["model"]
+    for field, value in fields.items():
+        if field not in ADJUSTABLE_START_FIELDS and stored.get(field) != value:
+            raise ConfigError(f"the checkpoint in --save is of a model with {field} {stored.get(field)}, --from "
+                              f"{args.source} has {value}", "rerun with the --from it was extended from or choose a "
+                              "new --save")
     if stored["seq_length"] != args.seq_length:
         raise ConfigError(f"the checkpoint in --save was extended to {stored['seq_length']} tokens",
                           f"rerun with --seq-length {stored['seq_length']} or choose a new --save")
@@ -220,11 +284,6 @@ def resumed_model(args, fields: dict, theta: float) -> dict:
         raise ConfigError(f"the checkpoint in --save was extended with global rope theta {stored['rotary_base']}, "
                           f"this command gives {theta}",
                           f"rerun with --rotary-base {stored['rotary_base']} or choose a new --save")
-    for field, value in fields.items():
-        if field not in ADJUSTABLE_START_FIELDS and stored.get(field) != value:
-            raise ConfigError(f"the checkpoint in --save was extended from a model with {field} {stored.get(field)}, "
-                              f"--from {args.source} has {value}", "rerun with the --from it was extended from or "
-                              "choose a new --save")
     return {field: stored.get(field, value) if field in ADJUSTABLE_START_FIELDS else value
             for field, value in fields.items()}
 
@@ -255,12 +314,17 @@ def launch_command(args, kind: str, theta: float, world: int, sequence: int, res
 
 def check_launch(command: list, world: int) -> None:
     """pretrain_bert.py's start-up checks, run here (--dry-run too) on the flags `command` gives it at
-    `world` ranks: its parser, its flag checks, where the run starts, and the model and layout it
-    resolves from the DeepSpeed JSON, so that a command that passes here passes them once launched."""
+    `world` ranks: its parser, its flag checks, where the run starts, the tokenizer and the --data-path
+    datasets (the vocab they were made with, their files), and the model and layout it resolves from
+    the DeepSpeed JSON, so that a command that passes here passes them once launched. (Without
+    --data-path the run builds its default dataset, which is not done here.)"""
     from megatron.config import resolve
+    from megatron.data.bert_dataset import parse_data_path
+    from megatron.data.indexed_dataset import make_dataset
     from megatron.model.bert import BertConfig
     from megatron.training import (check_flag_combinations, check_flags, check_sample_room, check_start,
-                                   deepspeed_settings, model_flags as trainer_flags, starts_from_weights)
+                                   check_tokenizer_fits, data_paths, deepspeed_settings, model_flags as trainer_flags,
+                                   run_tokenizer, starts_from_weights)
 
     args = trainer_parser().parse_args(command[command.index(str(ROOT / "pretrain_bert.py")) + 1:])
     check_flags(args)
@@ -268,7 +332,15 @@ def check_launch(command: list, world: int) -> None:
     check_start(args)
     ds = deepspeed_settings(args)
     flags = trainer_flags(args, ds, starts_from_weights(args))
-    check_sample_room(resolve({**flags, "vocab_size": flags["vocab_size"] or BertConfig.vocab_size}, ds, world))
+    tokenizer = data_paths(args)[1] if args.data_path else run_tokenizer(args)
+    vocab_size = flags["vocab_size"] or (tokenizer.vocab_size if tokenizer is not None else BertConfig.vocab_size)
+    config = resolve({**flags, "vocab_size": vocab_size}, ds, world)
+    if tokenizer is not None:
+        check_tokenizer_fits(tokenizer, config.model.vocab_size)
+    check_sample_room(config)
+    for prefix in parse_data_path(args.data_path)[1] if args.data_path else ():
+        # opened as the run opens it; "cached" is "lazy"'s index with the whole .bin read into memory
+        make_dataset(prefix, "lazy" if args.data_impl == "cached" else args.data_impl)
 
 
 def main(argv=None) -> int:
@@ -280,6 +352,7 @@ def main(argv=None) -> int:
     theta = rope_theta(args, fields, factor)
     resume = None
     if (Path(args.save) / checkpoint.LATEST).is_file():  # a requeued job
+        check_source(args, kind)
         resume = model_flags(resumed_model(args, source_fields(args, kind), theta))
     command = launch_command(args, kind, theta, world, sequence, resume)
     check_launch(command, world)
@@ -288,6 +361,8 @@ def main(argv=None) -> int:
     print(shlex.join(command), flush=True)
     if args.dry_run:
         return 0
+    if resume is None:
+        record_source(args, kind)
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if on_cpu else {})}  # CPU: processes over gloo
     os.execve(command[0], command, env)  # the launcher takes this process: signals reach it directly
 
