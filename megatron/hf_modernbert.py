@@ -32,13 +32,10 @@ import warnings
 from types import SimpleNamespace
 
 import torch
-from tokenizers import Tokenizer, decoders, processors
-from tokenizers.models import WordPiece
-from tokenizers.normalizers import BertNormalizer
-from tokenizers.pre_tokenizers import BertPreTokenizer
+from tokenizers import decoders, processors
 
 from megatron import hf_convert
-from megatron.data.tokenizer import SPECIAL_TOKENS
+from megatron.data.tokenizer import SPECIAL_TOKENS, wordpiece
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 
@@ -160,9 +157,7 @@ def wordpiece_tokenizer_json(vocab: list, lower_case: bool) -> dict:
     """tokenizer.json of the BERT WordPiece tokenizer over `vocab` (as megatron/data/tokenizer.py
     tokenizes, plus [CLS] A [SEP] B [SEP] around the text): transformers 5 loads a ModernBERT folder's
     tokenizer from this file only (its vocab.txt is kept for BertTokenizer and for this trainer)."""
-    tokenizer = Tokenizer(WordPiece({token: index for index, token in enumerate(vocab)}, unk_token="[UNK]"))
-    tokenizer.normalizer = BertNormalizer(lowercase=lower_case, strip_accents=lower_case)
-    tokenizer.pre_tokenizer = BertPreTokenizer()
+    tokenizer = wordpiece({token: index for index, token in enumerate(vocab)}, lower_case)
     tokenizer.decoder = decoders.WordPiece()
     special = [token for token in SPECIAL_TOKENS if token in vocab]
     tokenizer.add_special_tokens(special)

@@ -102,7 +102,7 @@ class BertWordPiece(_Tokenizer):
         if missing:
             raise DataError(f"vocab file {vocab_file} lacks the special tokens {' '.join(missing)}",
                             "use a BERT vocab.txt (or build one with tools/build_vocab.py)")
-        self._rust = _wordpiece(self.vocab, lower_case)
+        self._rust = wordpiece(self.vocab, lower_case)
         self.inv_vocab = {index: token for token, index in self.vocab.items()}
         self.tokens = list(self.vocab)
         self.ids = {kind: self.vocab[token] for kind, token in self.special_tokens().items()}
@@ -175,7 +175,7 @@ class HFTokenizer(_Tokenizer):
         return [self.tokens[int(index)] for index in ids]
 
 
-def _wordpiece(vocab: dict, lower_case: bool) -> Tokenizer:
+def wordpiece(vocab: dict, lower_case: bool) -> Tokenizer:
     """BERT's WordPiece: its normalizer lower-cases and strips accents, or keeps both."""
     rust = Tokenizer(WordPiece(vocab, unk_token="[UNK]"))
     rust.normalizer = BertNormalizer(lowercase=lower_case, strip_accents=lower_case)
@@ -467,7 +467,7 @@ def _recorded_pipeline(record: dict) -> dict | None:
     if isinstance(record.get("text_pipeline"), dict):
         return record["text_pipeline"]
     lower_case = TOKENIZER_TYPES.get(record["tokenizer_type"])
-    return None if lower_case is None else _pipeline(_wordpiece({"[UNK]": 0}, lower_case))
+    return None if lower_case is None else _pipeline(wordpiece({"[UNK]": 0}, lower_case))
 
 
 def check_data_vocab(tokenizer, prefixes) -> None:
