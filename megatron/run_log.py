@@ -162,9 +162,13 @@ class RunLog:
             self.tensorboard.close()
         if self.failure:  # at the last step, after which no stop agreement comes
             raise ConfigError(*self.failure)
-        plot = plot_metrics(self.dir / "metrics.jsonl", self.dir / "loss.png")
-        print(f"logs: {self.dir / 'metrics.jsonl'}\nloss plot: {plot}"
-              + (f"\ncheckpoint: {save_dir}" if save_dir else ""), flush=True)
+        metrics = self.dir / "metrics.jsonl"
+        # a run that logged no step here (stopped before its first --log-interval, or a finished
+        # checkpoint given a new --log-dir) has no curve to draw: that is no failure of the run
+        records = read_metrics(metrics)
+        plot = (plot_metrics(metrics, self.dir / "loss.png", records) if any(r["kind"] == "train" for r in records)
+                else "none (no training step was logged in this --log-dir)")
+        print(f"logs: {metrics}\nloss plot: {plot}" + (f"\ncheckpoint: {save_dir}" if save_dir else ""), flush=True)
 
 
 def log_dir_problem(flag: str, path: str) -> tuple[str, str] | None:
@@ -272,14 +276,15 @@ def superseded_dropped(records: list) -> list:
     return kept
 
 
-def plot_metrics(metrics_path, png_path) -> Path:
-    """Loss (train, validation) and throughput against iteration, as one PNG."""
+def plot_metrics(metrics_path, png_path, records: list | None = None) -> Path:
+    """Loss (train, validation) and throughput against iteration, as one PNG (`records`: the file's,
+    where the caller has read them)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = read_metrics(metrics_path)
+    records = read_metrics(metrics_path) if records is None else records
     train = [r for r in records if r["kind"] == "train"]
     if not train:
         raise ConfigError(f"{metrics_path} has no train records",

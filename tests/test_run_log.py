@@ -210,3 +210,18 @@ def test_a_non_finite_loss_is_written_as_null_and_still_plots(tmp_path, monkeypa
                                                                             (2, None, None)]
     assert "loss nan" in stdout.getvalue().splitlines()[0]
     assert (tmp_path / "log" / "loss.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_run_that_logged_no_step_finishes_without_a_plot(tmp_path, monkeypatch):
+    """Stopped before its first --log-interval (a SIGTERM), or a finished checkpoint given a new --log-dir
+    (evaluation only): finish() says there is no curve, rather than failing the run with plot_run's error."""
+    stdout = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=100, interval=50)
+    log.start(0, "starting from scratch")
+    log.evaluation("test", 2, 9.5)
+    log.finish("ckpt")
+    assert stdout.getvalue().splitlines()[-3:] == [f"logs: {tmp_path / 'log' / 'metrics.jsonl'}",
+                                                   "loss plot: none (no training step was logged in this --log-dir)",
+                                                   "checkpoint: ckpt"]
+    assert not (tmp_path / "log" / "loss.png").exists()
