@@ -442,13 +442,18 @@ def check_deepspeed_types(ds_config: dict) -> None:
     """The DeepSpeed keys read here (and by the trainer) before DeepSpeed sees them have the right JSON
     type: otherwise the mistake surfaces later as an AttributeError or TypeError far from the key.
     Keys DeepSpeed would ignore and `enabled` values that are not booleans (DeepSpeed reads "false"
-    as true) are refused too."""
+    as true) are refused too, and so is a "scheduler", which DeepSpeed would silently drop for the
+    schedule the trainer hands it (here, so that tools/ds_config.py and azureml/submit.py refuse it too)."""
     unknown = sorted(set(ds_config) - deepspeed_top_level_keys())
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(deepspeed_top_level_keys()), n=1, cutoff=0.75)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(f"unknown top-level key {unknown[0]!r} (DeepSpeed would ignore it)",
                           f"{hint}fix the spelling or remove it (https://www.deepspeed.ai/docs/config-json/)")
+    if "scheduler" in ds_config:
+        raise ConfigError('the DeepSpeed JSON\'s "scheduler" section is not used (the trainer runs Megatron\'s '
+                          'warm-up + decay schedule)', 'remove "scheduler" and set --lr, --min-lr, --lr-decay-style '
+                          "and --lr-warmup-fraction")
     _check_enabled_flags(ds_config, "")
     optimizer_type = ds_config.get("optimizer", {}).get("type") if isinstance(ds_config.get("optimizer"), dict) else None
     if optimizer_type is not None:

@@ -354,10 +354,6 @@ def deepspeed_settings(args) -> dict:
     """The JSON (if any) with the optimizer and clipping the flags describe filled in: flags
     given on the command line win, the JSON fills the rest, then the defaults."""
     ds = read_ds_config(args.deepspeed_config) if args.deepspeed_config else {}
-    if "scheduler" in ds:  # DeepSpeed would silently drop it for the schedule handed to it
-        raise ConfigError(f'{args.deepspeed_config}: the "scheduler" section is not used (the trainer runs '
-                          "Megatron's warm-up + decay schedule)", 'remove "scheduler" and set --lr, --min-lr, '
-                          "--lr-decay-style and --lr-warmup-fraction")
     cuda = torch.cuda.is_available()
     params = default_optimizer(ds, cuda)  # AdamW, the params the JSON lacks, torch_adam without CUDA
     taken, optimizer = optimizer_params_taken(ds, cuda)

@@ -154,6 +154,9 @@ REFUSED = {
                                                            "arguments: --num-layerz 2",)),
     "bad_trainer_value": (["--", "--mask-prob", "0"], ("--mask-prob 0.0 is outside (0, 1]",)),
     "invalid_json": (["--ds-config", "{tmp}/bad.json"], ("bad.json:1:17: invalid JSON",)),
+    "json_scheduler": (["--ds-config", "{tmp}/scheduler.json"], ('"scheduler" section is not used',)),
+    "adam_param_of_torchs_adam_only": (["--ds-config", "{tmp}/foreach.json"],  # the job's GPUs get DeepSpeed's Adam
+                                       ("optimizer.params.foreach is not a parameter of DeepSpeed's AdamW",)),
     "missing_local_data": (["--data", "{tmp}/nowhere"], ("--data {tmp}/nowhere is not a folder",)),
     "data_without_the_prefix": (["--data-prefix", "wiki"], ("has no wiki.bin",)),
     "image_of_another_cuda": (["--image", OLD_IMAGE], ("is CUDA 11.8, the pinned torch 2.13.0's wheels are CUDA 13.0",)),
@@ -179,6 +182,9 @@ def test_submit_validates_as_the_trainer(case, tmp_path, capsys):
     build context (beside the job.yml, or beside a --dry-run folder)."""
     module = load_submit_module()
     (tmp_path / "bad.json").write_text('{"train_batch": }')
+    (tmp_path / "scheduler.json").write_text('{"train_micro_batch_size_per_gpu": 4, "scheduler": {"type": "WarmupLR"}}')
+    (tmp_path / "foreach.json").write_text('{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", '
+                                           '"params": {"foreach": true}}}')
     argv, phrases = REFUSED[case]
     argv = [part.format(tmp=tmp_path) for part in argv]
     data = ["--data", str(data_folder(tmp_path / "data"))] if "--data" not in argv else []

@@ -74,6 +74,7 @@ def test_set_to_output_leaves_the_template(capsys, tmp_path):
                                     "1, 2 or 3"),
     (["fp16.enabled=true", "bf16.enabled=true"], "fp16.enabled and bf16.enabled are both true; pick one"),
     (["fp16.loss_scale=-1"], "fp16.loss_scale = -1 is not a number >= 0; set fp16.loss_scale to 0 (dynamic"),
+    (["scheduler.type=WarmupLR"], '"scheduler" section is not used (the trainer runs Megatron\'s warm-up + decay'),
 ])
 def test_bad_set_names_the_key_and_writes_nothing(capsys, config, assignments, message):
     before = config.read_text()
@@ -100,6 +101,24 @@ def test_command_line_error_is_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.splitlines() == [f"ds_config.py: error: DeepSpeed config {tmp_path / 'no.json'} does not "
                                           "exist; pass an existing JSON file to --deepspeed_config"]
+
+
+def test_validate_refuses_a_json_the_trainer_refuses(capsys, tmp_path):
+    """A "scheduler" section, which the trainer refuses (DeepSpeed would drop it), fails `validate` too."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, "scheduler": {"type": "WarmupLR"}}))
+    code, out, err = run(capsys, "validate", path, "--world-size", 2)
+    assert (code, out) == (2, "") and err.startswith('ds_config.py: error: the DeepSpeed JSON\'s "scheduler" section')
+    assert len(err.splitlines()) == 1 and 'remove "scheduler"' in err
+
+
+def test_show_into_a_closed_pipe_exits_quietly():
+    """`show ... | head`: no BrokenPipeError traceback; exit status 141 (128 + SIGPIPE), as cat's."""
+    show = subprocess.Popen([sys.executable, str(ROOT / "tools" / "ds_config.py"), "show", str(RING), *NO_DROPOUT],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    show.stdout.close()  # the reader is gone before the first write
+    _, err = show.communicate(timeout=120)
+    assert (show.returncode, err) == (141, "")
 
 
 @pytest.mark.parametrize("assignment,message", [

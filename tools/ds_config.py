@@ -23,7 +23,8 @@ CUDA: --cuda / --no-cuda for the run's machines, default this one's; the trainer
 torch nor DeepSpeed: it answers in a fraction of a second; --deepspeed-check adds DeepSpeed's
 own checks of its sections (seconds), which the trainer runs at start-up. A file edited in place
 keeps its permissions.
-Errors are one line naming the key and the fix, exit code 2; `diff` exits 1 when the files differ.
+Errors are one line naming the key and the fix, exit code 2; `diff` exits 1 when the files differ;
+output into a closed pipe (`show ... | head`) stops quietly with 141, as cat's.
 """
 import argparse
 import copy
@@ -32,6 +33,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -273,10 +275,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return code
     except ConfigError as error:
         print(f"ds_config.py: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `show ... | head`: stop quietly, as cat does (its exit status too: 128 + SIGPIPE)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would fail again
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
