@@ -63,7 +63,7 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
     model.add_argument("--make-vocab-size-divisible-by", type=int, help="pad the vocab to a multiple (default 128)")
     model.add_argument("--hidden-dropout", type=float, help="dropout after embeddings, attention, MLP (default 0.1)")
     model.add_argument("--attention-dropout", type=float, help="dropout on attention probabilities (default 0.1, but 0 "
-                       "for ring and bigbird, which refuse it)")
+                       "for ring, hybrid, bigbird and models with local layers, which refuse it)")
     model.add_argument("--init-method-std", type=float, help="init std (default 0.02)")
     model.add_argument("--layernorm-epsilon", type=float, help="LayerNorm epsilon (default 1e-5)")
     model.add_argument("--layernorm-layout", choices=["pre", "post"],

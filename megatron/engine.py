@@ -74,12 +74,15 @@ def skip_nonfinite_updates(engine) -> None:
     """Gives a plain torch optimizer (fp32 at ZeRO 0) DeepSpeed's overflow rule: a step whose
     gradients hold NaN/inf changes no parameter and counts as skipped, without an LR-scheduler
     step (DeepSpeed reads `optimizer.overflow` after the step). DeepSpeed's fp16, bf16 and ZeRO
-    optimizers already carry that flag and skip such steps themselves."""
+    optimizers already carry that flag and skip such steps themselves. The guard wraps the step as
+    the LR scheduler left it (functools.wraps keeps the scheduler's mark on it, without which torch
+    warns on every run that the step was overridden after the scheduler was built)."""
     optimizer = engine.optimizer
     if hasattr(optimizer, "overflow"):
         return
     step = optimizer.step
 
+    @functools.wraps(step)
     def step_if_finite(*args, **kwargs):
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         finite = torch.stack([torch.isfinite(grad).all() for grad in grads]).all().float().reshape(1)

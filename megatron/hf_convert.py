@@ -416,7 +416,8 @@ def positions_for(table: torch.Tensor, rows: int, name: str, extend: bool) -> to
                           f"set --max-position-embeddings to at least {found}")
     if not extend:
         raise ConfigError(f"{name} has {found} positions, max_position_embeddings is {rows} and extension is refused",
-                          f"set --max-position-embeddings {found} or allow extending by repeating learned positions")
+                          f"set --max-position-embeddings {found}, or drop --no-position-extension (the table is then "
+                          "extended by repeating the learned positions)")
     return table.repeat((rows + found - 1) // found, 1)[:rows]
 
 

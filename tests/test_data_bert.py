@@ -1,5 +1,7 @@
 """BERT samples: layout, masking statistics, whole-word masking, splits, cached index maps
 (built by one rank), blending, the data-parallel sampler and the sequence-parallel slice."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -188,9 +190,11 @@ def test_one_rank_builds_the_index_map_while_the_other_waits(data, tmp_path):
 
 
 def test_documents_without_sentence_pairs_are_a_clear_error(data, tmp_path):
+    """Named by the --data-path prefix, not by the prefix of its index maps in --data-cache-path."""
     prefix = write_corpus(tmp_path / "docs", num_docs=20, sentences_per_doc=(1, 1))
-    with pytest.raises(DataError, match="train split yields no BERT samples.*--split-sentences"):
-        dataset((prefix, data[1]), num_samples=10, doc_range=(0, 20))
+    maps = str(tmp_path / "cache" / "docs-0123456789")
+    with pytest.raises(DataError, match=f"^{re.escape(prefix)}: the train split yields no BERT samples.*--split-"):
+        BertDataset("train", make_dataset(prefix), maps, (0, 20), 10, 64, data[1])
     assert len(dataset((prefix, data[1]), num_samples=10, doc_range=(0, 20), binary_head=False)) >= 10
 
 

@@ -15,7 +15,7 @@ import torch
 
 from bert_fixtures import concat_batches, packed_batch, padded_batch, small_config, small_model, with_fp16_kernels_allowed
 from megatron.config import resolve
-from megatron.engine import build_engine, check_precision_supported, train_step
+from megatron.engine import build_engine, check_precision_supported, skip_nonfinite_updates, train_step
 from megatron.errors import ConfigError
 from megatron.model.bert import SelfAttention
 from megatron.model.loss import bert_batch_loss
@@ -243,6 +243,25 @@ def test_fp16_without_device_kernels_is_a_one_line_error(monkeypatch):
     with pytest.raises(ConfigError, match=r"fp16.enabled is true but DeepSpeed does not support fp16 .*bf16"):
         check_precision_supported({"fp16": {"enabled": True}})
     check_precision_supported({"bf16": {"enabled": True}, "fp16": {"enabled": False}})
+
+
+def test_nonfinite_guard_leaves_the_lr_scheduler_unwarned(monkeypatch):
+    """The guard goes on after DeepSpeed built the LR scheduler: torch must still see its own step
+    wrapper (it warned on every --skip-nan-batches run at fp32 ZeRO 0), and finite steps go through."""
+    import warnings
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, op=None: None)  # one rank
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    skip_nonfinite_updates(SimpleNamespace(optimizer=optimizer))
+    weight.grad = torch.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        optimizer.step()
+        scheduler.step()
+    assert weight.tolist() == [0.5, 0.5] and not optimizer.overflow
 
 
 @pytest.mark.slow

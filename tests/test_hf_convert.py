@@ -153,7 +153,8 @@ def test_positions_extend_by_repeating(tmp_path):
     assert_same_logits(ours, hf, padded_batch(seq_length=16, pad_starts=(16, 9, 3, 12)), "extended positions")
 
     with pytest.raises(ConfigError, match=r"bert.embeddings.position_embeddings.weight has 20 positions, "
-                                          r"max_position_embeddings is 50 and extension is refused"):
+                                          r"max_position_embeddings is 50 and extension is refused; set "
+                                          r"--max-position-embeddings 20, or drop --no-position-extension"):
         hf_convert.load_hf_as_bert_state(folder, config, extend_positions=False)
     with pytest.raises(ConfigError, match="has 20 positions, max_position_embeddings is 16; set --max-position"):
         hf_convert.load_hf_as_bert_state(folder, our_config("megatron-bert", max_position_embeddings=16, seq_length=16))

@@ -115,3 +115,16 @@ def test_local_layers_refuse_what_they_cannot_combine_with(variant, options, mes
     config = small_config(variant, local_attention_window=8, global_attention_every=2, **options)
     with pytest.raises(ConfigError, match=message):
         rules.check(config, 1)
+
+
+def test_attention_dropout_defaults_to_zero_with_local_layers():
+    """Local layers refuse attention dropout, so a run that leaves it unset gets 0 (an HF ModernBERT
+    folder's or a --local-attention-window run failed on the 0.1 default); all-global keeps 0.1."""
+    from megatron.config import resolve
+
+    small = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=64, max_position_embeddings=64,
+                 position_embedding_type="rope")
+    ds = {"train_micro_batch_size_per_gpu": 2, "sequence_parallel": {"attention": "ulysses"}}
+    local = {**small, "local_attention_window": 8, "global_attention_every": 2}
+    assert resolve(local, ds, world_size=1).model.attention_dropout == 0.0
+    assert resolve(small, ds, world_size=1).model.attention_dropout == 0.1

@@ -122,7 +122,8 @@ def _failure_text(path: str, failure: Exception | None) -> tuple[str, bool] | No
 def samples_mapping(indexed, prefix: str, name: str, first_doc: int, end_doc: int, max_num_samples: int,
                     max_tokens: int, short_seq_prob: float, seed: int, binary_head: bool) -> np.ndarray:
     """[n, 4] rows (first sentence, end sentence, target tokens, epoch) over documents
-    [first_doc, end_doc), built once and cached (arguments: mapping_path's, after `indexed`)."""
+    [first_doc, end_doc), built once and cached (arguments: mapping_path's, after `indexed`; an
+    error names the data by indexed.prefix, the --data-path the user knows, not the maps' prefix)."""
     path = mapping_path(prefix, name, first_doc, end_doc, max_num_samples, max_tokens, short_seq_prob, seed, binary_head)
 
     def build():
@@ -133,7 +134,7 @@ def samples_mapping(indexed, prefix: str, name: str, first_doc: int, end_doc: in
 
     mapping = cached_array(path, build)
     if len(mapping) == 0:
-        raise DataError(f"{prefix}: the {name} split yields no BERT samples (documents need "
+        raise DataError(f"{indexed.prefix}: the {name} split yields no BERT samples (documents need "
                         f"{2 if binary_head else 1}+ sentences of at most {max(LONG_SENTENCE_LEN, max_tokens)} tokens)",
                         "preprocess with --split-sentences, or give this split more documents with --split")
     return mapping
