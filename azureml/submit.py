@@ -128,8 +128,8 @@ def validate(args) -> None:
     """The trainer's own checks, run here before anything is written or submitted, so that a job
     does not wait in the queue for a node only to stop at start-up: pretrain_bert.py's argument
     parser (unknown flags, bad values) and flag checks, the DeepSpeed JSON as the trainer reads it
-    (megatron.config.read_ds_config) with the optimizer it fills on the job's GPUs
-    (megatron.config.default_optimizer) and the layout it resolves for this job's world
+    with the optimizer the flags and the job's GPUs fill in (megatron.training.deepspeed_settings)
+    and the layout it resolves for this job's world
     (megatron.config.resolve with instance count x GPUs per node), and a local --data folder's
     files and tokenizer against the vocab record of its data (megatron.training.data_paths; an
     azureml:// URI is checked by AzureML when the job mounts it)."""
@@ -160,9 +160,9 @@ def validate(args) -> None:
 
     quiet_deepspeed()  # before DeepSpeed is first imported: no accelerator warning
     from megatron.arguments import build_parser as trainer_parser, config_flags, flags_given
-    from megatron.config import default_optimizer, read_ds_config, resolve
+    from megatron.config import resolve
     from megatron.errors import ConfigError, DataError
-    from megatron.training import check_flags, data_paths
+    from megatron.training import check_flags, data_paths, deepspeed_settings
 
     def refuse(message):
         raise SubmitError(f"pretrain_bert.py flags after --: {message}; see python pretrain_bert.py --help")
@@ -190,9 +190,8 @@ def validate(args) -> None:
                                   "--data that the data was made with") from None
             flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
         flags["bigbird_seed"] = trainer_args.seed
-        ds_config = read_ds_config(args.ds_config)
-        default_optimizer(ds_config, cuda=True)  # as the trainer fills it on the job's GPUs (the Adam params differ)
-        resolve(flags, ds_config, args.instance_count * args.gpus_per_node)
+        # the JSON as the trainer fills it from the flags on the job's GPUs (where the Adam params differ)
+        resolve(flags, deepspeed_settings(trainer_args, cuda=True), args.instance_count * args.gpus_per_node)
     except ConfigError as error:
         raise SubmitError(str(error)) from None
 

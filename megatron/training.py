@@ -350,11 +350,13 @@ def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
             "not at all (an epoch later every sample is read again); keep them to continue the same order")
 
 
-def deepspeed_settings(args) -> dict:
+def deepspeed_settings(args, cuda: bool | None = None) -> dict:
     """The JSON (if any) with the optimizer and clipping the flags describe filled in: flags
-    given on the command line win, the JSON fills the rest, then the defaults."""
+    given on the command line win, the JSON fills the rest, then the defaults. `cuda`: whether the
+    run's machines have GPUs (default: this one's; given, as azureml/submit.py checks a job for
+    other machines, this one's FusedAdam build is not probed)."""
     ds = read_ds_config(args.deepspeed_config) if args.deepspeed_config else {}
-    cuda = torch.cuda.is_available()
+    here, cuda = cuda is None, torch.cuda.is_available() if cuda is None else cuda
     params = default_optimizer(ds, cuda)  # AdamW, the params the JSON lacks, torch_adam without CUDA
     taken, optimizer = optimizer_params_taken(ds, cuda)
     flags = (("--lr", "lr", args.lr), ("--weight-decay", "weight_decay", args.weight_decay),
@@ -374,7 +376,7 @@ def deepspeed_settings(args) -> dict:
     if args.min_lr is not None and args.lr is None and args.min_lr > params["lr"]:
         raise ConfigError(f"--min-lr {args.min_lr} is above the JSON's optimizer.params.lr {params['lr']}: the "
                           "schedule would rise as it decays", "pass a --min-lr at most the peak, or --lr")
-    if cuda and ds["optimizer"].get("type", "").lower() in ("adam", "adamw") and "torch_adam" not in params:
+    if here and cuda and ds["optimizer"].get("type", "").lower() in ("adam", "adamw") and "torch_adam" not in params:
         problem = device.fused_adam_problem()  # a JIT build that would fail every rank at start-up
         if problem:
             params["torch_adam"] = True

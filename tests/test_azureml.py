@@ -157,6 +157,9 @@ REFUSED = {
     "json_scheduler": (["--ds-config", "{tmp}/scheduler.json"], ('"scheduler" section is not used',)),
     "adam_param_of_torchs_adam_only": (["--ds-config", "{tmp}/foreach.json"],  # the job's GPUs get DeepSpeed's Adam
                                        ("optimizer.params.foreach is not a parameter of DeepSpeed's AdamW",)),
+    "adam_flag_with_an_sgd_json": (["--ds-config", "{tmp}/sgd.json", "--", "--adam-beta1", "0.5"],
+                                   ("--adam-beta1 0.5 is given but optimizer.type SGD takes no betas",)),
+    "min_lr_above_the_jsons_lr": (["--", "--min-lr", "0.1"], ("--min-lr 0.1 is above the JSON's optimizer.params.lr",)),
     "missing_local_data": (["--data", "{tmp}/nowhere"], ("--data {tmp}/nowhere is not a folder",)),
     "data_without_the_prefix": (["--data-prefix", "wiki"], ("has no wiki.bin",)),
     "image_of_another_cuda": (["--image", OLD_IMAGE], ("is CUDA 11.8, the pinned torch 2.13.0's wheels are CUDA 13.0",)),
@@ -185,6 +188,8 @@ def test_submit_validates_as_the_trainer(case, tmp_path, capsys):
     (tmp_path / "scheduler.json").write_text('{"train_micro_batch_size_per_gpu": 4, "scheduler": {"type": "WarmupLR"}}')
     (tmp_path / "foreach.json").write_text('{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", '
                                            '"params": {"foreach": true}}}')
+    (tmp_path / "sgd.json").write_text('{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "SGD", '
+                                       '"params": {"lr": 0.01}}}')
     argv, phrases = REFUSED[case]
     argv = [part.format(tmp=tmp_path) for part in argv]
     data = ["--data", str(data_folder(tmp_path / "data"))] if "--data" not in argv else []
