@@ -30,7 +30,7 @@ import torch
 
 from megatron.checkpoint import LATEST, RUN_STATE, UNREADABLE, tag_for
 from megatron.config import TrainConfig, strict_json_loads
-from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry
+from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry, check_fits
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 
@@ -197,9 +197,7 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, low
         what = "a file" if Path(output).is_file() else "an existing folder"
         raise ConfigError(f"output {output} is {what}", "choose a new output folder (it is created) or remove it")
     if hf_tokenizer is not None:
-        if hf_tokenizer.vocab_size > config.vocab_size:
-            raise ConfigError(f"tokenizer {hf_tokenizer.file} has {hf_tokenizer.vocab_size} tokens, the model's "
-                              f"vocab_size is {config.vocab_size}", "pass the tokenizer the model was trained with")
+        check_fits(hf_tokenizer, config.vocab_size)
         tensors, files = hf_tokenizer_files(state, config, hf_tokenizer)
         copied = {"tokenizer.json": hf_tokenizer.file}
     else:

@@ -1,8 +1,11 @@
 """The folders a run writes into (--save, --log-dir, --tensorboard-dir), checked at start-up rather
-than when the first write fails while other ranks train."""
+than when the first write fails while other ranks train; and the atomic write of the small JSON
+records kept beside data and checkpoints."""
 import contextlib
+import json
 import os
 import socket
+from pathlib import Path
 
 from megatron.errors import disk_full
 
@@ -47,3 +50,11 @@ def unwritable(what: str, flag: str, error: OSError, fix: str) -> tuple[str, str
     if full := disk_full(error):
         return f"{problem}: {full}", f"free space there or pass a {flag} directory on another disk"
     return problem, fix
+
+
+def write_json_atomic(path, value: dict) -> None:
+    """The whole record or the old one: written beside `path`, then renamed over it."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(value, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(partial, path)

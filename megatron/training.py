@@ -25,7 +25,7 @@ from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_data
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, HFTokenizer, build_tokenizer, check_data_vocab,
-                                     choose_tokenizer, explicit_tokenizer)
+                                     check_fits, choose_tokenizer, explicit_tokenizer)
 from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import ConfigError, DataError
 from megatron.model.args import BertConfig
@@ -524,14 +524,6 @@ def start_length(args, weights: dict, flags: dict) -> int:
     return min(BertConfig.seq_length, reach)
 
 
-def check_tokenizer_fits(tokenizer, vocab_size: int) -> None:
-    """Every token id has an embedding row. Names the tokenizer file, which may be a folder's or a
-    checkpoint's rather than a flag's."""
-    if tokenizer.vocab_size > vocab_size:
-        raise ConfigError(f"the tokenizer {tokenizer.file} has {tokenizer.vocab_size} tokens, the model's vocab_size "
-                          f"is {vocab_size}", "pass the --vocab-file (or --tokenizer-file) the model was trained with")
-
-
 def check_sample_room(config) -> None:
     shortest = 5 if config.model.add_binary_head else 4  # [CLS] A [SEP] B [SEP] with a token each (no B: 4)
     if config.model.seq_length < shortest:
@@ -567,7 +559,7 @@ def pretrain(args) -> None:
     data_path, tokenizer = data_paths(args)
     flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
     config = resolve(flags, ds, dist.get_world_size(), deepspeed_check=not checked)
-    check_tokenizer_fits(tokenizer, config.model.vocab_size)
+    check_fits(tokenizer, config.model.vocab_size)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token
         source = f"--vocab-size {args.vocab_size}" if args.vocab_size else "the weights the run starts from"
         print(f"warning: the model's vocab_size {config.model.vocab_size} ({source}) exceeds the tokenizer's "

@@ -37,6 +37,7 @@ from megatron import checkpoint, hf_convert  # noqa: E402
 from megatron.arguments import flag_setting, flags_given  # noqa: E402
 from megatron.config import ADJUSTABLE_START_FIELDS, read_ds_config  # noqa: E402
 from megatron.errors import ConfigError, DataError, run_tool  # noqa: E402
+from megatron.paths import write_json_atomic  # noqa: E402
 from megatron.training import initial_model_fields, starting_weights_fields  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,9 +240,7 @@ def record_source(args, kind: str) -> None:
     """Notes in --save what the first run starts from (path and fingerprint), for check_source."""
     record = {"from": str(Path(args.source).resolve()), "sha256": fingerprint(args.source, kind)}
     Path(args.save).mkdir(parents=True, exist_ok=True)
-    partial = Path(args.save) / f"{SOURCE_RECORD}.partial"
-    partial.write_text(json.dumps(record), encoding="utf-8")
-    os.replace(partial, Path(args.save) / SOURCE_RECORD)
+    write_json_atomic(Path(args.save) / SOURCE_RECORD, record)
 
 
 def check_source(args, kind: str) -> None:
@@ -321,10 +320,11 @@ def check_launch(command: list, world: int) -> None:
     from megatron.config import resolve
     from megatron.data.bert_dataset import parse_data_path
     from megatron.data.indexed_dataset import make_dataset
+    from megatron.data.tokenizer import check_fits
     from megatron.model.bert import BertConfig
-    from megatron.training import (check_flag_combinations, check_flags, check_sample_room, check_start,
-                                   check_tokenizer_fits, data_paths, deepspeed_settings, model_flags as trainer_flags,
-                                   run_tokenizer, starts_from_weights)
+    from megatron.training import (check_flag_combinations, check_flags, check_sample_room, check_start, data_paths,
+                                   deepspeed_settings, model_flags as trainer_flags, run_tokenizer,
+                                   starts_from_weights)
 
     args = trainer_parser().parse_args(command[command.index(str(ROOT / "pretrain_bert.py")) + 1:])
     check_flags(args)
@@ -336,7 +336,7 @@ def check_launch(command: list, world: int) -> None:
     vocab_size = flags["vocab_size"] or (tokenizer.vocab_size if tokenizer is not None else BertConfig.vocab_size)
     config = resolve({**flags, "vocab_size": vocab_size}, ds, world)
     if tokenizer is not None:
-        check_tokenizer_fits(tokenizer, config.model.vocab_size)
+        check_fits(tokenizer, config.model.vocab_size)
     check_sample_room(config)
     for prefix in parse_data_path(args.data_path)[1] if args.data_path else ():
         # opened as the run opens it; "cached" is "lazy"'s index with the whole .bin read into memory

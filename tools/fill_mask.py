@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from megatron.checkpoint import (LATEST, bert_state_from_checkpoint, checkpoint_folder, latest_tag,  # noqa: E402
                                  run_state, stored_config)
 from megatron.data.batch import BertBatch  # noqa: E402
-from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer  # noqa: E402
+from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits, checkpoint_tokenizer  # noqa: E402
 from megatron.errors import ConfigError, run_tool  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 
@@ -123,9 +123,7 @@ def main(argv=None) -> None:
         raise ConfigError(f"--top-k {args.top_k} exceeds the {tokenizer.vocab_size} tokens of the vocab",
                           f"pass --top-k at most {tokenizer.vocab_size}")
     model = load_model(args.load)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ConfigError(f"the vocab file has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}",
-                          "pass the --vocab-file the model was trained with")
+    check_fits(tokenizer, model.config.vocab_size)
     results = [(text, fill_mask(model, tokenizer, text, args.top_k)) for text in args.text]  # all checked, then printed
     for text, masks in results:
         print(text)

@@ -23,6 +23,7 @@ from tokenizers.normalizers import BertNormalizer
 from tokenizers.pre_tokenizers import BertPreTokenizer
 
 from megatron.errors import ConfigError, DataError
+from megatron.paths import write_json_atomic
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_TYPES = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}  # name -> lower_case
@@ -173,6 +174,14 @@ class HFTokenizer(_Tokenizer):
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.tokens[int(index)] for index in ids]
+
+
+def check_fits(tokenizer, vocab_size: int) -> None:
+    """Every token id has an embedding row of a model of `vocab_size`. Names the tokenizer file, which
+    may be a folder's or a checkpoint's rather than a flag's (the trainer, fill_mask, to-hf)."""
+    if tokenizer.vocab_size > vocab_size:
+        raise ConfigError(f"the tokenizer {tokenizer.file} has {tokenizer.vocab_size} tokens, the model's vocab_size "
+                          f"is {vocab_size}", "pass the --vocab-file (or --tokenizer-file) the model was trained with")
 
 
 def wordpiece(vocab: dict, lower_case: bool) -> Tokenizer:
@@ -369,12 +378,6 @@ def explicit_tokenizer(args):
 
 # ---------------------------------------------------------------- identity carried by checkpoints and data
 
-def _write_json_atomic(path: Path, value: dict) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(value, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(partial, path)
-
-
 def _read_record(path: Path) -> dict:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -393,7 +396,7 @@ def carry(tokenizer, folder) -> None:
     resumed from, which --keep-last may have removed since."""
     folder = Path(folder)
     (folder / CARRIED_FILES[tokenizer.type_name]).write_bytes(tokenizer.file_bytes)
-    _write_json_atomic(folder / CARRIED, tokenizer.record())
+    write_json_atomic(folder / CARRIED, tokenizer.record())
 
 
 def carried_tokenizer(folder):
@@ -458,7 +461,7 @@ def data_identity_path(prefix: str) -> Path:
 
 def write_data_identity(tokenizer, prefix: str) -> None:
     """Beside the .bin/.idx of `prefix`: which vocab made its ids (preprocessing writes it)."""
-    _write_json_atomic(data_identity_path(prefix), tokenizer.record())
+    write_json_atomic(data_identity_path(prefix), tokenizer.record())
 
 
 def _recorded_pipeline(record: dict) -> dict | None:
