@@ -725,7 +725,6 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         raise ConfigError(f"gradient_clipping {clipping} with a pipeline at zero_optimization.stage 0 would clip by "
                           "the first stage's gradient norm only", "use zero_optimization.stage 1 (or gradient_clipping 0)")
 
-    values = {**attention.variant_defaults(values.get("attention", BertConfig.attention)), **values}
     _ulysses_size(values, sequence)
     model_fields = {f.name for f in dataclasses.fields(BertConfig)}
     unknown = set(values) - model_fields

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from megatron.errors import ConfigError
+from megatron.model.attention.rules import RULES
 
 
 @dataclass
@@ -24,8 +25,8 @@ class BertConfig:
     max_segment_length: int | None = None
     type_vocab_size: int = 2  # 0: no token-type table (ModernBERT); the batch's token types are then unread
     hidden_dropout: float = 0.1
-    # None: Megatron's 0.1, but 0 with local layers, which refuse it (their tiles are recomputed
-    # exactly in backward; variants that refuse it get their 0 from rules.variant_defaults)
+    # None: Megatron's 0.1, but 0 where it is refused: local layers and the variants whose blocks are
+    # recomputed exactly in backward (ring, hybrid, bigbird: attention/rules.py)
     attention_dropout: float | None = None
     layernorm_epsilon: float = 1e-5
     init_method_std: float = 0.02
@@ -83,7 +84,9 @@ class BertConfig:
                 "choose a head count that divides the hidden size")
         self._check_layer_options()
         if self.attention_dropout is None:
-            self.attention_dropout = 0.0 if self.has_local_layers else 0.1
+            rules = RULES.get(self.attention)  # an unknown name is refused by attention.check
+            refused = self.has_local_layers or (rules is not None and not rules.supports_attention_dropout)
+            self.attention_dropout = 0.0 if refused else 0.1
         learned = self.position_embedding_type == "learned"  # only a table bounds the positions
         if learned and self.max_segment_length is None and self.seq_length > self.max_position_embeddings:
             raise ConfigError(

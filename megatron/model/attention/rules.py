@@ -143,10 +143,6 @@ def variant_rules(name: str) -> type:
     return RULES[name]
 
 
-def variant_defaults(name: str) -> dict:
-    """Settings whose default depends on the variant: no attention dropout where it is unsupported."""
-    rules = RULES.get(name)
-    return {"attention_dropout": 0.0} if rules is not None and not rules.supports_attention_dropout else {}
 
 
 def check(config, sequence_parallel_size: int) -> None:
