@@ -121,6 +121,16 @@ def test_show_into_a_closed_pipe_exits_quietly():
     assert (show.returncode, err) == (141, "")
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux) to stand for a full disk")
+def test_show_to_a_full_disk_is_one_line():
+    with open("/dev/full", "w") as full:
+        show = subprocess.run([sys.executable, str(ROOT / "tools" / "ds_config.py"), "show", str(RING), *NO_DROPOUT],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert show.returncode == 1 and show.stderr.splitlines() == [
+        "ds_config.py: error: cannot write to stdout (No space left on device); free space where it goes, "
+        "or send it elsewhere"], show.stderr
+
+
 @pytest.mark.parametrize("assignment,message", [
     ("sequence_parallel.ulysses_size=3", "ulysses_size 3 does not divide the sequence-parallel size 4"),
     ("sequence_parallel.ulysses_size=true", "sequence_parallel.ulysses_size = True is not an integer"),

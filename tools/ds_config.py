@@ -284,6 +284,13 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # `show ... | head`: stop quietly, as cat does (its exit status too: 128 + SIGPIPE)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would fail again
         return 128 + signal.SIGPIPE
+    except OSError as error:  # the output cannot be written: a full disk, `> /dev/full`
+        if error.filename:  # a file of set's, named by its own error
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"ds_config.py: error: cannot write to stdout ({error.strerror or error}); free space where it "
+              "goes, or send it elsewhere", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
