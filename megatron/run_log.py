@@ -75,6 +75,7 @@ class RunLog:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("iteration", "time"):
                     self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["iteration"])
+            self.tensorboard.flush()  # on disk per record, as metrics.jsonl: a rank ends by os._exit
         self._print(line)
 
     def _append(self, record: dict) -> None:

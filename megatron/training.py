@@ -3,7 +3,9 @@
 pretrain_bert.py calls `main`; every rank runs this, started by the `deepspeed` launcher (or
 any env:// launcher). Errors a user can cause end the run with one line and exit code 2.
 """
+import contextlib
 import importlib.util
+import logging
 import math
 import os
 import signal
@@ -11,6 +13,7 @@ import sys
 import threading
 import time
 import warnings
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -58,12 +61,26 @@ def main(argv=None) -> int:
 
 
 def close_process_group() -> None:
-    """When main ends, however it ends: without it gloo's threads can outlive the interpreter and abort
-    a rank at exit ('terminate called without an active exception', SIGABRT: the launcher's exit code
-    250, or -6 after a one-line start-up error; seen in loaded test runs). No collective: a rank that
-    failed alone (rank 0's final log write) must not keep the others waiting."""
+    """When main ends, however it ends, as torch asks. It does not stop gloo's threads: DeepSpeed's
+    engine keeps the groups alive (see exit_rank). No collective: a rank that failed alone (rank 0's
+    final log write) must not keep the others waiting."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_rank(code: int) -> NoReturn:
+    """Ends a rank process without the interpreter's and the C++ runtime's teardown, as multiprocessing
+    ends its children. DeepSpeed's engine holds the process groups in reference cycles through
+    autograd's hooks, which the garbage collector cannot free: after destroy_process_group a rank
+    still runs 2 gloo worker threads per group and gloo's I/O loops, and one that is busy while the
+    process tears itself down aborts it (SIGABRT, 'terminate called without an active exception':
+    exit code -6 and the launcher's 250 after a run that had finished; seen in CI). main has closed
+    every file the run writes by then; the streams are flushed here."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing left to show
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def report_once(line: str, node_leaders: bool = False) -> None:
@@ -824,9 +841,12 @@ class StopSignals:
         else:
             line = (f"stopped by {name} after iteration {iteration}; no checkpoint holds it: pass --save DIR "
                     "to keep the progress of a stopped run")
-        log.finish(args.save)
-        if dist.get_rank() == 0:
-            print(f"pretrain_bert.py: {line}", file=sys.stderr, flush=True)
+        try:
+            log.finish(args.save)
+            if dist.get_rank() == 0:
+                print(f"pretrain_bert.py: {line}", file=sys.stderr, flush=True)
+        finally:  # every rank exits 128 + the signal, and the launcher kills all ranks once one exits so:
+            dist.barrier()  # none leaves before rank 0 has drawn the plot and printed the line
         return self.agreed
 
 

@@ -88,6 +88,19 @@ def test_progress_bar_when_stdout_is_a_terminal(tmp_path, monkeypatch):
     assert "saved checkpoint ckpt/iter_0000004" in shown and "test loss at iteration 4: 6.2500" in shown
 
 
+def test_tensorboard_records_are_on_disk_before_finish(tmp_path, monkeypatch):
+    """A rank ends by os._exit (training.exit_rank), and a run that fails mid-way never calls
+    finish(): each record reaches TensorBoard's event file when it is logged, as metrics.jsonl's line."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=10, interval=1, tensorboard_dir=str(tmp_path / "tb"))
+    log.evaluation("validation", 3, 6.5)
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("validation/loss")] == [(3, 6.5)]
+
+
 def test_tensorboard_dir_without_the_package_is_a_start_up_error(tmp_path, monkeypatch):
     """Checked with the log folders, before any work, rather than when rank 0 opens the log."""
     from megatron import training

@@ -40,10 +40,17 @@ def records(tmp_path, kind: str) -> list:
 
 
 def main_signalled_in_evaluation(argv, signalled_rank: int) -> tuple:
-    """`main`, with SIGTERM sent to rank `signalled_rank` inside its first evaluation step; returns
-    (exit code, evaluation steps this rank ran, stderr)."""
-    steps = []
-    evaluate_step = training.eval_step
+    """`main`, with SIGTERM sent to rank `signalled_rank` inside its first evaluation step, and rank
+    0's closing of the run log (the loss plot) made slow; returns (exit code, evaluation steps this
+    rank ran, stderr, when its run log was closed, when main returned) (times: the machine's monotonic clock)."""
+    steps, closed = [], []
+    evaluate_step, finish = training.eval_step, run_log.RunLog.finish
+
+    def slow_finish(log, save_dir):
+        time.sleep(1.0 if dist.get_rank() == 0 else 0.0)
+        finish(log, save_dir)
+        closed.append(time.monotonic())
+    run_log.RunLog.finish = slow_finish
 
     def eval_step(engine, micro_batches):
         steps.append(1)
@@ -55,15 +62,18 @@ def main_signalled_in_evaluation(argv, signalled_rank: int) -> tuple:
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = training.main(argv)
-    return code, len(steps), err.getvalue()
+    return code, len(steps), err.getvalue(), closed[0], time.monotonic()
 
 
 def test_sigterm_in_evaluation_stops_every_rank_within_one_step(tmp_path, data):
     """Validation of 50 steps at iteration 2; rank 1 gets SIGTERM in the first: both ranks run that
-    one step only, log no validation loss, save iteration 2 and exit 128 + 15."""
+    one step only, log no validation loss, save iteration 2 and exit 128 + 15. No rank returns
+    before rank 0 has closed its log and printed the line: the deepspeed launcher kills every rank
+    once one exits non-zero, and 143 is non-zero."""
     argv = run_argv(tmp_path, data, "--train-iters", "6", "--eval-interval", "2", "--eval-iters", "50")
     outcomes = run_on_ranks(main_signalled_in_evaluation, 2, argv, 1, timeout=240)
-    assert [(code, steps) for code, steps, _ in outcomes] == [(143, 1), (143, 1)], outcomes[0][2][-3000:]
+    assert [(code, steps) for code, steps, *_ in outcomes] == [(143, 1), (143, 1)], outcomes[0][2][-3000:]
+    assert outcomes[1][4] > outcomes[0][3]
     assert (f"pretrain_bert.py: stopped by SIGTERM after iteration 2; checkpoint {tmp_path / 'ckpt' / 'iter_0000002'} "
             f"holds it: resume with --load {tmp_path / 'ckpt'}") in outcomes[0][2]
     assert checkpoint.latest_tag(str(tmp_path / "ckpt")) == checkpoint.tag_for(2)
