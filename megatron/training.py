@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -25,9 +26,9 @@ from megatron.config import (OPTIMIZER_DEFAULTS, adjustable_start_fields, defaul
 from megatron.data import index_maps
 from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_weights,
                                         token_stats)
-from megatron.data.default_dataset import prepare_default_dataset
+from megatron.data.default_dataset import EMBEDDED_VOCAB, prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
-from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, HFTokenizer, build_tokenizer, check_data_vocab,
+from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, BertWordPiece, HFTokenizer, build_tokenizer, check_data_vocab,
                                      check_fits, choose_tokenizer, explicit_tokenizer)
 from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import ConfigError, DataError
@@ -443,6 +444,7 @@ def data_paths(args) -> tuple:
                               "pass the vocab.txt (or --tokenizer-file) the data was made with")
         data_path = args.data_path
     else:
+        check_default_data_vocab(args, tokenizer)
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if local_rank == 0:
             default = prepare_default_dataset(args.default_data_dir)
@@ -457,6 +459,23 @@ def data_paths(args) -> tuple:
                           f"{tokenizer.file} has none", "drop --whole-word-masking")
     check_data_vocab(tokenizer, parse_data_path(data_path)[1])
     return data_path, tokenizer
+
+
+def check_default_data_vocab(args, tokenizer) -> None:
+    """Without --data-path the run trains on the default dataset, made with its own WordPiece vocab
+    (the one in --default-data-dir, else the embedded one it is built with): a run that takes another
+    tokenizer (a --vocab-file, a ModernBERT's tokenizer.json) is refused before the data is built,
+    with the fix that applies to it. Needs no process group: tools/extend_context.py checks a launch with it."""
+    if tokenizer is None:
+        return
+    built = Path(args.default_data_dir) / "vocab.txt"
+    default = BertWordPiece(str(built if built.is_file() else EMBEDDED_VOCAB))
+    if tokenizer.identity != default.identity:
+        flag = "--tokenizer-file" if isinstance(tokenizer, HFTokenizer) else "--vocab-file"
+        raise ConfigError(f"no --data-path: the run would train on the default dataset, made with the vocab "
+                          f"{default.file}, while its tokenizer is {tokenizer.file}",
+                          f"pass --data-path with data preprocessed with it (tools/preprocess_data.py {flag} "
+                          f"{tokenizer.file} ...)")
 
 
 # the env:// rendezvous variables every rank of a launch gets (deepspeed, torchrun, the AzureML job)

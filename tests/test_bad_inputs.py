@@ -797,6 +797,23 @@ def test_flag_mistake_is_one_line_before_anything_starts(mistake, monkeypatch, c
     assert all(phrase in lines[0] for phrase in phrases), lines
 
 
+def test_no_data_path_with_another_vocab_is_refused_before_the_default_data_is_built(tmp_path, assets):
+    """Without --data-path the run trains on the default dataset, made with its own vocab: another
+    --vocab-file is refused before anything is built (no process group needed: extend_context's dry
+    run calls the same check); the vocab of a --default-data-dir built with it passes."""
+    import megatron.training as training
+    from megatron.arguments import build_parser
+    from megatron.errors import ConfigError
+
+    args = build_parser().parse_args([*TINY, "--vocab-file", assets["vocab"], "--default-data-dir", str(tmp_path / "d")])
+    with pytest.raises(ConfigError, match=f"no --data-path: the run would train on the default dataset, made with the "
+                                          f"vocab .*default_vocab.txt, while its tokenizer is {assets['vocab']}"):
+        training.data_paths(args)
+    assert not (tmp_path / "d").exists()
+    args.default_data_dir = str(assets["dir"])  # made by prepare_default_dataset with this vocab
+    training.check_default_data_vocab(args, training.run_tokenizer(args))
+
+
 def test_truncated_safetensors_is_a_data_error(tmp_path):
     from megatron.errors import DataError
     from megatron.hf_convert import read_safetensors, write_safetensors

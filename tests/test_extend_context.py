@@ -21,6 +21,7 @@ import torch
 import transformers
 
 from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config
+from megatron.data.default_dataset import EMBEDDED_VOCAB
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.tokenizer import HFTokenizer
 from megatron.errors import run_tool
@@ -309,3 +310,11 @@ def test_the_dry_run_checks_the_tokenizer_and_the_data_as_the_run_does(tmp_path,
              f"model's vocab_size is {size - 1}; pass the --vocab-file (or --tokenizer-file) the model was trained")):
         argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"), *tail, data]
         assert message in one_line(capsys, *argv)
+    # no --data-path: the trainer would build the default dataset, of its own WordPiece vocab, first
+    argv = ["--from", str(folder), "--seq-length", "256", "--save", str(tmp_path / "ext"), "--", "--train-iters", "1",
+            "--default-data-dir", str(tmp_path / "default")]
+    assert one_line(capsys, *argv) == (
+        f"no --data-path: the run would train on the default dataset, made with the vocab {EMBEDDED_VOCAB}, while its "
+        f"tokenizer is {folder / 'tokenizer.json'}; pass --data-path with data preprocessed with it "
+        f"(tools/preprocess_data.py --tokenizer-file {folder / 'tokenizer.json'} ...)")
+    assert not (tmp_path / "default").exists()

@@ -314,15 +314,16 @@ def launch_command(args, kind: str, theta: float, world: int, sequence: int, res
 def check_launch(command: list, world: int) -> None:
     """pretrain_bert.py's start-up checks, run here (--dry-run too) on the flags `command` gives it at
     `world` ranks: its parser, its flag checks, where the run starts, the tokenizer and the --data-path
-    datasets (the vocab they were made with, their files), and the model and layout it resolves from
-    the DeepSpeed JSON, so that a command that passes here passes them once launched. (Without
-    --data-path the run builds its default dataset, which is not done here.)"""
+    datasets (the vocab they were made with, their files; without --data-path, the default dataset's
+    vocab, which is not built here), and the model and layout it resolves from the DeepSpeed JSON, so
+    that a command that passes here passes them once launched."""
     from megatron.config import resolve
     from megatron.data.bert_dataset import parse_data_path
     from megatron.data.indexed_dataset import make_dataset
     from megatron.data.tokenizer import check_fits
     from megatron.model.bert import BertConfig
-    from megatron.training import (check_flag_combinations, check_flags, check_sample_room, check_start, data_paths,
+    from megatron.training import (check_default_data_vocab, check_flag_combinations, check_flags, check_sample_room,
+                                   check_start, data_paths,
                                    deepspeed_settings, model_flags as trainer_flags, run_tokenizer,
                                    starts_from_weights)
 
@@ -333,6 +334,8 @@ def check_launch(command: list, world: int) -> None:
     ds = deepspeed_settings(args)
     flags = trainer_flags(args, ds, starts_from_weights(args))
     tokenizer = data_paths(args)[1] if args.data_path else run_tokenizer(args)
+    if not args.data_path:
+        check_default_data_vocab(args, tokenizer)
     vocab_size = flags["vocab_size"] or (tokenizer.vocab_size if tokenizer is not None else BertConfig.vocab_size)
     config = resolve({**flags, "vocab_size": vocab_size}, ds, world)
     if tokenizer is not None:
