@@ -138,6 +138,41 @@ def test_data_of_another_case_or_text_pipeline_is_refused(tmp_path, vocab_file):
         check_data_vocab(HFTokenizer(bert_json(tmp_path / "split.json", True, Whitespace())), [prefix])
 
 
+def test_data_of_the_same_tokens_split_another_way_is_refused(tmp_path):
+    """Equal tokens, other merges (a BPE) or scores (a Unigram): another split of the same text. The
+    merges compare the same in either way tokenizers versions write them ("a b" or ["a", "b"])."""
+    from tokenizers import models, pre_tokenizers, trainers
+
+    texts = ["the cat sat on the mat with a hat", "a bat and a rat ate the oat cake", "that hat is that cat's"] * 20
+    special = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+    prefix = str(tmp_path / "data")
+    for model, trainer in ((models.BPE(unk_token="[UNK]"), trainers.BpeTrainer(vocab_size=60, special_tokens=special)),
+                           (models.Unigram(), trainers.UnigramTrainer(vocab_size=60, special_tokens=special,
+                                                                      unk_token="[UNK]"))):
+        rust = Tokenizer(model)
+        rust.pre_tokenizer = pre_tokenizers.Whitespace()
+        rust.train_from_iterator(texts, trainer)
+        made = json.loads(rust.to_str())
+        other = json.loads(rust.to_str())
+        if made["model"]["type"] == "BPE":
+            other["model"]["merges"] = other["model"]["merges"][::-1]
+            written = {**made, "model": {**made["model"], "merges": [" ".join(pair) if isinstance(pair, list) else pair
+                                                                     for pair in made["model"]["merges"]]}}
+            (tmp_path / "written.json").write_text(json.dumps(written))  # the other way of writing merges
+        else:
+            other["model"]["vocab"] = [[token, -score] for token, score in other["model"]["vocab"]]
+        (tmp_path / "made.json").write_text(json.dumps(made))
+        (tmp_path / "other.json").write_text(json.dumps(other))
+        write_data_identity(HFTokenizer(tmp_path / "made.json"), prefix)
+        check_data_vocab(HFTokenizer(tmp_path / "made.json"), [prefix])
+        if made["model"]["type"] == "BPE":
+            check_data_vocab(HFTokenizer(tmp_path / "written.json"), [prefix])
+        setting = "merges" if made["model"]["type"] == "BPE" else "scores"
+        with pytest.raises(DataError, match=rf"whose text pipeline differs from the run's HFTokenizer \S*other.json "
+                                            rf"\(model.{setting}: \"sha256:\w+\" vs \"sha256:\w+\"\)"):
+            check_data_vocab(HFTokenizer(tmp_path / "other.json"), [prefix])
+
+
 def test_records_without_the_text_pipeline_or_with_another_versions_fields_still_work(tmp_path, vocab_file):
     """A record written before records held the text pipeline: a WordPiece one's case is its type, a
     tokenizer.json's pipeline is unknown (no refusal). A setting only one tokenizers version writes is no

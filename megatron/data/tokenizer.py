@@ -6,7 +6,7 @@ scripts work; `HFTokenizer` reads a `tokenizer.json` (or the folder holding one)
 come from the vocab file or tokenizer itself, never from constants.
 
 Identity: a sha256 of the tokens in id order, and the settings of the text pipeline (normalizer,
-pre-tokenizer, model) that turns text into them. Preprocessing writes both beside the data, a
+pre-tokenizer, model: a BPE's merges, a Unigram's scores) that turns text into them. Preprocessing writes both beside the data, a
 checkpoint stores them with a copy of its tokenizer file; training, resume, fill-mask and export
 compare the tokens, and training and resume the data's pipeline too: a shuffled vocab of the same
 size, or the same vocab cased where the data was lower-cased, is refused, not trained on.
@@ -195,11 +195,18 @@ def wordpiece(vocab: dict, lower_case: bool) -> Tokenizer:
 def _pipeline(rust: Tokenizer) -> dict:
     """path ("normalizer.lowercase") -> setting, for each part of the text pipeline (PIPELINE_PARTS): an
     object as {}, a list as [its length], a long value (a precompiled charsmap) as its sha256. The model's
-    vocab and merges are left out: the identity covers the tokens. BertNormalizer's strip_accents None
-    ("as lowercase") is written out, so that a BERT tokenizer.json and a vocab.txt of the same case are one
-    pipeline."""
+    vocab is left out (the identity covers the tokens), but not what splits a word into them: a BPE's
+    merges in order (as pairs, whichever way a tokenizers version writes them) and a Unigram's scores,
+    each as one sha256. BertNormalizer's strip_accents None ("as lowercase") is written out, so that a
+    BERT tokenizer.json and a vocab.txt of the same case are one pipeline."""
     settings = json.loads(rust.to_str())
-    settings["model"] = {key: value for key, value in settings["model"].items() if key not in ("vocab", "merges")}
+    model = settings["model"]
+    settings["model"] = {key: value for key, value in model.items() if key not in ("vocab", "merges")}
+    if "merges" in model:
+        settings["model"]["merges"] = _sha256([merge.split(" ") if isinstance(merge, str) else merge
+                                               for merge in model["merges"]])
+    if model.get("type") == "Unigram":
+        settings["model"]["scores"] = _sha256([score for _, score in model["vocab"]])
     flat = {}
     pending = [(part, settings[part]) for part in PIPELINE_PARTS]
     while pending:
@@ -212,8 +219,12 @@ def _pipeline(rust: Tokenizer) -> dict:
             pending[:0] = [(f"{path}.{key}", item) for key, item in items]  # depth first: a part reads in order
         else:
             text = json.dumps(value, ensure_ascii=False)
-            flat[path] = value if len(text) <= 80 else "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+            flat[path] = value if len(text) <= 80 else _sha256(value)
     return flat
+
+
+def _sha256(value) -> str:
+    return "sha256:" + hashlib.sha256(json.dumps(value, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
 def _pipeline_differences(recorded: dict, run: dict) -> list[str]:
