@@ -28,8 +28,8 @@ from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_data
                                         token_stats)
 from megatron.data.default_dataset import EMBEDDED_VOCAB, prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
-from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, BertWordPiece, HFTokenizer, build_tokenizer, check_data_vocab,
-                                     check_fits, choose_tokenizer, explicit_tokenizer)
+from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, BertWordPiece, HFTokenizer, build_tokenizer,
+                                     check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer)
 from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import ConfigError, DataError
 from megatron.model.args import BertConfig

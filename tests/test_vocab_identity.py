@@ -58,6 +58,13 @@ def test_a_checkpoint_folder_carries_its_tokenizer(tmp_path, kind):
         choose_tokenizer(other, carried, "ckpt")
     with pytest.raises(ConfigError, match="--tokenizer-type BertWordPieceLowerCase differs from"):
         choose_tokenizer(None, carried, "ckpt", "BertWordPieceLowerCase")
+    if kind == "hf":  # the same tokens from text split another way: a flag's tokenizer.json is not taken silently
+        (tmp_path / "lower.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, True)))
+        with pytest.raises(DataError, match=f"the tokenizer {tmp_path}/lower.json splits text into the tokens of "
+                                            f"{folder}/.*, the one checkpoint ckpt was trained with, another way "
+                                            r"\(normalizer.strip_accents: false vs true, "
+                                            r"normalizer.lowercase: false vs true\)"):
+            choose_tokenizer(HFTokenizer(tmp_path / "lower.json"), carried, "ckpt")
     copied = folder / ("tokenizer.json" if kind == "hf" else "vocab.txt")
     copied.write_text(copied.read_text().replace("mat", "rug"))
     with pytest.raises(DataError, match=f"{copied.name} is not the tokenizer its {CARRIED} records"):

@@ -6,10 +6,11 @@ scripts work; `HFTokenizer` reads a `tokenizer.json` (or the folder holding one)
 come from the vocab file or tokenizer itself, never from constants.
 
 Identity: a sha256 of the tokens in id order, and the settings of the text pipeline (normalizer,
-pre-tokenizer, model: a BPE's merges, a Unigram's scores) that turns text into them. Preprocessing writes both beside the data, a
-checkpoint stores them with a copy of its tokenizer file; training, resume, fill-mask and export
-compare the tokens, and training and resume the data's pipeline too: a shuffled vocab of the same
-size, or the same vocab cased where the data was lower-cased, is refused, not trained on.
+pre-tokenizer, model: a BPE's merges, a Unigram's scores) that turns text into them. Preprocessing
+writes both beside the data, a checkpoint stores them with a copy of its tokenizer file; training,
+resume, fill-mask and export compare the tokens, and training and resume the data's pipeline (and a
+flag's tokenizer.json the checkpoint's) too: a shuffled vocab of the same size, or the same vocab
+cased where the data was lower-cased, is refused, not trained on.
 """
 import functools
 import hashlib
@@ -431,7 +432,8 @@ def carried_tokenizer(folder):
 
 def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None = None):
     """The run's tokenizer: the one the flags name, else the one `checkpoint` carries (None: neither).
-    Flags naming another vocab, or another type, than the checkpoint was trained with are refused."""
+    Flags naming another vocab, another type, or a tokenizer.json of another text pipeline than the
+    checkpoint was trained with are refused."""
     if carried is None:
         return explicit
     if explicit is not None and explicit.identity != carried.identity:
@@ -439,6 +441,13 @@ def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None =
                         f"was trained with (its tokens or their order differ: sha256 {explicit.identity[:12]} vs "
                         f"{carried.identity[:12]})", "drop --vocab-file/--tokenizer-file (the checkpoint carries "
                         "its tokenizer) or pass the one it was trained with")
+    differ = (_pipeline_differences(carried.pipeline, explicit.pipeline)
+              if isinstance(explicit, HFTokenizer) and isinstance(carried, HFTokenizer) else [])
+    if differ:  # a vocab.txt's case is --tokenizer-type's, checked below
+        raise DataError(f"the tokenizer {explicit.file} splits text into the tokens of {carried.file}, the one "
+                        f"checkpoint {checkpoint} was trained with, another way ({', '.join(differ[:3])}"
+                        f"{', ...' if len(differ) > 3 else ''})", "drop --tokenizer-file (the checkpoint carries its "
+                        "tokenizer) or pass the one it was trained with")
     if flag_type and flag_type != carried.type_name:
         raise ConfigError(f"--tokenizer-type {flag_type} differs from {carried.type_name}, which checkpoint "
                           f"{checkpoint} was trained with", "drop --tokenizer-type (the checkpoint carries it)")
