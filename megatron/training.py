@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import NoReturn
 
@@ -84,6 +85,9 @@ def exit_rank(code: int) -> NoReturn:
     os._exit(code)
 
 
+PRINTER_WAIT = 10.0  # seconds at most a rank that leaves an error line to another rank waits for it
+
+
 def report_once(line: str, node_leaders: bool = False) -> None:
     """Prints an error line once per run, not once per rank, while every rank still exits non-zero.
     `node_leaders`: also each node's first rank prints it (a rendezvous that rank 0 never reached).
@@ -91,10 +95,16 @@ def report_once(line: str, node_leaders: bool = False) -> None:
     Before the process group exists every rank fails alike (same flags): rank 0 prints. After, the
     first rank to report wins a counter in the rendezvous store, which also covers an error that
     only some ranks meet (a file missing on one node). Rank 0 hosts the store: it lingers briefly
-    so that ranks failing the same way can still reach it."""
+    so that ranks failing the same way can still reach it.
+
+    A rank that leaves the line to another does not exit before it is printed: the launcher ends
+    every rank once one exits non-zero, the printing one too. After the process group exists the
+    store says when it is; before, nothing can, and the rank waits for its launcher to end it
+    (rank 0 failing alike exits at once). After PRINTER_WAIT seconds it prints the line itself."""
     # a partial launcher environment (launch_environment) is a process started by hand: it prints
     partial = any(name in os.environ for name in RENDEZVOUS[:3]) and not all(name in os.environ for name in RENDEZVOUS)
     first = launcher_rank() == 0 or partial or (node_leaders and device.local_rank() == 0)
+    store = None
     if dist.is_available() and dist.is_initialized():
         try:
             store = dist.distributed_c10d._get_default_store()
@@ -104,9 +114,22 @@ def report_once(line: str, node_leaders: bool = False) -> None:
                    and store.add("megatron/errors_reported", 0) < dist.get_world_size()):
                 time.sleep(0.05)
         except Exception:  # the store is gone (rank 0 exited): better twice than never
-            first = True
+            first, store = True, None
     if first:
         print(line, file=sys.stderr, flush=True)
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.set("megatron/error_printed", "1")
+        return
+    try:
+        if store is None:
+            time.sleep(PRINTER_WAIT)
+        else:
+            store.wait(["megatron/error_printed"], timedelta(seconds=PRINTER_WAIT))
+            return
+    except Exception:  # not printed in time, or the store is gone: better twice than never
+        pass
+    print(line, file=sys.stderr, flush=True)
 
 
 def check_flags(args) -> None:
@@ -852,11 +875,16 @@ class StopSignals:
                     if args.save and last_checkpoint else f"no checkpoint holds iteration {iteration}")
             raise ConfigError(failure[0][0], f"{failure[0][1]}; {held}")
         name = signal.Signals(self.agreed).name
-        if self.launcher_gone and self.agreed == signal.SIGTERM:
-            name = f"the end of {self.launcher_gone}"
+        noticed = [None] * dist.get_world_size()  # the rank that saw its launcher end may not be the one printing
+        dist.all_gather_object(noticed, self.launcher_gone)
+        gone = next((description for description in noticed if description), None)
+        if gone and self.agreed == signal.SIGTERM:
+            name = f"the end of {gone}"
         if args.save and last_checkpoint:
             line = (f"stopped by {name} after iteration {iteration}; checkpoint {last_checkpoint} holds it: "
                     f"resume with --load {args.save}")
+        elif args.save:  # before this run's first step: nothing to save
+            line = f"stopped by {name} before the first step of this run (iteration {iteration}); nothing was saved"
         else:
             line = (f"stopped by {name} after iteration {iteration}; no checkpoint holds it: pass --save DIR "
                     "to keep the progress of a stopped run")

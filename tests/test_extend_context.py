@@ -159,7 +159,7 @@ def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_pat
     state["config"]["model"]["local_attention_window"] *= 2
     (tmp_path / "wider" / "iter_0000004" / "run_state.json").write_text(json.dumps(state))
     (tmp_path / "wider" / "latest").write_text("iter_0000004")
-    wider = [*head, "--", "--train-iters", "5"]
+    wider = [*head, "--", "--train-iters", "5", "--data-path", tail[tail.index("--data-path") + 1]]
     wider[wider.index("--save") + 1] = str(tmp_path / "wider")
     capsys.readouterr()
     assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *wider])) == 0

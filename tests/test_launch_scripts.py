@@ -7,6 +7,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from megatron.parallel.spawn import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "examples_deepspeed"
+PYTHON = sys.executable
 # PP SP SEQ_LEN MICRO_BATCH GLOBAL_BATCH come after PROCS; LAYERS HIDDEN HEADS after the variant's argument
 LAYOUT = ["1", "2", "128", "4", "4"]
 SHAPE = ["2", "64", "4"]
@@ -74,6 +76,25 @@ def test_variant_script_trains_two_steps(tmp_path, data_dir, script, variant, op
     assert ("pipeline" in written) == (pp > 1)  # the pipeline template, taken for PP > 1
     assert written["sequence_parallel"].get("pack_samples", False) == (variant != "linformer")  # packed by default
     assert len(losses(tmp_path)) == 2
+
+
+def test_a_start_up_error_line_outlives_the_launcher_ending_the_ranks(tmp_path):
+    """The deepspeed launcher ends every rank once one exits non-zero. A start-up error (before the
+    process group) is printed by rank 0 alone: rank 1, failing alike but sooner, must not exit first
+    and have the launcher end rank 0 before it prints (rank 0 is made 3 s slower here; a rank ends
+    by os._exit, so nothing else delays it)."""
+    script = tmp_path / "fails.py"
+    script.write_text("import os, sys, time\n"
+                      f"sys.path.insert(0, {str(ROOT)!r})\n"
+                      "from megatron.training import exit_rank, report_once\n"
+                      "time.sleep(3 if os.environ['RANK'] == '0' else 0)\n"
+                      "report_once('fails.py: error: the same mistake on every rank; fix it')\n"
+                      "exit_rank(2)\n")
+    env = launch_env(tmp_path)
+    result = subprocess.run([str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
+                             env["MASTER_PORT"], str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stderr.count("fails.py: error: the same mistake on every rank; fix it") == 1, result.stderr
 
 
 def test_bad_positional_argument_is_one_line(tmp_path):

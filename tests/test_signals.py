@@ -9,6 +9,7 @@ import io
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 import torch.distributed as dist
 
 from megatron import checkpoint, run_log, training
+from megatron.parallel import launcher_watch
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
 
@@ -78,6 +80,42 @@ def test_sigterm_in_evaluation_stops_every_rank_within_one_step(tmp_path, data):
             f"holds it: resume with --load {tmp_path / 'ckpt'}") in outcomes[0][2]
     assert checkpoint.latest_tag(str(tmp_path / "ckpt")) == checkpoint.tag_for(2)
     assert records(tmp_path, "train") == [1, 2] and records(tmp_path, "validation") == []
+
+
+def main_whose_launcher_ends_on_rank_1(argv, after: int) -> tuple:
+    """`main`, where rank 1 alone sees its launcher end after its step `after` (0: before the first);
+    returns (exit code, stderr)."""
+    watching, steps, train_step = [], [], training.train_step
+
+    def watch(on_gone):
+        watching.append(on_gone)
+        if after == 0 and dist.get_rank() == 1:
+            on_gone("the deepspeed command (pid 4242)")
+        return threading.Event()
+
+    def step(engine, micro_batches):
+        steps.append(train_step(engine, micro_batches))
+        if len(steps) == after and dist.get_rank() == 1:
+            watching[0]("the deepspeed command (pid 4242)")
+        return steps[-1]
+    launcher_watch.watch, training.train_step = watch, step
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = training.main(argv)
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize("after", [0, 2])
+def test_the_stop_line_names_the_launchers_end_seen_by_another_rank(tmp_path, data, after):
+    """Rank 0 prints the stop line; what stopped the run may have been seen by another rank only. A
+    stop before the first step with --save says that nothing was saved (not: pass --save)."""
+    argv = run_argv(tmp_path, data, "--train-iters", "6", "--eval-interval", "1000", "--eval-iters", "1")
+    outcomes = run_on_ranks(main_whose_launcher_ends_on_rank_1, 2, argv, after, timeout=240)
+    assert [code for code, _ in outcomes] == [143, 143], outcomes[0][1][-3000:]
+    said = "pretrain_bert.py: stopped by the end of the deepspeed command (pid 4242) "
+    said += (f"after iteration 2; checkpoint {tmp_path / 'ckpt' / 'iter_0000002'} holds it" if after
+             else "before the first step of this run (iteration 0); nothing was saved")
+    assert said in outcomes[0][1], outcomes[0][1][-3000:]
 
 
 class FullDisk(io.StringIO):
@@ -163,8 +201,10 @@ def test_signal_to_the_deepspeed_command_stops_every_rank_after_a_checkpoint(tmp
             os.killpg(launcher.pid, signal.SIGKILL)
     latest = checkpoint.latest_tag(str(tmp_path / "ckpt"))
     assert 2 <= int(latest[5:]) < 100000
+    output = stdout.read_text()
     assert (f"pretrain_bert.py: stopped by the end of the deepspeed command (pid {launcher.pid}) after iteration "
-            f"{int(latest[5:])}; checkpoint {tmp_path / 'ckpt' / latest} holds it") in stdout.read_text()
+            f"{int(latest[5:])}; checkpoint {tmp_path / 'ckpt' / latest} holds it") in output, (
+        [line for line in output.splitlines() if "pretrain_bert.py:" in line or "rror" in line] or output[-3000:])
     assert records(tmp_path, "train")[-1] == int(latest[5:])
 
 
