@@ -6,6 +6,7 @@ fill what the command line leaves out; the real defaults live in BertConfig / Tr
 import argparse
 import os
 import sys
+import time
 
 from megatron.errors import ConfigError
 from megatron.model.args import MODEL_PRESETS
@@ -298,15 +299,32 @@ def launcher_rank() -> int:
     return 0
 
 
+PRINTER_WAIT = 10.0  # seconds at most a rank that leaves an error line to another rank waits for it
+
+
+def outlive_rank_0() -> None:
+    """Before any process group exists, a rank that leaves an error line to rank 0 must not exit
+    first: the launcher ends every rank once one exits non-zero, rank 0 too, perhaps before it has
+    printed. Nothing tells when it has; it exits right after, and the launcher then ends this rank,
+    else this returns after PRINTER_WAIT seconds. A process of a world of 1 does not wait."""
+    if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
+        time.sleep(PRINTER_WAIT)
+
+
 class OncePerRunParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage, help and error lines are printed by global rank 0 only: the
     launcher starts every rank with the same command line, so every rank fails alike (exit code 2)
-    and one copy of the message says it all."""
+    and one copy of the message says it all; the other ranks do not exit before it (outlive_rank_0)."""
 
     def _print_message(self, message, file=None):
         if message and launcher_rank() == 0:
             (file or sys.stderr).write(message)
             (file or sys.stderr).flush()
+
+    def exit(self, status=0, message=None):
+        if status and launcher_rank() != 0:
+            outlive_rank_0()
+        super().exit(status, message)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from megatron import checkpoint, determinism, hf_convert, hf_modernbert, paths
-from megatron.arguments import build_parser, config_flags, launcher_rank
+from megatron.arguments import PRINTER_WAIT, build_parser, config_flags, launcher_rank, outlive_rank_0
 from megatron.config import (OPTIMIZER_DEFAULTS, adjustable_start_fields, default_optimizer, optimizer_params_taken,
                              read_ds_config, refuse_contradictions, resolve)
 from megatron.data import index_maps
@@ -85,9 +85,6 @@ def exit_rank(code: int) -> NoReturn:
     os._exit(code)
 
 
-PRINTER_WAIT = 10.0  # seconds at most a rank that leaves an error line to another rank waits for it
-
-
 def report_once(line: str, node_leaders: bool = False) -> None:
     """Prints an error line once per run, not once per rank, while every rank still exits non-zero.
     `node_leaders`: also each node's first rank prints it (a rendezvous that rank 0 never reached).
@@ -99,8 +96,8 @@ def report_once(line: str, node_leaders: bool = False) -> None:
 
     A rank that leaves the line to another does not exit before it is printed: the launcher ends
     every rank once one exits non-zero, the printing one too. After the process group exists the
-    store says when it is; before, nothing can, and the rank waits for its launcher to end it
-    (rank 0 failing alike exits at once). After PRINTER_WAIT seconds it prints the line itself."""
+    store says when it is; before, nothing can (outlive_rank_0). After PRINTER_WAIT seconds it
+    prints the line itself."""
     # a partial launcher environment (launch_environment) is a process started by hand: it prints
     partial = any(name in os.environ for name in RENDEZVOUS[:3]) and not all(name in os.environ for name in RENDEZVOUS)
     first = launcher_rank() == 0 or partial or (node_leaders and device.local_rank() == 0)
@@ -123,7 +120,7 @@ def report_once(line: str, node_leaders: bool = False) -> None:
         return
     try:
         if store is None:
-            time.sleep(PRINTER_WAIT)
+            outlive_rank_0()
         else:
             store.wait(["megatron/error_printed"], timedelta(seconds=PRINTER_WAIT))
             return

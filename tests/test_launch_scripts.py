@@ -78,23 +78,27 @@ def test_variant_script_trains_two_steps(tmp_path, data_dir, script, variant, op
     assert len(losses(tmp_path)) == 2
 
 
-def test_a_start_up_error_line_outlives_the_launcher_ending_the_ranks(tmp_path):
+@pytest.mark.parametrize("fails", ["report_once", "parser"])
+def test_a_start_up_error_line_outlives_the_launcher_ending_the_ranks(tmp_path, fails):
     """The deepspeed launcher ends every rank once one exits non-zero. A start-up error (before the
-    process group) is printed by rank 0 alone: rank 1, failing alike but sooner, must not exit first
-    and have the launcher end rank 0 before it prints (rank 0 is made 3 s slower here; a rank ends
-    by os._exit, so nothing else delays it)."""
+    process group: a one-line error, or the flag parser's) is printed by rank 0 alone: rank 1,
+    failing alike but sooner, must not exit first and have the launcher end rank 0 before it prints
+    (rank 0 is made 3 s slower here; a rank ends by os._exit, so nothing else delays it)."""
     script = tmp_path / "fails.py"
+    failure = {"report_once": "report_once('fails.py: error: the same mistake on every rank; fix it'); exit_rank(2)",
+               "parser": "build_parser().parse_args(['--no-such-flag'])"}[fails]
     script.write_text("import os, sys, time\n"
                       f"sys.path.insert(0, {str(ROOT)!r})\n"
-                      "from megatron.training import exit_rank, report_once\n"
+                      "from megatron.training import build_parser, exit_rank, report_once\n"
                       "time.sleep(3 if os.environ['RANK'] == '0' else 0)\n"
-                      "report_once('fails.py: error: the same mistake on every rank; fix it')\n"
-                      "exit_rank(2)\n")
+                      f"{failure}\n")
     env = launch_env(tmp_path)
     result = subprocess.run([str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
                              env["MASTER_PORT"], str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    assert result.stderr.count("fails.py: error: the same mistake on every rank; fix it") == 1, result.stderr
+    said = {"report_once": "fails.py: error: the same mistake on every rank; fix it",
+            "parser": "error: unrecognized arguments: --no-such-flag"}[fails]
+    assert result.stderr.count(said) == 1, result.stderr
 
 
 def test_bad_positional_argument_is_one_line(tmp_path):
