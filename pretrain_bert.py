@@ -3,6 +3,9 @@
     deepspeed --num_gpus 2 pretrain_bert.py --deepspeed --deepspeed_config ds_configs/ring_sp2.json \
         --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 256 --train-iters 300
 """
+import signal
+import traceback
+
 from megatron.parallel import launcher_watch
 from megatron.quiet import quiet_deepspeed
 
@@ -10,5 +13,13 @@ launcher_watch.note_launchers()  # first: a launcher that ends during the import
 quiet_deepspeed()  # before DeepSpeed is first imported (megatron.training imports it)
 from megatron.training import exit_rank, main  # noqa: E402
 
-if __name__ == "__main__":
-    exit_rank(main())  # without the interpreter's teardown (see exit_rank); a traceback still ends as usual
+if __name__ == "__main__":  # every way out goes through exit_rank, which skips the interpreter's teardown
+    try:
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C before the run's own handlers are installed
+        traceback.print_exc()
+        code = 128 + signal.SIGINT
+    except Exception:  # --debug, or an error no check foresaw: its traceback, as Python prints it
+        traceback.print_exc()
+        code = 1
+    exit_rank(code)

@@ -71,11 +71,7 @@ class RunLog:
     def _emit(self, record: dict, line: str) -> None:
         record["run"] = self.run_id
         self._append(finite_or_null(record))
-        if self.tensorboard:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("iteration", "time"):
-                    self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["iteration"])
-            self.tensorboard.flush()  # on disk per record, as metrics.jsonl: a rank ends by os._exit
+        self._plot_in_tensorboard(record)
         self._print(line)
 
     def _append(self, record: dict) -> None:
@@ -90,13 +86,28 @@ class RunLog:
         except OSError as error:
             with contextlib.suppress(OSError):
                 self.metrics.close()  # closed with its unwritten buffer: no second error at exit
-            path = self.dir / "metrics.jsonl"
-            if full := disk_full(error):
-                reason = f"{full}, {shutil.disk_usage(self.dir).free / 2**20:.1f} MiB free"
-            else:
-                reason = error.strerror or str(error)
-            self.failure = (f"cannot write the run log {path} ({reason})",
-                            "free space there or pass another --log-dir")
+            self._failed("the run log", self.dir / "metrics.jsonl", error, "--log-dir")
+
+    def _plot_in_tensorboard(self, record: dict) -> None:
+        """The record's numbers as TensorBoard scalars, on disk at once, as metrics.jsonl's line (a
+        rank ends by os._exit); a write that fails stops the run as _append's does."""
+        if not self.tensorboard or self.failure:
+            return
+        try:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("iteration", "time"):
+                    self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["iteration"])
+            self.tensorboard.flush()
+        except OSError as error:
+            self._failed("the TensorBoard log in", Path(self.tensorboard.log_dir), error, "--tensorboard-dir")
+
+    def _failed(self, what: str, path: Path, error: OSError, flag: str) -> None:
+        if full := disk_full(error):
+            folder = path if path.is_dir() else path.parent
+            reason = f"{full}, {shutil.disk_usage(folder).free / 2**20:.1f} MiB free"
+        else:
+            reason = error.strerror or str(error)
+        self.failure = (f"cannot write {what} {path} ({reason})", f"free space there or pass another {flag}")
 
     def _print(self, line: str) -> None:
         """A whole line on stdout, above the progress bar when there is one."""
@@ -160,7 +171,8 @@ class RunLog:
             self.bar.close()
         self.metrics.close()
         if self.tensorboard:
-            self.tensorboard.close()
+            with contextlib.suppress(OSError):  # every record is on disk already (_plot_in_tensorboard)
+                self.tensorboard.close()
         if self.failure:  # at the last step, after which no stop agreement comes
             raise ConfigError(*self.failure)
         metrics = self.dir / "metrics.jsonl"

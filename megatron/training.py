@@ -3,9 +3,9 @@
 pretrain_bert.py calls `main`; every rank runs this, started by the `deepspeed` launcher (or
 any env:// launcher). Errors a user can cause end the run with one line and exit code 2.
 """
+import atexit
 import contextlib
 import importlib.util
-import logging
 import math
 import os
 import signal
@@ -53,13 +53,18 @@ def main(argv=None) -> int:
     except OSError as error:  # a path the run reads or writes: permissions, a folder given for a file, space
         if args.debug or not error.filename:
             raise
-        report_once(f"pretrain_bert.py: error: cannot use {error.filename} ({error.strerror or error}); "
-                    "check the path, its permissions and free space (--debug shows where)")
+        report_once(f"pretrain_bert.py: error: {ConfigError(*cannot_use(error))}")
         return 2
     finally:
         checkpoint.release_lock()  # the --save folder's, taken by rank 0 at start-up
         close_process_group()  # after an error too (reported above): a failed start aborted at exit just the same
     return 128 + stopped_by if stopped_by else 0
+
+
+def cannot_use(error: OSError) -> tuple[str, str]:
+    """(problem, fix) of a path the run could not read or write."""
+    return (f"cannot use {error.filename} ({error.strerror or error})",
+            "check the path, its permissions and free space (--debug shows where)")
 
 
 def close_process_group() -> None:
@@ -76,12 +81,14 @@ def exit_rank(code: int) -> NoReturn:
     autograd's hooks, which the garbage collector cannot free: after destroy_process_group a rank
     still runs 2 gloo worker threads per group and gloo's I/O loops, and one that is busy while the
     process tears itself down aborts it (SIGABRT, 'terminate called without an active exception':
-    exit code -6 and the launcher's 250 after a run that had finished; seen in CI). main has closed
-    every file the run writes by then; the streams are flushed here."""
+    exit code -6 and the launcher's 250 after a run that had finished; seen in CI). Every file the
+    run writes is closed, or flushed record by record (metrics.jsonl, TensorBoard), by then; the
+    Python exit hooks run (logging, multiprocessing, DeepSpeed's wandb / comet monitors), and the
+    streams are flushed."""
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing left to show
             stream.flush()
-    logging.shutdown()
     os._exit(code)
 
 
@@ -446,7 +453,7 @@ def run_tokenizer(args):
             if launcher_rank() == 0:
                 print(f"warning: {error.problem}; the run uses {explicit.file}", file=sys.stderr, flush=True)
             folder = None
-        tokenizer = choose_tokenizer(explicit, folder, args.init_from_hf)
+        tokenizer = choose_tokenizer(explicit, folder, args.init_from_hf, same_pipeline=not args.tokenizer_type)
         tokenizer = explicit if explicit is not None and args.tokenizer_type else tokenizer
     return tokenizer
 
@@ -491,11 +498,12 @@ def check_default_data_vocab(args, tokenizer) -> None:
     built = Path(args.default_data_dir) / "vocab.txt"
     default = BertWordPiece(str(built if built.is_file() else EMBEDDED_VOCAB))
     if tokenizer.identity != default.identity:
-        flag = "--tokenizer-file" if isinstance(tokenizer, HFTokenizer) else "--vocab-file"
+        flags = (f"--tokenizer-file {tokenizer.file}" if isinstance(tokenizer, HFTokenizer) else
+                 f"--vocab-file {tokenizer.file}" + ("" if tokenizer.lower_case else
+                                                     f" --tokenizer-type {tokenizer.type_name}"))
         raise ConfigError(f"no --data-path: the run would train on the default dataset, made with the vocab "
                           f"{default.file}, while its tokenizer is {tokenizer.file}",
-                          f"pass --data-path with data preprocessed with it (tools/preprocess_data.py {flag} "
-                          f"{tokenizer.file} ...)")
+                          f"pass --data-path with data preprocessed with it (tools/preprocess_data.py {flags} ...)")
 
 
 # the env:// rendezvous variables every rank of a launch gets (deepspeed, torchrun, the AzureML job)
@@ -885,12 +893,22 @@ class StopSignals:
         else:
             line = (f"stopped by {name} after iteration {iteration}; no checkpoint holds it: pass --save DIR "
                     "to keep the progress of a stopped run")
+        failure = [None]  # rank 0's: its log could not be closed (the plot on a full disk)
         try:
             log.finish(args.save)
             if dist.get_rank() == 0:
                 print(f"pretrain_bert.py: {line}", file=sys.stderr, flush=True)
-        finally:  # every rank exits 128 + the signal, and the launcher kills all ranks once one exits so:
-            dist.barrier()  # none leaves before rank 0 has drawn the plot and printed the line
+        except ConfigError as error:
+            failure = [(error.problem, error.fix)]
+        except OSError as error:
+            if not error.filename:
+                raise
+            failure = [cannot_use(error)]
+        # the launcher ends every rank once one exits non-zero (128 + the signal too): none leaves before
+        # rank 0 has closed its log and printed its line, and all leave alike
+        dist.broadcast_object_list(failure, src=0)
+        if failure[0]:
+            raise ConfigError(*failure[0])
         return self.agreed
 
 

@@ -175,25 +175,43 @@ def test_rank_killed_mid_save_keeps_previous_checkpoint_pp2(tmp_path, data_dir):
     assert_same_run(killed, straight)
 
 
-@pytest.mark.parametrize("outcome", ["finished", "refused"])
+# stands for the interpreter's teardown: an object that only the clearing of the sys module at the end frees
+TEARDOWN_PROBE = """
+import atexit, os, runpy, sys
+class Probe:
+    def __del__(self, write=os.write):
+        write(2, b"interpreter teardown ran\\n")
+sys.teardown_probe = Probe()
+atexit.register(os.write, 2, b"exit hooks ran\\n")
+print("printed before main, not flushed")
+sys.argv[0] = {script!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("outcome", ["finished", "refused", "raised"])
 def test_a_rank_ends_without_the_interpreters_teardown(tmp_path, data_dir, outcome):
-    """pretrain_bert.py leaves by os._exit (training.exit_rank): DeepSpeed's engine keeps the gloo
-    groups and their threads alive past main, and a teardown racing one of them aborted ranks of
-    finished runs now and then (SIGABRT; the launcher's exit 250 in CI). An atexit handler stands
-    for that teardown: it must not run, while the exit code and all the rank printed into pipes
-    (block-buffered) still arrive, for a finished run and a refused one. This sees the exit path,
-    not the race itself, which no test brings about on demand."""
-    script = ("import atexit, runpy, sys; atexit.register(print, 'interpreter teardown ran', file=sys.stderr); "
-              f"sys.argv[0] = {str(ROOT / 'pretrain_bert.py')!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
+    """pretrain_bert.py leaves by os._exit (training.exit_rank), however main ends: DeepSpeed's engine
+    keeps the gloo groups and their threads alive past main, and a teardown racing one of them
+    aborted ranks of finished runs now and then (SIGABRT; the launcher's exit 250 in CI). An object
+    freed only by the teardown stands for it: it must not be freed, while the exit hooks (logging,
+    wandb) run, and the exit code and all the rank printed, into block-buffered pipes, arrive: for a
+    finished run, a refused one and one that raised (a traceback). This sees the exit path, not the
+    race itself, which no test brings about on demand."""
+    mistake = {"finished": [], "refused": ["--weight-decay", "-5"],
+               "raised": ["--vocab-file", str(tmp_path / "none.txt"), "--debug"]}[outcome]
     argv = [*TINY, "--train-iters", "2", "--log-interval", "1", "--eval-iters", "1", "--default-data-dir", data_dir,
-            "--log-dir", str(tmp_path / "log"), *(["--weight-decay", "-5"] if outcome == "refused" else [])]
+            "--log-dir", str(tmp_path / "log"), *mistake]
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run([PYTHON, "-c", script, *argv], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=180)
-    assert "interpreter teardown ran" not in result.stderr
+    result = subprocess.run([PYTHON, "-c", TEARDOWN_PROBE.format(script=str(ROOT / "pretrain_bert.py")), *argv],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert "interpreter teardown ran" not in result.stderr and "exit hooks ran" in result.stderr, result.stderr
+    assert result.stdout.startswith("printed before main, not flushed\n")
     if outcome == "refused":
         assert result.returncode == 2 and "error: --weight-decay -5.0 is negative" in result.stderr, result.stderr
+    elif outcome == "raised":
+        assert result.returncode == 1 and "Traceback" in result.stderr and "DataError: vocab file" in result.stderr
     else:
         assert result.returncode == 0, result.stderr[-3000:]
         assert "iteration 2/2" in result.stdout and result.stdout.rstrip().endswith(str(tmp_path / "log" / "loss.png"))

@@ -101,6 +101,25 @@ def test_tensorboard_records_are_on_disk_before_finish(tmp_path, monkeypatch):
     assert [(e.step, e.value) for e in events.Scalars("validation/loss")] == [(3, 6.5)]
 
 
+def test_a_tensorboard_write_that_fails_stops_the_run_as_the_run_logs_does(tmp_path, monkeypatch):
+    """A full disk under --tensorboard-dir: no traceback on rank 0 alone, a `failure` that the stop
+    agreement turns into a stop of every rank with one line; the run log and the screen go on."""
+    import errno
+
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=10, interval=1, tensorboard_dir=str(tmp_path / "tb"))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(log.tensorboard, "flush", full)
+    log.evaluation("validation", 3, 6.5)
+    assert log.failure[0].startswith(f"cannot write the TensorBoard log in {tmp_path / 'tb'} (the disk is full, ")
+    assert log.failure[1] == "free space there or pass another --tensorboard-dir"
+    assert run_log.read_metrics(tmp_path / "log" / "metrics.jsonl")[-1]["loss"] == 6.5
+    with pytest.raises(ConfigError, match="cannot write the TensorBoard log in"):  # at the last step, as metrics.jsonl's
+        log.finish(None)
+
+
 def test_tensorboard_dir_without_the_package_is_a_start_up_error(tmp_path, monkeypatch):
     """Checked with the log folders, before any work, rather than when rank 0 opens the log."""
     from megatron import training

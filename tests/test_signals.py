@@ -118,6 +118,26 @@ def test_the_stop_line_names_the_launchers_end_seen_by_another_rank(tmp_path, da
     assert said in outcomes[0][1], outcomes[0][1][-3000:]
 
 
+def main_whose_plot_fails_at_a_stop(argv) -> tuple:
+    """`main` stopped after its second step, rank 0's run log failing to close (the plot on a full disk)."""
+    def finish(log, save_dir):
+        if dist.get_rank() == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(log.dir / "loss.png"))
+    run_log.RunLog.finish = finish
+    return main_whose_launcher_ends_on_rank_1(argv, 2)
+
+
+def test_a_stop_whose_log_fails_to_close_ends_every_rank_alike(tmp_path, data):
+    """Rank 0 cannot close its log at a stop: every rank leaves with the one error line (exit 2), none
+    with 143 before it is printed (the launcher would end rank 0 and the line with it)."""
+    argv = run_argv(tmp_path, data, "--train-iters", "6", "--eval-interval", "1000", "--eval-iters", "1")
+    outcomes = run_on_ranks(main_whose_plot_fails_at_a_stop, 2, argv, timeout=240)
+    assert [code for code, _ in outcomes] == [2, 2], outcomes[0][1][-3000:]
+    lines = [line for _, err in outcomes for line in err.splitlines()]
+    assert lines == [f"pretrain_bert.py: error: cannot use {tmp_path / 'log' / 'loss.png'} (No space left on device); "
+                     "check the path, its permissions and free space (--debug shows where)"], lines
+
+
 class FullDisk(io.StringIO):
     """metrics.jsonl on a disk that fills after `room` characters: writes beyond fail with ENOSPC."""
 

@@ -58,17 +58,39 @@ def test_a_checkpoint_folder_carries_its_tokenizer(tmp_path, kind):
         choose_tokenizer(other, carried, "ckpt")
     with pytest.raises(ConfigError, match="--tokenizer-type BertWordPieceLowerCase differs from"):
         choose_tokenizer(None, carried, "ckpt", "BertWordPieceLowerCase")
-    if kind == "hf":  # the same tokens from text split another way: a flag's tokenizer.json is not taken silently
-        (tmp_path / "lower.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, True)))
-        with pytest.raises(DataError, match=f"the tokenizer {tmp_path}/lower.json splits text into the tokens of "
-                                            f"{folder}/.*, the one checkpoint ckpt was trained with, another way "
-                                            r"\(normalizer.strip_accents: false vs true, "
-                                            r"normalizer.lowercase: false vs true\)"):
-            choose_tokenizer(HFTokenizer(tmp_path / "lower.json"), carried, "ckpt")
+    # the same tokens from text split another way: a flag's tokenizer.json is not replaced silently by the
+    # carried vocab.txt or tokenizer.json (one of the same case is the same pipeline); an HF folder's is
+    # when the flags' --tokenizer-type overrides it (same_pipeline=False)
+    (tmp_path / "lower.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, True)))
+    (tmp_path / "cased.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, False)))
+    with pytest.raises(DataError, match=f"the tokenizer {tmp_path}/lower.json splits text into the tokens of "
+                                        f"{folder}/.*, which ckpt carries, another way "
+                                        r"\(normalizer.strip_accents: false vs true, "
+                                        r"normalizer.lowercase: false vs true\)"):
+        choose_tokenizer(HFTokenizer(tmp_path / "lower.json"), carried, "ckpt")
+    assert choose_tokenizer(HFTokenizer(tmp_path / "cased.json"), carried, "ckpt") is carried
+    assert choose_tokenizer(HFTokenizer(tmp_path / "lower.json"), carried, "ckpt", same_pipeline=False) is carried
     copied = folder / ("tokenizer.json" if kind == "hf" else "vocab.txt")
     copied.write_text(copied.read_text().replace("mat", "rug"))
     with pytest.raises(DataError, match=f"{copied.name} is not the tokenizer its {CARRIED} records"):
         carried_tokenizer(folder)
+
+
+def test_a_tokenizer_type_flag_overrides_the_hf_folders_tokenizer(tmp_path):
+    """--init-from-hf with --tokenizer-type and --tokenizer-file: the flags' tokenizer is the run's even
+    where it splits the folder's tokens another way (an explicit choice); without the type, it is refused."""
+    from megatron import training
+    from megatron.arguments import build_parser
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, True)))
+    (tmp_path / "cased.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, False)))
+    flags = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+             "--init-from-hf", str(tmp_path / "hf"), "--tokenizer-file", str(tmp_path / "cased.json")]
+    chosen = training.run_tokenizer(build_parser().parse_args([*flags, "--tokenizer-type", "HFTokenizer"]))
+    assert chosen.file == str(tmp_path / "cased.json")
+    with pytest.raises(DataError, match="splits text into the tokens of .*hf/tokenizer.json, which .*hf carries"):
+        training.run_tokenizer(build_parser().parse_args(flags))
 
 
 def test_data_records_its_vocab(tmp_path):

@@ -224,6 +224,10 @@ def _pipeline(rust: Tokenizer) -> dict:
     return flat
 
 
+def _first_three(differences: list) -> str:
+    return ", ".join(differences[:3]) + (", ..." if len(differences) > 3 else "")
+
+
 def _sha256(value) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(value, ensure_ascii=False).encode("utf-8")).hexdigest()
 
@@ -430,10 +434,10 @@ def carried_tokenizer(folder):
     return tokenizer
 
 
-def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None = None):
+def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None = None, same_pipeline: bool = True):
     """The run's tokenizer: the one the flags name, else the one `checkpoint` carries (None: neither).
-    Flags naming another vocab, another type, or a tokenizer.json of another text pipeline than the
-    checkpoint was trained with are refused."""
+    Flags naming another vocab, another type, or (unless `same_pipeline` is False: the flags' type
+    overrides an HF folder's) a tokenizer.json that splits text another way are refused."""
     if carried is None:
         return explicit
     if explicit is not None and explicit.identity != carried.identity:
@@ -442,12 +446,11 @@ def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None =
                         f"{carried.identity[:12]})", "drop --vocab-file/--tokenizer-file (the checkpoint carries "
                         "its tokenizer) or pass the one it was trained with")
     differ = (_pipeline_differences(carried.pipeline, explicit.pipeline)
-              if isinstance(explicit, HFTokenizer) and isinstance(carried, HFTokenizer) else [])
+              if same_pipeline and isinstance(explicit, HFTokenizer) else [])
     if differ:  # a vocab.txt's case is --tokenizer-type's, checked below
-        raise DataError(f"the tokenizer {explicit.file} splits text into the tokens of {carried.file}, the one "
-                        f"checkpoint {checkpoint} was trained with, another way ({', '.join(differ[:3])}"
-                        f"{', ...' if len(differ) > 3 else ''})", "drop --tokenizer-file (the checkpoint carries its "
-                        "tokenizer) or pass the one it was trained with")
+        raise DataError(f"the tokenizer {explicit.file} splits text into the tokens of {carried.file}, which "
+                        f"{checkpoint} carries, another way ({_first_three(differ)})",
+                        f"drop --tokenizer-file (the tokenizer {checkpoint} carries is used) or pass that one")
     if flag_type and flag_type != carried.type_name:
         raise ConfigError(f"--tokenizer-type {flag_type} differs from {carried.type_name}, which checkpoint "
                           f"{checkpoint} was trained with", "drop --tokenizer-type (the checkpoint carries it)")
@@ -513,6 +516,6 @@ def check_data_vocab(tokenizer, prefixes) -> None:
                          else f"--tokenizer-type {record['tokenizer_type']} --vocab-file {record['file']}")
             raise DataError(f"the data {prefix} was preprocessed with the {record['tokenizer_type']} {record['file']}, "
                             f"whose text pipeline differs from the run's {tokenizer.type_name} {tokenizer.file} "
-                            f"({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}): the same tokens, "
+                            f"({_first_three(differ)}): the same tokens, "
                             "split from text another way", f"pass {made_with} (what the data was made with), "
                             "or rerun tools/preprocess_data.py with the run's tokenizer")
