@@ -70,6 +70,11 @@ def test_a_checkpoint_folder_carries_its_tokenizer(tmp_path, kind):
         choose_tokenizer(HFTokenizer(tmp_path / "lower.json"), carried, "ckpt")
     assert choose_tokenizer(HFTokenizer(tmp_path / "cased.json"), carried, "ckpt") is carried
     assert choose_tokenizer(HFTokenizer(tmp_path / "lower.json"), carried, "ckpt", same_pipeline=False) is carried
+    # a vocab.txt with --tokenizer-type: its case is the type's, held to the carried pipeline whatever file that is
+    vocab = write(tmp_path / "flag.txt", VOCAB)
+    assert choose_tokenizer(BertWordPiece(vocab, lower_case=False), carried, "ckpt", "BertWordPieceCase") is carried
+    with pytest.raises(DataError, match=f"the tokenizer {vocab} splits text into the tokens of"):
+        choose_tokenizer(BertWordPiece(vocab), carried, "ckpt", "BertWordPieceLowerCase")
     copied = folder / ("tokenizer.json" if kind == "hf" else "vocab.txt")
     copied.write_text(copied.read_text().replace("mat", "rug"))
     with pytest.raises(DataError, match=f"{copied.name} is not the tokenizer its {CARRIED} records"):

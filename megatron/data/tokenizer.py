@@ -436,8 +436,9 @@ def carried_tokenizer(folder):
 
 def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None = None, same_pipeline: bool = True):
     """The run's tokenizer: the one the flags name, else the one `checkpoint` carries (None: neither).
-    Flags naming another vocab, another type, or (unless `same_pipeline` is False: the flags' type
-    overrides an HF folder's) a tokenizer.json that splits text another way are refused."""
+    Flags naming another vocab, or a tokenizer that splits text another way (a tokenizer.json, or a
+    vocab.txt of the case --tokenizer-type names; unless `same_pipeline` is False: the flags' type
+    overrides an HF folder's), or only another --tokenizer-type, are refused."""
     if carried is None:
         return explicit
     if explicit is not None and explicit.identity != carried.identity:
@@ -445,13 +446,13 @@ def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None =
                         f"was trained with (its tokens or their order differ: sha256 {explicit.identity[:12]} vs "
                         f"{carried.identity[:12]})", "drop --vocab-file/--tokenizer-file (the checkpoint carries "
                         "its tokenizer) or pass the one it was trained with")
-    differ = (_pipeline_differences(carried.pipeline, explicit.pipeline)
-              if same_pipeline and isinstance(explicit, HFTokenizer) else [])
-    if differ:  # a vocab.txt's case is --tokenizer-type's, checked below
-        raise DataError(f"the tokenizer {explicit.file} splits text into the tokens of {carried.file}, which "
-                        f"{checkpoint} carries, another way ({_first_three(differ)})",
-                        f"drop --tokenizer-file (the tokenizer {checkpoint} carries is used) or pass that one")
-    if flag_type and flag_type != carried.type_name:
+    if explicit is not None and (isinstance(explicit, HFTokenizer) or flag_type):  # a vocab.txt's case: the type's
+        differ = _pipeline_differences(carried.pipeline, explicit.pipeline) if same_pipeline else []
+        if differ:  # a BERT tokenizer.json and a vocab.txt of the same case are one pipeline: not refused
+            raise DataError(f"the tokenizer {explicit.file} splits text into the tokens of {carried.file}, which "
+                            f"{checkpoint} carries, another way ({_first_three(differ)})",
+                            f"drop the tokenizer flags (the tokenizer {checkpoint} carries is used) or pass that one")
+    elif flag_type and flag_type != carried.type_name:
         raise ConfigError(f"--tokenizer-type {flag_type} differs from {carried.type_name}, which checkpoint "
                           f"{checkpoint} was trained with", "drop --tokenizer-type (the checkpoint carries it)")
     return carried  # the same tokens; its case (WordPiece) is the checkpoint's, not --tokenizer-type's default
