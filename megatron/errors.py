@@ -26,6 +26,12 @@ def disk_full(error: BaseException) -> str | None:
         getattr(error, "errno", None))
 
 
+def cannot_use(error: OSError, fix: str = "check the path, its permissions and free space") -> ConfigError:
+    """The one line of a path that could not be read or written (both paths of a failed rename)."""
+    names = " -> ".join(str(name) for name in (error.filename, error.filename2) if name)
+    return ConfigError(f"cannot use {names} ({error.strerror or error})", fix)
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGTERM (or SIGINT) raised as an exception in the main thread, so that the `except
     BaseException` / `finally` clean-ups of a tool remove what it had started."""
@@ -56,9 +62,7 @@ def run_tool(prog: str, main) -> int:
     except OSError as error:  # a path the tool reads or writes: permissions, a folder for a file, space
         if not error.filename:
             raise
-        names = " -> ".join(str(name) for name in (error.filename, error.filename2) if name)
-        print(f"{prog}: error: cannot use {names} ({error.strerror or error}); check the path, its permissions "
-              "and free space", file=sys.stderr, flush=True)
+        print(f"{prog}: error: {cannot_use(error)}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt as error:
         signum = getattr(error, "signum", signal.SIGINT)

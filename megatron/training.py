@@ -30,12 +30,16 @@ from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_data
 from megatron.data.default_dataset import EMBEDDED_VOCAB, prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, BertWordPiece, HFTokenizer, build_tokenizer,
-                                     check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer)
+                                     check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer,
+                                     naming_flags)
 from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
-from megatron.errors import ConfigError, DataError
+from megatron.errors import ConfigError, DataError, cannot_use
 from megatron.model.args import BertConfig
 from megatron.parallel import device, launcher_watch, state
 from megatron.run_log import RunLog, log_dir_problem, tensorboard_problem
+
+
+WHERE_FIX = "check the path, its permissions and free space (--debug shows where)"  # of a path the run cannot use
 
 
 def main(argv=None) -> int:
@@ -53,18 +57,12 @@ def main(argv=None) -> int:
     except OSError as error:  # a path the run reads or writes: permissions, a folder given for a file, space
         if args.debug or not error.filename:
             raise
-        report_once(f"pretrain_bert.py: error: {ConfigError(*cannot_use(error))}")
+        report_once(f"pretrain_bert.py: error: {cannot_use(error, WHERE_FIX)}")
         return 2
     finally:
         checkpoint.release_lock()  # the --save folder's, taken by rank 0 at start-up
         close_process_group()  # after an error too (reported above): a failed start aborted at exit just the same
     return 128 + stopped_by if stopped_by else 0
-
-
-def cannot_use(error: OSError) -> tuple[str, str]:
-    """(problem, fix) of a path the run could not read or write."""
-    return (f"cannot use {error.filename} ({error.strerror or error})",
-            "check the path, its permissions and free space (--debug shows where)")
 
 
 def close_process_group() -> None:
@@ -498,12 +496,10 @@ def check_default_data_vocab(args, tokenizer) -> None:
     built = Path(args.default_data_dir) / "vocab.txt"
     default = BertWordPiece(str(built if built.is_file() else EMBEDDED_VOCAB))
     if tokenizer.identity != default.identity:
-        flags = (f"--tokenizer-file {tokenizer.file}" if isinstance(tokenizer, HFTokenizer) else
-                 f"--vocab-file {tokenizer.file}" + ("" if tokenizer.lower_case else
-                                                     f" --tokenizer-type {tokenizer.type_name}"))
+        made_with = naming_flags(tokenizer.type_name, tokenizer.file)
         raise ConfigError(f"no --data-path: the run would train on the default dataset, made with the vocab "
                           f"{default.file}, while its tokenizer is {tokenizer.file}",
-                          f"pass --data-path with data preprocessed with it (tools/preprocess_data.py {flags} ...)")
+                          f"pass --data-path with data preprocessed with it (tools/preprocess_data.py {made_with} ...)")
 
 
 # the env:// rendezvous variables every rank of a launch gets (deepspeed, torchrun, the AzureML job)
@@ -903,7 +899,8 @@ class StopSignals:
         except OSError as error:
             if not error.filename:
                 raise
-            failure = [cannot_use(error)]
+            unusable = cannot_use(error, WHERE_FIX)
+            failure = [(unusable.problem, unusable.fix)]
         # the launcher ends every rank once one exits non-zero (128 + the signal too): none leaves before
         # rank 0 has closed its log and printed its line, and all leave alike
         dist.broadcast_object_list(failure, src=0)

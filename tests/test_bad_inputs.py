@@ -811,8 +811,8 @@ def test_no_data_path_with_another_vocab_is_refused_before_the_default_data_is_b
         training.data_paths(args)
     assert not (tmp_path / "d").exists()
     cased = build_parser().parse_args([*TINY, "--vocab-file", assets["vocab"], "--tokenizer-type", "BertWordPieceCase"])
-    with pytest.raises(ConfigError, match=f"preprocess_data.py --vocab-file {assets['vocab']} --tokenizer-type "
-                                          r"BertWordPieceCase \.\.\.\)"):  # the data made as the fix says is cased
+    with pytest.raises(ConfigError, match=f"preprocess_data.py --tokenizer-type BertWordPieceCase --vocab-file "
+                                          rf"{assets['vocab']} \.\.\.\)"):  # the data made as the fix says is cased
         training.data_paths(cased)
     args.default_data_dir = str(assets["dir"])  # made by prepare_default_dataset with this vocab
     training.check_default_data_vocab(args, training.run_tokenizer(args))

@@ -323,9 +323,8 @@ def check_launch(command: list, world: int) -> None:
     from megatron.data.tokenizer import check_fits
     from megatron.model.bert import BertConfig
     from megatron.training import (check_default_data_vocab, check_flag_combinations, check_flags, check_sample_room,
-                                   check_start, data_paths,
-                                   deepspeed_settings, model_flags as trainer_flags, run_tokenizer,
-                                   starts_from_weights)
+                                   check_start, data_paths, deepspeed_settings, model_flags as trainer_flags,
+                                   run_tokenizer, starts_from_weights)
 
     args = trainer_parser().parse_args(command[command.index(str(ROOT / "pretrain_bert.py")) + 1:])
     check_flags(args)
@@ -333,8 +332,10 @@ def check_launch(command: list, world: int) -> None:
     check_start(args)
     ds = deepspeed_settings(args)
     flags = trainer_flags(args, ds, starts_from_weights(args))
-    tokenizer = data_paths(args)[1] if args.data_path else run_tokenizer(args)
-    if not args.data_path:
+    if args.data_path:
+        tokenizer = data_paths(args)[1]
+    else:  # the trainer builds the default dataset, which is not done here: its vocab is checked
+        tokenizer = run_tokenizer(args)
         check_default_data_vocab(args, tokenizer)
     vocab_size = flags["vocab_size"] or (tokenizer.vocab_size if tokenizer is not None else BertConfig.vocab_size)
     config = resolve({**flags, "vocab_size": vocab_size}, ds, world)

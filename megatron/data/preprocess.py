@@ -26,7 +26,7 @@ from megatron.data.corpus_files import FORMATS_HELP, Corpus
 from megatron.data.indexed_dataset import make_builder
 from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import build_tokenizer, data_identity_path, write_data_identity
-from megatron.errors import ConfigError, DataError
+from megatron.errors import ConfigError, DataError, cannot_use
 
 CHUNK_LINES = 32  # lines per worker task: large enough to hide IPC, small enough to balance
 
@@ -145,7 +145,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         for folder in reversed(created):
             with contextlib.suppress(OSError):
                 folder.rmdir()
-        raise _unwritable(options, error) from None
+        raise _unwritable(error) from None
     report = PreprocessReport(outputs={key: output_prefix(options, key) for key in options.json_keys})
     builders = {}
     encoded = _encoded(options, corpus)
@@ -182,7 +182,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
             with contextlib.suppress(OSError):  # a folder something else wrote into stays
                 folder.rmdir()
         if isinstance(error, OSError) and error.filename:
-            raise _unwritable(options, error) from None
+            raise _unwritable(error) from None
         raise
     report.seconds = time.perf_counter() - start
     for prefix in report.outputs.values():  # built from the data just replaced: no run may use them again
@@ -200,9 +200,8 @@ def _replace(builder, tokenizer, prefix: str) -> None:
     write_data_identity(tokenizer, prefix)
 
 
-def _unwritable(options: PreprocessOptions, error: OSError) -> ConfigError:
-    return ConfigError(f"cannot use {error.filename} ({error.strerror or error})",
-                       "check that --input is readable and the --output-prefix folder writable, with free space")
+def _unwritable(error: OSError) -> ConfigError:
+    return cannot_use(error, "check that --input is readable and the --output-prefix folder writable, with free space")
 
 
 def _encoded(options: PreprocessOptions, corpus: Corpus):

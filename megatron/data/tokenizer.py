@@ -177,6 +177,13 @@ class HFTokenizer(_Tokenizer):
         return [self.tokens[int(index)] for index in ids]
 
 
+def naming_flags(type_name: str, file) -> str:
+    """The flags that name a tokenizer to the trainer and tools/preprocess_data.py."""
+    if type_name == HF_TOKENIZER:
+        return f"--tokenizer-file {file}"
+    return f"--tokenizer-type {type_name} --vocab-file {file}"
+
+
 def check_fits(tokenizer, vocab_size: int) -> None:
     """Every token id has an embedding row of a model of `vocab_size`. Names the tokenizer file, which
     may be a folder's or a checkpoint's rather than a flag's (the trainer, fill_mask, to-hf)."""
@@ -513,8 +520,7 @@ def check_data_vocab(tokenizer, prefixes) -> None:
         recorded = _recorded_pipeline(record)
         differ = _pipeline_differences(recorded, tokenizer.pipeline) if recorded is not None else []
         if differ:
-            made_with = (f"--tokenizer-file {record['file']}" if record["tokenizer_type"] == HF_TOKENIZER
-                         else f"--tokenizer-type {record['tokenizer_type']} --vocab-file {record['file']}")
+            made_with = naming_flags(record["tokenizer_type"], record["file"])
             raise DataError(f"the data {prefix} was preprocessed with the {record['tokenizer_type']} {record['file']}, "
                             f"whose text pipeline differs from the run's {tokenizer.type_name} {tokenizer.file} "
                             f"({_first_three(differ)}): the same tokens, "

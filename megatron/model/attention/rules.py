@@ -143,8 +143,6 @@ def variant_rules(name: str) -> type:
     return RULES[name]
 
 
-
-
 def check(config, sequence_parallel_size: int) -> None:
     """Start-up validation of local layers, then of config.attention against the SP degree (a variant
     that cannot have local layers at all is named before its own limits)."""
