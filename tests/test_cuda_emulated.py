@@ -117,6 +117,27 @@ def test_emulated_kernels_refuse_what_the_cuda_kernels_cannot_take():
         assert torch.isnan(out[16:].float()).all() and torch.isfinite(out[:16].float()).all()
 
 
+def test_emulated_kernels_bind_calls_as_the_real_ops_schemas_do():
+    """Calls are held to the installed torch's schemas of the CUDA ops (names, arity, argument
+    types), which CPU torch carries although it cannot run them. It cannot see another torch
+    version's schemas (the GPU image has 2.11)."""
+    flat = torch.randn(32, 2, 16).bfloat16()
+    cu = torch.tensor([0, 32], dtype=torch.int32)
+    with kernels.emulated_cuda():
+        ops = kernels.ops()
+        for args, kwargs, problem in (
+                ((cu, cu, torch.tensor(32), 32, 0.0, False, False), {}, "max_q is Tensor"),
+                ((cu, cu, 32, 32, 0.0, False), {}, "return_debug_mask missing"),
+                ((cu, cu, 32, 32, 0.0, False, False, 0.25), {}, "11 positional arguments, it takes 10"),
+                ((cu, cu, 32, 32, 0.0, False, False), {"softmax_scale": 0.25}, "no argument softmax_scale=")):
+            with pytest.raises(kernels.KernelContractError, match=problem):
+                ops._flash_attention_forward(flat, flat, flat, *args, **kwargs)
+        q = torch.randn(1, 2, 32, 16).bfloat16()
+        with pytest.raises(kernels.KernelContractError, match="grad_input_mask is bool"):
+            ops._scaled_dot_product_efficient_attention_backward(q, q, q, q, None, q, torch.zeros(1, 2, 32), None,
+                                                                 None, 0.0, True, scale=0.25)
+
+
 def test_varlen_sequences_cover_both_sides_in_memory_order():
     q_ids = torch.tensor([[1, 1, 2, 2, 2, 0], [3, 3, 3, 3, 3, 3]]).numpy()
     k_ids = torch.tensor([[2, 2, 3, 0, 0, 0], [1, 1, 3, 3, 4, 4]]).numpy()

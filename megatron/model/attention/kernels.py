@@ -32,10 +32,14 @@ allocates it), never [b, h, s, d]-contiguous memory, which in fp16/bf16 reads th
 kernels that check the preconditions above (KernelContractError) and compute in float64 reading
 memory as the CUDA kernel does: the fp16/bf16 memory-efficient backward reads `out` at row stride h * d,
 varlen flash leaves rows outside every sequence unwritten (NaN here) and computes a sequence's
-first max_q rows only. What the emulation cannot see: the kernels' own rounding and speed,
-alignment of data pointers, and anything of a kernel not listed here.
+first max_q rows only. Each emulated call is first bound to the real op's schema (CPU torch
+carries the CUDA ops' schemas): arity, keyword names and argument types as the installed torch
+takes them. What the emulation cannot see: the kernels' own rounding and speed, alignment of data pointers,
+and anything of a kernel not listed here.
 """
 import contextlib
+import functools
+import re
 import threading
 
 import torch
@@ -145,9 +149,54 @@ def _rows_at_stride(out, row_stride: int):
                                   f"its buffer (an illegal memory access on the GPU): {error}") from error
 
 
-class _Emulated:
-    """torch.ops.aten's CUDA attention kernels, emulated (same names and arguments)."""
+_KINDS = {"Tensor": torch.Tensor, "int": int, "float": (int, float), "bool": bool}
 
+
+def _fits(kind: str, value) -> bool:
+    """Whether torch's argument parser takes `value` for a schema type such as 'Optional[int]'."""
+    optional = re.fullmatch(r"Optional\[(.*)\]", kind)
+    if optional:
+        return value is None or _fits(optional.group(1), value)
+    listed = re.fullmatch(r"List\[(.*)\]", kind)
+    if listed:
+        return isinstance(value, (list, tuple)) and all(_fits(listed.group(1), x) for x in value)
+    _check(kind in _KINDS, f"the emulation does not know the schema type {kind}")
+    if kind == "Tensor":
+        return value is None or isinstance(value, torch.Tensor)  # None: an undefined tensor, which it takes
+    return isinstance(value, _KINDS[kind]) and (kind == "bool" or not isinstance(value, bool))
+
+
+def _as_the_real_op_binds(method):
+    """Checks each call against the real op's schema (torch.ops.aten.<name>) before emulating it:
+    a call the CUDA op would reject for its arity, keyword names or argument types fails on CPU."""
+    schema = getattr(ATEN, method.__name__).default._schema
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        name = f"aten::{schema.name.split('::')[-1]}"
+        _check(len(args) <= len(positional), f"{name}: {len(args)} positional arguments, it takes {len(positional)}")
+        given = {a.name: value for a, value in zip(positional, args)}
+        for key, value in kwargs.items():
+            _check(key in {a.name for a in schema.arguments} and key not in given, f"{name}: no argument {key}= "
+                   "(or given twice)")
+            given[key] = value
+        for argument in schema.arguments:
+            if argument.name not in given:
+                _check(argument.has_default_value(), f"{name}: argument {argument.name} missing")
+            else:
+                value = given[argument.name]
+                _check(_fits(str(argument.type), value), f"{name}: argument {argument.name} is "
+                       f"{type(value).__name__}, the op takes {argument.type}")
+        return method(self, *args, **kwargs)
+    return checked
+
+
+class _Emulated:
+    """torch.ops.aten's CUDA attention kernels, emulated (same names and arguments, bound by the
+    real ops' schemas)."""
+
+    @_as_the_real_op_binds
     def _scaled_dot_product_flash_attention(self, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False,
                                             *, scale=None):
         name = "flash forward"
@@ -158,6 +207,7 @@ class _Emulated:
         unused = torch.empty(0)
         return _written_as_forward(out, q.dtype), lse.float(), unused, unused, q.shape[2], k.shape[2], unused, unused, unused
 
+    @_as_the_real_op_binds
     def _scaled_dot_product_flash_attention_backward(self, grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q,
                                                      max_k, dropout_p, is_causal, philox_seed, philox_offset, *,
                                                      scale=None):
@@ -169,6 +219,7 @@ class _Emulated:
         _check_lse(lse, tuple(q.shape[:3]), name)
         return tuple(g.to(q.dtype) for g in _gradients(grad_out, q, k, v, out, lse, scale))
 
+    @_as_the_real_op_binds
     def _flash_attention_forward(self, q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                                  return_debug_mask, *, scale=None, **_):
         name = "varlen flash forward"
@@ -187,6 +238,7 @@ class _Emulated:
         unused = torch.empty(0)
         return out, lse, unused, unused, unused
 
+    @_as_the_real_op_binds
     def _flash_attention_backward(self, grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                                   is_causal, rng_state, unused, *, scale=None, **_):
         name = "varlen flash backward"
@@ -218,6 +270,7 @@ class _Emulated:
         bounds = list(zip(cum_seq_q.tolist(), cum_seq_q[1:].tolist(), cum_seq_k.tolist(), cum_seq_k[1:].tolist()))
         return [(slice(q0, min(q1, q0 + max_q)), slice(k0, min(k1, k0 + max_k))) for q0, q1, k0, k1 in bounds]
 
+    @_as_the_real_op_binds
     def _scaled_dot_product_efficient_attention(self, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0,
                                                 is_causal=False, *, scale=None):
         name = "memory-efficient forward"
@@ -230,6 +283,7 @@ class _Emulated:
         unused = torch.empty(0)
         return _written_as_forward(out, q.dtype), padded, unused, unused
 
+    @_as_the_real_op_binds
     def _scaled_dot_product_efficient_attention_backward(self, grad_out, q, k, v, attn_bias, out, lse, philox_seed,
                                                          philox_offset, dropout_p, grad_input_mask, is_causal=False,
                                                          *, scale=None):
@@ -254,6 +308,7 @@ class _Emulated:
             _check(bias.stride(dim) % align == 0, f"{name}: bias strides {bias.stride()} are not {align}-element "
                    "aligned (pad its rows)")
 
+    @_as_the_real_op_binds
     def _scaled_dot_product_cudnn_attention(self, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0,
                                             is_causal=False, return_debug_mask=False, *, scale=None):
         name = "cuDNN forward"
@@ -264,6 +319,7 @@ class _Emulated:
         return (_written_as_forward(out, q.dtype), lse.float()[..., None], unused, unused, q.shape[2], k.shape[2],
                 unused, unused, unused)
 
+    @_as_the_real_op_binds
     def _scaled_dot_product_cudnn_attention_backward(self, grad_out, q, k, v, out, lse, philox_seed, philox_offset,
                                                      attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                                                      is_causal, *, scale=None):
