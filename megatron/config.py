@@ -442,8 +442,9 @@ def check_deepspeed_types(ds_config: dict) -> None:
     """The DeepSpeed keys read here (and by the trainer) before DeepSpeed sees them have the right JSON
     type: otherwise the mistake surfaces later as an AttributeError or TypeError far from the key.
     Keys DeepSpeed would ignore and `enabled` values that are not booleans (DeepSpeed reads "false"
-    as true) are refused too, and so is a "scheduler", which DeepSpeed would silently drop for the
-    schedule the trainer hands it (here, so that tools/ds_config.py and azureml/submit.py refuse it too)."""
+    as true) are refused too, and so are a "scheduler", which DeepSpeed would silently drop for the
+    schedule the trainer hands it, and a checkpoint writer, which would write around the trainer's staged
+    save (here, so that tools/ds_config.py and azureml/submit.py refuse them too)."""
     unknown = sorted(set(ds_config) - deepspeed_top_level_keys())
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(deepspeed_top_level_keys()), n=1, cutoff=0.75)
@@ -454,6 +455,10 @@ def check_deepspeed_types(ds_config: dict) -> None:
         raise ConfigError('the DeepSpeed JSON\'s "scheduler" section is not used (the trainer runs Megatron\'s '
                           'warm-up + decay schedule)', 'remove "scheduler" and set --lr, --min-lr, --lr-decay-style '
                           "and --lr-warmup-fraction")
+    if isinstance(ds_config.get("checkpoint"), dict) and "writer" in ds_config["checkpoint"]:
+        raise ConfigError("checkpoint.writer cannot be used: the trainer stages each checkpoint in a .partial folder "
+                          "and renames it when complete, which DeepSpeed's writers (decoupled, fast, mock) defer, "
+                          "skip or fail without the launcher", 'remove "writer" from "checkpoint"')
     _check_enabled_flags(ds_config, "")
     optimizer_type = ds_config.get("optimizer", {}).get("type") if isinstance(ds_config.get("optimizer"), dict) else None
     if optimizer_type is not None:

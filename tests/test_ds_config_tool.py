@@ -75,6 +75,7 @@ def test_set_to_output_leaves_the_template(capsys, tmp_path):
     (["fp16.enabled=true", "bf16.enabled=true"], "fp16.enabled and bf16.enabled are both true; pick one"),
     (["fp16.loss_scale=-1"], "fp16.loss_scale = -1 is not a number >= 0; set fp16.loss_scale to 0 (dynamic"),
     (["scheduler.type=WarmupLR"], '"scheduler" section is not used (the trainer runs Megatron\'s warm-up + decay'),
+    (["checkpoint.writer.decoupled=true"], "checkpoint.writer cannot be used: the trainer stages each checkpoint"),
 ])
 def test_bad_set_names_the_key_and_writes_nothing(capsys, config, assignments, message):
     before = config.read_text()
