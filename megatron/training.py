@@ -23,7 +23,7 @@ import torch.distributed as dist
 from megatron import checkpoint, determinism, hf_convert, hf_modernbert, paths
 from megatron.arguments import PRINTER_WAIT, build_parser, config_flags, launcher_rank, outlive_rank_0
 from megatron.config import (OPTIMIZER_DEFAULTS, adjustable_start_fields, default_optimizer, optimizer_params_taken,
-                             read_ds_config, refuse_contradictions, resolve)
+                             precision, read_ds_config, refuse_contradictions, resolve)
 from megatron.data import index_maps
 from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_weights,
                                         token_stats)
@@ -35,6 +35,7 @@ from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, BertWordPiece, HF
 from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import ConfigError, DataError, cannot_use
 from megatron.model.args import BertConfig
+from megatron.model.attention import blocks
 from megatron.parallel import device, launcher_watch, state
 from megatron.run_log import RunLog, log_dir_problem, tensorboard_problem
 
@@ -619,6 +620,8 @@ def pretrain(args) -> None:
     data_path, tokenizer = data_paths(args)
     flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
     config = resolve(flags, ds, dist.get_world_size(), deepspeed_check=not checked)
+    if torch.cuda.is_available():
+        blocks.check_cuda_head_dim(config.model.head_dim, precision(ds))
     check_fits(tokenizer, config.model.vocab_size)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token
         source = f"--vocab-size {args.vocab_size}" if args.vocab_size else "the weights the run starts from"

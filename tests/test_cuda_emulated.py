@@ -108,6 +108,21 @@ def test_emulated_kernels_refuse_what_the_cuda_kernels_cannot_take():
         with pytest.raises(kernels.KernelContractError, match="aligned"):
             bias = torch.zeros(1, 1, 32, 33)[..., :32].expand(1, 2, 32, 32)  # rows 33 apart
             ops._scaled_dot_product_efficient_attention(q, q, q, bias, True, scale=0.25)
+        # torch 2.11's sm80+ tables hold aligned builds only: "cutlassF: no kernel found to launch!"
+        for odd in (torch.randn(1, 2, 32, 12).bfloat16(), torch.randn(1, 2, 32, 6)):
+            with pytest.raises(kernels.KernelContractError, match="not multiples of"):
+                ops._scaled_dot_product_efficient_attention(odd, odd, odd, None, True, scale=0.25)
+        with pytest.raises(kernels.KernelContractError, match="head dim"):
+            ops._scaled_dot_product_cudnn_attention(half, half, half, None, True, scale=0.25)
+        half = torch.randn(1, 2, 20, 16).bfloat16()  # lse rows padded to 32
+        out, lse = ops._scaled_dot_product_efficient_attention(half, half, half, None, True, scale=0.25)[:2]
+        args = (None, None, 0.0, [True, True, True, False])
+        with pytest.raises(kernels.KernelContractError, match="padding rows must be"):
+            ops._scaled_dot_product_efficient_attention_backward(half, half, half, half, None, out,
+                                                                 torch.zeros_like(lse), *args, scale=0.25)
+        with pytest.raises(kernels.KernelContractError, match="torch.float32 strides"):  # read as bf16 regardless
+            ops._scaled_dot_product_efficient_attention_backward(half.float(), half, half, half, None, out, lse, *args,
+                                                                 scale=0.25)
         flat = torch.randn(32, 2, 16).bfloat16()
         with pytest.raises(kernels.KernelContractError, match="int32"):
             cu = torch.tensor([0, 32])

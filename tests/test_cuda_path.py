@@ -17,6 +17,7 @@ import torch
 
 from bert_fixtures import segment_allowed, small_config, small_model
 from megatron.data.batch import BertBatch
+from megatron.errors import ConfigError
 from megatron.model import attention
 from megatron.model.attention import blocks, masks
 from megatron.model.pipe import EmbeddingPipe, HeadsPipe, TransformerLayerPipe
@@ -43,6 +44,7 @@ def fake(is_cuda: bool, dtype, head_dim: int = 64):
     (True, torch.bfloat16, 64, True, True, "varlen_flash"),  # padding / segments: variable lengths, no bias
     (True, torch.float32, 64, True, True, "efficient"),  # fp32: per tile, the tile's bias
     (True, torch.bfloat16, 64, True, False, "efficient"),  # a layout varlen cannot describe (BigBird's slots)
+    (True, torch.bfloat16, 12, False, False, "efficient"),  # not flash's shape (and refused at start-up on CUDA)
 ])
 def test_kernel_per_block(is_cuda, dtype, head_dim, masked, varlen, expected):
     assert blocks.kernel(fake(is_cuda, dtype, head_dim), masked, varlen) == expected
@@ -52,6 +54,18 @@ def test_cudnn_is_chosen_for_unmasked_half_blocks_when_asked(monkeypatch):
     monkeypatch.setattr(blocks, "UNMASKED_CUDA_KERNEL", "cudnn")
     assert blocks.kernel(fake(True, torch.bfloat16), masked=False) == "cudnn"
     assert blocks.kernel(fake(True, torch.float32), masked=False) == "efficient"
+    assert blocks.kernel(fake(True, torch.bfloat16, head_dim=12), masked=False) == "efficient"  # cuDNN: d % 8 too
+
+
+def test_head_dims_no_sm80_kernel_takes_are_refused_at_start_up():
+    """Checked against torch 2.11's kernel tables (cutlassF.h: sm80+ has aligned builds only)."""
+    blocks.check_cuda_head_dim(64, "bf16")
+    blocks.check_cuda_head_dim(12, "fp32")
+    with pytest.raises(ConfigError, match="head dim 12 .* not a multiple of 8, which the CUDA attention kernels need "
+                                          "in bf16; choose --hidden-size and --num-attention-heads"):
+        blocks.check_cuda_head_dim(12, "bf16")
+    with pytest.raises(ConfigError, match="head dim 6 .* not a multiple of 4"):
+        blocks.check_cuda_head_dim(6, "fp32")
 
 
 def test_pair_kinds_full_only_without_padding_and_with_one_segment():

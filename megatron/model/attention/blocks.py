@@ -25,6 +25,7 @@ lse [b, heads, s_q] float32.
 """
 import torch
 
+from megatron.errors import ConfigError
 from megatron.model.attention import kernels, masks
 
 UNMASKED_CUDA_KERNEL = "flash"  # or "cudnn": unmasked fp16/bf16 blocks on CUDA (gpu_check compares both)
@@ -39,9 +40,21 @@ def kernel(q, masked: bool, varlen: bool = False) -> str:
     flash_shape = q.shape[-1] % 8 == 0 and q.shape[-1] <= 256 and q.dtype in _HALF
     if masked:
         return "varlen_flash" if varlen and flash_shape else "efficient"
-    if q.dtype in _HALF and UNMASKED_CUDA_KERNEL == "cudnn":
+    if flash_shape and UNMASKED_CUDA_KERNEL == "cudnn":
         return "cudnn"
     return "flash" if flash_shape else "efficient"
+
+
+def check_cuda_head_dim(head_dim: int, precision: str) -> None:
+    """The memory-efficient kernel, which every masked block and every fp32 block runs, has only
+    aligned builds on sm80+ GPUs (A100, H100, H200): a head dim that is not a multiple of 8 in
+    fp16/bf16 (4 in fp32) fails there at the first step ("cutlassF: no kernel found to launch!")."""
+    align = 4 if precision == "fp32" else 8
+    if head_dim % align:
+        raise ConfigError(f"head dim {head_dim} (hidden size / attention heads) is not a multiple of {align}, which "
+                          f"the CUDA attention kernels need in {precision}",
+                          "choose --hidden-size and --num-attention-heads so that their ratio is a multiple of 8 "
+                          "(BERT and ModernBERT use 64)")
 
 
 def kernel_layout(shape, dtype, device, fill=0.0):
@@ -112,7 +125,7 @@ def backward(grad_out, q, k, v, mask, out, lse, scale):
             grad_out, q, k, v, out, lse[..., None].contiguous(), unused, unused, None, None, None, s_q, s_k, 0.0,
             False, scale=scale)
     if chosen == "efficient":
-        padded = lse.new_zeros(*lse.shape[:2], s_q + (-s_q) % kernels.LSE_ROWS_ALIGN)
+        padded = lse.new_full((*lse.shape[:2], s_q + (-s_q) % kernels.LSE_ROWS_ALIGN), float("inf"))  # as written
         padded[..., :s_q] = lse
         dq, dk, dv, _ = ops._scaled_dot_product_efficient_attention_backward(
             grad_out, q, k, v, bias, out, padded, unused, unused, 0.0, [True, True, True, False], scale=scale)

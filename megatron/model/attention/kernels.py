@@ -7,20 +7,21 @@ attention_backward.cu, flash_attn/flash_api.cpp, mem_eff_attention/kernel_backwa
 
   | kernel (aten::)                    | q, k, v              | out / grad_out                         | lse                        | other                            |
   |------------------------------------|----------------------|----------------------------------------|----------------------------|----------------------------------|
-  | _scaled_dot_product_flash_attention| [b, h, s, d], last   | forward writes [b, s, h, d] memory     | [b, h, s_q] fp32,          | fp16/bf16; d % 8 == 0, d <= 256  |
-  |   (+ _backward)                    | stride 1             | (returned transposed); backward makes  | contiguous                 |                                  |
-  |                                    |                      | both contiguous: any layout            |                            |                                  |
+  | _scaled_dot_product_flash_attention| [b, h, s, d], last   | forward writes memory in q's stride    | [b, h, s_q] fp32,          | fp16/bf16; d % 8 == 0, d <= 256  |
+  |   (+ _backward)                    | stride 1             | order (empty_like of q transposed);    | contiguous                 |                                  |
+  |                                    |                      | backward makes both contiguous         |                            |                                  |
   | _flash_attention_forward/_backward | [total, h, d], last  | forward: empty_like(q); backward: any  | [h, total_q] fp32, read as | cum_seq_q/k int32 [n + 1],       |
   |   (varlen: cum_seq_q, cum_seq_k)   | stride 1; sequence i | layout (made contiguous)               | contiguous, unpadded; rows | contiguous; rows past cum[-1]    |
   |                                    | = rows cum[i]:cum[i+1]|                                       | of a sequence without keys | are never written; max_q/max_k   |
   |                                    |                      |                                        | get +inf, out 0            | bound what is read; fp16/bf16    |
   | _scaled_dot_product_efficient_     | [b, h, s, d], last   | forward writes [b, s, h, d] memory;    | [b, h, ceil32(s_q)] fp32,  | bias: q's dtype, last stride 1,  |
-  |   attention (+ _backward)          | stride 1             | fp16/bf16 BACKWARD READS out's ROWS AT | padded rows +inf (kept in  | other strides % (128 bits / the  |
-  |                                    |                      | STRIDE h * d (o_strideM() = heads x    | backward: lse strides % 8) | element: 8 half, 4 fp32); a row  |
-  |                                    |                      | head dim), batch and head strides its  |                            | masked whole gives out 0, lse 0  |
-  |                                    |                      | own; fp32 computes that term on the    |                            |                                  |
-  |                                    |                      | host by out's strides; grad_out any    |                            |                                  |
-  | _scaled_dot_product_cudnn_attention| [b, h, s, d], last   | forward matches q's stride order;      | [b, h, s_q, 1] fp32        | fp16/bf16; d % 8 == 0            |
+  |   attention (+ _backward)          | stride 1; sm80+ (A100| fp16/bf16 BACKWARD READS out's ROWS AT | padded rows +inf (kept in  | other strides % (128 bits / the  |
+  |                                    | H100, H200) has only | STRIDE h * d (o_strideM() = heads x    | backward: lse strides % 8) | element: 8 half, 4 fp32); a row  |
+  |                                    | aligned builds: d and| head dim), batch and head strides its  |                            | masked whole gives out 0, lse 0  |
+  |                                    | every stride % 8 half| own; fp32 computes that term on the    |                            |                                  |
+  |                                    | % 4 fp32 ("cutlassF: | host by out's strides; out and         |                            |                                  |
+  |                                    | no kernel found")    | grad_out read as q's dtype, unchecked  |                            |                                  |
+  | _scaled_dot_product_cudnn_attention| [b, h, s, d], last   | forward matches q's stride order;      | [b, h, s_q, 1] fp32        | fp16/bf16; d % 8 == 0, d <= 256  |
   |   (+ _backward)                    | stride 1             | backward reads both by their strides   |                            |                                  |
 
 So a buffer handed to the memory-efficient backward as `out` must hold its rows h * d apart: a
@@ -97,6 +98,22 @@ def _check_flash_head_dim(q, name: str) -> None:
     _check(q.shape[-1] % 8 == 0 and q.shape[-1] <= 256, f"{name}: head dim {q.shape[-1]} (wants % 8 == 0, <= 256)")
 
 
+def _check_aligned(tensors: dict, name: str) -> None:
+    """The memory-efficient kernel's sm80+ builds: head dim and every stride a multiple of 8
+    elements (fp16/bf16) or 4 (fp32); no unaligned build exists there."""
+    for label, x in tensors.items():
+        align = 4 if x.dtype == torch.float32 else 8
+        _check(x.shape[-1] % align == 0 and all(stride % align == 0 for stride in x.stride()[:-1]),
+               f"{name}: {label}'s head dim {x.shape[-1]} or strides {x.stride()} are not multiples of {align} "
+               "(no sm80+ build of the kernel takes them)")
+
+
+def _check_like_q(tensors: dict, q, name: str) -> None:
+    for label, x in tensors.items():
+        _check(x.stride(-1) == 1 and x.dtype == q.dtype and x.shape == q.shape, f"{name}: {label} {tuple(x.shape)} "
+               f"{x.dtype} strides {x.stride()} (the kernel reads it as q's shape and dtype, last dim contiguous)")
+
+
 def _check_lse(lse, shape: tuple, name: str) -> None:
     _check(lse.dtype == torch.float32, f"{name}: logsumexp must be float32, got {lse.dtype}")
     _check(tuple(lse.shape) == shape, f"{name}: logsumexp shape {tuple(lse.shape)}, the kernel assumes {shape}")
@@ -134,8 +151,13 @@ def _gradients(grad_out, q, k, v, out, lse, scale, bias=None, allowed=None):
 
 
 def _written_as_forward(out64, dtype):
-    """[b, h, s, d] result -> the memory the CUDA forwards write: [b, s, h, d], viewed transposed."""
+    """[b, h, s, d] result -> the memory the memory-efficient forward writes: [b, s, h, d], viewed transposed."""
     return out64.transpose(1, 2).to(dtype).contiguous().transpose(1, 2)
+
+
+def _written_like(out64, q):
+    """[b, h, s, d] result -> the memory flash and cuDNN write: q's stride order (empty_like)."""
+    return torch.empty_like(q).copy_(out64)
 
 
 def _rows_at_stride(out, row_stride: int):
@@ -205,7 +227,7 @@ class _Emulated:
         _check(dropout_p == 0.0 and not is_causal, f"{name}: only dropout 0, not causal, is emulated")
         out, lse = _attend(q, k, v, scale)
         unused = torch.empty(0)
-        return _written_as_forward(out, q.dtype), lse.float(), unused, unused, q.shape[2], k.shape[2], unused, unused, unused
+        return _written_like(out, q), lse.float(), unused, unused, q.shape[2], k.shape[2], unused, unused, unused
 
     @_as_the_real_op_binds
     def _scaled_dot_product_flash_attention_backward(self, grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q,
@@ -213,9 +235,7 @@ class _Emulated:
                                                      scale=None):
         name = "flash backward"
         _check_qkv(q, k, v, 4, _HALF, name)
-        for label, x in (("out", out), ("grad_out", grad_out)):
-            _check(x.stride(-1) == 1 and x.dtype == q.dtype and x.shape == q.shape, f"{name}: {label} {x.shape} "
-                   f"{x.dtype} strides {x.stride()}")
+        _check_like_q({"out": out, "grad_out": grad_out}, q, name)
         _check_lse(lse, tuple(q.shape[:3]), name)
         return tuple(g.to(q.dtype) for g in _gradients(grad_out, q, k, v, out, lse, scale))
 
@@ -275,6 +295,7 @@ class _Emulated:
                                                 is_causal=False, *, scale=None):
         name = "memory-efficient forward"
         _check_qkv(q, k, v, 4, (*_HALF, torch.float32), name)
+        _check_aligned({"q": q, "k": k, "v": v}, name)
         self._check_bias(attn_bias, q, name)
         out, lse = _attend(q, k, v, scale, bias=attn_bias)
         lse = lse.masked_fill(lse == float("-inf"), 0.0)  # a row masked whole: out 0, lse 0
@@ -290,9 +311,12 @@ class _Emulated:
         name = "memory-efficient backward"
         _check_qkv(q, k, v, 4, (*_HALF, torch.float32), name)
         self._check_bias(attn_bias, q, name)
+        _check_aligned({"q": q, "k": k, "v": v}, name)
         b, heads, s_q, d = q.shape
         _check_lse(lse, (b, heads, s_q + (-s_q) % LSE_ROWS_ALIGN), name)
-        _check(grad_out.stride(-1) == 1 and out.stride(-1) == 1, f"{name}: out / grad_out last dim not contiguous")
+        _check(bool(lse[..., s_q:].eq(float("inf")).all()), f"{name}: logsumexp's padding rows must be +inf, as the "
+               "forward writes them (the backward reads them)")
+        _check_like_q({"out": out, "grad_out": grad_out}, q, name)
         read = _rows_at_stride(out, heads * d) if q.dtype in _HALF else out  # fp32: the host's sum, by strides
         grads = _gradients(grad_out, q, k, v, read, lse[..., :s_q], scale, bias=attn_bias)
         return (*(g.to(q.dtype) for g in grads), None)
@@ -313,10 +337,11 @@ class _Emulated:
                                             is_causal=False, return_debug_mask=False, *, scale=None):
         name = "cuDNN forward"
         _check_qkv(q, k, v, 4, _HALF, name)
+        _check_flash_head_dim(q, name)
         _check(attn_bias is None, f"{name}: no bias is emulated")
         out, lse = _attend(q, k, v, scale)
         unused = torch.empty(0)
-        return (_written_as_forward(out, q.dtype), lse.float()[..., None], unused, unused, q.shape[2], k.shape[2],
+        return (_written_like(out, q), lse.float()[..., None], unused, unused, q.shape[2], k.shape[2],
                 unused, unused, unused)
 
     @_as_the_real_op_binds
@@ -325,6 +350,8 @@ class _Emulated:
                                                      is_causal, *, scale=None):
         name = "cuDNN backward"
         _check_qkv(q, k, v, 4, _HALF, name)
+        _check_flash_head_dim(q, name)
+        _check_like_q({"out": out, "grad_out": grad_out}, q, name)
         _check_lse(lse, (*q.shape[:3], 1), name)
         return tuple(g.to(q.dtype) for g in _gradients(grad_out, q, k, v, out, lse[..., 0], scale))
 
