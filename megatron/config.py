@@ -258,6 +258,9 @@ _UNUSABLE_OPTIMIZERS = {
     "lbfgs": "LBFGS needs a closure that re-evaluates the loss, which DeepSpeed's engine.step() does not pass",
     "sparseadam": "SparseAdam takes only sparse gradients and every gradient of this model is dense"}
 _CUDA_ONLY_OPTIMIZERS = {"lamb": "FusedLamb", "lion": "FusedLion"}  # DeepSpeed's kernels: "not implemented on CPU"
+# optimizer types whose class is in DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS (runtime/zero/utils.py; muP's MuAdam /
+# MuAdamW build torch's Adam / AdamW): any other needs "zero_allow_untested_optimizer" under ZeRO 1-3
+_ZERO_TESTED_OPTIMIZERS = ("adam", "adamw", "adagrad", "lion", "muon", "muadam", "muadamw")
 # value rules of the params that have one meaning in every optimizer taking them
 _NON_NEGATIVE_PARAMS = ("lr", "weight_decay", "momentum", "dampening", "lr_decay", "initial_accumulator_value",
                         "momentum_decay", "muon_lr", "adam_lr", "rho", "alpha")
@@ -320,6 +323,12 @@ def check_optimizer(ds_config: dict, cuda: bool | None = None) -> None:
             raise ConfigError(f"{where} is not a parameter of {which}, which takes {', '.join(sorted(taken))}",
                               f"remove {key} or choose an optimizer.type that takes it")
         _check_optimizer_value(where, key, value, kind)
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    if (kind not in _ZERO_TESTED_OPTIMIZERS and isinstance(stage, int) and stage > 0
+            and ds_config.get("zero_allow_untested_optimizer") is not True):
+        raise ConfigError(f"optimizer.type {name} is not one DeepSpeed has tested with ZeRO (zero_optimization.stage "
+                          f"{stage}), and it refuses it", 'add "zero_allow_untested_optimizer": true to use it anyway, '
+                          "or set zero_optimization.stage to 0, or use AdamW")
 
 
 def _check_optimizer_value(where: str, key: str, value, kind: str) -> None:
@@ -443,8 +452,9 @@ def check_deepspeed_types(ds_config: dict) -> None:
     type: otherwise the mistake surfaces later as an AttributeError or TypeError far from the key.
     Keys DeepSpeed would ignore and `enabled` values that are not booleans (DeepSpeed reads "false"
     as true) are refused too, and so are a "scheduler", which DeepSpeed would silently drop for the
-    schedule the trainer hands it, and a checkpoint writer, which would write around the trainer's staged
-    save (here, so that tools/ds_config.py and azureml/submit.py refuse them too)."""
+    schedule the trainer hands it, a checkpoint writer, which would write around the trainer's staged
+    save, and data efficiency, which works on a loader the trainer does not use (here, so that
+    tools/ds_config.py and azureml/submit.py refuse them too)."""
     unknown = sorted(set(ds_config) - deepspeed_top_level_keys())
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(deepspeed_top_level_keys()), n=1, cutoff=0.75)
@@ -459,6 +469,10 @@ def check_deepspeed_types(ds_config: dict) -> None:
         raise ConfigError("checkpoint.writer cannot be used: the trainer stages each checkpoint in a .partial folder "
                           "and renames it when complete, which DeepSpeed's writers (decoupled, fast, mock) defer, "
                           "skip or fail without the launcher", 'remove "writer" from "checkpoint"')
+    if _enables_anything(ds_config.get("data_efficiency")):
+        raise ConfigError('the DeepSpeed JSON\'s "data_efficiency" section is not used (the trainer builds its own '
+                          "samples and loader, which DeepSpeed's data sampling and routing never see; random-LTD "
+                          "fails inside DeepSpeed)", 'remove "data_efficiency"')
     _check_enabled_flags(ds_config, "")
     optimizer_type = ds_config.get("optimizer", {}).get("type") if isinstance(ds_config.get("optimizer"), dict) else None
     if optimizer_type is not None:
@@ -582,6 +596,12 @@ _TOP_LEVEL_SCALARS = {
     "prescale_gradients": "boolean", "wall_clock_breakdown": "boolean", "memory_breakdown": "boolean",
     "dataloader_drop_last": "boolean", "dump_state": "boolean", "disable_allgather": "boolean",
     "zero_allow_untested_optimizer": "boolean", "zero_force_ds_cpu_optimizer": "boolean"}
+
+
+def _enables_anything(node) -> bool:
+    """Whether a JSON section turns anything on: an "enabled": true at any depth."""
+    return isinstance(node, dict) and any(value is True if key == "enabled" else _enables_anything(value)
+                                          for key, value in node.items())
 
 
 def _check_enabled_flags(node, path: str) -> None:

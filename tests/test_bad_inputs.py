@@ -885,7 +885,8 @@ CONFIG_MISTAKES = {
     "json_lbfgs": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(optimizer={"type": "LBFGS"})},
                    ("optimizer.type LBFGS cannot train this model", "closure"), {}),
     "json_sgd_with_adam_beta1_flag": (["--deepspeed_config", "{tmp}/ds.json", "--adam-beta1", "0.8"],
-                                      {"ds.json": ds_json(optimizer={"type": "SGD", "params": {"lr": 0.1}})},
+                                      {"ds.json": ds_json(optimizer={"type": "SGD", "params": {"lr": 0.1}},
+                                                          zero_optimization__stage=0)},
                                       ("--adam-beta1 0.8 is given but optimizer.type SGD takes no betas",
                                        "drop --adam-beta1"), {}),
     # ---- DeepSpeed's unchecked top-level scalars

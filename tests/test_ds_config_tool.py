@@ -76,6 +76,10 @@ def test_set_to_output_leaves_the_template(capsys, tmp_path):
     (["fp16.loss_scale=-1"], "fp16.loss_scale = -1 is not a number >= 0; set fp16.loss_scale to 0 (dynamic"),
     (["scheduler.type=WarmupLR"], '"scheduler" section is not used (the trainer runs Megatron\'s warm-up + decay'),
     (["checkpoint.writer.decoupled=true"], "checkpoint.writer cannot be used: the trainer stages each checkpoint"),
+    (["data_efficiency.data_routing.random_ltd.enabled=true"], 'the DeepSpeed JSON\'s "data_efficiency" section is '
+                                                               "not used (the trainer builds its own samples"),
+    (["optimizer.type=SGD"], "optimizer.type SGD is not one DeepSpeed has tested with ZeRO (zero_optimization.stage "
+                             '1), and it refuses it; add "zero_allow_untested_optimizer": true'),
 ])
 def test_bad_set_names_the_key_and_writes_nothing(capsys, config, assignments, message):
     before = config.read_text()
