@@ -62,9 +62,10 @@ def tag_for(iteration: int) -> str:
 
 
 def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_samples: int,
-         schedule: dict | None = None, keep_last: int | None = None, tokenizer=None) -> str:
+         schedule: dict | None = None, keep_last: int | None = None, tokenizer=None, data: dict | None = None) -> str:
     """Saves on every rank; returns the tag once `latest` names it. `schedule`: the learning-rate
-    settings of the run (training.schedule_settings), compared by a resume. `keep_last`: once the
+    settings of the run (training.schedule_settings), compared by a resume, as is `data` (the data it
+    reads, training.data_settings). `keep_last`: once the
     new checkpoint is committed, rank 0 removes all but the newest that many (prune). `tokenizer`:
     copied in with its identity, so fill-mask, export and a resume need no tokenizer flag."""
     tag, rank = tag_for(iteration), dist.get_rank()
@@ -74,7 +75,7 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
         shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
     dist.barrier()
     run_state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples,
-                 **({"schedule": schedule} if schedule else {})}
+                 **({"schedule": schedule} if schedule else {}), **({"data": data} if data else {})}
     problem = None
     try:
         engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=run_state, save_latest=False)

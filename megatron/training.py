@@ -394,6 +394,41 @@ def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
             "not at all (an epoch later every sample is read again); keep them to continue the same order")
 
 
+def data_settings(args, data_path: list) -> dict:
+    """What decides the text a sample index names, kept with each checkpoint: the datasets by
+    content (a moved copy matches) and blend weight, --split's shares and --seed (the shuffle;
+    the ranks' random states come from the checkpoint)."""
+    weights, prefixes = parse_data_path(data_path)
+    shares = split_weights(args.split)
+    return {"data": [[weight, index_maps.fingerprint(prefix)] for weight, prefix in zip(weights, prefixes)],
+            "data_path": list(data_path), "split": [share / sum(shares) for share in shares], "split_flag": args.split,
+            "seed": args.seed}
+
+
+def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str | None:
+    """A warning when a resume reads other data, splits it otherwise or shuffles it with another
+    seed: the consumed-samples count then points into another index map, and with another split
+    validation and test may hold text the run trained on. None for a checkpoint without the record."""
+    if not stored:
+        return None
+    changes, effects = [], [f"the data goes on at sample {consumed} of another index map, so text of the current "
+                            "epoch may be read twice or not at all"]
+    if stored["data"] != now["data"]:
+        changes.append(f"--data-path {' '.join(now['data_path'])} (the checkpoint's: {' '.join(stored['data_path'])}; "
+                       "other text or weights)")
+    if any(abs(a - b) > 1e-9 for a, b in zip(stored["split"], now["split"])) or len(stored["split"]) != len(
+            now["split"]):
+        changes.append(f"--split {now['split_flag']} (the checkpoint's: {stored['split_flag']})")
+        effects.append("documents moved between train, validation and test, so the held-out losses may include text "
+                       "the run trained on")
+    if stored["seed"] != now["seed"]:
+        changes.append(f"--seed {now['seed']} (the checkpoint's: {stored['seed']}; it shuffles and masks the samples)")
+    if not changes:
+        return None
+    return (f"warning: resuming with {', '.join(changes)}: {'; '.join(effects)}; keep the checkpoint's settings to "
+            "continue the same data")
+
+
 def deepspeed_settings(args, cuda: bool | None = None) -> dict:
     """The JSON (if any) with the optimizer and clipping the flags describe filled in: flags
     given on the command line win, the JSON fills the rest, then the defaults. `cuda`: whether the
@@ -654,7 +689,7 @@ def pretrain(args) -> None:
         skip_nonfinite_updates(engine)
     iteration = consumed = 0
     last_checkpoint = None
-    schedule = schedule_settings(args, ds, train_iters)
+    schedule, data = schedule_settings(args, ds, train_iters), data_settings(args, data_path)
     client = (checkpoint.load(engine, args.load, config, load_rng=not args.no_load_rng)
               if args.load and not weights_only else None)
     log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
@@ -667,7 +702,8 @@ def pretrain(args) -> None:
         log.start(iteration, f"resuming from {last_checkpoint} iteration {iteration}, consumed samples {consumed}",
                   resumed_from=last_checkpoint)
         for warning in (resume_schedule(engine, client.get("schedule"), schedule, iteration),
-                        describe_sample_change(client["config"], config, consumed)):
+                        describe_sample_change(client["config"], config, consumed),
+                        describe_data_change(client.get("data"), data, consumed)):
             if warning and dist.get_rank() == 0:
                 print(warning, file=sys.stderr, flush=True)
         if iteration >= train_iters:  # a finished run started again (a rerun of the same command)
@@ -712,8 +748,8 @@ def pretrain(args) -> None:
             log.evaluation("validation", iteration, loss)
         if args.save and (iteration == train_iters or (args.save_interval and iteration % args.save_interval == 0)):
             last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
-                                                                      schedule=schedule, keep_last=args.keep_last,
-                                                                      tokenizer=tokenizer))
+                                                                      schedule=schedule, data=data,
+                                                                      keep_last=args.keep_last, tokenizer=tokenizer))
             log.message(f"saved checkpoint {last_checkpoint}")
     if test_set is not None and not stop.agreed:
         loss = evaluate(batches, engine, test_set, 0, args.eval_iters, stop)
@@ -721,7 +757,7 @@ def pretrain(args) -> None:
             log.evaluation("test", iteration, loss)
     if stop.agreed:
         return stop.finish(args, engine, config, iteration, consumed, first_iteration, last_checkpoint, log,
-                           schedule, tokenizer)
+                           schedule, data, tokenizer)
     stop.uninstall()
     log.finish(args.save)
 
@@ -863,14 +899,14 @@ class StopSignals:
         self.agreed = self.agreed or received
 
     def finish(self, args, engine, config, iteration: int, consumed: int, first_iteration: int,
-               last_checkpoint, log, schedule: dict | None = None, tokenizer=None) -> int:
+               last_checkpoint, log, schedule: dict | None = None, data: dict | None = None, tokenizer=None) -> int:
         """The agreed stop: saves what was trained since the last checkpoint; returns the signal number,
         or raises the run log's write failure as one line (every rank alike)."""
         if args.save and iteration > first_iteration and last_checkpoint != os.path.join(
                 args.save, checkpoint.tag_for(iteration)):
             last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
-                                                                      schedule=schedule, keep_last=args.keep_last,
-                                                                      tokenizer=tokenizer))
+                                                                      schedule=schedule, data=data,
+                                                                      keep_last=args.keep_last, tokenizer=tokenizer))
         self.uninstall()
         if self.agreed == self.LOG_FAILED:
             failure = [log.failure]

@@ -14,7 +14,8 @@ import torch
 from megatron import run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
-from megatron.training import data_warnings, lr_factor, lr_schedule, main, nothing_to_train, resume_schedule
+from megatron.training import (data_warnings, describe_data_change, lr_factor, lr_schedule, main, nothing_to_train,
+                               resume_schedule)
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -81,13 +82,14 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
     resume = [*TINY, "--deepspeed", "--deepspeed_config", str(config), "--sequence-parallel-size", "1",
               "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "ckpt"), "--train-iters", "54",
               "--lr", "2e-3", "--log-interval", "2", "--eval-interval", "1000", "--eval-iters", "1",
-              "--default-data-dir", data_dir, "--log-dir", str(tmp_path / "log"), "--seq-length", "96"]
+              "--default-data-dir", data_dir, "--log-dir", str(tmp_path / "log"), "--seq-length", "96",
+              "--split", "90,5,5", "--seed", "7"]
     result = run_entry_point(*resume)
     assert result.returncode == 0, result.stderr[-3000:]
     ckpt = tmp_path / "ckpt" / "iter_0000050"
     assert f"resuming from {ckpt} iteration 50, consumed samples 200" in result.stdout.splitlines()
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: resuming with")]
-    assert len(warnings) == 2, result.stderr[-3000:]
+    assert len(warnings) == 3, result.stderr[-3000:]
     assert ("--train-iters 54 (the checkpoint's: 50), --lr 0.002 (the checkpoint's: 0.001)" in warnings[0]
             and "the checkpoint's peak 1.000e-03" in warnings[0] and "at iteration 54" in warnings[0]), warnings[0]
     # the first resumed step already at this run's rate (the checkpoint left 0: its schedule had ended)
@@ -101,6 +103,11 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
     # another sample length: the consumed count points into another map, said once
     assert warnings[1].startswith("warning: resuming with --seq-length 96 (the checkpoint's: 128): samples are cut "
                                   "differently now, and the data goes on at sample 200 of the new index map")
+    # another split and seed (the data the checkpoint records): said once, with what a split change does
+    assert warnings[2].startswith("warning: resuming with --split 90,5,5 (the checkpoint's: 969,30,1), --seed 7 (the "
+                                  "checkpoint's: 1234; it shuffles and masks the samples): the data goes on at sample "
+                                  "200 of another index map"), warnings[2]
+    assert "validation and test, so the held-out losses may include text the run trained on" in warnings[2]
     records = run_log.read_metrics(tmp_path / "log" / "metrics.jsonl")
     starts = [r for r in records if r["kind"] == "start"]
     assert [r["iteration"] for r in starts] == [0, 50] and starts[1]["resumed_from"] == str(ckpt)
@@ -378,3 +385,16 @@ def test_nothing_to_train_names_the_run_length_flag_given():
                                                   "(--train-samples 8); pass a larger --train-samples to train on")
     by_iters = SimpleNamespace(train_iters=2, train_samples=None)
     assert nothing_to_train(by_iters, 2, 2).endswith("of --train-iters 2; pass a larger --train-iters to train on")
+
+
+def test_a_resume_on_other_data_says_so():
+    """The data a checkpoint records is compared by content: a moved copy is the same data."""
+    stored = {"data": [[1.0, "0123456789"]], "data_path": ["a/corpus"], "split": [0.969, 0.03, 0.001],
+              "split_flag": "969,30,1", "seed": 1234}
+    assert describe_data_change(stored, {**stored, "data_path": ["b/corpus"]}, 8) is None
+    assert describe_data_change(None, stored, 8) is None  # a checkpoint from before the record
+    assert describe_data_change(stored, {**stored, "split_flag": "96.9,3,0.1"}, 8) is None  # the same shares
+    other = describe_data_change(stored, {**stored, "data": [[1.0, "abcdef0123"]], "data_path": ["b/other"]}, 8)
+    assert other.startswith("warning: resuming with --data-path b/other (the checkpoint's: a/corpus; other text or "
+                            "weights): the data goes on at sample 8 of another index map"), other
+    assert "held-out" not in other
