@@ -36,7 +36,7 @@ from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, tra
 from megatron.errors import ConfigError, DataError, cannot_use
 from megatron.model.args import BertConfig
 from megatron.model.attention import blocks
-from megatron.parallel import device, launcher_watch, state
+from megatron.parallel import device, jit_locks, launcher_watch, state
 from megatron.run_log import RunLog, log_dir_problem, tensorboard_problem
 
 
@@ -645,6 +645,9 @@ def pretrain(args) -> None:
         check_sample_room(config)
         if flags["vocab_size"]:  # the config below is this one
             bert_state = initial_weights(args, config, weights_only)
+    if device.local_rank() == 0:  # before DeepSpeed's ops build (or wait on a killed build's lock)
+        for line in jit_locks.clear_left_over():
+            print(line, file=sys.stderr, flush=True)
     device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)
     device.init_distributed(rendezvous_timeout=args.rendezvous_timeout)  # and the /dev/shm names DeepSpeed leaves
     if note and dist.get_rank() == 0:

@@ -1,0 +1,60 @@
+"""Lock files left by a JIT build that was killed (DeepSpeed's shared-memory op on CPU, FusedAdam,
+CPUAdam, Muon's FusedAdam): torch creates `<extensions dir>/<op>/lock` before it builds the op and
+removes it after, so a build killed mid-way (SIGKILL, a preempted job) leaves it, and every later
+start then waits on it forever without a word. A build holds its lock file open while it runs, so
+a lock that no process on this host holds is named at start-up, and removed once it is older than
+any build takes (it could still be a build on another node sharing the folder until then).
+"""
+import os
+import time
+from pathlib import Path
+
+STALE_AFTER_S = 1800  # no op builds this long: an older lock nobody here holds is left over
+
+
+def extensions_roots() -> list[Path]:
+    """Where torch's cpp_extension builds: $TORCH_EXTENSIONS_DIR, else its default root (whose
+    ops sit one folder deeper, under py<version>_<accelerator>)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        return [Path(root)]
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return [path for path in Path(get_default_build_root()).glob("py*") if path.is_dir()]
+
+
+def _held_open() -> set[str]:
+    """Every file some process on this host that we may inspect holds open."""
+    held = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            held.update(os.readlink(fd) for fd in fd_dir.iterdir())
+        except OSError:  # a process that ended, or one of another user
+            continue
+    return held
+
+
+def clear_left_over(now: float | None = None) -> list[str]:
+    """Removes build locks no process here holds that are older than STALE_AFTER_S; -> one warning
+    per lock removed or left (younger: perhaps another node's build)."""
+    locks = sorted(lock for root in extensions_roots() for lock in root.glob("*/lock"))
+    if not locks or not Path("/proc/self/fd").is_dir():
+        return []
+    held, now, lines = _held_open(), time.time() if now is None else now, []
+    for lock in locks:
+        try:
+            age = now - lock.stat().st_mtime
+        except FileNotFoundError:  # its build just finished
+            continue
+        if str(lock.resolve()) in held:
+            continue
+        op = lock.parent.name
+        if age > STALE_AFTER_S:
+            lock.unlink(missing_ok=True)
+            lines.append(f"warning: removed {lock}, left {age / 60:.0f} min ago by a JIT build of {op} that was "
+                         "killed (no process holds it); the op is built again")
+        else:
+            lines.append(f"warning: {lock} is held by no process on this host: a JIT build of {op} that was killed, "
+                         f"or one running on another node; start-up waits until it is gone: remove it if no node is "
+                         f"building {op}")
+    return lines
