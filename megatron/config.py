@@ -986,6 +986,7 @@ def _batch_sizes(values: dict, ds_config: dict, data: int) -> tuple:
     micro = ds_config.get("train_micro_batch_size_per_gpu") if micro is None else micro
     global_batch = ds_config.get("train_batch_size") if global_batch is None else global_batch
     gas = ds_config.get("gradient_accumulation_steps")
+    given = {"micro": micro, "gas": gas}
     for key, value in (("train_micro_batch_size_per_gpu", micro), ("train_batch_size", global_batch),
                        ("gradient_accumulation_steps", gas)):
         if value is not None and (_typed(key, value, int) < 1):
@@ -995,6 +996,13 @@ def _batch_sizes(values: dict, ds_config: dict, data: int) -> tuple:
     if gas is None:
         gas = 1 if global_batch is None else max(1, global_batch // (micro * data))
     global_batch = global_batch or micro * gas * data
+    if global_batch != micro * gas * data and None in given.values():  # derived ones: name only what was written
+        written = [f"{key} {given[name]}" for name, key in (("micro", "train_micro_batch_size_per_gpu"),
+                                                             ("gas", "gradient_accumulation_steps")) if given[name]]
+        known = data * math.prod(value for value in given.values() if value)
+        raise ConfigError(f"train_batch_size {global_batch} is not a multiple of {' x '.join(written + [''])}"
+                          f"data-parallel size {data} (= world / (pp x sp)){f' = {known}' if written else ''}",
+                          f"make train_batch_size a multiple of {known}, or set all three batch keys")
     if global_batch != micro * gas * data:
         raise ConfigError(
             f"train_batch_size {global_batch} != train_micro_batch_size_per_gpu {micro} x "

@@ -101,6 +101,9 @@ def test_resolved_config_is_json_serialisable():
      "sequence_parallel.size 3 x pipeline 1 does not divide the world size 4"),
     ({"train_batch_size": 6}, 4, {},
      "train_batch_size 6 != train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 2 x data-parallel size 2"),
+    ({"train_batch_size": 6, "train_micro_batch_size_per_gpu": None}, 4, {},  # the micro batch derived: not named
+     "train_batch_size 6 is not a multiple of gradient_accumulation_steps 2 x data-parallel size 2 (= world / (pp x "
+     "sp)) = 4; make train_batch_size a multiple of 4, or set all three batch keys"),
     ({"sequence_parallel": {"size": 2, "attention": "linformer"}}, 4, {"seq_length": 63, "max_position_embeddings": 64},
      "seq_length 63 is not divisible by the sequence-parallel size 2"),
     ({"zero_optimization": {"stage": 2}, "train_batch_size": 4}, 4, {"pipeline_parallel_size": 2},
