@@ -330,7 +330,7 @@ CASES = [
     Case("tool_build_vocab_output_is_a_directory", "build_vocab", ["--input", "{corpus}", "--output", "{tmp}/out"],
          ("--output", "out is a directory", "pass a file path"), files={"out/.keep": ""}),
     Case("tool_build_vocab_binary_corpus", "build_vocab", ["--input", "{tmp}/corpus.bin", "--output", "{tmp}/v.txt"],
-         ("corpus.bin line 1: not UTF-8 text", "pass a loose-JSON corpus in UTF-8"),
+         ("corpus.bin line 1: invalid JSON (UnicodeDecodeError", "fix the record, or pass --json-keys"),
          setup=lambda tmp, assets: (tmp / "corpus.bin").write_bytes(b'{"text": "caf\xe9"}\n\x00\xff\xfe')),
     Case("tool_preprocess_output_under_a_file", "preprocess", ["--input", "{corpus}", "--vocab-file", "{vocab}",
                                                                  "--output-prefix", "{tmp}/afile/corpus"],

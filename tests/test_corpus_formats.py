@@ -16,8 +16,9 @@ import pytest
 import zstandard
 
 from megatron.data import corpus_files
+from megatron.data.corpus_files import Corpus
 from megatron.data.preprocess import PreprocessOptions, preprocess
-from megatron.data.vocab_builder import train_vocab, write_vocab
+from megatron.data.vocab_builder import corpus_texts, train_vocab, write_vocab
 from megatron.errors import DataError
 from test_preprocess import article, file_bytes
 
@@ -97,12 +98,14 @@ def options(path, prefix, vocab, **overrides) -> PreprocessOptions:
 def test_every_corpus_format_writes_the_bytes_of_loose_json(reference, tmp_path, monkeypatch, layout, workers):
     records, vocab, expected = reference
     monkeypatch.setattr(corpus_files, "PARQUET_BATCH_ROWS", 10)  # batches that cut across row groups and shards
-    report = preprocess(options(as_input(layout, tmp_path, records), tmp_path / "out" / "wiki", vocab,
-                                workers=workers))
+    corpus = as_input(layout, tmp_path, records)
+    report = preprocess(options(corpus, tmp_path / "out" / "wiki", vocab, workers=workers))
     assert (report.documents, report.skipped) == (120, 0)
     for key in KEYS:
         assert file_bytes(report.outputs[key]) == file_bytes(expected[key]), key
     assert report.bytes_read > sum(len(record["text"]) for record in records)
+    # tools/build_vocab.py reads the same formats: the texts of loose JSON, in order
+    assert list(corpus_texts(Corpus(corpus, KEYS))) == [record[key] for record in records for key in KEYS]
 
 
 def test_parquet_reads_only_the_asked_columns_in_batches(reference, tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Trains a BERT WordPiece `vocab.txt` from a loose-JSON corpus (special tokens first:
+"""Trains a BERT WordPiece `vocab.txt` from a corpus in any format preprocessing reads (special tokens first:
 [PAD]=0, [UNK], [CLS], [SEP], [MASK]), for users without a vocab and for the default dataset.
 """
 import argparse
@@ -9,14 +9,16 @@ import threading
 from pathlib import Path
 
 from megatron import paths
+from megatron.data.corpus_files import FORMATS_HELP, Corpus
 from megatron.data.tokenizer import SPECIAL_TOKENS, TOKENIZER_TYPES
 from megatron.data.vocab_builder import train_vocab, write_vocab
-from megatron.errors import ConfigError, DataError, run_tool
+from megatron.errors import ConfigError, run_tool
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--input", required=True, help="loose JSON, one object per line")
+    parser.add_argument("--input", required=True, help=f"the corpus: {FORMATS_HELP}, or a folder or glob of shards "
+                        "(as tools/preprocess_data.py reads it)")
     parser.add_argument("--output", required=True, help="vocab.txt to write")
     parser.add_argument("--json-keys", nargs="+", default=["text"])
     parser.add_argument("--tokenizer-type", default="BertWordPieceLowerCase", choices=sorted(TOKENIZER_TYPES))
@@ -24,11 +26,7 @@ def main(argv=None):
     parser.add_argument("--min-frequency", type=int, default=2)
     args = parser.parse_args(argv)
     input_path, output = Path(args.input), Path(args.output)
-    if input_path.is_dir():
-        raise DataError(f"--input {input_path} is a directory", "pass the loose-JSON corpus file itself")
-    if not input_path.is_file():
-        raise DataError(f"input file {input_path} does not exist",
-                        "pass --input with a loose-JSON corpus (tools/make_sample_corpus.py writes one)")
+    Corpus(args.input, tuple(args.json_keys))  # a path that names no corpus, a Parquet shard without the columns
     if output.is_dir():
         raise ConfigError(f"--output {output} is a directory", f"pass a file path, e.g. --output {output / 'vocab.txt'}")
     if args.vocab_size <= len(SPECIAL_TOKENS):

@@ -13,6 +13,7 @@ for neither.
 import glob
 import gzip
 import io
+import json
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,3 +265,38 @@ def _plain_text(column):
     if pa.types.is_dictionary(column.type):
         return column.dictionary.cast(pa.large_string()).take(column.indices)
     return column.cast(pa.large_string()) if pa.types.is_string_view(column.type) else column
+
+
+def record_texts(raw, keys) -> dict | str:
+    """A JSON line's bytes or a Parquet row's dict (Corpus.records) -> {key: text}, or why the
+    record holds no text under those keys."""
+    try:
+        record = raw if isinstance(raw, dict) else json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"invalid JSON ({error.__class__.__name__}: {error})"
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    for key in keys:
+        if key not in record:
+            return f"no key {key!r}"
+        if problem := _text_problem(key, record[key]):
+            return problem
+    return {key: record[key] for key in keys}
+
+
+def _text_problem(key: str, value) -> str | None:
+    """Why a record's value is no text a tokenizer takes, or None: not a string; a lone UTF-16 surrogate
+    (JSON's "\\ud83d" escape, half an emoji cut off in a crawl); bytes that are not UTF-8 (a Parquet
+    value, which corpus_files leaves undecoded)."""
+    try:
+        if isinstance(value, str):
+            value.encode("utf-8")
+            return None
+        if isinstance(value, bytes):
+            value.decode("utf-8")
+    except UnicodeEncodeError as error:
+        return (f"key {key!r} holds a lone UTF-16 surrogate (\\u{ord(value[error.start]):04x}) "
+                f"at character {error.start + 1}")
+    except UnicodeDecodeError as error:
+        return f"key {key!r} is not valid UTF-8 (byte 0x{value[error.start]:02x} at byte {error.start + 1})"
+    return f"key {key!r} is not a string"

@@ -9,7 +9,6 @@ to a prefix it overwrites that were built from the old data are removed.
 import contextlib
 import ctypes
 import itertools
-import json
 import multiprocessing
 import os
 import queue as queue_module
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from megatron import paths
 from megatron.data import index_maps
-from megatron.data.corpus_files import FORMATS_HELP, Corpus
+from megatron.data.corpus_files import FORMATS_HELP, Corpus, record_texts
 from megatron.data.indexed_dataset import make_builder
 from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import build_tokenizer, data_identity_path, write_data_identity
@@ -81,41 +80,16 @@ class Encoder:
         """(location, a JSON line's bytes or a Parquet row's dict, bytes) -> (location,
         {key: [sentence ids]} or an error string, bytes)."""
         number, raw, size = item
-        try:
-            record = raw if isinstance(raw, dict) else json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            return number, f"invalid JSON ({error.__class__.__name__}: {error})", size
-        if not isinstance(record, dict):
-            return number, "not a JSON object", size
+        texts = record_texts(raw, self.options.json_keys)
+        if isinstance(texts, str):
+            return number, texts, size
         documents = {}
-        for key in self.options.json_keys:
-            if key not in record:
-                return number, f"no key {key!r}", size
-            if problem := _text_problem(key, record[key]):
-                return number, problem, size
-            sentences = [ids for ids in self.tokenizer.tokenize_batch(self.split(record[key])) if ids]
+        for key, text in texts.items():
+            sentences = [ids for ids in self.tokenizer.tokenize_batch(self.split(text)) if ids]
             if sentences and self.options.append_eod:
                 sentences[-1].append(self.tokenizer.eod)
             documents[key] = sentences
         return number, documents, size
-
-
-def _text_problem(key: str, value) -> str | None:
-    """Why a record's value is no text a tokenizer takes, or None: not a string; a lone UTF-16 surrogate
-    (JSON's "\\ud83d" escape, half an emoji cut off in a crawl); bytes that are not UTF-8 (a Parquet
-    value, which corpus_files leaves undecoded)."""
-    try:
-        if isinstance(value, str):
-            value.encode("utf-8")
-            return None
-        if isinstance(value, bytes):
-            value.decode("utf-8")
-    except UnicodeEncodeError as error:
-        return (f"key {key!r} holds a lone UTF-16 surrogate (\\u{ord(value[error.start]):04x}) "
-                f"at character {error.start + 1}")
-    except UnicodeDecodeError as error:
-        return f"key {key!r} is not valid UTF-8 (byte 0x{value[error.start]:02x} at byte {error.start + 1})"
-    return f"key {key!r} is not a string"
 
 
 def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:

@@ -1,38 +1,25 @@
-"""Trains a BERT WordPiece `vocab.txt` from a loose-JSON corpus, for users without a vocab and
+"""Trains a BERT WordPiece `vocab.txt` from a corpus (loose JSON, .jsonl.gz, .jsonl.zst, Parquet; a
+file, folder or glob of shards, read as preprocessing reads them), for users without a vocab and
 for the embedded default dataset. Special tokens come first: [PAD]=0, [UNK], [CLS], [SEP], [MASK].
 """
-import json
 import os
 from pathlib import Path
 
 from tokenizers import BertWordPieceTokenizer
 
+from megatron.data.corpus_files import Corpus, record_texts
 from megatron.data.tokenizer import SPECIAL_TOKENS
 from megatron.errors import DataError
 
 
-def corpus_texts(path: Path, json_keys):
-    with open(path, "rb") as lines:
-        for number, raw in enumerate(lines, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise DataError(f"{path} line {number}: not UTF-8 text (byte {raw[error.start]:#04x} at column "
-                                f"{error.start + 1}); is it a binary file?",
-                                "pass a loose-JSON corpus in UTF-8 (one JSON object per line)") from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                texts = [record[key] for key in json_keys]
-            except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise DataError(f"{path} line {number}: not a JSON object with keys {', '.join(json_keys)} ({error})",
-                                "fix the line or pass --json-keys naming the text fields") from None
-            for key, text in zip(json_keys, texts):
-                if not isinstance(text, str):
-                    raise DataError(f"{path} line {number}: key {key!r} holds {type(text).__name__}, not text",
-                                    "fix the line or pass --json-keys naming the text fields")
-            yield from texts
+def corpus_texts(corpus: Corpus):
+    """Every text of the corpus under its keys; a record without one stops with one line naming it."""
+    for location, raw, _ in corpus.records():
+        texts = record_texts(raw, corpus.keys)
+        if isinstance(texts, str):
+            raise DataError(f"{corpus.where(location)}: {texts}",
+                            "fix the record, or pass --json-keys naming the text fields")
+        yield from texts.values()
 
 
 def train_vocab(input_path: Path, lower_case: bool, vocab_size: int, min_frequency: int = 2, json_keys=("text",)) -> list[str]:
@@ -40,7 +27,8 @@ def train_vocab(input_path: Path, lower_case: bool, vocab_size: int, min_frequen
     trainer lists tokens in hash order, so sorting makes equal vocabularies equal files (ties
     in pair counts at the size limit can still swap a rare last token between runs)."""
     tokenizer = BertWordPieceTokenizer(lowercase=lower_case, strip_accents=None if lower_case else False)
-    tokenizer.train_from_iterator(corpus_texts(input_path, json_keys), vocab_size=vocab_size, min_frequency=min_frequency,
+    tokenizer.train_from_iterator(corpus_texts(Corpus(str(input_path), json_keys)), vocab_size=vocab_size,
+                                  min_frequency=min_frequency,
                                   special_tokens=list(SPECIAL_TOKENS), show_progress=False)
     learned = set(tokenizer.get_vocab()) - set(SPECIAL_TOKENS)
     if not learned:  # a vocab of the special tokens alone would tokenize every word as [UNK]
