@@ -688,11 +688,12 @@ def _load_layout_free(engine, config: TrainConfig, folder: str, stored: dict) ->
     state, the optimizer's settings and loss scale, LR schedule, counters); DeepSpeed's own files
     are not read."""
     paths = [os.path.join(folder, LAYOUT_FREE.format(stage=stage)) for stage in range(stored["pipeline_parallel_size"])]
+    written = (f"pipeline {stored['pipeline_parallel_size']}, ZeRO {stored['zero_stage']}, data x seq "
+               f"{stored['data_parallel_size']} x {stored['sequence_parallel_size']}")
     if not all(os.path.isfile(path) for path in paths):
-        raise DataError(f"checkpoint {folder} (pipeline {stored['pipeline_parallel_size']}, ZeRO {stored['zero_stage']}, "
-                        f"{stored['data_parallel_size']} x {stored['sequence_parallel_size']} data x seq, "
-                        f"{precision(stored['ds_config'])}) has no {LAYOUT_FREE.format(stage='*')} files to load "
-                        "in another layout", "resume in the layout it was written in")
+        raise DataError(f"checkpoint {folder} ({written}, {precision(stored['ds_config'])}) has no "
+                        f"{LAYOUT_FREE.format(stage='*')} files to load in another layout",
+                        "resume in the layout it was written in")
     stages = [safe_load(path) for path in paths]
     if "param_groups" not in stages[0]:
         raise DataError(f"{paths[0]} was written without the optimizer's settings (learning rate, weight decay, "
@@ -701,15 +702,14 @@ def _load_layout_free(engine, config: TrainConfig, folder: str, stored: dict) ->
               "loss_scaler": stages[0]["loss_scaler"]}
     for stage in stages:
         merged["params"].update(stage["params"])
-    optimizer_state.scatter(engine, config.model, merged)
+    optimizer_state.scatter(engine, config.model, merged, written)
     if engine.lr_scheduler is not None and stages[0]["lr_scheduler"] is not None:
         engine.lr_scheduler.load_state_dict(stages[0]["lr_scheduler"])
     engine.global_steps, engine.global_samples = stages[0]["global_steps"], stages[0]["global_samples"]
     engine.skipped_steps = stages[0]["skipped_steps"]
     if dist.get_rank() == 0:
-        print(f"loaded {folder} written at pipeline {stored['pipeline_parallel_size']}, ZeRO {stored['zero_stage']}, "
-              f"data x seq {stored['data_parallel_size']} x {stored['sequence_parallel_size']} from its layout-free "
-              "files (weights, Adam state and settings, LR schedule)", flush=True)
+        print(f"loaded {folder} written at {written} from its layout-free files (weights, Adam state and settings, "
+              "LR schedule)", flush=True)
 
 
 def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:

@@ -104,18 +104,19 @@ def restore_settings(engine, stored: dict) -> None:
         vars(scaler).update(stored["loss_scaler"])
 
 
-def scatter(engine, config: BertConfig, stored: dict) -> None:
-    """Writes gathered state (any layout's, merged) into this engine's optimizer, settings included."""
+def scatter(engine, config: BertConfig, stored: dict, written: str) -> None:
+    """Writes gathered state (any layout's, merged) into this engine's optimizer, settings included;
+    `written`: the layout the state was saved in, for the refusals."""
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     base = _base_optimizer(engine)
     names = bert_names(engine, config)
     if not reshapable(engine):
-        raise ConfigError(f"a checkpoint of another layout cannot be loaded into DeepSpeed's "
+        raise ConfigError(f"a checkpoint of another layout ({written}) cannot be loaded into DeepSpeed's "
                           f"{type(engine.optimizer).__name__}", "resume at ZeRO stage 1 or 2 (fp16 and bf16 at stage 0 cannot take it)")
     if any(hasattr(param, "ds_id") for param in names):
-        raise ConfigError("ZeRO stage 3 resumes only its own checkpoints (stage 3, this layout); this one is of "
-                          "another stage or layout", "resume at ZeRO stage 0-2, or pass --finetune to go on at stage "
+        raise ConfigError("ZeRO stage 3 resumes only its own checkpoints (stage 3, this layout); this one was "
+                          f"written at {written}", "resume at ZeRO stage 0-2, or pass --finetune to go on at stage "
                           "3 from its weights with a fresh optimizer")
     step = torch.tensor(stored["step"], dtype=torch.float32)
     if collective(engine):

@@ -80,7 +80,7 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
     steps = [train_step(engine, mine) for _ in range(STEPS)]
     losses = [step.loss for step in steps]
     # forward passes per attention module and micro-batch: 2 when recomputed in backward
-    passes = len(calls) / (len(attention_modules) * gas * STEPS)
+    passes = len(calls) / (len(attention_modules) * gas * STEPS) if attention_modules else None  # a stage of no layer
     module = engine.module
     if zero_stage == 3:
         import deepspeed
