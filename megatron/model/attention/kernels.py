@@ -36,7 +36,9 @@ varlen flash leaves rows outside every sequence unwritten (NaN here) and compute
 first max_q rows only. Each emulated call is first bound to the real op's schema (CPU torch
 carries the CUDA ops' schemas): arity, keyword names and argument types as the installed torch
 takes them. What the emulation cannot see: the kernels' own rounding and speed, alignment of data pointers,
-and anything of a kernel not listed here.
+and anything of a kernel not listed here. Read against torch 2.11's sources (2.13 agrees); before a
+torch upgrade, check again the cuDNN backward's lse (2.11-2.13 take the forward's [b, h, s_q, 1]; a
+later torch unsqueezes it itself) and the memory-efficient kernel's builds per GPU generation.
 """
 import contextlib
 import functools
