@@ -465,7 +465,7 @@ def check_deepspeed_types(ds_config: dict) -> None:
         raise ConfigError('the DeepSpeed JSON\'s "scheduler" section is not used (the trainer runs Megatron\'s '
                           'warm-up + decay schedule)', 'remove "scheduler" and set --lr, --min-lr, --lr-decay-style '
                           "and --lr-warmup-fraction")
-    if isinstance(ds_config.get("checkpoint"), dict) and "writer" in ds_config["checkpoint"]:
+    if isinstance(ds_config.get("checkpoint"), dict) and ds_config["checkpoint"].get("writer") is not None:
         raise ConfigError("checkpoint.writer cannot be used: the trainer stages each checkpoint in a .partial folder "
                           "and renames it when complete, which DeepSpeed's writers (decoupled, fast, mock) defer, "
                           "skip or fail without the launcher", 'remove "writer" from "checkpoint"')

@@ -405,6 +405,11 @@ def data_settings(args, data_path: list) -> dict:
             "seed": args.seed}
 
 
+def _same_shares(a: list, b: list) -> bool:
+    """Normalised weights equal up to rounding ('1 a 1 b' and '0.5 a 0.5 b' alike)."""
+    return len(a) == len(b) and all(abs(x - y) <= 1e-9 for x, y in zip(a, b))
+
+
 def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str | None:
     """A warning when a resume reads other data, splits it otherwise or shuffles it with another
     seed: the consumed-samples count then points into another index map, and with another split
@@ -413,11 +418,11 @@ def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str |
         return None
     changes, effects = [], [f"the data goes on at sample {consumed} of another index map, so text of the current "
                             "epoch may be read twice or not at all"]
-    if stored["data"] != now["data"]:
+    if [name for _, name in stored["data"]] != [name for _, name in now["data"]] or not _same_shares(
+            [weight for weight, _ in stored["data"]], [weight for weight, _ in now["data"]]):
         changes.append(f"--data-path {' '.join(now['data_path'])} (the checkpoint's: {' '.join(stored['data_path'])}; "
                        "other text or weights)")
-    if any(abs(a - b) > 1e-9 for a, b in zip(stored["split"], now["split"])) or len(stored["split"]) != len(
-            now["split"]):
+    if not _same_shares(stored["split"], now["split"]):
         changes.append(f"--split {now['split_flag']} (the checkpoint's: {stored['split_flag']})")
         effects.append("documents moved between train, validation and test, so the held-out losses may include text "
                        "the run trained on")
@@ -658,8 +663,8 @@ def pretrain(args) -> None:
     data_path, tokenizer = data_paths(args)
     flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
     config = resolve(flags, ds, dist.get_world_size(), deepspeed_check=not checked)
-    if torch.cuda.is_available():
-        blocks.check_cuda_head_dim(config.model.head_dim, precision(ds))
+    if torch.cuda.is_available() and config.model.attention != "linformer":  # linformer: torch's F.sdpa picks
+        blocks.check_cuda_head_dim(config.model.head_dim, precision(ds), torch.cuda.get_device_capability())
     check_fits(tokenizer, config.model.vocab_size)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token
         source = f"--vocab-size {args.vocab_size}" if args.vocab_size else "the weights the run starts from"

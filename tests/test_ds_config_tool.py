@@ -68,7 +68,8 @@ def test_set_to_output_leaves_the_template(capsys, tmp_path):
     (["sequence_parallel.size=3"], "sequence_parallel.size 3 x pipeline 1 does not divide the world size 2"),
     (["sequence_parallel.atention=ulysses"], "unknown key sequence_parallel.atention"),
     (["zero_optimization.stage.x=1"], "zero_optimization.stage holds 1, not an object"),
-    (["train_batch_size=6"], "train_batch_size 6 != train_micro_batch_size_per_gpu 4"),
+    (["train_batch_size=6"], "train_batch_size 6 is not a multiple of train_micro_batch_size_per_gpu 4 x data-parallel "
+                             "size 1 (= world / (pp x sp)) = 4; make train_batch_size a multiple of 4"),
     (["sequence_parallel.size"], "'sequence_parallel.size' is not key.path=value"),
     (["zero_optimization.stage=4"], "zero_optimization.stage 4 is not a ZeRO stage; set zero_optimization.stage to 0, "
                                     "1, 2 or 3"),

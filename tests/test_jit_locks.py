@@ -21,8 +21,8 @@ def test_left_over_build_locks_are_named_and_old_ones_removed(tmp_path, monkeypa
         lines = jit_locks.clear_left_over()
     assert not old.exists() and young.exists() and held.exists()
     assert len(lines) == 2, lines
-    assert lines[0].startswith(f"warning: {young} is held by no process on this host: a JIT build of cpu_adam that "
-                               "was killed, or one running on another node; start-up waits until it is gone")
+    assert lines[0].startswith(f"warning: {young} is held by no process of this user on this host: a JIT build of "
+                               "cpu_adam that was killed, or one running elsewhere")
     assert lines[1].startswith(f"warning: removed {old}, left 31 min ago by a JIT build of fused_adam that was killed")
     young.unlink()
     assert jit_locks.clear_left_over()[0].startswith(f"warning: removed {held}")  # its build has ended (killed)

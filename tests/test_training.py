@@ -394,6 +394,8 @@ def test_a_resume_on_other_data_says_so():
     assert describe_data_change(stored, {**stored, "data_path": ["b/corpus"]}, 8) is None
     assert describe_data_change(None, stored, 8) is None  # a checkpoint from before the record
     assert describe_data_change(stored, {**stored, "split_flag": "96.9,3,0.1"}, 8) is None  # the same shares
+    thirds = {**stored, "data": [[0.1 / 0.7, "a"], [0.1 / 0.7, "b"], [0.5 / 0.7, "c"]]}  # 0.1 a 0.1 b 0.5 c
+    assert describe_data_change(thirds, {**thirds, "data": [[1 / 7, "a"], [1 / 7, "b"], [5 / 7, "c"]]}, 8) is None
     other = describe_data_change(stored, {**stored, "data": [[1.0, "abcdef0123"]], "data_path": ["b/other"]}, 8)
     assert other.startswith("warning: resuming with --data-path b/other (the checkpoint's: a/corpus; other text or "
                             "weights): the data goes on at sample 8 of another index map"), other

@@ -17,8 +17,8 @@ def corpus_texts(corpus: Corpus):
     for location, raw, _ in corpus.records():
         texts = record_texts(raw, corpus.keys)
         if isinstance(texts, str):
-            raise DataError(f"{corpus.where(location)}: {texts}",
-                            "fix the record, or pass --json-keys naming the text fields")
+            raise DataError(f"{corpus.where(location)}: {texts}", "pass --json-keys naming the text fields"
+                            if texts.startswith("no key") else "fix or remove the record")
         yield from texts.values()
 
 

@@ -5,6 +5,7 @@ start then waits on it forever without a word. A build holds its lock file open 
 a lock that no process on this host holds is named at start-up, and removed once it is older than
 any build takes (it could still be a build on another node sharing the folder until then).
 """
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -23,38 +24,47 @@ def extensions_roots() -> list[Path]:
     return [path for path in Path(get_default_build_root()).glob("py*") if path.is_dir()]
 
 
-def _held_open() -> set[str]:
-    """Every file some process on this host that we may inspect holds open."""
+def _held_open() -> set[tuple]:
+    """(device, inode) of every file a process on this host that we may inspect holds open (by
+    identity, not name: a lock opened through another mount or a symlink is the same file)."""
     held = set()
     for fd_dir in Path("/proc").glob("[0-9]*/fd"):
         try:
-            held.update(os.readlink(fd) for fd in fd_dir.iterdir())
+            descriptors = list(fd_dir.iterdir())
         except OSError:  # a process that ended, or one of another user
             continue
+        for fd in descriptors:
+            try:
+                status = fd.stat()  # follows the link to the open file
+            except OSError:  # closed meanwhile: the others of this process still count
+                continue
+            held.add((status.st_dev, status.st_ino))
     return held
 
 
-def clear_left_over(now: float | None = None) -> list[str]:
+def clear_left_over() -> list[str]:
     """Removes build locks no process here holds that are older than STALE_AFTER_S; -> one warning
     per lock removed or left (younger: perhaps another node's build)."""
     locks = sorted(lock for root in extensions_roots() for lock in root.glob("*/lock"))
     if not locks or not Path("/proc/self/fd").is_dir():
         return []
-    held, now, lines = _held_open(), time.time() if now is None else now, []
+    held, now, lines = _held_open(), time.time(), []
     for lock in locks:
         try:
-            age = now - lock.stat().st_mtime
+            status = lock.stat()
         except FileNotFoundError:  # its build just finished
             continue
-        if str(lock.resolve()) in held:
+        if (status.st_dev, status.st_ino) in held:
             continue
-        op = lock.parent.name
+        age, op = now - status.st_mtime, lock.parent.name
         if age > STALE_AFTER_S:
-            lock.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                if lock.stat().st_ino == status.st_ino:  # not a new build's lock since
+                    lock.unlink()
             lines.append(f"warning: removed {lock}, left {age / 60:.0f} min ago by a JIT build of {op} that was "
-                         "killed (no process holds it); the op is built again")
+                         "killed (no process of this user here holds it); the op is built again")
         else:
-            lines.append(f"warning: {lock} is held by no process on this host: a JIT build of {op} that was killed, "
-                         f"or one running on another node; start-up waits until it is gone: remove it if no node is "
-                         f"building {op}")
+            lines.append(f"warning: {lock} is held by no process of this user on this host: a JIT build of {op} that "
+                         f"was killed, or one running elsewhere (another node, user or container); start-up waits "
+                         f"until it is gone: remove it if nothing is building {op}")
     return lines

@@ -45,14 +45,15 @@ def kernel(q, masked: bool, varlen: bool = False) -> str:
     return "flash" if flash_shape else "efficient"
 
 
-def check_cuda_head_dim(head_dim: int, precision: str) -> None:
+def check_cuda_head_dim(head_dim: int, precision: str, capability: tuple) -> None:
     """The memory-efficient kernel, which every masked block and every fp32 block runs, has only
-    aligned builds on sm80+ GPUs (A100, H100, H200): a head dim that is not a multiple of 8 in
-    fp16/bf16 (4 in fp32) fails there at the first step ("cutlassF: no kernel found to launch!")."""
+    aligned builds on sm80+ GPUs (A100, H100, H200; older ones have unaligned builds too): a head dim
+    that is not a multiple of 8 in fp16/bf16 (4 in fp32) fails there at the first step ("cutlassF:
+    no kernel found to launch!")."""
     align = 4 if precision == "fp32" else 8
-    if head_dim % align:
+    if head_dim % align and tuple(capability) >= (8, 0):
         raise ConfigError(f"head dim {head_dim} (hidden size / attention heads) is not a multiple of {align}, which "
-                          f"the CUDA attention kernels need in {precision}",
+                          f"the CUDA attention kernels need in {precision} on this GPU (sm{capability[0]}{capability[1]})",
                           "choose --hidden-size and --num-attention-heads so that their ratio is a multiple of 8 "
                           "(BERT and ModernBERT use 64)")
 

@@ -187,7 +187,7 @@ def _fits(kind: str, value) -> bool:
     _check(kind in _KINDS, f"the emulation does not know the schema type {kind}")
     if kind == "Tensor":
         return value is None or isinstance(value, torch.Tensor)  # None: an undefined tensor, which it takes
-    return isinstance(value, _KINDS[kind]) and (kind == "bool" or not isinstance(value, bool))
+    return isinstance(value, int if kind == "bool" else _KINDS[kind])  # the parser takes bools and ints alike
 
 
 def _as_the_real_op_binds(method):
