@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from megatron import paths
-from megatron.data.corpus_files import FORMATS_HELP, Corpus
+from megatron.data.corpus_files import FORMATS_HELP
 from megatron.data.tokenizer import SPECIAL_TOKENS, TOKENIZER_TYPES
 from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.errors import ConfigError, run_tool
@@ -26,7 +26,6 @@ def main(argv=None):
     parser.add_argument("--min-frequency", type=int, default=2)
     args = parser.parse_args(argv)
     input_path, output = Path(args.input), Path(args.output)
-    Corpus(args.input, tuple(args.json_keys))  # a path that names no corpus, a Parquet shard without the columns
     if output.is_dir():
         raise ConfigError(f"--output {output} is a directory", f"pass a file path, e.g. --output {output / 'vocab.txt'}")
     if args.vocab_size <= len(SPECIAL_TOKENS):
