@@ -100,11 +100,16 @@ def _check_flash_head_dim(q, name: str) -> None:
     _check(q.shape[-1] % 8 == 0 and q.shape[-1] <= 256, f"{name}: head dim {q.shape[-1]} (wants % 8 == 0, <= 256)")
 
 
+def _alignment(x) -> int:
+    """The memory-efficient kernel's alignment in elements: 128 bits (8 fp16/bf16, 4 fp32)."""
+    return 128 // (8 * x.element_size())
+
+
 def _check_aligned(tensors: dict, name: str) -> None:
-    """The memory-efficient kernel's sm80+ builds: head dim and every stride a multiple of 8
-    elements (fp16/bf16) or 4 (fp32); no unaligned build exists there."""
+    """The memory-efficient kernel's sm80+ builds: head dim and every stride aligned (_alignment);
+    no unaligned build exists there."""
     for label, x in tensors.items():
-        align = 4 if x.dtype == torch.float32 else 8
+        align = _alignment(x)
         _check(x.shape[-1] % align == 0 and all(stride % align == 0 for stride in x.stride()[:-1]),
                f"{name}: {label}'s head dim {x.shape[-1]} or strides {x.stride()} are not multiples of {align} "
                "(no sm80+ build of the kernel takes them)")
@@ -195,15 +200,14 @@ def _as_the_real_op_binds(method):
     a call the CUDA op would reject for its arity, keyword names or argument types fails on CPU."""
     schema = getattr(ATEN, method.__name__).default._schema
     positional = [a for a in schema.arguments if not a.kwarg_only]
+    name, names = schema.name, {a.name for a in schema.arguments}
 
     @functools.wraps(method)
     def checked(self, *args, **kwargs):
-        name = f"aten::{schema.name.split('::')[-1]}"
         _check(len(args) <= len(positional), f"{name}: {len(args)} positional arguments, it takes {len(positional)}")
         given = {a.name: value for a, value in zip(positional, args)}
         for key, value in kwargs.items():
-            _check(key in {a.name for a in schema.arguments} and key not in given, f"{name}: no argument {key}= "
-                   "(or given twice)")
+            _check(key in names and key not in given, f"{name}: no argument {key}= (or given twice)")
             given[key] = value
         for argument in schema.arguments:
             if argument.name not in given:
@@ -329,7 +333,7 @@ class _Emulated:
             return
         _check(bias.dtype == q.dtype, f"{name}: bias dtype {bias.dtype} differs from q's {q.dtype}")
         _check(bias.stride(-1) == 1, f"{name}: bias' last dim must be contiguous")
-        align = 128 // (8 * bias.element_size())
+        align = _alignment(bias)
         for dim in range(bias.dim() - 1):
             _check(bias.stride(dim) % align == 0, f"{name}: bias strides {bias.stride()} are not {align}-element "
                    "aligned (pad its rows)")
