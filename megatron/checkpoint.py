@@ -493,6 +493,18 @@ def safe_load(path: str):
                         "restore it or resume from an earlier complete checkpoint") from None
 
 
+def _is_data_record(record) -> bool:
+    """The shape training.data_settings writes: [[weight, fingerprint], ...], the paths, the split's
+    shares and flag, the seed."""
+    def numbers(values):
+        return all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values)
+    return (isinstance(record, dict) and isinstance(record.get("data"), list) and isinstance(record.get("split"), list)
+            and all(isinstance(entry, list) and len(entry) == 2 and numbers(entry[:1]) and isinstance(entry[1], str)
+                    for entry in record["data"])
+            and numbers(record["split"]) and isinstance(record.get("data_path"), list)
+            and isinstance(record.get("split_flag"), str) and numbers([record.get("seed")]))
+
+
 def run_state(load_dir: str, tag: str) -> dict:
     """{"config", "iteration", "consumed_samples"} of a checkpoint, plus "weights_only": True for
     one written by tools/convert_checkpoint.py from-hf (no optimizer, engine or RNG state)."""
@@ -516,6 +528,10 @@ def run_state(load_dir: str, tag: str) -> dict:
                 found = "nothing" if key not in state else json.dumps(value)[:40]
                 raise DataError(f"checkpoint file {path} holds {found} as {key}, not "
                                 f"{'an object' if kind is dict else 'a count'}", fix)
+        if "data" in state and not _is_data_record(state["data"]):
+            raise DataError(f"checkpoint file {path} holds {json.dumps(state['data'])[:40]} as data, not the record "
+                            "of the data it trained on", f"{fix}, or delete its \"data\" entry to resume without "
+                            "comparing the data")
         return state
     states = sorted(glob.glob(os.path.join(folder, "*mp_rank_00_model_states.pt")))
     stored = safe_load(states[0]) if len(states) == 1 and "zero_pp" not in states[0] else None

@@ -453,7 +453,7 @@ def check_deepspeed_types(ds_config: dict) -> None:
     Keys DeepSpeed would ignore and `enabled` values that are not booleans (DeepSpeed reads "false"
     as true) are refused too, and so are a "scheduler", which DeepSpeed would silently drop for the
     schedule the trainer hands it, a checkpoint writer, which would write around the trainer's staged
-    save, and data efficiency, which works on a loader the trainer does not use (here, so that
+    save, universal-checkpoint loading (the trainer reads its checkpoints in any layout), and data efficiency, which works on a loader the trainer does not use (here, so that
     tools/ds_config.py and azureml/submit.py refuse them too)."""
     unknown = sorted(set(ds_config) - deepspeed_top_level_keys())
     if unknown:
@@ -465,10 +465,15 @@ def check_deepspeed_types(ds_config: dict) -> None:
         raise ConfigError('the DeepSpeed JSON\'s "scheduler" section is not used (the trainer runs Megatron\'s '
                           'warm-up + decay schedule)', 'remove "scheduler" and set --lr, --min-lr, --lr-decay-style '
                           "and --lr-warmup-fraction")
-    if isinstance(ds_config.get("checkpoint"), dict) and ds_config["checkpoint"].get("writer") is not None:
+    checkpointing = ds_config.get("checkpoint") if isinstance(ds_config.get("checkpoint"), dict) else {}
+    if checkpointing.get("writer") is not None:
         raise ConfigError("checkpoint.writer cannot be used: the trainer stages each checkpoint in a .partial folder "
                           "and renames it when complete, which DeepSpeed's writers (decoupled, fast, mock) defer, "
                           "skip or fail without the launcher", 'remove "writer" from "checkpoint"')
+    if checkpointing.get("load_universal"):
+        raise ConfigError("checkpoint.load_universal cannot be used: the trainer resumes its checkpoints in any "
+                          "layout itself; with it DeepSpeed reads them as universal checkpoints, which they are not",
+                          'remove "load_universal" from "checkpoint" (see docs/resuming.md)')
     if _enables_anything(ds_config.get("data_efficiency")):
         raise ConfigError('the DeepSpeed JSON\'s "data_efficiency" section is not used (the trainer builds its own '
                           "samples and loader, which DeepSpeed's data sampling and routing never see; random-LTD "
@@ -531,6 +536,9 @@ DEEPSPEED_SECTION_KEYS = {
         "sub_group_size", "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce", "zenflow",
         "zero_hpz_partition_size", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
         "zero_quantized_weights"})}
+# ZeRO++'s features, which only DeepSpeed's stage-3 optimizer reads
+_ZERO3_ONLY = ("zero_quantized_gradients", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
+               "zero_hpz_partition_size")
 # fp16's integer settings; the two that dynamic loss scaling divides by or floors at must be >= 1 there
 _FP16_INTEGERS = ("initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
 _FP16_DYNAMIC_POSITIVE = ("loss_scale_window", "min_loss_scale")
@@ -565,6 +573,11 @@ def _check_precision_and_zero(ds_config: dict) -> None:
     if not 0 <= stage <= 3:
         raise ConfigError(f"zero_optimization.stage {stage} is not a ZeRO stage",
                           "set zero_optimization.stage to 0, 1, 2 or 3")
+    zero = ds_config.get("zero_optimization", {})
+    for key in _ZERO3_ONLY:
+        if zero.get(key) not in ((None, 1) if key == "zero_hpz_partition_size" else (None, False)) and stage < 3:
+            raise ConfigError(f"zero_optimization.{key} works at ZeRO stage 3 only and does nothing at stage {stage}",
+                              f"remove {key}, or set zero_optimization.stage to 3")
     bf16_key = "bf16" if "bf16" in ds_config else "bfloat16"
     fp16, bf16 = ds_config.get("fp16", {}), ds_config.get(bf16_key, {})
     if fp16.get("enabled") and bf16.get("enabled"):
@@ -983,10 +996,13 @@ def _batch_sizes(values: dict, ds_config: dict, data: int) -> tuple:
     for flag, value in (("--micro-batch-size", micro), ("--global-batch-size", global_batch)):
         if value is not None and value < 1:  # not "not given": 0 must not fall back to the JSON
             raise ConfigError(f"{flag} {value} must be >= 1", f"pass {flag} 1 or more")
+    # messages name what the user wrote: the flag where one was passed, else DeepSpeed's key
+    micro_name = "train_micro_batch_size_per_gpu" if micro is None else "--micro-batch-size"
+    global_name = "train_batch_size" if global_batch is None else "--global-batch-size"
     micro = ds_config.get("train_micro_batch_size_per_gpu") if micro is None else micro
     global_batch = ds_config.get("train_batch_size") if global_batch is None else global_batch
     gas = ds_config.get("gradient_accumulation_steps")
-    given = {"micro": micro, "gas": gas}
+    given = {micro_name: micro, "gradient_accumulation_steps": gas}
     for key, value in (("train_micro_batch_size_per_gpu", micro), ("train_batch_size", global_batch),
                        ("gradient_accumulation_steps", gas)):
         if value is not None and (_typed(key, value, int) < 1):
@@ -997,15 +1013,14 @@ def _batch_sizes(values: dict, ds_config: dict, data: int) -> tuple:
         gas = 1 if global_batch is None else max(1, global_batch // (micro * data))
     global_batch = global_batch or micro * gas * data
     if global_batch != micro * gas * data and None in given.values():  # derived ones: name only what was written
-        written = [f"{key} {given[name]}" for name, key in (("micro", "train_micro_batch_size_per_gpu"),
-                                                             ("gas", "gradient_accumulation_steps")) if given[name]]
+        written = [f"{name} {value}" for name, value in given.items() if value]
         known = data * math.prod(value for value in given.values() if value)
-        raise ConfigError(f"train_batch_size {global_batch} is not a multiple of {' x '.join(written + [''])}"
+        raise ConfigError(f"{global_name} {global_batch} is not a multiple of {' x '.join(written + [''])}"
                           f"data-parallel size {data} (= world / (pp x sp)){f' = {known}' if written else ''}",
-                          f"make train_batch_size a multiple of {known}, or set all three batch keys")
+                          f"make {global_name} a multiple of {known}, or set all three batch sizes")
     if global_batch != micro * gas * data:
         raise ConfigError(
-            f"train_batch_size {global_batch} != train_micro_batch_size_per_gpu {micro} x "
+            f"{global_name} {global_batch} != {micro_name} {micro} x "
             f"gradient_accumulation_steps {gas} x data-parallel size {data} (= world / (pp x sp))",
-            "make train_batch_size = micro x grad-acc x data-parallel size")
+            f"make {global_name} = micro x grad-acc x data-parallel size")
     return micro, gas, global_batch

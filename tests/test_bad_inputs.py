@@ -183,7 +183,7 @@ CASES = [
              phrases=('gradient_clipping = "1.0" is not a number', "set gradient_clipping to a number")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", "--micro-batch-size", "4", id="json_inconsistent_batch",
              files={"ds.json": ds_json(train_batch_size=6)},
-             phrases=("train_batch_size 6 != train_micro_batch_size_per_gpu 4", "make train_batch_size = micro")),
+             phrases=("train_batch_size 6 != --micro-batch-size 4", "make train_batch_size = micro")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_sp_size_not_dividing_world",
              files={"ds.json": ds_json(sequence_parallel__size=2)},
              phrases=("sequence_parallel.size 2 x pipeline 1 does not divide the world size 1",

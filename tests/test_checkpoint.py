@@ -151,3 +151,26 @@ def test_a_resume_with_another_optimizer_type_is_refused():
         check_same_optimizer(stored, {"optimizer": {"type": "SGD"}}, "ckpt/iter_0000002")
     check_same_optimizer(stored, {"optimizer": {"type": "adamw"}}, "ckpt/iter_0000002")
     check_same_optimizer(stored, {"optimizer": {"type": "Adam"}}, "ckpt/iter_0000002")
+
+
+@pytest.mark.parametrize("record", [1, {"data": [[1.0, "0123"]]}, {"data": "a", "data_path": [], "split": [1.0],
+                                                                    "split_flag": "1", "seed": 1}])
+def test_a_malformed_data_record_is_one_line(tmp_path, record):
+    """The record a resume compares its data with (training.describe_data_change) read a hand-edited
+    run_state.json's "data" by key and stopped with a KeyError or TypeError."""
+    import json
+
+    from megatron.errors import DataError
+
+    folder = tmp_path / "iter_0000001"
+    folder.mkdir()
+    (folder / "mp_rank_00_model_states.pt").touch()
+    good = {"data": [[1.0, "0123"]], "data_path": ["a/corpus"], "split": [1.0, 0.0, 0.0], "split_flag": "1,0,0",
+            "seed": 1234}
+    state = {"config": {}, "iteration": 1, "consumed_samples": 2}
+    (folder / "run_state.json").write_text(json.dumps({**state, "data": good}))
+    assert checkpoint.run_state(str(tmp_path), "iter_0000001")["data"] == good
+    (folder / "run_state.json").write_text(json.dumps({**state, "data": record}))
+    with pytest.raises(DataError, match="as data, not the record of the data it trained on; restore it or resume from "
+                                        "an earlier complete checkpoint, or delete its \"data\" entry"):
+        checkpoint.run_state(str(tmp_path), "iter_0000001")

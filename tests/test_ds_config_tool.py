@@ -77,6 +77,10 @@ def test_set_to_output_leaves_the_template(capsys, tmp_path):
     (["fp16.loss_scale=-1"], "fp16.loss_scale = -1 is not a number >= 0; set fp16.loss_scale to 0 (dynamic"),
     (["scheduler.type=WarmupLR"], '"scheduler" section is not used (the trainer runs Megatron\'s warm-up + decay'),
     (["checkpoint.writer.decoupled=true"], "checkpoint.writer cannot be used: the trainer stages each checkpoint"),
+    (["checkpoint.load_universal=true"], "checkpoint.load_universal cannot be used: the trainer resumes its "
+                                         "checkpoints in any layout itself"),
+    (["zero_optimization.zero_quantized_gradients=true"], "zero_optimization.zero_quantized_gradients works at ZeRO "
+                                                          "stage 3 only and does nothing at stage 1; remove"),
     (["data_efficiency.data_routing.random_ltd.enabled=true"], 'the DeepSpeed JSON\'s "data_efficiency" section is '
                                                                "not used (the trainer builds its own samples"),
     (["optimizer.type=SGD"], "optimizer.type SGD is not one DeepSpeed has tested with ZeRO (zero_optimization.stage "
