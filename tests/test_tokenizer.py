@@ -94,14 +94,19 @@ def test_build_vocab_trains_a_loadable_vocab(tmp_path):
 
 
 def test_build_vocab_cli_reports_bad_input_in_one_line(tmp_path):
-    corpus = write_corpus(tmp_path / "c.json", ["fine"])
+    corpus = write_corpus(tmp_path / "c.json", ["fine", "fine"])
     corpus.write_text(corpus.read_text() + "{not json\n")
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "build_vocab.py"), "--input", str(corpus),
                              "--output", str(tmp_path / "v.txt")], capture_output=True, text=True, timeout=100)
     assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0 and "line 2" in result.stderr
-    assert "fix or remove the record" in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "line 3" in result.stderr
+    assert "fix or remove the record, or pass --skip-invalid" in result.stderr
     assert not list(tmp_path.glob("v.txt*"))
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "build_vocab.py"), "--input", str(corpus),
+                             "--output", str(tmp_path / "v.txt"), "--skip-invalid"], capture_output=True, text=True,
+                            timeout=100)
+    assert result.returncode == 0 and "skipped 1 invalid records (the first: " in result.stdout, result
+    assert "c.json line 3: invalid JSON" in result.stdout and "fine" in (tmp_path / "v.txt").read_text().split()
 
 
 def bert_json(path: Path, lower_case: bool, pre_tokenizer=None) -> Path:

@@ -24,6 +24,8 @@ def main(argv=None):
     parser.add_argument("--tokenizer-type", default="BertWordPieceLowerCase", choices=sorted(TOKENIZER_TYPES))
     parser.add_argument("--vocab-size", type=int, default=30522)
     parser.add_argument("--min-frequency", type=int, default=2)
+    parser.add_argument("--skip-invalid", action="store_true",
+                        help="leave out bad records (lines, Parquet rows), counted, instead of stopping")
     args = parser.parse_args(argv)
     input_path, output = Path(args.input), Path(args.output)
     if output.is_dir():
@@ -32,8 +34,9 @@ def main(argv=None):
         raise ConfigError(f"--vocab-size {args.vocab_size} leaves no room beyond the special tokens", "pass a larger --vocab-size")
     if args.min_frequency < 1:
         raise ConfigError(f"--min-frequency {args.min_frequency} must be >= 1", "pass --min-frequency 1 or more")
+    skipped = [] if args.skip_invalid else None
     tokens = in_thread(train_vocab, input_path, TOKENIZER_TYPES[args.tokenizer_type], args.vocab_size,
-                       args.min_frequency, args.json_keys)
+                       args.min_frequency, args.json_keys, skipped)
     created = paths.missing_folders(str(output.parent))
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -46,7 +49,8 @@ def main(argv=None):
             raise ConfigError(f"cannot write --output {output} ({error.strerror or error})",
                               "pass an --output in a folder this user can write") from None
         raise
-    print(f"wrote {len(tokens)} tokens to {output}")
+    print(f"wrote {len(tokens)} tokens to {output}" + (f"; skipped {len(skipped)} invalid records (the first: "
+                                                        f"{skipped[0]})" if skipped else ""))
 
 
 def in_thread(function, *args):

@@ -12,28 +12,35 @@ from megatron.data.tokenizer import SPECIAL_TOKENS
 from megatron.errors import DataError
 
 
-def corpus_texts(corpus: Corpus):
-    """Every text of the corpus under its keys; a record without one stops with one line naming it."""
+def corpus_texts(corpus: Corpus, skipped: list | None = None):
+    """Every text of the corpus under its keys. A record without one stops with one line naming it,
+    or, given a `skipped` list (--skip-invalid, as preprocessing has), is named there and left out."""
     for location, raw, _ in corpus.records():
         texts = record_texts(raw, corpus.keys)
         if isinstance(texts, str):
-            raise DataError(f"{corpus.where(location)}: {texts}", "pass --json-keys naming the text fields"
+            if skipped is not None:
+                skipped.append(f"{corpus.where(location)}: {texts}")
+                continue
+            raise DataError(f"{corpus.where(location)}: {texts}", ("pass --json-keys naming the text fields"
                             if texts.startswith("no key") else "fix or remove the record")
+                            + ", or pass --skip-invalid to leave such records out")
         yield from texts.values()
 
 
-def train_vocab(input_path: Path, lower_case: bool, vocab_size: int, min_frequency: int = 2, json_keys=("text",)) -> list[str]:
+def train_vocab(input_path: Path, lower_case: bool, vocab_size: int, min_frequency: int = 2, json_keys=("text",),
+                skipped: list | None = None) -> list[str]:
     """The vocab as a list of tokens, index = id: special tokens, then the rest sorted. HF's
     trainer lists tokens in hash order, so sorting makes equal vocabularies equal files (ties
-    in pair counts at the size limit can still swap a rare last token between runs)."""
+    in pair counts at the size limit can still swap a rare last token between runs). Records
+    without text stop it, or with a `skipped` list are left out and listed there."""
     tokenizer = BertWordPieceTokenizer(lowercase=lower_case, strip_accents=None if lower_case else False)
-    tokenizer.train_from_iterator(corpus_texts(Corpus(str(input_path), json_keys)), vocab_size=vocab_size,
+    tokenizer.train_from_iterator(corpus_texts(Corpus(str(input_path), json_keys), skipped), vocab_size=vocab_size,
                                   min_frequency=min_frequency,
                                   special_tokens=list(SPECIAL_TOKENS), show_progress=False)
     learned = set(tokenizer.get_vocab()) - set(SPECIAL_TOKENS)
     if not learned:  # a vocab of the special tokens alone would tokenize every word as [UNK]
-        raise DataError(f"{input_path} gave no token to learn (no text under --json-keys {' '.join(json_keys)})",
-                        "pass a corpus with text")
+        raise DataError(f"{input_path} gave no token to learn (no text under --json-keys {' '.join(json_keys)}"
+                        f"{f'; {len(skipped)} records skipped' if skipped else ''})", "pass a corpus with text")
     return list(SPECIAL_TOKENS) + sorted(learned)
 
 
