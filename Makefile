@@ -32,6 +32,11 @@ bench-packing:
 bench-modern:
 	$(PYTHON) benchmarks/modern.py
 
+# classic vs modern layers at the main job's settings, side by side for the same wall time (not in
+# `make bench`: it is the choice of the main job's layers, rerun when they change)
+bench-main-job:
+	$(PYTHON) benchmarks/main_job.py --seconds 420 --log-interval 25
+
 # torch.profiler tables of one step of ours and of Hugging Face's -> benchmarks/profiles/
 profile:
 	$(PYTHON) benchmarks/train_step.py --profile --seq-lengths 512 2048

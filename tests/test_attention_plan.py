@@ -176,6 +176,24 @@ def test_no_mask_larger_than_a_tile_at_8192_packed(variant, dropout):
     assert max(r * c for r, c in shapes) <= masks.ROWS_PER_TILE * 2 * segment < s * s // 50
 
 
+def test_local_masks_are_tiles_of_the_window_at_8192_packed():
+    """The local core at s = 8192, window 128: every mask is one tile's, _TILE_ROWS rows by the keys
+    their windows reach (64 x 192, where s x s is 67 M)."""
+    from types import SimpleNamespace
+
+    from megatron.model.attention import local
+
+    s, heads, d, window = 8192, 2, 8, 128
+    core = local.LocalAttention(SimpleNamespace(local_attention_window=window, head_dim=d))
+    q, k, v = (torch.randn(2, s, heads, d, requires_grad=True) for _ in range(3))
+    segment_ids = torch.stack([torch.arange(s) // 1000 + 1, torch.arange(s) // 700 + 1])
+    segment_ids[:, -7:] = 0
+    with recorded_masks() as shapes:
+        core(q, k, v, segment_ids).sum().backward()
+    assert len(shapes) >= 2 * s // local._TILE_ROWS, len(shapes)  # forward and backward, tile by tile
+    assert max(r for r, _ in shapes) <= local._TILE_ROWS and max(c for _, c in shapes) <= local._TILE_ROWS + window
+
+
 def test_block_plan_kinds_and_varlen_only_for_cuda():
     ids = np.repeat(np.arange(1, 5), 16)[None]
     assert masks.block_plan(ids, ids, "cpu", cuda=False).varlen is None

@@ -1,6 +1,7 @@
 """Hugging Face ModernBERT <-> BertModel (megatron/hf_modernbert.py): the same hidden states and MLM
 logits as transformers' ModernBertForMaskedLM / ModernBertModel (fp32, within 1e-5) on random configs
-of several shapes at lengths below, at and well above the local window; both config schemas; exact
+of several shapes at lengths below, at and well above the local window, also split over two ranks
+(ring and hybrid, real ranks over gloo; within 1e-5 of the largest value); both config schemas; exact
 round trips both ways; the export loads in transformers; the layouts a converter gets wrong (qkv
 order, GeGLU halves, the window) would fail these tests; missing tensors and configs we cannot
 reproduce are one line; a checkpoint of a pipeline x sequence-parallel run exports through the tool.
@@ -17,6 +18,8 @@ import transformers
 from megatron import hf_convert, hf_modernbert
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
+from megatron.parallel import state
+from megatron.parallel.spawn import run_on_ranks
 from test_hf_convert import max_diff, write_vocab_file
 from test_training import data_dir  # noqa: F401 (a fixture)
 
@@ -120,6 +123,45 @@ def test_hf_to_ours_same_hidden_states_and_logits(tmp_path, shape):
         kind == "sliding_attention" for kind in hf.config.layer_types]
     for length in lengths(window):
         assert max(compare(ours, hf, length, shape)) <= ATOL
+
+
+def rank_outputs(folder: str, variant: str, lengths: list) -> list:
+    """This rank's (hidden states, MLM logits) of its chunk at SP 2, per length (hybrid: Ulysses 2)."""
+    hybrid = variant == "hybrid"
+    state.initialize(sequence=2, ulysses=2 if hybrid else 1)
+    ours = our_model(Path(folder), attention=variant, **({"ulysses_size": 2} if hybrid else {}))
+    outputs = []
+    for length in lengths:
+        tokens, real = inputs(length, ours.config.vocab_size)
+        rank, step = state.get_sequence_parallel_rank(), length // 2
+        chunk = slice(rank * step, (rank + 1) * step)
+        with torch.no_grad():
+            hidden = ours.encode(tokens[:, chunk], torch.zeros_like(tokens[:, chunk]),
+                                 torch.arange(length).expand(2, length)[:, chunk], real[:, chunk])
+            outputs.append((hidden, ours.lm_head(hidden, ours.embeddings.word_embeddings.weight)))
+    return outputs
+
+
+@pytest.mark.parametrize("variant", ["ring", "hybrid"])
+def test_hf_to_ours_at_sequence_parallel_two(tmp_path, variant):
+    """The converted model split over two ranks (local layers exchanging halos) gives transformers'
+    outputs within 1e-5 of their largest magnitude: the ring's log-sum-exp merge sums in another
+    order than one softmax, so its absolute differences reach 4e-5 on logits of about 9 (SP = 1
+    stays within 1e-5 absolute)."""
+    hf, folder = hf_folder(tmp_path, "geglu-every3")
+    window = SHAPES["geglu-every3"]["local_attention"]
+    lengths = [window, 6 * window + 6]  # at the window; well above it, with halos crossing the chunks
+    ranks = run_on_ranks(rank_outputs, 2, str(folder), variant, lengths, timeout=300)
+    for index, length in enumerate(lengths):
+        tokens, real = inputs(length, hf.config.vocab_size)
+        with torch.no_grad():
+            hf_hidden = hf.model(input_ids=tokens, attention_mask=real).last_hidden_state
+            hf_logits = hf(input_ids=tokens, attention_mask=real).logits
+        mask = real.bool()
+        for name, position, want in (("hidden", 0, hf_hidden), ("logits", 1, hf_logits)):
+            got = torch.cat([r[index][position] for r in ranks], 1)[..., :want.shape[-1]]
+            error = max_diff(got[mask], want[mask]) / want[mask].abs().max().item()
+            assert error <= ATOL, f"{variant} sp=2 length {length} {name}: {error:.1e} of the largest"
 
 
 def test_model_folder_initialises_only_the_mlm_head_in_one_warning(tmp_path):
