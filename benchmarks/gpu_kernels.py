@@ -1,6 +1,8 @@
-"""Attention kernels and the P > 1 math on one device: the ring and BigBird at SP = 1, 2, 4 as
-P virtual ranks in one process (megatron/model/attention/simulate.py), against a float64
-softmax(QK^T + mask)V reference, in fp32 and bf16, for three sample layouts:
+"""Attention kernels and the P > 1 math on one device: the ring, BigBird and the local sliding-window
+core (window LOCAL_WINDOW) at SP = 1, 2, 4 as P virtual ranks in one process
+(megatron/model/attention/simulate.py), against a float64 softmax(QK^T + mask)V reference, in fp32
+and bf16, for three sample layouts (local layers: varlen flash with a window in bf16, memory-
+efficient tiles in fp32):
 
   unpadded  one segment per sample, no padding: "full" blocks (flash on CUDA in bf16)
   padded    one segment per sample, some padding: varlen flash in bf16, per-tile memory-efficient
@@ -30,6 +32,8 @@ from results import machine, positive, write_section  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}  # max |error| / max |reference|
 LAYOUTS = ("unpadded", "padded", "packed")
+VARIANTS = ("ring", "bigbird", "local")
+LOCAL_WINDOW = 32  # 16 keys each side: at SP = 4 a chunk of the tests' 128 tokens reaches into its neighbours
 
 
 def segment_ids(layout: str, b: int, s: int) -> torch.Tensor:
@@ -92,12 +96,17 @@ def accuracy(variant: str, size: int, layout: str, dtype, device, b=2, s=256, he
     allowed = (ids[:, :, None] == ids[:, None, :]) & (ids[:, None, :] != 0)
     if variant == "bigbird":
         allowed = allowed & bigbird_allowed(s, block, 3, 2, 1234)
+    if variant == "local":
+        positions = torch.arange(s)
+        allowed = allowed & ((positions[:, None] - positions[None, :]).abs() <= LOCAL_WINDOW // 2)
     want = reference(q, k, v, grad_out, allowed)
     inputs = [x.to(device, dtype) for x in (q, k, v)] + [ids.to(device), grad_out.to(device, dtype)]
     counts, choose = count_kernels(force_masked)
     try:
         if variant == "ring":
             got, _ = simulate.ring_attention(*inputs, size)
+        elif variant == "local":
+            got, _ = simulate.local_attention(*inputs, size, LOCAL_WINDOW)
         else:
             got, _ = simulate.bigbird_attention(*inputs, size, block, window=3, num_random=2, seed=1234)
     finally:
@@ -165,7 +174,7 @@ def time_masked_kernels(device, dtype=torch.bfloat16, b=1, heads=16, s=4096, d=6
 
 def run(device, dtypes, sizes, layouts=LAYOUTS, **shape) -> list:
     return [accuracy(variant, size, layout, dtype, device, **shape)
-            for dtype in dtypes for variant in ("ring", "bigbird") for size in sizes for layout in layouts]
+            for dtype in dtypes for variant in VARIANTS for size in sizes for layout in layouts]
 
 
 def table(results: list) -> str:
@@ -190,7 +199,8 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     results = run(device, [getattr(torch, name) for name in args.dtypes], args.sizes, s=args.seq)
     body = [f"Machine: {machine()}. `python benchmarks/gpu_kernels.py` (b=2, s={args.seq}, 4 heads of 64; BigBird "
-            "blocks of 16, window 3, 2 random). Errors: max |ours - float64| / max |float64|; tolerance "
+            f"blocks of 16, window 3, 2 random; local window {LOCAL_WINDOW}). Errors: max |ours - float64| / max "
+            "|float64|; tolerance "
             f"{TOLERANCE[torch.float32]:g} (fp32), {TOLERANCE[torch.bfloat16]:g} (bf16). P > 1 runs as P virtual ranks "
             "in one process (attention/simulate.py).", "", table(results)]
     if device.type == "cuda":

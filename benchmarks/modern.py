@@ -284,14 +284,6 @@ def halo_model_bytes(rank: int, size: int, window: int, batch: int, hidden: int,
     return values * element_bytes, values * 4
 
 
-def _halo_rank(comm, q, k, v, grad_out, segment_ids, window, scale):
-    chunk = q.shape[1] // comm.size
-    part = slice(comm.rank * chunk, (comm.rank + 1) * chunk)
-    plan = local.local_plan(segment_ids[:, part], comm, window // 2)
-    simulate._run_function(local._LocalAttention, tuple(x[:, part] for x in (q, k, v)), grad_out[:, part],
-                           (plan, comm, scale))
-
-
 def halo_bytes(size: int, seq: int, window: int, heads: int, head_dim: int, dtype=torch.float32) -> list:
     """Per rank [(forward bytes, backward bytes)] that the local core's exchanges send at SP = `size`
     (one sample of one segment), read from the simulated comms' logs of point-to-point batches:
@@ -299,7 +291,7 @@ def halo_bytes(size: int, seq: int, window: int, heads: int, head_dim: int, dtyp
     g = torch.Generator().manual_seed(0)
     q, k, v, grad_out = (torch.randn(1, seq, heads, head_dim, generator=g).to(dtype) for _ in range(4))
     segment_ids = torch.ones(1, seq, dtype=torch.long)
-    _, comms = simulate.run_virtual_ranks(size, _halo_rank, q, k, v, grad_out, segment_ids, window, head_dim ** -0.5)
+    _, comms = simulate.local_attention(q, k, v, segment_ids, grad_out, size, window)
     simulate.check_pairing([comm.log for comm in comms])
     sent = []
     for comm in comms:

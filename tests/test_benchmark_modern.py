@@ -1,7 +1,8 @@
 """benchmarks/modern.py's pieces at tiny sizes: both contestants' timed steps run on the same model
 (equal first losses), the ratio and the 'not run' estimate reach the table, the local layer alone
 is timed against its masked s x s twin, and the halo bytes counted from the local core's
-exchanges equal the model at SP = 2 and 4. No wall-clock asserts."""
+exchanges equal the model at SP = 2 and 4. No wall-clock asserts; CPU only (the GPU rows are
+benchmarks/gpu_check.sh's)."""
 import math
 import sys
 from pathlib import Path

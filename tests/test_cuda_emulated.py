@@ -45,19 +45,30 @@ def assert_accurate(result, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 @pytest.mark.parametrize("size", [1, 2, 4])
-@pytest.mark.parametrize("variant", ["ring", "bigbird"])
-def test_ring_and_bigbird_cuda_branches(variant, size, layout, dtype):
+@pytest.mark.parametrize("variant", ["ring", "bigbird", "local"])
+def test_ring_bigbird_and_local_cuda_branches(variant, size, layout, dtype):
     """P virtual ranks (attention/simulate.py) on the emulated kernels. bf16 masked ring blocks
     take varlen flash, fp32 ones the memory-efficient kernel per tile; BigBird's gathered slots
-    the memory-efficient kernel with a block's bias."""
+    the memory-efficient kernel with a block's bias; a local layer's chunk one windowed varlen
+    flash call in bf16 (its queries aligned to their keys by the halo's dummy rows), tiles on the
+    memory-efficient kernel in fp32."""
     result = emulated_accuracy(variant, size, layout, dtype)
     assert_accurate(result, dtype)
     used = set(result["kernels"])
-    if variant == "ring":
+    if variant in ("ring", "local"):
         assert used <= {"flash unmasked", "efficient unmasked", "varlen_flash masked", "efficient masked"}, used
         assert ("varlen_flash masked" if dtype == torch.bfloat16 else "efficient masked") in used, used
     else:
         assert "efficient masked" in used, used
+
+
+@pytest.mark.parametrize("size", [1, 4])
+def test_local_tiles_on_the_memory_efficient_kernel_in_bf16(size):
+    """Local layers where windowed flash cannot take the chunk (a head dim flash lacks, a layout
+    varlen cannot describe) run their tiles on the memory-efficient kernel in bf16 too."""
+    result = emulated_accuracy("local", size, "packed", torch.bfloat16, force_masked="efficient")
+    assert set(result["kernels"]) == {"efficient masked"}, result["kernels"]
+    assert_accurate(result, torch.bfloat16)
 
 
 @pytest.mark.parametrize("size", [1, 2])
@@ -130,6 +141,32 @@ def test_emulated_kernels_refuse_what_the_cuda_kernels_cannot_take():
         cu = torch.tensor([0, 16], dtype=torch.int32)  # rows 16..31 lie in no sequence: never written
         out = ops._flash_attention_forward(flat, flat, flat, cu, cu, 16, 16, 0.0, False, False, scale=0.25)[0]
         assert torch.isnan(out[16:].float()).all() and torch.isfinite(out[:16].float()).all()
+        with pytest.raises(kernels.KernelContractError, match="alibi_slopes not emulated"):
+            ops._flash_attention_forward(flat, flat, flat, cu, cu, 16, 16, 0.0, False, False, scale=0.25,
+                                         alibi_slopes=torch.ones(2))
+
+
+def test_emulated_flash_window_is_aligned_to_each_sequences_bottom_right():
+    """flash-attn 2's window for a sequence of 3 queries and 6 keys: query i faces key i + 3 and
+    sees keys i + 3 - 1 .. i + 3 + 1 (a key past the end is none); a query whose window is empty
+    writes 0 and lse +inf. This is the reading the local core's alignment rests on; only the real
+    kernel (tests/test_cuda_path.py on a GPU) can confirm it."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 1, 8, generator=g).bfloat16() for n in (3, 6, 6))
+    cu_q, cu_k = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 6], dtype=torch.int32)
+    with kernels.emulated_cuda():
+        out, lse = kernels.ops()._flash_attention_forward(q, k, v, cu_q, cu_k, 3, 6, 0.0, False, False, scale=1.0,
+                                                          window_size_left=1, window_size_right=1)[:2]
+    for i, keys in enumerate(([2, 3, 4], [3, 4, 5], [4, 5])):
+        scores = (q[i, 0].double() @ k[keys, 0].double().T)
+        assert lse[0, i].item() == pytest.approx(torch.logsumexp(scores, 0).item(), rel=1e-6)
+        want = torch.softmax(scores, 0) @ v[keys, 0].double()
+        assert torch.allclose(out[i, 0].double(), want, atol=1e-2), i
+    with kernels.emulated_cuda():  # window 0 to the left, 0 to the right, but keys shifted past the queries
+        two = torch.tensor([0, 2], dtype=torch.int32)
+        out, lse = kernels.ops()._flash_attention_forward(q, k[:2], v[:2], cu_q, two, 3, 2, 0.0, False, False,
+                                                          scale=1.0, window_size_left=0, window_size_right=0)[:2]
+    assert lse[0, 0].item() == float("inf") and (out[0] == 0).all()  # query 0 faces key -1: none
 
 
 def test_emulated_kernels_bind_calls_as_the_real_ops_schemas_do():

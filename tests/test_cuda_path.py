@@ -5,8 +5,9 @@ CPU: which SDPA kernel each block gets (blocks.kernel), unmasked ("full") blocks
 mask at all and still exact, the pipeline's inter-stage tensors holding no bool (NCCL), the
 device helpers on CPU (the CUDA branches themselves, on emulated kernels: test_cuda_emulated.py;
 benchmarks/gpu_check.sh: test_gpu_check.py).
-CUDA: every kernel against float64, the simulated ring and BigBird at P = 1, 2, 4 in fp32 and
-bf16, the rank -> device binding, pinned non-blocking batch copies, the CUDA RNG in checkpoints.
+CUDA: every kernel against float64, the simulated ring, BigBird and local core at P = 1, 2, 4 in
+fp32 and bf16 (local layers on flash's window in bf16: the one check of the window's alignment
+that the emulation assumes), the rank -> device binding, pinned non-blocking batch copies, the CUDA RNG in checkpoints.
 """
 import sys
 from pathlib import Path
@@ -114,7 +115,7 @@ def test_gpu_kernel_check_runs_on_cpu():
     """benchmarks/gpu_kernels.py's checks (what gpu_check.sh runs on the GPU), small, on CPU."""
     results = gpu_kernels.run(torch.device("cpu"), [torch.float32], [2], layouts=("unpadded", "packed"),
                               s=128, heads=2, d=16)
-    assert len(results) == 4 and all(r["ok"] for r in results), gpu_kernels.table(results)
+    assert len(results) == 6 and all(r["ok"] for r in results), gpu_kernels.table(results)
     assert "unmasked" in " ".join(k for r in results if r["layout"] == "unpadded" for k in r["kernels"])
 
 
@@ -243,7 +244,7 @@ def test_cuda_block_kernel_matches_float64(monkeypatch, dtype, kernel_name, layo
 @cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_simulated_ring_and_bigbird_match_float64(dtype):
+def test_cuda_simulated_ring_bigbird_and_local_match_float64(dtype):
     results = gpu_kernels.run(torch.device("cuda"), [dtype], [1, 2, 4], s=256, heads=4, d=64)
     assert all(r["ok"] for r in results), gpu_kernels.table(results)
     if dtype == torch.bfloat16:

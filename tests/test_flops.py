@@ -1,4 +1,5 @@
-"""megatron/flops.py counts what torch's FLOP counter sees in a real training step."""
+"""megatron/flops.py counts what torch's FLOP counter sees in a real training step (on CPU: the
+counter sees the model's matmuls and SDPA calls, not what a GPU kernel does inside them)."""
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -17,6 +17,8 @@ Which kernel computes a block (masks.BlockPlan; `kernel()` picks):
   | CUDA   | padding or several segments, fp32 (no flash), | memory-efficient per tile, with the bias of  |
   |        | or a layout varlen cannot describe (BigBird's | that tile only (never s x s)                 |
   |        | gathered key slots)                           |                                              |
+  | CUDA   | a local layer's chunk and halo, fp16/bf16     | varlen flash with a window (local.py): one   |
+  |        |                                               | call per layer; fp32: memory-efficient tiles |
 Backward takes the MERGED out and lse of all blocks (varlen flash too: its lse is [heads,
 total rows], converted here), so each block's gradients are exact slices
 of the full softmax's. Shapes: q [b, heads, s_q, d]; k, v [b, heads, s_k, d], all views of
@@ -145,24 +147,29 @@ def _flat(x):
     return x.transpose(1, 2).flatten(0, 1)
 
 
-def _varlen_forward(q, k, v, varlen, scale):
-    """A whole masked block in one varlen flash call -> (out, lse) as forward() returns them."""
+def varlen_forward(q, k, v, varlen, scale, window: int | None = None):
+    """A whole masked block in one varlen flash call -> (out, lse) as forward() returns them.
+    `window`: each query sees the keys at most this far on either side of the one its sequence
+    aligns it with (flash's window_size_left = right; kernels.py), None: every key."""
     b, heads, s_q, d = q.shape
-    out, lse = kernels.ops()._flash_attention_forward(_flat(q), _flat(k), _flat(v), varlen.cu_q, varlen.cu_k,
-                                                      varlen.max_q, varlen.max_k, 0.0, False, False, scale=scale)[:2]
+    out, lse = kernels.ops()._flash_attention_forward(
+        _flat(q), _flat(k), _flat(v), varlen.cu_q, varlen.cu_k, varlen.max_q, varlen.max_k, 0.0, False, False,
+        scale=scale, window_size_left=window, window_size_right=window)[:2]
     lse = lse.view(heads, b, s_q).transpose(0, 1)  # [heads, b * s_q] -> [b, heads, s_q]
     # rows of a sequence without keys (padding, segments this block lacks): out 0, lse +inf -> -inf
     lse = lse.masked_fill(lse.isinf(), float("-inf"))
     return out.view(b, s_q, heads, d).transpose(1, 2), lse
 
 
-def _varlen_backward(grad_out, q, k, v, out, lse, varlen, scale):
+def varlen_backward(grad_out, q, k, v, out, lse, varlen, scale, window: int | None = None):
+    """backward() of varlen_forward (the same window) -> (dq, dk, dv) in float32."""
     b, heads, s_q, d = q.shape
     lse = _blind_rows_infinite(lse).transpose(0, 1).reshape(heads, b * s_q)  # the kernel's [heads, total rows]
     unused = torch.empty((), dtype=torch.int64, device=q.device)
     grads = kernels.ops()._flash_attention_backward(*(_flat(x) for x in (grad_out, q, k, v, out)), lse, varlen.cu_q,
                                                     varlen.cu_k, varlen.max_q, varlen.max_k, 0.0, False, unused,
-                                                    unused, scale=scale)
+                                                    unused, scale=scale, window_size_left=window,
+                                                    window_size_right=window)
     return tuple(x.view(b, -1, heads, d).transpose(1, 2).float() for x in grads)
 
 
@@ -175,7 +182,7 @@ def attend(q, k, v, q_segments, k_segments, plan, scale):
     """forward() of a whole block by its masks.BlockPlan: one call when "full" or varlen, else
     tile by tile (rows outside every tile see no key of this block: out 0, lse -inf)."""
     if kernel(q, plan.kind != "full", plan.varlen is not None) == "varlen_flash":
-        return _varlen_forward(q, k, v, plan.varlen, scale)
+        return varlen_forward(q, k, v, plan.varlen, scale)
     if _whole(plan, q, k):  # one tile covering the block: no copies
         return forward(q, k, v, masks.block_mask(q_segments, k_segments, plan.kind), scale)
     return forward_tiles(q, k, v, _tile_masks(plan.tiles, q_segments, k_segments), scale)
@@ -184,7 +191,7 @@ def attend(q, k, v, q_segments, k_segments, plan, scale):
 def attend_backward(grad_out, q, k, v, q_segments, k_segments, plan, out, lse, scale):
     """backward() of a block computed by attend() -> (dq, dk, dv) in float32."""
     if kernel(q, plan.kind != "full", plan.varlen is not None) == "varlen_flash":
-        return _varlen_backward(grad_out, q, k, v, out, lse, plan.varlen, scale)
+        return varlen_backward(grad_out, q, k, v, out, lse, plan.varlen, scale)
     if _whole(plan, q, k):
         grads = backward(grad_out, q, k, v, masks.block_mask(q_segments, k_segments, plan.kind), out, lse, scale)
         return tuple(grad.float() for grad in grads)

@@ -13,7 +13,12 @@ attention_backward.cu, flash_attn/flash_api.cpp, mem_eff_attention/kernel_backwa
   | _flash_attention_forward/_backward | [total, h, d], last  | forward: empty_like(q); backward: any  | [h, total_q] fp32, read as | cum_seq_q/k int32 [n + 1],       |
   |   (varlen: cum_seq_q, cum_seq_k)   | stride 1; sequence i | layout (made contiguous)               | contiguous, unpadded; rows | contiguous; rows past cum[-1]    |
   |                                    | = rows cum[i]:cum[i+1]|                                       | of a sequence without keys | are never written; max_q/max_k   |
-  |                                    |                      |                                        | get +inf, out 0            | bound what is read; fp16/bf16    |
+  |                                    |                      |                                        | get +inf, out 0            | bound what is read; fp16/bf16;   |
+  |                                    |                      |                                        |                            | window_size_left/right: query i  |
+  |                                    |                      |                                        |                            | of a sequence of s_q rows and s_k|
+  |                                    |                      |                                        |                            | keys sees keys i + s_k - s_q -   |
+  |                                    |                      |                                        |                            | left .. + right (bottom-right    |
+  |                                    |                      |                                        |                            | aligned; None or < 0: no bound)  |
   | _scaled_dot_product_efficient_     | [b, h, s, d], last   | forward writes [b, s, h, d] memory;    | [b, h, ceil32(s_q)] fp32,  | bias: q's dtype, last stride 1,  |
   |   attention (+ _backward)          | stride 1; sm80+ (A100| fp16/bf16 BACKWARD READS out's ROWS AT | padded rows +inf (kept in  | other strides % (128 bits / the  |
   |                                    | H100, H200) has only | STRIDE h * d (o_strideM() = heads x    | backward: lse strides % 8) | element: 8 half, 4 fp32); a row  |
@@ -32,13 +37,18 @@ allocates it), never [b, h, s, d]-contiguous memory, which in fp16/bf16 reads th
 `emulated_cuda()` makes the cores take their CUDA branches on CPU tensors, with `ops()` giving
 kernels that check the preconditions above (KernelContractError) and compute in float64 reading
 memory as the CUDA kernel does: the fp16/bf16 memory-efficient backward reads `out` at row stride h * d,
-varlen flash leaves rows outside every sequence unwritten (NaN here) and computes a sequence's
-first max_q rows only. Each emulated call is first bound to the real op's schema (CPU torch
-carries the CUDA ops' schemas): arity, keyword names and argument types as the installed torch
-takes them. What the emulation cannot see: the kernels' own rounding and speed, alignment of data pointers,
-and anything of a kernel not listed here. Read against torch 2.11's sources (2.13 agrees); before a
-torch upgrade, check again the cuDNN backward's lse (2.11-2.13 take the forward's [b, h, s_q, 1]; a
-later torch unsqueezes it itself) and the memory-efficient kernel's builds per GPU generation.
+varlen flash leaves rows outside every sequence unwritten (NaN here), computes a sequence's
+first max_q rows only and aligns a window to each sequence's bottom-right corner (flash-attn 2's
+mask; a row whose window holds no key gets out 0, lse +inf). torch builds flash without ALiBi and
+softcap (its library holds their refusals) but with windows (it holds no "does not support local
+attention"); the emulation refuses the arguments it does not implement. Each emulated call is
+first bound to the real op's schema (CPU torch carries the CUDA ops' schemas): arity, keyword
+names and argument types as the installed torch takes them. What the emulation cannot see: the
+kernels' own rounding and speed, alignment of data pointers, whether this reading of the window's
+alignment is flash's (the GPU check's local rows are), and anything of a kernel not listed here.
+Read against torch 2.11's sources (2.13 agrees); before a torch upgrade, check again the cuDNN
+backward's lse (2.11-2.13 take the forward's [b, h, s_q, 1]; a later torch unsqueezes it itself)
+and the memory-efficient kernel's builds per GPU generation.
 """
 import contextlib
 import functools
@@ -178,6 +188,25 @@ def _rows_at_stride(out, row_stride: int):
                                   f"its buffer (an illegal memory access on the GPU): {error}") from error
 
 
+def _window(rows: slice, columns: slice, left, right):
+    """[s_q, s_k] keys a varlen sequence's queries see under flash's window_size_left/right, aligned
+    to the sequence's bottom-right corner (query i faces key i + s_k - s_q); None or < 0: unbounded."""
+    s_q, s_k = rows.stop - rows.start, columns.stop - columns.start
+    offset = torch.arange(s_k)[None, :] - (torch.arange(s_q)[:, None] + s_k - s_q)
+    allowed = torch.ones(s_q, s_k, dtype=torch.bool)
+    if left is not None and left >= 0:
+        allowed &= offset >= -left
+    if right is not None and right >= 0:
+        allowed &= offset <= right
+    return allowed
+
+
+def _check_not_emulated(others: dict, name: str) -> None:
+    """Arguments of the real op the emulation does not implement must keep their defaults."""
+    given = sorted(key for key, value in others.items() if value is not None)
+    _check(not given, f"{name}: {', '.join(given)} not emulated")
+
+
 _KINDS = {"Tensor": torch.Tensor, "int": int, "float": (int, float), "bool": bool}
 
 
@@ -247,28 +276,34 @@ class _Emulated:
 
     @_as_the_real_op_binds
     def _flash_attention_forward(self, q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
-                                 return_debug_mask, *, scale=None, **_):
+                                 return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
+                                 **others):
         name = "varlen flash forward"
         _check_qkv(q, k, v, 3, _HALF, name)
         _check_flash_head_dim(q, name)
+        _check_not_emulated(others, name)
+        _check(dropout_p == 0.0 and not is_causal, f"{name}: only dropout 0, not causal, is emulated")
         sequences = self._sequences(q, k, cum_seq_q, cum_seq_k, max_q, max_k, name)
         heads = q.shape[1]
         out = torch.full(q.shape, float("nan"), dtype=q.dtype)  # rows outside every sequence: never written
         lse = torch.full((heads, q.shape[0]), float("nan"), dtype=torch.float32)
         for rows, columns in sequences:
-            if columns.start == columns.stop:  # no keys: flash writes 0 and +inf
-                out[rows], lse[:, rows] = 0.0, float("inf")
-                continue
-            o, l = _attend(q[rows].transpose(0, 1), k[columns].transpose(0, 1), v[columns].transpose(0, 1), scale)
-            out[rows], lse[:, rows] = o.transpose(0, 1).to(q.dtype), l.float()
+            window = _window(rows, columns, window_size_left, window_size_right)
+            o, l = _attend(q[rows].transpose(0, 1), k[columns].transpose(0, 1), v[columns].transpose(0, 1), scale,
+                           allowed=window)
+            # a row that sees no key (none in its sequence or its window): flash writes 0 and +inf
+            out[rows], lse[:, rows] = o.transpose(0, 1).to(q.dtype), l.float().masked_fill(l == float("-inf"),
+                                                                                          float("inf"))
         unused = torch.empty(0)
         return out, lse, unused, unused, unused
 
     @_as_the_real_op_binds
     def _flash_attention_backward(self, grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-                                  is_causal, rng_state, unused, *, scale=None, **_):
+                                  is_causal, rng_state, unused, *, scale=None, window_size_left=None,
+                                  window_size_right=None):
         name = "varlen flash backward"
         _check_qkv(q, k, v, 3, _HALF, name)
+        _check(dropout_p == 0.0 and not is_causal, f"{name}: only dropout 0, not causal, is emulated")
         for label, x in (("out", out), ("grad_out", grad_out)):
             _check(x.stride(-1) == 1 and x.shape == q.shape, f"{name}: {label} {x.shape} strides {x.stride()}")
         _check_lse(lse, (q.shape[1], q.shape[0]), name)
@@ -278,7 +313,8 @@ class _Emulated:
             if columns.start == columns.stop or rows.start == rows.stop:
                 continue
             parts = _gradients(*(x[rows].transpose(0, 1) for x in (grad_out, q)), k[columns].transpose(0, 1),
-                               v[columns].transpose(0, 1), out[rows].transpose(0, 1), lse[:, rows], scale)
+                               v[columns].transpose(0, 1), out[rows].transpose(0, 1), lse[:, rows], scale,
+                               allowed=_window(rows, columns, window_size_left, window_size_right))
             for grad, part, where in zip(grads, parts, (rows, columns, columns)):
                 grad[where] += part.transpose(0, 1)
         return tuple(g.to(q.dtype) for g in grads)

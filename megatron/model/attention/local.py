@@ -13,9 +13,11 @@ The chunk's own attention is banded: query rows in tiles of `_TILE_ROWS`, each a
 the extended chunk [left halo | chunk | right halo] that its rows' windows reach (rows + 2 half),
 with the tile's mask (window, same segment, no padding): never an s x s mask. A query row's keys
 all lie in its tile, so each tile's softmax is final and backward recomputes it from its saved
-lse. What a token may see is data: the whole sequence's segment ids are all-gathered once per
-micro-batch (plans.py; b * s integers, also the collective that gives NCCL the group's
-communicator) and every tile's mask is made from them once, for every local layer.
+lse. On CUDA in fp16/bf16 the chunk is one varlen flash call with flash's window instead
+(local_plan says how its queries line up with their keys). What a token may see is data: the
+whole sequence's segment ids are all-gathered once per micro-batch (plans.py; b * s integers,
+also the collective that gives NCCL the group's communicator) and every tile's mask and the
+varlen offsets are made from them once, for every local layer.
 """
 from typing import NamedTuple
 
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 
 from megatron.data.batch import PAD_SEGMENT
-from megatron.model.attention import blocks, plans
+from megatron.model.attention import blocks, kernels, masks, plans
 from megatron.model.attention.comm import SeqComm
 from megatron.model.attention.masks import BlockMask
 from megatron.model.attention.registry import AttentionCore, register
@@ -76,13 +78,18 @@ class Tile(NamedTuple):
 
 
 class LocalPlan(NamedTuple):
+    """The halo, the tiles (CPU, and CUDA in fp32) and, on CUDA, the windowed varlen sequences of
+    the whole chunk (`Varlen` of queries [chunk | right halo] against keys [left halo | chunk |
+    right halo]; None where varlen cannot describe the layout)."""
     halo: Halo
+    half: int
     tiles: list
+    varlen: "masks.Varlen | None"
 
 
 def local_plan(segment_ids, seq, half: int) -> LocalPlan:
-    """This rank's LocalPlan from its chunk of segment ids [b, s/P]: the halo and every tile
-    with its mask (tiles in which no query sees a key are left out)."""
+    """This rank's LocalPlan from its chunk of segment ids [b, s/P]: the halo, every tile with its
+    mask (tiles in which no query sees a key are left out) and on CUDA the windowed varlen plan."""
     b, chunk = segment_ids.shape
     whole = torch.cat(seq.all_gather(segment_ids), 1) if seq.size > 1 else segment_ids  # [b, s]
     host = plans.to_host(whole)  # the plan's one host synchronisation
@@ -102,7 +109,13 @@ def local_plan(segment_ids, seq, half: int) -> LocalPlan:
         allowed = ((q_dev[:, :, None] == k_dev[:, None, :]) & (k_dev != PAD_SEGMENT)[:, None, :]
                    & plans.to_device(near, whole.device))[:, None]  # [b, 1, rows, keys]
         tiles.append(Tile(q_start, q_stop, k_start - start, k_stop - start, BlockMask(allowed, ~allowed[:, 0].any(-1))))
-    return LocalPlan(geometry, tiles)
+    # flash aligns a varlen sequence's queries to the bottom-right corner of its keys: with the right
+    # halo's rows after the chunk on the query side (dummies: zeros, their output dropped, their
+    # gradient zero), a segment has as many keys more than queries as it has keys in the left
+    # halo, so each query faces its own position and a window of `half` each side is the layer's
+    cuda = kernels.on_cuda(whole)
+    varlen = masks.varlen_plan(host[:, first:stop], host[:, start:stop], whole.device) if cuda else None
+    return LocalPlan(geometry, half, tiles, varlen)
 
 
 def _sides(peers, seq) -> tuple:
@@ -144,6 +157,16 @@ def _tile_masks(tiles):
     return [(slice(t.q_start, t.q_stop), slice(t.k_start, t.k_stop), t.mask) for t in tiles]
 
 
+def _with_rows_after(x, rows: int):
+    """[b, s, ...] -> [b, s + rows, ...], zeros after: the right halo's dummy query rows (local_plan)."""
+    return torch.cat([x, x.new_zeros(x.shape[0], rows, *x.shape[2:])], 1)
+
+
+def _windowed(q, plan) -> bool:
+    """Whether the chunk runs as one windowed varlen flash call (CUDA, fp16/bf16, flash's head dims)."""
+    return blocks.kernel(q, masked=True, varlen=plan.varlen is not None) == "varlen_flash"
+
+
 class _LocalAttention(torch.autograd.Function):
     """q, k, v [b, s/P, heads, d] of this rank -> out [b, s/P, heads, d]."""
 
@@ -151,18 +174,30 @@ class _LocalAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, plan, seq, scale):
         kv = _exchange_halo(torch.stack([k, v], 2), plan.halo, seq) if seq.size > 1 else torch.stack([k, v], 2)
         k_ext, v_ext = kv.unbind(2)  # [b, left + s/P + right, heads, d]
+        chunk, windowed = q.shape[1], _windowed(q, plan)
+        if windowed:
+            q = _with_rows_after(q, plan.halo.right)
         q_t, k_t, v_t = (x.transpose(1, 2) for x in (q, k_ext, v_ext))  # the kernels' layout (views)
-        out, lse = blocks.forward_tiles(q_t, k_t, v_t, _tile_masks(plan.tiles), scale)
+        if windowed:
+            out, lse = blocks.varlen_forward(q_t, k_t, v_t, plan.varlen, scale, window=plan.half)
+        else:
+            out, lse = blocks.forward_tiles(q_t, k_t, v_t, _tile_masks(plan.tiles), scale)
         ctx.save_for_backward(q_t, k_t, v_t, out, lse)
         ctx.plan, ctx.seq, ctx.scale = plan, seq, scale
-        return out.transpose(1, 2)
+        return out[:, :, :chunk].transpose(1, 2)
 
     @staticmethod
     def backward(ctx, grad_out):
         q_t, k_t, v_t, out, lse = ctx.saved_tensors
-        plan, seq = ctx.plan, ctx.seq
-        grad_out = grad_out.transpose(1, 2)
-        dq, dk, dv = blocks.backward_tiles(grad_out, q_t, k_t, v_t, _tile_masks(plan.tiles), out, lse, ctx.scale)
+        plan, seq, chunk = ctx.plan, ctx.seq, grad_out.shape[1]
+        if _windowed(q_t, plan):
+            grad_out = _with_rows_after(grad_out, plan.halo.right).transpose(1, 2)
+            dq, dk, dv = blocks.varlen_backward(grad_out, q_t, k_t, v_t, out, lse, plan.varlen, ctx.scale,
+                                                window=plan.half)
+        else:
+            grad_out = grad_out.transpose(1, 2)
+            dq, dk, dv = blocks.backward_tiles(grad_out, q_t, k_t, v_t, _tile_masks(plan.tiles), out, lse, ctx.scale)
+        dq = dq[:, :, :chunk]
         dkv = torch.stack([dk.transpose(1, 2), dv.transpose(1, 2)], 2)  # [b, extended, 2, heads, d]
         if seq.size > 1:
             dkv = _send_halo_home(dkv, plan.halo, seq)

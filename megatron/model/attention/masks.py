@@ -168,13 +168,19 @@ def block_plan(q_segments: np.ndarray, k_segments: np.ndarray, device, cuda: boo
     if not tiles:
         return None
     kind = "full" if tiles[0].kind == "full" else ("mixed" if len(tiles) > 1 else tiles[0].kind)
-    lengths = varlen_lengths(q_segments, k_segments) if cuda and kind != "full" else None
+    return BlockPlan(kind, tiles, varlen_plan(q_segments, k_segments, device) if cuda and kind != "full" else None)
+
+
+def varlen_plan(q_segments: np.ndarray, k_segments: np.ndarray, device) -> "Varlen | None":
+    """The pair as a Varlen (its offsets sent to `device` without waiting), or None where
+    varlen_lengths cannot describe it."""
+    lengths = varlen_lengths(q_segments, k_segments)
     if lengths is None:
-        return BlockPlan(kind, tiles, None)
+        return None
     offsets = np.zeros((2, len(lengths[0]) + 1), dtype=np.int32)
     np.cumsum(lengths, axis=1, out=offsets[:, 1:])
     cu = plans.to_device(offsets, device)
-    return BlockPlan(kind, tiles, Varlen(cu[0], cu[1], int(lengths[0].max()), int(lengths[1].max())))
+    return Varlen(cu[0], cu[1], int(lengths[0].max()), int(lengths[1].max()))
 
 
 def varlen_lengths(q_segments: np.ndarray, k_segments: np.ndarray):

@@ -1,4 +1,4 @@
-"""P virtual seq ranks in one process: the ring's and BigBird's multi-rank schedules, unchanged,
+"""P virtual seq ranks in one process: the ring's, BigBird's and the local core's multi-rank schedules, unchanged,
 with their communication replaced by hand-offs between threads.
 
 `SimulatedComm` has `comm.SeqComm`'s methods; each virtual rank runs in its own thread, and a
@@ -17,7 +17,7 @@ from collections import defaultdict, deque
 
 import torch
 
-from megatron.model.attention import bigbird, ring
+from megatron.model.attention import bigbird, local, ring
 from megatron.model.attention.comm import exchange_order
 
 TIMEOUT = 120.0  # seconds a virtual rank waits for another before the run fails
@@ -205,6 +205,23 @@ def bigbird_attention(q, k, v, segment_ids, grad_out, size: int, block_size: int
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     pattern = bigbird.block_pattern(q.shape[1] // block_size, window, num_random, seed, iteration, layer)
     chunks, comms = run_virtual_ranks(size, _bigbird_rank, q, k, v, segment_ids, grad_out, scale, block_size, pattern)
+    return tuple(torch.cat(parts, 1) for parts in zip(*chunks)), comms
+
+
+def _local_rank(comm, q, k, v, segment_ids, grad_out, scale, window):
+    step = q.shape[1] // comm.size
+    part = slice(comm.rank * step, (comm.rank + 1) * step)
+    plan = local.local_plan(segment_ids[:, part], comm, window // 2)
+    out, grads = _run_function(local._LocalAttention, tuple(x[:, part] for x in (q, k, v)), grad_out[:, part],
+                               (plan, comm, scale))
+    return (out, *grads)
+
+
+def local_attention(q, k, v, segment_ids, grad_out, size: int, window: int, scale: float | None = None) -> tuple:
+    """The local sliding-window core at SP = `size`, simulated (arguments as ring_attention, plus
+    the window: a query sees the keys at most window // 2 away)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    chunks, comms = run_virtual_ranks(size, _local_rank, q, k, v, segment_ids, grad_out, scale, window)
     return tuple(torch.cat(parts, 1) for parts in zip(*chunks)), comms
 
 
