@@ -21,13 +21,14 @@ import collections
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from megatron.model.attention import bigbird, blocks, masks, simulate  # noqa: E402
+from megatron.model.attention import bigbird, blocks, local, masks, simulate  # noqa: E402
 from results import machine, positive, write_section  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}  # max |error| / max |reference|
@@ -117,30 +118,62 @@ def accuracy(variant: str, size: int, layout: str, dtype, device, b=2, s=256, he
             "errors": errors, "kernels": dict(counts), "ok": max(errors.values()) <= TOLERANCE[dtype]}
 
 
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(step, device, repeats: int) -> float:
+    """ms per call of step() after two warm-up calls."""
+    for _ in range(2):
+        step()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    _sync(device)
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def _not_available(error) -> str:
+    return f"not available: {str(error).splitlines()[0][:80]}"
+
+
 def time_kernels(device, dtype=torch.bfloat16, b=1, heads=16, s=4096, d=64, repeats=10) -> list:
     """(kernel, ms per block forward + backward) for an unmasked [b, heads, s, d] block."""
     rows = []
     q, k, v, grad_out = (torch.randn(b, heads, s, d, device=device, dtype=dtype) for _ in range(4))
     unmasked = masks.BlockMask(None, None)
     default = blocks.UNMASKED_CUDA_KERNEL
+
+    def step():
+        out, lse = blocks.forward(q, k, v, unmasked, d ** -0.5)
+        blocks.backward(grad_out, q, k, v, unmasked, out, lse, d ** -0.5)
     for name in ("flash", "cudnn", "efficient"):
         blocks.UNMASKED_CUDA_KERNEL = name
         choose = blocks.kernel
         if name == "efficient":
             blocks.kernel = lambda q, masked, varlen=False: "efficient"
         try:
-            for i in range(repeats + 2):
-                if i == 2:
-                    torch.cuda.synchronize()
-                    start = time.perf_counter()
-                out, lse = blocks.forward(q, k, v, unmasked, d ** -0.5)
-                blocks.backward(grad_out, q, k, v, unmasked, out, lse, d ** -0.5)
-            torch.cuda.synchronize()
-            rows.append((name, (time.perf_counter() - start) / repeats * 1e3))
+            rows.append((name, _time(step, device, repeats)))
         except RuntimeError as error:  # a kernel this torch / GPU does not offer
-            rows.append((name, f"not available: {str(error).splitlines()[0][:80]}"))
+            rows.append((name, _not_available(error)))
         finally:
             blocks.kernel, blocks.UNMASKED_CUDA_KERNEL = choose, default
+    return rows
+
+
+def _time_masked(step, device, names, repeats: int) -> list:
+    """(kernel, ms per step) with every masked block forced onto each of `names` (count_kernels)."""
+    rows = []
+    for name in names:
+        _, choose = count_kernels(name)
+        try:
+            rows.append((name, _time(step, device, repeats)))
+        except RuntimeError as error:
+            rows.append((name, _not_available(error)))
+        finally:
+            blocks.kernel = choose
     return rows
 
 
@@ -153,23 +186,25 @@ def time_masked_kernels(device, dtype=torch.bfloat16, b=1, heads=16, s=4096, d=6
     plan = masks.block_plan(host, host, device, cuda=True)
     ids = ids.to(device)
     q, k, v, grad_out = (torch.randn(b, s, heads, d, device=device, dtype=dtype).transpose(1, 2) for _ in range(4))
-    rows = []
-    for name in ("varlen_flash", "efficient"):
-        counts, choose = count_kernels(name)
-        try:
-            for i in range(repeats + 2):
-                if i == 2:
-                    torch.cuda.synchronize()
-                    start = time.perf_counter()
-                out, lse = blocks.attend(q, k, v, ids, ids, plan, d ** -0.5)
-                blocks.attend_backward(grad_out, q, k, v, ids, ids, plan, out, lse, d ** -0.5)
-            torch.cuda.synchronize()
-            rows.append((name, (time.perf_counter() - start) / repeats * 1e3))
-        except RuntimeError as error:
-            rows.append((name, f"not available: {str(error).splitlines()[0][:80]}"))
-        finally:
-            blocks.kernel = choose
-    return rows
+
+    def step():
+        out, lse = blocks.attend(q, k, v, ids, ids, plan, d ** -0.5)
+        blocks.attend_backward(grad_out, q, k, v, ids, ids, plan, out, lse, d ** -0.5)
+    return _time_masked(step, device, ("varlen_flash", "efficient"), repeats)
+
+
+def time_local_layer(device, dtype=torch.bfloat16, b=1, heads=16, s=16384, d=64, window=128, segment=500,
+                     repeats=10) -> list:
+    """(kernel, ms per local layer forward + backward at SP = 1) on packed [b, s, heads, d] (segments
+    of `segment` tokens), its plan made once: one windowed varlen flash call against 64-row
+    memory-efficient tiles with their bias."""
+    core = local.LocalAttention(SimpleNamespace(local_attention_window=window, head_dim=d))
+    ids = (torch.arange(s) // segment + 1).expand(b, s).contiguous().to(device)
+    plan = core.plan(ids)
+    q, k, v, grad_out = (torch.randn(b, s, heads, d, device=device, dtype=dtype) for _ in range(4))
+    return _time_masked(lambda: simulate._run_function(local._LocalAttention, (q, k, v), grad_out,
+                                                       (plan, core.seq, d ** -0.5)),
+                        device, ("varlen_flash", "efficient"), repeats)
 
 
 def run(device, dtypes, sizes, layouts=LAYOUTS, **shape) -> list:
@@ -204,13 +239,13 @@ def main(argv=None) -> int:
             f"{TOLERANCE[torch.float32]:g} (fp32), {TOLERANCE[torch.bfloat16]:g} (bf16). P > 1 runs as P virtual ranks "
             "in one process (attention/simulate.py).", "", table(results)]
     if device.type == "cuda":
-        body += ["", "One unmasked block [1, 16, 4096, 64] bf16, forward + backward:", "",
-                 "| kernel | ms |", "|---|---|"]
-        body += [f"| {name} | {ms if isinstance(ms, str) else f'{ms:.2f}'} |" for name, ms in time_kernels(device)]
-        body += ["", "One packed block [1, 16, 4096, 64] bf16 (segments of 500 tokens), forward + backward:", "",
-                 "| kernel | ms |", "|---|---|"]
-        body += [f"| {name} | {ms if isinstance(ms, str) else f'{ms:.2f}'} |"
-                 for name, ms in time_masked_kernels(device)]
+        for title, timings in (
+                ("One unmasked block [1, 16, 4096, 64] bf16", time_kernels(device)),
+                ("One packed block [1, 16, 4096, 64] bf16 (segments of 500 tokens)", time_masked_kernels(device)),
+                ("One local layer [1, 16384, 16, 64] bf16 at SP = 1 (window 128, segments of 500 tokens)",
+                 time_local_layer(device))):
+            body += ["", f"{title}, forward + backward:", "", "| kernel | ms |", "|---|---|"]
+            body += [f"| {name} | {ms if isinstance(ms, str) else f'{ms:.2f}'} |" for name, ms in timings]
     text = "\n".join(body)
     print(text)
     if not args.no_write:

@@ -303,3 +303,17 @@ def test_cuda_bert_step_in_bf16_tracks_fp32_on_cpu(variant):
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
         losses.append(loss.item())
     assert abs(losses[1] - losses[0]) <= 2e-2 * abs(losses[0]), losses
+
+
+def test_gpu_kernel_timings_run_on_the_emulated_kernels():
+    """gpu_kernels.py's timing rows (what gpu_check.sh times on the GPU) at tiny sizes on CPU
+    through the emulated kernels: each row is a time, none "not available"; a crash there would
+    cost a GPU session its kernel table. The times themselves mean nothing here."""
+    from megatron.model.attention import kernels
+
+    shape = dict(device=torch.device("cpu"), s=192, heads=2, d=16, repeats=1)
+    with kernels.emulated_cuda():
+        rows = (gpu_kernels.time_kernels(**shape) + gpu_kernels.time_masked_kernels(segment=50, **shape)
+                + gpu_kernels.time_local_layer(window=16, segment=50, **shape))
+    assert [name for name, _ in rows] == ["flash", "cudnn", "efficient"] + ["varlen_flash", "efficient"] * 2
+    assert all(isinstance(ms, float) for _, ms in rows), rows
