@@ -146,6 +146,20 @@ def truncated(path: Path) -> str:
     return str(path)
 
 
+def corrupt_page(tmp: Path, records: list) -> str:
+    """A shard whose footer reads but whose pages do not (bytes zeroed in a page header of its second
+    row group, as a bad disk or an interrupted copy leaves it): pyarrow raises OSError there, not
+    an ArrowException."""
+    path = Path(as_input("parquet", tmp, records))
+    metadata = pq.ParquetFile(path).metadata
+    chunk = metadata.row_group(1).column(metadata.schema.names.index("text"))
+    start = chunk.dictionary_page_offset or chunk.data_page_offset  # the column chunk's first page header
+    data = bytearray(path.read_bytes())
+    data[start + 8:start + 24] = bytes(16)
+    path.write_bytes(bytes(data))
+    return str(path)
+
+
 def one_shard_not_parquet(tmp: Path, records: list) -> str:
     folder = as_input("folder of parquet shards", tmp, records)
     (tmp / "shards" / "part-00001.parquet").write_bytes(jsonl(records))
@@ -190,6 +204,8 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
                                 r"wiki\.parquet column 'length' holds int64, not text; pass --json-keys with text"),
     "shard_not_parquet": (one_shard_not_parquet, KEYS,
                           r"part-00001\.parquet is not a Parquet file \(.*magic bytes.*\); pass Parquet shards"),
+    "parquet_corrupt_page": (corrupt_page, KEYS, r"wiki\.parquet row \d+: the Parquet file cannot be read \(.+\); "
+                                                 "download or write the shard again"),
     "gzip_truncated": (lambda tmp, records: truncated(write_shard(tmp / "wiki.jsonl.gz", records)), KEYS,
                        r"wiki\.jsonl\.gz is not a readable gzip file \(Compressed file ended.*\); download or "
                        "compress"),

@@ -200,8 +200,8 @@ def _check_parquet(path: str, keys: tuple) -> None:
     try:
         with pq.ParquetFile(path) as file:
             schema = file.schema_arrow
-    except (pa.ArrowException, ValueError) as error:
-        raise DataError(f"{path} is not a Parquet file ({error})",
+    except (pa.ArrowException, ValueError, OSError) as error:
+        raise DataError(f"{path} is not a Parquet file ({_first_line(error)})",
                         "pass Parquet shards only, or name the file by its format (.jsonl, .jsonl.gz, .jsonl.zst)"
                         ) from None
     for key in keys:
@@ -213,6 +213,11 @@ def _check_parquet(path: str, keys: tuple) -> None:
         if not (pa.types.is_string(text) or pa.types.is_large_string(text) or pa.types.is_string_view(text)):
             raise DataError(f"{path} column {key!r} holds {kind}, not text",
                             "pass --json-keys with text columns of the Parquet files")
+
+
+def _first_line(error) -> str:
+    """pyarrow's message without the lines it appends (a thrift error spans several)."""
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _parquet_rows(path: str, keys: tuple):
@@ -233,8 +238,8 @@ def _parquet_rows(path: str, keys: tuple):
                 for values, size in zip(zip(*map(_python_text, columns)), sizes.to_pylist()):
                     number += 1
                     yield number, dict(zip(keys, values)), size
-    except (pa.ArrowException, ValueError) as error:
-        raise DataError(f"{path} row {number + 1}: the Parquet file cannot be read ({error})",
+    except (pa.ArrowException, ValueError, OSError) as error:  # a corrupt page or decompression: OSError
+        raise DataError(f"{path} row {number + 1}: the Parquet file cannot be read ({_first_line(error)})",
                         "download or write the shard again, or leave it out of --input") from None
 
 
