@@ -734,7 +734,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     checkpoint_interval = values.pop("activation_checkpoint_interval", 0) or int("activation_checkpointing" in ds_config)
     compile_mlp = values.pop("compile_mlp", False)
     pack_samples = _packing(values)
-    pipeline = values.pop("pipeline_parallel_size", None) or _json_pipeline_stages(ds_config)
+    pipeline = values.pop("pipeline_parallel_size", None) or json_pipeline_stages(ds_config)
     sequence = values.pop("sequence_parallel_size", 1)
     sequence_key = "--sequence-parallel-size" if "sequence_parallel_size" in given else f"{SECTION}.size"
     for key, value in (("--pipeline-model-parallel-size (pipeline.stages)", pipeline), (sequence_key, sequence)):
@@ -941,7 +941,7 @@ def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict
                           f"drop {drop}: the weights fix {name}")
 
 
-def _json_pipeline_stages(ds_config: dict) -> int:
+def json_pipeline_stages(ds_config: dict) -> int:
     """DeepSpeed's `pipeline.stages` (an int, or its default "auto": no pipeline here)."""
     stages = ds_config.get("pipeline", {}).get("stages", "auto")
     if stages == "auto":

@@ -216,6 +216,9 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
     (tmp_path / "only_config").mkdir()
     (tmp_path / "only_config" / "config.json").write_text((source / "config.json").read_text())
     (tmp_path / "a_file").write_text("x")
+    pipeline = tmp_path / "pp2.json"
+    pipeline.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 2},
+                                    "zero_optimization": {"stage": 1}, "sequence_parallel": {"attention": "ring"}}))
     save = str(tmp_path / "c")
     hf = ["--from", str(source), "--seq-length", "256"]
     for argv, message in (
@@ -234,7 +237,14 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              "holds config.json but no weights"),
             ([*hf, "--save", save, "--num-gpus", "0"], "--num-gpus 0 must be >= 1"),
             ([*hf, "--save", save, "--num-gpus", "2", "--sequence-parallel-size", "3"],
-             "--sequence-parallel-size 3 does not divide the 2 ranks"),
+             "--sequence-parallel-size 3 does not divide the 2 ranks; pass --num-gpus a multiple of 3, or a "
+             "--sequence-parallel-size that divides 2"),
+            ([*hf, "--save", save, "--deepspeed-config", str(ROOT / "ds_configs" / "linformer_sp2.json")],
+             "sets up linformer attention, and extend_context.py runs ring or hybrid (exact, and what the local "
+             "layers need); pass a JSON without sequence_parallel.linformer"),
+            ([*hf, "--save", save, "--num-gpus", "3", "--deepspeed-config", str(pipeline)],
+             "--sequence-parallel-size 1 x the JSON's 2 pipeline stages does not divide the 3 ranks; pass --num-gpus "
+             "a multiple of 2"),
             ([*hf, "--save", save, "--deepspeed-config", str(tmp_path / "missing.json")],
              "pass an existing JSON file to --deepspeed-config"),
             ([*hf, "--save", str(tmp_path / "a_file")], "a_file is a file; pass a folder"),
@@ -256,6 +266,10 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
               "--train-iters", "1"], "hybrid needs num_attention_heads (4) divisible by ulysses_size (3)")):
         assert message in one_line(capsys, *argv)
     assert not (tmp_path / "c").exists()
+    # without GPUs and --num-gpus: one sequence-parallel group (2 by default) per pipeline stage
+    piped = [*hf, "--save", save, "--deepspeed-config", str(pipeline), "--", "--train-iters", "1"]
+    assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *piped])) == 0
+    assert "--num_gpus 4 " in capsys.readouterr().out
 
 
 def test_a_resume_with_another_from_is_refused_naming_both(tmp_path, capsys, monkeypatch):

@@ -201,3 +201,18 @@ def test_records_without_the_text_pipeline_or_with_another_versions_fields_still
     check_data_vocab(BertWordPiece(vocab_file), [prefix])
     write(BertWordPiece(vocab_file), lambda pipeline: pipeline.pop("model.max_input_chars_per_word"))
     check_data_vocab(BertWordPiece(vocab_file), [prefix])
+
+
+def test_a_vocab_file_folder_is_named_by_what_it_holds(tmp_path):
+    """A ModernBERT folder given as --vocab-file holds tokenizer.json, no vocab.txt: the fix names
+    --tokenizer-file, not a vocab.txt that is not there."""
+    from megatron.data.tokenizer import read_vocab
+    from megatron.errors import DataError
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(DataError, match=f"holding tokenizer.json, not vocab.txt; pass --tokenizer-file "
+                                        f"{tmp_path / 'tokenizer.json'} instead of --vocab-file"):
+        read_vocab(tmp_path)
+    (tmp_path / "vocab.txt").write_text("[PAD]\n")
+    with pytest.raises(DataError, match="is a directory; pass the vocab.txt inside it"):
+        read_vocab(tmp_path)

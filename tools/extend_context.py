@@ -35,7 +35,7 @@ from megatron.quiet import quiet_deepspeed
 quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
 from megatron import checkpoint, hf_convert  # noqa: E402
 from megatron.arguments import flag_setting, flags_given  # noqa: E402
-from megatron.config import ADJUSTABLE_START_FIELDS, read_ds_config  # noqa: E402
+from megatron.config import ADJUSTABLE_START_FIELDS, json_pipeline_stages, read_ds_config  # noqa: E402
 from megatron.errors import ConfigError, DataError, run_tool  # noqa: E402
 from megatron.paths import write_json_atomic  # noqa: E402
 from megatron.training import initial_model_fields, starting_weights_fields  # noqa: E402
@@ -165,9 +165,10 @@ def check(args, fields: dict, kind: str) -> float:
     return factor
 
 
-def ranks(args) -> tuple[int, int, bool]:
-    """(ranks on this machine, ranks per sequence, on CPU), checked here in this tool's flag names
-    (the trainer would name its own, after the launcher has started)."""
+def ranks(args, stages: int) -> tuple[int, int, bool]:
+    """(ranks on this machine, ranks per sequence, on CPU) for `stages` pipeline stages (the JSON's),
+    checked here in this tool's flag names (the trainer would name its own, after the launcher has
+    started). Without GPUs or --num-gpus: one sequence-parallel group per stage."""
     import torch
     for flag, value in (("--num-gpus", args.num_gpus), ("--sequence-parallel-size", args.sequence_parallel_size),
                         ("--ulysses-size", args.ulysses_size)):
@@ -177,27 +178,38 @@ def ranks(args) -> tuple[int, int, bool]:
         raise ConfigError("--ulysses-size goes with --attention hybrid and only with it",
                           "give both or neither")
     gpus = torch.cuda.device_count()
-    world = args.num_gpus or gpus or args.sequence_parallel_size or 2
-    sequence = args.sequence_parallel_size or world
-    if world % sequence:
-        raise ConfigError(f"--sequence-parallel-size {sequence} does not divide the {world} ranks",
-                          f"pass a divisor of {world}, or --num-gpus a multiple of {sequence}")
+    world = args.num_gpus or gpus or (args.sequence_parallel_size or 2) * stages
+    sequence = args.sequence_parallel_size or max(1, world // stages)
+    if world % (sequence * stages):
+        pipeline = f" x the JSON's {stages} pipeline stages" if stages > 1 else ""
+        raise ConfigError(f"--sequence-parallel-size {sequence}{pipeline} does not divide the {world} ranks",
+                          f"pass --num-gpus a multiple of {sequence * stages}" + (
+                              f", or a --sequence-parallel-size that divides {world // stages}"
+                              if world % stages == 0 else ""))
     if args.ulysses_size and sequence % args.ulysses_size:
         raise ConfigError(f"--ulysses-size {args.ulysses_size} does not divide the {sequence} ranks per sequence",
                           f"pass a divisor of {sequence}")
     return world, sequence, gpus == 0
 
 
-def check_paths(args) -> None:
-    """--save and --deepspeed-config, before the launcher starts."""
+def check_paths(args) -> dict:
+    """--save and --deepspeed-config, before the launcher starts -> the JSON."""
     if Path(args.save).resolve() == Path(args.source).resolve():
         raise ConfigError("--save is the --from folder", "choose another --save")
     if Path(args.save).exists() and not Path(args.save).is_dir():
         raise ConfigError(f"--save {args.save} is a file", "pass a folder (a new one, or the --save of this run)")
     try:
-        read_ds_config(args.deepspeed_config)
+        ds = read_ds_config(args.deepspeed_config)
     except ConfigError as error:  # its fixes name the trainer's flag
         raise ConfigError(error.problem, error.fix.replace("--deepspeed_config", "--deepspeed-config")) from None
+    section = ds.get("sequence_parallel") if isinstance(ds.get("sequence_parallel"), dict) else {}
+    for variant in ("linformer", "bigbird"):  # the trainer would say "set attention ...", which this tool refuses
+        if variant in section or section.get("attention") == variant:
+            raise ConfigError(f"--deepspeed-config {args.deepspeed_config} sets up {variant} attention, and "
+                              "extend_context.py runs ring or hybrid (exact, and what the local layers need)",
+                              f"pass a JSON without sequence_parallel.{variant} and with a ring or hybrid "
+                              "attention, such as ds_configs/ring_sp2.json")
+    return ds
 
 
 def rope_theta(args, fields: dict, factor: float) -> float:
@@ -349,8 +361,8 @@ def check_launch(command: list, world: int) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    world, sequence, on_cpu = ranks(args)
-    check_paths(args)
+    stages = json_pipeline_stages(check_paths(args))
+    world, sequence, on_cpu = ranks(args, stages)
     fields, kind = source_model(args.source)
     factor = check(args, fields, kind)
     theta = rope_theta(args, fields, factor)

@@ -334,6 +334,9 @@ def read_vocab(vocab_file) -> dict[str, int]:
     """One token per line; the line number is the id (the BERT `vocab.txt` convention)."""
     path = Path(vocab_file)
     if path.is_dir():
+        if not (path / "vocab.txt").is_file() and (path / "tokenizer.json").is_file():  # an HF folder of BPE
+            raise DataError(f"vocab file {path} is a folder holding tokenizer.json, not vocab.txt",
+                            f"pass --tokenizer-file {path / 'tokenizer.json'} instead of --vocab-file")
         raise DataError(f"vocab file {path} is a directory", "pass the vocab.txt inside it to --vocab-file")
     if not path.is_file():
         raise DataError(f"vocab file {path} does not exist",
