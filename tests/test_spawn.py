@@ -39,6 +39,18 @@ def test_child_traceback_is_surfaced():
         run_on_ranks(fail_on_rank_one, 2, timeout=60)
 
 
+def test_a_rank_running_another_checkouts_code_is_refused(monkeypatch, tmp_path):
+    """The ranks import megatron through the forkserver's own sys.path; when that is another tree
+    than the caller's (pytest of one checkout run with another's Python), the two sides would run
+    different code and a comparison between them would fail for no reason of its own."""
+    from megatron.parallel import spawn
+
+    real = spawn.TREE
+    monkeypatch.setattr(spawn, "TREE", tmp_path)  # the caller's tree, as the child sees it passed
+    with pytest.raises(RankFailure, match=f"this rank imported megatron from {real}, its caller from {tmp_path}"):
+        run_on_ranks(rank_and_world, 1, timeout=60)
+
+
 def test_hanging_rank_times_out():
     with pytest.raises(RankFailure, match=r"ranks \[1\] did not finish within 5s"):
         run_on_ranks(hang_on_rank_one, 2, timeout=5)

@@ -9,7 +9,9 @@ the server instead: the umask, what the preloaded modules read from the environm
 (e.g. DeepSpeed's accelerator from DS_ACCELERATOR), and the string hash seed, the same in every rank
 (the real launcher's ranks each have their own: tests/test_launch_scripts.py runs through it). A
 preloaded module whose import raises (other than ImportError) stops the server: the calls fail
-with EOFError, the module's traceback printed where the first call's output went. Results come back
+with EOFError, the module's traceback printed where the first call's output went. A rank whose
+megatron is another tree than its caller's (the server imports it through its own sys.path) fails
+the call at once rather than running other code than its caller compares it with. Results come back
 pickled through `torch.save`; a rank that raises surfaces its own traceback in the parent, a rank
 that dies or hangs past `timeout` fails the call.
 """
@@ -23,6 +25,7 @@ import time
 import traceback
 from datetime import timedelta
 from multiprocessing import reduction
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -30,6 +33,12 @@ import torch.distributed as dist
 
 class RankFailure(RuntimeError):
     """A rank raised, died or timed out; the message carries the child's traceback."""
+
+
+# The megatron tree this process imported. Python 3.11's forkserver imports its preloads with its
+# own sys.path ('' = its working directory, then the editable install), not the caller's, so a
+# rank may run another tree's code than its caller (run from one checkout with another's venv).
+TREE = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -74,7 +83,7 @@ def _write_where_the_caller_does(descriptors: list) -> None:
             os.close(descriptor)
 
 
-def _child(fn, args, kwargs, rank, world_size, port, threads, timeout, results, environ, output):
+def _child(fn, args, kwargs, rank, world_size, port, threads, timeout, results, environ, output, tree):
     os.environ.clear()
     os.environ.update(environ)
     _write_where_the_caller_does(output)
@@ -84,6 +93,9 @@ def _child(fn, args, kwargs, rank, world_size, port, threads, timeout, results, 
     )
     torch.set_num_threads(threads)
     try:
+        if TREE != tree:
+            raise RuntimeError(f"this rank imported megatron from {TREE}, its caller from {tree}: start the caller "
+                               f"from the checkout its Python imports megatron from (python -m pytest there)")
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout))
         payload = _serialize(fn(*args, **kwargs))
     except BaseException:
@@ -120,7 +132,7 @@ def run_on_ranks(fn, world_size: int, *args, timeout: float = 180.0, threads_per
         context.Process(
             target=_child,
             args=(fn, args, kwargs, rank, world_size, port, threads_per_rank, timeout, results, dict(os.environ),
-                  _CallersOutput()),
+                  _CallersOutput(), TREE),
             name=f"rank{rank}",
         )
         for rank in range(world_size)
