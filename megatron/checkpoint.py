@@ -17,13 +17,15 @@ Other layouts: each pipeline stage also writes `layout_free_stage{k}.pt` (optimi
 fp32 weights and Adam moments in BertModel names, Adam's step, the optimizer's settings and loss
 scale, the LR schedule, DeepSpeed's counters). `load` reads DeepSpeed's files when the layout allows (same pipeline degree,
 precision and ZeRO partitioning), else these, so a run continues at another pipeline degree,
-SP/data degree or ZeRO stage 0-2. `bert_state_from_checkpoint` reads the weights of any layout
-(plain model at any ZeRO stage, or pipeline layer files) back into BertModel names.
+SP/data degree or ZeRO stage 0-2. `bert_state_from_checkpoint` reads the fp32 weights of any layout
+back into BertModel names (from these files for a bf16 / fp16 run and at ZeRO 3, else from the plain
+model's or the pipeline's layer files).
 """
 import contextlib
 import dataclasses
 import errno
 import glob
+import io
 import json
 import os
 import pickle
@@ -551,6 +553,10 @@ def stored_config(load_dir: str, tag: str) -> dict:
 
 
 RESUME_FIX = "resume with the model flags the checkpoint was trained with"
+START_FIX = "pass the model flags the checkpoint was trained with"
+# the tensors of an attention core (Linformer's key / value projections, the only core with weights):
+# weights trained with another variant lack them, a start from such weights initialises them
+CORE_TENSORS = ".attention.core."
 
 
 def _vocab_fix(vocab_size: int) -> str:
@@ -563,24 +569,40 @@ def _ffn_fix(ffn_hidden_size: int) -> str:
             f"used to keep the preset's; it keeps its ratio now), or {RESUME_FIX}")
 
 
-def check_model_shapes(stored: dict, config: BertConfig, folder: str) -> None:
-    """The checkpoint's model must have this run's tensors and shapes; names the first that differs."""
+def check_model_shapes(stored: dict, config: BertConfig, folder: str, start: bool = False) -> tuple[list, list]:
+    """The checkpoint's model must have this run's tensors and shapes; names the first that differs.
+    `start`: a new run from the weights (a weights-only checkpoint, --finetune), which initialises the
+    attention core's tensors the checkpoint lacks and drops those this model lacks (weights of another
+    variant: Linformer's projections); returns their names (to initialise, to drop)."""
     fields = {f.name for f in dataclasses.fields(BertConfig)}
+    trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
     with torch.device("meta"):
-        found = BertModel(BertConfig(**{k: v for k, v in stored.items() if k in fields})).state_dict()
+        found = BertModel(trained).state_dict()
         expected = BertModel(config).state_dict()
+    fresh = [name for name in expected if start and name not in found and CORE_TENSORS in name]
+
+    def fix(name: str) -> str:
+        if name.endswith("word_embeddings.weight") and stored.get("vocab_size") != config.vocab_size:
+            return _vocab_fix(stored["vocab_size"])
+        if start:
+            return START_FIX
+        if CORE_TENSORS in name and (name in found) != (name in expected):  # to or from linformer
+            return (f"resume with attention {trained.attention}, the checkpoint's, or pass --finetune to start a "
+                    "new run from its weights")
+        return RESUME_FIX
+
     for name, tensor in expected.items():
-        if name not in found or found[name].shape != tensor.shape:
+        if name not in fresh and (name not in found or found[name].shape != tensor.shape):
             shape = list(found[name].shape) if name in found else "nothing"
-            fix = RESUME_FIX
-            if name.endswith("word_embeddings.weight") and stored.get("vocab_size") != config.vocab_size:
-                fix = _vocab_fix(stored["vocab_size"])
             raise ConfigError(f"checkpoint {folder} holds {name} of shape {shape}, this model expects "
-                              f"{list(tensor.shape)}", fix)
-    extra = [name for name in found if name not in expected]  # e.g. biases or a position table dropped
-    if extra:
-        raise ConfigError(f"checkpoint {folder} holds {extra[0]}, which this model does not have",
-                          RESUME_FIX)
+                              f"{list(tensor.shape)}", fix(name))
+    # e.g. biases or a position table dropped; at a start, another variant's core tensors are dropped
+    extra = [name for name in found if name not in expected]
+    dropped = [name for name in extra if start and CORE_TENSORS in name]
+    if len(extra) > len(dropped):
+        name = next(name for name in extra if name not in dropped)
+        raise ConfigError(f"checkpoint {folder} holds {name}, which this model does not have", fix(name))
+    return fresh, dropped
 
 
 @contextlib.contextmanager
@@ -606,7 +628,8 @@ def _one_line_read_errors(engine):
 
 
 # BertConfig fields that decide what the weights compute besides their shapes (check_model_shapes):
-# a resume keeps them. Dropout, init, sequence length, packing and the attention variant may change.
+# a resume keeps them. Dropout, init, sequence length, packing and the attention variant may change (a
+# variant of other math with a warning: attention_change).
 MODEL_FIELDS = ("vocab_size", "num_attention_heads", "layernorm_epsilon", "layernorm_layout", "normalization",
                 "mlp_type", "rotary_base", "local_rotary_base", "local_attention_window", "global_attention_every")
 
@@ -624,6 +647,24 @@ def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
             raise ConfigError(f"checkpoint {folder} was trained with {name} {getattr(trained, name)}, this run's "
                               f"model has {getattr(config, name)}", fix)
     check_model_shapes(stored, config, folder)
+
+
+# what an attention variant computes, where weights meet another variant than they were trained with
+# (a resume, --finetune); dense, ring, ulysses and hybrid compute the same softmax over every
+# token, split across ranks differently, so weights move between them unchanged
+ATTENTION_MATH = {"linformer": "Linformer's low-rank projected attention",
+                  "bigbird": "BigBird's block-sparse attention"}
+EVERY_TOKEN = "attention to every token"
+
+
+def attention_change(source: str, trained: str, now: str, user: str = "this run") -> str | None:
+    """One line (None: the same math) saying that weights trained with attention `trained` compute
+    another function under `user`'s attention `now`: the outputs change, silently otherwise."""
+    was, will = (ATTENTION_MATH.get(name, EVERY_TOKEN) for name in (trained, now))
+    if was == will:
+        return None
+    return (f"{source} was trained with {was} ({trained}); {user} uses {will} ({now}), so its outputs differ "
+            "from the trained model's")
 
 
 def check_same_optimizer(stored: dict, ds_config: dict, folder: str) -> None:
@@ -699,11 +740,16 @@ def same_layout(stored: dict, current: dict) -> bool:
     return layout(stored) == layout(current)
 
 
+def _layout_free_paths(folder: str, stored: dict) -> list[str]:
+    """The layout-free file of each pipeline stage of a checkpoint (`stored`: its config)."""
+    return [os.path.join(folder, LAYOUT_FREE.format(stage=stage)) for stage in range(stored["pipeline_parallel_size"])]
+
+
 def _load_layout_free(engine, config: TrainConfig, folder: str, stored: dict) -> None:
     """Loads a checkpoint written in another layout from its layout-free files (weights, Adam
     state, the optimizer's settings and loss scale, LR schedule, counters); DeepSpeed's own files
     are not read."""
-    paths = [os.path.join(folder, LAYOUT_FREE.format(stage=stage)) for stage in range(stored["pipeline_parallel_size"])]
+    paths = _layout_free_paths(folder, stored)
     written = (f"pipeline {stored['pipeline_parallel_size']}, ZeRO {stored['zero_stage']}, data x seq "
                f"{stored['data_parallel_size']} x {stored['sequence_parallel_size']}")
     if not all(os.path.isfile(path) for path in paths):
@@ -729,13 +775,22 @@ def _load_layout_free(engine, config: TrainConfig, folder: str, stored: dict) ->
 
 
 def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
-    """BertModel state dict from a checkpoint of any pipeline / SP degree / ZeRO stage."""
+    """BertModel state dict from a checkpoint of any pipeline / SP degree / ZeRO stage: the fp32 master
+    weights, so that an export or a --finetune gets the same weights from every layout. DeepSpeed's model
+    files hold them only for an fp32 run below ZeRO 3 (a bf16 / fp16 run's hold their rounded copies,
+    ZeRO 3's none): otherwise the layout-free files give them, or at ZeRO 0, which writes none, the FP16
+    optimizer's state (_zero0_masters; not read for fp16 with a pipeline at ZeRO 0: its rounded copies)."""
     tag = tag or latest_tag(load_dir)
     folder = checkpoint_folder(load_dir, tag)
+    stored = run_state(load_dir, tag)["config"]
+    masters = _layout_free_paths(folder, stored)
+    exact = precision(stored["ds_config"]) == "fp32" and stored["zero_stage"] < 3
+    if not exact and all(map(os.path.isfile, masters)):
+        return {name: entry["fp32"] for path in masters for name, entry in safe_load(path)["params"].items()}
     # pipeline: one file per layer and seq rank, identical across seq ranks: take seq rank 0
     layer_files = sorted(glob.glob(os.path.join(folder, "layer_*-model_00-model_states.pt")))
     if layer_files:
-        num_layers = stored_config(load_dir, tag)["model"]["num_layers"]
+        num_layers = stored["model"]["num_layers"]
         state = {}
         for path in layer_files:
             layer = int(re.search(r"layer_(\d+)-", os.path.basename(path)).group(1))
@@ -743,12 +798,26 @@ def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
                 state[pipe_layer_to_bert(layer, key, num_layers)] = tensor
         return state
     if os.path.isfile(os.path.join(folder, "zero_pp_rank_0_mp_rank_00_model_states.pt")):
-        # ZeRO-3: the weights exist only as partitions in the optimizer files
+        # ZeRO-3 written without layout-free files: the weights exist only as partitions in the optimizer files
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return get_fp32_state_dict_from_zero_checkpoint(load_dir, tag=tag)
+        with contextlib.redirect_stdout(io.StringIO()):  # its progress report, on the stdout fill_mask.py answers on
+            return get_fp32_state_dict_from_zero_checkpoint(load_dir, tag=tag)
     model_file = os.path.join(folder, "mp_rank_00_model_states.pt")
     if not os.path.isfile(model_file):
         raise ConfigError(f"{folder} holds no pipeline layer files and no model states",
                           "point at a checkpoint written by this trainer")
-    return safe_load(model_file)["module"]
+    return _zero0_masters(safe_load(model_file))
+
+
+def _zero0_masters(model_states: dict) -> dict:
+    """The plain model's weights from its model file: of fp16 / bf16 at ZeRO 0 (no layout-free files),
+    the fp32 masters DeepSpeed's FP16 optimizers save beside the rounded module, in the module's order:
+    a list per parameter group (FP16_UnfusedOptimizer) or one flat tensor per group (FP16_Optimizer)."""
+    module, optimizer = model_states["module"], model_states.get("optimizer") or {}
+    groups = optimizer.get("fp32_groups") or [[flat] for flat in optimizer.get("fp32_groups_flat", [])]
+    if not groups:  # fp32 (torch's own optimizer), ZeRO 1-2 (optimizer files), or a weights-only checkpoint
+        return module
+    flat = torch.cat([tensor.flatten() for group in groups for tensor in group])
+    pieces = flat.split([tensor.numel() for tensor in module.values()])
+    return {name: piece.view_as(tensor) for (name, tensor), piece in zip(module.items(), pieces)}

@@ -760,8 +760,10 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     if pipeline > 1 and zero_stage == 0 and clipping > 0:
         # DeepSpeed 0.19.8 runtime/utils.py clip_grad_norm_ counts only the parameters of the
         # rank whose pipeline-grid model-parallel rank is 0 (the first stage): a wrong norm.
-        raise ConfigError(f"gradient_clipping {clipping} with a pipeline at zero_optimization.stage 0 would clip by "
-                          "the first stage's gradient norm only", "use zero_optimization.stage 1 (or gradient_clipping 0)")
+        default = "" if "gradient_clipping" in ds_config else " (the default: the JSON sets none)"
+        raise ConfigError(f"gradient_clipping {clipping}{default} with a pipeline at zero_optimization.stage 0 would "
+                          "clip by the first stage's gradient norm only", 'use zero_optimization.stage 1, or turn '
+                          'clipping off ("gradient_clipping": 0 in the JSON, or --clip-grad 0)')
 
     _ulysses_size(values, sequence)
     model_fields = {f.name for f in dataclasses.fields(BertConfig)}

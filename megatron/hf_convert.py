@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpoint import LATEST, RUN_STATE, UNREADABLE, tag_for
+from megatron.checkpoint import LATEST, RUN_STATE, UNREADABLE, run_state, tag_for
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry, check_fits
 from megatron.errors import ConfigError, DataError
@@ -419,6 +419,20 @@ def positions_for(table: torch.Tensor, rows: int, name: str, extend: bool) -> to
     return table.repeat((rows + found - 1) // found, 1)[:rows]
 
 
+INITIALISED = "initialised"  # run_state.json of a from-hf checkpoint: the tensors initialised at random
+
+
+def untrained_warning(load_dir: str, tag: str, prefix: str = "") -> str | None:
+    """The start of a warning naming the tensors (those whose names start with `prefix`) that a from-hf
+    checkpoint initialised at random because its Hugging Face folder lacked them (e.g. the MLM head
+    of a *Model folder); None for any other checkpoint."""
+    names = [name for name in run_state(load_dir, tag).get(INITIALISED, []) if name.startswith(prefix)]
+    if names:
+        return (f"{load_dir} was converted from a Hugging Face folder without {', '.join(names)}: they are "
+                "initialised at random, never trained")
+    return None
+
+
 # BertModel tensors an HF folder may lack as a whole, each group initialised: the heads a *Model or
 # *ForMaskedLM folder has no use for (the MLM head, the pooler and the sentence-order classifier),
 # and the parts HF has no counterpart for (linformer projections: `.attention.core.`)
@@ -440,7 +454,13 @@ def missing_encoder_tensors(missing: list, tensors: dict, config: BertConfig) ->
 
 
 def load_hf_as_bert_state(folder, config: BertConfig, extend_positions: bool = True) -> dict:
-    """A full BertModel state dict for `config` from an HF folder (the trainer's `--init-from-hf`).
+    """A full BertModel state dict for `config` from an HF folder (the trainer's `--init-from-hf`):
+    load_hf_weights' state."""
+    return load_hf_weights(folder, config, extend_positions)[0]
+
+
+def load_hf_weights(folder, config: BertConfig, extend_positions: bool = True) -> tuple[dict, list]:
+    """(a full BertModel state dict for `config` from an HF folder, the BertModel names initialised).
 
     Heads a folder may lack as a whole (a BertModel folder has no MLM / SOP head; a *ForMaskedLM
     none for sentence order) and our linformer projections come from BertModel(config)'s init under
@@ -452,17 +472,18 @@ def load_hf_as_bert_state(folder, config: BertConfig, extend_positions: bool = T
 
     hf_config = read_hf_config(folder)
     if hf_config.get("model_type") == hf_modernbert.MODEL_TYPE:
-        return hf_modernbert.load_hf_as_bert_state(folder, config, hf_config)
+        return hf_modernbert.load_hf_weights(folder, config, hf_config)
     check_compatible(bert_fields_from_hf(hf_config), config)
     tensors = read_hf_tensors(folder)
     state, missing = bert_state_from_hf(tensors, config, extend_positions)
     return completed(state, missing, missing_encoder_tensors(missing, tensors, config), folder, config)
 
 
-def completed(state: dict, missing: list, lacking: list, folder, config: BertConfig, note: str = "") -> dict:
-    """`state` with the `missing` tensors a folder may lack (whole heads) initialised as a new
-    model's, in one warning line (after `note`: what else the line must say); a folder that
-    `lacking` names (HF tensor names) is one error."""
+def completed(state: dict, missing: list, lacking: list, folder, config: BertConfig,
+              note: str = "") -> tuple[dict, list]:
+    """(`state` with the `missing` tensors a folder may lack (whole heads) initialised as a new
+    model's, in one warning line (after `note`: what else the line must say), `missing`); a folder
+    that `lacking` names (HF tensor names) is one error."""
     if lacking:
         shown = ", ".join(lacking[:6]) + (f" and {len(lacking) - 6} more" if len(lacking) > 6 else "")
         raise DataError(f"the Hugging Face folder {folder} lacks {len(lacking)} tensor(s) of the model: {shown}",
@@ -472,7 +493,7 @@ def completed(state: dict, missing: list, lacking: list, folder, config: BertCon
         fresh = BertModel(config).state_dict()
         state.update({name: fresh[name] for name in missing})
         warnings.warn(f"{note}not in the Hugging Face folder, initialised: {', '.join(missing)}", stacklevel=3)
-    return state
+    return state, missing
 
 
 # ---------------------------------------------------------------- files
@@ -574,12 +595,14 @@ def read_hf_tokenizer(folder):
     return None
 
 
-def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, tokenizer=None) -> None:
+def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, tokenizer=None,
+                                 initialised: list = ()) -> None:
     """A checkpoint directory with weights and config but no optimizer state, in the file layout
     of a plain-model ZeRO-0 checkpoint (`latest`, `iter_0000000/mp_rank_00_model_states.pt`, run_state.json), so
     `bert_state_from_checkpoint` and `stored_config` read it; `weights_only` marks it for a
-    trainer that starts from its weights at any layout; `tokenizer` carried as a trained one is.
-    Atomic like save_hf_folder."""
+    trainer that starts from its weights at any layout; `tokenizer` carried as a trained one is;
+    `initialised`: the tensors the HF folder lacked, recorded for untrained_warning (a training run's
+    own checkpoints record none). Atomic like save_hf_folder."""
     save_dir = Path(save_dir)
     if (save_dir / "latest").exists():
         raise ConfigError(f"{save_dir} already holds a checkpoint", "choose a new --save directory")
@@ -588,7 +611,7 @@ def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, toke
     partial = created_folder(tempfile.mkdtemp(prefix=f".{tag}.", dir=save_dir))
     try:
         header = {"config": TrainConfig(model=config).to_dict(), "iteration": 0, "consumed_samples": 0,
-                  "weights_only": True}
+                  "weights_only": True, **({INITIALISED: list(initialised)} if initialised else {})}
         torch.save({"module": state, **header}, partial / "mp_rank_00_model_states.pt")
         # the header again as JSON, so that reading it (checkpoint.run_state) loads no weights
         (partial / RUN_STATE).write_text(json.dumps(header, allow_nan=False))

@@ -321,9 +321,10 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, decoder_bias: bool = T
     return state, sorted(set(expected) - set(state))
 
 
-def load_hf_as_bert_state(folder, config: BertConfig, hf_config: dict | None = None) -> dict:
-    """A full BertModel state dict for `config` from a ModernBertForMaskedLM or ModernBertModel folder,
-    or a fine-tuned one (ModernBertForSequenceClassification, ...: read as a ModernBertModel).
+def load_hf_weights(folder, config: BertConfig, hf_config: dict | None = None) -> tuple[dict, list]:
+    """(a full BertModel state dict for `config` from a ModernBertForMaskedLM or ModernBertModel folder,
+    or a fine-tuned one (ModernBertForSequenceClassification, ...: read as a ModernBertModel), the
+    BertModel names initialised).
 
     A head the folder lacks as a whole (a ModernBertModel has no MLM head; no ModernBERT has a
     sentence-order head) comes from BertModel(config)'s init under the current RNG, listed in one

@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from megatron import checkpoint, determinism, hf_convert, hf_modernbert, paths
 from megatron.arguments import PRINTER_WAIT, build_parser, config_flags, launcher_rank, outlive_rank_0
-from megatron.config import (OPTIMIZER_DEFAULTS, adjustable_start_fields, default_optimizer, optimizer_params_taken,
-                             precision, read_ds_config, refuse_contradictions, resolve)
+from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, adjustable_start_fields, default_optimizer,
+                             optimizer_params_taken, precision, read_ds_config, refuse_contradictions, resolve)
 from megatron.data import index_maps
 from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_weights,
                                         token_stats)
@@ -36,6 +36,8 @@ from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, tra
 from megatron.errors import ConfigError, DataError, cannot_use
 from megatron.model.args import BertConfig
 from megatron.model.attention import blocks
+from megatron.model.attention.rules import refuse_local_layers
+from megatron.model.bert import BertModel
 from megatron.parallel import device, jit_locks, launcher_watch, state
 from megatron.run_log import RunLog, log_dir_problem, tensorboard_problem
 
@@ -492,7 +494,8 @@ def run_tokenizer(args):
             if launcher_rank() == 0:
                 print(f"warning: {error.problem}; the run uses {explicit.file}", file=sys.stderr, flush=True)
             folder = None
-        tokenizer = choose_tokenizer(explicit, folder, args.init_from_hf, same_pipeline=not args.tokenizer_type)
+        tokenizer = choose_tokenizer(explicit, folder, args.init_from_hf, same_pipeline=not args.tokenizer_type,
+                                     hf_folder=True)
         tokenizer = explicit if explicit is not None and args.tokenizer_type else tokenizer
     return tokenizer
 
@@ -523,7 +526,9 @@ def data_paths(args) -> tuple:
             token.startswith("##") for token in tokenizer.tokens):
         raise ConfigError(f"--whole-word-masking finds words by WordPiece '##' continuations, and the {HF_TOKENIZER} "
                           f"{tokenizer.file} has none", "drop --whole-word-masking")
-    check_data_vocab(tokenizer, parse_data_path(data_path)[1])
+    holder = (f"the Hugging Face folder {args.init_from_hf}" if args.init_from_hf else
+              f"checkpoint {args.load}" if args.load else None)
+    check_data_vocab(tokenizer, parse_data_path(data_path)[1], holder)
     return data_path, tokenizer
 
 
@@ -599,13 +604,18 @@ def starts_from_weights(args) -> bool:
 def model_flags(args, ds: dict, weights_only: bool) -> dict:
     """BertConfig / TrainConfig field values from the flags, with the sizes of the weights the run
     starts from (--init-from-hf, weights-only --load) where the flags leave them out; vocab_size
-    None where neither gives it (the vocab file's, once it is read: a preset never sets it)."""
+    None where neither gives it (the vocab file's, once it is read: a preset never sets it). Flags that
+    contradict those weights are refused, as is linformer or bigbird over their local layers."""
     flags = config_flags(args)
     weights = starting_weights_fields(args, weights_only)
     start = initial_model_fields(weights)
-    refuse_contradictions(start, f"the --init-from-hf folder {args.init_from_hf}" if args.init_from_hf
-                          else f"the weights-only checkpoint {args.load}", flags, ds,
-                          adjustable_start_fields(start, bool(args.init_from_hf)))
+    source = (f"the --init-from-hf folder {args.init_from_hf}" if args.init_from_hf
+              else f"the weights-only checkpoint {args.load}")
+    refuse_contradictions(start, source, flags, ds, adjustable_start_fields(start, bool(args.init_from_hf)))
+    if "local_attention_window" in start:  # the weights have local layers (carried_fields), which no flag drops
+        section = ds.get(SECTION)
+        refuse_local_layers(flags.get("attention") or (section.get("attention") if isinstance(section, dict) else None),
+                            source)
     for field, value in start.items():
         flags[field] = value if flags.get(field) is None else flags[field]
     if flags.get("seq_length") is None and start:
@@ -709,9 +719,11 @@ def pretrain(args) -> None:
         last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
         log.start(iteration, f"resuming from {last_checkpoint} iteration {iteration}, consumed samples {consumed}",
                   resumed_from=last_checkpoint)
+        change = checkpoint.attention_change(f"checkpoint {args.load}", client["config"]["model"]["attention"],
+                                             config.model.attention)
         for warning in (resume_schedule(engine, client.get("schedule"), schedule, iteration),
                         describe_sample_change(client["config"], config, consumed),
-                        describe_data_change(client.get("data"), data, consumed)):
+                        describe_data_change(client.get("data"), data, consumed), change and f"warning: {change}"):
             if warning and dist.get_rank() == 0:
                 print(warning, file=sys.stderr, flush=True)
         if iteration >= train_iters:  # a finished run started again (a rerun of the same command)
@@ -814,7 +826,11 @@ def initial_model_fields(fields: dict) -> dict:
 
 
 def initial_weights(args, config, weights_only: bool) -> dict | None:
-    """BertModel state to start from (None: fresh init, or a full checkpoint that --load restores)."""
+    """BertModel state to start from (None: fresh init, or a full checkpoint that --load restores).
+    Weights of another attention variant (a weights-only --load, --finetune) start the run as
+    --init-from-hf does: Linformer's projections they lack initialised, those this run lacks dropped
+    (check_model_shapes); a line names what is initialised, and one says when the weights were trained
+    here with attention of other math (attention_change)."""
     if args.init_from_hf:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -826,9 +842,22 @@ def initial_weights(args, config, weights_only: bool) -> dict | None:
         return state
     if weights_only:
         tag = checkpoint.latest_tag(args.load)
-        stored = checkpoint.stored_config(args.load, tag)["model"]
-        checkpoint.check_model_shapes(stored, config.model, os.path.join(args.load, tag))
-        return checkpoint.bert_state_from_checkpoint(args.load, tag)
+        run_state = checkpoint.run_state(args.load, tag)
+        stored = run_state["config"]["model"]
+        fresh, dropped = checkpoint.check_model_shapes(stored, config.model, os.path.join(args.load, tag), start=True)
+        state = checkpoint.bert_state_from_checkpoint(args.load, tag)
+        for name in dropped:
+            del state[name]
+        notes = [] if run_state.get("weights_only") else [  # trained here (a from-hf one: as --init-from-hf)
+            checkpoint.attention_change(f"checkpoint {args.load}", stored["attention"], config.model.attention)]
+        if fresh:  # as --init-from-hf initialises them (hf_convert.completed)
+            state.update({name: tensor for name, tensor in BertModel(config.model).state_dict().items()
+                          if name in fresh})
+            notes.append(f"not in checkpoint {args.load}, initialised: {', '.join(fresh)}")
+        if launcher_rank() == 0:  # also before the process group exists
+            for note in filter(None, notes):
+                print(f"warning: {note}", file=sys.stderr, flush=True)
+        return state
     return None
 
 

@@ -114,8 +114,12 @@ def test_resolved_config_is_json_serialisable():
     ({"sequence_parallel": {"size": 4, "attention": "ulysses"}, "train_batch_size": 4}, 4, {"num_attention_heads": 2,
                                                                                              "hidden_size": 32},
      "ulysses needs num_attention_heads (2) divisible by the sequence-parallel size (4)"),
-    ({"train_batch_size": 4}, 4, {"pipeline_parallel_size": 2},
-     "gradient_clipping 1.0 with a pipeline at zero_optimization.stage 0"),
+    ({"train_batch_size": 4}, 4, {"pipeline_parallel_size": 2},  # DeepSpeed's default clipping, named as such
+     "gradient_clipping 1.0 (the default: the JSON sets none) with a pipeline at zero_optimization.stage 0 would clip "
+     "by the first stage's gradient norm only; use zero_optimization.stage 1, or turn clipping off "
+     '("gradient_clipping": 0 in the JSON, or --clip-grad 0)'),
+    ({"train_batch_size": 4, "gradient_clipping": 0.5}, 4, {"pipeline_parallel_size": 2},
+     "gradient_clipping 0.5 with a pipeline at zero_optimization.stage 0"),
     ({"sequence_parallel": {"size": "2"}}, 4, {}, "sequence_parallel.size = '2' is not an integer"),
     ({"sequence_parallel": {"size": 2, "sparse": True}}, 4, {}, "unknown key sequence_parallel.sparse"),
     ({"sequence_parallel": {"linformer": {"k": 8, "rank": 2}}}, 4, {}, "unknown key sequence_parallel.linformer.rank"),

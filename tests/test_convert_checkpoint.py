@@ -28,30 +28,60 @@ TOOL = Path(__file__).resolve().parents[1] / "tools" / "convert_checkpoint.py"
 MICRO = 2
 
 
+BF16 = {"bf16": {"enabled": True}}
+
+
+def fp32_masters(engine) -> dict:
+    """engine.module's fp32 master weights by its parameter names: DeepSpeed's ZeRO / bf16 optimizers
+    link each parameter to its own (collective), the FP16 optimizers of ZeRO 0 keep them in groups."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    names = [name for name, _ in engine.module.named_parameters()]
+    if hasattr(engine.optimizer, "fp32_groups") and not hasattr(next(engine.module.parameters()), "_hp_mapping"):
+        return dict(zip(names, (p.detach().clone() for group in engine.optimizer.fp32_groups for p in group)))
+    return {name: safe_get_full_fp32_param(p).clone() for name, p in engine.module.named_parameters()}
+
+
 def train_and_save(directory: str) -> dict:
-    """One step at pipeline 2 x sequence 2 (ZeRO 1), saved; returns this stage's weights in
-    BertModel names. Pre-LayerNorm without embedding LayerNorm: MegatronBert's layout."""
+    """One step in bf16 at pipeline 2 x sequence 2 (ZeRO 1), saved; returns this stage's fp32 master
+    weights in BertModel names. Pre-LayerNorm without embedding LayerNorm: MegatronBert's layout."""
     flags = {**model_flags(), "embedding_layernorm": False, "pipeline_parallel_size": 2}
-    config = resolve(flags, ds_config(MICRO, GLOBAL_BATCH // MICRO, 1, 2), torch.distributed.get_world_size())
+    config = resolve(flags, {**ds_config(MICRO, GLOBAL_BATCH // MICRO, 1, 2), **BF16},
+                     torch.distributed.get_world_size())
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
     train_step(engine, micro_batches(MICRO)[state.get_data_parallel_rank() * 2:][:2])
     checkpoint.save(engine, config, directory, iteration=1, consumed_samples=GLOBAL_BATCH)
     to_bert = {bert_to_pipe_name(name, config.model.num_layers): name for name in small_model(config.model).state_dict()}
-    return {to_bert[name]: p.detach().clone() for name, p in engine.module.named_parameters()}
+    return {to_bert[name]: weight for name, weight in fp32_masters(engine).items()}
+
+
+def rounded_by_bf16(weights: dict) -> bool:
+    """Whether the weights differ from their bf16 rounding (so that reading the rounded copies fails)."""
+    return any(not torch.equal(w, w.bfloat16().float()) for w in weights.values())
 
 
 def train_and_save_zero3(directory: str) -> dict:
     """One step at sequence 2 with ZeRO 3 (weights only as partitions), BERT's post-LayerNorm
-    layout; returns the gathered weights."""
+    layout, into `directory`/zero3; then the same step in bf16 at ZeRO 1 and at ZeRO 0 (DeepSpeed's
+    FP16 optimizer, no layout-free files), into bf16-zero1 and bf16-zero0. Returns {folder: the
+    gathered weights; the fp32 masters for bf16}."""
     import deepspeed
 
-    config = resolve({**model_flags(), "layernorm_layout": "post"}, ds_config(MICRO, GLOBAL_BATCH // MICRO, 3, 2),
-                     torch.distributed.get_world_size())
-    engine = build_engine(config, bert_state=small_model(config.model).state_dict())
-    train_step(engine, micro_batches(MICRO))
-    checkpoint.save(engine, config, directory, iteration=1, consumed_samples=GLOBAL_BATCH)
-    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
-        return {name: p.detach().clone() for name, p in engine.module.named_parameters()}
+    weights = {}
+    for folder, zero_stage, precision in (("zero3", 3, {}), ("bf16-zero1", 1, BF16), ("bf16-zero0", 0, BF16)):
+        state.destroy()  # fresh groups for each engine
+        config = resolve({**model_flags(), "layernorm_layout": "post"},
+                         {**ds_config(MICRO, GLOBAL_BATCH // MICRO, zero_stage, 2), **precision},
+                         torch.distributed.get_world_size())
+        engine = build_engine(config, bert_state=small_model(config.model).state_dict())
+        train_step(engine, micro_batches(MICRO))
+        checkpoint.save(engine, config, f"{directory}/{folder}", iteration=1, consumed_samples=GLOBAL_BATCH)
+        if zero_stage == 3:
+            with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+                weights[folder] = {name: p.detach().clone() for name, p in engine.module.named_parameters()}
+        else:
+            weights[folder] = fp32_masters(engine)
+    return weights
 
 
 def convert(*args) -> subprocess.CompletedProcess:
@@ -59,9 +89,11 @@ def convert(*args) -> subprocess.CompletedProcess:
 
 
 def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
+    """bf16: the export holds the fp32 masters (the layout-free files'), not the stages' bf16 copies."""
     trained = {}
     for stage in run_on_ranks(train_and_save, 4, str(tmp_path / "ckpt"), timeout=300):
         trained.update(stage)
+    assert rounded_by_bf16(trained)
     stored = checkpoint.stored_config(str(tmp_path / "ckpt"), checkpoint.tag_for(1))["model"]
     config = BertConfig(**{**stored, "attention": "dense"})
     reference = BertModel(config).eval()
@@ -71,6 +103,7 @@ def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
     done = convert("to-hf", "--load", tmp_path / "ckpt", "--vocab-file", vocab, "--output", tmp_path / "hf")
     assert done.returncode == 0, done.stderr
     hf = transformers.MegatronBertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    assert hf.dtype == torch.float32
     assert_same_logits(reference, hf, padded_batch(), "pp2 x sp2 checkpoint -> HF")
 
     done = convert("from-hf", "--hf-dir", tmp_path / "hf", "--save", tmp_path / "back",
@@ -84,13 +117,22 @@ def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
 
 
 def test_zero3_sequence_parallel_checkpoint_to_hf(tmp_path):
-    trained = run_on_ranks(train_and_save_zero3, 2, str(tmp_path / "ckpt"), timeout=300)[0]
-    stored = checkpoint.stored_config(str(tmp_path / "ckpt"), checkpoint.tag_for(1))["model"]
+    """And the weights of bf16 checkpoints read back as their fp32 masters, at ZeRO 1 (layout-free
+    files) and ZeRO 0 (the FP16 optimizer's state), not as the model files' bf16 copies."""
+    weights = run_on_ranks(train_and_save_zero3, 2, str(tmp_path), timeout=300)[0]
+    for folder in ("bf16-zero1", "bf16-zero0"):
+        assert rounded_by_bf16(weights[folder])
+        assert_same_weights(checkpoint.bert_state_from_checkpoint(str(tmp_path / folder)), weights[folder])
+    trained = weights["zero3"]
+    stored = checkpoint.stored_config(str(tmp_path / "zero3"), checkpoint.tag_for(1))["model"]
     reference = BertModel(BertConfig(**{**stored, "attention": "dense"})).eval()
     reference.load_state_dict(trained)
-    done = convert("to-hf", "--load", tmp_path / "ckpt", "--vocab-file", write_vocab_file(tmp_path / "vocab.txt"),
+    # as written before layout-free files: read by DeepSpeed's zero_to_fp32, whose report stays off stdout
+    (tmp_path / "zero3" / checkpoint.tag_for(1) / checkpoint.LAYOUT_FREE.format(stage=0)).unlink()
+    done = convert("to-hf", "--load", tmp_path / "zero3", "--vocab-file", write_vocab_file(tmp_path / "vocab.txt"),
                    "--output", tmp_path / "hf")
     assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("wrote BertForPreTraining") and "zero checkpoint" not in done.stdout
     hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     assert_same_logits(reference, hf, padded_batch(), "zero3 x sp2 checkpoint -> HF")
 
@@ -209,7 +251,40 @@ def test_to_hf_of_a_bigbird_model_says_the_export_attends_densely(tmp_path):
                           embedding_layernorm=True)
     tokenizer = BertWordPiece(str(write_vocab_file(tmp_path / "vocab.txt")))
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config, tokenizer)
-    with pytest.warns(UserWarning, match="trained with BigBird's block-sparse attention; the Hugging Face model "
-                                         "attends to every token"):
+    with pytest.warns(UserWarning, match=r"trained with BigBird's block-sparse attention \(bigbird\); the Hugging "
+                                         r"Face model uses attention to every token \(dense\), so its outputs differ"):
         tool.main(["to-hf", "--load", str(tmp_path / "ck"), "--output", str(tmp_path / "hf")])
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "bert"
+
+
+def test_heads_the_folder_lacked_are_recorded_and_named_by_to_hf_and_fill_mask(tmp_path, capsys):
+    """from-hf of a BertModel folder (no MLM head, no sentence-order classifier) records the tensors it
+    initialised in the checkpoint's run state; to-hf and fill_mask.py (the MLM head only) name them in
+    one warning line, where they passed silently after from-hf's warning. A training run's checkpoint
+    records none (checkpoint.save writes its own run state). In-process."""
+    from test_hf_convert import hf_model
+
+    tools = {}
+    for name in ("convert_checkpoint", "fill_mask"):
+        spec = importlib.util.spec_from_file_location(name, TOOL.parent / f"{name}.py")
+        tools[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tools[name])
+    _, folder = hf_model("bert", tmp_path, heads=False)
+    write_vocab_file(folder / "vocab.txt")
+    with pytest.warns(UserWarning, match="not in the Hugging Face folder, initialised"):
+        tools["convert_checkpoint"].main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "ck")])
+    head = ["lm_head.bias", "lm_head.dense.bias", "lm_head.dense.weight", "lm_head.layernorm.bias",
+            "lm_head.layernorm.weight"]
+    recorded = checkpoint.run_state(str(tmp_path / "ck"), checkpoint.tag_for(0))[hf_convert.INITIALISED]
+    assert recorded == ["binary_head.classifier.bias", "binary_head.classifier.weight", *head]
+    untrained = f"{tmp_path / 'ck'} was converted from a Hugging Face folder without"
+    with pytest.warns(UserWarning) as caught:
+        tools["convert_checkpoint"].main(["to-hf", "--load", str(tmp_path / "ck"), "--output", str(tmp_path / "hf")])
+    assert [str(w.message) for w in caught] == [
+        f"{untrained} {', '.join(recorded)}: they are initialised at random, never trained; the export carries "
+        "them as they are (train from the checkpoint first, or convert a Hugging Face folder that has them)"]
+    capsys.readouterr()
+    tools["fill_mask"].main(["--load", str(tmp_path / "ck"), "--text", "tok5 [MASK]"])
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: {untrained} {', '.join(head)}: they are initialised at random, never trained; these predictions "
+        "are random (train from the checkpoint first, or convert a Hugging Face folder with its masked-LM head)"]

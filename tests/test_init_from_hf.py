@@ -91,3 +91,91 @@ def test_an_unreadable_folder_tokenizer_is_one_line_or_a_warning_beside_the_flag
         f"warning: the tokenizer of the Hugging Face folder {folder} cannot be used: tokenizer file "
         f"{folder / 'tokenizer.json'} is not a Hugging Face tokenizer.json (key must be a string at line 1 column 2); "
         f"the run uses {args.vocab_file}"]
+
+
+def test_a_start_from_weights_of_another_variant_initialises_or_drops_linformers_projections(tmp_path, capsys):
+    """In-process (training.initial_weights): a weights-only checkpoint (from-hf's, dense) starts a linformer
+    run as --init-from-hf does, its projections initialised and named in one warning line; --finetune from a
+    linformer-trained checkpoint into dense attention drops them and says in one line that the outputs change
+    (a from-hf one says nothing: it was not trained here). A resume cannot: its fix names --finetune."""
+    import json
+
+    from bert_fixtures import small_config, small_model
+    from megatron.errors import ConfigError
+
+    dense, linformer = small_config("dense"), small_config("linformer", linformer_k=8)
+    for name, config in (("from_hf", dense), ("trained", linformer)):
+        hf_convert.save_weights_only_checkpoint(tmp_path / name, small_model(config).state_dict(), config)
+    run_state = tmp_path / "trained" / checkpoint.tag_for(0) / checkpoint.RUN_STATE
+    run_state.write_text(json.dumps({**json.loads(run_state.read_text()), "weights_only": False}))  # a trained one
+
+    def start(name: str, config: BertConfig) -> dict:
+        args = argparse.Namespace(init_from_hf=None, load=str(tmp_path / name))
+        return training.initial_weights(args, argparse.Namespace(model=config), weights_only=True)
+
+    capsys.readouterr()
+    state, stored = start("from_hf", linformer), checkpoint.bert_state_from_checkpoint(str(tmp_path / "from_hf"))
+    projections = [f"layers.{i}.attention.core.{kind}_projection" for i in (0, 1) for kind in ("key", "value")]
+    assert sorted(set(state) - set(stored)) == projections and all(torch.equal(state[n], stored[n]) for n in stored)
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: not in checkpoint {tmp_path / 'from_hf'}, initialised: {', '.join(sorted(projections))}"]
+    state = start("trained", dense)
+    assert set(state) == set(small_model(dense).state_dict())
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: checkpoint {tmp_path / 'trained'} was trained with Linformer's low-rank projected attention "
+        "(linformer); this run uses attention to every token (dense), so its outputs differ from the trained model's"]
+    with pytest.raises(ConfigError, match="holds layers.0.attention.core.key_projection of shape nothing, this model "
+                                          "expects .*; resume with attention dense, the checkpoint's, or pass "
+                                          "--finetune to start a new run from its weights"):
+        checkpoint.check_model_shapes(vars(dense), linformer, "ckpt/iter_0000001")
+    # any other tensor the weights lack stays one error, and a start from weights is no resume
+    with pytest.raises(ConfigError, match="holds binary_head.pooler.weight of shape nothing, this model expects "
+                                          r"\[32, 32\]; pass the model flags the checkpoint was trained with$"):
+        checkpoint.check_model_shapes(vars(small_config("dense", add_binary_head=False)), dense, "ckpt", start=True)
+
+
+def test_linformer_or_bigbird_over_the_local_layers_of_the_weights_names_them_not_a_flag(tmp_path):
+    """In-process (training.model_flags): the window comes from the weights the run starts from (here a
+    weights-only checkpoint; an --init-from-hf folder alike), so no flag drops it: the one fix is a
+    variant for the global layers."""
+    from bert_fixtures import small_config, small_model
+    from megatron.arguments import build_parser
+    from megatron.errors import ConfigError
+
+    config = small_config("dense", position_embedding_type="rope", local_attention_window=8, global_attention_every=2)
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
+    for variant, flags, ds in (("bigbird", [], {"sequence_parallel": {"attention": "bigbird"}}),
+                               ("linformer", ["--attention", "linformer"], {})):
+        args = build_parser().parse_args(["--load", str(tmp_path / "ck"), *flags])
+        with pytest.raises(ConfigError) as caught:
+            training.model_flags(args, ds, weights_only=True)
+        assert str(caught.value) == (
+            f"{variant} attention cannot be combined with the local sliding-window layers of the weights-only "
+            f"checkpoint {tmp_path / 'ck'} (its global layers would change the math of a windowed model); use "
+            "attention dense, ring, ulysses or hybrid for the global layers")
+
+
+def test_a_folders_fixed_tokenizer_is_the_folders_and_other_data_is_preprocessed_again(tmp_path):
+    """In-process (training.data_paths): the folder's tokenizer is named as the folder's, not a checkpoint's,
+    and data made with another vocab gets the one fix that applies: the folder refuses the data's vocab flag."""
+    from megatron.data.tokenizer import BertWordPiece, write_data_identity
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    write_vocab_file(folder / "vocab.txt")
+    lines = (folder / "vocab.txt").read_text().splitlines()
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(lines[:5] + lines[5:][::-1]) + "\n")
+    args = argparse.Namespace(load=None, init_from_hf=str(folder), vocab_file=str(other), tokenizer_file=None,
+                              tokenizer_type=None, data_path=[str(tmp_path / "data")], whole_word_masking=False)
+    with pytest.raises(DataError, match=f"the vocab {other} differs from {folder}/vocab.txt, the one the Hugging Face "
+                                        f"folder {folder} was trained with .*; drop --vocab-file/--tokenizer-file "
+                                        r"\(the folder carries its tokenizer\)"):
+        training.data_paths(args)
+    args.vocab_file = None
+    write_data_identity(BertWordPiece(str(other)), str(tmp_path / "data"))
+    with pytest.raises(DataError) as caught:
+        training.data_paths(args)
+    assert str(caught.value).endswith(
+        f"; rerun tools/preprocess_data.py with the run's tokenizer (--tokenizer-type BertWordPieceLowerCase "
+        f"--vocab-file {folder}/vocab.txt, the one the Hugging Face folder {folder} was trained with)")

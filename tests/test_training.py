@@ -400,3 +400,22 @@ def test_a_resume_on_other_data_says_so():
     assert other.startswith("warning: resuming with --data-path b/other (the checkpoint's: a/corpus; other text or "
                             "weights): the data goes on at sample 8 of another index map"), other
     assert "held-out" not in other
+
+
+def test_a_resume_or_start_with_attention_of_other_math_says_the_outputs_change():
+    """checkpoint.attention_change, the line a resume, --finetune and extend_context print at start: the exact
+    variants (one softmax over every token, split across ranks otherwise) move weights unchanged, silently;
+    to or from Linformer's or BigBird's math the trained function changes, said once."""
+    from megatron.checkpoint import attention_change
+
+    exact = ("dense", "ring", "ulysses", "hybrid")
+    assert all(attention_change("ck", a, b) is None for a in exact for b in exact)
+    assert attention_change("ck", "bigbird", "bigbird") is None
+    assert attention_change("ck", "linformer", "linformer") is None
+    assert attention_change("checkpoint ck", "bigbird", "ring") == (
+        "checkpoint ck was trained with BigBird's block-sparse attention (bigbird); this run uses attention to every "
+        "token (ring), so its outputs differ from the trained model's")
+    assert attention_change("checkpoint ck", "hybrid", "linformer") == (
+        "checkpoint ck was trained with attention to every token (hybrid); this run uses Linformer's low-rank "
+        "projected attention (linformer), so its outputs differ from the trained model's")
+    assert "BigBird's" in attention_change("ck", "linformer", "bigbird")

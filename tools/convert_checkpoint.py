@@ -7,7 +7,8 @@
            *ForMaskedLM when the model has no sentence-order head; ModernBertForMaskedLM for a model
            with the modern layer options (--model-preset modernbert-*). Padded vocab rows are trimmed.
   from-hf  a Hugging Face Bert* / MegatronBert* / ModernBert* folder -> a weights-only checkpoint for this
-           trainer. Heads the folder lacks are initialised and listed in one warning line. A
+           trainer. Heads the folder lacks are initialised, listed in one warning line and recorded in
+           the checkpoint (to-hf and fill_mask.py name them again until a training run saves). A
            larger --max-position-embeddings extends the 512 learned positions by repeating them
            (--no-position-extension refuses instead).
 """
@@ -20,7 +21,8 @@ from megatron.quiet import quiet_deepspeed
 
 quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
 from megatron import hf_convert  # noqa: E402
-from megatron.checkpoint import bert_state_from_checkpoint, checkpoint_folder, latest_tag, stored_config  # noqa: E402
+from megatron.checkpoint import (attention_change, bert_state_from_checkpoint, checkpoint_folder, latest_tag,  # noqa: E402
+                                 stored_config)
 from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer  # noqa: E402
 from megatron.errors import ConfigError, run_tool  # noqa: E402
 from megatron.model.bert import BertConfig  # noqa: E402
@@ -29,16 +31,19 @@ from megatron.model.bert import BertConfig  # noqa: E402
 def to_hf(args) -> None:
     tag = args.tag or latest_tag(args.load)
     config = BertConfig(**stored_config(args.load, tag)["model"])
-    if config.attention == "bigbird":  # the weights carry over, the sparsity pattern does not
-        warnings.warn(f"{args.load} was trained with BigBird's block-sparse attention; the Hugging Face model "
-                      "attends to every token, so its outputs differ from the trained model's (the export suits "
-                      "fine-tuning with dense attention)")
     tokenizer = checkpoint_tokenizer(args, checkpoint_folder(args.load, tag))
     state = bert_state_from_checkpoint(args.load, tag)
     if isinstance(tokenizer, HFTokenizer):
         hf_convert.save_hf_folder(args.output, state, config, hf_tokenizer=tokenizer)
     else:
         hf_convert.save_hf_folder(args.output, state, config, tokenizer.file, tokenizer.lower_case)
+    change = attention_change(args.load, config.attention, "dense", user="the Hugging Face model")
+    if change:  # once written (an error stays the only line): the weights carry over, BigBird's pattern does not
+        warnings.warn(f"{change} (the export suits fine-tuning with dense attention)")
+    untrained = hf_convert.untrained_warning(args.load, tag)
+    if untrained:  # once written: an error stays the only line
+        warnings.warn(f"{untrained}; the export carries them as they are (train from the checkpoint first, or "
+                      "convert a Hugging Face folder that has them)")
     print(f"wrote {hf_convert.read_hf_config(args.output)['architectures'][0]} "
           f"({config.num_layers} layers, hidden {config.hidden_size}) to {args.output}")
 
@@ -81,8 +86,9 @@ def from_hf(args) -> None:
             fields[name] = getattr(args, name)
     fields["seq_length"] = positions if args.seq_length is None else args.seq_length
     config = BertConfig(**fields)
-    state = hf_convert.load_hf_as_bert_state(args.hf_dir, config, extend_positions=not args.no_position_extension)
-    hf_convert.save_weights_only_checkpoint(args.save, state, config, tokenizer)
+    state, initialised = hf_convert.load_hf_weights(args.hf_dir, config,
+                                                    extend_positions=not args.no_position_extension)
+    hf_convert.save_weights_only_checkpoint(args.save, state, config, tokenizer, initialised)
     print(f"wrote a weights-only checkpoint ({config.layernorm_layout}-LayerNorm, {config.num_layers} layers, "
           f"{config.max_position_embeddings} positions) to {args.save}")
 

@@ -22,6 +22,7 @@ from megatron.checkpoint import (LATEST, bert_state_from_checkpoint, checkpoint_
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits, checkpoint_tokenizer  # noqa: E402
 from megatron.errors import ConfigError, run_tool  # noqa: E402
+from megatron.hf_convert import untrained_warning  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 
 MASK = "[MASK]"
@@ -125,6 +126,10 @@ def main(argv=None) -> None:
     model = load_model(args.load)
     check_fits(tokenizer, model.config.vocab_size)
     results = [(text, fill_mask(model, tokenizer, text, args.top_k)) for text in args.text]  # all checked, then printed
+    untrained = untrained_warning(args.load, tag, "lm_head.")
+    if untrained:
+        print(f"warning: {untrained}; these predictions are random (train from the checkpoint first, or convert a "
+              "Hugging Face folder with its masked-LM head)", file=sys.stderr)
     for text, masks in results:
         print(text)
         for number, predictions in enumerate(masks, start=1):

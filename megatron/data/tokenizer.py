@@ -444,18 +444,22 @@ def carried_tokenizer(folder):
     return tokenizer
 
 
-def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None = None, same_pipeline: bool = True):
-    """The run's tokenizer: the one the flags name, else the one `checkpoint` carries (None: neither).
-    Flags naming another vocab, or a tokenizer that splits text another way (a tokenizer.json, or a
-    vocab.txt of the case --tokenizer-type names; unless `same_pipeline` is False: the flags' type
-    overrides an HF folder's), or only another --tokenizer-type, are refused."""
+def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None = None, same_pipeline: bool = True,
+                     hf_folder: bool = False):
+    """The run's tokenizer: the one the flags name, else the one `checkpoint` carries (None: neither;
+    `hf_folder`: it is a Hugging Face folder, not a checkpoint). Flags naming another vocab, or a
+    tokenizer that splits text another way (a tokenizer.json, or a vocab.txt of the case
+    --tokenizer-type names; unless `same_pipeline` is False: the flags' type overrides an HF
+    folder's), or only another --tokenizer-type, are refused."""
     if carried is None:
         return explicit
     if explicit is not None and explicit.identity != carried.identity:
-        raise DataError(f"the vocab {explicit.file} differs from {carried.file}, the one checkpoint {checkpoint} "
-                        f"was trained with (its tokens or their order differ: sha256 {explicit.identity[:12]} vs "
-                        f"{carried.identity[:12]})", "drop --vocab-file/--tokenizer-file (the checkpoint carries "
-                        "its tokenizer) or pass the one it was trained with")
+        holder = "folder" if hf_folder else "checkpoint"
+        named = f"the Hugging Face folder {checkpoint}" if hf_folder else f"checkpoint {checkpoint}"
+        raise DataError(f"the vocab {explicit.file} differs from {carried.file}, the one {named} was trained with (its "
+                        f"tokens or their order differ: sha256 {explicit.identity[:12]} vs {carried.identity[:12]})",
+                        f"drop --vocab-file/--tokenizer-file (the {holder} carries its tokenizer) or pass the one it "
+                        "was trained with")
     if explicit is not None and (isinstance(explicit, HFTokenizer) or flag_type):  # a vocab.txt's case: the type's
         differ = _pipeline_differences(carried.pipeline, explicit.pipeline) if same_pipeline else []
         if differ:  # a BERT tokenizer.json and a vocab.txt of the same case are one pipeline: not refused
@@ -507,9 +511,13 @@ def _recorded_pipeline(record: dict) -> dict | None:
     return None if lower_case is None else _pipeline(wordpiece({"[UNK]": 0}, lower_case))
 
 
-def check_data_vocab(tokenizer, prefixes) -> None:
+def check_data_vocab(tokenizer, prefixes, fixed_by: str | None = None) -> None:
     """Each dataset's recorded vocab and text pipeline (data made before the record existed: size checks
-    only) is the run's."""
+    only) is the run's. `fixed_by`: the weights the run starts from or resumes ('checkpoint DIR'), which
+    fix its tokenizer (choose_tokenizer refuses another), so preprocessing again is the one fix."""
+    rerun = "rerun tools/preprocess_data.py with the run's tokenizer"
+    if fixed_by:
+        rerun = f"{rerun} ({naming_flags(tokenizer.type_name, tokenizer.file)}, the one {fixed_by} was trained with)"
     for prefix in prefixes:
         path = data_identity_path(prefix)
         if not path.is_file():
@@ -518,8 +526,8 @@ def check_data_vocab(tokenizer, prefixes) -> None:
         if record["vocab_sha256"] != tokenizer.identity:
             raise DataError(f"the data {prefix} was preprocessed with the vocab {record['file']}, whose tokens "
                             f"differ from the run's {tokenizer.file} (sha256 {record['vocab_sha256'][:12]} vs "
-                            f"{tokenizer.identity[:12]})", "pass the --vocab-file/--tokenizer-file the data was made "
-                            "with, or rerun tools/preprocess_data.py with this one")
+                            f"{tokenizer.identity[:12]})", rerun if fixed_by else "pass the --vocab-file/--tokenizer-"
+                            "file the data was made with, or rerun tools/preprocess_data.py with this one")
         recorded = _recorded_pipeline(record)
         differ = _pipeline_differences(recorded, tokenizer.pipeline) if recorded is not None else []
         if differ:
@@ -527,5 +535,5 @@ def check_data_vocab(tokenizer, prefixes) -> None:
             raise DataError(f"the data {prefix} was preprocessed with the {record['tokenizer_type']} {record['file']}, "
                             f"whose text pipeline differs from the run's {tokenizer.type_name} {tokenizer.file} "
                             f"({_first_three(differ)}): the same tokens, "
-                            "split from text another way", f"pass {made_with} (what the data was made with), "
-                            "or rerun tools/preprocess_data.py with the run's tokenizer")
+                            "split from text another way", rerun if fixed_by else f"pass {made_with} (what the "
+                            f"data was made with), or {rerun}")

@@ -143,15 +143,23 @@ def variant_rules(name: str) -> type:
     return RULES[name]
 
 
+def refuse_local_layers(variant: str, layers_of: str | None = None) -> None:
+    """Linformer and BigBird have no local layers: their global layers would change the math of a
+    windowed model. `layers_of`: the weights whose layer rule makes the local layers (a run starting
+    from them), which no flag can drop: a global-layer variant is then the one fix."""
+    if variant in ("linformer", "bigbird"):
+        layers = f"the local sliding-window layers of {layers_of}" if layers_of else "local sliding-window layers"
+        raise ConfigError(f"{variant} attention cannot be combined with {layers} (its global layers would change the "
+                          "math of a windowed model)", "use attention dense, ring, ulysses or hybrid for the global "
+                          f"layers{'' if layers_of else ', or drop --local-attention-window'}")
+
+
 def check(config, sequence_parallel_size: int) -> None:
     """Start-up validation of local layers, then of config.attention against the SP degree (a variant
     that cannot have local layers at all is named before its own limits)."""
     local = config.has_local_layers
-    if local and config.attention in ("linformer", "bigbird"):
-        raise ConfigError(f"{config.attention} attention cannot be combined with local sliding-window layers "
-                          "(its global layers would change the math of a windowed model)",
-                          "use attention dense, ring, ulysses or hybrid for the global layers, or drop "
-                          "--local-attention-window")
+    if local:
+        refuse_local_layers(config.attention)
     variant_rules(config.attention).check(config, sequence_parallel_size)
     if local and config.attention_dropout > 0:
         raise ConfigError(f"attention_dropout {config.attention_dropout} is not supported with local layers "
