@@ -35,6 +35,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 import zipfile
 
 import torch
@@ -819,5 +820,9 @@ def _zero0_masters(model_states: dict) -> dict:
     if not groups:  # fp32 (torch's own optimizer), ZeRO 1-2 (optimizer files), or a weights-only checkpoint
         return module
     flat = torch.cat([tensor.flatten() for group in groups for tensor in group])
-    pieces = flat.split([tensor.numel() for tensor in module.values()])
-    return {name: piece.view_as(tensor) for (name, tensor), piece in zip(module.items(), pieces)}
+    sizes = [tensor.numel() for tensor in module.values()]
+    if flat.numel() != sum(sizes):  # not the trainer's one group in module order: its masters cannot be placed
+        warnings.warn("the checkpoint's fp32 master weights do not follow its module's parameters; reading the "
+                      "module's half-precision copies")
+        return module
+    return {name: piece.view_as(tensor) for (name, tensor), piece in zip(module.items(), flat.split(sizes))}

@@ -174,3 +174,14 @@ def test_a_malformed_data_record_is_one_line(tmp_path, record):
     with pytest.raises(DataError, match="as data, not the record of the data it trained on; restore it or resume from "
                                         "an earlier complete checkpoint, or delete its \"data\" entry"):
         checkpoint.run_state(str(tmp_path), "iter_0000001")
+
+
+def test_zero0_masters_are_placed_by_the_modules_order_or_not_at_all():
+    """A bf16 / fp16 ZeRO-0 model file holds the fp32 masters flat beside the rounded module; they are
+    read in the module's order, and a flat buffer that cannot be the module's is not guessed at."""
+    module = {"a": torch.zeros(2, 2, dtype=torch.bfloat16), "b": torch.zeros(3, dtype=torch.bfloat16)}
+    masters = torch.arange(7, dtype=torch.float32)
+    state = checkpoint._zero0_masters({"module": module, "optimizer": {"fp32_groups_flat": [masters]}})
+    assert state["a"].tolist() == [[0.0, 1.0], [2.0, 3.0]] and state["b"].tolist() == [4.0, 5.0, 6.0]
+    with pytest.warns(UserWarning, match="do not follow its module's parameters; reading the module's half"):
+        assert checkpoint._zero0_masters({"module": module, "optimizer": {"fp32_groups_flat": [masters[:6]]}}) is module
