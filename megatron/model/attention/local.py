@@ -19,6 +19,7 @@ whole sequence's segment ids are all-gathered once per micro-batch (plans.py; b 
 also the collective that gives NCCL the group's communicator) and every tile's mask and the
 varlen offsets are made from them once, for every local layer.
 """
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -77,14 +78,18 @@ class Tile(NamedTuple):
     mask: BlockMask
 
 
-class LocalPlan(NamedTuple):
-    """The halo, the tiles (CPU, and CUDA in fp32) and, on CUDA, the windowed varlen sequences of
-    the whole chunk (`Varlen` of queries [chunk | right halo] against keys [left halo | chunk |
-    right halo]; None where varlen cannot describe the layout)."""
-    halo: Halo
-    half: int
-    tiles: list
-    varlen: "masks.Varlen | None"
+class LocalPlan:
+    """The halo, the tiles (CPU, and CUDA in fp32; made on first use: a GPU run in fp16/bf16 never
+    needs them) and, on CUDA, the windowed varlen sequences of the whole chunk (`Varlen` of queries
+    [chunk | right halo] against keys [left halo | chunk | right halo]; None where varlen cannot
+    describe the layout)."""
+
+    def __init__(self, halo: Halo, half: int, varlen: "masks.Varlen | None", make_tiles):
+        self.halo, self.half, self.varlen, self._make_tiles = halo, half, varlen, make_tiles
+
+    @functools.cached_property
+    def tiles(self) -> list:
+        return self._make_tiles()
 
 
 def local_plan(segment_ids, seq, half: int) -> LocalPlan:
@@ -97,25 +102,31 @@ def local_plan(segment_ids, seq, half: int) -> LocalPlan:
     first = seq.rank * chunk  # global position of the chunk's first token
     start = first - geometry.left  # ... and of the extended chunk's first key
     stop = first + chunk + geometry.right
-    tiles = []
-    for q_start in range(0, chunk, _TILE_ROWS):
-        q_stop = min(chunk, q_start + _TILE_ROWS)
-        k_start, k_stop = max(start, first + q_start - half), min(stop, first + q_stop + half)  # global
-        q_ids, k_ids = host[:, first + q_start:first + q_stop], host[:, k_start:k_stop]
-        near = np.abs(np.arange(first + q_start, first + q_stop)[:, None] - np.arange(k_start, k_stop)[None]) <= half
-        if not ((q_ids[:, :, None] == k_ids[:, None, :]) & (k_ids != PAD_SEGMENT)[:, None, :] & near).any():
-            continue
-        q_dev, k_dev = whole[:, first + q_start:first + q_stop], whole[:, k_start:k_stop]
-        allowed = ((q_dev[:, :, None] == k_dev[:, None, :]) & (k_dev != PAD_SEGMENT)[:, None, :]
-                   & plans.to_device(near, whole.device))[:, None]  # [b, 1, rows, keys]
-        tiles.append(Tile(q_start, q_stop, k_start - start, k_stop - start, BlockMask(allowed, ~allowed[:, 0].any(-1))))
+
+    def tiles() -> list:
+        made = []
+        for q_start in range(0, chunk, _TILE_ROWS):
+            q_stop = min(chunk, q_start + _TILE_ROWS)
+            k_start, k_stop = max(start, first + q_start - half), min(stop, first + q_stop + half)  # global
+            q_ids, k_ids = host[:, first + q_start:first + q_stop], host[:, k_start:k_stop]
+            rows, keys = np.arange(first + q_start, first + q_stop), np.arange(k_start, k_stop)
+            near = np.abs(rows[:, None] - keys[None]) <= half
+            if not ((q_ids[:, :, None] == k_ids[:, None, :]) & (k_ids != PAD_SEGMENT)[:, None, :] & near).any():
+                continue
+            q_dev, k_dev = whole[:, first + q_start:first + q_stop], whole[:, k_start:k_stop]
+            allowed = ((q_dev[:, :, None] == k_dev[:, None, :]) & (k_dev != PAD_SEGMENT)[:, None, :]
+                       & plans.to_device(near, whole.device))[:, None]  # [b, 1, rows, keys]
+            made.append(Tile(q_start, q_stop, k_start - start, k_stop - start,
+                             BlockMask(allowed, ~allowed[:, 0].any(-1))))
+        return made
+
     # flash aligns a varlen sequence's queries to the bottom-right corner of its keys: with the right
     # halo's rows after the chunk on the query side (dummies: zeros, their output dropped, their
     # gradient zero), a segment has as many keys more than queries as it has keys in the left
     # halo, so each query faces its own position and a window of `half` each side is the layer's
     cuda = kernels.on_cuda(whole)
     varlen = masks.varlen_plan(host[:, first:stop], host[:, start:stop], whole.device) if cuda else None
-    return LocalPlan(geometry, half, tiles, varlen)
+    return LocalPlan(geometry, half, varlen, tiles)
 
 
 def _sides(peers, seq) -> tuple:
