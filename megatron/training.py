@@ -612,6 +612,9 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
     source = (f"the --init-from-hf folder {args.init_from_hf}" if args.init_from_hf
               else f"the weights-only checkpoint {args.load}")
     refuse_contradictions(start, source, flags, ds, adjustable_start_fields(start, bool(args.init_from_hf)))
+    if args.no_position_extension and start.get("position_embedding_type") == "rope":
+        raise ConfigError(f"--no-position-extension has no effect on {source}: its positions are rotary, with no "
+                          "table to extend", "drop --no-position-extension")
     if "local_attention_window" in start:  # the weights have local layers (carried_fields), which no flag drops
         section = ds.get(SECTION)
         refuse_local_layers(flags.get("attention") or (section.get("attention") if isinstance(section, dict) else None),

@@ -155,6 +155,23 @@ def test_linformer_or_bigbird_over_the_local_layers_of_the_weights_names_them_no
             "attention dense, ring, ulysses or hybrid for the global layers")
 
 
+def test_no_position_extension_is_refused_for_rotary_positions(tmp_path):
+    """In-process (training.model_flags, and from-hf in its process): rotary weights have no position
+    table, so the flag that refuses extending one would do nothing."""
+    from megatron.arguments import build_parser
+    from megatron.errors import ConfigError
+    from test_hf_modernbert import hf_folder
+
+    _, folder = hf_folder(tmp_path, "geglu-every3")
+    args = build_parser().parse_args(["--init-from-hf", str(folder), "--no-position-extension"])
+    with pytest.raises(ConfigError, match=f"--no-position-extension has no effect on the --init-from-hf folder "
+                                          f"{folder}: its positions are rotary"):
+        training.model_flags(args, {}, weights_only=False)
+    done = convert("from-hf", "--hf-dir", folder, "--save", tmp_path / "ck", "--no-position-extension")
+    assert done.returncode == 2 and "its positions are rotary, with no table to extend; drop" in done.stderr
+    assert not (tmp_path / "ck").exists()
+
+
 def test_a_folders_fixed_tokenizer_is_the_folders_and_other_data_is_preprocessed_again(tmp_path):
     """In-process (training.data_paths): the folder's tokenizer is named as the folder's, not a checkpoint's,
     and data made with another vocab gets the one fix that applies: the folder refuses the data's vocab flag."""

@@ -75,6 +75,9 @@ def check_from_hf(args, positions: int) -> None:
 
 def from_hf(args) -> None:
     fields = hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(args.hf_dir))
+    if args.no_position_extension and fields.get("position_embedding_type") == "rope":
+        raise ConfigError(f"--no-position-extension has no effect on {args.hf_dir}: its positions are rotary, with "
+                          "no table to extend", "drop --no-position-extension")
     positions = fields.get("max_position_embeddings", BertConfig.max_position_embeddings)
     check_from_hf(args, positions)
     tokenizer = hf_convert.read_hf_tokenizer(args.hf_dir)  # before the weights: an unreadable one stops here
