@@ -797,7 +797,7 @@ def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
             layer = int(re.search(r"layer_(\d+)-", os.path.basename(path)).group(1))
             for key, tensor in safe_load(path).items():
                 state[pipe_layer_to_bert(layer, key, num_layers)] = tensor
-        return state
+        return state if exact else _rounded_copies(state, folder, stored)
     if os.path.isfile(os.path.join(folder, "zero_pp_rank_0_mp_rank_00_model_states.pt")):
         # ZeRO-3 written without layout-free files: the weights exist only as partitions in the optimizer files
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -808,21 +808,33 @@ def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
     if not os.path.isfile(model_file):
         raise ConfigError(f"{folder} holds no pipeline layer files and no model states",
                           "point at a checkpoint written by this trainer")
-    return _zero0_masters(safe_load(model_file))
+    states = safe_load(model_file)
+    if exact:
+        return states["module"]
+    masters = _zero0_masters(states)
+    return masters if masters is not None else _rounded_copies(states["module"], folder, stored)
 
 
-def _zero0_masters(model_states: dict) -> dict:
-    """The plain model's weights from its model file: of fp16 / bf16 at ZeRO 0 (no layout-free files),
-    the fp32 masters DeepSpeed's FP16 optimizers save beside the rounded module, in the module's order:
-    a list per parameter group (FP16_UnfusedOptimizer) or one flat tensor per group (FP16_Optimizer)."""
+def _zero0_masters(model_states: dict) -> dict | None:
+    """The fp32 masters DeepSpeed's FP16 optimizers save in a plain model's file at ZeRO 0 (a bf16 /
+    fp16 run without layout-free files) beside the rounded module, in the module's order: a list per
+    parameter group (FP16_UnfusedOptimizer) or one flat tensor per group (FP16_Optimizer). None where
+    the file holds none, or none that can be the module's parameters in order (not guessed at)."""
     module, optimizer = model_states["module"], model_states.get("optimizer") or {}
     groups = optimizer.get("fp32_groups") or [[flat] for flat in optimizer.get("fp32_groups_flat", [])]
-    if not groups:  # fp32 (torch's own optimizer), ZeRO 1-2 (optimizer files), or a weights-only checkpoint
-        return module
+    if not groups:  # ZeRO 1-2 (optimizer files, read through the layout-free ones)
+        return None
     flat = torch.cat([tensor.flatten() for group in groups for tensor in group])
     sizes = [tensor.numel() for tensor in module.values()]
-    if flat.numel() != sum(sizes):  # not the trainer's one group in module order: its masters cannot be placed
-        warnings.warn("the checkpoint's fp32 master weights do not follow its module's parameters; reading the "
-                      "module's half-precision copies")
-        return module
+    if flat.numel() != sum(sizes):  # not the trainer's one group in module order
+        return None
     return {name: piece.view_as(tensor) for (name, tensor), piece in zip(module.items(), flat.split(sizes))}
+
+
+def _rounded_copies(state: dict, folder: str, stored: dict) -> dict:
+    """A half-precision run's module copies where no fp32 master is read (fp16 with a pipeline at ZeRO 0,
+    a checkpoint written before the layout-free files), said in one warning."""
+    kind = precision(stored["ds_config"])
+    warnings.warn(f"checkpoint {folder} ({kind}, pipeline {stored['pipeline_parallel_size']}, ZeRO "
+                  f"{stored['zero_stage']}) holds no fp32 master weights read here: its {kind} copies are read")
+    return state

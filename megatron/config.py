@@ -98,8 +98,11 @@ def _layer_options(model: BertConfig) -> str:
 
 
 def precision(ds_config: dict) -> str:
-    """"fp16", "bf16" or "fp32": what the DeepSpeed JSON enables."""
-    return next((kind for kind in ("fp16", "bf16") if ds_config.get(kind, {}).get("enabled")), "fp32")
+    """"fp16", "bf16" or "fp32": what the DeepSpeed JSON enables (bf16 also under its old name
+    "bfloat16", which DeepSpeed reads when "bf16" is absent)."""
+    sections = {"fp16": ds_config.get("fp16"), "bf16": ds_config.get("bf16" if "bf16" in ds_config else "bfloat16")}
+    return next((kind for kind, section in sections.items() if isinstance(section, dict) and section.get("enabled")),
+                "fp32")
 
 
 def read_ds_config(path) -> dict:

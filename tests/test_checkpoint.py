@@ -183,5 +183,22 @@ def test_zero0_masters_are_placed_by_the_modules_order_or_not_at_all():
     masters = torch.arange(7, dtype=torch.float32)
     state = checkpoint._zero0_masters({"module": module, "optimizer": {"fp32_groups_flat": [masters]}})
     assert state["a"].tolist() == [[0.0, 1.0], [2.0, 3.0]] and state["b"].tolist() == [4.0, 5.0, 6.0]
-    with pytest.warns(UserWarning, match="do not follow its module's parameters; reading the module's half"):
-        assert checkpoint._zero0_masters({"module": module, "optimizer": {"fp32_groups_flat": [masters[:6]]}}) is module
+    assert checkpoint._zero0_masters({"module": module, "optimizer": {"fp32_groups_flat": [masters[:6]]}}) is None
+    assert checkpoint._zero0_masters({"module": module, "optimizer": {}}) is None
+
+
+def test_a_half_precision_checkpoint_without_readable_masters_says_it_gives_its_rounded_copies(tmp_path):
+    """A bf16 checkpoint written before the layout-free files existed (ZeRO 1: the masters lie in its
+    partitioned optimizer files): its module's bf16 copies are read, in one warning."""
+    import json
+
+    folder = tmp_path / "iter_0000001"
+    folder.mkdir()
+    module = {"a": torch.ones(2, dtype=torch.bfloat16)}
+    torch.save({"module": module}, folder / "mp_rank_00_model_states.pt")
+    config = {"ds_config": {"bf16": {"enabled": True}}, "zero_stage": 1, "pipeline_parallel_size": 1, "model": {}}
+    (folder / "run_state.json").write_text(json.dumps({"config": config, "iteration": 1, "consumed_samples": 2}))
+    (tmp_path / "latest").write_text("iter_0000001")
+    with pytest.warns(UserWarning, match=r"\(bf16, pipeline 1, ZeRO 1\) holds no fp32 master weights read here: its "
+                                         "bf16 copies are read"):
+        assert checkpoint.bert_state_from_checkpoint(str(tmp_path))["a"].dtype == torch.bfloat16

@@ -322,3 +322,26 @@ def test_a_preset_resized_by_hidden_size_keeps_its_ffn_ratio_against_weights_and
     with pytest.raises(ConfigError, match="trained with ffn_hidden_size 1152, this run's model has 96; pass "
                                           "--ffn-hidden-size 1152, the checkpoint's"):
         check_same_model(stored, model, "ckpt/iter_0000002")
+
+
+def test_precision_reads_bf16_under_either_name():
+    """DeepSpeed reads "bfloat16" where "bf16" is absent: a checkpoint of such a run is bf16 (its
+    fp32 masters, not its rounded copies, are the weights to export)."""
+    from megatron.config import precision
+
+    assert precision({"bfloat16": {"enabled": True}}) == "bf16"
+    assert precision({"bf16": {"enabled": False}, "bfloat16": {"enabled": True}}) == "fp32"  # the new name wins
+    assert precision({"fp16": {"enabled": True}}) == "fp16" and precision({}) == "fp32"
+
+
+def test_zero_plus_plus_keys_are_refused_below_stage_3_only_when_on():
+    """hpZ's partition size 1 and a false quantization flag are DeepSpeed's defaults (off): accepted at
+    any stage; on, below stage 3, they would do nothing."""
+    from megatron.config import check_deepspeed_types
+
+    check_deepspeed_types({"zero_optimization": {"stage": 1, "zero_hpz_partition_size": 1,
+                                                 "zero_quantized_weights": False}})
+    check_deepspeed_types({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})
+    with pytest.raises(ConfigError, match="zero_optimization.zero_hpz_partition_size works at ZeRO stage 3 only and "
+                                          "does nothing at stage 2; remove zero_hpz_partition_size, or set"):
+        check_deepspeed_types({"zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}})

@@ -243,8 +243,10 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              "sets up linformer attention, and extend_context.py runs ring or hybrid (exact, and what the local "
              "layers need); pass a JSON without sequence_parallel.linformer"),
             ([*hf, "--save", save, "--num-gpus", "3", "--deepspeed-config", str(pipeline)],
-             "--sequence-parallel-size 1 x the JSON's 2 pipeline stages does not divide the 3 ranks; pass --num-gpus "
-             "a multiple of 2"),
+             "the JSON's 2 pipeline stages do not divide the 3 ranks; pass --num-gpus a multiple of 2"),
+            ([*hf, "--save", save, "--num-gpus", "4", "--sequence-parallel-size", "4", "--deepspeed-config",
+              str(pipeline)], "--sequence-parallel-size 4 x the JSON's 2 pipeline stages does not divide the 4 ranks; "
+             "pass --num-gpus a multiple of 8, or a --sequence-parallel-size that divides 2"),
             ([*hf, "--save", save, "--deepspeed-config", str(tmp_path / "missing.json")],
              "pass an existing JSON file to --deepspeed-config"),
             ([*hf, "--save", str(tmp_path / "a_file")], "a_file is a file; pass a folder"),

@@ -105,7 +105,7 @@ def test_build_vocab_cli_reports_bad_input_in_one_line(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "build_vocab.py"), "--input", str(corpus),
                              "--output", str(tmp_path / "v.txt"), "--skip-invalid"], capture_output=True, text=True,
                             timeout=100)
-    assert result.returncode == 0 and "skipped 1 invalid records (the first: " in result.stdout, result
+    assert result.returncode == 0 and "skipped 1 invalid record (the first: " in result.stdout, result
     assert "c.json line 3: invalid JSON" in result.stdout and "fine" in (tmp_path / "v.txt").read_text().split()
 
 

@@ -49,8 +49,9 @@ def main(argv=None):
             raise ConfigError(f"cannot write --output {output} ({error.strerror or error})",
                               "pass an --output in a folder this user can write") from None
         raise
-    print(f"wrote {len(tokens)} tokens to {output}" + (f"; skipped {len(skipped)} invalid records (the first: "
-                                                        f"{skipped[0]})" if skipped else ""))
+    print(f"wrote {len(tokens)} tokens to {output}" + (
+        f"; skipped {len(skipped)} invalid record{'s' if len(skipped) > 1 else ''} (the first: {skipped[0]})"
+        if skipped else ""))
 
 
 def in_thread(function, *args):

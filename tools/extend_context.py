@@ -180,12 +180,14 @@ def ranks(args, stages: int) -> tuple[int, int, bool]:
     gpus = torch.cuda.device_count()
     world = args.num_gpus or gpus or (args.sequence_parallel_size or 2) * stages
     sequence = args.sequence_parallel_size or max(1, world // stages)
+    if world % stages:
+        raise ConfigError(f"the JSON's {stages} pipeline stages do not divide the {world} ranks",
+                          f"pass --num-gpus a multiple of {stages}")
     if world % (sequence * stages):
         pipeline = f" x the JSON's {stages} pipeline stages" if stages > 1 else ""
         raise ConfigError(f"--sequence-parallel-size {sequence}{pipeline} does not divide the {world} ranks",
-                          f"pass --num-gpus a multiple of {sequence * stages}" + (
-                              f", or a --sequence-parallel-size that divides {world // stages}"
-                              if world % stages == 0 else ""))
+                          f"pass --num-gpus a multiple of {sequence * stages}, or a --sequence-parallel-size that "
+                          f"divides {world // stages}")
     if args.ulysses_size and sequence % args.ulysses_size:
         raise ConfigError(f"--ulysses-size {args.ulysses_size} does not divide the {sequence} ranks per sequence",
                           f"pass a divisor of {sequence}")
