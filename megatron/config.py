@@ -97,10 +97,14 @@ def _layer_options(model: BertConfig) -> str:
     return "".join(f", {option}" for option in options)
 
 
+def _bf16_key(ds_config: dict) -> str:
+    """The JSON's bf16 section: "bf16", or its old name "bfloat16", which DeepSpeed reads when "bf16" is absent."""
+    return "bf16" if "bf16" in ds_config else "bfloat16"
+
+
 def precision(ds_config: dict) -> str:
-    """"fp16", "bf16" or "fp32": what the DeepSpeed JSON enables (bf16 also under its old name
-    "bfloat16", which DeepSpeed reads when "bf16" is absent)."""
-    sections = {"fp16": ds_config.get("fp16"), "bf16": ds_config.get("bf16" if "bf16" in ds_config else "bfloat16")}
+    """"fp16", "bf16" or "fp32": what the DeepSpeed JSON enables (bf16 under either name, _bf16_key)."""
+    sections = {"fp16": ds_config.get("fp16"), "bf16": ds_config.get(_bf16_key(ds_config))}
     return next((kind for kind, section in sections.items() if isinstance(section, dict) and section.get("enabled")),
                 "fp32")
 
@@ -456,8 +460,9 @@ def check_deepspeed_types(ds_config: dict) -> None:
     Keys DeepSpeed would ignore and `enabled` values that are not booleans (DeepSpeed reads "false"
     as true) are refused too, and so are a "scheduler", which DeepSpeed would silently drop for the
     schedule the trainer hands it, a checkpoint writer, which would write around the trainer's staged
-    save, universal-checkpoint loading (the trainer reads its checkpoints in any layout), and data efficiency, which works on a loader the trainer does not use (here, so that
-    tools/ds_config.py and azureml/submit.py refuse them too)."""
+    save, universal-checkpoint loading (the trainer reads its checkpoints in any layout), and data
+    efficiency, which works on a loader the trainer does not use (here, so that tools/ds_config.py
+    and azureml/submit.py refuse them too)."""
     unknown = sorted(set(ds_config) - deepspeed_top_level_keys())
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(deepspeed_top_level_keys()), n=1, cutoff=0.75)
@@ -539,9 +544,9 @@ DEEPSPEED_SECTION_KEYS = {
         "sub_group_size", "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce", "zenflow",
         "zero_hpz_partition_size", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
         "zero_quantized_weights"})}
-# ZeRO++'s features, which only DeepSpeed's stage-3 optimizer reads
-_ZERO3_ONLY = ("zero_quantized_gradients", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
-               "zero_hpz_partition_size")
+# ZeRO++'s features, which only DeepSpeed's stage-3 optimizer reads -> the value that leaves each off
+_ZERO3_ONLY = {"zero_quantized_gradients": False, "zero_quantized_weights": False,
+               "zero_quantized_nontrainable_weights": False, "zero_hpz_partition_size": 1}
 # fp16's integer settings; the two that dynamic loss scaling divides by or floors at must be >= 1 there
 _FP16_INTEGERS = ("initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
 _FP16_DYNAMIC_POSITIVE = ("loss_scale_window", "min_loss_scale")
@@ -572,19 +577,19 @@ def _check_precision_and_zero(ds_config: dict) -> None:
             raise ConfigError(f"unknown key {section}.{unknown[0]} (DeepSpeed refuses it)",
                               f"{f'did you mean {close[0]!r}? ' if close else ''}fix the spelling or remove it "
                               "(https://www.deepspeed.ai/docs/config-json/)")
-    stage = _typed("zero_optimization.stage", ds_config.get("zero_optimization", {}).get("stage", 0), int)
+    zero = ds_config.get("zero_optimization", {})
+    stage = _typed("zero_optimization.stage", zero.get("stage", 0), int)
     if not 0 <= stage <= 3:
         raise ConfigError(f"zero_optimization.stage {stage} is not a ZeRO stage",
                           "set zero_optimization.stage to 0, 1, 2 or 3")
-    zero = ds_config.get("zero_optimization", {})
-    for key in _ZERO3_ONLY:
-        if zero.get(key) not in ((None, 1) if key == "zero_hpz_partition_size" else (None, False)) and stage < 3:
+    for key, off in _ZERO3_ONLY.items():
+        if zero.get(key, off) != off and stage < 3:
             raise ConfigError(f"zero_optimization.{key} works at ZeRO stage 3 only and does nothing at stage {stage}",
                               f"remove {key}, or set zero_optimization.stage to 3")
-    bf16_key = "bf16" if "bf16" in ds_config else "bfloat16"
-    fp16, bf16 = ds_config.get("fp16", {}), ds_config.get(bf16_key, {})
+    bf16_section = _bf16_key(ds_config)
+    fp16, bf16 = ds_config.get("fp16", {}), ds_config.get(bf16_section, {})
     if fp16.get("enabled") and bf16.get("enabled"):
-        raise ConfigError(f"fp16.enabled and {bf16_key}.enabled are both true", "pick one: set the other to false")
+        raise ConfigError(f"fp16.enabled and {bf16_section}.enabled are both true", "pick one: set the other to false")
     loss_scale = fp16.get("loss_scale", 0)
     if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)) or loss_scale < 0:
         raise ConfigError(f"fp16.loss_scale = {json.dumps(loss_scale)} is not a number >= 0",
@@ -595,14 +600,14 @@ def _check_precision_and_zero(ds_config: dict) -> None:
         if key in _FP16_DYNAMIC_POSITIVE and value < 1 and fp16.get("enabled") and loss_scale == 0:
             raise ConfigError(f"fp16.{key} = {value} must be >= 1 with dynamic loss scaling (fp16.loss_scale 0)",
                               f"set fp16.{key} to a positive integer")
-    for section, key in (("fp16", "fp16_master_weights_and_grads"), (bf16_key, "bf16_master_weights_and_grads"),
-                         (bf16_key, "bf16_optimizer_states")):
+    for section, key in (("fp16", "fp16_master_weights_and_grads"), (bf16_section, "bf16_master_weights_and_grads"),
+                         (bf16_section, "bf16_optimizer_states")):
         if ds_config.get(section, {}).get(key) and stage == 0:
             raise ConfigError(f"{section}.{key} needs ZeRO (zero_optimization.stage is 0)",
                               "set zero_optimization.stage to 1, 2 or 3, or drop the key")
     if bf16.get("bf16_optimizer_states") and not bf16.get("bf16_master_weights_and_grads"):
-        raise ConfigError(f"{bf16_key}.bf16_optimizer_states needs {bf16_key}.bf16_master_weights_and_grads",
-                          f"set {bf16_key}.bf16_master_weights_and_grads to true, or drop bf16_optimizer_states")
+        raise ConfigError(f"{bf16_section}.bf16_optimizer_states needs {bf16_section}.bf16_master_weights_and_grads",
+                          f"set {bf16_section}.bf16_master_weights_and_grads to true, or drop bf16_optimizer_states")
 
 
 # DeepSpeed's top-level scalars that its config reads without checking the type (a string or a number

@@ -480,31 +480,38 @@ def run_tokenizer(args):
     """The tokenizer the flags name, else the one the --load checkpoint carries or the --init-from-hf
     folder holds (None: none gives one), refused where it differs from the checkpoint's or the
     folder's. Needs no process group: tools/extend_context.py checks a launch with it."""
+    return tokenizer_and_holder(args)[0]
+
+
+def tokenizer_and_holder(args) -> tuple:
+    """(run_tokenizer's tokenizer, the weights whose tokenizer fixes its vocab: 'checkpoint DIR' or
+    'the Hugging Face folder DIR', None where they carry none)."""
     if args.load:
-        tokenizer = choose_tokenizer(explicit_tokenizer(args), checkpoint.carried_tokenizer(args.load), args.load,
-                                     args.tokenizer_type)
-    else:  # an HF folder's tokenizer_config may not say its case: an explicit --tokenizer-type wins
-        explicit = explicit_tokenizer(args)
-        try:
-            folder = hf_convert.read_hf_tokenizer(args.init_from_hf) if args.init_from_hf else None
-        except DataError as error:  # the flags' tokenizer makes up for it
-            if explicit is None:
-                raise DataError(error.problem, f"{error.fix}, or pass the --tokenizer-file (or --vocab-file) the "
-                                "data was made with") from None
-            if launcher_rank() == 0:
-                print(f"warning: {error.problem}; the run uses {explicit.file}", file=sys.stderr, flush=True)
-            folder = None
-        tokenizer = choose_tokenizer(explicit, folder, args.init_from_hf, same_pipeline=not args.tokenizer_type,
-                                     hf_folder=True)
-        tokenizer = explicit if explicit is not None and args.tokenizer_type else tokenizer
-    return tokenizer
+        carried = checkpoint.carried_tokenizer(args.load)
+        tokenizer = choose_tokenizer(explicit_tokenizer(args), carried, args.load, args.tokenizer_type)
+        return tokenizer, f"checkpoint {args.load}" if carried is not None else None
+    # an HF folder's tokenizer_config may not say its case: an explicit --tokenizer-type wins
+    explicit = explicit_tokenizer(args)
+    try:
+        folder = hf_convert.read_hf_tokenizer(args.init_from_hf) if args.init_from_hf else None
+    except DataError as error:  # the flags' tokenizer makes up for it
+        if explicit is None:
+            raise DataError(error.problem, f"{error.fix}, or pass the --tokenizer-file (or --vocab-file) the "
+                            "data was made with") from None
+        if launcher_rank() == 0:
+            print(f"warning: {error.problem}; the run uses {explicit.file}", file=sys.stderr, flush=True)
+        folder = None
+    tokenizer = choose_tokenizer(explicit, folder, args.init_from_hf, same_pipeline=not args.tokenizer_type,
+                                 hf_folder=True)
+    tokenizer = explicit if explicit is not None and args.tokenizer_type else tokenizer
+    return tokenizer, f"the Hugging Face folder {args.init_from_hf}" if folder is not None else None
 
 
 def data_paths(args) -> tuple:
     """(data_path list, tokenizer): --data-path or the embedded default dataset (built once per node);
     the run's tokenizer (run_tokenizer), else the default dataset's vocab, refused where it differs
     from the vocab any dataset was made with."""
-    tokenizer = run_tokenizer(args)
+    tokenizer, holder = tokenizer_and_holder(args)
     if args.data_path:
         if tokenizer is None:
             source = (f"the --init-from-hf folder {args.init_from_hf} holds no vocab.txt or tokenizer.json"
@@ -526,8 +533,6 @@ def data_paths(args) -> tuple:
             token.startswith("##") for token in tokenizer.tokens):
         raise ConfigError(f"--whole-word-masking finds words by WordPiece '##' continuations, and the {HF_TOKENIZER} "
                           f"{tokenizer.file} has none", "drop --whole-word-masking")
-    holder = (f"the Hugging Face folder {args.init_from_hf}" if args.init_from_hf else
-              f"checkpoint {args.load}" if args.load else None)
     check_data_vocab(tokenizer, parse_data_path(data_path)[1], holder)
     return data_path, tokenizer
 

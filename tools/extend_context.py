@@ -35,7 +35,7 @@ from megatron.quiet import quiet_deepspeed
 quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
 from megatron import checkpoint, hf_convert  # noqa: E402
 from megatron.arguments import flag_setting, flags_given  # noqa: E402
-from megatron.config import ADJUSTABLE_START_FIELDS, json_pipeline_stages, read_ds_config  # noqa: E402
+from megatron.config import ADJUSTABLE_START_FIELDS, SECTION, json_pipeline_stages, read_ds_config  # noqa: E402
 from megatron.errors import ConfigError, DataError, run_tool  # noqa: E402
 from megatron.paths import write_json_atomic  # noqa: E402
 from megatron.training import initial_model_fields, starting_weights_fields  # noqa: E402
@@ -179,10 +179,10 @@ def ranks(args, stages: int) -> tuple[int, int, bool]:
                           "give both or neither")
     gpus = torch.cuda.device_count()
     world = args.num_gpus or gpus or (args.sequence_parallel_size or 2) * stages
-    sequence = args.sequence_parallel_size or max(1, world // stages)
     if world % stages:
         raise ConfigError(f"the JSON's {stages} pipeline stages do not divide the {world} ranks",
                           f"pass --num-gpus a multiple of {stages}")
+    sequence = args.sequence_parallel_size or world // stages
     if world % (sequence * stages):
         pipeline = f" x the JSON's {stages} pipeline stages" if stages > 1 else ""
         raise ConfigError(f"--sequence-parallel-size {sequence}{pipeline} does not divide the {world} ranks",
@@ -204,7 +204,7 @@ def check_paths(args) -> dict:
         ds = read_ds_config(args.deepspeed_config)
     except ConfigError as error:  # its fixes name the trainer's flag
         raise ConfigError(error.problem, error.fix.replace("--deepspeed_config", "--deepspeed-config")) from None
-    section = ds.get("sequence_parallel") if isinstance(ds.get("sequence_parallel"), dict) else {}
+    section = ds.get(SECTION) if isinstance(ds.get(SECTION), dict) else {}
     for variant in ("linformer", "bigbird"):  # the trainer would say "set attention ...", which this tool refuses
         if variant in section or section.get("attention") == variant:
             raise ConfigError(f"--deepspeed-config {args.deepspeed_config} sets up {variant} attention, and "

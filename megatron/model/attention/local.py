@@ -194,14 +194,14 @@ class _LocalAttention(torch.autograd.Function):
         else:
             out, lse = blocks.forward_tiles(q_t, k_t, v_t, _tile_masks(plan.tiles), scale)
         ctx.save_for_backward(q_t, k_t, v_t, out, lse)
-        ctx.plan, ctx.seq, ctx.scale = plan, seq, scale
+        ctx.plan, ctx.seq, ctx.scale, ctx.windowed = plan, seq, scale, windowed
         return out[:, :, :chunk].transpose(1, 2)
 
     @staticmethod
     def backward(ctx, grad_out):
         q_t, k_t, v_t, out, lse = ctx.saved_tensors
         plan, seq, chunk = ctx.plan, ctx.seq, grad_out.shape[1]
-        if _windowed(q_t, plan):
+        if ctx.windowed:  # the forward's kernel
             grad_out = _with_rows_after(grad_out, plan.halo.right).transpose(1, 2)
             dq, dk, dv = blocks.varlen_backward(grad_out, q_t, k_t, v_t, out, lse, plan.varlen, ctx.scale,
                                                 window=plan.half)

@@ -1,5 +1,5 @@
-"""P virtual seq ranks in one process: the ring's, BigBird's and the local core's multi-rank schedules, unchanged,
-with their communication replaced by hand-offs between threads.
+"""P virtual seq ranks in one process: the ring's, BigBird's and the local core's multi-rank
+schedules, unchanged, with their communication replaced by hand-offs between threads.
 
 `SimulatedComm` has `comm.SeqComm`'s methods; each virtual rank runs in its own thread, and a
 hand-off copies the tensor (a receiver owns its buffer, as over the network). The cores'
