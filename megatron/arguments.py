@@ -167,6 +167,7 @@ def config_flags(args: argparse.Namespace) -> dict:
         values[field] = getattr(args, field, None)
     if getattr(args, "checkpoint_activations", False):
         values["activation_checkpoint_interval"] = args.checkpoint_num_layers or 1
+    values["gradient_clipping"] = getattr(args, "clip_grad", None)  # DeepSpeed's key, which --clip-grad overrides
     return values
 
 

@@ -656,16 +656,32 @@ def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
 ATTENTION_MATH = {"linformer": "Linformer's low-rank projected attention",
                   "bigbird": "BigBird's block-sparse attention"}
 EVERY_TOKEN = "attention to every token"
+# BertConfig fields that decide what keys a query sees without shaping a tensor, for a variant (its own
+# options) and for every model (the local layers). BigBird's seed is not one: its random blocks are
+# drawn anew every step; nor are the rope thetas, which a longer context changes on purpose.
+ATTENTION_FIELDS = {"bigbird": ("bigbird_block_size", "bigbird_num_window_blocks", "bigbird_num_random_blocks")}
+LOCAL_FIELDS = ("local_attention_window", "global_attention_every")
 
 
-def attention_change(source: str, trained: str, now: str, user: str = "this run") -> str | None:
-    """One line (None: the same math) saying that weights trained with attention `trained` compute
-    another function under `user`'s attention `now`: the outputs change, silently otherwise."""
-    was, will = (ATTENTION_MATH.get(name, EVERY_TOKEN) for name in (trained, now))
-    if was == will:
+def attention_change(source: str, trained: dict, now: dict, user: str = "this run") -> str | None:
+    """One line (None: the same math) saying that weights trained with the attention of model fields
+    `trained` (a stored config's, or vars(BertConfig)) compute another function under `user`'s `now`:
+    another variant's math, or the same variant with other ATTENTION_FIELDS or local layers. The
+    outputs change, silently otherwise."""
+    variant = trained["attention"]
+    was, will = (ATTENTION_MATH.get(fields["attention"], EVERY_TOKEN) for fields in (trained, now))
+    if was != will:
+        return (f"{source} was trained with {was} ({variant}); {user} uses {will} ({now['attention']}), so its "
+                "outputs differ from the trained model's")
+    names = (*ATTENTION_FIELDS.get(variant, ()), *LOCAL_FIELDS)  # an older config may lack one: the default
+    was_set, now_set = ({name: fields.get(name, getattr(BertConfig, name)) for name in names}
+                        for fields in (trained, now))
+    changed = [name for name in names if was_set[name] != now_set[name]]
+    if not changed:
         return None
-    return (f"{source} was trained with {was} ({trained}); {user} uses {will} ({now}), so its outputs differ "
-            "from the trained model's")
+    old, new = (", ".join(f"{name} {values[name]}" for name in changed) for values in (was_set, now_set))
+    return (f"{source} was trained with {variant} attention at {old}; {user} uses {new}, so its outputs differ from "
+            "the trained model's")
 
 
 def check_same_optimizer(stored: dict, ds_config: dict, folder: str) -> None:

@@ -87,10 +87,17 @@ class TrainConfig:
 
 
 def _layer_options(model: BertConfig) -> str:
-    """The modern layer options in use, e.g. ', rope, local window 128 (global every 3rd), geglu, no biases'."""
+    """The modern layer options in use, e.g. ', rope, local window 128 (global every 3rd), geglu, no biases'.
+    A window that spans every sequence (packed: every segment) is named so: its local layers see every
+    token, as in a fine-tune of ModernBERT (window 128) at --seq-length 64, the model's own function."""
     options = ["rope"] if model.position_embedding_type == "rope" else []
     if model.has_local_layers:
-        options.append(f"local window {model.local_attention_window} (global every {model.global_attention_every})")
+        reach = model.max_segment_length or model.seq_length  # the farthest key a query may see, plus one
+        spanned = "every segment of up to" if model.max_segment_length else "the whole sequence of"
+        whole = (f"; it spans {spanned} {reach} tokens: the local layers see every token"
+                 if model.local_attention_window // 2 >= reach - 1 else "")
+        options.append(f"local window {model.local_attention_window} (global every {model.global_attention_every}"
+                       f"{whole})")
     options += [model.mlp_type] if model.mlp_type != "gelu" else []
     options += ["no biases"] if not model.add_bias_linear else []
     options += [model.normalization] if model.normalization != "LayerNorm" else []
@@ -725,8 +732,8 @@ def _section_values(ds_config: dict) -> dict:
 def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool = True) -> TrainConfig:
     """Merges flags (None = not given) over the JSON over defaults, then validates.
 
-    `flags` keys are TrainConfig / BertConfig field names; `micro_batch_size` and
-    `global_batch_size` mirror DeepSpeed's batch keys and override them. `deepspeed_check`:
+    `flags` keys are TrainConfig / BertConfig field names; `micro_batch_size`, `global_batch_size`
+    and `gradient_clipping` (--clip-grad) mirror DeepSpeed's keys and override them. `deepspeed_check`:
     also run DeepSpeed's own checks of its sections (imports DeepSpeed: seconds).
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -764,14 +771,21 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         raise ConfigError("activation_checkpointing.partition_activations would split sequence-split activations "
                           "across the seq ranks a second time", "set activation_checkpointing.partition_activations "
                           "to false with sequence parallelism")
+    clipping_flag = values.pop("gradient_clipping", None)  # --clip-grad, over the JSON's
+    if clipping_flag is not None:
+        ds_config = {**ds_config, "gradient_clipping": clipping_flag}
     clipping = ds_config.get("gradient_clipping", 1.0)  # DeepSpeed's default is 1.0
     if pipeline > 1 and zero_stage == 0 and clipping > 0:
         # DeepSpeed 0.19.8 runtime/utils.py clip_grad_norm_ counts only the parameters of the
         # rank whose pipeline-grid model-parallel rank is 0 (the first stage): a wrong norm.
-        default = "" if "gradient_clipping" in ds_config else " (the default: the JSON sets none)"
-        raise ConfigError(f"gradient_clipping {clipping}{default} with a pipeline at zero_optimization.stage 0 would "
-                          "clip by the first stage's gradient norm only", 'use zero_optimization.stage 1, or turn '
-                          'clipping off ("gradient_clipping": 0 in the JSON, or --clip-grad 0)')
+        if clipping_flag is not None:
+            setting, off = f"--clip-grad {clipping}", "--clip-grad 0"
+        else:
+            default = "" if "gradient_clipping" in ds_config else " (the default: the JSON sets none)"
+            setting = f"gradient_clipping {clipping}{default}"
+            off = '"gradient_clipping": 0 in the JSON, or --clip-grad 0'
+        raise ConfigError(f"{setting} with a pipeline at zero_optimization.stage 0 would clip by the first stage's "
+                          "gradient norm only", f"use zero_optimization.stage 1, or turn clipping off ({off})")
 
     _ulysses_size(values, sequence)
     model_fields = {f.name for f in dataclasses.fields(BertConfig)}

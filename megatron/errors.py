@@ -41,19 +41,40 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+def _ignore(signum, frame):
+    """A signal during the clean-up. A handler, not SIG_IGN: one that arrived with the first (a launcher
+    passing on Ctrl-C) is then not reported as 'Signal 15 ignored due to race condition'."""
+
+
 def _raise_interrupted(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one clean-up; a repeated signal must not cut it short
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _ignore)  # one clean-up; a repeated signal must not cut it short
+    signal.signal(signal.SIGINT, _ignore)
     raise Interrupted(signum)
+
+
+_replaced = {}  # signal -> the handler raise_on_signals replaced
+
+
+def raise_on_signals() -> None:
+    """From now on SIGTERM and SIGINT raise Interrupted in the main thread (signal handlers live there
+    only: elsewhere nothing changes), until restore_signals."""
+    if threading.current_thread() is threading.main_thread() and not _replaced:
+        _replaced.update({signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGTERM,
+                                                                                         signal.SIGINT)})
+
+
+def restore_signals() -> None:
+    """The handlers from before raise_on_signals (none replaced: nothing to do)."""
+    for signum, handler in _replaced.items():
+        signal.signal(signum, handler)
+    _replaced.clear()
 
 
 def run_tool(prog: str, main) -> int:
     """Runs a command-line tool's `main()`: a ConfigError becomes `<prog>: error: <problem>; <fix>`
     on stderr and exit code 2 (argparse's own code for a bad command line), no traceback. SIGINT
     (Ctrl-C) and SIGTERM stop it the same way: its clean-up runs, one line, exit 128 + signal."""
-    previous = {}
-    if threading.current_thread() is threading.main_thread():  # signal handlers live there only
-        previous = {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGTERM, signal.SIGINT)}
+    raise_on_signals()
     try:
         return main() or 0
     except ConfigError as error:
@@ -70,5 +91,4 @@ def run_tool(prog: str, main) -> int:
               "rerun the same command to start over", file=sys.stderr, flush=True)
         return 128 + signum
     finally:
-        for signum, handler in previous.items():  # a caller in the same process keeps its own
-            signal.signal(signum, handler)
+        restore_signals()  # a caller in the same process keeps its own

@@ -33,7 +33,7 @@ from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, BertWordPiece, HF
                                      check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer,
                                      naming_flags)
 from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
-from megatron.errors import ConfigError, DataError, cannot_use
+from megatron.errors import ConfigError, DataError, Interrupted, cannot_use, raise_on_signals, restore_signals
 from megatron.model.args import BertConfig
 from megatron.model.attention import blocks
 from megatron.model.attention.rules import refuse_local_layers
@@ -47,11 +47,19 @@ WHERE_FIX = "check the path, its permissions and free space (--debug shows where
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    raise_on_signals()  # a stop in start-up runs the clean-ups below; the training loop notes one (StopSignals)
     try:
         check_flags(args)
         check_flag_combinations(args)
         check_start(args)
         stopped_by = pretrain(args)
+    except Interrupted as error:  # SIGTERM or SIGINT before the training loop (raise_on_signals)
+        if args.debug:
+            raise
+        if launcher_rank() == 0:  # every rank stops alike (the launcher signals each); one line
+            print(f"pretrain_bert.py: stopped by {signal.Signals(error.signum).name} during start-up, before the "
+                  "first step; nothing was saved", file=sys.stderr, flush=True)
+        return 128 + error.signum
     except ConfigError as error:
         if args.debug:
             raise
@@ -65,6 +73,7 @@ def main(argv=None) -> int:
     finally:
         checkpoint.release_lock()  # the --save folder's, taken by rank 0 at start-up
         close_process_group()  # after an error too (reported above): a failed start aborted at exit just the same
+        restore_signals()
     return 128 + stopped_by if stopped_by else 0
 
 
@@ -437,8 +446,8 @@ def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str |
 
 
 def deepspeed_settings(args, cuda: bool | None = None) -> dict:
-    """The JSON (if any) with the optimizer and clipping the flags describe filled in: flags
-    given on the command line win, the JSON fills the rest, then the defaults. `cuda`: whether the
+    """The JSON (if any) with the optimizer the flags describe filled in (--clip-grad: config.resolve):
+    flags given on the command line win, the JSON fills the rest, then the defaults. `cuda`: whether the
     run's machines have GPUs (default: this one's; given, as azureml/submit.py checks a job for
     other machines, this one's FusedAdam build is not probed)."""
     ds = read_ds_config(args.deepspeed_config) if args.deepspeed_config else {}
@@ -470,8 +479,6 @@ def deepspeed_settings(args, cuda: bool | None = None) -> dict:
                 print(f"warning: DeepSpeed's FusedAdam cannot be had here: {problem}; training with torch's Adam "
                       "(the same update, unfused). For the fused kernel install the CUDA toolkit torch was built "
                       "with, or prebuild it: DS_BUILD_FUSED_ADAM=1 pip install deepspeed", file=sys.stderr, flush=True)
-    if args.clip_grad is not None:
-        ds["gradient_clipping"] = args.clip_grad
     ds.setdefault("steps_per_print", 10**9)  # the run log prints progress
     return ds
 
@@ -727,8 +734,7 @@ def pretrain(args) -> None:
         last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
         log.start(iteration, f"resuming from {last_checkpoint} iteration {iteration}, consumed samples {consumed}",
                   resumed_from=last_checkpoint)
-        change = checkpoint.attention_change(f"checkpoint {args.load}", client["config"]["model"]["attention"],
-                                             config.model.attention)
+        change = checkpoint.attention_change(f"checkpoint {args.load}", client["config"]["model"], vars(config.model))
         for warning in (resume_schedule(engine, client.get("schedule"), schedule, iteration),
                         describe_sample_change(client["config"], config, consumed),
                         describe_data_change(client.get("data"), data, consumed), change and f"warning: {change}"):
@@ -838,7 +844,7 @@ def initial_weights(args, config, weights_only: bool) -> dict | None:
     Weights of another attention variant (a weights-only --load, --finetune) start the run as
     --init-from-hf does: Linformer's projections they lack initialised, those this run lacks dropped
     (check_model_shapes); a line names what is initialised, and one says when the weights were trained
-    here with attention of other math (attention_change)."""
+    here with attention of other math, other BigBird blocks or other local layers (attention_change)."""
     if args.init_from_hf:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -857,7 +863,7 @@ def initial_weights(args, config, weights_only: bool) -> dict | None:
         for name in dropped:
             del state[name]
         notes = [] if run_state.get("weights_only") else [  # trained here (a from-hf one: as --init-from-hf)
-            checkpoint.attention_change(f"checkpoint {args.load}", stored["attention"], config.model.attention)]
+            checkpoint.attention_change(f"checkpoint {args.load}", stored, vars(config.model))]
         if fresh:  # as --init-from-hf initialises them (hf_convert.completed)
             state.update({name: tensor for name, tensor in BertModel(config.model).state_dict().items()
                           if name in fresh})
@@ -908,6 +914,7 @@ class StopSignals:
         self.watching = None
 
     def install(self) -> None:
+        restore_signals()  # start-up's (main): from here a signal is noted, the step finished and saved
         if threading.current_thread() is threading.main_thread():  # signal handlers live there only
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self.previous[signum] = signal.signal(signum, self._note)

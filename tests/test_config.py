@@ -137,6 +137,25 @@ def test_invalid_combinations_name_the_key(ds_update, world, extra, message):
     assert "\n" not in text and "; " in text
 
 
+def test_clip_grad_overrides_the_json_and_an_error_names_the_flag():
+    """--clip-grad reaches DeepSpeed through resolve, over the JSON's gradient_clipping; the pipeline's
+    clipping error names the flag that set it, not the JSON key (which may hold another value, or none)."""
+    from megatron.arguments import build_parser
+
+    given = config_flags(build_parser().parse_args(["--clip-grad", "0.25"]))
+    assert given["gradient_clipping"] == 0.25 and flags()["gradient_clipping"] is None
+    ds = {**BASE, "gradient_clipping": 0.5}
+    assert resolve({**given, **SMALL}, ds, world_size=4).ds_config["gradient_clipping"] == 0.25
+    assert resolve(SMALL, ds, world_size=4).ds_config["gradient_clipping"] == 0.5
+    pipeline = {**SMALL, "pipeline_parallel_size": 2}
+    with pytest.raises(ConfigError, match=re.escape(
+            "--clip-grad 0.25 with a pipeline at zero_optimization.stage 0 would clip by the first stage's gradient "
+            "norm only; use zero_optimization.stage 1, or turn clipping off (--clip-grad 0)")):
+        resolve({**given, **pipeline}, {**ds, "train_batch_size": 4}, world_size=4)
+    assert resolve({**pipeline, "gradient_clipping": 0.0}, {**ds, "train_batch_size": 4}, world_size=4).ds_config[
+        "gradient_clipping"] == 0.0
+
+
 @pytest.mark.parametrize("ds_update,message", [
     ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage 4 is not a ZeRO stage"),
     ({"zero_optimization": {"stage": -1}}, "zero_optimization.stage -1 is not a ZeRO stage"),

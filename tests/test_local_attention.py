@@ -133,3 +133,29 @@ def test_attention_dropout_defaults_to_zero_with_local_layers():
     local = {**small, "local_attention_window": 8, "global_attention_every": 2}
     assert resolve(local, ds, world_size=1).model.attention_dropout == 0.0
     assert resolve(small, ds, world_size=1).model.attention_dropout == 0.1
+
+
+def test_a_window_that_spans_the_sequence_is_named_in_the_config_line():
+    """A query sees keys up to window // 2 away: from window 2s - 2 on, a local layer over s tokens (or
+    packed segments of up to s) sees every token, as a fine-tune of ModernBERT (window 128) at
+    --seq-length 64 does. That is the model's own function, not a mistake: the config line says so."""
+    from megatron.config import TrainConfig
+    from megatron.model.args import BertConfig
+
+    q, k, v, _, segment_ids = inputs()
+    every_token = naive_masked_attention(q, k, v, window_allowed(segment_ids, 4 * S))
+    for window, spans in ((2 * S - 4, False), (2 * S - 2, True)):
+        out = local.LocalAttention(SimpleNamespace(local_attention_window=window, head_dim=D))(q, k, v, segment_ids)
+        assert torch.allclose(out, every_token) == spans, window
+
+    def line(window: int, **fields) -> str:
+        model = BertConfig(num_layers=3, hidden_size=32, num_attention_heads=4, seq_length=64,
+                           max_position_embeddings=64, local_attention_window=window, global_attention_every=3,
+                           **fields)
+        return TrainConfig(model=model).summary()
+
+    assert line(124).endswith(", local window 124 (global every 3)")
+    assert line(126).endswith(", local window 126 (global every 3; it spans the whole sequence of 64 tokens: the "
+                              "local layers see every token)")
+    assert line(32, max_segment_length=16).endswith(", local window 32 (global every 3; it spans every segment of "
+                                                    "up to 16 tokens: the local layers see every token)")

@@ -290,3 +290,33 @@ def test_a_deepspeed_command_that_ends_before_the_watch_starts_is_noticed(tmp_pa
         with contextlib.suppress(ProcessLookupError):
             os.killpg(command.pid, signal.SIGKILL)
     assert output.read_text().splitlines()[1] == str([f"the deepspeed command (pid {command.pid})"])
+
+
+def main_signalled_writing_an_index_map(argv) -> tuple:
+    """`main`, with SIGTERM sent to this rank once half of its first index map is written; returns (exit
+    code, stderr, the --save lock held after main returned, whether SIGTERM's handler is the one from before)."""
+    import numpy as np
+
+    save = np.save
+
+    def half_then_sigterm(file, array, **kwargs):
+        save(file, array[:len(array) // 2], **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    np.save = half_then_sigterm
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = training.main(argv)
+    return code, err.getvalue(), dict(checkpoint._held_lock), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_signal_during_start_up_stops_at_once_and_leaves_nothing(tmp_path, data):
+    """SIGTERM (or Ctrl-C) before the first step, here while an index map is written: the clean-ups run
+    (no partial map, the --save folder and its lock, made at start-up, gone again, no run log), one line,
+    exit 128 + 15. Before, the process died at once and left all three (the launcher signals every rank)."""
+    argv = run_argv(tmp_path, data, "--train-iters", "4", "--data-cache-path", str(tmp_path / "maps"))
+    [(code, err, lock, restored)] = run_on_ranks(main_signalled_writing_an_index_map, 1, argv, timeout=240)
+    assert code == 143 and err.splitlines()[-1] == ("pretrain_bert.py: stopped by SIGTERM during start-up, before the "
+                                                    "first step; nothing was saved"), err[-3000:]
+    assert "Traceback" not in err and lock == {} and restored
+    assert [path.name for path in tmp_path.iterdir()] == ["maps"] and list((tmp_path / "maps").iterdir()) == []

@@ -1,5 +1,7 @@
 """The entry point: --help, a short run that learns, the real launcher (its start-up config line,
 plain log lines, TensorBoard scalars), and one-line errors."""
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -408,14 +410,71 @@ def test_a_resume_or_start_with_attention_of_other_math_says_the_outputs_change(
     to or from Linformer's or BigBird's math the trained function changes, said once."""
     from megatron.checkpoint import attention_change
 
+    def change(trained, now, **fields):
+        return attention_change("checkpoint ck", {"attention": trained}, {"attention": now, **fields})
+
     exact = ("dense", "ring", "ulysses", "hybrid")
-    assert all(attention_change("ck", a, b) is None for a in exact for b in exact)
-    assert attention_change("ck", "bigbird", "bigbird") is None
-    assert attention_change("ck", "linformer", "linformer") is None
-    assert attention_change("checkpoint ck", "bigbird", "ring") == (
+    assert all(change(a, b) is None for a in exact for b in exact)
+    assert change("bigbird", "bigbird") is None
+    assert change("linformer", "linformer") is None
+    assert change("bigbird", "ring") == (
         "checkpoint ck was trained with BigBird's block-sparse attention (bigbird); this run uses attention to every "
         "token (ring), so its outputs differ from the trained model's")
-    assert attention_change("checkpoint ck", "hybrid", "linformer") == (
+    assert change("hybrid", "linformer") == (
         "checkpoint ck was trained with attention to every token (hybrid); this run uses Linformer's low-rank "
         "projected attention (linformer), so its outputs differ from the trained model's")
-    assert "BigBird's" in attention_change("ck", "linformer", "bigbird")
+    assert "BigBird's" in change("linformer", "bigbird")
+    assert change("bigbird", "dense", bigbird_block_size=8) == change("bigbird", "dense")  # the variant says it all
+
+
+def test_attention_settings_that_shape_no_tensor_are_compared_too():
+    """Weights meet the same variant with other BigBird blocks or other local layers (a resume refuses the
+    local layers' change: checkpoint.MODEL_FIELDS; --finetune may set another window): a line naming both
+    values. BigBird's seed (random blocks redrawn every step), the rope thetas (a longer context changes
+    them on purpose) and the options of a variant neither run uses are not compared; a stored config
+    without a field had its default."""
+    from megatron.checkpoint import attention_change
+    from megatron.model.args import BertConfig
+
+    bigbird = vars(BertConfig(attention="bigbird", bigbird_block_size=8))
+    assert attention_change("checkpoint ck", bigbird, {**bigbird, "bigbird_block_size": 16,
+                                                       "bigbird_num_random_blocks": 0}) == (
+        "checkpoint ck was trained with bigbird attention at bigbird_block_size 8, bigbird_num_random_blocks 2; this "
+        "run uses bigbird_block_size 16, bigbird_num_random_blocks 0, so its outputs differ from the trained model's")
+    assert "bigbird_num_window_blocks 3; the Hugging Face model uses bigbird_num_window_blocks 5" in attention_change(
+        "ck", bigbird, {**bigbird, "bigbird_num_window_blocks": 5}, user="the Hugging Face model")
+    same = {**bigbird, "bigbird_seed": 7, "rotary_base": 160000.0, "local_rotary_base": 1e6, "linformer_k": 64}
+    assert attention_change("ck", bigbird, same) is None
+    assert attention_change("ck", {"attention": "bigbird"}, {**bigbird, "bigbird_block_size": 64}) is None
+    dense = vars(BertConfig())
+    modern = {**dense, "local_attention_window": 128, "global_attention_every": 3}
+    assert attention_change("checkpoint ck", modern, {**modern, "local_attention_window": 256}) == (
+        "checkpoint ck was trained with dense attention at local_attention_window 128; this run uses "
+        "local_attention_window 256, so its outputs differ from the trained model's")
+    assert attention_change("checkpoint ck", {**dense, "attention": "ring"}, modern) == (
+        "checkpoint ck was trained with ring attention at local_attention_window None, global_attention_every 1; this "
+        "run uses local_attention_window 128, global_attention_every 3, so its outputs differ from the trained "
+        "model's")
+    assert attention_change("ck", {**dense, "linformer_k": 64}, {**dense, "attention": "ulysses"}) is None
+
+
+def main_and_stderr(argv: list) -> tuple:
+    """main's exit code and what it wrote to stderr."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, err.getvalue()
+
+
+def test_a_resume_with_other_bigbird_blocks_says_the_outputs_change(tmp_path, data_dir):
+    """The line is printed at a resume (on rank 0, once), here one that finds nothing left to train."""
+    argv = [*TINY, "--attention", "bigbird", "--block-size", "16", "--train-iters", "1", "--eval-iters", "1",
+            "--split", "100,0,0", "--default-data-dir", data_dir, "--log-dir", str(tmp_path / "log"),
+            "--save", str(tmp_path / "ck")]
+    resume = [*argv, "--load", str(tmp_path / "ck"), "--bigbird-num-random-blocks", "1"]
+    assert run_on_ranks(main, 1, argv, timeout=240) == [0]
+    [(code, err)] = run_on_ranks(main_and_stderr, 1, resume, timeout=240)
+    assert code == 0, err[-3000:]
+    assert [line for line in err.splitlines() if "outputs differ" in line] == [
+        f"warning: checkpoint {tmp_path / 'ck'} was trained with bigbird attention at bigbird_num_random_blocks 2; "
+        "this run uses bigbird_num_random_blocks 1, so its outputs differ from the trained model's"], err[-3000:]

@@ -37,7 +37,8 @@ def to_hf(args) -> None:
         hf_convert.save_hf_folder(args.output, state, config, hf_tokenizer=tokenizer)
     else:
         hf_convert.save_hf_folder(args.output, state, config, tokenizer.file, tokenizer.lower_case)
-    change = attention_change(args.load, config.attention, "dense", user="the Hugging Face model")
+    change = attention_change(args.load, vars(config), {**vars(config), "attention": "dense"},
+                              user="the Hugging Face model")
     if change:  # once written (an error stays the only line): the weights carry over, BigBird's pattern does not
         warnings.warn(f"{change} (the export suits fine-tuning with dense attention)")
     untrained = hf_convert.untrained_warning(args.load, tag)

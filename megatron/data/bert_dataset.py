@@ -103,9 +103,10 @@ def _save_built(path: str, build) -> Exception | None:
         np.save(partial, build(), allow_pickle=False)
         os.replace(partial, path)
     except Exception as error:
+        return error
+    finally:  # also when a signal stops the start-up (errors.Interrupted)
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
-        return error
     return None
 
 
