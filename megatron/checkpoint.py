@@ -45,6 +45,7 @@ from megatron import optimizer_state, paths
 from megatron.config import TrainConfig, precision, strict_json_loads
 from megatron.data import tokenizer as tokenizers
 from megatron.errors import ConfigError, DataError, disk_full
+from megatron.model.args import MODEL_PRESETS
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.pipe import pipe_layer_to_bert
 from megatron.parallel import launcher_watch, state as parallel_state
@@ -565,9 +566,13 @@ def _vocab_fix(vocab_size: int) -> str:
             f"does now), or {RESUME_FIX}")
 
 
-def _ffn_fix(ffn_hidden_size: int) -> str:
-    return (f"pass --ffn-hidden-size {ffn_hidden_size}, the checkpoint's (a --model-preset resized by --hidden-size "
-            f"used to keep the preset's; it keeps its ratio now), or {RESUME_FIX}")
+def _ffn_fix(trained: BertConfig) -> str:
+    # a preset's FFN width under another hidden size: what a --model-preset resized by --hidden-size kept
+    kept = any(preset["ffn_hidden_size"] == trained.ffn_hidden_size and preset["hidden_size"] != trained.hidden_size
+               for preset in MODEL_PRESETS.values())
+    why = (" (a --model-preset resized by --hidden-size used to keep the preset's; it keeps its ratio now)" if kept
+           else "")
+    return f"pass --ffn-hidden-size {trained.ffn_hidden_size}, the checkpoint's{why}, or {RESUME_FIX}"
 
 
 def check_model_shapes(stored: dict, config: BertConfig, folder: str, start: bool = False) -> tuple[list, list]:
@@ -577,7 +582,9 @@ def check_model_shapes(stored: dict, config: BertConfig, folder: str, start: boo
     variant: Linformer's projections); returns their names (to initialise, to drop)."""
     fields = {f.name for f in dataclasses.fields(BertConfig)}
     trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
-    with torch.device("meta"):
+    # both as one process: the attention cores own no tensors that depend on the ranks, and the
+    # checkpoint's (hybrid's Ulysses size) would be checked against the groups made for this run's
+    with torch.device("meta"), parallel_state.one_process():
         found = BertModel(trained).state_dict()
         expected = BertModel(config).state_dict()
     fresh = [name for name in expected if start and name not in found and CORE_TENSORS in name]
@@ -594,9 +601,10 @@ def check_model_shapes(stored: dict, config: BertConfig, folder: str, start: boo
 
     for name, tensor in expected.items():
         if name not in fresh and (name not in found or found[name].shape != tensor.shape):
-            shape = list(found[name].shape) if name in found else "nothing"
-            raise ConfigError(f"checkpoint {folder} holds {name} of shape {shape}, this model expects "
-                              f"{list(tensor.shape)}", fix(name))
+            if name not in found:
+                raise ConfigError(f"checkpoint {folder} lacks {name}, which this model has", fix(name))
+            raise ConfigError(f"checkpoint {folder} holds {name} of shape {list(found[name].shape)}, this model "
+                              f"expects {list(tensor.shape)}", fix(name))
     # e.g. biases or a position table dropped; at a start, another variant's core tensors are dropped
     extra = [name for name in found if name not in expected]
     dropped = [name for name in extra if start and CORE_TENSORS in name]
@@ -633,18 +641,23 @@ def _one_line_read_errors(engine):
 # variant of other math with a warning: attention_change).
 MODEL_FIELDS = ("vocab_size", "num_attention_heads", "layernorm_epsilon", "layernorm_layout", "normalization",
                 "mlp_type", "rotary_base", "local_rotary_base", "local_attention_window", "global_attention_every")
+LINFORMER_FIELDS = ("linformer_k", "linformer_share_heads", "linformer_share_kv")  # its projections' shapes
 
 
 def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
-    """A resume whose model flags differ from the checkpoint's: the first differing size or
-    MODEL_FIELDS value, named as a setting (`--num-layers 4` met a 3-layer checkpoint as 'holds
-    layers.3... of shape nothing'), else the first differing tensor shape."""
+    """A resume whose model flags differ from the checkpoint's: the first differing size, MODEL_FIELDS
+    value or optional tensor, named as a setting (`--num-layers 4` met a 3-layer checkpoint as 'lacks
+    layers.3...'), else the first differing tensor shape."""
     fields = {f.name for f in dataclasses.fields(BertConfig)}
     trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
-    for name in ("num_layers", "hidden_size", "ffn_hidden_size", *MODEL_FIELDS):
+    # after the layout and the norm, which set them too; Linformer's own options where both runs use it
+    # (else the variant differs: check_model_shapes names it)
+    linformer = LINFORMER_FIELDS if trained.attention == config.attention == "linformer" else ()
+    for name in ("num_layers", "hidden_size", "ffn_hidden_size", *MODEL_FIELDS, "embedding_layernorm",
+                 "first_layer_attention_norm", *linformer):
         if getattr(trained, name) != getattr(config, name):
-            fix = {"vocab_size": _vocab_fix, "ffn_hidden_size": _ffn_fix}.get(name, lambda _: RESUME_FIX)(
-                getattr(trained, name))
+            fix = (_vocab_fix(trained.vocab_size) if name == "vocab_size" else _ffn_fix(trained)
+                   if name == "ffn_hidden_size" else RESUME_FIX)
             raise ConfigError(f"checkpoint {folder} was trained with {name} {getattr(trained, name)}, this run's "
                               f"model has {getattr(config, name)}", fix)
     check_model_shapes(stored, config, folder)

@@ -20,7 +20,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, determinism, hf_convert, hf_modernbert, paths
+from megatron import checkpoint, determinism, hf_convert, hf_modernbert, optimizer_state, paths
 from megatron.arguments import PRINTER_WAIT, build_parser, config_flags, launcher_rank, outlive_rank_0
 from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, adjustable_start_fields, default_optimizer,
                              optimizer_params_taken, precision, read_ds_config, refuse_contradictions, resolve)
@@ -380,8 +380,37 @@ def resume_schedule(engine, stored: dict | None, schedule: dict, iteration: int)
             f"and the run ends at iteration {train_iters}")
     return (f"warning: resuming with {', '.join(changed)}: the schedule continues from iteration {iteration} with "
             f"the checkpoint's peak {peak:.3e} and this run's warm-up and decay: lr {engine.get_lr()[0]:.3e} for "
-            f"iteration {iteration + 1}, {then}; to change the peak, start a new run from the weights "
-            "(tools/convert_checkpoint.py, or a new --save)")
+            f"iteration {iteration + 1}, {then}; to change the peak, pass --finetune to start a new run from the "
+            "weights with a fresh optimizer and schedule")
+
+
+# the flags of optimizer.params, whose values a resume takes from the checkpoint (resume_optimizer)
+OPTIMIZER_PARAM_FLAGS = {"weight_decay": "--weight-decay", "eps": "--adam-eps"}
+
+
+def resume_optimizer(engine, config) -> str | None:
+    """Both load paths restore the checkpoint's optimizer settings over this run's (--weight-decay,
+    --adam-beta1/2, --adam-eps, the JSON's optimizer.params): config.ds_config then records the values
+    the optimizer uses (config.json, the next checkpoint), and the warning names those given otherwise.
+    The peak lr is the schedule's (resume_schedule)."""
+    params = config.ds_config.get("optimizer", {}).get("params", {})
+    used = optimizer_state.settings(engine)["param_groups"][0]
+    changes = []
+    for key in [key for key in params if key != "lr" and key in used]:
+        now, then = params[key], used[key]
+        if key == "betas":
+            then = list(then)
+            changes += [f"--adam-beta{index + 1} {new} (the checkpoint's: {old})"
+                        for index, (new, old) in enumerate(zip(now, then)) if new != old]
+        elif now != then:
+            changes.append(f"{OPTIMIZER_PARAM_FLAGS.get(key, 'optimizer.params.' + key)} {now} (the checkpoint's: "
+                           f"{then})")
+        params[key] = then
+    if not changes:
+        return None
+    return (f"warning: resuming with {', '.join(changes)}: the optimizer goes on with the checkpoint's settings, "
+            "which config.json records; pass --finetune to start a new run from the weights with a fresh optimizer "
+            "that takes the new values")
 
 
 def nothing_to_train(args, iteration: int, train_iters: int) -> str:
@@ -392,12 +421,17 @@ def nothing_to_train(args, iteration: int, train_iters: int) -> str:
 
 
 def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
-    """A warning when a resume changes what one sample is (its length, packing): the consumed-samples
-    count then points into another index map, so the rest of the current epoch is not exactly the
-    samples the run has not read yet."""
+    """A warning when a resume changes what one sample is (its length, packing, a packed segment's
+    length): the consumed-samples count then points into another index map, so the rest of the
+    current epoch is not exactly the samples the run has not read yet."""
+    # a packed segment's longest length, where both pack (else --pack-samples says it); an older config may lack it
+    length = config.model.max_segment_length
+    packed = stored.get("pack_samples") and config.pack_samples
+    segments = (stored["model"].get("max_segment_length", length), length) if packed else (None, None)
     changes = [f"{flag} {now} (the checkpoint's: {then})" for flag, then, now in (
         ("--seq-length", stored["model"]["seq_length"], config.model.seq_length),
-        ("--pack-samples", stored.get("pack_samples", False), config.pack_samples)) if then != now]
+        ("--pack-samples", stored.get("pack_samples", False), config.pack_samples),
+        ("--max-segment-length", *segments)) if then != now]
     if not changes:
         return None
     return (f"warning: resuming with {', '.join(changes)}: samples are cut differently now, and the data goes on "
@@ -405,15 +439,20 @@ def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
             "not at all (an epoch later every sample is read again); keep them to continue the same order")
 
 
+# data_settings' keys of the masking, by flag: the samples' text stays, the objective changes (a record
+# written before them lacks them: not compared)
+MASKING = {"mask_prob": "--mask-prob", "whole_word_masking": "--whole-word-masking"}
+
+
 def data_settings(args, data_path: list) -> dict:
     """What decides the text a sample index names, kept with each checkpoint: the datasets by
     content (a moved copy matches) and blend weight, --split's shares and --seed (the shuffle;
-    the ranks' random states come from the checkpoint)."""
+    the ranks' random states come from the checkpoint); and how its tokens are masked (MASKING)."""
     weights, prefixes = parse_data_path(data_path)
     shares = split_weights(args.split)
     return {"data": [[weight, index_maps.fingerprint(prefix)] for weight, prefix in zip(weights, prefixes)],
             "data_path": list(data_path), "split": [share / sum(shares) for share in shares], "split_flag": args.split,
-            "seed": args.seed}
+            "seed": args.seed, **{key: getattr(args, key) for key in MASKING}}
 
 
 def _same_shares(a: list, b: list) -> bool:
@@ -424,11 +463,11 @@ def _same_shares(a: list, b: list) -> bool:
 def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str | None:
     """A warning when a resume reads other data, splits it otherwise or shuffles it with another
     seed: the consumed-samples count then points into another index map, and with another split
-    validation and test may hold text the run trained on. None for a checkpoint without the record."""
+    validation and test may hold text the run trained on; or masks it otherwise (another objective).
+    None for a checkpoint without the record."""
     if not stored:
         return None
-    changes, effects = [], [f"the data goes on at sample {consumed} of another index map, so text of the current "
-                            "epoch may be read twice or not at all"]
+    changes, effects = [], []
     if [name for _, name in stored["data"]] != [name for _, name in now["data"]] or not _same_shares(
             [weight for weight, _ in stored["data"]], [weight for weight, _ in now["data"]]):
         changes.append(f"--data-path {' '.join(now['data_path'])} (the checkpoint's: {' '.join(stored['data_path'])}; "
@@ -439,6 +478,15 @@ def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str |
                        "the run trained on")
     if stored["seed"] != now["seed"]:
         changes.append(f"--seed {now['seed']} (the checkpoint's: {stored['seed']}; it shuffles and masks the samples)")
+    if changes:
+        effects.insert(0, f"the data goes on at sample {consumed} of another index map, so text of the current epoch "
+                          "may be read twice or not at all")
+    masking = [f"{flag} {now[key]} (the checkpoint's: {stored[key]})" for key, flag in MASKING.items()
+               if key in stored and stored[key] != now[key]]
+    if masking:
+        changes += masking
+        effects.append("other tokens are masked from here on, so the objective is not the one the checkpoint "
+                       "trained on")
     if not changes:
         return None
     return (f"warning: resuming with {', '.join(changes)}: {'; '.join(effects)}; keep the checkpoint's settings to "
@@ -622,7 +670,7 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
     weights = starting_weights_fields(args, weights_only)
     start = initial_model_fields(weights)
     source = (f"the --init-from-hf folder {args.init_from_hf}" if args.init_from_hf
-              else f"the weights-only checkpoint {args.load}")
+              else f"the checkpoint {args.load}" if args.finetune else f"the weights-only checkpoint {args.load}")
     refuse_contradictions(start, source, flags, ds, adjustable_start_fields(start, bool(args.init_from_hf)))
     if args.no_position_extension and start.get("position_embedding_type") == "rope":
         raise ConfigError(f"--no-position-extension has no effect on {source}: its positions are rotary, with no "
@@ -725,6 +773,7 @@ def pretrain(args) -> None:
     schedule, data = schedule_settings(args, ds, train_iters), data_settings(args, data_path)
     client = (checkpoint.load(engine, args.load, config, load_rng=not args.no_load_rng)
               if args.load and not weights_only else None)
+    optimizer_change = resume_optimizer(engine, config) if client else None  # before config.json records it
     log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
     log.config(config)
     if dist.get_rank() == 0:
@@ -737,7 +786,8 @@ def pretrain(args) -> None:
         change = checkpoint.attention_change(f"checkpoint {args.load}", client["config"]["model"], vars(config.model))
         for warning in (resume_schedule(engine, client.get("schedule"), schedule, iteration),
                         describe_sample_change(client["config"], config, consumed),
-                        describe_data_change(client.get("data"), data, consumed), change and f"warning: {change}"):
+                        describe_data_change(client.get("data"), data, consumed), change and f"warning: {change}",
+                        optimizer_change):
             if warning and dist.get_rank() == 0:
                 print(warning, file=sys.stderr, flush=True)
         if iteration >= train_iters:  # a finished run started again (a rerun of the same command)

@@ -339,8 +339,33 @@ def test_a_preset_resized_by_hidden_size_keeps_its_ffn_ratio_against_weights_and
                     deepspeed_check=False).model
     stored = {**{field: getattr(model, field) for field in BertConfig.__dataclass_fields__}, "ffn_hidden_size": 1152}
     with pytest.raises(ConfigError, match="trained with ffn_hidden_size 1152, this run's model has 96; pass "
-                                          "--ffn-hidden-size 1152, the checkpoint's"):
+                                          r"--ffn-hidden-size 1152, the checkpoint's \(a --model-preset resized"):
         check_same_model(stored, model, "ckpt/iter_0000002")
+    # a width no preset had: no preset to blame
+    with pytest.raises(ConfigError, match="pass --ffn-hidden-size 128, the checkpoint's, or resume with the model "
+                                          "flags the checkpoint was trained with$"):
+        check_same_model({**stored, "ffn_hidden_size": 128}, model, "ckpt/iter_0000002")
+
+
+@pytest.mark.parametrize("attention,trained,message", [
+    ("dense", {"embedding_layernorm": True}, "trained with embedding_layernorm True, this run's model has False"),
+    ("dense", {"first_layer_attention_norm": False},
+     "trained with first_layer_attention_norm False, this run's model has True"),
+    ("linformer", {"linformer_share_kv": True}, "trained with linformer_share_kv True, this run's model has False"),
+    ("linformer", {"linformer_k": 16}, "trained with linformer_k 16, this run's model has 8"),
+])
+def test_a_resume_names_the_setting_that_adds_or_reshapes_a_tensor(attention, trained, message):
+    """Was 'holds embeddings.layernorm.weight of shape nothing' or 'holds ...value_projection, which this
+    model does not have' (a Linformer resume with another --linformer-share-kv): the setting, as for the
+    sizes."""
+    import dataclasses
+
+    from bert_fixtures import small_config
+    from megatron.checkpoint import check_same_model
+
+    model = small_config(attention, linformer_k=8)
+    with pytest.raises(ConfigError, match=f"checkpoint ckpt/iter_0000002 was {message}; resume with the model flags"):
+        check_same_model({**dataclasses.asdict(model), **trained}, model, "ckpt/iter_0000002")
 
 
 def test_precision_reads_bf16_under_either_name():

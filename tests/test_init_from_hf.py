@@ -124,13 +124,13 @@ def test_a_start_from_weights_of_another_variant_initialises_or_drops_linformers
     assert capsys.readouterr().err.splitlines() == [
         f"warning: checkpoint {tmp_path / 'trained'} was trained with Linformer's low-rank projected attention "
         "(linformer); this run uses attention to every token (dense), so its outputs differ from the trained model's"]
-    with pytest.raises(ConfigError, match="holds layers.0.attention.core.key_projection of shape nothing, this model "
-                                          "expects .*; resume with attention dense, the checkpoint's, or pass "
-                                          "--finetune to start a new run from its weights"):
+    with pytest.raises(ConfigError, match="lacks layers.0.attention.core.key_projection, which this model has; "
+                                          "resume with attention dense, the checkpoint's, or pass --finetune to start "
+                                          "a new run from its weights"):
         checkpoint.check_model_shapes(vars(dense), linformer, "ckpt/iter_0000001")
     # any other tensor the weights lack stays one error, and a start from weights is no resume
-    with pytest.raises(ConfigError, match="holds binary_head.pooler.weight of shape nothing, this model expects "
-                                          r"\[32, 32\]; pass the model flags the checkpoint was trained with$"):
+    with pytest.raises(ConfigError, match="lacks binary_head.pooler.weight, which this model has; pass the model "
+                                          "flags the checkpoint was trained with$"):
         checkpoint.check_model_shapes(vars(small_config("dense", add_binary_head=False)), dense, "ckpt", start=True)
 
 
@@ -153,6 +153,21 @@ def test_linformer_or_bigbird_over_the_local_layers_of_the_weights_names_them_no
             f"{variant} attention cannot be combined with the local sliding-window layers of the weights-only "
             f"checkpoint {tmp_path / 'ck'} (its global layers would change the math of a windowed model); use "
             "attention dense, ring, ulysses or hybrid for the global layers")
+
+
+def test_a_contradicting_flag_names_the_checkpoint_as_what_it_is(tmp_path):
+    """In-process (training.model_flags): --finetune starts from any checkpoint's weights; its refusal called
+    every one 'the weights-only checkpoint', a full training checkpoint too."""
+    from bert_fixtures import small_config, small_model
+    from megatron.arguments import build_parser
+    from megatron.errors import ConfigError
+
+    config = small_config("dense")
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
+    for flags, source in (([], "the weights-only checkpoint"), (["--finetune"], "the checkpoint")):
+        args = build_parser().parse_args(["--load", str(tmp_path / "ck"), "--num-attention-heads", "8", *flags])
+        with pytest.raises(ConfigError, match=f"--num-attention-heads 8 contradicts {source} {tmp_path / 'ck'}, "):
+            training.model_flags(args, {}, weights_only=True)
 
 
 def test_no_position_extension_is_refused_for_rotary_positions(tmp_path):

@@ -437,7 +437,7 @@ def test_classic_bert_is_the_default_with_its_names_and_outputs():
     old_fields = {name: value for name, value in dataclasses.asdict(small_config("dense")).items()
                   if name not in CLASSIC_OPTIONS or name == "type_vocab_size"}
     check_model_shapes(old_fields, small_config("dense"), "ckpt/iter_0000001")
-    with pytest.raises(ConfigError, match="holds embeddings.layernorm.weight of shape nothing"):
+    with pytest.raises(ConfigError, match="lacks embeddings.layernorm.weight, which this model has"):
         check_model_shapes(old_fields, small_config("dense", **MODERN), "ckpt/iter_0000001")
     with pytest.raises(ConfigError, match="holds layers.0.attention_layernorm.bias, which this model does not have"):
         check_model_shapes(old_fields, small_config("dense", add_bias_linear=False), "ckpt/iter_0000001")

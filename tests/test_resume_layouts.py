@@ -1,11 +1,12 @@
 """Resuming in another layout continues the run as resuming in its own layout does.
 
-A run at SP=2 (ZeRO 1) saves in warm-up, where every step has another learning rate; it is then
-resumed in its own layout (DeepSpeed's files), at SP=1 and at PP=2 (the layout-free files). Each
-resumed step must use the rate the same-layout resume uses, every optimizer setting (param-group
-field) must be the checkpoint's on both paths even where this run's JSON says otherwise, and the
-losses must agree within SP rounding. RNG files: a missing one is refused on every rank before
-anything is loaded, unless the caller passes load_rng=False (one warning).
+A run at SP=2 (ZeRO 1, hybrid attention of Ulysses 2) saves in warm-up, where every step has another
+learning rate; it is then resumed with ring attention (the same function) in its own layout
+(DeepSpeed's files), at SP=1 and at PP=2 (the layout-free files). Each resumed step must use the rate
+the same-layout resume uses, every optimizer setting (param-group field) must be the checkpoint's on
+both paths even where this run's JSON says otherwise (one warning says so, and the config records the
+checkpoint's), and the losses must agree within SP rounding. RNG files: a missing one is refused on
+every rank before anything is loaded, unless the caller passes load_rng=False (one warning).
 """
 import contextlib
 import io
@@ -20,7 +21,7 @@ from megatron import checkpoint, optimizer_state
 from megatron.config import resolve
 from megatron.engine import build_engine, train_step
 from megatron.errors import DataError
-from megatron.training import lr_schedule
+from megatron.training import lr_schedule, resume_optimizer
 from megatron.parallel.spawn import run_on_ranks
 from test_checkpoint import step_batches
 from test_deepspeed_engine import GLOBAL_BATCH, ds_config, model_flags
@@ -31,14 +32,16 @@ SCHEDULE = SimpleNamespace(min_lr=None, lr_decay_style="linear", lr_warmup_fract
 
 
 def run(pipeline: int, sequence: int, directory: str, weight_decay: float, resume=False, refused_from=None,
-        micro=2) -> dict:
+        micro=2, attention="ring") -> dict:
     """Trains to STOP (saving at SAVED_AT), or resumes from `directory`; returns per step the rate
-    it used and its loss, and the optimizer's settings after the load. `refused_from`: a copy of
-    the checkpoint without this run's RNG file, tried first (its error), then loaded with
-    load_rng=False (its warning) before the real checkpoint."""
+    it used and its loss, and the optimizer's settings after the load (with the warning and the
+    config's record of them). `refused_from`: a copy of the checkpoint without this run's RNG file,
+    tried first (its error), then loaded with load_rng=False (its warning) before the real checkpoint."""
     world = torch.distributed.get_world_size()
     gas = GLOBAL_BATCH // micro // (world // (pipeline * sequence))
-    ds = ds_config(micro, gas, 1, sequence)
+    ds = ds_config(micro, gas, 1, sequence, attention)
+    if attention == "hybrid":
+        ds["sequence_parallel"]["ulysses_size"] = sequence
     ds["optimizer"]["params"]["weight_decay"] = weight_decay
     config = resolve({**model_flags(), "pipeline_parallel_size": pipeline}, ds, world)
     engine = build_engine(config, bert_state=small_model(config.model).state_dict(),
@@ -53,6 +56,8 @@ def run(pipeline: int, sequence: int, directory: str, weight_decay: float, resum
         result.update(refused=str(refused.value), warning=printed.getvalue())
     if resume:
         start = checkpoint.load(engine, directory, config)["iteration"]
+        result.update(optimizer_warning=resume_optimizer(engine, config),
+                      recorded=dict(config.ds_config["optimizer"]["params"]))
     groups = optimizer_state._base_optimizer(engine).param_groups
     result.update(groups=[{key: value for key, value in group.items() if key != "params"} for group in groups],
                   lrs=[], losses=[])
@@ -66,12 +71,12 @@ def run(pipeline: int, sequence: int, directory: str, weight_decay: float, resum
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory) -> SimpleNamespace:
-    """The SP=2 run, and its resumes (with another weight decay in the JSON) in its own layout, at
-    SP=1 and at PP=2, these first refused a copy without rng_rank0.pt (SP=1) / rng_rank1.pt (PP=2:
-    rank 0, whose own file is there, stops too)."""
+    """The SP=2 run (hybrid), and its resumes (ring, another weight decay in the JSON) in its own
+    layout, at SP=1 and at PP=2, these first refused a copy without rng_rank0.pt (SP=1) /
+    rng_rank1.pt (PP=2: rank 0, whose own file is there, stops too)."""
     directory = tmp_path_factory.mktemp("resume_layouts")
     saved = str(directory / "ckpt")
-    straight = run_on_ranks(run, 2, 1, 2, saved, 0.01, timeout=300)[0]
+    straight = run_on_ranks(run, 2, 1, 2, saved, 0.01, attention="hybrid", timeout=300)[0]
     without = {}
     for rank in (0, 1):
         without[rank] = shutil.copytree(saved, directory / f"without_rng{rank}")
@@ -90,6 +95,10 @@ def test_resumed_steps_use_the_checkpoints_rate_and_settings(resumed, layout):
     assert len(set(resumed.straight["lrs"])) == STOP
     assert got["lrs"] == resumed.straight["lrs"][SAVED_AT:]
     assert got["groups"] == same["groups"] and got["groups"][0]["weight_decay"] == 0.01
+    assert got["recorded"]["weight_decay"] == 0.01 and got["optimizer_warning"] == (
+        "warning: resuming with --weight-decay 0.1 (the checkpoint's: 0.01): the optimizer goes on with the "
+        "checkpoint's settings, which config.json records; pass --finetune to start a new run from the weights with "
+        "a fresh optimizer that takes the new values")
     assert got["losses"] == pytest.approx(same["losses"], rel=REL_TOL)
     assert got["losses"] == pytest.approx(resumed.straight["losses"][SAVED_AT:], rel=REL_TOL)
 

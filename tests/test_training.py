@@ -16,8 +16,8 @@ import torch
 from megatron import run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
-from megatron.training import (data_warnings, describe_data_change, lr_factor, lr_schedule, main, nothing_to_train,
-                               resume_schedule)
+from megatron.training import (data_warnings, describe_data_change, describe_sample_change, lr_factor, lr_schedule,
+                               main, nothing_to_train, resume_schedule)
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -79,19 +79,20 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
     assert all(r["tokens_per_s"] > 0 and r["peak_memory_mib"] > 0 for r in train)
     assert (tmp_path / "ckpt" / "iter_0000050").is_dir() and (tmp_path / "log" / "loss.png").stat().st_size > 0
 
-    # resumed on one rank (SP=1: the layout-free files) with a longer run, another peak and sample length: one
-    # line says where it starts, warnings what the schedule and the data do; the log goes on in metrics.jsonl
+    # resumed on one rank (SP=1: the layout-free files) with a longer run, another peak, sample length, masking
+    # and weight decay: one line says where it starts, warnings what the schedule, the data and the optimizer
+    # do; config.json records the weight decay the optimizer keeps; the log goes on in metrics.jsonl
     resume = [*TINY, "--deepspeed", "--deepspeed_config", str(config), "--sequence-parallel-size", "1",
               "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "ckpt"), "--train-iters", "54",
               "--lr", "2e-3", "--log-interval", "2", "--eval-interval", "1000", "--eval-iters", "1",
               "--default-data-dir", data_dir, "--log-dir", str(tmp_path / "log"), "--seq-length", "96",
-              "--split", "90,5,5", "--seed", "7"]
+              "--split", "90,5,5", "--seed", "7", "--mask-prob", "0.2", "--weight-decay", "0.05"]
     result = run_entry_point(*resume)
     assert result.returncode == 0, result.stderr[-3000:]
     ckpt = tmp_path / "ckpt" / "iter_0000050"
     assert f"resuming from {ckpt} iteration 50, consumed samples 200" in result.stdout.splitlines()
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: resuming with")]
-    assert len(warnings) == 3, result.stderr[-3000:]
+    assert len(warnings) == 4, result.stderr[-3000:]
     assert ("--train-iters 54 (the checkpoint's: 50), --lr 0.002 (the checkpoint's: 0.001)" in warnings[0]
             and "the checkpoint's peak 1.000e-03" in warnings[0] and "at iteration 54" in warnings[0]), warnings[0]
     # the first resumed step already at this run's rate (the checkpoint left 0: its schedule had ended)
@@ -107,9 +108,14 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
                                   "differently now, and the data goes on at sample 200 of the new index map")
     # another split and seed (the data the checkpoint records): said once, with what a split change does
     assert warnings[2].startswith("warning: resuming with --split 90,5,5 (the checkpoint's: 969,30,1), --seed 7 (the "
-                                  "checkpoint's: 1234; it shuffles and masks the samples): the data goes on at sample "
-                                  "200 of another index map"), warnings[2]
+                                  "checkpoint's: 1234; it shuffles and masks the samples), --mask-prob 0.2 (the "
+                                  "checkpoint's: 0.15): the data goes on at sample 200 of another index map"), warnings[2]
     assert "validation and test, so the held-out losses may include text the run trained on" in warnings[2]
+    assert "; other tokens are masked from here on, so the objective is not the one the checkpoint" in warnings[2]
+    assert warnings[3].startswith("warning: resuming with --weight-decay 0.05 (the checkpoint's: 0.01): the optimizer "
+                                  "goes on with the checkpoint's settings, which config.json records"), warnings[3]
+    recorded = json.loads((tmp_path / "log" / "config.json").read_text())["ds_config"]["optimizer"]["params"]
+    assert recorded["weight_decay"] == 0.01, recorded
     records = run_log.read_metrics(tmp_path / "log" / "metrics.jsonl")
     starts = [r for r in records if r["kind"] == "start"]
     assert [r["iteration"] for r in starts] == [0, 50] and starts[1]["resumed_from"] == str(ckpt)
@@ -373,6 +379,8 @@ def test_a_resume_with_another_peak_decays_to_min_lr():
     schedule = {"train_iters": 10, "lr": 2e-3, **settings}
     warning = resume_schedule(engine, {**schedule, "lr": 1e-3}, schedule, iteration=5)
     assert "lr 5.500e-04 for iteration 6, then 4.600e-04 at iteration 7, ending at 1.900e-04 at iteration 10" in warning
+    assert warning.endswith("to change the peak, pass --finetune to start a new run from the weights with a fresh "
+                            "optimizer and schedule"), warning
     rates = [resumed.param_groups[0]["lr"]]
     for _ in range(4):
         resumed.step()
@@ -402,6 +410,29 @@ def test_a_resume_on_other_data_says_so():
     assert other.startswith("warning: resuming with --data-path b/other (the checkpoint's: a/corpus; other text or "
                             "weights): the data goes on at sample 8 of another index map"), other
     assert "held-out" not in other
+    # the masking (recorded since; an older record lacks it): another objective on the same index map
+    masked = {**stored, "mask_prob": 0.15, "whole_word_masking": False}
+    assert describe_data_change(stored, {**masked, "mask_prob": 0.3}, 8) is None
+    assert describe_data_change(masked, {**masked, "mask_prob": 0.3, "whole_word_masking": True}, 8) == (
+        "warning: resuming with --mask-prob 0.3 (the checkpoint's: 0.15), --whole-word-masking True (the checkpoint's: "
+        "False): other tokens are masked from here on, so the objective is not the one the checkpoint trained on; "
+        "keep the checkpoint's settings to continue the same data")
+
+
+def test_a_resume_with_other_packed_segments_says_samples_are_cut_differently():
+    """--max-segment-length where both runs pack (else --pack-samples is the change named); a config
+    saved before the field is not compared."""
+    def config(pack_samples, max_segment_length):
+        return SimpleNamespace(pack_samples=pack_samples, model=SimpleNamespace(
+            seq_length=128, max_segment_length=max_segment_length))
+
+    stored = {"pack_samples": True, "model": {"seq_length": 128, "max_segment_length": 128}}
+    assert describe_sample_change(stored, config(True, 128), 4) is None
+    assert describe_sample_change(stored, config(True, 64), 4).startswith(
+        "warning: resuming with --max-segment-length 64 (the checkpoint's: 128): samples are cut differently now, and "
+        "the data goes on at sample 4 of the new index map")
+    assert "--max-segment-length" not in describe_sample_change(stored, config(False, None), 4)
+    assert describe_sample_change({"pack_samples": True, "model": {"seq_length": 128}}, config(True, 64), 4) is None
 
 
 def test_a_resume_or_start_with_attention_of_other_math_says_the_outputs_change():

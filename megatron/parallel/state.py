@@ -10,6 +10,7 @@ This module is also the `mpu` handed to DeepSpeed: it answers the `get_*` names 
 looks up. Before `initialize()` every accessor answers as a single process would (world 1,
 rank 0, group None), so the model runs in one process with no distributed setup.
 """
+import contextlib
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -132,6 +133,19 @@ def initialize(pipeline: int = 1, sequence: int = 1, data: int | None = None, ba
 def destroy() -> None:
     global _STATE
     _STATE = None
+
+
+@contextlib.contextmanager
+def one_process():
+    """Every accessor answers as a single process would while inside, whatever groups this run made:
+    a checkpoint's model built only for its tensor shapes (checkpoint.check_model_shapes), whose
+    attention was split over its own run's groups (hybrid's Ulysses size), not this run's."""
+    global _STATE
+    made, _STATE = _STATE, None
+    try:
+        yield
+    finally:
+        _STATE = made
 
 
 def is_initialized() -> bool:
