@@ -415,3 +415,25 @@ def test_interrupt_stops_promptly_removing_partial_output(corpus, tmp_path, tool
     assert "Traceback" not in stderr
     assert not out.exists()  # no .partial, no folder it created
     assert not group_alive(proc.pid)  # no worker left behind
+
+
+@pytest.mark.timeout(60)
+def test_build_vocab_interrupted_mid_training_ends_without_finalising(tmp_path):
+    """A trainer still running after the signal ends the process at once (os._exit, no atexit):
+    finalising the interpreter under tokenizers' Rust threads crashed it now and then (SIGABRT,
+    SIGSEGV), which the test above catches only by chance. The stub trainer signals its own process."""
+    script = ("import atexit, os, runpy, signal, sys, time\n"
+              "import megatron.data.vocab_builder as vocab_builder\n"
+              "def train(*args):\n"
+              "    time.sleep(0.3)  # the main thread waits for the trainer by now\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "    time.sleep(60)  # a trainer that does not stop\n"
+              "vocab_builder.train_vocab = train\n"
+              "atexit.register(print, 'finalised')\n"
+              f"sys.argv = ['build_vocab.py', '--input', 'x', '--output', {str(tmp_path / 'out' / 'vocab.txt')!r}]\n"
+              f"runpy.run_path({str(ROOT / 'tools' / 'build_vocab.py')!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
+    assert (proc.returncode, proc.stdout) == (128 + signal.SIGINT, ""), proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == ["build_vocab.py: error: interrupted by SIGINT, partial output removed; "
+                                        "rerun the same command to start over"]
+    assert not (tmp_path / "out").exists()

@@ -242,6 +242,26 @@ def test_only_launchers_are_watched(command, launcher):
     assert _is_launcher(command) is launcher
 
 
+def test_a_launcher_ended_but_not_reaped_is_gone(monkeypatch):
+    """A launcher killed under a wrapper that never waits stays a zombie, its /proc entry and start
+    time unchanged: the rank stops all the same (it once trained on for 11 minutes)."""
+    launcher = subprocess.Popen(["sleep", "60"])
+    try:
+        monkeypatch.setattr(launcher_watch, "_noted", [(launcher.pid, launcher_watch.start_time(launcher.pid),
+                                                        "its launcher")])
+        launcher.kill()
+        os.waitid(os.P_PID, launcher.pid, os.WEXITED | os.WNOWAIT)  # ended, left unreaped
+        ended = []
+        stop = launcher_watch.watch(ended.append)
+        deadline = time.monotonic() + 3 * launcher_watch.POLL_SECONDS
+        while not ended and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stop.set()
+        assert ended == ["its launcher"]
+    finally:
+        launcher.wait()
+
+
 RANK_SCRIPT = """import os, sys, time
 sys.path.insert(0, {root!r})
 from megatron.parallel import launcher_watch

@@ -54,21 +54,28 @@ def main(argv=None):
         if skipped else ""))
 
 
+_finished = []  # one event per in_thread call, set when its function has returned or raised
+
+
 def in_thread(function, *args):
     """`function(*args)` in a daemon thread: the tokenizers trainer runs in Rust, where Python cannot
-    act on Ctrl-C or SIGTERM until it returns; the main thread waits here and can."""
-    outcome = {}
+    act on Ctrl-C or SIGTERM until it returns; the main thread waits here and can. It waits on an
+    event, not Thread.join: on Python 3.11 a join that a signal interrupts marks the thread stopped
+    while it still runs (threading's bpo-45274 branch releases the thread's own lock)."""
+    outcome, finished = {}, threading.Event()
+    _finished.append(finished)
 
     def run():
         try:
             outcome["value"] = function(*args)
         except BaseException as error:  # handed to the main thread
             outcome["error"] = error
+        finally:
+            finished.set()
 
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.1)
+    threading.Thread(target=run, daemon=True).start()
+    while not finished.wait(0.1):  # wakes to run a handler for a signal that reached another thread
+        pass
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -76,9 +83,10 @@ def in_thread(function, *args):
 
 def exit_now_if_trainer_running(code: int):
     """After an interrupt the tokenizers trainer may still run in its thread, and it cannot be
-    stopped: finalising the interpreter under it can crash (a segfault after the one-line message),
-    so the process ends here, its output already flushed and its clean-up already done."""
-    if any(thread.daemon and thread.is_alive() for thread in threading.enumerate()):
+    stopped: finalising the interpreter under it crashes (SIGABRT "FATAL: exception not rethrown"
+    or SIGSEGV after the one-line message, as its Rust threads take the GIL), so the process ends
+    here, its output already flushed and its clean-up already done."""
+    if not all(finished.is_set() for finished in _finished):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

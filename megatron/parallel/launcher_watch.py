@@ -15,18 +15,21 @@ POLL_SECONDS = 1.0
 
 
 def _stat(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat from field 3 on (after the command name, which may hold spaces), or None
-    when there is no such process (or no /proc)."""
+    """/proc/<pid>/stat from field 3 (the state) on, after the command name, which may hold spaces;
+    None when there is no such process (or no /proc), or when it has ended but is not yet reaped
+    (state Z or X: a launcher killed under a wrapper that never waits keeps its entry)."""
     try:
         with open(f"/proc/{pid}/stat") as file:
             stat = file.read()
     except OSError:
         return None
-    return stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else fields
 
 
 def start_time(pid: int) -> str | None:
-    """The process' start time in clock ticks since boot, or None when there is no such process."""
+    """The process' start time in clock ticks since boot, or None when there is no such process
+    or it has ended (a zombie)."""
     fields = _stat(pid)
     return fields[19] if fields else None  # field 22
 
