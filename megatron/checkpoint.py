@@ -499,7 +499,7 @@ def safe_load(path: str):
 
 def _is_data_record(record) -> bool:
     """The shape training.data_settings writes: [[weight, fingerprint], ...], the paths, the split's
-    shares and flag, the seed."""
+    shares and flag, the seed (and the masking, which older records lack: not checked)."""
     def numbers(values):
         return all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values)
     return (isinstance(record, dict) and isinstance(record.get("data"), list) and isinstance(record.get("split"), list)

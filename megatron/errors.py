@@ -52,29 +52,26 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signum)
 
 
-_replaced = {}  # signal -> the handler raise_on_signals replaced
-
-
-def raise_on_signals() -> None:
+def raise_on_signals() -> dict:
     """From now on SIGTERM and SIGINT raise Interrupted in the main thread (signal handlers live there
-    only: elsewhere nothing changes), until restore_signals."""
-    if threading.current_thread() is threading.main_thread() and not _replaced:
-        _replaced.update({signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGTERM,
-                                                                                         signal.SIGINT)})
+    only: elsewhere nothing changes); returns the handlers replaced, which the caller puts back
+    (restore_signals): each caller owns its own, so nested callers keep theirs."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGTERM, signal.SIGINT)}
 
 
-def restore_signals() -> None:
-    """The handlers from before raise_on_signals (none replaced: nothing to do)."""
-    for signum, handler in _replaced.items():
+def restore_signals(replaced: dict) -> None:
+    """Puts back the handlers raise_on_signals replaced (and returned)."""
+    for signum, handler in replaced.items():
         signal.signal(signum, handler)
-    _replaced.clear()
 
 
 def run_tool(prog: str, main) -> int:
     """Runs a command-line tool's `main()`: a ConfigError becomes `<prog>: error: <problem>; <fix>`
     on stderr and exit code 2 (argparse's own code for a bad command line), no traceback. SIGINT
     (Ctrl-C) and SIGTERM stop it the same way: its clean-up runs, one line, exit 128 + signal."""
-    raise_on_signals()
+    replaced = raise_on_signals()
     try:
         return main() or 0
     except ConfigError as error:
@@ -91,4 +88,4 @@ def run_tool(prog: str, main) -> int:
               "rerun the same command to start over", file=sys.stderr, flush=True)
         return 128 + signum
     finally:
-        restore_signals()  # a caller in the same process keeps its own
+        restore_signals(replaced)  # a caller in the same process keeps its own

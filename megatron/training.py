@@ -47,12 +47,13 @@ WHERE_FIX = "check the path, its permissions and free space (--debug shows where
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    raise_on_signals()  # a stop in start-up runs the clean-ups below; the training loop notes one (StopSignals)
+    # until the training loop notes a stop (StopSignals), a stop runs the clean-ups below
+    start_up = raise_on_signals()
     try:
         check_flags(args)
         check_flag_combinations(args)
         check_start(args)
-        stopped_by = pretrain(args)
+        stopped_by = pretrain(args, start_up)
     except Interrupted as error:  # SIGTERM or SIGINT before the training loop (raise_on_signals)
         if args.debug:
             raise
@@ -60,20 +61,19 @@ def main(argv=None) -> int:
             print(f"pretrain_bert.py: stopped by {signal.Signals(error.signum).name} during start-up, before the "
                   "first step; nothing was saved", file=sys.stderr, flush=True)
         return 128 + error.signum
-    except ConfigError as error:
-        if args.debug:
+    except (ConfigError, OSError) as error:  # OSError: a path the run reads or writes (permissions, space)
+        if args.debug or (isinstance(error, OSError) and not error.filename):
             raise
-        report_once(f"pretrain_bert.py: error: {error}", node_leaders=getattr(error, "node_leaders", False))
-        return 2
-    except OSError as error:  # a path the run reads or writes: permissions, a folder given for a file, space
-        if args.debug or not error.filename:
-            raise
-        report_once(f"pretrain_bert.py: error: {cannot_use(error, WHERE_FIX)}")
+        # the handlers main was given: a rank left to outlive the one that prints (report_once) ends
+        # on its launcher's SIGTERM silently
+        restore_signals(start_up)
+        problem = error if isinstance(error, ConfigError) else cannot_use(error, WHERE_FIX)
+        report_once(f"pretrain_bert.py: error: {problem}", node_leaders=getattr(error, "node_leaders", False))
         return 2
     finally:
         checkpoint.release_lock()  # the --save folder's, taken by rank 0 at start-up
         close_process_group()  # after an error too (reported above): a failed start aborted at exit just the same
-        restore_signals()
+        restore_signals(start_up)  # also when the training loop ended in an error (StopSignals left installed)
     return 128 + stopped_by if stopped_by else 0
 
 
@@ -384,27 +384,36 @@ def resume_schedule(engine, stored: dict | None, schedule: dict, iteration: int)
             "weights with a fresh optimizer and schedule")
 
 
-# the flags of optimizer.params, whose values a resume takes from the checkpoint (resume_optimizer)
-OPTIMIZER_PARAM_FLAGS = {"weight_decay": "--weight-decay", "eps": "--adam-eps"}
+# the flags that set entries of optimizer.params (key, index in a list), whose values a resume takes
+# from the checkpoint (resume_optimizer)
+OPTIMIZER_PARAM_FLAGS = {("weight_decay", None): "--weight-decay", ("eps", None): "--adam-eps",
+                         ("betas", 0): "--adam-beta1", ("betas", 1): "--adam-beta2"}
 
 
-def resume_optimizer(engine, config) -> str | None:
+def resume_optimizer(engine, config, args=None) -> str | None:
     """Both load paths restore the checkpoint's optimizer settings over this run's (--weight-decay,
     --adam-beta1/2, --adam-eps, the JSON's optimizer.params): config.ds_config then records the values
-    the optimizer uses (config.json, the next checkpoint), and the warning names those given otherwise.
-    The peak lr is the schedule's (resume_schedule)."""
+    the optimizer uses for the JSON's keys (config.json, the next checkpoint), and the warning names
+    those given otherwise, by the flag where `args` has it set, else by the JSON key. The peak lr is
+    the schedule's (resume_schedule)."""
     params = config.ds_config.get("optimizer", {}).get("params", {})
     used = optimizer_state.settings(engine)["param_groups"][0]
+
+    def named(key: str, index: int | None) -> str:
+        flag = OPTIMIZER_PARAM_FLAGS.get((key, index))
+        if flag and getattr(args, flag[2:].replace("-", "_"), None) is not None:
+            return flag
+        return f"optimizer.params.{key}" + ("" if index is None else f"[{index}]")
+
     changes = []
     for key in [key for key in params if key != "lr" and key in used]:
         now, then = params[key], used[key]
-        if key == "betas":
+        if isinstance(then, (list, tuple)):
             then = list(then)
-            changes += [f"--adam-beta{index + 1} {new} (the checkpoint's: {old})"
+            changes += [f"{named(key, index)} {new} (the checkpoint's: {old})"
                         for index, (new, old) in enumerate(zip(now, then)) if new != old]
         elif now != then:
-            changes.append(f"{OPTIMIZER_PARAM_FLAGS.get(key, 'optimizer.params.' + key)} {now} (the checkpoint's: "
-                           f"{then})")
+            changes.append(f"{named(key, None)} {now} (the checkpoint's: {then})")
         params[key] = then
     if not changes:
         return None
@@ -427,7 +436,10 @@ def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
     # a packed segment's longest length, where both pack (else --pack-samples says it); an older config may lack it
     length = config.model.max_segment_length
     packed = stored.get("pack_samples") and config.pack_samples
-    segments = (stored["model"].get("max_segment_length", length), length) if packed else (None, None)
+    then = stored["model"].get("max_segment_length", length)
+    # a default segment length follows --seq-length, which names the change then
+    own = then != stored["model"]["seq_length"] or length != config.model.seq_length
+    segments = (then, length) if packed and own else (None, None)
     changes = [f"{flag} {now} (the checkpoint's: {then})" for flag, then, now in (
         ("--seq-length", stored["model"]["seq_length"], config.model.seq_length),
         ("--pack-samples", stored.get("pack_samples", False), config.pack_samples),
@@ -706,7 +718,7 @@ def check_sample_room(config) -> None:
                           f"pass --seq-length {shortest} or more (BERT uses 128 to 512)")
 
 
-def pretrain(args) -> None:
+def pretrain(args, start_up: dict | None = None) -> None:
     note = launch_environment()
     determinism.configure(args.deterministic)
     torch.manual_seed(args.seed)  # the heads an HF folder lacks are initialised below
@@ -773,7 +785,7 @@ def pretrain(args) -> None:
     schedule, data = schedule_settings(args, ds, train_iters), data_settings(args, data_path)
     client = (checkpoint.load(engine, args.load, config, load_rng=not args.no_load_rng)
               if args.load and not weights_only else None)
-    optimizer_change = resume_optimizer(engine, config) if client else None  # before config.json records it
+    optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
     log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
     log.config(config)
     if dist.get_rank() == 0:
@@ -797,7 +809,7 @@ def pretrain(args) -> None:
         log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",
                   weights_from=source)
 
-    stop = StopSignals(tokenizer.file, log)
+    stop = StopSignals(tokenizer.file, log, start_up)
 
     def batches(dataset, start: int, count: int):
         """`count` steps of this data rank's micro-batches (lists of gas BertBatch)."""
@@ -955,8 +967,9 @@ class StopSignals:
 
     LOG_FAILED = 1000  # above any signal number: wins the MAX
 
-    def __init__(self, tokenizer_file: str, log=None):
+    def __init__(self, tokenizer_file: str, log=None, start_up: dict | None = None):
         self.tokenizer_file = tokenizer_file
+        self.start_up = start_up or {}  # the handlers main's start-up replaced (errors.raise_on_signals)
         self.log = log  # rank 0's RunLog: a run log that cannot be written (full disk) stops the run too
         self.received = self.agreed = 0
         self.previous = {}
@@ -964,7 +977,7 @@ class StopSignals:
         self.watching = None
 
     def install(self) -> None:
-        restore_signals()  # start-up's (main): from here a signal is noted, the step finished and saved
+        restore_signals(self.start_up)  # from here a signal is noted, the step finished and saved
         if threading.current_thread() is threading.main_thread():  # signal handlers live there only
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self.previous[signum] = signal.signal(signum, self._note)

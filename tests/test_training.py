@@ -422,9 +422,9 @@ def test_a_resume_on_other_data_says_so():
 def test_a_resume_with_other_packed_segments_says_samples_are_cut_differently():
     """--max-segment-length where both runs pack (else --pack-samples is the change named); a config
     saved before the field is not compared."""
-    def config(pack_samples, max_segment_length):
+    def config(pack_samples, max_segment_length, seq_length=128):
         return SimpleNamespace(pack_samples=pack_samples, model=SimpleNamespace(
-            seq_length=128, max_segment_length=max_segment_length))
+            seq_length=seq_length, max_segment_length=max_segment_length))
 
     stored = {"pack_samples": True, "model": {"seq_length": 128, "max_segment_length": 128}}
     assert describe_sample_change(stored, config(True, 128), 4) is None
@@ -433,6 +433,9 @@ def test_a_resume_with_other_packed_segments_says_samples_are_cut_differently():
         "the data goes on at sample 4 of the new index map")
     assert "--max-segment-length" not in describe_sample_change(stored, config(False, None), 4)
     assert describe_sample_change({"pack_samples": True, "model": {"seq_length": 128}}, config(True, 64), 4) is None
+    # segments of the default length follow --seq-length, the one change named
+    longer = describe_sample_change(stored, config(True, 256, seq_length=256), 4)
+    assert longer.startswith("warning: resuming with --seq-length 256 (the checkpoint's: 128): samples"), longer
 
 
 def test_a_resume_or_start_with_attention_of_other_math_says_the_outputs_change():

@@ -122,7 +122,11 @@ def rendezvous(dist_backend: str, timeout: float) -> None:
             while arrived < world and store.add("megatron/verdict_read", 0) < arrived - 1 and time.monotonic() < read_by:
                 time.sleep(0.05)
         else:  # rank 0, which started the clock before this rank could connect, gives its count by then
-            store.set_timeout(timedelta(seconds=timeout + 30))
+            until = time.monotonic() + timeout + 30  # polled: a stop in start-up is handled between polls
+            while not store.check(["megatron/rendezvous_verdict"]):
+                if time.monotonic() >= until:
+                    raise RuntimeError("rank 0 gave no verdict")
+                time.sleep(0.1)
             arrived = int(store.get("megatron/rendezvous_verdict"))
             if arrived < world:  # rank 0 waits for this before its store goes
                 store.add("megatron/verdict_read", 1)
