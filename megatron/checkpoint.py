@@ -391,7 +391,8 @@ def _read_lock(path: str) -> dict | None:
 
 
 def _running(holder: dict) -> bool:
-    """Whether the lock's process (on this host) still runs: its pid exists, with the same start time."""
+    """Whether the lock's process (on this host) still runs: its pid exists, with the same start time,
+    and has not ended (a zombie: a rank killed under a parent that never reaps it keeps its pid)."""
     try:
         os.kill(holder["pid"], 0)
     except ProcessLookupError:
@@ -399,7 +400,9 @@ def _running(holder: dict) -> bool:
     except PermissionError:  # another user's process
         pass
     started = launcher_watch.start_time(holder["pid"])
-    return started is None or holder.get("start") in (None, started)
+    if started is None:  # no /proc (not Linux): the pid alone tells; with /proc, it has ended
+        return not os.path.isdir("/proc")
+    return holder.get("start") in (None, started)
 
 
 def release_lock() -> None:

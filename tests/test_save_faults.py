@@ -182,6 +182,21 @@ def test_lock_refuses_a_live_holder_and_another_host(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == [] and capsys.readouterr().err.count("taking over the lock") == 2
 
 
+def test_a_lock_held_by_a_process_that_ended_unreaped_is_taken_over(tmp_path, capsys):
+    """A holder killed under a parent that never reaps it (a zombie) keeps its pid: it has ended."""
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        write_lock(tmp_path, socket.gethostname(), holder.pid, start_time(holder.pid))
+        assert checkpoint.take_lock(str(tmp_path))[0].endswith(f"holds {tmp_path / checkpoint.LOCK}")  # alive
+        holder.kill()
+        os.waitid(os.P_PID, holder.pid, os.WEXITED | os.WNOWAIT)  # ended, left unreaped
+        assert checkpoint.take_lock(str(tmp_path)) is None
+        checkpoint.release_lock()
+        assert "taking over the lock" in capsys.readouterr().err
+    finally:
+        holder.wait()
+
+
 def test_the_holder_touches_its_lock_and_a_replaced_stale_lock_is_not_removed(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "LOCK_HEARTBEAT_S", 0.05)
     assert checkpoint.take_lock(str(tmp_path)) is None
