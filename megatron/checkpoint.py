@@ -656,8 +656,8 @@ def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
     # after the layout and the norm, which set them too; Linformer's own options where both runs use it
     # (else the variant differs: check_model_shapes names it)
     linformer = LINFORMER_FIELDS if trained.attention == config.attention == "linformer" else ()
-    for name in ("num_layers", "hidden_size", "ffn_hidden_size", *MODEL_FIELDS, "embedding_layernorm",
-                 "first_layer_attention_norm", *linformer):
+    for name in ("num_layers", "hidden_size", "ffn_hidden_size", *MODEL_FIELDS, "position_embedding_type",
+                 "add_bias_linear", "add_binary_head", "embedding_layernorm", "first_layer_attention_norm", *linformer):
         if getattr(trained, name) != getattr(config, name):
             fix = (_vocab_fix(trained.vocab_size) if name == "vocab_size" else _ffn_fix(trained)
                    if name == "ffn_hidden_size" else RESUME_FIX)

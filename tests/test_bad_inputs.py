@@ -519,7 +519,7 @@ CASES += [  # ---- resumes
              phrases=("was trained with num_attention_heads 4, this run's model has 8",
                       "resume with the model flags the checkpoint was trained with")),
     pretrain("--load", "{ckpt}", "--bert-no-binary-head", id="resume_without_the_binary_head", needs_checkpoint=True,
-             phrases=("holds binary_head.pooler.weight, which this model does not have",
+             phrases=("was trained with add_binary_head True, this run's model has False",
                       "resume with the model flags the checkpoint was trained with")),
     pretrain("--no-load-rng", id="resume_no_load_rng_without_load",
              phrases=("--no-load-rng is given without --load", "add --load DIR or drop --no-load-rng")),
