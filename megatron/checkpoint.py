@@ -400,8 +400,9 @@ def _running(holder: dict) -> bool:
     except PermissionError:  # another user's process
         pass
     started = launcher_watch.start_time(holder["pid"])
-    if started is None:  # no /proc (not Linux): the pid alone tells; with /proc, it has ended
-        return not os.path.isdir("/proc")
+    if started is None:  # ended (a zombie) if its /proc entry can be read; else (no /proc, or another
+        # user's process under hidepid) the pid alone tells
+        return not os.access(f"/proc/{holder['pid']}/stat", os.R_OK)
     return holder.get("start") in (None, started)
 
 
@@ -656,7 +657,7 @@ def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
     # after the layout and the norm, which set them too; Linformer's own options where both runs use it
     # (else the variant differs: check_model_shapes names it)
     linformer = LINFORMER_FIELDS if trained.attention == config.attention == "linformer" else ()
-    for name in ("num_layers", "hidden_size", "ffn_hidden_size", *MODEL_FIELDS, "position_embedding_type",
+    for name in ("num_layers", "hidden_size", "ffn_hidden_size", "position_embedding_type", *MODEL_FIELDS,
                  "add_bias_linear", "add_binary_head", "embedding_layernorm", "first_layer_attention_norm", *linformer):
         if getattr(trained, name) != getattr(config, name):
             fix = (_vocab_fix(trained.vocab_size) if name == "vocab_size" else _ffn_fix(trained)

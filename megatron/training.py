@@ -66,6 +66,7 @@ def main(argv=None) -> int:
             raise
         # the handlers main was given: a rank left to outlive the one that prints (report_once) ends
         # on its launcher's SIGTERM silently
+        checkpoint.release_lock()  # before a launcher's SIGTERM can end this rank (rank 0 holds it)
         restore_signals(start_up)
         problem = error if isinstance(error, ConfigError) else cannot_use(error, WHERE_FIX)
         report_once(f"pretrain_bert.py: error: {problem}", node_leaders=getattr(error, "node_leaders", False))
@@ -398,10 +399,13 @@ def resume_optimizer(engine, config, args=None) -> str | None:
     the schedule's (resume_schedule)."""
     params = config.ds_config.get("optimizer", {}).get("params", {})
     used = optimizer_state.settings(engine)["param_groups"][0]
+    # the user's JSON params: a value it lacks is the flag's default (deepspeed_settings)
+    written = read_ds_config(args.deepspeed_config).get("optimizer", {}).get("params", {}) if getattr(
+        args, "deepspeed_config", None) else {}
 
     def named(key: str, index: int | None) -> str:
         flag = OPTIMIZER_PARAM_FLAGS.get((key, index))
-        if flag and getattr(args, flag[2:].replace("-", "_"), None) is not None:
+        if flag and args is not None and (getattr(args, flag[2:].replace("-", "_")) is not None or key not in written):
             return flag
         return f"optimizer.params.{key}" + ("" if index is None else f"[{index}]")
 

@@ -354,8 +354,8 @@ def test_a_preset_resized_by_hidden_size_keeps_its_ffn_ratio_against_weights_and
     ("linformer", {"linformer_share_kv": True}, "trained with linformer_share_kv True, this run's model has False"),
     ("linformer", {"linformer_k": 16}, "trained with linformer_k 16, this run's model has 8"),
     ("dense", {"add_bias_linear": False}, "trained with add_bias_linear False, this run's model has True"),
-    ("dense", {"position_embedding_type": "rope"}, "trained with position_embedding_type rope, this run's model has "
-                                                   "learned"),
+    ("dense", {"position_embedding_type": "rope", "rotary_base": 50000.0},  # the kind first, not its theta
+     "trained with position_embedding_type rope, this run's model has learned"),
 ])
 def test_a_resume_names_the_setting_that_adds_or_reshapes_a_tensor(attention, trained, message):
     """Was 'holds embeddings.layernorm.weight of shape nothing' or 'holds ...value_projection, which this

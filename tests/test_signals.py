@@ -340,3 +340,39 @@ def test_a_signal_during_start_up_stops_at_once_and_leaves_nothing(tmp_path, dat
                                                     "first step; nothing was saved"), err[-3000:]
     assert "Traceback" not in err and lock == {} and restored
     assert [path.name for path in tmp_path.iterdir()] == ["maps"] and list((tmp_path / "maps").iterdir()) == []
+
+
+def test_each_caller_keeps_its_own_signal_handlers():
+    """A tool run inside another (run_tool in run_tool), and main whose training loop ends in an
+    error with StopSignals' handlers installed, each give back the handlers they found: the outer
+    tool's SIGTERM clean-up survives, and an in-process caller's Ctrl-C is not swallowed."""
+    from megatron import errors
+
+    def inner():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+
+    def outer():
+        assert errors.run_tool("inner", inner) == 128 + signal.SIGTERM
+        return 0 if signal.getsignal(signal.SIGTERM) is errors._raise_interrupted else 1
+
+    def mine(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert errors.run_tool("outer", outer) == 0
+        assert signal.getsignal(signal.SIGTERM) is mine
+
+        def failing_loop(args, start_up):
+            training.StopSignals("tokenizer.json", None, start_up).install()
+            raise errors.ConfigError("the loop stopped", "fix it")
+
+        with pytest.MonkeyPatch.context() as patch:
+            for name in ("check_flags", "check_flag_combinations", "check_start"):
+                patch.setattr(training, name, lambda args: None)
+            patch.setattr(training, "pretrain", failing_loop)
+            assert training.main(["--data-path", "x"]) == 2
+        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -512,3 +512,29 @@ def test_a_resume_with_other_bigbird_blocks_says_the_outputs_change(tmp_path, da
     assert [line for line in err.splitlines() if "outputs differ" in line] == [
         f"warning: checkpoint {tmp_path / 'ck'} was trained with bigbird attention at bigbird_num_random_blocks 2; "
         "this run uses bigbird_num_random_blocks 1, so its outputs differ from the trained model's"], err[-3000:]
+
+
+def test_a_resume_names_each_optimizer_setting_the_way_it_was_given(tmp_path, monkeypatch):
+    """The checkpoint's settings win; the warning names a flag where the flag was given or the value is
+    its default (no JSON key), and the JSON key where the user's JSON wrote it."""
+    from megatron import optimizer_state
+    from megatron.training import resume_optimizer
+
+    monkeypatch.setattr(optimizer_state, "settings", lambda engine: {"param_groups": [
+        {"lr": 1e-4, "weight_decay": 0.1, "betas": (0.9, 0.98), "eps": 1e-8}]})
+    json_file = tmp_path / "ds.json"
+    json_file.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"weight_decay": 0.01}}}))
+
+    def warning(json_path, **flags):
+        config = SimpleNamespace(ds_config={"optimizer": {"params": {
+            "lr": 1e-4, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}}})
+        args = SimpleNamespace(**{"deepspeed_config": json_path, "weight_decay": None, "adam_beta1": None,
+                                  "adam_beta2": None, "adam_eps": None, **flags})
+        return resume_optimizer(None, config, args), config.ds_config["optimizer"]["params"]
+
+    line, recorded = warning(str(json_file))
+    assert line.startswith("warning: resuming with optimizer.params.weight_decay 0.01 (the checkpoint's: 0.1), "
+                           "--adam-beta2 0.999 (the checkpoint's: 0.98): the optimizer goes on"), line
+    assert recorded["weight_decay"] == 0.1 and recorded["betas"] == [0.9, 0.98]  # what config.json records
+    line, _ = warning(None, **{"weight_decay": 0.01})
+    assert line.startswith("warning: resuming with --weight-decay 0.01 (the checkpoint's: 0.1), --adam-beta2"), line
