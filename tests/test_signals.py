@@ -364,15 +364,20 @@ def test_each_caller_keeps_its_own_signal_handlers():
         assert errors.run_tool("outer", outer) == 0
         assert signal.getsignal(signal.SIGTERM) is mine
 
-        def failing_loop(args, start_up):
-            training.StopSignals("tokenizer.json", None, start_up).install()
-            raise errors.ConfigError("the loop stopped", "fix it")
+        for error in (errors.ConfigError("the loop stopped", "fix it"), RuntimeError("a bug in the loop")):
+            def failing_loop(args, start_up):
+                training.StopSignals("tokenizer.json", None, start_up).install()
+                raise error
 
-        with pytest.MonkeyPatch.context() as patch:
-            for name in ("check_flags", "check_flag_combinations", "check_start"):
-                patch.setattr(training, name, lambda args: None)
-            patch.setattr(training, "pretrain", failing_loop)
-            assert training.main(["--data-path", "x"]) == 2
-        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) == int_before
+            with pytest.MonkeyPatch.context() as patch:
+                for name in ("check_flags", "check_flag_combinations", "check_start"):
+                    patch.setattr(training, name, lambda args: None)
+                patch.setattr(training, "pretrain", failing_loop)
+                if isinstance(error, errors.ConfigError):
+                    assert training.main(["--data-path", "x"]) == 2
+                else:  # not ours to report: the traceback, the handlers given back all the same
+                    with pytest.raises(RuntimeError):
+                        training.main(["--data-path", "x"])
+            assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) == int_before
     finally:
         signal.signal(signal.SIGTERM, before)
