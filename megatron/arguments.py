@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, OneLineParser
 from megatron.model.args import MODEL_PRESETS
 
 # flag destination -> BertConfig / TrainConfig field
@@ -312,7 +312,7 @@ def outlive_rank_0() -> None:
         time.sleep(PRINTER_WAIT)
 
 
-class OncePerRunParser(argparse.ArgumentParser):
+class OncePerRunParser(OneLineParser):
     """An ArgumentParser whose usage, help and error lines are printed by global rank 0 only: the
     launcher starts every rank with the same command line, so every rank fails alike (exit code 2)
     and one copy of the message says it all; the other ranks do not exit before it (outlive_rank_0)."""

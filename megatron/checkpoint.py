@@ -553,6 +553,16 @@ def carried_tokenizer(load_dir: str, tag: str | None = None):
     return tokenizers.carried_tokenizer(checkpoint_folder(load_dir, tag or latest_tag(load_dir)))
 
 
+def refuse_non_finite(tensors: dict, source: str, fix: str) -> None:
+    """The first tensor of `tensors` (weights a run starts from, read from `source`) holding NaN or inf:
+    one line naming it, as the first step's loss would be NaN whatever the learning rate or batch."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise DataError(f"tensor {name} of {source} holds {bad} of {tensor.numel()} values that are NaN or inf",
+                            fix)
+
+
 def stored_config(load_dir: str, tag: str) -> dict:
     """The resolved config saved with the checkpoint (TrainConfig.to_dict())."""
     return run_state(load_dir, tag)["config"]
@@ -696,9 +706,23 @@ def attention_change(source: str, trained: dict, now: dict, user: str = "this ru
     changed = [name for name in names if was_set[name] != now_set[name]]
     if not changed:
         return None
+    return _fields_change(f"{source} was trained with {variant} attention at", changed, was_set, now_set, user)
+
+
+def _fields_change(trained_with: str, changed: list, was_set: dict, now_set: dict, user: str) -> str:
     old, new = (", ".join(f"{name} {values[name]}" for name in changed) for values in (was_set, now_set))
-    return (f"{source} was trained with {variant} attention at {old}; {user} uses {new}, so its outputs differ from "
-            "the trained model's")
+    return f"{trained_with} {old}; {user} uses {new}, so its outputs differ from the trained model's"
+
+
+def local_layers_added(source: str, trained: dict, now: BertConfig) -> str | None:
+    """The line of attention_change for weights trained elsewhere (an HF folder, a from-hf checkpoint),
+    whose attention variant says nothing: local layers added to a model trained with every layer global
+    (one with local layers keeps its global period: config.refuse_contradictions)."""
+    was_set = {name: trained.get(name, getattr(BertConfig, name)) for name in LOCAL_FIELDS}
+    if was_set["local_attention_window"] is not None or not now.has_local_layers:
+        return None
+    return _fields_change(f"{source} was trained with every layer global, at", LOCAL_FIELDS, was_set, vars(now),
+                          "this run")
 
 
 def check_same_optimizer(stored: dict, ds_config: dict, folder: str) -> None:

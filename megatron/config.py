@@ -41,7 +41,7 @@ from pathlib import Path
 from megatron.arguments import flag_setting
 from megatron.errors import ConfigError
 from megatron.model import attention
-from megatron.model.args import BertConfig, preset_fields
+from megatron.model.args import ROPE_THETA_FLOOR, BertConfig, preset_fields
 
 SECTION = "sequence_parallel"
 # JSON sub-sections of SECTION -> BertConfig field prefix
@@ -792,10 +792,10 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     unknown = set(values) - model_fields
     if unknown:
         raise ConfigError(f"unknown setting(s) {sorted(unknown)}", "remove them or check the spelling")
-    where = ""  # the model's own checks; then the attention's, named by the JSON section
+    where = ""  # the model's own checks; then the attention's, named by the JSON section where it set them
     try:
         model = BertConfig(**values)
-        where = f"{SECTION}: "
+        where = f"{SECTION}: " if section.keys() - _NOT_ATTENTION_KEYS else ""
         attention.check(model, sequence)
     except ConfigError as error:
         fix = _section_fix(_preset_fix(error.fix, given, section, flags, ds_config), given, section)
@@ -815,6 +815,8 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
                        compile_mlp=compile_mlp, pack_samples=pack_samples, ds_config=resolved)
 
 
+# the JSON section's values (_section_values) that attention.check does not read
+_NOT_ATTENTION_KEYS = {"pack_samples", "max_segment_length", "model_preset"}
 # a preset's setting that a fix tells to drop (as if it were a flag) -> the flag that undoes it
 _PRESET_UNDO = {"local_attention_window": ("--local-attention-window", "--global-attention-every 1 to make every "
                                                                     "layer global"),
@@ -850,19 +852,21 @@ _VARIANT_OPTIONS = {
                 "bigbird_num_window_blocks": ("--bigbird-num-window-blocks", f"{SECTION}.bigbird.num_window_blocks"),
                 "bigbird_num_random_blocks": ("--bigbird-num-random-blocks", f"{SECTION}.bigbird.num_random_blocks")}}
 # model fields that must be finite and above a bound whatever else is set (BertConfig checks the rest)
-_POSITIVE_MODEL_NUMBERS = {"init_method_std": "--init-method-std", "layernorm_epsilon": "--layernorm-epsilon",
-                           "rotary_base": "--rotary-base", "local_rotary_base": "--local-rotary-base"}
+# (flag, the bound a value must exceed): a rope theta as BertConfig states it (ROPE_THETA_FLOOR)
+_BOUNDED_MODEL_NUMBERS = {"init_method_std": ("--init-method-std", 0), "layernorm_epsilon": ("--layernorm-epsilon", 0),
+                          "rotary_base": ("--rotary-base", ROPE_THETA_FLOOR),
+                          "local_rotary_base": ("--local-rotary-base", ROPE_THETA_FLOOR)}
 
 
 def _check_model_numbers(values: dict) -> None:
     """Model numbers BertConfig takes as they come: a negative or zero init std or LayerNorm epsilon
     (or NaN, inf) reaches torch's init or the first forward pass, after the data's index maps are built."""
-    for key, flag in _POSITIVE_MODEL_NUMBERS.items():
+    for key, (flag, floor) in _BOUNDED_MODEL_NUMBERS.items():
         value = values.get(key)
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                      and math.isfinite(value) and value > 0):
-            raise ConfigError(f"{key} = {value} is not a finite number > 0",
-                              f"pass {flag} with a positive value, e.g. {getattr(BertConfig, key)}")
+                                      and math.isfinite(value) and value > floor):
+            raise ConfigError(f"{key} = {value} is not a finite number > {floor}",
+                              f"pass {flag} above {floor}, e.g. {getattr(BertConfig, key)}")
 
 
 def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> None:
@@ -937,14 +941,15 @@ ADJUSTABLE_START_FIELDS = ("max_position_embeddings", "rotary_base", "local_rota
                            "add_binary_head", "make_vocab_size_divisible_by")
 
 
-def adjustable_start_fields(start: dict, from_hf: bool) -> tuple:
+def adjustable_start_fields(start: dict, from_hf: bool, resume: bool = False) -> tuple:
     """ADJUSTABLE_START_FIELDS for an HF folder, whose weights are converted (table extended, vocab
     padded again, head initialised); a weights-only checkpoint's are loaded as they are, so only the
-    fields that shape no weight: the rope thetas, the window, and the length where rope leaves no table."""
+    fields that shape no weight: the rope thetas, the window, and the length where rope leaves no table.
+    A resume keeps the thetas and the window too (checkpoint.MODEL_FIELDS): only that length."""
     if from_hf:
         return ADJUSTABLE_START_FIELDS
-    rope = start.get("position_embedding_type") == "rope"
-    return ("rotary_base", "local_rotary_base", "local_attention_window") + (("max_position_embeddings",) * rope)
+    table_free = ("max_position_embeddings",) * (start.get("position_embedding_type") == "rope")
+    return table_free if resume else ("rotary_base", "local_rotary_base", "local_attention_window") + table_free
 
 
 def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict, adjustable: tuple) -> None:

@@ -1,4 +1,5 @@
 """Errors a user can cause, reported as one line that names the problem and the fix."""
+import argparse
 import errno
 import signal
 import sys
@@ -17,6 +18,14 @@ class ConfigError(ValueError):
 class DataError(ConfigError):
     """A data file or input record that cannot be used (missing, corrupt, malformed). Same
     one-line `<problem>; <fix>` message; a ConfigError so entry points catch both alike."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose mistakes (a missing required flag, an unknown one, a bad value) are one
+    line naming the fix, as every other mistake is, not argparse's usage block before it."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
 
 def disk_full(error: BaseException) -> str | None:

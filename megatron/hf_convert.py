@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpoint import LATEST, RUN_STATE, UNREADABLE, run_state, tag_for
+from megatron.checkpoint import LATEST, RUN_STATE, UNREADABLE, refuse_non_finite, run_state, tag_for
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry, check_fits
 from megatron.errors import ConfigError, DataError
@@ -273,7 +273,9 @@ def bert_fields_from_hf(hf_config: dict) -> dict:
             raise DataError(f"{key} = {json.dumps(value)} in the Hugging Face config.json is not {what}",
                             "fix config.json in the model folder (or download it again)")
     layout = MODEL_TYPES[model_type]
-    return {**fields, "layernorm_layout": layout, "embedding_layernorm": layout == "post"}
+    # the layer options too (every layer global, learned positions, ...): a run from the folder refuses a
+    # flag that contradicts them as it does a size (config.refuse_contradictions), not as a missing tensor
+    return {**fields, **CLASSIC_LAYER, "layernorm_layout": layout, "embedding_layernorm": layout == "post"}
 
 
 def check_compatible(hf_fields: dict, config: BertConfig) -> None:
@@ -291,7 +293,7 @@ def read_hf_weights(folder) -> dict:
     """Tensors of an HF folder as stored (model.safetensors, sharded safetensors or pytorch_model.bin)."""
     folder = Path(folder)
     if (folder / "model.safetensors").is_file():
-        tensors = read_safetensors(folder / "model.safetensors")
+        tensors = finite_tensors(read_safetensors(folder / "model.safetensors"), folder / "model.safetensors")
     elif (folder / "model.safetensors.index.json").is_file():
         index = folder / "model.safetensors.index.json"
         try:
@@ -306,12 +308,21 @@ def read_hf_weights(folder) -> dict:
             if not (folder / shard).is_file():
                 raise DataError(f"{index} names the shard {shard}, which is not in {folder}",
                                 "copy or download the model folder again (every shard)")
-        tensors = {name: t for shard in sorted(shards) for name, t in read_safetensors(folder / shard).items()}
+        tensors = {name: t for shard in sorted(shards)
+                   for name, t in finite_tensors(read_safetensors(folder / shard), folder / shard).items()}
     elif (folder / "pytorch_model.bin").is_file():
-        tensors = read_pytorch_bin(folder / "pytorch_model.bin")
+        tensors = finite_tensors(read_pytorch_bin(folder / "pytorch_model.bin"), folder / "pytorch_model.bin")
     else:
         raise ConfigError(f"{folder} holds no model.safetensors or pytorch_model.bin",
                           "point at a Hugging Face model folder saved with save_pretrained")
+    return tensors
+
+
+def finite_tensors(tensors: dict, path) -> dict:
+    """`tensors` (read from the file `path`), with one whose values are not all finite refused: NaN
+    weights would train to a NaN loss at the first step, whatever the learning rate."""
+    refuse_non_finite(tensors, f"{path}", "copy or download the model folder again, or export it again from a "
+                      "model whose weights are finite")
     return tensors
 
 

@@ -108,6 +108,14 @@ def check_exportable(config: BertConfig) -> None:
     """ModernBERT's layer options, all of them (sizes, thetas, the window and the period are free)."""
     wrong = [f"{field} {getattr(config, field)}" for field, value in SHAPE.items() if getattr(config, field) != value]
     wrong += [f"mlp_type {config.mlp_type}"] if config.mlp_type not in ACTIVATIONS.values() else []
+    classic_but = [field for field, value in hf_convert.CLASSIC_LAYER.items() if getattr(config, field) != value]
+    if wrong and classic_but == ["local_attention_window"] and config.type_vocab_size:  # what made it "modern"
+        raise ConfigError(f"a classic BERT with local layers (local_attention_window {config.local_attention_window}, "
+                          f"global_attention_every {config.global_attention_every}) has no Hugging Face equivalent: "
+                          "HF Bert has no sliding-window attention, ModernBERT has it but not these layers "
+                          f"({', '.join(wrong)})", "export a model trained with every layer global (without "
+                          "--local-attention-window), or train a ModernBERT-shaped one (--model-preset modernbert-base) "
+                          "for local layers")
     if wrong:
         raise ConfigError(f"a model with {', '.join(wrong)} has no Hugging Face ModernBERT (nor Bert) equivalent",
                           "export a classic BERT, or a ModernBERT-shaped model (--model-preset modernbert-base: rope, "
@@ -367,10 +375,19 @@ def carried_fields(fields: dict) -> dict:
     model reads, the others would be refused as unused), the vocab padding and whether it has a
     sentence-order head. {} for a classic BERT. (Read from the dict: the fields alone need not make
     a valid BertConfig, e.g. an HF folder's without the run's seq_length.)"""
-    model = SimpleNamespace(**{field.name: fields.get(field.name, field.default)
-                               for field in dataclasses.fields(BertConfig)})
-    if not is_modern(model):
-        return {}
+    return layer_rule_fields(fields) if is_modern(_model_of(fields)) else {}
+
+
+def _model_of(fields: dict) -> SimpleNamespace:
+    """`fields` over BertConfig's defaults, readable as a BertConfig (without its checks)."""
+    return SimpleNamespace(**{field.name: fields.get(field.name, field.default)
+                              for field in dataclasses.fields(BertConfig)})
+
+
+def layer_rule_fields(fields: dict) -> dict:
+    """carried_fields of any model, a classic BERT's too: what a resume takes from its checkpoint beyond
+    the shapes (a classic BERT's are the defaults, unless it was trained with local layers or the like)."""
+    model = _model_of(fields)
     carried = {"add_binary_head": model.add_binary_head,
                "make_vocab_size_divisible_by": model.make_vocab_size_divisible_by}
     rope = model.position_embedding_type == "rope"

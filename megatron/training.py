@@ -290,7 +290,8 @@ def check_start(args) -> None:
             and not os.path.isfile(os.path.join(args.load, checkpoint.LATEST)):
         args.load = None
     if args.init_from_hf and args.load:
-        raise ConfigError("--init-from-hf and --load are both given", "resume with --load alone")
+        raise ConfigError("--init-from-hf and --load are both given", "resume with --load alone (a resume takes "
+                          "the model and --seq-length from the checkpoint: drop --init-from-hf)")
     if not args.save:
         return
     start = 0
@@ -679,15 +680,18 @@ def starts_from_weights(args) -> bool:
 
 def model_flags(args, ds: dict, weights_only: bool) -> dict:
     """BertConfig / TrainConfig field values from the flags, with the sizes of the weights the run
-    starts from (--init-from-hf, weights-only --load) where the flags leave them out; vocab_size
-    None where neither gives it (the vocab file's, once it is read: a preset never sets it). Flags that
-    contradict those weights are refused, as is linformer or bigbird over their local layers."""
+    starts from (--init-from-hf, weights-only --load) or resumes (--load: its whole model and
+    --seq-length) where the flags (a preset) leave them out; vocab_size None where neither gives it (the
+    vocab file's, once it is read: a preset never sets it). Flags that contradict those weights are
+    refused, as is linformer or bigbird over their local layers."""
     flags = config_flags(args)
-    weights = starting_weights_fields(args, weights_only)
-    start = initial_model_fields(weights)
+    weights = starting_weights_fields(args)
+    resume = bool(args.load) and not weights_only
+    start = initial_model_fields(weights, resume)
     source = (f"the --init-from-hf folder {args.init_from_hf}" if args.init_from_hf
-              else f"the checkpoint {args.load}" if args.finetune else f"the weights-only checkpoint {args.load}")
-    refuse_contradictions(start, source, flags, ds, adjustable_start_fields(start, bool(args.init_from_hf)))
+              else f"the checkpoint {args.load}" if args.finetune or resume
+              else f"the weights-only checkpoint {args.load}")
+    refuse_contradictions(start, source, flags, ds, adjustable_start_fields(start, bool(args.init_from_hf), resume))
     if args.no_position_extension and start.get("position_embedding_type") == "rope":
         raise ConfigError(f"--no-position-extension has no effect on {source}: its positions are rotary, with no "
                           "table to extend", "drop --no-position-extension")
@@ -698,15 +702,18 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
     for field, value in start.items():
         flags[field] = value if flags.get(field) is None else flags[field]
     if flags.get("seq_length") is None and start:
-        flags["seq_length"] = start_length(args, weights, flags)
+        flags["seq_length"] = start_length(args, weights, flags, resume)
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     return flags
 
 
-def start_length(args, weights: dict, flags: dict) -> int:
+def start_length(args, weights: dict, flags: dict, resume: bool = False) -> int:
     """The --seq-length a run from weights takes when the flag is left out: the default 512, or less
     where the weights reach less: a weights-only checkpoint's stored length (a from-hf one stores its
-    folder's positions), an HF folder's positions as this run sets them (--max-position-embeddings)."""
+    folder's positions), an HF folder's positions as this run sets them (--max-position-embeddings).
+    A resume goes on at the checkpoint's length (another one, given, is a warning: describe_sample_change)."""
+    if resume:
+        return weights["seq_length"]
     if args.init_from_hf:
         reach = flags.get("max_position_embeddings") or BertConfig.seq_length
     else:
@@ -883,62 +890,77 @@ def sample_options(args, config) -> dict:
                 max_segment_length=config.model.max_segment_length)
 
 
-def starting_weights_fields(args, weights_only: bool) -> dict:
-    """The BertConfig fields of the weights a run starts from (--init-from-hf, or a weights-only
-    --load), read once."""
+def starting_weights_fields(args) -> dict:
+    """The BertConfig fields of the weights a run starts from (--init-from-hf, a weights-only --load)
+    or resumes (--load), read once."""
     if args.init_from_hf:
         return hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(args.init_from_hf))
-    if weights_only:
+    if args.load:
         return checkpoint.stored_config(args.load, checkpoint.latest_tag(args.load))["model"]
     return {}
 
 
-def initial_model_fields(fields: dict) -> dict:
+def initial_model_fields(fields: dict, resume: bool = False) -> dict:
     """Of the starting weights' fields (starting_weights_fields): the sizes and layout, which the flags
     may restate but not change; for a modern model (a ModernBERT folder) also its layer rule (rope
     thetas, window, global period), head and vocab padding, which the flags may change, the global
-    period aside (config.refuse_contradictions)."""
+    period aside (config.refuse_contradictions). A resume takes the layer rule of any model: it keeps
+    the whole model (checkpoint.check_same_model), which the user then need not restate."""
     if not fields:
         return {}
     shaping = (*hf_convert.HF_CONFIG_KEYS, "max_position_embeddings", "layernorm_layout", "embedding_layernorm",
                "position_embedding_type", "mlp_type", "add_bias_linear", "normalization", "first_layer_attention_norm")
-    return {**{field: fields[field] for field in shaping if field in fields}, **hf_modernbert.carried_fields(fields)}
+    rule = hf_modernbert.layer_rule_fields(fields) if resume else hf_modernbert.carried_fields(fields)
+    return {**{field: fields[field] for field in shaping if field in fields}, **rule}
 
 
 def initial_weights(args, config, weights_only: bool) -> dict | None:
-    """BertModel state to start from (None: fresh init, or a full checkpoint that --load restores).
+    """BertModel state to start from (None: fresh init, or a full checkpoint that --load restores,
+    whose model is checked here, before the data's index maps are built).
     Weights of another attention variant (a weights-only --load, --finetune) start the run as
     --init-from-hf does: Linformer's projections they lack initialised, those this run lacks dropped
     (check_model_shapes); a line names what is initialised, and one says when the weights were trained
-    here with attention of other math, other BigBird blocks or other local layers (attention_change)."""
+    here with attention of other math, other BigBird blocks or other local layers (attention_change),
+    or elsewhere (an HF folder, a from-hf checkpoint) with every layer global (local_layers_added)."""
     if args.init_from_hf:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             state = hf_convert.load_hf_as_bert_state(args.init_from_hf, config.model,
                                                      extend_positions=not args.no_position_extension)
-        if launcher_rank() == 0:  # also before the process group exists
-            for warning in caught:
-                print(f"warning: {warning.message}", file=sys.stderr, flush=True)
+        notes = [str(warning.message) for warning in caught] + [checkpoint.local_layers_added(
+            f"the Hugging Face folder {args.init_from_hf}", starting_weights_fields(args), config.model)]
+        print_warnings(notes)
         return state
-    if weights_only:
-        tag = checkpoint.latest_tag(args.load)
-        run_state = checkpoint.run_state(args.load, tag)
-        stored = run_state["config"]["model"]
-        fresh, dropped = checkpoint.check_model_shapes(stored, config.model, os.path.join(args.load, tag), start=True)
-        state = checkpoint.bert_state_from_checkpoint(args.load, tag)
-        for name in dropped:
-            del state[name]
-        notes = [] if run_state.get("weights_only") else [  # trained here (a from-hf one: as --init-from-hf)
-            checkpoint.attention_change(f"checkpoint {args.load}", stored, vars(config.model))]
-        if fresh:  # as --init-from-hf initialises them (hf_convert.completed)
-            state.update({name: tensor for name, tensor in BertModel(config.model).state_dict().items()
-                          if name in fresh})
-            notes.append(f"not in checkpoint {args.load}, initialised: {', '.join(fresh)}")
-        if launcher_rank() == 0:  # also before the process group exists
-            for note in filter(None, notes):
-                print(f"warning: {note}", file=sys.stderr, flush=True)
-        return state
-    return None
+    if not args.load:
+        return None
+    tag = checkpoint.latest_tag(args.load)
+    run_state = checkpoint.run_state(args.load, tag)
+    stored = run_state["config"]["model"]
+    if not weights_only:
+        checkpoint.check_same_model(stored, config.model, checkpoint.checkpoint_folder(args.load, tag))
+        return None
+    fresh, dropped = checkpoint.check_model_shapes(stored, config.model, os.path.join(args.load, tag), start=True)
+    state = checkpoint.bert_state_from_checkpoint(args.load, tag)
+    checkpoint.refuse_non_finite(state, f"checkpoint {os.path.join(args.load, tag)}",
+                                 "start from another checkpoint (an earlier one of the run that wrote it)")
+    for name in dropped:
+        del state[name]
+    notes = [checkpoint.local_layers_added(f"checkpoint {args.load}", stored, config.model)
+             if run_state.get("weights_only")  # from-hf: as --init-from-hf; else trained here
+             else checkpoint.attention_change(f"checkpoint {args.load}", stored, vars(config.model))]
+    if fresh:  # as --init-from-hf initialises them (hf_convert.completed)
+        state.update({name: tensor for name, tensor in BertModel(config.model).state_dict().items()
+                      if name in fresh})
+        notes.append(f"not in checkpoint {args.load}, initialised: {', '.join(fresh)}")
+    print_warnings(notes)
+    return state
+
+
+def print_warnings(notes: list) -> None:
+    """One `warning:` line per note (None: none) from the first rank, also before the process group exists."""
+    if launcher_rank() == 0:
+        for note in filter(None, notes):
+            print(f"warning: {note}", file=sys.stderr, flush=True)
 
 
 def check_step(args, engine, iteration: int, loss: float, last_checkpoint, log) -> None:
@@ -951,8 +973,13 @@ def check_step(args, engine, iteration: int, loss: float, last_checkpoint, log) 
         elif not math.isfinite(loss):
             log.message(f"iteration {iteration}: loss {loss}, gradients finite: update applied")
         return
-    where = (f"the last good checkpoint is {last_checkpoint}: resume with --load {os.path.dirname(last_checkpoint)}"
-             if last_checkpoint else "no checkpoint was saved before it: rerun with --save and --save-interval")
+    if last_checkpoint:
+        where = f"the last good checkpoint is {last_checkpoint}: resume with --load {os.path.dirname(last_checkpoint)}"
+    elif not args.save:
+        where = "no checkpoint was saved before it: rerun with --save and --save-interval"
+    else:  # --save is set: a save before the step is what it lacked (none at the first step)
+        where = "no checkpoint was saved before it: rerun" + (f" with a --save-interval below {iteration}"
+                                                              if iteration > 1 else "")
     raise ConfigError(f"loss is {loss} at iteration {iteration}",
                       f"{where} (e.g. with a lower --lr), or pass --skip-nan-batches to skip such steps")
 

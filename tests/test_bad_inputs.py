@@ -123,9 +123,10 @@ def truncated_run_state(tmp: Path, assets: dict):
         path.write_text(path.read_text()[:25])
 
 
-def hf_folder(tmp: Path, assets: dict, without=(), config_changes=None) -> Path:
+def hf_folder(tmp: Path, assets: dict, without=(), config_changes=None, nan=()) -> Path:
     """A Hugging Face MegatronBert folder of the TINY model (this trainer's export of fresh weights) in
-    `tmp`/hf, without the tensors `without` (a damaged download) and with `config_changes` in config.json."""
+    `tmp`/hf, without the tensors `without` (a damaged download), with a NaN in each of the tensors `nan`
+    and with `config_changes` in config.json."""
     from megatron import hf_convert
     from megatron.model.bert import BertConfig, BertModel
 
@@ -136,6 +137,8 @@ def hf_folder(tmp: Path, assets: dict, without=(), config_changes=None) -> Path:
     weights = tmp / "hf" / "model.safetensors"
     tensors = hf_convert.read_safetensors(weights)
     assert set(without) <= set(tensors), sorted(tensors)
+    for name in nan:
+        tensors[name][0] = float("nan")
     hf_convert.write_safetensors(weights, {name: t for name, t in tensors.items() if name not in without})
     if config_changes:
         path = tmp / "hf" / "config.json"
@@ -282,9 +285,14 @@ CASES = [
     # ---- checkpoints
     pretrain("--load", "{tmp}/no_checkpoint", id="checkpoint_missing",
              phrases=("no checkpoint in", "no_checkpoint", "point --load at a directory written by --save")),
+    # a resume takes the checkpoint's model where the flags leave it out; a flag that differs is refused
     pretrain("--load", "{ckpt}", "--hidden-size", "32", "--num-attention-heads", "4", id="checkpoint_wrong_hidden_size",
-             needs_checkpoint=True, phrases=("was trained with hidden_size 64, this run's model has 32",
-                                             "resume with the model flags")),
+             needs_checkpoint=True, phrases=("--hidden-size 32 contradicts the checkpoint",
+                                             "whose model has hidden_size 64", "drop --hidden-size 32")),
+    pretrain("--load", "{ckpt}", "--attention", "linformer", "--linformer-k", "16",
+             id="resume_from_another_attention_variant", needs_checkpoint=True,
+             phrases=("lacks layers.0.attention.core.key_projection",
+                      "resume with attention dense, the checkpoint's, or pass --finetune")),
     pretrain("--load", "{tmp}/ckpt", id="checkpoint_corrupt_file", needs_checkpoint=True,
              setup=corrupt_checkpoint,
              phrases=("mp_rank_00_model_states.pt cannot be read", "resume from an earlier complete checkpoint")),
@@ -516,11 +524,11 @@ CASES += [  # ---- resumes
                                         "rng_rank0.pt").write_bytes(rng.read_bytes()[:200]),
              phrases=("rng_rank0.pt cannot be read", "or pass --no-load-rng")),
     pretrain("--load", "{ckpt}", "--num-attention-heads", "8", id="resume_other_head_count", needs_checkpoint=True,
-             phrases=("was trained with num_attention_heads 4, this run's model has 8",
-                      "resume with the model flags the checkpoint was trained with")),
+             phrases=("--num-attention-heads 8 contradicts the checkpoint", "whose model has num_attention_heads 4",
+                      "drop --num-attention-heads 8")),
     pretrain("--load", "{ckpt}", "--bert-no-binary-head", id="resume_without_the_binary_head", needs_checkpoint=True,
-             phrases=("was trained with add_binary_head True, this run's model has False",
-                      "resume with the model flags the checkpoint was trained with")),
+             phrases=("--bert-no-binary-head contradicts the checkpoint", "whose model has add_binary_head True",
+                      "drop --bert-no-binary-head")),
     pretrain("--no-load-rng", id="resume_no_load_rng_without_load",
              phrases=("--no-load-rng is given without --load", "add --load DIR or drop --no-load-rng")),
     pretrain("--finetune", id="finetune_without_load", phrases=("--finetune is given without --load",
@@ -921,6 +929,11 @@ CONFIG_MISTAKES = {
     # ---- Hugging Face import accounts for every tensor
     "hf_missing_encoder_tensor": (["--init-from-hf", "{hf}", "--max-position-embeddings", "512"], {},
                                   ("lacks 1 tensor(s) of the model", MISSING_KEY), {}),
+    "hf_nan_weights": (["--init-from-hf", "{hf}", "--max-position-embeddings", "512"],
+                       {"hf_nan": ("bert.encoder.layer.1.output.dense.weight",)},
+                       ("tensor bert.encoder.layer.1.output.dense.weight of",
+                        "model.safetensors holds 256 of 16384 values", "NaN or inf", "download the model folder again"),
+                       {}),
     "hf_config_string_size": (["--init-from-hf", "{hf}", "--max-position-embeddings", "512"],
                               {"hf_config": {"num_hidden_layers": "2"}},
                               ('num_hidden_layers = "2" in the Hugging Face config.json is not an integer',), {}),
@@ -937,6 +950,24 @@ CONFIG_MISTAKES = {
         ["--init-from-hf", "{hf}", "--max-position-embeddings", "512", "--model-preset", "modernbert-base"], {},
         ("--model-preset modernbert-base (ffn_hidden_size 96) contradicts the --init-from-hf folder",
          "drop --model-preset modernbert-base"), {}),
+    **{f"hf_bert_folder_{field}": (["--init-from-hf", "{hf}", "--max-position-embeddings", "512", *flag], {}, (
+        f"{' '.join(flag)} contradicts the --init-from-hf folder", f"whose model has {field} {value}",
+        f"drop {' '.join(flag)}"), {}) for flag, field, value in (
+            (["--position-embedding-type", "rope"], "position_embedding_type", "learned"),
+            (["--normalization", "RMSNorm"], "normalization", "LayerNorm"),
+            (["--disable-bias-linear"], "add_bias_linear", True), (["--mlp-type", "geglu"], "mlp_type", "gelu"),
+            (["--no-first-layer-attention-norm"], "first_layer_attention_norm", True))},
+    "resume_with_init_from_hf_too": (["--init-from-hf", "{hf}", "--load", "{tmp}"], {"latest": "iter_0000001"}, (
+        "--init-from-hf and --load are both given", "resume with --load alone", "drop --init-from-hf"), {}),
+    # ---- one rule per number, whatever its value breaks
+    **{f"rotary_base_{name}": (["--position-embedding-type", "rope", "--rotary-base", value], {}, (
+        f"rotary_base = {float(value)} is not a finite number > 1", "pass --rotary-base above 1"), {})
+       for name, value in (("zero", "0"), ("half", "0.5"))},
+    # ---- a flag's mistake is named as the flag's, not the JSON section's
+    "attention_dropout_with_local_layers": (["--position-embedding-type", "rope", "--local-attention-window", "16",
+                                             "--global-attention-every", "2", "--attention-dropout", "0.1"], {},
+                                            ("error: attention_dropout 0.1 is not supported with local layers",
+                                             "set --attention-dropout 0"), {}),
 }
 SKIPPED = {"launch_mpi_without_mpi4py": "mpi4py is installed" if importlib.util.find_spec("mpi4py") else None}
 
@@ -957,11 +988,11 @@ def test_config_mistake_is_one_line_before_the_rendezvous(mistake, tmp_path, mon
             monkeypatch.setenv(name, value)
     monkeypatch.setattr(training.device, "select_device", lambda: pytest.fail("accepted up to the rendezvous"))
     files = dict(files)
-    hf_config = files.pop("hf_config", None)
+    hf_config, nan = files.pop("hf_config", None), files.pop("hf_nan", ())
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     hf = hf_folder(tmp_path, assets, without=(MISSING_KEY,) if mistake == "hf_missing_encoder_tensor" else (),
-                   config_changes=hf_config) if "{hf}" in argv else None
+                   config_changes=hf_config, nan=nan) if "{hf}" in argv else None
     placeholders = {"tmp": str(tmp_path), "hf": str(hf), "data": "/nonexistent/data", "vocab": "/nonexistent/vocab.txt"}
     before = snapshot(tmp_path)
     capsys.readouterr()

@@ -268,6 +268,11 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
               "--train-iters", "1"], "hybrid needs num_attention_heads (4) divisible by ulysses_size (3)")):
         assert message in one_line(capsys, *argv)
     assert not (tmp_path / "c").exists()
+    capsys.readouterr()  # a missing flag: argparse's line, with no usage block before it (as in every tool)
+    with pytest.raises(SystemExit, match="^2$"):
+        extend_context.main(["--dry-run", *hf])
+    assert capsys.readouterr().err.splitlines() == [
+        "extend_context.py: error: the following arguments are required: --save; see extend_context.py --help"]
     # without GPUs and --num-gpus: one sequence-parallel group (2 by default) per pipeline stage
     piped = [*hf, "--save", save, "--deepspeed-config", str(pipeline), "--", "--train-iters", "1"]
     assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *piped])) == 0

@@ -433,6 +433,13 @@ def test_export_refuses_what_modernbert_cannot_hold_and_leaves_nothing(tmp_path)
         config = modern_config(**overrides)
         with pytest.raises(ConfigError, match=f"a model with {message} has no Hugging Face ModernBERT"):
             hf_convert.save_hf_folder(tmp_path / "out", BertModel(config).state_dict(), config, vocab, True)
+    # a classic BERT but for its local layers: the window is what no HF model holds, named as the cause
+    config = modern_config(**{**hf_convert.CLASSIC_LAYER, "local_attention_window": 8, "global_attention_every": 2,
+                              "type_vocab_size": 2, "layernorm_layout": "post"})
+    with pytest.raises(ConfigError, match=r"^a classic BERT with local layers \(local_attention_window 8, "
+                                          r"global_attention_every 2\) has no Hugging Face equivalent: .*; export a "
+                                          "model trained with every layer global"):
+        hf_convert.save_hf_folder(tmp_path / "out", BertModel(config).state_dict(), config, vocab, True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab.txt"]
     config = modern_config(add_binary_head=True)  # a sentence-order head: left out, in one warning
     with pytest.warns(UserWarning, match="^not exported .*: binary_head.classifier.weight, binary_head.pooler.weight$"):

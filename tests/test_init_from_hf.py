@@ -211,3 +211,112 @@ def test_a_folders_fixed_tokenizer_is_the_folders_and_other_data_is_preprocessed
     assert str(caught.value).endswith(
         f"; rerun tools/preprocess_data.py with the run's tokenizer (--tokenizer-type BertWordPieceLowerCase "
         f"--vocab-file {folder}/vocab.txt, the one the Hugging Face folder {folder} was trained with)")
+
+
+def test_a_run_started_from_an_hf_folder_resumes_with_load_alone(tmp_path, data_dir):
+    """The first run takes its model and its --seq-length (the folder's 64 positions, not the default 512)
+    from the folder; the same command with --load in place of --init-from-hf takes them from the
+    checkpoint, with no model flag restated, and goes on as the first run did past the checkpoint: the
+    same iterations and the same losses, at the same length, with no warning."""
+    import json
+    import shutil
+
+    from megatron import run_log
+
+    _, folder = hf_model("bert", tmp_path, vocab_size=vocab_size(data_dir), **HF)
+    command = ["--micro-batch-size", "4", "--lr", "1e-3", "--attention-dropout", "0", "--hidden-dropout", "0",
+               "--train-iters", "4", "--save-interval", "2", "--log-interval", "1", "--eval-iters", "1",
+               "--split", "100,0,0", "--default-data-dir", data_dir, "--save", str(tmp_path / "run")]
+    first = run_entry_point(*command, "--init-from-hf", str(folder), "--log-dir", str(tmp_path / "log"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    (tmp_path / "run" / "latest").write_text(checkpoint.tag_for(2))  # as if stopped after iteration 2
+    shutil.rmtree(tmp_path / "run" / checkpoint.tag_for(4))
+    resumed = run_entry_point(*command, "--load", str(tmp_path / "run"), "--log-dir", str(tmp_path / "resumed"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "warning:" not in resumed.stderr, resumed.stderr[-3000:]
+    assert f"resuming from {tmp_path / 'run' / 'iter_0000002'} iteration 2" in resumed.stdout
+
+    def trained(log: str) -> dict:
+        return {r["iteration"]: r["loss"] for r in run_log.read_metrics(tmp_path / log / "metrics.jsonl")
+                if r["kind"] == "train"}
+
+    assert list(trained("resumed")) == [3, 4] and trained("resumed") == {i: trained("log")[i] for i in (3, 4)}
+    configs = [json.loads((tmp_path / log / "config.json").read_text())["model"] for log in ("log", "resumed")]
+    assert configs[0] == configs[1] and configs[0]["seq_length"] == 64 and configs[0]["ffn_hidden_size"] == 128
+    # a flag that restates a field with another value is refused, before the data's index maps
+    maps = sorted(Path(data_dir).rglob("*"))
+    refused = run_entry_point(*command, "--load", str(tmp_path / "run"), "--num-layers", "3",
+                              "--log-dir", str(tmp_path / "refused"))
+    assert refused.returncode == 2 and refused.stderr.splitlines()[-1].startswith(
+        f"pretrain_bert.py: error: --num-layers 3 contradicts the checkpoint {tmp_path / 'run'}, whose model has "
+        "num_layers 2; drop --num-layers 3"), refused.stderr[-3000:]
+    assert sorted(Path(data_dir).rglob("*")) == maps and not (tmp_path / "refused").exists()
+
+
+def test_weights_with_nan_are_refused_naming_the_tensor(tmp_path):
+    """Every tensor a run starts from: an HF folder's (from-hf, --init-from-hf: read_hf_weights) and a
+    weights-only checkpoint's (--load, --finetune); NaN weights would give a NaN loss at the first step."""
+    from bert_fixtures import small_config, small_model
+
+    config = small_config("dense")
+    state = small_model(config).state_dict()
+    state["layers.1.mlp.dense_4h_to_h.weight"][0, 0] = float("inf")
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", state, config)
+    args = argparse.Namespace(init_from_hf=None, load=str(tmp_path / "ck"))
+    with pytest.raises(DataError, match=r"tensor layers.1.mlp.dense_4h_to_h.weight of checkpoint .*ck/iter_0000000 "
+                                        r"holds 1 of \d+ values that are NaN or inf; start from another checkpoint"):
+        training.initial_weights(args, argparse.Namespace(model=config), weights_only=True)
+    _, folder = hf_model("bert", tmp_path, **HF)
+    weights = folder / "model.safetensors"
+    tensors = hf_convert.read_safetensors(weights)
+    tensors["bert.embeddings.word_embeddings.weight"][3, 1] = float("nan")
+    hf_convert.write_safetensors(weights, tensors)
+    with pytest.raises(DataError, match=f"tensor bert.embeddings.word_embeddings.weight of {weights} holds 1 of"):
+        hf_convert.read_hf_weights(folder)
+    done = convert("from-hf", "--hf-dir", folder, "--save", tmp_path / "converted")
+    assert done.returncode == 2 and "bert.embeddings.word_embeddings.weight" in done.stderr.splitlines()[-1]
+    assert not (tmp_path / "converted").exists()
+
+
+def test_local_layers_added_to_weights_trained_all_global_are_a_warning(tmp_path, capsys):
+    """docs/resuming.md's warning for local layers added to weights trained without them: for weights
+    trained elsewhere (an HF folder, a from-hf checkpoint) as for --finetune of a checkpoint trained here."""
+    from bert_fixtures import small_config, small_model
+
+    config = small_config("dense")
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
+    local = small_config("dense", local_attention_window=8, global_attention_every=2)
+    capsys.readouterr()
+    training.initial_weights(argparse.Namespace(init_from_hf=None, load=str(tmp_path / "ck")),
+                             argparse.Namespace(model=local), weights_only=True)
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: checkpoint {tmp_path / 'ck'} was trained with every layer global, at local_attention_window None, "
+        "global_attention_every 1; this run uses local_attention_window 8, global_attention_every 2, so its outputs "
+        "differ from the trained model's"]
+    assert checkpoint.local_layers_added("ck", vars(local), local) is None  # trained with them: the period is fixed
+    assert checkpoint.local_layers_added("ck", vars(config), config) is None
+
+
+def test_a_resume_takes_the_checkpoints_model_unless_a_flag_or_preset_restates_it(tmp_path):
+    """In-process (training.model_flags): every field the resume checks (checkpoint.check_same_model) and
+    --seq-length come from the checkpoint, a classic BERT's too; a preset that differs is refused by name."""
+    import json
+
+    from bert_fixtures import small_config, small_model
+    from megatron.arguments import build_parser
+    from megatron.errors import ConfigError
+
+    config = small_config("dense", seq_length=48, local_attention_window=8, global_attention_every=2,
+                          layernorm_layout="pre", embedding_layernorm=False)
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
+    run_state = tmp_path / "ck" / checkpoint.tag_for(0) / checkpoint.RUN_STATE
+    run_state.write_text(json.dumps({**json.loads(run_state.read_text()), "weights_only": False}))  # a trained one
+    flags = training.model_flags(build_parser().parse_args(["--load", str(tmp_path / "ck")]), {}, weights_only=False)
+    kept = ("num_layers", "hidden_size", "ffn_hidden_size", *checkpoint.MODEL_FIELDS, "seq_length",
+            "max_position_embeddings", "layernorm_layout", "embedding_layernorm", "make_vocab_size_divisible_by")
+    given = {name: getattr(BertConfig, name) if flags[name] is None else flags[name] for name in kept}  # thetas:
+    assert given == {name: getattr(config, name) for name in kept}  # unread with learned positions, not carried
+    args = build_parser().parse_args(["--load", str(tmp_path / "ck"), "--model-preset", "modernbert-base"])
+    with pytest.raises(ConfigError, match=f"^--model-preset modernbert-base \\(.*\\) contradicts the checkpoint "
+                                          f"{tmp_path / 'ck'}, whose model has"):
+        training.model_flags(args, {}, weights_only=False)

@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -538,3 +539,17 @@ def test_a_resume_names_each_optimizer_setting_the_way_it_was_given(tmp_path, mo
     assert recorded["weight_decay"] == 0.1 and recorded["betas"] == [0.9, 0.98]  # what config.json records
     line, _ = warning(None, **{"weight_decay": 0.01})
     assert line.startswith("warning: resuming with --weight-decay 0.01 (the checkpoint's: 0.1), --adam-beta2"), line
+
+
+def test_a_nan_loss_advises_save_only_where_it_is_not_set():
+    """check_step's line: with --save set, 'rerun with --save' could not help; it says what else would."""
+    from megatron.errors import ConfigError
+    from megatron.training import check_step
+
+    engine = SimpleNamespace(fp16_enabled=lambda: False)
+    for save, iteration, where in ((None, 5, "rerun with --save and --save-interval (e.g."),
+                                   ("ck", 5, "rerun with a --save-interval below 5 (e.g."), ("ck", 1, "rerun (e.g.")):
+        args = SimpleNamespace(skip_nan_batches=False, save=save)
+        with pytest.raises(ConfigError, match=f"^loss is nan at iteration {iteration}; no checkpoint was saved before "
+                                              f"it: {re.escape(where)} with a lower --lr"):
+            check_step(args, engine, iteration, float("nan"), None, log=None)

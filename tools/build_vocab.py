@@ -1,7 +1,6 @@
 """Trains a BERT WordPiece `vocab.txt` from a corpus in any format preprocessing reads (special tokens first:
 [PAD]=0, [UNK], [CLS], [SEP], [MASK]), for users without a vocab and for the default dataset.
 """
-import argparse
 import contextlib
 import os
 import sys
@@ -12,11 +11,11 @@ from megatron import paths
 from megatron.data.corpus_files import FORMATS_HELP
 from megatron.data.tokenizer import SPECIAL_TOKENS, TOKENIZER_TYPES
 from megatron.data.vocab_builder import train_vocab, write_vocab
-from megatron.errors import ConfigError, run_tool
+from megatron.errors import ConfigError, OneLineParser, run_tool
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(prog="build_vocab.py", description=__doc__)
     parser.add_argument("--input", required=True, help=f"the corpus: {FORMATS_HELP}, or a folder or glob of shards "
                         "(as tools/preprocess_data.py reads it)")
     parser.add_argument("--output", required=True, help="vocab.txt to write")

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from megatron.errors import ConfigError, run_tool
+from megatron.errors import ConfigError, OneLineParser, run_tool
 
 FORMAT = "write one line per machine: <host> slots=<gpus>"
 LINE = re.compile(r"(\S+)\s+slots=(\d+)")  # DeepSpeed's pattern, matched at the line's start; the rest is ignored
@@ -81,7 +81,7 @@ def check_ssh(host: str, no_ssh: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="check_hostfile.py", description=__doc__,
+    parser = OneLineParser(prog="check_hostfile.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("hostfile")
     parser.add_argument("--num-nodes", type=int, help="machines the launch uses (at most the hosts listed)")

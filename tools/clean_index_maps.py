@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 
 from megatron.data.index_maps import USED_FILE, maps_of, read_used, size_text
-from megatron.errors import ConfigError, run_tool
+from megatron.errors import ConfigError, OneLineParser, run_tool
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="clean_index_maps.py", description=__doc__,
+    parser = OneLineParser(prog="clean_index_maps.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("prefixes", nargs="+", metavar="PREFIX", help="data prefix, as given to --data-path")
     parser.add_argument("--data-cache-path", metavar="DIR",

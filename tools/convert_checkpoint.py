@@ -24,7 +24,7 @@ from megatron import hf_convert  # noqa: E402
 from megatron.checkpoint import (attention_change, bert_state_from_checkpoint, checkpoint_folder, latest_tag,  # noqa: E402
                                  stored_config)
 from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer  # noqa: E402
-from megatron.errors import ConfigError, run_tool  # noqa: E402
+from megatron.errors import ConfigError, OneLineParser, run_tool  # noqa: E402
 from megatron.model.bert import BertConfig  # noqa: E402
 
 
@@ -98,7 +98,8 @@ def from_hf(args) -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="convert_checkpoint.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("to-hf", help="this trainer's checkpoint -> Hugging Face folder")
     export.add_argument("--load", required=True, help="checkpoint directory (written by --save)")

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from megatron.arguments import add_model_and_parallel_args, add_packing_args, config_flags
 from megatron.config import SECTION, default_optimizer, read_ds_config, resolve, strict_json_loads
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, OneLineParser
 from megatron.paths import file_in_the_way, missing_folders
 
 
@@ -235,7 +235,7 @@ def diff(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ds_config.py", description=__doc__,
+    parser = OneLineParser(prog="ds_config.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 

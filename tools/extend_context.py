@@ -36,7 +36,7 @@ quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imp
 from megatron import checkpoint, hf_convert  # noqa: E402
 from megatron.arguments import flag_setting, flags_given  # noqa: E402
 from megatron.config import ADJUSTABLE_START_FIELDS, SECTION, json_pipeline_stages, read_ds_config  # noqa: E402
-from megatron.errors import ConfigError, DataError, run_tool  # noqa: E402
+from megatron.errors import ConfigError, DataError, OneLineParser, run_tool  # noqa: E402
 from megatron.paths import write_json_atomic  # noqa: E402
 from megatron.training import initial_model_fields, starting_weights_fields  # noqa: E402
 
@@ -47,7 +47,8 @@ SOURCE_RECORD = "extended_from.json"  # in --save: what the first run started fr
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="extend_context.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--from", dest="source", required=True, metavar="DIR",
                         help="a Hugging Face ModernBERT folder, or a checkpoint folder of this trainer")
     parser.add_argument("--seq-length", type=int, required=True, help="the new sequence length")
@@ -222,9 +223,9 @@ def rope_theta(args, fields: dict, factor: float) -> float:
 
 def source_fields(args, kind: str) -> dict:
     """The model fields the first run took from --from (the trainer's own choice), less those this
-    tool sets: a resume restates them, since `--load` alone takes no model from the checkpoint."""
+    tool sets: the command states them, so that it reads the same for the first run and a resume."""
     start = argparse.Namespace(init_from_hf=args.source if kind == "hf" else None, load=args.source)
-    fields = initial_model_fields(starting_weights_fields(start, kind == "checkpoint"))
+    fields = initial_model_fields(starting_weights_fields(start))
     return {field: value for field, value in fields.items() if field not in EXTENDED}
 
 

@@ -21,7 +21,7 @@ from megatron.checkpoint import (LATEST, bert_state_from_checkpoint, checkpoint_
                                  run_state, stored_config)
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits, checkpoint_tokenizer  # noqa: E402
-from megatron.errors import ConfigError, run_tool  # noqa: E402
+from megatron.errors import ConfigError, OneLineParser, run_tool  # noqa: E402
 from megatron.hf_convert import untrained_warning  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 
@@ -99,7 +99,8 @@ def load_model(load_dir: str) -> BertModel:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="fill_mask.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--load", required=True, help="checkpoint directory (its 'latest' tag)")
     parser.add_argument("--text", action="append", required=True,
                         help=f"a sentence with one or more {MASK}; repeat the flag for several")

@@ -2,7 +2,6 @@
 (language reference topics and module docstrings), deterministic, no download. See
 megatron/data/sample_corpus.py for what is kept.
 """
-import argparse
 import math
 import os
 import sys
@@ -10,11 +9,11 @@ from pathlib import Path
 
 from megatron import paths
 from megatron.data.sample_corpus import DEFAULT_PACKAGES, write_corpus
-from megatron.errors import ConfigError, run_tool
+from megatron.errors import ConfigError, OneLineParser, run_tool
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(prog="make_sample_corpus.py", description=__doc__)
     parser.add_argument("--output", required=True, help="the .json file to write")
     parser.add_argument("--max-mb", type=float, default=4.0, help="stop before the corpus exceeds this size")
     parser.add_argument("--packages", nargs="*", default=list(DEFAULT_PACKAGES),

@@ -9,12 +9,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from megatron.errors import run_tool
+from megatron.errors import OneLineParser, run_tool
 from megatron.run_log import plot_metrics
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="plot_run.py", description=__doc__,
+    parser = OneLineParser(prog="plot_run.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("metrics", type=Path, help="metrics.jsonl of a run")
     parser.add_argument("-o", "--output", type=Path, help="PNG path (default: loss.png beside the metrics)")

@@ -6,17 +6,16 @@ Parquet (`--json-keys` name its columns); one file, a folder of shards or a quot
 Flags follow Megatron's tools/preprocess_data.py (plus `--vocab`/`--json-key` spellings and
 `--skip-invalid`), so existing launch scripts run unchanged.
 """
-import argparse
 import sys
 
 from megatron.data.indexed_dataset import IMPLS
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.tokenizer import add_tokenizer_flags
-from megatron.errors import run_tool
+from megatron.errors import OneLineParser, run_tool
 
 
 def parse_args(argv=None) -> PreprocessOptions:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(prog="preprocess_data.py", description=__doc__)
     group = parser.add_argument_group("input")
     group.add_argument("--input", required=True,
                        help="loose JSON (one object per line), .jsonl.gz, .jsonl.zst or .parquet; or a folder or "

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from megatron.errors import ConfigError
 from megatron.model.attention.rules import RULES
 
+ROPE_THETA_FLOOR = 1  # a rope theta must exceed it (angles that fall with the frequency index); config.py's rule too
+
 
 @dataclass
 class BertConfig:
@@ -131,9 +133,9 @@ class BertConfig:
                                   "choose a head count that gives an even head dim, or "
                                   "--position-embedding-type learned")
             for name in ("rotary_base", "local_rotary_base"):
-                if not getattr(self, name) > 1:
-                    raise ConfigError(f"{name} = {getattr(self, name)} must be above 1",
-                                      f"set --{name.replace('_', '-')} to the rope theta, e.g. 10000")
+                if not (math.isfinite(getattr(self, name)) and getattr(self, name) > ROPE_THETA_FLOOR):
+                    raise ConfigError(f"{name} = {getattr(self, name)} is not a finite number > {ROPE_THETA_FLOOR}",
+                                      f"pass --{name.replace('_', '-')} above {ROPE_THETA_FLOOR}, e.g. 10000")
         window = self.local_attention_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2 or window % 2):
             raise ConfigError(f"local_attention_window = {window} is not an even integer >= 2 (W / 2 keys on each "
