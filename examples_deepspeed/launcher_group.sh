@@ -1,13 +1,13 @@
 # Sourced by the launch scripts: `fail` and `decimal` (one-line errors, exit 2), STOP_TIMEOUT checked
 # when sourced (before anything starts, not when a signal comes), and `run_launcher COMMAND ...`
-# runs the deepspeed launcher in its own process group and stops the whole run on SIGTERM / SIGINT. The launcher itself does not: its
+# runs the deepspeed launcher in its own process group and stops the whole run on SIGTERM / SIGINT / SIGHUP. The launcher itself does not: its
 # outer process dies on SIGTERM and leaves the ranks training as orphans. Here the signal goes to
 # this machine's ranks (the children of deepspeed.launcher.launch in the group): they save a final
 # checkpoint (with --save) and exit, and the launcher, seeing them exit, ends with their status. With no rank
 # here yet (still starting, or ranks reached by ssh) it goes to the whole group, whose launcher
 # then stops the ranks its way. The script returns once no process of the group is left
-# (STOP_TIMEOUT seconds at most, default 120, then SIGKILL). Exit status: the launcher's, or
-# 128 + the signal.
+# (STOP_TIMEOUT seconds at most, default 120, then SIGKILL; DeepSpeed's launch.py, signalled itself,
+# kills its ranks 30 s after). Exit status: the launcher's, or 128 + the signal.
 # On a machine without a visible GPU it also names the CPU accelerator (DS_ACCELERATOR=cpu, what
 # DeepSpeed then picks anyway), as megatron/quiet.py does for the ranks: the launcher processes
 # (deepspeed's runner and its per-node launch) then do not log "Setting accelerator to CPU. If you
@@ -51,8 +51,8 @@ stop_run() {
     if [ -n "${ranks// /}" ]; then
         # shellcheck disable=SC2086  # one pid per word
         kill -s "$1" $ranks 2> /dev/null || true
-    else
-        kill -s "$1" -- "-$2" 2> /dev/null || true
+    else  # SIGTERM for SIGHUP: DeepSpeed's runner and launch.py stop their ranks on SIGTERM, die on SIGHUP
+        kill -s "${1/#HUP/TERM}" -- "-$2" 2> /dev/null || true
     fi
 }
 
@@ -75,9 +75,12 @@ run_launcher() {
     "$@" &
     LAUNCHER_GROUP=$!
     set +m
-    # shellcheck disable=SC2064  # the group id is fixed now
-    trap "signal_number=15; trap '' TERM INT; stop_run TERM $LAUNCHER_GROUP" TERM
-    trap "signal_number=2; trap '' TERM INT; stop_run INT $LAUNCHER_GROUP" INT
+    # HUP: the terminal closed (an SSH session dropped), a stop like SIGTERM's; under nohup it stays
+    # ignored (a shell cannot trap a signal ignored when it started)
+    for name in TERM INT HUP; do
+        # shellcheck disable=SC2064  # the group id and the signal are fixed now
+        trap "signal_number=$(kill -l "$name"); trap '' TERM INT HUP; stop_run $name $LAUNCHER_GROUP" "$name"
+    done
     while kill -0 "$LAUNCHER_GROUP" 2> /dev/null; do
         status=0
         wait "$LAUNCHER_GROUP" || status=$?

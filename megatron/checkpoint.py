@@ -276,7 +276,8 @@ def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
     folders and interleave their checkpoints. The holder touches the lock every LOCK_HEARTBEAT_S;
     a lock whose process no longer runs on this host, or one of another host untouched for
     LOCK_STALE_S (a crashed, killed or preempted run, e.g. a requeued job on another node), is taken
-    over with one line. `created`: folders made for the lock, removed again by release_lock when left empty."""
+    over with one line. `created`: folders made for the lock, removed again by release_lock when left empty.
+    Once the lock is this run's, the leftovers of killed saves are removed (remove_killed_saves)."""
     path, host = os.path.join(save_dir, LOCK), socket.gethostname()
     staged = f"{path}.{host}.{os.getpid()}"
     record = {"host": host, "pid": os.getpid(), "start": launcher_watch.start_time(os.getpid())}
@@ -287,6 +288,7 @@ def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
             try:
                 _place(staged, path)
                 _held_lock.update(path=path, record=record, created=list(created), beat=_heartbeat(path, record))
+                remove_killed_saves(save_dir)
                 return None
             except FileExistsError:
                 holder, age = _read_lock(path), _age(path)
@@ -313,6 +315,23 @@ def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
     finally:
         with contextlib.suppress(OSError):
             os.remove(staged)
+
+
+def remove_killed_saves(save_dir: str) -> list[str]:
+    """Removes the `<tag>.partial` folders of saves that were killed (a SIGKILL, a node lost) and the
+    `<tag>.removing` ones of a --keep-last removal that was, with one line naming them; returns their
+    names. Called by the lock's holder only: no other run writes into `save_dir`, and this run has
+    not saved yet. Such folders are full checkpoints' size, and a stop's iteration is seldom saved
+    again (which would replace its `.partial`)."""
+    pattern = rf"iter_\d+({re.escape(PARTIAL)}|{re.escape(REMOVING)})"
+    names = sorted(name for name in os.listdir(save_dir)
+                   if re.fullmatch(pattern, name) and os.path.isdir(os.path.join(save_dir, name)))
+    for name in names:
+        shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
+    removed = [name for name in names if not os.path.exists(os.path.join(save_dir, name))]
+    if removed:
+        print(f"--save {save_dir}: removed {', '.join(removed)}, left by killed saves", flush=True)
+    return removed
 
 
 NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV)  # blob FUSE mounts (blobfuse2, gcsfuse)

@@ -1,6 +1,7 @@
 """Errors a user can cause, reported as one line that names the problem and the fix."""
 import argparse
 import errno
+import os
 import signal
 import sys
 import threading
@@ -42,7 +43,7 @@ def cannot_use(error: OSError, fix: str = "check the path, its permissions and f
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM (or SIGINT) raised as an exception in the main thread, so that the `except
+    """SIGTERM, SIGINT or SIGHUP raised as an exception in the main thread, so that the `except
     BaseException` / `finally` clean-ups of a tool remove what it had started."""
 
     def __init__(self, signum: int):
@@ -50,24 +51,38 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+def stop_signals() -> tuple:
+    """The signals that stop a run or a tool: SIGTERM (a scheduler, a launcher), SIGINT (Ctrl-C) and
+    SIGHUP (the terminal closed, an SSH session dropped), the last unless it is ignored: a process
+    started with `nohup` goes on when its terminal closes, as it was asked to."""
+    hangup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
+    return (signal.SIGTERM, signal.SIGINT, *hangup)
+
+
 def _ignore(signum, frame):
     """A signal during the clean-up. A handler, not SIG_IGN: one that arrived with the first (a launcher
     passing on Ctrl-C) is then not reported as 'Signal 15 ignored due to race condition'."""
 
 
+def ignore_signals() -> None:
+    """From now on a stop signal changes nothing (a rank that is leaving: its exit hooks, its flush)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in stop_signals():
+            signal.signal(signum, _ignore)
+
+
 def _raise_interrupted(signum, frame):
-    signal.signal(signal.SIGTERM, _ignore)  # one clean-up; a repeated signal must not cut it short
-    signal.signal(signal.SIGINT, _ignore)
+    ignore_signals()  # one clean-up; a repeated signal must not cut it short
     raise Interrupted(signum)
 
 
 def raise_on_signals() -> dict:
-    """From now on SIGTERM and SIGINT raise Interrupted in the main thread (signal handlers live there
+    """From now on the stop signals raise Interrupted in the main thread (signal handlers live there
     only: elsewhere nothing changes); returns the handlers replaced, which the caller puts back
     (restore_signals): each caller owns its own, so nested callers keep theirs."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGTERM, signal.SIGINT)}
+    return {signum: signal.signal(signum, _raise_interrupted) for signum in stop_signals()}
 
 
 def restore_signals(replaced: dict) -> None:
@@ -76,10 +91,64 @@ def restore_signals(replaced: dict) -> None:
         signal.signal(signum, handler)
 
 
+def stopped_during_start_up(signum: int) -> str:
+    """pretrain_bert.py's line for a stop before the training loop (imports, checks, data, engine)."""
+    return (f"pretrain_bert.py: stopped by {signal.Signals(signum).name} during start-up, before the first step; "
+            "nothing was saved")
+
+
+LOST_STREAM = (errno.EIO, errno.EPIPE)  # a closed terminal (an SSH drop), a reader that is gone (`| head`)
+
+
+class LosableStream:
+    """stdout or stderr, whose terminal may close under a long run (a closed window, an SSH drop: EIO)
+    or whose reader may end (`| head`, a dead `tee`: EPIPE). Such a failed write ends the writing to
+    that stream, not the run: its file descriptor then points to /dev/null (the buffered text and
+    later writes, C libraries' included, go there), the run's records stay in metrics.jsonl and the
+    other stream keeps its lines. Anything else is the stream's own (isatty, fileno, encoding)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.lost = False
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def write(self, text: str) -> int:
+        self._guarded(self._stream.write, text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._guarded(self._stream.flush)
+
+    def _guarded(self, call, *args) -> None:
+        if self.lost:
+            return
+        try:
+            call(*args)
+        except OSError as error:
+            if error.errno not in LOST_STREAM:
+                raise
+            self.lost = True
+            try:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, self._stream.fileno())
+                os.close(null)
+                self.lost = False  # the descriptor writes into /dev/null now, the buffer too
+            except (OSError, ValueError, AttributeError):  # a stream without a descriptor: drop its writes
+                pass
+
+
+def survive_lost_terminal() -> None:
+    """stdout and stderr as LosableStream: call before anything keeps a reference to them (DeepSpeed's
+    logger, a progress bar)."""
+    sys.stdout, sys.stderr = LosableStream(sys.stdout), LosableStream(sys.stderr)
+
+
 def run_tool(prog: str, main) -> int:
     """Runs a command-line tool's `main()`: a ConfigError becomes `<prog>: error: <problem>; <fix>`
     on stderr and exit code 2 (argparse's own code for a bad command line), no traceback. SIGINT
-    (Ctrl-C) and SIGTERM stop it the same way: its clean-up runs, one line, exit 128 + signal."""
+    (Ctrl-C), SIGTERM and SIGHUP (stop_signals) stop it the same way: its clean-up runs, one line, exit 128 + signal."""
     replaced = raise_on_signals()
     try:
         return main() or 0

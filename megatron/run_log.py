@@ -38,6 +38,7 @@ class RunLog:
         self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
         self.tensorboard = self.bar = None
         self.failure = None  # (problem, fix) once metrics.jsonl cannot be written: the run stops
+        self.last_save_s = None  # seconds the last checkpoint of this run took (saved)
         if not self.writer:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -164,7 +165,18 @@ class RunLog:
         if self.writer:
             self._print(text)
 
+    def saved(self, folder: str, seconds: float) -> None:
+        """A checkpoint written (every rank notes how long it took)."""
+        self.last_save_s = seconds
+        self.message(f"saved checkpoint {folder} in {seconds:.1f} s")
+
     def finish(self, save_dir) -> None:
+        self.close()
+        self.plot(save_dir)
+
+    def close(self) -> None:
+        """The progress bar and the files end; a write that failed at the last step (after which no
+        stop agreement comes) is raised."""
         if not self.writer:
             return
         if self.bar:
@@ -173,8 +185,13 @@ class RunLog:
         if self.tensorboard:
             with contextlib.suppress(OSError):  # every record is on disk already (_plot_in_tensorboard)
                 self.tensorboard.close()
-        if self.failure:  # at the last step, after which no stop agreement comes
+        if self.failure:
             raise ConfigError(*self.failure)
+
+    def plot(self, save_dir) -> None:
+        """loss.png from metrics.jsonl (after close; seconds on a long run), and where the outputs are."""
+        if not self.writer:
+            return
         metrics = self.dir / "metrics.jsonl"
         # a run that logged no step here (stopped before its first --log-interval, or a finished
         # checkpoint given a new --log-dir) has no curve to draw: that is no failure of the run

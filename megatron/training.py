@@ -33,7 +33,8 @@ from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, BertWordPiece, HF
                                      check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer,
                                      naming_flags)
 from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
-from megatron.errors import ConfigError, DataError, Interrupted, cannot_use, raise_on_signals, restore_signals
+from megatron.errors import (ConfigError, DataError, Interrupted, cannot_use, ignore_signals, raise_on_signals,
+                             restore_signals, stop_signals, stopped_during_start_up)
 from megatron.model.args import BertConfig
 from megatron.model.attention import blocks
 from megatron.model.attention.rules import refuse_local_layers
@@ -46,23 +47,25 @@ WHERE_FIX = "check the path, its permissions and free space (--debug shows where
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    # until the training loop notes a stop (StopSignals), a stop runs the clean-ups below
+    # until the training loop notes a stop (StopSignals), a stop runs the clean-ups below; from before
+    # the arguments are parsed (the parser imports DeepSpeed)
     start_up = raise_on_signals()
+    debug = False
     try:
+        args = build_parser().parse_args(argv)
+        debug = args.debug
         check_flags(args)
         check_flag_combinations(args)
         check_start(args)
         stopped_by = pretrain(args, start_up)
-    except Interrupted as error:  # SIGTERM or SIGINT before the training loop (raise_on_signals)
-        if args.debug:
+    except Interrupted as error:  # a stop signal before the training loop (raise_on_signals)
+        if debug:
             raise
         if launcher_rank() == 0:  # every rank stops alike (the launcher signals each); one line
-            print(f"pretrain_bert.py: stopped by {signal.Signals(error.signum).name} during start-up, before the "
-                  "first step; nothing was saved", file=sys.stderr, flush=True)
+            print(stopped_during_start_up(error.signum), file=sys.stderr, flush=True)
         return 128 + error.signum
     except (ConfigError, OSError) as error:  # OSError: a path the run reads or writes (permissions, space)
-        if args.debug or (isinstance(error, OSError) and not error.filename):
+        if debug or (isinstance(error, OSError) and not error.filename):
             raise
         # the handlers main was given: a rank left to outlive the one that prints (report_once) ends
         # on its launcher's SIGTERM silently
@@ -95,7 +98,8 @@ def exit_rank(code: int) -> NoReturn:
     exit code -6 and the launcher's 250 after a run that had finished; seen in CI). Every file the
     run writes is closed, or flushed record by record (metrics.jsonl, TensorBoard), by then; the
     Python exit hooks run (logging, multiprocessing, DeepSpeed's wandb / comet monitors), and the
-    streams are flushed."""
+    streams are flushed. A stop signal from here on changes nothing: the rank is leaving."""
+    ignore_signals()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing left to show
@@ -854,19 +858,26 @@ def pretrain(args, start_up: dict | None = None) -> None:
                 break
             log.evaluation("validation", iteration, loss)
         if args.save and (iteration == train_iters or (args.save_interval and iteration % args.save_interval == 0)):
-            last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
-                                                                      schedule=schedule, data=data,
-                                                                      keep_last=args.keep_last, tokenizer=tokenizer))
-            log.message(f"saved checkpoint {last_checkpoint}")
+            last_checkpoint = save_checkpoint(args, engine, config, iteration, consumed, log, schedule=schedule,
+                                              data=data, tokenizer=tokenizer)
     if test_set is not None and not stop.agreed:
         loss = evaluate(batches, engine, test_set, 0, args.eval_iters, stop)
         if not stop.agreed:
             log.evaluation("test", iteration, loss)
     if stop.agreed:
         return stop.finish(args, engine, config, iteration, consumed, first_iteration, last_checkpoint, log,
-                           schedule, data, tokenizer)
-    stop.uninstall()
-    log.finish(args.save)
+                           schedule, data, tokenizer, test_cut=test_set is not None and iteration == train_iters)
+    stop.complete(args, iteration, last_checkpoint, log)
+
+
+def save_checkpoint(args, engine, config, iteration: int, consumed: int, log, **state) -> str:
+    """checkpoint.save into --save (`state`: schedule, data, tokenizer); returns its folder. Timed: the
+    log line says how long it took, which a stop's acknowledgement compares with a launcher's grace."""
+    start = time.monotonic()
+    folder = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
+                                                     keep_last=args.keep_last, **state))
+    log.saved(folder, time.monotonic() - start)
+    return folder
 
 
 def data_warnings(args, data_path: list, valid_set, train_iters: int) -> list:
@@ -985,16 +996,19 @@ def check_step(args, engine, iteration: int, loss: float, last_checkpoint, log) 
 
 
 class StopSignals:
-    """SIGTERM / SIGINT during training (a scheduler's preemption, Ctrl-C forwarded by a launch
-    script): the handler only notes the signal; every rank learns of it at the next step boundary
-    from one all-reduce (MAX) per step, so all stop after the same iteration, save a final
-    checkpoint (with --save) and exit 128 + the signal. The same all-reduce carries the largest
+    """SIGTERM / SIGINT / SIGHUP during training (a scheduler's preemption, Ctrl-C forwarded by a launch
+    script, a closed terminal): the handler only notes the signal; every rank learns of it at the next
+    step boundary from one all-reduce (MAX) per step, so all stop after the same iteration, save a
+    final checkpoint (with --save) and exit 128 + the signal; rank 0 says so at once (the save may
+    take minutes) and again once it is written. The same all-reduce carries the largest
     token id of each rank's batch: data made with another vocab stops every rank with one line,
     not an index error in one rank's embedding. Repeated signals (the deepspeed launcher sends
-    its own SIGTERM) are ignored while the checkpoint is written. The end of the rank's launcher
-    (a SIGINT or SIGTERM to the `deepspeed` command ends it alone) is a SIGTERM too
+    its own SIGTERM) are noted and ignored from then on: the handler stays until main has closed
+    the process group (the plot, the lock's release), then exit_rank ignores them. The end of the
+    rank's launcher (a SIGINT or SIGTERM to the `deepspeed` command ends it alone) is a SIGTERM too
     (parallel/launcher_watch.py). Evaluation steps agree the same way: a stop is honoured within
-    one step, in training and in evaluation."""
+    one step, in training and in evaluation. A signal after the last agreement of a run that trained
+    every step cuts nothing: the run is complete (exit 0), and one line says so (complete)."""
 
     LOG_FAILED = 1000  # above any signal number: wins the MAX
 
@@ -1003,40 +1017,44 @@ class StopSignals:
         self.start_up = start_up or {}  # the handlers main's start-up replaced (errors.raise_on_signals)
         self.log = log  # rank 0's RunLog: a run log that cannot be written (full disk) stops the run too
         self.received = self.agreed = 0
-        self.previous = {}
+        self.received_at = None  # time.monotonic() of the first signal this rank received
         self.launcher_gone = None  # what ended, when the stop comes from the launcher's end
         self.watching = None
 
     def install(self) -> None:
+        """Notes signals from now on; main's `finally` gives its caller's handlers back."""
         restore_signals(self.start_up)  # from here a signal is noted, the step finished and saved
         if threading.current_thread() is threading.main_thread():  # signal handlers live there only
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self.previous[signum] = signal.signal(signum, self._note)
+            for signum in stop_signals():
+                signal.signal(signum, self._note)
         self.watching = launcher_watch.watch(self._launcher_ended)
 
     def _note(self, signum, frame) -> None:
-        self.received = self.received or signum
+        if not self.received:
+            self.received, self.received_at = signum, time.monotonic()
 
     def _launcher_ended(self, description: str) -> None:
         if not self.received:  # else the signal that came first names the stop
             self.launcher_gone = description
             self._note(signal.SIGTERM, None)
 
-    def uninstall(self) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-        self.previous = {}
+    def stop_watching(self) -> None:
         if self.watching:
             self.watching.set()
+
+    @staticmethod
+    def _largest(values: list) -> list:
+        """The largest of each value over the ranks (one all-reduce)."""
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        flags = torch.tensor(values, dtype=torch.long, device=device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return [int(value) for value in flags.tolist()]
 
     def agree(self, step: list, vocab_size: int) -> None:
         """Called by every rank with its micro-batches of one step (train or eval)."""
         top = max(int(batch.tokens.max()) for batch in step)
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
         received = self.received or (self.LOG_FAILED if self.log is not None and self.log.failure else 0)
-        flags = torch.tensor([received, top], dtype=torch.long, device=device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        received, top = (int(value) for value in flags.tolist())
+        received, top = self._largest([received, top])
         if top >= vocab_size:
             raise DataError(f"the data holds token id {top}, beyond the {vocab_size} tokens of the vocab "
                             f"{self.tokenizer_file}", "pass the --vocab-file (or --tokenizer-file) the data was "
@@ -1044,41 +1062,63 @@ class StopSignals:
                             "tools/preprocess_data.py with this one")
         self.agreed = self.agreed or received
 
+    def _name(self, signum: int, gone: str | None) -> str:
+        """What stopped the run, as its lines say it."""
+        if signum == self.LOG_FAILED:
+            return "a failed write of the run log"
+        if gone and signum == signal.SIGTERM:
+            return f"the end of {gone}"
+        return signal.Signals(signum).name
+
+    def _grace_left(self) -> float | None:
+        """Seconds until DeepSpeed's launch.py would kill this rank, had the signal that stops the run
+        reached it too (a Ctrl-C in its terminal, a scheduler signalling the whole job); None where
+        it cannot have: another parent, or no SIGINT / SIGTERM of this rank's own."""
+        if self.received not in (signal.SIGINT, signal.SIGTERM) or self.launcher_gone or \
+                not launcher_watch.under_deepspeed_launch():
+            return None
+        return launcher_watch.DEEPSPEED_KILL_S - (time.monotonic() - self.received_at)
+
     def finish(self, args, engine, config, iteration: int, consumed: int, first_iteration: int,
-               last_checkpoint, log, schedule: dict | None = None, data: dict | None = None, tokenizer=None) -> int:
+               last_checkpoint, log, schedule: dict | None = None, data: dict | None = None, tokenizer=None,
+               test_cut: bool = False) -> int:
         """The agreed stop: saves what was trained since the last checkpoint; returns the signal number,
-        or raises the run log's write failure as one line (every rank alike)."""
-        if args.save and iteration > first_iteration and last_checkpoint != os.path.join(
-                args.save, checkpoint.tag_for(iteration)):
-            last_checkpoint = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
-                                                                      schedule=schedule, data=data,
-                                                                      keep_last=args.keep_last, tokenizer=tokenizer))
-        self.uninstall()
+        or raises the run log's write failure as one line (every rank alike). `test_cut`: the stop came
+        after the last step, before the test loss (a rerun with --load computes it)."""
+        noticed = [None] * dist.get_world_size()  # the rank that saw its launcher end may not be the one printing
+        dist.all_gather_object(noticed, self.launcher_gone)
+        name = self._name(self.agreed, next((description for description in noticed if description), None))
+        self.stop_watching()
+        folder = args.save and os.path.join(args.save, checkpoint.tag_for(iteration))
+        if args.save and iteration > first_iteration and last_checkpoint != folder:
+            if dist.get_rank() == 0:
+                print(stop_acknowledgement(name, iteration, folder, log.last_save_s, self._grace_left()),
+                      file=sys.stderr, flush=True)
+            last_checkpoint = save_checkpoint(args, engine, config, iteration, consumed, log, schedule=schedule,
+                                              data=data, tokenizer=tokenizer)
+        checkpoint.release_lock()  # before the plot: --save is free once its last checkpoint is written
         if self.agreed == self.LOG_FAILED:
             failure = [log.failure]
             dist.broadcast_object_list(failure, src=0)
             held = (f"checkpoint {last_checkpoint} holds iteration {iteration}: resume with --load {args.save}"
                     if args.save and last_checkpoint else f"no checkpoint holds iteration {iteration}")
             raise ConfigError(failure[0][0], f"{failure[0][1]}; {held}")
-        name = signal.Signals(self.agreed).name
-        noticed = [None] * dist.get_world_size()  # the rank that saw its launcher end may not be the one printing
-        dist.all_gather_object(noticed, self.launcher_gone)
-        gone = next((description for description in noticed if description), None)
-        if gone and self.agreed == signal.SIGTERM:
-            name = f"the end of {gone}"
+        when = f"after the last iteration {iteration}, before the test loss" if test_cut else f"after iteration {iteration}"
         if args.save and last_checkpoint:
-            line = (f"stopped by {name} after iteration {iteration}; checkpoint {last_checkpoint} holds it: "
-                    f"resume with --load {args.save}")
+            line = (f"stopped by {name} {when}; checkpoint {last_checkpoint} holds it: "
+                    + (f"rerun with --load {args.save} to compute the test loss" if test_cut
+                       else f"resume with --load {args.save}"))
         elif args.save:  # before this run's first step: nothing to save
             line = f"stopped by {name} before the first step of this run (iteration {iteration}); nothing was saved"
         else:
-            line = (f"stopped by {name} after iteration {iteration}; no checkpoint holds it: pass --save DIR "
+            line = (f"stopped by {name} {when}; no checkpoint holds it: pass --save DIR "
                     "to keep the progress of a stopped run")
         failure = [None]  # rank 0's: its log could not be closed (the plot on a full disk)
         try:
-            log.finish(args.save)
-            if dist.get_rank() == 0:
+            log.close()
+            if dist.get_rank() == 0:  # before the plot, which takes seconds on a long run
                 print(f"pretrain_bert.py: {line}", file=sys.stderr, flush=True)
+            log.plot(args.save)
         except ConfigError as error:
             failure = [(error.problem, error.fix)]
         except OSError as error:
@@ -1092,6 +1132,42 @@ class StopSignals:
         if failure[0]:
             raise ConfigError(*failure[0])
         return self.agreed
+
+    def complete(self, args, iteration: int, last_checkpoint, log) -> None:
+        """The end of a run that trained every step. A signal after the last agreement (during the
+        final save without a test set, or after the test evaluation) cut nothing: the run is
+        complete, exits 0, and one line says so; also for one during rank 0's plot."""
+        [late] = self._largest([self.received])  # the rank that received it may not be rank 0
+        self.stop_watching()
+        checkpoint.release_lock()  # before the plot: --save is free once its last checkpoint is written
+        log.close()
+        self._say_complete(late, args, iteration, last_checkpoint)
+        log.plot(args.save)
+        if not late:
+            self._say_complete(self.received, args, iteration, last_checkpoint)
+
+    def _say_complete(self, signum: int, args, iteration: int, last_checkpoint) -> None:
+        if signum and dist.get_rank() == 0:
+            held = (f"checkpoint {last_checkpoint} holds iteration {iteration}" if args.save and last_checkpoint
+                    else f"no checkpoint holds iteration {iteration} (no --save)")
+            print(f"pretrain_bert.py: {self._name(signum, self.launcher_gone)} came after the last step; the run "
+                  f"is complete: {held}", file=sys.stderr, flush=True)
+
+
+def stop_acknowledgement(name: str, iteration: int, folder: str, last_save_s: float | None,
+                         grace_left_s: float | None) -> str:
+    """Rank 0's line once the ranks agree to stop and the final save starts: a long save otherwise
+    looks like a frozen run, and a user reaching for `kill -9` loses it. `grace_left_s`: the seconds
+    DeepSpeed's launch.py leaves this rank before SIGKILL, had the signal reached it too (None: it
+    cannot have); named when the last save took longer."""
+    took = f"the last save took {last_save_s:.0f} s" if last_save_s is not None else "the first save of this run"
+    line = (f"pretrain_bert.py: stopping after iteration {iteration} ({name}): saving checkpoint {folder} ({took}); "
+            "further signals are ignored until it is written")
+    if grace_left_s is not None and last_save_s is not None and last_save_s > grace_left_s:
+        line += (f"; if the signal reached DeepSpeed's launch.py too (Ctrl-C in its terminal, a signal to the whole "
+                 f"job), it kills the ranks in {max(grace_left_s, 0):.0f} s, before such a save ends: see "
+                 "docs/resuming.md")
+    return line
 
 
 def evaluate(batches, engine, dataset, run: int, eval_iters: int, stop: StopSignals) -> float | None:

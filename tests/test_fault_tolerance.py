@@ -171,7 +171,7 @@ def test_rank_killed_mid_save_keeps_previous_checkpoint_pp2(tmp_path, data_dir):
     assert checkpoint.latest_tag(str(ckpt)) == checkpoint.tag_for(2)
     assert (ckpt / f"{checkpoint.tag_for(4)}{checkpoint.PARTIAL}").is_dir() and not (ckpt / checkpoint.tag_for(4)).exists()
     assert run_on_ranks(main, 2, [*argv, "--load", str(ckpt)], timeout=300) == [0, 0]
-    assert not (ckpt / f"{checkpoint.tag_for(4)}{checkpoint.PARTIAL}").exists()  # replaced by the re-save
+    assert not (ckpt / f"{checkpoint.tag_for(4)}{checkpoint.PARTIAL}").exists()  # removed by the resume at start-up
     assert_same_run(killed, straight)
 
 

@@ -140,6 +140,44 @@ def test_launcher_names_the_cpu_accelerator_unless_the_user_did(user_setting, ex
     assert (result.returncode, result.stdout, result.stderr) == (0, f"{expected}\n", "")
 
 
+STAND_IN_RANK = """import os, signal, sys, time
+def stop(signum, frame):
+    with open({record!r}, "w") as record:
+        record.write(signal.Signals(signum).name)
+    sys.exit(128 + signum)
+for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(signum, stop)
+with open({ready!r}, "w") as ready:
+    ready.write(str(os.getpid()))
+time.sleep(60)
+"""
+STAND_IN_LAUNCH = "import subprocess, sys; sys.exit(subprocess.call([sys.executable, sys.argv[1]]))"
+
+
+def test_a_closed_terminal_stops_the_ranks_as_sigterm_does(tmp_path):
+    """SIGHUP to a launch script (its terminal closed, an SSH session dropped) ended the script alone,
+    leaving the ranks training, to die at their next line on the dead terminal: run_launcher passes it
+    to the ranks (which stop as on SIGTERM) and returns 129 once they have ended. A stand-in launcher
+    whose command line names DeepSpeed's launch.py, and its rank: a second."""
+    rank, ready, record = tmp_path / "rank.py", tmp_path / "ready", tmp_path / "record"
+    rank.write_text(STAND_IN_RANK.format(record=str(record), ready=str(ready)))
+    script = subprocess.Popen(["bash", "-c", 'source "$1"; shift; run_launcher "$@"', "probe",
+                               str(SCRIPTS / "launcher_group.sh"), PYTHON, "-c", STAND_IN_LAUNCH, str(rank),
+                               "deepspeed.launcher.launch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() or not ready.read_text():
+            assert script.poll() is None and time.monotonic() < deadline, script.communicate()
+            time.sleep(0.05)
+        script.send_signal(signal.SIGHUP)
+        output = script.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(ready.read_text()), signal.SIGKILL)  # a rank the script left behind
+    assert (script.returncode, output, record.read_text()) == (128 + signal.SIGHUP, ("", ""), "SIGHUP")
+
+
 def dry_run(script: str, run_dir: Path, *arguments, **env) -> tuple:
     """(the JSON it would write, the launcher command line); checks that it wrote nothing."""
     result = subprocess.run([str(SCRIPTS / script), *arguments], env=launch_env(run_dir, **env), capture_output=True,

@@ -373,11 +373,13 @@ def group_alive(group: int) -> bool:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("tool,signum", [("preprocess_data.py", signal.SIGINT), ("preprocess_data.py", signal.SIGTERM),
-                                         ("build_vocab.py", signal.SIGINT), ("preprocess_data.py (parquet)", signal.SIGINT)],
-                         ids=["preprocess-SIGINT", "preprocess-SIGTERM", "build_vocab-SIGINT", "preprocess-parquet-SIGINT"])
+                                         ("preprocess_data.py", signal.SIGHUP), ("build_vocab.py", signal.SIGINT),
+                                         ("preprocess_data.py (parquet)", signal.SIGINT)],
+                         ids=["preprocess-SIGINT", "preprocess-SIGTERM", "preprocess-SIGHUP", "build_vocab-SIGINT",
+                              "preprocess-parquet-SIGINT"])
 def test_interrupt_stops_promptly_removing_partial_output(corpus, tmp_path, tool, signum):
-    """The signal goes to the whole process group, as a terminal's Ctrl-C does: the tool (and its
-    workers) exit within seconds, with one line and exit code 128 + signal, and leave nothing."""
+    """The signal goes to the whole process group, as a terminal's Ctrl-C (or its closing: SIGHUP) does:
+    the tool (and its workers) exit within seconds, with one line and exit code 128 + signal, and leave nothing."""
     big = tmp_path / "big.json"
     text = corpus[0].read_text()
     big.write_text(text * max(1, 25_000_000 // len(text)))  # far more than it does before the signal
@@ -394,7 +396,8 @@ def test_interrupt_stops_promptly_removing_partial_output(corpus, tmp_path, tool
              "2", "--split-sentences", "--log-interval", "100"] if tool == "preprocess_data.py"
             else ["--input", str(big), "--output", str(out / "vocab.txt"), "--vocab-size", "2000"])
     proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / tool), *argv], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))  # not nohup's
     try:
         if tool == "preprocess_data.py":
             assert "processed" in proc.stderr.readline()  # the first progress line: workers are busy

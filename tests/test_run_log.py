@@ -1,7 +1,9 @@
 """The run log: plain lines when stdout is not a terminal, a progress bar when it is, and
 tools/plot_run.py turning a metrics.jsonl into a PNG (or one error line)."""
+import errno
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ import pytest
 
 from bert_fixtures import small_config
 from megatron import run_log
-from megatron.errors import ConfigError, run_tool
+from megatron.errors import ConfigError, LosableStream, run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -86,6 +88,47 @@ def test_progress_bar_when_stdout_is_a_terminal(tmp_path, monkeypatch):
     shown = [segment.split("\r")[-1] for segment in text.split("\n")]
     assert any(line.startswith("iteration 2/4 | consumed samples 8 | ") for line in shown), text
     assert "saved checkpoint ckpt/iter_0000004" in shown and "test loss at iteration 4: 6.2500" in shown
+
+
+class ClosingTerminal(Terminal):
+    """A terminal that closes after `room` characters (its window closed, an SSH session dropped):
+    every write and flush from then on fails with EIO."""
+
+    def __init__(self, room: int):
+        super().__init__()
+        self.room = room
+
+    def write(self, text: str) -> int:
+        if self.tell() + len(text) > self.room:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return super().write(text)
+
+    def flush(self) -> None:
+        if self.tell() >= self.room:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+def test_a_closed_terminal_ends_the_screen_output_not_the_run(tmp_path, monkeypatch):
+    """pretrain_bert.py's stdout (errors.survive_lost_terminal) on a terminal that closes mid-run: the
+    progress bar and the log lines stop, every record still reaches metrics.jsonl (a rank used to die
+    at its next log line, in tqdm's write)."""
+    stdout = LosableStream(ClosingTerminal(room=300))
+    metrics = write_run_log(tmp_path / "log", stdout, monkeypatch, steps=6, interval=1)
+    assert stdout.lost  # a stream without a file descriptor: its writes are dropped
+    assert [(r["kind"], r["iteration"]) for r in run_log.read_metrics(metrics)] == [
+        *(("train", iteration) for iteration in range(1, 7)), ("validation", 6), ("test", 6)]
+
+
+def test_a_stream_whose_reader_is_gone_writes_into_dev_null():
+    """EPIPE (`| head`, a dead tee): the stream's descriptor then points to /dev/null, so that its
+    buffered text and later writes, a C library's included, go nowhere without an error."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w") as pipe:
+        stream = LosableStream(pipe)
+        print("a line the reader never sees", file=stream, flush=True)
+        print("nor this", file=stream, flush=True)
+        assert not stream.lost and os.path.samestat(os.fstat(write_end), os.stat(os.devnull))
 
 
 def test_tensorboard_records_are_on_disk_before_finish(tmp_path, monkeypatch):

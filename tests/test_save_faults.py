@@ -95,14 +95,18 @@ def test_full_disk_at_the_start_leaves_no_probe_file(tmp_path, data):
 @needs_tmpfs
 def test_full_log_disk_stops_the_run_with_a_checkpoint(tmp_path, data):
     """metrics.jsonl fills its disk mid-run: the run stops at the next step, saves (on another disk)
-    and names the full log disk and the checkpoint to resume from, in one line."""
+    and names the full log disk and the checkpoint to resume from, in one line (after the line that
+    says that the stop's save begins)."""
     log, save = tmp_path / "log", tmp_path / "ckpt"
     code, errors, _ = on_tmpfs(log, "16k", run_argv(tmp_path, data, "--train-iters", "200", "--log-interval", "1",
                                                     "--save", str(save)))
     latest = checkpoint.latest_tag(str(save))
     iteration = int(latest[len("iter_"):])
-    assert code == 2 and len(errors) == 1, errors[-20:]
-    assert errors[0] == (f"pretrain_bert.py: error: cannot write the run log {log / 'metrics.jsonl'} (the disk is "
+    assert code == 2 and len(errors) == 2, errors[-20:]
+    assert errors[0] == (f"pretrain_bert.py: stopping after iteration {iteration} (a failed write of the run log): "
+                         f"saving checkpoint {save / latest} (the first save of this run); further signals are ignored "
+                         "until it is written")
+    assert errors[1] == (f"pretrain_bert.py: error: cannot write the run log {log / 'metrics.jsonl'} (the disk is "
                          f"full, 0.0 MiB free); free space there or pass another --log-dir; checkpoint {save / latest} "
                          f"holds iteration {iteration}: resume with --load {save}")
     assert 0 < iteration < 200
@@ -180,6 +184,23 @@ def test_lock_refuses_a_live_holder_and_another_host(tmp_path, capsys):
     assert checkpoint.take_lock(str(tmp_path)) is None
     checkpoint.release_lock()
     assert sorted(os.listdir(tmp_path)) == [] and capsys.readouterr().err.count("taking over the lock") == 2
+
+
+def test_the_lock_holder_removes_the_leftovers_of_killed_saves(tmp_path, capsys):
+    """A save killed mid-way (SIGKILL, a lost node) leaves `<tag>.partial`, a killed --keep-last removal
+    `<tag>.removing`, each a full checkpoint's size, which a resume seldom replaces (a stop's
+    iteration is rarely saved again). The run that takes the lock removes them, with one line; the
+    checkpoints, `latest` and anything else stay."""
+    for name in ("iter_0000002.partial", "iter_0000001.removing", "iter_0000004", "notes.partial"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model_states.pt").write_bytes(b"weights")
+    (tmp_path / "latest").write_text("iter_0000004")
+    write_lock(tmp_path, socket.gethostname(), dead_pid(), None)  # the killed run's
+    assert checkpoint.take_lock(str(tmp_path)) is None
+    checkpoint.release_lock()
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000004", "latest", "notes.partial"]
+    assert capsys.readouterr().out == (f"--save {tmp_path}: removed iter_0000001.removing, iter_0000002.partial, left "
+                                       "by killed saves\n")
 
 
 def test_a_lock_held_by_a_process_that_ended_unreaped_is_taken_over(tmp_path, capsys):

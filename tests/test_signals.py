@@ -43,16 +43,22 @@ def records(tmp_path, kind: str) -> list:
 
 def main_signalled_in_evaluation(argv, signalled_rank: int) -> tuple:
     """`main`, with SIGTERM sent to rank `signalled_rank` inside its first evaluation step, and rank
-    0's closing of the run log (the loss plot) made slow; returns (exit code, evaluation steps this
-    rank ran, stderr, when its run log was closed, when main returned) (times: the machine's monotonic clock)."""
-    steps, closed = [], []
-    evaluate_step, finish = training.eval_step, run_log.RunLog.finish
+    0's loss plot made slow and hit by a second SIGINT and SIGTERM; returns (exit code, evaluation steps
+    this rank ran, stderr, when its run log was closed, when main returned, {"lock": the --save lock
+    held, "said": stderr so far} when rank 0's plot began) (times: the machine's monotonic clock)."""
+    steps, closed, at_plot = [], [], {}
+    evaluate_step, plot = training.eval_step, run_log.RunLog.plot
+    err = io.StringIO()
 
-    def slow_finish(log, save_dir):
-        time.sleep(1.0 if dist.get_rank() == 0 else 0.0)
-        finish(log, save_dir)
+    def slow_plot(log, save_dir):
+        if dist.get_rank() == 0:
+            at_plot.update(lock=dict(checkpoint._held_lock), said=err.getvalue())
+            for second in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C, the launcher's SIGTERM
+                os.kill(os.getpid(), second)
+            time.sleep(1.0)
+        plot(log, save_dir)
         closed.append(time.monotonic())
-    run_log.RunLog.finish = slow_finish
+    run_log.RunLog.plot = slow_plot
 
     def eval_step(engine, micro_batches):
         steps.append(1)
@@ -61,23 +67,28 @@ def main_signalled_in_evaluation(argv, signalled_rank: int) -> tuple:
         return evaluate_step(engine, micro_batches)
 
     training.eval_step = eval_step
-    err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = training.main(argv)
-    return code, len(steps), err.getvalue(), closed[0], time.monotonic()
+    return code, len(steps), err.getvalue(), closed[0], time.monotonic(), at_plot
 
 
 def test_sigterm_in_evaluation_stops_every_rank_within_one_step(tmp_path, data):
     """Validation of 50 steps at iteration 2; rank 1 gets SIGTERM in the first: both ranks run that
     one step only, log no validation loss, save iteration 2 and exit 128 + 15. No rank returns
     before rank 0 has closed its log and printed the line: the deepspeed launcher kills every rank
-    once one exits non-zero, and 143 is non-zero."""
+    once one exits non-zero, and 143 is non-zero. Rank 0 says at once that it stops and saves; its
+    stop line comes before the plot, the --save lock is free by then, and signals during the plot
+    are noted, not met by Python's default handlers (a traceback, or death with the lock left)."""
     argv = run_argv(tmp_path, data, "--train-iters", "6", "--eval-interval", "2", "--eval-iters", "50")
     outcomes = run_on_ranks(main_signalled_in_evaluation, 2, argv, 1, timeout=240)
     assert [(code, steps) for code, steps, *_ in outcomes] == [(143, 1), (143, 1)], outcomes[0][2][-3000:]
     assert outcomes[1][4] > outcomes[0][3]
-    assert (f"pretrain_bert.py: stopped by SIGTERM after iteration 2; checkpoint {tmp_path / 'ckpt' / 'iter_0000002'} "
-            f"holds it: resume with --load {tmp_path / 'ckpt'}") in outcomes[0][2]
+    folder = tmp_path / 'ckpt' / 'iter_0000002'
+    said = [f"pretrain_bert.py: stopping after iteration 2 (SIGTERM): saving checkpoint {folder} (the first save of "
+            "this run); further signals are ignored until it is written",
+            f"pretrain_bert.py: stopped by SIGTERM after iteration 2; checkpoint {folder} holds it: resume with --load "
+            f"{tmp_path / 'ckpt'}"]
+    assert outcomes[0][2].splitlines() == said and outcomes[0][5] == {"lock": {}, "said": "\n".join(said) + "\n"}
     assert checkpoint.latest_tag(str(tmp_path / "ckpt")) == checkpoint.tag_for(2)
     assert records(tmp_path, "train") == [1, 2] and records(tmp_path, "validation") == []
 
@@ -119,23 +130,27 @@ def test_the_stop_line_names_the_launchers_end_seen_by_another_rank(tmp_path, da
 
 
 def main_whose_plot_fails_at_a_stop(argv) -> tuple:
-    """`main` stopped after its second step, rank 0's run log failing to close (the plot on a full disk)."""
-    def finish(log, save_dir):
+    """`main` stopped after its second step, rank 0's loss plot failing (a full disk)."""
+    def plot(log, save_dir):
         if dist.get_rank() == 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(log.dir / "loss.png"))
-    run_log.RunLog.finish = finish
+    run_log.RunLog.plot = plot
     return main_whose_launcher_ends_on_rank_1(argv, 2)
 
 
 def test_a_stop_whose_log_fails_to_close_ends_every_rank_alike(tmp_path, data):
-    """Rank 0 cannot close its log at a stop: every rank leaves with the one error line (exit 2), none
-    with 143 before it is printed (the launcher would end rank 0 and the line with it)."""
+    """Rank 0 cannot draw its plot at a stop: the stop line (printed before the plot) and the error
+    line, every rank leaving with exit 2, none with 143 before the line is printed (the launcher
+    would end rank 0 and the line with it)."""
     argv = run_argv(tmp_path, data, "--train-iters", "6", "--eval-interval", "1000", "--eval-iters", "1")
     outcomes = run_on_ranks(main_whose_plot_fails_at_a_stop, 2, argv, timeout=240)
     assert [code for code, _ in outcomes] == [2, 2], outcomes[0][1][-3000:]
     lines = [line for _, err in outcomes for line in err.splitlines()]
-    assert lines == [f"pretrain_bert.py: error: cannot use {tmp_path / 'log' / 'loss.png'} (No space left on device); "
-                     "check the path, its permissions and free space (--debug shows where)"], lines
+    assert lines[1:] == [f"pretrain_bert.py: stopped by the end of the deepspeed command (pid 4242) after iteration 2; "
+                         f"checkpoint {tmp_path / 'ckpt' / 'iter_0000002'} holds it: resume with --load {tmp_path / 'ckpt'}",
+                         f"pretrain_bert.py: error: cannot use {tmp_path / 'log' / 'loss.png'} (No space left on "
+                         "device); check the path, its permissions and free space (--debug shows where)"], lines
+    assert lines[0].startswith("pretrain_bert.py: stopping after iteration 2 (the end of the deepspeed command")
 
 
 class FullDisk(io.StringIO):
@@ -266,7 +281,7 @@ RANK_SCRIPT = """import os, sys, time
 sys.path.insert(0, {root!r})
 from megatron.parallel import launcher_watch
 launcher_watch.note_launchers()
-print("noted", flush=True)
+print("noted", launcher_watch.under_deepspeed_launch(), flush=True)
 while not os.path.exists({go!r}):  # imports, data, engine: the watch starts late
     time.sleep(0.05)
 ended = []
@@ -280,7 +295,8 @@ def test_a_deepspeed_command_that_ends_before_the_watch_starts_is_noticed(tmp_pa
     """The `deepspeed` command ends while the rank is still starting (its launch.py, re-parented to
     init, no longer leads to it): the rank noted it at its start and stops at once when it watches.
     A stand-in chain with the real command lines' shapes (a program named deepspeed, then
-    `python -m deepspeed.launcher.launch`), no DeepSpeed or torch: seconds."""
+    `python -m deepspeed.launcher.launch`), no DeepSpeed or torch: seconds. The rank knows that its
+    parent is DeepSpeed's launch.py (which kills it 30 s after a signal: the stop's acknowledgement)."""
     launch = tmp_path / "fake" / "deepspeed" / "launcher"
     launch.mkdir(parents=True)
     for package in (launch.parent, launch):
@@ -309,7 +325,7 @@ def test_a_deepspeed_command_that_ends_before_the_watch_starts_is_noticed(tmp_pa
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(command.pid, signal.SIGKILL)
-    assert output.read_text().splitlines()[1] == str([f"the deepspeed command (pid {command.pid})"])
+    assert output.read_text().splitlines() == ["noted True", str([f"the deepspeed command (pid {command.pid})"])]
 
 
 def main_signalled_writing_an_index_map(argv) -> tuple:
@@ -381,3 +397,144 @@ def test_each_caller_keeps_its_own_signal_handlers():
             assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) == int_before
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def main_signalled_in_its_final_save(argv) -> tuple:
+    """`main`, with SIGTERM sent to this rank while it writes the run's last checkpoint, and SIGINT and
+    SIGTERM during its plot; returns (exit code, stderr, the --save lock held when the plot began)."""
+    save, plot, at_plot = checkpoint.save, run_log.RunLog.plot, []
+    last = int(argv[argv.index("--train-iters") + 1])
+
+    def signalled_save(engine, config, save_dir, iteration, *args, **kwargs):
+        if iteration == last:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return save(engine, config, save_dir, iteration, *args, **kwargs)
+
+    def signalled_plot(log, save_dir):
+        at_plot.append(dict(checkpoint._held_lock))
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            os.kill(os.getpid(), signum)
+        plot(log, save_dir)
+
+    checkpoint.save, run_log.RunLog.plot = signalled_save, signalled_plot
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = training.main(argv)
+    return code, err.getvalue(), at_plot
+
+
+@pytest.mark.parametrize("split, code, line", [
+    ("949,50,0", 0, "pretrain_bert.py: SIGTERM came after the last step; the run is complete: checkpoint {ckpt}/"
+                    "iter_0000002 holds iteration 2"),
+    ("90,5,5", 143, "pretrain_bert.py: stopped by SIGTERM after the last iteration 2, before the test loss; "
+                    "checkpoint {ckpt}/iter_0000002 holds it: rerun with --load {ckpt} to compute the test loss"),
+], ids=["no_test_set", "test_set"])
+def test_a_signal_after_the_last_step(tmp_path, data, split, code, line):
+    """SIGTERM during the final save. Without a test set it cuts nothing: the run is complete, exit 0,
+    one line (it used to be dropped without a word). With one, the test evaluation it cuts is a stop
+    (128 + 15) whose line says that a rerun computes the test loss. Signals during the plot (here a
+    Ctrl-C and a SIGTERM) meet a noting handler, with the --save lock already released."""
+    argv = run_argv(tmp_path, data, "--train-iters", "2", "--eval-interval", "1000", "--eval-iters", "1",
+                    "--split", split)
+    [(got, err, at_plot)] = run_on_ranks(main_signalled_in_its_final_save, 1, argv, timeout=240)
+    assert (got, err.splitlines(), at_plot) == (code, [line.format(ckpt=tmp_path / "ckpt")], [{}]), err[-3000:]
+    assert checkpoint.latest_tag(str(tmp_path / "ckpt")) == checkpoint.tag_for(2)
+
+
+def test_the_stop_acknowledgement_names_the_last_save_and_deepspeeds_grace():
+    """Rank 0's line when the final save of a stop begins; DeepSpeed's launch.py, when the signal
+    reached it too, kills the ranks 30 s after: named when the last save took longer than what is left."""
+    said = ("pretrain_bert.py: stopping after iteration 12 (SIGINT): saving checkpoint ckpt/iter_0000012 (the last "
+            "save took 12 s); further signals are ignored until it is written")
+    assert training.stop_acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 12.4, None) == said
+    assert training.stop_acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 12.4, 27.5) == said
+    assert training.stop_acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 42.0, 27.5) == said.replace("12 s", "42 s") + (
+        "; if the signal reached DeepSpeed's launch.py too (Ctrl-C in its terminal, a signal to the whole job), it "
+        "kills the ranks in 28 s, before such a save ends: see docs/resuming.md")
+    assert "(the first save of this run)" in training.stop_acknowledgement("SIGTERM", 3, "c/iter_0000003", None, 1.0)
+
+
+def test_sighup_stops_like_sigterm_unless_nohup_ignores_it():
+    """A closed terminal or a dropped SSH session sends SIGHUP: a tool stops with its clean-up and one
+    line (exit 129), the training loop notes it as a stop. Under nohup (SIGHUP ignored) both leave it
+    ignored: such a run was asked to outlive its terminal."""
+    from megatron import errors
+
+    def hung_up():
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(5)  # the handler raises before this ends
+
+    def mine(signum, frame):  # SIGHUP's default would end pytest
+        pass
+
+    before = {signum: signal.signal(signum, mine) for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)}
+    try:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            assert errors.run_tool("tool", hung_up) == 128 + signal.SIGHUP
+        assert err.getvalue() == ("tool: error: interrupted by SIGHUP, partial output removed; rerun the same command "
+                                  "to start over\n")
+        stop = training.StopSignals("tokenizer.json")
+        stop.install()
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.1)
+        stop.stop_watching()
+        assert stop.received == signal.SIGHUP
+
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+        assert signal.SIGHUP not in errors.raise_on_signals()
+        training.StopSignals("tokenizer.json").install()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        errors.restore_signals(before)
+
+
+def test_the_entry_point_survives_a_closed_stdout():
+    """stdout's reader is gone (`| head`; a closed terminal fails with EIO alike): pretrain_bert.py stops
+    writing there, not running; here --help exits 0 with nothing on stderr (it was a BrokenPipeError
+    traceback; a closed terminal ended ranks at their next log line)."""
+    help_ = subprocess.Popen([PYTHON, str(ROOT / "pretrain_bert.py"), "--help"], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    help_.stdout.close()
+    _, err = help_.communicate(timeout=120)
+    assert (help_.returncode, err) == (0, "")
+
+
+SLOW_IMPORT = """import runpy, sys, time
+sys.path.insert(0, {root!r})
+
+
+class SlowTraining:  # the import of megatron.training (torch, DeepSpeed: seconds), made longer still
+    def find_spec(self, name, path=None, target=None):
+        if name == "megatron.training":
+            open({marker!r}, "w").close()
+            time.sleep(60)
+        return None
+
+
+sys.meta_path.insert(0, SlowTraining())
+sys.argv = [{script!r}]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def test_ctrl_c_during_the_imports_is_one_line(tmp_path):
+    """Ctrl-C in the first seconds of pretrain_bert.py, while it imports torch and DeepSpeed: the
+    start-up's one line and exit 130, not a KeyboardInterrupt traceback through the imports."""
+    marker, script = tmp_path / "importing", ROOT / "pretrain_bert.py"
+    env = {name: value for name, value in os.environ.items() if name not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    child = subprocess.Popen([PYTHON, "-c", SLOW_IMPORT.format(root=str(ROOT), marker=str(marker), script=str(script))],
+                             cwd=ROOT, env={**env, "DS_ACCELERATOR": "cpu"}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_signals)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert child.poll() is None and time.monotonic() < deadline, child.stderr.read()
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    assert (child.returncode, err) == (130, "pretrain_bert.py: stopped by SIGINT during start-up, before the first "
+                                            "step; nothing was saved\n")

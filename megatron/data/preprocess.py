@@ -182,8 +182,8 @@ def _encoded(options: PreprocessOptions, corpus: Corpus):
     """(location, documents or error, bytes) for every record of the corpus, in input order.
 
     Chunks of lines go to `workers` processes through a task queue, at most 8 per worker in
-    flight, and come back numbered, so output order is input order. Workers ignore SIGINT and
-    SIGTERM (a terminal's Ctrl-C reaches the whole process group): the main process alone reacts,
+    flight, and come back numbered, so output order is input order. Workers ignore SIGINT, SIGTERM
+    and SIGHUP (a terminal's Ctrl-C, or its closing, reaches the whole process group): the main process alone reacts,
     and when it stops early (a bad line, an interrupt) it kills the workers instead of waiting for
     them: a multiprocessing Pool whose worker died mid-task never finishes joining.
     """
@@ -195,7 +195,7 @@ def _encoded(options: PreprocessOptions, corpus: Corpus):
         return
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     tasks, results = context.Queue(), context.Queue()
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # until workers ignore them
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WORKERS_IGNORE)  # until workers ignore them
     try:
         workers = [context.Process(target=_worker_loop, args=(encoder, tasks, results), daemon=True)
                    for _ in range(options.workers)]
@@ -257,10 +257,13 @@ def _next_result(results, workers) -> tuple:
         return number, encoded
 
 
+WORKERS_IGNORE = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # the main process' (errors.stop_signals)
+
+
 def _worker_loop(encoder: Encoder, tasks, results) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    for signum in WORKERS_IGNORE:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKERS_IGNORE)
     _die_with_parent()
     try:
         encoder.start()

@@ -60,7 +60,7 @@ def launcher_processes() -> list[tuple[int, str | None, str]]:
         return []
     watched = [(parent, start_time(parent), f"its launcher (pid {parent})")]
     grandparent = _parent_of(parent)
-    if "deepspeed.launcher.launch" in command.split() and grandparent and grandparent > 1 \
+    if _is_deepspeed_launch(command) and grandparent and grandparent > 1 \
             and _is_launcher(_command_line(grandparent)):
         watched.append((grandparent, start_time(grandparent), f"the deepspeed command (pid {grandparent})"))
     return watched
@@ -74,6 +74,21 @@ def _is_launcher(command: str) -> bool:
     programs = {os.path.basename(word) for word in words[:3]}  # the interpreter, then the script
     modules = {words[i + 1] for i, word in enumerate(words[:-1]) if word == "-m"}
     return bool(programs & set(LAUNCHERS) or any(module.startswith(LAUNCHERS) for module in modules))
+
+
+def _is_deepspeed_launch(command: str) -> bool:
+    return "deepspeed.launcher.launch" in command.split()
+
+
+# DeepSpeed 0.19.8's launch.py, on SIGINT or SIGTERM, for each rank in turn: SIGTERM to the rank and its
+# children, psutil.wait_procs(timeout=30), then SIGKILL to those still running (terminate_process_tree)
+DEEPSPEED_KILL_S = 30
+
+
+def under_deepspeed_launch() -> bool:
+    """Whether this rank's parent is DeepSpeed's per-node launch.py, which kills it DEEPSPEED_KILL_S
+    after a SIGINT or SIGTERM reaches the launcher."""
+    return _is_deepspeed_launch(_command_line(os.getppid()))
 
 
 _noted = None  # launcher_processes() at the rank's start (note_launchers), when it was called
