@@ -274,6 +274,12 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--rendezvous-timeout", type=float, default=300, metavar="SECONDS",
                      help="how long the ranks wait at start-up for all of them to reach MASTER_ADDR:MASTER_PORT "
                           "before failing with one line naming how many arrived (default 300)")
+    run.add_argument("--distributed-timeout-minutes", type=float, default=10, metavar="MINUTES",
+                     help="how long a collective waits for the other ranks before the run ends with one line "
+                          "naming the phase and the last checkpoint: a frozen or hung rank then stops the run "
+                          "instead of stalling it, and a stop signal is honoured once it ends (Megatron-LM's flag "
+                          "and default, 10; fractions allowed). It must cover the slowest step: the first (kernel "
+                          "builds) and a checkpoint save on a slow disk")
     return parser
 
 

@@ -48,7 +48,7 @@ from megatron.errors import ConfigError, DataError, disk_full
 from megatron.model.args import MODEL_PRESETS
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.pipe import pipe_layer_to_bert
-from megatron.parallel import launcher_watch, state as parallel_state
+from megatron.parallel import launcher_watch, peers, state as parallel_state
 
 LATEST = "latest"
 RUN_STATE = "run_state.json"
@@ -84,6 +84,8 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     try:
         engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=run_state, save_latest=False)
     except (OSError, RuntimeError) as error:  # a full disk: torch.save's `basic_ios::clear: iostream error`
+        if peers.lost(error):  # not the disk: another rank ended (training.lost_rank_problem)
+            raise
         problem = _write_problem(save_dir, tag, error)
         dist.barrier()  # the one save_checkpoint ends with, which this rank missed
 
@@ -100,6 +102,8 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
         try:
             write()
         except (OSError, RuntimeError) as error:
+            if peers.lost(error):
+                raise
             problem = problem or _write_problem(save_dir, tag, error)
     problems = [None] * dist.get_world_size()
     dist.all_gather_object(problems, problem)  # every rank's files are written, or why not

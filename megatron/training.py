@@ -5,6 +5,7 @@ any env:// launcher). Errors a user can cause end the run with one line and exit
 """
 import atexit
 import contextlib
+import dataclasses
 import importlib.util
 import math
 import os
@@ -39,7 +40,7 @@ from megatron.model.args import BertConfig
 from megatron.model.attention import blocks
 from megatron.model.attention.rules import refuse_local_layers
 from megatron.model.bert import BertModel
-from megatron.parallel import device, jit_locks, launcher_watch, state
+from megatron.parallel import device, jit_locks, launcher_watch, peers, state
 from megatron.run_log import RunLog, log_dir_problem, tensorboard_problem
 
 
@@ -50,35 +51,89 @@ def main(argv=None) -> int:
     # until the training loop notes a stop (StopSignals), a stop runs the clean-ups below; from before
     # the arguments are parsed (the parser imports DeepSpeed)
     start_up = raise_on_signals()
-    debug = False
+    args, debug = None, False  # args: None until parsed (a stop or a flag error before)
+    progress = Progress()
     try:
         args = build_parser().parse_args(argv)
         debug = args.debug
         check_flags(args)
         check_flag_combinations(args)
         check_start(args)
-        stopped_by = pretrain(args, start_up)
+        stopped_by = pretrain(args, start_up, progress)
     except Interrupted as error:  # a stop signal before the training loop (raise_on_signals)
         if debug:
             raise
-        if launcher_rank() == 0:  # every rank stops alike (the launcher signals each); one line
-            print(stopped_during_start_up(error.signum), file=sys.stderr, flush=True)
+        line = stopped_during_start_up(error.signum)
+        if dist.is_available() and dist.is_initialized():  # the rank signalled may be the only one that knows
+            checkpoint.release_lock()
+            report_once(line)
+        elif launcher_rank() == 0:  # every rank stops alike (the launcher signals each); one line
+            print(line, file=sys.stderr, flush=True)
         return 128 + error.signum
-    except (ConfigError, OSError) as error:  # OSError: a path the run reads or writes (permissions, space)
-        if debug or (isinstance(error, OSError) and not error.filename):
-            raise
-        # the handlers main was given: a rank left to outlive the one that prints (report_once) ends
-        # on its launcher's SIGTERM silently
-        checkpoint.release_lock()  # before a launcher's SIGTERM can end this rank (rank 0 holds it)
-        restore_signals(start_up)
-        problem = error if isinstance(error, ConfigError) else cannot_use(error, WHERE_FIX)
-        report_once(f"pretrain_bert.py: error: {problem}", node_leaders=getattr(error, "node_leaders", False))
-        return 2
+    except (ConfigError, OSError, RuntimeError) as error:  # OSError: a path the run reads or writes; RuntimeError:
+        try:  # another rank lost (peers.lost)
+            return report_error(error, args, progress, start_up)
+        except Interrupted:  # the launcher's SIGTERM to every rank once one ended, handled only now (the first
+            return report_error(error, args, progress, start_up)  # call after a blocking one): the error says why
     finally:
         checkpoint.release_lock()  # the --save folder's, taken by rank 0 at start-up
         close_process_group()  # after an error too (reported above): a failed start aborted at exit just the same
         restore_signals(start_up)  # also when the training loop ended in an error (StopSignals left installed)
     return 128 + stopped_by if stopped_by else 0
+
+
+def report_error(error: Exception, args, progress, start_up: dict) -> int:
+    """Exit code 2 once the error's one line is printed (report_once) and rank 0's --save lock released;
+    an error no check foresaw (or --debug) is raised again, for its traceback. `args`: None when the
+    error came while the flags were parsed."""
+    problem = None if args is not None and args.debug else one_line_problem(error, args, progress)
+    if problem is None:
+        raise error
+    # the handlers main was given: a rank left to outlive the one that prints (report_once) ends
+    # on its launcher's SIGTERM silently
+    checkpoint.release_lock()  # before a launcher's SIGTERM can end this rank (rank 0 holds it)
+    restore_signals(start_up)
+    report_once(f"pretrain_bert.py: error: {problem}", node_leaders=getattr(error, "node_leaders", False))
+    return 2
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where this rank's run is, kept by the training loop for the line of a lost rank (lost_rank_problem)."""
+    phase: str = "start-up"
+    last_checkpoint: str | None = None  # the newest complete one: the loaded one, then each saved
+
+
+def one_line_problem(error: Exception, args, progress: Progress) -> ConfigError | None:
+    """The one line an error ends the run with, or None for one no check foresaw (its traceback)."""
+    if isinstance(error, ConfigError):
+        return error
+    if isinstance(error, OSError):
+        return cannot_use(error, WHERE_FIX) if error.filename else None
+    return lost_rank_problem(error, args, progress) if args is not None else None
+
+
+def lost_rank_problem(error: Exception, args, progress: Progress) -> ConfigError | None:
+    """A collective that failed for another rank (peers.lost) as one line: what happened, in which
+    phase, and where the run can resume from. The rank that ended says why itself, or its launcher does."""
+    how = peers.lost(error)
+    if how is None:
+        return None
+    if how == "timeout":
+        minutes = f"{args.distributed_timeout_minutes:g}"
+        problem = (f"another rank did not answer within --distributed-timeout-minutes {minutes} during "
+                   f"{progress.phase} (frozen, hung or slower than that)")
+        raise_it = ", with a larger --distributed-timeout-minutes if that phase is this slow"
+    else:
+        problem = f"another rank ended during {progress.phase} (its own output or its launcher's says why)"
+        raise_it = ""
+    if progress.phase == "start-up":
+        return ConfigError(problem, f"nothing was trained; rerun the same command{raise_it}")
+    if progress.last_checkpoint:
+        return ConfigError(problem, f"the last checkpoint is {progress.last_checkpoint}: resume with --load "
+                                    f"{os.path.dirname(progress.last_checkpoint)}{raise_it}")
+    keep = "" if args.save and args.save_interval else " (--save DIR with --save-interval N keeps a run's steps)"
+    return ConfigError(problem, f"nothing was saved before it: rerun the same command{raise_it}{keep}")
 
 
 def close_process_group() -> None:
@@ -124,7 +179,7 @@ def report_once(line: str, node_leaders: bool = False) -> None:
     partial = any(name in os.environ for name in RENDEZVOUS[:3]) and not all(name in os.environ for name in RENDEZVOUS)
     first = launcher_rank() == 0 or partial or (node_leaders and device.local_rank() == 0)
     store = None
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and dist.is_initialized() and device.store_host_alive():
         try:
             store = dist.distributed_c10d._get_default_store()
             first = store.add("megatron/errors_reported", 1) == 1
@@ -187,7 +242,8 @@ def check_flags(args) -> None:
                           "pass the fraction of the steps to warm up over, e.g. --lr-warmup-fraction 0.01")
     check_optimizer_flags(args)
     for flag, value, example in (("--init-method-std", args.init_method_std, 0.02),
-                                 ("--layernorm-epsilon", args.layernorm_epsilon, 1e-5)):
+                                 ("--layernorm-epsilon", args.layernorm_epsilon, 1e-5),
+                                 ("--distributed-timeout-minutes", args.distributed_timeout_minutes, 10)):
         if value is not None and not value > 0:
             raise ConfigError(f"{flag} {value} must be > 0", f"pass a positive {flag}, e.g. {example}")
     if not 0 <= args.seed < 2**32:
@@ -733,7 +789,9 @@ def check_sample_room(config) -> None:
                           f"pass --seq-length {shortest} or more (BERT uses 128 to 512)")
 
 
-def pretrain(args, start_up: dict | None = None) -> None:
+def pretrain(args, start_up: dict | None = None, progress: Progress | None = None) -> None:
+    """The run; `progress` is kept up to date for the line of a lost rank (lost_rank_problem)."""
+    progress = progress or Progress()
     note = launch_environment()
     determinism.configure(args.deterministic)
     torch.manual_seed(args.seed)  # the heads an HF folder lacks are initialised below
@@ -754,7 +812,8 @@ def pretrain(args, start_up: dict | None = None) -> None:
         for line in jit_locks.clear_left_over():
             print(line, file=sys.stderr, flush=True)
     device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)
-    device.init_distributed(rendezvous_timeout=args.rendezvous_timeout)  # and the /dev/shm names DeepSpeed leaves
+    device.init_distributed(rendezvous_timeout=args.rendezvous_timeout,  # and the /dev/shm names DeepSpeed leaves
+                            collective_timeout=timedelta(minutes=args.distributed_timeout_minutes))
     if note and dist.get_rank() == 0:
         print(note, flush=True)
     if args.save:
@@ -807,7 +866,7 @@ def pretrain(args, start_up: dict | None = None) -> None:
         index_maps.write_used(args.log_dir, used_maps)  # what tools/clean_index_maps.py --keep-run keeps
     if client:
         iteration, consumed = client["iteration"], client["consumed_samples"]
-        last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
+        last_checkpoint = progress.last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
         log.start(iteration, f"resuming from {last_checkpoint} iteration {iteration}, consumed samples {consumed}",
                   resumed_from=last_checkpoint)
         change = checkpoint.attention_change(f"checkpoint {args.load}", client["config"]["model"], vars(config.model))
@@ -840,6 +899,7 @@ def pretrain(args, start_up: dict | None = None) -> None:
     first_iteration = iteration
     stop.install()
     while iteration < train_iters:
+        progress.phase = f"the step of iteration {iteration + 1}"
         start = time.perf_counter()
         step_batches = next(train_batches)
         if stop.agreed:
@@ -853,18 +913,23 @@ def pretrain(args, start_up: dict | None = None) -> None:
         check_step(args, engine, iteration, result.loss, last_checkpoint, log)
         if valid_set is not None and iteration % args.eval_interval == 0:
             run = iteration // args.eval_interval - 1
+            progress.phase = f"the evaluation after iteration {iteration}"
             loss = evaluate(batches, engine, valid_set, run, args.eval_iters, stop)
             if stop.agreed:
                 break
             log.evaluation("validation", iteration, loss)
         if args.save and (iteration == train_iters or (args.save_interval and iteration % args.save_interval == 0)):
+            progress.phase = f"the checkpoint save of iteration {iteration}"
             last_checkpoint = save_checkpoint(args, engine, config, iteration, consumed, log, schedule=schedule,
                                               data=data, tokenizer=tokenizer)
+            progress.last_checkpoint = last_checkpoint
     if test_set is not None and not stop.agreed:
+        progress.phase = f"the test evaluation after iteration {iteration}"
         loss = evaluate(batches, engine, test_set, 0, args.eval_iters, stop)
         if not stop.agreed:
             log.evaluation("test", iteration, loss)
     if stop.agreed:
+        progress.phase = f"the stop after iteration {iteration}"
         return stop.finish(args, engine, config, iteration, consumed, first_iteration, last_checkpoint, log,
                            schedule, data, tokenizer, test_cut=test_set is not None and iteration == train_iters)
     stop.complete(args, iteration, last_checkpoint, log)

@@ -553,6 +553,9 @@ CASES += [  # ---- signals and faults
          env={"WORLD_SIZE": "2", "RANK": "1"}),
     pretrain("--rendezvous-timeout", "0", id="flag_rendezvous_timeout_zero",
              phrases=("--rendezvous-timeout 0.0 must be >= 1", "pass --rendezvous-timeout 1 or more")),
+    pretrain("--distributed-timeout-minutes", "0", id="flag_distributed_timeout_zero",
+             phrases=("--distributed-timeout-minutes 0.0 must be > 0", "pass a positive --distributed-timeout-minutes, "
+                      "e.g. 10")),
 ]
 # ---- tools/extend_context.py refuses in its own flag names before the launcher starts (more in-process
 # in test_extend_context.py)

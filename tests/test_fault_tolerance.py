@@ -1,6 +1,7 @@
 """Faults through the real entry point: ranks SIGKILLed mid-step and mid-save resume to bitwise
 the same losses and weights as an uninterrupted run (CPU, fp32); a save never leaves `latest`
-naming an incomplete checkpoint; NaN/inf losses stop the run or are skipped; unreadable
+naming an incomplete checkpoint; a rank that ends or freezes ends the others with one line
+(--distributed-timeout-minutes); NaN/inf losses stop the run or are skipped; unreadable
 checkpoints are one-line errors."""
 import contextlib
 import io
@@ -17,6 +18,7 @@ import torch
 from megatron import checkpoint, run_log, training
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig
+from megatron.parallel import peers
 from megatron.parallel.spawn import RankFailure, free_port, run_on_ranks
 from megatron.training import main
 from bert_fixtures import with_fp16_kernels_allowed
@@ -173,6 +175,94 @@ def test_rank_killed_mid_save_keeps_previous_checkpoint_pp2(tmp_path, data_dir):
     assert run_on_ranks(main, 2, [*argv, "--load", str(ckpt)], timeout=300) == [0, 0]
     assert not (ckpt / f"{checkpoint.tag_for(4)}{checkpoint.PARTIAL}").exists()  # removed by the resume at start-up
     assert_same_run(killed, straight)
+
+
+# ---------------------------------------------------------------- another rank lost: ended or frozen
+
+def main_losing_rank_1(argv, how: str, at_step: int) -> tuple | None:
+    """`main`, where rank 1 ends (os._exit) or freezes (sleeps, then ends) at the start of its step
+    `at_step`; returns rank 0's (exit code, stderr, seconds from rank 1's fault to main's return)."""
+    lost_at = []
+    train_step = training.train_step
+
+    def step(engine, micro_batches):
+        lost_at.append(time.monotonic())
+        if len(lost_at) == at_step and torch.distributed.get_rank() == 1:
+            if how == "frozen":
+                time.sleep(15)
+            os._exit(0)
+        return train_step(engine, micro_batches)
+    training.train_step = step
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, err.getvalue(), time.monotonic() - lost_at[-1] if lost_at else None
+
+
+@pytest.mark.parametrize("how", ["ended", "frozen"])
+def test_a_lost_rank_ends_the_others_with_one_line(tmp_path, data_dir, how):
+    """Rank 1 ends (kill -9, a crash) or freezes (SIGSTOP, a hang) in step 3, after the checkpoint of
+    step 2: rank 0 leaves with one line naming the phase and the checkpoint to resume from, exit 2,
+    no traceback (was: gloo's 30-100 lines; a frozen rank stalled it for torch's 30 minutes, the
+    default of the groups made after the default one), within the bound: at once for an ended rank,
+    --distributed-timeout-minutes (0.15 here: fractions allowed) for a frozen one. Its --save lock goes."""
+    ds = {"train_batch_size": 8}
+    argv = run_argv(tmp_path, data_dir, ds, "--distributed-timeout-minutes", "0.15")
+    [(code, err, seconds), _] = run_on_ranks(main_losing_rank_1, 2, argv, how, 3, ending_ranks=(1,), timeout=240)
+    ckpt = tmp_path / "ckpt"
+    said = {"ended": "another rank ended during the step of iteration 3 (its own output or its launcher's says why)",
+            "frozen": "another rank did not answer within --distributed-timeout-minutes 0.15 during the step of "
+                      "iteration 3 (frozen, hung or slower than that)"}[how]
+    fix = f"the last checkpoint is {ckpt / checkpoint.tag_for(2)}: resume with --load {ckpt}"
+    assert (code, err.splitlines()[-1:]) == (2, [f"pretrain_bert.py: error: {said}; {fix}" + (
+        ", with a larger --distributed-timeout-minutes if that phase is this slow" if how == "frozen" else "")]), err
+    assert "Traceback" not in err and not (ckpt / checkpoint.LOCK).exists()
+    assert seconds < {"ended": 10, "frozen": 9 + 10}[how]
+
+
+@pytest.mark.parametrize("error, how", [
+    (RuntimeError("[/w/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:123"),
+     "ended"),
+    (RuntimeError("[/w/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv "
+                  "operation to complete"), "timeout"),
+    (torch.distributed.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1, remote process exited"), "ended"),
+    (torch.distributed.DistStoreError("wait timeout after 600000ms, keys: /megatron/x"), "timeout"),
+    (RuntimeError("Connection closed by peer"), None),  # no gloo location: not the backend's (a narrow match)
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"), None),
+    (ValueError("[gloo/transport/tcp/pair.cc:1] not a RuntimeError"), None),
+], ids=["gloo_closed", "gloo_timeout", "nccl", "store_timeout", "bare_message", "bug", "other_type"])
+def test_only_a_lost_rank_is_told_apart(error, how):
+    """The backends' errors for another rank that ended or did not answer; every other error keeps
+    its traceback (the training loop's bugs are RuntimeErrors too)."""
+    assert peers.lost(error) == how
+
+
+def test_a_lost_rank_outlives_the_launchers_sigterm(monkeypatch, capsys):
+    """The launcher SIGTERMs every rank once one ended; a survivor blocked in a collective during
+    start-up handles that signal only as the collective's error is being reported (here: as the lock is
+    released). The error's line is still printed, once, with exit 2 and the lock released (was: the
+    Interrupted escaped the report, a KeyboardInterrupt traceback and the lock left)."""
+    from megatron.errors import Interrupted
+
+    released = []
+
+    def release_lock():
+        released.append(1)
+        if len(released) == 1:
+            raise Interrupted(signal.SIGTERM)
+
+    def lost_in_start_up(args, start_up, progress):
+        raise RuntimeError("[/w/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
+
+    for name in ("check_flags", "check_flag_combinations", "check_start"):
+        monkeypatch.setattr(training, name, lambda args: None)
+    monkeypatch.setattr(training, "pretrain", lost_in_start_up)
+    monkeypatch.setattr(checkpoint, "release_lock", release_lock)
+    assert main(["--data-path", "x"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "pretrain_bert.py: error: another rank ended during start-up (its own output or its launcher's says why); "
+        "nothing was trained; rerun the same command"]
+    assert len(released) >= 2
 
 
 # stands for the interpreter's teardown: an object that only the clearing of the sys module at the end frees

@@ -2,7 +2,7 @@
 evaluation stops both within one evaluation step, with the final checkpoint; SIGINT or SIGTERM to
 the `deepspeed` command (which ends it alone, leaving its launch.py and the ranks running) stops
 every rank after a checkpoint, also when it ends while the ranks are still starting; a run log that cannot be written on rank 0 stops every rank at the
-next step. (The rendezvous timeout and the --save lock are rows of test_bad_inputs.py.)"""
+next step; SIGTERM to one rank alone during start-up is told by that rank. (The rendezvous timeout and the --save lock are rows of test_bad_inputs.py.)"""
 import contextlib
 import errno
 import io
@@ -358,6 +358,37 @@ def test_a_signal_during_start_up_stops_at_once_and_leaves_nothing(tmp_path, dat
     assert [path.name for path in tmp_path.iterdir()] == ["maps"] and list((tmp_path / "maps").iterdir()) == []
 
 
+def main_signalled_building_the_engine(argv, signalled_rank: int) -> tuple:
+    """`main`, with SIGTERM to rank `signalled_rank` alone as it starts building the engine; returns
+    (exit code, stderr)."""
+    build_engine = training.build_engine
+
+    def build(*args, **kwargs):
+        if dist.get_rank() == signalled_rank:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return build_engine(*args, **kwargs)
+
+    training.build_engine = build
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = training.main(argv)
+    return code, err.getvalue()
+
+
+def test_a_signal_to_one_rank_in_start_up_is_told_by_that_rank(tmp_path, data):
+    """SIGTERM to rank 1 alone while the engine is built (a user's kill, an OOM killer's): rank 1 is the
+    only one that knows, and prints the start-up stop line itself (was: exit 143 without a word, rank 0
+    blocked until its launcher killed it); rank 0, left in DeepSpeed's first collective, ends within a
+    bound (at once here; at worst --distributed-timeout-minutes) without a second line."""
+    argv = run_argv(tmp_path, data, "--train-iters", "4", "--distributed-timeout-minutes", "0.15")
+    outcomes = run_on_ranks(main_signalled_building_the_engine, 2, argv, 1, timeout=240)
+    assert [code for code, _ in outcomes] == [2, 143], outcomes
+    lines = [line for _, err in outcomes for line in err.splitlines()]
+    assert lines == ["pretrain_bert.py: stopped by SIGTERM during start-up, before the first step; "
+                     "nothing was saved"], lines
+    assert not (tmp_path / "ckpt").exists()
+
+
 def test_each_caller_keeps_its_own_signal_handlers():
     """A tool run inside another (run_tool in run_tool), and main whose training loop ends in an
     error with StopSignals' handlers installed, each give back the handlers they found: the outer
@@ -381,7 +412,7 @@ def test_each_caller_keeps_its_own_signal_handlers():
         assert signal.getsignal(signal.SIGTERM) is mine
 
         for error in (errors.ConfigError("the loop stopped", "fix it"), RuntimeError("a bug in the loop")):
-            def failing_loop(args, start_up):
+            def failing_loop(args, start_up, progress):
                 training.StopSignals("tokenizer.json", None, start_up).install()
                 raise error
 

@@ -22,6 +22,7 @@ import time
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from megatron.errors import ConfigError
 
@@ -47,10 +48,14 @@ def backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(dist_backend: str | None = None, rendezvous_timeout: float = 300.0) -> None:
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # --distributed-timeout-minutes' default, as Megatron-LM's
+
+
+def init_distributed(dist_backend: str | None = None, rendezvous_timeout: float = 300.0,
+                     collective_timeout: timedelta = COLLECTIVE_TIMEOUT) -> None:
     """The env:// rendezvous (`rendezvous`, bounded by `rendezvous_timeout` seconds), then
-    deepspeed.init_distributed, then the /dev/shm name of this rank's DeepSpeed CPU all-reduce
-    buffer removed.
+    deepspeed.init_distributed, every group bounded by `collective_timeout` (bound_collectives),
+    then the /dev/shm name of this rank's DeepSpeed CPU all-reduce buffer removed.
 
     DeepSpeed's CPU comm op (ops/csrc/cpu/comm/shm.cpp) gives each rank of a one-node launch
     (LOCAL_SIZE = world size) a 66 MB `/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>`
@@ -58,13 +63,13 @@ def init_distributed(dist_backend: str | None = None, rendezvous_timeout: float 
     until ranks are OOM-killed. Once all ranks are past init (the barrier) each has mapped every
     buffer, so the names can go; the memory stays while the ranks map it and is freed at exit."""
     import deepspeed
-    import torch.distributed as dist
 
     # under torchrun its agent has gathered the workers already and hosts the store they join
     if not dist.is_initialized() and all(name in os.environ for name in ENV_RENDEZVOUS) \
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        rendezvous(dist_backend or backend(), rendezvous_timeout)
-    deepspeed.init_distributed(dist_backend=dist_backend or backend())  # wraps the group made above
+        rendezvous(dist_backend or backend(), rendezvous_timeout, collective_timeout)
+    deepspeed.init_distributed(dist_backend=dist_backend or backend(), timeout=collective_timeout)  # or wraps it
+    bound_collectives(collective_timeout)
     if dist.get_backend() == "nccl" or os.environ.get("LOCAL_SIZE") != str(dist.get_world_size()):
         return
     dist.barrier()
@@ -77,16 +82,26 @@ def init_distributed(dist_backend: str | None = None, rendezvous_timeout: float 
 ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def rendezvous(dist_backend: str, timeout: float) -> None:
+def bound_collectives(timeout: timedelta) -> None:
+    """Every wait on another rank takes at most `timeout`, then fails (peers.lost names it): the
+    default group's collectives, also of a group made before init_distributed (a test's spawn), the
+    store's waits, and the groups made later. Those (parallel/state.py's, DeepSpeed's, the pipeline's)
+    are made by new_group with no timeout, which torch reads from its module defaults at the call:
+    30 minutes for gloo, 10 for NCCL, whatever the default group's is; so the defaults are set too.
+    A test (tests/test_fault_tolerance.py) sees a data-parallel all-reduce end at this bound."""
+    c10d = dist.distributed_c10d
+    c10d._set_pg_timeout(timeout)
+    c10d._get_default_store().set_timeout(timeout)
+    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
+
+
+def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta = COLLECTIVE_TIMEOUT) -> None:
     """torch.distributed's default process group over a TCPStore at MASTER_ADDR:MASTER_PORT, once all
     WORLD_SIZE ranks have arrived there, or a ConfigError after `timeout` seconds naming how many did.
 
     torch's own env:// rendezvous waits for missing ranks as long as the process group's collective
     timeout (DeepSpeed's 10 minutes, torch's 30), silently: a node that never started reads as a
-    hang. Here the wait is bounded on its own; the store then takes the collective timeout, which
-    later waits (a rank building the data while the others stand at a barrier) need."""
-    import deepspeed
-    import torch.distributed as dist
+    hang. Here the wait is bounded on its own; the store then takes the collective timeout."""
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
@@ -135,11 +150,18 @@ def rendezvous(dist_backend: str, timeout: float) -> None:
     if arrived < world:
         raise ConfigError(f"the rendezvous at {address} timed out after {timeout:g} s: {arrived} of {world} ranks "
                           "arrived", fix)
-    collective_timeout = deepspeed.constants.default_pg_timeout
     store.set_timeout(collective_timeout)
     options = {"device_id": torch.device("cuda", local_rank())} if dist_backend == "nccl" and world > 1 else {}
     dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world, timeout=collective_timeout,
                             **options)
+
+
+def store_host_alive() -> bool:
+    """Whether rank 0's store (at MASTER_ADDR:MASTER_PORT) still takes connections: a store call to a
+    host that is gone prints C++ stack frames before it raises (a lost rank 0, peers.lost)."""
+    if not all(name in os.environ for name in ("MASTER_ADDR", "MASTER_PORT")):
+        return True
+    return _reachable(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), time.monotonic() + 2.0)
 
 
 def _reachable(host: str, port: int, deadline: float) -> bool:

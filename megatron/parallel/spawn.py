@@ -119,11 +119,13 @@ def _failure_message(procs, silent, errors, world_size) -> str:
     return "\n".join(lines)
 
 
-def run_on_ranks(fn, world_size: int, *args, timeout: float = 180.0, threads_per_rank: int = 1, **kwargs) -> list:
+def run_on_ranks(fn, world_size: int, *args, timeout: float = 180.0, threads_per_rank: int = 1,
+                 ending_ranks: tuple = (), **kwargs) -> list:
     """Calls `fn(*args, **kwargs)` on every rank; returns the per-rank results in rank order.
 
     `fn` must be importable by name (a module-level function): ranks do not inherit the caller's
-    memory.
+    memory. `ending_ranks`: ranks that may end without a result (a test of how the others meet a
+    rank that dies): their result is None, and the call waits for the others' results.
     """
     context = _context()
     results = context.Queue()
@@ -141,15 +143,18 @@ def run_on_ranks(fn, world_size: int, *args, timeout: float = 180.0, threads_per
         proc.start()
     outputs, errors = {}, {}
     deadline = give_up = time.monotonic() + timeout
+    def ended() -> set:
+        return {r for r in ending_ranks if procs[r].exitcode is not None and r not in outputs and r not in errors}
+
     try:
-        while len(outputs) + len(errors) < world_size:
+        while len(outputs) + len(errors) + len(ended()) < world_size:
             if errors and time.monotonic() > give_up:
                 break  # other ranks are most likely stuck waiting for the failed one
             try:
                 rank, error, payload = results.get(timeout=0.5)
             except queue_module.Empty:
                 silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)
-                          and r not in outputs and r not in errors]
+                          and r not in outputs and r not in errors and r not in ending_ranks]
                 if silent and not errors:
                     raise RankFailure(_failure_message(procs, silent, errors, world_size)) from None
                 if time.monotonic() > deadline:
@@ -162,7 +167,8 @@ def run_on_ranks(fn, world_size: int, *args, timeout: float = 180.0, threads_per
             else:
                 outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
         if errors:
-            silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
+            silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors
+                      and r not in ending_ranks]
             raise RankFailure(_failure_message(procs, silent, errors, world_size))
         for proc in procs:
             proc.join(timeout=max(1.0, deadline - time.monotonic()))
@@ -171,4 +177,4 @@ def run_on_ranks(fn, world_size: int, *args, timeout: float = 180.0, threads_per
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-    return [outputs[rank] for rank in range(world_size)]
+    return [outputs.get(rank) for rank in range(world_size)]
