@@ -257,7 +257,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--no-load-rng", action="store_true", help="with --load: go on without the checkpoint's RNG "
                      "states (e.g. a lost rng_rank*.pt); the run is then no longer bit-exact (one warning)")
     run.add_argument("--init-from-hf", metavar="DIR", help="start from a Hugging Face Bert* / MegatronBert* / "
-                     "ModernBert* folder; its config fills the model flags not given, heads it lacks are initialised")
+                     "ModernBert* folder; its config fills the model flags not given, heads it lacks are initialised; "
+                     "with --load DIR: resumes DIR instead once it holds a checkpoint (one command for a job's "
+                     "first run and its requeues)")
     run.add_argument("--no-position-extension", action="store_true", help="with --init-from-hf: refuse a "
                      "--max-position-embeddings above the folder's instead of repeating its learned positions")
     run.add_argument("--skip-nan-batches", action="store_true", help="skip the update of a step whose loss or "

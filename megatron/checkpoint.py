@@ -52,6 +52,7 @@ from megatron.parallel import launcher_watch, peers, state as parallel_state
 
 LATEST = "latest"
 RUN_STATE = "run_state.json"
+ORIGIN = "weights_from"  # in RUN_STATE: {"from": path or None (scratch), "kind", "sha256"} of the run's start
 LAYOUT_FREE = "layout_free_stage{stage}.pt"
 PARTIAL = ".partial"
 LOCK = ".lock"  # the run writing into a --save folder: {"host", "pid", "start"}
@@ -66,10 +67,12 @@ def tag_for(iteration: int) -> str:
 
 
 def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_samples: int,
-         schedule: dict | None = None, keep_last: int | None = None, tokenizer=None, data: dict | None = None) -> str:
+         schedule: dict | None = None, keep_last: int | None = None, tokenizer=None, data: dict | None = None,
+         origin: dict | None = None) -> str:
     """Saves on every rank; returns the tag once `latest` names it. `schedule`: the learning-rate
     settings of the run (training.schedule_settings), compared by a resume, as is `data` (the data it
-    reads, training.data_settings). `keep_last`: once the
+    reads, training.data_settings). `origin`: the weights the run started from (training.weights_origin),
+    compared by a requeue that names them. `keep_last`: once the
     new checkpoint is committed, rank 0 removes all but the newest that many (prune). `tokenizer`:
     copied in with its identity, so fill-mask, export and a resume need no tokenizer flag."""
     tag, rank = tag_for(iteration), dist.get_rank()
@@ -79,7 +82,8 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
         shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
     dist.barrier()
     run_state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples,
-                 **({"schedule": schedule} if schedule else {}), **({"data": data} if data else {})}
+                 **({"schedule": schedule} if schedule else {}), **({"data": data} if data else {}),
+                 **({ORIGIN: origin} if origin else {})}
     problem = None
     try:
         engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=run_state, save_latest=False)
@@ -563,6 +567,11 @@ def run_state(load_dir: str, tag: str) -> dict:
             raise DataError(f"checkpoint file {path} holds {json.dumps(state['data'])[:40]} as data, not the record "
                             "of the data it trained on", f"{fix}, or delete its \"data\" entry to resume without "
                             "comparing the data")
+        origin = state.get(ORIGIN, {"from": None})
+        if not (isinstance(origin, dict) and isinstance(origin.get("from"), (str, type(None)))
+                and all(isinstance(origin.get(key, ""), str) for key in ("kind", "sha256"))):
+            raise DataError(f"checkpoint file {path} holds {json.dumps(origin)[:40]} as {ORIGIN}, not the record of "
+                            "the weights its run started from", f"{fix}, or delete its \"{ORIGIN}\" entry")
         return state
     states = sorted(glob.glob(os.path.join(folder, "*mp_rank_00_model_states.pt")))
     stored = safe_load(states[0]) if len(states) == 1 and "zero_pp" not in states[0] else None

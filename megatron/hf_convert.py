@@ -15,6 +15,7 @@ safetensors (a JSON header followed by raw little-endian tensor bytes).
 ModernBERT has its own adapter (hf_modernbert: name map, shape transforms, config) on this module's
 plumbing; the entry points below choose it by the folder's model_type or the model's layer options.
 """
+import hashlib
 import json
 import math
 import os
@@ -28,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpoint import LATEST, RUN_STATE, UNREADABLE, refuse_non_finite, run_state, tag_for
+from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, checkpoint_folder, latest_tag, refuse_non_finite,
+                                 run_state, tag_for)
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry, check_fits
 from megatron.errors import ConfigError, DataError
@@ -604,6 +606,29 @@ def read_hf_tokenizer(folder):
         raise DataError(f"the tokenizer of the Hugging Face folder {folder} cannot be used: {problem}",
                         "fix it or download the model folder again") from None
     return None
+
+
+def weights_files(source, kind: str) -> list:
+    """The files that make the model of `source` (`kind` "hf": a Hugging Face folder's config and
+    weights; "checkpoint": a checkpoint's run state and model states, any layout, of its latest tag,
+    not its optimizer states)."""
+    if kind == "hf":
+        folder = Path(source)
+        return sorted([folder / "config.json", *folder.glob("*.safetensors"), *folder.glob("pytorch_model.bin")])
+    folder = Path(checkpoint_folder(source, latest_tag(source)))
+    return sorted([*folder.glob(RUN_STATE), *folder.glob("*model_states.pt")])
+
+
+def weights_fingerprint(source, kind: str) -> str:
+    """sha256 over the names and bytes of weights_files: the same model copied elsewhere matches, other
+    weights of the same shapes do not."""
+    digest = hashlib.sha256()
+    for path in weights_files(source, kind):
+        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
+        with open(path, "rb") as file:
+            while block := file.read(2**24):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, tokenizer=None,

@@ -304,6 +304,9 @@ def check_flag_combinations(args) -> None:
     if args.no_load_rng and args.finetune:
         raise ConfigError("--no-load-rng is given with --finetune, which restores no RNG state anyway",
                           "drop --no-load-rng")
+    if args.finetune and args.init_from_hf:
+        raise ConfigError("--finetune is given with --init-from-hf, whose folder gives the weights (--load then "
+                          "names the run's own checkpoints, which a requeue resumes)", "drop --finetune")
     if args.min_lr is not None and args.lr_decay_style == "constant":
         raise ConfigError(f"--min-lr {args.min_lr} is given with --lr-decay-style constant, which never decays",
                           "pass --lr-decay-style linear or cosine, or drop --min-lr")
@@ -345,13 +348,12 @@ def check_start(args) -> None:
     model): a --save directory whose checkpoint is ahead of that start is refused now, not after
     the engine is built. --load naming the --save folder before it holds a checkpoint starts from
     scratch (Megatron's `--load X --save X`: a job that is resubmitted or requeued with the same
-    command resumes from its last save, and its first run starts fresh)."""
-    if args.load and args.save and os.path.realpath(args.load) == os.path.realpath(args.save) \
+    command resumes from its last save, and its first run starts fresh); a run from weights does the
+    same (requeue_from_weights)."""
+    if args.load and args.save and same_folder(args.load, args.save) \
             and not os.path.isfile(os.path.join(args.load, checkpoint.LATEST)):
         args.load = None
-    if args.init_from_hf and args.load:
-        raise ConfigError("--init-from-hf and --load are both given", "resume with --load alone (a resume takes "
-                          "the model and --seq-length from the checkpoint: drop --init-from-hf)")
+    requeue_from_weights(args)
     if not args.save:
         return
     start = 0
@@ -359,6 +361,78 @@ def check_start(args) -> None:
         state = checkpoint.run_state(args.load, checkpoint.latest_tag(args.load))
         start = 0 if state.get("weights_only") or args.finetune else state["iteration"]
     checkpoint.check_save_dir(args.save, start)
+
+
+def same_folder(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def requeue_from_weights(args) -> None:
+    """A run from weights given with the folder of its own checkpoints resumes from them, as Megatron's
+    --load with --pretrained-checkpoint does, so that one command serves a job's first run and every
+    requeue: `--init-from-hf X --load S` resumes S once it holds a checkpoint (before, a missing or
+    empty S: starts from X); `--load W [--finetune] --save S` (W weights only, or --finetune) resumes
+    S once it holds a checkpoint of a run that started from W. The unused start is named in one line;
+    a checkpoint of a run that started elsewhere is refused (check_origin)."""
+    if args.init_from_hf and args.load:
+        if not os.path.exists(args.load) or (os.path.isdir(args.load) and not os.listdir(args.load)):
+            args.load = None  # nothing to resume yet: a job's first run
+            return
+        state = checkpoint.run_state(args.load, checkpoint.latest_tag(args.load))  # a broken S: its line
+        check_origin(state.get(checkpoint.ORIGIN), f"--load {args.load}", args.init_from_hf, "hf")
+        note_unused_start(f"--init-from-hf {args.init_from_hf}", f"--load {args.load}", state["iteration"])
+        args.init_from_hf = None
+    elif args.load and args.save and not same_folder(args.load, args.save) \
+            and os.path.isfile(os.path.join(args.save, checkpoint.LATEST)) and starts_from_weights(args):
+        state = checkpoint.run_state(args.save, checkpoint.latest_tag(args.save))
+        if checkpoint.ORIGIN not in state:  # saved before runs recorded their start: check_save_dir's line
+            return
+        given = f"--load {args.load}{' --finetune' if args.finetune else ''}"
+        check_origin(state[checkpoint.ORIGIN], f"--save {args.save}", args.load, "checkpoint", given)
+        note_unused_start(given, f"--save {args.save}", state["iteration"])
+        args.load, args.finetune = args.save, False
+
+
+def weights_origin(args, weights_only: bool) -> dict:
+    """What a new run starts from, kept with each of its checkpoints (checkpoint.ORIGIN) for a requeue
+    to compare (check_origin): scratch, or the weights' folder, kind and fingerprint."""
+    source, kind = ((args.init_from_hf, "hf") if args.init_from_hf else
+                    (args.load, "checkpoint") if weights_only else (None, None))
+    if not source:
+        return {"from": None}
+    return {"from": os.path.realpath(source), "kind": kind, "sha256": hf_convert.weights_fingerprint(source, kind)}
+
+
+def check_origin(recorded, folder: str, source: str, kind: str, given: str | None = None) -> None:
+    """A requeue names the weights the checkpoint's run started from (that folder, or a copy of it: the
+    same fingerprint); another start would go on training another model under this command. `recorded`:
+    weights_origin of that run, None in a checkpoint saved before runs recorded it (not compared)."""
+    if not isinstance(recorded, dict):
+        return
+    start = recorded.get("from")
+    if start and (same_folder(source, start) or (recorded.get("kind") == kind and
+                                                 same_fingerprint(source, kind, recorded.get("sha256")))):
+        return
+    given = given or f"--init-from-hf {source}"
+    how = {"hf": "--init-from-hf", "checkpoint": "--load"}.get(recorded.get("kind"), "--load")
+    others = "another --load and --save" if kind == "hf" else "another --save"
+    raise ConfigError(f"{folder} holds a run that started from {f'{how} {start}' if start else 'scratch'}, not from "
+                      f"{given}", (f"requeue it with {how} {start}" if start else f"resume it with --load "
+                                   f"{folder.split(' ', 1)[1]} alone") + f", or pass {others} to start from {source}")
+
+
+def same_fingerprint(source: str, kind: str, recorded) -> bool:
+    try:
+        return hf_convert.weights_fingerprint(source, kind) == recorded
+    except (OSError, ConfigError):  # not the folder it was (ConfigError: DataError too)
+        return False
+
+
+def note_unused_start(given: str, folder: str, iteration: int) -> None:
+    """The one line of a requeued run from weights (requeue_from_weights), from the first rank."""
+    if launcher_rank() == 0:
+        print(f"{given} is not used: {folder} holds iteration {iteration}, which this run resumes (a requeued "
+              "job)", flush=True)
 
 
 def check_log_dirs(args) -> None:
@@ -856,9 +930,11 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
         skip_nonfinite_updates(engine)
     iteration = consumed = 0
     last_checkpoint = None
-    schedule, data = schedule_settings(args, ds, train_iters), data_settings(args, data_path)
     client = (checkpoint.load(engine, args.load, config, load_rng=not args.no_load_rng)
               if args.load and not weights_only else None)
+    saved = dict(schedule=schedule_settings(args, ds, train_iters), data=data_settings(args, data_path),
+                 tokenizer=tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
+                 weights_origin(args, weights_only) if dist.get_rank() == 0 else None)
     optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
     log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
     log.config(config)
@@ -870,9 +946,10 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
         log.start(iteration, f"resuming from {last_checkpoint} iteration {iteration}, consumed samples {consumed}",
                   resumed_from=last_checkpoint)
         change = checkpoint.attention_change(f"checkpoint {args.load}", client["config"]["model"], vars(config.model))
-        for warning in (resume_schedule(engine, client.get("schedule"), schedule, iteration),
+        for warning in (resume_schedule(engine, client.get("schedule"), saved["schedule"], iteration),
                         describe_sample_change(client["config"], config, consumed),
-                        describe_data_change(client.get("data"), data, consumed), change and f"warning: {change}",
+                        describe_data_change(client.get("data"), saved["data"], consumed),
+                        change and f"warning: {change}",
                         optimizer_change):
             if warning and dist.get_rank() == 0:
                 print(warning, file=sys.stderr, flush=True)
@@ -920,8 +997,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
             log.evaluation("validation", iteration, loss)
         if args.save and (iteration == train_iters or (args.save_interval and iteration % args.save_interval == 0)):
             progress.phase = f"the checkpoint save of iteration {iteration}"
-            last_checkpoint = save_checkpoint(args, engine, config, iteration, consumed, log, schedule=schedule,
-                                              data=data, tokenizer=tokenizer)
+            last_checkpoint = save_checkpoint(args, engine, config, iteration, consumed, log, **saved)
             progress.last_checkpoint = last_checkpoint
     if test_set is not None and not stop.agreed:
         progress.phase = f"the test evaluation after iteration {iteration}"
@@ -931,12 +1007,12 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     if stop.agreed:
         progress.phase = f"the stop after iteration {iteration}"
         return stop.finish(args, engine, config, iteration, consumed, first_iteration, last_checkpoint, log,
-                           schedule, data, tokenizer, test_cut=test_set is not None and iteration == train_iters)
+                           saved, test_cut=test_set is not None and iteration == train_iters)
     stop.complete(args, iteration, last_checkpoint, log)
 
 
 def save_checkpoint(args, engine, config, iteration: int, consumed: int, log, **state) -> str:
-    """checkpoint.save into --save (`state`: schedule, data, tokenizer); returns its folder. Timed: the
+    """checkpoint.save into --save (`state`: schedule, data, tokenizer, origin); returns its folder. Timed: the
     log line says how long it took, which a stop's acknowledgement compares with a launcher's grace."""
     start = time.monotonic()
     folder = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
@@ -1145,11 +1221,11 @@ class StopSignals:
         return launcher_watch.DEEPSPEED_KILL_S - (time.monotonic() - self.received_at)
 
     def finish(self, args, engine, config, iteration: int, consumed: int, first_iteration: int,
-               last_checkpoint, log, schedule: dict | None = None, data: dict | None = None, tokenizer=None,
-               test_cut: bool = False) -> int:
+               last_checkpoint, log, saved: dict | None = None, test_cut: bool = False) -> int:
         """The agreed stop: saves what was trained since the last checkpoint; returns the signal number,
         or raises the run log's write failure as one line (every rank alike). `test_cut`: the stop came
-        after the last step, before the test loss (a rerun with --load computes it)."""
+        after the last step, before the test loss (a rerun with --load computes it). `saved`: what a
+        checkpoint records (save_checkpoint's state)."""
         noticed = [None] * dist.get_world_size()  # the rank that saw its launcher end may not be the one printing
         dist.all_gather_object(noticed, self.launcher_gone)
         name = self._name(self.agreed, next((description for description in noticed if description), None))
@@ -1159,8 +1235,7 @@ class StopSignals:
             if dist.get_rank() == 0:
                 print(stop_acknowledgement(name, iteration, folder, log.last_save_s, self._grace_left()),
                       file=sys.stderr, flush=True)
-            last_checkpoint = save_checkpoint(args, engine, config, iteration, consumed, log, schedule=schedule,
-                                              data=data, tokenizer=tokenizer)
+            last_checkpoint = save_checkpoint(args, engine, config, iteration, consumed, log, **(saved or {}))
         checkpoint.release_lock()  # before the plot: --save is free once its last checkpoint is written
         if self.agreed == self.LOG_FAILED:
             failure = [log.failure]

@@ -960,8 +960,23 @@ CONFIG_MISTAKES = {
             (["--normalization", "RMSNorm"], "normalization", "LayerNorm"),
             (["--disable-bias-linear"], "add_bias_linear", True), (["--mlp-type", "geglu"], "mlp_type", "gelu"),
             (["--no-first-layer-attention-norm"], "first_layer_attention_norm", True))},
-    "resume_with_init_from_hf_too": (["--init-from-hf", "{hf}", "--load", "{tmp}"], {"latest": "iter_0000001"}, (
-        "--init-from-hf and --load are both given", "resume with --load alone", "drop --init-from-hf"), {}),
+    # ---- a requeue (--init-from-hf X --load S) of another run than the one S holds
+    **{f"requeue_of_a_run_from_{name}": (["--init-from-hf", "{hf}", "--load", "{tmp}"], {
+        "latest": "iter_0000001", "iter_0000001/mp_rank_00_model_states.pt": "",
+        "iter_0000001/run_state.json": json.dumps({"config": {}, "iteration": 1, "consumed_samples": 2,
+                                                   "weights_from": record})}, phrases, {})
+       for name, record, phrases in (
+           ("another_folder", {"from": "/elsewhere/bert", "kind": "hf", "sha256": "0" * 64}, (
+               "holds a run that started from --init-from-hf /elsewhere/bert, not from --init-from-hf",
+               "requeue it with --init-from-hf /elsewhere/bert, or pass another --load and --save to start from")),
+           ("scratch", {"from": None}, ("holds a run that started from scratch, not from --init-from-hf",
+                                        "resume it with --load", "alone, or pass another --load and --save")),
+           ("a_bad_record", "elsewhere", ('holds "elsewhere" as weights_from, not the record of the weights',
+                                          'delete its "weights_from" entry')))},
+    "requeue_with_an_empty_latest": (["--init-from-hf", "{hf}", "--load", "{tmp}"], {"latest": ""}, (
+        "the 'latest' file of", "is empty: it names no checkpoint"), {}),
+    "finetune_with_init_from_hf": (["--init-from-hf", "{hf}", "--load", "{tmp}", "--finetune"], {}, (
+        "--finetune is given with --init-from-hf", "drop --finetune"), {}),
     # ---- one rule per number, whatever its value breaks
     **{f"rotary_base_{name}": (["--position-embedding-type", "rope", "--rotary-base", value], {}, (
         f"rotary_base = {float(value)} is not a finite number > 1", "pass --rotary-base above 1"), {})
@@ -993,6 +1008,7 @@ def test_config_mistake_is_one_line_before_the_rendezvous(mistake, tmp_path, mon
     files = dict(files)
     hf_config, nan = files.pop("hf_config", None), files.pop("hf_nan", ())
     for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text)
     hf = hf_folder(tmp_path, assets, without=(MISSING_KEY,) if mistake == "hf_missing_encoder_tensor" else (),
                    config_changes=hf_config, nan=nan) if "{hf}" in argv else None

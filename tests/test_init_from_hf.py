@@ -213,44 +213,124 @@ def test_a_folders_fixed_tokenizer_is_the_folders_and_other_data_is_preprocessed
         f"--vocab-file {folder}/vocab.txt, the one the Hugging Face folder {folder} was trained with)")
 
 
-def test_a_run_started_from_an_hf_folder_resumes_with_load_alone(tmp_path, data_dir):
+def test_a_run_started_from_an_hf_folder_resumes_with_the_same_command(tmp_path, data_dir, capsys):
     """The first run takes its model and its --seq-length (the folder's 64 positions, not the default 512)
-    from the folder; the same command with --load in place of --init-from-hf takes them from the
-    checkpoint, with no model flag restated, and goes on as the first run did past the checkpoint: the
-    same iterations and the same losses, at the same length, with no warning."""
+    from the folder. Requeued with the same command (--init-from-hf X --load S --save S: Megatron's
+    --pretrained-checkpoint with --load), it resumes S once S holds a checkpoint, saying that X is not
+    used, and goes on as the first run did past the checkpoint: the same iterations and the same losses,
+    at the same length, with no warning; so does that command with --load alone (no model flag restated).
+    A requeue naming another folder than the first run's is refused, one copied elsewhere is not."""
     import json
     import shutil
 
     from megatron import run_log
 
     _, folder = hf_model("bert", tmp_path, vocab_size=vocab_size(data_dir), **HF)
+    run = tmp_path / "run"
     command = ["--micro-batch-size", "4", "--lr", "1e-3", "--attention-dropout", "0", "--hidden-dropout", "0",
                "--train-iters", "4", "--save-interval", "2", "--log-interval", "1", "--eval-iters", "1",
-               "--split", "100,0,0", "--default-data-dir", data_dir, "--save", str(tmp_path / "run")]
-    first = run_entry_point(*command, "--init-from-hf", str(folder), "--log-dir", str(tmp_path / "log"))
+               "--split", "100,0,0", "--default-data-dir", data_dir, "--save", str(run)]
+    requeueable = [*command, "--init-from-hf", str(folder), "--load", str(run)]
+    first = run_entry_point(*requeueable, "--log-dir", str(tmp_path / "log"))
     assert first.returncode == 0, first.stderr[-3000:]
-    (tmp_path / "run" / "latest").write_text(checkpoint.tag_for(2))  # as if stopped after iteration 2
-    shutil.rmtree(tmp_path / "run" / checkpoint.tag_for(4))
-    resumed = run_entry_point(*command, "--load", str(tmp_path / "run"), "--log-dir", str(tmp_path / "resumed"))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "warning:" not in resumed.stderr, resumed.stderr[-3000:]
-    assert f"resuming from {tmp_path / 'run' / 'iter_0000002'} iteration 2" in resumed.stdout
+    assert f"starting from the weights of {folder}" in first.stdout and "is not used" not in first.stdout
+
+    def stopped_after_2():
+        (run / "latest").write_text(checkpoint.tag_for(2))
+        shutil.rmtree(run / checkpoint.tag_for(4))
 
     def trained(log: str) -> dict:
         return {r["iteration"]: r["loss"] for r in run_log.read_metrics(tmp_path / log / "metrics.jsonl")
                 if r["kind"] == "train"}
 
-    assert list(trained("resumed")) == [3, 4] and trained("resumed") == {i: trained("log")[i] for i in (3, 4)}
-    configs = [json.loads((tmp_path / log / "config.json").read_text())["model"] for log in ("log", "resumed")]
-    assert configs[0] == configs[1] and configs[0]["seq_length"] == 64 and configs[0]["ffn_hidden_size"] == 128
+    for log, start in (("requeued", requeueable), ("resumed", [*command, "--load", str(run)])):
+        stopped_after_2()
+        resumed = run_entry_point(*start, "--log-dir", str(tmp_path / log))
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "warning:" not in resumed.stderr, resumed.stderr[-3000:]
+        assert f"resuming from {run / 'iter_0000002'} iteration 2" in resumed.stdout
+        assert (f"--init-from-hf {folder} is not used: --load {run} holds iteration 2, which this run resumes"
+                in resumed.stdout) == (log == "requeued"), resumed.stdout[-3000:]
+        assert list(trained(log)) == [3, 4] and trained(log) == {i: trained("log")[i] for i in (3, 4)}
+        configs = [json.loads((tmp_path / name / "config.json").read_text())["model"] for name in ("log", log)]
+        assert configs[0] == configs[1] and configs[0]["seq_length"] == 64 and configs[0]["ffn_hidden_size"] == 128
+    # each checkpoint records where the run started (the resumes carried it on)
+    origin = checkpoint.run_state(str(run), checkpoint.tag_for(4))[checkpoint.ORIGIN]
+    assert origin == {"from": str(folder.resolve()), "kind": "hf",
+                      "sha256": hf_convert.weights_fingerprint(folder, "hf")}
+    # a requeue pointed at another model is refused before any work; a copy of the first one is the same model
+    _, other = hf_model("bert", tmp_path / "other", seed=1, vocab_size=vocab_size(data_dir), **HF)
+    files = sorted(tmp_path.rglob("*"))
+    capsys.readouterr()
+    assert training.main([*command, "--init-from-hf", str(other), "--load", str(run)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"pretrain_bert.py: error: --load {run} holds a run that started from --init-from-hf {folder.resolve()}, "
+        f"not from --init-from-hf {other}; requeue it with --init-from-hf {folder.resolve()}, or pass another --load "
+        f"and --save to start from {other}"]
+    assert sorted(tmp_path.rglob("*")) == files
+    copy = shutil.copytree(folder, tmp_path / "copy")
+    args = argparse.Namespace(init_from_hf=str(copy), load=str(run), save=str(run), finetune=False)
+    training.check_start(args)
+    assert args.init_from_hf is None and args.load == str(run)
     # a flag that restates a field with another value is refused, before the data's index maps
     maps = sorted(Path(data_dir).rglob("*"))
-    refused = run_entry_point(*command, "--load", str(tmp_path / "run"), "--num-layers", "3",
+    refused = run_entry_point(*command, "--load", str(run), "--num-layers", "3",
                               "--log-dir", str(tmp_path / "refused"))
     assert refused.returncode == 2 and refused.stderr.splitlines()[-1].startswith(
-        f"pretrain_bert.py: error: --num-layers 3 contradicts the checkpoint {tmp_path / 'run'}, whose model has "
+        f"pretrain_bert.py: error: --num-layers 3 contradicts the checkpoint {run}, whose model has "
         "num_layers 2; drop --num-layers 3"), refused.stderr[-3000:]
     assert sorted(Path(data_dir).rglob("*")) == maps and not (tmp_path / "refused").exists()
+
+
+def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path, capsys):
+    """`--load W --save S` (W weights only, or --finetune) given again once S holds a checkpoint of the run
+    that started from W (or a copy of W) resumes S, as --init-from-hf X --load S does; a checkpoint of
+    a run from other weights is refused naming both, one that records no start keeps check_save_dir's line."""
+    import json
+    import shutil
+
+    from bert_fixtures import small_config, small_model
+    from megatron.errors import ConfigError
+
+    config = small_config("dense")
+    weights = tmp_path / "weights"
+    hf_convert.save_weights_only_checkpoint(weights, small_model(config).state_dict(), config)
+    other = tmp_path / "other"
+    hf_convert.save_weights_only_checkpoint(other, small_model(config, seed=7).state_dict(), config)
+    origin = training.weights_origin(argparse.Namespace(init_from_hf=None, load=str(weights)), weights_only=True)
+    assert origin == {"from": str(weights.resolve()), "kind": "checkpoint",
+                      "sha256": hf_convert.weights_fingerprint(weights, "checkpoint")}
+    save = tmp_path / "save"
+    (save / "iter_0000004").mkdir(parents=True)
+    (save / "iter_0000004" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    (save / "latest").write_text("iter_0000004")
+
+    def start(load, record=origin, finetune=False):
+        state = {"config": {}, "iteration": 4, "consumed_samples": 16,
+                 **({checkpoint.ORIGIN: record} if record else {})}
+        (save / "iter_0000004" / checkpoint.RUN_STATE).write_text(json.dumps(state))
+        args = argparse.Namespace(init_from_hf=None, load=str(load), save=str(save), finetune=finetune)
+        training.check_start(args)
+        return args
+
+    capsys.readouterr()
+    for load, finetune in ((weights, False), (shutil.copytree(weights, tmp_path / "copy"), True)):
+        args = start(load, finetune=finetune)
+        assert (args.load, args.finetune) == (str(save), False)
+        assert capsys.readouterr().out == (f"--load {load}{' --finetune' if finetune else ''} is not used: --save "
+                                           f"{save} holds iteration 4, which this run resumes (a requeued job)\n")
+    with pytest.raises(ConfigError) as refused:
+        start(other)
+    assert str(refused.value) == (f"--save {save} holds a run that started from --load {weights.resolve()}, not from "
+                                  f"--load {other}; requeue it with --load {weights.resolve()}, or pass another --save "
+                                  f"to start from {other}")
+    with pytest.raises(ConfigError, match=f"--save {save} holds checkpoint iter_0000004, ahead of this run's start"):
+        start(weights, record=None)
+    with pytest.raises(ConfigError, match="holds a run that started from scratch, not from --load"):
+        start(weights, record={"from": None})
+    with pytest.raises(ConfigError, match="--finetune is given with --init-from-hf"):
+        training.check_flag_combinations(training.build_parser().parse_args(
+            ["--train-iters", "1", "--init-from-hf", str(tmp_path), "--load", str(save), "--finetune"]))
 
 
 def test_weights_with_nan_are_refused_naming_the_tensor(tmp_path):

@@ -22,7 +22,6 @@ command is checked here as the trainer checks it at start-up (its parser, flags,
 --data-path datasets, model and layout); `--dry-run` prints it instead of running it.
 """
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -229,31 +228,9 @@ def source_fields(args, kind: str) -> dict:
     return {field: value for field, value in fields.items() if field not in EXTENDED}
 
 
-def source_files(source: str, kind: str) -> list:
-    """The files that make the model of --from: an HF folder's config and weights; a checkpoint's run
-    state and model states (weights, any layout) of its latest tag, not its optimizer states."""
-    if kind == "hf":
-        folder = Path(source)
-        return sorted([folder / "config.json", *folder.glob("*.safetensors"), *folder.glob("pytorch_model.bin")])
-    folder = Path(checkpoint.checkpoint_folder(source, checkpoint.latest_tag(source)))
-    return sorted([*folder.glob(checkpoint.RUN_STATE), *folder.glob("*model_states.pt")])
-
-
-def fingerprint(source: str, kind: str) -> str:
-    """sha256 over the names and bytes of source_files: the same model copied elsewhere matches, other
-    weights of the same shapes do not."""
-    digest = hashlib.sha256()
-    for path in source_files(source, kind):
-        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
-        with open(path, "rb") as file:
-            while block := file.read(2**24):
-                digest.update(block)
-    return digest.hexdigest()
-
-
 def record_source(args, kind: str) -> None:
     """Notes in --save what the first run starts from (path and fingerprint), for check_source."""
-    record = {"from": str(Path(args.source).resolve()), "sha256": fingerprint(args.source, kind)}
+    record = {"from": str(Path(args.source).resolve()), "sha256": hf_convert.weights_fingerprint(args.source, kind)}
     Path(args.save).mkdir(parents=True, exist_ok=True)
     write_json_atomic(Path(args.save) / SOURCE_RECORD, record)
 
@@ -271,7 +248,7 @@ def check_source(args, kind: str) -> None:
     except (ValueError, KeyError, TypeError):
         raise DataError(f"{path} is not the record extend_context.py writes (truncated or edited)",
                         "restore it, or choose a new --save") from None
-    if digest == fingerprint(args.source, kind):
+    if digest == hf_convert.weights_fingerprint(args.source, kind):
         return
     if recorded != str(Path(args.source).resolve()):
         raise ConfigError(f"the checkpoint in --save was extended from {recorded}, --from {args.source} holds another "
