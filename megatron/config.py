@@ -949,7 +949,10 @@ def adjustable_start_fields(start: dict, from_hf: bool, resume: bool = False) ->
     if from_hf:
         return ADJUSTABLE_START_FIELDS
     table_free = ("max_position_embeddings",) * (start.get("position_embedding_type") == "rope")
-    return table_free if resume else ("rotary_base", "local_rotary_base", "local_attention_window") + table_free
+    return table_free if resume else WEIGHTLESS_FIELDS + table_free
+
+
+WEIGHTLESS_FIELDS = ("rotary_base", "local_rotary_base", "local_attention_window")  # of the model, shaping no weight
 
 
 def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict, adjustable: tuple) -> None:
@@ -966,8 +969,10 @@ def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict
             continue
         setter = drop = flag_setting(name, value) if value is not None else named
         setter += "" if value is not None else f" ({name} {preset[name]})"
-        raise ConfigError(f"{setter} contradicts {source}, whose model has {name} {have}",
-                          f"drop {drop}: the weights fix {name}")
+        why = (f"a resume keeps the checkpoint's model; to train on with another {name}, start a new run from its "
+               "weights with --finetune, or tools/extend_context.py for a longer context" if name in WEIGHTLESS_FIELDS
+               else f"the weights fix {name}")  # WEIGHTLESS_FIELDS are adjustable but on a resume
+        raise ConfigError(f"{setter} contradicts {source}, whose model has {name} {have}", f"drop {drop}: {why}")
 
 
 def json_pipeline_stages(ds_config: dict) -> int:

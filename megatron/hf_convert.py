@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, checkpoint_folder, latest_tag, refuse_non_finite,
-                                 run_state, tag_for)
+from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, bert_state_from_checkpoint,
+                                 latest_tag, refuse_non_finite, run_state, stored_config, tag_for)
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry, check_fits
 from megatron.errors import ConfigError, DataError
@@ -293,10 +293,20 @@ HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch
 
 def read_hf_weights(folder) -> dict:
     """Tensors of an HF folder as stored (model.safetensors, sharded safetensors or pytorch_model.bin)."""
+    tensors = {}
+    for path in hf_weight_files(folder):
+        read = read_pytorch_bin if path.name == "pytorch_model.bin" else read_safetensors
+        tensors.update(finite_tensors(read(path), path))
+    return tensors
+
+
+def hf_weight_files(folder) -> list:
+    """The files read_hf_weights reads: model.safetensors, else the shards of model.safetensors.index.json,
+    else pytorch_model.bin (a folder may hold both formats: the first found is the model)."""
     folder = Path(folder)
     if (folder / "model.safetensors").is_file():
-        tensors = finite_tensors(read_safetensors(folder / "model.safetensors"), folder / "model.safetensors")
-    elif (folder / "model.safetensors.index.json").is_file():
+        return [folder / "model.safetensors"]
+    if (folder / "model.safetensors.index.json").is_file():
         index = folder / "model.safetensors.index.json"
         try:
             weight_map = strict_json_loads(index.read_text(encoding="utf-8"), index).get("weight_map")
@@ -305,19 +315,16 @@ def read_hf_weights(folder) -> dict:
         if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
             raise DataError(f"{index} is not a safetensors index (a JSON object with a weight_map of file names)",
                             "copy or download the model folder again")
-        shards = set(weight_map.values())
-        for shard in sorted(shards):
+        shards = sorted(set(weight_map.values()))
+        for shard in shards:
             if not (folder / shard).is_file():
                 raise DataError(f"{index} names the shard {shard}, which is not in {folder}",
                                 "copy or download the model folder again (every shard)")
-        tensors = {name: t for shard in sorted(shards)
-                   for name, t in finite_tensors(read_safetensors(folder / shard), folder / shard).items()}
-    elif (folder / "pytorch_model.bin").is_file():
-        tensors = finite_tensors(read_pytorch_bin(folder / "pytorch_model.bin"), folder / "pytorch_model.bin")
-    else:
-        raise ConfigError(f"{folder} holds no model.safetensors or pytorch_model.bin",
-                          "point at a Hugging Face model folder saved with save_pretrained")
-    return tensors
+        return [folder / shard for shard in shards]
+    if (folder / "pytorch_model.bin").is_file():
+        return [folder / "pytorch_model.bin"]
+    raise ConfigError(f"{folder} holds no model.safetensors or pytorch_model.bin",
+                      "point at a Hugging Face model folder saved with save_pretrained")
 
 
 def finite_tensors(tensors: dict, path) -> dict:
@@ -608,26 +615,25 @@ def read_hf_tokenizer(folder):
     return None
 
 
-def weights_files(source, kind: str) -> list:
-    """The files that make the model of `source` (`kind` "hf": a Hugging Face folder's config and
-    weights; "checkpoint": a checkpoint's run state and model states, any layout, of its latest tag,
-    not its optimizer states)."""
-    if kind == "hf":
-        folder = Path(source)
-        return sorted([folder / "config.json", *folder.glob("*.safetensors"), *folder.glob("pytorch_model.bin")])
-    folder = Path(checkpoint_folder(source, latest_tag(source)))
-    return sorted([*folder.glob(RUN_STATE), *folder.glob("*model_states.pt")])
-
-
 def weights_fingerprint(source, kind: str) -> str:
-    """sha256 over the names and bytes of weights_files: the same model copied elsewhere matches, other
-    weights of the same shapes do not."""
+    """sha256 of the model of `source`: the same model copied elsewhere matches, other weights of the same
+    shapes do not. `kind` "hf": the bytes of a Hugging Face folder's config.json and of the weight files
+    read_hf_weights reads (a copy staged with one format of two matches); "checkpoint": the BertModel
+    weights a run from it starts with (bert_state_from_checkpoint, any layout, not the optimizer states
+    that a ZeRO-0 model file also holds) and its stored model config."""
     digest = hashlib.sha256()
-    for path in weights_files(source, kind):
-        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
-        with open(path, "rb") as file:
-            while block := file.read(2**24):
-                digest.update(block)
+    if kind == "hf":
+        for path in [Path(source) / "config.json", *hf_weight_files(source)]:
+            digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
+            with open(path, "rb") as file:
+                while block := file.read(2**24):
+                    digest.update(block)
+        return digest.hexdigest()
+    tag = latest_tag(source)
+    digest.update(json.dumps(stored_config(source, tag)["model"], sort_keys=True).encode())
+    for name, tensor in sorted(bert_state_from_checkpoint(source, tag).items()):
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 

@@ -22,9 +22,11 @@ import torch
 import torch.distributed as dist
 
 from megatron import checkpoint, determinism, hf_convert, hf_modernbert, optimizer_state, paths
-from megatron.arguments import PRINTER_WAIT, build_parser, config_flags, launcher_rank, outlive_rank_0
-from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, adjustable_start_fields, default_optimizer,
-                             optimizer_params_taken, precision, read_ds_config, refuse_contradictions, resolve)
+from megatron.arguments import (PRINTER_WAIT, build_parser, config_flags, flag_setting, launcher_rank,
+                                outlive_rank_0)
+from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, adjustable_start_fields, default_optimizer, model_preset,
+                             optimizer_params_taken, precision, preset_source, read_ds_config,
+                             refuse_contradictions, resolve)
 from megatron.data import index_maps
 from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_weights,
                                         token_stats)
@@ -38,7 +40,7 @@ from megatron.errors import (ConfigError, DataError, Interrupted, cannot_use, ig
                              restore_signals, stop_signals, stopped_during_start_up)
 from megatron.model.args import BertConfig
 from megatron.model.attention import blocks
-from megatron.model.attention.rules import refuse_local_layers
+from megatron.model.attention.rules import RULES, Rules, refuse_local_layers
 from megatron.model.bert import BertModel
 from megatron.parallel import device, jit_locks, launcher_watch, peers, state
 from megatron.run_log import RunLog, log_dir_problem, tensorboard_problem
@@ -352,8 +354,14 @@ def check_start(args) -> None:
     same (requeue_from_weights)."""
     if args.load and args.save and same_folder(args.load, args.save) \
             and not os.path.isfile(os.path.join(args.load, checkpoint.LATEST)):
+        if args.init_from_hf and launcher_rank() == 0:
+            print(f"--load {args.load} holds no checkpoint yet: starting from --init-from-hf {args.init_from_hf}",
+                  flush=True)
         args.load = None
     requeue_from_weights(args)
+    # what a new run starts from, for its checkpoints (rank 0 writes them): hashed once, before the
+    # process group exists, so that no collective's time limit includes it
+    args.weights_origin = weights_origin(args, starts_from_weights(args)) if launcher_rank() == 0 else None
     if not args.save:
         return
     start = 0
@@ -370,15 +378,13 @@ def same_folder(a: str, b: str) -> bool:
 def requeue_from_weights(args) -> None:
     """A run from weights given with the folder of its own checkpoints resumes from them, as Megatron's
     --load with --pretrained-checkpoint does, so that one command serves a job's first run and every
-    requeue: `--init-from-hf X --load S` resumes S once it holds a checkpoint (before, a missing or
-    empty S: starts from X); `--load W [--finetune] --save S` (W weights only, or --finetune) resumes
-    S once it holds a checkpoint of a run that started from W. The unused start is named in one line;
-    a checkpoint of a run that started elsewhere is refused (check_origin)."""
+    requeue: `--init-from-hf X --load S --save S` resumes S once it holds a checkpoint (before, it starts
+    from X: check_start); `--load W [--finetune] --save S` (W weights only, or --finetune) resumes S once
+    it holds a checkpoint of a run that started from W. The unused start is named in one line; a
+    checkpoint of a run that started elsewhere is refused (check_origin), as is an S without a checkpoint
+    that this run does not save into (a typo, an unmounted disk: it would never be resumed)."""
     if args.init_from_hf and args.load:
-        if not os.path.exists(args.load) or (os.path.isdir(args.load) and not os.listdir(args.load)):
-            args.load = None  # nothing to resume yet: a job's first run
-            return
-        state = checkpoint.run_state(args.load, checkpoint.latest_tag(args.load))  # a broken S: its line
+        state = checkpoint.run_state(args.load, checkpoint.latest_tag(args.load))  # no or a broken S: its line
         check_origin(state.get(checkpoint.ORIGIN), f"--load {args.load}", args.init_from_hf, "hf")
         note_unused_start(f"--init-from-hf {args.init_from_hf}", f"--load {args.load}", state["iteration"])
         args.init_from_hf = None
@@ -414,11 +420,19 @@ def check_origin(recorded, folder: str, source: str, kind: str, given: str | Non
                                                  same_fingerprint(source, kind, recorded.get("sha256")))):
         return
     given = given or f"--init-from-hf {source}"
-    how = {"hf": "--init-from-hf", "checkpoint": "--load"}.get(recorded.get("kind"), "--load")
+    path = folder.split(" ", 1)[1]
+    hf_start = recorded.get("kind") == "hf"
+    started = f"--init-from-hf {start}" if hf_start else f"--load {start}"
+    if not start:
+        fix = f"resume it with --load {path} alone"
+    elif hf_start == (kind == "hf"):  # the same kind: only the weights change
+        fix = f"requeue it with {started}"
+    else:  # the other kind: the first run's whole start, in place of this one's
+        fix = f"requeue it with {started}{f' --load {path}' * hf_start} --save {path} in place of {given}" + \
+              (", --load and --save" if kind == "hf" else " and --save")
     others = "another --load and --save" if kind == "hf" else "another --save"
-    raise ConfigError(f"{folder} holds a run that started from {f'{how} {start}' if start else 'scratch'}, not from "
-                      f"{given}", (f"requeue it with {how} {start}" if start else f"resume it with --load "
-                                   f"{folder.split(' ', 1)[1]} alone") + f", or pass {others} to start from {source}")
+    raise ConfigError(f"{folder} holds a run that started from {started if start else 'scratch'}, not from {given}",
+                      f"{fix}, or pass {others} to start from {source}")
 
 
 def same_fingerprint(source: str, kind: str, recorded) -> bool:
@@ -830,15 +844,47 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
         raise ConfigError(f"--no-position-extension has no effect on {source}: its positions are rotary, with no "
                           "table to extend", "drop --no-position-extension")
     if "local_attention_window" in start:  # the weights have local layers (carried_fields), which no flag drops
-        section = ds.get(SECTION)
-        refuse_local_layers(flags.get("attention") or (section.get("attention") if isinstance(section, dict) else None),
-                            source)
+        refuse_local_layers(given_attention(flags, ds), source)
     for field, value in start.items():
         flags[field] = value if flags.get(field) is None else flags[field]
+    if resume:
+        print_warnings([kept_regime(weights, flags, ds, source)])
     if flags.get("seq_length") is None and start:
         flags["seq_length"] = start_length(args, weights, flags, resume)
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     return flags
+
+
+def given_attention(flags: dict, ds: dict) -> str | None:
+    """The attention variant the flags or the JSON section name (None: neither, the default)."""
+    section = ds.get(SECTION)
+    return flags.get("attention") or (section.get("attention") if isinstance(section, dict) else None)
+
+
+REGIME_FIELDS = ("hidden_dropout", "attention_dropout", "init_method_std")  # train a model, shape none of it
+
+
+def kept_regime(stored: dict, flags: dict, ds: dict, source: str) -> str | None:
+    """A resume trains with the checkpoint's dropout (and records its init_method_std) where no flag or
+    preset sets them: BertConfig's defaults (dropout 0.1) would change a preset run's regime silently.
+    Sets them in `flags`; returns the warning naming those a flag or preset changes, or attention dropout
+    dropped by a variant without it (ring, hybrid, BigBird: their default 0) (None: no change)."""
+    preset, named = model_preset(flags, ds), preset_source(flags, ds)
+    variant = given_attention(flags, ds) or BertConfig.attention
+    changes = []
+    for name in (name for name in REGIME_FIELDS if name in stored):
+        value = flags.get(name)
+        setter = flag_setting(name, value) if value is not None else None
+        if value is None and name in preset:
+            value, setter = preset[name], f"{named} ({name} {preset[name]})"
+        if value is None and name == "attention_dropout" and stored[name] and \
+                not RULES.get(variant, Rules).supports_attention_dropout:
+            value, setter = 0.0, f"{variant} attention (no attention dropout)"
+        if value is None:
+            flags[name] = stored[name]
+        elif value != stored[name]:
+            changes.append(f"{setter} changes {name} from {stored[name]}")
+    return f"{'; '.join(changes)}, which {source}'s run trained with" if changes else None
 
 
 def start_length(args, weights: dict, flags: dict, resume: bool = False) -> int:
@@ -934,7 +980,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
               if args.load and not weights_only else None)
     saved = dict(schedule=schedule_settings(args, ds, train_iters), data=data_settings(args, data_path),
                  tokenizer=tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
-                 weights_origin(args, weights_only) if dist.get_rank() == 0 else None)
+                 getattr(args, "weights_origin", None))
     optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
     log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
     log.config(config)

@@ -971,8 +971,15 @@ CONFIG_MISTAKES = {
                "requeue it with --init-from-hf /elsewhere/bert, or pass another --load and --save to start from")),
            ("scratch", {"from": None}, ("holds a run that started from scratch, not from --init-from-hf",
                                         "resume it with --load", "alone, or pass another --load and --save")),
+           ("a_checkpoint", {"from": "/elsewhere/w", "kind": "checkpoint", "sha256": "0" * 64}, (
+               "holds a run that started from --load /elsewhere/w, not from --init-from-hf",
+               "requeue it with --load /elsewhere/w --save ", " in place of --init-from-hf ", ", --load and --save, or "
+               "pass another --load and --save to start from")),
            ("a_bad_record", "elsewhere", ('holds "elsewhere" as weights_from, not the record of the weights',
                                           'delete its "weights_from" entry')))},
+    # a --load that this run does not save into is a typo (an unmounted disk), not a job's first run
+    "requeue_from_a_load_without_checkpoint": (["--init-from-hf", "{hf}", "--load", "{tmp}/typo", "--save",
+                                                "{tmp}/save"], {}, ("no checkpoint in", "typo"), {}),
     "requeue_with_an_empty_latest": (["--init-from-hf", "{hf}", "--load", "{tmp}"], {"latest": ""}, (
         "the 'latest' file of", "is empty: it names no checkpoint"), {}),
     "finetune_with_init_from_hf": (["--init-from-hf", "{hf}", "--load", "{tmp}", "--finetune"], {}, (

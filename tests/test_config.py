@@ -392,3 +392,62 @@ def test_zero_plus_plus_keys_are_refused_below_stage_3_only_when_on():
     with pytest.raises(ConfigError, match="zero_optimization.zero_hpz_partition_size works at ZeRO stage 3 only and "
                                           "does nothing at stage 2; remove zero_hpz_partition_size, or set"):
         check_deepspeed_types({"zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}})
+
+
+def preset_checkpoint(folder, **fields) -> str:
+    """A checkpoint folder (run state only) of a --model-preset modernbert-base run (dropout 0.0), or of a
+    model of BertConfig's defaults and `fields`."""
+    from megatron.config import TrainConfig
+    from megatron.model.args import MODEL_PRESETS, BertConfig
+
+    model = BertConfig(**({**fields} if fields else {**MODEL_PRESETS["modernbert-base"], "num_layers": 3,
+                                                     "seq_length": 128, "vocab_size": 30592}))
+    (folder / "iter_0000002").mkdir(parents=True)
+    (folder / "latest").write_text("iter_0000002")
+    (folder / "iter_0000002" / "run_state.json").write_text(json.dumps(
+        {"config": TrainConfig(model=model).to_dict(), "iteration": 2, "consumed_samples": 16}))
+    (folder / "iter_0000002" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    return str(folder)
+
+
+def test_a_resume_keeps_the_checkpoints_dropout_unless_a_flag_changes_it(tmp_path, capsys):
+    """`--load ckpt` alone resumes a preset run (dropout 0.0) with its dropout, not BertConfig's 0.1; a
+    flag or preset that changes it trains on with it, in one warning line."""
+    from megatron.arguments import build_parser
+    from megatron.config import resolve
+    from megatron.training import model_flags
+
+    ckpt = preset_checkpoint(tmp_path / "ckpt")
+    base = ["--load", ckpt, "--data-path", "x", "--train-iters", "4"]
+    capsys.readouterr()
+    model = resolve(model_flags(build_parser().parse_args(base), {}, False), {}, 1).model
+    assert (model.hidden_dropout, model.attention_dropout, model.init_method_std) == (0.0, 0.0, 0.02)
+    assert capsys.readouterr().err == ""
+    model = resolve(model_flags(build_parser().parse_args([*base, "--hidden-dropout", "0.2"]), {}, False), {}, 1).model
+    assert model.hidden_dropout == 0.2
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: --hidden-dropout 0.2 changes hidden_dropout from 0.0, which the checkpoint {ckpt}'s run trained with"]
+    # a dense run (attention dropout 0.1) resumed with ring attention, which has none: said, not refused
+    dense = preset_checkpoint(tmp_path / "dense", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000,
+                              seq_length=64, max_position_embeddings=64)
+    model = resolve(model_flags(build_parser().parse_args(["--load", dense, "--attention", "ring"]), {}, False),
+                    {}, 1).model
+    assert (model.hidden_dropout, model.attention_dropout) == (0.1, 0.0)
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: ring attention (no attention dropout) changes attention_dropout from 0.1, which the checkpoint "
+        f"{dense}'s run trained with"]
+
+
+def test_another_rope_theta_on_a_resume_names_finetune_and_extend_context(tmp_path):
+    """Rope thetas shape no weight: a resume refuses another one (it keeps the model), and its fix names
+    the ways to train on with it, not 'the weights fix rotary_base'."""
+    from megatron.arguments import build_parser
+    from megatron.training import model_flags
+
+    ckpt = preset_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(ConfigError) as refused:
+        model_flags(build_parser().parse_args(["--load", ckpt, "--rotary-base", "320000"]), {}, False)
+    assert str(refused.value) == (
+        f"--rotary-base 320000.0 contradicts the checkpoint {ckpt}, whose model has rotary_base 160000.0; drop "
+        "--rotary-base 320000.0: a resume keeps the checkpoint's model; to train on with another rotary_base, start "
+        "a new run from its weights with --finetune, or tools/extend_context.py for a longer context")

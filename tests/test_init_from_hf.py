@@ -268,6 +268,13 @@ def test_a_run_started_from_an_hf_folder_resumes_with_the_same_command(tmp_path,
         f"not from --init-from-hf {other}; requeue it with --init-from-hf {folder.resolve()}, or pass another --load "
         f"and --save to start from {other}"]
     assert sorted(tmp_path.rglob("*")) == files
+    # the first run of that command says where it starts; a --load it does not save into is a typo
+    first = tmp_path / "first"
+    args = argparse.Namespace(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False)
+    capsys.readouterr()
+    training.check_start(args)
+    assert (args.init_from_hf, args.load) == (str(folder), None) and args.weights_origin == origin
+    assert capsys.readouterr().out == f"--load {first} holds no checkpoint yet: starting from --init-from-hf {folder}\n"
     copy = shutil.copytree(folder, tmp_path / "copy")
     args = argparse.Namespace(init_from_hf=str(copy), load=str(run), save=str(run), finetune=False)
     training.check_start(args)
@@ -324,6 +331,12 @@ def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path
     assert str(refused.value) == (f"--save {save} holds a run that started from --load {weights.resolve()}, not from "
                                   f"--load {other}; requeue it with --load {weights.resolve()}, or pass another --save "
                                   f"to start from {other}")
+    with pytest.raises(ConfigError) as refused:  # a run from an HF folder: its whole start is named
+        start(weights, record={"from": "/models/a", "kind": "hf", "sha256": "0" * 64}, finetune=True)
+    assert str(refused.value) == (f"--save {save} holds a run that started from --init-from-hf /models/a, not from "
+                                  f"--load {weights} --finetune; requeue it with --init-from-hf /models/a --load {save} "
+                                  f"--save {save} in place of --load {weights} --finetune and --save, or pass another "
+                                  f"--save to start from {weights}")
     with pytest.raises(ConfigError, match=f"--save {save} holds checkpoint iter_0000004, ahead of this run's start"):
         start(weights, record=None)
     with pytest.raises(ConfigError, match="holds a run that started from scratch, not from --load"):
@@ -400,3 +413,33 @@ def test_a_resume_takes_the_checkpoints_model_unless_a_flag_or_preset_restates_i
     with pytest.raises(ConfigError, match=f"^--model-preset modernbert-base \\(.*\\) contradicts the checkpoint "
                                           f"{tmp_path / 'ck'}, whose model has"):
         training.model_flags(args, {}, weights_only=False)
+
+
+def test_the_weights_fingerprint_hashes_the_model_the_run_reads(tmp_path):
+    """A staged copy of an HF folder with one of its two weight formats is the same model (read_hf_weights
+    reads model.safetensors first); a checkpoint's optimizer states (a ZeRO-0 model file holds them) are not
+    the model."""
+    import shutil
+
+    import torch
+    from bert_fixtures import small_config, small_model
+
+    both = tmp_path / "both"
+    both.mkdir()
+    for name, data in (("config.json", b"{}"), ("model.safetensors", b"weights"), ("pytorch_model.bin", b"other")):
+        (both / name).write_bytes(data)
+    staged = shutil.copytree(both, tmp_path / "staged", ignore=shutil.ignore_patterns("*.bin"))
+    assert hf_convert.weights_fingerprint(staged, "hf") == hf_convert.weights_fingerprint(both, "hf")
+    (staged / "model.safetensors").write_bytes(b"weightz")
+    assert hf_convert.weights_fingerprint(staged, "hf") != hf_convert.weights_fingerprint(both, "hf")
+    config = small_config("dense")
+    weights = tmp_path / "weights"
+    hf_convert.save_weights_only_checkpoint(weights, small_model(config).state_dict(), config)
+    before = hf_convert.weights_fingerprint(weights, "checkpoint")
+    path = weights / "iter_0000000" / "mp_rank_00_model_states.pt"
+    states = torch.load(path, weights_only=False)
+    torch.save({**states, "optimizer": {"state": {0: {"exp_avg": torch.ones(3)}}}}, path)
+    assert hf_convert.weights_fingerprint(weights, "checkpoint") == before
+    states["module"] = {name: tensor + 1 for name, tensor in states["module"].items()}
+    torch.save(states, path)
+    assert hf_convert.weights_fingerprint(weights, "checkpoint") != before
