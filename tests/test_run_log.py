@@ -121,14 +121,41 @@ def test_a_closed_terminal_ends_the_screen_output_not_the_run(tmp_path, monkeypa
 
 def test_a_stream_whose_reader_is_gone_writes_into_dev_null():
     """EPIPE (`| head`, a dead tee): the stream's descriptor then points to /dev/null, so that its
-    buffered text and later writes, a C library's included, go nowhere without an error."""
+    buffered text and later writes, a C library's included, go nowhere without an error; the other
+    stream says so once."""
     read_end, write_end = os.pipe()
     os.close(read_end)
+    stderr = LosableStream(Terminal(), "stderr")
     with open(write_end, "w") as pipe:
-        stream = LosableStream(pipe)
+        stream = LosableStream(pipe, "stdout", other=stderr)
         print("a line the reader never sees", file=stream, flush=True)
         print("nor this", file=stream, flush=True)
         assert not stream.lost and os.path.samestat(os.fstat(write_end), os.stat(os.devnull))
+    assert stderr.getvalue() == ("stdout's reader is gone: its output is dropped from now on; metrics.jsonl keeps "
+                                 "every record\n")
+
+
+class FailingDisk:
+    """stdout redirected to a regular file (`> run.log`) whose file system fails (NFS, Lustre): EIO."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+def test_an_io_error_of_a_regular_file_stays_an_error(tmp_path):
+    """Only a terminal, pipe or socket is lost silently: a file's EIO is the disk's, not a closed
+    window (was: the run's log went to /dev/null without a word)."""
+    with open(tmp_path / "run.log", "w") as log:
+        stream = LosableStream(FailingDisk(log), "stdout", other=LosableStream(Terminal(), "stderr"))
+        with pytest.raises(OSError) as failed:
+            stream.write("a line")
+        assert failed.value.errno == errno.EIO and not stream.lost and not stream.other.getvalue()
 
 
 def test_tensorboard_records_are_on_disk_before_finish(tmp_path, monkeypatch):
