@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -303,6 +304,31 @@ def test_a_silent_builder_fails_the_wait_after_the_timeout():
     with pytest.raises(dist.DistStoreError) as silent:
         peers._wait_for(store, "silent", [1], 1.0)
     assert peers.lost(silent.value) == "timeout" and "rank 1" in str(silent.value)
+
+
+def test_a_rank_lost_at_the_end_of_a_complete_run_cuts_nothing(monkeypatch, capsys):
+    """A rank lost at the last agreement, after every step was trained and saved: the others close
+    their log, plot, exit 0 and say the run is complete (was: exit 2 and "resume with --load" from the
+    phase of the last save)."""
+    class Log:
+        done = []
+
+        def close(self):
+            self.done.append("close")
+
+        def plot(self, save):
+            self.done.append("plot")
+
+    def lost(values):
+        raise RuntimeError("[/w/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
+
+    stop = training.StopSignals("tokenizer.json")
+    monkeypatch.setattr(stop, "_largest", lost)
+    args = SimpleNamespace(save="ckpt", distributed_timeout_minutes=10)
+    assert stop.complete(args, 8, "ckpt/iter_0000008", Log()) is None and Log.done == ["close", "plot"]
+    assert capsys.readouterr().err == ("pretrain_bert.py: another rank ended during the end of the run (its own "
+                                       "output or its launcher's says why); the run is complete: checkpoint "
+                                       "ckpt/iter_0000008 holds iteration 8\n")
 
 
 def test_a_lost_rank_outlives_the_launchers_sigterm(monkeypatch, capsys):
