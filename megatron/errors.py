@@ -105,8 +105,8 @@ class LosableStream:
     """stdout or stderr, whose terminal may close under a long run (a closed window, an SSH drop: EIO)
     or whose reader may end (`| head`, a dead `tee`: EPIPE). Such a failed write ends the writing to
     that stream, not the run: its file descriptor then points to /dev/null (the buffered text and
-    later writes, C libraries' included, go there), the run's records stay in metrics.jsonl, and the
-    `other` stream, while it lasts, says so in one line. Only a terminal, pipe or socket is lost so:
+    later writes, C libraries' included, go there), the run's records stay in metrics.jsonl, and for
+    a terminal the `other` stream, while it lasts, says so in one line. Only a terminal, pipe or socket is lost so:
     a regular file's EIO (`> run.log` on NFS or Lustre) is the file system's, an error like any
     other. Anything else is the stream's own (isatty, fileno, encoding)."""
 
@@ -146,9 +146,9 @@ class LosableStream:
             self._tell_the_other(error.errno)
 
     def _tell_the_other(self, cause: int) -> None:
-        gone = "terminal" if cause == errno.EIO else "reader"
-        if self.other is not None:
-            print(f"{self.name}'s {gone} is gone: its output is dropped from now on; metrics.jsonl keeps every "
+        """Only for a terminal: a pipe's reader ending is how `| head` works."""
+        if cause == errno.EIO and self.other is not None:
+            print(f"{self.name}'s terminal is gone: its output is dropped from now on; metrics.jsonl keeps every "
                   "record", file=self.other, flush=True)
 
 
