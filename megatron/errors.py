@@ -3,6 +3,7 @@ import argparse
 import errno
 import os
 import signal
+import stat
 import sys
 import threading
 
@@ -104,11 +105,15 @@ class LosableStream:
     """stdout or stderr, whose terminal may close under a long run (a closed window, an SSH drop: EIO)
     or whose reader may end (`| head`, a dead `tee`: EPIPE). Such a failed write ends the writing to
     that stream, not the run: its file descriptor then points to /dev/null (the buffered text and
-    later writes, C libraries' included, go there), the run's records stay in metrics.jsonl and the
-    other stream keeps its lines. Anything else is the stream's own (isatty, fileno, encoding)."""
+    later writes, C libraries' included, go there), the run's records stay in metrics.jsonl, and for
+    a terminal the `other` stream, while it lasts, says so in one line. Only a terminal, pipe or socket is lost so:
+    a regular file's EIO (`> run.log` on NFS or Lustre) is the file system's, an error like any
+    other. Anything else is the stream's own (isatty, fileno, encoding)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, name: str = "", other: "LosableStream | None" = None):
         self._stream = stream
+        self.name, self.other = name or getattr(stream, "name", "a stream"), other
+        self.losable = _losable(stream)
         self.lost = False
 
     def __getattr__(self, name):
@@ -127,7 +132,7 @@ class LosableStream:
         try:
             call(*args)
         except OSError as error:
-            if error.errno not in LOST_STREAM:
+            if error.errno not in LOST_STREAM or not self.losable:
                 raise
             self.lost = True
             try:
@@ -137,12 +142,32 @@ class LosableStream:
                 self.lost = False  # the descriptor writes into /dev/null now, the buffer too
             except (OSError, ValueError, AttributeError):  # a stream without a descriptor: drop its writes
                 pass
+            self.losable = False  # /dev/null from now on: nothing more to lose
+            self._tell_the_other(error.errno)
+
+    def _tell_the_other(self, cause: int) -> None:
+        """Only for a terminal: a pipe's reader ending is how `| head` works."""
+        if cause == errno.EIO and self.other is not None:
+            print(f"{self.name}'s terminal is gone: its output is dropped from now on; metrics.jsonl keeps every "
+                  "record", file=self.other, flush=True)
+
+
+def _losable(stream) -> bool:
+    """Whether `stream` is a terminal, a pipe or a socket (by its descriptor; one without a
+    descriptor, by isatty)."""
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both
+        return bool(getattr(stream, "isatty", lambda: False)())
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def survive_lost_terminal() -> None:
-    """stdout and stderr as LosableStream: call before anything keeps a reference to them (DeepSpeed's
-    logger, a progress bar)."""
-    sys.stdout, sys.stderr = LosableStream(sys.stdout), LosableStream(sys.stderr)
+    """stdout and stderr as LosableStream, each telling the other when it is lost: call before
+    anything keeps a reference to them (DeepSpeed's logger, a progress bar)."""
+    sys.stdout = LosableStream(sys.stdout, "stdout")
+    sys.stderr = LosableStream(sys.stderr, "stderr", other=sys.stdout)
+    sys.stdout.other = sys.stderr
 
 
 def run_tool(prog: str, main) -> int:

@@ -47,6 +47,7 @@ from megatron.run_log import RunLog, log_dir_problem, tensorboard_problem
 
 
 WHERE_FIX = "check the path, its permissions and free space (--debug shows where)"  # of a path the run cannot use
+END_OF_RUN = "the end of the run"  # the phase after the last step: a rank lost there cut nothing (StopSignals.complete)
 
 
 def main(argv=None) -> int:
@@ -121,14 +122,7 @@ def lost_rank_problem(error: Exception, args, progress: Progress) -> ConfigError
     how = peers.lost(error)
     if how is None:
         return None
-    if how == "timeout":
-        minutes = f"{args.distributed_timeout_minutes:g}"
-        problem = (f"another rank did not answer within --distributed-timeout-minutes {minutes} during "
-                   f"{progress.phase} (frozen, hung or slower than that)")
-        raise_it = ", with a larger --distributed-timeout-minutes if that phase is this slow"
-    else:
-        problem = f"another rank ended during {progress.phase} (its own output or its launcher's says why)"
-        raise_it = ""
+    problem, raise_it = lost_rank_text(how, args, progress.phase)
     if progress.phase == "start-up":
         return ConfigError(problem, f"nothing was trained; rerun the same command{raise_it}")
     if progress.last_checkpoint:
@@ -136,6 +130,16 @@ def lost_rank_problem(error: Exception, args, progress: Progress) -> ConfigError
                                     f"{os.path.dirname(progress.last_checkpoint)}{raise_it}")
     keep = "" if args.save and args.save_interval else " (--save DIR with --save-interval N keeps a run's steps)"
     return ConfigError(problem, f"nothing was saved before it: rerun the same command{raise_it}{keep}")
+
+
+def lost_rank_text(how: str, args, phase: str) -> tuple[str, str]:
+    """What happened to the other rank (peers.lost's `how`) during `phase`, and the advice a fix ends
+    with for a timeout."""
+    if how == "timeout":
+        return (f"another rank did not answer within --distributed-timeout-minutes "
+                f"{args.distributed_timeout_minutes:g} during {phase} (frozen, hung or slower than that)",
+                ", with a larger --distributed-timeout-minutes if that phase is this slow")
+    return f"another rank ended during {phase} (its own output or its launcher's says why)", ""
 
 
 def close_process_group() -> None:
@@ -1054,6 +1058,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
         progress.phase = f"the stop after iteration {iteration}"
         return stop.finish(args, engine, config, iteration, consumed, first_iteration, last_checkpoint, log,
                            saved, test_cut=test_set is not None and iteration == train_iters)
+    progress.phase = END_OF_RUN
     stop.complete(args, iteration, last_checkpoint, log)
 
 
@@ -1322,11 +1327,21 @@ class StopSignals:
     def complete(self, args, iteration: int, last_checkpoint, log) -> None:
         """The end of a run that trained every step. A signal after the last agreement (during the
         final save without a test set, or after the test evaluation) cut nothing: the run is
-        complete, exits 0, and one line says so; also for one during rank 0's plot."""
-        [late] = self._largest([self.received])  # the rank that received it may not be rank 0
+        complete, exits 0, and one line says so; also for one during rank 0's plot. Nor does a rank
+        lost at this last agreement (peers.lost): the others end alike, exit 0, and one line says
+        that the run is complete (the launcher's exit code is the lost rank's own)."""
+        lost = None
+        try:
+            [late] = self._largest([self.received])  # the rank that received it may not be rank 0
+        except RuntimeError as error:
+            if peers.lost(error) is None:
+                raise
+            late, lost = self.received, lost_rank_text(peers.lost(error), args, END_OF_RUN)[0]
         self.stop_watching()
         checkpoint.release_lock()  # before the plot: --save is free once its last checkpoint is written
         log.close()
+        if lost:
+            report_once(f"pretrain_bert.py: {lost}; the run is complete: {self._held(args, iteration, last_checkpoint)}")
         self._say_complete(late, args, iteration, last_checkpoint)
         log.plot(args.save)
         if not late:
@@ -1334,10 +1349,13 @@ class StopSignals:
 
     def _say_complete(self, signum: int, args, iteration: int, last_checkpoint) -> None:
         if signum and dist.get_rank() == 0:
-            held = (f"checkpoint {last_checkpoint} holds iteration {iteration}" if args.save and last_checkpoint
-                    else f"no checkpoint holds iteration {iteration} (no --save)")
             print(f"pretrain_bert.py: {self._name(signum, self.launcher_gone)} came after the last step; the run "
-                  f"is complete: {held}", file=sys.stderr, flush=True)
+                  f"is complete: {self._held(args, iteration, last_checkpoint)}", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _held(args, iteration: int, last_checkpoint) -> str:
+        return (f"checkpoint {last_checkpoint} holds iteration {iteration}" if args.save and last_checkpoint
+                else f"no checkpoint holds iteration {iteration} (no --save)")
 
 
 def stop_acknowledgement(name: str, iteration: int, folder: str, last_save_s: float | None,

@@ -10,15 +10,21 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
+from datetime import timedelta
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from megatron import checkpoint, run_log, training
 from megatron.errors import ConfigError, DataError
+from megatron.data import bert_dataset
 from megatron.model.bert import BertConfig
-from megatron.parallel import peers
+from megatron.parallel import device, peers
 from megatron.parallel.spawn import RankFailure, free_port, run_on_ranks
 from megatron.training import main
 from bert_fixtures import with_fp16_kernels_allowed
@@ -227,14 +233,102 @@ def test_a_lost_rank_ends_the_others_with_one_line(tmp_path, data_dir, how):
                   "operation to complete"), "timeout"),
     (torch.distributed.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1, remote process exited"), "ended"),
     (torch.distributed.DistStoreError("wait timeout after 600000ms, keys: /megatron/x"), "timeout"),
+    (torch.distributed.DistNetworkError("Failed to recv, got 0 bytes. Connection was likely closed. Did the remote "
+                                        "server shutdown or crash?"), "ended"),
+    (torch.distributed.DistNetworkError("Broken pipe"), "ended"),
+    (torch.distributed.DistNetworkError("The server socket has failed to listen on any local network address. "
+                                        "port: 29500, useIpv6: 0, code: -98, name: EADDRINUSE, message: address "
+                                        "already in use"), None),
+    (torch.distributed.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1, invalid usage (run with "
+                                        "NCCL_DEBUG=WARN for details)"), None),
     (RuntimeError("Connection closed by peer"), None),  # no gloo location: not the backend's (a narrow match)
     (RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"), None),
     (ValueError("[gloo/transport/tcp/pair.cc:1] not a RuntimeError"), None),
-], ids=["gloo_closed", "gloo_timeout", "nccl", "store_timeout", "bare_message", "bug", "other_type"])
+], ids=["gloo_closed", "gloo_timeout", "nccl", "store_timeout", "store_host_gone", "store_pipe",
+                          "port_in_use", "nccl_usage", "bare_message", "bug", "other_type"])
 def test_only_a_lost_rank_is_told_apart(error, how):
     """The backends' errors for another rank that ended or did not answer; every other error keeps
-    its traceback (the training loop's bugs are RuntimeErrors too)."""
+    its traceback (the training loop's bugs are RuntimeErrors too; a DistError of another cause, such
+    as the store's port in use, would fail the same way on a rerun)."""
     assert peers.lost(error) == how
+
+
+def build_map_losing_a_rank(folder: str, build_seconds: float, lost_rank: int | None, lost_after: float) -> tuple:
+    """cached_array on every rank under a 1 s collective bound, rank 0 building for `build_seconds`;
+    `lost_rank` ends `lost_after` seconds into it (0: as it would enter it). (outcome, seconds): outcome
+    is the map, or peers.lost's verdict."""
+    device.bound_collectives(timedelta(seconds=1))
+    if dist.get_rank() == lost_rank:
+        if not lost_after:
+            os._exit(1)
+        threading.Timer(lost_after, os._exit, (1,)).start()
+
+    def build():
+        time.sleep(build_seconds)
+        return np.arange(5)
+    start = time.monotonic()
+    try:
+        outcome = list(map(int, bert_dataset.cached_array(os.path.join(folder, "map.npy"), build)))
+    except Exception as error:
+        outcome = peers.lost(error) or repr(error)
+    return outcome, time.monotonic() - start
+
+
+def test_an_index_map_build_outlasts_the_collective_bound(tmp_path):
+    """Rank 0 builds an index map for 4 s while the others wait under a 1 s collective bound: all go
+    on with the map (no fixed bound on the build: was 120 minutes, then the launcher killed the build)."""
+    results = run_on_ranks(build_map_losing_a_rank, 3, str(tmp_path), 4.0, None, 0, timeout=60)
+    assert [outcome for outcome, _ in results] == [[0, 1, 2, 3, 4]] * 3
+
+
+@pytest.mark.parametrize("lost_after", [0, 1.0], ids=["as_it_starts", "during_it"])
+def test_a_rank_lost_around_an_index_map_build_ends_the_others(tmp_path, lost_after):
+    """Rank 2, which does not build, ends as rank 0's 4 s build starts or during it: ranks 0 and 1 end
+    at once or as soon as the build is done, with the lost-rank verdict (was, for a rank lost before it
+    arrived: both waited 120 minutes, then blamed the builder)."""
+    results = run_on_ranks(build_map_losing_a_rank, 3, str(tmp_path), 4.0, 2, lost_after, ending_ranks=(2,),
+                           timeout=40)
+    assert [outcome for outcome, _ in results[:2]] == ["ended", "ended"] and results[2] is None
+    assert max(seconds for _, seconds in results[:2]) < 10
+
+
+def test_a_silent_builder_fails_the_wait_after_the_timeout():
+    """A builder whose heartbeat stops (frozen, its node lost) fails the others' wait after the store's
+    timeout, as a timeout (lost-rank line); one that beats goes on past it until it is done."""
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=timedelta(seconds=1))
+    threading.Timer(2.5, store.set, ("beating/done/1", "1")).start()
+    start = time.monotonic()
+    with peers._heartbeat(store, "beating/beat/1", 0.2):
+        peers._wait_for(store, "beating", [1], 1.0)
+    assert time.monotonic() - start > 2
+    with pytest.raises(dist.DistStoreError) as silent:
+        peers._wait_for(store, "silent", [1], 1.0)
+    assert peers.lost(silent.value) == "timeout" and "rank 1" in str(silent.value)
+
+
+def test_a_rank_lost_at_the_end_of_a_complete_run_cuts_nothing(monkeypatch, capsys):
+    """A rank lost at the last agreement, after every step was trained and saved: the others close
+    their log, plot, exit 0 and say the run is complete (was: exit 2 and "resume with --load" from the
+    phase of the last save)."""
+    class Log:
+        done = []
+
+        def close(self):
+            self.done.append("close")
+
+        def plot(self, save):
+            self.done.append("plot")
+
+    def lost(values):
+        raise RuntimeError("[/w/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
+
+    stop = training.StopSignals("tokenizer.json")
+    monkeypatch.setattr(stop, "_largest", lost)
+    args = SimpleNamespace(save="ckpt", distributed_timeout_minutes=10)
+    assert stop.complete(args, 8, "ckpt/iter_0000008", Log()) is None and Log.done == ["close", "plot"]
+    assert capsys.readouterr().err == ("pretrain_bert.py: another rank ended during the end of the run (its own "
+                                       "output or its launcher's says why); the run is complete: checkpoint "
+                                       "ckpt/iter_0000008 holds iteration 8\n")
 
 
 def test_a_lost_rank_outlives_the_launchers_sigterm(monkeypatch, capsys):

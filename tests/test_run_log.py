@@ -113,22 +113,51 @@ def test_a_closed_terminal_ends_the_screen_output_not_the_run(tmp_path, monkeypa
     progress bar and the log lines stop, every record still reaches metrics.jsonl (a rank used to die
     at its next log line, in tqdm's write)."""
     stdout = LosableStream(ClosingTerminal(room=300))
+    stdout.name, stdout.other = "stdout", LosableStream(Terminal(), "stderr")
     metrics = write_run_log(tmp_path / "log", stdout, monkeypatch, steps=6, interval=1)
     assert stdout.lost  # a stream without a file descriptor: its writes are dropped
+    assert stdout.other.getvalue() == ("stdout's terminal is gone: its output is dropped from now on; metrics.jsonl "
+                                       "keeps every record\n")  # once
     assert [(r["kind"], r["iteration"]) for r in run_log.read_metrics(metrics)] == [
         *(("train", iteration) for iteration in range(1, 7)), ("validation", 6), ("test", 6)]
 
 
 def test_a_stream_whose_reader_is_gone_writes_into_dev_null():
     """EPIPE (`| head`, a dead tee): the stream's descriptor then points to /dev/null, so that its
-    buffered text and later writes, a C library's included, go nowhere without an error."""
+    buffered text and later writes, a C library's included, go nowhere without an error, nor a word on
+    the other stream (a reader ending is how `| head` works; a closed terminal is told there)."""
     read_end, write_end = os.pipe()
     os.close(read_end)
+    stderr = LosableStream(Terminal(), "stderr")
     with open(write_end, "w") as pipe:
-        stream = LosableStream(pipe)
+        stream = LosableStream(pipe, "stdout", other=stderr)
         print("a line the reader never sees", file=stream, flush=True)
         print("nor this", file=stream, flush=True)
         assert not stream.lost and os.path.samestat(os.fstat(write_end), os.stat(os.devnull))
+    assert stderr.getvalue() == ""
+
+
+class FailingDisk:
+    """stdout redirected to a regular file (`> run.log`) whose file system fails (NFS, Lustre): EIO."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+def test_an_io_error_of_a_regular_file_stays_an_error(tmp_path):
+    """Only a terminal, pipe or socket is lost silently: a file's EIO is the disk's, not a closed
+    window (was: the run's log went to /dev/null without a word)."""
+    with open(tmp_path / "run.log", "w") as log:
+        stream = LosableStream(FailingDisk(log), "stdout", other=LosableStream(Terminal(), "stderr"))
+        with pytest.raises(OSError) as failed:
+            stream.write("a line")
+        assert failed.value.errno == errno.EIO and not stream.lost and not stream.other.getvalue()
 
 
 def test_tensorboard_records_are_on_disk_before_finish(tmp_path, monkeypatch):

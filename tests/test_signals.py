@@ -514,7 +514,9 @@ def test_sighup_stops_like_sigterm_unless_nohup_ignores_it():
 
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
         assert signal.SIGHUP not in errors.raise_on_signals()
-        training.StopSignals("tokenizer.json").install()
+        nohup = training.StopSignals("tokenizer.json")
+        nohup.install()
+        nohup.stop_watching()  # its launcher watch, a thread that would outlive the test
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         errors.restore_signals(before)

@@ -33,7 +33,6 @@ from megatron.parallel import peers
 
 SPLIT_NAMES = ("train", "valid", "test")
 LONG_SENTENCE_LEN = 512  # Megatron skips documents with a longer sentence; we raise it to the sample size
-MAP_BUILD_WAIT = 120  # minutes the other ranks wait for one that builds an index map (not the collective timeout)
 PACK_WINDOW = 256  # open samples pack_segments fills at once: more fills better and searches longer
 
 
@@ -69,22 +68,19 @@ def mapping_path(prefix: str, name: str, first_doc: int, end_doc: int, max_num_s
 def cached_array(path: str, build) -> np.ndarray:
     """The array saved at `path`, built by `build()` first if missing, then loaded memory-mapped.
 
-    In a distributed run rank 0 builds it while the others wait (peers.wait_for_all: a build may
-    take longer than a collective may wait; rank 0 ending stops them at once); then the first rank of any node
-    that still does not see it (a cache folder each node has on its own disk) builds it there,
+    In a distributed run rank 0 builds it while the others wait (peers.while_some_build: a build may
+    take longer than a collective may wait, and goes on as long as it lasts; a builder or another rank
+    ending stops them with the lost-rank line); then the first rank of any node that still does not
+    see it (a cache folder each node has on its own disk) builds it there,
     the same array, as the build is deterministic. Written to a per-process `.partial` file and
     renamed, so a crash never leaves a file that looks complete. A folder that cannot be written
     (data on a read-only mount) stops every rank with the same one-line error."""
     distributed = dist.is_available() and dist.is_initialized()
     first_of_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
     for builds in ((not distributed or dist.get_rank() == 0), first_of_node):
-        failure = _save_built(path, build) if builds and not os.path.isfile(path) else None
+        failure = peers.while_some_build(builds and not os.path.isfile(path), lambda: _save_built(path, build))
         problem = _failure_text(path, failure)
         if distributed:  # every rank takes part, so that one failed build stops all, none waits
-            if not peers.wait_for_all(MAP_BUILD_WAIT * 60):  # a long build need not fit --distributed-timeout-minutes
-                raise DataError(f"index map {Path(path).name} was not built within {MAP_BUILD_WAIT} minutes by "
-                                "the rank building it (hung? its output says)",
-                                "rerun the same command: the maps already built are reused")
             problems = [None] * dist.get_world_size()
             dist.all_gather_object(problems, problem)
             problem = next((found for found in problems if found), None)

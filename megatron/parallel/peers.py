@@ -2,52 +2,109 @@
 crashed, or left alone after a signal) or did not answer within the collective timeout (frozen,
 hung, far slower), told apart from every other error, so the survivors end with one line
 (training.lost_rank_problem) instead of the backend's traceback; and the wait where one rank
-works alone for long while the others stand by, polled through the store under a bound of its own.
+works alone for long while the others stand by (while_some_build), polled through the store with
+no fixed bound while the builder's heartbeat goes on.
 
 What torch 2.13 raises: NCCL a DistBackendError (a DistError), the TCP store a DistNetworkError
 or DistStoreError (DistErrors too); gloo a plain RuntimeError whose message starts with the source
 location in gloo's transport layer ("[.../gloo/transport/tcp/pair.cc:537] Read error ...:
 Connection reset by peer", "[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting
 3000ms for recv operation to complete"). gloo's transport only fails on a connection or its
-deadline, so that location, not the wording after it, is what is matched.
+deadline, so that location, not the wording after it, is what is matched. A DistError counts only
+for a timeout or a lost peer's wording (the store's "Connection was likely closed", "Broken pipe";
+NCCL's "remote process exited"): its other causes (a store port in use, NCCL's init errors) keep the
+backend's traceback, as rerunning would fail the same way.
 """
 import re
+import threading
 import time
+from contextlib import contextmanager
 
 import torch.distributed as dist
 
 GLOO_TRANSPORT = re.compile(r"gloo/transport/[\w/]+\.cc:\d+\]")
 TIMED_OUT = re.compile(r"timed? ?out|timeout", re.IGNORECASE)
+PEER_GONE = re.compile(r"connection (was likely )?closed|closed by peer|reset by peer|remote process exited|broken pipe",
+                       re.IGNORECASE)
 POLL_SECONDS = 0.5
+HEARTBEAT_SECONDS = 5.0  # how often a builder tells the waiting ranks it is alive (or a quarter of the timeout)
 
 
 def lost(error: BaseException) -> str | None:
     """'timeout' when a collective (or the store) waited past its timeout for another rank, 'ended'
-    when another rank's connection broke, None for any other error (a bug keeps its traceback)."""
+    when another rank's connection broke, None for any other error: a bug, and a DistError of another
+    cause (the store's port in use, NCCL's own errors), keep their traceback, which says why."""
     text = str(error)
-    if not isinstance(error, dist.DistError) and not (isinstance(error, RuntimeError) and GLOO_TRANSPORT.search(text)):
+    if isinstance(error, RuntimeError) and GLOO_TRANSPORT.search(text):
+        return "timeout" if TIMED_OUT.search(text) else "ended"
+    if not isinstance(error, dist.DistError):
         return None
-    return "timeout" if TIMED_OUT.search(text) else "ended"
+    return "timeout" if TIMED_OUT.search(text) else "ended" if PEER_GONE.search(text) else None
 
 
-_arrivals = [0]  # how many waits this rank has entered: every rank enters them in the same order
+_waits = [0]  # how many waits this rank has entered: every rank enters them in the same order
 
 
-def wait_for_all(bound_seconds: float) -> bool:
-    """Returns once every rank has called it (True), or False after `bound_seconds`. For a rank that
-    waits while another works alone for longer than a collective may wait (rank 0 building the index
-    maps of a large corpus): the count is polled through the store, so its own bound applies, a
-    signal is handled between polls, and the store's host (rank 0) ending raises at once (lost)."""
+def while_some_build(builds: bool, build):
+    """`build()`'s result on the ranks where `builds` (None on the others), returned on every rank once
+    every builder is done: for work one rank does alone for longer than a collective may wait (rank 0
+    building the index maps of a large corpus).
+
+    Who builds is gathered first (a collective: every rank is here). Then the others poll the store for
+    the builders' "done" keys, so no fixed bound applies, a signal is handled between polls, and the
+    store's host (rank 0) ending raises at once (lost: 'ended'). A builder refreshes a heartbeat key
+    meanwhile (from a thread; the C++ builds release the GIL): one silent for longer than the store's
+    timeout (--distributed-timeout-minutes) fails the wait as a timeout (lost: 'timeout'), so a build of
+    any length finishes while a frozen or lost builder does not stall the others. A non-builder that
+    ends meanwhile is met by the caller's next collective, which fails at once on a closed connection."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return True
+        return build() if builds else None
+    _waits[0] += 1
+    prefix = f"megatron/build/{_waits[0]}"
+    every = [False] * dist.get_world_size()
+    dist.all_gather_object(every, builds)
     store = dist.distributed_c10d._get_default_store()
-    _arrivals[0] += 1
-    key = f"megatron/arrived/{_arrivals[0]}"
-    deadline = time.monotonic() + bound_seconds
-    arrived = store.add(key, 1)
-    while arrived < dist.get_world_size():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL_SECONDS)
-        arrived = store.add(key, 0)
-    return True
+    silence = store.timeout.total_seconds()
+    result = None
+    if builds:
+        with _heartbeat(store, f"{prefix}/beat/{dist.get_rank()}", min(HEARTBEAT_SECONDS, silence / 4)):
+            result = build()
+        store.set(f"{prefix}/done/{dist.get_rank()}", "1")
+    _wait_for(store, prefix, [rank for rank, its in enumerate(every) if its], silence)
+    return result
+
+
+@contextmanager
+def _heartbeat(store, key: str, period: float):
+    """Adds 1 to `key` every `period` seconds while the body runs."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(period):
+            store.add(key, 1)
+
+    thread = threading.Thread(target=beat, name="build heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _wait_for(store, prefix: str, builders: list, silence: float) -> None:
+    """Until every builder has set its done key; a DistStoreError when one's heartbeat stops for `silence` s."""
+    heard = {rank: (-1, time.monotonic()) for rank in builders}  # its last beat count, and when it changed
+    while heard:
+        for rank in list(heard):
+            if store.check([f"{prefix}/done/{rank}"]):
+                del heard[rank]
+                continue
+            beats, since = store.add(f"{prefix}/beat/{rank}", 0), time.monotonic()
+            if beats != heard[rank][0]:
+                heard[rank] = (beats, since)
+            elif since - heard[rank][1] > silence:
+                raise dist.DistStoreError(f"timed out: rank {rank}, building alone, gave no heartbeat for "
+                                          f"{silence:g} s (frozen, or its node lost)")
+        if heard:
+            time.sleep(POLL_SECONDS)
