@@ -26,7 +26,7 @@ GLOO_TRANSPORT = re.compile(r"gloo/transport/[\w/]+\.cc:\d+\]")
 TIMED_OUT = re.compile(r"timed? ?out|timeout", re.IGNORECASE)
 PEER_GONE = re.compile(r"connection (was likely )?closed|closed by peer|reset by peer|remote process exited|broken pipe",
                        re.IGNORECASE)
-POLL_SECONDS = 0.5
+POLL_SECONDS = 0.5  # the longest pause between two looks at the store (the first ones are shorter)
 HEARTBEAT_SECONDS = 5.0  # how often a builder tells the waiting ranks it is alive (or a quarter of the timeout)
 
 
@@ -95,6 +95,7 @@ def _heartbeat(store, key: str, period: float):
 def _wait_for(store, prefix: str, builders: list, silence: float) -> None:
     """Until every builder has set its done key; a DistStoreError when one's heartbeat stops for `silence` s."""
     heard = {rank: (-1, time.monotonic()) for rank in builders}  # its last beat count, and when it changed
+    pause = 0.005  # doubling up to POLL_SECONDS: a short build (most maps) is not waited on for half a second
     while heard:
         for rank in list(heard):
             if store.check([f"{prefix}/done/{rank}"]):
@@ -107,4 +108,5 @@ def _wait_for(store, prefix: str, builders: list, silence: float) -> None:
                 raise dist.DistStoreError(f"timed out: rank {rank}, building alone, gave no heartbeat for "
                                           f"{silence:g} s (frozen, or its node lost)")
         if heard:
-            time.sleep(POLL_SECONDS)
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_SECONDS)
