@@ -134,15 +134,13 @@ class LosableStream:
         except OSError as error:
             if error.errno not in LOST_STREAM or not self.losable:
                 raise
-            self.lost = True
+            self.losable = False  # /dev/null from now on (the descriptor, the buffer too): nothing more to lose
             try:
                 null = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(null, self._stream.fileno())
                 os.close(null)
-                self.lost = False  # the descriptor writes into /dev/null now, the buffer too
             except (OSError, ValueError, AttributeError):  # a stream without a descriptor: drop its writes
-                pass
-            self.losable = False  # /dev/null from now on: nothing more to lose
+                self.lost = True
             self._tell_the_other(error.errno)
 
     def _tell_the_other(self, cause: int) -> None:
