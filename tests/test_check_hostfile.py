@@ -1,4 +1,4 @@
-"""tools/check_hostfile.py accepts what DeepSpeed's hostfile parser accepts (`^(\S+)\s+slots=(\d+)`,
+r"""tools/check_hostfile.py accepts what DeepSpeed's hostfile parser accepts (`^(\S+)\s+slots=(\d+)`,
 the rest of the line ignored) and checks each used machine's slots against the ranks per node the
 launch starts, in its own flag names when run directly."""
 import importlib.util
