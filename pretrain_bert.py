@@ -4,25 +4,19 @@
         --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 256 --train-iters 300
 """
 import signal
-import sys
 import traceback
 
 from megatron.arguments import launcher_rank
-from megatron.errors import Interrupted, raise_on_signals, restore_signals, stopped_during_start_up, survive_lost_terminal
+from megatron.errors import BEFORE_THE_FIRST_STEP, start_up_stops_in_one_line, survive_lost_terminal
 from megatron.parallel import launcher_watch
 from megatron.quiet import quiet_deepspeed
 
 launcher_watch.note_launchers()  # first: a launcher that ends during the imports below is still noticed
 survive_lost_terminal()  # before DeepSpeed's logger keeps sys.stdout: a closed terminal does not end the run
-importing = raise_on_signals()  # Ctrl-C during the seconds of imports below: one line, not a traceback
-try:
+with start_up_stops_in_one_line("pretrain_bert.py", BEFORE_THE_FIRST_STEP, tell=launcher_rank() == 0):
+    # Ctrl-C during the seconds of imports: one line, not a traceback
     quiet_deepspeed()  # before DeepSpeed is first imported (megatron.training imports it)
     from megatron.training import exit_rank, main
-except Interrupted as error:
-    if launcher_rank() == 0:
-        print(stopped_during_start_up(error.signum), file=sys.stderr, flush=True)
-    sys.exit(128 + error.signum)
-restore_signals(importing)  # main installs its own
 
 if __name__ == "__main__":  # every way out goes through exit_rank, which skips the interpreter's teardown
     try:

@@ -1,5 +1,6 @@
 """Errors a user can cause, reported as one line that names the problem and the fix."""
 import argparse
+import contextlib
 import errno
 import os
 import signal
@@ -92,10 +93,33 @@ def restore_signals(replaced: dict) -> None:
         signal.signal(signum, handler)
 
 
-def stopped_during_start_up(signum: int) -> str:
-    """pretrain_bert.py's line for a stop before the training loop (imports, checks, data, engine)."""
-    return (f"pretrain_bert.py: stopped by {signal.Signals(signum).name} during start-up, before the first step; "
-            "nothing was saved")
+BEFORE_THE_FIRST_STEP = "before the first step; nothing was saved"  # the trainer's start-up (its imports included)
+BEFORE_ANY_WORK = "before it read or wrote anything"  # a tool's imports
+
+
+def stopped_during_start_up(signum: int, prog: str = "pretrain_bert.py", before: str = BEFORE_THE_FIRST_STEP) -> str:
+    """The line of a stop during start-up: pretrain_bert.py's before the training loop (imports, checks,
+    data, engine); a tool's during its imports (start_up_stops_in_one_line)."""
+    return f"{prog}: stopped by {signal.Signals(signum).name} during start-up, {before}"
+
+
+@contextlib.contextmanager
+def start_up_stops_in_one_line(prog: str, before: str = BEFORE_ANY_WORK, tell: bool = True):
+    """Around an entry point's imports (torch, DeepSpeed: seconds, before run_tool or main install their
+    handlers): a stop signal there (Ctrl-C at once) is one line and exit 128 + signal, not a
+    KeyboardInterrupt traceback through the imports. `tell` False: another process says it (a rank
+    other than 0 of a launch)."""
+    replaced = raise_on_signals()
+    try:
+        yield
+    except Interrupted as error:
+        if tell:
+            print(stopped_during_start_up(error.signum, prog, before), file=sys.stderr, flush=True)
+        sys.exit(128 + error.signum)  # the stop signals stay ignored: a second Ctrl-C cannot cut the exit short
+    except BaseException:
+        restore_signals(replaced)
+        raise
+    restore_signals(replaced)
 
 
 LOST_STREAM = (errno.EIO, errno.EPIPE)  # a closed terminal (an SSH drop), a reader that is gone (`| head`)
@@ -179,9 +203,13 @@ def run_tool(prog: str, main) -> int:
         print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         return 2
     except OSError as error:  # a path the tool reads or writes: permissions, a folder for a file, space
-        if not error.filename:
+        if error.filename:
+            print(f"{prog}: error: {cannot_use(error)}", file=sys.stderr, flush=True)
+        elif full := disk_full(error):  # a write() or flush: no file name (a tool that knows its output names it)
+            print(f"{prog}: error: a write failed: {full} ({error.strerror or error}); free space on the disk the "
+                  "output goes to, or write it to another disk", file=sys.stderr, flush=True)
+        else:
             raise
-        print(f"{prog}: error: {cannot_use(error)}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt as error:
         signum = getattr(error, "signum", signal.SIGINT)

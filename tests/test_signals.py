@@ -537,26 +537,38 @@ SLOW_IMPORT = """import runpy, sys, time
 sys.path.insert(0, {root!r})
 
 
-class SlowTraining:  # the import of megatron.training (torch, DeepSpeed: seconds), made longer still
+class SlowImport:  # an import of the entry point's start-up (torch, DeepSpeed: seconds), made longer still
     def find_spec(self, name, path=None, target=None):
-        if name == "megatron.training":
+        if name == {module!r}:
             open({marker!r}, "w").close()
             time.sleep(60)
         return None
 
 
-sys.meta_path.insert(0, SlowTraining())
+sys.meta_path.insert(0, SlowImport())
 sys.argv = [{script!r}]
 runpy.run_path({script!r}, run_name="__main__")
 """
 
 
-def test_ctrl_c_during_the_imports_is_one_line(tmp_path):
-    """Ctrl-C in the first seconds of pretrain_bert.py, while it imports torch and DeepSpeed: the
-    start-up's one line and exit 130, not a KeyboardInterrupt traceback through the imports."""
-    marker, script = tmp_path / "importing", ROOT / "pretrain_bert.py"
+SLOW_IMPORTS = [  # (entry point, a module of its start-up's imports, the end of its stop line)
+    ("pretrain_bert.py", "megatron.training", "before the first step; nothing was saved"),
+    ("tools/preprocess_data.py", "megatron.data.preprocess", "before it read or wrote anything"),
+    ("tools/convert_checkpoint.py", "megatron.hf_convert", "before it read or wrote anything"),
+    ("tools/fill_mask.py", "megatron.checkpoint", "before it read or wrote anything"),
+    ("tools/plot_run.py", "megatron.run_log", "before it read or wrote anything"),
+]
+
+
+@pytest.mark.parametrize("script,module,after", SLOW_IMPORTS, ids=[Path(script).stem for script, _, _ in SLOW_IMPORTS])
+def test_ctrl_c_during_the_imports_is_one_line(tmp_path, script, module, after):
+    """Ctrl-C in the first seconds of an entry point, while it imports torch and DeepSpeed (here while it
+    imports `module`): the start-up's one line and exit 130, not a KeyboardInterrupt traceback through
+    the imports (the tools printed one: errors.start_up_stops_in_one_line is pretrain_bert.py's guard)."""
+    marker, path = tmp_path / "importing", ROOT / script
     env = {name: value for name, value in os.environ.items() if name not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    child = subprocess.Popen([PYTHON, "-c", SLOW_IMPORT.format(root=str(ROOT), marker=str(marker), script=str(script))],
+    child = subprocess.Popen([PYTHON, "-c", SLOW_IMPORT.format(root=str(ROOT), module=module, marker=str(marker),
+                                                               script=str(path))],
                              cwd=ROOT, env={**env, "DS_ACCELERATOR": "cpu"}, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_signals)
     try:
@@ -569,5 +581,4 @@ def test_ctrl_c_during_the_imports_is_one_line(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
-    assert (child.returncode, err) == (130, "pretrain_bert.py: stopped by SIGINT during start-up, before the first "
-                                            "step; nothing was saved\n")
+    assert (child.returncode, err) == (130, f"{path.name}: stopped by SIGINT during start-up, {after}\n")

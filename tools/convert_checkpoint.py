@@ -17,15 +17,16 @@ import sys
 import warnings
 from pathlib import Path
 
+from megatron.errors import ConfigError, OneLineParser, run_tool, start_up_stops_in_one_line
 from megatron.quiet import quiet_deepspeed
 
-quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
-from megatron import hf_convert  # noqa: E402
-from megatron.checkpoint import (attention_change, bert_state_from_checkpoint, checkpoint_folder, latest_tag,  # noqa: E402
-                                 stored_config)
-from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer  # noqa: E402
-from megatron.errors import ConfigError, OneLineParser, run_tool  # noqa: E402
-from megatron.model.bert import BertConfig  # noqa: E402
+with start_up_stops_in_one_line("convert_checkpoint.py"):  # Ctrl-C during the seconds of imports: one line
+    quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
+    from megatron import hf_convert
+    from megatron.checkpoint import (attention_change, bert_state_from_checkpoint, checkpoint_folder, latest_tag,
+                                     stored_config)
+    from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer
+    from megatron.model.bert import BertConfig
 
 
 def to_hf(args) -> None:

@@ -12,18 +12,19 @@ import re
 import sys
 from pathlib import Path
 
+from megatron.errors import ConfigError, OneLineParser, run_tool, start_up_stops_in_one_line
 from megatron.quiet import quiet_deepspeed
 
-quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
-import torch  # noqa: E402
+with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of imports: one line
+    quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
+    import torch
 
-from megatron.checkpoint import (LATEST, bert_state_from_checkpoint, checkpoint_folder, latest_tag,  # noqa: E402
-                                 run_state, stored_config)
-from megatron.data.batch import BertBatch  # noqa: E402
-from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits, checkpoint_tokenizer  # noqa: E402
-from megatron.errors import ConfigError, OneLineParser, run_tool  # noqa: E402
-from megatron.hf_convert import untrained_warning  # noqa: E402
-from megatron.model.bert import BertConfig, BertModel  # noqa: E402
+    from megatron.checkpoint import (LATEST, bert_state_from_checkpoint, checkpoint_folder, latest_tag, run_state,
+                                     stored_config)
+    from megatron.data.batch import BertBatch
+    from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits, checkpoint_tokenizer
+    from megatron.hf_convert import untrained_warning
+    from megatron.model.bert import BertConfig, BertModel
 
 MASK = "[MASK]"
 DEFAULT_VOCAB = ".cache/default_data/vocab.txt"

@@ -9,8 +9,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from megatron.errors import OneLineParser, run_tool
-from megatron.run_log import plot_metrics
+from megatron.errors import OneLineParser, run_tool, start_up_stops_in_one_line
+
+with start_up_stops_in_one_line("plot_run.py"):  # Ctrl-C during the second of imports (torch): one line
+    from megatron.run_log import plot_metrics
 
 
 def main(argv=None) -> int:

@@ -8,10 +8,12 @@ Flags follow Megatron's tools/preprocess_data.py (plus `--vocab`/`--json-key` sp
 """
 import sys
 
-from megatron.data.indexed_dataset import IMPLS
-from megatron.data.preprocess import PreprocessOptions, preprocess
-from megatron.data.tokenizer import add_tokenizer_flags
-from megatron.errors import OneLineParser, run_tool
+from megatron.errors import OneLineParser, run_tool, start_up_stops_in_one_line
+
+with start_up_stops_in_one_line("preprocess_data.py"):  # Ctrl-C during the imports: one line
+    from megatron.data.indexed_dataset import IMPLS
+    from megatron.data.preprocess import PreprocessOptions, preprocess
+    from megatron.data.tokenizer import add_tokenizer_flags
 
 
 def parse_args(argv=None) -> PreprocessOptions:
