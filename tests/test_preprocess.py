@@ -24,7 +24,7 @@ from megatron.data.sample_corpus import write_corpus
 from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import BertWordPiece, build_tokenizer, check_data_vocab, data_identity_path
 from megatron.data.vocab_builder import train_vocab, write_vocab
-from megatron.errors import ConfigError, DataError
+from megatron.errors import ConfigError, DataError, run_tool
 from test_tokenizer import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,6 +215,28 @@ def test_a_failed_multi_key_run_never_pairs_data_with_another_vocabs_record(corp
     check_data_vocab(tokenizer_b, [text, title])
     with pytest.raises(DataError, match=f"the data {text} was preprocessed with the vocab {vocab_b}"):
         check_data_vocab(tokenizer_a, [text, title])
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux has one)")
+@pytest.mark.parametrize("articles", [2, 120], ids=["at-the-last-flush", "in-a-write"])
+def test_a_full_disk_is_one_line_naming_the_output_and_leaves_nothing(corpus, tmp_path, capsys, articles):
+    """The disk fills while the .bin is written: its .partial is /dev/full, whose writes fail as a full
+    disk's do (ENOSPC from write(), no file name), in a write past the buffer or in the last flush.
+    One line naming --output-prefix and the fix, exit 2, nothing left (was: a traceback, the abort's
+    close flushing the buffer again and failing before it removed the .partial; a small corpus, whose
+    only write is finalize's flush: a traceback too, the error naming no file)."""
+    source = tmp_path / "wiki.json"
+    source.write_text("".join(corpus[0].read_text().splitlines(keepends=True)[:articles]))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "wiki_text_sentence.bin.partial").symlink_to("/dev/full")
+    argv = ["--input", str(source), "--vocab", str(corpus[1]), "--output-prefix", str(out / "wiki"), "--split-sentences"]
+    preprocess_data = load_tool("preprocess_data")
+    assert run_tool("preprocess_data.py", lambda: preprocess_data.main(argv)) == 2
+    assert capsys.readouterr().err == (f"preprocess_data.py: error: cannot write --output-prefix {out / 'wiki'}: the "
+                                       "disk is full (No space left on device); free space there or pass an "
+                                       "--output-prefix on another disk\n")
+    assert list(out.iterdir()) == []
 
 
 def test_missing_punkt_models_are_a_clear_error(corpus, tmp_path, monkeypatch):

@@ -245,6 +245,19 @@ def test_plot_run_bad_log_is_one_line(tmp_path, capsys, content, message):
     assert not (tmp_path / "loss.png").exists()
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux has one)")
+def test_a_tool_whose_write_fills_the_disk_is_one_line(tmp_path, capsys):
+    """A write() or flush that fails for a full disk names no file (a PNG onto /dev/full here): run_tool
+    says the disk is full and the fix, exit 2, where it re-raised the OSError (a traceback)."""
+    metrics, png = tmp_path / "metrics.jsonl", tmp_path / "loss.png"
+    metrics.write_text(json.dumps(TRAIN) + "\n")
+    png.symlink_to("/dev/full")
+    assert run_tool("plot_run.py", lambda: plot_run.main([str(metrics), "-o", str(png)])) == 2
+    assert capsys.readouterr().err == ("plot_run.py: error: a write failed: the disk is full (No space left on "
+                                       "device); free space on the disk the output goes to, or write it to another "
+                                       "disk\n")
+
+
 def test_resumed_run_appends_after_a_torn_line_and_still_plots(tmp_path, monkeypatch, capsys):
     """SIGKILL can cut a record in half; the resumed run's records start on a new line, and the
     plot at its end skips the torn one."""

@@ -14,6 +14,7 @@ Builders write to `*.partial` files and rename them only on `finalize()`, so an 
 run leaves nothing that looks like a dataset. Readers check every header field and offset
 against the file sizes, so a damaged file is a one-line DataError, not a numpy crash.
 """
+import contextlib
 import os
 import struct
 from pathlib import Path
@@ -93,8 +94,10 @@ class _Builder:
         os.replace(self._idx_partial, index_file_path(self.prefix))
 
     def abort(self):
-        """Removes everything written so far; the old dataset at the prefix, if any, stays."""
-        self._bin.close()
+        """Removes everything written so far; the old dataset at the prefix, if any, stays. On a full disk
+        the close flushes what is buffered and fails again, closing the file all the same."""
+        with contextlib.suppress(OSError):
+            self._bin.close()
         for path in (self._bin_partial, self._idx_partial):
             Path(path).unlink(missing_ok=True)
 

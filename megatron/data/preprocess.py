@@ -25,7 +25,7 @@ from megatron.data.corpus_files import FORMATS_HELP, Corpus, record_texts
 from megatron.data.indexed_dataset import make_builder
 from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import build_tokenizer, data_identity_path, write_data_identity
-from megatron.errors import ConfigError, DataError, cannot_use
+from megatron.errors import ConfigError, DataError, cannot_use, disk_full
 
 CHUNK_LINES = 32  # lines per worker task: large enough to hide IPC, small enough to balance
 
@@ -119,7 +119,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         for folder in reversed(created):
             with contextlib.suppress(OSError):
                 folder.rmdir()
-        raise _unwritable(error) from None
+        raise _unwritable(error, options.output_prefix) from None
     report = PreprocessReport(outputs={key: output_prefix(options, key) for key in options.json_keys})
     builders = {}
     encoded = _encoded(options, corpus)
@@ -155,8 +155,8 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         for folder in reversed(created):
             with contextlib.suppress(OSError):  # a folder something else wrote into stays
                 folder.rmdir()
-        if isinstance(error, OSError) and error.filename:
-            raise _unwritable(error) from None
+        if isinstance(error, OSError) and (error.filename or disk_full(error)):  # a write() names no file
+            raise _unwritable(error, options.output_prefix) from None
         raise
     report.seconds = time.perf_counter() - start
     for prefix in report.outputs.values():  # built from the data just replaced: no run may use them again
@@ -174,7 +174,11 @@ def _replace(builder, tokenizer, prefix: str) -> None:
     write_data_identity(tokenizer, prefix)
 
 
-def _unwritable(error: OSError) -> ConfigError:
+def _unwritable(error: OSError, prefix: str) -> ConfigError:
+    """The line of a failed read or write; a full disk names the output, whose partial files are gone."""
+    if full := disk_full(error):
+        return ConfigError(f"cannot write --output-prefix {prefix}: {full} ({error.strerror or error})",
+                           "free space there or pass an --output-prefix on another disk")
     return cannot_use(error, "check that --input is readable and the --output-prefix folder writable, with free space")
 
 
