@@ -1,6 +1,7 @@
 """Indexed datasets: round trips of all three formats, byte-level headers, files written by an
 independent writer that follows Megatron's spec, and one-line errors for damaged files."""
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,6 +135,23 @@ def test_failed_build_leaves_nothing_and_keeps_the_old_dataset(tmp_path):
         with make_builder(prefix, "mmap", 100) as builder:
             builder.add_item([1, 2, 3])
             raise RuntimeError("interrupted")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx"]
+    assert ((tmp_path / "d.bin").read_bytes(), (tmp_path / "d.idx").read_bytes()) == before
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux has one)")
+@pytest.mark.parametrize("items", [1, 5000], ids=["at-the-last-flush", "in-a-write"])
+def test_a_build_onto_a_full_disk_leaves_nothing_and_keeps_the_old_dataset(tmp_path, items):
+    """The .bin's writes fail for a full disk (its .partial is /dev/full): in a write past the buffer
+    (the abort's close then fails again, flushing the rest) or in finalize's flush. The OSError is
+    the disk's; no partial file stays, the old dataset does."""
+    prefix = write_dataset(tmp_path / "d", "mmap")
+    before = (tmp_path / "d.bin").read_bytes(), (tmp_path / "d.idx").read_bytes()
+    (tmp_path / "d.bin.partial").symlink_to("/dev/full")
+    with pytest.raises(OSError, match="No space left on device"):
+        with make_builder(prefix, "mmap", 100) as builder:
+            for _ in range(items):
+                builder.add_item([1, 2, 3])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.idx"]
     assert ((tmp_path / "d.bin").read_bytes(), (tmp_path / "d.idx").read_bytes()) == before
 

@@ -105,7 +105,14 @@ class _Builder:
         return self
 
     def __exit__(self, kind, value, traceback):
-        self.finalize() if kind is None else self.abort()
+        if kind is not None:
+            self.abort()
+            return
+        try:
+            self.finalize()
+        except BaseException:  # a failed finalize (a full disk) leaves nothing either
+            self.abort()
+            raise
 
 
 class MMapIndexedDatasetBuilder(_Builder):
