@@ -8,6 +8,7 @@ import io
 import json
 import lzma
 import re
+import tarfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,7 +20,7 @@ from megatron.data import corpus_files
 from megatron.data.corpus_files import Corpus
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.vocab_builder import corpus_texts, train_vocab, write_vocab
-from megatron.errors import DataError
+from megatron.errors import ConfigError, DataError
 from test_preprocess import article, file_bytes
 
 KEYS = ("text", "title")
@@ -174,6 +175,21 @@ def gzip_with_bad_line(tmp: Path, records: list) -> str:
     return str(tmp / "wiki.jsonl.gz")
 
 
+def parquet_bytes(records: list) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(records), sink)
+    return sink.getvalue()
+
+
+def tar_bytes(name: str, data: bytes) -> bytes:
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w") as archive:
+        member = tarfile.TarInfo(name)
+        member.size = len(data)
+        archive.addfile(member, io.BytesIO(data))
+    return sink.getvalue()
+
+
 def written(name: str, data):
     """A writer of one file `name` holding data(records)."""
     def write(tmp: Path, records: list) -> str:
@@ -188,6 +204,19 @@ def empty_shard_in_folder(tmp: Path, records: list) -> str:
     shards(tmp / "shards", ["part-0.jsonl.gz", "part-1.jsonl.gz"], records)
     (tmp / "shards" / "part-1.jsonl.gz").write_bytes(b"")
     return str(tmp / "shards")
+
+
+def hub_download(tmp: Path, records: list, shard_names: list, leftover: str = "") -> str:
+    """A dataset folder as a download left it: `records` in the shards named, and a `leftover` file
+    (a partial download: its name, relative to the folder; a link's: `name -> target`)."""
+    shards(tmp / "hf" / "data", shard_names, records)
+    if " -> " in leftover:
+        name, target = leftover.split(" -> ")
+        (tmp / "hf" / name).symlink_to(target)
+    elif leftover:
+        (tmp / "hf" / leftover).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "hf" / leftover).write_bytes(b"PAR1 half a shard")
+    return str(tmp / "hf")
 
 
 def folder_without_shards(tmp: Path, records: list) -> str:
@@ -229,6 +258,33 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
     "bad_line_in_gzip": (gzip_with_bad_line, KEYS, r"wiki\.jsonl\.gz line 3: invalid JSON"),
     "parquet_named_jsonl": (lambda tmp, records: str(Path(as_input("parquet", tmp, records)).rename(tmp / "w.jsonl")),
                             KEYS, r"w\.jsonl is a Parquet file, though its name says JSON lines; name it \*\.parquet"),
+    # a dataset whose download stopped part-way: not a smaller corpus without a word
+    "download_unfinished": (lambda tmp, records: hub_download(tmp, records, ["train-00000-of-00002.parquet"],
+                                                              "data/train-00001-of-00002.parquet.incomplete"), KEYS,
+                            r"hf/data/train-00001-of-00002\.parquet\.incomplete is a download that has not finished: "
+                            r"--input .*hf would read as a smaller corpus; finish the download"),
+    "download_unfinished_in_a_glob": (lambda tmp, records: hub_download(tmp, records, ["part-0.parquet"],
+                                                                        "data/part-1.parquet.part") + "/data/*.parquet",
+                                      KEYS, r"part-1\.parquet\.part is a download that has not finished"),
+    "download_unfinished_hub_local_dir": (lambda tmp, records: hub_download(
+        tmp, records, ["train-00000-of-00001.parquet"], ".cache/huggingface/download/data/Zm9v.3c2a.incomplete"), KEYS,
+        r"Zm9v\.3c2a\.incomplete is a download that has not finished"),
+    "shard_missing": (lambda tmp, records: hub_download(
+        tmp, records, ["train-00000-of-00003.parquet", "train-00002-of-00003.parquet"]), KEYS,
+        r"input folder .*hf lacks .*hf/data/train-00001-of-00003\.parquet: 2 of its 3 train-\*-of-00003 shards are "
+        r"there; download the dataset again, or pass a glob of the shards to read \('.*hf/data/train-\*'\)"),
+    "shard_link_to_nothing": (lambda tmp, records: hub_download(tmp, records, ["a.parquet"],
+                                                                "data/b.parquet -> ../../blobs/9f86d081"), KEYS,
+                              r"b\.parquet in --input .*hf is a link to \.\./\.\./blobs/9f86d081, which does not exist; "
+                              r"copy the dataset with its files \(cp -rL\)"),
+    "parquet_gzipped": (written("w.parquet.gz", lambda records: gzip.compress(parquet_bytes(records))), KEYS,
+                        r"w\.parquet\.gz is a gzip-compressed Parquet file, which is not read; decompress it \(gunzip\) "
+                        r"and pass the \.parquet file"),
+    "parquet_zstd": (written("w.parquet.zst", lambda records: zstandard.ZstdCompressor().compress(parquet_bytes(records))),
+                     KEYS, r"w\.parquet\.zst is a zstd-compressed Parquet file, which is not read; decompress it "
+                           r"\(zstd -d\)"),
+    "tar_gzipped": (written("w.tar.gz", lambda records: gzip.compress(tar_bytes("w.jsonl", jsonl(records)))), KEYS,
+                    r"w\.tar\.gz is a gzip-compressed tar archive, which is not read; extract it \(tar -xf\)"),
 }
 
 
@@ -263,6 +319,23 @@ def test_a_dataset_snapshot_folder_reads_its_shards_and_notes_files_it_leaves_ou
     for key in KEYS:
         assert file_bytes(report.outputs[key]) == file_bytes(expected[key]), key
     assert "left out 1 file(s) without a corpus shard's name (extra.jsonl.xz)" in log.getvalue(), log.getvalue()
+
+
+def test_a_glob_reads_the_numbered_shards_it_matches(reference, tmp_path):
+    """The way to read some of a dataset's numbered shards (a folder missing one is refused): a glob."""
+    records, vocab, _ = reference
+    folder = hub_download(tmp_path, records[:80], ["train-00000-of-00003.parquet", "train-00002-of-00003.parquet"])
+    report = preprocess(options(f"{folder}/data/train-*", tmp_path / "out" / "wiki", vocab))
+    assert report.documents == 80
+
+
+def test_json_keys_named_twice_are_refused(reference, tmp_path):
+    """`--json-keys text text` tokenized the text twice into one output (twice the MB reported)."""
+    records, vocab, _ = reference
+    with pytest.raises(ConfigError, match=r"^--json-keys text title text names 'text' twice; name each key once"):
+        preprocess(options(write_shard(tmp_path / "wiki.json", records), tmp_path / "out" / "wiki", vocab,
+                           json_keys=("text", "title", "text")))
+    assert not (tmp_path / "out").exists()
 
 
 def broken_corpus(case: str):

@@ -14,12 +14,14 @@ import glob
 import gzip
 import io
 import json
+import os
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from megatron.data.tokenizer import DATA_IDENTITY
-from megatron.errors import DataError
+from megatron.errors import ConfigError, DataError
 
 PARQUET_BATCH_ROWS = 1024  # rows decoded at once: a batch of long articles stays a few MB
 FOLDER_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz", ".json.zst", ".jsonl.zst", ".json.zstd",
@@ -29,6 +31,9 @@ COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd", ".bz2", ".xz", ".lz4", ".zip")  #
 METADATA = ("dataset_info.json", "dataset_infos.json", "dataset_dict.json", "state.json")  # a Hugging Face
 # dataset's description beside its shards (snapshot_download, save_to_disk): JSON, not records
 REDOWNLOAD = "download or compress it again (gzip -t / zstd -t test a file), or leave it out of --input"
+UNFINISHED = (".incomplete", ".part", ".crdownload", ".tmp", ".aria2")  # beside or instead of a file whose download
+# has not finished: huggingface_hub (its blobs and local_dir's .cache/ too: any *.incomplete), browsers, aria2
+NUMBERED_SHARD = re.compile(r"(?P<head>.+)-(?P<index>\d+)-of-(?P<total>\d+)(?P<tail>.*)")  # train-00001-of-00003.parquet
 
 
 def shard_kind(name: str) -> str:
@@ -58,6 +63,9 @@ class Corpus:
     to read; raises DataError for an input that names nothing readable."""
 
     def __init__(self, spec: str, keys: tuple):
+        if repeated := sorted({key for key in keys if list(keys).count(key) > 1}):
+            raise ConfigError(f"--json-keys {' '.join(keys)} names {', '.join(map(repr, repeated))} twice",
+                              "name each key once (each gets its own output)")
         self.keys = tuple(keys)
         paths, self.skipped = _shard_paths(spec)  # skipped: files beside the shards that are left out
         self.shards = [Shard(path, shard_kind(path)) for path in paths]
@@ -87,15 +95,21 @@ def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
     if path.is_file():
         return [spec], []
     if path.is_dir():
-        files = sorted(str(file) for file in path.rglob("*") if file.is_file() and not _derived(file.name)
+        every = sorted(path.rglob("*"))
+        _refuse_unfinished(spec, every)
+        files = sorted(str(file) for file in every if file.is_file() and not _derived(file.name)
                        and not any(part.startswith((".", "_")) for part in file.relative_to(path).parts))
         found = [name for name in files if name.lower().endswith(FOLDER_SUFFIXES)]
         if not found:
             raise DataError(f"input folder {spec} holds no corpus shards ({', '.join(FOLDER_SUFFIXES)})",
                             f"pass a folder, file or glob of {FORMATS_HELP} files")
+        _refuse_missing_shards(spec, found)
         return found, [name for name in files if name not in found and name.lower().endswith(COMPRESSED_SUFFIXES)]
     if glob.has_magic(spec):
-        found = sorted(name for name in glob.glob(spec, recursive=True) if Path(name).is_file() and not _derived(name))
+        matched = sorted(glob.glob(spec, recursive=True))
+        _refuse_unfinished(spec, [Path(name) for name in matched + [unfinished for suffix in UNFINISHED
+                                                                     for unfinished in glob.glob(spec + suffix)]])
+        found = [name for name in matched if Path(name).is_file() and not _derived(name)]
         if not found:
             raise DataError(f"--input {spec} matches no files", "check the pattern (quoted, so the shell leaves "
                                                                   "it to the tool) and the folder")
@@ -103,6 +117,38 @@ def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
         return (shards, [name for name in found if name not in shards]) if shards else (found, [])
     raise DataError(f"input file {spec} does not exist",
                     f"pass --input with a {FORMATS_HELP} file, or a folder or glob of them")
+
+
+def _refuse_unfinished(spec: str, paths: list) -> None:
+    """A download that stopped part-way (a shard's `.incomplete` / `.part` / `.crdownload` / `.tmp`, aria2's
+    `.aria2` beside it, any `*.incomplete` of huggingface_hub), or a shard's link to a file that is gone
+    (a snapshot copied without its blobs): read, the rest would pass for a smaller corpus."""
+    for path in paths:
+        name = path.name.lower()
+        unfinished = name.endswith(".incomplete") or (name.endswith(UNFINISHED)
+                                                       and name.rsplit(".", 1)[0].endswith(FOLDER_SUFFIXES))
+        if unfinished:
+            raise DataError(f"{path} is a download that has not finished: --input {spec} would read as a smaller corpus",
+                            "finish the download (run it again), or delete that file to read the corpus without it")
+        if name.endswith(FOLDER_SUFFIXES) and path.is_symlink() and not path.exists():
+            raise DataError(f"{path} in --input {spec} is a link to {os.readlink(path)}, which does not exist",
+                            "copy the dataset with its files (cp -rL), or download it again")
+
+
+def _refuse_missing_shards(spec: str, shards: list) -> None:
+    """A folder's numbered shards (`train-00000-of-00003.parquet`) with one absent: a download that stopped
+    between files would read as a smaller corpus. (A glob reads what it matches: the way to read some.)"""
+    sets = {}  # (folder, head, total) -> {index: tail}
+    for name in shards:
+        if (match := NUMBERED_SHARD.fullmatch(Path(name).name)) and int(match["index"]) < int(match["total"]):
+            sets.setdefault((Path(name).parent, match["head"], match["total"]), {})[int(match["index"])] = match["tail"]
+    for (folder, head, total), tails in sorted(sets.items()):
+        if len(tails) < int(total):
+            missing = next((place for place, index in enumerate(sorted(tails)) if index != place), len(tails))
+            tail = next(iter(tails.values())) if len(set(tails.values())) == 1 else "*"
+            raise DataError(f"input folder {spec} lacks {folder / f'{head}-{missing:0{len(total)}d}-of-{total}{tail}'}: "
+                            f"{len(tails)} of its {int(total)} {head}-*-of-{total} shards are there",
+                            f"download the dataset again, or pass a glob of the shards to read ('{folder}/{head}-*')")
 
 
 def _derived(name: str) -> bool:
@@ -124,6 +170,8 @@ def _json_lines(shard: Shard):
             import zstandard
 
             lines, corrupt = io.BufferedReader(_ZstdFrames(file), 1 << 20), (zstandard.ZstdError,)
+        if shard.kind != "json":
+            _refuse_compressed_other(shard, lines.peek(512))
         else:
             _refuse_misnamed(shard.path, file.peek(8))
             lines = file
@@ -157,6 +205,17 @@ def _refuse_misnamed(path: str, head: bytes) -> None:
     for magic, (problem, fix) in MAGIC.items():
         if head.startswith(magic):
             raise DataError(f"{path} is {problem}", fix)
+
+
+def _refuse_compressed_other(shard: Shard, head: bytes) -> None:
+    """A .gz / .zst shard that holds no JSON lines but a Parquet file (`x.parquet.gz`) or a tar archive
+    (`x.tar.gz`), by its decompressed head: named as such, not reported as invalid JSON."""
+    if head.startswith(b"PAR1"):
+        raise DataError(f"{shard.path} is a {shard.kind}-compressed Parquet file, which is not read",
+                        f"decompress it ({'gunzip' if shard.kind == 'gzip' else 'zstd -d'}) and pass the .parquet file")
+    if head[257:262] == b"ustar":
+        raise DataError(f"{shard.path} is a {shard.kind}-compressed tar archive, which is not read",
+                        "extract it (tar -xf) and pass the files it holds")
 
 
 class _ZstdFrames(io.RawIOBase):
