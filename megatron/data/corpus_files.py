@@ -33,7 +33,7 @@ METADATA = ("dataset_info.json", "dataset_infos.json", "dataset_dict.json", "sta
 REDOWNLOAD = "download or compress it again (gzip -t / zstd -t test a file), or leave it out of --input"
 UNFINISHED = (".incomplete", ".part", ".crdownload", ".tmp", ".aria2")  # beside or instead of a file whose download
 # has not finished: huggingface_hub (its blobs and local_dir's .cache/ too: any *.incomplete), browsers, aria2
-NUMBERED_SHARD = re.compile(r"(?P<head>.+)-(?P<index>\d+)-of-(?P<total>\d+)(?P<tail>.*)")  # train-00001-of-00003.parquet
+NUMBERED_SHARD = re.compile(r"(?P<head>.+)-(?P<index>\d+)-of-(?P<total>\d+)(?P<tail>.*)")  # train-00001-of-00003.json
 
 
 def shard_kind(name: str) -> str:
@@ -60,7 +60,8 @@ class Shard:
 
 class Corpus:
     """The shards of `--input` (a file, a folder, or a glob pattern) and the columns or JSON keys
-    to read; raises DataError for an input that names nothing readable."""
+    to read; raises DataError for an input that names nothing readable (or a part of it: a download that
+    has not finished), ConfigError for a key named twice."""
 
     def __init__(self, spec: str, keys: tuple):
         if repeated := sorted({key for key in keys if list(keys).count(key) > 1}):
@@ -96,9 +97,11 @@ def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
         return [spec], []
     if path.is_dir():
         every = sorted(path.rglob("*"))
-        _refuse_unfinished(spec, every)
-        files = sorted(str(file) for file in every if file.is_file() and not _derived(file.name)
-                       and not any(part.startswith((".", "_")) for part in file.relative_to(path).parts))
+        _refuse_unfinished(spec, every)  # hidden ones too: huggingface_hub's local_dir keeps them in .cache/
+        visible = [file for file in every
+                   if not any(part.startswith((".", "_")) for part in file.relative_to(path).parts)]
+        _refuse_broken_links(spec, visible)
+        files = [str(file) for file in visible if file.is_file() and not _derived(file.name)]
         found = [name for name in files if name.lower().endswith(FOLDER_SUFFIXES)]
         if not found:
             raise DataError(f"input folder {spec} holds no corpus shards ({', '.join(FOLDER_SUFFIXES)})",
@@ -107,8 +110,8 @@ def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
         return found, [name for name in files if name not in found and name.lower().endswith(COMPRESSED_SUFFIXES)]
     if glob.has_magic(spec):
         matched = sorted(glob.glob(spec, recursive=True))
-        _refuse_unfinished(spec, [Path(name) for name in matched + [unfinished for suffix in UNFINISHED
-                                                                     for unfinished in glob.glob(spec + suffix)]])
+        _refuse_unfinished(spec, [Path(name) for suffix in UNFINISHED for name in glob.glob(spec + suffix)])
+        _refuse_broken_links(spec, [Path(name) for name in matched])
         found = [name for name in matched if Path(name).is_file() and not _derived(name)]
         if not found:
             raise DataError(f"--input {spec} matches no files", "check the pattern (quoted, so the shell leaves "
@@ -121,16 +124,21 @@ def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
 
 def _refuse_unfinished(spec: str, paths: list) -> None:
     """A download that stopped part-way (a shard's `.incomplete` / `.part` / `.crdownload` / `.tmp`, aria2's
-    `.aria2` beside it, any `*.incomplete` of huggingface_hub), or a shard's link to a file that is gone
-    (a snapshot copied without its blobs): read, the rest would pass for a smaller corpus."""
+    `.aria2` beside it, any `*.incomplete` of huggingface_hub): read, the rest would pass for a smaller corpus."""
     for path in paths:
         name = path.name.lower()
-        unfinished = name.endswith(".incomplete") or (name.endswith(UNFINISHED)
-                                                       and name.rsplit(".", 1)[0].endswith(FOLDER_SUFFIXES))
-        if unfinished:
-            raise DataError(f"{path} is a download that has not finished: --input {spec} would read as a smaller corpus",
+        beside_a_shard = name.endswith(UNFINISHED) and name.rsplit(".", 1)[0].endswith(FOLDER_SUFFIXES)
+        if name.endswith(".incomplete") or beside_a_shard:
+            raise DataError(f"{path} is a download that has not finished: --input {spec} would read as a smaller "
+                            "corpus",
                             "finish the download (run it again), or delete that file to read the corpus without it")
-        if name.endswith(FOLDER_SUFFIXES) and path.is_symlink() and not path.exists():
+
+
+def _refuse_broken_links(spec: str, paths: list) -> None:
+    """A shard that is a link to a file that is gone (a dataset snapshot copied without its blobs), which
+    would be left out as no file."""
+    for path in paths:
+        if path.name.lower().endswith(FOLDER_SUFFIXES) and path.is_symlink() and not path.exists():
             raise DataError(f"{path} in --input {spec} is a link to {os.readlink(path)}, which does not exist",
                             "copy the dataset with its files (cp -rL), or download it again")
 
@@ -146,8 +154,9 @@ def _refuse_missing_shards(spec: str, shards: list) -> None:
         if len(tails) < int(total):
             missing = next((place for place, index in enumerate(sorted(tails)) if index != place), len(tails))
             tail = next(iter(tails.values())) if len(set(tails.values())) == 1 else "*"
-            raise DataError(f"input folder {spec} lacks {folder / f'{head}-{missing:0{len(total)}d}-of-{total}{tail}'}: "
-                            f"{len(tails)} of its {int(total)} {head}-*-of-{total} shards are there",
+            absent = folder / f"{head}-{missing:0{len(total)}d}-of-{total}{tail}"
+            raise DataError(f"input folder {spec} lacks {absent}: {len(tails)} of its {int(total)} {head}-*-of-{total} "
+                            "shards are there",
                             f"download the dataset again, or pass a glob of the shards to read ('{folder}/{head}-*')")
 
 
