@@ -216,8 +216,9 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
     (tmp_path / "only_config").mkdir()
     (tmp_path / "only_config" / "config.json").write_text((source / "config.json").read_text())
     (tmp_path / "a_file").write_text("x")
-    hybrid_no_size = tmp_path / "hybrid.json"
+    hybrid_no_size, hybrid_text_size = tmp_path / "hybrid.json", tmp_path / "hybrid_text.json"
     hybrid_no_size.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "sequence_parallel": {"attention": "hybrid"}}))
+    hybrid_text_size.write_text(json.dumps({"sequence_parallel": {"attention": "hybrid", "ulysses_size": "2"}}))
     pipeline = tmp_path / "pp2.json"
     pipeline.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 2},
                                     "zero_optimization": {"stage": 1}, "sequence_parallel": {"attention": "ring"}}))
@@ -261,6 +262,8 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
             ([*hf, "--save", save, "--deepspeed-config", str(hybrid_no_size)],
              "runs hybrid attention without ulysses_size; pass --ulysses-size N (ranks per all-to-all group) to "
              "extend_context.py"),
+            ([*hf, "--save", save, "--deepspeed-config", str(hybrid_text_size)],
+             "sequence_parallel.ulysses_size = '2' is not an integer"),
             ([*hf, "--save", str(tmp_path / "a_file")], "a_file is a file; pass a folder"),
             ([*hf, "--save", str(source)], "--save is the --from folder; choose another --save"),
             ([*hf, "--save", save, "--master-port", "99999"], "--master-port 99999 is not a TCP port; pass a free"),
@@ -362,6 +365,56 @@ def test_a_resume_with_another_from_is_refused_naming_both(tmp_path, capsys, mon
     assert one_line(capsys, *argv[:5], str(plain)) == (f"the checkpoint in --save is of a model with num_layers 2, "
                                                        f"--from {source} has 3; rerun with the --from it was "
                                                        "extended from or choose a new --save")
+
+
+FAKE_RUNNER = """import os, signal, subprocess, sys, time
+if os.environ["STOP_AT"] == "runner import":  # Ctrl-C while the runner imports torch
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+
+
+def main():  # starts launch.py as DeepSpeed's runner does
+    sys.exit(subprocess.Popen([sys.executable, "-u", "-m", "deepspeed.launcher.launch", "--world_info=x"]).wait())
+"""
+FAKE_LAUNCH = """import os, signal, sys, time
+print("launch.py", sys.argv[1:], flush=True)
+if os.environ["STOP_AT"] == "launch import":  # a terminal's Ctrl-C reaches the runner and launch.py
+    os.kill(os.getppid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+
+
+def main():
+    pass
+"""
+
+
+def test_ctrl_c_while_the_launcher_starts_is_one_line(tmp_path, monkeypatch):
+    """The process the tool hands over to: Ctrl-C in the seconds after the command is printed, while
+    DeepSpeed's runner and then its launch.py import torch, used to be a KeyboardInterrupt traceback.
+    A stand-in `deepspeed` package (runner.py, launch.py, the signal sent where torch's import would
+    be), so that the moment is exact and no torch is imported; the real runner is test_signals'."""
+    source = tiny_modernbert(tmp_path / "hf", 100)
+    launched = []
+    monkeypatch.setattr(extend_context.os, "execve", lambda path, command, env: launched.append((command, env)))
+    argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"), "--", "--train-iters", "1"]
+    assert run_tool("extend_context.py", lambda: extend_context.main(argv)) == 0
+    command, env = launched[0]
+    fake = tmp_path / "fake" / "deepspeed" / "launcher"
+    fake.mkdir(parents=True)
+    for package in (fake.parent, fake):
+        (package / "__init__.py").write_text("")
+    (fake / "runner.py").write_text(FAKE_RUNNER)
+    (fake / "launch.py").write_text(FAKE_LAUNCH)
+    for stop, code, stdout, stderr in (
+            ("never", 0, ["launch.py ['--world_info=x']"], []),
+            ("runner import", 130, [], ["deepspeed: stopped by SIGINT during start-up, before any rank started; "
+                                        "nothing was saved"]),
+            ("launch import", 130, ["launch.py ['--world_info=x']"],
+             ["deepspeed: stopped by SIGINT; ranks it had started stop on their own, each saying what it saved"])):
+        done = subprocess.run(command, env={**env, "PYTHONPATH": f"{tmp_path / 'fake'}{os.pathsep}{ROOT}",
+                                            "STOP_AT": stop}, capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout.splitlines(), done.stderr.splitlines()) == (code, stdout, stderr), stop
 
 
 def test_the_dry_run_checks_the_tokenizer_and_the_data_as_the_run_does(tmp_path, capsys, texts,  # noqa: F811

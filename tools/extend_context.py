@@ -19,7 +19,9 @@ at a longer sequence: one command that picks the launch for you and starts the `
 Anything after `--` goes to pretrain_bert.py unchanged (data, tokenizer, schedule, logging flags),
 except a flag this tool sets (--seq-length, --save, ...: refused, naming the option to use). The
 command is checked here as the trainer checks it at start-up (its parser, flags, tokenizer, the
---data-path datasets, model and layout); `--dry-run` prints it instead of running it.
+--data-path datasets, model and layout); `--dry-run` prints it instead of running it. It runs as
+DeepSpeed's runner under megatron/parallel/deepspeed_command.py: Ctrl-C during the runner's imports
+is one line.
 """
 import argparse
 import json
@@ -34,7 +36,8 @@ from megatron.quiet import quiet_deepspeed
 quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
 from megatron import checkpoint, hf_convert  # noqa: E402
 from megatron.arguments import flag_setting, flags_given  # noqa: E402
-from megatron.config import ADJUSTABLE_START_FIELDS, SECTION, json_pipeline_stages, read_ds_config  # noqa: E402
+from megatron.config import (ADJUSTABLE_START_FIELDS, SECTION, json_pipeline_stages, read_ds_config,  # noqa: E402
+                             section_values)
 from megatron.errors import ConfigError, DataError, OneLineParser, run_tool  # noqa: E402
 from megatron.paths import write_json_atomic  # noqa: E402
 from megatron.training import initial_model_fields, starting_weights_fields  # noqa: E402
@@ -221,7 +224,7 @@ def take_attention(args, ds: dict) -> None:
     """--attention and --ulysses-size, where not given, from the JSON when it runs ring or hybrid (else
     ring): the command passes them to the trainer, whose flags override the JSON. A JSON's ulysses_size
     under --attention ring would be refused by the trainer, which would say to edit the JSON."""
-    section = ds.get(SECTION) if isinstance(ds.get(SECTION), dict) else {}
+    section = section_values(ds)  # type-checked
     in_json = section.get("ulysses_size")
     if args.attention is None:
         args.attention = section.get("attention") if section.get("attention") in ATTENTIONS else "ring"
@@ -397,7 +400,8 @@ def main(argv=None) -> int:
     if resume is None:
         record_source(args, kind)
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if on_cpu else {})}  # CPU: processes over gloo
-    os.execve(command[0], command, env)  # the launcher takes this process: signals reach it directly
+    launcher = [sys.executable, "-P", "-m", "megatron.parallel.deepspeed_command", *command[1:]]
+    os.execve(launcher[0], launcher, env)  # the launcher takes this process: signals reach it directly
 
 
 if __name__ == "__main__":
