@@ -9,6 +9,7 @@ What it cannot see: whether the scaled theta helps a real model at 32K (that tak
 documents); here the model is random and trains three steps, the point is the plumbing."""
 import argparse
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -394,6 +395,10 @@ def test_ctrl_c_while_the_launcher_starts_is_one_line(tmp_path, monkeypatch):
     DeepSpeed's runner and then its launch.py import torch, used to be a KeyboardInterrupt traceback.
     A stand-in `deepspeed` package (runner.py, launch.py, the signal sent where torch's import would
     be), so that the moment is exact and no torch is imported; the real runner is test_signals'."""
+    from deepspeed.launcher import runner
+
+    # the stand-in starts launch.py as the pinned DeepSpeed's runner does, which deepspeed_command relies on
+    assert 'sys.executable, "-u", "-m", "deepspeed.launcher.launch"' in inspect.getsource(runner.main)
     source = tiny_modernbert(tmp_path / "hf", 100)
     launched = []
     monkeypatch.setattr(extend_context.os, "execve", lambda path, command, env: launched.append((command, env)))
