@@ -468,17 +468,23 @@ def rng_states() -> dict:
     return states
 
 
+def refuse_tag_folder(folder: str, flag: str = "--load") -> None:
+    """Refuses one iter_* folder of a --save directory given for the directory, naming the directory:
+    `flag` (--load, extend_context.py's --from) takes the one whose `latest` names the checkpoint."""
+    parent = os.path.dirname(os.path.abspath(folder))  # a relative iter_* has a parent too
+    if re.fullmatch(r"iter_\d+", os.path.basename(os.path.normpath(folder))) and \
+            os.path.isfile(os.path.join(parent, LATEST)):
+        raise ConfigError(f"{folder} is one checkpoint of the --save directory {parent}",
+                          f"point {flag} at {parent} (its '{LATEST}' names the checkpoint to read)")
+
+
 def latest_tag(load_dir: str) -> str:
     path = os.path.join(load_dir, LATEST)
     if os.path.isfile(load_dir):
         raise ConfigError(f"{load_dir} is a file, not a checkpoint directory",
                           "point --load at the directory a run wrote with --save")
     if not os.path.isfile(path):
-        parent = os.path.dirname(os.path.abspath(load_dir))  # a relative iter_* has a parent too
-        if re.fullmatch(r"iter_\d+", os.path.basename(os.path.normpath(load_dir))) and \
-                os.path.isfile(os.path.join(parent, LATEST)):
-            raise ConfigError(f"{load_dir} is one checkpoint of the --save directory {parent}",
-                              f"point --load at {parent} (its '{LATEST}' names the checkpoint to resume)")
+        refuse_tag_folder(load_dir)
         inside = sorted(os.path.dirname(found) for found in glob.glob(os.path.join(glob.escape(load_dir), "*", LATEST)))
         raise ConfigError(f"no checkpoint in {load_dir} (missing '{LATEST}')",
                           f"point --load at {inside[0]}, which holds one" if inside else

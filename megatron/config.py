@@ -695,7 +695,7 @@ def _typed(key: str, value, kind):
     return value
 
 
-def _section_values(ds_config: dict) -> dict:
+def section_values(ds_config: dict) -> dict:
     """The project's JSON section as BertConfig / TrainConfig field values (type-checked)."""
     section = ds_config.get(SECTION, {})
     if not isinstance(section, dict):
@@ -740,7 +740,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         raise ConfigError(f"world size {world_size} must be >= 1", "launch at least one process (--world-size N)")
     check_deepspeed_types(ds_config)
     given = {key: value for key, value in flags.items() if value is not None}
-    section = _section_values(ds_config)
+    section = section_values(ds_config)
     values = {**section, **given}
     _check_model_numbers(values)
     values = {**resized_preset(model_preset(flags, ds_config), values), **values}  # each below its own flag
@@ -815,7 +815,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
                        compile_mlp=compile_mlp, pack_samples=pack_samples, ds_config=resolved)
 
 
-# the JSON section's values (_section_values) that attention.check does not read
+# the JSON section's values (section_values) that attention.check does not read
 _NOT_ATTENTION_KEYS = {"pack_samples", "max_segment_length", "model_preset"}
 # a preset's setting that a fix tells to drop (as if it were a flag) -> the flag that undoes it
 _PRESET_UNDO = {"local_attention_window": ("--local-attention-window", "--global-attention-every 1 to make every "
@@ -907,7 +907,7 @@ def model_preset(flags: dict, ds_config: dict) -> dict:
     sequence_parallel.model_preset ({} when neither names one)."""
     name = flags.get("model_preset")
     if name is None:
-        name = _section_values(ds_config).get("model_preset")
+        name = section_values(ds_config).get("model_preset")
     try:
         return preset_fields(name)
     except ConfigError as error:
@@ -929,7 +929,7 @@ def preset_source(flags: dict, ds_config: dict) -> str | None:
     or 'sequence_parallel.model_preset modernbert-base' (None: no preset)."""
     if flags.get("model_preset") is not None:
         return f"--model-preset {flags['model_preset']}"
-    name = _section_values(ds_config).get("model_preset")
+    name = section_values(ds_config).get("model_preset")
     return None if name is None else f"{SECTION}.model_preset {name}"
 
 

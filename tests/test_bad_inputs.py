@@ -581,6 +581,15 @@ CASES += [
     Case("extend_from_is_a_file", "extend", ["--from", "{tmp}/model.safetensors", "--seq-length", "256", "--save",
                                              "{tmp}/ck", "--dry-run"],
          ("model.safetensors is a file", "pass the folder holding it"), files={"model.safetensors": "x"}),
+    Case("extend_from_one_checkpoint_of_save", "extend", ["--from", "{tmp}/run/iter_0000002", "--seq-length", "256",
+                                                          "--save", "{tmp}/ck", "--dry-run"],
+         ("run/iter_0000002 is one checkpoint of the --save directory", "; point --from at"),
+         files={"run/latest": "iter_0000002", "run/iter_0000002/run_state.json": "{}"}),
+    Case("extend_ring_with_a_hybrid_json", "extend", ["--from", "{tmp}", "--seq-length", "256", "--save", "{tmp}/ck",
+                                                      "--attention", "ring", "--deepspeed-config",
+                                                      str(ROOT / "ds_configs" / "hybrid_sp4.json"), "--dry-run"],
+         ("--attention ring contradicts the sequence_parallel.ulysses_size 2", "pass --attention hybrid "
+          "--ulysses-size 2 to extend_context.py")),
     # ---- paths
     pretrain("--data-cache-path", "{tmp}/afile", files={"afile": "x"}, id="data_cache_path_is_a_file",
              phrases=("--data-cache-path", "afile is a file, not a directory", "pass a folder for the index maps")),

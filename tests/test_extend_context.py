@@ -9,6 +9,7 @@ What it cannot see: whether the scaled theta helps a real model at 32K (that tak
 documents); here the model is random and trains three steps, the point is the plumbing."""
 import argparse
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -216,6 +217,9 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
     (tmp_path / "only_config").mkdir()
     (tmp_path / "only_config" / "config.json").write_text((source / "config.json").read_text())
     (tmp_path / "a_file").write_text("x")
+    hybrid_no_size, hybrid_text_size = tmp_path / "hybrid.json", tmp_path / "hybrid_text.json"
+    hybrid_no_size.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "sequence_parallel": {"attention": "hybrid"}}))
+    hybrid_text_size.write_text(json.dumps({"sequence_parallel": {"attention": "hybrid", "ulysses_size": "2"}}))
     pipeline = tmp_path / "pp2.json"
     pipeline.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 2},
                                     "zero_optimization": {"stage": 1}, "sequence_parallel": {"attention": "ring"}}))
@@ -231,6 +235,8 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              f"with tools/convert_checkpoint.py to-hf --load {learned} --output HF, then pretrain_bert.py "
              "--init-from-hf HF --max-position-embeddings N"),
             (["--from", str(tmp_path / "missing"), "--seq-length", "256", "--save", save], "missing does not exist"),
+            (["--from", str(learned / "iter_0000001"), "--seq-length", "256", "--save", save],
+             f"iter_0000001 is one checkpoint of the --save directory {learned}; point --from at {learned} "),
             (["--from", str(source / "config.json"), "--seq-length", "256", "--save", save],
              "config.json is a file; pass the folder holding it"),
             (["--from", str(tmp_path / "only_config"), "--seq-length", "256", "--save", save],
@@ -249,6 +255,16 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              "pass --num-gpus a multiple of 8, or a --sequence-parallel-size that divides 2"),
             ([*hf, "--save", save, "--deepspeed-config", str(tmp_path / "missing.json")],
              "pass an existing JSON file to --deepspeed-config"),
+            # the JSON's hybrid attention against --attention ring, or without the group size the tool passes
+            ([*hf, "--save", save, "--attention", "ring", "--deepspeed-config", str(ROOT / "ds_configs" /
+                                                                                    "hybrid_sp4.json")],
+             "--attention ring contradicts the sequence_parallel.ulysses_size 2 of --deepspeed-config "
+             f"{ROOT / 'ds_configs' / 'hybrid_sp4.json'}; pass --attention hybrid --ulysses-size 2 to extend_context.py"),
+            ([*hf, "--save", save, "--deepspeed-config", str(hybrid_no_size)],
+             "runs hybrid attention without ulysses_size; pass --ulysses-size N (ranks per all-to-all group) to "
+             "extend_context.py"),
+            ([*hf, "--save", save, "--deepspeed-config", str(hybrid_text_size)],
+             "sequence_parallel.ulysses_size = '2' is not an integer"),
             ([*hf, "--save", str(tmp_path / "a_file")], "a_file is a file; pass a folder"),
             ([*hf, "--save", str(source)], "--save is the --from folder; choose another --save"),
             ([*hf, "--save", save, "--master-port", "99999"], "--master-port 99999 is not a TCP port; pass a free"),
@@ -277,6 +293,47 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
     piped = [*hf, "--save", save, "--deepspeed-config", str(pipeline), "--", "--train-iters", "1"]
     assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *piped])) == 0
     assert "--num_gpus 4 " in capsys.readouterr().out
+
+
+def dry_run(capsys, *argv) -> tuple[str, list]:
+    """(the launch command, the stderr lines) of a dry run that passes."""
+    capsys.readouterr()
+    assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *argv])) == 0
+    captured = capsys.readouterr()
+    return captured.out.splitlines()[-1], captured.err.splitlines()
+
+
+def test_the_attention_comes_from_the_json_unless_given(tmp_path, capsys):
+    """ds_configs/hybrid_sp4.json without --attention runs its hybrid attention and Ulysses groups
+    (the tool's default ring used to override the first and then refuse the second, saying to edit the
+    JSON); --attention and --ulysses-size still override the JSON, as documented."""
+    source = tiny_modernbert(tmp_path / "hf", 100)
+    argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"), "--deepspeed-config",
+            str(ROOT / "ds_configs" / "hybrid_sp4.json")]
+    command, _ = dry_run(capsys, *argv, "--", "--train-iters", "1")
+    assert " --attention hybrid --ulysses-size 2 " in command
+    command, _ = dry_run(capsys, *argv, "--ulysses-size", "1", "--", "--train-iters", "1")
+    assert " --attention hybrid --ulysses-size 1 " in command
+    ulysses = [*argv[:-1], str(ROOT / "ds_configs" / "ulysses_sp2.json"), "--", "--train-iters", "1"]
+    assert " --attention ring " in dry_run(capsys, *ulysses)[0]  # not a variant of this tool: its default
+
+
+def test_a_rotary_base_below_the_models_is_a_warning_naming_the_scaled_one(tmp_path, capsys):
+    """A theta below the model's makes the slow rotations faster, the opposite of an extension (or a
+    local theta given for the global one): said in a line, with the scaled default; not refused, since
+    fine-tuning at a smaller base is a method of its own. At or above the model's, nothing is said."""
+    source = tiny_modernbert(tmp_path / "hf", 100)
+    argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext")]
+    tail = ["--", "--train-iters", "1"]
+    scaled = f"{10000 * 4 ** (16 / 14):.6g}"
+    command, warnings = dry_run(capsys, *argv, "--rotary-base", "100", *tail)
+    assert "--rotary-base 100.0 " in command
+    assert warnings == ["warning: --rotary-base 100 is below the model's global rope theta 10000: its slowest "
+                        "rotations turn faster, not slower as an extension's do; drop --rotary-base for the scaled "
+                        f"{scaled}"]
+    for theta in ("10000", "20000"):
+        assert dry_run(capsys, *argv, "--rotary-base", theta, *tail)[1] == []
+    assert dry_run(capsys, *argv, *tail) == (dry_run(capsys, *argv, "--rotary-base", scaled, *tail)[0], [])
 
 
 def test_a_resume_with_another_from_is_refused_naming_both(tmp_path, capsys, monkeypatch):
@@ -309,6 +366,60 @@ def test_a_resume_with_another_from_is_refused_naming_both(tmp_path, capsys, mon
     assert one_line(capsys, *argv[:5], str(plain)) == (f"the checkpoint in --save is of a model with num_layers 2, "
                                                        f"--from {source} has 3; rerun with the --from it was "
                                                        "extended from or choose a new --save")
+
+
+FAKE_RUNNER = """import os, signal, subprocess, sys, time
+if os.environ["STOP_AT"] == "runner import":  # Ctrl-C while the runner imports torch
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+
+
+def main():  # starts launch.py as DeepSpeed's runner does
+    sys.exit(subprocess.Popen([sys.executable, "-u", "-m", "deepspeed.launcher.launch", "--world_info=x"]).wait())
+"""
+FAKE_LAUNCH = """import os, signal, sys, time
+print("launch.py", sys.argv[1:], flush=True)
+if os.environ["STOP_AT"] == "launch import":  # a terminal's Ctrl-C reaches the runner and launch.py
+    os.kill(os.getppid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+
+
+def main():
+    pass
+"""
+
+
+def test_ctrl_c_while_the_launcher_starts_is_one_line(tmp_path, monkeypatch):
+    """The process the tool hands over to: Ctrl-C in the seconds after the command is printed, while
+    DeepSpeed's runner and then its launch.py import torch, used to be a KeyboardInterrupt traceback.
+    A stand-in `deepspeed` package (runner.py, launch.py, the signal sent where torch's import would
+    be), so that the moment is exact and no torch is imported; the real runner is test_signals'."""
+    from deepspeed.launcher import runner
+
+    # the stand-in starts launch.py as the pinned DeepSpeed's runner does, which deepspeed_command relies on
+    assert 'sys.executable, "-u", "-m", "deepspeed.launcher.launch"' in inspect.getsource(runner.main)
+    source = tiny_modernbert(tmp_path / "hf", 100)
+    launched = []
+    monkeypatch.setattr(extend_context.os, "execve", lambda path, command, env: launched.append((command, env)))
+    argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"), "--", "--train-iters", "1"]
+    assert run_tool("extend_context.py", lambda: extend_context.main(argv)) == 0
+    command, env = launched[0]
+    fake = tmp_path / "fake" / "deepspeed" / "launcher"
+    fake.mkdir(parents=True)
+    for package in (fake.parent, fake):
+        (package / "__init__.py").write_text("")
+    (fake / "runner.py").write_text(FAKE_RUNNER)
+    (fake / "launch.py").write_text(FAKE_LAUNCH)
+    for stop, code, stdout, stderr in (
+            ("never", 0, ["launch.py ['--world_info=x']"], []),
+            ("runner import", 130, [], ["deepspeed: stopped by SIGINT during start-up, before any rank started; "
+                                        "nothing was saved"]),
+            ("launch import", 130, ["launch.py ['--world_info=x']"],
+             ["deepspeed: stopped by SIGINT; ranks it had started stop on their own, each saying what it saved"])):
+        done = subprocess.run(command, env={**env, "PYTHONPATH": f"{tmp_path / 'fake'}{os.pathsep}{ROOT}",
+                                            "STOP_AT": stop}, capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout.splitlines(), done.stderr.splitlines()) == (code, stdout, stderr), stop
 
 
 def test_the_dry_run_checks_the_tokenizer_and_the_data_as_the_run_does(tmp_path, capsys, texts,  # noqa: F811

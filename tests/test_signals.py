@@ -246,6 +246,10 @@ def test_signal_to_the_deepspeed_command_stops_every_rank_after_a_checkpoint(tmp
 @pytest.mark.parametrize("command, launcher", [
     ("/venv/bin/python3.11 /venv/bin/deepspeed --num_gpus 2 pretrain_bert.py", True),
     ("/venv/bin/python3.11 -u -m deepspeed.launcher.launch --world_info=e30= pretrain_bert.py", True),
+    # the two as extend_context.py runs them (megatron/parallel/deepspeed_command.py)
+    ("/venv/bin/python3.11 -P -m megatron.parallel.deepspeed_command --num_gpus 2 pretrain_bert.py", True),
+    ("/venv/bin/python3.11 -u -P -m megatron.parallel.deepspeed_command deepspeed.launcher.launch --world_info=e30= "
+     "pretrain_bert.py", True),
     ("/venv/bin/python /venv/bin/torchrun --nproc_per_node 2 pretrain_bert.py", True),
     ("python -m torch.distributed.run --nproc_per_node 2 pretrain_bert.py", True),
     ("bash examples_deepspeed/bert_distributed.sh 2 1 2 128", False),  # a path naming deepspeed is no launcher
@@ -253,8 +257,9 @@ def test_signal_to_the_deepspeed_command_stops_every_rank_after_a_checkpoint(tmp
     ("", False),
 ])
 def test_only_launchers_are_watched(command, launcher):
-    from megatron.parallel.launcher_watch import _is_launcher
+    from megatron.parallel.launcher_watch import _is_deepspeed_launch, _is_launcher
     assert _is_launcher(command) is launcher
+    assert _is_deepspeed_launch(command) is ("deepspeed.launcher.launch" in command)  # the parent a rank knows
 
 
 def test_a_launcher_ended_but_not_reaped_is_gone(monkeypatch):
@@ -557,6 +562,7 @@ SLOW_IMPORTS = [  # (entry point, a module of its start-up's imports, the end of
     ("tools/convert_checkpoint.py", "megatron.hf_convert", "before it read or wrote anything"),
     ("tools/fill_mask.py", "megatron.checkpoint", "before it read or wrote anything"),
     ("tools/plot_run.py", "megatron.run_log", "before it read or wrote anything"),
+    ("tools/extend_context.py", "megatron.hf_convert", "before it read or wrote anything"),
 ]
 
 

@@ -19,7 +19,9 @@ at a longer sequence: one command that picks the launch for you and starts the `
 Anything after `--` goes to pretrain_bert.py unchanged (data, tokenizer, schedule, logging flags),
 except a flag this tool sets (--seq-length, --save, ...: refused, naming the option to use). The
 command is checked here as the trainer checks it at start-up (its parser, flags, tokenizer, the
---data-path datasets, model and layout); `--dry-run` prints it instead of running it.
+--data-path datasets, model and layout); `--dry-run` prints it instead of running it. It runs as
+DeepSpeed's runner under megatron/parallel/deepspeed_command.py: Ctrl-C during the runner's imports
+is one line, as during this tool's own imports.
 """
 import argparse
 import json
@@ -29,20 +31,23 @@ import shlex
 import sys
 from pathlib import Path
 
+from megatron.errors import ConfigError, DataError, OneLineParser, run_tool, start_up_stops_in_one_line
 from megatron.quiet import quiet_deepspeed
 
-quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
-from megatron import checkpoint, hf_convert  # noqa: E402
-from megatron.arguments import flag_setting, flags_given  # noqa: E402
-from megatron.config import ADJUSTABLE_START_FIELDS, SECTION, json_pipeline_stages, read_ds_config  # noqa: E402
-from megatron.errors import ConfigError, DataError, OneLineParser, run_tool  # noqa: E402
-from megatron.paths import write_json_atomic  # noqa: E402
-from megatron.training import initial_model_fields, starting_weights_fields  # noqa: E402
+with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the seconds of imports: one line
+    quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
+    from megatron import checkpoint, hf_convert
+    from megatron.arguments import flag_setting, flags_given
+    from megatron.config import (ADJUSTABLE_START_FIELDS, SECTION, json_pipeline_stages, read_ds_config,
+                                 section_values)
+    from megatron.paths import write_json_atomic
+    from megatron.training import initial_model_fields, starting_weights_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FACTOR = 64
 EXTENDED = ("max_position_embeddings", "rotary_base")  # the fields this tool sets, not --from
 SOURCE_RECORD = "extended_from.json"  # in --save: what the first run started from, for a resume to compare
+ATTENTIONS = ("ring", "hybrid")  # exact, and what the local layers' halo exchange goes with
 
 
 def parse_args(argv=None):
@@ -55,13 +60,14 @@ def parse_args(argv=None):
     parser.add_argument("--num-gpus", type=int, help="ranks on this machine (default: its GPUs; without GPUs, "
                         "CPU processes, as many as --sequence-parallel-size or 2)")
     parser.add_argument("--sequence-parallel-size", type=int, help="ranks per sequence (default: all ranks)")
-    parser.add_argument("--attention", choices=("ring", "hybrid"), default="ring", help="the global layers' "
-                        "variant (default ring)")
+    parser.add_argument("--attention", choices=ATTENTIONS, help="the global layers' variant (default: the "
+                        "--deepspeed-config's, with its ulysses_size, when it is ring or hybrid; else ring)")
     parser.add_argument("--ulysses-size", type=int, help="hybrid: ranks per all-to-all group")
     parser.add_argument("--rotary-base", type=float, help="the global layers' rope theta (default: scaled with "
                         "the length, see above)")
     parser.add_argument("--deepspeed-config", default=str(ROOT / "ds_configs" / "ring_sp2.json"),
-                        help="DeepSpeed JSON (batch, ZeRO, precision; its sequence_parallel section is overridden)")
+                        help="DeepSpeed JSON (batch, ZeRO, precision; its sequence_parallel section is overridden, "
+                        "its ring or hybrid attention taken where --attention is not given)")
     parser.add_argument("--master-port", type=int, help="the launcher's rendezvous port (default its 29500)")
     parser.add_argument("--dry-run", action="store_true", help="print the launch command, do not run it")
     parser.add_argument("pretrain_args", nargs=argparse.REMAINDER, help="-- then flags for pretrain_bert.py")
@@ -129,6 +135,7 @@ def source_model(source: str) -> tuple[dict, str]:
         return hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(folder)), "hf"
     if (folder / checkpoint.LATEST).is_file():
         return checkpoint.stored_config(source, checkpoint.latest_tag(source))["model"], "checkpoint"
+    checkpoint.refuse_tag_folder(source, "--from")
     raise DataError(f"--from {source} is neither a Hugging Face folder (no config.json) nor a checkpoint folder "
                     f"(no {checkpoint.LATEST} file)", "pass a ModernBERT folder or a --save folder of this trainer")
 
@@ -214,10 +221,41 @@ def check_paths(args) -> dict:
     return ds
 
 
-def rope_theta(args, fields: dict, factor: float) -> float:
-    """--rotary-base, else the source's theta scaled with the length (6 digits, as the command shows it)."""
+def take_attention(args, ds: dict) -> None:
+    """--attention and --ulysses-size, where not given, from the JSON when it runs ring or hybrid (else
+    ring): the command passes them to the trainer, whose flags override the JSON. A JSON's ulysses_size
+    under --attention ring would be refused by the trainer, which would say to edit the JSON."""
+    section = section_values(ds)  # type-checked
+    in_json = section.get("ulysses_size")
+    if args.attention is None:
+        args.attention = section.get("attention") if section.get("attention") in ATTENTIONS else "ring"
+        if args.attention == "hybrid" and args.ulysses_size is None:
+            if in_json is None:
+                raise ConfigError(f"--deepspeed-config {args.deepspeed_config} runs hybrid attention without "
+                                  "ulysses_size", "pass --ulysses-size N (ranks per all-to-all group) to "
+                                  "extend_context.py")
+            args.ulysses_size = in_json
+    elif args.attention == "ring" and in_json is not None:
+        raise ConfigError(f"--attention ring contradicts the sequence_parallel.ulysses_size {in_json} of "
+                          f"--deepspeed-config {args.deepspeed_config}", f"pass --attention hybrid --ulysses-size "
+                          f"{in_json} to extend_context.py, or a JSON without ulysses_size")
+
+
+def default_theta(fields: dict, factor: float) -> float:
+    """The source's global theta scaled with the length (6 digits, as the command shows it)."""
     head_dim = fields["hidden_size"] // fields["num_attention_heads"]
-    return args.rotary_base or float(f"{scaled_theta(fields['rotary_base'], factor, head_dim):.6g}")
+    return float(f"{scaled_theta(fields['rotary_base'], factor, head_dim):.6g}")
+
+
+def warn_faster_theta(args, fields: dict, factor: float) -> None:
+    """A --rotary-base below the source's makes the slow rotations faster, where an extension slows
+    them; it is also what a local theta given for the global one (ModernBERT: 10000 vs 160000) does.
+    A warning, not a refusal: fine-tuning at a smaller base is a method of its own (Liu et al. 2023,
+    "Scaling Laws of RoPE-based Extrapolation")."""
+    if args.rotary_base is not None and args.rotary_base < fields["rotary_base"]:
+        print(f"warning: --rotary-base {args.rotary_base:g} is below the model's global rope theta "
+              f"{fields['rotary_base']:g}: its slowest rotations turn faster, not slower as an extension's do; "
+              f"drop --rotary-base for the scaled {default_theta(fields, factor):g}", file=sys.stderr, flush=True)
 
 
 def source_fields(args, kind: str) -> dict:
@@ -341,17 +379,20 @@ def check_launch(command: list, world: int) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    stages = json_pipeline_stages(check_paths(args))
+    ds = check_paths(args)
+    take_attention(args, ds)
+    stages = json_pipeline_stages(ds)
     world, sequence, on_cpu = ranks(args, stages)
     fields, kind = source_model(args.source)
     factor = check(args, fields, kind)
-    theta = rope_theta(args, fields, factor)
+    theta = args.rotary_base or default_theta(fields, factor)
     resume = None
     if (Path(args.save) / checkpoint.LATEST).is_file():  # a requeued job
         check_source(args, kind)
         resume = model_flags(resumed_model(args, source_fields(args, kind), theta))
     command = launch_command(args, kind, theta, world, sequence, resume)
     check_launch(command, world)
+    warn_faster_theta(args, fields, factor)
     print(f"extend_context.py: {kind} {args.source} trained at {trained_length(fields, kind)} tokens -> "
           f"{args.seq_length} ({factor:g}x); global rope theta {fields['rotary_base']:g} -> {theta}", flush=True)
     print(shlex.join(command), flush=True)
@@ -360,7 +401,8 @@ def main(argv=None) -> int:
     if resume is None:
         record_source(args, kind)
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if on_cpu else {})}  # CPU: processes over gloo
-    os.execve(command[0], command, env)  # the launcher takes this process: signals reach it directly
+    launcher = [sys.executable, "-P", "-m", "megatron.parallel.deepspeed_command", *command[1:]]
+    os.execve(launcher[0], launcher, env)  # the launcher takes this process: signals reach it directly
 
 
 if __name__ == "__main__":

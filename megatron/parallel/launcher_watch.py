@@ -47,7 +47,8 @@ def _command_line(pid: int) -> str:
         return ""
 
 
-LAUNCHERS = ("deepspeed", "torchrun", "torch.distributed.run", "torch.distributed.launch")
+LAUNCHERS = ("deepspeed", "torchrun", "torch.distributed.run", "torch.distributed.launch",
+             "megatron.parallel.deepspeed_command")  # the last: the deepspeed command as extend_context.py runs it
 
 
 def launcher_processes() -> list[tuple[int, str | None, str]]:

@@ -1,0 +1,70 @@
+"""DeepSpeed's `deepspeed` command (deepspeed.launcher.runner.main, which .venv/bin/deepspeed runs) with
+the same arguments, for a tool that hands its process over to it (extend_context.py), where a Ctrl-C
+in the seconds after the tool printed the command is one line, not a KeyboardInterrupt traceback from
+inside torch's import:
+  - the runner's imports: `deepspeed: stopped by SIGINT during start-up ...` (SIGTERM, SIGHUP too);
+  - the runner's wait for DeepSpeed's launch.py (it forwards no signal, the ranks stop on their own,
+    each saying what it saved, launcher_watch): one line too;
+  - launch.py, which the runner starts as `python -u -m deepspeed.launcher.launch ...` and which a
+    terminal's Ctrl-C reaches directly, during its own imports: it runs under this module as well
+    (`-m megatron.parallel.deepspeed_command deepspeed.launcher.launch ...`) and ends without a line
+    of its own (the runner's says it). Its command line still names deepspeed.launcher.launch.
+Run as `python -P -m megatron.parallel.deepspeed_command ...` (-P: the megatron the tool imported,
+not one in the working directory); launcher_watch counts it among the launchers.
+"""
+import signal
+import subprocess
+import sys
+
+from megatron.errors import Interrupted, raise_on_signals, restore_signals
+
+PROG = "deepspeed"
+MODULE = "megatron.parallel.deepspeed_command"
+LAUNCH = "deepspeed.launcher.launch"
+LAUNCH_START = ["-u", "-m", LAUNCH]  # how runner.py starts launch.py after the interpreter (DeepSpeed 0.19)
+
+
+class _GuardedLaunch:
+    """runner.py's `subprocess`, whose Popen starts launch.py under this module; other commands as they are."""
+
+    def __getattr__(self, name):
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(command, *args, **kwargs):  # noqa: N802 (subprocess' name)
+        if list(command[1:4]) == LAUNCH_START:
+            command = [command[0], "-u", "-P", "-m", MODULE, LAUNCH, *command[4:]]
+        return subprocess.Popen(command, *args, **kwargs)
+
+
+def _deepspeed_main(launch: bool):
+    """launch.py's main, or the runner's, which starts launch.py under this module."""
+    if launch:
+        from deepspeed.launcher.launch import main
+        return main
+    from deepspeed.launcher import runner
+    runner.subprocess = _GuardedLaunch()
+    return runner.main
+
+
+def main() -> int:
+    launch = sys.argv[1:2] == [LAUNCH]
+    if launch:
+        del sys.argv[1]  # launch.py parses the rest
+    importing = raise_on_signals()
+    try:
+        run = _deepspeed_main(launch)
+        restore_signals(importing)  # from here on, the signals are as under DeepSpeed's own commands
+        run()
+    except KeyboardInterrupt as error:  # Interrupted during the imports; Python's own once DeepSpeed runs
+        signum = getattr(error, "signum", signal.SIGINT)
+        if not launch:  # launch.py's is reported by the runner, which the same Ctrl-C reaches
+            before = " during start-up, before any rank started; nothing was saved" if isinstance(
+                error, Interrupted) else "; ranks it had started stop on their own, each saying what it saved"
+            print(f"{PROG}: stopped by {signal.Signals(signum).name}{before}", file=sys.stderr, flush=True)
+        return 128 + signum
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
