@@ -26,6 +26,7 @@ from megatron.checkpoint import (attention_change, bert_state_from_checkpoint, c
 from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer  # noqa: E402
 from megatron.errors import ConfigError, OneLineParser, run_tool  # noqa: E402
 from megatron.model.bert import BertConfig  # noqa: E402
+from megatron.paths import save_into_weights_folder  # noqa: E402
 
 
 def to_hf(args) -> None:
@@ -54,10 +55,9 @@ def check_from_hf(args, positions: int) -> None:
     it; no table shorter than the folder's (it would drop positions); no --seq-length beyond the
     checkpoint's positions (the stored length is the one the model was trained at, from which
     tools/extend_context.py scales rope: the folder's unless set)."""
-    save, folder = Path(args.save).resolve(), Path(args.hf_dir).resolve()
-    if save == folder or folder in save.parents:
-        raise ConfigError(f"--save {args.save} is {'the' if save == folder else 'inside the'} --hf-dir folder: the "
-                          "checkpoint would be written into the Hugging Face model folder", "choose another --save")
+    inside = save_into_weights_folder(args.save, args.hf_dir, "--hf-dir")
+    if inside:
+        raise ConfigError(inside, "choose another --save")
     for flag in ("--max-position-embeddings", "--seq-length", "--make-vocab-size-divisible-by"):
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None and value < 1:
