@@ -799,7 +799,8 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         attention.check(model, sequence)
     except ConfigError as error:
         fix = _section_fix(_preset_fix(error.fix, given, section, flags, ds_config), given, section)
-        raise ConfigError(where + error.problem, fix) from None
+        raise ConfigError(where + _preset_problem(error.problem, values, given, section, flags, ds_config),
+                          fix) from None
     _refuse_unused_options(given, section, model)
 
     resolved = {**ds_config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
@@ -831,6 +832,16 @@ def _preset_fix(fix: str, given: dict, section: dict, flags: dict, ds_config: di
         flag, undo = _PRESET_UNDO[name]
         fix = re.sub(f"drop {flag}(?![-\\w])", f"pass {undo} ({preset_source(flags, ds_config)} sets {flag})", fix)
     return fix
+
+
+def _preset_problem(problem: str, values: dict, given: dict, section: dict, flags: dict, ds_config: dict) -> str:
+    """`problem` with each 'field value' that the preset set (no flag, no JSON key) named with its preset:
+    'num_attention_heads 16 (from --model-preset modernbert-large)', which the user never typed."""
+    for name in (model_preset(flags, ds_config).keys() & values.keys()) - given.keys() - section.keys():
+        said = f"{name} {values[name]}"
+        named = f"{said} (from {preset_source(flags, ds_config)})"
+        problem = re.sub(f"\\b{re.escape(said)}(?![\\w.])", lambda _: named, problem, count=1)
+    return problem
 
 
 def _section_fix(fix: str, given: dict, section: dict) -> str:

@@ -63,3 +63,13 @@ def write_json_atomic(path, value: dict) -> None:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def save_into_weights_folder(save: str, folder: str, flag: str) -> str | None:
+    """The problem of a --save that is the Hugging Face folder `flag` names, or lies inside it: the
+    checkpoint would be written into the model folder (None: it lies elsewhere)."""
+    save_path, weights = Path(save).resolve(), Path(folder).resolve()
+    if save_path != weights and weights not in save_path.parents:
+        return None
+    return (f"--save {save} is {'the' if save_path == weights else 'inside the'} {flag} folder: the checkpoint "
+            "would be written into the Hugging Face model folder")

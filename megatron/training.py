@@ -313,6 +313,10 @@ def check_flag_combinations(args) -> None:
     if args.finetune and args.init_from_hf:
         raise ConfigError("--finetune is given with --init-from-hf, whose folder gives the weights (--load then "
                           "names the run's own checkpoints, which a requeue resumes)", "drop --finetune")
+    inside = args.init_from_hf and args.save and paths.save_into_weights_folder(args.save, args.init_from_hf,
+                                                                                "--init-from-hf")
+    if inside:
+        raise ConfigError(inside, "choose another --save")
     if args.min_lr is not None and args.lr_decay_style == "constant":
         raise ConfigError(f"--min-lr {args.min_lr} is given with --lr-decay-style constant, which never decays",
                           "pass --lr-decay-style linear or cosine, or drop --min-lr")
@@ -725,10 +729,24 @@ def tokenizer_and_holder(args) -> tuple:
         if launcher_rank() == 0:
             print(f"warning: {error.problem}; the run uses {explicit.file}", file=sys.stderr, flush=True)
         folder = None
+    if explicit is None and args.tokenizer_type and folder is not None:
+        explicit = typed_folder_tokenizer(args.tokenizer_type, folder, args.init_from_hf)
     tokenizer = choose_tokenizer(explicit, folder, args.init_from_hf, same_pipeline=not args.tokenizer_type,
                                  hf_folder=True)
     tokenizer = explicit if explicit is not None and args.tokenizer_type else tokenizer
     return tokenizer, f"the Hugging Face folder {args.init_from_hf}" if folder is not None else None
+
+
+def typed_folder_tokenizer(flag_type: str, folder, hf_dir: str):
+    """--tokenizer-type without a tokenizer file, over the tokenizer of the --init-from-hf folder: a WordPiece
+    case is the vocab.txt's (its tokenizer_config may not say it: an explicit type wins, as with --vocab-file);
+    the other family (HFTokenizer vs WordPiece) is refused, as a resume and fill_mask refuse it (the folder's
+    tokens are the model's)."""
+    if (flag_type == HF_TOKENIZER) != isinstance(folder, HFTokenizer):
+        raise ConfigError(f"--tokenizer-type {flag_type} differs from {folder.type_name}, which the Hugging Face "
+                          f"folder {hf_dir} was trained with",
+                          "drop --tokenizer-type (the folder carries its tokenizer)")
+    return folder if isinstance(folder, HFTokenizer) else build_tokenizer(flag_type, folder.file)
 
 
 def data_paths(args) -> tuple:
@@ -739,7 +757,8 @@ def data_paths(args) -> tuple:
     if args.data_path:
         if tokenizer is None:
             source = (f"the --init-from-hf folder {args.init_from_hf} holds no vocab.txt or tokenizer.json"
-                      if args.init_from_hf else "the run starts from nothing that carries a tokenizer")
+                      if args.init_from_hf else f"the checkpoint {args.load} carries no tokenizer" if args.load
+                      else "the run starts from nothing that carries a tokenizer")
             raise ConfigError(f"--data-path is given without --vocab-file, and {source}",
                               "pass the vocab.txt (or --tokenizer-file) the data was made with")
         data_path = args.data_path
@@ -853,6 +872,8 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
         flags[field] = value if flags.get(field) is None else flags[field]
     if resume:
         print_warnings([kept_regime(weights, flags, ds, source)])
+    elif start:  # a new run from weights: their regime, not BertConfig's defaults, where no flag sets it
+        note_taken_regime(take_regime(weights, flags, ds, "local_attention_window" in start)[0], source)
     if flags.get("seq_length") is None and start:
         flags["seq_length"] = start_length(args, weights, flags, resume)
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
@@ -873,22 +894,40 @@ def kept_regime(stored: dict, flags: dict, ds: dict, source: str) -> str | None:
     preset sets them: BertConfig's defaults (dropout 0.1) would change a preset run's regime silently.
     Sets them in `flags`; returns the warning naming those a flag or preset changes, or attention dropout
     dropped by a variant without it (ring, hybrid, BigBird: their default 0) (None: no change)."""
+    changes = take_regime(stored, flags, ds)[1]
+    return f"{'; '.join(changes)}, which {source}'s run trained with" if changes else None
+
+
+def take_regime(stored: dict, flags: dict, ds: dict, local_layers: bool = False) -> tuple[list, list]:
+    """Sets in `flags` the REGIME_FIELDS of `stored` (the weights' config) that no flag or preset sets;
+    attention dropout 0 where the variant or the weights' local layers (`local_layers`) have none. Returns
+    ('name value' of each taken, 'SETTER changes name from value' of each set otherwise)."""
     preset, named = model_preset(flags, ds), preset_source(flags, ds)
     variant = given_attention(flags, ds) or BertConfig.attention
-    changes = []
+    without = f"{variant} attention" if not RULES.get(variant, Rules).supports_attention_dropout else \
+        "local layers" if local_layers else None
+    taken, changes = [], []
     for name in (name for name in REGIME_FIELDS if name in stored):
         value = flags.get(name)
         setter = flag_setting(name, value) if value is not None else None
         if value is None and name in preset:
             value, setter = preset[name], f"{named} ({name} {preset[name]})"
-        if value is None and name == "attention_dropout" and stored[name] and \
-                not RULES.get(variant, Rules).supports_attention_dropout:
-            value, setter = 0.0, f"{variant} attention (no attention dropout)"
+        if value is None and name == "attention_dropout" and stored[name] and without:
+            value, setter = 0.0, f"{without} (no attention dropout)"
         if value is None:
             flags[name] = stored[name]
+            taken.append(f"{name} {stored[name]}")
         elif value != stored[name]:
             changes.append(f"{setter} changes {name} from {stored[name]}")
-    return f"{'; '.join(changes)}, which {source}'s run trained with" if changes else None
+    return taken, changes
+
+
+def note_taken_regime(taken: list, source: str) -> None:
+    """The line of a new run from weights whose dropout (init_method_std) comes from them, not from
+    BertConfig's defaults (a ModernBERT's dropout 0, not 0.1), from the first rank."""
+    if taken and launcher_rank() == 0:
+        print(f"{', '.join(taken)} as in {source} (--hidden-dropout, --attention-dropout or --init-method-std set "
+              "others)", flush=True)
 
 
 def start_length(args, weights: dict, flags: dict, resume: bool = False) -> int:
@@ -903,6 +942,15 @@ def start_length(args, weights: dict, flags: dict, resume: bool = False) -> int:
     else:
         reach = weights["seq_length"]
     return min(BertConfig.seq_length, reach)
+
+
+def check_vocab_room(args, tokenizer, vocab_size: int) -> None:
+    """Every token id has an embedding row (check_fits), with --vocab-size named where it sets too few."""
+    if args.vocab_size and tokenizer.vocab_size > vocab_size:
+        raise ConfigError(f"--vocab-size {args.vocab_size} is below the {tokenizer.vocab_size} tokens of the "
+                          f"tokenizer {tokenizer.file}", f"raise --vocab-size to {tokenizer.vocab_size} or more, or "
+                          "drop it (the tokenizer's size is the default)")
+    check_fits(tokenizer, vocab_size)
 
 
 def check_sample_room(config) -> None:
@@ -948,7 +996,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     config = resolve(flags, ds, dist.get_world_size(), deepspeed_check=not checked)
     if torch.cuda.is_available() and config.model.attention != "linformer":  # linformer: torch's F.sdpa picks
         blocks.check_cuda_head_dim(config.model.head_dim, precision(ds), torch.cuda.get_device_capability())
-    check_fits(tokenizer, config.model.vocab_size)
+    check_vocab_room(args, tokenizer, config.model.vocab_size)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token
         source = f"--vocab-size {args.vocab_size}" if args.vocab_size else "the weights the run starts from"
         print(f"warning: the model's vocab_size {config.model.vocab_size} ({source}) exceeds the tokenizer's "

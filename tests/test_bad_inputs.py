@@ -1008,6 +1008,20 @@ CONFIG_MISTAKES = {
         "the 'latest' file of", "is empty: it names no checkpoint"), {}),
     "finetune_with_init_from_hf": (["--init-from-hf", "{hf}", "--load", "{tmp}", "--finetune"], {}, (
         "--finetune is given with --init-from-hf", "drop --finetune"), {}),
+    # ---- a folder given with the other kind's flag, and checkpoints written into the Hugging Face folder
+    "init_from_hf_of_a_checkpoint": (["--init-from-hf", "{tmp}/ck"], {"ck/latest": "iter_0000001"}, (
+        "/ck is a checkpoint of this trainer, not a Hugging Face model folder", "/ck with --load (a weights-only "
+        "one"), {}),
+    "init_from_hf_of_one_checkpoint": (["--init-from-hf", "{tmp}/iter_0000001"], {
+        "latest": "iter_0000001", "iter_0000001/run_state.json": "{}"}, (
+        "/iter_0000001 is a checkpoint of this trainer", "with --load (a weights-only"), {}),
+    "load_of_an_hf_folder": (["--load", "{hf}"], {}, (
+        "/hf is a Hugging Face model folder, not a checkpoint of this trainer (it has no 'latest')",
+        "pass it to pretrain_bert.py with --init-from-hf in place of --load, or convert it first"), {}),
+    **{f"save_{name}_the_hf_folder": (["--init-from-hf", "{hf}", "--save", save], {}, (
+        f"is {where} --init-from-hf folder: the checkpoint would be written into the Hugging Face model folder",
+        "choose another --save"), {}) for name, where, save in (("as", "the", "{hf}"), ("inside", "inside the",
+                                                                                       "{hf}/run"))},
     # ---- one rule per number, whatever its value breaks
     **{f"rotary_base_{name}": (["--position-embedding-type", "rope", "--rotary-base", value], {}, (
         f"rotary_base = {float(value)} is not a finite number > 1", "pass --rotary-base above 1"), {})

@@ -451,3 +451,17 @@ def test_another_rope_theta_on_a_resume_names_finetune_and_extend_context(tmp_pa
         f"--rotary-base 320000.0 contradicts the checkpoint {ckpt}, whose model has rotary_base 160000.0; drop "
         "--rotary-base 320000.0: a resume keeps the checkpoint's model; to train on with another rotary_base, start "
         "a new run from its weights with --finetune, or tools/extend_context.py for a longer context")
+
+
+@pytest.mark.parametrize("argv,ds,named", [
+    (["--model-preset", "modernbert-large", "--hidden-size", "72"], {},
+     "num_attention_heads 16 (from --model-preset modernbert-large)"),
+    (["--hidden-size", "72"], {"sequence_parallel": {"model_preset": "modernbert-large"}},
+     "num_attention_heads 16 (from sequence_parallel.model_preset modernbert-large)"),
+    (["--model-preset", "modernbert-large", "--hidden-size", "72", "--num-attention-heads", "16"], {},
+     "num_attention_heads 16; "),  # the user's own flag: nothing to name
+])
+def test_a_models_check_names_the_preset_that_set_a_value_the_user_never_typed(argv, ds, named):
+    with pytest.raises(ConfigError) as error:
+        resolve(flags(*argv, "--seq-length", "64"), ds, world_size=1, deepspeed_check=False)
+    assert f"hidden_size 72 is not divisible by {named}" in str(error.value), error.value

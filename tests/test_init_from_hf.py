@@ -213,6 +213,23 @@ def test_a_folders_fixed_tokenizer_is_the_folders_and_other_data_is_preprocessed
         f"--vocab-file {folder}/vocab.txt, the one the Hugging Face folder {folder} was trained with)")
 
 
+def test_a_checkpoint_that_carries_no_tokenizer_is_named_when_the_data_needs_one(tmp_path):
+    """In-process (training.data_paths): --load of a checkpoint without a tokenizer (a from-hf one of a folder
+    without one) said 'the run starts from nothing that carries a tokenizer', as if no --load were given."""
+    from bert_fixtures import small_config, small_model
+    from megatron.errors import ConfigError
+
+    config = small_config("dense")
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
+    args = argparse.Namespace(load=str(tmp_path / "ck"), init_from_hf=None, vocab_file=None, tokenizer_file=None,
+                              tokenizer_type=None, data_path=[str(tmp_path / "data")], whole_word_masking=False)
+    with pytest.raises(ConfigError) as caught:
+        training.data_paths(args)
+    assert str(caught.value) == (f"--data-path is given without --vocab-file, and the checkpoint {tmp_path / 'ck'} "
+                                 "carries no tokenizer; pass the vocab.txt (or --tokenizer-file) the data was made "
+                                 "with")
+
+
 def test_a_run_started_from_an_hf_folder_resumes_with_the_same_command(tmp_path, data_dir, capsys):
     """The first run takes its model and its --seq-length (the folder's 64 positions, not the default 512)
     from the folder. Requeued with the same command (--init-from-hf X --load S --save S: Megatron's
@@ -443,3 +460,42 @@ def test_the_weights_fingerprint_hashes_the_model_the_run_reads(tmp_path):
     states["module"] = {name: tensor + 1 for name, tensor in states["module"].items()}
     torch.save(states, path)
     assert hf_convert.weights_fingerprint(weights, "checkpoint") != before
+
+
+def test_a_run_from_weights_trains_with_their_dropout_unless_a_flag_or_preset_sets_it(tmp_path, capsys):
+    """In-process (training.model_flags): a ModernBERT folder (dropout 0) was trained at BertConfig's default
+    0.1 and exported so by to-hf; the weights' dropout is the run's, as a resume keeps it (kept_regime), and a
+    line says so. A BERT folder's 0.1 is kept alike; local layers, or a variant without attention dropout,
+    drop a folder's (BertConfig sets 0) instead of refusing it; a flag sets another; a weights-only
+    checkpoint's is taken too."""
+    import json
+
+    import transformers
+    from bert_fixtures import small_config, small_model
+    from megatron.arguments import build_parser
+    from test_hf_modernbert import SHAPES
+
+    def dropouts(*argv, weights_only=False):
+        flags = training.model_flags(build_parser().parse_args([str(arg) for arg in argv]), {}, weights_only)
+        return flags["hidden_dropout"], flags["attention_dropout"]
+
+    modern, bert = tmp_path / "mb", tmp_path / "bert"
+    modern.mkdir()
+    hf = transformers.ModernBertConfig(**SHAPES["geglu-every3"]).to_dict()
+    (modern / "config.json").write_text(json.dumps({**hf, "attention_dropout": 0.0, "mlp_dropout": 0.0}))
+    capsys.readouterr()
+    assert dropouts("--init-from-hf", modern) == (0.0, 0.0)
+    assert f"hidden_dropout 0.0, attention_dropout 0.0, init_method_std 0.02 as in the --init-from-hf folder " \
+           f"{modern} (" in capsys.readouterr().out
+    assert dropouts("--init-from-hf", modern, "--hidden-dropout", "0.2") == (0.2, 0.0)
+    (modern / "config.json").write_text(json.dumps({**hf, "attention_dropout": 0.1, "mlp_dropout": 0.05}))
+    assert dropouts("--init-from-hf", modern) == (0.05, None)  # BertConfig: 0 with local layers
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert", **HF, "vocab_size": 100,
+                                                  "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}))
+    assert dropouts("--init-from-hf", bert) == (0.1, 0.1)
+    assert dropouts("--init-from-hf", bert, "--attention", "ring") == (0.1, None)  # ring: none
+    config = small_config("dense", hidden_dropout=0.0, attention_dropout=0.0)
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
+    assert dropouts("--load", tmp_path / "ck", weights_only=True) == (0.0, 0.0)
+    assert f"as in the weights-only checkpoint {tmp_path / 'ck'} (" in capsys.readouterr().out

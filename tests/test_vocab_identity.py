@@ -1,6 +1,7 @@
 """The vocab's identity (sha256 of its tokens in id order): what data and checkpoints carry, and what
 the run, a resume, fill-mask and to-hf compare (the entry points' one-line refusals are rows of
 tests/test_bad_inputs.py)."""
+import argparse
 import json
 
 import pytest
@@ -96,6 +97,48 @@ def test_a_tokenizer_type_flag_overrides_the_hf_folders_tokenizer(tmp_path):
     assert chosen.file == str(tmp_path / "cased.json")
     with pytest.raises(DataError, match="splits text into the tokens of .*hf/tokenizer.json, which .*hf carries"):
         training.run_tokenizer(build_parser().parse_args(flags))
+
+
+def test_a_tokenizer_type_alone_is_the_hf_folders_case_or_refused_as_another_family(tmp_path):
+    """--init-from-hf with --tokenizer-type and no tokenizer file: a WordPiece case is the folder vocab.txt's
+    (its tokenizer_config may not say it), as a --vocab-file's type is; the other family (HFTokenizer over a
+    vocab.txt, WordPiece over a tokenizer.json) was disregarded without a word, where a resume refuses it."""
+    from megatron import training
+    from megatron.arguments import build_parser
+
+    (tmp_path / "bert").mkdir()
+    write(tmp_path / "bert" / "vocab.txt", VOCAB)
+    (tmp_path / "modern").mkdir()
+    (tmp_path / "modern" / "tokenizer.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, True)))
+
+    def run_tokenizer(folder, flag_type):
+        return training.run_tokenizer(build_parser().parse_args(["--init-from-hf", str(tmp_path / folder),
+                                                                 "--tokenizer-type", flag_type]))
+
+    assert run_tokenizer("bert", "BertWordPieceCase").type_name == "BertWordPieceCase"
+    assert run_tokenizer("modern", "HFTokenizer").file == str(tmp_path / "modern" / "tokenizer.json")
+    for folder, flag_type, carried in (("bert", "HFTokenizer", "BertWordPieceLowerCase"),
+                                       ("modern", "BertWordPieceCase", "HFTokenizer")):
+        with pytest.raises(ConfigError) as caught:
+            run_tokenizer(folder, flag_type)
+        assert str(caught.value) == (f"--tokenizer-type {flag_type} differs from {carried}, which the Hugging Face "
+                                     f"folder {tmp_path / folder} was trained with; drop --tokenizer-type (the "
+                                     "folder carries its tokenizer)")
+
+
+def test_a_vocab_size_flag_below_the_tokenizers_is_named_as_the_source(tmp_path):
+    """training.check_vocab_room: --vocab-size 500 with a 1000-token tokenizer told to pass 'the --vocab-file
+    the model was trained with', though the flag set the size; without the flag, check_fits's line."""
+    from megatron import training
+
+    tokenizer = BertWordPiece(write(tmp_path / "vocab.txt", VOCAB))
+    with pytest.raises(ConfigError) as caught:
+        training.check_vocab_room(argparse.Namespace(vocab_size=8), tokenizer, 8)
+    assert str(caught.value) == (f"--vocab-size 8 is below the 12 tokens of the tokenizer {tmp_path}/vocab.txt; "
+                                 "raise --vocab-size to 12 or more, or drop it (the tokenizer's size is the default)")
+    with pytest.raises(ConfigError, match="has 12 tokens, the model's vocab_size is 8; pass the --vocab-file"):
+        training.check_vocab_room(argparse.Namespace(vocab_size=None), tokenizer, 8)
+    training.check_vocab_room(argparse.Namespace(vocab_size=16), tokenizer, 16)
 
 
 def test_data_records_its_vocab(tmp_path):

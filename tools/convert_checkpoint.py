@@ -27,6 +27,7 @@ with start_up_stops_in_one_line("convert_checkpoint.py"):  # Ctrl-C during the s
                                      stored_config)
     from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer
     from megatron.model.bert import BertConfig
+    from megatron.paths import save_into_weights_folder
 
 
 def to_hf(args) -> None:
@@ -55,10 +56,9 @@ def check_from_hf(args, positions: int) -> None:
     it; no table shorter than the folder's (it would drop positions); no --seq-length beyond the
     checkpoint's positions (the stored length is the one the model was trained at, from which
     tools/extend_context.py scales rope: the folder's unless set)."""
-    save, folder = Path(args.save).resolve(), Path(args.hf_dir).resolve()
-    if save == folder or folder in save.parents:
-        raise ConfigError(f"--save {args.save} is {'the' if save == folder else 'inside the'} --hf-dir folder: the "
-                          "checkpoint would be written into the Hugging Face model folder", "choose another --save")
+    inside = save_into_weights_folder(args.save, args.hf_dir, "--hf-dir")
+    if inside:
+        raise ConfigError(inside, "choose another --save")
     for flag in ("--max-position-embeddings", "--seq-length", "--make-vocab-size-divisible-by"):
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None and value < 1:
