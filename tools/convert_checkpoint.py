@@ -23,7 +23,7 @@ quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imp
 from megatron import hf_convert  # noqa: E402
 from megatron.checkpoint import (attention_change, bert_state_from_checkpoint, checkpoint_folder, latest_tag,  # noqa: E402
                                  stored_config)
-from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer  # noqa: E402
+from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits, checkpoint_tokenizer  # noqa: E402
 from megatron.errors import ConfigError, OneLineParser, run_tool  # noqa: E402
 from megatron.model.bert import BertConfig  # noqa: E402
 
@@ -89,9 +89,12 @@ def from_hf(args) -> None:
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
     fields["seq_length"] = positions if args.seq_length is None else args.seq_length
-    config = BertConfig(**fields)
+    config = hf_convert.without_refused_dropout(BertConfig(**fields), args.hf_dir)
     state, initialised = hf_convert.load_hf_weights(args.hf_dir, config,
                                                     extend_positions=not args.no_position_extension)
+    if tokenizer is not None:  # before anything is written: every tool would refuse the checkpoint
+        check_fits(tokenizer, config.vocab_size, f"put the model's own tokenizer in {args.hf_dir} (one of at most "
+                   f"{config.vocab_size} tokens, the rows of its embedding)")
     hf_convert.save_weights_only_checkpoint(args.save, state, config, tokenizer, initialised)
     print(f"wrote a weights-only checkpoint ({config.layernorm_layout}-LayerNorm, {config.num_layers} layers, "
           f"{config.max_position_embeddings} positions) to {args.save}")
