@@ -109,18 +109,21 @@ def test_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_file_if_it_is
            f"({naming_flags(tokenizer.type_name, tokenizer.file)}, sha256 {tokenizer.identity[:12]})")
     other = BertWordPiece(write(tmp_path / "other.txt", VOCAB[:5] + VOCAB[5:][::-1]))
     (tmp_path / "lower.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, True)))
-    for flag, problem in [(None, lacks), (other, f"{lacks}, and {other.file} is another vocab (sha256 "
-                                                 f"{other.identity[:12]})"),
-                          (HFTokenizer(tmp_path / "lower.json"), f"{lacks}, and {tmp_path / 'lower.json'} splits text "
-                                                                 "into its tokens another way (normalizer.")]:
+
+    def flags(vocab_file=None, tokenizer_file=None) -> Namespace:  # a vocab.txt flag: lowercase by default
+        return Namespace(tokenizer_type=None, vocab_file=vocab_file and str(vocab_file),
+                         tokenizer_file=tokenizer_file and str(tokenizer_file))
+    for given, problem in [(flags(), lacks),
+                           (flags(other.file), f"{lacks}, and {other.file} is another vocab (sha256 "
+                                               f"{other.identity[:12]})"),
+                           (flags(tokenizer_file=tmp_path / "lower.json"), f"{lacks}, and {tmp_path / 'lower.json'} "
+                                                                           "splits text into its tokens another way")]:
         with pytest.raises(DataError) as error:
-            carried_tokenizer(folder, flag)
+            checkpoint_tokenizer(given, folder)
         assert str(error.value).startswith(problem) and str(error.value).endswith(fix), str(error.value)
-    flags = Namespace(tokenizer_type=None, vocab_file=None if kind == "hf" else str(copy),
-                      tokenizer_file=str(copy) if kind == "hf" else None)  # a vocab.txt flag: lowercase by default
     with pytest.warns(UserWarning, match="^" + re.escape(f"{lacks}; using {copy}, the tokenizer its record names "
                                                          f"(sha256 {tokenizer.identity[:12]}, the same text pipeline)")):
-        standing_in = checkpoint_tokenizer(flags, folder)
+        standing_in = checkpoint_tokenizer(flags(tokenizer_file=copy) if kind == "hf" else flags(copy), folder)
     assert (standing_in.type_name, standing_in.identity, standing_in.file) == (tokenizer.type_name,
                                                                                tokenizer.identity, str(copy))
     assert standing_in.tokenize("The cats") == tokenizer.tokenize("The cats")  # cased, as trained
