@@ -129,6 +129,27 @@ def test_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_file_if_it_is
     assert standing_in.tokenize("The cats") == tokenizer.tokenize("The cats")  # cased, as trained
 
 
+def test_a_run_from_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_one(tmp_path, capsys):
+    """pretrain_bert.py --load (and extend_context.py --from a checkpoint): the same stand-in, in one
+    `warning:` line of the first rank."""
+    from megatron import hf_convert, training
+    from megatron.arguments import build_parser
+    from megatron.model.bert import BertConfig, BertModel
+
+    tokenizer = BertWordPiece(write(tmp_path / "vocab.txt", VOCAB))
+    config = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_layers=1, num_attention_heads=2, seq_length=16,
+                        max_position_embeddings=16)
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", BertModel(config).state_dict(), config, tokenizer)
+    (tmp_path / "ck" / "iter_0000000" / "vocab.txt").unlink()
+    capsys.readouterr()
+    args = build_parser().parse_args(["--load", str(tmp_path / "ck"), "--vocab-file", str(tmp_path / "vocab.txt")])
+    assert training.run_tokenizer(args).identity == tokenizer.identity
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: checkpoint {tmp_path / 'ck' / 'iter_0000000'} names tokenizer BertWordPieceLowerCase in {CARRIED} "
+        f"but lacks its vocab.txt; using {tmp_path / 'vocab.txt'}, the tokenizer its record names (sha256 "
+        f"{tokenizer.identity[:12]}, the same text pipeline)"]
+
+
 def test_a_tokenizer_type_flag_overrides_the_hf_folders_tokenizer(tmp_path):
     """--init-from-hf with --tokenizer-type and --tokenizer-file: the flags' tokenizer is the run's even
     where it splits the folder's tokens another way (an explicit choice); without the type, it is refused."""
