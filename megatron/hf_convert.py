@@ -197,7 +197,7 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, low
     """Writes config.json, model.safetensors, vocab.txt and tokenizer_config.json (and tokenizer.json
     for ModernBERT, whose AutoTokenizer reads nothing else); with `hf_tokenizer` (vocab_file None)
     its tokenizer.json instead of the vocab.txt. Atomic: a temporary sibling folder renamed at the
-    end, so a failure leaves nothing half-written."""
+    end, so a failure leaves nothing half-written, nor the folders made for it (undone_on_failure)."""
     output = Path(output)
     if output.exists():
         what = "a file" if Path(output).is_file() else "an existing folder"
