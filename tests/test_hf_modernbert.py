@@ -228,12 +228,12 @@ OWN_CONFIG = "or put the config.json of these weights in the folder"
 
 
 @pytest.mark.parametrize("kind,changes,message", [
-    ("modernbert", {"model_type": "bert"}, "says model_type 'bert', but the weights are a modernbert model's (e.g. ...); set "
-     f"model_type to 'modernbert' in config.json, {OWN_CONFIG}"),
-    ("bert", {"model_type": "modernbert"}, "says model_type 'modernbert', but the weights are a bert model's (e.g. ...); set "
-     f"model_type to 'bert' in config.json, {OWN_CONFIG}"),
-    ("megatron-bert", {"model_type": "bert"}, "says model_type 'bert', but the weights are a megatron-bert model's (e.g. ...); "
-     f"set model_type to 'megatron-bert' in config.json, {OWN_CONFIG}"),
+    ("modernbert", {"model_type": "bert"}, "says model_type 'bert', but the weights are a modernbert model's "
+     f"(e.g. ...); set model_type to 'modernbert' in config.json, {OWN_CONFIG}"),
+    ("bert", {"model_type": "modernbert"}, "says model_type 'modernbert', but the weights are a bert model's "
+     f"(e.g. ...); set model_type to 'bert' in config.json, {OWN_CONFIG}"),
+    ("megatron-bert", {"model_type": "bert"}, "says model_type 'bert', but the weights are a megatron-bert "
+     f"model's (e.g. ...); set model_type to 'megatron-bert' in config.json, {OWN_CONFIG}"),
     ("modernbert", {"vocab_size": 90}, "the Hugging Face config.json's vocab_size 90 contradicts the 100 rows of "
      "model.embeddings.tok_embeddings.weight; set vocab_size to 100 in config.json"),
     ("bert", {"vocab_size": 90}, "the Hugging Face config.json's vocab_size 90 contradicts the 97 rows of "

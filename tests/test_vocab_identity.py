@@ -121,8 +121,8 @@ def test_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_file_if_it_is
         with pytest.raises(DataError) as error:
             checkpoint_tokenizer(given, folder)
         assert str(error.value).startswith(problem) and str(error.value).endswith(fix), str(error.value)
-    with pytest.warns(UserWarning, match="^" + re.escape(f"{lacks}; using {copy}, the tokenizer its record names "
-                                                         f"(sha256 {tokenizer.identity[:12]}, the same text pipeline)")):
+    stands_in = f"{lacks}; using {copy}, the tokenizer its record names (sha256 {tokenizer.identity[:12]}, the same "
+    with pytest.warns(UserWarning, match="^" + re.escape(stands_in + "text pipeline)")):
         standing_in = checkpoint_tokenizer(flags(tokenizer_file=copy) if kind == "hf" else flags(copy), folder)
     assert (standing_in.type_name, standing_in.identity, standing_in.file) == (tokenizer.type_name,
                                                                                tokenizer.identity, str(copy))
