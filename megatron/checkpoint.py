@@ -590,9 +590,10 @@ def run_state(load_dir: str, tag: str) -> dict:
     return {key: value for key, value in stored.items() if key != "module"}
 
 
-def carried_tokenizer(load_dir: str, tag: str | None = None):
-    """The tokenizer the checkpoint carries (None: saved before checkpoints carried one)."""
-    return tokenizers.carried_tokenizer(checkpoint_folder(load_dir, tag or latest_tag(load_dir)))
+def carried_tokenizer(load_dir: str, tag: str | None = None, stand_in=None):
+    """The tokenizer the checkpoint carries (None: saved before checkpoints carried one); `stand_in`: the
+    flags' tokenizer, used in place of a carried file that is gone if it is the one recorded."""
+    return tokenizers.carried_tokenizer(checkpoint_folder(load_dir, tag or latest_tag(load_dir)), stand_in)
 
 
 def refuse_non_finite(tensors: dict, source: str, fix: str) -> None:

@@ -44,6 +44,27 @@ def cannot_use(error: OSError, fix: str = "check the path, its permissions and f
     return ConfigError(f"cannot use {names} ({error.strerror or error})", fix)
 
 
+class GitLfsPointer(DataError):
+    """A file that is a Git LFS pointer: a clone of a model or dataset repository made without git-lfs
+    holds a ~130-byte text in place of each large file, and copying or cloning it again gives the same."""
+
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"  # how every pointer file starts
+
+
+def refuse_lfs_pointer(path) -> None:
+    """Raises GitLfsPointer if the file `path` is a Git LFS pointer (called where a file failed to
+    parse: weights, a tokenizer, a Parquet shard), naming it as such rather than as truncated."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(len(LFS_POINTER))
+    except OSError:  # the caller's own error names what is wrong with the path
+        return
+    if head == LFS_POINTER:
+        raise GitLfsPointer(f"{path} is a Git LFS pointer, not the file",
+                            f"run git lfs pull in {os.path.dirname(os.path.abspath(path))} (after git lfs install)")
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGTERM, SIGINT or SIGHUP raised as an exception in the main thread, so that the `except
     BaseException` / `finally` clean-ups of a tool remove what it had started."""

@@ -15,6 +15,8 @@ safetensors (a JSON header followed by raw little-endian tensor bytes).
 ModernBERT has its own adapter (hf_modernbert: name map, shape transforms, config) on this module's
 plumbing; the entry points below choose it by the folder's model_type or the model's layer options.
 """
+import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -33,8 +35,9 @@ from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, bert_state_from_
                                  latest_tag, refuse_non_finite, run_state, stored_config, tag_for)
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry, check_fits
-from megatron.errors import ConfigError, DataError
+from megatron.errors import ConfigError, DataError, GitLfsPointer, disk_full, refuse_lfs_pointer
 from megatron.model.bert import BertConfig, BertModel
+from megatron.paths import missing_folders, unwritable
 
 PADDED_VOCAB_BIAS = -1.0e4  # exp(-1e4 - max logit) is 0 in fp32, bf16 and fp16
 LAYOUTS = {  # our layernorm_layout -> HF model_type, architecture with / without the SOP head
@@ -108,7 +111,8 @@ def check_exportable(config: BertConfig) -> None:
             f"layernorm_layout '{config.layernorm_layout}' with embedding_layernorm {config.embedding_layernorm} "
             f"has no Hugging Face equivalent (HF {model_type} has "
             f"{'an' if config.layernorm_layout == 'post' else 'no'} embedding LayerNorm)",
-            "train with embedding_layernorm false for the pre layout (MegatronBert) or true for post (Bert)")
+            "train with --no-embedding-layernorm for the pre layout (MegatronBert) or --embedding-layernorm for "
+            "post (Bert); the weights cannot gain or lose the norm without a retrain")
 
 
 def hf_state_from_bert(state: dict, config: BertConfig) -> dict:
@@ -193,7 +197,7 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, low
     """Writes config.json, model.safetensors, vocab.txt and tokenizer_config.json (and tokenizer.json
     for ModernBERT, whose AutoTokenizer reads nothing else); with `hf_tokenizer` (vocab_file None)
     its tokenizer.json instead of the vocab.txt. Atomic: a temporary sibling folder renamed at the
-    end, so a failure leaves nothing half-written."""
+    end, so a failure leaves nothing half-written, nor the folders made for it (undone_on_failure)."""
     output = Path(output)
     if output.exists():
         what = "a file" if Path(output).is_file() else "an existing folder"
@@ -211,18 +215,52 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, low
             raise ConfigError(f"vocab file {vocab_file} has no [PAD] token", "pass a BERT vocab.txt")
         tensors, files = hf_files(state, config, vocab, lower_case)
         copied = {"vocab.txt": vocab_file}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = created_folder(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
+    with undone_on_failure(f"cannot write the Hugging Face folder {output}", "--output") as made:
+        made += [Path(folder) for folder in reversed(missing_folders(output.parent))]
+        output.parent.mkdir(parents=True, exist_ok=True)
+        made.append(created_folder(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent)))
+        partial = made[-1]
         for name, value in files.items():
             write_json(partial / name, value)
         write_safetensors(partial / "model.safetensors", tensors)
         for name, source in copied.items():
             shutil.copyfile(source, partial / name)
         os.replace(partial, output)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def undone_on_failure(cannot_write: str, flag: str):
+    """Runs the writing of an output (the folder of `flag`): the body appends each path it makes to the
+    list it is given (folders created on the way, a staging folder, a file renamed into place), which
+    any failure removes, the last made first. A full disk is then one ConfigError line: the OSError of
+    a write names no file, and torch's writer only says 'unexpected pos'."""
+    made = []
+    try:
+        yield made
+    except BaseException as error:
+        for path in reversed(made):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        if disk_full(error):
+            raise ConfigError(*unwritable(cannot_write, flag, error, "")) from None
         raise
+
+
+def torch_save(value, path: Path) -> None:
+    """torch.save through a Python file: a failed write is then the OSError that says why (a full disk),
+    where torch's own writer raises 'unexpected pos' (the OSError of a write it passed on, or of the
+    buffered bytes still to flush, is kept)."""
+    with open(path, "wb") as file:
+        try:
+            torch.save(value, file)
+        except RuntimeError as error:
+            if isinstance(error.__context__, OSError):
+                raise error.__context__ from None
+            file.flush()  # raises the OSError of the buffered bytes, if any
+            raise
 
 
 # ---------------------------------------------------------------- HF -> ours
@@ -280,6 +318,18 @@ def bert_fields_from_hf(hf_config: dict) -> dict:
     return {**fields, **CLASSIC_LAYER, "layernorm_layout": layout, "embedding_layernorm": layout == "post"}
 
 
+def without_refused_dropout(config: BertConfig, folder) -> BertConfig:
+    """`config`, of the Hugging Face folder `folder`, with attention dropout 0 where its local layers
+    refuse any (their tiles are recomputed exactly in backward), said in one warning line: a dropout
+    rate shapes no weight, and --init-from-hf trains the folder without it alike."""
+    if not (config.has_local_layers and config.attention_dropout):
+        return config
+    warnings.warn(f"{Path(folder) / 'config.json'} sets attention_dropout {config.attention_dropout}, which local "
+                  "layers do not support (their tiles are recomputed exactly in backward): the checkpoint stores "
+                  "attention_dropout 0 (dropout changes no weight)", stacklevel=2)
+    return dataclasses.replace(config, attention_dropout=0.0)
+
+
 def check_compatible(hf_fields: dict, config: BertConfig) -> None:
     """The settings that shape the tensors or the math must agree (shapes alone miss the head count)."""
     for field in (*HF_CONFIG_KEYS, "layernorm_layout", "embedding_layernorm"):
@@ -296,8 +346,46 @@ def read_hf_weights(folder) -> dict:
     tensors = {}
     for path in hf_weight_files(folder):
         read = read_pytorch_bin if path.name == "pytorch_model.bin" else read_safetensors
-        tensors.update(finite_tensors(read(path), path))
+        try:
+            tensors.update(finite_tensors(read(path), path))
+        except DataError:
+            refuse_lfs_pointer(path)  # a clone without git-lfs: named as such, not as a truncated file
+            raise
     return tensors
+
+
+# a part of a tensor name that only the weights of one Hugging Face model_type have (any naming: a
+# *Model folder's, old TF-era LayerNorm gamma / beta)
+WEIGHT_MARKS = {"bert": ".attention.output.LayerNorm.", "megatron-bert": ".attention.ln.",
+                "modernbert": ".attn.Wqkv."}
+
+
+def refuse_other_model_type(folder, model_type: str, tensors: dict) -> None:
+    """The weights `tensors` of `folder` are of the model_type its config.json names, as far as
+    WEIGHT_MARKS tell: an edited config.json, or one from another model, is named as such rather
+    than as the tensors the weights 'lack'."""
+    examples = {kind: next((name for name in tensors if mark in name), None) for kind, mark in WEIGHT_MARKS.items()}
+    found = {kind: name for kind, name in examples.items() if name}
+    if found and model_type not in found:
+        kind, example = next(iter(found.items()))
+        raise DataError(f"{Path(folder) / 'config.json'} says model_type {model_type!r}, but the weights are a "
+                        f"{kind} model's (e.g. {example})", f"set model_type to {kind!r} in config.json, or put the "
+                        "config.json of these weights in the folder")
+
+
+def check_shape(hf_name: str, tensor: torch.Tensor, want: list, vocab_rows: bool) -> None:
+    """The HF tensor `hf_name` has the shape `want` that the folder's config.json gives (a run's own
+    sizes were checked against it first); `vocab_rows`: a row per token (embeddings, decoder bias), whose
+    count is config.json's vocab_size."""
+    found = list(tensor.shape)
+    if found == want:
+        return
+    if vocab_rows and found[1:] == want[1:]:
+        raise DataError(f"the Hugging Face config.json's vocab_size {want[0]} contradicts the {found[0]} rows of "
+                        f"{hf_name}", f"set vocab_size to {found[0]} in config.json")
+    raise ConfigError(f"{hf_name} has shape {found}, the model expects {want}",
+                      "correct the sizes in the folder's config.json to its weights', or put the model's own "
+                      "config.json in the folder")
 
 
 def hf_weight_files(folder) -> list:
@@ -403,9 +491,7 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, extend_positions: bool
         want = list(expected[ours].shape)
         want[0] = config.vocab_size if ours in PADDED else want[0] // len(hf_names)
         for name, part in zip(hf_names, parts):
-            if list(part.shape) != want:
-                raise ConfigError(f"{name} has shape {list(part.shape)}, the model expects {want}",
-                                  "convert with the settings of the Hugging Face config (sizes, layers, vocab)")
+            check_shape(name, part, want, ours in PADDED)
         tensor = torch.cat(parts)
         extra = expected[ours].shape[0] - tensor.shape[0]
         if ours == "embeddings.word_embeddings.weight":
@@ -500,6 +586,7 @@ def load_hf_weights(folder, config: BertConfig, extend_positions: bool = True) -
         return hf_modernbert.load_hf_weights(folder, config, hf_config)
     check_compatible(bert_fields_from_hf(hf_config), config)
     tensors = read_hf_tensors(folder)
+    refuse_other_model_type(folder, hf_config["model_type"], tensors)
     state, missing = bert_state_from_hf(tensors, config, extend_positions)
     return completed(state, missing, missing_encoder_tensors(missing, tensors, config), folder, config)
 
@@ -613,6 +700,8 @@ def read_hf_tokenizer(folder):
             return BertWordPiece(folder / "vocab.txt", lower_case=bool(lower_case))
         if (folder / "tokenizer.json").is_file():
             return HFTokenizer(folder)
+    except GitLfsPointer:  # its own fix: the folder again would hold the same pointer
+        raise
     except (ConfigError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
         problem = error.problem if isinstance(error, ConfigError) else f"{settings} is not a JSON object"
         raise DataError(f"the tokenizer of the Hugging Face folder {folder} cannot be used: {problem}",
@@ -654,18 +743,18 @@ def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, toke
     if (save_dir / "latest").exists():
         raise ConfigError(f"{save_dir} already holds a checkpoint", "choose a new --save directory")
     tag = tag_for(0)
-    save_dir.mkdir(parents=True, exist_ok=True)
-    partial = created_folder(tempfile.mkdtemp(prefix=f".{tag}.", dir=save_dir))
-    try:
+    with undone_on_failure(f"cannot write the checkpoint {save_dir}", "--save") as made:
+        made += [Path(folder) for folder in reversed(missing_folders(save_dir))]
+        save_dir.mkdir(parents=True, exist_ok=True)
+        made.append(created_folder(tempfile.mkdtemp(prefix=f".{tag}.", dir=save_dir)))
+        partial = made[-1]
         header = {"config": TrainConfig(model=config).to_dict(), "iteration": 0, "consumed_samples": 0,
                   "weights_only": True, **({INITIALISED: list(initialised)} if initialised else {})}
-        torch.save({"module": state, **header}, partial / "mp_rank_00_model_states.pt")
+        torch_save({"module": state, **header}, partial / "mp_rank_00_model_states.pt")
         # the header again as JSON, so that reading it (checkpoint.run_state) loads no weights
         (partial / RUN_STATE).write_text(json.dumps(header, allow_nan=False))
         if tokenizer is not None:
             carry(tokenizer, partial)
         os.replace(partial, save_dir / tag)
-        (save_dir / "latest").write_text(tag)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+        made += [save_dir / tag, save_dir / LATEST]
+        (save_dir / LATEST).write_text(tag)

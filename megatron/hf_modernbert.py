@@ -56,6 +56,12 @@ STRUCTURE = ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "
 # what a ModernBERT is, beyond its sizes (the layer options of BertConfig: args.py's preset agrees)
 SHAPE = dict(position_embedding_type="rope", layernorm_layout="pre", embedding_layernorm=True,
              first_layer_attention_norm=False, normalization="LayerNorm", type_vocab_size=0)
+# the trainer's flag that gives each field of SHAPE (and mlp_type) ModernBERT's value
+SHAPE_FLAGS = dict(position_embedding_type="--position-embedding-type rope", layernorm_layout="--layernorm-layout pre",
+                   embedding_layernorm="--embedding-layernorm",
+                   first_layer_attention_norm="--no-first-layer-attention-norm",
+                   normalization="--normalization LayerNorm", type_vocab_size="--type-vocab-size 0",
+                   mlp_type="--mlp-type geglu")
 LM_HEAD = "lm_head."  # the group a ModernBertModel folder lacks as a whole (head.* and decoder.bias)
 
 
@@ -106,8 +112,9 @@ def from_hf_tensor(ours: str, tensor: torch.Tensor, config: BertConfig) -> torch
 
 def check_exportable(config: BertConfig) -> None:
     """ModernBERT's layer options, all of them (sizes, thetas, the window and the period are free)."""
-    wrong = [f"{field} {getattr(config, field)}" for field, value in SHAPE.items() if getattr(config, field) != value]
-    wrong += [f"mlp_type {config.mlp_type}"] if config.mlp_type not in ACTIVATIONS.values() else []
+    differ = [field for field, value in SHAPE.items() if getattr(config, field) != value]
+    differ += ["mlp_type"] if config.mlp_type not in ACTIVATIONS.values() else []
+    wrong = [f"{field} {getattr(config, field)}" for field in differ]
     classic_but = [field for field, value in hf_convert.CLASSIC_LAYER.items() if getattr(config, field) != value]
     if wrong and classic_but == ["local_attention_window"] and config.type_vocab_size:  # what made it "modern"
         raise ConfigError(f"a classic BERT with local layers (local_attention_window {config.local_attention_window}, "
@@ -117,9 +124,11 @@ def check_exportable(config: BertConfig) -> None:
                           "--local-attention-window), or train a ModernBERT-shaped one (--model-preset modernbert-base) "
                           "for local layers")
     if wrong:
-        raise ConfigError(f"a model with {', '.join(wrong)} has no Hugging Face ModernBERT (nor Bert) equivalent",
-                          "export a classic BERT, or a ModernBERT-shaped model (--model-preset modernbert-base: rope, "
-                          "pre-LN with an embedding norm, no layer-0 attention norm, GeGLU or SwiGLU, no token types)")
+        flags = [SHAPE_FLAGS[field] for field in differ]
+        raise ConfigError(f"a model with {', '.join(wrong)} has no Hugging Face ModernBERT (nor Bert) equivalent "
+                          "(a conversion cannot change the layers a model was trained with)",
+                          f"retrain with {' '.join(flags)} (--model-preset modernbert-base sets them all) to export a "
+                          "ModernBERT, or export a classic BERT")
 
 
 def hf_state_from_bert(state: dict, config: BertConfig) -> dict:
@@ -318,9 +327,7 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, decoder_bias: bool = T
         tensor = hf_convert.weight(hf, tensors[hf])
         want = list(expected[ours].shape)
         want[0] = config.vocab_size if ours in hf_convert.PADDED else want[0]
-        if list(tensor.shape) != want:
-            raise ConfigError(f"{hf} has shape {list(tensor.shape)}, the model expects {want}",
-                              "convert with the settings of the Hugging Face config (sizes, layers, vocab)")
+        hf_convert.check_shape(hf, tensor, want, ours in hf_convert.PADDED)
         state[ours] = from_hf_tensor(ours, tensor, config)
         used.add(hf)
     ignored = sorted(set(tensors) - used)
@@ -342,6 +349,7 @@ def load_hf_weights(folder, config: BertConfig, hf_config: dict | None = None) -
     hf_config = hf_convert.read_hf_config(folder) if hf_config is None else hf_config
     check_compatible(fields_from_hf(hf_config), config)
     tensors = read_hf_tensors(folder)
+    hf_convert.refuse_other_model_type(folder, MODEL_TYPE, tensors)
     task = task_architecture(hf_config)
     dropped = sorted(name for name in tensors if not name.startswith(BASE_PREFIX)) if task else []
     state, missing = bert_state_from_hf({name: t for name, t in tensors.items() if name not in dropped}, config,

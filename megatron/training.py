@@ -714,12 +714,15 @@ def run_tokenizer(args):
 def tokenizer_and_holder(args) -> tuple:
     """(run_tokenizer's tokenizer, the weights whose tokenizer fixes its vocab: 'checkpoint DIR' or
     'the Hugging Face folder DIR', None where they carry none)."""
+    explicit = explicit_tokenizer(args)
     if args.load:
-        carried = checkpoint.carried_tokenizer(args.load)
-        tokenizer = choose_tokenizer(explicit_tokenizer(args), carried, args.load, args.tokenizer_type)
+        with warnings.catch_warnings(record=True) as caught:  # a flag's file standing in for a carried one gone
+            warnings.simplefilter("always")
+            carried = checkpoint.carried_tokenizer(args.load, stand_in=explicit)
+        print_warnings([str(warning.message) for warning in caught])
+        tokenizer = choose_tokenizer(explicit, carried, args.load, args.tokenizer_type)
         return tokenizer, f"checkpoint {args.load}" if carried is not None else None
     # an HF folder's tokenizer_config may not say its case: an explicit --tokenizer-type wins
-    explicit = explicit_tokenizer(args)
     try:
         folder = hf_convert.read_hf_tokenizer(args.init_from_hf) if args.init_from_hf else None
     except DataError as error:  # the flags' tokenizer makes up for it

@@ -3,8 +3,10 @@ run -> Hugging Face folder -> equal logits to the single-process model holding t
 and back (from-hf) to a checkpoint whose weights are the same."""
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from unittest import mock
 from pathlib import Path
 
@@ -288,3 +290,88 @@ def test_heads_the_folder_lacked_are_recorded_and_named_by_to_hf_and_fill_mask(t
     assert capsys.readouterr().err.splitlines() == [
         f"warning: {untrained} {', '.join(head)}: they are initialised at random, never trained; these predictions "
         "are random (train from the checkpoint first, or convert a Hugging Face folder with its masked-LM head)"]
+
+
+def tool_module(name: str = "convert_checkpoint"):
+    """tools/<name>.py loaded as a module, for in-process calls of its main()."""
+    spec = importlib.util.spec_from_file_location(name, TOOL.parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def full_disk_for(name: str):
+    """The staging folders the writers make (tempfile.mkdtemp) hold `name` as a link to /dev/full: its
+    writes fail as on a full disk (ENOSPC from the OS, no file name), the rest of the output is written."""
+    make = tempfile.mkdtemp
+
+    def mkdtemp(*args, **kwargs):
+        folder = make(*args, **kwargs)
+        os.symlink("/dev/full", os.path.join(folder, name))
+        return folder
+    return mock.patch.object(tempfile, "mkdtemp", mkdtemp)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("command,full", [("from-hf", "mp_rank_00_model_states.pt"), ("from-hf", "run_state.json"),
+                                          ("to-hf", "model.safetensors"), ("to-hf", "config.json")])
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, command, full):
+    """Was torch's 'unexpected pos' traceback with an empty --save folder left (from-hf), and an OSError
+    traceback (to-hf): a write's ENOSPC names no file. Now one line naming the output and the fix; the
+    folders the tool created are removed, a --save folder that existed stays as it was (empty)."""
+    from megatron.errors import run_tool
+    from test_hf_modernbert import hf_folder, vocab_of
+
+    tool = tool_module()
+    _, folder = hf_folder(tmp_path, "geglu-every3")
+    vocab_of(tmp_path, 100).rename(folder / "vocab.txt")
+    tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "ck")])
+    source = ["--hf-dir", str(folder)] if command == "from-hf" else ["--load", str(tmp_path / "ck")]
+    flag, what = ("--save", "the checkpoint") if command == "from-hf" else ("--output", "the Hugging Face folder")
+    (tmp_path / "empty").mkdir()
+    capsys.readouterr()
+    for target in [tmp_path / "new" / "out", *([tmp_path / "empty"] if command == "from-hf" else [])]:
+        with full_disk_for(full):
+            assert run_tool("convert_checkpoint.py", lambda: tool.main([command, *source, flag, str(target)])) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"convert_checkpoint.py: error: cannot write {what} {target} (No space left on device): the disk is full; "
+            f"free space there or pass a {flag} directory on another disk"]
+    assert not (tmp_path / "new").exists() and list((tmp_path / "empty").iterdir()) == []
+
+
+def test_from_hf_refuses_a_tokenizer_larger_than_the_models_vocab_before_writing(tmp_path):
+    """Was a checkpoint that fill_mask.py, to-hf and the trainer each refuse (the tokenizer has more tokens
+    than the model has embedding rows): now from-hf refuses the folder, nothing written, naming its
+    tokenizer as what to replace (from-hf has no tokenizer flag to pass)."""
+    from test_hf_modernbert import hf_folder, vocab_of
+
+    _, folder = hf_folder(tmp_path, "geglu-every3")  # vocab_size 100
+    vocab_of(tmp_path, 200).rename(folder / "vocab.txt")
+    with pytest.raises(ConfigError) as error:
+        tool_module().main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "ck")])
+    assert str(error.value) == (f"the tokenizer {folder / 'vocab.txt'} has 200 tokens, the model's vocab_size is 100; "
+                                f"put the model's own tokenizer in {folder} (one of at most 100 tokens, the rows of "
+                                "its embedding)")
+    assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.filterwarnings("ignore:.*holds no vocab.txt")
+def test_from_hf_of_local_layers_with_attention_dropout_stores_none(tmp_path):
+    """A ModernBERT folder with attention_dropout 0.1 (a fine-tuning config) was refused with 'set
+    --attention-dropout 0', a flag from-hf does not have. A rate shapes no weight: the checkpoint stores 0,
+    which local layers support, and one warning line says so; every layer global keeps the folder's rate."""
+    from test_hf_modernbert import hf_folder
+
+    _, folder = hf_folder(tmp_path, "geglu-every3")
+    settings = folder / "config.json"
+    config = json.loads(settings.read_text())
+    settings.write_text(json.dumps({**config, "attention_dropout": 0.1}))
+    with pytest.warns(UserWarning, match=f"^{settings} sets attention_dropout 0.1, which local layers do not support "
+                                         r"\(their tiles are recomputed exactly in backward\): the checkpoint stores "
+                                         r"attention_dropout 0 \(dropout changes no weight\)$"):
+        tool_module().main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "ck")])
+    assert checkpoint.stored_config(str(tmp_path / "ck"), "iter_0000000")["model"]["attention_dropout"] == 0.0
+    settings.write_text(json.dumps({**config, "attention_dropout": 0.1, "global_attn_every_n_layers": 1,
+                                    "layer_types": None}))
+    tool_module().main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "global")])
+    assert checkpoint.stored_config(str(tmp_path / "global"), "iter_0000000")["model"]["attention_dropout"] == 0.1

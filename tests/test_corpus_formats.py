@@ -190,6 +190,11 @@ def tar_bytes(name: str, data: bytes) -> bytes:
     return sink.getvalue()
 
 
+# a dataset or model repository cloned without git-lfs holds such a text in place of each large file
+LFS_POINTER = (b"version https://git-lfs.github.com/spec/v1\n"
+               b"oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 12345\n")
+
+
 def written(name: str, data):
     """A writer of one file `name` holding data(records)."""
     def write(tmp: Path, records: list) -> str:
@@ -256,6 +261,10 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
     "parquet_not_utf8": (not_utf8_text, KEYS, r"wiki\.parquet row 5: key 'text' is not valid UTF-8 \(byte 0xe9 at "
                                               r"byte 4\); .*--skip-invalid"),
     "bad_line_in_gzip": (gzip_with_bad_line, KEYS, r"wiki\.jsonl\.gz line 3: invalid JSON"),
+    "parquet_git_lfs_pointer": (written("wiki.parquet", lambda records: LFS_POINTER), KEYS,
+                                r"wiki\.parquet is a Git LFS pointer, not the file; run git lfs pull in /"),
+    "gzip_git_lfs_pointer": (written("wiki.jsonl.gz", lambda records: LFS_POINTER), KEYS,
+                             r"wiki\.jsonl\.gz is a Git LFS pointer, not the file; run git lfs pull in /"),
     "parquet_named_jsonl": (lambda tmp, records: str(Path(as_input("parquet", tmp, records)).rename(tmp / "w.jsonl")),
                             KEYS, r"w\.jsonl is a Parquet file, though its name says JSON lines; name it \*\.parquet"),
     # a dataset whose download stopped part-way: not a smaller corpus without a word

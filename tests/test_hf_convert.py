@@ -372,3 +372,25 @@ def test_a_damaged_pytorch_bin_is_one_line(tmp_path, content, message):
         path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
     with pytest.raises(DataError, match=f"^{path} {message}"):
         hf_convert.read_hf_weights(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin", "tokenizer.json", "vocab.txt"])
+def test_a_git_lfs_pointer_is_named_as_such(tmp_path, name):
+    """A hub repository cloned without git-lfs holds a ~130-byte pointer in place of each large file. It
+    was 'not a complete safetensors file (134 bytes: truncated or overwritten)' or 'not a Hugging Face
+    tokenizer.json (expected value at line 1 column 1)', whose 'download again' gives the same pointer."""
+    from megatron.errors import DataError
+    from test_corpus_formats import LFS_POINTER
+
+    _, folder = hf_model("bert", tmp_path)
+    write_vocab_file(folder / "vocab.txt")
+    if name == "pytorch_model.bin":
+        (folder / "model.safetensors").unlink()
+    if name == "tokenizer.json":
+        (folder / "vocab.txt").unlink()
+    (folder / name).write_bytes(LFS_POINTER)
+    read = hf_convert.read_hf_weights if name.startswith(("model", "pytorch")) else hf_convert.read_hf_tokenizer
+    with pytest.raises(DataError) as error:
+        read(folder)
+    assert str(error.value) == (f"{folder / name} is a Git LFS pointer, not the file; run git lfs pull in {folder} "
+                                "(after git lfs install)")

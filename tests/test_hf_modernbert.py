@@ -8,6 +8,7 @@ reproduce are one line; a checkpoint of a pipeline x sequence-parallel run expor
 HF models are built from small configs with random weights, offline."""
 import dataclasses
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -223,6 +224,39 @@ def test_a_missing_tensor_is_one_error_line(tmp_path, removed):
     assert all(name in text for name in removed)
 
 
+OWN_CONFIG = "or put the config.json of these weights in the folder"
+
+
+@pytest.mark.parametrize("kind,changes,message", [
+    ("modernbert", {"model_type": "bert"}, "says model_type 'bert', but the weights are a modernbert model's "
+     f"(e.g. ...); set model_type to 'modernbert' in config.json, {OWN_CONFIG}"),
+    ("bert", {"model_type": "modernbert"}, "says model_type 'modernbert', but the weights are a bert model's "
+     f"(e.g. ...); set model_type to 'bert' in config.json, {OWN_CONFIG}"),
+    ("megatron-bert", {"model_type": "bert"}, "says model_type 'bert', but the weights are a megatron-bert "
+     f"model's (e.g. ...); set model_type to 'megatron-bert' in config.json, {OWN_CONFIG}"),
+    ("modernbert", {"vocab_size": 90}, "the Hugging Face config.json's vocab_size 90 contradicts the 100 rows of "
+     "model.embeddings.tok_embeddings.weight; set vocab_size to 100 in config.json"),
+    ("bert", {"vocab_size": 90}, "the Hugging Face config.json's vocab_size 90 contradicts the 97 rows of "
+     "bert.embeddings.word_embeddings.weight; set vocab_size to 97 in config.json"),
+])
+def test_a_config_json_that_contradicts_its_weights_names_its_field(tmp_path, kind, changes, message):
+    """Was 'lacks 53 tensor(s) of the model ...; copy or download the model folder again' (after a warning
+    listing every weight as ignored) for one family's weights under another model_type, and 'convert with
+    the settings of the Hugging Face config' for a vocab_size other than the embedding's rows (from-hf
+    converts with them): one line naming config.json's field and the value the weights need."""
+    from test_hf_convert import hf_model
+
+    folder = hf_folder(tmp_path, "geglu-every3")[1] if kind == "modernbert" else hf_model(kind, tmp_path)[1]
+    settings = folder / "config.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), **changes}))
+    fields = hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(folder))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "ignored" warning line first
+        with pytest.raises(DataError) as error:
+            hf_convert.load_hf_weights(folder, BertConfig(**fields, seq_length=64))
+    assert re.sub(r"\(e\.g\. \S+\)", "(e.g. ...)", str(error.value).replace(f"{settings} ", "")) == message
+
+
 def test_sharded_folder_reads_alike(tmp_path):
     hf, folder = hf_folder(tmp_path, "geglu-every3")
     hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
@@ -433,6 +467,15 @@ def test_export_refuses_what_modernbert_cannot_hold_and_leaves_nothing(tmp_path)
         config = modern_config(**overrides)
         with pytest.raises(ConfigError, match=f"a model with {message} has no Hugging Face ModernBERT"):
             hf_convert.save_hf_folder(tmp_path / "out", BertModel(config).state_dict(), config, vocab, True)
+    # the flags to retrain with, not only the fields (docs/modern-layers.md's table without --embedding-layernorm)
+    config = modern_config(embedding_layernorm=False, type_vocab_size=2)
+    with pytest.raises(ConfigError) as error:
+        hf_convert.save_hf_folder(tmp_path / "out", BertModel(config).state_dict(), config, vocab, True)
+    assert str(error.value) == (
+        "a model with embedding_layernorm False, type_vocab_size 2 has no Hugging Face ModernBERT (nor Bert) "
+        "equivalent (a conversion cannot change the layers a model was trained with); retrain with "
+        "--embedding-layernorm --type-vocab-size 0 (--model-preset modernbert-base sets them all) to export a "
+        "ModernBERT, or export a classic BERT")
     # a classic BERT but for its local layers: the window is what no HF model holds, named as the cause
     config = modern_config(**{**hf_convert.CLASSIC_LAYER, "local_attention_window": 8, "global_attention_every": 2,
                               "type_vocab_size": 2, "layernorm_layout": "post"})

@@ -82,6 +82,75 @@ def test_a_checkpoint_folder_carries_its_tokenizer(tmp_path, kind):
         carried_tokenizer(folder)
 
 
+@pytest.mark.parametrize("kind", ["wordpiece", "hf"])
+def test_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_file_if_it_is_the_recorded_one(tmp_path, kind):
+    """The carried copy deleted: a --tokenizer-file / --vocab-file was disregarded without a word ('restore
+    the checkpoint folder'). Now the flags' file stands in, in one warning line, when its tokens and text
+    pipeline are the record's (built as recorded: a vocab.txt keeps the checkpoint's case); another vocab,
+    the same tokens split another way, or no flag are refused with a fix naming the recorded file."""
+    import re
+    from argparse import Namespace
+
+    from megatron.data.tokenizer import CARRIED_FILES, checkpoint_tokenizer, naming_flags
+
+    if kind == "hf":
+        source = tmp_path / "source.json"
+        source.write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, False)))
+        tokenizer, copy = HFTokenizer(source), tmp_path / "copy" / "tokenizer.json"
+    else:
+        tokenizer, copy = BertWordPiece(write(tmp_path / "source.txt", VOCAB), False), tmp_path / "copy" / "vocab.txt"
+    copy.parent.mkdir()
+    copy.write_bytes(tokenizer.file_bytes)
+    folder = tmp_path / "iter_0000001"
+    folder.mkdir()
+    carry(tokenizer, folder)
+    (folder / CARRIED_FILES[tokenizer.type_name]).unlink()
+    lacks = f"checkpoint {folder} names tokenizer {tokenizer.type_name} in {CARRIED} but lacks its {copy.name}"
+    fix = (f"restore the checkpoint folder, or pass the tokenizer it was trained with "
+           f"({naming_flags(tokenizer.type_name, tokenizer.file)}, sha256 {tokenizer.identity[:12]})")
+    other = BertWordPiece(write(tmp_path / "other.txt", VOCAB[:5] + VOCAB[5:][::-1]))
+    (tmp_path / "lower.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, True)))
+
+    def flags(vocab_file=None, tokenizer_file=None) -> Namespace:  # a vocab.txt flag: lowercase by default
+        return Namespace(tokenizer_type=None, vocab_file=vocab_file and str(vocab_file),
+                         tokenizer_file=tokenizer_file and str(tokenizer_file))
+    for given, problem in [(flags(), lacks),
+                           (flags(other.file), f"{lacks}, and {other.file} is another vocab (sha256 "
+                                               f"{other.identity[:12]})"),
+                           (flags(tokenizer_file=tmp_path / "lower.json"), f"{lacks}, and {tmp_path / 'lower.json'} "
+                                                                           "splits text into its tokens another way")]:
+        with pytest.raises(DataError) as error:
+            checkpoint_tokenizer(given, folder)
+        assert str(error.value).startswith(problem) and str(error.value).endswith(fix), str(error.value)
+    stands_in = f"{lacks}; using {copy}, the tokenizer its record names (sha256 {tokenizer.identity[:12]}, the same "
+    with pytest.warns(UserWarning, match="^" + re.escape(stands_in + "text pipeline)")):
+        standing_in = checkpoint_tokenizer(flags(tokenizer_file=copy) if kind == "hf" else flags(copy), folder)
+    assert (standing_in.type_name, standing_in.identity, standing_in.file) == (tokenizer.type_name,
+                                                                               tokenizer.identity, str(copy))
+    assert standing_in.tokenize("The cats") == tokenizer.tokenize("The cats")  # cased, as trained
+
+
+def test_a_run_from_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_one(tmp_path, capsys):
+    """pretrain_bert.py --load (and extend_context.py --from a checkpoint): the same stand-in, in one
+    `warning:` line of the first rank."""
+    from megatron import hf_convert, training
+    from megatron.arguments import build_parser
+    from megatron.model.bert import BertConfig, BertModel
+
+    tokenizer = BertWordPiece(write(tmp_path / "vocab.txt", VOCAB))
+    config = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_layers=1, num_attention_heads=2, seq_length=16,
+                        max_position_embeddings=16)
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", BertModel(config).state_dict(), config, tokenizer)
+    (tmp_path / "ck" / "iter_0000000" / "vocab.txt").unlink()
+    capsys.readouterr()
+    args = build_parser().parse_args(["--load", str(tmp_path / "ck"), "--vocab-file", str(tmp_path / "vocab.txt")])
+    assert training.run_tokenizer(args).identity == tokenizer.identity
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: checkpoint {tmp_path / 'ck' / 'iter_0000000'} names tokenizer BertWordPieceLowerCase in {CARRIED} "
+        f"but lacks its vocab.txt; using {tmp_path / 'vocab.txt'}, the tokenizer its record names (sha256 "
+        f"{tokenizer.identity[:12]}, the same text pipeline)"]
+
+
 def test_a_tokenizer_type_flag_overrides_the_hf_folders_tokenizer(tmp_path):
     """--init-from-hf with --tokenizer-type and --tokenizer-file: the flags' tokenizer is the run's even
     where it splits the folder's tokens another way (an explicit choice); without the type, it is refused."""

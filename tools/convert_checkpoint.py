@@ -25,7 +25,7 @@ with start_up_stops_in_one_line("convert_checkpoint.py"):  # Ctrl-C during the s
     from megatron import hf_convert
     from megatron.checkpoint import (attention_change, bert_state_from_checkpoint, checkpoint_folder, latest_tag,
                                      stored_config)
-    from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, checkpoint_tokenizer
+    from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits, checkpoint_tokenizer
     from megatron.model.bert import BertConfig
     from megatron.paths import save_into_weights_folder
 
@@ -90,9 +90,12 @@ def from_hf(args) -> None:
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
     fields["seq_length"] = positions if args.seq_length is None else args.seq_length
-    config = BertConfig(**fields)
+    config = hf_convert.without_refused_dropout(BertConfig(**fields), args.hf_dir)
     state, initialised = hf_convert.load_hf_weights(args.hf_dir, config,
                                                     extend_positions=not args.no_position_extension)
+    if tokenizer is not None:  # before anything is written: every tool would refuse the checkpoint
+        check_fits(tokenizer, config.vocab_size, f"put the model's own tokenizer in {args.hf_dir} (one of at most "
+                   f"{config.vocab_size} tokens, the rows of its embedding)")
     hf_convert.save_weights_only_checkpoint(args.save, state, config, tokenizer, initialised)
     print(f"wrote a weights-only checkpoint ({config.layernorm_layout}-LayerNorm, {config.num_layers} layers, "
           f"{config.max_position_embeddings} positions) to {args.save}")

@@ -10,6 +10,7 @@ checkpoint carries (a flag naming another vocab is refused); one that carries no
 import argparse
 import re
 import sys
+import warnings
 from pathlib import Path
 
 from megatron.errors import ConfigError, OneLineParser, run_tool, start_up_stops_in_one_line
@@ -139,4 +140,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    warnings.showwarning = lambda message, *_: print(f"warning: {message}", file=sys.stderr)
     sys.exit(run_tool("fill_mask.py", main))

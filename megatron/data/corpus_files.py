@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from megatron.data.tokenizer import DATA_IDENTITY
-from megatron.errors import ConfigError, DataError
+from megatron.errors import ConfigError, DataError, refuse_lfs_pointer
 
 PARQUET_BATCH_ROWS = 1024  # rows decoded at once: a batch of long articles stays a few MB
 FOLDER_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz", ".json.zst", ".jsonl.zst", ".json.zstd",
@@ -190,6 +190,7 @@ def _json_lines(shard: Shard):
     except corrupt as error:
         if getattr(error, "filename", None):  # the disk, not the stream
             raise
+        refuse_lfs_pointer(shard.path)  # a dataset cloned without git-lfs
         raise DataError(f"{shard.path} is not a readable {shard.kind} file ({error or type(error).__name__})",
                         REDOWNLOAD) from None
     finally:
@@ -269,6 +270,7 @@ def _check_parquet(path: str, keys: tuple) -> None:
         with pq.ParquetFile(path) as file:
             schema = file.schema_arrow
     except (pa.ArrowException, ValueError, OSError) as error:
+        refuse_lfs_pointer(path)  # a dataset cloned without git-lfs
         raise DataError(f"{path} is not a Parquet file ({_first_line(error)})",
                         "pass Parquet shards only, or name the file by its format (.jsonl, .jsonl.gz, .jsonl.zst)"
                         ) from None

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -23,7 +24,7 @@ from tokenizers.models import WordPiece
 from tokenizers.normalizers import BertNormalizer
 from tokenizers.pre_tokenizers import BertPreTokenizer
 
-from megatron.errors import ConfigError, DataError
+from megatron.errors import ConfigError, DataError, refuse_lfs_pointer
 from megatron.paths import write_json_atomic
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -184,12 +185,13 @@ def naming_flags(type_name: str, file) -> str:
     return f"--tokenizer-type {type_name} --vocab-file {file}"
 
 
-def check_fits(tokenizer, vocab_size: int) -> None:
+def check_fits(tokenizer, vocab_size: int,
+               fix: str = "pass the --vocab-file (or --tokenizer-file) the model was trained with") -> None:
     """Every token id has an embedding row of a model of `vocab_size`. Names the tokenizer file, which
-    may be a folder's or a checkpoint's rather than a flag's (the trainer, fill_mask, to-hf)."""
+    may be a folder's or a checkpoint's rather than a flag's (the trainer, fill_mask, to-hf, from-hf)."""
     if tokenizer.vocab_size > vocab_size:
         raise ConfigError(f"the tokenizer {tokenizer.file} has {tokenizer.vocab_size} tokens, the model's vocab_size "
-                          f"is {vocab_size}", "pass the --vocab-file (or --tokenizer-file) the model was trained with")
+                          f"is {vocab_size}", fix)
 
 
 def wordpiece(vocab: dict, lower_case: bool) -> Tokenizer:
@@ -277,6 +279,7 @@ def _read_tokenizer_json(path: Path) -> Tokenizer:
     try:
         tokenizer = Tokenizer.from_file(str(file))
     except Exception as error:  # the Rust side raises plain Exceptions (serde's message)
+        refuse_lfs_pointer(file)
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise DataError(f"tokenizer file {file} is not a Hugging Face tokenizer.json ({reason})",
                         f"{fix}; a BERT vocab.txt is read with --vocab-file") from None
@@ -341,6 +344,7 @@ def read_vocab(vocab_file) -> dict[str, int]:
     if not path.is_file():
         raise DataError(f"vocab file {path} does not exist",
                         "pass --vocab-file with a BERT vocab.txt (tools/build_vocab.py makes one)")
+    refuse_lfs_pointer(path)  # its lines would read as a vocab without [CLS]
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -425,22 +429,56 @@ def carry(tokenizer, folder) -> None:
     write_json_atomic(folder / CARRIED, tokenizer.record())
 
 
-def carried_tokenizer(folder):
-    """The tokenizer a checkpoint folder carries, or None (written before checkpoints carried one)."""
+def carried_tokenizer(folder, stand_in=None):
+    """The tokenizer a checkpoint folder carries, or None (written before checkpoints carried one). Where
+    its copy of the file is gone, `stand_in` (the flags' tokenizer, or None) takes its place if it is the
+    tokenizer the identity record names (_standing_in)."""
     folder = Path(folder)
     if not (folder / CARRIED).is_file():
         return None
     record = _read_record(folder / CARRIED)
     name = record["tokenizer_type"]
     file = folder / CARRIED_FILES.get(name, "")
-    if name not in TYPE_NAMES or not file.is_file():
-        raise DataError(f"checkpoint {folder} names tokenizer {name} in {CARRIED} but lacks its "
-                        f"{CARRIED_FILES.get(name, 'file')}", "restore the checkpoint folder")
-    tokenizer = (HFTokenizer(file, record.get("special_tokens")) if name == HF_TOKENIZER
-                 else BertWordPiece(file, TOKENIZER_TYPES[name]))
+    if name not in TYPE_NAMES:
+        raise DataError(f"checkpoint {folder} names tokenizer {name} in {CARRIED}, which is not a tokenizer type",
+                        "restore the checkpoint folder")
+    if not file.is_file():
+        return _standing_in(folder, record, stand_in)
+    tokenizer = _as_recorded(file, record)
     if tokenizer.identity != record["vocab_sha256"]:
         raise DataError(f"checkpoint {folder}: {file.name} is not the tokenizer its {CARRIED} records "
                         "(edited after the save?)", "restore the checkpoint folder")
+    return tokenizer
+
+
+def _as_recorded(file, record: dict):
+    """The tokenizer of `file` built as a checkpoint's record says (its type, its special tokens)."""
+    name = record["tokenizer_type"]
+    return (HFTokenizer(file, record.get("special_tokens")) if name == HF_TOKENIZER
+            else BertWordPiece(file, TOKENIZER_TYPES[name]))
+
+
+def _standing_in(folder: Path, record: dict, stand_in):
+    """For a checkpoint that lacks its copy of the tokenizer file: the flags' tokenizer `stand_in`, built as
+    the record says, when its tokens and text pipeline are the record's (one warning line says so);
+    otherwise an error whose fix names the file the record names."""
+    name = record["tokenizer_type"]
+    lacks = f"checkpoint {folder} names tokenizer {name} in {CARRIED} but lacks its {CARRIED_FILES[name]}"
+    fix = (f"restore the checkpoint folder, or pass the tokenizer it was trained with "
+           f"({naming_flags(name, record['file'])}, sha256 {record['vocab_sha256'][:12]})")
+    if stand_in is None:
+        raise DataError(lacks, fix)
+    same_kind = CARRIED_FILES[stand_in.type_name] == CARRIED_FILES[name]  # both a vocab.txt or a tokenizer.json
+    tokenizer = _as_recorded(stand_in.file, record) if same_kind else stand_in
+    recorded = _recorded_pipeline(record)
+    differ = _pipeline_differences(recorded, tokenizer.pipeline) if recorded is not None else []
+    if tokenizer.identity != record["vocab_sha256"]:
+        raise DataError(f"{lacks}, and {stand_in.file} is another vocab (sha256 {tokenizer.identity[:12]})", fix)
+    if differ:
+        raise DataError(f"{lacks}, and {stand_in.file} splits text into its tokens another way "
+                        f"({_first_three(differ)})", fix)
+    warnings.warn(f"{lacks}; using {stand_in.file}, the tokenizer its record names (sha256 "
+                  f"{record['vocab_sha256'][:12]}, the same text pipeline)", stacklevel=2)
     return tokenizer
 
 
@@ -475,7 +513,8 @@ def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None =
 def checkpoint_tokenizer(args, folder, fallback_vocab=None):
     """A tool's tokenizer for checkpoint `folder`: the flags', else the one it carries, else the
     `fallback_vocab` (WordPiece), else an error asking for the flag."""
-    tokenizer = choose_tokenizer(explicit_tokenizer(args), carried_tokenizer(folder), folder, args.tokenizer_type)
+    explicit = explicit_tokenizer(args)
+    tokenizer = choose_tokenizer(explicit, carried_tokenizer(folder, explicit), folder, args.tokenizer_type)
     if tokenizer is None and fallback_vocab:
         return build_tokenizer(args.tokenizer_type, fallback_vocab)
     if tokenizer is None:
