@@ -26,6 +26,9 @@ def step_batches(step: int, micro: int, gas: int) -> list:
 
 
 def run(pipeline, sequence, zero_stage, directory, stop, save_at=None, resume=False, micro=2) -> dict:
+    """Trains to step `stop`, from scratch or resumed from `directory`; saves into `directory` after
+    step `save_at`, or after each step of a dict {step: folder}."""
+    saves = save_at if isinstance(save_at, dict) else {save_at: directory}
     gas = GLOBAL_BATCH // micro // (torch.distributed.get_world_size() // (pipeline * sequence))
     config = resolve({**model_flags(), "pipeline_parallel_size": pipeline},
                      ds_config(micro, gas, zero_stage, sequence), torch.distributed.get_world_size())
@@ -36,8 +39,8 @@ def run(pipeline, sequence, zero_stage, directory, stop, save_at=None, resume=Fa
         warnings.simplefilter("always")
         for step in range(start, stop):
             losses.append(train_step(engine, step_batches(step, micro, gas)).loss)
-            if step + 1 == save_at:
-                checkpoint.save(engine, config, directory, iteration=step + 1,
+            if step + 1 in saves:
+                checkpoint.save(engine, config, saves[step + 1], iteration=step + 1,
                                 consumed_samples=(step + 1) * GLOBAL_BATCH)
     params = {}
     if zero_stage < 3:
@@ -58,9 +61,12 @@ def merged(results):
 
 @pytest.mark.parametrize("pipeline,sequence,world", [(1, 2, 2), (2, 2, 4)])
 def test_resume_continues_exactly(tmp_path, pipeline, sequence, world):
-    straight = run_on_ranks(run, world, pipeline, sequence, 1, str(tmp_path / "a"), STEPS, STEPS, timeout=300)
-    run_on_ranks(run, world, pipeline, sequence, 1, str(tmp_path / "b"), 2, 2, timeout=300)
-    resumed = run_on_ranks(run, world, pipeline, sequence, 1, str(tmp_path / "b"), STEPS, None, True, timeout=300)
+    """The uninterrupted run also saves after step 2, into a folder of its own; resumed from there, a
+    run goes on bit for bit as it did (the save left it unchanged: test_launch_scripts' SIGTERM test
+    compares with a run that saves at its end only)."""
+    midway, end = str(tmp_path / "b"), str(tmp_path / "a")
+    straight = run_on_ranks(run, world, pipeline, sequence, 1, end, STEPS, {2: midway, STEPS: end}, timeout=300)
+    resumed = run_on_ranks(run, world, pipeline, sequence, 1, midway, STEPS, None, True, timeout=300)
     assert resumed[0]["losses"] == straight[0]["losses"][2:], "loss trajectory after resume"
     # the pipeline's load broadcasts the tied embedding: outside autograd, or every backward warns
     assert not any(r["autograd warnings"] for r in straight + resumed), [r["autograd warnings"] for r in resumed]

@@ -94,56 +94,43 @@ def logged_iterations(metrics) -> int:
                default=0)
 
 
-def run_and_kill(argv, world: int, metrics, kill_after: int | None, timeout=180) -> None:
-    """Runs to the end, or SIGKILLs every rank as soon as iteration `kill_after` is logged (the
-    ranks are then inside the next step)."""
+def run_and_kill(argv, world: int, metrics, kill_after: int, timeout=180) -> None:
+    """SIGKILLs every rank as soon as iteration `kill_after` is logged (the ranks are then inside
+    the next step)."""
     stderr = metrics.parent.parent / "stderr.txt"
     with open(stderr, "w") as file:
         leader = launch(argv, world, file)
     deadline = time.monotonic() + timeout
     try:
         while leader.poll() is None and time.monotonic() < deadline:
-            if kill_after is not None and logged_iterations(metrics) >= kill_after:
-                os.killpg(leader.pid, signal.SIGKILL)
-                leader.wait()
+            if logged_iterations(metrics) >= kill_after:
                 return
             time.sleep(0.01)
-        assert leader.poll() == 0, stderr.read_text()[-3000:] if leader.poll() is not None else "timed out"
+        ended = "timed out" if leader.poll() is None else f"ended with exit code {leader.poll()}"
+        pytest.fail(f"the run {ended} before iteration {kill_after} was logged: {stderr.read_text()[-3000:]}")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
-    assert kill_after is None, f"the run ended before iteration {kill_after}"
 
 
 def test_killed_mid_step_twice_resumes_exactly_sp2(tmp_path, data_dir):
-    """Ring attention at SP=2, ZeRO 1: killed at two random iterations, resumed with --load."""
+    """Ring attention at SP=2, ZeRO 1: killed at two random iterations (every rank SIGKILLed from
+    outside), resumed with --load. The uninterrupted run and the last resume run in-process, with as
+    many threads as the ranks started as processes."""
     ds = {"sequence_parallel": {"size": 2, "attention": "ring"}, "zero_optimization": {"stage": 1}}
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     straight.mkdir(), killed.mkdir()
-    run_and_kill(run_argv(straight, data_dir, ds), 2, straight / "log" / "metrics.jsonl", None)
+    threads = torch.get_num_threads()
+    assert run_on_ranks(main, 2, run_argv(straight, data_dir, ds), threads_per_rank=threads, timeout=300) == [0, 0]
     # after iteration 3 or 4 is logged, iter_0000002 is committed: the restart has a checkpoint
     first, second = random.randint(3, 4), random.randint(5, 6)
     print(f"kill points: after iterations {first} and {second}")
     argv = run_argv(killed, data_dir, ds)
     run_and_kill(argv, 2, killed / "log" / "metrics.jsonl", first)
     run_and_kill([*argv, "--load", str(killed / "ckpt")], 2, killed / "log" / "metrics.jsonl", second)
-    run_and_kill([*argv, "--load", str(killed / "ckpt")], 2, killed / "log" / "metrics.jsonl", None)
-    assert_same_run(killed, straight)
-
-
-def test_killed_mid_step_resumes_exactly_pp2(tmp_path, data_dir):
-    """Two pipeline stages, ZeRO 1: killed inside a step at a random iteration, resumed with --load."""
-    ds = {"zero_optimization": {"stage": 1}, "train_batch_size": 4, "train_micro_batch_size_per_gpu": 2}
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    straight.mkdir(), killed.mkdir()
-    pipeline = ["--pipeline-model-parallel-size", "2"]
-    run_and_kill(run_argv(straight, data_dir, ds, *pipeline), 2, straight / "log" / "metrics.jsonl", None)
-    kill_after = random.randint(3, 6)
-    print(f"kill point: after iteration {kill_after}")
-    argv = run_argv(killed, data_dir, ds, *pipeline)
-    run_and_kill(argv, 2, killed / "log" / "metrics.jsonl", kill_after)
-    run_and_kill([*argv, "--load", str(killed / "ckpt")], 2, killed / "log" / "metrics.jsonl", None)
+    assert run_on_ranks(main, 2, [*argv, "--load", str(killed / "ckpt")], threads_per_rank=threads,
+                        timeout=300) == [0, 0]
     assert_same_run(killed, straight)
 
 
@@ -163,45 +150,56 @@ def main_killed_in_save(argv, rank_to_kill: int, tag: str) -> int:
     return main(argv)
 
 
-def test_rank_killed_mid_save_keeps_previous_checkpoint_pp2(tmp_path, data_dir):
-    """BigBird (random blocks per iteration) in a 2-stage pipeline: rank 1 dies writing
-    iter_0000004; `latest` still names iter_0000002, which resumes to the uninterrupted run."""
+def test_killed_mid_save_then_mid_step_resumes_exactly_pp2(tmp_path, data_dir):
+    """BigBird (random blocks per iteration) in a 2-stage pipeline, ZeRO 1. Rank 1 dies writing
+    iter_0000004: `latest` still names iter_0000002, the partial folder stays until the resume removes
+    it at start-up. That resume is killed inside a step at a random iteration past 4 (every rank
+    SIGKILLed from outside) and resumed again: the losses and weights of the uninterrupted run. (The
+    ranks run here in-process take as many threads as those started as processes.)"""
     ds = {"zero_optimization": {"stage": 1}, "train_batch_size": 4, "train_micro_batch_size_per_gpu": 2}
     model = ["--pipeline-model-parallel-size", "2", "--bigbird", "--block-size", "16",
              "--bigbird-num-random-blocks", "1"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     straight.mkdir(), killed.mkdir()
-    assert run_on_ranks(main, 2, run_argv(straight, data_dir, ds, *model), timeout=300) == [0, 0]
+    threads = torch.get_num_threads()
+    assert run_on_ranks(main, 2, run_argv(straight, data_dir, ds, *model), threads_per_rank=threads,
+                        timeout=300) == [0, 0]
     argv = run_argv(killed, data_dir, ds, *model)
     with pytest.raises(RankFailure, match="rank1 exited without a result"):
-        run_on_ranks(main_killed_in_save, 2, argv, 1, checkpoint.tag_for(4), timeout=300)
-    ckpt = killed / "ckpt"
+        run_on_ranks(main_killed_in_save, 2, argv, 1, checkpoint.tag_for(4), threads_per_rank=threads, timeout=300)
+    ckpt, partial = killed / "ckpt", killed / "ckpt" / f"{checkpoint.tag_for(4)}{checkpoint.PARTIAL}"
     assert checkpoint.latest_tag(str(ckpt)) == checkpoint.tag_for(2)
-    assert (ckpt / f"{checkpoint.tag_for(4)}{checkpoint.PARTIAL}").is_dir() and not (ckpt / checkpoint.tag_for(4)).exists()
-    assert run_on_ranks(main, 2, [*argv, "--load", str(ckpt)], timeout=300) == [0, 0]
-    assert not (ckpt / f"{checkpoint.tag_for(4)}{checkpoint.PARTIAL}").exists()  # removed by the resume at start-up
+    assert partial.is_dir() and not (ckpt / checkpoint.tag_for(4)).exists()
+    kill_after = random.randint(5, 7)  # the log already holds iterations up to 3 or 4
+    print(f"kill point: after iteration {kill_after}")
+    run_and_kill([*argv, "--load", str(ckpt)], 2, killed / "log" / "metrics.jsonl", kill_after)
+    assert not partial.exists()  # removed by the resume at start-up
+    assert run_on_ranks(main, 2, [*argv, "--load", str(ckpt)], threads_per_rank=threads, timeout=300) == [0, 0]
     assert_same_run(killed, straight)
 
 
 # ---------------------------------------------------------------- another rank lost: ended or frozen
 
-def main_losing_rank_1(argv, how: str, at_step: int) -> tuple | None:
-    """`main`, where rank 1 ends (os._exit) or freezes (sleeps, then ends) at the start of its step
-    `at_step`; returns rank 0's (exit code, stderr, seconds from rank 1's fault to main's return)."""
+def main_losing_rank_1(argv, how: str, at_step: int, thawed: str) -> tuple | None:
+    """`main`, where rank 1 ends (os._exit) or freezes at the start of its step `at_step` (frozen: it
+    ends once rank 0's main has returned and made the file `thawed`, however long that takes); returns
+    rank 0's (exit code, stderr, seconds from rank 1's fault to main's return)."""
     lost_at = []
     train_step = training.train_step
 
     def step(engine, micro_batches):
         lost_at.append(time.monotonic())
         if len(lost_at) == at_step and torch.distributed.get_rank() == 1:
-            if how == "frozen":
-                time.sleep(15)
+            deadline = time.monotonic() + 120
+            while how == "frozen" and not os.path.exists(thawed) and time.monotonic() < deadline:
+                time.sleep(0.1)
             os._exit(0)
         return train_step(engine, micro_batches)
     training.train_step = step
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = main(argv)
+    open(thawed, "w").close()
     return code, err.getvalue(), time.monotonic() - lost_at[-1] if lost_at else None
 
 
@@ -214,7 +212,8 @@ def test_a_lost_rank_ends_the_others_with_one_line(tmp_path, data_dir, how):
     --distributed-timeout-minutes (0.15 here: fractions allowed) for a frozen one. Its --save lock goes."""
     ds = {"train_batch_size": 8}
     argv = run_argv(tmp_path, data_dir, ds, "--distributed-timeout-minutes", "0.15")
-    [(code, err, seconds), _] = run_on_ranks(main_losing_rank_1, 2, argv, how, 3, ending_ranks=(1,), timeout=240)
+    [(code, err, seconds), _] = run_on_ranks(main_losing_rank_1, 2, argv, how, 3, str(tmp_path / "thawed"),
+                                             ending_ranks=(1,), timeout=240)
     ckpt = tmp_path / "ckpt"
     said = {"ended": "another rank ended during the step of iteration 3 (its own output or its launcher's says why)",
             "frozen": "another rank did not answer within --distributed-timeout-minutes 0.15 during the step of "

@@ -1,6 +1,7 @@
-"""examples_deepspeed/: each launch script trains 2 steps of a tiny BERT through the deepspeed
-launcher (2 CPU ranks over gloo when there are fewer than 2 GPUs), and a two-node launch on one
-machine: bert_multinode.sh run twice, node ranks 0 and 1, master 127.0.0.1, one rank per node."""
+"""examples_deepspeed/: each launch script trains a tiny BERT through the deepspeed launcher (2 CPU
+ranks over gloo when there are fewer than 2 GPUs): bigbird 2 steps, linformer stopped by SIGTERM and
+resumed, ring as the reference of a two-node launch on one machine (bert_multinode.sh run twice,
+node ranks 0 and 1, master 127.0.0.1, one rank per node)."""
 import contextlib
 import json
 import os
@@ -62,19 +63,22 @@ def run_script(script: str, run_dir: Path, *arguments, iterations: int = 2) -> N
     assert (run_dir / "checkpoints" / f"iter_{iterations:07d}").is_dir()
 
 
-# bert_distributed.sh (ring) runs in test_two_node_launch_on_one_machine as the single-node reference
-# bigbird needs >= 7 blocks per sequence: 128 / 16 = 8; it runs as 2 pipeline stages (the PP > 1 branch)
-@pytest.mark.parametrize("script,variant,option,value,pp,sp", [
-    ("bert_distributed_linformer.sh", "linformer", "k", 32, 1, 2),
-    ("bert_distributed_bigbird.sh", "bigbird", "block_size", 16, 2, 1)])
-def test_variant_script_trains_two_steps(tmp_path, data_dir, script, variant, option, value, pp, sp):
-    run_script(script, tmp_path, "1" if pp == 1 else "2", str(sp), *LAYOUT[2:], str(value), *SHAPE,
-               *train_flags(data_dir))
-    written = json.loads((tmp_path / "ds_config.json").read_text())
+def check_variant_config(run_dir: Path, variant: str, option: str, value: int, pp: int, sp: int) -> None:
+    """The JSON a variant script wrote for its run."""
+    written = json.loads((run_dir / "ds_config.json").read_text())
     assert (written["sequence_parallel"]["size"], written["sequence_parallel"]["attention"]) == (sp, variant)
     assert written["sequence_parallel"][variant][option] == value  # the positional LINFORMER_K / BLOCK_SIZE
     assert ("pipeline" in written) == (pp > 1)  # the pipeline template, taken for PP > 1
     assert written["sequence_parallel"].get("pack_samples", False) == (variant != "linformer")  # packed by default
+
+
+# every script trains for real: bert_distributed.sh (ring) in test_two_node_launch_on_one_machine as the
+# single-node reference, bert_distributed_linformer.sh (SP=2) in the SIGTERM test below
+def test_bigbird_script_trains_two_steps(tmp_path, data_dir):
+    """bigbird needs >= 7 blocks per sequence: 128 / 16 = 8; it runs as 2 pipeline stages (the PP > 1
+    branch of the script)."""
+    run_script("bert_distributed_bigbird.sh", tmp_path, "2", "1", *LAYOUT[2:], "16", *SHAPE, *train_flags(data_dir))
+    check_variant_config(tmp_path, "bigbird", "block_size", 16, pp=2, sp=1)
     assert len(losses(tmp_path)) == 2
 
 
@@ -312,25 +316,27 @@ def processes_using(path: Path) -> list:
 def test_sigterm_stops_every_rank_and_the_saved_checkpoint_resumes_exactly(tmp_path, data_dir):
     """SIGTERM to the launch script (a scheduler's preemption): every rank stops after the same
     step, a final checkpoint is saved, no process of the run is left, exit 143 with one line; the
-    run resumed from that checkpoint equals an uninterrupted one (losses, lr, weights)."""
-    iterations = 20  # room for the steps that run while the signal travels (a loaded machine)
+    run resumed from that checkpoint equals an uninterrupted one (losses, lr, weights), which saves
+    at its end only. The script is bert_distributed_linformer.sh (SP=2, LINFORMER_K 32): its JSON is
+    checked on the uninterrupted run."""
+    iterations = 10  # room for the steps that run while the signal travels (a loaded machine)
     flags = [*train_flags(data_dir), "--train-iters", str(iterations), "--save-interval", "1000",
              "--eval-interval", "1000", "--hidden-dropout", "0.1"]  # dropout: the RNG state must resume too
-    arguments = ["2", *LAYOUT, *SHAPE, *flags]
+    script, positionals = "bert_distributed_linformer.sh", ["1", "2", *LAYOUT[2:], "32", *SHAPE]
     killed = tmp_path / "killed"
-    script = subprocess.Popen([str(SCRIPTS / "bert_distributed.sh"), *arguments], env=launch_env(killed),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen([str(SCRIPTS / script), "2", *positionals, *flags], env=launch_env(killed),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
         while not (killed / "metrics.jsonl").is_file() or max(train_records(killed), default=0) < 2:
-            assert script.poll() is None and time.monotonic() < deadline, script.stderr.read()[-3000:]
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
             time.sleep(0.05)
-        script.send_signal(signal.SIGTERM)  # the script only, as `kill <pid>` or a scheduler does
-        stderr = script.communicate(timeout=120)[1]
+        process.send_signal(signal.SIGTERM)  # the script only, as `kill <pid>` or a scheduler does
+        stderr = process.communicate(timeout=120)[1]
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(script.pid, signal.SIGKILL)
-    assert script.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert not processes_using(killed), processes_using(killed)  # no orphan rank goes on training
     stopped = [line for line in stderr.splitlines() if "stopped by SIGTERM" in line]
     assert len(stopped) == 1 and "Traceback" not in stderr, stderr[-3000:]
@@ -338,10 +344,10 @@ def test_sigterm_stops_every_rank_and_the_saved_checkpoint_resumes_exactly(tmp_p
     assert 2 <= last < iterations and checkpoint.latest_tag(str(killed / "checkpoints")) == checkpoint.tag_for(last)
     assert f"pretrain_bert.py: stopped by SIGTERM after iteration {last}; checkpoint " in stopped[0]
 
-    run_script("bert_distributed.sh", killed, *arguments[1:], "--load", str(killed / "checkpoints"),
-               iterations=iterations)
+    run_script(script, killed, *positionals, *flags, "--load", str(killed / "checkpoints"), iterations=iterations)
     straight = tmp_path / "straight"
-    run_script("bert_distributed.sh", straight, *arguments[1:], iterations=iterations)
+    run_script(script, straight, *positionals, *flags, iterations=iterations)
+    check_variant_config(straight, "linformer", "k", 32, pp=1, sp=2)
     assert train_records(killed) == train_records(straight) and len(train_records(straight)) == iterations
     got, want = (checkpoint.bert_state_from_checkpoint(str(run / "checkpoints")) for run in (killed, straight))
     assert set(got) == set(want) and all(torch.equal(got[name], want[name]) for name in want)

@@ -1,11 +1,13 @@
 """Stop requests through the real entry point, on two ranks over gloo: SIGTERM to one rank during
 evaluation stops both within one evaluation step, with the final checkpoint; SIGINT or SIGTERM to
 the `deepspeed` command (which ends it alone, leaving its launch.py and the ranks running) stops
-every rank after a checkpoint, also when it ends while the ranks are still starting; a run log that cannot be written on rank 0 stops every rank at the
+every rank after a checkpoint (SIGTERM: four ranks of hybrid sequence parallelism, test_hybrid's run
+through the real launcher), also when it ends while the ranks are still starting; a run log that cannot be written on rank 0 stops every rank at the
 next step; SIGTERM to one rank alone during start-up is told by that rank. (The rendezvous timeout and the --save lock are rows of test_bad_inputs.py.)"""
 import contextlib
 import errno
 import io
+import json
 import os
 import signal
 import subprocess
@@ -201,16 +203,24 @@ def default_signals():
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_to_the_deepspeed_command_stops_every_rank_after_a_checkpoint(tmp_path, data, signum):
-    """`deepspeed --num_gpus 2` (CPU ranks): the signal goes to the `deepspeed` command alone, which
-    exits without passing it on; its launch.py and both ranks must still end, after saving."""
+# the SIGTERM run is also hybrid sequence parallelism's run through the real launcher: 4 ranks with
+# ds_configs/hybrid_sp4.json (Ulysses 2 x ring 2), 126 tokens per sample (padded to 128 for SP = 4)
+HYBRID_SP4 = ["--deepspeed", "--deepspeed_config", str(ROOT / "ds_configs" / "hybrid_sp4.json"), "--seq-length", "126",
+              "--max-position-embeddings", "128", "--micro-batch-size", "4"]
+
+
+@pytest.mark.parametrize("signum, ranks, layout", [(signal.SIGINT, 2, []), (signal.SIGTERM, 4, HYBRID_SP4)],
+                         ids=["SIGINT", "SIGTERM-hybrid_sp4"])
+def test_signal_to_the_deepspeed_command_stops_every_rank_after_a_checkpoint(tmp_path, data, signum, ranks, layout):
+    """`deepspeed --num_gpus N` (CPU ranks): the signal goes to the `deepspeed` command alone, which
+    exits without passing it on; its launch.py and every rank must still end, after saving. The
+    hybrid run must train with the layout it resolved (2 x 2, printed and in config.json)."""
     stdout = tmp_path / "output.txt"
     env = {name: value for name, value in os.environ.items()
            if name not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    command = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
+    command = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", str(ranks), "--master_port", str(free_port()),
                str(ROOT / "pretrain_bert.py"), *run_argv(tmp_path, data, "--train-iters", "100000",
-                                                         "--eval-interval", "100000", "--eval-iters", "1")]
+                                                         "--eval-interval", "100000", "--eval-iters", "1", *layout)]
     with open(stdout, "w") as output:
         launcher = subprocess.Popen(command, cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": ""}, stdout=output,
                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_signals)
@@ -241,6 +251,14 @@ def test_signal_to_the_deepspeed_command_stops_every_rank_after_a_checkpoint(tmp
             f"{int(latest[5:])}; checkpoint {tmp_path / 'ckpt' / latest} holds it") in output, (
         [line for line in output.splitlines() if "pretrain_bert.py:" in line or "rror" in line] or output[-3000:])
     assert records(tmp_path, "train")[-1] == int(latest[5:])
+    if layout:
+        assert any(line.startswith("config: ") and "hybrid (Ulysses 2 x ring 2) attention" in line
+                   for line in output.splitlines()), output[-3000:]
+        config = json.loads((tmp_path / "log" / "config.json").read_text())  # the resolved config, as the run used it
+        assert (config["sequence_parallel_size"], config["model"]["attention"], config["model"]["ulysses_size"],
+                config["model"]["seq_length"]) == (4, "hybrid", 2, 126)
+        losses = [r["loss"] for r in run_log.read_metrics(tmp_path / "log" / "metrics.jsonl") if r["kind"] == "train"]
+        assert all(loss == loss and loss > 0 for loss in losses)
 
 
 @pytest.mark.parametrize("command, launcher", [

@@ -53,7 +53,12 @@ def _serialize(obj) -> bytes:
     return buffer.getvalue()
 
 
-PRELOADED = ["torch", "torch.distributed", "deepspeed", "megatron.training"]
+# torch, DeepSpeed and the trainer; and what a rank's first engine imports besides (~4 s of CPU a rank,
+# more than most multi-rank tests spend running): DeepSpeed's optimizer check imports its Muon optimizer
+# and with it torch.compile's stack, its CPU op loads torch's extension builder. A name that another
+# version lacks is passed over (the server ignores an ImportError).
+PRELOADED = ["torch", "torch.distributed", "deepspeed", "megatron.training", "torch._dynamo",
+             "torch._inductor.compile_fx", "deepspeed.runtime.zero.muon.muon_optimizer", "torch.utils.cpp_extension"]
 
 
 def _context():
