@@ -22,6 +22,8 @@ PROG = "deepspeed"
 MODULE = "megatron.parallel.deepspeed_command"
 LAUNCH = "deepspeed.launcher.launch"
 LAUNCH_START = ["-u", "-m", LAUNCH]  # how runner.py starts launch.py after the interpreter (DeepSpeed 0.19)
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STARTED_RANKS_STOP = "; ranks it had started stop on their own, each saying what it saved"
 
 
 class _GuardedLaunch:
@@ -60,9 +62,15 @@ def main() -> int:
         signum = getattr(error, "signum", signal.SIGINT)
         if not launch:  # launch.py's is reported by the runner, which the same Ctrl-C reaches
             before = " during start-up, before any rank started; nothing was saved" if isinstance(
-                error, Interrupted) else "; ranks it had started stop on their own, each saying what it saved"
+                error, Interrupted) else STARTED_RANKS_STOP
             print(f"{PROG}: stopped by {signal.Signals(signum).name}{before}", file=sys.stderr, flush=True)
         return 128 + signum
+    except SystemExit as error:  # the runner passes launch.py's exit code on: launch.py stopped by the same
+        # Ctrl-C can end before this process handles its own signal (a loaded machine), which then never shows
+        signum = error.code - 128 if isinstance(error.code, int) and error.code - 128 in STOPS else None
+        if signum is not None and not launch:
+            print(f"{PROG}: stopped by {signal.Signals(signum).name}{STARTED_RANKS_STOP}", file=sys.stderr, flush=True)
+        raise
     return 0
 
 
