@@ -1,19 +1,20 @@
 """Runs a function on N ranks in real processes over gloo (tests and benchmarks).
 
 Each rank is a fresh process with torch.distributed initialised on 127.0.0.1 at a free port. Ranks
-are forked from a `forkserver` that has imported torch, DeepSpeed and the trainer once (a spawned
-rank spends seconds importing them, more than most multi-rank tests spend running); with CUDA they
-are spawned, as a process that has asked for the GPUs must not fork. Either way a rank gets the
-caller's environment, working directory and stdout/stderr as they are at the call. What comes from
-the server instead: the umask, what the preloaded modules read from the environment when imported
-(e.g. DeepSpeed's accelerator from DS_ACCELERATOR), and the string hash seed, the same in every rank
-(the real launcher's ranks each have their own: tests/test_launch_scripts.py runs through it). A
-preloaded module whose import raises (other than ImportError) stops the server: the calls fail
-with EOFError, the module's traceback printed where the first call's output went. A rank whose
-megatron is another tree than its caller's (the server imports it through its own sys.path) fails
-the call at once rather than running other code than its caller compares it with. Results come back
-pickled through `torch.save`; a rank that raises surfaces its own traceback in the parent, a rank
-that dies or hangs past `timeout` fails the call.
+are forked from a `forkserver` that has imported torch, DeepSpeed, the trainer and what a first
+engine imports once (a spawned rank spends seconds importing them, more than most multi-rank tests
+spend running); with CUDA they are spawned, as a process that has asked for the GPUs must not fork.
+Either way a rank gets the caller's environment, working directory and stdout/stderr as they are at
+the call. What comes from the server instead: the umask, what the preloaded modules read from the
+environment when imported (e.g. DeepSpeed's accelerator from DS_ACCELERATOR, inductor's
+TORCHINDUCTOR_* settings), and the string hash seed, the same in every rank (the real launcher's
+ranks each have their own: tests/test_launch_scripts.py runs through it). A preloaded module whose
+import raises (other than ImportError) stops the server: the calls fail with EOFError, the module's
+traceback printed where the first call's output went. A rank whose megatron is another tree than its
+caller's (the server imports it through its own sys.path) fails the call at once rather than running
+other code than its caller compares it with. Results come back pickled through `torch.save`; a rank
+that raises surfaces its own traceback in the parent, a rank that dies or hangs past `timeout` fails
+the call.
 """
 import contextlib
 import io
