@@ -214,13 +214,20 @@ step install "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cach
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's JIT ops (FusedAdam)
 step helpers "$PY" setup.py -q build_ext --inplace
-VERSIONS_PY="import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+VERSIONS_PY="import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name()); print('capability %d.%d' % torch.cuda.get_device_capability())"
 DEEPSPEED_PY="import deepspeed; print('deepspeed', deepspeed.__version__)"  # apart: a failed import keeps the line above
 show timeout 30 "$PY" -c "$VERSIONS_PY"
 show timeout 30 "$PY" -c "$DEEPSPEED_PY"
 [ "$DRY" = 0 ] || DRY_SPENT=$(( DRY_SPENT + 75 ))  # these three probes' timeouts
 if [ "$DRY" = 0 ]; then
-    VERSIONS="$(timeout 30 "$PY" -c "$VERSIONS_PY" 2>&1 | tail -n 1) | $(timeout 30 "$PY" -c "$DEEPSPEED_PY" 2>&1 | tail -n 1)"
+    PROBE=$(timeout 30 "$PY" -c "$VERSIONS_PY" 2>&1)
+    VERSIONS="$(grep -v '^capability ' <<< "$PROBE" | tail -n 1) | $(timeout 30 "$PY" -c "$DEEPSPEED_PY" 2>&1 | tail -n 1)"
+    # DeepSpeed 0.19.8's JIT builds read TORCH_CUDA_ARCH_LIST as X.Y numbers; the image's Hopper entry
+    # ("9.0a") stopped its FusedAdam build (parallel/device.arch_list_problem): builds here target this GPU
+    IMAGE_ARCH=${TORCH_CUDA_ARCH_LIST-unset}
+    ARCH=$(sed -n 's/^capability //p' <<< "$PROBE")
+    [ -z "$ARCH" ] || export TORCH_CUDA_ARCH_LIST="$ARCH"
+    VERSIONS="$VERSIONS | TORCH_CUDA_ARCH_LIST: the image's '$IMAGE_ARCH', JIT builds here '${ARCH:-not probed}'"
     echo "$VERSIONS"
     APEX=$(timeout 15 "$PY" -c "import apex; print('present')" 2>/dev/null || echo "absent: torch LayerNorm and DeepSpeed FusedAdam")
 fi

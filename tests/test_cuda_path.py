@@ -190,6 +190,40 @@ def test_fused_adam_problem_follows_the_jit_builds_rules(monkeypatch, tmp_path):
     assert device.fused_adam_problem() is None
 
 
+@pytest.mark.parametrize("arch_list, readable", [("9.0", None), ("8.0;8.6+PTX", None), ("8.6 9.0+PTX", None),
+                                                  ("9.0a", "9.0"), ("8.0 9.0 9.0a", "8.0;9.0"),
+                                                  ("9.0a;10.0a+PTX", "9.0;10.0+PTX")])
+def test_fused_adam_problem_names_an_arch_list_deepspeed_cannot_read(monkeypatch, arch_list, readable):
+    """The GPU image's TORCH_CUDA_ARCH_LIST held a Hopper-specific "...a" entry, and DeepSpeed's JIT
+    build of FusedAdam stopped every rank with a ValueError (H200, gpu_check). Held here to the pinned
+    DeepSpeed's own reading of the list (its compute_capability_args, which needs no GPU once the list
+    is set): what it cannot read is named with a list it can, and what it can read passes. What the
+    nvcc build then does with the list, only the GPU check sees."""
+    from deepspeed import git_version_info
+    from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder  # the CUDA builder, also on CPU
+
+    monkeypatch.setattr(git_version_info, "installed_ops", {"fused_adam": False})
+    builder = FusedAdamBuilder()
+    builder.jit_mode = True
+
+    def deepspeed_reads(value):
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", value)
+        try:
+            builder.compute_capability_args()
+        except ValueError:
+            return False
+        return True
+
+    assert deepspeed_reads(arch_list) == (readable is None)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
+    problem = device.arch_list_problem()
+    if readable is None:
+        assert problem is None
+    else:
+        assert problem.endswith(f'set TORCH_CUDA_ARCH_LIST="{readable}" for it'), problem
+        assert deepspeed_reads(readable)
+
+
 def test_a_cuda_machine_that_cannot_build_fused_adam_trains_with_torch_adam(monkeypatch, capsys):
     """One warning line, torch's Adam chosen; a JSON that names torch_adam is left as it is."""
     from megatron import training
@@ -201,8 +235,7 @@ def test_a_cuda_machine_that_cannot_build_fused_adam_trains_with_torch_adam(monk
     assert ds["optimizer"]["params"]["torch_adam"] is True
     lines = capsys.readouterr().err.splitlines()
     assert lines == ["warning: DeepSpeed's FusedAdam cannot be had here: it is not prebuilt and nvcc is CUDA 11.8; "
-                     "training with torch's Adam (the same update, unfused). For the fused kernel install the CUDA "
-                     "toolkit torch was built with, or prebuild it: DS_BUILD_FUSED_ADAM=1 pip install deepspeed"], lines
+                     "training with torch's Adam (the same update, unfused)"], lines
     monkeypatch.setattr(device, "fused_adam_problem", lambda: None)
     assert "torch_adam" not in training.deepspeed_settings(build_parser().parse_args([]))["optimizer"]["params"]
 

@@ -9,7 +9,8 @@ stays on the CPU and the backend is gloo; with CUDA it is NCCL (never gloo by de
 
 DeepSpeed's FusedAdam is a CUDA op: prebuilt into the deepspeed install (DS_BUILD_FUSED_ADAM=1,
 as the AzureML image does) or JIT-built by each rank at start-up with the machine's nvcc, which
-torch's cpp_extension refuses when its CUDA major differs from torch's. `fused_adam_problem`
+torch's cpp_extension refuses when its CUDA major differs from torch's, and DeepSpeed's own
+build refuses when TORCH_CUDA_ARCH_LIST names an architecture-specific target. `fused_adam_problem`
 says beforehand whether that would happen, so the trainer takes torch's Adam instead of failing.
 """
 import contextlib
@@ -186,25 +187,43 @@ def to_device(batch, device):
                           for name, tensor in vars(batch).items()})
 
 
+TOOLKIT_FIX = "; install the CUDA toolkit torch was built with, or prebuild it: DS_BUILD_FUSED_ADAM=1 pip install deepspeed"
+
+
 def fused_adam_problem() -> str | None:
-    """Why DeepSpeed's FusedAdam cannot be had on this CUDA machine, or None: not prebuilt, and no
-    JIT build possible (no nvcc, an nvcc of another CUDA major than torch's, no ninja)."""
+    """Why DeepSpeed's FusedAdam cannot be had on this CUDA machine and the fix, or None: not prebuilt,
+    and no JIT build possible (no nvcc, an nvcc of another CUDA major than torch's, no ninja, an
+    arch list DeepSpeed cannot read)."""
     from deepspeed.git_version_info import installed_ops
     from torch.utils import cpp_extension
 
     if installed_ops.get("fused_adam"):
         return None
     if cpp_extension.CUDA_HOME is None:
-        return f"it is not prebuilt and there is no CUDA toolkit (nvcc) to build it for torch's CUDA {torch.version.cuda}"
+        return f"it is not prebuilt and there is no CUDA toolkit (nvcc) to build it for torch's CUDA {torch.version.cuda}{TOOLKIT_FIX}"
     nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
     try:
         output = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as error:
-        return f"it is not prebuilt and {nvcc} does not run ({error})"
+        return f"it is not prebuilt and {nvcc} does not run ({error}){TOOLKIT_FIX}"
     release = re.search(r"release (\d+)\.(\d+)", output)
     found = f"{release.group(1)}.{release.group(2)}" if release else "of unknown version"
     if not release or release.group(1) != str(torch.version.cuda).split(".")[0]:
-        return f"it is not prebuilt and {nvcc} is CUDA {found}, torch's is {torch.version.cuda} (the JIT build refuses)"
+        return f"it is not prebuilt and {nvcc} is CUDA {found}, torch's is {torch.version.cuda} (the JIT build refuses){TOOLKIT_FIX}"
     if shutil.which("ninja") is None:
         return "it is not prebuilt and ninja, which its JIT build needs, is not installed (pip install ninja)"
-    return None
+    return arch_list_problem()
+
+
+def arch_list_problem() -> str | None:
+    """Why DeepSpeed's JIT builds cannot read TORCH_CUDA_ARCH_LIST, or None. DeepSpeed 0.19.8 sorts
+    its entries as numbers ("9.0", "8.6+PTX"); an architecture-specific one ("9.0a", which CUDA
+    images for Hopper set) stops every rank's build with a ValueError (seen on an H200)."""
+    value = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    entries = [entry for entry in value.replace(" ", ";").split(";") if entry]
+    unreadable = [entry for entry in entries if not re.fullmatch(r"\d+\.\d+(\+PTX)?", entry)]
+    if not unreadable:
+        return None
+    readable = ";".join(dict.fromkeys(re.sub(r"(?<=\d)[a-z]+", "", entry) for entry in entries))
+    return (f"it is not prebuilt and its JIT build cannot read TORCH_CUDA_ARCH_LIST={value!r} "
+            f"({', '.join(unreadable)}: DeepSpeed takes numbers only); set TORCH_CUDA_ARCH_LIST=\"{readable}\" for it")
