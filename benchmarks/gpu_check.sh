@@ -19,7 +19,7 @@
 # Steps: cuda-tests (pytest -m cuda), kernels (gpu_kernels.py: every kernel and the simulated
 # P = 1/2/4 ring and BigBird vs float64, fp32 and bf16), trainer (DeepSpeed's FusedAdam JIT-built as a
 # step of its own, then pretrain_bert.py through the deepspeed launcher: 1 rank, bf16, ZeRO 1, FusedAdam,
-# apex if present, on the default data set),
+# apex if present, on the default data set; then the modernbert-base preset's layers at s = 8192 packed),
 # train-step (ours vs HF BertForPreTraining, BERT-base and -large at s = 512 and 2048, bf16, MFU vs
 # the measured bf16 matmul rate), longest (gpu_longest.py: the longest BERT-base step at SP = 1,
 # checkpointed; it starts no length its measured growth says would overrun its share).
@@ -128,13 +128,13 @@ FAILED=0 INTERRUPTED=0 STEP_PID=""
 trap 'INTERRUPTED=1; [ -z "$STEP_PID" ] || kill -TERM "$STEP_PID" 2>/dev/null' TERM INT HUP
 
 # --- the budget: each step's share of what is left, by weight -----------------------------------
-declare -A WEIGHT=([install]=15 [helpers]=25 [cuda-tests]=60 [kernels]=50 [default-data]=15 [trainer]=70
-                   [fused-adam]=60 [train-step-base]=55 [train-step-large]=65 [longest]=110)
+declare -A WEIGHT=([install]=15 [helpers]=25 [cuda-tests]=60 [kernels]=50 [default-data]=20 [trainer]=70
+                   [fused-adam]=60 [modern-trainer]=50 [train-step-base]=55 [train-step-large]=65 [longest]=110)
 wanted() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 PLAN=(install helpers)
 wanted cuda-tests && PLAN+=(cuda-tests)
 wanted kernels && PLAN+=(kernels)
-wanted trainer && PLAN+=(default-data fused-adam trainer)
+wanted trainer && PLAN+=(default-data fused-adam trainer modern-trainer)
 wanted train-step && PLAN+=(train-step-base train-step-large)
 wanted longest && PLAN+=(longest)
 LEFT_WEIGHT=0
@@ -260,6 +260,21 @@ EOF
         --deepspeed_config "$WORK/ds_bf16_zero1.json" --num-layers 4 --hidden-size 256 --num-attention-heads 4 \
         --seq-length 512 --max-position-embeddings 512 --train-iters 40 --lr 5e-4 --log-interval 10 \
         --eval-interval 40 --eval-iters 2 --default-data-dir "$DATA" --log-dir "$WORK/trainer_run"
+    # the modern layers (issue 22) end to end on CUDA: rope, local layers on flash's window, GeGLU, packing
+    cat > "$WORK/ds_modern_bf16.json" <<'EOF'
+{
+  "train_micro_batch_size_per_gpu": 2,
+  "gradient_accumulation_steps": 1,
+  "gradient_clipping": 1.0,
+  "zero_optimization": {"stage": 1},
+  "bf16": {"enabled": true},
+  "sequence_parallel": {"size": 1, "attention": "ring", "model_preset": "modernbert-base", "pack_samples": true}
+}
+EOF
+    step modern-trainer deepspeed --num_gpus 1 --master_port 29532 pretrain_bert.py --deepspeed \
+        --deepspeed_config "$WORK/ds_modern_bf16.json" --num-layers 6 --hidden-size 256 --num-attention-heads 4 \
+        --seq-length 8192 --train-iters 30 --lr 5e-4 --log-interval 10 --eval-interval 30 --eval-iters 2 \
+        --default-data-dir "$DATA" --log-dir "$WORK/modern_run"
 fi
 
 if wanted train-step; then
@@ -285,7 +300,7 @@ if [ "$DRY" = 0 ]; then
     {
         echo "Machine: ${machine:-unknown}; ${VERSIONS:-versions unknown}. "
         echo "Command: \`bash benchmarks/gpu_check.sh ${STEPS[*]}\` ($SECONDS s of a $BUDGET s budget; wheels from \`make gpu-prepare\`). apex: $APEX; "
-        ! wanted trainer || echo "trainer optimizer: ${optimizer:-unknown, see ${LOGS}trainer.log}. Trainer: 4 layers h=256, s=512, bf16, ZeRO 1, 1 rank, deepspeed launcher."
+        ! wanted trainer || echo "trainer optimizer: ${optimizer:-unknown, see ${LOGS}trainer.log}. Trainer: 4 layers h=256, s=512, bf16, ZeRO 1, 1 rank, deepspeed launcher; modern-trainer: the modernbert-base preset's layers, 6 layers h=256, s=8192 packed, bf16."
         echo
         cat "$SUMMARY"
     } > "$WORK/summary_section.md"
