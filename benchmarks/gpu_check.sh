@@ -31,11 +31,12 @@
 # "FAILED (exit N)", "cut at N s" when its share ran out), seconds and share. A subset of the
 # steps shares the whole budget and writes its own summary section.
 #
-# Results: with $OUT set (the device tool's machine, where only files under $OUT come back) three
+# Results: with $OUT set (the device tool's machine, where only files under $OUT come back) these
 # files, refreshed after every step so that a call killed on the way still returns what finished:
 #   $OUT/summary.md     the summary section and every section of RESULTS.md this run wrote
 #   $OUT/RESULTS.md     the whole updated benchmarks/RESULTS.md (copy it over the tree's)
 #   $OUT/logs.tar.gz    every step's log, the trainer's run folder and DeepSpeed config
+#   $OUT/train_step_{base,large}_cuda.png   the train-step sections' plots (copy them into benchmarks/)
 # Without $OUT (a machine of your own) the sections stay in benchmarks/RESULTS.md and the logs in
 # .cache/gpu_check, as before.
 #
@@ -114,7 +115,8 @@ SUMMARY="$WORK/summary.md"
 LOGS="$WORK/"  # where the summary tells a failed step's log to be found
 if [ -n "$OUT" ]; then
     mkdir -p "$OUT"
-    RESULT_PATHS=("$OUT/summary.md" "$OUT/RESULTS.md" "$OUT/logs.tar.gz")
+    RESULT_PATHS=("$OUT/summary.md" "$OUT/RESULTS.md" "$OUT/logs.tar.gz" "$OUT/train_step_base_cuda.png"
+                  "$OUT/train_step_large_cuda.png")
     LOGS="logs.tar.gz: "
 else
     RESULT_PATHS=(benchmarks/RESULTS.md "$WORK")
@@ -151,9 +153,10 @@ share_of() {  # share_of NAME: sets SHARE, NAME's seconds: its weight's part of 
     SHARED=$1
 }
 
-deliver() {  # copies what this run has measured so far under $OUT (when set): the three result files
+deliver() {  # copies what this run has measured so far under $OUT (when set): the result files
     [ -n "$OUT" ] && [ "$DRY" = 0 ] || return 0
     cp benchmarks/RESULTS.md "$OUT/RESULTS.md" 2>/dev/null
+    cp benchmarks/train_step_*_cuda.png "$OUT/" 2>/dev/null  # the plots the train-step sections link
     {
         [ -n "${1:-}" ] || printf 'GPU check in progress: the steps done so far.\n\n%s\n\n' "$(cat "$SUMMARY")"
         timeout 10 "$PY" - "$WORK/RESULTS.before.md" benchmarks/RESULTS.md <<'EOF'

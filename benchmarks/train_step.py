@@ -59,7 +59,6 @@ MASK_PROB = 0.15
 ADAMW = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 MMAP_THRESHOLD = str(64 * 1024)
 PROFILES = HERE / "profiles"
-PLOT = HERE / "train_step.png"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -372,11 +371,16 @@ def plot(shape: str, results: dict, contestants: list) -> None:
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"BERT {shape} full training step (fwd+bwd+AdamW), fp32, {torch.get_num_threads()} threads, "
-                 f"{DEVICE.type}", fontsize=10)
+    where = f"fp32, {torch.get_num_threads()} threads" if DEVICE.type == "cpu" else "bf16 autocast"
+    fig.suptitle(f"BERT {shape} full training step (fwd+bwd+AdamW), {where}, {DEVICE.type}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=100)
+    fig.savefig(HERE / plot_name(shape), dpi=100)
     plt.close(fig)
+
+
+def plot_name(shape: str) -> str:
+    """The CPU set's plot, or one per shape on a GPU (gpu_check.sh copies those under $OUT)."""
+    return "train_step.png" if DEVICE.type == "cpu" else f"train_step_{shape}_cuda.png"
 
 
 def versions() -> str:
@@ -446,8 +450,8 @@ BERT {args.shape} ({SHAPES[args.shape]}, vocab {VOCAB}, ffn 4h, post-LN as HF), 
 threads, {args.tokens_per_step} tokens per step (batch = that / seq), torch AdamW (fused) for every
 contestant. One step = forward, backward, optimizer step. {args.repeats} repetitions after
 {args.warmup} warm-up, contestants alternated (order reversed every other repetition); median
-tokens/s with min-max over repetitions. Peak MiB: the step's peak memory growth (resident set
-on CPU, model and optimizer state excluded). MFU: model FLOPs of the step (megatron/flops.py:
+tokens/s with min-max over repetitions. Peak MiB: the step's peak memory growth ({'resident set on CPU' if
+DEVICE.type == 'cpu' else 'CUDA allocator peak'}, model and optimizer state excluded). MFU: model FLOPs of the step (megatron/flops.py:
 6 x dense parameters x tokens + attention terms, MLM head at the 15% masked positions) per
 second over {peak_source}. HF computes its MLM head at every position: counting those FLOPs
 too, HF's hardware FLOP rate is {", ".join(f"s={s}: {100 * r['hf']['hw_tflops'] / (peak_gflops / 1e3):.1f}%"
@@ -458,7 +462,7 @@ too, HF's hardware FLOP rate is {", ".join(f"s={s}: {100 * r['hf']['hw_tflops'] 
 `ours / hf` is the like-for-like ratio (target >= 1.2x on CPU): dense attention through SDPA on
 both sides; `ring`, `linformer`, `bigbird` are our other attention cores at SP=1.
 {extras}
-![train step](train_step.png)
+![train step]({plot_name(args.shape)})
 """)
 
 
