@@ -96,6 +96,37 @@ def test_special_ids_are_read_from_the_tokenizer(texts, modernbert_style, tmp_pa
         build_tokenizer("HFTokenizer", tokenizer_file=folder)
 
 
+@pytest.mark.parametrize("config, legacy_map", [
+    ({"mask_token": "<mask>"}, {"mask_token": "<pad>"}),  # an older folder: the map wins
+    (None, {"mask_token": {"content": "<pad>", "lstrip": True}, "pad_token": "<mask>"}),  # the map alone
+    ({"mask_token": "<mask>", "added_tokens_decoder": {"1": {"content": "<mask>", "special": True}}},
+     {"mask_token": "<pad>"}),  # a folder of transformers 4.34+: its config alone counts
+])
+def test_special_tokens_map_json_is_read_as_transformers_reads_it(texts, tmp_path, config, legacy_map):
+    """A model folder's special_tokens_map.json (beside or instead of tokenizer_config.json) names the
+    special tokens as transformers' from_pretrained takes them (checked against it): over the config
+    where the config has no added_tokens_decoder, not at all where it has (the tokens here are swapped
+    on purpose, so reading the wrong file gives other ids)."""
+    import transformers
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    roberta = train_bpe(texts[:200], ["<unk>", "<mask>", "</s>", "<pad>", "<s>"], vocab_size=600)
+    roberta.save(str(folder / "tokenizer.json"))
+    if config is not None:
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "special_tokens_map.json").write_text(json.dumps(legacy_map))
+    ours = build_tokenizer("HFTokenizer", tokenizer_file=folder)
+    reference = transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))
+    assert ours.mask == reference.mask_token_id, (ours.special_tokens(), reference.mask_token)
+    if reference.pad_token is not None:
+        assert ours.pad == reference.pad_token_id
+    (folder / "special_tokens_map.json").write_text(json.dumps({"mask_token": "<nonexistent>"}))
+    if config is None or "added_tokens_decoder" not in config:
+        with pytest.raises(DataError, match="special_tokens_map.json names '<nonexistent>' as mask_token"):
+            build_tokenizer("HFTokenizer", tokenizer_file=folder)
+
+
 def test_ids_above_65535_round_trip_through_the_bin(tmp_path):
     """A 70000-entry WordLevel vocab whose words (all but 'low') have ids above 65535: stored as int32 and read
     back exactly (uint16 would wrap them)."""

@@ -291,28 +291,18 @@ def _read_tokenizer_json(path: Path) -> Tokenizer:
 
 
 def _find_special_tokens(rust: Tokenizer, file: Path) -> dict:
-    """kind -> token string from, in order: tokenizer_config.json beside `file`, the post-processor
+    """kind -> token string from, in order: the model folder's files beside `file` (transformers'
+    reading: tokenizer_config.json, and over it special_tokens_map.json where the config has no
+    added_tokens_decoder: folders saved before transformers 4.34), the post-processor
     (TemplateProcessing: first and last special of the single template; Roberta/Bert: cls, sep),
-    the tokenizer's tokens by the names in SPECIAL_NAMES (added special tokens first). A token the
-    config names that the tokenizer lacks is an error naming the config."""
-    found = {}
+    the tokenizer's tokens by the names in SPECIAL_NAMES (added special tokens first). A token a
+    file names that the tokenizer lacks is an error naming that file."""
     vocab = rust.get_vocab(with_added_tokens=True)
-    config = file.parent / "tokenizer_config.json"
-    if config.is_file():
-        try:
-            settings = json.loads(config.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise DataError(f"{config} is not valid JSON ({error})", "fix or remove it") from None
-        for kind in SPECIAL_NAMES:
-            value = settings.get(f"{kind}_token") if isinstance(settings, dict) else None
-            value = value.get("content") if isinstance(value, dict) else value
-            if not isinstance(value, str):
-                continue
-            if value not in vocab:  # the config is what to fix, not the tokenizer
-                raise DataError(f"{config} names {value!r} as {kind}_token, which is not a token of {file}",
-                                f"set \"{kind}_token\" to one of its tokens ({' or '.join(SPECIAL_NAMES[kind])} "
-                                "usually), or remove it to use the tokenizer's own")
-            found[kind] = value
+    config = _folder_settings(file.parent / "tokenizer_config.json")
+    found = _named_tokens(config, file.parent / "tokenizer_config.json", vocab, file)
+    if "added_tokens_decoder" not in config:
+        legacy = file.parent / "special_tokens_map.json"
+        found.update(_named_tokens(_folder_settings(legacy), legacy, vocab, file))
     processors = [json.loads(rust.to_str()).get("post_processor") or {}]
     while processors:
         processor = processors.pop(0)
@@ -331,6 +321,34 @@ def _find_special_tokens(rust: Tokenizer, file: Path) -> dict:
             found[kind] = next((name for name in names if name in added), None) or next(
                 (name for name in names if name in vocab), None)
     return {kind: token for kind, token in found.items() if token is not None}
+
+
+def _folder_settings(path: Path) -> dict:
+    """A model folder's JSON settings file ({} where there is none)."""
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DataError(f"{path} is not valid JSON ({error})", "fix or remove it") from None
+    return settings if isinstance(settings, dict) else {}
+
+
+def _named_tokens(settings: dict, path: Path, vocab: dict, file: Path) -> dict:
+    """kind -> the token `settings` (read from `path`) names as "<kind>_token" (a string or an
+    added-token record); one the tokenizer lacks is an error naming `path`, the file to fix."""
+    found = {}
+    for kind in SPECIAL_NAMES:
+        value = settings.get(f"{kind}_token")
+        value = value.get("content") if isinstance(value, dict) else value
+        if not isinstance(value, str):
+            continue
+        if value not in vocab:
+            raise DataError(f"{path} names {value!r} as {kind}_token, which is not a token of {file}",
+                            f"set \"{kind}_token\" to one of its tokens ({' or '.join(SPECIAL_NAMES[kind])} "
+                            "usually), or remove it to use the tokenizer's own")
+        found[kind] = value
+    return found
 
 
 def read_vocab(vocab_file) -> dict[str, int]:
