@@ -191,17 +191,18 @@ def packed_block_step(device, dtype=torch.bfloat16, b=1, heads=16, s=4096, d=64,
     return step
 
 
-def time_masked_kernels(device, repeats=10) -> list:
+def time_masked_kernels(device, repeats=10, **shape) -> list:
     """(kernel, ms per block forward + backward) for packed_block_step: varlen flash against
     per-tile memory-efficient with each tile's bias."""
-    return _time_masked(packed_block_step(device), device, ("varlen_flash", "efficient"), repeats)
+    return _time_masked(packed_block_step(device, **shape), device, ("varlen_flash", "efficient"), repeats)
 
 
 def top_kernels(step, device, names, top: int = 6) -> list:
     """(kernel, forced masked kernel, calls per step, device µs per step) of the `top` kernels by
     device time in one profiled step with every masked block on each of `names`: where a block's
-    milliseconds go (the packed block on varlen flash measured no faster than memory-efficient
-    tiles on the H200, 3.51 vs 3.54 ms, while a local layer of 4x the tokens took 1.02 ms)."""
+    milliseconds go. (On the H200 the packed block measured 3.51 ms "on varlen flash" and 3.54 on
+    memory-efficient tiles: both ran flash tile by tile, the plan having called a one-sample block
+    of whole segments "full"; a local layer of 4x the tokens on varlen flash took 1.02 ms.)"""
     from torch.profiler import ProfilerActivity, profile
 
     activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU

@@ -350,3 +350,24 @@ def test_gpu_kernel_timings_run_on_the_emulated_kernels():
                 + gpu_kernels.time_local_layer(window=16, segment=50, **shape))
     assert [name for name, _ in rows] == ["flash", "cudnn", "efficient"] + ["varlen_flash", "efficient"] * 2
     assert all(isinstance(ms, float) for _, ms in rows), rows
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_packed_block_of_whole_segments_runs_one_varlen_flash_call(batch):
+    """A packed block whose every sample holds the same whole segments (one sample of a long packed
+    sequence, the common case at 32K+) is cut into one tile per segment, each "full" on its own; the
+    plan called the block "full" too, so on the GPU it ran flash tile by tile (9 calls each way
+    here) and forcing its masked kernel timed nothing (3.51 vs 3.54 ms on the H200). Now it is one
+    varlen flash call each way, checked through the emulated kernels (the choice, not the speed)."""
+    from megatron.model.attention import blocks, kernels
+
+    with kernels.emulated_cuda():
+        step = gpu_kernels.packed_block_step(torch.device("cpu"), b=batch, s=4096, heads=2, d=16, segment=500)
+        counts, choose = gpu_kernels.count_kernels()
+        try:
+            step()
+        finally:
+            blocks.kernel = choose
+    assert dict(counts) == {"varlen_flash masked": 2}, dict(counts)
+    timed = gpu_kernels.top_kernels(step, torch.device("cpu"), ("efficient",), top=3)
+    assert len(timed) == 3 and all(name == "efficient" and calls >= 1 for _, name, calls, _ in timed), timed

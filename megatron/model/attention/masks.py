@@ -167,7 +167,7 @@ def block_plan(q_segments: np.ndarray, k_segments: np.ndarray, device, cuda: boo
     tiles = tile_plan(q_segments, k_segments)
     if not tiles:
         return None
-    kind = "full" if tiles[0].kind == "full" else ("mixed" if len(tiles) > 1 else tiles[0].kind)
+    kind = "mixed" if len(tiles) > 1 else tiles[0].kind  # tiles of one segment each are still a mixed block
     return BlockPlan(kind, tiles, varlen_plan(q_segments, k_segments, device) if cuda and kind != "full" else None)
 
 
