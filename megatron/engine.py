@@ -37,7 +37,8 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
     if config.pipeline_parallel_size > 1:
         from megatron.model.pipe import BertModelPipe, load_bert_state
 
-        model = BertModelPipe(config.model, activation_checkpoint_interval=config.activation_checkpoint_interval)
+        model = BertModelPipe(config.model, activation_checkpoint_interval=config.activation_checkpoint_interval,
+                              activation_checkpoint_func=checkpoint_in_autocast)
         if bert_state is not None:
             load_bert_state(model, bert_state)
         if config.compile_mlp:
@@ -99,7 +100,7 @@ def checkpoint_layers(model: BertModel, interval: int = 1) -> None:
     (DeepSpeed's activation checkpointing).
 
     Applied from outside: the first layer of each chunk runs the whole chunk under
-    deepspeed.checkpointing.checkpoint, which keeps only the chunk's input; the chunk's other
+    deepspeed.checkpointing.checkpoint (checkpoint_in_autocast), which keeps only the chunk's input; the chunk's other
     layers then pass their input through. The ring's and Ulysses' communication is replayed in
     the recompute, in the same order on every seq rank. (A pipeline checkpoints its chunks
     through PipelineModule's activation_checkpoint_interval instead.)
@@ -113,13 +114,28 @@ def checkpoint_layers(model: BertModel, interval: int = 1) -> None:
 
     for index, layer in enumerate(model.layers):
         if index % interval == 0:
-            layer.forward = functools.partial(deepspeed.checkpointing.checkpoint, functools.partial(run_chunk, index))
+            layer.forward = functools.partial(checkpoint_in_autocast, functools.partial(run_chunk, index))
         else:
             layer.forward = _computed_in_its_chunk
 
 
 def _computed_in_its_chunk(x, segment_ids, position_ids):
     return x
+
+
+def checkpoint_in_autocast(function, *inputs):
+    """deepspeed.checkpointing.checkpoint whose recompute runs under the autocast state of the forward.
+    DeepSpeed 0.19.8 recomputes under the backward's state, no autocast: a bf16-autocast forward was
+    recomputed in fp32 (fp32 GEMMs, fp32 attention kernels), slower and not the activations the
+    forward used (torch.utils.checkpoint restores it; DeepSpeed's does not)."""
+    device_type = next((x.device.type for x in inputs if torch.is_tensor(x)), "cpu")
+    enabled = torch.is_autocast_enabled(device_type)
+    dtype = torch.get_autocast_dtype(device_type)
+
+    def under_forwards_autocast(*args):
+        with torch.autocast(device_type, dtype=dtype, enabled=enabled):
+            return function(*args)
+    return deepspeed.checkpointing.checkpoint(under_forwards_autocast, *inputs)
 
 
 def compile_mlp_sublayers(model: torch.nn.Module) -> None:

@@ -108,3 +108,45 @@ def test_mlm_accuracy_is_the_share_of_masked_tokens_predicted():
     logits = torch.randn(10, 16, generator=torch.Generator().manual_seed(0))
     labels = (logits.argmax(-1) + torch.tensor([0, 0, 0] + [1] * 7)) % 16  # the first 3 predicted right
     assert bert_loss(logits, labels).mlm_accuracy.item() == pytest.approx(0.3)
+
+
+
+def checkpointed_and_plain_under_autocast() -> tuple:
+    """(dtypes of every layer GEMM's output, forward and recompute; whether the losses are equal; the
+    parameters whose gradients differ) of one model, batch and bf16 autocast, with and without
+    checkpointing (one rank: DeepSpeed's checkpointing wants its process group)."""
+    import deepspeed
+
+    from megatron.engine import checkpoint_layers
+    from megatron.parallel import state
+
+    state.initialize()
+    deepspeed.checkpointing.configure(None, partition_activations=False)
+    batch = padded_batch()
+    runs, dtypes = [], set()
+    for checkpointed in (False, True):
+        model = small_model(small_config(num_layers=2, hidden_dropout=0.0, attention_dropout=0.0))
+        if checkpointed:
+            checkpoint_layers(model, 1)
+        for module in model.layers.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_hook(lambda module, args, out: dtypes.add(out.dtype))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = bert_batch_loss(*model(*batch.model_inputs()), batch).total
+        loss.backward()
+        runs.append((loss.detach(), {name: p.grad for name, p in model.named_parameters()}))
+    (plain_loss, plain), (loss, checkpointed) = runs
+    return dtypes, torch.equal(plain_loss, loss), [name for name in plain if not torch.equal(plain[name], checkpointed[name])]
+
+
+def test_activation_checkpointing_recomputes_under_the_forwards_autocast():
+    """Under bf16 autocast, a checkpointed layer's recompute runs in bf16 as its forward did:
+    DeepSpeed 0.19.8's checkpoint recomputed outside autocast, in fp32 (on a GPU: fp32 GEMMs and
+    fp32 attention kernels; gpu_longest's checkpointed steps ran several times slower than their
+    kernels), and its gradients were those of other activations. Same model, batch and autocast
+    with and without checkpointing: the same loss and gradients, every layer GEMM in bf16."""
+    from megatron.parallel.spawn import run_on_ranks
+
+    (dtypes, same_loss, differing), = run_on_ranks(checkpointed_and_plain_under_autocast, 1, timeout=120)
+    assert dtypes == {torch.bfloat16}, dtypes
+    assert same_loss and not differing, differing

@@ -22,6 +22,7 @@ pipeline engine averages gradients over the data axis only; the seq-group SUM is
 """
 import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from deepspeed.runtime.activation_checkpointing import checkpointing
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from torch import nn
 
@@ -105,7 +106,8 @@ class PipelineLoss:
 
 
 class BertModelPipe(PipelineModule):
-    def __init__(self, config: BertConfig, activation_checkpoint_interval: int = 0):
+    def __init__(self, config: BertConfig, activation_checkpoint_interval: int = 0,
+                 activation_checkpoint_func=checkpointing.checkpoint):
         dims = state.get_dims()
         specs = [TiedLayerSpec("embed", WordEmbeddingPipe, config, tied_weight_attr=["word_embeddings.weight"]),
                  LayerSpec(EmbeddingPipe, config)]
@@ -119,7 +121,8 @@ class BertModelPipe(PipelineModule):
                              partition_method="type:TransformerLayerPipe",
                              activation_checkpoint_interval=activation_checkpoint_interval,
                              # only transformer layers: the embedding's inputs carry no gradient
-                             checkpointable_layers=["TransformerLayerPipe"])
+                             checkpointable_layers=["TransformerLayerPipe"],
+                             activation_checkpoint_func=activation_checkpoint_func)
         self.config = config
         # BertModel's init, keyed by each parameter's BertModel name: every stage (and both copies
         # of the tied embedding) holds what the single process draws for the same seed
