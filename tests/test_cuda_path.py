@@ -119,6 +119,20 @@ def test_gpu_kernel_check_runs_on_cpu():
     assert "unmasked" in " ".join(k for r in results if r["layout"] == "unpadded" for k in r["kernels"])
 
 
+def test_gpu_kernel_check_adds_the_rings_cudnn_rows_in_bf16():
+    """In bf16 the check also runs the ring's unmasked blocks on cuDNN at each P (the rows that would
+    make cuDNN the default), here through the emulated kernels: the choice and the math, not cuDNN's
+    own rounding, which only the GPU shows."""
+    from megatron.model.attention import kernels
+
+    with kernels.emulated_cuda():
+        results = gpu_kernels.run(torch.device("cpu"), [torch.bfloat16], [2], layouts=("unpadded", "packed"),
+                                  s=128, heads=2, d=16)
+    cudnn = [r for r in results if "cudnn unmasked" in r["kernels"]]
+    assert [(r["variant"], r["layout"]) for r in cudnn] == [("ring", "unpadded")], gpu_kernels.table(results)
+    assert all(r["ok"] for r in results), gpu_kernels.table(results)
+
+
 def test_pipeline_stages_exchange_no_bool_tensors():
     """What crosses pipeline stages (after the embedding, after each layer) holds no bool tensor:
     DeepSpeed casts only the last one for NCCL. The heads decode the masks back."""
