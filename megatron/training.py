@@ -878,8 +878,25 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
         note_taken_regime(take_regime(weights, flags, ds, "local_attention_window" in start)[0], source)
     if flags.get("seq_length") is None and start:
         flags["seq_length"] = start_length(args, weights, flags, resume)
+    if start and not resume:
+        note_longer_than_trained(flags, start, weights["max_position_embeddings" if args.init_from_hf else "seq_length"],
+                                 source)
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     return flags
+
+
+def note_longer_than_trained(flags: dict, start: dict, trained: int, source: str) -> None:
+    """The line of a new run from rotary weights at a longer --seq-length than they trained at and at
+    their own global theta: the model extrapolates (a choice, so not refused), where the recipe for a
+    longer context also scales the theta (tools/extend_context.py). From the first rank."""
+    if (start.get("position_embedding_type") != "rope" or not flags.get("seq_length") or not trained
+            or flags["seq_length"] <= trained or flags.get("rotary_base") != start.get("rotary_base")):
+        return
+    if launcher_rank() == 0:
+        print(f"note: --seq-length {flags['seq_length']} is {flags['seq_length'] / trained:g}x the {trained} tokens "
+              f"{source} was trained at, with its global rope theta {start.get('rotary_base'):g}: the model "
+              "extrapolates; tools/extend_context.py continues at a longer length with a scaled theta "
+              "(docs/hugging-face.md), or pass --rotary-base", flush=True)
 
 
 def given_attention(flags: dict, ds: dict) -> str | None:

@@ -453,3 +453,23 @@ def test_the_dry_run_checks_the_tokenizer_and_the_data_as_the_run_does(tmp_path,
         f"tokenizer is {folder / 'tokenizer.json'}; pass --data-path with data preprocessed with it "
         f"(tools/preprocess_data.py --tokenizer-file {folder / 'tokenizer.json'} ...)")
     assert not (tmp_path / "default").exists()
+
+
+def test_a_run_from_weights_longer_than_they_trained_at_names_the_recipe(tmp_path, capsys):
+    """--init-from-hf of rope weights at 4x their length and their own theta trains (extrapolation is
+    a choice) with one line naming extend_context.py; a new theta, or their own length, says nothing."""
+    from megatron import training
+    from megatron.arguments import build_parser
+
+    folder = tiny_modernbert(tmp_path / "hf", 512)
+    lines = {}
+    for name, extra in {"longer": ["--seq-length", str(LONGER)], "new theta": ["--seq-length", str(LONGER),
+                        "--rotary-base", "40000"], "trained length": ["--seq-length", str(TRAINED)]}.items():
+        flags = training.model_flags(build_parser().parse_args(["--init-from-hf", str(folder), *extra]), {}, False)
+        assert flags["seq_length"] == int(extra[1])
+        lines[name] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert lines["longer"] == [f"note: --seq-length {LONGER} is 4x the {TRAINED} tokens the --init-from-hf folder "
+                               f"{folder} was trained at, with its global rope theta 10000: the model extrapolates; "
+                               "tools/extend_context.py continues at a longer length with a scaled theta "
+                               "(docs/hugging-face.md), or pass --rotary-base"], lines
+    assert lines["new theta"] == lines["trained length"] == []
