@@ -21,7 +21,8 @@
 # step of its own, then pretrain_bert.py through the deepspeed launcher: 1 rank, bf16, ZeRO 1, FusedAdam,
 # apex if present, on the default data set; then the modernbert-base preset's layers at s = 8192 packed),
 # train-step (ours vs HF BertForPreTraining, BERT-base and -large at s = 512 and 2048, bf16, MFU vs
-# the measured bf16 matmul rate), longest (gpu_longest.py: the longest BERT-base step at SP = 1,
+# the measured bf16 matmul rate), modern (modern.py: ModernBERT-base, ours vs HF ModernBertForMaskedLM at
+# s = 1024 to 16384), longest (gpu_longest.py: the longest BERT-base step at SP = 1,
 # checkpointed; it starts no length its measured growth says would overrun its share).
 #
 # Bounded: every command runs under `timeout`, each step with its share of what is left of the
@@ -36,7 +37,7 @@
 #   $OUT/summary.md     the summary section and every section of RESULTS.md this run wrote
 #   $OUT/RESULTS.md     the whole updated benchmarks/RESULTS.md (copy it over the tree's)
 #   $OUT/logs.tar.gz    every step's log, the trainer's run folder and DeepSpeed config
-#   $OUT/train_step_{base,large}_cuda.png   the train-step sections' plots (copy them into benchmarks/)
+#   $OUT/train_step_{base,large}_cuda.png, $OUT/modern_cuda.png   the sections' plots (for benchmarks/)
 # Without $OUT (a machine of your own) the sections stay in benchmarks/RESULTS.md and the logs in
 # .cache/gpu_check, as before.
 #
@@ -63,13 +64,13 @@ for arg in "$@"; do
         --dry-run) DRY=1 ;;
         --prepare) PREPARE=1 ;;
         --budget-s=*) BUDGET=${arg#*=} ;;
-        cuda-tests|kernels|trainer|train-step|longest) STEPS+=("$arg") ;;
-        *) echo "gpu_check.sh: unknown argument '$arg'; use --prepare, --dry-run, --budget-s=N or steps: cuda-tests kernels trainer train-step longest" >&2; exit 2 ;;
+        cuda-tests|kernels|trainer|train-step|modern|longest) STEPS+=("$arg") ;;
+        *) echo "gpu_check.sh: unknown argument '$arg'; use --prepare, --dry-run, --budget-s=N or steps: cuda-tests kernels trainer train-step modern longest" >&2; exit 2 ;;
     esac
 done
 [[ "$BUDGET" =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget-s wants whole seconds, not '$BUDGET'" >&2; exit 2; }
 HEADING="GPU check: summary"  # a subset of the steps writes its own summary section
-if [ ${#STEPS[@]} -gt 0 ]; then HEADING="$HEADING (${STEPS[*]})"; else STEPS=(cuda-tests kernels trainer train-step longest); fi
+if [ ${#STEPS[@]} -gt 0 ]; then HEADING="$HEADING (${STEPS[*]})"; else STEPS=(cuda-tests kernels trainer train-step modern longest); fi
 
 show() {  # prints "+ COMMAND", each word quoted where the shell needs it
     local line="+" word
@@ -116,7 +117,7 @@ LOGS="$WORK/"  # where the summary tells a failed step's log to be found
 if [ -n "$OUT" ]; then
     mkdir -p "$OUT"
     RESULT_PATHS=("$OUT/summary.md" "$OUT/RESULTS.md" "$OUT/logs.tar.gz" "$OUT/train_step_base_cuda.png"
-                  "$OUT/train_step_large_cuda.png")
+                  "$OUT/train_step_large_cuda.png" "$OUT/modern_cuda.png")
     LOGS="logs.tar.gz: "
 else
     RESULT_PATHS=(benchmarks/RESULTS.md "$WORK")
@@ -131,13 +132,15 @@ trap 'INTERRUPTED=1; [ -z "$STEP_PID" ] || kill -TERM "$STEP_PID" 2>/dev/null' T
 
 # --- the budget: each step's share of what is left, by weight -----------------------------------
 declare -A WEIGHT=([install]=15 [helpers]=25 [cuda-tests]=60 [kernels]=50 [default-data]=20 [trainer]=70
-                   [fused-adam]=60 [modern-trainer]=50 [train-step-base]=55 [train-step-large]=65 [longest]=110)
+                   [fused-adam]=60 [modern-trainer]=50 [train-step-base]=55 [train-step-large]=65 [modern]=70
+                   [longest]=110)
 wanted() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 PLAN=(install helpers)
 wanted cuda-tests && PLAN+=(cuda-tests)
 wanted kernels && PLAN+=(kernels)
 wanted trainer && PLAN+=(default-data fused-adam trainer modern-trainer)
 wanted train-step && PLAN+=(train-step-base train-step-large)
+wanted modern && PLAN+=(modern)
 wanted longest && PLAN+=(longest)
 LEFT_WEIGHT=0
 for name in "${PLAN[@]}"; do LEFT_WEIGHT=$(( LEFT_WEIGHT + WEIGHT[$name] )); done
@@ -156,7 +159,7 @@ share_of() {  # share_of NAME: sets SHARE, NAME's seconds: its weight's part of 
 deliver() {  # copies what this run has measured so far under $OUT (when set): the result files
     [ -n "$OUT" ] && [ "$DRY" = 0 ] || return 0
     cp benchmarks/RESULTS.md "$OUT/RESULTS.md" 2>/dev/null
-    cp benchmarks/train_step_*_cuda.png "$OUT/" 2>/dev/null  # the plots the train-step sections link
+    cp benchmarks/train_step_*_cuda.png benchmarks/modern_cuda.png "$OUT/" 2>/dev/null  # the sections' plots
     {
         [ -n "${1:-}" ] || printf 'GPU check in progress: the steps done so far.\n\n%s\n\n' "$(cat "$SUMMARY")"
         timeout 10 "$PY" - "$WORK/RESULTS.before.md" benchmarks/RESULTS.md <<'EOF'
@@ -286,6 +289,11 @@ if wanted train-step; then
             --contestants ours hf ring --tokens-per-step 16384 --repeats 5 --warmup 2 --no-extras
     done
 fi
+
+# ModernBERT-base (our modern layers: halo local layers, dense global ones) against transformers'
+# ModernBertForMaskedLM (SDPA: local layers as masked s x s attention), bf16, one long sample per step
+wanted modern && step modern "$PY" benchmarks/modern.py --seq-lengths 1024 4096 16384 --repeats 3 --long-repeats 2 \
+    --max-step-seconds 15 --halo-sizes 2
 
 if wanted longest; then
     # its own search budget leaves 30 s of the share for starting up and writing its section

@@ -1,5 +1,7 @@
-"""Modern encoder layers (issue 22 item 4) on CPU: our ModernBERT-shaped model against Hugging
-Face's ModernBertForMaskedLM, no hidden quadratic work, and the local layers' halo traffic.
+"""Modern encoder layers (issue 22 item 4): our ModernBERT-shaped model against Hugging Face's
+ModernBertForMaskedLM, no hidden quadratic work, and the local layers' halo traffic. On CPU the
+model is the preset shrunk to SHAPE, in fp32; on a GPU (benchmarks/gpu_check.sh) it is
+ModernBERT-base's own shape in bf16 autocast, and the section and plot are the "(cuda)" ones.
 
 (a) Full training steps (forward, backward, AdamW) in one process, alternated (A B B A ...), the
     same weights, fp32, the same thread count, one sample of one segment per step (no padding):
@@ -42,7 +44,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from results import machine, positive, write_section  # noqa: E402
-from train_step import MMAP_THRESHOLD, adamw, alternate, optimizer_step, summary, versions  # noqa: E402
+from train_step import (DEVICE, MMAP_THRESHOLD, adamw, alternate, autocast, optimizer_step, summary,  # noqa: E402
+                        versions)
 
 from megatron import hf_modernbert  # noqa: E402
 from megatron.data.batch import BertBatch  # noqa: E402
@@ -51,14 +54,18 @@ from megatron.model.args import MODEL_PRESETS  # noqa: E402
 from megatron.model.attention import local, plans, simulate  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 from megatron.model.loss import bert_batch_loss  # noqa: E402
+from megatron.parallel.device import to_device  # noqa: E402
 
 PRESET = {**MODEL_PRESETS["modernbert-base"], "vocab_size": 50368}  # ModernBERT's vocab: a preset leaves it to the run
-# the preset shrunk: hidden 256, 6 layers, 4 heads (head dim 64, as ModernBERT's), ffn at the preset's ratio
-SHAPE = dict(num_layers=6, hidden_size=256, num_attention_heads=4,
-             ffn_hidden_size=256 * PRESET["ffn_hidden_size"] // PRESET["hidden_size"])
+ON_GPU = DEVICE.type == "cuda"
+DTYPE = torch.bfloat16 if ON_GPU else torch.float32  # what the local layer alone runs in (the steps: autocast)
+# on CPU the preset shrunk: hidden 256, 6 layers, 4 heads (head dim 64, as ModernBERT's), ffn at the
+# preset's ratio; on a GPU ModernBERT-base itself (22 layers, hidden 768)
+SHAPE = {} if ON_GPU else dict(num_layers=6, hidden_size=256, num_attention_heads=4,
+                               ffn_hidden_size=256 * PRESET["ffn_hidden_size"] // PRESET["hidden_size"])
 MASK_PROB = 0.15
-PLOT = HERE / "modern.png"
-HEADING = "Modern encoder layers vs Hugging Face ModernBERT (CPU)"
+PLOT = HERE / ("modern_cuda.png" if ON_GPU else "modern.png")
+HEADING = f"Modern encoder layers vs Hugging Face ModernBERT ({'cuda' if ON_GPU else 'CPU'})"
 CONTESTANTS = ("ours", "hf", "hf-sparse")
 NO_WARMUP_ABOVE_S = 10.0  # a longer step skips its warm-up: the models warmed up at the shorter lengths
 FEWER_REPEATS_ABOVE_S = 30.0  # a longer step is repeated --long-repeats times
@@ -82,18 +89,20 @@ def make_batch(seq: int, vocab: int, seed: int = 0) -> BertBatch:
     tokens = torch.randint(5, vocab, (1, seq), generator=g)
     loss_mask = torch.rand(1, seq, generator=g) < MASK_PROB
     labels = torch.randint(5, vocab, (1, seq), generator=g)
-    return BertBatch.unpacked(tokens, torch.zeros_like(tokens), torch.zeros_like(loss_mask), labels, loss_mask,
-                              torch.zeros(1, dtype=torch.long))
+    return to_device(BertBatch.unpacked(tokens, torch.zeros_like(tokens), torch.zeros_like(loss_mask), labels,
+                                        loss_mask, torch.zeros(1, dtype=torch.long)), DEVICE)
 
 
 class Ours:
     def __init__(self, config: BertConfig, state: dict):
         self.model = BertModel(config)
         self.model.load_state_dict(state)
+        self.model.to(DEVICE)
         self.optimizer = adamw(self.model.parameters())
 
     def __call__(self, batch: BertBatch) -> torch.Tensor:
-        loss = bert_batch_loss(*self.model(*batch.model_inputs()), batch).total
+        with autocast():
+            loss = bert_batch_loss(*self.model(*batch.model_inputs()), batch).total
         return optimizer_step(loss, self.optimizer)
 
 
@@ -117,11 +126,13 @@ class HuggingFace:
         missing, unexpected = self.model.load_state_dict(hf_modernbert.hf_state_from_bert(state, config), strict=False)
         assert missing == ["decoder.weight"] and not unexpected, (missing, unexpected)
         self.model.train()
+        self.model.to(DEVICE)
         self.optimizer = adamw(self.model.parameters())
 
     def __call__(self, batch: BertBatch) -> torch.Tensor:
-        loss = self.model(input_ids=batch.tokens, attention_mask=torch.ones_like(batch.tokens),
-                          labels=batch.labels.masked_fill(~batch.loss_mask, -100)).loss
+        with autocast():
+            loss = self.model(input_ids=batch.tokens, attention_mask=torch.ones_like(batch.tokens),
+                              labels=batch.labels.masked_fill(~batch.loss_mask, -100)).loss
         return optimizer_step(loss, self.optimizer)
 
 
@@ -154,7 +165,9 @@ def estimate_seconds(history: dict, seq: int) -> float | None:
 
 
 def available_mib() -> float:
-    """MemAvailable of /proc/meminfo in MiB (inf where there is none)."""
+    """Free GPU memory on a GPU, else MemAvailable of /proc/meminfo, in MiB (inf where there is none)."""
+    if ON_GPU:
+        return torch.cuda.mem_get_info()[0] / 2**20
     try:
         with open("/proc/meminfo") as meminfo:
             return next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:")) / 1024
@@ -218,16 +231,16 @@ def local_layer_steps(seq: int, window: int, heads: int, head_dim: int) -> dict:
     """{"ours": core fwd+bwd, "masked s x s": SDPA under an s x s window mask}, on the same q, k, v."""
     core = local.LocalAttention(SimpleNamespace(local_attention_window=window, head_dim=head_dim))
     g = torch.Generator().manual_seed(0)
-    q, k, v, grad = (torch.randn(1, seq, heads, head_dim, generator=g) for _ in range(4))
+    q, k, v, grad = (torch.randn(1, seq, heads, head_dim, generator=g).to(DEVICE, DTYPE) for _ in range(4))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    segment_ids = torch.ones(1, seq, dtype=torch.long)
+    segment_ids = torch.ones(1, seq, dtype=torch.long, device=DEVICE)
     core.plan(segment_ids)  # once per micro-batch in the model, shared by every local layer
 
     def ours(_):
         core(q, k, v, segment_ids).backward(grad)
         q.grad = k.grad = v.grad = None
 
-    mask = window_mask(seq, window // 2)
+    mask = window_mask(seq, window // 2).to(DEVICE)
 
     def masked(_):
         out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), attn_mask=mask)
@@ -242,7 +255,7 @@ def plan_seconds(seq: int, window: int, repeats: int) -> float:
     comm = simulate.SimulatedComm(simulate.VirtualGroup(1), 0)
     times = []
     for _ in range(repeats):
-        segment_ids = torch.ones(1, seq, dtype=torch.long)
+        segment_ids = torch.ones(1, seq, dtype=torch.long, device=DEVICE)
         start = time.perf_counter()
         local.local_plan(segment_ids, comm, window // 2).tiles
         times.append(time.perf_counter() - start)
@@ -406,13 +419,17 @@ def plot(steps: dict, layer: dict, names) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     layer_ax.set_yscale("log", base=2)
-    fig.suptitle(f"ModernBERT-shaped (hidden {SHAPE['hidden_size']}, {SHAPE['num_layers']} layers, "
-                 f"{SHAPE['num_attention_heads']} heads, ffn {SHAPE['ffn_hidden_size']}), "
-                 f"full training step (fwd+bwd+AdamW), fp32, "
-                 f"{torch.get_num_threads()} threads, CPU", fontsize=10)
+    config = model_config(min(steps))
+    fig.suptitle(f"ModernBERT-shaped (hidden {config.hidden_size}, {config.num_layers} layers, "
+                 f"{config.num_attention_heads} heads, ffn {config.ffn_hidden_size}), full training step "
+                 f"(fwd+bwd+AdamW), {precision_words()}", fontsize=10)
     fig.tight_layout()
     fig.savefig(PLOT, dpi=100)
     plt.close(fig)
+
+
+def precision_words() -> str:
+    return "bf16 autocast, cuda" if ON_GPU else f"fp32, {torch.get_num_threads()} threads, CPU"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -436,7 +453,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main():
     args = parse_args()
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:
+    if not ON_GPU and os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:
         # glibc reads it at start-up: restart so every tensor buffer is mmap-ed (train_step.py's method)
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD})
     torch.set_num_threads(args.threads)
@@ -454,7 +471,7 @@ def main():
     minutes = (time.perf_counter() - started) / 60
     cores = len(os.sched_getaffinity(0))
     # other jobs' load when it started, plus its own threads (its own load is no oversubscription)
-    oversubscribed = args.threads > 1 and load_before[0] + args.threads > cores + 0.5
+    oversubscribed = not ON_GPU and args.threads > 1 and load_before[0] + args.threads > cores + 0.5
     command = "`.venv/bin/python benchmarks/modern.py " + " ".join(sys.argv[1:]) + "`"
     layers = ", ".join("global" if not config.is_local_layer(i) else "local" for i in range(config.num_layers))
     write_section(HEADING, f"""
@@ -465,10 +482,10 @@ Load average (1, 5, 15 min) before: {", ".join(f"{x:.1f}" for x in load_before)}
  else "were otherwise idle"}).{OVERSUBSCRIBED if oversubscribed else ""}
 
 **Training step vs `ModernBertForMaskedLM`** (transformers, SDPA). Both models: the modernbert-base
-preset's layers shrunk to {SHAPE} (head dim {head_dim}), vocab {config.vocab_size}, layers {layers}
+preset's layers{f" shrunk to {SHAPE}" if SHAPE else " at ModernBERT-base's size"} (head dim {head_dim}), vocab {config.vocab_size}, layers {layers}
 (window {window}: a query sees {window // 2} keys on each side; rope theta {config.rotary_base:.0f} global /
-{config.local_rotary_base:.0f} local), GeGLU, no biases, no dropout; the same starting weights. fp32, {args.threads}
-threads, one sample of one segment per step (no padding), 15% MLM positions, torch AdamW (fused).
+{config.local_rotary_base:.0f} local), GeGLU, no biases, no dropout; the same starting weights. {precision_words()},
+one sample of one segment per step (no padding), 15% MLM positions, torch AdamW (fused).
 One step = forward, backward, optimizer step; contestants alternated in one process (order
 reversed every other repetition: A B B A), median tokens/s with min-max; a step over
 {NO_WARMUP_ABOVE_S:.0f} s (estimated) skips its warm-up (the same models and optimizer states warmed up at the
@@ -478,9 +495,9 @@ longest measured lengths), is not run at that length.
 `ours`: global layers dense at SP = 1, local layers the halo core (banded tiles, O(s x W)), MLM
 logits at the masked positions. `hf`: as a user runs it (sparse_prediction off: logits over
 the {config.vocab_size}-word vocab at every position), local layers as full s x s attention under an s x s
-window mask (SDPA's CPU flash kernel with a boolean mask). `hf-sparse`: sparse_prediction on
+window mask (SDPA{" with a boolean mask: its memory-efficient kernel" if ON_GPU else "'s CPU flash kernel with a boolean mask"}). `hf-sparse`: sparse_prediction on
 (logits at the masked positions, as ours): the layers' difference alone. Peak MiB: the step's
-resident-set growth (train_step.py's method; weights and optimizer state excluded).
+{"CUDA allocator peak" if ON_GPU else "resident-set"} growth (train_step.py's method; weights and optimizer state excluded).
 
 {step_table(steps, args.contestants)}
 
@@ -510,7 +527,7 @@ micro-batch for all layers, the all-gather of the segment ids (b x s/P int64 fro
 
 {halo_table(halo)}
 
-![modern layers](modern.png)
+![modern layers]({PLOT.name})
 """)
 
 
