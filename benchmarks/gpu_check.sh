@@ -19,7 +19,8 @@
 # Steps: cuda-tests (pytest -m cuda), kernels (gpu_kernels.py: every kernel and the simulated
 # P = 1/2/4 ring and BigBird vs float64, fp32 and bf16), trainer (DeepSpeed's FusedAdam JIT-built as a
 # step of its own, then pretrain_bert.py through the deepspeed launcher: 1 rank, bf16, ZeRO 1, FusedAdam,
-# apex if present, on the default data set; then the modernbert-base preset's layers at s = 8192 packed),
+# apex if present, on the default data set; then the modernbert-base preset's layers at s = 8192 packed;
+# then gpu_repeat.py: --deterministic repeats bit for bit, a resume continues bit for bit),
 # train-step (ours vs HF BertForPreTraining, BERT-base and -large at s = 512 and 2048, bf16, MFU vs
 # the measured bf16 matmul rate), modern (modern.py: ModernBERT-base, ours vs HF ModernBertForMaskedLM at
 # s = 1024 to 16384), longest (gpu_longest.py: the longest BERT-base step at SP = 1,
@@ -132,13 +133,13 @@ trap 'INTERRUPTED=1; [ -z "$STEP_PID" ] || kill -TERM "$STEP_PID" 2>/dev/null' T
 
 # --- the budget: each step's share of what is left, by weight -----------------------------------
 declare -A WEIGHT=([install]=15 [helpers]=25 [cuda-tests]=60 [kernels]=50 [default-data]=20 [trainer]=70
-                   [fused-adam]=60 [modern-trainer]=50 [train-step-base]=55 [train-step-large]=65 [modern]=70
+                   [fused-adam]=60 [modern-trainer]=50 [repeat]=90 [train-step-base]=55 [train-step-large]=65 [modern]=70
                    [longest]=110)
 wanted() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 PLAN=(install helpers)
 wanted cuda-tests && PLAN+=(cuda-tests)
 wanted kernels && PLAN+=(kernels)
-wanted trainer && PLAN+=(default-data fused-adam trainer modern-trainer)
+wanted trainer && PLAN+=(default-data fused-adam trainer modern-trainer repeat)
 wanted train-step && PLAN+=(train-step-base train-step-large)
 wanted modern && PLAN+=(modern)
 wanted longest && PLAN+=(longest)
@@ -281,6 +282,9 @@ EOF
         --deepspeed_config "$WORK/ds_modern_bf16.json" --num-layers 6 --hidden-size 256 --num-attention-heads 4 \
         --seq-length 8192 --train-iters 30 --lr 5e-4 --log-interval 10 --eval-interval 30 --eval-iters 2 \
         --default-data-dir "$DATA" --log-dir "$WORK/modern_run"
+    # --deterministic repeats a run bit for bit, and a resume from its halfway checkpoint continues it
+    step repeat "$PY" benchmarks/gpu_repeat.py --deepspeed-config "$WORK/ds_bf16_zero1.json" --data "$DATA" \
+        --work "$WORK"
 fi
 
 if wanted train-step; then

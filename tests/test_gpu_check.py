@@ -10,6 +10,8 @@ results still land under $OUT; gpu_longest.py starts no length predicted to over
 """
 import ast
 import importlib.metadata
+import json
+import math
 import os
 import re
 import shlex
@@ -339,3 +341,29 @@ def test_the_longest_section_shows_partial_results_and_the_length_not_started():
     assert "**Longest step that fits: s = 131072**" in text
     assert "| 262144 | not started: predicted 256 s, 15 s of the budget left |" in text
     assert "**Search in progress**" in gpu_longest.section(args, None, tried, None, partial=True)
+
+
+def test_repeat_check_compares_exact_losses_and_resumes_from_the_halfway_copy(tmp_path):
+    """gpu_repeat.py's pieces (its launcher runs are the GPU's): the halfway copy holds that
+    checkpoint alone and names it in `latest`; one ulp of difference in a logged loss is reported."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_repeat
+
+    save = tmp_path / "save"
+    for tag in ("iter_0000010", "iter_0000020"):
+        (save / tag).mkdir(parents=True)
+        (save / tag / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    (save / "latest").write_text("iter_0000020")
+    copy = gpu_repeat.halfway_copy(save, tmp_path / "half", 10)
+    assert sorted(p.name for p in copy.iterdir()) == ["iter_0000010", "latest"]
+    assert (copy / "latest").read_text() == "iter_0000010" and (copy / "iter_0000010" / "mp_rank_00_model_states.pt").is_file()
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(json.dumps(r) for r in [{"kind": "start", "iteration": 0},
+                                                         {"kind": "train", "iteration": 5, "loss": 9.5},
+                                                         {"kind": "eval", "iteration": 5, "loss": 1.0},
+                                                         {"kind": "train", "iteration": 10, "loss": 9.25}]) + "\n")
+    first = gpu_repeat.logged_losses(metrics)
+    assert first == {5: 9.5, 10: 9.25}
+    assert gpu_repeat.differences(first, {10: 9.25}) == []
+    nudged = math.nextafter(9.25, 10.0)
+    assert gpu_repeat.differences(first, {5: 9.5, 10: nudged}) == [f"iteration 10: 9.25 vs {nudged!r}"]
