@@ -132,16 +132,17 @@ FAILED=0 INTERRUPTED=0 STEP_PID=""
 trap 'INTERRUPTED=1; [ -z "$STEP_PID" ] || kill -TERM "$STEP_PID" 2>/dev/null' TERM INT HUP
 
 # --- the budget: each step's share of what is left, by weight -----------------------------------
-declare -A WEIGHT=([install]=15 [helpers]=25 [cuda-tests]=60 [kernels]=50 [default-data]=20 [trainer]=70
-                   [fused-adam]=60 [modern-trainer]=50 [repeat]=90 [train-step-base]=55 [train-step-large]=65 [modern]=70
-                   [longest]=110)
+# (about the measured H200 times in proportion, with room: the default set needs about 420 s before longest)
+declare -A WEIGHT=([install]=20 [helpers]=25 [cuda-tests]=45 [kernels]=70 [default-data]=25 [fused-adam]=80
+                   [trainer]=60 [modern-trainer]=50 [repeat]=140 [modern]=120 [train-step-base]=50
+                   [train-step-large]=80 [longest]=60)
 wanted() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 PLAN=(install helpers)
 wanted cuda-tests && PLAN+=(cuda-tests)
 wanted kernels && PLAN+=(kernels)
 wanted trainer && PLAN+=(default-data fused-adam trainer modern-trainer repeat)
-wanted train-step && PLAN+=(train-step-base train-step-large)
 wanted modern && PLAN+=(modern)
+wanted train-step && PLAN+=(train-step-base train-step-large)
 wanted longest && PLAN+=(longest)
 LEFT_WEIGHT=0
 for name in "${PLAN[@]}"; do LEFT_WEIGHT=$(( LEFT_WEIGHT + WEIGHT[$name] )); done
@@ -287,17 +288,17 @@ EOF
         --work "$WORK"
 fi
 
+# ModernBERT-base (our modern layers: halo local layers, dense global ones) against transformers'
+# ModernBertForMaskedLM (SDPA: local layers as masked s x s attention), bf16, one long sample per step
+wanted modern && step modern "$PY" benchmarks/modern.py --seq-lengths 1024 4096 16384 --repeats 3 --long-repeats 2 \
+    --max-step-seconds 15 --halo-sizes 2
+
 if wanted train-step; then
     for shape in base large; do
         step "train-step-$shape" "$PY" benchmarks/train_step.py --shape "$shape" --seq-lengths 512 2048 \
             --contestants ours hf ring --tokens-per-step 16384 --repeats 5 --warmup 2 --no-extras
     done
 fi
-
-# ModernBERT-base (our modern layers: halo local layers, dense global ones) against transformers'
-# ModernBertForMaskedLM (SDPA: local layers as masked s x s attention), bf16, one long sample per step
-wanted modern && step modern "$PY" benchmarks/modern.py --seq-lengths 1024 4096 16384 --repeats 3 --long-repeats 2 \
-    --max-step-seconds 15 --halo-sizes 2
 
 if wanted longest; then
     # its own search budget leaves 30 s of the share for starting up and writing its section

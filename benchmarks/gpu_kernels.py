@@ -74,17 +74,25 @@ def reference(q, k, v, grad_out, allowed):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def count_kernels(force_masked: str | None = None):
+def count_kernels(force_masked: str | None = None, force_unmasked: str | None = None):
     """Wraps blocks.kernel to count the kernels chosen (and whether for a masked block) ->
-    (Counter, original). `force_masked`: the kernel every masked block takes instead."""
+    (Counter, original). `force_masked` / `force_unmasked`: the kernel every masked / unmasked
+    block or tile takes instead (a packed block's tiles of one segment each are unmasked)."""
     counts, choose = collections.Counter(), blocks.kernel
 
     def counted(q, masked, varlen=False):
-        name = force_masked if masked and force_masked else choose(q, masked, varlen)
+        forced = force_masked if masked else force_unmasked
+        name = forced or choose(q, masked, varlen)
         counts[name + (" masked" if masked else " unmasked")] += 1
         return name
     blocks.kernel = counted
     return counts, choose
+
+
+# how a packed block is computed: its label -> (kernel of the block, kernel of each tile of one segment)
+PACKED_ROUTES = {"varlen_flash": ("varlen_flash", None), "flash tiles": ("efficient", "flash"),
+                 "efficient tiles": ("efficient", "efficient")}
+LOCAL_ROUTES = {"varlen_flash": ("varlen_flash", None), "efficient": ("efficient", None)}  # tiles with their bias
 
 
 def accuracy(variant: str, size: int, layout: str, dtype, device, b=2, s=256, heads=4, d=64, block=16,
@@ -165,11 +173,11 @@ def time_kernels(device, dtype=torch.bfloat16, b=1, heads=16, s=4096, d=64, repe
     return rows
 
 
-def _time_masked(step, device, names, repeats: int) -> list:
-    """(kernel, ms per step) with every masked block forced onto each of `names` (count_kernels)."""
+def _time_routes(step, device, routes: dict, repeats: int) -> list:
+    """(route, ms per step) with the kernels forced as each of `routes` says (count_kernels)."""
     rows = []
-    for name in names:
-        _, choose = count_kernels(name)
+    for name, forced in routes.items():
+        _, choose = count_kernels(*forced)
         try:
             rows.append((name, _time(step, device, repeats)))
         except RuntimeError as error:
@@ -194,23 +202,20 @@ def packed_block_step(device, dtype=torch.bfloat16, b=1, heads=16, s=4096, d=64,
 
 
 def time_masked_kernels(device, repeats=10, **shape) -> list:
-    """(kernel, ms per block forward + backward) for packed_block_step: varlen flash against
-    per-tile memory-efficient with each tile's bias."""
-    return _time_masked(packed_block_step(device, **shape), device, ("varlen_flash", "efficient"), repeats)
+    """(route, ms per block forward + backward) for packed_block_step: one varlen flash call against
+    flash and memory-efficient kernels tile by tile (PACKED_ROUTES)."""
+    return _time_routes(packed_block_step(device, **shape), device, PACKED_ROUTES, repeats)
 
 
-def top_kernels(step, device, names, top: int = 6) -> list:
-    """(kernel, forced masked kernel, calls per step, device µs per step) of the `top` kernels by
-    device time in one profiled step with every masked block on each of `names`: where a block's
-    milliseconds go. (On the H200 the packed block measured 3.51 ms "on varlen flash" and 3.54 on
-    memory-efficient tiles: both ran flash tile by tile, the plan having called a one-sample block
-    of whole segments "full"; a local layer of 4x the tokens on varlen flash took 1.02 ms.)"""
+def top_kernels(step, device, routes: dict, top: int = 6) -> list:
+    """(kernel, route, calls per step, device µs per step) of the `top` kernels by device time in one
+    profiled step down each of `routes`: where a block's milliseconds go, beyond its total."""
     from torch.profiler import ProfilerActivity, profile
 
     activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
     rows = []
-    for name in names:
-        _, choose = count_kernels(name)
+    for name, forced in routes.items():
+        _, choose = count_kernels(*forced)
         try:
             step()
             _sync(device)
@@ -237,9 +242,9 @@ def time_local_layer(device, dtype=torch.bfloat16, b=1, heads=16, s=16384, d=64,
     ids = (torch.arange(s) // segment + 1).expand(b, s).contiguous().to(device)
     plan = core.plan(ids)
     q, k, v, grad_out = (torch.randn(b, s, heads, d, device=device, dtype=dtype) for _ in range(4))
-    return _time_masked(lambda: simulate._run_function(local._LocalAttention, (q, k, v), grad_out,
+    return _time_routes(lambda: simulate._run_function(local._LocalAttention, (q, k, v), grad_out,
                                                        (plan, core.seq, d ** -0.5)),
-                        device, ("varlen_flash", "efficient"), repeats)
+                        device, LOCAL_ROUTES, repeats)
 
 
 def run(device, dtypes, sizes, layouts=LAYOUTS, **shape) -> list:
@@ -247,9 +252,11 @@ def run(device, dtypes, sizes, layouts=LAYOUTS, **shape) -> list:
     (faster than flash per block on the H200; the rows that would make it the default)."""
     rows = [accuracy(variant, size, layout, dtype, device, **shape)
             for dtype in dtypes for variant in VARIANTS for size in sizes for layout in layouts]
-    return rows + [accuracy("ring", size, layout, dtype, device, unmasked="cudnn", **shape)
-                   for dtype in dtypes if dtype in (torch.float16, torch.bfloat16)
-                   for size in sizes for layout in layouts if layout != "packed"]
+    for dtype in (dtype for dtype in dtypes if dtype in (torch.float16, torch.bfloat16)):
+        for size in (size for size in sizes if "unpadded" in layouts):  # unpadded: every block unmasked
+            rows.append({**accuracy("ring", size, "unpadded", dtype, device, unmasked="cudnn", **shape),
+                         "variant": "ring (cudnn)"})
+    return rows
 
 
 def table(results: list) -> str:
@@ -287,10 +294,9 @@ def main(argv=None) -> int:
             body += ["", f"{title}, forward + backward:", "", "| kernel | ms |", "|---|---|"]
             body += [f"| {name} | {ms if isinstance(ms, str) else f'{ms:.2f}'} |" for name, ms in timings]
         body += ["", "Where the packed block's time goes (torch.profiler, one step, the top kernels by GPU time):", "",
-                 "| kernel | masked blocks on | calls | GPU µs |", "|---|---|---|---|"]
+                 "| kernel | route | calls | GPU µs |", "|---|---|---|---|"]
         body += [f"| `{kernel}` | {name} | {calls} | {us:.0f} |"
-                 for kernel, name, calls, us in top_kernels(packed_block_step(device), device,
-                                                            ("varlen_flash", "efficient"))]
+                 for kernel, name, calls, us in top_kernels(packed_block_step(device), device, PACKED_ROUTES)]
     text = "\n".join(body)
     print(text)
     if not args.no_write:

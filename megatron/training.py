@@ -697,8 +697,8 @@ def deepspeed_settings(args, cuda: bool | None = None) -> dict:
         if problem:
             params["torch_adam"] = True
             if int(os.environ.get("RANK", 0)) == 0:
-                print(f"warning: DeepSpeed's FusedAdam cannot be had here: {problem}; training with torch's Adam "
-                      "(the same update, unfused)", file=sys.stderr, flush=True)
+                print(f"warning: DeepSpeed's FusedAdam cannot be had here: {problem[0]}; training with torch's Adam "
+                      f"(the same update, unfused). For the fused kernel: {problem[1]}", file=sys.stderr, flush=True)
     ds.setdefault("steps_per_print", 10**9)  # the run log prints progress
     return ds
 

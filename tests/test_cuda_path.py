@@ -129,7 +129,7 @@ def test_gpu_kernel_check_adds_the_rings_cudnn_rows_in_bf16():
         results = gpu_kernels.run(torch.device("cpu"), [torch.bfloat16], [2], layouts=("unpadded", "packed"),
                                   s=128, heads=2, d=16)
     cudnn = [r for r in results if "cudnn unmasked" in r["kernels"]]
-    assert [(r["variant"], r["layout"]) for r in cudnn] == [("ring", "unpadded")], gpu_kernels.table(results)
+    assert [(r["variant"], r["layout"]) for r in cudnn] == [("ring (cudnn)", "unpadded")], gpu_kernels.table(results)
     assert all(r["ok"] for r in results), gpu_kernels.table(results)
 
 
@@ -183,36 +183,42 @@ def fake_toolkit(folder: Path, release: str, ninja: bool = True) -> str:
 
 def test_fused_adam_problem_follows_the_jit_builds_rules(monkeypatch, tmp_path):
     """Prebuilt: fine. Else the JIT build needs an nvcc of torch's CUDA major (torch's cpp_extension
-    refuses another) and ninja."""
+    refuses another), ninja, and an arch list DeepSpeed can read; each problem comes with its fix."""
     from deepspeed import git_version_info
     from torch.utils import cpp_extension
 
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)  # the GPU image sets one ("9.0a")
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(git_version_info, "installed_ops", {"fused_adam": False})
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
-    assert "no CUDA toolkit (nvcc)" in device.fused_adam_problem()
+    assert "no CUDA toolkit (nvcc)" in device.fused_adam_problem()[0]
+    assert device.fused_adam_problem()[1] == device.TOOLKIT_FIX
     cases = {"11.8": "is CUDA 11.8, torch's is 13.0", "12.4": "is CUDA 12.4, torch's is 13.0", "13.2": None}
     for release, problem in cases.items():
         home = fake_toolkit(tmp_path / release, release)
         monkeypatch.setattr(cpp_extension, "CUDA_HOME", home)
         monkeypatch.setenv("PATH", f"{home}/bin:/usr/bin:/bin")
         found = device.fused_adam_problem()
-        assert (found is None) if problem is None else (problem in found), (release, found)
+        assert (found is None) if problem is None else (problem in found[0]), (release, found)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")  # the last requirement, after nvcc and ninja
+    assert device.fused_adam_problem() == device.arch_list_problem() != None
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert "ninja" in device.fused_adam_problem()
+    assert device.fused_adam_problem()[1] == "pip install ninja"
     monkeypatch.setattr(git_version_info, "installed_ops", {"fused_adam": True})
     assert device.fused_adam_problem() is None
 
 
 @pytest.mark.parametrize("arch_list, readable", [("9.0", None), ("8.0;8.6+PTX", None), ("8.6 9.0+PTX", None),
-                                                  ("9.0a", "9.0"), ("8.0 9.0 9.0a", "8.0;9.0"),
-                                                  ("9.0a;10.0a+PTX", "9.0;10.0+PTX")])
+                                                  ("8.6+ptx", None), ("9.0a", "9.0"), ("8.0 9.0 9.0a", "8.0;9.0"),
+                                                  ("9.0a;10.0a+PTX", "9.0;10.0+PTX"), ("9", "numbers"),
+                                                  ("sm_90", "numbers")])
 def test_fused_adam_problem_names_an_arch_list_deepspeed_cannot_read(monkeypatch, arch_list, readable):
     """The GPU image's TORCH_CUDA_ARCH_LIST held a Hopper-specific "...a" entry, and DeepSpeed's JIT
     build of FusedAdam stopped every rank with a ValueError (H200, gpu_check). Held here to the pinned
     DeepSpeed's own reading of the list (its compute_capability_args, which needs no GPU once the list
-    is set): what it cannot read is named with a list it can, and what it can read passes. What the
-    nvcc build then does with the list, only the GPU check sees."""
+    is set): what it cannot read is named with a list it can ("numbers": none to offer, the form is
+    named), and what it can read passes. What the nvcc build then does with the list, only the GPU
+    check sees."""
     from deepspeed import git_version_info
     from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder  # the CUDA builder, also on CPU
 
@@ -233,8 +239,10 @@ def test_fused_adam_problem_names_an_arch_list_deepspeed_cannot_read(monkeypatch
     problem = device.arch_list_problem()
     if readable is None:
         assert problem is None
+    elif readable == "numbers":
+        assert problem[1].startswith("set TORCH_CUDA_ARCH_LIST to the GPUs' capabilities as numbers"), problem
     else:
-        assert problem.endswith(f'set TORCH_CUDA_ARCH_LIST="{readable}" for it'), problem
+        assert problem[1] == f'set TORCH_CUDA_ARCH_LIST="{readable}"', problem
         assert deepspeed_reads(readable)
 
 
@@ -244,12 +252,12 @@ def test_a_cuda_machine_that_cannot_build_fused_adam_trains_with_torch_adam(monk
     from megatron.arguments import build_parser
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(device, "fused_adam_problem", lambda: "it is not prebuilt and nvcc is CUDA 11.8")
+    monkeypatch.setattr(device, "fused_adam_problem", lambda: ("it is not prebuilt and nvcc is CUDA 11.8", "install it"))
     ds = training.deepspeed_settings(build_parser().parse_args([]))
     assert ds["optimizer"]["params"]["torch_adam"] is True
     lines = capsys.readouterr().err.splitlines()
     assert lines == ["warning: DeepSpeed's FusedAdam cannot be had here: it is not prebuilt and nvcc is CUDA 11.8; "
-                     "training with torch's Adam (the same update, unfused)"], lines
+                     "training with torch's Adam (the same update, unfused). For the fused kernel: install it"], lines
     monkeypatch.setattr(device, "fused_adam_problem", lambda: None)
     assert "torch_adam" not in training.deepspeed_settings(build_parser().parse_args([]))["optimizer"]["params"]
 
@@ -362,7 +370,8 @@ def test_gpu_kernel_timings_run_on_the_emulated_kernels():
     with kernels.emulated_cuda():
         rows = (gpu_kernels.time_kernels(**shape) + gpu_kernels.time_masked_kernels(segment=50, **shape)
                 + gpu_kernels.time_local_layer(window=16, segment=50, **shape))
-    assert [name for name, _ in rows] == ["flash", "cudnn", "efficient"] + ["varlen_flash", "efficient"] * 2
+    assert [name for name, _ in rows] == (["flash", "cudnn", "efficient"] + list(gpu_kernels.PACKED_ROUTES)
+                                          + list(gpu_kernels.LOCAL_ROUTES))
     assert all(isinstance(ms, float) for _, ms in rows), rows
 
 
@@ -370,18 +379,25 @@ def test_gpu_kernel_timings_run_on_the_emulated_kernels():
 def test_a_packed_block_of_whole_segments_runs_one_varlen_flash_call(batch):
     """A packed block whose every sample holds the same whole segments (one sample of a long packed
     sequence, the common case at 32K+) is cut into one tile per segment, each "full" on its own; the
-    plan called the block "full" too, so on the GPU it ran flash tile by tile (9 calls each way
-    here) and forcing its masked kernel timed nothing (3.51 vs 3.54 ms on the H200). Now it is one
-    varlen flash call each way, checked through the emulated kernels (the choice, not the speed)."""
+    plan called the block "full" too, so on the GPU it ran flash tile by tile (9 calls each way here).
+    Now it is one varlen flash call each way; and each of gpu_kernels' routes for the packed block
+    runs the kernels its label names. Through the emulated kernels: the choice, not the speed."""
     from megatron.model.attention import blocks, kernels
 
     with kernels.emulated_cuda():
         step = gpu_kernels.packed_block_step(torch.device("cpu"), b=batch, s=4096, heads=2, d=16, segment=500)
-        counts, choose = gpu_kernels.count_kernels()
-        try:
-            step()
-        finally:
-            blocks.kernel = choose
-    assert dict(counts) == {"varlen_flash masked": 2}, dict(counts)
-    timed = gpu_kernels.top_kernels(step, torch.device("cpu"), ("efficient",), top=3)
-    assert len(timed) == 3 and all(name == "efficient" and calls >= 1 for _, name, calls, _ in timed), timed
+        ran = {}
+        for route, forced in {"default": (None, None), **gpu_kernels.PACKED_ROUTES}.items():
+            counts, choose = gpu_kernels.count_kernels(*forced)
+            try:
+                step()
+            finally:
+                blocks.kernel = choose
+            ran[route] = dict(counts)
+        profiled = gpu_kernels.top_kernels(step, torch.device("cpu"), {"efficient tiles": ("efficient", "efficient")},
+                                           top=3)
+    tiles = 2 * 9  # forward and backward, a tile per segment
+    assert ran == {"default": {"varlen_flash masked": 2}, "varlen_flash": {"varlen_flash masked": 2},
+                   "flash tiles": {"efficient masked": 2, "flash unmasked": tiles},
+                   "efficient tiles": {"efficient masked": 2, "efficient unmasked": tiles}}, ran
+    assert len(profiled) == 3 and {route for _, route, _, _ in profiled} == {"efficient tiles"}, profiled

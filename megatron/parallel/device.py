@@ -187,11 +187,12 @@ def to_device(batch, device):
                           for name, tensor in vars(batch).items()})
 
 
-TOOLKIT_FIX = "; install the CUDA toolkit torch was built with, or prebuild it: DS_BUILD_FUSED_ADAM=1 pip install deepspeed"
+TOOLKIT_FIX = "install the CUDA toolkit torch was built with, or prebuild it: DS_BUILD_FUSED_ADAM=1 pip install deepspeed"
+READABLE_ARCH = re.compile(r"\d+\.\d+(\+PTX)?", re.IGNORECASE)  # what DeepSpeed 0.19.8's JIT build can parse
 
 
-def fused_adam_problem() -> str | None:
-    """Why DeepSpeed's FusedAdam cannot be had on this CUDA machine and the fix, or None: not prebuilt,
+def fused_adam_problem() -> tuple[str, str] | None:
+    """(why DeepSpeed's FusedAdam cannot be had on this CUDA machine, the fix), or None: not prebuilt,
     and no JIT build possible (no nvcc, an nvcc of another CUDA major than torch's, no ninja, an
     arch list DeepSpeed cannot read)."""
     from deepspeed.git_version_info import installed_ops
@@ -200,30 +201,32 @@ def fused_adam_problem() -> str | None:
     if installed_ops.get("fused_adam"):
         return None
     if cpp_extension.CUDA_HOME is None:
-        return f"it is not prebuilt and there is no CUDA toolkit (nvcc) to build it for torch's CUDA {torch.version.cuda}{TOOLKIT_FIX}"
+        return f"it is not prebuilt and there is no CUDA toolkit (nvcc) to build it for torch's CUDA {torch.version.cuda}", TOOLKIT_FIX
     nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
     try:
         output = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as error:
-        return f"it is not prebuilt and {nvcc} does not run ({error}){TOOLKIT_FIX}"
+        return f"it is not prebuilt and {nvcc} does not run ({error})", TOOLKIT_FIX
     release = re.search(r"release (\d+)\.(\d+)", output)
     found = f"{release.group(1)}.{release.group(2)}" if release else "of unknown version"
     if not release or release.group(1) != str(torch.version.cuda).split(".")[0]:
-        return f"it is not prebuilt and {nvcc} is CUDA {found}, torch's is {torch.version.cuda} (the JIT build refuses){TOOLKIT_FIX}"
+        return f"it is not prebuilt and {nvcc} is CUDA {found}, torch's is {torch.version.cuda} (the JIT build refuses)", TOOLKIT_FIX
     if shutil.which("ninja") is None:
-        return "it is not prebuilt and ninja, which its JIT build needs, is not installed (pip install ninja)"
+        return "it is not prebuilt and ninja, which its JIT build needs, is not installed", "pip install ninja"
     return arch_list_problem()
 
 
-def arch_list_problem() -> str | None:
-    """Why DeepSpeed's JIT builds cannot read TORCH_CUDA_ARCH_LIST, or None. DeepSpeed 0.19.8 sorts
-    its entries as numbers ("9.0", "8.6+PTX"); an architecture-specific one ("9.0a", which CUDA
+def arch_list_problem() -> tuple[str, str] | None:
+    """(why DeepSpeed's JIT builds cannot read TORCH_CUDA_ARCH_LIST, the fix), or None. DeepSpeed 0.19.8
+    sorts its entries as numbers ("9.0", "8.6+PTX"); an architecture-specific one ("9.0a", which CUDA
     images for Hopper set) stops every rank's build with a ValueError (seen on an H200)."""
     value = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
     entries = [entry for entry in value.replace(" ", ";").split(";") if entry]
-    unreadable = [entry for entry in entries if not re.fullmatch(r"\d+\.\d+(\+PTX)?", entry)]
+    unreadable = [entry for entry in entries if not READABLE_ARCH.fullmatch(entry)]
     if not unreadable:
         return None
-    readable = ";".join(dict.fromkeys(re.sub(r"(?<=\d)[a-z]+", "", entry) for entry in entries))
+    stripped = list(dict.fromkeys(re.sub(r"(?<=\d)[a-z]+", "", entry) for entry in entries))  # 9.0a -> 9.0
+    fix = (f'set TORCH_CUDA_ARCH_LIST="{";".join(stripped)}"' if all(map(READABLE_ARCH.fullmatch, stripped)) else
+           'set TORCH_CUDA_ARCH_LIST to the GPUs\' capabilities as numbers, e.g. "9.0" (H100, H200) or "8.0" (A100)')
     return (f"it is not prebuilt and its JIT build cannot read TORCH_CUDA_ARCH_LIST={value!r} "
-            f"({', '.join(unreadable)}: DeepSpeed takes numbers only); set TORCH_CUDA_ARCH_LIST=\"{readable}\" for it")
+            f"({', '.join(unreadable)}: DeepSpeed takes numbers only)"), fix
