@@ -16,6 +16,7 @@ section of RESULTS.md; exits 1 when a loss differs.
 """
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -30,18 +31,29 @@ MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "
          "--max-position-embeddings", "512", "--lr", "5e-4", "--lr-decay-style", "constant",
          "--lr-warmup-fraction", "0", "--eval-interval", "1000000", "--eval-iters", "1"]
 HEADING = "GPU check: repeat and resume"
+DEEPSPEED_LOG = re.compile(r"\[\d{4}-\d\d-\d\d ")  # the launcher's own lines: not what stopped a run
+
+
+class RunFailed(Exception):
+    """A launcher run that exited non-zero (a --deterministic op without a deterministic kernel, say)."""
 
 
 def train(name: str, args, extra: list, port: int) -> dict:
-    """One launcher run -> {iteration: logged loss}; its output in <work>/<name>.log."""
+    """One launcher run -> {iteration: logged loss}; its output in <work>/<name>.log. RunFailed
+    names the run, its exit code and its last line."""
     log_dir = args.work / name
     shutil.rmtree(log_dir, ignore_errors=True)
     command = ["deepspeed", "--num_gpus", "1", "--master_port", str(port), str(HERE.parent / "pretrain_bert.py"),
                "--deepspeed", "--deepspeed_config", str(args.deepspeed_config), *MODEL, "--deterministic",
                "--train-iters", str(args.iters), "--log-interval", str(args.log_interval),
                "--default-data-dir", str(args.data), "--log-dir", str(log_dir), *extra]
-    with open(args.work / f"{name}.log", "w") as log:
-        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=HERE.parent)
+    log = args.work / f"{name}.log"
+    with open(log, "w") as output:
+        code = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, cwd=HERE.parent).returncode
+    if code:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        last = next((line for line in reversed(lines) if not DEEPSPEED_LOG.match(line)), lines[-1] if lines else "")
+        raise RunFailed(f"the {name} run exited {code} ({log.name}: {last.strip()[:200]})")
     return logged_losses(log_dir / "metrics.jsonl")
 
 
@@ -82,10 +94,16 @@ def main(argv=None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     save, half = args.work / "repeat_save", args.iters // 2
     shutil.rmtree(save, ignore_errors=True)
-    first = train("repeat_first", args, ["--save", str(save), "--save-interval", str(half)], args.master_port)
-    repeat = train("repeat_again", args, [], args.master_port + 1)
-    resumed = train("repeat_resumed", args, ["--load", str(halfway_copy(save, args.work / "repeat_half", half))],
-                    args.master_port + 2)
+    header = (f"Machine: {machine()}. `python benchmarks/gpu_repeat.py` ({args.iters} steps, resumed at {half}; "
+              f"JSON {args.deepspeed_config.name}: {json.dumps(json.loads(args.deepspeed_config.read_text()))}). "
+              "Three launcher runs with `--deterministic` (module docstring); '=' is the first run's loss exactly.")
+    try:
+        first = train("repeat_first", args, ["--save", str(save), "--save-interval", str(half)], args.master_port)
+        repeat = train("repeat_again", args, [], args.master_port + 1)
+        resumed = train("repeat_resumed", args, ["--load", str(halfway_copy(save, args.work / "repeat_half", half))],
+                        args.master_port + 2)
+    except RunFailed as failure:
+        return report(args, f"{header}\n\n**Not run to the end**: {failure}.", 1)
     problems = {"repeat": differences(first, repeat), "resumed": differences(first, resumed)}
     if set(repeat) != set(first) or set(resumed) != {it for it in first if it > half}:
         problems["logged"] = [f"iterations first {sorted(first)}, repeat {sorted(repeat)}, resumed {sorted(resumed)}"]
@@ -95,15 +113,16 @@ def main(argv=None) -> int:
     verdict = ("**Bit for bit**: the repeat and the resume logged exactly the first run's losses."
                if not any(problems.values()) else
                "**Not bit for bit**: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in problems.items() if v))
-    text = "\n".join([
-        f"Machine: {machine()}. `python benchmarks/gpu_repeat.py` ({args.iters} steps, resumed at {half}; "
-        f"JSON {args.deepspeed_config.name}: {json.dumps(json.loads(args.deepspeed_config.read_text()))}). "
-        "Three launcher runs with `--deterministic` (module docstring); '=' is the first run's loss exactly.", "",
-        verdict, "", "| iteration | first | repeat | resumed |", "|---|---|---|---|", *rows])
+    text = "\n".join([header, "", verdict, "", "| iteration | first | repeat | resumed |", "|---|---|---|---|", *rows])
+    return report(args, text, 1 if any(problems.values()) else 0)
+
+
+def report(args, text: str, code: int) -> int:
+    """Prints the section, writes it into RESULTS.md (unless --no-write) -> the exit code."""
     print(text)
     if not args.no_write:
         write_section(HEADING, text)
-    return 1 if any(problems.values()) else 0
+    return code
 
 
 if __name__ == "__main__":

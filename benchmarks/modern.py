@@ -4,15 +4,17 @@ model is the preset shrunk to SHAPE, in fp32; on a GPU (benchmarks/gpu_check.sh)
 ModernBERT-base's own shape in bf16 autocast, and the section and plot are the "(cuda)" ones.
 
 (a) Full training steps (forward, backward, AdamW) in one process, alternated (A B B A ...), the
-    same weights, fp32, the same thread count, one sample of one segment per step (no padding):
+    same weights (fp32 and the same thread count on CPU, bf16 autocast on a GPU), one sample of one
+    segment per step (no padding):
     * `ours`: BertModel with the modernbert-base preset's layer options (rope 160000 / 10000,
       local window 128 with a global layer every 3rd, GeGLU, no biases, pre-LN, no attention norm
-      in layer 0, no token types, ModernBERT's MLM head) shrunk to SHAPE; global layers dense at
+      in layer 0, no token types, ModernBERT's MLM head) at SHAPE's sizes; global layers dense at
       SP = 1; the local layers run the banded halo core (attention/local.py): O(s x W); MLM logits
       at the masked positions only;
     * `hf`: transformers.ModernBertForMaskedLM, attn_implementation="sdpa", as a user runs it
       (sparse_prediction off: MLM logits at every position); its local layers are full s x s
-      attention under an s x s window mask (CPU flash kernel with a boolean mask);
+      attention under an s x s window mask (SDPA with a boolean mask: the CPU's flash kernel, a
+      GPU's memory-efficient one);
     * `hf-sparse`: the same with sparse_prediction=True (logits at the masked positions, as ours):
       what is left is the layers' difference.
     HF's step time grows with s^2; a length whose estimated HF step (fitted on the shorter lengths)
@@ -250,14 +252,19 @@ def local_layer_steps(seq: int, window: int, heads: int, head_dim: int) -> dict:
 
 
 def plan_seconds(seq: int, window: int, repeats: int) -> float:
-    """Median seconds of the local plan of one micro-batch (once per micro-batch, for every local layer),
-    its tiles included (made on first use: the CPU's kernels take them)."""
+    """Median seconds of the local plan of one micro-batch (once per micro-batch, for every local layer):
+    on CPU with its tiles (made on first use: the CPU's kernels take them), on a GPU its varlen offsets
+    (bf16 never makes the tiles), until they are on the device."""
     comm = simulate.SimulatedComm(simulate.VirtualGroup(1), 0)
     times = []
     for _ in range(repeats):
         segment_ids = torch.ones(1, seq, dtype=torch.long, device=DEVICE)
         start = time.perf_counter()
-        local.local_plan(segment_ids, comm, window // 2).tiles
+        plan = local.local_plan(segment_ids, comm, window // 2)
+        if ON_GPU:
+            torch.cuda.synchronize()
+        else:
+            plan.tiles
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -100,9 +100,9 @@ def checkpoint_layers(model: BertModel, interval: int = 1) -> None:
     (DeepSpeed's activation checkpointing).
 
     Applied from outside: the first layer of each chunk runs the whole chunk under
-    deepspeed.checkpointing.checkpoint (checkpoint_in_autocast), which keeps only the chunk's input; the chunk's other
-    layers then pass their input through. The ring's and Ulysses' communication is replayed in
-    the recompute, in the same order on every seq rank. (A pipeline checkpoints its chunks
+    checkpoint_in_autocast (DeepSpeed's checkpoint, recomputed under the forward's autocast), which
+    keeps only the chunk's input; the chunk's other layers then pass their input through. The ring's
+    and Ulysses' communication is replayed in the recompute, in the same order on every seq rank. (A pipeline checkpoints its chunks
     through PipelineModule's activation_checkpoint_interval instead.)
     """
     forwards = [type(layer).forward.__get__(layer) for layer in model.layers]
@@ -129,11 +129,11 @@ def checkpoint_in_autocast(function, *inputs):
     recomputed in fp32 (fp32 GEMMs, fp32 attention kernels), slower and not the activations the
     forward used (torch.utils.checkpoint restores it; DeepSpeed's does not)."""
     device_type = next((x.device.type for x in inputs if torch.is_tensor(x)), "cpu")
-    enabled = torch.is_autocast_enabled(device_type)
-    dtype = torch.get_autocast_dtype(device_type)
+    enabled, dtype = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    cache = torch.is_autocast_cache_enabled()
 
     def under_forwards_autocast(*args):
-        with torch.autocast(device_type, dtype=dtype, enabled=enabled):
+        with torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache):
             return function(*args)
     return deepspeed.checkpointing.checkpoint(under_forwards_autocast, *inputs)
 

@@ -367,3 +367,29 @@ def test_repeat_check_compares_exact_losses_and_resumes_from_the_halfway_copy(tm
     assert gpu_repeat.differences(first, {10: 9.25}) == []
     nudged = math.nextafter(9.25, 10.0)
     assert gpu_repeat.differences(first, {5: 9.5, 10: nudged}) == [f"iteration 10: 9.25 vs {nudged!r}"]
+
+
+def test_repeat_check_names_a_run_that_failed(tmp_path, monkeypatch, capsys):
+    """A launcher run that exits non-zero (a --deterministic op with no deterministic kernel, say) is
+    named with its exit code and the line that stopped it, not the launcher's own log line, and the
+    section is still written (here: printed), exit 1."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_repeat
+
+    real_run = subprocess.run
+
+    def failing(command, stdout=None, **kwargs):
+        if "pretrain_bert.py" not in " ".join(map(str, command)):  # machine()'s own probes
+            return real_run(command, stdout=stdout, **kwargs)
+        stdout.write("RuntimeError: index_add_cuda_ does not have a deterministic implementation\n"
+                     "[2026-11-27 12:00:00,000] [ERROR] [launch.py:259:sigkill_handler] exits with return code = 1\n")
+        return subprocess.CompletedProcess(command, 1)
+    monkeypatch.setattr(gpu_repeat.subprocess, "run", failing)
+    config = tmp_path / "ds.json"
+    config.write_text('{"bf16": {"enabled": true}}')
+    code = gpu_repeat.main(["--deepspeed-config", str(config), "--data", str(tmp_path), "--work", str(tmp_path / "w"),
+                            "--no-write"])
+    assert code == 1
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "**Not run to the end**: the repeat_first run exited 1 (repeat_first.log: RuntimeError: index_add_cuda_ does "
+        "not have a deterministic implementation).")

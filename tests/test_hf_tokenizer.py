@@ -125,6 +125,8 @@ def test_special_tokens_map_json_is_read_as_transformers_reads_it(texts, tmp_pat
     if config is None or "added_tokens_decoder" not in config:
         with pytest.raises(DataError, match="special_tokens_map.json names '<nonexistent>' as mask_token"):
             build_tokenizer("HFTokenizer", tokenizer_file=folder)
+    else:  # not read at all, as transformers does not
+        assert build_tokenizer("HFTokenizer", tokenizer_file=folder).mask == ours.mask
 
 
 def test_ids_above_65535_round_trip_through_the_bin(tmp_path):

@@ -110,7 +110,6 @@ def test_mlm_accuracy_is_the_share_of_masked_tokens_predicted():
     assert bert_loss(logits, labels).mlm_accuracy.item() == pytest.approx(0.3)
 
 
-
 def checkpointed_and_plain_under_autocast() -> tuple:
     """(dtypes of every layer GEMM's output, forward and recompute; whether the losses are equal; the
     parameters whose gradients differ) of one model, batch and bf16 autocast, with and without
