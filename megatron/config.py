@@ -109,6 +109,24 @@ def _bf16_key(ds_config: dict) -> str:
     return "bf16" if "bf16" in ds_config else "bfloat16"
 
 
+def check_checkpointing_section(section: dict, sequence: int) -> None:
+    """The JSON's "activation_checkpointing" settings DeepSpeed 0.19.8 cannot run here: a traceback on
+    every rank (contiguous_memory_optimization without its two keys; cpu_checkpointing without
+    partitioned activations, which mangles the layers' saved inputs), or activations split twice."""
+    if section.get("partition_activations") and sequence > 1:
+        raise ConfigError("activation_checkpointing.partition_activations would split sequence-split activations "
+                          "across the seq ranks a second time", "set activation_checkpointing.partition_activations "
+                          "to false with sequence parallelism")
+    values = {"partition_activations": "true, at sequence-parallel size 1", "number_checkpoints": "the layer count"}
+    needs = {"cpu_checkpointing": ("partition_activations",),
+             "contiguous_memory_optimization": ("partition_activations", "number_checkpoints")}
+    for key, required in needs.items():
+        missing = [name for name in required if section.get(key) and not section.get(name)]
+        if missing:
+            raise ConfigError(f"activation_checkpointing.{key} needs activation_checkpointing.{missing[0]}, which "
+                              "is not set", f"set {missing[0]} ({values[missing[0]]}), or drop {key}")
+
+
 def precision(ds_config: dict) -> str:
     """"fp16", "bf16" or "fp32": what the DeepSpeed JSON enables (bf16 under either name, _bf16_key)."""
     sections = {"fp16": ds_config.get("fp16"), "bf16": ds_config.get(_bf16_key(ds_config))}
@@ -767,10 +785,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         raise ConfigError(f"zero_optimization.stage {zero_stage} cannot be combined with pipeline parallelism "
                           f"(pipeline size {pipeline})", "use zero_optimization.stage 0 or 1 with a pipeline")
 
-    if ds_config.get("activation_checkpointing", {}).get("partition_activations") and sequence > 1:
-        raise ConfigError("activation_checkpointing.partition_activations would split sequence-split activations "
-                          "across the seq ranks a second time", "set activation_checkpointing.partition_activations "
-                          "to false with sequence parallelism")
+    check_checkpointing_section(ds_config.get("activation_checkpointing", {}), sequence)
     clipping_flag = values.pop("gradient_clipping", None)  # --clip-grad, over the JSON's
     if clipping_flag is not None:
         ds_config = {**ds_config, "gradient_clipping": clipping_flag}

@@ -34,6 +34,10 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
     `lr_scheduler`: a callable optimizer -> scheduler, stepped by DeepSpeed at every optimizer step."""
     check_precision_supported(config.ds_config)
     initialize_parallel(config)
+    if config.activation_checkpoint_interval:
+        # the JSON's "activation_checkpointing" settings (cpu_checkpointing, profile, ...), read by DeepSpeed's
+        # own config: deepspeed.initialize does not apply them, and without this call they were dropped
+        deepspeed.checkpointing.configure(state, deepspeed_config=config.ds_config)
     if config.pipeline_parallel_size > 1:
         from megatron.model.pipe import BertModelPipe, load_bert_state
 

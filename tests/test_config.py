@@ -128,6 +128,14 @@ def test_resolved_config_is_json_serialisable():
      "linformer_k 128 exceeds seq_length 64; choose sequence_parallel.linformer.k at most --seq-length"),
     ({"sequence_parallel": {"size": 2, "attention": "linformer"}}, 4, {"linformer_k": 128},
      "linformer_k 128 exceeds seq_length 64; choose --linformer-k at most --seq-length"),
+    ({"activation_checkpointing": {"partition_activations": True}}, 4, {},
+     "activation_checkpointing.partition_activations would split sequence-split activations"),
+    ({"activation_checkpointing": {"cpu_checkpointing": True}}, 4, {},  # DeepSpeed mangles unpartitioned inputs
+     "activation_checkpointing.cpu_checkpointing needs activation_checkpointing.partition_activations, which is "
+     "not set; set partition_activations (true, at sequence-parallel size 1), or drop cpu_checkpointing"),
+    ({"activation_checkpointing": {"contiguous_memory_optimization": True, "partition_activations": True},
+      "sequence_parallel": {"size": 1, "attention": "ring"}}, 2, {},
+     "activation_checkpointing.contiguous_memory_optimization needs activation_checkpointing.number_checkpoints"),
 ])
 def test_invalid_combinations_name_the_key(ds_update, world, extra, message):
     with pytest.raises(ConfigError) as error:

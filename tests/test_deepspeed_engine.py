@@ -214,6 +214,31 @@ def test_activation_checkpointing_changes_nothing(pipeline, world, interval):
         assert all(result["chunks"] == 2 // interval for result in results)
 
 
+def checkpointing_section_run(section: dict) -> dict:
+    """One rank, every layer checkpointed with the JSON's "activation_checkpointing" `section`: the
+    settings DeepSpeed's checkpoint then runs with, and the losses."""
+    from deepspeed.runtime.activation_checkpointing import checkpointing
+
+    config = resolve({**model_flags(), "activation_checkpoint_interval": 1},
+                     {**ds_config(2, 2, 1, 1), "activation_checkpointing": section}, 1)
+    engine = build_engine(config, bert_state=small_model(config.model).state_dict())
+    losses = [train_step(engine, micro_batches(2)).loss for _ in range(STEPS)]
+    return {"losses": losses, "settings": {"cpu_checkpointing": checkpointing.CPU_CHECKPOINT,
+                                           "synchronize_checkpoint_boundary": checkpointing.SYNCHRONIZE,
+                                           "profile": checkpointing.PROFILE_TIME}}
+
+
+def test_the_jsons_activation_checkpointing_settings_are_applied():
+    """The section's settings reach DeepSpeed's checkpoint (nothing called its configure, so they were
+    all dropped), and training is the same (activations partitioned over one rank and checkpointed
+    to the CPU they are on: the same numbers)."""
+    section = {"partition_activations": True, "cpu_checkpointing": True, "synchronize_checkpoint_boundary": True,
+               "profile": True}
+    (result,) = run_on_ranks(checkpointing_section_run, 1, section, timeout=300)
+    assert result["settings"] == {key: value for key, value in section.items() if key != "partition_activations"}
+    assert result["losses"] == pytest.approx(reference_run(2)["losses"], rel=1e-5)
+
+
 @pytest.mark.parametrize("precision,pipeline,world,dtype", [("bf16", 1, 2, torch.bfloat16),
                                                            ("bf16", 2, 4, torch.bfloat16),
                                                            ("fp16", 1, 2, torch.float16)])
