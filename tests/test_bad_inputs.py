@@ -1018,6 +1018,14 @@ CONFIG_MISTAKES = {
     "load_of_an_hf_folder": (["--load", "{hf}"], {}, (
         "/hf is a Hugging Face model folder, not a checkpoint of this trainer (it has no 'latest')",
         "pass it to pretrain_bert.py with --init-from-hf in place of --load, or convert it first"), {}),
+    # a run's --log-dir (its config.json is the resolved config, not a Hugging Face model's)
+    **{f"{flag[2:].replace('-', '_')}_of_a_log_dir{name}": ([flag, "{tmp}/log"], files, (
+        "/log is the --log-dir of a run of this trainer (metrics.jsonl, config.json), not its checkpoint",
+        f"pass the run's --save folder{named} with --load"), {})
+       for flag in ("--load", "--init-from-hf") for name, files, named in (
+           ("", {"log/config.json": json.dumps({"ds_config": {}, "model": {}, "micro_batch_size": 2})}, ""),
+           ("_naming_its_save", {"log/metrics.jsonl": json.dumps({"kind": "start", "save": "/runs/ck"}) + "\n"},
+            " (/runs/ck)"))},
     **{f"save_{name}_the_hf_folder": (["--init-from-hf", "{hf}", "--save", save], {}, (
         f"is {where} --init-from-hf folder: the checkpoint would be written into the Hugging Face model folder",
         "choose another --save"), {}) for name, where, save in (("as", "the", "{hf}"), ("inside", "inside the",
