@@ -59,7 +59,8 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
     model.add_argument("--ffn-hidden-size", type=int, help="MLP inner size (default 4h)")
     model.add_argument("--seq-length", type=int, help="tokens per sample (default 512, or less where the weights the "
                        "run starts from reach less; a resume: the checkpoint's, another one given is a warning)")
-    model.add_argument("--max-position-embeddings", type=int, help="position table size (default 512)")
+    model.add_argument("--max-position-embeddings", type=int, help="position table size (default 512); with rope, no "
+                       "table: the trained length the Hugging Face export declares (default --seq-length)")
     model.add_argument("--vocab-size", type=int, help="vocab size before padding (default: from the vocab file)")
     model.add_argument("--make-vocab-size-divisible-by", type=int, help="pad the vocab to a multiple (default 128)")
     model.add_argument("--hidden-dropout", type=float, help="dropout after embeddings, attention, MLP (default 0.1)")

@@ -478,6 +478,41 @@ def refuse_tag_folder(folder: str, flag: str = "--load") -> None:
                           f"point {flag} at {parent} (its '{LATEST}' names the checkpoint to read)")
 
 
+def refuse_log_dir(folder: str, flag: str = "--load") -> None:
+    """Refuses the --log-dir of a run of this trainer given where its checkpoint belongs: that folder's
+    config.json (the resolved config) would otherwise pass for a Hugging Face model's. The fix names the
+    run's --save folder where the log's start records kept it."""
+    config = os.path.join(folder, "config.json")
+    if not (os.path.isfile(os.path.join(folder, "metrics.jsonl")) or _is_resolved_config(config)):
+        return
+    saved = _logged_save_dir(os.path.join(folder, "metrics.jsonl"))
+    raise ConfigError(f"{folder} is the --log-dir of a run of this trainer (metrics.jsonl, config.json), not its "
+                      f"checkpoint", f"pass the run's --save folder{f' ({saved})' if saved else ''} with {flag}")
+
+
+def _is_resolved_config(path: str) -> bool:
+    """Whether `path` is the config.json a run writes into its --log-dir (run_log.RunLog.config)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            config = json.load(file)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and {"ds_config", "model", "micro_batch_size"} <= config.keys()
+
+
+def _logged_save_dir(metrics: str) -> str | None:
+    """The --save folder the newest start record of a metrics.jsonl names, if any."""
+    saved = None
+    with contextlib.suppress(OSError):
+        with open(metrics, encoding="utf-8", errors="replace") as file:
+            for line in file:
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if isinstance(record, dict) and record.get("kind") == "start" and record.get("save"):
+                        saved = record["save"]
+    return saved
+
+
 def latest_tag(load_dir: str) -> str:
     path = os.path.join(load_dir, LATEST)
     if os.path.isfile(load_dir):
@@ -485,6 +520,7 @@ def latest_tag(load_dir: str) -> str:
                           "point --load at the directory a run wrote with --save")
     if not os.path.isfile(path):
         refuse_tag_folder(load_dir)
+        refuse_log_dir(load_dir)
         if os.path.isfile(os.path.join(load_dir, "config.json")):  # the trainer reads it with another flag
             raise ConfigError(f"{load_dir} is a Hugging Face model folder, not a checkpoint of this trainer (it has no "
                               f"'{LATEST}')", f"pass it to pretrain_bert.py with --init-from-hf in place of --load, or "

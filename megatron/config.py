@@ -763,6 +763,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     _check_model_numbers(values)
     values = {**resized_preset(model_preset(flags, ds_config), values), **values}  # each below its own flag
     values.pop("model_preset", None)
+    values.update(rope_positions(values, given.keys() | section.keys()))
     # --checkpoint-activations, else DeepSpeed's own "activation_checkpointing" section turns it on
     checkpoint_interval = values.pop("activation_checkpoint_interval", 0) or int("activation_checkpointing" in ds_config)
     compile_mlp = values.pop("compile_mlp", False)
@@ -928,12 +929,26 @@ def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> Non
                               f"--local-attention-window W) or drop {flag}")
 
 
+def rope_positions(values: dict, given: set) -> dict:
+    """{max_position_embeddings: seq_length} for a rotary model whose length no flag, JSON key or starting
+    weights set: with no table, the field only declares the length the model was trained at (the
+    Hugging Face export's max_position_embeddings, which extend_context.py scales the theta from), so
+    a preset's 8192 or BertConfig's 512 would claim positions the run never trained. Weights from a
+    folder (--init-from-hf ModernBERT at 8192) bring theirs, which a shorter fine-tune keeps."""
+    if values.get("position_embedding_type") != "rope" or "max_position_embeddings" in given:
+        return {}
+    return {"max_position_embeddings": values.get("seq_length", BertConfig.seq_length)}
+
+
 def model_preset(flags: dict, ds_config: dict) -> dict:
     """The BertConfig fields of the preset named by --model-preset, else by the JSON's
-    sequence_parallel.model_preset ({} when neither names one)."""
-    name = flags.get("model_preset")
+    sequence_parallel.model_preset ({} when neither names one); two different names are refused."""
+    name, named = flags.get("model_preset"), section_values(ds_config).get("model_preset")
+    if name is not None and named is not None and name != named:
+        raise ConfigError(f"--model-preset {name} contradicts {SECTION}.model_preset {named} of the DeepSpeed JSON",
+                          "drop one of them (or name the same preset in both)")
     if name is None:
-        name = section_values(ds_config).get("model_preset")
+        name = named
     try:
         return preset_fields(name)
     except ConfigError as error:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, bert_state_from_checkpoint,
+from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, bert_state_from_checkpoint, refuse_log_dir,
                                  latest_tag, refuse_non_finite, run_state, stored_config, tag_for)
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry, check_fits
@@ -416,6 +416,7 @@ def hf_weight_files(folder) -> list:
         raise ConfigError(f"{folder} is a checkpoint of this trainer, not a Hugging Face model folder",
                           f"pass {saved} with --load (a weights-only one, as from-hf writes, starts a run from its "
                           "weights)")
+    refuse_log_dir(str(folder))
     raise ConfigError(f"{folder} holds no model.safetensors or pytorch_model.bin",
                       "point at a Hugging Face model folder saved with save_pretrained")
 

@@ -35,7 +35,7 @@ from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, BertWordPiece, HFTokenizer, build_tokenizer,
                                      check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer,
                                      naming_flags)
-from megatron.engine import build_engine, eval_step, skip_nonfinite_updates, train_step
+from megatron.engine import build_engine, check_precision_supported, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import (ConfigError, DataError, Interrupted, cannot_use, ignore_signals, raise_on_signals,
                              restore_signals, stop_signals, stopped_during_start_up)
 from megatron.model.args import BertConfig
@@ -196,7 +196,7 @@ def report_once(line: str, node_leaders: bool = False) -> None:
         except Exception:  # the store is gone (rank 0 exited): better twice than never
             first, store = True, None
     if first:
-        print(line, file=sys.stderr, flush=True)
+        write_line(line)
         if store is not None:
             with contextlib.suppress(Exception):
                 store.set("megatron/error_printed", "1")
@@ -209,7 +209,14 @@ def report_once(line: str, node_leaders: bool = False) -> None:
             return
     except Exception:  # not printed in time, or the store is gone: better twice than never
         pass
-    print(line, file=sys.stderr, flush=True)
+    write_line(line)
+
+
+def write_line(line: str) -> None:
+    """`line` on stderr in one write (print writes the newline apart), so another rank's output that
+    interleaves lands before or after it, not glued to its end."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def check_flags(args) -> None:
@@ -963,6 +970,16 @@ def start_length(args, weights: dict, flags: dict, resume: bool = False) -> int:
     return min(BertConfig.seq_length, reach)
 
 
+def rope_positions_note(args, model: BertConfig) -> str | None:
+    """The line for --max-position-embeddings with rotary positions at another length than the run's:
+    there is no table for it to size, it only declares the trained length of the Hugging Face export."""
+    if model.position_embedding_type != "rope" or args.max_position_embeddings in (None, model.seq_length):
+        return None
+    return (f"note: --max-position-embeddings {args.max_position_embeddings} sizes no table with rope positions: it "
+            "is only the max_position_embeddings a Hugging Face export (convert_checkpoint.py to-hf) declares as "
+            f"the trained length, while this run trains at --seq-length {model.seq_length}")
+
+
 def check_vocab_room(args, tokenizer, vocab_size: int) -> None:
     """Every token id has an embedding row (check_fits), with --vocab-size named where it sets too few."""
     if args.vocab_size and tokenizer.vocab_size > vocab_size:
@@ -990,6 +1007,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     # and layout at the launcher's world size, with a stand-in vocab size where the vocab file decides
     # it; the weights the run starts from (an HF folder's missing tensor) where the vocab is known.
     ds = deepspeed_settings(args)
+    check_precision_supported(ds)  # fp16 on a CPU without its kernels: before the rendezvous and the data
     weights_only = starts_from_weights(args)
     flags = model_flags(args, ds, weights_only)
     world = os.environ.get("WORLD_SIZE", "")
@@ -1016,6 +1034,8 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     if torch.cuda.is_available() and config.model.attention != "linformer":  # linformer: torch's F.sdpa picks
         blocks.check_cuda_head_dim(config.model.head_dim, precision(ds), torch.cuda.get_device_capability())
     check_vocab_room(args, tokenizer, config.model.vocab_size)
+    if (note := rope_positions_note(args, config.model)) and dist.get_rank() == 0:
+        print(note, flush=True)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token
         source = f"--vocab-size {args.vocab_size}" if args.vocab_size else "the weights the run starts from"
         print(f"warning: the model's vocab_size {config.model.vocab_size} ({source}) exceeds the tokenizer's "
@@ -1061,7 +1081,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
         iteration, consumed = client["iteration"], client["consumed_samples"]
         last_checkpoint = progress.last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
         log.start(iteration, f"resuming from {last_checkpoint} iteration {iteration}, consumed samples {consumed}",
-                  resumed_from=last_checkpoint)
+                  resumed_from=last_checkpoint, save=args.save and os.path.abspath(args.save))
         change = checkpoint.attention_change(f"checkpoint {args.load}", client["config"]["model"], vars(config.model))
         for warning in (resume_schedule(engine, client.get("schedule"), saved["schedule"], iteration),
                         describe_sample_change(client["config"], config, consumed),
@@ -1075,7 +1095,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     else:
         source = args.init_from_hf or (args.load if weights_only else None)
         log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",
-                  weights_from=source)
+                  weights_from=source, save=args.save and os.path.abspath(args.save))
 
     stop = StopSignals(tokenizer.file, log, start_up)
 

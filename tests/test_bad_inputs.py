@@ -932,6 +932,10 @@ CONFIG_MISTAKES = {
                                        ("prescale_gradients = 1 is not a boolean",), {}),
     "json_sparse_gradients": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(sparse_gradients=True)},
                               ("DeepSpeed rejects the config: Sparse compression",), {}),
+    # ---- a precision this device has no kernels for: before the rendezvous (and the data built after it)
+    "json_fp16_on_a_cpu_without_fp16": (["--deepspeed_config", "{tmp}/ds.json"],
+                                        {"ds.json": ds_json(fp16={"enabled": True})},
+                                        ("fp16.enabled is true but DeepSpeed does not support fp16", "bf16"), {}),
     # ---- options of a variant or mode the run does not use
     "json_bigbird_section_with_ring": (
         ["--deepspeed_config", "{tmp}/ds.json"],
@@ -1018,6 +1022,14 @@ CONFIG_MISTAKES = {
     "load_of_an_hf_folder": (["--load", "{hf}"], {}, (
         "/hf is a Hugging Face model folder, not a checkpoint of this trainer (it has no 'latest')",
         "pass it to pretrain_bert.py with --init-from-hf in place of --load, or convert it first"), {}),
+    # a run's --log-dir (its config.json is the resolved config, not a Hugging Face model's)
+    **{f"{flag[2:].replace('-', '_')}_of_a_log_dir{name}": ([flag, "{tmp}/log"], files, (
+        "/log is the --log-dir of a run of this trainer (metrics.jsonl, config.json), not its checkpoint",
+        f"pass the run's --save folder{named} with --load"), {})
+       for flag in ("--load", "--init-from-hf") for name, files, named in (
+           ("", {"log/config.json": json.dumps({"ds_config": {}, "model": {}, "micro_batch_size": 2})}, ""),
+           ("_naming_its_save", {"log/metrics.jsonl": json.dumps({"kind": "start", "save": "/runs/ck"}) + "\n"},
+            " (/runs/ck)"))},
     **{f"save_{name}_the_hf_folder": (["--init-from-hf", "{hf}", "--save", save], {}, (
         f"is {where} --init-from-hf folder: the checkpoint would be written into the Hugging Face model folder",
         "choose another --save"), {}) for name, where, save in (("as", "the", "{hf}"), ("inside", "inside the",
@@ -1032,15 +1044,23 @@ CONFIG_MISTAKES = {
                                             ("error: attention_dropout 0.1 is not supported with local layers",
                                              "set --attention-dropout 0"), {}),
 }
-SKIPPED = {"launch_mpi_without_mpi4py": "mpi4py is installed" if importlib.util.find_spec("mpi4py") else None}
+SKIPPED = {"launch_mpi_without_mpi4py": "mpi4py is installed" if importlib.util.find_spec("mpi4py") else None,
+           "json_fp16_on_a_cpu_without_fp16": lambda: "this device runs fp16" if fp16_supported() else None}
+
+
+def fp16_supported() -> bool:
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().is_fp16_supported()
 
 
 @pytest.mark.parametrize("mistake", CONFIG_MISTAKES)
 def test_config_mistake_is_one_line_before_the_rendezvous(mistake, tmp_path, monkeypatch, capsys, assets):
     import megatron.training as training
 
-    if SKIPPED.get(mistake):
-        pytest.skip(SKIPPED[mistake])
+    skipped = SKIPPED.get(mistake)
+    if skipped := (skipped() if callable(skipped) else skipped):
+        pytest.skip(skipped)
     argv, files, phrases, env = CONFIG_MISTAKES[mistake]
     launcher = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     for name, value in {**launcher, **env}.items():
@@ -1146,3 +1166,19 @@ def test_ranks_that_came_to_a_failed_rendezvous_print_one_line_each():
     for rank in ranks:
         lines = rank.stderr.read().strip().splitlines()
         assert len(lines) == 1 and "timed out after 2 s: 2 of 3 ranks arrived" in lines[0], lines
+
+
+def test_an_error_line_is_one_write(monkeypatch):
+    """print() writes the newline apart: another rank's output could land between them, glued to the line."""
+    import io
+
+    import megatron.training as training
+
+    writes = []
+    stream = io.StringIO()
+    monkeypatch.setattr(stream, "write", lambda text: writes.append(text) or len(text))
+    monkeypatch.setattr(sys, "stderr", stream)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    training.report_once("pretrain_bert.py: error: a mistake; fix it")
+    assert writes == ["pretrain_bert.py: error: a mistake; fix it\n"]

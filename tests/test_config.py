@@ -473,3 +473,39 @@ def test_a_models_check_names_the_preset_that_set_a_value_the_user_never_typed(a
     with pytest.raises(ConfigError) as error:
         resolve(flags(*argv, "--seq-length", "64"), ds, world_size=1, deepspeed_check=False)
     assert f"hidden_size 72 is not divisible by {named}" in str(error.value), error.value
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], 64),  # the preset's 8192 would claim positions the run never trained (the HF export's field)
+    (["--max-position-embeddings", "128"], 128),  # given: kept
+    (["--model-preset", ""], 64)])  # no preset: BertConfig's 512 is no trained length either
+def test_rope_positions_are_the_trained_length_unless_given(argv, expected):
+    preset = [] if "--model-preset" in argv else ["--model-preset", "modernbert-base"]
+    argv = [a for a in argv if a not in ("--model-preset", "")]
+    given = flags(*preset, *argv, "--position-embedding-type", "rope", "--num-layers", "3", "--hidden-size", "32",
+                  "--num-attention-heads", "4", "--seq-length", "64")
+    assert resolve(given, BASE, world_size=4).model.max_position_embeddings == expected
+
+
+def test_two_different_presets_are_refused():
+    with pytest.raises(ConfigError, match="--model-preset modernbert-base contradicts sequence_parallel.model_preset "
+                                          "modernbert-large of the DeepSpeed JSON; drop one of them"):
+        resolve(flags("--model-preset", "modernbert-base"),
+                {**BASE, "sequence_parallel": {"size": 2, "attention": "ring", "model_preset": "modernbert-large"}},
+                world_size=4)
+    same = {**BASE, "sequence_parallel": {"size": 2, "attention": "ring", "model_preset": "modernbert-base"}}
+    assert resolve({**flags("--model-preset", "modernbert-base"), **SMALL}, same, world_size=4).model.mlp_type == "geglu"
+
+
+def test_max_position_embeddings_with_rope_is_a_note_of_what_it_sets():
+    """With rope there is no table: the flag only feeds the HF export's field, which the user is told."""
+    from megatron.model.args import BertConfig
+    from megatron.training import rope_positions_note
+
+    rope = BertConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=64, max_position_embeddings=128,
+                      position_embedding_type="rope")
+    assert rope_positions_note(argparse.Namespace(max_position_embeddings=128), rope).startswith(
+        "note: --max-position-embeddings 128 sizes no table with rope positions: it is only the max_position_embeddings "
+        "a Hugging Face export")
+    assert rope_positions_note(argparse.Namespace(max_position_embeddings=None), rope) is None
+    assert rope_positions_note(argparse.Namespace(max_position_embeddings=64), rope) is None  # extend_context's

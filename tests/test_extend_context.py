@@ -72,13 +72,14 @@ def other_weights(folder: Path) -> Path:
     return folder
 
 
-def fake_checkpoint(save: Path, model: dict) -> Path:
-    """A --save folder as far as the tool reads it before the launcher: `latest` and one run state."""
+def fake_checkpoint(save: Path, model: dict, origin: dict | None = None) -> Path:
+    """A --save folder as far as the tool reads it before the launcher: `latest` and one run state
+    (`origin`: its weights_from record, the weights the run started from)."""
     (save / "iter_0000001").mkdir(parents=True)
     (save / "latest").write_text("iter_0000001")
     (save / "iter_0000001" / "mp_rank_00_model_states.pt").write_bytes(b"")
     (save / "iter_0000001" / "run_state.json").write_text(json.dumps(
-        {"config": {"model": model}, "iteration": 1, "consumed_samples": 2}))
+        {"config": {"model": model}, "iteration": 1, "consumed_samples": 2, **({"weights_from": origin} if origin else {})}))
     return save
 
 
@@ -318,6 +319,19 @@ def test_the_attention_comes_from_the_json_unless_given(tmp_path, capsys):
     assert " --attention ring " in dry_run(capsys, *ulysses)[0]  # not a variant of this tool: its default
 
 
+def test_the_dry_run_refuses_a_precision_this_device_lacks(tmp_path, capsys):
+    """fp16 on a CPU without its kernels: the trainer refuses it at start-up, so the dry run does too."""
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().is_fp16_supported():
+        pytest.skip("this device runs fp16")
+    source = tiny_modernbert(tmp_path / "hf", 100)
+    (tmp_path / "ds.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}}))
+    assert one_line(capsys, "--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"),
+                    "--deepspeed-config", str(tmp_path / "ds.json"), "--", "--train-iters", "1").startswith(
+        "fp16.enabled is true but DeepSpeed does not support fp16 on this cpu device")
+
+
 def test_a_rotary_base_below_the_models_is_a_warning_naming_the_scaled_one(tmp_path, capsys):
     """A theta below the model's makes the slow rotations faster, the opposite of an extension (or a
     local theta given for the global one): said in a line, with the scaled default; not refused, since
@@ -337,10 +351,11 @@ def test_a_rotary_base_below_the_models_is_a_warning_naming_the_scaled_one(tmp_p
 
 
 def test_a_resume_with_another_from_is_refused_naming_both(tmp_path, capsys, monkeypatch):
-    """The first launch notes in --save what it starts from (path and a hash of the config and weights);
-    a resume from a copy elsewhere goes on, from other weights of the same shapes it stops in one line.
-    A --save without that note (extended before it existed, or another run) is compared by the model's
-    fields, the first that differs named before a length or theta."""
+    """The checkpoint in --save records what the first run started from (path and a hash of the config and
+    weights); a resume from a copy elsewhere goes on, from other weights of the same shapes it stops in
+    one line. The launch itself writes nothing into --save (a run that fails before its first save leaves
+    no record of a start). A --save without that record (another run) is compared by the model's fields,
+    the first that differs named before a length or theta."""
     source = tiny_modernbert(tmp_path / "hf", 100)
     save = tmp_path / "ext"
     argv = ["--from", str(source), "--seq-length", "256", "--save", str(save), "--", "--train-iters", "1"]
@@ -349,7 +364,10 @@ def test_a_resume_with_another_from_is_refused_naming_both(tmp_path, capsys, mon
     launched = []
     monkeypatch.setattr(extend_context.os, "execve", lambda path, command, env: launched.append(command))
     assert run_tool("extend_context.py", lambda: extend_context.main(argv)) == 0 and launched
-    fake_checkpoint(save, {})  # what the first run saved (the tool reads no more of it before check_source)
+    assert not save.exists()
+    # what the first run saved (the tool reads no more of it before check_source)
+    fake_checkpoint(save, {}, {"from": str(source.resolve()), "kind": "hf",
+                               "sha256": extend_context.hf_convert.weights_fingerprint(source, "hf")})
     extend_context.check_source(argparse.Namespace(source=str(shutil.copytree(source, tmp_path / "copy")),
                                                    save=str(save)), "hf")
     other = other_weights(shutil.copytree(source, tmp_path / "other"))

@@ -23,7 +23,7 @@ from megatron.checkpoint import check_model_shapes
 from megatron.config import read_ds_config, resolve
 from megatron.errors import ConfigError
 from megatron.model import attention
-from megatron.model.args import BertConfig
+from megatron.model.args import BertConfig, preset_fields
 from megatron.model.bert import MLP, BertModel, apply_rotary, rotary_cos_sin
 from megatron.model.pipe import EmbeddingPipe, HeadsPipe, TransformerLayerPipe
 
@@ -297,9 +297,11 @@ def test_modernbert_presets_match_hugging_face():
         hf.num_hidden_layers, hf.hidden_size, hf.num_attention_heads, hf.intermediate_size)
     assert (base.rotary_base, base.local_rotary_base) == (hf.rope_parameters["full_attention"]["rope_theta"],
                                                          hf.rope_parameters["sliding_attention"]["rope_theta"])
-    assert (base.local_attention_window, base.vocab_size, base.padded_vocab_size, base.max_position_embeddings,
-            base.layernorm_epsilon) == (hf.local_attention, hf.vocab_size, hf.vocab_size, hf.max_position_embeddings,
-                                        hf.norm_eps)
+    assert (base.local_attention_window, base.vocab_size, base.padded_vocab_size, preset_fields("modernbert-base")[
+        "max_position_embeddings"], base.layernorm_epsilon) == (hf.local_attention, hf.vocab_size, hf.vocab_size,
+                                                                hf.max_position_embeddings, hf.norm_eps)
+    # a run from scratch declares the length it trains at (config.rope_positions), not the preset's 8192
+    assert base.max_position_embeddings == base.seq_length
     assert base.add_bias_linear is hf.attention_bias is hf.mlp_bias is hf.norm_bias is hf.classifier_bias is False
     assert (base.mlp_type, hf.hidden_activation, hf.classifier_activation) == ("geglu", "gelu", "gelu")
     assert (base.position_embedding_type, base.type_vocab_size, base.add_binary_head) == ("rope", 0, False)
@@ -371,8 +373,9 @@ def test_model_preset_from_the_json_and_explicit_flags_win():
         resolve(parse("--model-preset", "modernbert-base", "--seq-length", "1024", "--attention", "ring"), {},
                 world_size=2, deepspeed_check=False).model, max_segment_length=1024)
     assert from_json.pack_samples and from_json.model.max_segment_length == 1024  # rope: a segment may fill it
-    flag_wins = resolve(parse("--model-preset", "modernbert-large"), ds, world_size=2, deepspeed_check=False)
-    assert flag_wins.model.num_layers == 28
+    with pytest.raises(ConfigError, match="--model-preset modernbert-large contradicts sequence_parallel.model_preset "
+                                          "modernbert-base of the DeepSpeed JSON"):  # two presets: neither wins silently
+        resolve(parse("--model-preset", "modernbert-large"), ds, world_size=2, deepspeed_check=False)
     assert "rope, local window 128 (global every 3), geglu, no biases" in from_json.summary()
     with pytest.raises(ConfigError, match="sequence_parallel.model_preset: model preset 'modernbert-xl'"):
         resolve({}, {"sequence_parallel": {"model_preset": "modernbert-xl"}}, world_size=1, deepspeed_check=False)

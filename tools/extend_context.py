@@ -4,8 +4,8 @@ at a longer sequence: one command that picks the launch for you and starts the `
   - the weights: `--init-from-hf FROM` for a Hugging Face folder, `--load FROM --finetune` for a
     checkpoint (a new run from its weights, any layout); once `--save` holds a checkpoint the same
     command resumes from it instead (a requeued job goes on, with the model flags restated: `--load`
-    alone takes none from the checkpoint; another --from than the first run's, which it notes in
-    --save/extended_from.json with a hash of its config and weights, or another length or theta than
+    alone takes none from the checkpoint; another --from than the first run's, which its checkpoint
+    records (weights_from: the path and a hash of its config and weights), or another length or theta than
     --save holds is refused);
   - the length: `--seq-length`, 1-64x the length the model was trained at (an HF folder's
     `max_position_embeddings`, a checkpoint's `seq_length`), packed samples on;
@@ -24,7 +24,6 @@ DeepSpeed's runner under megatron/parallel/deepspeed_command.py: Ctrl-C during t
 is one line, as during this tool's own imports.
 """
 import argparse
-import json
 import math
 import os
 import shlex
@@ -40,13 +39,11 @@ with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the secon
     from megatron.arguments import flag_setting, flags_given
     from megatron.config import (ADJUSTABLE_START_FIELDS, SECTION, json_pipeline_stages, read_ds_config,
                                  section_values)
-    from megatron.paths import write_json_atomic
     from megatron.training import initial_model_fields, starting_weights_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FACTOR = 64
 EXTENDED = ("max_position_embeddings", "rotary_base")  # the fields this tool sets, not --from
-SOURCE_RECORD = "extended_from.json"  # in --save: what the first run started from, for a resume to compare
 ATTENTIONS = ("ring", "hybrid")  # exact, and what the local layers' halo exchange goes with
 
 
@@ -129,6 +126,7 @@ def source_model(source: str) -> tuple[dict, str]:
         raise DataError(f"--from {source} is a file", "pass the folder holding it")
     if (folder / "config.json").is_file():
         if not any((folder / name).is_file() for name in hf_convert.HF_WEIGHT_FILES):
+            checkpoint.refuse_log_dir(source, "--from")
             raise DataError(f"--from {source} holds config.json but no weights "
                             f"({', '.join(hf_convert.HF_WEIGHT_FILES)})",
                             "pass the whole folder save_pretrained wrote")
@@ -266,26 +264,17 @@ def source_fields(args, kind: str) -> dict:
     return {field: value for field, value in fields.items() if field not in EXTENDED}
 
 
-def record_source(args, kind: str) -> None:
-    """Notes in --save what the first run starts from (path and fingerprint), for check_source."""
-    record = {"from": str(Path(args.source).resolve()), "sha256": hf_convert.weights_fingerprint(args.source, kind)}
-    Path(args.save).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(Path(args.save) / SOURCE_RECORD, record)
-
-
 def check_source(args, kind: str) -> None:
     """A resume goes on from the model --from names, else it would continue another model's extension
-    under this command's summary. A --save without the record (extended before it existed, or not by
-    this tool) is left to resumed_model's comparison of the model fields."""
-    path = Path(args.save) / SOURCE_RECORD
-    if not path.is_file():
+    under this command's summary. The record is the checkpoint's own (its run_state's weights_from: the
+    path and fingerprint of the weights the first run started from, carried by every resume), so a
+    launch that fails before its first save leaves no record behind. A checkpoint without one (saved
+    before runs recorded it, or not a run from weights) is left to resumed_model's comparison of the
+    model fields."""
+    record = checkpoint.run_state(args.save, checkpoint.latest_tag(args.save)).get(checkpoint.ORIGIN)
+    if not isinstance(record, dict) or not record.get("from"):
         return
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        recorded, digest = record["from"], record["sha256"]
-    except (ValueError, KeyError, TypeError):
-        raise DataError(f"{path} is not the record extend_context.py writes (truncated or edited)",
-                        "restore it, or choose a new --save") from None
+    recorded, digest = record["from"], record.get("sha256")
     if digest == hf_convert.weights_fingerprint(args.source, kind):
         return
     if recorded != str(Path(args.source).resolve()):
@@ -351,6 +340,7 @@ def check_launch(command: list, world: int) -> None:
     from megatron.data.bert_dataset import parse_data_path
     from megatron.data.indexed_dataset import make_dataset
     from megatron.data.tokenizer import check_fits
+    from megatron.engine import check_precision_supported
     from megatron.model.bert import BertConfig
     from megatron.training import (check_default_data_vocab, check_flag_combinations, check_flags, check_sample_room,
                                    check_start, data_paths, deepspeed_settings, model_flags as trainer_flags,
@@ -361,6 +351,7 @@ def check_launch(command: list, world: int) -> None:
     check_flag_combinations(args)
     check_start(args)
     ds = deepspeed_settings(args)
+    check_precision_supported(ds)
     flags = trainer_flags(args, ds, starts_from_weights(args))
     if args.data_path:
         tokenizer = data_paths(args)[1]
@@ -398,8 +389,6 @@ def main(argv=None) -> int:
     print(shlex.join(command), flush=True)
     if args.dry_run:
         return 0
-    if resume is None:
-        record_source(args, kind)
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if on_cpu else {})}  # CPU: processes over gloo
     launcher = [sys.executable, "-P", "-m", "megatron.parallel.deepspeed_command", *command[1:]]
     os.execve(launcher[0], launcher, env)  # the launcher takes this process: signals reach it directly
