@@ -35,6 +35,7 @@ import importlib.util
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,7 +79,7 @@ class TrainConfig:
                                        f"{self.sequence_parallel_size // model.ulysses_size})"
                                        if model.attention == "hybrid" and model.ulysses_size else "")
         return (f"pipeline {self.pipeline_parallel_size} x data {self.data_parallel_size} x sequence "
-                f"{self.sequence_parallel_size}, {attention} attention, {precision(self.ds_config)}, ZeRO "
+                f"{self.sequence_parallel_size}, {attention} attention, {precision_description(self.ds_config)}, ZeRO "
                 f"{self.zero_stage}, global batch {self.global_batch_size} = micro {self.micro_batch_size} x grad-acc "
                 f"{self.gradient_accumulation_steps} x data {self.data_parallel_size}"
                 + (", packed samples" if self.pack_samples else "")
@@ -132,6 +133,15 @@ def precision(ds_config: dict) -> str:
     sections = {"fp16": ds_config.get("fp16"), "bf16": ds_config.get(_bf16_key(ds_config))}
     return next((kind for kind, section in sections.items() if isinstance(section, dict) and section.get("enabled")),
                 "fp32")
+
+
+def precision_description(ds_config: dict) -> str:
+    """precision() for people: with torch_autocast on, the weights' dtype and the autocast's ("fp32 weights,
+    bf16 autocast"), where precision() says the weights' alone (which decides kernels and checkpoint rules)."""
+    autocast = ds_config.get("torch_autocast")
+    if not (isinstance(autocast, dict) and autocast.get("enabled") is True):
+        return precision(ds_config)
+    return f"{precision(ds_config)} weights, bf16 autocast"  # the one autocast dtype accepted (_check_autocast)
 
 
 def read_ds_config(path) -> dict:
@@ -519,7 +529,7 @@ def check_deepspeed_types(ds_config: dict) -> None:
             raise ConfigError(f"optimizer.type {json.dumps(optimizer_type)} is not an optimizer DeepSpeed knows",
                               f"use one of {', '.join(sorted(set(names.values()), key=str.lower))}")
     for key in ("zero_optimization", "activation_checkpointing", "pipeline", "optimizer", "fp16", "bf16", "bfloat16",
-                SECTION):
+                "torch_autocast", "data_types", SECTION):
         if key in ds_config and not isinstance(ds_config[key], dict):
             raise ConfigError(f"{key} = {json.dumps(ds_config[key])} is not a JSON object",
                               f'write "{key}": {{...}} or remove it')
@@ -528,6 +538,7 @@ def check_deepspeed_types(ds_config: dict) -> None:
         if ds_config.get(key) is not None:  # null: derived from the other two
             _typed(key, ds_config[key], int)
     _check_precision_and_zero(ds_config)
+    _check_dtypes(ds_config)
     clipping = ds_config.get("gradient_clipping", 0.0)
     if isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or not clipping >= 0:
         raise ConfigError(f"gradient_clipping = {json.dumps(clipping)} is not a number >= 0",
@@ -569,9 +580,19 @@ DEEPSPEED_SECTION_KEYS = {
         "sub_group_size", "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce", "zenflow",
         "zero_hpz_partition_size", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
         "zero_quantized_weights"})}
-# ZeRO++'s features, which only DeepSpeed's stage-3 optimizer reads -> the value that leaves each off
+# ZeRO++'s features and the stage-3 settings (under both of DeepSpeed's names), which only DeepSpeed's
+# stage-3 optimizer reads -> DeepSpeed's default (tests/test_bad_inputs.py holds them equal to DeepSpeed's)
+_STAGE3_SETTINGS = {"prefetch_bucket_size": 50_000_000, "param_persistence_threshold": 100_000,
+                    "model_persistence_threshold": sys.maxsize, "max_live_parameters": 1_000_000_000,
+                    "max_reuse_distance": 1_000_000_000, "gather_16bit_weights_on_model_save": False,
+                    "module_granularity_threshold": 0, "use_all_reduce_for_fetch_params": False,
+                    "allgather_sequential": False}
 _ZERO3_ONLY = {"zero_quantized_gradients": False, "zero_quantized_weights": False,
-               "zero_quantized_nontrainable_weights": False, "zero_hpz_partition_size": 1}
+               "zero_quantized_nontrainable_weights": False, "zero_hpz_partition_size": 1,
+               "stage3_gather_fp16_weights_on_model_save": False, **_STAGE3_SETTINGS,
+               **{f"stage3_{key}": default for key, default in _STAGE3_SETTINGS.items()}}
+# offload section -> its deprecated boolean spelling, and the lowest ZeRO stage at which DeepSpeed reads it
+_OFFLOADS = {"offload_optimizer": ("cpu_offload", 1), "offload_param": ("cpu_offload_param", 3)}
 # fp16's integer settings; the two that dynamic loss scaling divides by or floors at must be >= 1 there
 _FP16_INTEGERS = ("initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
 _FP16_DYNAMIC_POSITIVE = ("loss_scale_window", "min_loss_scale")
@@ -587,6 +608,14 @@ def traced_section_keys() -> dict:
 
     return {"fp16": keys(DeepSpeedFP16Config), "bf16": keys(DeepSpeedBF16Config),
             "bfloat16": keys(DeepSpeedBF16Config), "zero_optimization": keys(DeepSpeedZeroConfig)}
+
+
+def traced_stage3_settings() -> dict:
+    """_STAGE3_SETTINGS from the installed DeepSpeed: its ZeRO fields also named stage3_*, with their defaults."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    return {name: field.default for name, field in DeepSpeedZeroConfig.model_fields.items()
+            if field.alias == f"stage3_{name}"}
 
 
 def _check_precision_and_zero(ds_config: dict) -> None:
@@ -611,6 +640,7 @@ def _check_precision_and_zero(ds_config: dict) -> None:
         if zero.get(key, off) != off and stage < 3:
             raise ConfigError(f"zero_optimization.{key} works at ZeRO stage 3 only and does nothing at stage {stage}",
                               f"remove {key}, or set zero_optimization.stage to 3")
+    _check_offload(zero, stage)
     bf16_section = _bf16_key(ds_config)
     fp16, bf16 = ds_config.get("fp16", {}), ds_config.get(bf16_section, {})
     if fp16.get("enabled") and bf16.get("enabled"):
@@ -633,6 +663,134 @@ def _check_precision_and_zero(ds_config: dict) -> None:
     if bf16.get("bf16_optimizer_states") and not bf16.get("bf16_master_weights_and_grads"):
         raise ConfigError(f"{bf16_section}.bf16_optimizer_states needs {bf16_section}.bf16_master_weights_and_grads",
                           f"set {bf16_section}.bf16_master_weights_and_grads to true, or drop bf16_optimizer_states")
+
+
+def _offload_device(zero: dict, key: str) -> str:
+    """Where zero_optimization's `key` (offload_optimizer / offload_param) sends its tensors: its device,
+    or "cpu" for the deprecated boolean spelling (cpu_offload / cpu_offload_param), else "none"."""
+    section = zero.get(key)
+    if isinstance(section, dict):
+        return section.get("device", "none")
+    return "cpu" if zero.get(_OFFLOADS[key][0]) is True else "none"
+
+
+def _check_offload(zero: dict, stage: int) -> None:
+    """Offload that DeepSpeed 0.19.8 ignores at the stage: any offload at stage 0 (read only inside
+    ZeRO), parameters below stage 3, and nvme below stage 3 (stage 1/2 offload the optimizer to cpu only)."""
+    for key, (legacy, lowest) in _OFFLOADS.items():
+        device = _offload_device(zero, key)
+        if device == "none":
+            continue
+        named = f"zero_optimization.{key}" if isinstance(zero.get(key), dict) else f"zero_optimization.{legacy}"
+        if stage < lowest:
+            raise ConfigError(f"{named} works at ZeRO stage {lowest}{'-3' if lowest < 3 else ''} only and does "
+                              f"nothing at stage {stage}", f"remove it, or set zero_optimization.stage to {lowest}"
+                              f"{' or above' if lowest < 3 else ''}")
+        if device == "nvme" and stage < 3:
+            raise ConfigError(f'{named}.device "nvme" works at ZeRO stage 3 only (stage {stage} offloads to cpu '
+                              "only and ignores it)", f'set {named}.device to "cpu", or zero_optimization.stage to 3')
+
+
+# DeepSpeed's DtypeEnum spellings of the floating-point dtypes
+_DTYPE_NAMES = {"fp32": ("fp32", "float32", "float", "torch.float32"),
+                "fp16": ("fp16", "float16", "half", "torch.float16"), "bf16": ("bf16", "bfloat16", "torch.bfloat16")}
+_COMMUNICATION_DTYPES = ("fp32", "fp16", "bf16")  # what DeepSpeed's get_communication_data_type takes (any case)
+
+
+def _check_dtypes(ds_config: dict) -> None:
+    """The dtype keys DeepSpeed reads late: an unknown one is a traceback inside deepspeed.initialize
+    (grad_accum_dtype), DeepSpeed's line names another key (seq_parallel_communication_data_type's
+    "Invalid communication_data_type"), or torch drops it for fp32 with a warning (torch_autocast int8)."""
+    grad_accum = ds_config.get("data_types", {}).get("grad_accum_dtype")
+    if grad_accum is not None and not any(grad_accum in names for names in _DTYPE_NAMES.values()):
+        raise ConfigError(f"data_types.grad_accum_dtype = {json.dumps(grad_accum)} is not a dtype DeepSpeed knows",
+                          "set it to fp32, fp16 or bf16, or remove it (the model's dtype)")
+    for key in ("communication_data_type", "seq_parallel_communication_data_type"):
+        value = ds_config.get(key)
+        if value is not None and not (isinstance(value, str) and value.lower() in _COMMUNICATION_DTYPES):
+            raise ConfigError(f"{key} = {json.dumps(value)} is not a communication dtype DeepSpeed knows",
+                              f"set {key} to fp32, fp16 or bf16, or remove it")
+    _check_autocast(ds_config.get("torch_autocast", {}))
+
+
+def _check_autocast(autocast: dict) -> None:
+    """torch_autocast trains right in bf16 only: DeepSpeed 0.19.8's ZeRO 1/2 clip fp16 autocast's
+    loss-scaled gradients by their scaled norm and its GradScaler then unscales them (updates damped
+    some 65536-fold, no word), and torch falls back to fp32 for any other dtype. Its
+    lower_precision_safe_modules are imported inside deepspeed.initialize (a traceback per rank for a
+    bad one; a string is read letter by letter): their shape is checked here, their import in
+    deepspeed_accepts."""
+    if autocast.get("enabled") and autocast.get("dtype") is None:
+        raise ConfigError("torch_autocast is enabled without a dtype (torch would pick its device's default, float16 "
+                          "on a GPU)", 'set torch_autocast.dtype to "bfloat16"')
+    dtype = autocast.get("dtype", "bf16")
+    if dtype in _DTYPE_NAMES["fp16"] and autocast.get("enabled"):
+        raise ConfigError(f"torch_autocast.dtype {json.dumps(dtype)} would train on damped updates (DeepSpeed 0.19.8 "
+                          "clips fp16 autocast's loss-scaled gradients before unscaling them)",
+                          'use "fp16": {"enabled": true} in place of torch_autocast (the trainer\'s loss-scaling '
+                          'path), or torch_autocast.dtype "bfloat16"')
+    if dtype not in (*_DTYPE_NAMES["bf16"], *_DTYPE_NAMES["fp16"]):
+        raise ConfigError(f"torch_autocast.dtype = {json.dumps(dtype)} is not an autocast dtype (torch would run fp32)",
+                          'set torch_autocast.dtype to "bfloat16"')
+    modules = autocast.get("lower_precision_safe_modules")
+    if modules is None:
+        return
+    if not isinstance(modules, list):
+        raise ConfigError(f"torch_autocast.lower_precision_safe_modules = {json.dumps(modules)} is not a list",
+                          'write it as a list of "package.Class" names, e.g. ["torch.nn.Linear"]')
+    for name in modules:
+        if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+", name)):
+            raise ConfigError(f"torch_autocast.lower_precision_safe_modules entry {json.dumps(name)} is not a "
+                              '"package.Class" name', 'name each module class with its package, e.g. "torch.nn.Linear"')
+
+
+def _check_sequence_communication(ds_config: dict, sequence: int) -> None:
+    """DeepSpeed 0.19.8 reduces gradients in seq_parallel_communication_data_type (default fp32) whenever
+    its sequence-parallel group (the trainer's, without a pipeline) has more than one rank, overwriting
+    communication_data_type without a word."""
+    value = ds_config.get("communication_data_type")
+    reduction = ds_config.get("seq_parallel_communication_data_type", "fp32")
+    if value is None or reduction is not None and value.lower() == reduction.lower():
+        return
+    used = json.dumps(reduction) + ("" if "seq_parallel_communication_data_type" in ds_config else " (the default)")
+    raise ConfigError(f"communication_data_type {json.dumps(value)} is not used at sequence-parallel size {sequence}: "
+                      f"DeepSpeed reduces gradients in seq_parallel_communication_data_type {used} there",
+                      f'set "seq_parallel_communication_data_type": {json.dumps(value)} in its place (the key that '
+                      "sets the gradient reduction dtype with sequence parallelism), or remove communication_data_type")
+
+
+def _check_autocast_modules(ds_config: dict) -> None:
+    """Each torch_autocast.lower_precision_safe_modules entry names a torch.nn.Module class that imports
+    (DeepSpeed imports them inside deepspeed.initialize; a name that is no module class matches nothing)."""
+    import torch
+
+    for name in ds_config.get("torch_autocast", {}).get("lower_precision_safe_modules") or ():
+        package, class_name = name.rsplit(".", 1)
+        try:
+            found = getattr(importlib.import_module(package), class_name, None)
+        except ImportError as error:
+            found, reason = None, f"cannot be imported ({error})"
+        else:
+            reason = f"is not a class of {package}" if found is None else "is not a torch.nn.Module class"
+        if not (isinstance(found, type) and issubclass(found, torch.nn.Module)):
+            raise ConfigError(f"torch_autocast.lower_precision_safe_modules entry {json.dumps(name)} {reason}",
+                              'name an importable module class with its package, e.g. "torch.nn.Linear", or remove it')
+
+
+def _check_nvme_supported(ds_config: dict) -> None:
+    """nvme offload loads DeepSpeed's async_io op (libaio), which fails inside deepspeed.initialize
+    with a traceback per rank after the swap folder was made: say so before anything is built."""
+    zero = ds_config.get("zero_optimization", {})
+    nvme = [key for key in ("offload_optimizer", "offload_param") if _offload_device(zero, key) == "nvme"]
+    if not nvme:
+        return
+    from deepspeed.git_version_info import installed_ops
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if not (installed_ops.get("async_io") or AsyncIOBuilder().is_compatible()):
+        raise ConfigError(f'zero_optimization.{nvme[0]}.device "nvme" needs DeepSpeed\'s async_io op, which cannot '
+                          "be built here (libaio and its headers are missing)",
+                          f'use zero_optimization.{nvme[0]}.device "cpu", or install libaio (e.g. libaio-dev)')
 
 
 # DeepSpeed's top-level scalars that its config reads without checking the type (a string or a number
@@ -668,6 +826,8 @@ def deepspeed_accepts(ds_config: dict) -> None:
     import pydantic
     from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
 
+    _check_autocast_modules(ds_config)
+    _check_nvme_supported(ds_config)
     trial = {key: value for key, value in ds_config.items() if key != "train_batch_size"}
     try:
         DeepSpeedConfig(trial)
@@ -779,6 +939,8 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
             f"{SECTION}.size {sequence} x pipeline {pipeline} does not divide the world size {world_size}",
             "launch a multiple of sp*pp processes or change the sizes")
     data = world_size // (pipeline * sequence)
+    if pipeline == 1 and sequence > 1:
+        _check_sequence_communication(ds_config, sequence)
 
     micro, gas, global_batch = _batch_sizes(values, ds_config, data)
     zero_stage = _typed("zero_optimization.stage", ds_config.get("zero_optimization", {}).get("stage", 0), int)

@@ -936,6 +936,54 @@ CONFIG_MISTAKES = {
     "json_fp16_on_a_cpu_without_fp16": (["--deepspeed_config", "{tmp}/ds.json"],
                                         {"ds.json": ds_json(fp16={"enabled": True})},
                                         ("fp16.enabled is true but DeepSpeed does not support fp16", "bf16"), {}),
+    # ---- dtypes DeepSpeed reads late, or overrides
+    "json_autocast_float16": (["--deepspeed_config", "{tmp}/ds.json"],
+                              {"ds.json": ds_json(torch_autocast={"enabled": True, "dtype": "float16"})},
+                              ('torch_autocast.dtype "float16" would train on damped updates',
+                               'use "fp16": {"enabled": true} in place of torch_autocast'), {}),
+    "json_autocast_int8": (["--deepspeed_config", "{tmp}/ds.json"],
+                           {"ds.json": ds_json(torch_autocast={"enabled": True, "dtype": "int8"})},
+                           ('torch_autocast.dtype = "int8" is not an autocast dtype', '"bfloat16"'), {}),
+    "json_autocast_without_dtype": (["--deepspeed_config", "{tmp}/ds.json"],
+                                    {"ds.json": ds_json(torch_autocast={"enabled": True})},
+                                    ("torch_autocast is enabled without a dtype",), {}),
+    **{f"json_autocast_modules_{name}": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(torch_autocast={
+        "enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": modules})}, phrases, {})
+       for name, modules, phrases in (
+           ("not_importable", ["torch.nn.Linear", "foo.Bar"],
+            ('lower_precision_safe_modules entry "foo.Bar" cannot be imported', "e.g. \"torch.nn.Linear\"")),
+           ("a_string", "torch.nn.Linear", ('lower_precision_safe_modules = "torch.nn.Linear" is not a list',)),
+           ("no_package", ["Linear"], ('entry "Linear" is not a "package.Class" name',)),
+           ("a_function", ["torch.nn.functional.linear"], ("is not a torch.nn.Module class",)))},
+    "json_grad_accum_dtype_unknown": (["--deepspeed_config", "{tmp}/ds.json"],
+                                      {"ds.json": ds_json(data_types={"grad_accum_dtype": "fp8"})},
+                                      ('data_types.grad_accum_dtype = "fp8" is not a dtype DeepSpeed knows',
+                                       "fp32, fp16 or bf16"), {}),
+    "json_seq_comm_dtype_unknown": (["--deepspeed_config", "{tmp}/ds.json"],
+                                    {"ds.json": ds_json(seq_parallel_communication_data_type="int8")},
+                                    ('seq_parallel_communication_data_type = "int8" is not a communication dtype',),
+                                    {}),
+    "json_comm_dtype_overridden_by_sequence_parallelism": (
+        ["--deepspeed_config", "{tmp}/ds.json"],
+        {"ds.json": ds_json(communication_data_type="fp16", sequence_parallel={"size": 2, "attention": "ring"})},
+        ('communication_data_type "fp16" is not used at sequence-parallel size 2',
+         '"seq_parallel_communication_data_type": "fp16"'), {"WORLD_SIZE": "2"}),
+    # ---- ZeRO offload and stage-3 settings DeepSpeed ignores at the stage
+    "json_offload_optimizer_at_stage_0": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(
+        zero_optimization={"stage": 0, "offload_optimizer": {"device": "cpu"}})}, (
+        "zero_optimization.offload_optimizer works at ZeRO stage 1-3 only and does nothing at stage 0",), {}),
+    "json_offload_param_below_stage_3": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(
+        zero_optimization={"stage": 2, "offload_param": {"device": "cpu"}})}, (
+        "zero_optimization.offload_param works at ZeRO stage 3 only and does nothing at stage 2",), {}),
+    "json_nvme_offload_below_stage_3": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(
+        zero_optimization={"stage": 2, "offload_optimizer": {"device": "nvme"}})}, (
+        'zero_optimization.offload_optimizer.device "nvme" works at ZeRO stage 3 only', 'device to "cpu"'), {}),
+    "json_stage3_key_below_stage_3": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(
+        zero_optimization={"stage": 1, "stage3_max_live_parameters": 1000})}, (
+        "zero_optimization.stage3_max_live_parameters works at ZeRO stage 3 only and does nothing at stage 1",), {}),
+    "json_nvme_offload_without_async_io": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(
+        zero_optimization={"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nonexistent/swap"}})}, (
+        'zero_optimization.offload_optimizer.device "nvme" needs DeepSpeed\'s async_io op', 'device "cpu"'), {}),
     # ---- options of a variant or mode the run does not use
     "json_bigbird_section_with_ring": (
         ["--deepspeed_config", "{tmp}/ds.json"],
@@ -1062,6 +1110,12 @@ def test_config_mistake_is_one_line_before_the_rendezvous(mistake, tmp_path, mon
     if skipped := (skipped() if callable(skipped) else skipped):
         pytest.skip(skipped)
     argv, files, phrases, env = CONFIG_MISTAKES[mistake]
+    if mistake == "json_nvme_offload_without_async_io":  # as on a machine without libaio, wherever the test runs
+        from deepspeed.git_version_info import installed_ops
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+
+        monkeypatch.setattr(AsyncIOBuilder, "is_compatible", lambda self, verbose=False: False)
+        monkeypatch.setitem(installed_ops, "async_io", False)
     launcher = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     for name, value in {**launcher, **env}.items():
         monkeypatch.setenv(name, "")  # recorded: restored (or removed) after the test

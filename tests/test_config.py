@@ -204,6 +204,37 @@ def test_precision_checks_accept_what_deepspeed_accepts(ds_update):
     deepspeed_accepts(ds_config)
 
 
+@pytest.mark.parametrize("ds_update, world", [
+    ({"zero_optimization": {"stage": 1, "stage3_max_live_parameters": 1e9, "max_reuse_distance": 1000000000,
+                            "stage3_gather_16bit_weights_on_model_save": False}}, 4),  # DeepSpeed's defaults
+    ({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}}},
+     4),
+    ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
+                            "stage3_max_live_parameters": 1000}}, 4),
+    ({"torch_autocast": {"enabled": False, "dtype": "float16"}}, 4),  # off: no damped updates
+    ({"torch_autocast": {"enabled": True, "dtype": "bf16", "lower_precision_safe_modules": ["torch.nn.Linear"]}}, 4),
+    ({"data_types": {"grad_accum_dtype": "fp32"}}, 4),
+    ({"communication_data_type": "fp16", "seq_parallel_communication_data_type": "FP16"}, 4),
+    ({"communication_data_type": "fp16", "pipeline": {"stages": 2}, "zero_optimization": {"stage": 1}},
+     8),  # DeepSpeed's pipeline engine does not override it
+])
+def test_dtype_and_offload_settings_deepspeed_reads_are_accepted(ds_update, world):
+    ds_config = {**BASE, **ds_update}
+    resolve(SMALL, ds_config, world_size=world)
+
+
+def test_the_summary_names_torch_autocast_beside_the_weights_dtype():
+    """A torch_autocast run keeps fp32 weights (precision(), which decides kernels and checkpoint rules)
+    but computes in bf16: the config line says both, not fp32 alone."""
+    from megatron.config import TrainConfig, precision
+    from megatron.model.args import BertConfig
+
+    autocast = {"torch_autocast": {"enabled": True, "dtype": "bfloat16"}}
+    assert precision(autocast) == "fp32"
+    assert ", fp32 weights, bf16 autocast, ZeRO 0," in TrainConfig(model=BertConfig(), ds_config=autocast).summary()
+    assert ", fp32, ZeRO 0," in TrainConfig(model=BertConfig()).summary()
+
+
 def test_json_syntax_error_names_line_and_column(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text('{\n  "train_batch_size": 8,\n  "sequence_parallel": {"size": 2,}\n}\n')

@@ -180,12 +180,14 @@ def test_the_tool_imports_neither_torch_nor_deepspeed(tmp_path):
 def test_static_deepspeed_tables_match_the_installed_deepspeed():
     from megatron.config import (DEEPSPEED_SECTION_KEYS, DEEPSPEED_TOP_LEVEL_KEYS, OPTIMIZER_NAMES, OPTIMIZER_PARAMS,
                                  TORCH_ADAM_PARAMS, traced_deepspeed_top_level_keys, traced_optimizer_names,
-                                 traced_optimizer_params, traced_section_keys)
+                                 traced_optimizer_params, traced_section_keys, traced_stage3_settings)
+    from megatron.config import _STAGE3_SETTINGS
 
     assert traced_deepspeed_top_level_keys() == DEEPSPEED_TOP_LEVEL_KEYS
     assert traced_optimizer_names() == OPTIMIZER_NAMES
     assert traced_optimizer_params() == (OPTIMIZER_PARAMS, TORCH_ADAM_PARAMS)
     assert traced_section_keys() == DEEPSPEED_SECTION_KEYS
+    assert traced_stage3_settings() == _STAGE3_SETTINGS
 
 
 def test_deepspeed_check_runs_deepspeeds_own_section_checks(capsys, config):
