@@ -30,11 +30,12 @@ import warnings
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
 from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, bert_state_from_checkpoint, refuse_log_dir,
                                  latest_tag, refuse_non_finite, run_state, stored_config, tag_for)
 from megatron.config import TrainConfig, strict_json_loads
-from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry, check_fits
+from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry, check_fits, read_vocab
 from megatron.errors import ConfigError, DataError, GitLfsPointer, disk_full, refuse_lfs_pointer
 from megatron.model.bert import BertConfig, BertModel
 from megatron.paths import missing_folders, unwritable
@@ -698,6 +699,7 @@ def read_hf_tokenizer(folder):
     try:
         if (folder / "vocab.txt").is_file():
             lower_case = json.loads(settings.read_text()).get("do_lower_case", True) if settings.is_file() else True
+            refuse_two_vocabularies(folder)
             return BertWordPiece(folder / "vocab.txt", lower_case=bool(lower_case))
         if (folder / "tokenizer.json").is_file():
             return HFTokenizer(folder)
@@ -708,6 +710,22 @@ def read_hf_tokenizer(folder):
         raise DataError(f"the tokenizer of the Hugging Face folder {folder} cannot be used: {problem}",
                         "fix it or download the model folder again") from None
     return None
+
+
+def refuse_two_vocabularies(folder: Path) -> None:
+    """A folder whose vocab.txt and tokenizer.json hold different tokens (a stray file beside a BPE
+    export, say): transformers' AutoTokenizer reads the tokenizer.json, so carrying the vocab.txt would
+    give every later tool other ids than the model learned. Equal ones (a BERT folder) are one vocab."""
+    if not (folder / "tokenizer.json").is_file():
+        return
+    try:
+        fast = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab(with_added_tokens=True)
+    except Exception:  # not a tokenizer.json the library reads: the vocab.txt is the folder's tokenizer
+        return
+    if fast != read_vocab(folder / "vocab.txt"):
+        raise DataError(f"the Hugging Face folder {folder} holds a vocab.txt and a tokenizer.json with different "
+                        "tokens (transformers reads the tokenizer.json)",
+                        "remove the one the model was not trained with (a stray vocab.txt, usually)")
 
 
 def weights_fingerprint(source, kind: str) -> str:

@@ -97,7 +97,7 @@ def test_special_ids_are_read_from_the_tokenizer(texts, modernbert_style, tmp_pa
 
 
 @pytest.mark.parametrize("config, legacy_map", [
-    ({"mask_token": "<mask>"}, {"mask_token": "<pad>"}),  # an older folder: the map wins
+    ({"mask_token": "<mask>"}, {"mask_token": "<extra>"}),  # an older folder: the map wins
     (None, {"mask_token": {"content": "<pad>", "lstrip": True}, "pad_token": "<mask>"}),  # the map alone
     ({"mask_token": "<mask>", "added_tokens_decoder": {"1": {"content": "<mask>", "special": True}}},
      {"mask_token": "<pad>"}),  # a folder of transformers 4.34+: its config alone counts
@@ -111,7 +111,7 @@ def test_special_tokens_map_json_is_read_as_transformers_reads_it(texts, tmp_pat
 
     folder = tmp_path / "folder"
     folder.mkdir()
-    roberta = train_bpe(texts[:200], ["<unk>", "<mask>", "</s>", "<pad>", "<s>"], vocab_size=600)
+    roberta = train_bpe(texts[:200], ["<unk>", "<mask>", "</s>", "<pad>", "<s>", "<extra>"], vocab_size=600)
     roberta.save(str(folder / "tokenizer.json"))
     if config is not None:
         (folder / "tokenizer_config.json").write_text(json.dumps(config))
@@ -247,3 +247,38 @@ def test_masking_never_draws_special_tokens_as_random_replacements(texts, modern
     assert tokenizer.reserved_ids() == special
     modern = HFTokenizer(modernbert_style)
     assert {modern.tokens[i] for i in modern.reserved_ids()} == {"[UNK]", "[MASK]", "[SEP]", "[PAD]", "[CLS]"}
+
+
+def test_special_tokens_a_model_folder_cannot_mean_are_one_line(texts, tmp_path):
+    """Settings that are no settings (a list, a number as mask_token), a mask token that is also the pad
+    or unknown token (masking would write a token the text holds; fill-mask would see a mask at every
+    padding position), and a folder whose vocab.txt and tokenizer.json disagree (transformers reads the
+    tokenizer.json; carrying the vocab.txt gave other ids): each refused naming the file."""
+    from megatron import hf_convert
+
+    roberta = train_bpe(texts[:200], ["<unk>", "<mask>", "</s>", "<pad>", "<s>"], vocab_size=600)
+    cases = {"list": (["x"], "tokenizer_config.json is not a JSON object of settings"),
+             "number": ({"mask_token": 5}, "tokenizer_config.json's mask_token = 5 is not a token"),
+             "pad": ({"mask_token": "<pad>"}, "mask token '<pad>' is also its pad token"),
+             "unk": ({"mask_token": "<unk>"}, "mask token '<unk>' is also its unk token")}
+    for name, (settings, message) in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        roberta.save(str(folder / "tokenizer.json"))
+        (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+        with pytest.raises(DataError, match=message.replace(".", r"\.")):
+            build_tokenizer("HFTokenizer", tokenizer_file=folder)
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    roberta.save(str(stray / "tokenizer.json"))
+    (stray / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *texts[0].split()[:20]]))
+    with pytest.raises(DataError, match="holds a vocab.txt and a tokenizer.json with different tokens"):
+        hf_convert.read_hf_tokenizer(stray)
+    # a WordPiece ModernBERT's export: its tokenizer.json made from the same vocab.txt, one vocab
+    from megatron.data.default_dataset import EMBEDDED_VOCAB
+    from megatron.hf_modernbert import wordpiece_tokenizer_json
+
+    vocab = Path(EMBEDDED_VOCAB).read_text().splitlines()
+    (stray / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (stray / "tokenizer.json").write_text(json.dumps(wordpiece_tokenizer_json(vocab, True)))
+    assert hf_convert.read_hf_tokenizer(stray).vocab_size == len(vocab)

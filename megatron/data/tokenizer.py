@@ -158,6 +158,18 @@ class HFTokenizer(_Tokenizer):
                                 f"add the {kind} token to the tokenizer as a special token, or name it as "
                                 f"\"{kind}_token\" in a tokenizer_config.json beside the tokenizer.json")
             self.ids[kind] = ids[token]
+        self._refuse_shared_mask()
+
+    def _refuse_shared_mask(self) -> None:
+        """A mask token that is also the pad, cls, sep or unknown token: masking would write a token the
+        text holds anyway, and fill-mask would take every padding position for a mask."""
+        unk = getattr(self._rust.model, "unk_token", None)
+        others = {**{kind: self.special[kind] for kind in ("pad", "cls", "sep")}, "unk": unk}
+        same = [kind for kind, token in others.items() if token == self.special["mask"]]
+        if same:
+            raise DataError(f"tokenizer {self.file}'s mask token {self.special['mask']!r} is also its {same[0]} token",
+                            "name a token of its own as mask_token (e.g. <mask> or [MASK]) in the tokenizer_config.json "
+                            "or special_tokens_map.json beside it")
 
     def __getstate__(self):
         return {"file": self.file, "special": self.special}
@@ -331,7 +343,9 @@ def _folder_settings(path: Path) -> dict:
         settings = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DataError(f"{path} is not valid JSON ({error})", "fix or remove it") from None
-    return settings if isinstance(settings, dict) else {}
+    if not isinstance(settings, dict):
+        raise DataError(f"{path} is not a JSON object of settings", "fix or remove it")
+    return settings
 
 
 def _named_tokens(settings: dict, path: Path, vocab: dict, file: Path) -> dict:
@@ -341,8 +355,11 @@ def _named_tokens(settings: dict, path: Path, vocab: dict, file: Path) -> dict:
     for kind in SPECIAL_NAMES:
         value = settings.get(f"{kind}_token")
         value = value.get("content") if isinstance(value, dict) else value
-        if not isinstance(value, str):
+        if value is None:
             continue
+        if not isinstance(value, str):
+            raise DataError(f"{path}'s {kind}_token = {json.dumps(value)} is not a token",
+                            f"write {kind}_token as a string or an added-token record, or remove it")
         if value not in vocab:
             raise DataError(f"{path} names {value!r} as {kind}_token, which is not a token of {file}",
                             f"set \"{kind}_token\" to one of its tokens ({' or '.join(SPECIAL_NAMES[kind])} "
