@@ -91,7 +91,7 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
                              "LayerNorm eps 1e-5 after the embeddings, pre-LN, no attention norm in layer 0, no "
                              "token types, no sentence-order head, no dropout, the vocab padded to a multiple of 64; "
                              "its size is the vocab file's, as without a preset); any flag given overrides its "
-                             "field (also the JSON's sequence_parallel.model_preset)")
+                             "field; the JSON's sequence_parallel.model_preset may name the same preset, not another")
     modern.add_argument("--position-embedding-type", choices=["learned", "rope"],
                         help="learned: a table of --max-position-embeddings rows (default); rope: rotary q and k "
                              "from each token's position in its segment, no table")

@@ -112,20 +112,20 @@ def _bf16_key(ds_config: dict) -> str:
 
 def check_checkpointing_section(section: dict, sequence: int) -> None:
     """The JSON's "activation_checkpointing" settings DeepSpeed 0.19.8 cannot run here: a traceback on
-    every rank (contiguous_memory_optimization without its two keys; cpu_checkpointing without
-    partitioned activations, which mangles the layers' saved inputs), or activations split twice."""
+    every rank (cpu_checkpointing without partitioned activations, which mangles the layers' saved
+    inputs; contiguous_memory_optimization at the first evaluation), or activations split twice."""
     if section.get("partition_activations") and sequence > 1:
         raise ConfigError("activation_checkpointing.partition_activations would split sequence-split activations "
                           "across the seq ranks a second time", "set activation_checkpointing.partition_activations "
                           "to false with sequence parallelism")
-    values = {"partition_activations": "true, at sequence-parallel size 1", "number_checkpoints": "the layer count"}
-    needs = {"cpu_checkpointing": ("partition_activations",),
-             "contiguous_memory_optimization": ("partition_activations", "number_checkpoints")}
-    for key, required in needs.items():
-        missing = [name for name in required if section.get(key) and not section.get(name)]
-        if missing:
-            raise ConfigError(f"activation_checkpointing.{key} needs activation_checkpointing.{missing[0]}, which "
-                              "is not set", f"set {missing[0]} ({values[missing[0]]}), or drop {key}")
+    if section.get("cpu_checkpointing") and not section.get("partition_activations"):
+        raise ConfigError("activation_checkpointing.cpu_checkpointing needs activation_checkpointing."
+                          "partition_activations, which is not set", "set partition_activations (true, at "
+                          "sequence-parallel size 1), or drop cpu_checkpointing")
+    if section.get("contiguous_memory_optimization"):  # its buffers are freed by backward passes only
+        raise ConfigError("activation_checkpointing.contiguous_memory_optimization fills DeepSpeed 0.19.8's "
+                          "fixed checkpoint buffers in evaluation (forward passes without backward) and stops "
+                          "the run there", "drop contiguous_memory_optimization")
 
 
 def precision(ds_config: dict) -> str:
@@ -141,7 +141,8 @@ def precision_description(ds_config: dict) -> str:
     autocast = ds_config.get("torch_autocast")
     if not (isinstance(autocast, dict) and autocast.get("enabled") is True):
         return precision(ds_config)
-    return f"{precision(ds_config)} weights, bf16 autocast"  # the one autocast dtype accepted (_check_autocast)
+    dtype = "fp16" if autocast.get("dtype") in _DTYPE_NAMES["fp16"] else "bf16"  # what _check_autocast lets by
+    return f"{precision(ds_config)} weights, {dtype} autocast"
 
 
 def read_ds_config(path) -> dict:
@@ -581,7 +582,7 @@ DEEPSPEED_SECTION_KEYS = {
         "zero_hpz_partition_size", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
         "zero_quantized_weights"})}
 # ZeRO++'s features and the stage-3 settings (under both of DeepSpeed's names), which only DeepSpeed's
-# stage-3 optimizer reads -> DeepSpeed's default (tests/test_bad_inputs.py holds them equal to DeepSpeed's)
+# stage-3 optimizer reads -> DeepSpeed's default (tests/test_ds_config_tool.py holds them equal to DeepSpeed's)
 _STAGE3_SETTINGS = {"prefetch_bucket_size": 50_000_000, "param_persistence_threshold": 100_000,
                     "model_persistence_threshold": sys.maxsize, "max_live_parameters": 1_000_000_000,
                     "max_reuse_distance": 1_000_000_000, "gather_16bit_weights_on_model_save": False,
@@ -710,23 +711,28 @@ def _check_dtypes(ds_config: dict) -> None:
         if value is not None and not (isinstance(value, str) and value.lower() in _COMMUNICATION_DTYPES):
             raise ConfigError(f"{key} = {json.dumps(value)} is not a communication dtype DeepSpeed knows",
                               f"set {key} to fp32, fp16 or bf16, or remove it")
-    _check_autocast(ds_config.get("torch_autocast", {}))
+    _check_autocast(ds_config.get("torch_autocast", {}), ds_config)
 
 
-def _check_autocast(autocast: dict) -> None:
-    """torch_autocast trains right in bf16 only: DeepSpeed 0.19.8's ZeRO 1/2 clip fp16 autocast's
-    loss-scaled gradients by their scaled norm and its GradScaler then unscales them (updates damped
-    some 65536-fold, no word), and torch falls back to fp32 for any other dtype. Its
+def _check_autocast(autocast: dict, ds_config: dict) -> None:
+    """torch_autocast in bf16, or fp16 where DeepSpeed 0.19.8 gets it right: its ZeRO 1/2 clip fp16
+    autocast's loss-scaled gradients by their scaled norm and its GradScaler then unscales them (updates
+    damped some 65536-fold, no word); torch falls back to fp32 for any other dtype. Its
     lower_precision_safe_modules are imported inside deepspeed.initialize (a traceback per rank for a
     bad one; a string is read letter by letter): their shape is checked here, their import in
     deepspeed_accepts."""
     if autocast.get("enabled") and autocast.get("dtype") is None:
         raise ConfigError("torch_autocast is enabled without a dtype (torch would pick its device's default, float16 "
                           "on a GPU)", 'set torch_autocast.dtype to "bfloat16"')
-    dtype = autocast.get("dtype", "bf16")
-    if dtype in _DTYPE_NAMES["fp16"] and autocast.get("enabled"):
-        raise ConfigError(f"torch_autocast.dtype {json.dumps(dtype)} would train on damped updates (DeepSpeed 0.19.8 "
-                          "clips fp16 autocast's loss-scaled gradients before unscaling them)",
+    if not autocast.get("enabled"):
+        return
+    dtype = autocast["dtype"]
+    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+    clipping = ds_config.get("gradient_clipping", 1.0)  # DeepSpeed's default
+    if dtype in _DTYPE_NAMES["fp16"] and stage in (1, 2) and clipping:
+        raise ConfigError(f"torch_autocast.dtype {json.dumps(dtype)} at ZeRO stage {stage} with gradient_clipping "
+                          f"{clipping} would train on damped updates (DeepSpeed 0.19.8 clips fp16 autocast's "
+                          "loss-scaled gradients before unscaling them)",
                           'use "fp16": {"enabled": true} in place of torch_autocast (the trainer\'s loss-scaling '
                           'path), or torch_autocast.dtype "bfloat16"')
     if dtype not in (*_DTYPE_NAMES["bf16"], *_DTYPE_NAMES["fp16"]):

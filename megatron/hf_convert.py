@@ -417,7 +417,7 @@ def hf_weight_files(folder) -> list:
         raise ConfigError(f"{folder} is a checkpoint of this trainer, not a Hugging Face model folder",
                           f"pass {saved} with --load (a weights-only one, as from-hf writes, starts a run from its "
                           "weights)")
-    refuse_log_dir(str(folder))
+    refuse_log_dir(str(folder), "--load --finetune (a new run from its weights)")
     raise ConfigError(f"{folder} holds no model.safetensors or pytorch_model.bin",
                       "point at a Hugging Face model folder saved with save_pretrained")
 

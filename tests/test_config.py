@@ -133,9 +133,10 @@ def test_resolved_config_is_json_serialisable():
     ({"activation_checkpointing": {"cpu_checkpointing": True}}, 4, {},  # DeepSpeed mangles unpartitioned inputs
      "activation_checkpointing.cpu_checkpointing needs activation_checkpointing.partition_activations, which is "
      "not set; set partition_activations (true, at sequence-parallel size 1), or drop cpu_checkpointing"),
-    ({"activation_checkpointing": {"contiguous_memory_optimization": True, "partition_activations": True},
-      "sequence_parallel": {"size": 1, "attention": "ring"}}, 2, {},
-     "activation_checkpointing.contiguous_memory_optimization needs activation_checkpointing.number_checkpoints"),
+    ({"activation_checkpointing": {"contiguous_memory_optimization": True, "partition_activations": True,
+                                   "number_checkpoints": 2}, "sequence_parallel": {"size": 1, "attention": "ring"}},
+     2, {}, "activation_checkpointing.contiguous_memory_optimization fills DeepSpeed 0.19.8's fixed checkpoint "
+            "buffers in evaluation"),
 ])
 def test_invalid_combinations_name_the_key(ds_update, world, extra, message):
     with pytest.raises(ConfigError) as error:
@@ -212,6 +213,9 @@ def test_precision_checks_accept_what_deepspeed_accepts(ds_update):
     ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
                             "stage3_max_live_parameters": 1000}}, 4),
     ({"torch_autocast": {"enabled": False, "dtype": "float16"}}, 4),  # off: no damped updates
+    ({"torch_autocast": {"enabled": False, "dtype": "float32"}}, 4),  # off: its dtype is not read
+    ({"torch_autocast": {"enabled": True, "dtype": "float16"}, "zero_optimization": {"stage": 0}}, 4),  # unscaled
+    ({"torch_autocast": {"enabled": True, "dtype": "float16"}, "gradient_clipping": 0}, 4),  # nothing clipped
     ({"torch_autocast": {"enabled": True, "dtype": "bf16", "lower_precision_safe_modules": ["torch.nn.Linear"]}}, 4),
     ({"data_types": {"grad_accum_dtype": "fp32"}}, 4),
     ({"communication_data_type": "fp16", "seq_parallel_communication_data_type": "FP16"}, 4),
