@@ -89,6 +89,7 @@ def count_kernels(force_masked: str | None = None, force_unmasked: str | None = 
     return counts, choose
 
 
+UNMASKED_ROUTES = {name: (None, name) for name in ("flash", "cudnn", "efficient")}  # each kernel of a block
 # how a packed block is computed: its label -> (kernel of the block, kernel of each tile of one segment)
 PACKED_ROUTES = {"varlen_flash": ("varlen_flash", None), "flash tiles": ("efficient", "flash"),
                  "efficient tiles": ("efficient", "efficient")}
@@ -150,27 +151,14 @@ def _not_available(error) -> str:
 
 
 def time_kernels(device, dtype=torch.bfloat16, b=1, heads=16, s=4096, d=64, repeats=10) -> list:
-    """(kernel, ms per block forward + backward) for an unmasked [b, heads, s, d] block."""
-    rows = []
+    """(kernel, ms per block forward + backward) for an unmasked [b, heads, s, d] block (UNMASKED_ROUTES)."""
     q, k, v, grad_out = (torch.randn(b, heads, s, d, device=device, dtype=dtype) for _ in range(4))
     unmasked = masks.BlockMask(None, None)
-    default = blocks.UNMASKED_CUDA_KERNEL
 
     def step():
         out, lse = blocks.forward(q, k, v, unmasked, d ** -0.5)
         blocks.backward(grad_out, q, k, v, unmasked, out, lse, d ** -0.5)
-    for name in ("flash", "cudnn", "efficient"):
-        blocks.UNMASKED_CUDA_KERNEL = name
-        choose = blocks.kernel
-        if name == "efficient":
-            blocks.kernel = lambda q, masked, varlen=False: "efficient"
-        try:
-            rows.append((name, _time(step, device, repeats)))
-        except RuntimeError as error:  # a kernel this torch / GPU does not offer
-            rows.append((name, _not_available(error)))
-        finally:
-            blocks.kernel, blocks.UNMASKED_CUDA_KERNEL = choose, default
-    return rows
+    return _time_routes(step, device, UNMASKED_ROUTES, repeats)
 
 
 def _time_routes(step, device, routes: dict, repeats: int) -> list:
