@@ -35,6 +35,7 @@ class RunLog:
                                     / dist.get_world_size())
         self.window, self.window_seconds = [], 0.0
         self.dir = Path(args.log_dir)
+        self.save = args.save and os.path.abspath(args.save)  # in each start record: a log dir names its checkpoints
         self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
         self.tensorboard = self.bar = None
         self.failure = None  # (problem, fix) once metrics.jsonl cannot be written: the run stops
@@ -59,7 +60,8 @@ class RunLog:
         """The run's first record: where it starts (0, or the checkpoint's iteration) and the
         line that says so on screen."""
         if self.writer:
-            self._append({"kind": "start", "run": self.run_id, "iteration": iteration, "time": time.time(), **fields})
+            self._append({"kind": "start", "run": self.run_id, "iteration": iteration, "time": time.time(),
+                          "save": self.save, **fields})
             self._print(line)
 
     def config(self, config) -> None:

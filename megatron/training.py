@@ -1081,7 +1081,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
         iteration, consumed = client["iteration"], client["consumed_samples"]
         last_checkpoint = progress.last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
         log.start(iteration, f"resuming from {last_checkpoint} iteration {iteration}, consumed samples {consumed}",
-                  resumed_from=last_checkpoint, save=args.save and os.path.abspath(args.save))
+                  resumed_from=last_checkpoint)
         change = checkpoint.attention_change(f"checkpoint {args.load}", client["config"]["model"], vars(config.model))
         for warning in (resume_schedule(engine, client.get("schedule"), saved["schedule"], iteration),
                         describe_sample_change(client["config"], config, consumed),
@@ -1095,7 +1095,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     else:
         source = args.init_from_hf or (args.load if weights_only else None)
         log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",
-                  weights_from=source, save=args.save and os.path.abspath(args.save))
+                  weights_from=source)
 
     stop = StopSignals(tokenizer.file, log, start_up)
 

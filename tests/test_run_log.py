@@ -29,11 +29,13 @@ class Terminal(io.StringIO):
         return True
 
 
-def rank_0_run_log(monkeypatch, log_dir: Path, steps: int, interval: int, tensorboard_dir=None) -> run_log.RunLog:
+def rank_0_run_log(monkeypatch, log_dir: Path, steps: int, interval: int, tensorboard_dir=None,
+                   save=None) -> run_log.RunLog:
     """The RunLog of global rank 0 of 1, 4 samples of 48 tokens a step."""
     monkeypatch.setattr(run_log.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(run_log.dist, "get_world_size", lambda: 1)
-    args = SimpleNamespace(log_interval=interval, log_dir=str(log_dir), tensorboard_dir=tensorboard_dir)
+    args = SimpleNamespace(log_interval=interval, log_dir=str(log_dir), tensorboard_dir=tensorboard_dir,
+                           save=save)
     config = SimpleNamespace(global_batch_size=4, model=small_config(seq_length=48))
     return run_log.RunLog(args, config, train_iters=steps)
 
@@ -342,3 +344,18 @@ def test_a_run_that_logged_no_step_finishes_without_a_plot(tmp_path, monkeypatch
                                                    "loss plot: none (no training step was logged in this --log-dir)",
                                                    "checkpoint: ckpt"]
     assert not (tmp_path / "log" / "loss.png").exists()
+
+
+def test_each_start_record_names_the_save_folder_a_log_dir_points_to(tmp_path, monkeypatch):
+    """The start record keeps --save as an absolute path, so a --log-dir given where the checkpoint
+    belongs (--load, --init-from-hf, to-hf) is refused naming the folder to pass instead."""
+    from megatron import checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=2, interval=1, save="runs/ck")
+    monkeypatch.setattr(log, "_print", lambda line: None)
+    log.start(0, "starting from scratch", weights_from=None)
+    starts = [json.loads(line) for line in (tmp_path / "log" / "metrics.jsonl").read_text().splitlines()]
+    assert starts[0]["save"] == str(tmp_path / "runs" / "ck")
+    with pytest.raises(ConfigError, match=f"pass the run's --save folder \\({tmp_path / 'runs' / 'ck'}\\) with --load"):
+        checkpoint.refuse_log_dir(str(tmp_path / "log"))
