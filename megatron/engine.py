@@ -106,8 +106,8 @@ def checkpoint_layers(model: BertModel, interval: int = 1) -> None:
     Applied from outside: the first layer of each chunk runs the whole chunk under
     checkpoint_in_autocast (DeepSpeed's checkpoint, recomputed under the forward's autocast), which
     keeps only the chunk's input; the chunk's other layers then pass their input through. The ring's
-    and Ulysses' communication is replayed in the recompute, in the same order on every seq rank. (A pipeline checkpoints its chunks
-    through PipelineModule's activation_checkpoint_interval instead.)
+    and Ulysses' communication is replayed in the recompute, in the same order on every seq rank. (A
+    pipeline checkpoints its chunks through PipelineModule's activation_checkpoint_interval instead.)
     """
     forwards = [type(layer).forward.__get__(layer) for layer in model.layers]
 

@@ -886,8 +886,8 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
     if flags.get("seq_length") is None and start:
         flags["seq_length"] = start_length(args, weights, flags, resume)
     if start and not resume:
-        note_longer_than_trained(flags, start, weights["max_position_embeddings" if args.init_from_hf else "seq_length"],
-                                 source)
+        trained = weights["max_position_embeddings" if args.init_from_hf else "seq_length"]
+        note_longer_than_trained(flags, start, trained, source)
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     return flags
 

@@ -168,8 +168,8 @@ class HFTokenizer(_Tokenizer):
         same = [kind for kind, token in others.items() if token == self.special["mask"]]
         if same:
             raise DataError(f"tokenizer {self.file}'s mask token {self.special['mask']!r} is also its {same[0]} token",
-                            "name a token of its own as mask_token (e.g. <mask> or [MASK]) in the tokenizer_config.json "
-                            "or special_tokens_map.json beside it")
+                            "name a token of its own as mask_token (e.g. <mask> or [MASK]) in the "
+                            "tokenizer_config.json or special_tokens_map.json beside it")
 
     def __getstate__(self):
         return {"file": self.file, "special": self.special}

@@ -187,7 +187,8 @@ def to_device(batch, device):
                           for name, tensor in vars(batch).items()})
 
 
-TOOLKIT_FIX = "install the CUDA toolkit torch was built with, or prebuild it: DS_BUILD_FUSED_ADAM=1 pip install deepspeed"
+TOOLKIT_FIX = ("install the CUDA toolkit torch was built with, or prebuild it: DS_BUILD_FUSED_ADAM=1 pip install "
+               "deepspeed")
 READABLE_ARCH = re.compile(r"\d+\.\d+(\+PTX)?", re.IGNORECASE)  # what DeepSpeed 0.19.8's JIT build can parse
 
 
@@ -201,7 +202,8 @@ def fused_adam_problem() -> tuple[str, str] | None:
     if installed_ops.get("fused_adam"):
         return None
     if cpp_extension.CUDA_HOME is None:
-        return f"it is not prebuilt and there is no CUDA toolkit (nvcc) to build it for torch's CUDA {torch.version.cuda}", TOOLKIT_FIX
+        return (f"it is not prebuilt and there is no CUDA toolkit (nvcc) to build it for torch's CUDA "
+                f"{torch.version.cuda}"), TOOLKIT_FIX
     nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
     try:
         output = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
@@ -210,7 +212,8 @@ def fused_adam_problem() -> tuple[str, str] | None:
     release = re.search(r"release (\d+)\.(\d+)", output)
     found = f"{release.group(1)}.{release.group(2)}" if release else "of unknown version"
     if not release or release.group(1) != str(torch.version.cuda).split(".")[0]:
-        return f"it is not prebuilt and {nvcc} is CUDA {found}, torch's is {torch.version.cuda} (the JIT build refuses)", TOOLKIT_FIX
+        return (f"it is not prebuilt and {nvcc} is CUDA {found}, torch's is {torch.version.cuda} (the JIT build "
+                "refuses)"), TOOLKIT_FIX
     if shutil.which("ninja") is None:
         return "it is not prebuilt and ninja, which its JIT build needs, is not installed", "pip install ninja"
     return arch_list_problem()
