@@ -181,9 +181,8 @@ def hf_tokenizer_files(state: dict, config: BertConfig, tokenizer) -> tuple[dict
     the special ids and names from the tokenizer, whose tokenizer.json AutoTokenizer then reads."""
     from megatron import hf_modernbert
 
-    named = {f"{kind}_token": token for kind, token in tokenizer.special_tokens().items()}
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": hf_positions(config),
-                **named}
+                **hf_special_tokens(tokenizer)}
     if hf_modernbert.is_modern(config):
         special_ids = {"pad": tokenizer.pad, "cls": tokenizer.cls, "sep": tokenizer.sep}
         tensors, hf_config = (hf_modernbert.hf_state_from_bert(state, config),
@@ -191,6 +190,15 @@ def hf_tokenizer_files(state: dict, config: BertConfig, tokenizer) -> tuple[dict
     else:
         tensors, hf_config = hf_state_from_bert(state, config), hf_config_from_bert(config, tokenizer.pad)
     return tensors, {"config.json": hf_config, "tokenizer_config.json": settings}
+
+
+def hf_special_tokens(tokenizer) -> dict:
+    """The "<kind>_token" settings of an HFTokenizer's export: transformers takes a tokenizer.json's special
+    tokens from tokenizer_config.json alone (an unk_token left out loads as None, where the trainer's model
+    writes its unknown token), so each the trainer uses is named there."""
+    named = {f"{kind}_token": token for kind, token in tokenizer.special_tokens().items()}
+    unk = tokenizer.unk_token()
+    return {**named, "unk_token": unk} if unk is not None else named
 
 
 def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, lower_case: bool = True,

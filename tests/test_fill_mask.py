@@ -134,3 +134,35 @@ def test_text_that_is_not_utf8_is_a_one_line_error(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         r"fill_mask.py: error: --text 'caf\xe9 returns a [MASK].' is not valid UTF-8 (byte 0xe9 at character 4); "
         "pass the text in UTF-8 (set the terminal or the script file to UTF-8)")
+
+
+def test_a_mask_spelled_as_another_tokenizer_spells_it_names_the_spelling_to_use(tmp_path):
+    """<mask> in the text of a WordPiece (or a [MASK]) tokenizer was text: alone, 'holds no [MASK]' without a
+    word on why; beside a [MASK], silently not predicted. Each is now one line naming the spelling given and
+    the one to use; [MASK] stays accepted for a <mask> tokenizer, as the tool's own spelling (in-process)."""
+    from test_hf_tokenizer import FEW_TEXTS, train_bpe
+
+    from megatron.data.tokenizer import BertWordPiece, HFTokenizer
+
+    sys.path.insert(0, str(TOOL.parent))
+    from fill_mask import encode
+
+    wordpiece = BertWordPiece(write_vocab_file(tmp_path / "vocab.txt"))
+    roberta = train_bpe(FEW_TEXTS, ["<unk>", "<mask>", "</s>", "<pad>", "<s>"], 300)
+    roberta.save(str(tmp_path / "roberta.json"))
+    roberta = HFTokenizer(tmp_path / "roberta.json")
+    modern = train_bpe(FEW_TEXTS, ["[UNK]", "[MASK]", "[SEP]", "[PAD]", "[CLS]"], 300)
+    modern.save(str(tmp_path / "modern.json"))
+    modern = HFTokenizer(tmp_path / "modern.json")
+    for tokenizer, text, spelling, use in ((wordpiece, "a <mask> b", "<mask>", "[MASK]"),
+                                           (wordpiece, "[MASK] b <mask>", "<mask>", "[MASK]"),
+                                           (modern, "the <mask> sat", "<mask>", "[MASK]"),
+                                           (roberta, "the [mask] sat", "[mask]", "<mask> or [MASK]")):
+        mask_token = tokenizer.convert_ids_to_tokens([tokenizer.mask])[0]
+        with pytest.raises(ConfigError) as caught:
+            encode(tokenizer, text, 16)
+        assert str(caught.value) == (f"--text {text!r} writes the mask as {spelling}, which this tokenizer reads as "
+                                     f"text (its mask token is {mask_token}); write {use} where a word should be "
+                                     "predicted")
+    assert len(encode(roberta, "the <mask> sat", 16)[1]) == 1
+    assert encode(roberta, "the [MASK] sat", 16)[1] == encode(roberta, "the <mask> sat", 16)[1]

@@ -26,6 +26,7 @@ MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4
          "--max-position-embeddings", "64", "--micro-batch-size", "2", "--model-preset", "modernbert-base",
          "--ffn-hidden-size", "96", "--local-attention-window", "32", "--eval-iters", "1", "--vocab-size", "1600"]
 TEXT = "the function returns a [MASK] of the values"
+FEW_TEXTS = ["the cat sat on the mat\n", "the dog"] * 20  # enough for a BPE of 300 tokens
 
 
 def train_bpe(texts, special_tokens, vocab_size=1500) -> Tokenizer:
@@ -282,3 +283,61 @@ def test_special_tokens_a_model_folder_cannot_mean_are_one_line(texts, tmp_path)
     (stray / "vocab.txt").write_text("\n".join(vocab) + "\n")
     (stray / "tokenizer.json").write_text(json.dumps(wordpiece_tokenizer_json(vocab, True)))
     assert hf_convert.read_hf_tokenizer(stray).vocab_size == len(vocab)
+
+
+def test_an_ordinary_word_as_the_mask_token_is_refused(tmp_path):
+    """A tokenizer_config.json naming 'the' (a word of the vocab) as mask_token was accepted: masking then writes
+    a token the text holds everywhere, and fill-mask takes every 'the' for a mask. A mask token must be an added
+    special token, as RoBERTa's <mask> and ModernBERT's [MASK] are (a non-special added token is text too);
+    BERT's own names pass where a tokenizer.json holds them as plain tokens (no text splits into them)."""
+    roberta = train_bpe(FEW_TEXTS, ["<unk>", "<mask>", "</s>", "<pad>", "<s>"], 300)
+    roberta.add_tokens(["<plain>"])
+    for name, token in (("word", "the"), ("byte_level_word", "Ġthe"), ("added_not_special", "<plain>")):
+        folder = tmp_path / name
+        folder.mkdir()
+        roberta.save(str(folder / "tokenizer.json"))
+        (folder / "tokenizer_config.json").write_text(json.dumps({"mask_token": token}))
+        with pytest.raises(DataError) as caught:
+            build_tokenizer("HFTokenizer", tokenizer_file=folder)
+        assert str(caught.value) == (
+            f"tokenizer {folder / 'tokenizer.json'}'s mask token {token!r} is an ordinary token of its vocab, not a "
+            "special token: masked positions could not be told from the text's own; name an added special token as "
+            "mask_token (e.g. <mask> or [MASK]) in the tokenizer_config.json or special_tokens_map.json beside it, "
+            "or add it to the tokenizer as a special token")
+    roberta.save(str(tmp_path / "roberta.json"))
+    assert HFTokenizer(tmp_path / "roberta.json").special_tokens()["mask"] == "<mask>"
+    plain = Tokenizer(models.WordLevel({token: i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]",
+                                                                          "[MASK]", "the"])}, unk_token="[UNK]"))
+    plain.pre_tokenizer = pre_tokenizers.Whitespace()
+    plain.save(str(tmp_path / "plain.json"))
+    assert HFTokenizer(tmp_path / "plain.json").mask == 4
+
+
+@pytest.mark.parametrize("style", ["roberta", "modernbert", "named_in_config"])
+def test_the_export_of_a_hugging_face_tokenizer_loads_with_the_trainers_special_ids(tmp_path, style):
+    """to-hf's tokenizer_config.json named cls, sep, mask and pad but not the unknown token: AutoTokenizer
+    loaded it with unk_token None, where the trainer's model writes <unk> / [UNK]. Each special id the
+    trainer uses is now the one transformers' AutoTokenizer gives the exported folder (tokens named by
+    the source folder's tokenizer_config.json included)."""
+    import transformers
+
+    from bert_fixtures import small_config, small_model
+    from megatron import hf_convert
+
+    specials = ["[UNK]", "[MASK]", "[SEP]", "[PAD]", "[CLS]"] if style == "modernbert" else [
+        "<unk>", "<mask>", "</s>", "<pad>", "<s>", "<extra>"]
+    bpe = train_bpe(FEW_TEXTS, specials, 300)
+    if style != "modernbert":
+        bpe.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 4))
+    (tmp_path / "source").mkdir()
+    bpe.save(str(tmp_path / "source" / "tokenizer.json"))
+    if style == "named_in_config":
+        (tmp_path / "source" / "tokenizer_config.json").write_text(json.dumps({"mask_token": "<extra>"}))
+    tokenizer = HFTokenizer(tmp_path / "source")
+    config = small_config("dense", seq_length=16, max_position_embeddings=16, vocab_size=tokenizer.vocab_size)
+    hf_convert.save_hf_folder(tmp_path / "hf", small_model(config).state_dict(), config, hf_tokenizer=tokenizer)
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    trainer = {**tokenizer.ids, "unk": bpe.token_to_id(specials[0])}
+    assert {kind: getattr(exported, f"{kind}_token_id") for kind in trainer} == trainer
+    text = "the cat sat"
+    assert exported(text, add_special_tokens=False).input_ids == tokenizer.tokenize(text)

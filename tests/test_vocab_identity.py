@@ -3,6 +3,7 @@ the run, a resume, fill-mask and to-hf compare (the entry points' one-line refus
 tests/test_bad_inputs.py)."""
 import argparse
 import json
+import re
 
 import pytest
 
@@ -88,7 +89,6 @@ def test_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_file_if_it_is
     the checkpoint folder'). Now the flags' file stands in, in one warning line, when its tokens and text
     pipeline are the record's (built as recorded: a vocab.txt keeps the checkpoint's case); another vocab,
     the same tokens split another way, or no flag are refused with a fix naming the recorded file."""
-    import re
     from argparse import Namespace
 
     from megatron.data.tokenizer import CARRIED_FILES, checkpoint_tokenizer, naming_flags
@@ -246,3 +246,62 @@ def test_a_cased_checkpoint_stays_cased_when_a_flag_names_its_vocab(tmp_path):
     (tmp_path / "ckpt" / "vocab.txt").unlink()
     carry(carried, tmp_path / "next")
     assert carried_tokenizer(tmp_path / "next").identity == cased.identity
+
+
+def test_a_flags_tokenizer_naming_other_special_tokens_is_refused_at_every_entry_point(tmp_path, capsys):
+    """The carried tokenizer.json again, in a folder whose tokenizer_config.json names other special tokens
+    ([CLS] as the mask, [MASK] as cls): the same tokens and pipeline, so a resume, fill_mask.py, to-hf and an
+    --init-from-hf run used the checkpoint's special tokens without a word. Now one line names both files
+    and the tokens that differ; the checkpoint's own tokenizer.json (or one of the same specials) passes."""
+    import sys
+    from argparse import Namespace
+    from pathlib import Path
+
+    from megatron import hf_convert, training
+    from megatron.arguments import build_parser
+    from megatron.data.tokenizer import checkpoint_tokenizer
+    from megatron.model.bert import BertConfig, BertModel
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import convert_checkpoint
+    import fill_mask
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, True)))
+    tokenizer = HFTokenizer(tmp_path / "tokenizer.json")
+    config = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_layers=1, num_attention_heads=2, seq_length=16,
+                        max_position_embeddings=16)
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", BertModel(config).state_dict(), config, tokenizer)
+    folder = tmp_path / "ck" / "iter_0000000"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tokenizer.json").write_bytes(tokenizer.file_bytes)
+    (other / "tokenizer_config.json").write_text(json.dumps({"mask_token": "[CLS]", "cls_token": "[MASK]"}))
+    differ = "(cls: '[MASK]', not '[CLS]', mask: '[CLS]', not '[MASK]')"
+    refused = (f"the tokenizer {other / 'tokenizer.json'} names other special tokens than {{carried}}, which "
+               f"{{holder}} carries {differ}; drop the tokenizer flags")
+
+    def refuses(call, carried=folder / "tokenizer.json", holder=folder):
+        with pytest.raises(DataError) as caught:
+            call()
+        assert str(caught.value).startswith(refused.format(carried=carried, holder=holder)), str(caught.value)
+
+    flags = Namespace(tokenizer_type=None, vocab_file=None, tokenizer_file=str(other))
+    refuses(lambda: checkpoint_tokenizer(flags, folder))
+    assert checkpoint_tokenizer(Namespace(**{**vars(flags), "tokenizer_file": str(tmp_path)}), folder).ids == (
+        tokenizer.ids)  # the same specials: the carried one
+    load = ["--load", str(tmp_path / "ck"), "--tokenizer-file", str(other)]
+    refuses(lambda: fill_mask.main([*load, "--text", "a [MASK]"]))
+    refuses(lambda: convert_checkpoint.main(["to-hf", *load, "--output", str(tmp_path / "hf")]))
+    assert not (tmp_path / "hf").exists()
+    refuses(lambda: training.run_tokenizer(build_parser().parse_args(load)), holder=tmp_path / "ck")
+    (tmp_path / "init").mkdir()
+    (tmp_path / "init" / "tokenizer.json").write_bytes(tokenizer.file_bytes)
+    for typed in ([], ["--tokenizer-type", "HFTokenizer"]):  # a type overrides the folder's pipeline, not its specials
+        refuses(lambda: training.run_tokenizer(build_parser().parse_args([
+            "--init-from-hf", str(tmp_path / "init"), "--tokenizer-file", str(other), *typed])),
+            carried=tmp_path / "init" / "tokenizer.json", holder=tmp_path / "init")
+    # a checkpoint that lost its copy: the flags' file stands in only with the recorded special tokens
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(DataError, match=re.escape(f"lacks its tokenizer.json, and {other / 'tokenizer.json'} names "
+                                                  f"other special tokens {differ}; restore the checkpoint folder")):
+        checkpoint_tokenizer(flags, folder)

@@ -23,7 +23,8 @@ with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of
     from megatron.checkpoint import (LATEST, bert_state_from_checkpoint, checkpoint_folder, latest_tag, run_state,
                                      stored_config)
     from megatron.data.batch import BertBatch
-    from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits, checkpoint_tokenizer
+    from megatron.data.tokenizer import (SPECIAL_NAMES, HFTokenizer, add_tokenizer_flags, check_fits,
+                                         checkpoint_tokenizer)
     from megatron.hf_convert import untrained_warning
     from megatron.model.bert import BertConfig, BertModel
 
@@ -37,6 +38,7 @@ def encode(tokenizer, text: str, seq_length: int) -> tuple:
     with its mask token in place, as transformers does (its spacing rules, e.g. lstrip, apply)."""
     mask_token = tokenizer.convert_ids_to_tokens([tokenizer.mask])[0]
     markers = sorted({MASK, mask_token})
+    refuse_other_mask_spelling(text, markers, mask_token)
     pieces = re.split("|".join(map(re.escape, markers)), text)
     if len(pieces) == 1:
         raise ConfigError(f"--text {text!r} holds no {' or '.join(markers)}",
@@ -56,6 +58,16 @@ def encode(tokenizer, text: str, seq_length: int) -> tuple:
     masked = tokens == tokenizer.mask
     batch = BertBatch.unpacked(tokens, torch.zeros_like(tokens), padding, tokens, masked, torch.zeros(1, dtype=torch.long))
     return batch, masked[0].nonzero().flatten().tolist()
+
+
+def refuse_other_mask_spelling(text: str, markers: list, mask_token: str) -> None:
+    """A mask written as another tokenizer spells it (<mask> for a WordPiece one, [mask]): the tokenizer
+    reads it as text, so it was no mask ('holds no [MASK]', or beside a [MASK] silently not predicted)."""
+    spellings = re.findall("|".join(map(re.escape, SPECIAL_NAMES["mask"])), text, flags=re.IGNORECASE)
+    other = next((spelling for spelling in spellings if spelling not in markers), None)
+    if other is not None:
+        raise ConfigError(f"--text {text!r} writes the mask as {other}, which this tokenizer reads as text (its mask "
+                          f"token is {mask_token})", f"write {' or '.join(markers)} where a word should be predicted")
 
 
 @torch.no_grad()

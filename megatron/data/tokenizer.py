@@ -9,8 +9,9 @@ Identity: a sha256 of the tokens in id order, and the settings of the text pipel
 pre-tokenizer, model: a BPE's merges, a Unigram's scores) that turns text into them. Preprocessing
 writes both beside the data, a checkpoint stores them with a copy of its tokenizer file; training,
 resume, fill-mask and export compare the tokens, and training and resume the data's pipeline (and a
-flag's tokenizer.json the checkpoint's) too: a shuffled vocab of the same size, or the same vocab
-cased where the data was lower-cased, is refused, not trained on.
+flag's tokenizer.json the checkpoint's pipeline and special tokens) too: a shuffled vocab of the same
+size, the same vocab cased where the data was lower-cased, or the same tokens with another mask token,
+is refused, not trained on.
 """
 import functools
 import hashlib
@@ -159,17 +160,40 @@ class HFTokenizer(_Tokenizer):
                                 f"\"{kind}_token\" in a tokenizer_config.json beside the tokenizer.json")
             self.ids[kind] = ids[token]
         self._refuse_shared_mask()
+        self._refuse_ordinary_mask()
 
     def _refuse_shared_mask(self) -> None:
         """A mask token that is also the pad, cls, sep or unknown token: masking would write a token the
         text holds anyway, and fill-mask would take every padding position for a mask."""
-        unk = getattr(self._rust.model, "unk_token", None)
-        others = {**{kind: self.special[kind] for kind in ("pad", "cls", "sep")}, "unk": unk}
+        others = {**{kind: self.special[kind] for kind in ("pad", "cls", "sep")}, "unk": self.unk_token()}
         same = [kind for kind, token in others.items() if token == self.special["mask"]]
         if same:
             raise DataError(f"tokenizer {self.file}'s mask token {self.special['mask']!r} is also its {same[0]} token",
                             "name a token of its own as mask_token (e.g. <mask> or [MASK]) in the "
                             "tokenizer_config.json or special_tokens_map.json beside it")
+
+    def _refuse_ordinary_mask(self) -> None:
+        """A mask token that is an ordinary token of the vocab (a word such as 'the', named as mask_token in a
+        tokenizer_config.json): the text holds it too, so masked positions could not be told from real ones.
+        Real tokenizers make it an added special token (RoBERTa's <mask>, ModernBERT's and BERT's tokenizer.json
+        [MASK]); the names [MASK] and <mask> pass as plain tokens too, as a vocab.txt holds [MASK] (text that
+        spells them out is meant as a mask)."""
+        mask = self.special["mask"]
+        if mask in SPECIAL_NAMES["mask"] or mask in self.added_special_tokens():
+            return
+        raise DataError(f"tokenizer {self.file}'s mask token {mask!r} is an ordinary token of its vocab, not a special "
+                        "token: masked positions could not be told from the text's own",
+                        "name an added special token as mask_token (e.g. <mask> or [MASK]) in the "
+                        "tokenizer_config.json or special_tokens_map.json beside it, or add it to the tokenizer "
+                        "as a special token")
+
+    def added_special_tokens(self) -> set:
+        return {token.content for token in self._rust.get_added_tokens_decoder().values() if token.special}
+
+    def unk_token(self) -> str | None:
+        """The token the model writes for text it has no token for (None: a byte-level BPE has no need)."""
+        unk = getattr(self._rust.model, "unk_token", None)
+        return unk if unk in self._rust.get_vocab(with_added_tokens=True) else None
 
     def __getstate__(self):
         return {"file": self.file, "special": self.special}
@@ -247,6 +271,12 @@ def _pipeline(rust: Tokenizer) -> dict:
 
 def _first_three(differences: list) -> str:
     return ", ".join(differences[:3]) + (", ..." if len(differences) > 3 else "")
+
+
+def _special_differences(recorded: dict, run: dict) -> list[str]:
+    """The special tokens (kind -> token) in which two tokenizers of one vocab differ, as 'kind: run, not recorded'."""
+    return [f"{kind}: {run.get(kind)!r}, not {recorded.get(kind)!r}" for kind in SPECIAL_NAMES
+            if recorded.get(kind) != run.get(kind)]
 
 
 def _sha256(value) -> str:
@@ -495,7 +525,7 @@ def _as_recorded(file, record: dict):
 
 def _standing_in(folder: Path, record: dict, stand_in):
     """For a checkpoint that lacks its copy of the tokenizer file: the flags' tokenizer `stand_in`, built as
-    the record says, when its tokens and text pipeline are the record's (one warning line says so);
+    the record says, when its tokens, text pipeline and special tokens are the record's (one warning line says so);
     otherwise an error whose fix names the file the record names."""
     name = record["tokenizer_type"]
     lacks = f"checkpoint {folder} names tokenizer {name} in {CARRIED} but lacks its {CARRIED_FILES[name]}"
@@ -512,6 +542,11 @@ def _standing_in(folder: Path, record: dict, stand_in):
     if differ:
         raise DataError(f"{lacks}, and {stand_in.file} splits text into its tokens another way "
                         f"({_first_three(differ)})", fix)
+    other_specials = _special_differences(record.get("special_tokens") or tokenizer.special_tokens(),
+                                          stand_in.special_tokens())
+    if other_specials:
+        raise DataError(f"{lacks}, and {stand_in.file} names other special tokens ({', '.join(other_specials)})",
+                        fix)
     warnings.warn(f"{lacks}; using {stand_in.file}, the tokenizer its record names (sha256 "
                   f"{record['vocab_sha256'][:12]}, the same text pipeline)", stacklevel=2)
     return tokenizer
@@ -523,7 +558,8 @@ def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None =
     `hf_folder`: it is a Hugging Face folder, not a checkpoint). Flags naming another vocab, or a
     tokenizer that splits text another way (a tokenizer.json, or a vocab.txt of the case
     --tokenizer-type names; unless `same_pipeline` is False: the flags' type overrides an HF
-    folder's), or only another --tokenizer-type, are refused."""
+    folder's), or that names other special tokens (a tokenizer_config.json beside a tokenizer.json naming
+    another mask token), or only another --tokenizer-type, are refused."""
     if carried is None:
         return explicit
     if explicit is not None and explicit.identity != carried.identity:
@@ -533,6 +569,12 @@ def choose_tokenizer(explicit, carried, checkpoint: str, flag_type: str | None =
                         f"tokens or their order differ: sha256 {explicit.identity[:12]} vs {carried.identity[:12]})",
                         f"drop --vocab-file/--tokenizer-file (the {holder} carries its tokenizer) or pass the one it "
                         "was trained with")
+    other_specials = _special_differences(carried.special_tokens(), explicit.special_tokens()) if explicit else []
+    if other_specials:  # the same tokens, another one written where a word is masked (or padded, or the ends)
+        raise DataError(f"the tokenizer {explicit.file} names other special tokens than {carried.file}, which "
+                        f"{checkpoint} carries ({', '.join(other_specials)})", "drop the tokenizer flags (the "
+                        f"tokenizer {checkpoint} carries is used) or pass one naming its special tokens (a "
+                        "tokenizer_config.json or special_tokens_map.json beside a tokenizer.json names them)")
     if explicit is not None and (isinstance(explicit, HFTokenizer) or flag_type):  # a vocab.txt's case: the type's
         differ = _pipeline_differences(carried.pipeline, explicit.pipeline) if same_pipeline else []
         if differ:  # a BERT tokenizer.json and a vocab.txt of the same case are one pipeline: not refused
