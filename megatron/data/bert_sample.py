@@ -21,9 +21,10 @@ class SpecialIds:
 
 
 def split_segments(sentences: list, rng: np.random.RandomState, binary_head: bool):
-    """-> (tokens A, tokens B, swapped). Without the binary head everything is A."""
+    """-> (tokens A, tokens B, swapped). Without the binary head everything is A. A sentence may
+    be rows (a token and what goes with it, build_segment); the draws depend on the lengths alone."""
     if not binary_head:
-        return np.concatenate(sentences), np.zeros(0, dtype=np.int64), False
+        return np.concatenate(sentences), sentences[0][:0], False
     a_end = rng.randint(1, len(sentences))  # A takes sentences [0, a_end), B the rest
     tokens_a, tokens_b = np.concatenate(sentences[:a_end]), np.concatenate(sentences[a_end:])
     swapped = rng.random_sample() < 0.5
@@ -46,7 +47,7 @@ def mask_tokens(tokens, maskable, ids: SpecialIds, random_ids, masked_lm_prob: f
                 word_starts=None):
     """-> (input tokens, labels, loss mask). `maskable` marks non-special positions;
     `word_starts` (bool per position), when given, masks whole words: a word is a start
-    position and the continuation pieces (##...) after it."""
+    position and the pieces after it up to the next start (words.WordMarks)."""
     positions = np.flatnonzero(maskable)
     if word_starts is None:
         units = [[p] for p in positions]
@@ -80,20 +81,24 @@ def mask_tokens(tokens, maskable, ids: SpecialIds, random_ids, masked_lm_prob: f
 
 def build_segment(sentences: list, target_tokens: int, max_length: int, ids: SpecialIds, random_ids,
                   masked_lm_prob: float, rng: np.random.RandomState, binary_head: bool = True,
-                  continuation=None) -> dict:
+                  words=None) -> dict:
     """One segment `[CLS] A [SEP] B [SEP]` of at most max_length tokens, unpadded: numpy arrays of
-    its length keyed like BertBatch's fields (segment id 1, positions from 0). `continuation`
-    (bool per vocab id, True for ## pieces) turns on whole-word masking."""
-    tokens_a, tokens_b, swapped = split_segments(sentences, rng, binary_head)
+    its length keyed like BertBatch's fields (segment id 1, positions from 0). `words` (the
+    tokenizer's words.WordMarks) turns on whole-word masking; each token travels with whether a word
+    begins there (in its sentence) through the split and the truncation."""
+    rows = [np.stack([sentence, np.ones(len(sentence), dtype=np.int64) if words is None else words.starts(sentence)],
+                     axis=1) for sentence in sentences]  # [n, 2]: token, a word begins here
+    rows_a, rows_b, swapped = split_segments(rows, rng, binary_head)
     specials = 3 if binary_head else 2
-    tokens_a, tokens_b = truncate_segments(tokens_a, tokens_b, min(target_tokens, max_length - specials), rng)
-    parts = [[ids.cls], tokens_a, [ids.sep]] + ([tokens_b, [ids.sep]] if binary_head else [])
-    tokens = np.concatenate(parts).astype(np.int64)
+    rows_a, rows_b = truncate_segments(rows_a, rows_b, min(target_tokens, max_length - specials), rng)
+    cls, sep = [[ids.cls, 1]], [[ids.sep, 1]]
+    rows = np.concatenate([cls, rows_a, sep] + ([rows_b, sep] if binary_head else [])).astype(np.int64)
+    tokens = rows[:, 0].copy()
     token_types = np.zeros(len(tokens), dtype=np.int64)
-    token_types[len(tokens_a) + 2:] = 1
+    token_types[len(rows_a) + 2:] = 1
     maskable = np.ones(len(tokens), dtype=bool)
-    maskable[[0, len(tokens_a) + 1, len(tokens) - 1]] = False
-    word_starts = None if continuation is None else ~continuation[tokens]
+    maskable[[0, len(rows_a) + 1, len(tokens) - 1]] = False
+    word_starts = None if words is None else rows[:, 1].astype(bool)
     inputs, labels, loss_mask = mask_tokens(tokens, maskable, ids, random_ids, masked_lm_prob, rng, word_starts)
     return {
         "tokens": inputs,
