@@ -20,13 +20,14 @@ class SpecialIds:
     pad: int
 
 
-def split_segments(sentences: list, rng: np.random.RandomState, binary_head: bool):
-    """-> (tokens A, tokens B, swapped). Without the binary head everything is A. A sentence may
-    be rows (a token and what goes with it, build_segment); the draws depend on the lengths alone."""
+def split_segments(rows, sentence_starts, rng: np.random.RandomState, binary_head: bool):
+    """-> (A, B, swapped) of a span's sentences back to back (`rows`: a token per row, with what
+    travels with it; `sentence_starts`: the row each sentence begins at). Without the binary head
+    everything is A."""
     if not binary_head:
-        return np.concatenate(sentences), sentences[0][:0], False
-    a_end = rng.randint(1, len(sentences))  # A takes sentences [0, a_end), B the rest
-    tokens_a, tokens_b = np.concatenate(sentences[:a_end]), np.concatenate(sentences[a_end:])
+        return rows, rows[:0], False
+    a_end = sentence_starts[rng.randint(1, len(sentence_starts))]  # A takes sentences [0, the draw), B the rest
+    tokens_a, tokens_b = rows[:a_end], rows[a_end:]
     swapped = rng.random_sample() < 0.5
     return (tokens_b, tokens_a, True) if swapped else (tokens_a, tokens_b, False)
 
@@ -85,10 +86,12 @@ def build_segment(sentences: list, target_tokens: int, max_length: int, ids: Spe
     """One segment `[CLS] A [SEP] B [SEP]` of at most max_length tokens, unpadded: numpy arrays of
     its length keyed like BertBatch's fields (segment id 1, positions from 0). `words` (the
     tokenizer's words.WordMarks) turns on whole-word masking; each token travels with whether a word
-    begins there (in its sentence) through the split and the truncation."""
-    rows = [np.stack([sentence, np.ones(len(sentence), dtype=np.int64) if words is None else words.starts(sentence)],
-                     axis=1) for sentence in sentences]  # [n, 2]: token, a word begins here
-    rows_a, rows_b, swapped = split_segments(rows, rng, binary_head)
+    begins there (each sentence's first token does) through the split and the truncation."""
+    tokens = np.concatenate(sentences)
+    sentence_starts = np.cumsum([0] + [len(sentence) for sentence in sentences[:-1]])
+    word_starts = np.ones(len(tokens), dtype=bool) if words is None else words.starts(tokens, sentence_starts)
+    rows = np.stack([tokens, word_starts], axis=1)  # [n, 2]: the token, whether a word begins there
+    rows_a, rows_b, swapped = split_segments(rows, sentence_starts, rng, binary_head)
     specials = 3 if binary_head else 2
     rows_a, rows_b = truncate_segments(rows_a, rows_b, min(target_tokens, max_length - specials), rng)
     cls, sep = [[ids.cls, 1]], [[ids.sep, 1]]

@@ -33,11 +33,12 @@ class WordMarks:
     continuation: np.ndarray  # bool: the piece continues the word of the piece before it
     ends_word: np.ndarray  # bool: the word ends with this piece (the next piece begins one)
 
-    def starts(self, sentence: np.ndarray) -> np.ndarray:
-        """Bool per token of one sentence: where a word begins (its first token always)."""
-        starts = ~self.continuation[sentence]
-        starts[:1] = True
-        starts[1:] |= self.ends_word[sentence[:-1]]
+    def starts(self, tokens: np.ndarray, sentence_starts=(0,)) -> np.ndarray:
+        """Bool per token of sentences back to back (each beginning at one of `sentence_starts`): where
+        a word begins (a sentence's first token always)."""
+        starts = ~self.continuation[tokens]
+        starts[1:] |= self.ends_word[tokens[:-1]]
+        starts[np.asarray(sentence_starts, dtype=np.int64)] = True
         return starts
 
 
