@@ -242,8 +242,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     data.add_argument("--data-impl", default="mmap", choices=["mmap", "cached", "lazy"], help="indexed dataset format")
     data.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens masked for MLM")
     data.add_argument("--whole-word-masking", action="store_true",
-                      help="mask whole words: all WordPiece pieces of a word (the first and its '##' "
-                           "continuations) are masked together (default: each piece on its own)")
+                      help="mask whole words: all pieces of a word are masked together (default: each piece "
+                           "on its own); words by the tokenizer's own rule: WordPiece '##' continuations, the "
+                           "word-start marker of a byte-level BPE (ModernBERT, RoBERTa) or a Metaspace "
+                           "(SentencePiece) tokenizer (docs/data.md)")
     add_packing_args(data)
     data.add_argument("--default-data-dir", default=".cache/default_data",
                       help="where the embedded corpus, vocab and preprocessed data are built")

@@ -35,6 +35,7 @@ from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, BertWordPiece, HFTokenizer, build_tokenizer,
                                      check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer,
                                      naming_flags)
+from megatron.data.words import word_rule
 from megatron.engine import build_engine, check_precision_supported, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import (ConfigError, DataError, Interrupted, cannot_use, ignore_signals, raise_on_signals,
                              restore_signals, stop_signals, stopped_during_start_up)
@@ -781,10 +782,8 @@ def data_paths(args) -> tuple:
             default = prepare_default_dataset(args.default_data_dir)  # finds it built: reuses it
         data_path = [default.data_prefix]
         tokenizer = tokenizer or build_tokenizer(args.tokenizer_type, default.vocab_file)
-    if args.whole_word_masking and isinstance(tokenizer, HFTokenizer) and not any(
-            token.startswith("##") for token in tokenizer.tokens):
-        raise ConfigError(f"--whole-word-masking finds words by WordPiece '##' continuations, and the {HF_TOKENIZER} "
-                          f"{tokenizer.file} has none", "drop --whole-word-masking")
+    if args.whole_word_masking:
+        word_rule(tokenizer)  # refuses a tokenizer whose words cannot be told, before any data is built
     check_data_vocab(tokenizer, parse_data_path(data_path)[1], holder)
     return data_path, tokenizer
 

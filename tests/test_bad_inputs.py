@@ -421,6 +421,16 @@ def tokenizer_json_of(tokens_of):
     return setup
 
 
+def unigram_without_metaspace(tmp, assets):
+    """{tmp}/tokenizer.json: a Unigram over the vocab's tokens, split at whitespace: no mark of a word's start."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokens = Path(assets["vocab"]).read_text().split()
+    tokenizer = Tokenizer(models.Unigram([(token, 0.0) for token in tokens], unk_id=tokens.index("[UNK]")))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp / "tokenizer.json"))
+
+
 CASES += [  # ---- derived files: data, index maps and vocab/tokenizer identity
     pretrain("--vocab-file", "{tmp}/vocab.txt", setup=shuffled_vocab, id="vocab_shuffled_vs_data",
              phrases=("the data", "sample_text_sentence was preprocessed with the vocab",
@@ -457,11 +467,9 @@ CASES += [  # ---- derived files: data, index maps and vocab/tokenizer identity
              phrases=("--tokenizer-type HFTokenizer reads --tokenizer-file, and --vocab-file is given",
                       "drop --vocab-file")),
     pretrain("--vocab-file", "", "--tokenizer-file", "{tmp}/tokenizer.json", "--whole-word-masking",
-             setup=tokenizer_json_of(lambda tmp, assets: [token for token in Path(assets["vocab"]).read_text().split()
-                                                          if not token.startswith("##")]),
-             id="tokenizer_without_word_pieces_whole_word_masking",
-             phrases=("--whole-word-masking finds words by WordPiece '##' continuations", "tokenizer.json has none",
-                      "drop --whole-word-masking")),
+             setup=unigram_without_metaspace, id="tokenizer_without_word_rule_whole_word_masking",
+             phrases=("--whole-word-masking finds words by the tokenizer's own rule", "tokenizer.json (a Unigram "
+                      "model, pre-tokenizer Whitespace) has none", "drop --whole-word-masking")),
 ]
 CASES += [  # ---- corpora as published (.jsonl.gz, .jsonl.zst, Parquet)
     Case("corpus_parquet_missing_column", "preprocess", ["--input", "{tmp}/corpus/wiki.parquet", "--json-keys", "body",

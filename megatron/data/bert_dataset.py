@@ -28,6 +28,7 @@ from megatron.data import helpers, index_maps
 from megatron.data.bert_sample import SpecialIds, build_segment, pack, segment_length
 from megatron.data.blendable import BlendableDataset
 from megatron.data.indexed_dataset import make_dataset
+from megatron.data.words import word_marks
 from megatron.errors import ConfigError, DataError
 from megatron.parallel import peers
 
@@ -161,10 +162,9 @@ class BertDataset(torch.utils.data.Dataset):
                                  seed, binary_head)
         self.mapping = samples_mapping(indexed, *self.mapping_settings)
         self.ids = SpecialIds(cls=tokenizer.cls, sep=tokenizer.sep, mask=tokenizer.mask, pad=tokenizer.pad)
-        vocab_tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
         reserved = tokenizer.reserved_ids()
         self.random_ids = np.array([i for i in range(tokenizer.vocab_size) if i not in reserved])
-        self.continuation = (np.array([t.startswith("##") for t in vocab_tokens]) if whole_word_masking else None)
+        self.words = word_marks(tokenizer) if whole_word_masking else None
 
     def __len__(self) -> int:
         return len(self.mapping)
@@ -179,7 +179,7 @@ class BertDataset(torch.utils.data.Dataset):
         sentences = [self.indexed[i].astype(np.int64) for i in range(first, end)]
         rng = np.random.RandomState((self.seed + idx) % 2**32)
         return build_segment(sentences, target, self.seq_length, self.ids, self.random_ids, self.masked_lm_prob, rng,
-                             self.binary_head, self.continuation)
+                             self.binary_head, self.words)
 
     def __getitem__(self, idx: int) -> dict:
         return pack([self.segment(idx)], self.seq_length, self.ids.pad)

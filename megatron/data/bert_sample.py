@@ -20,12 +20,14 @@ class SpecialIds:
     pad: int
 
 
-def split_segments(sentences: list, rng: np.random.RandomState, binary_head: bool):
-    """-> (tokens A, tokens B, swapped). Without the binary head everything is A."""
+def split_segments(rows, sentence_starts, rng: np.random.RandomState, binary_head: bool):
+    """-> (A, B, swapped) of a span's sentences back to back (`rows`: a token per row, with what
+    travels with it; `sentence_starts`: the row each sentence begins at). Without the binary head
+    everything is A."""
     if not binary_head:
-        return np.concatenate(sentences), np.zeros(0, dtype=np.int64), False
-    a_end = rng.randint(1, len(sentences))  # A takes sentences [0, a_end), B the rest
-    tokens_a, tokens_b = np.concatenate(sentences[:a_end]), np.concatenate(sentences[a_end:])
+        return rows, rows[:0], False
+    a_end = sentence_starts[rng.randint(1, len(sentence_starts))]  # A takes sentences [0, the draw), B the rest
+    tokens_a, tokens_b = rows[:a_end], rows[a_end:]
     swapped = rng.random_sample() < 0.5
     return (tokens_b, tokens_a, True) if swapped else (tokens_a, tokens_b, False)
 
@@ -46,7 +48,7 @@ def mask_tokens(tokens, maskable, ids: SpecialIds, random_ids, masked_lm_prob: f
                 word_starts=None):
     """-> (input tokens, labels, loss mask). `maskable` marks non-special positions;
     `word_starts` (bool per position), when given, masks whole words: a word is a start
-    position and the continuation pieces (##...) after it."""
+    position and the pieces after it up to the next start (words.WordMarks)."""
     positions = np.flatnonzero(maskable)
     if word_starts is None:
         units = [[p] for p in positions]
@@ -80,20 +82,26 @@ def mask_tokens(tokens, maskable, ids: SpecialIds, random_ids, masked_lm_prob: f
 
 def build_segment(sentences: list, target_tokens: int, max_length: int, ids: SpecialIds, random_ids,
                   masked_lm_prob: float, rng: np.random.RandomState, binary_head: bool = True,
-                  continuation=None) -> dict:
+                  words=None) -> dict:
     """One segment `[CLS] A [SEP] B [SEP]` of at most max_length tokens, unpadded: numpy arrays of
-    its length keyed like BertBatch's fields (segment id 1, positions from 0). `continuation`
-    (bool per vocab id, True for ## pieces) turns on whole-word masking."""
-    tokens_a, tokens_b, swapped = split_segments(sentences, rng, binary_head)
+    its length keyed like BertBatch's fields (segment id 1, positions from 0). `words` (the
+    tokenizer's words.WordMarks) turns on whole-word masking; each token travels with whether a word
+    begins there (each sentence's first token does) through the split and the truncation."""
+    tokens = np.concatenate(sentences)
+    sentence_starts = np.cumsum([0] + [len(sentence) for sentence in sentences[:-1]])
+    word_starts = np.ones(len(tokens), dtype=bool) if words is None else words.starts(tokens, sentence_starts)
+    rows = np.stack([tokens, word_starts], axis=1)  # [n, 2]: the token, whether a word begins there
+    rows_a, rows_b, swapped = split_segments(rows, sentence_starts, rng, binary_head)
     specials = 3 if binary_head else 2
-    tokens_a, tokens_b = truncate_segments(tokens_a, tokens_b, min(target_tokens, max_length - specials), rng)
-    parts = [[ids.cls], tokens_a, [ids.sep]] + ([tokens_b, [ids.sep]] if binary_head else [])
-    tokens = np.concatenate(parts).astype(np.int64)
+    rows_a, rows_b = truncate_segments(rows_a, rows_b, min(target_tokens, max_length - specials), rng)
+    cls, sep = [[ids.cls, 1]], [[ids.sep, 1]]
+    rows = np.concatenate([cls, rows_a, sep] + ([rows_b, sep] if binary_head else [])).astype(np.int64)
+    tokens = rows[:, 0].copy()
     token_types = np.zeros(len(tokens), dtype=np.int64)
-    token_types[len(tokens_a) + 2:] = 1
+    token_types[len(rows_a) + 2:] = 1
     maskable = np.ones(len(tokens), dtype=bool)
-    maskable[[0, len(tokens_a) + 1, len(tokens) - 1]] = False
-    word_starts = None if continuation is None else ~continuation[tokens]
+    maskable[[0, len(rows_a) + 1, len(tokens) - 1]] = False
+    word_starts = None if words is None else rows[:, 1].astype(bool)
     inputs, labels, loss_mask = mask_tokens(tokens, maskable, ids, random_ids, masked_lm_prob, rng, word_starts)
     return {
         "tokens": inputs,

@@ -62,6 +62,14 @@ class _Tokenizer:
         """One id as the text it stands for (byte-level 'Ġhave' -> ' have'; WordPiece: the token)."""
         return self._rust.decode([int(token_id)], skip_special_tokens=False)
 
+    def settings(self) -> dict:
+        """The pipeline's settings as its tokenizer.json holds them (words.word_rule reads its rule there)."""
+        return json.loads(self._rust.to_str())
+
+    def own_word_ids(self) -> set:
+        """Ids whole-word masking takes as a word of their own: the reserved ids and every added token."""
+        return self.reserved_ids() | set(self._rust.get_added_tokens_decoder())
+
     cls = property(lambda self: self.ids["cls"])  # the special ids, as the tokenizer names them
     sep = property(lambda self: self.ids["sep"])
     pad = property(lambda self: self.ids["pad"])
