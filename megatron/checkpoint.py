@@ -481,11 +481,16 @@ def refuse_tag_folder(folder: str, flag: str = "--load") -> None:
 def refuse_log_dir(folder: str, flag: str = "--load") -> None:
     """Refuses the --log-dir of a run of this trainer given where its checkpoint belongs: that folder's
     config.json (the resolved config) would otherwise pass for a Hugging Face model's. The fix names the
-    run's --save folder where the log's start records kept it."""
+    run's --save folder where the log's start records kept it, unless that is this folder (a --log-dir
+    equal to --save before the run's first save: it would name itself)."""
     config = os.path.join(folder, "config.json")
     if not (os.path.isfile(os.path.join(folder, "metrics.jsonl")) or _is_resolved_config(config)):
         return
     saved = _logged_save_dir(os.path.join(folder, "metrics.jsonl"))
+    if saved and os.path.realpath(saved) == os.path.realpath(folder):  # --log-dir = --save, before its first save
+        raise ConfigError(f"{folder} is the --log-dir and --save folder of a run of this trainer that has saved no "
+                          f"checkpoint yet (no '{LATEST}')", f"pass it with {flag} once that run has saved one (at "
+                          "--save-interval and at its end)")
     raise ConfigError(f"{folder} is the --log-dir of a run of this trainer (metrics.jsonl, config.json), not its "
                       f"checkpoint", f"pass the run's --save folder{f' ({saved})' if saved else ''} with {flag}")
 

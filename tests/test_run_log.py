@@ -359,3 +359,18 @@ def test_each_start_record_names_the_save_folder_a_log_dir_points_to(tmp_path, m
     assert starts[0]["save"] == str(tmp_path / "runs" / "ck")
     with pytest.raises(ConfigError, match=f"pass the run's --save folder \\({tmp_path / 'runs' / 'ck'}\\) with --load"):
         checkpoint.refuse_log_dir(str(tmp_path / "log"))
+
+
+def test_a_log_dir_that_is_its_runs_save_folder_before_a_checkpoint_is_not_named_as_the_fix(tmp_path, monkeypatch):
+    """--log-dir equal to --save (accepted) before that run's first save: given to --load, the folder is
+    refused as what it is, not with the fix to pass the run's --save folder, which is itself."""
+    from megatron import checkpoint
+
+    run = tmp_path / "run"
+    log = rank_0_run_log(monkeypatch, run, steps=2, interval=1, save=str(run))
+    monkeypatch.setattr(log, "_print", lambda line: None)
+    log.start(0, "starting from scratch", weights_from=None)
+    with pytest.raises(ConfigError, match="is the --log-dir and --save folder of a run of this trainer that has "
+                                          "saved no checkpoint yet") as refused:
+        checkpoint.refuse_log_dir(str(run), "--from")
+    assert refused.value.fix == "pass it with --from once that run has saved one (at --save-interval and at its end)"
