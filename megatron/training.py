@@ -28,8 +28,8 @@ from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, adjustable_start_field
                              optimizer_params_taken, precision, preset_source, read_ds_config,
                              refuse_contradictions, resolve)
 from megatron.data import index_maps
-from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_weights,
-                                        token_stats)
+from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_tokens,
+                                        split_weights, token_stats)
 from megatron.data.default_dataset import EMBEDDED_VOCAB, prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, BertWordPiece, HFTokenizer, build_tokenizer,
@@ -1052,10 +1052,13 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
         data_path, args.data_impl, args.split, samples, config.model.seq_length, tokenizer,
         cache_path=args.data_cache_path, **sample_options(args, config))
     if dist.get_rank() == 0:
-        for name, dataset in zip(SPLIT_NAMES, (train_set, valid_set, test_set)):
-            if dataset is not None:
-                print(token_stats(dataset).describe(name), flush=True)
-        for warning in data_warnings(args, data_path, valid_set, train_iters):
+        stats = {name: token_stats(dataset) for name, dataset in zip(SPLIT_NAMES, (train_set, valid_set, test_set))
+                 if dataset is not None}
+        for name, split in stats.items():
+            print(split.describe(name), flush=True)
+        small = small_eval_splits({name: (stats[name], split_tokens(dataset)) for name, dataset in (
+            ("valid", valid_set), ("test", test_set)) if dataset is not None}, config.micro_batch_size)
+        for warning in [*data_warnings(args, data_path, valid_set, train_iters), *filter(None, [small])]:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
     used_maps = [path for dataset in (train_set, valid_set, test_set) for path in index_maps.used_maps(dataset)]
     if dist.get_rank() == 0:
@@ -1171,6 +1174,20 @@ def data_warnings(args, data_path: list, valid_set, train_iters: int) -> list:
         notes.append(f"--split {args.split} leaves no validation documents: the evaluation every --eval-interval "
                      f"{args.eval_interval} steps is skipped; {fix}")
     return notes
+
+
+def small_eval_splits(splits: dict, micro_batch: int) -> str | None:
+    """The warning for the evaluation splits ({valid / test: (TokenStats, split_tokens)}) whose documents
+    hold fewer tokens than one micro-batch of samples: their samples repeat those few tokens, epoch
+    after epoch, among padding, so their losses are measured on them alone. One line for both."""
+    seq_length = next(iter(splits.values()))[0].seq_length if splits else 0
+    small = [f"{name} {tokens} tokens in {stats.samples} samples ({1 - stats.real_token_share:.0%} padding)"
+             for name, (stats, tokens) in splits.items() if tokens < micro_batch * seq_length]
+    if not small:
+        return None
+    return (f"evaluation data smaller than one micro-batch of samples ({micro_batch} x {seq_length} tokens): "
+            f"{', '.join(small)}: each loss is measured on these few tokens, repeated; give the split more "
+            "documents (a larger share of --split, or a larger corpus) or pass a shorter --seq-length")
 
 
 def sample_options(args, config) -> dict:
