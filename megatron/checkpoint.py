@@ -652,6 +652,28 @@ def stored_config(load_dir: str, tag: str) -> dict:
     return run_state(load_dir, tag)["config"]
 
 
+# the presets' max_position_embeddings: what a rotary run from scratch stored before runs set the field
+# to their --seq-length
+_PRESET_POSITIONS = {preset["max_position_embeddings"] for preset in MODEL_PRESETS.values()}
+
+
+def declared_positions(load_dir: str, tag: str) -> int:
+    """The max_position_embeddings of a checkpoint's model as its Hugging Face export declares it and a
+    run from its weights carries it: a position table's rows; with rope, which has no table, the longest
+    length known trained: the field (a folder's, which a shorter fine-tune keeps) or --seq-length where
+    longer (a run continued at a longer length than its weights'), and --seq-length alone for a run from
+    scratch that stored a preset's 8192 before runs stored their length (positions it never trained)."""
+    state = run_state(load_dir, tag)
+    model = state["config"]["model"]
+    positions, length = model["max_position_embeddings"], model["seq_length"]
+    if model.get("position_embedding_type") != "rope":
+        return positions
+    origin = state.get(ORIGIN)
+    if isinstance(origin, dict) and origin.get("from") is None and positions > length and positions in _PRESET_POSITIONS:
+        return length
+    return max(positions, length)
+
+
 RESUME_FIX = "resume with the model flags the checkpoint was trained with"
 START_FIX = "pass the model flags the checkpoint was trained with"
 # the tensors of an attention core (Linformer's key / value projections, the only core with weights):

@@ -868,6 +868,8 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
     weights = starting_weights_fields(args)
     resume = bool(args.load) and not weights_only
     start = initial_model_fields(weights, resume)
+    if start and not (resume or args.init_from_hf):  # a checkpoint's weights: the longest length they trained at
+        start["max_position_embeddings"] = checkpoint.declared_positions(args.load, checkpoint.latest_tag(args.load))
     source = (f"the --init-from-hf folder {args.init_from_hf}" if args.init_from_hf
               else f"the checkpoint {args.load}" if args.finetune or resume
               else f"the weights-only checkpoint {args.load}")

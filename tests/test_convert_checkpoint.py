@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
 from unittest import mock
 from pathlib import Path
 
@@ -375,3 +376,32 @@ def test_from_hf_of_local_layers_with_attention_dropout_stores_none(tmp_path):
                                     "layer_types": None}))
     tool_module().main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "global")])
     assert checkpoint.stored_config(str(tmp_path / "global"), "iter_0000000")["model"]["attention_dropout"] == 0.1
+
+
+@pytest.mark.parametrize("origin, stored, seq_length, exported", [
+    ({"from": None}, 8192, 64, 64),  # a preset run from scratch stored before runs stored their length
+    ({"from": "/models/modernbert", "kind": "hf"}, 8192, 64, 8192),  # a ModernBERT fine-tuned shorter
+    ({"from": "/runs/short", "kind": "checkpoint"}, 64, 128, 128)])  # weights continued at a longer length
+def test_to_hf_of_a_rotary_checkpoint_declares_the_length_it_trained_at(tmp_path, origin, stored, seq_length,
+                                                                         exported):
+    """A rotary model has no position table: its export's max_position_embeddings declares the longest
+    length known trained, not a preset's 8192 that a run from scratch stored (said in one warning)."""
+    from megatron.data.tokenizer import BertWordPiece
+    from test_hf_modernbert import modern_config
+
+    config = modern_config(seq_length=seq_length, max_position_embeddings=seq_length)
+    tokenizer = BertWordPiece(str(write_vocab_file(tmp_path / "vocab.txt")))
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config, tokenizer)
+    run_state = tmp_path / "ck" / "iter_0000000" / "run_state.json"
+    header = json.loads(run_state.read_text())
+    header["config"]["model"]["max_position_embeddings"] = stored
+    run_state.write_text(json.dumps({**header, checkpoint.ORIGIN: origin}))
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        tool_module().main(["to-hf", "--load", str(tmp_path / "ck"), "--output", str(tmp_path / "hf")])
+    preset = [str(warning.message) for warning in warned if "max_position_embeddings" in str(warning.message)]
+    assert preset == ([f"{tmp_path / 'ck'} stores max_position_embeddings 8192 (a --model-preset's, stored before "
+                       "runs from scratch stored their length), which its rotary model never trained at: the export "
+                       "declares its --seq-length 64"] if exported < stored else [])
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["max_position_embeddings"] == exported
+    assert checkpoint.declared_positions(str(tmp_path / "ck"), "iter_0000000") == exported
