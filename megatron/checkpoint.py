@@ -943,7 +943,7 @@ def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
     weights, so that an export or a --finetune gets the same weights from every layout. DeepSpeed's model
     files hold them only for an fp32 run below ZeRO 3 (a bf16 / fp16 run's hold their rounded copies,
     ZeRO 3's none): otherwise the layout-free files give them, or at ZeRO 0, which writes none, the FP16
-    optimizer's state (_zero0_masters; not read for fp16 with a pipeline at ZeRO 0: its rounded copies)."""
+    optimizers' state (_zero0_masters; with a pipeline, each stage's: _pipeline_zero0_masters)."""
     tag = tag or latest_tag(load_dir)
     folder = checkpoint_folder(load_dir, tag)
     stored = run_state(load_dir, tag)["config"]
@@ -955,12 +955,13 @@ def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
     layer_files = sorted(glob.glob(os.path.join(folder, "layer_*-model_00-model_states.pt")))
     if layer_files:
         num_layers = stored["model"]["num_layers"]
-        state = {}
-        for path in layer_files:
-            layer = int(re.search(r"layer_(\d+)-", os.path.basename(path)).group(1))
-            for key, tensor in safe_load(path).items():
-                state[pipe_layer_to_bert(layer, key, num_layers)] = tensor
-        return state if exact else _rounded_copies(state, folder, stored)
+        layers = [(int(re.search(r"layer_(\d+)-", os.path.basename(path)).group(1)), safe_load(path))
+                  for path in layer_files]
+        if not exact:
+            layers = _pipeline_zero0_masters(folder, stored, layers) or layers
+        state = {pipe_layer_to_bert(layer, key, num_layers): tensor for layer, tensors in layers
+                 for key, tensor in tensors.items()}
+        return state if exact or not _half_precision(state) else _rounded_copies(state, folder, stored)
     if os.path.isfile(os.path.join(folder, "zero_pp_rank_0_mp_rank_00_model_states.pt")):
         # ZeRO-3 written without layout-free files: the weights exist only as partitions in the optimizer files
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -983,15 +984,52 @@ def _zero0_masters(model_states: dict) -> dict | None:
     fp16 run without layout-free files) beside the rounded module, in the module's order: a list per
     parameter group (FP16_UnfusedOptimizer) or one flat tensor per group (FP16_Optimizer). None where
     the file holds none, or none that can be the module's parameters in order (not guessed at)."""
-    module, optimizer = model_states["module"], model_states.get("optimizer") or {}
-    groups = optimizer.get("fp32_groups") or [[flat] for flat in optimizer.get("fp32_groups_flat", [])]
-    if not groups:  # ZeRO 1-2 (optimizer files, read through the layout-free ones)
-        return None
-    flat = torch.cat([tensor.flatten() for group in groups for tensor in group])
+    module, flat = model_states["module"], _fp32_flat(model_states)
     sizes = [tensor.numel() for tensor in module.values()]
-    if flat.numel() != sum(sizes):  # not the trainer's one group in module order
+    if flat is None or flat.numel() != sum(sizes):  # none, or not the trainer's one group in module order
         return None
     return {name: piece.view_as(tensor) for (name, tensor), piece in zip(module.items(), flat.split(sizes))}
+
+
+def _fp32_flat(model_states: dict) -> torch.Tensor | None:
+    """The fp32 masters an FP16 optimizer of ZeRO 0 saves in a model-states file, as one flat tensor in
+    its parameters' order (None at ZeRO 1-2, whose optimizer files hold them)."""
+    optimizer = model_states.get("optimizer") or {}
+    groups = optimizer.get("fp32_groups") or [[flat] for flat in optimizer.get("fp32_groups_flat", [])]
+    return torch.cat([tensor.flatten() for group in groups for tensor in group]) if groups else None
+
+
+def _pipeline_zero0_masters(folder: str, stored: dict, layers: list) -> list | None:
+    """`layers` ([(layer index, its file's tensors)], in order: the stages' half-precision copies) with
+    the fp32 masters of a pipeline run at ZeRO 0, which writes no layout-free files: each stage's FP16
+    optimizer saves them in its model-states file (mp_rank_{stage x sp}: DeepSpeed's model-parallel rank
+    of the stage's seq rank 0) in its module's order, the tied word embedding (layer 0's) first on the
+    first and last stage, then its layers' tensors. None where the counts do not match (not guessed at)."""
+    pipeline, sequence = stored["pipeline_parallel_size"], stored["sequence_parallel_size"]
+    tied = [(layers[0][0], key) for key in layers[0][1]] if layers and layers[0][0] == 0 else []
+    queue = [(layer, key) for layer, tensors in layers for key in tensors if (layer, key) not in tied]
+    copies = {(layer, key): tensor for layer, tensors in layers for key, tensor in tensors.items()}
+    masters = {}
+    for stage in range(pipeline):
+        path = os.path.join(folder, f"mp_rank_{stage * sequence:02d}_model_states.pt")
+        flat = _fp32_flat(safe_load(path)) if os.path.isfile(path) else None
+        if flat is None:
+            return None
+        names = list(tied) if stage in (0, pipeline - 1) else []
+        while sum(copies[name].numel() for name in names) < flat.numel() and queue:
+            names.append(queue.pop(0))
+        sizes = [copies[name].numel() for name in names]
+        if sum(sizes) != flat.numel():
+            return None
+        for name, piece in zip(names, flat.split(sizes)):
+            masters.setdefault(name, piece.view_as(copies[name]))
+    if queue:
+        return None
+    return [(layer, {key: masters[(layer, key)] for key in tensors}) for layer, tensors in layers]
+
+
+def _half_precision(state: dict) -> bool:
+    return any(tensor.dtype in (torch.float16, torch.bfloat16) for tensor in state.values())
 
 
 def _rounded_copies(state: dict, folder: str, stored: dict) -> dict:

@@ -32,6 +32,7 @@ MICRO = 2
 
 
 BF16 = {"bf16": {"enabled": True}}
+FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8}}  # a scale the first step does not overflow
 
 
 def fp32_masters(engine) -> dict:
@@ -45,11 +46,18 @@ def fp32_masters(engine) -> dict:
     return {name: safe_get_full_fp32_param(p).clone() for name, p in engine.module.named_parameters()}
 
 
-def train_and_save(directory: str) -> dict:
-    """One step in bf16 at pipeline 2 x sequence 2 (ZeRO 1), saved; returns this stage's fp32 master
-    weights in BertModel names. Pre-LayerNorm without embedding LayerNorm: MegatronBert's layout."""
+def train_and_save(directory: str, zero_stage: int = 1, precision: dict = BF16) -> dict:
+    """One step in bf16 (or `precision`) at pipeline 2 x sequence 2 (ZeRO 1, or `zero_stage`: 0 without
+    clipping, which a pipeline refuses there), saved; returns this stage's fp32 master weights in BertModel
+    names. Pre-LayerNorm without embedding LayerNorm: MegatronBert's layout. fp16: DeepSpeed's CPU
+    accelerator is told it has fp16 kernels (torch's CPU ops run fp16; DeepSpeed asks oneDNN)."""
+    from deepspeed.accelerator import get_accelerator
+
+    if "fp16" in precision:
+        get_accelerator().is_fp16_supported = lambda: True
     flags = {**model_flags(), "embedding_layernorm": False, "pipeline_parallel_size": 2}
-    config = resolve(flags, {**ds_config(MICRO, GLOBAL_BATCH // MICRO, 1, 2), **BF16},
+    clip = {"clip": 0.0} if zero_stage == 0 else {}
+    config = resolve(flags, {**ds_config(MICRO, GLOBAL_BATCH // MICRO, zero_stage, 2, **clip), **precision},
                      torch.distributed.get_world_size())
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
     train_step(engine, micro_batches(MICRO)[state.get_data_parallel_rank() * 2:][:2])
@@ -58,9 +66,10 @@ def train_and_save(directory: str) -> dict:
     return {to_bert[name]: weight for name, weight in fp32_masters(engine).items()}
 
 
-def rounded_by_bf16(weights: dict) -> bool:
-    """Whether the weights differ from their bf16 rounding (so that reading the rounded copies fails)."""
-    return any(not torch.equal(w, w.bfloat16().float()) for w in weights.values())
+def rounded_by_bf16(weights: dict, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether the weights differ from their bf16 (or `dtype`) rounding (so that reading the rounded
+    copies fails)."""
+    return any(not torch.equal(w, w.to(dtype).float()) for w in weights.values())
 
 
 def train_and_save_zero3(directory: str) -> dict:
@@ -117,6 +126,19 @@ def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
     for field in ("hidden_size", "num_layers", "num_attention_heads", "vocab_size", "layernorm_layout",
                   "embedding_layernorm", "layernorm_epsilon", "max_position_embeddings"):
         assert back_config[field] == stored[field], field
+
+
+def test_an_fp16_pipeline_checkpoint_at_zero_0_reads_as_its_stages_fp32_masters(tmp_path):
+    """fp16 with a pipeline at ZeRO 0 writes no layout-free files: each stage's FP16 optimizer keeps its
+    fp32 masters in that stage's model-states file, which the export and --finetune read (they read the
+    stages' fp16 copies, said in a warning), with no warning now."""
+    trained = {}
+    for stage in run_on_ranks(train_and_save, 4, str(tmp_path / "ckpt"), 0, FP16, timeout=300):
+        trained.update(stage)
+    assert rounded_by_bf16(trained, torch.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same_weights(checkpoint.bert_state_from_checkpoint(str(tmp_path / "ckpt")), trained)
 
 
 def test_zero3_sequence_parallel_checkpoint_to_hf(tmp_path):
