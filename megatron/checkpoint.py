@@ -669,7 +669,8 @@ def declared_positions(load_dir: str, tag: str) -> int:
     if model.get("position_embedding_type") != "rope":
         return positions
     origin = state.get(ORIGIN)
-    if isinstance(origin, dict) and origin.get("from") is None and positions > length and positions in _PRESET_POSITIONS:
+    from_scratch = isinstance(origin, dict) and origin.get("from") is None
+    if from_scratch and positions > length and positions in _PRESET_POSITIONS:
         return length
     return max(positions, length)
 
