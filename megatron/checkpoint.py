@@ -481,11 +481,16 @@ def refuse_tag_folder(folder: str, flag: str = "--load") -> None:
 def refuse_log_dir(folder: str, flag: str = "--load") -> None:
     """Refuses the --log-dir of a run of this trainer given where its checkpoint belongs: that folder's
     config.json (the resolved config) would otherwise pass for a Hugging Face model's. The fix names the
-    run's --save folder where the log's start records kept it."""
+    run's --save folder where the log's start records kept it, unless that is this folder (a --log-dir
+    equal to --save before the run's first save: it would name itself)."""
     config = os.path.join(folder, "config.json")
     if not (os.path.isfile(os.path.join(folder, "metrics.jsonl")) or _is_resolved_config(config)):
         return
     saved = _logged_save_dir(os.path.join(folder, "metrics.jsonl"))
+    if saved and os.path.realpath(saved) == os.path.realpath(folder):  # --log-dir = --save, before its first save
+        raise ConfigError(f"{folder} is the --log-dir and --save folder of a run of this trainer that has saved no "
+                          f"checkpoint yet (no '{LATEST}')", f"pass it with {flag} once that run has saved one (at "
+                          "--save-interval and at its end)")
     raise ConfigError(f"{folder} is the --log-dir of a run of this trainer (metrics.jsonl, config.json), not its "
                       f"checkpoint", f"pass the run's --save folder{f' ({saved})' if saved else ''} with {flag}")
 
@@ -645,6 +650,29 @@ def refuse_non_finite(tensors: dict, source: str, fix: str) -> None:
 def stored_config(load_dir: str, tag: str) -> dict:
     """The resolved config saved with the checkpoint (TrainConfig.to_dict())."""
     return run_state(load_dir, tag)["config"]
+
+
+# the presets' max_position_embeddings: what a rotary run from scratch stored before runs set the field
+# to their --seq-length
+_PRESET_POSITIONS = {preset["max_position_embeddings"] for preset in MODEL_PRESETS.values()}
+
+
+def declared_positions(load_dir: str, tag: str) -> int:
+    """The max_position_embeddings of a checkpoint's model as its Hugging Face export declares it and a
+    run from its weights carries it: a position table's rows; with rope, which has no table, the longest
+    length known trained: the field (a folder's, which a shorter fine-tune keeps) or --seq-length where
+    longer (a run continued at a longer length than its weights'), and --seq-length alone for a run from
+    scratch that stored a preset's 8192 before runs stored their length (positions it never trained)."""
+    state = run_state(load_dir, tag)
+    model = state["config"]["model"]
+    positions, length = model["max_position_embeddings"], model["seq_length"]
+    if model.get("position_embedding_type") != "rope":
+        return positions
+    origin = state.get(ORIGIN)
+    from_scratch = isinstance(origin, dict) and origin.get("from") is None
+    if from_scratch and positions > length and positions in _PRESET_POSITIONS:
+        return length
+    return max(positions, length)
 
 
 RESUME_FIX = "resume with the model flags the checkpoint was trained with"
@@ -916,7 +944,7 @@ def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
     weights, so that an export or a --finetune gets the same weights from every layout. DeepSpeed's model
     files hold them only for an fp32 run below ZeRO 3 (a bf16 / fp16 run's hold their rounded copies,
     ZeRO 3's none): otherwise the layout-free files give them, or at ZeRO 0, which writes none, the FP16
-    optimizer's state (_zero0_masters; not read for fp16 with a pipeline at ZeRO 0: its rounded copies)."""
+    optimizers' state (_zero0_masters; with a pipeline, each stage's: _pipeline_zero0_masters)."""
     tag = tag or latest_tag(load_dir)
     folder = checkpoint_folder(load_dir, tag)
     stored = run_state(load_dir, tag)["config"]
@@ -928,12 +956,13 @@ def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
     layer_files = sorted(glob.glob(os.path.join(folder, "layer_*-model_00-model_states.pt")))
     if layer_files:
         num_layers = stored["model"]["num_layers"]
-        state = {}
-        for path in layer_files:
-            layer = int(re.search(r"layer_(\d+)-", os.path.basename(path)).group(1))
-            for key, tensor in safe_load(path).items():
-                state[pipe_layer_to_bert(layer, key, num_layers)] = tensor
-        return state if exact else _rounded_copies(state, folder, stored)
+        layers = [(int(re.search(r"layer_(\d+)-", os.path.basename(path)).group(1)), safe_load(path))
+                  for path in layer_files]
+        if not exact:
+            layers = _pipeline_zero0_masters(folder, stored, layers) or layers
+        state = {pipe_layer_to_bert(layer, key, num_layers): tensor for layer, tensors in layers
+                 for key, tensor in tensors.items()}
+        return state if exact or not _half_precision(state) else _rounded_copies(state, folder, stored)
     if os.path.isfile(os.path.join(folder, "zero_pp_rank_0_mp_rank_00_model_states.pt")):
         # ZeRO-3 written without layout-free files: the weights exist only as partitions in the optimizer files
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -956,15 +985,52 @@ def _zero0_masters(model_states: dict) -> dict | None:
     fp16 run without layout-free files) beside the rounded module, in the module's order: a list per
     parameter group (FP16_UnfusedOptimizer) or one flat tensor per group (FP16_Optimizer). None where
     the file holds none, or none that can be the module's parameters in order (not guessed at)."""
-    module, optimizer = model_states["module"], model_states.get("optimizer") or {}
-    groups = optimizer.get("fp32_groups") or [[flat] for flat in optimizer.get("fp32_groups_flat", [])]
-    if not groups:  # ZeRO 1-2 (optimizer files, read through the layout-free ones)
-        return None
-    flat = torch.cat([tensor.flatten() for group in groups for tensor in group])
+    module, flat = model_states["module"], _fp32_flat(model_states)
     sizes = [tensor.numel() for tensor in module.values()]
-    if flat.numel() != sum(sizes):  # not the trainer's one group in module order
+    if flat is None or flat.numel() != sum(sizes):  # none, or not the trainer's one group in module order
         return None
     return {name: piece.view_as(tensor) for (name, tensor), piece in zip(module.items(), flat.split(sizes))}
+
+
+def _fp32_flat(model_states: dict) -> torch.Tensor | None:
+    """The fp32 masters an FP16 optimizer of ZeRO 0 saves in a model-states file, as one flat tensor in
+    its parameters' order (None at ZeRO 1-2, whose optimizer files hold them)."""
+    optimizer = model_states.get("optimizer") or {}
+    groups = optimizer.get("fp32_groups") or [[flat] for flat in optimizer.get("fp32_groups_flat", [])]
+    return torch.cat([tensor.flatten() for group in groups for tensor in group]) if groups else None
+
+
+def _pipeline_zero0_masters(folder: str, stored: dict, layers: list) -> list | None:
+    """`layers` ([(layer index, its file's tensors)], in order: the stages' half-precision copies) with
+    the fp32 masters of a pipeline run at ZeRO 0, which writes no layout-free files: each stage's FP16
+    optimizer saves them in its model-states file (mp_rank_{stage x sp}: DeepSpeed's model-parallel rank
+    of the stage's seq rank 0) in its module's order, the tied word embedding (layer 0's) first on the
+    first and last stage, then its layers' tensors. None where the counts do not match (not guessed at)."""
+    pipeline, sequence = stored["pipeline_parallel_size"], stored["sequence_parallel_size"]
+    tied = [(layers[0][0], key) for key in layers[0][1]] if layers and layers[0][0] == 0 else []
+    queue = [(layer, key) for layer, tensors in layers for key in tensors if (layer, key) not in tied]
+    copies = {(layer, key): tensor for layer, tensors in layers for key, tensor in tensors.items()}
+    masters = {}
+    for stage in range(pipeline):
+        path = os.path.join(folder, f"mp_rank_{stage * sequence:02d}_model_states.pt")
+        flat = _fp32_flat(safe_load(path)) if os.path.isfile(path) else None
+        if flat is None:
+            return None
+        names = list(tied) if stage in (0, pipeline - 1) else []
+        while sum(copies[name].numel() for name in names) < flat.numel() and queue:
+            names.append(queue.pop(0))
+        sizes = [copies[name].numel() for name in names]
+        if sum(sizes) != flat.numel():
+            return None
+        for name, piece in zip(names, flat.split(sizes)):
+            masters.setdefault(name, piece.view_as(copies[name]))
+    if queue:
+        return None
+    return [(layer, {key: masters[(layer, key)] for key in tensors}) for layer, tensors in layers]
+
+
+def _half_precision(state: dict) -> bool:
+    return any(tensor.dtype in (torch.float16, torch.bfloat16) for tensor in state.values())
 
 
 def _rounded_copies(state: dict, folder: str, stored: dict) -> dict:

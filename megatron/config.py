@@ -522,6 +522,10 @@ def check_deepspeed_types(ds_config: dict) -> None:
         raise ConfigError('the DeepSpeed JSON\'s "data_efficiency" section is not used (the trainer builds its own '
                           "samples and loader, which DeepSpeed's data sampling and routing never see; random-LTD "
                           "fails inside DeepSpeed)", 'remove "data_efficiency"')
+    if ds_config.get("weight_quantization"):
+        raise ConfigError('the DeepSpeed JSON\'s "weight_quantization" section is ZeRO-Inference\'s weight '
+                          "quantization, not training's (post_init_quant is never read; quantized_initialization "
+                          "fails inside DeepSpeed at the first ZeRO-3 step)", 'remove "weight_quantization"')
     _check_enabled_flags(ds_config, "")
     optimizer_type = ds_config.get("optimizer", {}).get("type") if isinstance(ds_config.get("optimizer"), dict) else None
     if optimizer_type is not None:
@@ -783,6 +787,30 @@ def _check_autocast_modules(ds_config: dict) -> None:
                               'name an importable module class with its package, e.g. "torch.nn.Linear", or remove it')
 
 
+# ZeRO++'s quantized communication: each loads DeepSpeed's quantizer op (QuantizerBuilder)
+QUANTIZED_ZERO_KEYS = ("zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients")
+
+
+def _check_quantizer_supported(ds_config: dict) -> None:
+    """ZeRO++'s quantized weights and gradients load DeepSpeed's quantizer op, which its CPU accelerator
+    does not have: a traceback per rank inside deepspeed.zero.Init (weights, whatever the precision or
+    torch_autocast), or at the first gradient reduction over two or more ranks (gradients; at one rank
+    they quantize nothing)."""
+    zero = ds_config.get("zero_optimization", {})
+    quantized = [key for key in QUANTIZED_ZERO_KEYS if zero.get(key)]
+    if not quantized:
+        return
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.ops.op_builder.cpu import NotImplementedBuilder
+
+    accelerator = get_accelerator()
+    builder = accelerator.create_op_builder("QuantizerBuilder")
+    if builder is None or isinstance(builder, NotImplementedBuilder) or not builder.is_compatible(verbose=False):
+        raise ConfigError(f"zero_optimization.{quantized[0]} needs DeepSpeed's quantizer op, which its "
+                          f"{accelerator.device_name()} accelerator does not have (it would fail inside DeepSpeed)",
+                          f"remove {quantized[0]} (ZeRO++'s quantized communication), or run on GPUs")
+
+
 def _check_nvme_supported(ds_config: dict) -> None:
     """nvme offload loads DeepSpeed's async_io op (libaio), which fails inside deepspeed.initialize
     with a traceback per rank after the swap folder was made: say so before anything is built."""
@@ -834,6 +862,7 @@ def deepspeed_accepts(ds_config: dict) -> None:
 
     _check_autocast_modules(ds_config)
     _check_nvme_supported(ds_config)
+    _check_quantizer_supported(ds_config)
     trial = {key: value for key, value in ds_config.items() if key != "train_batch_size"}
     try:
         DeepSpeedConfig(trial)

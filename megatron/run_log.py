@@ -133,7 +133,7 @@ class RunLog:
         if not self.writer:
             return
         mean = lambda values: sum(values) / len(values) if values and None not in values else None  # noqa: E731
-        loss_scale = engine.optimizer.cur_scale if engine.fp16_enabled() else None
+        loss_scale = engine.optimizer.loss_scale if engine.fp16_enabled() else None  # every fp16 optimizer has it
         record = {
             "kind": "train", "iteration": iteration, "consumed_samples": consumed, "time": time.time(),
             "lr": lr, "loss": mean([r.loss for r in window]),

@@ -28,8 +28,8 @@ from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, adjustable_start_field
                              optimizer_params_taken, precision, preset_source, read_ds_config,
                              refuse_contradictions, resolve)
 from megatron.data import index_maps
-from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_weights,
-                                        token_stats)
+from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_tokens,
+                                        split_weights, token_stats)
 from megatron.data.default_dataset import EMBEDDED_VOCAB, prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, BertWordPiece, HFTokenizer, build_tokenizer,
@@ -867,6 +867,8 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
     weights = starting_weights_fields(args)
     resume = bool(args.load) and not weights_only
     start = initial_model_fields(weights, resume)
+    if start and not (resume or args.init_from_hf):  # a checkpoint's weights: the longest length they trained at
+        start["max_position_embeddings"] = checkpoint.declared_positions(args.load, checkpoint.latest_tag(args.load))
     source = (f"the --init-from-hf folder {args.init_from_hf}" if args.init_from_hf
               else f"the checkpoint {args.load}" if args.finetune or resume
               else f"the weights-only checkpoint {args.load}")
@@ -1051,10 +1053,13 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
         data_path, args.data_impl, args.split, samples, config.model.seq_length, tokenizer,
         cache_path=args.data_cache_path, **sample_options(args, config))
     if dist.get_rank() == 0:
-        for name, dataset in zip(SPLIT_NAMES, (train_set, valid_set, test_set)):
-            if dataset is not None:
-                print(token_stats(dataset).describe(name), flush=True)
-        for warning in data_warnings(args, data_path, valid_set, train_iters):
+        stats = {name: token_stats(dataset) for name, dataset in zip(SPLIT_NAMES, (train_set, valid_set, test_set))
+                 if dataset is not None}
+        for name, split in stats.items():
+            print(split.describe(name), flush=True)
+        small = small_eval_splits({name: (stats[name], split_tokens(dataset)) for name, dataset in (
+            ("valid", valid_set), ("test", test_set)) if dataset is not None}, config.micro_batch_size)
+        for warning in [*data_warnings(args, data_path, valid_set, train_iters), *filter(None, [small])]:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
     used_maps = [path for dataset in (train_set, valid_set, test_set) for path in index_maps.used_maps(dataset)]
     if dist.get_rank() == 0:
@@ -1170,6 +1175,20 @@ def data_warnings(args, data_path: list, valid_set, train_iters: int) -> list:
         notes.append(f"--split {args.split} leaves no validation documents: the evaluation every --eval-interval "
                      f"{args.eval_interval} steps is skipped; {fix}")
     return notes
+
+
+def small_eval_splits(splits: dict, micro_batch: int) -> str | None:
+    """The warning for the evaluation splits ({valid / test: (TokenStats, split_tokens)}) whose documents
+    hold fewer tokens than one micro-batch of samples: their samples repeat those few tokens, epoch
+    after epoch, among padding, so their losses are measured on them alone. One line for both."""
+    seq_length = next(iter(splits.values()))[0].seq_length if splits else 0
+    small = [f"{name} {tokens} tokens in {stats.samples} samples ({1 - stats.real_token_share:.0%} padding)"
+             for name, (stats, tokens) in splits.items() if tokens < micro_batch * seq_length]
+    if not small:
+        return None
+    return (f"evaluation data smaller than one micro-batch of samples ({micro_batch} x {seq_length} tokens): "
+            f"{', '.join(small)}: each loss is measured on these few tokens, repeated; give the split more "
+            "documents (a larger share of --split, or a larger corpus) or pass a shorter --seq-length")
 
 
 def sample_options(args, config) -> dict:

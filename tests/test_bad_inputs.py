@@ -993,6 +993,18 @@ CONFIG_MISTAKES = {
     "json_nvme_offload_without_async_io": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(
         zero_optimization={"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nonexistent/swap"}})}, (
         'zero_optimization.offload_optimizer.device "nvme" needs DeepSpeed\'s async_io op', 'device "cpu"'), {}),
+    # ZeRO++'s quantized communication where DeepSpeed has no quantizer op (its CPU accelerator), whatever
+    # the precision: torch_autocast with quantized weights was a traceback inside deepspeed.zero.Init
+    **{f"json_{key}_without_quantizer_op": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(
+        zero_optimization={"stage": 3, key: True}, **autocast)}, (
+        f"zero_optimization.{key} needs DeepSpeed's quantizer op", f"remove {key}"), {})
+       for key, autocast in (("zero_quantized_weights", {"torch_autocast": {"enabled": True, "dtype": "bfloat16"}}),
+                             ("zero_quantized_nontrainable_weights", {}), ("zero_quantized_gradients", {}))},
+    **{f"json_weight_quantization_{name}": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(
+        zero_optimization={"stage": 3}, weight_quantization={name: settings})}, (
+        "\"weight_quantization\" section is ZeRO-Inference's weight quantization", 'remove "weight_quantization"'), {})
+       for name, settings in (("quantized_initialization", {"num_bits": 8, "group_size": 64}),
+                              ("post_init_quant", {"fc": {"num_bits": 8, "group_size": 64}}))},
     # ---- options of a variant or mode the run does not use
     "json_bigbird_section_with_ring": (
         ["--deepspeed_config", "{tmp}/ds.json"],
@@ -1125,6 +1137,13 @@ def test_config_mistake_is_one_line_before_the_rendezvous(mistake, tmp_path, mon
 
         monkeypatch.setattr(AsyncIOBuilder, "is_compatible", lambda self, verbose=False: False)
         monkeypatch.setitem(installed_ops, "async_io", False)
+    if mistake.endswith("_without_quantizer_op"):  # as on DeepSpeed's CPU accelerator, wherever the test runs
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.ops.op_builder.cpu import NotImplementedBuilder
+
+        accelerator, create = get_accelerator(), get_accelerator().create_op_builder
+        monkeypatch.setattr(accelerator, "create_op_builder", lambda name: NotImplementedBuilder()
+                            if name == "QuantizerBuilder" else create(name))
     launcher = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     for name, value in {**launcher, **env}.items():
         monkeypatch.setenv(name, "")  # recorded: restored (or removed) after the test

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
 from unittest import mock
 from pathlib import Path
 
@@ -31,6 +32,7 @@ MICRO = 2
 
 
 BF16 = {"bf16": {"enabled": True}}
+FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8}}  # a scale the first step does not overflow
 
 
 def fp32_masters(engine) -> dict:
@@ -44,11 +46,18 @@ def fp32_masters(engine) -> dict:
     return {name: safe_get_full_fp32_param(p).clone() for name, p in engine.module.named_parameters()}
 
 
-def train_and_save(directory: str) -> dict:
-    """One step in bf16 at pipeline 2 x sequence 2 (ZeRO 1), saved; returns this stage's fp32 master
-    weights in BertModel names. Pre-LayerNorm without embedding LayerNorm: MegatronBert's layout."""
+def train_and_save(directory: str, zero_stage: int = 1, precision: dict = BF16) -> dict:
+    """One step in bf16 (or `precision`) at pipeline 2 x sequence 2 (ZeRO 1, or `zero_stage`: 0 without
+    clipping, which a pipeline refuses there), saved; returns this stage's fp32 master weights in BertModel
+    names. Pre-LayerNorm without embedding LayerNorm: MegatronBert's layout. fp16: DeepSpeed's CPU
+    accelerator is told it has fp16 kernels (torch's CPU ops run fp16; DeepSpeed asks oneDNN)."""
+    from deepspeed.accelerator import get_accelerator
+
+    if "fp16" in precision:
+        get_accelerator().is_fp16_supported = lambda: True
     flags = {**model_flags(), "embedding_layernorm": False, "pipeline_parallel_size": 2}
-    config = resolve(flags, {**ds_config(MICRO, GLOBAL_BATCH // MICRO, 1, 2), **BF16},
+    clip = {"clip": 0.0} if zero_stage == 0 else {}
+    config = resolve(flags, {**ds_config(MICRO, GLOBAL_BATCH // MICRO, zero_stage, 2, **clip), **precision},
                      torch.distributed.get_world_size())
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
     train_step(engine, micro_batches(MICRO)[state.get_data_parallel_rank() * 2:][:2])
@@ -57,9 +66,10 @@ def train_and_save(directory: str) -> dict:
     return {to_bert[name]: weight for name, weight in fp32_masters(engine).items()}
 
 
-def rounded_by_bf16(weights: dict) -> bool:
-    """Whether the weights differ from their bf16 rounding (so that reading the rounded copies fails)."""
-    return any(not torch.equal(w, w.bfloat16().float()) for w in weights.values())
+def rounded_by_bf16(weights: dict, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether the weights differ from their bf16 (or `dtype`) rounding (so that reading the rounded
+    copies fails)."""
+    return any(not torch.equal(w, w.to(dtype).float()) for w in weights.values())
 
 
 def train_and_save_zero3(directory: str) -> dict:
@@ -116,6 +126,19 @@ def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
     for field in ("hidden_size", "num_layers", "num_attention_heads", "vocab_size", "layernorm_layout",
                   "embedding_layernorm", "layernorm_epsilon", "max_position_embeddings"):
         assert back_config[field] == stored[field], field
+
+
+def test_an_fp16_pipeline_checkpoint_at_zero_0_reads_as_its_stages_fp32_masters(tmp_path):
+    """fp16 with a pipeline at ZeRO 0 writes no layout-free files: each stage's FP16 optimizer keeps its
+    fp32 masters in that stage's model-states file, which the export and --finetune read (they read the
+    stages' fp16 copies, said in a warning), with no warning now."""
+    trained = {}
+    for stage in run_on_ranks(train_and_save, 4, str(tmp_path / "ckpt"), 0, FP16, timeout=300):
+        trained.update(stage)
+    assert rounded_by_bf16(trained, torch.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same_weights(checkpoint.bert_state_from_checkpoint(str(tmp_path / "ckpt")), trained)
 
 
 def test_zero3_sequence_parallel_checkpoint_to_hf(tmp_path):
@@ -375,3 +398,32 @@ def test_from_hf_of_local_layers_with_attention_dropout_stores_none(tmp_path):
                                     "layer_types": None}))
     tool_module().main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "global")])
     assert checkpoint.stored_config(str(tmp_path / "global"), "iter_0000000")["model"]["attention_dropout"] == 0.1
+
+
+@pytest.mark.parametrize("origin, stored, seq_length, exported", [
+    ({"from": None}, 8192, 64, 64),  # a preset run from scratch stored before runs stored their length
+    ({"from": "/models/modernbert", "kind": "hf"}, 8192, 64, 8192),  # a ModernBERT fine-tuned shorter
+    ({"from": "/runs/short", "kind": "checkpoint"}, 64, 128, 128)])  # weights continued at a longer length
+def test_to_hf_of_a_rotary_checkpoint_declares_the_length_it_trained_at(tmp_path, origin, stored, seq_length,
+                                                                         exported):
+    """A rotary model has no position table: its export's max_position_embeddings declares the longest
+    length known trained, not a preset's 8192 that a run from scratch stored (said in one warning)."""
+    from megatron.data.tokenizer import BertWordPiece
+    from test_hf_modernbert import modern_config
+
+    config = modern_config(seq_length=seq_length, max_position_embeddings=seq_length)
+    tokenizer = BertWordPiece(str(write_vocab_file(tmp_path / "vocab.txt")))
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config, tokenizer)
+    run_state = tmp_path / "ck" / "iter_0000000" / "run_state.json"
+    header = json.loads(run_state.read_text())
+    header["config"]["model"]["max_position_embeddings"] = stored
+    run_state.write_text(json.dumps({**header, checkpoint.ORIGIN: origin}))
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        tool_module().main(["to-hf", "--load", str(tmp_path / "ck"), "--output", str(tmp_path / "hf")])
+    preset = [str(warning.message) for warning in warned if "max_position_embeddings" in str(warning.message)]
+    assert preset == ([f"{tmp_path / 'ck'} stores max_position_embeddings 8192 (a --model-preset's, stored before "
+                       "runs from scratch stored their length), which its rotary model never trained at: the export "
+                       "declares its --seq-length 64"] if exported < stored else [])
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["max_position_embeddings"] == exported
+    assert checkpoint.declared_positions(str(tmp_path / "ck"), "iter_0000000") == exported

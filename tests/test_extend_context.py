@@ -491,3 +491,28 @@ def test_a_run_from_weights_longer_than_they_trained_at_names_the_recipe(tmp_pat
                                "tools/extend_context.py continues at a longer length with a scaled theta "
                                "(docs/hugging-face.md), or pass --rotary-base"], lines
     assert lines["new theta"] == lines["trained length"] == []
+
+
+def test_a_checkpoint_continued_longer_than_its_weights_counts_as_trained_at_its_latest_length(tmp_path, capsys):
+    """A checkpoint of a run that continued rotary weights at a longer length (64 -> 128: it stores the
+    weights' max_position_embeddings 64 and seq_length 128) was trained at 128: extend_context.py scales
+    from 128, a new run from its weights notes extrapolation past 128 only, and carries 128 as the length
+    its own checkpoints declare (their export's max_position_embeddings), also when it trains shorter."""
+    from megatron import training
+    from megatron.arguments import build_parser
+    from test_hf_modernbert import modern_config
+
+    model = vars(modern_config(seq_length=128, max_position_embeddings=64))
+    source = fake_checkpoint(tmp_path / "ck", model, {"from": str(tmp_path / "short"), "kind": "checkpoint"})
+    assert extend_context.trained_length(stored_config(str(source), latest_tag(str(source)))["model"],
+                                         "checkpoint") == 128
+    declared = {}
+    for length in (96, 256):
+        flags = training.model_flags(build_parser().parse_args(["--load", str(source), "--finetune", "--seq-length",
+                                                                str(length)]), {}, True)
+        declared[length] = flags["max_position_embeddings"]
+    assert declared == {96: 128, 256: 128}  # the export of a run at 256 declares 256 (hf_positions)
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == [f"note: --seq-length 256 is 2x the 128 tokens the checkpoint {source} was trained at, with its "
+                     "global rope theta 2000: the model extrapolates; tools/extend_context.py continues at a longer "
+                     "length with a scaled theta (docs/hugging-face.md), or pass --rotary-base"]

@@ -359,3 +359,39 @@ def test_each_start_record_names_the_save_folder_a_log_dir_points_to(tmp_path, m
     assert starts[0]["save"] == str(tmp_path / "runs" / "ck")
     with pytest.raises(ConfigError, match=f"pass the run's --save folder \\({tmp_path / 'runs' / 'ck'}\\) with --load"):
         checkpoint.refuse_log_dir(str(tmp_path / "log"))
+
+
+def test_a_log_dir_that_is_its_runs_save_folder_before_a_checkpoint_is_not_named_as_the_fix(tmp_path, monkeypatch):
+    """--log-dir equal to --save (accepted) before that run's first save: given to --load, the folder is
+    refused as what it is, not with the fix to pass the run's --save folder, which is itself."""
+    from megatron import checkpoint
+
+    run = tmp_path / "run"
+    log = rank_0_run_log(monkeypatch, run, steps=2, interval=1, save=str(run))
+    monkeypatch.setattr(log, "_print", lambda line: None)
+    log.start(0, "starting from scratch", weights_from=None)
+    with pytest.raises(ConfigError, match="is the --log-dir and --save folder of a run of this trainer that has "
+                                          "saved no checkpoint yet") as refused:
+        checkpoint.refuse_log_dir(str(run), "--from")
+    assert refused.value.fix == "pass it with --from once that run has saved one (at --save-interval and at its end)"
+
+
+def test_the_loss_scale_is_read_as_every_fp16_optimizer_has_it(tmp_path, monkeypatch):
+    """fp16 at ZeRO 0 runs DeepSpeed's FP16_Optimizer or FP16_UnfusedOptimizer (torch's Adam), which have
+    no cur_scale as ZeRO's optimizers do: the first logged step of such a run stopped every rank with an
+    AttributeError. All four have loss_scale."""
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    for kind in (FP16_Optimizer, FP16_UnfusedOptimizer, DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3):
+        assert isinstance(getattr(kind, "loss_scale", None), property), kind
+    log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=1, interval=1)
+    monkeypatch.setattr(log, "_print", lambda line: None)
+    engine = SimpleNamespace(fp16_enabled=lambda: True, optimizer=SimpleNamespace(loss_scale=256.0))
+    result = SimpleNamespace(loss=9.0, mlm=8.25, sop=0.75, grad_norm=1.5, mlm_accuracy=0.125, real_token_share=1.0,
+                             segments_per_sample=1.0)
+    log.step(1, 4, result, engine, seconds=0.5, lr=1e-3)
+    records = run_log.read_metrics(tmp_path / "log" / "metrics.jsonl")
+    assert [record["loss_scale"] for record in records if record["kind"] == "train"] == [256.0]

@@ -1,6 +1,7 @@
 """The entry point: --help, a short run that learns, the real launcher (its start-up config line,
 plain log lines, TensorBoard scalars), and one-line errors."""
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -18,7 +19,7 @@ from megatron import run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
 from megatron.training import (data_warnings, describe_data_change, describe_sample_change, lr_factor, lr_schedule,
-                               main, nothing_to_train, resume_schedule)
+                               main, nothing_to_train, resume_schedule, small_eval_splits)
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -362,6 +363,34 @@ def test_data_flags_that_leave_data_out_are_named():
     assert data_warnings(empty_part, ["corpus_a"], valid_set=None, train_iters=20)[0].endswith(
         "skipped; pass a --split with a validation share, e.g. --split 949,50,1")
     assert data_warnings(args, ["corpus_a"], valid_set=object(), train_iters=20) == []
+
+
+def test_evaluation_splits_smaller_than_a_micro_batch_are_named_with_their_tokens(tmp_path):
+    """A packed run at a long --seq-length on a split of a few documents: its samples repeat the same few
+    tokens among padding (one epoch after another), so its loss is measured on them alone: one warning
+    line counts them (the epoch-0 segments' tokens, as the samples built from them hold)."""
+    from megatron.data.bert_dataset import build_train_valid_test_datasets, split_tokens, token_stats
+    from test_data_bert import write_corpus, write_vocab
+
+    prefix, tokenizer = write_corpus(tmp_path / "corpus", num_docs=100), write_vocab(tmp_path)
+    _, valid, test = build_train_valid_test_datasets([prefix], "mmap", "96,3,1", (8, 40, 8), 512, tokenizer,
+                                                     pack_samples=True, max_segment_length=64)
+    epochs = valid.segments.mapping[:, 3]
+    first_epoch = [i for i in range(len(valid)) if epochs[valid.segment_indices(i)[0]] == 0]
+    assert 0 < len(first_epoch) < len(valid)  # the split repeats
+    built = sum(int((valid[i]["segment_ids"] > 0).sum()) for i in first_epoch)
+    assert split_tokens(valid) == built
+    splits = {name: (token_stats(dataset), split_tokens(dataset)) for name, dataset in (("valid", valid),
+                                                                                       ("test", test))}
+    line = small_eval_splits(splits, micro_batch=4)
+    assert line.startswith("evaluation data smaller than one micro-batch of samples (4 x 512 tokens): valid "
+                           f"{built} tokens in {len(valid)} samples (") and f"test {split_tokens(test)} tokens" in line
+    assert line.endswith("each loss is measured on these few tokens, repeated; give the split more documents (a "
+                         "larger share of --split, or a larger corpus) or pass a shorter --seq-length")
+    one_sample = dataclasses.replace(splits["valid"][0], seq_length=built)  # a split that fills one sample
+    assert small_eval_splits({"valid": (one_sample, built)}, micro_batch=1) is None
+    assert small_eval_splits({"valid": (one_sample, built)}, micro_batch=2) is not None
+    assert small_eval_splits({}, micro_batch=4) is None
 
 
 def test_a_resume_with_another_peak_decays_to_min_lr():

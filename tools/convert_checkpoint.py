@@ -23,8 +23,8 @@ from megatron.quiet import quiet_deepspeed
 with start_up_stops_in_one_line("convert_checkpoint.py"):  # Ctrl-C during the seconds of imports: one line
     quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     from megatron import hf_convert
-    from megatron.checkpoint import (attention_change, bert_state_from_checkpoint, checkpoint_folder, latest_tag,
-                                     stored_config)
+    from megatron.checkpoint import (attention_change, bert_state_from_checkpoint, checkpoint_folder,
+                                     declared_positions, latest_tag, stored_config)
     from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits, checkpoint_tokenizer
     from megatron.model.bert import BertConfig
     from megatron.paths import save_into_weights_folder
@@ -32,7 +32,8 @@ with start_up_stops_in_one_line("convert_checkpoint.py"):  # Ctrl-C during the s
 
 def to_hf(args) -> None:
     tag = args.tag or latest_tag(args.load)
-    config = BertConfig(**stored_config(args.load, tag)["model"])
+    stored = stored_config(args.load, tag)["model"]
+    config = BertConfig(**{**stored, "max_position_embeddings": declared_positions(args.load, tag)})
     tokenizer = checkpoint_tokenizer(args, checkpoint_folder(args.load, tag))
     state = bert_state_from_checkpoint(args.load, tag)
     if isinstance(tokenizer, HFTokenizer):
@@ -43,6 +44,10 @@ def to_hf(args) -> None:
                               user="the Hugging Face model")
     if change:  # once written (an error stays the only line): the weights carry over, BigBird's pattern does not
         warnings.warn(f"{change} (the export suits fine-tuning with dense attention)")
+    if config.max_position_embeddings < stored["max_position_embeddings"]:  # once written, as the others
+        warnings.warn(f"{args.load} stores max_position_embeddings {stored['max_position_embeddings']} (a "
+                      "--model-preset's, stored before runs from scratch stored their length), which its rotary "
+                      f"model never trained at: the export declares its --seq-length {config.seq_length}")
     untrained = hf_convert.untrained_warning(args.load, tag)
     if untrained:  # once written: an error stays the only line
         warnings.warn(f"{untrained}; the export carries them as they are (train from the checkpoint first, or "

@@ -314,6 +314,15 @@ def token_stats(dataset, max_samples: int = 100_000) -> TokenStats:
     return TokenStats(len(dataset), dataset.seq_length, False, 1.0, real / (count * dataset.seq_length))
 
 
+def split_tokens(dataset) -> int:
+    """Tokens (specials included) of one pass over a split's documents: the segments of the mapping's
+    first epoch (a small split's samples repeat them, epoch after epoch, to fill the samples asked for)."""
+    if isinstance(dataset, BlendableDataset):
+        return sum(split_tokens(part) for part in dataset.datasets)
+    segments = dataset.segments if isinstance(dataset, PackedBertDataset) else dataset
+    return int(segments.segment_lengths(np.flatnonzero(segments.mapping[:, 3] == 0)).sum())
+
+
 def parse_data_path(data_path: list[str]) -> tuple[list[float], list[str]]:
     """['p'] or ['w1', 'p1', 'w2', 'p2', ...] -> (normalised weights, prefixes)."""
     if len(data_path) == 1:
