@@ -39,7 +39,7 @@ run_launcher .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
     --mlp-type geglu --disable-bias-linear --layernorm-epsilon 1e-5 --embedding-layernorm \
     --no-first-layer-attention-norm --type-vocab-size 0 --bert-no-binary-head --hidden-dropout 0 --attention-dropout 0 \
     --micro-batch-size 2 --train-iters 1000 --lr 1e-3 --lr-warmup-fraction 0.02 \
-    --log-interval 50 --eval-interval 250 --eval-iters 5 \
+    --log-interval 50 --eval-interval 250 --eval-iters 5 --split 940,30,30 \
     --save "$save" --load "$save" --log-dir runs/default "$@"
 # What the model learned: its top guesses for masked words of two sentences
 .venv/bin/python tools/fill_mask.py --load "$save" \
