@@ -981,6 +981,21 @@ def rope_positions_note(args, model: BertConfig) -> str | None:
             f"the trained length, while this run trains at --seq-length {model.seq_length}")
 
 
+def dropout_layout_note(config) -> str | None:
+    """The line for a sequence-parallel or pipeline run with dropout: each rank draws the masks of its
+    own tokens or layers, so the run is not the single-process run to rounding, as the same layout
+    with dropout 0 is, but the same in distribution."""
+    model = config.model
+    layout = " x ".join(f"{name} {size}" for name, size in (("pipeline", config.pipeline_parallel_size),
+                                                            ("sequence-parallel", config.sequence_parallel_size))
+                        if size > 1)
+    if not layout or not (model.hidden_dropout or model.attention_dropout):
+        return None
+    return (f"note: dropout (hidden {model.hidden_dropout:g}, attention {model.attention_dropout:g}) draws its masks "
+            f"per layout: this {layout} run matches the single-process run statistically, not bit for bit (with "
+            "--hidden-dropout 0 --attention-dropout 0: to fp32 rounding)")
+
+
 def check_vocab_room(args, tokenizer, vocab_size: int) -> None:
     """Every token id has an embedding row (check_fits), with --vocab-size named where it sets too few."""
     if args.vocab_size and tokenizer.vocab_size > vocab_size:
@@ -1035,8 +1050,9 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     if torch.cuda.is_available() and config.model.attention != "linformer":  # linformer: torch's F.sdpa picks
         blocks.check_cuda_head_dim(config.model.head_dim, precision(ds), torch.cuda.get_device_capability())
     check_vocab_room(args, tokenizer, config.model.vocab_size)
-    if (note := rope_positions_note(args, config.model)) and dist.get_rank() == 0:
-        print(note, flush=True)
+    for note in (rope_positions_note(args, config.model), dropout_layout_note(config)):
+        if note and dist.get_rank() == 0:
+            print(note, flush=True)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token
         source = f"--vocab-size {args.vocab_size}" if args.vocab_size else "the weights the run starts from"
         print(f"warning: the model's vocab_size {config.model.vocab_size} ({source}) exceeds the tokenizer's "

@@ -544,3 +544,25 @@ def test_max_position_embeddings_with_rope_is_a_note_of_what_it_sets():
         "a Hugging Face export")
     assert rope_positions_note(argparse.Namespace(max_position_embeddings=None), rope) is None
     assert rope_positions_note(argparse.Namespace(max_position_embeddings=64), rope) is None  # extend_context's
+
+
+@pytest.mark.parametrize("sizes, dropout, layout", [
+    ((1, 2), (0.1, 0.0), "sequence-parallel 2"), ((2, 1), (0.0, 0.1), "pipeline 2"),
+    ((2, 4), (0.1, 0.1), "pipeline 2 x sequence-parallel 4"), ((1, 1), (0.1, 0.1), None), ((2, 2), (0.0, 0.0), None)])
+def test_dropout_with_sequence_or_pipeline_parallelism_is_a_note_that_the_run_is_not_exact(sizes, dropout, layout):
+    """Each rank draws the dropout masks of its own tokens or layers: such a run matches the single process
+    in distribution only, which the exactness the README promises (with dropout off) does not say by itself."""
+    from megatron.config import TrainConfig
+    from megatron.model.args import BertConfig
+    from megatron.training import dropout_layout_note
+
+    model = BertConfig(num_layers=2, hidden_size=32, num_attention_heads=4, hidden_dropout=dropout[0],
+                       attention_dropout=dropout[1])
+    note = dropout_layout_note(TrainConfig(model=model, pipeline_parallel_size=sizes[0],
+                                           sequence_parallel_size=sizes[1]))
+    if layout is None:
+        assert note is None
+    else:
+        assert note == (f"note: dropout (hidden {dropout[0]:g}, attention {dropout[1]:g}) draws its masks per layout: "
+                        f"this {layout} run matches the single-process run statistically, not bit for bit (with "
+                        "--hidden-dropout 0 --attention-dropout 0: to fp32 rounding)")

@@ -175,6 +175,13 @@ def gzip_with_bad_line(tmp: Path, records: list) -> str:
     return str(tmp / "wiki.jsonl.gz")
 
 
+def array_in_folder(tmp: Path, records: list) -> str:
+    """A folder of JSON-lines shards, one of them a JSON array after a byte order mark and a blank line."""
+    shards(tmp / "shards", ["part-0.jsonl", "part-1.json"], records)
+    (tmp / "shards" / "part-1.json").write_bytes(b"\xef\xbb\xbf\n" + json.dumps(records[60:]).encode())
+    return str(tmp / "shards")
+
+
 def parquet_bytes(records: list) -> bytes:
     sink = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(records), sink)
@@ -294,6 +301,19 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
                            r"\(zstd -d\)"),
     "tar_gzipped": (written("w.tar.gz", lambda records: gzip.compress(tar_bytes("w.jsonl", jsonl(records)))), KEYS,
                     r"w\.tar\.gz is a gzip-compressed tar archive, which is not read; extract it \(tar -xf\)"),
+    # one JSON document, not JSON lines: every line would be a bad record (and --skip-invalid skip them all)
+    "json_array": (written("wiki.json", lambda records: json.dumps(records).encode()), KEYS,
+                   r"wiki\.json is one JSON array, not JSON lines \(one object per line\); convert it, e\.g\. "
+                   r"jq -c '\.\[\]' /\S+/wiki\.json > /\S+/wiki\.jsonl$"),
+    "json_array_indented_gzip": (written("wiki.json.gz", lambda records: gzip.compress(
+        json.dumps(records, indent=2).encode())), KEYS,
+        r"wiki\.json\.gz is one JSON array, .*; convert it, e\.g\. zcat /\S+/wiki\.json\.gz \| jq -c '\.\[\]' \| "
+        r"gzip > /\S+/wiki\.jsonl\.gz$"),
+    "json_indented_objects_zstd": (written("wiki.jsonl.zst", lambda records: zstandard.ZstdCompressor().compress(
+        "".join(json.dumps(record, indent=2) + "\n" for record in records).encode())), KEYS,
+        r"wiki\.jsonl\.zst is indented JSON \(an object over several lines\), not JSON lines \(one object per line\); "
+        r"convert it, e\.g\. zstd -dc /\S+/wiki\.jsonl\.zst \| jq -c \. \| zstd > /\S+/wiki\.lines\.jsonl\.zst$"),
+    "json_array_in_folder": (array_in_folder, KEYS, r"shards/part-1\.json is one JSON array, not JSON lines"),
 }
 
 
@@ -313,6 +333,27 @@ def test_skip_invalid_skips_a_bad_parquet_row(reference, tmp_path, write):
     records, vocab, _ = reference
     report = preprocess(options(write(tmp_path, records), tmp_path / "out" / "wiki", vocab, skip_invalid=True))
     assert (report.documents, report.skipped) == (119, 1)
+
+
+def test_one_json_document_is_refused_before_reading_even_with_skip_invalid(reference, tmp_path):
+    """--skip-invalid would skip every line of a JSON array: the file is refused when the corpus is
+    opened, before a worker starts or an output is made."""
+    records, vocab, _ = reference
+    spec = written("wiki.json", lambda records: json.dumps(records, indent=1).encode())(tmp_path, records)
+    with pytest.raises(DataError, match="is one JSON array, not JSON lines"):
+        Corpus(spec, KEYS)
+    with pytest.raises(DataError, match="is one JSON array, not JSON lines"):
+        preprocess(options(spec, tmp_path / "out" / "wiki", vocab, skip_invalid=True, workers=2))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("head,kind", [
+    (b'[{"text": "a"}, {"text": "b"}]', "array"), (b'\n[\n  {\n', "array"), (b'[{"text": "a"},\n{"text": "b"}]\n', "array"),
+    (b'{\n  "text": "a"\n}\n', "indented"), (b'{"text": "a",\n "title": "b"}\n', "indented"),
+    (b'{"text": "a"}\n{"text": "b"}\n', None), (b'["a", "b"]\n["c"]\n', None),  # JSON lines: records named one by one
+    (b'{"text": \n{"text": "b"}\n', None), (b'{"text": "a very long line cut by the head', None)])
+def test_one_json_document_is_told_from_json_lines_by_its_head(head, kind):
+    assert corpus_files._one_document(head) == kind
 
 
 def test_a_dataset_snapshot_folder_reads_its_shards_and_notes_files_it_leaves_out(reference, tmp_path):

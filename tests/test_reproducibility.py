@@ -1,5 +1,7 @@
 """Same config and seed -> the same losses bit for bit on CPU (2 ranks, SP=2 ring, dropout on);
 another seed -> other losses. --deterministic (the GPU settings) leaves CPU results unchanged."""
+import contextlib
+import io
 import json
 
 from megatron.data.default_dataset import prepare_default_dataset
@@ -14,12 +16,24 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
         "--eval-iters", "1"]
 
 
+def main_and_stdout(argv: list) -> tuple:
+    """main's exit code and what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    return code, out.getvalue()
+
+
 def losses(tmp_path, data, name: str, *extra) -> list:
     """Every logged loss of one run (train, validation, test) as exact floats."""
     log_dir = tmp_path / name
     argv = [*TINY, "--data-path", data.data_prefix, "--vocab-file", str(data.vocab_file), "--log-dir", str(log_dir),
             *extra]
-    assert run_on_ranks(main, 2, argv, timeout=300) == [0, 0]
+    ranks = run_on_ranks(main_and_stdout, 2, argv, timeout=300)
+    assert [code for code, _ in ranks] == [0, 0]
+    # bitwise against itself, but not against the single process: dropout draws its masks per rank, said once
+    assert [out.count("note: dropout (hidden 0.1, attention 0) draws its masks per layout: this sequence-parallel 2 "
+                      "run matches the single-process run statistically") for _, out in ranks] == [1, 0]
     records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
     return [(r["kind"], r["iteration"], r["loss"], r.get("mlm_loss"), r.get("sop_loss"), r.get("grad_norm"))
             for r in records if r["kind"] != "start"]  # a run's start record holds no loss

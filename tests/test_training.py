@@ -157,6 +157,7 @@ def launched(tmp_path_factory, data_dir) -> SimpleNamespace:
 def test_real_launcher_runs_two_steps(launched):
     assert "iteration 2/2" in launched.stdout and "saved checkpoint" in launched.stdout
     assert launched.stdout.splitlines().count("starting from scratch") == 1
+    assert "note: dropout" not in launched.stdout  # dropout 0: the SP=2 run is the single-process one
 
 
 def test_no_shared_memory_left_behind(launched):
@@ -284,6 +285,7 @@ def test_pretrain_default_settings_export():
     from megatron.arguments import build_parser, config_flags
     from megatron.config import read_ds_config, resolve
     from megatron.hf_modernbert import check_exportable
+    from megatron.training import dropout_layout_note
 
     script = (ROOT / "examples_deepspeed" / "pretrain_default.sh").read_text()
     command = script[script.index("pretrain_bert.py \\"):].replace("\\\n", " ").split("\n")[0]
@@ -297,6 +299,7 @@ def test_pretrain_default_settings_export():
     assert config.sequence_parallel_size == 2 and config.pack_samples
     assert args.load == args.save == "SAVE"  # run again, it resumes (or says it is complete), not refusing --save
     check_exportable(model)  # as a ModernBertForMaskedLM
+    assert dropout_layout_note(config) is None  # dropout 0: the SP=2 run is the single-process one, no note
     # the folder: runs/default/checkpoints, or a --save among the extra flags (then loaded from there too)
     scan = script[script.index("save=runs/default"):script.index("done\n") + 5] + 'echo "$save"'
     for extra, folder in (([], "runs/default/checkpoints"), (["--train-iters", "5", "--save", "/x y"], "/x y"),

@@ -16,6 +16,7 @@ import io
 import json
 import os
 import re
+import shlex
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,8 @@ class Corpus:
         for shard in self.shards:
             if shard.kind == "parquet":
                 _check_parquet(shard.path, self.keys)
+            else:
+                _refuse_one_document(shard)
 
     def where(self, location: tuple) -> str:
         """'path line 7' / 'path row 7' for a record's (shard index, number)."""
@@ -173,17 +176,11 @@ def _json_lines(shard: Shard):
     try:
         if shard.kind != "json" and not file.peek(1):  # gzip and zstd read 0 bytes as an empty text
             raise DataError(f"{shard.path} is empty (0 bytes), not a complete {shard.kind} file", REDOWNLOAD)
-        if shard.kind == "gzip":
-            lines, corrupt = gzip.GzipFile(fileobj=file), (OSError, EOFError, zlib.error)
-        elif shard.kind == "zstd":
-            import zstandard
-
-            lines, corrupt = io.BufferedReader(_ZstdFrames(file), 1 << 20), (zstandard.ZstdError,)
+        lines, corrupt = _decompressed(shard, file)
         if shard.kind != "json":
             _refuse_compressed_other(shard, lines.peek(512))
         else:
             _refuse_misnamed(shard.path, file.peek(8))
-            lines = file
         for number, raw in enumerate(lines, 1):
             if raw.strip():
                 yield number, raw, len(raw)
@@ -195,6 +192,72 @@ def _json_lines(shard: Shard):
                         REDOWNLOAD) from None
     finally:
         file.close()
+
+
+def _decompressed(shard: Shard, file) -> tuple:
+    """(the JSON-lines bytes of an open shard, what a damaged stream of its kind raises)."""
+    if shard.kind == "gzip":
+        return gzip.GzipFile(fileobj=file), (OSError, EOFError, zlib.error)
+    if shard.kind == "zstd":
+        import zstandard
+
+        return io.BufferedReader(_ZstdFrames(file), 1 << 20), (zstandard.ZstdError,)
+    return file, ()
+
+
+HEAD_BYTES = 1 << 16  # of a JSON shard, read before any worker starts to tell one JSON document from JSON lines
+
+
+def _refuse_one_document(shard: Shard) -> None:
+    """A JSON shard that is one JSON document (an array, as json.dump and to_json(lines=False) write; an
+    object indented over several lines) rather than JSON lines: named with the conversion, before any
+    worker starts, not as a line-1 record error whose --skip-invalid would skip every line. A shard
+    whose head cannot be read is left to the reading, which names why."""
+    with open(shard.path, "rb") as file:  # a missing or unreadable file: an OSError naming it
+        stream, corrupt = _decompressed(shard, file)
+        try:
+            head = stream.read(HEAD_BYTES)
+        except corrupt:
+            return
+    if kind := _one_document(head):
+        path, lines = shlex.quote(shard.path), shlex.quote(_lines_path(shard.path))
+        select = "'.[]'" if kind == "array" else "."
+        unpack, pack = {"gzip": ("zcat ", " | gzip"), "zstd": ("zstd -dc ", " | zstd")}.get(shard.kind, ("", ""))
+        command = (f"{unpack}{path} | jq -c {select}{pack} > {lines}" if unpack
+                   else f"jq -c {select} {path} > {lines}")
+        what = ("one JSON array" if kind == "array" else "indented JSON (an object over several lines)")
+        raise DataError(f"{shard.path} is {what}, not JSON lines (one object per line)",
+                        f"convert it, e.g. {command}")
+
+
+def _one_document(head: bytes) -> str | None:
+    """'array' or 'indented' where a JSON shard's first bytes show one JSON document, else None. JSON lines
+    of arrays (a whole array on the first line, more lines after) are records, each named where it is read;
+    a first line that is cut off or broken is left to the reading too."""
+    first, newline, rest = head.lstrip(b"\xef\xbb\xbf \t\r\n").partition(b"\n")
+    first = first.strip()
+    if first.startswith(b"["):
+        return None if newline and rest.strip() and _parses(first) else "array"
+    opened = first.endswith((b"{", b"[", b",")) and not _parses(first)  # `{`, `{"text": "a",`: continued below
+    return "indented" if first.startswith(b"{") and newline and opened else None
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+        return False
+    return True
+
+
+def _lines_path(path: str) -> str:
+    """The JSON-lines file beside `path` to convert it into: `x.json.gz` -> `x.jsonl.gz`, never `path` itself."""
+    folder, name = os.path.split(path)
+    compressed = next((suffix for suffix in (".gz", ".zst", ".zstd") if name.lower().endswith(suffix)), "")
+    stem = name[:len(name) - len(compressed)]
+    stem = next((stem[:-len(suffix)] for suffix in (".jsonl", ".json") if stem.lower().endswith(suffix)), stem)
+    lines = f"{stem}.jsonl{compressed}"
+    return os.path.join(folder, lines if lines != name else f"{stem}.lines.jsonl{compressed}")
 
 
 RECOMPRESS = "decompress it, or recompress it as .jsonl.gz or .jsonl.zst"
