@@ -986,6 +986,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         raise ConfigError(where + _preset_problem(error.problem, values, given, section, flags, ds_config),
                           fix) from None
     _refuse_unused_options(given, section, model)
+    _refuse_stages_without_layers(pipeline, model.num_layers, "pipeline_parallel_size" in given)
 
     resolved = {**ds_config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
                 "train_batch_size": global_batch}
@@ -1095,6 +1096,16 @@ def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> Non
                               f"i % --global-attention-every != 0; it is {model.global_attention_every}, with "
                               f"{model.num_layers} layers)", f"add --global-attention-every N (N > 1, with "
                               f"--local-attention-window W) or drop {flag}")
+
+
+def _refuse_stages_without_layers(stages: int, layers: int, by_flag: bool) -> None:
+    """More pipeline stages than transformer layers: DeepSpeed's partition (by transformer layer) leaves
+    a stage holding only the embeddings or the heads, a rank that mostly waits (Megatron refuses it too)."""
+    if stages > layers:
+        key = "--pipeline-model-parallel-size" if by_flag else "pipeline.stages"
+        raise ConfigError(f"{key} {stages} is more pipeline stages than the {layers} transformer layers: a stage "
+                          "would hold no transformer layer", f"pass at most {layers} stages, or --num-layers {stages} "
+                          "or more")
 
 
 def rope_positions(values: dict, given: set) -> dict:

@@ -102,6 +102,9 @@ def test_validate_checks_the_layout_at_a_world_size(capsys):
     code, _, err = run(capsys, "validate", ROOT / "ds_configs" / "zero2_ring_sp2.json", "--world-size", 4,
                        "--pipeline-model-parallel-size", 2, *NO_DROPOUT)
     assert code == 2 and "zero_optimization.stage 2 cannot be combined with pipeline parallelism" in err
+    code, _, err = run(capsys, "validate", RING, "--world-size", 6, "--pipeline-model-parallel-size", 3,
+                       "--num-layers", 2, *NO_DROPOUT)  # a stage of only the heads
+    assert code == 2 and "3 is more pipeline stages than the 2 transformer layers" in err
 
 
 def test_command_line_error_is_one_line(tmp_path):
