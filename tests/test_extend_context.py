@@ -475,7 +475,8 @@ def test_the_dry_run_checks_the_tokenizer_and_the_data_as_the_run_does(tmp_path,
 
 def test_a_run_from_weights_longer_than_they_trained_at_names_the_recipe(tmp_path, capsys):
     """--init-from-hf of rope weights at 4x their length and their own theta trains (extrapolation is
-    a choice) with one line naming extend_context.py; a new theta, or their own length, says nothing."""
+    a choice) with one line naming extend_context.py; a new theta says only that it replaces theirs, their
+    own length nothing."""
     from megatron import training
     from megatron.arguments import build_parser
 
@@ -490,4 +491,6 @@ def test_a_run_from_weights_longer_than_they_trained_at_names_the_recipe(tmp_pat
                                f"{folder} was trained at, with its global rope theta 10000: the model extrapolates; "
                                "tools/extend_context.py continues at a longer length with a scaled theta "
                                "(docs/hugging-face.md), or pass --rotary-base"], lines
-    assert lines["new theta"] == lines["trained length"] == []
+    assert lines["new theta"] == [f"note: --rotary-base 40000.0 replaces the global rope theta 10000 of the "
+                                  f"--init-from-hf folder {folder}"]  # the theta's own line, not the recipe's
+    assert lines["trained length"] == []
