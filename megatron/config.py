@@ -41,6 +41,7 @@ from pathlib import Path
 
 from megatron.arguments import flag_setting
 from megatron.errors import ConfigError
+from megatron.hf_forms import export_note
 from megatron.model import attention
 from megatron.model.args import ROPE_THETA_FLOOR, BertConfig, preset_fields
 
@@ -1106,6 +1107,29 @@ def _refuse_stages_without_layers(stages: int, layers: int, by_flag: bool) -> No
         raise ConfigError(f"{key} {stages} is more pipeline stages than the {layers} transformer layers: a stage "
                           "would hold no transformer layer", f"pass at most {layers} stages, or --num-layers {stages} "
                           "or more")
+
+
+def wide_window_note(model: BertConfig) -> str | None:
+    """The line of a local window as long as what a query may see (the sequence; packed: the longest
+    segment): the local layers are (nearly) global ones that pay a halo exchange, a valid model (ModernBERT
+    fine-tuned at 64 tokens) but more often a window given as the tokens of one side (it counts both)."""
+    if not model.has_local_layers:
+        return None
+    window, half = model.local_attention_window, model.local_attention_window // 2
+    reach = model.max_segment_length or model.seq_length  # as the config line's _layer_options
+    if window < reach:
+        return None
+    span = "segment (--max-segment-length)" if model.max_segment_length else "sequence (--seq-length)"
+    sees = ("every token of it (they are global layers)" if half >= reach - 1
+            else f"all but the tokens more than {half} apart")
+    return (f"note: the local attention window {window} ({half} tokens each side) is not below the {reach}-token "
+            f"{span}: the local layers see {sees}; the window counts both sides")
+
+
+def model_notes(model: BertConfig) -> list:
+    """The start-up notes of a model that trains but is likely not what was meant: one that to-hf would
+    refuse, local layers that are not local. The trainer prints them, tools/ds_config.py show/validate too."""
+    return [note for note in (export_note(model), wide_window_note(model)) if note]
 
 
 def rope_positions(values: dict, given: set) -> dict:

@@ -25,8 +25,8 @@ from megatron import checkpoint, determinism, hf_convert, hf_modernbert, optimiz
 from megatron.arguments import (PRINTER_WAIT, build_parser, config_flags, flag_setting, launcher_rank,
                                 outlive_rank_0)
 from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, WEIGHTLESS_FIELDS, adjustable_start_fields,
-                             default_optimizer, model_preset, optimizer_params_taken, precision, preset_source,
-                             read_ds_config, refuse_contradictions, resolve)
+                             default_optimizer, model_notes, model_preset, optimizer_params_taken, precision,
+                             preset_source, read_ds_config, refuse_contradictions, resolve)
 from megatron.data import index_maps
 from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_weights,
                                         token_stats)
@@ -1054,8 +1054,9 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     if torch.cuda.is_available() and config.model.attention != "linformer":  # linformer: torch's F.sdpa picks
         blocks.check_cuda_head_dim(config.model.head_dim, precision(ds), torch.cuda.get_device_capability())
     check_vocab_room(args, tokenizer, config.model.vocab_size)
-    if (note := rope_positions_note(args, config.model)) and dist.get_rank() == 0:
-        print(note, flush=True)
+    for note in (rope_positions_note(args, config.model), *model_notes(config.model)):
+        if note and dist.get_rank() == 0:
+            print(note, flush=True)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token
         source = f"--vocab-size {args.vocab_size}" if args.vocab_size else "the weights the run starts from"
         print(f"warning: the model's vocab_size {config.model.vocab_size} ({source}) exceeds the tokenizer's "
