@@ -41,6 +41,7 @@ from pathlib import Path
 
 from megatron.arguments import flag_setting
 from megatron.errors import ConfigError
+from megatron.hf_forms import export_note
 from megatron.model import attention
 from megatron.model.args import ROPE_THETA_FLOOR, BertConfig, preset_fields
 
@@ -1015,6 +1016,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         raise ConfigError(where + _preset_problem(error.problem, values, given, section, flags, ds_config),
                           fix) from None
     _refuse_unused_options(given, section, model)
+    _refuse_stages_without_layers(pipeline, model.num_layers, "pipeline_parallel_size" in given)
 
     resolved = {**ds_config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
                 "train_batch_size": global_batch}
@@ -1124,6 +1126,39 @@ def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> Non
                               f"i % --global-attention-every != 0; it is {model.global_attention_every}, with "
                               f"{model.num_layers} layers)", f"add --global-attention-every N (N > 1, with "
                               f"--local-attention-window W) or drop {flag}")
+
+
+def _refuse_stages_without_layers(stages: int, layers: int, by_flag: bool) -> None:
+    """More pipeline stages than transformer layers: DeepSpeed's partition (by transformer layer) leaves
+    a stage holding only the embeddings or the heads, a rank that mostly waits (Megatron refuses it too)."""
+    if stages > layers:
+        key = "--pipeline-model-parallel-size" if by_flag else "pipeline.stages"
+        raise ConfigError(f"{key} {stages} is more pipeline stages than the {layers} transformer layers: a stage "
+                          "would hold no transformer layer", f"pass at most {layers} stages, or --num-layers {stages} "
+                          "or more")
+
+
+def wide_window_note(model: BertConfig) -> str | None:
+    """The line of a local window as long as what a query may see (the sequence; packed: the longest
+    segment): the local layers are (nearly) global ones that pay a halo exchange, a valid model (ModernBERT
+    fine-tuned at 64 tokens) but more often a window given as the tokens of one side (it counts both)."""
+    if not model.has_local_layers:
+        return None
+    window, half = model.local_attention_window, model.local_attention_window // 2
+    reach = model.max_segment_length or model.seq_length  # as the config line's _layer_options
+    if window < reach:
+        return None
+    span = "segment (--max-segment-length)" if model.max_segment_length else "sequence (--seq-length)"
+    sees = ("every token of it (they are global layers)" if half >= reach - 1
+            else f"all but the tokens more than {half} apart")
+    return (f"note: the local attention window {window} ({half} tokens each side) is not below the {reach}-token "
+            f"{span}: the local layers see {sees}; the window counts both sides")
+
+
+def model_notes(model: BertConfig) -> list:
+    """The start-up notes of a model that trains but is likely not what was meant: one that to-hf would
+    refuse, local layers that are not local. The trainer prints them, tools/ds_config.py show/validate too."""
+    return [note for note in (export_note(model), wide_window_note(model)) if note]
 
 
 def rope_positions(values: dict, given: set) -> dict:

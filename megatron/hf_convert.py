@@ -37,14 +37,11 @@ from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, bert_state_from_
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry, check_fits, read_vocab
 from megatron.errors import ConfigError, DataError, GitLfsPointer, disk_full, refuse_lfs_pointer
+from megatron.hf_forms import CLASSIC_LAYER, LAYOUTS, check_bert_exportable as check_exportable
 from megatron.model.bert import BertConfig, BertModel
 from megatron.paths import missing_folders, unwritable
 
 PADDED_VOCAB_BIAS = -1.0e4  # exp(-1e4 - max logit) is 0 in fp32, bf16 and fp16
-LAYOUTS = {  # our layernorm_layout -> HF model_type, architecture with / without the SOP head
-    "post": ("bert", "BertForPreTraining", "BertForMaskedLM"),
-    "pre": ("megatron-bert", "MegatronBertForPreTraining", "MegatronBertForMaskedLM"),
-}
 MODEL_TYPES = {model_type: layout for layout, (model_type, *_) in LAYOUTS.items()}
 # HF tensors with nothing to convert: a buffer, and the LM decoder tied to tensors we convert
 TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
@@ -91,30 +88,6 @@ def name_map(config: BertConfig) -> list[tuple[str, tuple[str, ...]]]:
 
 
 # ---------------------------------------------------------------- ours -> HF
-
-# the layer options HF Bert / MegatronBert have only in their classic form
-CLASSIC_LAYER = dict(position_embedding_type="learned", local_attention_window=None, mlp_type="gelu",
-                     add_bias_linear=True, normalization="LayerNorm", first_layer_attention_norm=True)
-
-
-def check_exportable(config: BertConfig) -> None:
-    """HF has no pre-LN BERT with an embedding LayerNorm, nor a post-LN one without it, and none
-    with the modern layer options (rope, local layers, gated MLPs, no biases, RMSNorm, no token types)."""
-    modern = [f"{field} {getattr(config, field)}" for field, classic in CLASSIC_LAYER.items()
-              if getattr(config, field) != classic]
-    modern += [f"type_vocab_size {config.type_vocab_size}"] if config.type_vocab_size == 0 else []
-    if modern:
-        raise ConfigError(f"a model with {', '.join(modern)} has no Hugging Face Bert or MegatronBert equivalent",
-                          "export a classic BERT (learned positions, GELU, biases, LayerNorm, token types)")
-    if config.embedding_layernorm != (config.layernorm_layout == "post"):
-        model_type = LAYOUTS[config.layernorm_layout][0]
-        raise ConfigError(
-            f"layernorm_layout '{config.layernorm_layout}' with embedding_layernorm {config.embedding_layernorm} "
-            f"has no Hugging Face equivalent (HF {model_type} has "
-            f"{'an' if config.layernorm_layout == 'post' else 'no'} embedding LayerNorm)",
-            "train with --no-embedding-layernorm for the pre layout (MegatronBert) or --embedding-layernorm for "
-            "post (Bert); the weights cannot gain or lose the norm without a retrain")
-
 
 def hf_state_from_bert(state: dict, config: BertConfig) -> dict:
     """BertModel state dict -> HF *ForPreTraining (or *ForMaskedLM) tensors, padded vocab trimmed."""

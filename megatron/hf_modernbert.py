@@ -37,6 +37,7 @@ from tokenizers import decoders, processors
 from megatron import hf_convert
 from megatron.data.tokenizer import SPECIAL_TOKENS, wordpiece
 from megatron.errors import ConfigError, DataError
+from megatron.hf_forms import ACTIVATIONS, SHAPE, check_modernbert_exportable as check_exportable, is_modern
 from megatron.model.bert import BertConfig, BertModel
 
 MODEL_TYPE = "modernbert"
@@ -44,7 +45,6 @@ ARCHITECTURE = "ModernBertForMaskedLM"  # what to-hf writes; ModernBertModel and
 BASE_PREFIX = "model."  # ModernBertForMaskedLM's base model; a ModernBertModel folder's names lack it
 BASE_NAMES = ("embeddings.", "layers.", "final_norm.")
 TIED = ("decoder.weight", "model.embeddings.tok_embeddings.weight")
-ACTIVATIONS = {"gelu": "geglu", "silu": "swiglu", "swish": "swiglu"}  # hidden_activation -> our mlp_type
 LAYER_TYPES = ("full_attention", "sliding_attention")  # global, local
 DEFAULTS = dict(global_attn_every_n_layers=3, local_attention=128, global_rope_theta=160000.0,
                 local_rope_theta=10000.0)  # transformers' defaults for keys a config.json leaves out
@@ -53,22 +53,7 @@ DEFAULTS = dict(global_attn_every_n_layers=3, local_attention=128, global_rope_t
 STRUCTURE = ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "type_vocab_size",
              "layernorm_epsilon", "layernorm_layout", "embedding_layernorm", "position_embedding_type", "mlp_type",
              "add_bias_linear", "normalization", "first_layer_attention_norm")
-# what a ModernBERT is, beyond its sizes (the layer options of BertConfig: args.py's preset agrees)
-SHAPE = dict(position_embedding_type="rope", layernorm_layout="pre", embedding_layernorm=True,
-             first_layer_attention_norm=False, normalization="LayerNorm", type_vocab_size=0)
-# the trainer's flag that gives each field of SHAPE (and mlp_type) ModernBERT's value
-SHAPE_FLAGS = dict(position_embedding_type="--position-embedding-type rope", layernorm_layout="--layernorm-layout pre",
-                   embedding_layernorm="--embedding-layernorm",
-                   first_layer_attention_norm="--no-first-layer-attention-norm",
-                   normalization="--normalization LayerNorm", type_vocab_size="--type-vocab-size 0",
-                   mlp_type="--mlp-type geglu")
 LM_HEAD = "lm_head."  # the group a ModernBertModel folder lacks as a whole (head.* and decoder.bias)
-
-
-def is_modern(config: BertConfig) -> bool:
-    """The adapter for `config`'s model: ModernBERT when any layer option is not classic BERT's."""
-    return (config.type_vocab_size == 0
-            or any(getattr(config, field) != classic for field, classic in hf_convert.CLASSIC_LAYER.items()))
 
 
 def name_map(config: BertConfig) -> list[tuple[str, str]]:
@@ -109,27 +94,6 @@ def from_hf_tensor(ours: str, tensor: torch.Tensor, config: BertConfig) -> torch
 
 
 # ---------------------------------------------------------------- ours -> HF
-
-def check_exportable(config: BertConfig) -> None:
-    """ModernBERT's layer options, all of them (sizes, thetas, the window and the period are free)."""
-    differ = [field for field, value in SHAPE.items() if getattr(config, field) != value]
-    differ += ["mlp_type"] if config.mlp_type not in ACTIVATIONS.values() else []
-    wrong = [f"{field} {getattr(config, field)}" for field in differ]
-    classic_but = [field for field, value in hf_convert.CLASSIC_LAYER.items() if getattr(config, field) != value]
-    if wrong and classic_but == ["local_attention_window"] and config.type_vocab_size:  # what made it "modern"
-        raise ConfigError(f"a classic BERT with local layers (local_attention_window {config.local_attention_window}, "
-                          f"global_attention_every {config.global_attention_every}) has no Hugging Face equivalent: "
-                          "HF Bert has no sliding-window attention, ModernBERT has it but not these layers "
-                          f"({', '.join(wrong)})", "export a model trained with every layer global (without "
-                          "--local-attention-window), or train a ModernBERT-shaped one (--model-preset modernbert-base) "
-                          "for local layers")
-    if wrong:
-        flags = [SHAPE_FLAGS[field] for field in differ]
-        raise ConfigError(f"a model with {', '.join(wrong)} has no Hugging Face ModernBERT (nor Bert) equivalent "
-                          "(a conversion cannot change the layers a model was trained with)",
-                          f"retrain with {' '.join(flags)} (--model-preset modernbert-base sets them all) to export a "
-                          "ModernBERT, or export a classic BERT")
-
 
 def hf_state_from_bert(state: dict, config: BertConfig) -> dict:
     """BertModel state dict -> ModernBertForMaskedLM tensors as transformers stores them (no

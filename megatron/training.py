@@ -24,9 +24,9 @@ import torch.distributed as dist
 from megatron import checkpoint, determinism, hf_convert, hf_modernbert, optimizer_state, paths
 from megatron.arguments import (PRINTER_WAIT, build_parser, config_flags, flag_setting, launcher_rank,
                                 outlive_rank_0)
-from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, adjustable_start_fields, default_optimizer, model_preset,
-                             optimizer_params_taken, precision, preset_source, read_ds_config,
-                             refuse_contradictions, resolve)
+from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, WEIGHTLESS_FIELDS, adjustable_start_fields,
+                             default_optimizer, model_notes, model_preset, optimizer_params_taken, precision,
+                             preset_source, read_ds_config, refuse_contradictions, resolve)
 from megatron.data import index_maps
 from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_tokens,
                                         split_weights, token_stats)
@@ -878,6 +878,8 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
                           "table to extend", "drop --no-position-extension")
     if "local_attention_window" in start:  # the weights have local layers (carried_fields), which no flag drops
         refuse_local_layers(given_attention(flags, ds), source)
+    if not resume:  # a resume refuses them (refuse_contradictions)
+        note_replaced_settings(flags, start, source)
     for field, value in start.items():
         flags[field] = value if flags.get(field) is None else flags[field]
     if resume:
@@ -891,6 +893,25 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
         note_longer_than_trained(flags, start, trained, source)
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     return flags
+
+
+# the settings of WEIGHTLESS_FIELDS as a note names them
+REPLACED_SETTINGS = {"rotary_base": "global rope theta", "local_rotary_base": "local rope theta",
+                     "local_attention_window": "local attention window"}
+
+
+def note_replaced_settings(flags: dict, start: dict, source: str) -> None:
+    """The lines of a new run from weights with a flag that replaces their rope theta or window: a choice
+    (a longer context wants one), but every layer it reaches then computes otherwise than the weights
+    were trained to, which the config line alone would not say. From the first rank."""
+    for field in WEIGHTLESS_FIELDS:
+        value, have = flags.get(field), start.get(field)
+        if value is None or have is None or value == have or launcher_rank() != 0:
+            continue
+        trained = f" (its local layers were trained seeing {have // 2} tokens each side)" \
+            if field == "local_attention_window" else ""
+        print(f"note: {flag_setting(field, value)} replaces the {REPLACED_SETTINGS[field]} {have:g} of {source}"
+              f"{trained}", flush=True)
 
 
 def note_longer_than_trained(flags: dict, start: dict, trained: int, source: str) -> None:
@@ -1050,7 +1071,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     if torch.cuda.is_available() and config.model.attention != "linformer":  # linformer: torch's F.sdpa picks
         blocks.check_cuda_head_dim(config.model.head_dim, precision(ds), torch.cuda.get_device_capability())
     check_vocab_room(args, tokenizer, config.model.vocab_size)
-    for note in (rope_positions_note(args, config.model), dropout_layout_note(config)):
+    for note in (rope_positions_note(args, config.model), dropout_layout_note(config), *model_notes(config.model)):
         if note and dist.get_rank() == 0:
             print(note, flush=True)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token

@@ -204,6 +204,11 @@ CASES = [
          [*PRETRAIN, "--deepspeed_config", "{tmp}/ds.json", "--pipeline-model-parallel-size", "2"],
          ("zero_optimization.stage 2 cannot be combined with pipeline", "use zero_optimization.stage 0 or 1"),
          files={"ds.json": ds_json(zero_optimization__stage=2)}),
+    Case("flag_pipeline_deeper_than_the_layers", "launch2",  # a stage of only the heads
+         [*PRETRAIN, "--deepspeed_config", "{tmp}/ds.json", "--pipeline-model-parallel-size", "2", "--num-layers", "1"],
+         ("--pipeline-model-parallel-size 2 is more pipeline stages than the 1 transformer layers",
+          "pass at most 1 stages, or --num-layers 2 or more"),
+         files={"ds.json": ds_json(zero_optimization__stage=1)}),
     # ---- flags
     Case("flag_seq_not_divisible_by_sp", "launch2", [*PRETRAIN, "--sequence-parallel-size", "2", "--attention", "linformer",
                                                      "--seq-length", "63", "--max-position-embeddings", "64"],

@@ -120,6 +120,11 @@ def test_resolved_config_is_json_serialisable():
      '("gradient_clipping": 0 in the JSON, or --clip-grad 0)'),
     ({"train_batch_size": 4, "gradient_clipping": 0.5}, 4, {"pipeline_parallel_size": 2},
      "gradient_clipping 0.5 with a pipeline at zero_optimization.stage 0"),
+    ({"train_batch_size": 4, "zero_optimization": {"stage": 1}}, 6, {"pipeline_parallel_size": 3},  # 2 layers
+     "--pipeline-model-parallel-size 3 is more pipeline stages than the 2 transformer layers: a stage would hold no "
+     "transformer layer; pass at most 2 stages, or --num-layers 3 or more"),
+    ({"train_batch_size": 4, "zero_optimization": {"stage": 1}, "pipeline": {"stages": 3}}, 6, {},
+     "pipeline.stages 3 is more pipeline stages than the 2 transformer layers"),
     ({"sequence_parallel": {"size": "2"}}, 4, {}, "sequence_parallel.size = '2' is not an integer"),
     ({"sequence_parallel": {"size": 2, "sparse": True}}, 4, {}, "unknown key sequence_parallel.sparse"),
     ({"sequence_parallel": {"linformer": {"k": 8, "rank": 2}}}, 4, {}, "unknown key sequence_parallel.linformer.rank"),
@@ -566,3 +571,56 @@ def test_dropout_with_sequence_or_pipeline_parallelism_is_a_note_that_the_run_is
         assert note == (f"note: dropout (hidden {dropout[0]:g}, attention {dropout[1]:g}) draws its masks per layout: "
                         f"this {layout} run matches the single-process run statistically, not bit for bit (with "
                         "--hidden-dropout 0 --attention-dropout 0: to fp32 rounding)")
+
+
+@pytest.mark.parametrize("argv,ds,note", [
+    # rope and local layers without the preset's other layer options: neither ModernBERT nor Bert
+    (["--position-embedding-type", "rope", "--local-attention-window", "16", "--global-attention-every", "2"], BASE,
+     "note: convert_checkpoint.py to-hf will refuse this model: a model with embedding_layernorm False, "
+     "first_layer_attention_norm True, type_vocab_size 2, mlp_type gelu has no Hugging Face ModernBERT (nor Bert) "
+     "equivalent (a conversion cannot change the layers a model was trained with); train with --embedding-layernorm "
+     "--no-first-layer-attention-norm --type-vocab-size 0 --mlp-type geglu (--model-preset modernbert-base sets them "
+     "all) to export a ModernBERT, or export a classic BERT"),
+    (["--model-preset", "modernbert-base", "--position-embedding-type", "learned", "--local-attention-window", "32"],
+     BASE,
+     "note: convert_checkpoint.py to-hf will refuse this model: a model with position_embedding_type learned has no "
+     "Hugging Face ModernBERT"),
+    (["--embedding-layernorm"], BASE,  # the pre layout with the post layout's embedding norm: no HF BERT either
+     "note: convert_checkpoint.py to-hf will refuse this model: layernorm_layout 'pre' with embedding_layernorm True "
+     "has no Hugging Face equivalent"),
+    ([], {**BASE, "sequence_parallel": {"size": 2, "attention": "linformer", "linformer": {"k": 16}}},
+     "note: convert_checkpoint.py to-hf will refuse this model: linformer attention's projections have no Hugging "
+     "Face counterpart; train with another attention"),
+    # a window that spans the sequence (SMALL: 64 tokens): the local layers are not local
+    (["--model-preset", "modernbert-base", "--local-attention-window", "200"], BASE,
+     "note: the local attention window 200 (100 tokens each side) is not below the 64-token sequence (--seq-length): "
+     "the local layers see every token of it (they are global layers); the window counts both sides"),
+    (["--model-preset", "modernbert-base", "--local-attention-window", "64"], BASE,
+     "note: the local attention window 64 (32 tokens each side) is not below the 64-token sequence (--seq-length): the "
+     "local layers see all but the tokens more than 32 apart; the window counts both sides"),
+    (["--model-preset", "modernbert-base", "--local-attention-window", "32"],
+     {**BASE, "sequence_parallel": {"size": 2, "attention": "ring", "pack_samples": True, "max_segment_length": 16}},
+     "note: the local attention window 32 (16 tokens each side) is not below the 16-token segment "
+     "(--max-segment-length): the local layers see every token of it (they are global layers)")])
+def test_a_model_to_hf_would_refuse_or_with_global_local_layers_is_a_note_at_start_up(argv, ds, note):
+    """Learnt at start-up (the trainer, ds_config.py show/validate print model_notes), not after a long run
+    from to-hf's refusal; the run trains (a choice), so a note, not an error."""
+    from megatron.config import model_notes
+
+    notes = model_notes(resolve(small_with(*argv), ds, world_size=4).model)
+    assert len(notes) == 1 and notes[0].startswith(note), notes
+
+
+@pytest.mark.parametrize("argv", [[], ["--layernorm-layout", "post"],
+                                  ["--model-preset", "modernbert-base", "--local-attention-window", "62"],
+                                  ["--model-preset", "modernbert-base", "--mlp-type", "swiglu", "--seq-length", "128",
+                                   "--local-attention-window", "64"]])
+def test_an_exportable_model_with_local_layers_that_are_local_has_no_note(argv):
+    from megatron.config import model_notes
+
+    assert model_notes(resolve(small_with(*argv), BASE, world_size=4).model) == []
+
+
+def small_with(*argv) -> dict:
+    """SMALL's fields with those the flags `argv` give."""
+    return {**SMALL, **{name: value for name, value in flags(*argv).items() if value is not None}}

@@ -171,6 +171,25 @@ def test_tool_errors_are_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("argv,line", [
+    (["to-hf", "--load", "CK", "--save", "HF"], "to-hf: error: --save is from-hf's (the checkpoint it writes); to-hf "
+     "writes the Hugging Face folder to --output DIR"),
+    (["to-hf", "--load", "CK", "--hf-dir=HF"], "to-hf: error: --hf-dir is from-hf's (the Hugging Face folder it "
+     "reads); to-hf writes the Hugging Face folder to --output DIR"),
+    (["from-hf", "--hf-dir", "HF", "--output", "CK"], "from-hf: error: --output is to-hf's (the Hugging Face folder it "
+     "writes); from-hf writes the checkpoint to --save DIR"),
+    (["from-hf", "--load", "HF", "--save", "CK"], "from-hf: error: --load is to-hf's (the checkpoint it reads); "
+     "from-hf reads the Hugging Face folder from --hf-dir DIR")])
+def test_the_other_directions_flag_names_this_ones(capsys, argv, line):
+    """A user who just ran from-hf types --save for to-hf's output (and the other way round): one line naming
+    the flag this direction takes, not argparse's 'the following arguments are required: --output'. --save
+    stays this trainer's checkpoint folder in every tool, --output a file or folder of another format."""
+    with pytest.raises(SystemExit, match="^2$"):
+        tool_module().main(argv)
+    assert capsys.readouterr().err.splitlines() == [f"convert_checkpoint.py {line}; see convert_checkpoint.py "
+                                                    f"{argv[0]} --help"]
+
+
 @pytest.mark.filterwarnings("ignore:.*holds no vocab.txt")  # the damaged folders have no tokenizer either
 def test_from_hf_refuses_a_damaged_folder_and_to_hf_asks_for_a_missing_tokenizer(tmp_path):
     """In-process: an unreadable tokenizer, integer weights and a config.json without model_type stop

@@ -102,6 +102,23 @@ def test_validate_checks_the_layout_at_a_world_size(capsys):
     code, _, err = run(capsys, "validate", ROOT / "ds_configs" / "zero2_ring_sp2.json", "--world-size", 4,
                        "--pipeline-model-parallel-size", 2, *NO_DROPOUT)
     assert code == 2 and "zero_optimization.stage 2 cannot be combined with pipeline parallelism" in err
+    code, _, err = run(capsys, "validate", RING, "--world-size", 6, "--pipeline-model-parallel-size", 3,
+                       "--num-layers", 2, *NO_DROPOUT)  # a stage of only the heads
+    assert code == 2 and "3 is more pipeline stages than the 2 transformer layers" in err
+
+
+def test_show_and_validate_print_the_trainers_start_up_notes_of_the_model(capsys):
+    """A model to-hf would refuse, a window that spans the sequence: the trainer's notes on stderr (show's
+    stdout stays JSON), before anything is trained."""
+    modern = ["--position-embedding-type", "rope", "--local-attention-window", "200", "--global-attention-every", "2",
+              "--seq-length", "128", "--max-position-embeddings", "128", *NO_DROPOUT]
+    for command in ("show", "validate"):
+        code, out, err = run(capsys, command, RING, "--world-size", 2, *modern)
+        assert code == 0 and [line.split(":")[1] for line in err.splitlines()] == [
+            " convert_checkpoint.py to-hf will refuse this model", " the local attention window 200 (100 tokens each "
+            "side) is not below the 128-token sequence (--seq-length)"], err
+    assert json.loads(run(capsys, "show", RING, *modern)[1])["model"]["local_attention_window"] == 200
+    assert run(capsys, "validate", RING, "--world-size", 2, *NO_DROPOUT)[2] == ""  # the default BERT exports
 
 
 def test_command_line_error_is_one_line(tmp_path):

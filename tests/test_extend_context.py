@@ -221,6 +221,8 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
     hybrid_no_size, hybrid_text_size = tmp_path / "hybrid.json", tmp_path / "hybrid_text.json"
     hybrid_no_size.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "sequence_parallel": {"attention": "hybrid"}}))
     hybrid_text_size.write_text(json.dumps({"sequence_parallel": {"attention": "hybrid", "ulysses_size": "2"}}))
+    dense = tmp_path / "dense.json"
+    dense.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "sequence_parallel": {"attention": "dense"}}))
     pipeline = tmp_path / "pp2.json"
     pipeline.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 2},
                                     "zero_optimization": {"stage": 1}, "sequence_parallel": {"attention": "ring"}}))
@@ -247,8 +249,12 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              "--sequence-parallel-size 3 does not divide the 2 ranks; pass --num-gpus a multiple of 3, or a "
              "--sequence-parallel-size that divides 2"),
             ([*hf, "--save", save, "--deepspeed-config", str(ROOT / "ds_configs" / "linformer_sp2.json")],
-             "sets up linformer attention, and extend_context.py runs ring or hybrid (exact, and what the local "
-             "layers need); pass a JSON without sequence_parallel.linformer"),
+             "sets up linformer attention, and extend_context.py runs ring, ulysses or hybrid (sequence-parallel, "
+             "exact, and what the local layers need); pass a JSON without sequence_parallel.linformer and with one of "
+             "them, such as ds_configs/ring_sp2.json"),
+            ([*hf, "--save", save, "--deepspeed-config", str(dense)],  # named, so not replaced by the default ring
+             "sets up dense attention, and extend_context.py runs ring, ulysses or hybrid (sequence-parallel, exact, "
+             "and what the local layers need); pass --attention ring/ulysses/hybrid, or a JSON with one of them"),
             ([*hf, "--save", save, "--num-gpus", "3", "--deepspeed-config", str(pipeline)],
              "the JSON's 2 pipeline stages do not divide the 3 ranks; pass --num-gpus a multiple of 2"),
             ([*hf, "--save", save, "--num-gpus", "4", "--sequence-parallel-size", "4", "--deepspeed-config",
@@ -307,7 +313,8 @@ def dry_run(capsys, *argv) -> tuple[str, list]:
 def test_the_attention_comes_from_the_json_unless_given(tmp_path, capsys):
     """ds_configs/hybrid_sp4.json without --attention runs its hybrid attention and Ulysses groups
     (the tool's default ring used to override the first and then refuse the second, saying to edit the
-    JSON); --attention and --ulysses-size still override the JSON, as documented."""
+    JSON), ulysses_sp2.json its Ulysses (it ran ring without a word); --attention and --ulysses-size still
+    override the JSON, as documented."""
     source = tiny_modernbert(tmp_path / "hf", 100)
     argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"), "--deepspeed-config",
             str(ROOT / "ds_configs" / "hybrid_sp4.json")]
@@ -316,7 +323,8 @@ def test_the_attention_comes_from_the_json_unless_given(tmp_path, capsys):
     command, _ = dry_run(capsys, *argv, "--ulysses-size", "1", "--", "--train-iters", "1")
     assert " --attention hybrid --ulysses-size 1 " in command
     ulysses = [*argv[:-1], str(ROOT / "ds_configs" / "ulysses_sp2.json"), "--", "--train-iters", "1"]
-    assert " --attention ring " in dry_run(capsys, *ulysses)[0]  # not a variant of this tool: its default
+    assert " --attention ulysses --seq-length " in dry_run(capsys, *ulysses)[0]  # was replaced by ring silently
+    assert " --attention ring " in dry_run(capsys, *ulysses[:-3], "--attention", "ring", *ulysses[-3:])[0]
 
 
 def test_the_dry_run_refuses_a_precision_this_device_lacks(tmp_path, capsys):
@@ -475,7 +483,8 @@ def test_the_dry_run_checks_the_tokenizer_and_the_data_as_the_run_does(tmp_path,
 
 def test_a_run_from_weights_longer_than_they_trained_at_names_the_recipe(tmp_path, capsys):
     """--init-from-hf of rope weights at 4x their length and their own theta trains (extrapolation is
-    a choice) with one line naming extend_context.py; a new theta, or their own length, says nothing."""
+    a choice) with one line naming extend_context.py; a new theta says only that it replaces theirs, their
+    own length nothing."""
     from megatron import training
     from megatron.arguments import build_parser
 
@@ -490,7 +499,9 @@ def test_a_run_from_weights_longer_than_they_trained_at_names_the_recipe(tmp_pat
                                f"{folder} was trained at, with its global rope theta 10000: the model extrapolates; "
                                "tools/extend_context.py continues at a longer length with a scaled theta "
                                "(docs/hugging-face.md), or pass --rotary-base"], lines
-    assert lines["new theta"] == lines["trained length"] == []
+    assert lines["new theta"] == [f"note: --rotary-base 40000.0 replaces the global rope theta 10000 of the "
+                                  f"--init-from-hf folder {folder}"]  # the theta's own line, not the recipe's
+    assert lines["trained length"] == []
 
 
 def test_a_checkpoint_continued_longer_than_its_weights_counts_as_trained_at_its_latest_length(tmp_path, capsys):

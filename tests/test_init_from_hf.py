@@ -499,3 +499,38 @@ def test_a_run_from_weights_trains_with_their_dropout_unless_a_flag_or_preset_se
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
     assert dropouts("--load", tmp_path / "ck", weights_only=True) == (0.0, 0.0)
     assert f"as in the weights-only checkpoint {tmp_path / 'ck'} (" in capsys.readouterr().out
+
+
+def test_a_flag_that_replaces_the_weights_theta_or_window_is_a_note_naming_theirs(tmp_path, capsys):
+    """In-process (training.model_flags): a new run from weights may set another window or rope theta (a
+    longer context wants one), but every layer it reaches then computes otherwise than the weights were
+    trained to: one note per replaced setting names the weights' value; restating it says nothing. The
+    same for a weights-only checkpoint (--load of from-hf's output)."""
+    import json
+
+    import transformers
+    from megatron.arguments import build_parser
+    from test_hf_modernbert import SHAPES
+
+    def notes(*argv, weights_only=False) -> list:
+        capsys.readouterr()
+        training.model_flags(build_parser().parse_args([str(arg) for arg in argv]), {}, weights_only)
+        return [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+
+    modern = tmp_path / "mb"
+    modern.mkdir()  # window 8, thetas 1000 (global) and 100 (local)
+    (modern / "config.json").write_text(json.dumps(transformers.ModernBertConfig(**SHAPES["geglu-every3"]).to_dict()))
+    source = f"the --init-from-hf folder {modern}"
+    assert notes("--init-from-hf", modern, "--local-attention-window", 32, "--rotary-base", 500,
+                 "--local-rotary-base", 50) == [
+        f"note: --rotary-base 500.0 replaces the global rope theta 1000 of {source}",
+        f"note: --local-rotary-base 50.0 replaces the local rope theta 100 of {source}",
+        f"note: --local-attention-window 32 replaces the local attention window 8 of {source} (its local layers "
+        "were trained seeing 4 tokens each side)"]
+    assert notes("--init-from-hf", modern, "--local-attention-window", 8, "--rotary-base", 1000) == []
+    config = BertConfig(vocab_size=100, hidden_size=32, num_layers=2, num_attention_heads=4, seq_length=64,
+                        position_embedding_type="rope", local_attention_window=8, global_attention_every=2)
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", {}, config)
+    assert notes("--load", tmp_path / "ck", "--local-attention-window", 16, weights_only=True) == [
+        f"note: --local-attention-window 16 replaces the local attention window 8 of the weights-only checkpoint "
+        f"{tmp_path / 'ck'} (its local layers were trained seeing 4 tokens each side)"]

@@ -106,6 +106,29 @@ def from_hf(args) -> None:
           f"{config.max_position_embeddings} positions) to {args.save}")
 
 
+class OtherCommandsFlag(argparse.Action):
+    """A flag of the other direction (to-hf --save, from-hf --output): one line naming this command's own,
+    not argparse's "the following arguments are required" about the flag the user meant to give."""
+
+    def __init__(self, option_strings, dest, says: str):
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS)
+        self.says = says
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} {self.says}")
+
+
+# command -> {the other command's flag: what it is there; what this command takes instead}
+OTHER_COMMANDS_FLAGS = {
+    "to-hf": {"--save": "is from-hf's (the checkpoint it writes); to-hf writes the Hugging Face folder to --output DIR",
+              "--hf-dir": "is from-hf's (the Hugging Face folder it reads); to-hf writes the Hugging Face folder to "
+                          "--output DIR"},
+    "from-hf": {"--output": "is to-hf's (the Hugging Face folder it writes); from-hf writes the checkpoint to "
+                            "--save DIR",
+                "--load": "is to-hf's (the checkpoint it reads); from-hf reads the Hugging Face folder from "
+                          "--hf-dir DIR"}}
+
+
 def main(argv=None) -> None:
     parser = OneLineParser(prog="convert_checkpoint.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -128,6 +151,9 @@ def main(argv=None) -> None:
     load.add_argument("--no-position-extension", action="store_true",
                       help="refuse a --max-position-embeddings above the checkpoint's instead of repeating positions")
     load.set_defaults(run=from_hf)
+    for command, parser_of in (("to-hf", export), ("from-hf", load)):
+        for flag, says in OTHER_COMMANDS_FLAGS[command].items():
+            parser_of.add_argument(flag, action=OtherCommandsFlag, says=says)
     args = parser.parse_args(argv)
     args.run(args)
 

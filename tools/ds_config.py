@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 
 from megatron.arguments import add_model_and_parallel_args, add_packing_args, config_flags
-from megatron.config import SECTION, default_optimizer, read_ds_config, resolve, strict_json_loads
+from megatron.config import SECTION, default_optimizer, model_notes, read_ds_config, resolve, strict_json_loads
 from megatron.errors import ConfigError, OneLineParser
 from megatron.paths import file_in_the_way, missing_folders
 
@@ -76,9 +76,9 @@ def cuda_visible() -> bool:
                 and re.search(r"^(cuda|hip)\b.*=\s*['\"]\d", version.read_text(), re.MULTILINE))
 
 
-def resolved(ds_config: dict, args) -> dict:
+def resolved(ds_config: dict, args, notes: bool = False) -> dict:
     """The config as the trainer resolves it: its flags, the optimizer it fills, and BigBird's
-    seed from --seed as it does."""
+    seed from --seed as it does; with `notes`, the trainer's start-up notes of the model on stderr."""
     ds_config = copy.deepcopy(ds_config)  # `set` writes the file's own keys, not the filled ones
     default_optimizer(ds_config, cuda_visible() if args.cuda is None else args.cuda)  # as deepspeed_settings
     flags = config_flags(args)
@@ -89,6 +89,8 @@ def resolved(ds_config: dict, args) -> dict:
 
         quiet_deepspeed()
     config = resolve(flags, ds_config, world_size, deepspeed_check=args.deepspeed_check)
+    for note in model_notes(config.model) if notes else ():
+        print(note, file=sys.stderr)
     return {"world_size": world_size, "global_batch_size": config.global_batch_size, **config.to_dict()}
 
 
@@ -179,7 +181,7 @@ def flatten(value, prefix: str = "") -> dict:
 
 
 def show(args) -> int:
-    print(json.dumps(resolved(read_ds_config(args.config), args), indent=2, allow_nan=False))
+    print(json.dumps(resolved(read_ds_config(args.config), args, notes=True), indent=2, allow_nan=False))
     return 0
 
 
@@ -203,7 +205,7 @@ def set_keys(args) -> int:
 
 
 def validate(args) -> int:
-    config = resolved(read_ds_config(args.config), args)
+    config = resolved(read_ds_config(args.config), args, notes=True)
     print(f"{args.config}: valid at world size {config['world_size']}: pipeline {config['pipeline_parallel_size']} "
           f"x data {config['data_parallel_size']} x sequence {config['sequence_parallel_size']}, global batch "
           f"{config['global_batch_size']} = micro {config['micro_batch_size']} x grad-acc "

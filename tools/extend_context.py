@@ -14,7 +14,7 @@ at a longer sequence: one command that picks the launch for you and starts the `
     factor and leaves the fastest ones alone) unless `--rotary-base` names one; local layers keep
     theirs (their window does not grow);
   - the split: every rank on one sequence (`--sequence-parallel-size`, default all ranks), global
-    layers by ring or hybrid attention, local layers by their halo exchange.
+    layers by ring, Ulysses or hybrid attention, local layers by their halo exchange.
 
 Anything after `--` goes to pretrain_bert.py unchanged (data, tokenizer, schedule, logging flags),
 except a flag this tool sets (--seq-length, --save, ...: refused, naming the option to use). The
@@ -44,7 +44,7 @@ with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the secon
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FACTOR = 64
 EXTENDED = ("max_position_embeddings", "rotary_base")  # the fields this tool sets, not --from
-ATTENTIONS = ("ring", "hybrid")  # exact, and what the local layers' halo exchange goes with
+ATTENTIONS = ("ring", "ulysses", "hybrid")  # sequence-parallel, exact, and what the local layers' halo goes with
 
 
 def parse_args(argv=None):
@@ -58,13 +58,13 @@ def parse_args(argv=None):
                         "CPU processes, as many as --sequence-parallel-size or 2)")
     parser.add_argument("--sequence-parallel-size", type=int, help="ranks per sequence (default: all ranks)")
     parser.add_argument("--attention", choices=ATTENTIONS, help="the global layers' variant (default: the "
-                        "--deepspeed-config's, with its ulysses_size, when it is ring or hybrid; else ring)")
+                        "--deepspeed-config's, with its ulysses_size, when it names one; else ring)")
     parser.add_argument("--ulysses-size", type=int, help="hybrid: ranks per all-to-all group")
     parser.add_argument("--rotary-base", type=float, help="the global layers' rope theta (default: scaled with "
                         "the length, see above)")
     parser.add_argument("--deepspeed-config", default=str(ROOT / "ds_configs" / "ring_sp2.json"),
                         help="DeepSpeed JSON (batch, ZeRO, precision; its sequence_parallel section is overridden, "
-                        "its ring or hybrid attention taken where --attention is not given)")
+                        "its ring, ulysses or hybrid attention taken where --attention is not given)")
     parser.add_argument("--master-port", type=int, help="the launcher's rendezvous port (default its 29500)")
     parser.add_argument("--dry-run", action="store_true", help="print the launch command, do not run it")
     parser.add_argument("pretrain_args", nargs=argparse.REMAINDER, help="-- then flags for pretrain_bert.py")
@@ -210,31 +210,37 @@ def check_paths(args) -> dict:
     except ConfigError as error:  # its fixes name the trainer's flag
         raise ConfigError(error.problem, error.fix.replace("--deepspeed_config", "--deepspeed-config")) from None
     section = ds.get(SECTION) if isinstance(ds.get(SECTION), dict) else {}
-    for variant in ("linformer", "bigbird"):  # the trainer would say "set attention ...", which this tool refuses
-        if variant in section or section.get("attention") == variant:
+    # a variant the JSON names or sets up that this tool does not run: refused, not replaced by its default
+    # (the trainer would say "set attention ...", which this tool overrides)
+    named = section.get("attention")
+    for variant in [*(name for name in ("linformer", "bigbird") if name in section), named]:
+        if variant is not None and variant not in ATTENTIONS:
+            fix = (f"pass a JSON without sequence_parallel.{variant} and" if variant in section else
+                   f"pass --attention {'/'.join(ATTENTIONS)}, or a JSON")
             raise ConfigError(f"--deepspeed-config {args.deepspeed_config} sets up {variant} attention, and "
-                              "extend_context.py runs ring or hybrid (exact, and what the local layers need)",
-                              f"pass a JSON without sequence_parallel.{variant} and with a ring or hybrid "
-                              "attention, such as ds_configs/ring_sp2.json")
+                              f"extend_context.py runs {', '.join(ATTENTIONS[:-1])} or {ATTENTIONS[-1]} "
+                              "(sequence-parallel, exact, and what the local layers need)",
+                              f"{fix} with one of them, such as ds_configs/ring_sp2.json")
     return ds
 
 
 def take_attention(args, ds: dict) -> None:
-    """--attention and --ulysses-size, where not given, from the JSON when it runs ring or hybrid (else
-    ring): the command passes them to the trainer, whose flags override the JSON. A JSON's ulysses_size
-    under --attention ring would be refused by the trainer, which would say to edit the JSON."""
+    """--attention and --ulysses-size, where not given, from the JSON (check_paths refused a variant this
+    tool does not run; a JSON that names none: ring): the command passes them to the trainer, whose flags
+    override the JSON. A JSON's ulysses_size under --attention ring or ulysses would be refused by the
+    trainer, which would say to edit the JSON."""
     section = section_values(ds)  # type-checked
     in_json = section.get("ulysses_size")
     if args.attention is None:
-        args.attention = section.get("attention") if section.get("attention") in ATTENTIONS else "ring"
+        args.attention = section.get("attention", "ring")
         if args.attention == "hybrid" and args.ulysses_size is None:
             if in_json is None:
                 raise ConfigError(f"--deepspeed-config {args.deepspeed_config} runs hybrid attention without "
                                   "ulysses_size", "pass --ulysses-size N (ranks per all-to-all group) to "
                                   "extend_context.py")
             args.ulysses_size = in_json
-    elif args.attention == "ring" and in_json is not None:
-        raise ConfigError(f"--attention ring contradicts the sequence_parallel.ulysses_size {in_json} of "
+    elif args.attention != "hybrid" and in_json is not None:
+        raise ConfigError(f"--attention {args.attention} contradicts the sequence_parallel.ulysses_size {in_json} of "
                           f"--deepspeed-config {args.deepspeed_config}", f"pass --attention hybrid --ulysses-size "
                           f"{in_json} to extend_context.py, or a JSON without ulysses_size")
 
