@@ -312,6 +312,22 @@ _BOOLEAN_PARAMS = ("amsgrad", "bias_correction", "set_grad_none", "nesterov", "m
 _BOOLEAN_OR_NULL_PARAMS = ("foreach", "fused")
 
 
+# the classes DeepSpeed builds from its own optimizer types (engine._configure_basic_optimizer); the others
+# are torch.optim's class of that name
+_CLASSES_BUILT = {
+    "adam": "FusedAdam on CUDA, DeepSpeedCPUAdam under ZeRO offload, torch's AdamW without CUDA",
+    "adamw": "FusedAdam on CUDA, DeepSpeedCPUAdam under ZeRO offload, torch's AdamW without CUDA",
+    "lamb": "FusedLamb, on CUDA only", "lion": "FusedLion on CUDA, DeepSpeedCPULion under ZeRO offload",
+    "adagrad": "torch's Adagrad, DeepSpeedCPUAdagrad under ZeRO offload"}
+
+
+def optimizer_type_of_class(spelling: str) -> str | None:
+    """The optimizer.type whose class `spelling` names, as Megatron-DeepSpeed and DeepSpeed's docs write
+    them (FusedAdam, DeepSpeedCPUAdam, CPU_Adam, deepspeed.ops.lamb.FusedLamb, torch.optim.AdamW), or None."""
+    name = spelling.rsplit(".", 1)[-1].lower().replace("_", "").replace("-", "")
+    return OPTIMIZER_NAMES.get(re.sub(r"^(deepspeed)?(fused|cpu)?", "", name))
+
+
 def optimizer_params_taken(ds_config: dict, cuda: bool | None = None) -> tuple:
     """(the optimizer.params the JSON's optimizer.type takes, the optimizer named as in an error), or
     (None, name) where they are not known here (muP's). Which Adam DeepSpeed builds follows
@@ -527,6 +543,11 @@ def check_deepspeed_types(ds_config: dict) -> None:
     if optimizer_type is not None:
         names = OPTIMIZER_NAMES
         if not isinstance(optimizer_type, str) or optimizer_type.lower() not in names:
+            meant = optimizer_type_of_class(optimizer_type) if isinstance(optimizer_type, str) else None
+            if meant:
+                raise ConfigError(f"optimizer.type {json.dumps(optimizer_type)} names a class, which DeepSpeed does "
+                                  "not take as optimizer.type", f'use "{meant}": DeepSpeed picks the class from it '
+                                  f"({_CLASSES_BUILT.get(meant.lower(), f'torch.optim.{meant}')})")
             raise ConfigError(f"optimizer.type {json.dumps(optimizer_type)} is not an optimizer DeepSpeed knows",
                               f"use one of {', '.join(sorted(set(names.values()), key=str.lower))}")
     for key in ("zero_optimization", "activation_checkpointing", "pipeline", "optimizer", "fp16", "bf16", "bfloat16",
