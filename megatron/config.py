@@ -41,6 +41,7 @@ from pathlib import Path
 
 from megatron.arguments import flag_setting
 from megatron.errors import ConfigError
+from megatron.paths import in_repository
 from megatron.model import attention
 from megatron.model.args import ROPE_THETA_FLOOR, BertConfig, preset_fields
 
@@ -533,7 +534,7 @@ def check_deepspeed_types(ds_config: dict) -> None:
     if checkpointing.get("load_universal"):
         raise ConfigError("checkpoint.load_universal cannot be used: the trainer resumes its checkpoints in any "
                           "layout itself; with it DeepSpeed reads them as universal checkpoints, which they are not",
-                          'remove "load_universal" from "checkpoint" (see docs/resuming.md)')
+                          'remove "load_universal" from "checkpoint" (see ' + in_repository("docs/resuming.md") + ")")
     if _enables_anything(ds_config.get("data_efficiency")):
         raise ConfigError('the DeepSpeed JSON\'s "data_efficiency" section is not used (the trainer builds its own '
                           "samples and loader, which DeepSpeed's data sampling and routing never see; random-LTD "
@@ -1200,7 +1201,8 @@ def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict
         setter = drop = flag_setting(name, value) if value is not None else named
         setter += "" if value is not None else f" ({name} {preset[name]})"
         why = (f"a resume keeps the checkpoint's model; to train on with another {name}, start a new run from its "
-               "weights with --finetune, or tools/extend_context.py for a longer context" if name in WEIGHTLESS_FIELDS
+               f"weights with --finetune, or {in_repository('tools/extend_context.py')} for a longer context"
+               if name in WEIGHTLESS_FIELDS
                else f"the weights fix {name}")  # WEIGHTLESS_FIELDS are adjustable but on a resume
         raise ConfigError(f"{setter} contradicts {source}, whose model has {name} {have}", f"drop {drop}: {why}")
 
