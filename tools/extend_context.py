@@ -35,7 +35,7 @@ from megatron.paths import in_repository
 from megatron.quiet import quiet_deepspeed
 
 with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the seconds of imports: one line
-    quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
+    quiet_deepspeed(on_the_device=True)  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     from megatron import checkpoint, hf_convert
     from megatron.arguments import flag_setting, flags_given
     from megatron.config import (ADJUSTABLE_START_FIELDS, SECTION, json_pipeline_stages, read_ds_config,
