@@ -15,7 +15,7 @@ launcher_watch.note_launchers()  # first: a launcher that ends during the import
 survive_lost_terminal()  # before DeepSpeed's logger keeps sys.stdout: a closed terminal does not end the run
 with start_up_stops_in_one_line("pretrain_bert.py", BEFORE_THE_FIRST_STEP, tell=launcher_rank() == 0):
     # Ctrl-C during the seconds of imports: one line, not a traceback
-    quiet_deepspeed()  # before DeepSpeed is first imported (megatron.training imports it)
+    quiet_deepspeed(on_the_device=True)  # before DeepSpeed is first imported (megatron.training imports it)
     from megatron.training import exit_rank, main
 
 if __name__ == "__main__":  # every way out goes through exit_rank, which skips the interpreter's teardown

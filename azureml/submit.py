@@ -156,12 +156,15 @@ def validate(args) -> None:
             if not (data / name).is_file():
                 raise SubmitError(f"--data {args.data} has no {name}; pass the folder tools/preprocess_data.py wrote "
                                   "(--data-prefix names the .bin/.idx in it, --vocab the vocab file)")
+    from megatron.errors import ConfigError, DataError
     from megatron.quiet import quiet_deepspeed
 
-    quiet_deepspeed()  # before DeepSpeed is first imported: no accelerator warning
+    try:
+        quiet_deepspeed()  # before DeepSpeed is first imported: no accelerator warning
+    except ConfigError as error:  # a DS_ACCELERATOR here that DeepSpeed cannot load (the job's GPUs need none)
+        raise SubmitError(str(error)) from None
     from megatron.arguments import build_parser as trainer_parser, config_flags, flags_given
     from megatron.config import resolve
-    from megatron.errors import ConfigError, DataError
     from megatron.training import check_flags, data_paths, deepspeed_settings
 
     def refuse(message):

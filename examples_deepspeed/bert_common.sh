@@ -101,6 +101,13 @@ if [ ! -d "$existing" ]; then
     [ "$existing" = "$RUN_DIR" ] || fail "RUN_DIR $RUN_DIR lies under $existing, which is a file; $RUN_FIX"
     fail "RUN_DIR $RUN_DIR is a file, not a directory; $RUN_FIX"
 fi
+# the folders of RUN_DIR that this script made, removed again (empty) when nothing ran in them
+remove_made_run_dir() {
+    local made="$RUN_DIR"
+    while [ "$made" != "$existing" ] && rmdir -- "$made" 2> /dev/null; do
+        made="$(dirname -- "$made")"
+    done
+}
 if [ "$DRY_RUN" = 0 ]; then
     probe="$(mktemp -d -- "$existing/.run_dir_probe.XXXXXX" 2> /dev/null)" && rmdir -- "$probe" ||
         fail "RUN_DIR $RUN_DIR cannot be created or written: $existing takes no new folder; $RUN_FIX"
@@ -121,8 +128,9 @@ if [ "$DRY_RUN" = 1 ]; then
     # a dry run writes nothing: the JSON it would write is printed, and where the command reads it
     echo "# RUN_DIR/ds_config.json ($RUN_DIR/ds_config.json) would hold this JSON; the command below reads it there:"
     "${CONFIG[@]}" --output -
-else
-    "${CONFIG[@]}" --output "$RUN_DIR/ds_config.json" > /dev/null
+else  # ds_config.py writes into an existing folder only: RUN_DIR is made here, and removed if refused
+    mkdir -p -- "$RUN_DIR"
+    "${CONFIG[@]}" --output "$RUN_DIR/ds_config.json" > /dev/null || { status=$?; remove_made_run_dir; exit "$status"; }
 fi
 
 LAUNCHER=("$(dirname "$PYTHON")/deepspeed" --num_gpus "$PROCS" --master_port "$MASTER_PORT")
@@ -145,9 +153,6 @@ run_launcher "${COMMAND[@]}" || status=$?
 # a launch the trainer refused at start-up (one line, exit 2) leaves no RUN_DIR that this script made for it
 if [ "$status" -eq 2 ] && [ "$RUN_DIR" != "$existing" ] && [ "$(ls -A -- "$RUN_DIR")" = ds_config.json ]; then
     rm -f -- "$RUN_DIR/ds_config.json"
-    made="$RUN_DIR"
-    while [ "$made" != "$existing" ] && rmdir -- "$made" 2> /dev/null; do
-        made="$(dirname -- "$made")"
-    done
+    remove_made_run_dir
 fi
 exit "$status"

@@ -11,7 +11,9 @@
 # On a machine without a visible GPU it also names the CPU accelerator (DS_ACCELERATOR=cpu, what
 # DeepSpeed then picks anyway), as megatron/quiet.py does for the ranks: the launcher processes
 # (deepspeed's runner and its per-node launch) then do not log "Setting accelerator to CPU. If you
-# have GPU or other accelerator, we were unable to detect it." A DS_ACCELERATOR the user set is kept.
+# have GPU or other accelerator, we were unable to detect it." A DS_ACCELERATOR the user set is kept,
+# and checked first (megatron/quiet.py, with the python beside the launcher; its torch import is paid
+# only then): one naming a device this machine lacks is one line and status 2, not the runner's traceback.
 
 fail() {  # one line, exit 2
     echo "$(basename "$0"): error: $1" >&2
@@ -70,6 +72,8 @@ run_launcher() {
     local status=0 signal_number=0 deadline
     if [ -z "${DS_ACCELERATOR+set}" ] && ! gpu_visible; then
         export DS_ACCELERATOR=cpu
+    elif [ "${DS_ACCELERATOR-cpu}" != cpu ]; then
+        "$(dirname "$1")/python" -m megatron.quiet "$(basename "$0")" || return
     fi
     set -m  # job control: the background job gets a process group of its own
     "$@" &

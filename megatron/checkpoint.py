@@ -529,7 +529,8 @@ def latest_tag(load_dir: str) -> str:
         if os.path.isfile(os.path.join(load_dir, "config.json")):  # the trainer reads it with another flag
             raise ConfigError(f"{load_dir} is a Hugging Face model folder, not a checkpoint of this trainer (it has no "
                               f"'{LATEST}')", f"pass it to pretrain_bert.py with --init-from-hf in place of --load, or "
-                              f"convert it first: tools/convert_checkpoint.py from-hf --hf-dir {load_dir} --save DIR")
+                              f"convert it first: {paths.in_repository('tools/convert_checkpoint.py')} from-hf --hf-dir {load_dir} "
+                              "--save DIR")
         inside = sorted(os.path.dirname(found) for found in glob.glob(os.path.join(glob.escape(load_dir), "*", LATEST)))
         raise ConfigError(f"no checkpoint in {load_dir} (missing '{LATEST}')",
                           f"point --load at {inside[0]}, which holds one" if inside else

@@ -42,6 +42,7 @@ from pathlib import Path
 from megatron.arguments import flag_setting
 from megatron.errors import ConfigError
 from megatron.hf_forms import export_note
+from megatron.paths import in_repository
 from megatron.model import attention
 from megatron.model.args import ROPE_THETA_FLOOR, BertConfig, preset_fields
 
@@ -313,6 +314,22 @@ _BOOLEAN_PARAMS = ("amsgrad", "bias_correction", "set_grad_none", "nesterov", "m
 _BOOLEAN_OR_NULL_PARAMS = ("foreach", "fused")
 
 
+# the classes DeepSpeed builds from its own optimizer types (engine._configure_basic_optimizer); the others
+# are torch.optim's class of that name
+_CLASSES_BUILT = {
+    "adam": "FusedAdam on CUDA, DeepSpeedCPUAdam under ZeRO offload, torch's AdamW without CUDA",
+    "adamw": "FusedAdam on CUDA, DeepSpeedCPUAdam under ZeRO offload, torch's AdamW without CUDA",
+    "lamb": "FusedLamb, on CUDA only", "lion": "FusedLion on CUDA, DeepSpeedCPULion under ZeRO offload",
+    "adagrad": "torch's Adagrad, DeepSpeedCPUAdagrad under ZeRO offload"}
+
+
+def optimizer_type_of_class(spelling: str) -> str | None:
+    """The optimizer.type whose class `spelling` names, as Megatron-DeepSpeed and DeepSpeed's docs write
+    them (FusedAdam, DeepSpeedCPUAdam, CPU_Adam, deepspeed.ops.lamb.FusedLamb, torch.optim.AdamW), or None."""
+    name = spelling.rsplit(".", 1)[-1].lower().replace("_", "").replace("-", "")
+    return OPTIMIZER_NAMES.get(re.sub(r"^(deepspeed)?(fused|cpu)?", "", name))
+
+
 def optimizer_params_taken(ds_config: dict, cuda: bool | None = None) -> tuple:
     """(the optimizer.params the JSON's optimizer.type takes, the optimizer named as in an error), or
     (None, name) where they are not known here (muP's). Which Adam DeepSpeed builds follows
@@ -518,7 +535,7 @@ def check_deepspeed_types(ds_config: dict) -> None:
     if checkpointing.get("load_universal"):
         raise ConfigError("checkpoint.load_universal cannot be used: the trainer resumes its checkpoints in any "
                           "layout itself; with it DeepSpeed reads them as universal checkpoints, which they are not",
-                          'remove "load_universal" from "checkpoint" (see docs/resuming.md)')
+                          'remove "load_universal" from "checkpoint" (see ' + in_repository("docs/resuming.md") + ")")
     if _enables_anything(ds_config.get("data_efficiency")):
         raise ConfigError('the DeepSpeed JSON\'s "data_efficiency" section is not used (the trainer builds its own '
                           "samples and loader, which DeepSpeed's data sampling and routing never see; random-LTD "
@@ -532,6 +549,11 @@ def check_deepspeed_types(ds_config: dict) -> None:
     if optimizer_type is not None:
         names = OPTIMIZER_NAMES
         if not isinstance(optimizer_type, str) or optimizer_type.lower() not in names:
+            meant = optimizer_type_of_class(optimizer_type) if isinstance(optimizer_type, str) else None
+            if meant:
+                raise ConfigError(f"optimizer.type {json.dumps(optimizer_type)} names a class, which DeepSpeed does "
+                                  "not take as optimizer.type", f'use "{meant}": DeepSpeed picks the class from it '
+                                  f"({_CLASSES_BUILT.get(meant.lower(), f'torch.optim.{meant}')})")
             raise ConfigError(f"optimizer.type {json.dumps(optimizer_type)} is not an optimizer DeepSpeed knows",
                               f"use one of {', '.join(sorted(set(names.values()), key=str.lower))}")
     for key in ("zero_optimization", "activation_checkpointing", "pipeline", "optimizer", "fp16", "bf16", "bfloat16",
@@ -1243,7 +1265,8 @@ def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict
         setter = drop = flag_setting(name, value) if value is not None else named
         setter += "" if value is not None else f" ({name} {preset[name]})"
         why = (f"a resume keeps the checkpoint's model; to train on with another {name}, start a new run from its "
-               "weights with --finetune, or tools/extend_context.py for a longer context" if name in WEIGHTLESS_FIELDS
+               f"weights with --finetune, or {in_repository('tools/extend_context.py')} for a longer context"
+               if name in WEIGHTLESS_FIELDS
                else f"the weights fix {name}")  # WEIGHTLESS_FIELDS are adjustable but on a resume
         raise ConfigError(f"{setter} contradicts {source}, whose model has {name} {have}", f"drop {drop}: {why}")
 

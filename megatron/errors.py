@@ -128,7 +128,8 @@ def stopped_during_start_up(signum: int, prog: str = "pretrain_bert.py", before:
 def start_up_stops_in_one_line(prog: str, before: str = BEFORE_ANY_WORK, tell: bool = True):
     """Around an entry point's imports (torch, DeepSpeed: seconds, before run_tool or main install their
     handlers): a stop signal there (Ctrl-C at once) is one line and exit 128 + signal, not a
-    KeyboardInterrupt traceback through the imports. `tell` False: another process says it (a rank
+    KeyboardInterrupt traceback through the imports; a ConfigError (a DS_ACCELERATOR this machine
+    lacks) is `<prog>: error: ...` and exit 2. `tell` False: another process says it (a rank
     other than 0 of a launch)."""
     replaced = raise_on_signals()
     try:
@@ -137,6 +138,16 @@ def start_up_stops_in_one_line(prog: str, before: str = BEFORE_ANY_WORK, tell: b
         if tell:
             print(stopped_during_start_up(error.signum, prog, before), file=sys.stderr, flush=True)
         sys.exit(128 + error.signum)  # the stop signals stay ignored: a second Ctrl-C cannot cut the exit short
+    except ConfigError as error:
+        if tell:
+            print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+        else:
+            from megatron.arguments import outlive_rank_0  # (it imports this module)
+
+            for signum in stop_signals():  # the launcher ending this rank while it waits ends it silently
+                signal.signal(signum, signal.SIG_DFL)
+            outlive_rank_0()
+        sys.exit(2)
     except BaseException:
         restore_signals(replaced)
         raise

@@ -59,8 +59,8 @@ def check_modernbert_exportable(config) -> None:
                           f"global_attention_every {config.global_attention_every}) has no Hugging Face equivalent: "
                           "HF Bert has no sliding-window attention, ModernBERT has it but not these layers "
                           f"({', '.join(wrong)})", "export a model trained with every layer global (without "
-                          "--local-attention-window), or train a ModernBERT-shaped one (--model-preset modernbert-base) "
-                          "for local layers")
+                          "--local-attention-window), or train a ModernBERT-shaped one "
+                          "(--model-preset modernbert-base) for local layers")
     if wrong:
         flags = [SHAPE_FLAGS[field] for field in differ]
         raise ConfigError(f"a model with {', '.join(wrong)} has no Hugging Face ModernBERT (nor Bert) equivalent "

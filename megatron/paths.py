@@ -9,6 +9,19 @@ from pathlib import Path
 
 from megatron.errors import disk_full
 
+REPOSITORY = Path(__file__).resolve().parents[1]  # pretrain_bert.py, tools/, docs/, ds_configs/
+
+
+def in_repository(name: str) -> str:
+    """A file of this repository (`tools/clean_index_maps.py`, `docs/resuming.md`) as a hint names it: a
+    path that works from the user's folder, as the README writes it when that is the repository, else
+    absolute (as extend_context.py's launch line names pretrain_bert.py)."""
+    try:
+        here = Path.cwd()
+    except OSError:  # the folder was removed under the process
+        here = None
+    return name if here == REPOSITORY else str(REPOSITORY / name)
+
 
 def file_in_the_way(flag: str, path: str) -> str | None:
     """Why `path` cannot become a folder when the cause is not a permission: a file in its place or

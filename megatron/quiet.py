@@ -8,18 +8,71 @@
   `_all_gather_base` / `_reduce_scatter_base` (deprecated names it still uses on every ZeRO
   step): filtered by message, other FutureWarnings still show.
 """
+import importlib.util
 import os
 import warnings
 
+from megatron.errors import ConfigError
+
+# DeepSpeed 0.19.8's accelerators (DS_ACCELERATOR) that load from a package beside torch, by that package
+ACCELERATOR_PACKAGES = {"npu": "torch_npu", "hpu": "habana_frameworks", "mlu": "torch_mlu", "sdaa": "torch_sdaa",
+                        "supa": "torch_supa", "klxpu": "torch_xmlir"}
+ACCELERATORS = ("cpu", "cuda", "xpu", "mps", *ACCELERATOR_PACKAGES)
 DEPRECATED_COLLECTIVES = (r"`torch\.distributed\.(all_gather_into_tensor|_all_gather_base|_reduce_scatter_base|"
                           r"reduce_scatter_tensor)` (is|will be) (deprecated|a private function)")
 
 
-def quiet_deepspeed() -> None:
-    """Call before the first `import deepspeed` of a process (imports torch to look for CUDA)."""
+def quiet_deepspeed(on_the_device: bool = False) -> None:
+    """Call before the first `import deepspeed` of a process (imports torch to look for CUDA).
+    `on_the_device`: the process trains (or launches ranks that do) on DeepSpeed's accelerator."""
+    refuse_missing_accelerator(on_the_device)
     if "DS_ACCELERATOR" not in os.environ:
         import torch
 
         if not (torch.cuda.device_count() > 0 and torch.cuda.is_available()):
             os.environ["DS_ACCELERATOR"] = "cpu"
     warnings.filterwarnings("ignore", message=DEPRECATED_COLLECTIVES, category=FutureWarning)
+
+
+def refuse_missing_accelerator(on_the_device: bool) -> None:
+    """A DS_ACCELERATOR the user set (a cluster profile, a GPU job's script) that names a device this
+    machine or this torch lacks: one line before any work, not DeepSpeed's traceback (xpu, npu, ... at
+    its import; cuda once a rank binds its device, after the data is prepared, or in the deepspeed
+    runner). A tool that only reads weights on the CPU runs under DS_ACCELERATOR=cuda as it is."""
+    name = os.environ.get("DS_ACCELERATOR", "cpu")
+    if name == "cpu" or name == "cuda" and not on_the_device:
+        return
+    if name not in ACCELERATORS:
+        raise ConfigError(f"DS_ACCELERATOR={name} is not an accelerator DeepSpeed knows",
+                          f"unset DS_ACCELERATOR (or set one of {', '.join(ACCELERATORS)})")
+    lacking = _lacking(name)
+    if lacking:
+        raise ConfigError(f"DS_ACCELERATOR={name} names a device this machine lacks: {lacking}",
+                          "unset DS_ACCELERATOR (DeepSpeed then picks what is there) or set it to cpu")
+
+
+def _lacking(name: str) -> str | None:
+    """What this machine lacks for DeepSpeed's accelerator `name`, or None."""
+    if name in ACCELERATOR_PACKAGES:
+        package = ACCELERATOR_PACKAGES[name]
+        return None if importlib.util.find_spec(package) else f"{package} is not installed"
+    import torch
+
+    if name == "xpu":
+        return None if hasattr(torch, "xpu") and torch.xpu.is_available() else f"torch {torch.__version__} finds no XPU"
+    if name == "mps":
+        return None if torch.backends.mps.is_available() else f"torch {torch.__version__} finds no MPS device"
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return None
+    if torch.version.cuda is None and torch.version.hip is None:
+        return f"torch {torch.__version__} is a CPU build"
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return f"no GPU is visible (CUDA_VISIBLE_DEVICES={hidden!r})" if hidden is not None else "no GPU is visible"
+
+
+if __name__ == "__main__":  # the launch scripts' check before DeepSpeed's runner: python -m megatron.quiet PROG
+    import sys
+
+    from megatron.errors import run_tool
+
+    sys.exit(run_tool(sys.argv[1], lambda: refuse_missing_accelerator(on_the_device=True)))

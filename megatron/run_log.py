@@ -200,7 +200,16 @@ class RunLog:
         records = read_metrics(metrics)
         plot = (plot_metrics(metrics, self.dir / "loss.png", records) if any(r["kind"] == "train" for r in records)
                 else "none (no training step was logged in this --log-dir)")
-        print(f"logs: {metrics}\nloss plot: {plot}" + (f"\ncheckpoint: {save_dir}" if save_dir else ""), flush=True)
+        print(f"logs: {metrics}\nloss plot: {plot}" + (f"\ncheckpoint: {saved_checkpoint(save_dir)}" if save_dir else ""),
+              flush=True)
+
+
+def saved_checkpoint(save_dir) -> str:
+    """The footer's checkpoint: --save once it holds one (its `latest`, written last by a save), else
+    none: a run stopped before its first save must not name a folder that is not there."""
+    from megatron.checkpoint import LATEST  # here: tools/plot_run.py imports this module without the model's
+
+    return str(save_dir) if (Path(save_dir) / LATEST).is_file() else f"none (nothing was saved in {save_dir})"
 
 
 def log_dir_problem(flag: str, path: str) -> tuple[str, str] | None:

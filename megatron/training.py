@@ -801,7 +801,8 @@ def check_default_data_vocab(args, tokenizer) -> None:
         made_with = naming_flags(tokenizer.type_name, tokenizer.file)
         raise ConfigError(f"no --data-path: the run would train on the default dataset, made with the vocab "
                           f"{default.file}, while its tokenizer is {tokenizer.file}",
-                          f"pass --data-path with data preprocessed with it (tools/preprocess_data.py {made_with} ...)")
+                          f"pass --data-path with data preprocessed with it ({paths.in_repository('tools/preprocess_data.py')} "
+                          f"{made_with} ...)")
 
 
 # the env:// rendezvous variables every rank of a launch gets (deepspeed, torchrun, the AzureML job)
@@ -809,7 +810,7 @@ RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # launchers DeepSpeed discovers without them: MPI (through mpi4py), AzureML, SageMaker, DLTS
 MPI_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 OTHER_LAUNCHERS = ("AZUREML_EXPERIMENT_ID", "SM_TRAINING_ENV", "DLTS_JOB_ID")
-HOW_TO_LAUNCH = "deepspeed --num_gpus N pretrain_bert.py ... (or torchrun --nproc_per_node N)"
+HOW_TO_LAUNCH = f"deepspeed --num_gpus N {paths.in_repository('pretrain_bert.py')} ... (or torchrun --nproc_per_node N)"
 
 
 def launch_environment() -> str | None:
@@ -924,8 +925,8 @@ def note_longer_than_trained(flags: dict, start: dict, trained: int, source: str
     if launcher_rank() == 0:
         print(f"note: --seq-length {flags['seq_length']} is {flags['seq_length'] / trained:g}x the {trained} tokens "
               f"{source} was trained at, with its global rope theta {start.get('rotary_base'):g}: the model "
-              "extrapolates; tools/extend_context.py continues at a longer length with a scaled theta "
-              "(docs/hugging-face.md), or pass --rotary-base", flush=True)
+              f"extrapolates; {paths.in_repository('tools/extend_context.py')} continues at a longer length with a "
+              f"scaled theta ({paths.in_repository('docs/hugging-face.md')}), or pass --rotary-base", flush=True)
 
 
 def given_attention(flags: dict, ds: dict) -> str | None:
@@ -1392,8 +1393,7 @@ class StopSignals:
         if top >= vocab_size:
             raise DataError(f"the data holds token id {top}, beyond the {vocab_size} tokens of the vocab "
                             f"{self.tokenizer_file}", "pass the --vocab-file (or --tokenizer-file) the data was "
-                            "preprocessed with, or rerun "
-                            "tools/preprocess_data.py with this one")
+                            f"preprocessed with, or rerun {paths.in_repository('tools/preprocess_data.py')} with this one")
         self.agreed = self.agreed or received
 
     def _name(self, signum: int, gone: str | None) -> str:
@@ -1512,7 +1512,7 @@ def stop_acknowledgement(name: str, iteration: int, folder: str, last_save_s: fl
     if grace_left_s is not None and last_save_s is not None and last_save_s > grace_left_s:
         line += (f"; if the signal reached DeepSpeed's launch.py too (Ctrl-C in its terminal, a signal to the whole "
                  f"job), it kills the ranks in {max(grace_left_s, 0):.0f} s, before such a save ends: see "
-                 "docs/resuming.md")
+                 f"{paths.in_repository('docs/resuming.md')}")
     return line
 
 

@@ -336,6 +336,17 @@ CASES = [
     Case("json_unknown_optimizer", "ds_config", ["validate", "{tmp}/ds.json", "--world-size", "1"],
          ('optimizer.type "Adamz" is not an optimizer DeepSpeed knows', "adamw"),
          files={"ds.json": ds_json(optimizer={"type": "Adamz", "params": {}})}),
+    # Megatron-DeepSpeed's and DeepSpeed's class names are no optimizer.type: the type it builds them from is named
+    Case("json_optimizer_class_name", "ds_config", ["validate", "{tmp}/ds.json", "--world-size", "1"],
+         ('optimizer.type "FusedAdam" names a class', 'use "adam": DeepSpeed picks the class from it (FusedAdam on CUDA'),
+         files={"ds.json": ds_json(optimizer={"type": "FusedAdam", "params": {}})}),
+    Case("json_optimizer_cpu_class_name", "ds_config", ["validate", "{tmp}/ds.json", "--world-size", "1"],
+         ('optimizer.type "DeepSpeedCPUAdagrad" names a class', 'use "adagrad"', "DeepSpeedCPUAdagrad under ZeRO"),
+         files={"ds.json": ds_json(optimizer={"type": "DeepSpeedCPUAdagrad", "params": {}})}),
+    Case("tool_ds_config_output_folder_missing", "ds_config", ["set", "{tmp}/ds.json", "sequence_parallel.size=1",
+                                                                 "--output", "{tmp}/typo/ds.json"],
+         ("typo/ds.json: its folder", "typo does not exist", "create the folder first (mkdir -p"),
+         files={"ds.json": ds_json()}),
     Case("tool_ds_config_output_under_a_file", "ds_config", ["set", "{tmp}/ds.json", "sequence_parallel.size=1",
                                                                "--output", "{tmp}/afile/ds.json"],
          ("its folder", "afile is a file, not a directory", "pass a path inside a directory"),
@@ -588,6 +599,27 @@ CASES += [  # ---- signals and faults
     pretrain("--distributed-timeout-minutes", "0", id="flag_distributed_timeout_zero",
              phrases=("--distributed-timeout-minutes 0.0 must be > 0", "pass a positive --distributed-timeout-minutes, "
                       "e.g. 10")),
+]
+# ---- a DS_ACCELERATOR naming a device this machine lacks (a cluster profile's, a GPU job script's): one line
+# before any work, not DeepSpeed's traceback at its import (xpu) or when a rank binds its device (cuda)
+NO_ACCELERATOR = "names a device this machine lacks"
+CASES += [
+    Case("accelerator_xpu_missing", "pretrain", PRETRAIN, ("DS_ACCELERATOR=xpu", NO_ACCELERATOR,
+                                                           "unset DS_ACCELERATOR", "or set it to cpu"),
+         env={"DS_ACCELERATOR": "xpu"}),
+    Case("accelerator_cuda_missing", "pretrain", PRETRAIN, ("DS_ACCELERATOR=cuda", NO_ACCELERATOR),
+         env={"DS_ACCELERATOR": "cuda"}),
+    Case("accelerator_unknown", "pretrain", PRETRAIN, ("DS_ACCELERATOR=gpu is not an accelerator DeepSpeed knows",
+                                                       "cpu, cuda, xpu"), env={"DS_ACCELERATOR": "gpu"}),
+    Case("accelerator_cuda_missing_script", "distributed", ["2", "1", "2", "64", "2", "4", "2", "64", "4"],
+         ("bert_distributed.sh: error: DS_ACCELERATOR=cuda", NO_ACCELERATOR), env={"DS_ACCELERATOR": "cuda"}),
+    Case("accelerator_xpu_missing_fill_mask", "fill_mask", ["--load", "{tmp}/ck", "--text", "a [MASK]"],
+         ("fill_mask.py: error: DS_ACCELERATOR=xpu", NO_ACCELERATOR), env={"DS_ACCELERATOR": "xpu"}),
+    Case("accelerator_xpu_missing_convert", "convert", ["to-hf", "--load", "{tmp}/ck", "--output", "{tmp}/hf"],
+         ("convert_checkpoint.py: error: DS_ACCELERATOR=xpu", NO_ACCELERATOR), env={"DS_ACCELERATOR": "xpu"}),
+    Case("accelerator_cuda_missing_extend", "extend", ["--from", "{tmp}", "--seq-length", "256", "--save",
+                                                       "{tmp}/ck", "--dry-run"],
+         ("extend_context.py: error: DS_ACCELERATOR=cuda", NO_ACCELERATOR), env={"DS_ACCELERATOR": "cuda"}),
 ]
 # ---- tools/extend_context.py refuses in its own flag names before the launcher starts (more in-process
 # in test_extend_context.py)
@@ -1217,6 +1249,22 @@ def test_tools_print_nothing_of_deepspeeds_accelerator_detection():
         for tool, result in zip(TOOLS, pool.map(run, TOOLS)):
             assert result.returncode == 0, (tool, result.stderr[-2000:])
             assert "accelerator" not in (result.stdout + result.stderr).lower(), (tool, result.stderr[-2000:])
+
+
+def test_a_cpu_tool_runs_under_ds_accelerator_cuda(monkeypatch):
+    """fill_mask.py and convert_checkpoint.py read weights on the CPU: DS_ACCELERATOR=cuda from a GPU cluster's
+    profile loads DeepSpeed fine and is no reason to refuse them; the trainer (and extend_context.py's launch),
+    which would bind a GPU, refuse it."""
+    import torch
+
+    from megatron.errors import ConfigError
+    from megatron.quiet import refuse_missing_accelerator
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    refuse_missing_accelerator(on_the_device=False)
+    with pytest.raises(ConfigError, match="DS_ACCELERATOR=cuda names a device this machine lacks"):
+        refuse_missing_accelerator(on_the_device=True)
 
 
 def test_a_rendezvous_port_in_use_is_named_with_its_fix(monkeypatch):

@@ -54,13 +54,22 @@ def test_set_is_typed_and_round_trips(capsys, config):
 
 
 def test_set_to_output_leaves_the_template(capsys, tmp_path):
-    output, template = tmp_path / "run" / "ds.json", RING.read_text()
+    output, template = tmp_path / "ds.json", RING.read_text()
     code, _, _ = run(capsys, "set", RING, "zero_optimization.stage=2", "-o", output, *NO_DROPOUT)
     assert code == 0 and RING.read_text() == template
     assert json.loads(output.read_text())["zero_optimization"]["stage"] == 2
     code, out, _ = run(capsys, "diff", RING, output)
     assert (code, out) == (1, "zero_optimization.stage: 1 -> 2\n")
     assert run(capsys, "diff", RING, RING)[:2] == (0, "")
+
+
+def test_set_makes_no_folder_for_a_mistyped_output(capsys, tmp_path):
+    """-o in a folder that does not exist is refused, as `cp` refuses it: a typo leaves no folders behind."""
+    output = tmp_path / "runz" / "deep" / "ds.json"
+    code, _, err = run(capsys, "set", RING, "zero_optimization.stage=2", "-o", output, *NO_DROPOUT)
+    assert code == 2 and err == (f"ds_config.py: error: output {output}: its folder {output.parent} does not exist; "
+                                 f"check the path, or create the folder first (mkdir -p {output.parent})\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("assignments,message", [

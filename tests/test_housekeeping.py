@@ -70,6 +70,16 @@ def test_describe_counts_other_maps(tmp_path):
     assert index_maps.describe([str(tmp_path / "other")], [str(maps[5])], "x").endswith("1 used by this run, no others")
 
 
+def test_the_clean_command_names_the_script_by_a_path_that_works_from_the_users_folder(tmp_path, monkeypatch):
+    """From the repository it reads as the README writes it; from elsewhere (a run started in its own
+    folder) it names the script's absolute path, not a tools/... that does not exist there."""
+    maps = fake_maps(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    line = index_maps.describe([str(tmp_path / "c")], [str(maps[0])], "runs/x")
+    script = line.split(": python ", 1)[1].split()[0]
+    assert script == str(ROOT / "tools" / "clean_index_maps.py") and Path(script).is_file()
+
+
 def clean(*args):
     return subprocess.run([sys.executable, str(ROOT / "tools" / "clean_index_maps.py"), *map(str, args)],
                           capture_output=True, text=True, timeout=60)

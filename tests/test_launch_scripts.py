@@ -130,18 +130,33 @@ def test_launch_environment_mistakes_name_the_variable(tmp_path, env, message):
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"bert_distributed.sh: error: {message}")
 
 
-@pytest.mark.parametrize("user_setting,expected", [(None, "cpu"), ("cuda", "cuda")])
-def test_launcher_names_the_cpu_accelerator_unless_the_user_did(user_setting, expected):
+@pytest.mark.parametrize("user_setting,expected", [(None, "cpu"), ("cpu", "cpu"), ("cuda", "cuda")])
+def test_launcher_names_the_cpu_accelerator_unless_the_user_did(user_setting, expected, tmp_path):
     """run_launcher (every launch script's) starts DeepSpeed's launcher with DS_ACCELERATOR=cpu when no
     GPU is visible, so that its processes do not log "Setting accelerator to CPU. If you have GPU or
     other accelerator, we were unable to detect it." (the real launches above check the output); a
-    DS_ACCELERATOR the user set is kept."""
+    DS_ACCELERATOR the user set is kept (here the python beside the launcher, which checks it, finds the device)."""
     env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}
     env.update(CUDA_VISIBLE_DEVICES="", **({"DS_ACCELERATOR": user_setting} if user_setting else {}))
+    (tmp_path / "python").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "python").chmod(0o755)
     launcher = 'echo "${DS_ACCELERATOR-unset}"'
     result = subprocess.run(["bash", "-c", f'source "$1"; run_launcher bash -c {shlex.quote(launcher)}', "probe",
-                             str(SCRIPTS / "launcher_group.sh")], env=env, capture_output=True, text=True, timeout=60)
+                             str(SCRIPTS / "launcher_group.sh")], env=env, capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
     assert (result.returncode, result.stdout, result.stderr) == (0, f"{expected}\n", "")
+
+
+def test_launcher_refuses_a_ds_accelerator_this_machine_lacks():
+    """DS_ACCELERATOR=cuda without a GPU (a cluster profile on a CPU machine) stopped DeepSpeed's runner with
+    "RuntimeError: Unable to proceed, no GPU resources available" and its traceback: one line, status 2."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cuda"}
+    launcher = str(Path(sys.executable).parent / "deepspeed")
+    result = subprocess.run(["bash", "-c", f'source "$1"; run_launcher {shlex.quote(launcher)} --help', "probe",
+                             str(SCRIPTS / "launcher_group.sh")], env=env, capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith("probe: error: DS_ACCELERATOR=cuda names a device this machine lacks: ")
+    assert len(result.stderr.splitlines()) == 1
 
 
 STAND_IN_RANK = """import os, signal, sys, time

@@ -339,11 +339,24 @@ def test_a_run_that_logged_no_step_finishes_without_a_plot(tmp_path, monkeypatch
     log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=100, interval=50)
     log.start(0, "starting from scratch")
     log.evaluation("test", 2, 9.5)
-    log.finish("ckpt")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "latest").write_text("iter_0000002")
+    log.finish(tmp_path / "ckpt")
     assert stdout.getvalue().splitlines()[-3:] == [f"logs: {tmp_path / 'log' / 'metrics.jsonl'}",
                                                    "loss plot: none (no training step was logged in this --log-dir)",
-                                                   "checkpoint: ckpt"]
+                                                   f"checkpoint: {tmp_path / 'ckpt'}"]
     assert not (tmp_path / "log" / "loss.png").exists()
+
+
+def test_the_footer_names_no_checkpoint_when_nothing_was_saved(tmp_path, monkeypatch):
+    """A run stopped before its first save (a signal during the start of extend_context's launch) ends
+    with `nothing was saved`: its footer names no --save folder, which may not even exist."""
+    stdout = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=100, interval=50)
+    log.start(0, "starting from scratch")
+    log.finish(tmp_path / "ck")
+    assert stdout.getvalue().splitlines()[-1] == f"checkpoint: none (nothing was saved in {tmp_path / 'ck'})"
 
 
 def test_each_start_record_names_the_save_folder_a_log_dir_points_to(tmp_path, monkeypatch):

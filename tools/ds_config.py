@@ -41,7 +41,7 @@ from pathlib import Path
 from megatron.arguments import add_model_and_parallel_args, add_packing_args, config_flags
 from megatron.config import SECTION, default_optimizer, model_notes, read_ds_config, resolve, strict_json_loads
 from megatron.errors import ConfigError, OneLineParser
-from megatron.paths import file_in_the_way, missing_folders
+from megatron.paths import file_in_the_way
 
 
 def implied_world_size(ds_config: dict, flags: dict) -> int:
@@ -135,16 +135,17 @@ def assign(ds_config: dict, assignment: str) -> None:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Whole file or nothing: a temporary file in the same folder, then os.replace. Folders it
-    creates are removed again if the write fails."""
+    """Whole file or nothing: a temporary file in the same folder, then os.replace. The folder must
+    exist, as for `cp` or `> file`: a mistyped --output makes no folders."""
     if path.is_dir():
         raise ConfigError(f"output {path} is a directory", "pass a file path to write the JSON to")
     if problem := file_in_the_way(f"output {path}: its folder", str(path.parent)):
         raise ConfigError(problem, "pass a path inside a directory")
-    created = [Path(made) for made in missing_folders(str(path.parent))]
+    if not path.parent.is_dir():
+        raise ConfigError(f"output {path}: its folder {path.parent} does not exist",
+                          f"check the path, or create the folder first (mkdir -p {path.parent})")
     temporary = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(handle, "w") as stream:
             stream.write(text)
@@ -153,9 +154,6 @@ def write_atomically(path: Path, text: str) -> None:
     except BaseException as error:
         if temporary and os.path.exists(temporary):
             os.unlink(temporary)
-        for made in created:  # innermost first
-            if made.is_dir():
-                made.rmdir()
         if isinstance(error, OSError):
             raise ConfigError(f"cannot write {path} ({error.strerror or error})",
                               "pass an --output in a folder this user can write") from None
@@ -263,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     command("show", show, "print the resolved config: model, parallel layout, batch sizes, with defaults")
     setter = command("set", set_keys, "set key.path=value ... (JSON-typed), validate, write atomically")
     setter.add_argument("assignments", nargs="+", metavar="key.path=value")
-    setter.add_argument("-o", "--output", type=Path, help="write here instead of editing CONFIG in place; "
+    setter.add_argument("-o", "--output", type=Path, help="write here (in an existing folder) instead of editing CONFIG in place; "
                         "'-' prints the result and writes nothing")
     command("validate", validate, "check pipeline x data x sequence and the batch arithmetic at a world size",
             world_size_required=True)

@@ -31,10 +31,11 @@ import sys
 from pathlib import Path
 
 from megatron.errors import ConfigError, DataError, OneLineParser, run_tool, start_up_stops_in_one_line
+from megatron.paths import in_repository
 from megatron.quiet import quiet_deepspeed
 
 with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the seconds of imports: one line
-    quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
+    quiet_deepspeed(on_the_device=True)  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     from megatron import checkpoint, hf_convert
     from megatron.arguments import flag_setting, flags_given
     from megatron.config import (ADJUSTABLE_START_FIELDS, SECTION, json_pipeline_stages, read_ds_config,
@@ -97,7 +98,8 @@ def trainer_parser() -> argparse.ArgumentParser:
     from megatron.arguments import build_parser
 
     def refuse(message):
-        raise ConfigError(f"pretrain_bert.py flags after --: {message}", "see python pretrain_bert.py --help")
+        raise ConfigError(f"pretrain_bert.py flags after --: {message}",
+                          f"see python {in_repository('pretrain_bert.py')} --help")
 
     parser = build_parser()
     parser.error = refuse  # not argparse's usage and exit
@@ -154,9 +156,10 @@ def check(args, fields: dict, kind: str) -> float:
     """The length factor, after refusing what cannot be extended this way."""
     if fields.get("position_embedding_type", "learned") != "rope":
         # a checkpoint goes through an HF folder: --load --finetune keeps the table's size
-        how = (f"pretrain_bert.py --init-from-hf {args.source}" if kind == "hf" else
-               f"tools/convert_checkpoint.py to-hf --load {args.source} --output HF, then pretrain_bert.py "
-               "--init-from-hf HF")
+        trainer = in_repository("pretrain_bert.py")
+        how = (f"{trainer} --init-from-hf {args.source}" if kind == "hf" else
+               f"{in_repository('tools/convert_checkpoint.py')} to-hf --load {args.source} --output HF, then "
+               f"{trainer} --init-from-hf HF")
         raise ConfigError(f"--from {args.source} has learned positions, not rotary ones", f"extend a learned-position "
                           f"BERT with {how} --max-position-embeddings N (it repeats the table), or start from a "
                           "ModernBERT")
@@ -220,7 +223,7 @@ def check_paths(args) -> dict:
             raise ConfigError(f"--deepspeed-config {args.deepspeed_config} sets up {variant} attention, and "
                               f"extend_context.py runs {', '.join(ATTENTIONS[:-1])} or {ATTENTIONS[-1]} "
                               "(sequence-parallel, exact, and what the local layers need)",
-                              f"{fix} with one of them, such as ds_configs/ring_sp2.json")
+                              f"{fix} with one of them, such as {in_repository('ds_configs/ring_sp2.json')}")
     return ds
 
 

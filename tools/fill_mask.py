@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 from megatron.errors import ConfigError, OneLineParser, run_tool, start_up_stops_in_one_line
+from megatron.paths import in_repository
 from megatron.quiet import quiet_deepspeed
 
 with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of imports: one line
@@ -128,7 +129,7 @@ def main(argv=None) -> None:
         check_utf8(text)
     if (Path(args.load) / "config.json").is_file() and not (Path(args.load) / LATEST).exists():
         raise ConfigError(f"--load {args.load} is a Hugging Face model folder, not a checkpoint of this trainer",
-                          f"convert it first: python tools/convert_checkpoint.py from-hf --hf-dir {args.load} "
+                          f"convert it first: python {in_repository('tools/convert_checkpoint.py')} from-hf --hf-dir {args.load} "
                           "--save DIR, then pass --load DIR")
     tag = latest_tag(args.load)
     # the embedded corpus' vocab, where it exists, for a trained checkpoint saved before checkpoints carried

@@ -22,6 +22,8 @@ import os
 import re
 from pathlib import Path
 
+from megatron.paths import in_repository
+
 SPLITS = ("train", "valid", "test")
 KINDS = ("indexmap", "packmap")
 USED_FILE = "index_maps.json"  # in the log directory: {"maps": [absolute paths]}
@@ -129,7 +131,8 @@ def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str
     size = sum(path.stat().st_size for path in others)
     cache = f" --data-cache-path {cache_path}" if cache_path else ""
     return (f"{line}; {len(others)} others from other settings or older data ({size_text(size)}): "
-            f"python tools/clean_index_maps.py {' '.join(prefixes)}{cache} --keep-run {log_dir} removes them")
+            f"python {in_repository('tools/clean_index_maps.py')} {' '.join(prefixes)}{cache} --keep-run {log_dir} "
+            "removes them")
 
 
 def write_used(log_dir: str, used: list[str]) -> Path:

@@ -22,12 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from megatron.errors import ConfigError, DataError
+from megatron.paths import in_repository
 
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
 MMAP_MAGIC = b"MMIDIDX\x00\x00"
 TNT_MAGIC = b"TNTIDX\x00\x00"
 IMPLS = ("mmap", "cached", "lazy")
-_REBUILD = "rerun tools/preprocess_data.py to rebuild it"
+_REBUILD = f"rerun {in_repository('tools/preprocess_data.py')} to rebuild it"
 _MAGICS = {"mmap": MMAP_MAGIC, "lazy": TNT_MAGIC}  # the reader of each format (cached reads TNTIDX too)
 _IMPL_NAMES = {"mmap": "mmap", "lazy": "cached/lazy"}  # each format by the --data-impl values that read it
 
@@ -234,7 +235,8 @@ def _require_files(prefix):
     for path in (index_file_path(prefix), data_file_path(prefix)):
         if not os.path.isfile(path):
             raise DataError(f"dataset file {path} does not exist",
-                            "check --data-path (a prefix without .bin/.idx) or run tools/preprocess_data.py")
+                            "check --data-path (a prefix without .bin/.idx) or run "
+                            + in_repository("tools/preprocess_data.py"))
 
 
 class MMapIndexedDataset(_Reader):

@@ -26,7 +26,7 @@ from tokenizers.normalizers import BertNormalizer
 from tokenizers.pre_tokenizers import BertPreTokenizer
 
 from megatron.errors import ConfigError, DataError, refuse_lfs_pointer
-from megatron.paths import write_json_atomic
+from megatron.paths import in_repository, write_json_atomic
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_TYPES = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}  # name -> lower_case
@@ -113,7 +113,7 @@ class BertWordPiece(_Tokenizer):
         missing = [token for token in SPECIAL_TOKENS if token not in self.vocab]
         if missing:
             raise DataError(f"vocab file {vocab_file} lacks the special tokens {' '.join(missing)}",
-                            "use a BERT vocab.txt (or build one with tools/build_vocab.py)")
+                            f"use a BERT vocab.txt (or build one with {in_repository('tools/build_vocab.py')})")
         self._rust = wordpiece(self.vocab, lower_case)
         self.inv_vocab = {index: token for token, index in self.vocab.items()}
         self.tokens = list(self.vocab)
@@ -416,7 +416,7 @@ def read_vocab(vocab_file) -> dict[str, int]:
         raise DataError(f"vocab file {path} is a directory", "pass the vocab.txt inside it to --vocab-file")
     if not path.is_file():
         raise DataError(f"vocab file {path} does not exist",
-                        "pass --vocab-file with a BERT vocab.txt (tools/build_vocab.py makes one)")
+                        f"pass --vocab-file with a BERT vocab.txt ({in_repository('tools/build_vocab.py')} makes one)")
     refuse_lfs_pointer(path)  # its lines would read as a vocab without [CLS]
     raw = path.read_bytes()
     try:
@@ -424,8 +424,8 @@ def read_vocab(vocab_file) -> dict[str, int]:
     except UnicodeDecodeError as error:
         line = raw.count(b"\n", 0, error.start) + 1
         raise DataError(f"vocab file {path} is not UTF-8 text (line {line}: byte {raw[error.start]:#04x}); is it a "
-                        "binary file?", "pass a BERT vocab.txt in UTF-8, one token per line (tools/build_vocab.py "
-                        "makes one)") from None
+                        "binary file?", "pass a BERT vocab.txt in UTF-8, one token per line "
+                        f"({in_repository('tools/build_vocab.py')} makes one)") from None
     if _is_tokenizer_json(text):
         raise DataError(f"vocab file {path} is a Hugging Face tokenizer.json, not a vocab.txt",
                         "pass it with --tokenizer-file instead of --vocab-file")
@@ -639,7 +639,7 @@ def check_data_vocab(tokenizer, prefixes, fixed_by: str | None = None) -> None:
     """Each dataset's recorded vocab and text pipeline (data made before the record existed: size checks
     only) is the run's. `fixed_by`: the weights the run starts from or resumes ('checkpoint DIR'), which
     fix its tokenizer (choose_tokenizer refuses another), so preprocessing again is the one fix."""
-    rerun = "rerun tools/preprocess_data.py with the run's tokenizer"
+    rerun = f"rerun {in_repository('tools/preprocess_data.py')} with the run's tokenizer"
     if fixed_by:
         rerun = f"{rerun} ({naming_flags(tokenizer.type_name, tokenizer.file)}, the one {fixed_by} was trained with)"
     for prefix in prefixes:
@@ -651,7 +651,8 @@ def check_data_vocab(tokenizer, prefixes, fixed_by: str | None = None) -> None:
             raise DataError(f"the data {prefix} was preprocessed with the vocab {record['file']}, whose tokens "
                             f"differ from the run's {tokenizer.file} (sha256 {record['vocab_sha256'][:12]} vs "
                             f"{tokenizer.identity[:12]})", rerun if fixed_by else "pass the --vocab-file/--tokenizer-"
-                            "file the data was made with, or rerun tools/preprocess_data.py with this one")
+                            f"file the data was made with, or rerun {in_repository('tools/preprocess_data.py')} "
+                            "with this one")
         recorded = _recorded_pipeline(record)
         differ = _pipeline_differences(recorded, tokenizer.pipeline) if recorded is not None else []
         if differ:
