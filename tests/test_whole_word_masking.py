@@ -239,6 +239,19 @@ def test_a_short_training_run_with_a_byte_level_tokenizer(texts, tmp_path):
     assert run_on_ranks(main, 1, argv, timeout=180) == [0]
 
 
+@pytest.mark.parametrize("lengths", [(3, 2, 0), (3, 0, 2), (0, 0)])
+def test_an_empty_sentence_builds_a_segment(tokenizer_file, lengths):
+    """A span whose last sentence has no token (an .idx from another tool: preprocess drops them) made
+    whole-word masking raise IndexError: that sentence begins at the span's length, past its last token."""
+    tokenizer = HFTokenizer(tokenizer_file)
+    piece = tokenizer.tokenize("implementation")[0]
+    sentences = [np.full(length, piece) for length in lengths]
+    ids = SpecialIds(cls=tokenizer.cls, sep=tokenizer.sep, mask=tokenizer.mask, pad=tokenizer.pad)
+    segment = build_segment(sentences, 100, 100, ids, np.arange(10, 20), 0.5, np.random.RandomState(0),
+                            binary_head=False, words=word_marks(tokenizer))
+    assert len(segment["tokens"]) == sum(lengths) + 2
+
+
 def tokenizer_of(tmp_path, model, normalizer=None, pre_tokenizer=None) -> HFTokenizer:
     rust = Tokenizer(model)
     rust.normalizer, rust.pre_tokenizer = normalizer, pre_tokenizer

@@ -35,10 +35,12 @@ class WordMarks:
 
     def starts(self, tokens: np.ndarray, sentence_starts=(0,)) -> np.ndarray:
         """Bool per token of sentences back to back (each beginning at one of `sentence_starts`): where
-        a word begins (a sentence's first token always)."""
+        a word begins (a sentence's first token always). An empty sentence at the end (an .idx written by
+        another tool) begins at len(tokens), where no token is."""
         starts = ~self.continuation[tokens]
         starts[1:] |= self.ends_word[tokens[:-1]]
-        starts[np.asarray(sentence_starts, dtype=np.int64)] = True
+        sentence_starts = np.asarray(sentence_starts, dtype=np.int64)
+        starts[sentence_starts[sentence_starts < len(tokens)]] = True
         return starts
 
 
