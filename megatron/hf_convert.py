@@ -168,10 +168,8 @@ def hf_tokenizer_files(state: dict, config: BertConfig, tokenizer) -> tuple[dict
 def hf_special_tokens(tokenizer) -> dict:
     """The "<kind>_token" settings of an HFTokenizer's export: transformers takes a tokenizer.json's special
     tokens from tokenizer_config.json alone (an unk_token left out loads as None, where the trainer's model
-    writes its unknown token), so each the trainer uses is named there."""
-    named = {f"{kind}_token": token for kind, token in tokenizer.special_tokens().items()}
-    unk = tokenizer.unk_token()
-    return {**named, "unk_token": unk} if unk is not None else named
+    writes its unknown token), so each the trainer uses is named there, its unknown token included."""
+    return {f"{kind}_token": token for kind, token in tokenizer.special_tokens().items()}
 
 
 def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, lower_case: bool = True,

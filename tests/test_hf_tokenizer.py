@@ -81,7 +81,7 @@ def test_special_ids_are_read_from_the_tokenizer(texts, modernbert_style, tmp_pa
     roberta.save(str(tmp_path / "roberta.json"))
     tokenizer = build_tokenizer(None, tokenizer_file=tmp_path / "roberta.json")
     assert (tokenizer.cls, tokenizer.sep, tokenizer.mask, tokenizer.pad) == (4, 2, 1, 3)
-    assert tokenizer.special_tokens() == {"cls": "<s>", "sep": "</s>", "mask": "<mask>", "pad": "<pad>"}
+    assert tokenizer.special_tokens() == {"cls": "<s>", "sep": "</s>", "mask": "<mask>", "pad": "<pad>", "unk": "<unk>"}
 
     # a model folder: its tokenizer_config.json names the tokens (here: mask and pad swapped on purpose)
     folder = tmp_path / "folder"
@@ -313,31 +313,68 @@ def test_an_ordinary_word_as_the_mask_token_is_refused(tmp_path):
     assert HFTokenizer(tmp_path / "plain.json").mask == 4
 
 
-@pytest.mark.parametrize("style", ["roberta", "modernbert", "named_in_config"])
+def source_tokenizer(style: str) -> tuple[Tokenizer, dict]:
+    """A tokenizer.json of `style` and the tokenizer_config.json settings beside it: byte-level BPEs as RoBERTa
+    (<unk> its model's) and ModernBERT are built (its [UNK] named by the model, or by the config alone, as
+    ModernBERT's own tokenizer.json leaves the model's null), or a Unigram (SentencePiece: ALBERT, XLM-R, T5),
+    whose model names its unknown token by id."""
+    specials = ["[UNK]", "[MASK]", "[SEP]", "[PAD]", "[CLS]"] if "modernbert" in style else [
+        "<unk>", "<mask>", "</s>", "<pad>", "<s>", "<extra>"]
+    if style == "unigram":
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+        tokenizer.train_from_iterator(FEW_TEXTS, trainers.UnigramTrainer(vocab_size=100, special_tokens=specials,
+                                                                         unk_token="<unk>"))
+    else:
+        tokenizer = train_bpe(FEW_TEXTS, specials, 300)
+    if "modernbert" not in style:
+        tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 4))
+    if style == "modernbert_config_unk":  # ModernBERT's tokenizer.json: a BPE with no unknown token
+        settings = json.loads(tokenizer.to_str())
+        settings["model"]["unk_token"] = None
+        tokenizer = Tokenizer.from_str(json.dumps(settings))
+    return tokenizer, {"mask_token": "<extra>"} if style == "named_in_config" else {
+        "unk_token": "[UNK]"} if style == "modernbert_config_unk" else {}
+
+
+def test_a_unigrams_unknown_token_is_the_one_its_unk_id_names(tmp_path):
+    """A Unigram names its unknown token by id (no unk_token): found, also for a checkpoint's record of special
+    tokens from before records named it, and refused as the mask token as a BPE's is."""
+    source, _ = source_tokenizer("unigram")
+    source.save(str(tmp_path / "tokenizer.json"))
+    before = {"cls": "<s>", "sep": "</s>", "mask": "<mask>", "pad": "<pad>"}
+    assert HFTokenizer(tmp_path / "tokenizer.json", before).special_tokens() == {**before, "unk": "<unk>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"mask_token": "<unk>"}))
+    with pytest.raises(DataError, match="mask token '<unk>' is also its unk token"):
+        HFTokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("style", ["roberta", "modernbert", "named_in_config", "unigram", "modernbert_config_unk"])
 def test_the_export_of_a_hugging_face_tokenizer_loads_with_the_trainers_special_ids(tmp_path, style):
     """to-hf's tokenizer_config.json named cls, sep, mask and pad but not the unknown token: AutoTokenizer
-    loaded it with unk_token None, where the trainer's model writes <unk> / [UNK]. Each special id the
-    trainer uses is now the one transformers' AutoTokenizer gives the exported folder (tokens named by
-    the source folder's tokenizer_config.json included)."""
+    loaded it with unk_token None, where the trainer's model writes <unk> / [UNK]; a Unigram's (named by
+    unk_id) and one only the source folder's tokenizer_config.json names (ModernBERT's) were still left out.
+    Each special id the trainer uses is now the one transformers' AutoTokenizer gives the export of the
+    tokenizer a checkpoint carries (tokens named by the source folder's tokenizer_config.json included,
+    though the checkpoint carries the tokenizer.json alone)."""
     import transformers
 
     from bert_fixtures import small_config, small_model
     from megatron import hf_convert
+    from megatron.data.tokenizer import carry
 
-    specials = ["[UNK]", "[MASK]", "[SEP]", "[PAD]", "[CLS]"] if style == "modernbert" else [
-        "<unk>", "<mask>", "</s>", "<pad>", "<s>", "<extra>"]
-    bpe = train_bpe(FEW_TEXTS, specials, 300)
-    if style != "modernbert":
-        bpe.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 4))
+    source, settings = source_tokenizer(style)
     (tmp_path / "source").mkdir()
-    bpe.save(str(tmp_path / "source" / "tokenizer.json"))
-    if style == "named_in_config":
-        (tmp_path / "source" / "tokenizer_config.json").write_text(json.dumps({"mask_token": "<extra>"}))
-    tokenizer = HFTokenizer(tmp_path / "source")
+    source.save(str(tmp_path / "source" / "tokenizer.json"))
+    (tmp_path / "source" / "tokenizer_config.json").write_text(json.dumps(settings))
+    (tmp_path / "ck").mkdir()
+    carry(HFTokenizer(tmp_path / "source"), tmp_path / "ck")
+    tokenizer = carried_tokenizer(tmp_path / "ck")
     config = small_config("dense", seq_length=16, max_position_embeddings=16, vocab_size=tokenizer.vocab_size)
     hf_convert.save_hf_folder(tmp_path / "hf", small_model(config).state_dict(), config, hf_tokenizer=tokenizer)
     exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
-    trainer = {**tokenizer.ids, "unk": bpe.token_to_id(specials[0])}
+    trainer = {**tokenizer.ids, "unk": source.token_to_id("[UNK]" if "modernbert" in style else "<unk>")}
     assert {kind: getattr(exported, f"{kind}_token_id") for kind in trainer} == trainer
     text = "the cat sat"
     assert exported(text, add_special_tokens=False).input_ids == tokenizer.tokenize(text)

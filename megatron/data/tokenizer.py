@@ -158,6 +158,8 @@ class HFTokenizer(_Tokenizer):
         for token, index in ids.items():
             self.tokens[index] = token
         self.special = special_tokens or _find_special_tokens(self._rust, Path(self.file))
+        if "unk" not in self.special:  # a checkpoint's record from before records named it: the model's
+            self.special = {**self.special, **_unknown_token(self.settings(), ids)}
         self.ids = {}
         for kind in SPECIAL_NAMES:
             token = self.special.get(kind)
@@ -173,7 +175,7 @@ class HFTokenizer(_Tokenizer):
     def _refuse_shared_mask(self) -> None:
         """A mask token that is also the pad, cls, sep or unknown token: masking would write a token the
         text holds anyway, and fill-mask would take every padding position for a mask."""
-        others = {**{kind: self.special[kind] for kind in ("pad", "cls", "sep")}, "unk": self.unk_token()}
+        others = {kind: self.special.get(kind) for kind in ("pad", "cls", "sep", "unk")}  # unk: _unknown_token's
         same = [kind for kind, token in others.items() if token == self.special["mask"]]
         if same:
             raise DataError(f"tokenizer {self.file}'s mask token {self.special['mask']!r} is also its {same[0]} token",
@@ -197,11 +199,6 @@ class HFTokenizer(_Tokenizer):
 
     def added_special_tokens(self) -> set:
         return {token.content for token in self._rust.get_added_tokens_decoder().values() if token.special}
-
-    def unk_token(self) -> str | None:
-        """The token the model writes for text it has no token for (None: a byte-level BPE has no need)."""
-        unk = getattr(self._rust.model, "unk_token", None)
-        return unk if unk in self._rust.get_vocab(with_added_tokens=True) else None
 
     def __getstate__(self):
         return {"file": self.file, "special": self.special}
@@ -346,14 +343,18 @@ def _find_special_tokens(rust: Tokenizer, file: Path) -> dict:
     added_tokens_decoder: folders saved before transformers 4.34), the post-processor
     (TemplateProcessing: first and last special of the single template; Roberta/Bert: cls, sep),
     the tokenizer's tokens by the names in SPECIAL_NAMES (added special tokens first). A token a
-    file names that the tokenizer lacks is an error naming that file."""
+    file names that the tokenizer lacks is an error naming that file. "unk": _unknown_token's."""
     vocab = rust.get_vocab(with_added_tokens=True)
+    settings = json.loads(rust.to_str())
     config = _folder_settings(file.parent / "tokenizer_config.json")
     found = _named_tokens(config, file.parent / "tokenizer_config.json", vocab, file)
+    named = dict(config)  # the folder's settings, for the unknown token
     if "added_tokens_decoder" not in config:
         legacy = file.parent / "special_tokens_map.json"
-        found.update(_named_tokens(_folder_settings(legacy), legacy, vocab, file))
-    processors = [json.loads(rust.to_str()).get("post_processor") or {}]
+        legacy_settings = _folder_settings(legacy)
+        found.update(_named_tokens(legacy_settings, legacy, vocab, file))
+        named.update(legacy_settings)
+    processors = [settings.get("post_processor") or {}]
     while processors:
         processor = processors.pop(0)
         processors += processor.get("processors") or []
@@ -370,7 +371,24 @@ def _find_special_tokens(rust: Tokenizer, file: Path) -> dict:
         if kind not in found:
             found[kind] = next((name for name in names if name in added), None) or next(
                 (name for name in names if name in vocab), None)
-    return {kind: token for kind, token in found.items() if token is not None}
+    special = {kind: token for kind, token in found.items() if token is not None}
+    return {**special, **_unknown_token(settings, vocab, named)}
+
+
+def _unknown_token(settings: dict, vocab: dict, named: dict | None = None) -> dict:
+    """{"unk": token} for the token the model writes for text it has no token for, as the tokenizer.json's
+    `settings` name it (a BPE's, WordPiece's or WordLevel's unk_token, a Unigram's unk_id), else as a folder's
+    settings files `named` name it (ModernBERT's tokenizer_config.json names [UNK], its byte-level BPE none):
+    transformers reads it from tokenizer_config.json alone, so the export names it. {} where neither names a
+    token of `vocab`."""
+    model = settings.get("model") or {}
+    unk, index = model.get("unk_token"), model.get("unk_id")
+    if model.get("type") == "Unigram" and isinstance(index, int) and 0 <= index < len(model.get("vocab") or []):
+        unk = model["vocab"][index][0]  # [piece, score]
+    if unk not in vocab:
+        unk = (named or {}).get("unk_token")
+        unk = unk.get("content") if isinstance(unk, dict) else unk
+    return {"unk": unk} if isinstance(unk, str) and unk in vocab else {}
 
 
 def _folder_settings(path: Path) -> dict:
