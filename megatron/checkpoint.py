@@ -53,6 +53,9 @@ from megatron.parallel import launcher_watch, peers, state as parallel_state
 LATEST = "latest"
 RUN_STATE = "run_state.json"
 ORIGIN = "weights_from"  # in RUN_STATE: {"from": path or None (scratch), "kind", "sha256"} of the run's start
+# in ORIGIN of a run from scratch: it stores its own max_position_embeddings (a flag's, or its --seq-length with
+# rope: config.rope_positions), never a preset's; a checkpoint saved before that lacks it (declared_positions)
+OWN_POSITIONS = "own_positions"
 LAYOUT_FREE = "layout_free_stage{stage}.pt"
 PARTIAL = ".partial"
 LOCK = ".lock"  # the run writing into a --save folder: {"host", "pid", "start"}
@@ -663,15 +666,16 @@ def declared_positions(load_dir: str, tag: str) -> int:
     run from its weights carries it: a position table's rows; with rope, which has no table, the longest
     length known trained: the field (a folder's, which a shorter fine-tune keeps) or --seq-length where
     longer (a run continued at a longer length than its weights'), and --seq-length alone for a run from
-    scratch that stored a preset's 8192 before runs stored their length (positions it never trained)."""
+    scratch that stored a preset's 8192 before runs stored their length (positions it never trained; a
+    later run's ORIGIN says OWN_POSITIONS: its 8192 is a --max-position-embeddings it was given)."""
     state = run_state(load_dir, tag)
     model = state["config"]["model"]
     positions, length = model["max_position_embeddings"], model["seq_length"]
     if model.get("position_embedding_type") != "rope":
         return positions
     origin = state.get(ORIGIN)
-    from_scratch = isinstance(origin, dict) and origin.get("from") is None
-    if from_scratch and positions > length and positions in _PRESET_POSITIONS:
+    preset_stored = isinstance(origin, dict) and origin.get("from") is None and not origin.get(OWN_POSITIONS)
+    if preset_stored and positions > length and positions in _PRESET_POSITIONS:
         return length
     return max(positions, length)
 

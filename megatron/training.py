@@ -417,11 +417,12 @@ def requeue_from_weights(args) -> None:
 
 def weights_origin(args, weights_only: bool) -> dict:
     """What a new run starts from, kept with each of its checkpoints (checkpoint.ORIGIN) for a requeue
-    to compare (check_origin): scratch, or the weights' folder, kind and fingerprint."""
+    to compare (check_origin): scratch (storing its own max_position_embeddings: checkpoint.OWN_POSITIONS),
+    or the weights' folder, kind and fingerprint."""
     source, kind = ((args.init_from_hf, "hf") if args.init_from_hf else
                     (args.load, "checkpoint") if weights_only else (None, None))
     if not source:
-        return {"from": None}
+        return {"from": None, checkpoint.OWN_POSITIONS: True}
     return {"from": os.path.realpath(source), "kind": kind, "sha256": hf_convert.weights_fingerprint(source, kind)}
 
 

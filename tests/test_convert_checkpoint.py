@@ -1,6 +1,7 @@
 """tools/convert_checkpoint.py end to end: a checkpoint saved by a pipeline 2 x sequence-parallel 2
 run -> Hugging Face folder -> equal logits to the single-process model holding the run's weights;
 and back (from-hf) to a checkpoint whose weights are the same."""
+import argparse
 import importlib.util
 import json
 import os
@@ -421,14 +422,20 @@ def test_from_hf_of_local_layers_with_attention_dropout_stores_none(tmp_path):
 
 @pytest.mark.parametrize("origin, stored, seq_length, exported", [
     ({"from": None}, 8192, 64, 64),  # a preset run from scratch stored before runs stored their length
+    ("scratch", 8192, 64, 8192),  # a run from scratch now: --max-position-embeddings 8192, given on purpose
     ({"from": "/models/modernbert", "kind": "hf"}, 8192, 64, 8192),  # a ModernBERT fine-tuned shorter
     ({"from": "/runs/short", "kind": "checkpoint"}, 64, 128, 128)])  # weights continued at a longer length
 def test_to_hf_of_a_rotary_checkpoint_declares_the_length_it_trained_at(tmp_path, origin, stored, seq_length,
                                                                          exported):
     """A rotary model has no position table: its export's max_position_embeddings declares the longest
-    length known trained, not a preset's 8192 that a run from scratch stored (said in one warning)."""
+    length known trained, not a preset's 8192 that a run from scratch stored (said in one warning); the
+    8192 of a run from scratch that records its start as runs do now was given by its flag: exported."""
     from megatron.data.tokenizer import BertWordPiece
+    from megatron.training import weights_origin
     from test_hf_modernbert import modern_config
+
+    if origin == "scratch":
+        origin = weights_origin(argparse.Namespace(init_from_hf=None, load=None), weights_only=False)
 
     config = modern_config(seq_length=seq_length, max_position_embeddings=seq_length)
     tokenizer = BertWordPiece(str(write_vocab_file(tmp_path / "vocab.txt")))
