@@ -95,16 +95,23 @@ def _layer_options(model: BertConfig) -> str:
     token, as in a fine-tune of ModernBERT (window 128) at --seq-length 64, the model's own function."""
     options = ["rope"] if model.position_embedding_type == "rope" else []
     if model.has_local_layers:
-        reach = model.max_segment_length or model.seq_length  # the farthest key a query may see, plus one
-        spanned = "every segment of up to" if model.max_segment_length else "the whole sequence of"
-        whole = (f"; it spans {spanned} {reach} tokens: the local layers see every token"
-                 if model.local_attention_window // 2 >= reach - 1 else "")
+        reach, packed, sees_all = window_reach(model)
+        spanned = "every segment of up to" if packed else "the whole sequence of"
+        whole = f"; it spans {spanned} {reach} tokens: the local layers see every token" if sees_all else ""
         options.append(f"local window {model.local_attention_window} (global every {model.global_attention_every}"
                        f"{whole})")
     options += [model.mlp_type] if model.mlp_type != "gelu" else []
     options += ["no biases"] if not model.add_bias_linear else []
     options += [model.normalization] if model.normalization != "LayerNorm" else []
     return "".join(f", {option}" for option in options)
+
+
+def window_reach(model: BertConfig) -> tuple[int, bool, bool]:
+    """(reach, packed, sees_all) of a model's local window: the tokens a query may see (the sequence;
+    `packed`: the longest segment), and whether the window spans them, its local layers seeing every token
+    (global layers). The config line (_layer_options) and the wide-window note (wide_window_note) read it."""
+    reach = model.max_segment_length or model.seq_length  # the farthest key a query may see, plus one
+    return reach, bool(model.max_segment_length), model.local_attention_window // 2 >= reach - 1
 
 
 def _bf16_key(ds_config: dict) -> str:
@@ -1160,27 +1167,29 @@ def _refuse_stages_without_layers(stages: int, layers: int, by_flag: bool) -> No
                           "or more")
 
 
-def wide_window_note(model: BertConfig) -> str | None:
-    """The line of a local window as long as what a query may see (the sequence; packed: the longest
-    segment): the local layers are (nearly) global ones that pay a halo exchange, a valid model (ModernBERT
-    fine-tuned at 64 tokens) but more often a window given as the tokens of one side (it counts both)."""
-    if not model.has_local_layers:
+def wide_window_note(model: BertConfig, window_given: bool) -> str | None:
+    """The line of a --local-attention-window (`window_given`) as long as what a query may see (window_reach):
+    the local layers are (nearly) global ones that pay a halo exchange, more often a window given as the
+    tokens of one side (it counts both) than meant. A preset's or the starting weights' window is the model's
+    own (ModernBERT's 128 fine-tuned at 128 tokens): no note. Local layers that see every token the config
+    line says, not this line too."""
+    if not (window_given and model.has_local_layers):
         return None
     window, half = model.local_attention_window, model.local_attention_window // 2
-    reach = model.max_segment_length or model.seq_length  # as the config line's _layer_options
+    reach, packed, sees_all = window_reach(model)
     if window < reach:
         return None
-    span = "segment (--max-segment-length)" if model.max_segment_length else "sequence (--seq-length)"
-    sees = ("every token of it (they are global layers)" if half >= reach - 1
-            else f"all but the tokens more than {half} apart")
-    return (f"note: the local attention window {window} ({half} tokens each side) is not below the {reach}-token "
-            f"{span}: the local layers see {sees}; the window counts both sides")
+    span = "segment (--max-segment-length)" if packed else "sequence (--seq-length)"
+    sees = "" if sees_all else f": the local layers see all but the tokens more than {half} apart"
+    return (f"note: --local-attention-window {window} ({half} tokens each side) is not below the {reach}-token "
+            f"{span}{sees}; the window counts both sides")
 
 
-def model_notes(model: BertConfig) -> list:
+def model_notes(model: BertConfig, window_given: bool) -> list:
     """The start-up notes of a model that trains but is likely not what was meant: one that to-hf would
-    refuse, local layers that are not local. The trainer prints them, tools/ds_config.py show/validate too."""
-    return [note for note in (export_note(model), wide_window_note(model)) if note]
+    refuse, local layers that are not local (`window_given`: by --local-attention-window). The trainer prints
+    them, tools/ds_config.py show/validate too."""
+    return [note for note in (export_note(model), wide_window_note(model, window_given)) if note]
 
 
 def rope_positions(values: dict, given: set) -> dict:

@@ -1073,7 +1073,8 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     if torch.cuda.is_available() and config.model.attention != "linformer":  # linformer: torch's F.sdpa picks
         blocks.check_cuda_head_dim(config.model.head_dim, precision(ds), torch.cuda.get_device_capability())
     check_vocab_room(args, tokenizer, config.model.vocab_size)
-    for note in (rope_positions_note(args, config.model), dropout_layout_note(config), *model_notes(config.model)):
+    for note in (rope_positions_note(args, config.model), dropout_layout_note(config),
+                 *model_notes(config.model, window_given=args.local_attention_window is not None)):
         if note and dist.get_rank() == 0:
             print(note, flush=True)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token

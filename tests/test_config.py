@@ -593,21 +593,21 @@ def test_dropout_with_sequence_or_pipeline_parallelism_is_a_note_that_the_run_is
      "Face counterpart; train with another attention"),
     # a window that spans the sequence (SMALL: 64 tokens): the local layers are not local
     (["--model-preset", "modernbert-base", "--local-attention-window", "200"], BASE,
-     "note: the local attention window 200 (100 tokens each side) is not below the 64-token sequence (--seq-length): "
-     "the local layers see every token of it (they are global layers); the window counts both sides"),
+     "note: --local-attention-window 200 (100 tokens each side) is not below the 64-token sequence (--seq-length); "
+     "the window counts both sides"),
     (["--model-preset", "modernbert-base", "--local-attention-window", "64"], BASE,
-     "note: the local attention window 64 (32 tokens each side) is not below the 64-token sequence (--seq-length): the "
+     "note: --local-attention-window 64 (32 tokens each side) is not below the 64-token sequence (--seq-length): the "
      "local layers see all but the tokens more than 32 apart; the window counts both sides"),
     (["--model-preset", "modernbert-base", "--local-attention-window", "32"],
      {**BASE, "sequence_parallel": {"size": 2, "attention": "ring", "pack_samples": True, "max_segment_length": 16}},
-     "note: the local attention window 32 (16 tokens each side) is not below the 16-token segment "
-     "(--max-segment-length): the local layers see every token of it (they are global layers)")])
+     "note: --local-attention-window 32 (16 tokens each side) is not below the 16-token segment "
+     "(--max-segment-length); the window counts both sides")])
 def test_a_model_to_hf_would_refuse_or_with_global_local_layers_is_a_note_at_start_up(argv, ds, note):
     """Learnt at start-up (the trainer, ds_config.py show/validate print model_notes), not after a long run
     from to-hf's refusal; the run trains (a choice), so a note, not an error."""
     from megatron.config import model_notes
 
-    notes = model_notes(resolve(small_with(*argv), ds, world_size=4).model)
+    notes = model_notes(resolve(small_with(*argv), ds, world_size=4).model, "--local-attention-window" in argv)
     assert len(notes) == 1 and notes[0].startswith(note), notes
 
 
@@ -618,7 +618,24 @@ def test_a_model_to_hf_would_refuse_or_with_global_local_layers_is_a_note_at_sta
 def test_an_exportable_model_with_local_layers_that_are_local_has_no_note(argv):
     from megatron.config import model_notes
 
-    assert model_notes(resolve(small_with(*argv), BASE, world_size=4).model) == []
+    assert model_notes(resolve(small_with(*argv), BASE, world_size=4).model, "--local-attention-window" in argv) == []
+
+
+@pytest.mark.parametrize("seq_length", ["128", "64"])
+def test_the_wide_window_note_is_for_a_window_a_flag_gives_and_what_the_layers_see_is_said_once(seq_length):
+    """ModernBERT's own window (a preset's, or the starting weights': no --local-attention-window) at a
+    fine-tune length of 128 or 64 tokens is the model's, not a window given as one side's tokens: no note
+    (it read as a mistake). Given by the flag at 64, the note names the flag; that its local layers see
+    every token the config line says, the note not again."""
+    from megatron.config import model_notes
+
+    preset = resolve(small_with("--model-preset", "modernbert-base", "--seq-length", seq_length), BASE, world_size=4)
+    assert preset.model.local_attention_window == 128 and model_notes(preset.model, window_given=False) == []
+    given = resolve(small_with("--model-preset", "modernbert-base", "--local-attention-window", "128"), BASE,
+                    world_size=4)
+    notes = model_notes(given.model, window_given=True)
+    assert "it spans the whole sequence of 64 tokens: the local layers see every token)" in given.summary()
+    assert len(notes) == 1 and "--local-attention-window 128" in notes[0] and "every token" not in notes[0], notes
 
 
 def small_with(*argv) -> dict:

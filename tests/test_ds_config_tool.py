@@ -124,10 +124,13 @@ def test_show_and_validate_print_the_trainers_start_up_notes_of_the_model(capsys
     for command in ("show", "validate"):
         code, out, err = run(capsys, command, RING, "--world-size", 2, *modern)
         assert code == 0 and [line.split(":")[1] for line in err.splitlines()] == [
-            " convert_checkpoint.py to-hf will refuse this model", " the local attention window 200 (100 tokens each "
+            " convert_checkpoint.py to-hf will refuse this model", " --local-attention-window 200 (100 tokens each "
             "side) is not below the 128-token sequence (--seq-length)"], err
     assert json.loads(run(capsys, "show", RING, *modern)[1])["model"]["local_attention_window"] == 200
     assert run(capsys, "validate", RING, "--world-size", 2, *NO_DROPOUT)[2] == ""  # the default BERT exports
+    # ModernBERT's own window of 128 at a fine-tune length of 128: the model's, not the user's mistake
+    assert run(capsys, "validate", RING, "--world-size", 2, "--model-preset", "modernbert-base", "--seq-length",
+               128)[2] == ""
 
 
 def test_command_line_error_is_one_line(tmp_path):

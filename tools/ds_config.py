@@ -89,7 +89,7 @@ def resolved(ds_config: dict, args, notes: bool = False) -> dict:
 
         quiet_deepspeed()
     config = resolve(flags, ds_config, world_size, deepspeed_check=args.deepspeed_check)
-    for note in model_notes(config.model) if notes else ():
+    for note in model_notes(config.model, window_given=flags["local_attention_window"] is not None) if notes else ():
         print(note, file=sys.stderr)
     return {"world_size": world_size, "global_batch_size": config.global_batch_size, **config.to_dict()}
 
