@@ -32,6 +32,8 @@ done
 # with the neighbour rank. The modern layers (rotary positions, local/global attention, GeGLU, no
 # biases, no dropout) learn faster than the classic BERT layer in the same time on 2 cores
 # (benchmarks/RESULTS.md, "Main job: classic or modern layers"; README: the measured run).
+# --split 969,15,16: the default split's training documents, and 13 documents (4-5K tokens) each for
+# validation and test, where the default leaves test one document, fewer tokens than one micro-batch.
 run_launcher .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
     --deepspeed --deepspeed_config ds_configs/ring_sp2.json "${sp[@]}" --pack-samples --seq-length 1024 \
     --num-layers 3 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 192 \
@@ -39,7 +41,7 @@ run_launcher .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
     --mlp-type geglu --disable-bias-linear --layernorm-epsilon 1e-5 --embedding-layernorm \
     --no-first-layer-attention-norm --type-vocab-size 0 --bert-no-binary-head --hidden-dropout 0 --attention-dropout 0 \
     --micro-batch-size 2 --train-iters 1000 --lr 1e-3 --lr-warmup-fraction 0.02 \
-    --log-interval 50 --eval-interval 250 --eval-iters 5 --split 940,30,30 \
+    --log-interval 50 --eval-interval 250 --eval-iters 5 --split 969,15,16 \
     --save "$save" --load "$save" --log-dir runs/default "$@"
 # What the model learned: its top guesses for masked words of two sentences
 .venv/bin/python tools/fill_mask.py --load "$save" \
