@@ -674,8 +674,9 @@ def run_state(load_dir: str, tag: str) -> dict:
         return state
     states = sorted(glob.glob(os.path.join(folder, "*mp_rank_00_model_states.pt")))
     stored = safe_load(states[0]) if states else None
-    if stored and "schedule" in stored:  # saved since run_state.json exists (the schedule came later): copied without it
-        raise DataError(f"checkpoint file {path} is missing", "restore it or resume from an earlier complete checkpoint")
+    if stored and "schedule" in stored:  # recorded since after run_state.json was: a copy that lost the file
+        raise DataError(f"checkpoint file {path} is missing",
+                        "restore it or resume from an earlier complete checkpoint")
     if not stored or "config" not in stored or len(states) > 1 or "zero_pp" in states[0]:
         raise DataError(f"checkpoint folder {folder} has no {RUN_STATE}", "point at a checkpoint written by this trainer")
     return {key: value for key, value in stored.items() if key != "module"}
