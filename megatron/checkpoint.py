@@ -451,17 +451,56 @@ def release_lock() -> None:
     _held_lock.clear()
 
 
-def check_save_dir(save_dir: str, start_iteration: int) -> None:
+def refuse_unnamed_checkpoints(save_dir: str) -> None:
+    """Refuses a --save directory holding complete iter_* checkpoints but no `latest` (a copy that
+    missed it, one deleted by hand): the run would start from scratch and overwrite them. A folder
+    with none (or only `.partial` ones) stays a first run's, as `--load X --save X` relies on."""
+    tags = complete_tags(save_dir)
+    if tags and not os.path.isfile(os.path.join(save_dir, LATEST)):
+        raise ConfigError(f"--save {save_dir} holds checkpoint{'s' * (len(tags) > 1)} {tag_list(tags)} but no "
+                          f"'{LATEST}' naming the one to resume", f"write the tag to resume into "
+                          f"{os.path.join(save_dir, LATEST)} (the newest: {tags[-1]}) and resume with --load "
+                          f"{save_dir}, or choose another --save directory to start afresh")
+
+
+def check_save_dir(save_dir: str, start_iteration: int) -> list[str]:
     """Refuses a --save directory whose `latest` checkpoint is ahead of this run's start: the
-    run would overwrite it (or leave `latest` going backwards)."""
+    run would overwrite it (or leave `latest` going backwards). Returns the complete checkpoints
+    beyond the start that `latest` does not name (a rollback: `latest` edited to an older tag),
+    which the run's saves at their iterations replace."""
     if not os.path.isfile(os.path.join(save_dir, LATEST)):
-        return
+        return []
     tag = latest_tag(save_dir)
     match = re.fullmatch(r"iter_(\d+)", tag)
     if match and int(match.group(1)) > start_iteration:
         raise ConfigError(f"--save {save_dir} holds checkpoint {tag}, ahead of this run's start at iteration "
                           f"{start_iteration}", f"pass --load {save_dir} to continue it, or choose another --save "
                           "directory")
+    return [tag for tag in complete_tags(save_dir) if tag_iteration(tag) > start_iteration]
+
+
+def overwrite_warning(save_dir: str, newer: list[str], start_iteration: int) -> str:
+    """The warning of a run that starts behind checkpoints of its --save directory (check_save_dir)."""
+    them = "them" if len(newer) > 1 else "it"
+    return (f"warning: --save {save_dir} holds {tag_list(newer)}, beyond iteration {start_iteration} where this run "
+            f"starts: a save of this run at the same iteration overwrites {them}; move {them} out of {save_dir} to "
+            f"keep {them}")
+
+
+def complete_tags(folder: str) -> list[str]:
+    """The iter_* folders of `folder` holding DeepSpeed's model states, by iteration."""
+    found = {os.path.basename(os.path.dirname(path))
+             for path in glob.glob(os.path.join(glob.escape(folder), "iter_*", "*model_states.pt"))}
+    return sorted((tag for tag in found if re.fullmatch(r"iter_\d+", tag)), key=tag_iteration)
+
+
+def tag_iteration(tag: str) -> int:
+    return int(tag[len("iter_"):])
+
+
+def tag_list(tags: list[str]) -> str:
+    """A few tags by name, more as their range."""
+    return ", ".join(tags) if len(tags) <= 3 else f"{tags[0]} .. {tags[-1]} ({len(tags)} checkpoints)"
 
 
 def rng_states() -> dict:
@@ -474,11 +513,12 @@ def rng_states() -> dict:
 def refuse_tag_folder(folder: str, flag: str = "--load") -> None:
     """Refuses one iter_* folder of a --save directory given for the directory, naming the directory:
     `flag` (--load, extend_context.py's --from) takes the one whose `latest` names the checkpoint."""
-    parent = os.path.dirname(os.path.abspath(folder))  # a relative iter_* has a parent too
-    if re.fullmatch(r"iter_\d+", os.path.basename(os.path.normpath(folder))) and \
-            os.path.isfile(os.path.join(parent, LATEST)):
+    parent, tag = os.path.split(os.path.abspath(folder))  # a relative iter_* has a parent too
+    if re.fullmatch(r"iter_\d+", tag) and os.path.isfile(os.path.join(parent, LATEST)):
+        # a tag given with each requeue would roll the run back each time: `latest` chooses
         raise ConfigError(f"{folder} is one checkpoint of the --save directory {parent}",
-                          f"point {flag} at {parent} (its '{LATEST}' names the checkpoint to read)")
+                          f"point {flag} at {parent} (its '{LATEST}' names the checkpoint to read: write {tag} into "
+                          "it to resume this one)")
 
 
 def refuse_log_dir(folder: str, flag: str = "--load") -> None:
@@ -535,22 +575,26 @@ def latest_tag(load_dir: str) -> str:
                               f"convert it first: {paths.in_repository('tools/convert_checkpoint.py')} from-hf --hf-dir {load_dir} "
                               "--save DIR")
         inside = sorted(os.path.dirname(found) for found in glob.glob(os.path.join(glob.escape(load_dir), "*", LATEST)))
+        newest = newest_hint(load_dir)
         raise ConfigError(f"no checkpoint in {load_dir} (missing '{LATEST}')",
                           f"point --load at {inside[0]}, which holds one" if inside else
+                          f"write the tag to resume into {path}{newest}" if newest else
                           "point --load at a directory written by --save")
     with open(path) as file:
         tag = file.read().strip()
     if not tag:  # else it would name the directory itself, "incomplete"
         raise DataError(f"the '{LATEST}' file of {load_dir} is empty: it names no checkpoint",
                         f"write the tag of a complete iter_* folder of {load_dir} into it{newest_hint(load_dir)}")
+    if tag.endswith((PARTIAL, REMOVING)):  # the start-up removes such a folder (remove_killed_saves)
+        raise DataError(f"the '{LATEST}' file of {load_dir} names {tag}, the folder of a save or removal that did "
+                        "not finish, never a checkpoint", f"write the tag of a complete iter_* folder of {load_dir} "
+                        f"into it{newest_hint(load_dir)}")
     return tag
 
 
 def newest_hint(load_dir: str) -> str:
     """' (the newest: iter_N)' of the complete iter_* folders in load_dir, '' without one: for a fix naming a tag."""
-    folders = {os.path.basename(os.path.dirname(path))
-               for path in glob.glob(os.path.join(glob.escape(load_dir), "iter_*", "*model_states.pt"))}
-    tags = sorted(tag for tag in folders if re.fullmatch(r"iter_\d+", tag))
+    tags = complete_tags(load_dir)
     return f" (the newest: {tags[-1]})" if tags else ""
 
 
@@ -629,8 +673,11 @@ def run_state(load_dir: str, tag: str) -> dict:
                             "the weights its run started from", f"{fix}, or delete its \"{ORIGIN}\" entry")
         return state
     states = sorted(glob.glob(os.path.join(folder, "*mp_rank_00_model_states.pt")))
-    stored = safe_load(states[0]) if len(states) == 1 and "zero_pp" not in states[0] else None
-    if not stored or "config" not in stored:
+    stored = safe_load(states[0]) if states else None
+    if stored and "schedule" in stored:  # recorded since after run_state.json was: a copy that lost the file
+        raise DataError(f"checkpoint file {path} is missing",
+                        "restore it or resume from an earlier complete checkpoint")
+    if not stored or "config" not in stored or len(states) > 1 or "zero_pp" in states[0]:
         raise DataError(f"checkpoint folder {folder} has no {RUN_STATE}", "point at a checkpoint written by this trainer")
     return {key: value for key, value in stored.items() if key != "module"}
 

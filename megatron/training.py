@@ -367,7 +367,11 @@ def check_start(args) -> None:
     the engine is built. --load naming the --save folder before it holds a checkpoint starts from
     scratch (Megatron's `--load X --save X`: a job that is resubmitted or requeued with the same
     command resumes from its last save, and its first run starts fresh); a run from weights does the
-    same (requeue_from_weights)."""
+    same (requeue_from_weights). A --save folder with checkpoints but no `latest` is refused (it is no
+    first run's); one whose newer checkpoints a rollback will overwrite is named in a warning."""
+    if args.save:
+        checkpoint.refuse_unnamed_checkpoints(args.save)
+        refuse_finetune_in_place(args)
     if args.load and args.save and same_folder(args.load, args.save) \
             and not os.path.isfile(os.path.join(args.load, checkpoint.LATEST)):
         if args.init_from_hf and launcher_rank() == 0:
@@ -384,7 +388,22 @@ def check_start(args) -> None:
     if args.load:
         state = checkpoint.run_state(args.load, checkpoint.latest_tag(args.load))
         start = 0 if state.get("weights_only") or args.finetune else state["iteration"]
-    checkpoint.check_save_dir(args.save, start)
+    newer = checkpoint.check_save_dir(args.save, start)
+    if newer and launcher_rank() == 0:
+        print(checkpoint.overwrite_warning(args.save, newer, start), file=sys.stderr, flush=True)
+
+
+def refuse_finetune_in_place(args) -> None:
+    """`--finetune --load S --save S`: the new run, from iteration 0, would overwrite the checkpoints of
+    the run it starts from; named before check_save_dir's line, which would advise the --load given."""
+    if not (args.finetune and args.load and same_folder(args.load, args.save)
+            and os.path.isfile(os.path.join(args.load, checkpoint.LATEST))):
+        return
+    iteration = checkpoint.run_state(args.load, checkpoint.latest_tag(args.load))["iteration"]
+    if iteration > 0:
+        raise ConfigError(f"--finetune starts a new run at iteration 0, and --save {args.save} holds iteration "
+                          f"{iteration} of the run it starts from", f"pass another --save, or drop --finetune to "
+                          f"resume {args.save}")
 
 
 def same_folder(a: str, b: str) -> bool:
@@ -619,6 +638,21 @@ def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
     return (f"warning: resuming with {', '.join(changes)}: samples are cut differently now, and the data goes on "
             f"at sample {consumed} of the new index map, so some text of the current epoch may be read twice or "
             "not at all (an epoch later every sample is read again); keep them to continue the same order")
+
+
+def describe_batch_change(stored: dict, config, iteration: int, train_iters: int) -> str | None:
+    """A warning when a resume changes the global batch (other ranks, micro batch or accumulation): the
+    schedule counts steps, so the samples the rest of the run reads, and the rate each sees, change."""
+    then = math.prod(stored.get(key, 1) for key in ("micro_batch_size", "gradient_accumulation_steps",
+                                                    "data_parallel_size"))
+    now = config.global_batch_size
+    if then == now:
+        return None
+    left = max(0, train_iters - iteration)
+    return (f"warning: resuming with global batch {now} (the checkpoint's: {then}): the learning-rate schedule counts "
+            f"steps, so its remaining {left} steps to --train-iters {train_iters} read {left * now} samples in place "
+            f"of {left * then} ({now / then:.3g}x per step, at the same rate); pass --global-batch-size {then} to keep "
+            "the batch")
 
 
 # data_settings' keys of the masking, by flag: the samples' text stays, the objective changes (a record
@@ -1129,6 +1163,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
         change = checkpoint.attention_change(f"checkpoint {args.load}", client["config"]["model"], vars(config.model))
         for warning in (resume_schedule(engine, client.get("schedule"), saved["schedule"], iteration),
                         describe_sample_change(client["config"], config, consumed),
+                        describe_batch_change(client["config"], config, iteration, train_iters),
                         describe_data_change(client.get("data"), saved["data"], consumed),
                         change and f"warning: {change}",
                         optimizer_change):

@@ -137,7 +137,8 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, monkeypatch):
     (tmp_path / "iter_0000002").mkdir()
     (tmp_path / "latest").write_text("iter_0000002")
     with pytest.raises(Exception, match=f"{tmp_path / 'iter_0000002'} is one checkpoint of the --save directory "
-                                        f"{tmp_path}; point --load at {tmp_path} "):
+                                        f"{tmp_path}; point --load at {tmp_path} \\(its 'latest' names the "
+                                        "checkpoint to read: write iter_0000002 into it to resume this one\\)$"):
         checkpoint.latest_tag(str(tmp_path / "iter_0000002"))
     monkeypatch.chdir(tmp_path)  # given relative, from inside the --save directory: it is named, not ''
     with pytest.raises(Exception, match=f"iter_0000002 is one checkpoint of the --save directory {tmp_path}; "):
@@ -180,6 +181,39 @@ def test_a_malformed_data_record_is_one_line(tmp_path, record):
     with pytest.raises(DataError, match="as data, not the record of the data it trained on; restore it or resume from "
                                         "an earlier complete checkpoint, or delete its \"data\" entry"):
         checkpoint.run_state(str(tmp_path), "iter_0000001")
+
+
+def test_a_checkpoint_copied_without_run_state_is_refused(tmp_path):
+    """run_state.json missing from a checkpoint of a version that writes it (its client state holds the
+    schedule, recorded since) resumed with no word, its recorded start unchecked; one saved before the
+    file existed is still read from DeepSpeed's client state."""
+    from megatron.errors import DataError
+
+    folder = tmp_path / "iter_0000004"
+    folder.mkdir()
+    state = {"config": {}, "iteration": 4, "consumed_samples": 8}
+    torch.save({"module": {}, **state}, folder / "mp_rank_00_model_states.pt")
+    assert checkpoint.run_state(str(tmp_path), "iter_0000004") == state  # saved before run_state.json
+    torch.save({"module": {}, **state, "schedule": {"lr": 1e-4}}, folder / "mp_rank_00_model_states.pt")
+    with pytest.raises(DataError, match=f"^checkpoint file {folder / 'run_state.json'} is missing; restore it or "
+                                        "resume from an earlier complete checkpoint$"):
+        checkpoint.run_state(str(tmp_path), "iter_0000004")
+
+
+def test_latest_naming_an_unfinished_save_is_refused(tmp_path):
+    """`latest` edited to name a `.partial` folder: the start-up removed it as a killed save's, then said
+    the folder does not exist; it is named for what it is, with the newest complete tag."""
+    from megatron.errors import DataError
+
+    for tag in ("iter_0000002", "iter_0000004.partial"):
+        (tmp_path / tag).mkdir()
+        (tmp_path / tag / "mp_rank_00_model_states.pt").touch()
+    (tmp_path / "latest").write_text("iter_0000004.partial")
+    with pytest.raises(DataError, match=f"^the 'latest' file of {tmp_path} names iter_0000004.partial, the folder of "
+                                        f"a save or removal that did not finish, never a checkpoint; write the tag of "
+                                        f"a complete iter_\\* folder of {tmp_path} into it \\(the newest: "
+                                        "iter_0000002\\)$"):
+        checkpoint.latest_tag(str(tmp_path))
 
 
 def test_zero0_masters_are_placed_by_the_modules_order_or_not_at_all():

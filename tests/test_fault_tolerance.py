@@ -3,11 +3,13 @@ the same losses and weights as an uninterrupted run (CPU, fp32); a save never le
 naming an incomplete checkpoint; a rank that ends or freezes ends the others with one line
 (--distributed-timeout-minutes); NaN/inf losses stop the run or are skipped; unreadable
 checkpoints are one-line errors."""
+import argparse
 import contextlib
 import io
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -405,6 +407,74 @@ def test_save_dir_ahead_of_the_run_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="holds checkpoint iter_0000010, ahead of this run's start at iteration 0"):
         checkpoint.check_save_dir(str(tmp_path), 0)
     checkpoint.check_save_dir(str(tmp_path), 10)  # resuming from it
+
+
+def fake_checkpoints(save, *iterations, latest=None) -> None:
+    """iter_* folders that pass for complete ones (model states, run_state.json), and `latest`."""
+    for iteration in iterations:
+        folder = save / checkpoint.tag_for(iteration)
+        folder.mkdir(parents=True)
+        (folder / "mp_rank_00_model_states.pt").write_bytes(b"")
+        (folder / checkpoint.RUN_STATE).write_text(json.dumps(
+            {"config": {}, "iteration": iteration, "consumed_samples": 2 * iteration}))
+    if latest is not None:
+        (save / checkpoint.LATEST).write_text(checkpoint.tag_for(latest))
+
+
+def start_run(save, load="save", finetune=False) -> argparse.Namespace:
+    args = argparse.Namespace(init_from_hf=None, load=str(save) if load == "save" else load, save=str(save),
+                              finetune=finetune)
+    training.check_start(args)
+    return args
+
+
+def test_a_save_dir_with_checkpoints_but_no_latest_is_refused(tmp_path, capsys):
+    """A copy that missed `latest`, or one deleted by hand: `--load S --save S` started from scratch and
+    overwrote S's checkpoints. A folder with none (a first run killed in its first save) still starts."""
+    save = tmp_path / "ck"
+    (save / "iter_0000006.partial").mkdir(parents=True)
+    assert start_run(save).load is None  # Megatron's --load X --save X before the first save
+    fake_checkpoints(save, 2, 4)
+    refusal = (f"--save {save} holds checkpoints iter_0000002, iter_0000004 but no 'latest' naming the one to resume; "
+               f"write the tag to resume into {save / 'latest'} (the newest: iter_0000004) and resume with --load "
+               f"{save}, or choose another --save directory to start afresh")
+    for load in ("save", None):
+        with pytest.raises(ConfigError, match=f"^{re.escape(refusal)}$"):
+            start_run(save, load)
+    with pytest.raises(ConfigError, match=re.escape(f"missing 'latest'); write the tag to resume into "
+                                                    f"{save / 'latest'} (the newest: iter_0000004)") + "$"):
+        checkpoint.latest_tag(str(save))
+    (save / checkpoint.LATEST).write_text("iter_0000004")
+    capsys.readouterr()
+    assert start_run(save).load == str(save) and capsys.readouterr().err == ""
+
+
+def test_a_rollback_names_the_checkpoints_it_will_overwrite(tmp_path, capsys):
+    """`latest` edited back to an older tag (after a loss spike): the newer checkpoints of --save are
+    replaced by this run's saves at their iterations, as one warning says; --load elsewhere alike."""
+    save = tmp_path / "ck"
+    fake_checkpoints(save, 2, 4, 6, latest=2)
+    capsys.readouterr()
+    start_run(save)
+    assert capsys.readouterr().err == (
+        f"warning: --save {save} holds iter_0000004, iter_0000006, beyond iteration 2 where this run starts: a save "
+        f"of this run at the same iteration overwrites them; move them out of {save} to keep them\n")
+    other = tmp_path / "other"
+    fake_checkpoints(other, 4, latest=4)
+    start_run(save, str(other))
+    assert capsys.readouterr().err == (
+        f"warning: --save {save} holds iter_0000006, beyond iteration 4 where this run starts: a save of this run "
+        f"at the same iteration overwrites it; move it out of {save} to keep it\n")
+
+
+def test_finetune_into_the_folder_it_starts_from_names_finetune(tmp_path):
+    """The refusal named --load, which was given: --finetune (a new run from iteration 0) is the cause."""
+    save = tmp_path / "ck"
+    fake_checkpoints(save, 4, latest=4)
+    with pytest.raises(ConfigError, match=f"^--finetune starts a new run at iteration 0, and --save {save} holds "
+                                          f"iteration 4 of the run it starts from; pass another --save, or drop "
+                                          f"--finetune to resume {save}$"):
+        start_run(save, finetune=True)
 
 
 # ---------------------------------------------------------------- unreadable checkpoints

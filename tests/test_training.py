@@ -18,8 +18,8 @@ import torch
 from megatron import run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
-from megatron.training import (data_warnings, describe_data_change, describe_sample_change, lr_factor, lr_schedule,
-                               main, nothing_to_train, resume_schedule, small_eval_splits)
+from megatron.training import (data_warnings, describe_batch_change, describe_data_change, describe_sample_change,
+                               lr_factor, lr_schedule, main, nothing_to_train, resume_schedule, small_eval_splits)
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -450,6 +450,17 @@ def test_a_resume_on_other_data_says_so():
         "warning: resuming with --mask-prob 0.3 (the checkpoint's: 0.15), --whole-word-masking True (the checkpoint's: "
         "False): other tokens are masked from here on, so the objective is not the one the checkpoint trained on; "
         "keep the checkpoint's settings to continue the same data")
+
+
+def test_a_resume_with_another_global_batch_says_what_the_steps_read():
+    """More ranks or another micro batch changed the samples per step with no word, while --seq-length,
+    --split or --lr each got a warning; the schedule counts steps."""
+    stored = {"micro_batch_size": 2, "gradient_accumulation_steps": 1, "data_parallel_size": 1}
+    assert describe_batch_change(stored, SimpleNamespace(global_batch_size=2), 4, 6) is None
+    assert describe_batch_change(stored, SimpleNamespace(global_batch_size=4), 4, 6) == (
+        "warning: resuming with global batch 4 (the checkpoint's: 2): the learning-rate schedule counts steps, so its "
+        "remaining 2 steps to --train-iters 6 read 8 samples in place of 4 (2x per step, at the same rate); pass "
+        "--global-batch-size 2 to keep the batch")
 
 
 def test_a_resume_with_other_packed_segments_says_samples_are_cut_differently():
