@@ -59,6 +59,7 @@ OWN_POSITIONS = "own_positions"
 LAYOUT_FREE = "layout_free_stage{stage}.pt"
 PARTIAL = ".partial"
 LOCK = ".lock"  # the run writing into a --save folder: {"host", "pid", "start"}
+LOG_LOCK = ".log.lock"  # the run writing into a --log-dir, alike (a --log-dir may be its --save too)
 FULL_BYTES = 16 * 2**20  # less free space than this after a failed write: the disk is full
 REMOVING = ".removing"  # an old checkpoint being removed by --keep-last
 # what torch.load raises on a truncated or overwritten file
@@ -259,6 +260,8 @@ def check_writable(save_dir: str) -> None:
     if problem is None and dist.get_rank() == 0:
         try:
             problem = take_lock(save_dir, created)
+            if problem is None:
+                remove_killed_saves(save_dir)
         except OSError as error:
             problem = paths.unwritable(f"--save {save_dir}: cannot write its lock on {socket.gethostname()}", "--save",
                                        error, fix)
@@ -276,20 +279,21 @@ def check_writable(save_dir: str) -> None:
         raise ConfigError(*found)
 
 
-_held_lock = {}  # the lock this process holds: {"path", "record", "created": folders made for it, "beat": Event}
+_held_locks = {}  # the locks this process holds, by name (LOCK, LOG_LOCK): {"path", "record", "created": folders
+# made for it, "beat": Event}
 LOCK_HEARTBEAT_S = 30  # the holder touches its lock this often
 LOCK_STALE_S = 300  # a lock of another host untouched this long is a dead run's
 
 
-def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
-    """Writes `save_dir`/.lock naming this host and process, or returns (problem, fix) when a live
+def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str = LOCK) -> tuple[str, str] | None:
+    """Writes `save_dir`/`name` naming this host and process, or returns (problem, fix) when a live
     run holds it: two runs saving into one folder would delete each other's `.partial` staging
-    folders and interleave their checkpoints. The holder touches the lock every LOCK_HEARTBEAT_S;
+    folders and interleave their checkpoints; two runs logging into one --log-dir (`flag`) would
+    interleave metrics.jsonl and overwrite each other's config.json, index_maps.json and plot. The holder touches the lock every LOCK_HEARTBEAT_S;
     a lock whose process no longer runs on this host, or one of another host untouched for
     LOCK_STALE_S (a crashed, killed or preempted run, e.g. a requeued job on another node), is taken
-    over with one line. `created`: folders made for the lock, removed again by release_lock when left empty.
-    Once the lock is this run's, the leftovers of killed saves are removed (remove_killed_saves)."""
-    path, host = os.path.join(save_dir, LOCK), socket.gethostname()
+    over with one line. `created`: folders made for the lock, removed again by release_lock when left empty."""
+    path, host = os.path.join(save_dir, name), socket.gethostname()
     staged = f"{path}.{host}.{os.getpid()}"
     record = {"host": host, "pid": os.getpid(), "start": launcher_watch.start_time(os.getpid())}
     try:
@@ -298,8 +302,7 @@ def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
         for _ in range(3):
             try:
                 _place(staged, path)
-                _held_lock.update(path=path, record=record, created=list(created), beat=_heartbeat(path, record))
-                remove_killed_saves(save_dir)
+                _held_locks[name] = dict(path=path, record=record, created=list(created), beat=_heartbeat(path, record))
                 return None
             except FileExistsError:
                 holder, age = _read_lock(path), _age(path)
@@ -308,21 +311,21 @@ def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
             if holder is None and age < LOCK_HEARTBEAT_S:
                 break  # being written by a run starting there (an exclusive create appears empty first)
             if holder and holder.get("host") != host and age < LOCK_STALE_S:
-                return (f"--save {save_dir} is locked by pid {holder['pid']} on host {holder.get('host')}, whose "
+                return (f"{flag} {save_dir} is locked by pid {holder['pid']} on host {holder.get('host')}, whose "
                         f"lock was touched {age:.0f} s ago (a run's lock is stale after {LOCK_STALE_S} s)",
-                        f"choose another --save directory, or wait, or remove {path} once that run has ended")
+                        f"choose another {flag} directory, or wait, or remove {path} once that run has ended")
             # on this host the process tells, whatever the lock's age: a live run's heartbeat may
             # wait for the GIL (a long index-map build) longer than LOCK_STALE_S
             if holder and holder.get("host") == host and _running(holder):
-                return (f"--save {save_dir} is in use by a live run: pid {holder['pid']} on this host ({host}) "
-                        f"holds {path}", "wait for that run to end or stop it, or choose another --save directory")
+                return (f"{flag} {save_dir} is in use by a live run: pid {holder['pid']} on this host ({host}) "
+                        f"holds {path}", f"wait for that run to end or stop it, or choose another {flag} directory")
             if not _remove_stale(path, holder):
                 break
-            print(f"warning: --save {save_dir}: taking over the lock of "
+            print(f"warning: {flag} {save_dir}: taking over the lock of "
                   f"{'pid ' + str(holder['pid']) + ' on ' + str(holder.get('host')) if holder else 'an unknown process'}"
                   ", which no longer runs (a crashed or killed run)", file=sys.stderr, flush=True)
-        return (f"--save {save_dir}: its lock {path} was just taken by another run starting there",
-                "choose another --save directory")
+        return (f"{flag} {save_dir}: its lock {path} was just taken by another run starting there",
+                f"choose another {flag} directory")
     finally:
         with contextlib.suppress(OSError):
             os.remove(staged)
@@ -436,19 +439,21 @@ def _running(holder: dict) -> bool:
     return holder.get("start") in (None, started)
 
 
-def release_lock() -> None:
-    """Removes the lock this process holds (rank 0 at the end of its run, however it ends), unless
-    another run has taken it over meanwhile, and the folders made for it when the run left them empty."""
-    if not _held_lock:
-        return
-    _held_lock["beat"].set()
-    if _read_lock(_held_lock["path"]) == _held_lock["record"]:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(_held_lock["path"])
-    for folder in _held_lock["created"]:  # innermost first
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
-    _held_lock.clear()
+def release_lock(*names: str) -> None:
+    """Removes the locks of `names` (all when none given) this process holds (rank 0 at the end of
+    its run, however it ends), unless another run has taken one over meanwhile, and the folders made
+    for them when the run left them empty."""
+    for name in names or list(_held_locks):
+        held = _held_locks.pop(name, None)
+        if held is None:
+            continue
+        held["beat"].set()
+        if _read_lock(held["path"]) == held["record"]:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(held["path"])
+        for folder in held["created"]:  # innermost first
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
 
 def check_save_dir(save_dir: str, start_iteration: int) -> None:

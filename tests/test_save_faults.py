@@ -197,6 +197,7 @@ def test_the_lock_holder_removes_the_leftovers_of_killed_saves(tmp_path, capsys)
     (tmp_path / "latest").write_text("iter_0000004")
     write_lock(tmp_path, socket.gethostname(), dead_pid(), None)  # the killed run's
     assert checkpoint.take_lock(str(tmp_path)) is None
+    checkpoint.remove_killed_saves(str(tmp_path))
     checkpoint.release_lock()
     assert sorted(os.listdir(tmp_path)) == ["iter_0000004", "latest", "notes.partial"]
     assert capsys.readouterr().out == (f"--save {tmp_path}: removed iter_0000001.removing, iter_0000002.partial, left "
