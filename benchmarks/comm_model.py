@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 
 from results import machine, positive, write_section
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 
 HERE = Path(__file__).resolve().parent
 IDS = 8  # int64 segment ids

@@ -25,9 +25,10 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.model.attention import bigbird, blocks, local, masks, simulate  # noqa: E402
 from results import machine, positive, write_section  # noqa: E402
 

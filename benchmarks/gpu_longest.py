@@ -22,11 +22,12 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
 from attention_memory import random_chunk  # noqa: E402
 from results import machine, positive, write_section  # noqa: E402
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.engine import checkpoint_layers  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 from megatron.model.loss import bert_batch_loss  # noqa: E402

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 
 from attention_memory import VARIANT_OPTIONS, bert_config, measure_peak, train_step
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.model.bert import BertModel
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks

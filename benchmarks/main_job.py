@@ -32,11 +32,12 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(REPO))
 
 from packing import LoadSampler  # noqa: E402
 from results import machine, positive, write_section  # noqa: E402
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
 from megatron.data.indexed_dataset import make_dataset  # noqa: E402
 from megatron.parallel.spawn import free_port  # noqa: E402

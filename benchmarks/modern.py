@@ -49,6 +49,8 @@ from results import machine, positive, write_section  # noqa: E402
 from train_step import (DEVICE, MMAP_THRESHOLD, adamw, alternate, autocast, optimizer_step, summary,  # noqa: E402
                         versions)
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron import hf_modernbert  # noqa: E402
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.flops import training_flops_per_sample  # noqa: E402

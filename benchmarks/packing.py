@@ -54,6 +54,8 @@ sys.path.insert(0, str(HERE))
 import results  # noqa: E402
 from results import machine, positive, write_section  # noqa: E402
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.data.bert_dataset import build_train_valid_test_datasets, token_stats  # noqa: E402
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
 from megatron.data.samplers import collate_bert  # noqa: E402

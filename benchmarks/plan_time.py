@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, run_tool
 from results import machine, positive, write_section
 

@@ -31,6 +31,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from results import machine, positive, write_section  # noqa: E402
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.data.preprocess import PreprocessOptions, preprocess  # noqa: E402
 from megatron.data.sample_corpus import write_corpus  # noqa: E402
 from megatron.data.sentences import sentence_splitter  # noqa: E402

@@ -10,6 +10,8 @@ import platform
 import re
 import sys
 from pathlib import Path
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 

@@ -19,6 +19,8 @@ import time
 import torch.distributed as dist
 
 from attention_memory import bert_config, train_step
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
 from results import machine, positive, write_section

@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 
 from attention_memory import LENGTHS_HELP, bert_config, check_lengths, train_step
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.model.attention import ring
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks

@@ -42,6 +42,8 @@ sys.path.insert(0, str(HERE))
 from attention_memory import LENGTHS_HELP, VARIANT_OPTIONS, _status_kib, check_lengths  # noqa: E402
 from results import machine, positive, write_section  # noqa: E402
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.flops import training_flops_per_sample  # noqa: E402
 from megatron.hf_convert import hf_config_from_bert, hf_state_from_bert  # noqa: E402

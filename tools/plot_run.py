@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import OneLineParser, run_tool, start_up_stops_in_one_line
 
 with start_up_stops_in_one_line("plot_run.py"):  # Ctrl-C during the second of imports (torch): one line
