@@ -38,6 +38,7 @@ from results import machine, positive, write_section  # noqa: E402
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
 from megatron.data.indexed_dataset import make_dataset  # noqa: E402
 from megatron.parallel.spawn import free_port  # noqa: E402
@@ -105,7 +106,7 @@ def table(curves: dict, seconds: float, rows: int, unigram: float) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=positive(float), default=600, help="wall time both run side by side")
     parser.add_argument("--log-interval", type=positive(int), default=25)
     parser.add_argument("--train-iters", type=positive(int), default=3000,
