@@ -388,7 +388,7 @@ CASES = [
          ("package nosuchpkg_xyz is not installed", "leave it out of --packages")),
     Case("tool_make_corpus_output_is_a_directory", "make_corpus", ["--output", "{tmp}/out"],
          ("--output", "out is a directory", "pass a file path"), files={"out/.keep": ""}),
-    Case("tool_plot_run_directory", "plot", ["{tmp}/log"], ("log is a directory", "metrics.jsonl"),
+    Case("tool_plot_run_log_dir_without_metrics", "plot", ["{tmp}/log"], ("log/metrics.jsonl does not exist",),
          files={"log/.keep": ""}),
     Case("checkpoint_convert_load_is_a_file", "convert", ["to-hf", "--load", "{tmp}/afile", "--vocab-file", "{vocab}",
                                                           "--output", "{tmp}/hf"],
