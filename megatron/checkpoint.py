@@ -126,6 +126,8 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
             _commit(save_dir, tag)
         except OSError as error:  # the disk fills at an fsync or at `latest`
             problem = _write_problem(save_dir, tag, error)
+        if not problem and glob.glob(os.path.join(save_dir, tag, "layer_*-model_states.pt")):
+            replace_recovery_scripts(save_dir)
         if keep_last and not problem:
             removed = prune(save_dir, keep_last)
             if removed:
@@ -137,6 +139,26 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     if committed[0]:
         raise ConfigError(*committed[0])
     return tag
+
+
+RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")  # copied into --save by DeepSpeed's ZeRO saves
+CONVERT_TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "convert_checkpoint.py")
+
+
+def replace_recovery_scripts(save_dir: str) -> None:
+    """DeepSpeed's RECOVERY_SCRIPTS fail with a traceback on pipeline checkpoints (their model states
+    hold no module): after a pipeline save each is replaced by a script whose one line names the
+    export that reads every layout (tools/convert_checkpoint.py to-torch)."""
+    for name in RECOVERY_SCRIPTS:
+        path = os.path.join(save_dir, name)
+        if not os.path.isfile(path):
+            continue
+        line = (f"{name}: error: {save_dir} holds pipeline checkpoints, which DeepSpeed's {name} cannot read; "
+                f"export a plain state dict with python {CONVERT_TOOL} to-torch --load {save_dir} --output OUT.pt")
+        with contextlib.suppress(OSError):  # the checkpoint is committed: a script is no reason to fail the save
+            with open(path, "w") as file:
+                file.write(f'"""Left by pretrain_bert.py in place of DeepSpeed\'s {name}."""\nimport sys\n\n'
+                           f"sys.exit({line!r})\n")
 
 
 def _write_problem(save_dir: str, tag: str, error: Exception) -> tuple[str, str]:
