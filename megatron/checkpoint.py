@@ -30,6 +30,7 @@ import json
 import os
 import pickle
 import re
+import resource
 import shutil
 import socket
 import sys
@@ -174,6 +175,12 @@ def _write_problem(save_dir: str, tag: str, error: Exception) -> tuple[str, str]
     kept = (f"'latest' still names {latest_tag(save_dir)}" if os.path.isfile(os.path.join(save_dir, LATEST))
             else "no earlier checkpoint exists")
     where = f"--save {save_dir} on {socket.gethostname()}"
+    limit = _file_size_limit(error, os.path.join(save_dir, tag + PARTIAL))
+    if limit:
+        return (f"cannot write checkpoint {tag}: a file reached this process's file-size limit of {limit} "
+                f"(File too large, EFBIG; set by ulimit -f) ({where})",
+                f"raise the limit where the run starts (ulimit -f unlimited), then resume; nothing of {tag} was "
+                f"kept and {kept}")
     if what:
         free_text = f", {free / 2**20:.1f} MiB free" if free is not None else ""
         return (f"cannot write checkpoint {tag}: {what} ({where}{free_text})",
@@ -182,6 +189,23 @@ def _write_problem(save_dir: str, tag: str, error: Exception) -> tuple[str, str]
         str(error).splitlines()[0] if str(error) else type(error).__name__)
     return (f"cannot write checkpoint {tag} into {where} ({reason})",
             f"check the folder and its disk, then resume; nothing of {tag} was kept and {kept}")
+
+
+def _file_size_limit(error: Exception, staging: str) -> str | None:
+    """The file-size limit (RLIMIT_FSIZE, `ulimit -f`) as text when it stopped the write: an OSError
+    says EFBIG, torch's writer only `enforce fail ... unexpected pos`, so a file of the staging folder
+    as large as the limit tells it (its write stopped there)."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    if getattr(error, "errno", None) != errno.EFBIG:
+        if isinstance(error, OSError):
+            return None
+        sizes = [os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(staging)
+                 for name in names]
+        if not sizes or max(sizes) < limit:
+            return None
+    return f"{limit / 2**20:.1f} MiB"
 
 
 def prune(save_dir: str, keep_last: int) -> list[str]:

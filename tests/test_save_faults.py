@@ -147,6 +147,38 @@ def test_a_commit_cut_by_a_full_disk_leaves_no_trace_and_latest_as_it_was(tmp_pa
     assert fix.endswith("nothing of iter_0000002 was kept and 'latest' still names iter_0000001"), fix
 
 
+WRITE_UNDER_A_FILE_SIZE_LIMIT = """
+import os, resource, sys, torch
+from megatron import checkpoint
+save_dir, writer = sys.argv[1:]
+resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, resource.RLIM_INFINITY))  # `ulimit -f 1024`
+staging = os.path.join(save_dir, "iter_0000002" + checkpoint.PARTIAL)
+os.makedirs(staging)
+try:
+    if writer == "torch":
+        torch.save(torch.zeros(2**19), os.path.join(staging, "weights.pt"))
+    else:
+        with open(os.path.join(staging, "run_state.json"), "wb") as file:
+            file.write(bytes(2**21))
+except (OSError, RuntimeError) as error:
+    print(" | ".join(checkpoint._write_problem(save_dir, "iter_0000002", error)))
+"""
+
+
+@pytest.mark.parametrize("writer", ["torch", "python"])
+def test_a_file_size_limit_at_save_is_named_as_efbig(tmp_path, writer):
+    """A file-size limit (`ulimit -f`, EFBIG) cuts a checkpoint file: torch's writer says only `[enforce
+    fail at inline_container.cc] . unexpected pos`, a Python write `File too large`; both lines name the
+    system's reason and the limit, and the fix raises it (not "check the folder and its disk")."""
+    done = subprocess.run([PYTHON, "-c", WRITE_UNDER_A_FILE_SIZE_LIMIT, str(tmp_path), writer], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == (
+        f"cannot write checkpoint iter_0000002: a file reached this process's file-size limit of 1.0 MiB (File too "
+        f"large, EFBIG; set by ulimit -f) (--save {tmp_path} on {socket.gethostname()}) | raise the limit where the run "
+        "starts (ulimit -f unlimited), then resume; nothing of iter_0000002 was kept and no earlier checkpoint "
+        "exists"), done.stdout + done.stderr[-2000:]
+
+
 # ---------------------------------------------------------------- the --save lock
 
 def write_lock(folder, host: str, pid: int, start) -> None:
