@@ -338,8 +338,14 @@ def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str
     interleave metrics.jsonl and overwrite each other's config.json, index_maps.json and plot. The holder touches the lock every LOCK_HEARTBEAT_S;
     a lock whose process no longer runs on this host, or one of another host untouched for
     LOCK_STALE_S (a crashed, killed or preempted run, e.g. a requeued job on another node), is taken
-    over with one line. `created`: folders made for the lock, removed again by release_lock when left empty."""
+    over with one line. `created`: folders made for the lock, removed again by release_lock when left empty.
+    A process holds one lock of each name: taking it again (pretrain called twice in one process) keeps
+    the one it holds there, or gives back the one it holds elsewhere."""
     path, host = os.path.join(save_dir, name), socket.gethostname()
+    held = _held_locks.get(name)
+    if held and held["path"] == path and _read_lock(path) == held["record"]:
+        return None
+    release_lock(name)
     staged = f"{path}.{host}.{os.getpid()}"
     record = {"host": host, "pid": os.getpid(), "start": launcher_watch.start_time(os.getpid())}
     try:

@@ -218,6 +218,18 @@ def test_lock_refuses_a_live_holder_and_another_host(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == [] and capsys.readouterr().err.count("taking over the lock") == 2
 
 
+def test_a_process_taking_a_lock_again_keeps_it_and_one_elsewhere_is_given_back(tmp_path):
+    """pretrain called twice in one process (tests, a notebook) takes --log-dir's lock again: its own,
+    not a live run's; a lock of the same name in another folder is given back first."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in (first, first, second):
+        folder.mkdir(exist_ok=True)
+        assert checkpoint.take_lock(str(folder), (), "--log-dir", checkpoint.LOG_LOCK) is None
+    assert not (first / checkpoint.LOG_LOCK).exists() and (second / checkpoint.LOG_LOCK).exists()
+    checkpoint.release_lock()
+    assert not (second / checkpoint.LOG_LOCK).exists() and checkpoint._held_locks == {}
+
+
 def test_the_lock_holder_removes_the_leftovers_of_killed_saves(tmp_path, capsys):
     """A save killed mid-way (SIGKILL, a lost node) leaves `<tag>.partial`, a killed --keep-last removal
     `<tag>.removing`, each a full checkpoint's size, which a resume seldom replaces (a stop's
@@ -289,7 +301,9 @@ def test_a_folder_without_hard_links_is_locked_by_an_exclusive_create(tmp_path, 
     assert checkpoint.take_lock(str(tmp_path)) is None
     lock = checkpoint._read_lock(str(tmp_path / checkpoint.LOCK))
     assert (lock["host"], lock["pid"]) == (socket.gethostname(), os.getpid())
+    held = checkpoint._held_locks.pop(checkpoint.LOCK)  # as another run sees it
     assert "in use by a live run" in checkpoint.take_lock(str(tmp_path))[0]
+    checkpoint._held_locks[checkpoint.LOCK] = held
     checkpoint.release_lock()
     assert os.listdir(tmp_path) == []
 
