@@ -27,9 +27,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.data.batch import BertBatch
 from megatron.engine import checkpoint_layers
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, OneLineParser
 from megatron.model import attention
 from megatron.model.attention import rules
 from megatron.model.bert import BertConfig, BertModel
@@ -275,7 +277,7 @@ def plot(all_results: dict) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[1024, 2048, 4096, 8192, 16384],
                         help=LENGTHS_HELP)
     parser.add_argument("--bert-seq-lengths", type=positive(int), nargs="+", default=[2048, 4096, 8192, 16384],

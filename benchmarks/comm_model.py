@@ -32,6 +32,9 @@ import torch
 import torch.distributed as dist
 
 from results import machine, positive, write_section
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 IDS = 8  # int64 segment ids
@@ -195,7 +198,7 @@ def _measure_on_rank(variants, P, U, b, s, heads, d):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-length", type=positive(int), default=1000,
                         help="tokens per sample (P need not divide it)")
     return parser.parse_args(argv)

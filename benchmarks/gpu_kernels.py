@@ -16,7 +16,6 @@ CPU inside kernels.emulated_cuda() (tests/test_cuda_emulated.py). Writes the
 "GPU check: attention kernels" section of RESULTS.md (benchmarks/gpu_check.sh runs it);
 exits 1 if an error is above its tolerance. Runs on CPU too (small shapes: tests use it).
 """
-import argparse
 import collections
 import sys
 import time
@@ -25,9 +24,11 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 from megatron.model.attention import bigbird, blocks, local, masks, simulate  # noqa: E402
 from results import machine, positive, write_section  # noqa: E402
 
@@ -258,7 +259,7 @@ def table(results: list) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--sizes", type=positive(int), nargs="+", default=[1, 2, 4])

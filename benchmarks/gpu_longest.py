@@ -12,7 +12,6 @@ of RESULTS.md after every length, so a search cut short leaves what it measured
 (benchmarks/gpu_check.sh runs it, under its share of the check's budget). The CPU counterpart, under a memory
 cap and for every variant and SP, is benchmarks/longest_sequence.py.
 """
-import argparse
 import math
 import sys
 import time
@@ -22,11 +21,13 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
 from attention_memory import random_chunk  # noqa: E402
 from results import machine, positive, write_section  # noqa: E402
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 from megatron.engine import checkpoint_layers  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 from megatron.model.loss import bert_batch_loss  # noqa: E402
@@ -153,7 +154,7 @@ def section(args, longest, tried: dict, refused, partial: bool = False) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--start", type=positive(int), default=16384)
     parser.add_argument("--step", type=positive(int), default=8192)
     parser.add_argument("--budget-s", type=positive(float), default=150.0,

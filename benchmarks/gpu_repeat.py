@@ -14,7 +14,6 @@ section of RESULTS.md; exits 1 when a loss differs.
 
     python benchmarks/gpu_repeat.py --deepspeed-config ds.json --data .cache/default_data --work .cache/gpu_check
 """
-import argparse
 import json
 import re
 import shutil
@@ -26,6 +25,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from results import machine, positive, write_section  # noqa: E402
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 
 MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "512",
          "--max-position-embeddings", "512", "--lr", "5e-4", "--lr-decay-style", "constant",
@@ -79,7 +81,7 @@ def differences(want: dict, got: dict) -> list:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--deepspeed-config", type=Path, required=True)
     parser.add_argument("--data", type=Path, required=True, help="the trainer's --default-data-dir")
     parser.add_argument("--work", type=Path, required=True, help="run folders, logs and checkpoints go here")

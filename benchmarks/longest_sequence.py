@@ -24,6 +24,9 @@ import torch
 import torch.distributed as dist
 
 from attention_memory import VARIANT_OPTIONS, bert_config, measure_peak, train_step
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 from megatron.model.bert import BertModel
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
@@ -164,7 +167,7 @@ P-fold gain (SP=2 / SP=4 over SP=1; ideal 2x / 4x): {gains}.
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cap-mib", type=positive(float), default=96.0, help="per-rank memory cap")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     return parser.parse_args(argv)

@@ -32,11 +32,13 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(REPO))
 
 from packing import LoadSampler  # noqa: E402
 from results import machine, positive, write_section  # noqa: E402
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
 from megatron.data.indexed_dataset import make_dataset  # noqa: E402
 from megatron.parallel.spawn import free_port  # noqa: E402
@@ -104,7 +106,7 @@ def table(curves: dict, seconds: float, rows: int, unigram: float) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=positive(float), default=600, help="wall time both run side by side")
     parser.add_argument("--log-interval", type=positive(int), default=25)
     parser.add_argument("--train-iters", type=positive(int), default=3000,

@@ -49,6 +49,9 @@ from results import machine, positive, write_section  # noqa: E402
 from train_step import (DEVICE, MMAP_THRESHOLD, adamw, alternate, autocast, optimizer_step, summary,  # noqa: E402
                         versions)
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 from megatron import hf_modernbert  # noqa: E402
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.flops import training_flops_per_sample  # noqa: E402
@@ -440,7 +443,7 @@ def precision_words() -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[1024, 4096, 8192, 16384])
     parser.add_argument("--contestants", nargs="+", choices=CONTESTANTS, default=list(CONTESTANTS))
     parser.add_argument("--repeats", type=positive(int), default=4,

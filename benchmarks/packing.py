@@ -54,6 +54,9 @@ sys.path.insert(0, str(HERE))
 import results  # noqa: E402
 from results import machine, positive, write_section  # noqa: E402
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 from megatron.data.bert_dataset import build_train_valid_test_datasets, token_stats  # noqa: E402
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
 from megatron.data.samplers import collate_bert  # noqa: E402
@@ -337,7 +340,7 @@ def plot(path: Path, shares: dict, measured: dict, log: dict, race: str) -> None
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden-sizes", type=positive(int), nargs="+", default=[128, 256],
                         help=f"hidden sizes of the {LAYERS}-layer model (heads of {HEAD_DIM})")
     parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[1024, 4096, 16384])

@@ -15,7 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from megatron.errors import ConfigError, run_tool
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import ConfigError, OneLineParser, run_tool
 from results import machine, positive, write_section
 
 HERE = Path(__file__).resolve().parent
@@ -85,7 +87,7 @@ def measure(tree: Path, seq: int, layers: int, repeats: int) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", action="append", type=lambda path: Path(path).resolve(),
                         help="a source tree to measure (repeatable; default: this one)")
     parser.add_argument("--seq", type=positive(int), default=8192,

@@ -31,6 +31,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from results import machine, positive, write_section  # noqa: E402
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 from megatron.data.preprocess import PreprocessOptions, preprocess  # noqa: E402
 from megatron.data.sample_corpus import write_corpus  # noqa: E402
 from megatron.data.sentences import sentence_splitter  # noqa: E402
@@ -223,7 +226,7 @@ def format_table(by_format: dict, sizes: dict, repeats: int) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=positive(int), default=3, help="best of this many runs per row")
     return parser.parse_args(argv)
 

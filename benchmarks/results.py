@@ -10,6 +10,9 @@ import platform
 import re
 import sys
 from pathlib import Path
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -45,7 +48,7 @@ def write_section(heading: str, body: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="results.py", description="Writes FILE's text as the `## HEADING` "
+    parser = OneLineParser(prog="results.py", description="Writes FILE's text as the `## HEADING` "
                                      "section of benchmarks/RESULTS.md, leaving the other sections alone.")
     parser.add_argument("heading", help="the section's title (without `## `)")
     parser.add_argument("file", type=Path, help="the section's text (markdown)")

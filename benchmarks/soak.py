@@ -29,6 +29,9 @@ from pathlib import Path
 import torch
 
 from results import machine, positive, write_section
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -124,7 +127,7 @@ def plot(samples: list, fit_start: int, trends: list) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     """soak.py's own flags, checked here: passed on as the trainer's --train-iters and --log-interval,
     a bad value would otherwise be refused by the trainer in terms of its flags, after start-up."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=positive(int), default=2000)
     parser.add_argument("--sample-every", type=positive(int), default=20,
                         help="steps between RSS samples (the log interval)")

@@ -19,6 +19,9 @@ import time
 import torch.distributed as dist
 
 from attention_memory import bert_config, train_step
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
 from results import machine, positive, write_section
@@ -67,7 +70,7 @@ def run(seq_lengths: list, steps: int) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[2048, 4096])
     parser.add_argument("--steps", type=positive(int), default=3)
     return parser.parse_args(argv)

@@ -32,6 +32,9 @@ import torch
 import torch.distributed as dist
 
 from attention_memory import LENGTHS_HELP, bert_config, check_lengths, train_step
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 from megatron.model.attention import ring
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
@@ -257,7 +260,7 @@ def profile_table(profiles: dict) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[1024, 2048, 4096], help=LENGTHS_HELP)
     parser.add_argument("--steps", type=positive(int), default=5, help="timed steps per run, after one warm-up")
     parser.add_argument("--profile", action="store_true", help="also profile ring at SP=1 and SP=2")

@@ -42,6 +42,9 @@ sys.path.insert(0, str(HERE))
 from attention_memory import LENGTHS_HELP, VARIANT_OPTIONS, _status_kib, check_lengths  # noqa: E402
 from results import machine, positive, write_section  # noqa: E402
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import OneLineParser  # noqa: E402
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.flops import training_flops_per_sample  # noqa: E402
 from megatron.hf_convert import hf_config_from_bert, hf_state_from_bert  # noqa: E402
@@ -392,7 +395,7 @@ def versions() -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=SHAPES, default="small")
     parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[512, 1024, 2048, 4096],
                         help=LENGTHS_HELP)

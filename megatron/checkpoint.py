@@ -30,6 +30,7 @@ import json
 import os
 import pickle
 import re
+import resource
 import shutil
 import socket
 import sys
@@ -59,6 +60,7 @@ OWN_POSITIONS = "own_positions"
 LAYOUT_FREE = "layout_free_stage{stage}.pt"
 PARTIAL = ".partial"
 LOCK = ".lock"  # the run writing into a --save folder: {"host", "pid", "start"}
+LOG_LOCK = ".log.lock"  # the run writing into a --log-dir, alike (a --log-dir may be its --save too)
 FULL_BYTES = 16 * 2**20  # less free space than this after a failed write: the disk is full
 REMOVING = ".removing"  # an old checkpoint being removed by --keep-last
 # what torch.load raises on a truncated or overwritten file
@@ -125,6 +127,8 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
             _commit(save_dir, tag)
         except OSError as error:  # the disk fills at an fsync or at `latest`
             problem = _write_problem(save_dir, tag, error)
+        if not problem and glob.glob(os.path.join(save_dir, tag, "layer_*-model_states.pt")):
+            replace_recovery_scripts(save_dir)
         if keep_last and not problem:
             removed = prune(save_dir, keep_last)
             if removed:
@@ -136,6 +140,26 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     if committed[0]:
         raise ConfigError(*committed[0])
     return tag
+
+
+RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")  # copied into --save by DeepSpeed's ZeRO saves
+CONVERT_TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "convert_checkpoint.py")
+
+
+def replace_recovery_scripts(save_dir: str) -> None:
+    """DeepSpeed's RECOVERY_SCRIPTS fail with a traceback on pipeline checkpoints (their model states
+    hold no module): after a pipeline save each is replaced by a script whose one line names the
+    export that reads every layout (tools/convert_checkpoint.py to-torch)."""
+    for name in RECOVERY_SCRIPTS:
+        path = os.path.join(save_dir, name)
+        if not os.path.isfile(path):
+            continue
+        line = (f"{name}: error: {save_dir} holds pipeline checkpoints, which DeepSpeed's {name} cannot read; "
+                f"export a plain state dict with python {CONVERT_TOOL} to-torch --load {save_dir} --output OUT.pt")
+        with contextlib.suppress(OSError):  # the checkpoint is committed: a script is no reason to fail the save
+            with open(path, "w") as file:
+                file.write(f'"""Left by pretrain_bert.py in place of DeepSpeed\'s {name}."""\nimport sys\n\n'
+                           f"sys.exit({line!r})\n")
 
 
 def _write_problem(save_dir: str, tag: str, error: Exception) -> tuple[str, str]:
@@ -151,6 +175,12 @@ def _write_problem(save_dir: str, tag: str, error: Exception) -> tuple[str, str]
     kept = (f"'latest' still names {latest_tag(save_dir)}" if os.path.isfile(os.path.join(save_dir, LATEST))
             else "no earlier checkpoint exists")
     where = f"--save {save_dir} on {socket.gethostname()}"
+    limit = _file_size_limit(error, os.path.join(save_dir, tag + PARTIAL))
+    if limit:
+        return (f"cannot write checkpoint {tag}: a file reached this process's file-size limit of {limit} "
+                f"(File too large, EFBIG; set by ulimit -f) ({where})",
+                f"raise the limit where the run starts (ulimit -f unlimited), then resume; nothing of {tag} was "
+                f"kept and {kept}")
     if what:
         free_text = f", {free / 2**20:.1f} MiB free" if free is not None else ""
         return (f"cannot write checkpoint {tag}: {what} ({where}{free_text})",
@@ -159,6 +189,23 @@ def _write_problem(save_dir: str, tag: str, error: Exception) -> tuple[str, str]
         str(error).splitlines()[0] if str(error) else type(error).__name__)
     return (f"cannot write checkpoint {tag} into {where} ({reason})",
             f"check the folder and its disk, then resume; nothing of {tag} was kept and {kept}")
+
+
+def _file_size_limit(error: Exception, staging: str) -> str | None:
+    """The file-size limit (RLIMIT_FSIZE, `ulimit -f`) as text when it stopped the write: an OSError
+    says EFBIG, torch's writer only `enforce fail ... unexpected pos`, so a file of the staging folder
+    as large as the limit tells it (its write stopped there)."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    if getattr(error, "errno", None) != errno.EFBIG:
+        if isinstance(error, OSError):
+            return None
+        sizes = [os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(staging)
+                 for name in names]
+        if not sizes or max(sizes) < limit:
+            return None
+    return f"{limit / 2**20:.1f} MiB"
 
 
 def prune(save_dir: str, keep_last: int) -> list[str]:
@@ -259,6 +306,8 @@ def check_writable(save_dir: str) -> None:
     if problem is None and dist.get_rank() == 0:
         try:
             problem = take_lock(save_dir, created)
+            if problem is None:
+                remove_killed_saves(save_dir)
         except OSError as error:
             problem = paths.unwritable(f"--save {save_dir}: cannot write its lock on {socket.gethostname()}", "--save",
                                        error, fix)
@@ -276,20 +325,27 @@ def check_writable(save_dir: str) -> None:
         raise ConfigError(*found)
 
 
-_held_lock = {}  # the lock this process holds: {"path", "record", "created": folders made for it, "beat": Event}
+_held_locks = {}  # the locks this process holds, by name (LOCK, LOG_LOCK): {"path", "record", "created": folders
+# made for it, "beat": Event}
 LOCK_HEARTBEAT_S = 30  # the holder touches its lock this often
 LOCK_STALE_S = 300  # a lock of another host untouched this long is a dead run's
 
 
-def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
-    """Writes `save_dir`/.lock naming this host and process, or returns (problem, fix) when a live
+def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str = LOCK) -> tuple[str, str] | None:
+    """Writes `save_dir`/`name` naming this host and process, or returns (problem, fix) when a live
     run holds it: two runs saving into one folder would delete each other's `.partial` staging
-    folders and interleave their checkpoints. The holder touches the lock every LOCK_HEARTBEAT_S;
+    folders and interleave their checkpoints; two runs logging into one --log-dir (`flag`) would
+    interleave metrics.jsonl and overwrite each other's config.json, index_maps.json and plot. The holder touches the lock every LOCK_HEARTBEAT_S;
     a lock whose process no longer runs on this host, or one of another host untouched for
     LOCK_STALE_S (a crashed, killed or preempted run, e.g. a requeued job on another node), is taken
     over with one line. `created`: folders made for the lock, removed again by release_lock when left empty.
-    Once the lock is this run's, the leftovers of killed saves are removed (remove_killed_saves)."""
-    path, host = os.path.join(save_dir, LOCK), socket.gethostname()
+    A process holds one lock of each name: taking it again (pretrain called twice in one process) keeps
+    the one it holds there, or gives back the one it holds elsewhere."""
+    path, host = os.path.join(save_dir, name), socket.gethostname()
+    held = _held_locks.get(name)
+    if held and held["path"] == path and _read_lock(path) == held["record"]:
+        return None
+    release_lock(name)
     staged = f"{path}.{host}.{os.getpid()}"
     record = {"host": host, "pid": os.getpid(), "start": launcher_watch.start_time(os.getpid())}
     try:
@@ -298,8 +354,7 @@ def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
         for _ in range(3):
             try:
                 _place(staged, path)
-                _held_lock.update(path=path, record=record, created=list(created), beat=_heartbeat(path, record))
-                remove_killed_saves(save_dir)
+                _held_locks[name] = dict(path=path, record=record, created=list(created), beat=_heartbeat(path, record))
                 return None
             except FileExistsError:
                 holder, age = _read_lock(path), _age(path)
@@ -308,21 +363,21 @@ def take_lock(save_dir: str, created: list = ()) -> tuple[str, str] | None:
             if holder is None and age < LOCK_HEARTBEAT_S:
                 break  # being written by a run starting there (an exclusive create appears empty first)
             if holder and holder.get("host") != host and age < LOCK_STALE_S:
-                return (f"--save {save_dir} is locked by pid {holder['pid']} on host {holder.get('host')}, whose "
+                return (f"{flag} {save_dir} is locked by pid {holder['pid']} on host {holder.get('host')}, whose "
                         f"lock was touched {age:.0f} s ago (a run's lock is stale after {LOCK_STALE_S} s)",
-                        f"choose another --save directory, or wait, or remove {path} once that run has ended")
+                        f"choose another {flag} directory, or wait, or remove {path} once that run has ended")
             # on this host the process tells, whatever the lock's age: a live run's heartbeat may
             # wait for the GIL (a long index-map build) longer than LOCK_STALE_S
             if holder and holder.get("host") == host and _running(holder):
-                return (f"--save {save_dir} is in use by a live run: pid {holder['pid']} on this host ({host}) "
-                        f"holds {path}", "wait for that run to end or stop it, or choose another --save directory")
+                return (f"{flag} {save_dir} is in use by a live run: pid {holder['pid']} on this host ({host}) "
+                        f"holds {path}", f"wait for that run to end or stop it, or choose another {flag} directory")
             if not _remove_stale(path, holder):
                 break
-            print(f"warning: --save {save_dir}: taking over the lock of "
+            print(f"warning: {flag} {save_dir}: taking over the lock of "
                   f"{'pid ' + str(holder['pid']) + ' on ' + str(holder.get('host')) if holder else 'an unknown process'}"
                   ", which no longer runs (a crashed or killed run)", file=sys.stderr, flush=True)
-        return (f"--save {save_dir}: its lock {path} was just taken by another run starting there",
-                "choose another --save directory")
+        return (f"{flag} {save_dir}: its lock {path} was just taken by another run starting there",
+                f"choose another {flag} directory")
     finally:
         with contextlib.suppress(OSError):
             os.remove(staged)
@@ -436,19 +491,21 @@ def _running(holder: dict) -> bool:
     return holder.get("start") in (None, started)
 
 
-def release_lock() -> None:
-    """Removes the lock this process holds (rank 0 at the end of its run, however it ends), unless
-    another run has taken it over meanwhile, and the folders made for it when the run left them empty."""
-    if not _held_lock:
-        return
-    _held_lock["beat"].set()
-    if _read_lock(_held_lock["path"]) == _held_lock["record"]:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(_held_lock["path"])
-    for folder in _held_lock["created"]:  # innermost first
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
-    _held_lock.clear()
+def release_lock(*names: str) -> None:
+    """Removes the locks of `names` (all when none given) this process holds (rank 0 at the end of
+    its run, however it ends), unless another run has taken one over meanwhile, and the folders made
+    for them when the run left them empty."""
+    for name in names or list(_held_locks):
+        held = _held_locks.pop(name, None)
+        if held is None:
+            continue
+        held["beat"].set()
+        if _read_lock(held["path"]) == held["record"]:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(held["path"])
+        for folder in held["created"]:  # innermost first
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
 
 def refuse_unnamed_checkpoints(save_dir: str) -> None:

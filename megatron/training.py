@@ -80,7 +80,7 @@ def main(argv=None) -> int:
         except Interrupted:  # the launcher's SIGTERM to every rank once one ended, handled only now (the first
             return report_error(error, args, progress, start_up)  # call after a blocking one): the error says why
     finally:
-        checkpoint.release_lock()  # the --save folder's, taken by rank 0 at start-up
+        checkpoint.release_lock()  # the --save folder's and --log-dir's, taken by rank 0 at start-up
         close_process_group()  # after an error too (reported above): a failed start aborted at exit just the same
         restore_signals(start_up)  # also when the training loop ended in an error (StopSignals left installed)
     return 128 + stopped_by if stopped_by else 0
@@ -487,7 +487,8 @@ def note_unused_start(given: str, folder: str, iteration: int) -> None:
 
 def check_log_dirs(args) -> None:
     """--log-dir and --tensorboard-dir (and the tensorboard package), which rank 0 alone writes
-    (RunLog), checked there before any work; every rank raises rank 0's error, so none goes on
+    (RunLog), checked there before any work, and --log-dir's lock taken (one run at a time logs
+    there, as one saves into a --save folder); every rank raises rank 0's error, so none goes on
     training while rank 0 stops."""
     found = [None]
     if dist.get_rank() == 0:
@@ -495,9 +496,19 @@ def check_log_dirs(args) -> None:
         problems = (*(log_dir_problem(flag, path) for flag, path in dirs if path),
                     tensorboard_problem() if args.tensorboard_dir else None)
         found = [next(filter(None, problems), None)]
+        if found[0] is None and args.log_dir:
+            found = [lock_log_dir(args.log_dir)]
     dist.broadcast_object_list(found, src=0)
     if found[0]:
         raise ConfigError(*found[0])
+
+
+def lock_log_dir(log_dir: str) -> tuple[str, str] | None:
+    """Takes --log-dir's lock (checkpoint.take_lock), making the folder for it (removed again at the
+    release when the run left it empty); (problem, fix) when a live run logs there."""
+    created = paths.missing_folders(log_dir)
+    os.makedirs(log_dir, exist_ok=True)
+    return checkpoint.take_lock(log_dir, created, "--log-dir", checkpoint.LOG_LOCK)
 
 
 def schedule_settings(args, ds: dict, train_iters: int) -> dict:
@@ -1356,15 +1367,18 @@ def check_step(args, engine, iteration: int, loss: float, last_checkpoint, log) 
         elif not math.isfinite(loss):
             log.message(f"iteration {iteration}: loss {loss}, gradients finite: update applied")
         return
-    if last_checkpoint:
-        where = f"the last good checkpoint is {last_checkpoint}: resume with --load {os.path.dirname(last_checkpoint)}"
+    if last_checkpoint:  # a resume keeps the checkpoint's peak --lr (resume_schedule): --finetune
+        # restarts the optimizer and schedule from its weights, in another --save (check_save_dir)
+        where = (f"the last good checkpoint is {last_checkpoint}: start a new run from its weights with a lower "
+                 f"rate (--finetune --load {os.path.dirname(last_checkpoint)} --lr LOWER --save ANOTHER_DIR; a "
+                 "resume keeps the checkpoint's peak --lr)")
     elif not args.save:
-        where = "no checkpoint was saved before it: rerun with --save and --save-interval"
+        where = "no checkpoint was saved before it: rerun with --save and --save-interval (e.g. with a lower --lr)"
     else:  # --save is set: a save before the step is what it lacked (none at the first step)
         where = "no checkpoint was saved before it: rerun" + (f" with a --save-interval below {iteration}"
-                                                              if iteration > 1 else "")
+                                                              if iteration > 1 else "") + " (e.g. with a lower --lr)"
     raise ConfigError(f"loss is {loss} at iteration {iteration}",
-                      f"{where} (e.g. with a lower --lr), or pass --skip-nan-batches to skip such steps")
+                      f"{where}, or pass --skip-nan-batches to skip such steps")
 
 
 class StopSignals:
@@ -1466,7 +1480,7 @@ class StopSignals:
                 print(stop_acknowledgement(name, iteration, folder, log.last_save_s, self._grace_left()),
                       file=sys.stderr, flush=True)
             last_checkpoint = save_checkpoint(args, engine, config, iteration, consumed, log, **(saved or {}))
-        checkpoint.release_lock()  # before the plot: --save is free once its last checkpoint is written
+        checkpoint.release_lock(checkpoint.LOCK)  # before the plot: --save is free once its last checkpoint is written
         if self.agreed == self.LOG_FAILED:
             failure = [log.failure]
             dist.broadcast_object_list(failure, src=0)
@@ -1517,7 +1531,7 @@ class StopSignals:
                 raise
             late, lost = self.received, lost_rank_text(peers.lost(error), args, END_OF_RUN)[0]
         self.stop_watching()
-        checkpoint.release_lock()  # before the plot: --save is free once its last checkpoint is written
+        checkpoint.release_lock(checkpoint.LOCK)  # before the plot: --save is free once its last checkpoint is written
         log.close()
         if lost:
             report_once(f"pretrain_bert.py: {lost}; the run is complete: {self._held(args, iteration, last_checkpoint)}")

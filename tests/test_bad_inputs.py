@@ -388,8 +388,11 @@ CASES = [
          ("package nosuchpkg_xyz is not installed", "leave it out of --packages")),
     Case("tool_make_corpus_output_is_a_directory", "make_corpus", ["--output", "{tmp}/out"],
          ("--output", "out is a directory", "pass a file path"), files={"out/.keep": ""}),
-    Case("tool_plot_run_directory", "plot", ["{tmp}/log"], ("log is a directory", "metrics.jsonl"),
+    Case("tool_plot_run_log_dir_without_metrics", "plot", ["{tmp}/log"], ("log/metrics.jsonl does not exist",),
          files={"log/.keep": ""}),
+    Case("checkpoint_convert_to_torch_output_exists", "convert", ["to-torch", "--load", "{tmp}/ckpt", "--output",
+                                                                  "{tmp}/bert.pt"],
+         ("--output", "bert.pt exists", "choose another --output"), files={"bert.pt": "x"}),
     Case("checkpoint_convert_load_is_a_file", "convert", ["to-hf", "--load", "{tmp}/afile", "--vocab-file", "{vocab}",
                                                           "--output", "{tmp}/hf"],
          ("afile is a file, not a checkpoint directory", "--load"), files={"afile": "x"}),
@@ -588,6 +591,11 @@ CASES += [  # ---- signals and faults
              setup=lambda tmp, assets: (tmp / "ckpt").mkdir() or (tmp / "ckpt" / ".lock").write_text(json.dumps(
                  {"host": "node-7", "pid": 4242, "start": "1"})),
              phrases=("locked by pid 4242 on host node-7, whose lock was touched", "ckpt/.lock once that run has ended")),
+    pretrain(id="log_dir_locked_by_a_live_run",  # two runs on one --log-dir would interleave metrics.jsonl
+             setup=lambda tmp, assets: (tmp / "log").mkdir() or (tmp / "log" / ".log.lock").write_text(json.dumps(
+                 {"host": os.uname().nodename, "pid": os.getpid(), "start": None})),
+             phrases=("--log-dir", "log is in use by a live run", f"pid {os.getpid()} on this host",
+                      "choose another --log-dir")),
     Case("rendezvous_missing_rank", "pretrain", [*PRETRAIN, "--rendezvous-timeout", "2"],
          ("the rendezvous at 127.0.0.1:", "timed out after 2 s: 1 of 2 ranks arrived", "raise --rendezvous-timeout"),
          env={"WORLD_SIZE": "2"}),

@@ -13,12 +13,15 @@ from megatron.errors import run_tool  # noqa: E402
 
 
 def refused(capsys, monkeypatch, script: str, argv: list, parse: str = "parse_args") -> str:
-    """The error line a benchmark's argument parsing ends with (it must exit 2)."""
+    """The one error line of a benchmark's argument parsing (it must exit 2), without argparse's usage
+    block, as the tools'."""
     monkeypatch.setattr(sys, "argv", [f"{script}.py"])  # argparse names the script from argv[0]
     with pytest.raises(SystemExit) as stopped:
         getattr(importlib.import_module(script), parse)(argv)
     assert stopped.value.code == 2
-    return capsys.readouterr().err.strip().splitlines()[-1]
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith(f"; see {script}.py --help")
+    return line.removesuffix(f"; see {script}.py --help")
 
 
 @pytest.mark.parametrize("script, argv", [

@@ -123,6 +123,19 @@ def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
                    "--make-vocab-size-divisible-by", config.make_vocab_size_divisible_by)
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
     assert_same_weights(checkpoint.bert_state_from_checkpoint(str(tmp_path / "back")), trained)
+    # a plain state dict (DeepSpeed's zero_to_fp32.py fails on pipeline checkpoints: the scripts it left
+    # name this export instead)
+    done = convert("to-torch", "--load", tmp_path / "ckpt", "--output", tmp_path / "bert.pt")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert_same_weights(torch.load(tmp_path / "bert.pt"), trained)
+    for script in checkpoint.RECOVERY_SCRIPTS:
+        done = subprocess.run([sys.executable, str(tmp_path / "ckpt" / script), str(tmp_path / "ckpt"),
+                               str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0 and done.stderr.splitlines() == [
+            f"{script}: error: {tmp_path / 'ckpt'} holds pipeline checkpoints, which DeepSpeed's {script} cannot "
+            f"read; export a plain state dict with python {TOOL} to-torch --load {tmp_path / 'ckpt'} --output "
+            "OUT.pt"], done.stderr
+    assert not (tmp_path / "out").exists()
     back_config = checkpoint.stored_config(str(tmp_path / "back"), checkpoint.tag_for(0))["model"]
     for field in ("hidden_size", "num_layers", "num_attention_heads", "vocab_size", "layernorm_layout",
                   "embedding_layernorm", "layernorm_epsilon", "max_position_embeddings"):

@@ -572,7 +572,8 @@ def test_nan_loss_stops_naming_the_last_good_checkpoint(tmp_path, data_dir, ds):
     errors = [line for line in err.splitlines() if line.startswith("pretrain_bert.py: error:")]
     assert code == 2 and len(errors) == 1, err[-2000:]
     assert (f"loss is nan at iteration 3; the last good checkpoint is {tmp_path / 'ckpt' / 'iter_0000002'}: "
-            f"resume with --load {tmp_path / 'ckpt'}") in errors[0]
+            f"start a new run from its weights with a lower rate (--finetune --load {tmp_path / 'ckpt'} --lr LOWER "
+            "--save ANOTHER_DIR; a resume keeps the checkpoint's peak --lr)") in errors[0]
     assert checkpoint.latest_tag(str(tmp_path / "ckpt")) == checkpoint.tag_for(2)
 
 

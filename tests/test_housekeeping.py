@@ -64,9 +64,11 @@ def fake_maps(folder: Path) -> list[Path]:
 def test_describe_counts_other_maps(tmp_path):
     maps = fake_maps(tmp_path)
     line = index_maps.describe([str(tmp_path / "c")], [str(maps[0]), str(maps[1])], "runs/x")
-    assert line.startswith(f"index maps in {tmp_path.resolve()}: 2 used by this run; 3 others from other settings or older data "
-                           "(6.0 KB): python tools/clean_index_maps.py")
-    assert line.endswith("--keep-run runs/x removes them")
+    assert line.startswith(f"index maps in {tmp_path.resolve()}: 2 used by this run; 3 others from other settings, other "
+                           "runs or older data (6.0 KB): python tools/clean_index_maps.py")
+    # other live runs on the same data: their maps are kept only when their --log-dir is named too
+    assert line.endswith("--keep-run runs/x --dry-run lists them, and without --dry-run removes them; add --keep-run "
+                         "LOG_DIR for each other run still using this data")
     assert index_maps.describe([str(tmp_path / "other")], [str(maps[5])], "x").endswith("1 used by this run, no others")
 
 

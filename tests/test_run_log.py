@@ -214,12 +214,14 @@ def test_plot_run_writes_a_png(tmp_path, monkeypatch):
     png = tmp_path / "plots" / "run.png"
     assert plot_run.main([str(metrics), "-o", str(png)]) == 0
     assert plot_run.main([str(metrics)]) == 0
+    metrics.with_name("loss.png").unlink()
+    assert plot_run.main([str(metrics.parent)]) == 0  # the --log-dir itself
     assert plot_run.main([str(metrics), "-o", str(tmp_path / "plain")]) == 0  # matplotlib adds .png: said so
     for path in (png, metrics.with_name("loss.png"), tmp_path / "plain.png"):
         data = path.read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 1000, path
-    assert stdout.getvalue().splitlines()[-3:] == [str(png), str(metrics.with_name("loss.png")),
-                                                   str(tmp_path / "plain.png")]
+    assert stdout.getvalue().splitlines()[-4:] == [str(png), str(metrics.with_name("loss.png")),
+                                                   str(metrics.with_name("loss.png")), str(tmp_path / "plain.png")]
     with pytest.raises(ConfigError, match=r"run.v2: matplotlib cannot write .v2 files; pass a name ending in .png"):
         plot_run.main([str(metrics), "-o", str(tmp_path / "new" / "run.v2")])
     assert not (tmp_path / "new").exists()

@@ -147,6 +147,38 @@ def test_a_commit_cut_by_a_full_disk_leaves_no_trace_and_latest_as_it_was(tmp_pa
     assert fix.endswith("nothing of iter_0000002 was kept and 'latest' still names iter_0000001"), fix
 
 
+WRITE_UNDER_A_FILE_SIZE_LIMIT = """
+import os, resource, sys, torch
+from megatron import checkpoint
+save_dir, writer = sys.argv[1:]
+resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, resource.RLIM_INFINITY))  # `ulimit -f 1024`
+staging = os.path.join(save_dir, "iter_0000002" + checkpoint.PARTIAL)
+os.makedirs(staging)
+try:
+    if writer == "torch":
+        torch.save(torch.zeros(2**19), os.path.join(staging, "weights.pt"))
+    else:
+        with open(os.path.join(staging, "run_state.json"), "wb") as file:
+            file.write(bytes(2**21))
+except (OSError, RuntimeError) as error:
+    print(" | ".join(checkpoint._write_problem(save_dir, "iter_0000002", error)))
+"""
+
+
+@pytest.mark.parametrize("writer", ["torch", "python"])
+def test_a_file_size_limit_at_save_is_named_as_efbig(tmp_path, writer):
+    """A file-size limit (`ulimit -f`, EFBIG) cuts a checkpoint file: torch's writer says only `[enforce
+    fail at inline_container.cc] . unexpected pos`, a Python write `File too large`; both lines name the
+    system's reason and the limit, and the fix raises it (not "check the folder and its disk")."""
+    done = subprocess.run([PYTHON, "-c", WRITE_UNDER_A_FILE_SIZE_LIMIT, str(tmp_path), writer], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == (
+        f"cannot write checkpoint iter_0000002: a file reached this process's file-size limit of 1.0 MiB (File too "
+        f"large, EFBIG; set by ulimit -f) (--save {tmp_path} on {socket.gethostname()}) | raise the limit where the run "
+        "starts (ulimit -f unlimited), then resume; nothing of iter_0000002 was kept and no earlier checkpoint "
+        "exists"), done.stdout + done.stderr[-2000:]
+
+
 # ---------------------------------------------------------------- the --save lock
 
 def write_lock(folder, host: str, pid: int, start) -> None:
@@ -186,6 +218,18 @@ def test_lock_refuses_a_live_holder_and_another_host(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == [] and capsys.readouterr().err.count("taking over the lock") == 2
 
 
+def test_a_process_taking_a_lock_again_keeps_it_and_one_elsewhere_is_given_back(tmp_path):
+    """pretrain called twice in one process (tests, a notebook) takes --log-dir's lock again: its own,
+    not a live run's; a lock of the same name in another folder is given back first."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in (first, first, second):
+        folder.mkdir(exist_ok=True)
+        assert checkpoint.take_lock(str(folder), (), "--log-dir", checkpoint.LOG_LOCK) is None
+    assert not (first / checkpoint.LOG_LOCK).exists() and (second / checkpoint.LOG_LOCK).exists()
+    checkpoint.release_lock()
+    assert not (second / checkpoint.LOG_LOCK).exists() and checkpoint._held_locks == {}
+
+
 def test_the_lock_holder_removes_the_leftovers_of_killed_saves(tmp_path, capsys):
     """A save killed mid-way (SIGKILL, a lost node) leaves `<tag>.partial`, a killed --keep-last removal
     `<tag>.removing`, each a full checkpoint's size, which a resume seldom replaces (a stop's
@@ -197,6 +241,7 @@ def test_the_lock_holder_removes_the_leftovers_of_killed_saves(tmp_path, capsys)
     (tmp_path / "latest").write_text("iter_0000004")
     write_lock(tmp_path, socket.gethostname(), dead_pid(), None)  # the killed run's
     assert checkpoint.take_lock(str(tmp_path)) is None
+    checkpoint.remove_killed_saves(str(tmp_path))
     checkpoint.release_lock()
     assert sorted(os.listdir(tmp_path)) == ["iter_0000004", "latest", "notes.partial"]
     assert capsys.readouterr().out == (f"--save {tmp_path}: removed iter_0000001.removing, iter_0000002.partial, left "
@@ -256,7 +301,9 @@ def test_a_folder_without_hard_links_is_locked_by_an_exclusive_create(tmp_path, 
     assert checkpoint.take_lock(str(tmp_path)) is None
     lock = checkpoint._read_lock(str(tmp_path / checkpoint.LOCK))
     assert (lock["host"], lock["pid"]) == (socket.gethostname(), os.getpid())
+    held = checkpoint._held_locks.pop(checkpoint.LOCK)  # as another run sees it
     assert "in use by a live run" in checkpoint.take_lock(str(tmp_path))[0]
+    checkpoint._held_locks[checkpoint.LOCK] = held
     checkpoint.release_lock()
     assert os.listdir(tmp_path) == []
 

@@ -54,7 +54,7 @@ def main_signalled_in_evaluation(argv, signalled_rank: int) -> tuple:
 
     def slow_plot(log, save_dir):
         if dist.get_rank() == 0:
-            at_plot.update(lock=dict(checkpoint._held_lock), said=err.getvalue())
+            at_plot.update(lock=dict(checkpoint._held_locks.get(checkpoint.LOCK, {})), said=err.getvalue())
             for second in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C, the launcher's SIGTERM
                 os.kill(os.getpid(), second)
             time.sleep(1.0)
@@ -366,7 +366,7 @@ def main_signalled_writing_an_index_map(argv) -> tuple:
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = training.main(argv)
-    return code, err.getvalue(), dict(checkpoint._held_lock), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    return code, err.getvalue(), dict(checkpoint._held_locks), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_a_signal_during_start_up_stops_at_once_and_leaves_nothing(tmp_path, data):
@@ -465,7 +465,7 @@ def main_signalled_in_its_final_save(argv) -> tuple:
         return save(engine, config, save_dir, iteration, *args, **kwargs)
 
     def signalled_plot(log, save_dir):
-        at_plot.append(dict(checkpoint._held_lock))
+        at_plot.append(dict(checkpoint._held_locks.get(checkpoint.LOCK, {})))
         for signum in (signal.SIGINT, signal.SIGTERM):
             os.kill(os.getpid(), signum)
         plot(log, save_dir)

@@ -163,7 +163,7 @@ def test_maps_of_data_replaced_by_a_copy_are_counted_and_cleaned(corpora, tmp_pa
     used = index_maps.used_maps(train_set(prefix, tokenizer))
     line = index_maps.describe([prefix], used, str(tmp_path / "log"))
     assert line.startswith(f"index maps in {(tmp_path / 'data').resolve()}: 1 used by this run; 1 others from other "
-                           "settings or older data"), line
+                           "settings, other runs or older data"), line
     (tmp_path / "log").mkdir()
     index_maps.write_used(str(tmp_path / "log"), used)
     size = index_maps.size_text(os.path.getsize(old[0]))

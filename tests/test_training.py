@@ -584,8 +584,9 @@ def test_a_resume_names_each_optimizer_setting_the_way_it_was_given(tmp_path, mo
     assert line.startswith("warning: resuming with --weight-decay 0.01 (the checkpoint's: 0.1), --adam-beta2"), line
 
 
-def test_a_nan_loss_advises_save_only_where_it_is_not_set():
-    """check_step's line: with --save set, 'rerun with --save' could not help; it says what else would."""
+def test_a_nan_loss_advises_what_works():
+    """check_step's line: with --save set, "rerun with --save" could not help; it says what else would. After a
+    checkpoint, a lower --lr takes --finetune."""
     from megatron.errors import ConfigError
     from megatron.training import check_step
 
@@ -596,3 +597,11 @@ def test_a_nan_loss_advises_save_only_where_it_is_not_set():
         with pytest.raises(ConfigError, match=f"^loss is nan at iteration {iteration}; no checkpoint was saved before "
                                               f"it: {re.escape(where)} with a lower --lr"):
             check_step(args, engine, iteration, float("nan"), None, log=None)
+    # a resume keeps the checkpoint's peak --lr (resume_schedule): a lower one takes --finetune, in another --save
+    args = SimpleNamespace(skip_nan_batches=False, save="ck")
+    with pytest.raises(ConfigError, match=re.escape("loss is nan at iteration 5; the last good checkpoint is "
+                                                    "ck/iter_0000004: start a new run from its weights with a lower "
+                                                    "rate (--finetune --load ck --lr LOWER --save ANOTHER_DIR; a "
+                                                    "resume keeps the checkpoint's peak --lr), or pass "
+                                                    "--skip-nan-batches")):
+        check_step(args, engine, 5, float("nan"), "ck/iter_0000004", log=None)

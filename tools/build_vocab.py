@@ -7,6 +7,8 @@ import sys
 import threading
 from pathlib import Path
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron import paths
 from megatron.data.corpus_files import FORMATS_HELP
 from megatron.data.tokenizer import SPECIAL_TOKENS, TOKENIZER_TYPES

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, OneLineParser, run_tool
 
 FORMAT = "write one line per machine: <host> slots=<gpus>"

@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.data.index_maps import USED_FILE, maps_of, read_used, size_text
 from megatron.errors import ConfigError, OneLineParser, run_tool
 

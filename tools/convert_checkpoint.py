@@ -6,6 +6,8 @@
            BertForPreTraining (post-LayerNorm layout) or MegatronBertForPreTraining (pre-LayerNorm);
            *ForMaskedLM when the model has no sentence-order head; ModernBertForMaskedLM for a model
            with the modern layer options (--model-preset modernbert-*). Padded vocab rows are trimmed.
+  to-torch a checkpoint of any layout -> one PyTorch file of its fp32 weights (this trainer's parameter
+           names), what DeepSpeed's zero_to_fp32.py gives, which cannot read pipeline checkpoints.
   from-hf  a Hugging Face Bert* / MegatronBert* / ModernBert* folder -> a weights-only checkpoint for this
            trainer. Heads the folder lacks are initialised, listed in one warning line and recorded in
            the checkpoint (to-hf and fill_mask.py name them again until a training run saves). A
@@ -13,17 +15,22 @@
            (--no-position-extension refuses instead).
 """
 import argparse
+import contextlib
+import os
 import sys
 import warnings
 from pathlib import Path
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, OneLineParser, run_tool, start_up_stops_in_one_line
 from megatron.quiet import quiet_deepspeed
 
 with start_up_stops_in_one_line("convert_checkpoint.py"):  # Ctrl-C during the seconds of imports: one line
     quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     from megatron import hf_convert
-    from megatron.checkpoint import (attention_change, bert_state_from_checkpoint, checkpoint_folder,
+    import torch
+    from megatron.checkpoint import (PARTIAL, attention_change, bert_state_from_checkpoint, checkpoint_folder,
                                      declared_positions, latest_tag, stored_config)
     from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits, checkpoint_tokenizer
     from megatron.model.bert import BertConfig
@@ -54,6 +61,21 @@ def to_hf(args) -> None:
                       "convert a Hugging Face folder that has them)")
     print(f"wrote {hf_convert.read_hf_config(args.output)['architectures'][0]} "
           f"({config.num_layers} layers, hidden {config.hidden_size}) to {args.output}")
+
+
+def to_torch(args) -> None:
+    if os.path.lexists(args.output):
+        raise ConfigError(f"--output {args.output} exists", "choose another --output, or remove it")
+    state = bert_state_from_checkpoint(args.load, args.tag or latest_tag(args.load))
+    staged = f"{args.output}{PARTIAL}"
+    try:  # no half-written file under the name asked for
+        torch.save(state, staged)
+        os.replace(staged, args.output)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(staged)
+    print(f"wrote {len(state)} fp32 tensors of {args.load} to {args.output} (torch.load gives the state dict of "
+          "megatron.model.bert.BertModel)")
 
 
 def check_from_hf(args, positions: int) -> None:
@@ -140,6 +162,11 @@ def main(argv=None) -> None:
                         "carries; needed for one that carries none)")
     export.add_argument("--output", required=True, help="Hugging Face folder to create (must not exist)")
     export.set_defaults(run=to_hf)
+    plain = commands.add_parser("to-torch", help="this trainer's checkpoint -> one PyTorch state-dict file")
+    plain.add_argument("--load", required=True, help="checkpoint directory (written by --save)")
+    plain.add_argument("--tag", help="checkpoint tag, e.g. iter_0001000 (default: the one in 'latest')")
+    plain.add_argument("--output", required=True, help="file to write (must not exist), e.g. bert.pt")
+    plain.set_defaults(run=to_torch)
     load = commands.add_parser("from-hf", help="Hugging Face folder -> weights-only checkpoint")
     load.add_argument("--hf-dir", required=True, help="folder with config.json and model.safetensors / pytorch_model.bin")
     load.add_argument("--save", required=True, help="checkpoint directory to create")

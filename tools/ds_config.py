@@ -38,6 +38,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.arguments import add_model_and_parallel_args, add_packing_args, config_flags
 from megatron.config import SECTION, default_optimizer, model_notes, read_ds_config, resolve, strict_json_loads
 from megatron.errors import ConfigError, OneLineParser

@@ -30,6 +30,8 @@ import shlex
 import sys
 from pathlib import Path
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, DataError, OneLineParser, run_tool, start_up_stops_in_one_line
 from megatron.paths import in_repository
 from megatron.quiet import quiet_deepspeed

@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron import paths
 from megatron.data.sample_corpus import DEFAULT_PACKAGES, write_corpus
 from megatron.errors import ConfigError, OneLineParser, run_tool

@@ -2,6 +2,7 @@
 loss and throughput curves.
 
     python tools/plot_run.py runs/bert/metrics.jsonl [-o runs/bert/loss.png]
+    python tools/plot_run.py runs/bert              (the --log-dir: its metrics.jsonl)
 
 A missing or malformed log ends with one line naming the file and line, exit code 2.
 """
@@ -9,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import OneLineParser, run_tool, start_up_stops_in_one_line
 
 with start_up_stops_in_one_line("plot_run.py"):  # Ctrl-C during the second of imports (torch): one line
@@ -17,11 +20,12 @@ with start_up_stops_in_one_line("plot_run.py"):  # Ctrl-C during the second of i
 
 def main(argv=None) -> int:
     parser = OneLineParser(prog="plot_run.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("metrics", type=Path, help="metrics.jsonl of a run")
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("metrics", type=Path, help="metrics.jsonl of a run, or its --log-dir")
     parser.add_argument("-o", "--output", type=Path, help="PNG path (default: loss.png beside the metrics)")
     args = parser.parse_args(argv)
-    print(plot_metrics(args.metrics, args.output or args.metrics.with_name("loss.png")))
+    metrics = args.metrics / "metrics.jsonl" if args.metrics.is_dir() else args.metrics  # as --log-dir names it
+    print(plot_metrics(metrics, args.output or metrics.with_name("loss.png")))
     return 0
 
 

@@ -8,6 +8,8 @@ Flags follow Megatron's tools/preprocess_data.py (plus `--vocab`/`--json-key` sp
 """
 import sys
 
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import OneLineParser, run_tool, start_up_stops_in_one_line
 
 with start_up_stops_in_one_line("preprocess_data.py"):  # Ctrl-C during the imports: one line

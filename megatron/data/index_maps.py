@@ -121,7 +121,8 @@ def size_text(size: int) -> str:
 
 def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str | None = None) -> str:
     """One line: where the maps live, how many this run uses, how many (and how large) others are
-    there, and the command that removes those."""
+    there, and the command that removes those. Others may be other live runs' on the same data: the
+    command keeps their --log-dir too only when named, so the line says so and lists first (--dry-run)."""
     used_set = {str(Path(path).resolve()) for path in used}
     others = [path for prefix in prefixes for path in maps_of(prefix, cache_path) if str(path.resolve()) not in used_set]
     folders = sorted({str(maps_folder(prefix, cache_path).resolve()) for prefix in prefixes})
@@ -130,9 +131,10 @@ def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str
         return line + ", no others"
     size = sum(path.stat().st_size for path in others)
     cache = f" --data-cache-path {cache_path}" if cache_path else ""
-    return (f"{line}; {len(others)} others from other settings or older data ({size_text(size)}): "
+    return (f"{line}; {len(others)} others from other settings, other runs or older data ({size_text(size)}): "
             f"python {in_repository('tools/clean_index_maps.py')} {' '.join(prefixes)}{cache} --keep-run {log_dir} "
-            "removes them")
+            "--dry-run lists them, and without --dry-run removes them; add --keep-run LOG_DIR for each other run "
+            "still using this data")
 
 
 def write_used(log_dir: str, used: list[str]) -> Path:
