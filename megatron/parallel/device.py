@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.errors import ConfigError
+from megatron.parallel import master_address
 
 
 def local_rank() -> int:
@@ -121,9 +122,7 @@ def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta 
                               timeout=timedelta(seconds=timeout), wait_for_workers=False)
     except (RuntimeError, ValueError) as error:  # DistNetworkError / DistStoreError: the port is not a store
         if "EADDRINUSE" in str(error):  # rank 0's store cannot listen: another run (or program) has the port
-            raise ConfigError(f"rank 0 cannot host the rendezvous at {address}: the port is in use on "
-                              f"{socket.gethostname()} (another run?)", "pass a free port: the launcher's "
-                              "--master_port (MASTER_PORT for the launch scripts, --master-port for the tools)")
+            raise master_address.port_in_use_error(address)
         raise ConfigError(f"rank {rank} could not join the rendezvous at {address} "
                           f"({str(error).splitlines()[0][:200]})", fix) from None
     arrived = 0
