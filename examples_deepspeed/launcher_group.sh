@@ -124,7 +124,7 @@ run_launcher() {
         set -- "$(dirname "$1")/python" -P -m megatron.parallel.deepspeed_command "${@:2}"
         # this checkout's megatron, as its pretrain_bert.py runs
         PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
-        export PYTHONPATH
+        export PYTHONPATH MEGATRON_SCRIPT_SIGNALS_RANKS=1  # a stop's line is the ranks' (deepspeed_command.py)
     fi
     set -m  # job control: the background job gets a process group of its own
     "$@" &

@@ -15,6 +15,7 @@ command with 0 short of --train-iters, and launch.py, when a rank dies by SIGKIL
 Run as `python -P -m megatron.parallel.deepspeed_command ...` (-P: the megatron the tool imported,
 not one in the working directory); launcher_watch counts it among the launchers.
 """
+import os
 import signal
 import subprocess
 import sys
@@ -27,6 +28,9 @@ LAUNCH = "deepspeed.launcher.launch"
 LAUNCH_START = ["-u", "-m", LAUNCH]  # how runner.py starts launch.py after the interpreter (DeepSpeed 0.19)
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STARTED_RANKS_STOP = "; ranks it had started stop on their own, each saying what it saved"
+# set by the launch scripts (examples_deepspeed/launcher_group.sh), which send a stop to the ranks alone:
+# launch.py's 128 + N is then theirs, not a sign that a Ctrl-C reached this process too
+SCRIPT_SIGNALS_RANKS = "MEGATRON_SCRIPT_SIGNALS_RANKS"
 
 
 def signal_as_status(code):
@@ -87,7 +91,7 @@ def main() -> int:
         if launch:  # launch.py exits with a rank's return code: -9 for one killed by SIGKILL
             return signal_as_status(error.code)
         signum = error.code - 128 if isinstance(error.code, int) and error.code - 128 in STOPS else None
-        if signum is not None:
+        if signum is not None and not os.environ.get(SCRIPT_SIGNALS_RANKS):
             print(f"{PROG}: stopped by {signal.Signals(signum).name}{STARTED_RANKS_STOP}", file=sys.stderr, flush=True)
         raise
     return 0
