@@ -1251,6 +1251,22 @@ def test_tools_print_nothing_of_deepspeeds_accelerator_detection():
             assert "accelerator" not in (result.stdout + result.stderr).lower(), (tool, result.stderr[-2000:])
 
 
+def test_the_shm_op_load_prints_nothing_but_its_failures(capfd):
+    """DeepSpeed's CPU comm op printed `DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully`
+    once per rank on every start (the op loaded from the extensions folder); that line alone goes,
+    the comm module's other prints stay."""
+    import importlib
+
+    from megatron.quiet import quiet_shm_build
+
+    quiet_shm_build()
+    comm_torch = importlib.import_module("deepspeed.comm.torch")
+    comm_torch.build_shm_op()
+    getattr(comm_torch, "print", print)("DeepSpeed other news")  # the module's print, as its code calls it
+    out = capfd.readouterr().out
+    assert "built successfully" not in out and out.splitlines()[-1:] == ["DeepSpeed other news"], out
+
+
 def test_a_cpu_tool_runs_under_ds_accelerator_cuda(monkeypatch):
     """fill_mask.py and convert_checkpoint.py read weights on the CPU: DS_ACCELERATOR=cuda from a GPU cluster's
     profile loads DeepSpeed fine and is no reason to refuse them; the trainer (and extend_context.py's launch),

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.errors import ConfigError
+from megatron.quiet import quiet_shm_build
 from megatron.parallel import master_address
 
 
@@ -70,6 +71,7 @@ def init_distributed(dist_backend: str | None = None, rendezvous_timeout: float 
     if not dist.is_initialized() and all(name in os.environ for name in ENV_RENDEZVOUS) \
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         rendezvous(dist_backend or backend(), rendezvous_timeout, collective_timeout)
+    quiet_shm_build()  # its CPU comm op's "built successfully", once per rank and start
     deepspeed.init_distributed(dist_backend=dist_backend or backend(), timeout=collective_timeout)  # or wraps it
     bound_collectives(collective_timeout)
     if dist.get_backend() == "nccl" or os.environ.get("LOCAL_SIZE") != str(dist.get_world_size()):
