@@ -8,11 +8,12 @@ import traceback
 
 from megatron.arguments import launcher_rank
 from megatron.errors import BEFORE_THE_FIRST_STEP, start_up_stops_in_one_line, survive_lost_terminal
-from megatron.parallel import launcher_watch
+from megatron.parallel import launcher_watch, master_address
 from megatron.quiet import quiet_deepspeed
 
 launcher_watch.note_launchers()  # first: a launcher that ends during the imports below is still noticed
 survive_lost_terminal()  # before DeepSpeed's logger keeps sys.stdout: a closed terminal does not end the run
+master_address.exit_if_unusable("pretrain_bert.py")  # before the imports: an address the rendezvous cannot use
 with start_up_stops_in_one_line("pretrain_bert.py", BEFORE_THE_FIRST_STEP, tell=launcher_rank() == 0):
     # Ctrl-C during the seconds of imports: one line, not a traceback
     quiet_deepspeed(on_the_device=True)  # before DeepSpeed is first imported (megatron.training imports it)

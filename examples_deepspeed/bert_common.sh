@@ -140,9 +140,12 @@ if [ -n "${HOSTFILE:-}" ]; then
         LAUNCHER+=(--no_ssh --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR")
     fi
 fi
+# --load of the --save folder: the same command starts the run (nothing saved yet: from scratch) and resumes
+# it when requeued; a --save or --load among the flags moves either
+save_dir "$RUN_DIR/checkpoints" "$@"
 COMMAND=("${LAUNCHER[@]}" "$ROOT/pretrain_bert.py" --deepspeed --deepspeed_config "$RUN_DIR/ds_config.json"
          "${MODEL[@]}" --train-iters 1000 --lr 1e-4 --lr-warmup-fraction 0.01 --log-interval 10
-         --eval-interval 500 --eval-iters 10 --save "$RUN_DIR/checkpoints" --save-interval 500 --log-dir "$RUN_DIR" "$@")
+         --eval-interval 500 --eval-iters 10 --save "$SAVE_DIR" --load "$SAVE_DIR" --save-interval 500 --log-dir "$RUN_DIR" "$@")
 if [ "$DRY_RUN" = 1 ]; then
     printf '%q ' "${COMMAND[@]}"
     echo

@@ -1,13 +1,18 @@
 # Sourced by the launch scripts: `fail` and `decimal` (one-line errors, exit 2), STOP_TIMEOUT checked
 # when sourced (before anything starts, not when a signal comes), and `run_launcher COMMAND ...`
-# runs the deepspeed launcher in its own process group and stops the whole run on SIGTERM / SIGINT / SIGHUP. The launcher itself does not: its
+# runs the deepspeed launcher (`.../deepspeed ARGS`, run as megatron/parallel/deepspeed_command.py, whose
+# status for a launch.py or a rank killed by signal N is 128 + N: DeepSpeed's runner would end with 0 when
+# launch.py is killed) in its own process group and stops the whole run on SIGTERM / SIGINT / SIGHUP. The launcher itself does not: its
 # outer process dies on SIGTERM and leaves the ranks training as orphans. Here the signal goes to
 # this machine's ranks (the children of deepspeed.launcher.launch in the group): they save a final
 # checkpoint (with --save) and exit, and the launcher, seeing them exit, ends with their status. With no rank
 # here yet (still starting, or ranks reached by ssh) it goes to the whole group, whose launcher
 # then stops the ranks its way. The script returns once no process of the group is left
 # (STOP_TIMEOUT seconds at most, default 120, then SIGKILL; DeepSpeed's launch.py, signalled itself,
-# kills its ranks 30 s after). Exit status: the launcher's, or 128 + the signal.
+# kills its ranks 30 s after). Exit status: the launcher's, or 128 + the signal. The script also returns
+# only once the group is empty when the launcher ended on its own: ranks whose launch.py was killed save
+# and stop by themselves (megatron/parallel/launcher_watch.py). After a death by signal it names the
+# newest checkpoint of SAVE_DIR (set by save_dir), which ranks killed by SIGKILL could not say.
 # On a machine without a visible GPU it also names the CPU accelerator (DS_ACCELERATOR=cpu, what
 # DeepSpeed then picks anyway), as megatron/quiet.py does for the ranks: the launcher processes
 # (deepspeed's runner and its per-node launch) then do not log "Setting accelerator to CPU. If you
@@ -68,12 +73,58 @@ gpu_visible() {
     [ -e /dev/kfd ] || [ -e /dev/dxg ] || compgen -G '/dev/nvidia[0-9]*' > /dev/null
 }
 
+# save_dir DEFAULT FLAGS...: SAVE_DIR = the last --save among the trainer's FLAGS, else DEFAULT
+save_dir() {
+    SAVE_DIR="$1"
+    shift
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --save) SAVE_DIR="${2:-$SAVE_DIR}" ;;
+            --save=*) SAVE_DIR="${1#--save=}" ;;
+        esac
+        shift
+    done
+}
+
+# wait_group_end GROUP WHAT: until no process of the group is left, STOP_TIMEOUT seconds after WHAT at most; then SIGKILL
+wait_group_end() {
+    local deadline=$((SECONDS + STOP_TIMEOUT))
+    while group_alive "$1" && [ "$SECONDS" -lt "$deadline" ]; do
+        sleep 0.2
+    done
+    if group_alive "$1"; then
+        echo "$(basename "$0"): error: ranks still running $STOP_TIMEOUT s after $2: killed; the last checkpoint in --save is the one to resume from" >&2
+        kill -KILL -- "-$1" 2> /dev/null || true
+    fi
+}
+
+# report_signal_death STATUS: for a launcher status 128 + N (a rank or launch.py killed by signal N,
+# deepspeed_command.py), one line naming the newest checkpoint of SAVE_DIR (its 'latest')
+report_signal_death() {
+    local name latest="" last
+    [ "$1" -gt 128 ] && [ "$1" -lt 192 ] && [ -n "${SAVE_DIR:-}" ] || return 0
+    name="$(kill -l "$(($1 - 128))" 2> /dev/null)" || name="signal $(($1 - 128))"
+    [ ! -f "$SAVE_DIR/latest" ] || latest="$(tr -d '[:space:]' < "$SAVE_DIR/latest")"
+    if [ -n "$latest" ]; then
+        last="last checkpoint $SAVE_DIR/$latest: rerun the same command to resume it (--load $SAVE_DIR)"
+    else
+        last="no checkpoint in $SAVE_DIR yet: a rerun starts from scratch"
+    fi
+    echo "$(basename "$0"): error: a rank or its launcher ended by SIG${name#SIG} (status $1) short of --train-iters; $last" >&2
+}
+
 run_launcher() {
-    local status=0 signal_number=0 deadline
+    local status=0 signal_number=0
     if [ -z "${DS_ACCELERATOR+set}" ] && ! gpu_visible; then
         export DS_ACCELERATOR=cpu
     elif [ "${DS_ACCELERATOR-cpu}" != cpu ]; then
         "$(dirname "$1")/python" -m megatron.quiet "$(basename "$0")" || return
+    fi
+    if [ "$(basename "$1")" = deepspeed ]; then  # the runner and launch.py under deepspeed_command.py
+        set -- "$(dirname "$1")/python" -P -m megatron.parallel.deepspeed_command "${@:2}"
+        # this checkout's megatron, as its pretrain_bert.py runs
+        PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+        export PYTHONPATH MEGATRON_SCRIPT_SIGNALS_RANKS=1  # a stop's line is the ranks' (deepspeed_command.py)
     fi
     set -m  # job control: the background job gets a process group of its own
     "$@" &
@@ -85,20 +136,16 @@ run_launcher() {
         # shellcheck disable=SC2064  # the group id and the signal are fixed now
         trap "signal_number=$(kill -l "$name"); trap '' TERM INT HUP; stop_run $name $LAUNCHER_GROUP" "$name"
     done
-    while kill -0 "$LAUNCHER_GROUP" 2> /dev/null; do
+    while :; do  # a trapped signal ends the wait early: wait again (once at least: a launcher ended already has a status)
         status=0
         wait "$LAUNCHER_GROUP" || status=$?
+        kill -0 "$LAUNCHER_GROUP" 2> /dev/null || break
     done
     if [ "$signal_number" -ne 0 ]; then
-        deadline=$((SECONDS + STOP_TIMEOUT))
-        while group_alive "$LAUNCHER_GROUP" && [ "$SECONDS" -lt "$deadline" ]; do
-            sleep 0.2
-        done
-        if group_alive "$LAUNCHER_GROUP"; then
-            echo "$(basename "$0"): error: ranks still running $STOP_TIMEOUT s after the signal: killed; the last checkpoint in --save is the one to resume from" >&2
-            kill -KILL -- "-$LAUNCHER_GROUP" 2> /dev/null || true
-        fi
+        wait_group_end "$LAUNCHER_GROUP" "the signal"
         return $((128 + signal_number))
     fi
+    wait_group_end "$LAUNCHER_GROUP" "their launcher ended"
+    report_signal_death "$status"
     return "$status"
 }

@@ -19,14 +19,8 @@ elif [ "$gpus" -eq 1 ]; then
     ranks=1 sp=(--sequence-parallel-size 1)  # NCCL needs a GPU per rank: one GPU, the whole sequence
     echo "pretrain_default.sh: one GPU found: training on it with sequence-parallel size 1 (2 GPUs give SP=2)"
 fi
-save=runs/default/checkpoints  # resumed when run again; a --save among the extra flags moves it
-args=("$@")
-for i in "${!args[@]}"; do
-    case "${args[$i]}" in
-        --save) save="${args[$((i + 1))]:-$save}" ;;
-        --save=*) save="${args[$i]#--save=}" ;;
-    esac
-done
+save_dir runs/default/checkpoints "$@"  # resumed when run again; a --save among the extra flags moves it
+save="$SAVE_DIR"
 # Long packed samples (1024 tokens, several documents each, each attending to itself) split over the
 # 2 ranks: the global layer by ring attention, the local (128-token window) layers by a halo exchange
 # with the neighbour rank. The modern layers (rotary positions, local/global attention, GeGLU, no

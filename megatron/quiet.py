@@ -7,7 +7,11 @@
 - torch's FutureWarning that DeepSpeed 0.19.8 calls `all_gather_into_tensor` /
   `_all_gather_base` / `_reduce_scatter_base` (deprecated names it still uses on every ZeRO
   step): filtered by message, other FutureWarnings still show.
+- "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully", printed by every rank (and
+  process of a benchmark) on every start, the op being built once and loaded after: that line alone
+  (quiet_shm_build); a build that fails still raises, with its compiler output.
 """
+import importlib
 import importlib.util
 import os
 import warnings
@@ -32,6 +36,18 @@ def quiet_deepspeed(on_the_device: bool = False) -> None:
         if not (torch.cuda.device_count() > 0 and torch.cuda.is_available()):
             os.environ["DS_ACCELERATOR"] = "cpu"
     warnings.filterwarnings("ignore", message=DEPRECATED_COLLECTIVES, category=FutureWarning)
+
+
+def quiet_shm_build() -> None:
+    """Drops the line DeepSpeed's comm module prints after loading its CPU comm op (deepspeed/comm/
+    torch.py's build_shm_op), through that module's own `print`; its other prints show. Imports DeepSpeed."""
+    comm_torch = importlib.import_module("deepspeed.comm.torch")  # not `from deepspeed.comm import torch`: torch itself
+
+    def print_unless_built(*values, **options):
+        line = " ".join(map(str, values))
+        if not (line.startswith("DeepSpeed ") and line.endswith(" built successfully")):
+            print(*values, **options)
+    comm_torch.print = print_unless_built
 
 
 def refuse_missing_accelerator(on_the_device: bool) -> None:

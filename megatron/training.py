@@ -1158,6 +1158,8 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     last_checkpoint = None
     client = (checkpoint.load(engine, args.load, config, load_rng=not args.no_load_rng)
               if args.load and not weights_only else None)
+    if client:  # every rank loaded before rank 0 says so: a rank whose load failed says why, and the
+        dist.barrier()  # others, lost here, print nothing that reads like a resume (config:, resuming from)
     saved = dict(schedule=schedule_settings(args, ds, train_iters), data=data_settings(args, data_path),
                  tokenizer=tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
                  getattr(args, "weights_origin", None))

@@ -1259,6 +1259,22 @@ def test_tools_print_nothing_of_deepspeeds_accelerator_detection():
             assert "accelerator" not in (result.stdout + result.stderr).lower(), (tool, result.stderr[-2000:])
 
 
+def test_the_shm_op_load_prints_nothing_but_its_failures(capfd):
+    """DeepSpeed's CPU comm op printed `DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully`
+    once per rank on every start (the op loaded from the extensions folder); that line alone goes,
+    the comm module's other prints stay."""
+    import importlib
+
+    from megatron.quiet import quiet_shm_build
+
+    quiet_shm_build()
+    comm_torch = importlib.import_module("deepspeed.comm.torch")
+    comm_torch.build_shm_op()
+    getattr(comm_torch, "print", print)("DeepSpeed other news")  # the module's print, as its code calls it
+    out = capfd.readouterr().out
+    assert "built successfully" not in out and out.splitlines()[-1:] == ["DeepSpeed other news"], out
+
+
 def test_a_cpu_tool_runs_under_ds_accelerator_cuda(monkeypatch):
     """fill_mask.py and convert_checkpoint.py read weights on the CPU: DS_ACCELERATOR=cuda from a GPU cluster's
     profile loads DeepSpeed fine and is no reason to refuse them; the trainer (and extend_context.py's launch),
@@ -1293,6 +1309,52 @@ def test_a_rendezvous_port_in_use_is_named_with_its_fix(monkeypatch):
             device.rendezvous("gloo", 5)
     assert error.value.problem.startswith(f"rank 0 cannot host the rendezvous at 127.0.0.1:{port}: the port is in use")
     assert error.value.fix.startswith("pass a free port: the launcher's --master_port")
+
+
+@pytest.mark.parametrize("rank,local_rank,host,expected", [
+    ("0", "0", "127.0.0.1", "rank 0 cannot host the rendezvous at 127.0.0.1:{port}: the port is in use on"),
+    ("2", "0", "no-such-host-xyz.invalid", "MASTER_ADDR no-such-host-xyz.invalid does not resolve ("),
+    ("3", "1", "no-such-host-xyz.invalid", None),  # the node's first rank says it; this one waits, exits 2
+], ids=["port_in_use", "name_unknown", "name_unknown_second_rank"])
+def test_the_rendezvous_address_is_checked_before_the_imports(rank, local_rank, host, expected):
+    """A MASTER_ADDR that does not resolve (torch retried it for --rendezvous-timeout, 300 s, with C++
+    stacks) and, on rank 0, a MASTER_PORT another run listens on (named after 40 s of imports on a
+    loaded machine) are one line before anything else: before the flags are parsed."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {**os.environ, "RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": "4", "MASTER_ADDR": host,
+               "MASTER_PORT": str(port)}
+        result = subprocess.run([PYTHON, str(ROOT / "pretrain_bert.py"), "--no-such-flag"], env=env,
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    if expected is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and expected.format(port=port) in lines[0], result.stderr[-2000:]
+
+
+def test_only_rank_0_probes_the_port_and_not_under_torchruns_agent(monkeypatch):
+    """Rank 0 alone listens on MASTER_PORT; torchrun's agent hosts the store on it itself."""
+    import socket
+
+    from megatron.parallel import master_address
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        for name, value in (("RANK", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(busy.getsockname()[1]))):
+            monkeypatch.setenv(name, value)
+        master_address.check()
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+        master_address.check()
+        monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE")
+        assert master_address.port_in_use(busy.getsockname()[1])
 
 
 def test_ranks_that_came_to_a_failed_rendezvous_print_one_line_each():

@@ -656,3 +656,26 @@ def test_unwritable_save_on_one_node_stops_every_rank_before_training(tmp_path):
     for reporters in ((0, 1), (1,)):
         printed = "".join(outcome[reporters] for outcome in outcomes)
         assert printed == f"pretrain_bert.py: error: found by {reporters}\n", printed
+
+
+def main_captured(argv) -> tuple:
+    """`main`'s exit code and everything the rank printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = main(argv)
+    return code, out.getvalue()
+
+
+def test_a_load_that_fails_on_another_rank_prints_no_resume_on_rank_0(tmp_path, data_dir):
+    """Rank 1's optimizer file is missing: rank 1 says so, and rank 0, whose own load went fine, prints
+    nothing after it that reads like a successful resume (`config:`, `resuming from ...`); both exit 2."""
+    argv = run_argv(tmp_path, data_dir, {"train_batch_size": 8, "zero_optimization": {"stage": 1}},
+                    "--train-iters", "2")
+    assert run_on_ranks(main, 2, argv, timeout=300) == [0, 0]
+    missing = tmp_path / "ckpt" / checkpoint.tag_for(2) / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    missing.unlink()
+    [(code_0, out_0), (code_1, out_1)] = run_on_ranks(main_captured, 2, [*argv, "--train-iters", "4", "--load",
+                                                                         str(tmp_path / "ckpt")], timeout=300)
+    assert (code_0, code_1) == (2, 2)
+    assert f"checkpoint file {missing} is missing; restore it" in out_1
+    assert "resuming from" not in out_0 and "config: " not in out_0, out_0

@@ -366,3 +366,33 @@ def test_sigterm_stops_every_rank_and_the_saved_checkpoint_resumes_exactly(tmp_p
     assert train_records(killed) == train_records(straight) and len(train_records(straight)) == iterations
     got, want = (checkpoint.bert_state_from_checkpoint(str(run / "checkpoints")) for run in (killed, straight))
     assert set(got) == set(want) and all(torch.equal(got[name], want[name]) for name in want)
+
+
+def test_a_launcher_ended_by_a_signal_names_the_last_checkpoint(tmp_path):
+    """A rank killed by SIGKILL takes the others with it (launch.py kills them before they can say
+    what they saved), and a killed launch.py leaves ranks that save on their own: after a launcher
+    status 128 + N the script names the newest checkpoint of --save (the last --save among the
+    flags), once every process of its group has ended, and keeps the status."""
+    save = tmp_path / "ckpt"
+    save.mkdir()
+    (save / "latest").write_text("iter_0000040\n")
+    launcher = tmp_path / "launcher"  # a rank left saving in the group (2 s), then the launcher killed
+    launcher.write_text(f"#!/bin/bash\n(sleep 2; echo iter_0000042 > {save}/latest) &\nkill -KILL $$\n")
+    launcher.chmod(0o755)
+    script = (f"source {SCRIPTS / 'launcher_group.sh'}; save_dir /elsewhere --save-interval 5 --save {save}; "
+              f"run_launcher {launcher}")
+    result = subprocess.run(["bash", "-c", script], env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 128 + signal.SIGKILL
+    assert result.stderr.splitlines()[-1] == (
+        f"bash: error: a rank or its launcher ended by SIGKILL (status 137) short of --train-iters; last checkpoint "
+        f"{save}/iter_0000042: rerun the same command to resume it (--load {save})"), result.stderr
+
+
+def test_the_scripts_load_their_save_folder_so_a_rerun_resumes(tmp_path):
+    """A requeue runs the same command: the scripts pass --load of the --save folder (nothing saved
+    yet: from scratch), which a --save among the flags moves too."""
+    _, command = dry_run("bert_distributed.sh", tmp_path, "2", *LAYOUT, *SHAPE, DRY_RUN="1")
+    assert f"--save {tmp_path / 'checkpoints'} --load {tmp_path / 'checkpoints'} " in command
+    _, command = dry_run("bert_distributed.sh", tmp_path, "2", *LAYOUT, *SHAPE, "--save=ck", DRY_RUN="1")
+    assert "--save ck --load ck " in command

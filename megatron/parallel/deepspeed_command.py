@@ -9,9 +9,13 @@ inside torch's import:
     terminal's Ctrl-C reaches directly, during its own imports: it runs under this module as well
     (`-m megatron.parallel.deepspeed_command deepspeed.launcher.launch ...`) and ends without a line
     of its own (the runner's says it). Its command line still names deepspeed.launcher.launch.
+A process that died by signal N reads as status 128 + N, as in a shell: the runner passes on only a
+positive return code, so a launch.py killed by SIGKILL (the OOM killer, a node agent) would end the
+command with 0 short of --train-iters, and launch.py, when a rank dies by SIGKILL, exits with -9 (247).
 Run as `python -P -m megatron.parallel.deepspeed_command ...` (-P: the megatron the tool imported,
 not one in the working directory); launcher_watch counts it among the launchers.
 """
+import os
 import signal
 import subprocess
 import sys
@@ -24,6 +28,22 @@ LAUNCH = "deepspeed.launcher.launch"
 LAUNCH_START = ["-u", "-m", LAUNCH]  # how runner.py starts launch.py after the interpreter (DeepSpeed 0.19)
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STARTED_RANKS_STOP = "; ranks it had started stop on their own, each saying what it saved"
+# set by the launch scripts (examples_deepspeed/launcher_group.sh), which send a stop to the ranks alone:
+# launch.py's 128 + N is then theirs, not a sign that a Ctrl-C reached this process too
+SCRIPT_SIGNALS_RANKS = "MEGATRON_SCRIPT_SIGNALS_RANKS"
+
+
+def signal_as_status(code):
+    """A return code of -N (death by signal N) as 128 + N; others as they are."""
+    return 128 - code if isinstance(code, int) and code < 0 else code
+
+
+class _LaunchProcess(subprocess.Popen):
+    """launch.py's process, whose wait() gives a death by signal as 128 + N (signal_as_status)."""
+
+    def wait(self, timeout=None):
+        self.returncode = signal_as_status(super().wait(timeout))
+        return self.returncode
 
 
 class _GuardedLaunch:
@@ -36,6 +56,7 @@ class _GuardedLaunch:
     def Popen(command, *args, **kwargs):  # noqa: N802 (subprocess' name)
         if list(command[1:4]) == LAUNCH_START:
             command = [command[0], "-u", "-P", "-m", MODULE, LAUNCH, *command[4:]]
+            return _LaunchProcess(command, *args, **kwargs)
         return subprocess.Popen(command, *args, **kwargs)
 
 
@@ -67,8 +88,10 @@ def main() -> int:
         return 128 + signum
     except SystemExit as error:  # the runner passes launch.py's exit code on: launch.py stopped by the same
         # Ctrl-C can end before this process handles its own signal (a loaded machine), which then never shows
+        if launch:  # launch.py exits with a rank's return code: -9 for one killed by SIGKILL
+            return signal_as_status(error.code)
         signum = error.code - 128 if isinstance(error.code, int) and error.code - 128 in STOPS else None
-        if signum is not None and not launch:
+        if signum is not None and not os.environ.get(SCRIPT_SIGNALS_RANKS):
             print(f"{PROG}: stopped by {signal.Signals(signum).name}{STARTED_RANKS_STOP}", file=sys.stderr, flush=True)
         raise
     return 0

@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.errors import ConfigError
+from megatron.quiet import quiet_shm_build
+from megatron.parallel import master_address
 
 
 def local_rank() -> int:
@@ -69,6 +71,7 @@ def init_distributed(dist_backend: str | None = None, rendezvous_timeout: float 
     if not dist.is_initialized() and all(name in os.environ for name in ENV_RENDEZVOUS) \
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         rendezvous(dist_backend or backend(), rendezvous_timeout, collective_timeout)
+    quiet_shm_build()  # its CPU comm op's "built successfully", once per rank and start
     deepspeed.init_distributed(dist_backend=dist_backend or backend(), timeout=collective_timeout)  # or wraps it
     bound_collectives(collective_timeout)
     if dist.get_backend() == "nccl" or os.environ.get("LOCAL_SIZE") != str(dist.get_world_size()):
@@ -121,9 +124,7 @@ def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta 
                               timeout=timedelta(seconds=timeout), wait_for_workers=False)
     except (RuntimeError, ValueError) as error:  # DistNetworkError / DistStoreError: the port is not a store
         if "EADDRINUSE" in str(error):  # rank 0's store cannot listen: another run (or program) has the port
-            raise ConfigError(f"rank 0 cannot host the rendezvous at {address}: the port is in use on "
-                              f"{socket.gethostname()} (another run?)", "pass a free port: the launcher's "
-                              "--master_port (MASTER_PORT for the launch scripts, --master-port for the tools)")
+            raise master_address.port_in_use_error(address)
         raise ConfigError(f"rank {rank} could not join the rendezvous at {address} "
                           f"({str(error).splitlines()[0][:200]})", fix) from None
     arrived = 0

@@ -1,0 +1,70 @@
+"""The env:// rendezvous address, checked first thing in a rank, before the seconds of imports
+(torch, DeepSpeed) and of validation that come before the rendezvous itself:
+  - a MASTER_ADDR that does not resolve: torch would retry it until --rendezvous-timeout, with a
+    c10d warning per try and a C++ stack, though waiting cannot help;
+  - on rank 0, a MASTER_PORT that another program (another run) listens on here: rank 0's store
+    could not listen on it.
+Whether MASTER_ADDR is one of rank 0's own addresses is not checked: in containers and clusters it
+is often a name or service address that reaches rank 0 through a mapping, and is not bound on its
+host. No torch import: a check that finds nothing costs nothing.
+"""
+import errno
+import os
+import socket
+import sys
+
+from megatron.arguments import outlive_rank_0
+from megatron.errors import ConfigError
+
+PORT_FIX = ("pass a free port: the launcher's --master_port (MASTER_PORT for the launch scripts, --master-port "
+            "for the tools)")
+# getaddrinfo's answers that a retry cannot change (not EAI_AGAIN, a name server that did not answer)
+UNKNOWN_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+
+
+def check() -> None:
+    """A ConfigError for this rank's rendezvous address when it cannot work; nothing without one
+    (a single process, MPI) or under torchrun's agent, which hosts the store on MASTER_PORT itself."""
+    if not all(name in os.environ for name in ("RANK", "MASTER_ADDR", "MASTER_PORT")) \
+            or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return
+    host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        if error.errno in UNKNOWN_NAME:
+            raise ConfigError(f"MASTER_ADDR {host} does not resolve ({error.strerror})",
+                              "pass the address of the node with rank 0: the launcher's --master_addr (MASTER_ADDR "
+                              "for the launch scripts and bert_multinode.sh)") from None
+    if os.environ["RANK"].strip() == "0" and port.strip().isdigit() and port_in_use(int(port)):
+        raise port_in_use_error(f"{host}:{port}")
+
+
+def port_in_use_error(address: str) -> ConfigError:
+    return ConfigError(f"rank 0 cannot host the rendezvous at {address}: the port is in use on "
+                       f"{socket.gethostname()} (another run?)", PORT_FIX)
+
+
+def exit_if_unusable(prog: str) -> None:
+    """check(), its error the one line of rank 0 and of each node's first rank (MASTER_ADDR is given
+    per node), exit 2; the other ranks wait for that line to be printed (outlive_rank_0)."""
+    try:
+        check()
+    except ConfigError as error:
+        if os.environ["RANK"].strip() == "0" or os.environ.get("LOCAL_RANK", "0").strip() == "0":
+            print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+        else:
+            outlive_rank_0()
+        sys.exit(2)
+
+
+def port_in_use(port: int) -> bool:
+    """Whether a TCP port cannot be listened on here for all addresses, as rank 0's store listens;
+    the probe is closed at once (SO_REUSEADDR: it leaves nothing that holds the port)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            return error.errno == errno.EADDRINUSE
+    return False
