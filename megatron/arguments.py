@@ -256,7 +256,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                      "checkpoint (tools/convert_checkpoint.py from-hf) starts a new run from its weights; the --save "
                      "folder itself before its first checkpoint: start from scratch (a requeued job resumes)")
     run.add_argument("--finetune", action="store_true", help="with --load: start a new run from the checkpoint's "
-                     "weights (iteration 0, a fresh optimizer, schedule and RNG; any layout), as for a weights-only one")
+                     "weights (iteration 0, a fresh optimizer, schedule and RNG; any layout), as for a weights-only "
+                     "one")
     run.add_argument("--no-load-rng", action="store_true", help="with --load: go on without the checkpoint's RNG "
                      "states (e.g. a lost rng_rank*.pt); the run is then no longer bit-exact (one warning)")
     run.add_argument("--init-from-hf", metavar="DIR", help="start from a Hugging Face Bert* / MegatronBert* / "

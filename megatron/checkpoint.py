@@ -15,8 +15,8 @@ full (`TorchCheckpointEngine.load`, weights_only=False), so load only checkpoint
 
 Other layouts: each pipeline stage also writes `layout_free_stage{k}.pt` (optimizer_state.gather:
 fp32 weights and Adam moments in BertModel names, Adam's step, the optimizer's settings and loss
-scale, the LR schedule, DeepSpeed's counters). `load` reads DeepSpeed's files when the layout allows (same pipeline degree,
-precision and ZeRO partitioning), else these, so a run continues at another pipeline degree,
+scale, the LR schedule, DeepSpeed's counters). `load` reads DeepSpeed's files when the layout allows (same
+pipeline degree, precision and ZeRO partitioning), else these, so a run continues at another pipeline degree,
 SP/data degree or ZeRO stage 0-2. `bert_state_from_checkpoint` reads the fp32 weights of any layout
 back into BertModel names (from these files for a bf16 / fp16 run and at ZeRO 3, else from the plain
 model's or the pipeline's layer files).
@@ -143,7 +143,8 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
 
 
 RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")  # copied into --save by DeepSpeed's ZeRO saves
-CONVERT_TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "convert_checkpoint.py")
+CONVERT_TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                            "convert_checkpoint.py")
 
 
 def replace_recovery_scripts(save_dir: str) -> None:
@@ -335,7 +336,8 @@ def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str
     """Writes `save_dir`/`name` naming this host and process, or returns (problem, fix) when a live
     run holds it: two runs saving into one folder would delete each other's `.partial` staging
     folders and interleave their checkpoints; two runs logging into one --log-dir (`flag`) would
-    interleave metrics.jsonl and overwrite each other's config.json, index_maps.json and plot. The holder touches the lock every LOCK_HEARTBEAT_S;
+    interleave metrics.jsonl and overwrite each other's config.json, index_maps.json and plot. The holder
+    touches the lock every LOCK_HEARTBEAT_S;
     a lock whose process no longer runs on this host, or one of another host untouched for
     LOCK_STALE_S (a crashed, killed or preempted run, e.g. a requeued job on another node), is taken
     over with one line. `created`: folders made for the lock, removed again by release_lock when left empty.
@@ -374,7 +376,8 @@ def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str
             if not _remove_stale(path, holder):
                 break
             print(f"warning: {flag} {save_dir}: taking over the lock of "
-                  f"{'pid ' + str(holder['pid']) + ' on ' + str(holder.get('host')) if holder else 'an unknown process'}"
+                  f"""{'pid ' + str(holder['pid']) + ' on ' + str(holder.get('host'))
+                       if holder else 'an unknown process'}"""
                   ", which no longer runs (a crashed or killed run)", file=sys.stderr, flush=True)
         return (f"{flag} {save_dir}: its lock {path} was just taken by another run starting there",
                 f"choose another {flag} directory")
@@ -629,7 +632,8 @@ def latest_tag(load_dir: str) -> str:
         if os.path.isfile(os.path.join(load_dir, "config.json")):  # the trainer reads it with another flag
             raise ConfigError(f"{load_dir} is a Hugging Face model folder, not a checkpoint of this trainer (it has no "
                               f"'{LATEST}')", f"pass it to pretrain_bert.py with --init-from-hf in place of --load, or "
-                              f"convert it first: {paths.in_repository('tools/convert_checkpoint.py')} from-hf --hf-dir {load_dir} "
+                              f"convert it first: {paths.in_repository('tools/convert_checkpoint.py')} from-hf "
+                              f"--hf-dir {load_dir} "
                               "--save DIR")
         inside = sorted(os.path.dirname(found) for found in glob.glob(os.path.join(glob.escape(load_dir), "*", LATEST)))
         newest = newest_hint(load_dir)
@@ -735,7 +739,8 @@ def run_state(load_dir: str, tag: str) -> dict:
         raise DataError(f"checkpoint file {path} is missing",
                         "restore it or resume from an earlier complete checkpoint")
     if not stored or "config" not in stored or len(states) > 1 or "zero_pp" in states[0]:
-        raise DataError(f"checkpoint folder {folder} has no {RUN_STATE}", "point at a checkpoint written by this trainer")
+        raise DataError(f"checkpoint folder {folder} has no {RUN_STATE}",
+                        "point at a checkpoint written by this trainer")
     return {key: value for key, value in stored.items() if key != "module"}
 
 
@@ -947,7 +952,8 @@ def check_same_optimizer(stored: dict, ds_config: dict, folder: str) -> None:
     Adam and AdamW keep the same state (DeepSpeed's Adam is AdamW unless adam_w_mode is off)."""
     trained, current = (((config or {}).get("optimizer") or {}).get("type") for config in (stored.get("ds_config"),
                                                                                              ds_config))
-    if trained and current and len({{"adamw": "adam"}.get(name.lower(), name.lower()) for name in (trained, current)}) > 1:
+    if trained and current and len({{"adamw": "adam"}.get(name.lower(), name.lower())
+                                    for name in (trained, current)}) > 1:
         raise ConfigError(f"checkpoint {folder} holds the state of optimizer.type {trained}, this run's is {current}",
                           f"resume with optimizer.type {trained}, or pass --finetune to start a new run from its "
                           "weights with a fresh optimizer")

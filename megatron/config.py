@@ -552,7 +552,8 @@ def check_deepspeed_types(ds_config: dict) -> None:
                           "quantization, not training's (post_init_quant is never read; quantized_initialization "
                           "fails inside DeepSpeed at the first ZeRO-3 step)", 'remove "weight_quantization"')
     _check_enabled_flags(ds_config, "")
-    optimizer_type = ds_config.get("optimizer", {}).get("type") if isinstance(ds_config.get("optimizer"), dict) else None
+    optimizer_type = (ds_config.get("optimizer", {}).get("type") if isinstance(ds_config.get("optimizer"), dict)
+                      else None)
     if optimizer_type is not None:
         names = OPTIMIZER_NAMES
         if not isinstance(optimizer_type, str) or optimizer_type.lower() not in names:
@@ -990,7 +991,8 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     values.pop("model_preset", None)
     values.update(rope_positions(values, given.keys() | section.keys()))
     # --checkpoint-activations, else DeepSpeed's own "activation_checkpointing" section turns it on
-    checkpoint_interval = values.pop("activation_checkpoint_interval", 0) or int("activation_checkpointing" in ds_config)
+    checkpoint_interval = (values.pop("activation_checkpoint_interval", 0)
+                           or int("activation_checkpointing" in ds_config))
     compile_mlp = values.pop("compile_mlp", False)
     pack_samples = _packing(values)
     pipeline = values.pop("pipeline_parallel_size", None) or json_pipeline_stages(ds_config)

@@ -71,7 +71,8 @@ def check_precision_supported(ds_config: dict) -> None:
     deepspeed.initialize with a traceback; say so in one line before any rank starts work."""
     accelerator = get_accelerator()
     if precision(ds_config) == "fp16" and not accelerator.is_fp16_supported():
-        raise ConfigError(f"fp16.enabled is true but DeepSpeed does not support fp16 on this {accelerator.device_name()} "
+        raise ConfigError(f"fp16.enabled is true but DeepSpeed does not support fp16 on this "
+                          f"{accelerator.device_name()} "
                           "device (no fp16 kernels)", 'use "bf16": {"enabled": true} or fp32, or run on a GPU')
 
 
@@ -229,11 +230,13 @@ def train_step(engine, micro_batches: list) -> StepResult:
             engine.backward(loss.total)
             engine.step()
             parts += torch.stack([loss.total.detach(), loss.mlm, loss.sop, loss.mlm_accuracy]).float()
-        loss, mlm, sop, accuracy = _whole(parts / len(chunks), average_data=True).tolist()  # the step's logged-loss sync
+        # the step's logged-loss sync
+        loss, mlm, sop, accuracy = _whole(parts / len(chunks), average_data=True).tolist()
     if not engine.module.config.add_binary_head:  # no sentence-order head: no "sop 0.0000" in the log
         sop = None
     norm = engine.get_global_grad_norm()
-    return StepResult(loss=loss, mlm=mlm, sop=sop, grad_norm=None if norm is None else float(norm), mlm_accuracy=accuracy,
+    return StepResult(loss=loss, mlm=mlm, sop=sop, grad_norm=None if norm is None else float(norm),
+                      mlm_accuracy=accuracy,
                       real_token_share=sum(b.real_token_share() for b in micro_batches) / len(micro_batches),
                       segments_per_sample=sum(b.segments_per_sample() for b in micro_batches) / len(micro_batches))
 

@@ -113,7 +113,8 @@ def scatter(engine, config: BertConfig, stored: dict, written: str) -> None:
     names = bert_names(engine, config)
     if not reshapable(engine):
         raise ConfigError(f"a checkpoint of another layout ({written}) cannot be loaded into DeepSpeed's "
-                          f"{type(engine.optimizer).__name__}", "resume at ZeRO stage 1 or 2 (fp16 and bf16 at stage 0 cannot take it)")
+                          f"{type(engine.optimizer).__name__}",
+                          "resume at ZeRO stage 1 or 2 (fp16 and bf16 at stage 0 cannot take it)")
     if any(hasattr(param, "ds_id") for param in names):
         raise ConfigError("ZeRO stage 3 resumes only its own checkpoints (stage 3, this layout); this one was "
                           f"written at {written}", "resume at ZeRO stage 0-2, or pass --finetune to go on at stage "

@@ -149,12 +149,14 @@ class RunLog:
         parts = [f"iteration {iteration}/{self.train_iters}", f"consumed samples {consumed}",
                  f"lr {record['lr']:.3e}", f"loss {record['loss']:.4f}"]
         parts += [f"{name} {record[key]:.4f}" for name, key in (("mlm", "mlm_loss"), ("mlm acc", "mlm_accuracy"),
-                                                                ("sop", "sop_loss"),
-                                                                ("grad norm", "grad_norm"), ("loss scale", "loss_scale"))
+                                                                ("sop", "sop_loss"), ("grad norm", "grad_norm"),
+                                                                ("loss scale", "loss_scale"))
                   if record[key] is not None]
         record["real_tokens_per_s"] = record["tokens_per_s"] * record["real_token_share"]
-        parts += [f"real tokens {record['real_token_share']:.2f}", f"segments/sample {record['segments_per_sample']:.1f}",
-                  f"tokens/s {record['tokens_per_s']:.0f} (real {record['real_tokens_per_s']:.0f})", f"TFLOP/s/rank {record['tflops_per_rank']:.4f}",
+        parts += [f"real tokens {record['real_token_share']:.2f}",
+                  f"segments/sample {record['segments_per_sample']:.1f}",
+                  f"tokens/s {record['tokens_per_s']:.0f} (real {record['real_tokens_per_s']:.0f})",
+                  f"TFLOP/s/rank {record['tflops_per_rank']:.4f}",
                   f"peak mem {record['peak_memory_mib']:.0f} MiB"]
         self._emit(record, " | ".join(parts))
 
@@ -200,7 +202,8 @@ class RunLog:
         records = read_metrics(metrics)
         plot = (plot_metrics(metrics, self.dir / "loss.png", records) if any(r["kind"] == "train" for r in records)
                 else "none (no training step was logged in this --log-dir)")
-        print(f"logs: {metrics}\nloss plot: {plot}" + (f"\ncheckpoint: {saved_checkpoint(save_dir)}" if save_dir else ""),
+        print(f"logs: {metrics}\nloss plot: {plot}"
+              + (f"\ncheckpoint: {saved_checkpoint(save_dir)}" if save_dir else ""),
               flush=True)
 
 

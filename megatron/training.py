@@ -847,7 +847,8 @@ def check_default_data_vocab(args, tokenizer) -> None:
         made_with = naming_flags(tokenizer.type_name, tokenizer.file)
         raise ConfigError(f"no --data-path: the run would train on the default dataset, made with the vocab "
                           f"{default.file}, while its tokenizer is {tokenizer.file}",
-                          f"pass --data-path with data preprocessed with it ({paths.in_repository('tools/preprocess_data.py')} "
+                          f"pass --data-path with data preprocessed with it "
+                          f"({paths.in_repository('tools/preprocess_data.py')} "
                           f"{made_with} ...)")
 
 
@@ -1197,7 +1198,8 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
                                      state.get_data_parallel_rank(), state.get_data_parallel_world_size())
         indices = iter(sampler)
         for _ in range(count):
-            step = [collate_bert([dataset[i] for i in next(indices)]) for _ in range(config.gradient_accumulation_steps)]
+            step = [collate_bert([dataset[i] for i in next(indices)])
+                    for _ in range(config.gradient_accumulation_steps)]
             stop.agree(step, config.model.vocab_size)
             yield step
 
@@ -1446,7 +1448,8 @@ class StopSignals:
         if top >= vocab_size:
             raise DataError(f"the data holds token id {top}, beyond the {vocab_size} tokens of the vocab "
                             f"{self.tokenizer_file}", "pass the --vocab-file (or --tokenizer-file) the data was "
-                            f"preprocessed with, or rerun {paths.in_repository('tools/preprocess_data.py')} with this one")
+                            f"preprocessed with, or rerun {paths.in_repository('tools/preprocess_data.py')} "
+                            "with this one")
         self.agreed = self.agreed or received
 
     def _name(self, signum: int, gone: str | None) -> str:
@@ -1489,7 +1492,8 @@ class StopSignals:
             held = (f"checkpoint {last_checkpoint} holds iteration {iteration}: resume with --load {args.save}"
                     if args.save and last_checkpoint else f"no checkpoint holds iteration {iteration}")
             raise ConfigError(failure[0][0], f"{failure[0][1]}; {held}")
-        when = f"after the last iteration {iteration}, before the test loss" if test_cut else f"after iteration {iteration}"
+        when = (f"after the last iteration {iteration}, before the test loss" if test_cut
+                else f"after iteration {iteration}")
         if args.save and last_checkpoint:
             line = (f"stopped by {name} {when}; checkpoint {last_checkpoint} holds it: "
                     + (f"rerun with --load {args.save} to compute the test loss" if test_cut
@@ -1536,7 +1540,8 @@ class StopSignals:
         checkpoint.release_lock(checkpoint.LOCK)  # before the plot: --save is free once its last checkpoint is written
         log.close()
         if lost:
-            report_once(f"pretrain_bert.py: {lost}; the run is complete: {self._held(args, iteration, last_checkpoint)}")
+            report_once(f"pretrain_bert.py: {lost}; the run is complete: "
+                        f"{self._held(args, iteration, last_checkpoint)}")
         self._say_complete(late, args, iteration, last_checkpoint)
         log.plot(args.save)
         if not late:

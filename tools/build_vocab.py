@@ -30,9 +30,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     input_path, output = Path(args.input), Path(args.output)
     if output.is_dir():
-        raise ConfigError(f"--output {output} is a directory", f"pass a file path, e.g. --output {output / 'vocab.txt'}")
+        raise ConfigError(f"--output {output} is a directory",
+                          f"pass a file path, e.g. --output {output / 'vocab.txt'}")
     if args.vocab_size <= len(SPECIAL_TOKENS):
-        raise ConfigError(f"--vocab-size {args.vocab_size} leaves no room beyond the special tokens", "pass a larger --vocab-size")
+        raise ConfigError(f"--vocab-size {args.vocab_size} leaves no room beyond the special tokens",
+                          "pass a larger --vocab-size")
     if args.min_frequency < 1:
         raise ConfigError(f"--min-frequency {args.min_frequency} must be >= 1", "pass --min-frequency 1 or more")
     skipped = [] if args.skip_invalid else None

@@ -54,7 +54,8 @@ def main(argv=None) -> int:
             raise ConfigError(f"no data (.bin/.idx) and no index maps at {prefix!r}",
                               "pass the prefix as given to --data-path (without .bin)")
     if args.data_cache_path and not Path(args.data_cache_path).is_dir():
-        raise ConfigError(f"--data-cache-path {args.data_cache_path} is not a folder", "pass the trainer's --data-cache-path")
+        raise ConfigError(f"--data-cache-path {args.data_cache_path} is not a folder",
+                          "pass the trainer's --data-cache-path")
     found = [path for prefix in args.prefixes for path in maps_of(prefix, args.data_cache_path)]
     doomed = [path for path in found if str(path.resolve()) not in keep]
     size = 0

@@ -168,7 +168,8 @@ def main(argv=None) -> None:
     plain.add_argument("--output", required=True, help="file to write (must not exist), e.g. bert.pt")
     plain.set_defaults(run=to_torch)
     load = commands.add_parser("from-hf", help="Hugging Face folder -> weights-only checkpoint")
-    load.add_argument("--hf-dir", required=True, help="folder with config.json and model.safetensors / pytorch_model.bin")
+    load.add_argument("--hf-dir", required=True,
+                      help="folder with config.json and model.safetensors / pytorch_model.bin")
     load.add_argument("--save", required=True, help="checkpoint directory to create")
     load.add_argument("--max-position-embeddings", type=int,
                       help="target positions, at least the HF config's (default: the HF config's)")

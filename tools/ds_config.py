@@ -263,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("show", show, "print the resolved config: model, parallel layout, batch sizes, with defaults")
     setter = command("set", set_keys, "set key.path=value ... (JSON-typed), validate, write atomically")
     setter.add_argument("assignments", nargs="+", metavar="key.path=value")
-    setter.add_argument("-o", "--output", type=Path, help="write here (in an existing folder) instead of editing CONFIG in place; "
+    setter.add_argument("-o", "--output", type=Path,
+                        help="write here (in an existing folder) instead of editing CONFIG in place; "
                         "'-' prints the result and writes nothing")
     command("validate", validate, "check pipeline x data x sequence and the batch arithmetic at a world size",
             world_size_required=True)

@@ -334,7 +334,8 @@ def launch_command(args, kind: str, theta: float, world: int, sequence: int, res
         start = ["--load", args.source, "--finetune"]
     hybrid = ["--ulysses-size", str(args.ulysses_size)] if args.ulysses_size else []
     port = ["--master_port", str(args.master_port)] if args.master_port else []
-    return [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(world), *port, str(ROOT / "pretrain_bert.py"),
+    return [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(world), *port,
+            str(ROOT / "pretrain_bert.py"),
             "--deepspeed", "--deepspeed_config", args.deepspeed_config, *start,
             "--sequence-parallel-size", str(sequence), "--attention", args.attention,
             *hybrid, "--seq-length", str(args.seq_length), "--max-position-embeddings", str(args.seq_length),

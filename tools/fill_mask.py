@@ -59,7 +59,8 @@ def encode(tokenizer, text: str, seq_length: int) -> tuple:
     tokens[0, :len(ids)] = torch.tensor(ids)
     padding = torch.arange(seq_length)[None] >= len(ids)
     masked = tokens == tokenizer.mask
-    batch = BertBatch.unpacked(tokens, torch.zeros_like(tokens), padding, tokens, masked, torch.zeros(1, dtype=torch.long))
+    batch = BertBatch.unpacked(tokens, torch.zeros_like(tokens), padding, tokens, masked,
+                               torch.zeros(1, dtype=torch.long))
     return batch, masked[0].nonzero().flatten().tolist()
 
 
@@ -131,7 +132,8 @@ def main(argv=None) -> None:
         check_utf8(text)
     if (Path(args.load) / "config.json").is_file() and not (Path(args.load) / LATEST).exists():
         raise ConfigError(f"--load {args.load} is a Hugging Face model folder, not a checkpoint of this trainer",
-                          f"convert it first: python {in_repository('tools/convert_checkpoint.py')} from-hf --hf-dir {args.load} "
+                          f"convert it first: python {in_repository('tools/convert_checkpoint.py')} from-hf "
+                          f"--hf-dir {args.load} "
                           "--save DIR, then pass --load DIR")
     tag = latest_tag(args.load)
     # the embedded corpus' vocab, where it exists, for a trained checkpoint saved before checkpoints carried

@@ -23,7 +23,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     output = Path(args.output)
     if output.is_dir():
-        raise ConfigError(f"--output {output} is a directory", f"pass a file path, e.g. --output {output / 'corpus.json'}")
+        raise ConfigError(f"--output {output} is a directory",
+                          f"pass a file path, e.g. --output {output / 'corpus.json'}")
     if not 0 < args.max_mb < math.inf:  # nan fails too
         raise ConfigError(f"--max-mb {args.max_mb} is not a positive finite number",
                           "pass the corpus size in MB, e.g. --max-mb 4")

@@ -29,7 +29,8 @@ def parse_args(argv=None) -> PreprocessOptions:
     group.add_argument("--split-sentences", action="store_true", help="one item per sentence (Punkt), needed for BERT")
     group.add_argument("--keep-newlines", action="store_true", help="keep newlines between sentences when splitting")
     group.add_argument("--lang", default="english", help="Punkt model language for --split-sentences")
-    group.add_argument("--skip-invalid", action="store_true", help="count and skip bad records (lines, Parquet rows) instead of stopping")
+    group.add_argument("--skip-invalid", action="store_true",
+                       help="count and skip bad records (lines, Parquet rows) instead of stopping")
     group = parser.add_argument_group("tokenizer")
     add_tokenizer_flags(group, "BERT vocab.txt (or --tokenizer-file)")
     group.add_argument("--append-eod", action="store_true", help="append an end-of-document token to each document")

@@ -129,7 +129,8 @@ def samples_mapping(indexed, prefix: str, name: str, first_doc: int, end_doc: in
     """[n, 4] rows (first sentence, end sentence, target tokens, epoch) over documents
     [first_doc, end_doc), built once and cached (arguments: mapping_path's, after `indexed`; an
     error names the data by indexed.prefix, the --data-path the user knows, not the maps' prefix)."""
-    path = mapping_path(prefix, name, first_doc, end_doc, max_num_samples, max_tokens, short_seq_prob, seed, binary_head)
+    path = mapping_path(prefix, name, first_doc, end_doc, max_num_samples, max_tokens, short_seq_prob, seed,
+                        binary_head)
 
     def build():
         docs = np.ascontiguousarray(indexed.doc_idx[first_doc:end_doc + 1], dtype=np.int64)

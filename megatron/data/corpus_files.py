@@ -301,7 +301,8 @@ class _ZstdFrames(io.RawIOBase):
         import zstandard
 
         self.file, self.decompressor, self.error = file, zstandard.ZstdDecompressor(), zstandard.ZstdError
-        self.frame, self.in_frame, self.unused, self.out = self.decompressor.decompressobj(), False, b"", memoryview(b"")
+        self.frame, self.in_frame, self.unused, self.out = (self.decompressor.decompressobj(), False, b"",
+                                                            memoryview(b""))
 
     def readable(self) -> bool:
         return True
@@ -317,7 +318,8 @@ class _ZstdFrames(io.RawIOBase):
             self.in_frame = True
             self.out = memoryview(self.frame.decompress(compressed))
             if self.frame.eof:  # the next frame starts in what this one left
-                self.unused, self.in_frame, self.frame = self.frame.unused_data, False, self.decompressor.decompressobj()
+                self.unused, self.in_frame, self.frame = (self.frame.unused_data, False,
+                                                          self.decompressor.decompressobj())
         size = min(len(buffer), len(self.out))
         buffer[:size], self.out = self.out[:size], self.out[size:]
         return size

@@ -124,7 +124,8 @@ def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str
     there, and the command that removes those. Others may be other live runs' on the same data: the
     command keeps their --log-dir too only when named, so the line says so and lists first (--dry-run)."""
     used_set = {str(Path(path).resolve()) for path in used}
-    others = [path for prefix in prefixes for path in maps_of(prefix, cache_path) if str(path.resolve()) not in used_set]
+    others = [path for prefix in prefixes for path in maps_of(prefix, cache_path)
+              if str(path.resolve()) not in used_set]
     folders = sorted({str(maps_folder(prefix, cache_path).resolve()) for prefix in prefixes})
     line = f"index maps in {', '.join(folders)}: {len(used_set)} used by this run"
     if not others:

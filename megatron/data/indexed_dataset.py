@@ -221,7 +221,8 @@ def _read_header(path, magic: bytes, layout: str) -> tuple:
 
 
 def _overrun(bin_path, bin_size) -> DataError:
-    return DataError(f"{bin_path}: items overrun the {bin_size}-byte data file (truncated or mismatched .bin/.idx)", _REBUILD)
+    return DataError(f"{bin_path}: items overrun the {bin_size}-byte data file (truncated or mismatched .bin/.idx)",
+                     _REBUILD)
 
 
 def _mismatch(index_path, bin_path, bin_size, described) -> DataError:

@@ -113,7 +113,8 @@ class BertConfig:
             raise ConfigError(f"bigbird_num_random_blocks = {self.bigbird_num_random_blocks} is negative",
                               "set bigbird_num_random_blocks to 0 or more")
         if self.layernorm_layout not in ("pre", "post"):
-            raise ConfigError(f"layernorm_layout '{self.layernorm_layout}' is unknown", "use 'pre' (Megatron) or 'post' (BERT)")
+            raise ConfigError(f"layernorm_layout '{self.layernorm_layout}' is unknown",
+                              "use 'pre' (Megatron) or 'post' (BERT)")
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} = {getattr(self, name)} is outside [0, 1)", f"set {name} between 0 and 1")

@@ -136,7 +136,8 @@ def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta 
                 arrived = store.add("megatron/rendezvous", 0)
             store.set("megatron/rendezvous_verdict", str(arrived))
             read_by = time.monotonic() + 5.0  # a store that closes under a rank's read prints C++ stack frames
-            while arrived < world and store.add("megatron/verdict_read", 0) < arrived - 1 and time.monotonic() < read_by:
+            while (arrived < world and store.add("megatron/verdict_read", 0) < arrived - 1
+                   and time.monotonic() < read_by):
                 time.sleep(0.05)
         else:  # rank 0, which started the clock before this rank could connect, gives its count by then
             until = time.monotonic() + timeout + 30  # polled: a stop in start-up is handled between polls

@@ -24,7 +24,8 @@ import torch.distributed as dist
 
 GLOO_TRANSPORT = re.compile(r"gloo/transport/[\w/]+\.cc:\d+\]")
 TIMED_OUT = re.compile(r"timed? ?out|timeout", re.IGNORECASE)
-PEER_GONE = re.compile(r"connection (was likely )?closed|closed by peer|reset by peer|remote process exited|broken pipe",
+PEER_GONE = re.compile(r"connection (was likely )?closed|closed by peer|reset by peer|remote process exited"
+                       r"|broken pipe",
                        re.IGNORECASE)
 POLL_SECONDS = 0.5  # the longest pause between two looks at the store (the first ones are shorter)
 HEARTBEAT_SECONDS = 5.0  # how often a builder tells the waiting ranks it is alive (or a quarter of the timeout)

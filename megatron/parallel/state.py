@@ -48,12 +48,14 @@ def resolve_dims(world_size: int, pipeline: int = 1, sequence: int = 1, data: in
     """Derives the data degree (when not given) and checks world == pp * dp * sp."""
     for name, value in (("pipeline", pipeline), ("sequence", sequence), ("data", data)):
         if value is not None and value < 1:
-            raise ConfigError(f"{name}-parallel size {value} must be >= 1", f"set --{name}-parallel-size to a positive integer")
+            raise ConfigError(f"{name}-parallel size {value} must be >= 1",
+                              f"set --{name}-parallel-size to a positive integer")
     if data is None:
         if world_size % (pipeline * sequence) != 0:
             raise ConfigError(
                 f"world size {world_size} is not divisible by pipeline {pipeline} x sequence {sequence}",
-                "launch a multiple of pp*sp processes or change --pipeline-model-parallel-size/--sequence-parallel-size",
+                "launch a multiple of pp*sp processes or change "
+                "--pipeline-model-parallel-size/--sequence-parallel-size",
             )
         data = world_size // (pipeline * sequence)
     dims = ParallelDims(pipeline=pipeline, data=data, sequence=sequence)

@@ -276,7 +276,8 @@ class _BigBirdAttention(torch.autograd.Function):
             outs, lses = seq.all_gather(global_out.transpose(1, 2)), seq.all_gather(global_lse)
             global_out = global_lse = None
             for part_out, part_lse in zip(outs, lses):
-                global_out, global_lse = blocks.merge(global_out, global_lse, part_out.transpose(1, 2).float(), part_lse)
+                global_out, global_lse = blocks.merge(global_out, global_lse, part_out.transpose(1, 2).float(),
+                                                      part_lse)
         global_out = global_out.to(q.dtype)
 
         # Non-global query blocks: each attends to its gathered window, global and random blocks.
@@ -301,7 +302,8 @@ class _BigBirdAttention(torch.autograd.Function):
                 outs.append(out.transpose(1, 2).reshape(b, -1, block, heads, d))
                 lses.append(lse.view(b, -1, heads, block))
             del extended, sel_k, sel_v
-            sparse_out, sparse_lse = torch.cat(outs, 1), torch.cat(lses, 1)  # [b, rows, B, heads, d], [b, rows, heads, B]
+            # [b, rows, B, heads, d], [b, rows, heads, B]
+            sparse_out, sparse_lse = torch.cat(outs, 1), torch.cat(lses, 1)
             pieces.append(sparse_out)
         if last:
             pieces.append(global_out.transpose(1, 2).view(b, 2, block, heads, d)[:, 1:])
@@ -391,7 +393,8 @@ class BigBirdAttention(AttentionCore):
     def _plan(self, num_blocks: int, device) -> _Plan:
         key = (num_blocks, self.iteration, self.layer, device)
         if self._cached_plan[0] != key:
-            self._cached_plan = (key, _plan(*self.pattern(num_blocks), self.seq.rank, self.seq.size, self.seq.ranks, device))
+            self._cached_plan = (key, _plan(*self.pattern(num_blocks), self.seq.rank, self.seq.size, self.seq.ranks,
+                                            device))
         return self._cached_plan[1]
 
     def host_ids(self, segment_ids) -> np.ndarray:

@@ -55,7 +55,8 @@ def check_cuda_head_dim(head_dim: int, precision: str, capability: tuple) -> Non
     align = 4 if precision == "fp32" else 8
     if head_dim % align and tuple(capability) >= (8, 0):
         raise ConfigError(f"head dim {head_dim} (hidden size / attention heads) is not a multiple of {align}, which "
-                          f"the CUDA attention kernels need in {precision} on this GPU (sm{capability[0]}{capability[1]})",
+                          f"the CUDA attention kernels need in {precision} on this GPU "
+                          f"(sm{capability[0]}{capability[1]})",
                           "choose --hidden-size and --num-attention-heads so that their ratio is a multiple of 8 "
                           "(BERT and ModernBERT use 64)")
 

@@ -5,29 +5,39 @@ torch's CPU kernels accept any layout; the CUDA kernels do not all read what the
 What each assumes (torch 2.11-2.13, aten/src/ATen/native/transformers/cuda/: attention.cu,
 attention_backward.cu, flash_attn/flash_api.cpp, mem_eff_attention/kernel_backward.h):
 
-  | kernel (aten::)                    | q, k, v              | out / grad_out                         | lse                        | other                            |
-  |------------------------------------|----------------------|----------------------------------------|----------------------------|----------------------------------|
-  | _scaled_dot_product_flash_attention| [b, h, s, d], last   | forward writes memory in q's stride    | [b, h, s_q] fp32,          | fp16/bf16; d % 8 == 0, d <= 256  |
-  |   (+ _backward)                    | stride 1             | order (empty_like of q transposed);    | contiguous                 |                                  |
-  |                                    |                      | backward makes both contiguous         |                            |                                  |
-  | _flash_attention_forward/_backward | [total, h, d], last  | forward: empty_like(q); backward: any  | [h, total_q] fp32, read as | cum_seq_q/k int32 [n + 1],       |
-  |   (varlen: cum_seq_q, cum_seq_k)   | stride 1; sequence i | layout (made contiguous)               | contiguous, unpadded; rows | contiguous; rows past cum[-1]    |
-  |                                    | = rows cum[i]:cum[i+1]|                                       | of a sequence without keys | are never written; max_q/max_k   |
-  |                                    |                      |                                        | get +inf, out 0            | bound what is read; fp16/bf16;   |
-  |                                    |                      |                                        |                            | window_size_left/right: query i  |
-  |                                    |                      |                                        |                            | of a sequence of s_q rows and s_k|
-  |                                    |                      |                                        |                            | keys sees keys i + s_k - s_q -   |
-  |                                    |                      |                                        |                            | left .. + right (bottom-right    |
-  |                                    |                      |                                        |                            | aligned; None or < 0: no bound)  |
-  | _scaled_dot_product_efficient_     | [b, h, s, d], last   | forward writes [b, s, h, d] memory;    | [b, h, ceil32(s_q)] fp32,  | bias: q's dtype, last stride 1,  |
-  |   attention (+ _backward)          | stride 1; sm80+ (A100| fp16/bf16 BACKWARD READS out's ROWS AT | padded rows +inf (kept in  | other strides % (128 bits / the  |
-  |                                    | H100, H200) has only | STRIDE h * d (o_strideM() = heads x    | backward: lse strides % 8) | element: 8 half, 4 fp32); a row  |
-  |                                    | aligned builds: d and| head dim), batch and head strides its  |                            | masked whole gives out 0, lse 0  |
-  |                                    | every stride % 8 half| own; fp32 computes that term on the    |                            |                                  |
-  |                                    | % 4 fp32 ("cutlassF: | host by out's strides; out and         |                            |                                  |
-  |                                    | no kernel found")    | grad_out read as q's dtype, unchecked  |                            |                                  |
-  | _scaled_dot_product_cudnn_attention| [b, h, s, d], last   | forward matches q's stride order;      | [b, h, s_q, 1] fp32        | fp16/bf16; d % 8 == 0, d <= 256  |
-  |   (+ _backward)                    | stride 1             | backward reads both by their strides   |                            |                                  |
+  _scaled_dot_product_flash_attention (+ _backward)
+    q, k, v:        [b, h, s, d], last stride 1
+    out / grad_out: forward writes memory in q's stride order (empty_like of q transposed); backward
+                    makes both contiguous
+    lse:            [b, h, s_q] fp32, contiguous
+    other:          fp16/bf16; d % 8 == 0, d <= 256
+
+  _flash_attention_forward/_backward (varlen: cum_seq_q, cum_seq_k)
+    q, k, v:        [total, h, d], last stride 1; sequence i = rows cum[i]:cum[i+1]
+    out / grad_out: forward: empty_like(q); backward: any layout (made contiguous)
+    lse:            [h, total_q] fp32, read as contiguous, unpadded; rows of a sequence without keys
+                    get +inf, out 0
+    other:          cum_seq_q/k int32 [n + 1], contiguous; rows past cum[-1] are never written;
+                    max_q/max_k bound what is read; fp16/bf16; window_size_left/right: query i of a
+                    sequence of s_q rows and s_k keys sees keys i + s_k - s_q - left .. + right
+                    (bottom-right aligned; None or < 0: no bound)
+
+  _scaled_dot_product_efficient_attention (+ _backward)
+    q, k, v:        [b, h, s, d], last stride 1; sm80+ (A100, H100, H200) has only aligned builds: d
+                    and every stride % 8 half, % 4 fp32 ("cutlassF: no kernel found")
+    out / grad_out: forward writes [b, s, h, d] memory; fp16/bf16 BACKWARD READS out's ROWS AT STRIDE
+                    h * d (o_strideM() = heads x head dim), batch and head strides its own; fp32
+                    computes that term on the host by out's strides; out and grad_out read as q's
+                    dtype, unchecked
+    lse:            [b, h, ceil32(s_q)] fp32, padded rows +inf (kept in backward: lse strides % 8)
+    other:          bias: q's dtype, last stride 1, other strides % (128 bits / the element: 8 half,
+                    4 fp32); a row masked whole gives out 0, lse 0
+
+  _scaled_dot_product_cudnn_attention (+ _backward)
+    q, k, v:        [b, h, s, d], last stride 1
+    out / grad_out: forward matches q's stride order; backward reads both by their strides
+    lse:            [b, h, s_q, 1] fp32
+    other:          fp16/bf16; d % 8 == 0, d <= 256
 
 So a buffer handed to the memory-efficient backward as `out` must hold its rows h * d apart: a
 [b, h, s, d] view of [b, s, h, d] memory (what that kernel's forward returns; blocks.kernel_layout

@@ -70,7 +70,8 @@ class LinformerAttention(AttentionCore):
         self.rank = state.get_sequence_parallel_rank()
         self.seq_length = config.seq_length
         self.dropout_p = config.attention_dropout
-        shape = (1 if config.linformer_share_heads else config.num_attention_heads, config.linformer_k, config.seq_length)
+        shape = (1 if config.linformer_share_heads else config.num_attention_heads, config.linformer_k,
+                 config.seq_length)
         self.key_projection = nn.Parameter(torch.empty(shape))
         self.value_projection = None if config.linformer_share_kv else nn.Parameter(torch.empty(shape))
         self.reset_parameters()

@@ -36,7 +36,8 @@ class Rules:
     def check(cls, config, sequence_parallel_size: int) -> None:
         if config.seq_length % sequence_parallel_size and not cls.accepts_tail_padding:
             raise ConfigError(
-                f"seq_length {config.seq_length} is not divisible by the sequence-parallel size {sequence_parallel_size}"
+                f"seq_length {config.seq_length} is not divisible by the sequence-parallel size "
+                f"{sequence_parallel_size}"
                 f" ({cls.name} cannot pad it: padding would change its result)",
                 "choose --seq-length as a multiple of --sequence-parallel-size")
         if config.attention_dropout > 0 and not cls.supports_attention_dropout:
@@ -54,7 +55,8 @@ class Dense(Rules):
         super().check(config, sequence_parallel_size)
         if sequence_parallel_size > 1:
             raise ConfigError(
-                f"attention 'dense' sees only the local chunk but the sequence-parallel size is {sequence_parallel_size}",
+                f"attention 'dense' sees only the local chunk but the sequence-parallel size is "
+                f"{sequence_parallel_size}",
                 "use attention 'ring' or 'ulysses' with sequence parallelism")
 
 
@@ -115,7 +117,8 @@ class BigBird(Rules):
     @classmethod
     def check(cls, config, sequence_parallel_size):
         super().check(config, sequence_parallel_size)
-        block, window, num_random = config.bigbird_block_size, config.bigbird_num_window_blocks, config.bigbird_num_random_blocks
+        block, window, num_random = (config.bigbird_block_size, config.bigbird_num_window_blocks,
+                                     config.bigbird_num_random_blocks)
         if config.seq_length % (sequence_parallel_size * block):
             raise ConfigError(
                 f"seq_length {config.seq_length} is not divisible by bigbird block size {block} x "

@@ -40,7 +40,8 @@ class UlyssesAttention(AttentionCore):
     def plan(self, segment_ids):
         """The whole sequence's plan (dense.whole_sequence_plan of the gathered ids), once per micro-batch."""
         def make():
-            whole = torch.cat(gather_chunks(segment_ids, self.group, self.size), dim=1) if self.size > 1 else segment_ids
+            whole = (torch.cat(gather_chunks(segment_ids, self.group, self.size), dim=1) if self.size > 1
+                     else segment_ids)
             return whole_sequence_plan(whole)
         return plans.cached(("ulysses", state.get_sequence_parallel_rank(), self.size), segment_ids, make)
 
