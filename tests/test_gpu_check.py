@@ -8,6 +8,7 @@ pull in, walked with `ast`) is in the GPU image (benchmarks/gpu_image_packages.t
 wheels `--prepare` downloads, or the standard library; a step cut short is recorded and the
 results still land under $OUT; gpu_longest.py starts no length predicted to overrun its budget.
 """
+import argparse
 import ast
 import importlib.metadata
 import json
@@ -273,7 +274,7 @@ def test_a_step_cut_short_is_recorded_and_the_results_land_under_out(tmp_path):
     summary is written, and the three result files are under $OUT."""
     tree, out = tmp_path / "tree", tmp_path / "out"
     (tree / "benchmarks").mkdir(parents=True)
-    for name in ("gpu_check.sh", "results.py"):
+    for name in ("gpu_check.sh", "results.py", "this_repo.py"):
         (tree / "benchmarks" / name).write_text((ROOT / "benchmarks" / name).read_text())
     (tree / "benchmarks" / "RESULTS.md").write_text("# Benchmark results\n\n## Old section\n\nunchanged\n")
     python = tmp_path / "python"
@@ -335,7 +336,7 @@ def test_the_longest_search_starts_no_length_predicted_to_overrun_its_budget():
 
 def test_the_longest_section_shows_partial_results_and_the_length_not_started():
     import gpu_longest
-    args = gpu_longest.argparse.Namespace(start=16384, step=8192, budget_s=100.0)
+    args = argparse.Namespace(start=16384, step=8192, budget_s=100.0)
     _, tried, refused, _ = fake_search(100.0, lambda seq: (seq / 16384) ** 2)
     text = gpu_longest.section(args, 131072, tried, refused)
     assert "**Longest step that fits: s = 131072**" in text

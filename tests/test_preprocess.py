@@ -467,6 +467,7 @@ def test_build_vocab_interrupted_mid_training_ends_without_finalising(tmp_path):
               "vocab_builder.train_vocab = train\n"
               "atexit.register(print, 'finalised')\n"
               f"sys.argv = ['build_vocab.py', '--input', 'x', '--output', {str(tmp_path / 'out' / 'vocab.txt')!r}]\n"
+              f"sys.path.insert(0, {str(ROOT / 'tools')!r})  # as `python tools/build_vocab.py` does\n"
               f"runpy.run_path({str(ROOT / 'tools' / 'build_vocab.py')!r}, run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
     assert (proc.returncode, proc.stdout) == (128 + signal.SIGINT, ""), proc.stderr[-3000:]

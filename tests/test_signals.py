@@ -556,8 +556,9 @@ def test_the_entry_point_survives_a_closed_stdout():
     assert (help_.returncode, err) == (0, "")
 
 
-SLOW_IMPORT = """import runpy, sys, time
+SLOW_IMPORT = """import os, runpy, sys, time
 sys.path.insert(0, {root!r})
+sys.path.insert(0, os.path.dirname({script!r}))  # as `python SCRIPT` puts its folder first (tools/this_repo.py)
 
 
 class SlowImport:  # an import of the entry point's start-up (torch, DeepSpeed: seconds), made longer still

@@ -301,7 +301,9 @@ def test_pretrain_default_settings_export():
     check_exportable(model)  # as a ModernBertForMaskedLM
     assert dropout_layout_note(config) is None  # dropout 0: the SP=2 run is the single-process one, no note
     # the folder: runs/default/checkpoints, or a --save among the extra flags (then loaded from there too)
-    scan = script[script.index("save=runs/default"):script.index("done\n") + 5] + 'echo "$save"'
+    assert 'save_dir runs/default/checkpoints "$@"' in script and 'save="$SAVE_DIR"' in script
+    group = ROOT / "examples_deepspeed" / "launcher_group.sh"
+    scan = f'source "{group}"; save_dir runs/default/checkpoints "$@"; echo "$SAVE_DIR"'
     for extra, folder in (([], "runs/default/checkpoints"), (["--train-iters", "5", "--save", "/x y"], "/x y"),
                           (["--save=/z"], "/z")):
         found = subprocess.run(["bash", "-c", scan, "pretrain_default.sh", *extra], capture_output=True, text=True)
