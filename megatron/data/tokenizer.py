@@ -189,7 +189,7 @@ class HFTokenizer(_Tokenizer):
         [MASK]); the names [MASK] and <mask> pass as plain tokens too, as a vocab.txt holds [MASK] (text that
         spells them out is meant as a mask)."""
         mask = self.special["mask"]
-        if mask in SPECIAL_NAMES["mask"] or mask in self.added_special_tokens():
+        if mask in SPECIAL_NAMES["mask"] or mask in self.added_specials().values():
             return
         raise DataError(f"tokenizer {self.file}'s mask token {mask!r} is an ordinary token of its vocab, not a special "
                         "token: masked positions could not be told from the text's own",
@@ -197,8 +197,9 @@ class HFTokenizer(_Tokenizer):
                         "tokenizer_config.json or special_tokens_map.json beside it, or add it to the tokenizer "
                         "as a special token")
 
-    def added_special_tokens(self) -> set:
-        return {token.content for token in self._rust.get_added_tokens_decoder().values() if token.special}
+    def added_specials(self) -> dict:
+        """{id: token} of the tokens added to the tokenizer as special (<s>, <mask>, [MASK], ...)."""
+        return {index: token.content for index, token in self._rust.get_added_tokens_decoder().items() if token.special}
 
     def __getstate__(self):
         return {"file": self.file, "special": self.special}
@@ -212,8 +213,8 @@ class HFTokenizer(_Tokenizer):
     def reserved_ids(self) -> set:
         """Ids masking never draws as a random replacement: the special tokens (<s>, <mask>, ... and any
         other added special token) and ids no token has."""
-        added = {index for index, token in self._rust.get_added_tokens_decoder().items() if token.special}
-        return added | set(self.ids.values()) | {index for index, token in enumerate(self.tokens) if not token}
+        unused = {index for index, token in enumerate(self.tokens) if not token}
+        return set(self.added_specials()) | set(self.ids.values()) | unused
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.tokens[int(index)] for index in ids]
