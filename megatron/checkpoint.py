@@ -211,8 +211,11 @@ def _file_size_limit(error: Exception, staging: str) -> str | None:
 
 def prune(save_dir: str, keep_last: int) -> list[str]:
     """Removes the complete `iter_*` folders of `save_dir` beyond the newest `keep_last` (by
-    iteration); returns their tags, oldest first. Never the folder `latest` names (even if older,
-    e.g. written by hand), nor a `<tag>.partial` staging folder or anything else. Called by rank 0
+    iteration); returns their tags, oldest first. Only the folders up to the one `latest` names
+    count: newer ones are left by a rollback (`latest` set back by hand), belong to the abandoned
+    run and are replaced by this run's saves at their iterations (the start-up warning names
+    them), so they neither count against `keep_last` nor get removed. Never a `<tag>.partial`
+    staging folder or anything else. Called by rank 0
     after a commit, between barriers, so no rank is writing. Each folder is first renamed to
     `<tag>.removing` (atomic), so a run killed mid-removal leaves no half iter_* folder that looks
     complete; leftovers of such a kill are removed too."""
@@ -222,7 +225,9 @@ def prune(save_dir: str, keep_last: int) -> list[str]:
     tags = sorted((name for name in os.listdir(save_dir)
                    if re.fullmatch(r"iter_\d+", name) and os.path.isdir(os.path.join(save_dir, name))),
                   key=lambda name: int(name[len("iter_"):]))
-    removed = [tag for tag in tags[:-keep_last] if tag != latest]
+    if latest in tags:
+        tags = tags[:tags.index(latest) + 1]
+    removed = tags[:-keep_last]
     for tag in removed:
         doomed = os.path.join(save_dir, tag + REMOVING)
         shutil.rmtree(doomed, ignore_errors=True)

@@ -34,11 +34,13 @@ def test_prune_keeps_the_newest_and_latest(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["iter_0000040", "iter_0000100", "iter_0000200.partial", "latest", "notes"]
 
 
-def test_prune_never_removes_what_latest_names(tmp_path):
-    fake_checkpoints(tmp_path, [1, 2, 3], latest=1)  # 'latest' set back by hand
-    assert checkpoint.prune(str(tmp_path), 1) == ["iter_0000002"]
-    assert sorted(os.listdir(tmp_path)) == ["iter_0000001", "iter_0000003", "latest"]
-    assert checkpoint.prune(str(tmp_path), 5) == []
+def test_prune_after_a_rollback_counts_only_this_runs_checkpoints(tmp_path):
+    """'latest' set back from iter 300 to 100, the run resumed and saved at 150: the abandoned
+    run's 200 and 300 neither count against --keep-last 2 nor get removed, and 100 stays."""
+    fake_checkpoints(tmp_path, [100, 150, 200, 300], latest=150)
+    assert checkpoint.prune(str(tmp_path), 2) == []
+    assert checkpoint.prune(str(tmp_path), 1) == ["iter_0000100"]
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000150", "iter_0000200", "iter_0000300", "latest"]
 
 
 def test_keep_last_below_one_is_one_line_error():
