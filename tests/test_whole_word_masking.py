@@ -97,9 +97,27 @@ def train_metaspace(texts) -> Tokenizer:
     return tokenizer
 
 
-@pytest.fixture(scope="module", params=["byte_level", "metaspace"])
+def train_byte_fallback(texts) -> Tokenizer:
+    """A Llama-style BPE: '▁' word marks, and a character out of the vocab (the line break here) spelled by
+    its byte pieces '<0x0A>', which are vocab entries, not added tokens."""
+    tokenizer = Tokenizer(models.BPE(byte_fallback=True, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace()])
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIALS))
+    settings = json.loads(tokenizer.to_str())
+    vocab = settings["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    return Tokenizer.from_str(json.dumps(settings))
+
+
+TRAINERS = {"byte_level": lambda texts: train_bpe(texts, SPECIALS, vocab_size=600), "metaspace": train_metaspace,
+            "byte_fallback": lambda texts: train_byte_fallback([text.replace("\n", " ") for text in texts])}
+
+
+@pytest.fixture(scope="module", params=list(TRAINERS))
 def tokenizer_file(request, texts, tmp_path_factory) -> Path:
-    rust = train_bpe(texts, SPECIALS, vocab_size=600) if request.param == "byte_level" else train_metaspace(texts)
+    rust = TRAINERS[request.param](texts)
     rust.add_tokens(["<added>"])  # an added token that is no special one: a word of its own as well
     path = tmp_path_factory.mktemp(request.param) / "tokenizer.json"
     rust.save(str(path))

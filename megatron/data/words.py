@@ -13,8 +13,9 @@ The rule comes from the tokenizer's settings, never from a look at some of its t
 - a WordLevel model: every token is a word.
 Whatever the rule, a special or added token is a word of its own (a piece after one begins a word),
 a piece that begins with other whitespace (a byte-level 'Ċ' line break) begins one, a piece that ends
-with it ends one, and every sentence's first piece begins one (build_segment): a ByteLevel tokenizer
-without add_prefix_space gives a sentence's first word no marker.
+with it ends one, a byte-fallback piece of such a byte (Llama-style '<0x0A>') is a word of its own, and
+every sentence's first piece begins one (build_segment): a ByteLevel tokenizer without
+add_prefix_space gives a sentence's first word no marker.
 """
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from megatron.errors import ConfigError
 
 BYTE_LEVEL_SPACE = chr(0x100 + ord(" "))  # 'Ġ': ByteLevel shows byte b < 33 as chr(0x100 + b)
 BYTE_LEVEL_BREAKS = frozenset(chr(0x100 + ord(space)) for space in "\t\n\v\f\r")  # 'ĉ', 'Ċ', ...
+BYTE_FALLBACK_BREAKS = frozenset(f"<0x{ord(space):02X}>" for space in "\t\n\v\f\r")  # byte_fallback's '<0x0A>', ...
 RULES = "a WordPiece '##' prefix, a BPE end-of-word suffix, a ByteLevel 'Ġ' or Metaspace '▁' word-start marker"
 
 
@@ -73,14 +75,14 @@ def word_marks(tokenizer) -> WordMarks:
     kind, mark = word_rule(tokenizer)
     byte_level = kind == "marker" and mark == BYTE_LEVEL_SPACE
     breaks = BYTE_LEVEL_BREAKS if byte_level else frozenset()
+    byte_fallback = bool((tokenizer.settings().get("model") or {}).get("byte_fallback"))
     own_words = tokenizer.own_word_ids()
     continuation, ends_word = [], []
     for index, token in enumerate(tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))):
         first, last = token[:1], token[-1:]
-        continuation.append(_continues(token, kind, mark) and not (first in breaks or first.isspace())
-                            and index not in own_words)
-        ends_word.append((kind == "suffix" and token.endswith(mark)) or last in breaks or last.isspace()
-                         or index in own_words)
+        alone = index in own_words or (byte_fallback and token in BYTE_FALLBACK_BREAKS)
+        continuation.append(_continues(token, kind, mark) and not (first in breaks or first.isspace()) and not alone)
+        ends_word.append((kind == "suffix" and token.endswith(mark)) or last in breaks or last.isspace() or alone)
     return WordMarks(np.array(continuation, dtype=bool), np.array(ends_word, dtype=bool))
 
 
