@@ -125,3 +125,15 @@ def test_readme_commands_run(checkout):
     assert sum("ds_config.py" in c for c in ran) == 4 and sum(c.startswith(DRY_RUN) for c in ran) == 5
     assert any("azureml/submit.py" in c for c in ran) == have_sdk
     assert (checkout / "data" / "sample_text_sentence.idx").is_file() and (checkout / "my.json").is_file()
+
+
+def test_layout_page_names_every_module_tool_and_benchmark():
+    """docs/layout.md lists every module of megatron/ and every tool and benchmark script, and
+    only files that exist, so the page cannot drift from the tree."""
+    listed = {line.split()[0] for line in (ROOT / "docs" / "layout.md").read_text().splitlines()
+              if line.strip() and not line.startswith(" ")}
+    files = [*ROOT.glob("megatron/**/*.py"), *ROOT.glob("megatron/**/*.cpp"), *ROOT.glob("tools/*.py"),
+             *ROOT.glob("benchmarks/*.py"), *ROOT.glob("benchmarks/*.sh")]
+    assert sorted(str(path.relative_to(ROOT)) for path in files if str(path.relative_to(ROOT)) not in listed) == []
+    paths = {name for name in listed if "/" in name or name.endswith(".py")}
+    assert sorted(name for name in paths if not (ROOT / name).exists()) == []
