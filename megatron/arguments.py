@@ -126,22 +126,25 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
     attn.add_argument("--ulysses-size", type=int, help="hybrid: seq ranks per all-to-all group (adjacent ranks, "
                       "one node); the ring spans --sequence-parallel-size / this many groups (default: the largest "
                       "divisor of the SP size and the heads, at most 8)")
-    attn.add_argument("--linformer-k", type=int, help="linformer: projected length k")
+    attn.add_argument("--linformer-k", type=int, help="linformer: projected length k (default 256)")
     attn.add_argument("--linformer-share-heads", action="store_const", const=True,
                       help="linformer: one projection for all heads")
     attn.add_argument("--linformer-share-kv", action="store_const", const=True,
                       help="linformer: the same projection for keys and values")
     attn.add_argument("--bigbird", dest="attention", action=AliasOf, const="bigbird",
                       help="select bigbird attention (same as --attention bigbird)")
-    attn.add_argument("--block-size", type=int, help="bigbird: block size B")
+    attn.add_argument("--block-size", type=int, help="bigbird: block size B (default 64)")
     attn.add_argument("--bigbird-num-random-blocks", type=int, help="bigbird: random blocks per row (default 2)")
     attn.add_argument("--bigbird-num-window-blocks", type=int, help="bigbird: window blocks, odd (default 3)")
 
     par = parser.add_argument_group("parallelism and batch")
     par.add_argument("--sequence-parallel-size", type=int, help="ranks that split one sequence (default 1)")
     par.add_argument("--pipeline-model-parallel-size", type=int, help="pipeline stages (default 1)")
-    par.add_argument("--micro-batch-size", type=int, help="samples per data-parallel rank per micro-step")
-    par.add_argument("--global-batch-size", type=int, help="samples per optimizer step over all data-parallel ranks")
+    par.add_argument("--micro-batch-size", type=int, help="samples per data-parallel rank per micro-step "
+                     "(default: the JSON's train_micro_batch_size_per_gpu, else derived from the global batch, else 1)")
+    par.add_argument("--global-batch-size", type=int, help="samples per optimizer step over all data-parallel ranks "
+                     "(default: the JSON's train_batch_size, else micro x gradient_accumulation_steps x data-parallel "
+                     "size)")
 
     memory = parser.add_argument_group("memory")
     memory.add_argument("--checkpoint-activations", action="store_true",
@@ -221,7 +224,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     train.add_argument("--adam-eps", type=float, help="Adam epsilon (default: the JSON's eps, else 1e-8)")
     train.add_argument("--clip-grad", type=float, help="gradient-norm clipping (default: the JSON's "
                        "gradient_clipping, else 1.0; 0 turns it off)")
-    train.add_argument("--seed", type=int, default=1234, help="seed of initialisation, masking, sampling")
+    train.add_argument("--seed", type=int, default=1234,
+                       help="seed of initialisation, masking, sampling (default 1234)")
     train.add_argument("--deterministic", action="store_true",
                        help="bit-exact reruns on GPU: deterministic kernels, no TF32, fixed cuBLAS workspace and "
                        "NCCL algorithm (slower; CPU runs are bit-exact without it)")
@@ -239,8 +243,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     data.add_argument("--data-cache-path", metavar="DIR",
                       help="writable folder for the index maps (default: next to the data; needed when the data is "
                            "on a read-only mount; maps are named by the data's contents, so later runs reuse them)")
-    data.add_argument("--data-impl", default="mmap", choices=["mmap", "cached", "lazy"], help="indexed dataset format")
-    data.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens masked for MLM")
+    data.add_argument("--data-impl", default="mmap", choices=["mmap", "cached", "lazy"],
+                      help="indexed dataset format (default mmap)")
+    data.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens masked for MLM (default 0.15)")
     data.add_argument("--whole-word-masking", action="store_true",
                       help="mask whole words: all pieces of a word are masked together (default: each piece "
                            "on its own); words by the tokenizer's own rule: WordPiece '##' continuations, the "
@@ -271,9 +276,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--save-interval", type=int, help="steps between checkpoints (always saved at the end)")
     run.add_argument("--keep-last", type=int, metavar="N", help="after each save, remove the --save folder's "
                      "older iter_* checkpoints beyond the newest N (never the one 'latest' names; default: keep all)")
-    run.add_argument("--eval-interval", type=int, default=1000, help="steps between validation runs")
-    run.add_argument("--eval-iters", type=int, default=10, help="validation / test micro-steps per evaluation")
-    run.add_argument("--log-interval", type=int, default=10, help="steps between log lines")
+    run.add_argument("--eval-interval", type=int, default=1000, help="steps between validation runs (default 1000)")
+    run.add_argument("--eval-iters", type=int, default=10,
+                     help="validation / test micro-steps per evaluation (default 10)")
+    run.add_argument("--log-interval", type=int, default=10, help="steps between log lines (default 10)")
     run.add_argument("--log-dir", default="runs/bert", help="metrics.jsonl and loss.png go here (default runs/bert)")
     run.add_argument("--tensorboard-dir", help="write TensorBoard scalars here (needs the tensorboard package)")
     run.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")

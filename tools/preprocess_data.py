@@ -25,10 +25,10 @@ def parse_args(argv=None) -> PreprocessOptions:
                        help="loose JSON (one object per line), .jsonl.gz, .jsonl.zst or .parquet; or a folder or "
                             "quoted glob of such shards, read in sorted order")
     group.add_argument("--json-keys", "--json-key", nargs="+", default=["text"],
-                       help="keys (Parquet: columns) to extract; each gets its own output")
+                       help="keys (Parquet: columns) to extract; each gets its own output (default text)")
     group.add_argument("--split-sentences", action="store_true", help="one item per sentence (Punkt), needed for BERT")
     group.add_argument("--keep-newlines", action="store_true", help="keep newlines between sentences when splitting")
-    group.add_argument("--lang", default="english", help="Punkt model language for --split-sentences")
+    group.add_argument("--lang", default="english", help="Punkt model language for --split-sentences (default english)")
     group.add_argument("--skip-invalid", action="store_true",
                        help="count and skip bad records (lines, Parquet rows) instead of stopping")
     group = parser.add_argument_group("tokenizer")
@@ -36,10 +36,10 @@ def parse_args(argv=None) -> PreprocessOptions:
     group.add_argument("--append-eod", action="store_true", help="append an end-of-document token to each document")
     group = parser.add_argument_group("output")
     group.add_argument("--output-prefix", required=True, help="path prefix of the .bin/.idx files")
-    group.add_argument("--dataset-impl", default="mmap", choices=IMPLS)
+    group.add_argument("--dataset-impl", default="mmap", choices=IMPLS, help="indexed dataset format (default mmap)")
     group = parser.add_argument_group("runtime")
-    group.add_argument("--workers", type=int, default=1, help="tokenizing processes")
-    group.add_argument("--log-interval", type=int, default=100, help="documents between progress lines")
+    group.add_argument("--workers", type=int, default=1, help="tokenizing processes (default 1)")
+    group.add_argument("--log-interval", type=int, default=100, help="documents between progress lines (default 100)")
     args = parser.parse_args(argv)
     return PreprocessOptions(**{**vars(args), "json_keys": tuple(args.json_keys)})
 
