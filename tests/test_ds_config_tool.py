@@ -203,7 +203,7 @@ def test_the_tool_imports_neither_torch_nor_deepspeed(tmp_path):
         assert not {"torch", "deepspeed", "pydantic"} & imported, argv
         other = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
         assert other == ([] if argv[0] != "set" else
-                         ["gradient_accumulation_steps set to null: derived as 2 at world size 2 (and at any other)"])
+                         ["gradient_accumulation_steps set to null: derived at each world size (2 at world size 2)"])
 
 
 def test_static_deepspeed_tables_match_the_installed_deepspeed():

@@ -192,8 +192,8 @@ def set_keys(args) -> int:
     derived = derive_untouched_batch_key(ds_config, {text.partition("=")[0] for text in args.assignments})
     config = resolved(ds_config, args)
     if derived and str(args.output) != "-":
-        print(f"{derived} set to null: derived as {config['ds_config'][derived]} at world size "
-              f"{config['world_size']} (and at any other)", file=sys.stderr)
+        print(f"{derived} set to null: derived at each world size ({config['ds_config'][derived]} at world size "
+              f"{config['world_size']})", file=sys.stderr)
     text = json.dumps(ds_config, indent=2, allow_nan=False) + "\n"
     if str(args.output) == "-":  # print the result, write nothing (the launch scripts' dry run)
         print(text, end="")
