@@ -21,6 +21,7 @@ import argparse
 import gc
 import itertools
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -29,9 +30,15 @@ import torch.distributed as dist
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import ConfigError, OneLineParser, start_up_stops_in_one_line
+from megatron.quiet import quiet_deepspeed
+
+# Before DeepSpeed's first import (megatron.engine's, below): no accelerator warning on stdout ahead of
+# argparse's one line or --help. Every benchmark that loads DeepSpeed imports this module before megatron's.
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):
+    quiet_deepspeed()
 from megatron.data.batch import BertBatch
 from megatron.engine import checkpoint_layers
-from megatron.errors import ConfigError, OneLineParser
 from megatron.model import attention
 from megatron.model.attention import rules
 from megatron.model.bert import BertConfig, BertModel

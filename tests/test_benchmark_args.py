@@ -2,12 +2,15 @@
 with one `<script>: error: <problem>; <fix>` line and exit code 2 (no traceback minutes into a
 run, no RESULTS.md section written)."""
 import importlib
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
 
 from megatron.errors import run_tool  # noqa: E402
 
@@ -61,6 +64,21 @@ def test_counts_lengths_and_times_below_one_are_refused_by_the_parser(capsys, mo
 ])
 def test_settings_a_benchmark_cannot_run_are_refused_before_it_measures(capsys, monkeypatch, script, argv, message):
     assert message in refused(capsys, monkeypatch, script, argv)
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("sp_scaling", ["--steps", "0"]),  # attention_memory imported first, as most model benchmarks
+    ("modern", ["--no-such-flag"]),  # results, then train_step (then attention_memory)
+])
+def test_a_benchmark_that_loads_deepspeed_prints_only_the_error_line(tmp_path, script, argv):
+    """A real process (in this one DeepSpeed is long imported): DeepSpeed's accelerator warning, logged to
+    stdout at its first import, used to come before argparse's line (and before --help)."""
+    env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}
+    done = subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), *argv], capture_output=True, text=True,
+                          timeout=120, env={**env, "CUDA_VISIBLE_DEVICES": ""}, cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"{script}.py: error: ") and line.endswith(f"; see {script}.py --help")
 
 
 @pytest.mark.parametrize("script, argv", [
