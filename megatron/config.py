@@ -647,7 +647,8 @@ def traced_section_keys() -> dict:
 
 
 def traced_stage3_settings() -> dict:
-    """_STAGE3_SETTINGS from the installed DeepSpeed: its ZeRO fields also named stage3_*, with their defaults."""
+    """_STAGE3_SETTINGS from the installed DeepSpeed: its ZeRO fields also named stage3_*, with their defaults.
+    Only a test calls it: it pins the hard-coded _STAGE3_SETTINGS to this, so a DeepSpeed upgrade cannot drift."""
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     return {name: field.default for name, field in DeepSpeedZeroConfig.model_fields.items()

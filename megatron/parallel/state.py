@@ -18,8 +18,6 @@ import torch.distributed as dist
 from megatron.errors import ConfigError
 from megatron.parallel import device
 
-AXES = ("pipe", "data", "seq")
-
 
 @dataclass(frozen=True)
 class ParallelDims:
@@ -65,10 +63,6 @@ def resolve_dims(world_size: int, pipeline: int = 1, sequence: int = 1, data: in
             "launch pp*dp*sp processes or change the parallel sizes",
         )
     return dims
-
-
-def rank_of(dims: ParallelDims, pipe: int, data: int, seq: int) -> int:
-    return (pipe * dims.data + data) * dims.sequence + seq
 
 
 def coord_of(dims: ParallelDims, rank: int) -> dict:

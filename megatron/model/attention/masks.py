@@ -219,12 +219,6 @@ def kind_of(q_segments, k_segments) -> str:
     return pair_kind(host[:, :q_segments.shape[1]], host[:, q_segments.shape[1]:])
 
 
-def segment_mask(q_segments, k_segments) -> BlockMask:
-    """block_mask of whatever kind the pair is ("skip" gives an all-blind "mixed" mask)."""
-    kind = kind_of(q_segments, k_segments)
-    return block_mask(q_segments, k_segments, "mixed" if kind == "skip" else kind)
-
-
 def gather_chunks(segment_ids, group, size: int) -> list:
     """[b, s/P] segment ids of this seq rank -> those of every seq rank, in rank order (b * s
     integers: cheap next to the K/V they describe)."""
