@@ -1,37 +1,32 @@
-"""Megatron-style command-line flags for the model, attention and parallel layout.
+"""Megatron-style command-line flags of pretrain_bert.py: model, attention, parallel layout, training, data, run.
 
-Every flag defaults to None ("not given") so that megatron.config can let the DeepSpeed JSON
-fill what the command line leaves out; the real defaults live in BertConfig / TrainConfig.
+Every model / parallel / optimizer flag defaults to None ("not given") so that megatron.config can let
+the DeepSpeed JSON (or a preset, a Hugging Face folder) fill what the command line leaves out; their real
+defaults live in BertConfig / TrainConfig. The flags nothing else sets have argparse defaults, stated in
+their help: the schedule's shape (--lr-decay-style, --lr-warmup-fraction), --seed, the data flags (--split,
+--data-impl, --mask-prob, --default-data-dir) and the run's (evaluation and log intervals, --log-dir, timeouts).
 """
 import argparse
 import os
 import sys
 import time
 
+from megatron.data.tokenizer import add_tokenizer_flags
 from megatron.errors import ConfigError, OneLineParser
 from megatron.model.args import MODEL_PRESETS
+from megatron.paths import DEFAULT_DATA_DIR, in_repository
 
-# flag destination -> BertConfig / TrainConfig field
-_FIELDS = {
-    "num_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
-    "ffn_hidden_size": "ffn_hidden_size", "seq_length": "seq_length",
-    "max_position_embeddings": "max_position_embeddings", "vocab_size": "vocab_size",
-    "make_vocab_size_divisible_by": "make_vocab_size_divisible_by", "hidden_dropout": "hidden_dropout",
-    "attention_dropout": "attention_dropout", "init_method_std": "init_method_std",
-    "layernorm_epsilon": "layernorm_epsilon", "layernorm_layout": "layernorm_layout",
-    "attention": "attention", "linformer_k": "linformer_k", "linformer_share_heads": "linformer_share_heads",
-    "linformer_share_kv": "linformer_share_kv", "block_size": "bigbird_block_size",
-    "bigbird_num_random_blocks": "bigbird_num_random_blocks",
-    "bigbird_num_window_blocks": "bigbird_num_window_blocks",
-    "ulysses_size": "ulysses_size", "type_vocab_size": "type_vocab_size",
-    "position_embedding_type": "position_embedding_type", "rotary_base": "rotary_base",
-    "local_rotary_base": "local_rotary_base", "local_attention_window": "local_attention_window",
-    "global_attention_every": "global_attention_every", "mlp_type": "mlp_type", "add_bias_linear": "add_bias_linear",
-    "normalization": "normalization", "first_layer_attention_norm": "first_layer_attention_norm",
-    "model_preset": "model_preset",
-    "sequence_parallel_size": "sequence_parallel_size", "pipeline_model_parallel_size": "pipeline_parallel_size",
-    "micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size",
-}
+# flag destination -> BertConfig / TrainConfig field: the same name, but for these two
+_RENAMED = {"block_size": "bigbird_block_size", "pipeline_model_parallel_size": "pipeline_parallel_size"}
+_FIELDS = {dest: _RENAMED.get(dest, dest) for dest in (
+    "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length", "max_position_embeddings",
+    "vocab_size", "make_vocab_size_divisible_by", "hidden_dropout", "attention_dropout", "init_method_std",
+    "layernorm_epsilon", "layernorm_layout", "attention", "linformer_k", "linformer_share_heads",
+    "linformer_share_kv", "block_size", "bigbird_num_random_blocks", "bigbird_num_window_blocks", "ulysses_size",
+    "type_vocab_size", "position_embedding_type", "rotary_base", "local_rotary_base", "local_attention_window",
+    "global_attention_every", "mlp_type", "add_bias_linear", "normalization", "first_layer_attention_norm",
+    "model_preset", "sequence_parallel_size", "pipeline_model_parallel_size", "micro_batch_size", "global_batch_size"
+)}
 
 
 class AliasOf(argparse.Action):
@@ -234,12 +229,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     data.add_argument("--data-path", nargs="+", help="PREFIX or W1 PREFIX1 W2 PREFIX2 ... of preprocessed "
                       ".bin/.idx data (default: the embedded sample corpus, built on first use)")
     data.add_argument("--split", default="969,30,1", help="train,valid,test document split (default 969,30,1)")
-    data.add_argument("--vocab-file", help="WordPiece vocab.txt (default: the one a --load checkpoint carries, "
-                      "else the embedded corpus' vocab)")
-    data.add_argument("--tokenizer-file", help="Hugging Face tokenizer.json, or the model folder holding it "
-                      "(--tokenizer-type HFTokenizer); default: the one a --load checkpoint carries")
-    data.add_argument("--tokenizer-type", help="BertWordPieceLowerCase (default with --vocab-file), "
-                      "BertWordPieceCase, or HFTokenizer (default with --tokenizer-file)")
+    add_tokenizer_flags(data, "WordPiece vocab.txt (default: the one a --load checkpoint carries, "
+                        "else the embedded corpus' vocab)", "; default: the one a --load checkpoint carries")
     data.add_argument("--data-cache-path", metavar="DIR",
                       help="writable folder for the index maps (default: next to the data; needed when the data is "
                            "on a read-only mount; maps are named by the data's contents, so later runs reuse them)")
@@ -252,8 +243,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                            "word-start marker of a byte-level BPE (ModernBERT, RoBERTa) or a Metaspace "
                            "(SentencePiece) tokenizer (docs/data.md)")
     add_packing_args(data)
-    data.add_argument("--default-data-dir", default=".cache/default_data",
-                      help="where the embedded corpus, vocab and preprocessed data are built")
+    data.add_argument("--default-data-dir", default=in_repository(DEFAULT_DATA_DIR),
+                      help="where the embedded corpus, vocab and preprocessed data are built (default: "
+                           f"{DEFAULT_DATA_DIR} in this repository, whichever the current folder)")
 
     run = parser.add_argument_group("checkpoints, evaluation, logging")
     run.add_argument("--save", help="checkpoint directory")

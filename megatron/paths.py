@@ -10,6 +10,9 @@ from pathlib import Path
 from megatron.errors import disk_full
 
 REPOSITORY = Path(__file__).resolve().parents[1]  # pretrain_bert.py, tools/, docs/, ds_configs/
+# where the trainer builds its default data (--default-data-dir), in the repository whatever the current folder:
+# a run started elsewhere reuses it rather than building a second copy there; in_repository(DEFAULT_DATA_DIR)
+DEFAULT_DATA_DIR = ".cache/default_data"
 
 
 def in_repository(name: str) -> str:

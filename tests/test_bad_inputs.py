@@ -861,8 +861,6 @@ FLAG_MISTAKES = {
                                    ("--data-path weights 0, 0 are all 0", "a positive weight")),
     "data_path_without_vocab": (["--data-path", "{data}", "--vocab-file", ""], ("--data-path is given without "
                                                                                  "--vocab-file",)),
-    "tokenizer_type_unknown": (["--tokenizer-type", "BertWordPieceUpper"], (
-        "unknown --tokenizer-type BertWordPieceUpper", "BertWordPieceLowerCase")),
     # flags the run would not read
     "save_interval_without_save": (["--save-interval", "10"], ("--save-interval is given without --save",
                                                                "add --save DIR or drop --save-interval")),

@@ -68,9 +68,7 @@ def test_a_converted_checkpoint_without_a_tokenizer_asks_for_one(tmp_path, monke
     spec.loader.exec_module(tool)
     config = small_config("ring", seq_length=16, max_position_embeddings=16)
     save_weights_only_checkpoint(tmp_path / "ckpt", small_model(config).state_dict(), config)
-    (tmp_path / tool.DEFAULT_VOCAB).parent.mkdir(parents=True)
-    write_vocab_file(tmp_path / tool.DEFAULT_VOCAB)
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tool, "DEFAULT_VOCAB", str(write_vocab_file(tmp_path / "vocab.txt")))
     with pytest.raises(ConfigError, match=r"iter_0000000 carries no tokenizer; pass the --vocab-file"):
         tool.main(["--load", str(tmp_path / "ckpt"), "--text", "a [MASK]"])
 

@@ -216,3 +216,29 @@ def test_a_vocab_file_folder_is_named_by_what_it_holds(tmp_path):
     (tmp_path / "vocab.txt").write_text("[PAD]\n")
     with pytest.raises(DataError, match="is a directory; pass the vocab.txt inside it"):
         read_vocab(tmp_path)
+
+
+def test_the_trainer_and_the_tools_share_one_definition_of_the_tokenizer_flags(capsys):
+    """pretrain_bert.py's --vocab-file / --tokenizer-file / --tokenizer-type take the tools' names (the --vocab
+    alias) and choices, and keep their destinations (the keys of a run's config.json); an unknown type is
+    argparse's one line."""
+    import argparse
+
+    from megatron.arguments import build_parser
+    from megatron.data.tokenizer import TYPE_NAMES, add_tokenizer_flags
+
+    def flags(parser) -> dict:
+        return {action.dest: (action.option_strings, action.choices) for action in parser._actions
+                if action.dest in ("vocab_file", "tokenizer_file", "tokenizer_type")}
+
+    tools = argparse.ArgumentParser()
+    add_tokenizer_flags(tools, "a vocab")
+    assert flags(build_parser()) == flags(tools) == {"vocab_file": (["--vocab-file", "--vocab"], None),
+                                                     "tokenizer_file": (["--tokenizer-file"], None),
+                                                     "tokenizer_type": (["--tokenizer-type"], TYPE_NAMES)}
+    assert build_parser().parse_args(["--vocab", "v.txt"]).vocab_file == "v.txt"
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["--tokenizer-type", "BertWordPieceUpper"])
+    [line] = capsys.readouterr().err.splitlines()
+    assert stopped.value.code == 2 and line.startswith(
+        "pretrain_bert.py: error: argument --tokenizer-type: invalid choice: 'BertWordPieceUpper'")

@@ -1,5 +1,6 @@
 """Every tool and benchmark runs its own repository's `megatron`, not an installed one (`pip install
--e .` of another checkout sharing the virtual environment): tools/this_repo.py, called first."""
+-e .` of another checkout sharing the virtual environment): tools/this_repo.py, called first. The
+default data lies in the repository too, whatever the folder a run starts from."""
 import os
 import re
 import subprocess
@@ -29,3 +30,18 @@ def test_a_script_runs_beside_another_installed_megatron(tmp_path, script):
     done = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_default_data_is_the_repositorys_from_any_folder(tmp_path, monkeypatch):
+    """--default-data-dir and fill_mask.py's default vocab were relative to the current folder: a run started
+    elsewhere built a second default corpus there, and fill_mask.py did not find the first one's vocab."""
+    import importlib.util
+
+    from megatron.arguments import build_parser
+
+    monkeypatch.chdir(tmp_path)
+    assert Path(build_parser().parse_args([]).default_data_dir) == ROOT / ".cache" / "default_data"
+    spec = importlib.util.spec_from_file_location("fill_mask", ROOT / "tools" / "fill_mask.py")
+    fill_mask = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fill_mask)
+    assert Path(fill_mask.DEFAULT_VOCAB) == ROOT / ".cache" / "default_data" / "vocab.txt"

@@ -16,7 +16,7 @@ from pathlib import Path
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, OneLineParser, run_tool, start_up_stops_in_one_line
-from megatron.paths import in_repository
+from megatron.paths import DEFAULT_DATA_DIR, in_repository
 from megatron.quiet import quiet_deepspeed
 
 with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of imports: one line
@@ -32,7 +32,7 @@ with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of
     from megatron.model.bert import BertConfig, BertModel
 
 MASK = "[MASK]"
-DEFAULT_VOCAB = ".cache/default_data/vocab.txt"
+DEFAULT_VOCAB = in_repository(f"{DEFAULT_DATA_DIR}/vocab.txt")  # the trainer's default data's, whatever the folder
 
 
 def encode(tokenizer, text: str, seq_length: int) -> tuple:

@@ -627,11 +627,12 @@ def checkpoint_tokenizer(args, folder, fallback_vocab=None):
     return tokenizer
 
 
-def add_tokenizer_flags(parser, vocab_help: str) -> None:
-    """--vocab-file, --tokenizer-file, --tokenizer-type of the tools (pretrain_bert.py: megatron.arguments)."""
+def add_tokenizer_flags(parser, vocab_help: str, tokenizer_file_default: str = "") -> None:
+    """--vocab-file, --tokenizer-file, --tokenizer-type of pretrain_bert.py and the tools: one definition,
+    so that each takes the same names and choices. `tokenizer_file_default`: ends --tokenizer-file's help."""
     parser.add_argument("--vocab-file", "--vocab", help=vocab_help)
     parser.add_argument("--tokenizer-file", help="Hugging Face tokenizer.json, or the model folder holding it "
-                        f"(--tokenizer-type {HF_TOKENIZER})")
+                        f"(--tokenizer-type {HF_TOKENIZER}){tokenizer_file_default}")
     parser.add_argument("--tokenizer-type", choices=TYPE_NAMES, help=f"default: {HF_TOKENIZER} with --tokenizer-file, "
                         "else BertWordPieceLowerCase")
 
