@@ -243,9 +243,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                            "word-start marker of a byte-level BPE (ModernBERT, RoBERTa) or a Metaspace "
                            "(SentencePiece) tokenizer (docs/data.md)")
     add_packing_args(data)
-    data.add_argument("--default-data-dir", default=in_repository(DEFAULT_DATA_DIR),
+    default_data = in_repository(DEFAULT_DATA_DIR)
+    data.add_argument("--default-data-dir", default=default_data,
                       help="where the embedded corpus, vocab and preprocessed data are built (default: "
-                           f"{DEFAULT_DATA_DIR} in this repository, whichever the current folder)")
+                           f"{default_data}, in this repository whichever the current folder)")
 
     run = parser.add_argument_group("checkpoints, evaluation, logging")
     run.add_argument("--save", help="checkpoint directory")

@@ -75,8 +75,7 @@ def test_help_states_every_default_argparse_applies(monkeypatch):
     from megatron.arguments import add_model_and_parallel_args, add_training_args
 
     trainer = add_training_args(add_model_and_parallel_args(argparse.ArgumentParser()))
-    # --default-data-dir: its default is being moved to the repository (another change states it then)
-    assert [flag for flag in hard_defaults_not_in_help(trainer) if flag != "--default-data-dir"] == []
+    assert hard_defaults_not_in_help(trainer) == []
     parsers = []
 
     def keep_parser(parser, argv=None, namespace=None):
