@@ -333,6 +333,7 @@ class TokenStats:
     packed: bool
     segments_per_sample: float
     real_token_share: float  # non-padding tokens / all tokens
+    epoch_samples: int = 0  # of one pass over the split's documents (the mapping's first epoch)
 
     def describe(self, name: str) -> str:
         return (f"{name} data: {self.samples} {'packed ' if self.packed else ''}samples of {self.seq_length} tokens, "
@@ -349,15 +350,19 @@ def token_stats(dataset, max_samples: int = 100_000) -> TokenStats:
         weights = counts / max(1, counts.sum())
         return TokenStats(len(dataset), parts[0].seq_length, any(p.packed for p in parts),
                           float(sum(w * p.segments_per_sample for w, p in zip(weights, parts))),
-                          float(sum(w * p.real_token_share for w, p in zip(weights, parts))))
+                          float(sum(w * p.real_token_share for w, p in zip(weights, parts))),
+                          sum(p.epoch_samples for p in parts))
     count = min(len(dataset), max_samples)
     if isinstance(dataset, PackedBertDataset):
         used = np.asarray(dataset.indices[:dataset.offsets[count]])
         real = float(dataset.segments.segment_lengths(used).sum())
+        first_segments = np.asarray(dataset.indices)[np.asarray(dataset.offsets[:-1])]  # a sample never mixes epochs
         return TokenStats(len(dataset), dataset.seq_length, True, len(used) / count,
-                          real / (count * dataset.seq_length))
+                          real / (count * dataset.seq_length),
+                          int((dataset.segments.mapping[first_segments, 3] == 0).sum()))
     real = float(dataset.segment_lengths(np.arange(count)).sum())
-    return TokenStats(len(dataset), dataset.seq_length, False, 1.0, real / (count * dataset.seq_length))
+    return TokenStats(len(dataset), dataset.seq_length, False, 1.0, real / (count * dataset.seq_length),
+                      int((dataset.mapping[:, 3] == 0).sum()))
 
 
 def split_tokens(dataset) -> int:
