@@ -242,6 +242,13 @@ CASES = [
     # ---- data
     pretrain("--data-path", "{tmp}/no/such/prefix", id="data_missing_prefix",
              phrases=("no/such/prefix", "does not exist", "--data-path")),
+    pretrain("--data-path", "{data}.bin", id="data_path_with_bin_suffix",
+             phrases=(".bin.idx does not exist", "drop the .bin/.idx suffix: --data-path", "sample_text_sentence")),
+    pretrain("--data-path", "{tmp}/corpus", id="data_path_is_the_output_prefix",  # not PREFIX_text_sentence
+             setup=lambda tmp, assets: [shutil.copy(assets["data"] + suffix, f"{tmp}/corpus_text_sentence{suffix}")
+                                        for suffix in (".bin", ".idx")],
+             phrases=("corpus.idx does not exist", "pass the dataset preprocess_data.py wrote for --output-prefix",
+                      "--data-path", "corpus_text_sentence")),
     pretrain("--data-path", "{tmp}/copy", setup=truncate_bin, id="data_truncated_bin",
              phrases=("copy.bin", "rerun tools/preprocess_data.py")),
     pretrain("--data-path", "{tmp}/copy", setup=bad_idx_magic, id="data_bad_idx_magic",
