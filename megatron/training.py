@@ -1145,6 +1145,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
             print(split.describe(name), flush=True)
         small = small_eval_splits({name: (stats[name], split_tokens(dataset)) for name, dataset in (
             ("valid", valid_set), ("test", test_set)) if dataset is not None}, config.micro_batch_size)
+        small = with_eval_passes(small, stats, args.eval_iters * global_batch)
         for warning in [*data_warnings(args, data_path, valid_set, train_iters), *filter(None, [small])]:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
     used_maps = [path for dataset in (train_set, valid_set, test_set) for path in index_maps.used_maps(dataset)]
@@ -1279,6 +1280,22 @@ def small_eval_splits(splits: dict, micro_batch: int) -> str | None:
     return (f"evaluation data smaller than one micro-batch of samples ({micro_batch} x {seq_length} tokens): "
             f"{', '.join(small)}: each loss is measured on these few tokens, repeated; give the split more "
             "documents (a larger share of --split, or a larger corpus) or pass a shorter --seq-length")
+
+
+def with_eval_passes(warning: str | None, stats: dict, per_evaluation: int) -> str | None:
+    """small_eval_splits' warning (or a new one) naming the evaluation splits ({name: TokenStats}) that one
+    evaluation of per_evaluation samples (--eval-iters x global batch) reads more than once: the same
+    documents, masked anew, K passes over the samples of one pass over them."""
+    passes = [f"{name} {per_evaluation / split.epoch_samples:.{1 if per_evaluation < 10 * split.epoch_samples else 0}f}"
+              f" passes over its {split.epoch_samples} samples" for name, split in stats.items()
+              if name != "train" and 0 < split.epoch_samples < per_evaluation]
+    if not passes:
+        return warning
+    said = (f"each evaluation reads {per_evaluation} samples (--eval-iters x global batch): {', '.join(passes)} "
+            "(the same documents, masked anew)")
+    return (f"{warning}; {said}" if warning else
+            f"{said}; give the split more documents (a larger share of --split, or a larger corpus) or pass a "
+            "smaller --eval-iters")
 
 
 def sample_options(args, config) -> dict:

@@ -242,6 +242,13 @@ CASES = [
     # ---- data
     pretrain("--data-path", "{tmp}/no/such/prefix", id="data_missing_prefix",
              phrases=("no/such/prefix", "does not exist", "--data-path")),
+    pretrain("--data-path", "{data}.bin", id="data_path_with_bin_suffix",
+             phrases=(".bin.idx does not exist", "drop the .bin/.idx suffix: --data-path", "sample_text_sentence")),
+    pretrain("--data-path", "{tmp}/corpus", id="data_path_is_the_output_prefix",  # not PREFIX_text_sentence
+             setup=lambda tmp, assets: [shutil.copy(assets["data"] + suffix, f"{tmp}/corpus_text_sentence{suffix}")
+                                        for suffix in (".bin", ".idx")],
+             phrases=("corpus.idx does not exist", "pass the dataset preprocess_data.py wrote for --output-prefix",
+                      "--data-path", "corpus_text_sentence")),
     pretrain("--data-path", "{tmp}/copy", setup=truncate_bin, id="data_truncated_bin",
              phrases=("copy.bin", "rerun tools/preprocess_data.py")),
     pretrain("--data-path", "{tmp}/copy", setup=bad_idx_magic, id="data_bad_idx_magic",
@@ -533,6 +540,13 @@ CASES += [  # ---- corpora as published (.jsonl.gz, .jsonl.zst, Parquet)
                                                   "--output-prefix", "{tmp}/out/c", "--skip-invalid"],
          ("w.parquet.gz is a gzip-compressed Parquet file", "decompress it (gunzip) and pass the .parquet file"),
          setup=broken_corpus("parquet_gzipped")),
+    Case("corpus_hub_several_splits", "preprocess", ["--input", "{tmp}/corpus/hf", "--vocab-file", "{vocab}",
+                                                    "--output-prefix", "{tmp}/out/c"],
+         ("holds the splits train (2 shards), validation (1), test (1)", "pass the one to read as a quoted glob",
+          "--input '", "hf/data/train-*'"), setup=broken_corpus("hub_splits")),
+    Case("corpus_plain_text", "preprocess", ["--input", "{tmp}/corpus/wiki.txt", "--vocab-file", "{vocab}",
+                                             "--output-prefix", "{tmp}/out/c", "--skip-invalid"],
+         ("wiki.txt is plain text, not JSON lines", "jq -R -c '{\"text\": .}'"), setup=broken_corpus("plain_text")),
     Case("corpus_json_keys_twice", "preprocess", ["--input", "{corpus}", "--json-keys", "text", "text", "--vocab-file",
                                                   "{vocab}", "--output-prefix", "{tmp}/out/c"],
          ("--json-keys text text names 'text' twice", "name each key once")),

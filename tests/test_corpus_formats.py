@@ -4,6 +4,7 @@ same `.bin`/`.idx` bytes as loose JSON of the same text, at 1 and 2 workers; and
 corpus can be broken is one DataError naming the shard, with nothing written."""
 import bz2
 import gzip
+import importlib
 import io
 import json
 import lzma
@@ -22,6 +23,8 @@ from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.vocab_builder import corpus_texts, train_vocab, write_vocab
 from megatron.errors import ConfigError, DataError
 from test_preprocess import article, file_bytes
+
+preprocess_data = importlib.import_module("preprocess_data")  # tools/, on the path conftest.py sets up
 
 KEYS = ("text", "title")
 
@@ -231,6 +234,22 @@ def hub_download(tmp: Path, records: list, shard_names: list, leftover: str = ""
     return str(tmp / "hf")
 
 
+def arrow_folder(tmp: Path, records: list) -> str:
+    """What datasets' DatasetDict.save_to_disk writes: a split folder of .arrow files and JSON metadata."""
+    (tmp / "saved" / "train").mkdir(parents=True)
+    (tmp / "saved" / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    (tmp / "saved" / "train" / "state.json").write_text("{}")
+    (tmp / "saved" / "train" / "data-00000-of-00001.arrow").write_bytes(b"\xff\xff\xff\xff")
+    return str(tmp / "saved")
+
+
+def parquet_converter(tmp: Path, records: list) -> str:
+    """The Hugging Face Parquet converter's layout: a folder per split."""
+    shards(tmp / "conv" / "default" / "train", ["0000.parquet"], records[:30])
+    shards(tmp / "conv" / "default" / "test", ["0000.parquet"], records[30:])
+    return str(tmp / "conv")
+
+
 def folder_without_shards(tmp: Path, records: list) -> str:
     (tmp / "notes").mkdir(parents=True)
     (tmp / "notes" / "README.md").write_text("the shards are elsewhere")
@@ -314,6 +333,32 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
         r"wiki\.jsonl\.zst is indented JSON \(an object over several lines\), not JSON lines \(one object per line\); "
         r"convert it, e\.g\. zstd -dc /\S+/wiki\.jsonl\.zst \| jq -c \. \| zstd > /\S+/wiki\.lines\.jsonl\.zst$"),
     "json_array_in_folder": (array_in_folder, KEYS, r"shards/part-1\.json is one JSON array, not JSON lines"),
+    # no JSON at all: --skip-invalid would skip every line, then find no documents
+    "plain_text": (written("wiki.txt", lambda records: "".join(r["text"] + "\n" for r in records).encode()), KEYS,
+                   r"wiki\.txt is plain text, not JSON lines \(one object per line\); convert it \(one document a "
+                   r"line\), e\.g\. jq -R -c '\{\"text\": \.\}' /\S+/wiki\.txt > /\S+/wiki\.jsonl$"),
+    "plain_text_gzip_named_jsonl": (written("wiki.jsonl.gz", lambda records: gzip.compress(b"Title\n\nSome text.\n")),
+                                    KEYS, r"wiki\.jsonl\.gz is plain text, .*zcat /\S+/wiki\.jsonl\.gz \| jq -R -c "
+                                          r"'\{\"text\": \.\}' \| gzip > /\S+/wiki\.lines\.jsonl\.gz$"),
+    "csv": (written("wiki.csv", lambda records: b"id,text\n1,Some text.\n"), KEYS,
+            r"wiki\.csv is CSV, not JSON lines \(one object per line\); convert it to Parquet and pass --json-keys "
+            r"with its text column, e\.g\. python -c \"import pandas; pandas\.read_csv\('/\S+/wiki\.csv'\)"
+            r"\.to_parquet\('/\S+/wiki\.parquet'\)\"$"),
+    "arrow_file": (written("data-00000-of-00001.arrow", lambda records: b"\xff\xff\xff\xff\x00\x01"), KEYS,
+                   r"data-00000-of-00001\.arrow is an Arrow file \(Hugging Face save_to_disk\), not JSON lines"),
+    "arrow_folder": (arrow_folder, KEYS, r"input folder /\S+/saved is a Hugging Face save_to_disk folder \(Arrow "
+                                         r"files\), which is not read; write it as Parquet, e\.g\. python -c \"import "
+                                         r"datasets; datasets\.load_from_disk\('/\S+/saved'\)\['train'\]\.to_parquet"),
+    # a Hugging Face dataset with its held-out splits: read whole, they would be trained on
+    "hub_splits": (lambda tmp, records: hub_download(tmp, records, [
+        "train-00000-of-00002.parquet", "train-00001-of-00002.parquet", "validation-00000-of-00001.jsonl",
+        "test-00000-of-00001.parquet"]), KEYS,
+        r"input folder /\S+/hf holds the splits train \(2 shards\), validation \(1\), test \(1\): read whole, "
+        r"the held-out splits would be trained on; pass the one to read as a quoted glob, e\.g\. --input "
+        r"'/\S+/hf/data/train-\*'$"),
+    "parquet_converter_splits": (parquet_converter, KEYS,
+                                 r"input folder /\S+/conv holds the splits train \(1 shard\), test \(1\): .*"
+                                 r"--input '/\S+/conv/default/train/\*'$"),
 }
 
 
@@ -377,6 +422,34 @@ def test_a_glob_reads_the_numbered_shards_it_matches(reference, tmp_path):
     folder = hub_download(tmp_path, records[:80], ["train-00000-of-00003.parquet", "train-00002-of-00003.parquet"])
     report = preprocess(options(f"{folder}/data/train-*", tmp_path / "out" / "wiki", vocab))
     assert report.documents == 80
+
+
+def test_one_split_of_a_dataset_folder_is_read_whole(reference, tmp_path):
+    """A folder of one split's shards (and a glob of one split of several) is a corpus, not refused."""
+    records, vocab, _ = reference
+    folder = hub_download(tmp_path, records, ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet",
+                                              "test-00000-of-00001.parquet"])
+    (Path(folder) / "data" / "test-00000-of-00001.parquet").rename(Path(folder) / "test.parquet")
+    assert len(Corpus(f"{folder}/data", KEYS).shards) == 2
+    assert preprocess(options(f"{folder}/data", tmp_path / "out" / "wiki", vocab)).documents == 80
+
+
+def test_several_inputs_read_in_the_order_given_as_the_shell_expands_a_glob(reference, tmp_path):
+    """`--input data/*.parquet` unquoted: the shell passes every shard; they are read in the order given,
+    and give the bytes of the same records in one file. One --input stays one string."""
+    records, vocab, expected = reference
+    names = ["part-0.parquet", "part-1.jsonl.gz", "part-2.jsonl"]
+    shards(tmp_path / "mix", names, records)
+    argv = ["--vocab-file", str(vocab), "--split-sentences", "--json-keys", *KEYS, "--log-interval", "0",
+            "--output-prefix", str(tmp_path / "out" / "wiki"), "--input"]
+    parsed = preprocess_data.parse_args([*argv, *(str(tmp_path / "mix" / name) for name in names)])
+    assert parsed.input == tuple(str(tmp_path / "mix" / name) for name in names)
+    report = preprocess(parsed)
+    for key in KEYS:
+        assert file_bytes(report.outputs[key]) == file_bytes(expected[key]), key
+    assert preprocess_data.parse_args([*argv, str(tmp_path / "mix")]).input == str(tmp_path / "mix")
+    with pytest.raises(DataError, match=r"--input names \S+part-0\.parquet twice \(.*\); pass each shard once"):
+        Corpus((str(tmp_path / "mix"), str(tmp_path / "mix" / "part-0.parquet")), KEYS)
 
 
 def test_json_keys_named_twice_are_refused(reference, tmp_path):

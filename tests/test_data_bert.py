@@ -198,6 +198,54 @@ def test_documents_without_sentence_pairs_are_a_clear_error(data, tmp_path):
     assert len(dataset((prefix, data[1]), num_samples=10, doc_range=(0, 20), binary_head=False)) >= 10
 
 
+def skip_corpus(prefix, rng) -> str:
+    """Documents of 3 sentences, of one sentence (every 3rd), and with one 600-token sentence (every 5th);
+    an empty document among them."""
+    with make_builder(prefix, "mmap", 205) as builder:
+        for doc in range(60):
+            count = 1 if doc % 3 == 0 else 3
+            sentences = [sentence(rng, 600 if doc % 5 == 0 and i == count - 1 else 20) for i in range(count)]
+            builder.add_document(sentences if doc != 7 else [])
+    return str(prefix)
+
+
+def test_documents_the_sampler_skips_are_counted_and_warned_about(data, tmp_path, capsys):
+    """A corpus whose sentences were not split (one sentence, or one over 512 tokens) is mostly never
+    trained on: the share is counted as helpers.cpp's build_mapping skips documents (checked against
+    the mapping it builds) and said at start-up, packed or not; without the sentence-order head one
+    sentence is a sample."""
+    prefix = skip_corpus(tmp_path / "skip", np.random.default_rng(0))
+    indexed = make_dataset(prefix)
+    skipped = bert_dataset.skipped_documents(indexed, 2, 512)
+    sizes, docs = indexed.sizes, indexed.doc_idx
+    kept, few, long = set(), [], []  # brute force, document by document
+    for doc in range(60):
+        lengths = sizes[docs[doc]:docs[doc + 1]]
+        if len(lengths) == 1:
+            few.append(int(lengths.sum()))
+        elif len(lengths) and lengths.max() > 512:
+            long.append(int(lengths.sum()))
+        elif len(lengths):
+            kept.add(doc)
+    assert (len(few), len(long)) == (20, 8)  # docs 0, 3, ... 57; 5, 10, 20, 25, 35, 40, 50, 55
+    assert (skipped.few_sentences, skipped.long_sentence) == ((20, sum(few)), (8, sum(long)))
+    assert skipped.tokens == int(sizes.sum())
+    mapping = dataset((prefix, data[1]), num_samples=500, doc_range=(0, 60)).mapping
+    assert set(np.searchsorted(docs, mapping[:, 0], side="right") - 1) == kept
+    for packed, binary_head in ((False, True), (True, True), (False, False)):
+        build_train_valid_test_datasets([prefix], "mmap", "1", (50, 0, 0), 64, data[1], pack_samples=packed,
+                                        max_segment_length=32 if packed else None, binary_head=binary_head)
+        err = capsys.readouterr().err
+        assert re.fullmatch(rf"warning: \d+% of the {skipped.tokens} tokens of {re.escape(prefix)} lie in documents "
+                            rf"the BERT sampler skips{', packed or not' if packed else ''} \(("
+                            rf"20 documents have one sentence; )?{8 if binary_head else 12} documents hold a sentence over 512 tokens\): check "
+                            r"the sentence splitting \(preprocess with --split-sentences and the corpus's --lang\)\n",
+                            err), err
+        assert ("one sentence" in err) == binary_head  # without the head, 4 of them are long
+    build_train_valid_test_datasets([data[0]], "mmap", "1", (50, 0, 0), 64, data[1])  # 2-8 sentences, short
+    assert capsys.readouterr().err == ""
+
+
 def test_blending_follows_the_weights(data, tmp_path):
     other = write_corpus(tmp_path / "other", num_docs=100, seed=1)
     train, _, _ = build_train_valid_test_datasets(["0.7", data[0], "0.3", other], "mmap", "1", (1000, 0, 0), 64, data[1])

@@ -20,7 +20,8 @@ from megatron import run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
 from megatron.training import (data_warnings, describe_batch_change, describe_data_change, describe_sample_change,
-                               lr_factor, lr_schedule, main, nothing_to_train, resume_schedule, small_eval_splits)
+                               lr_factor, lr_schedule, main, nothing_to_train, resume_schedule, small_eval_splits,
+                               with_eval_passes)
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -432,6 +433,31 @@ def test_evaluation_splits_smaller_than_a_micro_batch_are_named_with_their_token
     assert small_eval_splits({"valid": (one_sample, built)}, micro_batch=1) is None
     assert small_eval_splits({"valid": (one_sample, built)}, micro_batch=2) is not None
     assert small_eval_splits({}, micro_batch=4) is None
+
+
+def test_an_evaluation_that_reads_its_split_several_times_says_how_many_passes(tmp_path):
+    """--eval-iters x global batch beyond a split's samples reads the same documents again and again
+    (re-masked): the warning counts the passes over the samples of one pass, packed or not, and
+    extends the small-split line where there is one."""
+    from megatron.data.bert_dataset import build_train_valid_test_datasets, token_stats
+    from test_data_bert import write_corpus, write_vocab
+
+    prefix, tokenizer = write_corpus(tmp_path / "corpus", num_docs=100), write_vocab(tmp_path)
+    for options in ({}, {"pack_samples": True, "max_segment_length": 32}):
+        _, valid, test = build_train_valid_test_datasets([prefix], "mmap", "50,48,2", (8, 400, 400), 64, tokenizer,
+                                                         **options)
+        stats = {"valid": token_stats(valid), "test": token_stats(test)}
+        unique = (sum(valid.segments.mapping[valid.segment_indices(i)[0], 3] == 0 for i in range(len(valid)))
+                  if options else int((valid.mapping[:, 3] == 0).sum()))  # the samples of the first epoch
+        assert stats["valid"].epoch_samples == unique
+        assert 0 < unique < 400 and stats["test"].epoch_samples < 40
+        line = with_eval_passes(None, stats, 400)
+        assert re.fullmatch(rf"each evaluation reads 400 samples \(--eval-iters x global batch\): valid "
+                            rf"{400 / unique:.1f} passes over its {unique} samples, test \d+ passes over its "
+                            rf"{stats['test'].epoch_samples} samples \(the same documents, masked anew\); give the "
+                            r"split more documents .* or pass a smaller --eval-iters", line), line
+        assert with_eval_passes("small", stats, 400).startswith("small; each evaluation reads 400 samples")
+        assert with_eval_passes("small", stats, 2) == "small" and with_eval_passes(None, stats, 2) is None
 
 
 def test_a_resume_with_another_peak_decays_to_min_lr():

@@ -21,9 +21,10 @@ with start_up_stops_in_one_line("preprocess_data.py"):  # Ctrl-C during the impo
 def parse_args(argv=None) -> PreprocessOptions:
     parser = OneLineParser(prog="preprocess_data.py", description=__doc__)
     group = parser.add_argument_group("input")
-    group.add_argument("--input", required=True,
+    group.add_argument("--input", required=True, nargs="+",
                        help="loose JSON (one object per line), .jsonl.gz, .jsonl.zst or .parquet; or a folder or "
-                            "quoted glob of such shards, read in sorted order")
+                            "quoted glob of such shards, read in sorted order; several (an unquoted glob the shell "
+                            "expanded) are read in the order given")
     group.add_argument("--json-keys", "--json-key", nargs="+", default=["text"],
                        help="keys (Parquet: columns) to extract; each gets its own output (default text)")
     group.add_argument("--split-sentences", action="store_true", help="one item per sentence (Punkt), needed for BERT")
@@ -41,7 +42,8 @@ def parse_args(argv=None) -> PreprocessOptions:
     group.add_argument("--workers", type=int, default=1, help="tokenizing processes (default 1)")
     group.add_argument("--log-interval", type=int, default=100, help="documents between progress lines (default 100)")
     args = parser.parse_args(argv)
-    return PreprocessOptions(**{**vars(args), "json_keys": tuple(args.json_keys)})
+    inputs = args.input[0] if len(args.input) == 1 else tuple(args.input)
+    return PreprocessOptions(**{**vars(args), "input": inputs, "json_keys": tuple(args.json_keys)})
 
 
 def main(argv=None):

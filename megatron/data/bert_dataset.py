@@ -17,6 +17,7 @@ import math
 import os
 import re
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from megatron.parallel import peers
 SPLIT_NAMES = ("train", "valid", "test")
 LONG_SENTENCE_LEN = 512  # Megatron skips documents with a longer sentence; we raise it to the sample size
 PACK_WINDOW = 256  # open samples pack_segments fills at once: more fills better and searches longer
+SKIPPED_SHARE_WARNED = 0.1  # of a prefix's tokens in documents build_mapping skips: a start-up warning
 
 
 def split_weights(split: str) -> list[float]:
@@ -144,6 +146,49 @@ def samples_mapping(indexed, prefix: str, name: str, first_doc: int, end_doc: in
                         f"{2 if binary_head else 1}+ sentences of at most {max(LONG_SENTENCE_LEN, max_tokens)} tokens)",
                         "preprocess with --split-sentences, or give this split more documents with --split")
     return mapping
+
+
+@dataclass(frozen=True)
+class SkippedDocuments:
+    """What build_mapping leaves out of a prefix: documents (and their tokens) with fewer sentences
+    than a sample needs, and the others with a sentence over the limit."""
+    tokens: int
+    few_sentences: tuple  # (documents, tokens)
+    long_sentence: tuple  # (documents, tokens)
+
+    @property
+    def share(self) -> float:
+        return (self.few_sentences[1] + self.long_sentence[1]) / max(1, self.tokens)
+
+
+def skipped_documents(indexed, min_num_sent: int, long_sentence_len: int) -> SkippedDocuments:
+    """build_mapping's skip rule (helpers.cpp) over every document of `indexed`, vectorised over its
+    doc_idx and sizes (a reduceat per document: no copy of the sizes, no loop over documents)."""
+    docs = np.asarray(indexed.doc_idx, dtype=np.int64)
+    counts = np.diff(docs)
+    filled = counts > 0  # an empty document adds nothing, and reduceat needs increasing starts
+    sizes = indexed.sizes[docs[0]:docs[-1]]
+    starts = docs[:-1][filled] - docs[0]
+    tokens = np.add.reduceat(sizes, starts, dtype=np.int64) if len(starts) else np.zeros(0, dtype=np.int64)
+    longest = np.maximum.reduceat(sizes, starts) if len(starts) else np.zeros(0, dtype=np.int64)
+    few = counts[filled] < min_num_sent
+    long = ~few & (longest > long_sentence_len)
+    return SkippedDocuments(int(tokens.sum()), (int(few.sum()), int(tokens[few].sum())),
+                            (int(long.sum()), int(tokens[long].sum())))
+
+
+def skipped_warning(prefix: str, skipped: SkippedDocuments, min_num_sent: int, long_sentence_len: int,
+                    packed: bool) -> str | None:
+    """The start-up warning when build_mapping leaves a notable share of a prefix's tokens unread
+    (a corpus not split into sentences, or in a language Punkt does not split), else None."""
+    if skipped.share < SKIPPED_SHARE_WARNED:
+        return None
+    reasons = [f"{skipped.long_sentence[0]} documents hold a sentence over {long_sentence_len} tokens"]
+    if min_num_sent > 1:  # the sentence-order head needs two; without it one sentence is a sample
+        reasons.insert(0, f"{skipped.few_sentences[0]} documents have one sentence")
+    return (f"{skipped.share:.0%} of the {skipped.tokens} tokens of {prefix} lie in documents the BERT sampler "
+            f"skips{', packed or not' if packed else ''} ({'; '.join(reasons)}): check the sentence splitting "
+            "(preprocess with --split-sentences and the corpus's --lang)")
 
 
 class BertDataset(torch.utils.data.Dataset):
@@ -288,6 +333,7 @@ class TokenStats:
     packed: bool
     segments_per_sample: float
     real_token_share: float  # non-padding tokens / all tokens
+    epoch_samples: int = 0  # of one pass over the split's documents (the mapping's first epoch)
 
     def describe(self, name: str) -> str:
         return (f"{name} data: {self.samples} {'packed ' if self.packed else ''}samples of {self.seq_length} tokens, "
@@ -304,15 +350,19 @@ def token_stats(dataset, max_samples: int = 100_000) -> TokenStats:
         weights = counts / max(1, counts.sum())
         return TokenStats(len(dataset), parts[0].seq_length, any(p.packed for p in parts),
                           float(sum(w * p.segments_per_sample for w, p in zip(weights, parts))),
-                          float(sum(w * p.real_token_share for w, p in zip(weights, parts))))
+                          float(sum(w * p.real_token_share for w, p in zip(weights, parts))),
+                          sum(p.epoch_samples for p in parts))
     count = min(len(dataset), max_samples)
     if isinstance(dataset, PackedBertDataset):
         used = np.asarray(dataset.indices[:dataset.offsets[count]])
         real = float(dataset.segments.segment_lengths(used).sum())
+        first_segments = np.asarray(dataset.indices)[np.asarray(dataset.offsets[:-1])]  # a sample never mixes epochs
         return TokenStats(len(dataset), dataset.seq_length, True, len(used) / count,
-                          real / (count * dataset.seq_length))
+                          real / (count * dataset.seq_length),
+                          int((dataset.segments.mapping[first_segments, 3] == 0).sum()))
     real = float(dataset.segment_lengths(np.arange(count)).sum())
-    return TokenStats(len(dataset), dataset.seq_length, False, 1.0, real / (count * dataset.seq_length))
+    return TokenStats(len(dataset), dataset.seq_length, False, 1.0, real / (count * dataset.seq_length),
+                      int((dataset.mapping[:, 3] == 0).sum()))
 
 
 def split_tokens(dataset) -> int:
@@ -380,4 +430,16 @@ def _split_datasets(prefix, data_impl, split, num_samples, seq_length, tokenizer
         else:
             datasets.append(BertDataset(name, indexed, maps, (bounds[s], bounds[s + 1]), num_samples[s], seq_length,
                                         tokenizer, **options))
+    _warn_skipped(prefix, indexed, (max_segment_length if pack_samples else seq_length),
+                  options.get("binary_head", True), pack_samples)
     return datasets
+
+
+def _warn_skipped(prefix: str, indexed, segment_length: int, binary_head: bool, packed: bool) -> None:
+    """Prints skipped_warning's line, once (the first rank), with samples_mapping's settings."""
+    min_num_sent = 2 if binary_head else 1
+    long_sentence_len = max(LONG_SENTENCE_LEN, segment_length - (3 if binary_head else 2))
+    warning = skipped_warning(prefix, skipped_documents(indexed, min_num_sent, long_sentence_len), min_num_sent,
+                              long_sentence_len, packed)
+    if warning and not (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)

@@ -35,6 +35,9 @@ REDOWNLOAD = "download or compress it again (gzip -t / zstd -t test a file), or 
 UNFINISHED = (".incomplete", ".part", ".crdownload", ".tmp", ".aria2")  # beside or instead of a file whose download
 # has not finished: huggingface_hub (its blobs and local_dir's .cache/ too: any *.incomplete), browsers, aria2
 NUMBERED_SHARD = re.compile(r"(?P<head>.+)-(?P<index>\d+)-of-(?P<total>\d+)(?P<tail>.*)")  # train-00001-of-00003.json
+SPLIT_NAMES = ("train", "training", "validation", "valid", "val", "dev", "test", "testing", "eval", "evaluation")
+# the split a Hugging Face dataset's folder (`default/train/`) or file name (`data/test-00000-of-00001.parquet`) names
+SPLIT_FILE = re.compile(r"(?P<split>[a-z]+)[-_.]")  # a file name's first word: `validation-0000...`, `test.jsonl`
 
 
 def shard_kind(name: str) -> str:
@@ -60,22 +63,28 @@ class Shard:
 
 
 class Corpus:
-    """The shards of `--input` (a file, a folder, or a glob pattern) and the columns or JSON keys
-    to read; raises DataError for an input that names nothing readable (or a part of it: a download that
-    has not finished), ConfigError for a key named twice."""
+    """The shards of `--input` (a file, a folder, or a glob pattern; or several of them, read in the
+    order given, as a shell expands an unquoted glob) and the columns or JSON keys to read; raises
+    DataError for an input that names nothing readable (or a part of it: a download that has not
+    finished), ConfigError for a key named twice."""
 
-    def __init__(self, spec: str, keys: tuple):
+    def __init__(self, spec: str | tuple | list, keys: tuple):
         if repeated := sorted({key for key in keys if list(keys).count(key) > 1}):
             raise ConfigError(f"--json-keys {' '.join(keys)} names {', '.join(map(repr, repeated))} twice",
                               "name each key once (each gets its own output)")
         self.keys = tuple(keys)
-        paths, self.skipped = _shard_paths(spec)  # skipped: files beside the shards that are left out
+        specs = [spec] if isinstance(spec, str) else list(spec)
+        self.input = " ".join(specs)  # as the messages name it
+        found = [_shard_paths(one) for one in specs]
+        paths = [path for shards, _ in found for path in shards]
+        self.skipped = [path for _, skipped in found for path in skipped]  # files beside the shards, left out
+        _refuse_repeated_shards(paths)
         self.shards = [Shard(path, shard_kind(path)) for path in paths]
         for shard in self.shards:
             if shard.kind == "parquet":
                 _check_parquet(shard.path, self.keys)
             else:
-                _refuse_one_document(shard)
+                _refuse_one_document(shard, self.keys)
 
     def where(self, location: tuple) -> str:
         """'path line 7' / 'path row 7' for a record's (shard index, number)."""
@@ -107,8 +116,10 @@ def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
         files = [str(file) for file in visible if file.is_file() and not _derived(file.name)]
         found = [name for name in files if name.lower().endswith(FOLDER_SUFFIXES)]
         if not found:
+            _refuse_arrow_folder(spec, files)
             raise DataError(f"input folder {spec} holds no corpus shards ({', '.join(FOLDER_SUFFIXES)})",
                             f"pass a folder, file or glob of {FORMATS_HELP} files")
+        _refuse_several_splits(spec, found)
         _refuse_missing_shards(spec, found)
         return found, [name for name in files if name not in found and name.lower().endswith(COMPRESSED_SUFFIXES)]
     if glob.has_magic(spec):
@@ -123,6 +134,58 @@ def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
         return (shards, [name for name in found if name not in shards]) if shards else (found, [])
     raise DataError(f"input file {spec} does not exist",
                     f"pass --input with a {FORMATS_HELP} file, or a folder or glob of them")
+
+
+def _refuse_repeated_shards(paths: list) -> None:
+    """A shard that several --input values name (a folder and a file in it, a file given twice): read
+    twice, its documents would weigh double."""
+    seen = set()
+    for path in paths:
+        if (real := os.path.realpath(path)) in seen:
+            raise DataError(f"--input names {path} twice (a path given twice, or a folder and a file in it)",
+                            "pass each shard once")
+        seen.add(real)
+
+
+def _refuse_several_splits(spec: str, shards: list) -> None:
+    """A Hugging Face dataset folder holding several splits (`data/train-*`, `data/validation-*`,
+    `data/test-*`; `default/train/`, `default/test/`): read whole, the held-out text would be trained on."""
+    splits = {}  # split name -> its shards
+    for name in shards:
+        if split := _split_of(Path(name).relative_to(spec)):
+            splits.setdefault(split, []).append(Path(name))
+    if len(splits) < 2:
+        return
+    order = sorted(splits, key=SPLIT_NAMES.index)
+    unit = {order[0]: " shard" if len(splits[order[0]]) == 1 else " shards"}
+    listing = ", ".join(f"{split} ({len(splits[split])}{unit.get(split, '')})" for split in order)
+    first = splits[order[0]][0]
+    relative = first.relative_to(spec)
+    if order[0] in (part.lower() for part in relative.parts[:-1]):  # default/train/0000.parquet
+        folder = Path(spec).joinpath(*relative.parts[:[part.lower() for part in relative.parts].index(order[0]) + 1])
+        example = f"{folder}/*" if all(path.parent == folder for path in splits[order[0]]) else f"{folder}/**/*"
+    else:  # data/train-00000-of-00002.parquet
+        example = f"{first.parent}/{first.name[:len(order[0]) + 1]}*"
+    raise DataError(f"input folder {spec} holds the splits {listing}: read whole, the held-out splits would be "
+                    "trained on",
+                    f"pass the one to read as a quoted glob, e.g. --input '{example}'")
+
+
+def _split_of(relative: Path) -> str | None:
+    """The split a shard's path (relative to the --input folder) names by a folder or its file name's first word."""
+    if folder := next((part.lower() for part in relative.parts[:-1] if part.lower() in SPLIT_NAMES), None):
+        return folder
+    match = SPLIT_FILE.match(relative.name.lower())
+    return match["split"] if match and match["split"] in SPLIT_NAMES else None
+
+
+def _refuse_arrow_folder(spec: str, files: list) -> None:
+    """A folder `datasets.save_to_disk` wrote (Arrow files), which holds no shard read here."""
+    if any(name.lower().endswith(".arrow") for name in files):
+        split = "['train']" if (Path(spec) / "dataset_dict.json").is_file() else ""
+        raise DataError(f"input folder {spec} is a Hugging Face save_to_disk folder (Arrow files), which is not read",
+                        f"write it as Parquet, e.g. python -c \"import datasets; datasets.load_from_disk("
+                        f"{str(spec)!r}){split}.to_parquet({str(Path(spec).with_suffix('.parquet'))!r})\"")
 
 
 def _refuse_unfinished(spec: str, paths: list) -> None:
@@ -208,26 +271,62 @@ def _decompressed(shard: Shard, file) -> tuple:
 HEAD_BYTES = 1 << 16  # of a JSON shard, read before any worker starts to tell one JSON document from JSON lines
 
 
-def _refuse_one_document(shard: Shard) -> None:
+def _refuse_one_document(shard: Shard, keys: tuple) -> None:
     """A JSON shard that is one JSON document (an array, as json.dump and to_json(lines=False) write; an
-    object indented over several lines) rather than JSON lines: named with the conversion, before any
-    worker starts, not as a line-1 record error whose --skip-invalid would skip every line. A shard
-    whose head cannot be read is left to the reading, which names why."""
+    object indented over several lines), or no JSON at all (plain text, CSV, an Arrow file), rather than
+    JSON lines: named with the conversion, before any worker starts, not as a line-1 record error whose
+    --skip-invalid would skip every line. A shard whose head cannot be read is left to the reading,
+    which names why."""
     with open(shard.path, "rb") as file:  # a missing or unreadable file: an OSError naming it
         stream, corrupt = _decompressed(shard, file)
         try:
             head = stream.read(HEAD_BYTES)
         except corrupt:
             return
+    if shard.kind == "json":
+        _refuse_misnamed(shard.path, head)
+    else:
+        _refuse_compressed_other(shard, head)
     if kind := _one_document(head):
-        path, lines = shlex.quote(shard.path), shlex.quote(_lines_path(shard.path))
-        select = "'.[]'" if kind == "array" else "."
-        unpack, pack = {"gzip": ("zcat ", " | gzip"), "zstd": ("zstd -dc ", " | zstd")}.get(shard.kind, ("", ""))
-        command = (f"{unpack}{path} | jq -c {select}{pack} > {lines}" if unpack
-                   else f"jq -c {select} {path} > {lines}")
         what = ("one JSON array" if kind == "array" else "indented JSON (an object over several lines)")
         raise DataError(f"{shard.path} is {what}, not JSON lines (one object per line)",
-                        f"convert it, e.g. {command}")
+                        f"convert it, e.g. {_jq_command(shard, '.[]' if kind == 'array' else '.')}")
+    _refuse_not_json(shard, head, keys[0])
+
+
+def _jq_command(shard: Shard, select: str, raw: bool = False) -> str:
+    """The shell line that converts a shard with jq's `select` filter into the JSON-lines file beside it
+    (`raw`: each line of text is one input string)."""
+    path, lines = shlex.quote(shard.path), shlex.quote(_lines_path(shard.path))
+    jq = f"jq {'-R ' if raw else ''}-c {shlex.quote(select)}"
+    unpack, pack = {"gzip": ("zcat ", " | gzip"), "zstd": ("zstd -dc ", " | zstd")}.get(shard.kind, ("", ""))
+    return f"{unpack}{path} | {jq}{pack} > {lines}" if unpack else f"{jq} {path} > {lines}"
+
+
+NOT_JSON = {".csv": "CSV", ".tsv": "TSV", ".arrow": "an Arrow file (Hugging Face save_to_disk)"}  # by the suffix
+
+
+def _refuse_not_json(shard: Shard, head: bytes, key: str) -> None:
+    """A shard whose first line is no JSON object or array (plain text, one document a line; CSV; an
+    Arrow file): named as what its suffix says, with the conversion. A first line that is a JSON value
+    (a string, a number) is left to the reading, which names the record."""
+    first = head.lstrip(b"\xef\xbb\xbf \t\r\n").partition(b"\n")[0].strip()
+    if not first or first.startswith((b"{", b"[")) or _parses(first):
+        return
+    name = shard.path[:-len(Path(shard.path).suffix)] if shard.kind != "json" else shard.path  # x.csv.gz -> x.csv
+    suffix = next((suffix for suffix in NOT_JSON if name.lower().endswith(suffix)), None)
+    what = NOT_JSON.get(suffix, "plain text")
+    parquet = (name[:-len(suffix)] if suffix else name) + ".parquet"
+    if what in ("CSV", "TSV"):
+        separator = ", sep='\\t'" if what == "TSV" else ""
+        fix = (f"convert it to Parquet and pass --json-keys with its text column, e.g. python -c \"import pandas; "
+               f"pandas.read_csv({shard.path!r}{separator}).to_parquet({parquet!r})\"")
+    elif what != "plain text":
+        fix = (f"convert it to Parquet, e.g. python -c \"import datasets; "
+               f"datasets.Dataset.from_file({shard.path!r}).to_parquet({parquet!r})\"")
+    else:
+        fix = f"convert it (one document a line), e.g. {_jq_command(shard, '{' + json.dumps(key) + ': .}', raw=True)}"
+    raise DataError(f"{shard.path} is {what}, not JSON lines (one object per line)", fix)
 
 
 def _one_document(head: bytes) -> str | None:
@@ -255,7 +354,7 @@ def _lines_path(path: str) -> str:
     folder, name = os.path.split(path)
     compressed = next((suffix for suffix in (".gz", ".zst", ".zstd") if name.lower().endswith(suffix)), "")
     stem = name[:len(name) - len(compressed)]
-    stem = next((stem[:-len(suffix)] for suffix in (".jsonl", ".json") if stem.lower().endswith(suffix)), stem)
+    stem = next((stem[:-len(suffix)] for suffix in (".jsonl", ".json", ".txt") if stem.lower().endswith(suffix)), stem)
     lines = f"{stem}.jsonl{compressed}"
     return os.path.join(folder, lines if lines != name else f"{stem}.lines.jsonl{compressed}")
 

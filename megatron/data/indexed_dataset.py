@@ -15,6 +15,7 @@ run leaves nothing that looks like a dataset. Readers check every header field a
 against the file sizes, so a damaged file is a one-line DataError, not a numpy crash.
 """
 import contextlib
+import glob
 import os
 import struct
 from pathlib import Path
@@ -235,9 +236,20 @@ def _mismatch(index_path, bin_path, bin_size, described) -> DataError:
 def _require_files(prefix):
     for path in (index_file_path(prefix), data_file_path(prefix)):
         if not os.path.isfile(path):
-            raise DataError(f"dataset file {path} does not exist",
-                            "check --data-path (a prefix without .bin/.idx) or run "
-                            + in_repository("tools/preprocess_data.py"))
+            raise DataError(f"dataset file {path} does not exist", _missing_fix(str(prefix)))
+
+
+def _missing_fix(prefix: str) -> str:
+    """The fix for a --data-path naming no dataset: the prefix with its file's suffix dropped, or the datasets
+    preprocess_data.py wrote for that --output-prefix (`PREFIX_text_sentence`), else the tool to run."""
+    if prefix.endswith((".bin", ".idx")):
+        return f"drop the .bin/.idx suffix: --data-path {prefix[:-4]}"
+    written = sorted(found[:-4] for level in ("sentence", "document")
+                     for found in glob.glob(f"{glob.escape(prefix)}_*_{level}.idx") if os.path.isfile(f"{found[:-4]}.bin"))
+    if written:
+        return (f"pass the dataset preprocess_data.py wrote for --output-prefix {prefix}: --data-path {written[0]}"
+                + (f" (or {', '.join(written[1:])})" if len(written) > 1 else ""))
+    return "check --data-path (a prefix without .bin/.idx) or run " + in_repository("tools/preprocess_data.py")
 
 
 class MMapIndexedDataset(_Reader):

@@ -32,7 +32,7 @@ CHUNK_LINES = 32  # lines per worker task: large enough to hide IPC, small enoug
 
 @dataclass
 class PreprocessOptions:
-    input: str
+    input: str | tuple  # a file, folder or glob; or several, read in the order given
     output_prefix: str
     vocab_file: str | None = None  # a WordPiece vocab.txt (or tokenizer_file)
     json_keys: tuple = ("text",)
@@ -100,7 +100,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     corpus = Corpus(options.input, options.json_keys)
     if corpus.skipped:
         names = ", ".join(Path(name).name for name in corpus.skipped[:3]) + (", ..." if len(corpus.skipped) > 3 else "")
-        print(f"note: --input {options.input}: left out {len(corpus.skipped)} file(s) without a corpus "
+        print(f"note: --input {corpus.input}: left out {len(corpus.skipped)} file(s) without a corpus "
               f"shard's name ({names}); the shards are {FORMATS_HELP}", file=log, flush=True)
     if options.workers < 1:
         raise ConfigError(f"--workers {options.workers} must be >= 1", "pass a positive worker count")
@@ -143,7 +143,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
                 _log_progress(report, time.perf_counter() - start, log)
         for key, builder in builders.items():
             if len(builder.doc_idx) == 1:  # only the leading 0: an empty dataset would fail every reader later
-                raise DataError(f"{options.input} has no documents with text under the key '{key}' "
+                raise DataError(f"{corpus.input} has no documents with text under the key '{key}' "
                                 f"({report.documents} documents read, {report.skipped} skipped)",
                                 "pass a corpus with text and check --json-keys (column names for Parquet)")
         for key, builder in builders.items():
