@@ -245,7 +245,8 @@ def _missing_fix(prefix: str) -> str:
     if prefix.endswith((".bin", ".idx")):
         return f"drop the .bin/.idx suffix: --data-path {prefix[:-4]}"
     written = sorted(found[:-4] for level in ("sentence", "document")
-                     for found in glob.glob(f"{glob.escape(prefix)}_*_{level}.idx") if os.path.isfile(f"{found[:-4]}.bin"))
+                     for found in glob.glob(f"{glob.escape(prefix)}_*_{level}.idx")
+                     if os.path.isfile(f"{found[:-4]}.bin"))
     if written:
         return (f"pass the dataset preprocess_data.py wrote for --output-prefix {prefix}: --data-path {written[0]}"
                 + (f" (or {', '.join(written[1:])})" if len(written) > 1 else ""))
