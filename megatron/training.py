@@ -1592,5 +1592,4 @@ def set_attention_iteration(engine, iteration: int) -> None:
     """BigBird draws its random blocks per (seed, iteration, layer); other variants ignore it."""
     from megatron.model.attention.bigbird import set_iteration
 
-    first_layer = max(0, getattr(engine.module, "_local_start", 2) - 2)  # pipeline: this stage's first layer
-    set_iteration(engine.module, iteration, first_layer=first_layer)
+    set_iteration(engine.module, iteration)
