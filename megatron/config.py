@@ -996,19 +996,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
                            or int("activation_checkpointing" in ds_config))
     compile_mlp = values.pop("compile_mlp", False)
     pack_samples = _packing(values)
-    pipeline = values.pop("pipeline_parallel_size", None) or json_pipeline_stages(ds_config)
-    sequence = values.pop("sequence_parallel_size", 1)
-    sequence_key = "--sequence-parallel-size" if "sequence_parallel_size" in given else f"{SECTION}.size"
-    for key, value in (("--pipeline-model-parallel-size (pipeline.stages)", pipeline), (sequence_key, sequence)):
-        if value < 1:
-            raise ConfigError(f"{key} = {value} must be >= 1", f"set {key} to a positive integer")
-    if world_size % (pipeline * sequence):
-        raise ConfigError(
-            f"{SECTION}.size {sequence} x pipeline {pipeline} does not divide the world size {world_size}",
-            "launch a multiple of sp*pp processes or change the sizes")
-    data = world_size // (pipeline * sequence)
-    if pipeline == 1 and sequence > 1:
-        _check_sequence_communication(ds_config, sequence)
+    pipeline, sequence, data = _layout(values, ds_config, world_size, given)
 
     micro, gas, global_batch = _batch_sizes(values, ds_config, data)
     zero_stage = _typed("zero_optimization.stage", ds_config.get("zero_optimization", {}).get("stage", 0), int)
@@ -1020,18 +1008,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     clipping_flag = values.pop("gradient_clipping", None)  # --clip-grad, over the JSON's
     if clipping_flag is not None:
         ds_config = {**ds_config, "gradient_clipping": clipping_flag}
-    clipping = ds_config.get("gradient_clipping", 1.0)  # DeepSpeed's default is 1.0
-    if pipeline > 1 and zero_stage == 0 and clipping > 0:
-        # DeepSpeed 0.19.8 runtime/utils.py clip_grad_norm_ counts only the parameters of the
-        # rank whose pipeline-grid model-parallel rank is 0 (the first stage): a wrong norm.
-        if clipping_flag is not None:
-            setting, off = f"--clip-grad {clipping}", "--clip-grad 0"
-        else:
-            default = "" if "gradient_clipping" in ds_config else " (the default: the JSON sets none)"
-            setting = f"gradient_clipping {clipping}{default}"
-            off = '"gradient_clipping": 0 in the JSON, or --clip-grad 0'
-        raise ConfigError(f"{setting} with a pipeline at zero_optimization.stage 0 would clip by the first stage's "
-                          "gradient norm only", f"use zero_optimization.stage 1, or turn clipping off ({off})")
+    _check_pipeline_clipping(ds_config, clipping_flag, pipeline, zero_stage)
 
     _ulysses_size(values, sequence)
     model_fields = {f.name for f in dataclasses.fields(BertConfig)}
@@ -1061,6 +1038,43 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
                        data_parallel_size=data, micro_batch_size=micro, gradient_accumulation_steps=gas,
                        zero_stage=zero_stage, activation_checkpoint_interval=checkpoint_interval,
                        compile_mlp=compile_mlp, pack_samples=pack_samples, ds_config=resolved)
+
+
+def _layout(values: dict, ds_config: dict, world_size: int, given: dict) -> tuple[int, int, int]:
+    """The (pipeline, sequence, data) parallel sizes: the first two popped from `values` (a flag, else
+    the JSON's), each named as the user set it when it is not positive; data parallelism takes the
+    rest of the world, which the other two must divide."""
+    pipeline = values.pop("pipeline_parallel_size", None) or json_pipeline_stages(ds_config)
+    sequence = values.pop("sequence_parallel_size", 1)
+    sequence_key = "--sequence-parallel-size" if "sequence_parallel_size" in given else f"{SECTION}.size"
+    for key, value in (("--pipeline-model-parallel-size (pipeline.stages)", pipeline), (sequence_key, sequence)):
+        if value < 1:
+            raise ConfigError(f"{key} = {value} must be >= 1", f"set {key} to a positive integer")
+    if world_size % (pipeline * sequence):
+        raise ConfigError(
+            f"{SECTION}.size {sequence} x pipeline {pipeline} does not divide the world size {world_size}",
+            "launch a multiple of sp*pp processes or change the sizes")
+    if pipeline == 1 and sequence > 1:
+        _check_sequence_communication(ds_config, sequence)
+    return pipeline, sequence, world_size // (pipeline * sequence)
+
+
+def _check_pipeline_clipping(ds_config: dict, clipping_flag, pipeline: int, zero_stage: int) -> None:
+    """Refuses gradient clipping with a pipeline at ZeRO stage 0: DeepSpeed 0.19.8 runtime/utils.py
+    clip_grad_norm_ counts only the parameters of the rank whose pipeline-grid model-parallel rank is
+    0 (the first stage), a wrong norm. The line names the setting as the user gave it: --clip-grad
+    (`clipping_flag`, already in `ds_config`), the JSON's gradient_clipping, or DeepSpeed's default 1.0."""
+    clipping = ds_config.get("gradient_clipping", 1.0)  # DeepSpeed's default is 1.0
+    if not (pipeline > 1 and zero_stage == 0 and clipping > 0):
+        return
+    if clipping_flag is not None:
+        setting, off = f"--clip-grad {clipping}", "--clip-grad 0"
+    else:
+        default = "" if "gradient_clipping" in ds_config else " (the default: the JSON sets none)"
+        setting = f"gradient_clipping {clipping}{default}"
+        off = '"gradient_clipping": 0 in the JSON, or --clip-grad 0'
+    raise ConfigError(f"{setting} with a pipeline at zero_optimization.stage 0 would clip by the first stage's "
+                      "gradient norm only", f"use zero_optimization.stage 1, or turn clipping off ({off})")
 
 
 # the JSON section's values (section_values) that attention.check does not read

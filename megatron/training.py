@@ -3,6 +3,7 @@
 pretrain_bert.py calls `main`; every rank runs this, started by the `deepspeed` launcher (or
 any env:// launcher). Errors a user can cause end the run with one line and exit code 2.
 """
+import argparse
 import atexit
 import contextlib
 import dataclasses
@@ -32,7 +33,7 @@ from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_data
                                         split_weights, token_stats)
 from megatron.data.default_dataset import EMBEDDED_VOCAB, prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
-from megatron.data.tokenizer import (HF_TOKENIZER, TYPE_NAMES, BertWordPiece, HFTokenizer, build_tokenizer,
+from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, build_tokenizer,
                                      check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer,
                                      naming_flags)
 from megatron.data.words import word_rule
@@ -262,8 +263,6 @@ def check_flags(args) -> None:
             raise ConfigError(f"{flag} {value} must be > 0", f"pass a positive {flag}, e.g. {example}")
     if not 0 <= args.seed < 2**32:
         raise ConfigError(f"--seed {args.seed} is outside [0, 2**32)", "pass a seed between 0 and 4294967295")
-    if args.tokenizer_type not in (None, *TYPE_NAMES):  # before the default corpus is built for it
-        raise ConfigError(f"unknown --tokenizer-type {args.tokenizer_type}", f"use one of {', '.join(TYPE_NAMES)}")
     check_split(args.split)
     if args.data_path:
         check_data_path(args.data_path)
@@ -1082,26 +1081,70 @@ def check_sample_room(config) -> None:
                           f"pass --seq-length {shortest} or more (BERT uses 128 to 512)")
 
 
-def pretrain(args, start_up: dict | None = None, progress: Progress | None = None) -> None:
-    """The run; `progress` is kept up to date for the line of a lost rank (lost_rank_problem)."""
+def pretrain(args, start_up: dict | None = None, progress: Progress | None = None) -> int | None:
+    """The run: start-up checks, data, engine, then training from the start or a checkpoint; returns
+    the signal number of an agreed stop (None: the run trained every step). `progress` is kept up to
+    date for the line of a lost rank (lost_rank_problem)."""
     progress = progress or Progress()
+    ds, config, tokenizer, data_path, weights_only, bert_state = check_start_up(args)
+    train_iters = args.train_iters or math.ceil(args.train_samples / config.global_batch_size)
+    datasets, used_maps = build_datasets(args, config, data_path, tokenizer, train_iters)
+    engine = build_engine(config, bert_state=bert_state, lr_scheduler=lr_schedule(args, train_iters))
+    if args.skip_nan_batches:
+        skip_nonfinite_updates(engine)
+    run = resume_or_start(args, engine, config, ds, data_path, tokenizer, used_maps, weights_only, train_iters,
+                          progress)
+    stop = StopSignals(tokenizer.file, run.log, start_up)
+    first_iteration = run.iteration
+    read_batches = batch_reader(config, stop)
+    train_loop(run, datasets, read_batches, stop)
+    return end_run(run, datasets[2], read_batches, stop, first_iteration)
+
+
+def check_start_up(args) -> tuple:
+    """Everything a run checks before its data and engine, each mistake one line before any work it
+    would waste: the flags at the launcher's world size, then the rendezvous, the output folders, the
+    tokenizer and the resolved config with its notes. Returns (ds, config, tokenizer, data_path,
+    weights_only, bert_state): bert_state is the model state the run starts from (initial_weights)."""
     note = launch_environment()
     determinism.configure(args.deterministic)
     torch.manual_seed(args.seed)  # the heads an HF folder lacks are initialised below
-    # One validation pass before any work (rendezvous, data, model): the JSON, the optimizer, the model
-    # and layout at the launcher's world size, with a stand-in vocab size where the vocab file decides
-    # it; the weights the run starts from (an HF folder's missing tensor) where the vocab is known.
+    ds, flags, weights_only, checked, bert_state = check_before_rendezvous(args)
+    join_process_group(args, note)
+    if args.save:
+        checkpoint.check_writable(args.save)  # before any work that a failed first save would lose
+    check_log_dirs(args)
+    data_path, tokenizer = data_paths(args)
+    flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
+    config = resolve(flags, ds, dist.get_world_size(), deepspeed_check=not checked)
+    check_model_fits(args, config, ds, tokenizer)
+    if bert_state is None:
+        bert_state = initial_weights(args, config, weights_only)
+    return ds, config, tokenizer, data_path, weights_only, bert_state
+
+
+def check_before_rendezvous(args) -> tuple:
+    """One validation pass before any work (rendezvous, data, model): the JSON, the optimizer, the model
+    and layout at the launcher's world size, with a stand-in vocab size where the vocab file decides
+    it; the weights the run starts from (an HF folder's missing tensor) where the vocab is known.
+    Returns (ds, flags, weights_only, checked: the layout was checked here, bert_state or None)."""
     ds = deepspeed_settings(args)
     check_precision_supported(ds)  # fp16 on a CPU without its kernels: before the rendezvous and the data
     weights_only = starts_from_weights(args)
     flags = model_flags(args, ds, weights_only)
     world = os.environ.get("WORLD_SIZE", "")
     checked, bert_state = world.isdigit(), None
-    if checked:  # else (MPI, AzureML discovery) at the resolve below, still before the data
+    if checked:  # else (MPI, AzureML discovery) at the resolve after the rendezvous, still before the data
         config = resolve({**flags, "vocab_size": flags["vocab_size"] or BertConfig.vocab_size}, ds, int(world))
         check_sample_room(config)
-        if flags["vocab_size"]:  # the config below is this one
+        if flags["vocab_size"]:  # the run's config is this one
             bert_state = initial_weights(args, config, weights_only)
+    return ds, flags, weights_only, checked, bert_state
+
+
+def join_process_group(args, note: str | None) -> None:
+    """The rendezvous of every rank, on the device each uses; rank 0 then prints the launcher `note`
+    (launch_environment). Left-over JIT build locks go first: DeepSpeed's ops build during it."""
     if device.local_rank() == 0:  # before DeepSpeed's ops build (or wait on a killed build's lock)
         for line in jit_locks.clear_left_over():
             print(line, file=sys.stderr, flush=True)
@@ -1110,12 +1153,12 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
                             collective_timeout=timedelta(minutes=args.distributed_timeout_minutes))
     if note and dist.get_rank() == 0:
         print(note, flush=True)
-    if args.save:
-        checkpoint.check_writable(args.save)  # before any work that a failed first save would lose
-    check_log_dirs(args)
-    data_path, tokenizer = data_paths(args)
-    flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
-    config = resolve(flags, ds, dist.get_world_size(), deepspeed_check=not checked)
+
+
+def check_model_fits(args, config, ds: dict, tokenizer) -> None:
+    """The resolved model against this machine and the tokenizer (head size of the CUDA kernels, a row
+    per token id, room for a sample), with rank 0's notes on the settings it reads differently than a
+    user may expect."""
     if torch.cuda.is_available() and config.model.attention != "linformer":  # linformer: torch's F.sdpa picks
         blocks.check_cuda_head_dim(config.model.head_dim, precision(ds), torch.cuda.get_device_capability())
     check_vocab_room(args, tokenizer, config.model.vocab_size)
@@ -1129,35 +1172,61 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
               f"{tokenizer.vocab_size} tokens: {config.model.vocab_size - tokenizer.vocab_size} embedding rows no "
               "token reaches", file=sys.stderr, flush=True)
     check_sample_room(config)
-    if bert_state is None:
-        bert_state = initial_weights(args, config, weights_only)
+
+
+def build_datasets(args, config, data_path: list, tokenizer, train_iters: int) -> tuple:
+    """The train, valid and test sets (None: a split without documents), sized for `train_iters` steps
+    and their evaluations, and the index maps they read; rank 0 describes them and warns of what the
+    data flags leave out. Returns ((train, valid, test), used_maps)."""
     global_batch = config.global_batch_size
-    train_iters = args.train_iters or math.ceil(args.train_samples / global_batch)
     eval_runs = train_iters // args.eval_interval + 1
     samples = (train_iters * global_batch, eval_runs * args.eval_iters * global_batch, args.eval_iters * global_batch)
     train_set, valid_set, test_set = build_train_valid_test_datasets(
         data_path, args.data_impl, args.split, samples, config.model.seq_length, tokenizer,
         cache_path=args.data_cache_path, **sample_options(args, config))
+    datasets = (train_set, valid_set, test_set)
     if dist.get_rank() == 0:
-        stats = {name: token_stats(dataset) for name, dataset in zip(SPLIT_NAMES, (train_set, valid_set, test_set))
-                 if dataset is not None}
-        for name, split in stats.items():
-            print(split.describe(name), flush=True)
-        small = small_eval_splits({name: (stats[name], split_tokens(dataset)) for name, dataset in (
-            ("valid", valid_set), ("test", test_set)) if dataset is not None}, config.micro_batch_size)
-        small = with_eval_passes(small, stats, args.eval_iters * global_batch)
-        for warning in [*data_warnings(args, data_path, valid_set, train_iters), *filter(None, [small])]:
-            print(f"warning: {warning}", file=sys.stderr, flush=True)
-    used_maps = [path for dataset in (train_set, valid_set, test_set) for path in index_maps.used_maps(dataset)]
+        describe_datasets(args, config, data_path, datasets, train_iters)
+    used_maps = [path for dataset in datasets for path in index_maps.used_maps(dataset)]
     if dist.get_rank() == 0:
         print(index_maps.describe(parse_data_path(data_path)[1], used_maps, args.log_dir, args.data_cache_path),
               flush=True)
+    return datasets, used_maps
 
-    engine = build_engine(config, bert_state=bert_state, lr_scheduler=lr_schedule(args, train_iters))
-    if args.skip_nan_batches:
-        skip_nonfinite_updates(engine)
-    iteration = consumed = 0
-    last_checkpoint = None
+
+def describe_datasets(args, config, data_path: list, datasets: tuple, train_iters: int) -> None:
+    """Rank 0's line per split (its samples and real-token share), then the warnings of the data flags."""
+    train_set, valid_set, test_set = datasets
+    stats = {name: token_stats(dataset) for name, dataset in zip(SPLIT_NAMES, datasets) if dataset is not None}
+    for name, split in stats.items():
+        print(split.describe(name), flush=True)
+    small = small_eval_splits({name: (stats[name], split_tokens(dataset)) for name, dataset in (
+        ("valid", valid_set), ("test", test_set)) if dataset is not None}, config.micro_batch_size)
+    small = with_eval_passes(small, stats, args.eval_iters * config.global_batch_size)
+    for warning in [*data_warnings(args, data_path, valid_set, train_iters), *filter(None, [small])]:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass
+class Run:
+    """What the training loop and the run's end share: the run's parts (pretrain builds them once)
+    and how far it is, which the loop advances."""
+    args: argparse.Namespace
+    engine: object
+    config: object  # TrainConfig
+    log: RunLog
+    saved: dict  # what each checkpoint records besides the engine (save_checkpoint's state)
+    progress: Progress
+    train_iters: int
+    iteration: int = 0
+    consumed: int = 0  # samples
+    last_checkpoint: str | None = None  # the newest complete one: the loaded one, then each saved
+
+
+def resume_or_start(args, engine, config, ds: dict, data_path: list, tokenizer, used_maps: list,
+                    weights_only: bool, train_iters: int, progress: Progress) -> Run:
+    """The engine restored from --load (a resume), else the run's start (scratch or starting weights);
+    opens the run log, which says which, and rank 0 warns of what a resume changes."""
     client = (checkpoint.load(engine, args.load, config, load_rng=not args.no_load_rng)
               if args.load and not weights_only else None)
     if client:  # every rank loaded before rank 0 says so: a rank whose load failed says why, and the
@@ -1170,31 +1239,40 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     log.config(config)
     if dist.get_rank() == 0:
         index_maps.write_used(args.log_dir, used_maps)  # what tools/clean_index_maps.py --keep-run keeps
-    if client:
-        iteration, consumed = client["iteration"], client["consumed_samples"]
-        last_checkpoint = progress.last_checkpoint = os.path.join(args.load, checkpoint.tag_for(iteration))
-        log.start(iteration, f"resuming from {last_checkpoint} iteration {iteration}, consumed samples {consumed}",
-                  resumed_from=last_checkpoint)
-        change = checkpoint.attention_change(f"checkpoint {args.load}", client["config"]["model"], vars(config.model))
-        for warning in (resume_schedule(engine, client.get("schedule"), saved["schedule"], iteration),
-                        describe_sample_change(client["config"], config, consumed),
-                        describe_batch_change(client["config"], config, iteration, train_iters),
-                        describe_data_change(client.get("data"), saved["data"], consumed),
-                        change and f"warning: {change}",
-                        optimizer_change):
-            if warning and dist.get_rank() == 0:
-                print(warning, file=sys.stderr, flush=True)
-        if iteration >= train_iters:  # a finished run started again (a rerun of the same command)
-            log.message(nothing_to_train(args, iteration, train_iters))
-    else:
+    run = Run(args, engine, config, log, saved, progress, train_iters)
+    if not client:
         source = args.init_from_hf or (args.load if weights_only else None)
         log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",
                   weights_from=source)
+        return run
+    run.iteration, run.consumed = client["iteration"], client["consumed_samples"]
+    run.last_checkpoint = progress.last_checkpoint = os.path.join(args.load, checkpoint.tag_for(run.iteration))
+    log.start(run.iteration, f"resuming from {run.last_checkpoint} iteration {run.iteration}, consumed samples "
+                             f"{run.consumed}", resumed_from=run.last_checkpoint)
+    for warning in (*resume_changes(run, client), optimizer_change):
+        if warning and dist.get_rank() == 0:
+            print(warning, file=sys.stderr, flush=True)
+    if run.iteration >= train_iters:  # a finished run started again (a rerun of the same command)
+        log.message(nothing_to_train(args, run.iteration, train_iters))
+    return run
 
-    stop = StopSignals(tokenizer.file, log, start_up)
 
+def resume_changes(run: Run, client: dict) -> list:
+    """The warnings (None: no change) for what a resume changes against its checkpoint (`client`): the
+    LR schedule, the samples and batch, the data, the attention."""
+    args, config = run.args, run.config
+    change = checkpoint.attention_change(f"checkpoint {args.load}", client["config"]["model"], vars(config.model))
+    return [resume_schedule(run.engine, client.get("schedule"), run.saved["schedule"], run.iteration),
+            describe_sample_change(client["config"], config, run.consumed),
+            describe_batch_change(client["config"], config, run.iteration, run.train_iters),
+            describe_data_change(client.get("data"), run.saved["data"], run.consumed),
+            change and f"warning: {change}"]
+
+
+def batch_reader(config, stop: "StopSignals"):
+    """The function that reads `count` steps of this data rank's micro-batches (lists of gas BertBatch)
+    of a dataset from sample `start`; every rank agrees on each step (stop.agree) before it is taken."""
     def batches(dataset, start: int, count: int):
-        """`count` steps of this data rank's micro-batches (lists of gas BertBatch)."""
         sampler = PretrainingSampler(len(dataset), start, config.micro_batch_size,
                                      state.get_data_parallel_rank(), state.get_data_parallel_world_size())
         indices = iter(sampler)
@@ -1203,45 +1281,60 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
                     for _ in range(config.gradient_accumulation_steps)]
             stop.agree(step, config.model.vocab_size)
             yield step
+    return batches
 
-    train_batches = batches(train_set, consumed, train_iters - iteration)
-    first_iteration = iteration
+
+def train_loop(run: Run, datasets: tuple, read_batches, stop: "StopSignals") -> None:
+    """The steps from run.iteration to run.train_iters, with the validation and the saves the flags ask
+    for; it ends early once the ranks agree to stop (stop.agreed)."""
+    args, engine, log, progress = run.args, run.engine, run.log, run.progress
+    train_set, valid_set, _ = datasets
+    train_batches = read_batches(train_set, run.consumed, run.train_iters - run.iteration)
     stop.install()
-    while iteration < train_iters:
-        progress.phase = f"the step of iteration {iteration + 1}"
+    while run.iteration < run.train_iters:
+        progress.phase = f"the step of iteration {run.iteration + 1}"
         start = time.perf_counter()
         step_batches = next(train_batches)
         if stop.agreed:
             break
-        set_attention_iteration(engine, iteration)
+        set_attention_iteration(engine, run.iteration)
         lr = engine.get_lr()[0]  # the rate of this step: DeepSpeed steps the scheduler after it
         result = train_step(engine, step_batches)
-        iteration += 1
-        consumed += global_batch
-        log.step(iteration, consumed, result, engine, time.perf_counter() - start, lr)
-        check_step(args, engine, iteration, result.loss, last_checkpoint, log)
-        if valid_set is not None and iteration % args.eval_interval == 0:
-            run = iteration // args.eval_interval - 1
-            progress.phase = f"the evaluation after iteration {iteration}"
-            loss = evaluate(batches, engine, valid_set, run, args.eval_iters, stop)
+        run.iteration += 1
+        run.consumed += run.config.global_batch_size
+        log.step(run.iteration, run.consumed, result, engine, time.perf_counter() - start, lr)
+        check_step(args, engine, run.iteration, result.loss, run.last_checkpoint, log)
+        if valid_set is not None and run.iteration % args.eval_interval == 0:
+            progress.phase = f"the evaluation after iteration {run.iteration}"
+            loss = evaluate(read_batches, engine, valid_set, run.iteration // args.eval_interval - 1, args.eval_iters,
+                            stop)
             if stop.agreed:
                 break
-            log.evaluation("validation", iteration, loss)
-        if args.save and (iteration == train_iters or (args.save_interval and iteration % args.save_interval == 0)):
-            progress.phase = f"the checkpoint save of iteration {iteration}"
-            last_checkpoint = save_checkpoint(args, engine, config, iteration, consumed, log, **saved)
-            progress.last_checkpoint = last_checkpoint
+            log.evaluation("validation", run.iteration, loss)
+        if args.save and (run.iteration == run.train_iters
+                          or (args.save_interval and run.iteration % args.save_interval == 0)):
+            progress.phase = f"the checkpoint save of iteration {run.iteration}"
+            run.last_checkpoint = save_checkpoint(args, engine, run.config, run.iteration, run.consumed, log,
+                                                  **run.saved)
+            progress.last_checkpoint = run.last_checkpoint
+
+
+def end_run(run: Run, test_set, read_batches, stop: "StopSignals", first_iteration: int) -> int | None:
+    """The test loss of a run that was not stopped, then the stop's save and line (its signal number
+    returned) or the end of a complete run."""
     if test_set is not None and not stop.agreed:
-        progress.phase = f"the test evaluation after iteration {iteration}"
-        loss = evaluate(batches, engine, test_set, 0, args.eval_iters, stop)
+        run.progress.phase = f"the test evaluation after iteration {run.iteration}"
+        loss = evaluate(read_batches, run.engine, test_set, 0, run.args.eval_iters, stop)
         if not stop.agreed:
-            log.evaluation("test", iteration, loss)
+            run.log.evaluation("test", run.iteration, loss)
     if stop.agreed:
-        progress.phase = f"the stop after iteration {iteration}"
-        return stop.finish(args, engine, config, iteration, consumed, first_iteration, last_checkpoint, log,
-                           saved, test_cut=test_set is not None and iteration == train_iters)
-    progress.phase = END_OF_RUN
-    stop.complete(args, iteration, last_checkpoint, log)
+        run.progress.phase = f"the stop after iteration {run.iteration}"
+        return stop.finish(run.args, run.engine, run.config, run.iteration, run.consumed, first_iteration,
+                           run.last_checkpoint, run.log, run.saved,
+                           test_cut=test_set is not None and run.iteration == run.train_iters)
+    run.progress.phase = END_OF_RUN
+    stop.complete(run.args, run.iteration, run.last_checkpoint, run.log)
+    return None
 
 
 def save_checkpoint(args, engine, config, iteration: int, consumed: int, log, **state) -> str:
@@ -1609,5 +1702,4 @@ def set_attention_iteration(engine, iteration: int) -> None:
     """BigBird draws its random blocks per (seed, iteration, layer); other variants ignore it."""
     from megatron.model.attention.bigbird import set_iteration
 
-    first_layer = max(0, getattr(engine.module, "_local_start", 2) - 2)  # pipeline: this stage's first layer
-    set_iteration(engine.module, iteration, first_layer=first_layer)
+    set_iteration(engine.module, iteration)

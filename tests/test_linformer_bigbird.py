@@ -197,6 +197,20 @@ def test_bigbird_pattern_changes_with_iteration_within_training(references):
     assert frozen["losses"][1:] != references["bigbird"]["losses"][1:]
 
 
+def test_bigbird_layers_draw_their_own_blocks_and_set_iteration_sets_only_the_iteration():
+    """Each BigBird core keeps the layer number attention.build gives it: a pipeline stage that starts
+    past layer 0 builds its layers with their model index (pipe.TransformerLayerPipe), so its random
+    blocks are those of the single-process model's same layer; set_iteration changes the iteration only."""
+    from megatron.model.pipe import TransformerLayerPipe
+
+    config = core_config("bigbird", num_layers=3, **BIGBIRD)
+    model = small_model(config)
+    set_iteration(model, 7)
+    assert [(core.layer, core.iteration) for core in model.modules() if isinstance(core, BigBirdAttention)] == [
+        (0, 7), (1, 7), (2, 7)]
+    assert TransformerLayerPipe(config, 2).attention.core.layer == 2
+
+
 def test_bigbird_pattern_is_the_same_in_every_process():
     here = block_pattern(*PATTERN_ARGS)
     for rank, result in enumerate(spawned("bigbird", 2)):

@@ -9,8 +9,9 @@ The random blocks are a deterministic function of (bigbird_seed, iteration, laye
 computes the same pattern on its own, with no broadcast (`block_pattern`).
 
 The training loop sets the iteration: call `set_iteration(model, iteration)` before each step.
-It also numbers the layers (in module order, from `first_layer`, for a pipeline stage that
-does not start at layer 0). Until it is called, every layer uses iteration 0 and layer 0.
+The layer is the core's own, given when it is built (registry.build's layer_index: the model's
+layer number, also on a pipeline stage that does not start at layer 0). Until set_iteration is
+called, every layer uses iteration 0.
 
 Under sequence parallelism rank p holds blocks [p*m, (p+1)*m), m = n / P:
   - Non-global query blocks gather their key blocks; the ones held elsewhere (window halo from
@@ -373,8 +374,9 @@ class _BigBirdAttention(torch.autograd.Function):
 
 @register("bigbird")
 class BigBirdAttention(AttentionCore):
+    per_layer = True  # each layer draws its own random blocks
 
-    def __init__(self, config):
+    def __init__(self, config, layer_index: int = 0):
         super().__init__()
         self.seq = SeqComm(state.get_sequence_parallel_group(), state.get_sequence_parallel_ranks())
         self.block_size = config.bigbird_block_size
@@ -383,7 +385,7 @@ class BigBirdAttention(AttentionCore):
         self.seed = config.bigbird_seed
         self.scale = config.head_dim ** -0.5
         self.iteration = 0
-        self.layer = 0
+        self.layer = layer_index
         self._cached_plan = (None, None)
 
     def pattern(self, num_blocks: int):
@@ -414,9 +416,9 @@ class BigBirdAttention(AttentionCore):
         return out.view(b, chunk, heads, d)
 
 
-def set_iteration(model, iteration: int, first_layer: int = 0) -> None:
-    """Sets the training iteration on every BigBird core of `model` and numbers their layers
-    (module order, from `first_layer`). Call before each step; no-op for other variants."""
-    cores = [module for module in model.modules() if isinstance(module, BigBirdAttention)]
-    for layer, core in enumerate(cores, start=first_layer):
-        core.iteration, core.layer = iteration, layer
+def set_iteration(model, iteration: int) -> None:
+    """Sets the training iteration on every BigBird core of `model`. Call before each step; no-op
+    for other variants."""
+    for module in model.modules():
+        if isinstance(module, BigBirdAttention):
+            module.iteration = iteration

@@ -17,6 +17,7 @@ class AttentionCore(nn.Module):
     """Base class of the cores; a core's start-up constraints live in rules.py under its name."""
 
     name = "attention"
+    per_layer = False  # True: its math differs per layer, so build passes the layer's index to its constructor
 
 
 def register(name: str):
@@ -42,4 +43,7 @@ def build(config, layer_index: int = 0) -> AttentionCore:
     """The core of layer `layer_index`: "local" for the local sliding-window layers, the
     configured variant for the others."""
     check(config)
-    return VARIANTS["local"](config) if config.is_local_layer(layer_index) else variant(config.attention)(config)
+    if config.is_local_layer(layer_index):
+        return VARIANTS["local"](config)
+    core = variant(config.attention)
+    return core(config, layer_index=layer_index) if core.per_layer else core(config)
