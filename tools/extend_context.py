@@ -223,10 +223,7 @@ def check_paths(args) -> dict:
         raise ConfigError("--save is the --from folder", "choose another --save")
     if Path(args.save).exists() and not Path(args.save).is_dir():
         raise ConfigError(f"--save {args.save} is a file", "pass a folder (a new one, or the --save of this run)")
-    try:
-        ds = read_ds_config(args.deepspeed_config)
-    except ConfigError as error:  # its fixes name the trainer's flag
-        raise ConfigError(error.problem, error.fix.replace("--deepspeed_config", "--deepspeed-config")) from None
+    ds = read_ds_config(args.deepspeed_config, "to --deepspeed-config")
     section = ds.get(SECTION) if isinstance(ds.get(SECTION), dict) else {}
     # a variant the JSON names or sets up that this tool does not run: refused, not replaced by its default
     # (the trainer would say "set attention ...", which this tool overrides)
