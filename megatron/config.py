@@ -1253,12 +1253,14 @@ ADJUSTABLE_START_FIELDS = ("max_position_embeddings", "rotary_base", "local_rota
 def adjustable_start_fields(start: dict, from_hf: bool, resume: bool = False) -> tuple:
     """ADJUSTABLE_START_FIELDS for an HF folder, whose weights are converted (table extended, vocab
     padded again, head initialised); a weights-only checkpoint's are loaded as they are, so only the
-    fields that shape no weight: the rope thetas, the window, and the length where rope leaves no table.
-    A resume keeps the thetas and the window too (checkpoint.MODEL_FIELDS): only that length."""
+    fields that shape no weight: the rope thetas, the window, and the length where rope leaves no table,
+    and the vocab padding, whose rows no token reaches (padded again: hf_convert.repadded_vocab, as from
+    an HF folder). A resume keeps the thetas, the window and the padding too (checkpoint.MODEL_FIELDS):
+    only that length."""
     if from_hf:
         return ADJUSTABLE_START_FIELDS
     table_free = ("max_position_embeddings",) * (start.get("position_embedding_type") == "rope")
-    return table_free if resume else WEIGHTLESS_FIELDS + table_free
+    return table_free if resume else (*WEIGHTLESS_FIELDS, *table_free, "make_vocab_size_divisible_by")
 
 
 WEIGHTLESS_FIELDS = ("rotary_base", "local_rotary_base", "local_attention_window")  # of the model, shaping no weight

@@ -473,18 +473,31 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, extend_positions: bool
         want[0] = config.vocab_size if ours in PADDED else want[0] // len(hf_names)
         for name, part in zip(hf_names, parts):
             check_shape(name, part, want, ours in PADDED)
-        tensor = torch.cat(parts)
-        extra = expected[ours].shape[0] - tensor.shape[0]
-        if ours == "embeddings.word_embeddings.weight":
-            tensor = torch.cat([tensor, tensor.new_zeros(extra, tensor.shape[1])])
-        elif ours == "lm_head.bias":
-            tensor = torch.cat([tensor, tensor.new_full((extra,), PADDED_VOCAB_BIAS)])
-        state[ours] = tensor
+        state[ours] = pad_vocab_rows(ours, torch.cat(parts), expected[ours].shape[0])
         used.update(hf_names)
     ignored = sorted(set(tensors) - used)
     if ignored:
         warnings.warn(f"Hugging Face tensors ignored (not part of this model): {', '.join(ignored)}", stacklevel=2)
     return state, sorted(set(expected) - set(state))
+
+
+def pad_vocab_rows(ours: str, tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """Our tensor `ours` with its vocab rows (PADDED) padded to `rows`: zero embeddings and an LM-head bias of
+    PADDED_VOCAB_BIAS (no probability); another tensor as it is."""
+    extra = rows - tensor.shape[0]
+    if ours == "embeddings.word_embeddings.weight":
+        return torch.cat([tensor, tensor.new_zeros(extra, tensor.shape[1])])
+    if ours == "lm_head.bias":
+        return torch.cat([tensor, tensor.new_full((extra,), PADDED_VOCAB_BIAS)])
+    return tensor
+
+
+def repadded_vocab(state: dict, config: BertConfig) -> dict:
+    """Weights of a checkpoint padded to another multiple (--make-vocab-size-divisible-by) for a new run
+    from them: the padding rows, which no token reaches, trimmed and added again as from a Hugging Face
+    folder, so that the flag is taken as --init-from-hf takes it. Weights of the run's padding stay as they are."""
+    return {name: pad_vocab_rows(name, tensor[:config.vocab_size], config.padded_vocab_size)
+            if name in PADDED and len(tensor) != config.padded_vocab_size else tensor for name, tensor in state.items()}
 
 
 def weight(name: str, tensor: torch.Tensor) -> torch.Tensor:

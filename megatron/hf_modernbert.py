@@ -85,12 +85,7 @@ def to_hf_tensor(ours: str, tensor: torch.Tensor, config: BertConfig) -> torch.T
 def from_hf_tensor(ours: str, tensor: torch.Tensor, config: BertConfig) -> torch.Tensor:
     """A ModernBERT tensor as our `ours`: the vocab padded to padded_vocab_size with zero embeddings and
     a decoder bias of PADDED_VOCAB_BIAS (no probability), as hf_convert does for BERT."""
-    extra = config.padded_vocab_size - config.vocab_size
-    if ours == "embeddings.word_embeddings.weight":
-        return torch.cat([tensor, tensor.new_zeros(extra, tensor.shape[1])])
-    if ours == "lm_head.bias":
-        return torch.cat([tensor, tensor.new_full((extra,), hf_convert.PADDED_VOCAB_BIAS)])
-    return tensor
+    return hf_convert.pad_vocab_rows(ours, tensor, config.padded_vocab_size)
 
 
 # ---------------------------------------------------------------- ours -> HF
