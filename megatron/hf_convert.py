@@ -475,10 +475,25 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, extend_positions: bool
             check_shape(name, part, want, ours in PADDED)
         state[ours] = pad_vocab_rows(ours, torch.cat(parts), expected[ours].shape[0])
         used.update(hf_names)
-    ignored = sorted(set(tensors) - used)
-    if ignored:
-        warnings.warn(f"Hugging Face tensors ignored (not part of this model): {', '.join(ignored)}", stacklevel=2)
+    warn_ignored(sorted(set(tensors) - used), config)
     return state, sorted(set(expected) - set(state))
+
+
+LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")  # bert.encoder.layer.N.*, model.layers.N.*
+
+
+def warn_ignored(ignored: list, config: BertConfig) -> None:
+    """One warning naming the HF tensors this model does not use (a head it lacks, a pooler), as HF warns;
+    but layers beyond the config's num_hidden_layers are refused: a config.json edited to fewer layers
+    than its weights hold would drop the rest silently."""
+    beyond = [int(match.group(1)) for name in ignored if (match := LAYER_INDEX.search(name))
+              and int(match.group(1)) >= config.num_layers]
+    if beyond:
+        raise DataError(f"the Hugging Face config.json's num_hidden_layers {config.num_layers} leaves out layers of "
+                        f"its weights, which hold {max(beyond) + 1}", f"set num_hidden_layers to {max(beyond) + 1} in "
+                        "config.json")
+    if ignored:
+        warnings.warn(f"Hugging Face tensors ignored (not part of this model): {', '.join(ignored)}", stacklevel=3)
 
 
 def pad_vocab_rows(ours: str, tensor: torch.Tensor, rows: int) -> torch.Tensor:

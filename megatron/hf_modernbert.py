@@ -289,9 +289,7 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, decoder_bias: bool = T
         hf_convert.check_shape(hf, tensor, want, ours in hf_convert.PADDED)
         state[ours] = from_hf_tensor(ours, tensor, config)
         used.add(hf)
-    ignored = sorted(set(tensors) - used)
-    if ignored:
-        warnings.warn(f"Hugging Face tensors ignored (not part of this model): {', '.join(ignored)}", stacklevel=2)
+    hf_convert.warn_ignored(sorted(set(tensors) - used), config)
     return state, sorted(set(expected) - set(state))
 
 

@@ -434,6 +434,11 @@ CASES = [
     Case("hf_missing_encoder_tensor", "convert", ["from-hf", "--hf-dir", "{tmp}/hf", "--save", "{tmp}/ckpt"],
          ("lacks 1 tensor(s) of the model", MISSING_KEY, "copy or download the model folder again"),
          setup=lambda tmp, assets: hf_folder(tmp, assets, without=(MISSING_KEY,))),
+    # a config.json edited to fewer layers than its weights hold: the rest were dropped with a warning
+    Case("hf_config_fewer_layers_than_weights", "convert", ["from-hf", "--hf-dir", "{tmp}/hf", "--save", "{tmp}/ckpt"],
+         ("config.json's num_hidden_layers 1 leaves out layers of its weights, which hold 2",
+          "set num_hidden_layers to 2 in config.json"),
+         setup=lambda tmp, assets: hf_folder(tmp, assets, config_changes={"num_hidden_layers": 1})),
     # ---- without the launcher: one process, and its errors one line (not `No module named 'mpi4py'`)
     Case("launch_none_option_of_another_variant", "pretrain", [*PRETRAIN, "--attention", "ring", "--linformer-k", "16"],
          ("--linformer-k is set but attention is 'ring'", "set attention 'linformer' or drop --linformer-k"),
