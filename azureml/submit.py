@@ -278,8 +278,9 @@ def key_value(text: str) -> tuple:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="submit.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from megatron.errors import OneLineParser  # a flag mistake is one line, as in every tool, not the usage block
+
+    parser = OneLineParser(prog="submit.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", metavar="JOB_YAML", type=Path, help="write the job YAML here, submit nothing")
     parser.add_argument("--compute", default="gpu-cluster", help="AzureML compute cluster name")
     parser.add_argument("--instance-count", type=int, default=1, help="nodes")

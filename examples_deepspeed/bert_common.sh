@@ -36,6 +36,15 @@ done
 # Flags that the positional arguments or the script fix: after them pretrain_bert.py would take them
 # over what the script validated and wrote to RUN_DIR/ds_config.json (argparse's last flag wins),
 # also as --flag=value or an abbreviation (--micro-batch; argparse's allow_abbrev).
+# The deepspeed launcher's own flags: the script calls it, so after the positional arguments they would go
+# to pretrain_bert.py, which refuses them only once the launcher has started the ranks on every node.
+HOSTS_FIX="list only the hosts to use in HOSTFILE (bert_multinode.sh HOSTFILE NUM_NODES ...); CUDA_VISIBLE_DEVICES picks a node's GPUs"
+declare -A RUNNER=([--include]=$HOSTS_FIX [--exclude]=$HOSTS_FIX [--hostfile]=$HOSTS_FIX
+                   [--num_nodes]="set NUM_NODES (bert_multinode.sh HOSTFILE NUM_NODES ...)"
+                   [--num_gpus]="change the PROCS argument (ranks per node)" [--num_accelerators]="change the PROCS argument (ranks per node)"
+                   [--master_addr]="set MASTER_ADDR in the environment" [--master_port]="set MASTER_PORT in the environment"
+                   [--node_rank]="set NODE_RANK and MASTER_ADDR in the environment" [--no_ssh]="set NODE_RANK and MASTER_ADDR in the environment"
+                   [--launcher]="launch pretrain_bert.py with deepspeed yourself for another launcher")
 declare -A FIXED=([--num-layers]=LAYERS [--hidden-size]=HIDDEN [--num-attention-heads]=HEADS [--seq-length]=SEQ_LEN
                   [--pipeline-model-parallel-size]=PP [--sequence-parallel-size]=SP
                   [--micro-batch-size]=MICRO_BATCH [--global-batch-size]=GLOBAL_BATCH [--attention]=ATTENTION
@@ -49,6 +58,7 @@ for token in "$@"; do
         --?*) ;;
         *) continue ;;
     esac
+    [ -z "${RUNNER[$name]:-}" ] || fail "$name is a flag of the deepspeed launcher, which $SCRIPT calls for you (after the positional arguments it would go to pretrain_bert.py); ${RUNNER[$name]}"
     for flag in $(printf '%s\n' "${!FIXED[@]}" | sort); do  # in one order: --seq names --seq-length
         [[ "$flag" == "$name"* ]] || continue
         [ "$name" = "$flag" ] && given="$name" || given="$name (for $flag)"
@@ -123,16 +133,6 @@ SETTINGS=(sequence_parallel.size="$SP" sequence_parallel.attention="$ATTENTION"
 # packed samples (several documents per sequence, each attending to itself; --no-pack-samples turns
 # it off): linformer's projection mixes positions across segments, so it trains unpacked
 [ "$ATTENTION" = linformer ] || SETTINGS+=(sequence_parallel.pack_samples=true)
-CONFIG=("$PYTHON" "$ROOT/tools/ds_config.py" set "$TEMPLATE" "${SETTINGS[@]}" --world-size "$WORLD" "${MODEL[@]}")
-if [ "$DRY_RUN" = 1 ]; then
-    # a dry run writes nothing: the JSON it would write is printed, and where the command reads it
-    echo "# RUN_DIR/ds_config.json ($RUN_DIR/ds_config.json) would hold this JSON; the command below reads it there:"
-    "${CONFIG[@]}" --output -
-else  # ds_config.py writes into an existing folder only: RUN_DIR is made here, and removed if refused
-    mkdir -p -- "$RUN_DIR"
-    "${CONFIG[@]}" --output "$RUN_DIR/ds_config.json" > /dev/null || { status=$?; remove_made_run_dir; exit "$status"; }
-fi
-
 LAUNCHER=("$(dirname "$PYTHON")/deepspeed" --num_gpus "$PROCS" --master_port "$MASTER_PORT")
 if [ -n "${HOSTFILE:-}" ]; then
     LAUNCHER+=(--hostfile "$HOSTFILE" --num_nodes "$NUM_NODES")
@@ -146,11 +146,21 @@ save_dir "$RUN_DIR/checkpoints" "$@"
 COMMAND=("${LAUNCHER[@]}" "$ROOT/pretrain_bert.py" --deepspeed --deepspeed_config "$RUN_DIR/ds_config.json"
          "${MODEL[@]}" --train-iters 1000 --lr 1e-4 --lr-warmup-fraction 0.01 --log-interval 10
          --eval-interval 500 --eval-iters 10 --save "$SAVE_DIR" --load "$SAVE_DIR" --save-interval 500 --log-dir "$RUN_DIR" "$@")
+CONFIG=("$PYTHON" "$ROOT/tools/ds_config.py" set "$TEMPLATE" "${SETTINGS[@]}" --world-size "$WORLD" "${MODEL[@]}")
 if [ "$DRY_RUN" = 1 ]; then
+    # the trainer's parser on the flags the command passes it: an unknown flag fails here, not after the launch
+    TRAINER_FLAGS=("${COMMAND[@]:${#LAUNCHER[@]}+1}")
+    "$PYTHON" -c 'import sys; sys.path[:0] = [sys.argv.pop(1)]; import megatron.arguments as a; a.check_trainer_flags(sys.argv[1:])' \
+        "$ROOT" "${TRAINER_FLAGS[@]}"
+    # a dry run writes nothing: the JSON it would write is printed, and where the command reads it
+    echo "# RUN_DIR/ds_config.json ($RUN_DIR/ds_config.json) would hold this JSON; the command below reads it there:"
+    "${CONFIG[@]}" --output -
     printf '%q ' "${COMMAND[@]}"
     echo
     exit 0
 fi
+mkdir -p -- "$RUN_DIR"  # ds_config.py writes into an existing folder only: RUN_DIR is made here, and removed if refused
+"${CONFIG[@]}" --output "$RUN_DIR/ds_config.json" > /dev/null || { status=$?; remove_made_run_dir; exit "$status"; }
 status=0
 run_launcher "${COMMAND[@]}" || status=$?
 # a launch the trainer refused at start-up (one line, exit 2) leaves no RUN_DIR that this script made for it

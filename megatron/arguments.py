@@ -351,3 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_training_args(parser)
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the launcher
     return deepspeed.add_config_arguments(parser)
+
+
+def check_trainer_flags(argv: list) -> None:
+    """A launch script's dry run: the flags of the command it prints, parsed by pretrain_bert.py's parser,
+    so that an unknown or mistyped one fails the dry run in the trainer's own line, not every node after
+    the launch. Imports DeepSpeed for its config flags, as the trainer does (a few seconds)."""
+    from megatron.quiet import quiet_deepspeed
+
+    quiet_deepspeed()
+    build_parser().parse_args(argv)

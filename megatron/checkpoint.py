@@ -575,15 +575,32 @@ def rng_states() -> dict:
     return states
 
 
-def refuse_tag_folder(folder: str, flag: str = "--load") -> None:
+def refuse_tag_folder(folder: str, flag: str = "--load", tag_flag: str | None = None) -> None:
     """Refuses one iter_* folder of a --save directory given for the directory, naming the directory:
-    `flag` (--load, extend_context.py's --from) takes the one whose `latest` names the checkpoint."""
+    `flag` (--load, extend_context.py's --from) takes the one whose `latest` names the checkpoint. A
+    read-only tool with a `tag_flag` (to-hf's --tag) names that instead: editing `latest` only to read an
+    older checkpoint would roll the next resume of that run back."""
     parent, tag = os.path.split(os.path.abspath(folder))  # a relative iter_* has a parent too
     if re.fullmatch(r"iter_\d+", tag) and os.path.isfile(os.path.join(parent, LATEST)):
         # a tag given with each requeue would roll the run back each time: `latest` chooses
         raise ConfigError(f"{folder} is one checkpoint of the --save directory {parent}",
+                          f"pass {flag} {parent} {tag_flag} {tag}" if tag_flag else
                           f"point {flag} at {parent} (its '{LATEST}' names the checkpoint to read: write {tag} into "
                           "it to resume this one)")
+
+
+def chosen_tag(load_dir: str, tag: str | None) -> str:
+    """The checkpoint a read-only tool (to-hf, to-torch, fill_mask) reads from its --load and --tag:
+    `latest`'s without a --tag. A tag is a folder name of load_dir: one with a path in it ('../other/iter_N')
+    would read another run's checkpoint under this one's name."""
+    refuse_tag_folder(load_dir, tag_flag="--tag")
+    if tag is None:
+        return latest_tag(load_dir)
+    if tag in ("", ".", "..") or any(sep and sep in tag for sep in ("/", os.sep, os.altsep)):
+        raise ConfigError(f"--tag {tag} is not the name of a checkpoint folder of {load_dir}",
+                          f"pass the name of one of its iter_* folders{newest_hint(load_dir)}, and --load the "
+                          "--save directory holding it")
+    return tag
 
 
 def refuse_log_dir(folder: str, flag: str = "--load") -> None:

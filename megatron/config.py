@@ -42,7 +42,7 @@ from pathlib import Path
 from megatron.arguments import flag_setting
 from megatron.errors import ConfigError
 from megatron.hf_forms import export_note
-from megatron.paths import in_repository
+from megatron.paths import in_repository, repository_twin
 from megatron.model import attention
 from megatron.model.args import ROPE_THETA_FLOOR, BertConfig, preset_fields
 
@@ -154,14 +154,17 @@ def precision_description(ds_config: dict) -> str:
     return f"{precision(ds_config)} weights, {dtype} autocast"
 
 
-def read_ds_config(path) -> dict:
+def read_ds_config(path, given: str = "to --deepspeed_config") -> dict:
     """Reads a DeepSpeed JSON file strictly (strict_json_loads: no duplicate keys, no NaN / Infinity);
-    syntax errors name the line and column; the types and ranges are checked (check_deepspeed_types)."""
+    syntax errors name the line and column; the types and ranges are checked (check_deepspeed_types).
+    `given`: how the caller's user passes the file, for the fixes (a tool's own flag or argument)."""
     path = Path(path)
     if path.is_dir():
-        raise ConfigError(f"DeepSpeed config {path} is a directory", "pass the JSON file itself to --deepspeed_config")
+        raise ConfigError(f"DeepSpeed config {path} is a directory", f"pass the JSON file itself {given}")
     if not path.is_file():
-        raise ConfigError(f"DeepSpeed config {path} does not exist", "pass an existing JSON file to --deepspeed_config")
+        twin = repository_twin(path)
+        raise ConfigError(f"DeepSpeed config {path} does not exist", f"pass an existing JSON file {given}"
+                          + (f" (this repository has {twin}: pass that path from this folder)" if twin else ""))
     try:
         config = strict_json_loads(path.read_text(encoding="utf-8"), path)
     except json.JSONDecodeError as error:
@@ -170,7 +173,7 @@ def read_ds_config(path) -> dict:
     except (UnicodeDecodeError, OSError) as error:
         raise ConfigError(f"DeepSpeed config {path} cannot be read as UTF-8 text "
                           f"({getattr(error, 'strerror', None) or error.__class__.__name__})",
-                          "pass a readable JSON file to --deepspeed_config") from None
+                          f"pass a readable JSON file {given}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path} holds a JSON {type(config).__name__}, not an object", "wrap the settings in { }")
     check_deepspeed_types(config)
@@ -1265,12 +1268,14 @@ ADJUSTABLE_START_FIELDS = ("max_position_embeddings", "rotary_base", "local_rota
 def adjustable_start_fields(start: dict, from_hf: bool, resume: bool = False) -> tuple:
     """ADJUSTABLE_START_FIELDS for an HF folder, whose weights are converted (table extended, vocab
     padded again, head initialised); a weights-only checkpoint's are loaded as they are, so only the
-    fields that shape no weight: the rope thetas, the window, and the length where rope leaves no table.
-    A resume keeps the thetas and the window too (checkpoint.MODEL_FIELDS): only that length."""
+    fields that shape no weight: the rope thetas, the window, and the length where rope leaves no table,
+    and the vocab padding, whose rows no token reaches (padded again: hf_convert.repadded_vocab, as from
+    an HF folder). A resume keeps the thetas, the window and the padding too (checkpoint.MODEL_FIELDS):
+    only that length."""
     if from_hf:
         return ADJUSTABLE_START_FIELDS
     table_free = ("max_position_embeddings",) * (start.get("position_embedding_type") == "rope")
-    return table_free if resume else WEIGHTLESS_FIELDS + table_free
+    return table_free if resume else (*WEIGHTLESS_FIELDS, *table_free, "make_vocab_size_divisible_by")
 
 
 WEIGHTLESS_FIELDS = ("rotary_base", "local_rotary_base", "local_attention_window")  # of the model, shaping no weight

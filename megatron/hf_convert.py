@@ -473,18 +473,46 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, extend_positions: bool
         want[0] = config.vocab_size if ours in PADDED else want[0] // len(hf_names)
         for name, part in zip(hf_names, parts):
             check_shape(name, part, want, ours in PADDED)
-        tensor = torch.cat(parts)
-        extra = expected[ours].shape[0] - tensor.shape[0]
-        if ours == "embeddings.word_embeddings.weight":
-            tensor = torch.cat([tensor, tensor.new_zeros(extra, tensor.shape[1])])
-        elif ours == "lm_head.bias":
-            tensor = torch.cat([tensor, tensor.new_full((extra,), PADDED_VOCAB_BIAS)])
-        state[ours] = tensor
+        state[ours] = pad_vocab_rows(ours, torch.cat(parts), expected[ours].shape[0])
         used.update(hf_names)
-    ignored = sorted(set(tensors) - used)
-    if ignored:
-        warnings.warn(f"Hugging Face tensors ignored (not part of this model): {', '.join(ignored)}", stacklevel=2)
+    warn_ignored(sorted(set(tensors) - used), config)
     return state, sorted(set(expected) - set(state))
+
+
+LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")  # bert.encoder.layer.N.*, model.layers.N.*
+
+
+def warn_ignored(ignored: list, config: BertConfig) -> None:
+    """One warning naming the HF tensors this model does not use (a head it lacks, a pooler), as HF warns;
+    but layers beyond the config's num_hidden_layers are refused: a config.json edited to fewer layers
+    than its weights hold would drop the rest silently."""
+    beyond = [int(match.group(1)) for name in ignored if (match := LAYER_INDEX.search(name))
+              and int(match.group(1)) >= config.num_layers]
+    if beyond:
+        raise DataError(f"the Hugging Face config.json's num_hidden_layers {config.num_layers} leaves out layers of "
+                        f"its weights, which hold {max(beyond) + 1}", f"set num_hidden_layers to {max(beyond) + 1} in "
+                        "config.json")
+    if ignored:
+        warnings.warn(f"Hugging Face tensors ignored (not part of this model): {', '.join(ignored)}", stacklevel=3)
+
+
+def pad_vocab_rows(ours: str, tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """Our tensor `ours` with its vocab rows (PADDED) padded to `rows`: zero embeddings and an LM-head bias of
+    PADDED_VOCAB_BIAS (no probability); another tensor as it is."""
+    extra = rows - tensor.shape[0]
+    if ours == "embeddings.word_embeddings.weight":
+        return torch.cat([tensor, tensor.new_zeros(extra, tensor.shape[1])])
+    if ours == "lm_head.bias":
+        return torch.cat([tensor, tensor.new_full((extra,), PADDED_VOCAB_BIAS)])
+    return tensor
+
+
+def repadded_vocab(state: dict, config: BertConfig) -> dict:
+    """Weights of a checkpoint padded to another multiple (--make-vocab-size-divisible-by) for a new run
+    from them: the padding rows, which no token reaches, trimmed and added again as from a Hugging Face
+    folder, so that the flag is taken as --init-from-hf takes it. Weights of the run's padding stay as they are."""
+    return {name: pad_vocab_rows(name, tensor[:config.vocab_size], config.padded_vocab_size)
+            if name in PADDED and len(tensor) != config.padded_vocab_size else tensor for name, tensor in state.items()}
 
 
 def weight(name: str, tensor: torch.Tensor) -> torch.Tensor:

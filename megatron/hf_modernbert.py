@@ -85,12 +85,7 @@ def to_hf_tensor(ours: str, tensor: torch.Tensor, config: BertConfig) -> torch.T
 def from_hf_tensor(ours: str, tensor: torch.Tensor, config: BertConfig) -> torch.Tensor:
     """A ModernBERT tensor as our `ours`: the vocab padded to padded_vocab_size with zero embeddings and
     a decoder bias of PADDED_VOCAB_BIAS (no probability), as hf_convert does for BERT."""
-    extra = config.padded_vocab_size - config.vocab_size
-    if ours == "embeddings.word_embeddings.weight":
-        return torch.cat([tensor, tensor.new_zeros(extra, tensor.shape[1])])
-    if ours == "lm_head.bias":
-        return torch.cat([tensor, tensor.new_full((extra,), hf_convert.PADDED_VOCAB_BIAS)])
-    return tensor
+    return hf_convert.pad_vocab_rows(ours, tensor, config.padded_vocab_size)
 
 
 # ---------------------------------------------------------------- ours -> HF
@@ -294,9 +289,7 @@ def bert_state_from_hf(tensors: dict, config: BertConfig, decoder_bias: bool = T
         hf_convert.check_shape(hf, tensor, want, ours in hf_convert.PADDED)
         state[ours] = from_hf_tensor(ours, tensor, config)
         used.add(hf)
-    ignored = sorted(set(tensors) - used)
-    if ignored:
-        warnings.warn(f"Hugging Face tensors ignored (not part of this model): {', '.join(ignored)}", stacklevel=2)
+    hf_convert.warn_ignored(sorted(set(tensors) - used), config)
     return state, sorted(set(expected) - set(state))
 
 

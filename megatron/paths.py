@@ -26,6 +26,14 @@ def in_repository(name: str) -> str:
     return name if here == REPOSITORY else str(REPOSITORY / name)
 
 
+def repository_twin(path) -> str | None:
+    """This repository's file at a relative `path` missing from the user's folder (the README's
+    `ds_configs/ring_sp2.json`, run from another folder), for a hint naming it; None otherwise."""
+    path = Path(path)
+    twin = REPOSITORY / path
+    return str(twin) if not path.is_absolute() and not path.exists() and twin.is_file() else None
+
+
 def file_in_the_way(flag: str, path: str) -> str | None:
     """Why `path` cannot become a folder when the cause is not a permission: a file in its place or
     on its path."""

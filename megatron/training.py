@@ -1447,8 +1447,10 @@ def initial_weights(args, config, weights_only: bool) -> dict | None:
     if not weights_only:
         checkpoint.check_same_model(stored, config.model, checkpoint.checkpoint_folder(args.load, tag))
         return None
-    fresh, dropped = checkpoint.check_model_shapes(stored, config.model, os.path.join(args.load, tag), start=True)
-    state = checkpoint.bert_state_from_checkpoint(args.load, tag)
+    padding = {"make_vocab_size_divisible_by": config.model.make_vocab_size_divisible_by}  # the run's: padded again
+    fresh, dropped = checkpoint.check_model_shapes({**stored, **padding}, config.model, os.path.join(args.load, tag),
+                                                   start=True)
+    state = hf_convert.repadded_vocab(checkpoint.bert_state_from_checkpoint(args.load, tag), config.model)
     checkpoint.refuse_non_finite(state, f"checkpoint {os.path.join(args.load, tag)}",
                                  "start from another checkpoint (an earlier one of the run that wrote it)")
     for name in dropped:

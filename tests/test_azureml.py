@@ -133,6 +133,15 @@ def test_missing_ds_config_is_one_line(tmp_path):
     assert not (tmp_path / "job.yml").exists() and not (tmp_path / "job_environment").exists()
 
 
+def test_a_flag_mistake_is_one_line_without_the_usage_block(capsys):
+    """`--env NCCL_DEBUG` (no =VALUE) printed argparse's ten-line usage block before the line, unlike
+    every other tool."""
+    with pytest.raises(SystemExit, match="^2$"):
+        load_submit_module().main(["--data", "x", "--env", "NCCL_DEBUG"])
+    assert capsys.readouterr().err.splitlines() == [
+        "submit.py: error: argument --env: 'NCCL_DEBUG' is not KEY=VALUE; see submit.py --help"]
+
+
 def test_hf_tokenizer_data_goes_as_tokenizer_file_and_names_are_quoted(tmp_path):
     """Data made with a Hugging Face tokenizer.json passes (the trainer reads it with --tokenizer-file,
     not --vocab-file); --data-prefix and --vocab reach the node's shell as one word each."""

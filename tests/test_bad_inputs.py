@@ -409,6 +409,25 @@ CASES = [
     Case("checkpoint_convert_missing", "convert", ["to-hf", "--load", "{tmp}/none", "--vocab-file", "{vocab}",
                                                    "--output", "{tmp}/hf"],
          ("no checkpoint in", "none", "point --load at a directory written by --save")),
+    # one iter_* folder of a --save directory given to a read-only tool: its --tag, never an edit of `latest`
+    # (which would roll the next resume of that run back); a --tag with a path would read another run's
+    Case("checkpoint_to_hf_load_is_one_iter_folder", "convert", ["to-hf", "--load", "{tmp}/run/iter_0000002",
+                                                                 "--output", "{tmp}/hf"],
+         ("run/iter_0000002 is one checkpoint of the --save directory", "/run --tag iter_0000002"),
+         files={"run/latest": "iter_0000002", "run/iter_0000002/run_state.json": "{}"}),
+    Case("checkpoint_to_torch_load_is_one_iter_folder", "convert", ["to-torch", "--load", "{tmp}/run/iter_0000002",
+                                                                    "--output", "{tmp}/bert.pt"],
+         ("run/iter_0000002 is one checkpoint of the --save directory", "/run --tag iter_0000002"),
+         files={"run/latest": "iter_0000002", "run/iter_0000002/run_state.json": "{}"}),
+    Case("fill_mask_load_is_one_iter_folder", "fill_mask", ["--load", "{tmp}/run/iter_0000002", "--text", "a [MASK]"],
+         ("run/iter_0000002 is one checkpoint of the --save directory", "; pass --load ", "/run --tag iter_0000002"),
+         files={"run/latest": "iter_0000002", "run/iter_0000002/run_state.json": "{}"}),
+    Case("checkpoint_to_hf_tag_with_a_path", "convert", ["to-hf", "--load", "{tmp}/run", "--tag",
+                                                         "../other/iter_0000002", "--output", "{tmp}/hf"],
+         ("--tag ../other/iter_0000002 is not the name of a checkpoint folder of", "pass the name of one of its "
+          "iter_* folders"), files={"run/latest": "iter_0000002", "other/iter_0000002/run_state.json": "{}"}),
+    Case("fill_mask_tag_dot_dot", "fill_mask", ["--load", "{tmp}/run", "--tag", "..", "--text", "a [MASK]"],
+         ("--tag .. is not the name of a checkpoint folder of",), files={"run/latest": "iter_0000002"}),
     # ---- silent accepts: non-finite JSON, options the run would not read (more in CONFIG_MISTAKES, in-process)
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_nan_gradient_clipping",
              files={"ds.json": '{"train_micro_batch_size_per_gpu": 2, "gradient_clipping": NaN}'},
@@ -422,6 +441,11 @@ CASES = [
     Case("hf_missing_encoder_tensor", "convert", ["from-hf", "--hf-dir", "{tmp}/hf", "--save", "{tmp}/ckpt"],
          ("lacks 1 tensor(s) of the model", MISSING_KEY, "copy or download the model folder again"),
          setup=lambda tmp, assets: hf_folder(tmp, assets, without=(MISSING_KEY,))),
+    # a config.json edited to fewer layers than its weights hold: the rest were dropped with a warning
+    Case("hf_config_fewer_layers_than_weights", "convert", ["from-hf", "--hf-dir", "{tmp}/hf", "--save", "{tmp}/ckpt"],
+         ("config.json's num_hidden_layers 1 leaves out layers of its weights, which hold 2",
+          "set num_hidden_layers to 2 in config.json"),
+         setup=lambda tmp, assets: hf_folder(tmp, assets, config_changes={"num_hidden_layers": 1})),
     # ---- without the launcher: one process, and its errors one line (not `No module named 'mpi4py'`)
     Case("launch_none_option_of_another_variant", "pretrain", [*PRETRAIN, "--attention", "ring", "--linformer-k", "16"],
          ("--linformer-k is set but attention is 'ring'", "set attention 'linformer' or drop --linformer-k"),

@@ -17,6 +17,13 @@ def check(*argv) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
+def load_tool():
+    spec = importlib.util.spec_from_file_location("check_hostfile", ROOT / "tools" / "check_hostfile.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
 def test_what_follows_the_slots_is_ignored_as_deepspeed_does(tmp_path):
     """`slots=8#c` and `slots=8 gpus=0,1` were refused as "not '<host> slots=<gpus>'"."""
     hostfile = tmp_path / "hostfile"
@@ -49,6 +56,16 @@ def test_slots_are_checked_against_the_ranks_per_node(tmp_path):
     assert script.returncode == 2 and "PROCS 8 ranks per node" in script.stderr, script.stderr[-2000:]
 
 
+def test_a_host_listed_twice_in_another_case_is_refused(tmp_path):
+    """`worker-1` and `WORKER-1` passed as two hosts: host names are case-insensitive (DNS), so it is
+    one machine given twice the ranks of one."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-1 slots=2\nWORKER-1 slots=2\n")
+    with pytest.raises(load_tool().ConfigError, match=f"^hostfile {hostfile} lists WORKER-1 twice \\(line 2\\) \\(as worker-1 "
+                                        "before\\); list each machine once$"):
+        load_tool().read_hostfile(hostfile)
+
+
 def test_ranks_per_node_below_one_is_refused(tmp_path):
     """--ranks-per-node 0 (or -3) passed every hostfile."""
     hostfile = tmp_path / "hostfile"
@@ -60,9 +77,7 @@ def test_ranks_per_node_below_one_is_refused(tmp_path):
 
 def test_a_host_key_not_yet_accepted_is_named_as_such(monkeypatch):
     """BatchMode ssh cannot accept a new host key; 'set up ssh keys' was the wrong advice for it."""
-    spec = importlib.util.spec_from_file_location("check_hostfile", ROOT / "tools" / "check_hostfile.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool()
     refused = subprocess.CompletedProcess([], 255, "", "Host key verification failed.\n")
     monkeypatch.setattr(tool.subprocess, "run", lambda *args, **kwargs: refused)
     with pytest.raises(tool.ConfigError, match="run `ssh worker-1` once to accept its host key, or run"):

@@ -139,7 +139,8 @@ def test_command_line_error_is_one_line(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [f"ds_config.py: error: DeepSpeed config {tmp_path / 'no.json'} does not "
-                                          "exist; pass an existing JSON file to --deepspeed_config"]
+                                          "exist; pass an existing JSON file as the config argument of ds_config.py "
+                                          "show"]  # not "to --deepspeed_config", a flag this tool has not
 
 
 def test_validate_refuses_a_json_the_trainer_refuses(capsys, tmp_path):
@@ -354,4 +355,19 @@ def test_set_refuses_an_empty_or_space_padded_key(capsys, config, assignment):
 def test_a_directory_is_not_called_missing(capsys, tmp_path):
     """a folder passed as CONFIG (or --deepspeed_config) was said not to exist."""
     code, _, err = run(capsys, "show", tmp_path)
-    assert code == 2 and f"DeepSpeed config {tmp_path} is a directory; pass the JSON file itself" in err, err
+    assert code == 2 and err.endswith(f"DeepSpeed config {tmp_path} is a directory; pass the JSON file itself as the "
+                                      "config argument of ds_config.py show\n"), err
+    code, _, err = run(capsys, "diff", RING, tmp_path / "missing.json")  # the second file: named as such
+    assert code == 2 and err.endswith("pass an existing JSON file as the other argument of ds_config.py diff\n"), err
+
+
+def test_a_repository_path_given_from_another_folder_is_named(capsys, tmp_path, monkeypatch):
+    """The README's `ds_configs/ring_sp2.json`, run from another folder: "does not exist" alone left the
+    user to find that the path is relative to the repository."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, "validate", "ds_configs/ring_sp2.json", "--world-size", 2)
+    assert code == 2 and err.endswith(f"(this repository has {ROOT / 'ds_configs' / 'ring_sp2.json'}: pass that path "
+                                      "from this folder)\n"), err
+    with pytest.raises(ds_config.ConfigError, match="^DeepSpeed config ds_configs/ring_sp2.json does not exist; pass an existing "
+                                          "JSON file to --deepspeed_config \\(this repository has "):
+        ds_config.read_ds_config("ds_configs/ring_sp2.json")  # the trainer's reader: its own flag

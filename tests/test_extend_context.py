@@ -260,6 +260,11 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
             ([*hf, "--save", save, "--num-gpus", "4", "--sequence-parallel-size", "4", "--deepspeed-config",
               str(pipeline)], "--sequence-parallel-size 4 x the JSON's 2 pipeline stages does not divide the 4 ranks; "
              "pass --num-gpus a multiple of 8, or a --sequence-parallel-size that divides 2"),
+            # the pipeline given after -- is the run's as the JSON's is: in this tool's options, not the trainer's
+            # "launch a multiple of sp*pp processes" about an SP size the user never set
+            ([*hf, "--save", save, "--num-gpus", "3", "--", "--train-iters", "1", "--pipeline-model-parallel-size",
+              "2"], "the 2 pipeline stages of --pipeline-model-parallel-size after -- do not divide the 3 ranks; pass "
+             "--num-gpus a multiple of 2"),
             ([*hf, "--save", save, "--deepspeed-config", str(tmp_path / "missing.json")],
              "pass an existing JSON file to --deepspeed-config"),
             # the JSON's hybrid attention against --attention ring, or without the group size the tool passes
@@ -300,6 +305,11 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
     piped = [*hf, "--save", save, "--deepspeed-config", str(pipeline), "--", "--train-iters", "1"]
     assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *piped])) == 0
     assert "--num_gpus 4 " in capsys.readouterr().out
+    for argv in ([*hf, "--save", save, "--", "--train-iters", "1", "--pipeline-model-parallel-size", "2"],
+                 [*hf, "--save", save, "--num-gpus", "4", "--", "--train-iters", "1", "--pipeline-model-parallel-size",
+                  "2"]):  # the same from the flag after --: SP is the ranks per stage, not all of them
+        command, _ = dry_run(capsys, *argv)
+        assert "--num_gpus 4 " in command and "--sequence-parallel-size 2 " in command
 
 
 def dry_run(capsys, *argv) -> tuple[str, list]:

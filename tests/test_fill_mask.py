@@ -34,7 +34,8 @@ def test_prints_the_models_top_predictions(tmp_path):
     tokenizer = build_tokenizer("BertWordPieceLowerCase", vocab_file)
     text = "[MASK] b [MASK]"
     expected = fill_mask(load_model(str(tmp_path / "ckpt")), tokenizer, text, top_k=3)
-    result = run_tool("--load", str(tmp_path / "ckpt"), "--vocab-file", str(vocab_file), "--text", text, "--top-k", "3")
+    result = run_tool("--load", str(tmp_path / "ckpt"), "--tag", "iter_0000000", "--vocab-file", str(vocab_file),
+                      "--text", text, "--top-k", "3")  # --tag: one checkpoint of a --save directory, as to-hf
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     lines = lines[lines.index(text):]  # (DeepSpeed may print its accelerator line first)

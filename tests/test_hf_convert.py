@@ -11,7 +11,7 @@ import transformers
 
 from bert_fixtures import VOCAB, padded_batch
 from megatron import hf_convert
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 
 ATOL = 1e-5
@@ -173,6 +173,21 @@ def test_mismatches_name_the_setting_or_tensor(tmp_path):
         hf_convert.bert_state_from_hf(tensors, our_config("bert", ffn_hidden_size=48))
     with pytest.raises(ConfigError, match="hidden_act 'relu' differs"):
         hf_convert.bert_fields_from_hf({**HF_CLASSES["bert"][0](**HF_SIZES).to_dict(), "hidden_act": "relu"})
+
+
+def test_layers_beyond_the_configs_are_refused_other_unused_tensors_named_in_a_warning(recwarn):
+    """A config.json edited to fewer layers than its weights hold converted with a warning and the
+    layers dropped; a head the model lacks stays a warning (as HF's). BERT's and ModernBERT's names."""
+    config = our_config("bert", num_layers=2)
+    for names in (["bert.encoder.layer.2.output.dense.weight", "bert.encoder.layer.3.output.dense.bias"],
+                  ["model.layers.2.attn.Wo.weight", "model.layers.3.mlp.Wi.weight"]):
+        with pytest.raises(DataError, match="^the Hugging Face config.json's num_hidden_layers 2 leaves out layers of "
+                                            "its weights, which hold 4; set num_hidden_layers to 4 in config.json$"):
+            hf_convert.warn_ignored(sorted(["cls.seq_relationship.bias", *names]), config)
+    assert not recwarn.list
+    hf_convert.warn_ignored(["bert.pooler.dense.weight", "classifier.weight"], config)
+    assert [str(warning.message) for warning in recwarn.list] == [
+        "Hugging Face tensors ignored (not part of this model): bert.pooler.dense.weight, classifier.weight"]
 
 
 def test_export_refuses_what_hf_cannot_hold(tmp_path, vocab_file):

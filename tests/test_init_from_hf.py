@@ -10,7 +10,7 @@ import torch
 
 from megatron import checkpoint, hf_convert, training
 from megatron.errors import DataError
-from megatron.model.bert import BertConfig
+from megatron.model.bert import BertConfig, BertModel
 from test_convert_checkpoint import convert
 from test_hf_convert import hf_model, write_vocab_file
 from test_training import TINY, data_dir, run_entry_point  # noqa: F401 (data_dir is a fixture)
@@ -386,6 +386,26 @@ def test_weights_with_nan_are_refused_naming_the_tensor(tmp_path):
     done = convert("from-hf", "--hf-dir", folder, "--save", tmp_path / "converted")
     assert done.returncode == 2 and "bert.embeddings.word_embeddings.weight" in done.stderr.splitlines()[-1]
     assert not (tmp_path / "converted").exists()
+
+
+def test_a_start_from_weights_pads_the_vocab_to_the_runs_multiple(tmp_path):
+    """--make-vocab-size-divisible-by with a weights-only --load was refused ("the weights fix it") while
+    --init-from-hf of the same folder took it: the padding rows, which no token reaches, are padded again
+    as from an HF folder (zero embeddings, a bias of no probability); the vocab's own rows stay."""
+    from bert_fixtures import small_config, small_model
+
+    config = small_config("dense", vocab_size=97, make_vocab_size_divisible_by=16)  # 112 rows
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
+    wider = small_config("dense", vocab_size=97, make_vocab_size_divisible_by=100)  # 100 rows
+    state = training.initial_weights(argparse.Namespace(init_from_hf=None, load=str(tmp_path / "ck")),
+                                     argparse.Namespace(model=wider), weights_only=True)
+    stored = checkpoint.bert_state_from_checkpoint(str(tmp_path / "ck"))
+    embeddings, bias = state["embeddings.word_embeddings.weight"], state["lm_head.bias"]
+    assert embeddings.shape == (100, config.hidden_size) and bias.shape == (100,)
+    assert torch.equal(embeddings[:97], stored["embeddings.word_embeddings.weight"][:97])
+    assert torch.equal(bias[:97], stored["lm_head.bias"][:97])
+    assert not embeddings[97:].any() and (bias[97:] == hf_convert.PADDED_VOCAB_BIAS).all()
+    BertModel(wider).load_state_dict(state)  # every tensor of the run's model, in its shape
 
 
 def test_local_layers_added_to_weights_trained_all_global_are_a_warning(tmp_path, capsys):

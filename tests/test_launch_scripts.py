@@ -220,7 +220,15 @@ def dry_run(script: str, run_dir: Path, *arguments, **env) -> tuple:
     ("bert_distributed_linformer.sh", ["--linformer-k", "16"], "--linformer-k after the positional arguments would "
                                                                "override LINFORMER_K = 32"),
     ("bert_distributed.sh", ["--dry-run"], "--dry-run after the positional arguments would go to pretrain_bert.py and "
-                                           "launch; set DRY_RUN=1")])
+                                           "launch; set DRY_RUN=1"),
+    # the deepspeed launcher's flags: pretrain_bert.py refused them on every node after the launch
+    ("bert_distributed.sh", ["--include", "localhost"], "--include is a flag of the deepspeed launcher, which "
+                                                        "bert_distributed.sh calls for you (after the positional "
+                                                        "arguments it would go to pretrain_bert.py); list only the "
+                                                        "hosts to use in HOSTFILE"),
+    ("bert_distributed.sh", ["--master_port=29501"], "--master_port is a flag of the deepspeed launcher, which "
+                                                     "bert_distributed.sh calls for you (after the positional arguments "
+                                                     "it would go to pretrain_bert.py); set MASTER_PORT")])
 def test_flags_the_positionals_fix_are_refused(tmp_path, script, flags, message):
     """They trained silently with settings other than the JSON in RUN_DIR that the script had validated
     (a late --dry-run launched for real, then failed in the trainer)."""
@@ -229,6 +237,19 @@ def test_flags_the_positionals_fix_are_refused(tmp_path, script, flags, message)
                             env=launch_env(tmp_path, DRY_RUN="1"), capture_output=True, text=True, timeout=60)
     lines = result.stderr.splitlines()
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"{script}: error: {message}"), lines
+
+
+@pytest.mark.parametrize("flags,message", [(["--bogus-flag", "3"], "unrecognized arguments: --bogus-flag 3"),
+                                           (["--train-iters", "abc"], "argument --train-iters: invalid int value")])
+def test_a_dry_run_parses_the_trainers_flags(tmp_path, flags, message):
+    """An unknown or mistyped flag passed the dry run (docs/launching.md's check before a multi-node
+    launch) and failed only after the launch, on every node: the dry run runs the trainer's parser."""
+    result = subprocess.run([str(SCRIPTS / "bert_distributed.sh"), "2", *LAYOUT, *SHAPE, *flags],
+                            env=launch_env(tmp_path, DRY_RUN="1"), capture_output=True, text=True, timeout=120)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"pretrain_bert.py: error: {message}")
+    assert "{" not in result.stdout  # refused before the JSON is printed
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
 def test_flags_beside_the_fixed_ones_pass(tmp_path):

@@ -54,8 +54,10 @@ def read_hostfile(path) -> dict:
         if not match:
             raise ConfigError(f"hostfile {path} line {number} {text!r} is not '<host> slots=<gpus>'", FORMAT)
         host, slots = match.group(1), int(match.group(2))
-        if host in hosts:
-            raise ConfigError(f"hostfile {path} lists {host} twice (line {number})", "list each machine once")
+        same = next((listed for listed in hosts if listed.lower() == host.lower()), None)  # DNS ignores case
+        if same is not None:
+            spelled = "" if same == host else f" (as {same} before)"
+            raise ConfigError(f"hostfile {path} lists {host} twice (line {number}){spelled}", "list each machine once")
         if slots < 1:
             raise ConfigError(f"hostfile {path} line {number} gives {host} slots=0", "give each machine slots >= 1")
         hosts[host] = slots

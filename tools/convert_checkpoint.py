@@ -31,14 +31,14 @@ with start_up_stops_in_one_line("convert_checkpoint.py"):  # Ctrl-C during the s
     from megatron import hf_convert
     import torch
     from megatron.checkpoint import (PARTIAL, attention_change, bert_state_from_checkpoint, checkpoint_folder,
-                                     declared_positions, latest_tag, stored_config)
+                                     chosen_tag, declared_positions, stored_config)
     from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits, checkpoint_tokenizer
     from megatron.model.bert import BertConfig
     from megatron.paths import save_into_weights_folder
 
 
 def to_hf(args) -> None:
-    tag = args.tag or latest_tag(args.load)
+    tag = chosen_tag(args.load, args.tag)
     stored = stored_config(args.load, tag)["model"]
     config = BertConfig(**{**stored, "max_position_embeddings": declared_positions(args.load, tag)})
     tokenizer = checkpoint_tokenizer(args, checkpoint_folder(args.load, tag))
@@ -66,7 +66,7 @@ def to_hf(args) -> None:
 def to_torch(args) -> None:
     if os.path.lexists(args.output):
         raise ConfigError(f"--output {args.output} exists", "choose another --output, or remove it")
-    state = bert_state_from_checkpoint(args.load, args.tag or latest_tag(args.load))
+    state = bert_state_from_checkpoint(args.load, chosen_tag(args.load, args.tag))
     staged = f"{args.output}{PARTIAL}"
     try:  # no half-written file under the name asked for
         torch.save(state, staged)

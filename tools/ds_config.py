@@ -180,13 +180,19 @@ def flatten(value, prefix: str = "") -> dict:
     return {prefix: value}
 
 
+def read_config(args, argument: str = "config") -> dict:
+    """The JSON of this command's `argument`, its fixes naming that argument (this tool has no
+    --deepspeed_config, whose name the shared reader's fixes give)."""
+    return read_ds_config(getattr(args, argument), f"as the {argument} argument of ds_config.py {args.command}")
+
+
 def show(args) -> int:
-    print(json.dumps(resolved(read_ds_config(args.config), args, notes=True), indent=2, allow_nan=False))
+    print(json.dumps(resolved(read_config(args), args, notes=True), indent=2, allow_nan=False))
     return 0
 
 
 def set_keys(args) -> int:
-    ds_config = read_ds_config(args.config)
+    ds_config = read_config(args)
     for assignment in args.assignments:
         assign(ds_config, assignment)
     derived = derive_untouched_batch_key(ds_config, {text.partition("=")[0] for text in args.assignments})
@@ -205,7 +211,7 @@ def set_keys(args) -> int:
 
 
 def validate(args) -> int:
-    config = resolved(read_ds_config(args.config), args, notes=True)
+    config = resolved(read_config(args), args, notes=True)
     print(f"{args.config}: valid at world size {config['world_size']}: pipeline {config['pipeline_parallel_size']} "
           f"x data {config['data_parallel_size']} x sequence {config['sequence_parallel_size']}, global batch "
           f"{config['global_batch_size']} = micro {config['micro_batch_size']} x grad-acc "
@@ -225,7 +231,7 @@ def _hybrid_layout(config: dict) -> str:
 
 
 def diff(args) -> int:
-    first, second = (flatten(read_ds_config(path)) for path in (args.config, args.other))
+    first, second = (flatten(read_config(args, name)) for name in ("config", "other"))
 
     def text(values: dict, key: str) -> str:  # JSON text: true and 1 differ
         return json.dumps(values[key]) if key in values else "(absent)"

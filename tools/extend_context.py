@@ -175,8 +175,21 @@ def check(args, fields: dict, kind: str) -> float:
     return factor
 
 
-def ranks(args, stages: int) -> tuple[int, int, bool]:
-    """(ranks on this machine, ranks per sequence, on CPU) for `stages` pipeline stages (the JSON's),
+def pipeline_stages(args, ds: dict) -> tuple[int, str]:
+    """(the run's pipeline stages, them named for a message), as the trainer resolves them: a
+    --pipeline-model-parallel-size after `--` over the JSON's pipeline.stages."""
+    given = trainer_parser().parse_args(args.pretrain_args).pipeline_model_parallel_size
+    if given is not None and given < 1:
+        raise ConfigError(f"--pipeline-model-parallel-size {given} after -- must be >= 1",
+                          "pass 1 or more, or drop it (the --deepspeed-config's pipeline.stages then)")
+    if given:
+        return given, f"the {given} pipeline stages of --pipeline-model-parallel-size after --"
+    stages = json_pipeline_stages(ds)
+    return stages, f"the JSON's {stages} pipeline stages"
+
+
+def ranks(args, stages: int, named: str) -> tuple[int, int, bool]:
+    """(ranks on this machine, ranks per sequence, on CPU) for `stages` pipeline stages (`named` so),
     checked here in this tool's flag names (the trainer would name its own, after the launcher has
     started). Without GPUs or --num-gpus: one sequence-parallel group per stage."""
     import torch
@@ -190,11 +203,11 @@ def ranks(args, stages: int) -> tuple[int, int, bool]:
     gpus = torch.cuda.device_count()
     world = args.num_gpus or gpus or (args.sequence_parallel_size or 2) * stages
     if world % stages:
-        raise ConfigError(f"the JSON's {stages} pipeline stages do not divide the {world} ranks",
+        raise ConfigError(f"{named} do not divide the {world} ranks",
                           f"pass --num-gpus a multiple of {stages}")
     sequence = args.sequence_parallel_size or world // stages
     if world % (sequence * stages):
-        pipeline = f" x the JSON's {stages} pipeline stages" if stages > 1 else ""
+        pipeline = f" x {named}" if stages > 1 else ""
         raise ConfigError(f"--sequence-parallel-size {sequence}{pipeline} does not divide the {world} ranks",
                           f"pass --num-gpus a multiple of {sequence * stages}, or a --sequence-parallel-size that "
                           f"divides {world // stages}")
@@ -210,10 +223,7 @@ def check_paths(args) -> dict:
         raise ConfigError("--save is the --from folder", "choose another --save")
     if Path(args.save).exists() and not Path(args.save).is_dir():
         raise ConfigError(f"--save {args.save} is a file", "pass a folder (a new one, or the --save of this run)")
-    try:
-        ds = read_ds_config(args.deepspeed_config)
-    except ConfigError as error:  # its fixes name the trainer's flag
-        raise ConfigError(error.problem, error.fix.replace("--deepspeed_config", "--deepspeed-config")) from None
+    ds = read_ds_config(args.deepspeed_config, "to --deepspeed-config")
     section = ds.get(SECTION) if isinstance(ds.get(SECTION), dict) else {}
     # a variant the JSON names or sets up that this tool does not run: refused, not replaced by its default
     # (the trainer would say "set attention ...", which this tool overrides)
@@ -384,8 +394,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     ds = check_paths(args)
     take_attention(args, ds)
-    stages = json_pipeline_stages(ds)
-    world, sequence, on_cpu = ranks(args, stages)
+    world, sequence, on_cpu = ranks(args, *pipeline_stages(args, ds))
     fields, kind = source_model(args.source)
     factor = check(args, fields, kind)
     theta = args.rotary_base or default_theta(fields, factor)

@@ -23,7 +23,7 @@ with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of
     quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     import torch
 
-    from megatron.checkpoint import (LATEST, bert_state_from_checkpoint, checkpoint_folder, latest_tag, run_state,
+    from megatron.checkpoint import (LATEST, bert_state_from_checkpoint, checkpoint_folder, chosen_tag, run_state,
                                      stored_config)
     from megatron.data.batch import BertBatch
     from megatron.data.tokenizer import (SPECIAL_NAMES, HFTokenizer, add_tokenizer_flags, check_fits,
@@ -109,8 +109,9 @@ def check_utf8(text: str) -> None:
                           "pass the text in UTF-8 (set the terminal or the script file to UTF-8)") from None
 
 
-def load_model(load_dir: str) -> BertModel:
-    tag = latest_tag(load_dir)
+def load_model(load_dir: str, tag: str | None = None) -> BertModel:
+    """The checkpoint's model (`tag`, default `latest`'s) in one process."""
+    tag = chosen_tag(load_dir, tag)
     model = BertModel(BertConfig(**stored_config(load_dir, tag)["model"]))  # the saved attention, at SP = 1
     model.load_state_dict(bert_state_from_checkpoint(load_dir, tag))
     return model.eval()
@@ -119,7 +120,8 @@ def load_model(load_dir: str) -> BertModel:
 def main(argv=None) -> None:
     parser = OneLineParser(prog="fill_mask.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--load", required=True, help="checkpoint directory (its 'latest' tag)")
+    parser.add_argument("--load", required=True, help="checkpoint directory (written by --save)")
+    parser.add_argument("--tag", help="checkpoint tag, e.g. iter_0001000 (default: the one in 'latest')")
     parser.add_argument("--text", action="append", required=True,
                         help=f"a sentence with one or more {MASK}; repeat the flag for several")
     add_tokenizer_flags(parser, "vocab.txt of the run (default: the one the checkpoint carries, else "
@@ -135,7 +137,7 @@ def main(argv=None) -> None:
                           f"convert it first: python {in_repository('tools/convert_checkpoint.py')} from-hf "
                           f"--hf-dir {args.load} "
                           "--save DIR, then pass --load DIR")
-    tag = latest_tag(args.load)
+    tag = chosen_tag(args.load, args.tag)
     # the embedded corpus' vocab, where it exists, for a trained checkpoint saved before checkpoints carried
     # their tokenizer; a converted one (weights-only) was never trained on it
     default = Path(DEFAULT_VOCAB).is_file() and not run_state(args.load, tag).get("weights_only")
@@ -143,7 +145,7 @@ def main(argv=None) -> None:
     if args.top_k > tokenizer.vocab_size:
         raise ConfigError(f"--top-k {args.top_k} exceeds the {tokenizer.vocab_size} tokens of the vocab",
                           f"pass --top-k at most {tokenizer.vocab_size}")
-    model = load_model(args.load)
+    model = load_model(args.load, tag)
     check_fits(tokenizer, model.config.vocab_size)
     results = [(text, fill_mask(model, tokenizer, text, args.top_k)) for text in args.text]  # all checked, then printed
     untrained = untrained_warning(args.load, tag, "lm_head.")
