@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import ConfigError, OneLineParser, start_up_stops_in_one_line
+from megatron.errors import ConfigError, start_up_stops_in_one_line
 from megatron.quiet import quiet_deepspeed
 
 # Before DeepSpeed's first import (megatron.engine's, below): no accelerator warning on stdout ahead of
@@ -46,7 +46,7 @@ from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
 from megatron.parallel.grads import allreduce_sequence_parallel_grads
 from megatron.parallel.spawn import run_on_ranks
-from results import machine, positive, write_section
+from results import BenchmarkParser, machine, positive, save_plot, write_section
 
 HEADS, HEAD_DIM = 4, 32
 NAIVE_MAX_SEQ = 8192  # the naive baseline needs ~3 x 4 * heads * s^2 bytes
@@ -280,11 +280,11 @@ def plot(all_results: dict) -> None:
         mem_ax.legend(fontsize=7, ncol=2)
     fig.suptitle("One forward+backward, fp32, CPU (SP ranks: processes over gloo, 1 thread each)")
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=100)
+    save_plot(fig, PLOT)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchmarkParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[1024, 2048, 4096, 8192, 16384],
                         help=LENGTHS_HELP)
     parser.add_argument("--bert-seq-lengths", type=positive(int), nargs="+", default=[2048, 4096, 8192, 16384],

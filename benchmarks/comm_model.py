@@ -21,7 +21,7 @@ and backward; tests/test_hybrid.py checks measure == model.
 RESULTS.md for the sources): the ring's exchange of step t+1 overlaps block t's compute, so only
 max(0, comm - compute) per step is exposed; the all-to-alls are not overlapped.
 
-    .venv/bin/python benchmarks/comm_model.py          # measures on 4 and 6 CPU ranks, writes RESULTS.md
+    .venv/bin/python benchmarks/comm_model.py --write  # measures on 4 and 6 CPU ranks, writes RESULTS.md
 """
 import argparse
 import contextlib
@@ -31,10 +31,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from results import machine, positive, write_section
+from results import BenchmarkParser, machine, positive, write_section
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 IDS = 8  # int64 segment ids
@@ -198,7 +197,7 @@ def _measure_on_rank(variants, P, U, b, s, heads, d):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchmarkParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-length", type=positive(int), default=1000,
                         help="tokens per sample (P need not divide it)")
     return parser.parse_args(argv)

@@ -10,7 +10,7 @@
 #                                       there (benchmarks/gpu_image_packages.txt), PyPI is not; installs
 #                                       the wheels with pip --no-index, builds the data helpers, runs the
 #                                       steps below (all by default) and writes their sections of
-#                                       benchmarks/RESULTS.md
+#                                       benchmarks/RESULTS.md (it passes the benchmarks --write)
 #   --budget-s=N                        the whole run's seconds (default 540, or $GPU_CHECK_BUDGET_S)
 #   --dry-run                           prints either half's commands and result paths, runs nothing
 #                                       (tests/test_gpu_check.py checks them on CPU: every module the
@@ -243,7 +243,7 @@ fi
 # --- the checks ---------------------------------------------------------------------------------
 wanted cuda-tests && step cuda-tests "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_path.py
 
-wanted kernels && step kernels "$PY" benchmarks/gpu_kernels.py --seq 1024
+wanted kernels && step kernels "$PY" benchmarks/gpu_kernels.py --seq 1024 --write
 
 bf16_zero1_json() {  # bf16_zero1_json PATH MICRO SEQUENCE_PARALLEL: the trainer steps' JSON (bf16, ZeRO 1, 1 rank)
     cat > "$1" <<EOF
@@ -281,25 +281,25 @@ if wanted trainer; then
         --default-data-dir "$DATA" --log-dir "$WORK/modern_run"
     # --deterministic repeats a run bit for bit, and a resume from its halfway checkpoint continues it
     step repeat "$PY" benchmarks/gpu_repeat.py --deepspeed-config "$WORK/ds_bf16_zero1.json" --data "$DATA" \
-        --work "$WORK"
+        --work "$WORK" --write
 fi
 
 # ModernBERT-base (our modern layers: halo local layers, dense global ones) against transformers'
 # ModernBertForMaskedLM (SDPA: local layers as masked s x s attention), bf16, one long sample per step
 wanted modern && step modern "$PY" benchmarks/modern.py --seq-lengths 1024 4096 16384 --repeats 3 --long-repeats 2 \
-    --max-step-seconds 15 --halo-sizes 2
+    --max-step-seconds 15 --halo-sizes 2 --write
 
 if wanted train-step; then
     for shape in base large; do
         step "train-step-$shape" "$PY" benchmarks/train_step.py --shape "$shape" --seq-lengths 512 2048 \
-            --contestants ours hf ring --tokens-per-step 16384 --repeats 5 --warmup 2 --no-extras
+            --contestants ours hf ring --tokens-per-step 16384 --repeats 5 --warmup 2 --no-extras --write
     done
 fi
 
 if wanted longest; then
     # its own search budget leaves 30 s of the share for starting up and writing its section
     share_of longest
-    step longest "$PY" benchmarks/gpu_longest.py --start 16384 --step 8192 --budget-s $(( SHARE > 60 ? SHARE - 30 : SHARE / 2 ))
+    step longest "$PY" benchmarks/gpu_longest.py --start 16384 --step 8192 --budget-s $(( SHARE > 60 ? SHARE - 30 : SHARE / 2 )) --write
 fi
 
 # --- the summary section of RESULTS.md, and the results under $OUT ------------------------------

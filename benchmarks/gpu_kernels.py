@@ -12,7 +12,7 @@ efficient tiles in fp32):
 On CUDA it also times one unmasked block (forward + backward) with each kernel that can run it
 (flash, cuDNN, memory-efficient), the evidence for blocks.UNMASKED_CUDA_KERNEL, and one packed
 block with varlen flash against per-tile memory-efficient with a bias. The same checks run on
-CPU inside kernels.emulated_cuda() (tests/test_cuda_emulated.py). Writes the
+CPU inside kernels.emulated_cuda() (tests/test_cuda_emulated.py). With --write, writes the
 "GPU check: attention kernels" section of RESULTS.md (benchmarks/gpu_check.sh runs it);
 exits 1 if an error is above its tolerance. Runs on CPU too (small shapes: tests use it).
 """
@@ -28,9 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 from megatron.model.attention import bigbird, blocks, local, masks, simulate  # noqa: E402
-from results import machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, write_section  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}  # max |error| / max |reference|
 LAYOUTS = ("unpadded", "padded", "packed")
@@ -259,12 +258,11 @@ def table(results: list) -> str:
 
 
 def main(argv=None) -> int:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser = BenchmarkParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--sizes", type=positive(int), nargs="+", default=[1, 2, 4])
     parser.add_argument("--seq", type=positive(int), default=1024)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
@@ -286,10 +284,7 @@ def main(argv=None) -> int:
                  "| kernel | route | calls | GPU µs |", "|---|---|---|---|"]
         body += [f"| `{kernel}` | {name} | {calls} | {us:.0f} |"
                  for kernel, name, calls, us in top_kernels(packed_block_step(device), device, PACKED_ROUTES)]
-    text = "\n".join(body)
-    print(text)
-    if not args.no_write:
-        write_section("GPU check: attention kernels", text)
+    write_section("GPU check: attention kernels", "\n".join(body))
     return 0 if all(r["ok"] for r in results) else 1
 
 

@@ -7,7 +7,7 @@ layer checkpointed (engine.checkpoint_layers, DeepSpeed's checkpoint), 15% MLM p
 Sequence lengths double from --start until a step runs out of GPU memory, then halve the gap
 down to --step, within --budget-s: a length is not started when the time the lengths before it
 predict for it (their growth with s, at most s^2) would overrun what is left of the budget, since
-one step at 512K tokens can take minutes. Writes the "GPU check: longest BERT-base step" section
+one step at 512K tokens can take minutes. With --write, writes the "GPU check: longest BERT-base step" section
 of RESULTS.md after every length, so a search cut short leaves what it measured
 (benchmarks/gpu_check.sh runs it, under its share of the check's budget). The CPU counterpart, under a memory
 cap and for every variant and SP, is benchmarks/longest_sequence.py.
@@ -23,11 +23,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from attention_memory import random_chunk  # noqa: E402
-from results import machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, write_section  # noqa: E402
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 from megatron.engine import checkpoint_layers  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 from megatron.model.loss import bert_batch_loss  # noqa: E402
@@ -154,12 +153,11 @@ def section(args, longest, tried: dict, refused, partial: bool = False) -> str:
 
 
 def main(argv=None) -> int:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser = BenchmarkParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--start", type=positive(int), default=16384)
     parser.add_argument("--step", type=positive(int), default=8192)
     parser.add_argument("--budget-s", type=positive(float), default=150.0,
                         help="start no length predicted to end later")
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_longest.py needs a CUDA GPU", file=sys.stderr)
@@ -168,15 +166,11 @@ def main(argv=None) -> int:
     heading = "GPU check: longest BERT-base step"
 
     def report(tried):  # the partial section after every length: a search cut short keeps it
-        if not args.no_write:
-            write_section(heading, section(args, None, tried, None, partial=True))
+        write_section(heading, section(args, None, tried, None, partial=True))
 
     longest, tried, refused = search(args.start, args.step, args.budget_s, lambda seq: step_at(seq, device),
-                                     report=report)
-    text = section(args, longest, tried, refused)
-    print(text)
-    if not args.no_write:
-        write_section(heading, text)
+                                     report=report if args.write else None)
+    write_section(heading, section(args, longest, tried, refused))
     return 0 if longest else 1
 
 

@@ -9,7 +9,7 @@ rate so that no schedule depends on where a run stops), every one with `--determ
 Every loss `repeat` logs equals `first`'s, and every one `resumed` logs equals `first`'s at the same
 step: compared as the float64 numbers of metrics.jsonl, not within a tolerance. On CPU this holds
 without `--deterministic` (docs/resuming.md); on CUDA only its settings make it hold (megatron/
-determinism.py), and only a GPU shows whether they do. Writes the "GPU check: repeat and resume"
+determinism.py), and only a GPU shows whether they do. With --write, writes the "GPU check: repeat and resume"
 section of RESULTS.md; exits 1 when a loss differs.
 
     python benchmarks/gpu_repeat.py --deepspeed-config ds.json --data .cache/default_data --work .cache/gpu_check
@@ -24,10 +24,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from results import machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, write_section  # noqa: E402
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 
 MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "512",
          "--max-position-embeddings", "512", "--lr", "5e-4", "--lr-decay-style", "constant",
@@ -81,14 +80,13 @@ def differences(want: dict, got: dict) -> list:
 
 
 def main(argv=None) -> int:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser = BenchmarkParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--deepspeed-config", type=Path, required=True)
     parser.add_argument("--data", type=Path, required=True, help="the trainer's --default-data-dir")
     parser.add_argument("--work", type=Path, required=True, help="run folders, logs and checkpoints go here")
     parser.add_argument("--iters", type=positive(int), default=20)
     parser.add_argument("--log-interval", type=positive(int), default=5)
     parser.add_argument("--master-port", type=int, default=29541)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args(argv)
     if args.iters % 2 or (args.iters // 2) % args.log_interval:
         parser.error("--iters must be even and its half a multiple of --log-interval (the resumed run logs "
@@ -105,7 +103,7 @@ def main(argv=None) -> int:
         resumed = train("repeat_resumed", args, ["--load", str(halfway_copy(save, args.work / "repeat_half", half))],
                         args.master_port + 2)
     except RunFailed as failure:
-        return report(args, f"{header}\n\n**Not run to the end**: {failure}.", 1)
+        return report(f"{header}\n\n**Not run to the end**: {failure}.", 1)
     problems = {"repeat": differences(first, repeat), "resumed": differences(first, resumed)}
     if set(repeat) != set(first) or set(resumed) != {it for it in first if it > half}:
         problems["logged"] = [f"iterations first {sorted(first)}, repeat {sorted(repeat)}, resumed {sorted(resumed)}"]
@@ -116,14 +114,12 @@ def main(argv=None) -> int:
                if not any(problems.values()) else
                "**Not bit for bit**: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in problems.items() if v))
     text = "\n".join([header, "", verdict, "", "| iteration | first | repeat | resumed |", "|---|---|---|---|", *rows])
-    return report(args, text, 1 if any(problems.values()) else 0)
+    return report(text, 1 if any(problems.values()) else 0)
 
 
-def report(args, text: str, code: int) -> int:
-    """Prints the section, writes it into RESULTS.md (unless --no-write) -> the exit code."""
-    print(text)
-    if not args.no_write:
-        write_section(HEADING, text)
+def report(text: str, code: int) -> int:
+    """Prints the section, writes it into RESULTS.md (with --write) -> the exit code."""
+    write_section(HEADING, text)
     return code
 
 

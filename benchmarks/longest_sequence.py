@@ -26,11 +26,10 @@ import torch.distributed as dist
 from attention_memory import VARIANT_OPTIONS, bert_config, measure_peak, train_step
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 from megatron.model.bert import BertModel
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
-from results import machine, positive, write_section
+from results import BenchmarkParser, machine, positive, save_plot, write_section
 
 PLOT = Path(__file__).resolve().parent / "longest_sequence.png"
 MODEL = dict(hidden=256, heads=4, layers=4)
@@ -147,7 +146,7 @@ def plot(found: dict, variants: list, cap_mib: float) -> None:
     len_ax.legend(fontsize=8)
     fig.suptitle("One training step (fwd, bwd, AdamW), 4 layers h=256, batch 1, activation checkpointing, fp32, CPU")
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=100)
+    save_plot(fig, PLOT)
 
 
 def write_modern_section(found: dict, cap_mib: float, seconds: float) -> None:
@@ -167,7 +166,7 @@ P-fold gain (SP=2 / SP=4 over SP=1; ideal 2x / 4x): {gains}.
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchmarkParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cap-mib", type=positive(float), default=96.0, help="per-rank memory cap")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     return parser.parse_args(argv)

@@ -34,11 +34,10 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from packing import LoadSampler  # noqa: E402
-from results import machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, write_section  # noqa: E402
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
 from megatron.data.indexed_dataset import make_dataset  # noqa: E402
 from megatron.parallel.spawn import free_port  # noqa: E402
@@ -106,7 +105,7 @@ def table(curves: dict, seconds: float, rows: int, unigram: float) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchmarkParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=positive(float), default=600, help="wall time both run side by side")
     parser.add_argument("--log-interval", type=positive(int), default=25)
     parser.add_argument("--train-iters", type=positive(int), default=3000,
@@ -154,7 +153,6 @@ def main():
             f"`{' '.join(CANDIDATES['modern'])}`.\n\n"
             + table(curves, seconds, args.rows, unigram_entropy(str(data.data_prefix))))
     write_section("Main job: classic or modern layers", body)
-    print(body)
 
 
 if __name__ == "__main__":

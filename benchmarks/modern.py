@@ -45,13 +45,12 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from results import machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, save_plot, write_section  # noqa: E402
 from train_step import (DEVICE, MMAP_THRESHOLD, adamw, alternate, autocast, optimizer_step, summary,  # noqa: E402
                         versions)
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 from megatron import hf_modernbert  # noqa: E402
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.flops import training_flops_per_sample  # noqa: E402
@@ -434,7 +433,7 @@ def plot(steps: dict, layer: dict, names) -> None:
                  f"{config.num_attention_heads} heads, ffn {config.ffn_hidden_size}), full training step "
                  f"(fwd+bwd+AdamW), {precision_words()}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=100)
+    save_plot(fig, PLOT)
     plt.close(fig)
 
 
@@ -443,7 +442,7 @@ def precision_words() -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchmarkParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[1024, 4096, 8192, 16384])
     parser.add_argument("--contestants", nargs="+", choices=CONTESTANTS, default=list(CONTESTANTS))
     parser.add_argument("--repeats", type=positive(int), default=4,

@@ -52,11 +52,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import results  # noqa: E402
-from results import machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, save_plot, write_section  # noqa: E402
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 from megatron.data.bert_dataset import build_train_valid_test_datasets, token_stats  # noqa: E402
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
 from megatron.data.samplers import collate_bert  # noqa: E402
@@ -336,11 +335,11 @@ def plot(path: Path, shares: dict, measured: dict, log: dict, race: str) -> None
     fig.suptitle(f"Packed vs unpacked samples, default corpus: {LAYERS}-layer BERT, heads of {HEAD_DIM}, ring, "
                  f"batch 1, fp32, CPU ({CORES} cores)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_plot(fig, path)
 
 
 def main():
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchmarkParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden-sizes", type=positive(int), nargs="+", default=[128, 256],
                         help=f"hidden sizes of the {LAYERS}-layer model (heads of {HEAD_DIM})")
     parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[1024, 4096, 16384])
@@ -356,7 +355,7 @@ def main():
                         help="packed valid samples the loss is taken on")
     parser.add_argument("--data-dir", default=str(DATA_DIR), help="where the default corpus is (built if missing)")
     parser.add_argument("--results", default=str(results.RESULTS),
-                        help="the Markdown file whose section this writes; the plot goes next to it")
+                        help="the Markdown file whose section --write writes; the plot goes next to it")
     args = parser.parse_args()
     if len(args.steps) != len(args.seq_lengths):
         parser.error(f"--steps gives {len(args.steps)} counts for {len(args.seq_lengths)} --seq-lengths: give one each")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import ConfigError, OneLineParser, run_tool
-from results import machine, positive, write_section
+from megatron.errors import ConfigError, run_tool
+from results import BenchmarkParser, machine, positive, write_section
 
 HERE = Path(__file__).resolve().parent
 SEGMENT = 1024  # MEASURE's max_segment_length: --seq below it cannot pack its samples
@@ -87,14 +87,13 @@ def measure(tree: Path, seq: int, layers: int, repeats: int) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser = BenchmarkParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", action="append", type=lambda path: Path(path).resolve(),
                         help="a source tree to measure (repeatable; default: this one)")
     parser.add_argument("--seq", type=positive(int), default=8192,
                         help=f"tokens per sample, at least the packed segments' cap {SEGMENT}")
     parser.add_argument("--layers", type=positive(int), default=12)
     parser.add_argument("--repeats", type=positive(int), default=3)
-    parser.add_argument("--write", action="store_true", help="write the RESULTS.md section")
     args = parser.parse_args(argv)
     if args.seq < SEGMENT:
         parser.error(f"--seq {args.seq} is shorter than the packed samples' segment length {SEGMENT}; "
@@ -118,10 +117,7 @@ def main(argv=None) -> int:
     for row in rows:
         lines.append(f"| {row['commit']} | {row['plan_calls']} | {row['plan_s']:.4f} | {row['step_s']:.2f} | "
                      f"{row['plan_s'] / row['step_s']:.1%} |")
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section("Attention planning per micro-batch", text)
+    write_section("Attention planning per micro-batch", "\n".join(lines))
     return 0
 
 

@@ -12,8 +12,8 @@ one run measures, side by side:
   of 4 Parquet shards, preprocessed by ours beside the loose JSON (throughput ratios to it; target
   for Parquet >= 0.9). Their outputs are checked byte-equal to the loose JSON's.
 
-Writes the "Preprocessing throughput" section of benchmarks/RESULTS.md.
-Run: .venv/bin/python benchmarks/preprocess.py [--repeats 3]
+With --write, writes the "Preprocessing throughput" section of benchmarks/RESULTS.md.
+Run: .venv/bin/python benchmarks/preprocess.py [--repeats 3] [--write]
 """
 import argparse
 import gzip
@@ -29,11 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from results import machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, write_section  # noqa: E402
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 from megatron.data.preprocess import PreprocessOptions, preprocess  # noqa: E402
 from megatron.data.sample_corpus import write_corpus  # noqa: E402
 from megatron.data.sentences import sentence_splitter  # noqa: E402
@@ -226,7 +225,7 @@ def format_table(by_format: dict, sizes: dict, repeats: int) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchmarkParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=positive(int), default=3, help="best of this many runs per row")
     return parser.parse_args(argv)
 
@@ -299,7 +298,6 @@ repeats, which the load of other work moves far less than wall time.
 {format_table(by_format, sizes, args.repeats)}
 """
     write_section("Preprocessing throughput", body)
-    print(body)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-"""Shared by the benchmarks: the argparse type of their counts, lengths and times, and the writer of
-one benchmark's section of benchmarks/RESULTS.md (leaving the other sections alone).
+"""Shared by the benchmarks: their parser (one-line errors and --write), the argparse types of their
+counts, lengths, times and fractions, and the writer of one benchmark's section of
+benchmarks/RESULTS.md (leaving the other sections alone) and of its plot, which only a run given
+--write records: a trial with toy sizes prints its section and replaces no published figure.
 
     .venv/bin/python benchmarks/results.py HEADING FILE    # FILE's text as the `## HEADING` section
 """
@@ -15,6 +17,23 @@ this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import OneLineParser  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+WRITE = False  # --write, set by BenchmarkParser: whether this run records its section, plot and log
+
+
+class BenchmarkParser(OneLineParser):
+    """A benchmark's command line: OneLineParser's one-line mistakes, and --write, which alone lets the
+    run rewrite its section of RESULTS.md and its committed plot (write_section, save_plot)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_argument("--write", action="store_true", help="record this run: rewrite its section of "
+                          "benchmarks/RESULTS.md and its plot (without it the section is printed only)")
+
+    def parse_args(self, args=None, namespace=None):
+        global WRITE
+        parsed = super().parse_args(args, namespace)
+        WRITE = parsed.write
+        return parsed
 
 
 def positive(kind=int):
@@ -30,6 +49,15 @@ def positive(kind=int):
     return parse
 
 
+def fraction(text: str) -> float:
+    """An argparse type for a dropout probability, in [0, 1) as the model's config wants it: refused on
+    the command line, not as the config's traceback after the imports."""
+    value = float(text)  # not a number: argparse's own "invalid fraction value"
+    if not 0 <= value < 1:  # nan fails too
+        raise argparse.ArgumentTypeError(f"{text} is outside [0, 1); give a number from 0 up to below 1")
+    return value
+
+
 def machine() -> str:
     import torch  # here, so that the command line of a benchmark is checked without loading torch
 
@@ -39,6 +67,29 @@ def machine() -> str:
 
 
 def write_section(heading: str, body: str) -> None:
+    """Prints the `## heading` section; with --write also puts it into RESULTS.md (replace_section),
+    else says in one line how to record it."""
+    print(f"## {heading}\n\n{body.strip()}\n", flush=True)
+    if WRITE:
+        replace_section(heading, body)
+        print(f"wrote the section '{heading}' of {RESULTS}", flush=True)
+    else:
+        print(f"not recorded: rerun with --write to write this section (and any plot) into {RESULTS}", flush=True)
+
+
+def save_plot(fig, path: Path) -> None:
+    """Saves a benchmark's plot (a committed PNG beside RESULTS.md) with --write only."""
+    if WRITE:
+        fig.savefig(path, dpi=100)
+
+
+def save_text(path: Path, text: str) -> None:
+    """Writes a benchmark's recorded data file (a committed log beside RESULTS.md) with --write only."""
+    if WRITE:
+        path.write_text(text)
+
+
+def replace_section(heading: str, body: str) -> None:
     """Replaces the `## heading` section (up to the next `## `) or appends it."""
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
     section = f"## {heading}\n\n{body.strip()}\n"
@@ -53,7 +104,7 @@ def main(argv=None) -> int:
     parser.add_argument("heading", help="the section's title (without `## `)")
     parser.add_argument("file", type=Path, help="the section's text (markdown)")
     args = parser.parse_args(argv)
-    write_section(args.heading, args.file.read_text())
+    replace_section(args.heading, args.file.read_text())
     return 0
 
 

@@ -28,10 +28,9 @@ from pathlib import Path
 
 import torch
 
-from results import machine, positive, write_section
+from results import BenchmarkParser, machine, positive, save_plot, save_text, write_section
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -121,13 +120,13 @@ def plot(samples: list, fit_start: int, trends: list) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=100)
+    save_plot(fig, PLOT)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     """soak.py's own flags, checked here: passed on as the trainer's --train-iters and --log-interval,
     a bad value would otherwise be refused by the trainer in terms of its flags, after start-up."""
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchmarkParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=positive(int), default=2000)
     parser.add_argument("--sample-every", type=positive(int), default=20,
                         help="steps between RSS samples (the log interval)")
@@ -160,7 +159,7 @@ def main():
                         for rank in range(len(kept[0][1]))]
     steady = fits[list(windows)[-1]]
     plot(samples, args.steps // 2, [trend for _, _, trend in steady])
-    LOG.write_text("step " + " ".join(f"rank{rank}_rss_mib" for rank in range(len(steady))) + "\n" + "".join(
+    save_text(LOG, "step " + " ".join(f"rank{rank}_rss_mib" for rank in range(len(steady))) + "\n" + "".join(
         f"{step} " + " ".join(f"{value:.1f}" for value in rss) + "\n" for step, rss in samples)
         + "\n# trainer's last lines\n" + "\n".join(line for line in lines[-6:]) + "\n")
     rows = "\n".join(

@@ -21,10 +21,9 @@ import torch.distributed as dist
 from attention_memory import bert_config, train_step
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
-from results import machine, positive, write_section
+from results import BenchmarkParser, machine, positive, write_section
 
 CORES = 2
 LAYOUTS = (("ring", 1), ("ulysses", 4), ("hybrid", 2))  # (variant, Ulysses degree at SP=4)
@@ -70,7 +69,7 @@ def run(seq_lengths: list, steps: int) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchmarkParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[2048, 4096])
     parser.add_argument("--steps", type=positive(int), default=3)
     return parser.parse_args(argv)

@@ -34,11 +34,10 @@ import torch.distributed as dist
 from attention_memory import LENGTHS_HELP, bert_config, check_lengths, train_step
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 from megatron.model.attention import ring
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
-from results import machine, positive, write_section
+from results import BenchmarkParser, machine, positive, save_plot, write_section
 
 HERE = Path(__file__).resolve().parent
 PLOT = HERE / "sp_scaling.png"
@@ -236,7 +235,7 @@ def plot(results: dict, seq_lengths: list) -> None:
     speed_ax.set_yscale("log")
     fig.suptitle(f"4-layer BERT h=128 training step, batch 1, fp32, CPU ({CORES} cores)")
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=100)
+    save_plot(fig, PLOT)
 
 
 def profile_ring(seq: int) -> dict:
@@ -260,7 +259,7 @@ def profile_table(profiles: dict) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchmarkParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[1024, 2048, 4096], help=LENGTHS_HELP)
     parser.add_argument("--steps", type=positive(int), default=5, help="timed steps per run, after one warm-up")
     parser.add_argument("--profile", action="store_true", help="also profile ring at SP=1 and SP=2")

@@ -40,11 +40,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from attention_memory import LENGTHS_HELP, VARIANT_OPTIONS, _status_kib, check_lengths  # noqa: E402
-from results import machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, fraction, machine, positive, save_plot, write_section  # noqa: E402
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.flops import training_flops_per_sample  # noqa: E402
 from megatron.hf_convert import hf_config_from_bert, hf_state_from_bert  # noqa: E402
@@ -377,7 +376,7 @@ def plot(shape: str, results: dict, contestants: list) -> None:
     where = f"fp32, {torch.get_num_threads()} threads" if DEVICE.type == "cpu" else "bf16 autocast"
     fig.suptitle(f"BERT {shape} full training step (fwd+bwd+AdamW), {where}, {DEVICE.type}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(HERE / plot_name(shape), dpi=100)
+    save_plot(fig, HERE / plot_name(shape))
     plt.close(fig)
 
 
@@ -395,7 +394,7 @@ def versions() -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchmarkParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=SHAPES, default="small")
     parser.add_argument("--seq-lengths", type=positive(int), nargs="+", default=[512, 1024, 2048, 4096],
                         help=LENGTHS_HELP)
@@ -405,9 +404,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=positive(int), default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=positive(int), default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--attention-dropout", type=float, default=0.0,
+    parser.add_argument("--attention-dropout", type=fraction, default=0.0,
                         help="0 keeps SDPA on its flash kernel; > 0 (BERT's 0.1) sends both models to the math kernel")
-    parser.add_argument("--peak-tflops", type=float, help="the device's dense peak (GPU); default: measured matmul rate")
+    parser.add_argument("--peak-tflops", type=positive(float),
+                        help="the device's dense peak (GPU); default: measured matmul rate")
     parser.add_argument("--extras", action=argparse.BooleanOptionalAction, default=True,
                         help="also the engine, optimizer and trainer data-time lines")
     parser.add_argument("--profile", action="store_true", help="write torch.profiler tables instead of benchmarking")

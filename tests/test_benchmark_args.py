@@ -41,10 +41,12 @@ def refused(capsys, monkeypatch, script: str, argv: list, parse: str = "parse_ar
     ("soak", ["--sample-every", "0"]),
     ("soak", ["--steps", "0"]),
     ("plan_time", ["--repeats", "0"]),
+    ("train_step", ["--peak-tflops", "nan"]),
+    ("train_step", ["--peak-tflops", "0"]),
 ])
 def test_counts_lengths_and_times_below_one_are_refused_by_the_parser(capsys, monkeypatch, script, argv):
     flag, value = argv[0], argv[-1]
-    above = "1 or more" if flag != "--cap-mib" and flag != "--seconds" else "a number above 0"
+    above = "a number above 0" if flag in ("--cap-mib", "--seconds", "--peak-tflops") else "1 or more"
     assert refused(capsys, monkeypatch, script, argv) == \
         f"{script}.py: error: argument {flag}: {value} must be above 0; give {above}"
 
@@ -61,6 +63,10 @@ def test_counts_lengths_and_times_below_one_are_refused_by_the_parser(capsys, mo
     ("plan_time", ["--seq", "64"], "--seq 64 is shorter than the packed samples' segment length 1024"),
     ("plan_time", ["--tree", "/nonexistent"], "--tree /nonexistent is not a source tree of this project"),
     ("soak", ["--steps", "20"], "--steps 20 with --sample-every 20 gives 1 RSS samples in the second half"),
+    # the model config's own check, which came as its traceback after the imports
+    ("train_step", ["--attention-dropout", "2"], "argument --attention-dropout: 2 is outside [0, 1); give a number "
+     "from 0 up to below 1"),
+    ("train_step", ["--attention-dropout", "nan"], "argument --attention-dropout: nan is outside [0, 1)"),
 ])
 def test_settings_a_benchmark_cannot_run_are_refused_before_it_measures(capsys, monkeypatch, script, argv, message):
     assert message in refused(capsys, monkeypatch, script, argv)
@@ -126,3 +132,80 @@ def test_results_cli_writes_nothing_for_help_or_a_missing_file(capsys, monkeypat
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         f"results.py: error: cannot use {tmp_path / 'missing.md'} (No such file or directory)")
     assert not results.RESULTS.exists()
+
+
+# --- what a run records: only with --write -------------------------------------------------------
+
+RECORDING = sorted(path.stem for path in BENCHMARKS.glob("*.py")
+                   if path.stem != "results" and "write_section(" in path.read_text())
+
+
+def parse(script: str, argv: list, monkeypatch):
+    """Runs a benchmark's argument parsing alone (parse_args, or main where it parses first)."""
+    module = importlib.import_module(script)
+    if hasattr(module, "parse_args"):
+        return module.parse_args(argv)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])  # packing.py's main reads sys.argv
+    return module.main() if script == "packing" else module.main(argv)
+
+
+@pytest.mark.parametrize("script", RECORDING)
+def test_every_benchmark_that_writes_results_takes_write(capsys, monkeypatch, script):
+    """Each benchmark that writes a RESULTS.md section offers --write (the shared BenchmarkParser)."""
+    import results
+
+    monkeypatch.setattr(results, "WRITE", False)
+    with pytest.raises(SystemExit) as stopped:
+        parse(script, ["--help"], monkeypatch)
+    assert stopped.value.code == 0 and "--write" in capsys.readouterr().out
+
+
+def test_a_run_without_write_prints_its_section_and_leaves_results_and_plots_alone(capsys, monkeypatch, tmp_path):
+    import results
+
+    monkeypatch.setattr(results, "WRITE", False)
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
+    results.RESULTS.write_text("# Benchmark results\n\n## Communication model: ring, ulysses, hybrid\n\npublished\n")
+    args = importlib.import_module("comm_model").parse_args(["--seq-length", "3"])  # a toy trial
+    assert not args.write
+    saved = []
+    figure = type("Figure", (), {"savefig": lambda self, path, dpi: saved.append(path)})()
+    results.write_section("Communication model: ring, ulysses, hybrid", "| s=3 | toy |")
+    results.save_plot(figure, tmp_path / "plot.png")
+    results.save_text(tmp_path / "samples.log", "toy")
+    assert "published" in results.RESULTS.read_text() and "toy" not in results.RESULTS.read_text()
+    assert saved == [] and not (tmp_path / "samples.log").exists()
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == ["## Communication model: ring, ulysses, hybrid", "", "| s=3 | toy |"]
+    assert out[-1] == f"not recorded: rerun with --write to write this section (and any plot) into {results.RESULTS}"
+    # with --write the same calls record it
+    assert importlib.import_module("comm_model").parse_args(["--write"]).write and results.WRITE
+    results.write_section("Communication model: ring, ulysses, hybrid", "| s=1000 | measured |")
+    results.save_plot(figure, tmp_path / "plot.png")
+    assert "| s=1000 | measured |" in results.RESULTS.read_text() and "published" not in results.RESULTS.read_text()
+    assert saved == [tmp_path / "plot.png"]
+
+
+def test_make_bench_targets_record_their_sections():
+    """`make bench*` keeps recording: every benchmark it runs that writes a section is given --write."""
+    makefile = (BENCHMARKS.parent / "Makefile").read_text()
+    commands = [line.split() for line in makefile.splitlines() if line.startswith("\t$(PYTHON) benchmarks/")]
+    recorded = [words for words in commands if Path(words[1]).stem in RECORDING and "--profile" not in words]
+    assert len(recorded) >= 8, commands
+    for words in recorded:
+        assert "--write" in words, f"Makefile: {' '.join(words)} records nothing without --write"
+
+
+def test_main_job_rewrites_its_table_and_keeps_the_hand_kept_measurements(monkeypatch, tmp_path, capsys):
+    """main_job.py --write replaces its generated section; the dated list of the README's main-job
+    figures, kept by hand, is in a section of its own and survives."""
+    import results
+
+    monkeypatch.setattr(results, "WRITE", True)
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
+    results.RESULTS.write_text((BENCHMARKS / "RESULTS.md").read_text())
+    results.write_section("Main job: classic or modern layers", "a new table")
+    text = results.RESULTS.read_text()
+    assert "a new table" in text and "Unigram cross-entropy of the corpus: 6.25" not in text
+    assert "The README's main-job figures, where each was measured" in text
+    assert "2026-11-27 (commit dd9b7e1" in text and "The modern layers win clearly" in text

@@ -80,8 +80,12 @@ def test_gpu_check_script_parses_and_its_dry_run_is_well_formed(tmp_path):
         for script in scripts:
             assert (ROOT / script).is_file(), f"{script} (in: {shlex.join(words)}) does not exist"
         py = next((w for w in scripts if w.startswith("benchmarks/") or w == "pretrain_bert.py"), None)
+        if py and py.startswith("benchmarks/") and py != "benchmarks/results.py":  # the sections are recorded
+            assert "--write" in words, f"{py} writes no RESULTS.md section without --write (in: {shlex.join(words)})"
         if py and "pytest" not in words:  # every flag after the script is one its parser declares
             source = (ROOT / "megatron" / "arguments.py" if py == "pretrain_bert.py" else ROOT / py).read_text()
+            if "BenchmarkParser(" in source:  # --write is declared once, by the benchmarks' shared parser
+                source += (ROOT / "benchmarks" / "results.py").read_text()
             flags = {w.split("=")[0] for w in words[words.index(py) + 1:] if w.startswith("--")}
             for flag in flags - {"--deepspeed", "--deepspeed_config"}:
                 declared = f'"{flag}"' in source or f'"--{flag[5:]}"' in source and "BooleanOptionalAction" in source
@@ -373,7 +377,7 @@ def test_repeat_check_compares_exact_losses_and_resumes_from_the_halfway_copy(tm
 def test_repeat_check_names_a_run_that_failed(tmp_path, monkeypatch, capsys):
     """A launcher run that exits non-zero (a --deterministic op with no deterministic kernel, say) is
     named with its exit code and the line that stopped it, not the launcher's own log line, and the
-    section is still written (here: printed), exit 1."""
+    section is still written (here, without --write: printed), exit 1."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_repeat
 
@@ -388,9 +392,8 @@ def test_repeat_check_names_a_run_that_failed(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gpu_repeat.subprocess, "run", failing)
     config = tmp_path / "ds.json"
     config.write_text('{"bf16": {"enabled": true}}')
-    code = gpu_repeat.main(["--deepspeed-config", str(config), "--data", str(tmp_path), "--work", str(tmp_path / "w"),
-                            "--no-write"])
+    code = gpu_repeat.main(["--deepspeed-config", str(config), "--data", str(tmp_path), "--work", str(tmp_path / "w")])
     assert code == 1
-    assert capsys.readouterr().out.splitlines()[-1] == (
+    assert capsys.readouterr().out.splitlines()[-3] == (
         "**Not run to the end**: the repeat_first run exited 1 (repeat_first.log: RuntimeError: index_add_cuda_ does "
         "not have a deterministic implementation).")
