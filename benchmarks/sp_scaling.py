@@ -20,11 +20,12 @@ back with no compute (`comm alone`), gives the hidden share: 1 - (t_comm - t_loc
     .venv/bin/python benchmarks/sp_scaling.py [--seq-lengths 1024 2048 4096] [--steps 5] [--profile]
 
 --profile (automatic when ring misses 0.8 at the longest sequence) writes torch.profiler tables
-of one ring step per rank at SP=1 and SP=2 under benchmarks/profiles/.
+of one ring step per rank at SP=1 and SP=2 under benchmarks/profiles/ (with --write; else a temporary folder).
 """
 import argparse
 import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +38,7 @@ this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.model.attention import ring
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
+import results
 from results import BenchmarkParser, machine, positive, save_plot, write_section
 
 HERE = Path(__file__).resolve().parent
@@ -239,11 +241,13 @@ def plot(results: dict, seq_lengths: list) -> None:
 
 
 def profile_ring(seq: int) -> dict:
-    """{"SP=1 rank 0" / "SP=2 rank r": (profile path, ms per category)} of one ring step."""
-    PROFILES.mkdir(exist_ok=True)
+    """{"SP=1 rank 0" / "SP=2 rank r": (profile path, ms per category)} of one ring step. The tables go
+    under the committed benchmarks/profiles/ with --write only, else into a temporary folder."""
+    directory = PROFILES if results.WRITE else Path(tempfile.mkdtemp(prefix="sp_scaling_profiles_"))
+    directory.mkdir(exist_ok=True)
     out = {}
     for size in (1, 2):
-        per_rank = run_on_ranks(profile_step, size, "ring", size, seq, str(PROFILES), timeout=3600,
+        per_rank = run_on_ranks(profile_step, size, "ring", size, seq, str(directory), timeout=3600,
                                 threads_per_rank=CORES // size)
         out.update({f"SP={size} rank {rank}": row for rank, row in enumerate(per_rank)})
     return out
@@ -281,7 +285,8 @@ def main():
     plot(results, args.seq_lengths)
     profile_note = ""
     if profiles:
-        files = ", ".join(f"`{Path(path).relative_to(HERE)}`" for path, _ in profiles.values())
+        files = ", ".join(f"`{Path(path).relative_to(HERE) if Path(path).is_relative_to(HERE) else path}`"
+                          for path, _ in profiles.values())
         profile_note = f"""Where one ring step's time goes at s={top} (torch.profiler, self CPU time per op
 category; SP=1 with {CORES} threads, SP=2 per rank with 1 thread; tables sorted by self time: {files}):
 

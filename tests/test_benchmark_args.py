@@ -209,3 +209,17 @@ def test_main_job_rewrites_its_table_and_keeps_the_hand_kept_measurements(monkey
     assert "a new table" in text and "Unigram cross-entropy of the corpus: 6.25" not in text
     assert "The README's main-job figures, where each was measured" in text
     assert "2026-11-27 (commit dd9b7e1" in text and "The modern layers win clearly" in text
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_sp_scaling_profiles_go_under_benchmarks_with_write_only(monkeypatch, write):
+    """The automatic profile (ring below its efficiency target) writes the committed
+    benchmarks/profiles/ tables only with --write; a trial's go to a temporary folder."""
+    import results
+    sp_scaling = importlib.import_module("sp_scaling")
+    monkeypatch.setattr(results, "WRITE", write)
+    folders = []
+    monkeypatch.setattr(sp_scaling, "run_on_ranks", lambda fn, size, *args, **kwargs: folders.append(args[3]) or [])
+    sp_scaling.profile_ring(64)
+    assert len(folders) == 2 and len(set(folders)) == 1
+    assert (Path(folders[0]) == sp_scaling.PROFILES) == write
