@@ -583,10 +583,22 @@ def refuse_tag_folder(folder: str, flag: str = "--load", tag_flag: str | None = 
     parent, tag = os.path.split(os.path.abspath(folder))  # a relative iter_* has a parent too
     if re.fullmatch(r"iter_\d+", tag) and os.path.isfile(os.path.join(parent, LATEST)):
         # a tag given with each requeue would roll the run back each time: `latest` chooses
-        raise ConfigError(f"{folder} is one checkpoint of the --save directory {parent}",
-                          f"pass {flag} {parent} {tag_flag} {tag}" if tag_flag else
-                          f"point {flag} at {parent} (its '{LATEST}' names the checkpoint to read: write {tag} into "
-                          "it to resume this one)")
+        raise ConfigError(f"{folder} is one checkpoint of the --save directory {parent}", _tag_folder_fix(
+            parent, tag, flag, tag_flag))
+
+
+def _tag_folder_fix(parent: str, tag: str, flag: str, tag_flag: str | None) -> str:
+    """The fix refuse_tag_folder names: the tool's own tag flag; for the trainer's resume, `latest`; for a
+    new run from the weights (extend_context.py --from), a folder of the checkpoint's own, since editing
+    `latest` there would roll the other run's next resume back."""
+    if tag_flag:
+        return f"pass {flag} {parent} {tag_flag} {tag}"
+    if flag == "--load":
+        return f"point --load at {parent} (its '{LATEST}' names the checkpoint to read: write {tag} into it to " \
+               "resume this one)"
+    return (f"point {flag} at {parent} to start from the checkpoint its '{LATEST}' names; to start from {tag}, "
+            f"copy {os.path.join(parent, tag)} into a folder of its own beside a '{LATEST}' file holding {tag}, "
+            f"and point {flag} there (editing {parent}'s '{LATEST}' would roll that run's next resume back)")
 
 
 def chosen_tag(load_dir: str, tag: str | None) -> str:
