@@ -33,6 +33,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import this_repo  # azureml/this_repo.py, a link to tools/this_repo.py
+this_repo.put_first()  # this repository's megatron, not an installed one
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "azureml" / "Dockerfile"
 # The CUDA of torch's Linux wheels on PyPI, from their metadata (torch 2.13.0 requires

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted(path for folder in ("tools", "benchmarks") for path in (ROOT / folder).glob("*.py")
+SCRIPTS = sorted(path for folder in ("tools", "benchmarks", "azureml") for path in (ROOT / folder).glob("*.py")
                  if path.name != "this_repo.py" and re.search(r"^\s*(from|import) megatron\b", path.read_text(), re.M))
 
 
@@ -21,7 +21,7 @@ def test_each_script_puts_its_repository_first_before_importing_megatron(script)
     assert any(line.startswith("this_repo.put_first()") for line in lines[:first]), f"{script} imports megatron before this_repo.put_first()"
 
 
-@pytest.mark.parametrize("script", ["tools/plot_run.py", "benchmarks/plan_time.py"])
+@pytest.mark.parametrize("script", ["tools/plot_run.py", "benchmarks/plan_time.py", "azureml/submit.py"])
 def test_a_script_runs_beside_another_installed_megatron(tmp_path, script):
     """Another checkout's `megatron` ahead on the path (here through PYTHONPATH, as an editable
     install of another worktree is): the script still imports the one beside it."""

@@ -1,0 +1,1 @@
+../tools/this_repo.py
