@@ -1377,11 +1377,13 @@ def small_eval_splits(splits: dict, micro_batch: int) -> str | None:
 
 def with_eval_passes(warning: str | None, stats: dict, per_evaluation: int) -> str | None:
     """small_eval_splits' warning (or a new one) naming the evaluation splits ({name: TokenStats}) that one
-    evaluation of per_evaluation samples (--eval-iters x global batch) reads more than once: the same
-    documents, masked anew, K passes over the samples of one pass over them."""
-    passes = [f"{name} {per_evaluation / split.epoch_samples:.{1 if per_evaluation < 10 * split.epoch_samples else 0}f}"
-              f" passes over its {split.epoch_samples} samples" for name, split in stats.items()
-              if name != "train" and 0 < split.epoch_samples < per_evaluation]
+    evaluation of per_evaluation samples (--eval-iters x global batch) reads more than twice: the same
+    documents, masked anew, K passes over the samples of one pass over them. Twice is no waste worth a
+    line (each token masked anew); the main job's small splits are read up to twice."""
+    def shown(split) -> str:
+        return f"{per_evaluation / split.epoch_samples:.{1 if per_evaluation < 10 * split.epoch_samples else 0}f}"
+    passes = [f"{name} {shown(split)} passes over its {split.epoch_samples} samples" for name, split in stats.items()
+              if name != "train" and 0 < 2 * split.epoch_samples < per_evaluation]
     if not passes:
         return warning
     said = (f"each evaluation reads {per_evaluation} samples (--eval-iters x global batch): {', '.join(passes)} "

@@ -458,6 +458,9 @@ def test_an_evaluation_that_reads_its_split_several_times_says_how_many_passes(t
                             r"split more documents .* or pass a smaller --eval-iters", line), line
         assert with_eval_passes("small", stats, 400).startswith("small; each evaluation reads 400 samples")
         assert with_eval_passes("small", stats, 2) == "small" and with_eval_passes(None, stats, 2) is None
+        twice = 2 * stats["test"].epoch_samples  # read twice: no line; once more: named
+        assert with_eval_passes(None, {"test": stats["test"]}, twice) is None
+        assert "test 3.0 passes over its" in with_eval_passes(None, {"test": stats["test"]}, twice * 3 // 2)
 
 
 def test_a_resume_with_another_peak_decays_to_min_lr():
