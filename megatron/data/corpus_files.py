@@ -138,7 +138,7 @@ def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
                                                                   "it to the tool) and the folder")
         shards = [name for name in found if name.lower().endswith(FOLDER_SUFFIXES)] or found
         if len(shards) > 1:
-            _refuse_several_splits(f"--input '{spec}' matches", _common_folder(shards), shards)
+            _refuse_several_splits(f"--input {shlex.quote(spec)} matches", _common_folder(shards), shards)
         return shards, [name for name in found if name not in shards]
     raise DataError(f"input file {spec} does not exist",
                     f"pass --input with a {FORMATS_HELP} file, or a folder or glob of them")
