@@ -19,7 +19,7 @@ import pytest
 
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port
-from test_corpus_formats import broken_corpus
+from test_corpus_formats import HUB_SPLITS, broken_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -567,6 +567,11 @@ CASES += [  # ---- corpora as published (.jsonl.gz, .jsonl.zst, Parquet)
     Case("corpus_hub_several_splits", "preprocess", ["--input", "{tmp}/corpus/hf", "--vocab-file", "{vocab}",
                                                     "--output-prefix", "{tmp}/out/c"],
          ("holds the splits train (2 shards), validation (1), test (1)", "pass the one to read as a quoted glob",
+          "--input '", "hf/data/train-*'"), setup=broken_corpus("hub_splits")),
+    Case("corpus_hub_splits_unquoted_glob", "preprocess", [  # `--input {tmp}/corpus/hf/data/*` as the shell expands it
+        "--input", *(f"{{tmp}}/corpus/hf/data/{name}" for name in sorted(HUB_SPLITS)), "--vocab-file", "{vocab}",
+        "--output-prefix", "{tmp}/out/c"],
+         ("the 4 --input values hold the splits train (2 shards), validation (1), test (1)",
           "--input '", "hf/data/train-*'"), setup=broken_corpus("hub_splits")),
     Case("corpus_plain_text", "preprocess", ["--input", "{tmp}/corpus/wiki.txt", "--vocab-file", "{vocab}",
                                              "--output-prefix", "{tmp}/out/c", "--skip-invalid"],

@@ -91,7 +91,8 @@ def reference(tmp_path_factory):
 
 
 def options(path, prefix, vocab, **overrides) -> PreprocessOptions:
-    return PreprocessOptions(**{"input": str(path), "output_prefix": str(prefix), "vocab_file": str(vocab),
+    spec = path if isinstance(path, tuple) else str(path)  # several --input values stay a tuple
+    return PreprocessOptions(**{"input": spec, "output_prefix": str(prefix), "vocab_file": str(vocab),
                                 "json_keys": KEYS, "split_sentences": True, "log_interval": 0, **overrides})
 
 
@@ -250,6 +251,28 @@ def parquet_converter(tmp: Path, records: list) -> str:
     return str(tmp / "conv")
 
 
+HUB_SPLITS = ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet", "validation-00000-of-00001.jsonl",
+              "test-00000-of-00001.parquet"]
+
+
+def expanded_glob(tmp: Path, records: list) -> tuple:
+    """`--input hf/data/*` unquoted: the shell passes every split's shards."""
+    return tuple(sorted(str(path) for path in (Path(hub_download(tmp, records, HUB_SPLITS)) / "data").iterdir()))
+
+
+def c4_download(tmp: Path, records: list) -> str:
+    """allenai/c4's layout: the split word after the dataset's name, before the shard number."""
+    shards(tmp / "c4" / "en", ["c4-train.00000-of-00002.json.gz", "c4-train.00001-of-00002.json.gz",
+                               "c4-validation.00000-of-00001.json.gz"], records)
+    return str(tmp / "c4")
+
+
+def split_folders_in_subsets(tmp: Path, records: list) -> str:
+    """A split folder in each of several subsets: `wiki/train/`, `books/train/`, `wiki/validation/`."""
+    shards(tmp / "mixed", ["wiki/train/a.jsonl", "books/train/b.jsonl", "wiki/validation/c.jsonl"], records)
+    return str(tmp / "mixed")
+
+
 def folder_without_shards(tmp: Path, records: list) -> str:
     (tmp / "notes").mkdir(parents=True)
     (tmp / "notes" / "README.md").write_text("the shards are elsewhere")
@@ -350,15 +373,24 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
                                          r"files\), which is not read; write it as Parquet, e\.g\. python -c \"import "
                                          r"datasets; datasets\.load_from_disk\('/\S+/saved'\)\['train'\]\.to_parquet"),
     # a Hugging Face dataset with its held-out splits: read whole, they would be trained on
-    "hub_splits": (lambda tmp, records: hub_download(tmp, records, [
-        "train-00000-of-00002.parquet", "train-00001-of-00002.parquet", "validation-00000-of-00001.jsonl",
-        "test-00000-of-00001.parquet"]), KEYS,
+    "hub_splits": (lambda tmp, records: hub_download(tmp, records, HUB_SPLITS), KEYS,
         r"input folder /\S+/hf holds the splits train \(2 shards\), validation \(1\), test \(1\): read whole, "
         r"the held-out splits would be trained on; pass the one to read as a quoted glob, e\.g\. --input "
         r"'/\S+/hf/data/train-\*'$"),
     "parquet_converter_splits": (parquet_converter, KEYS,
                                  r"input folder /\S+/conv holds the splits train \(1 shard\), test \(1\): .*"
                                  r"--input '/\S+/conv/default/train/\*'$"),
+    "hub_splits_expanded_glob": (expanded_glob, KEYS, r"^the 4 --input values hold the splits train \(2 shards\), "
+                                                      r"validation \(1\), test \(1\): read whole, .*--input "
+                                                      r"'/\S+/hf/data/train-\*'$"),
+    "hub_splits_quoted_glob": (lambda tmp, records: hub_download(tmp, records, HUB_SPLITS) + "/*/*", KEYS,
+                               r"^--input '/\S+/hf/\*/\*' matches the splits train \(2 shards\), validation \(1\), "
+                               r"test \(1\): .*--input '/\S+/hf/data/train-\*'$"),
+    "c4_splits": (c4_download, KEYS, r"input folder /\S+/c4 holds the splits train \(2 shards\), validation \(1\): "
+                                     r".*--input '/\S+/c4/en/c4-train\.\*'$"),
+    "split_folders_in_subsets": (split_folders_in_subsets, KEYS,  # the glob reads both train folders
+                                 r"holds the splits train \(2 shards\), validation \(1\): .*--input "
+                                 r"'/\S+/mixed/\*\*/train/\*\*/\*'$"),
 }
 
 
@@ -434,6 +466,56 @@ def test_one_split_of_a_dataset_folder_is_read_whole(reference, tmp_path):
     assert preprocess(options(f"{folder}/data", tmp_path / "out" / "wiki", vocab)).documents == 80
 
 
+@pytest.mark.parametrize("names,splits", [
+    (["train.jsonl", "training_extra.jsonl"], None), (["train.jsonl", "test_utils.jsonl", "latest.jsonl"], None),
+    (["val/a.jsonl", "validation-00000-of-00001.jsonl", "dev.jsonl"], None),  # one split by three names
+    (["dev/a.jsonl", "test/b.jsonl"], "validation (1 shard), test (1)"),
+    (["training.jsonl.gz", "testing.jsonl.gz"], "train (1 shard), test (1)"),
+    (["default/partial-train/0000.parquet", "default/test/0000.parquet"], "train (1 shard), test (1)"),
+    (["wiki_train.jsonl", "wiki_eval.jsonl"], "train (1 shard), validation (1)")])
+def test_split_names_are_counted_as_their_split(reference, tmp_path, names, splits):
+    """Synonyms are one split (training, train; val, dev, validation); a split word is one before the
+    suffix or a shard number, so `test_utils.jsonl` is no test split."""
+    records, _, _ = reference
+    shards(tmp_path / "ds", names, records[:12])
+    if splits is None:
+        assert len(Corpus(str(tmp_path / "ds"), KEYS).shards) == len(names)
+    else:
+        with pytest.raises(DataError, match=rf"holds the splits {re.escape(splits)}: read whole"):
+            Corpus(str(tmp_path / "ds"), KEYS)
+
+
+def test_the_glob_a_split_refusal_suggests_reads_that_split(reference, tmp_path):
+    """Copied from the line, the suggested glob reads every shard of the split, and only those."""
+    records, _, _ = reference
+    writers = (c4_download, split_folders_in_subsets, lambda tmp, records: hub_download(tmp, records, HUB_SPLITS))
+    for number, write in enumerate(writers):
+        with pytest.raises(DataError) as error:
+            Corpus(write(tmp_path / str(number), records), KEYS)
+        suggested = re.search(r"--input '(\S+)'$", str(error.value))[1]
+        assert len(Corpus(suggested, KEYS).shards) == 2, (suggested, str(error.value))
+
+
+def test_a_save_to_disk_folder_named_dot_is_refused_in_one_line(reference, tmp_path, monkeypatch):
+    """`--input .` inside the split folder: the Parquet file suggested is named from the folder's own name."""
+    records, _, _ = reference
+    monkeypatch.chdir(Path(arrow_folder(tmp_path, records)) / "train")
+    with pytest.raises(DataError, match=rf"is not read; .*load_from_disk\('\.'\)\.to_parquet\("
+                                        rf"'{re.escape(str(tmp_path))}/saved/train\.parquet'\)\"$"):
+        Corpus(".", KEYS)
+
+
+def test_a_stray_first_line_of_json_lines_is_one_bad_record(reference, tmp_path):
+    """A header line (or a damaged first record) before JSON lines is not plain text: --skip-invalid
+    skips it; without, it is named as line 1."""
+    records, vocab, _ = reference
+    spec = written("wiki.jsonl", lambda records: b"# exported 2026-11-27\n" + jsonl(records))(tmp_path, records)
+    report = preprocess(options(spec, tmp_path / "out" / "wiki", vocab, skip_invalid=True))
+    assert (report.documents, report.skipped) == (120, 1)
+    with pytest.raises(DataError, match=r"wiki\.jsonl line 1: invalid JSON"):
+        preprocess(options(spec, tmp_path / "out2" / "wiki", vocab))
+
+
 def test_several_inputs_read_in_the_order_given_as_the_shell_expands_a_glob(reference, tmp_path):
     """`--input data/*.parquet` unquoted: the shell passes every shard; they are read in the order given,
     and give the bytes of the same records in one file. One --input stays one string."""
@@ -448,6 +530,7 @@ def test_several_inputs_read_in_the_order_given_as_the_shell_expands_a_glob(refe
     for key in KEYS:
         assert file_bytes(report.outputs[key]) == file_bytes(expected[key]), key
     assert preprocess_data.parse_args([*argv, str(tmp_path / "mix")]).input == str(tmp_path / "mix")
+    assert Corpus(parsed.input, KEYS).input == f"{tmp_path / 'mix' / names[0]} and 2 more"  # not a 1,000-shard line
     with pytest.raises(DataError, match=r"--input names \S+part-0\.parquet twice \(.*\); pass each shard once"):
         Corpus((str(tmp_path / "mix"), str(tmp_path / "mix" / "part-0.parquet")), KEYS)
 

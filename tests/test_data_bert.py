@@ -236,14 +236,31 @@ def test_documents_the_sampler_skips_are_counted_and_warned_about(data, tmp_path
         build_train_valid_test_datasets([prefix], "mmap", "1", (50, 0, 0), 64, data[1], pack_samples=packed,
                                         max_segment_length=32 if packed else None, binary_head=binary_head)
         err = capsys.readouterr().err
-        assert re.fullmatch(rf"warning: \d+% of the {skipped.tokens} tokens of {re.escape(prefix)} lie in documents "
-                            rf"the BERT sampler skips{', packed or not' if packed else ''} \(("
-                            rf"20 documents have one sentence; )?{8 if binary_head else 12} documents hold a sentence over 512 tokens\): check "
-                            r"the sentence splitting \(preprocess with --split-sentences and the corpus's --lang\)\n",
-                            err), err
+        reasons = rf"{'20 documents have one sentence; ' if binary_head else ''}{8 if binary_head else 12} documents"
+        assert re.fullmatch(rf"warning: at least \d+% of the {skipped.tokens} tokens of {re.escape(prefix)} lie in "
+                            rf"documents the BERT sampler skips{', packed or not' if packed else ''} \({reasons} "
+                            r"hold a sentence over 512 tokens\): check the sentence splitting \(preprocess with "
+                            r"--split-sentences and the corpus's --lang\)\n", err), err
         assert ("one sentence" in err) == binary_head  # without the head, 4 of them are long
     build_train_valid_test_datasets([data[0]], "mmap", "1", (50, 0, 0), 64, data[1])  # 2-8 sentences, short
     assert capsys.readouterr().err == ""
+
+
+def test_the_skipped_warning_names_only_the_reasons_that_hold():
+    """A reason no document has is no reason ("0 documents hold a sentence over 512 tokens")."""
+    warning = bert_dataset.skipped_warning("p", bert_dataset.SkippedDocuments(100, (5, 50), (0, 0)), 512, False)
+    assert warning.startswith("at least 50% of the 100 tokens of p lie"), warning
+    assert "(5 documents have one sentence)" in warning, warning
+    warning = bert_dataset.skipped_warning("p", bert_dataset.SkippedDocuments(100, (0, 0), (2, 30)), 512, False)
+    assert "(2 documents hold a sentence over 512 tokens)" in warning, warning
+
+
+def test_only_the_printing_rank_counts_the_skipped_documents(monkeypatch, tmp_path):
+    """The census reads every sentence's size of a prefix: the other ranks, which print nothing, skip it."""
+    monkeypatch.setattr(bert_dataset.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(bert_dataset.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(bert_dataset, "skipped_documents", lambda *args: pytest.fail("counted on rank 1"))
+    bert_dataset._warn_skipped(str(tmp_path / "p"), None, 64, True, False)
 
 
 def test_blending_follows_the_weights(data, tmp_path):

@@ -368,6 +368,7 @@ def test_a_repository_path_given_from_another_folder_is_named(capsys, tmp_path, 
     code, _, err = run(capsys, "validate", "ds_configs/ring_sp2.json", "--world-size", 2)
     assert code == 2 and err.endswith(f"(this repository has {ROOT / 'ds_configs' / 'ring_sp2.json'}: pass that path "
                                       "from this folder)\n"), err
-    with pytest.raises(ds_config.ConfigError, match="^DeepSpeed config ds_configs/ring_sp2.json does not exist; pass an existing "
-                                          "JSON file to --deepspeed_config \\(this repository has "):
+    with pytest.raises(ds_config.ConfigError, match="^DeepSpeed config ds_configs/ring_sp2.json does not exist; pass "
+                                                    "an existing JSON file to --deepspeed_config \\(this repository "
+                                                    "has "):
         ds_config.read_ds_config("ds_configs/ring_sp2.json")  # the trainer's reader: its own flag

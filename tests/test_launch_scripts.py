@@ -227,8 +227,8 @@ def dry_run(script: str, run_dir: Path, *arguments, **env) -> tuple:
                                                         "arguments it would go to pretrain_bert.py); list only the "
                                                         "hosts to use in HOSTFILE"),
     ("bert_distributed.sh", ["--master_port=29501"], "--master_port is a flag of the deepspeed launcher, which "
-                                                     "bert_distributed.sh calls for you (after the positional arguments "
-                                                     "it would go to pretrain_bert.py); set MASTER_PORT")])
+                                                     "bert_distributed.sh calls for you (after the positional "
+                                                     "arguments it would go to pretrain_bert.py); set MASTER_PORT")])
 def test_flags_the_positionals_fix_are_refused(tmp_path, script, flags, message):
     """They trained silently with settings other than the JSON in RUN_DIR that the script had validated
     (a late --dry-run launched for real, then failed in the trainer)."""

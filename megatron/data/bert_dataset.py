@@ -177,17 +177,17 @@ def skipped_documents(indexed, min_num_sent: int, long_sentence_len: int) -> Ski
                             (int(long.sum()), int(tokens[long].sum())))
 
 
-def skipped_warning(prefix: str, skipped: SkippedDocuments, min_num_sent: int, long_sentence_len: int,
-                    packed: bool) -> str | None:
+def skipped_warning(prefix: str, skipped: SkippedDocuments, long_sentence_len: int, packed: bool) -> str | None:
     """The start-up warning when build_mapping leaves a notable share of a prefix's tokens unread
     (a corpus not split into sentences, or in a language Punkt does not split), else None."""
     if skipped.share < SKIPPED_SHARE_WARNED:
         return None
-    reasons = [f"{skipped.long_sentence[0]} documents hold a sentence over {long_sentence_len} tokens"]
-    if min_num_sent > 1:  # the sentence-order head needs two; without it one sentence is a sample
-        reasons.insert(0, f"{skipped.few_sentences[0]} documents have one sentence")
-    return (f"{skipped.share:.0%} of the {skipped.tokens} tokens of {prefix} lie in documents the BERT sampler "
-            f"skips{', packed or not' if packed else ''} ({'; '.join(reasons)}): check the sentence splitting "
+    counts = {"have one sentence": skipped.few_sentences[0],  # none without the sentence-order head
+              f"hold a sentence over {long_sentence_len} tokens": skipped.long_sentence[0]}
+    reasons = [f"{count} documents {what}" for what, count in counts.items() if count]
+    # at least: build_mapping also leaves out a document's last sentences too few for a sample, not counted
+    return (f"at least {skipped.share:.0%} of the {skipped.tokens} tokens of {prefix} lie in documents the BERT "
+            f"sampler skips{', packed or not' if packed else ''} ({'; '.join(reasons)}): check the sentence splitting "
             "(preprocess with --split-sentences and the corpus's --lang)")
 
 
@@ -436,10 +436,13 @@ def _split_datasets(prefix, data_impl, split, num_samples, seq_length, tokenizer
 
 
 def _warn_skipped(prefix: str, indexed, segment_length: int, binary_head: bool, packed: bool) -> None:
-    """Prints skipped_warning's line, once (the first rank), with samples_mapping's settings."""
+    """Prints skipped_warning's line, once (the first rank, which alone reads every sentence's size for it),
+    with samples_mapping's settings."""
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        return
     min_num_sent = 2 if binary_head else 1
     long_sentence_len = max(LONG_SENTENCE_LEN, segment_length - (3 if binary_head else 2))
-    warning = skipped_warning(prefix, skipped_documents(indexed, min_num_sent, long_sentence_len), min_num_sent,
-                              long_sentence_len, packed)
-    if warning and not (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0):
+    warning = skipped_warning(prefix, skipped_documents(indexed, min_num_sent, long_sentence_len), long_sentence_len,
+                              packed)
+    if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)

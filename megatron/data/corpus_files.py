@@ -35,9 +35,13 @@ REDOWNLOAD = "download or compress it again (gzip -t / zstd -t test a file), or 
 UNFINISHED = (".incomplete", ".part", ".crdownload", ".tmp", ".aria2")  # beside or instead of a file whose download
 # has not finished: huggingface_hub (its blobs and local_dir's .cache/ too: any *.incomplete), browsers, aria2
 NUMBERED_SHARD = re.compile(r"(?P<head>.+)-(?P<index>\d+)-of-(?P<total>\d+)(?P<tail>.*)")  # train-00001-of-00003.json
-SPLIT_NAMES = ("train", "training", "validation", "valid", "val", "dev", "test", "testing", "eval", "evaluation")
-# the split a Hugging Face dataset's folder (`default/train/`) or file name (`data/test-00000-of-00001.parquet`) names
-SPLIT_FILE = re.compile(r"(?P<split>[a-z]+)[-_.]")  # a file name's first word: `validation-0000...`, `test.jsonl`
+SPLITS = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
+          "val": "validation", "dev": "validation", "eval": "validation", "evaluation": "validation",
+          "test": "test", "testing": "test"}  # a split's names (a Hugging Face dataset's and others') -> the split
+SPLIT_FILE = re.compile(rf"(?:^|[-_.])(?P<split>{'|'.join(SPLITS)})(?P<end>[-_.]\d|\.(?:jsonl?|parquet)(?:\.\w+)?$)")
+# a split word before a shard number or the suffix: `test-00000-of-00001.parquet`, `en/c4-validation.00000-of-00008
+# .json.gz`, `test.jsonl`, `wiki_train.jsonl` (not `test_utils.jsonl`)
+SPLIT_FOLDER = re.compile(rf"(?:partial-)?(?P<split>{'|'.join(SPLITS)})")  # `default/train/`, `partial-train/`
 
 
 def shard_kind(name: str) -> str:
@@ -74,11 +78,13 @@ class Corpus:
                               "name each key once (each gets its own output)")
         self.keys = tuple(keys)
         specs = [spec] if isinstance(spec, str) else list(spec)
-        self.input = " ".join(specs)  # as the messages name it
+        self.input = specs[0] + (f" and {len(specs) - 1} more" if len(specs) > 1 else "")  # as the messages name it
         found = [_shard_paths(one) for one in specs]
         paths = [path for shards, _ in found for path in shards]
         self.skipped = [path for _, skipped in found for path in skipped]  # files beside the shards, left out
         _refuse_repeated_shards(paths)
+        if len(specs) > 1:  # an unquoted glob the shell expanded: `--input hf/data/*`
+            _refuse_several_splits(f"the {len(specs)} --input values hold", _common_folder(paths), paths)
         self.shards = [Shard(path, shard_kind(path)) for path in paths]
         for shard in self.shards:
             if shard.kind == "parquet":
@@ -119,7 +125,7 @@ def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
             _refuse_arrow_folder(spec, files)
             raise DataError(f"input folder {spec} holds no corpus shards ({', '.join(FOLDER_SUFFIXES)})",
                             f"pass a folder, file or glob of {FORMATS_HELP} files")
-        _refuse_several_splits(spec, found)
+        _refuse_several_splits(f"input folder {spec} holds", spec, found)
         _refuse_missing_shards(spec, found)
         return found, [name for name in files if name not in found and name.lower().endswith(COMPRESSED_SUFFIXES)]
     if glob.has_magic(spec):
@@ -130,8 +136,10 @@ def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
         if not found:
             raise DataError(f"--input {spec} matches no files", "check the pattern (quoted, so the shell leaves "
                                                                   "it to the tool) and the folder")
-        shards = [name for name in found if name.lower().endswith(FOLDER_SUFFIXES)]
-        return (shards, [name for name in found if name not in shards]) if shards else (found, [])
+        shards = [name for name in found if name.lower().endswith(FOLDER_SUFFIXES)] or found
+        if len(shards) > 1:
+            _refuse_several_splits(f"--input {shlex.quote(spec)} matches", _common_folder(shards), shards)
+        return shards, [name for name in found if name not in shards]
     raise DataError(f"input file {spec} does not exist",
                     f"pass --input with a {FORMATS_HELP} file, or a folder or glob of them")
 
@@ -147,36 +155,57 @@ def _refuse_repeated_shards(paths: list) -> None:
         seen.add(real)
 
 
-def _refuse_several_splits(spec: str, shards: list) -> None:
-    """A Hugging Face dataset folder holding several splits (`data/train-*`, `data/validation-*`,
-    `data/test-*`; `default/train/`, `default/test/`): read whole, the held-out text would be trained on."""
-    splits = {}  # split name -> its shards
+def _refuse_several_splits(where: str, root: str, shards: list) -> None:
+    """Shards of several splits of a dataset (`data/train-*`, `data/validation-*`, `data/test-*`;
+    `default/train/`, `default/test/`), in a folder, a glob or several --input values (`where` says which,
+    `root` the folder they lie in): read as one corpus, the held-out text would be trained on."""
+    splits = {}  # split -> where each of its shards lies
     for name in shards:
-        if split := _split_of(Path(name).relative_to(spec)):
-            splits.setdefault(split, []).append(Path(name))
+        if split := _split_of(root, name):
+            splits.setdefault(split[0], []).append(split[1])
     if len(splits) < 2:
         return
-    order = sorted(splits, key=SPLIT_NAMES.index)
+    order = sorted(splits, key=list(SPLITS.values()).index)
     unit = {order[0]: " shard" if len(splits[order[0]]) == 1 else " shards"}
     listing = ", ".join(f"{split} ({len(splits[split])}{unit.get(split, '')})" for split in order)
-    first = splits[order[0]][0]
-    relative = first.relative_to(spec)
-    if order[0] in (part.lower() for part in relative.parts[:-1]):  # default/train/0000.parquet
-        folder = Path(spec).joinpath(*relative.parts[:[part.lower() for part in relative.parts].index(order[0]) + 1])
-        example = f"{folder}/*" if all(path.parent == folder for path in splits[order[0]]) else f"{folder}/**/*"
-    else:  # data/train-00000-of-00002.parquet
-        example = f"{first.parent}/{first.name[:len(order[0]) + 1]}*"
-    raise DataError(f"input folder {spec} holds the splits {listing}: read whole, the held-out splits would be "
-                    "trained on",
-                    f"pass the one to read as a quoted glob, e.g. --input '{example}'")
+    raise DataError(f"{where} the splits {listing}: read whole, the held-out splits would be trained on",
+                    f"pass the one to read as a quoted glob, e.g. --input {_split_glob(root, splits[order[0]])}")
 
 
-def _split_of(relative: Path) -> str | None:
-    """The split a shard's path (relative to the --input folder) names by a folder or its file name's first word."""
-    if folder := next((part.lower() for part in relative.parts[:-1] if part.lower() in SPLIT_NAMES), None):
-        return folder
-    match = SPLIT_FILE.match(relative.name.lower())
-    return match["split"] if match and match["split"] in SPLIT_NAMES else None
+def _split_of(root: str, name: str) -> tuple | None:
+    """(the split a shard under `root` names, where: (its split folder, that folder's name, whether the
+    shard lies directly in it) or (its folder, its file name up to the split word, None)), or None. By a
+    folder (`default/train/0000.parquet`, the converter's `partial-train/`) or the file name
+    (`train-00000-of-00002.parquet`, `c4-validation.00000-of-00008.json.gz`, `test.jsonl`)."""
+    relative = Path(os.path.relpath(name, root))
+    for depth, part in enumerate(relative.parts[:-1]):
+        if match := SPLIT_FOLDER.fullmatch(part.lower()):
+            folder = os.path.join(root, *relative.parts[:depth + 1])
+            return SPLITS[match["split"]], (folder, part, depth == len(relative.parts) - 2)
+    if match := SPLIT_FILE.search(relative.name.lower()):
+        return SPLITS[match["split"]], (os.path.dirname(name) or ".", relative.name[:match.start("end") + 1], None)
+    return None
+
+
+def _split_glob(root: str, places: list) -> str:
+    """The quoted glob of one split's shards from where each lies (_split_of's): `hf/data/train-*` or
+    `conv/default/train/*` where they share one, else recursive ones (`hf/**/train/**/*`) that match all."""
+    if len({place[:2] for place in places}) == 1:
+        folder, head, direct = places[0]
+        tail = f"{head}*" if direct is None else "*" if all(place[2] for place in places) else "**/*"
+        patterns = [os.path.join(folder, tail)]
+    else:
+        patterns = sorted({os.path.join(root, "**", head, "**/*") if direct is not None
+                           else os.path.join(root, "**", f"{head}*") for _, head, direct in places})
+    return " ".join(shlex.quote(os.path.normpath(pattern)) for pattern in patterns)
+
+
+def _common_folder(paths: list) -> str:
+    """The deepest folder holding every path (relative where they all are)."""
+    try:
+        return os.path.commonpath([os.path.dirname(path) or "." for path in paths])
+    except ValueError:  # absolute and relative paths mixed
+        return os.path.commonpath([os.path.dirname(os.path.abspath(path)) for path in paths])
 
 
 def _refuse_arrow_folder(spec: str, files: list) -> None:
@@ -185,7 +214,7 @@ def _refuse_arrow_folder(spec: str, files: list) -> None:
         split = "['train']" if (Path(spec) / "dataset_dict.json").is_file() else ""
         raise DataError(f"input folder {spec} is a Hugging Face save_to_disk folder (Arrow files), which is not read",
                         f"write it as Parquet, e.g. python -c \"import datasets; datasets.load_from_disk("
-                        f"{str(spec)!r}){split}.to_parquet({str(Path(spec).with_suffix('.parquet'))!r})\"")
+                        f"{str(spec)!r}){split}.to_parquet({os.path.abspath(spec) + '.parquet'!r})\"")
 
 
 def _refuse_unfinished(spec: str, paths: list) -> None:
@@ -303,15 +332,20 @@ def _jq_command(shard: Shard, select: str, raw: bool = False) -> str:
     return f"{unpack}{path} | {jq}{pack} > {lines}" if unpack else f"{jq} {path} > {lines}"
 
 
+JSON_LINES_LOOKED_AT = 5  # non-blank lines of a shard's head, one of which is JSON in a JSON-lines shard
 NOT_JSON = {".csv": "CSV", ".tsv": "TSV", ".arrow": "an Arrow file (Hugging Face save_to_disk)"}  # by the suffix
 
 
 def _refuse_not_json(shard: Shard, head: bytes, key: str) -> None:
-    """A shard whose first line is no JSON object or array (plain text, one document a line; CSV; an
-    Arrow file): named as what its suffix says, with the conversion. A first line that is a JSON value
-    (a string, a number) is left to the reading, which names the record."""
-    first = head.lstrip(b"\xef\xbb\xbf \t\r\n").partition(b"\n")[0].strip()
-    if not first or first.startswith((b"{", b"[")) or _parses(first):
+    """A shard none of whose first lines is JSON (plain text, one document a line; CSV; an Arrow file):
+    named as what its suffix says, with the conversion. Where one of them is a JSON object or array or
+    value (a string, a number), a bad line among them (a stray header, a damaged first record) is left to
+    the reading, which names the record (--skip-invalid skips it)."""
+    lines = [line.strip() for line in head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n")]
+    if len(head) == HEAD_BYTES and len(lines) > 1:
+        lines.pop()  # cut off by the head
+    lines = [line for line in lines if line][:JSON_LINES_LOOKED_AT]
+    if not lines or any(line.startswith((b"{", b"[")) or _parses(line) for line in lines):
         return
     name = shard.path[:-len(Path(shard.path).suffix)] if shard.kind != "json" else shard.path  # x.csv.gz -> x.csv
     suffix = next((suffix for suffix in NOT_JSON if name.lower().endswith(suffix)), None)
