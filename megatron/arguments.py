@@ -354,8 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_trainer_flags(argv: list) -> None:
-    """A launch script's dry run: the flags of the command it prints, parsed by pretrain_bert.py's parser,
-    so that an unknown or mistyped one fails the dry run in the trainer's own line, not every node after
+    """A launch script's check before its launch or dry run: the flags of its command, parsed by pretrain_bert.py's
+    parser, so that an unknown or mistyped one fails once in the trainer's own line, not every node after
     the launch. Imports DeepSpeed for its config flags, as the trainer does (a few seconds)."""
     from megatron.quiet import quiet_deepspeed
 
