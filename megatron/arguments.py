@@ -246,7 +246,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     default_data = in_repository(DEFAULT_DATA_DIR)
     data.add_argument("--default-data-dir", default=default_data,
                       help="where the embedded corpus, vocab and preprocessed data are built (default: "
-                           f"{default_data}, in this repository whichever the current folder)")
+                           f"{default_data}, in this repository whatever the current folder; a read-only "
+                           "checkout: give a folder this user can write)")
 
     run = parser.add_argument_group("checkpoints, evaluation, logging")
     run.add_argument("--save", help="checkpoint directory")
