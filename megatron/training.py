@@ -1391,12 +1391,16 @@ def small_eval_splits(splits: dict, micro_batch: int) -> str | None:
 def with_eval_passes(warning: str | None, stats: dict, per_evaluation: int) -> str | None:
     """small_eval_splits' warning (or a new one) naming the evaluation splits ({name: TokenStats}) that one
     evaluation of per_evaluation samples (--eval-iters x global batch) reads more than twice: the same
-    documents, masked anew, K passes over the samples of one pass over them. Twice is no waste worth a
-    line (each token masked anew); the main job's small splits are read up to twice."""
-    def shown(split) -> str:
-        return f"{per_evaluation / split.epoch_samples:.{1 if per_evaluation < 10 * split.epoch_samples else 0}f}"
-    passes = [f"{name} {shown(split)} passes over its {split.epoch_samples} samples" for name, split in stats.items()
-              if name != "train" and 0 < 2 * split.epoch_samples < per_evaluation]
+    documents, masked anew, K passes over the samples of one pass over them (of a blend, over its most-read
+    prefix's). Twice is no waste worth a line (each token masked anew); the main job's small splits are read
+    up to twice."""
+    def described(name, split) -> str | None:
+        reads, samples = most_read(split, per_evaluation)
+        if reads <= 2:
+            return None
+        whose = "one prefix's" if split.prefix_epochs else "its"
+        return f"{name} {reads:.{1 if reads < 10 else 0}f} passes over {whose} {samples} samples"
+    passes = list(filter(None, (described(name, split) for name, split in stats.items() if name != "train")))
     if not passes:
         return warning
     said = (f"each evaluation reads {per_evaluation} samples (--eval-iters x global batch): {', '.join(passes)} "
@@ -1404,6 +1408,14 @@ def with_eval_passes(warning: str | None, stats: dict, per_evaluation: int) -> s
     return (f"{warning}; {said}" if warning else
             f"{said}; give the split more documents (a larger share of --split, or a larger corpus) or pass a "
             "smaller --eval-iters")
+
+
+def most_read(split, per_evaluation: int) -> tuple:
+    """(passes, samples) over the samples of one pass of the split's most-read part in one evaluation:
+    a blend reads its prefixes in their weights' shares, so a small prefix of a large weight repeats
+    more often than the blend's sum of samples says. (0, 0): a split of no sample."""
+    parts = split.prefix_epochs or ((1.0, split.epoch_samples),)
+    return max(((share * per_evaluation / samples, samples) for share, samples in parts if samples), default=(0, 0))
 
 
 def sample_options(args, config) -> dict:
