@@ -35,6 +35,7 @@ from pathlib import Path
 
 import this_repo  # azureml/this_repo.py, a link to tools/this_repo.py
 this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import ConfigError, DataError, OneLineParser  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "azureml" / "Dockerfile"
@@ -159,7 +160,6 @@ def validate(args) -> None:
             if not (data / name).is_file():
                 raise SubmitError(f"--data {args.data} has no {name}; pass the folder tools/preprocess_data.py wrote "
                                   "(--data-prefix names the .bin/.idx in it, --vocab the vocab file)")
-    from megatron.errors import ConfigError, DataError
     from megatron.quiet import quiet_deepspeed
 
     try:
@@ -281,8 +281,6 @@ def key_value(text: str) -> tuple:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from megatron.errors import OneLineParser  # a flag mistake is one line, as in every tool, not the usage block
-
     parser = OneLineParser(prog="submit.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", metavar="JOB_YAML", type=Path, help="write the job YAML here, submit nothing")
     parser.add_argument("--compute", default="gpu-cluster", help="AzureML compute cluster name")

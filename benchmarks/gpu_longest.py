@@ -8,7 +8,7 @@ Sequence lengths double from --start until a step runs out of GPU memory, then h
 down to --step, within --budget-s: a length is not started when the time the lengths before it
 predict for it (their growth with s, at most s^2) would overrun what is left of the budget, since
 one step at 512K tokens can take minutes. With --write, writes the "GPU check: longest BERT-base step" section
-of RESULTS.md after every length, so a search cut short leaves what it measured
+of RESULTS.md after every length, so a search cut short leaves what it measured, and prints it once at the end
 (benchmarks/gpu_check.sh runs it, under its share of the check's budget). The CPU counterpart, under a memory
 cap and for every variant and SP, is benchmarks/longest_sequence.py.
 """
@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from attention_memory import random_chunk  # noqa: E402
-from results import BenchmarkParser, machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, replace_section, write_section  # noqa: E402
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
@@ -165,8 +165,10 @@ def main(argv=None) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     heading = "GPU check: longest BERT-base step"
 
-    def report(tried):  # the partial section after every length: a search cut short keeps it
-        write_section(heading, section(args, None, tried, None, partial=True))
+    def report(tried):
+        """The partial section after every length: a search cut short keeps it. Into RESULTS.md only: search
+        prints each length as it ends, and the section is printed once, complete, at the end."""
+        replace_section(heading, section(args, None, tried, None, partial=True))
 
     longest, tried, refused = search(args.start, args.step, args.budget_s, lambda seq: step_at(seq, device),
                                      report=report if args.write else None)

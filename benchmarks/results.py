@@ -29,11 +29,12 @@ class BenchmarkParser(OneLineParser):
         self.add_argument("--write", action="store_true", help="record this run: rewrite its section of "
                           "benchmarks/RESULTS.md and its plot (without it the section is printed only)")
 
-    def parse_args(self, args=None, namespace=None):
+    def parse_known_args(self, args=None, namespace=None):
+        """Sets WRITE; parse_args and parse_intermixed_args come here too."""
         global WRITE
-        parsed = super().parse_args(args, namespace)
+        parsed, rest = super().parse_known_args(args, namespace)
         WRITE = parsed.write
-        return parsed
+        return parsed, rest
 
 
 def positive(kind=int):

@@ -37,7 +37,9 @@ done
 # over what the script validated and wrote to RUN_DIR/ds_config.json (argparse's last flag wins),
 # also as --flag=value or an abbreviation (--micro-batch; argparse's allow_abbrev).
 # The deepspeed launcher's own flags: the script calls it, so after the positional arguments they would go
-# to pretrain_bert.py, which refuses them only once the launcher has started the ranks on every node.
+# to pretrain_bert.py, which refused them only once the launcher had started the ranks on every node. RUNNER
+# names the ones whose setting the script takes elsewhere; the others (--force_multi, --ssh_port,
+# --launcher_args, --bind_cores_to_rank, --module, elastic flags, ...) fail the trainer's parser before the launch.
 HOSTS_FIX="list only the hosts to use in HOSTFILE (bert_multinode.sh HOSTFILE NUM_NODES ...); CUDA_VISIBLE_DEVICES picks a node's GPUs"
 declare -A RUNNER=([--include]=$HOSTS_FIX [--exclude]=$HOSTS_FIX [--hostfile]=$HOSTS_FIX
                    [--num_nodes]="set NUM_NODES (bert_multinode.sh HOSTFILE NUM_NODES ...)"
@@ -147,11 +149,12 @@ COMMAND=("${LAUNCHER[@]}" "$ROOT/pretrain_bert.py" --deepspeed --deepspeed_confi
          "${MODEL[@]}" --train-iters 1000 --lr 1e-4 --lr-warmup-fraction 0.01 --log-interval 10
          --eval-interval 500 --eval-iters 10 --save "$SAVE_DIR" --load "$SAVE_DIR" --save-interval 500 --log-dir "$RUN_DIR" "$@")
 CONFIG=("$PYTHON" "$ROOT/tools/ds_config.py" set "$TEMPLATE" "${SETTINGS[@]}" --world-size "$WORLD" "${MODEL[@]}")
+# the trainer's parser on the flags the command passes it, in a dry run and before a launch alike: an
+# unknown or mistyped flag fails here, once, not on every node after the launch (a few seconds: DeepSpeed's import)
+TRAINER_FLAGS=("${COMMAND[@]:${#LAUNCHER[@]}+1}")
+"$PYTHON" -c 'import sys; sys.path[:0] = [sys.argv.pop(1)]; import megatron.arguments as a; a.check_trainer_flags(sys.argv[1:])' \
+    "$ROOT" "${TRAINER_FLAGS[@]}"
 if [ "$DRY_RUN" = 1 ]; then
-    # the trainer's parser on the flags the command passes it: an unknown flag fails here, not after the launch
-    TRAINER_FLAGS=("${COMMAND[@]:${#LAUNCHER[@]}+1}")
-    "$PYTHON" -c 'import sys; sys.path[:0] = [sys.argv.pop(1)]; import megatron.arguments as a; a.check_trainer_flags(sys.argv[1:])' \
-        "$ROOT" "${TRAINER_FLAGS[@]}"
     # a dry run writes nothing: the JSON it would write is printed, and where the command reads it
     echo "# RUN_DIR/ds_config.json ($RUN_DIR/ds_config.json) would hold this JSON; the command below reads it there:"
     "${CONFIG[@]}" --output -

@@ -246,7 +246,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     default_data = in_repository(DEFAULT_DATA_DIR)
     data.add_argument("--default-data-dir", default=default_data,
                       help="where the embedded corpus, vocab and preprocessed data are built (default: "
-                           f"{default_data}, in this repository whichever the current folder)")
+                           f"{default_data}, in this repository whatever the current folder; a read-only "
+                           "checkout: give a folder this user can write)")
 
     run = parser.add_argument_group("checkpoints, evaluation, logging")
     run.add_argument("--save", help="checkpoint directory")
@@ -354,8 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_trainer_flags(argv: list) -> None:
-    """A launch script's dry run: the flags of the command it prints, parsed by pretrain_bert.py's parser,
-    so that an unknown or mistyped one fails the dry run in the trainer's own line, not every node after
+    """A launch script's check before its launch or dry run: the flags of its command, parsed by pretrain_bert.py's
+    parser, so that an unknown or mistyped one fails once in the trainer's own line, not every node after
     the launch. Imports DeepSpeed for its config flags, as the trainer does (a few seconds)."""
     from megatron.quiet import quiet_deepspeed
 

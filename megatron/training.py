@@ -25,7 +25,7 @@ import torch.distributed as dist
 from megatron import checkpoint, determinism, hf_convert, hf_modernbert, optimizer_state, paths
 from megatron.arguments import (PRINTER_WAIT, build_parser, config_flags, flag_setting, launcher_rank,
                                 outlive_rank_0)
-from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, WEIGHTLESS_FIELDS, adjustable_start_fields,
+from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, WEIGHTLESS_FIELDS, TrainConfig, adjustable_start_fields,
                              default_optimizer, model_notes, model_preset, optimizer_params_taken, precision,
                              preset_source, read_ds_config, refuse_contradictions, resolve)
 from megatron.data import index_maps
@@ -1086,48 +1086,59 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     the signal number of an agreed stop (None: the run trained every step). `progress` is kept up to
     date for the line of a lost rank (lost_rank_problem)."""
     progress = progress or Progress()
-    ds, config, tokenizer, data_path, weights_only, bert_state = check_start_up(args)
+    setup = check_start_up(args)
+    config = setup.config
     train_iters = args.train_iters or math.ceil(args.train_samples / config.global_batch_size)
-    datasets, used_maps = build_datasets(args, config, data_path, tokenizer, train_iters)
-    engine = build_engine(config, bert_state=bert_state, lr_scheduler=lr_schedule(args, train_iters))
+    datasets, used_maps = build_datasets(args, config, setup.data_path, setup.tokenizer, train_iters)
+    engine = build_engine(config, bert_state=setup.bert_state, lr_scheduler=lr_schedule(args, train_iters))
     if args.skip_nan_batches:
         skip_nonfinite_updates(engine)
-    run = resume_or_start(args, engine, config, ds, data_path, tokenizer, used_maps, weights_only, train_iters,
-                          progress)
-    stop = StopSignals(tokenizer.file, run.log, start_up)
-    first_iteration = run.iteration
+    run = resume_or_start(args, setup, engine, used_maps, train_iters, progress)
+    stop = StopSignals(setup.tokenizer.file, run.log, start_up)
     read_batches = batch_reader(config, stop)
     train_loop(run, datasets, read_batches, stop)
-    return end_run(run, datasets[2], read_batches, stop, first_iteration)
+    return end_run(run, datasets[2], read_batches, stop)
 
 
-def check_start_up(args) -> tuple:
+@dataclasses.dataclass
+class StartUp:
+    """What the start-up checks hand the run: check_before_rendezvous fills the first five fields,
+    check_start_up the rest after the rendezvous."""
+    ds: dict  # the DeepSpeed JSON
+    flags: dict  # the model's BertConfig / TrainConfig field values (model_flags)
+    weights_only: bool  # --load or --init-from-hf starts from weights, not a resume
+    checked: bool  # the layout was checked before the rendezvous (the launcher's WORLD_SIZE was known)
+    bert_state: dict | None  # the model state the run starts from (initial_weights); None: not known yet
+    config: TrainConfig | None = None
+    tokenizer: object = None
+    data_path: list | None = None
+
+
+def check_start_up(args) -> StartUp:
     """Everything a run checks before its data and engine, each mistake one line before any work it
     would waste: the flags at the launcher's world size, then the rendezvous, the output folders, the
-    tokenizer and the resolved config with its notes. Returns (ds, config, tokenizer, data_path,
-    weights_only, bert_state): bert_state is the model state the run starts from (initial_weights)."""
+    tokenizer and the resolved config with its notes."""
     note = launch_environment()
     determinism.configure(args.deterministic)
     torch.manual_seed(args.seed)  # the heads an HF folder lacks are initialised below
-    ds, flags, weights_only, checked, bert_state = check_before_rendezvous(args)
+    setup = check_before_rendezvous(args)
     join_process_group(args, note)
     if args.save:
         checkpoint.check_writable(args.save)  # before any work that a failed first save would lose
     check_log_dirs(args)
-    data_path, tokenizer = data_paths(args)
-    flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
-    config = resolve(flags, ds, dist.get_world_size(), deepspeed_check=not checked)
-    check_model_fits(args, config, ds, tokenizer)
-    if bert_state is None:
-        bert_state = initial_weights(args, config, weights_only)
-    return ds, config, tokenizer, data_path, weights_only, bert_state
+    setup.data_path, setup.tokenizer = data_paths(args)
+    setup.flags["vocab_size"] = setup.flags["vocab_size"] or setup.tokenizer.vocab_size
+    setup.config = resolve(setup.flags, setup.ds, dist.get_world_size(), deepspeed_check=not setup.checked)
+    check_model_fits(args, setup.config, setup.ds, setup.tokenizer)
+    if setup.bert_state is None:
+        setup.bert_state = initial_weights(args, setup.config, setup.weights_only)
+    return setup
 
 
-def check_before_rendezvous(args) -> tuple:
+def check_before_rendezvous(args) -> StartUp:
     """One validation pass before any work (rendezvous, data, model): the JSON, the optimizer, the model
     and layout at the launcher's world size, with a stand-in vocab size where the vocab file decides
-    it; the weights the run starts from (an HF folder's missing tensor) where the vocab is known.
-    Returns (ds, flags, weights_only, checked: the layout was checked here, bert_state or None)."""
+    it; the weights the run starts from (an HF folder's missing tensor) where the vocab is known."""
     ds = deepspeed_settings(args)
     check_precision_supported(ds)  # fp16 on a CPU without its kernels: before the rendezvous and the data
     weights_only = starts_from_weights(args)
@@ -1139,7 +1150,7 @@ def check_before_rendezvous(args) -> tuple:
         check_sample_room(config)
         if flags["vocab_size"]:  # the run's config is this one
             bert_state = initial_weights(args, config, weights_only)
-    return ds, flags, weights_only, checked, bert_state
+    return StartUp(ds, flags, weights_only, checked, bert_state)
 
 
 def join_process_group(args, note: str | None) -> None:
@@ -1212,27 +1223,28 @@ class Run:
     """What the training loop and the run's end share: the run's parts (pretrain builds them once)
     and how far it is, which the loop advances."""
     args: argparse.Namespace
-    engine: object
-    config: object  # TrainConfig
+    engine: object  # DeepSpeed's engine (PipelineEngine with a pipeline)
+    config: TrainConfig
     log: RunLog
     saved: dict  # what each checkpoint records besides the engine (save_checkpoint's state)
     progress: Progress
     train_iters: int
+    first_iteration: int = 0  # where this process started: the loaded checkpoint's iteration, else 0
     iteration: int = 0
     consumed: int = 0  # samples
     last_checkpoint: str | None = None  # the newest complete one: the loaded one, then each saved
 
 
-def resume_or_start(args, engine, config, ds: dict, data_path: list, tokenizer, used_maps: list,
-                    weights_only: bool, train_iters: int, progress: Progress) -> Run:
+def resume_or_start(args, setup: StartUp, engine, used_maps: list, train_iters: int, progress: Progress) -> Run:
     """The engine restored from --load (a resume), else the run's start (scratch or starting weights);
     opens the run log, which says which, and rank 0 warns of what a resume changes."""
+    config, ds, weights_only = setup.config, setup.ds, setup.weights_only
     client = (checkpoint.load(engine, args.load, config, load_rng=not args.no_load_rng)
               if args.load and not weights_only else None)
     if client:  # every rank loaded before rank 0 says so: a rank whose load failed says why, and the
         dist.barrier()  # others, lost here, print nothing that reads like a resume (config:, resuming from)
-    saved = dict(schedule=schedule_settings(args, ds, train_iters), data=data_settings(args, data_path),
-                 tokenizer=tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
+    saved = dict(schedule=schedule_settings(args, ds, train_iters), data=data_settings(args, setup.data_path),
+                 tokenizer=setup.tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
                  getattr(args, "weights_origin", None))
     optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
     log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
@@ -1245,7 +1257,8 @@ def resume_or_start(args, engine, config, ds: dict, data_path: list, tokenizer, 
         log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",
                   weights_from=source)
         return run
-    run.iteration, run.consumed = client["iteration"], client["consumed_samples"]
+    run.first_iteration = run.iteration = client["iteration"]
+    run.consumed = client["consumed_samples"]
     run.last_checkpoint = progress.last_checkpoint = os.path.join(args.load, checkpoint.tag_for(run.iteration))
     log.start(run.iteration, f"resuming from {run.last_checkpoint} iteration {run.iteration}, consumed samples "
                              f"{run.consumed}", resumed_from=run.last_checkpoint)
@@ -1319,7 +1332,7 @@ def train_loop(run: Run, datasets: tuple, read_batches, stop: "StopSignals") -> 
             progress.last_checkpoint = run.last_checkpoint
 
 
-def end_run(run: Run, test_set, read_batches, stop: "StopSignals", first_iteration: int) -> int | None:
+def end_run(run: Run, test_set, read_batches, stop: "StopSignals") -> int | None:
     """The test loss of a run that was not stopped, then the stop's save and line (its signal number
     returned) or the end of a complete run."""
     if test_set is not None and not stop.agreed:
@@ -1329,7 +1342,7 @@ def end_run(run: Run, test_set, read_batches, stop: "StopSignals", first_iterati
             run.log.evaluation("test", run.iteration, loss)
     if stop.agreed:
         run.progress.phase = f"the stop after iteration {run.iteration}"
-        return stop.finish(run.args, run.engine, run.config, run.iteration, run.consumed, first_iteration,
+        return stop.finish(run.args, run.engine, run.config, run.iteration, run.consumed, run.first_iteration,
                            run.last_checkpoint, run.log, run.saved,
                            test_cut=test_set is not None and run.iteration == run.train_iters)
     run.progress.phase = END_OF_RUN
@@ -1378,12 +1391,16 @@ def small_eval_splits(splits: dict, micro_batch: int) -> str | None:
 def with_eval_passes(warning: str | None, stats: dict, per_evaluation: int) -> str | None:
     """small_eval_splits' warning (or a new one) naming the evaluation splits ({name: TokenStats}) that one
     evaluation of per_evaluation samples (--eval-iters x global batch) reads more than twice: the same
-    documents, masked anew, K passes over the samples of one pass over them. Twice is no waste worth a
-    line (each token masked anew); the main job's small splits are read up to twice."""
-    def shown(split) -> str:
-        return f"{per_evaluation / split.epoch_samples:.{1 if per_evaluation < 10 * split.epoch_samples else 0}f}"
-    passes = [f"{name} {shown(split)} passes over its {split.epoch_samples} samples" for name, split in stats.items()
-              if name != "train" and 0 < 2 * split.epoch_samples < per_evaluation]
+    documents, masked anew, K passes over the samples of one pass over them (of a blend, over its most-read
+    prefix's). Twice is no waste worth a line (each token masked anew); the main job's small splits are read
+    up to twice."""
+    def described(name, split) -> str | None:
+        reads, samples = most_read(split, per_evaluation)
+        if reads <= 2:
+            return None
+        whose = "one prefix's" if split.prefix_epochs else "its"
+        return f"{name} {reads:.{1 if reads < 10 else 0}f} passes over {whose} {samples} samples"
+    passes = list(filter(None, (described(name, split) for name, split in stats.items() if name != "train")))
     if not passes:
         return warning
     said = (f"each evaluation reads {per_evaluation} samples (--eval-iters x global batch): {', '.join(passes)} "
@@ -1391,6 +1408,14 @@ def with_eval_passes(warning: str | None, stats: dict, per_evaluation: int) -> s
     return (f"{warning}; {said}" if warning else
             f"{said}; give the split more documents (a larger share of --split, or a larger corpus) or pass a "
             "smaller --eval-iters")
+
+
+def most_read(split, per_evaluation: int) -> tuple:
+    """(passes, samples) over the samples of one pass of the split's most-read part in one evaluation:
+    a blend reads its prefixes in their weights' shares, so a small prefix of a large weight repeats
+    more often than the blend's sum of samples says. (0, 0): a split of no sample."""
+    parts = split.prefix_epochs or ((1.0, split.epoch_samples),)
+    return max(((share * per_evaluation / samples, samples) for share, samples in parts if samples), default=(0, 0))
 
 
 def sample_options(args, config) -> dict:

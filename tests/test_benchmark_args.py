@@ -186,6 +186,19 @@ def test_a_run_without_write_prints_its_section_and_leaves_results_and_plots_alo
     assert saved == [tmp_path / "plot.png"]
 
 
+@pytest.mark.parametrize("parse", ["parse_args", "parse_known_args"])
+def test_write_is_set_by_every_parse(monkeypatch, parse):
+    """results.WRITE follows --write whichever argparse entry a benchmark calls (parse_known_args
+    left it False: a run given --write recorded nothing)."""
+    import results
+
+    monkeypatch.setattr(results, "WRITE", False)
+    getattr(results.BenchmarkParser(prog="bench.py"), parse)(["--write"])
+    assert results.WRITE
+    getattr(results.BenchmarkParser(prog="bench.py"), parse)([])
+    assert not results.WRITE
+
+
 def test_make_bench_targets_record_their_sections():
     """`make bench*` keeps recording: every benchmark it runs that writes a section is given --write."""
     makefile = (BENCHMARKS.parent / "Makefile").read_text()

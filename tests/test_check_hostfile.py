@@ -61,8 +61,12 @@ def test_a_host_listed_twice_in_another_case_is_refused(tmp_path):
     one machine given twice the ranks of one."""
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("worker-1 slots=2\nWORKER-1 slots=2\n")
-    with pytest.raises(load_tool().ConfigError, match=f"^hostfile {hostfile} lists WORKER-1 twice \\(line 2\\) "
-                                                      "\\(as worker-1 before\\); list each machine once$"):
+    with pytest.raises(load_tool().ConfigError, match=f"^hostfile {hostfile} lists WORKER-1 twice \\(line 2; "
+                                                     "worker-1 before\\); list each machine once$"):
+        load_tool().read_hostfile(hostfile)
+    hostfile.write_text("worker-1 slots=2\nworker-1 slots=2\n")
+    with pytest.raises(load_tool().ConfigError, match=f"^hostfile {hostfile} lists worker-1 twice \\(line 2\\); "
+                                                     "list each machine once$"):
         load_tool().read_hostfile(hostfile)
 
 

@@ -17,17 +17,19 @@ from bert_fixtures import concat_batches, packed_batch, padded_batch, small_conf
 from megatron.config import resolve
 from megatron.engine import build_engine, check_precision_supported, skip_nonfinite_updates, train_step
 from megatron.errors import ConfigError
+from megatron.model.attention.bigbird import set_iteration
 from megatron.model.bert import SelfAttention
 from megatron.model.loss import bert_batch_loss
 from megatron.model.pipe import bert_to_pipe_name
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
+from megatron.training import set_attention_iteration
 from test_sequence_parallel_bert import ADAM, REL_TOL, STEPS, max_relative_diff
 
 GLOBAL_BATCH = 4
 CLIP = 1.0
 NO_CLIP = 1e6  # DeepSpeed computes (and logs) the gradient norm only when clipping is on; this never clips
-ATTENTION_OPTIONS = {"ring": {}, "linformer": {"linformer_k": 8}}
+ATTENTION_OPTIONS = {"ring": {}, "linformer": {"linformer_k": 8}, "bigbird": {"bigbird_block_size": 4}}
 
 
 def ds_config(micro: int, gas: int, zero_stage: int, sequence: int, attention: str = "ring", clip: float = CLIP) -> dict:
@@ -78,7 +80,10 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
     if clip == NO_CLIP:
         _capture_first_grads(engine, first_grads)
     mine = micro_batches(micro, attention)[state.get_data_parallel_rank() * gas:][:gas]
-    steps = [train_step(engine, mine) for _ in range(STEPS)]
+    steps = []
+    for iteration in range(STEPS):
+        set_attention_iteration(engine, iteration)  # BigBird: new random blocks each step
+        steps.append(train_step(engine, mine))
     losses = [step.loss for step in steps]
     # forward passes per attention module and micro-batch: 2 when recomputed in backward
     passes = len(calls) / (len(attention_modules) * gas * STEPS) if attention_modules else None  # a stage of no layer
@@ -132,7 +137,8 @@ def reference_run(micro: int, attention: str = "ring", clip: float = CLIP) -> di
     optimizer = torch.optim.AdamW(model.parameters(), **ADAM)
     batches = micro_batches(micro, attention)
     losses, grad_norms, first_grads = [], [], None
-    for _ in range(STEPS):
+    for iteration in range(STEPS):
+        set_iteration(model, iteration)
         optimizer.zero_grad()
         total = 0.0
         for batch in batches:
@@ -191,9 +197,11 @@ def test_zero_with_sequence_parallel_gradients_before_clipping():
         check_against_reference(results, micro=2, label=label, expected=expected)
 
 
-@pytest.mark.parametrize("attention", ["ring", "linformer"])
+@pytest.mark.parametrize("attention", ["ring", "linformer", "bigbird"])
 def test_pipeline_with_sequence_parallel(attention):
-    """pp=2, sp=2 (world 4): stages exchange sequence chunks; the seq sum is ours."""
+    """pp=2, sp=2 (world 4): stages exchange sequence chunks; the seq sum is ours. BigBird: the
+    second stage's layer draws the random blocks of the model's layer 1, not layer 0's, and every
+    step draws new ones."""
     results = run_on_ranks(deepspeed_run, 4, 2, 2, 2, 1, 2, attention, timeout=300)
     check_against_reference(results, micro=2, label=f"pp2 sp2 zero1 {attention}", attention=attention)
 

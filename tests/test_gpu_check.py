@@ -338,6 +338,31 @@ def test_the_longest_search_starts_no_length_predicted_to_overrun_its_budget():
     assert longest == 98304 and refused is None and 131072 in tried
 
 
+def test_the_longest_search_records_every_length_and_prints_its_section_once(monkeypatch, tmp_path, capsys):
+    """gpu_longest.py --write: RESULTS.md holds the partial section while the search runs (what a search cut
+    short leaves), and the section is printed once, complete, not again after every length."""
+    import gpu_longest
+    import results
+    import torch
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(gpu_longest, "machine", lambda: "a stand-in GPU")
+    seen = []
+
+    def step_at(seq, device):
+        seen.append(results.RESULTS.read_text() if results.RESULTS.exists() else "")
+        return {"oom": True} if seq > 32768 else {"seconds": 1.0, "peak_gib": 1.0, "loss": 1.0}
+
+    monkeypatch.setattr(gpu_longest, "step_at", step_at)
+    assert gpu_longest.main(["--write", "--start", "16384", "--step", "16384"]) == 0
+    assert "| 16384 | fits |" in seen[1] and "**Search in progress**" in seen[1]
+    assert "**Longest step that fits: s = 32768**" in results.RESULTS.read_text()
+    out = capsys.readouterr().out
+    assert out.count("## GPU check: longest BERT-base step") == 1 and "Search in progress" not in out
+
+
 def test_the_longest_section_shows_partial_results_and_the_length_not_started():
     import gpu_longest
     args = argparse.Namespace(start=16384, step=8192, budget_s=100.0)

@@ -239,16 +239,21 @@ def test_flags_the_positionals_fix_are_refused(tmp_path, script, flags, message)
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"{script}: error: {message}"), lines
 
 
-@pytest.mark.parametrize("flags,message", [(["--bogus-flag", "3"], "unrecognized arguments: --bogus-flag 3"),
-                                           (["--train-iters", "abc"], "argument --train-iters: invalid int value")])
-def test_a_dry_run_parses_the_trainers_flags(tmp_path, flags, message):
+@pytest.mark.parametrize("flags,message,dry", [
+    (["--bogus-flag", "3"], "unrecognized arguments: --bogus-flag 3", "1"),
+    (["--train-iters", "abc"], "argument --train-iters: invalid int value", "1"),
+    # a real launch, with a launcher flag the script's RUNNER table does not name
+    (["--ssh_port", "2222"], "unrecognized arguments: --ssh_port 2222", "0")])
+def test_the_trainers_flags_are_parsed_before_the_launch(tmp_path, flags, message, dry):
     """An unknown or mistyped flag passed the dry run (docs/launching.md's check before a multi-node
-    launch) and failed only after the launch, on every node: the dry run runs the trainer's parser."""
+    launch) and failed only after the launch, on every node: the script runs the trainer's parser
+    first, in a dry run and before a real launch (DRY_RUN=0: no launcher, no JSON written)."""
     result = subprocess.run([str(SCRIPTS / "bert_distributed.sh"), "2", *LAYOUT, *SHAPE, *flags],
-                            env=launch_env(tmp_path, DRY_RUN="1"), capture_output=True, text=True, timeout=120)
+                            env=launch_env(tmp_path, DRY_RUN=dry), capture_output=True, text=True, timeout=120)
     lines = result.stderr.splitlines()
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"pretrain_bert.py: error: {message}")
     assert "{" not in result.stdout  # refused before the JSON is printed
+    assert "launch.py" not in result.stdout + result.stderr  # and before the launcher started
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 

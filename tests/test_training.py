@@ -463,6 +463,29 @@ def test_an_evaluation_that_reads_its_split_several_times_says_how_many_passes(t
         assert "test 3.0 passes over its" in with_eval_passes(None, {"test": stats["test"]}, twice * 3 // 2)
 
 
+def test_a_blended_split_counts_the_passes_over_its_most_read_prefix(tmp_path):
+    """A blend's prefixes are read in their weights' shares: a small prefix of a large weight repeats
+    more often than the blend's sum of samples says, which kept the warning silent (1100 samples, 300 read:
+    no line, though 270 of them came from a prefix of 100)."""
+    from megatron.data.bert_dataset import TokenStats, build_train_valid_test_datasets, token_stats
+    from test_data_bert import write_corpus, write_vocab
+
+    blend = TokenStats(300, 64, False, 1.0, 1.0, 1100, ((0.9, 100), (0.1, 1000)))
+    assert with_eval_passes(None, {"valid": blend}, 300).startswith(
+        "each evaluation reads 300 samples (--eval-iters x global batch): valid 2.7 passes over one prefix's 100 "
+        "samples (the same documents")
+    assert with_eval_passes(None, {"valid": blend}, 200) is None  # 1.8 passes
+    tokenizer = write_vocab(tmp_path)
+    prefixes = [str(write_corpus(tmp_path / name, num_docs=num_docs)) for name, num_docs in (("a", 100), ("b", 30))]
+    _, valid, _ = build_train_valid_test_datasets(["0.2", prefixes[0], "0.8", prefixes[1]], "mmap", "50,48,2",
+                                                  (8, 400, 40), 64, tokenizer)
+    stats = token_stats(valid)
+    assert [epoch for _, epoch in stats.prefix_epochs] == [part.epoch_samples for part in
+                                                          map(token_stats, valid.datasets)]
+    assert sum(share for share, _ in stats.prefix_epochs) == pytest.approx(1.0)
+    assert stats.prefix_epochs[1][0] > 0.7
+
+
 def test_a_resume_with_another_peak_decays_to_min_lr():
     """The checkpoint's peak stays (the scheduler state holds it); --min-lr is still where the decay
     ends, and the warning states the rates the run then uses."""

@@ -56,8 +56,8 @@ def read_hostfile(path) -> dict:
         host, slots = match.group(1), int(match.group(2))
         same = next((listed for listed in hosts if listed.lower() == host.lower()), None)  # DNS ignores case
         if same is not None:
-            spelled = "" if same == host else f" (as {same} before)"
-            raise ConfigError(f"hostfile {path} lists {host} twice (line {number}){spelled}", "list each machine once")
+            where = f"line {number}" if same == host else f"line {number}; {same} before"
+            raise ConfigError(f"hostfile {path} lists {host} twice ({where})", "list each machine once")
         if slots < 1:
             raise ConfigError(f"hostfile {path} line {number} gives {host} slots=0", "give each machine slots >= 1")
         hosts[host] = slots

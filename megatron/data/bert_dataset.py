@@ -334,6 +334,7 @@ class TokenStats:
     segments_per_sample: float
     real_token_share: float  # non-padding tokens / all tokens
     epoch_samples: int = 0  # of one pass over the split's documents (the mapping's first epoch)
+    prefix_epochs: tuple = ()  # a blend's (share of its samples, epoch_samples) per --data-path prefix
 
     def describe(self, name: str) -> str:
         return (f"{name} data: {self.samples} {'packed ' if self.packed else ''}samples of {self.seq_length} tokens, "
@@ -351,7 +352,8 @@ def token_stats(dataset, max_samples: int = 100_000) -> TokenStats:
         return TokenStats(len(dataset), parts[0].seq_length, any(p.packed for p in parts),
                           float(sum(w * p.segments_per_sample for w, p in zip(weights, parts))),
                           float(sum(w * p.real_token_share for w, p in zip(weights, parts))),
-                          sum(p.epoch_samples for p in parts))
+                          sum(p.epoch_samples for p in parts),
+                          tuple((float(w), p.epoch_samples) for w, p in zip(weights, parts)))
     count = min(len(dataset), max_samples)
     if isinstance(dataset, PackedBertDataset):
         used = np.asarray(dataset.indices[:dataset.offsets[count]])
