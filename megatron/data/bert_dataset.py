@@ -133,19 +133,25 @@ def samples_mapping(indexed, prefix: str, name: str, first_doc: int, end_doc: in
     error names the data by indexed.prefix, the --data-path the user knows, not the maps' prefix)."""
     path = mapping_path(prefix, name, first_doc, end_doc, max_num_samples, max_tokens, short_seq_prob, seed,
                         binary_head)
+    min_num_sent, long_sentence_len = skip_rule(max_tokens, binary_head)
 
     def build():
         docs = np.ascontiguousarray(indexed.doc_idx[first_doc:end_doc + 1], dtype=np.int64)
         return helpers.build_mapping(docs, indexed.sizes, 2**31 - 1, max_num_samples, max_tokens, short_seq_prob,
-                                     seed, min_num_sent=2 if binary_head else 1,
-                                     long_sentence_len=max(LONG_SENTENCE_LEN, max_tokens))
+                                     seed, min_num_sent=min_num_sent, long_sentence_len=long_sentence_len)
 
     mapping = cached_array(path, build)
     if len(mapping) == 0:
         raise DataError(f"{indexed.prefix}: the {name} split yields no BERT samples (documents need "
-                        f"{2 if binary_head else 1}+ sentences of at most {max(LONG_SENTENCE_LEN, max_tokens)} tokens)",
+                        f"{min_num_sent}+ sentences of at most {long_sentence_len} tokens)",
                         "preprocess with --split-sentences, or give this split more documents with --split")
     return mapping
+
+
+def skip_rule(max_tokens: int, binary_head: bool) -> tuple[int, int]:
+    """(min_num_sent, long_sentence_len): build_mapping leaves out a document of fewer sentences, or with
+    a longer one, for samples of max_tokens tokens (less the special ones); _warn_skipped counts them."""
+    return (2 if binary_head else 1), max(LONG_SENTENCE_LEN, max_tokens)
 
 
 @dataclass(frozen=True)
@@ -442,8 +448,7 @@ def _warn_skipped(prefix: str, indexed, segment_length: int, binary_head: bool, 
     with samples_mapping's settings."""
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         return
-    min_num_sent = 2 if binary_head else 1
-    long_sentence_len = max(LONG_SENTENCE_LEN, segment_length - (3 if binary_head else 2))
+    min_num_sent, long_sentence_len = skip_rule(segment_length - (3 if binary_head else 2), binary_head)
     warning = skipped_warning(prefix, skipped_documents(indexed, min_num_sent, long_sentence_len), long_sentence_len,
                               packed)
     if warning:
