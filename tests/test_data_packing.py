@@ -12,10 +12,10 @@ from megatron.config import resolve
 from megatron.data import bert_dataset, helpers
 from megatron.data.bert_dataset import (BertDataset, PackedBertDataset, build_train_valid_test_datasets,
                                         packed_dataset, token_stats)
-from megatron.data.indexed_dataset import make_dataset
+from megatron.data.indexed_dataset import make_builder, make_dataset
 from megatron.errors import ConfigError
 from megatron.parallel.spawn import run_on_ranks
-from test_data_bert import write_corpus, write_vocab
+from test_data_bert import sentence, write_corpus, write_vocab
 from test_data_helpers import Draws
 
 FIELDS = ("tokens", "token_types", "segment_ids", "position_ids", "labels", "loss_mask", "sop_labels")
@@ -242,6 +242,20 @@ def test_enough_packed_samples_and_their_statistics(data):
     first = token_stats(train, max_samples=20)
     assert first.samples == len(train) and first.real_token_share == pytest.approx(
         np.mean([(train[i]["segment_ids"] > 0).mean() for i in range(20)]))
+
+
+def test_a_split_that_ends_with_an_empty_document_packs(data, tmp_path):
+    """An empty document (a builder's end_document with no sentence) at the end of a split sizes the
+    segment mapping like the same split without it (its tokens start past the last sentence)."""
+    rng = np.random.default_rng(0)
+    with make_builder(tmp_path / "tail", "mmap", 205) as builder:
+        for _ in range(40):
+            builder.add_document([sentence(rng, 20) for _ in range(3)])
+        builder.end_document()
+    prefix = str(tmp_path / "tail")
+    estimate = bert_dataset.estimated_segments(make_dataset(prefix), (0, 41), 30, 256, 64, True)
+    assert estimate == bert_dataset.estimated_segments(make_dataset(prefix), (0, 40), 30, 256, 64, True)
+    assert len(packed((prefix, data[1]), num_samples=30, doc_range=(0, 41))) >= 30
 
 
 def test_blended_packed_datasets(data, tmp_path):

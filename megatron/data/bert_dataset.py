@@ -167,17 +167,23 @@ class SkippedDocuments:
         return (self.few_sentences[1] + self.long_sentence[1]) / max(1, self.tokens)
 
 
-def skipped_documents(indexed, min_num_sent: int, long_sentence_len: int) -> SkippedDocuments:
-    """build_mapping's skip rule (helpers.cpp) over every document of `indexed`, vectorised over its
-    doc_idx and sizes (a reduceat per document: no copy of the sizes, no loop over documents)."""
-    docs = np.asarray(indexed.doc_idx, dtype=np.int64)
+def document_tokens(indexed, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per document between the doc_idx entries `docs`: its sentence count, and for the non-empty ones
+    their tokens and longest sentence, by a reduceat per document (no copy of the sizes, no loop over
+    documents). Empty documents are left out of the sums: reduceat needs starts inside the sizes."""
+    docs = np.asarray(docs, dtype=np.int64)
     counts = np.diff(docs)
-    filled = counts > 0  # an empty document adds nothing, and reduceat needs increasing starts
     sizes = indexed.sizes[docs[0]:docs[-1]]
-    starts = docs[:-1][filled] - docs[0]
-    tokens = np.add.reduceat(sizes, starts, dtype=np.int64) if len(starts) else np.zeros(0, dtype=np.int64)
-    longest = np.maximum.reduceat(sizes, starts) if len(starts) else np.zeros(0, dtype=np.int64)
-    few = counts[filled] < min_num_sent
+    starts = docs[:-1][counts > 0] - docs[0]
+    if not len(starts):
+        return counts, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return counts, np.add.reduceat(sizes, starts, dtype=np.int64), np.maximum.reduceat(sizes, starts)
+
+
+def skipped_documents(indexed, min_num_sent: int, long_sentence_len: int) -> SkippedDocuments:
+    """build_mapping's skip rule (helpers.cpp) over every document of `indexed`."""
+    counts, tokens, longest = document_tokens(indexed, indexed.doc_idx)
+    few = counts[counts > 0] < min_num_sent
     long = ~few & (longest > long_sentence_len)
     return SkippedDocuments(int(tokens.sum()), (int(few.sum()), int(tokens[few].sum())),
                             (int(long.sum()), int(tokens[long].sum())))
@@ -322,10 +328,7 @@ def estimated_segments(indexed, doc_range: tuple, num_samples: int, seq_length: 
                        binary_head: bool) -> int:
     """Segments that fill num_samples samples of seq_length tokens (with a 10% margin), from the mean
     segment length: a document of t tokens splits into about ceil(t / room) segments."""
-    docs = np.asarray(indexed.doc_idx[doc_range[0]:doc_range[1] + 1], dtype=np.int64)
-    sizes = np.asarray(indexed.sizes[docs[0]:docs[-1]], dtype=np.int64)
-    counts = np.diff(docs)
-    tokens = np.add.reduceat(sizes, docs[:-1] - docs[0])[counts > 0] if len(sizes) else np.zeros(0, dtype=np.int64)
+    _, tokens, _ = document_tokens(indexed, indexed.doc_idx[doc_range[0]:doc_range[1] + 1])
     specials = 3 if binary_head else 2
     pieces = np.ceil(tokens / (max_segment_length - specials)).sum()
     mean_length = tokens.sum() / pieces + specials if pieces else max_segment_length
