@@ -7,7 +7,9 @@
 - The simulated P virtual ranks in one process (attention/simulate.py) give the outputs and
   gradients of the real multi-process run, and record the same exchanges.
 """
+import importlib
 import inspect
+import pkgutil
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ import torch.distributed as dist
 
 from bert_fixtures import naive_masked_attention, packed_batch, segment_allowed, small_config
 from megatron.model import attention
-from megatron.model.attention import bigbird, ring, simulate
+from megatron.model.attention import simulate
 from megatron.model.attention.bigbird import BigBirdAttention
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
@@ -149,6 +151,15 @@ def test_simulation_reports_unpaired_exchanges():
 
 
 def test_cores_use_no_bare_point_to_point():
-    """Only comm.SeqComm talks to torch.distributed: no isend/irecv with tags in the cores."""
-    for module in (ring, bigbird):
-        assert "torch.distributed" not in inspect.getsource(module), module.__name__
+    """Only comm.SeqComm talks to torch.distributed: no isend/irecv with tags, no all-reduce in
+    the dtype of the tensor (SeqComm.sum's is fp32), no all-gather of its own in any core or
+    helper (DeepSpeed's all-to-alls in Ulysses and hybrid aside)."""
+    for module in attention_modules():
+        if module.__name__ != "megatron.model.attention.comm":
+            assert "torch.distributed" not in inspect.getsource(module), module.__name__
+
+
+def attention_modules() -> list:
+    """Every module of the megatron.model.attention package."""
+    names = (info.name for info in pkgutil.iter_modules(attention.__path__))
+    return [importlib.import_module(f"{attention.__name__}.{name}") for name in names]

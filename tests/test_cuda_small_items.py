@@ -1,6 +1,7 @@
 """Three small CUDA-path fixes (issue 21, item 6), each seen on CPU as far as a CPU can see it:
 contiguous pinned staging in `device.to_device`, one flattened all-reduce for the pipeline's
-seq-group gradient sum, and fp32 sums in Linformer's all-reduce of the projected K and V.
+seq-group gradient sum, and fp32 sums in the attention cores' all-reduce (comm.SeqComm.sum:
+Linformer's projected K and V, BigBird's global rows).
 """
 from types import SimpleNamespace
 
@@ -8,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from bert_fixtures import padded_batch, small_config
+from megatron.model.attention import simulate
 from megatron.parallel import device, state
 from megatron.parallel.spawn import run_on_ranks
 
@@ -97,9 +99,11 @@ def test_pipeline_seq_group_sum_is_one_all_reduce():
             assert result["seq_group_calls"] == 1, result
 
 
-def _linformer_sum(size: int) -> dict:
-    """Rank r's bf16 contribution through _AllReduceSum, forward and backward; the dtypes that
-    reached dist.all_reduce."""
+def _seq_sums(size: int) -> dict:
+    """Rank r's bf16 contribution summed over the seq group by comm.SeqComm.sum as the cores call
+    it: through Linformer's _AllReduceSum, forward and backward, and directly on a strided view,
+    as BigBird sums its global rows' dq. Also the dtypes that reached dist.all_reduce."""
+    from megatron.model.attention.comm import SeqComm
     from megatron.model.attention.linformer import _AllReduceSum
 
     dtypes = []
@@ -110,42 +114,49 @@ def _linformer_sum(size: int) -> dict:
         return all_reduce(tensor, *args, **kwargs)
 
     rank = dist.get_rank()
+    seq = SeqComm(None, range(size))
     contribution, grad = _contributions(size)[rank]
     contribution.requires_grad_(True)
     dist.all_reduce = recording_all_reduce
     try:
-        total = _AllReduceSum.apply(contribution, None)
+        total = _AllReduceSum.apply(contribution, seq)
         total.backward(grad)
+        dq_global = seq.sum(contribution.detach().view(2, 8, 16).transpose(1, 2))
     finally:
         dist.all_reduce = all_reduce
-    return {"dtypes": dtypes, "total": total.detach(), "grad": contribution.grad}
+    return {"dtypes": dtypes, "total": total.detach(), "grad": contribution.grad, "dq_global": dq_global}
 
 
 def _contributions(size: int) -> list:
     """(value, upstream gradient) per rank, bf16: values of mixed magnitude, so that partial sums
     rounded to bf16 (8 significant bits) drift from the exact sum."""
     g = torch.Generator().manual_seed(3)
-    scales = torch.tensor([1.0, 1e-2, 3e-3])[:size, None]
+    scales = torch.tensor([1.0, 1e-2, 3e-3, 1e-3])[:size, None]
     return [(value.bfloat16(), grad.bfloat16())
             for value, grad in zip(torch.randn(size, 256, generator=g) * scales, torch.randn(size, 256, generator=g) * scales)]
 
 
-def test_linformer_all_reduce_sums_in_fp32():
-    """Linformer's all-reduce of the projected K and V (and of their gradient) on 3 real gloo ranks
-    with bf16 inputs: what reaches dist.all_reduce is float32, and the result is the exact (fp32)
-    sum rounded to bf16 once. A bf16 sum of the same terms, partial sums rounded as a reduction
-    in bf16 would, differs (checked here, so the data can tell the two apart). Cannot see: NCCL's
-    own bf16 reduction order on a GPU (the fp32 payload removes the dependence on it)."""
-    size = 3
+def test_seq_group_sum_is_fp32():
+    """comm.SeqComm.sum on 4 real gloo ranks with bf16 inputs, driven as Linformer (its projected
+    K and V, and their gradient) and BigBird (its global rows' dq) drive it: what reaches
+    dist.all_reduce is float32, and the result is the exact (fp32) sum rounded to bf16 once. A
+    bf16 sum of the same terms, partial sums rounded as a reduction in bf16 would, differs
+    (checked here, so the data can tell the two apart; gloo's own bf16 all-reduce fails this
+    test). simulate.SimulatedComm must give the same sums. Cannot see: NCCL's own bf16 reduction order on a GPU (the fp32 payload removes the
+    dependence on it)."""
+    size = 4
     terms = _contributions(size)
     expected = [sum(term[i].float() for term in terms).bfloat16() for i in (0, 1)]
     rounded_each_step = terms[0][0].clone()
     for value, _ in terms[1:]:
         rounded_each_step += value
     assert not torch.equal(rounded_each_step, expected[0])
-    for result in run_on_ranks(_linformer_sum, size, size, timeout=120):
-        assert result["dtypes"] == [torch.float32, torch.float32]
-        assert result["total"].dtype == result["grad"].dtype == torch.bfloat16
+    for result in run_on_ranks(_seq_sums, size, size, timeout=120):
+        assert result["dtypes"] == [torch.float32] * 3
+        assert result["total"].dtype == result["grad"].dtype == result["dq_global"].dtype == torch.bfloat16
         assert torch.equal(result["total"], expected[0])
         assert torch.equal(result["grad"], expected[1])
-
+        assert torch.equal(result["dq_global"], expected[0].view(2, 8, 16).transpose(1, 2))
+    # simulate.SimulatedComm, which runs the same cores on one GPU (benchmarks/gpu_check.sh), sums the same way
+    simulated, _ = simulate.run_virtual_ranks(size, lambda comm: comm.sum(terms[comm.rank][0]))
+    assert all(torch.equal(total, expected[0]) for total in simulated)

@@ -1,8 +1,10 @@
 """The seq group as the attention cores see it: one object for every exchange they make.
 
-The ring and BigBird schedules call only `shift`, `exchange`, `all_gather` and `sum` on it, so
-the same schedule code runs over torch.distributed (`SeqComm`, here) or between P virtual ranks
-inside one process (`simulate.SimulatedComm`), which is how one GPU checks the P > 1 math.
+The ring, BigBird and local (halo) schedules call only `shift`, `exchange`, `all_gather` and
+`sum` on it, so the same schedule code runs over torch.distributed (`SeqComm`, here) or between
+P virtual ranks inside one process (`simulate.SimulatedComm`), which is how one GPU checks the
+P > 1 math. Linformer sums, and Ulysses and hybrid gather segment ids, through it too; only
+DeepSpeed's all-to-alls (Ulysses, hybrid) go around it.
 
 Point-to-point is NCCL-safe by construction:
   - one exchange is ONE `dist.batch_isend_irecv` of all its sends and receives: NCCL runs the
@@ -15,9 +17,9 @@ Point-to-point is NCCL-safe by construction:
     ignores tags and pairs the operations between two ranks in issue order, so each send meets
     the receive it was meant for: no tags are used (gloo then matches on tag 0, in order too);
   - every buffer sent or received is referenced by the returned waiter until it has waited;
-  - the first operation a core issues on its group is a collective (the ring's all-gather of
-    segment ids, BigBird's all-reduce of the global queries): NCCL creates the group's
-    communicator there, with every rank taking part.
+  - the first operation a core issues on its group is a collective (the all-gather of segment
+    ids of the ring, BigBird and the local core): NCCL creates the group's communicator there,
+    with every rank taking part.
 """
 import torch
 import torch.distributed as dist
@@ -63,12 +65,14 @@ class SeqComm:
         return parts
 
     def sum(self, tensor):
-        """All-reduce (sum) of a copy of `tensor`; the tensor itself on one rank."""
+        """All-reduce (sum) of an fp32 copy of `tensor`, cast back once; the tensor itself on one
+        rank. In bf16 (8 significant bits) every partial sum of a ring or tree reduction would be
+        rounded again, an error that grows with the group size."""
         if self.size == 1:
             return tensor
-        total = tensor.contiguous().clone()
+        total = tensor.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
         dist.all_reduce(total, group=self.group)
-        return total
+        return total.to(tensor.dtype)
 
     def _start(self, order: list):
         """Issues [(dist.isend or dist.irecv, peer, tensor), ...] as one batch -> its waiter."""

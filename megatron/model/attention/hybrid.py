@@ -25,7 +25,7 @@ import torch
 
 from megatron.errors import ConfigError
 from megatron.model.attention import plans
-from megatron.model.attention.masks import gather_chunks
+from megatron.model.attention.comm import SeqComm
 from megatron.model.attention.registry import AttentionCore, register
 from megatron.model.attention.ring import RingAttention, RingPlan, schedule
 from megatron.model.attention.rules import ulysses_degree
@@ -41,7 +41,8 @@ class HybridAttention(AttentionCore):
         # one process (a reference, a checkpoint converter): plain attention, whatever ulysses_size says
         self.ulysses_size = ulysses_degree(config.ulysses_size, config.num_attention_heads, size) if size > 1 else 1
         self.ulysses_group = state.get_ulysses_parallel_group()
-        built = len(state.get_ulysses_parallel_ranks())
+        self.ulysses = SeqComm(self.ulysses_group, state.get_ulysses_parallel_ranks())
+        built = self.ulysses.size
         if built != self.ulysses_size:
             raise ConfigError(f"hybrid attention wants ulysses_size {self.ulysses_size} but the process groups were "
                               f"made with {built}", "pass ulysses=config.model.ulysses_size to "
@@ -51,11 +52,11 @@ class HybridAttention(AttentionCore):
     def plan(self, segment_ids) -> RingPlan:
         """The ring's plan of the Ulysses group's chunk (its segment ids gathered, b * s/R
         integers), once per micro-batch (plans.py)."""
-        key = ("hybrid", self.ring.ring.rank, tuple(self.ring.ring.ranks), tuple(state.get_ulysses_parallel_ranks()))
+        key = ("hybrid", self.ring.comm.rank, tuple(self.ring.comm.ranks), tuple(self.ulysses.ranks))
 
         def make():
-            chunk = torch.cat(gather_chunks(segment_ids, self.ulysses_group, self.ulysses_size), dim=1)  # [b, s/R]
-            return schedule(chunk, self.ring.ring)
+            chunk = torch.cat(self.ulysses.all_gather(segment_ids), dim=1)  # [b, s/R]
+            return schedule(chunk, self.ring.comm)
         return plans.cached(key, segment_ids, make)
 
     def forward(self, q, k, v, segment_ids):

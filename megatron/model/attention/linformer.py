@@ -7,9 +7,10 @@ values at padding are zeroed before the projection, so padding never enters E K 
 Under sequence parallelism the projection is a sum over chunks: E K = sum_r E[:, :, chunk r] K_r.
 Seq rank r multiplies its own column slice of E and F into its local K, V chunk, giving
 [b, heads, k, d] each, and ONE all-reduce over the seq group sums them (autograd-aware: its
-backward is an all-reduce of the gradient, `_AllReduceSum`; both sum in fp32). What crosses
-ranks per layer is 2 * b * heads * k * d numbers, independent of s. Each rank then attends its
-s/P queries to the k projected rows: O(s/P * k) scores per head, never s x s.
+backward is an all-reduce of the gradient, `_AllReduceSum`; both are comm.SeqComm.sum, in
+fp32). What crosses ranks per layer is 2 * b * heads * k * d numbers, independent of s. Each
+rank then attends its s/P queries to the k projected rows: O(s/P * k) scores per head, never
+s x s.
 
 Gradients of E and F: every rank holds the full s columns (identical after init: the same
 seed draws them on every rank). On rank r, backward writes the exact full-loss gradient into
@@ -22,37 +23,29 @@ E and F are built for `seq_length` columns; a different sequence length at run t
 checkpoint is refused with a ConfigError.
 """
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from megatron.errors import ConfigError
+from megatron.model.attention.comm import SeqComm
 from megatron.model.attention.masks import PAD_SEGMENT
 from megatron.model.attention.registry import AttentionCore, register
 from megatron.parallel import state
 
 
-def _sum_in_fp32(tensor, group):
-    """All-reduce in fp32, cast back once. In bf16 (8 significant bits) every partial sum of a
-    ring or tree reduction would be rounded again, an error that grows with the group size."""
-    total = tensor.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
-    dist.all_reduce(total, group=group)
-    return total.to(tensor.dtype)
-
-
 class _AllReduceSum(torch.autograd.Function):
-    """Sum over the seq group. The sum is replicated and each rank's loss share reaches it
-    through its own queries only, so the whole loss' gradient with respect to it is the sum of
-    the ranks' gradients: backward is the same all-reduce."""
+    """Sum over the seq group (comm.SeqComm.sum, in fp32). The sum is replicated and each rank's
+    loss share reaches it through its own queries only, so the whole loss' gradient with respect
+    to it is the sum of the ranks' gradients: backward is the same all-reduce."""
 
     @staticmethod
-    def forward(ctx, tensor, group):
-        ctx.group = group
-        return _sum_in_fp32(tensor, group)
+    def forward(ctx, tensor, seq):
+        ctx.seq = seq
+        return seq.sum(tensor)
 
     @staticmethod
     def backward(ctx, grad):
-        return _sum_in_fp32(grad, ctx.group), None
+        return ctx.seq.sum(grad), None
 
 
 def _length_error(built: int, got: int) -> ConfigError:
@@ -65,9 +58,7 @@ class LinformerAttention(AttentionCore):
 
     def __init__(self, config):
         super().__init__()
-        self.group = state.get_sequence_parallel_group()
-        self.size = state.get_sequence_parallel_world_size()
-        self.rank = state.get_sequence_parallel_rank()
+        self.seq = SeqComm(state.get_sequence_parallel_group(), state.get_sequence_parallel_ranks())
         self.seq_length = config.seq_length
         self.dropout_p = config.attention_dropout
         shape = (1 if config.linformer_share_heads else config.num_attention_heads, config.linformer_k,
@@ -93,16 +84,16 @@ class LinformerAttention(AttentionCore):
     def forward(self, q, k, v, segment_ids):
         # one segment per sample (packing is refused at start-up): only padding is masked
         b, chunk, heads, d = q.shape  # [b, s/P, heads, d]
-        if chunk * self.size != self.seq_length:
-            raise _length_error(self.seq_length, chunk * self.size)
-        columns = slice(self.rank * chunk, (self.rank + 1) * chunk)
+        if chunk * self.seq.size != self.seq_length:
+            raise _length_error(self.seq_length, chunk * self.seq.size)
+        columns = slice(self.seq.rank * chunk, (self.seq.rank + 1) * chunk)
         pad = (segment_ids == PAD_SEGMENT)[:, None, :, None]  # [b, 1, s/P, 1]
         key_projection = self.key_projection[..., columns]  # [heads or 1, k, s/P]
         value_projection = key_projection if self.value_projection is None else self.value_projection[..., columns]
         projected = torch.stack([key_projection @ k.transpose(1, 2).masked_fill(pad, 0.0),
                                  value_projection @ v.transpose(1, 2).masked_fill(pad, 0.0)])  # [2, b, heads, k, d]
-        if self.size > 1:
-            projected = _AllReduceSum.apply(projected, self.group)
+        if self.seq.size > 1:
+            projected = _AllReduceSum.apply(projected, self.seq)
         projected_k, projected_v = projected.unbind(0)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), projected_k, projected_v,
                                              dropout_p=self.dropout_p if self.training else 0.0)

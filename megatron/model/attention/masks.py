@@ -27,7 +27,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from megatron.data.batch import PAD_SEGMENT
 from megatron.model.attention import plans
@@ -218,10 +217,3 @@ def kind_of(q_segments, k_segments) -> str:
     host = torch.cat([q_segments, k_segments], 1).cpu().numpy()
     return pair_kind(host[:, :q_segments.shape[1]], host[:, q_segments.shape[1]:])
 
-
-def gather_chunks(segment_ids, group, size: int) -> list:
-    """[b, s/P] segment ids of this seq rank -> those of every seq rank, in rank order (b * s
-    integers: cheap next to the K/V they describe)."""
-    chunks = [torch.empty_like(segment_ids) for _ in range(size)]
-    dist.all_gather(chunks, segment_ids.contiguous(), group=group)
-    return chunks

@@ -1,9 +1,10 @@
 """Attention cores by name (their start-up checks: rules.py).
 
-A core maps q, k, v `[b, s/P, heads, d]` of this rank's chunk and the chunk's key-padding mask
-`[b, s/P]` (True at padding) to the attention output `[b, s/P, heads, d]` over the WHOLE
-sequence. The core is the only model code that communicates; it reads the seq group from
-megatron.parallel.state when built.
+A core maps q, k, v `[b, s/P, heads, d]` of this rank's chunk and the chunk's segment ids
+`[b, s/P]` (0 at padding; packed samples have several) to the attention output
+`[b, s/P, heads, d]` over the WHOLE sequence. The core is the only model code that communicates
+inside a layer, through a comm.SeqComm of the seq group it reads from megatron.parallel.state
+when built (plus DeepSpeed's all-to-alls in Ulysses and hybrid).
 """
 from torch import nn
 

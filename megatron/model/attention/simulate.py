@@ -100,11 +100,11 @@ class SimulatedComm:
         if self.size == 1:
             return tensor
         self._collectives += 1
-        parts = self.group.collect(self._collectives, self.rank, "sum", tensor)
+        parts = self.group.collect(self._collectives, self.rank, "sum", tensor.float())
         total = parts[0]
         for part in parts[1:]:
             total += part
-        return total
+        return total.to(tensor.dtype)  # SeqComm.sum's fp32 accumulation, cast back once
 
     def _start(self, order: list):
         """SeqComm._start's batch: sends are posted now, receives are taken at the wait."""
@@ -172,7 +172,7 @@ def _ring_rank(comm, q, k, v, segment_ids, grad_out, scale):
     q, k, v, grad_out = (x[:, local].transpose(1, 2) for x in (q, k, v, grad_out))
     segments = segment_ids[:, local]
     plan = ring.schedule(segments, comm)
-    out, grads = _run_function(ring._RingAttention, (q, k, v), grad_out, (segments, plan, comm, scale))
+    out, grads = _run_function(ring.RingAttentionFunction, (q, k, v), grad_out, (segments, plan, comm, scale))
     return tuple(x.transpose(1, 2) for x in (out, *grads))
 
 

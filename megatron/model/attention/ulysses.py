@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from megatron.model.attention import plans
+from megatron.model.attention.comm import SeqComm
 from megatron.model.attention.dense import attend, whole_sequence_plan
-from megatron.model.attention.masks import gather_chunks
 from megatron.model.attention.registry import AttentionCore, register
 from megatron.parallel import state
 
@@ -29,7 +29,8 @@ class UlyssesAttention(AttentionCore):
     def __init__(self, config):
         super().__init__()
         self.group = state.get_sequence_parallel_group()
-        self.size = state.get_sequence_parallel_world_size()
+        self.seq = SeqComm(self.group, state.get_sequence_parallel_ranks())
+        self.size = self.seq.size
         self.local = _LocalAttention(config.attention_dropout)
         if self.size > 1:
             from deepspeed.sequence.layer import DistributedAttention
@@ -40,10 +41,9 @@ class UlyssesAttention(AttentionCore):
     def plan(self, segment_ids):
         """The whole sequence's plan (dense.whole_sequence_plan of the gathered ids), once per micro-batch."""
         def make():
-            whole = (torch.cat(gather_chunks(segment_ids, self.group, self.size), dim=1) if self.size > 1
-                     else segment_ids)
+            whole = torch.cat(self.seq.all_gather(segment_ids), dim=1) if self.size > 1 else segment_ids
             return whole_sequence_plan(whole)
-        return plans.cached(("ulysses", state.get_sequence_parallel_rank(), self.size), segment_ids, make)
+        return plans.cached(("ulysses", self.seq.rank, self.size), segment_ids, make)
 
     def forward(self, q, k, v, segment_ids):
         if self.size == 1:
