@@ -14,7 +14,7 @@ d, e bytes per activation element, c = ceil(s / P) tokens per rank:
 
 An all-to-all sends the (n-1)/n of its input that other ranks hold, an all-gather each rank's
 part to the n-1 others. `measure` counts the same on CPU (gloo) by wrapping the ring's exchange
-(`_Ring.shift`), torch.distributed.all_to_all_single and all_gather while one core runs forward
+(`SeqComm.shift`), torch.distributed.all_to_all_single and all_gather while one core runs forward
 and backward; tests/test_hybrid.py checks measure == model.
 
 `project` turns the model into time on 8 GPUs per node x N nodes (H100-class numbers, see
@@ -63,9 +63,10 @@ def modelled_bytes(variant: str, b: int, s: int, P: int, h: int, U: int = 1, e: 
 def counting(log: dict):
     """Adds to log["sent"] the bytes this rank sends through the ring exchange, all-to-alls and
     all-gathers (int64 all-gathers, the segment ids, go to log["ids"] instead)."""
-    from megatron.model.attention import ring
+    from megatron.model.attention.comm import SeqComm
 
-    shift, all_to_all, all_gather = ring._Ring.shift, dist.all_to_all_single, dist.all_gather
+    # SeqComm.shift counts every core's shifts (ring, hybrid's ring, BigBird, local), not only the ring's
+    shift, all_to_all, all_gather = SeqComm.shift, dist.all_to_all_single, dist.all_gather
 
     def bytes_of(tensor):
         return tensor.numel() * tensor.element_size()
@@ -84,11 +85,11 @@ def counting(log: dict):
         log[key] += bytes_of(tensor) * (dist.get_world_size(group) - 1)
         return all_gather(tensor_list, tensor, group=group, **kwargs)
 
-    ring._Ring.shift, dist.all_to_all_single, dist.all_gather = counted_shift, counted_all_to_all, counted_all_gather
+    SeqComm.shift, dist.all_to_all_single, dist.all_gather = counted_shift, counted_all_to_all, counted_all_gather
     try:
         yield log
     finally:
-        ring._Ring.shift, dist.all_to_all_single, dist.all_gather = shift, all_to_all, all_gather
+        SeqComm.shift, dist.all_to_all_single, dist.all_gather = shift, all_to_all, all_gather
 
 
 def measure(variant: str, b: int, s: int, heads: int, d: int, U: int = 1) -> dict:
@@ -235,7 +236,7 @@ plus the segment ids (int64) once per forward: (P-1) x bc x 8 for ring and ulyss
 
 **Measured on CPU** ({machine()}; `.venv/bin/python benchmarks/comm_model.py --seq-length {s}`,
 {time.perf_counter() - started:.0f} s): b={b}, s={s}, {heads} heads x d={d}, fp32; every rank's count
-(listed when ranks differ) against the model. Counted by wrapping ring.py's exchange (`_Ring.shift`),
+(listed when ranks differ) against the model. Counted by wrapping the ring's exchange (`SeqComm.shift`),
 `torch.distributed.all_to_all_single` (DeepSpeed's `_SeqAllToAll` calls it) and `all_gather` while
 one core runs forward and backward; `tests/test_hybrid.py` asserts equality at P=4 (2 x 2) and P=6 (2 x 3).
 

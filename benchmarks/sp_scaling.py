@@ -11,7 +11,7 @@ cores with intra-op threads:
 It exceeds 1 where two intra-op threads scale worse than two processes. t is the median over
 --steps timed steps after one warm-up, each step's time being the slowest rank's.
 
-Ring communication hiding: at SP=2 every other step runs with `_Ring.shift` (ring.py's block
+Ring communication hiding: at SP=2 every other step runs with `SeqComm.shift` (the ring's block
 exchange) replaced by a local copy of the same tensor, so every block still costs its compute
 but nothing crosses ranks; alternating keeps both under the same machine load. t_comm / t_local
 is the issue's ratio (1.0: all hidden). The exchange alone, one step's messages sent back to
@@ -35,7 +35,7 @@ import torch.distributed as dist
 from attention_memory import LENGTHS_HELP, bert_config, check_lengths, train_step
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.model.attention import ring
+from megatron.model.attention.comm import SeqComm
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
 import results
@@ -50,14 +50,14 @@ TARGET = 0.8  # the issue's ring efficiency target
 
 
 def _local_shift(self, tensor):
-    """`_Ring.shift` without communication: the 'received' block is a copy of the sent one."""
+    """`SeqComm.shift` without communication: the 'received' block is a copy of the sent one."""
     received = tensor.clone()
     return lambda: received
 
 
 def _recording_shift(log: list):
-    """`_Ring.shift` that also logs each message's size, for the comm-alone replay."""
-    shift = ring._Ring.shift
+    """`SeqComm.shift` that also logs each message's size, for the comm-alone replay."""
+    shift = SeqComm.shift
 
     def recorded(self, tensor):
         log.append((tensor.numel(), tensor.dtype))
@@ -67,7 +67,7 @@ def _recording_shift(log: list):
 
 def _replay(messages: list) -> float:
     """Seconds to send `messages` around the ring one after another, with no compute between."""
-    exchanger = ring._Ring(state.get_sequence_parallel_group(), state.get_sequence_parallel_ranks())
+    exchanger = SeqComm(state.get_sequence_parallel_group(), state.get_sequence_parallel_ranks())
     buffers = [torch.zeros(numel, dtype=dtype) for numel, dtype in messages]
     dist.barrier()
     start = time.perf_counter()
@@ -95,7 +95,7 @@ def time_steps(variant: str, size: int, seq_lengths: list, steps: int) -> dict:
         times = {mode: [] for mode in shifts}
         for i in range(steps + 1):  # the first round is a warm-up: allocator, thread pools, gloo connections
             for mode, shift in shifts.items():
-                ring._Ring.shift = shift
+                SeqComm.shift = shift  # counts (and replaces) every core's shifts, not only the ring's
                 if mode == "comm":
                     del messages[:]
                 if size > 1:
@@ -114,7 +114,7 @@ def time_steps(variant: str, size: int, seq_lengths: list, steps: int) -> dict:
 # profiler op names -> where the time goes (self CPU time, so nothing is counted twice)
 CATEGORIES = {
     # the ring's autograd Function minus its ops: waiting on isend/irecv (gloo's wait is no op) and Python
-    "ring waits + Python": ("_RingAttention",),
+    "ring waits + Python": ("RingAttentionFunction",),
     "attention kernels": ("scaled_dot_product", "flash_attention"),
     "matmul": ("aten::addmm", "aten::mm", "aten::bmm"),
     "communication": ("gloo", "c10d", "send", "recv", "all_reduce", "barrier", "all_to_all", "allgather"),
@@ -320,7 +320,7 @@ SP=1 time, so **efficiency = t(SP=1) / t(SP=2)** (ideal 1.0; target >= {TARGET} 
 
 {scaling_table(results, args.seq_lengths)}
 
-**Ring communication at SP=2**: `t local copy` replaces ring.py's block exchange (`_Ring.shift`)
+**Ring communication at SP=2**: `t local copy` replaces ring.py's block exchange (`SeqComm.shift`)
 by a copy of the same tensor (same compute, no traffic), in steps alternating with the real ones; `comm alone` sends one step's ring
 messages back to back with no compute; hidden share = 1 - (t_comm - t_local) / comm alone. Exposed
 time beyond `comm alone` is not transfer but one rank waiting for the other at an exchange.

@@ -4,8 +4,8 @@ The sequence is planned as the ring plans a block (masks.block_plan, once per mi
 plans.py): cut at segment starts into tiles that each see only their own keys, or on CUDA one
 varlen flash call, so packed samples cost the sum of their segments' squares and no mask is
 larger than a tile (never s x s). Without attention dropout it runs the ring's exact kernels at
-one rank (_RingAttention: lse-based backward, no score matrix kept); with dropout each tile goes
-through torch's SDPA under autograd, with the tile's mask.
+one rank (ring.RingAttentionFunction: lse-based backward, no score matrix kept); with dropout
+each tile goes through torch's SDPA under autograd, with the tile's mask.
 """
 import torch
 import torch.nn.functional as F
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from megatron.model.attention import kernels, masks, plans
 from megatron.model.attention.comm import SeqComm
 from megatron.model.attention.registry import AttentionCore, register
-from megatron.model.attention.ring import RingPlan, _RingAttention
+from megatron.model.attention.ring import RingAttentionFunction, RingPlan
 
 _ONE_RANK = SeqComm(None, [0])  # the ring's schedule at P = 1: no communication
 
@@ -30,7 +30,8 @@ def attend(q, k, v, plan: RingPlan, dropout_p: float = 0.0):
     that may see no key (padding) gets zeros."""
     scale = q.shape[-1] ** -0.5
     if dropout_p == 0.0:
-        out = _RingAttention.apply(*(x.transpose(1, 2) for x in (q, k, v)), plan.k_segments[0], plan, _ONE_RANK, scale)
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # the kernels' [b, heads, s, d] (views)
+        out = RingAttentionFunction.apply(q, k, v, plan.k_segments[0], plan, _ONE_RANK, scale)
         return out.transpose(1, 2)
     out, block, segment_ids = torch.zeros_like(q), plan.blocks[0], plan.k_segments[0]
     for tile in block.tiles if block else []:

@@ -30,7 +30,6 @@ from megatron.parallel import state
 # tags). Every rank issues, per forward step, one K/V shift; per backward step, one K/V shift
 # then one dK/dV shift: the same sequence on every rank, so the two backward streams (same
 # size in fp32) pair up by issue order alone.
-_Ring = SeqComm
 
 
 class RingPlan(NamedTuple):
@@ -64,7 +63,10 @@ def _unpack(flat, shape, dtype):
     return [flat[i * numel:(i + 1) * numel].view(b, s, heads, d).transpose(1, 2).to(dtype) for i in range(2)]
 
 
-class _RingAttention(torch.autograd.Function):
+class RingAttentionFunction(torch.autograd.Function):
+    """The ring's forward and backward on plain tensors; `ring` is the SeqComm (or simulate's
+    SimulatedComm) of the ring's ranks. Also dense.py's one-rank path and simulate.py's driver."""
+
     @staticmethod
     def forward(ctx, q, k, v, q_segments, plan, ring, scale):
         # q, k, v: [b, heads, s/P, d] views of [b, s/P, heads, d] (the kernels' layout); q_segments
@@ -135,13 +137,13 @@ class RingAttention(AttentionCore):
         """`group`, `ranks`: the ranks of the ring (default: the seq group; hybrid's ring group)."""
         super().__init__()
         self.group = state.get_sequence_parallel_group() if ranks is None else group
-        self.ring = _Ring(self.group, state.get_sequence_parallel_ranks() if ranks is None else ranks)
+        self.comm = SeqComm(self.group, state.get_sequence_parallel_ranks() if ranks is None else ranks)
         self.scale = config.head_dim ** -0.5
 
     def plan(self, segment_ids) -> RingPlan:
         """This micro-batch's RingPlan, made by the first layer and reused (plans.py)."""
-        key = ("ring", self.ring.rank, tuple(self.ring.ranks))
-        return plans.cached(key, segment_ids, lambda: schedule(segment_ids, self.ring))
+        key = ("ring", self.comm.rank, tuple(self.comm.ranks))
+        return plans.cached(key, segment_ids, lambda: schedule(segment_ids, self.comm))
 
     def forward(self, q, k, v, segment_ids):
         return self.attend(q, k, v, self.plan(segment_ids))
@@ -150,5 +152,5 @@ class RingAttention(AttentionCore):
         """q, k, v [b, s/P, heads, d] of the chunk whose segment ids are plan.k_segments[0]."""
         # -> the kernels' [b, heads, s/P, d] (strided views) and back: free
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-        out = _RingAttention.apply(q, k, v, plan.k_segments[0], plan, self.ring, self.scale)
+        out = RingAttentionFunction.apply(q, k, v, plan.k_segments[0], plan, self.comm, self.scale)
         return out.transpose(1, 2)
