@@ -10,6 +10,7 @@ takes; benchmarks/gpu_check.sh measures the real step.
 import collections
 import contextlib
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +124,25 @@ def test_the_cache_hits_only_the_same_ids():
     plans.cached(("test",), ids, lambda: made.append(4) or object())
     plans.cached(("test",), torch.ones(1, 8, dtype=torch.long), lambda: made.append(5) or object())
     assert made == [1, 3, 4, 5]
+
+
+def test_evicting_a_live_plan_warns_once(monkeypatch):
+    """Past _ENTRIES plans the oldest goes: silently when nothing else holds its segment ids (a
+    finished micro-batch), with one warning per process when something does (a micro-batch in
+    flight, whose layers will plan again)."""
+    monkeypatch.setattr(plans, "_ENTRIES", 2)
+    monkeypatch.setattr(plans, "_warned_live_eviction", False)
+    plans.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(4):  # finished micro-batches: only the cache holds their ids
+            plans.cached(("test",), torch.ones(1, 8, dtype=torch.long), object)
+    in_flight = [torch.ones(1, 8, dtype=torch.long) for _ in range(4)]
+    with pytest.warns(UserWarning, match="more than 2 attention plans in use") as record:
+        for ids in in_flight:  # the last two evict the first two, still held here
+            plans.cached(("test",), ids, object)
+    assert len(record) == 1, [str(warning.message) for warning in record]
+    plans.clear()
 
 
 @contextlib.contextmanager

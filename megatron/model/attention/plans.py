@@ -14,7 +14,14 @@ gets a detached view of the same memory (a hit); a pipeline stage's layers get t
 previous layer passed on (a hit); the next micro-batch brings a new tensor (a miss). Hits and
 misses follow the program, which is the same on every seq rank, so the collectives of a miss
 (the gather) are issued by all ranks or by none.
+
+The cache keeps the `_ENTRIES` most recently used plans. A plan evicted while its segment ids
+are still held elsewhere (a micro-batch waiting for its backward: more pipeline stages than the
+bound expects) is made again when asked for, which stays correct and costs one more host
+synchronisation and gather; that is warned about once per process.
 """
+import warnings
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -22,6 +29,7 @@ import torch
 
 _ENTRIES = 32  # micro-batches in flight (pipeline 1F1B holds up to one per stage) times core kinds
 _cache: OrderedDict = OrderedDict()
+_warned_live_eviction = False
 
 
 def cached(key: tuple, segment_ids, make):
@@ -34,10 +42,22 @@ def cached(key: tuple, segment_ids, make):
         entry = (segment_ids, make())
         _cache[full_key] = entry
         while len(_cache) > _ENTRIES:
-            _cache.popitem(last=False)
+            _evict_oldest()
     else:
         _cache.move_to_end(full_key)
     return entry[1]
+
+
+def _evict_oldest() -> None:
+    """Drops the least recently used entry; warns once if its segment ids outlive it (a live
+    micro-batch, whose layers will plan again)."""
+    global _warned_live_eviction
+    held_elsewhere = weakref.ref(_cache.popitem(last=False)[1][0])  # the entry and its plan are gone here
+    if held_elsewhere() is not None and not _warned_live_eviction:
+        _warned_live_eviction = True
+        warnings.warn(f"more than {_ENTRIES} attention plans in use (micro-batches in flight x attention "
+                      "kinds): evicted plans are made again, one host synchronisation and gather each; "
+                      "raise megatron.model.attention.plans._ENTRIES", stacklevel=3)
 
 
 def clear() -> None:
