@@ -47,7 +47,9 @@ def fingerprint(prefix: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _contents_digest(idx_path: str, bin_path: str, *stat_keys) -> str:
+def _contents_digest(idx_path: str, bin_path: str, *cache_key) -> str:
+    # cache_key (both files' size, mtime, inode, device) is unused in the body on purpose: it is
+    # part of the lru_cache key, so a changed file is digested again
     digest = hashlib.sha1()
     with open(idx_path, "rb") as file:
         digest.update(hashlib.file_digest(file, "sha1").digest())

@@ -200,6 +200,7 @@ def get_ring_parallel_ranks() -> list:
 
 
 # Data x seq: the ranks holding replicas of the same parameters (ZeRO shards over them).
+# Also DeepSpeed's mpu interface: DeepSpeed reads get_sequence_data_parallel_* through mpu=state.
 def get_sequence_data_parallel_group():
     return _group("seq_data")
 
@@ -242,12 +243,14 @@ def get_pipe_parallel_rank() -> int:
     return _rank("pipe")
 
 
+# DeepSpeed's mpu interface: DeepSpeed reads these names through mpu=state (no caller here).
 get_pipeline_model_parallel_group = get_pipe_parallel_group
 get_pipeline_model_parallel_world_size = get_pipe_parallel_world_size
 get_pipeline_model_parallel_rank = get_pipe_parallel_rank
 
 
-# Tensor (model) parallelism is not used: degree 1, each rank its own group.
+# Tensor (model) parallelism is not used: degree 1, each rank its own group. Part of DeepSpeed's
+# mpu interface, like the aliases below: DeepSpeed reads them through mpu=state.
 def get_model_parallel_group():
     return _group("model")
 
@@ -264,6 +267,7 @@ def get_tensor_model_parallel_src_rank() -> int:
     return dist.get_rank() if _STATE else 0
 
 
+# DeepSpeed's mpu interface: DeepSpeed reads these names through mpu=state (no caller here).
 get_tensor_model_parallel_group = get_model_parallel_group
 get_tensor_model_parallel_world_size = get_model_parallel_world_size
 get_tensor_model_parallel_rank = get_model_parallel_rank
