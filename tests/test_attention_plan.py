@@ -127,22 +127,27 @@ def test_the_cache_hits_only_the_same_ids():
 
 
 def test_evicting_a_live_plan_warns_once(monkeypatch):
-    """Past _ENTRIES plans the oldest goes: silently when nothing else holds its segment ids (a
-    finished micro-batch), with one warning per process when something does (a micro-batch in
-    flight, whose layers will plan again)."""
+    """Past _ENTRIES plans the oldest goes: silently when nothing but the cache holds its segment
+    ids (a finished micro-batch, also while another core's entry of it is kept), with one warning
+    per process when something does (a micro-batch in flight, whose layers will plan again)."""
     monkeypatch.setattr(plans, "_ENTRIES", 2)
     monkeypatch.setattr(plans, "_warned_live_eviction", False)
     plans.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for _ in range(4):  # finished micro-batches: only the cache holds their ids
-            plans.cached(("test",), torch.ones(1, 8, dtype=torch.long), object)
+        for _ in range(4):  # finished micro-batches of a model with two core kinds
+            _plan_for_two_cores(torch.ones(1, 8, dtype=torch.long))
     in_flight = [torch.ones(1, 8, dtype=torch.long) for _ in range(4)]
     with pytest.warns(UserWarning, match="more than 2 attention plans in use") as record:
         for ids in in_flight:  # the last two evict the first two, still held here
             plans.cached(("test",), ids, object)
     assert len(record) == 1, [str(warning.message) for warning in record]
     plans.clear()
+
+
+def _plan_for_two_cores(segment_ids) -> None:
+    for key in (("ring",), ("local",)):
+        plans.cached(key, segment_ids, object)
 
 
 @contextlib.contextmanager

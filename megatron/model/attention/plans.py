@@ -49,11 +49,15 @@ def cached(key: tuple, segment_ids, make):
 
 
 def _evict_oldest() -> None:
-    """Drops the least recently used entry; warns once if its segment ids outlive it (a live
-    micro-batch, whose layers will plan again)."""
+    """Drops the least recently used entry; warns once if its segment ids outlive it elsewhere
+    than in another core's entry (a live micro-batch, whose layers will plan again)."""
     global _warned_live_eviction
-    held_elsewhere = weakref.ref(_cache.popitem(last=False)[1][0])  # the entry and its plan are gone here
-    if held_elsewhere() is not None and not _warned_live_eviction:
+    held = weakref.ref(_cache.popitem(last=False)[1][0])  # the entry and its plan are gone here
+    segment_ids = held()
+    if segment_ids is None or _warned_live_eviction:
+        return
+    memory = segment_ids.untyped_storage().data_ptr()
+    if all(kept.untyped_storage().data_ptr() != memory for kept, _ in _cache.values()):
         _warned_live_eviction = True
         warnings.warn(f"more than {_ENTRIES} attention plans in use (micro-batches in flight x attention "
                       "kinds): evicted plans are made again, one host synchronisation and gather each; "
