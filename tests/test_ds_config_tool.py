@@ -166,9 +166,9 @@ def test_show_to_a_full_disk_is_one_line():
     with open("/dev/full", "w") as full:
         show = subprocess.run([sys.executable, str(ROOT / "tools" / "ds_config.py"), "show", str(RING), *NO_DROPOUT],
                               stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
-    assert show.returncode == 1 and show.stderr.splitlines() == [
-        "ds_config.py: error: cannot write to stdout (No space left on device); free space where it goes, "
-        "or send it elsewhere"], show.stderr
+    assert show.returncode == 2 and show.stderr.splitlines() == [
+        "ds_config.py: error: a write failed: the disk is full (No space left on device); free space on the disk "
+        "the output goes to, or write it to another disk"], show.stderr
 
 
 @pytest.mark.parametrize("assignment,message", [
