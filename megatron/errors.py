@@ -9,6 +9,8 @@ import sys
 import threading
 import warnings
 
+from megatron.parallel.launch_env import outlive_rank_0
+
 
 class ConfigError(ValueError):
     """A setting that cannot work. The message is `<problem>; <fix>` on one line."""
@@ -143,8 +145,6 @@ def start_up_stops_in_one_line(prog: str, before: str = BEFORE_ANY_WORK, tell: b
         if tell:
             print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         else:
-            from megatron.arguments import outlive_rank_0  # (it imports this module)
-
             for signum in stop_signals():  # the launcher ending this rank while it waits ends it silently
                 signal.signal(signum, signal.SIG_DFL)
             outlive_rank_0()
