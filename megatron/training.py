@@ -256,11 +256,10 @@ def check_flags(args) -> None:
         raise ConfigError(f"--lr-warmup-fraction {args.lr_warmup_fraction} is outside [0, 1]",
                           "pass the fraction of the steps to warm up over, e.g. --lr-warmup-fraction 0.01")
     check_optimizer_flags(args)
-    for flag, value, example in (("--init-method-std", args.init_method_std, 0.02),
-                                 ("--layernorm-epsilon", args.layernorm_epsilon, 1e-5),
-                                 ("--distributed-timeout-minutes", args.distributed_timeout_minutes, 10)):
-        if value is not None and not value > 0:
-            raise ConfigError(f"{flag} {value} must be > 0", f"pass a positive {flag}, e.g. {example}")
+    if args.distributed_timeout_minutes is not None and not args.distributed_timeout_minutes > 0:
+        # (--init-method-std and --layernorm-epsilon: config._check_model_numbers, with the model's numbers)
+        raise ConfigError(f"--distributed-timeout-minutes {args.distributed_timeout_minutes} must be > 0",
+                          "pass a positive --distributed-timeout-minutes, e.g. 10")
     if not 0 <= args.seed < 2**32:
         raise ConfigError(f"--seed {args.seed} is outside [0, 2**32)", "pass a seed between 0 and 4294967295")
     check_split(args.split)
