@@ -6,7 +6,7 @@
 import signal
 import traceback
 
-from megatron.arguments import launcher_rank
+from megatron.parallel.launch_env import launcher_rank
 from megatron.errors import BEFORE_THE_FIRST_STEP, start_up_stops_in_one_line, survive_lost_terminal
 from megatron.parallel import launcher_watch, master_address
 from megatron.quiet import quiet_deepspeed

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import this_repo  # azureml/this_repo.py, a link to tools/this_repo.py
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import ConfigError, DataError, OneLineParser  # noqa: E402
+from megatron.errors import ConfigError, DataError, OneLineParser, run_tool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "azureml" / "Dockerfile"
@@ -56,8 +56,13 @@ NCCL_ENV = {  # NCCL over the node's Ethernet/InfiniBand; errors surface instead
 }
 
 
-class SubmitError(Exception):
-    """A one-line problem; fix, like megatron.errors.ConfigError."""
+class SubmitError(ConfigError):
+    """A one-line `<problem>; <fix>` of submit.py's, written whole: a ConfigError, so run_tool reports it."""
+
+    def __init__(self, line: str):
+        problem, _, fix = line.partition("; ")
+        super().__init__(problem, fix)
+        self.args = (line,)  # the text as written (a problem without a fix has no "; " to add)
 
 
 def default_image() -> str:
@@ -162,10 +167,8 @@ def validate(args) -> None:
                                   "(--data-prefix names the .bin/.idx in it, --vocab the vocab file)")
     from megatron.quiet import quiet_deepspeed
 
-    try:
-        quiet_deepspeed()  # before DeepSpeed is first imported: no accelerator warning
-    except ConfigError as error:  # a DS_ACCELERATOR here that DeepSpeed cannot load (the job's GPUs need none)
-        raise SubmitError(str(error)) from None
+    quiet_deepspeed()  # before DeepSpeed is first imported: no accelerator warning (a ConfigError: a DS_ACCELERATOR
+    # here that DeepSpeed cannot load; the job's GPUs need none)
     from megatron.arguments import build_parser as trainer_parser, config_flags, flags_given
     from megatron.config import resolve
     from megatron.training import check_flags, data_paths, deepspeed_settings
@@ -184,22 +187,19 @@ def validate(args) -> None:
     trainer_args = parser.parse_args(["--deepspeed", "--deepspeed_config", str(args.ds_config), "--data-path",
                                       str(folder / args.data_prefix), tokenizer_flag(args.vocab),
                                       str(folder / args.vocab), *args.flags])
-    try:
-        check_flags(trainer_args)
-        flags = config_flags(trainer_args)
-        if is_local(args.data):  # the tokenizer and the data's vocab record, as the trainer reads them
-            try:
-                _, tokenizer = data_paths(argparse.Namespace(**{**vars(trainer_args), "load": None,
-                                                                "init_from_hf": None, "data_cache_path": None}))
-            except DataError as error:  # its fix in submit.py's option
-                raise SubmitError(f"{error.problem}; pass --vocab the vocab.txt or tokenizer.json (named *.json) in "
-                                  "--data that the data was made with") from None
-            flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
-        flags["bigbird_seed"] = trainer_args.seed
-        # the JSON as the trainer fills it from the flags on the job's GPUs (where the Adam params differ)
-        resolve(flags, deepspeed_settings(trainer_args, cuda=True), args.instance_count * args.gpus_per_node)
-    except ConfigError as error:
-        raise SubmitError(str(error)) from None
+    check_flags(trainer_args)
+    flags = config_flags(trainer_args)
+    if is_local(args.data):  # the tokenizer and the data's vocab record, as the trainer reads them
+        try:
+            _, tokenizer = data_paths(argparse.Namespace(**{**vars(trainer_args), "load": None,
+                                                            "init_from_hf": None, "data_cache_path": None}))
+        except DataError as error:  # its fix in submit.py's option
+            raise SubmitError(f"{error.problem}; pass --vocab the vocab.txt or tokenizer.json (named *.json) in "
+                              "--data that the data was made with") from None
+        flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
+    flags["bigbird_seed"] = trainer_args.seed
+    # the JSON as the trainer fills it from the flags on the job's GPUs (where the Adam params differ)
+    resolve(flags, deepspeed_settings(trainer_args, cuda=True), args.instance_count * args.gpus_per_node)
 
 
 def check_dry_run(path: Path, context: Path) -> None:
@@ -312,21 +312,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.dry_run:  # the build context stays next to the YAML, which names it
-            context = args.dry_run.parent / f"{args.dry_run.stem}_environment"
-            check_dry_run(args.dry_run, context)
-            job = build_job(args, context)
-            write_job_yaml(job, args.dry_run)
-            print(args.dry_run)
-        else:
-            with tempfile.TemporaryDirectory(prefix="bert-longseq-environment-") as context:
-                print(submit(build_job(args, Path(context)), args.workspace_config).studio_url)
-    except SubmitError as error:
-        print(f"submit.py: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    """The exit code: run_tool's one line for a mistake or a Ctrl-C."""
+    return run_tool("submit.py", lambda: run(build_parser().parse_args(argv)))
+
+
+def run(args) -> None:
+    if args.dry_run:  # the build context stays next to the YAML, which names it
+        context = args.dry_run.parent / f"{args.dry_run.stem}_environment"
+        check_dry_run(args.dry_run, context)
+        job = build_job(args, context)
+        write_job_yaml(job, args.dry_run)
+        print(args.dry_run)
+    else:
+        with tempfile.TemporaryDirectory(prefix="bert-longseq-environment-") as context:
+            print(submit(build_job(args, Path(context)), args.workspace_config).studio_url)
 
 
 if __name__ == "__main__":

@@ -46,8 +46,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from results import BenchmarkParser, machine, positive, save_plot, write_section  # noqa: E402
-from train_step import (DEVICE, MMAP_THRESHOLD, adamw, alternate, autocast, optimizer_step, summary,  # noqa: E402
-                        versions)
+from train_step import (DEVICE, MASK_PROB, MMAP_THRESHOLD, Ours, adamw, alternate, autocast,  # noqa: E402
+                        make_batch, optimizer_step, summary, versions)
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
@@ -57,8 +57,6 @@ from megatron.flops import training_flops_per_sample  # noqa: E402
 from megatron.model.args import MODEL_PRESETS  # noqa: E402
 from megatron.model.attention import local, plans, simulate  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
-from megatron.model.loss import bert_batch_loss  # noqa: E402
-from megatron.parallel.device import to_device  # noqa: E402
 
 PRESET = {**MODEL_PRESETS["modernbert-base"], "vocab_size": 50368}  # ModernBERT's vocab: a preset leaves it to the run
 ON_GPU = DEVICE.type == "cuda"
@@ -67,7 +65,6 @@ DTYPE = torch.bfloat16 if ON_GPU else torch.float32  # what the local layer alon
 # preset's ratio; on a GPU ModernBERT-base itself (22 layers, hidden 768)
 SHAPE = {} if ON_GPU else dict(num_layers=6, hidden_size=256, num_attention_heads=4,
                                ffn_hidden_size=256 * PRESET["ffn_hidden_size"] // PRESET["hidden_size"])
-MASK_PROB = 0.15
 PLOT = HERE / ("modern_cuda.png" if ON_GPU else "modern.png")
 HEADING = f"Modern encoder layers vs Hugging Face ModernBERT ({'cuda' if ON_GPU else 'CPU'})"
 CONTESTANTS = ("ours", "hf", "hf-sparse")
@@ -85,29 +82,6 @@ def model_config(seq: int, shape: dict | None = None) -> BertConfig:
     """Our ModernBERT-shaped config at `seq` tokens (`shape`: sizes over SHAPE, for tests)."""
     return BertConfig(**{**PRESET, **SHAPE, **(shape or {}), "seq_length": seq,
                          "max_position_embeddings": max(seq, PRESET["max_position_embeddings"])})
-
-
-def make_batch(seq: int, vocab: int, seed: int = 0) -> BertBatch:
-    """One sample of one segment (positions 0..s-1, no padding), 15% MLM positions."""
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(5, vocab, (1, seq), generator=g)
-    loss_mask = torch.rand(1, seq, generator=g) < MASK_PROB
-    labels = torch.randint(5, vocab, (1, seq), generator=g)
-    return to_device(BertBatch.unpacked(tokens, torch.zeros_like(tokens), torch.zeros_like(loss_mask), labels,
-                                        loss_mask, torch.zeros(1, dtype=torch.long)), DEVICE)
-
-
-class Ours:
-    def __init__(self, config: BertConfig, state: dict):
-        self.model = BertModel(config)
-        self.model.load_state_dict(state)
-        self.model.to(DEVICE)
-        self.optimizer = adamw(self.model.parameters())
-
-    def __call__(self, batch: BertBatch) -> torch.Tensor:
-        with autocast():
-            loss = bert_batch_loss(*self.model(*batch.model_inputs()), batch).total
-        return optimizer_step(loss, self.optimizer)
 
 
 class HuggingFace:
@@ -206,7 +180,7 @@ def bench_steps(contestants: dict, seq_lengths, repeats: int, long_repeats: int,
         longest = max((estimate_seconds(history[n], seq) or 0.0) for n in run)
         steps_warmup = warmup if index == 0 or longest <= NO_WARMUP_ABOVE_S else 0
         steps_repeats = repeats if longest <= FEWER_REPEATS_ABOVE_S else min(repeats, long_repeats)
-        batch = make_batch(seq, vocab)
+        batch = make_batch(1, seq, vocab, token_types=False)
         runs = alternate({name: contestants[name] for name in run}, batch, steps_repeats, steps_warmup)
         flops = training_flops_per_sample(config, MASK_PROB)
         row = {}

@@ -49,6 +49,7 @@ from megatron.flops import training_flops_per_sample  # noqa: E402
 from megatron.hf_convert import hf_config_from_bert, hf_state_from_bert  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 from megatron.model.loss import bert_batch_loss  # noqa: E402
+from megatron.parallel.device import to_device  # noqa: E402
 
 SHAPES = {
     "small": dict(num_layers=4, hidden_size=256, num_attention_heads=4),
@@ -76,15 +77,20 @@ def adamw(parameters, implementation: str = "fused"):
                              {"foreach": False})
 
 
-def make_batch(batch_size: int, seq: int, seed: int = 0) -> BertBatch:
+def make_batch(batch_size: int, seq: int, vocab: int = VOCAB, seed: int = 0, token_types: bool = True) -> BertBatch:
+    """Random tokens, 15% MLM positions, no padding; `token_types`: two segments per sample and random
+    SOP labels, else one segment (types and SOP labels 0: modern.py's ModernBERT, which has neither)."""
     g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(5, VOCAB, (batch_size, seq), generator=g)
-    token_types = (torch.arange(seq) >= seq // 2).long().expand(batch_size, seq).contiguous()
+    tokens = torch.randint(5, vocab, (batch_size, seq), generator=g)
     loss_mask = torch.rand(batch_size, seq, generator=g) < MASK_PROB
-    labels = torch.randint(5, VOCAB, (batch_size, seq), generator=g)
-    sop_labels = torch.randint(0, 2, (batch_size,), generator=g)
-    batch = BertBatch.unpacked(tokens, token_types, torch.zeros_like(loss_mask), labels, loss_mask, sop_labels)
-    return BertBatch(*(t.to(DEVICE) for t in vars(batch).values()))
+    labels = torch.randint(5, vocab, (batch_size, seq), generator=g)
+    if token_types:
+        types = (torch.arange(seq) >= seq // 2).long().expand(batch_size, seq).contiguous()
+        sop_labels = torch.randint(0, 2, (batch_size,), generator=g)
+    else:
+        types, sop_labels = torch.zeros_like(tokens), torch.zeros(batch_size, dtype=torch.long)
+    return to_device(BertBatch.unpacked(tokens, types, torch.zeros_like(loss_mask), labels, loss_mask, sop_labels),
+                     DEVICE)
 
 
 class Ours:

@@ -7,13 +7,12 @@ their help: the schedule's shape (--lr-decay-style, --lr-warmup-fraction), --see
 --data-impl, --mask-prob, --default-data-dir) and the run's (evaluation and log intervals, --log-dir, timeouts).
 """
 import argparse
-import os
 import sys
-import time
 
 from megatron.data.tokenizer import add_tokenizer_flags
 from megatron.errors import ConfigError, OneLineParser
 from megatron.model.args import MODEL_PRESETS
+from megatron.parallel.launch_env import launcher_rank, outlive_rank_0
 from megatron.paths import DEFAULT_DATA_DIR, in_repository
 
 # flag destination -> BertConfig / TrainConfig field: the same name, but for these two
@@ -300,28 +299,6 @@ def flags_given(parser: argparse.ArgumentParser, argv: list) -> list:
         if token.startswith("--") and len(matches) == 1:
             given.append((name, options[matches[0]]))
     return given
-
-
-def launcher_rank() -> int:
-    """This process' global rank as its launcher set it before any process group exists: the env://
-    RANK (deepspeed, torchrun), else an MPI launcher's; 0 for a process started by hand."""
-    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
-        value = os.environ.get(name, "").strip()
-        if value:
-            return int(value) if value.isdigit() else 0
-    return 0
-
-
-PRINTER_WAIT = 10.0  # seconds at most a rank that leaves an error line to another rank waits for it
-
-
-def outlive_rank_0() -> None:
-    """Before any process group exists, a rank that leaves an error line to rank 0 must not exit
-    first: the launcher ends every rank once one exits non-zero, rank 0 too, perhaps before it has
-    printed. Nothing tells when it has; it exits right after, and the launcher then ends this rank,
-    else this returns after PRINTER_WAIT seconds. A process of a world of 1 does not wait."""
-    if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
-        time.sleep(PRINTER_WAIT)
 
 
 class OncePerRunParser(OneLineParser):

@@ -50,6 +50,7 @@ from megatron.model.args import MODEL_PRESETS
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.pipe import pipe_layer_to_bert
 from megatron.parallel import launcher_watch, peers, state as parallel_state
+from megatron.parallel.launch_env import local_rank
 
 LATEST = "latest"
 RUN_STATE = "run_state.json"
@@ -299,7 +300,7 @@ def check_writable(save_dir: str) -> None:
     folder's lock (take_lock), which release_lock gives back. All ranks raise the same error."""
     problem, created = None, []
     fix = "pass a --save directory this user can write on every node"
-    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+    if local_rank() == 0:
         try:
             problem = paths.file_in_the_way("--save", save_dir)
             if problem is None:

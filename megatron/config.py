@@ -27,7 +27,6 @@ Every violated constraint is a ConfigError naming the key (or flag) and the fix.
 imports torch or DeepSpeed unless DeepSpeed's own checks are asked for (`resolve(...,
 deepspeed_check=True)`, the trainer's default): tools/ds_config.py answers in a fraction of a second.
 """
-import contextlib
 import copy
 import dataclasses
 import difflib
@@ -230,8 +229,8 @@ def _refuse_duplicates(path):
     return build
 
 
-# DeepSpeed 0.19.8's top-level keys (traced_deepspeed_top_level_keys, which imports DeepSpeed, finds
-# the same set: tests/test_ds_config_tool.py holds the two equal, so a DeepSpeed upgrade updates it)
+# DeepSpeed 0.19.8's top-level keys (tests/ds_trace.py's traced_deepspeed_top_level_keys, which imports
+# DeepSpeed, finds the same set: tests/test_ds_config_tool.py holds the two equal, so a DeepSpeed upgrade updates it)
 DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
     "activation_checkpointing", "aio", "amp", "auto", "auto_cast", "autotuning", "bf16",
     "bf16_master_weights_and_grads", "bf16_optimizer_states", "bfloat16", "buffer_dtype", "check_overflow",
@@ -253,7 +252,7 @@ DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
     "wandb", "weight_quantization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
     "zero_optimization"})
 # optimizer.type spellings DeepSpeed accepts: its own optimizers and torch.optim's classes, by lower-case
-# name (traced_optimizer_names finds the same)
+# name (tests/ds_trace.py's traced_optimizer_names finds the same)
 OPTIMIZER_NAMES = {name.lower(): name for name in (
     "Adadelta", "Adafactor", "adagrad", "adam", "Adamax", "adamw", "ASGD", "lamb", "LBFGS", "lion", "muadam",
     "muadamw", "muon", "musgd", "NAdam", "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam")}
@@ -272,7 +271,7 @@ OPTIMIZER_DEFAULTS = {"lr": 1e-4, "weight_decay": 0.01, "betas": [0.9, 0.999], "
 _ADAM_DEEPSPEED_KEYS = ("adam_w_mode", "torch_adam", "fp32_optimizer_states")
 # optimizer.params each optimizer.type takes (lower-case): the keyword arguments of the class(es) DeepSpeed
 # 0.19.8 builds for it (DeepSpeed's own: FusedAdam or DeepSpeedCPUAdam, FusedLamb, FusedLion or DeepSpeedCPULion,
-# torch's Adagrad or DeepSpeedCPUAdagrad, Muon's halves; else torch.optim's class); traced_optimizer_params finds
+# torch's Adagrad or DeepSpeedCPUAdagrad, Muon's halves; else torch.optim's class); tests/ds_trace.py's traced_optimizer_params finds
 # the same (tests/test_ds_config_tool.py holds the two equal). Anything else is a TypeError inside
 # deepspeed.initialize, or (Muon) silently ignored.
 _TORCH_ADAMW = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable",
@@ -443,79 +442,10 @@ def default_optimizer(ds_config: dict, cuda: bool) -> dict:
     return params
 
 
-def traced_optimizer_params() -> dict:
-    """OPTIMIZER_PARAMS from the installed DeepSpeed and torch: the keyword arguments of the classes
-    DeepSpeed's engine builds for each type, and the keys it reads or pops itself."""
-    import inspect
-
-    import torch
-    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
-    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
-    from deepspeed.ops.lamb import FusedLamb
-    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
-    from deepspeed.runtime.engine import DeepSpeedEngine
-
-    def keywords(*classes, passed_by_deepspeed=()):
-        names = {name for cls in classes for name in inspect.signature(cls.__init__).parameters}
-        return names - {"self", "params", "model_params", "max_grad_norm", *passed_by_deepspeed}
-
-    adam = keywords(FusedAdam, DeepSpeedCPUAdam, passed_by_deepspeed=("adamw_mode",)) | set(_ADAM_DEEPSPEED_KEYS)
-    traced = {"adam": adam, "adamw": adam, "adagrad": keywords(torch.optim.Adagrad, DeepSpeedCPUAdagrad),
-              "lamb": keywords(FusedLamb), "lion": keywords(FusedLion, DeepSpeedCPULion),
-              "muon": {*DeepSpeedEngine._MUON_HALF_KEYS, *DeepSpeedEngine._ADAM_HALF_KEYS, "muon_lr", "adam_lr",
-                       *_ADAM_DEEPSPEED_KEYS}}
-    for name in OPTIMIZER_NAMES.values():
-        cls = getattr(torch.optim, name, None)
-        if name.lower() not in traced and name.lower() not in _MUP_OPTIMIZERS and cls is not None:
-            traced[name.lower()] = keywords(cls)
-    return {name: frozenset(params) for name, params in traced.items()}, keywords(torch.optim.AdamW) | set(
-        _ADAM_DEEPSPEED_KEYS)
-
-
 def deepspeed_top_level_keys() -> set:
     """Top-level keys DeepSpeed reads, and this project's section. DeepSpeed ignores any other
     key, so a typo such as `trian_batch_size` would change nothing."""
     return DEEPSPEED_TOP_LEVEL_KEYS | {SECTION}
-
-
-def traced_deepspeed_top_level_keys() -> set:
-    """DEEPSPEED_TOP_LEVEL_KEYS from the installed DeepSpeed: the keys its DeepSpeedConfig looks
-    up (traced on a minimal config), the keys named in its constants, and the few read elsewhere."""
-    import deepspeed.runtime.constants as constants
-    from deepspeed.runtime.config import DeepSpeedConfig
-
-    looked_up = set()
-
-    class Tracing(dict):
-        def get(self, key, *default):
-            looked_up.add(key)
-            return super().get(key, *default)
-
-        def __getitem__(self, key):
-            looked_up.add(key)
-            return super().__getitem__(key)
-
-        def __contains__(self, key):
-            looked_up.add(key)
-            return super().__contains__(key)
-
-    with contextlib.suppress(Exception):
-        DeepSpeedConfig(Tracing(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1))
-    named = {value for name, value in vars(constants).items()
-             if name.isupper() and isinstance(value, str) and value.isidentifier() and value.islower()}
-    return looked_up | named | _DEEPSPEED_OTHER_KEYS
-
-
-def traced_optimizer_names() -> dict:
-    """OPTIMIZER_NAMES from the installed DeepSpeed and torch."""
-    import torch
-    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
-
-    names = {name.lower(): name for name in DEEPSPEED_OPTIMIZERS}
-    for name, value in vars(torch.optim).items():
-        if isinstance(value, type) and issubclass(value, torch.optim.Optimizer) and value is not torch.optim.Optimizer:
-            names.setdefault(name.lower(), name)
-    return names
 
 
 def check_deepspeed_types(ds_config: dict) -> None:
@@ -596,7 +526,7 @@ def check_deepspeed_types(ds_config: dict) -> None:
 
 
 # the keys DeepSpeed 0.19.8's config models for these sections accept (they forbid any other);
-# traced_section_keys finds the same (tests/test_ds_config_tool.py holds the two equal)
+# tests/ds_trace.py's traced_section_keys finds the same (tests/test_ds_config_tool.py holds the two equal)
 _BF16_KEYS = frozenset({"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
                         "bf16_optimizer_states"})
 DEEPSPEED_SECTION_KEYS = {
@@ -635,27 +565,6 @@ _OFFLOADS = {"offload_optimizer": ("cpu_offload", 1), "offload_param": ("cpu_off
 # fp16's integer settings; the two that dynamic loss scaling divides by or floors at must be >= 1 there
 _FP16_INTEGERS = ("initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
 _FP16_DYNAMIC_POSITIVE = ("loss_scale_window", "min_loss_scale")
-
-
-def traced_section_keys() -> dict:
-    """DEEPSPEED_SECTION_KEYS from the installed DeepSpeed: its config models' field names and aliases."""
-    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-
-    def keys(model) -> frozenset:
-        return frozenset({*model.model_fields, *(f.alias for f in model.model_fields.values() if f.alias)})
-
-    return {"fp16": keys(DeepSpeedFP16Config), "bf16": keys(DeepSpeedBF16Config),
-            "bfloat16": keys(DeepSpeedBF16Config), "zero_optimization": keys(DeepSpeedZeroConfig)}
-
-
-def traced_stage3_settings() -> dict:
-    """_STAGE3_SETTINGS from the installed DeepSpeed: its ZeRO fields also named stage3_*, with their defaults.
-    Only a test calls it: it pins the hard-coded _STAGE3_SETTINGS to this, so a DeepSpeed upgrade cannot drift."""
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-
-    return {name: field.default for name, field in DeepSpeedZeroConfig.model_fields.items()
-            if field.alias == f"stage3_{name}"}
 
 
 def _check_precision_and_zero(ds_config: dict) -> None:

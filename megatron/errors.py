@@ -7,6 +7,9 @@ import signal
 import stat
 import sys
 import threading
+import warnings
+
+from megatron.parallel.launch_env import outlive_rank_0
 
 
 class ConfigError(ValueError):
@@ -142,8 +145,6 @@ def start_up_stops_in_one_line(prog: str, before: str = BEFORE_ANY_WORK, tell: b
         if tell:
             print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         else:
-            from megatron.arguments import outlive_rank_0  # (it imports this module)
-
             for signum in stop_signals():  # the launcher ending this rank while it waits ends it silently
                 signal.signal(signum, signal.SIG_DFL)
             outlive_rank_0()
@@ -224,20 +225,46 @@ def survive_lost_terminal() -> None:
     sys.stdout.other = sys.stderr
 
 
-def run_tool(prog: str, main) -> int:
+def _one_line_warning(message, *_) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _settle_stdout() -> None:
+    """Flushes stdout; if that fails too (the closed pipe, the full disk), points it at /dev/null, so
+    that the flush at exit does not fail again with Python's `Exception ignored` lines and status 120."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+
+
+def run_tool(prog: str, main, one_line_warnings: bool = False) -> int:
     """Runs a command-line tool's `main()`: a ConfigError becomes `<prog>: error: <problem>; <fix>`
     on stderr and exit code 2 (argparse's own code for a bad command line), no traceback. SIGINT
-    (Ctrl-C), SIGTERM and SIGHUP (stop_signals) stop it the same way: its clean-up runs, one line, exit 128 + signal."""
+    (Ctrl-C), SIGTERM and SIGHUP (stop_signals) stop it the same way: its clean-up runs, one line, exit 128 + signal.
+    Output into a closed pipe (`tool | head`) stops quietly with 128 + SIGPIPE, as cat does.
+    `one_line_warnings`: a library's Python warning is `warning: <message>`, not its file, line and source."""
     replaced = raise_on_signals()
+    shown = warnings.showwarning
+    if one_line_warnings:
+        warnings.showwarning = _one_line_warning
     try:
-        return main() or 0
+        code = main() or 0
+        sys.stdout.flush()  # here, where a closed pipe or a full disk is caught, not at exit
+        return code
     except ConfigError as error:
         print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         return 2
+    except BrokenPipeError:
+        _settle_stdout()
+        return 128 + signal.SIGPIPE
     except OSError as error:  # a path the tool reads or writes: permissions, a folder for a file, space
         if error.filename:
             print(f"{prog}: error: {cannot_use(error)}", file=sys.stderr, flush=True)
         elif full := disk_full(error):  # a write() or flush: no file name (a tool that knows its output names it)
+            _settle_stdout()
             print(f"{prog}: error: a write failed: {full} ({error.strerror or error}); free space on the disk the "
                   "output goes to, or write it to another disk", file=sys.stderr, flush=True)
         else:
@@ -249,4 +276,5 @@ def run_tool(prog: str, main) -> int:
               "rerun the same command to start over", file=sys.stderr, flush=True)
         return 128 + signum
     finally:
+        warnings.showwarning = shown
         restore_signals(replaced)  # a caller in the same process keeps its own

@@ -23,8 +23,7 @@ import torch
 import torch.distributed as dist
 
 from megatron import checkpoint, determinism, hf_convert, hf_modernbert, optimizer_state, paths
-from megatron.arguments import (PRINTER_WAIT, build_parser, config_flags, flag_setting, launcher_rank,
-                                outlive_rank_0)
+from megatron.arguments import build_parser, config_flags, flag_setting
 from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, WEIGHTLESS_FIELDS, TrainConfig, adjustable_start_fields,
                              default_optimizer, model_notes, model_preset, optimizer_params_taken, precision,
                              preset_source, read_ds_config, refuse_contradictions, resolve)
@@ -45,6 +44,7 @@ from megatron.model.attention import blocks
 from megatron.model.attention.rules import RULES, Rules, refuse_local_layers
 from megatron.model.bert import BertModel
 from megatron.parallel import device, jit_locks, launcher_watch, peers, state
+from megatron.parallel.launch_env import PRINTER_WAIT, launcher_rank, local_rank, outlive_rank_0
 from megatron.run_log import RunLog, log_dir_problem, tensorboard_problem
 
 
@@ -185,7 +185,7 @@ def report_once(line: str, node_leaders: bool = False) -> None:
     prints the line itself."""
     # a partial launcher environment (launch_environment) is a process started by hand: it prints
     partial = any(name in os.environ for name in RENDEZVOUS[:3]) and not all(name in os.environ for name in RENDEZVOUS)
-    first = launcher_rank() == 0 or partial or (node_leaders and device.local_rank() == 0)
+    first = launcher_rank() == 0 or partial or (node_leaders and local_rank() == 0)
     store = None
     if dist.is_available() and dist.is_initialized() and device.store_host_alive():
         try:
@@ -256,11 +256,10 @@ def check_flags(args) -> None:
         raise ConfigError(f"--lr-warmup-fraction {args.lr_warmup_fraction} is outside [0, 1]",
                           "pass the fraction of the steps to warm up over, e.g. --lr-warmup-fraction 0.01")
     check_optimizer_flags(args)
-    for flag, value, example in (("--init-method-std", args.init_method_std, 0.02),
-                                 ("--layernorm-epsilon", args.layernorm_epsilon, 1e-5),
-                                 ("--distributed-timeout-minutes", args.distributed_timeout_minutes, 10)):
-        if value is not None and not value > 0:
-            raise ConfigError(f"{flag} {value} must be > 0", f"pass a positive {flag}, e.g. {example}")
+    if args.distributed_timeout_minutes is not None and not args.distributed_timeout_minutes > 0:
+        # (--init-method-std and --layernorm-epsilon: config._check_model_numbers, with the model's numbers)
+        raise ConfigError(f"--distributed-timeout-minutes {args.distributed_timeout_minutes} must be > 0",
+                          "pass a positive --distributed-timeout-minutes, e.g. 10")
     if not 0 <= args.seed < 2**32:
         raise ConfigError(f"--seed {args.seed} is outside [0, 2**32)", "pass a seed between 0 and 4294967295")
     check_split(args.split)
@@ -749,7 +748,7 @@ def deepspeed_settings(args, cuda: bool | None = None) -> dict:
         problem = device.fused_adam_problem()  # a JIT build that would fail every rank at start-up
         if problem:
             params["torch_adam"] = True
-            if int(os.environ.get("RANK", 0)) == 0:
+            if launcher_rank() == 0:
                 print(f"warning: DeepSpeed's FusedAdam cannot be had here: {problem[0]}; training with torch's Adam "
                       f"(the same update, unfused). For the fused kernel: {problem[1]}", file=sys.stderr, flush=True)
     ds.setdefault("steps_per_print", 10**9)  # the run log prints progress
@@ -819,11 +818,10 @@ def data_paths(args) -> tuple:
         data_path = args.data_path
     else:
         check_default_data_vocab(args, tokenizer)
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        if local_rank == 0:
+        if local_rank() == 0:
             default = prepare_default_dataset(args.default_data_dir)
         dist.barrier()
-        if local_rank != 0:
+        if local_rank() != 0:
             default = prepare_default_dataset(args.default_data_dir)  # finds it built: reuses it
         data_path = [default.data_prefix]
         tokenizer = tokenizer or build_tokenizer(args.tokenizer_type, default.vocab_file)
@@ -1156,7 +1154,7 @@ def check_before_rendezvous(args) -> StartUp:
 def join_process_group(args, note: str | None) -> None:
     """The rendezvous of every rank, on the device each uses; rank 0 then prints the launcher `note`
     (launch_environment). Left-over JIT build locks go first: DeepSpeed's ops build during it."""
-    if device.local_rank() == 0:  # before DeepSpeed's ops build (or wait on a killed build's lock)
+    if local_rank() == 0:  # before DeepSpeed's ops build (or wait on a killed build's lock)
         for line in jit_locks.clear_left_over():
             print(line, file=sys.stderr, flush=True)
     device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)

@@ -880,10 +880,6 @@ FLAG_MISTAKES = {
     "negative_train_iters": (["--train-iters", "-5"], ("--train-iters -5 is negative", "the run length")),
     "train_iters_zero": (["--train-iters", "0"], ("--train-iters 0 is zero: no step to train", "N >= 1")),
     "negative_seed": (["--seed", "-1"], ("--seed -1 is outside [0, 2**32)",)),
-    # numbers that reached torch after the index maps were built
-    "init_method_std_negative": (["--init-method-std", "-1"], ("--init-method-std -1.0 must be > 0",
-                                                                "--init-method-std, e.g. 0.02")),
-    "layernorm_epsilon_zero": (["--layernorm-epsilon", "0"], ("--layernorm-epsilon 0.0 must be > 0",)),
     "weight_decay_negative": (["--weight-decay", "-5"], ("--weight-decay -5.0 is negative",)),
     "adam_beta1_above_one": (["--adam-beta1", "1.5"], ("--adam-beta1 1.5 is outside [0, 1)", "--adam-beta1 0.9")),
     "adam_beta2_one": (["--adam-beta2", "1"], ("--adam-beta2 1.0 is outside [0, 1)",)),
@@ -1195,6 +1191,11 @@ CONFIG_MISTAKES = {
         "choose another --save"), {}) for name, where, save in (("as", "the", "{hf}"), ("inside", "inside the",
                                                                                        "{hf}/run"))},
     # ---- one rule per number, whatever its value breaks
+    # numbers that reached torch after the index maps were built (config._check_model_numbers)
+    "init_method_std_negative": (["--init-method-std", "-1"], {}, ("init_method_std = -1.0 is not a finite number > 0",
+                                                                    "pass --init-method-std above 0, e.g. 0.02"), {}),
+    "layernorm_epsilon_zero": (["--layernorm-epsilon", "0"], {}, ("layernorm_epsilon = 0.0 is not a finite number > 0",
+                                                                  "pass --layernorm-epsilon above 0"), {}),
     **{f"rotary_base_{name}": (["--position-embedding-type", "rope", "--rotary-base", value], {}, (
         f"rotary_base = {float(value)} is not a finite number > 1", "pass --rotary-base above 1"), {})
        for name, value in (("zero", "0"), ("half", "0.5"))},

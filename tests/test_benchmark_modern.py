@@ -22,7 +22,7 @@ TINY = dict(num_layers=3, hidden_size=64, num_attention_heads=2, ffn_hidden_size
 def test_contestants_compute_the_same_model_and_their_ratio_reaches_the_table():
     contestants = modern.build_contestants(modern.CONTESTANTS, 256, TINY)
     assert [modern.model_config(256, TINY).is_local_layer(i) for i in range(3)] == [False, True, True]
-    batch = modern.make_batch(256, 1024, seed=3)
+    batch = modern.make_batch(1, 256, 1024, seed=3, token_types=False)
     losses = {name: step(batch) for name, step in contestants.items()}  # the same starting weights
     for name in ("hf", "hf-sparse"):
         torch.testing.assert_close(losses[name], losses["ours"], rtol=0, atol=2e-5)

@@ -262,6 +262,21 @@ def test_a_cuda_machine_that_cannot_build_fused_adam_trains_with_torch_adam(monk
     assert "torch_adam" not in training.deepspeed_settings(build_parser().parse_args([]))["optimizer"]["params"]
 
 
+@pytest.mark.parametrize("mpi_rank,printed", [("0", 1), ("1", 0)])
+def test_the_torch_adam_warning_is_printed_once_under_an_mpi_launcher(monkeypatch, capsys, mpi_rank, printed):
+    """An MPI launcher sets OMPI_COMM_WORLD_RANK, not RANK (before DeepSpeed's discovery): the check
+    read RANK alone, so every rank printed the warning. Now launch_env.launcher_rank: rank 0 only."""
+    from megatron import training
+    from megatron.arguments import build_parser
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", mpi_rank)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(device, "fused_adam_problem", lambda: ("it is not prebuilt", "install it"))
+    assert training.deepspeed_settings(build_parser().parse_args([]))["optimizer"]["params"]["torch_adam"] is True
+    assert len(capsys.readouterr().err.splitlines()) == printed
+
+
 @cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

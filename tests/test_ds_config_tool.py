@@ -166,9 +166,9 @@ def test_show_to_a_full_disk_is_one_line():
     with open("/dev/full", "w") as full:
         show = subprocess.run([sys.executable, str(ROOT / "tools" / "ds_config.py"), "show", str(RING), *NO_DROPOUT],
                               stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
-    assert show.returncode == 1 and show.stderr.splitlines() == [
-        "ds_config.py: error: cannot write to stdout (No space left on device); free space where it goes, "
-        "or send it elsewhere"], show.stderr
+    assert show.returncode == 2 and show.stderr.splitlines() == [
+        "ds_config.py: error: a write failed: the disk is full (No space left on device); free space on the disk "
+        "the output goes to, or write it to another disk"], show.stderr
 
 
 @pytest.mark.parametrize("assignment,message", [
@@ -208,9 +208,10 @@ def test_the_tool_imports_neither_torch_nor_deepspeed(tmp_path):
 
 
 def test_static_deepspeed_tables_match_the_installed_deepspeed():
+    from ds_trace import (traced_deepspeed_top_level_keys, traced_optimizer_names, traced_optimizer_params,
+                          traced_section_keys, traced_stage3_settings)
     from megatron.config import (DEEPSPEED_SECTION_KEYS, DEEPSPEED_TOP_LEVEL_KEYS, OPTIMIZER_NAMES, OPTIMIZER_PARAMS,
-                                 TORCH_ADAM_PARAMS, traced_deepspeed_top_level_keys, traced_optimizer_names,
-                                 traced_optimizer_params, traced_section_keys, traced_stage3_settings)
+                                 TORCH_ADAM_PARAMS)
     from megatron.config import _STAGE3_SETTINGS
 
     assert traced_deepspeed_top_level_keys() == DEEPSPEED_TOP_LEVEL_KEYS

@@ -262,6 +262,19 @@ def test_a_tool_whose_write_fills_the_disk_is_one_line(tmp_path, capsys):
                                        "disk\n")
 
 
+def test_a_tools_warnings_are_one_line_each(capsys):
+    """run_tool(one_line_warnings=True), convert_checkpoint.py's and fill_mask.py's: a library's warning is
+    `warning: <message>`, not Python's file:line and source line; the caller's hook is back afterwards."""
+    import warnings
+
+    before = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert run_tool("fill_mask.py", lambda: warnings.warn("the head is untrained"), one_line_warnings=True) == 0
+    assert capsys.readouterr().err == "warning: the head is untrained\n"
+    assert warnings.showwarning is before
+
+
 def test_resumed_run_appends_after_a_torn_line_and_still_plots(tmp_path, monkeypatch, capsys):
     """SIGKILL can cut a record in half; the resumed run's records start on a new line, and the
     plot at its end skips the torn one."""

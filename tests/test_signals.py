@@ -611,6 +611,45 @@ def test_ctrl_c_during_the_imports_is_one_line(tmp_path, script, module, after):
     assert (child.returncode, err) == (130, f"{path.name}: stopped by SIGINT during start-up, {after}\n")
 
 
+CTRL_C_AT_A_FILE = """import os, pathlib, runpy, signal, sys
+sys.path.insert(0, {root!r})
+sys.path.insert(0, os.path.dirname({script!r}))
+is_file = pathlib.Path.is_file
+
+
+def ctrl_c_when_read(path):  # Ctrl-C as the tool looks at its input, after its imports
+    if path.name == {name!r}:
+        os.kill(os.getpid(), signal.SIGINT)
+    return is_file(path)
+
+
+pathlib.Path.is_file = ctrl_c_when_read
+sys.argv = [{script!r}, *{argv!r}]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+CTRL_C_TOOLS = [  # (tool, its arguments naming {json}, the DeepSpeed JSON it reads)
+    ("tools/ds_config.py", ["show", "{json}"]),
+    ("azureml/submit.py", ["--dry-run", "{tmp}/job.yml", "--ds-config", "{json}", "--data", "{tmp}"]),
+]
+
+
+@pytest.mark.parametrize("script,argv", CTRL_C_TOOLS, ids=[Path(script).stem for script, _ in CTRL_C_TOOLS])
+def test_ctrl_c_in_a_tool_without_heavy_imports_is_one_line(tmp_path, script, argv):
+    """ds_config.py and submit.py ran their own main wrappers without run_tool's signal handling:
+    Ctrl-C was a KeyboardInterrupt traceback. Now run_tool's one line and exit 130."""
+    json_path = tmp_path / "interrupted.json"
+    json_path.write_text((ROOT / "ds_configs" / "ring_sp2.json").read_text())
+    path = ROOT / script
+    argv = [part.format(json=json_path, tmp=tmp_path) for part in argv]
+    code = CTRL_C_AT_A_FILE.format(root=str(ROOT), script=str(path), name=json_path.name, argv=argv)
+    result = subprocess.run([PYTHON, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            preexec_fn=default_signals)
+    assert (result.returncode, result.stderr) == (130, f"{path.name}: error: interrupted by SIGINT, partial output "
+                                                       "removed; rerun the same command to start over\n")
+    assert not (tmp_path / "job.yml").exists()
+
+
 KILLING_RANK = "import os, signal\nos.kill({target}, signal.SIGKILL)\n"
 
 

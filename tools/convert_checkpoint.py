@@ -187,5 +187,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    warnings.showwarning = lambda message, *_: print(f"warning: {message}", file=sys.stderr)
-    sys.exit(run_tool("convert_checkpoint.py", main))
+    sys.exit(run_tool("convert_checkpoint.py", main, one_line_warnings=True))

@@ -33,7 +33,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -42,7 +41,7 @@ import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.arguments import add_model_and_parallel_args, add_packing_args, config_flags
 from megatron.config import SECTION, default_optimizer, model_notes, read_ds_config, resolve, strict_json_loads
-from megatron.errors import ConfigError, OneLineParser
+from megatron.errors import ConfigError, OneLineParser, run_tool
 from megatron.paths import file_in_the_way
 
 
@@ -282,24 +281,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        code = args.run(args)
-        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
-        return code
-    except ConfigError as error:
-        print(f"ds_config.py: error: {error}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `show ... | head`: stop quietly, as cat does (its exit status too: 128 + SIGPIPE)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would fail again
-        return 128 + signal.SIGPIPE
-    except OSError as error:  # the output cannot be written: a full disk, `> /dev/full`
-        if error.filename:  # a file of set's, named by its own error
-            raise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        print(f"ds_config.py: error: cannot write to stdout ({error.strerror or error}); free space where it "
-              "goes, or send it elsewhere", file=sys.stderr)
-        return 1
+    """The exit code: run_tool's one line for a mistake, a Ctrl-C or a full disk; 141 into a closed pipe."""
+    return run_tool("ds_config.py", lambda: run(build_parser().parse_args(argv)))
+
+
+def run(args) -> int:
+    return args.run(args)
 
 
 if __name__ == "__main__":

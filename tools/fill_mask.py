@@ -10,7 +10,6 @@ checkpoint carries (a flag naming another vocab is refused); one that carries no
 import argparse
 import re
 import sys
-import warnings
 from pathlib import Path
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
@@ -159,5 +158,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    warnings.showwarning = lambda message, *_: print(f"warning: {message}", file=sys.stderr)
-    sys.exit(run_tool("fill_mask.py", main))
+    sys.exit(run_tool("fill_mask.py", main, one_line_warnings=True))

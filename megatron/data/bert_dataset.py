@@ -32,6 +32,7 @@ from megatron.data.indexed_dataset import make_dataset
 from megatron.data.words import word_marks
 from megatron.errors import ConfigError, DataError
 from megatron.parallel import peers
+from megatron.parallel.launch_env import local_rank
 
 SPLIT_NAMES = ("train", "valid", "test")
 LONG_SENTENCE_LEN = 512  # Megatron skips documents with a longer sentence; we raise it to the sample size
@@ -79,7 +80,7 @@ def cached_array(path: str, build) -> np.ndarray:
     renamed, so a crash never leaves a file that looks complete. A folder that cannot be written
     (data on a read-only mount) stops every rank with the same one-line error."""
     distributed = dist.is_available() and dist.is_initialized()
-    first_of_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    first_of_node = local_rank() == 0
     for builds in ((not distributed or dist.get_rank() == 0), first_of_node):
         failure = peers.while_some_build(builds and not os.path.isfile(path), lambda: _save_built(path, build))
         problem = _failure_text(path, failure)

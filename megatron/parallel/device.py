@@ -28,11 +28,7 @@ import torch.distributed as dist
 from megatron.errors import ConfigError
 from megatron.quiet import quiet_shm_build
 from megatron.parallel import master_address
-
-
-def local_rank() -> int:
-    """This rank's index on its node (LOCAL_RANK; 0 for a single process)."""
-    return int(os.environ.get("LOCAL_RANK", 0))
+from megatron.parallel.launch_env import local_rank
 
 
 def select_device() -> torch.device:

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 
-from megatron.arguments import outlive_rank_0
+from megatron.parallel.launch_env import outlive_rank_0
 from megatron.errors import ConfigError
 
 PORT_FIX = ("pass a free port: the launcher's --master_port (MASTER_PORT for the launch scripts, --master-port "

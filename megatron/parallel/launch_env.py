@@ -1,0 +1,32 @@
+"""Who this process is before any process group exists, as its launcher said in the environment:
+its global rank (env:// or an MPI launcher's), its index on its node, and how a rank that leaves
+an error line to rank 0 waits for it. No torch: the argument parser and the tools use it."""
+import os
+import time
+
+
+def launcher_rank() -> int:
+    """This process' global rank as its launcher set it before any process group exists: the env://
+    RANK (deepspeed, torchrun), else an MPI launcher's; 0 for a process started by hand."""
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+PRINTER_WAIT = 10.0  # seconds at most a rank that leaves an error line to another rank waits for it
+
+
+def outlive_rank_0() -> None:
+    """Before any process group exists, a rank that leaves an error line to rank 0 must not exit
+    first: the launcher ends every rank once one exits non-zero, rank 0 too, perhaps before it has
+    printed. Nothing tells when it has; it exits right after, and the launcher then ends this rank,
+    else this returns after PRINTER_WAIT seconds. A process of a world of 1 does not wait."""
+    if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
+        time.sleep(PRINTER_WAIT)
+
+
+def local_rank() -> int:
+    """This rank's index on its node (LOCAL_RANK; 0 for a single process)."""
+    return int(os.environ.get("LOCAL_RANK", 0))
