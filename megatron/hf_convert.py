@@ -9,22 +9,15 @@ embeddings with an LM-head bias of PADDED_VOCAB_BIAS, so they take no probabilit
 loss equals HF's. Position tables shorter than `max_position_embeddings` are extended by
 repeating the learned rows (Longformer's recipe) unless refused.
 
-`transformers` is not needed here: folders are read and written as plain JSON, vocab text and
-safetensors (a JSON header followed by raw little-endian tensor bytes).
-
-ModernBERT has its own adapter (hf_modernbert: name map, shape transforms, config) on this module's
-plumbing; the entry points below choose it by the folder's model_type or the model's layer options.
+The entry points (save_hf_folder, bert_fields_from_hf, load_hf_weights) choose the adapter, this
+module's BERT one or hf_modernbert's, through ADAPTERS: by a folder's model_type, or by a model's
+layer options (ModernBERT: any modern one). The folder, safetensors and config-file plumbing both
+adapters use is hf_io's.
 """
-import contextlib
 import dataclasses
-import hashlib
 import json
-import math
 import os
-import pickle
-import re
 import shutil
-import struct
 import tempfile
 import warnings
 from pathlib import Path
@@ -32,31 +25,31 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, bert_state_from_checkpoint, refuse_log_dir,
-                                 latest_tag, refuse_non_finite, run_state, stored_config, tag_for)
-from megatron.config import TrainConfig, strict_json_loads
+from megatron import hf_io, hf_modernbert
+from megatron.checkpoint import LATEST, RUN_STATE, run_state, tag_for
+from megatron.config import TrainConfig
 from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry, check_fits, read_vocab
-from megatron.errors import ConfigError, DataError, GitLfsPointer, disk_full, refuse_lfs_pointer
-from megatron.hf_forms import CLASSIC_LAYER, LAYOUTS, check_bert_exportable as check_exportable
-from megatron.model.bert import BertConfig, BertModel
-from megatron.paths import missing_folders, unwritable
+from megatron.errors import ConfigError, DataError, GitLfsPointer
+from megatron.hf_forms import CLASSIC_LAYER, LAYOUTS, check_bert_exportable as check_exportable, is_modern
+from megatron.hf_io import (PADDED, Adapter, completed, created_folder, hf_positions, pad_vocab_rows,
+                            read_hf_config, read_hf_weights, refuse_other_model_type, state_from_hf,
+                            tokenizer_config, torch_save, undone_on_failure, write_json, write_safetensors)
+from megatron.model.bert import BertConfig
+from megatron.paths import missing_folders
 
-PADDED_VOCAB_BIAS = -1.0e4  # exp(-1e4 - max logit) is 0 in fp32, bf16 and fp16
 MODEL_TYPES = {model_type: layout for layout, (model_type, *_) in LAYOUTS.items()}
 # HF tensors with nothing to convert: a buffer, and the LM decoder tied to tensors we convert
 TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias"}
 BUFFERS = {"bert.embeddings.position_ids"}
-PADDED = ("embeddings.word_embeddings.weight", "lm_head.bias")  # rows beyond vocab_size are padding
 # BertConfig field <- HF config key, for the fields that fix the tensors' shapes and the math
 HF_CONFIG_KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
                   "num_attention_heads": "num_attention_heads", "ffn_hidden_size": "intermediate_size",
                   "type_vocab_size": "type_vocab_size", "layernorm_epsilon": "layer_norm_eps"}
 HF_OTHER_KEYS = {"max_position_embeddings": "max_position_embeddings", "hidden_dropout": "hidden_dropout_prob",
                  "attention_dropout": "attention_probs_dropout_prob", "init_method_std": "initializer_range"}
-SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-                      "U8": torch.uint8, "BOOL": torch.bool}
+STRUCTURE = (*HF_CONFIG_KEYS, "layernorm_layout", "embedding_layernorm")  # check_compatible's fields
+weights_fingerprint = hf_io.weights_fingerprint  # the import path of training.py (hf_io's since the split)
 
 
 def name_map(config: BertConfig) -> list[tuple[str, tuple[str, ...]]]:
@@ -115,53 +108,34 @@ def hf_config_from_bert(config: BertConfig, pad_token_id: int) -> dict:
             "tie_word_embeddings": True}
 
 
-def created_folder(path) -> Path:
-    """A folder from tempfile.mkdtemp (mode 0700, private to its user) given the mode a plain
-    mkdir would have (0777 less the umask): it is renamed into the user's output, which others
-    sharing a model folder (a team, a serving account) must be able to read."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o777 & ~umask)
-    return Path(path)
-
-
-def hf_files(state: dict, config: BertConfig, vocab: list, lower_case: bool) -> tuple[dict, dict]:
-    """(tensors, {file name: JSON}: config.json and the tokenizer's) in the Hugging Face family of
-    `config`: BERT here, ModernBERT (any modern layer option) in hf_modernbert; `vocab`: the tokens of
-    the vocab.txt exported with them."""
-    from megatron import hf_modernbert  # the other adapter (it imports this module's plumbing)
-
-    if hf_modernbert.is_modern(config):
-        return hf_modernbert.hf_files(state, config, vocab, lower_case)
+def bert_hf_files(state: dict, config: BertConfig, vocab: list, lower_case: bool) -> tuple[dict, dict]:
+    """The BERT adapter's hf_files: config.json and tokenizer_config.json."""
     return hf_state_from_bert(state, config), {"config.json": hf_config_from_bert(config, vocab.index("[PAD]")),
                                                "tokenizer_config.json": tokenizer_config(config, lower_case)}
 
 
-def hf_positions(config: BertConfig) -> int:
-    """The max_position_embeddings (and tokenizer model_max_length) of an export: the table's rows, or
-    with rope, which has no table, the longer of the setting and the length the model trained at."""
-    if config.position_embedding_type == "rope":
-        return max(config.max_position_embeddings, config.seq_length)
-    return config.max_position_embeddings
+def bert_hf_tokenizer_model(state: dict, config: BertConfig, tokenizer) -> tuple[dict, dict]:
+    """(tensors, config.json) of the export of a model trained with an HFTokenizer."""
+    return hf_state_from_bert(state, config), hf_config_from_bert(config, tokenizer.pad)
 
 
-def tokenizer_config(config: BertConfig, lower_case: bool) -> dict:
-    return {"tokenizer_class": "BertTokenizer", "do_lower_case": lower_case, "model_max_length": hf_positions(config)}
+def exporter(config: BertConfig) -> Adapter:
+    """The adapter of the Hugging Face family of `config`: ModernBERT for any modern layer option, else BERT."""
+    return ADAPTERS[hf_modernbert.MODEL_TYPE] if is_modern(config) else ADAPTERS["bert"]
+
+
+def hf_files(state: dict, config: BertConfig, vocab: list, lower_case: bool) -> tuple[dict, dict]:
+    """(tensors, {file name: JSON}: config.json and the tokenizer's) in the Hugging Face family of
+    `config` (exporter); `vocab`: the tokens of the vocab.txt exported with them."""
+    return exporter(config).hf_files(state, config, vocab, lower_case)
 
 
 def hf_tokenizer_files(state: dict, config: BertConfig, tokenizer) -> tuple[dict, dict]:
     """hf_files for a model trained with a Hugging Face tokenizer (megatron.data.tokenizer.HFTokenizer):
     the special ids and names from the tokenizer, whose tokenizer.json AutoTokenizer then reads."""
-    from megatron import hf_modernbert
-
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": hf_positions(config),
                 **hf_special_tokens(tokenizer)}
-    if hf_modernbert.is_modern(config):
-        special_ids = {"pad": tokenizer.pad, "cls": tokenizer.cls, "sep": tokenizer.sep}
-        tensors, hf_config = (hf_modernbert.hf_state_from_bert(state, config),
-                              hf_modernbert.hf_config_from_bert(config, special_ids))
-    else:
-        tensors, hf_config = hf_state_from_bert(state, config), hf_config_from_bert(config, tokenizer.pad)
+    tensors, hf_config = exporter(config).hf_tokenizer_model(state, config, tokenizer)
     return tensors, {"config.json": hf_config, "tokenizer_config.json": settings}
 
 
@@ -208,76 +182,27 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, low
         os.replace(partial, output)
 
 
-@contextlib.contextmanager
-def undone_on_failure(cannot_write: str, flag: str):
-    """Runs the writing of an output (the folder of `flag`): the body appends each path it makes to the
-    list it is given (folders created on the way, a staging folder, a file renamed into place), which
-    any failure removes, the last made first. A full disk is then one ConfigError line: the OSError of
-    a write names no file, and torch's writer only says 'unexpected pos'."""
-    made = []
-    try:
-        yield made
-    except BaseException as error:
-        for path in reversed(made):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-        if disk_full(error):
-            raise ConfigError(*unwritable(cannot_write, flag, error, "")) from None
-        raise
-
-
-def torch_save(value, path: Path) -> None:
-    """torch.save through a Python file: a failed write is then the OSError that says why (a full disk),
-    where torch's own writer raises 'unexpected pos' (the OSError of a write it passed on, or of the
-    buffered bytes still to flush, is kept)."""
-    with open(path, "wb") as file:
-        try:
-            torch.save(value, file)
-        except RuntimeError as error:
-            if isinstance(error.__context__, OSError):
-                raise error.__context__ from None
-            file.flush()  # raises the OSError of the buffered bytes, if any
-            raise
-
-
 # ---------------------------------------------------------------- HF -> ours
 
-def read_hf_config(folder) -> dict:
-    path = Path(folder) / "config.json"
-    if Path(folder).is_file():
-        raise ConfigError(f"{folder} is a file, not a Hugging Face model folder",
-                          "point at the folder holding config.json and the weights")
-    if not path.is_file():
-        if (Path(folder) / LATEST).is_file():
-            raise ConfigError(f"{folder} is a checkpoint of this trainer, not a Hugging Face model folder",
-                              "pass it to --load (to-hf --load exports it)")
-        raise ConfigError(f"{path} does not exist", "point at a Hugging Face model folder (config.json + weights)")
-    try:
-        config = strict_json_loads(path.read_text(encoding="utf-8"), path)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise DataError(f"{path} is not valid JSON ({error.__class__.__name__}: {str(error).splitlines()[0]})",
-                        "copy or download the model folder again") from None
-    if not isinstance(config, dict):
-        raise DataError(f"{path} holds no JSON object", "copy or download the model folder again")
-    return config
-
-
-def bert_fields_from_hf(hf_config: dict) -> dict:
-    """BertConfig fields of the model an HF config describes; refuses math we do not reproduce."""
-    from megatron import hf_modernbert  # the other adapter
-
+def adapter_of(hf_config: dict) -> Adapter:
+    """The adapter of the model_type an HF config names; none, or another type, is refused."""
     model_type = hf_config.get("model_type")
-    if model_type == hf_modernbert.MODEL_TYPE:
-        return hf_modernbert.fields_from_hf(hf_config)
     types = f"{', '.join(MODEL_TYPES)} or {hf_modernbert.MODEL_TYPE}"
     if model_type is None:
         raise DataError("config.json has no model_type", f"add the model's model_type ({types}) to config.json, or "
                         "download the model folder again")
-    if model_type not in MODEL_TYPES:
+    if model_type not in ADAPTERS:
         raise ConfigError(f"Hugging Face model_type '{model_type}' is not a BERT", f"convert a model of type {types}")
+    return ADAPTERS[model_type]
+
+
+def bert_fields_from_hf(hf_config: dict) -> dict:
+    """BertConfig fields of the model an HF config describes (its adapter's); refuses math we do not reproduce."""
+    return adapter_of(hf_config).fields_from_hf(hf_config)
+
+
+def classic_fields_from_hf(hf_config: dict) -> dict:
+    """The BERT adapter's fields_from_hf (a config of one of MODEL_TYPES)."""
     for key, supported in (("hidden_act", "gelu"), ("position_embedding_type", "absolute")):
         if hf_config.get(key, supported) != supported:
             raise ConfigError(f"Hugging Face {key} '{hf_config[key]}' differs from this model's '{supported}'",
@@ -292,7 +217,7 @@ def bert_fields_from_hf(hf_config: dict) -> dict:
             what = "an integer >= 0" if integer else "a number > 0" if positive else "a number >= 0"
             raise DataError(f"{key} = {json.dumps(value)} in the Hugging Face config.json is not {what}",
                             "fix config.json in the model folder (or download it again)")
-    layout = MODEL_TYPES[model_type]
+    layout = MODEL_TYPES[hf_config["model_type"]]
     # the layer options too (every layer global, learned positions, ...): a run from the folder refuses a
     # flag that contradicts them as it does a size (config.refuse_contradictions), not as a missing tensor
     return {**fields, **CLASSIC_LAYER, "layernorm_layout": layout, "embedding_layernorm": layout == "post"}
@@ -310,136 +235,6 @@ def without_refused_dropout(config: BertConfig, folder) -> BertConfig:
     return dataclasses.replace(config, attention_dropout=0.0)
 
 
-def check_compatible(hf_fields: dict, config: BertConfig) -> None:
-    """The settings that shape the tensors or the math must agree (shapes alone miss the head count)."""
-    for field in (*HF_CONFIG_KEYS, "layernorm_layout", "embedding_layernorm"):
-        if field in hf_fields and hf_fields[field] != getattr(config, field):
-            raise ConfigError(f"the Hugging Face model has {field} {hf_fields[field]}, this model "
-                              f"{getattr(config, field)}", f"set {field} to {hf_fields[field]}")
-
-
-HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")  # read_hf_weights's
-
-
-def read_hf_weights(folder) -> dict:
-    """Tensors of an HF folder as stored (model.safetensors, sharded safetensors or pytorch_model.bin)."""
-    tensors = {}
-    for path in hf_weight_files(folder):
-        read = read_pytorch_bin if path.name == "pytorch_model.bin" else read_safetensors
-        try:
-            tensors.update(finite_tensors(read(path), path))
-        except DataError:
-            refuse_lfs_pointer(path)  # a clone without git-lfs: named as such, not as a truncated file
-            raise
-    return tensors
-
-
-# a part of a tensor name that only the weights of one Hugging Face model_type have (any naming: a
-# *Model folder's, old TF-era LayerNorm gamma / beta)
-WEIGHT_MARKS = {"bert": ".attention.output.LayerNorm.", "megatron-bert": ".attention.ln.",
-                "modernbert": ".attn.Wqkv."}
-
-
-def refuse_other_model_type(folder, model_type: str, tensors: dict) -> None:
-    """The weights `tensors` of `folder` are of the model_type its config.json names, as far as
-    WEIGHT_MARKS tell: an edited config.json, or one from another model, is named as such rather
-    than as the tensors the weights 'lack'."""
-    examples = {kind: next((name for name in tensors if mark in name), None) for kind, mark in WEIGHT_MARKS.items()}
-    found = {kind: name for kind, name in examples.items() if name}
-    if found and model_type not in found:
-        kind, example = next(iter(found.items()))
-        raise DataError(f"{Path(folder) / 'config.json'} says model_type {model_type!r}, but the weights are a "
-                        f"{kind} model's (e.g. {example})", f"set model_type to {kind!r} in config.json, or put the "
-                        "config.json of these weights in the folder")
-
-
-def check_shape(hf_name: str, tensor: torch.Tensor, want: list, vocab_rows: bool) -> None:
-    """The HF tensor `hf_name` has the shape `want` that the folder's config.json gives (a run's own
-    sizes were checked against it first); `vocab_rows`: a row per token (embeddings, decoder bias), whose
-    count is config.json's vocab_size."""
-    found = list(tensor.shape)
-    if found == want:
-        return
-    if vocab_rows and found[1:] == want[1:]:
-        raise DataError(f"the Hugging Face config.json's vocab_size {want[0]} contradicts the {found[0]} rows of "
-                        f"{hf_name}", f"set vocab_size to {found[0]} in config.json")
-    raise ConfigError(f"{hf_name} has shape {found}, the model expects {want}",
-                      "correct the sizes in the folder's config.json to its weights', or put the model's own "
-                      "config.json in the folder")
-
-
-def hf_weight_files(folder) -> list:
-    """The files read_hf_weights reads: model.safetensors, else the shards of model.safetensors.index.json,
-    else pytorch_model.bin (a folder may hold both formats: the first found is the model)."""
-    folder = Path(folder)
-    if (folder / "model.safetensors").is_file():
-        return [folder / "model.safetensors"]
-    if (folder / "model.safetensors.index.json").is_file():
-        index = folder / "model.safetensors.index.json"
-        try:
-            weight_map = strict_json_loads(index.read_text(encoding="utf-8"), index).get("weight_map")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            weight_map = None
-        if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
-            raise DataError(f"{index} is not a safetensors index (a JSON object with a weight_map of file names)",
-                            "copy or download the model folder again")
-        shards = sorted(set(weight_map.values()))
-        for shard in shards:
-            if not (folder / shard).is_file():
-                raise DataError(f"{index} names the shard {shard}, which is not in {folder}",
-                                "copy or download the model folder again (every shard)")
-        return [folder / shard for shard in shards]
-    if (folder / "pytorch_model.bin").is_file():
-        return [folder / "pytorch_model.bin"]
-    if (folder / LATEST).is_file() or (folder / RUN_STATE).is_file():  # a --save folder, or one iter_* of it
-        saved = folder if (folder / LATEST).is_file() else folder.parent
-        raise ConfigError(f"{folder} is a checkpoint of this trainer, not a Hugging Face model folder",
-                          f"pass {saved} with --load (a weights-only one, as from-hf writes, starts a run from its "
-                          "weights)")
-    refuse_log_dir(str(folder), "--load --finetune (a new run from its weights)")
-    raise ConfigError(f"{folder} holds no model.safetensors or pytorch_model.bin",
-                      "point at a Hugging Face model folder saved with save_pretrained")
-
-
-def finite_tensors(tensors: dict, path) -> dict:
-    """`tensors` (read from the file `path`), with one whose values are not all finite refused: NaN
-    weights would train to a NaN loss at the first step, whatever the learning rate."""
-    refuse_non_finite(tensors, f"{path}", "copy or download the model folder again, or export it again from a "
-                      "model whose weights are finite")
-    return tensors
-
-
-def _unreadable_bin(path: Path, error: Exception) -> DataError:
-    first = re.split(r"(?<=\.) ", (str(error).splitlines() or ["empty"])[0])[0]  # torch's first sentence
-    return DataError(f"{path} cannot be read: truncated or not a PyTorch file ({type(error).__name__}: {first})",
-                     "copy or download the model folder again")
-
-
-def read_pytorch_bin(path: Path) -> dict:
-    """The tensors of a pytorch_model.bin, loaded weights-only (unpickling anything else runs code):
-    a truncated file, a pickled model or anything but a name -> tensor mapping is one DataError."""
-    fix = "copy or download the model folder again (or save the model with save_pretrained)"
-    try:
-        tensors = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        found = re.search(r"GLOBAL (\S+)", str(error))
-        what = f"a pickled {found.group(1)}" if found else "pickled Python objects"
-        raise DataError(f"{path} holds {what}, not only tensors (not loaded: unpickling it could run any code)",
-                        fix) from None
-    except OSError as error:
-        if error.filename:  # the file itself (permissions, a folder): named as any path the tool reads
-            raise
-        raise _unreadable_bin(path, error) from None
-    except (*UNREADABLE, KeyError) as error:
-        raise _unreadable_bin(path, error) from None
-    if not isinstance(tensors, dict):
-        raise DataError(f"{path} holds a {type(tensors).__name__}, not names mapped to tensors", fix)
-    for name, tensor in tensors.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise DataError(f"{path} maps {name!r} to a {type(tensor).__name__}, not a tensor", fix)
-    return tensors
-
-
 def read_hf_tensors(folder) -> dict:
     """Tensors of an HF BERT folder renamed as in a *ForPreTraining model: `bert.` added to base-model
     names, and the old TF-era `gamma`/`beta` LayerNorm names read as `weight`/`bias`."""
@@ -454,57 +249,15 @@ def read_hf_tensors(folder) -> dict:
 def bert_state_from_hf(tensors: dict, config: BertConfig, extend_positions: bool = True) -> tuple[dict, list]:
     """HF tensors -> (BertModel state for `config` without the tensors HF lacks, their names).
 
-    Shapes are checked against the model `config` describes; a mismatch names the HF tensor.
+    Shapes are checked against the model `config` describes; a mismatch names the HF tensor; a position
+    table shorter than max_position_embeddings is extended (positions_for) unless `extend_positions` is False.
     """
-    with torch.device("meta"):
-        expected = BertModel(config).state_dict()
-    for hf_name, ours in TIED.items():
-        if hf_name in tensors and ours in tensors and not torch.equal(tensors[hf_name], tensors[ours]):
-            raise ConfigError(f"{hf_name} differs from {ours}", "this model ties them; convert a tied checkpoint")
-    state, used = {}, set(TIED) | BUFFERS
-    for ours, hf_names in name_map(config):
-        if not all(name in tensors for name in hf_names):
-            used.update(hf_names)  # q and v of a missing k are not "ignored": the k is missing
-            continue
-        parts = [weight(name, tensors[name]) for name in hf_names]
-        if ours == "embeddings.position_embeddings.weight":
-            parts = [positions_for(parts[0], config.max_position_embeddings, hf_names[0], extend_positions)]
-        want = list(expected[ours].shape)
-        want[0] = config.vocab_size if ours in PADDED else want[0] // len(hf_names)
-        for name, part in zip(hf_names, parts):
-            check_shape(name, part, want, ours in PADDED)
-        state[ours] = pad_vocab_rows(ours, torch.cat(parts), expected[ours].shape[0])
-        used.update(hf_names)
-    warn_ignored(sorted(set(tensors) - used), config)
-    return state, sorted(set(expected) - set(state))
+    def extended(ours: str, parts: list, hf_names: tuple) -> list:
+        if ours != "embeddings.position_embeddings.weight":
+            return parts
+        return [positions_for(parts[0], config.max_position_embeddings, hf_names[0], extend_positions)]
 
-
-LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")  # bert.encoder.layer.N.*, model.layers.N.*
-
-
-def warn_ignored(ignored: list, config: BertConfig) -> None:
-    """One warning naming the HF tensors this model does not use (a head it lacks, a pooler), as HF warns;
-    but layers beyond the config's num_hidden_layers are refused: a config.json edited to fewer layers
-    than its weights hold would drop the rest silently."""
-    beyond = [int(match.group(1)) for name in ignored if (match := LAYER_INDEX.search(name))
-              and int(match.group(1)) >= config.num_layers]
-    if beyond:
-        raise DataError(f"the Hugging Face config.json's num_hidden_layers {config.num_layers} leaves out layers of "
-                        f"its weights, which hold {max(beyond) + 1}", f"set num_hidden_layers to {max(beyond) + 1} in "
-                        "config.json")
-    if ignored:
-        warnings.warn(f"Hugging Face tensors ignored (not part of this model): {', '.join(ignored)}", stacklevel=3)
-
-
-def pad_vocab_rows(ours: str, tensor: torch.Tensor, rows: int) -> torch.Tensor:
-    """Our tensor `ours` with its vocab rows (PADDED) padded to `rows`: zero embeddings and an LM-head bias of
-    PADDED_VOCAB_BIAS (no probability); another tensor as it is."""
-    extra = rows - tensor.shape[0]
-    if ours == "embeddings.word_embeddings.weight":
-        return torch.cat([tensor, tensor.new_zeros(extra, tensor.shape[1])])
-    if ours == "lm_head.bias":
-        return torch.cat([tensor, tensor.new_full((extra,), PADDED_VOCAB_BIAS)])
-    return tensor
+    return state_from_hf(tensors, config, name_map(config), TIED, BUFFERS, extended)
 
 
 def repadded_vocab(state: dict, config: BertConfig) -> dict:
@@ -513,14 +266,6 @@ def repadded_vocab(state: dict, config: BertConfig) -> dict:
     folder, so that the flag is taken as --init-from-hf takes it. Weights of the run's padding stay as they are."""
     return {name: pad_vocab_rows(name, tensor[:config.vocab_size], config.padded_vocab_size)
             if name in PADDED and len(tensor) != config.padded_vocab_size else tensor for name, tensor in state.items()}
-
-
-def weight(name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """An HF weight as float32; an integer one (a damaged or quantized file) is refused, not cast."""
-    if not tensor.is_floating_point():
-        raise DataError(f"tensor {name} is {str(tensor.dtype).removeprefix('torch.')}, not floating point",
-                        "copy or download the model folder again")
-    return tensor.float()
 
 
 def positions_for(table: torch.Tensor, rows: int, name: str, extend: bool) -> torch.Tensor:
@@ -588,113 +333,22 @@ def load_hf_weights(folder, config: BertConfig, extend_positions: bool = True) -
     layer's, an embedding, part of a head) is a DataError naming them: a damaged or truncated folder
     would otherwise train from a randomly initialised layer.
     """
-    from megatron import hf_modernbert  # the other adapter
-
     hf_config = read_hf_config(folder)
-    if hf_config.get("model_type") == hf_modernbert.MODEL_TYPE:
-        return hf_modernbert.load_hf_weights(folder, config, hf_config)
-    check_compatible(bert_fields_from_hf(hf_config), config)
-    tensors = read_hf_tensors(folder)
+    adapter = adapter_of(hf_config)
+    hf_io.check_compatible(adapter.fields_from_hf(hf_config), config, adapter.structure)
+    tensors = adapter.read_hf_tensors(folder)
     refuse_other_model_type(folder, hf_config["model_type"], tensors)
+    return adapter.load_state(tensors, hf_config, folder, config, extend_positions)
+
+
+def load_bert_state(tensors: dict, hf_config: dict, folder, config: BertConfig,
+                    extend_positions: bool) -> tuple[dict, list]:
+    """The BERT adapter's load_state: load_hf_weights' result from the folder's tensors (`hf_config`: unused)."""
     state, missing = bert_state_from_hf(tensors, config, extend_positions)
     return completed(state, missing, missing_encoder_tensors(missing, tensors, config), folder, config)
 
 
-def completed(state: dict, missing: list, lacking: list, folder, config: BertConfig,
-              note: str = "") -> tuple[dict, list]:
-    """(`state` with the `missing` tensors a folder may lack (whole heads) initialised as a new
-    model's, in one warning line (after `note`: what else the line must say), `missing`); a folder
-    that `lacking` names (HF tensor names) is one error."""
-    if lacking:
-        shown = ", ".join(lacking[:6]) + (f" and {len(lacking) - 6} more" if len(lacking) > 6 else "")
-        raise DataError(f"the Hugging Face folder {folder} lacks {len(lacking)} tensor(s) of the model: {shown}",
-                        "copy or download the model folder again (every weights file), or convert a folder whose "
-                        "config.json matches its weights")
-    if missing:
-        fresh = BertModel(config).state_dict()
-        state.update({name: fresh[name] for name in missing})
-        warnings.warn(f"{note}not in the Hugging Face folder, initialised: {', '.join(missing)}", stacklevel=3)
-    return state, missing
-
-
 # ---------------------------------------------------------------- files
-
-def write_json(path: Path, value: dict) -> None:
-    path.write_text(json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n")
-
-
-def write_safetensors(path: Path, tensors: dict) -> None:
-    names = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, tensor in tensors.items():
-        blob = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": names[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the format aligns the data start to 8 bytes
-    with open(path, "wb") as file:
-        file.write(struct.pack("<Q", len(encoded)) + encoded)
-        for blob in blobs:
-            file.write(blob)
-
-
-def read_safetensors(path: Path) -> dict:
-    data = bytearray(Path(path).read_bytes())
-    damaged = DataError(f"{path} is not a complete safetensors file ({len(data)} bytes: truncated or overwritten)",
-                        "copy or download the model folder again")
-    if len(data) < 8:
-        raise damaged
-    (length,) = struct.unpack("<Q", data[:8])
-    try:
-        header = json.loads(data[8:8 + length]) if 8 + length <= len(data) else None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        header = None
-    if not isinstance(header, dict):
-        raise damaged
-    header.pop("__metadata__", None)
-    tensors = {}
-    for name, entry in header.items():
-        dtype, shape, begin, end = header_entry(path, name, entry)
-        if not 0 <= begin <= end <= len(data) - 8 - length:
-            raise damaged
-        raw = (torch.frombuffer(data, dtype=torch.uint8, count=end - begin, offset=8 + length + begin).clone()
-               if end > begin else torch.empty(0, dtype=torch.uint8))  # the clone is aligned for the view
-        tensors[name] = raw.view(dtype).reshape(shape)
-    return tensors
-
-
-def header_entry(path: Path, name: str, entry) -> tuple:
-    """(dtype, shape, begin, end) of a safetensors header entry, checked: a damaged or hand-edited
-    header is one DataError naming the tensor, not a KeyError or a failed reshape."""
-    def damaged(problem: str) -> DataError:
-        return DataError(f"{path} is damaged: the header entry of tensor {name} {problem}",
-                         "copy or download the model folder again")
-
-    def counts(value) -> bool:
-        return isinstance(value, list) and all(type(n) is int and n >= 0 for n in value)
-
-    if not isinstance(entry, dict):
-        raise damaged(f"is {json.dumps(entry)[:60]}, not an object with dtype, shape and data_offsets")
-    missing = [key for key in ("dtype", "shape", "data_offsets") if key not in entry]
-    if missing:
-        raise damaged(f"has no {' and no '.join(missing)}")
-    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
-        raise DataError(f"{path}: tensor {name} has dtype {json.dumps(dtype)[:40]}, not one read here "
-                        f"({', '.join(SAFETENSORS_DTYPES)}): a quantized or damaged file",
-                        "convert a float32, bfloat16 or float16 save of the model, or copy or download the model "
-                        "folder again")
-    if not (counts(shape) and counts(offsets) and len(offsets) == 2):
-        raise damaged(f"has shape {json.dumps(shape)[:40]} and data_offsets {json.dumps(offsets)[:40]}: "
-                      "not lists of integers >= 0 (two offsets)")
-    size = SAFETENSORS_DTYPES[dtype].itemsize * math.prod(shape)
-    if offsets[1] - offsets[0] != size:
-        raise damaged(f"is {dtype} {shape} ({size} bytes) but its data_offsets {offsets} hold "
-                      f"{offsets[1] - offsets[0]} bytes")
-    return SAFETENSORS_DTYPES[dtype], shape, *offsets
-
 
 def read_hf_tokenizer(folder):
     """The tokenizer of a Hugging Face folder, for the checkpoint made from it to carry: its vocab.txt
@@ -735,28 +389,6 @@ def refuse_two_vocabularies(folder: Path) -> None:
                         "remove the one the model was not trained with (a stray vocab.txt, usually)")
 
 
-def weights_fingerprint(source, kind: str) -> str:
-    """sha256 of the model of `source`: the same model copied elsewhere matches, other weights of the same
-    shapes do not. `kind` "hf": the bytes of a Hugging Face folder's config.json and of the weight files
-    read_hf_weights reads (a copy staged with one format of two matches); "checkpoint": the BertModel
-    weights a run from it starts with (bert_state_from_checkpoint, any layout, not the optimizer states
-    that a ZeRO-0 model file also holds) and its stored model config."""
-    digest = hashlib.sha256()
-    if kind == "hf":
-        for path in [Path(source) / "config.json", *hf_weight_files(source)]:
-            digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
-            with open(path, "rb") as file:
-                while block := file.read(2**24):
-                    digest.update(block)
-        return digest.hexdigest()
-    tag = latest_tag(source)
-    digest.update(json.dumps(stored_config(source, tag)["model"], sort_keys=True).encode())
-    for name, tensor in sorted(bert_state_from_checkpoint(source, tag).items()):
-        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, tokenizer=None,
                                  initialised: list = ()) -> None:
     """A checkpoint directory with weights and config but no optimizer state, in the file layout
@@ -784,3 +416,9 @@ def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, toke
         os.replace(partial, save_dir / tag)
         made += [save_dir / tag, save_dir / LATEST]
         (save_dir / LATEST).write_text(tag)
+
+
+BERT = Adapter(fields_from_hf=classic_fields_from_hf, structure=STRUCTURE, read_hf_tensors=read_hf_tensors,
+               load_state=load_bert_state, hf_files=bert_hf_files, hf_tokenizer_model=bert_hf_tokenizer_model)
+# the adapter of each Hugging Face model_type this trainer converts, both ways
+ADAPTERS = {**{model_type: BERT for model_type in MODEL_TYPES}, hf_modernbert.MODEL_TYPE: hf_modernbert.ADAPTER}

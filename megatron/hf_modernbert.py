@@ -1,6 +1,6 @@
 """Hugging Face ModernBERT <-> BertModel: the second adapter beside hf_convert's BERT one. One name
 map used in both directions, the shape transforms, the config in both schemas of transformers; the
-folder, safetensors and config-file plumbing (and the choice of adapter) stay in hf_convert.
+folder, safetensors and config-file plumbing is hf_io's, the choice of adapter hf_convert's (ADAPTER).
 
 The layouts (transformers' modeling_modernbert against bert.py):
   - the fused Wqkv's output rows are [3][heads][head_dim] (all queries, then all keys, then all
@@ -15,7 +15,7 @@ The layouts (transformers' modeling_modernbert against bert.py):
     bias (decoder_bias; a folder without one reads as a zero bias); no position, token-type or
     pooler weights: rope, no token types, no sentence-order head;
   - the vocab is ModernBERT's 50368 (a multiple of 64: make_vocab_size_divisible_by 64 gives our
-    decoder exactly its rows); other sizes are padded and trimmed as in hf_convert;
+    decoder exactly its rows); other sizes are padded and trimmed as BERT's are (hf_io);
   - local_attention is the full window (128: 64 keys each side), as our local_attention_window;
     layer i is global when i % global_attn_every_n_layers == 0, as our global_attention_every.
 
@@ -34,17 +34,17 @@ from types import SimpleNamespace
 import torch
 from tokenizers import decoders, processors
 
-from megatron import hf_convert
+from megatron import hf_io
 from megatron.data.tokenizer import SPECIAL_TOKENS, wordpiece
 from megatron.errors import ConfigError, DataError
 from megatron.hf_forms import ACTIVATIONS, SHAPE, check_modernbert_exportable as check_exportable, is_modern
-from megatron.model.bert import BertConfig, BertModel
+from megatron.model.bert import BertConfig
 
 MODEL_TYPE = "modernbert"
 ARCHITECTURE = "ModernBertForMaskedLM"  # what to-hf writes; ModernBertModel and fine-tuned folders are read too
 BASE_PREFIX = "model."  # ModernBertForMaskedLM's base model; a ModernBertModel folder's names lack it
 BASE_NAMES = ("embeddings.", "layers.", "final_norm.")
-TIED = ("decoder.weight", "model.embeddings.tok_embeddings.weight")
+TIED = {"decoder.weight": "model.embeddings.tok_embeddings.weight"}  # transformers stores the second only
 LAYER_TYPES = ("full_attention", "sliding_attention")  # global, local
 DEFAULTS = dict(global_attn_every_n_layers=3, local_attention=128, global_rope_theta=160000.0,
                 local_rope_theta=10000.0)  # transformers' defaults for keys a config.json leaves out
@@ -79,13 +79,7 @@ def name_map(config: BertConfig) -> list[tuple[str, str]]:
 
 def to_hf_tensor(ours: str, tensor: torch.Tensor, config: BertConfig) -> torch.Tensor:
     """Our tensor `ours` as ModernBERT stores it: the padded vocab rows trimmed (Wqkv and Wi: as they are)."""
-    return tensor[:config.vocab_size] if ours in hf_convert.PADDED else tensor
-
-
-def from_hf_tensor(ours: str, tensor: torch.Tensor, config: BertConfig) -> torch.Tensor:
-    """A ModernBERT tensor as our `ours`: the vocab padded to padded_vocab_size with zero embeddings and
-    a decoder bias of PADDED_VOCAB_BIAS (no probability), as hf_convert does for BERT."""
-    return hf_convert.pad_vocab_rows(ours, tensor, config.padded_vocab_size)
+    return tensor[:config.vocab_size] if ours in hf_io.PADDED else tensor
 
 
 # ---------------------------------------------------------------- ours -> HF
@@ -117,7 +111,7 @@ def hf_config_from_bert(config: BertConfig, special_ids: dict) -> dict:
             "hidden_size": config.hidden_size, "intermediate_size": config.ffn_hidden_size,
             "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_attention_heads,
             "hidden_activation": {"geglu": "gelu", "swiglu": "silu"}[config.mlp_type],
-            "classifier_activation": "gelu", "max_position_embeddings": hf_convert.hf_positions(config),
+            "classifier_activation": "gelu", "max_position_embeddings": hf_io.hf_positions(config),
             "norm_eps": config.layernorm_epsilon, "initializer_range": config.init_method_std,
             "attention_bias": bias, "mlp_bias": bias, "norm_bias": bias, "classifier_bias": bias, "decoder_bias": True,
             "attention_dropout": config.attention_dropout, "embedding_dropout": config.hidden_dropout,
@@ -151,8 +145,14 @@ def hf_files(state: dict, config: BertConfig, vocab: list, lower_case: bool) -> 
     named = {f"{token[1:-1].lower()}_token": token for token in SPECIAL_TOKENS if token in vocab}
     return hf_state_from_bert(state, config), {
         "config.json": hf_config_from_bert(config, special_ids),
-        "tokenizer_config.json": {**hf_convert.tokenizer_config(config, lower_case), **named},
+        "tokenizer_config.json": {**hf_io.tokenizer_config(config, lower_case), **named},
         "tokenizer.json": wordpiece_tokenizer_json(vocab, lower_case)}
+
+
+def hf_tokenizer_model(state: dict, config: BertConfig, tokenizer) -> tuple[dict, dict]:
+    """(tensors, config.json) of the export of a model trained with an HFTokenizer: its special ids."""
+    special_ids = {"pad": tokenizer.pad, "cls": tokenizer.cls, "sep": tokenizer.sep}
+    return hf_state_from_bert(state, config), hf_config_from_bert(config, special_ids)
 
 
 # ---------------------------------------------------------------- HF -> ours
@@ -256,57 +256,34 @@ def fields_from_hf(hf_config: dict) -> dict:
             "global_attention_every": every, "add_binary_head": False, "make_vocab_size_divisible_by": 64}
 
 
-def check_compatible(hf_fields: dict, config: BertConfig) -> None:
-    for field in STRUCTURE:
-        if hf_fields[field] != getattr(config, field):
-            raise ConfigError(f"the Hugging Face model has {field} {hf_fields[field]}, this model "
-                              f"{getattr(config, field)}", f"set {field} to {hf_fields[field]}")
-
-
 def read_hf_tensors(folder) -> dict:
     """The folder's tensors in ModernBertForMaskedLM's names (a ModernBertModel's gain `model.`)."""
     return {BASE_PREFIX + name if name.startswith(BASE_NAMES) else name: tensor
-            for name, tensor in hf_convert.read_hf_weights(folder).items()}
+            for name, tensor in hf_io.read_hf_weights(folder).items()}
 
 
 def bert_state_from_hf(tensors: dict, config: BertConfig, decoder_bias: bool = True) -> tuple[dict, list]:
     """ModernBERT tensors -> (BertModel state for `config` without the tensors the folder lacks, their
-    names). A folder whose config has no decoder bias gets a zero one (the same logits)."""
-    with torch.device("meta"):
-        expected = BertModel(config).state_dict()
-    decoder, embeddings = TIED
-    if decoder in tensors and embeddings in tensors and not torch.equal(tensors[decoder], tensors[embeddings]):
-        raise ConfigError(f"{decoder} differs from {embeddings}", "this model ties them; convert a tied checkpoint")
+    names). A folder whose config has no decoder bias gets a zero one (the same logits); the vocab is
+    padded to padded_vocab_size with zero embeddings and a decoder bias of PADDED_VOCAB_BIAS (no
+    probability), as for BERT (hf_io.state_from_hf)."""
     if not decoder_bias and "decoder.bias" not in tensors and "head.dense.weight" in tensors:
         tensors = {**tensors, "decoder.bias": torch.zeros(config.vocab_size)}
-    state, used = {}, {decoder}
-    for ours, hf in name_map(config):
-        if hf not in tensors:
-            continue
-        tensor = hf_convert.weight(hf, tensors[hf])
-        want = list(expected[ours].shape)
-        want[0] = config.vocab_size if ours in hf_convert.PADDED else want[0]
-        hf_convert.check_shape(hf, tensor, want, ours in hf_convert.PADDED)
-        state[ours] = from_hf_tensor(ours, tensor, config)
-        used.add(hf)
-    hf_convert.warn_ignored(sorted(set(tensors) - used), config)
-    return state, sorted(set(expected) - set(state))
+    return hf_io.state_from_hf(tensors, config, [(ours, (hf,)) for ours, hf in name_map(config)], TIED)
 
 
-def load_hf_weights(folder, config: BertConfig, hf_config: dict | None = None) -> tuple[dict, list]:
-    """(a full BertModel state dict for `config` from a ModernBertForMaskedLM or ModernBertModel folder,
-    or a fine-tuned one (ModernBertForSequenceClassification, ...: read as a ModernBertModel), the
-    BertModel names initialised).
+def load_state(tensors: dict, hf_config: dict, folder, config: BertConfig,
+               extend_positions: bool = True) -> tuple[dict, list]:
+    """(a full BertModel state dict for `config` from the tensors of a ModernBertForMaskedLM or
+    ModernBertModel folder, or a fine-tuned one (ModernBertForSequenceClassification, ...: read as a
+    ModernBertModel), the BertModel names initialised): the adapter's load_state, after hf_convert's
+    load_hf_weights read and checked them (`extend_positions`: unused, rope has no position table).
 
     A head the folder lacks as a whole (a ModernBertModel has no MLM head; no ModernBERT has a
     sentence-order head) comes from BertModel(config)'s init under the current RNG, listed in one
     warning line (which names a task head dropped); any other missing tensor (a layer's, an
     embedding, part of the head) is one DataError line naming them.
     """
-    hf_config = hf_convert.read_hf_config(folder) if hf_config is None else hf_config
-    check_compatible(fields_from_hf(hf_config), config)
-    tensors = read_hf_tensors(folder)
-    hf_convert.refuse_other_model_type(folder, MODEL_TYPE, tensors)
     task = task_architecture(hf_config)
     dropped = sorted(name for name in tensors if not name.startswith(BASE_PREFIX)) if task else []
     state, missing = bert_state_from_hf({name: t for name, t in tensors.items() if name not in dropped}, config,
@@ -317,8 +294,8 @@ def load_hf_weights(folder, config: BertConfig, hf_config: dict | None = None) -
     # and the MLM head when the folder has none of it
     fresh = [name for name in missing if name not in hf_names or (set(lm_head) <= set(missing) and name in lm_head)]
     note = f"a {task} folder: its task head is dropped (not a masked-LM head): {', '.join(dropped)}; " if task else ""
-    return hf_convert.completed(state, missing, [hf_names[name] for name in missing if name not in fresh], folder,
-                                config, note)
+    return hf_io.completed(state, missing, [hf_names[name] for name in missing if name not in fresh], folder,
+                           config, note)
 
 
 def task_architecture(hf_config: dict) -> str | None:
@@ -365,3 +342,7 @@ def layer_rule_fields(fields: dict) -> dict:
         if rope:
             carried["local_rotary_base"] = model.local_rotary_base
     return carried
+
+
+ADAPTER = hf_io.Adapter(fields_from_hf=fields_from_hf, structure=STRUCTURE, read_hf_tensors=read_hf_tensors,
+                        load_state=load_state, hf_files=hf_files, hf_tokenizer_model=hf_tokenizer_model)

@@ -127,7 +127,7 @@ def hf_folder(tmp: Path, assets: dict, without=(), config_changes=None, nan=()) 
     """A Hugging Face MegatronBert folder of the TINY model (this trainer's export of fresh weights) in
     `tmp`/hf, without the tensors `without` (a damaged download), with a NaN in each of the tensors `nan`
     and with `config_changes` in config.json."""
-    from megatron import hf_convert
+    from megatron import hf_convert, hf_io
     from megatron.model.bert import BertConfig, BertModel
 
     vocab_size = len(Path(assets["vocab"]).read_text().splitlines())
@@ -135,11 +135,11 @@ def hf_folder(tmp: Path, assets: dict, without=(), config_changes=None, nan=()) 
                         max_position_embeddings=512)  # as published BERTs (the run passes 512 too)
     hf_convert.save_hf_folder(tmp / "hf", BertModel(config).state_dict(), config, assets["vocab"], lower_case=True)
     weights = tmp / "hf" / "model.safetensors"
-    tensors = hf_convert.read_safetensors(weights)
+    tensors = hf_io.read_safetensors(weights)
     assert set(without) <= set(tensors), sorted(tensors)
     for name in nan:
         tensors[name][0] = float("nan")
-    hf_convert.write_safetensors(weights, {name: t for name, t in tensors.items() if name not in without})
+    hf_io.write_safetensors(weights, {name: t for name, t in tensors.items() if name not in without})
     if config_changes:
         path = tmp / "hf" / "config.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), **config_changes}))
@@ -711,10 +711,10 @@ def truncated_pytorch_bin(tmp: Path, assets: dict) -> None:
     """{tmp}/hf with its weights as a pytorch_model.bin cut in half (an interrupted download)."""
     import torch
 
-    from megatron import hf_convert
+    from megatron import hf_io
 
     folder = hf_folder(tmp, assets)
-    torch.save(hf_convert.read_safetensors(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    torch.save(hf_io.read_safetensors(folder / "model.safetensors"), folder / "pytorch_model.bin")
     (folder / "model.safetensors").unlink()
     data = (folder / "pytorch_model.bin").read_bytes()
     (folder / "pytorch_model.bin").write_bytes(data[:len(data) // 2])
@@ -950,7 +950,7 @@ def test_no_data_path_with_another_vocab_is_refused_before_the_default_data_is_b
 
 def test_truncated_safetensors_is_a_data_error(tmp_path):
     from megatron.errors import DataError
-    from megatron.hf_convert import read_safetensors, write_safetensors
+    from megatron.hf_io import read_safetensors, write_safetensors
     import torch
 
     path = tmp_path / "model.safetensors"

@@ -127,7 +127,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, monkeypatch):
     (tmp_path / "run" / "checkpoints" / "latest").write_text("iter_0000002")
     with pytest.raises(Exception, match=f"missing 'latest'\\); point --load at {tmp_path / 'run' / 'checkpoints'}, "):
         checkpoint.latest_tag(str(tmp_path / "run"))
-    from megatron.hf_convert import read_hf_config
+    from megatron.hf_io import read_hf_config
 
     with pytest.raises(Exception, match="checkpoints is a checkpoint of this trainer, not a Hugging Face model folder; "
                                         "pass it to --load"):

@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from bert_fixtures import padded_batch, small_config, small_model
-from megatron import checkpoint, hf_convert
+from megatron import checkpoint, hf_convert, hf_io
 from megatron.config import resolve
 from megatron.engine import build_engine, train_step
 from megatron.errors import ConfigError
@@ -217,7 +217,7 @@ def test_from_hf_refuses_a_damaged_folder_and_to_hf_asks_for_a_missing_tokenizer
     hf_convert.save_hf_folder(folder, small_model(config).state_dict(), config, write_vocab_file(tmp_path / "v.txt"))
     (folder / "vocab.txt").unlink()
     weights, settings = folder / "model.safetensors", folder / "config.json"
-    tensors, hf_config = hf_convert.read_safetensors(weights), json.loads(settings.read_text())
+    tensors, hf_config = hf_io.read_safetensors(weights), json.loads(settings.read_text())
     integers = {name: tensor.to(torch.int32) for name, tensor in tensors.items()}
     untyped = {key: value for key, value in hf_config.items() if key != "model_type"}
     damages = [("tokenizer.json", "{oops", "the tokenizer of the Hugging Face folder"),
@@ -225,14 +225,14 @@ def test_from_hf_refuses_a_damaged_folder_and_to_hf_asks_for_a_missing_tokenizer
                ("config.json", untyped, "config.json has no model_type")]
     for name, damaged, message in damages:
         if name == "model.safetensors":
-            hf_convert.write_safetensors(weights, damaged)
+            hf_io.write_safetensors(weights, damaged)
         else:
             (folder / name).write_text(damaged if isinstance(damaged, str) else json.dumps(damaged))
         with pytest.raises(ConfigError, match=message):
             tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "ckpt")])
         assert not (tmp_path / "ckpt").exists()
         (folder / "tokenizer.json").unlink(missing_ok=True)
-        hf_convert.write_safetensors(weights, tensors)
+        hf_io.write_safetensors(weights, tensors)
         settings.write_text(json.dumps(hf_config))
     with pytest.warns(UserWarning, match="holds no vocab.txt or tokenizer.json, so the checkpoint carries no"):
         tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "ckpt")])

@@ -385,7 +385,7 @@ def test_a_resume_with_another_from_is_refused_naming_both(tmp_path, capsys, mon
     assert not save.exists()
     # what the first run saved (the tool reads no more of it before check_source)
     fake_checkpoint(save, {}, {"from": str(source.resolve()), "kind": "hf",
-                               "sha256": extend_context.hf_convert.weights_fingerprint(source, "hf")})
+                               "sha256": extend_context.hf_io.weights_fingerprint(source, "hf")})
     extend_context.check_source(argparse.Namespace(source=str(shutil.copytree(source, tmp_path / "copy")),
                                                    save=str(save)), "hf")
     other = other_weights(shutil.copytree(source, tmp_path / "other"))

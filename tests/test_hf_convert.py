@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import transformers
 
 from bert_fixtures import VOCAB, padded_batch
-from megatron import hf_convert
+from megatron import hf_convert, hf_io
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 
@@ -86,7 +86,7 @@ def assert_same_weights(converted: dict, original: dict) -> None:
     """Equal bit for bit, padded vocab rows aside (they are re-made on import)."""
     assert set(converted) == set(original)
     for name, tensor in original.items():
-        rows = VOCAB if name in hf_convert.PADDED else None
+        rows = VOCAB if name in hf_io.PADDED else None
         assert torch.equal(converted[name][:rows], tensor[:rows]), name
 
 
@@ -183,9 +183,9 @@ def test_layers_beyond_the_configs_are_refused_other_unused_tensors_named_in_a_w
                   ["model.layers.2.attn.Wo.weight", "model.layers.3.mlp.Wi.weight"]):
         with pytest.raises(DataError, match="^the Hugging Face config.json's num_hidden_layers 2 leaves out layers of "
                                             "its weights, which hold 4; set num_hidden_layers to 4 in config.json$"):
-            hf_convert.warn_ignored(sorted(["cls.seq_relationship.bias", *names]), config)
+            hf_io.warn_ignored(sorted(["cls.seq_relationship.bias", *names]), config)
     assert not recwarn.list
-    hf_convert.warn_ignored(["bert.pooler.dense.weight", "classifier.weight"], config)
+    hf_io.warn_ignored(["bert.pooler.dense.weight", "classifier.weight"], config)
     assert [str(warning.message) for warning in recwarn.list] == [
         "Hugging Face tensors ignored (not part of this model): bert.pooler.dense.weight, classifier.weight"]
 
@@ -213,9 +213,9 @@ def test_safetensors_files_read_by_the_reference_library(tmp_path):
     from safetensors.torch import load_file, save_file
 
     tensors = {"a": torch.randn(3, 5), "b": torch.arange(7), "c": torch.randn(4).bfloat16(), "d": torch.zeros(0, 2)}
-    hf_convert.write_safetensors(tmp_path / "ours.safetensors", tensors)
+    hf_io.write_safetensors(tmp_path / "ours.safetensors", tensors)
     save_file(tensors, tmp_path / "theirs.safetensors")
-    for got in (load_file(tmp_path / "ours.safetensors"), hf_convert.read_safetensors(tmp_path / "theirs.safetensors")):
+    for got in (load_file(tmp_path / "ours.safetensors"), hf_io.read_safetensors(tmp_path / "theirs.safetensors")):
         assert set(got) == set(tensors)
         assert all(got[k].dtype == t.dtype and torch.equal(got[k], t) for k, t in tensors.items())
 
@@ -263,9 +263,9 @@ def test_sharded_and_pytorch_bin_folders_read_alike(tmp_path):
 
 def without_tensors(folder, *names):
     """The folder's model.safetensors rewritten without `names` (a damaged or partial download)."""
-    tensors = hf_convert.read_safetensors(folder / "model.safetensors")
+    tensors = hf_io.read_safetensors(folder / "model.safetensors")
     assert set(names) <= set(tensors), sorted(tensors)
-    hf_convert.write_safetensors(folder / "model.safetensors", {n: t for n, t in tensors.items() if n not in names})
+    hf_io.write_safetensors(folder / "model.safetensors", {n: t for n, t in tensors.items() if n not in names})
 
 
 @pytest.mark.parametrize("removed", [
@@ -317,7 +317,7 @@ def test_hf_config_with_nan_is_refused(tmp_path):
 
     (tmp_path / "config.json").write_text('{"model_type": "bert", "layer_norm_eps": NaN}')
     with pytest.raises(Error, match=r"config.json: layer_norm_eps = NaN is not a finite number"):
-        hf_convert.read_hf_config(tmp_path)
+        hf_io.read_hf_config(tmp_path)
 
 
 def test_a_sharded_folder_missing_a_shard_is_one_line(tmp_path):
@@ -358,10 +358,10 @@ def test_a_damaged_safetensors_header_is_one_line(tmp_path, change, message):
     from megatron.errors import DataError
 
     path = tmp_path / "model.safetensors"
-    hf_convert.write_safetensors(path, {"w": torch.ones(2, 3), "b": torch.zeros(3)})
+    hf_io.write_safetensors(path, {"w": torch.ones(2, 3), "b": torch.zeros(3)})
     rewrite_header(path, change)
     with pytest.raises(DataError) as error:
-        hf_convert.read_hf_weights(tmp_path)
+        hf_io.read_hf_weights(tmp_path)
     text = str(error.value)
     assert text.startswith(f"{path}{message}"), text
     assert text.endswith("copy or download the model folder again") and "\n" not in text, text
@@ -386,7 +386,7 @@ def test_a_damaged_pytorch_bin_is_one_line(tmp_path, content, message):
     if content == "truncated":
         path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
     with pytest.raises(DataError, match=f"^{path} {message}"):
-        hf_convert.read_hf_weights(tmp_path)
+        hf_io.read_hf_weights(tmp_path)
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin", "tokenizer.json", "vocab.txt"])
@@ -404,8 +404,33 @@ def test_a_git_lfs_pointer_is_named_as_such(tmp_path, name):
     if name == "tokenizer.json":
         (folder / "vocab.txt").unlink()
     (folder / name).write_bytes(LFS_POINTER)
-    read = hf_convert.read_hf_weights if name.startswith(("model", "pytorch")) else hf_convert.read_hf_tokenizer
+    read = hf_io.read_hf_weights if name.startswith(("model", "pytorch")) else hf_convert.read_hf_tokenizer
     with pytest.raises(DataError) as error:
         read(folder)
     assert str(error.value) == (f"{folder / name} is a Git LFS pointer, not the file; run git lfs pull in {folder} "
                                 "(after git lfs install)")
+
+
+def test_adapters_share_hf_io_and_import_no_other_adapter():
+    """The adapters (hf_convert's BERT one, hf_modernbert) stand on hf_io's plumbing: hf_io imports no
+    adapter, hf_modernbert not hf_convert, and none imports an hf_ module inside a function (the import
+    cycle the split removed); ADAPTERS has one for each model_type converted."""
+    import ast
+    import inspect
+
+    from megatron import hf_modernbert
+
+    def imported(module, inside_functions: bool) -> set:
+        tree = ast.parse(inspect.getsource(module))
+        scopes = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)] if inside_functions else [tree]
+        return {alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
+                for scope in scopes for node in ast.walk(scope) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names}
+
+    adapters = ("hf_convert", "hf_modernbert")
+    assert not [name for name in imported(hf_io, False) if any(adapter in name for adapter in adapters)]
+    assert not [name for name in imported(hf_modernbert, False) if "hf_convert" in name]
+    for module in (hf_convert, hf_modernbert, hf_io):
+        assert not [name for name in imported(module, True) if "megatron.hf_" in name or name.startswith("hf_")]
+    assert set(hf_convert.ADAPTERS) == {"bert", "megatron-bert", hf_modernbert.MODEL_TYPE}
+    assert hf_convert.ADAPTERS["modernbert"] is hf_modernbert.ADAPTER

@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from megatron import hf_convert, hf_modernbert
+from megatron import hf_convert, hf_io, hf_modernbert
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 from megatron.parallel import state
@@ -66,7 +66,7 @@ def hf_folder(tmp_path, shape: str, heads: bool = True, seed: int = 0):
 
 
 def our_config(folder, **overrides) -> BertConfig:
-    fields = hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(folder))
+    fields = hf_convert.bert_fields_from_hf(hf_io.read_hf_config(folder))
     return BertConfig(**{**fields, "seq_length": 512, "attention": "dense", **overrides})
 
 
@@ -213,8 +213,8 @@ def test_a_folder_without_decoder_bias_reads_as_a_zero_bias(tmp_path):
 ])
 def test_a_missing_tensor_is_one_error_line(tmp_path, removed):
     _, folder = hf_folder(tmp_path, "geglu-every3")
-    tensors = hf_convert.read_safetensors(folder / "model.safetensors")
-    hf_convert.write_safetensors(folder / "model.safetensors", {n: t for n, t in tensors.items() if n not in removed})
+    tensors = hf_io.read_safetensors(folder / "model.safetensors")
+    hf_io.write_safetensors(folder / "model.safetensors", {n: t for n, t in tensors.items() if n not in removed})
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # and no "initialised" warning first
         with pytest.raises(DataError) as error:
@@ -249,7 +249,7 @@ def test_a_config_json_that_contradicts_its_weights_names_its_field(tmp_path, ki
     folder = hf_folder(tmp_path, "geglu-every3")[1] if kind == "modernbert" else hf_model(kind, tmp_path)[1]
     settings = folder / "config.json"
     settings.write_text(json.dumps({**json.loads(settings.read_text()), **changes}))
-    fields = hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(folder))
+    fields = hf_convert.bert_fields_from_hf(hf_io.read_hf_config(folder))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "ignored" warning line first
         with pytest.raises(DataError) as error:
@@ -396,9 +396,9 @@ def test_export_states_the_length_a_rope_model_trained_at():
     512); the export's positions and the tokenizer's model_max_length are the trained length then."""
     config = modern_config(seq_length=512)
     assert hf_modernbert.hf_config_from_bert(config, {"pad": 0, "cls": 2, "sep": 3})["max_position_embeddings"] == 512
-    assert hf_convert.tokenizer_config(config, lower_case=True)["model_max_length"] == 512
+    assert hf_io.tokenizer_config(config, lower_case=True)["model_max_length"] == 512
     learned = modern_config(position_embedding_type="learned", seq_length=64)
-    assert hf_convert.hf_positions(learned) == 128  # a table's rows
+    assert hf_io.hf_positions(learned) == 128  # a table's rows
 
 
 @pytest.mark.parametrize("overrides", [{}, dict(mlp_type="swiglu", add_bias_linear=True, global_attention_every=2)],
@@ -427,9 +427,9 @@ def test_ours_to_hf_loads_in_transformers_and_back_bitwise(tmp_path, overrides):
     back = hf_convert.load_hf_as_bert_state(tmp_path / "hf", config)
     assert set(back) == set(ours.state_dict())
     for name, tensor in ours.state_dict().items():
-        rows = config.vocab_size if name in hf_convert.PADDED else None
+        rows = config.vocab_size if name in hf_io.PADDED else None
         assert torch.equal(back[name][:rows], tensor[:rows]), name
-    assert (back["lm_head.bias"][97:] == hf_convert.PADDED_VOCAB_BIAS).all()
+    assert (back["lm_head.bias"][97:] == hf_io.PADDED_VOCAB_BIAS).all()
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert tokenizer.pad_token_id == written["pad_token_id"] == 0 and written["cls_token_id"] == 2
     assert tokenizer.mask_token_id == 4 and tokenizer("Tok1 tok2").input_ids == [2, 6, 7, 3]  # [CLS] .. [SEP]
@@ -441,8 +441,8 @@ def test_hf_to_ours_to_hf_is_bitwise(tmp_path, shape):
     config = our_config(folder)
     hf_convert.save_hf_folder(tmp_path / "again", hf_convert.load_hf_as_bert_state(folder, config), config,
                               vocab_of(tmp_path, config.vocab_size), True)
-    original = hf_convert.read_safetensors(folder / "model.safetensors")
-    again = hf_convert.read_safetensors(tmp_path / "again" / "model.safetensors")
+    original = hf_io.read_safetensors(folder / "model.safetensors")
+    again = hf_io.read_safetensors(tmp_path / "again" / "model.safetensors")
     assert set(again) == set(original)
     assert all(torch.equal(again[name], original[name]) for name in original)
     written = json.loads((tmp_path / "again" / "config.json").read_text())
@@ -487,7 +487,7 @@ def test_export_refuses_what_modernbert_cannot_hold_and_leaves_nothing(tmp_path)
     config = modern_config(add_binary_head=True)  # a sentence-order head: left out, in one warning
     with pytest.warns(UserWarning, match="^not exported .*: binary_head.classifier.weight, binary_head.pooler.weight$"):
         hf_convert.save_hf_folder(tmp_path / "sop", BertModel(config).state_dict(), config, vocab, True)
-    assert not any("binary" in name for name in hf_convert.read_safetensors(tmp_path / "sop" / "model.safetensors"))
+    assert not any("binary" in name for name in hf_io.read_safetensors(tmp_path / "sop" / "model.safetensors"))
 
 
 # ---------------------------------------------------------------- the tool and the trainer
@@ -550,7 +550,7 @@ def test_a_training_checkpoint_exports_through_the_tool_and_back(tmp_path, pipel
     back = checkpoint.bert_state_from_checkpoint(str(tmp_path / "back"))
     assert set(back) == set(trained)
     for name, tensor in trained.items():
-        rows = config.vocab_size if name in hf_convert.PADDED else None
+        rows = config.vocab_size if name in hf_io.PADDED else None
         assert torch.equal(back[name][:rows], tensor[:rows]), name
     back_config = checkpoint.stored_config(str(tmp_path / "back"), checkpoint.tag_for(0))["model"]
     for field in (*hf_modernbert.STRUCTURE, "rotary_base", "local_rotary_base", "local_attention_window",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron import checkpoint, hf_convert, training
+from megatron import checkpoint, hf_convert, hf_io, training
 from megatron.errors import DataError
 from megatron.model.bert import BertConfig, BertModel
 from test_convert_checkpoint import convert
@@ -274,7 +274,7 @@ def test_a_run_started_from_an_hf_folder_resumes_with_the_same_command(tmp_path,
     # each checkpoint records where the run started (the resumes carried it on)
     origin = checkpoint.run_state(str(run), checkpoint.tag_for(4))[checkpoint.ORIGIN]
     assert origin == {"from": str(folder.resolve()), "kind": "hf",
-                      "sha256": hf_convert.weights_fingerprint(folder, "hf")}
+                      "sha256": hf_io.weights_fingerprint(folder, "hf")}
     # a requeue pointed at another model is refused before any work; a copy of the first one is the same model
     _, other = hf_model("bert", tmp_path / "other", seed=1, vocab_size=vocab_size(data_dir), **HF)
     files = sorted(tmp_path.rglob("*"))
@@ -323,7 +323,7 @@ def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path
     hf_convert.save_weights_only_checkpoint(other, small_model(config, seed=7).state_dict(), config)
     origin = training.weights_origin(argparse.Namespace(init_from_hf=None, load=str(weights)), weights_only=True)
     assert origin == {"from": str(weights.resolve()), "kind": "checkpoint",
-                      "sha256": hf_convert.weights_fingerprint(weights, "checkpoint")}
+                      "sha256": hf_io.weights_fingerprint(weights, "checkpoint")}
     save = tmp_path / "save"
     (save / "iter_0000004").mkdir(parents=True)
     (save / "iter_0000004" / "mp_rank_00_model_states.pt").write_bytes(b"")
@@ -378,11 +378,11 @@ def test_weights_with_nan_are_refused_naming_the_tensor(tmp_path):
         training.initial_weights(args, argparse.Namespace(model=config), weights_only=True)
     _, folder = hf_model("bert", tmp_path, **HF)
     weights = folder / "model.safetensors"
-    tensors = hf_convert.read_safetensors(weights)
+    tensors = hf_io.read_safetensors(weights)
     tensors["bert.embeddings.word_embeddings.weight"][3, 1] = float("nan")
-    hf_convert.write_safetensors(weights, tensors)
+    hf_io.write_safetensors(weights, tensors)
     with pytest.raises(DataError, match=f"tensor bert.embeddings.word_embeddings.weight of {weights} holds 1 of"):
-        hf_convert.read_hf_weights(folder)
+        hf_io.read_hf_weights(folder)
     done = convert("from-hf", "--hf-dir", folder, "--save", tmp_path / "converted")
     assert done.returncode == 2 and "bert.embeddings.word_embeddings.weight" in done.stderr.splitlines()[-1]
     assert not (tmp_path / "converted").exists()
@@ -404,7 +404,7 @@ def test_a_start_from_weights_pads_the_vocab_to_the_runs_multiple(tmp_path):
     assert embeddings.shape == (100, config.hidden_size) and bias.shape == (100,)
     assert torch.equal(embeddings[:97], stored["embeddings.word_embeddings.weight"][:97])
     assert torch.equal(bias[:97], stored["lm_head.bias"][:97])
-    assert not embeddings[97:].any() and (bias[97:] == hf_convert.PADDED_VOCAB_BIAS).all()
+    assert not embeddings[97:].any() and (bias[97:] == hf_io.PADDED_VOCAB_BIAS).all()
     BertModel(wider).load_state_dict(state)  # every tensor of the run's model, in its shape
 
 
@@ -466,20 +466,20 @@ def test_the_weights_fingerprint_hashes_the_model_the_run_reads(tmp_path):
     for name, data in (("config.json", b"{}"), ("model.safetensors", b"weights"), ("pytorch_model.bin", b"other")):
         (both / name).write_bytes(data)
     staged = shutil.copytree(both, tmp_path / "staged", ignore=shutil.ignore_patterns("*.bin"))
-    assert hf_convert.weights_fingerprint(staged, "hf") == hf_convert.weights_fingerprint(both, "hf")
+    assert hf_io.weights_fingerprint(staged, "hf") == hf_io.weights_fingerprint(both, "hf")
     (staged / "model.safetensors").write_bytes(b"weightz")
-    assert hf_convert.weights_fingerprint(staged, "hf") != hf_convert.weights_fingerprint(both, "hf")
+    assert hf_io.weights_fingerprint(staged, "hf") != hf_io.weights_fingerprint(both, "hf")
     config = small_config("dense")
     weights = tmp_path / "weights"
     hf_convert.save_weights_only_checkpoint(weights, small_model(config).state_dict(), config)
-    before = hf_convert.weights_fingerprint(weights, "checkpoint")
+    before = hf_io.weights_fingerprint(weights, "checkpoint")
     path = weights / "iter_0000000" / "mp_rank_00_model_states.pt"
     states = torch.load(path, weights_only=False)
     torch.save({**states, "optimizer": {"state": {0: {"exp_avg": torch.ones(3)}}}}, path)
-    assert hf_convert.weights_fingerprint(weights, "checkpoint") == before
+    assert hf_io.weights_fingerprint(weights, "checkpoint") == before
     states["module"] = {name: tensor + 1 for name, tensor in states["module"].items()}
     torch.save(states, path)
-    assert hf_convert.weights_fingerprint(weights, "checkpoint") != before
+    assert hf_io.weights_fingerprint(weights, "checkpoint") != before
 
 
 def test_a_run_from_weights_trains_with_their_dropout_unless_a_flag_or_preset_sets_it(tmp_path, capsys):

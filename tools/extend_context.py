@@ -38,7 +38,7 @@ from megatron.quiet import quiet_deepspeed
 
 with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the seconds of imports: one line
     quiet_deepspeed(on_the_device=True)  # before DeepSpeed is first imported (megatron.checkpoint imports it)
-    from megatron import checkpoint, hf_convert
+    from megatron import checkpoint, hf_convert, hf_io
     from megatron.arguments import flag_setting, flags_given
     from megatron.config import (ADJUSTABLE_START_FIELDS, SECTION, json_pipeline_stages, read_ds_config,
                                  section_values)
@@ -129,12 +129,12 @@ def source_model(source: str) -> tuple[dict, str]:
     if not folder.is_dir():
         raise DataError(f"--from {source} is a file", "pass the folder holding it")
     if (folder / "config.json").is_file():
-        if not any((folder / name).is_file() for name in hf_convert.HF_WEIGHT_FILES):
+        if not any((folder / name).is_file() for name in hf_io.HF_WEIGHT_FILES):
             checkpoint.refuse_log_dir(source, "--from")
             raise DataError(f"--from {source} holds config.json but no weights "
-                            f"({', '.join(hf_convert.HF_WEIGHT_FILES)})",
+                            f"({', '.join(hf_io.HF_WEIGHT_FILES)})",
                             "pass the whole folder save_pretrained wrote")
-        return hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(folder)), "hf"
+        return hf_convert.bert_fields_from_hf(hf_io.read_hf_config(folder)), "hf"
     if (folder / checkpoint.LATEST).is_file():
         return checkpoint.stored_config(source, checkpoint.latest_tag(source))["model"], "checkpoint"
     checkpoint.refuse_tag_folder(source, "--from")
@@ -296,7 +296,7 @@ def check_source(args, kind: str) -> None:
     if not isinstance(record, dict) or not record.get("from"):
         return
     recorded, digest = record["from"], record.get("sha256")
-    if digest == hf_convert.weights_fingerprint(args.source, kind):
+    if digest == hf_io.weights_fingerprint(args.source, kind):
         return
     if recorded != str(Path(args.source).resolve()):
         raise ConfigError(f"the checkpoint in --save was extended from {recorded}, --from {args.source} holds another "
