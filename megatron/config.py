@@ -271,8 +271,8 @@ OPTIMIZER_DEFAULTS = {"lr": 1e-4, "weight_decay": 0.01, "betas": [0.9, 0.999], "
 _ADAM_DEEPSPEED_KEYS = ("adam_w_mode", "torch_adam", "fp32_optimizer_states")
 # optimizer.params each optimizer.type takes (lower-case): the keyword arguments of the class(es) DeepSpeed
 # 0.19.8 builds for it (DeepSpeed's own: FusedAdam or DeepSpeedCPUAdam, FusedLamb, FusedLion or DeepSpeedCPULion,
-# torch's Adagrad or DeepSpeedCPUAdagrad, Muon's halves; else torch.optim's class); tests/ds_trace.py's traced_optimizer_params finds
-# the same (tests/test_ds_config_tool.py holds the two equal). Anything else is a TypeError inside
+# torch's Adagrad or DeepSpeedCPUAdagrad, Muon's halves; else torch.optim's class); tests/ds_trace.py's
+# traced_optimizer_params finds the same (tests/test_ds_config_tool.py holds the two equal). Anything else is a TypeError inside
 # deepspeed.initialize, or (Muon) silently ignored.
 _TORCH_ADAMW = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable",
                 "differentiable", "fused")

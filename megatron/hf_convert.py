@@ -49,7 +49,6 @@ HF_CONFIG_KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num
 HF_OTHER_KEYS = {"max_position_embeddings": "max_position_embeddings", "hidden_dropout": "hidden_dropout_prob",
                  "attention_dropout": "attention_probs_dropout_prob", "init_method_std": "initializer_range"}
 STRUCTURE = (*HF_CONFIG_KEYS, "layernorm_layout", "embedding_layernorm")  # check_compatible's fields
-weights_fingerprint = hf_io.weights_fingerprint  # the import path of training.py (hf_io's since the split)
 
 
 def name_map(config: BertConfig) -> list[tuple[str, tuple[str, ...]]]:

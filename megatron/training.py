@@ -22,7 +22,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, determinism, hf_convert, hf_modernbert, optimizer_state, paths
+from megatron import checkpoint, determinism, hf_convert, hf_io, hf_modernbert, optimizer_state, paths
 from megatron.arguments import build_parser, config_flags, flag_setting
 from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, WEIGHTLESS_FIELDS, TrainConfig, adjustable_start_fields,
                              default_optimizer, model_notes, model_preset, optimizer_params_taken, precision,
@@ -440,7 +440,7 @@ def weights_origin(args, weights_only: bool) -> dict:
                     (args.load, "checkpoint") if weights_only else (None, None))
     if not source:
         return {"from": None, checkpoint.OWN_POSITIONS: True}
-    return {"from": os.path.realpath(source), "kind": kind, "sha256": hf_convert.weights_fingerprint(source, kind)}
+    return {"from": os.path.realpath(source), "kind": kind, "sha256": hf_io.weights_fingerprint(source, kind)}
 
 
 def check_origin(recorded, folder: str, source: str, kind: str, given: str | None = None) -> None:
@@ -471,7 +471,7 @@ def check_origin(recorded, folder: str, source: str, kind: str, given: str | Non
 
 def same_fingerprint(source: str, kind: str, recorded) -> bool:
     try:
-        return hf_convert.weights_fingerprint(source, kind) == recorded
+        return hf_io.weights_fingerprint(source, kind) == recorded
     except (OSError, ConfigError):  # not the folder it was (ConfigError: DataError too)
         return False
 
@@ -1427,7 +1427,7 @@ def starting_weights_fields(args) -> dict:
     """The BertConfig fields of the weights a run starts from (--init-from-hf, a weights-only --load)
     or resumes (--load), read once."""
     if args.init_from_hf:
-        return hf_convert.bert_fields_from_hf(hf_convert.read_hf_config(args.init_from_hf))
+        return hf_convert.bert_fields_from_hf(hf_io.read_hf_config(args.init_from_hf))
     if args.load:
         return checkpoint.stored_config(args.load, checkpoint.latest_tag(args.load))["model"]
     return {}
