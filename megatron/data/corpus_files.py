@@ -21,6 +21,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron.data.index_maps import FINGERPRINT_RECORD
 from megatron.data.tokenizer import DATA_IDENTITY
 from megatron.errors import ConfigError, DataError, refuse_lfs_pointer
 
@@ -256,9 +257,9 @@ def _refuse_missing_shards(spec: str, shards: list) -> None:
 
 
 def _derived(name: str) -> bool:
-    """Whether a `.json` is never a shard: the vocab record preprocessing writes beside its `.bin`/`.idx`
-    (so a corpus folder that also holds its data can be preprocessed again) or a dataset's METADATA."""
-    return name.endswith(DATA_IDENTITY) or Path(name).name in METADATA
+    """Whether a `.json` is never a shard: the vocab and fingerprint records preprocessing writes beside its
+    `.bin`/`.idx` (so a corpus folder that also holds its data can be preprocessed again) or a dataset's METADATA."""
+    return name.endswith((DATA_IDENTITY, FINGERPRINT_RECORD)) or Path(name).name in METADATA
 
 
 def _json_lines(shard: Shard):
