@@ -4,6 +4,7 @@ the data it replaces, and a run on the new data builds its own maps (the same as
 folder) instead of reusing the old ones (which gave too few samples, or a traceback when the new
 documents were shorter)."""
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -195,6 +196,19 @@ def test_data_in_a_folder_that_cannot_be_written_is_hashed_once_per_process(corp
     assert len(hashed) == 1 and not index_maps.fingerprint_path(prefix).exists()
 
 
+def test_the_building_rank_says_which_map_it_builds_and_how_long_it_took(corpora, tmp_path, capsys):
+    """A map of 256M samples takes a minute or more, while every rank waits: the one building it says so."""
+    long, _, vocab, tokenizer = corpora
+    prefix = preprocessed(long, tmp_path / "wiki", vocab)
+    capsys.readouterr()
+    train_set(prefix, tokenizer)
+    building, built = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"building train index map \(\d+ samples over 120 documents\) \.\.\.", building), building
+    assert re.fullmatch(rf"built {re.escape(building[9:-4])} in \d+\.\d s \(\d+\.\d KB\)", built), built
+    train_set(prefix, tokenizer)
+    assert capsys.readouterr().out == ""  # reused: nothing built
+
+
 def test_a_damaged_map_is_one_line_and_deleting_it_rebuilds_it(corpora, tmp_path):
     long, _, vocab, tokenizer = corpora
     prefix = preprocessed(long, tmp_path / "wiki", vocab)
@@ -227,6 +241,7 @@ def test_maps_of_data_replaced_by_a_copy_are_counted_and_cleaned(corpora, tmp_pa
     (tmp_path / "log").mkdir()
     index_maps.write_used(str(tmp_path / "log"), used)
     size = index_maps.size_text(os.path.getsize(old[0]))
+    capsys.readouterr()  # the maps' build lines
     load_tool("clean_index_maps").main([prefix, "--keep-run", str(tmp_path / "log")])
     assert capsys.readouterr().out.splitlines() == [f"removed {old[0]}", f"removed 1 index maps ({size}), 1 kept"]
     assert index_maps.maps_of(prefix) == [Path(path) for path in used]
