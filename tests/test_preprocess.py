@@ -76,6 +76,37 @@ def test_one_and_two_workers_write_identical_files(corpus, tmp_path, impl):
     assert file_bytes(one.outputs["text"]) == file_bytes(two.outputs["text"])
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("impl", ["mmap", "lazy"])
+def test_a_document_of_many_sentence_batches_is_written_as_before(corpus, tmp_path, impl, monkeypatch):
+    """A document is tokenized SENTENCE_BATCH sentences at a time into arrays (a book-sized one held
+    ~200 bytes a token as int lists), and the index's offsets are written INDEX_CHUNK items at a time:
+    the same bytes as the whole document's ids as lists written item by item in one piece (before),
+    with 1 or 2 workers, --append-eod on the last sentence."""
+    documents = [" ".join(f"Sentence {k} of book {b} is about the {TOPICS[k % 8]}." for k in range(2600))
+                 for b in range(2)]
+    path = tmp_path / "books.json"
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in [article(0)["text"], *documents]))
+    monkeypatch.setattr(indexed_dataset, "INDEX_CHUNK", 1000)
+    one, two = (preprocess(options((path, corpus[1]), tmp_path / name, workers=workers, dataset_impl=impl,
+                                   append_eod=True)).outputs["text"] for name, workers in (("one", 1), ("two", 2)))
+    tokenizer, split = build_tokenizer("BertWordPieceLowerCase", corpus[1]), sentence_splitter()
+    monkeypatch.setattr(indexed_dataset, "INDEX_CHUNK", 10**9)
+    (tmp_path / "lists").mkdir()
+    with indexed_dataset.make_builder(tmp_path / "lists" / "wiki", impl, tokenizer.vocab_size) as builder:
+        for text in [article(0)["text"], *documents]:
+            sentences = [ids for ids in tokenizer.tokenize_batch(split(text)) if ids]
+            sentences[-1].append(tokenizer.eod)
+            builder.add_document(sentences)
+    assert len(make_dataset(one).doc_idx) == 4 and len(make_dataset(one)) > 2 * preprocess_module.SENTENCE_BATCH
+    assert file_bytes(one) == file_bytes(two) == file_bytes(tmp_path / "lists" / "wiki")
+    encoder = Encoder(options((path, corpus[1]), tmp_path))
+    encoder.start()
+    _, encoded, _ = encoder.encode(((0, 1, 0), json.dumps({"text": documents[0]}).encode(), 0))
+    ids, sizes = encoded["text"]  # what goes through the workers' queue: 2 bytes a token
+    assert ids.dtype == np.uint16 and sizes.dtype == np.int32 and sizes.sum() == len(ids)
+
+
 def test_output_holds_the_tokenized_sentences(corpus, tmp_path):
     report = preprocess(options(corpus, tmp_path))
     dataset = make_dataset(report.outputs["text"])

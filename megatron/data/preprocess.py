@@ -20,15 +20,18 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from megatron import paths
 from megatron.data import index_maps
 from megatron.data.corpus_files import FORMATS_HELP, Corpus, record_texts
-from megatron.data.indexed_dataset import make_builder
+from megatron.data.indexed_dataset import best_fitting_dtype, make_builder
 from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import build_tokenizer, data_identity_path, write_data_identity
 from megatron.errors import ConfigError, DataError, cannot_use, disk_full
 
 CHUNK_LINES = 32  # lines per worker task: large enough to hide IPC, small enough to balance
+SENTENCE_BATCH = 1024  # sentences tokenized at once: a book-sized document never holds all its encodings
 FIRST_LOG_SECONDS, LOG_SECONDS = 2.0, 15.0  # progress by time (no --log-interval): the first line, then every
 
 
@@ -79,21 +82,30 @@ class Encoder:
                                          self.options.tokenizer_file)
         self.split = (sentence_splitter(self.options.lang, self.options.keep_newlines)
                       if self.options.split_sentences else lambda text: [text])
+        self.dtype = best_fitting_dtype(self.tokenizer.vocab_size)  # the builder's
 
     def encode(self, item) -> tuple:
         """(location, a JSON line's bytes or a Parquet row's dict, bytes) -> (location,
-        {key: [sentence ids]} or an error string, bytes)."""
+        {key: (all token ids, each non-empty sentence's count)} or an error string, bytes)."""
         number, raw, size = item
         texts = record_texts(raw, self.options.json_keys)
         if isinstance(texts, str):
             return number, texts, size
-        documents = {}
-        for key, text in texts.items():
-            sentences = [ids for ids in self.tokenizer.tokenize_batch(self.split(text)) if ids]
-            if sentences and self.options.append_eod:
-                sentences[-1].append(self.tokenizer.eod)
-            documents[key] = sentences
-        return number, documents, size
+        return number, {key: self.tokenized(text) for key, text in texts.items()}, size
+
+    def tokenized(self, text: str) -> tuple:
+        """(ids, sizes) of a document's sentences, as arrays (a few bytes a token, through the queue too),
+        tokenized SENTENCE_BATCH sentences at a time; empty sentences dropped, --append-eod's id last."""
+        sentences = self.split(text)
+        parts = [self.tokenizer.tokenize_flat(sentences[start:start + SENTENCE_BATCH], self.dtype)
+                 for start in range(0, len(sentences), SENTENCE_BATCH)]
+        ids = np.concatenate([part[0] for part in parts] or [np.zeros(0, self.dtype)])
+        sizes = np.concatenate([part[1] for part in parts] or [np.zeros(0, np.int32)])
+        sizes = sizes[sizes > 0]
+        if sizes.size and self.options.append_eod:
+            ids = np.append(ids, np.asarray(self.tokenizer.eod, dtype=self.dtype))
+            sizes[-1] += 1
+        return ids, sizes
 
 
 def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
@@ -142,9 +154,9 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
                                     "fix the record or pass --skip-invalid to skip such records")
                 report.skipped += 1
                 continue
-            for key, sentences in documents.items():
-                if sentences:
-                    builders[key].add_document(sentences)
+            for key, (ids, sizes) in documents.items():
+                if sizes.size:
+                    builders[key].add_flat_document(ids, sizes)
             report.documents += 1
             progress.document()
         for key, builder in builders.items():
