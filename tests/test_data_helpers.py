@@ -141,3 +141,19 @@ def test_blending_matches_reference_and_weights(weights, size):
     np.testing.assert_array_equal(sample_index, expected_sample)
     counts = np.bincount(index, minlength=len(weights))
     assert np.all(np.abs(counts - np.array(weights) * size) <= 1)
+
+
+def test_build_mapping_of_more_rows_than_a_storage_chunk_matches_reference():
+    """build_mapping keeps rows in chunks of 2^20 (no doubling vector copied into the result: the peak
+    was 2-3x the map): a shuffle across chunk boundaries, and the copy out, keep every row. One
+    sentence per document gives the rows before the shuffle directly, so the reference is fast."""
+    num_docs = (1 << 20) + 4321
+    mapping = helpers.build_mapping(np.arange(num_docs + 1, dtype=np.int64), np.full(num_docs, 10, dtype=np.int32),
+                                    1, 10**9, 64, 0.0, 11, 1, 512)
+    order = list(range(num_docs))
+    draws = np.random.RandomState(12).randint(0, 2**32, size=num_docs, dtype=np.uint32).tolist()  # seed + 1
+    for k, i in enumerate(range(num_docs - 1, 0, -1)):
+        j = draws[k] % (i + 1)
+        order[i], order[j] = order[j], order[i]
+    expected = np.stack([order, np.add(order, 1), np.full(num_docs, 64), np.zeros(num_docs, dtype=np.int64)], axis=1)
+    np.testing.assert_array_equal(mapping, expected)

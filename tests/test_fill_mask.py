@@ -1,5 +1,6 @@
 """tools/fill_mask.py: the predictions it prints are the model's own for the [MASK] positions."""
 import importlib.util
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from bert_fixtures import small_config, small_model
+from megatron.data.tokenizer import build_tokenizer
 from megatron.errors import ConfigError
 from megatron.hf_convert import save_weights_only_checkpoint
 from test_hf_convert import write_vocab_file
@@ -165,3 +167,56 @@ def test_a_mask_spelled_as_another_tokenizer_spells_it_names_the_spelling_to_use
                                      "predicted")
     assert len(encode(roberta, "the <mask> sat", 16)[1]) == 1
     assert encode(roberta, "the [MASK] sat", 16)[1] == encode(roberta, "the <mask> sat", 16)[1]
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("fill_mask", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_a_long_text_comes_from_a_file_or_stdin_and_shows_each_mask_in_context(tmp_path, capsys, monkeypatch):
+    """One argument holds at most 128 KiB (longer --text fails in the shell, E2BIG), and the whole text was
+    echoed before the predictions: --text-file (or - for stdin) reads it, and each [MASK] is shown with
+    CONTEXT characters of its text on each side."""
+    tool = load_tool()
+    vocab_file = write_vocab_file(tmp_path / "vocab.txt")
+    config = small_config("ring", seq_length=256, max_position_embeddings=256)
+    save_weights_only_checkpoint(tmp_path / "ckpt", small_model(config, seed=3).state_dict(), config)
+    words = [f"tok{i % 40}" for i in range(120)]
+    words[10], words[100] = "[MASK]", "[MASK]"
+    text = " ".join(words)  # ~700 characters, 120 tokens
+    (tmp_path / "long.txt").write_text(text)
+    load = ["--load", str(tmp_path / "ckpt"), "--vocab-file", str(vocab_file), "--top-k", "2"]
+    tokenizer = build_tokenizer("BertWordPieceLowerCase", vocab_file)
+    expected = tool.fill_mask(tool.load_model(str(tmp_path / "ckpt")), tokenizer, text, 2)
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    tool.main([*load, "--text-file", str(tmp_path / "long.txt"), "--text-file", "-"])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) == 6 and text not in out
+    for header, label in ((lines[0], f"--text-file {tmp_path / 'long.txt'}"), (lines[3], "--text-file -")):
+        assert header == f"{label} ({len(text)} characters, 2 masks)"
+    guesses = [", ".join(f"{token} {p:.2g}" for token, p in predictions) for predictions in expected]
+    assert lines[1] == f"  [MASK] 1: {text[:text.index('[MASK]') + 6 + tool.CONTEXT]}... -> {guesses[0]}"
+    second = text.rindex("[MASK]")
+    assert lines[2] == f"  [MASK] 2: ...{text[second - tool.CONTEXT:second + 6 + tool.CONTEXT]}... -> {guesses[1]}"
+    assert lines[4:] == lines[1:3]
+    # a short --text stays as it was: the text, then its predictions
+    tool.main([*load, "--text", "tok1 [MASK] tok2"])
+    assert capsys.readouterr().out.splitlines()[0] == "tok1 [MASK] tok2"
+
+
+def test_a_text_file_that_is_missing_or_not_utf8_is_one_line(tmp_path):
+    tool = load_tool()
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 [MASK]".encode("latin-1"))
+    for path, message in ((tmp_path / "none.txt", rf"--text-file {tmp_path / 'none.txt'} cannot be read \(No such "
+                                                   r"file or directory\); pass a readable text file, or - for stdin"),
+                          (tmp_path / "latin1.txt", rf"--text-file {tmp_path / 'latin1.txt'} is not valid UTF-8 \(byte "
+                                                     r"0xe9 at byte offset 3\); save the text as UTF-8")):
+        with pytest.raises(ConfigError, match=f"^{message}"):
+            tool.main(["--load", str(tmp_path / "ckpt"), "--text-file", str(path)])
+    with pytest.raises(ConfigError, match=r"^fill_mask.py needs a text; pass --text"):
+        tool.main(["--load", str(tmp_path / "ckpt")])

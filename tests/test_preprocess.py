@@ -2,9 +2,11 @@
 bad input, and the datasets it writes feeding BERT samples; plus the sample-corpus tool."""
 import contextlib
 import errno
+import gzip
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import pytest
 import torch
 
 from megatron.data import indexed_dataset
+from megatron.data import preprocess as preprocess_module
 from megatron.data.bert_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import make_dataset
 from megatron.data.default_dataset import DEFAULT_VOCAB_SIZE, prepare_default_dataset
@@ -73,6 +76,37 @@ def test_one_and_two_workers_write_identical_files(corpus, tmp_path, impl):
     assert file_bytes(one.outputs["text"]) == file_bytes(two.outputs["text"])
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("impl", ["mmap", "lazy"])
+def test_a_document_of_many_sentence_batches_is_written_as_before(corpus, tmp_path, impl, monkeypatch):
+    """A document is tokenized SENTENCE_BATCH sentences at a time into arrays (a book-sized one held
+    ~200 bytes a token as int lists), and the index's offsets are written INDEX_CHUNK items at a time:
+    the same bytes as the whole document's ids as lists written item by item in one piece (before),
+    with 1 or 2 workers, --append-eod on the last sentence."""
+    documents = [" ".join(f"Sentence {k} of book {b} is about the {TOPICS[k % 8]}." for k in range(2600))
+                 for b in range(2)]
+    path = tmp_path / "books.json"
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in [article(0)["text"], *documents]))
+    monkeypatch.setattr(indexed_dataset, "INDEX_CHUNK", 1000)
+    one, two = (preprocess(options((path, corpus[1]), tmp_path / name, workers=workers, dataset_impl=impl,
+                                   append_eod=True)).outputs["text"] for name, workers in (("one", 1), ("two", 2)))
+    tokenizer, split = build_tokenizer("BertWordPieceLowerCase", corpus[1]), sentence_splitter()
+    monkeypatch.setattr(indexed_dataset, "INDEX_CHUNK", 10**9)
+    (tmp_path / "lists").mkdir()
+    with indexed_dataset.make_builder(tmp_path / "lists" / "wiki", impl, tokenizer.vocab_size) as builder:
+        for text in [article(0)["text"], *documents]:
+            sentences = [ids for ids in tokenizer.tokenize_batch(split(text)) if ids]
+            sentences[-1].append(tokenizer.eod)
+            builder.add_document(sentences)
+    assert len(make_dataset(one).doc_idx) == 4 and len(make_dataset(one)) > 2 * preprocess_module.SENTENCE_BATCH
+    assert file_bytes(one) == file_bytes(two) == file_bytes(tmp_path / "lists" / "wiki")
+    encoder = Encoder(options((path, corpus[1]), tmp_path))
+    encoder.start()
+    _, encoded, _ = encoder.encode(((0, 1, 0), json.dumps({"text": documents[0]}).encode(), 0))
+    ids, sizes = encoded["text"]  # what goes through the workers' queue: 2 bytes a token
+    assert ids.dtype == np.uint16 and sizes.dtype == np.int32 and sizes.sum() == len(ids)
+
+
 def test_output_holds_the_tokenized_sentences(corpus, tmp_path):
     report = preprocess(options(corpus, tmp_path))
     dataset = make_dataset(report.outputs["text"])
@@ -117,11 +151,39 @@ def test_cli_accepts_megatron_and_legacy_spellings(corpus, tmp_path):
 
 
 def test_progress_reports_docs_and_megabytes_per_second(corpus, tmp_path):
+    """--log-interval N keeps its meaning: a line every N documents, with the input read against its size."""
     log = io.StringIO()
     preprocess(options(corpus, tmp_path, log_interval=50), log=log)
     lines = log.getvalue().splitlines()
+    total = os.path.getsize(corpus[0]) / 2**20
     assert len(lines) == 2 and lines[0].startswith("processed 50 documents (") and "docs/s" in lines[0]
-    assert lines[1].endswith("MB/s)")
+    assert re.fullmatch(rf"processed 100 documents \(\d+\.\d docs/s, \d+\.\d\d MB/s\): 0\.\d of {total:.1f} MB of "
+                        r"input \((8[0-9])%\), ETA \d+ s", lines[1]), lines[1]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_progress_by_default_comes_by_time_even_within_one_long_document(corpus, tmp_path, monkeypatch, suffix):
+    """Without --log-interval a line comes after FIRST_LOG_SECONDS, then every LOG_SECONDS (not every 100
+    documents: 2000 lines for 200k short documents, none during a document that takes a minute), with the
+    compressed bytes read of a .gz."""
+    path = tmp_path / f"wiki{suffix}"
+    data = Path(corpus[0]).read_bytes()
+    path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    encode = preprocess_module.Encoder.encode
+
+    def slow_first(self, item):
+        if item[0][1] == 1:
+            time.sleep(1.0)  # a long document
+        return encode(self, item)
+
+    monkeypatch.setattr(preprocess_module.Encoder, "encode", slow_first)
+    monkeypatch.setattr(preprocess_module, "FIRST_LOG_SECONDS", 0.3)
+    monkeypatch.setattr(preprocess_module, "LOG_SECONDS", 600.0)
+    log = io.StringIO()
+    preprocess(options((path, corpus[1]), tmp_path, log_interval=None), log=log)
+    total = os.path.getsize(path) / 2**20
+    assert re.fullmatch(rf"processed 0 documents \(0\.0 docs/s, 0\.00 MB/s\): 0\.0 of {total:.1f} MB of input "
+                        r"\(0%\)", log.getvalue().strip()), log.getvalue()
 
 
 def corrupt_corpus(corpus, tmp_path, bad_line: int, bad: bytes) -> Path:
@@ -166,7 +228,7 @@ def test_a_worker_killed_by_a_signal_is_one_line_naming_it(corpus, tmp_path, mon
     encode = Encoder.encode
 
     def killed_at_line_50(self, item):
-        if item[0] == (0, 50):
+        if item[0][:2] == (0, 50):
             os.kill(os.getpid(), signal.SIGKILL)
         return encode(self, item)
 

@@ -4,6 +4,7 @@ the data it replaces, and a run on the new data builds its own maps (the same as
 folder) instead of reusing the old ones (which gave too few samples, or a traceback when the new
 documents were shorter)."""
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def test_the_fingerprint_sees_other_tokens_of_the_same_sizes(corpora, tmp_path, 
     prefix = preprocessed(long, tmp_path / "wiki", vocab)
 
     def fingerprint():
-        index_maps._contents_digest.cache_clear()  # as a new process would (the clock may not tick)
+        index_maps._contents_digest.cache_clear()  # as a new process would
         return index_maps.fingerprint(prefix)
 
     monkeypatch.setattr(index_maps, "BIN_BLOCK_BYTES", 64)
@@ -126,13 +127,86 @@ def test_the_fingerprint_sees_other_tokens_of_the_same_sizes(corpora, tmp_path, 
         tokens[:8] = np.roll(tokens[:8], 1)  # in the first block, sampled in both modes
         tokens.flush()
         del tokens
+        later(f"{prefix}.bin")
         assert fingerprint() != before, whole_bytes
     before = fingerprint()
     index = np.memmap(f"{prefix}.idx", dtype=np.uint8, mode="r+")
     index[-1] ^= 1  # the last document boundary
     index.flush()
     del index
+    later(f"{prefix}.idx")
     assert fingerprint() != before
+
+
+def later(path) -> None:
+    """Moves a file's mtime a second on, as a write after the last start leaves it (a write within the
+    clock's tick, a few ms, may leave the same mtime)."""
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+
+
+def test_the_fingerprint_is_recorded_beside_the_data_and_hashed_again_only_when_the_files_change(
+        corpora, tmp_path, monkeypatch):
+    """Hashing a sentence-level `.idx` reads ~40% of the data on every rank at every start: preprocessing
+    records the digest with the files' stamps, and a start on the same files reads the record."""
+    long, short, vocab, _ = corpora
+    prefix = preprocessed(long, tmp_path / "wiki", vocab)
+    record = index_maps.fingerprint_path(prefix)
+    assert record.is_file()
+    hashed, hash_contents = [], index_maps._hash_contents
+    monkeypatch.setattr(index_maps, "_hash_contents", lambda *paths: hashed.append(paths) or hash_contents(*paths))
+
+    def fingerprint():
+        index_maps._contents_digest.cache_clear()  # as a new process would
+        return index_maps.fingerprint(prefix)
+
+    before = fingerprint()
+    assert hashed == [] and fingerprint() == before and hashed == []
+    index = np.memmap(f"{prefix}.idx", dtype=np.uint8, mode="r+")
+    index[-1] ^= 1  # the same size, other bytes, a later mtime
+    index.flush()
+    del index
+    later(f"{prefix}.idx")
+    after = fingerprint()
+    assert len(hashed) == 1 and after != before
+    assert fingerprint() == after and len(hashed) == 1  # the record was replaced
+    record.write_text("{not json")  # a damaged record is hashed again, not trusted
+    assert fingerprint() == after and len(hashed) == 2
+    # a folder holding its own preprocessed data (and the records) is preprocessed again as a corpus
+    shutil.copy(short, tmp_path / "short.json")
+    again = preprocess(PreprocessOptions(input=str(tmp_path), output_prefix=str(tmp_path / "again"),
+                                         vocab_file=str(vocab), split_sentences=True, log_interval=0))
+    assert again.documents == DOCS
+
+
+def test_data_in_a_folder_that_cannot_be_written_is_hashed_once_per_process(corpora, tmp_path, monkeypatch):
+    long, _, vocab, _ = corpora
+    prefix = preprocessed(long, tmp_path / "wiki", vocab)
+    expected = index_maps.fingerprint(prefix)
+    index_maps.fingerprint_path(prefix).unlink()
+    index_maps._contents_digest.cache_clear()
+
+    def unwritable(path, *args, **kwargs):
+        raise PermissionError(13, "Read-only file system", str(path))
+
+    monkeypatch.setattr(index_maps.Path, "write_text", unwritable)  # as on a read-only mount (tests run as root)
+    hashed, hash_contents = [], index_maps._hash_contents
+    monkeypatch.setattr(index_maps, "_hash_contents", lambda *paths: hashed.append(paths) or hash_contents(*paths))
+    assert [index_maps.fingerprint(prefix) for _ in range(3)] == [expected] * 3
+    assert len(hashed) == 1 and not index_maps.fingerprint_path(prefix).exists()
+
+
+def test_the_building_rank_says_which_map_it_builds_and_how_long_it_took(corpora, tmp_path, capsys):
+    """A map of 256M samples takes a minute or more, while every rank waits: the one building it says so."""
+    long, _, vocab, tokenizer = corpora
+    prefix = preprocessed(long, tmp_path / "wiki", vocab)
+    capsys.readouterr()
+    train_set(prefix, tokenizer)
+    building, built = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"building train index map \(\d+ samples over 120 documents\) \.\.\.", building), building
+    assert re.fullmatch(rf"built {re.escape(building[9:-4])} in \d+\.\d s \(\d+\.\d KB\)", built), built
+    train_set(prefix, tokenizer)
+    assert capsys.readouterr().out == ""  # reused: nothing built
 
 
 def test_a_damaged_map_is_one_line_and_deleting_it_rebuilds_it(corpora, tmp_path):
@@ -167,6 +241,7 @@ def test_maps_of_data_replaced_by_a_copy_are_counted_and_cleaned(corpora, tmp_pa
     (tmp_path / "log").mkdir()
     index_maps.write_used(str(tmp_path / "log"), used)
     size = index_maps.size_text(os.path.getsize(old[0]))
+    capsys.readouterr()  # the maps' build lines
     load_tool("clean_index_maps").main([prefix, "--keep-run", str(tmp_path / "log")])
     assert capsys.readouterr().out.splitlines() == [f"removed {old[0]}", f"removed 1 index maps ({size}), 1 kept"]
     assert index_maps.maps_of(prefix) == [Path(path) for path in used]

@@ -1,9 +1,11 @@
 """Fill [MASK] in a sentence with a trained checkpoint: the quickest look at what a run learned.
 
     python tools/fill_mask.py --load runs/default/checkpoints --text "the function returns a [MASK] of the values"
+    python tools/fill_mask.py --load runs/default/checkpoints --text-file chapter.txt   # or - for stdin
 
 Loads the checkpoint (any pipeline / sequence-parallel degree / ZeRO stage) into one process and
-prints the top-k tokens for every [MASK], with their probabilities. The tokenizer is the one the
+prints the top-k tokens for every [MASK], with their probabilities; a long text (a --text-file: one
+argument holds at most 128 KiB) is shown as a window of context around each [MASK]. The tokenizer is the one the
 checkpoint carries (a flag naming another vocab is refused); one that carries none uses --vocab-file /
 --tokenizer-file, by default (a run trained before checkpoints carried one) the embedded corpus' vocab.
 """
@@ -31,19 +33,23 @@ with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of
     from megatron.model.bert import BertConfig, BertModel
 
 MASK = "[MASK]"
+SHOWN_WHOLE = 200  # characters: a longer text is shown as CONTEXT characters on each side of each mask
+CONTEXT = 60
 DEFAULT_VOCAB = in_repository(f"{DEFAULT_DATA_DIR}/vocab.txt")  # the trainer's default data's, whatever the folder
 
 
-def encode(tokenizer, text: str, seq_length: int) -> tuple:
+def encode(tokenizer, text: str, seq_length: int, source: str | None = None) -> tuple:
     """[CLS] text [SEP] with every literal [MASK] (or the tokenizer's own mask token, e.g. <mask>) as the
     mask id -> (BertBatch of one sample, mask positions). A Hugging Face tokenizer encodes the text
-    with its mask token in place, as transformers does (its spacing rules, e.g. lstrip, apply)."""
+    with its mask token in place, as transformers does (its spacing rules, e.g. lstrip, apply).
+    `source` names the text in errors (default `--text 'the text'`; `--text-file PATH` for a file)."""
+    source = source or text_label(text)
     mask_token = tokenizer.convert_ids_to_tokens([tokenizer.mask])[0]
-    markers = sorted({MASK, mask_token})
-    refuse_other_mask_spelling(text, markers, mask_token)
+    markers = mask_markers(tokenizer)
+    refuse_other_mask_spelling(text, markers, mask_token, source)
     pieces = re.split("|".join(map(re.escape, markers)), text)
     if len(pieces) == 1:
-        raise ConfigError(f"--text {text!r} holds no {' or '.join(markers)}",
+        raise ConfigError(f"{source} holds no {' or '.join(markers)}",
                           f"put {MASK} where a word should be predicted")
     body = tokenizer.tokenize(mask_token.join(pieces)) if isinstance(tokenizer, HFTokenizer) else []
     if body.count(tokenizer.mask) != len(pieces) - 1:  # WordPiece (no added tokens): piece by piece
@@ -52,7 +58,7 @@ def encode(tokenizer, text: str, seq_length: int) -> tuple:
     ids = [tokenizer.cls, *body]
     ids.append(tokenizer.sep)
     if len(ids) > seq_length:
-        raise ConfigError(f"--text is {len(ids)} tokens with [CLS] and [SEP], the model's sequence is {seq_length}",
+        raise ConfigError(f"{source} is {len(ids)} tokens with [CLS] and [SEP], the model's sequence is {seq_length}",
                           "shorten the text")
     tokens = torch.full((1, seq_length), tokenizer.pad)
     tokens[0, :len(ids)] = torch.tensor(ids)
@@ -63,20 +69,32 @@ def encode(tokenizer, text: str, seq_length: int) -> tuple:
     return batch, masked[0].nonzero().flatten().tolist()
 
 
-def refuse_other_mask_spelling(text: str, markers: list, mask_token: str) -> None:
+def text_label(text: str) -> str:
+    """--text as messages name it: whole when short, else its start and size (not 100 KB echoed)."""
+    if len(text) <= SHOWN_WHOLE:
+        return f"--text {text!r}"
+    return f"--text {text[:CONTEXT]!r}... ({len(text)} characters)"
+
+
+def mask_markers(tokenizer) -> list[str]:
+    """What the text may write a mask as: [MASK] and the tokenizer's own mask token."""
+    return sorted({MASK, tokenizer.convert_ids_to_tokens([tokenizer.mask])[0]})
+
+
+def refuse_other_mask_spelling(text: str, markers: list, mask_token: str, source: str) -> None:
     """A mask written as another tokenizer spells it (<mask> for a WordPiece one, [mask]): the tokenizer
     reads it as text, so it was no mask ('holds no [MASK]', or beside a [MASK] silently not predicted)."""
     spellings = re.findall("|".join(map(re.escape, SPECIAL_NAMES["mask"])), text, flags=re.IGNORECASE)
     other = next((spelling for spelling in spellings if spelling not in markers), None)
     if other is not None:
-        raise ConfigError(f"--text {text!r} writes the mask as {other}, which this tokenizer reads as text (its mask "
+        raise ConfigError(f"{source} writes the mask as {other}, which this tokenizer reads as text (its mask "
                           f"token is {mask_token})", f"write {' or '.join(markers)} where a word should be predicted")
 
 
 @torch.no_grad()
-def fill_mask(model: BertModel, tokenizer, text: str, top_k: int) -> list:
+def fill_mask(model: BertModel, tokenizer, text: str, top_k: int, source: str | None = None) -> list:
     """-> per [MASK]: [(token, probability)] best first."""
-    batch, _ = encode(tokenizer, text, model.config.seq_length)
+    batch, _ = encode(tokenizer, text, model.config.seq_length, source)
     mlm_logits, _ = model(*batch.model_inputs())
     probabilities = torch.softmax(mlm_logits[:, :tokenizer.vocab_size].float(), dim=-1)
     best = probabilities.topk(top_k, dim=-1)
@@ -91,6 +109,43 @@ def guesses(tokenizer, ids) -> list[str]:
         return tokenizer.convert_ids_to_tokens(ids)
     texts = [tokenizer.decode_one(index) for index in ids]
     return [text.strip() or repr(text) for text in texts]
+
+
+def contexts(text: str, markers: list) -> list[str]:
+    """Each mask with CONTEXT characters on each side, on one line ('...returns a [MASK] of the...')."""
+    shown = []
+    for found in re.finditer("|".join(map(re.escape, markers)), text):
+        start, end = max(0, found.start() - CONTEXT), found.end() + CONTEXT
+        window = " ".join(text[start:end].split())
+        shown.append(("..." if start > 0 else "") + window + ("..." if end < len(text) else ""))
+    return shown
+
+
+def print_predictions(label: str, text: str, masks: list, markers: list) -> None:
+    """A short text whole, then a line per mask; a long one by its name and size, each mask with its context."""
+    if len(text) <= SHOWN_WHOLE:
+        print(text)
+        windows = [""] * len(masks)
+    else:
+        print(f"{label} ({len(text)} characters, {len(masks)} masks)")
+        windows = [f" {window}" for window in contexts(text, markers)]
+    for number, (predictions, window) in enumerate(zip(masks, windows), start=1):
+        print(f"  [MASK] {number}:{window}{' ->' if window else ''} "
+              + ", ".join(f"{token} {p:.2g}" for token, p in predictions))
+
+
+def read_text_file(path: str) -> str:
+    """A --text-file's text (`-`: stdin), in UTF-8; a missing or unreadable file, or other bytes, is one line."""
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as error:
+        raise ConfigError(f"--text-file {path} cannot be read ({error.strerror or error})",
+                          "pass a readable text file, or - for stdin") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"--text-file {path} is not valid UTF-8 (byte {data[error.start]:#04x} at byte offset "
+                          f"{error.start})", "save the text as UTF-8 (iconv -f latin1 -t utf-8, say)") from None
 
 
 def check_utf8(text: str) -> None:
@@ -121,16 +176,23 @@ def main(argv=None) -> None:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--load", required=True, help="checkpoint directory (written by --save)")
     parser.add_argument("--tag", help="checkpoint tag, e.g. iter_0001000 (default: the one in 'latest')")
-    parser.add_argument("--text", action="append", required=True,
+    parser.add_argument("--text", action="append", default=[],
                         help=f"a sentence with one or more {MASK}; repeat the flag for several")
+    parser.add_argument("--text-file", action="append", default=[],
+                        help=f"a UTF-8 file holding one text with {MASK}s (- reads stdin): for a text longer than "
+                             "an argument may be (128 KiB); repeatable")
     add_tokenizer_flags(parser, "vocab.txt of the run (default: the one the checkpoint carries, else "
                         f"{DEFAULT_VOCAB})")
     parser.add_argument("--top-k", type=int, default=5, help="predictions shown per [MASK] (default 5)")
     args = parser.parse_args(argv)
     if args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k} must be >= 1", "pass --top-k 5, say")
+    if not args.text and not args.text_file:
+        raise ConfigError("fill_mask.py needs a text", f"pass --text 'a sentence with a {MASK}' or --text-file PATH")
     for text in args.text:
         check_utf8(text)
+    texts = [(text_label(text), text) for text in args.text]
+    texts += [(f"--text-file {path}", read_text_file(path)) for path in args.text_file]
     if (Path(args.load) / "config.json").is_file() and not (Path(args.load) / LATEST).exists():
         raise ConfigError(f"--load {args.load} is a Hugging Face model folder, not a checkpoint of this trainer",
                           f"convert it first: python {in_repository('tools/convert_checkpoint.py')} from-hf "
@@ -146,15 +208,14 @@ def main(argv=None) -> None:
                           f"pass --top-k at most {tokenizer.vocab_size}")
     model = load_model(args.load, tag)
     check_fits(tokenizer, model.config.vocab_size)
-    results = [(text, fill_mask(model, tokenizer, text, args.top_k)) for text in args.text]  # all checked, then printed
+    results = [(label, text, fill_mask(model, tokenizer, text, args.top_k, label))
+               for label, text in texts]  # all checked, then printed
     untrained = untrained_warning(args.load, tag, "lm_head.")
     if untrained:
         print(f"warning: {untrained}; these predictions are random (train from the checkpoint first, or convert a "
               "Hugging Face folder with its masked-LM head)", file=sys.stderr)
-    for text, masks in results:
-        print(text)
-        for number, predictions in enumerate(masks, start=1):
-            print(f"  [MASK] {number}: " + ", ".join(f"{token} {p:.2g}" for token, p in predictions))
+    for label, text, masks in results:
+        print_predictions(label, text, masks, mask_markers(tokenizer))
 
 
 if __name__ == "__main__":

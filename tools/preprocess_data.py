@@ -40,7 +40,9 @@ def parse_args(argv=None) -> PreprocessOptions:
     group.add_argument("--dataset-impl", default="mmap", choices=IMPLS, help="indexed dataset format (default mmap)")
     group = parser.add_argument_group("runtime")
     group.add_argument("--workers", type=int, default=1, help="tokenizing processes (default 1)")
-    group.add_argument("--log-interval", type=int, default=100, help="documents between progress lines (default 100)")
+    group.add_argument("--log-interval", type=int, default=None,
+                       help="documents between progress lines; 0: none (default: a line every 15 s, the first after "
+                            "2 s, with the input read, percent and ETA)")
     args = parser.parse_args(argv)
     inputs = args.input[0] if len(args.input) == 1 else tuple(args.input)
     return PreprocessOptions(**{**vars(args), "input": inputs, "json_keys": tuple(args.json_keys)})

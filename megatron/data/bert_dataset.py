@@ -18,6 +18,7 @@ import os
 import re
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,8 +70,10 @@ def mapping_path(prefix: str, name: str, first_doc: int, end_doc: int, max_num_s
             f"_{first_doc}-{end_doc}docs{'' if binary_head else '_nobh'}_ep.npy")
 
 
-def cached_array(path: str, build) -> np.ndarray:
+def cached_array(path: str, build, what: str = "") -> np.ndarray:
     """The array saved at `path`, built by `build()` first if missing, then loaded memory-mapped.
+    A building rank says so and how long it took, naming `what` ("train index map (N samples)"): a
+    large map takes minutes, while the other ranks wait.
 
     In a distributed run rank 0 builds it while the others wait (peers.while_some_build: a build may
     take longer than a collective may wait, and goes on as long as it lasts; a builder or another rank
@@ -82,7 +85,7 @@ def cached_array(path: str, build) -> np.ndarray:
     distributed = dist.is_available() and dist.is_initialized()
     first_of_node = local_rank() == 0
     for builds in ((not distributed or dist.get_rank() == 0), first_of_node):
-        failure = peers.while_some_build(builds and not os.path.isfile(path), lambda: _save_built(path, build))
+        failure = peers.while_some_build(builds and not os.path.isfile(path), lambda: _save_built(path, build, what))
         problem = _failure_text(path, failure)
         if distributed:  # every rank takes part, so that one failed build stops all, none waits
             problems = [None] * dist.get_world_size()
@@ -102,13 +105,19 @@ def cached_array(path: str, build) -> np.ndarray:
                         "delete it: the next start builds it again") from None
 
 
-def _save_built(path: str, build) -> Exception | None:
+def _save_built(path: str, build, what: str = "") -> Exception | None:
     """Builds and saves the array at `path`; None, or what stopped it (the partial file removed)."""
     partial = Path(f"{path}.partial-{socket.gethostname()}-{os.getpid()}.npy")
+    if what:
+        print(f"building {what} ...", flush=True)
+    started = time.perf_counter()
     try:
         partial.parent.mkdir(parents=True, exist_ok=True)
         np.save(partial, build(), allow_pickle=False)
         os.replace(partial, path)
+        if what:
+            print(f"built {what} in {time.perf_counter() - started:.1f} s "
+                  f"({index_maps.size_text(os.path.getsize(path))})", flush=True)
     except Exception as error:
         return error
     finally:  # also when a signal stops the start-up (errors.Interrupted)
@@ -141,7 +150,8 @@ def samples_mapping(indexed, prefix: str, name: str, first_doc: int, end_doc: in
         return helpers.build_mapping(docs, indexed.sizes, 2**31 - 1, max_num_samples, max_tokens, short_seq_prob,
                                      seed, min_num_sent=min_num_sent, long_sentence_len=long_sentence_len)
 
-    mapping = cached_array(path, build)
+    mapping = cached_array(path, build, f"{name} index map ({max_num_samples} samples over {end_doc - first_doc} "
+                                        "documents)")
     if len(mapping) == 0:
         raise DataError(f"{indexed.prefix}: the {name} split yields no BERT samples (documents need "
                         f"{min_num_sent}+ sentences of at most {long_sentence_len} tokens)",
@@ -276,7 +286,8 @@ class PackedBertDataset(torch.utils.data.Dataset):
         def build():
             return pack_epochs(segments.mapping[:, 3], segments.segment_lengths(), seq_length, segments.seed, window)
 
-        packmap = cached_array(path, build)
+        packmap = cached_array(path, build, f"{segments.mapping_settings[1]} pack map ({len(segments)} segments into "
+                                            f"{seq_length}-token samples)")
         num_samples = int(packmap[0])
         self.offsets = packmap[1:num_samples + 2]
         self.indices = packmap[num_samples + 2:]

@@ -21,6 +21,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron.data.index_maps import FINGERPRINT_RECORD
 from megatron.data.tokenizer import DATA_IDENTITY
 from megatron.errors import ConfigError, DataError, refuse_lfs_pointer
 
@@ -86,6 +87,7 @@ class Corpus:
         if len(specs) > 1:  # an unquoted glob the shell expanded: `--input hf/data/*`
             _refuse_several_splits(f"the {len(specs)} --input values hold", _common_folder(paths), paths)
         self.shards = [Shard(path, shard_kind(path)) for path in paths]
+        self.total_bytes = sum(os.path.getsize(shard.path) for shard in self.shards)  # as stored (compressed)
         for shard in self.shards:
             if shard.kind == "parquet":
                 _check_parquet(shard.path, self.keys)
@@ -93,17 +95,22 @@ class Corpus:
                 _refuse_one_document(shard, self.keys)
 
     def where(self, location: tuple) -> str:
-        """'path line 7' / 'path row 7' for a record's (shard index, number)."""
+        """'path line 7' / 'path row 7' for a record's (shard index, number, ...)."""
         shard = self.shards[location[0]]
         return f"{shard.path} {shard.unit} {location[1]}"
 
     def records(self):
-        """((shard index, number), record, bytes of text) for every record, in shard order; number
-        counts lines (blank ones skipped, not renumbered) or rows from 1 in each shard."""
+        """((shard index, number, input bytes read), record, bytes of text) for every record, in shard
+        order; number counts lines (blank ones skipped, not renumbered) or rows from 1 in each shard;
+        the bytes read are of the files as stored, through this record (a compressed shard's offset
+        in the compressed file, a Parquet shard's size in proportion to its rows), for progress
+        against total_bytes."""
+        before = 0
         for index, shard in enumerate(self.shards):
             rows = _parquet_rows(shard.path, self.keys) if shard.kind == "parquet" else _json_lines(shard)
-            for number, record, size in rows:
-                yield (index, number), record, size
+            for number, record, size, offset in rows:
+                yield (index, number, before + offset), record, size
+            before += os.path.getsize(shard.path)
 
 
 def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
@@ -256,13 +263,14 @@ def _refuse_missing_shards(spec: str, shards: list) -> None:
 
 
 def _derived(name: str) -> bool:
-    """Whether a `.json` is never a shard: the vocab record preprocessing writes beside its `.bin`/`.idx`
-    (so a corpus folder that also holds its data can be preprocessed again) or a dataset's METADATA."""
-    return name.endswith(DATA_IDENTITY) or Path(name).name in METADATA
+    """Whether a `.json` is never a shard: the vocab and fingerprint records preprocessing writes beside its
+    `.bin`/`.idx` (so a corpus folder that also holds its data can be preprocessed again) or a dataset's METADATA."""
+    return name.endswith((DATA_IDENTITY, FINGERPRINT_RECORD)) or Path(name).name in METADATA
 
 
 def _json_lines(shard: Shard):
-    """(line number, raw bytes, bytes) of the non-blank lines of a plain or compressed JSON-lines file."""
+    """(line number, raw bytes, bytes, offset in the file as stored) of the non-blank lines of a plain or
+    compressed JSON-lines file."""
     file = open(shard.path, "rb")  # a missing or unreadable file: an OSError naming it
     corrupt = ()  # what a damaged compressed stream raises
     try:
@@ -275,7 +283,7 @@ def _json_lines(shard: Shard):
             _refuse_misnamed(shard.path, file.peek(8))
         for number, raw in enumerate(lines, 1):
             if raw.strip():
-                yield number, raw, len(raw)
+                yield number, raw, len(raw), file.tell()
     except corrupt as error:
         if getattr(error, "filename", None):  # the disk, not the stream
             raise
@@ -489,8 +497,8 @@ def _first_line(error) -> str:
 
 
 def _parquet_rows(path: str, keys: tuple):
-    """(row number, {key: text or None}, UTF-8 bytes of the row's text) of one Parquet shard, read a
-    record batch of the `keys` columns at a time."""
+    """(row number, {key: text or None}, UTF-8 bytes of the row's text, the file's size in proportion to
+    the rows read) of one Parquet shard, read a record batch of the `keys` columns at a time."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -498,6 +506,7 @@ def _parquet_rows(path: str, keys: tuple):
     number = 0
     try:
         with pq.ParquetFile(path) as file:
+            stored, rows = os.path.getsize(path), max(file.metadata.num_rows, 1)
             for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=list(keys)):
                 columns = [_plain_text(batch.column(key)) for key in keys]
                 sizes = pc.binary_length(columns[0]).fill_null(0)
@@ -505,7 +514,7 @@ def _parquet_rows(path: str, keys: tuple):
                     sizes = pc.add(sizes, pc.binary_length(column).fill_null(0))
                 for values, size in zip(zip(*map(_python_text, columns)), sizes.to_pylist()):
                     number += 1
-                    yield number, dict(zip(keys, values)), size
+                    yield number, dict(zip(keys, values)), size, stored * number // rows
     except (pa.ArrowException, ValueError, OSError) as error:  # a corrupt page or decompression: OSError
         raise DataError(f"{path} row {number + 1}: the Parquet file cannot be read ({_first_line(error)})",
                         "download or write the shard again, or leave it out of --input") from None

@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -32,6 +33,39 @@ int32_t target_length(std::mt19937& rng, uint32_t short_ratio, int32_t max_lengt
   if (draw % short_ratio == 0) return 2 + static_cast<int32_t>(draw % static_cast<uint32_t>(max_length - 1));
   return max_length;
 }
+
+// Rows of 4 int64 in fixed chunks: growing never copies what is there (a doubling vector holds up
+// to 3x its rows while it moves them), and the result is filled chunk by chunk, each freed once
+// copied, so the peak stays about the map's size plus one chunk instead of 2-3x.
+class ChunkedRows {
+ public:
+  using Row = std::array<int64_t, 4>;
+  static constexpr int64_t kChunkRows = 1 << 20;  // 32 MiB
+
+  int64_t size() const { return size_; }
+  Row& operator[](int64_t i) { return chunks_[i / kChunkRows][i % kChunkRows]; }
+  void push_back(const Row& row) {
+    if (size_ % kChunkRows == 0) {
+      chunks_.emplace_back();
+      chunks_.back().reserve(kChunkRows);
+    }
+    chunks_.back().push_back(row);
+    ++size_;
+  }
+  // Moves the rows into `out` (size() rows of 4), freeing each chunk once copied.
+  void move_to(int64_t* out) {
+    for (auto& chunk : chunks_) {
+      for (const Row& row : chunk) out = std::copy(row.begin(), row.end(), out);
+      std::vector<Row>().swap(chunk);
+    }
+    chunks_.clear();
+    size_ = 0;
+  }
+
+ private:
+  std::vector<std::vector<Row>> chunks_;
+  int64_t size_ = 0;
+};
 
 }  // namespace
 
@@ -59,16 +93,15 @@ py::array_t<int64_t> build_mapping(const Int64Array& docs_array, const Int32Arra
   const uint32_t short_ratio = short_seq_prob > 0.0 ? static_cast<uint32_t>(std::lround(1.0 / short_seq_prob)) : 0;
 
   constexpr int64_t kCols = 4;
-  std::vector<int64_t> rows;  // flattened [n, kCols]
+  ChunkedRows rows;
   {
     // Minutes on a large corpus: other Python threads (the --save lock's heartbeat) run meanwhile.
     py::gil_scoped_release released;
     std::mt19937 rng(seed);
     // Fisher-Yates with its own stream, so the order does not depend on how many targets were drawn.
     std::mt19937 shuffle_rng(seed + 1);
-    for (int64_t epoch = 0; epoch < num_epochs && static_cast<int64_t>(rows.size()) / kCols < max_num_samples;
-         ++epoch) {
-      const size_t before = rows.size();
+    for (int64_t epoch = 0; epoch < num_epochs && rows.size() < max_num_samples; ++epoch) {
+      const int64_t before = rows.size();
       for (int64_t d = 0; d < num_docs; ++d) {
         const int64_t first = docs(d), last = docs(d + 1);
         if (last - first < min_num_sent) continue;
@@ -83,7 +116,7 @@ py::array_t<int64_t> build_mapping(const Int64Array& docs_array, const Int32Arra
           const int64_t count = s + 1 - start;
           const bool doc_ends = s + 1 == last;
           if ((length >= target && count >= min_num_sent) || doc_ends) {
-            if (count >= min_num_sent) rows.insert(rows.end(), {start, s + 1, static_cast<int64_t>(target), epoch});
+            if (count >= min_num_sent) rows.push_back({start, s + 1, static_cast<int64_t>(target), epoch});
             start = s + 1;
             length = 0;
             if (!doc_ends) target = target_length(rng, short_ratio, max_seq_length);
@@ -91,16 +124,14 @@ py::array_t<int64_t> build_mapping(const Int64Array& docs_array, const Int32Arra
         }
       }
       if (rows.size() == before) break;  // no document yields a sample: more epochs would not either
-      const int64_t first_row = static_cast<int64_t>(before) / kCols;
-      for (int64_t i = static_cast<int64_t>(rows.size()) / kCols - 1; i > first_row; --i) {
-        const int64_t j = first_row + static_cast<int64_t>(shuffle_rng() % static_cast<uint32_t>(i - first_row + 1));
-        for (int64_t k = 0; k < kCols; ++k) std::swap(rows[kCols * i + k], rows[kCols * j + k]);
+      for (int64_t i = rows.size() - 1; i > before; --i) {
+        const int64_t j = before + static_cast<int64_t>(shuffle_rng() % static_cast<uint32_t>(i - before + 1));
+        std::swap(rows[i], rows[j]);
       }
     }
   }
-  const int64_t n = static_cast<int64_t>(rows.size()) / kCols;
-  py::array_t<int64_t> result({n, kCols});
-  std::copy(rows.begin(), rows.end(), result.mutable_data());
+  py::array_t<int64_t> result({rows.size(), kCols});
+  rows.move_to(result.mutable_data());
   return result;
 }
 

@@ -15,6 +15,7 @@ The trainer says where they are at start-up and lists the ones it uses in
 `<log-dir>/index_maps.json`; tools/clean_index_maps.py removes the others (or all: any missing
 map is rebuilt on the next start). No torch here: the tool stays fast.
 """
+import contextlib
 import functools
 import hashlib
 import json
@@ -29,6 +30,7 @@ KINDS = ("indexmap", "packmap")
 USED_FILE = "index_maps.json"  # in the log directory: {"maps": [absolute paths]}
 MAP_NAME = rf"_({'|'.join(SPLITS)})_({'|'.join(KINDS)})_.*\.npy"  # after the maps prefix's name
 
+FINGERPRINT_RECORD = ".fingerprint.json"  # beside the .bin/.idx: the digest and the stamps it is of
 BIN_WHOLE_BYTES = 16 << 20  # a .bin up to this size is hashed whole; a larger one by its size and samples:
 BIN_BLOCKS, BIN_BLOCK_BYTES = 256, 64 << 10  # 16 MiB read, evenly spread, first and last bytes included
 
@@ -39,17 +41,62 @@ def fingerprint(prefix: str) -> str:
     256 evenly spread blocks of 64 KiB). The same for a copy of the data wherever it is mounted,
     different for other text in the same prefix: other sizes change the `.idx`, other tokens of the
     same sizes the `.bin` (a large `.bin` changed only between the sampled blocks keeps its
-    fingerprint; preprocessing removes the maps next to the data it overwrites anyway). Computed
-    once per process for unchanged files."""
-    paths = [Path(f"{prefix}.idx"), Path(f"{prefix}.bin")]
-    stats = [path.stat() for path in paths]
-    return _contents_digest(*map(str, paths), *((st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev) for st in stats))
+    fingerprint; preprocessing removes the maps next to the data it overwrites anyway).
+
+    Hashing a sentence-level `.idx` reads about 40% of the data (40 GB of a 100 GB corpus), so the
+    digest is kept in `{prefix}.fingerprint.json`, stamped with both files' size, mtime, ctime and
+    inode: preprocessing writes it, every later start on unchanged files reads it instead, and files
+    written since (another stamp) are hashed again and the record replaced. Where the data's folder
+    cannot be written, every process hashes once (and once only: unchanged files are cached)."""
+    stamps = file_stamps(prefix)
+    record = fingerprint_path(prefix)
+    digest = _recorded_digest(record, stamps)
+    if digest is None:
+        digest = _contents_digest(f"{prefix}.idx", f"{prefix}.bin", *map(tuple, stamps))
+        _record_digest(record, stamps, digest)
+    return digest
+
+
+def fingerprint_path(prefix: str) -> Path:
+    return Path(f"{prefix}{FINGERPRINT_RECORD}")
+
+
+def file_stamps(prefix: str) -> list[list[int]]:
+    """(size, mtime, ctime, inode) of the `.idx` and the `.bin`: a file rewritten, in place or renamed
+    over, changes at least one (ctime cannot be set back by a copy that keeps the mtime)."""
+    stats = [os.stat(f"{prefix}{suffix}") for suffix in (".idx", ".bin")]
+    return [[st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino] for st in stats]
+
+
+def _recorded_digest(record: Path, stamps: list) -> str | None:
+    """The recorded digest when its stamps are those of the files now, else None."""
+    try:
+        recorded = json.loads(record.read_text())
+        return recorded["fingerprint"] if recorded["stamps"] == stamps else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _record_digest(record: Path, stamps: list, digest: str) -> None:
+    """Writes the record whole (a temporary file renamed: ranks starting together each write the same);
+    a folder that cannot be written (a read-only mount) only costs the next start a hash again."""
+    partial = record.with_name(f"{record.name}.partial-{os.getpid()}")
+    try:
+        partial.write_text(json.dumps({"fingerprint": digest, "stamps": stamps}) + "\n")
+        os.replace(partial, record)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
 
 
 @functools.lru_cache(maxsize=64)
 def _contents_digest(idx_path: str, bin_path: str, *cache_key) -> str:
-    # cache_key (both files' size, mtime, inode, device) is unused in the body on purpose: it is
-    # part of the lru_cache key, so a changed file is digested again
+    # cache_key (both files' stamps) is unused in the body on purpose: it is part of the lru_cache
+    # key, so a changed file is digested again
+    return _hash_contents(idx_path, bin_path)
+
+
+def _hash_contents(idx_path: str, bin_path: str) -> str:
     digest = hashlib.sha1()
     with open(idx_path, "rb") as file:
         digest.update(hashlib.file_digest(file, "sha1").digest())

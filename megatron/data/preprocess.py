@@ -14,20 +14,25 @@ import os
 import queue as queue_module
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from megatron import paths
 from megatron.data import index_maps
 from megatron.data.corpus_files import FORMATS_HELP, Corpus, record_texts
-from megatron.data.indexed_dataset import make_builder
+from megatron.data.indexed_dataset import best_fitting_dtype, make_builder
 from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import build_tokenizer, data_identity_path, write_data_identity
 from megatron.errors import ConfigError, DataError, cannot_use, disk_full
 
 CHUNK_LINES = 32  # lines per worker task: large enough to hide IPC, small enough to balance
+SENTENCE_BATCH = 1024  # sentences tokenized at once: a book-sized document never holds all its encodings
+FIRST_LOG_SECONDS, LOG_SECONDS = 2.0, 15.0  # progress by time (no --log-interval): the first line, then every
 
 
 @dataclass
@@ -43,7 +48,7 @@ class PreprocessOptions:
     append_eod: bool = False
     dataset_impl: str = "mmap"
     workers: int = 1
-    log_interval: int = 100
+    log_interval: int | None = None  # documents between progress lines; None: by time (LOG_SECONDS); 0: none
     skip_invalid: bool = False
     lang: str = "english"
 
@@ -53,6 +58,8 @@ class PreprocessReport:
     documents: int = 0
     skipped: int = 0
     bytes_read: int = 0  # JSON lines as decompressed; of Parquet rows, the text of the --json-keys columns
+    input_read: int = 0  # of the input files as stored (compressed), through the last record
+    input_total: int = 0  # the input files' size as stored
     seconds: float = 0.0
     outputs: dict = field(default_factory=dict)  # json key -> output prefix
     removed_maps: list = field(default_factory=list)  # index maps of the data the outputs replaced
@@ -75,21 +82,30 @@ class Encoder:
                                          self.options.tokenizer_file)
         self.split = (sentence_splitter(self.options.lang, self.options.keep_newlines)
                       if self.options.split_sentences else lambda text: [text])
+        self.dtype = best_fitting_dtype(self.tokenizer.vocab_size)  # the builder's
 
     def encode(self, item) -> tuple:
         """(location, a JSON line's bytes or a Parquet row's dict, bytes) -> (location,
-        {key: [sentence ids]} or an error string, bytes)."""
+        {key: (all token ids, each non-empty sentence's count)} or an error string, bytes)."""
         number, raw, size = item
         texts = record_texts(raw, self.options.json_keys)
         if isinstance(texts, str):
             return number, texts, size
-        documents = {}
-        for key, text in texts.items():
-            sentences = [ids for ids in self.tokenizer.tokenize_batch(self.split(text)) if ids]
-            if sentences and self.options.append_eod:
-                sentences[-1].append(self.tokenizer.eod)
-            documents[key] = sentences
-        return number, documents, size
+        return number, {key: self.tokenized(text) for key, text in texts.items()}, size
+
+    def tokenized(self, text: str) -> tuple:
+        """(ids, sizes) of a document's sentences, as arrays (a few bytes a token, through the queue too),
+        tokenized SENTENCE_BATCH sentences at a time; empty sentences dropped, --append-eod's id last."""
+        sentences = self.split(text)
+        parts = [self.tokenizer.tokenize_flat(sentences[start:start + SENTENCE_BATCH], self.dtype)
+                 for start in range(0, len(sentences), SENTENCE_BATCH)]
+        ids = np.concatenate([part[0] for part in parts] or [np.zeros(0, self.dtype)])
+        sizes = np.concatenate([part[1] for part in parts] or [np.zeros(0, np.int32)])
+        sizes = sizes[sizes > 0]
+        if sizes.size and self.options.append_eod:
+            ids = np.append(ids, np.asarray(self.tokenizer.eod, dtype=self.dtype))
+            sizes[-1] += 1
+        return ids, sizes
 
 
 def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
@@ -120,27 +136,29 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise _unwritable(error, options.output_prefix) from None
-    report = PreprocessReport(outputs={key: output_prefix(options, key) for key in options.json_keys})
+    report = PreprocessReport(outputs={key: output_prefix(options, key) for key in options.json_keys},
+                              input_total=corpus.total_bytes)
     builders = {}
-    encoded = _encoded(options, corpus)
     start = time.perf_counter()
+    progress = _Progress(report, start, options.log_interval, log)
+    encoded = _encoded(options, corpus, progress.start)
     try:
         for key, prefix in report.outputs.items():
             builders[key] = make_builder(prefix, options.dataset_impl, vocab_size)
         for number, documents, size in encoded:
             report.bytes_read += size
+            report.input_read = number[2]
             if isinstance(documents, str):
                 if not options.skip_invalid:
                     raise DataError(f"{corpus.where(number)}: {documents}",
                                     "fix the record or pass --skip-invalid to skip such records")
                 report.skipped += 1
                 continue
-            for key, sentences in documents.items():
-                if sentences:
-                    builders[key].add_document(sentences)
+            for key, (ids, sizes) in documents.items():
+                if sizes.size:
+                    builders[key].add_flat_document(ids, sizes)
             report.documents += 1
-            if options.log_interval and report.documents % options.log_interval == 0:
-                _log_progress(report, time.perf_counter() - start, log)
+            progress.document()
         for key, builder in builders.items():
             if len(builder.doc_idx) == 1:  # only the leading 0: an empty dataset would fail every reader later
                 raise DataError(f"{corpus.input} has no documents with text under the key '{key}' "
@@ -158,6 +176,8 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         if isinstance(error, OSError) and (error.filename or disk_full(error)):  # a write() names no file
             raise _unwritable(error, options.output_prefix) from None
         raise
+    finally:
+        progress.stop()
     report.seconds = time.perf_counter() - start
     for prefix in report.outputs.values():  # built from the data just replaced: no run may use them again
         report.removed_maps += index_maps.remove_stale(prefix)
@@ -182,8 +202,10 @@ def _unwritable(error: OSError, prefix: str) -> ConfigError:
     return cannot_use(error, "check that --input is readable and the --output-prefix folder writable, with free space")
 
 
-def _encoded(options: PreprocessOptions, corpus: Corpus):
-    """(location, documents or error, bytes) for every record of the corpus, in input order.
+def _encoded(options: PreprocessOptions, corpus: Corpus, started=lambda: None):
+    """(location, documents or error, bytes) for every record of the corpus, in input order;
+    `started()` is called once the workers run (a thread started before they fork would be copied
+    into them mid-print).
 
     Chunks of lines go to `workers` processes through a task queue, at most 8 per worker in
     flight, and come back numbered, so output order is input order. Workers ignore SIGINT, SIGTERM
@@ -195,6 +217,7 @@ def _encoded(options: PreprocessOptions, corpus: Corpus):
     lines = corpus.records()
     if options.workers == 1:
         encoder.start()
+        started()
         yield from map(encoder.encode, lines)
         return
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
@@ -207,6 +230,7 @@ def _encoded(options: PreprocessOptions, corpus: Corpus):
             worker.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    started()
     finished = False
     try:
         sent = emitted = 0
@@ -285,7 +309,61 @@ def _die_with_parent() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _log_progress(report: PreprocessReport, elapsed: float, log):
+class _Progress:
+    """Progress lines: every `every` documents (--log-interval N), none for 0, else by time (the first
+    after FIRST_LOG_SECONDS, then every LOG_SECONDS) from a thread, so that a document that takes
+    minutes to tokenize still shows the run is alive."""
+
+    def __init__(self, report: PreprocessReport, start: float, every: int | None, log):
+        self.report, self.start_time, self.every, self.log = report, start, every, log
+        self.stopped, self.thread = threading.Event(), None
+
+    def start(self) -> None:
+        if self.every is None:
+            self.thread = threading.Thread(target=self._by_time, name="preprocess-progress", daemon=True)
+            self.thread.start()
+
+    def document(self) -> None:
+        if self.every and self.report.documents % self.every == 0:
+            self.print()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def _by_time(self) -> None:
+        due = FIRST_LOG_SECONDS
+        while not self.stopped.wait(max(0.0, min(1.0, due - self.elapsed()))):
+            if self.elapsed() >= due:
+                self.print()
+                due += LOG_SECONDS
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start_time
+
+    def print(self) -> None:
+        print(progress_line(self.report, self.elapsed()), file=self.log, flush=True)
+
+
+def progress_line(report: PreprocessReport, elapsed: float) -> str:
+    """'processed N documents (x docs/s, y MB/s): a of b MB of input (p%), ETA t': MB/s of text, the
+    input as stored (a compressed shard counts its compressed bytes), the ETA at the rate so far."""
     elapsed = max(elapsed, 1e-9)
-    print(f"processed {report.documents} documents ({report.documents / elapsed:.1f} docs/s, "
-          f"{report.bytes_read / elapsed / 2**20:.2f} MB/s)", file=log, flush=True)
+    read, total = report.input_read, report.input_total
+    line = (f"processed {report.documents} documents ({report.documents / elapsed:.1f} docs/s, "
+            f"{report.bytes_read / elapsed / 2**20:.2f} MB/s): {read / 2**20:.1f} of {total / 2**20:.1f} MB of input")
+    if not total:
+        return line
+    line += f" ({100 * read / total:.0f}%)"
+    return line + (f", ETA {duration_text(elapsed * (total - read) / read)}" if read else "")
+
+
+def duration_text(seconds: float) -> str:
+    """'12 s', '3 min 05 s', '2 h 07 min'."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"

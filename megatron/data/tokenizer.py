@@ -15,11 +15,13 @@ is refused, not trained on.
 """
 import functools
 import hashlib
+import itertools
 import json
 import os
 import warnings
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer
 from tokenizers.models import WordPiece
 from tokenizers.normalizers import BertNormalizer
@@ -57,6 +59,13 @@ class _Tokenizer:
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
         # the _fast variant skips character offsets, which nothing here needs (~25% faster)
         return [encoding.ids for encoding in self._rust.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def tokenize_flat(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
+        """(all ids of `texts` in one array of `dtype`, int32 count of each text's ids): 2-4 bytes a token
+        instead of a Python int list's ~36 (preprocessing holds a whole document's)."""
+        ids = self.tokenize_batch(texts)
+        sizes = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
+        return np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(sizes.sum())), sizes
 
     def decode_one(self, token_id: int) -> str:
         """One id as the text it stands for (byte-level 'Ġhave' -> ' have'; WordPiece: the token)."""
