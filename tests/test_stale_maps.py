@@ -6,6 +6,7 @@ documents were shorter)."""
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -196,11 +197,20 @@ def test_data_in_a_folder_that_cannot_be_written_is_hashed_once_per_process(corp
     assert len(hashed) == 1 and not index_maps.fingerprint_path(prefix).exists()
 
 
-def test_the_building_rank_says_which_map_it_builds_and_how_long_it_took(corpora, tmp_path, capsys):
-    """A map of 256M samples takes a minute or more, while every rank waits: the one building it says so."""
+def test_the_building_rank_says_which_map_it_builds_and_how_long_it_took(corpora, tmp_path, capsys, monkeypatch):
+    """A map of 256M samples takes a minute or more, while every rank waits: the one building it says so,
+    once the build outlasts BUILD_NOTICE_S (a small map, built at once, says nothing)."""
     long, _, vocab, tokenizer = corpora
     prefix = preprocessed(long, tmp_path / "wiki", vocab)
     capsys.readouterr()
+    train_set(prefix, tokenizer)
+    assert capsys.readouterr().out == ""  # built well within the default 5 s
+    for path in tmp_path.glob("wiki*_indexmap_*.npy"):
+        path.unlink()
+    build_mapping = bert_dataset.helpers.build_mapping
+    monkeypatch.setattr(bert_dataset.helpers, "build_mapping",
+                        lambda *args, **kwargs: time.sleep(0.5) or build_mapping(*args, **kwargs))
+    monkeypatch.setattr(bert_dataset, "BUILD_NOTICE_S", 0.1)
     train_set(prefix, tokenizer)
     building, built = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"building train index map \(\d+ samples over 120 documents\) \.\.\.", building), building

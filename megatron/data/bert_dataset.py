@@ -18,6 +18,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from megatron.parallel.launch_env import local_rank
 SPLIT_NAMES = ("train", "valid", "test")
 LONG_SENTENCE_LEN = 512  # Megatron skips documents with a longer sentence; we raise it to the sample size
 PACK_WINDOW = 256  # open samples pack_segments fills at once: more fills better and searches longer
+BUILD_NOTICE_S = 5.0  # a map build taking longer says so (and later how long it took)
 SKIPPED_SHARE_WARNED = 0.1  # of a prefix's tokens in documents build_mapping skips: a start-up warning
 
 
@@ -72,8 +74,8 @@ def mapping_path(prefix: str, name: str, first_doc: int, end_doc: int, max_num_s
 
 def cached_array(path: str, build, what: str = "") -> np.ndarray:
     """The array saved at `path`, built by `build()` first if missing, then loaded memory-mapped.
-    A building rank says so and how long it took, naming `what` ("train index map (N samples)"): a
-    large map takes minutes, while the other ranks wait.
+    A build still running after BUILD_NOTICE_S says so, naming `what` ("train index map (N samples)"),
+    and how long it took: a large map takes minutes while the other ranks wait; a small one says nothing.
 
     In a distributed run rank 0 builds it while the others wait (peers.while_some_build: a build may
     take longer than a collective may wait, and goes on as long as it lasts; a builder or another rank
@@ -108,19 +110,23 @@ def cached_array(path: str, build, what: str = "") -> np.ndarray:
 def _save_built(path: str, build, what: str = "") -> Exception | None:
     """Builds and saves the array at `path`; None, or what stopped it (the partial file removed)."""
     partial = Path(f"{path}.partial-{socket.gethostname()}-{os.getpid()}.npy")
+    said = []  # the building line, once printed
+    notice = threading.Timer(BUILD_NOTICE_S, lambda: said.append(print(f"building {what} ...", flush=True)))
     if what:
-        print(f"building {what} ...", flush=True)
+        notice.start()
     started = time.perf_counter()
     try:
         partial.parent.mkdir(parents=True, exist_ok=True)
         np.save(partial, build(), allow_pickle=False)
         os.replace(partial, path)
-        if what:
+        notice.cancel()
+        if said:  # the building line was printed: its end too
             print(f"built {what} in {time.perf_counter() - started:.1f} s "
                   f"({index_maps.size_text(os.path.getsize(path))})", flush=True)
     except Exception as error:
         return error
     finally:  # also when a signal stops the start-up (errors.Interrupted)
+        notice.cancel()
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
     return None
