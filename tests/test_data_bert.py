@@ -1,6 +1,10 @@
 """BERT samples: layout, masking statistics, whole-word masking, splits, cached index maps
 (built by one rank), blending, the data-parallel sampler and the sequence-parallel slice."""
+import contextlib
+import dataclasses
+import multiprocessing
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +17,9 @@ from megatron.data.indexed_dataset import make_builder, make_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import BertWordPiece
 from megatron.errors import ConfigError, DataError
+from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
+from megatron.training import batch_reader
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = [f"w{i}" for i in range(150)] + [f"##p{i}" for i in range(50)]  # ids 5..154 words, 155..204 pieces
@@ -350,6 +356,57 @@ def test_sampler_splits_global_batches_and_resumes_exactly():
     assert len(PretrainingSampler(100, 36, 4, 1, 3)) == 5
     with pytest.raises(ConfigError, match="consumed samples 101"):
         PretrainingSampler(100, 101, 4, 0, 1)
+
+
+class NoStop:
+    """stop.agree without peers: the steps read are counted, no stop is ever agreed."""
+    agreed = 0
+
+    def __init__(self):
+        self.steps = 0
+
+    def agree(self, step, vocab_size):
+        self.steps += 1
+
+
+def read_steps(train, num_workers: int, start: int, count: int, take: int | None = None) -> list:
+    """`take` (default all) of the `count` steps batch_reader reads from sample `start`, as data rank 1
+    of 2 (3 samples a micro-batch, 2 micro-batches a step), each field of each micro-batch as a tensor."""
+    config = SimpleNamespace(micro_batch_size=3, gradient_accumulation_steps=2, model=SimpleNamespace(vocab_size=205))
+    stop = NoStop()
+    with contextlib.closing(batch_reader(config, stop, num_workers)(train, start, count)) as steps:
+        taken = [[dataclasses.astuple(batch) for batch in step] for _, step in zip(range(take or count), steps)]
+    assert stop.steps == len(taken)
+    return taken
+
+
+def assert_same_steps(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for step_a, step_b in zip(a, b):
+        for batch_a, batch_b in zip(step_a, step_b, strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(batch_a, batch_b, strict=True))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_data_workers_read_the_same_steps_and_end_with_the_reader(data, monkeypatch, packed):
+    """--num-workers 2 and 0 give the steps the sampler's indices collate to, from the start and from a
+    resume's consumed count; torch's global generator (dropout's) is left as it was; closing the
+    reader, read to its end or left after two steps, leaves no worker process behind."""
+    monkeypatch.setattr(state, "get_data_parallel_rank", lambda: 1)
+    monkeypatch.setattr(state, "get_data_parallel_world_size", lambda: 2)
+    train = dataset(data) if not packed else bert_dataset.PackedBertDataset(dataset(data, seq_length=40), 96)
+    indices = iter(PretrainingSampler(len(train), 0, 3, 1, 2))
+    direct = [[dataclasses.astuple(collate_bert([train[i] for i in next(indices)])) for _ in range(2)]
+              for _ in range(6)]
+    torch_state = torch.random.get_rng_state()
+    in_process, in_workers = read_steps(train, 0, 0, 6), read_steps(train, 2, 0, 6)
+    assert torch.equal(torch.random.get_rng_state(), torch_state)
+    assert_same_steps(in_process, direct)
+    assert_same_steps(in_workers, direct)
+    assert_same_steps(read_steps(train, 2, 2 * 12, 4), direct[2:])  # 2 steps of 12 samples consumed
+    assert multiprocessing.active_children() == []
+    assert_same_steps(read_steps(train, 2, 0, 6, take=2), direct[:2])
+    assert multiprocessing.active_children() == []
 
 
 def test_collated_batch_splits_into_sequence_chunks(data):
