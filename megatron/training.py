@@ -1285,12 +1285,15 @@ def batch_reader(config, stop: "StopSignals", num_workers: int):
     """The function that reads `count` steps of this data rank's micro-batches (lists of gas BertBatch)
     of a dataset from sample `start`, built by `num_workers` DataLoader processes ahead of the steps
     (--num-workers); every rank agrees on each step (stop.agree) before it is taken. Closing the
-    generator (or its end) ends the workers."""
+    generator (or its end) ends the workers. With CUDA and the whole sequence on one rank, the loader
+    pins the batches (off the step's thread); a sequence-parallel rank pins only its own slice
+    (device.to_device)."""
     def batches(dataset, start: int, count: int):
         gas = config.gradient_accumulation_steps
         sampler = PretrainingSampler(len(dataset), start, config.micro_batch_size, state.get_data_parallel_rank(),
                                      state.get_data_parallel_world_size(), micro_batches=count * gas)
-        loader = iter(micro_batch_loader(dataset, sampler, num_workers, pin_memory=torch.cuda.is_available()))
+        pin = torch.cuda.is_available() and state.get_sequence_parallel_world_size() == 1
+        loader = iter(micro_batch_loader(dataset, sampler, num_workers, pin_memory=pin))
         try:
             for _ in range(count):
                 step = [next(loader) for _ in range(gas)]
