@@ -242,6 +242,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                            "word-start marker of a byte-level BPE (ModernBERT, RoBERTa) or a Metaspace "
                            "(SentencePiece) tokenizer (docs/data.md)")
     add_packing_args(data)
+    data.add_argument("--num-workers", type=int,
+                      help="DataLoader processes per rank that build the next micro-batches while a step runs "
+                           "(default: 2 with CUDA, 0 without: on CPU they take cores from the step; 0 builds each "
+                           "micro-batch in the rank when it is read); the batches are the same whatever the number")
     default_data = in_repository(DEFAULT_DATA_DIR)
     data.add_argument("--default-data-dir", default=default_data,
                       help="where the embedded corpus, vocab and preprocessed data are built (default: "

@@ -31,7 +31,7 @@ from megatron.data import index_maps
 from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_tokens,
                                         split_weights, token_stats)
 from megatron.data.default_dataset import EMBEDDED_VOCAB, prepare_default_dataset
-from megatron.data.samplers import PretrainingSampler, collate_bert
+from megatron.data.samplers import PretrainingSampler, micro_batch_loader
 from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, build_tokenizer,
                                      check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer,
                                      naming_flags)
@@ -249,6 +249,7 @@ def check_flags(args) -> None:
                         ("--checkpoint-num-layers", args.checkpoint_num_layers), ("--keep-last", args.keep_last),
                         ("--rendezvous-timeout", args.rendezvous_timeout)):
         at_least(flag, value, 1)
+    at_least("--num-workers", args.num_workers, 0, "pass --num-workers 0 (samples built in the rank) or more")
     if not 0 < args.mask_prob <= 1:
         raise ConfigError(f"--mask-prob {args.mask_prob} is outside (0, 1]",
                           "pass the fraction of tokens to mask, e.g. --mask-prob 0.15")
@@ -1093,7 +1094,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
         skip_nonfinite_updates(engine)
     run = resume_or_start(args, setup, engine, used_maps, train_iters, progress)
     stop = StopSignals(setup.tokenizer.file, run.log, start_up)
-    read_batches = batch_reader(config, stop)
+    read_batches = batch_reader(config, stop, data_workers(args))
     train_loop(run, datasets, read_batches, stop)
     return end_run(run, datasets[2], read_batches, stop)
 
@@ -1280,28 +1281,50 @@ def resume_changes(run: Run, client: dict) -> list:
             change and f"warning: {change}"]
 
 
-def batch_reader(config, stop: "StopSignals"):
+def batch_reader(config, stop: "StopSignals", num_workers: int):
     """The function that reads `count` steps of this data rank's micro-batches (lists of gas BertBatch)
-    of a dataset from sample `start`; every rank agrees on each step (stop.agree) before it is taken."""
+    of a dataset from sample `start`, built by `num_workers` DataLoader processes ahead of the steps
+    (--num-workers); every rank agrees on each step (stop.agree) before it is taken. Closing the
+    generator (or its end) ends the workers. With CUDA and the whole sequence on one rank, the loader
+    pins the batches (off the step's thread); a sequence-parallel rank pins only its own slice
+    (device.to_device)."""
     def batches(dataset, start: int, count: int):
-        sampler = PretrainingSampler(len(dataset), start, config.micro_batch_size,
-                                     state.get_data_parallel_rank(), state.get_data_parallel_world_size())
-        indices = iter(sampler)
-        for _ in range(count):
-            step = [collate_bert([dataset[i] for i in next(indices)])
-                    for _ in range(config.gradient_accumulation_steps)]
-            stop.agree(step, config.model.vocab_size)
-            yield step
+        gas = config.gradient_accumulation_steps
+        sampler = PretrainingSampler(len(dataset), start, config.micro_batch_size, state.get_data_parallel_rank(),
+                                     state.get_data_parallel_world_size(), micro_batches=count * gas)
+        pin = torch.cuda.is_available() and state.get_sequence_parallel_world_size() == 1
+        loader = iter(micro_batch_loader(dataset, sampler, num_workers, pin_memory=pin))
+        try:
+            for _ in range(count):
+                step = [next(loader) for _ in range(gas)]
+                stop.agree(step, config.model.vocab_size)
+                yield step
+        finally:
+            del loader  # its workers end here, not when the collector gets to it
     return batches
+
+
+def data_workers(args) -> int:
+    """--num-workers, else 2 DataLoader processes per rank with CUDA (the GPU waits for no sample) and
+    0 without (on CPU the workers take cores from the ranks' own threads: docs/data.md's measurement)."""
+    if args.num_workers is not None:
+        return args.num_workers
+    return 2 if torch.cuda.is_available() else 0
 
 
 def train_loop(run: Run, datasets: tuple, read_batches, stop: "StopSignals") -> None:
     """The steps from run.iteration to run.train_iters, with the validation and the saves the flags ask
-    for; it ends early once the ranks agree to stop (stop.agreed)."""
-    args, engine, log, progress = run.args, run.engine, run.log, run.progress
+    for; it ends early once the ranks agree to stop (stop.agreed). The train batches' workers end with
+    it, before the stop's save."""
     train_set, valid_set, _ = datasets
-    train_batches = read_batches(train_set, run.consumed, run.train_iters - run.iteration)
-    stop.install()
+    with contextlib.closing(read_batches(train_set, run.consumed, run.train_iters - run.iteration)) as train_batches:
+        stop.install()
+        train_steps(run, valid_set, train_batches, read_batches, stop)
+
+
+def train_steps(run: Run, valid_set, train_batches, read_batches, stop: "StopSignals") -> None:
+    """train_loop's steps, reading `train_batches`."""
+    args, engine, log, progress = run.args, run.engine, run.log, run.progress
     while run.iteration < run.train_iters:
         progress.phase = f"the step of iteration {run.iteration + 1}"
         start = time.perf_counter()
@@ -1718,10 +1741,11 @@ def evaluate(batches, engine, dataset, run: int, eval_iters: int, stop: StopSign
     per_run = eval_iters * engine.train_batch_size()
     start = min(run * per_run, max(0, len(dataset) - per_run))
     losses = []
-    for step in batches(dataset, start, eval_iters):
-        if stop.agreed:
-            return None
-        losses.append(eval_step(engine, step))
+    with contextlib.closing(batches(dataset, start, eval_iters)) as steps:
+        for step in steps:
+            if stop.agreed:
+                return None
+            losses.append(eval_step(engine, step))
     return sum(losses) / len(losses)
 
 

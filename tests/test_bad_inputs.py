@@ -877,6 +877,7 @@ FLAG_MISTAKES = {
     "eval_iters_zero": (["--eval-iters", "0"], ("--eval-iters 0 must be >= 1",)),
     "save_interval_zero": (["--save-interval", "0"], ("--save-interval 0 must be >= 1",)),
     "keep_last_zero": (["--keep-last", "0"], ("--keep-last 0 must be >= 1",)),
+    "num_workers_negative": (["--num-workers", "-1"], ("--num-workers -1 must be >= 0", "--num-workers 0")),
     "negative_train_iters": (["--train-iters", "-5"], ("--train-iters -5 is negative", "the run length")),
     "train_iters_zero": (["--train-iters", "0"], ("--train-iters 0 is zero: no step to train", "N >= 1")),
     "negative_seed": (["--seed", "-1"], ("--seed -1 is outside [0, 2**32)",)),

@@ -1,6 +1,10 @@
 """BERT samples: layout, masking statistics, whole-word masking, splits, cached index maps
 (built by one rank), blending, the data-parallel sampler and the sequence-parallel slice."""
+import contextlib
+import dataclasses
+import multiprocessing
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -8,11 +12,14 @@ import torch
 
 from megatron.data import bert_dataset
 from megatron.data.bert_dataset import BertDataset, build_train_valid_test_datasets, split_boundaries
+from megatron.data.bert_sample import SpecialIds, build_segment, mask_tokens
 from megatron.data.indexed_dataset import make_builder, make_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import BertWordPiece
 from megatron.errors import ConfigError, DataError
+from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
+from megatron.training import batch_reader
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = [f"w{i}" for i in range(150)] + [f"##p{i}" for i in range(50)]  # ids 5..154 words, 155..204 pieces
@@ -137,6 +144,67 @@ def test_samples_are_deterministic_per_seed(data):
     for key, value in a[17].items():
         assert np.array_equal(value, b[17][key])
     assert not np.array_equal(a[17]["tokens"], c[17]["tokens"])
+
+
+def reference_mask_tokens(tokens, maskable, ids, random_ids, masked_lm_prob, rng, word_starts=None):
+    """The spec mask_tokens must match draw for draw: units (a position, or with word_starts a word:
+    a start and the pieces after it without a gap) taken in one random order while they fit the
+    budget, then each masked position in order draws its fate (and a random token when replaced)."""
+    units = []
+    for p in np.flatnonzero(maskable):
+        if word_starts is not None and units and not word_starts[p] and units[-1][-1] == p - 1:
+            units[-1].append(p)
+        else:
+            units.append([p])
+    budget = max(1, int(round(int(maskable.sum()) * masked_lm_prob)))
+    chosen = []
+    for u in rng.permutation(len(units)):
+        if len(chosen) + len(units[u]) <= budget:
+            chosen.extend(units[u])
+        if len(chosen) == budget:
+            break
+    inputs, labels, loss_mask = tokens.copy(), np.full_like(tokens, ids.pad), np.zeros(len(tokens), dtype=bool)
+    for p in sorted(chosen):
+        draw = rng.random_sample()
+        if draw < 0.8:
+            inputs[p] = ids.mask
+        elif draw >= 0.9:
+            inputs[p] = random_ids[rng.randint(len(random_ids))]
+        labels[p], loss_mask[p] = tokens[p], True
+    return inputs, labels, loss_mask
+
+
+@pytest.mark.parametrize("whole_words", [False, True])
+def test_mask_tokens_matches_the_reference_draw_for_draw(whole_words):
+    """Random lengths, special positions, word starts and mask rates: the same arrays as the
+    reference, and the generator left in the same state (the next draw is the same)."""
+    ids, random_ids = SpecialIds(cls=2, sep=3, mask=4, pad=0), np.arange(5, 205)
+    cases = np.random.default_rng(11)
+    for case in range(400):
+        n = int(cases.integers(0, 300))
+        tokens = cases.integers(5, 205, n)
+        maskable = cases.random(n) > 0.05
+        word_starts = cases.random(n) < 0.4 if whole_words else None
+        prob = float(cases.choice([0.01, 0.15, 0.3, 0.5, 1.0]))
+        got_rng, want_rng = np.random.RandomState(case), np.random.RandomState(case)
+        got = mask_tokens(tokens, maskable, ids, random_ids, prob, got_rng, word_starts)
+        want = reference_mask_tokens(tokens, maskable, ids, random_ids, prob, want_rng, word_starts)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and np.array_equal(g, w), case
+        assert got_rng.random_sample() == want_rng.random_sample()
+
+
+@pytest.mark.parametrize("whole_words", [False, True])
+def test_a_segment_is_the_one_a_fresh_random_state_of_its_index_builds(data, whole_words):
+    """The dataset reseeds one RandomState: in any order, segment i is what RandomState(seed + i) makes."""
+    train = dataset(data, seed=77, whole_word_masking=whole_words)
+    for idx in np.random.default_rng(3).permutation(len(train))[:200]:
+        first, end, target = (int(v) for v in train.mapping[idx, :3])
+        sentences = [train.indexed[i].astype(np.int64) for i in range(first, end)]
+        want = build_segment(sentences, target, train.seq_length, train.ids, train.random_ids, train.masked_lm_prob,
+                             np.random.RandomState(77 + int(idx)), train.binary_head, train.words)
+        for key, value in train.segment(int(idx)).items():
+            assert np.array_equal(value, want[key]), (idx, key)
 
 
 def test_split_boundaries():
@@ -288,6 +356,57 @@ def test_sampler_splits_global_batches_and_resumes_exactly():
     assert len(PretrainingSampler(100, 36, 4, 1, 3)) == 5
     with pytest.raises(ConfigError, match="consumed samples 101"):
         PretrainingSampler(100, 101, 4, 0, 1)
+
+
+class NoStop:
+    """stop.agree without peers: the steps read are counted, no stop is ever agreed."""
+    agreed = 0
+
+    def __init__(self):
+        self.steps = 0
+
+    def agree(self, step, vocab_size):
+        self.steps += 1
+
+
+def read_steps(train, num_workers: int, start: int, count: int, take: int | None = None) -> list:
+    """`take` (default all) of the `count` steps batch_reader reads from sample `start`, as data rank 1
+    of 2 (3 samples a micro-batch, 2 micro-batches a step), each field of each micro-batch as a tensor."""
+    config = SimpleNamespace(micro_batch_size=3, gradient_accumulation_steps=2, model=SimpleNamespace(vocab_size=205))
+    stop = NoStop()
+    with contextlib.closing(batch_reader(config, stop, num_workers)(train, start, count)) as steps:
+        taken = [[dataclasses.astuple(batch) for batch in step] for _, step in zip(range(take or count), steps)]
+    assert stop.steps == len(taken)
+    return taken
+
+
+def assert_same_steps(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for step_a, step_b in zip(a, b):
+        for batch_a, batch_b in zip(step_a, step_b, strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(batch_a, batch_b, strict=True))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_data_workers_read_the_same_steps_and_end_with_the_reader(data, monkeypatch, packed):
+    """--num-workers 2 and 0 give the steps the sampler's indices collate to, from the start and from a
+    resume's consumed count; torch's global generator (dropout's) is left as it was; closing the
+    reader, read to its end or left after two steps, leaves no worker process behind."""
+    monkeypatch.setattr(state, "get_data_parallel_rank", lambda: 1)
+    monkeypatch.setattr(state, "get_data_parallel_world_size", lambda: 2)
+    train = dataset(data) if not packed else bert_dataset.PackedBertDataset(dataset(data, seq_length=40), 96)
+    indices = iter(PretrainingSampler(len(train), 0, 3, 1, 2))
+    direct = [[dataclasses.astuple(collate_bert([train[i] for i in next(indices)])) for _ in range(2)]
+              for _ in range(6)]
+    torch_state = torch.random.get_rng_state()
+    in_process, in_workers = read_steps(train, 0, 0, 6), read_steps(train, 2, 0, 6)
+    assert torch.equal(torch.random.get_rng_state(), torch_state)
+    assert_same_steps(in_process, direct)
+    assert_same_steps(in_workers, direct)
+    assert_same_steps(read_steps(train, 2, 2 * 12, 4), direct[2:])  # 2 steps of 12 samples consumed
+    assert multiprocessing.active_children() == []
+    assert_same_steps(read_steps(train, 2, 0, 6, take=2), direct[:2])
+    assert multiprocessing.active_children() == []
 
 
 def test_collated_batch_splits_into_sequence_chunks(data):

@@ -668,3 +668,46 @@ def test_a_launcher_or_rank_killed_by_sigkill_is_status_137_not_0(tmp_path, kill
                              "--master_port", str(free_port()), str(rank)], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 128 + signal.SIGKILL, result.stderr[-3000:]
+
+
+def group_members(pgid: int) -> list:
+    """Pids of the live (not zombie) processes of process group `pgid`."""
+    members = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, IndexError):
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            if entry.isdigit() and int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_whole_group_stops_a_run_with_data_workers(tmp_path, data, signum):
+    """Ctrl-C in the rank's terminal (SIGINT to its process group) or a scheduler's SIGTERM to every
+    process reaches the DataLoader workers of --num-workers 2 too: they go on serving batches until
+    the rank has agreed the stop, which saves and exits 128 + the signal as without workers, and no
+    worker outlives the rank."""
+    from test_training import single_rank_env
+
+    stdout = tmp_path / "output.txt"
+    command = [PYTHON, str(ROOT / "pretrain_bert.py"),
+               *run_argv(tmp_path, data, "--train-iters", "100000", "--eval-interval", "100000", "--eval-iters", "1",
+                         "--num-workers", "2")]
+    with open(stdout, "w") as output:
+        rank = subprocess.Popen(command, cwd=ROOT, env=single_rank_env(), stdout=output, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=default_signals)
+    try:
+        deadline = time.monotonic() + 180
+        while logged_iterations(tmp_path / "log" / "metrics.jsonl") < 2:
+            assert rank.poll() is None and time.monotonic() < deadline, stdout.read_text()[-3000:]
+            time.sleep(0.2)
+        assert len(group_members(rank.pid)) >= 3  # the rank and its 2 workers
+        os.killpg(rank.pid, signum)
+        assert rank.wait(timeout=120) == 128 + signum, stdout.read_text()[-3000:]
+        assert group_members(rank.pid) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(rank.pid, signal.SIGKILL)
+    latest = checkpoint.latest_tag(str(tmp_path / "ckpt"))
+    assert f"pretrain_bert.py: stopped by {signum.name} after iteration {int(latest[5:])}" in stdout.read_text()
+    assert records(tmp_path, "train")[-1] == int(latest[5:])

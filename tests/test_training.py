@@ -53,8 +53,19 @@ def test_help_explains_the_flags():
     assert result.returncode == 0
     for flag in ("--seq-length", "--sequence-parallel-size", "--pipeline-model-parallel-size", "--linformer-k",
                  "--bigbird", "--block-size", "--checkpoint-activations", "--deepspeed_config", "--data-path",
-                 "--lr-decay-style", "--save-interval", "--eval-iters", "--tensorboard-dir"):
+                 "--lr-decay-style", "--save-interval", "--eval-iters", "--tensorboard-dir", "--num-workers"):
         assert flag in result.stdout, flag
+    assert "the next micro-batches while a step runs (default: 2 with CUDA, 0 without" in " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize("argv, cuda, workers", [([], True, 2), ([], False, 0), (["--num-workers", "3"], False, 3),
+                                                 (["--num-workers", "0"], True, 0)])
+def test_data_workers_default_to_2_with_cuda_and_0_without(monkeypatch, argv, cuda, workers):
+    from megatron.arguments import build_parser
+    from megatron.training import data_workers
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert data_workers(build_parser().parse_args(argv)) == workers
 
 
 def hard_defaults_not_in_help(parser: argparse.ArgumentParser) -> list:

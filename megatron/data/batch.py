@@ -33,6 +33,11 @@ class BertBatch:
         return cls(tokens, token_types, segment_ids, position_ids, labels, loss_mask,
                    sop_labels.reshape(b, 1).expand(b, s).contiguous())
 
+    def pin_memory(self) -> "BertBatch":
+        """Page-locked copies of the fields (a DataLoader with pin_memory calls it): the copy to the GPU
+        can then run asynchronously."""
+        return BertBatch(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+
     @property
     def key_padding_mask(self) -> torch.Tensor:  # [b, s] bool, True at padding
         return self.segment_ids == PAD_SEGMENT

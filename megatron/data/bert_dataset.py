@@ -240,6 +240,7 @@ class BertDataset(torch.utils.data.Dataset):
         reserved = tokenizer.reserved_ids()
         self.random_ids = np.array([i for i in range(tokenizer.vocab_size) if i not in reserved])
         self.words = word_marks(tokenizer) if whole_word_masking else None
+        self.rng = np.random.RandomState(seed)  # reseeded per segment: about 1/100 of the cost of a new one
 
     def __len__(self) -> int:
         return len(self.mapping)
@@ -249,12 +250,14 @@ class BertDataset(torch.utils.data.Dataset):
 
     def segment(self, idx: int) -> dict:
         """Segment idx of the mapping, unpadded; its randomness is keyed by idx alone, so it is the
-        same whether it fills a sample alone or sits in a packed one."""
+        same whether it fills a sample alone or sits in a packed one. Reseeding the dataset's one
+        RandomState gives the stream a new RandomState(seed + idx) would (DataLoader workers each
+        hold a copy of the dataset; threads sharing one must not build segments at once)."""
         first, end, target = (int(v) for v in self.mapping[idx, :3])
         sentences = [self.indexed[i].astype(np.int64) for i in range(first, end)]
-        rng = np.random.RandomState((self.seed + idx) % 2**32)
-        return build_segment(sentences, target, self.seq_length, self.ids, self.random_ids, self.masked_lm_prob, rng,
-                             self.binary_head, self.words)
+        self.rng.seed((self.seed + idx) % 2**32)
+        return build_segment(sentences, target, self.seq_length, self.ids, self.random_ids, self.masked_lm_prob,
+                             self.rng, self.binary_head, self.words)
 
     def __getitem__(self, idx: int) -> dict:
         return pack([self.segment(idx)], self.seq_length, self.ids.pad)

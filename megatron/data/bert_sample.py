@@ -48,36 +48,61 @@ def mask_tokens(tokens, maskable, ids: SpecialIds, random_ids, masked_lm_prob: f
                 word_starts=None):
     """-> (input tokens, labels, loss mask). `maskable` marks non-special positions;
     `word_starts` (bool per position), when given, masks whole words: a word is a start
-    position and the pieces after it up to the next start (words.WordMarks)."""
+    position and the pieces after it up to the next start (words.WordMarks). The masked units
+    are the first that fit the budget in a random order of them (one permutation draw), then
+    each masked position, in order, draws its 80/10/10 fate."""
     positions = np.flatnonzero(maskable)
-    if word_starts is None:
-        units = [[p] for p in positions]
-    else:
-        units = []
-        for p in positions:
-            if units and not word_starts[p] and units[-1][-1] == p - 1:
-                units[-1].append(p)
-            else:
-                units.append([p])
+    starts = unit_starts(positions, word_starts)
+    lengths = np.diff(np.append(starts, len(positions)))
     budget = max(1, int(round(len(positions) * masked_lm_prob)))
-    chosen = []
-    for u in rng.permutation(len(units)):
-        if len(chosen) + len(units[u]) <= budget:
-            chosen.extend(units[u])
-        if len(chosen) == budget:
-            break
+    chosen = np.zeros(len(starts), dtype=bool)
+    chosen[units_within_budget(lengths, rng.permutation(len(starts)), budget)] = True
+    masked = positions[np.repeat(chosen, lengths)]
     inputs = tokens.copy()
     labels = np.full_like(tokens, ids.pad)
+    labels[masked] = tokens[masked]
     loss_mask = np.zeros(len(tokens), dtype=bool)
-    for p in sorted(chosen):
-        draw = rng.random_sample()
-        if draw < 0.8:
-            inputs[p] = ids.mask
-        elif draw >= 0.9:
-            inputs[p] = random_ids[rng.randint(len(random_ids))]
-        labels[p] = tokens[p]
-        loss_mask[p] = True
+    loss_mask[masked] = True
+    as_mask, as_random, random_picks = [], [], []
+    draw, pick, choices = rng.random_sample, rng.randint, len(random_ids)
+    for p in masked.tolist():  # the draws interleave (a pick only after a draw >= 0.9): one at a time
+        fate = draw()
+        if fate < 0.8:
+            as_mask.append(p)
+        elif fate >= 0.9:
+            as_random.append(p)
+            random_picks.append(pick(choices))
+    inputs[as_mask] = ids.mask
+    inputs[as_random] = random_ids[random_picks]
     return inputs, labels, loss_mask
+
+
+def unit_starts(positions, word_starts=None):
+    """Where each masking unit begins, as indices into `positions`: every position without
+    word_starts; with them, each word start and each position after a gap (a special token)."""
+    if word_starts is None:
+        return np.arange(len(positions))
+    begins = word_starts[positions].astype(bool)
+    begins[:1] = True
+    begins[1:] |= np.diff(positions) != 1
+    return np.flatnonzero(begins)
+
+
+def units_within_budget(lengths, order, budget: int) -> list:
+    """The units taken walking `order` and keeping each that still fits `budget` positions, until
+    it is full. The leading run of units that all fit is taken at once (every unit, without
+    whole words); the rest one by one."""
+    sizes = lengths[order]
+    fitting = int(np.searchsorted(np.cumsum(sizes), budget, side="right"))
+    taken = int(sizes[:fitting].sum())
+    chosen = order[:fitting].tolist()
+    for unit, size in zip(order[fitting:].tolist(), sizes[fitting:].tolist()):
+        if taken == budget:
+            break
+        if taken + size <= budget:
+            chosen.append(unit)
+            taken += size
+    return chosen
 
 
 def build_segment(sentences: list, target_tokens: int, max_length: int, ids: SpecialIds, random_ids,

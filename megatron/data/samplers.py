@@ -3,21 +3,24 @@
 Every seq rank of one data rank reads the same micro-batch and then keeps its sequence chunk
 (`BertBatch.sequence_chunk`), so the sampler depends on the data coordinates only.
 """
+import signal
+
 import numpy as np
 import torch
 
 from megatron.data.batch import BertBatch
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, stop_signals
 
 
 class PretrainingSampler:
     """Micro-batches of sample indices for one data rank, in order, from `consumed_samples` on:
     the global batch of step k is samples [k * m * D, (k + 1) * m * D), so resuming with the
     consumed count continues exactly where the run stopped, whatever the data degree D. A last
-    incomplete global batch is dropped, so every rank takes the same number of steps."""
+    incomplete global batch is dropped, so every rank takes the same number of steps.
+    `micro_batches` caps how many are given (a DataLoader's workers build no more than are read)."""
 
     def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int,
-                 data_parallel_rank: int, data_parallel_size: int):
+                 data_parallel_rank: int, data_parallel_size: int, micro_batches: int | None = None):
         if not 0 <= data_parallel_rank < data_parallel_size:
             raise ConfigError(f"data-parallel rank {data_parallel_rank} is outside size {data_parallel_size}",
                               "pass the rank from megatron.parallel.state")
@@ -31,9 +34,11 @@ class PretrainingSampler:
         self.micro_batch_size = micro_batch_size
         self.rank = data_parallel_rank
         self.global_micro = micro_batch_size * data_parallel_size
+        self.micro_batches = micro_batches
 
     def __len__(self) -> int:
-        return (self.total_samples - self.consumed_samples) // self.global_micro
+        available = (self.total_samples - self.consumed_samples) // self.global_micro
+        return available if self.micro_batches is None else min(available, self.micro_batches)
 
     def __iter__(self):
         for step in range(len(self)):
@@ -45,3 +50,21 @@ def collate_bert(samples: list[dict]) -> BertBatch:
     """BertDataset items -> one BertBatch ([b, s] tensors)."""
     stacked = {key: torch.from_numpy(np.stack([sample[key] for sample in samples])) for key in samples[0]}
     return BertBatch(**stacked)
+
+
+def micro_batch_loader(dataset, sampler: PretrainingSampler, num_workers: int, pin_memory: bool):
+    """The sampler's micro-batches of `dataset` as BertBatches, in its order. With num_workers > 0,
+    that many processes build them (two micro-batches ahead each) while the steps run; 0 builds each
+    in this process when it is read. The loader draws its workers' seeds from a generator of its
+    own, not torch's global one (dropout's): a run's numbers do not depend on num_workers."""
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_bert,
+                                       num_workers=num_workers, pin_memory=pin_memory,
+                                       worker_init_fn=ignore_stop_signals if num_workers else None,
+                                       generator=torch.Generator())
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """A worker leaves Ctrl-C and SIGTERM (sent to the whole process group) to the rank: the rank
+    agrees the stop with its peers and saves, reading batches until then, then ends its workers."""
+    for signum in stop_signals():
+        signal.signal(signum, signal.SIG_IGN)
