@@ -45,6 +45,7 @@ from megatron.model.bert import BertConfig, BertModel
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
 from megatron.parallel.grads import allreduce_sequence_parallel_grads
+from megatron.parallel.reduce import sum_over_sequence
 from megatron.parallel.spawn import run_on_ranks
 from results import BenchmarkParser, machine, positive, save_plot, write_section
 
@@ -147,7 +148,7 @@ def bert_step(variant: str, size: int, seq: int):
 
     def step():
         mlm_logits, sop_logits = model(*chunk.model_inputs())
-        bert_batch_loss(mlm_logits, sop_logits, chunk).total.backward()
+        bert_batch_loss(mlm_logits, sop_logits, chunk, sum_over_sequence).total.backward()
     return step
 
 
@@ -163,7 +164,7 @@ def train_step(config: BertConfig, size: int, checkpoint_activations: bool = Fal
     def step():
         optimizer.zero_grad()
         mlm_logits, sop_logits = model(*chunk.model_inputs())
-        bert_batch_loss(mlm_logits, sop_logits, chunk).total.backward()
+        bert_batch_loss(mlm_logits, sop_logits, chunk, sum_over_sequence).total.backward()
         allreduce_sequence_parallel_grads(model.parameters())
         optimizer.step()
     return step

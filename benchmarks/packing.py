@@ -64,6 +64,7 @@ from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 from megatron.model.loss import bert_batch_loss  # noqa: E402
 from megatron.parallel import state  # noqa: E402
 from megatron.parallel.grads import allreduce_sequence_parallel_grads  # noqa: E402
+from megatron.parallel.reduce import sum_over_sequence  # noqa: E402
 from megatron.parallel.spawn import run_on_ranks  # noqa: E402
 
 REPO = HERE.parent
@@ -104,7 +105,7 @@ class Trainer:
     def step(self, chunk) -> torch.Tensor:
         """-> this rank's share of the MLM loss (detached; _seq_sum gives the whole loss)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss = bert_batch_loss(*self.model(*chunk.model_inputs()), chunk)
+        loss = bert_batch_loss(*self.model(*chunk.model_inputs()), chunk, sum_over_sequence)
         loss.total.backward()
         allreduce_sequence_parallel_grads(self.model.parameters())
         self.optimizer.step()
@@ -114,7 +115,7 @@ class Trainer:
     def mlm_loss(self, chunk) -> float:
         """Mean MLM loss over the masked tokens of the batch whose seq chunk this rank holds."""
         self.model.eval()
-        loss = bert_batch_loss(*self.model(*chunk.model_inputs()), chunk)
+        loss = bert_batch_loss(*self.model(*chunk.model_inputs()), chunk, sum_over_sequence)
         self.model.train()
         return _seq_sum(loss.mlm)
 

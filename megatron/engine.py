@@ -3,7 +3,8 @@
 pipeline size 1: the plain BertModel through deepspeed.initialize with megatron.parallel.state
 as mpu, so ZeRO 1/2/3 shard over data x seq and DeepSpeed reduces gradients over data x seq,
 dividing by the data degree only: SUM over seq, MEAN over data, as our loss shares need.
-pipeline size > 1: BertModelPipe (model/pipe.py) under DeepSpeed's pipeline engine.
+pipeline size > 1: SeqParallelPipe (parallel/pipeline.py: BertModelPipe with the seq-group sums) under
+DeepSpeed's pipeline engine.
 """
 import functools
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
 from megatron.parallel.device import to_device
 from megatron.parallel.grads import sum_sequence_grads_in_zero3_reduce_scatter
+from megatron.parallel.reduce import sum_over_sequence
 
 
 def initialize_parallel(config: TrainConfig) -> None:
@@ -39,10 +41,11 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
         # own config: deepspeed.initialize does not apply them, and without this call they were dropped
         deepspeed.checkpointing.configure(state, deepspeed_config=config.ds_config)
     if config.pipeline_parallel_size > 1:
-        from megatron.model.pipe import BertModelPipe, load_bert_state
+        from megatron.model.pipe import load_bert_state
+        from megatron.parallel.pipeline import SeqParallelPipe
 
-        model = BertModelPipe(config.model, activation_checkpoint_interval=config.activation_checkpoint_interval,
-                              activation_checkpoint_func=checkpoint_in_autocast)
+        model = SeqParallelPipe(config.model, activation_checkpoint_interval=config.activation_checkpoint_interval,
+                                activation_checkpoint_func=checkpoint_in_autocast)
         if bert_state is not None:
             load_bert_state(model, bert_state)
         if config.compile_mlp:
@@ -197,8 +200,7 @@ def _chunks(micro_batches: list, device) -> list:
 
 def _whole(values: torch.Tensor, average_data: bool) -> torch.Tensor:
     """Per-rank loss shares -> whole-sequence values (sum over seq), averaged over data ranks."""
-    if state.get_sequence_parallel_world_size() > 1:
-        dist.all_reduce(values, group=state.get_sequence_parallel_group())
+    sum_over_sequence(values)
     if average_data and state.get_data_parallel_world_size() > 1:
         dist.all_reduce(values, group=state.get_data_parallel_group())
         values /= state.get_data_parallel_world_size()
@@ -226,7 +228,7 @@ def train_step(engine, micro_batches: list) -> StepResult:
     else:
         parts = torch.zeros(4, device=engine.device)  # on the device: NCCL reduces it, no sync per micro-batch
         for chunk in chunks:
-            loss = bert_batch_loss(*engine(*chunk.model_inputs()), chunk)
+            loss = bert_batch_loss(*engine(*chunk.model_inputs()), chunk, sum_over_sequence)
             engine.backward(loss.total)
             engine.step()
             parts += torch.stack([loss.total.detach(), loss.mlm, loss.sop, loss.mlm_accuracy]).float()
@@ -251,6 +253,6 @@ def eval_step(engine, micro_batches: list) -> float:
     engine.module.eval()
     total = torch.zeros(1, device=engine.device)
     for chunk in chunks:
-        total += bert_batch_loss(*engine(*chunk.model_inputs()), chunk).total.float()
+        total += bert_batch_loss(*engine(*chunk.model_inputs()), chunk, sum_over_sequence).total.float()
     engine.module.train()
     return _whole(total / len(chunks), average_data=True).item()

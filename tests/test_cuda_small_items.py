@@ -45,16 +45,16 @@ def test_to_device_pins_a_contiguous_copy_of_the_rank_slice(monkeypatch):
 
 
 def _seq_group_all_reduces_per_step(num_layers: int, bf16_optimizer: bool) -> dict:
-    """One ReduceTiedGrads step of DeepSpeed's pipeline engine on a BertModelPipe at SP = 2
+    """One ReduceTiedGrads step of DeepSpeed's pipeline engine on a SeqParallelPipe at SP = 2
     (pipeline 1, so no tied-stage pairs): all_reduce calls over the seq group, and whether the
     gradient the engine steps with now holds the sum over the ranks (1 + 2)."""
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
-    from megatron.model.pipe import BertModelPipe
+    from megatron.parallel.pipeline import SeqParallelPipe
 
     state.destroy()
     state.initialize(sequence=2)
-    model = BertModelPipe(small_config(num_layers=num_layers)).to(torch.bfloat16 if bf16_optimizer else torch.float32)
+    model = SeqParallelPipe(small_config(num_layers=num_layers)).to(torch.bfloat16 if bf16_optimizer else torch.float32)
     rank = dist.get_rank()
     for p in model.parameters():
         if bf16_optimizer:  # BF16_Optimizer's fp32 copy, which the engine reduces and steps with
@@ -86,7 +86,7 @@ def _pipeline_cases() -> list:
 
 
 def test_pipeline_seq_group_sum_is_one_all_reduce():
-    """BertModelPipe's seq-group gradient sum, run through DeepSpeed 0.19's ReduceTiedGrads step
+    """SeqParallelPipe's seq-group gradient sum, run through DeepSpeed 0.19's ReduceTiedGrads step
     (PipelineEngine._exec_reduce_tied_grads, which all-reduces each pair get_tied_weights_and_groups
     returns) on 2 real gloo ranks: ONE all-reduce over the seq group per step at 1 and 3 layers
     (it was one per parameter), every gradient summed, and under the bf16 optimizer its fp32

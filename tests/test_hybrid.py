@@ -26,6 +26,7 @@ from megatron.errors import ConfigError
 from megatron.model import attention
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
+from megatron.parallel.reduce import sum_over_sequence
 from megatron.parallel.spawn import run_on_ranks
 from test_packed_attention import assert_close, core_chunk, core_inputs, core_reference
 from test_sequence_parallel_bert import REL_TOL, max_relative_diff
@@ -55,7 +56,7 @@ def model_chunk(variant: str, size: int):
     hidden = []
     model.final_layernorm.register_forward_hook(lambda module, inputs, output: hidden.append(output.detach()))
     chunk = uneven_batch().sequence_chunk(state.get_sequence_parallel_rank(), size)
-    loss = bert_batch_loss(*model(*chunk.model_inputs()), chunk)
+    loss = bert_batch_loss(*model(*chunk.model_inputs()), chunk, sum_over_sequence)
     loss.total.backward()
     return hidden[0], loss.total.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 

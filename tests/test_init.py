@@ -61,7 +61,8 @@ def initial_weights_per_layout() -> dict:
     """On 4 ranks, this rank's starting weights (BertModel names) in several layouts, plus a
     PP=2 x DP=2 run's first loss. Every layout builds from torch.manual_seed(SEED) alone."""
     import deepspeed
-    from megatron.model.pipe import BertModelPipe, pipe_to_bert_name
+    from megatron.model.pipe import pipe_to_bert_name
+    from megatron.parallel.pipeline import SeqParallelPipe
 
     def bert_named(module, pipeline: bool) -> dict:
         return {pipe_to_bert_name(name, LAYERS) if pipeline else name: p.detach().clone()
@@ -77,7 +78,7 @@ def initial_weights_per_layout() -> dict:
     for pipeline, sequence in ((4, 1), (2, 2)):  # the stage modules alone
         resolved = build(pipeline, sequence)
         state.initialize(pipeline=pipeline, sequence=sequence)
-        model = BertModelPipe(resolved.model)
+        model = SeqParallelPipe(resolved.model)
         out[f"pp{pipeline} sp{sequence}"] = bert_named(model, pipeline=True)
         with warnings.catch_warnings(record=True) as caught:  # an op of the construction left in autograd
             warnings.simplefilter("always")

@@ -149,3 +149,29 @@ def test_activation_checkpointing_recomputes_under_the_forwards_autocast():
     (dtypes, same_loss, differing), = run_on_ranks(checkpointed_and_plain_under_autocast, 1, timeout=120)
     assert dtypes == {torch.bfloat16}, dtypes
     assert same_loss and not differing, differing
+
+
+def test_model_code_outside_attention_meets_no_process_group():
+    """design.md: attention/ is the only model code that communicates. The loss's count sum and the
+    pipeline's seq-group gradient sum are applied from megatron/parallel (reduce.py, pipeline.py);
+    a module of megatron/model/ that imports torch.distributed or megatron.parallel, or reads
+    torch.distributed, brings one back."""
+    import ast
+    from pathlib import Path
+
+    import megatron.model
+
+    def names(node) -> list:
+        if isinstance(node, ast.Import):
+            return [alias.name for alias in node.names]
+        if isinstance(node, ast.ImportFrom):
+            return [f"{node.module}.{alias.name}" for alias in node.names]
+        return [ast.unparse(node)] if isinstance(node, ast.Attribute) else []
+
+    communicating = {}
+    for path in sorted(Path(megatron.model.__file__).parent.glob("*.py")):
+        found = {name for node in ast.walk(ast.parse(path.read_text())) for name in names(node)
+                 if name.startswith(("torch.distributed", "megatron.parallel"))}
+        if found:
+            communicating[path.name] = sorted(found)
+    assert communicating == {}

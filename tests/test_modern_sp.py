@@ -17,6 +17,7 @@ from bert_fixtures import packed_batch, padded_batch, small_config, small_model
 from megatron.model.attention import local
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
+from megatron.parallel.reduce import sum_over_sequence
 from megatron.parallel.spawn import run_on_ranks
 from test_sequence_parallel_bert import REL_TOL, max_relative_diff
 
@@ -34,7 +35,7 @@ def model_chunk(attention: str, batch: str, size: int, **options):
     model.final_layernorm.register_forward_hook(lambda module, inputs, output: hidden.append(output.detach()))
     chunk = BATCHES[batch]().sequence_chunk(state.get_sequence_parallel_rank(), size)
     with mock.patch.object(local, "_TILE_ROWS", 8):
-        loss = bert_batch_loss(*model(*chunk.model_inputs()), chunk).total
+        loss = bert_batch_loss(*model(*chunk.model_inputs()), chunk, sum_over_sequence).total
         loss.backward()
     return hidden[0], loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 

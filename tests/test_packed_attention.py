@@ -26,6 +26,7 @@ from megatron.model.attention import kernels, masks
 from megatron.model.attention.bigbird import BigBirdAttention, block_pattern
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
+from megatron.parallel.reduce import sum_over_sequence
 from megatron.parallel.spawn import run_on_ranks
 from test_sequence_parallel_bert import REL_TOL, max_relative_diff
 
@@ -88,7 +89,7 @@ def model_chunk(variant: str, size: int):
     hidden = []
     model.final_layernorm.register_forward_hook(lambda module, inputs, output: hidden.append(output.detach()))
     chunk = packed_batch()[0].sequence_chunk(state.get_sequence_parallel_rank(), size)
-    loss = bert_batch_loss(*model(*chunk.model_inputs()), chunk)
+    loss = bert_batch_loss(*model(*chunk.model_inputs()), chunk, sum_over_sequence)
     loss.total.backward()
     return hidden[0], loss.total.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 

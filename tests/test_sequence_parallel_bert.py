@@ -11,6 +11,7 @@ from bert_fixtures import padded_batch, small_config, small_model
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
 from megatron.parallel.grads import allreduce_sequence_parallel_grads
+from megatron.parallel.reduce import sum_over_sequence
 from megatron.parallel.spawn import run_on_ranks
 
 STEPS = 3
@@ -36,7 +37,7 @@ def train_steps(attention: str, sequence_parallel_size: int, before_step=None, *
             before_step(model, step)
         optimizer.zero_grad()
         mlm_logits, sop_logits = model(*chunk.model_inputs())
-        loss = bert_batch_loss(mlm_logits, sop_logits, chunk)
+        loss = bert_batch_loss(mlm_logits, sop_logits, chunk, sum_over_sequence)
         loss.total.backward()
         allreduce_sequence_parallel_grads(model.parameters())
         whole = loss.total.detach().clone()

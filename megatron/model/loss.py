@@ -3,17 +3,18 @@
 Each seq rank returns its SHARE of the loss: the summed cross-entropy of the masked tokens in
 its chunk divided by the masked-token count of the whole sequence, plus the summed sentence-order
 cross-entropy of the segments whose [CLS] lies in its chunk divided by the segment count of the
-whole micro-batch (both counts all-reduced over the seq group). The shares sum to the single-rank
-loss, so gradients summed over the seq group equal the single-rank gradients. Unpacked, a sample
-is one segment and the SOP term is the mean over the samples, as in Megatron.
+whole micro-batch. The shares sum to the single-rank loss, so gradients summed over the seq group
+equal the single-rank gradients. Unpacked, a sample is one segment and the SOP term is the mean
+over the samples, as in Megatron.
+
+The loss meets no process group: under SP the caller passes `sum_counts`, which sums this chunk's
+counts over the seq group (megatron.parallel.reduce.sum_over_sequence); without it the chunk is
+the whole sequence.
 """
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
-import torch.distributed as dist
 from torch.autograd.function import once_differentiable
-
-from megatron.parallel import state
 
 
 class BertLoss(NamedTuple):
@@ -23,13 +24,10 @@ class BertLoss(NamedTuple):
     mlm_accuracy: torch.Tensor  # this rank's share of the fraction of masked tokens predicted right
 
 
-def sequence_counts(mlm_labels, sop_labels) -> torch.Tensor:
-    """[masked tokens, segments] of the whole micro-batch (all seq chunks together), one all-reduce."""
+def chunk_counts(mlm_labels, sop_labels) -> torch.Tensor:
+    """[masked tokens, segments] of this chunk, as float32 for one all-reduce of both."""
     segments = 0 if sop_labels is None else sop_labels.numel()
-    counts = torch.tensor([float(mlm_labels.numel()), float(segments)], device=mlm_labels.device)
-    if state.get_sequence_parallel_world_size() > 1:
-        dist.all_reduce(counts, group=state.get_sequence_parallel_group())
-    return counts
+    return torch.tensor([float(mlm_labels.numel()), float(segments)], device=mlm_labels.device)
 
 
 class SummedCrossEntropy(torch.autograd.Function):
@@ -57,14 +55,16 @@ class SummedCrossEntropy(torch.autograd.Function):
         return grad_logits.mul_(grad).to(ctx.logits_dtype), None
 
 
-def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None) -> BertLoss:
+def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None, sum_counts: Callable | None = None) -> BertLoss:
     """mlm_logits [n_masked, vocab] with mlm_labels [n_masked]; sop_logits [n_cls, 2] with
-    sop_labels [n_cls] (the segments whose [CLS] is in this chunk, possibly none) or None.
+    sop_labels [n_cls] (the segments whose [CLS] is in this chunk, possibly none) or None;
+    `sum_counts`: this chunk's counts -> the whole micro-batch's (None: one chunk, the whole).
 
     A chunk without [CLS] keeps its (empty) SOP term in the graph, so the binary head gets (zero)
     gradients on every rank alike.
     """
-    counts = sequence_counts(mlm_labels, sop_labels if sop_logits is not None else None).clamp(min=1.0)
+    counts = chunk_counts(mlm_labels, sop_labels if sop_logits is not None else None)
+    counts = (counts if sum_counts is None else sum_counts(counts)).clamp(min=1.0)
     mlm = SummedCrossEntropy.apply(mlm_logits, mlm_labels) / counts[0]
     sop = torch.zeros((), device=mlm.device)
     if sop_logits is not None:
@@ -74,6 +74,8 @@ def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None) -> BertL
     return BertLoss(total=total, mlm=mlm.detach(), sop=sop.detach(), mlm_accuracy=correct)
 
 
-def bert_batch_loss(mlm_logits, sop_logits, batch) -> BertLoss:
-    """bert_loss for the outputs of BertModel on `batch` (a BertBatch, possibly one SP chunk)."""
-    return bert_loss(mlm_logits, batch.labels[batch.loss_mask], sop_logits, batch.sop_labels[batch.cls_mask])
+def bert_batch_loss(mlm_logits, sop_logits, batch, sum_counts: Callable | None = None) -> BertLoss:
+    """bert_loss for the outputs of BertModel on `batch` (a BertBatch, possibly one SP chunk: then
+    pass `sum_counts`)."""
+    return bert_loss(mlm_logits, batch.labels[batch.loss_mask], sop_logits, batch.sop_labels[batch.cls_mask],
+                     sum_counts)

@@ -13,25 +13,19 @@ embedding is tied between the first and last stage (DeepSpeed all-reduces its gr
 two). The loss function runs on the last stage with labels (labels, loss_mask, sop_labels,
 cls_mask), which the engine loads there and never sends.
 
-Sequence parallelism inside a pipeline: DeepSpeed's topology gets the seq axis under the name
-'model' (pipe x data x model, model fastest = our pipe x data x seq), so every stage sends to
-the next stage's rank with the same (data, seq) coordinates. Activation partitioning over that
-axis stays off (megatron.config sets pipe_partitioned / grad_partitioned false). DeepSpeed's
-pipeline engine averages gradients over the data axis only; the seq-group SUM is added by
-`get_tied_weights_and_groups`, which the engine calls right before its data-parallel reduction.
+The stage modules meet no process group: the topology (pipe x data x seq) and the seq-group sums
+(the loss's counts, the gradients) come from megatron/parallel/pipeline.py's SeqParallelPipe,
+the subclass engine.build_engine trains.
 """
 import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.activation_checkpointing import checkpointing
-from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from torch import nn
 
 from megatron.model.bert import (BertConfig, BinaryHead, Embeddings, LMHead, TransformerLayer,
                                  final_layernorm)
 from megatron.model.init import init_bert_weights
 from megatron.model.loss import bert_loss
-from megatron.parallel import state
-from megatron.parallel.grads import allreduce_sequence_parallel_grads
 
 
 class WordEmbeddingPipe(nn.Module):
@@ -94,30 +88,31 @@ class PipelineLoss:
     to backpropagate, and each micro-batch's (mlm, sop, mlm accuracy) shares kept for the log line,
     which DeepSpeed's engine does not return."""
 
-    def __init__(self):
+    def __init__(self, sum_counts=None):
         self.parts = []
+        self.sum_counts = sum_counts  # see model/loss.py bert_loss
 
     def __call__(self, outputs, labels):
         mlm_logits, sop_logits = outputs if isinstance(outputs, tuple) else (outputs, None)
         token_labels, loss_mask, sop_labels, cls_mask = labels
-        loss = bert_loss(mlm_logits, token_labels[loss_mask], sop_logits, sop_labels[cls_mask])
+        loss = bert_loss(mlm_logits, token_labels[loss_mask], sop_logits, sop_labels[cls_mask], self.sum_counts)
         self.parts.append(torch.stack([loss.mlm, loss.sop, loss.mlm_accuracy]).float())
         return loss.total
 
 
 class BertModelPipe(PipelineModule):
-    def __init__(self, config: BertConfig, activation_checkpoint_interval: int = 0,
-                 activation_checkpoint_func=checkpointing.checkpoint):
-        dims = state.get_dims()
+    """`topology`: DeepSpeed's process grid; `sum_counts`: the loss's (model/loss.py bert_loss)."""
+
+    def __init__(self, config: BertConfig, topology, activation_checkpoint_interval: int = 0,
+                 activation_checkpoint_func=checkpointing.checkpoint, sum_counts=None):
         specs = [TiedLayerSpec("embed", WordEmbeddingPipe, config, tied_weight_attr=["word_embeddings.weight"]),
                  LayerSpec(EmbeddingPipe, config)]
         specs += [LayerSpec(TransformerLayerPipe, config, index) for index in range(config.num_layers)]
         specs += [TiedLayerSpec("embed", WordEmbeddingPipe, config, forward_fn=_hand_over_word_embeddings,
                                 tied_weight_attr=["word_embeddings.weight"]),
                   LayerSpec(HeadsPipe, config)]
-        topology = PipeModelDataParallelTopology(num_pp=dims.pipeline, num_mp=dims.sequence, num_dp=dims.data)
         with torch.no_grad():  # its in-place broadcast of the tied embedding, kept out of every backward
-            super().__init__(layers=specs, loss_fn=PipelineLoss(), topology=topology,
+            super().__init__(layers=specs, loss_fn=PipelineLoss(sum_counts), topology=topology,
                              partition_method="type:TransformerLayerPipe",
                              activation_checkpoint_interval=activation_checkpoint_interval,
                              # only transformer layers: the embedding's inputs carry no gradient
@@ -128,17 +123,6 @@ class BertModelPipe(PipelineModule):
         # of the tied embedding) holds what the single process draws for the same seed
         init_bert_weights(self, config, seed=torch.initial_seed(),
                           bert_name=lambda name: pipe_to_bert_name(name, config.num_layers))
-
-    def get_tied_weights_and_groups(self):
-        """The tied embedding's (weight, group) pairs, after the seq-group SUM of every gradient.
-
-        DeepSpeed's pipeline engine calls this once per training step (ReduceTiedGrads, right
-        before its data-parallel reduction) and all-reduces each returned pair on its own: the
-        seq-group sum is therefore done here, as one flattened all-reduce instead of one per
-        parameter. The engine then sums the embedding over its two stages; the two sums run over
-        different axes, so their order does not matter."""
-        allreduce_sequence_parallel_grads(self.parameters())
-        return super().get_tied_weights_and_groups()
 
 
 def _layout(num_layers: int) -> list:
