@@ -1,5 +1,6 @@
 """BERT samples: layout, masking statistics, whole-word masking, splits, cached index maps
 (built by one rank), blending, the data-parallel sampler and the sequence-parallel slice."""
+import hashlib
 import re
 
 import numpy as np
@@ -8,6 +9,7 @@ import torch
 
 from megatron.data import bert_dataset
 from megatron.data.bert_dataset import BertDataset, build_train_valid_test_datasets, split_boundaries
+from megatron.data.bert_sample import truncate_segments
 from megatron.data.indexed_dataset import make_builder, make_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import BertWordPiece
@@ -137,6 +139,28 @@ def test_samples_are_deterministic_per_seed(data):
     for key, value in a[17].items():
         assert np.array_equal(value, b[17][key])
     assert not np.array_equal(a[17]["tokens"], c[17]["tokens"])
+
+
+def test_truncation_trims_b_when_the_segments_are_equal():
+    """Megatron's truncate_seq_pair: the longer segment loses a token, B on a tie."""
+    a, b = np.arange(10), np.arange(10, 20)
+    for seed in range(5):
+        kept_a, kept_b = truncate_segments(a, b, 19, np.random.RandomState(seed))
+        assert np.array_equal(kept_a, a) and len(kept_b) == 9
+    kept_a, kept_b = truncate_segments(a, b[:7], 14, np.random.RandomState(0))
+    assert (len(kept_a), len(kept_b)) == (7, 7)
+
+
+# the tokens, labels and masks of train[0:20] for seed 1234; any change to the sample recipe shows here
+GOLDEN_SAMPLES_SHA1 = "449233e8c51381bd12c62fbafcc883e06ce25491"
+
+
+def test_samples_match_the_recorded_recipe(data):
+    train, digest = dataset(data), hashlib.sha1()
+    for i in range(20):
+        for key in ("tokens", "token_types", "labels", "loss_mask", "sop_labels", "segment_ids"):
+            digest.update(np.ascontiguousarray(train[i][key]).astype(np.int64).tobytes())
+    assert digest.hexdigest() == GOLDEN_SAMPLES_SHA1
 
 
 def test_split_boundaries():
