@@ -25,12 +25,12 @@ def step_batches(step: int, micro: int, gas: int) -> list:
     return micro_batches[state.get_data_parallel_rank() * gas:][:gas]
 
 
-def run(pipeline, sequence, zero_stage, directory, stop, save_at=None, resume=False, micro=2) -> dict:
+def run(pipeline, sequence, zero_stage, directory, stop, save_at=None, resume=False, micro=2, dropout=0.0) -> dict:
     """Trains to step `stop`, from scratch or resumed from `directory`; saves into `directory` after
-    step `save_at`, or after each step of a dict {step: folder}."""
+    step `save_at`, or after each step of a dict {step: folder}. `dropout`: the hidden dropout."""
     saves = save_at if isinstance(save_at, dict) else {save_at: directory}
     gas = GLOBAL_BATCH // micro // (torch.distributed.get_world_size() // (pipeline * sequence))
-    config = resolve({**model_flags(), "pipeline_parallel_size": pipeline},
+    config = resolve({**model_flags(), "pipeline_parallel_size": pipeline, "hidden_dropout": dropout},
                      ds_config(micro, gas, zero_stage, sequence), torch.distributed.get_world_size())
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
     start = checkpoint.load(engine, directory, config)["iteration"] if resume else 0
@@ -63,10 +63,11 @@ def merged(results):
 def test_resume_continues_exactly(tmp_path, pipeline, sequence, world):
     """The uninterrupted run also saves after step 2, into a folder of its own; resumed from there, a
     run goes on bit for bit as it did (the save left it unchanged: test_launch_scripts' SIGTERM test
-    compares with a run that saves at its end only)."""
+    compares with a run that saves at its end only). Hidden dropout 0.1: the resume restores the RNG."""
     midway, end = str(tmp_path / "b"), str(tmp_path / "a")
-    straight = run_on_ranks(run, world, pipeline, sequence, 1, end, STEPS, {2: midway, STEPS: end}, timeout=300)
-    resumed = run_on_ranks(run, world, pipeline, sequence, 1, midway, STEPS, None, True, timeout=300)
+    straight = run_on_ranks(run, world, pipeline, sequence, 1, end, STEPS, {2: midway, STEPS: end}, dropout=0.1,
+                            timeout=300)
+    resumed = run_on_ranks(run, world, pipeline, sequence, 1, midway, STEPS, None, True, dropout=0.1, timeout=300)
     assert resumed[0]["losses"] == straight[0]["losses"][2:], "loss trajectory after resume"
     # the pipeline's load broadcasts the tied embedding: outside autograd, or every backward warns
     assert not any(r["autograd warnings"] for r in straight + resumed), [r["autograd warnings"] for r in resumed]
@@ -92,6 +93,7 @@ def test_sequence_parallel_checkpoint_resumes_at_another_degree(tmp_path):
     ((2, 1, 1), (1, 2, 1)),  # (pipeline, sequence, ZeRO stage), world 2: the issue's PP=2 -> PP=1
     ((1, 2, 2), (2, 1, 1)),  # into a pipeline, out of ZeRO-2 partitions
     ((1, 2, 1), (1, 1, 0)),  # one rank, torch's own AdamW state
+    ((1, 2, 1), (1, 1, 1)),  # only data x seq changes: ZeRO-1 shards of 2 ranks into one
 ])
 def test_checkpoint_loads_in_another_layout(tmp_path, saved, loaded):
     """Weights, Adam moments and step, LR schedule travel through the layout-free files: the run

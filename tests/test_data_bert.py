@@ -12,7 +12,7 @@ import torch
 
 from megatron.data import bert_dataset
 from megatron.data.bert_dataset import BertDataset, build_train_valid_test_datasets, split_boundaries
-from megatron.data.bert_sample import SpecialIds, build_segment, mask_tokens
+from megatron.data.bert_sample import SpecialIds, build_segment, mask_tokens, truncate_segments
 from megatron.data.indexed_dataset import make_builder, make_dataset
 from megatron.data.samplers import PretrainingSampler, collate_bert
 from megatron.data.tokenizer import BertWordPiece
@@ -205,6 +205,16 @@ def test_a_segment_is_the_one_a_fresh_random_state_of_its_index_builds(data, who
                              np.random.RandomState(77 + int(idx)), train.binary_head, train.words)
         for key, value in train.segment(int(idx)).items():
             assert np.array_equal(value, want[key]), (idx, key)
+
+
+def test_truncation_trims_b_when_the_segments_are_equal():
+    """Megatron's truncate_seq_pair: the longer segment loses a token, B on a tie."""
+    a, b = np.arange(10), np.arange(10, 20)
+    for seed in range(5):
+        kept_a, kept_b = truncate_segments(a, b, 19, np.random.RandomState(seed))
+        assert np.array_equal(kept_a, a) and len(kept_b) == 9
+    kept_a, kept_b = truncate_segments(a, b[:7], 14, np.random.RandomState(0))
+    assert (len(kept_a), len(kept_b)) == (7, 7)
 
 
 def test_split_boundaries():

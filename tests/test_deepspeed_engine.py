@@ -15,7 +15,7 @@ import torch
 
 from bert_fixtures import concat_batches, packed_batch, padded_batch, small_config, small_model, with_fp16_kernels_allowed
 from megatron.config import resolve
-from megatron.engine import build_engine, check_precision_supported, skip_nonfinite_updates, train_step
+from megatron.engine import build_engine, check_precision_supported, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import ConfigError
 from megatron.model.attention.bigbird import set_iteration
 from megatron.model.bert import SelfAttention
@@ -87,6 +87,9 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
     losses = [step.loss for step in steps]
     # forward passes per attention module and micro-batch: 2 when recomputed in backward
     passes = len(calls) / (len(attention_modules) * gas * STEPS) if attention_modules else None  # a stage of no layer
+    eval_loss, training_after_eval = evaluated(engine, mine)
+    if pipeline > 1:  # DeepSpeed's eval_batch leaves its module in eval mode; its train_batch sets training mode
+        training_after_eval = None
     module = engine.module
     if zero_stage == 3:
         import deepspeed
@@ -104,7 +107,20 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
     chunks = sum(isinstance(layer.forward, functools.partial) for layer in getattr(module, "layers", []))
     return {"losses": losses, "params": params, "passes": passes, "dtype": next(module.parameters()).dtype,
             "compiled_graphs": compiled_graphs, "chunks": chunks, "grads": first_grads,
-            "grad_norms": [step.grad_norm for step in steps]}
+            "grad_norms": [step.grad_norm for step in steps], "parts": [(step.mlm, step.sop) for step in steps],
+            "eval_loss": eval_loss, "training_after_eval": training_after_eval}
+
+
+def evaluated(engine, micro_batches: list) -> tuple:
+    """(eval_step's loss, whether the model is in training mode after it), with hidden dropout 0.5
+    switched on for it: eval mode must turn it off again (the reference evaluates without dropout)."""
+    dropouts = [m for m in engine.module.modules() if isinstance(m, torch.nn.Dropout)]
+    for module in dropouts:
+        module.p = 0.5
+    loss = eval_step(engine, micro_batches)
+    for module in dropouts:
+        module.p = 0.0
+    return loss, engine.module.training
 
 
 def _capture_first_grads(engine, grads: dict) -> None:
@@ -136,22 +152,28 @@ def reference_run(micro: int, attention: str = "ring", clip: float = CLIP) -> di
     model = small_model(small_config(attention, **ATTENTION_OPTIONS[attention]))
     optimizer = torch.optim.AdamW(model.parameters(), **ADAM)
     batches = micro_batches(micro, attention)
-    losses, grad_norms, first_grads = [], [], None
+    losses, grad_norms, first_grads, parts = [], [], None, []
     for iteration in range(STEPS):
         set_iteration(model, iteration)
         optimizer.zero_grad()
-        total = 0.0
+        total, mlm, sop = 0.0, 0.0, 0.0
         for batch in batches:
-            loss = bert_batch_loss(*model(*batch.model_inputs()), batch).total / len(batches)
+            terms = bert_batch_loss(*model(*batch.model_inputs()), batch)
+            loss = terms.total / len(batches)
             loss.backward()
             total += loss.item()
+            mlm, sop = mlm + terms.mlm.item() / len(batches), sop + terms.sop.item() / len(batches)
+        parts.append((mlm, sop))
         if first_grads is None:
             first_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
         grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
         optimizer.step()
         losses.append(total)
+    model.eval()
+    with torch.no_grad():
+        eval_loss = sum(bert_batch_loss(*model(*batch.model_inputs()), batch).total.item() for batch in batches)
     return {"losses": losses, "params": {name: p.detach().clone() for name, p in model.named_parameters()},
-            "grads": first_grads, "grad_norms": grad_norms}
+            "grads": first_grads, "grad_norms": grad_norms, "parts": parts, "eval_loss": eval_loss / len(batches)}
 
 
 def check_against_reference(results: list, micro: int, label: str, attention: str = "ring", clip: float = CLIP,
@@ -160,6 +182,12 @@ def check_against_reference(results: list, micro: int, label: str, attention: st
     seen = set()
     for rank, result in enumerate(results):
         assert result["losses"] == pytest.approx(expected["losses"], rel=REL_TOL), f"{label} rank {rank} losses"
+        # the logged MLM and SOP terms, which the pipeline's loss function collects on its last stage
+        assert all(got == pytest.approx(want, rel=REL_TOL) for got, want in zip(result["parts"], expected["parts"])), \
+            f"{label} rank {rank} mlm/sop: {result['parts']} vs {expected['parts']}"
+        # eval_step: the mean over micro-batches in eval mode; the plain model goes back to training mode
+        assert result["eval_loss"] == pytest.approx(expected["eval_loss"], rel=REL_TOL), f"{label} rank {rank} eval"
+        assert result["training_after_eval"] is not False, f"{label} rank {rank}: left in eval mode"
         diff = max_relative_diff(result["params"], {n: expected["params"][n] for n in result["params"]}, floor=1.0)
         print(f"{label} rank {rank}: losses {result['losses']}, max param diff {diff:.2e}")
         assert diff <= REL_TOL, f"{label} rank {rank}"

@@ -110,6 +110,20 @@ def test_mlm_accuracy_is_the_share_of_masked_tokens_predicted():
     assert bert_loss(logits, labels).mlm_accuracy.item() == pytest.approx(0.3)
 
 
+@pytest.mark.parametrize("variant", ["dense", "ulysses"])
+def test_eval_mode_turns_attention_dropout_off(variant):
+    """In eval (validation, fill-mask, conversion checks) attention dropout 0.5 gives the loss of dropout 0."""
+    batch = padded_batch()
+
+    def loss(model):
+        return bert_batch_loss(*model(*batch.model_inputs()), batch).total.detach()
+    want = loss(small_model(small_config(variant)).eval())
+    model = small_model(small_config(variant, attention_dropout=0.5))
+    assert not torch.equal(loss(model), want), "the control: in training the dropout changes the loss"
+    model.eval()
+    assert torch.equal(loss(model), want) and torch.equal(loss(model), want)
+
+
 def checkpointed_and_plain_under_autocast() -> tuple:
     """(dtypes of every layer GEMM's output, forward and recompute; whether the losses are equal; the
     parameters whose gradients differ) of one model, batch and bf16 autocast, with and without

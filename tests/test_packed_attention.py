@@ -94,6 +94,30 @@ def model_chunk(variant: str, size: int):
     return hidden[0], loss.total.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+def dropout_leaks(variant: str, size: int) -> list:
+    """The segments (numbers) whose attention output on this rank's chunk changes, bitwise, when the K/V
+    of every other segment and of the padding are replaced by random values: attention dropout 0.1 in
+    training, the same dropout draws (seed) in both runs."""
+    core = attention.build(small_config(variant, seq_length=S, hidden_size=HEADS * D, num_attention_heads=HEADS,
+                                        attention_dropout=0.1))
+    q, k, v, _, segment_ids = core_inputs()
+    noise = torch.Generator().manual_seed(11)
+    rank, step = state.get_sequence_parallel_rank(), S // size
+    chunk = slice(rank * step, (rank + 1) * step)
+
+    def out(k, v):
+        torch.manual_seed(0)
+        return core(q[:, chunk].float(), k[:, chunk].float(), v[:, chunk].float(), segment_ids[:, chunk])
+    plain, leaks = out(k, v), []
+    for number in range(1, int(segment_ids.max()) + 1):
+        others = (segment_ids != number)[:, :, None, None]
+        k_other, v_other = (t.where(~others, torch.randn(t.shape, generator=noise, dtype=t.dtype)) for t in (k, v))
+        own = segment_ids[:, chunk] == number
+        if not torch.equal(out(k_other, v_other)[own], plain[own]):
+            leaks.append(number)
+    return leaks
+
+
 def alone_reference():
     """Each segment run alone (dense attention, one unpadded segment per sample) with its share
     of the packed loss: summed MLM cross-entropy / masked tokens of the packed batch + its SOP
@@ -156,6 +180,7 @@ def rank_checks(size: int) -> dict:
     aligned = torch.arange(S).div(S // size, rounding_mode="floor")[None] + 1  # one segment per chunk
     return {"core": {variant: core_chunk(variant, size) for variant in ("ring", "ring tiles", "ulysses", "bigbird")},
             "model": {variant: model_chunk(variant, size) for variant in ("ring", "ulysses", "bigbird")},
+            "dropout leaks": {"ulysses": dropout_leaks("ulysses", size)},
             "calls": {"aligned": ring_kernel_calls(aligned), "one segment": ring_kernel_calls(torch.ones(1, S).long()),
                       "half padding": ring_kernel_calls((torch.arange(S) < S // 2).long()[None])}}
 
@@ -167,7 +192,7 @@ def spawned(size: int) -> list:
 
 def results(size: int, key: str, variant: str) -> list:
     if size == 1:
-        return [(core_chunk if key == "core" else model_chunk)(variant, 1)]
+        return [{"core": core_chunk, "model": model_chunk, "dropout leaks": dropout_leaks}[key](variant, 1)]
     return [result[key][variant] for result in spawned(size)]
 
 
@@ -208,6 +233,14 @@ def test_packed_segments_equal_segments_alone(variant, size):
     assert loss == pytest.approx(expected_loss, rel=REL_TOL)
     diff = max_relative_diff(grads, expected_grads)
     assert diff <= REL_TOL, f"{variant} sp={size}: gradients differ by {diff:.2e}"
+
+
+@pytest.mark.parametrize("variant,size", [("dense", 1), ("ulysses", 1), ("ulysses", 2), ("ulysses", 4)])
+def test_dropout_path_sees_only_its_own_segment(variant, size):
+    """Under attention dropout dense and Ulysses attend tile by tile through SDPA's dropout kernel, with
+    its own mask: a segment's output must not depend on the other segments' or the padding's K/V."""
+    for rank, leaks in enumerate(results(size, "dropout leaks", variant)):
+        assert leaks == [], f"{variant} sp={size} rank {rank}: segments {leaks} see other segments' keys"
 
 
 @pytest.mark.parametrize("size", [2, 4])

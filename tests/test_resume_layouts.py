@@ -3,7 +3,7 @@
 A run at SP=2 (ZeRO 1, hybrid attention of Ulysses 2) saves in warm-up, where every step has another
 learning rate; it is then resumed with ring attention (the same function) in its own layout
 (DeepSpeed's files), at SP=1 and at PP=2 (the layout-free files). Each resumed step must use the rate
-the same-layout resume uses, every optimizer setting (param-group field) must be the checkpoint's on
+the same-layout resume uses (and count the checkpoint's skipped steps), every optimizer setting (param-group field) must be the checkpoint's on
 both paths even where this run's JSON says otherwise (one warning says so, and the config records the
 checkpoint's), and the losses must agree within SP rounding. RNG files: a missing one is refused on
 every rank before anything is loaded, unless the caller passes load_rng=False (one warning).
@@ -56,7 +56,7 @@ def run(pipeline: int, sequence: int, directory: str, weight_decay: float, resum
         result.update(refused=str(refused.value), warning=printed.getvalue())
     if resume:
         start = checkpoint.load(engine, directory, config)["iteration"]
-        result.update(optimizer_warning=resume_optimizer(engine, config),
+        result.update(optimizer_warning=resume_optimizer(engine, config), skipped_steps=engine.skipped_steps,
                       recorded=dict(config.ds_config["optimizer"]["params"]))
     groups = optimizer_state._base_optimizer(engine).param_groups
     result.update(groups=[{key: value for key, value in group.items() if key != "params"} for group in groups],
@@ -65,6 +65,7 @@ def run(pipeline: int, sequence: int, directory: str, weight_decay: float, resum
         result["lrs"].append(engine.get_lr()[0])
         result["losses"].append(train_step(engine, step_batches(step, micro, gas)).loss)
         if step + 1 == SAVED_AT and not resume:
+            engine.skipped_steps = 3  # as if 3 fp16 steps had overflowed: the counter must travel too
             checkpoint.save(engine, config, directory, iteration=SAVED_AT, consumed_samples=SAVED_AT * GLOBAL_BATCH)
     return result
 
@@ -95,6 +96,7 @@ def test_resumed_steps_use_the_checkpoints_rate_and_settings(resumed, layout):
     assert len(set(resumed.straight["lrs"])) == STOP
     assert got["lrs"] == resumed.straight["lrs"][SAVED_AT:]
     assert got["groups"] == same["groups"] and got["groups"][0]["weight_decay"] == 0.01
+    assert got["skipped_steps"] == 3
     assert got["recorded"]["weight_decay"] == 0.01 and got["optimizer_warning"] == (
         "warning: resuming with optimizer.params.weight_decay 0.1 (the checkpoint's: 0.01): the optimizer goes on with the "
         "checkpoint's settings, which config.json records; pass --finetune to start a new run from the weights with "

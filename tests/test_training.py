@@ -645,15 +645,32 @@ def main_and_stderr(argv: list) -> tuple:
     return code, err.getvalue()
 
 
+def main_recording_bigbird_iterations(argv: list) -> tuple:
+    """main_and_stderr, plus the iteration BigBird's layers hold (their random blocks' draw) at each step."""
+    from megatron import training
+    from megatron.model.attention.bigbird import BigBirdAttention
+
+    iterations, step = [], training.train_step
+
+    def recording_step(engine, micro_batches):
+        iterations.append(sorted({m.iteration for m in engine.module.modules() if isinstance(m, BigBirdAttention)}))
+        return step(engine, micro_batches)
+    training.train_step = recording_step  # in this spawned rank only
+    return (*main_and_stderr(argv), iterations)
+
+
 def test_a_resume_with_other_bigbird_blocks_says_the_outputs_change(tmp_path, data_dir):
-    """The line is printed at a resume (on rank 0, once), here one that finds nothing left to train."""
-    argv = [*TINY, "--attention", "bigbird", "--block-size", "16", "--train-iters", "1", "--eval-iters", "1",
+    """The line is printed at a resume (on rank 0, once). Every step, the first run's and the resumed
+    one's, draws the random blocks of its own iteration."""
+    argv = [*TINY, "--attention", "bigbird", "--block-size", "16", "--train-iters", "2", "--eval-iters", "1",
             "--split", "100,0,0", "--default-data-dir", data_dir, "--log-dir", str(tmp_path / "log"),
             "--save", str(tmp_path / "ck")]
-    resume = [*argv, "--load", str(tmp_path / "ck"), "--bigbird-num-random-blocks", "1"]
-    assert run_on_ranks(main, 1, argv, timeout=240) == [0]
-    [(code, err)] = run_on_ranks(main_and_stderr, 1, resume, timeout=240)
+    resume = [*argv, "--load", str(tmp_path / "ck"), "--bigbird-num-random-blocks", "1", "--train-iters", "3"]
+    [(code, _, iterations)] = run_on_ranks(main_recording_bigbird_iterations, 1, argv, timeout=240)
+    assert code == 0 and iterations == [[0], [1]]
+    [(code, err, iterations)] = run_on_ranks(main_recording_bigbird_iterations, 1, resume, timeout=240)
     assert code == 0, err[-3000:]
+    assert iterations == [[2]]
     assert [line for line in err.splitlines() if "outputs differ" in line] == [
         f"warning: checkpoint {tmp_path / 'ck'} was trained with bigbird attention at bigbird_num_random_blocks 2; "
         "this run uses bigbird_num_random_blocks 1, so its outputs differ from the trained model's"], err[-3000:]
