@@ -43,8 +43,9 @@ import torch
 import torch.distributed as dist
 
 from megatron import optimizer_state, paths
-from megatron.config import TrainConfig, precision, strict_json_loads
+from megatron.config import TrainConfig, strict_json_loads
 from megatron.data import tokenizer as tokenizers
+from megatron.ds_schema import precision
 from megatron.errors import ConfigError, DataError, disk_full
 from megatron.model.args import MODEL_PRESETS
 from megatron.model.bert import BertConfig, BertModel
