@@ -514,7 +514,7 @@ def adjustable_start_fields(start: dict, from_hf: bool, resume: bool = False) ->
     padded again, head initialised); a weights-only checkpoint's are loaded as they are, so only the
     fields that shape no weight: the rope thetas, the window, and the length where rope leaves no table,
     and the vocab padding, whose rows no token reaches (padded again: hf_convert.repadded_vocab, as from
-    an HF folder). A resume keeps the thetas, the window and the padding too (checkpoint.MODEL_FIELDS):
+    an HF folder). A resume keeps the thetas, the window and the padding too (checkpoint_compat.MODEL_FIELDS):
     only that length."""
     if from_hf:
         return ADJUSTABLE_START_FIELDS

@@ -383,7 +383,7 @@ def test_an_alias_flag_beside_its_flag_with_another_value_is_refused(argv, messa
 def test_a_preset_resized_by_hidden_size_keeps_its_ffn_ratio_against_weights_and_checkpoints():
     """modernbert-base at --hidden-size 64 has an FFN of 96 (1152 / 768), also when compared with the
     weights a run starts from; a checkpoint saved when it kept 1152 names the flag that resumes it."""
-    from megatron.checkpoint import check_same_model
+    from megatron.checkpoint_compat import check_same_model
     from megatron.model.args import BertConfig
 
     argv = ("--model-preset", "modernbert-base", "--hidden-size", "64", "--num-layers", "3")
@@ -422,7 +422,7 @@ def test_a_resume_names_the_setting_that_adds_or_reshapes_a_tensor(attention, tr
     import dataclasses
 
     from bert_fixtures import small_config
-    from megatron.checkpoint import check_same_model
+    from megatron.checkpoint_compat import check_same_model
 
     model = small_config(attention, linformer_k=8)
     with pytest.raises(ConfigError, match=f"checkpoint ckpt/iter_0000002 was {message}; resume with the model flags"):
