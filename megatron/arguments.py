@@ -204,7 +204,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     train.add_argument("--train-iters", type=int, help="optimizer steps to train (or --train-samples)")
     train.add_argument("--train-samples", type=int, help="samples to train on; steps = samples / global batch")
     # optimizer flags default to None ("not given"): given ones override the JSON's optimizer.params,
-    # which override the defaults (config.OPTIMIZER_DEFAULTS)
+    # which override the defaults (ds_schema.OPTIMIZER_DEFAULTS)
     train.add_argument("--lr", type=float, help="peak learning rate (default: the JSON's optimizer.params.lr, "
                        "else 1e-4)")
     train.add_argument("--min-lr", type=float, help="learning rate at the end of a linear or cosine decay (default 0)")

@@ -20,9 +20,11 @@ pipeline degree, precision and ZeRO partitioning), else these, so a run continue
 SP/data degree or ZeRO stage 0-2. `bert_state_from_checkpoint` reads the fp32 weights of any layout
 back into BertModel names (from these files for a bf16 / fp16 run and at ZeRO 3, else from the plain
 model's or the pipeline's layer files).
+
+The --save folder's lock is megatron.locks'; whether a checkpoint's model and optimizer fit this run's
+is megatron.checkpoint_compat's.
 """
 import contextlib
-import dataclasses
 import errno
 import glob
 import io
@@ -34,23 +36,29 @@ import resource
 import shutil
 import socket
 import sys
-import threading
-import time
 import warnings
 import zipfile
 
 import torch
 import torch.distributed as dist
 
-from megatron import optimizer_state, paths
-from megatron.config import TrainConfig, precision, strict_json_loads
+from megatron import checkpoint_compat, locks, optimizer_state, paths
+from megatron.checkpoint_compat import check_same_model, check_same_optimizer
+from megatron.config import TrainConfig, strict_json_loads
 from megatron.data import tokenizer as tokenizers
+from megatron.ds_schema import precision
 from megatron.errors import ConfigError, DataError, disk_full
+from megatron.locks import release_lock, take_lock
 from megatron.model.args import MODEL_PRESETS
-from megatron.model.bert import BertConfig, BertModel
 from megatron.model.pipe import pipe_layer_to_bert
-from megatron.parallel import launcher_watch, peers, state as parallel_state
+from megatron.parallel import peers, state as parallel_state
 from megatron.parallel.launch_env import local_rank
+
+# training.py reads these as checkpoint.<name> until its own split (review finding 10) reads them from
+# locks and checkpoint_compat
+LOCK, LOG_LOCK = locks.LOCK, locks.LOG_LOCK
+attention_change, check_model_shapes, local_layers_added = (
+    checkpoint_compat.attention_change, checkpoint_compat.check_model_shapes, checkpoint_compat.local_layers_added)
 
 LATEST = "latest"
 RUN_STATE = "run_state.json"
@@ -60,8 +68,6 @@ ORIGIN = "weights_from"  # in RUN_STATE: {"from": path or None (scratch), "kind"
 OWN_POSITIONS = "own_positions"
 LAYOUT_FREE = "layout_free_stage{stage}.pt"
 PARTIAL = ".partial"
-LOCK = ".lock"  # the run writing into a --save folder: {"host", "pid", "start"}
-LOG_LOCK = ".log.lock"  # the run writing into a --log-dir, alike (a --log-dir may be its --save too)
 FULL_BYTES = 16 * 2**20  # less free space than this after a failed write: the disk is full
 REMOVING = ".removing"  # an old checkpoint being removed by --keep-last
 # what torch.load raises on a truncated or overwritten file
@@ -332,66 +338,6 @@ def check_writable(save_dir: str) -> None:
         raise ConfigError(*found)
 
 
-_held_locks = {}  # the locks this process holds, by name (LOCK, LOG_LOCK): {"path", "record", "created": folders
-# made for it, "beat": Event}
-LOCK_HEARTBEAT_S = 30  # the holder touches its lock this often
-LOCK_STALE_S = 300  # a lock of another host untouched this long is a dead run's
-
-
-def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str = LOCK) -> tuple[str, str] | None:
-    """Writes `save_dir`/`name` naming this host and process, or returns (problem, fix) when a live
-    run holds it: two runs saving into one folder would delete each other's `.partial` staging
-    folders and interleave their checkpoints; two runs logging into one --log-dir (`flag`) would
-    interleave metrics.jsonl and overwrite each other's config.json, index_maps.json and plot. The holder
-    touches the lock every LOCK_HEARTBEAT_S;
-    a lock whose process no longer runs on this host, or one of another host untouched for
-    LOCK_STALE_S (a crashed, killed or preempted run, e.g. a requeued job on another node), is taken
-    over with one line. `created`: folders made for the lock, removed again by release_lock when left empty.
-    A process holds one lock of each name: taking it again (pretrain called twice in one process) keeps
-    the one it holds there, or gives back the one it holds elsewhere."""
-    path, host = os.path.join(save_dir, name), socket.gethostname()
-    held = _held_locks.get(name)
-    if held and held["path"] == path and _read_lock(path) == held["record"]:
-        return None
-    release_lock(name)
-    staged = f"{path}.{host}.{os.getpid()}"
-    record = {"host": host, "pid": os.getpid(), "start": launcher_watch.start_time(os.getpid())}
-    try:
-        with open(staged, "w") as file:
-            json.dump(record, file)
-        for _ in range(3):
-            try:
-                _place(staged, path)
-                _held_locks[name] = dict(path=path, record=record, created=list(created), beat=_heartbeat(path, record))
-                return None
-            except FileExistsError:
-                holder, age = _read_lock(path), _age(path)
-            if age is None:
-                continue  # released since: place it again
-            if holder is None and age < LOCK_HEARTBEAT_S:
-                break  # being written by a run starting there (an exclusive create appears empty first)
-            if holder and holder.get("host") != host and age < LOCK_STALE_S:
-                return (f"{flag} {save_dir} is locked by pid {holder['pid']} on host {holder.get('host')}, whose "
-                        f"lock was touched {age:.0f} s ago (a run's lock is stale after {LOCK_STALE_S} s)",
-                        f"choose another {flag} directory, or wait, or remove {path} once that run has ended")
-            # on this host the process tells, whatever the lock's age: a live run's heartbeat may
-            # wait for the GIL (a long index-map build) longer than LOCK_STALE_S
-            if holder and holder.get("host") == host and _running(holder):
-                return (f"{flag} {save_dir} is in use by a live run: pid {holder['pid']} on this host ({host}) "
-                        f"holds {path}", f"wait for that run to end or stop it, or choose another {flag} directory")
-            if not _remove_stale(path, holder):
-                break
-            print(f"warning: {flag} {save_dir}: taking over the lock of "
-                  f"""{'pid ' + str(holder['pid']) + ' on ' + str(holder.get('host'))
-                       if holder else 'an unknown process'}"""
-                  ", which no longer runs (a crashed or killed run)", file=sys.stderr, flush=True)
-        return (f"{flag} {save_dir}: its lock {path} was just taken by another run starting there",
-                f"choose another {flag} directory")
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(staged)
-
-
 def remove_killed_saves(save_dir: str) -> list[str]:
     """Removes the `<tag>.partial` folders of saves that were killed (a SIGKILL, a node lost) and the
     `<tag>.removing` ones of a --keep-last removal that was, with one line naming them; returns their
@@ -407,114 +353,6 @@ def remove_killed_saves(save_dir: str) -> list[str]:
     if removed:
         print(f"--save {save_dir}: removed {', '.join(removed)}, left by killed saves", flush=True)
     return removed
-
-
-NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV)  # blob FUSE mounts (blobfuse2, gcsfuse)
-
-
-def _place(source: str, path: str) -> None:
-    """`path` as a copy of `source`, only if no `path` exists (else FileExistsError): a hard link,
-    which appears whole at once, or an exclusive create where the filesystem has no hard links
-    (a reader that meets it still empty, and younger than LOCK_HEARTBEAT_S, leaves it: take_lock)."""
-    try:
-        os.link(source, path)
-    except FileExistsError:
-        raise
-    except OSError as error:
-        if error.errno not in NO_HARD_LINKS:
-            raise
-        with open(source, "rb") as file:
-            content = file.read()
-        file = open(path, "xb")  # FileExistsError: another's, left alone
-        try:
-            with file:
-                file.write(content)
-        except OSError:  # a full disk: no empty lock left to refuse the next run
-            with contextlib.suppress(OSError):
-                os.remove(path)
-            raise
-
-
-def _age(path: str) -> float | None:
-    """Seconds since the lock was last touched; None when it is gone (released meanwhile)."""
-    try:
-        return max(0.0, time.time() - os.stat(path).st_mtime)
-    except OSError:
-        return None
-
-
-def _remove_stale(path: str, holder: dict | None) -> bool:
-    """Moves the stale lock aside and removes it, unless another run replaced it meanwhile (then it
-    is put back): two runs taking over the same stale lock must not both end up holding it."""
-    aside = f"{path}.stale.{socket.gethostname()}.{os.getpid()}"
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return True  # gone already: try to link ours
-    if _read_lock(aside) != holder:
-        with contextlib.suppress(OSError):
-            _place(aside, path)
-        os.remove(aside)
-        return False
-    os.remove(aside)
-    return True
-
-
-def _heartbeat(path: str, record: dict) -> threading.Event:
-    """Touches the lock every LOCK_HEARTBEAT_S, while it is still this run's, until the returned
-    event is set (release_lock)."""
-    stop = threading.Event()
-
-    def beat():
-        while not stop.wait(LOCK_HEARTBEAT_S):
-            if _read_lock(path) == record:
-                with contextlib.suppress(OSError):
-                    os.utime(path)
-
-    threading.Thread(target=beat, name="save-lock-heartbeat", daemon=True).start()
-    return stop
-
-
-def _read_lock(path: str) -> dict | None:
-    try:
-        with open(path) as file:
-            holder = json.load(file)
-    except (OSError, ValueError):
-        return None
-    return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
-
-
-def _running(holder: dict) -> bool:
-    """Whether the lock's process (on this host) still runs: its pid exists, with the same start time,
-    and has not ended (a zombie: a rank killed under a parent that never reaps it keeps its pid)."""
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    started = launcher_watch.start_time(holder["pid"])
-    if started is None:  # ended (a zombie) if its /proc entry can be read; else (no /proc, or another
-        # user's process under hidepid) the pid alone tells
-        return not os.access(f"/proc/{holder['pid']}/stat", os.R_OK)
-    return holder.get("start") in (None, started)
-
-
-def release_lock(*names: str) -> None:
-    """Removes the locks of `names` (all when none given) this process holds (rank 0 at the end of
-    its run, however it ends), unless another run has taken one over meanwhile, and the folders made
-    for them when the run left them empty."""
-    for name in names or list(_held_locks):
-        held = _held_locks.pop(name, None)
-        if held is None:
-            continue
-        held["beat"].set()
-        if _read_lock(held["path"]) == held["record"]:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(held["path"])
-        for folder in held["created"]:  # innermost first
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
 
 
 def refuse_unnamed_checkpoints(save_dir: str) -> None:
@@ -824,66 +662,6 @@ def declared_positions(load_dir: str, tag: str) -> int:
     return max(positions, length)
 
 
-RESUME_FIX = "resume with the model flags the checkpoint was trained with"
-START_FIX = "pass the model flags the checkpoint was trained with"
-# the tensors of an attention core (Linformer's key / value projections, the only core with weights):
-# weights trained with another variant lack them, a start from such weights initialises them
-CORE_TENSORS = ".attention.core."
-
-
-def _vocab_fix(vocab_size: int) -> str:
-    return (f"pass --vocab-size {vocab_size}, the checkpoint's (a --model-preset used to set it; the vocab file "
-            f"does now), or {RESUME_FIX}")
-
-
-def _ffn_fix(trained: BertConfig) -> str:
-    # a preset's FFN width under another hidden size: what a --model-preset resized by --hidden-size kept
-    kept = any(preset["ffn_hidden_size"] == trained.ffn_hidden_size and preset["hidden_size"] != trained.hidden_size
-               for preset in MODEL_PRESETS.values())
-    why = (" (a --model-preset resized by --hidden-size used to keep the preset's; it keeps its ratio now)" if kept
-           else "")
-    return f"pass --ffn-hidden-size {trained.ffn_hidden_size}, the checkpoint's{why}, or {RESUME_FIX}"
-
-
-def check_model_shapes(stored: dict, config: BertConfig, folder: str, start: bool = False) -> tuple[list, list]:
-    """The checkpoint's model must have this run's tensors and shapes; names the first that differs.
-    `start`: a new run from the weights (a weights-only checkpoint, --finetune), which initialises the
-    attention core's tensors the checkpoint lacks and drops those this model lacks (weights of another
-    variant: Linformer's projections); returns their names (to initialise, to drop)."""
-    fields = {f.name for f in dataclasses.fields(BertConfig)}
-    trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
-    # both as one process: the attention cores own no tensors that depend on the ranks, and the
-    # checkpoint's (hybrid's Ulysses size) would be checked against the groups made for this run's
-    with torch.device("meta"), parallel_state.one_process():
-        found = BertModel(trained).state_dict()
-        expected = BertModel(config).state_dict()
-    fresh = [name for name in expected if start and name not in found and CORE_TENSORS in name]
-
-    def fix(name: str) -> str:
-        if name.endswith("word_embeddings.weight") and stored.get("vocab_size") != config.vocab_size:
-            return _vocab_fix(stored["vocab_size"])
-        if start:
-            return START_FIX
-        if CORE_TENSORS in name and (name in found) != (name in expected):  # to or from linformer
-            return (f"resume with attention {trained.attention}, the checkpoint's, or pass --finetune to start a "
-                    "new run from its weights")
-        return RESUME_FIX
-
-    for name, tensor in expected.items():
-        if name not in fresh and (name not in found or found[name].shape != tensor.shape):
-            if name not in found:
-                raise ConfigError(f"checkpoint {folder} lacks {name}, which this model has", fix(name))
-            raise ConfigError(f"checkpoint {folder} holds {name} of shape {list(found[name].shape)}, this model "
-                              f"expects {list(tensor.shape)}", fix(name))
-    # e.g. biases or a position table dropped; at a start, another variant's core tensors are dropped
-    extra = [name for name in found if name not in expected]
-    dropped = [name for name in extra if start and CORE_TENSORS in name]
-    if len(extra) > len(dropped):
-        name = next(name for name in extra if name not in dropped)
-        raise ConfigError(f"checkpoint {folder} holds {name}, which this model does not have", fix(name))
-    return fresh, dropped
-
-
 @contextlib.contextmanager
 def _one_line_read_errors(engine):
     """DeepSpeed's file reads, with a missing or corrupt file reported as a DataError naming it."""
@@ -904,94 +682,6 @@ def _one_line_read_errors(engine):
         yield
     finally:
         reader.load = original
-
-
-# BertConfig fields that decide what the weights compute besides their shapes (check_model_shapes):
-# a resume keeps them. Dropout, init, sequence length, packing and the attention variant may change (a
-# variant of other math with a warning: attention_change).
-MODEL_FIELDS = ("vocab_size", "num_attention_heads", "layernorm_epsilon", "layernorm_layout", "normalization",
-                "mlp_type", "rotary_base", "local_rotary_base", "local_attention_window", "global_attention_every")
-LINFORMER_FIELDS = ("linformer_k", "linformer_share_heads", "linformer_share_kv")  # its projections' shapes
-
-
-def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
-    """A resume whose model flags differ from the checkpoint's: the first differing size, MODEL_FIELDS
-    value or optional tensor, named as a setting (`--num-layers 4` met a 3-layer checkpoint as 'lacks
-    layers.3...'), else the first differing tensor shape."""
-    fields = {f.name for f in dataclasses.fields(BertConfig)}
-    trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
-    # after the layout and the norm, which set them too; Linformer's own options where both runs use it
-    # (else the variant differs: check_model_shapes names it)
-    linformer = LINFORMER_FIELDS if trained.attention == config.attention == "linformer" else ()
-    for name in ("num_layers", "hidden_size", "ffn_hidden_size", "position_embedding_type", *MODEL_FIELDS,
-                 "add_bias_linear", "add_binary_head", "embedding_layernorm", "first_layer_attention_norm", *linformer):
-        if getattr(trained, name) != getattr(config, name):
-            fix = (_vocab_fix(trained.vocab_size) if name == "vocab_size" else _ffn_fix(trained)
-                   if name == "ffn_hidden_size" else RESUME_FIX)
-            raise ConfigError(f"checkpoint {folder} was trained with {name} {getattr(trained, name)}, this run's "
-                              f"model has {getattr(config, name)}", fix)
-    check_model_shapes(stored, config, folder)
-
-
-# what an attention variant computes, where weights meet another variant than they were trained with
-# (a resume, --finetune); dense, ring, ulysses and hybrid compute the same softmax over every
-# token, split across ranks differently, so weights move between them unchanged
-ATTENTION_MATH = {"linformer": "Linformer's low-rank projected attention",
-                  "bigbird": "BigBird's block-sparse attention"}
-EVERY_TOKEN = "attention to every token"
-# BertConfig fields that decide what keys a query sees without shaping a tensor, for a variant (its own
-# options) and for every model (the local layers). BigBird's seed is not one: its random blocks are
-# drawn anew every step; nor are the rope thetas, which a longer context changes on purpose.
-ATTENTION_FIELDS = {"bigbird": ("bigbird_block_size", "bigbird_num_window_blocks", "bigbird_num_random_blocks")}
-LOCAL_FIELDS = ("local_attention_window", "global_attention_every")
-
-
-def attention_change(source: str, trained: dict, now: dict, user: str = "this run") -> str | None:
-    """One line (None: the same math) saying that weights trained with the attention of model fields
-    `trained` (a stored config's, or vars(BertConfig)) compute another function under `user`'s `now`:
-    another variant's math, or the same variant with other ATTENTION_FIELDS or local layers. The
-    outputs change, silently otherwise."""
-    variant = trained["attention"]
-    was, will = (ATTENTION_MATH.get(fields["attention"], EVERY_TOKEN) for fields in (trained, now))
-    if was != will:
-        return (f"{source} was trained with {was} ({variant}); {user} uses {will} ({now['attention']}), so its "
-                "outputs differ from the trained model's")
-    names = (*ATTENTION_FIELDS.get(variant, ()), *LOCAL_FIELDS)  # an older config may lack one: the default
-    was_set, now_set = ({name: fields.get(name, getattr(BertConfig, name)) for name in names}
-                        for fields in (trained, now))
-    changed = [name for name in names if was_set[name] != now_set[name]]
-    if not changed:
-        return None
-    return _fields_change(f"{source} was trained with {variant} attention at", changed, was_set, now_set, user)
-
-
-def _fields_change(trained_with: str, changed: list, was_set: dict, now_set: dict, user: str) -> str:
-    old, new = (", ".join(f"{name} {values[name]}" for name in changed) for values in (was_set, now_set))
-    return f"{trained_with} {old}; {user} uses {new}, so its outputs differ from the trained model's"
-
-
-def local_layers_added(source: str, trained: dict, now: BertConfig) -> str | None:
-    """The line of attention_change for weights trained elsewhere (an HF folder, a from-hf checkpoint),
-    whose attention variant says nothing: local layers added to a model trained with every layer global
-    (one with local layers keeps its global period: config.refuse_contradictions)."""
-    was_set = {name: trained.get(name, getattr(BertConfig, name)) for name in LOCAL_FIELDS}
-    if was_set["local_attention_window"] is not None or not now.has_local_layers:
-        return None
-    return _fields_change(f"{source} was trained with every layer global, at", LOCAL_FIELDS, was_set, vars(now),
-                          "this run")
-
-
-def check_same_optimizer(stored: dict, ds_config: dict, folder: str) -> None:
-    """The optimizer state restores into an optimizer of the same kind only (another kind's state is
-    keyed by other names: e.g. SGD reading Adam's state stops with a KeyError in its first step).
-    Adam and AdamW keep the same state (DeepSpeed's Adam is AdamW unless adam_w_mode is off)."""
-    trained, current = (((config or {}).get("optimizer") or {}).get("type") for config in (stored.get("ds_config"),
-                                                                                             ds_config))
-    if trained and current and len({{"adamw": "adam"}.get(name.lower(), name.lower())
-                                    for name in (trained, current)}) > 1:
-        raise ConfigError(f"checkpoint {folder} holds the state of optimizer.type {trained}, this run's is {current}",
-                          f"resume with optimizer.type {trained}, or pass --finetune to start a new run from its "
-                          "weights with a fresh optimizer")
 
 
 def _rng_state(folder: str, stored: dict, load_rng: bool) -> dict | None:

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from megatron.config import TrainConfig, precision
+from megatron.config import TrainConfig
+from megatron.ds_schema import precision
 from megatron.errors import ConfigError
 from megatron.data.batch import BertBatch
 from megatron.model.bert import BertModel, TransformerLayer

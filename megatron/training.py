@@ -24,8 +24,7 @@ import torch.distributed as dist
 
 from megatron import checkpoint, determinism, hf_convert, hf_io, hf_modernbert, optimizer_state, paths
 from megatron.arguments import build_parser, config_flags, flag_setting
-from megatron.config import (OPTIMIZER_DEFAULTS, SECTION, WEIGHTLESS_FIELDS, TrainConfig, adjustable_start_fields,
-                             default_optimizer, model_notes, model_preset, optimizer_params_taken, precision,
+from megatron.config import (WEIGHTLESS_FIELDS, TrainConfig, adjustable_start_fields, model_notes, model_preset,
                              preset_source, read_ds_config, refuse_contradictions, resolve)
 from megatron.data import index_maps
 from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_tokens,
@@ -36,6 +35,7 @@ from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, b
                                      check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer,
                                      naming_flags)
 from megatron.data.words import word_rule
+from megatron.ds_schema import OPTIMIZER_DEFAULTS, SECTION, default_optimizer, optimizer_params_taken, precision
 from megatron.engine import build_engine, check_precision_supported, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import (ConfigError, DataError, Interrupted, cannot_use, ignore_signals, raise_on_signals,
                              restore_signals, stop_signals, stopped_during_start_up)

@@ -1,10 +1,10 @@
-"""The DeepSpeed tables megatron/config.py hard-codes (so that it and tools/ds_config.py import neither
+"""The DeepSpeed tables megatron/ds_schema.py hard-codes (so that it and tools/ds_config.py import neither
 torch nor DeepSpeed), traced again from the installed DeepSpeed and torch: test_ds_config_tool.py
 holds each pair equal, so a DeepSpeed upgrade that changes one fails there until the table follows."""
 import contextlib
 import inspect
 
-from megatron.config import _ADAM_DEEPSPEED_KEYS, _DEEPSPEED_OTHER_KEYS, _MUP_OPTIMIZERS, OPTIMIZER_NAMES
+from megatron.ds_schema import _ADAM_DEEPSPEED_KEYS, _DEEPSPEED_OTHER_KEYS, _MUP_OPTIMIZERS, OPTIMIZER_NAMES
 
 
 def traced_optimizer_params() -> dict:

@@ -1267,7 +1267,7 @@ def test_a_cpu_run_refuses_deepspeeds_cuda_only_optimizers(monkeypatch):
     muP's optimizers need the mup package."""
     import torch
 
-    from megatron.config import default_optimizer
+    from megatron.ds_schema import default_optimizer
     from megatron.errors import ConfigError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

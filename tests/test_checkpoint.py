@@ -151,7 +151,7 @@ def test_a_resume_with_another_optimizer_type_is_refused():
     """SGD restoring AdamW's state stopped with KeyError 'momentum' in its first step; a type given in
     other case is the same optimizer (DeepSpeed reads it case-insensitively), and Adam keeps AdamW's
     state (the same moments)."""
-    from megatron.checkpoint import check_same_optimizer
+    from megatron.checkpoint_compat import check_same_optimizer
     from megatron.errors import ConfigError
 
     stored = {"ds_config": {"optimizer": {"type": "AdamW", "params": {}}}}

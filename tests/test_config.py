@@ -7,8 +7,8 @@ import pytest
 from deepspeed.runtime.config import DeepSpeedConfig
 
 from megatron.arguments import add_model_and_parallel_args, config_flags
-from megatron.config import (adjustable_start_fields, deepspeed_accepts, read_ds_config, refuse_contradictions,
-                             resolve)
+from megatron.config import adjustable_start_fields, read_ds_config, refuse_contradictions, resolve
+from megatron.ds_schema import deepspeed_accepts
 from megatron.errors import ConfigError
 
 BASE = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
@@ -235,7 +235,8 @@ def test_dtype_and_offload_settings_deepspeed_reads_are_accepted(ds_update, worl
 def test_the_summary_names_torch_autocast_beside_the_weights_dtype():
     """A torch_autocast run keeps fp32 weights (precision(), which decides kernels and checkpoint rules)
     but computes in bf16: the config line says both, not fp32 alone."""
-    from megatron.config import TrainConfig, precision
+    from megatron.config import TrainConfig
+    from megatron.ds_schema import precision
     from megatron.model.args import BertConfig
 
     autocast = {"torch_autocast": {"enabled": True, "dtype": "bfloat16"}}
@@ -382,7 +383,7 @@ def test_an_alias_flag_beside_its_flag_with_another_value_is_refused(argv, messa
 def test_a_preset_resized_by_hidden_size_keeps_its_ffn_ratio_against_weights_and_checkpoints():
     """modernbert-base at --hidden-size 64 has an FFN of 96 (1152 / 768), also when compared with the
     weights a run starts from; a checkpoint saved when it kept 1152 names the flag that resumes it."""
-    from megatron.checkpoint import check_same_model
+    from megatron.checkpoint_compat import check_same_model
     from megatron.model.args import BertConfig
 
     argv = ("--model-preset", "modernbert-base", "--hidden-size", "64", "--num-layers", "3")
@@ -421,7 +422,7 @@ def test_a_resume_names_the_setting_that_adds_or_reshapes_a_tensor(attention, tr
     import dataclasses
 
     from bert_fixtures import small_config
-    from megatron.checkpoint import check_same_model
+    from megatron.checkpoint_compat import check_same_model
 
     model = small_config(attention, linformer_k=8)
     with pytest.raises(ConfigError, match=f"checkpoint ckpt/iter_0000002 was {message}; resume with the model flags"):
@@ -431,7 +432,7 @@ def test_a_resume_names_the_setting_that_adds_or_reshapes_a_tensor(attention, tr
 def test_precision_reads_bf16_under_either_name():
     """DeepSpeed reads "bfloat16" where "bf16" is absent: a checkpoint of such a run is bf16 (its
     fp32 masters, not its rounded copies, are the weights to export)."""
-    from megatron.config import precision
+    from megatron.ds_schema import precision
 
     assert precision({"bfloat16": {"enabled": True}}) == "bf16"
     assert precision({"bf16": {"enabled": False}, "bfloat16": {"enabled": True}}) == "fp32"  # the new name wins
@@ -441,7 +442,7 @@ def test_precision_reads_bf16_under_either_name():
 def test_zero_plus_plus_keys_are_refused_below_stage_3_only_when_on():
     """hpZ's partition size 1 and a false quantization flag are DeepSpeed's defaults (off): accepted at
     any stage; on, below stage 3, they would do nothing."""
-    from megatron.config import check_deepspeed_types
+    from megatron.ds_schema import check_deepspeed_types
 
     check_deepspeed_types({"zero_optimization": {"stage": 1, "zero_hpz_partition_size": 1,
                                                  "zero_quantized_weights": False}})

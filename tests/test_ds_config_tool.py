@@ -210,9 +210,9 @@ def test_the_tool_imports_neither_torch_nor_deepspeed(tmp_path):
 def test_static_deepspeed_tables_match_the_installed_deepspeed():
     from ds_trace import (traced_deepspeed_top_level_keys, traced_optimizer_names, traced_optimizer_params,
                           traced_section_keys, traced_stage3_settings)
-    from megatron.config import (DEEPSPEED_SECTION_KEYS, DEEPSPEED_TOP_LEVEL_KEYS, OPTIMIZER_NAMES, OPTIMIZER_PARAMS,
-                                 TORCH_ADAM_PARAMS)
-    from megatron.config import _STAGE3_SETTINGS
+    from megatron.ds_schema import (DEEPSPEED_SECTION_KEYS, DEEPSPEED_TOP_LEVEL_KEYS, OPTIMIZER_NAMES, OPTIMIZER_PARAMS,
+                                    TORCH_ADAM_PARAMS)
+    from megatron.ds_schema import _STAGE3_SETTINGS
 
     assert traced_deepspeed_top_level_keys() == DEEPSPEED_TOP_LEVEL_KEYS
     assert traced_optimizer_names() == OPTIMIZER_NAMES

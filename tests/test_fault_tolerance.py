@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, run_log, training
+from megatron import checkpoint, checkpoint_compat, locks, run_log, training
 from megatron.errors import ConfigError, DataError
 from megatron.data import bert_dataset
 from megatron.model.bert import BertConfig
@@ -223,7 +223,7 @@ def test_a_lost_rank_ends_the_others_with_one_line(tmp_path, data_dir, how):
     fix = f"the last checkpoint is {ckpt / checkpoint.tag_for(2)}: resume with --load {ckpt}"
     assert (code, err.splitlines()[-1:]) == (2, [f"pretrain_bert.py: error: {said}; {fix}" + (
         ", with a larger --distributed-timeout-minutes if that phase is this slow" if how == "frozen" else "")]), err
-    assert "Traceback" not in err and not (ckpt / checkpoint.LOCK).exists()
+    assert "Traceback" not in err and not (ckpt / locks.LOCK).exists()
     assert seconds < {"ended": 10, "frozen": 9 + 10}[how]
 
 
@@ -496,11 +496,11 @@ def test_unreadable_checkpoints_are_one_line_errors(tmp_path):
     small, large = BertConfig(hidden_size=32, num_attention_heads=4), BertConfig(hidden_size=64, num_attention_heads=4)
     with pytest.raises(ConfigError, match=r"holds embeddings.word_embeddings.weight of shape \[30592, 32\], this "
                                           r"model expects \[30592, 64\]"):
-        checkpoint.check_model_shapes(vars(small), large, "ckpt/iter_0000004")
+        checkpoint_compat.check_model_shapes(vars(small), large, "ckpt/iter_0000004")
     # a preset's vocab (50368) before presets left the vocab size to the vocab file: the flag to pass
     preset_vocab = BertConfig(hidden_size=32, num_attention_heads=4, vocab_size=50368)
     with pytest.raises(ConfigError, match=r"this model expects \[30592, 32\]; pass --vocab-size 50368, the "):
-        checkpoint.check_model_shapes(vars(preset_vocab), small, "ckpt/iter_0000004")
+        checkpoint_compat.check_model_shapes(vars(preset_vocab), small, "ckpt/iter_0000004")
 
 
 def test_own_files_load_with_weights_only(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron import checkpoint, hf_convert, hf_io, training
+from megatron import checkpoint, checkpoint_compat, hf_convert, hf_io, training
 from megatron.errors import DataError
 from megatron.model.bert import BertConfig, BertModel
 from test_convert_checkpoint import convert
@@ -127,11 +127,12 @@ def test_a_start_from_weights_of_another_variant_initialises_or_drops_linformers
     with pytest.raises(ConfigError, match="lacks layers.0.attention.core.key_projection, which this model has; "
                                           "resume with attention dense, the checkpoint's, or pass --finetune to start "
                                           "a new run from its weights"):
-        checkpoint.check_model_shapes(vars(dense), linformer, "ckpt/iter_0000001")
+        checkpoint_compat.check_model_shapes(vars(dense), linformer, "ckpt/iter_0000001")
     # any other tensor the weights lack stays one error, and a start from weights is no resume
     with pytest.raises(ConfigError, match="lacks binary_head.pooler.weight, which this model has; pass the model "
                                           "flags the checkpoint was trained with$"):
-        checkpoint.check_model_shapes(vars(small_config("dense", add_binary_head=False)), dense, "ckpt", start=True)
+        checkpoint_compat.check_model_shapes(vars(small_config("dense", add_binary_head=False)), dense, "ckpt",
+                                             start=True)
 
 
 def test_linformer_or_bigbird_over_the_local_layers_of_the_weights_names_them_not_a_flag(tmp_path):
@@ -423,12 +424,13 @@ def test_local_layers_added_to_weights_trained_all_global_are_a_warning(tmp_path
         f"warning: checkpoint {tmp_path / 'ck'} was trained with every layer global, at local_attention_window None, "
         "global_attention_every 1; this run uses local_attention_window 8, global_attention_every 2, so its outputs "
         "differ from the trained model's"]
-    assert checkpoint.local_layers_added("ck", vars(local), local) is None  # trained with them: the period is fixed
-    assert checkpoint.local_layers_added("ck", vars(config), config) is None
+    # trained with them: the period is fixed
+    assert checkpoint_compat.local_layers_added("ck", vars(local), local) is None
+    assert checkpoint_compat.local_layers_added("ck", vars(config), config) is None
 
 
 def test_a_resume_takes_the_checkpoints_model_unless_a_flag_or_preset_restates_it(tmp_path):
-    """In-process (training.model_flags): every field the resume checks (checkpoint.check_same_model) and
+    """In-process (training.model_flags): every field the resume checks (checkpoint_compat.check_same_model) and
     --seq-length come from the checkpoint, a classic BERT's too; a preset that differs is refused by name."""
     import json
 
@@ -442,7 +444,7 @@ def test_a_resume_takes_the_checkpoints_model_unless_a_flag_or_preset_restates_i
     run_state = tmp_path / "ck" / checkpoint.tag_for(0) / checkpoint.RUN_STATE
     run_state.write_text(json.dumps({**json.loads(run_state.read_text()), "weights_only": False}))  # a trained one
     flags = training.model_flags(build_parser().parse_args(["--load", str(tmp_path / "ck")]), {}, weights_only=False)
-    kept = ("num_layers", "hidden_size", "ffn_hidden_size", *checkpoint.MODEL_FIELDS, "seq_length",
+    kept = ("num_layers", "hidden_size", "ffn_hidden_size", *checkpoint_compat.MODEL_FIELDS, "seq_length",
             "max_position_embeddings", "layernorm_layout", "embedding_layernorm", "make_vocab_size_divisible_by")
     given = {name: getattr(BertConfig, name) if flags[name] is None else flags[name] for name in kept}  # thetas:
     assert given == {name: getattr(config, name) for name in kept}  # unread with learned positions, not carried

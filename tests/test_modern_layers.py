@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from bert_fixtures import naive_masked_attention, packed_batch, padded_batch, segment_allowed, small_config, small_model
 from megatron import hf_modernbert
 from megatron.arguments import add_model_and_parallel_args, config_flags
-from megatron.checkpoint import check_model_shapes
+from megatron.checkpoint_compat import check_model_shapes
 from megatron.config import read_ds_config, resolve
 from megatron.errors import ConfigError
 from megatron.model import attention

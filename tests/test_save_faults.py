@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron import checkpoint, run_log
+from megatron import checkpoint, locks, run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.launcher_watch import start_time
 from megatron.parallel.spawn import free_port
@@ -183,7 +183,7 @@ def test_a_file_size_limit_at_save_is_named_as_efbig(tmp_path, writer):
 
 def write_lock(folder, host: str, pid: int, start) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / checkpoint.LOCK).write_text(json.dumps({"host": host, "pid": pid, "start": start}))
+    (folder / locks.LOCK).write_text(json.dumps({"host": host, "pid": pid, "start": start}))
 
 
 def dead_pid() -> int:
@@ -195,26 +195,26 @@ def dead_pid() -> int:
 def test_lock_refuses_a_live_holder_and_another_host(tmp_path, capsys):
     host = socket.gethostname()
     write_lock(tmp_path, host, os.getpid(), start_time(os.getpid()))
-    problem, fix = checkpoint.take_lock(str(tmp_path))
+    problem, fix = locks.take_lock(str(tmp_path))
     assert problem == (f"--save {tmp_path} is in use by a live run: pid {os.getpid()} on this host ({host}) holds "
-                       f"{tmp_path / checkpoint.LOCK}")
+                       f"{tmp_path / locks.LOCK}")
     assert "choose another --save directory" in fix
     # on this host a live holder is never stale: its heartbeat may wait for the GIL (a long map build)
-    stale = time.time() - checkpoint.LOCK_STALE_S - 1
-    os.utime(tmp_path / checkpoint.LOCK, (stale, stale))
-    assert checkpoint.take_lock(str(tmp_path))[0] == problem
+    stale = time.time() - locks.LOCK_STALE_S - 1
+    os.utime(tmp_path / locks.LOCK, (stale, stale))
+    assert locks.take_lock(str(tmp_path))[0] == problem
     write_lock(tmp_path, "other-node", 4242, "1")
-    problem, fix = checkpoint.take_lock(str(tmp_path))
+    problem, fix = locks.take_lock(str(tmp_path))
     assert problem.startswith(f"--save {tmp_path} is locked by pid 4242 on host other-node, whose lock was touched ")
-    assert f"remove {tmp_path / checkpoint.LOCK} once that run has ended" in fix
+    assert f"remove {tmp_path / locks.LOCK} once that run has ended" in fix
     # another host's lock nobody touched for LOCK_STALE_S: a preempted run (a requeue on another node)
-    os.utime(tmp_path / checkpoint.LOCK, (stale, stale))
-    assert checkpoint.take_lock(str(tmp_path)) is None
-    checkpoint.release_lock()
+    os.utime(tmp_path / locks.LOCK, (stale, stale))
+    assert locks.take_lock(str(tmp_path)) is None
+    locks.release_lock()
     # this pid with another start time: the pid was reused after the holder died
     write_lock(tmp_path, host, os.getpid(), "1")
-    assert checkpoint.take_lock(str(tmp_path)) is None
-    checkpoint.release_lock()
+    assert locks.take_lock(str(tmp_path)) is None
+    locks.release_lock()
     assert sorted(os.listdir(tmp_path)) == [] and capsys.readouterr().err.count("taking over the lock") == 2
 
 
@@ -224,10 +224,10 @@ def test_a_process_taking_a_lock_again_keeps_it_and_one_elsewhere_is_given_back(
     first, second = tmp_path / "a", tmp_path / "b"
     for folder in (first, first, second):
         folder.mkdir(exist_ok=True)
-        assert checkpoint.take_lock(str(folder), (), "--log-dir", checkpoint.LOG_LOCK) is None
-    assert not (first / checkpoint.LOG_LOCK).exists() and (second / checkpoint.LOG_LOCK).exists()
-    checkpoint.release_lock()
-    assert not (second / checkpoint.LOG_LOCK).exists() and checkpoint._held_locks == {}
+        assert locks.take_lock(str(folder), (), "--log-dir", locks.LOG_LOCK) is None
+    assert not (first / locks.LOG_LOCK).exists() and (second / locks.LOG_LOCK).exists()
+    locks.release_lock()
+    assert not (second / locks.LOG_LOCK).exists() and locks._held_locks == {}
 
 
 def test_the_lock_holder_removes_the_leftovers_of_killed_saves(tmp_path, capsys):
@@ -240,9 +240,9 @@ def test_the_lock_holder_removes_the_leftovers_of_killed_saves(tmp_path, capsys)
         (tmp_path / name / "model_states.pt").write_bytes(b"weights")
     (tmp_path / "latest").write_text("iter_0000004")
     write_lock(tmp_path, socket.gethostname(), dead_pid(), None)  # the killed run's
-    assert checkpoint.take_lock(str(tmp_path)) is None
+    assert locks.take_lock(str(tmp_path)) is None
     checkpoint.remove_killed_saves(str(tmp_path))
-    checkpoint.release_lock()
+    locks.release_lock()
     assert sorted(os.listdir(tmp_path)) == ["iter_0000004", "latest", "notes.partial"]
     assert capsys.readouterr().out == (f"--save {tmp_path}: removed iter_0000001.removing, iter_0000002.partial, left "
                                        "by killed saves\n")
@@ -253,20 +253,20 @@ def test_a_lock_held_by_a_process_that_ended_unreaped_is_taken_over(tmp_path, ca
     holder = subprocess.Popen(["sleep", "60"])
     try:
         write_lock(tmp_path, socket.gethostname(), holder.pid, start_time(holder.pid))
-        assert checkpoint.take_lock(str(tmp_path))[0].endswith(f"holds {tmp_path / checkpoint.LOCK}")  # alive
+        assert locks.take_lock(str(tmp_path))[0].endswith(f"holds {tmp_path / locks.LOCK}")  # alive
         holder.kill()
         os.waitid(os.P_PID, holder.pid, os.WEXITED | os.WNOWAIT)  # ended, left unreaped
-        assert checkpoint.take_lock(str(tmp_path)) is None
-        checkpoint.release_lock()
+        assert locks.take_lock(str(tmp_path)) is None
+        locks.release_lock()
         assert "taking over the lock" in capsys.readouterr().err
     finally:
         holder.wait()
 
 
 def test_the_holder_touches_its_lock_and_a_replaced_stale_lock_is_not_removed(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoint, "LOCK_HEARTBEAT_S", 0.05)
-    assert checkpoint.take_lock(str(tmp_path)) is None
-    lock = tmp_path / checkpoint.LOCK
+    monkeypatch.setattr(locks, "LOCK_HEARTBEAT_S", 0.05)
+    assert locks.take_lock(str(tmp_path)) is None
+    lock = tmp_path / locks.LOCK
     old = time.time() - 1000
     os.utime(lock, (old, old))
     time.sleep(0.3)
@@ -275,16 +275,16 @@ def test_the_holder_touches_its_lock_and_a_replaced_stale_lock_is_not_removed(tm
     write_lock(tmp_path, "node-9", 77, "5")
     os.utime(lock, (old, old))
     time.sleep(0.3)
-    checkpoint.release_lock()
-    assert checkpoint._read_lock(str(lock)) == {"host": "node-9", "pid": 77, "start": "5"}
+    locks.release_lock()
+    assert locks._read_lock(str(lock)) == {"host": "node-9", "pid": 77, "start": "5"}
     assert lock.stat().st_mtime == old
     # two runs judge the same lock stale; the first has replaced it with its own when the second acts
     write_lock(tmp_path, "other-node", 4242, "1")
-    stale_holder = checkpoint._read_lock(str(lock))
+    stale_holder = locks._read_lock(str(lock))
     write_lock(tmp_path, "node-9", 77, "5")  # the other run's fresh lock
-    assert checkpoint._remove_stale(str(lock), stale_holder) is False
-    assert checkpoint._read_lock(str(lock)) == {"host": "node-9", "pid": 77, "start": "5"}
-    assert sorted(os.listdir(tmp_path)) == [checkpoint.LOCK]
+    assert locks._remove_stale(str(lock), stale_holder) is False
+    assert locks._read_lock(str(lock)) == {"host": "node-9", "pid": 77, "start": "5"}
+    assert sorted(os.listdir(tmp_path)) == [locks.LOCK]
 
 
 def test_a_folder_without_hard_links_is_locked_by_an_exclusive_create(tmp_path, monkeypatch):
@@ -295,16 +295,16 @@ def test_a_folder_without_hard_links_is_locked_by_an_exclusive_create(tmp_path, 
         raise OSError(errno.EPERM, os.strerror(errno.EPERM), source, None, target)
 
     monkeypatch.setattr(os, "link", no_link)
-    (tmp_path / checkpoint.LOCK).touch()  # another run's exclusive create, not written yet: not taken over
-    assert "was just taken by another run starting there" in checkpoint.take_lock(str(tmp_path))[0]
-    (tmp_path / checkpoint.LOCK).unlink()
-    assert checkpoint.take_lock(str(tmp_path)) is None
-    lock = checkpoint._read_lock(str(tmp_path / checkpoint.LOCK))
+    (tmp_path / locks.LOCK).touch()  # another run's exclusive create, not written yet: not taken over
+    assert "was just taken by another run starting there" in locks.take_lock(str(tmp_path))[0]
+    (tmp_path / locks.LOCK).unlink()
+    assert locks.take_lock(str(tmp_path)) is None
+    lock = locks._read_lock(str(tmp_path / locks.LOCK))
     assert (lock["host"], lock["pid"]) == (socket.gethostname(), os.getpid())
-    held = checkpoint._held_locks.pop(checkpoint.LOCK)  # as another run sees it
-    assert "in use by a live run" in checkpoint.take_lock(str(tmp_path))[0]
-    checkpoint._held_locks[checkpoint.LOCK] = held
-    checkpoint.release_lock()
+    held = locks._held_locks.pop(locks.LOCK)  # as another run sees it
+    assert "in use by a live run" in locks.take_lock(str(tmp_path))[0]
+    locks._held_locks[locks.LOCK] = held
+    locks.release_lock()
     assert os.listdir(tmp_path) == []
 
 
@@ -314,7 +314,7 @@ def test_a_lock_released_while_being_read_is_taken_and_a_failed_write_leaves_non
     again: an empty lock would refuse the next run as one starting there."""
     import errno
 
-    place, calls = checkpoint._place, []
+    place, calls = locks._place, []
 
     def released_meanwhile(source, path):
         calls.append(path)
@@ -322,10 +322,10 @@ def test_a_lock_released_while_being_read_is_taken_and_a_failed_write_leaves_non
             raise FileExistsError(errno.EEXIST, "exists", path)  # and gone by the time it is read
         place(source, path)
 
-    monkeypatch.setattr(checkpoint, "_place", released_meanwhile)
-    assert checkpoint.take_lock(str(tmp_path)) is None and len(calls) == 2
-    checkpoint.release_lock()
-    monkeypatch.setattr(checkpoint, "_place", place)
+    monkeypatch.setattr(locks, "_place", released_meanwhile)
+    assert locks.take_lock(str(tmp_path)) is None and len(calls) == 2
+    locks.release_lock()
+    monkeypatch.setattr(locks, "_place", place)
 
     def no_link(source, target):
         raise OSError(errno.EPERM, os.strerror(errno.EPERM), source, None, target)
@@ -348,7 +348,7 @@ def test_a_lock_released_while_being_read_is_taken_and_a_failed_write_leaves_non
     monkeypatch.setattr("builtins.open", lambda path, mode="r", *a, **k: FullDisk(real_open(path, mode, *a, **k))
                         if mode == "xb" else real_open(path, mode, *a, **k))
     with pytest.raises(OSError, match="No space left"):
-        checkpoint.take_lock(str(tmp_path))
+        locks.take_lock(str(tmp_path))
     assert os.listdir(tmp_path) == []
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from megatron import checkpoint, run_log, training
+from megatron import checkpoint, locks, run_log, training
 from megatron.parallel import launcher_watch
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
@@ -54,7 +54,7 @@ def main_signalled_in_evaluation(argv, signalled_rank: int) -> tuple:
 
     def slow_plot(log, save_dir):
         if dist.get_rank() == 0:
-            at_plot.update(lock=dict(checkpoint._held_locks.get(checkpoint.LOCK, {})), said=err.getvalue())
+            at_plot.update(lock=dict(locks._held_locks.get(locks.LOCK, {})), said=err.getvalue())
             for second in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C, the launcher's SIGTERM
                 os.kill(os.getpid(), second)
             time.sleep(1.0)
@@ -368,7 +368,7 @@ def main_signalled_writing_an_index_map(argv) -> tuple:
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = training.main(argv)
-    return code, err.getvalue(), dict(checkpoint._held_locks), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    return code, err.getvalue(), dict(locks._held_locks), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_a_signal_during_start_up_stops_at_once_and_leaves_nothing(tmp_path, data):
@@ -467,7 +467,7 @@ def main_signalled_in_its_final_save(argv) -> tuple:
         return save(engine, config, save_dir, iteration, *args, **kwargs)
 
     def signalled_plot(log, save_dir):
-        at_plot.append(dict(checkpoint._held_locks.get(checkpoint.LOCK, {})))
+        at_plot.append(dict(locks._held_locks.get(locks.LOCK, {})))
         for signum in (signal.SIGINT, signal.SIGTERM):
             os.kill(os.getpid(), signum)
         plot(log, save_dir)

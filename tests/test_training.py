@@ -584,10 +584,10 @@ def test_a_resume_with_other_packed_segments_says_samples_are_cut_differently():
 
 
 def test_a_resume_or_start_with_attention_of_other_math_says_the_outputs_change():
-    """checkpoint.attention_change, the line a resume, --finetune and extend_context print at start: the exact
+    """checkpoint_compat.attention_change, the line a resume, --finetune and extend_context print at start: the exact
     variants (one softmax over every token, split across ranks otherwise) move weights unchanged, silently;
     to or from Linformer's or BigBird's math the trained function changes, said once."""
-    from megatron.checkpoint import attention_change
+    from megatron.checkpoint_compat import attention_change
 
     def change(trained, now, **fields):
         return attention_change("checkpoint ck", {"attention": trained}, {"attention": now, **fields})
@@ -608,11 +608,11 @@ def test_a_resume_or_start_with_attention_of_other_math_says_the_outputs_change(
 
 def test_attention_settings_that_shape_no_tensor_are_compared_too():
     """Weights meet the same variant with other BigBird blocks or other local layers (a resume refuses the
-    local layers' change: checkpoint.MODEL_FIELDS; --finetune may set another window): a line naming both
+    local layers' change: checkpoint_compat.MODEL_FIELDS; --finetune may set another window): a line naming both
     values. BigBird's seed (random blocks redrawn every step), the rope thetas (a longer context changes
     them on purpose) and the options of a variant neither run uses are not compared; a stored config
     without a field had its default."""
-    from megatron.checkpoint import attention_change
+    from megatron.checkpoint_compat import attention_change
     from megatron.model.args import BertConfig
 
     bigbird = vars(BertConfig(attention="bigbird", bigbird_block_size=8))

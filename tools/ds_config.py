@@ -40,7 +40,8 @@ from pathlib import Path
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.arguments import add_model_and_parallel_args, add_packing_args, config_flags
-from megatron.config import SECTION, default_optimizer, model_notes, read_ds_config, resolve, strict_json_loads
+from megatron.config import model_notes, read_ds_config, resolve, strict_json_loads
+from megatron.ds_schema import SECTION, default_optimizer
 from megatron.errors import ConfigError, OneLineParser, run_tool
 from megatron.paths import file_in_the_way
 

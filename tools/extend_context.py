@@ -40,8 +40,8 @@ with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the secon
     quiet_deepspeed(on_the_device=True)  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     from megatron import checkpoint, hf_convert, hf_io
     from megatron.arguments import flag_setting, flags_given
-    from megatron.config import (ADJUSTABLE_START_FIELDS, SECTION, json_pipeline_stages, read_ds_config,
-                                 section_values)
+    from megatron.config import ADJUSTABLE_START_FIELDS, json_pipeline_stages, read_ds_config, section_values
+    from megatron.ds_schema import SECTION
     from megatron.training import initial_model_fields, starting_weights_fields
 
 ROOT = Path(__file__).resolve().parents[1]

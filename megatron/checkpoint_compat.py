@@ -1,0 +1,161 @@
+"""Whether a checkpoint's model, attention and optimizer fit this run's: the settings a resume must
+keep (check_same_model, check_model_shapes, check_same_optimizer), and the one-line notes when weights
+meet attention of other math (attention_change, local_layers_added). Read by checkpoint.load, the
+trainer's resume and --finetune checks and tools/convert_checkpoint.py.
+"""
+import dataclasses
+
+import torch
+
+from megatron.errors import ConfigError
+from megatron.model.args import MODEL_PRESETS
+from megatron.model.bert import BertConfig, BertModel
+from megatron.parallel import state as parallel_state
+
+
+RESUME_FIX = "resume with the model flags the checkpoint was trained with"
+START_FIX = "pass the model flags the checkpoint was trained with"
+# the tensors of an attention core (Linformer's key / value projections, the only core with weights):
+# weights trained with another variant lack them, a start from such weights initialises them
+CORE_TENSORS = ".attention.core."
+
+
+def _vocab_fix(vocab_size: int) -> str:
+    return (f"pass --vocab-size {vocab_size}, the checkpoint's (a --model-preset used to set it; the vocab file "
+            f"does now), or {RESUME_FIX}")
+
+
+def _ffn_fix(trained: BertConfig) -> str:
+    # a preset's FFN width under another hidden size: what a --model-preset resized by --hidden-size kept
+    kept = any(preset["ffn_hidden_size"] == trained.ffn_hidden_size and preset["hidden_size"] != trained.hidden_size
+               for preset in MODEL_PRESETS.values())
+    why = (" (a --model-preset resized by --hidden-size used to keep the preset's; it keeps its ratio now)" if kept
+           else "")
+    return f"pass --ffn-hidden-size {trained.ffn_hidden_size}, the checkpoint's{why}, or {RESUME_FIX}"
+
+
+def check_model_shapes(stored: dict, config: BertConfig, folder: str, start: bool = False) -> tuple[list, list]:
+    """The checkpoint's model must have this run's tensors and shapes; names the first that differs.
+    `start`: a new run from the weights (a weights-only checkpoint, --finetune), which initialises the
+    attention core's tensors the checkpoint lacks and drops those this model lacks (weights of another
+    variant: Linformer's projections); returns their names (to initialise, to drop)."""
+    fields = {f.name for f in dataclasses.fields(BertConfig)}
+    trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
+    # both as one process: the attention cores own no tensors that depend on the ranks, and the
+    # checkpoint's (hybrid's Ulysses size) would be checked against the groups made for this run's
+    with torch.device("meta"), parallel_state.one_process():
+        found = BertModel(trained).state_dict()
+        expected = BertModel(config).state_dict()
+    fresh = [name for name in expected if start and name not in found and CORE_TENSORS in name]
+
+    def fix(name: str) -> str:
+        if name.endswith("word_embeddings.weight") and stored.get("vocab_size") != config.vocab_size:
+            return _vocab_fix(stored["vocab_size"])
+        if start:
+            return START_FIX
+        if CORE_TENSORS in name and (name in found) != (name in expected):  # to or from linformer
+            return (f"resume with attention {trained.attention}, the checkpoint's, or pass --finetune to start a "
+                    "new run from its weights")
+        return RESUME_FIX
+
+    for name, tensor in expected.items():
+        if name not in fresh and (name not in found or found[name].shape != tensor.shape):
+            if name not in found:
+                raise ConfigError(f"checkpoint {folder} lacks {name}, which this model has", fix(name))
+            raise ConfigError(f"checkpoint {folder} holds {name} of shape {list(found[name].shape)}, this model "
+                              f"expects {list(tensor.shape)}", fix(name))
+    # e.g. biases or a position table dropped; at a start, another variant's core tensors are dropped
+    extra = [name for name in found if name not in expected]
+    dropped = [name for name in extra if start and CORE_TENSORS in name]
+    if len(extra) > len(dropped):
+        name = next(name for name in extra if name not in dropped)
+        raise ConfigError(f"checkpoint {folder} holds {name}, which this model does not have", fix(name))
+    return fresh, dropped
+
+
+# BertConfig fields that decide what the weights compute besides their shapes (check_model_shapes):
+# a resume keeps them. Dropout, init, sequence length, packing and the attention variant may change (a
+# variant of other math with a warning: attention_change).
+MODEL_FIELDS = ("vocab_size", "num_attention_heads", "layernorm_epsilon", "layernorm_layout", "normalization",
+                "mlp_type", "rotary_base", "local_rotary_base", "local_attention_window", "global_attention_every")
+LINFORMER_FIELDS = ("linformer_k", "linformer_share_heads", "linformer_share_kv")  # its projections' shapes
+
+
+def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
+    """A resume whose model flags differ from the checkpoint's: the first differing size, MODEL_FIELDS
+    value or optional tensor, named as a setting (`--num-layers 4` met a 3-layer checkpoint as 'lacks
+    layers.3...'), else the first differing tensor shape."""
+    fields = {f.name for f in dataclasses.fields(BertConfig)}
+    trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
+    # after the layout and the norm, which set them too; Linformer's own options where both runs use it
+    # (else the variant differs: check_model_shapes names it)
+    linformer = LINFORMER_FIELDS if trained.attention == config.attention == "linformer" else ()
+    for name in ("num_layers", "hidden_size", "ffn_hidden_size", "position_embedding_type", *MODEL_FIELDS,
+                 "add_bias_linear", "add_binary_head", "embedding_layernorm", "first_layer_attention_norm", *linformer):
+        if getattr(trained, name) != getattr(config, name):
+            fix = (_vocab_fix(trained.vocab_size) if name == "vocab_size" else _ffn_fix(trained)
+                   if name == "ffn_hidden_size" else RESUME_FIX)
+            raise ConfigError(f"checkpoint {folder} was trained with {name} {getattr(trained, name)}, this run's "
+                              f"model has {getattr(config, name)}", fix)
+    check_model_shapes(stored, config, folder)
+
+
+# what an attention variant computes, where weights meet another variant than they were trained with
+# (a resume, --finetune); dense, ring, ulysses and hybrid compute the same softmax over every
+# token, split across ranks differently, so weights move between them unchanged
+ATTENTION_MATH = {"linformer": "Linformer's low-rank projected attention",
+                  "bigbird": "BigBird's block-sparse attention"}
+EVERY_TOKEN = "attention to every token"
+# BertConfig fields that decide what keys a query sees without shaping a tensor, for a variant (its own
+# options) and for every model (the local layers). BigBird's seed is not one: its random blocks are
+# drawn anew every step; nor are the rope thetas, which a longer context changes on purpose.
+ATTENTION_FIELDS = {"bigbird": ("bigbird_block_size", "bigbird_num_window_blocks", "bigbird_num_random_blocks")}
+LOCAL_FIELDS = ("local_attention_window", "global_attention_every")
+
+
+def attention_change(source: str, trained: dict, now: dict, user: str = "this run") -> str | None:
+    """One line (None: the same math) saying that weights trained with the attention of model fields
+    `trained` (a stored config's, or vars(BertConfig)) compute another function under `user`'s `now`:
+    another variant's math, or the same variant with other ATTENTION_FIELDS or local layers. The
+    outputs change, silently otherwise."""
+    variant = trained["attention"]
+    was, will = (ATTENTION_MATH.get(fields["attention"], EVERY_TOKEN) for fields in (trained, now))
+    if was != will:
+        return (f"{source} was trained with {was} ({variant}); {user} uses {will} ({now['attention']}), so its "
+                "outputs differ from the trained model's")
+    names = (*ATTENTION_FIELDS.get(variant, ()), *LOCAL_FIELDS)  # an older config may lack one: the default
+    was_set, now_set = ({name: fields.get(name, getattr(BertConfig, name)) for name in names}
+                        for fields in (trained, now))
+    changed = [name for name in names if was_set[name] != now_set[name]]
+    if not changed:
+        return None
+    return _fields_change(f"{source} was trained with {variant} attention at", changed, was_set, now_set, user)
+
+
+def _fields_change(trained_with: str, changed: list, was_set: dict, now_set: dict, user: str) -> str:
+    old, new = (", ".join(f"{name} {values[name]}" for name in changed) for values in (was_set, now_set))
+    return f"{trained_with} {old}; {user} uses {new}, so its outputs differ from the trained model's"
+
+
+def local_layers_added(source: str, trained: dict, now: BertConfig) -> str | None:
+    """The line of attention_change for weights trained elsewhere (an HF folder, a from-hf checkpoint),
+    whose attention variant says nothing: local layers added to a model trained with every layer global
+    (one with local layers keeps its global period: config.refuse_contradictions)."""
+    was_set = {name: trained.get(name, getattr(BertConfig, name)) for name in LOCAL_FIELDS}
+    if was_set["local_attention_window"] is not None or not now.has_local_layers:
+        return None
+    return _fields_change(f"{source} was trained with every layer global, at", LOCAL_FIELDS, was_set, vars(now),
+                          "this run")
+
+
+def check_same_optimizer(stored: dict, ds_config: dict, folder: str) -> None:
+    """The optimizer state restores into an optimizer of the same kind only (another kind's state is
+    keyed by other names: e.g. SGD reading Adam's state stops with a KeyError in its first step).
+    Adam and AdamW keep the same state (DeepSpeed's Adam is AdamW unless adam_w_mode is off)."""
+    trained, current = (((config or {}).get("optimizer") or {}).get("type") for config in (stored.get("ds_config"),
+                                                                                             ds_config))
+    if trained and current and len({{"adamw": "adam"}.get(name.lower(), name.lower())
+                                    for name in (trained, current)}) > 1:
+        raise ConfigError(f"checkpoint {folder} holds the state of optimizer.type {trained}, this run's is {current}",
+                          f"resume with optimizer.type {trained}, or pass --finetune to start a new run from its "
+                          "weights with a fresh optimizer")

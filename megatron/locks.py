@@ -1,0 +1,186 @@
+"""The lock files of a run's folders: one run writes into a --save folder (LOCK) and one into a
+--log-dir (LOG_LOCK). Rank 0 takes them at start-up (checkpoint.check_writable, training's --log-dir
+check) and gives them back at the end however the run ends; a heartbeat thread touches each while it
+is held, so that a lock left by a dead run (a crash, a kill, a preempted node) is taken over.
+"""
+import contextlib
+import errno
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+from megatron.parallel import launcher_watch
+
+
+LOCK = ".lock"  # the run writing into a --save folder: {"host", "pid", "start"}
+LOG_LOCK = ".log.lock"  # the run writing into a --log-dir, alike (a --log-dir may be its --save too)
+
+_held_locks = {}  # the locks this process holds, by name (LOCK, LOG_LOCK): {"path", "record", "created": folders
+# made for it, "beat": Event}
+LOCK_HEARTBEAT_S = 30  # the holder touches its lock this often
+LOCK_STALE_S = 300  # a lock of another host untouched this long is a dead run's
+
+
+def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str = LOCK) -> tuple[str, str] | None:
+    """Writes `save_dir`/`name` naming this host and process, or returns (problem, fix) when a live
+    run holds it: two runs saving into one folder would delete each other's `.partial` staging
+    folders and interleave their checkpoints; two runs logging into one --log-dir (`flag`) would
+    interleave metrics.jsonl and overwrite each other's config.json, index_maps.json and plot. The holder
+    touches the lock every LOCK_HEARTBEAT_S;
+    a lock whose process no longer runs on this host, or one of another host untouched for
+    LOCK_STALE_S (a crashed, killed or preempted run, e.g. a requeued job on another node), is taken
+    over with one line. `created`: folders made for the lock, removed again by release_lock when left empty.
+    A process holds one lock of each name: taking it again (pretrain called twice in one process) keeps
+    the one it holds there, or gives back the one it holds elsewhere."""
+    path, host = os.path.join(save_dir, name), socket.gethostname()
+    held = _held_locks.get(name)
+    if held and held["path"] == path and _read_lock(path) == held["record"]:
+        return None
+    release_lock(name)
+    staged = f"{path}.{host}.{os.getpid()}"
+    record = {"host": host, "pid": os.getpid(), "start": launcher_watch.start_time(os.getpid())}
+    try:
+        with open(staged, "w") as file:
+            json.dump(record, file)
+        for _ in range(3):
+            try:
+                _place(staged, path)
+                _held_locks[name] = dict(path=path, record=record, created=list(created), beat=_heartbeat(path, record))
+                return None
+            except FileExistsError:
+                holder, age = _read_lock(path), _age(path)
+            if age is None:
+                continue  # released since: place it again
+            if holder is None and age < LOCK_HEARTBEAT_S:
+                break  # being written by a run starting there (an exclusive create appears empty first)
+            if holder and holder.get("host") != host and age < LOCK_STALE_S:
+                return (f"{flag} {save_dir} is locked by pid {holder['pid']} on host {holder.get('host')}, whose "
+                        f"lock was touched {age:.0f} s ago (a run's lock is stale after {LOCK_STALE_S} s)",
+                        f"choose another {flag} directory, or wait, or remove {path} once that run has ended")
+            # on this host the process tells, whatever the lock's age: a live run's heartbeat may
+            # wait for the GIL (a long index-map build) longer than LOCK_STALE_S
+            if holder and holder.get("host") == host and _running(holder):
+                return (f"{flag} {save_dir} is in use by a live run: pid {holder['pid']} on this host ({host}) "
+                        f"holds {path}", f"wait for that run to end or stop it, or choose another {flag} directory")
+            if not _remove_stale(path, holder):
+                break
+            print(f"warning: {flag} {save_dir}: taking over the lock of "
+                  f"""{'pid ' + str(holder['pid']) + ' on ' + str(holder.get('host'))
+                       if holder else 'an unknown process'}"""
+                  ", which no longer runs (a crashed or killed run)", file=sys.stderr, flush=True)
+        return (f"{flag} {save_dir}: its lock {path} was just taken by another run starting there",
+                f"choose another {flag} directory")
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(staged)
+
+
+NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV)  # blob FUSE mounts (blobfuse2, gcsfuse)
+
+
+def _place(source: str, path: str) -> None:
+    """`path` as a copy of `source`, only if no `path` exists (else FileExistsError): a hard link,
+    which appears whole at once, or an exclusive create where the filesystem has no hard links
+    (a reader that meets it still empty, and younger than LOCK_HEARTBEAT_S, leaves it: take_lock)."""
+    try:
+        os.link(source, path)
+    except FileExistsError:
+        raise
+    except OSError as error:
+        if error.errno not in NO_HARD_LINKS:
+            raise
+        with open(source, "rb") as file:
+            content = file.read()
+        file = open(path, "xb")  # FileExistsError: another's, left alone
+        try:
+            with file:
+                file.write(content)
+        except OSError:  # a full disk: no empty lock left to refuse the next run
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            raise
+
+
+def _age(path: str) -> float | None:
+    """Seconds since the lock was last touched; None when it is gone (released meanwhile)."""
+    try:
+        return max(0.0, time.time() - os.stat(path).st_mtime)
+    except OSError:
+        return None
+
+
+def _remove_stale(path: str, holder: dict | None) -> bool:
+    """Moves the stale lock aside and removes it, unless another run replaced it meanwhile (then it
+    is put back): two runs taking over the same stale lock must not both end up holding it."""
+    aside = f"{path}.stale.{socket.gethostname()}.{os.getpid()}"
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return True  # gone already: try to link ours
+    if _read_lock(aside) != holder:
+        with contextlib.suppress(OSError):
+            _place(aside, path)
+        os.remove(aside)
+        return False
+    os.remove(aside)
+    return True
+
+
+def _heartbeat(path: str, record: dict) -> threading.Event:
+    """Touches the lock every LOCK_HEARTBEAT_S, while it is still this run's, until the returned
+    event is set (release_lock)."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(LOCK_HEARTBEAT_S):
+            if _read_lock(path) == record:
+                with contextlib.suppress(OSError):
+                    os.utime(path)
+
+    threading.Thread(target=beat, name="save-lock-heartbeat", daemon=True).start()
+    return stop
+
+
+def _read_lock(path: str) -> dict | None:
+    try:
+        with open(path) as file:
+            holder = json.load(file)
+    except (OSError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
+
+
+def _running(holder: dict) -> bool:
+    """Whether the lock's process (on this host) still runs: its pid exists, with the same start time,
+    and has not ended (a zombie: a rank killed under a parent that never reaps it keeps its pid)."""
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    started = launcher_watch.start_time(holder["pid"])
+    if started is None:  # ended (a zombie) if its /proc entry can be read; else (no /proc, or another
+        # user's process under hidepid) the pid alone tells
+        return not os.access(f"/proc/{holder['pid']}/stat", os.R_OK)
+    return holder.get("start") in (None, started)
+
+
+def release_lock(*names: str) -> None:
+    """Removes the locks of `names` (all when none given) this process holds (rank 0 at the end of
+    its run, however it ends), unless another run has taken one over meanwhile, and the folders made
+    for them when the run left them empty."""
+    for name in names or list(_held_locks):
+        held = _held_locks.pop(name, None)
+        if held is None:
+            continue
+        held["beat"].set()
+        if _read_lock(held["path"]) == held["record"]:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(held["path"])
+        for folder in held["created"]:  # innermost first
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
