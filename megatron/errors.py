@@ -20,6 +20,16 @@ class ConfigError(ValueError):
         self.problem = problem
         self.fix = fix
 
+    def __reduce__(self):  # pickled whole (a data worker's error): __init__'s arguments are not its args
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls, args: tuple, fields: dict) -> ConfigError:
+    error = Exception.__new__(cls)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
+
 
 class DataError(ConfigError):
     """A data file or input record that cannot be used (missing, corrupt, malformed). Same

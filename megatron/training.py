@@ -30,7 +30,7 @@ from megatron.data import index_maps
 from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_tokens,
                                         split_weights, token_stats)
 from megatron.data.default_dataset import EMBEDDED_VOCAB, prepare_default_dataset
-from megatron.data.samplers import PretrainingSampler, micro_batch_loader
+from megatron.data.samplers import PretrainingSampler, micro_batches
 from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, build_tokenizer,
                                      check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer,
                                      naming_flags)
@@ -1293,14 +1293,11 @@ def batch_reader(config, stop: "StopSignals", num_workers: int):
         sampler = PretrainingSampler(len(dataset), start, config.micro_batch_size, state.get_data_parallel_rank(),
                                      state.get_data_parallel_world_size(), micro_batches=count * gas)
         pin = torch.cuda.is_available() and state.get_sequence_parallel_world_size() == 1
-        loader = iter(micro_batch_loader(dataset, sampler, num_workers, pin_memory=pin))
-        try:
+        with contextlib.closing(micro_batches(dataset, sampler, num_workers, pin_memory=pin)) as loader:
             for _ in range(count):
                 step = [next(loader) for _ in range(gas)]
                 stop.agree(step, config.model.vocab_size)
                 yield step
-        finally:
-            del loader  # its workers end here, not when the collector gets to it
     return batches
 
 

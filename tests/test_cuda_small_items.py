@@ -122,9 +122,10 @@ def _seq_sums(size: int) -> dict:
         total = _AllReduceSum.apply(contribution, seq)
         total.backward(grad)
         dq_global = seq.sum(contribution.detach().view(2, 8, 16).transpose(1, 2))
+        wide = seq.sum(torch.full((3,), 1 + rank * 2.0**-40, dtype=torch.float64))  # below fp32's resolution
     finally:
         dist.all_reduce = all_reduce
-    return {"dtypes": dtypes, "total": total.detach(), "grad": contribution.grad, "dq_global": dq_global}
+    return {"dtypes": dtypes, "total": total.detach(), "grad": contribution.grad, "dq_global": dq_global, "wide": wide}
 
 
 def _contributions(size: int) -> list:
@@ -139,7 +140,7 @@ def _contributions(size: int) -> list:
 def test_seq_group_sum_is_fp32():
     """comm.SeqComm.sum on 4 real gloo ranks with bf16 inputs, driven as Linformer (its projected
     K and V, and their gradient) and BigBird (its global rows' dq) drive it: what reaches
-    dist.all_reduce is float32, and the result is the exact (fp32) sum rounded to bf16 once. A
+    dist.all_reduce is float32 (float64 stays float64), and the result is the exact (fp32) sum rounded to bf16 once. A
     bf16 sum of the same terms, partial sums rounded as a reduction in bf16 would, differs
     (checked here, so the data can tell the two apart; gloo's own bf16 all-reduce fails this
     test). simulate.SimulatedComm must give the same sums. Cannot see: NCCL's own bf16 reduction order on a GPU (the fp32 payload removes the
@@ -152,7 +153,8 @@ def test_seq_group_sum_is_fp32():
         rounded_each_step += value
     assert not torch.equal(rounded_each_step, expected[0])
     for result in run_on_ranks(_seq_sums, size, size, timeout=120):
-        assert result["dtypes"] == [torch.float32] * 3
+        assert result["dtypes"] == [torch.float32] * 3 + [torch.float64]  # fp64 is not narrowed
+        assert torch.equal(result["wide"], torch.full((3,), size + 6 * 2.0**-40, dtype=torch.float64))
         assert result["total"].dtype == result["grad"].dtype == result["dq_global"].dtype == torch.bfloat16
         assert torch.equal(result["total"], expected[0])
         assert torch.equal(result["grad"], expected[1])

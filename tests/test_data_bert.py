@@ -419,6 +419,37 @@ def test_data_workers_read_the_same_steps_and_end_with_the_reader(data, monkeypa
     assert multiprocessing.active_children() == []
 
 
+class FailingItem(torch.utils.data.Dataset):
+    """`train`'s items, but item `bad` raises `error`."""
+
+    def __init__(self, train, bad: int, error: Exception):
+        self.train, self.bad, self.error = train, bad, error
+
+    def __len__(self):
+        return len(self.train)
+
+    def __getitem__(self, idx):
+        if idx == self.bad:
+            raise self.error
+        return self.train[idx]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_failing_item_stops_the_reader_as_itself_and_ends_its_workers(data, monkeypatch, num_workers):
+    """A DataError in a worker reaches the rank as that DataError (its one line), not torch's RuntimeError
+    of two tracebacks; any error ends the workers while its traceback (which holds the loader) is still
+    alive: else the rank's exit waits on workers that ignore SIGTERM, for ever."""
+    monkeypatch.setattr(state, "get_data_parallel_rank", lambda: 1)
+    monkeypatch.setattr(state, "get_data_parallel_world_size", lambda: 2)
+    bad = list(PretrainingSampler(len(dataset(data)), 0, 3, 1, 2))[5][1]  # in the third step
+    for error in (DataError("a corrupt record", "preprocess again"), ValueError("a bug")):
+        with pytest.raises(type(error)) as raised:
+            read_steps(FailingItem(dataset(data), bad, error), num_workers, 0, 6)
+        if isinstance(error, DataError):
+            assert type(raised.value) is DataError and str(raised.value) == "a corrupt record; preprocess again"
+        assert multiprocessing.active_children() == [], error
+
+
 def test_collated_batch_splits_into_sequence_chunks(data):
     train = dataset(data)
     batch = collate_bert([train[i] for i in range(4)])

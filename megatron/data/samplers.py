@@ -52,15 +52,54 @@ def collate_bert(samples: list[dict]) -> BertBatch:
     return BertBatch(**stacked)
 
 
-def micro_batch_loader(dataset, sampler: PretrainingSampler, num_workers: int, pin_memory: bool):
+def micro_batches(dataset, sampler: PretrainingSampler, num_workers: int, pin_memory: bool):
     """The sampler's micro-batches of `dataset` as BertBatches, in its order. With num_workers > 0,
     that many processes build them (two micro-batches ahead each) while the steps run; 0 builds each
     in this process when it is read. The loader draws its workers' seeds from a generator of its
-    own, not torch's global one (dropout's): a run's numbers do not depend on num_workers."""
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_bert,
-                                       num_workers=num_workers, pin_memory=pin_memory,
-                                       worker_init_fn=ignore_stop_signals if num_workers else None,
-                                       generator=torch.Generator())
+    own, not torch's global one (dropout's): a run's numbers do not depend on num_workers.
+
+    A worker's ConfigError/DataError reaches the rank as itself (one line), not as torch's
+    RuntimeError of two tracebacks; closing the generator, or an error, ends the workers at once."""
+    loader = iter(torch.utils.data.DataLoader(
+        _ItemsOrError(dataset) if num_workers else dataset, batch_sampler=sampler,
+        collate_fn=_collate_or_error if num_workers else collate_bert, num_workers=num_workers, pin_memory=pin_memory,
+        worker_init_fn=ignore_stop_signals if num_workers else None, generator=torch.Generator()))
+    try:
+        for batch in loader:
+            if isinstance(batch, WorkerError):
+                raise batch.error
+            yield batch
+    finally:
+        if num_workers:  # an error's traceback holds the loader, whose workers would then outlive the rank's exit
+            loader._shutdown_workers()
+
+
+class WorkerError:
+    """A worker's ConfigError, sent to the rank as data: torch's loader rebuilds a worker's exception
+    from its type and one message, which a two-part ConfigError cannot be built from."""
+
+    def __init__(self, error: ConfigError):
+        self.error = error
+
+
+class _ItemsOrError(torch.utils.data.Dataset):
+    """`dataset`'s items, or the WorkerError of the one that raised a ConfigError."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, idx: int):
+        try:
+            return self.dataset[idx]
+        except ConfigError as error:
+            return WorkerError(error)
+
+
+def _collate_or_error(samples: list):
+    return next((sample for sample in samples if isinstance(sample, WorkerError)), None) or collate_bert(samples)
 
 
 def ignore_stop_signals(worker_id: int) -> None:

@@ -65,12 +65,13 @@ class SeqComm:
         return parts
 
     def sum(self, tensor):
-        """All-reduce (sum) of an fp32 copy of `tensor`, cast back once; the tensor itself on one
+        """All-reduce (sum) of an fp32 (or wider) copy of `tensor`, cast back once; the tensor itself on one
         rank. In bf16 (8 significant bits) every partial sum of a ring or tree reduction would be
         rounded again, an error that grows with the group size."""
         if self.size == 1:
             return tensor
-        total = tensor.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+        total = tensor.to(torch.promote_types(tensor.dtype, torch.float32), memory_format=torch.contiguous_format,
+                          copy=True)  # fp64 stays fp64
         dist.all_reduce(total, group=self.group)
         return total.to(tensor.dtype)
 

@@ -100,7 +100,8 @@ class SimulatedComm:
         if self.size == 1:
             return tensor
         self._collectives += 1
-        parts = self.group.collect(self._collectives, self.rank, "sum", tensor.float())
+        parts = self.group.collect(self._collectives, self.rank, "sum",
+                                    tensor.to(torch.promote_types(tensor.dtype, torch.float32)))
         total = parts[0]
         for part in parts[1:]:
             total += part
