@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, run_log, training
+from megatron import checkpoint, run_log, stop_signals, training
 from megatron.errors import ConfigError, DataError
 from megatron.data import bert_dataset
 from megatron.model.bert import BertConfig
@@ -323,7 +323,7 @@ def test_a_rank_lost_at_the_end_of_a_complete_run_cuts_nothing(monkeypatch, caps
     def lost(values):
         raise RuntimeError("[/w/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
 
-    stop = training.StopSignals("tokenizer.json")
+    stop = stop_signals.StopSignals("tokenizer.json")
     monkeypatch.setattr(stop, "_largest", lost)
     args = SimpleNamespace(save="ckpt", distributed_timeout_minutes=10)
     assert stop.complete(args, 8, "ckpt/iter_0000008", Log()) is None and Log.done == ["close", "plot"]
@@ -635,7 +635,7 @@ def two_nodes_one_unwritable(save_dir: str, unwritable_rank: int) -> dict:
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             if rank in reporters:
-                training.report_once(f"pretrain_bert.py: error: found by {reporters}")
+                peers.report_once(f"pretrain_bert.py: error: found by {reporters}")
         torch.distributed.barrier()
         outcome[reporters] = err.getvalue()
         if rank == 0:  # a fresh count for the next case (a run reports once)
