@@ -502,12 +502,13 @@ def test_the_stop_acknowledgement_names_the_last_save_and_deepspeeds_grace():
     reached it too, kills the ranks 30 s after: named when the last save took longer than what is left."""
     said = ("pretrain_bert.py: stopping after iteration 12 (SIGINT): saving checkpoint ckpt/iter_0000012 (the last "
             "save took 12 s); further signals are ignored until it is written")
-    assert stop_signals.stop_acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 12.4, None) == said
-    assert stop_signals.stop_acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 12.4, 27.5) == said
-    assert stop_signals.stop_acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 42.0, 27.5) == said.replace("12 s", "42 s") + (
+    acknowledgement = stop_signals.stop_acknowledgement
+    assert acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 12.4, None) == said
+    assert acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 12.4, 27.5) == said
+    assert acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 42.0, 27.5) == said.replace("12 s", "42 s") + (
         "; if the signal reached DeepSpeed's launch.py too (Ctrl-C in its terminal, a signal to the whole job), it "
         "kills the ranks in 28 s, before such a save ends: see docs/resuming.md")
-    assert "(the first save of this run)" in stop_signals.stop_acknowledgement("SIGTERM", 3, "c/iter_0000003", None, 1.0)
+    assert "(the first save of this run)" in acknowledgement("SIGTERM", 3, "c/iter_0000003", None, 1.0)
 
 
 def test_sighup_stops_like_sigterm_unless_nohup_ignores_it():
