@@ -61,7 +61,6 @@ def main(argv=None) -> int:
         debug = args.debug
         check_flags(args)
         check_flag_combinations(args)
-        check_start(args)
         stopped_by = pretrain(args, start_up, progress)
     except Interrupted as error:  # a stop signal before the training loop (raise_on_signals)
         if debug:
@@ -297,7 +296,24 @@ def check_data_path(data_path: list) -> None:
     parse_data_path(data_path)
 
 
-def check_start(args) -> None:
+@dataclasses.dataclass(frozen=True)
+class StartPlan:
+    """Where the run starts, as check_start resolved it from the flags and the folders they name: the
+    flags stay as given, and the run reads these (StartPlan.over). `weights_origin`: what a new run
+    starts from, for its checkpoints (rank 0's; None on the other ranks)."""
+    load: str | None
+    init_from_hf: str | None
+    finetune: bool
+    weights_origin: dict | None = None
+
+    def over(self, args) -> argparse.Namespace:
+        """The run's settings: a copy of the flags with this start in place of --load, --init-from-hf and
+        --finetune."""
+        return argparse.Namespace(**{**vars(args), "load": self.load, "init_from_hf": self.init_from_hf,
+                                     "finetune": self.finetune})
+
+
+def check_start(args) -> StartPlan:
     """Where the run starts, checked from the files before any start-up work (DeepSpeed, data,
     model): a --save directory whose checkpoint is ahead of that start is refused now, not after
     the engine is built. --load naming the --save folder before it holds a checkpoint starts from
@@ -308,25 +324,28 @@ def check_start(args) -> None:
     if args.save:
         checkpoint.refuse_unnamed_checkpoints(args.save)
         refuse_finetune_in_place(args)
+    load = args.load
     if args.load and args.save and same_folder(args.load, args.save) \
             and not os.path.isfile(os.path.join(args.load, checkpoint.LATEST)):
         if args.init_from_hf and launcher_rank() == 0:
             print(f"--load {args.load} holds no checkpoint yet: starting from --init-from-hf {args.init_from_hf}",
                   flush=True)
-        args.load = None
-    requeue_from_weights(args)
+        load = None
+    plan = requeue_from_weights(StartPlan(load, args.init_from_hf, args.finetune), args.save)
     # what a new run starts from, for its checkpoints (rank 0 writes them): hashed once, before the
     # process group exists, so that no collective's time limit includes it
-    args.weights_origin = weights_origin(args, starts_from_weights(args)) if launcher_rank() == 0 else None
+    plan = dataclasses.replace(plan, weights_origin=weights_origin(plan, starts_from_weights(plan))
+                               if launcher_rank() == 0 else None)
     if not args.save:
-        return
+        return plan
     start = 0
-    if args.load:
-        state = checkpoint.run_state(args.load, checkpoint.latest_tag(args.load))
-        start = 0 if state.get("weights_only") or args.finetune else state["iteration"]
+    if plan.load:
+        state = checkpoint.run_state(plan.load, checkpoint.latest_tag(plan.load))
+        start = 0 if state.get("weights_only") or plan.finetune else state["iteration"]
     newer = checkpoint.check_save_dir(args.save, start)
     if newer and launcher_rank() == 0:
         print(checkpoint.overwrite_warning(args.save, newer, start), file=sys.stderr, flush=True)
+    return plan
 
 
 def refuse_finetune_in_place(args) -> None:
@@ -346,28 +365,30 @@ def same_folder(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def requeue_from_weights(args) -> None:
+def requeue_from_weights(plan: StartPlan, save: str | None) -> StartPlan:
     """A run from weights given with the folder of its own checkpoints resumes from them, as Megatron's
     --load with --pretrained-checkpoint does, so that one command serves a job's first run and every
     requeue: `--init-from-hf X --load S --save S` resumes S once it holds a checkpoint (before, it starts
     from X: check_start); `--load W [--finetune] --save S` (W weights only, or --finetune) resumes S once
     it holds a checkpoint of a run that started from W. The unused start is named in one line; a
     checkpoint of a run that started elsewhere is refused (check_origin), as is an S without a checkpoint
-    that this run does not save into (a typo, an unmounted disk: it would never be resumed)."""
-    if args.init_from_hf and args.load:
-        state = checkpoint.run_state(args.load, checkpoint.latest_tag(args.load))  # no or a broken S: its line
-        check_origin(state.get(checkpoint.ORIGIN), f"--load {args.load}", args.init_from_hf, "hf")
-        note_unused_start(f"--init-from-hf {args.init_from_hf}", f"--load {args.load}", state["iteration"])
-        args.init_from_hf = None
-    elif args.load and args.save and not same_folder(args.load, args.save) \
-            and os.path.isfile(os.path.join(args.save, checkpoint.LATEST)) and starts_from_weights(args):
-        state = checkpoint.run_state(args.save, checkpoint.latest_tag(args.save))
+    that this run does not save into (a typo, an unmounted disk: it would never be resumed). Returns
+    `plan` with the start it resumes (`save`: --save)."""
+    if plan.init_from_hf and plan.load:
+        state = checkpoint.run_state(plan.load, checkpoint.latest_tag(plan.load))  # no or a broken S: its line
+        check_origin(state.get(checkpoint.ORIGIN), f"--load {plan.load}", plan.init_from_hf, "hf")
+        note_unused_start(f"--init-from-hf {plan.init_from_hf}", f"--load {plan.load}", state["iteration"])
+        return dataclasses.replace(plan, init_from_hf=None)
+    if plan.load and save and not same_folder(plan.load, save) \
+            and os.path.isfile(os.path.join(save, checkpoint.LATEST)) and starts_from_weights(plan):
+        state = checkpoint.run_state(save, checkpoint.latest_tag(save))
         if checkpoint.ORIGIN not in state:  # saved before runs recorded their start: check_save_dir's line
-            return
-        given = f"--load {args.load}{' --finetune' if args.finetune else ''}"
-        check_origin(state[checkpoint.ORIGIN], f"--save {args.save}", args.load, "checkpoint", given)
-        note_unused_start(given, f"--save {args.save}", state["iteration"])
-        args.load, args.finetune = args.save, False
+            return plan
+        given = f"--load {plan.load}{' --finetune' if plan.finetune else ''}"
+        check_origin(state[checkpoint.ORIGIN], f"--save {save}", plan.load, "checkpoint", given)
+        note_unused_start(given, f"--save {save}", state["iteration"])
+        return dataclasses.replace(plan, load=save, finetune=False)
+    return plan
 
 
 def weights_origin(args, weights_only: bool) -> dict:
@@ -720,10 +741,13 @@ def check_sample_room(config) -> None:
 
 
 def pretrain(args, start_up: dict | None = None, progress: Progress | None = None) -> int | None:
-    """The run: start-up checks, data, engine, then training from the start or a checkpoint; returns
-    the signal number of an agreed stop (None: the run trained every step). `progress` is kept up to
-    date for the line of a lost rank (lost_rank_problem)."""
+    """The run: where it starts (check_start; `args` stays as given, the run reads StartPlan.over),
+    start-up checks, data, engine, then training from the start or a checkpoint; returns the signal
+    number of an agreed stop (None: the run trained every step). `progress` is kept up to date for the
+    line of a lost rank (lost_rank_problem)."""
     progress = progress or Progress()
+    plan = check_start(args)
+    args = plan.over(args)
     setup = check_start_up(args)
     config = setup.config
     train_iters = args.train_iters or math.ceil(args.train_samples / config.global_batch_size)
@@ -731,7 +755,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     engine = build_engine(config, bert_state=setup.bert_state, lr_scheduler=lr_schedule(args, train_iters))
     if args.skip_nan_batches:
         skip_nonfinite_updates(engine)
-    run = resume_or_start(args, setup, engine, used_maps, train_iters, progress)
+    run = resume_or_start(args, setup, engine, used_maps, train_iters, progress, plan.weights_origin)
     stop = StopSignals(setup.tokenizer.file, run.log, start_up)
     read_batches = batch_reader(config, stop, data_workers(args))
     train_loop(run, datasets, read_batches, stop)
@@ -873,9 +897,11 @@ class Run:
     last_checkpoint: str | None = None  # the newest complete one: the loaded one, then each saved
 
 
-def resume_or_start(args, setup: StartUp, engine, used_maps: list, train_iters: int, progress: Progress) -> Run:
+def resume_or_start(args, setup: StartUp, engine, used_maps: list, train_iters: int, progress: Progress,
+                    origin: dict | None = None) -> Run:
     """The engine restored from --load (a resume), else the run's start (scratch or starting weights);
-    opens the run log, which says which, and rank 0 warns of what a resume changes."""
+    opens the run log, which says which, and rank 0 warns of what a resume changes. `origin`: what a new
+    run starts from (StartPlan.weights_origin), which its checkpoints record."""
     config, ds, weights_only = setup.config, setup.ds, setup.weights_only
     client = (checkpoint.load(engine, args.load, config, load_rng=not args.no_load_rng)
               if args.load and not weights_only else None)
@@ -883,7 +909,7 @@ def resume_or_start(args, setup: StartUp, engine, used_maps: list, train_iters: 
         dist.barrier()  # others, lost here, print nothing that reads like a resume (config:, resuming from)
     saved = dict(schedule=schedule_settings(args, ds, train_iters), data=data_settings(args, setup.data_path),
                  tokenizer=setup.tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
-                 getattr(args, "weights_origin", None))
+                 origin)
     optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
     log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
     log.config(config)

@@ -421,11 +421,13 @@ def fake_checkpoints(save, *iterations, latest=None) -> None:
         (save / checkpoint.LATEST).write_text(checkpoint.tag_for(latest))
 
 
-def start_run(save, load="save", finetune=False) -> argparse.Namespace:
+def start_run(save, load="save", finetune=False) -> "training.StartPlan":
     args = argparse.Namespace(init_from_hf=None, load=str(save) if load == "save" else load, save=str(save),
                               finetune=finetune)
-    training.check_start(args)
-    return args
+    given = dict(vars(args))
+    plan = training.check_start(args)
+    assert vars(args) == given  # the run reads the plan; the flags stay as given
+    return plan
 
 
 def test_a_save_dir_with_checkpoints_but_no_latest_is_refused(tmp_path, capsys):
