@@ -349,7 +349,7 @@ def test_a_lost_rank_outlives_the_launchers_sigterm(monkeypatch, capsys):
     def lost_in_start_up(args, start_up, progress):
         raise RuntimeError("[/w/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
 
-    for name in ("check_flags", "check_flag_combinations", "check_start"):
+    for name in ("check_flags", "check_flag_combinations"):
         monkeypatch.setattr(training, name, lambda args: None)
     monkeypatch.setattr(training, "pretrain", lost_in_start_up)
     monkeypatch.setattr(checkpoint, "release_lock", release_lock)

@@ -442,7 +442,7 @@ def test_each_caller_keeps_its_own_signal_handlers():
                 raise error
 
             with pytest.MonkeyPatch.context() as patch:
-                for name in ("check_flags", "check_flag_combinations", "check_start"):
+                for name in ("check_flags", "check_flag_combinations"):
                     patch.setattr(training, name, lambda args: None)
                 patch.setattr(training, "pretrain", failing_loop)
                 if isinstance(error, errors.ConfigError):
