@@ -83,7 +83,7 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
          origin: dict | None = None) -> str:
     """Saves on every rank; returns the tag once `latest` names it. `schedule`: the learning-rate
     settings of the run (training.schedule_settings), compared by a resume, as is `data` (the data it
-    reads, training.data_settings). `origin`: the weights the run started from (training.weights_origin),
+    reads, resume.data_settings). `origin`: the weights the run started from (training.weights_origin),
     compared by a requeue that names them. `keep_last`: once the
     new checkpoint is committed, rank 0 removes all but the newest that many (prune). `tokenizer`:
     copied in with its identity, so fill-mask, export and a resume need no tokenizer flag."""
@@ -562,7 +562,7 @@ def safe_load(path: str):
 
 
 def _is_data_record(record) -> bool:
-    """The shape training.data_settings writes: [[weight, fingerprint], ...], the paths, the split's
+    """The shape resume.data_settings writes: [[weight, fingerprint], ...], the paths, the split's
     shares and flag, the seed (and the masking, which older records lack: not checked)."""
     def numbers(values):
         return all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values)

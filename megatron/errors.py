@@ -51,6 +51,9 @@ def disk_full(error: BaseException) -> str | None:
         getattr(error, "errno", None))
 
 
+WHERE_FIX = "check the path, its permissions and free space (--debug shows where)"  # of a path the run cannot use
+
+
 def cannot_use(error: OSError, fix: str = "check the path, its permissions and free space") -> ConfigError:
     """The one line of a path that could not be read or written (both paths of a failed rename)."""
     names = " -> ".join(str(name) for name in (error.filename, error.filename2) if name)

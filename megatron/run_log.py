@@ -80,7 +80,7 @@ class RunLog:
     def _append(self, record: dict) -> None:
         """One line of metrics.jsonl. A write that fails (a full disk) does not end the run here,
         on rank 0 alone, with a traceback: `failure` says why, the training loop's stop agreement
-        (training.StopSignals) stops every rank at the next step, with a final checkpoint."""
+        (stop_signals.StopSignals) stops every rank at the next step, with a final checkpoint."""
         if self.failure:
             return
         try:

@@ -7,12 +7,9 @@ import argparse
 import atexit
 import contextlib
 import dataclasses
-import importlib.util
 import math
 import os
-import signal
 import sys
-import threading
 import time
 import warnings
 from datetime import timedelta
@@ -22,10 +19,10 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, determinism, hf_convert, hf_io, hf_modernbert, optimizer_state, paths
-from megatron.arguments import build_parser, config_flags, flag_setting
-from megatron.config import (WEIGHTLESS_FIELDS, TrainConfig, adjustable_start_fields, model_notes, model_preset,
-                             preset_source, read_ds_config, refuse_contradictions, resolve)
+from megatron import checkpoint, determinism, hf_convert, hf_io, hf_modernbert, paths
+from megatron.arguments import build_parser, config_flags
+from megatron.config import (TrainConfig, adjustable_start_fields, model_notes, read_ds_config, refuse_contradictions,
+                             resolve)
 from megatron.data import index_maps
 from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_tokens,
                                         split_weights, token_stats)
@@ -35,21 +32,23 @@ from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, b
                                      check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer,
                                      naming_flags)
 from megatron.data.words import word_rule
-from megatron.ds_schema import OPTIMIZER_DEFAULTS, SECTION, default_optimizer, optimizer_params_taken, precision
+from megatron.ds_schema import OPTIMIZER_DEFAULTS, default_optimizer, optimizer_params_taken, precision
 from megatron.engine import build_engine, check_precision_supported, eval_step, skip_nonfinite_updates, train_step
-from megatron.errors import (ConfigError, DataError, Interrupted, cannot_use, ignore_signals, raise_on_signals,
-                             restore_signals, stop_signals, stopped_during_start_up)
+from megatron.errors import (WHERE_FIX, ConfigError, DataError, Interrupted, cannot_use, ignore_signals,
+                             raise_on_signals, restore_signals, stopped_during_start_up)
 from megatron.model.args import BertConfig
 from megatron.model.attention import blocks
-from megatron.model.attention.rules import RULES, Rules, refuse_local_layers
+from megatron.model.attention.rules import refuse_local_layers
 from megatron.model.bert import BertModel
-from megatron.parallel import device, jit_locks, launcher_watch, peers, state
-from megatron.parallel.launch_env import PRINTER_WAIT, launcher_rank, local_rank, outlive_rank_0
+from megatron.parallel import device, jit_locks, peers, state
+from megatron.parallel.launch_check import launch_environment
+from megatron.parallel.launch_env import launcher_rank, local_rank
+from megatron.parallel.peers import lost_rank_text, report_once
+from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
+                             given_attention, kept_regime, lr_factor, note_replaced_settings, note_taken_regime,
+                             resume_optimizer, resume_schedule, take_regime)
 from megatron.run_log import RunLog, log_dir_problem, tensorboard_problem
-
-
-WHERE_FIX = "check the path, its permissions and free space (--debug shows where)"  # of a path the run cannot use
-END_OF_RUN = "the end of the run"  # the phase after the last step: a rank lost there cut nothing (StopSignals.complete)
+from megatron.stop_signals import END_OF_RUN, StopSignals
 
 
 def main(argv=None) -> int:
@@ -63,7 +62,6 @@ def main(argv=None) -> int:
         debug = args.debug
         check_flags(args)
         check_flag_combinations(args)
-        check_start(args)
         stopped_by = pretrain(args, start_up, progress)
     except Interrupted as error:  # a stop signal before the training loop (raise_on_signals)
         if debug:
@@ -134,16 +132,6 @@ def lost_rank_problem(error: Exception, args, progress: Progress) -> ConfigError
     return ConfigError(problem, f"nothing was saved before it: rerun the same command{raise_it}{keep}")
 
 
-def lost_rank_text(how: str, args, phase: str) -> tuple[str, str]:
-    """What happened to the other rank (peers.lost's `how`) during `phase`, and the advice a fix ends
-    with for a timeout."""
-    if how == "timeout":
-        return (f"another rank did not answer within --distributed-timeout-minutes "
-                f"{args.distributed_timeout_minutes:g} during {phase} (frozen, hung or slower than that)",
-                ", with a larger --distributed-timeout-minutes if that phase is this slow")
-    return f"another rank ended during {phase} (its own output or its launcher's says why)", ""
-
-
 def close_process_group() -> None:
     """When main ends, however it ends, as torch asks. It does not stop gloo's threads: DeepSpeed's
     engine keeps the groups alive (see exit_rank). No collective: a rank that failed alone (rank 0's
@@ -168,57 +156,6 @@ def exit_rank(code: int) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing left to show
             stream.flush()
     os._exit(code)
-
-
-def report_once(line: str, node_leaders: bool = False) -> None:
-    """Prints an error line once per run, not once per rank, while every rank still exits non-zero.
-    `node_leaders`: also each node's first rank prints it (a rendezvous that rank 0 never reached).
-
-    Before the process group exists every rank fails alike (same flags): rank 0 prints. After, the
-    first rank to report wins a counter in the rendezvous store, which also covers an error that
-    only some ranks meet (a file missing on one node). Rank 0 hosts the store: it lingers briefly
-    so that ranks failing the same way can still reach it.
-
-    A rank that leaves the line to another does not exit before it is printed: the launcher ends
-    every rank once one exits non-zero, the printing one too. After the process group exists the
-    store says when it is; before, nothing can (outlive_rank_0). After PRINTER_WAIT seconds it
-    prints the line itself."""
-    # a partial launcher environment (launch_environment) is a process started by hand: it prints
-    partial = any(name in os.environ for name in RENDEZVOUS[:3]) and not all(name in os.environ for name in RENDEZVOUS)
-    first = launcher_rank() == 0 or partial or (node_leaders and local_rank() == 0)
-    store = None
-    if dist.is_available() and dist.is_initialized() and device.store_host_alive():
-        try:
-            store = dist.distributed_c10d._get_default_store()
-            first = store.add("megatron/errors_reported", 1) == 1
-            deadline = time.monotonic() + 2.0
-            while (dist.get_rank() == 0 and time.monotonic() < deadline
-                   and store.add("megatron/errors_reported", 0) < dist.get_world_size()):
-                time.sleep(0.05)
-        except Exception:  # the store is gone (rank 0 exited): better twice than never
-            first, store = True, None
-    if first:
-        write_line(line)
-        if store is not None:
-            with contextlib.suppress(Exception):
-                store.set("megatron/error_printed", "1")
-        return
-    try:
-        if store is None:
-            outlive_rank_0()
-        else:
-            store.wait(["megatron/error_printed"], timedelta(seconds=PRINTER_WAIT))
-            return
-    except Exception:  # not printed in time, or the store is gone: better twice than never
-        pass
-    write_line(line)
-
-
-def write_line(line: str) -> None:
-    """`line` on stderr in one write (print writes the newline apart), so another rank's output that
-    interleaves lands before or after it, not glued to its end."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
 
 
 def check_flags(args) -> None:
@@ -360,7 +297,24 @@ def check_data_path(data_path: list) -> None:
     parse_data_path(data_path)
 
 
-def check_start(args) -> None:
+@dataclasses.dataclass(frozen=True)
+class StartPlan:
+    """Where the run starts, as check_start resolved it from the flags and the folders they name: the
+    flags stay as given, and the run reads these (StartPlan.over). `weights_origin`: what a new run
+    starts from, for its checkpoints (rank 0's; None on the other ranks)."""
+    load: str | None
+    init_from_hf: str | None
+    finetune: bool
+    weights_origin: dict | None = None
+
+    def over(self, args) -> argparse.Namespace:
+        """The run's settings: a copy of the flags with this start in place of --load, --init-from-hf and
+        --finetune."""
+        return argparse.Namespace(**{**vars(args), "load": self.load, "init_from_hf": self.init_from_hf,
+                                     "finetune": self.finetune})
+
+
+def check_start(args) -> StartPlan:
     """Where the run starts, checked from the files before any start-up work (DeepSpeed, data,
     model): a --save directory whose checkpoint is ahead of that start is refused now, not after
     the engine is built. --load naming the --save folder before it holds a checkpoint starts from
@@ -371,25 +325,28 @@ def check_start(args) -> None:
     if args.save:
         checkpoint.refuse_unnamed_checkpoints(args.save)
         refuse_finetune_in_place(args)
+    load = args.load
     if args.load and args.save and same_folder(args.load, args.save) \
             and not os.path.isfile(os.path.join(args.load, checkpoint.LATEST)):
         if args.init_from_hf and launcher_rank() == 0:
             print(f"--load {args.load} holds no checkpoint yet: starting from --init-from-hf {args.init_from_hf}",
                   flush=True)
-        args.load = None
-    requeue_from_weights(args)
+        load = None
+    plan = requeue_from_weights(StartPlan(load, args.init_from_hf, args.finetune), args.save)
     # what a new run starts from, for its checkpoints (rank 0 writes them): hashed once, before the
     # process group exists, so that no collective's time limit includes it
-    args.weights_origin = weights_origin(args, starts_from_weights(args)) if launcher_rank() == 0 else None
+    plan = dataclasses.replace(plan, weights_origin=weights_origin(plan, starts_from_weights(plan))
+                               if launcher_rank() == 0 else None)
     if not args.save:
-        return
+        return plan
     start = 0
-    if args.load:
-        state = checkpoint.run_state(args.load, checkpoint.latest_tag(args.load))
-        start = 0 if state.get("weights_only") or args.finetune else state["iteration"]
+    if plan.load:
+        state = checkpoint.run_state(plan.load, checkpoint.latest_tag(plan.load))
+        start = 0 if state.get("weights_only") or plan.finetune else state["iteration"]
     newer = checkpoint.check_save_dir(args.save, start)
     if newer and launcher_rank() == 0:
         print(checkpoint.overwrite_warning(args.save, newer, start), file=sys.stderr, flush=True)
+    return plan
 
 
 def refuse_finetune_in_place(args) -> None:
@@ -409,28 +366,30 @@ def same_folder(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def requeue_from_weights(args) -> None:
+def requeue_from_weights(plan: StartPlan, save: str | None) -> StartPlan:
     """A run from weights given with the folder of its own checkpoints resumes from them, as Megatron's
     --load with --pretrained-checkpoint does, so that one command serves a job's first run and every
     requeue: `--init-from-hf X --load S --save S` resumes S once it holds a checkpoint (before, it starts
     from X: check_start); `--load W [--finetune] --save S` (W weights only, or --finetune) resumes S once
     it holds a checkpoint of a run that started from W. The unused start is named in one line; a
     checkpoint of a run that started elsewhere is refused (check_origin), as is an S without a checkpoint
-    that this run does not save into (a typo, an unmounted disk: it would never be resumed)."""
-    if args.init_from_hf and args.load:
-        state = checkpoint.run_state(args.load, checkpoint.latest_tag(args.load))  # no or a broken S: its line
-        check_origin(state.get(checkpoint.ORIGIN), f"--load {args.load}", args.init_from_hf, "hf")
-        note_unused_start(f"--init-from-hf {args.init_from_hf}", f"--load {args.load}", state["iteration"])
-        args.init_from_hf = None
-    elif args.load and args.save and not same_folder(args.load, args.save) \
-            and os.path.isfile(os.path.join(args.save, checkpoint.LATEST)) and starts_from_weights(args):
-        state = checkpoint.run_state(args.save, checkpoint.latest_tag(args.save))
+    that this run does not save into (a typo, an unmounted disk: it would never be resumed). Returns
+    `plan` with the start it resumes (`save`: --save)."""
+    if plan.init_from_hf and plan.load:
+        state = checkpoint.run_state(plan.load, checkpoint.latest_tag(plan.load))  # no or a broken S: its line
+        check_origin(state.get(checkpoint.ORIGIN), f"--load {plan.load}", plan.init_from_hf, "hf")
+        note_unused_start(f"--init-from-hf {plan.init_from_hf}", f"--load {plan.load}", state["iteration"])
+        return dataclasses.replace(plan, init_from_hf=None)
+    if plan.load and save and not same_folder(plan.load, save) \
+            and os.path.isfile(os.path.join(save, checkpoint.LATEST)) and starts_from_weights(plan):
+        state = checkpoint.run_state(save, checkpoint.latest_tag(save))
         if checkpoint.ORIGIN not in state:  # saved before runs recorded their start: check_save_dir's line
-            return
-        given = f"--load {args.load}{' --finetune' if args.finetune else ''}"
-        check_origin(state[checkpoint.ORIGIN], f"--save {args.save}", args.load, "checkpoint", given)
-        note_unused_start(given, f"--save {args.save}", state["iteration"])
-        args.load, args.finetune = args.save, False
+            return plan
+        given = f"--load {plan.load}{' --finetune' if plan.finetune else ''}"
+        check_origin(state[checkpoint.ORIGIN], f"--save {save}", plan.load, "checkpoint", given)
+        note_unused_start(given, f"--save {save}", state["iteration"])
+        return dataclasses.replace(plan, load=save, finetune=False)
+    return plan
 
 
 def weights_origin(args, weights_only: bool) -> dict:
@@ -517,26 +476,6 @@ def schedule_settings(args, ds: dict, train_iters: int) -> dict:
             "lr_decay_style": args.lr_decay_style, "lr_warmup_fraction": args.lr_warmup_fraction}
 
 
-def lr_factor(schedule: dict, peak: float):
-    """step -> multiple of the peak: linear warm-up from 0 over lr_warmup_fraction of the steps,
-    then linear or cosine decay to min_lr at the last step (Megatron's schedule). Step i (from 0)
-    is the rate of iteration i + 1."""
-    train_iters, style = schedule["train_iters"], schedule["lr_decay_style"]
-    warmup = int(schedule["lr_warmup_fraction"] * train_iters)
-    floor = schedule["min_lr"] / peak if peak else 0.0
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if style == "constant" or train_iters <= warmup:
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, train_iters - warmup))
-        decay = 1.0 - progress if style == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return floor + (1.0 - floor) * decay
-
-    return factor
-
-
 def lr_schedule(args, train_iters: int):
     """Megatron's schedule (lr_factor) as an optimizer -> LambdaLR factory. The peak is the
     optimizer's learning rate (--lr, else the JSON's optimizer.params.lr)."""
@@ -549,174 +488,11 @@ def lr_schedule(args, train_iters: int):
     return build
 
 
-def resume_schedule(engine, stored: dict | None, schedule: dict, iteration: int) -> str | None:
-    """When the schedule settings differ from the checkpoint's: this run's schedule sets the next
-    step's rate at once (as Megatron's scheduler does on load; the optimizer would otherwise keep
-    the rate the checkpoint's schedule left it, 0 after a finished run, for one step), the peak
-    staying the checkpoint's (the scheduler state restores it). Returns the warning saying so."""
-    if not stored:
-        return None
-    flags = {"train_iters": "--train-iters", "lr": "--lr", "min_lr": "--min-lr", "lr_decay_style": "--lr-decay-style",
-             "lr_warmup_fraction": "--lr-warmup-fraction"}
-    changed = [f"{flag} {schedule[key]} (the checkpoint's: {stored.get(key)})" for key, flag in flags.items()
-               if key in stored and stored[key] != schedule[key]]
-    if not changed or engine.lr_scheduler is None:
-        return None
-    scheduler = engine.lr_scheduler
-    # the factors were built for this run's --lr; the floor (--min-lr) is a fraction of the peak they scale
-    scheduler.lr_lambdas = [lr_factor(schedule, base) for base in scheduler.base_lrs]
-    rates = [base * rule(scheduler.last_epoch) for base, rule in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
-    for group, rate in zip(scheduler.optimizer.param_groups, rates):
-        group["lr"] = rate
-    scheduler._last_lr = rates  # what get_last_lr() reports until its next step
-    peak, factor = scheduler.base_lrs[0], scheduler.lr_lambdas[0]
-    train_iters = schedule["train_iters"]
-    then = (f"then {peak * factor(iteration + 1):.3e} at iteration {iteration + 2}, ending at "
-            f"{peak * factor(train_iters - 1):.3e} at iteration {train_iters}" if train_iters > iteration + 1 else
-            f"and the run ends at iteration {train_iters}")
-    return (f"warning: resuming with {', '.join(changed)}: the schedule continues from iteration {iteration} with "
-            f"the checkpoint's peak {peak:.3e} and this run's warm-up and decay: lr {engine.get_lr()[0]:.3e} for "
-            f"iteration {iteration + 1}, {then}; to change the peak, pass --finetune to start a new run from the "
-            "weights with a fresh optimizer and schedule")
-
-
-# the flags that set entries of optimizer.params (key, index in a list), whose values a resume takes
-# from the checkpoint (resume_optimizer)
-OPTIMIZER_PARAM_FLAGS = {("weight_decay", None): "--weight-decay", ("eps", None): "--adam-eps",
-                         ("betas", 0): "--adam-beta1", ("betas", 1): "--adam-beta2"}
-
-
-def resume_optimizer(engine, config, args=None) -> str | None:
-    """Both load paths restore the checkpoint's optimizer settings over this run's (--weight-decay,
-    --adam-beta1/2, --adam-eps, the JSON's optimizer.params): config.ds_config then records the values
-    the optimizer uses for the JSON's keys (config.json, the next checkpoint), and the warning names
-    those given otherwise, by the flag where `args` has it set, else by the JSON key. The peak lr is
-    the schedule's (resume_schedule)."""
-    params = config.ds_config.get("optimizer", {}).get("params", {})
-    used = optimizer_state.settings(engine)["param_groups"][0]
-    # the user's JSON params: a value it lacks is the flag's default (deepspeed_settings)
-    written = read_ds_config(args.deepspeed_config).get("optimizer", {}).get("params", {}) if getattr(
-        args, "deepspeed_config", None) else {}
-
-    def named(key: str, index: int | None) -> str:
-        flag = OPTIMIZER_PARAM_FLAGS.get((key, index))
-        if flag and args is not None and (getattr(args, flag[2:].replace("-", "_")) is not None or key not in written):
-            return flag
-        return f"optimizer.params.{key}" + ("" if index is None else f"[{index}]")
-
-    changes = []
-    for key in [key for key in params if key != "lr" and key in used]:
-        now, then = params[key], used[key]
-        if isinstance(then, (list, tuple)):
-            then = list(then)
-            changes += [f"{named(key, index)} {new} (the checkpoint's: {old})"
-                        for index, (new, old) in enumerate(zip(now, then)) if new != old]
-        elif now != then:
-            changes.append(f"{named(key, None)} {now} (the checkpoint's: {then})")
-        params[key] = then
-    if not changes:
-        return None
-    return (f"warning: resuming with {', '.join(changes)}: the optimizer goes on with the checkpoint's settings, "
-            "which config.json records; pass --finetune to start a new run from the weights with a fresh optimizer "
-            "that takes the new values")
-
-
 def nothing_to_train(args, iteration: int, train_iters: int) -> str:
     """The line of a finished run started again, naming the run-length flag that was given."""
     flag, length = (("--train-iters", f"--train-iters {train_iters}") if args.train_iters else
                     ("--train-samples", f"{train_iters} (--train-samples {args.train_samples})"))
     return f"nothing to train: the checkpoint is at iteration {iteration} of {length}; pass a larger {flag} to train on"
-
-
-def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
-    """A warning when a resume changes what one sample is (its length, packing, a packed segment's
-    length): the consumed-samples count then points into another index map, so the rest of the
-    current epoch is not exactly the samples the run has not read yet."""
-    # a packed segment's longest length, where both pack (else --pack-samples says it); an older config may lack it
-    length = config.model.max_segment_length
-    packed = stored.get("pack_samples") and config.pack_samples
-    then = stored["model"].get("max_segment_length", length)
-    # a default segment length follows --seq-length, which names the change then
-    own = then != stored["model"]["seq_length"] or length != config.model.seq_length
-    segments = (then, length) if packed and own else (None, None)
-    changes = [f"{flag} {now} (the checkpoint's: {then})" for flag, then, now in (
-        ("--seq-length", stored["model"]["seq_length"], config.model.seq_length),
-        ("--pack-samples", stored.get("pack_samples", False), config.pack_samples),
-        ("--max-segment-length", *segments)) if then != now]
-    if not changes:
-        return None
-    return (f"warning: resuming with {', '.join(changes)}: samples are cut differently now, and the data goes on "
-            f"at sample {consumed} of the new index map, so some text of the current epoch may be read twice or "
-            "not at all (an epoch later every sample is read again); keep them to continue the same order")
-
-
-def describe_batch_change(stored: dict, config, iteration: int, train_iters: int) -> str | None:
-    """A warning when a resume changes the global batch (other ranks, micro batch or accumulation): the
-    schedule counts steps, so the samples the rest of the run reads, and the rate each sees, change."""
-    then = math.prod(stored.get(key, 1) for key in ("micro_batch_size", "gradient_accumulation_steps",
-                                                    "data_parallel_size"))
-    now = config.global_batch_size
-    if then == now:
-        return None
-    left = max(0, train_iters - iteration)
-    return (f"warning: resuming with global batch {now} (the checkpoint's: {then}): the learning-rate schedule counts "
-            f"steps, so its remaining {left} steps to --train-iters {train_iters} read {left * now} samples in place "
-            f"of {left * then} ({now / then:.3g}x per step, at the same rate); pass --global-batch-size {then} to keep "
-            "the batch")
-
-
-# data_settings' keys of the masking, by flag: the samples' text stays, the objective changes (a record
-# written before them lacks them: not compared)
-MASKING = {"mask_prob": "--mask-prob", "whole_word_masking": "--whole-word-masking"}
-
-
-def data_settings(args, data_path: list) -> dict:
-    """What decides the text a sample index names, kept with each checkpoint: the datasets by
-    content (a moved copy matches) and blend weight, --split's shares and --seed (the shuffle;
-    the ranks' random states come from the checkpoint); and how its tokens are masked (MASKING)."""
-    weights, prefixes = parse_data_path(data_path)
-    shares = split_weights(args.split)
-    return {"data": [[weight, index_maps.fingerprint(prefix)] for weight, prefix in zip(weights, prefixes)],
-            "data_path": list(data_path), "split": [share / sum(shares) for share in shares], "split_flag": args.split,
-            "seed": args.seed, **{key: getattr(args, key) for key in MASKING}}
-
-
-def _same_shares(a: list, b: list) -> bool:
-    """Normalised weights equal up to rounding ('1 a 1 b' and '0.5 a 0.5 b' alike)."""
-    return len(a) == len(b) and all(abs(x - y) <= 1e-9 for x, y in zip(a, b))
-
-
-def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str | None:
-    """A warning when a resume reads other data, splits it otherwise or shuffles it with another
-    seed: the consumed-samples count then points into another index map, and with another split
-    validation and test may hold text the run trained on; or masks it otherwise (another objective).
-    None for a checkpoint without the record."""
-    if not stored:
-        return None
-    changes, effects = [], []
-    if [name for _, name in stored["data"]] != [name for _, name in now["data"]] or not _same_shares(
-            [weight for weight, _ in stored["data"]], [weight for weight, _ in now["data"]]):
-        changes.append(f"--data-path {' '.join(now['data_path'])} (the checkpoint's: {' '.join(stored['data_path'])}; "
-                       "other text or weights)")
-    if not _same_shares(stored["split"], now["split"]):
-        changes.append(f"--split {now['split_flag']} (the checkpoint's: {stored['split_flag']})")
-        effects.append("documents moved between train, validation and test, so the held-out losses may include text "
-                       "the run trained on")
-    if stored["seed"] != now["seed"]:
-        changes.append(f"--seed {now['seed']} (the checkpoint's: {stored['seed']}; it shuffles and masks the samples)")
-    if changes:
-        effects.insert(0, f"the data goes on at sample {consumed} of another index map, so text of the current epoch "
-                          "may be read twice or not at all")
-    masking = [f"{flag} {now[key]} (the checkpoint's: {stored[key]})" for key, flag in MASKING.items()
-               if key in stored and stored[key] != now[key]]
-    if masking:
-        changes += masking
-        effects.append("other tokens are masked from here on, so the objective is not the one the checkpoint "
-                       "trained on")
-    if not changes:
-        return None
-    return (f"warning: resuming with {', '.join(changes)}: {'; '.join(effects)}; keep the checkpoint's settings to "
-            "continue the same data")
 
 
 def deepspeed_settings(args, cuda: bool | None = None) -> dict:
@@ -850,52 +626,6 @@ def check_default_data_vocab(args, tokenizer) -> None:
                           f"{made_with} ...)")
 
 
-# the env:// rendezvous variables every rank of a launch gets (deepspeed, torchrun, the AzureML job)
-RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-# launchers DeepSpeed discovers without them: MPI (through mpi4py), AzureML, SageMaker, DLTS
-MPI_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
-OTHER_LAUNCHERS = ("AZUREML_EXPERIMENT_ID", "SM_TRAINING_ENV", "DLTS_JOB_ID")
-HOW_TO_LAUNCH = f"deepspeed --num_gpus N {paths.in_repository('pretrain_bert.py')} ... (or torchrun --nproc_per_node N)"
-
-
-def launch_environment() -> str | None:
-    """`python pretrain_bert.py ...` without a launcher runs as one process: with none of RANK,
-    WORLD_SIZE, LOCAL_RANK set (and no MPI or cluster launcher of DeepSpeed's), the env://
-    rendezvous of a world of 1 is set (MASTER_ADDR 127.0.0.1, a free MASTER_PORT, unless given);
-    returns the line that says so. Without it DeepSpeed would look for MPI and fail with
-    `No module named 'mpi4py'`. A partial launcher environment, or MPI without mpi4py, is one line
-    saying how to launch."""
-    present = [name for name in RENDEZVOUS if name in os.environ]
-    if len(present) == len(RENDEZVOUS) or any(name in os.environ for name in OTHER_LAUNCHERS):
-        return None
-    mpi = [name for name in MPI_LAUNCHERS if name in os.environ]
-    if mpi:
-        if importlib.util.find_spec("mpi4py") is None:
-            raise ConfigError(f"started by an MPI launcher ({mpi[0]} is set) without the env:// variables "
-                              f"{', '.join(name for name in RENDEZVOUS if name not in present)}, and DeepSpeed needs "
-                              "mpi4py to find the ranks", f"pip install mpi4py, or launch with {HOW_TO_LAUNCH}")
-        return None
-    tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "1")
-    if tasks.isdigit() and int(tasks) > 1:  # `srun -n 4 python pretrain_bert.py`: 4 runs of world size 1
-        raise ConfigError(f"started as one of {tasks} srun tasks without the env:// variables "
-                          f"{', '.join(name for name in RENDEZVOUS if name not in present)}: each would train alone",
-                          f"launch with {HOW_TO_LAUNCH} (one srun task per node), or export them per task")
-    per_rank = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if name in os.environ]
-    if per_rank:
-        missing = [name for name in RENDEZVOUS if name not in present]
-        verbs = ("is" if len(per_rank) == 1 else "are", "is" if len(missing) == 1 else "are")
-        raise ConfigError(f"{', '.join(per_rank)} {verbs[0]} set but {', '.join(missing)} {verbs[1]} not: a partial "
-                          "launcher environment",
-                          f"launch with {HOW_TO_LAUNCH}, or unset {', '.join(present)} to run one process")
-    from megatron.parallel.spawn import free_port
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    return (f"no launcher: running as one process (world size 1); for several GPUs or nodes launch with "
-            f"{HOW_TO_LAUNCH}")
-
-
 def starts_from_weights(args) -> bool:
     """Whether --load gives weights only (--finetune, or a weights-only checkpoint such as from-hf
     writes): a new run from them, not a resume."""
@@ -941,25 +671,6 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
     return flags
 
 
-# the settings of WEIGHTLESS_FIELDS as a note names them
-REPLACED_SETTINGS = {"rotary_base": "global rope theta", "local_rotary_base": "local rope theta",
-                     "local_attention_window": "local attention window"}
-
-
-def note_replaced_settings(flags: dict, start: dict, source: str) -> None:
-    """The lines of a new run from weights with a flag that replaces their rope theta or window: a choice
-    (a longer context wants one), but every layer it reaches then computes otherwise than the weights
-    were trained to, which the config line alone would not say. From the first rank."""
-    for field in WEIGHTLESS_FIELDS:
-        value, have = flags.get(field), start.get(field)
-        if value is None or have is None or value == have or launcher_rank() != 0:
-            continue
-        trained = f" (its local layers were trained seeing {have // 2} tokens each side)" \
-            if field == "local_attention_window" else ""
-        print(f"note: {flag_setting(field, value)} replaces the {REPLACED_SETTINGS[field]} {have:g} of {source}"
-              f"{trained}", flush=True)
-
-
 def note_longer_than_trained(flags: dict, start: dict, trained: int, source: str) -> None:
     """The line of a new run from rotary weights at a longer --seq-length than they trained at and at
     their own global theta: the model extrapolates (a choice, so not refused), where the recipe for a
@@ -972,56 +683,6 @@ def note_longer_than_trained(flags: dict, start: dict, trained: int, source: str
               f"{source} was trained at, with its global rope theta {start.get('rotary_base'):g}: the model "
               f"extrapolates; {paths.in_repository('tools/extend_context.py')} continues at a longer length with a "
               f"scaled theta ({paths.in_repository('docs/hugging-face.md')}), or pass --rotary-base", flush=True)
-
-
-def given_attention(flags: dict, ds: dict) -> str | None:
-    """The attention variant the flags or the JSON section name (None: neither, the default)."""
-    section = ds.get(SECTION)
-    return flags.get("attention") or (section.get("attention") if isinstance(section, dict) else None)
-
-
-REGIME_FIELDS = ("hidden_dropout", "attention_dropout", "init_method_std")  # train a model, shape none of it
-
-
-def kept_regime(stored: dict, flags: dict, ds: dict, source: str) -> str | None:
-    """A resume trains with the checkpoint's dropout (and records its init_method_std) where no flag or
-    preset sets them: BertConfig's defaults (dropout 0.1) would change a preset run's regime silently.
-    Sets them in `flags`; returns the warning naming those a flag or preset changes, or attention dropout
-    dropped by a variant without it (ring, hybrid, BigBird: their default 0) (None: no change)."""
-    changes = take_regime(stored, flags, ds)[1]
-    return f"{'; '.join(changes)}, which {source}'s run trained with" if changes else None
-
-
-def take_regime(stored: dict, flags: dict, ds: dict, local_layers: bool = False) -> tuple[list, list]:
-    """Sets in `flags` the REGIME_FIELDS of `stored` (the weights' config) that no flag or preset sets;
-    attention dropout 0 where the variant or the weights' local layers (`local_layers`) have none. Returns
-    ('name value' of each taken, 'SETTER changes name from value' of each set otherwise)."""
-    preset, named = model_preset(flags, ds), preset_source(flags, ds)
-    variant = given_attention(flags, ds) or BertConfig.attention
-    without = f"{variant} attention" if not RULES.get(variant, Rules).supports_attention_dropout else \
-        "local layers" if local_layers else None
-    taken, changes = [], []
-    for name in (name for name in REGIME_FIELDS if name in stored):
-        value = flags.get(name)
-        setter = flag_setting(name, value) if value is not None else None
-        if value is None and name in preset:
-            value, setter = preset[name], f"{named} ({name} {preset[name]})"
-        if value is None and name == "attention_dropout" and stored[name] and without:
-            value, setter = 0.0, f"{without} (no attention dropout)"
-        if value is None:
-            flags[name] = stored[name]
-            taken.append(f"{name} {stored[name]}")
-        elif value != stored[name]:
-            changes.append(f"{setter} changes {name} from {stored[name]}")
-    return taken, changes
-
-
-def note_taken_regime(taken: list, source: str) -> None:
-    """The line of a new run from weights whose dropout (init_method_std) comes from them, not from
-    BertConfig's defaults (a ModernBERT's dropout 0, not 0.1), from the first rank."""
-    if taken and launcher_rank() == 0:
-        print(f"{', '.join(taken)} as in {source} (--hidden-dropout, --attention-dropout or --init-method-std set "
-              "others)", flush=True)
 
 
 def start_length(args, weights: dict, flags: dict, resume: bool = False) -> int:
@@ -1081,10 +742,13 @@ def check_sample_room(config) -> None:
 
 
 def pretrain(args, start_up: dict | None = None, progress: Progress | None = None) -> int | None:
-    """The run: start-up checks, data, engine, then training from the start or a checkpoint; returns
-    the signal number of an agreed stop (None: the run trained every step). `progress` is kept up to
-    date for the line of a lost rank (lost_rank_problem)."""
+    """The run: where it starts (check_start; `args` stays as given, the run reads StartPlan.over),
+    start-up checks, data, engine, then training from the start or a checkpoint; returns the signal
+    number of an agreed stop (None: the run trained every step). `progress` is kept up to date for the
+    line of a lost rank (lost_rank_problem)."""
     progress = progress or Progress()
+    plan = check_start(args)
+    args = plan.over(args)
     setup = check_start_up(args)
     config = setup.config
     train_iters = args.train_iters or math.ceil(args.train_samples / config.global_batch_size)
@@ -1092,7 +756,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     engine = build_engine(config, bert_state=setup.bert_state, lr_scheduler=lr_schedule(args, train_iters))
     if args.skip_nan_batches:
         skip_nonfinite_updates(engine)
-    run = resume_or_start(args, setup, engine, used_maps, train_iters, progress)
+    run = resume_or_start(args, setup, engine, used_maps, train_iters, progress, plan.weights_origin)
     stop = StopSignals(setup.tokenizer.file, run.log, start_up)
     read_batches = batch_reader(config, stop, data_workers(args))
     train_loop(run, datasets, read_batches, stop)
@@ -1234,9 +898,11 @@ class Run:
     last_checkpoint: str | None = None  # the newest complete one: the loaded one, then each saved
 
 
-def resume_or_start(args, setup: StartUp, engine, used_maps: list, train_iters: int, progress: Progress) -> Run:
+def resume_or_start(args, setup: StartUp, engine, used_maps: list, train_iters: int, progress: Progress,
+                    origin: dict | None = None) -> Run:
     """The engine restored from --load (a resume), else the run's start (scratch or starting weights);
-    opens the run log, which says which, and rank 0 warns of what a resume changes."""
+    opens the run log, which says which, and rank 0 warns of what a resume changes. `origin`: what a new
+    run starts from (StartPlan.weights_origin), which its checkpoints record."""
     config, ds, weights_only = setup.config, setup.ds, setup.weights_only
     client = (checkpoint.load(engine, args.load, config, load_rng=not args.no_load_rng)
               if args.load and not weights_only else None)
@@ -1244,7 +910,7 @@ def resume_or_start(args, setup: StartUp, engine, used_maps: list, train_iters: 
         dist.barrier()  # others, lost here, print nothing that reads like a resume (config:, resuming from)
     saved = dict(schedule=schedule_settings(args, ds, train_iters), data=data_settings(args, setup.data_path),
                  tokenizer=setup.tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
-                 getattr(args, "weights_origin", None))
+                 origin)
     optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
     log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
     log.config(config)
@@ -1360,8 +1026,9 @@ def end_run(run: Run, test_set, read_batches, stop: "StopSignals") -> int | None
             run.log.evaluation("test", run.iteration, loss)
     if stop.agreed:
         run.progress.phase = f"the stop after iteration {run.iteration}"
-        return stop.finish(run.args, run.engine, run.config, run.iteration, run.consumed, run.first_iteration,
-                           run.last_checkpoint, run.log, run.saved,
+        return stop.finish(run.args, run.iteration, run.first_iteration, run.last_checkpoint, run.log,
+                           lambda: save_checkpoint(run.args, run.engine, run.config, run.iteration, run.consumed,
+                                                   run.log, **run.saved),
                            test_cut=test_set is not None and run.iteration == run.train_iters)
     run.progress.phase = END_OF_RUN
     stop.complete(run.args, run.iteration, run.last_checkpoint, run.log)
@@ -1540,195 +1207,6 @@ def check_step(args, engine, iteration: int, loss: float, last_checkpoint, log) 
                                                               if iteration > 1 else "") + " (e.g. with a lower --lr)"
     raise ConfigError(f"loss is {loss} at iteration {iteration}",
                       f"{where}, or pass --skip-nan-batches to skip such steps")
-
-
-class StopSignals:
-    """SIGTERM / SIGINT / SIGHUP during training (a scheduler's preemption, Ctrl-C forwarded by a launch
-    script, a closed terminal): the handler only notes the signal; every rank learns of it at the next
-    step boundary from one all-reduce (MAX) per step, so all stop after the same iteration, save a
-    final checkpoint (with --save) and exit 128 + the signal; rank 0 says so at once (the save may
-    take minutes) and again once it is written. The same all-reduce carries the largest
-    token id of each rank's batch: data made with another vocab stops every rank with one line,
-    not an index error in one rank's embedding. Repeated signals (the deepspeed launcher sends
-    its own SIGTERM) are noted and ignored from then on: the handler stays until main has closed
-    the process group (the plot, the lock's release), then exit_rank ignores them. The end of the
-    rank's launcher (a SIGINT or SIGTERM to the `deepspeed` command ends it alone) is a SIGTERM too
-    (parallel/launcher_watch.py). Evaluation steps agree the same way: a stop is honoured within
-    one step, in training and in evaluation. A signal after the last agreement of a run that trained
-    every step cuts nothing: the run is complete (exit 0), and one line says so (complete)."""
-
-    LOG_FAILED = 1000  # above any signal number: wins the MAX
-
-    def __init__(self, tokenizer_file: str, log=None, start_up: dict | None = None):
-        self.tokenizer_file = tokenizer_file
-        self.start_up = start_up or {}  # the handlers main's start-up replaced (errors.raise_on_signals)
-        self.log = log  # rank 0's RunLog: a run log that cannot be written (full disk) stops the run too
-        self.received = self.agreed = 0
-        self.received_at = None  # time.monotonic() of the first signal this rank received
-        self.launcher_gone = None  # what ended, when the stop comes from the launcher's end
-        self.watching = None
-
-    def install(self) -> None:
-        """Notes signals from now on; main's `finally` gives its caller's handlers back."""
-        restore_signals(self.start_up)  # from here a signal is noted, the step finished and saved
-        if threading.current_thread() is threading.main_thread():  # signal handlers live there only
-            for signum in stop_signals():
-                signal.signal(signum, self._note)
-        self.watching = launcher_watch.watch(self._launcher_ended)
-
-    def _note(self, signum, frame) -> None:
-        if not self.received:
-            self.received, self.received_at = signum, time.monotonic()
-
-    def _launcher_ended(self, description: str) -> None:
-        if not self.received:  # else the signal that came first names the stop
-            self.launcher_gone = description
-            self._note(signal.SIGTERM, None)
-
-    def stop_watching(self) -> None:
-        if self.watching:
-            self.watching.set()
-
-    @staticmethod
-    def _largest(values: list) -> list:
-        """The largest of each value over the ranks (one all-reduce)."""
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        flags = torch.tensor(values, dtype=torch.long, device=device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return [int(value) for value in flags.tolist()]
-
-    def agree(self, step: list, vocab_size: int) -> None:
-        """Called by every rank with its micro-batches of one step (train or eval)."""
-        top = max(int(batch.tokens.max()) for batch in step)
-        received = self.received or (self.LOG_FAILED if self.log is not None and self.log.failure else 0)
-        received, top = self._largest([received, top])
-        if top >= vocab_size:
-            raise DataError(f"the data holds token id {top}, beyond the {vocab_size} tokens of the vocab "
-                            f"{self.tokenizer_file}", "pass the --vocab-file (or --tokenizer-file) the data was "
-                            f"preprocessed with, or rerun {paths.in_repository('tools/preprocess_data.py')} "
-                            "with this one")
-        self.agreed = self.agreed or received
-
-    def _name(self, signum: int, gone: str | None) -> str:
-        """What stopped the run, as its lines say it."""
-        if signum == self.LOG_FAILED:
-            return "a failed write of the run log"
-        if gone and signum == signal.SIGTERM:
-            return f"the end of {gone}"
-        return signal.Signals(signum).name
-
-    def _grace_left(self) -> float | None:
-        """Seconds until DeepSpeed's launch.py would kill this rank, had the signal that stops the run
-        reached it too (a Ctrl-C in its terminal, a scheduler signalling the whole job); None where
-        it cannot have: another parent, or no SIGINT / SIGTERM of this rank's own."""
-        if self.received not in (signal.SIGINT, signal.SIGTERM) or self.launcher_gone or \
-                not launcher_watch.under_deepspeed_launch():
-            return None
-        return launcher_watch.DEEPSPEED_KILL_S - (time.monotonic() - self.received_at)
-
-    def finish(self, args, engine, config, iteration: int, consumed: int, first_iteration: int,
-               last_checkpoint, log, saved: dict | None = None, test_cut: bool = False) -> int:
-        """The agreed stop: saves what was trained since the last checkpoint; returns the signal number,
-        or raises the run log's write failure as one line (every rank alike). `test_cut`: the stop came
-        after the last step, before the test loss (a rerun with --load computes it). `saved`: what a
-        checkpoint records (save_checkpoint's state)."""
-        noticed = [None] * dist.get_world_size()  # the rank that saw its launcher end may not be the one printing
-        dist.all_gather_object(noticed, self.launcher_gone)
-        name = self._name(self.agreed, next((description for description in noticed if description), None))
-        self.stop_watching()
-        folder = args.save and os.path.join(args.save, checkpoint.tag_for(iteration))
-        if args.save and iteration > first_iteration and last_checkpoint != folder:
-            if dist.get_rank() == 0:
-                print(stop_acknowledgement(name, iteration, folder, log.last_save_s, self._grace_left()),
-                      file=sys.stderr, flush=True)
-            last_checkpoint = save_checkpoint(args, engine, config, iteration, consumed, log, **(saved or {}))
-        checkpoint.release_lock(checkpoint.LOCK)  # before the plot: --save is free once its last checkpoint is written
-        if self.agreed == self.LOG_FAILED:
-            failure = [log.failure]
-            dist.broadcast_object_list(failure, src=0)
-            held = (f"checkpoint {last_checkpoint} holds iteration {iteration}: resume with --load {args.save}"
-                    if args.save and last_checkpoint else f"no checkpoint holds iteration {iteration}")
-            raise ConfigError(failure[0][0], f"{failure[0][1]}; {held}")
-        when = (f"after the last iteration {iteration}, before the test loss" if test_cut
-                else f"after iteration {iteration}")
-        if args.save and last_checkpoint:
-            line = (f"stopped by {name} {when}; checkpoint {last_checkpoint} holds it: "
-                    + (f"rerun with --load {args.save} to compute the test loss" if test_cut
-                       else f"resume with --load {args.save}"))
-        elif args.save:  # before this run's first step: nothing to save
-            line = f"stopped by {name} before the first step of this run (iteration {iteration}); nothing was saved"
-        else:
-            line = (f"stopped by {name} {when}; no checkpoint holds it: pass --save DIR "
-                    "to keep the progress of a stopped run")
-        failure = [None]  # rank 0's: its log could not be closed (the plot on a full disk)
-        try:
-            log.close()
-            if dist.get_rank() == 0:  # before the plot, which takes seconds on a long run
-                print(f"pretrain_bert.py: {line}", file=sys.stderr, flush=True)
-            log.plot(args.save)
-        except ConfigError as error:
-            failure = [(error.problem, error.fix)]
-        except OSError as error:
-            if not error.filename:
-                raise
-            unusable = cannot_use(error, WHERE_FIX)
-            failure = [(unusable.problem, unusable.fix)]
-        # the launcher ends every rank once one exits non-zero (128 + the signal too): none leaves before
-        # rank 0 has closed its log and printed its line, and all leave alike
-        dist.broadcast_object_list(failure, src=0)
-        if failure[0]:
-            raise ConfigError(*failure[0])
-        return self.agreed
-
-    def complete(self, args, iteration: int, last_checkpoint, log) -> None:
-        """The end of a run that trained every step. A signal after the last agreement (during the
-        final save without a test set, or after the test evaluation) cut nothing: the run is
-        complete, exits 0, and one line says so; also for one during rank 0's plot. Nor does a rank
-        lost at this last agreement (peers.lost): the others end alike, exit 0, and one line says
-        that the run is complete (the launcher's exit code is the lost rank's own)."""
-        lost = None
-        try:
-            [late] = self._largest([self.received])  # the rank that received it may not be rank 0
-        except RuntimeError as error:
-            if peers.lost(error) is None:
-                raise
-            late, lost = self.received, lost_rank_text(peers.lost(error), args, END_OF_RUN)[0]
-        self.stop_watching()
-        checkpoint.release_lock(checkpoint.LOCK)  # before the plot: --save is free once its last checkpoint is written
-        log.close()
-        if lost:
-            report_once(f"pretrain_bert.py: {lost}; the run is complete: "
-                        f"{self._held(args, iteration, last_checkpoint)}")
-        self._say_complete(late, args, iteration, last_checkpoint)
-        log.plot(args.save)
-        if not late:
-            self._say_complete(self.received, args, iteration, last_checkpoint)
-
-    def _say_complete(self, signum: int, args, iteration: int, last_checkpoint) -> None:
-        if signum and dist.get_rank() == 0:
-            print(f"pretrain_bert.py: {self._name(signum, self.launcher_gone)} came after the last step; the run "
-                  f"is complete: {self._held(args, iteration, last_checkpoint)}", file=sys.stderr, flush=True)
-
-    @staticmethod
-    def _held(args, iteration: int, last_checkpoint) -> str:
-        return (f"checkpoint {last_checkpoint} holds iteration {iteration}" if args.save and last_checkpoint
-                else f"no checkpoint holds iteration {iteration} (no --save)")
-
-
-def stop_acknowledgement(name: str, iteration: int, folder: str, last_save_s: float | None,
-                         grace_left_s: float | None) -> str:
-    """Rank 0's line once the ranks agree to stop and the final save starts: a long save otherwise
-    looks like a frozen run, and a user reaching for `kill -9` loses it. `grace_left_s`: the seconds
-    DeepSpeed's launch.py leaves this rank before SIGKILL, had the signal reached it too (None: it
-    cannot have); named when the last save took longer."""
-    took = f"the last save took {last_save_s:.0f} s" if last_save_s is not None else "the first save of this run"
-    line = (f"pretrain_bert.py: stopping after iteration {iteration} ({name}): saving checkpoint {folder} ({took}); "
-            "further signals are ignored until it is written")
-    if grace_left_s is not None and last_save_s is not None and last_save_s > grace_left_s:
-        line += (f"; if the signal reached DeepSpeed's launch.py too (Ctrl-C in its terminal, a signal to the whole "
-                 f"job), it kills the ranks in {max(grace_left_s, 0):.0f} s, before such a save ends: see "
-                 f"{paths.in_repository('docs/resuming.md')}")
-    return line
 
 
 def evaluate(batches, engine, dataset, run: int, eval_iters: int, stop: StopSignals) -> float | None:

@@ -1425,7 +1425,7 @@ def test_an_error_line_is_one_write(monkeypatch):
     """print() writes the newline apart: another rank's output could land between them, glued to the line."""
     import io
 
-    import megatron.training as training
+    from megatron.parallel import peers
 
     writes = []
     stream = io.StringIO()
@@ -1433,5 +1433,5 @@ def test_an_error_line_is_one_write(monkeypatch):
     monkeypatch.setattr(sys, "stderr", stream)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-    training.report_once("pretrain_bert.py: error: a mistake; fix it")
+    peers.report_once("pretrain_bert.py: error: a mistake; fix it")
     assert writes == ["pretrain_bert.py: error: a mistake; fix it\n"]

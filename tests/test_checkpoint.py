@@ -165,7 +165,7 @@ def test_a_resume_with_another_optimizer_type_is_refused():
 @pytest.mark.parametrize("record", [1, {"data": [[1.0, "0123"]]}, {"data": "a", "data_path": [], "split": [1.0],
                                                                     "split_flag": "1", "seed": 1}])
 def test_a_malformed_data_record_is_one_line(tmp_path, record):
-    """The record a resume compares its data with (training.describe_data_change) read a hand-edited
+    """The record a resume compares its data with (resume.describe_data_change) read a hand-edited
     run_state.json's "data" by key and stopped with a KeyError or TypeError."""
     import json
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, checkpoint_compat, locks, run_log, training
+from megatron import checkpoint, checkpoint_compat, locks, run_log, stop_signals, training
 from megatron.errors import ConfigError, DataError
 from megatron.data import bert_dataset
 from megatron.model.bert import BertConfig
@@ -323,7 +323,7 @@ def test_a_rank_lost_at_the_end_of_a_complete_run_cuts_nothing(monkeypatch, caps
     def lost(values):
         raise RuntimeError("[/w/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
 
-    stop = training.StopSignals("tokenizer.json")
+    stop = stop_signals.StopSignals("tokenizer.json")
     monkeypatch.setattr(stop, "_largest", lost)
     args = SimpleNamespace(save="ckpt", distributed_timeout_minutes=10)
     assert stop.complete(args, 8, "ckpt/iter_0000008", Log()) is None and Log.done == ["close", "plot"]
@@ -349,7 +349,7 @@ def test_a_lost_rank_outlives_the_launchers_sigterm(monkeypatch, capsys):
     def lost_in_start_up(args, start_up, progress):
         raise RuntimeError("[/w/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
 
-    for name in ("check_flags", "check_flag_combinations", "check_start"):
+    for name in ("check_flags", "check_flag_combinations"):
         monkeypatch.setattr(training, name, lambda args: None)
     monkeypatch.setattr(training, "pretrain", lost_in_start_up)
     monkeypatch.setattr(checkpoint, "release_lock", release_lock)
@@ -421,11 +421,13 @@ def fake_checkpoints(save, *iterations, latest=None) -> None:
         (save / checkpoint.LATEST).write_text(checkpoint.tag_for(latest))
 
 
-def start_run(save, load="save", finetune=False) -> argparse.Namespace:
+def start_run(save, load="save", finetune=False) -> "training.StartPlan":
     args = argparse.Namespace(init_from_hf=None, load=str(save) if load == "save" else load, save=str(save),
                               finetune=finetune)
-    training.check_start(args)
-    return args
+    given = dict(vars(args))
+    plan = training.check_start(args)
+    assert vars(args) == given  # the run reads the plan; the flags stay as given
+    return plan
 
 
 def test_a_save_dir_with_checkpoints_but_no_latest_is_refused(tmp_path, capsys):
@@ -635,7 +637,7 @@ def two_nodes_one_unwritable(save_dir: str, unwritable_rank: int) -> dict:
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             if rank in reporters:
-                training.report_once(f"pretrain_bert.py: error: found by {reporters}")
+                peers.report_once(f"pretrain_bert.py: error: found by {reporters}")
         torch.distributed.barrier()
         outcome[reporters] = err.getvalue()
         if rank == 0:  # a fresh count for the next case (a run reports once)

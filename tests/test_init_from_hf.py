@@ -290,13 +290,14 @@ def test_a_run_started_from_an_hf_folder_resumes_with_the_same_command(tmp_path,
     first = tmp_path / "first"
     args = argparse.Namespace(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False)
     capsys.readouterr()
-    training.check_start(args)
-    assert (args.init_from_hf, args.load) == (str(folder), None) and args.weights_origin == origin
+    plan = training.check_start(args)
+    assert (plan.init_from_hf, plan.load) == (str(folder), None) and plan.weights_origin == origin
+    assert vars(args) == dict(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False)  # as given
     assert capsys.readouterr().out == f"--load {first} holds no checkpoint yet: starting from --init-from-hf {folder}\n"
     copy = shutil.copytree(folder, tmp_path / "copy")
     args = argparse.Namespace(init_from_hf=str(copy), load=str(run), save=str(run), finetune=False)
-    training.check_start(args)
-    assert args.init_from_hf is None and args.load == str(run)
+    plan = training.check_start(args)
+    assert plan.init_from_hf is None and plan.load == str(run) and args.init_from_hf == str(copy)
     # a flag that restates a field with another value is refused, before the data's index maps
     maps = sorted(Path(data_dir).rglob("*"))
     refused = run_entry_point(*command, "--load", str(run), "--num-layers", "3",
@@ -335,13 +336,15 @@ def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path
                  **({checkpoint.ORIGIN: record} if record else {})}
         (save / "iter_0000004" / checkpoint.RUN_STATE).write_text(json.dumps(state))
         args = argparse.Namespace(init_from_hf=None, load=str(load), save=str(save), finetune=finetune)
-        training.check_start(args)
-        return args
+        given = dict(vars(args))
+        plan = training.check_start(args)
+        assert vars(args) == given  # the run reads the plan; the flags stay as given
+        return plan
 
     capsys.readouterr()
     for load, finetune in ((weights, False), (shutil.copytree(weights, tmp_path / "copy"), True)):
-        args = start(load, finetune=finetune)
-        assert (args.load, args.finetune) == (str(save), False)
+        plan = start(load, finetune=finetune)
+        assert (plan.load, plan.finetune) == (str(save), False)
         assert capsys.readouterr().out == (f"--load {load}{' --finetune' if finetune else ''} is not used: --save "
                                            f"{save} holds iteration 4, which this run resumes (a requeued job)\n")
     with pytest.raises(ConfigError) as refused:

@@ -93,7 +93,8 @@ def test_a_start_up_error_line_outlives_the_launcher_ending_the_ranks(tmp_path, 
                "parser": "build_parser().parse_args(['--no-such-flag'])"}[fails]
     script.write_text("import os, sys, time\n"
                       f"sys.path.insert(0, {str(ROOT)!r})\n"
-                      "from megatron.training import build_parser, exit_rank, report_once\n"
+                      "from megatron.parallel.peers import report_once\n"
+                      "from megatron.training import build_parser, exit_rank\n"
                       "time.sleep(3 if os.environ['RANK'] == '0' else 0)\n"
                       f"{failure}\n")
     env = launch_env(tmp_path)

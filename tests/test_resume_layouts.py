@@ -21,7 +21,8 @@ from megatron import checkpoint, optimizer_state
 from megatron.config import resolve
 from megatron.engine import build_engine, train_step
 from megatron.errors import DataError
-from megatron.training import lr_schedule, resume_optimizer
+from megatron.resume import resume_optimizer
+from megatron.training import lr_schedule
 from megatron.parallel.spawn import run_on_ranks
 from test_checkpoint import step_batches
 from test_deepspeed_engine import GLOBAL_BATCH, ds_config, model_flags

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from megatron import checkpoint, locks, run_log, training
+from megatron import checkpoint, locks, run_log, stop_signals, training
 from megatron.parallel import launcher_watch
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
@@ -438,11 +438,11 @@ def test_each_caller_keeps_its_own_signal_handlers():
 
         for error in (errors.ConfigError("the loop stopped", "fix it"), RuntimeError("a bug in the loop")):
             def failing_loop(args, start_up, progress):
-                training.StopSignals("tokenizer.json", None, start_up).install()
+                stop_signals.StopSignals("tokenizer.json", None, start_up).install()
                 raise error
 
             with pytest.MonkeyPatch.context() as patch:
-                for name in ("check_flags", "check_flag_combinations", "check_start"):
+                for name in ("check_flags", "check_flag_combinations"):
                     patch.setattr(training, name, lambda args: None)
                 patch.setattr(training, "pretrain", failing_loop)
                 if isinstance(error, errors.ConfigError):
@@ -502,12 +502,13 @@ def test_the_stop_acknowledgement_names_the_last_save_and_deepspeeds_grace():
     reached it too, kills the ranks 30 s after: named when the last save took longer than what is left."""
     said = ("pretrain_bert.py: stopping after iteration 12 (SIGINT): saving checkpoint ckpt/iter_0000012 (the last "
             "save took 12 s); further signals are ignored until it is written")
-    assert training.stop_acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 12.4, None) == said
-    assert training.stop_acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 12.4, 27.5) == said
-    assert training.stop_acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 42.0, 27.5) == said.replace("12 s", "42 s") + (
+    acknowledgement = stop_signals.stop_acknowledgement
+    assert acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 12.4, None) == said
+    assert acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 12.4, 27.5) == said
+    assert acknowledgement("SIGINT", 12, "ckpt/iter_0000012", 42.0, 27.5) == said.replace("12 s", "42 s") + (
         "; if the signal reached DeepSpeed's launch.py too (Ctrl-C in its terminal, a signal to the whole job), it "
         "kills the ranks in 28 s, before such a save ends: see docs/resuming.md")
-    assert "(the first save of this run)" in training.stop_acknowledgement("SIGTERM", 3, "c/iter_0000003", None, 1.0)
+    assert "(the first save of this run)" in acknowledgement("SIGTERM", 3, "c/iter_0000003", None, 1.0)
 
 
 def test_sighup_stops_like_sigterm_unless_nohup_ignores_it():
@@ -530,7 +531,7 @@ def test_sighup_stops_like_sigterm_unless_nohup_ignores_it():
             assert errors.run_tool("tool", hung_up) == 128 + signal.SIGHUP
         assert err.getvalue() == ("tool: error: interrupted by SIGHUP, partial output removed; rerun the same command "
                                   "to start over\n")
-        stop = training.StopSignals("tokenizer.json")
+        stop = stop_signals.StopSignals("tokenizer.json")
         stop.install()
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(0.1)
@@ -539,7 +540,7 @@ def test_sighup_stops_like_sigterm_unless_nohup_ignores_it():
 
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
         assert signal.SIGHUP not in errors.raise_on_signals()
-        nohup = training.StopSignals("tokenizer.json")
+        nohup = stop_signals.StopSignals("tokenizer.json")
         nohup.install()
         nohup.stop_watching()  # its launcher watch, a thread that would outlive the test
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN

@@ -19,9 +19,9 @@ import torch
 from megatron import run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
-from megatron.training import (data_warnings, describe_batch_change, describe_data_change, describe_sample_change,
-                               lr_factor, lr_schedule, main, nothing_to_train, resume_schedule, small_eval_splits,
-                               with_eval_passes)
+from megatron.resume import (describe_batch_change, describe_data_change, describe_sample_change, lr_factor,
+                             resume_schedule)
+from megatron.training import data_warnings, lr_schedule, main, nothing_to_train, small_eval_splits, with_eval_passes
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -680,7 +680,7 @@ def test_a_resume_names_each_optimizer_setting_the_way_it_was_given(tmp_path, mo
     """The checkpoint's settings win; the warning names a flag where the flag was given or the value is
     its default (no JSON key), and the JSON key where the user's JSON wrote it."""
     from megatron import optimizer_state
-    from megatron.training import resume_optimizer
+    from megatron.resume import resume_optimizer
 
     monkeypatch.setattr(optimizer_state, "settings", lambda engine: {"param_groups": [
         {"lr": 1e-4, "weight_decay": 0.1, "betas": (0.9, 0.98), "eps": 1e-8}]})

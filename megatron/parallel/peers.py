@@ -3,7 +3,8 @@ crashed, or left alone after a signal) or did not answer within the collective t
 hung, far slower), told apart from every other error, so the survivors end with one line
 (training.lost_rank_problem) instead of the backend's traceback; and the wait where one rank
 works alone for long while the others stand by (while_some_build), polled through the store with
-no fixed bound while the builder's heartbeat goes on.
+no fixed bound while the builder's heartbeat goes on. An error line is printed once per run, not once
+per rank (report_once), and a lost rank's line says what happened to it (lost_rank_text).
 
 What torch 2.13 raises: NCCL a DistBackendError (a DistError), the TCP store a DistNetworkError
 or DistStoreError (DistErrors too); gloo a plain RuntimeError whose message starts with the source
@@ -15,12 +16,20 @@ for a timeout or a lost peer's wording (the store's "Connection was likely close
 NCCL's "remote process exited"): its other causes (a store port in use, NCCL's init errors) keep the
 backend's traceback, as rerunning would fail the same way.
 """
+import contextlib
+import os
 import re
+import sys
 import threading
 import time
 from contextlib import contextmanager
+from datetime import timedelta
 
 import torch.distributed as dist
+
+from megatron.parallel import device
+from megatron.parallel.launch_check import RENDEZVOUS
+from megatron.parallel.launch_env import PRINTER_WAIT, launcher_rank, local_rank, outlive_rank_0
 
 GLOO_TRANSPORT = re.compile(r"gloo/transport/[\w/]+\.cc:\d+\]")
 TIMED_OUT = re.compile(r"timed? ?out|timeout", re.IGNORECASE)
@@ -111,3 +120,64 @@ def _wait_for(store, prefix: str, builders: list, silence: float) -> None:
         if heard:
             time.sleep(pause)
             pause = min(2 * pause, POLL_SECONDS)
+
+
+def report_once(line: str, node_leaders: bool = False) -> None:
+    """Prints an error line once per run, not once per rank, while every rank still exits non-zero.
+    `node_leaders`: also each node's first rank prints it (a rendezvous that rank 0 never reached).
+
+    Before the process group exists every rank fails alike (same flags): rank 0 prints. After, the
+    first rank to report wins a counter in the rendezvous store, which also covers an error that
+    only some ranks meet (a file missing on one node). Rank 0 hosts the store: it lingers briefly
+    so that ranks failing the same way can still reach it.
+
+    A rank that leaves the line to another does not exit before it is printed: the launcher ends
+    every rank once one exits non-zero, the printing one too. After the process group exists the
+    store says when it is; before, nothing can (outlive_rank_0). After PRINTER_WAIT seconds it
+    prints the line itself."""
+    # a partial launcher environment (launch_check.launch_environment) is a process started by hand: it prints
+    partial = any(name in os.environ for name in RENDEZVOUS[:3]) and not all(name in os.environ for name in RENDEZVOUS)
+    first = launcher_rank() == 0 or partial or (node_leaders and local_rank() == 0)
+    store = None
+    if dist.is_available() and dist.is_initialized() and device.store_host_alive():
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            first = store.add("megatron/errors_reported", 1) == 1
+            deadline = time.monotonic() + 2.0
+            while (dist.get_rank() == 0 and time.monotonic() < deadline
+                   and store.add("megatron/errors_reported", 0) < dist.get_world_size()):
+                time.sleep(0.05)
+        except Exception:  # the store is gone (rank 0 exited): better twice than never
+            first, store = True, None
+    if first:
+        write_line(line)
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.set("megatron/error_printed", "1")
+        return
+    try:
+        if store is None:
+            outlive_rank_0()
+        else:
+            store.wait(["megatron/error_printed"], timedelta(seconds=PRINTER_WAIT))
+            return
+    except Exception:  # not printed in time, or the store is gone: better twice than never
+        pass
+    write_line(line)
+
+
+def write_line(line: str) -> None:
+    """`line` on stderr in one write (print writes the newline apart), so another rank's output that
+    interleaves lands before or after it, not glued to its end."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def lost_rank_text(how: str, args, phase: str) -> tuple[str, str]:
+    """What happened to the other rank (peers.lost's `how`) during `phase`, and the advice a fix ends
+    with for a timeout."""
+    if how == "timeout":
+        return (f"another rank did not answer within --distributed-timeout-minutes "
+                f"{args.distributed_timeout_minutes:g} during {phase} (frozen, hung or slower than that)",
+                ", with a larger --distributed-timeout-minutes if that phase is this slow")
+    return f"another rank ended during {phase} (its own output or its launcher's says why)", ""

@@ -1,0 +1,54 @@
+"""How this process was launched, checked before any rendezvous: a run started by hand becomes a
+world of 1, a partial launcher environment (or MPI without mpi4py, srun tasks without env://) is one
+line saying how to launch. Apart from launch_env, which the errors module itself imports (no cycle)."""
+import importlib.util
+import os
+
+from megatron import paths
+from megatron.errors import ConfigError
+
+
+# the env:// rendezvous variables every rank of a launch gets (deepspeed, torchrun, the AzureML job)
+RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# launchers DeepSpeed discovers without them: MPI (through mpi4py), AzureML, SageMaker, DLTS
+MPI_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+OTHER_LAUNCHERS = ("AZUREML_EXPERIMENT_ID", "SM_TRAINING_ENV", "DLTS_JOB_ID")
+HOW_TO_LAUNCH = f"deepspeed --num_gpus N {paths.in_repository('pretrain_bert.py')} ... (or torchrun --nproc_per_node N)"
+
+
+def launch_environment() -> str | None:
+    """`python pretrain_bert.py ...` without a launcher runs as one process: with none of RANK,
+    WORLD_SIZE, LOCAL_RANK set (and no MPI or cluster launcher of DeepSpeed's), the env://
+    rendezvous of a world of 1 is set (MASTER_ADDR 127.0.0.1, a free MASTER_PORT, unless given);
+    returns the line that says so. Without it DeepSpeed would look for MPI and fail with
+    `No module named 'mpi4py'`. A partial launcher environment, or MPI without mpi4py, is one line
+    saying how to launch."""
+    present = [name for name in RENDEZVOUS if name in os.environ]
+    if len(present) == len(RENDEZVOUS) or any(name in os.environ for name in OTHER_LAUNCHERS):
+        return None
+    mpi = [name for name in MPI_LAUNCHERS if name in os.environ]
+    if mpi:
+        if importlib.util.find_spec("mpi4py") is None:
+            raise ConfigError(f"started by an MPI launcher ({mpi[0]} is set) without the env:// variables "
+                              f"{', '.join(name for name in RENDEZVOUS if name not in present)}, and DeepSpeed needs "
+                              "mpi4py to find the ranks", f"pip install mpi4py, or launch with {HOW_TO_LAUNCH}")
+        return None
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "1")
+    if tasks.isdigit() and int(tasks) > 1:  # `srun -n 4 python pretrain_bert.py`: 4 runs of world size 1
+        raise ConfigError(f"started as one of {tasks} srun tasks without the env:// variables "
+                          f"{', '.join(name for name in RENDEZVOUS if name not in present)}: each would train alone",
+                          f"launch with {HOW_TO_LAUNCH} (one srun task per node), or export them per task")
+    per_rank = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if name in os.environ]
+    if per_rank:
+        missing = [name for name in RENDEZVOUS if name not in present]
+        verbs = ("is" if len(per_rank) == 1 else "are", "is" if len(missing) == 1 else "are")
+        raise ConfigError(f"{', '.join(per_rank)} {verbs[0]} set but {', '.join(missing)} {verbs[1]} not: a partial "
+                          "launcher environment",
+                          f"launch with {HOW_TO_LAUNCH}, or unset {', '.join(present)} to run one process")
+    from megatron.parallel.spawn import free_port
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    return (f"no launcher: running as one process (world size 1); for several GPUs or nodes launch with "
+            f"{HOW_TO_LAUNCH}")

@@ -1,0 +1,268 @@
+"""What a resume compares with its checkpoint and what a start from weights keeps of them: the LR
+schedule's factor and a changed schedule taken over (resume_schedule), the optimizer settings kept
+(resume_optimizer), the warnings of changed samples, batch and data (describe_*_change, over the
+record data_settings keeps), and the dropout regime and rope settings of the weights (kept_regime,
+take_regime, note_replaced_settings). training.py calls them; none reads a run's state."""
+import math
+
+from megatron import optimizer_state
+from megatron.arguments import flag_setting
+from megatron.config import WEIGHTLESS_FIELDS, model_preset, preset_source, read_ds_config
+from megatron.data import index_maps
+from megatron.data.bert_dataset import parse_data_path, split_weights
+from megatron.ds_schema import SECTION
+from megatron.model.args import BertConfig
+from megatron.model.attention.rules import RULES, Rules
+from megatron.parallel.launch_env import launcher_rank
+
+
+def lr_factor(schedule: dict, peak: float):
+    """step -> multiple of the peak: linear warm-up from 0 over lr_warmup_fraction of the steps,
+    then linear or cosine decay to min_lr at the last step (Megatron's schedule). Step i (from 0)
+    is the rate of iteration i + 1."""
+    train_iters, style = schedule["train_iters"], schedule["lr_decay_style"]
+    warmup = int(schedule["lr_warmup_fraction"] * train_iters)
+    floor = schedule["min_lr"] / peak if peak else 0.0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if style == "constant" or train_iters <= warmup:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, train_iters - warmup))
+        decay = 1.0 - progress if style == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return floor + (1.0 - floor) * decay
+
+    return factor
+
+
+def resume_schedule(engine, stored: dict | None, schedule: dict, iteration: int) -> str | None:
+    """When the schedule settings differ from the checkpoint's: this run's schedule sets the next
+    step's rate at once (as Megatron's scheduler does on load; the optimizer would otherwise keep
+    the rate the checkpoint's schedule left it, 0 after a finished run, for one step), the peak
+    staying the checkpoint's (the scheduler state restores it). Returns the warning saying so."""
+    if not stored:
+        return None
+    flags = {"train_iters": "--train-iters", "lr": "--lr", "min_lr": "--min-lr", "lr_decay_style": "--lr-decay-style",
+             "lr_warmup_fraction": "--lr-warmup-fraction"}
+    changed = [f"{flag} {schedule[key]} (the checkpoint's: {stored.get(key)})" for key, flag in flags.items()
+               if key in stored and stored[key] != schedule[key]]
+    if not changed or engine.lr_scheduler is None:
+        return None
+    scheduler = engine.lr_scheduler
+    # the factors were built for this run's --lr; the floor (--min-lr) is a fraction of the peak they scale
+    scheduler.lr_lambdas = [lr_factor(schedule, base) for base in scheduler.base_lrs]
+    rates = [base * rule(scheduler.last_epoch) for base, rule in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates):
+        group["lr"] = rate
+    scheduler._last_lr = rates  # what get_last_lr() reports until its next step
+    peak, factor = scheduler.base_lrs[0], scheduler.lr_lambdas[0]
+    train_iters = schedule["train_iters"]
+    then = (f"then {peak * factor(iteration + 1):.3e} at iteration {iteration + 2}, ending at "
+            f"{peak * factor(train_iters - 1):.3e} at iteration {train_iters}" if train_iters > iteration + 1 else
+            f"and the run ends at iteration {train_iters}")
+    return (f"warning: resuming with {', '.join(changed)}: the schedule continues from iteration {iteration} with "
+            f"the checkpoint's peak {peak:.3e} and this run's warm-up and decay: lr {engine.get_lr()[0]:.3e} for "
+            f"iteration {iteration + 1}, {then}; to change the peak, pass --finetune to start a new run from the "
+            "weights with a fresh optimizer and schedule")
+
+
+# the flags that set entries of optimizer.params (key, index in a list), whose values a resume takes
+# from the checkpoint (resume_optimizer)
+OPTIMIZER_PARAM_FLAGS = {("weight_decay", None): "--weight-decay", ("eps", None): "--adam-eps",
+                         ("betas", 0): "--adam-beta1", ("betas", 1): "--adam-beta2"}
+
+
+def resume_optimizer(engine, config, args=None) -> str | None:
+    """Both load paths restore the checkpoint's optimizer settings over this run's (--weight-decay,
+    --adam-beta1/2, --adam-eps, the JSON's optimizer.params): config.ds_config then records the values
+    the optimizer uses for the JSON's keys (config.json, the next checkpoint), and the warning names
+    those given otherwise, by the flag where `args` has it set, else by the JSON key. The peak lr is
+    the schedule's (resume_schedule)."""
+    params = config.ds_config.get("optimizer", {}).get("params", {})
+    used = optimizer_state.settings(engine)["param_groups"][0]
+    # the user's JSON params: a value it lacks is the flag's default (deepspeed_settings)
+    written = read_ds_config(args.deepspeed_config).get("optimizer", {}).get("params", {}) if getattr(
+        args, "deepspeed_config", None) else {}
+
+    def named(key: str, index: int | None) -> str:
+        flag = OPTIMIZER_PARAM_FLAGS.get((key, index))
+        if flag and args is not None and (getattr(args, flag[2:].replace("-", "_")) is not None or key not in written):
+            return flag
+        return f"optimizer.params.{key}" + ("" if index is None else f"[{index}]")
+
+    changes = []
+    for key in [key for key in params if key != "lr" and key in used]:
+        now, then = params[key], used[key]
+        if isinstance(then, (list, tuple)):
+            then = list(then)
+            changes += [f"{named(key, index)} {new} (the checkpoint's: {old})"
+                        for index, (new, old) in enumerate(zip(now, then)) if new != old]
+        elif now != then:
+            changes.append(f"{named(key, None)} {now} (the checkpoint's: {then})")
+        params[key] = then
+    if not changes:
+        return None
+    return (f"warning: resuming with {', '.join(changes)}: the optimizer goes on with the checkpoint's settings, "
+            "which config.json records; pass --finetune to start a new run from the weights with a fresh optimizer "
+            "that takes the new values")
+
+
+def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
+    """A warning when a resume changes what one sample is (its length, packing, a packed segment's
+    length): the consumed-samples count then points into another index map, so the rest of the
+    current epoch is not exactly the samples the run has not read yet."""
+    # a packed segment's longest length, where both pack (else --pack-samples says it); an older config may lack it
+    length = config.model.max_segment_length
+    packed = stored.get("pack_samples") and config.pack_samples
+    then = stored["model"].get("max_segment_length", length)
+    # a default segment length follows --seq-length, which names the change then
+    own = then != stored["model"]["seq_length"] or length != config.model.seq_length
+    segments = (then, length) if packed and own else (None, None)
+    changes = [f"{flag} {now} (the checkpoint's: {then})" for flag, then, now in (
+        ("--seq-length", stored["model"]["seq_length"], config.model.seq_length),
+        ("--pack-samples", stored.get("pack_samples", False), config.pack_samples),
+        ("--max-segment-length", *segments)) if then != now]
+    if not changes:
+        return None
+    return (f"warning: resuming with {', '.join(changes)}: samples are cut differently now, and the data goes on "
+            f"at sample {consumed} of the new index map, so some text of the current epoch may be read twice or "
+            "not at all (an epoch later every sample is read again); keep them to continue the same order")
+
+
+def describe_batch_change(stored: dict, config, iteration: int, train_iters: int) -> str | None:
+    """A warning when a resume changes the global batch (other ranks, micro batch or accumulation): the
+    schedule counts steps, so the samples the rest of the run reads, and the rate each sees, change."""
+    then = math.prod(stored.get(key, 1) for key in ("micro_batch_size", "gradient_accumulation_steps",
+                                                    "data_parallel_size"))
+    now = config.global_batch_size
+    if then == now:
+        return None
+    left = max(0, train_iters - iteration)
+    return (f"warning: resuming with global batch {now} (the checkpoint's: {then}): the learning-rate schedule counts "
+            f"steps, so its remaining {left} steps to --train-iters {train_iters} read {left * now} samples in place "
+            f"of {left * then} ({now / then:.3g}x per step, at the same rate); pass --global-batch-size {then} to keep "
+            "the batch")
+
+
+# data_settings' keys of the masking, by flag: the samples' text stays, the objective changes (a record
+# written before them lacks them: not compared)
+MASKING = {"mask_prob": "--mask-prob", "whole_word_masking": "--whole-word-masking"}
+
+
+def data_settings(args, data_path: list) -> dict:
+    """What decides the text a sample index names, kept with each checkpoint: the datasets by
+    content (a moved copy matches) and blend weight, --split's shares and --seed (the shuffle;
+    the ranks' random states come from the checkpoint); and how its tokens are masked (MASKING)."""
+    weights, prefixes = parse_data_path(data_path)
+    shares = split_weights(args.split)
+    return {"data": [[weight, index_maps.fingerprint(prefix)] for weight, prefix in zip(weights, prefixes)],
+            "data_path": list(data_path), "split": [share / sum(shares) for share in shares], "split_flag": args.split,
+            "seed": args.seed, **{key: getattr(args, key) for key in MASKING}}
+
+
+def _same_shares(a: list, b: list) -> bool:
+    """Normalised weights equal up to rounding ('1 a 1 b' and '0.5 a 0.5 b' alike)."""
+    return len(a) == len(b) and all(abs(x - y) <= 1e-9 for x, y in zip(a, b))
+
+
+def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str | None:
+    """A warning when a resume reads other data, splits it otherwise or shuffles it with another
+    seed: the consumed-samples count then points into another index map, and with another split
+    validation and test may hold text the run trained on; or masks it otherwise (another objective).
+    None for a checkpoint without the record."""
+    if not stored:
+        return None
+    changes, effects = [], []
+    if [name for _, name in stored["data"]] != [name for _, name in now["data"]] or not _same_shares(
+            [weight for weight, _ in stored["data"]], [weight for weight, _ in now["data"]]):
+        changes.append(f"--data-path {' '.join(now['data_path'])} (the checkpoint's: {' '.join(stored['data_path'])}; "
+                       "other text or weights)")
+    if not _same_shares(stored["split"], now["split"]):
+        changes.append(f"--split {now['split_flag']} (the checkpoint's: {stored['split_flag']})")
+        effects.append("documents moved between train, validation and test, so the held-out losses may include text "
+                       "the run trained on")
+    if stored["seed"] != now["seed"]:
+        changes.append(f"--seed {now['seed']} (the checkpoint's: {stored['seed']}; it shuffles and masks the samples)")
+    if changes:
+        effects.insert(0, f"the data goes on at sample {consumed} of another index map, so text of the current epoch "
+                          "may be read twice or not at all")
+    masking = [f"{flag} {now[key]} (the checkpoint's: {stored[key]})" for key, flag in MASKING.items()
+               if key in stored and stored[key] != now[key]]
+    if masking:
+        changes += masking
+        effects.append("other tokens are masked from here on, so the objective is not the one the checkpoint "
+                       "trained on")
+    if not changes:
+        return None
+    return (f"warning: resuming with {', '.join(changes)}: {'; '.join(effects)}; keep the checkpoint's settings to "
+            "continue the same data")
+
+
+# the settings of WEIGHTLESS_FIELDS as a note names them
+REPLACED_SETTINGS = {"rotary_base": "global rope theta", "local_rotary_base": "local rope theta",
+                     "local_attention_window": "local attention window"}
+
+
+def note_replaced_settings(flags: dict, start: dict, source: str) -> None:
+    """The lines of a new run from weights with a flag that replaces their rope theta or window: a choice
+    (a longer context wants one), but every layer it reaches then computes otherwise than the weights
+    were trained to, which the config line alone would not say. From the first rank."""
+    for field in WEIGHTLESS_FIELDS:
+        value, have = flags.get(field), start.get(field)
+        if value is None or have is None or value == have or launcher_rank() != 0:
+            continue
+        trained = f" (its local layers were trained seeing {have // 2} tokens each side)" \
+            if field == "local_attention_window" else ""
+        print(f"note: {flag_setting(field, value)} replaces the {REPLACED_SETTINGS[field]} {have:g} of {source}"
+              f"{trained}", flush=True)
+
+
+def given_attention(flags: dict, ds: dict) -> str | None:
+    """The attention variant the flags or the JSON section name (None: neither, the default)."""
+    section = ds.get(SECTION)
+    return flags.get("attention") or (section.get("attention") if isinstance(section, dict) else None)
+
+
+REGIME_FIELDS = ("hidden_dropout", "attention_dropout", "init_method_std")  # train a model, shape none of it
+
+
+def kept_regime(stored: dict, flags: dict, ds: dict, source: str) -> str | None:
+    """A resume trains with the checkpoint's dropout (and records its init_method_std) where no flag or
+    preset sets them: BertConfig's defaults (dropout 0.1) would change a preset run's regime silently.
+    Sets them in `flags`; returns the warning naming those a flag or preset changes, or attention dropout
+    dropped by a variant without it (ring, hybrid, BigBird: their default 0) (None: no change)."""
+    changes = take_regime(stored, flags, ds)[1]
+    return f"{'; '.join(changes)}, which {source}'s run trained with" if changes else None
+
+
+def take_regime(stored: dict, flags: dict, ds: dict, local_layers: bool = False) -> tuple[list, list]:
+    """Sets in `flags` the REGIME_FIELDS of `stored` (the weights' config) that no flag or preset sets;
+    attention dropout 0 where the variant or the weights' local layers (`local_layers`) have none. Returns
+    ('name value' of each taken, 'SETTER changes name from value' of each set otherwise)."""
+    preset, named = model_preset(flags, ds), preset_source(flags, ds)
+    variant = given_attention(flags, ds) or BertConfig.attention
+    without = f"{variant} attention" if not RULES.get(variant, Rules).supports_attention_dropout else \
+        "local layers" if local_layers else None
+    taken, changes = [], []
+    for name in (name for name in REGIME_FIELDS if name in stored):
+        value = flags.get(name)
+        setter = flag_setting(name, value) if value is not None else None
+        if value is None and name in preset:
+            value, setter = preset[name], f"{named} ({name} {preset[name]})"
+        if value is None and name == "attention_dropout" and stored[name] and without:
+            value, setter = 0.0, f"{without} (no attention dropout)"
+        if value is None:
+            flags[name] = stored[name]
+            taken.append(f"{name} {stored[name]}")
+        elif value != stored[name]:
+            changes.append(f"{setter} changes {name} from {stored[name]}")
+    return taken, changes
+
+
+def note_taken_regime(taken: list, source: str) -> None:
+    """The line of a new run from weights whose dropout (init_method_std) comes from them, not from
+    BertConfig's defaults (a ModernBERT's dropout 0, not 0.1), from the first rank."""
+    if taken and launcher_rank() == 0:
+        print(f"{', '.join(taken)} as in {source} (--hidden-dropout, --attention-dropout or --init-method-std set "
+              "others)", flush=True)
