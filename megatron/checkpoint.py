@@ -42,7 +42,7 @@ import zipfile
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint_compat, locks, optimizer_state, paths
+from megatron import optimizer_state, paths
 from megatron.checkpoint_compat import check_same_model, check_same_optimizer
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data import tokenizer as tokenizers
@@ -53,12 +53,6 @@ from megatron.model.args import MODEL_PRESETS
 from megatron.model.pipe import pipe_layer_to_bert
 from megatron.parallel import peers, state as parallel_state
 from megatron.parallel.launch_env import local_rank
-
-# training.py reads these as checkpoint.<name> until its own split (review finding 10) reads them from
-# locks and checkpoint_compat
-LOCK, LOG_LOCK = locks.LOCK, locks.LOG_LOCK
-attention_change, check_model_shapes, local_layers_added = (
-    checkpoint_compat.attention_change, checkpoint_compat.check_model_shapes, checkpoint_compat.local_layers_added)
 
 LATEST = "latest"
 RUN_STATE = "run_state.json"

@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, paths
+from megatron import checkpoint, locks, paths
 from megatron.errors import WHERE_FIX, ConfigError, DataError, cannot_use, restore_signals, stop_signals
 from megatron.parallel import launcher_watch, peers
 from megatron.parallel.peers import lost_rank_text, report_once
@@ -120,7 +120,7 @@ class StopSignals:
                 print(stop_acknowledgement(name, iteration, folder, log.last_save_s, self._grace_left()),
                       file=sys.stderr, flush=True)
             last_checkpoint = save()
-        checkpoint.release_lock(checkpoint.LOCK)  # before the plot: --save is free once its last checkpoint is written
+        locks.release_lock(locks.LOCK)  # before the plot: --save is free once its last checkpoint is written
         if self.agreed == self.LOG_FAILED:
             failure = [log.failure]
             dist.broadcast_object_list(failure, src=0)
@@ -172,7 +172,7 @@ class StopSignals:
                 raise
             late, lost = self.received, lost_rank_text(peers.lost(error), args, END_OF_RUN)[0]
         self.stop_watching()
-        checkpoint.release_lock(checkpoint.LOCK)  # before the plot: --save is free once its last checkpoint is written
+        locks.release_lock(locks.LOCK)  # before the plot: --save is free once its last checkpoint is written
         log.close()
         if lost:
             report_once(f"pretrain_bert.py: {lost}; the run is complete: "

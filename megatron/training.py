@@ -19,7 +19,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, determinism, hf_convert, hf_io, hf_modernbert, paths
+from megatron import checkpoint, checkpoint_compat, determinism, hf_convert, hf_io, hf_modernbert, locks, paths
 from megatron.arguments import build_parser, config_flags
 from megatron.config import (TrainConfig, adjustable_start_fields, model_notes, read_ds_config, refuse_contradictions,
                              resolve)
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
             raise
         line = stopped_during_start_up(error.signum)
         if dist.is_available() and dist.is_initialized():  # the rank signalled may be the only one that knows
-            checkpoint.release_lock()
+            locks.release_lock()
             report_once(line)
         elif launcher_rank() == 0:  # every rank stops alike (the launcher signals each); one line
             print(line, file=sys.stderr, flush=True)
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         except Interrupted:  # the launcher's SIGTERM to every rank once one ended, handled only now (the first
             return report_error(error, args, progress, start_up)  # call after a blocking one): the error says why
     finally:
-        checkpoint.release_lock()  # the --save folder's and --log-dir's, taken by rank 0 at start-up
+        locks.release_lock()  # the --save folder's and --log-dir's, taken by rank 0 at start-up
         close_process_group()  # after an error too (reported above): a failed start aborted at exit just the same
         restore_signals(start_up)  # also when the training loop ended in an error (StopSignals left installed)
     return 128 + stopped_by if stopped_by else 0
@@ -94,7 +94,7 @@ def report_error(error: Exception, args, progress, start_up: dict) -> int:
         raise error
     # the handlers main was given: a rank left to outlive the one that prints (report_once) ends
     # on its launcher's SIGTERM silently
-    checkpoint.release_lock()  # before a launcher's SIGTERM can end this rank (rank 0 holds it)
+    locks.release_lock()  # before a launcher's SIGTERM can end this rank (rank 0 holds it)
     restore_signals(start_up)
     report_once(f"pretrain_bert.py: error: {problem}", node_leaders=getattr(error, "node_leaders", False))
     return 2
@@ -462,11 +462,11 @@ def check_log_dirs(args) -> None:
 
 
 def lock_log_dir(log_dir: str) -> tuple[str, str] | None:
-    """Takes --log-dir's lock (checkpoint.take_lock), making the folder for it (removed again at the
+    """Takes --log-dir's lock (locks.take_lock), making the folder for it (removed again at the
     release when the run left it empty); (problem, fix) when a live run logs there."""
     created = paths.missing_folders(log_dir)
     os.makedirs(log_dir, exist_ok=True)
-    return checkpoint.take_lock(log_dir, created, "--log-dir", checkpoint.LOG_LOCK)
+    return locks.take_lock(log_dir, created, "--log-dir", locks.LOG_LOCK)
 
 
 def schedule_settings(args, ds: dict, train_iters: int) -> dict:
@@ -939,7 +939,8 @@ def resume_changes(run: Run, client: dict) -> list:
     """The warnings (None: no change) for what a resume changes against its checkpoint (`client`): the
     LR schedule, the samples and batch, the data, the attention."""
     args, config = run.args, run.config
-    change = checkpoint.attention_change(f"checkpoint {args.load}", client["config"]["model"], vars(config.model))
+    change = checkpoint_compat.attention_change(f"checkpoint {args.load}", client["config"]["model"],
+                                                vars(config.model))
     return [resume_schedule(run.engine, client.get("schedule"), run.saved["schedule"], run.iteration),
             describe_sample_change(client["config"], config, run.consumed),
             describe_batch_change(client["config"], config, run.iteration, run.train_iters),
@@ -1125,7 +1126,7 @@ def initial_model_fields(fields: dict, resume: bool = False) -> dict:
     may restate but not change; for a modern model (a ModernBERT folder) also its layer rule (rope
     thetas, window, global period), head and vocab padding, which the flags may change, the global
     period aside (config.refuse_contradictions). A resume takes the layer rule of any model: it keeps
-    the whole model (checkpoint.check_same_model), which the user then need not restate."""
+    the whole model (checkpoint_compat.check_same_model), which the user then need not restate."""
     if not fields:
         return {}
     shaping = (*hf_convert.HF_CONFIG_KEYS, "max_position_embeddings", "layernorm_layout", "embedding_layernorm",
@@ -1147,7 +1148,7 @@ def initial_weights(args, config, weights_only: bool) -> dict | None:
             warnings.simplefilter("always")
             state = hf_convert.load_hf_as_bert_state(args.init_from_hf, config.model,
                                                      extend_positions=not args.no_position_extension)
-        notes = [str(warning.message) for warning in caught] + [checkpoint.local_layers_added(
+        notes = [str(warning.message) for warning in caught] + [checkpoint_compat.local_layers_added(
             f"the Hugging Face folder {args.init_from_hf}", starting_weights_fields(args), config.model)]
         print_warnings(notes)
         return state
@@ -1157,19 +1158,19 @@ def initial_weights(args, config, weights_only: bool) -> dict | None:
     run_state = checkpoint.run_state(args.load, tag)
     stored = run_state["config"]["model"]
     if not weights_only:
-        checkpoint.check_same_model(stored, config.model, checkpoint.checkpoint_folder(args.load, tag))
+        checkpoint_compat.check_same_model(stored, config.model, checkpoint.checkpoint_folder(args.load, tag))
         return None
     padding = {"make_vocab_size_divisible_by": config.model.make_vocab_size_divisible_by}  # the run's: padded again
-    fresh, dropped = checkpoint.check_model_shapes({**stored, **padding}, config.model, os.path.join(args.load, tag),
-                                                   start=True)
+    fresh, dropped = checkpoint_compat.check_model_shapes({**stored, **padding}, config.model,
+                                                          os.path.join(args.load, tag), start=True)
     state = hf_convert.repadded_vocab(checkpoint.bert_state_from_checkpoint(args.load, tag), config.model)
     checkpoint.refuse_non_finite(state, f"checkpoint {os.path.join(args.load, tag)}",
                                  "start from another checkpoint (an earlier one of the run that wrote it)")
     for name in dropped:
         del state[name]
-    notes = [checkpoint.local_layers_added(f"checkpoint {args.load}", stored, config.model)
+    notes = [checkpoint_compat.local_layers_added(f"checkpoint {args.load}", stored, config.model)
              if run_state.get("weights_only")  # from-hf: as --init-from-hf; else trained here
-             else checkpoint.attention_change(f"checkpoint {args.load}", stored, vars(config.model))]
+             else checkpoint_compat.attention_change(f"checkpoint {args.load}", stored, vars(config.model))]
     if fresh:  # as --init-from-hf initialises them (hf_convert.completed)
         state.update({name: tensor for name, tensor in BertModel(config.model).state_dict().items()
                       if name in fresh})

@@ -352,7 +352,7 @@ def test_a_lost_rank_outlives_the_launchers_sigterm(monkeypatch, capsys):
     for name in ("check_flags", "check_flag_combinations"):
         monkeypatch.setattr(training, name, lambda args: None)
     monkeypatch.setattr(training, "pretrain", lost_in_start_up)
-    monkeypatch.setattr(checkpoint, "release_lock", release_lock)
+    monkeypatch.setattr(locks, "release_lock", release_lock)
     assert main(["--data-path", "x"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "pretrain_bert.py: error: another rank ended during start-up (its own output or its launcher's says why); "

@@ -134,7 +134,7 @@ def destroy() -> None:
 @contextlib.contextmanager
 def one_process():
     """Every accessor answers as a single process would while inside, whatever groups this run made:
-    a checkpoint's model built only for its tensor shapes (checkpoint.check_model_shapes), whose
+    a checkpoint's model built only for its tensor shapes (checkpoint_compat.check_model_shapes), whose
     attention was split over its own run's groups (hybrid's Ulysses size), not this run's."""
     global _STATE
     made, _STATE = _STATE, None
