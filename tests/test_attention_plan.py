@@ -126,22 +126,24 @@ def test_the_cache_hits_only_the_same_ids():
     assert made == [1, 3, 4, 5]
 
 
-def test_evicting_a_live_plan_warns_once(monkeypatch):
-    """Past _ENTRIES plans the oldest goes: silently when nothing but the cache holds its segment
-    ids (a finished micro-batch, also while another core's entry of it is kept), with one warning
-    per process when something does (a micro-batch in flight, whose layers will plan again)."""
+def test_a_plan_made_again_after_its_eviction_warns_once(monkeypatch):
+    """Past _ENTRIES plans the oldest goes: silently while nobody asks for it again (finished micro-batches
+    a step still holds: gradient accumulation x core kinds above the bound), with one warning per process
+    when a layer asks for it again (a micro-batch in flight, whose plan is made a second time)."""
     monkeypatch.setattr(plans, "_ENTRIES", 2)
-    monkeypatch.setattr(plans, "_warned_live_eviction", False)
+    monkeypatch.setattr(plans, "_warned_remade", False)
     plans.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for _ in range(4):  # finished micro-batches of a model with two core kinds
-            _plan_for_two_cores(torch.ones(1, 8, dtype=torch.long))
-    in_flight = [torch.ones(1, 8, dtype=torch.long) for _ in range(4)]
-    with pytest.warns(UserWarning, match="more than 2 attention plans in use") as record:
-        for ids in in_flight:  # the last two evict the first two, still held here
-            plans.cached(("test",), ids, object)
-    assert len(record) == 1, [str(warning.message) for warning in record]
+        held = [torch.ones(1, 8, dtype=torch.long) for _ in range(4)]  # a step's micro-batches, all held
+        for ids in held:  # finished micro-batches of a model with two core kinds
+            _plan_for_two_cores(ids)
+    made = []
+    in_flight = [torch.ones(1, 8, dtype=torch.long) for _ in range(3)]
+    with pytest.warns(UserWarning, match="made again after more than 2 others") as record:
+        for ids in in_flight + in_flight:  # the second pass asks for the evicted plans of the first
+            plans.cached(("test",), ids, lambda: made.append(1) or object())
+    assert len(record) == 1 and len(made) == 6, [str(warning.message) for warning in record]
     plans.clear()
 
 

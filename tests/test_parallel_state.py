@@ -97,3 +97,22 @@ def test_deepspeeds_shared_memory_buffers_leave_no_name_behind():
     """DeepSpeed's CPU all-reduce op makes a 66 MB /dev/shm file per rank of a one-node launch and
     never removes it; device.init_distributed removes the names once all ranks have mapped them."""
     assert run_on_ranks(init_with_shared_memory, 2) == [([True], False), ([True], False)]
+
+
+@pytest.mark.parametrize("variables, rank, local", [
+    ({"RANK": "5", "LOCAL_RANK": "1"}, 5, 1),  # deepspeed, torchrun
+    ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}, 3, 1),  # mpirun, before init_distributed
+    ({"PMI_RANK": "2", "MPI_LOCALRANKID": "2"}, 2, 2),  # MPICH / Intel MPI
+    ({"LOCAL_RANK": " ", "MV2_COMM_WORLD_LOCAL_RANK": "1"}, 0, 1),  # blank is unset
+    ({"LOCAL_RANK": "x"}, 0, 0),  # not a number: the launcher's own check names it, not a traceback here
+    ({}, 0, 0)])  # a process started by hand
+def test_rank_and_local_rank_from_any_launcher(monkeypatch, variables, rank, local):
+    """Who a process is before a process group exists: a local rank that only env:// launchers give would
+    make every rank of an mpirun node "local rank 0" (each clears the others' JIT build locks)."""
+    from megatron.parallel.launch_env import launcher_rank, local_rank
+    for name in ("RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMIX_RANK",
+                 "MV2_COMM_WORLD_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert (launcher_rank(), local_rank()) == (rank, local)

@@ -110,8 +110,8 @@ def cached_array(path: str, build, what: str = "") -> np.ndarray:
 def _save_built(path: str, build, what: str = "") -> Exception | None:
     """Builds and saves the array at `path`; None, or what stopped it (the partial file removed)."""
     partial = Path(f"{path}.partial-{socket.gethostname()}-{os.getpid()}.npy")
-    said = []  # the building line, once printed
-    notice = threading.Timer(BUILD_NOTICE_S, lambda: said.append(print(f"building {what} ...", flush=True)))
+    said = []  # the building line, once printing it began
+    notice = threading.Timer(BUILD_NOTICE_S, lambda: said.append(1) or print(f"building {what} ...", flush=True))
     if what:
         notice.start()
     started = time.perf_counter()

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 from pathlib import Path
 
 from megatron.paths import in_repository
@@ -80,7 +81,7 @@ def _recorded_digest(record: Path, stamps: list) -> str | None:
 def _record_digest(record: Path, stamps: list, digest: str) -> None:
     """Writes the record whole (a temporary file renamed: ranks starting together each write the same);
     a folder that cannot be written (a read-only mount) only costs the next start a hash again."""
-    partial = record.with_name(f"{record.name}.partial-{os.getpid()}")
+    partial = record.with_name(f"{record.name}.partial-{socket.gethostname()}-{os.getpid()}")  # nodes share folders
     try:
         partial.write_text(json.dumps({"fingerprint": digest, "stamps": stamps}) + "\n")
         os.replace(partial, record)

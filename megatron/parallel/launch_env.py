@@ -8,7 +8,19 @@ import time
 def launcher_rank() -> int:
     """This process' global rank as its launcher set it before any process group exists: the env://
     RANK (deepspeed, torchrun), else an MPI launcher's; 0 for a process started by hand."""
-    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
+    return _first_set(("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"))
+
+
+def local_rank() -> int:
+    """This rank's index on its node: the env:// LOCAL_RANK, else an MPI launcher's (before
+    deepspeed.init_distributed sets LOCAL_RANK from it); 0 for a single process."""
+    return _first_set(("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"))
+
+
+def _first_set(names: tuple) -> int:
+    """The first of the variables `names` that is set (not blank), as a rank: 0 if none is, or if its
+    value is not a number (the launcher's own check names it)."""
+    for name in names:
         value = os.environ.get(name, "").strip()
         if value:
             return int(value) if value.isdigit() else 0
@@ -26,7 +38,3 @@ def outlive_rank_0() -> None:
     if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
         time.sleep(PRINTER_WAIT)
 
-
-def local_rank() -> int:
-    """This rank's index on its node (LOCAL_RANK; 0 for a single process)."""
-    return int(os.environ.get("LOCAL_RANK", 0))

@@ -15,10 +15,11 @@ previous layer passed on (a hit); the next micro-batch brings a new tensor (a mi
 misses follow the program, which is the same on every seq rank, so the collectives of a miss
 (the gather) are issued by all ranks or by none.
 
-The cache keeps the `_ENTRIES` most recently used plans. A plan evicted while its segment ids
-are still held elsewhere (a micro-batch waiting for its backward: more pipeline stages than the
-bound expects) is made again when asked for, which stays correct and costs one more host
-synchronisation and gather; that is warned about once per process.
+The cache keeps the `_ENTRIES` most recently used plans. A plan asked for again after it was
+evicted (a micro-batch still waiting for its backward: more pipeline stages or core kinds than the
+bound expects) is made again, which stays correct and costs one more host synchronisation and
+gather; that is warned about once per process. An evicted plan nobody asks for again (a finished
+micro-batch that the step still holds) costs nothing and says nothing.
 """
 import warnings
 import weakref
@@ -29,7 +30,8 @@ import torch
 
 _ENTRIES = 32  # micro-batches in flight (pipeline 1F1B holds up to one per stage) times core kinds
 _cache: OrderedDict = OrderedDict()
-_warned_live_eviction = False
+_evicted: OrderedDict = OrderedDict()  # full key -> weak reference to its segment ids, the last _ENTRIES evicted
+_warned_remade = False
 
 
 def cached(key: tuple, segment_ids, make):
@@ -39,33 +41,35 @@ def cached(key: tuple, segment_ids, make):
                 tuple(segment_ids.shape), segment_ids.stride(), str(segment_ids.device), segment_ids._version)
     entry = _cache.get(full_key)
     if entry is None:
+        _warn_if_remade(full_key, segment_ids)
         entry = (segment_ids, make())
         _cache[full_key] = entry
         while len(_cache) > _ENTRIES:
-            _evict_oldest()
+            evicted_key, (evicted_ids, _) = _cache.popitem(last=False)
+            _evicted[evicted_key] = weakref.ref(evicted_ids)
+            if len(_evicted) > _ENTRIES:
+                _evicted.popitem(last=False)
     else:
         _cache.move_to_end(full_key)
     return entry[1]
 
 
-def _evict_oldest() -> None:
-    """Drops the least recently used entry; warns once if its segment ids outlive it elsewhere
-    than in another core's entry (a live micro-batch, whose layers will plan again)."""
-    global _warned_live_eviction
-    held = weakref.ref(_cache.popitem(last=False)[1][0])  # the entry and its plan are gone here
-    segment_ids = held()
-    if segment_ids is None or _warned_live_eviction:
+def _warn_if_remade(full_key: tuple, segment_ids) -> None:
+    """Warns once if this plan was evicted while its segment ids lived on (the same tensor: a live
+    tensor's memory is not reused, so the key names the same ids)."""
+    global _warned_remade
+    held = _evicted.pop(full_key, None)
+    if held is None or held() is not segment_ids or _warned_remade:
         return
-    memory = segment_ids.untyped_storage().data_ptr()
-    if all(kept.untyped_storage().data_ptr() != memory for kept, _ in _cache.values()):
-        _warned_live_eviction = True
-        warnings.warn(f"more than {_ENTRIES} attention plans in use (micro-batches in flight x attention "
-                      "kinds): evicted plans are made again, one host synchronisation and gather each; "
-                      "raise megatron.model.attention.plans._ENTRIES", stacklevel=3)
+    _warned_remade = True
+    warnings.warn(f"an attention plan was made again after more than {_ENTRIES} others (micro-batches in flight x "
+                  "attention kinds): one more host synchronisation and gather each time; raise "
+                  "megatron.model.attention.plans._ENTRIES", stacklevel=3)
 
 
 def clear() -> None:
     _cache.clear()
+    _evicted.clear()
 
 
 def to_host(tensor) -> np.ndarray:
