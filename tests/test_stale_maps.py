@@ -197,6 +197,24 @@ def test_data_in_a_folder_that_cannot_be_written_is_hashed_once_per_process(corp
     assert len(hashed) == 1 and not index_maps.fingerprint_path(prefix).exists()
 
 
+def test_with_a_cache_folder_the_record_is_kept_there_not_beside_the_data(corpora, tmp_path, monkeypatch):
+    """--data-cache-path says the data is only read: data without a record (a copy, or made before
+    records) gets its record in the cache folder, which the next start reads; nothing beside the data."""
+    long, _, vocab, _ = corpora
+    prefix = preprocessed(long, tmp_path / "wiki", vocab)
+    expected = index_maps.fingerprint(prefix)
+    index_maps.fingerprint_path(prefix).unlink()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    hashed, hash_contents = [], index_maps._hash_contents
+    monkeypatch.setattr(index_maps, "_hash_contents", lambda *paths: hashed.append(paths) or hash_contents(*paths))
+    for _ in range(2):
+        index_maps._contents_digest.cache_clear()  # as a new process would
+        assert index_maps.fingerprint(prefix, str(cache)) == expected
+    assert len(hashed) == 1 and not index_maps.fingerprint_path(prefix).exists()
+    assert [path.name for path in cache.iterdir()] == [index_maps.fingerprint_path(prefix, str(cache)).name]
+
+
 def test_the_building_rank_says_which_map_it_builds_and_how_long_it_took(corpora, tmp_path, capsys, monkeypatch):
     """A map of 256M samples takes a minute or more, while every rank waits: the one building it says so,
     once the build outlasts BUILD_NOTICE_S (a small map, built at once, says nothing)."""

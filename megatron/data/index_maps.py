@@ -36,7 +36,7 @@ BIN_WHOLE_BYTES = 16 << 20  # a .bin up to this size is hashed whole; a larger o
 BIN_BLOCKS, BIN_BLOCK_BYTES = 256, 64 << 10  # 16 MiB read, evenly spread, first and last bytes included
 
 
-def fingerprint(prefix: str) -> str:
+def fingerprint(prefix: str, cache_path: str | None = None) -> str:
     """10 hex digits of the data's contents: the whole `.idx` (every document boundary and sentence
     size, all that a map is built from), the `.bin`'s size and its bytes (whole up to 16 MiB, else
     256 evenly spread blocks of 64 KiB). The same for a copy of the data wherever it is mounted,
@@ -47,19 +47,26 @@ def fingerprint(prefix: str) -> str:
     Hashing a sentence-level `.idx` reads about 40% of the data (40 GB of a 100 GB corpus), so the
     digest is kept in `{prefix}.fingerprint.json`, stamped with both files' size, mtime, ctime and
     inode: preprocessing writes it, every later start on unchanged files reads it instead, and files
-    written since (another stamp) are hashed again and the record replaced. Where the data's folder
-    cannot be written, every process hashes once (and once only: unchanged files are cached)."""
+    written since (another stamp) are hashed again and the record replaced. With a `cache_path`
+    (--data-cache-path: the data is only read) a training start keeps its record there, named by the
+    data's path, and writes nothing beside the data. Where the folder cannot be written, every
+    process hashes once (and once only: unchanged files are cached)."""
     stamps = file_stamps(prefix)
-    record = fingerprint_path(prefix)
-    digest = _recorded_digest(record, stamps)
+    records = [fingerprint_path(prefix)] + ([fingerprint_path(prefix, cache_path)] if cache_path else [])
+    digest = next(filter(None, (_recorded_digest(record, stamps) for record in records)), None)
     if digest is None:
         digest = _contents_digest(f"{prefix}.idx", f"{prefix}.bin", *map(tuple, stamps))
-        _record_digest(record, stamps, digest)
+        _record_digest(records[-1], stamps, digest)
     return digest
 
 
-def fingerprint_path(prefix: str) -> Path:
-    return Path(f"{prefix}{FINGERPRINT_RECORD}")
+def fingerprint_path(prefix: str, cache_path: str | None = None) -> Path:
+    """The record beside the data, or in the cache folder (named by the data's absolute path: two
+    corpora of one name in other folders keep a record each)."""
+    if not cache_path:
+        return Path(f"{prefix}{FINGERPRINT_RECORD}")
+    where = hashlib.sha1(os.path.realpath(prefix).encode()).hexdigest()[:8]
+    return Path(cache_path) / f"{Path(prefix).name}-{where}{FINGERPRINT_RECORD}"
 
 
 def file_stamps(prefix: str) -> list[list[int]]:
@@ -116,7 +123,7 @@ def _hash_contents(idx_path: str, bin_path: str) -> str:
 def maps_prefix(prefix: str, cache_path: str | None = None) -> str:
     """The prefix a data prefix's map files are named from: `{folder}/{name}-{fingerprint}`, the
     folder being the data's own or the cache folder."""
-    return str(maps_folder(prefix, cache_path) / f"{Path(prefix).name}-{fingerprint(prefix)}")
+    return str(maps_folder(prefix, cache_path) / f"{Path(prefix).name}-{fingerprint(prefix, cache_path)}")
 
 
 def maps_folder(prefix: str, cache_path: str | None = None) -> Path:
@@ -130,7 +137,7 @@ def maps_of(prefix: str, cache_path: str | None = None) -> list[Path]:
     fingerprint may be another corpus of the same name); next to the data, those of any
     fingerprint or none (older data of this prefix)."""
     name = re.escape(Path(prefix).name)
-    pattern = rf"{name}-{fingerprint(prefix)}" if cache_path else rf"{name}(-[0-9a-f]{{10}})?"
+    pattern = rf"{name}-{fingerprint(prefix, cache_path)}" if cache_path else rf"{name}(-[0-9a-f]{{10}})?"
     return _maps_matching(maps_folder(prefix, cache_path), pattern + MAP_NAME)
 
 
