@@ -3,14 +3,16 @@
 import contextlib
 import dataclasses
 import multiprocessing
+import json
 import re
+import signal
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from megatron.data import bert_dataset
+from megatron.data import bert_dataset, samplers
 from megatron.data.bert_dataset import BertDataset, build_train_valid_test_datasets, split_boundaries
 from megatron.data.bert_sample import SpecialIds, build_segment, mask_tokens, truncate_segments
 from megatron.data.indexed_dataset import make_builder, make_dataset
@@ -448,6 +450,31 @@ def test_a_failing_item_stops_the_reader_as_itself_and_ends_its_workers(data, mo
         if isinstance(error, DataError):
             assert type(raised.value) is DataError and str(raised.value) == "a corrupt record; preprocess again"
         assert multiprocessing.active_children() == [], error
+
+
+def test_data_workers_start_with_the_stop_signals_blocked_then_ignore_them(data, monkeypatch, tmp_path):
+    """A worker forks with the rank's handlers: a Ctrl-C before its init would run the rank's stop
+    handler in the worker. The stop signals stay blocked from the fork until the worker ignores them."""
+    monkeypatch.setattr(state, "get_data_parallel_rank", lambda: 0)
+    monkeypatch.setattr(state, "get_data_parallel_world_size", lambda: 1)
+    ignore = samplers.ignore_stop_signals
+
+    def recording(worker_id):
+        at_start = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        ignore(worker_id)
+        handlers = [signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)]
+        after = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        (tmp_path / f"worker{worker_id}").write_text(json.dumps([sorted(map(int, at_start)),
+                                                                 [int(handler) for handler in handlers],
+                                                                 sorted(map(int, after))]))
+
+    monkeypatch.setattr(samplers, "ignore_stop_signals", recording)
+    read_steps(dataset(data), 2, 0, 2)
+    for worker in range(2):
+        at_start, handlers, after = json.loads((tmp_path / f"worker{worker}").read_text())
+        assert {signal.SIGINT, signal.SIGTERM} <= set(at_start) and handlers == [signal.SIG_IGN] * 2, worker
+        assert not set(samplers.stop_signals()) & set(after), worker  # SIGHUP too, where the rank stops on it
+    assert not {signal.SIGINT, signal.SIGTERM} & signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the rank's own
 
 
 def test_collated_batch_splits_into_sequence_chunks(data):

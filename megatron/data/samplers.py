@@ -60,10 +60,15 @@ def micro_batches(dataset, sampler: PretrainingSampler, num_workers: int, pin_me
 
     A worker's ConfigError/DataError reaches the rank as itself (one line), not as torch's
     RuntimeError of two tracebacks; closing the generator, or an error, ends the workers at once."""
-    loader = iter(torch.utils.data.DataLoader(
-        _ItemsOrError(dataset) if num_workers else dataset, batch_sampler=sampler,
-        collate_fn=_collate_or_error if num_workers else collate_bert, num_workers=num_workers, pin_memory=pin_memory,
-        worker_init_fn=ignore_stop_signals if num_workers else None, generator=torch.Generator()))
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals())  # the workers fork now: until they ignore
+    try:  # them (a signal meanwhile would run the rank's handler in a worker); the rank gets its own after
+        loader = iter(torch.utils.data.DataLoader(
+            _ItemsOrError(dataset) if num_workers else dataset, batch_sampler=sampler,
+            collate_fn=_collate_or_error if num_workers else collate_bert, num_workers=num_workers,
+            pin_memory=pin_memory, worker_init_fn=ignore_stop_signals if num_workers else None,
+            generator=torch.Generator()))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
         for batch in loader:
             if isinstance(batch, WorkerError):
@@ -105,5 +110,7 @@ def _collate_or_error(samples: list):
 def ignore_stop_signals(worker_id: int) -> None:
     """A worker leaves Ctrl-C and SIGTERM (sent to the whole process group) to the rank: the rank
     agrees the stop with its peers and saves, reading batches until then, then ends its workers."""
-    for signum in stop_signals():
+    signals = stop_signals()  # before SIGHUP is ignored here, which would leave it out
+    for signum in signals:
         signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # blocked by micro_batches while it forked
