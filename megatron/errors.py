@@ -98,6 +98,29 @@ def stop_signals() -> tuple:
     return (signal.SIGTERM, signal.SIGINT, *hangup)
 
 
+CHILD_IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what a worker process leaves to its parent
+
+
+@contextlib.contextmanager
+def stop_signals_blocked_for_children():
+    """Blocks CHILD_IGNORED in this thread while worker processes fork inside: a child starts with its
+    parent's handlers and would run them (stop the parent's way) until it ignores the signals
+    (ignore_stop_signals_in_child); the parent gets any that arrived meanwhile when this ends."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_IGNORED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def ignore_stop_signals_in_child() -> None:
+    """A worker leaves the stop signals (sent to the whole process group) to its parent, which stops
+    and ends it; unblocked once ignored (stop_signals_blocked_for_children)."""
+    for signum in CHILD_IGNORED:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, CHILD_IGNORED)
+
+
 def _ignore(signum, frame):
     """A signal during the clean-up. A handler, not SIG_IGN: one that arrived with the first (a launcher
     passing on Ctrl-C) is then not reported as 'Signal 15 ignored due to race condition'."""

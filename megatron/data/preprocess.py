@@ -28,7 +28,8 @@ from megatron.data.corpus_files import FORMATS_HELP, Corpus, record_texts
 from megatron.data.indexed_dataset import best_fitting_dtype, make_builder
 from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import build_tokenizer, data_identity_path, write_data_identity
-from megatron.errors import ConfigError, DataError, cannot_use, disk_full
+from megatron.errors import (ConfigError, DataError, cannot_use, disk_full, ignore_stop_signals_in_child,
+                             stop_signals_blocked_for_children)
 
 CHUNK_LINES = 32  # lines per worker task: large enough to hide IPC, small enough to balance
 SENTENCE_BATCH = 1024  # sentences tokenized at once: a book-sized document never holds all its encodings
@@ -222,14 +223,11 @@ def _encoded(options: PreprocessOptions, corpus: Corpus, started=lambda: None):
         return
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     tasks, results = context.Queue(), context.Queue()
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WORKERS_IGNORE)  # until workers ignore them
-    try:
+    with stop_signals_blocked_for_children():
         workers = [context.Process(target=_worker_loop, args=(encoder, tasks, results), daemon=True)
                    for _ in range(options.workers)]
         for worker in workers:
             worker.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     started()
     finished = False
     try:
@@ -285,13 +283,8 @@ def _next_result(results, workers) -> tuple:
         return number, encoded
 
 
-WORKERS_IGNORE = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # the main process' (errors.stop_signals)
-
-
 def _worker_loop(encoder: Encoder, tasks, results) -> None:
-    for signum in WORKERS_IGNORE:
-        signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKERS_IGNORE)
+    ignore_stop_signals_in_child()
     _die_with_parent()
     try:
         encoder.start()

@@ -3,13 +3,11 @@
 Every seq rank of one data rank reads the same micro-batch and then keeps its sequence chunk
 (`BertBatch.sequence_chunk`), so the sampler depends on the data coordinates only.
 """
-import signal
-
 import numpy as np
 import torch
 
 from megatron.data.batch import BertBatch
-from megatron.errors import ConfigError, stop_signals
+from megatron.errors import ConfigError, ignore_stop_signals_in_child, stop_signals_blocked_for_children
 
 
 class PretrainingSampler:
@@ -60,15 +58,12 @@ def micro_batches(dataset, sampler: PretrainingSampler, num_workers: int, pin_me
 
     A worker's ConfigError/DataError reaches the rank as itself (one line), not as torch's
     RuntimeError of two tracebacks; closing the generator, or an error, ends the workers at once."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals())  # the workers fork now: until they ignore
-    try:  # them (a signal meanwhile would run the rank's handler in a worker); the rank gets its own after
+    with stop_signals_blocked_for_children():  # the workers fork here
         loader = iter(torch.utils.data.DataLoader(
             _ItemsOrError(dataset) if num_workers else dataset, batch_sampler=sampler,
             collate_fn=_collate_or_error if num_workers else collate_bert, num_workers=num_workers,
             pin_memory=pin_memory, worker_init_fn=ignore_stop_signals if num_workers else None,
             generator=torch.Generator()))
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
         for batch in loader:
             if isinstance(batch, WorkerError):
@@ -110,7 +105,4 @@ def _collate_or_error(samples: list):
 def ignore_stop_signals(worker_id: int) -> None:
     """A worker leaves Ctrl-C and SIGTERM (sent to the whole process group) to the rank: the rank
     agrees the stop with its peers and saves, reading batches until then, then ends its workers."""
-    signals = stop_signals()  # before SIGHUP is ignored here, which would leave it out
-    for signum in signals:
-        signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # blocked by micro_batches while it forked
+    ignore_stop_signals_in_child()
