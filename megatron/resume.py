@@ -156,7 +156,7 @@ def data_settings(args, data_path: list) -> dict:
     the ranks' random states come from the checkpoint); and how its tokens are masked (MASKING)."""
     weights, prefixes = parse_data_path(data_path)
     shares = split_weights(args.split)
-    return {"data": [[weight, index_maps.fingerprint(prefix, args.data_cache_path)]
+    return {"data": [[weight, index_maps.fingerprint(prefix, cache_path=args.data_cache_path)]
                      for weight, prefix in zip(weights, prefixes)],
             "data_path": list(data_path), "split": [share / sum(shares) for share in shares], "split_flag": args.split,
             "seed": args.seed, **{key: getattr(args, key) for key in MASKING}}

@@ -6,7 +6,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from megatron.data.bert_dataset import build_train_valid_test_datasets
 from megatron.errors import DataError
 from megatron.parallel.spawn import run_on_ranks
 from test_data_bert import write_corpus, write_vocab
+from test_housekeeping import clean
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,8 +66,9 @@ def test_read_only_data_keeps_its_maps_in_the_cache(tmp_path, monkeypatch):
         cache = tmp_path / "cache" / "maps"  # created on first use
         train = datasets(prefix, tokenizer, str(cache))[0]
         assert sorted(os.listdir(data)) == before
-    fingerprint = index_maps.fingerprint(prefix)
-    names = sorted(path.name for path in cache.iterdir())
+    fingerprint = index_maps.fingerprint(prefix, cache_path=None)
+    assert index_maps.fingerprint_path(prefix, str(cache)).is_file()  # made with the folder: not hashed again
+    names = sorted(path.name for path in cache.iterdir() if not path.name.endswith(index_maps.FINGERPRINT_RECORD))
     assert len(names) == 4 and all(name.startswith(f"corpus-{fingerprint}_") for name in names), names
     assert {"train", "valid"} == {name.split("_")[1] for name in names}
     assert [Path(path).parent for path in train.map_files()] == [cache, cache]
@@ -81,8 +82,8 @@ def test_read_only_data_keeps_its_maps_in_the_cache(tmp_path, monkeypatch):
     assert np.array_equal(datasets(moved / "corpus", tokenizer, str(cache))[0].indices, train.indices)
     (tmp_path / "other").mkdir()
     other = write_corpus(tmp_path / "other" / "corpus", num_docs=60, seed=5)
-    assert index_maps.fingerprint(other) != fingerprint
-    assert index_maps.maps_prefix(other, str(cache)) != index_maps.maps_prefix(prefix, str(cache))
+    assert index_maps.fingerprint(other, cache_path=None) != fingerprint
+    assert index_maps.maps_prefix(other, cache_path=str(cache)) != index_maps.maps_prefix(prefix, cache_path=str(cache))
 
 
 def test_report_and_clean_tool_look_in_the_cache(tmp_path):
@@ -98,16 +99,20 @@ def test_report_and_clean_tool_look_in_the_cache(tmp_path):
     log = tmp_path / "log"
     log.mkdir()
     index_maps.write_used(str(log), used)
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "clean_index_maps.py"), prefix, "--data-cache-path",
-                             str(cache), "--keep-run", str(log)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    records = [index_maps.fingerprint_path(prefix), index_maps.fingerprint_path(prefix, str(cache))]
+    for record in records:
+        record.unlink(missing_ok=True)  # data without a record: its fingerprint is hashed
+    result = clean(prefix, "--data-cache-path", cache, "--keep-run", log, "--dry-run")
+    assert result.returncode == 0 and result.stdout.splitlines()[-1].startswith("would remove 1 index maps ("), result
+    assert not any(record.exists() for record in records)  # a dry run writes nothing
+    result = clean(prefix, "--data-cache-path", cache, "--keep-run", log)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == f"removed {old[0]}" and lines[1].startswith("removed 1 index maps (") and \
         lines[1].endswith("), 4 kept") and len(lines) == 2, result.stdout
     kept = [str(path) for path in cache.iterdir() if not path.name.endswith(index_maps.FINGERPRINT_RECORD)]
     assert sorted(kept) == sorted(used)  # and the data's fingerprint record (a cache folder keeps it)
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "clean_index_maps.py"), prefix, "--data-cache-path",
-                             str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    result = clean(prefix, "--data-cache-path", tmp_path / "nowhere")
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "is not a folder" in result.stderr
 
 
@@ -129,7 +134,7 @@ def build_as_a_node(prefix, vocab_file, caches, failing_build=False):
         return build(*args, **kwargs)
 
     bert_dataset.helpers = type("Counting", (), {"build_mapping": staticmethod(counting)})
-    maps = index_maps.maps_prefix(prefix, caches[rank])
+    maps = index_maps.maps_prefix(prefix, cache_path=caches[rank])
     try:
         train = BertDataset("train", make_dataset(prefix), maps, (0, 40), 64, 64, BertWordPiece(vocab_file))
     except (DataError, ValueError) as error:
@@ -155,4 +160,6 @@ def test_each_node_builds_into_its_own_cache_and_an_unwritable_one_stops_all(tmp
     fresh = [str(tmp_path / "fresh")] * 2
     (built0, error0), (built1, error1) = run_on_ranks(build_as_a_node, 2, prefix, vocab, fresh, True, timeout=120)
     assert error0 == "ValueError: bad sizes" and error1.startswith("DataError: building index map "), error1
-    assert "failed (ValueError: bad sizes)" in error1 and not list((tmp_path / "fresh").iterdir())
+    assert "failed (ValueError: bad sizes)" in error1
+    left = [path.name for path in (tmp_path / "fresh").iterdir()]
+    assert left == [index_maps.fingerprint_path(prefix, fresh[0]).name]  # the data's record only: no map, no .partial

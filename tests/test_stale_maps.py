@@ -3,9 +3,11 @@ and `.bin` next to the data as in a cache folder, preprocessing into a prefix re
 the data it replaces, and a run on the new data builds its own maps (the same as in a fresh
 folder) instead of reusing the old ones (which gave too few samples, or a traceback when the new
 documents were shorter)."""
+import json
 import os
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -70,7 +72,7 @@ def test_preprocessing_again_removes_the_old_maps_and_the_next_run_builds_new_on
     prefix = preprocessed(long, tmp_path / "data" / "wiki", vocab)
     old = train_set(prefix, tokenizer)
     old_maps = old.map_files()
-    old_fingerprint = index_maps.fingerprint(prefix)
+    old_fingerprint = index_maps.fingerprint(prefix, cache_path=None)
     assert [path.rsplit("/", 1)[1].split("_train_")[0] for path in old_maps] == [f"wiki_text_sentence-{old_fingerprint}"]
     assert len(builds) == 1
 
@@ -80,7 +82,7 @@ def test_preprocessing_again_removes_the_old_maps_and_the_next_run_builds_new_on
           "--split-sentences", "--log-interval", "0"])
     assert capsys.readouterr().out.splitlines()[-1] == "removed 1 index maps of the data these outputs replaced"
     assert not any(os.path.exists(path) for path in old_maps)
-    assert index_maps.fingerprint(prefix) != old_fingerprint
+    assert index_maps.fingerprint(prefix, cache_path=None) != old_fingerprint
 
     new = train_set(prefix, tokenizer)
     assert len(builds) == 2 and new.map_files() != old_maps
@@ -107,7 +109,8 @@ def test_a_cache_folder_gets_maps_of_the_new_data(corpora, tmp_path, builds):
     new = train_set(prefix, tokenizer, str(cache))
     assert len(builds) == 2 and len(new) != len(old)
     assert all(path.startswith(str(cache)) for path in old.map_files() + new.map_files())
-    assert index_maps.maps_of(prefix, str(cache)) == [cache / path.rsplit("/", 1)[1] for path in new.map_files()]
+    assert (index_maps.maps_of(prefix, cache_path=str(cache))
+            == [cache / path.rsplit("/", 1)[1] for path in new.map_files()])
 
 
 def test_the_fingerprint_sees_other_tokens_of_the_same_sizes(corpora, tmp_path, monkeypatch):
@@ -118,7 +121,7 @@ def test_the_fingerprint_sees_other_tokens_of_the_same_sizes(corpora, tmp_path, 
 
     def fingerprint():
         index_maps._contents_digest.cache_clear()  # as a new process would
-        return index_maps.fingerprint(prefix)
+        return index_maps.fingerprint(prefix, cache_path=None)
 
     monkeypatch.setattr(index_maps, "BIN_BLOCK_BYTES", 64)
     for whole_bytes in (index_maps.BIN_WHOLE_BYTES, 1024):  # the .bin is ~10 KB
@@ -159,7 +162,7 @@ def test_the_fingerprint_is_recorded_beside_the_data_and_hashed_again_only_when_
 
     def fingerprint():
         index_maps._contents_digest.cache_clear()  # as a new process would
-        return index_maps.fingerprint(prefix)
+        return index_maps.fingerprint(prefix, cache_path=None)
 
     before = fingerprint()
     assert hashed == [] and fingerprint() == before and hashed == []
@@ -183,7 +186,7 @@ def test_the_fingerprint_is_recorded_beside_the_data_and_hashed_again_only_when_
 def test_data_in_a_folder_that_cannot_be_written_is_hashed_once_per_process(corpora, tmp_path, monkeypatch):
     long, _, vocab, _ = corpora
     prefix = preprocessed(long, tmp_path / "wiki", vocab)
-    expected = index_maps.fingerprint(prefix)
+    expected = index_maps.fingerprint(prefix, cache_path=None)
     index_maps.fingerprint_path(prefix).unlink()
     index_maps._contents_digest.cache_clear()
 
@@ -193,7 +196,7 @@ def test_data_in_a_folder_that_cannot_be_written_is_hashed_once_per_process(corp
     monkeypatch.setattr(index_maps.Path, "write_text", unwritable)  # as on a read-only mount (tests run as root)
     hashed, hash_contents = [], index_maps._hash_contents
     monkeypatch.setattr(index_maps, "_hash_contents", lambda *paths: hashed.append(paths) or hash_contents(*paths))
-    assert [index_maps.fingerprint(prefix) for _ in range(3)] == [expected] * 3
+    assert [index_maps.fingerprint(prefix, cache_path=None) for _ in range(3)] == [expected] * 3
     assert len(hashed) == 1 and not index_maps.fingerprint_path(prefix).exists()
 
 
@@ -202,7 +205,7 @@ def test_with_a_cache_folder_the_record_is_kept_there_not_beside_the_data(corpor
     records) gets its record in the cache folder, which the next start reads; nothing beside the data."""
     long, _, vocab, _ = corpora
     prefix = preprocessed(long, tmp_path / "wiki", vocab)
-    expected = index_maps.fingerprint(prefix)
+    expected = index_maps.fingerprint(prefix, cache_path=None)
     index_maps.fingerprint_path(prefix).unlink()
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -210,9 +213,55 @@ def test_with_a_cache_folder_the_record_is_kept_there_not_beside_the_data(corpor
     monkeypatch.setattr(index_maps, "_hash_contents", lambda *paths: hashed.append(paths) or hash_contents(*paths))
     for _ in range(2):
         index_maps._contents_digest.cache_clear()  # as a new process would
-        assert index_maps.fingerprint(prefix, str(cache)) == expected
+        assert index_maps.fingerprint(prefix, cache_path=str(cache)) == expected
     assert len(hashed) == 1 and not index_maps.fingerprint_path(prefix).exists()
     assert [path.name for path in cache.iterdir()] == [index_maps.fingerprint_path(prefix, str(cache)).name]
+
+
+def test_copies_on_several_nodes_share_one_cache_record_each_hashed_once(corpora, tmp_path, monkeypatch):
+    """Nodes with their own copy of the data at one path (other inodes) and one shared cache folder: each
+    finds its copy in the record instead of replacing the others' and hashing on every start. The
+    folder is made for the record on the first start; the record keeps the last COPIES_KEPT copies."""
+    long, _, vocab, _ = corpora
+    prefix = preprocessed(long, tmp_path / "wiki", vocab)
+    expected = index_maps.fingerprint(prefix, cache_path=None)
+    index_maps.fingerprint_path(prefix).unlink()  # copies without a record beside them
+    cache = tmp_path / "shared" / "cache"  # not made yet
+    hashed, hash_contents, stamps = [], index_maps._hash_contents, index_maps.file_stamps
+    monkeypatch.setattr(index_maps, "_hash_contents", lambda *paths: hashed.append(paths) or hash_contents(*paths))
+
+    def start_on_node(node: int) -> str:
+        monkeypatch.setattr(index_maps, "file_stamps", lambda path: [[*stamp[:3], stamp[3] + node]
+                                                                     for stamp in stamps(path)])
+        index_maps._contents_digest.cache_clear()  # a new process
+        return index_maps.fingerprint(prefix, cache_path=str(cache))
+
+    assert [start_on_node(node) for node in (0, 1, 0, 1, 0)] == [expected] * 5
+    assert len(hashed) == 2 and not index_maps.fingerprint_path(prefix).exists()
+    for node in range(2, index_maps.COPIES_KEPT + 1):  # one copy more than a record keeps
+        start_on_node(node)
+    copies = json.loads(index_maps.fingerprint_path(prefix, str(cache)).read_text())["copies"]
+    assert len(copies) == index_maps.COPIES_KEPT and len(hashed) == index_maps.COPIES_KEPT + 1
+    start_on_node(1)
+    assert len(hashed) == index_maps.COPIES_KEPT + 1
+    start_on_node(0)  # the oldest, dropped
+    assert len(hashed) == index_maps.COPIES_KEPT + 2
+
+
+def test_a_building_line_comes_out_before_its_end(tmp_path, monkeypatch):
+    """The notice's thread may have begun its line when the build ends: the end's line waits for it."""
+    lines, printing = [], threading.Event()
+
+    def slow_print(line, flush=False):
+        if line.startswith("building"):
+            printing.set()
+            time.sleep(0.3)  # a slow terminal
+        lines.append(line.split()[0])
+
+    monkeypatch.setattr(bert_dataset, "print", slow_print, raising=False)
+    monkeypatch.setattr(bert_dataset, "BUILD_NOTICE_S", 0.0)
+    bert_dataset._save_built(str(tmp_path / "map.npy"), lambda: printing.wait(10) and np.zeros(3), "a map")
+    assert lines == ["building", "built"]
 
 
 def test_the_building_rank_says_which_map_it_builds_and_how_long_it_took(corpora, tmp_path, capsys, monkeypatch):
@@ -272,7 +321,7 @@ def test_maps_of_data_replaced_by_a_copy_are_counted_and_cleaned(corpora, tmp_pa
     capsys.readouterr()  # the maps' build lines
     load_tool("clean_index_maps").main([prefix, "--keep-run", str(tmp_path / "log")])
     assert capsys.readouterr().out.splitlines() == [f"removed {old[0]}", f"removed 1 index maps ({size}), 1 kept"]
-    assert index_maps.maps_of(prefix) == [Path(path) for path in used]
+    assert index_maps.maps_of(prefix, cache_path=None) == [Path(path) for path in used]
 
 
 def test_clean_refuses_a_prefix_with_neither_data_nor_maps(corpora, tmp_path):

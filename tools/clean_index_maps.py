@@ -50,13 +50,14 @@ def main(argv=None) -> int:
         if args.data_cache_path and missing:
             raise ConfigError(f"{missing[0]} does not exist: the cached maps are named by the data's contents",
                               "pass the --data-path prefix of the data the maps were built from")
-        if len(missing) == 2 and not maps_of(prefix):  # a typo, a folder, "": not "0 removed"
+        if len(missing) == 2 and not maps_of(prefix, cache_path=None):  # a typo, a folder, "": not "0 removed"
             raise ConfigError(f"no data (.bin/.idx) and no index maps at {prefix!r}",
                               "pass the prefix as given to --data-path (without .bin)")
     if args.data_cache_path and not Path(args.data_cache_path).is_dir():
         raise ConfigError(f"--data-cache-path {args.data_cache_path} is not a folder",
                           "pass the trainer's --data-cache-path")
-    found = [path for prefix in args.prefixes for path in maps_of(prefix, args.data_cache_path)]
+    found = [path for prefix in args.prefixes
+             for path in maps_of(prefix, cache_path=args.data_cache_path, write_record=not args.dry_run)]
     doomed = [path for path in found if str(path.resolve()) not in keep]
     size = 0
     for path in doomed:

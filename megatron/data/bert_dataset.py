@@ -120,6 +120,8 @@ def _save_built(path: str, build, what: str = "") -> Exception | None:
         np.save(partial, build(), allow_pickle=False)
         os.replace(partial, path)
         notice.cancel()
+        if what:
+            notice.join()  # a building line already begun comes out before its end
         if said:  # the building line was printed: its end too
             print(f"built {what} in {time.perf_counter() - started:.1f} s "
                   f"({index_maps.size_text(os.path.getsize(path))})", flush=True)
@@ -450,7 +452,7 @@ def _split_datasets(prefix, data_impl, split, num_samples, seq_length, tokenizer
     pack_samples = options.pop("pack_samples", False)
     max_segment_length = options.pop("max_segment_length", None) or seq_length
     indexed = make_dataset(prefix, data_impl)
-    maps = index_maps.maps_prefix(prefix, cache_path)
+    maps = index_maps.maps_prefix(prefix, cache_path=cache_path)
     bounds = split_boundaries(split, len(indexed.doc_idx) - 1)
     datasets = []
     for s, name in enumerate(SPLIT_NAMES):

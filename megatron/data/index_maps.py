@@ -32,11 +32,12 @@ USED_FILE = "index_maps.json"  # in the log directory: {"maps": [absolute paths]
 MAP_NAME = rf"_({'|'.join(SPLITS)})_({'|'.join(KINDS)})_.*\.npy"  # after the maps prefix's name
 
 FINGERPRINT_RECORD = ".fingerprint.json"  # beside the .bin/.idx: the digest and the stamps it is of
+COPIES_KEPT = 16  # stamp sets one record keeps: one path's copies on several nodes
 BIN_WHOLE_BYTES = 16 << 20  # a .bin up to this size is hashed whole; a larger one by its size and samples:
 BIN_BLOCKS, BIN_BLOCK_BYTES = 256, 64 << 10  # 16 MiB read, evenly spread, first and last bytes included
 
 
-def fingerprint(prefix: str, cache_path: str | None = None) -> str:
+def fingerprint(prefix: str, *, cache_path: str | None, write_record: bool = True) -> str:
     """10 hex digits of the data's contents: the whole `.idx` (every document boundary and sentence
     size, all that a map is built from), the `.bin`'s size and its bytes (whole up to 16 MiB, else
     256 evenly spread blocks of 64 KiB). The same for a copy of the data wherever it is mounted,
@@ -47,16 +48,18 @@ def fingerprint(prefix: str, cache_path: str | None = None) -> str:
     Hashing a sentence-level `.idx` reads about 40% of the data (40 GB of a 100 GB corpus), so the
     digest is kept in `{prefix}.fingerprint.json`, stamped with both files' size, mtime, ctime and
     inode: preprocessing writes it, every later start on unchanged files reads it instead, and files
-    written since (another stamp) are hashed again and the record replaced. With a `cache_path`
-    (--data-cache-path: the data is only read) a training start keeps its record there, named by the
-    data's path, and writes nothing beside the data. Where the folder cannot be written, every
-    process hashes once (and once only: unchanged files are cached)."""
+    written since (another stamp) are hashed again and recorded. With a `cache_path` (--data-cache-path:
+    the data is only read; a caller without one says None) a training start keeps its record there,
+    named by the data's path, and writes nothing beside the data. Where the folder cannot be written,
+    or with `write_record` False (a dry run), every process hashes once (and once only: unchanged files
+    are cached)."""
     stamps = file_stamps(prefix)
     records = [fingerprint_path(prefix)] + ([fingerprint_path(prefix, cache_path)] if cache_path else [])
     digest = next(filter(None, (_recorded_digest(record, stamps) for record in records)), None)
     if digest is None:
         digest = _contents_digest(f"{prefix}.idx", f"{prefix}.bin", *map(tuple, stamps))
-        _record_digest(records[-1], stamps, digest)
+        if write_record:
+            _record_digest(records[-1], stamps, digest)
     return digest
 
 
@@ -77,20 +80,32 @@ def file_stamps(prefix: str) -> list[list[int]]:
 
 
 def _recorded_digest(record: Path, stamps: list) -> str | None:
-    """The recorded digest when its stamps are those of the files now, else None."""
+    """The digest recorded for files of these stamps, else None."""
+    return next((copy["fingerprint"] for copy in _recorded_copies(record) if copy.get("stamps") == stamps), None)
+
+
+def _recorded_copies(record: Path) -> list[dict]:
+    """The {"fingerprint", "stamps"} of each copy a record holds, oldest first; [] for none or a damaged
+    one. A record of one copy (as written before records held several) is that copy."""
     try:
         recorded = json.loads(record.read_text())
-        return recorded["fingerprint"] if recorded["stamps"] == stamps else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        copies = recorded.get("copies", [recorded])
+        return [copy for copy in copies if isinstance(copy["fingerprint"], str)]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 def _record_digest(record: Path, stamps: list, digest: str) -> None:
-    """Writes the record whole (a temporary file renamed: ranks starting together each write the same);
-    a folder that cannot be written (a read-only mount) only costs the next start a hash again."""
+    """Adds the copy to the record, keeping the last COPIES_KEPT others: nodes whose own copies of one
+    path (other inodes, ctimes) share a cache folder each find theirs, instead of hashing again on every
+    start and replacing each other's. Written whole (a temporary file renamed: ranks starting together
+    each write the same; two nodes writing at once may drop the other's new copy, hashed again on its
+    next start). A folder that cannot be written (a read-only mount) only costs the next start a hash."""
+    copies = [copy for copy in _recorded_copies(record) if copy.get("stamps") != stamps][1 - COPIES_KEPT:]
     partial = record.with_name(f"{record.name}.partial-{socket.gethostname()}-{os.getpid()}")  # nodes share folders
     try:
-        partial.write_text(json.dumps({"fingerprint": digest, "stamps": stamps}) + "\n")
+        record.parent.mkdir(parents=True, exist_ok=True)  # a cache folder no map was saved in yet
+        partial.write_text(json.dumps({"copies": [*copies, {"fingerprint": digest, "stamps": stamps}]}) + "\n")
         os.replace(partial, record)
     except OSError:
         with contextlib.suppress(OSError):
@@ -120,10 +135,10 @@ def _hash_contents(idx_path: str, bin_path: str) -> str:
     return digest.hexdigest()[:10]
 
 
-def maps_prefix(prefix: str, cache_path: str | None = None) -> str:
+def maps_prefix(prefix: str, *, cache_path: str | None) -> str:
     """The prefix a data prefix's map files are named from: `{folder}/{name}-{fingerprint}`, the
     folder being the data's own or the cache folder."""
-    return str(maps_folder(prefix, cache_path) / f"{Path(prefix).name}-{fingerprint(prefix, cache_path)}")
+    return str(maps_folder(prefix, cache_path) / f"{Path(prefix).name}-{fingerprint(prefix, cache_path=cache_path)}")
 
 
 def maps_folder(prefix: str, cache_path: str | None = None) -> Path:
@@ -131,21 +146,22 @@ def maps_folder(prefix: str, cache_path: str | None = None) -> Path:
     return Path(cache_path) if cache_path else Path(prefix).parent
 
 
-def maps_of(prefix: str, cache_path: str | None = None) -> list[Path]:
+def maps_of(prefix: str, *, cache_path: str | None, write_record: bool = True) -> list[Path]:
     """The map files of a data prefix (any settings), including `.partial` leftovers of a build
     that was killed; sorted. In a cache folder those of the data's fingerprint (another
-    fingerprint may be another corpus of the same name); next to the data, those of any
-    fingerprint or none (older data of this prefix)."""
+    fingerprint may be another corpus of the same name; `write_record` as in fingerprint); next to
+    the data, those of any fingerprint or none (older data of this prefix)."""
     name = re.escape(Path(prefix).name)
-    pattern = rf"{name}-{fingerprint(prefix, cache_path)}" if cache_path else rf"{name}(-[0-9a-f]{{10}})?"
+    pattern = (rf"{name}-{fingerprint(prefix, cache_path=cache_path, write_record=write_record)}" if cache_path
+               else rf"{name}(-[0-9a-f]{{10}})?")
     return _maps_matching(maps_folder(prefix, cache_path), pattern + MAP_NAME)
 
 
 def remove_stale(prefix: str) -> list[Path]:
     """Removes the maps next to the data that were built from other data of this prefix (another
     fingerprint, or none): preprocessing calls it after overwriting the prefix. Returns them."""
-    current = re.compile(rf"{re.escape(Path(prefix).name)}-{fingerprint(prefix)}{MAP_NAME}")
-    stale = [path for path in maps_of(prefix) if not current.fullmatch(path.name)]
+    current = re.compile(rf"{re.escape(Path(prefix).name)}-{fingerprint(prefix, cache_path=None)}{MAP_NAME}")
+    stale = [path for path in maps_of(prefix, cache_path=None) if not current.fullmatch(path.name)]
     for path in stale:
         path.unlink(missing_ok=True)
     return stale
@@ -181,7 +197,7 @@ def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str
     there, and the command that removes those. Others may be other live runs' on the same data: the
     command keeps their --log-dir too only when named, so the line says so and lists first (--dry-run)."""
     used_set = {str(Path(path).resolve()) for path in used}
-    others = [path for prefix in prefixes for path in maps_of(prefix, cache_path)
+    others = [path for prefix in prefixes for path in maps_of(prefix, cache_path=cache_path)
               if str(path.resolve()) not in used_set]
     folders = sorted({str(maps_folder(prefix, cache_path).resolve()) for prefix in prefixes})
     line = f"index maps in {', '.join(folders)}: {len(used_set)} used by this run"
