@@ -1,7 +1,11 @@
 """Errors a user can cause, reported as one line that names the problem and the fix."""
 import argparse
+import atexit
 import contextlib
+import ctypes
 import errno
+import functools
+import importlib
 import os
 import signal
 import stat
@@ -99,13 +103,19 @@ def stop_signals() -> tuple:
 
 
 CHILD_IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what a worker process leaves to its parent
+_forking_parent = None  # the process whose workers fork inside stop_signals_blocked_for_children
 
 
 @contextlib.contextmanager
 def stop_signals_blocked_for_children():
-    """Blocks CHILD_IGNORED in this thread while worker processes fork inside: a child starts with its
-    parent's handlers and would run them (stop the parent's way) until it ignores the signals
-    (ignore_stop_signals_in_child); the parent gets any that arrived meanwhile when this ends."""
+    """Blocks CHILD_IGNORED while worker processes fork inside: a child starts with its parent's handlers
+    and would run them (stop the parent's way) until it ignores the signals (ignore_stop_signals_in_child).
+    Blocked in this thread only: in a parent with other threads (gloo's, a watch) a signal may still run
+    the parent's handler inside the block; in one without, any that arrived meanwhile runs it when this
+    ends. So the caller starts its workers inside the try whose finally ends them."""
+    global _forking_parent
+    _kill_workers_at_exit()
+    _forking_parent = os.getpid()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_IGNORED)
     try:
         yield
@@ -115,10 +125,42 @@ def stop_signals_blocked_for_children():
 
 def ignore_stop_signals_in_child() -> None:
     """A worker leaves the stop signals (sent to the whole process group) to its parent, which stops
-    and ends it; unblocked once ignored (stop_signals_blocked_for_children)."""
+    and ends it; unblocked once ignored (stop_signals_blocked_for_children). As SIGTERM cannot end it,
+    it dies with its parent (_die_with_parent)."""
     for signum in CHILD_IGNORED:
         signal.signal(signum, signal.SIG_IGN)
+    _die_with_parent()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, CHILD_IGNORED)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel SIGKILLs this worker when the thread that forked it ends, even by SIGKILL (the
+    out-of-memory killer); a parent that ended before the request (this worker's parent is another
+    process by then) ends it here, else it would wait on its parent's queue for ever."""
+    if sys.platform != "linux":
+        return
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if _forking_parent is not None and os.getppid() != _forking_parent:
+        os._exit(1)
+
+
+@functools.cache
+def _kill_workers_at_exit() -> None:
+    """Once, before any worker forks: at exit, multiprocessing terminate()s its daemonic processes (SIGTERM,
+    which workers ignore) and then joins them without a limit, so a worker stuck in a read, or one a
+    failed start left behind, would hold the exit for ever. This hook, registered after multiprocessing's
+    (exit hooks run last registered first), kills them before."""
+    importlib.import_module("multiprocessing.util")  # registers multiprocessing's exit hook, if not yet
+    atexit.register(_kill_live_workers)
+
+
+def _kill_live_workers() -> None:
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
 
 
 def _ignore(signum, frame):

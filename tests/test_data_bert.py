@@ -6,6 +6,8 @@ import multiprocessing
 import json
 import re
 import signal
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -439,17 +441,54 @@ class FailingItem(torch.utils.data.Dataset):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_failing_item_stops_the_reader_as_itself_and_ends_its_workers(data, monkeypatch, num_workers):
     """A DataError in a worker reaches the rank as that DataError (its one line), not torch's RuntimeError
-    of two tracebacks; any error ends the workers while its traceback (which holds the loader) is still
-    alive: else the rank's exit waits on workers that ignore SIGTERM, for ever."""
+    of two tracebacks, and an OSError with its filename, as with 0 workers; any error ends the workers
+    while its traceback (which holds the loader) is still alive: else the rank's exit waits on workers
+    that ignore SIGTERM, for ever."""
     monkeypatch.setattr(state, "get_data_parallel_rank", lambda: 1)
     monkeypatch.setattr(state, "get_data_parallel_world_size", lambda: 2)
     bad = list(PretrainingSampler(len(dataset(data)), 0, 3, 1, 2))[5][1]  # in the third step
-    for error in (DataError("a corrupt record", "preprocess again"), ValueError("a bug")):
+    missing = FileNotFoundError(2, "No such file or directory", "/data/wiki_text_sentence.bin")  # a lazy read
+    for error in (DataError("a corrupt record", "preprocess again"), missing, ValueError("a bug")):
         with pytest.raises(type(error)) as raised:
             read_steps(FailingItem(dataset(data), bad, error), num_workers, 0, 6)
         if isinstance(error, DataError):
             assert type(raised.value) is DataError and str(raised.value) == "a corrupt record; preprocess again"
+        if isinstance(error, OSError):  # its filename makes it the rank's one line (training.one_line_problem)
+            assert type(raised.value) is FileNotFoundError and raised.value.filename == error.filename
         assert multiprocessing.active_children() == [], error
+
+
+class HangingItem(FailingItem):
+    """`train`'s items, but item `bad` creates file `started` and then hangs (a stuck network read)."""
+
+    def __init__(self, train, bad: int, started: Path):
+        super().__init__(train, bad, None)
+        self.started = started
+
+    def __getitem__(self, idx):
+        if idx == self.bad:
+            self.started.write_text("")
+            time.sleep(600)
+        return super().__getitem__(idx)
+
+
+@pytest.mark.timeout(120)
+def test_closing_the_reader_ends_a_worker_stuck_in_an_item(data, monkeypatch, tmp_path):
+    """Torch asks the workers to leave, then terminate()s one that does not: SIGTERM, which workers ignore.
+    One stuck in an item is killed when the reader closes, or the rank's exit would wait on it."""
+    monkeypatch.setattr(torch.utils.data._utils, "MP_STATUS_CHECK_INTERVAL", 0.5)  # torch's waits, shorter
+    train, started = dataset(data), tmp_path / "started"
+    sampler = PretrainingSampler(len(train), 0, 3, 0, 1)
+    reader = samplers.micro_batches(HangingItem(train, 3, started), sampler, 2, pin_memory=False)
+    try:
+        next(reader)  # micro-batch 0; the second worker hangs in micro-batch 1
+        while not started.exists():
+            time.sleep(0.05)
+        reader.close()
+        assert multiprocessing.active_children() == []
+    finally:
+        for child in multiprocessing.active_children():  # only when it failed
+            child.kill()
 
 
 def test_data_workers_start_with_the_stop_signals_blocked_then_ignore_them(data, monkeypatch, tmp_path):

@@ -5,6 +5,7 @@ import errno
 import gzip
 import io
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -27,7 +28,7 @@ from megatron.data.sample_corpus import write_corpus
 from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import BertWordPiece, build_tokenizer, check_data_vocab, data_identity_path
 from megatron.data.vocab_builder import train_vocab, write_vocab
-from megatron.errors import ConfigError, DataError, run_tool
+from megatron.errors import ConfigError, DataError, Interrupted, raise_on_signals, restore_signals, run_tool
 from test_tokenizer import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -236,6 +237,32 @@ def test_a_worker_killed_by_a_signal_is_one_line_naming_it(corpus, tmp_path, mon
     with pytest.raises(ConfigError, match=r"^a tokenizing worker was killed by SIGKILL \(often the out-of-memory "
                                           r"killer\); rerun with fewer --workers"):
         preprocess(options(corpus, tmp_path / "out", workers=2))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_signal_while_the_workers_fork_ends_them_with_the_run(corpus, tmp_path, monkeypatch):
+    """A signal held while the workers fork (stop_signals_blocked_for_children) stops the run as the block
+    ends: the workers already started end with it. Left running, they kept the tool's exit waiting on
+    them for ever (multiprocessing's exit terminate()s them with SIGTERM, which they ignore)."""
+    blocked = preprocess_module.stop_signals_blocked_for_children
+
+    @contextlib.contextmanager
+    def signalled_meanwhile():
+        with blocked():
+            yield
+            os.kill(os.getpid(), signal.SIGTERM)  # pending until the block ends
+
+    monkeypatch.setattr(preprocess_module, "stop_signals_blocked_for_children", signalled_meanwhile)
+    replaced = raise_on_signals()
+    try:
+        with pytest.raises(Interrupted):
+            preprocess(options(corpus, tmp_path / "out", workers=2))
+        assert multiprocessing.active_children() == []
+    finally:
+        restore_signals(replaced)
+        for child in multiprocessing.active_children():  # only when it failed
+            child.kill()
     assert not (tmp_path / "out").exists()
 
 

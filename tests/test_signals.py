@@ -8,6 +8,7 @@ import contextlib
 import errno
 import io
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -546,6 +547,46 @@ def test_sighup_stops_like_sigterm_unless_nohup_ignores_it():
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         errors.restore_signals(before)
+
+
+STUCK_WORKER = """
+import multiprocessing, time
+from megatron.errors import ignore_stop_signals_in_child, stop_signals_blocked_for_children
+
+def stuck():
+    ignore_stop_signals_in_child()
+    time.sleep(600)  # a read that hangs
+
+with stop_signals_blocked_for_children():
+    worker = multiprocessing.get_context("fork").Process(target=stuck, daemon=True)
+    worker.start()
+print(worker.pid)
+"""
+
+
+def test_a_worker_left_running_does_not_hold_the_exit():
+    """multiprocessing's exit hook terminate()s daemonic workers (SIGTERM, which they ignore) and then
+    waits on them without a limit: a worker left stuck would hold the exit for ever. It is killed first."""
+    result = subprocess.run([PYTHON, "-c", STUCK_WORKER], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(result.stdout), 0)
+
+
+def test_a_worker_whose_parent_ended_before_it_asked_to_die_with_it_ends(monkeypatch):
+    """The kernel's parent-death signal acts only on a parent that ends after the worker asked for it: a
+    worker whose parent ended before (its parent is then another process) ends itself, or it would
+    ignore SIGTERM and wait on its parent's queue for ever."""
+    from megatron import errors
+
+    monkeypatch.setattr(errors, "_forking_parent", os.getpid() + 1)  # not this worker's parent: it ended
+    worker = multiprocessing.get_context("fork").Process(target=lambda: errors.ignore_stop_signals_in_child()
+                                                         or time.sleep(600), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    if worker.is_alive():  # only when it failed
+        worker.kill()
+    assert worker.exitcode == 1
 
 
 def test_the_entry_point_survives_a_closed_stdout():

@@ -7,7 +7,6 @@ number and removes the partial output, unless `skip_invalid` counts and skips it
 to a prefix it overwrites that were built from the old data are removed.
 """
 import contextlib
-import ctypes
 import itertools
 import multiprocessing
 import os
@@ -223,14 +222,14 @@ def _encoded(options: PreprocessOptions, corpus: Corpus, started=lambda: None):
         return
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     tasks, results = context.Queue(), context.Queue()
-    with stop_signals_blocked_for_children():
-        workers = [context.Process(target=_worker_loop, args=(encoder, tasks, results), daemon=True)
-                   for _ in range(options.workers)]
-        for worker in workers:
-            worker.start()
-    started()
-    finished = False
-    try:
+    workers, finished = [], False
+    try:  # a signal held while they fork is raised as the block ends: the finally ends those started
+        with stop_signals_blocked_for_children():
+            for _ in range(options.workers):
+                worker = context.Process(target=_worker_loop, args=(encoder, tasks, results), daemon=True)
+                worker.start()
+                workers.append(worker)  # once started: join() refuses a process never started
+        started()
         sent = emitted = 0
         ready, more = {}, True
         while True:
@@ -285,7 +284,6 @@ def _next_result(results, workers) -> tuple:
 
 def _worker_loop(encoder: Encoder, tasks, results) -> None:
     ignore_stop_signals_in_child()
-    _die_with_parent()
     try:
         encoder.start()
         while (task := tasks.get()) is not None:
@@ -293,13 +291,6 @@ def _worker_loop(encoder: Encoder, tasks, results) -> None:
             results.put((number, [encoder.encode(line) for line in chunk]))
     except Exception:
         results.put((-1, traceback.format_exc()))
-
-
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this worker when the main process dies, even by SIGKILL."""
-    if sys.platform == "linux":
-        with contextlib.suppress(Exception):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class _Progress:

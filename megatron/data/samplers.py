@@ -56,8 +56,9 @@ def micro_batches(dataset, sampler: PretrainingSampler, num_workers: int, pin_me
     in this process when it is read. The loader draws its workers' seeds from a generator of its
     own, not torch's global one (dropout's): a run's numbers do not depend on num_workers.
 
-    A worker's ConfigError/DataError reaches the rank as itself (one line), not as torch's
-    RuntimeError of two tracebacks; closing the generator, or an error, ends the workers at once."""
+    A worker's ConfigError/DataError, or OSError naming a file, reaches the rank as itself (one line,
+    as with 0 workers), not as torch's exception of two tracebacks; closing the generator, or an error,
+    ends the workers."""
     with stop_signals_blocked_for_children():  # the workers fork here
         loader = iter(torch.utils.data.DataLoader(
             _ItemsOrError(dataset) if num_workers else dataset, batch_sampler=sampler,
@@ -71,19 +72,31 @@ def micro_batches(dataset, sampler: PretrainingSampler, num_workers: int, pin_me
             yield batch
     finally:
         if num_workers:  # an error's traceback holds the loader, whose workers would then outlive the rank's exit
-            loader._shutdown_workers()
+            _end_workers(loader)
+
+
+def _end_workers(loader) -> None:
+    """Torch asks the workers to leave, waits 5 s for each, and then terminate()s one still busy (in a
+    stuck read): SIGTERM, which workers ignore. So one still alive is killed."""
+    loader._shutdown_workers()
+    for worker in loader._workers:
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
 
 
 class WorkerError:
-    """A worker's ConfigError, sent to the rank as data: torch's loader rebuilds a worker's exception
-    from its type and one message, which a two-part ConfigError cannot be built from."""
+    """A worker's ConfigError or OSError, sent to the rank as data: torch's loader rebuilds a worker's
+    exception from its type and one message, which a two-part ConfigError cannot be built from and
+    which loses an OSError's filename (what makes it the rank's one line)."""
 
-    def __init__(self, error: ConfigError):
+    def __init__(self, error: ConfigError | OSError):
         self.error = error
 
 
 class _ItemsOrError(torch.utils.data.Dataset):
-    """`dataset`'s items, or the WorkerError of the one that raised a ConfigError."""
+    """`dataset`'s items, or the WorkerError of the one that raised a ConfigError or an OSError naming a
+    file; any other error keeps torch's way, with the worker's traceback."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -95,6 +108,10 @@ class _ItemsOrError(torch.utils.data.Dataset):
         try:
             return self.dataset[idx]
         except ConfigError as error:
+            return WorkerError(error)
+        except OSError as error:
+            if error.filename is None:
+                raise
             return WorkerError(error)
 
 
