@@ -158,9 +158,11 @@ def _kill_workers_at_exit() -> None:
 def _kill_live_workers() -> None:
     import multiprocessing
 
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
+    live = [child for child in multiprocessing.active_children() if child.daemon]
+    if live and threading.current_thread() is threading.main_thread():  # the process is leaving: torch's
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # loader, still open, would raise for each worker killed
+    for child in live:
+        child.kill()
 
 
 def _ignore(signum, frame):
