@@ -14,6 +14,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -956,9 +957,25 @@ def test_truncated_safetensors_is_a_data_error(tmp_path):
 
     path = tmp_path / "model.safetensors"
     write_safetensors(path, {"w": torch.ones(64, 64)})
-    path.write_bytes(path.read_bytes()[:1000])
-    with pytest.raises(DataError, match="model.safetensors is not a complete safetensors file"):
-        read_safetensors(path)
+    whole = path.read_bytes()
+    for kept in (1000, len(whole) - 4):  # cut inside the data, or short of its last bytes only
+        path.write_bytes(whole[:kept])
+        with pytest.raises(DataError, match="model.safetensors is not a complete safetensors file"):
+            read_safetensors(path)
+
+
+def test_the_largest_token_id_the_vocab_holds_is_accepted_one_more_is_refused():
+    """Ids 0 to vocab_size - 1 fit the embedding; vocab_size itself is data of another vocab (the ranks'
+    largest id, here one rank's)."""
+    import torch
+    from megatron.errors import DataError
+    from megatron.stop_signals import StopSignals
+
+    stop = StopSignals("tokenizer.json")
+    stop._largest = lambda values: values  # one rank: the all-reduce's MAX is its own values
+    stop.agree([SimpleNamespace(tokens=torch.tensor([[1, 99]]))], 100)
+    with pytest.raises(DataError, match="the data holds token id 100, beyond the 100 tokens of the vocab tokenizer"):
+        stop.agree([SimpleNamespace(tokens=torch.tensor([[3, 100]]))], 100)
 
 
 # Settings that only the resolved configuration can judge (the JSON, the optimizer type, the attention variant,
@@ -1131,6 +1148,12 @@ CONFIG_MISTAKES = {
     "launch_srun_tasks_without_launcher": ([], {}, ("started as one of 4 srun tasks without the env:// variables",
                                                     "each would train alone", "deepspeed --num_gpus N"),
                                            {**NO_LAUNCHER, "SLURM_STEP_NUM_TASKS": "4"}),
+    "launch_two_srun_tasks_without_launcher": ([], {}, ("started as one of 2 srun tasks without the env:// variables",),
+                                               {**NO_LAUNCHER, "SLURM_STEP_NUM_TASKS": "2"}),
+    "launch_without_the_rendezvous_address": ([], {}, (
+        "RANK, WORLD_SIZE, LOCAL_RANK are set but MASTER_ADDR, MASTER_PORT are not: a partial launcher environment",
+        "or unset RANK, WORLD_SIZE, LOCAL_RANK to run one process"),
+        {**NO_LAUNCHER, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}),
     "launch_mpi_without_mpi4py": ([], {}, ("started by an MPI launcher (OMPI_COMM_WORLD_SIZE is set)",
                                            "pip install mpi4py"), {**NO_LAUNCHER, "OMPI_COMM_WORLD_SIZE": "2"}),
     # ---- a preset or flag that contradicts the --init-from-hf folder (more in test_config.py)

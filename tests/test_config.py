@@ -429,6 +429,29 @@ def test_a_resume_names_the_setting_that_adds_or_reshapes_a_tensor(attention, tr
         check_same_model({**dataclasses.asdict(model), **trained}, model, "ckpt/iter_0000002")
 
 
+# a value other than small_config's of each MODEL_FIELDS entry (most shape no tensor: only the field tells)
+OTHER_MODEL_VALUES = {"vocab_size": 200, "num_attention_heads": 8, "layernorm_epsilon": 1e-3,
+                      "layernorm_layout": "post", "normalization": "RMSNorm", "mlp_type": "geglu",
+                      "rotary_base": 50000.0, "local_rotary_base": 20000.0, "local_attention_window": 16,
+                      "global_attention_every": 3}
+
+
+@pytest.mark.parametrize("field", OTHER_MODEL_VALUES)
+def test_a_resume_names_a_setting_the_weights_compute_with(field):
+    """A resume with another --layernorm-epsilon or rope theta loads every tensor and trains another
+    function: each MODEL_FIELDS value is compared, named as the setting."""
+    import dataclasses
+
+    from bert_fixtures import small_config
+    from megatron.checkpoint_compat import MODEL_FIELDS, check_same_model
+
+    model, value = small_config("dense"), OTHER_MODEL_VALUES[field]
+    with pytest.raises(ConfigError, match=re.escape(f"checkpoint ckpt/iter_0000002 was trained with {field} {value}, "
+                                                    f"this run's model has {getattr(model, field)}")):
+        check_same_model({**dataclasses.asdict(model), field: value}, model, "ckpt/iter_0000002")
+    assert set(OTHER_MODEL_VALUES) == set(MODEL_FIELDS)  # a field added there gets its case here
+
+
 def test_precision_reads_bf16_under_either_name():
     """DeepSpeed reads "bfloat16" where "bf16" is absent: a checkpoint of such a run is bf16 (its
     fp32 masters, not its rounded copies, are the weights to export)."""

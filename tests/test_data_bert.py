@@ -328,6 +328,16 @@ def test_documents_the_sampler_skips_are_counted_and_warned_about(data, tmp_path
     assert capsys.readouterr().err == ""
 
 
+def test_a_long_document_of_short_sentences_holds_no_long_sentence():
+    """The skip rule reads each document's longest sentence, not its token count: a 600-token document
+    of two 300-token sentences is kept (real corpora hold many documents over 512 tokens)."""
+    indexed = SimpleNamespace(sizes=np.array([300, 300, 20, 600, 5], dtype=np.int32), doc_idx=np.array([0, 2, 4, 5]))
+    _, tokens, longest = bert_dataset.document_tokens(indexed, indexed.doc_idx)
+    assert tokens.tolist() == [600, 620, 5] and longest.tolist() == [300, 600, 5]
+    skipped = bert_dataset.skipped_documents(indexed, 2, 512)
+    assert (skipped.few_sentences, skipped.long_sentence) == ((1, 5), (1, 620))
+
+
 def test_the_skipped_warning_names_only_the_reasons_that_hold():
     """A reason no document has is no reason ("0 documents hold a sentence over 512 tokens")."""
     warning = bert_dataset.skipped_warning("p", bert_dataset.SkippedDocuments(100, (5, 50), (0, 0)), 512, False)
@@ -368,6 +378,9 @@ def test_sampler_splits_global_batches_and_resumes_exactly():
     resumed = list(PretrainingSampler(100, 36, 4, 1, 3))
     assert resumed == ranks[1][3:]
     assert len(PretrainingSampler(100, 36, 4, 1, 3)) == 5
+    # micro_batches caps what the workers build ahead: not the whole split past the run's last step
+    capped = PretrainingSampler(100, 10, 2, 1, 3, micro_batches=4)
+    assert len(capped) == len(list(capped)) == 4 and len(PretrainingSampler(100, 10, 2, 1, 3)) == 15
     with pytest.raises(ConfigError, match="consumed samples 101"):
         PretrainingSampler(100, 101, 4, 0, 1)
 

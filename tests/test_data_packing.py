@@ -221,12 +221,23 @@ def test_one_rank_packs_while_the_other_waits(data, tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(maps0, maps1)) and len(maps0[0]) - 1 >= 30
 
 
-def test_enough_packed_samples_and_their_statistics(data):
+def test_enough_packed_samples_and_their_statistics(data, monkeypatch):
+    """The segment estimate's margin fills the samples at once: a segment mapping grown again is a
+    second index-map build (minutes on a large corpus)."""
     prefix, tokenizer = data
+    packings = []
+
+    class CountedPacking(PackedBertDataset):
+        def __init__(self, segments, *rest):
+            packings.append(len(segments))
+            super().__init__(segments, *rest)
+
+    monkeypatch.setattr(bert_dataset, "PackedBertDataset", CountedPacking)
     train, valid, _ = build_train_valid_test_datasets([prefix], "mmap", "90,10,0", (500, 40, 0), 512, tokenizer,
                                                       pack_samples=True, max_segment_length=64)
     plain, _, _ = build_train_valid_test_datasets([prefix], "mmap", "90,10,0", (500, 40, 0), 64, tokenizer)
     assert isinstance(train, PackedBertDataset) and len(train) >= 500 and len(valid) >= 40
+    assert len(packings) == 2, packings  # train and validation, each packed once
     stats = token_stats(train)
     items = [train[i] for i in range(0, len(train), 10)]
     measured_share = np.mean([(item["segment_ids"] > 0).mean() for item in items])

@@ -218,6 +218,11 @@ def test_safetensors_files_read_by_the_reference_library(tmp_path):
     for got in (load_file(tmp_path / "ours.safetensors"), hf_io.read_safetensors(tmp_path / "theirs.safetensors")):
         assert set(got) == set(tensors)
         assert all(got[k].dtype == t.dtype and torch.equal(got[k], t) for k, t in tensors.items())
+    # the data starts 8-byte aligned (the format's rule; zero-copy readers map the tensors in place)
+    for names in (("a",), ("a", "b"), ("a", "b", "c")):  # headers of several lengths
+        hf_io.write_safetensors(tmp_path / "ours.safetensors", {name: tensors[name] for name in names})
+        header_length = int.from_bytes((tmp_path / "ours.safetensors").read_bytes()[:8], "little")
+        assert header_length % 8 == 0, (names, header_length)
 
 
 def test_warning_free_conversion_of_a_complete_folder(tmp_path):

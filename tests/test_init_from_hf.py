@@ -133,6 +133,11 @@ def test_a_start_from_weights_of_another_variant_initialises_or_drops_linformers
                                           "flags the checkpoint was trained with$"):
         checkpoint_compat.check_model_shapes(vars(small_config("dense", add_binary_head=False)), dense, "ckpt",
                                              start=True)
+    # and so is one tensor the model lacks (a learned position table met by rope): not dropped silently
+    with pytest.raises(ConfigError, match="holds embeddings.position_embeddings.weight, which this model does not "
+                                          "have; pass the model flags the checkpoint was trained with$"):
+        checkpoint_compat.check_model_shapes(vars(dense), small_config("dense", position_embedding_type="rope"),
+                                             "ckpt", start=True)
 
 
 def test_linformer_or_bigbird_over_the_local_layers_of_the_weights_names_them_not_a_flag(tmp_path):

@@ -101,6 +101,8 @@ def test_deepspeeds_shared_memory_buffers_leave_no_name_behind():
 
 @pytest.mark.parametrize("variables, rank, local", [
     ({"RANK": "5", "LOCAL_RANK": "1"}, 5, 1),  # deepspeed, torchrun
+    # both (an env:// launcher inside an MPI job): the env:// variables win
+    ({"RANK": "3", "LOCAL_RANK": "0", "OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}, 3, 0),
     ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}, 3, 1),  # mpirun, before init_distributed
     ({"PMI_RANK": "2", "MPI_LOCALRANKID": "2"}, 2, 2),  # MPICH / Intel MPI
     ({"LOCAL_RANK": " ", "MV2_COMM_WORLD_LOCAL_RANK": "1"}, 0, 1),  # blank is unset

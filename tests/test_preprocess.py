@@ -118,6 +118,20 @@ def test_output_holds_the_tokenized_sentences(corpus, tmp_path):
     assert np.diff(dataset.doc_idx).tolist() == [3 + i % 4 for i in range(120)]
 
 
+def test_a_sentence_that_tokenizes_to_nothing_is_no_item(corpus, tmp_path):
+    """Control characters alone tokenize to nothing: such a sentence is dropped (a 0-token item is a
+    sentence the BERT sampler would count), and a document of nothing else is no document."""
+    path = tmp_path / "controls.json"
+    path.write_text("".join(json.dumps(record) + "\n" for record in (article(0), {"text": "\u0000\u0001"}, article(1))))
+    dataset = make_dataset(preprocess(options((path, corpus[1]), tmp_path)).outputs["text"])
+    assert np.diff(dataset.doc_idx).tolist() == [3, 4] and (dataset.sizes > 0).all()
+    encoder = Encoder(options(corpus, tmp_path))
+    encoder.start()
+    encoder.split = lambda text: text.split("|")  # as a splitter that leaves such a sentence between two
+    ids, sizes = encoder.tokenized("The river.|\u0000\u0001|The garden.")
+    assert sizes.tolist() == [3, 3] and len(ids) == 6
+
+
 def test_sentence_splitting_keeps_abbreviations_together():
     split = sentence_splitter()
     text = article(5)["text"]
@@ -160,6 +174,14 @@ def test_progress_reports_docs_and_megabytes_per_second(corpus, tmp_path):
     assert len(lines) == 2 and lines[0].startswith("processed 50 documents (") and "docs/s" in lines[0]
     assert re.fullmatch(rf"processed 100 documents \(\d+\.\d docs/s, \d+\.\d\d MB/s\): 0\.\d of {total:.1f} MB of "
                         r"input \((8[0-9])%\), ETA \d+ s", lines[1]), lines[1]
+
+
+def test_the_progress_eta_is_the_time_the_rest_of_the_input_takes():
+    """A quarter of the input in 10 s leaves 30 s, not the 40 s the whole input takes."""
+    report = preprocess_module.PreprocessReport(documents=10, bytes_read=2**20, input_read=25 * 2**20,
+                                                input_total=100 * 2**20)
+    assert preprocess_module.progress_line(report, 10.0) == (
+        "processed 10 documents (1.0 docs/s, 0.10 MB/s): 25.0 of 100.0 MB of input (25%), ETA 30 s")
 
 
 @pytest.mark.parametrize("suffix", [".json", ".json.gz"])

@@ -230,6 +230,19 @@ def test_a_process_taking_a_lock_again_keeps_it_and_one_elsewhere_is_given_back(
     assert not (second / locks.LOG_LOCK).exists() and locks._held_locks == {}
 
 
+def test_releasing_a_lock_removes_the_folders_made_for_it_when_left_empty(tmp_path):
+    """A run that made --save (and its parent) for the lock and wrote nothing there leaves no empty
+    folders behind; a folder it wrote into stays."""
+    for kept in (False, True):
+        save = tmp_path / "runs" / "save"
+        save.mkdir(parents=True)
+        assert locks.take_lock(str(save), [str(save), str(save.parent)]) is None  # innermost first
+        if kept:
+            (save / "iter_0000001").mkdir()
+        locks.release_lock(locks.LOCK)
+        assert sorted(path.name for path in tmp_path.rglob("*")) == (["iter_0000001", "runs", "save"] if kept else [])
+
+
 def test_the_lock_holder_removes_the_leftovers_of_killed_saves(tmp_path, capsys):
     """A save killed mid-way (SIGKILL, a lost node) leaves `<tag>.partial`, a killed --keep-last removal
     `<tag>.removing`, each a full checkpoint's size, which a resume seldom replaces (a stop's

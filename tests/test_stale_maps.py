@@ -176,6 +176,15 @@ def test_the_fingerprint_is_recorded_beside_the_data_and_hashed_again_only_when_
     assert fingerprint() == after and len(hashed) == 1  # the record was replaced
     record.write_text("{not json")  # a damaged record is hashed again, not trusted
     assert fingerprint() == after and len(hashed) == 2
+    # a copy of other bytes of the same size, with the old mtime (cp -p, rsync -t), put in its place:
+    # the inode (and the change time) tell
+    stamp, copy = os.stat(f"{prefix}.idx"), tmp_path / "copy.idx"
+    contents = bytearray(Path(f"{prefix}.idx").read_bytes())
+    contents[-1] ^= 1  # the bytes of `before` again
+    copy.write_bytes(contents)
+    os.utime(copy, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    os.replace(copy, f"{prefix}.idx")
+    assert fingerprint() == before and len(hashed) == 3
     # a folder holding its own preprocessed data (and the records) is preprocessed again as a corpus
     shutil.copy(short, tmp_path / "short.json")
     again = preprocess(PreprocessOptions(input=str(tmp_path), output_prefix=str(tmp_path / "again"),

@@ -267,6 +267,14 @@ def test_logged_lr_is_the_rate_the_logged_step_used(launched):
     assert logged == pytest.approx([float(flags["--lr"]) * factor(step) for step in range(2)], rel=1e-12)
 
 
+def test_warm_up_rises_from_the_first_step_to_the_peak_then_decays():
+    """Step 0 (iteration 1) already trains, at 1 / warm-up steps of the peak (not at rate 0); the peak
+    is reached at the last warm-up step, then the decay runs to min_lr at --train-iters."""
+    factor = lr_factor({"train_iters": 10, "lr_decay_style": "linear", "lr_warmup_fraction": 0.2, "min_lr": 0.0}, 1.0)
+    assert [factor(step) for step in range(10)] == pytest.approx([0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375,
+                                                                  0.25, 0.125])
+
+
 def test_tensorboard_scalars_are_the_logged_metrics(launched):
     """Rank 0 writes one event file; each metric of metrics.jsonl is a scalar `<kind>/<name>` by
     iteration, with the logged value (TensorBoard keeps float32)."""
@@ -544,6 +552,9 @@ def test_a_resume_on_other_data_says_so():
     assert other.startswith("warning: resuming with --data-path b/other (the checkpoint's: a/corpus; other text or "
                             "weights): the data goes on at sample 8 of another index map"), other
     assert "held-out" not in other
+    reseeded = describe_data_change(stored, {**stored, "seed": 7}, 8)  # another shuffle of the same data
+    assert reseeded.startswith("warning: resuming with --seed 7 (the checkpoint's: 1234; it shuffles and masks the "
+                               "samples): the data goes on at sample 8 of another index map"), reseeded
     # the masking (recorded since; an older record lacks it): another objective on the same index map
     masked = {**stored, "mask_prob": 0.15, "whole_word_masking": False}
     assert describe_data_change(stored, {**masked, "mask_prob": 0.3}, 8) is None
@@ -562,6 +573,11 @@ def test_a_resume_with_another_global_batch_says_what_the_steps_read():
         "warning: resuming with global batch 4 (the checkpoint's: 2): the learning-rate schedule counts steps, so its "
         "remaining 2 steps to --train-iters 6 read 8 samples in place of 4 (2x per step, at the same rate); pass "
         "--global-batch-size 2 to keep the batch")
+    # the data-parallel ranks count: a checkpoint of 2 ranks of 2 resumed on 1 rank of 4 keeps the batch
+    two_ranks = {**stored, "data_parallel_size": 2}
+    assert describe_batch_change(two_ranks, SimpleNamespace(global_batch_size=4), 4, 6) is None
+    assert describe_batch_change(two_ranks, SimpleNamespace(global_batch_size=2), 4, 6).startswith(
+        "warning: resuming with global batch 2 (the checkpoint's: 4)")
 
 
 def test_a_resume_with_other_packed_segments_says_samples_are_cut_differently():
