@@ -43,6 +43,7 @@ from megatron.hf_forms import export_note
 from megatron.paths import in_repository, repository_twin
 from megatron.model import attention
 from megatron.model.args import ROPE_THETA_FLOOR, BertConfig, preset_fields
+from megatron.model.fields import Role, meta
 
 # JSON sub-sections of SECTION -> BertConfig field prefix
 _ATTENTION_OPTIONS = {"linformer": ("k", "share_heads", "share_kv"),
@@ -52,15 +53,19 @@ _ATTENTION_OPTIONS = {"linformer": ("k", "share_heads", "share_kv"),
 @dataclass
 class TrainConfig:
     model: BertConfig
-    pipeline_parallel_size: int = 1
-    sequence_parallel_size: int = 1
+    pipeline_parallel_size: int = meta(1, roles=Role.RUN, flag="--pipeline-model-parallel-size",
+                                       dest="pipeline_model_parallel_size")
+    sequence_parallel_size: int = meta(1, roles=Role.RUN, flag="--sequence-parallel-size", json="size")
     data_parallel_size: int = 1
-    micro_batch_size: int = 1
+    micro_batch_size: int = meta(1, roles=Role.RUN, flag="--micro-batch-size")
     gradient_accumulation_steps: int = 1
     zero_stage: int = 0
     activation_checkpoint_interval: int = 0  # transformer layers per checkpointed chunk; 0 = off
-    compile_mlp: bool = False  # torch.compile each layer's MLP sublayer (engine.compile_mlp_sublayers)
-    pack_samples: bool = False  # several segments per sample, up to model.max_segment_length tokens each
+    # torch.compile each layer's MLP sublayer (engine.compile_mlp_sublayers)
+    compile_mlp: bool = meta(False, roles=Role.RUN, on_flag="--compile-mlp")
+    # several segments per sample, up to model.max_segment_length tokens each
+    pack_samples: bool = meta(False, roles=Role.RUN, on_flag="--pack-samples", off_flag="--no-pack-samples",
+                              json="pack_samples")
     ds_config: dict = field(default_factory=dict)  # what deepspeed.initialize receives
 
     @property
