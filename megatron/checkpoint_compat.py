@@ -10,6 +10,7 @@ import torch
 from megatron.errors import ConfigError
 from megatron.model.args import MODEL_PRESETS
 from megatron.model.bert import BertConfig, BertModel
+from megatron.model.fields import Role, fields_with, info, resume_kept
 from megatron.parallel import state as parallel_state
 
 
@@ -90,8 +91,12 @@ def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
     # after the layout and the norm, which set them too; Linformer's own options where both runs use it
     # (else the variant differs: check_model_shapes names it)
     linformer = LINFORMER_FIELDS if trained.attention == config.attention == "linformer" else ()
-    for name in ("num_layers", "hidden_size", "ffn_hidden_size", "position_embedding_type", *MODEL_FIELDS,
-                 "add_bias_linear", "add_binary_head", "embedding_layernorm", "first_layer_attention_norm", *linformer):
+    shared = "linformer" if trained.attention == config.attention == "linformer" else None
+    kept = tuple(name for name in resume_kept() if info(name).variant in (None, shared))
+    assert kept == ("num_layers", "hidden_size", "ffn_hidden_size", "position_embedding_type", *MODEL_FIELDS,
+                    "add_bias_linear", "add_binary_head", "embedding_layernorm", "first_layer_attention_norm",
+                    *linformer)
+    for name in kept:
         if getattr(trained, name) != getattr(config, name):
             fix = (_vocab_fix(trained.vocab_size) if name == "vocab_size" else _ffn_fix(trained)
                    if name == "ffn_hidden_size" else RESUME_FIX)
@@ -123,7 +128,8 @@ def attention_change(source: str, trained: dict, now: dict, user: str = "this ru
     if was != will:
         return (f"{source} was trained with {was} ({variant}); {user} uses {will} ({now['attention']}), so its "
                 "outputs differ from the trained model's")
-    names = (*ATTENTION_FIELDS.get(variant, ()), *LOCAL_FIELDS)  # an older config may lack one: the default
+    names = (*fields_with(role=Role.VISIBILITY, variant=variant), *fields_with(role=Role.VISIBILITY, variant=None))
+    assert names == (*ATTENTION_FIELDS.get(variant, ()), *LOCAL_FIELDS)  # an older config may lack one: the default
     was_set, now_set = ({name: fields.get(name, getattr(BertConfig, name)) for name in names}
                         for fields in (trained, now))
     changed = [name for name in names if was_set[name] != now_set[name]]
@@ -141,6 +147,7 @@ def local_layers_added(source: str, trained: dict, now: BertConfig) -> str | Non
     """The line of attention_change for weights trained elsewhere (an HF folder, a from-hf checkpoint),
     whose attention variant says nothing: local layers added to a model trained with every layer global
     (one with local layers keeps its global period: config.refuse_contradictions)."""
+    assert fields_with(role=Role.VISIBILITY, variant=None) == LOCAL_FIELDS
     was_set = {name: trained.get(name, getattr(BertConfig, name)) for name in LOCAL_FIELDS}
     if was_set["local_attention_window"] is not None or not now.has_local_layers:
         return None

@@ -43,7 +43,7 @@ from megatron.hf_forms import export_note
 from megatron.paths import in_repository, repository_twin
 from megatron.model import attention
 from megatron.model.args import ROPE_THETA_FLOOR, BertConfig, preset_fields
-from megatron.model.fields import Role, meta
+from megatron.model.fields import Role, fields_with, meta
 
 # JSON sub-sections of SECTION -> BertConfig field prefix
 _ATTENTION_OPTIONS = {"linformer": ("k", "share_heads", "share_kv"),
@@ -521,6 +521,8 @@ def adjustable_start_fields(start: dict, from_hf: bool, resume: bool = False) ->
     and the vocab padding, whose rows no token reaches (padded again: hf_convert.repadded_vocab, as from
     an HF folder). A resume keeps the thetas, the window and the padding too (checkpoint_compat.MODEL_FIELDS):
     only that length."""
+    assert set(fields_with(adjustable_start=True)) == set(ADJUSTABLE_START_FIELDS)
+    assert fields_with(role=Role.WEIGHTLESS) == WEIGHTLESS_FIELDS
     if from_hf:
         return ADJUSTABLE_START_FIELDS
     table_free = ("max_position_embeddings",) * (start.get("position_embedding_type") == "rope")

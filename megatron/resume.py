@@ -12,6 +12,7 @@ from megatron.data import index_maps
 from megatron.data.bert_dataset import parse_data_path, split_weights
 from megatron.ds_schema import SECTION
 from megatron.model.args import BertConfig
+from megatron.model.fields import Role, fields_with, info
 from megatron.model.attention.rules import RULES, Rules
 from megatron.parallel.launch_env import launcher_rank
 
@@ -209,12 +210,14 @@ def note_replaced_settings(flags: dict, start: dict, source: str) -> None:
     """The lines of a new run from weights with a flag that replaces their rope theta or window: a choice
     (a longer context wants one), but every layer it reaches then computes otherwise than the weights
     were trained to, which the config line alone would not say. From the first rank."""
+    assert fields_with(role=Role.WEIGHTLESS) == WEIGHTLESS_FIELDS
     for field in WEIGHTLESS_FIELDS:
         value, have = flags.get(field), start.get(field)
         if value is None or have is None or value == have or launcher_rank() != 0:
             continue
         trained = f" (its local layers were trained seeing {have // 2} tokens each side)" \
             if field == "local_attention_window" else ""
+        assert info(field).said_as == REPLACED_SETTINGS[field]
         print(f"note: {flag_setting(field, value)} replaces the {REPLACED_SETTINGS[field]} {have:g} of {source}"
               f"{trained}", flush=True)
 
@@ -246,6 +249,7 @@ def take_regime(stored: dict, flags: dict, ds: dict, local_layers: bool = False)
     without = f"{variant} attention" if not RULES.get(variant, Rules).supports_attention_dropout else \
         "local layers" if local_layers else None
     taken, changes = [], []
+    assert fields_with(role=Role.REGIME) == REGIME_FIELDS
     for name in (name for name in REGIME_FIELDS if name in stored):
         value = flags.get(name)
         setter = flag_setting(name, value) if value is not None else None

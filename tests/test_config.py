@@ -689,13 +689,13 @@ def test_every_model_field_has_a_role_and_a_resume_decision():
 
     names = [field.name for field in dataclasses.fields(BertConfig)]
     assert all(fields.info(name).roles for name in names)
-    assert set().union(*(fields.named(role=role) for role in fields.Role)) >= set(names)
-    weighty = set(fields.named(role=fields.Role.SIZE) + fields.named(role=fields.Role.MATH))
+    assert set().union(*(fields.fields_with(role=role) for role in fields.Role)) >= set(names)
+    weighty = set(fields.fields_with(role=fields.Role.SIZE) + fields.fields_with(role=fields.Role.MATH))
     undecided = weighty - set(fields.resume_kept()) - SHAPE_CHECKED
     assert not undecided, f"say whether a resume keeps {sorted(undecided)} (resume_order, or SHAPE_CHECKED)"
     orders = [fields.info(name).resume_order for name in fields.resume_kept()]
     assert len(set(orders)) == len(orders)
-    free = fields.named(role=fields.Role.REGIME) + fields.named(role=fields.Role.RUN)
+    free = fields.fields_with(role=fields.Role.REGIME) + fields.fields_with(role=fields.Role.RUN)
     assert not set(fields.resume_kept()) & set(free)
 
 
@@ -725,7 +725,7 @@ def test_the_json_section_keys_are_the_fields_json_keys():
     from megatron.config import section_values
     from megatron.model import fields
 
-    for name in fields.named(has_json=True):
+    for name in fields.fields_with(has_json=True):
         key, value = fields.info(name).json, fields.value_type(name)(1)
         variant, _, sub = key.rpartition(".")
         section = {variant: {sub: value}} if variant else {key: value}

@@ -42,6 +42,7 @@ with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the secon
     from megatron.arguments import flag_setting, flags_given
     from megatron.config import ADJUSTABLE_START_FIELDS, json_pipeline_stages, read_ds_config, section_values
     from megatron.ds_schema import SECTION
+    from megatron.model.fields import fields_with, variants_with_options
     from megatron.training import initial_model_fields, starting_weights_fields
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,7 +229,8 @@ def check_paths(args) -> dict:
     # a variant the JSON names or sets up that this tool does not run: refused, not replaced by its default
     # (the trainer would say "set attention ...", which this tool overrides)
     named = section.get("attention")
-    for variant in [*(name for name in ("linformer", "bigbird") if name in section), named]:
+    assert variants_with_options() == ("linformer", "bigbird")
+    for variant in [*(name for name in variants_with_options() if name in section), named]:
         if variant is not None and variant not in ATTENTIONS:
             fix = (f"pass a JSON without sequence_parallel.{variant} and" if variant in section else
                    f"pass --attention {'/'.join(ATTENTIONS)}, or a JSON")
@@ -311,6 +313,7 @@ def resumed_model(args, fields: dict, theta: float) -> dict:
     time) as the checkpoint in --save holds them. Refuses a resume of another model (first: then a
     length or theta would be the wrong thing to change) or extension."""
     stored = checkpoint.stored_config(args.save, checkpoint.latest_tag(args.save))["model"]
+    assert set(fields_with(adjustable_start=True)) == set(ADJUSTABLE_START_FIELDS)
     for field, value in fields.items():
         if field not in ADJUSTABLE_START_FIELDS and stored.get(field) != value:
             raise ConfigError(f"the checkpoint in --save is of a model with {field} {stored.get(field)}, --from "

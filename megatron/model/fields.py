@@ -65,7 +65,7 @@ _ANY = object()
 
 
 @functools.cache
-def named(*, role: Role | None = None, variant=_ANY, adjustable_start: bool | None = None,
+def fields_with(*, role: Role | None = None, variant=_ANY, adjustable_start: bool | None = None,
           has_json: bool | None = None) -> tuple:
     """The fields (in declaration order) that have `role`, are read by `variant` alone (None: by every
     variant), are adjustable at a start or not, have a JSON key or not; an argument left out: any."""
@@ -81,6 +81,14 @@ def resume_kept() -> tuple:
     and norm before the biases and embedding norm they imply, so that the line names the cause."""
     kept = [(facts.resume_order, name) for name, facts in _facts().items() if facts.resume_order is not None]
     return tuple(name for _, name in sorted(kept))
+
+
+@functools.cache
+def weights_fixed() -> tuple:
+    """The fields that shape the weights or what they compute (SIZE, MATH) for every attention variant, in
+    declaration order: a run from weights takes them and may not change them."""
+    return tuple(name for name, facts in _facts().items()
+                 if facts.roles & {Role.SIZE, Role.MATH} and facts.variant is None)
 
 
 def flag_of(name: str) -> str:
