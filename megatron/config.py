@@ -43,7 +43,7 @@ from megatron.hf_forms import export_note
 from megatron.paths import in_repository, repository_twin
 from megatron.model import attention
 from megatron.model.args import ROPE_THETA_FLOOR, BertConfig, preset_fields
-from megatron.model.fields import Role, fields_with, meta
+from megatron.model.fields import Role, fields_with, info, meta
 
 # JSON sub-sections of SECTION -> BertConfig field prefix
 _ATTENTION_OPTIONS = {"linformer": ("k", "share_heads", "share_kv"),
@@ -506,30 +506,19 @@ def preset_source(flags: dict, ds_config: dict) -> str | None:
     return None if name is None else f"{SECTION}.model_preset {name}"
 
 
-# fields of the weights a run starts from (--init-from-hf, a weights-only --load) that the run may set
-# otherwise: the position table's length (extended by repetition), the rope thetas and the window (a
-# longer context), the sentence-order head (initialised) and the vocab padding. The others (sizes,
-# layout, layer types, the global-layer period) are the weights' own.
-ADJUSTABLE_START_FIELDS = ("max_position_embeddings", "rotary_base", "local_rotary_base", "local_attention_window",
-                           "add_binary_head", "make_vocab_size_divisible_by")
-
-
 def adjustable_start_fields(start: dict, from_hf: bool, resume: bool = False) -> tuple:
-    """ADJUSTABLE_START_FIELDS for an HF folder, whose weights are converted (table extended, vocab
-    padded again, head initialised); a weights-only checkpoint's are loaded as they are, so only the
-    fields that shape no weight: the rope thetas, the window, and the length where rope leaves no table,
-    and the vocab padding, whose rows no token reaches (padded again: hf_convert.repadded_vocab, as from
-    an HF folder). A resume keeps the thetas, the window and the padding too (checkpoint_compat.MODEL_FIELDS):
-    only that length."""
-    assert set(fields_with(adjustable_start=True)) == set(ADJUSTABLE_START_FIELDS)
-    assert fields_with(role=Role.WEIGHTLESS) == WEIGHTLESS_FIELDS
+    """The fields of the weights a run starts from (--init-from-hf, a weights-only --load) that the run may
+    set otherwise. For an HF folder, whose weights are converted, the adjustable_start fields (the table
+    extended by repetition, the rope thetas and the window for a longer context, the head initialised, the
+    vocab padded again); the sizes, layout, layer types and global-layer period are the weights' own. A
+    weights-only checkpoint's are loaded as they are, so only the fields that shape no weight: the rope
+    thetas, the window, and the length where rope leaves no table, and the vocab padding, whose rows no
+    token reaches (padded again: hf_convert.repadded_vocab, as from an HF folder). A resume keeps the
+    thetas, the window and the padding too (fields.resume_kept): only that length."""
     if from_hf:
-        return ADJUSTABLE_START_FIELDS
+        return fields_with(adjustable_start=True)
     table_free = ("max_position_embeddings",) * (start.get("position_embedding_type") == "rope")
-    return table_free if resume else (*WEIGHTLESS_FIELDS, *table_free, "make_vocab_size_divisible_by")
-
-
-WEIGHTLESS_FIELDS = ("rotary_base", "local_rotary_base", "local_attention_window")  # of the model, shaping no weight
+    return table_free if resume else (*fields_with(role=Role.WEIGHTLESS), *table_free, "make_vocab_size_divisible_by")
 
 
 def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict, adjustable: tuple) -> None:
@@ -548,8 +537,8 @@ def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict
         setter += "" if value is not None else f" ({name} {preset[name]})"
         why = (f"a resume keeps the checkpoint's model; to train on with another {name}, start a new run from its "
                f"weights with --finetune, or {in_repository('tools/extend_context.py')} for a longer context"
-               if name in WEIGHTLESS_FIELDS
-               else f"the weights fix {name}")  # WEIGHTLESS_FIELDS are adjustable but on a resume
+               if Role.WEIGHTLESS in info(name).roles
+               else f"the weights fix {name}")  # weightless fields are adjustable but on a resume
         raise ConfigError(f"{setter} contradicts {source}, whose model has {name} {have}", f"drop {drop}: {why}")
 
 

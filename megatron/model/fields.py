@@ -30,7 +30,8 @@ class Field:
     json: str | None = None  # its key in the JSON's sequence_parallel section ("size", "bigbird.block_size")
     variant: str | None = None  # the attention variant that alone reads it
     resume_order: int | None = None  # a resume keeps it; check_same_model compares in this order (None: may change)
-    adjustable_start: bool = False  # a run from weights may set it otherwise (config.adjustable_start_fields)
+    # a run from an HF folder's weights may set it otherwise (config.adjustable_start_fields)
+    adjustable_start: bool = False
     minimum: int | None = None  # the value must be >= minimum (BertConfig.__post_init__)
     above: float | None = None  # the value must be finite and > above (config._check_model_numbers)
     said_as: str | None = None  # how a note names its setting ("global rope theta")
