@@ -42,8 +42,8 @@ from megatron.errors import ConfigError
 from megatron.hf_forms import export_note
 from megatron.paths import in_repository, repository_twin
 from megatron.model import attention
-from megatron.model.args import ROPE_THETA_FLOOR, BertConfig, preset_fields
-from megatron.model.fields import Role, fields_with, info, meta
+from megatron.model.args import BertConfig, preset_fields
+from megatron.model.fields import Role, fields_with, flag_of, info, json_options, meta, variants_with_options
 
 # JSON sub-sections of SECTION -> BertConfig field prefix
 _ATTENTION_OPTIONS = {"linformer": ("k", "share_heads", "share_kv"),
@@ -360,33 +360,26 @@ def _preset_problem(problem: str, values: dict, given: dict, section: dict, flag
 def _section_fix(fix: str, given: dict, section: dict) -> str:
     """`fix` naming the JSON key rather than the flag of a variant option the JSON section set and
     no flag did ('choose sequence_parallel.linformer.k at most --seq-length')."""
-    for options in _VARIANT_OPTIONS.values():
-        for name, (flag, json_key) in options.items():
+    for variant in variants_with_options():
+        for name, (flag, json_key) in _variant_options(variant).items():
             if name in section and name not in given:
                 fix = re.sub(f"{flag}(?![-\\w])", json_key, fix)
     return fix
 
 
-# options that belong to one attention variant: BertConfig field -> (flag, JSON key)
-_VARIANT_OPTIONS = {
-    "linformer": {"linformer_k": ("--linformer-k", f"{SECTION}.linformer.k"),
-                  "linformer_share_heads": ("--linformer-share-heads", f"{SECTION}.linformer.share_heads"),
-                  "linformer_share_kv": ("--linformer-share-kv", f"{SECTION}.linformer.share_kv")},
-    "bigbird": {"bigbird_block_size": ("--block-size", f"{SECTION}.bigbird.block_size"),
-                "bigbird_num_window_blocks": ("--bigbird-num-window-blocks", f"{SECTION}.bigbird.num_window_blocks"),
-                "bigbird_num_random_blocks": ("--bigbird-num-random-blocks", f"{SECTION}.bigbird.num_random_blocks")}}
-# model fields that must be finite and above a bound whatever else is set (BertConfig checks the rest)
-# (flag, the bound a value must exceed): a rope theta as BertConfig states it (ROPE_THETA_FLOOR)
-_BOUNDED_MODEL_NUMBERS = {"init_method_std": ("--init-method-std", 0), "layernorm_epsilon": ("--layernorm-epsilon", 0),
-                          "rotary_base": ("--rotary-base", ROPE_THETA_FLOOR),
-                          "local_rotary_base": ("--local-rotary-base", ROPE_THETA_FLOOR)}
+def _variant_options(variant: str) -> dict:
+    """The options that attention `variant` alone reads: field -> (its flag, its JSON key)."""
+    return {name: (info(name).flag or info(name).on_flag, f"{SECTION}.{variant}.{key}")
+            for key, name in json_options(variant).items()}
 
 
 def _check_model_numbers(values: dict) -> None:
-    """Model numbers BertConfig takes as they come: a negative or zero init std or LayerNorm epsilon
-    (or NaN, inf) reaches torch's init or the first forward pass, after the data's index maps are built."""
-    for key, (flag, floor) in _BOUNDED_MODEL_NUMBERS.items():
-        value = values.get(key)
+    """Model numbers BertConfig takes as they come (the fields with a bound `above`: whatever else is set,
+    finite and above it; BertConfig checks the rest): a negative or zero init std or LayerNorm epsilon
+    (or NaN, inf) reaches torch's init or the first forward pass, after the data's index maps are built;
+    a rope theta as BertConfig states it (ROPE_THETA_FLOOR)."""
+    for key in (name for name in fields_with() if info(name).above is not None):
+        flag, floor, value = flag_of(key), info(key).above, values.get(key)
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                       and math.isfinite(value) and value > floor):
             raise ConfigError(f"{key} = {value} is not a finite number > {floor}",
@@ -401,8 +394,8 @@ def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> Non
     def name(key: str, flag: str, json_key: str | None = None) -> str:
         return flag if key in flags or json_key is None else json_key
 
-    for variant, options in _VARIANT_OPTIONS.items():
-        for key, (flag, json_key) in options.items():
+    for variant in variants_with_options():
+        for key, (flag, json_key) in _variant_options(variant).items():
             if (key in flags or key in section) and model.attention != variant:
                 option = name(key, flag, json_key)
                 raise ConfigError(f"{option} is set but attention is '{model.attention}' ({variant} options are "
@@ -410,7 +403,7 @@ def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> Non
     rope = model.position_embedding_type == "rope"
     for key in ("rotary_base", "local_rotary_base"):
         if key in flags and not rope:
-            flag = "--" + key.replace("_", "-")
+            flag = flag_of(key)
             raise ConfigError(f"{flag} {flags[key]} is set but positions are learned (a table, no rotary angles)",
                               f"add --position-embedding-type rope or drop {flag}")
     if "global_attention_every" in flags and model.local_attention_window is None:
@@ -419,7 +412,7 @@ def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> Non
                           "--global-attention-every")
     for key in ("local_attention_window", "local_rotary_base"):
         if key in flags and not model.has_local_layers:
-            flag = "--" + key.replace("_", "-")
+            flag = flag_of(key)
             raise ConfigError(f"{flag} {flags[key]} is set but no layer is local (layer i is local when "
                               f"i % --global-attention-every != 0; it is {model.global_attention_every}, with "
                               f"{model.num_layers} layers)", f"add --global-attention-every N (N > 1, with "

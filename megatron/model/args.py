@@ -4,12 +4,13 @@ and tools/ds_config.py does the same in a fraction of a second. bert.py builds t
 The defaults are Megatron BERT (learned positions, GELU MLP, biases, LayerNorm). The modern layer
 options are fields too, chosen per layer index by a rule (`is_local_layer`), never by subclasses;
 MODEL_PRESETS sets them all at once (--model-preset modernbert-base)."""
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from megatron.errors import ConfigError
 from megatron.model.attention.rules import RULES
-from megatron.model.fields import Role, meta
+from megatron.model.fields import Role, flag_of, meta
 
 ROPE_THETA_FLOOR = 1  # a rope theta must exceed it (angles that fall with the frequency index); config.py's rule too
 
@@ -21,15 +22,15 @@ SIZE, MATH, WEIGHTLESS, VISIBILITY, REGIME, RUN = Role
 class BertConfig:
     # the facts of each field (megatron/model/fields.py): its roles, flag, JSON key, bounds, and the order in
     # which a resume compares it (resume_order)
-    vocab_size: int = meta(30522, roles=SIZE, flag="--vocab-size", minimum=1, resume_order=5)
-    hidden_size: int = meta(768, roles=SIZE, flag="--hidden-size", minimum=1, resume_order=2)
-    num_layers: int = meta(12, roles=SIZE, flag="--num-layers", minimum=1, resume_order=1)
-    num_attention_heads: int = meta(12, roles=MATH, flag="--num-attention-heads", minimum=1, resume_order=6)
-    ffn_hidden_size: int | None = meta(None, roles=SIZE, flag="--ffn-hidden-size", minimum=1,
+    vocab_size: int = meta(30522, roles=SIZE, flag="--vocab-size", positive=True, resume_order=5)
+    hidden_size: int = meta(768, roles=SIZE, flag="--hidden-size", positive=True, resume_order=2)
+    num_layers: int = meta(12, roles=SIZE, flag="--num-layers", positive=True, resume_order=1)
+    num_attention_heads: int = meta(12, roles=MATH, flag="--num-attention-heads", positive=True, resume_order=6)
+    ffn_hidden_size: int | None = meta(None, roles=SIZE, flag="--ffn-hidden-size", positive=True,
                                        resume_order=3)  # default 4 * hidden_size
-    seq_length: int = meta(512, roles=RUN, flag="--seq-length", minimum=1)
+    seq_length: int = meta(512, roles=RUN, flag="--seq-length", positive=True)
     # a table's rows (learned positions) or the trained length (rope); a resume checks the table's shape
-    max_position_embeddings: int = meta(512, roles=SIZE, flag="--max-position-embeddings", minimum=1,
+    max_position_embeddings: int = meta(512, roles=SIZE, flag="--max-position-embeddings", positive=True,
                                         adjustable_start=True)
     # packed samples (--pack-samples): the longest segment, whose positions must fit the table;
     # None: unpacked, one segment of up to seq_length tokens
@@ -43,7 +44,7 @@ class BertConfig:
     layernorm_epsilon: float = meta(1e-5, roles=MATH, flag="--layernorm-epsilon", above=0, resume_order=7)
     init_method_std: float = meta(0.02, roles=REGIME, flag="--init-method-std", above=0)
     # the padding's rows no token reaches; a resume checks the table's shape
-    make_vocab_size_divisible_by: int = meta(128, roles=SIZE, flag="--make-vocab-size-divisible-by", minimum=1,
+    make_vocab_size_divisible_by: int = meta(128, roles=SIZE, flag="--make-vocab-size-divisible-by", positive=True,
                                              adjustable_start=True)
     # "pre": Megatron's x + f(LN(x)) with a final LayerNorm; "post": original BERT's LN(x + f(x)).
     layernorm_layout: str = meta("pre", roles=SIZE, flag="--layernorm-layout", resume_order=8)
@@ -80,8 +81,8 @@ class BertConfig:
                                             off_flag="--no-first-layer-attention-norm", resume_order=18)
     attention: str = meta("dense", roles=RUN, flag="--attention", json="attention")  # a name in the attention registry
     # linformer: keys and values projected from s to k rows (E, F: [heads or 1, k, s])
-    linformer_k: int = meta(256, roles=SIZE, flag="--linformer-k", json="linformer.k", variant="linformer", minimum=1,
-                            resume_order=19)
+    linformer_k: int = meta(256, roles=SIZE, flag="--linformer-k", json="linformer.k", variant="linformer",
+                            positive=True, resume_order=19)
     # one E (and F) for all heads of a layer
     linformer_share_heads: bool = meta(False, roles=SIZE, on_flag="--linformer-share-heads",
                                        json="linformer.share_heads", variant="linformer", resume_order=20)
@@ -89,10 +90,10 @@ class BertConfig:
                                     variant="linformer", resume_order=21)  # F = E
     # bigbird: per query block, a window of blocks, the first and last (global) blocks, random blocks
     bigbird_block_size: int = meta(64, roles=VISIBILITY, flag="--block-size", dest="block_size",
-                                   json="bigbird.block_size", variant="bigbird", minimum=1)
+                                   json="bigbird.block_size", variant="bigbird", positive=True)
     # odd: the block and (w - 1) / 2 neighbours on each side
     bigbird_num_window_blocks: int = meta(3, roles=VISIBILITY, flag="--bigbird-num-window-blocks",
-                                          json="bigbird.num_window_blocks", variant="bigbird", minimum=1)
+                                          json="bigbird.num_window_blocks", variant="bigbird", positive=True)
     bigbird_num_random_blocks: int = meta(2, roles=VISIBILITY, flag="--bigbird-num-random-blocks",
                                           json="bigbird.num_random_blocks", variant="bigbird")
     # with the iteration and the layer, fixes the random blocks (drawn anew every step: a resume may change it)
@@ -106,9 +107,7 @@ class BertConfig:
             self.embedding_layernorm = self.layernorm_layout == "post"
         if self.ffn_hidden_size is None:
             self.ffn_hidden_size = 4 * self.hidden_size
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size",
-                     "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by", "linformer_k",
-                     "bigbird_block_size", "bigbird_num_window_blocks"):
+        for name in (field.name for field in dataclasses.fields(self) if field.metadata["facts"].positive):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} = {getattr(self, name)} must be positive", f"set {name} to an integer >= 1")
         if self.type_vocab_size < 0:
@@ -158,7 +157,7 @@ class BertConfig:
                    "normalization": ("LayerNorm", "RMSNorm")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                flag = "--" + name.replace("_", "-")
+                flag = flag_of(name)
                 raise ConfigError(f"{name} '{getattr(self, name)}' is unknown",
                                   f"set {flag} to one of {', '.join(allowed)}")
         if self.position_embedding_type == "rope":
@@ -170,7 +169,7 @@ class BertConfig:
             for name in ("rotary_base", "local_rotary_base"):
                 if not (math.isfinite(getattr(self, name)) and getattr(self, name) > ROPE_THETA_FLOOR):
                     raise ConfigError(f"{name} = {getattr(self, name)} is not a finite number > {ROPE_THETA_FLOOR}",
-                                      f"pass --{name.replace('_', '-')} above {ROPE_THETA_FLOOR}, e.g. 10000")
+                                      f"pass {flag_of(name)} above {ROPE_THETA_FLOOR}, e.g. 10000")
         window = self.local_attention_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2 or window % 2):
             raise ConfigError(f"local_attention_window = {window} is not an even integer >= 2 (W / 2 keys on each "

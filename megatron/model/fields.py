@@ -32,7 +32,7 @@ class Field:
     resume_order: int | None = None  # a resume keeps it; check_same_model compares in this order (None: may change)
     # a run from an HF folder's weights may set it otherwise (config.adjustable_start_fields)
     adjustable_start: bool = False
-    minimum: int | None = None  # the value must be >= minimum (BertConfig.__post_init__)
+    positive: bool = False  # the value must be an integer >= 1 (BertConfig.__post_init__)
     above: float | None = None  # the value must be finite and > above (config._check_model_numbers)
     said_as: str | None = None  # how a note names its setting ("global rope theta")
 
