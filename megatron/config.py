@@ -43,11 +43,11 @@ from megatron.hf_forms import export_note
 from megatron.paths import in_repository, repository_twin
 from megatron.model import attention
 from megatron.model.args import BertConfig, preset_fields
-from megatron.model.fields import Role, fields_with, flag_of, info, json_options, meta, variants_with_options
+from megatron.model.fields import (Role, fields_with, flag_of, info, json_options, may_be_none, meta, value_type,
+                                   variants_with_options)
 
-# JSON sub-sections of SECTION -> BertConfig field prefix
-_ATTENTION_OPTIONS = {"linformer": ("k", "share_heads", "share_kv"),
-                      "bigbird": ("block_size", "num_window_blocks", "num_random_blocks")}
+# the keys of SECTION that are no field: the preset (its fields) -> the type of its value
+SECTION_ONLY_KEYS = {"model_preset": str}
 
 
 @dataclass
@@ -193,36 +193,29 @@ def _refuse_duplicates(path):
 
 
 def section_values(ds_config: dict) -> dict:
-    """The project's JSON section as BertConfig / TrainConfig field values (type-checked)."""
+    """The project's JSON section as BertConfig / TrainConfig field values (type-checked; null where the
+    field's default is None, or for the preset, is no value): the fields' JSON keys (Field.json), the
+    attention variants' sub-sections of them, and the preset's name."""
     section = ds_config.get(SECTION, {})
     if not isinstance(section, dict):
         raise ConfigError(f"{SECTION} must be a JSON object", f'write "{SECTION}": {{"size": ..., "attention": ...}}')
-    known = {"size", "attention", "ulysses_size", "pack_samples", "max_segment_length", "model_preset",
-             *_ATTENTION_OPTIONS}
+    top = {info(name).json: name for name in fields_with(has_json=True) if "." not in info(name).json}
+    known = {*top, *SECTION_ONLY_KEYS, *variants_with_options()}
     for key in section:
         if key not in known:
             raise ConfigError(f"unknown key {SECTION}.{key}", f"use one of: {', '.join(sorted(known))}")
     values = {}
-    if "size" in section:
-        values["sequence_parallel_size"] = typed(f"{SECTION}.size", section["size"], int)
-    if "attention" in section:
-        values["attention"] = typed(f"{SECTION}.attention", section["attention"], str)
-    if section.get("ulysses_size") is not None:
-        values["ulysses_size"] = typed(f"{SECTION}.ulysses_size", section["ulysses_size"], int)
-    if "pack_samples" in section:
-        values["pack_samples"] = typed(f"{SECTION}.pack_samples", section["pack_samples"], bool)
-    if section.get("max_segment_length") is not None:
-        values["max_segment_length"] = typed(f"{SECTION}.max_segment_length", section["max_segment_length"], int)
-    if section.get("model_preset") is not None:
-        values["model_preset"] = typed(f"{SECTION}.model_preset", section["model_preset"], str)
-    for variant, options in _ATTENTION_OPTIONS.items():
-        sub = section.get(variant, {})
-        for key, value in sub.items():
+    for key, name in {**top, **{key: key for key in SECTION_ONLY_KEYS}}.items():
+        null_unset = name in SECTION_ONLY_KEYS or may_be_none(name)
+        if key in section and not (null_unset and section[key] is None):
+            kind = SECTION_ONLY_KEYS[name] if name in SECTION_ONLY_KEYS else value_type(name)
+            values[name] = typed(f"{SECTION}.{key}", section[key], kind)
+    for variant in variants_with_options():
+        options = json_options(variant)
+        for key, value in section.get(variant, {}).items():
             if key not in options:
                 raise ConfigError(f"unknown key {SECTION}.{variant}.{key}", f"use one of: {', '.join(options)}")
-            name = f"{variant}_{key}"
-            kind = type(getattr(BertConfig, name))  # the default's type: int or bool
-            values[name] = typed(f"{SECTION}.{variant}.{key}", value, kind)
+            values[options[key]] = typed(f"{SECTION}.{variant}.{key}", value, value_type(options[key]))
     return values
 
 

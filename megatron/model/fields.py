@@ -122,9 +122,17 @@ def variants_with_options() -> tuple:
                                if facts.json and "." in facts.json))
 
 
+def _declared_type(name: str):
+    return next(field.type for cls in _classes() for field in dataclasses.fields(cls) if field.name == name)
+
+
 @functools.cache
 def value_type(name: str) -> type:
     """The type of a value of field `name`, None aside (`int | None`: int)."""
-    kind = next(field.type for cls in _classes() for field in dataclasses.fields(cls) if field.name == name)
-    kinds = [arg for arg in typing.get_args(kind) if arg is not type(None)]
-    return kinds[0] if kinds else kind
+    kinds = [kind for kind in typing.get_args(_declared_type(name)) if kind is not type(None)]
+    return kinds[0] if kinds else _declared_type(name)
+
+
+def may_be_none(name: str) -> bool:
+    """Field `name` takes None (`int | None`): its default or 'not set'."""
+    return type(None) in typing.get_args(_declared_type(name))
