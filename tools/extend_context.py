@@ -42,7 +42,7 @@ with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the secon
     from megatron.arguments import flag_setting, flags_given
     from megatron.config import json_pipeline_stages, read_ds_config, section_values
     from megatron.ds_schema import SECTION
-    from megatron.model.fields import fields_with, variants_with_options
+    from megatron.model.fields import fields_with, info, variants_with_options
     from megatron.training import initial_model_fields, starting_weights_fields
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,13 +87,16 @@ def parse_args(argv=None):
     return args
 
 
-# pretrain_bert.py flags (by destination) that launch_command sets -> this tool's option for it
-SET_FLAGS = {"seq_length": "--seq-length", "max_position_embeddings": "--seq-length", "rotary_base": "--rotary-base",
-             "save": "--save", "load": "--from", "init_from_hf": "--from", "finetune": "--from",
+# the config fields that launch_command sets -> this tool's option for them (None: none, the tool's own choice)
+TOOL_SETS = {"seq_length": "--seq-length", "max_position_embeddings": "--seq-length", "rotary_base": "--rotary-base",
              "sequence_parallel_size": "--sequence-parallel-size", "attention": "--attention",
-             "ulysses_size": "--ulysses-size", "deepspeed_config": "--deepspeed-config",
-             "deepscale_config": "--deepspeed-config", "deepspeed": None, "deepscale": None, "pack_samples": None,
-             "local_rank": None}
+             "ulysses_size": "--ulysses-size", "pack_samples": None}
+# pretrain_bert.py flags (by destination) that launch_command sets -> this tool's option for it: those of
+# TOOL_SETS' fields, and the run's own
+SET_FLAGS = {**{info(field).dest or field: option for field, option in TOOL_SETS.items()},
+             "save": "--save", "load": "--from", "init_from_hf": "--from", "finetune": "--from",
+             "deepspeed_config": "--deepspeed-config", "deepscale_config": "--deepspeed-config", "deepspeed": None,
+             "deepscale": None, "local_rank": None}
 
 
 def trainer_parser() -> argparse.ArgumentParser:
