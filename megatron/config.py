@@ -206,8 +206,8 @@ def section_values(ds_config: dict) -> dict:
             raise ConfigError(f"unknown key {SECTION}.{key}", f"use one of: {', '.join(sorted(known))}")
     values = {}
     for key, name in {**top, **{key: key for key in SECTION_ONLY_KEYS}}.items():
-        null_unset = name in SECTION_ONLY_KEYS or may_be_none(name)
-        if key in section and not (null_unset and section[key] is None):
+        null_is_unset = name in SECTION_ONLY_KEYS or may_be_none(name)
+        if key in section and not (null_is_unset and section[key] is None):
             kind = SECTION_ONLY_KEYS[name] if name in SECTION_ONLY_KEYS else value_type(name)
             values[name] = typed(f"{SECTION}.{key}", section[key], kind)
     for variant in variants_with_options():

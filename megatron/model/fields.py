@@ -22,7 +22,7 @@ class Role(enum.Enum):
 
 @dataclass(frozen=True)
 class Field:
-    roles: frozenset
+    roles: frozenset  # of Role
     flag: str | None = None  # the flag that takes the value ("--block-size"); None: none does
     dest: str | None = None  # its argparse destination where that is not the field's name (block_size)
     on_flag: str | None = None  # the flag that sets a bool True ("--add-bias-linear")
@@ -59,6 +59,7 @@ def _facts() -> dict:
 
 
 def info(name: str) -> Field:
+    """The facts of field `name`."""
     return _facts()[name]
 
 
@@ -67,7 +68,7 @@ _ANY = object()
 
 @functools.cache
 def fields_with(*, role: Role | None = None, variant=_ANY, adjustable_start: bool | None = None,
-          has_json: bool | None = None) -> tuple:
+                has_json: bool | None = None) -> tuple:
     """The fields (in declaration order) that have `role`, are read by `variant` alone (None: by every
     variant), are adjustable at a start or not, have a JSON key or not; an argument left out: any."""
     return tuple(name for name, facts in _facts().items()
@@ -123,6 +124,7 @@ def variants_with_options() -> tuple:
 
 
 def _declared_type(name: str):
+    """Field `name`'s annotation (`int | None`)."""
     return next(field.type for cls in _classes() for field in dataclasses.fields(cls) if field.name == name)
 
 
