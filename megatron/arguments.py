@@ -12,20 +12,13 @@ import sys
 from megatron.data.tokenizer import add_tokenizer_flags
 from megatron.errors import ConfigError, OneLineParser
 from megatron.model.args import MODEL_PRESETS
+from megatron.model.fields import dest_to_field, flag_of, info
 from megatron.parallel.launch_env import launcher_rank, outlive_rank_0
 from megatron.paths import DEFAULT_DATA_DIR, in_repository
 
-# flag destination -> BertConfig / TrainConfig field: the same name, but for these two
-_RENAMED = {"block_size": "bigbird_block_size", "pipeline_model_parallel_size": "pipeline_parallel_size"}
-_FIELDS = {dest: _RENAMED.get(dest, dest) for dest in (
-    "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length", "max_position_embeddings",
-    "vocab_size", "make_vocab_size_divisible_by", "hidden_dropout", "attention_dropout", "init_method_std",
-    "layernorm_epsilon", "layernorm_layout", "attention", "linformer_k", "linformer_share_heads",
-    "linformer_share_kv", "block_size", "bigbird_num_random_blocks", "bigbird_num_window_blocks", "ulysses_size",
-    "type_vocab_size", "position_embedding_type", "rotary_base", "local_rotary_base", "local_attention_window",
-    "global_attention_every", "mlp_type", "add_bias_linear", "normalization", "first_layer_attention_norm",
-    "model_preset", "sequence_parallel_size", "pipeline_model_parallel_size", "micro_batch_size", "global_batch_size"
-)}
+# flags that megatron.config reads by their destination's name but that set no field: the preset (its
+# fields), the global batch size (DeepSpeed's train_batch_size). The fields' flags: fields.dest_to_field.
+NOT_FIELD_FLAGS = ("model_preset", "global_batch_size")
 
 
 class AliasOf(argparse.Action):
@@ -154,15 +147,14 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
 
 def config_flags(args: argparse.Namespace) -> dict:
     """The given flags as config field values (None where not given)."""
-    values = {field: getattr(args, dest, None) for dest, field in _FIELDS.items()}
+    dests = {**dest_to_field(), **{dest: dest for dest in NOT_FIELD_FLAGS}}
+    values = {field: getattr(args, dest, None) for dest, field in dests.items()}
     for dest, (alias, const, before) in (getattr(args, "aliases", None) or {}).items():
         other = before if before not in (None, const) else getattr(args, dest)
         if other != const:
-            flag = "--" + dest.replace("_", "-")
+            flag = flag_of(dests[dest])
             raise ConfigError(f"{alias} and {flag} {other} contradict each other ({alias} is {flag} {const})",
                               "pass one of them")
-    for field in ("add_binary_head", "embedding_layernorm", "compile_mlp", "pack_samples", "max_segment_length"):
-        values[field] = getattr(args, field, None)
     if getattr(args, "checkpoint_activations", False):
         values["activation_checkpoint_interval"] = args.checkpoint_num_layers or 1
     values["gradient_clipping"] = getattr(args, "clip_grad", None)  # DeepSpeed's key, which --clip-grad overrides
@@ -172,16 +164,12 @@ def config_flags(args: argparse.Namespace) -> dict:
 def flag_setting(field: str, value) -> str:
     """The command line that sets model field `field` to `value` ('--hidden-size 128',
     '--disable-bias-linear'), for errors about a field the user may have set by another route."""
-    dests = [dest for dest, name in _FIELDS.items() if name == field] or [field]
-    actions = [action for action in add_model_and_parallel_args(argparse.ArgumentParser())._actions
-               if action.dest in dests]
-    option = next((action for action in actions if action.nargs != 0), None)
-    if option is not None and not isinstance(value, bool):
-        return f"{option.option_strings[0]} {value}"
-    for action in actions:
-        if action.const == value:
-            return action.option_strings[0]
-    raise ValueError(f"no flag sets {field} to {value!r}")  # e.g. add_binary_head True: the default, no flag
+    facts = info(field)
+    setting = ((facts.on_flag if value else facts.off_flag) if isinstance(value, bool)
+               else facts.flag and f"{facts.flag} {value}")
+    if setting is None:
+        raise ValueError(f"no flag sets {field} to {value!r}")  # e.g. add_binary_head True: the default, no flag
+    return setting
 
 
 def add_packing_args(group) -> None:

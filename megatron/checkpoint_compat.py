@@ -10,6 +10,7 @@ import torch
 from megatron.errors import ConfigError
 from megatron.model.args import MODEL_PRESETS
 from megatron.model.bert import BertConfig, BertModel
+from megatron.model.fields import Role, fields_with, info, resume_kept
 from megatron.parallel import state as parallel_state
 
 
@@ -73,25 +74,18 @@ def check_model_shapes(stored: dict, config: BertConfig, folder: str, start: boo
     return fresh, dropped
 
 
-# BertConfig fields that decide what the weights compute besides their shapes (check_model_shapes):
-# a resume keeps them. Dropout, init, sequence length, packing and the attention variant may change (a
-# variant of other math with a warning: attention_change).
-MODEL_FIELDS = ("vocab_size", "num_attention_heads", "layernorm_epsilon", "layernorm_layout", "normalization",
-                "mlp_type", "rotary_base", "local_rotary_base", "local_attention_window", "global_attention_every")
-LINFORMER_FIELDS = ("linformer_k", "linformer_share_heads", "linformer_share_kv")  # its projections' shapes
-
-
 def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
-    """A resume whose model flags differ from the checkpoint's: the first differing size, MODEL_FIELDS
-    value or optional tensor, named as a setting (`--num-layers 4` met a 3-layer checkpoint as 'lacks
+    """A resume whose model flags differ from the checkpoint's: the first differing field a resume keeps
+    (fields.resume_kept: the sizes, what the weights compute, the optional tensors; dropout, init, sequence
+    length, packing and the attention variant may change, a variant of other math with a warning:
+    attention_change), named as a setting (`--num-layers 4` met a 3-layer checkpoint as 'lacks
     layers.3...'), else the first differing tensor shape."""
     fields = {f.name for f in dataclasses.fields(BertConfig)}
     trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
-    # after the layout and the norm, which set them too; Linformer's own options where both runs use it
-    # (else the variant differs: check_model_shapes names it)
-    linformer = LINFORMER_FIELDS if trained.attention == config.attention == "linformer" else ()
-    for name in ("num_layers", "hidden_size", "ffn_hidden_size", "position_embedding_type", *MODEL_FIELDS,
-                 "add_bias_linear", "add_binary_head", "embedding_layernorm", "first_layer_attention_norm", *linformer):
+    # a variant's own fields where both runs use it: Linformer's projections' shapes (else the variant
+    # differs: check_model_shapes names it)
+    shared = trained.attention if trained.attention == config.attention else None
+    for name in (name for name in resume_kept() if info(name).variant in (None, shared)):
         if getattr(trained, name) != getattr(config, name):
             fix = (_vocab_fix(trained.vocab_size) if name == "vocab_size" else _ffn_fix(trained)
                    if name == "ffn_hidden_size" else RESUME_FIX)
@@ -106,24 +100,27 @@ def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
 ATTENTION_MATH = {"linformer": "Linformer's low-rank projected attention",
                   "bigbird": "BigBird's block-sparse attention"}
 EVERY_TOKEN = "attention to every token"
-# BertConfig fields that decide what keys a query sees without shaping a tensor, for a variant (its own
-# options) and for every model (the local layers). BigBird's seed is not one: its random blocks are
-# drawn anew every step; nor are the rope thetas, which a longer context changes on purpose.
-ATTENTION_FIELDS = {"bigbird": ("bigbird_block_size", "bigbird_num_window_blocks", "bigbird_num_random_blocks")}
-LOCAL_FIELDS = ("local_attention_window", "global_attention_every")
+
+
+def local_fields() -> tuple:
+    """The fields that decide which keys a query of any variant sees (the local layers): Role.VISIBILITY.
+    BigBird's seed is not one: its random blocks are drawn anew every step; nor are the rope thetas,
+    which a longer context changes on purpose."""
+    return fields_with(role=Role.VISIBILITY, variant=None)
 
 
 def attention_change(source: str, trained: dict, now: dict, user: str = "this run") -> str | None:
     """One line (None: the same math) saying that weights trained with the attention of model fields
     `trained` (a stored config's, or vars(BertConfig)) compute another function under `user`'s `now`:
-    another variant's math, or the same variant with other ATTENTION_FIELDS or local layers. The
-    outputs change, silently otherwise."""
+    another variant's math, or the same variant with other blocks (its Role.VISIBILITY fields) or local
+    layers. The outputs change, silently otherwise."""
     variant = trained["attention"]
     was, will = (ATTENTION_MATH.get(fields["attention"], EVERY_TOKEN) for fields in (trained, now))
     if was != will:
         return (f"{source} was trained with {was} ({variant}); {user} uses {will} ({now['attention']}), so its "
                 "outputs differ from the trained model's")
-    names = (*ATTENTION_FIELDS.get(variant, ()), *LOCAL_FIELDS)  # an older config may lack one: the default
+    # an older config may lack one: the default
+    names = (*fields_with(role=Role.VISIBILITY, variant=variant), *local_fields())
     was_set, now_set = ({name: fields.get(name, getattr(BertConfig, name)) for name in names}
                         for fields in (trained, now))
     changed = [name for name in names if was_set[name] != now_set[name]]
@@ -141,10 +138,10 @@ def local_layers_added(source: str, trained: dict, now: BertConfig) -> str | Non
     """The line of attention_change for weights trained elsewhere (an HF folder, a from-hf checkpoint),
     whose attention variant says nothing: local layers added to a model trained with every layer global
     (one with local layers keeps its global period: config.refuse_contradictions)."""
-    was_set = {name: trained.get(name, getattr(BertConfig, name)) for name in LOCAL_FIELDS}
+    was_set = {name: trained.get(name, getattr(BertConfig, name)) for name in local_fields()}
     if was_set["local_attention_window"] is not None or not now.has_local_layers:
         return None
-    return _fields_change(f"{source} was trained with every layer global, at", LOCAL_FIELDS, was_set, vars(now),
+    return _fields_change(f"{source} was trained with every layer global, at", local_fields(), was_set, vars(now),
                           "this run")
 
 

@@ -42,25 +42,30 @@ from megatron.errors import ConfigError
 from megatron.hf_forms import export_note
 from megatron.paths import in_repository, repository_twin
 from megatron.model import attention
-from megatron.model.args import ROPE_THETA_FLOOR, BertConfig, preset_fields
+from megatron.model.args import BertConfig, preset_fields
+from megatron.model.fields import (Role, fields_with, flag_of, info, json_options, may_be_none, meta, value_type,
+                                   variants_with_options)
 
-# JSON sub-sections of SECTION -> BertConfig field prefix
-_ATTENTION_OPTIONS = {"linformer": ("k", "share_heads", "share_kv"),
-                      "bigbird": ("block_size", "num_window_blocks", "num_random_blocks")}
+# the keys of SECTION that are no field: the preset (its fields) -> the type of its value
+SECTION_ONLY_KEYS = {"model_preset": str}
 
 
 @dataclass
 class TrainConfig:
     model: BertConfig
-    pipeline_parallel_size: int = 1
-    sequence_parallel_size: int = 1
+    pipeline_parallel_size: int = meta(1, roles=Role.RUN, flag="--pipeline-model-parallel-size",
+                                       dest="pipeline_model_parallel_size")
+    sequence_parallel_size: int = meta(1, roles=Role.RUN, flag="--sequence-parallel-size", json="size")
     data_parallel_size: int = 1
-    micro_batch_size: int = 1
+    micro_batch_size: int = meta(1, roles=Role.RUN, flag="--micro-batch-size")
     gradient_accumulation_steps: int = 1
     zero_stage: int = 0
     activation_checkpoint_interval: int = 0  # transformer layers per checkpointed chunk; 0 = off
-    compile_mlp: bool = False  # torch.compile each layer's MLP sublayer (engine.compile_mlp_sublayers)
-    pack_samples: bool = False  # several segments per sample, up to model.max_segment_length tokens each
+    # torch.compile each layer's MLP sublayer (engine.compile_mlp_sublayers)
+    compile_mlp: bool = meta(False, roles=Role.RUN, on_flag="--compile-mlp")
+    # several segments per sample, up to model.max_segment_length tokens each
+    pack_samples: bool = meta(False, roles=Role.RUN, on_flag="--pack-samples", off_flag="--no-pack-samples",
+                              json="pack_samples")
     ds_config: dict = field(default_factory=dict)  # what deepspeed.initialize receives
 
     @property
@@ -188,36 +193,29 @@ def _refuse_duplicates(path):
 
 
 def section_values(ds_config: dict) -> dict:
-    """The project's JSON section as BertConfig / TrainConfig field values (type-checked)."""
+    """The project's JSON section as BertConfig / TrainConfig field values (type-checked; null where the
+    field's default is None, or for the preset, is no value): the fields' JSON keys (Field.json), the
+    attention variants' sub-sections of them, and the preset's name."""
     section = ds_config.get(SECTION, {})
     if not isinstance(section, dict):
         raise ConfigError(f"{SECTION} must be a JSON object", f'write "{SECTION}": {{"size": ..., "attention": ...}}')
-    known = {"size", "attention", "ulysses_size", "pack_samples", "max_segment_length", "model_preset",
-             *_ATTENTION_OPTIONS}
+    top = {info(name).json: name for name in fields_with(has_json=True) if "." not in info(name).json}
+    known = {*top, *SECTION_ONLY_KEYS, *variants_with_options()}
     for key in section:
         if key not in known:
             raise ConfigError(f"unknown key {SECTION}.{key}", f"use one of: {', '.join(sorted(known))}")
     values = {}
-    if "size" in section:
-        values["sequence_parallel_size"] = typed(f"{SECTION}.size", section["size"], int)
-    if "attention" in section:
-        values["attention"] = typed(f"{SECTION}.attention", section["attention"], str)
-    if section.get("ulysses_size") is not None:
-        values["ulysses_size"] = typed(f"{SECTION}.ulysses_size", section["ulysses_size"], int)
-    if "pack_samples" in section:
-        values["pack_samples"] = typed(f"{SECTION}.pack_samples", section["pack_samples"], bool)
-    if section.get("max_segment_length") is not None:
-        values["max_segment_length"] = typed(f"{SECTION}.max_segment_length", section["max_segment_length"], int)
-    if section.get("model_preset") is not None:
-        values["model_preset"] = typed(f"{SECTION}.model_preset", section["model_preset"], str)
-    for variant, options in _ATTENTION_OPTIONS.items():
-        sub = section.get(variant, {})
-        for key, value in sub.items():
+    for key, name in {**top, **{key: key for key in SECTION_ONLY_KEYS}}.items():
+        null_is_unset = name in SECTION_ONLY_KEYS or may_be_none(name)
+        if key in section and not (null_is_unset and section[key] is None):
+            kind = SECTION_ONLY_KEYS[name] if name in SECTION_ONLY_KEYS else value_type(name)
+            values[name] = typed(f"{SECTION}.{key}", section[key], kind)
+    for variant in variants_with_options():
+        options = json_options(variant)
+        for key, value in section.get(variant, {}).items():
             if key not in options:
                 raise ConfigError(f"unknown key {SECTION}.{variant}.{key}", f"use one of: {', '.join(options)}")
-            name = f"{variant}_{key}"
-            kind = type(getattr(BertConfig, name))  # the default's type: int or bool
-            values[name] = typed(f"{SECTION}.{variant}.{key}", value, kind)
+            values[options[key]] = typed(f"{SECTION}.{variant}.{key}", value, value_type(options[key]))
     return values
 
 
@@ -355,33 +353,26 @@ def _preset_problem(problem: str, values: dict, given: dict, section: dict, flag
 def _section_fix(fix: str, given: dict, section: dict) -> str:
     """`fix` naming the JSON key rather than the flag of a variant option the JSON section set and
     no flag did ('choose sequence_parallel.linformer.k at most --seq-length')."""
-    for options in _VARIANT_OPTIONS.values():
-        for name, (flag, json_key) in options.items():
+    for variant in variants_with_options():
+        for name, (flag, json_key) in _variant_options(variant).items():
             if name in section and name not in given:
                 fix = re.sub(f"{flag}(?![-\\w])", json_key, fix)
     return fix
 
 
-# options that belong to one attention variant: BertConfig field -> (flag, JSON key)
-_VARIANT_OPTIONS = {
-    "linformer": {"linformer_k": ("--linformer-k", f"{SECTION}.linformer.k"),
-                  "linformer_share_heads": ("--linformer-share-heads", f"{SECTION}.linformer.share_heads"),
-                  "linformer_share_kv": ("--linformer-share-kv", f"{SECTION}.linformer.share_kv")},
-    "bigbird": {"bigbird_block_size": ("--block-size", f"{SECTION}.bigbird.block_size"),
-                "bigbird_num_window_blocks": ("--bigbird-num-window-blocks", f"{SECTION}.bigbird.num_window_blocks"),
-                "bigbird_num_random_blocks": ("--bigbird-num-random-blocks", f"{SECTION}.bigbird.num_random_blocks")}}
-# model fields that must be finite and above a bound whatever else is set (BertConfig checks the rest)
-# (flag, the bound a value must exceed): a rope theta as BertConfig states it (ROPE_THETA_FLOOR)
-_BOUNDED_MODEL_NUMBERS = {"init_method_std": ("--init-method-std", 0), "layernorm_epsilon": ("--layernorm-epsilon", 0),
-                          "rotary_base": ("--rotary-base", ROPE_THETA_FLOOR),
-                          "local_rotary_base": ("--local-rotary-base", ROPE_THETA_FLOOR)}
+def _variant_options(variant: str) -> dict:
+    """The options that attention `variant` alone reads: field -> (its flag, its JSON key)."""
+    return {name: (info(name).flag or info(name).on_flag, f"{SECTION}.{variant}.{key}")
+            for key, name in json_options(variant).items()}
 
 
 def _check_model_numbers(values: dict) -> None:
-    """Model numbers BertConfig takes as they come: a negative or zero init std or LayerNorm epsilon
-    (or NaN, inf) reaches torch's init or the first forward pass, after the data's index maps are built."""
-    for key, (flag, floor) in _BOUNDED_MODEL_NUMBERS.items():
-        value = values.get(key)
+    """Model numbers BertConfig takes as they come (the fields with a bound `above`: whatever else is set,
+    finite and above it; BertConfig checks the rest): a negative or zero init std or LayerNorm epsilon
+    (or NaN, inf) reaches torch's init or the first forward pass, after the data's index maps are built;
+    a rope theta as BertConfig states it (ROPE_THETA_FLOOR)."""
+    for key in (name for name in fields_with() if info(name).above is not None):
+        flag, floor, value = flag_of(key), info(key).above, values.get(key)
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                       and math.isfinite(value) and value > floor):
             raise ConfigError(f"{key} = {value} is not a finite number > {floor}",
@@ -396,8 +387,8 @@ def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> Non
     def name(key: str, flag: str, json_key: str | None = None) -> str:
         return flag if key in flags or json_key is None else json_key
 
-    for variant, options in _VARIANT_OPTIONS.items():
-        for key, (flag, json_key) in options.items():
+    for variant in variants_with_options():
+        for key, (flag, json_key) in _variant_options(variant).items():
             if (key in flags or key in section) and model.attention != variant:
                 option = name(key, flag, json_key)
                 raise ConfigError(f"{option} is set but attention is '{model.attention}' ({variant} options are "
@@ -405,7 +396,7 @@ def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> Non
     rope = model.position_embedding_type == "rope"
     for key in ("rotary_base", "local_rotary_base"):
         if key in flags and not rope:
-            flag = "--" + key.replace("_", "-")
+            flag = flag_of(key)
             raise ConfigError(f"{flag} {flags[key]} is set but positions are learned (a table, no rotary angles)",
                               f"add --position-embedding-type rope or drop {flag}")
     if "global_attention_every" in flags and model.local_attention_window is None:
@@ -414,7 +405,7 @@ def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> Non
                           "--global-attention-every")
     for key in ("local_attention_window", "local_rotary_base"):
         if key in flags and not model.has_local_layers:
-            flag = "--" + key.replace("_", "-")
+            flag = flag_of(key)
             raise ConfigError(f"{flag} {flags[key]} is set but no layer is local (layer i is local when "
                               f"i % --global-attention-every != 0; it is {model.global_attention_every}, with "
                               f"{model.num_layers} layers)", f"add --global-attention-every N (N > 1, with "
@@ -501,28 +492,19 @@ def preset_source(flags: dict, ds_config: dict) -> str | None:
     return None if name is None else f"{SECTION}.model_preset {name}"
 
 
-# fields of the weights a run starts from (--init-from-hf, a weights-only --load) that the run may set
-# otherwise: the position table's length (extended by repetition), the rope thetas and the window (a
-# longer context), the sentence-order head (initialised) and the vocab padding. The others (sizes,
-# layout, layer types, the global-layer period) are the weights' own.
-ADJUSTABLE_START_FIELDS = ("max_position_embeddings", "rotary_base", "local_rotary_base", "local_attention_window",
-                           "add_binary_head", "make_vocab_size_divisible_by")
-
-
 def adjustable_start_fields(start: dict, from_hf: bool, resume: bool = False) -> tuple:
-    """ADJUSTABLE_START_FIELDS for an HF folder, whose weights are converted (table extended, vocab
-    padded again, head initialised); a weights-only checkpoint's are loaded as they are, so only the
-    fields that shape no weight: the rope thetas, the window, and the length where rope leaves no table,
-    and the vocab padding, whose rows no token reaches (padded again: hf_convert.repadded_vocab, as from
-    an HF folder). A resume keeps the thetas, the window and the padding too (checkpoint_compat.MODEL_FIELDS):
-    only that length."""
+    """The fields of the weights a run starts from (--init-from-hf, a weights-only --load) that the run may
+    set otherwise. For an HF folder, whose weights are converted, the adjustable_start fields (the table
+    extended by repetition, the rope thetas and the window for a longer context, the head initialised, the
+    vocab padded again); the sizes, layout, layer types and global-layer period are the weights' own. A
+    weights-only checkpoint's are loaded as they are, so only the fields that shape no weight: the rope
+    thetas, the window, and the length where rope leaves no table, and the vocab padding, whose rows no
+    token reaches (padded again: hf_convert.repadded_vocab, as from an HF folder). A resume keeps the
+    thetas, the window and the padding too (fields.resume_kept): only that length."""
     if from_hf:
-        return ADJUSTABLE_START_FIELDS
+        return fields_with(adjustable_start=True)
     table_free = ("max_position_embeddings",) * (start.get("position_embedding_type") == "rope")
-    return table_free if resume else (*WEIGHTLESS_FIELDS, *table_free, "make_vocab_size_divisible_by")
-
-
-WEIGHTLESS_FIELDS = ("rotary_base", "local_rotary_base", "local_attention_window")  # of the model, shaping no weight
+    return table_free if resume else (*fields_with(role=Role.WEIGHTLESS), *table_free, "make_vocab_size_divisible_by")
 
 
 def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict, adjustable: tuple) -> None:
@@ -541,8 +523,8 @@ def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict
         setter += "" if value is not None else f" ({name} {preset[name]})"
         why = (f"a resume keeps the checkpoint's model; to train on with another {name}, start a new run from its "
                f"weights with --finetune, or {in_repository('tools/extend_context.py')} for a longer context"
-               if name in WEIGHTLESS_FIELDS
-               else f"the weights fix {name}")  # WEIGHTLESS_FIELDS are adjustable but on a resume
+               if Role.WEIGHTLESS in info(name).roles
+               else f"the weights fix {name}")  # weightless fields are adjustable but on a resume
         raise ConfigError(f"{setter} contradicts {source}, whose model has {name} {have}", f"drop {drop}: {why}")
 
 

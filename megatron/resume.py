@@ -7,11 +7,12 @@ import math
 
 from megatron import optimizer_state
 from megatron.arguments import flag_setting
-from megatron.config import WEIGHTLESS_FIELDS, model_preset, preset_source, read_ds_config
+from megatron.config import model_preset, preset_source, read_ds_config
 from megatron.data import index_maps
 from megatron.data.bert_dataset import parse_data_path, split_weights
 from megatron.ds_schema import SECTION
 from megatron.model.args import BertConfig
+from megatron.model.fields import Role, fields_with, info
 from megatron.model.attention.rules import RULES, Rules
 from megatron.parallel.launch_env import launcher_rank
 
@@ -200,22 +201,17 @@ def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str |
             "continue the same data")
 
 
-# the settings of WEIGHTLESS_FIELDS as a note names them
-REPLACED_SETTINGS = {"rotary_base": "global rope theta", "local_rotary_base": "local rope theta",
-                     "local_attention_window": "local attention window"}
-
-
 def note_replaced_settings(flags: dict, start: dict, source: str) -> None:
     """The lines of a new run from weights with a flag that replaces their rope theta or window: a choice
     (a longer context wants one), but every layer it reaches then computes otherwise than the weights
     were trained to, which the config line alone would not say. From the first rank."""
-    for field in WEIGHTLESS_FIELDS:
+    for field in fields_with(role=Role.WEIGHTLESS):
         value, have = flags.get(field), start.get(field)
         if value is None or have is None or value == have or launcher_rank() != 0:
             continue
         trained = f" (its local layers were trained seeing {have // 2} tokens each side)" \
             if field == "local_attention_window" else ""
-        print(f"note: {flag_setting(field, value)} replaces the {REPLACED_SETTINGS[field]} {have:g} of {source}"
+        print(f"note: {flag_setting(field, value)} replaces the {info(field).said_as} {have:g} of {source}"
               f"{trained}", flush=True)
 
 
@@ -223,9 +219,6 @@ def given_attention(flags: dict, ds: dict) -> str | None:
     """The attention variant the flags or the JSON section name (None: neither, the default)."""
     section = ds.get(SECTION)
     return flags.get("attention") or (section.get("attention") if isinstance(section, dict) else None)
-
-
-REGIME_FIELDS = ("hidden_dropout", "attention_dropout", "init_method_std")  # train a model, shape none of it
 
 
 def kept_regime(stored: dict, flags: dict, ds: dict, source: str) -> str | None:
@@ -238,15 +231,16 @@ def kept_regime(stored: dict, flags: dict, ds: dict, source: str) -> str | None:
 
 
 def take_regime(stored: dict, flags: dict, ds: dict, local_layers: bool = False) -> tuple[list, list]:
-    """Sets in `flags` the REGIME_FIELDS of `stored` (the weights' config) that no flag or preset sets;
-    attention dropout 0 where the variant or the weights' local layers (`local_layers`) have none. Returns
-    ('name value' of each taken, 'SETTER changes name from value' of each set otherwise)."""
+    """Sets in `flags` the Role.REGIME fields (dropout, init: they train a model, shape none of it) of
+    `stored` (the weights' config) that no flag or preset sets; attention dropout 0 where the variant or
+    the weights' local layers (`local_layers`) have none. Returns ('name value' of each taken, 'SETTER
+    changes name from value' of each set otherwise)."""
     preset, named = model_preset(flags, ds), preset_source(flags, ds)
     variant = given_attention(flags, ds) or BertConfig.attention
     without = f"{variant} attention" if not RULES.get(variant, Rules).supports_attention_dropout else \
         "local layers" if local_layers else None
     taken, changes = [], []
-    for name in (name for name in REGIME_FIELDS if name in stored):
+    for name in (name for name in fields_with(role=Role.REGIME) if name in stored):
         value = flags.get(name)
         setter = flag_setting(name, value) if value is not None else None
         if value is None and name in preset:

@@ -40,6 +40,7 @@ from megatron.model.args import BertConfig
 from megatron.model.attention import blocks
 from megatron.model.attention.rules import refuse_local_layers
 from megatron.model.bert import BertModel
+from megatron.model.fields import weights_fixed
 from megatron.parallel import device, jit_locks, peers, state
 from megatron.parallel.launch_check import launch_environment
 from megatron.parallel.launch_env import launcher_rank, local_rank
@@ -1129,8 +1130,8 @@ def initial_model_fields(fields: dict, resume: bool = False) -> dict:
     the whole model (checkpoint_compat.check_same_model), which the user then need not restate."""
     if not fields:
         return {}
-    shaping = (*hf_convert.HF_CONFIG_KEYS, "max_position_embeddings", "layernorm_layout", "embedding_layernorm",
-               "position_embedding_type", "mlp_type", "add_bias_linear", "normalization", "first_layer_attention_norm")
+    # the vocab padding and the sentence-order head: the layer rule's (hf_modernbert.layer_rule_fields)
+    shaping = tuple(name for name in weights_fixed() if name not in ("make_vocab_size_divisible_by", "add_binary_head"))
     rule = hf_modernbert.layer_rule_fields(fields) if resume else hf_modernbert.carried_fields(fields)
     return {**{field: fields[field] for field in shaping if field in fields}, **rule}
 

@@ -429,27 +429,52 @@ def test_a_resume_names_the_setting_that_adds_or_reshapes_a_tensor(attention, tr
         check_same_model({**dataclasses.asdict(model), **trained}, model, "ckpt/iter_0000002")
 
 
-# a value other than small_config's of each MODEL_FIELDS entry (most shape no tensor: only the field tells)
-OTHER_MODEL_VALUES = {"vocab_size": 200, "num_attention_heads": 8, "layernorm_epsilon": 1e-3,
+# a value other than small_config's of each field a resume keeps (most shape no tensor: only the field tells)
+OTHER_MODEL_VALUES = {"num_layers": 3, "hidden_size": 48, "ffn_hidden_size": 96, "position_embedding_type": "rope",
+                      "vocab_size": 200, "num_attention_heads": 8, "layernorm_epsilon": 1e-3,
                       "layernorm_layout": "post", "normalization": "RMSNorm", "mlp_type": "geglu",
                       "rotary_base": 50000.0, "local_rotary_base": 20000.0, "local_attention_window": 16,
-                      "global_attention_every": 3}
+                      "global_attention_every": 3, "add_bias_linear": False, "add_binary_head": False,
+                      "embedding_layernorm": True, "first_layer_attention_norm": False}
 
 
 @pytest.mark.parametrize("field", OTHER_MODEL_VALUES)
 def test_a_resume_names_a_setting_the_weights_compute_with(field):
     """A resume with another --layernorm-epsilon or rope theta loads every tensor and trains another
-    function: each MODEL_FIELDS value is compared, named as the setting."""
+    function: each field a resume keeps is compared, named as the setting."""
     import dataclasses
 
     from bert_fixtures import small_config
-    from megatron.checkpoint_compat import MODEL_FIELDS, check_same_model
+    from megatron.checkpoint_compat import check_same_model
+    from megatron.model.fields import info, resume_kept
 
     model, value = small_config("dense"), OTHER_MODEL_VALUES[field]
     with pytest.raises(ConfigError, match=re.escape(f"checkpoint ckpt/iter_0000002 was trained with {field} {value}, "
                                                     f"this run's model has {getattr(model, field)}")):
         check_same_model({**dataclasses.asdict(model), field: value}, model, "ckpt/iter_0000002")
-    assert set(OTHER_MODEL_VALUES) == set(MODEL_FIELDS)  # a field added there gets its case here
+    # a field a resume comes to keep gets its case here (Linformer's: the cases above)
+    assert set(OTHER_MODEL_VALUES) == {name for name in resume_kept() if info(name).variant is None}
+
+
+def test_a_resume_names_the_size_before_the_layout_that_differs_with_it():
+    """Two settings differ: the line names the first in the order a resume compares them (sizes, then the
+    layout and norm, then what they imply: biases, the embedding norm), not in BertConfig's order, where
+    layernorm_layout comes before position_embedding_type and add_bias_linear before normalization."""
+    import dataclasses
+
+    from bert_fixtures import small_config
+    from megatron.checkpoint_compat import check_same_model
+
+    model = small_config("dense")
+    stored = {**dataclasses.asdict(model), "position_embedding_type": "rope", "layernorm_layout": "post"}
+    with pytest.raises(ConfigError, match="trained with position_embedding_type rope, this run's model has learned"):
+        check_same_model(stored, model, "ckpt/iter_0000002")
+    stored = {**dataclasses.asdict(model), "add_bias_linear": False, "layernorm_layout": "post"}
+    with pytest.raises(ConfigError, match="trained with layernorm_layout post, this run's model has pre"):
+        check_same_model(stored, model, "ckpt/iter_0000002")
+    stored = {**dataclasses.asdict(model), "add_bias_linear": False, "normalization": "RMSNorm"}
+    with pytest.raises(ConfigError, match="trained with normalization RMSNorm, this run's model has LayerNorm"):
+        check_same_model(stored, model, "ckpt/iter_0000002")
 
 
 def test_precision_reads_bf16_under_either_name():
@@ -674,3 +699,63 @@ def test_the_wide_window_note_is_for_a_window_a_flag_gives_and_what_the_layers_s
 def small_with(*argv) -> dict:
     """SMALL's fields with those the flags `argv` give."""
     return {**SMALL, **{name: value for name, value in flags(*argv).items() if value is not None}}
+
+
+# SIZE / MATH fields a resume leaves to check_model_shapes (their tensors' shapes say it): the token-type
+# table's rows, the vocab padding's, the position table's (a rope model has none: a resume may change it)
+SHAPE_CHECKED = {"type_vocab_size", "make_vocab_size_divisible_by", "max_position_embeddings"}
+
+
+def test_every_model_field_has_a_role_and_a_resume_decision():
+    """megatron/model/fields.py: a new BertConfig field states what it is (its roles) and, where it shapes
+    or computes the weights, whether a resume keeps it; it cannot go unchecked by forgetting a list."""
+    import dataclasses
+
+    from megatron.model import fields
+    from megatron.model.args import BertConfig
+
+    names = [field.name for field in dataclasses.fields(BertConfig)]
+    assert all(fields.info(name).roles for name in names)
+    assert set().union(*(fields.fields_with(role=role) for role in fields.Role)) >= set(names)
+    weighty = set(fields.fields_with(role=fields.Role.SIZE) + fields.fields_with(role=fields.Role.MATH))
+    undecided = weighty - set(fields.resume_kept()) - SHAPE_CHECKED
+    assert not undecided, f"say whether a resume keeps {sorted(undecided)} (resume_order, or SHAPE_CHECKED)"
+    orders = [fields.info(name).resume_order for name in fields.resume_kept()]
+    assert len(set(orders)) == len(orders)
+    free = fields.fields_with(role=fields.Role.REGIME) + fields.fields_with(role=fields.Role.RUN)
+    assert not set(fields.resume_kept()) & set(free)
+
+
+def test_every_field_flag_is_declared():
+    """The flags the field facts name exist in pretrain_bert.py's parser, with the field's destination,
+    taking a value or setting True / False as stated; every flag of the model groups sets a field or is
+    one of the few that do not (aliases, presets, the global batch and activation checkpointing)."""
+    from megatron.arguments import add_model_and_parallel_args, build_parser
+    from megatron.model import fields
+
+    options = build_parser()._option_string_actions
+    for name in fields.dest_to_field().values():
+        facts = fields.info(name)
+        for flag, const in ((facts.flag, None), (facts.on_flag, True), (facts.off_flag, False)):
+            if flag is not None:
+                action = options.get(flag)
+                assert action is not None and action.dest == (facts.dest or name), (name, flag)
+                assert (action.nargs != 0) if const is None else (action.nargs == 0 and action.const is const), flag
+    not_fields = {"help", "model_preset", "global_batch_size", "checkpoint_activations", "checkpoint_num_layers"}
+    for action in add_model_and_parallel_args(argparse.ArgumentParser())._actions:
+        assert action.dest in fields.dest_to_field() or action.dest in not_fields, action.option_strings
+
+
+def test_the_json_section_keys_are_the_fields_json_keys():
+    """Each field's JSON key reads back as that field (section_values), and the variant sub-sections are
+    the variants that read the fields under them."""
+    from megatron.config import section_values
+    from megatron.model import fields
+
+    for name in fields.fields_with(has_json=True):
+        key, value = fields.info(name).json, fields.value_type(name)(1)
+        variant, _, sub = key.rpartition(".")
+        section = {variant: {sub: value}} if variant else {key: value}
+        assert section_values({"sequence_parallel": section}) == {name: value}
+        assert not variant or fields.info(name).variant == variant
+    assert fields.variants_with_options() == ("linformer", "bigbird")

@@ -11,6 +11,7 @@ import torch
 from megatron import checkpoint, checkpoint_compat, hf_convert, hf_io, training
 from megatron.errors import DataError
 from megatron.model.bert import BertConfig, BertModel
+from megatron.model.fields import resume_kept
 from test_convert_checkpoint import convert
 from test_hf_convert import hf_model, write_vocab_file
 from test_training import TINY, data_dir, run_entry_point  # noqa: F401 (data_dir is a fixture)
@@ -452,8 +453,7 @@ def test_a_resume_takes_the_checkpoints_model_unless_a_flag_or_preset_restates_i
     run_state = tmp_path / "ck" / checkpoint.tag_for(0) / checkpoint.RUN_STATE
     run_state.write_text(json.dumps({**json.loads(run_state.read_text()), "weights_only": False}))  # a trained one
     flags = training.model_flags(build_parser().parse_args(["--load", str(tmp_path / "ck")]), {}, weights_only=False)
-    kept = ("num_layers", "hidden_size", "ffn_hidden_size", *checkpoint_compat.MODEL_FIELDS, "seq_length",
-            "max_position_embeddings", "layernorm_layout", "embedding_layernorm", "make_vocab_size_divisible_by")
+    kept = (*resume_kept(), "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by")
     given = {name: getattr(BertConfig, name) if flags[name] is None else flags[name] for name in kept}  # thetas:
     assert given == {name: getattr(config, name) for name in kept}  # unread with learned positions, not carried
     args = build_parser().parse_args(["--load", str(tmp_path / "ck"), "--model-preset", "modernbert-base"])

@@ -624,7 +624,7 @@ def test_a_resume_or_start_with_attention_of_other_math_says_the_outputs_change(
 
 def test_attention_settings_that_shape_no_tensor_are_compared_too():
     """Weights meet the same variant with other BigBird blocks or other local layers (a resume refuses the
-    local layers' change: checkpoint_compat.MODEL_FIELDS; --finetune may set another window): a line naming both
+    local layers' change: fields.resume_kept; --finetune may set another window): a line naming both
     values. BigBird's seed (random blocks redrawn every step), the rope thetas (a longer context changes
     them on purpose) and the options of a variant neither run uses are not compared; a stored config
     without a field had its default."""

@@ -40,8 +40,9 @@ with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the secon
     quiet_deepspeed(on_the_device=True)  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     from megatron import checkpoint, hf_convert, hf_io
     from megatron.arguments import flag_setting, flags_given
-    from megatron.config import ADJUSTABLE_START_FIELDS, json_pipeline_stages, read_ds_config, section_values
+    from megatron.config import json_pipeline_stages, read_ds_config, section_values
     from megatron.ds_schema import SECTION
+    from megatron.model.fields import fields_with, info, variants_with_options
     from megatron.training import initial_model_fields, starting_weights_fields
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,13 +87,16 @@ def parse_args(argv=None):
     return args
 
 
-# pretrain_bert.py flags (by destination) that launch_command sets -> this tool's option for it
-SET_FLAGS = {"seq_length": "--seq-length", "max_position_embeddings": "--seq-length", "rotary_base": "--rotary-base",
-             "save": "--save", "load": "--from", "init_from_hf": "--from", "finetune": "--from",
+# the config fields that launch_command sets -> this tool's option for them (None: none, the tool's own choice)
+TOOL_SETS = {"seq_length": "--seq-length", "max_position_embeddings": "--seq-length", "rotary_base": "--rotary-base",
              "sequence_parallel_size": "--sequence-parallel-size", "attention": "--attention",
-             "ulysses_size": "--ulysses-size", "deepspeed_config": "--deepspeed-config",
-             "deepscale_config": "--deepspeed-config", "deepspeed": None, "deepscale": None, "pack_samples": None,
-             "local_rank": None}
+             "ulysses_size": "--ulysses-size", "pack_samples": None}
+# pretrain_bert.py flags (by destination) that launch_command sets -> this tool's option for it: those of
+# TOOL_SETS' fields, and the run's own
+SET_FLAGS = {**{info(field).dest or field: option for field, option in TOOL_SETS.items()},
+             "save": "--save", "load": "--from", "init_from_hf": "--from", "finetune": "--from",
+             "deepspeed_config": "--deepspeed-config", "deepscale_config": "--deepspeed-config", "deepspeed": None,
+             "deepscale": None, "local_rank": None}
 
 
 def trainer_parser() -> argparse.ArgumentParser:
@@ -228,7 +232,7 @@ def check_paths(args) -> dict:
     # a variant the JSON names or sets up that this tool does not run: refused, not replaced by its default
     # (the trainer would say "set attention ...", which this tool overrides)
     named = section.get("attention")
-    for variant in [*(name for name in ("linformer", "bigbird") if name in section), named]:
+    for variant in [*(name for name in variants_with_options() if name in section), named]:
         if variant is not None and variant not in ATTENTIONS:
             fix = (f"pass a JSON without sequence_parallel.{variant} and" if variant in section else
                    f"pass --attention {'/'.join(ATTENTIONS)}, or a JSON")
@@ -307,12 +311,13 @@ def check_source(args, kind: str) -> None:
 
 def resumed_model(args, fields: dict, theta: float) -> dict:
     """The model fields a resume restates: --from's, with those a run may set otherwise (window, local
-    theta, head, vocab padding: config.ADJUSTABLE_START_FIELDS, maybe given after `--` the first
+    theta, head, vocab padding: Field.adjustable_start, maybe given after `--` the first
     time) as the checkpoint in --save holds them. Refuses a resume of another model (first: then a
     length or theta would be the wrong thing to change) or extension."""
     stored = checkpoint.stored_config(args.save, checkpoint.latest_tag(args.save))["model"]
+    adjustable = fields_with(adjustable_start=True)
     for field, value in fields.items():
-        if field not in ADJUSTABLE_START_FIELDS and stored.get(field) != value:
+        if field not in adjustable and stored.get(field) != value:
             raise ConfigError(f"the checkpoint in --save is of a model with {field} {stored.get(field)}, --from "
                               f"{args.source} has {value}", "rerun with the --from it was extended from or choose a "
                               "new --save")
@@ -323,7 +328,7 @@ def resumed_model(args, fields: dict, theta: float) -> dict:
         raise ConfigError(f"the checkpoint in --save was extended with global rope theta {stored['rotary_base']}, "
                           f"this command gives {theta}",
                           f"rerun with --rotary-base {stored['rotary_base']} or choose a new --save")
-    return {field: stored.get(field, value) if field in ADJUSTABLE_START_FIELDS else value
+    return {field: stored.get(field, value) if field in adjustable else value
             for field, value in fields.items()}
 
 

@@ -4,77 +4,110 @@ and tools/ds_config.py does the same in a fraction of a second. bert.py builds t
 The defaults are Megatron BERT (learned positions, GELU MLP, biases, LayerNorm). The modern layer
 options are fields too, chosen per layer index by a rule (`is_local_layer`), never by subclasses;
 MODEL_PRESETS sets them all at once (--model-preset modernbert-base)."""
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from megatron.errors import ConfigError
 from megatron.model.attention.rules import RULES
+from megatron.model.fields import Role, flag_of, meta
 
 ROPE_THETA_FLOOR = 1  # a rope theta must exceed it (angles that fall with the frequency index); config.py's rule too
 
 
+SIZE, MATH, WEIGHTLESS, VISIBILITY, REGIME, RUN = Role
+
+
 @dataclass
 class BertConfig:
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_layers: int = 12
-    num_attention_heads: int = 12
-    ffn_hidden_size: int | None = None  # default 4 * hidden_size
-    seq_length: int = 512
-    max_position_embeddings: int = 512
+    # the facts of each field (megatron/model/fields.py): its roles, flag, JSON key, bounds, and the order in
+    # which a resume compares it (resume_order)
+    vocab_size: int = meta(30522, roles=SIZE, flag="--vocab-size", positive=True, resume_order=5)
+    hidden_size: int = meta(768, roles=SIZE, flag="--hidden-size", positive=True, resume_order=2)
+    num_layers: int = meta(12, roles=SIZE, flag="--num-layers", positive=True, resume_order=1)
+    num_attention_heads: int = meta(12, roles=MATH, flag="--num-attention-heads", positive=True, resume_order=6)
+    ffn_hidden_size: int | None = meta(None, roles=SIZE, flag="--ffn-hidden-size", positive=True,
+                                       resume_order=3)  # default 4 * hidden_size
+    seq_length: int = meta(512, roles=RUN, flag="--seq-length", positive=True)
+    # a table's rows (learned positions) or the trained length (rope); a resume checks the table's shape
+    max_position_embeddings: int = meta(512, roles=SIZE, flag="--max-position-embeddings", positive=True,
+                                        adjustable_start=True)
     # packed samples (--pack-samples): the longest segment, whose positions must fit the table;
     # None: unpacked, one segment of up to seq_length tokens
-    max_segment_length: int | None = None
-    type_vocab_size: int = 2  # 0: no token-type table (ModernBERT); the batch's token types are then unread
-    hidden_dropout: float = 0.1
+    max_segment_length: int | None = meta(None, roles=RUN, flag="--max-segment-length", json="max_segment_length")
+    # 0: no token-type table (ModernBERT); the batch's token types are then unread; a resume checks its shape
+    type_vocab_size: int = meta(2, roles=SIZE, flag="--type-vocab-size")
+    hidden_dropout: float = meta(0.1, roles=REGIME, flag="--hidden-dropout")
     # None: Megatron's 0.1, but 0 where it is refused: local layers and the variants whose blocks are
     # recomputed exactly in backward (ring, hybrid, bigbird: attention/rules.py)
-    attention_dropout: float | None = None
-    layernorm_epsilon: float = 1e-5
-    init_method_std: float = 0.02
-    make_vocab_size_divisible_by: int = 128
+    attention_dropout: float | None = meta(None, roles=REGIME, flag="--attention-dropout")
+    layernorm_epsilon: float = meta(1e-5, roles=MATH, flag="--layernorm-epsilon", above=0, resume_order=7)
+    init_method_std: float = meta(0.02, roles=REGIME, flag="--init-method-std", above=0)
+    # the padding's rows no token reaches; a resume checks the table's shape
+    make_vocab_size_divisible_by: int = meta(128, roles=SIZE, flag="--make-vocab-size-divisible-by", positive=True,
+                                             adjustable_start=True)
     # "pre": Megatron's x + f(LN(x)) with a final LayerNorm; "post": original BERT's LN(x + f(x)).
-    layernorm_layout: str = "pre"
+    layernorm_layout: str = meta("pre", roles=SIZE, flag="--layernorm-layout", resume_order=8)
     # a LayerNorm after the embeddings; None: the layout's own (post: yes, as HF Bert; pre: no, as
     # Megatron and HF MegatronBert), so that the defaults export to Hugging Face
-    embedding_layernorm: bool | None = None
-    add_binary_head: bool = True
+    embedding_layernorm: bool | None = meta(None, roles=SIZE, on_flag="--embedding-layernorm",
+                                            off_flag="--no-embedding-layernorm", resume_order=17)
+    add_binary_head: bool = meta(True, roles=SIZE, off_flag="--bert-no-binary-head", adjustable_start=True,
+                                 resume_order=16)
     # positions: "learned" (a table of max_position_embeddings rows) or "rope" (rotary: q and k of every
     # layer rotated by angles position * base^(-2i/d) from the batch's position_ids; no table)
-    position_embedding_type: str = "learned"
-    rotary_base: float = 10000.0  # rope theta of the global layers (ModernBERT 160000)
-    local_rotary_base: float = 10000.0  # rope theta of the local (sliding-window) layers (ModernBERT 10000)
+    position_embedding_type: str = meta("learned", roles=SIZE, flag="--position-embedding-type", resume_order=4)
+    # rope theta of the global layers (ModernBERT 160000)
+    rotary_base: float = meta(10000.0, roles=WEIGHTLESS, flag="--rotary-base", above=ROPE_THETA_FLOOR,
+                              adjustable_start=True, resume_order=11, said_as="global rope theta")
+    # rope theta of the local (sliding-window) layers (ModernBERT 10000)
+    local_rotary_base: float = meta(10000.0, roles=WEIGHTLESS, flag="--local-rotary-base", above=ROPE_THETA_FLOOR,
+                                    adjustable_start=True, resume_order=12, said_as="local rope theta")
     # local layers: key j visible from query i iff |i - j| <= window // 2, within the same segment
     # (ModernBERT 128: 64 keys each side); None: every layer global
-    local_attention_window: int | None = None
-    global_attention_every: int = 1  # layer i is global when i % this == 0 (ModernBERT 3); 1: all global
+    local_attention_window: int | None = meta(None, roles={WEIGHTLESS, VISIBILITY}, flag="--local-attention-window",
+                                              adjustable_start=True, resume_order=13, said_as="local attention window")
+    # layer i is global when i % this == 0 (ModernBERT 3); 1: all global
+    global_attention_every: int = meta(1, roles=VISIBILITY, flag="--global-attention-every", resume_order=14)
     # "gelu": h -> ffn -> h; gated "geglu" / "swiglu": h -> 2 ffn, act(first half) * second half, ffn -> h
-    mlp_type: str = "gelu"
-    add_bias_linear: bool = True  # biases of every Linear in the layers and heads (not the decoder's) and the norms
-    normalization: str = "LayerNorm"  # or "RMSNorm", for every norm of the model
-    first_layer_attention_norm: bool = True  # False: layer 0 has no norm before its attention (ModernBERT)
-    attention: str = "dense"  # a name in the attention registry
+    mlp_type: str = meta("gelu", roles=SIZE, flag="--mlp-type", resume_order=10)
+    # biases of every Linear in the layers and heads (not the decoder's) and the norms
+    add_bias_linear: bool = meta(True, roles=SIZE, on_flag="--add-bias-linear", off_flag="--disable-bias-linear",
+                                 resume_order=15)
+    # "LayerNorm" or "RMSNorm", for every norm of the model
+    normalization: str = meta("LayerNorm", roles=SIZE, flag="--normalization", resume_order=9)
+    # False: layer 0 has no norm before its attention (ModernBERT)
+    first_layer_attention_norm: bool = meta(True, roles=SIZE, on_flag="--first-layer-attention-norm",
+                                            off_flag="--no-first-layer-attention-norm", resume_order=18)
+    attention: str = meta("dense", roles=RUN, flag="--attention", json="attention")  # a name in the attention registry
     # linformer: keys and values projected from s to k rows (E, F: [heads or 1, k, s])
-    linformer_k: int = 256
-    linformer_share_heads: bool = False  # one E (and F) for all heads of a layer
-    linformer_share_kv: bool = False  # F = E
+    linformer_k: int = meta(256, roles=SIZE, flag="--linformer-k", json="linformer.k", variant="linformer",
+                            positive=True, resume_order=19)
+    # one E (and F) for all heads of a layer
+    linformer_share_heads: bool = meta(False, roles=SIZE, on_flag="--linformer-share-heads",
+                                       json="linformer.share_heads", variant="linformer", resume_order=20)
+    linformer_share_kv: bool = meta(False, roles=SIZE, on_flag="--linformer-share-kv", json="linformer.share_kv",
+                                    variant="linformer", resume_order=21)  # F = E
     # bigbird: per query block, a window of blocks, the first and last (global) blocks, random blocks
-    bigbird_block_size: int = 64
-    bigbird_num_window_blocks: int = 3  # odd: the block and (w - 1) / 2 neighbours on each side
-    bigbird_num_random_blocks: int = 2
-    bigbird_seed: int = 0  # with the iteration and the layer, fixes the random blocks
+    bigbird_block_size: int = meta(64, roles=VISIBILITY, flag="--block-size", dest="block_size",
+                                   json="bigbird.block_size", variant="bigbird", positive=True)
+    # odd: the block and (w - 1) / 2 neighbours on each side
+    bigbird_num_window_blocks: int = meta(3, roles=VISIBILITY, flag="--bigbird-num-window-blocks",
+                                          json="bigbird.num_window_blocks", variant="bigbird", positive=True)
+    bigbird_num_random_blocks: int = meta(2, roles=VISIBILITY, flag="--bigbird-num-random-blocks",
+                                          json="bigbird.num_random_blocks", variant="bigbird")
+    # with the iteration and the layer, fixes the random blocks (drawn anew every step: a resume may change it)
+    bigbird_seed: int = meta(0, roles=RUN, variant="bigbird")
     # hybrid: seq ranks per Ulysses (all-to-all) group; the ring spans size / ulysses_size groups
     # (None: the largest divisor of the SP size and the heads, at most 8)
-    ulysses_size: int | None = None
+    ulysses_size: int | None = meta(None, roles=RUN, flag="--ulysses-size", json="ulysses_size", variant="hybrid")
 
     def __post_init__(self):
         if self.embedding_layernorm is None:
             self.embedding_layernorm = self.layernorm_layout == "post"
         if self.ffn_hidden_size is None:
             self.ffn_hidden_size = 4 * self.hidden_size
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size",
-                     "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by", "linformer_k",
-                     "bigbird_block_size", "bigbird_num_window_blocks"):
+        for name in (field.name for field in dataclasses.fields(self) if field.metadata["facts"].positive):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} = {getattr(self, name)} must be positive", f"set {name} to an integer >= 1")
         if self.type_vocab_size < 0:
@@ -124,7 +157,7 @@ class BertConfig:
                    "normalization": ("LayerNorm", "RMSNorm")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                flag = "--" + name.replace("_", "-")
+                flag = flag_of(name)
                 raise ConfigError(f"{name} '{getattr(self, name)}' is unknown",
                                   f"set {flag} to one of {', '.join(allowed)}")
         if self.position_embedding_type == "rope":
@@ -136,7 +169,7 @@ class BertConfig:
             for name in ("rotary_base", "local_rotary_base"):
                 if not (math.isfinite(getattr(self, name)) and getattr(self, name) > ROPE_THETA_FLOOR):
                     raise ConfigError(f"{name} = {getattr(self, name)} is not a finite number > {ROPE_THETA_FLOOR}",
-                                      f"pass --{name.replace('_', '-')} above {ROPE_THETA_FLOOR}, e.g. 10000")
+                                      f"pass {flag_of(name)} above {ROPE_THETA_FLOOR}, e.g. 10000")
         window = self.local_attention_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2 or window % 2):
             raise ConfigError(f"local_attention_window = {window} is not an even integer >= 2 (W / 2 keys on each "
