@@ -171,7 +171,7 @@ def validate(args) -> None:
     # here that DeepSpeed cannot load; the job's GPUs need none)
     from megatron.arguments import build_parser as trainer_parser, config_flags, flags_given
     from megatron.config import resolve
-    from megatron.training import check_flags, data_paths, deepspeed_settings
+    from megatron.training import StartPlan, check_flags, data_paths, deepspeed_settings
 
     def refuse(message):
         raise SubmitError(f"pretrain_bert.py flags after --: {message}; see python pretrain_bert.py --help")
@@ -191,8 +191,8 @@ def validate(args) -> None:
     flags = config_flags(trainer_args)
     if is_local(args.data):  # the tokenizer and the data's vocab record, as the trainer reads them
         try:
-            _, tokenizer = data_paths(argparse.Namespace(**{**vars(trainer_args), "load": None,
-                                                            "init_from_hf": None, "data_cache_path": None}))
+            _, tokenizer = data_paths(argparse.Namespace(**{**vars(trainer_args), "data_cache_path": None}),
+                                      StartPlan(load=None, init_from_hf=None, finetune=False, weights_only=False))
         except DataError as error:  # its fix in submit.py's option
             raise SubmitError(f"{error.problem}; pass --vocab the vocab.txt or tokenizer.json (named *.json) in "
                               "--data that the data was made with") from None

@@ -5,6 +5,7 @@ any env:// launcher). Errors a user can cause end the run with one line and exit
 """
 import argparse
 import atexit
+import concurrent.futures
 import contextlib
 import dataclasses
 import math
@@ -301,18 +302,37 @@ def check_data_path(data_path: list) -> None:
 @dataclasses.dataclass(frozen=True)
 class StartPlan:
     """Where the run starts, as check_start resolved it from the flags and the folders they name: the
-    flags stay as given, and the run reads these (StartPlan.over). `weights_origin`: what a new run
-    starts from, for its checkpoints (rank 0's; None on the other ranks)."""
+    flags stay as given, and every function that reads the start takes this plan. `weights_only`:
+    --load gives weights only (--finetune, or a weights-only checkpoint such as from-hf writes), a new
+    run from them, not a resume."""
     load: str | None
     init_from_hf: str | None
     finetune: bool
-    weights_origin: dict | None = None
+    weights_only: bool
 
-    def over(self, args) -> argparse.Namespace:
-        """The run's settings: a copy of the flags with this start in place of --load, --init-from-hf and
-        --finetune."""
-        return argparse.Namespace(**{**vars(args), "load": self.load, "init_from_hf": self.init_from_hf,
-                                     "finetune": self.finetune})
+    @classmethod
+    def at(cls, load: str | None, init_from_hf: str | None, finetune: bool) -> "StartPlan":
+        """The plan of these three, `weights_only` read from --load's run state."""
+        weights_only = bool(load and (finetune or checkpoint.run_state(
+            load, checkpoint.latest_tag(load)).get("weights_only")))
+        return cls(load, init_from_hf, finetune, weights_only)
+
+    @classmethod
+    def given(cls, args) -> "StartPlan":
+        """The start the flags name as given, with no requeue resolved (check_start's): for tools and tests."""
+        return cls.at(args.load, args.init_from_hf, args.finetune)
+
+    @property
+    def resume(self) -> bool:
+        """--load restores a whole run (engine, optimizer, schedule)."""
+        return bool(self.load) and not self.weights_only
+
+    @property
+    def source(self) -> tuple | None:
+        """(folder, "hf" | "checkpoint") of the weights a new run starts from; None: scratch or a resume."""
+        if self.init_from_hf:
+            return self.init_from_hf, "hf"
+        return (self.load, "checkpoint") if self.weights_only else None
 
 
 def check_start(args) -> StartPlan:
@@ -333,17 +353,14 @@ def check_start(args) -> StartPlan:
             print(f"--load {args.load} holds no checkpoint yet: starting from --init-from-hf {args.init_from_hf}",
                   flush=True)
         load = None
-    plan = requeue_from_weights(StartPlan(load, args.init_from_hf, args.finetune), args.save)
-    # what a new run starts from, for its checkpoints (rank 0 writes them): hashed once, before the
-    # process group exists, so that no collective's time limit includes it
-    plan = dataclasses.replace(plan, weights_origin=weights_origin(plan, starts_from_weights(plan))
-                               if launcher_rank() == 0 else None)
+    plan = requeue_from_weights(StartPlan.at(load, args.init_from_hf, args.finetune), args.save)
+    if plan.init_from_hf:  # a folder of weights: a checkpoint, one iter_* of it or a --log-dir is named by the flag
+        hf_io.hf_weight_files(plan.init_from_hf)  # that takes it (the weights' hash found it first: pending_origin)
     if not args.save:
         return plan
     start = 0
-    if plan.load:
-        state = checkpoint.run_state(plan.load, checkpoint.latest_tag(plan.load))
-        start = 0 if state.get("weights_only") or plan.finetune else state["iteration"]
+    if plan.resume:
+        start = checkpoint.run_state(plan.load, checkpoint.latest_tag(plan.load))["iteration"]
     newer = checkpoint.check_save_dir(args.save, start)
     if newer and launcher_rank() == 0:
         print(checkpoint.overwrite_warning(args.save, newer, start), file=sys.stderr, flush=True)
@@ -382,26 +399,40 @@ def requeue_from_weights(plan: StartPlan, save: str | None) -> StartPlan:
         note_unused_start(f"--init-from-hf {plan.init_from_hf}", f"--load {plan.load}", state["iteration"])
         return dataclasses.replace(plan, init_from_hf=None)
     if plan.load and save and not same_folder(plan.load, save) \
-            and os.path.isfile(os.path.join(save, checkpoint.LATEST)) and starts_from_weights(plan):
+            and os.path.isfile(os.path.join(save, checkpoint.LATEST)) and plan.weights_only:
         state = checkpoint.run_state(save, checkpoint.latest_tag(save))
         if checkpoint.ORIGIN not in state:  # saved before runs recorded their start: check_save_dir's line
             return plan
         given = f"--load {plan.load}{' --finetune' if plan.finetune else ''}"
         check_origin(state[checkpoint.ORIGIN], f"--save {save}", plan.load, "checkpoint", given)
         note_unused_start(given, f"--save {save}", state["iteration"])
-        return dataclasses.replace(plan, load=save, finetune=False)
+        return StartPlan.at(save, plan.init_from_hf, False)
     return plan
 
 
-def weights_origin(args, weights_only: bool) -> dict:
+def weights_origin(plan: StartPlan) -> dict:
     """What a new run starts from, kept with each of its checkpoints (checkpoint.ORIGIN) for a requeue
     to compare (check_origin): scratch (storing its own max_position_embeddings: checkpoint.OWN_POSITIONS),
-    or the weights' folder, kind and fingerprint."""
-    source, kind = ((args.init_from_hf, "hf") if args.init_from_hf else
-                    (args.load, "checkpoint") if weights_only else (None, None))
-    if not source:
+    or the weights' folder, kind and fingerprint (a hash of every weight: pending_origin runs it aside)."""
+    if plan.source is None:
         return {"from": None, checkpoint.OWN_POSITIONS: True}
+    source, kind = plan.source
     return {"from": os.path.realpath(source), "kind": kind, "sha256": hf_io.weights_fingerprint(source, kind)}
+
+
+def pending_origin(plan: StartPlan, save: str | None) -> concurrent.futures.Future | None:
+    """weights_origin for the checkpoints of a new run's rank 0 (None: another rank, a resume, which keeps
+    its checkpoint's, or a run that saves none), computed in a thread: the hash reads every weight
+    (seconds to minutes for a large model), and neither the start-up checks nor the rendezvous, whose
+    --rendezvous-timeout the other ranks count while rank 0 is not there yet, wait on it.
+    resume_or_start takes its result (its error, if any)."""
+    if not save or plan.resume or launcher_rank() != 0:
+        return None
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weights-origin")
+    try:
+        return pool.submit(weights_origin, plan)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def check_origin(recorded, folder: str, source: str, kind: str, given: str | None = None) -> None:
@@ -533,27 +564,28 @@ def deepspeed_settings(args, cuda: bool | None = None) -> dict:
     return ds
 
 
-def run_tokenizer(args):
+def run_tokenizer(args, plan: StartPlan):
     """The tokenizer the flags name, else the one the --load checkpoint carries or the --init-from-hf
     folder holds (None: none gives one), refused where it differs from the checkpoint's or the
-    folder's. Needs no process group: tools/extend_context.py checks a launch with it."""
-    return tokenizer_and_holder(args)[0]
+    folder's (`plan`: where the run starts). Needs no process group: tools/extend_context.py checks a
+    launch with it."""
+    return tokenizer_and_holder(args, plan)[0]
 
 
-def tokenizer_and_holder(args) -> tuple:
+def tokenizer_and_holder(args, plan: StartPlan) -> tuple:
     """(run_tokenizer's tokenizer, the weights whose tokenizer fixes its vocab: 'checkpoint DIR' or
     'the Hugging Face folder DIR', None where they carry none)."""
     explicit = explicit_tokenizer(args)
-    if args.load:
+    if plan.load:
         with warnings.catch_warnings(record=True) as caught:  # a flag's file standing in for a carried one gone
             warnings.simplefilter("always")
-            carried = checkpoint.carried_tokenizer(args.load, stand_in=explicit)
+            carried = checkpoint.carried_tokenizer(plan.load, stand_in=explicit)
         print_warnings([str(warning.message) for warning in caught])
-        tokenizer = choose_tokenizer(explicit, carried, args.load, args.tokenizer_type)
-        return tokenizer, f"checkpoint {args.load}" if carried is not None else None
+        tokenizer = choose_tokenizer(explicit, carried, plan.load, args.tokenizer_type)
+        return tokenizer, f"checkpoint {plan.load}" if carried is not None else None
     # an HF folder's tokenizer_config may not say its case: an explicit --tokenizer-type wins
     try:
-        folder = hf_convert.read_hf_tokenizer(args.init_from_hf) if args.init_from_hf else None
+        folder = hf_convert.read_hf_tokenizer(plan.init_from_hf) if plan.init_from_hf else None
     except DataError as error:  # the flags' tokenizer makes up for it
         if explicit is None:
             raise DataError(error.problem, f"{error.fix}, or pass the --tokenizer-file (or --vocab-file) the "
@@ -562,11 +594,11 @@ def tokenizer_and_holder(args) -> tuple:
             print(f"warning: {error.problem}; the run uses {explicit.file}", file=sys.stderr, flush=True)
         folder = None
     if explicit is None and args.tokenizer_type and folder is not None:
-        explicit = typed_folder_tokenizer(args.tokenizer_type, folder, args.init_from_hf)
-    tokenizer = choose_tokenizer(explicit, folder, args.init_from_hf, same_pipeline=not args.tokenizer_type,
+        explicit = typed_folder_tokenizer(args.tokenizer_type, folder, plan.init_from_hf)
+    tokenizer = choose_tokenizer(explicit, folder, plan.init_from_hf, same_pipeline=not args.tokenizer_type,
                                  hf_folder=True)
     tokenizer = explicit if explicit is not None and args.tokenizer_type else tokenizer
-    return tokenizer, f"the Hugging Face folder {args.init_from_hf}" if folder is not None else None
+    return tokenizer, f"the Hugging Face folder {plan.init_from_hf}" if folder is not None else None
 
 
 def typed_folder_tokenizer(flag_type: str, folder, hf_dir: str):
@@ -581,15 +613,15 @@ def typed_folder_tokenizer(flag_type: str, folder, hf_dir: str):
     return folder if isinstance(folder, HFTokenizer) else build_tokenizer(flag_type, folder.file)
 
 
-def data_paths(args) -> tuple:
+def data_paths(args, plan: StartPlan) -> tuple:
     """(data_path list, tokenizer): --data-path or the embedded default dataset (built once per node);
     the run's tokenizer (run_tokenizer), else the default dataset's vocab, refused where it differs
     from the vocab any dataset was made with."""
-    tokenizer, holder = tokenizer_and_holder(args)
+    tokenizer, holder = tokenizer_and_holder(args, plan)
     if args.data_path:
         if tokenizer is None:
-            source = (f"the --init-from-hf folder {args.init_from_hf} holds no vocab.txt or tokenizer.json"
-                      if args.init_from_hf else f"the checkpoint {args.load} carries no tokenizer" if args.load
+            source = (f"the --init-from-hf folder {plan.init_from_hf} holds no vocab.txt or tokenizer.json"
+                      if plan.init_from_hf else f"the checkpoint {plan.load} carries no tokenizer" if plan.load
                       else "the run starts from nothing that carries a tokenizer")
             raise ConfigError(f"--data-path is given without --vocab-file, and {source}",
                               "pass the vocab.txt (or --tokenizer-file) the data was made with")
@@ -627,29 +659,22 @@ def check_default_data_vocab(args, tokenizer) -> None:
                           f"{made_with} ...)")
 
 
-def starts_from_weights(args) -> bool:
-    """Whether --load gives weights only (--finetune, or a weights-only checkpoint such as from-hf
-    writes): a new run from them, not a resume."""
-    return bool(args.load and (args.finetune or checkpoint.run_state(
-        args.load, checkpoint.latest_tag(args.load)).get("weights_only")))
-
-
-def model_flags(args, ds: dict, weights_only: bool) -> dict:
+def model_flags(args, ds: dict, plan: StartPlan) -> dict:
     """BertConfig / TrainConfig field values from the flags, with the sizes of the weights the run
     starts from (--init-from-hf, weights-only --load) or resumes (--load: its whole model and
     --seq-length) where the flags (a preset) leave them out; vocab_size None where neither gives it (the
     vocab file's, once it is read: a preset never sets it). Flags that contradict those weights are
     refused, as is linformer or bigbird over their local layers."""
     flags = config_flags(args)
-    weights = starting_weights_fields(args)
-    resume = bool(args.load) and not weights_only
+    weights = starting_weights_fields(plan)
+    resume = plan.resume
     start = initial_model_fields(weights, resume)
-    if start and not (resume or args.init_from_hf):  # a checkpoint's weights: the longest length they trained at
-        start["max_position_embeddings"] = checkpoint.declared_positions(args.load, checkpoint.latest_tag(args.load))
-    source = (f"the --init-from-hf folder {args.init_from_hf}" if args.init_from_hf
-              else f"the checkpoint {args.load}" if args.finetune or resume
-              else f"the weights-only checkpoint {args.load}")
-    refuse_contradictions(start, source, flags, ds, adjustable_start_fields(start, bool(args.init_from_hf), resume))
+    if start and not (resume or plan.init_from_hf):  # a checkpoint's weights: the longest length they trained at
+        start["max_position_embeddings"] = checkpoint.declared_positions(plan.load, checkpoint.latest_tag(plan.load))
+    source = (f"the --init-from-hf folder {plan.init_from_hf}" if plan.init_from_hf
+              else f"the checkpoint {plan.load}" if plan.finetune or resume
+              else f"the weights-only checkpoint {plan.load}")
+    refuse_contradictions(start, source, flags, ds, adjustable_start_fields(start, bool(plan.init_from_hf), resume))
     if args.no_position_extension and start.get("position_embedding_type") == "rope":
         raise ConfigError(f"--no-position-extension has no effect on {source}: its positions are rotary, with no "
                           "table to extend", "drop --no-position-extension")
@@ -664,9 +689,9 @@ def model_flags(args, ds: dict, weights_only: bool) -> dict:
     elif start:  # a new run from weights: their regime, not BertConfig's defaults, where no flag sets it
         note_taken_regime(take_regime(weights, flags, ds, "local_attention_window" in start)[0], source)
     if flags.get("seq_length") is None and start:
-        flags["seq_length"] = start_length(args, weights, flags, resume)
+        flags["seq_length"] = start_length(plan, weights, flags)
     if start and not resume:
-        trained = weights["max_position_embeddings" if args.init_from_hf else "seq_length"]
+        trained = weights["max_position_embeddings" if plan.init_from_hf else "seq_length"]
         note_longer_than_trained(flags, start, trained, source)
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     return flags
@@ -686,14 +711,14 @@ def note_longer_than_trained(flags: dict, start: dict, trained: int, source: str
               f"scaled theta ({paths.in_repository('docs/hugging-face.md')}), or pass --rotary-base", flush=True)
 
 
-def start_length(args, weights: dict, flags: dict, resume: bool = False) -> int:
+def start_length(plan: StartPlan, weights: dict, flags: dict) -> int:
     """The --seq-length a run from weights takes when the flag is left out: the default 512, or less
     where the weights reach less: a weights-only checkpoint's stored length (a from-hf one stores its
     folder's positions), an HF folder's positions as this run sets them (--max-position-embeddings).
     A resume goes on at the checkpoint's length (another one, given, is a warning: describe_sample_change)."""
-    if resume:
+    if plan.resume:
         return weights["seq_length"]
-    if args.init_from_hf:
+    if plan.init_from_hf:
         reach = flags.get("max_position_embeddings") or BertConfig.seq_length
     else:
         reach = weights["seq_length"]
@@ -743,21 +768,20 @@ def check_sample_room(config) -> None:
 
 
 def pretrain(args, start_up: dict | None = None, progress: Progress | None = None) -> int | None:
-    """The run: where it starts (check_start; `args` stays as given, the run reads StartPlan.over),
-    start-up checks, data, engine, then training from the start or a checkpoint; returns the signal
-    number of an agreed stop (None: the run trained every step). `progress` is kept up to date for the
-    line of a lost rank (lost_rank_problem)."""
+    """The run: where it starts (check_start; `args` stays as given, the functions that read the start
+    take the StartPlan), start-up checks, data, engine, then training from the start or a checkpoint;
+    returns the signal number of an agreed stop (None: the run trained every step). `progress` is kept
+    up to date for the line of a lost rank (lost_rank_problem)."""
     progress = progress or Progress()
     plan = check_start(args)
-    args = plan.over(args)
-    setup = check_start_up(args)
+    setup = check_start_up(args, plan)
     config = setup.config
     train_iters = args.train_iters or math.ceil(args.train_samples / config.global_batch_size)
     datasets, used_maps = build_datasets(args, config, setup.data_path, setup.tokenizer, train_iters)
     engine = build_engine(config, bert_state=setup.bert_state, lr_scheduler=lr_schedule(args, train_iters))
     if args.skip_nan_batches:
         skip_nonfinite_updates(engine)
-    run = resume_or_start(args, setup, engine, used_maps, train_iters, progress, plan.weights_origin)
+    run = resume_or_start(args, plan, setup, engine, used_maps, train_iters, progress)
     stop = StopSignals(setup.tokenizer.file, run.log, start_up)
     read_batches = batch_reader(config, stop, data_workers(args))
     train_loop(run, datasets, read_batches, stop)
@@ -766,55 +790,57 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
 
 @dataclasses.dataclass
 class StartUp:
-    """What the start-up checks hand the run: check_before_rendezvous fills the first five fields,
+    """What the start-up checks hand the run: check_before_rendezvous fills the first four fields,
     check_start_up the rest after the rendezvous."""
     ds: dict  # the DeepSpeed JSON
     flags: dict  # the model's BertConfig / TrainConfig field values (model_flags)
-    weights_only: bool  # --load or --init-from-hf starts from weights, not a resume
     checked: bool  # the layout was checked before the rendezvous (the launcher's WORLD_SIZE was known)
     bert_state: dict | None  # the model state the run starts from (initial_weights); None: not known yet
     config: TrainConfig | None = None
     tokenizer: object = None
     data_path: list | None = None
+    origin: concurrent.futures.Future | None = None  # rank 0's weights_origin for its checkpoints (pending_origin)
 
 
-def check_start_up(args) -> StartUp:
+def check_start_up(args, plan: StartPlan) -> StartUp:
     """Everything a run checks before its data and engine, each mistake one line before any work it
     would waste: the flags at the launcher's world size, then the rendezvous, the output folders, the
     tokenizer and the resolved config with its notes."""
     note = launch_environment()
     determinism.configure(args.deterministic)
     torch.manual_seed(args.seed)  # the heads an HF folder lacks are initialised below
-    setup = check_before_rendezvous(args)
+    setup = check_before_rendezvous(args, plan)
+    # the hash of the starting weights, after the checks above (a mistake is one line before it) and
+    # aside: the other ranks count --rendezvous-timeout while they wait for rank 0 there
+    setup.origin = pending_origin(plan, args.save)
     join_process_group(args, note)
     if args.save:
         checkpoint.check_writable(args.save)  # before any work that a failed first save would lose
     check_log_dirs(args)
-    setup.data_path, setup.tokenizer = data_paths(args)
+    setup.data_path, setup.tokenizer = data_paths(args, plan)
     setup.flags["vocab_size"] = setup.flags["vocab_size"] or setup.tokenizer.vocab_size
     setup.config = resolve(setup.flags, setup.ds, dist.get_world_size(), deepspeed_check=not setup.checked)
     check_model_fits(args, setup.config, setup.ds, setup.tokenizer)
     if setup.bert_state is None:
-        setup.bert_state = initial_weights(args, setup.config, setup.weights_only)
+        setup.bert_state = initial_weights(args, plan, setup.config)
     return setup
 
 
-def check_before_rendezvous(args) -> StartUp:
+def check_before_rendezvous(args, plan: StartPlan) -> StartUp:
     """One validation pass before any work (rendezvous, data, model): the JSON, the optimizer, the model
     and layout at the launcher's world size, with a stand-in vocab size where the vocab file decides
     it; the weights the run starts from (an HF folder's missing tensor) where the vocab is known."""
     ds = deepspeed_settings(args)
     check_precision_supported(ds)  # fp16 on a CPU without its kernels: before the rendezvous and the data
-    weights_only = starts_from_weights(args)
-    flags = model_flags(args, ds, weights_only)
+    flags = model_flags(args, ds, plan)
     world = os.environ.get("WORLD_SIZE", "")
     checked, bert_state = world.isdigit(), None
     if checked:  # else (MPI, AzureML discovery) at the resolve after the rendezvous, still before the data
         config = resolve({**flags, "vocab_size": flags["vocab_size"] or BertConfig.vocab_size}, ds, int(world))
         check_sample_room(config)
         if flags["vocab_size"]:  # the run's config is this one
-            bert_state = initial_weights(args, config, weights_only)
-    return StartUp(ds, flags, weights_only, checked, bert_state)
+            bert_state = initial_weights(args, plan, config)
+    return StartUp(ds, flags, checked, bert_state)
 
 
 def join_process_group(args, note: str | None) -> None:
@@ -886,7 +912,8 @@ def describe_datasets(args, config, data_path: list, datasets: tuple, train_iter
 class Run:
     """What the training loop and the run's end share: the run's parts (pretrain builds them once)
     and how far it is, which the loop advances."""
-    args: argparse.Namespace
+    args: argparse.Namespace  # the flags as given
+    plan: StartPlan  # where the run started (check_start)
     engine: object  # DeepSpeed's engine (PipelineEngine with a pipeline)
     config: TrainConfig
     log: RunLog
@@ -899,33 +926,32 @@ class Run:
     last_checkpoint: str | None = None  # the newest complete one: the loaded one, then each saved
 
 
-def resume_or_start(args, setup: StartUp, engine, used_maps: list, train_iters: int, progress: Progress,
-                    origin: dict | None = None) -> Run:
+def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: list, train_iters: int,
+                    progress: Progress) -> Run:
     """The engine restored from --load (a resume), else the run's start (scratch or starting weights);
-    opens the run log, which says which, and rank 0 warns of what a resume changes. `origin`: what a new
-    run starts from (StartPlan.weights_origin), which its checkpoints record."""
-    config, ds, weights_only = setup.config, setup.ds, setup.weights_only
-    client = (checkpoint.load(engine, args.load, config, load_rng=not args.no_load_rng)
-              if args.load and not weights_only else None)
+    opens the run log, which says which, and rank 0 warns of what a resume changes. The checkpoints
+    record what the run started from: a resume's, else rank 0's setup.origin, taken here."""
+    config, ds = setup.config, setup.ds
+    client = checkpoint.load(engine, plan.load, config, load_rng=not args.no_load_rng) if plan.resume else None
     if client:  # every rank loaded before rank 0 says so: a rank whose load failed says why, and the
         dist.barrier()  # others, lost here, print nothing that reads like a resume (config:, resuming from)
     saved = dict(schedule=schedule_settings(args, ds, train_iters), data=data_settings(args, setup.data_path),
                  tokenizer=setup.tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
-                 origin)
+                 setup.origin and setup.origin.result())
     optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
     log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
     log.config(config)
     if dist.get_rank() == 0:
         index_maps.write_used(args.log_dir, used_maps)  # what tools/clean_index_maps.py --keep-run keeps
-    run = Run(args, engine, config, log, saved, progress, train_iters)
+    run = Run(args, plan, engine, config, log, saved, progress, train_iters)
     if not client:
-        source = args.init_from_hf or (args.load if weights_only else None)
+        source = plan.source and plan.source[0]
         log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",
                   weights_from=source)
         return run
     run.first_iteration = run.iteration = client["iteration"]
     run.consumed = client["consumed_samples"]
-    run.last_checkpoint = progress.last_checkpoint = os.path.join(args.load, checkpoint.tag_for(run.iteration))
+    run.last_checkpoint = progress.last_checkpoint = os.path.join(plan.load, checkpoint.tag_for(run.iteration))
     log.start(run.iteration, f"resuming from {run.last_checkpoint} iteration {run.iteration}, consumed samples "
                              f"{run.consumed}", resumed_from=run.last_checkpoint)
     for warning in (*resume_changes(run, client), optimizer_change):
@@ -939,12 +965,11 @@ def resume_or_start(args, setup: StartUp, engine, used_maps: list, train_iters: 
 def resume_changes(run: Run, client: dict) -> list:
     """The warnings (None: no change) for what a resume changes against its checkpoint (`client`): the
     LR schedule, the samples and batch, the data, the attention."""
-    args, config = run.args, run.config
-    change = checkpoint_compat.attention_change(f"checkpoint {args.load}", client["config"]["model"],
-                                                vars(config.model))
+    change = checkpoint_compat.attention_change(f"checkpoint {run.plan.load}", client["config"]["model"],
+                                                vars(run.config.model))
     return [resume_schedule(run.engine, client.get("schedule"), run.saved["schedule"], run.iteration),
-            describe_sample_change(client["config"], config, run.consumed),
-            describe_batch_change(client["config"], config, run.iteration, run.train_iters),
+            describe_sample_change(client["config"], run.config, run.consumed),
+            describe_batch_change(client["config"], run.config, run.iteration, run.train_iters),
             describe_data_change(client.get("data"), run.saved["data"], run.consumed),
             change and f"warning: {change}"]
 
@@ -1112,13 +1137,13 @@ def sample_options(args, config) -> dict:
                 max_segment_length=config.model.max_segment_length)
 
 
-def starting_weights_fields(args) -> dict:
+def starting_weights_fields(plan: StartPlan) -> dict:
     """The BertConfig fields of the weights a run starts from (--init-from-hf, a weights-only --load)
     or resumes (--load), read once."""
-    if args.init_from_hf:
-        return hf_convert.bert_fields_from_hf(hf_io.read_hf_config(args.init_from_hf))
-    if args.load:
-        return checkpoint.stored_config(args.load, checkpoint.latest_tag(args.load))["model"]
+    if plan.init_from_hf:
+        return hf_convert.bert_fields_from_hf(hf_io.read_hf_config(plan.init_from_hf))
+    if plan.load:
+        return checkpoint.stored_config(plan.load, checkpoint.latest_tag(plan.load))["model"]
     return {}
 
 
@@ -1136,7 +1161,7 @@ def initial_model_fields(fields: dict, resume: bool = False) -> dict:
     return {**{field: fields[field] for field in shaping if field in fields}, **rule}
 
 
-def initial_weights(args, config, weights_only: bool) -> dict | None:
+def initial_weights(args, plan: StartPlan, config) -> dict | None:
     """BertModel state to start from (None: fresh init, or a full checkpoint that --load restores,
     whose model is checked here, before the data's index maps are built).
     Weights of another attention variant (a weights-only --load, --finetune) start the run as
@@ -1144,38 +1169,39 @@ def initial_weights(args, config, weights_only: bool) -> dict | None:
     (check_model_shapes); a line names what is initialised, and one says when the weights were trained
     here with attention of other math, other BigBird blocks or other local layers (attention_change),
     or elsewhere (an HF folder, a from-hf checkpoint) with every layer global (local_layers_added)."""
-    if args.init_from_hf:
+    if plan.init_from_hf:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            state = hf_convert.load_hf_as_bert_state(args.init_from_hf, config.model,
+            state = hf_convert.load_hf_as_bert_state(plan.init_from_hf, config.model,
                                                      extend_positions=not args.no_position_extension)
         notes = [str(warning.message) for warning in caught] + [checkpoint_compat.local_layers_added(
-            f"the Hugging Face folder {args.init_from_hf}", starting_weights_fields(args), config.model)]
+            f"the Hugging Face folder {plan.init_from_hf}", starting_weights_fields(plan), config.model)]
         print_warnings(notes)
         return state
-    if not args.load:
+    if not plan.load:
         return None
-    tag = checkpoint.latest_tag(args.load)
-    run_state = checkpoint.run_state(args.load, tag)
+    load = plan.load
+    tag = checkpoint.latest_tag(load)
+    run_state = checkpoint.run_state(load, tag)
     stored = run_state["config"]["model"]
-    if not weights_only:
-        checkpoint_compat.check_same_model(stored, config.model, checkpoint.checkpoint_folder(args.load, tag))
+    if plan.resume:
+        checkpoint_compat.check_same_model(stored, config.model, checkpoint.checkpoint_folder(load, tag))
         return None
     padding = {"make_vocab_size_divisible_by": config.model.make_vocab_size_divisible_by}  # the run's: padded again
     fresh, dropped = checkpoint_compat.check_model_shapes({**stored, **padding}, config.model,
-                                                          os.path.join(args.load, tag), start=True)
-    state = hf_convert.repadded_vocab(checkpoint.bert_state_from_checkpoint(args.load, tag), config.model)
-    checkpoint.refuse_non_finite(state, f"checkpoint {os.path.join(args.load, tag)}",
+                                                          os.path.join(load, tag), start=True)
+    state = hf_convert.repadded_vocab(checkpoint.bert_state_from_checkpoint(load, tag), config.model)
+    checkpoint.refuse_non_finite(state, f"checkpoint {os.path.join(load, tag)}",
                                  "start from another checkpoint (an earlier one of the run that wrote it)")
     for name in dropped:
         del state[name]
-    notes = [checkpoint_compat.local_layers_added(f"checkpoint {args.load}", stored, config.model)
+    notes = [checkpoint_compat.local_layers_added(f"checkpoint {load}", stored, config.model)
              if run_state.get("weights_only")  # from-hf: as --init-from-hf; else trained here
-             else checkpoint_compat.attention_change(f"checkpoint {args.load}", stored, vars(config.model))]
+             else checkpoint_compat.attention_change(f"checkpoint {load}", stored, vars(config.model))]
     if fresh:  # as --init-from-hf initialises them (hf_convert.completed)
         state.update({name: tensor for name, tensor in BertModel(config.model).state_dict().items()
                       if name in fresh})
-        notes.append(f"not in checkpoint {args.load}, initialised: {', '.join(fresh)}")
+        notes.append(f"not in checkpoint {load}, initialised: {', '.join(fresh)}")
     print_warnings(notes)
     return state
 

@@ -125,3 +125,14 @@ def test_bigbird_saves_key_blocks_per_row_not_scores(size):
         assert max(sizes["naive"]) >= score_chunk, "detector must see the naive score matrix"
         assert max(sizes["core"]) <= b * heads * (s // size) * keys_per_row, f"bigbird core saved {max(sizes['core'])}"
         assert max(sizes["model"]) < score_chunk // 2, f"BERT forward saved {max(sizes['model'])} elements"
+
+
+def test_a_ring_takes_its_group_and_ranks_as_one_pair():
+    """RingAttention(config, group) without its ranks ran on the seq group, the group given ignored; the
+    ring is now one (group, ranks) pair (hybrid's ring group) or none (the seq group)."""
+    from megatron.model.attention.ring import RingAttention
+
+    ring = RingAttention(small_config(), ("the ring's group", [0]))
+    assert (ring.group, ring.comm.ranks) == ("the ring's group", [0])
+    with pytest.raises(TypeError):
+        RingAttention(small_config(), object())  # a process group is no (group, ranks) pair

@@ -940,14 +940,14 @@ def test_no_data_path_with_another_vocab_is_refused_before_the_default_data_is_b
     args = build_parser().parse_args([*TINY, "--vocab-file", assets["vocab"], "--default-data-dir", str(tmp_path / "d")])
     with pytest.raises(ConfigError, match=f"no --data-path: the run would train on the default dataset, made with the "
                                           f"vocab .*default_vocab.txt, while its tokenizer is {assets['vocab']}"):
-        training.data_paths(args)
+        training.data_paths(args, training.StartPlan.given(args))
     assert not (tmp_path / "d").exists()
     cased = build_parser().parse_args([*TINY, "--vocab-file", assets["vocab"], "--tokenizer-type", "BertWordPieceCase"])
     with pytest.raises(ConfigError, match=f"preprocess_data.py --tokenizer-type BertWordPieceCase --vocab-file "
                                           rf"{assets['vocab']} \.\.\.\)"):  # the data made as the fix says is cased
-        training.data_paths(cased)
+        training.data_paths(cased, training.StartPlan.given(cased))
     args.default_data_dir = str(assets["dir"])  # made by prepare_default_dataset with this vocab
-    training.check_default_data_vocab(args, training.run_tokenizer(args))
+    training.check_default_data_vocab(args, training.run_tokenizer(args, training.StartPlan.given(args)))
 
 
 def test_truncated_safetensors_is_a_data_error(tmp_path):

@@ -22,6 +22,15 @@ def flags(*argv) -> dict:
     return config_flags(parser.parse_args(list(argv)))
 
 
+def given_flags(argv: list, ds: dict | None = None) -> dict:
+    """training.model_flags of the command line `argv`, starting where its flags name (no requeue)."""
+    from megatron.arguments import build_parser
+    from megatron.training import StartPlan, model_flags
+
+    args = build_parser().parse_args([str(arg) for arg in argv])
+    return model_flags(args, ds or {}, StartPlan.given(args))
+
+
 def test_json_section_selects_attention_and_size():
     config = resolve(SMALL, BASE, world_size=4)
     assert (config.sequence_parallel_size, config.data_parallel_size, config.model.attention) == (2, 2, "ring")
@@ -356,12 +365,9 @@ def test_a_preset_leaves_the_vocab_size_to_the_vocab_file(ds):
     file), as without one, else --vocab-size's or the weights'; ModernBERT's 50368 over a vocab of
     2000 would train rows no token reaches, and to-hf would refuse the checkpoint. Nor does it
     contradict the vocab of the weights a run starts from."""
-    from megatron.arguments import build_parser
-    from megatron.training import model_flags
-
     argv = [] if ds else ["--model-preset", "modernbert-base"]
-    assert model_flags(build_parser().parse_args(argv), ds, weights_only=False)["vocab_size"] is None
-    assert model_flags(build_parser().parse_args([*argv, "--vocab-size", "3000"]), ds, False)["vocab_size"] == 3000
+    assert given_flags(argv, ds)["vocab_size"] is None
+    assert given_flags([*argv, "--vocab-size", "3000"], ds)["vocab_size"] == 3000
     refuse_contradictions(START, "the --init-from-hf folder mb", flags(*argv, "--hidden-size", "64", "--num-layers",
                                                                        "3"), ds, adjustable_start_fields(START, True))
 
@@ -519,25 +525,22 @@ def preset_checkpoint(folder, **fields) -> str:
 def test_a_resume_keeps_the_checkpoints_dropout_unless_a_flag_changes_it(tmp_path, capsys):
     """`--load ckpt` alone resumes a preset run (dropout 0.0) with its dropout, not BertConfig's 0.1; a
     flag or preset that changes it trains on with it, in one warning line."""
-    from megatron.arguments import build_parser
     from megatron.config import resolve
-    from megatron.training import model_flags
 
     ckpt = preset_checkpoint(tmp_path / "ckpt")
     base = ["--load", ckpt, "--data-path", "x", "--train-iters", "4"]
     capsys.readouterr()
-    model = resolve(model_flags(build_parser().parse_args(base), {}, False), {}, 1).model
+    model = resolve(given_flags(base), {}, 1).model
     assert (model.hidden_dropout, model.attention_dropout, model.init_method_std) == (0.0, 0.0, 0.02)
     assert capsys.readouterr().err == ""
-    model = resolve(model_flags(build_parser().parse_args([*base, "--hidden-dropout", "0.2"]), {}, False), {}, 1).model
+    model = resolve(given_flags([*base, "--hidden-dropout", "0.2"]), {}, 1).model
     assert model.hidden_dropout == 0.2
     assert capsys.readouterr().err.splitlines() == [
         f"warning: --hidden-dropout 0.2 changes hidden_dropout from 0.0, which the checkpoint {ckpt}'s run trained with"]
     # a dense run (attention dropout 0.1) resumed with ring attention, which has none: said, not refused
     dense = preset_checkpoint(tmp_path / "dense", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000,
                               seq_length=64, max_position_embeddings=64)
-    model = resolve(model_flags(build_parser().parse_args(["--load", dense, "--attention", "ring"]), {}, False),
-                    {}, 1).model
+    model = resolve(given_flags(["--load", dense, "--attention", "ring"]), {}, 1).model
     assert (model.hidden_dropout, model.attention_dropout) == (0.1, 0.0)
     assert capsys.readouterr().err.splitlines() == [
         "warning: ring attention (no attention dropout) changes attention_dropout from 0.1, which the checkpoint "
@@ -547,12 +550,9 @@ def test_a_resume_keeps_the_checkpoints_dropout_unless_a_flag_changes_it(tmp_pat
 def test_another_rope_theta_on_a_resume_names_finetune_and_extend_context(tmp_path):
     """Rope thetas shape no weight: a resume refuses another one (it keeps the model), and its fix names
     the ways to train on with it, not 'the weights fix rotary_base'."""
-    from megatron.arguments import build_parser
-    from megatron.training import model_flags
-
     ckpt = preset_checkpoint(tmp_path / "ckpt")
     with pytest.raises(ConfigError) as refused:
-        model_flags(build_parser().parse_args(["--load", ckpt, "--rotary-base", "320000"]), {}, False)
+        given_flags(["--load", ckpt, "--rotary-base", "320000"])
     assert str(refused.value) == (
         f"--rotary-base 320000.0 contradicts the checkpoint {ckpt}, whose model has rotary_base 160000.0; drop "
         "--rotary-base 320000.0: a resume keeps the checkpoint's model; to train on with another rotary_base, start "

@@ -1,7 +1,6 @@
 """tools/convert_checkpoint.py end to end: a checkpoint saved by a pipeline 2 x sequence-parallel 2
 run -> Hugging Face folder -> equal logits to the single-process model holding the run's weights;
 and back (from-hf) to a checkpoint whose weights are the same."""
-import argparse
 import importlib.util
 import json
 import os
@@ -273,24 +272,26 @@ def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_p
 
     # a run from the weights without --seq-length takes their trained length, not the default 512
     from megatron.arguments import build_parser
-    from megatron.training import model_flags, starts_from_weights
+    from megatron.training import StartPlan, model_flags
+
+    def seq_length(*argv) -> int:
+        args = build_parser().parse_args(list(argv))
+        return model_flags(args, {}, StartPlan.given(args))["seq_length"]
 
     tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "at256"), "--seq-length", "256"])
-    parse = build_parser().parse_args
     with mock.patch.object(checkpoint, "safe_load", side_effect=AssertionError("weights loaded for the header")):
-        assert starts_from_weights(parse(["--load", str(tmp_path / "at256")]))  # from run_state.json, no weights
-        assert model_flags(parse(["--load", str(tmp_path / "at256")]), {}, weights_only=True)["seq_length"] == 256
-    assert model_flags(parse(["--load", str(tmp_path / "at256"), "--seq-length", "64"]), {}, True)["seq_length"] == 64
+        assert StartPlan.at(str(tmp_path / "at256"), None, False).weights_only  # from run_state.json, no weights
+        assert seq_length("--load", str(tmp_path / "at256")) == 256
+    assert seq_length("--load", str(tmp_path / "at256"), "--seq-length", "64") == 64
     short = tmp_path / "short"  # an HF folder of 128 positions (rope: no table to cut)
     short.mkdir()
     for file in folder.iterdir():
         (short / file.name).write_bytes(file.read_bytes())
     config = json.loads((short / "config.json").read_text())
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 128}))
-    assert model_flags(parse(["--init-from-hf", str(short)]), {}, weights_only=False)["seq_length"] == 128
-    extended = parse(["--init-from-hf", str(short), "--max-position-embeddings", "256"])  # the run's positions
-    assert model_flags(extended, {}, weights_only=False)["seq_length"] == 256
-    assert model_flags(parse(["--init-from-hf", str(folder)]), {}, False)["seq_length"] == 512  # 512 at most
+    assert seq_length("--init-from-hf", str(short)) == 128
+    assert seq_length("--init-from-hf", str(short), "--max-position-embeddings", "256") == 256  # the run's positions
+    assert seq_length("--init-from-hf", str(folder)) == 512  # 512 at most
     with pytest.raises(ConfigError) as error:
         tool.main(["to-hf", "--load", str(save), "--tag", "iter_0000099", "--output", str(tmp_path / "out")])
     assert str(error.value) == (f"checkpoint folder {save / 'iter_0000099'} does not exist; pass the tag of a "
@@ -444,11 +445,11 @@ def test_to_hf_of_a_rotary_checkpoint_declares_the_length_it_trained_at(tmp_path
     length known trained, not a preset's 8192 that a run from scratch stored (said in one warning); the
     8192 of a run from scratch that records its start as runs do now was given by its flag: exported."""
     from megatron.data.tokenizer import BertWordPiece
-    from megatron.training import weights_origin
+    from megatron.training import StartPlan, weights_origin
     from test_hf_modernbert import modern_config
 
     if origin == "scratch":
-        origin = weights_origin(argparse.Namespace(init_from_hf=None, load=None), weights_only=False)
+        origin = weights_origin(StartPlan(load=None, init_from_hf=None, finetune=False, weights_only=False))
 
     config = modern_config(seq_length=seq_length, max_position_embeddings=seq_length)
     tokenizer = BertWordPiece(str(write_vocab_file(tmp_path / "vocab.txt")))

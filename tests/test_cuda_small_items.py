@@ -35,13 +35,13 @@ def test_to_device_pins_a_contiguous_copy_of_the_rank_slice(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
     monkeypatch.setattr(torch.Tensor, "to", to)
     moved = device.to_device(chunk, "cuda")
-    fields = vars(chunk)
+    fields = chunk.tensors()
     assert len(pinned) == len(fields)
     for tensor, (name, original) in zip(pinned, fields.items()):
         assert tensor.is_contiguous(), f"{name}: a strided tensor was pinned"
         assert torch.equal(tensor, original), name
     assert [(id(t), d, nb) for t, d, nb in copied] == [(id(t), torch.device("cuda"), True) for t in pinned]
-    assert list(vars(moved)) == list(fields)
+    assert list(moved.tensors()) == list(fields) and moved.chunk_of == chunk.chunk_of == 2
 
 
 def _seq_group_all_reduces_per_step(num_layers: int, bf16_optimizer: bool) -> dict:

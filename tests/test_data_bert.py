@@ -1,7 +1,6 @@
 """BERT samples: layout, masking statistics, whole-word masking, splits, cached index maps
 (built by one rank), blending, the data-parallel sampler and the sequence-parallel slice."""
 import contextlib
-import dataclasses
 import multiprocessing
 import json
 import re
@@ -402,7 +401,7 @@ def read_steps(train, num_workers: int, start: int, count: int, take: int | None
     config = SimpleNamespace(micro_batch_size=3, gradient_accumulation_steps=2, model=SimpleNamespace(vocab_size=205))
     stop = NoStop()
     with contextlib.closing(batch_reader(config, stop, num_workers)(train, start, count)) as steps:
-        taken = [[dataclasses.astuple(batch) for batch in step] for _, step in zip(range(take or count), steps)]
+        taken = [[tuple(batch.tensors().values()) for batch in step] for _, step in zip(range(take or count), steps)]
     assert stop.steps == len(taken)
     return taken
 
@@ -423,7 +422,7 @@ def test_data_workers_read_the_same_steps_and_end_with_the_reader(data, monkeypa
     monkeypatch.setattr(state, "get_data_parallel_world_size", lambda: 2)
     train = dataset(data) if not packed else bert_dataset.PackedBertDataset(dataset(data, seq_length=40), 96)
     indices = iter(PretrainingSampler(len(train), 0, 3, 1, 2))
-    direct = [[dataclasses.astuple(collate_bert([train[i] for i in next(indices)])) for _ in range(2)]
+    direct = [[tuple(collate_bert([train[i] for i in next(indices)]).tensors().values()) for _ in range(2)]
               for _ in range(6)]
     torch_state = torch.random.get_rng_state()
     in_process, in_workers = read_steps(train, 0, 0, 6), read_steps(train, 2, 0, 6)

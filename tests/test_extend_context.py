@@ -502,7 +502,8 @@ def test_a_run_from_weights_longer_than_they_trained_at_names_the_recipe(tmp_pat
     lines = {}
     for name, extra in {"longer": ["--seq-length", str(LONGER)], "new theta": ["--seq-length", str(LONGER),
                         "--rotary-base", "40000"], "trained length": ["--seq-length", str(TRAINED)]}.items():
-        flags = training.model_flags(build_parser().parse_args(["--init-from-hf", str(folder), *extra]), {}, False)
+        args = build_parser().parse_args(["--init-from-hf", str(folder), *extra])
+        flags = training.model_flags(args, {}, training.StartPlan.given(args))
         assert flags["seq_length"] == int(extra[1])
         lines[name] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert lines["longer"] == [f"note: --seq-length {LONGER} is 4x the {TRAINED} tokens the --init-from-hf folder "
@@ -529,8 +530,8 @@ def test_a_checkpoint_continued_longer_than_its_weights_counts_as_trained_at_its
                                          "checkpoint") == 128
     declared = {}
     for length in (96, 256):
-        flags = training.model_flags(build_parser().parse_args(["--load", str(source), "--finetune", "--seq-length",
-                                                                str(length)]), {}, True)
+        args = build_parser().parse_args(["--load", str(source), "--finetune", "--seq-length", str(length)])
+        flags = training.model_flags(args, {}, training.StartPlan.given(args))
         declared[length] = flags["max_position_embeddings"]
     assert declared == {96: 128, 256: 128}  # the export of a run at 256 declares 256 (hf_positions)
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]

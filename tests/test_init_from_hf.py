@@ -80,14 +80,15 @@ def test_an_unreadable_folder_tokenizer_is_one_line_or_a_warning_beside_the_flag
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "tokenizer.json").write_text("{oops")
-    args = argparse.Namespace(load=None, init_from_hf=str(folder), vocab_file=None, tokenizer_file=None,
-                              tokenizer_type=None, data_path=[str(tmp_path / "data")], whole_word_masking=False)
+    args = argparse.Namespace(load=None, init_from_hf=str(folder), finetune=False, vocab_file=None,
+                              tokenizer_file=None, tokenizer_type=None, data_path=[str(tmp_path / "data")],
+                              whole_word_masking=False)
     with pytest.raises(DataError, match=f"the tokenizer of the Hugging Face folder {folder} cannot be used: .*; fix "
                                         "it or download the model folder again, or pass the --tokenizer-file"):
-        training.data_paths(args)
+        training.data_paths(args, training.StartPlan.given(args))
     args.vocab_file = str(write_vocab_file(tmp_path / "vocab.txt"))
     capsys.readouterr()
-    assert training.data_paths(args)[1].file == args.vocab_file
+    assert training.data_paths(args, training.StartPlan.given(args))[1].file == args.vocab_file
     assert capsys.readouterr().err.splitlines() == [
         f"warning: the tokenizer of the Hugging Face folder {folder} cannot be used: tokenizer file "
         f"{folder / 'tokenizer.json'} is not a Hugging Face tokenizer.json (key must be a string at line 1 column 2); "
@@ -111,8 +112,8 @@ def test_a_start_from_weights_of_another_variant_initialises_or_drops_linformers
     run_state.write_text(json.dumps({**json.loads(run_state.read_text()), "weights_only": False}))  # a trained one
 
     def start(name: str, config: BertConfig) -> dict:
-        args = argparse.Namespace(init_from_hf=None, load=str(tmp_path / name))
-        return training.initial_weights(args, argparse.Namespace(model=config), weights_only=True)
+        plan = training.StartPlan.at(str(tmp_path / name), None, finetune=True)
+        return training.initial_weights(argparse.Namespace(), plan, argparse.Namespace(model=config))
 
     capsys.readouterr()
     state, stored = start("from_hf", linformer), checkpoint.bert_state_from_checkpoint(str(tmp_path / "from_hf"))
@@ -155,7 +156,7 @@ def test_linformer_or_bigbird_over_the_local_layers_of_the_weights_names_them_no
                                ("linformer", ["--attention", "linformer"], {})):
         args = build_parser().parse_args(["--load", str(tmp_path / "ck"), *flags])
         with pytest.raises(ConfigError) as caught:
-            training.model_flags(args, ds, weights_only=True)
+            training.model_flags(args, ds, training.StartPlan.given(args))
         assert str(caught.value) == (
             f"{variant} attention cannot be combined with the local sliding-window layers of the weights-only "
             f"checkpoint {tmp_path / 'ck'} (its global layers would change the math of a windowed model); use "
@@ -174,7 +175,7 @@ def test_a_contradicting_flag_names_the_checkpoint_as_what_it_is(tmp_path):
     for flags, source in (([], "the weights-only checkpoint"), (["--finetune"], "the checkpoint")):
         args = build_parser().parse_args(["--load", str(tmp_path / "ck"), "--num-attention-heads", "8", *flags])
         with pytest.raises(ConfigError, match=f"--num-attention-heads 8 contradicts {source} {tmp_path / 'ck'}, "):
-            training.model_flags(args, {}, weights_only=True)
+            training.model_flags(args, {}, training.StartPlan.given(args))
 
 
 def test_no_position_extension_is_refused_for_rotary_positions(tmp_path):
@@ -188,7 +189,7 @@ def test_no_position_extension_is_refused_for_rotary_positions(tmp_path):
     args = build_parser().parse_args(["--init-from-hf", str(folder), "--no-position-extension"])
     with pytest.raises(ConfigError, match=f"--no-position-extension has no effect on the --init-from-hf folder "
                                           f"{folder}: its positions are rotary"):
-        training.model_flags(args, {}, weights_only=False)
+        training.model_flags(args, {}, training.StartPlan.given(args))
     done = convert("from-hf", "--hf-dir", folder, "--save", tmp_path / "ck", "--no-position-extension")
     assert done.returncode == 2 and "its positions are rotary, with no table to extend; drop" in done.stderr
     assert not (tmp_path / "ck").exists()
@@ -205,16 +206,17 @@ def test_a_folders_fixed_tokenizer_is_the_folders_and_other_data_is_preprocessed
     lines = (folder / "vocab.txt").read_text().splitlines()
     other = tmp_path / "other.txt"
     other.write_text("\n".join(lines[:5] + lines[5:][::-1]) + "\n")
-    args = argparse.Namespace(load=None, init_from_hf=str(folder), vocab_file=str(other), tokenizer_file=None,
-                              tokenizer_type=None, data_path=[str(tmp_path / "data")], whole_word_masking=False)
+    args = argparse.Namespace(load=None, init_from_hf=str(folder), finetune=False, vocab_file=str(other),
+                              tokenizer_file=None, tokenizer_type=None, data_path=[str(tmp_path / "data")],
+                              whole_word_masking=False)
     with pytest.raises(DataError, match=f"the vocab {other} differs from {folder}/vocab.txt, the one the Hugging Face "
                                         f"folder {folder} was trained with .*; drop --vocab-file/--tokenizer-file "
                                         r"\(the folder carries its tokenizer\)"):
-        training.data_paths(args)
+        training.data_paths(args, training.StartPlan.given(args))
     args.vocab_file = None
     write_data_identity(BertWordPiece(str(other)), str(tmp_path / "data"))
     with pytest.raises(DataError) as caught:
-        training.data_paths(args)
+        training.data_paths(args, training.StartPlan.given(args))
     assert str(caught.value).endswith(
         f"; rerun tools/preprocess_data.py with the run's tokenizer (--tokenizer-type BertWordPieceLowerCase "
         f"--vocab-file {folder}/vocab.txt, the one the Hugging Face folder {folder} was trained with)")
@@ -228,10 +230,11 @@ def test_a_checkpoint_that_carries_no_tokenizer_is_named_when_the_data_needs_one
 
     config = small_config("dense")
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
-    args = argparse.Namespace(load=str(tmp_path / "ck"), init_from_hf=None, vocab_file=None, tokenizer_file=None,
-                              tokenizer_type=None, data_path=[str(tmp_path / "data")], whole_word_masking=False)
+    args = argparse.Namespace(load=str(tmp_path / "ck"), init_from_hf=None, finetune=False, vocab_file=None,
+                              tokenizer_file=None, tokenizer_type=None, data_path=[str(tmp_path / "data")],
+                              whole_word_masking=False)
     with pytest.raises(ConfigError) as caught:
-        training.data_paths(args)
+        training.data_paths(args, training.StartPlan.given(args))
     assert str(caught.value) == (f"--data-path is given without --vocab-file, and the checkpoint {tmp_path / 'ck'} "
                                  "carries no tokenizer; pass the vocab.txt (or --tokenizer-file) the data was made "
                                  "with")
@@ -297,7 +300,7 @@ def test_a_run_started_from_an_hf_folder_resumes_with_the_same_command(tmp_path,
     args = argparse.Namespace(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False)
     capsys.readouterr()
     plan = training.check_start(args)
-    assert (plan.init_from_hf, plan.load) == (str(folder), None) and plan.weights_origin == origin
+    assert (plan.init_from_hf, plan.load) == (str(folder), None) and training.weights_origin(plan) == origin
     assert vars(args) == dict(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False)  # as given
     assert capsys.readouterr().out == f"--load {first} holds no checkpoint yet: starting from --init-from-hf {folder}\n"
     copy = shutil.copytree(folder, tmp_path / "copy")
@@ -312,6 +315,28 @@ def test_a_run_started_from_an_hf_folder_resumes_with_the_same_command(tmp_path,
         f"pretrain_bert.py: error: --num-layers 3 contradicts the checkpoint {run}, whose model has "
         "num_layers 2; drop --num-layers 3"), refused.stderr[-3000:]
     assert sorted(Path(data_dir).rglob("*")) == maps and not (tmp_path / "refused").exists()
+
+
+def test_a_json_typo_in_a_run_from_weights_is_one_line_before_their_hash(tmp_path, capsys, monkeypatch):
+    """Rank 0 hashes the weights a new run starts from (weights_origin, for its checkpoints): every weight,
+    minutes for a large model. It ran first, before the cheap checks of the flags and the JSON, and while
+    the other ranks counted --rendezvous-timeout; it now runs aside, after those checks."""
+    _, folder = hf_model("bert", tmp_path, **HF)
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 4,}')
+    hashed = []
+    monkeypatch.setattr(hf_io, "weights_fingerprint", lambda *args: hashed.append(args) or "digest")
+    capsys.readouterr()
+    assert training.main([*TINY, "--train-iters", "1", "--init-from-hf", str(folder), "--save", str(tmp_path / "run"),
+                          "--deepspeed", "--deepspeed_config", str(tmp_path / "ds.json")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"pretrain_bert.py: error: {tmp_path / 'ds.json'}:1:38: invalid JSON (Expecting property name enclosed in "
+        "double quotes); fix the JSON syntax at that position"]
+    assert hashed == [] and not (tmp_path / "run").exists()
+    plan = training.StartPlan.at(None, str(folder), False)
+    assert training.pending_origin(plan, str(tmp_path / "run")).result() == {
+        "from": str(folder.resolve()), "kind": "hf", "sha256": "digest"}
+    assert hashed == [(str(folder), "hf")]  # aside, for the checkpoints of rank 0 of a run that saves
+    assert training.pending_origin(plan, None) is None
 
 
 def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path, capsys):
@@ -329,7 +354,7 @@ def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path
     hf_convert.save_weights_only_checkpoint(weights, small_model(config).state_dict(), config)
     other = tmp_path / "other"
     hf_convert.save_weights_only_checkpoint(other, small_model(config, seed=7).state_dict(), config)
-    origin = training.weights_origin(argparse.Namespace(init_from_hf=None, load=str(weights)), weights_only=True)
+    origin = training.weights_origin(training.StartPlan.at(str(weights), None, finetune=False))
     assert origin == {"from": str(weights.resolve()), "kind": "checkpoint",
                       "sha256": hf_io.weights_fingerprint(weights, "checkpoint")}
     save = tmp_path / "save"
@@ -382,10 +407,10 @@ def test_weights_with_nan_are_refused_naming_the_tensor(tmp_path):
     state = small_model(config).state_dict()
     state["layers.1.mlp.dense_4h_to_h.weight"][0, 0] = float("inf")
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", state, config)
-    args = argparse.Namespace(init_from_hf=None, load=str(tmp_path / "ck"))
+    plan = training.StartPlan.at(str(tmp_path / "ck"), None, finetune=False)
     with pytest.raises(DataError, match=r"tensor layers.1.mlp.dense_4h_to_h.weight of checkpoint .*ck/iter_0000000 "
                                         r"holds 1 of \d+ values that are NaN or inf; start from another checkpoint"):
-        training.initial_weights(args, argparse.Namespace(model=config), weights_only=True)
+        training.initial_weights(argparse.Namespace(), plan, argparse.Namespace(model=config))
     _, folder = hf_model("bert", tmp_path, **HF)
     weights = folder / "model.safetensors"
     tensors = hf_io.read_safetensors(weights)
@@ -407,8 +432,8 @@ def test_a_start_from_weights_pads_the_vocab_to_the_runs_multiple(tmp_path):
     config = small_config("dense", vocab_size=97, make_vocab_size_divisible_by=16)  # 112 rows
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
     wider = small_config("dense", vocab_size=97, make_vocab_size_divisible_by=100)  # 100 rows
-    state = training.initial_weights(argparse.Namespace(init_from_hf=None, load=str(tmp_path / "ck")),
-                                     argparse.Namespace(model=wider), weights_only=True)
+    state = training.initial_weights(argparse.Namespace(), training.StartPlan.at(str(tmp_path / "ck"), None, False),
+                                     argparse.Namespace(model=wider))
     stored = checkpoint.bert_state_from_checkpoint(str(tmp_path / "ck"))
     embeddings, bias = state["embeddings.word_embeddings.weight"], state["lm_head.bias"]
     assert embeddings.shape == (100, config.hidden_size) and bias.shape == (100,)
@@ -427,8 +452,8 @@ def test_local_layers_added_to_weights_trained_all_global_are_a_warning(tmp_path
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
     local = small_config("dense", local_attention_window=8, global_attention_every=2)
     capsys.readouterr()
-    training.initial_weights(argparse.Namespace(init_from_hf=None, load=str(tmp_path / "ck")),
-                             argparse.Namespace(model=local), weights_only=True)
+    training.initial_weights(argparse.Namespace(), training.StartPlan.at(str(tmp_path / "ck"), None, False),
+                             argparse.Namespace(model=local))
     assert capsys.readouterr().err.splitlines() == [
         f"warning: checkpoint {tmp_path / 'ck'} was trained with every layer global, at local_attention_window None, "
         "global_attention_every 1; this run uses local_attention_window 8, global_attention_every 2, so its outputs "
@@ -452,14 +477,15 @@ def test_a_resume_takes_the_checkpoints_model_unless_a_flag_or_preset_restates_i
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
     run_state = tmp_path / "ck" / checkpoint.tag_for(0) / checkpoint.RUN_STATE
     run_state.write_text(json.dumps({**json.loads(run_state.read_text()), "weights_only": False}))  # a trained one
-    flags = training.model_flags(build_parser().parse_args(["--load", str(tmp_path / "ck")]), {}, weights_only=False)
+    args = build_parser().parse_args(["--load", str(tmp_path / "ck")])
+    flags = training.model_flags(args, {}, training.StartPlan.given(args))
     kept = (*resume_kept(), "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by")
     given = {name: getattr(BertConfig, name) if flags[name] is None else flags[name] for name in kept}  # thetas:
     assert given == {name: getattr(config, name) for name in kept}  # unread with learned positions, not carried
     args = build_parser().parse_args(["--load", str(tmp_path / "ck"), "--model-preset", "modernbert-base"])
     with pytest.raises(ConfigError, match=f"^--model-preset modernbert-base \\(.*\\) contradicts the checkpoint "
                                           f"{tmp_path / 'ck'}, whose model has"):
-        training.model_flags(args, {}, weights_only=False)
+        training.model_flags(args, {}, training.StartPlan.given(args))
 
 
 def test_the_weights_fingerprint_hashes_the_model_the_run_reads(tmp_path):
@@ -505,8 +531,9 @@ def test_a_run_from_weights_trains_with_their_dropout_unless_a_flag_or_preset_se
     from megatron.arguments import build_parser
     from test_hf_modernbert import SHAPES
 
-    def dropouts(*argv, weights_only=False):
-        flags = training.model_flags(build_parser().parse_args([str(arg) for arg in argv]), {}, weights_only)
+    def dropouts(*argv):
+        args = build_parser().parse_args([str(arg) for arg in argv])
+        flags = training.model_flags(args, {}, training.StartPlan.given(args))
         return flags["hidden_dropout"], flags["attention_dropout"]
 
     modern, bert = tmp_path / "mb", tmp_path / "bert"
@@ -527,7 +554,7 @@ def test_a_run_from_weights_trains_with_their_dropout_unless_a_flag_or_preset_se
     assert dropouts("--init-from-hf", bert, "--attention", "ring") == (0.1, None)  # ring: none
     config = small_config("dense", hidden_dropout=0.0, attention_dropout=0.0)
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
-    assert dropouts("--load", tmp_path / "ck", weights_only=True) == (0.0, 0.0)
+    assert dropouts("--load", tmp_path / "ck") == (0.0, 0.0)
     assert f"as in the weights-only checkpoint {tmp_path / 'ck'} (" in capsys.readouterr().out
 
 
@@ -542,9 +569,10 @@ def test_a_flag_that_replaces_the_weights_theta_or_window_is_a_note_naming_their
     from megatron.arguments import build_parser
     from test_hf_modernbert import SHAPES
 
-    def notes(*argv, weights_only=False) -> list:
+    def notes(*argv) -> list:
         capsys.readouterr()
-        training.model_flags(build_parser().parse_args([str(arg) for arg in argv]), {}, weights_only)
+        args = build_parser().parse_args([str(arg) for arg in argv])
+        training.model_flags(args, {}, training.StartPlan.given(args))
         return [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
 
     modern = tmp_path / "mb"
@@ -561,6 +589,6 @@ def test_a_flag_that_replaces_the_weights_theta_or_window_is_a_note_naming_their
     config = BertConfig(vocab_size=100, hidden_size=32, num_layers=2, num_attention_heads=4, seq_length=64,
                         position_embedding_type="rope", local_attention_window=8, global_attention_every=2)
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", {}, config)
-    assert notes("--load", tmp_path / "ck", "--local-attention-window", 16, weights_only=True) == [
+    assert notes("--load", tmp_path / "ck", "--local-attention-window", 16) == [
         f"note: --local-attention-window 16 replaces the local attention window 8 of the weights-only checkpoint "
         f"{tmp_path / 'ck'} (its local layers were trained seeing 4 tokens each side)"]

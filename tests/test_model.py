@@ -6,8 +6,9 @@ import torch
 
 from bert_fixtures import padded_batch, small_config, small_model
 from megatron.errors import ConfigError
-from megatron.model.loss import bert_batch_loss, bert_loss
 from megatron.model.bert import BertConfig
+from megatron.model.loss import bert_batch_loss, bert_loss, whole
+from megatron.model.pipe import PipelineLoss
 
 
 def test_vocab_is_padded_and_decoder_is_tied():
@@ -64,13 +65,30 @@ def test_sop_loss_only_where_cls_lives():
     holding [CLS] puts the SOP loss into its share; the others give the head zero gradients."""
     model = small_model(small_config())
     batch = padded_batch()
-    first, second = (bert_batch_loss(*model(*chunk.model_inputs()), chunk)
+    first, second = (bert_batch_loss(*model(*chunk.model_inputs()), chunk, whole)  # each over its own counts
                      for chunk in (batch.sequence_chunk(0, 2), batch.sequence_chunk(1, 2)))
     assert first.sop > 0 and second.sop == 0
     second.total.backward()
     assert (model.binary_head.pooler.weight.grad == 0).all()
     first.total.backward()
     assert model.binary_head.pooler.weight.grad.abs().sum() > 0
+
+
+def test_a_sequence_chunks_loss_without_sum_counts_is_refused():
+    """Leaving out sum_counts divided each chunk by its own counts: at SP > 1 a wrong loss and wrong
+    gradients, with no error. A chunk says it is one (through slicing and padding too), and its loss
+    refuses to go on without the sum; whole samples need none. The pipeline's loss takes it always:
+    its stages cannot tell a chunk's labels from whole samples."""
+    model = small_model(small_config())
+    batch = padded_batch()
+    chunk = batch.sequence_chunk(1, 2)
+    assert (batch.chunk_of, chunk.chunk_of, chunk.samples(0, 2).chunk_of, chunk.padded_to(30).chunk_of) == (1, 2, 2, 2)
+    with pytest.raises(ValueError, match=r"^a sequence chunk \(one of 2\) needs sum_counts"):
+        bert_batch_loss(*model(*chunk.model_inputs()), chunk)
+    whole_batch = bert_batch_loss(*model(*batch.model_inputs()), batch)
+    assert whole_batch.total == bert_batch_loss(*model(*batch.model_inputs()), batch, whole).total
+    with pytest.raises(TypeError, match="sum_counts"):
+        PipelineLoss()
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -107,7 +125,7 @@ def test_mlm_accuracy_is_the_share_of_masked_tokens_predicted():
     """Shares of the accuracy, like those of the loss, sum over chunks to the whole-sequence value."""
     logits = torch.randn(10, 16, generator=torch.Generator().manual_seed(0))
     labels = (logits.argmax(-1) + torch.tensor([0, 0, 0] + [1] * 7)) % 16  # the first 3 predicted right
-    assert bert_loss(logits, labels).mlm_accuracy.item() == pytest.approx(0.3)
+    assert bert_loss(logits, labels, sum_counts=whole).mlm_accuracy.item() == pytest.approx(0.3)
 
 
 @pytest.mark.parametrize("variant", ["dense", "ulysses"])

@@ -474,7 +474,7 @@ def test_the_default_vocab_is_embedded_so_every_build_gives_the_same_ids(tmp_pat
 def test_preprocessed_data_trains_a_small_bert(corpus, tmp_path):
     from megatron.data.samplers import PretrainingSampler, collate_bert
     from megatron.model.bert import BertConfig, BertModel
-    from megatron.model.loss import bert_loss
+    from megatron.model.loss import bert_batch_loss
 
     tokenizer = build_tokenizer("BertWordPieceLowerCase", corpus[1])
     report = preprocess(options(corpus, tmp_path, dataset_impl="lazy"))
@@ -490,7 +490,7 @@ def test_preprocessed_data_trains_a_small_bert(corpus, tmp_path):
     for _ in range(6):
         for batch in batches:
             mlm_logits, sop_logits = model(*batch.model_inputs())
-            loss = bert_loss(mlm_logits, batch.labels[batch.loss_mask], sop_logits, batch.sop_labels[batch.cls_mask]).total
+            loss = bert_batch_loss(mlm_logits, sop_logits, batch).total
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

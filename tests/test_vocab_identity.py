@@ -21,6 +21,13 @@ def write(path, tokens):
     return path
 
 
+def run_tokenizer(args):
+    """training.run_tokenizer of the flags `args`, starting where they name (no requeue)."""
+    from megatron import training
+
+    return training.run_tokenizer(args, training.StartPlan.given(args))
+
+
 def test_same_size_is_not_same_vocab(tmp_path):
     original = BertWordPiece(write(tmp_path / "a.txt", VOCAB))
     shuffled = BertWordPiece(write(tmp_path / "b.txt", VOCAB[:5] + VOCAB[5:][::-1]))
@@ -133,7 +140,7 @@ def test_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_file_if_it_is
 def test_a_run_from_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_one(tmp_path, capsys):
     """pretrain_bert.py --load (and extend_context.py --from a checkpoint): the same stand-in, in one
     `warning:` line of the first rank."""
-    from megatron import hf_convert, training
+    from megatron import hf_convert
     from megatron.arguments import build_parser
     from megatron.model.bert import BertConfig, BertModel
 
@@ -144,7 +151,7 @@ def test_a_run_from_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_on
     (tmp_path / "ck" / "iter_0000000" / "vocab.txt").unlink()
     capsys.readouterr()
     args = build_parser().parse_args(["--load", str(tmp_path / "ck"), "--vocab-file", str(tmp_path / "vocab.txt")])
-    assert training.run_tokenizer(args).identity == tokenizer.identity
+    assert run_tokenizer(args).identity == tokenizer.identity
     assert capsys.readouterr().err.splitlines() == [
         f"warning: checkpoint {tmp_path / 'ck' / 'iter_0000000'} names tokenizer BertWordPieceLowerCase in {CARRIED} "
         f"but lacks its vocab.txt; using {tmp_path / 'vocab.txt'}, the tokenizer its record names (sha256 "
@@ -154,7 +161,6 @@ def test_a_run_from_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_on
 def test_a_tokenizer_type_flag_overrides_the_hf_folders_tokenizer(tmp_path):
     """--init-from-hf with --tokenizer-type and --tokenizer-file: the flags' tokenizer is the run's even
     where it splits the folder's tokens another way (an explicit choice); without the type, it is refused."""
-    from megatron import training
     from megatron.arguments import build_parser
 
     (tmp_path / "hf").mkdir()
@@ -162,17 +168,16 @@ def test_a_tokenizer_type_flag_overrides_the_hf_folders_tokenizer(tmp_path):
     (tmp_path / "cased.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, False)))
     flags = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
              "--init-from-hf", str(tmp_path / "hf"), "--tokenizer-file", str(tmp_path / "cased.json")]
-    chosen = training.run_tokenizer(build_parser().parse_args([*flags, "--tokenizer-type", "HFTokenizer"]))
+    chosen = run_tokenizer(build_parser().parse_args([*flags, "--tokenizer-type", "HFTokenizer"]))
     assert chosen.file == str(tmp_path / "cased.json")
     with pytest.raises(DataError, match="splits text into the tokens of .*hf/tokenizer.json, which .*hf carries"):
-        training.run_tokenizer(build_parser().parse_args(flags))
+        run_tokenizer(build_parser().parse_args(flags))
 
 
 def test_a_tokenizer_type_alone_is_the_hf_folders_case_or_refused_as_another_family(tmp_path):
     """--init-from-hf with --tokenizer-type and no tokenizer file: a WordPiece case is the folder vocab.txt's
     (its tokenizer_config may not say it), as a --vocab-file's type is; the other family (HFTokenizer over a
     vocab.txt, WordPiece over a tokenizer.json) was disregarded without a word, where a resume refuses it."""
-    from megatron import training
     from megatron.arguments import build_parser
 
     (tmp_path / "bert").mkdir()
@@ -180,16 +185,16 @@ def test_a_tokenizer_type_alone_is_the_hf_folders_case_or_refused_as_another_fam
     (tmp_path / "modern").mkdir()
     (tmp_path / "modern" / "tokenizer.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, True)))
 
-    def run_tokenizer(folder, flag_type):
-        return training.run_tokenizer(build_parser().parse_args(["--init-from-hf", str(tmp_path / folder),
-                                                                 "--tokenizer-type", flag_type]))
+    def folder_tokenizer(folder, flag_type):
+        return run_tokenizer(build_parser().parse_args(["--init-from-hf", str(tmp_path / folder),
+                                                        "--tokenizer-type", flag_type]))
 
-    assert run_tokenizer("bert", "BertWordPieceCase").type_name == "BertWordPieceCase"
-    assert run_tokenizer("modern", "HFTokenizer").file == str(tmp_path / "modern" / "tokenizer.json")
+    assert folder_tokenizer("bert", "BertWordPieceCase").type_name == "BertWordPieceCase"
+    assert folder_tokenizer("modern", "HFTokenizer").file == str(tmp_path / "modern" / "tokenizer.json")
     for folder, flag_type, carried in (("bert", "HFTokenizer", "BertWordPieceLowerCase"),
                                        ("modern", "BertWordPieceCase", "HFTokenizer")):
         with pytest.raises(ConfigError) as caught:
-            run_tokenizer(folder, flag_type)
+            folder_tokenizer(folder, flag_type)
         assert str(caught.value) == (f"--tokenizer-type {flag_type} differs from {carried}, which the Hugging Face "
                                      f"folder {tmp_path / folder} was trained with; drop --tokenizer-type (the "
                                      "folder carries its tokenizer)")
@@ -257,7 +262,7 @@ def test_a_flags_tokenizer_naming_other_special_tokens_is_refused_at_every_entry
     from argparse import Namespace
     from pathlib import Path
 
-    from megatron import hf_convert, training
+    from megatron import hf_convert
     from megatron.arguments import build_parser
     from megatron.data.tokenizer import checkpoint_tokenizer
     from megatron.model.bert import BertConfig, BertModel
@@ -293,11 +298,11 @@ def test_a_flags_tokenizer_naming_other_special_tokens_is_refused_at_every_entry
     refuses(lambda: fill_mask.main([*load, "--text", "a [MASK]"]))
     refuses(lambda: convert_checkpoint.main(["to-hf", *load, "--output", str(tmp_path / "hf")]))
     assert not (tmp_path / "hf").exists()
-    refuses(lambda: training.run_tokenizer(build_parser().parse_args(load)), holder=tmp_path / "ck")
+    refuses(lambda: run_tokenizer(build_parser().parse_args(load)), holder=tmp_path / "ck")
     (tmp_path / "init").mkdir()
     (tmp_path / "init" / "tokenizer.json").write_bytes(tokenizer.file_bytes)
     for typed in ([], ["--tokenizer-type", "HFTokenizer"]):  # a type overrides the folder's pipeline, not its specials
-        refuses(lambda: training.run_tokenizer(build_parser().parse_args([
+        refuses(lambda: run_tokenizer(build_parser().parse_args([
             "--init-from-hf", str(tmp_path / "init"), "--tokenizer-file", str(other), *typed])),
             carried=tmp_path / "init" / "tokenizer.json", holder=tmp_path / "init")
     # a checkpoint that lost its copy: the flags' file stands in only with the recorded special tokens

@@ -43,7 +43,7 @@ with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the secon
     from megatron.config import json_pipeline_stages, read_ds_config, section_values
     from megatron.ds_schema import SECTION
     from megatron.model.fields import fields_with, info, variants_with_options
-    from megatron.training import initial_model_fields, starting_weights_fields
+    from megatron.training import StartPlan, initial_model_fields, starting_weights_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FACTOR = 64
@@ -284,7 +284,9 @@ def warn_faster_theta(args, fields: dict, factor: float) -> None:
 def source_fields(args, kind: str) -> dict:
     """The model fields the first run took from --from (the trainer's own choice), less those this
     tool sets: the command states them, so that it reads the same for the first run and a resume."""
-    start = argparse.Namespace(init_from_hf=args.source if kind == "hf" else None, load=args.source)
+    hf = kind == "hf"  # as the first run starts (launch_command): --init-from-hf, else --load --finetune
+    start = StartPlan(load=None if hf else args.source, init_from_hf=args.source if hf else None, finetune=not hf,
+                      weights_only=not hf)
     fields = initial_model_fields(starting_weights_fields(start))
     return {field: value for field, value in fields.items() if field not in EXTENDED}
 
@@ -371,19 +373,19 @@ def check_launch(command: list, world: int) -> None:
     from megatron.model.bert import BertConfig
     from megatron.training import (check_default_data_vocab, check_flag_combinations, check_flags, check_sample_room,
                                    check_start, data_paths, deepspeed_settings, model_flags as trainer_flags,
-                                   run_tokenizer, starts_from_weights)
+                                   run_tokenizer)
 
     args = trainer_parser().parse_args(command[command.index(str(ROOT / "pretrain_bert.py")) + 1:])
     check_flags(args)
     check_flag_combinations(args)
-    check_start(args)
+    plan = check_start(args)
     ds = deepspeed_settings(args)
     check_precision_supported(ds)
-    flags = trainer_flags(args, ds, starts_from_weights(args))
+    flags = trainer_flags(args, ds, plan)
     if args.data_path:
-        tokenizer = data_paths(args)[1]
+        tokenizer = data_paths(args, plan)[1]
     else:  # the trainer builds the default dataset, which is not done here: its vocab is checked
-        tokenizer = run_tokenizer(args)
+        tokenizer = run_tokenizer(args, plan)
         check_default_data_vocab(args, tokenizer)
     vocab_size = flags["vocab_size"] or (tokenizer.vocab_size if tokenizer is not None else BertConfig.vocab_size)
     config = resolve({**flags, "vocab_size": vocab_size}, ds, world)

@@ -6,7 +6,8 @@ then padding. What a token may see is data: `segment_ids` (0 at padding, 1, 2, .
 lets a query attend only to keys of its own segment; the attention cores read nothing else.
 Every field is per token, so a sequence-parallel rank slices all of them alike.
 """
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from typing import Callable
 
 import torch
 
@@ -23,6 +24,9 @@ class BertBatch:
     labels: torch.Tensor  # [b, s] int64, meaningful where loss_mask
     loss_mask: torch.Tensor  # [b, s] bool, True at masked (predicted) tokens
     sop_labels: torch.Tensor  # [b, s] int64, the sentence-order label of the token's segment (read at [CLS])
+    # the number of sequence chunks the samples are cut into, this batch one of them (sequence_chunk); 1: whole
+    # samples. A chunk's loss needs the counts of all of them (model/loss.py bert_batch_loss's sum_counts)
+    chunk_of: int = 1
 
     @classmethod
     def unpacked(cls, tokens, token_types, key_padding_mask, labels, loss_mask, sop_labels) -> "BertBatch":
@@ -33,10 +37,18 @@ class BertBatch:
         return cls(tokens, token_types, segment_ids, position_ids, labels, loss_mask,
                    sop_labels.reshape(b, 1).expand(b, s).contiguous())
 
+    def tensors(self) -> dict:
+        """{name: tensor} of the per-token fields (all but chunk_of)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "chunk_of"}
+
+    def mapped(self, change: Callable) -> "BertBatch":
+        """The batch with `change(tensor)` in place of each per-token field, the same chunk."""
+        return replace(self, **{name: change(tensor) for name, tensor in self.tensors().items()})
+
     def pin_memory(self) -> "BertBatch":
         """Page-locked copies of the fields (a DataLoader with pin_memory calls it): the copy to the GPU
         can then run asynchronously."""
-        return BertBatch(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+        return self.mapped(torch.Tensor.pin_memory)
 
     @property
     def key_padding_mask(self) -> torch.Tensor:  # [b, s] bool, True at padding
@@ -52,21 +64,22 @@ class BertBatch:
         A length that `size` does not divide is first padded at the tail to size * c with padding
         positions (segment id PAD_SEGMENT, no loss, no [CLS]): attention cores let padding see
         nothing and be seen by nothing, so the result is that of the unpadded sample (the cores
-        that cannot pad refuse such a length at start-up: registry.AttentionCore.check)."""
+        that cannot pad refuse such a length at start-up: registry.AttentionCore.check). The chunk
+        says it is one (chunk_of), so that its loss is not taken over its own counts alone."""
         step = -(-self.tokens.shape[1] // size)
         batch = self.padded_to(step * size)
-        return BertBatch(**{f.name: getattr(batch, f.name)[:, rank * step:(rank + 1) * step] for f in fields(self)})
+        return replace(batch.mapped(lambda tensor: tensor[:, rank * step:(rank + 1) * step]), chunk_of=size)
 
     def padded_to(self, length: int) -> "BertBatch":
         """The batch with `length - s` padding positions appended (every field 0 / False there)."""
         extra = length - self.tokens.shape[1]
         if extra <= 0:
             return self
-        return BertBatch(**{f.name: torch.nn.functional.pad(getattr(self, f.name), (0, extra)) for f in fields(self)})
+        return self.mapped(lambda tensor: torch.nn.functional.pad(tensor, (0, extra)))
 
     def samples(self, start: int, stop: int) -> "BertBatch":
         """Samples [start, stop) of the batch (a micro-batch of a global batch)."""
-        return BertBatch(**{f.name: getattr(self, f.name)[start:stop] for f in fields(self)})
+        return self.mapped(lambda tensor: tensor[start:stop])
 
     def model_inputs(self) -> tuple:
         """The positional arguments of BertModel.forward."""

@@ -7,9 +7,10 @@ whole micro-batch. The shares sum to the single-rank loss, so gradients summed o
 equal the single-rank gradients. Unpacked, a sample is one segment and the SOP term is the mean
 over the samples, as in Megatron.
 
-The loss meets no process group: under SP the caller passes `sum_counts`, which sums this chunk's
-counts over the seq group (megatron.parallel.reduce.sum_over_sequence); without it the chunk is
-the whole sequence.
+The loss meets no process group: the caller passes `sum_counts`, which sums this chunk's counts
+over the seq group (megatron.parallel.reduce.sum_over_sequence), or `whole` for whole samples.
+Leaving it out would divide each chunk by its own counts, a wrong loss without an error: bert_loss
+requires it, and bert_batch_loss refuses a sequence chunk (BertBatch.chunk_of) without it.
 """
 from typing import Callable, NamedTuple
 
@@ -55,16 +56,21 @@ class SummedCrossEntropy(torch.autograd.Function):
         return grad_logits.mul_(grad).to(ctx.logits_dtype), None
 
 
-def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None, sum_counts: Callable | None = None) -> BertLoss:
+def whole(counts: torch.Tensor) -> torch.Tensor:
+    """bert_loss's `sum_counts` for whole samples (one chunk): their counts are the micro-batch's."""
+    return counts
+
+
+def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None, *, sum_counts: Callable) -> BertLoss:
     """mlm_logits [n_masked, vocab] with mlm_labels [n_masked]; sop_logits [n_cls, 2] with
     sop_labels [n_cls] (the segments whose [CLS] is in this chunk, possibly none) or None;
-    `sum_counts`: this chunk's counts -> the whole micro-batch's (None: one chunk, the whole).
+    `sum_counts`: this chunk's counts -> the whole micro-batch's (`whole` for whole samples).
 
     A chunk without [CLS] keeps its (empty) SOP term in the graph, so the binary head gets (zero)
     gradients on every rank alike.
     """
     counts = chunk_counts(mlm_labels, sop_labels if sop_logits is not None else None)
-    counts = (counts if sum_counts is None else sum_counts(counts)).clamp(min=1.0)
+    counts = sum_counts(counts).clamp(min=1.0)
     mlm = SummedCrossEntropy.apply(mlm_logits, mlm_labels) / counts[0]
     sop = torch.zeros((), device=mlm.device)
     if sop_logits is not None:
@@ -75,7 +81,10 @@ def bert_loss(mlm_logits, mlm_labels, sop_logits=None, sop_labels=None, sum_coun
 
 
 def bert_batch_loss(mlm_logits, sop_logits, batch, sum_counts: Callable | None = None) -> BertLoss:
-    """bert_loss for the outputs of BertModel on `batch` (a BertBatch, possibly one SP chunk: then
-    pass `sum_counts`)."""
+    """bert_loss for the outputs of BertModel on `batch` (a BertBatch). A sequence chunk
+    (batch.chunk_of > 1) needs `sum_counts`; whole samples need none."""
+    if sum_counts is None and batch.chunk_of > 1:
+        raise ValueError(f"a sequence chunk (one of {batch.chunk_of}) needs sum_counts: its own counts are not the "
+                         "micro-batch's")
     return bert_loss(mlm_logits, batch.labels[batch.loss_mask], sop_logits, batch.sop_labels[batch.cls_mask],
-                     sum_counts)
+                     sum_counts=sum_counts or whole)

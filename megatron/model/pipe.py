@@ -17,6 +17,8 @@ The stage modules meet no process group: the topology (pipe x data x seq) and th
 (the loss's counts, the gradients) come from megatron/parallel/pipeline.py's SeqParallelPipe,
 the subclass engine.build_engine trains.
 """
+from typing import Callable
+
 import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.activation_checkpointing import checkpointing
@@ -88,23 +90,25 @@ class PipelineLoss:
     to backpropagate, and each micro-batch's (mlm, sop, mlm accuracy) shares kept for the log line,
     which DeepSpeed's engine does not return."""
 
-    def __init__(self, sum_counts=None):
+    def __init__(self, sum_counts: Callable):
         self.parts = []
         self.sum_counts = sum_counts  # see model/loss.py bert_loss
 
     def __call__(self, outputs, labels):
         mlm_logits, sop_logits = outputs if isinstance(outputs, tuple) else (outputs, None)
         token_labels, loss_mask, sop_labels, cls_mask = labels
-        loss = bert_loss(mlm_logits, token_labels[loss_mask], sop_logits, sop_labels[cls_mask], self.sum_counts)
+        loss = bert_loss(mlm_logits, token_labels[loss_mask], sop_logits, sop_labels[cls_mask],
+                         sum_counts=self.sum_counts)
         self.parts.append(torch.stack([loss.mlm, loss.sop, loss.mlm_accuracy]).float())
         return loss.total
 
 
 class BertModelPipe(PipelineModule):
-    """`topology`: DeepSpeed's process grid; `sum_counts`: the loss's (model/loss.py bert_loss)."""
+    """`topology`: DeepSpeed's process grid; `sum_counts`: the loss's (model/loss.py bert_loss: its stages
+    see sequence chunks at SP > 1, which it cannot tell from whole samples, so it is required)."""
 
-    def __init__(self, config: BertConfig, topology, activation_checkpoint_interval: int = 0,
-                 activation_checkpoint_func=checkpointing.checkpoint, sum_counts=None):
+    def __init__(self, config: BertConfig, topology, *, sum_counts: Callable, activation_checkpoint_interval: int = 0,
+                 activation_checkpoint_func=checkpointing.checkpoint):
         specs = [TiedLayerSpec("embed", WordEmbeddingPipe, config, tied_weight_attr=["word_embeddings.weight"]),
                  LayerSpec(EmbeddingPipe, config)]
         specs += [LayerSpec(TransformerLayerPipe, config, index) for index in range(config.num_layers)]

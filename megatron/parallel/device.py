@@ -181,8 +181,7 @@ def to_device(batch, device):
     device = torch.device(device)
     if device.type != "cuda":
         return batch
-    return type(batch)(**{name: tensor.contiguous().pin_memory().to(device, non_blocking=True)
-                          for name, tensor in vars(batch).items()})
+    return batch.mapped(lambda tensor: tensor.contiguous().pin_memory().to(device, non_blocking=True))
 
 
 TOOLKIT_FIX = ("install the CUDA toolkit torch was built with, or prebuild it: DS_BUILD_FUSED_ADAM=1 pip install "

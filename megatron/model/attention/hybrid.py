@@ -47,7 +47,7 @@ class HybridAttention(AttentionCore):
             raise ConfigError(f"hybrid attention wants ulysses_size {self.ulysses_size} but the process groups were "
                               f"made with {built}", "pass ulysses=config.model.ulysses_size to "
                               "megatron.parallel.state.initialize (engine.initialize_parallel does)")
-        self.ring = RingAttention(config, state.get_ring_parallel_group(), state.get_ring_parallel_ranks())
+        self.ring = RingAttention(config, (state.get_ring_parallel_group(), state.get_ring_parallel_ranks()))
 
     def plan(self, segment_ids) -> RingPlan:
         """The ring's plan of the Ulysses group's chunk (its segment ids gathered, b * s/R

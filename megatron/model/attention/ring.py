@@ -133,11 +133,13 @@ class RingAttentionFunction(torch.autograd.Function):
 @register("ring")
 class RingAttention(AttentionCore):
 
-    def __init__(self, config, group=None, ranks=None):
-        """`group`, `ranks`: the ranks of the ring (default: the seq group; hybrid's ring group)."""
+    def __init__(self, config, ring: tuple | None = None):
+        """`ring`: (process group, its global ranks) of the ring, hybrid's ring group; None: the seq group.
+        One pair: a group given without its ranks was ignored (the seq group's taken instead)."""
         super().__init__()
-        self.group = state.get_sequence_parallel_group() if ranks is None else group
-        self.comm = SeqComm(self.group, state.get_sequence_parallel_ranks() if ranks is None else ranks)
+        self.group, ranks = ring if ring is not None else (state.get_sequence_parallel_group(),
+                                                          state.get_sequence_parallel_ranks())
+        self.comm = SeqComm(self.group, ranks)
         self.scale = config.head_dim ** -0.5
 
     def plan(self, segment_ids) -> RingPlan:
