@@ -4,7 +4,8 @@ A sample holds one or more segments back to back (several when packed, --pack-sa
 `[CLS] A [SEP] B [SEP]` with its own positions (from 0), token types and sentence-order label,
 then padding. What a token may see is data: `segment_ids` (0 at padding, 1, 2, ... per segment)
 lets a query attend only to keys of its own segment; the attention cores read nothing else.
-Every field is per token, so a sequence-parallel rank slices all of them alike.
+Every tensor field is per token, so a sequence-parallel rank slices all of them alike (and the chunk
+says it is one: chunk_of).
 """
 from dataclasses import dataclass, fields, replace
 from typing import Callable
