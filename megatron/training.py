@@ -32,6 +32,7 @@ from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, b
                                      check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer,
                                      naming_flags)
 from megatron.data.words import word_rule
+from megatron.data.workers import check_num_workers
 from megatron.ds_schema import OPTIMIZER_DEFAULTS, default_optimizer, optimizer_params_taken, precision
 from megatron.engine import build_engine, check_precision_supported, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import (WHERE_FIX, ConfigError, DataError, Interrupted, cannot_use, ignore_signals,
@@ -186,7 +187,7 @@ def check_flags(args) -> None:
                         ("--checkpoint-num-layers", args.checkpoint_num_layers), ("--keep-last", args.keep_last),
                         ("--rendezvous-timeout", args.rendezvous_timeout)):
         at_least(flag, value, 1)
-    at_least("--num-workers", args.num_workers, 0, "pass --num-workers 0 (samples built in the rank) or more")
+    check_num_workers(args.num_workers)  # bounded by the CPUs (megatron/data/workers.py)
     if not 0 < args.mask_prob <= 1:
         raise ConfigError(f"--mask-prob {args.mask_prob} is outside (0, 1]",
                           "pass the fraction of tokens to mask, e.g. --mask-prob 0.15")

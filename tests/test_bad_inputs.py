@@ -878,6 +878,8 @@ FLAG_MISTAKES = {
     "save_interval_zero": (["--save-interval", "0"], ("--save-interval 0 must be >= 1",)),
     "keep_last_zero": (["--keep-last", "0"], ("--keep-last 0 must be >= 1",)),
     "num_workers_negative": (["--num-workers", "-1"], ("--num-workers -1 must be >= 0", "--num-workers 0")),
+    "num_workers_beyond_the_cpus": (["--num-workers", "100000"], (  # forked them all: the rank hung for minutes
+        "--num-workers 100000 is more than 4 x the", "os.cpu_count()", "pass --num-workers")),
     "negative_train_iters": (["--train-iters", "-5"], ("--train-iters -5 is negative", "the run length")),
     "train_iters_zero": (["--train-iters", "0"], ("--train-iters 0 is zero: no step to train", "N >= 1")),
     "negative_seed": (["--seed", "-1"], ("--seed -1 is outside [0, 2**32)",)),
@@ -1435,3 +1437,50 @@ def test_an_error_line_is_one_write(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     peers.report_once("pretrain_bert.py: error: a mistake; fix it")
     assert writes == ["pretrain_bert.py: error: a mistake; fix it\n"]
+
+
+def test_a_rendezvous_address_that_does_not_answer_is_one_line_without_c10d_frames():
+    """Rank 0 with a MASTER_ADDR of another host (a stale cluster profile) under a launcher environment:
+    the trainer's one line came after c10d's retry warnings and some 30 C++ `frame #N` lines per try."""
+    code = ("import sys\nfrom megatron.quiet import quiet_deepspeed\nquiet_deepspeed()\n"
+            "from megatron.errors import ConfigError\nfrom megatron.parallel import device\n"
+            "try:\n    device.rendezvous('gloo', 3.0)\nexcept ConfigError as error:\n"
+            "    print(f'error: {error}', file=sys.stderr)\n    sys.exit(2)\n")
+    env = {name: value for name, value in os.environ.items() if name != "TORCH_CPP_LOG_LEVEL"}
+    env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="192.0.2.1", MASTER_PORT=str(free_port()))
+    result = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert "could not join the rendezvous at 192.0.2.1" in lines[0]
+
+
+def test_a_run_without_a_launcher_ignores_a_stale_master_addr(monkeypatch):
+    """`python pretrain_bert.py` with MASTER_ADDR left in the environment connected there (a world of 1
+    on a free local port at a remote host) and hung until --rendezvous-timeout: it meets itself on 127.0.0.1."""
+    from megatron.parallel.launch_check import launch_environment
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")
+    line = launch_environment()
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1" and os.environ["WORLD_SIZE"] == "1"
+    assert line.splitlines()[-1].startswith("note: MASTER_ADDR=192.0.2.1 from the environment is not used")
+
+
+def test_more_workers_than_cpus_is_one_warning_line_not_torchs(monkeypatch, capsys):
+    """--num-workers 4 on 2 CPUs printed torch's four-line UserWarning with file paths at the first step."""
+    import warnings
+
+    from megatron.data import workers
+
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        workers.check_num_workers(4)
+        warnings.warn("This DataLoader will create 4 worker processes in total. Our suggested max ...", UserWarning)
+    assert shown == []
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: --num-workers 4 is more than the 2 CPUs"), lines
+    workers.check_num_workers(2)
+    assert capsys.readouterr().err == ""
