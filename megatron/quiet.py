@@ -100,8 +100,6 @@ def _lacking(name: str) -> str | None:
 
 
 if __name__ == "__main__":  # the launch scripts' check before DeepSpeed's runner: python -m megatron.quiet PROG
-    import sys
-
     from megatron.errors import run_tool
 
     sys.exit(run_tool(sys.argv[1], lambda: refuse_missing_accelerator(on_the_device=True)))

@@ -364,6 +364,16 @@ CASES = [
     # ---- tools
     Case("tool_build_vocab_output_is_a_directory", "build_vocab", ["--input", "{corpus}", "--output", "{tmp}/out"],
          ("--output", "out is a directory", "pass a file path"), files={"out/.keep": ""}),
+    # an existing --output was replaced: the vocab its data needs, a dataset's .bin, the corpus itself
+    Case("tool_build_vocab_output_exists", "build_vocab", ["--input", "{corpus}", "--output", "{tmp}/vocab.txt"],
+         ("--output", "vocab.txt exists", "--overwrite"), files={"vocab.txt": "[PAD]\n"}),
+    Case("tool_build_vocab_output_is_a_dataset_file", "build_vocab", ["--input", "{corpus}", "--output", "{tmp}/c.bin",
+                                                                      "--overwrite"],
+         ("--output", "c.bin is named as a dataset's .bin file", "pass a .txt path")),
+    Case("tool_build_vocab_output_is_its_input", "build_vocab", ["--input", "{tmp}/c.json", "--output", "{tmp}/c.json",
+                                                                 "--overwrite"],
+         ("--output", "c.json is one of the --input files", "pass another --output"),
+         files={"c.json": '{"text": "One two three."}\n'}),
     Case("tool_build_vocab_binary_corpus", "build_vocab", ["--input", "{tmp}/corpus.bin", "--output", "{tmp}/v.txt"],
          ("corpus.bin line 1: invalid JSON (UnicodeDecodeError", "fix or remove the record"),
          setup=lambda tmp, assets: (tmp / "corpus.bin").write_bytes(b'{"text": "caf\xe9"}\n\x00\xff\xfe')),

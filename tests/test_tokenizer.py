@@ -107,6 +107,11 @@ def test_build_vocab_cli_reports_bad_input_in_one_line(tmp_path):
                             timeout=100)
     assert result.returncode == 0 and "skipped 1 invalid record (the first: " in result.stdout, result
     assert "c.json line 3: invalid JSON" in result.stdout and "fine" in (tmp_path / "v.txt").read_text().split()
+    # a vocab above --vocab-size said nothing of why (the alphabet is kept at any size)
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "build_vocab.py"), "--input", str(corpus),
+                             "--output", str(tmp_path / "small.txt"), "--vocab-size", "6", "--skip-invalid"],
+                            capture_output=True, text=True, timeout=100)
+    assert result.returncode == 0 and "more than --vocab-size 6: WordPiece keeps every character" in result.stdout
 
 
 def bert_json(path: Path, lower_case: bool, pre_tokenizer=None) -> Path:
