@@ -26,6 +26,24 @@ def in_repository(name: str) -> str:
     return name if here == REPOSITORY else str(REPOSITORY / name)
 
 
+TEXT_FLAGS = ("--text",)  # values that are no path (fill_mask.py's sentences): left as typed
+
+
+def expand_home(argv: list) -> list:
+    """argv with `~` and `~user` expanded where a path value starts with it, as a shell does for a word
+    it sees: bash leaves `--save=~/ck` and a quoted '~/ck' (a job file's) alone, and the run wrote into a
+    folder named `~` in the current one (where a later `rm -rf ~` is a disaster). Called by pretrain_bert.py
+    and every tool (tools/this_repo.py) before their flags are parsed."""
+    expanded = []
+    for index, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if (index and argv[index - 1] in TEXT_FLAGS) or flag in TEXT_FLAGS or not value.startswith("~"):
+            expanded.append(arg)
+        else:
+            expanded.append(f"{flag}={os.path.expanduser(value)}" if equals else os.path.expanduser(value))
+    return expanded
+
+
 def repository_twin(path) -> str | None:
     """This repository's file at a relative `path` missing from the user's folder (the README's
     `ds_configs/ring_sp2.json`, run from another folder), for a hint naming it; None otherwise."""

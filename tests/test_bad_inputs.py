@@ -1494,3 +1494,13 @@ def test_more_workers_than_cpus_is_one_warning_line_not_torchs(monkeypatch, caps
     assert len(lines) == 1 and lines[0].startswith("warning: --num-workers 4 is more than the 2 CPUs"), lines
     workers.check_num_workers(2)
     assert capsys.readouterr().err == ""
+
+
+def test_a_tilde_after_an_equals_sign_is_the_home_folder(tmp_path, assets):
+    """`--save=~/ck` (bash expands no ~ after `=`) saved into a folder named `~` in the current one, and an
+    input given so was `~/data/vocab.txt does not exist`, though it was there."""
+    result = run_command("pretrain", [*PRETRAIN, "--vocab-file=~/none.txt"], tmp_path, assets,
+                         env={"HOME": str(tmp_path)})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    assert f"{tmp_path}/none.txt does not exist" in lines[0] and "~" not in lines[0], lines[0]
