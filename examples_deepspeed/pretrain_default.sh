@@ -7,9 +7,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source examples_deepspeed/launcher_group.sh  # SIGTERM / Ctrl-C stop every rank; no accelerator warning on CPU; STOP_TIMEOUT checked
-[ -x .venv/bin/python ] || python3.11 -m venv .venv
-.venv/bin/pip install -q -r requirements.txt
-.venv/bin/pip install -q --no-build-isolation -e .
+# quietly COMMAND...: its output shown only if it fails (a Ctrl-C's Python traceback is not: the trap's line is)
+quietly() {
+    local status=0
+    quiet_log="$(mktemp)"
+    "$@" > "$quiet_log" 2>&1 || status=$?
+    [ "$status" -eq 0 ] || cat "$quiet_log" >&2
+    rm -f "$quiet_log"
+    return "$status"
+}
+# .venv/.installed is written once the installs succeeded. A .venv without it and without pip is an
+# interrupted first install (Ctrl-C while `python3.11 -m venv` ran ensurepip): made again, not used as it is.
+trap 'rm -f "${quiet_log:-}"; echo "pretrain_default.sh: stopped while installing .venv; run the same command again to finish the install" >&2; exit 130' INT
+if [ ! -e .venv/.installed ] && [ ! -x .venv/bin/pip ]; then
+    [ ! -e .venv ] || echo "pretrain_default.sh: .venv is incomplete (an interrupted install): making it again"
+    quietly python3.11 -m venv --clear .venv
+fi
+quietly .venv/bin/pip install -q -r requirements.txt
+quietly .venv/bin/pip install -q --no-build-isolation -e .
+touch .venv/.installed
+trap - INT
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's JIT ops, built once
 gpus="$(.venv/bin/python -c 'import torch; print(torch.cuda.device_count())')"
 ranks=2 sp=()
