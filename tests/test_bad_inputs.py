@@ -244,6 +244,14 @@ CASES = [
              phrases=("no/such/prefix", "does not exist", "--data-path")),
     pretrain("--data-path", "{data}.bin", id="data_path_with_bin_suffix",
              phrases=(".bin.idx does not exist", "drop the .bin/.idx suffix: --data-path", "sample_text_sentence")),
+    # the data folder given: `data.idx does not exist` named a file that cannot be there
+    pretrain("--data-path", "{tmp}/data", id="data_path_is_the_data_folder",
+             setup=lambda tmp, assets: [(tmp / "data").mkdir()] + [
+                 shutil.copy(assets["data"] + suffix, f"{tmp}/data/c_text_sentence{suffix}") for suffix in (".bin", ".idx")],
+             phrases=("--data-path", "data is a folder, not a dataset prefix", "data/c_text_sentence")),
+    pretrain("--data-path", "{tmp}/c", id="data_path_only_a_killed_preprocess_partial",
+             setup=lambda tmp, assets: (tmp / "c.bin.partial").write_bytes(b"\0" * 64),
+             phrases=("c.bin.partial is the output of a preprocess_data.py that was killed", "run that preprocess again")),
     pretrain("--data-path", "{tmp}/corpus", id="data_path_is_the_output_prefix",  # not PREFIX_text_sentence
              setup=lambda tmp, assets: [shutil.copy(assets["data"] + suffix, f"{tmp}/corpus_text_sentence{suffix}")
                                         for suffix in (".bin", ".idx")],
