@@ -13,7 +13,7 @@ from megatron.data.tokenizer import add_tokenizer_flags
 from megatron.errors import ConfigError, OneLineParser
 from megatron.model.args import MODEL_PRESETS
 from megatron.parallel.launch_env import launcher_rank, outlive_rank_0
-from megatron.paths import DEFAULT_DATA_DIR, in_repository
+from megatron.paths import DEFAULT_DATA_DIR, DEFAULT_LOG_DIR, in_repository
 
 # flag destination -> BertConfig / TrainConfig field: the same name, but for these two
 _RENAMED = {"block_size": "bigbird_block_size", "pipeline_model_parallel_size": "pipeline_parallel_size"}
@@ -277,7 +277,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--eval-iters", type=int, default=10,
                      help="validation / test micro-steps per evaluation (default 10)")
     run.add_argument("--log-interval", type=int, default=10, help="steps between log lines (default 10)")
-    run.add_argument("--log-dir", default="runs/bert", help="metrics.jsonl and loss.png go here (default runs/bert)")
+    run.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help="metrics.jsonl and loss.png go here (default runs/bert, or the next free runs/bert-N when runs/bert holds another run's logs)")
     run.add_argument("--tensorboard-dir", help="write TensorBoard scalars here (needs the tensorboard package)")
     run.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     run.add_argument("--rendezvous-timeout", type=float, default=300, metavar="SECONDS",

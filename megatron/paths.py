@@ -15,6 +15,15 @@ REPOSITORY = Path(__file__).resolve().parents[1]  # pretrain_bert.py, tools/, do
 DEFAULT_DATA_DIR = ".cache/default_data"
 
 
+
+class DefaultPath(str):
+    """A path flag's default as argparse hands it back (the same object): told apart from the same path
+    typed by the user (`args.log_dir is DEFAULT_LOG_DIR`)."""
+
+
+DEFAULT_LOG_DIR = DefaultPath("runs/bert")  # --log-dir's default: run_log.free_log_dir picks runs/bert-N when taken
+
+
 def in_repository(name: str) -> str:
     """A file of this repository (`tools/clean_index_maps.py`, `docs/resuming.md`) as a hint names it: a
     path that works from the user's folder, as the README writes it when that is the repository, else

@@ -48,7 +48,7 @@ from megatron.parallel.peers import lost_rank_text, report_once
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
                              given_attention, kept_regime, lr_factor, note_replaced_settings, note_taken_regime,
                              resume_optimizer, resume_schedule, take_regime)
-from megatron.run_log import RunLog, log_dir_problem, tensorboard_problem
+from megatron.run_log import RunLog, free_log_dir, log_dir_problem, tensorboard_problem
 from megatron.stop_signals import END_OF_RUN, StopSignals
 
 
@@ -63,6 +63,7 @@ def main(argv=None) -> int:
         debug = args.debug
         check_flags(args)
         check_flag_combinations(args)
+        args.log_dir = free_log_dir(args.log_dir, args.save)  # the default runs/bert, or runs/bert-N when taken
         stopped_by = pretrain(args, start_up, progress)
     except Interrupted as error:  # a stop signal before the training loop (raise_on_signals)
         if debug:
