@@ -45,6 +45,7 @@ save="$SAVE_DIR"
 # (benchmarks/RESULTS.md, "Main job: classic or modern layers"; README: the measured run).
 # --split 969,15,16: the default split's training documents, and 13 documents (4-5K tokens) each for
 # validation and test, where the default leaves test one document, fewer tokens than one micro-batch.
+set +e  # a stop (Ctrl-C, SIGTERM) is told below: this script passes --load itself, a rerun resumes
 run_launcher .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
     --deepspeed --deepspeed_config ds_configs/ring_sp2.json "${sp[@]}" --pack-samples --seq-length 1024 \
     --num-layers 3 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 192 \
@@ -54,6 +55,15 @@ run_launcher .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
     --micro-batch-size 2 --train-iters 1000 --lr 1e-3 --lr-warmup-fraction 0.02 \
     --log-interval 50 --eval-interval 250 --eval-iters 5 --split 969,15,16 \
     --save "$save" --load "$save" --log-dir runs/default "$@"
+status=$?
+set -e
+case "$status" in
+    0) ;;
+    129 | 130 | 143)
+        echo "pretrain_default.sh: stopped; run bash examples_deepspeed/pretrain_default.sh again to resume from $save (it loads it itself)" >&2
+        exit "$status" ;;
+    *) exit "$status" ;;
+esac
 # What the model learned: its top guesses for masked words of two sentences
 .venv/bin/python tools/fill_mask.py --load "$save" \
     --text "the function returns a [MASK] of the values." --text "see the [MASK] for more details."

@@ -431,7 +431,7 @@ echo "python3.11 $*" >> "$CALLS"
 dir="${@: -1}"
 [ "$3" != --clear ] || rm -rf "$dir"
 mkdir -p "$dir/bin"
-printf '#!/bin/sh\\necho "$0 $*" >> "$CALLS"; echo 0\\n' > "$dir/bin/python"
+printf '#!/bin/sh\\necho "$0 $*" >> "$CALLS"; case "$*" in *deepspeed_command*) exit ${LAUNCH_STATUS:-0};; esac; echo 0\\n' > "$dir/bin/python"
 chmod +x "$dir/bin/python"
 if [ -n "${INTERRUPT:-}" ]; then  # Ctrl-C while ensurepip runs: the group gets SIGINT, pip is never made
     echo "Traceback (most recent call last): ... KeyboardInterrupt" >&2
@@ -472,3 +472,10 @@ def test_the_main_job_recovers_from_an_install_interrupted_in_the_venv(tmp_path)
     done = subprocess.run(script, cwd=checkout, env=env, capture_output=True, text=True, timeout=60,
                           start_new_session=True)
     assert done.returncode == 0 and "incomplete" not in done.stdout and "python3.11" not in calls.read_text()
+    # a stop of the training (Ctrl-C: the launcher's 130): the last line says the script resumes itself; the
+    # rank's own said `resume with --load runs/default/checkpoints`, and DeepSpeed's [ERROR] line came last
+    stopped = subprocess.run(script, cwd=checkout, env={**env, "LAUNCH_STATUS": "130"}, capture_output=True,
+                             text=True, timeout=60, start_new_session=True)
+    assert stopped.returncode == 130 and stopped.stderr.splitlines()[-1] == (
+        "pretrain_default.sh: stopped; run bash examples_deepspeed/pretrain_default.sh again to resume from "
+        "runs/default/checkpoints (it loads it itself)"), stopped.stderr
