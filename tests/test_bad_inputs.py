@@ -711,9 +711,9 @@ CASES += [
           "--ulysses-size 2 to extend_context.py")),
     # ---- paths
     pretrain("--data-cache-path", "{tmp}/afile", files={"afile": "x"}, id="data_cache_path_is_a_file",
-             phrases=("--data-cache-path", "afile is a file, not a directory", "pass a folder for the index maps")),
+             phrases=("--data-cache-path", "afile is a file, not a directory", "pass a --data-cache-path directory")),
     pretrain("--data-cache-path", "{tmp}/afile/maps", files={"afile": "x"}, id="data_cache_path_below_a_file",
-             phrases=("--data-cache-path", "maps lies under", "afile, which is a file", "pass a folder for the index")),
+             phrases=("--data-cache-path", "maps lies under", "afile, which is a file", "pass a --data-cache-path")),
 ]
 # ---- flags after -- that tools/extend_context.py sets itself (more in test_extend_context.py)
 CASES += [
@@ -933,6 +933,26 @@ FLAG_MISTAKES = {
     "min_lr_with_constant_decay": (["--lr-decay-style", "constant", "--min-lr", "1e-5"], (
         "--min-lr 1e-05 is given with --lr-decay-style constant", "linear or cosine")),
 }
+
+
+def test_a_data_cache_path_that_cannot_be_written_is_named_before_any_work(monkeypatch, capsys):
+    """A read-only --data-cache-path was found when the first index map was written, and the fix said
+    `pass --data-cache-path DIR, a folder every rank can write` to a user who had."""
+    import errno
+
+    import megatron.training as training
+    from megatron import paths
+
+    def read_only(folder):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(paths, "write_probe", read_only)
+    monkeypatch.setattr(training, "pretrain", lambda args: pytest.fail("the flags were accepted"))
+    placeholders = {"tmp": "/nonexistent", "data": "/nonexistent/data", "vocab": "/nonexistent/vocab.txt"}
+    argv = [part.format(**placeholders) for part in [*PRETRAIN, "--data-cache-path", "/nonexistent/ro/cache"]]
+    assert training.main(argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["pretrain_bert.py: error: --data-cache-path /nonexistent/ro/cache is not writable (Read-only file "
+                     "system); pass a --data-cache-path directory this user can write"]
 
 
 @pytest.mark.parametrize("mistake", FLAG_MISTAKES)
