@@ -17,6 +17,7 @@
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import warnings
 
@@ -34,6 +35,7 @@ def quiet_deepspeed(on_the_device: bool = False) -> None:
     """Call before the first `import deepspeed` of a process (imports torch to look for CUDA).
     `on_the_device`: the process trains (or launches ranks that do) on DeepSpeed's accelerator."""
     refuse_missing_accelerator(on_the_device)
+    refuse_bad_thread_count()
     quiet_c10d()
     if "DS_ACCELERATOR" not in os.environ:
         import torch
@@ -41,6 +43,16 @@ def quiet_deepspeed(on_the_device: bool = False) -> None:
         if not (torch.cuda.device_count() > 0 and torch.cuda.is_available()):
             os.environ["DS_ACCELERATOR"] = "cpu"
     warnings.filterwarnings("ignore", message=DEPRECATED_COLLECTIVES, category=FutureWarning)
+
+
+def refuse_bad_thread_count() -> None:
+    """An OMP_NUM_THREADS that OpenMP cannot read (`abc`, `0`, a profile's typo): libgomp printed `Invalid value
+    for environment variable OMP_NUM_THREADS` when torch loaded and the run went on with its own count. One
+    line before torch loads; a nested list (`4,2`) is OpenMP's and kept."""
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value is not None and not re.fullmatch(r"\s*[1-9][0-9]*(\s*,\s*[1-9][0-9]*)*\s*", value):
+        raise ConfigError(f"OMP_NUM_THREADS={value!r} is not a number of threads OpenMP reads",
+                          "unset OMP_NUM_THREADS (torch then uses the CPUs) or set it to a positive integer")
 
 
 def quiet_c10d() -> None:

@@ -686,6 +686,11 @@ CASES += [
          ("fill_mask.py: error: DS_ACCELERATOR=xpu", NO_ACCELERATOR), env={"DS_ACCELERATOR": "xpu"}),
     Case("accelerator_xpu_missing_convert", "convert", ["to-hf", "--load", "{tmp}/ck", "--output", "{tmp}/hf"],
          ("convert_checkpoint.py: error: DS_ACCELERATOR=xpu", NO_ACCELERATOR), env={"DS_ACCELERATOR": "xpu"}),
+    # libgomp's `Invalid value for environment variable OMP_NUM_THREADS`, and the run went on
+    Case("env_omp_num_threads_not_a_number", "pretrain", PRETRAIN, ("OMP_NUM_THREADS='abc' is not a number of threads",
+                                                                   "unset OMP_NUM_THREADS"), env={"OMP_NUM_THREADS": "abc"}),
+    Case("env_omp_num_threads_zero", "fill_mask", ["--text", "a [MASK]"], ("OMP_NUM_THREADS='0' is not a number",),
+         env={"OMP_NUM_THREADS": "0"}),
     Case("accelerator_cuda_missing_extend", "extend", ["--from", "{tmp}", "--seq-length", "256", "--save",
                                                        "{tmp}/ck", "--dry-run"],
          ("extend_context.py: error: DS_ACCELERATOR=cuda", NO_ACCELERATOR), env={"DS_ACCELERATOR": "cuda"}),
