@@ -16,16 +16,21 @@ quietly() {
     rm -f "$quiet_log"
     return "$status"
 }
-# .venv/.installed is written once the installs succeeded. A .venv without it and without pip is an
-# interrupted first install (Ctrl-C while `python3.11 -m venv` ran ensurepip): made again, not used as it is.
+# .venv/.installed is written once the installs succeeded, holding a checksum of what they installed from (the
+# pins, setup.py, the C++ helpers): a rerun with the same ones and the helpers built skips them (they took most
+# of a minute on every rerun). A .venv without it and without pip is an interrupted first install (Ctrl-C while
+# `python3.11 -m venv` ran ensurepip): made again, not used as it is.
 trap 'rm -f "${quiet_log:-}"; echo "pretrain_default.sh: stopped while installing .venv; run the same command again to finish the install" >&2; exit 130' INT
 if [ ! -e .venv/.installed ] && [ ! -x .venv/bin/pip ]; then
     [ ! -e .venv ] || echo "pretrain_default.sh: .venv is incomplete (an interrupted install): making it again"
     quietly python3.11 -m venv --clear .venv
 fi
-quietly .venv/bin/pip install -q -r requirements.txt
-quietly .venv/bin/pip install -q --no-build-isolation -e .
-touch .venv/.installed
+installed_from="$({ cat requirements.txt setup.py pyproject.toml megatron/*/*.cpp 2> /dev/null || true; } | cksum)"
+if [ "$(cat .venv/.installed 2> /dev/null)" != "$installed_from" ] || ! compgen -G 'megatron/data/helpers*.so' > /dev/null; then
+    quietly .venv/bin/pip install -q -r requirements.txt
+    quietly .venv/bin/pip install -q --no-build-isolation -e .
+    echo "$installed_from" > .venv/.installed
+fi
 trap - INT
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's JIT ops, built once
 gpus="$(.venv/bin/python -c 'import torch; print(torch.cuda.device_count())')"

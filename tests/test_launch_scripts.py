@@ -472,6 +472,15 @@ def test_the_main_job_recovers_from_an_install_interrupted_in_the_venv(tmp_path)
     done = subprocess.run(script, cwd=checkout, env=env, capture_output=True, text=True, timeout=60,
                           start_new_session=True)
     assert done.returncode == 0 and "incomplete" not in done.stdout and "python3.11" not in calls.read_text()
+    assert "pip install" in calls.read_text()  # the helpers are not built here
+    (checkout / "megatron" / "data").mkdir(parents=True)
+    (checkout / "megatron" / "data" / "helpers.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    calls.write_text("")
+    assert subprocess.run(script, cwd=checkout, env=env, capture_output=True, timeout=60).returncode == 0
+    assert "pip install" not in calls.read_text()  # a rerun installs nothing new: skipped (it took a minute)
+    (checkout / "requirements.txt").write_text("numpy==2.4.6\n")
+    assert subprocess.run(script, cwd=checkout, env=env, capture_output=True, timeout=60).returncode == 0
+    assert "pip install" in calls.read_text()  # new pins: installed
     # a stop of the training (Ctrl-C: the launcher's 130): the last line says the script resumes itself; the
     # rank's own said `resume with --load runs/default/checkpoints`, and DeepSpeed's [ERROR] line came last
     stopped = subprocess.run(script, cwd=checkout, env={**env, "LAUNCH_STATUS": "130"}, capture_output=True,
