@@ -61,6 +61,7 @@ class _GuardedLaunch:
         return subprocess.Popen(command, *args, **kwargs)
 
 
+DEEPSPEED_LOGGER = "DeepSpeed"  # deepspeed.utils.logger's name (LoggerFactory.create_logger)
 STOP_STATUSES = {str(code) for stop in STOPS for code in (128 + stop, -stop)}  # a rank that stopped, as launch.py sees it
 
 
@@ -78,9 +79,8 @@ def _deepspeed_main(launch: bool):
     """launch.py's main, or the runner's, which starts launch.py under this module."""
     if launch:
         from deepspeed.launcher.launch import main
-        from deepspeed.utils import logger
 
-        logger.addFilter(not_a_stops_kill_lines)
+        logging.getLogger(DEEPSPEED_LOGGER).addFilter(not_a_stops_kill_lines)
         return main
     from deepspeed.launcher import runner
     runner.subprocess = _GuardedLaunch()
