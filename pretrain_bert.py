@@ -4,11 +4,13 @@
         --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 256 --train-iters 300
 """
 import signal
+import sys
 import traceback
 
 from megatron.parallel.launch_env import launcher_rank
 from megatron.errors import BEFORE_THE_FIRST_STEP, start_up_stops_in_one_line, survive_lost_terminal
 from megatron.parallel import launcher_watch, master_address
+from megatron.paths import expand_home
 from megatron.quiet import quiet_deepspeed
 
 launcher_watch.note_launchers()  # first: a launcher that ends during the imports below is still noticed
@@ -20,6 +22,7 @@ with start_up_stops_in_one_line("pretrain_bert.py", BEFORE_THE_FIRST_STEP, tell=
     from megatron.training import exit_rank, main
 
 if __name__ == "__main__":  # every way out goes through exit_rank, which skips the interpreter's teardown
+    sys.argv[1:] = expand_home(sys.argv[1:])  # `--save=~/ck`: bash leaves that ~ as typed
     try:
         code = main()
     except KeyboardInterrupt:  # --debug's stop during start-up, shown where it happened

@@ -7,9 +7,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source examples_deepspeed/launcher_group.sh  # SIGTERM / Ctrl-C stop every rank; no accelerator warning on CPU; STOP_TIMEOUT checked
-[ -x .venv/bin/python ] || python3.11 -m venv .venv
-.venv/bin/pip install -q -r requirements.txt
-.venv/bin/pip install -q --no-build-isolation -e .
+# quietly COMMAND...: its output shown only if it fails (a Ctrl-C's Python traceback is not: the trap's line is)
+quietly() {
+    local status=0
+    quiet_log="$(mktemp)"
+    "$@" > "$quiet_log" 2>&1 || status=$?
+    [ "$status" -eq 0 ] || cat "$quiet_log" >&2
+    rm -f "$quiet_log"
+    return "$status"
+}
+# .venv/.installed is written once the installs succeeded, holding a checksum of what they installed from (the
+# pins, setup.py, the C++ helpers): a rerun with the same ones and the helpers built skips them (they took most
+# of a minute on every rerun). A .venv without it and without pip is an interrupted first install (Ctrl-C while
+# `python3.11 -m venv` ran ensurepip): made again, not used as it is.
+trap 'rm -f "${quiet_log:-}"; echo "pretrain_default.sh: stopped while installing .venv; run the same command again to finish the install" >&2; exit 130' INT
+if [ ! -e .venv/.installed ] && [ ! -x .venv/bin/pip ]; then
+    [ ! -e .venv ] || echo "pretrain_default.sh: .venv is incomplete (an interrupted install): making it again"
+    quietly python3.11 -m venv --clear .venv
+fi
+installed_from="$({ cat requirements.txt setup.py pyproject.toml megatron/*/*.cpp 2> /dev/null || true; } | cksum)"
+if [ "$(cat .venv/.installed 2> /dev/null)" != "$installed_from" ] || ! compgen -G 'megatron/data/helpers*.so' > /dev/null; then
+    quietly .venv/bin/pip install -q -r requirements.txt
+    quietly .venv/bin/pip install -q --no-build-isolation -e .
+    echo "$installed_from" > .venv/.installed
+fi
+trap - INT
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's JIT ops, built once
 gpus="$(.venv/bin/python -c 'import torch; print(torch.cuda.device_count())')"
 ranks=2 sp=()
@@ -28,6 +50,7 @@ save="$SAVE_DIR"
 # (benchmarks/RESULTS.md, "Main job: classic or modern layers"; README: the measured run).
 # --split 969,15,16: the default split's training documents, and 13 documents (4-5K tokens) each for
 # validation and test, where the default leaves test one document, fewer tokens than one micro-batch.
+set +e  # a stop (Ctrl-C, SIGTERM) is told below: this script passes --load itself, a rerun resumes
 run_launcher .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
     --deepspeed --deepspeed_config ds_configs/ring_sp2.json "${sp[@]}" --pack-samples --seq-length 1024 \
     --num-layers 3 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 192 \
@@ -37,6 +60,15 @@ run_launcher .venv/bin/deepspeed --num_gpus "$ranks" pretrain_bert.py \
     --micro-batch-size 2 --train-iters 1000 --lr 1e-3 --lr-warmup-fraction 0.02 \
     --log-interval 50 --eval-interval 250 --eval-iters 5 --split 969,15,16 \
     --save "$save" --load "$save" --log-dir runs/default "$@"
+status=$?
+set -e
+case "$status" in
+    0) ;;
+    129 | 130 | 143)
+        echo "pretrain_default.sh: stopped; run bash examples_deepspeed/pretrain_default.sh again to resume from $save (it loads it itself)" >&2
+        exit "$status" ;;
+    *) exit "$status" ;;
+esac
 # What the model learned: its top guesses for masked words of two sentences
 .venv/bin/python tools/fill_mask.py --load "$save" \
     --text "the function returns a [MASK] of the values." --text "see the [MASK] for more details."

@@ -14,7 +14,7 @@ from megatron.errors import ConfigError, OneLineParser
 from megatron.model.args import MODEL_PRESETS
 from megatron.model.fields import dest_to_field, flag_of, info
 from megatron.parallel.launch_env import launcher_rank, outlive_rank_0
-from megatron.paths import DEFAULT_DATA_DIR, in_repository
+from megatron.paths import DEFAULT_DATA_DIR, DEFAULT_LOG_DIR, in_repository
 
 # flags that megatron.config reads by their destination's name but that set no field: the preset (its
 # fields), the global batch size (DeepSpeed's train_batch_size). The fields' flags: fields.dest_to_field.
@@ -265,7 +265,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--eval-iters", type=int, default=10,
                      help="validation / test micro-steps per evaluation (default 10)")
     run.add_argument("--log-interval", type=int, default=10, help="steps between log lines (default 10)")
-    run.add_argument("--log-dir", default="runs/bert", help="metrics.jsonl and loss.png go here (default runs/bert)")
+    run.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help="metrics.jsonl and loss.png go here (default runs/bert, or the next free runs/bert-N when runs/bert holds another run's logs)")
     run.add_argument("--tensorboard-dir", help="write TensorBoard scalars here (needs the tensorboard package)")
     run.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     run.add_argument("--rendezvous-timeout", type=float, default=300, metavar="SECONDS",

@@ -15,6 +15,15 @@ REPOSITORY = Path(__file__).resolve().parents[1]  # pretrain_bert.py, tools/, do
 DEFAULT_DATA_DIR = ".cache/default_data"
 
 
+
+class DefaultPath(str):
+    """A path flag's default as argparse hands it back (the same object): told apart from the same path
+    typed by the user (`args.log_dir is DEFAULT_LOG_DIR`)."""
+
+
+DEFAULT_LOG_DIR = DefaultPath("runs/bert")  # --log-dir's default: run_log.free_log_dir picks runs/bert-N when taken
+
+
 def in_repository(name: str) -> str:
     """A file of this repository (`tools/clean_index_maps.py`, `docs/resuming.md`) as a hint names it: a
     path that works from the user's folder, as the README writes it when that is the repository, else
@@ -24,6 +33,24 @@ def in_repository(name: str) -> str:
     except OSError:  # the folder was removed under the process
         here = None
     return name if here == REPOSITORY else str(REPOSITORY / name)
+
+
+TEXT_FLAGS = ("--text",)  # values that are no path (fill_mask.py's sentences): left as typed
+
+
+def expand_home(argv: list) -> list:
+    """argv with `~` and `~user` expanded where a path value starts with it, as a shell does for a word
+    it sees: bash leaves `--save=~/ck` and a quoted '~/ck' (a job file's) alone, and the run wrote into a
+    folder named `~` in the current one (where a later `rm -rf ~` is a disaster). Called by pretrain_bert.py
+    and every tool (tools/this_repo.py) before their flags are parsed."""
+    expanded = []
+    for index, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if (index and argv[index - 1] in TEXT_FLAGS) or flag in TEXT_FLAGS or not value.startswith("~"):
+            expanded.append(arg)
+        else:
+            expanded.append(f"{flag}={os.path.expanduser(value)}" if equals else os.path.expanduser(value))
+    return expanded
 
 
 def repository_twin(path) -> str | None:

@@ -10,10 +10,15 @@
 - "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully", printed by every rank (and
   process of a benchmark) on every start, the op being built once and loaded after: that line alone
   (quiet_shm_build); a build that fails still raises, with its compiler output.
+- c10d's C++ log of a rendezvous that cannot reach MASTER_ADDR (`[W ... TCPStore.cpp] ... retrying`,
+  `[E ... socket.cpp]` and some 30 `frame #N` lines per try) before the trainer's one line about it:
+  TORCH_CPP_LOG_LEVEL=FATAL, read by torch when it loads (quiet_c10d), unless --debug or the user set it.
 """
 import importlib
 import importlib.util
 import os
+import re
+import sys
 import warnings
 
 from megatron.errors import ConfigError
@@ -30,12 +35,32 @@ def quiet_deepspeed(on_the_device: bool = False) -> None:
     """Call before the first `import deepspeed` of a process (imports torch to look for CUDA).
     `on_the_device`: the process trains (or launches ranks that do) on DeepSpeed's accelerator."""
     refuse_missing_accelerator(on_the_device)
+    refuse_bad_thread_count()
+    quiet_c10d()
     if "DS_ACCELERATOR" not in os.environ:
         import torch
 
         if not (torch.cuda.device_count() > 0 and torch.cuda.is_available()):
             os.environ["DS_ACCELERATOR"] = "cpu"
     warnings.filterwarnings("ignore", message=DEPRECATED_COLLECTIVES, category=FutureWarning)
+
+
+def refuse_bad_thread_count() -> None:
+    """An OMP_NUM_THREADS that OpenMP cannot read (`abc`, `0`, a profile's typo): libgomp printed `Invalid value
+    for environment variable OMP_NUM_THREADS` when torch loaded and the run went on with its own count. One
+    line before torch loads; a nested list (`4,2`) is OpenMP's and kept."""
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value is not None and not re.fullmatch(r"\s*[1-9][0-9]*(\s*,\s*[1-9][0-9]*)*\s*", value):
+        raise ConfigError(f"OMP_NUM_THREADS={value!r} is not a number of threads OpenMP reads",
+                          "unset OMP_NUM_THREADS (torch then uses the CPUs) or set it to a positive integer")
+
+
+def quiet_c10d() -> None:
+    """Before torch loads: its C++ warnings and errors (c10d's retries with their stack frames) are not
+    logged; the Python exception they end in still reaches the trainer, which says it in one line.
+    --debug, or a TORCH_CPP_LOG_LEVEL the user set, keeps them."""
+    if "--debug" not in sys.argv[1:]:
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 
 
 def quiet_shm_build() -> None:
@@ -87,8 +112,6 @@ def _lacking(name: str) -> str | None:
 
 
 if __name__ == "__main__":  # the launch scripts' check before DeepSpeed's runner: python -m megatron.quiet PROG
-    import sys
-
     from megatron.errors import run_tool
 
     sys.exit(run_tool(sys.argv[1], lambda: refuse_missing_accelerator(on_the_device=True)))

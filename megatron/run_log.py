@@ -35,6 +35,7 @@ class RunLog:
                                     / dist.get_world_size())
         self.window, self.window_seconds = [], 0.0
         self.dir = Path(args.log_dir)
+        self.moved = getattr(args.log_dir, "moved", "")  # why the default log dir was not used (free_log_dir)
         self.save = args.save and os.path.abspath(args.save)  # in each start record: a log dir names its checkpoints
         self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
         self.tensorboard = self.bar = None
@@ -202,9 +203,57 @@ class RunLog:
         records = read_metrics(metrics)
         plot = (plot_metrics(metrics, self.dir / "loss.png", records) if any(r["kind"] == "train" for r in records)
                 else "none (no training step was logged in this --log-dir)")
-        print(f"logs: {metrics}\nloss plot: {plot}"
+        print(f"logs: {metrics}{f' ({self.moved})' if self.moved else ''}\nloss plot: {plot}"
               + (f"\ncheckpoint: {saved_checkpoint(save_dir)}" if save_dir else ""),
               flush=True)
+
+
+class MovedLogDir(str):
+    """The log dir free_log_dir chose in place of the default, with why (`moved`), for the `logs:` line."""
+
+    def __new__(cls, path: str, moved: str = ""):  # the default: pickle makes it again without, then sets moved
+        chosen = super().__new__(cls, path)
+        chosen.moved = moved
+        return chosen
+
+
+def free_log_dir(log_dir: str, save: str | None) -> str:
+    """--log-dir as given; its default (paths.DEFAULT_LOG_DIR, runs/bert) unless another run's logs are there:
+    every run without --log-dir appended to one metrics.jsonl and replaced its config.json and index_maps.json
+    (clean_index_maps.py --keep-run runs/bert then kept the last run's maps only). A resume of a --save keeps
+    the default folder (or runs/bert-N) whose start records name that --save; otherwise the first free
+    runs/bert-N. A run without --save never shares one."""
+    if log_dir is not paths.DEFAULT_LOG_DIR:
+        return log_dir
+    save = save and os.path.abspath(save)
+    candidates = [str(log_dir)] + [f"{log_dir}-{number}" for number in range(2, 10_000)]
+    owners = {}
+    for candidate in candidates:
+        owners[candidate] = _saves_logged(Path(candidate))
+        if owners[candidate] is None:  # free: no run's records
+            break
+        if save and save in owners[candidate]:
+            return candidate if candidate == log_dir else MovedLogDir(candidate, f"{log_dir} holds another run's logs; "
+                                                                                  f"those of --save {save} are here")
+    if candidate == log_dir:
+        return log_dir
+    return MovedLogDir(candidate, f"{log_dir} holds another run's logs; --log-dir DIR picks the folder")
+
+
+def _saves_logged(folder: Path) -> set | None:
+    """The --save folders of the runs a log dir holds records of (None among them: a run without --save);
+    None when it holds no run's records (missing, empty, or only its lock)."""
+    metrics = folder / "metrics.jsonl"
+    saves = set()
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        for line in metrics.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(json.JSONDecodeError, AttributeError):
+                record = json.loads(line)
+                if record.get("kind") == "start":
+                    saves.add(record.get("save"))
+    if saves or any((folder / name).exists() for name in ("metrics.jsonl", "config.json", "index_maps.json")):
+        return saves
+    return None
 
 
 def saved_checkpoint(save_dir) -> str:

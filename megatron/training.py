@@ -33,6 +33,7 @@ from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, b
                                      check_data_vocab, check_fits, choose_tokenizer, explicit_tokenizer,
                                      naming_flags)
 from megatron.data.words import word_rule
+from megatron.data.workers import check_num_workers
 from megatron.ds_schema import OPTIMIZER_DEFAULTS, default_optimizer, optimizer_params_taken, precision
 from megatron.engine import build_engine, check_precision_supported, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import (WHERE_FIX, ConfigError, DataError, Interrupted, cannot_use, ignore_signals,
@@ -49,7 +50,7 @@ from megatron.parallel.peers import lost_rank_text, report_once
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
                              given_attention, kept_regime, lr_factor, note_replaced_settings, note_taken_regime,
                              resume_optimizer, resume_schedule, take_regime)
-from megatron.run_log import RunLog, log_dir_problem, tensorboard_problem
+from megatron.run_log import RunLog, free_log_dir, log_dir_problem, tensorboard_problem
 from megatron.stop_signals import END_OF_RUN, StopSignals
 
 
@@ -64,6 +65,7 @@ def main(argv=None) -> int:
         debug = args.debug
         check_flags(args)
         check_flag_combinations(args)
+        args.log_dir = free_log_dir(args.log_dir, args.save)  # the default runs/bert, or runs/bert-N when taken
         stopped_by = pretrain(args, start_up, progress)
     except Interrupted as error:  # a stop signal before the training loop (raise_on_signals)
         if debug:
@@ -176,8 +178,8 @@ def check_flags(args) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} {value} is {'negative' if value < 0 else 'zero'}: no step to train",
                               f"pass {flag} N with N >= 1 (the run length)")
-    if args.data_cache_path and (problem := paths.file_in_the_way("--data-cache-path", args.data_cache_path)):
-        raise ConfigError(problem, "pass a folder for the index maps (it is made if missing)")
+    if args.data_cache_path and (problem := log_dir_problem("--data-cache-path", args.data_cache_path)):
+        raise ConfigError(*problem)  # a file in the way or a read-only mount, named with the flag: before any map
     if args.train_iters is not None and args.train_samples is not None:
         raise ConfigError(f"--train-iters {args.train_iters} and --train-samples {args.train_samples} both set the "
                           "run length", "pass one of them")
@@ -188,7 +190,7 @@ def check_flags(args) -> None:
                         ("--checkpoint-num-layers", args.checkpoint_num_layers), ("--keep-last", args.keep_last),
                         ("--rendezvous-timeout", args.rendezvous_timeout)):
         at_least(flag, value, 1)
-    at_least("--num-workers", args.num_workers, 0, "pass --num-workers 0 (samples built in the rank) or more")
+    check_num_workers(args.num_workers)  # bounded by the CPUs (megatron/data/workers.py)
     if not 0 < args.mask_prob <= 1:
         raise ConfigError(f"--mask-prob {args.mask_prob} is outside (0, 1]",
                           "pass the fraction of tokens to mask, e.g. --mask-prob 0.15")

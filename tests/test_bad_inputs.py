@@ -245,6 +245,14 @@ CASES = [
              phrases=("no/such/prefix", "does not exist", "--data-path")),
     pretrain("--data-path", "{data}.bin", id="data_path_with_bin_suffix",
              phrases=(".bin.idx does not exist", "drop the .bin/.idx suffix: --data-path", "sample_text_sentence")),
+    # the data folder given: `data.idx does not exist` named a file that cannot be there
+    pretrain("--data-path", "{tmp}/data", id="data_path_is_the_data_folder",
+             setup=lambda tmp, assets: [(tmp / "data").mkdir()] + [
+                 shutil.copy(assets["data"] + suffix, f"{tmp}/data/c_text_sentence{suffix}") for suffix in (".bin", ".idx")],
+             phrases=("--data-path", "data is a folder, not a dataset prefix", "data/c_text_sentence")),
+    pretrain("--data-path", "{tmp}/c", id="data_path_only_a_killed_preprocess_partial",
+             setup=lambda tmp, assets: (tmp / "c.bin.partial").write_bytes(b"\0" * 64),
+             phrases=("c.bin.partial is the output of a preprocess_data.py that was killed", "run that preprocess again")),
     pretrain("--data-path", "{tmp}/corpus", id="data_path_is_the_output_prefix",  # not PREFIX_text_sentence
              setup=lambda tmp, assets: [shutil.copy(assets["data"] + suffix, f"{tmp}/corpus_text_sentence{suffix}")
                                         for suffix in (".bin", ".idx")],
@@ -365,6 +373,16 @@ CASES = [
     # ---- tools
     Case("tool_build_vocab_output_is_a_directory", "build_vocab", ["--input", "{corpus}", "--output", "{tmp}/out"],
          ("--output", "out is a directory", "pass a file path"), files={"out/.keep": ""}),
+    # an existing --output was replaced: the vocab its data needs, a dataset's .bin, the corpus itself
+    Case("tool_build_vocab_output_exists", "build_vocab", ["--input", "{corpus}", "--output", "{tmp}/vocab.txt"],
+         ("--output", "vocab.txt exists", "--overwrite"), files={"vocab.txt": "[PAD]\n"}),
+    Case("tool_build_vocab_output_is_a_dataset_file", "build_vocab", ["--input", "{corpus}", "--output", "{tmp}/c.bin",
+                                                                      "--overwrite"],
+         ("--output", "c.bin is named as a dataset's .bin file", "pass a .txt path")),
+    Case("tool_build_vocab_output_is_its_input", "build_vocab", ["--input", "{tmp}/c.json", "--output", "{tmp}/c.json",
+                                                                 "--overwrite"],
+         ("--output", "c.json is one of the --input files", "pass another --output"),
+         files={"c.json": '{"text": "One two three."}\n'}),
     Case("tool_build_vocab_binary_corpus", "build_vocab", ["--input", "{tmp}/corpus.bin", "--output", "{tmp}/v.txt"],
          ("corpus.bin line 1: invalid JSON (UnicodeDecodeError", "fix or remove the record"),
          setup=lambda tmp, assets: (tmp / "corpus.bin").write_bytes(b'{"text": "caf\xe9"}\n\x00\xff\xfe')),
@@ -669,6 +687,11 @@ CASES += [
          ("fill_mask.py: error: DS_ACCELERATOR=xpu", NO_ACCELERATOR), env={"DS_ACCELERATOR": "xpu"}),
     Case("accelerator_xpu_missing_convert", "convert", ["to-hf", "--load", "{tmp}/ck", "--output", "{tmp}/hf"],
          ("convert_checkpoint.py: error: DS_ACCELERATOR=xpu", NO_ACCELERATOR), env={"DS_ACCELERATOR": "xpu"}),
+    # libgomp's `Invalid value for environment variable OMP_NUM_THREADS`, and the run went on
+    Case("env_omp_num_threads_not_a_number", "pretrain", PRETRAIN, ("OMP_NUM_THREADS='abc' is not a number of threads",
+                                                                   "unset OMP_NUM_THREADS"), env={"OMP_NUM_THREADS": "abc"}),
+    Case("env_omp_num_threads_zero", "fill_mask", ["--text", "a [MASK]"], ("OMP_NUM_THREADS='0' is not a number",),
+         env={"OMP_NUM_THREADS": "0"}),
     Case("accelerator_cuda_missing_extend", "extend", ["--from", "{tmp}", "--seq-length", "256", "--save",
                                                        "{tmp}/ck", "--dry-run"],
          ("extend_context.py: error: DS_ACCELERATOR=cuda", NO_ACCELERATOR), env={"DS_ACCELERATOR": "cuda"}),
@@ -694,9 +717,9 @@ CASES += [
           "--ulysses-size 2 to extend_context.py")),
     # ---- paths
     pretrain("--data-cache-path", "{tmp}/afile", files={"afile": "x"}, id="data_cache_path_is_a_file",
-             phrases=("--data-cache-path", "afile is a file, not a directory", "pass a folder for the index maps")),
+             phrases=("--data-cache-path", "afile is a file, not a directory", "pass a --data-cache-path directory")),
     pretrain("--data-cache-path", "{tmp}/afile/maps", files={"afile": "x"}, id="data_cache_path_below_a_file",
-             phrases=("--data-cache-path", "maps lies under", "afile, which is a file", "pass a folder for the index")),
+             phrases=("--data-cache-path", "maps lies under", "afile, which is a file", "pass a --data-cache-path")),
 ]
 # ---- flags after -- that tools/extend_context.py sets itself (more in test_extend_context.py)
 CASES += [
@@ -879,6 +902,8 @@ FLAG_MISTAKES = {
     "save_interval_zero": (["--save-interval", "0"], ("--save-interval 0 must be >= 1",)),
     "keep_last_zero": (["--keep-last", "0"], ("--keep-last 0 must be >= 1",)),
     "num_workers_negative": (["--num-workers", "-1"], ("--num-workers -1 must be >= 0", "--num-workers 0")),
+    "num_workers_beyond_the_cpus": (["--num-workers", "100000"], (  # forked them all: the rank hung for minutes
+        "--num-workers 100000 is more than 4 x the", "os.cpu_count()", "pass --num-workers")),
     "negative_train_iters": (["--train-iters", "-5"], ("--train-iters -5 is negative", "the run length")),
     "train_iters_zero": (["--train-iters", "0"], ("--train-iters 0 is zero: no step to train", "N >= 1")),
     "negative_seed": (["--seed", "-1"], ("--seed -1 is outside [0, 2**32)",)),
@@ -914,6 +939,26 @@ FLAG_MISTAKES = {
     "min_lr_with_constant_decay": (["--lr-decay-style", "constant", "--min-lr", "1e-5"], (
         "--min-lr 1e-05 is given with --lr-decay-style constant", "linear or cosine")),
 }
+
+
+def test_a_data_cache_path_that_cannot_be_written_is_named_before_any_work(monkeypatch, capsys):
+    """A read-only --data-cache-path was found when the first index map was written, and the fix said
+    `pass --data-cache-path DIR, a folder every rank can write` to a user who had."""
+    import errno
+
+    import megatron.training as training
+    from megatron import paths
+
+    def read_only(folder):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(paths, "write_probe", read_only)
+    monkeypatch.setattr(training, "pretrain", lambda args: pytest.fail("the flags were accepted"))
+    placeholders = {"tmp": "/nonexistent", "data": "/nonexistent/data", "vocab": "/nonexistent/vocab.txt"}
+    argv = [part.format(**placeholders) for part in [*PRETRAIN, "--data-cache-path", "/nonexistent/ro/cache"]]
+    assert training.main(argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["pretrain_bert.py: error: --data-cache-path /nonexistent/ro/cache is not writable (Read-only file "
+                     "system); pass a --data-cache-path directory this user can write"]
 
 
 @pytest.mark.parametrize("mistake", FLAG_MISTAKES)
@@ -1458,3 +1503,60 @@ def test_an_error_line_is_one_write(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     peers.report_once("pretrain_bert.py: error: a mistake; fix it")
     assert writes == ["pretrain_bert.py: error: a mistake; fix it\n"]
+
+
+def test_a_rendezvous_address_that_does_not_answer_is_one_line_without_c10d_frames():
+    """Rank 0 with a MASTER_ADDR of another host (a stale cluster profile) under a launcher environment:
+    the trainer's one line came after c10d's retry warnings and some 30 C++ `frame #N` lines per try."""
+    code = ("import sys\nfrom megatron.quiet import quiet_deepspeed\nquiet_deepspeed()\n"
+            "from megatron.errors import ConfigError\nfrom megatron.parallel import device\n"
+            "try:\n    device.rendezvous('gloo', 3.0)\nexcept ConfigError as error:\n"
+            "    print(f'error: {error}', file=sys.stderr)\n    sys.exit(2)\n")
+    env = {name: value for name, value in os.environ.items() if name != "TORCH_CPP_LOG_LEVEL"}
+    env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="192.0.2.1", MASTER_PORT=str(free_port()))
+    result = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert "could not join the rendezvous at 192.0.2.1" in lines[0]
+
+
+def test_a_run_without_a_launcher_ignores_a_stale_master_addr(monkeypatch):
+    """`python pretrain_bert.py` with MASTER_ADDR left in the environment connected there (a world of 1
+    on a free local port at a remote host) and hung until --rendezvous-timeout: it meets itself on 127.0.0.1."""
+    from megatron.parallel.launch_check import launch_environment
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")
+    line = launch_environment()
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1" and os.environ["WORLD_SIZE"] == "1"
+    assert line.splitlines()[-1].startswith("note: MASTER_ADDR=192.0.2.1 from the environment is not used")
+
+
+def test_more_workers_than_cpus_is_one_warning_line_not_torchs(monkeypatch, capsys):
+    """--num-workers 4 on 2 CPUs printed torch's four-line UserWarning with file paths at the first step."""
+    import warnings
+
+    from megatron.data import workers
+
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        workers.check_num_workers(4)
+        warnings.warn("This DataLoader will create 4 worker processes in total. Our suggested max ...", UserWarning)
+    assert shown == []
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: --num-workers 4 is more than the 2 CPUs"), lines
+    workers.check_num_workers(2)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_tilde_after_an_equals_sign_is_the_home_folder(tmp_path, assets):
+    """`--save=~/ck` (bash expands no ~ after `=`) saved into a folder named `~` in the current one, and an
+    input given so was `~/data/vocab.txt does not exist`, though it was there."""
+    result = run_command("pretrain", [*PRETRAIN, "--vocab-file=~/none.txt"], tmp_path, assets,
+                         env={"HOME": str(tmp_path)})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    assert f"{tmp_path}/none.txt does not exist" in lines[0] and "~" not in lines[0], lines[0]

@@ -280,8 +280,15 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
             ([*hf, "--save", str(tmp_path / "a_file")], "a_file is a file; pass a folder"),
             ([*hf, "--save", str(source)], "--save is the --from folder; choose another --save"),
             ([*hf, "--save", save, "--master-port", "99999"], "--master-port 99999 is not a TCP port; pass a free"),
-            ([*hf, "--save", save, "--data-path", "x"], "--data-path is not an option of extend_context.py; flags for "
-             "pretrain_bert.py go after --"),
+            ([*hf, "--save", save, "--data-path", "x"], "--data-path is a pretrain_bert.py flag, given before --; put it "
+             "after --"),
+            # a trainer flag before --save made the rest a remainder: `required: --save`, though given
+            (["--from", str(source), "--seq-length", "128", "--data-path", "x", "--save", save, "--dry-run"],
+             "--data-path is a pretrain_bert.py flag, given before --"),
+            # this tool's required options after --: `required: --seq-length, --save`, not where they go
+            (["--from", str(source), "--", "--data-path", "x", "--seq-length", "128", "--save", save],
+             "--seq-length after -- would override what extend_context.py sets; pass --seq-length to extend_context.py "
+             "(before --)"),
             # what the tool sets, given again after --, abbreviated as argparse takes it: refused, not overridden
             ([*hf, "--save", save, "--", "--train-iters", "1", "--seq-len", "128"],
              "--seq-len (for --seq-length) after -- would override what extend_context.py sets; pass --seq-length to "

@@ -220,3 +220,25 @@ def test_a_text_file_that_is_missing_or_not_utf8_is_one_line(tmp_path):
             tool.main(["--load", str(tmp_path / "ckpt"), "--text-file", str(path)])
     with pytest.raises(ConfigError, match=r"^fill_mask.py needs a text; pass --text"):
         tool.main(["--load", str(tmp_path / "ckpt")])
+
+
+def test_a_text_longer_than_the_sequence_is_read_in_a_window_around_each_mask(tmp_path, capsys):
+    """A --text-file longer than the model's sequence was refused (`is 602 tokens ..., the model's sequence is
+    64; shorten the text`), though --text-file is the way to pass long texts: each mask is predicted from the
+    sequence's worth of tokens around it (the text's start or end where the mask is near one)."""
+    tool = load_tool()
+    vocab_file = write_vocab_file(tmp_path / "vocab.txt")
+    config = small_config("ring", seq_length=32, max_position_embeddings=32)
+    model = small_model(config, seed=3).eval()
+    tokenizer = build_tokenizer("BertWordPieceLowerCase", vocab_file)
+    words = [f"tok{i % 40}" for i in range(100)]  # one token each
+    words[10], words[50], words[90] = "[MASK]", "[MASK]", "[MASK]"
+    predicted = tool.fill_mask(model, tokenizer, " ".join(words), 3)
+    # 30 tokens between [CLS] and [SEP]: the first 30, 15 on each side of the middle mask, the last 30
+    for got, start in zip(predicted, (0, 35, 70)):
+        assert [got] == tool.fill_mask(model, tokenizer, " ".join(words[start:start + 30]), 3)
+    assert len(predicted) == 3
+    with pytest.raises(ConfigError, match="is empty; put"):
+        tool.fill_mask(model, tokenizer, "", 3, source="--text-file empty.txt")
+    tool.print_predictions("--text-file one.txt", "x " * 200 + "[MASK]", predicted[:1], ["[MASK]"])
+    assert capsys.readouterr().out.startswith("--text-file one.txt (406 characters, 1 mask)\n")

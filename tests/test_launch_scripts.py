@@ -423,3 +423,68 @@ def test_the_scripts_load_their_save_folder_so_a_rerun_resumes(tmp_path):
     assert f"--save {tmp_path / 'checkpoints'} --load {tmp_path / 'checkpoints'} " in command
     _, command = dry_run("bert_distributed.sh", tmp_path, "2", *LAYOUT, *SHAPE, "--save=ck", DRY_RUN="1")
     assert "--save ck --load ck " in command
+
+
+STUB_VENV = """#!/bin/bash
+# python3.11 -m venv [--clear] DIR, as a stub: a venv of stubs (python prints 0 GPUs, pip and the launcher do nothing)
+echo "python3.11 $*" >> "$CALLS"
+dir="${@: -1}"
+[ "$3" != --clear ] || rm -rf "$dir"
+mkdir -p "$dir/bin"
+printf '#!/bin/sh\\necho "$0 $*" >> "$CALLS"; case "$*" in *deepspeed_command*) exit ${LAUNCH_STATUS:-0};; esac; echo 0\\n' > "$dir/bin/python"
+chmod +x "$dir/bin/python"
+if [ -n "${INTERRUPT:-}" ]; then  # Ctrl-C while ensurepip runs: the group gets SIGINT, pip is never made
+    echo "Traceback (most recent call last): ... KeyboardInterrupt" >&2
+    kill -INT 0
+    sleep 5
+fi
+printf '#!/bin/sh\\necho "$0 $*" >> "$CALLS"\\n' > "$dir/bin/pip"
+chmod +x "$dir/bin/pip"
+"""
+
+
+def test_the_main_job_recovers_from_an_install_interrupted_in_the_venv(tmp_path):
+    """Ctrl-C while `python3.11 -m venv` ran ensurepip printed a 20-line KeyboardInterrupt traceback and left
+    a .venv without pip, which every rerun took as made (`.venv/bin/pip: No such file or directory`, 127).
+    Now: one line, and the rerun makes .venv again (here with a stub python3.11 and a venv of stubs)."""
+    checkout, stubs = tmp_path / "checkout", tmp_path / "stubs"
+    (checkout / "examples_deepspeed").mkdir(parents=True)
+    for name in ("pretrain_default.sh", "launcher_group.sh"):
+        (checkout / "examples_deepspeed" / name).write_text((SCRIPTS / name).read_text())
+    stubs.mkdir()
+    (stubs / "python3.11").write_text(STUB_VENV)
+    (stubs / "python3.11").chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "CALLS": str(calls), "CUDA_VISIBLE_DEVICES": ""}
+    script = ["bash", "examples_deepspeed/pretrain_default.sh"]
+    first = subprocess.run(script, cwd=checkout, env={**env, "INTERRUPT": "1"}, capture_output=True, text=True,
+                           timeout=60, start_new_session=True)
+    assert first.returncode == 130 and first.stderr.splitlines() == [
+        "pretrain_default.sh: stopped while installing .venv; run the same command again to finish the install"], first
+    assert (checkout / ".venv" / "bin" / "python").exists() and not (checkout / ".venv" / "bin" / "pip").exists()
+    again = subprocess.run(script, cwd=checkout, env=env, capture_output=True, text=True, timeout=60,
+                           start_new_session=True)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("pretrain_default.sh: .venv is incomplete (an interrupted install): making it again")
+    assert "python3.11 -m venv --clear .venv" in calls.read_text().splitlines()
+    assert (checkout / ".venv" / ".installed").exists() and (checkout / ".venv" / "bin" / "pip").exists()
+    calls.write_text("")
+    done = subprocess.run(script, cwd=checkout, env=env, capture_output=True, text=True, timeout=60,
+                          start_new_session=True)
+    assert done.returncode == 0 and "incomplete" not in done.stdout and "python3.11" not in calls.read_text()
+    assert "pip install" in calls.read_text()  # the helpers are not built here
+    (checkout / "megatron" / "data").mkdir(parents=True)
+    (checkout / "megatron" / "data" / "helpers.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    calls.write_text("")
+    assert subprocess.run(script, cwd=checkout, env=env, capture_output=True, timeout=60).returncode == 0
+    assert "pip install" not in calls.read_text()  # a rerun installs nothing new: skipped (it took a minute)
+    (checkout / "requirements.txt").write_text("numpy==2.4.6\n")
+    assert subprocess.run(script, cwd=checkout, env=env, capture_output=True, timeout=60).returncode == 0
+    assert "pip install" in calls.read_text()  # new pins: installed
+    # a stop of the training (Ctrl-C: the launcher's 130): the last line says the script resumes itself; the
+    # rank's own said `resume with --load runs/default/checkpoints`, and DeepSpeed's [ERROR] line came last
+    stopped = subprocess.run(script, cwd=checkout, env={**env, "LAUNCH_STATUS": "130"}, capture_output=True,
+                             text=True, timeout=60, start_new_session=True)
+    assert stopped.returncode == 130 and stopped.stderr.splitlines()[-1] == (
+        "pretrain_default.sh: stopped; run bash examples_deepspeed/pretrain_default.sh again to resume from "
+        "runs/default/checkpoints (it loads it itself)"), stopped.stderr

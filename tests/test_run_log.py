@@ -423,3 +423,42 @@ def test_the_loss_scale_is_read_as_every_fp16_optimizer_has_it(tmp_path, monkeyp
     log.step(1, 4, result, engine, seconds=0.5, lr=1e-3)
     records = run_log.read_metrics(tmp_path / "log" / "metrics.jsonl")
     assert [record["loss_scale"] for record in records if record["kind"] == "train"] == [256.0]
+
+
+def logged_run(folder: Path, save) -> None:
+    """A log dir holding one run's start record, as RunLog writes it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "metrics.jsonl", "a") as metrics:
+        metrics.write(json.dumps({"kind": "start", "run": "r", "iteration": 0, "time": 0.0, "save": save}) + "\n")
+
+
+def test_runs_without_log_dir_do_not_share_the_default_folder(tmp_path, monkeypatch):
+    """Every run without --log-dir appended to runs/bert/metrics.jsonl and replaced its config.json and
+    index_maps.json: another run (another --save, or any run when neither saves) gets the next free
+    runs/bert-N, named in the `logs:` line; a resume of the same --save keeps its folder."""
+    from megatron.paths import DEFAULT_LOG_DIR
+
+    monkeypatch.chdir(tmp_path)
+    assert run_log.free_log_dir(DEFAULT_LOG_DIR, "ck") == "runs/bert"  # nothing there yet
+    logged_run(tmp_path / "runs" / "bert", str(tmp_path / "ck"))
+    assert run_log.free_log_dir(DEFAULT_LOG_DIR, "ck") == "runs/bert"  # its resume
+    other = run_log.free_log_dir(DEFAULT_LOG_DIR, "other")
+    assert other == "runs/bert-2" and other.moved == "runs/bert holds another run's logs; --log-dir DIR picks the folder"
+    assert run_log.free_log_dir(DEFAULT_LOG_DIR, None) == "runs/bert-2"
+    assert run_log.free_log_dir("runs/bert", "other") == "runs/bert"  # typed: as given
+    logged_run(tmp_path / "runs" / "bert-2", str(tmp_path / "other"))
+    assert run_log.free_log_dir(DEFAULT_LOG_DIR, "other") == "runs/bert-2"
+    assert run_log.free_log_dir(DEFAULT_LOG_DIR, "third") == "runs/bert-3"
+    (tmp_path / "runs" / "bert-3").mkdir()  # made by a run that failed before its first record
+    assert run_log.free_log_dir(DEFAULT_LOG_DIR, "third") == "runs/bert-3"
+
+
+def test_the_trainer_picks_its_log_dir_before_it_starts(tmp_path, monkeypatch):
+    import megatron.training as training
+
+    monkeypatch.chdir(tmp_path)
+    logged_run(tmp_path / "runs" / "bert", None)
+    chosen = []
+    monkeypatch.setattr(training, "pretrain", lambda args, *rest: chosen.append(args.log_dir) or 0)
+    assert training.main(["--train-iters", "1"]) == 0
+    assert chosen == ["runs/bert-2"] and "another run's logs" in chosen[0].moved

@@ -762,3 +762,24 @@ def test_a_signal_to_the_whole_group_stops_a_run_with_data_workers(tmp_path, dat
     latest = checkpoint.latest_tag(str(tmp_path / "ckpt"))
     assert f"pretrain_bert.py: stopped by {signum.name} after iteration {int(latest[5:])}" in stdout.read_text()
     assert records(tmp_path, "train")[-1] == int(latest[5:])
+
+
+def test_launchs_kill_lines_after_a_stop_do_not_bury_the_ranks_line():
+    """Ctrl-C to the main job: the rank's line (saved, how to resume) was followed by launch.py's `Killing
+    subprocess N` lines and an [ERROR] line holding the rank's 60-argument command `exits with return code =
+    130`; only a failed rank's [ERROR] line stays."""
+    import logging
+
+    from megatron.parallel.deepspeed_command import not_a_stops_kill_lines
+
+    def record(level, message, function="sigkill_handler"):
+        line = logging.LogRecord("DeepSpeed", level, "launch.py", 259, message, None, None, func=function)
+        return not_a_stops_kill_lines(line)
+
+    assert not record(logging.INFO, "Killing subprocess 3147")
+    assert not record(logging.ERROR, "['python', '-u', 'pretrain_bert.py', '--local_rank=1'] exits with return code = 130")
+    assert not record(logging.ERROR, "['python', '-u', 'pretrain_bert.py'] exits with return code = -15")
+    assert not record(logging.INFO, "Main process received SIGINT, exiting")
+    assert record(logging.ERROR, "['python', '-u', 'pretrain_bert.py'] exits with return code = 1")
+    assert record(logging.ERROR, "['python', '-u', 'pretrain_bert.py'] exits with return code = -9")
+    assert record(logging.INFO, "Killing subprocess 3147", function="main")

@@ -333,6 +333,25 @@ def test_maps_of_data_replaced_by_a_copy_are_counted_and_cleaned(corpora, tmp_pa
     assert index_maps.maps_of(prefix, cache_path=None) == [Path(path) for path in used]
 
 
+def test_clean_names_the_cache_folder_of_a_kept_run(corpora, tmp_path, capsys):
+    """A run with --data-cache-path, cleaned without it: `would remove 0 index maps (0 B), 0 kept` and nothing
+    said of the maps the kept run lists in its cache folder."""
+    long, _, vocab, tokenizer = corpora
+    prefix = preprocessed(long, tmp_path / "data" / "wiki", vocab)
+    cache = tmp_path / "newcache" / "sub"
+    used = index_maps.used_maps(train_set(prefix, tokenizer, cache_path=str(cache)))
+    (tmp_path / "log").mkdir()
+    index_maps.write_used(str(tmp_path / "log"), used)
+    capsys.readouterr()  # the maps' build lines
+    load_tool("clean_index_maps").main([prefix, "--keep-run", str(tmp_path / "log"), "--dry-run"])
+    assert capsys.readouterr().out.splitlines() == [
+        f"would remove 0 index maps (0 B), 0 kept; the --keep-run maps of these prefixes lie in {cache.resolve()}, "
+        f"not searched: add --data-cache-path {cache.resolve()} (the run's) to clean there"]
+    load_tool("clean_index_maps").main([prefix, "--keep-run", str(tmp_path / "log"), "--dry-run",
+                                        "--data-cache-path", str(cache)])
+    assert capsys.readouterr().out.splitlines()[-1] == f"would remove 0 index maps (0 B), {len(used)} kept"
+
+
 def test_clean_refuses_a_prefix_with_neither_data_nor_maps(corpora, tmp_path):
     """A typo, a folder, "" or the .bin itself would otherwise be "0 index maps removed"."""
     prefix = preprocessed(corpora[0], tmp_path / "wiki", corpora[2])

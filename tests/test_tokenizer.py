@@ -1,6 +1,7 @@
 """WordPiece tokenizers over a vocab.txt, and tools/build_vocab.py training one."""
 import importlib.util
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -107,6 +108,26 @@ def test_build_vocab_cli_reports_bad_input_in_one_line(tmp_path):
                             timeout=100)
     assert result.returncode == 0 and "skipped 1 invalid record (the first: " in result.stdout, result
     assert "c.json line 3: invalid JSON" in result.stdout and "fine" in (tmp_path / "v.txt").read_text().split()
+    # a vocab above --vocab-size said nothing of why (the alphabet is kept at any size)
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "build_vocab.py"), "--input", str(corpus),
+                             "--output", str(tmp_path / "small.txt"), "--vocab-size", "6", "--skip-invalid"],
+                            capture_output=True, text=True, timeout=100)
+    assert result.returncode == 0 and "more than --vocab-size 6: WordPiece keeps every character" in result.stdout
+
+
+def test_a_tilde_in_a_tools_path_is_the_home_folder(tmp_path):
+    """`--output=~/v.txt` (bash expands no ~ after `=`) wrote into a folder named `~` in the current one."""
+    from megatron.paths import expand_home
+
+    corpus = write_corpus(tmp_path / "c.json", ["one two three four", "one two three five"])
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "build_vocab.py"), "--input", "~/c.json",
+                             "--output=~/v.txt", "--vocab-size", "40"], capture_output=True, text=True, timeout=100,
+                            cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
+    assert result.returncode == 0 and (tmp_path / "v.txt").is_file() and not (tmp_path / "~").exists(), result.stderr
+    assert corpus.is_file()
+    home = os.path.expanduser("~")
+    assert expand_home(["--save=~/ck", "--load", "~/ck", "~", "--text", "~/x", "--text=~/y", "a~b"]) == [
+        f"--save={home}/ck", "--load", f"{home}/ck", home, "--text", "~/x", "--text=~/y", "a~b"]
 
 
 def bert_json(path: Path, lower_case: bool, pre_tokenizer=None) -> Path:

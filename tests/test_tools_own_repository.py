@@ -45,3 +45,13 @@ def test_the_default_data_is_the_repositorys_from_any_folder(tmp_path, monkeypat
     fill_mask = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fill_mask)
     assert Path(fill_mask.DEFAULT_VOCAB) == ROOT / ".cache" / "default_data" / "vocab.txt"
+
+
+@pytest.mark.parametrize("tool", ["build_vocab", "plot_run"])
+def test_a_tool_runs_as_a_module_from_the_repository_root(tool):
+    """`python -m tools.build_vocab` stopped with `ModuleNotFoundError: No module named 'this_repo'`
+    (the tools import it from their folder, which only `python tools/X.py` puts on sys.path)."""
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", f"tools.{tool}", "--help"], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=ROOT)
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]

@@ -10,7 +10,7 @@ from pathlib import Path
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron import paths
-from megatron.data.corpus_files import FORMATS_HELP
+from megatron.data.corpus_files import FORMATS_HELP, Corpus
 from megatron.data.tokenizer import SPECIAL_TOKENS, TOKENIZER_TYPES
 from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.errors import ConfigError, OneLineParser, run_tool
@@ -20,7 +20,9 @@ def main(argv=None):
     parser = OneLineParser(prog="build_vocab.py", description=__doc__)
     parser.add_argument("--input", required=True, help=f"the corpus: {FORMATS_HELP}, or a folder or glob of shards "
                         "(as tools/preprocess_data.py reads it)")
-    parser.add_argument("--output", required=True, help="vocab.txt to write")
+    parser.add_argument("--output", required=True, help="vocab.txt to write (not an existing file unless --overwrite)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --output (never one of the --input files or a dataset's .bin/.idx)")
     parser.add_argument("--json-keys", nargs="+", default=["text"])
     parser.add_argument("--tokenizer-type", default="BertWordPieceLowerCase", choices=sorted(TOKENIZER_TYPES))
     parser.add_argument("--vocab-size", type=int, default=30522)
@@ -32,6 +34,7 @@ def main(argv=None):
     if output.is_dir():
         raise ConfigError(f"--output {output} is a directory",
                           f"pass a file path, e.g. --output {output / 'vocab.txt'}")
+    refuse_output(output, args.input, args.json_keys, args.overwrite)
     if args.vocab_size <= len(SPECIAL_TOKENS):
         raise ConfigError(f"--vocab-size {args.vocab_size} leaves no room beyond the special tokens",
                           "pass a larger --vocab-size")
@@ -54,7 +57,26 @@ def main(argv=None):
         raise
     print(f"wrote {len(tokens)} tokens to {output}" + (
         f"; skipped {len(skipped)} invalid record{'s' if len(skipped) > 1 else ''} (the first: {skipped[0]})"
-        if skipped else ""))
+        if skipped else "") + (
+        f" ({len(tokens) - args.vocab_size} more than --vocab-size {args.vocab_size}: WordPiece keeps every character "
+        "of the corpus, its alphabet, at any size)" if len(tokens) > args.vocab_size else ""))
+
+
+def refuse_output(output: Path, input_spec: str, json_keys: list, overwrite: bool) -> None:
+    """An --output that would destroy something: one of the --input files (the corpus replaced by a vocab),
+    a dataset's .bin/.idx, or (without --overwrite) any existing file: most often the vocab that data and
+    checkpoints were made with, which they need to be read again."""
+    if output.suffix in (".bin", ".idx"):
+        raise ConfigError(f"--output {output} is named as a dataset's {output.suffix} file, not a vocab",
+                          f"pass a .txt path, e.g. --output {output.with_suffix('.txt')}")
+    if not output.exists():
+        return
+    if any(os.path.samefile(shard.path, output) for shard in Corpus(input_spec, tuple(json_keys)).shards):
+        raise ConfigError(f"--output {output} is one of the --input files: the corpus would be replaced by its vocab",
+                          "pass another --output, e.g. vocab.txt beside it")
+    if not overwrite:
+        raise ConfigError(f"--output {output} exists (data and checkpoints made with a vocab need that vocab)",
+                          "pass another --output, or add --overwrite to replace it")
 
 
 _finished = []  # one event per in_thread call, set when its function has returned or raised

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.data.index_maps import USED_FILE, maps_of, read_used, size_text
+from megatron.data.index_maps import USED_FILE, maps_folder, maps_of, read_used, size_text
 from megatron.errors import ConfigError, OneLineParser, run_tool
 
 
@@ -66,8 +66,19 @@ def main(argv=None) -> int:
             path.unlink()
         print(f"{'would remove' if args.dry_run else 'removed'} {path}")
     print(f"{'would remove' if args.dry_run else 'removed'} {len(doomed)} index maps ({size_text(size)}), "
-          f"{len(found) - len(doomed)} kept")
+          f"{len(found) - len(doomed)} kept" + kept_elsewhere(keep, args.prefixes, args.data_cache_path))
     return 0
+
+
+def kept_elsewhere(keep: set, prefixes: list, cache_path: str | None) -> str:
+    """A kept run whose maps of these prefixes lie in a folder not searched (it ran with another
+    --data-cache-path): named with the flag that reaches them, not a silent `0 index maps`."""
+    searched = {maps_folder(prefix, cache_path).resolve() for prefix in prefixes}
+    names = tuple(f"{Path(prefix).name}-" for prefix in prefixes)
+    away = sorted({str(Path(path).parent) for path in keep
+                   if Path(path).name.startswith(names) and Path(path).parent not in searched})
+    return (f"; the --keep-run maps of these prefixes lie in {', '.join(away)}, not searched: add --data-cache-path "
+            f"{away[0]} (the run's) to clean there" if away else "")
 
 
 if __name__ == "__main__":

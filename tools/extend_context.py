@@ -72,6 +72,7 @@ def parse_args(argv=None):
     parser.add_argument("--master-port", type=int, help="the launcher's rendezvous port (default its 29500)")
     parser.add_argument("--dry-run", action="store_true", help="print the launch command, do not run it")
     parser.add_argument("pretrain_args", nargs=argparse.REMAINDER, help="-- then flags for pretrain_bert.py")
+    refuse_misplaced_flags(parser, sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
     if args.pretrain_args[:1] == ["--"]:
         args.pretrain_args = args.pretrain_args[1:]
@@ -85,6 +86,19 @@ def parse_args(argv=None):
                           "e.g. 29500")
     refuse_set_flags(args.pretrain_args)
     return args
+
+
+def refuse_misplaced_flags(parser: argparse.ArgumentParser, argv: list) -> None:
+    """Flags on the wrong side of `--`, named before argparse reads them: a pretrain_bert.py flag before it
+    made the rest a remainder (`required: --save` for a --save given after it), and this tool's options
+    after it were `required: --seq-length, --save` rather than where to put them."""
+    split = argv.index("--") if "--" in argv else len(argv)
+    own = {flag for flag, _ in flags_given(parser, argv[:split])}
+    for flag, _ in flags_given(trainer_parser(), argv[:split]):
+        if flag not in own:
+            raise ConfigError(f"{flag} is a pretrain_bert.py flag, given before --",
+                              f"put it after --: extend_context.py --from DIR --seq-length N --save DIR -- {flag} ...")
+    refuse_set_flags(argv[split + 1:])
 
 
 # the config fields that launch_command sets -> this tool's option for them (None: none, the tool's own choice)

@@ -5,7 +5,8 @@
 
 Loads the checkpoint (any pipeline / sequence-parallel degree / ZeRO stage) into one process and
 prints the top-k tokens for every [MASK], with their probabilities; a long text (a --text-file: one
-argument holds at most 128 KiB) is shown as a window of context around each [MASK]. The tokenizer is the one the
+argument holds at most 128 KiB) is shown as a window of context around each [MASK], and one longer than the
+model's sequence is read so: each [MASK] is predicted from the sequence's worth of tokens around it. The tokenizer is the one the
 checkpoint carries (a flag naming another vocab is refused); one that carries none uses --vocab-file /
 --tokenizer-file, by default (a run trained before checkpoints carried one) the embedded corpus' vocab.
 """
@@ -40,26 +41,36 @@ DEFAULT_VOCAB = in_repository(f"{DEFAULT_DATA_DIR}/vocab.txt")  # the trainer's 
 
 def encode(tokenizer, text: str, seq_length: int, source: str | None = None) -> tuple:
     """[CLS] text [SEP] with every literal [MASK] (or the tokenizer's own mask token, e.g. <mask>) as the
-    mask id -> (BertBatch of one sample, mask positions). A Hugging Face tokenizer encodes the text
-    with its mask token in place, as transformers does (its spacing rules, e.g. lstrip, apply).
-    `source` names the text in errors (default `--text 'the text'`; `--text-file PATH` for a file)."""
-    source = source or text_label(text)
+    mask id -> (BertBatch of one sample, mask positions); a text longer than the sequence is one line
+    (fill_mask reads such a text in windows). `source` names the text in errors (default `--text 'the
+    text'`; `--text-file PATH` for a file)."""
+    body = masked_tokens(tokenizer, text, source or text_label(text))
+    if len(body) + 2 > seq_length:
+        raise ConfigError(f"{source or text_label(text)} is {len(body) + 2} tokens with [CLS] and [SEP], the "
+                          f"model's sequence is {seq_length}", "shorten the text")
+    return as_sample(tokenizer, body, seq_length)
+
+
+def masked_tokens(tokenizer, text: str, source: str) -> list:
+    """The text's token ids with the mask id for each mask written in it. A Hugging Face tokenizer encodes
+    the text with its mask token in place, as transformers does (its spacing rules, e.g. lstrip, apply)."""
     mask_token = tokenizer.convert_ids_to_tokens([tokenizer.mask])[0]
     markers = mask_markers(tokenizer)
     refuse_other_mask_spelling(text, markers, mask_token, source)
     pieces = re.split("|".join(map(re.escape, markers)), text)
     if len(pieces) == 1:
-        raise ConfigError(f"{source} holds no {' or '.join(markers)}",
+        raise ConfigError(f"{source} {'holds no ' + ' or '.join(markers) if text.strip() else 'is empty'}",
                           f"put {MASK} where a word should be predicted")
     body = tokenizer.tokenize(mask_token.join(pieces)) if isinstance(tokenizer, HFTokenizer) else []
     if body.count(tokenizer.mask) != len(pieces) - 1:  # WordPiece (no added tokens): piece by piece
         body = [token for piece in pieces[:-1] for token in (*tokenizer.tokenize(piece), tokenizer.mask)]
         body += tokenizer.tokenize(pieces[-1])
-    ids = [tokenizer.cls, *body]
-    ids.append(tokenizer.sep)
-    if len(ids) > seq_length:
-        raise ConfigError(f"{source} is {len(ids)} tokens with [CLS] and [SEP], the model's sequence is {seq_length}",
-                          "shorten the text")
+    return body
+
+
+def as_sample(tokenizer, body: list, seq_length: int) -> tuple:
+    """[CLS] body [SEP], padded to the sequence -> (BertBatch of one sample, mask positions)."""
+    ids = [tokenizer.cls, *body, tokenizer.sep]
     tokens = torch.full((1, seq_length), tokenizer.pad)
     tokens[0, :len(ids)] = torch.tensor(ids)
     padding = torch.arange(seq_length)[None] >= len(ids)
@@ -67,6 +78,16 @@ def encode(tokenizer, text: str, seq_length: int, source: str | None = None) -> 
     batch = BertBatch.unpacked(tokens, torch.zeros_like(tokens), padding, tokens, masked,
                                torch.zeros(1, dtype=torch.long))
     return batch, masked[0].nonzero().flatten().tolist()
+
+
+def windows(body: list, mask_id: int, room: int) -> list:
+    """(start, the masks predicted from body[start:start + room]) covering every mask: the whole body when it
+    fits, else a window of `room` tokens around each mask (centred where the text allows), so a text longer
+    than the model's sequence is read with the context nearest to each mask."""
+    masks = [index for index, token in enumerate(body) if token == mask_id]
+    if len(body) <= room:
+        return [(0, masks)]
+    return [(min(max(0, mask - room // 2), len(body) - room), [mask]) for mask in masks]
 
 
 def text_label(text: str) -> str:
@@ -94,11 +115,17 @@ def refuse_other_mask_spelling(text: str, markers: list, mask_token: str, source
 @torch.no_grad()
 def fill_mask(model: BertModel, tokenizer, text: str, top_k: int, source: str | None = None) -> list:
     """-> per [MASK]: [(token, probability)] best first."""
-    batch, _ = encode(tokenizer, text, model.config.seq_length, source)
-    mlm_logits, _ = model(*batch.model_inputs())
-    probabilities = torch.softmax(mlm_logits[:, :tokenizer.vocab_size].float(), dim=-1)
-    best = probabilities.topk(top_k, dim=-1)
-    return [list(zip(guesses(tokenizer, ids), values.tolist())) for values, ids in zip(*best)]
+    seq_length = model.config.seq_length
+    body = masked_tokens(tokenizer, text, source or text_label(text))
+    predicted = []
+    for start, masks in windows(body, tokenizer.mask, seq_length - 2):  # [CLS] and [SEP] take two
+        batch, positions = as_sample(tokenizer, body[start:start + seq_length - 2], seq_length)
+        mlm_logits, _ = model(*batch.model_inputs())
+        rows = [positions.index(mask - start + 1) for mask in masks]  # +1: [CLS]
+        probabilities = torch.softmax(mlm_logits[rows, :tokenizer.vocab_size].float(), dim=-1)
+        best = probabilities.topk(top_k, dim=-1)
+        predicted += [list(zip(guesses(tokenizer, ids), values.tolist())) for values, ids in zip(*best)]
+    return predicted
 
 
 def guesses(tokenizer, ids) -> list[str]:
@@ -127,7 +154,7 @@ def print_predictions(label: str, text: str, masks: list, markers: list) -> None
         print(text)
         windows = [""] * len(masks)
     else:
-        print(f"{label} ({len(text)} characters, {len(masks)} masks)")
+        print(f"{label} ({len(text)} characters, {len(masks)} mask{'' if len(masks) == 1 else 's'})")
         windows = [f" {window}" for window in contexts(text, markers)]
     for number, (predictions, window) in enumerate(zip(masks, windows), start=1):
         print(f"  [MASK] {number}:{window}{' ->' if window else ''} "

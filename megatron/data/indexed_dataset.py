@@ -264,7 +264,24 @@ def _mismatch(index_path, bin_path, bin_size, described) -> DataError:
 def _require_files(prefix):
     for path in (index_file_path(prefix), data_file_path(prefix)):
         if not os.path.isfile(path):
+            if os.path.isdir(prefix):  # `--data-path data`: it named data.idx (`data/`: data/.idx)
+                raise DataError(f"--data-path {prefix} is a folder, not a dataset prefix", _folder_fix(str(prefix)))
+            if os.path.isfile(f"{data_file_path(prefix)}.partial"):
+                raise DataError(f"dataset file {path} does not exist: {data_file_path(prefix)}.partial is the output "
+                                "of a preprocess_data.py that was killed", "run that preprocess again (it removes the "
+                                "partial output first)")
             raise DataError(f"dataset file {path} does not exist", _missing_fix(str(prefix)))
+
+
+def _folder_fix(folder: str) -> str:
+    """The fix for a --data-path naming a folder: the prefixes of the datasets in it, else the tool to run."""
+    held = sorted(found[:-4] for found in glob.glob(os.path.join(glob.escape(folder), "*.idx"))
+                  if os.path.isfile(f"{found[:-4]}.bin"))
+    if held:
+        return (f"pass the prefix of the dataset it holds (the .bin/.idx path without its suffix): --data-path "
+                f"{held[0]}" + (f" (or {', '.join(held[1:])})" if len(held) > 1 else ""))
+    return "pass the prefix of a .bin/.idx pair (FOLDER/NAME without the suffix) or run " + in_repository(
+        "tools/preprocess_data.py")
 
 
 def _missing_fix(prefix: str) -> str:

@@ -15,6 +15,7 @@ command with 0 short of --train-iters, and launch.py, when a rank dies by SIGKIL
 Run as `python -P -m megatron.parallel.deepspeed_command ...` (-P: the megatron the tool imported,
 not one in the working directory); launcher_watch counts it among the launchers.
 """
+import logging
 import os
 import signal
 import subprocess
@@ -60,10 +61,26 @@ class _GuardedLaunch:
         return subprocess.Popen(command, *args, **kwargs)
 
 
+DEEPSPEED_LOGGER = "DeepSpeed"  # deepspeed.utils.logger's name (LoggerFactory.create_logger)
+STOP_STATUSES = {str(code) for stop in STOPS for code in (128 + stop, -stop)}  # a rank that stopped, as launch.py sees it
+
+
+def not_a_stops_kill_lines(record) -> bool:
+    """launch.py's sigkill_handler lines: after a rank stopped on a signal (Ctrl-C to the main job), `Killing
+    subprocess N` for each rank and `[ERROR] [<the 60-argument rank command>] exits with return code = 130`
+    came after the rank's own line (what it saved, how to resume), burying it. Only the [ERROR] line of a
+    rank that failed stays. A logging filter of DeepSpeed's logger, in launch.py's process (False: dropped)."""
+    if record.funcName != "sigkill_handler":
+        return True
+    return record.levelno >= logging.ERROR and record.getMessage().rsplit(" = ", 1)[-1] not in STOP_STATUSES
+
+
 def _deepspeed_main(launch: bool):
     """launch.py's main, or the runner's, which starts launch.py under this module."""
     if launch:
         from deepspeed.launcher.launch import main
+
+        logging.getLogger(DEEPSPEED_LOGGER).addFilter(not_a_stops_kill_lines)
         return main
     from deepspeed.launcher import runner
     runner.subprocess = _GuardedLaunch()

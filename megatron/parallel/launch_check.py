@@ -13,14 +13,17 @@ RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # launchers DeepSpeed discovers without them: MPI (through mpi4py), AzureML, SageMaker, DLTS
 MPI_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 OTHER_LAUNCHERS = ("AZUREML_EXPERIMENT_ID", "SM_TRAINING_ENV", "DLTS_JOB_ID")
+LOCAL_HOST = "127.0.0.1"  # the rendezvous of a world of 1
 HOW_TO_LAUNCH = f"deepspeed --num_gpus N {paths.in_repository('pretrain_bert.py')} ... (or torchrun --nproc_per_node N)"
 
 
 def launch_environment() -> str | None:
     """`python pretrain_bert.py ...` without a launcher runs as one process: with none of RANK,
     WORLD_SIZE, LOCAL_RANK set (and no MPI or cluster launcher of DeepSpeed's), the env://
-    rendezvous of a world of 1 is set (MASTER_ADDR 127.0.0.1, a free MASTER_PORT, unless given);
-    returns the line that says so. Without it DeepSpeed would look for MPI and fail with
+    rendezvous of a world of 1 is set (MASTER_ADDR 127.0.0.1, a free MASTER_PORT unless given);
+    returns the line that says so. A MASTER_ADDR left in the environment (a cluster profile's, an old
+    job's) is replaced, with a note: a world of 1 has no one to meet elsewhere, and torch would retry
+    that address until --rendezvous-timeout. Without it DeepSpeed would look for MPI and fail with
     `No module named 'mpi4py'`. A partial launcher environment, or MPI without mpi4py, is one line
     saying how to launch."""
     present = [name for name in RENDEZVOUS if name in os.environ]
@@ -47,8 +50,11 @@ def launch_environment() -> str | None:
                           f"launch with {HOW_TO_LAUNCH}, or unset {', '.join(present)} to run one process")
     from megatron.parallel.spawn import free_port
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    stale = os.environ.get("MASTER_ADDR", LOCAL_HOST)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    return (f"no launcher: running as one process (world size 1); for several GPUs or nodes launch with "
-            f"{HOW_TO_LAUNCH}")
+    os.environ.update(MASTER_ADDR=LOCAL_HOST, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    line = f"no launcher: running as one process (world size 1); for several GPUs or nodes launch with {HOW_TO_LAUNCH}"
+    if stale != LOCAL_HOST:
+        line += (f"\nnote: MASTER_ADDR={stale} from the environment is not used: a run without a launcher meets only "
+                 f"itself, at {LOCAL_HOST}")
+    return line
