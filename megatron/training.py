@@ -424,12 +424,17 @@ def weights_origin(plan: StartPlan) -> dict:
 
 def pending_origin(plan: StartPlan, save: str | None) -> concurrent.futures.Future | None:
     """weights_origin for the checkpoints of a new run's rank 0 (None: another rank, a resume, which keeps
-    its checkpoint's, or a run that saves none), computed in a thread: the hash reads every weight
-    (seconds to minutes for a large model), and neither the start-up checks nor the rendezvous, whose
-    --rendezvous-timeout the other ranks count while rank 0 is not there yet, wait on it.
-    resume_or_start takes its result (its error, if any)."""
+    its checkpoint's, or a run that saves none); resume_or_start takes its result (its error, if any).
+    An HF folder's hash reads its files block by block in a thread: neither the start-up nor the
+    rendezvous, whose --rendezvous-timeout the other ranks count while rank 0 is not there yet, waits on
+    it. A checkpoint's hash loads its weights: done here, before initial_weights loads them again, so
+    that rank 0 never holds two copies (it did, hashed aside while the run's copy was held)."""
     if not save or plan.resume or launcher_rank() != 0:
         return None
+    if plan.source is None or plan.source[1] == "checkpoint":
+        done = concurrent.futures.Future()
+        done.set_result(weights_origin(plan))
+        return done
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weights-origin")
     try:
         return pool.submit(weights_origin, plan)
@@ -812,9 +817,6 @@ def check_start_up(args, plan: StartPlan) -> StartUp:
     determinism.configure(args.deterministic)
     torch.manual_seed(args.seed)  # the heads an HF folder lacks are initialised below
     setup = check_before_rendezvous(args, plan)
-    # the hash of the starting weights, after the checks above (a mistake is one line before it) and
-    # aside: the other ranks count --rendezvous-timeout while they wait for rank 0 there
-    setup.origin = pending_origin(plan, args.save)
     join_process_group(args, note)
     if args.save:
         checkpoint.check_writable(args.save)  # before any work that a failed first save would lose
@@ -835,14 +837,15 @@ def check_before_rendezvous(args, plan: StartPlan) -> StartUp:
     ds = deepspeed_settings(args)
     check_precision_supported(ds)  # fp16 on a CPU without its kernels: before the rendezvous and the data
     flags = model_flags(args, ds, plan)
-    world = os.environ.get("WORLD_SIZE", "")
+    origin = pending_origin(plan, args.save)  # the starting weights' hash, after the checks above: a mistake
+    world = os.environ.get("WORLD_SIZE", "")  # is one line before it
     checked, bert_state = world.isdigit(), None
     if checked:  # else (MPI, AzureML discovery) at the resolve after the rendezvous, still before the data
         config = resolve({**flags, "vocab_size": flags["vocab_size"] or BertConfig.vocab_size}, ds, int(world))
         check_sample_room(config)
         if flags["vocab_size"]:  # the run's config is this one
             bert_state = initial_weights(args, plan, config)
-    return StartUp(ds, flags, checked, bert_state)
+    return StartUp(ds, flags, checked, bert_state, origin=origin)
 
 
 def join_process_group(args, note: str | None) -> None:

@@ -339,6 +339,26 @@ def test_a_json_typo_in_a_run_from_weights_is_one_line_before_their_hash(tmp_pat
     assert training.pending_origin(plan, None) is None
 
 
+def test_a_checkpoints_hash_is_done_before_its_weights_are_loaded_for_the_run(tmp_path, monkeypatch):
+    """A checkpoint's hash loads every weight: hashed aside while initial_weights held the run's copy, rank 0
+    held two. It is done first (a finished future), then the run's copy loads; an HF folder's hash, read
+    block by block, stays aside."""
+    import threading
+
+    from bert_fixtures import small_config, small_model
+
+    config = small_config("dense")
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
+    events = []
+    loading = hf_io.bert_state_from_checkpoint
+    monkeypatch.setattr(hf_io, "bert_state_from_checkpoint",
+                        lambda *args: events.append(threading.current_thread().name) or loading(*args))
+    plan = training.StartPlan.at(str(tmp_path / "ck"), None, False)
+    origin = training.pending_origin(plan, str(tmp_path / "run"))
+    assert origin.done() and origin.result()["kind"] == "checkpoint"
+    assert events == [threading.main_thread().name]  # the hash's load, finished: nothing aside
+
+
 def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path, capsys):
     """`--load W --save S` (W weights only, or --finetune) given again once S holds a checkpoint of the run
     that started from W (or a copy of W) resumes S, as --init-from-hf X --load S does; a checkpoint of
