@@ -11,6 +11,7 @@ import signal
 import stat
 import sys
 import threading
+import weakref
 import warnings
 
 from megatron.parallel.launch_env import outlive_rank_0
@@ -103,7 +104,8 @@ def stop_signals() -> tuple:
 
 
 CHILD_IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what a worker process leaves to its parent
-_forking_parent = None  # the process whose workers fork inside stop_signals_blocked_for_children
+_forking_parent = None  # (pid, forked from its main thread) of the process whose workers fork in the block
+_our_workers = weakref.WeakSet()  # the processes started inside stop_signals_blocked_for_children
 
 
 @contextlib.contextmanager
@@ -114,13 +116,17 @@ def stop_signals_blocked_for_children():
     the parent's handler inside the block; in one without, any that arrived meanwhile runs it when this
     ends. So the caller starts its workers inside the try whose finally ends them."""
     global _forking_parent
+    import multiprocessing
+
     _kill_workers_at_exit()
-    _forking_parent = os.getpid()
+    _forking_parent = (os.getpid(), threading.current_thread() is threading.main_thread())
+    before = set(multiprocessing.active_children())
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_IGNORED)
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        _our_workers.update(set(multiprocessing.active_children()) - before)
 
 
 def ignore_stop_signals_in_child() -> None:
@@ -136,12 +142,13 @@ def ignore_stop_signals_in_child() -> None:
 def _die_with_parent() -> None:
     """Linux: the kernel SIGKILLs this worker when the thread that forked it ends, even by SIGKILL (the
     out-of-memory killer); a parent that ended before the request (this worker's parent is another
-    process by then) ends it here, else it would wait on its parent's queue for ever."""
-    if sys.platform != "linux":
+    process by then) ends it here, else it would wait on its parent's queue for ever. Asked only of a
+    worker forked by its parent's main thread: one forked by another thread would die with that thread."""
+    if sys.platform != "linux" or _forking_parent is None or not _forking_parent[1]:
         return
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if _forking_parent is not None and os.getppid() != _forking_parent:
+    if os.getppid() != _forking_parent[0]:
         os._exit(1)
 
 
@@ -156,9 +163,11 @@ def _kill_workers_at_exit() -> None:
 
 
 def _kill_live_workers() -> None:
-    import multiprocessing
-
-    live = [child for child in multiprocessing.active_children() if child.daemon]
+    """Our workers only (stop_signals_blocked_for_children's): another library's children keep their own
+    way of ending."""
+    if _forking_parent is None or _forking_parent[0] != os.getpid():
+        return
+    live = [worker for worker in list(_our_workers) if worker.is_alive()]
     if live and threading.current_thread() is threading.main_thread():  # the process is leaving: torch's
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # loader, still open, would raise for each worker killed
     for child in live:

@@ -582,13 +582,40 @@ def test_workers_left_running_do_not_hold_the_exit():
             os.kill(pid, 0)
 
 
+def test_workers_die_with_a_rank_killed_by_sigkill():
+    """A rank killed by SIGKILL (the out-of-memory killer) runs no exit hook, and its workers ignore SIGTERM:
+    the kernel's parent-death signal ends them (docs/data.md), rather than leaving them holding the rank's
+    sockets and memory."""
+    killed = subprocess.run([PYTHON, "-c", LOADER_LEFT_OPEN + "import os, signal, sys\nsys.stdout.flush()\n"
+                             "os.kill(os.getpid(), signal.SIGKILL)\n"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=90)
+    assert killed.returncode == -signal.SIGKILL
+    pids = [int(pid) for pid in killed.stdout.split()]
+    assert len(pids) == 2
+    for _ in range(300):  # the kernel signals at once; a worker being reaped by init may take a moment
+        alive = [pid for pid in pids if _running(pid)]
+        if not alive:
+            break
+        time.sleep(0.1)
+    assert alive == [], f"workers {alive} outlived their SIGKILLed parent"
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie waiting for its reaper."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_worker_whose_parent_ended_before_it_asked_to_die_with_it_ends(monkeypatch):
     """The kernel's parent-death signal acts only on a parent that ends after the worker asked for it: a
     worker whose parent ended before (its parent is then another process) ends itself, or it would
     ignore SIGTERM and wait on its parent's queue for ever."""
     from megatron import errors
 
-    monkeypatch.setattr(errors, "_forking_parent", os.getpid() + 1)  # not this worker's parent: it ended
+    monkeypatch.setattr(errors, "_forking_parent", (os.getpid() + 1, True))  # not this worker's parent: it ended
     worker = multiprocessing.get_context("fork").Process(target=lambda: errors.ignore_stop_signals_in_child()
                                                          or time.sleep(600), daemon=True)
     worker.start()
@@ -596,6 +623,40 @@ def test_a_worker_whose_parent_ended_before_it_asked_to_die_with_it_ends(monkeyp
     if worker.is_alive():  # only when it failed
         worker.kill()
     assert worker.exitcode == 1
+
+
+def _ready_then_sleep(ready):
+    from megatron import errors
+
+    errors.ignore_stop_signals_in_child()
+    ready.set()
+    time.sleep(600)
+
+
+def test_a_worker_forked_by_another_thread_outlives_that_thread():
+    """The kernel's parent-death signal follows the thread that forked: a worker started from a thread
+    that then ends (a loader built in a thread) would be killed with it, so only a main thread's workers
+    ask for it; the exit hook still ends the others."""
+    from megatron import errors
+
+    context, started = multiprocessing.get_context("fork"), {}
+    ready = context.Event()
+
+    def start():
+        with errors.stop_signals_blocked_for_children():
+            started["worker"] = context.Process(target=_ready_then_sleep, args=(ready,), daemon=True)
+            started["worker"].start()
+        assert ready.wait(60)  # it asked (or not) while this thread lived
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join()
+    worker = started["worker"]
+    worker.join(timeout=2)  # killed at once, had it asked
+    alive = worker.is_alive()
+    worker.kill()
+    worker.join()
+    assert alive
 
 
 def test_the_entry_point_survives_a_closed_stdout():

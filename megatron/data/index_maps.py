@@ -32,7 +32,7 @@ USED_FILE = "index_maps.json"  # in the log directory: {"maps": [absolute paths]
 MAP_NAME = rf"_({'|'.join(SPLITS)})_({'|'.join(KINDS)})_.*\.npy"  # after the maps prefix's name
 
 FINGERPRINT_RECORD = ".fingerprint.json"  # beside the .bin/.idx: the digest and the stamps it is of
-COPIES_KEPT = 16  # stamp sets one record keeps: one path's copies on several nodes
+COPIES_KEPT = 256  # stamp sets one record keeps: one path's copies on several nodes (about 200 bytes each)
 BIN_WHOLE_BYTES = 16 << 20  # a .bin up to this size is hashed whole; a larger one by its size and samples:
 BIN_BLOCKS, BIN_BLOCK_BYTES = 256, 64 << 10  # 16 MiB read, evenly spread, first and last bytes included
 

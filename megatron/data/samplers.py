@@ -82,7 +82,7 @@ def _end_workers(loader) -> None:
     for worker in loader._workers:
         if worker.is_alive():
             worker.kill()
-            worker.join()
+            worker.join(timeout=10)  # one in an uninterruptible read (a hung mount) dies when it returns
 
 
 class WorkerError:
