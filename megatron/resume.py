@@ -1,5 +1,5 @@
-"""What a resume compares with its checkpoint and what a start from weights keeps of them: the LR
-schedule's factor and a changed schedule taken over (resume_schedule), the optimizer settings kept
+"""What a resume compares with its checkpoint and what a start from weights keeps of them: a changed
+LR schedule taken over (resume_schedule; schedule.py holds the schedule), the optimizer settings kept
 (resume_optimizer), the warnings of changed samples, batch and data (describe_*_change, over the
 record data_settings keeps), and the dropout regime and rope settings of the weights (kept_regime,
 take_regime, note_replaced_settings). training.py calls them; none reads a run's state."""
@@ -15,50 +15,28 @@ from megatron.model.args import BertConfig
 from megatron.model.fields import Role, fields_with, info
 from megatron.model.attention.rules import RULES, Rules
 from megatron.parallel.launch_env import launcher_rank
+from megatron.schedule import Schedule
 
 
-def lr_factor(schedule: dict, peak: float):
-    """step -> multiple of the peak: linear warm-up from 0 over lr_warmup_fraction of the steps,
-    then linear or cosine decay to min_lr at the last step (Megatron's schedule). Step i (from 0)
-    is the rate of iteration i + 1."""
-    train_iters, style = schedule["train_iters"], schedule["lr_decay_style"]
-    warmup = int(schedule["lr_warmup_fraction"] * train_iters)
-    floor = schedule["min_lr"] / peak if peak else 0.0
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if style == "constant" or train_iters <= warmup:
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, train_iters - warmup))
-        decay = 1.0 - progress if style == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return floor + (1.0 - floor) * decay
-
-    return factor
-
-
-def resume_schedule(engine, stored: dict | None, schedule: dict, iteration: int) -> str | None:
+def resume_schedule(engine, stored: dict | None, schedule: Schedule, iteration: int) -> str | None:
     """When the schedule settings differ from the checkpoint's: this run's schedule sets the next
     step's rate at once (as Megatron's scheduler does on load; the optimizer would otherwise keep
     the rate the checkpoint's schedule left it, 0 after a finished run, for one step), the peak
     staying the checkpoint's (the scheduler state restores it). Returns the warning saying so."""
     if not stored:
         return None
-    flags = {"train_iters": "--train-iters", "lr": "--lr", "min_lr": "--min-lr", "lr_decay_style": "--lr-decay-style",
-             "lr_warmup_fraction": "--lr-warmup-fraction"}
-    changed = [f"{flag} {schedule[key]} (the checkpoint's: {stored.get(key)})" for key, flag in flags.items()
-               if key in stored and stored[key] != schedule[key]]
+    changed = schedule.changes(stored)
     if not changed or engine.lr_scheduler is None:
         return None
     scheduler = engine.lr_scheduler
     # the factors were built for this run's --lr; the floor (--min-lr) is a fraction of the peak they scale
-    scheduler.lr_lambdas = [lr_factor(schedule, base) for base in scheduler.base_lrs]
+    scheduler.lr_lambdas = [schedule.factor(base) for base in scheduler.base_lrs]
     rates = [base * rule(scheduler.last_epoch) for base, rule in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
     for group, rate in zip(scheduler.optimizer.param_groups, rates):
         group["lr"] = rate
     scheduler._last_lr = rates  # what get_last_lr() reports until its next step
     peak, factor = scheduler.base_lrs[0], scheduler.lr_lambdas[0]
-    train_iters = schedule["train_iters"]
+    train_iters = schedule.train_iters
     then = (f"then {peak * factor(iteration + 1):.3e} at iteration {iteration + 2}, ending at "
             f"{peak * factor(train_iters - 1):.3e} at iteration {train_iters}" if train_iters > iteration + 1 else
             f"and the run ends at iteration {train_iters}")
@@ -69,9 +47,10 @@ def resume_schedule(engine, stored: dict | None, schedule: dict, iteration: int)
 
 
 # the flags that set entries of optimizer.params (key, index in a list), whose values a resume takes
-# from the checkpoint (resume_optimizer)
-OPTIMIZER_PARAM_FLAGS = {("weight_decay", None): "--weight-decay", ("eps", None): "--adam-eps",
-                         ("betas", 0): "--adam-beta1", ("betas", 1): "--adam-beta2"}
+# from the checkpoint (resume_optimizer), with their argparse destinations
+OPTIMIZER_PARAM_FLAGS = {("weight_decay", None): ("--weight-decay", "weight_decay"),
+                         ("eps", None): ("--adam-eps", "adam_eps"),
+                         ("betas", 0): ("--adam-beta1", "adam_beta1"), ("betas", 1): ("--adam-beta2", "adam_beta2")}
 
 
 def resume_optimizer(engine, config, args=None) -> str | None:
@@ -87,8 +66,8 @@ def resume_optimizer(engine, config, args=None) -> str | None:
         args, "deepspeed_config", None) else {}
 
     def named(key: str, index: int | None) -> str:
-        flag = OPTIMIZER_PARAM_FLAGS.get((key, index))
-        if flag and args is not None and (getattr(args, flag[2:].replace("-", "_")) is not None or key not in written):
+        flag, dest = OPTIMIZER_PARAM_FLAGS.get((key, index), (None, None))
+        if flag and args is not None and (getattr(args, dest) is not None or key not in written):
             return flag
         return f"optimizer.params.{key}" + ("" if index is None else f"[{index}]")
 

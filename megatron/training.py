@@ -48,9 +48,10 @@ from megatron.parallel.launch_check import launch_environment
 from megatron.parallel.launch_env import launcher_rank, local_rank
 from megatron.parallel.peers import lost_rank_text, report_once
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
-                             given_attention, kept_regime, lr_factor, note_replaced_settings, note_taken_regime,
+                             given_attention, kept_regime, note_replaced_settings, note_taken_regime,
                              resume_optimizer, resume_schedule, take_regime)
 from megatron.run_log import RunLog, free_log_dir, log_dir_problem, tensorboard_problem
+from megatron.schedule import Schedule
 from megatron.stop_signals import END_OF_RUN, StopSignals
 
 
@@ -508,25 +509,6 @@ def lock_log_dir(log_dir: str) -> tuple[str, str] | None:
     return locks.take_lock(log_dir, created, "--log-dir", locks.LOG_LOCK)
 
 
-def schedule_settings(args, ds: dict, train_iters: int) -> dict:
-    """What shapes the learning rate over the run; saved with each checkpoint so that a resume
-    can say what changed."""
-    return {"train_iters": train_iters, "lr": ds["optimizer"]["params"]["lr"], "min_lr": args.min_lr or 0.0,
-            "lr_decay_style": args.lr_decay_style, "lr_warmup_fraction": args.lr_warmup_fraction}
-
-
-def lr_schedule(args, train_iters: int):
-    """Megatron's schedule (lr_factor) as an optimizer -> LambdaLR factory. The peak is the
-    optimizer's learning rate (--lr, else the JSON's optimizer.params.lr)."""
-    schedule = {"train_iters": train_iters, "min_lr": args.min_lr or 0.0, "lr_decay_style": args.lr_decay_style,
-                "lr_warmup_fraction": args.lr_warmup_fraction}
-
-    def build(optimizer):
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(schedule, optimizer.param_groups[0]["lr"]))
-
-    return build
-
-
 def nothing_to_train(args, iteration: int, train_iters: int) -> str:
     """The line of a finished run started again, naming the run-length flag that was given."""
     flag, length = (("--train-iters", f"--train-iters {train_iters}") if args.train_iters else
@@ -785,10 +767,11 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     config = setup.config
     train_iters = args.train_iters or math.ceil(args.train_samples / config.global_batch_size)
     datasets, used_maps = build_datasets(args, config, setup.data_path, setup.tokenizer, train_iters)
-    engine = build_engine(config, bert_state=setup.bert_state, lr_scheduler=lr_schedule(args, train_iters))
+    schedule = Schedule.from_args(args, setup.ds, train_iters)
+    engine = build_engine(config, bert_state=setup.bert_state, lr_scheduler=schedule.lambda_lr)
     if args.skip_nan_batches:
         skip_nonfinite_updates(engine)
-    run = resume_or_start(args, plan, setup, engine, used_maps, train_iters, progress)
+    run = resume_or_start(args, plan, setup, engine, used_maps, schedule, progress)
     stop = StopSignals(setup.tokenizer.file, run.log, start_up)
     read_batches = batch_reader(config, stop, data_workers(args))
     train_loop(run, datasets, read_batches, stop)
@@ -931,16 +914,16 @@ class Run:
     last_checkpoint: str | None = None  # the newest complete one: the loaded one, then each saved
 
 
-def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: list, train_iters: int,
+def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: list, schedule: Schedule,
                     progress: Progress) -> Run:
     """The engine restored from --load (a resume), else the run's start (scratch or starting weights);
     opens the run log, which says which, and rank 0 warns of what a resume changes. The checkpoints
     record what the run started from: a resume's, else rank 0's setup.origin, taken here."""
-    config, ds = setup.config, setup.ds
+    config, train_iters = setup.config, schedule.train_iters
     client = checkpoint.load(engine, plan.load, config, load_rng=not args.no_load_rng) if plan.resume else None
     if client:  # every rank loaded before rank 0 says so: a rank whose load failed says why, and the
         dist.barrier()  # others, lost here, print nothing that reads like a resume (config:, resuming from)
-    saved = dict(schedule=schedule_settings(args, ds, train_iters), data=data_settings(args, setup.data_path),
+    saved = dict(schedule=schedule.record(), data=data_settings(args, setup.data_path),
                  tokenizer=setup.tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
                  setup.origin and setup.origin.result())
     optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
@@ -972,7 +955,8 @@ def resume_changes(run: Run, client: dict) -> list:
     LR schedule, the samples and batch, the data, the attention."""
     change = checkpoint_compat.attention_change(f"checkpoint {run.plan.load}", client["config"]["model"],
                                                 vars(run.config.model))
-    return [resume_schedule(run.engine, client.get("schedule"), run.saved["schedule"], run.iteration),
+    return [resume_schedule(run.engine, client.get("schedule"), Schedule.from_record(run.saved["schedule"]),
+                            run.iteration),
             describe_sample_change(client["config"], run.config, run.consumed),
             describe_batch_change(client["config"], run.config, run.iteration, run.train_iters),
             describe_data_change(client.get("data"), run.saved["data"], run.consumed),

@@ -22,7 +22,7 @@ from megatron.config import resolve
 from megatron.engine import build_engine, train_step
 from megatron.errors import DataError
 from megatron.resume import resume_optimizer
-from megatron.training import lr_schedule
+from megatron.schedule import Schedule
 from megatron.parallel.spawn import run_on_ranks
 from test_checkpoint import step_batches
 from test_deepspeed_engine import GLOBAL_BATCH, ds_config, model_flags
@@ -46,7 +46,7 @@ def run(pipeline: int, sequence: int, directory: str, weight_decay: float, resum
     ds["optimizer"]["params"]["weight_decay"] = weight_decay
     config = resolve({**model_flags(), "pipeline_parallel_size": pipeline}, ds, world)
     engine = build_engine(config, bert_state=small_model(config.model).state_dict(),
-                          lr_scheduler=lr_schedule(SCHEDULE, TRAIN_ITERS))
+                          lr_scheduler=Schedule.from_args(SCHEDULE, ds, TRAIN_ITERS).lambda_lr)
     result, start = {}, 0
     if refused_from:
         with pytest.raises(DataError) as refused:

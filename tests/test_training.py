@@ -19,9 +19,9 @@ import torch
 from megatron import run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
-from megatron.resume import (describe_batch_change, describe_data_change, describe_sample_change, lr_factor,
-                             resume_schedule)
-from megatron.training import data_warnings, lr_schedule, main, nothing_to_train, small_eval_splits, with_eval_passes
+from megatron.resume import describe_batch_change, describe_data_change, describe_sample_change, resume_schedule
+from megatron.schedule import Schedule
+from megatron.training import data_warnings, main, nothing_to_train, small_eval_splits, with_eval_passes
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -149,8 +149,8 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
     from megatron.arguments import build_parser
 
     args = build_parser().parse_args(resume)
-    rule = lr_factor({"train_iters": 54, "min_lr": 0.0, "lr_decay_style": args.lr_decay_style,
-                               "lr_warmup_fraction": args.lr_warmup_fraction}, 1e-3)
+    rule = Schedule(train_iters=54, lr=2e-3, min_lr=0.0, lr_decay_style=args.lr_decay_style,
+                    lr_warmup_fraction=args.lr_warmup_fraction).factor(1e-3)
     assert f"lr {1e-3 * rule(50):.3e} for iteration 51, then {1e-3 * rule(51):.3e} at iteration 52" in warnings[0]
     assert rule(50) > 0
     # another sample length: the consumed count points into another map, said once
@@ -260,9 +260,9 @@ def test_logged_lr_is_the_rate_the_logged_step_used(launched):
     """DeepSpeed steps the scheduler after each step: the record of iteration i holds the rate of
     step i - 1 of the schedule (TINY: --lr 1e-3, 2 steps, no warm-up step: 1e-3 then 5e-4), not the next."""
     flags = dict(zip(TINY[::2], TINY[1::2]))
-    schedule = {"train_iters": 2, "min_lr": 0.0, "lr_decay_style": "linear",
-                "lr_warmup_fraction": float(flags["--lr-warmup-fraction"])}
-    factor = lr_factor(schedule, float(flags["--lr"]))
+    schedule = Schedule(train_iters=2, lr=float(flags["--lr"]), min_lr=0.0, lr_decay_style="linear",
+                        lr_warmup_fraction=float(flags["--lr-warmup-fraction"]))
+    factor = schedule.factor(schedule.lr)
     logged = [record["lr"] for record in launched.records if record["kind"] == "train"]
     assert logged == pytest.approx([float(flags["--lr"]) * factor(step) for step in range(2)], rel=1e-12)
 
@@ -270,7 +270,7 @@ def test_logged_lr_is_the_rate_the_logged_step_used(launched):
 def test_warm_up_rises_from_the_first_step_to_the_peak_then_decays():
     """Step 0 (iteration 1) already trains, at 1 / warm-up steps of the peak (not at rate 0); the peak
     is reached at the last warm-up step, then the decay runs to min_lr at --train-iters."""
-    factor = lr_factor({"train_iters": 10, "lr_decay_style": "linear", "lr_warmup_fraction": 0.2, "min_lr": 0.0}, 1.0)
+    factor = Schedule(train_iters=10, lr=1.0, min_lr=0.0, lr_decay_style="linear", lr_warmup_fraction=0.2).factor(1.0)
     assert [factor(step) for step in range(10)] == pytest.approx([0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375,
                                                                   0.25, 0.125])
 
@@ -508,18 +508,17 @@ def test_a_blended_split_counts_the_passes_over_its_most_read_prefix(tmp_path):
 def test_a_resume_with_another_peak_decays_to_min_lr():
     """The checkpoint's peak stays (the scheduler state holds it); --min-lr is still where the decay
     ends, and the warning states the rates the run then uses."""
-    settings = dict(min_lr=1e-4, lr_decay_style="linear", lr_warmup_fraction=0.0)
+    schedule = Schedule(train_iters=10, lr=2e-3, min_lr=1e-4, lr_decay_style="linear", lr_warmup_fraction=0.0)
     first = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    scheduler = lr_schedule(SimpleNamespace(**settings), 10)(first)
+    scheduler = schedule.lambda_lr(first)
     for _ in range(5):
         first.step()
         scheduler.step()
     resumed = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2e-3)  # --lr 2e-3 on resume
-    engine = SimpleNamespace(lr_scheduler=lr_schedule(SimpleNamespace(**settings), 10)(resumed),
+    engine = SimpleNamespace(lr_scheduler=schedule.lambda_lr(resumed),
                              get_lr=lambda: [group["lr"] for group in resumed.param_groups])
     engine.lr_scheduler.load_state_dict(scheduler.state_dict())
-    schedule = {"train_iters": 10, "lr": 2e-3, **settings}
-    warning = resume_schedule(engine, {**schedule, "lr": 1e-3}, schedule, iteration=5)
+    warning = resume_schedule(engine, {**schedule.record(), "lr": 1e-3}, schedule, iteration=5)
     assert "lr 5.500e-04 for iteration 6, then 4.600e-04 at iteration 7, ending at 1.900e-04 at iteration 10" in warning
     assert warning.endswith("to change the peak, pass --finetune to start a new run from the weights with a fresh "
                             "optimizer and schedule"), warning
@@ -716,6 +715,17 @@ def test_a_resume_names_each_optimizer_setting_the_way_it_was_given(tmp_path, mo
     assert recorded["weight_decay"] == 0.1 and recorded["betas"] == [0.9, 0.98]  # what config.json records
     line, _ = warning(None, **{"weight_decay": 0.01})
     assert line.startswith("warning: resuming with --weight-decay 0.01 (the checkpoint's: 0.1), --adam-beta2"), line
+
+
+def test_the_optimizer_flags_a_resume_names_are_the_parsers():
+    """resume.OPTIMIZER_PARAM_FLAGS states each flag's argparse destination, which resume_optimizer
+    reads to tell a given flag from its default: the parser's own."""
+    from megatron.arguments import build_parser
+    from megatron.resume import OPTIMIZER_PARAM_FLAGS
+
+    dests = {action.option_strings[0]: action.dest for action in build_parser()._actions if action.option_strings}
+    assert {flag: dest for flag, dest in OPTIMIZER_PARAM_FLAGS.values()} == {
+        flag: dests[flag] for flag, _ in OPTIMIZER_PARAM_FLAGS.values()}
 
 
 def test_a_nan_loss_advises_what_works():
