@@ -265,7 +265,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--eval-iters", type=int, default=10,
                      help="validation / test micro-steps per evaluation (default 10)")
     run.add_argument("--log-interval", type=int, default=10, help="steps between log lines (default 10)")
-    run.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help="metrics.jsonl and loss.png go here (default runs/bert, or the next free runs/bert-N when runs/bert holds another run's logs)")
+    run.add_argument("--log-dir", default=DEFAULT_LOG_DIR,
+                     help="metrics.jsonl and loss.png go here (default runs/bert, or the next free runs/bert-N "
+                          "when runs/bert holds another run's logs)")
     run.add_argument("--tensorboard-dir", help="write TensorBoard scalars here (needs the tensorboard package)")
     run.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     run.add_argument("--rendezvous-timeout", type=float, default=300, metavar="SECONDS",

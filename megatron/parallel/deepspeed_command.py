@@ -62,7 +62,8 @@ class _GuardedLaunch:
 
 
 DEEPSPEED_LOGGER = "DeepSpeed"  # deepspeed.utils.logger's name (LoggerFactory.create_logger)
-STOP_STATUSES = {str(code) for stop in STOPS for code in (128 + stop, -stop)}  # a rank that stopped, as launch.py sees it
+# a rank that stopped, as launch.py sees it
+STOP_STATUSES = {str(code) for stop in STOPS for code in (128 + stop, -stop)}
 
 
 def not_a_stops_kill_lines(record) -> bool:
