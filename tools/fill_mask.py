@@ -7,8 +7,9 @@ Loads the checkpoint (any pipeline / sequence-parallel degree / ZeRO stage) into
 prints the top-k tokens for every [MASK], with their probabilities; a long text (a --text-file: one
 argument holds at most 128 KiB) is shown as a window of context around each [MASK], and one longer than the
 model's sequence is read so: each [MASK] is predicted from the sequence's worth of tokens around it. The
-tokenizer is the one the checkpoint carries (a flag naming another vocab is refused); one that carries none uses --vocab-file /
---tokenizer-file, by default (a run trained before checkpoints carried one) the embedded corpus' vocab.
+tokenizer is the one the checkpoint carries (a flag naming another vocab is refused); one that carries none
+uses --vocab-file / --tokenizer-file, by default (a run trained before checkpoints carried one) the embedded
+corpus' vocab.
 """
 import argparse
 import re
