@@ -1,10 +1,32 @@
 """Test-wide settings, inherited by the ranks the tests spawn."""
 import os
+import signal
 import sys
 from pathlib import Path
+
+import pytest
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # tools/this_repo.py, which every tool imports first, for the tests that load a tool by its path
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tools"))
 
 # DeepSpeed JIT-builds its CPU shared-memory op on first start; build it once per checkout.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"))
+
+
+@pytest.fixture(autouse=True)
+def _process_state_restored():
+    """An in-process training.main() sets a world of 1's launcher variables (launch_check.launch_environment),
+    which monkeypatch does not undo when the test only deleted them: the next test's main() then met RANK
+    without MASTER_ADDR, a partial launcher environment. A rank's exit path ignores the stop signals, which
+    every later subprocess then inherited (a script's Ctrl-C trap never ran). Each test starts with the
+    environment and the stop signals' handlers as they were."""
+    saved, handlers = dict(os.environ), {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    yield
+    for name in set(os.environ) - set(saved):
+        del os.environ[name]
+    os.environ.update(saved)
+    for signum, handler in handlers.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)

@@ -443,6 +443,12 @@ chmod +x "$dir/bin/pip"
 """
 
 
+def _ctrl_c_as_in_a_terminal():
+    """SIGINT at its default, as a terminal's command has it: a test run started in the background (`cmd &`
+    in a script) inherits it ignored, and bash cannot trap a signal ignored at its start."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_the_main_job_recovers_from_an_install_interrupted_in_the_venv(tmp_path):
     """Ctrl-C while `python3.11 -m venv` ran ensurepip printed a 20-line KeyboardInterrupt traceback and left
     a .venv without pip, which every rerun took as made (`.venv/bin/pip: No such file or directory`, 127).
@@ -458,7 +464,7 @@ def test_the_main_job_recovers_from_an_install_interrupted_in_the_venv(tmp_path)
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "CALLS": str(calls), "CUDA_VISIBLE_DEVICES": ""}
     script = ["bash", "examples_deepspeed/pretrain_default.sh"]
     first = subprocess.run(script, cwd=checkout, env={**env, "INTERRUPT": "1"}, capture_output=True, text=True,
-                           timeout=60, start_new_session=True)
+                           timeout=60, start_new_session=True, preexec_fn=_ctrl_c_as_in_a_terminal)
     assert first.returncode == 130 and first.stderr.splitlines() == [
         "pretrain_default.sh: stopped while installing .venv; run the same command again to finish the install"], first
     assert (checkout / ".venv" / "bin" / "python").exists() and not (checkout / ".venv" / "bin" / "pip").exists()
