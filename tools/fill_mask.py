@@ -40,18 +40,6 @@ CONTEXT = 60
 DEFAULT_VOCAB = in_repository(f"{DEFAULT_DATA_DIR}/vocab.txt")  # the trainer's default data's, whatever the folder
 
 
-def encode(tokenizer, text: str, seq_length: int, source: str | None = None) -> tuple:
-    """[CLS] text [SEP] with every literal [MASK] (or the tokenizer's own mask token, e.g. <mask>) as the
-    mask id -> (BertBatch of one sample, mask positions); a text longer than the sequence is one line
-    (fill_mask reads such a text in windows). `source` names the text in errors (default `--text 'the
-    text'`; `--text-file PATH` for a file)."""
-    body = masked_tokens(tokenizer, text, source or text_label(text))
-    if len(body) + 2 > seq_length:
-        raise ConfigError(f"{source or text_label(text)} is {len(body) + 2} tokens with [CLS] and [SEP], the "
-                          f"model's sequence is {seq_length}", "shorten the text")
-    return as_sample(tokenizer, body, seq_length)
-
-
 def masked_tokens(tokenizer, text: str, source: str) -> list:
     """The text's token ids with the mask id for each mask written in it. A Hugging Face tokenizer encodes
     the text with its mask token in place, as transformers does (its spacing rules, e.g. lstrip, apply)."""
