@@ -15,7 +15,6 @@ REPOSITORY = Path(__file__).resolve().parents[1]  # pretrain_bert.py, tools/, do
 DEFAULT_DATA_DIR = ".cache/default_data"
 
 
-
 class DefaultPath(str):
     """A path flag's default as argparse hands it back (the same object): told apart from the same path
     typed by the user (`args.log_dir is DEFAULT_LOG_DIR`)."""
