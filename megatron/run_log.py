@@ -227,12 +227,11 @@ def free_log_dir(log_dir: str, save: str | None) -> str:
         return log_dir
     save = save and os.path.abspath(save)
     candidates = [str(log_dir)] + [f"{log_dir}-{number}" for number in range(2, 10_000)]
-    owners = {}
     for candidate in candidates:
-        owners[candidate] = _saves_logged(Path(candidate))
-        if owners[candidate] is None:  # free: no run's records
+        saves = _saves_logged(Path(candidate))
+        if saves is None:  # free: no run's records
             break
-        if save and save in owners[candidate]:
+        if save and save in saves:
             return candidate if candidate == log_dir else MovedLogDir(candidate, f"{log_dir} holds another run's logs; "
                                                                                   f"those of --save {save} are here")
     if candidate == log_dir:
