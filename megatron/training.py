@@ -358,7 +358,7 @@ def check_start(args) -> StartPlan:
         load = None
     plan = requeue_from_weights(StartPlan.at(load, args.init_from_hf, args.finetune), args.save)
     if plan.init_from_hf:  # a folder of weights: a checkpoint, one iter_* of it or a --log-dir is named by the flag
-        hf_io.hf_weight_files(plan.init_from_hf)  # that takes it (the weights' hash found it first: pending_origin)
+        hf_io.hf_weight_files(plan.init_from_hf)  # that takes it, before pending_origin's hash reads those files
     if not args.save:
         return plan
     start = 0
