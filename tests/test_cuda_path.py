@@ -333,7 +333,7 @@ def test_cuda_rank_binds_to_its_local_gpu_and_batches_copy_pinned(monkeypatch):
                                torch.zeros(2, 8, dtype=torch.bool), torch.zeros(2, dtype=torch.long))
     moved = device.to_device(batch.sequence_chunk(1, 2), chosen)
     torch.cuda.synchronize()
-    assert all(t.device == chosen for t in vars(moved).values())
+    assert all(t.device == chosen for t in moved.tensors().values()) and moved.chunk_of == 2
     assert torch.equal(moved.tokens.cpu(), batch.tokens[:, 4:])
     monkeypatch.setenv("LOCAL_RANK", str(torch.cuda.device_count()))
     with pytest.raises(RuntimeError, match="LOCAL_RANK"):
