@@ -46,7 +46,7 @@ profile:
 # wheels the GPU machine lacks (deepspeed, pydantic, the Punkt models) into .cache/gpu_wheels and
 # builds .cache/default_data (carry both); `make gpu-check` there installs them and runs the CUDA
 # tests, kernels, a deepspeed-launcher run and the GPU benchmarks, each step under `timeout` with
-# its share of a 540 s budget (GPU_CHECK_BUDGET_S), writing their sections of benchmarks/RESULTS.md
+# its share of a 560 s budget (GPU_CHECK_BUDGET_S), writing their sections of benchmarks/RESULTS.md
 # and, where $OUT is set (the device tool), summary.md, RESULTS.md and logs.tar.gz under $OUT.
 # From a session lent a GPU (the device tool), one call, the machine given back right after:
 #   run(command="bash benchmarks/gpu_check.sh", carry=[".cache/gpu_wheels", ".cache/default_data"], timeout_s=600)

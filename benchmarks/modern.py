@@ -45,6 +45,7 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from launches import launches_table, profile_step  # noqa: E402
 from results import BenchmarkParser, machine, positive, save_plot, write_section  # noqa: E402
 from train_step import (DEVICE, MASK_PROB, MMAP_THRESHOLD, Ours, adamw, alternate, autocast,  # noqa: E402
                         make_batch, optimizer_step, summary, versions)
@@ -196,6 +197,22 @@ def bench_steps(contestants: dict, seq_lengths, repeats: int, long_repeats: int,
             log(f"s={seq} {name}: not run, {seconds:.0f} s per step and {mib or 0:.0f} MiB peak estimated")
         results[seq] = row
     return results
+
+
+def where_the_time_goes(contestants: dict, steps: dict, seq: int, shape: dict | None = None) -> str:
+    """The section's paragraph on a GPU: one profiled step of each contestant at `seq` (launches.py)."""
+    ran = [name for name in contestants if "seconds" in steps[seq].get(name, {})]
+    batch = make_batch(1, seq, model_config(seq, shape).vocab_size, token_types=False)
+    profiles = {name: profile_step(contestants[name], batch) for name in ran}
+    step_ms = {name: 1000 * steps[seq][name]["seconds"] for name in ran}
+    return f"""
+**Where a step's time goes at {seq} tokens** (benchmarks/launches.py: one torch.profiler step after a
+warm-up; GPU busy: the device time of its kernels, copies and fills; busy share: that over the timed
+step; host waits: synchronize calls and blocking copies). A busy share well under 100% is a step
+bound by launches and host work, not by the GPU's rate.
+
+{launches_table(profiles, step_ms)}
+"""
 
 
 # ---------------------------------------------------------------- (b) one local layer alone
@@ -446,6 +463,7 @@ def main():
     started, load_before = time.perf_counter(), os.getloadavg()
     contestants = build_contestants(args.contestants, max(seq_lengths))
     steps = bench_steps(contestants, seq_lengths, args.repeats, args.long_repeats, args.warmup, args.max_step_seconds)
+    launched = where_the_time_goes(contestants, steps, seq_lengths[0]) if ON_GPU else ""
     del contestants
     layer = bench_local_layer(seq_lengths, window, heads, head_dim, args.repeats, args.max_step_seconds)
     halo_seq = max(args.halo_sizes) * max(window, 256)
@@ -475,8 +493,8 @@ reversed every other repetition: A B B A), median tokens/s with min-max; a step 
 shorter lengths), one over {FEWER_REPEATS_ABOVE_S:.0f} s runs {args.long_repeats} repetitions; a contestant whose step is estimated
 over {args.max_step_seconds:.0f} s, or its peak over 80% of the memory available (each a s + c s^2 through its two
 longest measured lengths), is not run at that length.
-`ours`: global layers dense at SP = 1, local layers the halo core (banded tiles, O(s x W)), MLM
-logits at the masked positions. `hf`: as a user runs it (sparse_prediction off: logits over
+`ours`: global layers dense at SP = 1, local layers the halo core ({"one windowed varlen flash call"
+if ON_GPU else "banded tiles"}, O(s x W)), MLM logits at the masked positions. `hf`: as a user runs it (sparse_prediction off: logits over
 the {config.vocab_size}-word vocab at every position), local layers as full s x s attention under an s x s
 window mask (SDPA{" with a boolean mask: its memory-efficient kernel" if ON_GPU else "'s CPU flash kernel with a boolean mask"}). `hf-sparse`: sparse_prediction on
 (logits at the masked positions, as ours): the layers' difference alone. Peak MiB: the step's
@@ -485,7 +503,7 @@ window mask (SDPA{" with a boolean mask: its memory-efficient kernel" if ON_GPU 
 {step_table(steps, args.contestants)}
 
 Targets (issue 22): ours / hf >= 1.3x at 1024 and >= 3x at 8192.
-
+{launched}
 **No hidden quadratic work.** Our model FLOP rate: megatron/flops.py's model FLOPs of the step
 (local layers counted with min(s, W + 1) keys per query, global layers with s) over its median
 time (target at 8192 and 16384: >= 0.85 of the rate at the shortest length). Local layer alone:

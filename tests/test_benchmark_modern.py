@@ -41,6 +41,11 @@ def test_contestants_compute_the_same_model_and_their_ratio_reaches_the_table():
                                  long_repeats=1, warmup=0, max_step_s=1e-9, shape=TINY, log=lines.append)
     assert "tokens_per_s" in skipped[256]["ours"] and skipped[256]["hf"]["estimated_s"] > 0
     assert "not run: " in modern.step_table(skipped, ("ours", "hf")).splitlines()[-1]
+    # the GPU's paragraph: a profiled step of each contestant that ran (no device events on CPU: zeros)
+    paragraph = modern.where_the_time_goes(contestants, skipped, 128, TINY)
+    assert "at 128 tokens" in paragraph and "| ours | " in paragraph and "| hf | " in paragraph
+    assert "| ours | " in modern.where_the_time_goes(contestants, skipped, 256, TINY)
+    assert "| hf | " not in modern.where_the_time_goes(contestants, skipped, 256, TINY)  # not run there
 
 
 def test_step_estimate_fits_linear_plus_quadratic():
@@ -88,3 +93,27 @@ def test_halo_bytes_equal_the_model(size, dtype):
         assert sent[1][0] == 2 * window * heads * head_dim * dtype.itemsize
     rows = modern.bench_halo([size], 256, window, heads, head_dim, [dtype])
     assert "differs" not in modern.halo_table(rows)
+
+
+def test_a_steps_launches_are_counted_from_the_profilers_events():
+    """launches.summarize on events shaped like torch.profiler's (the GPU's own cannot be made here):
+    device kernels counted and timed, device -> host copies and blocking host calls counted apart,
+    CPU ops and other copies not counted as kernels."""
+    from types import SimpleNamespace
+
+    import launches
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(name, device, us=0.0):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
+    events = [event("aten::mm", cpu, 50), event("cudaLaunchKernel", cpu, 5), event("gemm_kernel", cuda, 300),
+              event("gemm_kernel", cuda, 100), event("flash_fwd", cuda, 200), event("Memcpy DtoH (Device -> Pageable)",
+              cuda, 10), event("Memcpy HtoD (Pinned -> Device)", cuda, 20), event("Memset (Device)", cuda, 1),
+              event("cudaStreamSynchronize", cpu, 400), event("cudaMemcpyAsync", cpu, 3)]
+    launched = launches.summarize(events)
+    assert launched.kernels == 3 and launched.to_host == 1 and launched.waits == 1
+    assert math.isclose(launched.busy_ms, 0.631)
+    assert launched.top == [("gemm_kernel", 2, 0.4), ("flash_fwd", 1, 0.2)]
+    table = launches.launches_table({"ours": launched}, {"ours": 1.262})
+    assert "| ours | 1.3 | 0.6 | 50% | 3 | 1 | 1 | `gemm_kernel` (2, 0.40); `flash_fwd` (1, 0.20) |" in table
