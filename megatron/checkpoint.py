@@ -157,7 +157,8 @@ def replace_recovery_scripts(save_dir: str) -> None:
         if not os.path.isfile(path):
             continue
         line = (f"{name}: error: {save_dir} holds pipeline checkpoints, which DeepSpeed's {name} cannot read; "
-                f"export a plain state dict with python {CONVERT_TOOL} to-torch --load {save_dir} --output OUT.pt")
+                f"export a plain state dict with {paths.python_command()} {CONVERT_TOOL} to-torch --load {save_dir} "
+                "--output OUT.pt")
         with contextlib.suppress(OSError):  # the checkpoint is committed: a script is no reason to fail the save
             with open(path, "w") as file:
                 file.write(f'"""Left by pretrain_bert.py in place of DeepSpeed\'s {name}."""\nimport sys\n\n'
@@ -499,8 +500,8 @@ def latest_tag(load_dir: str) -> str:
         if os.path.isfile(os.path.join(load_dir, "config.json")):  # the trainer reads it with another flag
             raise ConfigError(f"{load_dir} is a Hugging Face model folder, not a checkpoint of this trainer (it has no "
                               f"'{LATEST}')", f"pass it to pretrain_bert.py with --init-from-hf in place of --load, or "
-                              f"convert it first: {paths.in_repository('tools/convert_checkpoint.py')} from-hf "
-                              f"--hf-dir {load_dir} "
+                              f"convert it first: {paths.python_command()} "
+                              f"{paths.in_repository('tools/convert_checkpoint.py')} from-hf --hf-dir {load_dir} "
                               "--save DIR")
         inside = sorted(os.path.dirname(found) for found in glob.glob(os.path.join(glob.escape(load_dir), "*", LATEST)))
         newest = newest_hint(load_dir)

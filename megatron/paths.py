@@ -4,7 +4,9 @@ records kept beside data and checkpoints."""
 import contextlib
 import json
 import os
+import shutil
 import socket
+import sys
 from pathlib import Path
 
 from megatron.errors import disk_full
@@ -32,6 +34,17 @@ def in_repository(name: str) -> str:
     except OSError:  # the folder was removed under the process
         here = None
     return name if here == REPOSITORY else str(REPOSITORY / name)
+
+
+def python_command() -> str:
+    """This interpreter as a hint names it: `python` where that is what the shell finds (an activated
+    venv), else its path (`.venv/bin/python` from the repository, as the README writes it): a fresh
+    Debian has no `python`, and another one lacks this run's packages."""
+    if shutil.which("python") == sys.executable:
+        return "python"
+    executable = Path(sys.executable)
+    return in_repository(str(executable.relative_to(REPOSITORY))) if executable.is_relative_to(REPOSITORY) \
+        else sys.executable
 
 
 TEXT_FLAGS = ("--text",)  # values that are no path (fill_mask.py's sentences): left as typed

@@ -15,6 +15,7 @@ from megatron.data import bert_dataset, index_maps
 from megatron.data.bert_dataset import build_train_valid_test_datasets
 from megatron.errors import DataError
 from megatron.parallel.spawn import run_on_ranks
+from megatron.paths import python_command
 from test_data_bert import write_corpus, write_vocab
 from test_housekeeping import clean
 
@@ -94,7 +95,7 @@ def test_report_and_clean_tool_look_in_the_cache(tmp_path):
                                           cache_path=str(cache))[0].map_files()  # other settings
     line = index_maps.describe([prefix], used, "runs/x", str(cache))
     assert line.startswith(f"index maps in {cache.resolve()}: 4 used by this run; 1 others"), line
-    assert (f"python tools/clean_index_maps.py {prefix} --data-cache-path {cache} --keep-run runs/x --dry-run lists "
+    assert (f"{python_command()} tools/clean_index_maps.py {prefix} --data-cache-path {cache} --keep-run runs/x --dry-run lists "
             "them") in line, line
     log = tmp_path / "log"
     log.mkdir()

@@ -1,6 +1,7 @@
 """tools/fill_mask.py: the predictions it prints are the model's own for the [MASK] positions."""
 import importlib.util
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from bert_fixtures import small_config, small_model
 from megatron.data.tokenizer import build_tokenizer
 from megatron.errors import ConfigError
 from megatron.hf_convert import save_weights_only_checkpoint
+from megatron.paths import python_command
 from test_hf_convert import write_vocab_file
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "fill_mask.py"
@@ -121,7 +123,7 @@ def test_a_hugging_face_folder_asks_for_the_conversion(tmp_path):
 
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ConfigError, match=f"--load {tmp_path} is a Hugging Face model folder, not a checkpoint of "
-                                          f"this trainer; convert it first: python tools/convert_checkpoint.py from-hf "
+                                          f"this trainer; convert it first: {re.escape(python_command())} tools/convert_checkpoint.py from-hf "
                                           f"--hf-dir {tmp_path} --save DIR, then pass --load DIR"):
         fill_mask.main(["--load", str(tmp_path), "--text", "a [MASK]"])
 

@@ -12,6 +12,7 @@ from megatron import checkpoint
 from megatron.arguments import build_parser
 from megatron.data import index_maps
 from megatron.errors import ConfigError
+from megatron.paths import python_command
 from megatron.training import check_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +68,7 @@ def test_describe_counts_other_maps(tmp_path):
     maps = fake_maps(tmp_path)
     line = index_maps.describe([str(tmp_path / "c")], [str(maps[0]), str(maps[1])], "runs/x")
     assert line.startswith(f"index maps in {tmp_path.resolve()}: 2 used by this run; 3 others from other settings, other "
-                           "runs or older data (6.0 KB): python tools/clean_index_maps.py")
+                           f"runs or older data (6.0 KB): {python_command()} tools/clean_index_maps.py")
     # other live runs on the same data: their maps are kept only when their --log-dir is named too
     assert line.endswith("--keep-run runs/x --dry-run lists them, and without --dry-run removes them; add --keep-run "
                          "LOG_DIR for each other run still using this data")
@@ -80,8 +81,10 @@ def test_the_clean_command_names_the_script_by_a_path_that_works_from_the_users_
     maps = fake_maps(tmp_path)
     monkeypatch.chdir(tmp_path)
     line = index_maps.describe([str(tmp_path / "c")], [str(maps[0])], "runs/x")
-    script = line.split(": python ", 1)[1].split()[0]
+    interpreter = python_command()  # from here: absolute, unless PATH finds it as `python`
+    script = line.split(f": {interpreter} ", 1)[1].split()[0]
     assert script == str(ROOT / "tools" / "clean_index_maps.py") and Path(script).is_file()
+    assert Path(interpreter).is_absolute() or interpreter == "python", "the interpreter too works from here"
 
 
 def clean(*args):
@@ -129,3 +132,23 @@ def test_map_files_name_what_the_dataset_reads():
     assert packed.map_files() == ["p_train_indexmap_100mns_125msl_0.10ssp_1234s_0-9docs_ep.npy",
                                   "p_train_packmap_100mns_125msl_0.10ssp_1234s_0-9docs_ep_512sl_256w.npy"]
     assert json.loads(json.dumps(index_maps.used_maps(None))) == []
+
+
+def test_hints_name_the_interpreter_that_runs(tmp_path, monkeypatch):
+    """A fresh Debian has no `python`, and another one lacks this run's packages: a hint's command
+    names this interpreter, `python` only where the shell finds it there (an activated venv)."""
+    from megatron import paths
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no python on it
+    monkeypatch.setattr(sys, "executable", str(paths.REPOSITORY / ".venv" / "bin" / "python"))
+    monkeypatch.chdir(paths.REPOSITORY)
+    assert paths.python_command() == ".venv/bin/python"
+    monkeypatch.chdir(tmp_path)
+    assert paths.python_command() == str(paths.REPOSITORY / ".venv" / "bin" / "python")
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    assert paths.python_command() == "python"  # what PATH finds is this interpreter
+    monkeypatch.setattr(sys, "executable", "/opt/torch/bin/python3")  # PATH's python is another one
+    assert paths.python_command() == "/opt/torch/bin/python3"

@@ -33,7 +33,7 @@ from pathlib import Path
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, DataError, OneLineParser, run_tool, start_up_stops_in_one_line
-from megatron.paths import in_repository
+from megatron.paths import in_repository, python_command
 from megatron.quiet import quiet_deepspeed
 
 with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the seconds of imports: one line
@@ -119,7 +119,7 @@ def trainer_parser() -> argparse.ArgumentParser:
 
     def refuse(message):
         raise ConfigError(f"pretrain_bert.py flags after --: {message}",
-                          f"see python {in_repository('pretrain_bert.py')} --help")
+                          f"see {python_command()} {in_repository('pretrain_bert.py')} --help")
 
     parser = build_parser()
     parser.error = refuse  # not argparse's usage and exit
@@ -176,9 +176,10 @@ def check(args, fields: dict, kind: str) -> float:
     """The length factor, after refusing what cannot be extended this way."""
     if fields.get("position_embedding_type", "learned") != "rope":
         # a checkpoint goes through an HF folder: --load --finetune keeps the table's size
-        trainer = in_repository("pretrain_bert.py")
+        trainer = f"{python_command()} {in_repository('pretrain_bert.py')}"
         how = (f"{trainer} --init-from-hf {args.source}" if kind == "hf" else
-               f"{in_repository('tools/convert_checkpoint.py')} to-hf --load {args.source} --output HF, then "
+               f"{python_command()} {in_repository('tools/convert_checkpoint.py')} to-hf --load {args.source} "
+               "--output HF, then "
                f"{trainer} --init-from-hf HF")
         raise ConfigError(f"--from {args.source} has learned positions, not rotary ones", f"extend a learned-position "
                           f"BERT with {how} --max-position-embeddings N (it repeats the table), or start from a "

@@ -19,7 +19,7 @@ from pathlib import Path
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, OneLineParser, run_tool, start_up_stops_in_one_line
-from megatron.paths import DEFAULT_DATA_DIR, in_repository
+from megatron.paths import DEFAULT_DATA_DIR, in_repository, python_command
 from megatron.quiet import quiet_deepspeed
 
 with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of imports: one line
@@ -211,7 +211,8 @@ def main(argv=None) -> None:
     texts += [(f"--text-file {path}", read_text_file(path)) for path in args.text_file]
     if (Path(args.load) / "config.json").is_file() and not (Path(args.load) / LATEST).exists():
         raise ConfigError(f"--load {args.load} is a Hugging Face model folder, not a checkpoint of this trainer",
-                          f"convert it first: python {in_repository('tools/convert_checkpoint.py')} from-hf "
+                          f"convert it first: {python_command()} "
+                          f"{in_repository('tools/convert_checkpoint.py')} from-hf "
                           f"--hf-dir {args.load} "
                           "--save DIR, then pass --load DIR")
     tag = chosen_tag(args.load, args.tag)

@@ -24,7 +24,7 @@ import re
 import socket
 from pathlib import Path
 
-from megatron.paths import in_repository
+from megatron.paths import in_repository, python_command
 
 SPLITS = ("train", "valid", "test")
 KINDS = ("indexmap", "packmap")
@@ -206,7 +206,8 @@ def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str
     size = sum(path.stat().st_size for path in others)
     cache = f" --data-cache-path {cache_path}" if cache_path else ""
     return (f"{line}; {len(others)} others from other settings, other runs or older data ({size_text(size)}): "
-            f"python {in_repository('tools/clean_index_maps.py')} {' '.join(prefixes)}{cache} --keep-run {log_dir} "
+            f"{python_command()} {in_repository('tools/clean_index_maps.py')} {' '.join(prefixes)}{cache} "
+            f"--keep-run {log_dir} "
             "--dry-run lists them, and without --dry-run removes them; add --keep-run LOG_DIR for each other run "
             "still using this data")
 
