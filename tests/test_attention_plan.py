@@ -126,6 +126,21 @@ def test_the_cache_hits_only_the_same_ids():
     assert made == [1, 3, 4, 5]
 
 
+def test_per_micro_batch_tables_live_as_long_as_their_tensor():
+    """plans.while_alive (rope's cos/sin): one make per tensor and version, a recompute's detached view
+    hits, and the entries go with the tensor (no table of a finished micro-batch held)."""
+    plans.clear()
+    position_ids = torch.arange(8)[None]
+    made = []
+    first = plans.while_alive(("test",), position_ids, lambda: made.append(1) or object())
+    assert plans.while_alive(("test",), position_ids.detach(), lambda: made.append(2)) is first
+    position_ids.add_(1)  # changed in place: a new version
+    plans.while_alive(("test",), position_ids, lambda: made.append(3) or object())
+    assert made == [1, 3] and len(plans._alive) == 2
+    del position_ids
+    assert not plans._alive
+
+
 def test_a_plan_made_again_after_its_eviction_warns_once(monkeypatch):
     """Past _ENTRIES plans the oldest goes: silently while nobody asks for it again (finished micro-batches
     a step still holds: gradient accumulation x core kinds above the bound), with one warning per process

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model import attention
+from megatron.model.attention import plans
 from megatron.model.args import BertConfig
 from megatron.model.init import init_bert_weights
 from megatron.model.layernorm import layer_norm
@@ -63,20 +64,28 @@ class Embeddings(nn.Module):
 def rotary_cos_sin(position_ids, head_dim: int, base: float):
     """[b, s/P] int64 positions -> (cos, sin) [b, s/P, 1, d] in fp32: angle position * inv_freq[i],
     inv_freq[i] = base^(-2i/d) for i < d/2, each angle repeated for the two halves of the head
-    (GPT-NeoX's rotate-half layout, as Hugging Face ModernBERT and Llama). The angles come from the
-    token's position within its segment, so packing and SP chunks need nothing of their own."""
+    (GPT-NeoX's rotate-half layout, as Hugging Face ModernBERT and Llama), the first half of sin
+    negated (rotate-half's sign, apply_rotary). The angles come from the token's position within
+    its segment, so packing and SP chunks need nothing of their own."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=position_ids.device).float() / head_dim))
     angles = position_ids[..., None].float() * inv_freq  # [b, s/P, d/2]
-    angles = torch.cat((angles, angles), dim=-1)[:, :, None]  # [b, s/P, 1, d]
-    return angles.cos(), angles.sin()
+    sin = angles.sin()
+    return torch.cat((angles, angles), dim=-1)[:, :, None].cos(), torch.cat((-sin, sin), dim=-1)[:, :, None]
+
+
+def micro_batch_cos_sin(position_ids, head_dim: int, base: float):
+    """rotary_cos_sin once per micro-batch and theta, shared by every layer of that theta, by their
+    recompute under activation checkpointing and by the next layers of a pipeline stage: cached by
+    the position-id tensor while it lives, as attention plans are by the segment ids (attention/plans.py)."""
+    return plans.while_alive(("rope", head_dim, base), position_ids, lambda: rotary_cos_sin(position_ids, head_dim, base))
 
 
 def apply_rotary(x, cos, sin):
     """x [b, s/P, heads, d] rotated in fp32 (or x's wider dtype): x * cos + rotate_half(x) * sin, with
-    rotate_half([x1, x2]) = [-x2, x1] (pairs (i, i + d/2) turn by the same angle), in x's dtype."""
-    wide = x.to(torch.promote_types(x.dtype, torch.float32))
-    x1, x2 = wide.chunk(2, dim=-1)
-    return (wide * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+    rotate_half([x1, x2]) = [-x2, x1] (pairs (i, i + d/2) turn by the same angle), in x's dtype: the
+    halves swapped by a roll, the sign in sin's first half (rotary_cos_sin)."""
+    wide = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+    return (wide * cos + wide.roll(x.shape[-1] // 2, -1) * sin).to(x.dtype)
 
 
 class SelfAttention(nn.Module):
@@ -94,10 +103,13 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, segment_ids, position_ids):
         b, s, h = x.shape  # [b, s/P, h]
-        q, k, v = self.query_key_value(x).view(b, s, 3, self.num_heads, self.head_dim).unbind(2)
-        if self.rotary_base is not None:
-            cos, sin = rotary_cos_sin(position_ids, self.head_dim, self.rotary_base)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        qkv = self.query_key_value(x).view(b, s, 3 * self.num_heads, self.head_dim)
+        if self.rotary_base is None:
+            q, k, v = qkv.chunk(3, dim=2)  # [b, s/P, heads, d] each
+        else:  # q and k side by side: one rotation turns both
+            qk, v = qkv.split((2 * self.num_heads, self.num_heads), dim=2)
+            cos, sin = micro_batch_cos_sin(position_ids, self.head_dim, self.rotary_base)
+            q, k = apply_rotary(qk, cos, sin).chunk(2, dim=2)
         context = self.core(q, k, v, segment_ids)  # [b, s/P, heads, d]
         return self.dense(context.reshape(b, s, h))
 

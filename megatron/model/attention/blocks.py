@@ -119,7 +119,8 @@ def backward(grad_out, q, k, v, mask, out, lse, scale):
     ops, s_q, s_k = kernels.ops(), q.shape[2], k.shape[2]
     chosen = kernel(q, mask.allowed is not None)
     bias = _bias(mask, q, open_empty_rows=False)
-    lse = _blind_rows_infinite(lse)
+    # an unmasked block: every row sees its keys, so its (merged) lse is finite already
+    lse = lse if mask.allowed is None else _blind_rows_infinite(lse)
     unused = torch.empty((), dtype=torch.int64, device=q.device)  # RNG seed/offset: no dropout here
     if chosen == "flash":
         return ops._scaled_dot_product_flash_attention_backward(
@@ -153,25 +154,39 @@ def varlen_forward(q, k, v, varlen, scale, window: int | None = None):
     `window`: each query sees the keys at most this far on either side of the one its sequence
     aligns it with (flash's window_size_left = right; kernels.py), None: every key."""
     b, heads, s_q, d = q.shape
-    out, lse = kernels.ops()._flash_attention_forward(
-        _flat(q), _flat(k), _flat(v), varlen.cu_q, varlen.cu_k, varlen.max_q, varlen.max_k, 0.0, False, False,
-        scale=scale, window_size_left=window, window_size_right=window)[:2]
+    out, lse = varlen_flash(q, k, v, varlen, scale, window)
     lse = lse.view(heads, b, s_q).transpose(0, 1)  # [heads, b * s_q] -> [b, heads, s_q]
     # rows of a sequence without keys (padding, segments this block lacks): out 0, lse +inf -> -inf
-    lse = lse.masked_fill(lse.isinf(), float("-inf"))
-    return out.view(b, s_q, heads, d).transpose(1, 2), lse
+    return out, lse.masked_fill(lse.isinf(), float("-inf"))
 
 
 def varlen_backward(grad_out, q, k, v, out, lse, varlen, scale, window: int | None = None):
-    """backward() of varlen_forward (the same window) -> (dq, dk, dv) in float32."""
+    """backward() of varlen_forward (the same window) -> (dq, dk, dv) in q's dtype."""
     b, heads, s_q, d = q.shape
     lse = _blind_rows_infinite(lse).transpose(0, 1).reshape(heads, b * s_q)  # the kernel's [heads, total rows]
+    return varlen_flash_backward(grad_out, q, k, v, out, lse, varlen, scale, window)
+
+
+def varlen_flash(q, k, v, varlen, scale, window: int | None = None):
+    """varlen_forward's kernel call -> (out, lse as the kernel writes it: [heads, b * s_q], +inf in the
+    rows that see no key), for a caller that only hands the lse back to varlen_flash_backward (no
+    merge: local.py), so it is never converted."""
+    b, heads, s_q, d = q.shape
+    out, lse = kernels.ops()._flash_attention_forward(
+        _flat(q), _flat(k), _flat(v), varlen.cu_q, varlen.cu_k, varlen.max_q, varlen.max_k, 0.0, False, False,
+        scale=scale, window_size_left=window, window_size_right=window)[:2]
+    return out.view(b, s_q, heads, d).transpose(1, 2), lse
+
+
+def varlen_flash_backward(grad_out, q, k, v, out, lse, varlen, scale, window: int | None = None):
+    """backward() of varlen_flash (the same window, its lse) -> (dq, dk, dv) in q's dtype."""
+    b, heads, s_q, d = q.shape
     unused = torch.empty((), dtype=torch.int64, device=q.device)
     grads = kernels.ops()._flash_attention_backward(*(_flat(x) for x in (grad_out, q, k, v, out)), lse, varlen.cu_q,
                                                     varlen.cu_k, varlen.max_q, varlen.max_k, 0.0, False, unused,
                                                     unused, scale=scale, window_size_left=window,
                                                     window_size_right=window)
-    return tuple(x.view(b, -1, heads, d).transpose(1, 2).float() for x in grads)
+    return tuple(x.view(b, -1, heads, d).transpose(1, 2) for x in grads)
 
 
 def _whole(plan, q, k) -> bool:
@@ -190,12 +205,12 @@ def attend(q, k, v, q_segments, k_segments, plan, scale):
 
 
 def attend_backward(grad_out, q, k, v, q_segments, k_segments, plan, out, lse, scale):
-    """backward() of a block computed by attend() -> (dq, dk, dv) in float32."""
+    """backward() of a block computed by attend() -> (dq, dk, dv): in float32 where tiles were
+    summed, else as the one kernel call gives them (q's dtype); a caller summing blocks widens them."""
     if kernel(q, plan.kind != "full", plan.varlen is not None) == "varlen_flash":
         return varlen_backward(grad_out, q, k, v, out, lse, plan.varlen, scale)
     if _whole(plan, q, k):
-        grads = backward(grad_out, q, k, v, masks.block_mask(q_segments, k_segments, plan.kind), out, lse, scale)
-        return tuple(grad.float() for grad in grads)
+        return backward(grad_out, q, k, v, masks.block_mask(q_segments, k_segments, plan.kind), out, lse, scale)
     return backward_tiles(grad_out, q, k, v, _tile_masks(plan.tiles, q_segments, k_segments), out, lse, scale)
 
 
@@ -230,13 +245,15 @@ def backward_tiles(grad_out, q, k, v, tiles, out, lse, scale):
 
 
 def merge(out, lse, block_out, block_lse):
-    """Log-sum-exp merge of two partial softmax results (out in float32, in block_out's layout).
+    """Log-sum-exp merge of two partial softmax results (out in float32 from the second block on, in
+    block_out's layout).
 
     new_lse = log(e^lse + e^block_lse); each side is weighted by e^(its lse - new_lse). Where
     both sides have seen no key (lse = -inf), the weights are defined as 0, giving zeros.
     """
-    if out is None:
-        return block_out.float(), block_lse
+    if out is None:  # the first block as its kernel wrote it: a lone block needs no float32 copy
+        return block_out, block_lse
+    out = out.float()  # the first block's, once a second comes (then a no-op)
     new_lse = torch.logaddexp(lse, block_lse)
     finite = new_lse.masked_fill(new_lse == float("-inf"), 0.0)
     # in place: no [b, heads, s_q, d] temporaries beyond the two operands

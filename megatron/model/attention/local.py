@@ -170,6 +170,8 @@ def _tile_masks(tiles):
 
 def _with_rows_after(x, rows: int):
     """[b, s, ...] -> [b, s + rows, ...], zeros after: the right halo's dummy query rows (local_plan)."""
+    if not rows:  # no right halo (SP = 1, the last rank): x itself
+        return x
     return torch.cat([x, x.new_zeros(x.shape[0], rows, *x.shape[2:])], 1)
 
 
@@ -179,18 +181,19 @@ def _windowed(q, plan) -> bool:
 
 
 class _LocalAttention(torch.autograd.Function):
-    """q, k, v [b, s/P, heads, d] of this rank -> out [b, s/P, heads, d]."""
+    """q, k, v [b, s/P, heads, d] of this rank -> out [b, s/P, heads, d]. The windowed flash call keeps
+    the lse as the kernel writes it (blocks.varlen_flash): it goes only to this core's backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, plan, seq, scale):
-        kv = _exchange_halo(torch.stack([k, v], 2), plan.halo, seq) if seq.size > 1 else torch.stack([k, v], 2)
-        k_ext, v_ext = kv.unbind(2)  # [b, left + s/P + right, heads, d]
+        if seq.size > 1:  # [b, left + s/P + right, heads, d]
+            k, v = _exchange_halo(torch.stack([k, v], 2), plan.halo, seq).unbind(2)
         chunk, windowed = q.shape[1], _windowed(q, plan)
         if windowed:
             q = _with_rows_after(q, plan.halo.right)
-        q_t, k_t, v_t = (x.transpose(1, 2) for x in (q, k_ext, v_ext))  # the kernels' layout (views)
+        q_t, k_t, v_t = (x.transpose(1, 2) for x in (q, k, v))  # the kernels' layout (views)
         if windowed:
-            out, lse = blocks.varlen_forward(q_t, k_t, v_t, plan.varlen, scale, window=plan.half)
+            out, lse = blocks.varlen_flash(q_t, k_t, v_t, plan.varlen, scale, window=plan.half)
         else:
             out, lse = blocks.forward_tiles(q_t, k_t, v_t, _tile_masks(plan.tiles), scale)
         ctx.save_for_backward(q_t, k_t, v_t, out, lse)
@@ -201,20 +204,18 @@ class _LocalAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q_t, k_t, v_t, out, lse = ctx.saved_tensors
         plan, seq, chunk = ctx.plan, ctx.seq, grad_out.shape[1]
-        if ctx.windowed:  # the forward's kernel
+        if ctx.windowed:  # the forward's kernel: gradients in q's dtype
             grad_out = _with_rows_after(grad_out, plan.halo.right).transpose(1, 2)
-            dq, dk, dv = blocks.varlen_backward(grad_out, q_t, k_t, v_t, out, lse, plan.varlen, ctx.scale,
-                                                window=plan.half)
-        else:
+            dq, dk, dv = blocks.varlen_flash_backward(grad_out, q_t, k_t, v_t, out, lse, plan.varlen, ctx.scale,
+                                                      window=plan.half)
+        else:  # float32
             grad_out = grad_out.transpose(1, 2)
             dq, dk, dv = blocks.backward_tiles(grad_out, q_t, k_t, v_t, _tile_masks(plan.tiles), out, lse, ctx.scale)
-        dq = dq[:, :, :chunk]
-        dkv = torch.stack([dk.transpose(1, 2), dv.transpose(1, 2)], 2)  # [b, extended, 2, heads, d]
-        if seq.size > 1:
-            dkv = _send_halo_home(dkv, plan.halo, seq)
-        dk, dv = dkv.unbind(2)
+        dq, dk, dv = (x.transpose(1, 2) for x in (dq[:, :, :chunk], dk, dv))  # [b, s/P or extended, heads, d]
+        if seq.size > 1:  # the halo's dK, dV go home, summed in float32
+            dk, dv = _send_halo_home(torch.stack([dk, dv], 2).float(), plan.halo, seq).unbind(2)
         dtype = q_t.dtype
-        return dq.transpose(1, 2).to(dtype), dk.to(dtype), dv.to(dtype), None, None, None
+        return dq.to(dtype), dk.to(dtype), dv.to(dtype), None, None, None
 
 
 @register("local")

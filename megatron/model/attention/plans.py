@@ -32,13 +32,19 @@ _ENTRIES = 32  # micro-batches in flight (pipeline 1F1B holds up to one per stag
 _cache: OrderedDict = OrderedDict()
 _evicted: OrderedDict = OrderedDict()  # full key -> weak reference to its segment ids, the last _ENTRIES evicted
 _warned_remade = False
+_alive: dict = {}  # while_alive's entries: full key -> value, each dropped with its tensor
+
+
+def _full_key(key: tuple, tensor) -> tuple:
+    """`key` and what names the tensor's values while it lives: its memory and version."""
+    return (key, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
+            str(tensor.device), tensor._version)
 
 
 def cached(key: tuple, segment_ids, make):
     """make() once per (core key, segment-id tensor); the same object afterwards. `key` names the
     planner (variant, seq rank and size, what else the plan depends on)."""
-    full_key = (key, segment_ids.untyped_storage().data_ptr(), segment_ids.storage_offset(),
-                tuple(segment_ids.shape), segment_ids.stride(), str(segment_ids.device), segment_ids._version)
+    full_key = _full_key(key, segment_ids)
     entry = _cache.get(full_key)
     if entry is None:
         _warn_if_remade(full_key, segment_ids)
@@ -67,9 +73,20 @@ def _warn_if_remade(full_key: tuple, segment_ids) -> None:
                   "megatron.model.attention.plans._ENTRIES", stacklevel=3)
 
 
+def while_alive(key: tuple, tensor, make):
+    """make() once per (key, tensor), kept while that tensor object lives (a recompute's detached
+    view of it hits; once it is gone the next call makes it again)."""
+    full_key = _full_key(key, tensor)
+    if full_key not in _alive:
+        _alive[full_key] = make()
+        weakref.finalize(tensor, _alive.pop, full_key, None)
+    return _alive[full_key]
+
+
 def clear() -> None:
     _cache.clear()
     _evicted.clear()
+    _alive.clear()
 
 
 def to_host(tensor) -> np.ndarray:

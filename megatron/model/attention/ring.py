@@ -94,7 +94,7 @@ class RingAttentionFunction(torch.autograd.Function):
         q, k, v, q_segments, out, lse, *k_segments = ctx.saved_tensors
         plan, ring, scale = ctx.plan, ctx.ring, ctx.scale
         nothing = (None, None, None, None)
-        if ring.size == 1:  # one block: its gradients are the result
+        if ring.size == 1:  # one block: its gradients are the result (in q's dtype unless summed over tiles)
             if not plan.blocks[0]:
                 return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), *nothing
             grads = blocks.attend_backward(grad_out, q, k, v, q_segments, k_segments[0], plan.blocks[0], out, lse,
@@ -117,8 +117,8 @@ class RingAttentionFunction(torch.autograd.Function):
                     dk_acc, dv_acc = _unpack(dkv, k.shape, torch.float32)
                     dk_acc.add_(dk_blk)
                     dv_acc.add_(dv_blk)
-            elif dk_blk is not None:
-                dkv = _pack(dk_blk, dv_blk)
+            elif dk_blk is not None:  # the accumulator travels in float32
+                dkv = _pack(dk_blk.float(), dv_blk.float())
             else:
                 dkv = k.new_zeros(k.numel() + v.numel(), dtype=torch.float32)
             del dk_blk, dv_blk
