@@ -12,14 +12,21 @@
   (quiet_shm_build); a build that fails still raises, with its compiler output.
 - c10d's C++ log of a rendezvous that cannot reach MASTER_ADDR (`[W ... TCPStore.cpp] ... retrying`,
   `[E ... socket.cpp]` and some 30 `frame #N` lines per try) before the trainer's one line about it:
-  TORCH_CPP_LOG_LEVEL=FATAL, read by torch when it loads (quiet_c10d), unless --debug or the user set it.
+  silenced while the rendezvous runs, and only then (c10d_log_quieted), unless --debug or the user set
+  TORCH_CPP_LOG_LEVEL. Its final failure is logged at ERROR, like NCCL's watchdog timeouts ("Watchdog caught
+  collective operation timeout", "Some NCCL operations have failed or timed out", the heartbeat monitor's and
+  desync reports), and the TCPStore's failures during training at WARNING: no start-up level (the variable,
+  read once when torch loads) hides the first and shows the others, so the level is lowered for the
+  rendezvous alone and torch's own (WARNING, or the user's) is back before the process group exists.
 """
+import ctypes
 import importlib
 import importlib.util
 import os
 import re
 import sys
 import warnings
+from contextlib import contextmanager
 
 from megatron.errors import ConfigError
 
@@ -27,6 +34,8 @@ from megatron.errors import ConfigError
 ACCELERATOR_PACKAGES = {"npu": "torch_npu", "hpu": "habana_frameworks", "mlu": "torch_mlu", "sdaa": "torch_sdaa",
                         "supa": "torch_supa", "klxpu": "torch_xmlir"}
 ACCELERATORS = ("cpu", "cuda", "xpu", "mps", *ACCELERATOR_PACKAGES)
+C10_LIBRARIES = ("libc10.so", "libc10.dylib", "c10.dll")  # in torch/lib, by platform
+C10_FATAL = 3  # c10's log levels, TORCH_CPP_LOG_LEVEL's names: INFO 0, WARNING 1, ERROR 2, FATAL 3
 DEPRECATED_COLLECTIVES = (r"`torch\.distributed\.(all_gather_into_tensor|_all_gather_base|_reduce_scatter_base|"
                           r"reduce_scatter_tensor)` (is|will be) (deprecated|a private function)")
 
@@ -36,7 +45,6 @@ def quiet_deepspeed(on_the_device: bool = False) -> None:
     `on_the_device`: the process trains (or launches ranks that do) on DeepSpeed's accelerator."""
     refuse_missing_accelerator(on_the_device)
     refuse_bad_thread_count()
-    quiet_c10d()
     if "DS_ACCELERATOR" not in os.environ:
         import torch
 
@@ -55,12 +63,39 @@ def refuse_bad_thread_count() -> None:
                           "unset OMP_NUM_THREADS (torch then uses the CPUs) or set it to a positive integer")
 
 
-def quiet_c10d() -> None:
-    """Before torch loads: its C++ warnings and errors (c10d's retries with their stack frames) are not
-    logged; the Python exception they end in still reaches the trainer, which says it in one line.
-    --debug, or a TORCH_CPP_LOG_LEVEL the user set, keeps them."""
-    if "--debug" not in sys.argv[1:]:
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+@contextmanager
+def c10d_log_quieted():
+    """While the body runs (the rendezvous: c10d's connect retries and their failure, with ~30 C++ stack frames
+    each, before the trainer's one line), no C++ log line below FATAL is written; torch's level is back after it,
+    so NCCL's watchdog errors and the store's failures during training show. Process-wide: no other thread is to
+    log meanwhile (no process group exists yet). --debug, or a TORCH_CPP_LOG_LEVEL the user set, keeps them; a
+    torch whose libc10 lacks the level's variable (c10_log_level) shows them as it is."""
+    level = None if "--debug" in sys.argv[1:] or "TORCH_CPP_LOG_LEVEL" in os.environ else c10_log_level()
+    if level is None:
+        yield
+        return
+    kept, level.value = level.value, C10_FATAL
+    try:
+        yield
+    finally:
+        level.value = kept
+
+
+def c10_log_level() -> ctypes.c_int | None:
+    """c10's lowest C++ log level written, as a variable to change, or None where torch's libc10 does not export
+    it. TORCH_CPP_LOG_LEVEL sets it when torch loads, and torch has no Python call to change it after
+    (torch._logging sets the levels of Python loggers); c10's logger (pip builds) and c10d's (every build:
+    logging.cpp's isLogLevelEnabled) read FLAGS_caffe2_log_level at each line."""
+    import torch
+
+    folder = os.path.join(os.path.dirname(torch.__file__), "lib")
+    for name in C10_LIBRARIES:
+        if os.path.isfile(os.path.join(folder, name)):
+            try:
+                return ctypes.c_int.in_dll(ctypes.CDLL(os.path.join(folder, name)), "FLAGS_caffe2_log_level")
+            except (OSError, ValueError):  # not loadable here, or the variable is not exported
+                return None
+    return None
 
 
 def quiet_shm_build() -> None:

@@ -8,6 +8,7 @@ names the phrases the last stderr line must hold. Adding a case is one row.
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1518,6 +1519,52 @@ def test_a_rendezvous_address_that_does_not_answer_is_one_line_without_c10d_fram
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
     assert "could not join the rendezvous at 192.0.2.1" in lines[0]
+
+
+def test_c10d_errors_after_the_rendezvous_reach_the_user():
+    """The rendezvous alone is quiet: TORCH_CPP_LOG_LEVEL=FATAL at start-up hid every C++ log line of the run,
+    NCCL's watchdog timeouts and failed collectives among them (LOG(ERROR) in ProcessGroupNCCL.cpp). Two real
+    ranks over gloo, started as the trainer starts: rank 0's monitored barrier times out on rank 1, which gloo
+    logs at ERROR as NCCL's watchdog does, then rank 0 ends and rank 1's next store call fails, which c10d logs
+    at WARNING with its stack frames. NCCL itself cannot run here: its lines are seen only through their level."""
+    code = ("import os, time\nfrom datetime import timedelta\nfrom megatron.quiet import quiet_deepspeed\n"
+            "quiet_deepspeed()\nimport torch.distributed as dist\nfrom megatron.parallel import device\n"
+            "device.rendezvous('gloo', 60.0)\nif dist.get_rank() == 0:\n"
+            "    try:\n        dist.monitored_barrier(timeout=timedelta(seconds=1))\n"
+            "    except RuntimeError:\n        os._exit(3)\n"
+            "store = dist.distributed_c10d._get_default_store()\nfor _ in range(300):\n"
+            "    try:\n        store.add('beat', 0)\n    except RuntimeError:\n        os._exit(4)\n"
+            "    time.sleep(0.2)\n")
+    env = {name: value for name, value in os.environ.items() if name != "TORCH_CPP_LOG_LEVEL"}
+    env.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), DS_ACCELERATOR="cpu")
+    ranks = [subprocess.Popen([PYTHON, "-c", code], env={**env, "RANK": str(rank)}, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    codes = [rank.wait(timeout=120) for rank in ranks]
+    [rank_0, rank_1] = [rank.stderr.read() for rank in ranks]
+    assert codes == [3, 4], (rank_0[-2000:], rank_1[-2000:])
+    assert re.search(r"\[E\S* \S+ ProcessGroupGloo\.cpp:\d+\] .*Rank 1 failed to pass monitoredBarrier", rank_0), rank_0
+    assert re.search(r"\[W\S* \S+ TCPStore\.cpp:\d+\] \[c10d\] \w+ failed on SocketImpl", rank_1), rank_1  # recv or send
+
+
+def test_c10d_log_is_quieted_for_the_rendezvous_alone_unless_asked(monkeypatch):
+    """c10's C++ log level is FATAL in the window and torch's again after it; --debug, or a TORCH_CPP_LOG_LEVEL
+    the user set, keeps torch's in it too (that the variable is the one torch reads, the tests above show)."""
+    from megatron.quiet import c10_log_level, c10d_log_quieted
+
+    level = c10_log_level()
+    assert level is not None, "torch's libc10 no longer exports FLAGS_caffe2_log_level: the rendezvous is not quiet"
+    monkeypatch.setattr(sys, "argv", ["pretrain_bert.py"])
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    before = level.value
+    with c10d_log_quieted():
+        assert level.value == 3
+    assert level.value == before
+    for argv, env in ((["pretrain_bert.py", "--debug"], None), (["pretrain_bert.py"], "INFO")):
+        monkeypatch.setattr(sys, "argv", argv)
+        if env:
+            monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", env)
+        with c10d_log_quieted():
+            assert level.value == before
 
 
 def test_a_run_without_a_launcher_ignores_a_stale_master_addr(monkeypatch):

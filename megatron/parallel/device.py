@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.errors import ConfigError
-from megatron.quiet import quiet_shm_build
+from megatron.quiet import c10d_log_quieted, quiet_shm_build
 from megatron.parallel import master_address
 from megatron.parallel.launch_env import local_rank
 
@@ -115,6 +115,17 @@ def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta 
             unreached.node_leaders = True  # rank 0 may be the one missing: each node's first rank prints it
             raise unreached
         time.sleep(0.2)
+    with c10d_log_quieted():  # c10d's retries and failures, with their C++ stack frames: the ConfigError says it
+        store = _gathered_store(rank, world, address, timeout, deadline, fix)
+    store.set_timeout(collective_timeout)
+    options = {"device_id": torch.device("cuda", local_rank())} if dist_backend == "nccl" and world > 1 else {}
+    dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world, timeout=collective_timeout,
+                            **options)
+
+
+def _gathered_store(rank: int, world: int, address: str, timeout: float, deadline: float, fix: str):
+    """The TCPStore at `address` once all `world` ranks have joined it by `deadline` (rank 0's count), or a
+    ConfigError naming how many did."""
     try:
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=rank == 0,
                               timeout=timedelta(seconds=timeout), wait_for_workers=False)
@@ -149,10 +160,7 @@ def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta 
     if arrived < world:
         raise ConfigError(f"the rendezvous at {address} timed out after {timeout:g} s: {arrived} of {world} ranks "
                           "arrived", fix)
-    store.set_timeout(collective_timeout)
-    options = {"device_id": torch.device("cuda", local_rank())} if dist_backend == "nccl" and world > 1 else {}
-    dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world, timeout=collective_timeout,
-                            **options)
+    return store
 
 
 def store_host_alive() -> bool:
