@@ -12,12 +12,13 @@
   (quiet_shm_build); a build that fails still raises, with its compiler output.
 - c10d's C++ log of a rendezvous that cannot reach MASTER_ADDR (`[W ... TCPStore.cpp] ... retrying`,
   `[E ... socket.cpp]` and some 30 `frame #N` lines per try) before the trainer's one line about it:
-  silenced while the rendezvous runs, and only then (c10d_log_quieted), unless --debug or the user set
-  TORCH_CPP_LOG_LEVEL. Its final failure is logged at ERROR, like NCCL's watchdog timeouts ("Watchdog caught
-  collective operation timeout", "Some NCCL operations have failed or timed out", the heartbeat monitor's and
-  desync reports), and the TCPStore's failures during training at WARNING: no start-up level (the variable,
-  read once when torch loads) hides the first and shows the others, so the level is lowered for the
-  rendezvous alone and torch's own (WARNING, or the user's) is back before the process group exists.
+  silenced while the rendezvous runs (c10d_log_quieted), and errors only after it, unless --debug or the user
+  set TORCH_CPP_LOG_LEVEL. The rendezvous' final failure is logged at ERROR, like NCCL's watchdog timeouts
+  ("Watchdog caught collective operation timeout", "Some NCCL operations have failed or timed out", the
+  heartbeat monitor's and desync reports): no start-up level (the variable, read once when torch loads) hides
+  the first and shows the others, so the level is FATAL for the rendezvous alone and ERROR from before the
+  process group exists; the store's warnings when a rank has gone (WARNING, ~30 stack frames each, before
+  the trainer's one line about it) stay hidden.
 """
 import ctypes
 import importlib
@@ -35,7 +36,7 @@ ACCELERATOR_PACKAGES = {"npu": "torch_npu", "hpu": "habana_frameworks", "mlu": "
                         "supa": "torch_supa", "klxpu": "torch_xmlir"}
 ACCELERATORS = ("cpu", "cuda", "xpu", "mps", *ACCELERATOR_PACKAGES)
 C10_LIBRARIES = ("libc10.so", "libc10.dylib", "c10.dll")  # in torch/lib, by platform
-C10_FATAL = 3  # c10's log levels, TORCH_CPP_LOG_LEVEL's names: INFO 0, WARNING 1, ERROR 2, FATAL 3
+C10_ERROR, C10_FATAL = 2, 3  # c10's log levels, TORCH_CPP_LOG_LEVEL's names: INFO 0, WARNING 1, ERROR 2, FATAL 3
 DEPRECATED_COLLECTIVES = (r"`torch\.distributed\.(all_gather_into_tensor|_all_gather_base|_reduce_scatter_base|"
                           r"reduce_scatter_tensor)` (is|will be) (deprecated|a private function)")
 
@@ -66,10 +67,11 @@ def refuse_bad_thread_count() -> None:
 @contextmanager
 def c10d_log_quieted():
     """While the body runs (the rendezvous: c10d's connect retries and their failure, with ~30 C++ stack frames
-    each, before the trainer's one line), no C++ log line below FATAL is written; torch's level is back after it,
-    so NCCL's watchdog errors and the store's failures during training show. Process-wide: no other thread is to
-    log meanwhile (no process group exists yet). --debug, or a TORCH_CPP_LOG_LEVEL the user set, keeps them; a
-    torch whose libc10 lacks the level's variable (c10_log_level) shows them as it is."""
+    each, before the trainer's one line), no C++ log line below FATAL is written; after it, errors (NCCL's
+    watchdog timeouts and failed collectives) but no warnings (the store's when a rank has gone, with their
+    frames, before the trainer's line). Process-wide: no other thread is to log meanwhile (no process group
+    exists yet). --debug, or a TORCH_CPP_LOG_LEVEL the user set, keeps torch's level throughout; a torch whose
+    libc10 lacks the level's variable (c10_log_level) logs as it is."""
     level = None if "--debug" in sys.argv[1:] or "TORCH_CPP_LOG_LEVEL" in os.environ else c10_log_level()
     if level is None:
         yield
@@ -78,7 +80,7 @@ def c10d_log_quieted():
     try:
         yield
     finally:
-        level.value = kept
+        level.value = max(kept, C10_ERROR)
 
 
 def c10_log_level() -> ctypes.c_int | None:

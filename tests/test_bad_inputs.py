@@ -1525,8 +1525,9 @@ def test_c10d_errors_after_the_rendezvous_reach_the_user():
     """The rendezvous alone is quiet: TORCH_CPP_LOG_LEVEL=FATAL at start-up hid every C++ log line of the run,
     NCCL's watchdog timeouts and failed collectives among them (LOG(ERROR) in ProcessGroupNCCL.cpp). Two real
     ranks over gloo, started as the trainer starts: rank 0's monitored barrier times out on rank 1, which gloo
-    logs at ERROR as NCCL's watchdog does, then rank 0 ends and rank 1's next store call fails, which c10d logs
-    at WARNING with its stack frames. NCCL itself cannot run here: its lines are seen only through their level."""
+    logs at ERROR as NCCL's watchdog does: shown; then rank 0 ends and rank 1's next store call fails, which c10d
+    logs at WARNING with ~30 stack frames: hidden, as before (the trainer says a rank has gone in one line).
+    NCCL itself cannot run here: its lines are seen only through their level."""
     code = ("import os, time\nfrom datetime import timedelta\nfrom megatron.quiet import quiet_deepspeed\n"
             "quiet_deepspeed()\nimport torch.distributed as dist\nfrom megatron.parallel import device\n"
             "device.rendezvous('gloo', 60.0)\nif dist.get_rank() == 0:\n"
@@ -1543,7 +1544,7 @@ def test_c10d_errors_after_the_rendezvous_reach_the_user():
     [rank_0, rank_1] = [rank.stderr.read() for rank in ranks]
     assert codes == [3, 4], (rank_0[-2000:], rank_1[-2000:])
     assert re.search(r"\[E\S* \S+ ProcessGroupGloo\.cpp:\d+\] .*Rank 1 failed to pass monitoredBarrier", rank_0), rank_0
-    assert re.search(r"\[W\S* \S+ TCPStore\.cpp:\d+\] \[c10d\] \w+ failed on SocketImpl", rank_1), rank_1  # recv or send
+    assert not re.search(r"\[W\S* \S+ TCPStore\.cpp:\d+\]|frame #", rank_1), rank_1
 
 
 def test_c10d_log_is_quieted_for_the_rendezvous_alone_unless_asked(monkeypatch):
@@ -1558,7 +1559,8 @@ def test_c10d_log_is_quieted_for_the_rendezvous_alone_unless_asked(monkeypatch):
     before = level.value
     with c10d_log_quieted():
         assert level.value == 3
-    assert level.value == before
+    assert level.value == max(before, 2), "errors, not warnings, after the rendezvous"
+    level.value = before
     for argv, env in ((["pretrain_bert.py", "--debug"], None), (["pretrain_bert.py"], "INFO")):
         monkeypatch.setattr(sys, "argv", argv)
         if env:
