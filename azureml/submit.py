@@ -140,7 +140,7 @@ def validate(args) -> None:
     with the optimizer the flags and the job's GPUs fill in (megatron.training.deepspeed_settings)
     and the layout it resolves for this job's world
     (megatron.config.resolve with instance count x GPUs per node), and a local --data folder's
-    files and tokenizer against the vocab record of its data (megatron.training.data_paths; an
+    files and tokenizer against the vocab record of its data (megatron.run_data.data_paths; an
     azureml:// URI is checked by AzureML when the job mounts it)."""
     if not args.ds_config.is_file():
         raise SubmitError(f"--ds-config {args.ds_config} does not exist; pass a JSON from ds_configs/ "
@@ -171,7 +171,10 @@ def validate(args) -> None:
     # here that DeepSpeed cannot load; the job's GPUs need none)
     from megatron.arguments import build_parser as trainer_parser, config_flags, flags_given
     from megatron.config import resolve
-    from megatron.training import StartPlan, check_flags, data_paths, deepspeed_settings
+    from megatron.flag_checks import check_flags
+    from megatron.run_data import data_paths
+    from megatron.start_plan import StartPlan
+    from megatron.training import deepspeed_settings
 
     def refuse(message):
         raise SubmitError(f"pretrain_bert.py flags after --: {message}; see python pretrain_bert.py --help")

@@ -77,7 +77,7 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
          origin: dict | None = None) -> str:
     """Saves on every rank; returns the tag once `latest` names it. `schedule`: the learning-rate
     settings of the run (schedule.Schedule.record), compared by a resume, as is `data` (the data it
-    reads, resume.data_settings). `origin`: the weights the run started from (training.weights_origin),
+    reads, resume.data_settings). `origin`: the weights the run started from (start_plan.weights_origin),
     compared by a requeue that names them. `keep_last`: once the
     new checkpoint is committed, rank 0 removes all but the newest that many (prune). `tokenizer`:
     copied in with its identity, so fill-mask, export and a resume need no tokenizer flag."""

@@ -2,7 +2,8 @@
 LR schedule taken over (resume_schedule; schedule.py holds the schedule), the optimizer settings kept
 (resume_optimizer), the warnings of changed samples, batch and data (describe_*_change, over the
 record data_settings keeps), and the dropout regime and rope settings of the weights (kept_regime,
-take_regime, note_replaced_settings). training.py calls them; none reads a run's state."""
+take_regime, note_replaced_settings). training.py and starting_weights.py call them; none reads a run's
+state."""
 import math
 
 from megatron import optimizer_state

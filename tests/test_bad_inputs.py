@@ -979,21 +979,21 @@ def test_no_data_path_with_another_vocab_is_refused_before_the_default_data_is_b
     """Without --data-path the run trains on the default dataset, made with its own vocab: another
     --vocab-file is refused before anything is built (no process group needed: extend_context's dry
     run calls the same check); the vocab of a --default-data-dir built with it passes."""
-    import megatron.training as training
+    from megatron import run_data, start_plan
     from megatron.arguments import build_parser
     from megatron.errors import ConfigError
 
     args = build_parser().parse_args([*TINY, "--vocab-file", assets["vocab"], "--default-data-dir", str(tmp_path / "d")])
     with pytest.raises(ConfigError, match=f"no --data-path: the run would train on the default dataset, made with the "
                                           f"vocab .*default_vocab.txt, while its tokenizer is {assets['vocab']}"):
-        training.data_paths(args, training.StartPlan.given(args))
+        run_data.data_paths(args, start_plan.StartPlan.given(args))
     assert not (tmp_path / "d").exists()
     cased = build_parser().parse_args([*TINY, "--vocab-file", assets["vocab"], "--tokenizer-type", "BertWordPieceCase"])
     with pytest.raises(ConfigError, match=f"preprocess_data.py --tokenizer-type BertWordPieceCase --vocab-file "
                                           rf"{assets['vocab']} \.\.\.\)"):  # the data made as the fix says is cased
-        training.data_paths(cased, training.StartPlan.given(cased))
+        run_data.data_paths(cased, start_plan.StartPlan.given(cased))
     args.default_data_dir = str(assets["dir"])  # made by prepare_default_dataset with this vocab
-    training.check_default_data_vocab(args, training.run_tokenizer(args, training.StartPlan.given(args)))
+    run_data.check_default_data_vocab(args, run_data.run_tokenizer(args, start_plan.StartPlan.given(args)))
 
 
 def test_truncated_safetensors_is_a_data_error(tmp_path):

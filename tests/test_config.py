@@ -23,9 +23,10 @@ def flags(*argv) -> dict:
 
 
 def given_flags(argv: list, ds: dict | None = None) -> dict:
-    """training.model_flags of the command line `argv`, starting where its flags name (no requeue)."""
+    """starting_weights.model_flags of the command line `argv`, starting where its flags name (no requeue)."""
     from megatron.arguments import build_parser
-    from megatron.training import StartPlan, model_flags
+    from megatron.start_plan import StartPlan
+    from megatron.starting_weights import model_flags
 
     args = build_parser().parse_args([str(arg) for arg in argv])
     return model_flags(args, ds or {}, StartPlan.given(args))
@@ -278,7 +279,7 @@ def test_attention_dropout_defaults_to_zero_where_the_variant_cannot_drop_out():
 
 
 
-# the fields of a tiny ModernBERT folder a run starts from (training.initial_model_fields)
+# the fields of a tiny ModernBERT folder a run starts from (starting_weights.initial_model_fields)
 START = dict(vocab_size=1500, hidden_size=64, num_layers=3, position_embedding_type="rope", global_attention_every=3,
              rotary_base=1e4, local_attention_window=16, max_position_embeddings=64)
 

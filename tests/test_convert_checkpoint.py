@@ -273,7 +273,8 @@ def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_p
 
     # a run from the weights without --seq-length takes their trained length, not the default 512
     from megatron.arguments import build_parser
-    from megatron.training import StartPlan, model_flags
+    from megatron.start_plan import StartPlan
+    from megatron.starting_weights import model_flags
 
     def seq_length(*argv) -> int:
         args = build_parser().parse_args(list(argv))
@@ -446,7 +447,7 @@ def test_to_hf_of_a_rotary_checkpoint_declares_the_length_it_trained_at(tmp_path
     length known trained, not a preset's 8192 that a run from scratch stored (said in one warning); the
     8192 of a run from scratch that records its start as runs do now was given by its flag: exported."""
     from megatron.data.tokenizer import BertWordPiece
-    from megatron.training import StartPlan, weights_origin
+    from megatron.start_plan import StartPlan, weights_origin
     from test_hf_modernbert import modern_config
 
     if origin == "scratch":

@@ -22,7 +22,7 @@ from megatron.data.tokenizer import BertWordPiece
 from megatron.errors import CHILD_IGNORED, ConfigError, DataError
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
-from megatron.training import batch_reader
+from megatron.run_data import batch_reader
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = [f"w{i}" for i in range(150)] + [f"##p{i}" for i in range(50)]  # ids 5..154 words, 155..204 pieces

@@ -329,11 +329,12 @@ class DatasetsBuilt(Exception):
 
 def pretrain_datasets(argv: list) -> tuple:
     """(dataset class name, length, sample length, what rank 0 printed) of the train set pretrain builds."""
+    import megatron.run_data as run_data
     import megatron.training as training
     from megatron.arguments import build_parser
 
     built = {}
-    build = training.build_train_valid_test_datasets
+    build = run_data.build_train_valid_test_datasets
 
     def recording(*args, **kwargs):
         built["sets"] = build(*args, **kwargs)
@@ -342,7 +343,7 @@ def pretrain_datasets(argv: list) -> tuple:
     def stop(*args, **kwargs):
         raise DatasetsBuilt
 
-    training.build_train_valid_test_datasets, training.build_engine = recording, stop
+    run_data.build_train_valid_test_datasets, training.build_engine = recording, stop
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), pytest.raises(DatasetsBuilt):
         training.pretrain(build_parser().parse_args(argv))

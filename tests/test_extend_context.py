@@ -502,7 +502,7 @@ def test_a_run_from_weights_longer_than_they_trained_at_names_the_recipe(tmp_pat
     """--init-from-hf of rope weights at 4x their length and their own theta trains (extrapolation is
     a choice) with one line naming extend_context.py; a new theta says only that it replaces theirs, their
     own length nothing."""
-    from megatron import training
+    from megatron import start_plan, starting_weights
     from megatron.arguments import build_parser
 
     folder = tiny_modernbert(tmp_path / "hf", 512)
@@ -510,7 +510,7 @@ def test_a_run_from_weights_longer_than_they_trained_at_names_the_recipe(tmp_pat
     for name, extra in {"longer": ["--seq-length", str(LONGER)], "new theta": ["--seq-length", str(LONGER),
                         "--rotary-base", "40000"], "trained length": ["--seq-length", str(TRAINED)]}.items():
         args = build_parser().parse_args(["--init-from-hf", str(folder), *extra])
-        flags = training.model_flags(args, {}, training.StartPlan.given(args))
+        flags = starting_weights.model_flags(args, {}, start_plan.StartPlan.given(args))
         assert flags["seq_length"] == int(extra[1])
         lines[name] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert lines["longer"] == [f"note: --seq-length {LONGER} is 4x the {TRAINED} tokens the --init-from-hf folder "
@@ -527,7 +527,7 @@ def test_a_checkpoint_continued_longer_than_its_weights_counts_as_trained_at_its
     weights' max_position_embeddings 64 and seq_length 128) was trained at 128: extend_context.py scales
     from 128, a new run from its weights notes extrapolation past 128 only, and carries 128 as the length
     its own checkpoints declare (their export's max_position_embeddings), also when it trains shorter."""
-    from megatron import training
+    from megatron import start_plan, starting_weights
     from megatron.arguments import build_parser
     from test_hf_modernbert import modern_config
 
@@ -538,7 +538,7 @@ def test_a_checkpoint_continued_longer_than_its_weights_counts_as_trained_at_its
     declared = {}
     for length in (96, 256):
         args = build_parser().parse_args(["--load", str(source), "--finetune", "--seq-length", str(length)])
-        flags = training.model_flags(args, {}, training.StartPlan.given(args))
+        flags = starting_weights.model_flags(args, {}, start_plan.StartPlan.given(args))
         declared[length] = flags["max_position_embeddings"]
     assert declared == {96: 128, 256: 128}  # the export of a run at 256 declares 256 (hf_positions)
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, checkpoint_compat, locks, run_log, stop_signals, training
+from megatron import checkpoint, checkpoint_compat, locks, run_log, start_plan, stop_signals, training
 from megatron.errors import ConfigError, DataError
 from megatron.data import bert_dataset
 from megatron.model.bert import BertConfig
@@ -421,11 +421,11 @@ def fake_checkpoints(save, *iterations, latest=None) -> None:
         (save / checkpoint.LATEST).write_text(checkpoint.tag_for(latest))
 
 
-def start_run(save, load="save", finetune=False) -> "training.StartPlan":
+def start_run(save, load="save", finetune=False) -> "start_plan.StartPlan":
     args = argparse.Namespace(init_from_hf=None, load=str(save) if load == "save" else load, save=str(save),
                               finetune=finetune)
     given = dict(vars(args))
-    plan = training.check_start(args)
+    plan = start_plan.check_start(args)
     assert vars(args) == given  # the run reads the plan; the flags stay as given
     return plan
 

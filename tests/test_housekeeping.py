@@ -12,8 +12,8 @@ from megatron import checkpoint
 from megatron.arguments import build_parser
 from megatron.data import index_maps
 from megatron.errors import ConfigError
+from megatron.flag_checks import check_flags
 from megatron.paths import python_command
-from megatron.training import check_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 

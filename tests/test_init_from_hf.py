@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron import checkpoint, checkpoint_compat, hf_convert, hf_io, training
+from megatron import (checkpoint, checkpoint_compat, flag_checks, hf_convert, hf_io, run_data, start_plan,
+                      starting_weights, training)
 from megatron.errors import DataError
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.fields import resume_kept
@@ -75,7 +76,7 @@ def test_load_weights_only_checkpoint_from_the_converter(tmp_path, data_dir):
 
 
 def test_an_unreadable_folder_tokenizer_is_one_line_or_a_warning_beside_the_flags(tmp_path, capsys):
-    """In-process (training.data_paths): the folder's broken tokenizer.json stops a run that has no other
+    """In-process (run_data.data_paths): the folder's broken tokenizer.json stops a run that has no other
     tokenizer; beside --vocab-file it is a plain warning line (no Python warning with its source line)."""
     folder = tmp_path / "hf"
     folder.mkdir()
@@ -85,10 +86,10 @@ def test_an_unreadable_folder_tokenizer_is_one_line_or_a_warning_beside_the_flag
                               whole_word_masking=False)
     with pytest.raises(DataError, match=f"the tokenizer of the Hugging Face folder {folder} cannot be used: .*; fix "
                                         "it or download the model folder again, or pass the --tokenizer-file"):
-        training.data_paths(args, training.StartPlan.given(args))
+        run_data.data_paths(args, start_plan.StartPlan.given(args))
     args.vocab_file = str(write_vocab_file(tmp_path / "vocab.txt"))
     capsys.readouterr()
-    assert training.data_paths(args, training.StartPlan.given(args))[1].file == args.vocab_file
+    assert run_data.data_paths(args, start_plan.StartPlan.given(args))[1].file == args.vocab_file
     assert capsys.readouterr().err.splitlines() == [
         f"warning: the tokenizer of the Hugging Face folder {folder} cannot be used: tokenizer file "
         f"{folder / 'tokenizer.json'} is not a Hugging Face tokenizer.json (key must be a string at line 1 column 2); "
@@ -96,7 +97,7 @@ def test_an_unreadable_folder_tokenizer_is_one_line_or_a_warning_beside_the_flag
 
 
 def test_a_start_from_weights_of_another_variant_initialises_or_drops_linformers_projections(tmp_path, capsys):
-    """In-process (training.initial_weights): a weights-only checkpoint (from-hf's, dense) starts a linformer
+    """In-process (starting_weights.initial_weights): a weights-only checkpoint (from-hf's, dense) starts a linformer
     run as --init-from-hf does, its projections initialised and named in one warning line; --finetune from a
     linformer-trained checkpoint into dense attention drops them and says in one line that the outputs change
     (a from-hf one says nothing: it was not trained here). A resume cannot: its fix names --finetune."""
@@ -112,8 +113,8 @@ def test_a_start_from_weights_of_another_variant_initialises_or_drops_linformers
     run_state.write_text(json.dumps({**json.loads(run_state.read_text()), "weights_only": False}))  # a trained one
 
     def start(name: str, config: BertConfig) -> dict:
-        plan = training.StartPlan.at(str(tmp_path / name), None, finetune=True)
-        return training.initial_weights(argparse.Namespace(), plan, argparse.Namespace(model=config))
+        plan = start_plan.StartPlan.at(str(tmp_path / name), None, finetune=True)
+        return starting_weights.initial_weights(argparse.Namespace(), plan, argparse.Namespace(model=config))
 
     capsys.readouterr()
     state, stored = start("from_hf", linformer), checkpoint.bert_state_from_checkpoint(str(tmp_path / "from_hf"))
@@ -143,7 +144,7 @@ def test_a_start_from_weights_of_another_variant_initialises_or_drops_linformers
 
 
 def test_linformer_or_bigbird_over_the_local_layers_of_the_weights_names_them_not_a_flag(tmp_path):
-    """In-process (training.model_flags): the window comes from the weights the run starts from (here a
+    """In-process (starting_weights.model_flags): the window comes from the weights the run starts from (here a
     weights-only checkpoint; an --init-from-hf folder alike), so no flag drops it: the one fix is a
     variant for the global layers."""
     from bert_fixtures import small_config, small_model
@@ -156,7 +157,7 @@ def test_linformer_or_bigbird_over_the_local_layers_of_the_weights_names_them_no
                                ("linformer", ["--attention", "linformer"], {})):
         args = build_parser().parse_args(["--load", str(tmp_path / "ck"), *flags])
         with pytest.raises(ConfigError) as caught:
-            training.model_flags(args, ds, training.StartPlan.given(args))
+            starting_weights.model_flags(args, ds, start_plan.StartPlan.given(args))
         assert str(caught.value) == (
             f"{variant} attention cannot be combined with the local sliding-window layers of the weights-only "
             f"checkpoint {tmp_path / 'ck'} (its global layers would change the math of a windowed model); use "
@@ -164,7 +165,7 @@ def test_linformer_or_bigbird_over_the_local_layers_of_the_weights_names_them_no
 
 
 def test_a_contradicting_flag_names_the_checkpoint_as_what_it_is(tmp_path):
-    """In-process (training.model_flags): --finetune starts from any checkpoint's weights; its refusal called
+    """In-process (starting_weights.model_flags): --finetune starts from any checkpoint's weights; its refusal called
     every one 'the weights-only checkpoint', a full training checkpoint too."""
     from bert_fixtures import small_config, small_model
     from megatron.arguments import build_parser
@@ -175,11 +176,11 @@ def test_a_contradicting_flag_names_the_checkpoint_as_what_it_is(tmp_path):
     for flags, source in (([], "the weights-only checkpoint"), (["--finetune"], "the checkpoint")):
         args = build_parser().parse_args(["--load", str(tmp_path / "ck"), "--num-attention-heads", "8", *flags])
         with pytest.raises(ConfigError, match=f"--num-attention-heads 8 contradicts {source} {tmp_path / 'ck'}, "):
-            training.model_flags(args, {}, training.StartPlan.given(args))
+            starting_weights.model_flags(args, {}, start_plan.StartPlan.given(args))
 
 
 def test_no_position_extension_is_refused_for_rotary_positions(tmp_path):
-    """In-process (training.model_flags, and from-hf in its process): rotary weights have no position
+    """In-process (starting_weights.model_flags, and from-hf in its process): rotary weights have no position
     table, so the flag that refuses extending one would do nothing."""
     from megatron.arguments import build_parser
     from megatron.errors import ConfigError
@@ -189,14 +190,14 @@ def test_no_position_extension_is_refused_for_rotary_positions(tmp_path):
     args = build_parser().parse_args(["--init-from-hf", str(folder), "--no-position-extension"])
     with pytest.raises(ConfigError, match=f"--no-position-extension has no effect on the --init-from-hf folder "
                                           f"{folder}: its positions are rotary"):
-        training.model_flags(args, {}, training.StartPlan.given(args))
+        starting_weights.model_flags(args, {}, start_plan.StartPlan.given(args))
     done = convert("from-hf", "--hf-dir", folder, "--save", tmp_path / "ck", "--no-position-extension")
     assert done.returncode == 2 and "its positions are rotary, with no table to extend; drop" in done.stderr
     assert not (tmp_path / "ck").exists()
 
 
 def test_a_folders_fixed_tokenizer_is_the_folders_and_other_data_is_preprocessed_again(tmp_path):
-    """In-process (training.data_paths): the folder's tokenizer is named as the folder's, not a checkpoint's,
+    """In-process (run_data.data_paths): the folder's tokenizer is named as the folder's, not a checkpoint's,
     and data made with another vocab gets the one fix that applies: the folder refuses the data's vocab flag."""
     from megatron.data.tokenizer import BertWordPiece, write_data_identity
 
@@ -212,18 +213,18 @@ def test_a_folders_fixed_tokenizer_is_the_folders_and_other_data_is_preprocessed
     with pytest.raises(DataError, match=f"the vocab {other} differs from {folder}/vocab.txt, the one the Hugging Face "
                                         f"folder {folder} was trained with .*; drop --vocab-file/--tokenizer-file "
                                         r"\(the folder carries its tokenizer\)"):
-        training.data_paths(args, training.StartPlan.given(args))
+        run_data.data_paths(args, start_plan.StartPlan.given(args))
     args.vocab_file = None
     write_data_identity(BertWordPiece(str(other)), str(tmp_path / "data"))
     with pytest.raises(DataError) as caught:
-        training.data_paths(args, training.StartPlan.given(args))
+        run_data.data_paths(args, start_plan.StartPlan.given(args))
     assert str(caught.value).endswith(
         f"; rerun tools/preprocess_data.py with the run's tokenizer (--tokenizer-type BertWordPieceLowerCase "
         f"--vocab-file {folder}/vocab.txt, the one the Hugging Face folder {folder} was trained with)")
 
 
 def test_a_checkpoint_that_carries_no_tokenizer_is_named_when_the_data_needs_one(tmp_path):
-    """In-process (training.data_paths): --load of a checkpoint without a tokenizer (a from-hf one of a folder
+    """In-process (run_data.data_paths): --load of a checkpoint without a tokenizer (a from-hf one of a folder
     without one) said 'the run starts from nothing that carries a tokenizer', as if no --load were given."""
     from bert_fixtures import small_config, small_model
     from megatron.errors import ConfigError
@@ -234,7 +235,7 @@ def test_a_checkpoint_that_carries_no_tokenizer_is_named_when_the_data_needs_one
                               tokenizer_file=None, tokenizer_type=None, data_path=[str(tmp_path / "data")],
                               whole_word_masking=False)
     with pytest.raises(ConfigError) as caught:
-        training.data_paths(args, training.StartPlan.given(args))
+        run_data.data_paths(args, start_plan.StartPlan.given(args))
     assert str(caught.value) == (f"--data-path is given without --vocab-file, and the checkpoint {tmp_path / 'ck'} "
                                  "carries no tokenizer; pass the vocab.txt (or --tokenizer-file) the data was made "
                                  "with")
@@ -299,13 +300,13 @@ def test_a_run_started_from_an_hf_folder_resumes_with_the_same_command(tmp_path,
     first = tmp_path / "first"
     args = argparse.Namespace(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False)
     capsys.readouterr()
-    plan = training.check_start(args)
-    assert (plan.init_from_hf, plan.load) == (str(folder), None) and training.weights_origin(plan) == origin
+    plan = start_plan.check_start(args)
+    assert (plan.init_from_hf, plan.load) == (str(folder), None) and start_plan.weights_origin(plan) == origin
     assert vars(args) == dict(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False)  # as given
     assert capsys.readouterr().out == f"--load {first} holds no checkpoint yet: starting from --init-from-hf {folder}\n"
     copy = shutil.copytree(folder, tmp_path / "copy")
     args = argparse.Namespace(init_from_hf=str(copy), load=str(run), save=str(run), finetune=False)
-    plan = training.check_start(args)
+    plan = start_plan.check_start(args)
     assert plan.init_from_hf is None and plan.load == str(run) and args.init_from_hf == str(copy)
     # a flag that restates a field with another value is refused, before the data's index maps
     maps = sorted(Path(data_dir).rglob("*"))
@@ -332,11 +333,11 @@ def test_a_json_typo_in_a_run_from_weights_is_one_line_before_their_hash(tmp_pat
         f"pretrain_bert.py: error: {tmp_path / 'ds.json'}:1:38: invalid JSON (Expecting property name enclosed in "
         "double quotes); fix the JSON syntax at that position"]
     assert hashed == [] and not (tmp_path / "run").exists()
-    plan = training.StartPlan.at(None, str(folder), False)
-    assert training.pending_origin(plan, str(tmp_path / "run")).result() == {
+    plan = start_plan.StartPlan.at(None, str(folder), False)
+    assert start_plan.pending_origin(plan, str(tmp_path / "run")).result() == {
         "from": str(folder.resolve()), "kind": "hf", "sha256": "digest"}
     assert hashed == [(str(folder), "hf")]  # aside, for the checkpoints of rank 0 of a run that saves
-    assert training.pending_origin(plan, None) is None
+    assert start_plan.pending_origin(plan, None) is None
 
 
 def test_a_checkpoints_hash_is_done_before_its_weights_are_loaded_for_the_run(tmp_path, monkeypatch):
@@ -353,8 +354,8 @@ def test_a_checkpoints_hash_is_done_before_its_weights_are_loaded_for_the_run(tm
     loading = hf_io.bert_state_from_checkpoint
     monkeypatch.setattr(hf_io, "bert_state_from_checkpoint",
                         lambda *args: events.append(threading.current_thread().name) or loading(*args))
-    plan = training.StartPlan.at(str(tmp_path / "ck"), None, False)
-    origin = training.pending_origin(plan, str(tmp_path / "run"))
+    plan = start_plan.StartPlan.at(str(tmp_path / "ck"), None, False)
+    origin = start_plan.pending_origin(plan, str(tmp_path / "run"))
     assert origin.done() and origin.result()["kind"] == "checkpoint"
     assert events == [threading.main_thread().name]  # the hash's load, finished: nothing aside
 
@@ -374,7 +375,7 @@ def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path
     hf_convert.save_weights_only_checkpoint(weights, small_model(config).state_dict(), config)
     other = tmp_path / "other"
     hf_convert.save_weights_only_checkpoint(other, small_model(config, seed=7).state_dict(), config)
-    origin = training.weights_origin(training.StartPlan.at(str(weights), None, finetune=False))
+    origin = start_plan.weights_origin(start_plan.StartPlan.at(str(weights), None, finetune=False))
     assert origin == {"from": str(weights.resolve()), "kind": "checkpoint",
                       "sha256": hf_io.weights_fingerprint(weights, "checkpoint")}
     save = tmp_path / "save"
@@ -388,7 +389,7 @@ def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path
         (save / "iter_0000004" / checkpoint.RUN_STATE).write_text(json.dumps(state))
         args = argparse.Namespace(init_from_hf=None, load=str(load), save=str(save), finetune=finetune)
         given = dict(vars(args))
-        plan = training.check_start(args)
+        plan = start_plan.check_start(args)
         assert vars(args) == given  # the run reads the plan; the flags stay as given
         return plan
 
@@ -414,7 +415,7 @@ def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path
     with pytest.raises(ConfigError, match="holds a run that started from scratch, not from --load"):
         start(weights, record={"from": None})
     with pytest.raises(ConfigError, match="--finetune is given with --init-from-hf"):
-        training.check_flag_combinations(training.build_parser().parse_args(
+        flag_checks.check_flag_combinations(training.build_parser().parse_args(
             ["--train-iters", "1", "--init-from-hf", str(tmp_path), "--load", str(save), "--finetune"]))
 
 
@@ -427,10 +428,10 @@ def test_weights_with_nan_are_refused_naming_the_tensor(tmp_path):
     state = small_model(config).state_dict()
     state["layers.1.mlp.dense_4h_to_h.weight"][0, 0] = float("inf")
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", state, config)
-    plan = training.StartPlan.at(str(tmp_path / "ck"), None, finetune=False)
+    plan = start_plan.StartPlan.at(str(tmp_path / "ck"), None, finetune=False)
     with pytest.raises(DataError, match=r"tensor layers.1.mlp.dense_4h_to_h.weight of checkpoint .*ck/iter_0000000 "
                                         r"holds 1 of \d+ values that are NaN or inf; start from another checkpoint"):
-        training.initial_weights(argparse.Namespace(), plan, argparse.Namespace(model=config))
+        starting_weights.initial_weights(argparse.Namespace(), plan, argparse.Namespace(model=config))
     _, folder = hf_model("bert", tmp_path, **HF)
     weights = folder / "model.safetensors"
     tensors = hf_io.read_safetensors(weights)
@@ -452,7 +453,7 @@ def test_a_start_from_weights_pads_the_vocab_to_the_runs_multiple(tmp_path):
     config = small_config("dense", vocab_size=97, make_vocab_size_divisible_by=16)  # 112 rows
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
     wider = small_config("dense", vocab_size=97, make_vocab_size_divisible_by=100)  # 100 rows
-    state = training.initial_weights(argparse.Namespace(), training.StartPlan.at(str(tmp_path / "ck"), None, False),
+    state = starting_weights.initial_weights(argparse.Namespace(), start_plan.StartPlan.at(str(tmp_path / "ck"), None, False),
                                      argparse.Namespace(model=wider))
     stored = checkpoint.bert_state_from_checkpoint(str(tmp_path / "ck"))
     embeddings, bias = state["embeddings.word_embeddings.weight"], state["lm_head.bias"]
@@ -472,7 +473,7 @@ def test_local_layers_added_to_weights_trained_all_global_are_a_warning(tmp_path
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
     local = small_config("dense", local_attention_window=8, global_attention_every=2)
     capsys.readouterr()
-    training.initial_weights(argparse.Namespace(), training.StartPlan.at(str(tmp_path / "ck"), None, False),
+    starting_weights.initial_weights(argparse.Namespace(), start_plan.StartPlan.at(str(tmp_path / "ck"), None, False),
                              argparse.Namespace(model=local))
     assert capsys.readouterr().err.splitlines() == [
         f"warning: checkpoint {tmp_path / 'ck'} was trained with every layer global, at local_attention_window None, "
@@ -484,7 +485,7 @@ def test_local_layers_added_to_weights_trained_all_global_are_a_warning(tmp_path
 
 
 def test_a_resume_takes_the_checkpoints_model_unless_a_flag_or_preset_restates_it(tmp_path):
-    """In-process (training.model_flags): every field the resume checks (checkpoint_compat.check_same_model) and
+    """In-process (starting_weights.model_flags): every field the resume checks (checkpoint_compat.check_same_model) and
     --seq-length come from the checkpoint, a classic BERT's too; a preset that differs is refused by name."""
     import json
 
@@ -498,14 +499,14 @@ def test_a_resume_takes_the_checkpoints_model_unless_a_flag_or_preset_restates_i
     run_state = tmp_path / "ck" / checkpoint.tag_for(0) / checkpoint.RUN_STATE
     run_state.write_text(json.dumps({**json.loads(run_state.read_text()), "weights_only": False}))  # a trained one
     args = build_parser().parse_args(["--load", str(tmp_path / "ck")])
-    flags = training.model_flags(args, {}, training.StartPlan.given(args))
+    flags = starting_weights.model_flags(args, {}, start_plan.StartPlan.given(args))
     kept = (*resume_kept(), "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by")
     given = {name: getattr(BertConfig, name) if flags[name] is None else flags[name] for name in kept}  # thetas:
     assert given == {name: getattr(config, name) for name in kept}  # unread with learned positions, not carried
     args = build_parser().parse_args(["--load", str(tmp_path / "ck"), "--model-preset", "modernbert-base"])
     with pytest.raises(ConfigError, match=f"^--model-preset modernbert-base \\(.*\\) contradicts the checkpoint "
                                           f"{tmp_path / 'ck'}, whose model has"):
-        training.model_flags(args, {}, training.StartPlan.given(args))
+        starting_weights.model_flags(args, {}, start_plan.StartPlan.given(args))
 
 
 def test_the_weights_fingerprint_hashes_the_model_the_run_reads(tmp_path):
@@ -539,7 +540,7 @@ def test_the_weights_fingerprint_hashes_the_model_the_run_reads(tmp_path):
 
 
 def test_a_run_from_weights_trains_with_their_dropout_unless_a_flag_or_preset_sets_it(tmp_path, capsys):
-    """In-process (training.model_flags): a ModernBERT folder (dropout 0) was trained at BertConfig's default
+    """In-process (starting_weights.model_flags): a ModernBERT folder (dropout 0) was trained at BertConfig's default
     0.1 and exported so by to-hf; the weights' dropout is the run's, as a resume keeps it (kept_regime), and a
     line says so. A BERT folder's 0.1 is kept alike; local layers, or a variant without attention dropout,
     drop a folder's (BertConfig sets 0) instead of refusing it; a flag sets another; a weights-only
@@ -553,7 +554,7 @@ def test_a_run_from_weights_trains_with_their_dropout_unless_a_flag_or_preset_se
 
     def dropouts(*argv):
         args = build_parser().parse_args([str(arg) for arg in argv])
-        flags = training.model_flags(args, {}, training.StartPlan.given(args))
+        flags = starting_weights.model_flags(args, {}, start_plan.StartPlan.given(args))
         return flags["hidden_dropout"], flags["attention_dropout"]
 
     modern, bert = tmp_path / "mb", tmp_path / "bert"
@@ -579,7 +580,7 @@ def test_a_run_from_weights_trains_with_their_dropout_unless_a_flag_or_preset_se
 
 
 def test_a_flag_that_replaces_the_weights_theta_or_window_is_a_note_naming_theirs(tmp_path, capsys):
-    """In-process (training.model_flags): a new run from weights may set another window or rope theta (a
+    """In-process (starting_weights.model_flags): a new run from weights may set another window or rope theta (a
     longer context wants one), but every layer it reaches then computes otherwise than the weights were
     trained to: one note per replaced setting names the weights' value; restating it says nothing. The
     same for a weights-only checkpoint (--load of from-hf's output)."""
@@ -592,7 +593,7 @@ def test_a_flag_that_replaces_the_weights_theta_or_window_is_a_note_naming_their
     def notes(*argv) -> list:
         capsys.readouterr()
         args = build_parser().parse_args([str(arg) for arg in argv])
-        training.model_flags(args, {}, training.StartPlan.given(args))
+        starting_weights.model_flags(args, {}, start_plan.StartPlan.given(args))
         return [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
 
     modern = tmp_path / "mb"

@@ -20,8 +20,9 @@ from megatron import run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
 from megatron.resume import describe_batch_change, describe_data_change, describe_sample_change, resume_schedule
+from megatron.run_data import data_warnings, small_eval_splits, with_eval_passes
 from megatron.schedule import Schedule
-from megatron.training import data_warnings, main, nothing_to_train, small_eval_splits, with_eval_passes
+from megatron.training import main, nothing_to_train
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -62,7 +63,7 @@ def test_help_explains_the_flags():
                                                  (["--num-workers", "0"], True, 0)])
 def test_data_workers_default_to_2_with_cuda_and_0_without(monkeypatch, argv, cuda, workers):
     from megatron.arguments import build_parser
-    from megatron.training import data_workers
+    from megatron.run_data import data_workers
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     assert data_workers(build_parser().parse_args(argv)) == workers

@@ -22,10 +22,10 @@ def write(path, tokens):
 
 
 def run_tokenizer(args):
-    """training.run_tokenizer of the flags `args`, starting where they name (no requeue)."""
-    from megatron import training
+    """run_data.run_tokenizer of the flags `args`, starting where they name (no requeue)."""
+    from megatron import run_data, start_plan
 
-    return training.run_tokenizer(args, training.StartPlan.given(args))
+    return run_data.run_tokenizer(args, start_plan.StartPlan.given(args))
 
 
 def test_same_size_is_not_same_vocab(tmp_path):

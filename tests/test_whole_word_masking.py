@@ -20,7 +20,8 @@ from megatron.data.tokenizer import HFTokenizer
 from megatron.data.words import BYTE_LEVEL_SPACE, word_marks, word_rule
 from megatron.errors import ConfigError
 from megatron.parallel.spawn import run_on_ranks
-from megatron.training import main, sample_options
+from megatron.run_data import sample_options
+from megatron.training import main
 from test_data_bert import write_corpus, write_vocab
 from test_hf_tokenizer import train_bpe
 

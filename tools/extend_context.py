@@ -43,7 +43,8 @@ with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the secon
     from megatron.config import json_pipeline_stages, read_ds_config, section_values
     from megatron.ds_schema import SECTION
     from megatron.model.fields import fields_with, info, variants_with_options
-    from megatron.training import StartPlan, initial_model_fields, starting_weights_fields
+    from megatron.start_plan import StartPlan
+    from megatron.starting_weights import initial_model_fields, starting_weights_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FACTOR = 64
@@ -386,9 +387,11 @@ def check_launch(command: list, world: int) -> None:
     from megatron.data.tokenizer import check_fits
     from megatron.engine import check_precision_supported
     from megatron.model.bert import BertConfig
-    from megatron.training import (check_default_data_vocab, check_flag_combinations, check_flags, check_sample_room,
-                                   check_start, data_paths, deepspeed_settings, model_flags as trainer_flags,
-                                   run_tokenizer)
+    from megatron.flag_checks import check_flag_combinations, check_flags
+    from megatron.run_data import check_default_data_vocab, data_paths, run_tokenizer
+    from megatron.start_plan import check_start
+    from megatron.starting_weights import model_flags as trainer_flags
+    from megatron.training import check_sample_room, deepspeed_settings
 
     args = trainer_parser().parse_args(command[command.index(str(ROOT / "pretrain_bert.py")) + 1:])
     check_flags(args)

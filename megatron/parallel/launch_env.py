@@ -1,7 +1,9 @@
 """Who this process is before any process group exists, as its launcher said in the environment:
-its global rank (env:// or an MPI launcher's), its index on its node, and how a rank that leaves
-an error line to rank 0 waits for it. No torch: the argument parser and the tools use it."""
+its global rank (env:// or an MPI launcher's), its index on its node, how a rank that leaves
+an error line to rank 0 waits for it, and the first rank's warning lines. No torch: the argument
+parser and the tools use it."""
 import os
+import sys
 import time
 
 
@@ -38,3 +40,9 @@ def outlive_rank_0() -> None:
     if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
         time.sleep(PRINTER_WAIT)
 
+
+def print_warnings(notes: list) -> None:
+    """One `warning:` line per note (None: none) from the first rank, also before the process group exists."""
+    if launcher_rank() == 0:
+        for note in filter(None, notes):
+            print(f"warning: {note}", file=sys.stderr, flush=True)
