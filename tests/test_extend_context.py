@@ -24,6 +24,7 @@ import transformers
 from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config
 from megatron.data.default_dataset import EMBEDDED_VOCAB
 from megatron.data.preprocess import PreprocessOptions, preprocess
+from megatron.paths import python_command
 from megatron.data.tokenizer import HFTokenizer
 from megatron.errors import run_tool
 from megatron.model.bert import BertConfig, BertModel
@@ -228,15 +229,16 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
                                     "zero_optimization": {"stage": 1}, "sequence_parallel": {"attention": "ring"}}))
     save = str(tmp_path / "c")
     hf = ["--from", str(source), "--seq-length", "256"]
+    python = python_command()  # the interpreter a hint names (.venv/bin/python from the repository)
     for argv, message in (
             (["--from", str(source), "--seq-length", str(TRAINED * 128), "--save", save], "pick 1 to 64 times 64"),
             (["--from", str(tmp_path), "--seq-length", "256", "--save", save], "is neither a Hugging Face folder"),
             (["--from", str(bert), "--seq-length", "2048", "--save", save],
-             f"has learned positions, not rotary ones; extend a learned-position BERT with pretrain_bert.py "
+             f"has learned positions, not rotary ones; extend a learned-position BERT with {python} pretrain_bert.py "
              f"--init-from-hf {bert} --max-position-embeddings N"),
             (["--from", str(learned), "--seq-length", "2048", "--save", save],
-             f"with tools/convert_checkpoint.py to-hf --load {learned} --output HF, then pretrain_bert.py "
-             "--init-from-hf HF --max-position-embeddings N"),
+             f"with {python} tools/convert_checkpoint.py to-hf --load {learned} --output HF, then {python} "
+             "pretrain_bert.py --init-from-hf HF --max-position-embeddings N"),
             (["--from", str(tmp_path / "missing"), "--seq-length", "256", "--save", save], "missing does not exist"),
             (["--from", str(learned / "iter_0000001"), "--seq-length", "256", "--save", save],
              f"iter_0000001 is one checkpoint of the --save directory {learned}; point --from at {learned} "),
