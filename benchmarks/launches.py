@@ -28,6 +28,8 @@ def summarize(events, top: int = 5) -> StepLaunches:
     busy, kernels, to_host, waits = 0.0, Counter(), 0, 0
     spent = Counter()
     for event in events:
+        if getattr(event, "is_user_annotation", False):  # a record_function range (optimizer.step's): no work
+            continue
         if event.device_type == torch.autograd.DeviceType.CUDA:
             microseconds = event.time_range.elapsed_us()
             busy += microseconds

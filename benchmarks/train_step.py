@@ -47,6 +47,7 @@ this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.data.batch import BertBatch  # noqa: E402
 from megatron.flops import training_flops_per_sample  # noqa: E402
 from megatron.hf_convert import hf_config_from_bert, hf_state_from_bert  # noqa: E402
+from megatron.model.attention import plans  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 from megatron.model.loss import bert_batch_loss  # noqa: E402
 from megatron.parallel.device import to_device  # noqa: E402
@@ -101,6 +102,7 @@ class Ours:
         self.optimizer = adamw(self.model.parameters(), optimizer)
 
     def __call__(self, batch: BertBatch) -> torch.Tensor:
+        plans.clear()  # a new micro-batch each step, as in training: its attention plans and rope tables made again
         with autocast():
             loss = bert_batch_loss(*self.model(*batch.model_inputs()), batch).total
         return optimizer_step(loss, self.optimizer)

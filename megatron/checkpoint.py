@@ -156,8 +156,9 @@ def replace_recovery_scripts(save_dir: str) -> None:
         path = os.path.join(save_dir, name)
         if not os.path.isfile(path):
             continue
+        # read later, from any folder: the interpreter by its absolute path
         line = (f"{name}: error: {save_dir} holds pipeline checkpoints, which DeepSpeed's {name} cannot read; "
-                f"export a plain state dict with {paths.python_command()} {CONVERT_TOOL} to-torch --load {save_dir} "
+                f"export a plain state dict with {sys.executable} {CONVERT_TOOL} to-torch --load {save_dir} "
                 "--output OUT.pt")
         with contextlib.suppress(OSError):  # the checkpoint is committed: a script is no reason to fail the save
             with open(path, "w") as file:

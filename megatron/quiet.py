@@ -91,13 +91,24 @@ def c10_log_level() -> ctypes.c_int | None:
     import torch
 
     folder = os.path.join(os.path.dirname(torch.__file__), "lib")
-    for name in C10_LIBRARIES:
-        if os.path.isfile(os.path.join(folder, name)):
+    for path in [*loaded_c10(), *(os.path.join(folder, name) for name in C10_LIBRARIES)]:
+        if os.path.isfile(path):
             try:
-                return ctypes.c_int.in_dll(ctypes.CDLL(os.path.join(folder, name)), "FLAGS_caffe2_log_level")
+                return ctypes.c_int.in_dll(ctypes.CDLL(path), "FLAGS_caffe2_log_level")
             except (OSError, ValueError):  # not loadable here, or the variable is not exported
                 return None
     return None
+
+
+def loaded_c10() -> list:
+    """The libc10 this process has loaded (Linux: /proc/self/maps), wherever its build keeps it (conda,
+    a distribution's torch: not in torch/lib); [] where it cannot be read."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(maxsplit=5)[-1].strip() for line in maps if "/libc10." in line}
+    except OSError:
+        return []
+    return sorted(path for path in paths if os.path.basename(path).startswith(C10_LIBRARIES[0]))
 
 
 def quiet_shm_build() -> None:

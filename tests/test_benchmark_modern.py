@@ -105,12 +105,14 @@ def test_a_steps_launches_are_counted_from_the_profilers_events():
 
     cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
 
-    def event(name, device, us=0.0):
-        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
+    def event(name, device, us=0.0, annotation=False):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us),
+                               is_user_annotation=annotation)
     events = [event("aten::mm", cpu, 50), event("cudaLaunchKernel", cpu, 5), event("gemm_kernel", cuda, 300),
               event("gemm_kernel", cuda, 100), event("flash_fwd", cuda, 200), event("Memcpy DtoH (Device -> Pageable)",
               cuda, 10), event("Memcpy HtoD (Pinned -> Device)", cuda, 20), event("Memset (Device)", cuda, 1),
-              event("cudaStreamSynchronize", cpu, 400), event("cudaMemcpyAsync", cpu, 3)]
+              event("cudaStreamSynchronize", cpu, 400), event("cudaMemcpyAsync", cpu, 3),
+              event("Optimizer.step#AdamW.step", cuda, 900, annotation=True)]  # a range over other kernels
     launched = launches.summarize(events)
     assert launched.kernels == 3 and launched.to_host == 1 and launched.waits == 1
     assert math.isclose(launched.busy_ms, 0.631)

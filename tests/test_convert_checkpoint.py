@@ -18,7 +18,6 @@ import transformers
 from bert_fixtures import padded_batch, small_config, small_model
 from megatron import checkpoint, hf_convert, hf_io
 from megatron.config import resolve
-from megatron.paths import python_command
 from megatron.engine import build_engine, train_step
 from megatron.errors import ConfigError
 from megatron.model.bert import BertConfig, BertModel
@@ -133,7 +132,7 @@ def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
                                str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
         assert done.returncode != 0 and done.stderr.splitlines() == [
             f"{script}: error: {tmp_path / 'ckpt'} holds pipeline checkpoints, which DeepSpeed's {script} cannot "
-            f"read; export a plain state dict with {python_command()} {TOOL} to-torch --load {tmp_path / 'ckpt'} --output "
+            f"read; export a plain state dict with {sys.executable} {TOOL} to-torch --load {tmp_path / 'ckpt'} --output "
             "OUT.pt"], done.stderr
     assert not (tmp_path / "out").exists()
     back_config = checkpoint.stored_config(str(tmp_path / "back"), checkpoint.tag_for(0))["model"]

@@ -75,12 +75,14 @@ def _warn_if_remade(full_key: tuple, segment_ids) -> None:
 
 def while_alive(key: tuple, tensor, make):
     """make() once per (key, tensor), kept while that tensor object lives (a recompute's detached
-    view of it hits; once it is gone the next call makes it again)."""
+    view of it hits; once it is gone the next call makes it again). Trusts the tensor's version
+    counter, as cached() does: a write that bypasses it (through .data or numpy) is not seen."""
     full_key = _full_key(key, tensor)
-    if full_key not in _alive:
-        _alive[full_key] = make()
+    value = _alive.get(full_key)
+    if value is None:
+        value = _alive[full_key] = make()
         weakref.finalize(tensor, _alive.pop, full_key, None)
-    return _alive[full_key]
+    return value
 
 
 def clear() -> None:
