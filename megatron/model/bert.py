@@ -77,7 +77,8 @@ def micro_batch_cos_sin(position_ids, head_dim: int, base: float):
     """rotary_cos_sin once per micro-batch and theta, shared by every layer of that theta, by their
     recompute under activation checkpointing and by the next layers of a pipeline stage: cached by
     the position-id tensor while it lives, as attention plans are by the segment ids (attention/plans.py)."""
-    return plans.while_alive(("rope", head_dim, base), position_ids, lambda: rotary_cos_sin(position_ids, head_dim, base))
+    return plans.while_alive(("rope", head_dim, base), position_ids,
+                             lambda: rotary_cos_sin(position_ids, head_dim, base))
 
 
 def apply_rotary(x, cos, sin):
