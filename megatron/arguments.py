@@ -15,6 +15,7 @@ from megatron.model.args import MODEL_PRESETS
 from megatron.model.fields import dest_to_field, flag_of, info
 from megatron.parallel.launch_env import launcher_rank, outlive_rank_0
 from megatron.paths import DEFAULT_DATA_DIR, DEFAULT_LOG_DIR, in_repository
+from megatron.schedule import DECAY_STYLES, DEFAULT_WARMUP_FRACTION, WSD_DECAY_STYLES
 
 # flags that megatron.config reads by their destination's name but that set no field: the preset (its
 # fields), the global batch size (DeepSpeed's train_batch_size). The fields' flags: fields.dest_to_field.
@@ -187,6 +188,11 @@ def add_packing_args(group) -> None:
                             "may then exceed --max-position-embeddings")
 
 
+def _decay_style(name: str) -> str:
+    """--lr-decay-style: WSD in any case (Megatron's scripts write it upper-case)."""
+    return "WSD" if name.lower() == "wsd" else name
+
+
 def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     train = parser.add_argument_group("training")
     train.add_argument("--train-iters", type=int, help="optimizer steps to train (or --train-samples)")
@@ -196,10 +202,20 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     train.add_argument("--lr", type=float, help="peak learning rate (default: the JSON's optimizer.params.lr, "
                        "else 1e-4)")
     train.add_argument("--min-lr", type=float, help="learning rate at the end of a linear or cosine decay (default 0)")
-    train.add_argument("--lr-decay-style", choices=["linear", "cosine", "constant"], default="linear",
-                       help="decay after warm-up (default linear)")
-    train.add_argument("--lr-warmup-fraction", type=float, default=0.01,
-                       help="fraction of the steps with linear warm-up from 0 (default 0.01)")
+    train.add_argument("--lr-decay-style", choices=DECAY_STYLES, default="linear", type=_decay_style,
+                       help="decay after warm-up (default linear): linear / cosine to --min-lr over the decay, "
+                            "constant, inverse-square-root, or WSD (warmup-stable-decay: constant, then the last "
+                            "--lr-wsd-decay-iters steps annealed)")
+    train.add_argument("--lr-warmup-fraction", type=float,
+                       help=f"fraction of the steps with linear warm-up from 0 (default {DEFAULT_WARMUP_FRACTION} "
+                            "unless --lr-warmup-iters)")
+    train.add_argument("--lr-warmup-iters", type=int, help="steps of linear warm-up from 0 (or --lr-warmup-fraction)")
+    train.add_argument("--lr-decay-iters", type=int,
+                       help="the step at which the decay reaches --min-lr, held after it (default --train-iters)")
+    train.add_argument("--lr-wsd-decay-iters", type=int,
+                       help="WSD: steps of the final anneal, ending at --lr-decay-iters (or --train-iters)")
+    train.add_argument("--lr-wsd-decay-style", choices=WSD_DECAY_STYLES,
+                       help="WSD: the anneal's shape (default exponential; minus_sqrt is ModernBERT's 1-sqrt)")
     train.add_argument("--weight-decay", type=float, help="AdamW weight decay (default: the JSON's, else 0.01)")
     train.add_argument("--adam-beta1", type=float, help="Adam beta1 (default: the JSON's betas[0], else 0.9)")
     train.add_argument("--adam-beta2", type=float, help="Adam beta2 (default: the JSON's betas[1], else 0.999)")

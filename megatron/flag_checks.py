@@ -42,9 +42,7 @@ def check_flags(args) -> None:
     if not 0 < args.mask_prob <= 1:
         raise ConfigError(f"--mask-prob {args.mask_prob} is outside (0, 1]",
                           "pass the fraction of tokens to mask, e.g. --mask-prob 0.15")
-    if not 0 <= args.lr_warmup_fraction <= 1:
-        raise ConfigError(f"--lr-warmup-fraction {args.lr_warmup_fraction} is outside [0, 1]",
-                          "pass the fraction of the steps to warm up over, e.g. --lr-warmup-fraction 0.01")
+    check_schedule_flags(args)
     check_optimizer_flags(args)
     if args.distributed_timeout_minutes is not None and not args.distributed_timeout_minutes > 0:
         # (--init-method-std and --layernorm-epsilon: config._check_model_numbers, with the model's numbers)
@@ -113,10 +111,35 @@ def check_flag_combinations(args) -> None:
                                                                                 "--init-from-hf")
     if inside:
         raise ConfigError(inside, "choose another --save")
-    if args.min_lr is not None and args.lr_decay_style == "constant":
-        raise ConfigError(f"--min-lr {args.min_lr} is given with --lr-decay-style constant, which never decays",
-                          "pass --lr-decay-style linear or cosine, or drop --min-lr")
 
+
+def check_schedule_flags(args) -> None:
+    """The LR schedule's flags alone (Schedule checks them against the run's length): numbers in range,
+    one way to give the warm-up, and no flag that the decay style would not read."""
+    if args.lr_warmup_fraction is not None and not 0 <= args.lr_warmup_fraction <= 1:
+        raise ConfigError(f"--lr-warmup-fraction {args.lr_warmup_fraction} is outside [0, 1]",
+                          "pass the fraction of the steps to warm up over, e.g. --lr-warmup-fraction 0.01")
+    if args.lr_warmup_fraction is not None and args.lr_warmup_iters is not None:
+        raise ConfigError(f"--lr-warmup-fraction {args.lr_warmup_fraction} and --lr-warmup-iters "
+                          f"{args.lr_warmup_iters} both set the warm-up", "pass one of them")
+    for flag, value, low in (("--lr-warmup-iters", args.lr_warmup_iters, 0),
+                             ("--lr-decay-iters", args.lr_decay_iters, 1),
+                             ("--lr-wsd-decay-iters", args.lr_wsd_decay_iters, 1)):
+        if value is not None and value < low:
+            raise ConfigError(f"{flag} {value} must be >= {low}", f"pass {flag} {low} or more")
+    style = args.lr_decay_style
+    readers = {"--min-lr": ("linear", "cosine", "inverse-square-root", "WSD"),
+               "--lr-decay-iters": ("linear", "cosine", "WSD"),
+               "--lr-wsd-decay-iters": ("WSD",), "--lr-wsd-decay-style": ("WSD",)}
+    given = {"--min-lr": args.min_lr, "--lr-decay-iters": args.lr_decay_iters,
+             "--lr-wsd-decay-iters": args.lr_wsd_decay_iters, "--lr-wsd-decay-style": args.lr_wsd_decay_style}
+    for flag, styles in readers.items():
+        if given[flag] is not None and style not in styles:
+            raise ConfigError(f"{flag} {given[flag]} is given with --lr-decay-style {style}, which does not read it",
+                              f"pass --lr-decay-style {' or '.join(styles)}, or drop {flag}")
+    if style == "WSD" and args.lr_wsd_decay_iters is None:
+        raise ConfigError("--lr-decay-style WSD is given without --lr-wsd-decay-iters (how many of the last steps "
+                          "anneal)", "add --lr-wsd-decay-iters N, e.g. a tenth of --train-iters")
 
 def check_split(split: str) -> None:
     """--split TRAIN,VALID,TEST document weights: up to three finite numbers >= 0, the train weight > 0."""

@@ -1,14 +1,32 @@
-"""The learning-rate schedule of a run, its keys stated once: Megatron's warm-up and decay as a
+"""The learning-rate schedule of a run, its keys stated once: Megatron's warm-up and decay styles as a
 step -> factor rule (LambdaLR's), the record each checkpoint keeps of it (its `schedule`), and what
 a resume says when this run's differs from that record (resume.resume_schedule). No torch at import."""
 import dataclasses
 import math
 from dataclasses import dataclass
 
+from megatron.errors import ConfigError
 
-def _flag(name: str) -> dataclasses.Field:
-    """A schedule field with the flag that sets it (named in a resume's warning)."""
-    return dataclasses.field(metadata={"flag": name})
+DECAY_STYLES = ("linear", "cosine", "constant", "inverse-square-root", "WSD")
+WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
+DEFAULT_WARMUP_FRACTION = 0.01
+
+
+def _flag(name: str, **default) -> dataclasses.Field:
+    """A schedule field with the flag that sets it (named in a resume's warning); a field added after
+    checkpoints had records has a default, which a record without it means."""
+    return dataclasses.field(metadata={"flag": name}, **default)
+
+
+def _annealed(style: str, progress: float) -> float:
+    """1 -> 0 as `progress` goes 0 -> 1, in the shape `style` names."""
+    if style == "linear":
+        return 1.0 - progress
+    if style == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if style == "exponential":  # halves its distance to 1 at each equal share, from 1 to 0
+        return 2.0 * 0.5 ** progress - 1.0
+    return 1.0 - math.sqrt(progress)  # minus_sqrt (ModernBERT's "1-sqrt" decay)
 
 
 @dataclass(frozen=True)
@@ -17,14 +35,48 @@ class Schedule:
     train_iters: int = _flag("--train-iters")
     lr: float = _flag("--lr")  # the peak this run asked for; the factor scales the optimizer's own
     min_lr: float = _flag("--min-lr")
-    lr_decay_style: str = _flag("--lr-decay-style")  # linear, cosine or constant
-    lr_warmup_fraction: float = _flag("--lr-warmup-fraction")
+    lr_decay_style: str = _flag("--lr-decay-style")  # one of DECAY_STYLES
+    lr_warmup_fraction: float | None = _flag("--lr-warmup-fraction")  # None: lr_warmup_iters gives it
+    lr_warmup_iters: int | None = _flag("--lr-warmup-iters", default=None)
+    lr_decay_iters: int | None = _flag("--lr-decay-iters", default=None)  # None: train_iters
+    lr_wsd_decay_iters: int | None = _flag("--lr-wsd-decay-iters", default=None)  # WSD's final anneal
+    lr_wsd_decay_style: str | None = _flag("--lr-wsd-decay-style", default=None)  # one of WSD_DECAY_STYLES
+
+    def __post_init__(self):
+        """The settings that need the run's length to be checked (flag_checks has the others)."""
+        warmup, decay_end = self.warmup_steps, self.decay_end
+        if self.lr_decay_iters is not None and self.lr_decay_iters <= warmup:
+            raise ConfigError(f"--lr-decay-iters {self.lr_decay_iters} ends the decay before the {warmup} warm-up "
+                              "steps do", f"pass a --lr-decay-iters above {warmup}, or a shorter warm-up")
+        if self.lr_wsd_decay_iters is not None and self.lr_wsd_decay_iters > decay_end - warmup:
+            raise ConfigError(f"--lr-wsd-decay-iters {self.lr_wsd_decay_iters} is longer than the {decay_end - warmup} "
+                              f"steps between the warm-up's end ({warmup}) and the decay's ({decay_end})",
+                              f"pass a --lr-wsd-decay-iters of at most {decay_end - warmup}")
 
     @classmethod
     def from_args(cls, args, ds: dict, train_iters: int) -> "Schedule":
-        """This run's: the peak is the JSON's optimizer.params.lr (--lr already written there)."""
+        """This run's: the peak is the JSON's optimizer.params.lr (--lr already written there); the
+        warm-up a fraction of the steps (DEFAULT_WARMUP_FRACTION unless a flag says)."""
+        fraction = args.lr_warmup_fraction
+        if fraction is None and args.lr_warmup_iters is None:
+            fraction = DEFAULT_WARMUP_FRACTION
+        wsd = args.lr_decay_style == "WSD"
         return cls(train_iters=train_iters, lr=ds["optimizer"]["params"]["lr"], min_lr=args.min_lr or 0.0,
-                   lr_decay_style=args.lr_decay_style, lr_warmup_fraction=args.lr_warmup_fraction)
+                   lr_decay_style=args.lr_decay_style, lr_warmup_fraction=fraction,
+                   lr_warmup_iters=args.lr_warmup_iters, lr_decay_iters=args.lr_decay_iters,
+                   lr_wsd_decay_iters=args.lr_wsd_decay_iters,
+                   lr_wsd_decay_style=(args.lr_wsd_decay_style or "exponential") if wsd else None)
+
+    @property
+    def warmup_steps(self) -> int:
+        if self.lr_warmup_iters is not None:
+            return self.lr_warmup_iters
+        return int(self.lr_warmup_fraction * self.train_iters)
+
+    @property
+    def decay_end(self) -> int:
+        """The step at which the rate reaches --min-lr (and stays)."""
+        return self.train_iters if self.lr_decay_iters is None else self.lr_decay_iters
 
     def record(self) -> dict:
         """The checkpoint's `schedule` entry, so that a resume can say what changed."""
@@ -35,21 +87,27 @@ class Schedule:
         return cls(**record)
 
     def factor(self, peak: float):
-        """step -> multiple of the peak: linear warm-up from 0 over lr_warmup_fraction of the steps,
-        then linear or cosine decay to min_lr at the last step (Megatron's schedule). Step i (from 0)
-        is the rate of iteration i + 1. `peak` is the optimizer's rate, which a resume restores."""
-        train_iters, style = self.train_iters, self.lr_decay_style
-        warmup = int(self.lr_warmup_fraction * train_iters)
+        """step -> multiple of the peak: linear warm-up from 0 over the warm-up steps, then the decay
+        style down to min_lr at decay_end, held after it (Megatron's schedule): linear or cosine over the
+        whole decay, WSD constant until its last lr_wsd_decay_iters steps, inverse-square-root as
+        sqrt(warm-up / steps) (never below min_lr, no end). Step i (from 0) is the rate of iteration
+        i + 1. `peak` is the optimizer's rate, which a resume restores."""
+        style, warmup, decay_end = self.lr_decay_style, self.warmup_steps, self.decay_end
         floor = self.min_lr / peak if peak else 0.0
 
         def factor(step: int) -> float:
             if step < warmup:
                 return (step + 1) / warmup
-            if style == "constant" or train_iters <= warmup:
+            if style == "inverse-square-root":
+                return max(floor, math.sqrt(max(warmup, 1) / (step + 1)))
+            if style == "constant" or decay_end <= warmup:
                 return 1.0
-            progress = min(1.0, (step - warmup) / max(1, train_iters - warmup))
-            decay = 1.0 - progress if style == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-            return floor + (1.0 - floor) * decay
+            if style == "WSD":
+                anneal_start = decay_end - self.lr_wsd_decay_iters
+                progress = min(1.0, max(0.0, (step - anneal_start) / max(1, self.lr_wsd_decay_iters)))
+                return floor + (1.0 - floor) * _annealed(self.lr_wsd_decay_style, progress)
+            progress = min(1.0, (step - warmup) / max(1, decay_end - warmup))
+            return floor + (1.0 - floor) * _annealed(style, progress)
 
         return factor
 
@@ -62,7 +120,10 @@ class Schedule:
 
     def changes(self, stored: dict) -> list:
         """'--flag now (the checkpoint's: then)' for each setting that differs from a checkpoint's
-        record `stored` (a key the record lacks is not compared)."""
-        return [f"{field.metadata['flag']} {getattr(self, field.name)} (the checkpoint's: {stored[field.name]})"
-                for field in dataclasses.fields(self)
-                if field.name in stored and stored[field.name] != getattr(self, field.name)]
+        record `stored` (a key the record lacks is its field's default, else not compared)."""
+        changed = []
+        for field in dataclasses.fields(self):
+            then = stored.get(field.name, field.default)
+            if then is not dataclasses.MISSING and then != getattr(self, field.name):
+                changed.append(f"{field.metadata['flag']} {getattr(self, field.name)} (the checkpoint's: {then})")
+        return changed

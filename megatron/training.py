@@ -277,8 +277,8 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     setup = check_start_up(args, plan)
     config = setup.config
     train_iters = args.train_iters or math.ceil(args.train_samples / config.global_batch_size)
+    schedule = Schedule.from_args(args, setup.ds, train_iters)  # checked against the run length before any map
     datasets, used_maps = build_datasets(args, config, setup.data_path, setup.tokenizer, train_iters)
-    schedule = Schedule.from_args(args, setup.ds, train_iters)
     engine = build_engine(config, bert_state=setup.bert_state, lr_scheduler=schedule.lambda_lr)
     if args.skip_nan_batches:
         skip_nonfinite_updates(engine)

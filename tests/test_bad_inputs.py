@@ -938,7 +938,19 @@ FLAG_MISTAKES = {
     "no_position_extension_without_hf": (["--no-position-extension"], (
         "--no-position-extension is given without --init-from-hf",)),
     "min_lr_with_constant_decay": (["--lr-decay-style", "constant", "--min-lr", "1e-5"], (
-        "--min-lr 1e-05 is given with --lr-decay-style constant", "linear or cosine")),
+        "--min-lr 1e-05 is given with --lr-decay-style constant, which does not read it", "linear or cosine")),
+    "warmup_fraction_and_iters": (["--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "5"], (
+        "--lr-warmup-fraction 0.1 and --lr-warmup-iters 5 both set the warm-up", "pass one of them")),
+    "warmup_iters_negative": (["--lr-warmup-iters", "-1"], ("--lr-warmup-iters -1 must be >= 0",)),
+    "decay_iters_zero": (["--lr-decay-iters", "0"], ("--lr-decay-iters 0 must be >= 1",)),
+    "decay_iters_with_constant_decay": (["--lr-decay-style", "constant", "--lr-decay-iters", "10"], (
+        "--lr-decay-iters 10 is given with --lr-decay-style constant", "linear or cosine or WSD")),
+    "wsd_decay_iters_with_cosine": (["--lr-decay-style", "cosine", "--lr-wsd-decay-iters", "10"], (
+        "--lr-wsd-decay-iters 10 is given with --lr-decay-style cosine", "pass --lr-decay-style WSD")),
+    "wsd_decay_style_without_wsd": (["--lr-wsd-decay-style", "minus_sqrt"], (
+        "--lr-wsd-decay-style minus_sqrt is given with --lr-decay-style linear", "pass --lr-decay-style WSD")),
+    "wsd_without_its_decay_iters": (["--lr-decay-style", "wsd"], (
+        "--lr-decay-style WSD is given without --lr-wsd-decay-iters", "add --lr-wsd-decay-iters N")),
 }
 
 

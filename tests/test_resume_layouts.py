@@ -29,7 +29,9 @@ from test_deepspeed_engine import GLOBAL_BATCH, ds_config, model_flags
 from test_sequence_parallel_bert import REL_TOL
 
 SAVED_AT, STOP, TRAIN_ITERS = 2, 4, 8
-SCHEDULE = SimpleNamespace(min_lr=None, lr_decay_style="linear", lr_warmup_fraction=0.5)  # 4 warm-up steps
+SCHEDULE = SimpleNamespace(min_lr=None, lr_decay_style="linear", lr_warmup_fraction=0.5,  # 4 warm-up steps
+                           lr_warmup_iters=None, lr_decay_iters=None, lr_wsd_decay_iters=None,
+                           lr_wsd_decay_style=None)
 
 
 def run(pipeline: int, sequence: int, directory: str, weight_decay: float, resume=False, refused_from=None,
