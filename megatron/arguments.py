@@ -275,6 +275,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--skip-nan-batches", action="store_true", help="skip the update of a step whose loss or "
                      "gradients are NaN/inf and go on (default: stop, naming the last good checkpoint)")
     run.add_argument("--save-interval", type=int, help="steps between checkpoints (always saved at the end)")
+    run.add_argument("--exit-duration-in-mins", type=float,
+                     help="stop after the first step that ends this many minutes after start-up, saved (with "
+                          "--save), exit 0: a job's time limit; the same command with --load resumes")
     run.add_argument("--keep-last", type=int, metavar="N", help="after each save, remove the --save folder's "
                      "older iter_* checkpoints beyond the newest N (never the one 'latest' names; default: keep all)")
     run.add_argument("--eval-interval", type=int, default=1000, help="steps between validation runs (default 1000)")

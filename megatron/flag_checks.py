@@ -44,6 +44,9 @@ def check_flags(args) -> None:
                           "pass the fraction of tokens to mask, e.g. --mask-prob 0.15")
     check_schedule_flags(args)
     check_optimizer_flags(args)
+    if args.exit_duration_in_mins is not None and not args.exit_duration_in_mins > 0:
+        raise ConfigError(f"--exit-duration-in-mins {args.exit_duration_in_mins} must be > 0",
+                          "pass the minutes the job may train, e.g. --exit-duration-in-mins 230 for a 4-hour limit")
     if args.distributed_timeout_minutes is not None and not args.distributed_timeout_minutes > 0:
         # (--init-method-std and --layernorm-epsilon: config._check_model_numbers, with the model's numbers)
         raise ConfigError(f"--distributed-timeout-minutes {args.distributed_timeout_minutes} must be > 0",
@@ -90,6 +93,8 @@ def check_flag_combinations(args) -> None:
         raise ConfigError("the run length is not set", "pass --train-iters N or --train-samples N")
     needs = ((args.save_interval, "--save-interval", args.save, "--save DIR", "checkpoints are saved only with --save"),
              (args.keep_last, "--keep-last", args.save, "--save DIR", "it prunes the --save folder"),
+             (args.exit_duration_in_mins, "--exit-duration-in-mins", args.save, "--save DIR",
+              "its stop is saved for a resume"),
              (args.checkpoint_num_layers, "--checkpoint-num-layers", args.checkpoint_activations,
               "--checkpoint-activations", "it sizes the recomputed chunks"),
              (args.no_position_extension or None, "--no-position-extension", args.init_from_hf, "--init-from-hf DIR",

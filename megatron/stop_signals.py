@@ -36,9 +36,13 @@ class StopSignals:
     every step cuts nothing: the run is complete (exit 0), and one line says so (complete)."""
 
     LOG_FAILED = 1000  # above any signal number: wins the MAX
+    TIME_LIMIT = 999  # --exit-duration-in-mins: above any signal number, below a failed log
 
-    def __init__(self, tokenizer_file: str, log=None, start_up: dict | None = None):
+    def __init__(self, tokenizer_file: str, log=None, start_up: dict | None = None, time_limit: tuple | None = None):
+        """`time_limit`: (minutes, the time.monotonic() they count from) of --exit-duration-in-mins."""
         self.tokenizer_file = tokenizer_file
+        self.time_limit = time_limit
+        self.agreements = 0  # the first precedes this run's first step, which a time limit never stops
         self.start_up = start_up or {}  # the handlers main's start-up replaced (errors.raise_on_signals)
         self.log = log  # rank 0's RunLog: a run log that cannot be written (full disk) stops the run too
         self.received = self.agreed = 0
@@ -79,6 +83,8 @@ class StopSignals:
         """Called by every rank with its micro-batches of one step (train or eval)."""
         top = max(int(batch.tokens.max()) for batch in step)
         received = self.received or (self.LOG_FAILED if self.log is not None and self.log.failure else 0)
+        self.agreements += 1
+        received = received or (self.TIME_LIMIT if self._out_of_time() else 0)
         received, top = self._largest([received, top])
         if top >= vocab_size:
             raise DataError(f"the data holds token id {top}, beyond the {vocab_size} tokens of the vocab "
@@ -87,10 +93,19 @@ class StopSignals:
                             "with this one")
         self.agreed = self.agreed or received
 
+    def _out_of_time(self) -> bool:
+        """Past --exit-duration-in-mins, with a step of this run taken (each run makes progress)."""
+        if self.time_limit is None or self.agreements < 2:
+            return False
+        minutes, start = self.time_limit
+        return time.monotonic() - start >= 60 * minutes
+
     def _name(self, signum: int, gone: str | None) -> str:
         """What stopped the run, as its lines say it."""
         if signum == self.LOG_FAILED:
             return "a failed write of the run log"
+        if signum == self.TIME_LIMIT:
+            return f"the time limit (--exit-duration-in-mins {self.time_limit[0]:g})"
         if gone and signum == signal.SIGTERM:
             return f"the end of {gone}"
         return signal.Signals(signum).name
@@ -106,8 +121,8 @@ class StopSignals:
 
     def finish(self, args, iteration: int, first_iteration: int, last_checkpoint, log, save,
                test_cut: bool = False) -> int:
-        """The agreed stop: saves what was trained since the last checkpoint; returns the signal number,
-        or raises the run log's write failure as one line (every rank alike). `test_cut`: the stop came
+        """The agreed stop: saves what was trained since the last checkpoint; returns the signal number
+        (None for the time limit: the job ends as planned, exit 0, and a rerun with --load goes on), or raises the run log's write failure as one line (every rank alike). `test_cut`: the stop came
         after the last step, before the test loss (a rerun with --load computes it). `save`: writes the
         final checkpoint and returns its folder (training.save_checkpoint)."""
         noticed = [None] * dist.get_world_size()  # the rank that saw its launcher end may not be the one printing
@@ -156,7 +171,7 @@ class StopSignals:
         dist.broadcast_object_list(failure, src=0)
         if failure[0]:
             raise ConfigError(*failure[0])
-        return self.agreed
+        return None if self.agreed == self.TIME_LIMIT else self.agreed
 
     def complete(self, args, iteration: int, last_checkpoint, log) -> None:
         """The end of a run that trained every step. A signal after the last agreement (during the

@@ -270,8 +270,9 @@ def check_sample_room(config) -> None:
 def pretrain(args, start_up: dict | None = None, progress: Progress | None = None) -> int | None:
     """The run: where it starts (check_start; `args` stays as given, the functions that read the start
     take the StartPlan), start-up checks, data, engine, then training from the start or a checkpoint;
-    returns the signal number of an agreed stop (None: the run trained every step). `progress` is kept
-    up to date for the line of a lost rank (lost_rank_problem)."""
+    returns the signal number of an agreed stop (None: the run trained every step, or stopped at
+    --exit-duration-in-mins). `progress` is kept up to date for the line of a lost rank (lost_rank_problem)."""
+    started = time.monotonic()  # what --exit-duration-in-mins counts from
     progress = progress or Progress()
     plan = check_start(args)
     setup = check_start_up(args, plan)
@@ -283,7 +284,8 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     if args.skip_nan_batches:
         skip_nonfinite_updates(engine)
     run = resume_or_start(args, plan, setup, engine, used_maps, schedule, progress)
-    stop = StopSignals(setup.tokenizer.file, run.log, start_up)
+    stop = StopSignals(setup.tokenizer.file, run.log, start_up,
+                       time_limit=args.exit_duration_in_mins and (args.exit_duration_in_mins, started))
     read_batches = batch_reader(config, stop, data_workers(args))
     train_loop(run, datasets, read_batches, stop)
     return end_run(run, datasets[2], read_batches, stop)

@@ -933,6 +933,9 @@ FLAG_MISTAKES = {
     "save_interval_without_save": (["--save-interval", "10"], ("--save-interval is given without --save",
                                                                "add --save DIR or drop --save-interval")),
     "keep_last_without_save": (["--keep-last", "2"], ("--keep-last is given without --save",)),
+    "exit_duration_without_save": (["--exit-duration-in-mins", "30"], (
+        "--exit-duration-in-mins is given without --save (its stop is saved for a resume)",)),
+    "exit_duration_zero": (["--exit-duration-in-mins", "0"], ("--exit-duration-in-mins 0.0 must be > 0",)),
     "checkpoint_num_layers_without_recompute": (["--checkpoint-num-layers", "2"], (
         "--checkpoint-num-layers is given without --checkpoint-activations", "add --checkpoint-activations")),
     "no_position_extension_without_hf": (["--no-position-extension"], (

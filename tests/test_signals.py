@@ -844,3 +844,30 @@ def test_launchs_kill_lines_after_a_stop_do_not_bury_the_ranks_line():
     assert record(logging.ERROR, "['python', '-u', 'pretrain_bert.py'] exits with return code = 1")
     assert record(logging.ERROR, "['python', '-u', 'pretrain_bert.py'] exits with return code = -9")
     assert record(logging.INFO, "Killing subprocess 3147", function="main")
+
+
+def main_to_stderr(argv) -> tuple:
+    """`main`'s (exit code, stderr)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = training.main(argv)
+    return code, err.getvalue()
+
+
+def test_a_time_limit_stops_every_rank_after_a_step_saved_and_a_rerun_goes_on(tmp_path, data):
+    """--exit-duration-in-mins (Megatron's flag, a job's wall-time limit): every rank stops after the
+    same step once a rank is past the limit, saves it and exits 0 with one line; the first step of a
+    run is always taken, so a requeued job makes progress however short its limit (here 6 ms: the
+    start-up alone is longer, the stop comes after iteration 1). The same command without the limit,
+    with --load, trains the rest."""
+    argv = run_argv(tmp_path, data, "--train-iters", "4", "--eval-interval", "1000", "--split", "949,50,0")
+    outcomes = run_on_ranks(main_to_stderr, 2, [*argv, "--exit-duration-in-mins", "0.0001"], timeout=240)
+    ckpt = tmp_path / "ckpt"
+    assert [code for code, _ in outcomes] == [0, 0], outcomes[0][1][-3000:]
+    assert outcomes[0][1].splitlines()[-1] == (
+        f"pretrain_bert.py: stopped by the time limit (--exit-duration-in-mins 0.0001) after iteration 1; checkpoint "
+        f"{ckpt / 'iter_0000001'} holds it: resume with --load {ckpt}")
+    assert checkpoint.latest_tag(str(ckpt)) == checkpoint.tag_for(1) and records(tmp_path, "train") == [1]
+    outcomes = run_on_ranks(main_to_stderr, 2, [*argv, "--load", str(ckpt)], timeout=240)
+    assert [code for code, _ in outcomes] == [0, 0], outcomes[0][1][-3000:]
+    assert records(tmp_path, "train") == [1, 2, 3, 4] and checkpoint.latest_tag(str(ckpt)) == checkpoint.tag_for(4)
