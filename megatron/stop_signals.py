@@ -122,7 +122,8 @@ class StopSignals:
     def finish(self, args, iteration: int, first_iteration: int, last_checkpoint, log, save,
                test_cut: bool = False) -> int:
         """The agreed stop: saves what was trained since the last checkpoint; returns the signal number
-        (None for the time limit: the job ends as planned, exit 0, and a rerun with --load goes on), or raises the run log's write failure as one line (every rank alike). `test_cut`: the stop came
+        (None for the time limit: the job ends as planned, exit 0, and a rerun with --load goes on), or
+        raises the run log's write failure as one line (every rank alike). `test_cut`: the stop came
         after the last step, before the test loss (a rerun with --load computes it). `save`: writes the
         final checkpoint and returns its folder (training.save_checkpoint)."""
         noticed = [None] * dist.get_world_size()  # the rank that saw its launcher end may not be the one printing
