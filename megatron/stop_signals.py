@@ -120,7 +120,7 @@ class StopSignals:
         return launcher_watch.DEEPSPEED_KILL_S - (time.monotonic() - self.received_at)
 
     def finish(self, args, iteration: int, first_iteration: int, last_checkpoint, log, save,
-               test_cut: bool = False) -> int:
+               test_cut: bool = False) -> int | None:
         """The agreed stop: saves what was trained since the last checkpoint; returns the signal number
         (None for the time limit: the job ends as planned, exit 0, and a rerun with --load goes on), or
         raises the run log's write failure as one line (every rank alike). `test_cut`: the stop came
