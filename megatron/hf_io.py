@@ -25,8 +25,9 @@ from typing import Callable
 
 import torch
 
-from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, bert_state_from_checkpoint, latest_tag,
-                                 refuse_log_dir, refuse_non_finite, stored_config)
+from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, latest_tag, refuse_log_dir, refuse_non_finite,
+                                 stored_config)
+from megatron.checkpoint_weights import bert_state_from_checkpoint
 from megatron.config import strict_json_loads
 from megatron.errors import ConfigError, DataError, disk_full, refuse_lfs_pointer
 from megatron.model.bert import BertConfig, BertModel

@@ -1,5 +1,5 @@
 """The lock files of a run's folders: one run writes into a --save folder (LOCK) and one into a
---log-dir (LOG_LOCK). Rank 0 takes them at start-up (checkpoint.check_writable, training's --log-dir
+--log-dir (LOG_LOCK). Rank 0 takes them at start-up (checkpoint_save.check_writable, training's --log-dir
 check) and gives them back at the end however the run ends; a heartbeat thread touches each while it
 is held, so that a lock left by a dead run (a crash, a kill, a preempted node) is taken over.
 """

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import sys
 
-from megatron import checkpoint, hf_io
+from megatron import checkpoint, checkpoint_save, hf_io
 from megatron.errors import ConfigError
 from megatron.parallel.launch_env import launcher_rank
 
@@ -57,7 +57,7 @@ def check_start(args) -> StartPlan:
     same (requeue_from_weights). A --save folder with checkpoints but no `latest` is refused (it is no
     first run's); one whose newer checkpoints a rollback will overwrite is named in a warning."""
     if args.save:
-        checkpoint.refuse_unnamed_checkpoints(args.save)
+        checkpoint_save.refuse_unnamed_checkpoints(args.save)
         refuse_finetune_in_place(args)
     load = args.load
     if args.load and args.save and same_folder(args.load, args.save) \
@@ -74,9 +74,9 @@ def check_start(args) -> StartPlan:
     start = 0
     if plan.resume:
         start = checkpoint.run_state(plan.load, checkpoint.latest_tag(plan.load))["iteration"]
-    newer = checkpoint.check_save_dir(args.save, start)
+    newer = checkpoint_save.check_save_dir(args.save, start)
     if newer and launcher_rank() == 0:
-        print(checkpoint.overwrite_warning(args.save, newer, start), file=sys.stderr, flush=True)
+        print(checkpoint_save.overwrite_warning(args.save, newer, start), file=sys.stderr, flush=True)
     return plan
 
 

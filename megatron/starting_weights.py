@@ -4,7 +4,7 @@ the run and by tools/extend_context.py."""
 import os
 import warnings
 
-from megatron import checkpoint, checkpoint_compat, hf_convert, hf_io, hf_modernbert, paths
+from megatron import checkpoint, checkpoint_compat, checkpoint_weights, hf_convert, hf_io, hf_modernbert, paths
 from megatron.arguments import config_flags
 from megatron.config import adjustable_start_fields, refuse_contradictions
 from megatron.errors import ConfigError
@@ -136,7 +136,7 @@ def initial_weights(args, plan: StartPlan, config) -> dict | None:
     padding = {"make_vocab_size_divisible_by": config.model.make_vocab_size_divisible_by}  # the run's: padded again
     fresh, dropped = checkpoint_compat.check_model_shapes({**stored, **padding}, config.model,
                                                           os.path.join(load, tag), start=True)
-    state = hf_convert.repadded_vocab(checkpoint.bert_state_from_checkpoint(load, tag), config.model)
+    state = hf_convert.repadded_vocab(checkpoint_weights.bert_state_from_checkpoint(load, tag), config.model)
     checkpoint.refuse_non_finite(state, f"checkpoint {os.path.join(load, tag)}",
                                  "start from another checkpoint (an earlier one of the run that wrote it)")
     for name in dropped:

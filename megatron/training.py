@@ -21,7 +21,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, checkpoint_compat, determinism, locks, paths
+from megatron import checkpoint, checkpoint_compat, checkpoint_save, determinism, locks, paths
 from megatron.arguments import build_parser
 from megatron.config import TrainConfig, model_notes, read_ds_config, resolve
 from megatron.data import index_maps
@@ -315,7 +315,7 @@ def check_start_up(args, plan: StartPlan) -> StartUp:
     setup = check_before_rendezvous(args, plan)
     join_process_group(args, note)
     if args.save:
-        checkpoint.check_writable(args.save)  # before any work that a failed first save would lose
+        checkpoint_save.check_writable(args.save)  # before any work that a failed first save would lose
     check_log_dirs(args)
     setup.data_path, setup.tokenizer = data_paths(args, plan)
     setup.flags["vocab_size"] = setup.flags["vocab_size"] or setup.tokenizer.vocab_size
@@ -504,11 +504,11 @@ def end_run(run: Run, test_set, read_batches, stop: "StopSignals") -> int | None
 
 
 def save_checkpoint(args, engine, config, iteration: int, consumed: int, log, **state) -> str:
-    """checkpoint.save into --save (`state`: schedule, data, tokenizer, origin); returns its folder. Timed: the
+    """checkpoint_save.save into --save (`state`: schedule, data, tokenizer, origin); returns its folder. Timed: the
     log line says how long it took, which a stop's acknowledgement compares with a launcher's grace."""
     start = time.monotonic()
-    folder = os.path.join(args.save, checkpoint.save(engine, config, args.save, iteration, consumed,
-                                                     keep_last=args.keep_last, **state))
+    folder = os.path.join(args.save, checkpoint_save.save(engine, config, args.save, iteration, consumed,
+                                                          keep_last=args.keep_last, **state))
     log.saved(folder, time.monotonic() - start)
     return folder
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bert_fixtures import padded_batch, small_model
-from megatron import checkpoint
+from megatron import checkpoint, checkpoint_save, checkpoint_weights
 from megatron.config import resolve
 from megatron.engine import build_engine, train_step
 from megatron.model.pipe import bert_to_pipe_name
@@ -40,7 +40,7 @@ def run(pipeline, sequence, zero_stage, directory, stop, save_at=None, resume=Fa
         for step in range(start, stop):
             losses.append(train_step(engine, step_batches(step, micro, gas)).loss)
             if step + 1 in saves:
-                checkpoint.save(engine, config, saves[step + 1], iteration=step + 1,
+                checkpoint_save.save(engine, config, saves[step + 1], iteration=step + 1,
                                 consumed_samples=(step + 1) * GLOBAL_BATCH)
     params = {}
     if zero_stage < 3:
@@ -74,7 +74,7 @@ def test_resume_continues_exactly(tmp_path, pipeline, sequence, world):
     for got, want in zip(resumed, straight):
         assert all(torch.equal(got["params"][n], want["params"][n]) for n in want["params"])
     # the stored weights read back in BertModel names, whatever the layout
-    stored = checkpoint.bert_state_from_checkpoint(str(tmp_path / "a"))
+    stored = checkpoint_weights.bert_state_from_checkpoint(str(tmp_path / "a"))
     assert max_relative_diff(stored, merged(straight), floor=1.0) == 0.0
     assert checkpoint.stored_config(str(tmp_path / "a"), "iter_0000004")["sequence_parallel_size"] == sequence
 
@@ -112,7 +112,7 @@ def test_zero3_weights_read_back(tmp_path):
     directory = str(tmp_path / "ckpt")
     run_on_ranks(run, 2, 1, 2, 3, directory, 1, 1, timeout=300)
     reference = run_on_ranks(run, 2, 1, 2, 0, str(tmp_path / "ref"), 1, 1, timeout=300)[0]["params"]
-    stored = checkpoint.bert_state_from_checkpoint(directory)
+    stored = checkpoint_weights.bert_state_from_checkpoint(directory)
     assert set(stored) == set(reference)
     assert max_relative_diff(stored, reference, floor=1.0) <= REL_TOL
     # the stage-0 checkpoint of the same layout cannot go on at stage 3 with its optimizer: the way on
@@ -223,10 +223,11 @@ def test_zero0_masters_are_placed_by_the_modules_order_or_not_at_all():
     read in the module's order, and a flat buffer that cannot be the module's is not guessed at."""
     module = {"a": torch.zeros(2, 2, dtype=torch.bfloat16), "b": torch.zeros(3, dtype=torch.bfloat16)}
     masters = torch.arange(7, dtype=torch.float32)
-    state = checkpoint._zero0_masters({"module": module, "optimizer": {"fp32_groups_flat": [masters]}})
+    state = checkpoint_weights._zero0_masters({"module": module, "optimizer": {"fp32_groups_flat": [masters]}})
     assert state["a"].tolist() == [[0.0, 1.0], [2.0, 3.0]] and state["b"].tolist() == [4.0, 5.0, 6.0]
-    assert checkpoint._zero0_masters({"module": module, "optimizer": {"fp32_groups_flat": [masters[:6]]}}) is None
-    assert checkpoint._zero0_masters({"module": module, "optimizer": {}}) is None
+    short = {"module": module, "optimizer": {"fp32_groups_flat": [masters[:6]]}}
+    assert checkpoint_weights._zero0_masters(short) is None
+    assert checkpoint_weights._zero0_masters({"module": module, "optimizer": {}}) is None
 
 
 def test_a_half_precision_checkpoint_without_readable_masters_says_it_gives_its_rounded_copies(tmp_path):
@@ -243,4 +244,4 @@ def test_a_half_precision_checkpoint_without_readable_masters_says_it_gives_its_
     (tmp_path / "latest").write_text("iter_0000001")
     with pytest.warns(UserWarning, match=r"\(bf16, pipeline 1, ZeRO 1\) holds no fp32 master weights read here: its "
                                          "bf16 copies are read"):
-        assert checkpoint.bert_state_from_checkpoint(str(tmp_path))["a"].dtype == torch.bfloat16
+        assert checkpoint_weights.bert_state_from_checkpoint(str(tmp_path))["a"].dtype == torch.bfloat16

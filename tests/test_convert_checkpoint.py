@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from bert_fixtures import padded_batch, small_config, small_model
-from megatron import checkpoint, hf_convert, hf_io
+from megatron import checkpoint, checkpoint_save, checkpoint_weights, hf_convert, hf_io
 from megatron.config import resolve
 from megatron.engine import build_engine, train_step
 from megatron.errors import ConfigError
@@ -61,7 +61,7 @@ def train_and_save(directory: str, zero_stage: int = 1, precision: dict = BF16) 
                      torch.distributed.get_world_size())
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
     train_step(engine, micro_batches(MICRO)[state.get_data_parallel_rank() * 2:][:2])
-    checkpoint.save(engine, config, directory, iteration=1, consumed_samples=GLOBAL_BATCH)
+    checkpoint_save.save(engine, config, directory, iteration=1, consumed_samples=GLOBAL_BATCH)
     to_bert = {bert_to_pipe_name(name, config.model.num_layers): name for name in small_model(config.model).state_dict()}
     return {to_bert[name]: weight for name, weight in fp32_masters(engine).items()}
 
@@ -87,7 +87,7 @@ def train_and_save_zero3(directory: str) -> dict:
                          torch.distributed.get_world_size())
         engine = build_engine(config, bert_state=small_model(config.model).state_dict())
         train_step(engine, micro_batches(MICRO))
-        checkpoint.save(engine, config, f"{directory}/{folder}", iteration=1, consumed_samples=GLOBAL_BATCH)
+        checkpoint_save.save(engine, config, f"{directory}/{folder}", iteration=1, consumed_samples=GLOBAL_BATCH)
         if zero_stage == 3:
             with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
                 weights[folder] = {name: p.detach().clone() for name, p in engine.module.named_parameters()}
@@ -121,13 +121,13 @@ def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
     done = convert("from-hf", "--hf-dir", tmp_path / "hf", "--save", tmp_path / "back",
                    "--make-vocab-size-divisible-by", config.make_vocab_size_divisible_by)
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
-    assert_same_weights(checkpoint.bert_state_from_checkpoint(str(tmp_path / "back")), trained)
+    assert_same_weights(checkpoint_weights.bert_state_from_checkpoint(str(tmp_path / "back")), trained)
     # a plain state dict (DeepSpeed's zero_to_fp32.py fails on pipeline checkpoints: the scripts it left
     # name this export instead)
     done = convert("to-torch", "--load", tmp_path / "ckpt", "--output", tmp_path / "bert.pt")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert_same_weights(torch.load(tmp_path / "bert.pt"), trained)
-    for script in checkpoint.RECOVERY_SCRIPTS:
+    for script in checkpoint_save.RECOVERY_SCRIPTS:
         done = subprocess.run([sys.executable, str(tmp_path / "ckpt" / script), str(tmp_path / "ckpt"),
                                str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
         assert done.returncode != 0 and done.stderr.splitlines() == [
@@ -151,7 +151,7 @@ def test_an_fp16_pipeline_checkpoint_at_zero_0_reads_as_its_stages_fp32_masters(
     assert rounded_by_bf16(trained, torch.float16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert_same_weights(checkpoint.bert_state_from_checkpoint(str(tmp_path / "ckpt")), trained)
+        assert_same_weights(checkpoint_weights.bert_state_from_checkpoint(str(tmp_path / "ckpt")), trained)
 
 
 def test_zero3_sequence_parallel_checkpoint_to_hf(tmp_path):
@@ -160,7 +160,7 @@ def test_zero3_sequence_parallel_checkpoint_to_hf(tmp_path):
     weights = run_on_ranks(train_and_save_zero3, 2, str(tmp_path), timeout=300)[0]
     for folder in ("bf16-zero1", "bf16-zero0"):
         assert rounded_by_bf16(weights[folder])
-        assert_same_weights(checkpoint.bert_state_from_checkpoint(str(tmp_path / folder)), weights[folder])
+        assert_same_weights(checkpoint_weights.bert_state_from_checkpoint(str(tmp_path / folder)), weights[folder])
     trained = weights["zero3"]
     stored = checkpoint.stored_config(str(tmp_path / "zero3"), checkpoint.tag_for(1))["model"]
     reference = BertModel(BertConfig(**{**stored, "attention": "dense"})).eval()
@@ -321,7 +321,7 @@ def test_heads_the_folder_lacked_are_recorded_and_named_by_to_hf_and_fill_mask(t
     """from-hf of a BertModel folder (no MLM head, no sentence-order classifier) records the tensors it
     initialised in the checkpoint's run state; to-hf and fill_mask.py (the MLM head only) name them in
     one warning line, where they passed silently after from-hf's warning. A training run's checkpoint
-    records none (checkpoint.save writes its own run state). In-process."""
+    records none (checkpoint_save.save writes its own run state). In-process."""
     from test_hf_convert import hf_model
 
     tools = {}

@@ -344,9 +344,9 @@ def test_cuda_rank_binds_to_its_local_gpu_and_batches_copy_pinned(monkeypatch):
 @cuda
 @pytest.mark.cuda
 def test_cuda_rng_state_is_saved_and_restored():
-    from megatron import checkpoint
+    from megatron import checkpoint_save
 
-    states = checkpoint.rng_states()
+    states = checkpoint_save.rng_states()
     first = torch.rand(4, device="cuda")
     torch.cuda.set_rng_state(states["cuda"])
     assert torch.equal(torch.rand(4, device="cuda"), first)

@@ -21,7 +21,8 @@ import pytest
 import torch
 import transformers
 
-from megatron.checkpoint import bert_state_from_checkpoint, latest_tag, stored_config
+from megatron.checkpoint import latest_tag, stored_config
+from megatron.checkpoint_weights import bert_state_from_checkpoint
 from megatron.data.default_dataset import EMBEDDED_VOCAB
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.paths import python_command

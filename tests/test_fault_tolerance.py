@@ -22,7 +22,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, checkpoint_compat, locks, run_log, start_plan, stop_signals, training
+from megatron import (checkpoint, checkpoint_compat, checkpoint_save, checkpoint_weights, locks, run_log, start_plan,
+                      stop_signals, training)
 from megatron.errors import ConfigError, DataError
 from megatron.data import bert_dataset
 from megatron.model.bert import BertConfig
@@ -67,8 +68,8 @@ def assert_same_run(resumed_dir, straight_dir) -> None:
     resumed, straight = train_records(resumed_dir), train_records(straight_dir)
     assert list(straight) == list(range(1, ITERS + 1))
     assert resumed == straight
-    got = checkpoint.bert_state_from_checkpoint(str(resumed_dir / "ckpt"))
-    want = checkpoint.bert_state_from_checkpoint(str(straight_dir / "ckpt"))
+    got = checkpoint_weights.bert_state_from_checkpoint(str(resumed_dir / "ckpt"))
+    want = checkpoint_weights.bert_state_from_checkpoint(str(straight_dir / "ckpt"))
     assert checkpoint.latest_tag(str(resumed_dir / "ckpt")) == checkpoint.tag_for(ITERS)
     assert set(got) == set(want) and all(torch.equal(got[name], want[name]) for name in want)
 
@@ -405,8 +406,8 @@ def test_a_rank_ends_without_the_interpreters_teardown(tmp_path, data_dir, outco
 def test_save_dir_ahead_of_the_run_is_refused(tmp_path):
     (tmp_path / "latest").write_text(checkpoint.tag_for(10))
     with pytest.raises(ConfigError, match="holds checkpoint iter_0000010, ahead of this run's start at iteration 0"):
-        checkpoint.check_save_dir(str(tmp_path), 0)
-    checkpoint.check_save_dir(str(tmp_path), 10)  # resuming from it
+        checkpoint_save.check_save_dir(str(tmp_path), 0)
+    checkpoint_save.check_save_dir(str(tmp_path), 10)  # resuming from it
 
 
 def fake_checkpoints(save, *iterations, latest=None) -> None:
@@ -508,7 +509,7 @@ def test_unreadable_checkpoints_are_one_line_errors(tmp_path):
 def test_own_files_load_with_weights_only(tmp_path):
     """RNG states and run state need no full unpickling (DeepSpeed's optimizer files do)."""
     path = tmp_path / "rng.pt"
-    torch.save(checkpoint.rng_states(), path)
+    torch.save(checkpoint_save.rng_states(), path)
     assert torch.equal(torch.load(path, weights_only=True)["cpu"], torch.get_rng_state())
 
 
@@ -550,7 +551,7 @@ def nan_argv(tmp_path, data_dir, ds: dict, *extra) -> list:
 
 
 def weights(run_dir, iteration: int) -> dict:
-    return checkpoint.bert_state_from_checkpoint(str(run_dir / "ckpt"), checkpoint.tag_for(iteration))
+    return checkpoint_weights.bert_state_from_checkpoint(str(run_dir / "ckpt"), checkpoint.tag_for(iteration))
 
 
 def same_weights(a: dict, b: dict) -> bool:
@@ -627,7 +628,7 @@ def two_nodes_one_unwritable(save_dir: str, unwritable_rank: int) -> dict:
 
     builtins.open = open_denied if rank == unwritable_rank else real_open
     try:
-        checkpoint.check_writable(save_dir)
+        checkpoint_save.check_writable(save_dir)
     except ConfigError as error:
         outcome["error"] = str(error)
     finally:

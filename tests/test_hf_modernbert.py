@@ -504,7 +504,7 @@ def train_and_save_modern(directory: str, pipeline: int, zero: int) -> dict:
     import deepspeed
 
     from bert_fixtures import small_model
-    from megatron import checkpoint
+    from megatron import checkpoint_save
     from megatron.config import resolve
     from megatron.engine import build_engine, train_step
     from megatron.model.pipe import bert_to_pipe_name
@@ -517,7 +517,7 @@ def train_and_save_modern(directory: str, pipeline: int, zero: int) -> dict:
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
     data_rank, data_size = state.get_data_parallel_rank(), state.get_data_parallel_world_size()
     train_step(engine, micro_batches(2)[data_rank * (2 // data_size):][:2 // data_size])
-    checkpoint.save(engine, config, directory, iteration=1, consumed_samples=GLOBAL_BATCH)
+    checkpoint_save.save(engine, config, directory, iteration=1, consumed_samples=GLOBAL_BATCH)
     names = {bert_to_pipe_name(name, config.model.num_layers): name for name in small_model(config.model).state_dict()}
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), enabled=zero == 3):
         return {names.get(name, name): p.detach().clone() for name, p in engine.module.named_parameters()}
@@ -525,7 +525,7 @@ def train_and_save_modern(directory: str, pipeline: int, zero: int) -> dict:
 
 @pytest.mark.parametrize("pipeline,zero", [(2, 1), (1, 3)], ids=["pp2-sp2-zero1", "sp2-dp2-zero3"])
 def test_a_training_checkpoint_exports_through_the_tool_and_back(tmp_path, pipeline, zero):
-    from megatron import checkpoint
+    from megatron import checkpoint, checkpoint_weights
     from megatron.parallel.spawn import run_on_ranks
     from test_convert_checkpoint import convert
 
@@ -547,7 +547,7 @@ def test_a_training_checkpoint_exports_through_the_tool_and_back(tmp_path, pipel
     done = convert("from-hf", "--hf-dir", tmp_path / "hf", "--save", tmp_path / "back",
                    "--make-vocab-size-divisible-by", config.make_vocab_size_divisible_by)
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
-    back = checkpoint.bert_state_from_checkpoint(str(tmp_path / "back"))
+    back = checkpoint_weights.bert_state_from_checkpoint(str(tmp_path / "back"))
     assert set(back) == set(trained)
     for name, tensor in trained.items():
         rows = config.vocab_size if name in hf_io.PADDED else None
@@ -575,14 +575,14 @@ def trainer_folder(tmp_path, data_dir, heads: bool):
 
 def check_started_from(run_dir, folder) -> None:
     """The run (at --lr 0) saved the folder's weights, and took its layer rule without a flag or preset."""
-    from megatron import checkpoint
+    from megatron import checkpoint, checkpoint_weights
 
     stored = checkpoint.stored_config(str(run_dir), checkpoint.tag_for(1))["model"]
     assert (stored["rotary_base"], stored["local_rotary_base"], stored["local_attention_window"],
             stored["global_attention_every"]) == (5000.0, 50.0, 32, 2)
     assert (stored["mlp_type"], stored["add_bias_linear"], stored["type_vocab_size"], stored["add_binary_head"],
             stored["first_layer_attention_norm"], stored["ffn_hidden_size"]) == ("geglu", False, 0, False, False, 96)
-    trained = checkpoint.bert_state_from_checkpoint(str(run_dir))
+    trained = checkpoint_weights.bert_state_from_checkpoint(str(run_dir))
     hf_state, _ = hf_modernbert.bert_state_from_hf(hf_modernbert.read_hf_tensors(folder), BertConfig(**stored))
     for name, tensor in hf_state.items():
         assert torch.equal(trained[name], tensor), name

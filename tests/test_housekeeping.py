@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron import checkpoint
+from megatron import checkpoint, checkpoint_save
 from megatron.arguments import build_parser
 from megatron.data import index_maps
 from megatron.errors import ConfigError
@@ -31,7 +31,7 @@ def test_prune_keeps_the_newest_and_latest(tmp_path):
     (tmp_path / "iter_0000200.partial").mkdir()  # a save being written: never touched
     (tmp_path / "iter_0000005.removing").mkdir()  # left by a kill during an earlier removal
     (tmp_path / "notes").mkdir()
-    assert checkpoint.prune(str(tmp_path), 2) == ["iter_0000010", "iter_0000020", "iter_0000030"]
+    assert checkpoint_save.prune(str(tmp_path), 2) == ["iter_0000010", "iter_0000020", "iter_0000030"]
     assert sorted(os.listdir(tmp_path)) == ["iter_0000040", "iter_0000100", "iter_0000200.partial", "latest", "notes"]
 
 
@@ -39,8 +39,8 @@ def test_prune_after_a_rollback_counts_only_this_runs_checkpoints(tmp_path):
     """'latest' set back from iter 300 to 100, the run resumed and saved at 150: the abandoned
     run's 200 and 300 neither count against --keep-last 2 nor get removed, and 100 stays."""
     fake_checkpoints(tmp_path, [100, 150, 200, 300], latest=150)
-    assert checkpoint.prune(str(tmp_path), 2) == []
-    assert checkpoint.prune(str(tmp_path), 1) == ["iter_0000100"]
+    assert checkpoint_save.prune(str(tmp_path), 2) == []
+    assert checkpoint_save.prune(str(tmp_path), 1) == ["iter_0000100"]
     assert sorted(os.listdir(tmp_path)) == ["iter_0000150", "iter_0000200", "iter_0000300", "latest"]
 
 

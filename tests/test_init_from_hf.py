@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron import (checkpoint, checkpoint_compat, flag_checks, hf_convert, hf_io, run_data, start_plan,
-                      starting_weights, training)
+from megatron import (checkpoint, checkpoint_compat, checkpoint_weights, flag_checks, hf_convert, hf_io, run_data,
+                      start_plan, starting_weights, training)
 from megatron.errors import DataError
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.fields import resume_kept
@@ -43,7 +43,7 @@ def test_init_from_hf_folder_without_heads(tmp_path, data_dir):
     stored = checkpoint.stored_config(str(tmp_path / "run"), checkpoint.tag_for(1))["model"]
     # the HF config filled the flags TINY leaves out, and its layout
     assert (stored["ffn_hidden_size"], stored["layernorm_layout"], stored["layernorm_epsilon"]) == (128, "post", 1e-12)
-    trained = checkpoint.bert_state_from_checkpoint(str(tmp_path / "run"))
+    trained = checkpoint_weights.bert_state_from_checkpoint(str(tmp_path / "run"))
     config = BertConfig(**stored)
     hf_state, _ = hf_convert.bert_state_from_hf(hf_convert.read_hf_tensors(folder), config)
     for name, tensor in hf_state.items():
@@ -68,8 +68,8 @@ def test_load_weights_only_checkpoint_from_the_converter(tmp_path, data_dir):
     result = run_one_step(tmp_path, data_dir, "--load", str(tmp_path / "converted"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "warning:" not in result.stderr  # every head came from the checkpoint
-    converted = checkpoint.bert_state_from_checkpoint(str(tmp_path / "converted"))
-    trained = checkpoint.bert_state_from_checkpoint(str(tmp_path / "run"))
+    converted = checkpoint_weights.bert_state_from_checkpoint(str(tmp_path / "converted"))
+    trained = checkpoint_weights.bert_state_from_checkpoint(str(tmp_path / "run"))
     assert set(trained) == set(converted) and all(torch.equal(trained[n], converted[n]) for n in converted)
     stored = checkpoint.run_state(str(tmp_path / "run"), checkpoint.tag_for(1))
     assert stored["iteration"] == 1 and stored["config"]["model"]["layernorm_layout"] == "pre"
@@ -117,7 +117,8 @@ def test_a_start_from_weights_of_another_variant_initialises_or_drops_linformers
         return starting_weights.initial_weights(argparse.Namespace(), plan, argparse.Namespace(model=config))
 
     capsys.readouterr()
-    state, stored = start("from_hf", linformer), checkpoint.bert_state_from_checkpoint(str(tmp_path / "from_hf"))
+    state = start("from_hf", linformer)
+    stored = checkpoint_weights.bert_state_from_checkpoint(str(tmp_path / "from_hf"))
     projections = [f"layers.{i}.attention.core.{kind}_projection" for i in (0, 1) for kind in ("key", "value")]
     assert sorted(set(state) - set(stored)) == projections and all(torch.equal(state[n], stored[n]) for n in stored)
     assert capsys.readouterr().err.splitlines() == [
@@ -455,7 +456,7 @@ def test_a_start_from_weights_pads_the_vocab_to_the_runs_multiple(tmp_path):
     wider = small_config("dense", vocab_size=97, make_vocab_size_divisible_by=100)  # 100 rows
     state = starting_weights.initial_weights(argparse.Namespace(), start_plan.StartPlan.at(str(tmp_path / "ck"), None, False),
                                      argparse.Namespace(model=wider))
-    stored = checkpoint.bert_state_from_checkpoint(str(tmp_path / "ck"))
+    stored = checkpoint_weights.bert_state_from_checkpoint(str(tmp_path / "ck"))
     embeddings, bias = state["embeddings.word_embeddings.weight"], state["lm_head.bias"]
     assert embeddings.shape == (100, config.hidden_size) and bias.shape == (100,)
     assert torch.equal(embeddings[:97], stored["embeddings.word_embeddings.weight"][:97])

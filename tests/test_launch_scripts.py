@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron import checkpoint, run_log
+from megatron import checkpoint, checkpoint_weights, run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port
 
@@ -391,7 +391,7 @@ def test_sigterm_stops_every_rank_and_the_saved_checkpoint_resumes_exactly(tmp_p
     run_script(script, straight, *positionals, *flags, iterations=iterations)
     check_variant_config(straight, "linformer", "k", 32, pp=1, sp=2)
     assert train_records(killed) == train_records(straight) and len(train_records(straight)) == iterations
-    got, want = (checkpoint.bert_state_from_checkpoint(str(run / "checkpoints")) for run in (killed, straight))
+    got, want = (checkpoint_weights.bert_state_from_checkpoint(str(run / "checkpoints")) for run in (killed, straight))
     assert set(got) == set(want) and all(torch.equal(got[name], want[name]) for name in want)
 
 

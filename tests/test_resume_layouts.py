@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from bert_fixtures import small_model
-from megatron import checkpoint, optimizer_state
+from megatron import checkpoint, checkpoint_save, optimizer_state
 from megatron.config import resolve
 from megatron.engine import build_engine, train_step
 from megatron.errors import DataError
@@ -69,7 +69,8 @@ def run(pipeline: int, sequence: int, directory: str, weight_decay: float, resum
         result["losses"].append(train_step(engine, step_batches(step, micro, gas)).loss)
         if step + 1 == SAVED_AT and not resume:
             engine.skipped_steps = 3  # as if 3 fp16 steps had overflowed: the counter must travel too
-            checkpoint.save(engine, config, directory, iteration=SAVED_AT, consumed_samples=SAVED_AT * GLOBAL_BATCH)
+            checkpoint_save.save(engine, config, directory, iteration=SAVED_AT,
+                                 consumed_samples=SAVED_AT * GLOBAL_BATCH)
     return result
 
 

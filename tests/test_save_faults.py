@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron import checkpoint, locks, run_log
+from megatron import checkpoint, checkpoint_save, locks, run_log
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.launcher_watch import start_time
 from megatron.parallel.spawn import free_port
@@ -134,22 +134,22 @@ def test_a_commit_cut_by_a_full_disk_leaves_no_trace_and_latest_as_it_was(tmp_pa
 
     monkeypatch.setattr(os, "fsync", fsync)
     if failing_fsync == 4:  # after `latest` was replaced: the checkpoint is kept, nothing to report
-        checkpoint._commit(str(tmp_path), "iter_0000002")
+        checkpoint_save._commit(str(tmp_path), "iter_0000002")
         assert sorted(os.listdir(tmp_path)) == ["iter_0000001", "iter_0000002", "latest"]
         assert checkpoint.latest_tag(str(tmp_path)) == "iter_0000002"
         return
     with pytest.raises(OSError) as raised:
-        checkpoint._commit(str(tmp_path), "iter_0000002")
+        checkpoint_save._commit(str(tmp_path), "iter_0000002")
     assert sorted(os.listdir(tmp_path)) == ["iter_0000001", "latest"]
     assert checkpoint.latest_tag(str(tmp_path)) == "iter_0000001"
-    problem, fix = checkpoint._write_problem(str(tmp_path), "iter_0000002", raised.value)
+    problem, fix = checkpoint_save._write_problem(str(tmp_path), "iter_0000002", raised.value)
     assert problem.startswith("cannot write checkpoint iter_0000002: the disk is full"), problem
     assert fix.endswith("nothing of iter_0000002 was kept and 'latest' still names iter_0000001"), fix
 
 
 WRITE_UNDER_A_FILE_SIZE_LIMIT = """
 import os, resource, sys, torch
-from megatron import checkpoint
+from megatron import checkpoint, checkpoint_save
 save_dir, writer = sys.argv[1:]
 resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, resource.RLIM_INFINITY))  # `ulimit -f 1024`
 staging = os.path.join(save_dir, "iter_0000002" + checkpoint.PARTIAL)
@@ -161,7 +161,7 @@ try:
         with open(os.path.join(staging, "run_state.json"), "wb") as file:
             file.write(bytes(2**21))
 except (OSError, RuntimeError) as error:
-    print(" | ".join(checkpoint._write_problem(save_dir, "iter_0000002", error)))
+    print(" | ".join(checkpoint_save._write_problem(save_dir, "iter_0000002", error)))
 """
 
 
@@ -254,7 +254,7 @@ def test_the_lock_holder_removes_the_leftovers_of_killed_saves(tmp_path, capsys)
     (tmp_path / "latest").write_text("iter_0000004")
     write_lock(tmp_path, socket.gethostname(), dead_pid(), None)  # the killed run's
     assert locks.take_lock(str(tmp_path)) is None
-    checkpoint.remove_killed_saves(str(tmp_path))
+    checkpoint_save.remove_killed_saves(str(tmp_path))
     locks.release_lock()
     assert sorted(os.listdir(tmp_path)) == ["iter_0000004", "latest", "notes.partial"]
     assert capsys.readouterr().out == (f"--save {tmp_path}: removed iter_0000001.removing, iter_0000002.partial, left "

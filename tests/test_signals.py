@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from megatron import checkpoint, locks, run_log, stop_signals, training
+from megatron import checkpoint, checkpoint_save, locks, run_log, stop_signals, training
 from megatron.parallel import launcher_watch
 from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
@@ -459,7 +459,7 @@ def test_each_caller_keeps_its_own_signal_handlers():
 def main_signalled_in_its_final_save(argv) -> tuple:
     """`main`, with SIGTERM sent to this rank while it writes the run's last checkpoint, and SIGINT and
     SIGTERM during its plot; returns (exit code, stderr, the --save lock held when the plot began)."""
-    save, plot, at_plot = checkpoint.save, run_log.RunLog.plot, []
+    save, plot, at_plot = checkpoint_save.save, run_log.RunLog.plot, []
     last = int(argv[argv.index("--train-iters") + 1])
 
     def signalled_save(engine, config, save_dir, iteration, *args, **kwargs):
@@ -473,7 +473,7 @@ def main_signalled_in_its_final_save(argv) -> tuple:
             os.kill(os.getpid(), signum)
         plot(log, save_dir)
 
-    checkpoint.save, run_log.RunLog.plot = signalled_save, signalled_plot
+    checkpoint_save.save, run_log.RunLog.plot = signalled_save, signalled_plot
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = training.main(argv)

@@ -26,8 +26,8 @@ with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of
     quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     import torch
 
-    from megatron.checkpoint import (LATEST, bert_state_from_checkpoint, checkpoint_folder, chosen_tag, run_state,
-                                     stored_config)
+    from megatron.checkpoint import LATEST, checkpoint_folder, chosen_tag, run_state, stored_config
+    from megatron.checkpoint_weights import bert_state_from_checkpoint
     from megatron.data.batch import BertBatch
     from megatron.data.tokenizer import (SPECIAL_NAMES, HFTokenizer, add_tokenizer_flags, check_fits,
                                          checkpoint_tokenizer)

@@ -1,0 +1,367 @@
+"""Writing a checkpoint (`save`) and the --save folder's checks at start-up, apart from reading one
+(megatron.checkpoint), which every resume and tool does: only the trainer writes.
+
+`save` stores, under tag `iter_XXXXXXX`, DeepSpeed's files and what megatron.checkpoint's `load` reads
+beside them: the run state, each rank's RNG states and, per pipeline stage, the layout-free file that
+lets another layout continue the run (_save_layout_free).
+
+Crash consistency: every rank writes into `<tag>.partial`; only when all have finished does
+rank 0 rename it to `<tag>` and then replace `latest` (both atomic renames, fsynced), so a run
+killed at any moment leaves `latest` naming a complete checkpoint. A write that fails (a full disk,
+the file-size limit) stops every rank with one line saying why, and nothing of the tag is kept.
+
+The start-up checks refuse, before the first step rather than at the first save, a --save folder
+that cannot be written or whose checkpoints the run would overwrite; its lock is megatron.locks'.
+"""
+import contextlib
+import errno
+import glob
+import json
+import os
+import re
+import resource
+import shutil
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+
+from megatron import optimizer_state, paths
+from megatron.checkpoint import (LATEST, LAYOUT_FREE, ORIGIN, PARTIAL, REMOVING, RUN_STATE, complete_tags, latest_tag,
+                                 tag_for, tag_iteration)
+from megatron.config import TrainConfig
+from megatron.data import tokenizer as tokenizers
+from megatron.errors import ConfigError, disk_full
+from megatron.locks import release_lock, take_lock
+from megatron.parallel import peers, state as parallel_state
+from megatron.parallel.launch_env import local_rank
+
+FULL_BYTES = 16 * 2**20  # less free space than this after a failed write: the disk is full
+
+
+def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_samples: int,
+         schedule: dict | None = None, keep_last: int | None = None, tokenizer=None, data: dict | None = None,
+         origin: dict | None = None) -> str:
+    """Saves on every rank; returns the tag once `latest` names it. `schedule`: the learning-rate
+    settings of the run (schedule.Schedule.record), compared by a resume, as is `data` (the data it
+    reads, resume.data_settings). `origin`: the weights the run started from (start_plan.weights_origin),
+    compared by a requeue that names them. `keep_last`: once the
+    new checkpoint is committed, rank 0 removes all but the newest that many (prune). `tokenizer`:
+    copied in with its identity, so fill-mask, export and a resume need no tokenizer flag."""
+    tag, rank = tag_for(iteration), dist.get_rank()
+    staging = os.path.join(save_dir, tag + PARTIAL)
+    if rank == 0:
+        os.makedirs(save_dir, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
+    dist.barrier()
+    run_state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples,
+                 **({"schedule": schedule} if schedule else {}), **({"data": data} if data else {}),
+                 **({ORIGIN: origin} if origin else {})}
+    problem = None
+    try:
+        engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=run_state, save_latest=False)
+    except (OSError, RuntimeError) as error:  # a full disk: torch.save's `basic_ios::clear: iostream error`
+        if peers.lost(error):  # not the disk: another rank ended (training.lost_rank_problem)
+            raise
+        problem = _write_problem(save_dir, tag, error)
+        dist.barrier()  # the one save_checkpoint ends with, which this rank missed
+
+    def rank0_files():
+        if rank == 0:
+            with open(os.path.join(staging, RUN_STATE), "w") as file:
+                json.dump(run_state, file)
+            if tokenizer is not None:
+                tokenizers.carry(tokenizer, staging)
+
+    for write in (lambda: torch.save(rng_states(), os.path.join(staging, f"rng_rank{rank}.pt")),
+                  lambda: _save_layout_free(engine, config, staging),  # collective: every rank calls it
+                  rank0_files):
+        try:
+            write()
+        except (OSError, RuntimeError) as error:
+            if peers.lost(error):
+                raise
+            problem = problem or _write_problem(save_dir, tag, error)
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)  # every rank's files are written, or why not
+    found = next((found for found in problems if found), None)
+    if found:
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)  # it would fill the disk further
+        dist.barrier()
+        raise ConfigError(*found)
+    if rank == 0:
+        try:
+            _commit(save_dir, tag)
+        except OSError as error:  # the disk fills at an fsync or at `latest`
+            problem = _write_problem(save_dir, tag, error)
+        if not problem and glob.glob(os.path.join(save_dir, tag, "layer_*-model_states.pt")):
+            replace_recovery_scripts(save_dir)
+        if keep_last and not problem:
+            removed = prune(save_dir, keep_last)
+            if removed:
+                print(f"removed checkpoint{'s' if len(removed) > 1 else ''} {', '.join(removed)} of {save_dir} "
+                      f"(--keep-last {keep_last})", flush=True)
+    committed = [problem]
+    # no rank returns (and may save again) while old folders are being removed; all raise alike
+    dist.broadcast_object_list(committed, src=0)
+    if committed[0]:
+        raise ConfigError(*committed[0])
+    return tag
+
+
+RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")  # copied into --save by DeepSpeed's ZeRO saves
+CONVERT_TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                            "convert_checkpoint.py")
+
+
+def replace_recovery_scripts(save_dir: str) -> None:
+    """DeepSpeed's RECOVERY_SCRIPTS fail with a traceback on pipeline checkpoints (their model states
+    hold no module): after a pipeline save each is replaced by a script whose one line names the
+    export that reads every layout (tools/convert_checkpoint.py to-torch)."""
+    for name in RECOVERY_SCRIPTS:
+        path = os.path.join(save_dir, name)
+        if not os.path.isfile(path):
+            continue
+        # read later, from any folder: the interpreter by its absolute path
+        line = (f"{name}: error: {save_dir} holds pipeline checkpoints, which DeepSpeed's {name} cannot read; "
+                f"export a plain state dict with {sys.executable} {CONVERT_TOOL} to-torch --load {save_dir} "
+                "--output OUT.pt")
+        with contextlib.suppress(OSError):  # the checkpoint is committed: a script is no reason to fail the save
+            with open(path, "w") as file:
+                file.write(f'"""Left by pretrain_bert.py in place of DeepSpeed\'s {name}."""\nimport sys\n\n'
+                           f"sys.exit({line!r})\n")
+
+
+def _write_problem(save_dir: str, tag: str, error: Exception) -> tuple[str, str]:
+    """(problem, fix) of a failed checkpoint write. A full disk is named as such: an OSError says
+    ENOSPC, torch's writer only `iostream error` / `file write failed`, so little space left on the
+    folder's disk (under FULL_BYTES) counts as full too."""
+    try:
+        free = shutil.disk_usage(save_dir).free
+    except OSError:
+        free = None
+    what = disk_full(error) or ("the disk is full" if not isinstance(error, OSError) and free is not None
+                                and free < FULL_BYTES else None)
+    kept = (f"'latest' still names {latest_tag(save_dir)}" if os.path.isfile(os.path.join(save_dir, LATEST))
+            else "no earlier checkpoint exists")
+    where = f"--save {save_dir} on {socket.gethostname()}"
+    limit = _file_size_limit(error, os.path.join(save_dir, tag + PARTIAL))
+    if limit:
+        return (f"cannot write checkpoint {tag}: a file reached this process's file-size limit of {limit} "
+                f"(File too large, EFBIG; set by ulimit -f) ({where})",
+                f"raise the limit where the run starts (ulimit -f unlimited), then resume; nothing of {tag} was "
+                f"kept and {kept}")
+    if what:
+        free_text = f", {free / 2**20:.1f} MiB free" if free is not None else ""
+        return (f"cannot write checkpoint {tag}: {what} ({where}{free_text})",
+                f"free space there or pass another --save, then resume; nothing of {tag} was kept and {kept}")
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else (
+        str(error).splitlines()[0] if str(error) else type(error).__name__)
+    return (f"cannot write checkpoint {tag} into {where} ({reason})",
+            f"check the folder and its disk, then resume; nothing of {tag} was kept and {kept}")
+
+
+def _file_size_limit(error: Exception, staging: str) -> str | None:
+    """The file-size limit (RLIMIT_FSIZE, `ulimit -f`) as text when it stopped the write: an OSError
+    says EFBIG, torch's writer only `enforce fail ... unexpected pos`, so a file of the staging folder
+    as large as the limit tells it (its write stopped there)."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    if getattr(error, "errno", None) != errno.EFBIG:
+        if isinstance(error, OSError):
+            return None
+        sizes = [os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(staging)
+                 for name in names]
+        if not sizes or max(sizes) < limit:
+            return None
+    return f"{limit / 2**20:.1f} MiB"
+
+
+def prune(save_dir: str, keep_last: int) -> list[str]:
+    """Removes the complete `iter_*` folders of `save_dir` beyond the newest `keep_last` (by
+    iteration); returns their tags, oldest first. Only the folders up to the one `latest` names
+    count: newer ones are left by a rollback (`latest` set back by hand), belong to the abandoned
+    run and are replaced by this run's saves at their iterations (the start-up warning names
+    them), so they neither count against `keep_last` nor get removed. Never a `<tag>.partial`
+    staging folder or anything else. Called by rank 0
+    after a commit, between barriers, so no rank is writing. Each folder is first renamed to
+    `<tag>.removing` (atomic), so a run killed mid-removal leaves no half iter_* folder that looks
+    complete; leftovers of such a kill are removed too."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last {keep_last} must be >= 1")
+    latest = latest_tag(save_dir) if os.path.isfile(os.path.join(save_dir, LATEST)) else None
+    tags = sorted((name for name in os.listdir(save_dir)
+                   if re.fullmatch(r"iter_\d+", name) and os.path.isdir(os.path.join(save_dir, name))),
+                  key=lambda name: int(name[len("iter_"):]))
+    if latest in tags:
+        tags = tags[:tags.index(latest) + 1]
+    removed = tags[:-keep_last]
+    for tag in removed:
+        doomed = os.path.join(save_dir, tag + REMOVING)
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.replace(os.path.join(save_dir, tag), doomed)
+    for name in os.listdir(save_dir):
+        if name.endswith(REMOVING):
+            shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
+    return removed
+
+
+def _save_layout_free(engine, config: TrainConfig, staging: str) -> None:
+    """Per pipeline stage, one file of what another layout needs to continue the run: weights and
+    Adam state in BertModel names (optimizer_state.gather), LR schedule and DeepSpeed's counters."""
+    writer = parallel_state.get_data_parallel_rank() == 0 and parallel_state.get_sequence_parallel_rank() == 0
+    if not optimizer_state.reshapable(engine) or not (writer or optimizer_state.collective(engine)):
+        return
+    stage_state = optimizer_state.gather(engine, config.model)
+    if writer:
+        stage_state.update(lr_scheduler=engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
+                           global_steps=engine.global_steps, global_samples=engine.global_samples,
+                           skipped_steps=engine.skipped_steps)
+        stage = parallel_state.get_pipe_parallel_rank()
+        torch.save(stage_state, os.path.join(staging, LAYOUT_FREE.format(stage=stage)))
+
+
+def _fsync(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _commit(save_dir: str, tag: str) -> None:
+    """`<tag>.partial` -> `<tag>`, then `latest` -> tag; data on disk before each rename. A write
+    that fails (a full disk shows at an fsync or at the pointer) leaves no trace of `tag`: `latest`
+    keeps naming the previous checkpoint."""
+    staging, final = os.path.join(save_dir, tag + PARTIAL), os.path.join(save_dir, tag)
+    pointer = os.path.join(save_dir, f".{LATEST}.tmp")
+    try:
+        for root, _, files in os.walk(staging):
+            for name in files:
+                _fsync(os.path.join(root, name))
+        if os.path.isdir(final):
+            # a folder of this iteration that `latest` does not name (check_save_dir refuses the other case)
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        _fsync(save_dir)
+        with open(pointer, "w") as file:
+            file.write(tag)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(pointer, os.path.join(save_dir, LATEST))
+    except OSError:
+        for leftover in (staging, final):
+            shutil.rmtree(leftover, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.remove(pointer)
+        raise
+    with contextlib.suppress(OSError):  # `latest` names the new checkpoint already: it is kept
+        _fsync(save_dir)
+
+
+def check_writable(save_dir: str) -> None:
+    """Before the first step, not at the first save after hours of training: the first local rank
+    of every node (all of a node's ranks write into the checkpoint) creates and removes a probe
+    file in `save_dir`. Folders created for it are removed again (the first save makes them for
+    good), so a run that fails later at start-up leaves nothing. Global rank 0 then takes the
+    folder's lock (take_lock), which release_lock gives back. All ranks raise the same error."""
+    problem, created = None, []
+    fix = "pass a --save directory this user can write on every node"
+    if local_rank() == 0:
+        try:
+            problem = paths.file_in_the_way("--save", save_dir)
+            if problem is None:
+                created = paths.missing_folders(save_dir)
+                paths.write_probe(save_dir)
+        except OSError as error:
+            problem, fix = paths.unwritable(f"--save {save_dir} is not writable on {socket.gethostname()}", "--save",
+                                            error, fix)
+    problem = problem and (problem, fix)
+    if problem is None and dist.get_rank() == 0:
+        try:
+            problem = take_lock(save_dir, created)
+            if problem is None:
+                remove_killed_saves(save_dir)
+        except OSError as error:
+            problem = paths.unwritable(f"--save {save_dir}: cannot write its lock on {socket.gethostname()}", "--save",
+                                       error, fix)
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)  # also: no probe is removed while another node writes one
+    found = next((text for text in problems if text), None)
+    if found:
+        release_lock()  # a run that does not start holds none
+        dist.barrier()  # gone before another node, which may have made the folders, removes them
+    for folder in created:  # innermost first; a folder another node's probe still needs is not empty
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+    dist.barrier()  # removed on every node when any rank returns
+    if found:
+        raise ConfigError(*found)
+
+
+def remove_killed_saves(save_dir: str) -> list[str]:
+    """Removes the `<tag>.partial` folders of saves that were killed (a SIGKILL, a node lost) and the
+    `<tag>.removing` ones of a --keep-last removal that was, with one line naming them; returns their
+    names. Called by the lock's holder only: no other run writes into `save_dir`, and this run has
+    not saved yet. Such folders are full checkpoints' size, and a stop's iteration is seldom saved
+    again (which would replace its `.partial`)."""
+    pattern = rf"iter_\d+({re.escape(PARTIAL)}|{re.escape(REMOVING)})"
+    names = sorted(name for name in os.listdir(save_dir)
+                   if re.fullmatch(pattern, name) and os.path.isdir(os.path.join(save_dir, name)))
+    for name in names:
+        shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
+    removed = [name for name in names if not os.path.exists(os.path.join(save_dir, name))]
+    if removed:
+        print(f"--save {save_dir}: removed {', '.join(removed)}, left by killed saves", flush=True)
+    return removed
+
+
+def refuse_unnamed_checkpoints(save_dir: str) -> None:
+    """Refuses a --save directory holding complete iter_* checkpoints but no `latest` (a copy that
+    missed it, one deleted by hand): the run would start from scratch and overwrite them. A folder
+    with none (or only `.partial` ones) stays a first run's, as `--load X --save X` relies on."""
+    tags = complete_tags(save_dir)
+    if tags and not os.path.isfile(os.path.join(save_dir, LATEST)):
+        raise ConfigError(f"--save {save_dir} holds checkpoint{'s' * (len(tags) > 1)} {tag_list(tags)} but no "
+                          f"'{LATEST}' naming the one to resume", f"write the tag to resume into "
+                          f"{os.path.join(save_dir, LATEST)} (the newest: {tags[-1]}) and resume with --load "
+                          f"{save_dir}, or choose another --save directory to start afresh")
+
+
+def check_save_dir(save_dir: str, start_iteration: int) -> list[str]:
+    """Refuses a --save directory whose `latest` checkpoint is ahead of this run's start: the
+    run would overwrite it (or leave `latest` going backwards). Returns the complete checkpoints
+    beyond the start that `latest` does not name (a rollback: `latest` edited to an older tag),
+    which the run's saves at their iterations replace."""
+    if not os.path.isfile(os.path.join(save_dir, LATEST)):
+        return []
+    tag = latest_tag(save_dir)
+    match = re.fullmatch(r"iter_(\d+)", tag)
+    if match and int(match.group(1)) > start_iteration:
+        raise ConfigError(f"--save {save_dir} holds checkpoint {tag}, ahead of this run's start at iteration "
+                          f"{start_iteration}", f"pass --load {save_dir} to continue it, or choose another --save "
+                          "directory")
+    return [tag for tag in complete_tags(save_dir) if tag_iteration(tag) > start_iteration]
+
+
+def overwrite_warning(save_dir: str, newer: list[str], start_iteration: int) -> str:
+    """The warning of a run that starts behind checkpoints of its --save directory (check_save_dir)."""
+    them = "them" if len(newer) > 1 else "it"
+    return (f"warning: --save {save_dir} holds {tag_list(newer)}, beyond iteration {start_iteration} where this run "
+            f"starts: a save of this run at the same iteration overwrites {them}; move {them} out of {save_dir} to "
+            f"keep {them}")
+
+
+def tag_list(tags: list[str]) -> str:
+    """A few tags by name, more as their range."""
+    return ", ".join(tags) if len(tags) <= 3 else f"{tags[0]} .. {tags[-1]} ({len(tags)} checkpoints)"
+
+
+def rng_states() -> dict:
+    states = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
