@@ -8,7 +8,11 @@ import importlib
 import io
 import json
 import lzma
+import os
 import re
+import shlex
+import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -273,6 +277,40 @@ def split_folders_in_subsets(tmp: Path, records: list) -> str:
     return str(tmp / "mixed")
 
 
+def parquet_cut(tmp: Path, records: list) -> str:
+    """A Parquet download cut short: it starts with PAR1, its footer is gone."""
+    return str(written("wiki.parquet", lambda records: parquet_bytes(records)[:len(parquet_bytes(records)) // 2])(
+        tmp, records))
+
+
+def parquet_footer_damaged(tmp: Path, records: list) -> str:
+    """A Parquet file whole to its last PAR1 whose footer length is garbage."""
+    data = bytearray(parquet_bytes(records))
+    data[-8:-4] = (len(data) * 2).to_bytes(4, "little")
+    return str(written("wiki.parquet", lambda records: bytes(data))(tmp, records))
+
+
+def description_beside(shard_names: list, description: str) -> object:
+    """A writer of a dataset folder `snap`: `records` in the shards named, and a description .json beside them."""
+    def write(tmp: Path, records: list) -> str:
+        shards(tmp / "snap", shard_names, records)
+        (tmp / "snap" / description).write_text(json.dumps({"name": "wiki", "num_rows": len(records)},
+                                                           indent=2 if "manifest" in description else None))
+        return str(tmp / "snap")
+    return write
+
+
+def fifo(tmp: Path, records: list) -> str:
+    """`--input <(zcat wiki.jsonl.gz)`: a pipe."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(tmp / "pipe")
+    return str(tmp / "pipe")
+
+
+def text_of(records: list, encoding: str, compress=lambda data: data, end: str = "\n") -> bytes:
+    return compress("".join(json.dumps(record) + end for record in records).encode(encoding))
+
+
 def folder_without_shards(tmp: Path, records: list) -> str:
     (tmp / "notes").mkdir(parents=True)
     (tmp / "notes" / "README.md").write_text("the shards are elsewhere")
@@ -286,14 +324,41 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
     "parquet_column_not_text": (lambda tmp, records: as_input("parquet", tmp, records), ("length",),
                                 r"wiki\.parquet column 'length' holds int64, not text; pass --json-keys with text"),
     "shard_not_parquet": (one_shard_not_parquet, KEYS,
-                          r"part-00001\.parquet is not a Parquet file \(.*magic bytes.*\); pass Parquet shards"),
+                          r"part-00001\.parquet is uncompressed JSON text, though its name says Parquet; name it "
+                          r"\*\.jsonl, e\.g\. mv /\S+/part-00001\.parquet /\S+/part-00001\.jsonl$"),
+    "parquet_garbage": (written("wiki.parquet", lambda records: b"\x00\x01\x02 not a format" * 8), KEYS,
+                        r"wiki\.parquet is not a Parquet file \(.*magic bytes.*\); pass Parquet shards"),
+    "parquet_empty": (written("wiki.parquet", lambda records: b""), KEYS,
+                      r"wiki\.parquet is empty \(0 bytes\), not a complete Parquet file; download or write it again"),
+    "parquet_cut_short": (parquet_cut, KEYS, r"wiki\.parquet is a truncated Parquet file: it starts as one, but its "
+                                             r"end \(the footer\) is missing, .*; download or copy it again"),
+    "parquet_footer_damaged": (parquet_footer_damaged, KEYS, r"wiki\.parquet is a damaged Parquet file: its footer "
+                                                             r"cannot be read \(.+\); download or write it again"),
+    "gzip_named_parquet": (written("wiki.parquet", lambda records: gzip.compress(jsonl(records))), KEYS,
+                           r"wiki\.parquet is gzip-compressed, though its name says Parquet; name it \*\.jsonl\.gz, "
+                           r"e\.g\. mv /\S+/wiki\.parquet /\S+/wiki\.jsonl\.gz$"),
     "parquet_corrupt_page": (corrupt_page, KEYS, r"wiki\.parquet row \d+: the Parquet file cannot be read \(.+\); "
                                                  "download or write the shard again"),
     "gzip_truncated": (lambda tmp, records: truncated(write_shard(tmp / "wiki.jsonl.gz", records)), KEYS,
                        r"wiki\.jsonl\.gz is not a readable gzip file \(Compressed file ended.*\); download or "
                        "compress"),
+    # compression mislabeled: named for what the first bytes show, not as a damaged download
     "gzip_not_gzip": (lambda tmp, records: str(write_shard(tmp / "wiki.json", records).rename(tmp / "wiki.jsonl.gz")),
-                      KEYS, r"wiki\.jsonl\.gz is not a readable gzip file \(Not a gzipped file"),
+                      KEYS, r"wiki\.jsonl\.gz is uncompressed JSON text, though its name says gzip; name it "
+                            r"\*\.jsonl, e\.g\. mv /\S+/wiki\.jsonl\.gz /\S+/wiki\.jsonl$"),
+    "zstd_not_zstd": (written("wiki.jsonl.zst", lambda records: b"Title\n\nSome text.\n"), KEYS,
+                      r"wiki\.jsonl\.zst is uncompressed text, though its name says zstd; name it \*\.jsonl"),
+    "gzip_named_zstd": (written("wiki.jsonl.zst", lambda records: gzip.compress(jsonl(records))), KEYS,
+                        r"wiki\.jsonl\.zst is gzip-compressed, though its name says zstd; name it \*\.jsonl\.gz, "
+                        r"e\.g\. mv /\S+/wiki\.jsonl\.zst /\S+/wiki\.jsonl\.gz$"),
+    "zstd_named_gzip": (written("wiki.json.gz", lambda records: zstandard.ZstdCompressor().compress(jsonl(records))),
+                        KEYS, r"wiki\.json\.gz is zstd-compressed, though its name says gzip; name it \*\.jsonl\.zst, "
+                              r"e\.g\. mv /\S+/wiki\.json\.gz /\S+/wiki\.json\.zst$"),
+    "bzip2_named_gzip": (written("wiki.jsonl.gz", lambda records: bz2.compress(jsonl(records))), KEYS,
+                         r"wiki\.jsonl\.gz is bzip2-compressed, which is not read; decompress it"),
+    "parquet_named_zstd": (written("wiki.jsonl.zst", parquet_bytes), KEYS,
+                           r"wiki\.jsonl\.zst is a Parquet file, though its name says zstd; name it \*\.parquet, "
+                           r"e\.g\. mv /\S+/wiki\.jsonl\.zst /\S+/wiki\.parquet$"),
     "zstd_truncated": (lambda tmp, records: truncated(write_shard(tmp / "wiki.jsonl.zst", records)), KEYS,
                        r"wiki\.jsonl\.zst is not a readable zstd file \(truncated: the stream ends inside a frame\)"),
     "gzip_empty_in_folder": (empty_shard_in_folder, KEYS, r"part-1\.jsonl\.gz is empty \(0 bytes\), not a complete "
@@ -315,7 +380,47 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
     "gzip_git_lfs_pointer": (written("wiki.jsonl.gz", lambda records: LFS_POINTER), KEYS,
                              r"wiki\.jsonl\.gz is a Git LFS pointer, not the file; run git lfs pull in /"),
     "parquet_named_jsonl": (lambda tmp, records: str(Path(as_input("parquet", tmp, records)).rename(tmp / "w.jsonl")),
-                            KEYS, r"w\.jsonl is a Parquet file, though its name says JSON lines; name it \*\.parquet"),
+                            KEYS, r"w\.jsonl is a Parquet file, though its name says JSON lines; name it \*\.parquet, "
+                                  r"e\.g\. mv /\S+/w\.jsonl /\S+/w\.parquet$"),
+    # JSON lines saved as UTF-16 / UTF-32 (Windows "Unicode"): refused before reading, --skip-invalid or not
+    "utf16_jsonl": (written("wiki.jsonl", lambda records: text_of(records, "utf-16")), KEYS,
+                    r"wiki\.jsonl is UTF-16 text, not UTF-8 \(JSON lines are read as UTF-8\); convert it, e\.g\. "
+                    r"iconv -f UTF-16 -t UTF-8 /\S+/wiki\.jsonl > /\S+/wiki\.utf8\.jsonl$"),
+    "utf16le_gzip": (written("wiki.jsonl.gz", lambda records: text_of(records, "utf-16-le", gzip.compress)), KEYS,
+                     r"wiki\.jsonl\.gz is UTF-16LE text without a byte-order mark, not UTF-8 .*; convert it, e\.g\. "
+                     r"zcat /\S+/wiki\.jsonl\.gz \| iconv -f UTF-16LE -t UTF-8 \| gzip > /\S+/wiki\.utf8\.jsonl\.gz$"),
+    "utf32_zstd": (written("wiki.jsonl.zst", lambda records: text_of(records, "utf-32", zstandard.ZstdCompressor(
+                   ).compress)), KEYS, r"wiki\.jsonl\.zst is UTF-32 text, not UTF-8 .*; convert it, e\.g\. zstd -dc "
+                                       r"/\S+/wiki\.jsonl\.zst \| iconv -f UTF-32 -t UTF-8 \| zstd > /\S+/wiki\.utf8"),
+    "utf16be_named_gzip": (written("wiki.jsonl.gz", lambda records: text_of(records, "utf-16-be")), KEYS,
+                           r"wiki\.jsonl\.gz is uncompressed JSON text, though its name says gzip"),
+    # JSON lines written in a way the reading would take for other lines
+    "trailing_commas": (written("wiki.jsonl", lambda records: text_of(records, "utf-8", end=",\n")), KEYS,
+                        r"wiki\.jsonl ends its first line with a comma after the object: JSON lines hold one object "
+                        r"a line, with nothing between them; remove the commas, e\.g\. sed 's/,\[\[:space:\]\]\*\$//' "
+                        r"/\S+/wiki\.jsonl > /\S+/wiki\.lines\.jsonl$"),
+    "cr_line_ends": (written("wiki.jsonl", lambda records: text_of(records, "utf-8", end="\r")), KEYS,
+                     r"wiki\.jsonl ends its lines with CR alone \(classic Mac line ends\), so it reads as one line; "
+                     r"convert them to LF, e\.g\. tr '\\r' '\\n' < /\S+/wiki\.jsonl > /\S+/wiki\.lf\.jsonl$"),
+    "cr_line_ends_gzip": (written("wiki.jsonl.gz", lambda records: text_of(records, "utf-8", gzip.compress, "\r")),
+                          KEYS, r"wiki\.jsonl\.gz ends its lines with CR alone .*; convert them to LF, e\.g\. zcat "
+                                r"/\S+/wiki\.jsonl\.gz \| tr '\\r' '\\n' \| gzip > /\S+/wiki\.lf\.jsonl\.gz$"),
+    # a dataset's description .json beside its shards, which a folder reads as a shard
+    "description_beside_parquet": (description_beside(["data/train-00000-of-00001.parquet"], "stats.json"), KEYS,
+                                   r"snap/stats\.json is one JSON object without 'text' or 'title' \(a dataset's "
+                                   r"description, not a corpus shard\) beside 1 Parquet shard, and --input reads it "
+                                   r"as a shard; pass the shards as a quoted glob, e\.g\. --input "
+                                   r"'/\S+/snap/data/\*\.parquet', or move it away from the shards$"),
+    "manifest_beside_jsonl": (description_beside(["part-0.jsonl", "sub/part-1.jsonl"], "manifest.json"), KEYS,
+                              r"snap/manifest\.json is one JSON object .* beside 2 JSON-lines shards, .*--input "
+                              r"'/\S+/snap/\*\*/\*\.jsonl', or move it"),
+    "description_beside_mixed": (description_beside(["a.jsonl", "b.parquet"], "info.json"), KEYS,
+                                 r"info\.json is one JSON object .* beside 2 shards, and --input reads it as a shard; "
+                                 r"move it away from the shards$"),
+    # --input a pipe: each shard is read twice
+    "input_pipe": (fifo, KEYS, r"--input /\S+/pipe is a pipe \(as <\(\.\.\.\) and a piped /dev/stdin are\), which "
+                               r"is not read: each shard is read twice .*; write it to a file and pass that"),
+    "input_stdin": (lambda tmp, records: "-", KEYS, r"^--input - is standard input, which is not read"),
     # a dataset whose download stopped part-way: not a smaller corpus without a word
     "download_unfinished": (lambda tmp, records: hub_download(tmp, records, ["train-00000-of-00002.parquet"],
                                                               "data/train-00001-of-00002.parquet.incomplete"), KEYS,
@@ -422,6 +527,65 @@ def test_one_json_document_is_refused_before_reading_even_with_skip_invalid(refe
     with pytest.raises(DataError, match="is one JSON array, not JSON lines"):
         preprocess(options(spec, tmp_path / "out" / "wiki", vocab, skip_invalid=True, workers=2))
     assert not (tmp_path / "out").exists()
+
+
+FIXED_BY_THE_COMMAND_NAMED = ["utf16_jsonl", "utf16le_gzip", "utf32_zstd", "trailing_commas", "cr_line_ends",
+                              "cr_line_ends_gzip", "gzip_not_gzip", "gzip_named_zstd", "zstd_named_gzip",
+                              "gzip_named_parquet", "parquet_named_zstd"]
+
+
+@pytest.mark.parametrize("case", FIXED_BY_THE_COMMAND_NAMED)
+def test_the_command_a_refusal_names_makes_the_corpus_read_as_it_should(reference, tmp_path, case):
+    """Run as the line gives it (`iconv ...`, `sed ...`, `tr ...`, `mv ...`), the fix gives the bytes of the same
+    records as loose JSON; refused up front, with --skip-invalid too, and by build_vocab.py the same way."""
+    records, vocab, expected = reference
+    write, keys, _ = BROKEN[case]
+    spec = write(tmp_path / "corpus", records)
+    with pytest.raises(DataError) as refused:
+        preprocess(options(spec, tmp_path / "out" / "wiki", vocab, skip_invalid=True))
+    with pytest.raises(DataError, match=re.escape(str(refused.value))):
+        train_vocab(Path(spec), lower_case=True, vocab_size=400)
+    command = str(refused.value).rpartition("e.g. ")[2]
+    tools = [shlex.split(step)[0] for step in command.split(" | ")]
+    if missing := [tool for tool in tools if not shutil.which(tool)]:
+        pytest.skip(f"{', '.join(missing)} not installed")
+    subprocess.run(["bash", "-c", command], check=True)
+    report = preprocess(options(shlex.split(command)[-1], tmp_path / "out" / "wiki", vocab))
+    for key in KEYS:
+        assert file_bytes(report.outputs[key]) == file_bytes(expected[key]), key
+
+
+@pytest.mark.parametrize("case", ["description_beside_parquet", "manifest_beside_jsonl"])
+def test_the_glob_a_description_refusal_suggests_reads_the_shards(reference, tmp_path, case):
+    records, vocab, expected = reference
+    with pytest.raises(DataError) as refused:
+        Corpus(BROKEN[case][0](tmp_path, records), KEYS)
+    suggested = re.search(r"--input '(\S+)'", str(refused.value))[1]
+    report = preprocess(options(suggested, tmp_path / "out" / "wiki", vocab))
+    assert (report.documents, report.skipped) == (len(records), 0)
+
+
+@pytest.mark.parametrize("name,data", [
+    ("one_record.json", b'{"text": "One article.", "title": "One"}'),  # a shard of one record, with text
+    ("extra.json", b'{"text": "a"}\n{"text": "b"}\n'),  # JSON lines named .json
+    ("crlf.jsonl", b'{"text": "a"}\r\n{"text": "b"}\r\n'), ("bom.jsonl", b'\xef\xbb\xbf{"text": "a"}\n'),
+    ("lone_cr.jsonl", b'{"text": "a"}\r'), ("comma_in_text.jsonl", b'{"text": "a,"}\n{"text": "b"}\n')])
+def test_a_shard_like_a_refused_one_is_read(reference, tmp_path, name, data):
+    """What the refusals of a description, CR line ends and trailing commas must not catch."""
+    records, _, _ = reference
+    shards(tmp_path / "ds", ["part-0.jsonl"], records[:3])
+    (tmp_path / "ds" / name).write_bytes(data)
+    assert sorted(Path(shard.path).name for shard in Corpus(str(tmp_path / "ds"), ("text",)).shards) == sorted(
+        ["part-0.jsonl", name])
+
+
+@pytest.mark.parametrize("head,encoding", [
+    ('{"text": "a"}\n'.encode("utf-16-le"), ("UTF-16LE", False)), ('{"t": 1}'.encode("utf-32-be"), ("UTF-32BE", False)),
+    ("\ufeff[1]".encode("utf-16-be"), ("UTF-16", True)), ('{"text": "中文"}'.encode("utf-16-le"), ("UTF-16LE", False)),
+    (b'{"text": "caf\xe9"}\n\x00\xff\xfe', None), (b'{"text": "a"}\n', None), (b"\x00\x01binary", None)],
+    ids=["utf16le", "utf32be", "utf16_marked", "utf16le_cjk", "latin1_then_nul", "utf8", "binary"])
+def test_wide_text_is_told_by_its_mark_or_its_nul_bytes(head, encoding):
+    assert corpus_files._wide_encoding(head) == encoding
 
 
 @pytest.mark.parametrize("head,kind", [

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,7 @@ class Corpus:
             _refuse_several_splits(f"the {len(specs)} --input values hold", _common_folder(paths), paths)
         self.shards = [Shard(path, shard_kind(path)) for path in paths]
         self.total_bytes = sum(os.path.getsize(shard.path) for shard in self.shards)  # as stored (compressed)
+        _refuse_description(self.shards, self.keys)
         for shard in self.shards:
             if shard.kind == "parquet":
                 _check_parquet(shard.path, self.keys)
@@ -147,8 +149,65 @@ def _shard_paths(spec: str) -> tuple[list[str], list[str]]:
         if len(shards) > 1:
             _refuse_several_splits(f"--input {shlex.quote(spec)} matches", _common_folder(shards), shards)
         return shards, [name for name in found if name not in shards]
+    if spec == "-" or path.exists():  # what exists and is neither a file nor a folder: a pipe, a terminal
+        raise DataError(f"--input {spec} is {_not_a_file(spec)}, which is not read: each shard is read twice (its "
+                        "head is checked before any worker starts, then its records are read)",
+                        "write it to a file and pass that, or pass the file itself (.jsonl.gz and .jsonl.zst are read "
+                        "compressed)")
     raise DataError(f"input file {spec} does not exist",
                     f"pass --input with a {FORMATS_HELP} file, or a folder or glob of them")
+
+
+def _not_a_file(spec: str) -> str:
+    """What an --input that exists but is no file or folder is: standard input (`-`), a pipe (`<(zcat x.gz)`,
+    /dev/stdin under `cat x |`), a terminal (/dev/stdin at a prompt)."""
+    if spec == "-":
+        return "standard input"
+    mode = os.stat(spec).st_mode
+    if stat.S_ISFIFO(mode):
+        return "a pipe (as <(...) and a piped /dev/stdin are)"
+    return "a terminal or device" if stat.S_ISCHR(mode) else "not a regular file"
+
+
+SHARD_KINDS = {"json": "JSON-lines", "gzip": ".gz", "zstd": ".zst", "parquet": "Parquet"}  # in a count of shards
+
+
+def _refuse_description(shards: list, keys: tuple) -> None:
+    """A `.json` among several shards that is one JSON object without the keys: a dataset's description
+    (a manifest, statistics) beside its shards, which read as a shard would be named as a bad record or as
+    indented JSON to convert, where it is no corpus at all."""
+    if len(shards) < 2:
+        return
+    for shard in shards:
+        if not shard.path.lower().endswith(".json") or os.path.getsize(shard.path) > HEAD_BYTES:
+            continue
+        try:
+            document = json.loads(Path(shard.path).read_bytes())
+        except ValueError:  # JSON lines, or no JSON: read as a shard
+            continue
+        if isinstance(document, dict) and not any(key in document for key in keys):
+            others = [other.path for other in shards if other is not shard]
+            kinds = {SHARD_KINDS[other.kind] for other in shards if other is not shard}
+            kind = f"{kinds.pop()} " if len(kinds) == 1 else ""
+            beside = f"{len(others)} {kind}shard{'s' if len(others) > 1 else ''}"
+            pattern = _glob_of(others)
+            raise DataError(f"{shard.path} is one JSON object without {' or '.join(map(repr, keys))} (a dataset's "
+                            f"description, not a corpus shard) beside {beside}, and --input reads it as a shard",
+                            (f"pass the shards as a quoted glob, e.g. --input {shlex.quote(pattern)}, or " if pattern
+                             else "") + "move it away from the shards")
+
+
+def _glob_of(paths: list) -> str | None:
+    """A glob that matches `paths` and nothing else (`snap/data/*.parquet`, `snap/**/*.jsonl`), or None."""
+    suffixes = {next(suffix for suffix in sorted(FOLDER_SUFFIXES, key=len, reverse=True) if path.lower().endswith(
+        suffix)) for path in paths}
+    if len(suffixes) != 1:
+        return None
+    folder = _common_folder(paths)
+    deep = any(os.path.dirname(os.path.normpath(path)) != os.path.normpath(folder) for path in paths)
+    pattern = os.path.join(folder, "**" if deep else "", f"*{suffixes.pop()}")
+    matched = {os.path.realpath(name) for name in glob.glob(pattern, recursive=True)}
+    return pattern if matched == {os.path.realpath(path) for path in paths} else None
 
 
 def _refuse_repeated_shards(paths: list) -> None:
@@ -276,11 +335,10 @@ def _json_lines(shard: Shard):
     try:
         if shard.kind != "json" and not file.peek(1):  # gzip and zstd read 0 bytes as an empty text
             raise DataError(f"{shard.path} is empty (0 bytes), not a complete {shard.kind} file", REDOWNLOAD)
+        _refuse_misnamed(shard, file.peek(MAGIC_BYTES))
         lines, corrupt = _decompressed(shard, file)
         if shard.kind != "json":
             _refuse_compressed_other(shard, lines.peek(512))
-        else:
-            _refuse_misnamed(shard.path, file.peek(8))
         for number, raw in enumerate(lines, 1):
             if raw.strip():
                 yield number, raw, len(raw), file.tell()
@@ -312,19 +370,25 @@ def _refuse_one_document(shard: Shard, keys: tuple) -> None:
     """A JSON shard that is one JSON document (an array, as json.dump and to_json(lines=False) write; an
     object indented over several lines), or no JSON at all (plain text, CSV, an Arrow file), rather than
     JSON lines: named with the conversion, before any worker starts, not as a line-1 record error whose
-    --skip-invalid would skip every line. A shard whose head cannot be read is left to the reading,
-    which names why."""
+    --skip-invalid would skip every line. The same for what its first bytes show to be no UTF-8 JSON lines:
+    another format than its name says, UTF-16 or UTF-32 text, lines ended by CR alone, objects followed by
+    commas. A shard whose head cannot be read is left to the reading, which names why."""
     with open(shard.path, "rb") as file:  # a missing or unreadable file: an OSError naming it
+        _refuse_misnamed(shard, file.peek(MAGIC_BYTES))
         stream, corrupt = _decompressed(shard, file)
         try:
             head = stream.read(HEAD_BYTES)
         except corrupt:
             return
-    if shard.kind == "json":
-        _refuse_misnamed(shard.path, head)
-    else:
+    _refuse_wide_text(shard, head)
+    if shard.kind != "json":
         _refuse_compressed_other(shard, head)
+    _refuse_cr_line_ends(shard, head)
     if kind := _one_document(head):
+        if kind == "comma":
+            without_commas = _conversion(shard, _quoted_command("sed", "s/,[[:space:]]*$//"))
+            raise DataError(f"{shard.path} ends its first line with a comma after the object: JSON lines hold one "
+                            "object a line, with nothing between them", f"remove the commas, e.g. {without_commas}")
         what = ("one JSON array" if kind == "array" else "indented JSON (an object over several lines)")
         raise DataError(f"{shard.path} is {what}, not JSON lines (one object per line)",
                         f"convert it, e.g. {_jq_command(shard, '.[]' if kind == 'array' else '.')}")
@@ -334,10 +398,70 @@ def _refuse_one_document(shard: Shard, keys: tuple) -> None:
 def _jq_command(shard: Shard, select: str, raw: bool = False) -> str:
     """The shell line that converts a shard with jq's `select` filter into the JSON-lines file beside it
     (`raw`: each line of text is one input string)."""
-    path, lines = shlex.quote(shard.path), shlex.quote(_lines_path(shard.path))
-    jq = f"jq {'-R ' if raw else ''}-c {shlex.quote(select)}"
+    return _conversion(shard, _quoted_command("jq", *(["-R"] if raw else []), "-c", select))
+
+
+def _quoted_command(*words: str) -> str:
+    return " ".join(map(shlex.quote, words))
+
+
+def _conversion(shard: Shard, command: str, tag: str = "lines", file_argument: bool = True) -> str:
+    """The shell line that passes a shard through `command` into the file beside it (_lines_path's, with `tag`),
+    decompressed before and compressed after as the shard is (`file_argument`: the command takes the file's
+    name, else it reads the file on its standard input)."""
+    path, lines = shlex.quote(shard.path), shlex.quote(_lines_path(shard.path, tag))
     unpack, pack = {"gzip": ("zcat ", " | gzip"), "zstd": ("zstd -dc ", " | zstd")}.get(shard.kind, ("", ""))
-    return f"{unpack}{path} | {jq}{pack} > {lines}" if unpack else f"{jq} {path} > {lines}"
+    if unpack:
+        return f"{unpack}{path} | {command}{pack} > {lines}"
+    return f"{command} {path} > {lines}" if file_argument else f"{command} < {path} > {lines}"
+
+
+WIDE_BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16",
+             b"\xfe\xff": "UTF-16"}  # byte-order marks (UTF-32's first: UTF-16's little-endian one begins it)
+WIDE_ENCODINGS = ("UTF-32LE", "UTF-32BE", "UTF-16LE", "UTF-16BE")  # the order they are tried in without a mark
+
+
+def _wide_encoding(head: bytes) -> tuple | None:
+    """(the UTF-16 or UTF-32 encoding of a file's first bytes, as iconv names it, and whether it starts with a
+    byte-order mark), or None. Windows saves "Unicode" text as UTF-16 with a mark (Notepad, PowerShell's
+    Out-File); without one, NUL bytes tell it, which UTF-8 JSON never holds: the encoding is the one that reads
+    the head as JSON, starting `{` or `[`, without a NUL character."""
+    for mark, encoding in WIDE_BOMS.items():
+        if head.startswith(mark):
+            return encoding, True
+    sample = head[:4096]
+    if b"\x00" not in sample:
+        return None
+    for encoding in WIDE_ENCODINGS:
+        text = sample[:len(sample) // 4 * 4].decode(encoding, errors="replace")
+        if text.lstrip(" \t\r\n").startswith(("{", "[")) and "\x00" not in text:
+            return encoding, False
+    return None
+
+
+def _refuse_wide_text(shard: Shard, head: bytes) -> None:
+    """A JSON shard saved as UTF-16 or UTF-32: refused before any worker starts, with --skip-invalid too, rather
+    than read line by line as UTF-8, where its records fail or, cut across its code units, pass by luck."""
+    if found := _wide_encoding(head):
+        encoding, marked = found
+        source = encoding[:6] if marked else encoding  # iconv reads the mark of UTF-16 / UTF-32 and drops it
+        to_utf8 = _conversion(shard, _quoted_command("iconv", "-f", source, "-t", "UTF-8"), "utf8")
+        raise DataError(f"{shard.path} is {encoding} text{'' if marked else ' without a byte-order mark'}, not UTF-8 "
+                        "(JSON lines are read as UTF-8)", f"convert it, e.g. {to_utf8}")
+
+
+TR_CR_TO_LF = "tr '\\r' '\\n'"  # each CR a LF: tr reads the escapes
+
+
+def _refuse_cr_line_ends(shard: Shard, head: bytes) -> None:
+    """A JSON shard whose lines end in CR alone (classic Mac OS): read as one line, the whole file is one bad
+    record, which --skip-invalid skips. Told by a first line that is several JSON values between CRs."""
+    first = head.lstrip(b"\xef\xbb\xbf \t\r\n").partition(b"\n")[0]
+    pieces = [piece for piece in first.split(b"\r") if piece.strip()]
+    if len(pieces) > 1 and _parses(pieces[0]):
+        to_lf = _conversion(shard, TR_CR_TO_LF, "lf", file_argument=False)
+        raise DataError(f"{shard.path} ends its lines with CR alone (classic Mac line ends), so it reads as one line",
+                        f"convert them to LF, e.g. {to_lf}")
 
 
 JSON_LINES_LOOKED_AT = 5  # non-blank lines of a shard's head, one of which is JSON in a JSON-lines shard
@@ -355,6 +479,7 @@ def _refuse_not_json(shard: Shard, head: bytes, key: str) -> None:
     lines = [line for line in lines if line][:JSON_LINES_LOOKED_AT]
     if not lines or any(line.startswith((b"{", b"[")) or _parses(line) for line in lines):
         return
+    refuse_lfs_pointer(shard.path)  # text too: a dataset cloned without git-lfs
     name = shard.path[:-len(Path(shard.path).suffix)] if shard.kind != "json" else shard.path  # x.csv.gz -> x.csv
     suffix = next((suffix for suffix in NOT_JSON if name.lower().endswith(suffix)), None)
     what = NOT_JSON.get(suffix, "plain text")
@@ -372,13 +497,16 @@ def _refuse_not_json(shard: Shard, head: bytes, key: str) -> None:
 
 
 def _one_document(head: bytes) -> str | None:
-    """'array' or 'indented' where a JSON shard's first bytes show one JSON document, else None. JSON lines
-    of arrays (a whole array on the first line, more lines after) are records, each named where it is read;
-    a first line that is cut off or broken is left to the reading too."""
+    """'array' or 'indented' where a JSON shard's first bytes show one JSON document, 'comma' where its first
+    line is an object and a comma (objects pasted out of an array), else None. JSON lines of arrays (a whole
+    array on the first line, more lines after) are records, each named where it is read; a first line that
+    is cut off or broken is left to the reading too."""
     first, newline, rest = head.lstrip(b"\xef\xbb\xbf \t\r\n").partition(b"\n")
     first = first.strip()
     if first.startswith(b"["):
         return None if newline and rest.strip() and _parses(first) else "array"
+    if first.startswith(b"{") and first.endswith(b",") and _parses(first[:-1]):
+        return "comma"
     opened = first.endswith((b"{", b"[", b",")) and not _parses(first)  # `{`, `{"text": "a",`: continued below
     return "indented" if first.startswith(b"{") and newline and opened else None
 
@@ -391,34 +519,83 @@ def _parses(line: bytes) -> bool:
     return True
 
 
-def _lines_path(path: str) -> str:
-    """The JSON-lines file beside `path` to convert it into: `x.json.gz` -> `x.jsonl.gz`, never `path` itself."""
+def _lines_path(path: str, tag: str = "lines") -> str:
+    """The JSON-lines file beside `path` to convert it into: `x.json.gz` -> `x.jsonl.gz`, never `path` itself
+    (`x.jsonl` -> `x.{tag}.jsonl`)."""
     folder, name = os.path.split(path)
     compressed = next((suffix for suffix in (".gz", ".zst", ".zstd") if name.lower().endswith(suffix)), "")
     stem = name[:len(name) - len(compressed)]
     stem = next((stem[:-len(suffix)] for suffix in (".jsonl", ".json", ".txt") if stem.lower().endswith(suffix)), stem)
     lines = f"{stem}.jsonl{compressed}"
-    return os.path.join(folder, lines if lines != name else f"{stem}.lines.jsonl{compressed}")
+    return os.path.join(folder, lines if lines != name else f"{stem}.{tag}.jsonl{compressed}")
 
 
 RECOMPRESS = "decompress it, or recompress it as .jsonl.gz or .jsonl.zst"
-MAGIC = {  # the first bytes of what a file read as JSON lines may be instead -> (what it is, the fix)
-    b"PAR1": ("a Parquet file, though its name says JSON lines", "name it *.parquet"),
-    b"\x28\xb5\x2f\xfd": ("zstd-compressed, though its name says JSON lines", "name it *.jsonl.zst"),
-    b"\x1f\x8b": ("gzip-compressed, though its name says JSON lines", "name it *.jsonl.gz"),
-    b"BZh": ("bzip2-compressed, which is not read", RECOMPRESS),
-    b"\xfd7zXZ\x00": ("xz-compressed, which is not read", RECOMPRESS),
-    b"\x04\x22\x4d\x18": ("lz4-compressed, which is not read", RECOMPRESS),
-    b"PK\x03\x04": ("a zip archive, which is not read", "unzip it and pass the files it holds"),
+MAGIC = {  # the first bytes of a file -> (what it is, the suffix of the names it is read by, or None and the fix)
+    b"PAR1": ("a Parquet file", ".parquet", None),
+    b"\x28\xb5\x2f\xfd": ("zstd-compressed", ".jsonl.zst", None),
+    b"\x1f\x8b": ("gzip-compressed", ".jsonl.gz", None),
+    b"BZh": ("bzip2-compressed, which is not read", None, RECOMPRESS),
+    b"\xfd7zXZ\x00": ("xz-compressed, which is not read", None, RECOMPRESS),
+    b"\x04\x22\x4d\x18": ("lz4-compressed, which is not read", None, RECOMPRESS),
+    b"PK\x03\x04": ("a zip archive, which is not read", None, "unzip it and pass the files it holds"),
 }
+MAGIC_BYTES = 512  # of a file's first bytes, to tell its format (and uncompressed text) by
+ZSTD_SKIPPABLE = re.compile(rb"[\x50-\x5f]\x2a\x4d\x18")  # a zstd stream may start with a skippable frame
+NAME_SAYS = {"json": "JSON lines", "gzip": "gzip", "zstd": "zstd", "parquet": "Parquet"}  # shard_kind's, in words
 
 
-def _refuse_misnamed(path: str, head: bytes) -> None:
-    """A file read as JSON lines for its name that is another format: named as such, not reported as
-    invalid JSON with the fix --skip-invalid."""
-    for magic, (problem, fix) in MAGIC.items():
+def _refuse_misnamed(shard: Shard, head: bytes) -> None:
+    """A shard whose first bytes show another format than its name says (JSON lines named .gz, gzip named
+    .zst or .parquet, Parquet named .jsonl): named as what it is, with the name to give it; not reported as
+    invalid JSON (--skip-invalid), an unreadable gzip or zstd stream, or a file that is not Parquet
+    ("download it again")."""
+    for magic, (what, suffix, fix) in MAGIC.items():
         if head.startswith(magic):
-            raise DataError(f"{path} is {problem}", fix)
+            if suffix is None:
+                raise DataError(f"{shard.path} is {what}", fix)
+            if shard_kind(suffix) == shard.kind:
+                return
+            _refuse_renamed(shard, f"{what}, though its name says {NAME_SAYS[shard.kind]}", suffix)
+    if shard.kind == "zstd" and ZSTD_SKIPPABLE.match(head):
+        return
+    if shard.kind != "json" and (what := _text_head(head)):
+        refuse_lfs_pointer(shard.path)  # a dataset cloned without git-lfs: text too
+        _refuse_renamed(shard, f"uncompressed {what}, though its name says {NAME_SAYS[shard.kind]}", ".jsonl")
+
+
+def _refuse_renamed(shard: Shard, problem: str, suffix: str) -> None:
+    renamed = _renamed(shard.path, suffix)
+    raise DataError(f"{shard.path} is {problem}",
+                    f"name it *{suffix}, e.g. mv {shlex.quote(shard.path)} {shlex.quote(renamed)}")
+
+
+def _renamed(path: str, suffix: str) -> str:
+    """`path` named for the format `suffix` says (.parquet, .jsonl, .jsonl.gz, .jsonl.zst), its own format and
+    compression suffixes replaced: `x.jsonl.zst` -> `x.jsonl.gz`, `x.json` -> `x.json.gz`, `x.parquet` ->
+    `x.jsonl`."""
+    stem = next((path[:-len(old)] for old in (".gz", ".zst", ".zstd", ".parquet") if path.lower().endswith(old)), path)
+    json_suffix = next((old for old in (".jsonl", ".json") if stem.lower().endswith(old)), "")
+    if suffix == ".parquet":
+        return stem[:len(stem) - len(json_suffix)] + suffix
+    return stem + suffix[len(".jsonl"):] if json_suffix else stem + suffix
+
+
+def _text_head(head: bytes) -> str | None:
+    """'JSON text' or 'text' where a file's first bytes are uncompressed text (UTF-8, UTF-16 or UTF-32), else None
+    (a binary format, a damaged stream)."""
+    wide = _wide_encoding(head)
+    sample = head[:MAGIC_BYTES]
+    try:
+        text = sample.decode(wide[0] if wide else "utf-8")
+    except UnicodeDecodeError as error:
+        if wide or error.start < len(sample) - 3:  # not a UTF-8 character the sample cut
+            return None
+        text = sample[:error.start].decode("utf-8")
+    text = text.lstrip("\ufeff")
+    if not text.strip() or any(ord(char) < 32 and char not in "\t\n\r\f" for char in text):
+        return None
+    return "JSON text" if text.lstrip().startswith(("{", "[")) else "text"
 
 
 def _refuse_compressed_other(shard: Shard, head: bytes) -> None:
@@ -477,6 +654,7 @@ def _check_parquet(path: str, keys: tuple) -> None:
             schema = file.schema_arrow
     except (pa.ArrowException, ValueError, OSError) as error:
         refuse_lfs_pointer(path)  # a dataset cloned without git-lfs
+        _refuse_damaged_parquet(path, error)
         raise DataError(f"{path} is not a Parquet file ({_first_line(error)})",
                         "pass Parquet shards only, or name the file by its format (.jsonl, .jsonl.gz, .jsonl.zst)"
                         ) from None
@@ -489,6 +667,28 @@ def _check_parquet(path: str, keys: tuple) -> None:
         if not (pa.types.is_string(text) or pa.types.is_large_string(text) or pa.types.is_string_view(text)):
             raise DataError(f"{path} column {key!r} holds {kind}, not text",
                             "pass --json-keys with text columns of the Parquet files")
+
+
+def _refuse_damaged_parquet(path: str, error: Exception) -> None:
+    """A .parquet shard pyarrow cannot open that is empty, or starts as Parquet: cut short (its end, the footer,
+    is gone: a download or copy that stopped) or with a damaged footer; or that is another format
+    (_refuse_misnamed's)."""
+    with open(path, "rb") as file:
+        head = file.read(MAGIC_BYTES)
+        file.seek(max(os.path.getsize(path) - len(b"PAR1"), 0))
+        end = file.read()
+    if not head:
+        raise DataError(f"{path} is empty (0 bytes), not a complete Parquet file",
+                        "download or write it again, or leave it out of --input")
+    if not head.startswith(b"PAR1"):
+        _refuse_misnamed(Shard(path, "parquet"), head)
+    elif end != b"PAR1":
+        raise DataError(f"{path} is a truncated Parquet file: it starts as one, but its end (the footer) is missing, "
+                        "as when a download or copy stops part-way", "download or copy it again, or leave it out of "
+                                                                     "--input")
+    else:
+        raise DataError(f"{path} is a damaged Parquet file: its footer cannot be read ({_first_line(error)})",
+                        "download or write it again, or leave it out of --input")
 
 
 def _first_line(error) -> str:
