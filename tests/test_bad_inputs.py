@@ -805,6 +805,37 @@ CASES += [
 ]
 
 
+
+def unigram_without_unk(tmp: Path, assets: dict):
+    """{tmp}/tokenizer.json: a Unigram trained on English without an unknown token (unk_id null)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.train_from_iterator(["the cat sat on the mat", "a dog ran"] * 10, trainers.UnigramTrainer(
+        vocab_size=40, special_tokens=["[PAD]", "[CLS]", "[SEP]", "[MASK]"]))
+    tokenizer.save(str(tmp / "tokenizer.json"))
+
+
+CASES += [  # ---- preprocess_data.py: tokenizers that cannot encode the text, flags it would not read
+    Case("preprocess_tokenizer_without_unk_on_foreign_text", "preprocess", [
+        "--input", "{tmp}/cjk.json", "--tokenizer-file", "{tmp}/tokenizer.json", "--output-prefix", "{tmp}/out/c",
+        "--workers", "2"], ("cjk.json line 2: the tokenizer", "has no token for '你' (U+4F60) and fails on it",
+                            "retrain it with an unknown token"),
+         files={"cjk.json": '{"text": "the cat"}\n{"text": "the 你好 cat"}\n', "out/.keep": ""},
+         setup=unigram_without_unk),
+    Case("preprocess_workers_far_beyond_the_cpus", "preprocess", ["--input", "{corpus}", "--vocab-file", "{vocab}",
+                                                                  "--output-prefix", "{tmp}/c", "--workers", "100000"],
+         ("--workers 100000 is more than 4 x the", "pass --workers")),
+    Case("preprocess_keep_newlines_without_split_sentences", "preprocess", [
+        "--input", "{corpus}", "--vocab-file", "{vocab}", "--output-prefix", "{tmp}/c", "--keep-newlines"],
+         ("--keep-newlines is read only with --split-sentences", "add --split-sentences, or drop --keep-newlines")),
+    Case("preprocess_output_prefix_ending_in_bin", "preprocess", ["--input", "{corpus}", "--vocab-file", "{vocab}",
+                                                                  "--output-prefix", "{tmp}/c.bin"],
+         ("c.bin would write", "c.bin_text_document.bin/.idx", "pass --output-prefix", "c (it writes")),
+]
+
+
 COMMANDS = {
     "pretrain": [PYTHON, str(ROOT / "pretrain_bert.py")],
     "launch2": [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port", "{port}",

@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from megatron.data.indexed_dataset import make_dataset
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.sample_corpus import write_corpus
+from megatron.data import tokenizer as tokenizer_module
 from megatron.data.tokenizer import HFTokenizer, build_tokenizer, carried_tokenizer, data_identity_path
 from megatron.errors import DataError
 
@@ -378,3 +379,99 @@ def test_the_export_of_a_hugging_face_tokenizer_loads_with_the_trainers_special_
     assert {kind: getattr(exported, f"{kind}_token_id") for kind in trainer} == trainer
     text = "the cat sat"
     assert exported(text, add_special_tokens=False).input_ids == tokenizer.tokenize(text)
+
+
+SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]"]
+KNOWN = ["the cat sat on the mat", "a dog ran by the river", "café au lait"] * 20
+
+
+def without_unknown_token(kind: str) -> Tokenizer:
+    """A tokenizer trained on KNOWN with no unknown token and no byte fallback: a Unigram (raises on a character
+    it has no token for), a BPE over words (leaves it out), a WordPiece whose unk_token is no token of its vocab;
+    each composes accents (NFC)."""
+    if kind == "unigram":
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=60, special_tokens=SPECIALS)
+    elif kind == "bpe":
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+        trainer = trainers.BpeTrainer(vocab_size=60, special_tokens=SPECIALS)
+    else:
+        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+        trainer = trainers.WordPieceTrainer(vocab_size=60, special_tokens=SPECIALS)
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.train_from_iterator(KNOWN, trainer)
+    return tokenizer
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("kind, outcome", [("unigram", "fails on it"), ("bpe", "would leave it out of the ids"),
+                                           ("wordpiece", "fails on it")])
+def test_a_character_a_tokenizer_without_an_unknown_token_cannot_encode_is_named(tmp_path, kind, outcome, workers):
+    """A Unigram without unk_id stopped preprocessing with a 33-line Rust traceback (45 with --workers 2), a BPE
+    without unk_token wrote 'hello 你好 world' as 'hello world'. Text of its own characters is encoded as before."""
+    tokenizer = without_unknown_token(kind)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    ours = HFTokenizer(tmp_path / "tokenizer.json")
+    assert ours.lacks_fallback.startswith(f"its {tokenizer.model.__class__.__name__} model has no unknown token")
+    known = "the cafe\u0301 dog sat"  # a combining accent, not a token alone: checked in its text, where it is é
+    assert ours.tokenize_batch([known]) == [tokenizer.encode(known, add_special_tokens=False).ids]
+    (tmp_path / "corpus.json").write_text("".join(json.dumps({"text": text}) + "\n" for text in
+                                                  [known, "the cat 你好 sat ☃"]))
+    with pytest.raises(DataError, match=rf"corpus.json line 2: the tokenizer .*tokenizer.json has no token for '你' "
+                                        rf"\(U\+4F60\) and {outcome}: its .* model has no unknown token.*; retrain it "
+                                        "with an unknown token") as error:
+        preprocess(PreprocessOptions(input=str(tmp_path / "corpus.json"), output_prefix=str(tmp_path / "out" / "x"),
+                                     tokenizer_file=str(tmp_path / "tokenizer.json"), log_interval=0, workers=workers))
+    assert "\n" not in str(error.value) and not (tmp_path / "out").exists()
+
+
+def test_a_word_a_wordpiece_without_an_unknown_token_cannot_split_is_one_line(tmp_path):
+    """Its characters are all tokens, but not as a word's continuation (##): the Rust side's error, with the fix."""
+    vocab = {token: index for index, token in enumerate([*SPECIALS, "a", "b"])}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    ours = HFTokenizer(tmp_path / "tokenizer.json")
+    assert ours.tokenize_batch(["a b"]) == [[4, 5]]
+    with pytest.raises(DataError, match=r"cannot encode a word of this text \(.*\): its WordPiece model has no unknown "
+                                        r"token \(unk_token\); retrain it"):
+        ours.tokenize_batch(["ab"])
+
+
+def test_tokenizers_that_encode_any_text_are_not_checked(texts):
+    """An unknown token, byte fallback, or a byte-level BPE holding all 256 byte characters: nothing is lost."""
+    byte_level = Tokenizer(models.BPE())
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level.train_from_iterator(KNOWN, trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS,
+                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fallback = Tokenizer(models.BPE(byte_fallback=True))
+    for complete in (byte_level, fallback, train_bpe(KNOWN, ["<unk>", *SPECIALS], vocab_size=300)):
+        settings = json.loads(complete.to_str())
+        assert tokenizer_module._missing_fallback(settings, complete.get_vocab(with_added_tokens=True)) is None
+    byte_level.model = models.BPE({"a": 0}, [])  # a byte-level BPE of one character: '你' is lost
+    assert tokenizer_module._missing_fallback(json.loads(byte_level.to_str()), {"a": 0}).startswith("its BPE")
+
+
+def test_special_tokens_spelled_out_in_the_text_are_encoded_as_text(tmp_path):
+    """A corpus quoting `<mask>`, `</s>` or `<pad>` (HTML, code, papers on tokenizers) was written with the mask,
+    sep and pad ids inside its text; an added token that is not special stays one token."""
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(KNOWN, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel
+                                                             .alphabet(), special_tokens=["<unk>", "<s>", "</s>",
+                                                                                          "<pad>", "<mask>"]))
+    tokenizer.add_tokens(["tags"])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    text = "use the <mask> and </s> tags, <pad><pad>"
+    (tmp_path / "corpus.json").write_text(json.dumps({"text": text}) + "\n")
+    report = preprocess(PreprocessOptions(input=str(tmp_path / "corpus.json"), output_prefix=str(tmp_path / "x"),
+                                          tokenizer_file=str(tmp_path / "tokenizer.json"), log_interval=0))
+    ours = HFTokenizer(tmp_path / "tokenizer.json")
+    stored = make_dataset(report.outputs["text"])[0].tolist()
+    assert not set(stored) & set(ours.added_specials()) and tokenizer.token_to_id("tags") in stored
+    assert ours.decode_one(stored[0]) + "".join(ours.decode_one(index) for index in stored[1:]) == text
+    assert set(tokenizer.encode(text, add_special_tokens=False).ids) & set(ours.added_specials())  # as it was

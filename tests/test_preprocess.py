@@ -20,6 +20,7 @@ import torch
 
 from megatron.data import indexed_dataset
 from megatron.data import preprocess as preprocess_module
+from megatron.data import workers as workers_module
 from megatron.data.bert_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import make_dataset
 from megatron.data.default_dataset import DEFAULT_VOCAB_SIZE, prepare_default_dataset
@@ -584,4 +585,127 @@ def test_build_vocab_interrupted_mid_training_ends_without_finalising(tmp_path):
     assert (proc.returncode, proc.stdout) == (128 + signal.SIGINT, ""), proc.stderr[-3000:]
     assert proc.stderr.splitlines() == ["build_vocab.py: error: interrupted by SIGINT, partial output removed; "
                                         "rerun the same command to start over"]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(split_sentences=False, keep_newlines=True), "--keep-newlines is read only with --split-sentences.*; add "
+                                                      "--split-sentences, or drop --keep-newlines"),
+    (dict(split_sentences=False, lang="german"), "--lang german is read only with --split-sentences"),
+    (dict(log_interval=-5), r"--log-interval -5 must be >= 0; pass N for a line every N documents, 0 for none"),
+    (dict(workers=9), r"--workers 9 is more than 4 x the 2 CPUs this process may use .*; pass --workers 2$"),
+])
+def test_flags_the_run_would_not_read_or_misread_are_refused(corpus, tmp_path, monkeypatch, overrides, message):
+    """--keep-newlines and --lang without --split-sentences were ignored, --log-interval -5 printed every 5
+    documents, --workers 500 on 2 CPUs forked 500 tokenizers."""
+    monkeypatch.setattr(workers_module, "usable_cpus", lambda: 2)
+    with pytest.raises(ConfigError, match=message):
+        preprocess(options(corpus, tmp_path / "out", **overrides))
+    assert not (tmp_path / "out").exists()
+
+
+def test_more_workers_than_cpus_is_one_warning_line(corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(workers_module, "usable_cpus", lambda: 1)
+    log = io.StringIO()
+    preprocess(options(corpus, tmp_path, workers=2), log=log)
+    assert log.getvalue().splitlines() == ["warning: --workers 2 is more than the 1 CPUs this process may use "
+                                           f"(os.cpu_count(): {os.cpu_count()}): the workers share them and tokenize "
+                                           "no faster; fewer are as fast"]
+
+
+@pytest.mark.parametrize("prefix, split, stem, written", [
+    ("wiki.bin", True, "wiki", "wiki_text_sentence"),
+    ("wiki_text_document", False, "wiki", "wiki_text_document"),
+    ("wiki_text_sentence.idx", False, "wiki", "wiki_text_document"),
+    ("_text_document", False, "corpus", "corpus_text_document"),
+])
+def test_an_output_prefix_naming_the_files_is_refused_with_the_prefix_to_pass(corpus, tmp_path, prefix, split, stem,
+                                                                              written):
+    """`--output-prefix data/wiki.bin` wrote data/wiki.bin_text_document.bin; the prefix the fix names writes the
+    files it names."""
+    with pytest.raises(ConfigError, match=re.escape(f"--output-prefix {tmp_path / prefix} would write ")) as error:
+        preprocess(options(corpus, tmp_path, output_prefix=str(tmp_path / prefix), split_sentences=split))
+    assert error.value.fix == f"pass --output-prefix {tmp_path / stem} (it writes {tmp_path / written}.bin/.idx)"
+    report = preprocess(options(corpus, tmp_path, output_prefix=str(tmp_path / stem), split_sentences=split))
+    assert report.outputs["text"] == str(tmp_path / written) and Path(f"{tmp_path / written}.bin").is_file()
+
+
+def test_append_eod_is_one_warning_line(corpus, tmp_path):
+    """--append-eod (a GPT flag) put [SEP] inside every BERT document without a word."""
+    log = io.StringIO()
+    preprocess(options(corpus, tmp_path, append_eod=True), log=log)
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: --append-eod appends [SEP]"), lines
+
+
+def test_a_corpus_the_vocab_cannot_spell_is_one_warning_line_with_its_unknown_share(corpus, tmp_path):
+    """Greek text with an English vocab: 90% [UNK] written without a word."""
+    greek = tmp_path / "greek.json"
+    greek.write_text("".join(json.dumps({"text": "Ελληνικό κείμενο εδώ. Δεύτερη πρόταση."}) + "\n" for _ in range(5)))
+    log = io.StringIO()
+    report = preprocess(options(corpus, tmp_path / "greek", input=str(greek)), log=log)
+    stored = np.concatenate([make_dataset(report.outputs["text"])[i] for i in range(10)])
+    unknown = stored == BertWordPiece(corpus[1]).vocab["[UNK]"]
+    share = unknown.mean()
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"warning: {share:.1%} of the {stored.size} tokens written to "
+                                                   f"{report.outputs['text']} are [UNK]"), lines
+    assert "build one for it with" in lines[0] and report.unknown["text"] == unknown.sum() > 0.5 * stored.size
+    log = io.StringIO()
+    preprocess(options(corpus, tmp_path / "english"), log=log)
+    assert log.getvalue() == ""
+
+
+def test_documents_without_text_are_counted_apart(corpus, tmp_path, capsys):
+    """Whitespace-only documents were counted as documents though nothing of them was written."""
+    path = tmp_path / "mixed.json"
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in ["One text.", "  \n ", "Two.", "\t"]))
+    report = preprocess(options(corpus, tmp_path / "out", input=str(path)))
+    assert (report.documents, report.empty, report.skipped) == (4, 2, 0)
+    tool = load_tool("preprocess_data")
+    assert tool.main(["--input", str(path), "--vocab-file", str(corpus[1]), "--output-prefix", str(tmp_path / "x"),
+                      "--log-interval", "0"]) is None
+    assert "4 documents (2 without text, left out), 0 skipped" in capsys.readouterr().out
+
+
+def boom_at_line_5(encoded):
+    """Encoder.tokenized that raises an error no check foresaw at the record of line 5 (the forked workers too)."""
+    def tokenized(self, text):
+        if text == article(4)["text"]:
+            raise TypeError("boom")
+        return encoded(self, text)
+    return tokenized
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_error_no_check_foresaw_names_its_record_in_one_line(corpus, tmp_path, monkeypatch, capsys, workers):
+    """A tokenizing worker's unexpected exception was `RuntimeError: a tokenizing worker failed:` and 45 lines of
+    two tracebacks; now one line naming the record, and --debug prints the worker's traceback."""
+    monkeypatch.setattr(Encoder, "tokenized", boom_at_line_5(Encoder.tokenized))
+    with pytest.raises(preprocess_module.EncodingCrashed, match=r"^tokenizing .*wiki.json line 5 failed \(TypeError: "
+                                                                r"boom\), an error no check foresaw; rerun with "
+                                                                "--debug") as error:
+        preprocess(options(corpus, tmp_path / "out", workers=workers))
+    assert "Traceback" in error.value.trace and 'raise TypeError("boom")' in error.value.trace
+    assert not (tmp_path / "out").exists()
+    argv = ["--input", str(corpus[0]), "--vocab-file", str(corpus[1]), "--output-prefix", str(tmp_path / "x"),
+            "--workers", str(workers)]
+    tool = load_tool("preprocess_data")
+    assert tool.main(argv) == 1
+    assert capsys.readouterr().err.splitlines() == [f"preprocess_data.py: error: {error.value}"]
+    assert tool.main([*argv, "--debug"]) == 1
+    shown = capsys.readouterr().err
+    assert shown.startswith("Traceback") and "TypeError: boom" in shown and shown.endswith(f"{error.value}\n")
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_exits_is_one_line(corpus, tmp_path, monkeypatch):
+    def exits(self, text):
+        os._exit(3)
+
+    monkeypatch.setattr(Encoder, "tokenized", exits)
+    with pytest.raises(preprocess_module.EncodingCrashed, match=r"^a tokenizing worker exited with code 3, .*; rerun "
+                                                                "with --workers 1 to see the record it stopped at"):
+        preprocess(options(corpus, tmp_path / "out", workers=2))
     assert not (tmp_path / "out").exists()

@@ -3,8 +3,10 @@ folder/glob of shards: corpus_files.py reads them) -> Megatron indexed datasets.
 
 Workers tokenize numbered chunks of lines (bounded in flight, reassembled in order, so the output
 does not depend on the worker count); the main process alone writes. A bad line stops the run with its line
-number and removes the partial output, unless `skip_invalid` counts and skips it. Index maps next
-to a prefix it overwrites that were built from the old data are removed.
+number and removes the partial output, unless `skip_invalid` counts and skips it; so does text the
+tokenizer cannot encode (no unknown token), and an error no check foresaw (EncodingCrashed, naming the
+record). Special tokens spelled out in the text are encoded as text. Index maps next to a prefix it
+overwrites that were built from the old data are removed.
 """
 import contextlib
 import itertools
@@ -16,7 +18,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +29,18 @@ from megatron.data.corpus_files import FORMATS_HELP, Corpus, record_texts
 from megatron.data.indexed_dataset import best_fitting_dtype, make_builder
 from megatron.data.sentences import sentence_splitter
 from megatron.data.tokenizer import build_tokenizer, data_identity_path, write_data_identity
+from megatron.data.workers import workers_beyond_cpus
 from megatron.errors import (ConfigError, DataError, cannot_use, disk_full, ignore_stop_signals_in_child,
                              stop_signals_blocked_for_children)
 
 CHUNK_LINES = 32  # lines per worker task: large enough to hide IPC, small enough to balance
 SENTENCE_BATCH = 1024  # sentences tokenized at once: a book-sized document never holds all its encodings
 FIRST_LOG_SECONDS, LOG_SECONDS = 2.0, 15.0  # progress by time (no --log-interval): the first line, then every
+DEFAULT_LANG = "english"  # --split-sentences' Punkt model without --lang
+# a warning above this share of [UNK] in a dataset: a vocab made for the text writes next to none (the default
+# vocab, 0 of the 385k tokens of its corpus); 1% is a word lost every few sentences; the lower-case default vocab
+# under BertWordPieceCase writes 6%, an English vocab on Greek, Russian or Chinese text 90%
+UNKNOWN_SHARE_WARNED = 0.01
 
 
 @dataclass
@@ -50,19 +58,45 @@ class PreprocessOptions:
     workers: int = 1
     log_interval: int | None = None  # documents between progress lines; None: by time (LOG_SECONDS); 0: none
     skip_invalid: bool = False
-    lang: str = "english"
+    lang: str | None = None  # --split-sentences' Punkt language (None: DEFAULT_LANG); refused without it
+    debug: bool = False  # preprocess_data.py --debug: an EncodingCrashed's traceback is printed
 
 
 @dataclass
 class PreprocessReport:
     documents: int = 0
     skipped: int = 0
+    empty: int = 0  # documents with no text (whitespace) under any key: counted in documents, nothing written
     bytes_read: int = 0  # JSON lines as decompressed; of Parquet rows, the text of the --json-keys columns
     input_read: int = 0  # of the input files as stored (compressed), through the last record
     input_total: int = 0  # the input files' size as stored
     seconds: float = 0.0
     outputs: dict = field(default_factory=dict)  # json key -> output prefix
     removed_maps: list = field(default_factory=list)  # index maps of the data the outputs replaced
+    tokens: dict = field(default_factory=dict)  # json key -> tokens written
+    unknown: dict = field(default_factory=dict)  # json key -> of those, the tokenizer's unknown token ([UNK])
+
+
+class EncodingCrashed(RuntimeError):
+    """An error no check foresaw while tokenizing (a bug here or in a library), or a worker that exited: one
+    line naming the record where known; `trace` is the traceback where it happened (in a worker: printed by
+    preprocess_data.py --debug, as the main process's own traceback would not show it)."""
+
+    def __init__(self, problem: str, fix: str = "rerun with --debug for its traceback, and report it", trace: str = ""):
+        super().__init__(f"{problem}; {fix}")
+        self.trace = trace
+
+
+@dataclass
+class _Crash:
+    """An exception no check foresaw, raised while encoding: its first line and its traceback, sent from a worker."""
+    summary: str
+    trace: str
+
+    @classmethod
+    def caught(cls, error: BaseException) -> "_Crash":
+        first = (str(error).splitlines() or [""])[0]
+        return cls(f"{type(error).__name__}: {first}" if first else type(error).__name__, traceback.format_exc())
 
 
 def output_prefix(options: PreprocessOptions, key: str) -> str:
@@ -80,18 +114,26 @@ class Encoder:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # parallelism is the worker count, nothing hidden
         self.tokenizer = build_tokenizer(self.options.tokenizer_type, self.options.vocab_file,
                                          self.options.tokenizer_file)
-        self.split = (sentence_splitter(self.options.lang, self.options.keep_newlines)
+        self.tokenizer.read_specials_as_text()  # `<mask>` in a corpus is text; the samples place the special ids
+        self.split = (sentence_splitter(self.options.lang or DEFAULT_LANG, self.options.keep_newlines)
                       if self.options.split_sentences else lambda text: [text])
         self.dtype = best_fitting_dtype(self.tokenizer.vocab_size)  # the builder's
 
     def encode(self, item) -> tuple:
         """(location, a JSON line's bytes or a Parquet row's dict, bytes) -> (location,
-        {key: (all token ids, each non-empty sentence's count)} or an error string, bytes)."""
+        {key: (all token ids, each non-empty sentence's count)} or an error string (a bad record), a DataError
+        (text the tokenizer cannot encode) or a _Crash (an error no check foresaw), bytes): a worker's error
+        comes back with the record's location, which the main process names."""
         number, raw, size = item
         texts = record_texts(raw, self.options.json_keys)
         if isinstance(texts, str):
             return number, texts, size
-        return number, {key: self.tokenized(text) for key, text in texts.items()}, size
+        try:
+            return number, {key: self.tokenized(text) for key, text in texts.items()}, size
+        except ConfigError as error:
+            return number, error, size
+        except Exception as error:
+            return number, _Crash.caught(error), size
 
     def tokenized(self, text: str) -> tuple:
         """(ids, sizes) of a document's sentences, as arrays (a few bytes a token, through the queue too),
@@ -109,21 +151,22 @@ class Encoder:
 
 
 def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
-    """Writes one dataset per json key; returns counts. Raises ConfigError/DataError on user errors."""
-    if os.path.basename(options.output_prefix) in ("", ".", ".."):  # `out/`, "": files named `_text_document.bin`
-        raise ConfigError(f"--output-prefix {options.output_prefix!r} names a folder",
-                          f"add a file name, e.g. {os.path.join(options.output_prefix, 'corpus')}")
+    """Writes one dataset per json key; returns counts. Raises ConfigError/DataError on user errors,
+    EncodingCrashed on one no check foresaw."""
+    _check_options(options, log)
     corpus = Corpus(options.input, options.json_keys)
     if corpus.skipped:
         names = ", ".join(Path(name).name for name in corpus.skipped[:3]) + (", ..." if len(corpus.skipped) > 3 else "")
         print(f"note: --input {corpus.input}: left out {len(corpus.skipped)} file(s) without a corpus "
               f"shard's name ({names}); the shards are {FORMATS_HELP}", file=log, flush=True)
-    if options.workers < 1:
-        raise ConfigError(f"--workers {options.workers} must be >= 1", "pass a positive worker count")
     tokenizer = build_tokenizer(options.tokenizer_type, options.vocab_file, options.tokenizer_file)
     vocab_size = tokenizer.vocab_size  # the ids' dtype: uint16 below 65500 tokens, else int32
     if options.split_sentences:
-        sentence_splitter(options.lang, options.keep_newlines)  # fail now, not in every worker
+        sentence_splitter(options.lang or DEFAULT_LANG, options.keep_newlines)  # fail now, not in every worker
+    if options.append_eod:
+        print(f"warning: --append-eod appends {tokenizer.convert_ids_to_tokens([tokenizer.eod])[0]} (BERT has no "
+              "end-of-document token) to every document: the BERT samples add their own, so this one sits inside "
+              "them as text; drop --append-eod (a GPT flag) for data pretrain_bert.py trains on", file=log, flush=True)
     parent = str(Path(options.output_prefix).parent)
     if problem := paths.file_in_the_way(f"--output-prefix {options.output_prefix}: its folder", parent):
         raise ConfigError(problem, "pass an --output-prefix inside a directory")
@@ -137,7 +180,8 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
                 folder.rmdir()
         raise _unwritable(error, options.output_prefix) from None
     report = PreprocessReport(outputs={key: output_prefix(options, key) for key in options.json_keys},
-                              input_total=corpus.total_bytes)
+                              input_total=corpus.total_bytes, tokens=dict.fromkeys(options.json_keys, 0),
+                              unknown=dict.fromkeys(options.json_keys, 0))
     builders = {}
     start = time.perf_counter()
     progress = _Progress(report, start, options.log_interval, log)
@@ -154,10 +198,17 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
                                     "fix the record or pass --skip-invalid to skip such records")
                 report.skipped += 1
                 continue
+            if isinstance(documents, ConfigError):  # the tokenizer's: no --skip-invalid, the tokenizer is to fix
+                raise DataError(f"{corpus.where(number)}: {documents.problem}", documents.fix)
+            if isinstance(documents, _Crash):
+                raise EncodingCrashed(f"tokenizing {corpus.where(number)} failed ({documents.summary}), an error no "
+                                      "check foresaw", trace=documents.trace)
             for key, (ids, sizes) in documents.items():
                 if sizes.size:
                     builders[key].add_flat_document(ids, sizes)
+                    _count_tokens(report, key, ids, tokenizer.unknown_id)
             report.documents += 1
+            report.empty += not any(sizes.size for _, sizes in documents.values())
             progress.document()
         for key, builder in builders.items():
             if len(builder.doc_idx) == 1:  # only the leading 0: an empty dataset would fail every reader later
@@ -179,9 +230,74 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     finally:
         progress.stop()
     report.seconds = time.perf_counter() - start
+    _warn_of_unknown_tokens(report, tokenizer, log)
     for prefix in report.outputs.values():  # built from the data just replaced: no run may use them again
         report.removed_maps += index_maps.remove_stale(prefix)
     return report
+
+
+def _check_options(options: PreprocessOptions, log) -> None:
+    """Flag values that cannot mean what was asked, refused before any file is read: an --output-prefix naming a
+    folder or the files it would write, options read only with --split-sentences, a --log-interval or --workers
+    out of range (above the CPUs: one warning line)."""
+    if os.path.basename(options.output_prefix) in ("", ".", ".."):  # `out/`, "": files named `_text_document.bin`
+        raise ConfigError(f"--output-prefix {options.output_prefix!r} names a folder",
+                          f"add a file name, e.g. {os.path.join(options.output_prefix, 'corpus')}")
+    _refuse_dataset_name(options)
+    if not options.split_sentences:
+        for flag, given in (("--keep-newlines", options.keep_newlines), (f"--lang {options.lang}", options.lang)):
+            if given:
+                raise ConfigError(f"{flag} is read only with --split-sentences (it sets how sentences are split), "
+                                  "and the documents are not split", f"add --split-sentences, or drop {flag}")
+    if options.log_interval is not None and options.log_interval < 0:
+        raise ConfigError(f"--log-interval {options.log_interval} must be >= 0",
+                          "pass N for a line every N documents, 0 for none, or leave it out for a line every 15 s")
+    if options.workers < 1:
+        raise ConfigError(f"--workers {options.workers} must be >= 1", "pass a positive worker count")
+    too_many = workers_beyond_cpus("--workers", options.workers, "each would fork with a tokenizer of its own and "
+                                   "tokenize no faster")
+    if too_many:
+        print(f"warning: {too_many}: the workers share them and tokenize no faster; fewer are as fast", file=log,
+              flush=True)
+
+
+def _refuse_dataset_name(options: PreprocessOptions) -> None:
+    """An --output-prefix that ends as the files it names do (`.bin`/`.idx`, `_text_document`, ...), as a
+    --data-path or a file name would: the suffixes would be added again (`wiki.bin_text_document.bin`)."""
+    prefix = options.output_prefix
+    endings = [".bin", ".idx", *(f"_{key}_{level}" for key in options.json_keys for level in ("sentence", "document"))]
+    stem = prefix
+    while ending := next((ending for ending in endings if stem.endswith(ending) and stem != ending), None):
+        stem = stem.removesuffix(ending)
+    if stem == prefix:
+        return
+    if os.path.basename(stem) in ("", ".", ".."):
+        stem = os.path.join(stem, "corpus")
+    key = options.json_keys[0]
+    raise ConfigError(f"--output-prefix {prefix} would write {output_prefix(options, key)}.bin/.idx: preprocessing "
+                      f"adds the _{key}_{'sentence' if options.split_sentences else 'document'} and .bin/.idx itself",
+                      f"pass --output-prefix {stem} (it writes "
+                      f"{output_prefix(replace(options, output_prefix=stem), key)}.bin/.idx)")
+
+
+def _count_tokens(report: PreprocessReport, key: str, ids: np.ndarray, unknown_id: int | None) -> None:
+    report.tokens[key] += ids.size
+    if unknown_id is not None:
+        report.unknown[key] += int(np.count_nonzero(ids == unknown_id))
+
+
+def _warn_of_unknown_tokens(report: PreprocessReport, tokenizer, log) -> None:
+    """One warning line for each dataset of which more than UNKNOWN_SHARE_WARNED is the unknown token: a vocab
+    that cannot spell the text (another language, another case), which the model would learn as [UNK]s."""
+    for key, tokens in report.tokens.items():
+        share = report.unknown[key] / max(tokens, 1)
+        if share > UNKNOWN_SHARE_WARNED:
+            unknown = tokenizer.convert_ids_to_tokens([tokenizer.unknown_id])[0]
+            print(f"warning: {share:.1%} of the {tokens} tokens written to {report.outputs[key]} are {unknown}, the "
+                  f"unknown token (a vocab made for the text writes under {UNKNOWN_SHARE_WARNED:.0%}): the vocab "
+                  f"{tokenizer.file} does not fit this text; build one for it with "
+                  f"{paths.in_repository('tools/build_vocab.py')}, or pass the tokenizer made for its language",
+                  file=log, flush=True)
 
 
 def _replace(builder, tokenizer, prefix: str) -> None:
@@ -275,10 +391,15 @@ def _next_result(results, workers) -> tuple:
                                   + (" (often the out-of-memory killer)" if signum == signal.SIGKILL else ""),
                                   "rerun with fewer --workers, or where more memory is free") from None
             if dead:
-                raise RuntimeError(f"a tokenizing worker died (exit code {dead[0].exitcode})") from None
+                raise EncodingCrashed(f"a tokenizing worker exited with code {dead[0].exitcode}, an error no check "
+                                      "foresaw (what it printed, if anything, is above)",
+                                      "rerun with --workers 1 to see the record it stopped at") from None
             continue
+        if number < 0 and isinstance(encoded, ConfigError):
+            raise encoded
         if number < 0:
-            raise RuntimeError(f"a tokenizing worker failed:\n{encoded}")
+            raise EncodingCrashed(f"a tokenizing worker failed ({encoded.summary}), an error no check foresaw",
+                                  trace=encoded.trace)
         return number, encoded
 
 
@@ -289,8 +410,10 @@ def _worker_loop(encoder: Encoder, tasks, results) -> None:
         while (task := tasks.get()) is not None:
             number, chunk = task
             results.put((number, [encoder.encode(line) for line in chunk]))
-    except Exception:
-        results.put((-1, traceback.format_exc()))
+    except ConfigError as error:  # pickled whole: the main process's one line
+        results.put((-1, error))
+    except Exception as error:
+        results.put((-1, _Crash.caught(error)))
 
 
 class _Progress:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 from tokenizers.models import WordPiece
+from tokenizers.pre_tokenizers import ByteLevel
 from tokenizers.normalizers import BertNormalizer
 from tokenizers.pre_tokenizers import BertPreTokenizer
 
@@ -66,6 +67,19 @@ class _Tokenizer:
         ids = self.tokenize_batch(texts)
         sizes = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
         return np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(sizes.sum())), sizes
+
+    def read_specials_as_text(self) -> None:
+        """From now on a special token spelled out in the text (`<mask>`, `</s>`, `[SEP]` of a tokenizer.json) is
+        encoded as the characters it is, not as the special id: corpora hold such strings (HTML, code, papers on
+        tokenizers), and the samples place the special ids themselves. Added tokens that are not special stay
+        words of their own."""
+        self._rust.encode_special_tokens = True
+
+    @functools.cached_property
+    def unknown_id(self) -> int | None:
+        """The id of the token the model writes for text it has no token for ([UNK], <unk>), None where it has none."""
+        token = _unknown_token(self.settings(), self._rust.get_vocab(with_added_tokens=True)).get("unk")
+        return None if token is None else self._rust.token_to_id(token)
 
     def decode_one(self, token_id: int) -> str:
         """One id as the text it stands for (byte-level 'Ġhave' -> ' have'; WordPiece: the token)."""
@@ -206,6 +220,33 @@ class HFTokenizer(_Tokenizer):
                         "tokenizer_config.json or special_tokens_map.json beside it, or add it to the tokenizer "
                         "as a special token")
 
+    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
+        """As _Tokenizer's; where the model has no unknown token and no byte fallback (_missing_fallback), a text
+        holding a character it has no token for is a DataError naming the character: such a model raises an
+        exception of the Rust side (Unigram, WordPiece, WordLevel) or leaves the character out of the ids (BPE)."""
+        if self._alphabet is not None:
+            self._alphabet.refuse_missing(texts, self)
+        try:
+            return super().tokenize_batch(texts)
+        except Exception as error:  # the Rust side raises plain Exceptions
+            if type(error) is not Exception or self.lacks_fallback is None:
+                raise
+            raise DataError(f"the tokenizer {self.file} cannot encode a word of this text ({error}): "
+                            f"{self.lacks_fallback}", RETRAIN_WITH_UNK) from None
+
+    @functools.cached_property
+    def lacks_fallback(self) -> str | None:
+        """What the model lacks to encode any text (_missing_fallback), None where it can."""
+        return _missing_fallback(self.settings(), self._rust.get_vocab(with_added_tokens=True))
+
+    @functools.cached_property
+    def _alphabet(self):
+        """The _Alphabet that checks texts for a model that lacks a fallback (not WordLevel: it knows words, not
+        characters), else None."""
+        if self.lacks_fallback is None or self.settings()["model"].get("type") == "WordLevel":
+            return None
+        return _Alphabet(self._rust, self.settings()["model"])
+
     def added_specials(self) -> dict:
         """{id: token} of the tokens added to the tokenizer as special (<s>, <mask>, [MASK], ...)."""
         return {index: token.content for index, token in self._rust.get_added_tokens_decoder().items() if token.special}
@@ -227,6 +268,75 @@ class HFTokenizer(_Tokenizer):
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.tokens[int(index)] for index in ids]
+
+
+RETRAIN_WITH_UNK = ("retrain it with an unknown token (the model's unk_token, one of the trainer's special_tokens) or "
+                    "byte_fallback, or remove such characters from the corpus")
+
+
+def _missing_fallback(settings: dict, vocab: dict) -> str | None:
+    """'its BPE model has no unknown token (unk_token) and no byte fallback' for a model that has no way to write
+    a character outside its vocab; None for one that has (an unknown token of the vocab, byte fallback, a
+    byte-level BPE holding all 256 byte characters) or a model type not known here."""
+    model = settings.get("model") or {}
+    kind = model.get("type")
+    if kind not in ("BPE", "Unigram", "WordPiece", "WordLevel") or model.get("byte_fallback"):
+        return None
+    if _unknown_token(settings, vocab):
+        return None
+    if kind == "BPE" and _is_byte_level(settings.get("pre_tokenizer")) and set(ByteLevel.alphabet()) <= vocab.keys():
+        return None
+    field = "unk_id" if kind == "Unigram" else "unk_token"
+    return f"its {kind} model has no unknown token ({field})" + (" and no byte fallback" if kind != "WordPiece" and
+                                                                kind != "WordLevel" else "")
+
+
+def _is_byte_level(pre_tokenizer: dict | None) -> bool:
+    """Whether a pre-tokenizer's settings are ByteLevel, or a Sequence holding one."""
+    pre_tokenizer = pre_tokenizer or {}
+    return pre_tokenizer.get("type") == "ByteLevel" or any(
+        _is_byte_level(part) for part in pre_tokenizer.get("pretokenizers") or [])
+
+
+class _Alphabet:
+    """The characters a model without a fallback has a token for (its one-character tokens, a subword prefix or
+    suffix taken off), and the check of texts against them: as the model sees a text, normalized and
+    pre-tokenized (a Metaspace's ▁, a byte-level's byte characters). Characters seen to pass are remembered, so
+    a text of known characters costs one set()."""
+
+    def __init__(self, rust: Tokenizer, model: dict):
+        self.rust = rust
+        prefix, suffix = model.get("continuing_subword_prefix") or "", model.get("end_of_word_suffix") or ""
+        bare = (token.removeprefix(prefix).removesuffix(suffix) for token in rust.get_vocab(with_added_tokens=False))
+        self.characters = {token for token in bare if len(token) == 1}
+        self.drops = model.get("type") == "BPE"  # a BPE leaves out what it has no token for; the others raise
+        self.passed = set()  # characters of the raw text seen to be encodable
+
+    def model_view(self, text: str) -> set:
+        """The characters of `text` as the model receives them."""
+        if self.rust.normalizer is not None:
+            text = self.rust.normalizer.normalize_str(text)
+        if self.rust.pre_tokenizer is None:
+            return set(text)
+        return {character for piece, _ in self.rust.pre_tokenizer.pre_tokenize_str(text) for character in piece}
+
+    def refuse_missing(self, texts: list[str], tokenizer) -> None:
+        """DataError naming the first character of `texts` the model has no token for. Each new character is
+        checked alone, and a text with one that fails is checked whole (normalization may join it to its
+        neighbour, as a combining accent)."""
+        for text in texts:
+            failed = [character for character in set(text) - self.passed if not self._passes(character)]
+            if failed and not self.model_view(text) <= self.characters:
+                character = min(failed, key=text.index)
+                drops = "would leave it out of the ids" if self.drops else "fails on it"
+                raise DataError(f"the tokenizer {tokenizer.file} has no token for {character!r} "
+                                f"(U+{ord(character):04X}) and {drops}: {tokenizer.lacks_fallback}", RETRAIN_WITH_UNK)
+
+    def _passes(self, character: str) -> bool:
+        if self.model_view(character) <= self.characters:
+            self.passed.add(character)
+            return True
+        return False
 
 
 def naming_flags(type_name: str, file) -> str:

@@ -1,7 +1,8 @@
 """--num-workers against the CPUs this process may use, checked with the flags: torch forks every
 worker asked for (100000 of them hang the rank for minutes) and warns, in four lines with file paths,
 only once it does. A few times the CPUs is refused in one line; more workers than CPUs is one
-`warning:` line of the trainer's (by each node's first rank), torch's own warning then filtered."""
+`warning:` line of the trainer's (by each node's first rank), torch's own warning then filtered.
+tools/preprocess_data.py's --workers follows the same rule (workers_beyond_cpus)."""
 import os
 import sys
 import warnings
@@ -28,13 +29,21 @@ def check_num_workers(num_workers: int | None) -> None:
     if num_workers < 0:
         raise ConfigError(f"--num-workers {num_workers} must be >= 0",
                           "pass --num-workers 0 (samples built in the rank) or more")
+    too_many = workers_beyond_cpus("--num-workers", num_workers, "the rank would fork them all before its first step",
+                                   "(0 builds the samples in the rank)")
+    warnings.filterwarnings("ignore", message=TORCH_WARNING, category=UserWarning)
+    if too_many and local_rank() == 0:
+        print(f"warning: {too_many}: the workers of each rank share them with the ranks and may slow the run; fewer "
+              "are as fast", file=sys.stderr, flush=True)
+
+
+def workers_beyond_cpus(flag: str, count: int, cost: str, fewer: str = "") -> str | None:
+    """The one rule for a worker-count flag (the trainer's --num-workers, preprocess_data.py's --workers): above
+    WORKERS_PER_CPU_LIMIT x the usable CPUs refused (`cost`: what forking them all does), above the CPUs
+    '<flag> N is more than the C CPUs ...' for the caller's warning line, else None. `fewer` ends the fix."""
     cpus = usable_cpus()
     counted = f"{cpus} CPUs this process may use (os.cpu_count(): {os.cpu_count()})"
-    if num_workers > WORKERS_PER_CPU_LIMIT * cpus:
-        raise ConfigError(f"--num-workers {num_workers} is more than {WORKERS_PER_CPU_LIMIT} x the {counted}: the "
-                          "rank would fork them all before its first step",
-                          f"pass --num-workers {min(cpus, 2)} (0 builds the samples in the rank)")
-    warnings.filterwarnings("ignore", message=TORCH_WARNING, category=UserWarning)
-    if num_workers > cpus and local_rank() == 0:
-        print(f"warning: --num-workers {num_workers} is more than the {counted}: the workers of each rank share "
-              "them with the ranks and may slow the run; fewer are as fast", file=sys.stderr, flush=True)
+    if count > WORKERS_PER_CPU_LIMIT * cpus:
+        raise ConfigError(f"{flag} {count} is more than {WORKERS_PER_CPU_LIMIT} x the {counted}: {cost}",
+                          f"pass {flag} {min(cpus, 2)}" + (f" {fewer}" if fewer else ""))
+    return f"{flag} {count} is more than the {counted}" if count > cpus else None
