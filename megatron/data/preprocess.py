@@ -26,7 +26,7 @@ from megatron.data import index_maps
 from megatron.data.corpus_files import FORMATS_HELP, Corpus, record_texts
 from megatron.data.indexed_dataset import best_fitting_dtype, make_builder
 from megatron.data.sentences import sentence_splitter
-from megatron.data.tokenizer import build_tokenizer, data_identity_path, write_data_identity
+from megatron.data.tokenizer import build_tokenizer, case_warning, data_identity_path, write_data_identity
 from megatron.errors import (ConfigError, DataError, cannot_use, disk_full, ignore_stop_signals_in_child,
                              stop_signals_blocked_for_children)
 
@@ -121,6 +121,8 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     if options.workers < 1:
         raise ConfigError(f"--workers {options.workers} must be >= 1", "pass a positive worker count")
     tokenizer = build_tokenizer(options.tokenizer_type, options.vocab_file, options.tokenizer_file)
+    if warning := case_warning(tokenizer, options.tokenizer_type):
+        print(f"warning: {warning}", file=log, flush=True)
     vocab_size = tokenizer.vocab_size  # the ids' dtype: uint16 below 65500 tokens, else int32
     if options.split_sentences:
         sentence_splitter(options.lang, options.keep_newlines)  # fail now, not in every worker
