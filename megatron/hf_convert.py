@@ -158,16 +158,16 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, low
     if hf_tokenizer is not None:
         check_fits(hf_tokenizer, config.vocab_size)
         tensors, files = hf_tokenizer_files(state, config, hf_tokenizer)
-        copied = {"tokenizer.json": hf_tokenizer.file}
+        copied, texts = {"tokenizer.json": hf_tokenizer.file}, {}
     else:
-        vocab = Path(vocab_file).read_text(encoding="utf-8").splitlines()
+        vocab = list(read_vocab(vocab_file))  # as the tokenizer reads it: a byte-order mark is no part of [PAD]
         if len(vocab) > config.vocab_size:  # fewer: rows no token reaches (--vocab-size), as HF allows
             raise ConfigError(f"vocab file {vocab_file} has {len(vocab)} tokens, the model's vocab_size is "
                               f"{config.vocab_size}", "pass the vocab.txt the model was trained with")
         if "[PAD]" not in vocab:
             raise ConfigError(f"vocab file {vocab_file} has no [PAD] token", "pass a BERT vocab.txt")
         tensors, files = hf_files(state, config, vocab, lower_case)
-        copied = {"vocab.txt": vocab_file}
+        copied, texts = {}, {"vocab.txt": "".join(f"{token}\n" for token in vocab)}  # written as transformers reads
     with undone_on_failure(f"cannot write the Hugging Face folder {output}", "--output") as made:
         made += [Path(folder) for folder in reversed(missing_folders(output.parent))]
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -178,6 +178,8 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, low
         write_safetensors(partial / "model.safetensors", tensors)
         for name, source in copied.items():
             shutil.copyfile(source, partial / name)
+        for name, text in texts.items():
+            (partial / name).write_text(text, encoding="utf-8")
         os.replace(partial, output)
 
 

@@ -15,8 +15,9 @@ from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_data
                                         split_weights, token_stats)
 from megatron.data.default_dataset import EMBEDDED_VOCAB, prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, micro_batches
-from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, build_tokenizer, check_data_vocab,
-                                     choose_tokenizer, explicit_tokenizer, naming_flags)
+from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, build_tokenizer, case_warning,
+                                     check_data_vocab, choose_tokenizer, explicit_tokenizer, naming_flags,
+                                     unrecorded_data_warning)
 from megatron.data.words import word_rule
 from megatron.errors import ConfigError, DataError
 from megatron.parallel import state
@@ -98,7 +99,10 @@ def data_paths(args, plan: StartPlan) -> tuple:
         tokenizer = tokenizer or build_tokenizer(args.tokenizer_type, default.vocab_file)
     if args.whole_word_masking:
         word_rule(tokenizer)  # refuses a tokenizer whose words cannot be told, before any data is built
-    check_data_vocab(tokenizer, parse_data_path(data_path)[1], holder)
+    prefixes = parse_data_path(data_path)[1]
+    check_data_vocab(tokenizer, prefixes, holder)
+    case = None if holder else case_warning(tokenizer, args.tokenizer_type)  # the weights' own: the one they learned
+    print_warnings([unrecorded_data_warning(prefixes, tokenizer.file), case])
     return data_path, tokenizer
 
 

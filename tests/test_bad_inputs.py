@@ -254,6 +254,10 @@ CASES = [
     pretrain("--data-path", "{tmp}/c", id="data_path_only_a_killed_preprocess_partial",
              setup=lambda tmp, assets: (tmp / "c.bin.partial").write_bytes(b"\0" * 64),
              phrases=("c.bin.partial is the output of a preprocess_data.py that was killed", "run that preprocess again")),
+    # Megatron-LM's and NeMo's comma list: `dataset file a,b.idx does not exist` named no fix
+    pretrain("--data-path", "{data},{tmp}/copy", id="data_path_is_a_comma_list", setup=copy_data,
+             phrases=("is a comma list, read as one path", "pass the prefixes as separate values, each after its "
+                      "weight", "--data-path 1 ", "sample_text_sentence 1 ", "/copy")),
     pretrain("--data-path", "{tmp}/corpus", id="data_path_is_the_output_prefix",  # not PREFIX_text_sentence
              setup=lambda tmp, assets: [shutil.copy(assets["data"] + suffix, f"{tmp}/corpus_text_sentence{suffix}")
                                         for suffix in (".bin", ".idx")],
@@ -268,6 +272,20 @@ CASES = [
     pretrain("--vocab-file", "{tmp}/vocab.txt", id="data_vocab_not_utf8", files={"vocab.txt": ""},
              setup=lambda tmp, assets: (tmp / "vocab.txt").write_bytes(b"[PAD]\n[UNK]\ncaf\xe9\n"),
              phrases=("vocab.txt is not UTF-8 text (line 3: byte 0xe9)", "one token per line")),
+    # a vocab's line number is its id: a token twice, a blank line; a Hugging Face vocab.json is a JSON object
+    Case("data_vocab_token_twice", "preprocess", ["--input", "{corpus}", "--vocab-file", "{tmp}/vocab.txt",
+                                                  "--output-prefix", "{tmp}/corpus"],
+         ("holds '[MASK]' twice, on lines 5 and", "delete line", "placeholder token"),
+         setup=lambda tmp, assets: (tmp / "vocab.txt").write_text(Path(assets["vocab"]).read_text() + "[MASK]\n")),
+    pretrain("--vocab-file", "{tmp}/vocab.txt", id="data_vocab_blank_line",
+             setup=lambda tmp, assets: (tmp / "vocab.txt").write_text(
+                 Path(assets["vocab"]).read_text().replace("\n", "\n\n", 1)),
+             phrases=("vocab.txt line 2 is blank: an id with no token", "delete it")),
+    Case("data_vocab_is_a_hf_vocab_json", "preprocess", ["--input", "{corpus}", "--vocab-file", "{tmp}/vocab.json",
+                                                         "--output-prefix", "{tmp}/corpus"],
+         ("vocab.json is a JSON map of token to id (a Hugging Face vocab.json), not a vocab.txt",
+          "pass the tokenizer.json of that model", "--tokenizer-file"),
+         files={"vocab.json": json.dumps({"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4, "the": 5})}),
     Case("data_preprocess_vocab_is_a_directory", "preprocess", ["--input", "{corpus}", "--vocab-file", "{tmp}",
                                                                 "--output-prefix", "{tmp}/corpus"],
          ("is a directory", "pass the vocab.txt inside it")),

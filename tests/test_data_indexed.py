@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from megatron.data.bert_dataset import parse_data_path
 from megatron.data.indexed_dataset import (IndexedCachedDataset, IndexedDataset, MMapIndexedDataset,
                                            best_fitting_dtype, make_builder, make_dataset)
 from megatron.errors import DataError
@@ -194,3 +195,27 @@ def test_wrong_impl_for_the_files_is_reported(tmp_path):
 def test_missing_files_name_the_prefix(tmp_path):
     with pytest.raises(DataError, match=r"nothing\.idx does not exist.*--data-path"):
         make_dataset(tmp_path / "nothing", "infer")
+
+
+@pytest.mark.parametrize("given, problem, fix", [
+    ("{a},{b}", "is a comma list, read as one path", "--data-path 1 {a} 1 {b}"),  # Megatron-LM's habit
+    ("[0.3, {a}, 0.7, {b}]", "is a comma list, read as one path", "--data-path 0.3 {a} 0.7 {b}"),  # NeMo's
+    ("{a},", "is a comma list, read as one path", "pass the prefix alone: --data-path {a}"),
+    ("{folder}/*_text_sentence", "is a glob, which is not expanded", "--data-path 1 {a} 1 {b}"),
+    ("{folder}/*.bin", "is a glob, which is not expanded", "--data-path 1 {a} 1 {b}"),
+    ("{folder}/a*", "is a glob, which is not expanded", "pass the prefix alone: --data-path {a}"),
+    ("{folder}/z*", "is a glob, which is not expanded, and matches no dataset", "pass the prefixes of datasets"),
+])
+def test_a_list_of_prefixes_in_one_value_is_named_with_the_values_to_pass(tmp_path, given, problem, fix):
+    """Other trainers' forms of several prefixes, read as one path, name the separate weighted values that
+    the fix passes (the trainer blends prefixes by weight)."""
+    names = {"a": write_dataset(tmp_path / "a_text_sentence", "mmap"),
+             "b": write_dataset(tmp_path / "b_text_sentence", "mmap"), "folder": str(tmp_path)}
+    given = given.format(**names)
+    with pytest.raises(DataError) as raised:
+        make_dataset(given, "infer")
+    assert str(raised.value).startswith(f"--data-path {given} {problem}; ")
+    fix_text = str(raised.value).split("; ", 1)[1]
+    assert fix.format(**names) in fix_text
+    if "--data-path" in fix_text:  # the values named are a --data-path the run reads, of those datasets
+        assert set(parse_data_path(fix_text.rsplit("--data-path ", 1)[1].split())[1]) <= {names["a"], names["b"]}

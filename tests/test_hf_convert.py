@@ -439,3 +439,14 @@ def test_adapters_share_hf_io_and_import_no_other_adapter():
         assert not [name for name in imported(module, True) if "megatron.hf_" in name or name.startswith("hf_")]
     assert set(hf_convert.ADAPTERS) == {"bert", "megatron-bert", hf_modernbert.MODEL_TYPE}
     assert hf_convert.ADAPTERS["modernbert"] is hf_modernbert.ADAPTER
+
+
+def test_a_vocab_saved_with_a_byte_order_mark_exports_the_tokens_transformers_reads(tmp_path, vocab_file):
+    """The trainer reads past a BOM (Windows editors write one): the export writes the tokens, not the file's
+    bytes, so transformers' BertTokenizer (which keeps a BOM in the first token) finds [PAD] at id 0."""
+    config = our_config("bert")
+    tokens = Path(vocab_file).read_text(encoding="utf-8").splitlines()
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + Path(vocab_file).read_bytes().replace(b"\n", b"\r\n"))
+    hf_convert.save_hf_folder(tmp_path / "hf", BertModel(config).state_dict(), config, tmp_path / "bom.txt", True)
+    assert (tmp_path / "hf" / "vocab.txt").read_bytes() == "".join(f"{token}\n" for token in tokens).encode()
+    assert transformers.BertTokenizer.from_pretrained(tmp_path / "hf").pad_token_id == 0

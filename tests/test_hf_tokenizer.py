@@ -273,7 +273,8 @@ def test_special_tokens_a_model_folder_cannot_mean_are_one_line(texts, tmp_path)
     stray = tmp_path / "stray"
     stray.mkdir()
     roberta.save(str(stray / "tokenizer.json"))
-    (stray / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *texts[0].split()[:20]]))
+    words = dict.fromkeys(texts[0].split()[:20])  # each once: a token twice is refused first
+    (stray / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]))
     with pytest.raises(DataError, match="holds a vocab.txt and a tokenizer.json with different tokens"):
         hf_convert.read_hf_tokenizer(stray)
     # a WordPiece ModernBERT's export: its tokenizer.json made from the same vocab.txt, one vocab

@@ -358,6 +358,22 @@ def test_clean_refuses_a_prefix_with_neither_data_nor_maps(corpora, tmp_path):
     clean = load_tool("clean_index_maps").main
     with pytest.raises(ConfigError, match=f"{prefix}.bin is a data file, not its prefix; pass {prefix}, as given"):
         clean([f"{prefix}.bin", "--dry-run"])
-    for wrong in (str(tmp_path / "wiki"), str(tmp_path), ""):
+    for wrong in (str(tmp_path / "wikki"), ""):
         with pytest.raises(ConfigError, match=f"no data .* and no index maps at '{wrong}'; pass the prefix as given"):
             clean([wrong, "--dry-run"])
+    # the folder, preprocess_data.py's --output-prefix, a comma list or a glob: named as the trainer names them,
+    # with the prefix to pass
+    other = preprocessed(corpora[1], tmp_path / "news", corpora[2])
+    wiki = tmp_path / "wiki"
+    named = {str(tmp_path): f"{tmp_path} is a folder, not a dataset prefix; pass the prefix of the dataset it holds "
+                            f"(the .bin/.idx path without its suffix): {other} (or {prefix})",
+             str(wiki): f"no data (.bin/.idx) and no index maps at '{wiki}'; pass the dataset preprocess_data.py "
+                        f"wrote for --output-prefix {wiki}: {prefix}",
+             f"{prefix},{other}": f"{prefix},{other} is a comma list, read as one path; pass the prefixes as separate "
+                                  f"arguments: {prefix} {other}",
+             f"{tmp_path}/*_text_sentence": f"{tmp_path}/*_text_sentence is a glob, which is not expanded; pass the "
+                                            f"prefixes as separate arguments: {other} {prefix}"}
+    for wrong, message in named.items():
+        with pytest.raises(ConfigError) as raised:
+            clean([wrong, "--dry-run"])
+        assert str(raised.value) == message

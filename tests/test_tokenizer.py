@@ -1,8 +1,11 @@
 """WordPiece tokenizers over a vocab.txt, and tools/build_vocab.py training one."""
+import argparse
 import importlib.util
+import io
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +16,8 @@ from tokenizers.models import WordPiece
 from tokenizers.normalizers import BertNormalizer
 from tokenizers.pre_tokenizers import BertPreTokenizer, Whitespace
 
-from megatron.data.tokenizer import (BertWordPiece, HFTokenizer, build_tokenizer, check_data_vocab, data_identity_path,
-                                     write_data_identity)
+from megatron.data.tokenizer import (BertWordPiece, HFTokenizer, build_tokenizer, case_warning, check_data_vocab,
+                                     data_identity_path, read_vocab, write_data_identity)
 from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.errors import ConfigError, DataError
 
@@ -263,3 +266,99 @@ def test_the_trainer_and_the_tools_share_one_definition_of_the_tokenizer_flags(c
     [line] = capsys.readouterr().err.splitlines()
     assert stopped.value.code == 2 and line.startswith(
         "pretrain_bert.py: error: argument --tokenizer-type: invalid choice: 'BertWordPieceUpper'")
+
+
+@pytest.mark.parametrize("lines, problem", [
+    (VOCAB[:8] + [""] + VOCAB[8:], "line 9 is blank: an id with no token; delete it, or, for a model trained with "
+                                   "this vocab, put a placeholder token of its own there (ids are line numbers)"),
+    (VOCAB[:8] + ["", ""] + VOCAB[8:], "lines 9, 10 are blank"),
+    (VOCAB[:8] + ["cat"] + VOCAB[8:], "holds 'cat' twice, on lines 7 and 9: one of its ids is never written, "
+                                      "and the later ids fall out of step with its tokens; delete line 9, or, "),
+    ([f"{token} " for token in VOCAB], f"line 1 holds '[PAD] ', with spaces or tabs at its ends ({len(VOCAB)} of "
+                                       f"its {len(VOCAB)} tokens do), which WordPiece never writes; remove them"),
+    (VOCAB + ["\tcafe"], f"line {len(VOCAB) + 1} holds '\\tcafe', with spaces or tabs at its ends (1 of"),
+])
+def test_vocab_lines_that_cannot_be_ids_are_named(tmp_path, lines, problem):
+    """The line number is the id: a blank line, a token twice or a token padded with spaces (which WordPiece
+    never writes: a vocab saved with trailing spaces lacked even [PAD]) is named by its line."""
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=re.escape(f"vocab file {path} {problem}")):
+        BertWordPiece(path)
+
+
+def test_the_sed_line_named_for_padded_tokens_gives_the_vocab(tmp_path, vocab_file):
+    padded = tmp_path / "padded.txt"
+    padded.write_text("".join(f" {token}\t \n" for token in VOCAB))
+    with pytest.raises(DataError) as raised:
+        BertWordPiece(padded)
+    sed = re.search(r"e\.g\. (sed .*)$", str(raised.value)).group(1)
+    subprocess.run(sed, shell=True, check=True)
+    assert BertWordPiece(padded).identity == BertWordPiece(vocab_file).identity
+
+
+def test_a_byte_order_mark_and_line_ends_leave_the_ids_as_the_lines_say(tmp_path, vocab_file):
+    """A UTF-8 BOM (Windows editors) is no part of [PAD]; CRLF ends are line ends; U+2028 and NEL inside a
+    token are not (transformers' readlines() keeps them, so the ids stay its ids)."""
+    reference = BertWordPiece(vocab_file)
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes(b"\xef\xbb\xbf" + vocab_file.read_bytes().replace(b"\n", b"\r\n"))
+    assert BertWordPiece(bom).identity == reference.identity and BertWordPiece(bom).pad == 0
+    odd = tmp_path / "odd.txt"
+    odd.write_text("\n".join([*VOCAB, "a\u2028b", "c\x85d", "last"]), encoding="utf-8")
+    assert read_vocab(odd)["last"] == len(VOCAB) + 2
+
+
+def test_a_hugging_face_vocab_json_is_named_as_such(tmp_path):
+    path = tmp_path / "vocab.json"
+    path.write_text(json.dumps({token: index for index, token in enumerate(VOCAB)}))
+    with pytest.raises(DataError, match=re.escape(
+            f"vocab file {path} is a JSON map of token to id (a Hugging Face vocab.json), not a vocab.txt; pass the "
+            "tokenizer.json of that model (in its Hugging Face folder, beside the vocab.json) with --tokenizer-file")):
+        build_tokenizer(None, path)
+
+
+CASED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "The", "the", "Cat", "cat", "##s", "."]
+LOWER = [token for token in CASED if token.lower() == token or token.startswith("[")]
+
+
+@pytest.mark.parametrize("tokens, flag_type, expected", [
+    (CASED, None, "holds 2 tokens with capitals (The, Cat, ...), which the default BertWordPieceLowerCase never "
+                  "writes (it lower-cases the text): it was built cased; pass --tokenizer-type BertWordPieceCase"),
+    (CASED, "BertWordPieceLowerCase", "which --tokenizer-type BertWordPieceLowerCase never writes"),
+    (CASED, "BertWordPieceCase", None),
+    (LOWER, "BertWordPieceCase",
+     "holds no token with a capital, while --tokenizer-type BertWordPieceCase keeps the text's case: each "
+     "capitalised word becomes [UNK]; drop --tokenizer-type BertWordPieceCase"),
+    (LOWER, None, None),
+    (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "1", "2", "##3"], "BertWordPieceCase", None),  # no letters
+])
+def test_a_vocab_whose_case_the_type_contradicts_is_named(tmp_path, tokens, flag_type, expected):
+    """A cased vocab lower-cased never writes its capitalised tokens; a lower-cased one kept cased writes
+    [UNK] for every capitalised word (6% of an English corpus's tokens)."""
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(tokens) + "\n")
+    warning = case_warning(build_tokenizer(flag_type, path), flag_type)
+    assert warning == expected if expected is None else expected in warning and warning.startswith(
+        f"the vocab {path} ")
+
+
+def test_preprocessing_and_fill_masks_tokenizer_name_a_case_mismatch(tmp_path):
+    """Where the flags name the vocab: preprocess_data.py (one line before the data), and the tools that read
+    a checkpoint carrying no tokenizer (fill_mask.py, convert_checkpoint.py to-hf). The trainer's: in
+    tests/test_vocab_identity.py."""
+    from megatron.data.preprocess import PreprocessOptions, preprocess
+    from megatron.data.tokenizer import checkpoint_tokenizer
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(CASED) + "\n")
+    write_corpus(tmp_path / "corpus.json", ["The cats."])
+    log = io.StringIO()
+    preprocess(PreprocessOptions(input=str(tmp_path / "corpus.json"), output_prefix=str(tmp_path / "out"),
+                                 vocab_file=str(vocab), log_interval=0), log=log)
+    assert [line for line in log.getvalue().splitlines() if line.startswith("warning:")] == [
+        f"warning: {case_warning(BertWordPiece(vocab), None)}"]
+    (tmp_path / "ckpt").mkdir()
+    args = argparse.Namespace(vocab_file=str(vocab), tokenizer_file=None, tokenizer_type=None)
+    with pytest.warns(UserWarning, match="which the default BertWordPieceLowerCase never writes"):
+        checkpoint_tokenizer(args, tmp_path / "ckpt")

@@ -310,3 +310,36 @@ def test_a_flags_tokenizer_naming_other_special_tokens_is_refused_at_every_entry
     with pytest.raises(DataError, match=re.escape(f"lacks its tokenizer.json, and {other / 'tokenizer.json'} names "
                                                   f"other special tokens {differ}; restore the checkpoint folder")):
         checkpoint_tokenizer(flags, folder)
+
+
+def test_the_run_names_data_without_its_vocab_record_and_a_flags_case_mismatch(tmp_path, capsys):
+    """A dataset copied as .bin/.idx alone passes the vocab check unchecked, and a vocab of the same size would
+    train on ids of other tokens: one `warning:` line names the record to copy. A --tokenizer-type that
+    contradicts the vocab's case: another (the one preprocessing printed too)."""
+    from megatron import run_data, start_plan
+    from megatron.arguments import build_parser
+    from megatron.data.indexed_dataset import make_builder
+
+    vocab = write(tmp_path / "vocab.txt", VOCAB)
+    prefixes = [str(tmp_path / name) for name in ("recorded", "copied")]
+    for prefix in prefixes:
+        builder = make_builder(prefix, "mmap", len(VOCAB))
+        builder.add_document([[5, 6, 7]])
+        builder.finalize()
+    write_data_identity(BertWordPiece(vocab, lower_case=False), prefixes[0])
+    capsys.readouterr()
+    args = build_parser().parse_args(["--data-path", "1", prefixes[0], "1", prefixes[1], "--vocab-file", str(vocab),
+                                      "--tokenizer-type", "BertWordPieceCase"])
+    run_data.data_paths(args, start_plan.StartPlan.given(args))
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: the data {prefixes[1]} lacks copied.vocab_identity.json, which tools/preprocess_data.py writes "
+        f"beside the .bin/.idx: the tokenizer it was preprocessed with cannot be checked against the run's {vocab}; "
+        "copy that file beside the .bin/.idx (it is part of the dataset), or preprocess again with this tokenizer",
+        f"warning: the vocab {vocab} holds no token with a capital, while --tokenizer-type BertWordPieceCase keeps "
+        "the text's case: each capitalised word becomes [UNK]; drop --tokenizer-type BertWordPieceCase (the default "
+        "BertWordPieceLowerCase lower-cases the text, as the vocab was built)"]
+    for prefix in prefixes:
+        write_data_identity(BertWordPiece(vocab), prefix)
+    args.tokenizer_type = None
+    run_data.data_paths(args, start_plan.StartPlan.given(args))
+    assert capsys.readouterr().err == ""

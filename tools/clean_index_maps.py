@@ -19,6 +19,7 @@ from pathlib import Path
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.data.index_maps import USED_FILE, maps_folder, maps_of, read_used, size_text
+from megatron.data.indexed_dataset import misnamed_dataset, missing_fix
 from megatron.errors import ConfigError, OneLineParser, run_tool
 
 
@@ -41,18 +42,20 @@ def main(argv=None) -> int:
                               "pass the --log-dir of a run that started (it writes the file), or drop --keep-run")
         keep |= used
     for prefix in args.prefixes:
+        missing = [f"{prefix}{suffix}" for suffix in (".idx", ".bin") if not Path(f"{prefix}{suffix}").is_file()]
+        if len(missing) == 2 and (mistake := misnamed_dataset(prefix, flag="")):  # a folder, a list: as the trainer
+            raise ConfigError(*mistake)
         if not Path(prefix).parent.is_dir():
             raise ConfigError(f"{prefix}: folder {Path(prefix).parent} does not exist", "pass the --data-path prefix")
         stem, extension = os.path.splitext(prefix)
         if extension in (".bin", ".idx") and Path(prefix).is_file():
             raise ConfigError(f"{prefix} is a data file, not its prefix", f"pass {stem}, as given to --data-path")
-        missing = [f"{prefix}{suffix}" for suffix in (".idx", ".bin") if not Path(f"{prefix}{suffix}").is_file()]
         if args.data_cache_path and missing:
             raise ConfigError(f"{missing[0]} does not exist: the cached maps are named by the data's contents",
                               "pass the --data-path prefix of the data the maps were built from")
-        if len(missing) == 2 and not maps_of(prefix, cache_path=None):  # a typo, a folder, "": not "0 removed"
-            raise ConfigError(f"no data (.bin/.idx) and no index maps at {prefix!r}",
-                              "pass the prefix as given to --data-path (without .bin)")
+        if len(missing) == 2 and not maps_of(prefix, cache_path=None):  # a typo, "": not "0 removed"
+            raise ConfigError(f"no data (.bin/.idx) and no index maps at {prefix!r}", missing_fix(
+                prefix, flag="", otherwise="pass the prefix as given to --data-path (without .bin)"))
     if args.data_cache_path and not Path(args.data_cache_path).is_dir():
         raise ConfigError(f"--data-cache-path {args.data_cache_path} is not a folder",
                           "pass the trainer's --data-cache-path")

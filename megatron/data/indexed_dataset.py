@@ -264,38 +264,88 @@ def _mismatch(index_path, bin_path, bin_size, described) -> DataError:
 def _require_files(prefix):
     for path in (index_file_path(prefix), data_file_path(prefix)):
         if not os.path.isfile(path):
-            if os.path.isdir(prefix):  # `--data-path data`: it named data.idx (`data/`: data/.idx)
-                raise DataError(f"--data-path {prefix} is a folder, not a dataset prefix", _folder_fix(str(prefix)))
+            if mistake := misnamed_dataset(str(prefix)):
+                raise DataError(*mistake)
             if os.path.isfile(f"{data_file_path(prefix)}.partial"):
                 raise DataError(f"dataset file {path} does not exist: {data_file_path(prefix)}.partial is the output "
                                 "of a preprocess_data.py that was killed", "run that preprocess again (it removes the "
                                 "partial output first)")
-            raise DataError(f"dataset file {path} does not exist", _missing_fix(str(prefix)))
+            raise DataError(f"dataset file {path} does not exist", missing_fix(str(prefix)))
 
 
-def _folder_fix(folder: str) -> str:
-    """The fix for a --data-path naming a folder: the prefixes of the datasets in it, else the tool to run."""
+def misnamed_dataset(prefix: str, flag: str = "--data-path") -> tuple | None:
+    """(problem, fix) for a prefix without a dataset that names datasets another way: a folder holding them
+    (`--data-path data`; `data/` names data/.idx), or a comma list or glob of prefixes (Megatron-LM's and
+    NeMo's habits), which the data layer reads as one path. None: none of these. `flag`: how the prefix was
+    given ("": a tool's argument)."""
+    named = _as_given(flag, prefix)
+    if os.path.isdir(prefix):
+        return f"{named} is a folder, not a dataset prefix", folder_fix(prefix, flag)
+    if "," in prefix:
+        parts = [part.strip().strip("'\"") for part in prefix.strip("[]").split(",")]
+        parts = [part for part in parts if part]
+        paired = len(parts) % 2 == 0 and all(_is_number(weight) for weight in parts[0::2])
+        return (f"{named} is a comma list, read as one path",
+                _listed_fix(flag, parts[1::2], parts[0::2]) if paired else _listed_fix(flag, parts))
+    if glob.has_magic(prefix):  # 'data/*' or 'data/*.bin' alike: the datasets it names
+        stem = prefix[:-4] if prefix.endswith((".bin", ".idx")) else prefix
+        matched = sorted(found[:-4] for found in glob.glob(f"{stem}.idx") if os.path.isfile(f"{found[:-4]}.bin"))
+        if not matched:
+            return (f"{named} is a glob, which is not expanded, and matches no dataset",
+                    "pass the prefixes of datasets (their .bin/.idx paths without the suffix)")
+        return f"{named} is a glob, which is not expanded", _listed_fix(flag, matched)
+    return None
+
+
+def _as_given(flag: str, value: str) -> str:
+    """A value as the command line gives it: after its flag, or alone (a tool's argument)."""
+    return f"{flag} {value}" if flag else value
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _listed_fix(flag: str, prefixes: list, weights: list | None = None) -> str:
+    """The fix for a comma list or glob of `prefixes`: separate values, each after its weight (the list's
+    `weights`, else 1) for the trainer's --data-path; one prefix alone."""
+    if len(prefixes) == 1:
+        return f"pass the prefix alone: {_as_given(flag, prefixes[0])}"
+    if flag == "--data-path":
+        values = " ".join(f"{weight} {prefix}" for weight, prefix in zip(weights or ["1"] * len(prefixes), prefixes))
+        return f"pass the prefixes as separate values, each after its weight (its share of samples): {flag} {values}"
+    return f"pass the prefixes as separate arguments: {_as_given(flag, ' '.join(prefixes))}"
+
+
+def folder_fix(folder: str, flag: str = "--data-path") -> str:
+    """The fix for a prefix naming a folder: the prefixes of the datasets in it, else the tool to run."""
     held = sorted(found[:-4] for found in glob.glob(os.path.join(glob.escape(folder), "*.idx"))
                   if os.path.isfile(f"{found[:-4]}.bin"))
     if held:
-        return (f"pass the prefix of the dataset it holds (the .bin/.idx path without its suffix): --data-path "
-                f"{held[0]}" + (f" (or {', '.join(held[1:])})" if len(held) > 1 else ""))
+        return (f"pass the prefix of the dataset it holds (the .bin/.idx path without its suffix): "
+                f"{_as_given(flag, held[0])}" + (f" (or {', '.join(held[1:])})" if len(held) > 1 else ""))
     return "pass the prefix of a .bin/.idx pair (FOLDER/NAME without the suffix) or run " + in_repository(
         "tools/preprocess_data.py")
 
 
-def _missing_fix(prefix: str) -> str:
-    """The fix for a --data-path naming no dataset: the prefix with its file's suffix dropped, or the datasets
-    preprocess_data.py wrote for that --output-prefix (`PREFIX_text_sentence`), else the tool to run."""
+def missing_fix(prefix: str, flag: str = "--data-path", otherwise: str | None = None) -> str:
+    """The fix for a prefix naming no dataset: the prefix with its file's suffix dropped, or the datasets
+    preprocess_data.py wrote for that --output-prefix (`PREFIX_text_sentence`), else `otherwise` (by default
+    the tool to run)."""
     if prefix.endswith((".bin", ".idx")):
-        return f"drop the .bin/.idx suffix: --data-path {prefix[:-4]}"
+        return f"drop the .bin/.idx suffix: {_as_given(flag, prefix[:-4])}"
     written = sorted(found[:-4] for level in ("sentence", "document")
                      for found in glob.glob(f"{glob.escape(prefix)}_*_{level}.idx")
                      if os.path.isfile(f"{found[:-4]}.bin"))
     if written:
-        return (f"pass the dataset preprocess_data.py wrote for --output-prefix {prefix}: --data-path {written[0]}"
-                + (f" (or {', '.join(written[1:])})" if len(written) > 1 else ""))
-    return "check --data-path (a prefix without .bin/.idx) or run " + in_repository("tools/preprocess_data.py")
+        return (f"pass the dataset preprocess_data.py wrote for --output-prefix {prefix}: "
+                f"{_as_given(flag, written[0])}" + (f" (or {', '.join(written[1:])})" if len(written) > 1 else ""))
+    return otherwise or "check --data-path (a prefix without .bin/.idx) or run " + in_repository(
+        "tools/preprocess_data.py")
 
 
 class MMapIndexedDataset(_Reader):

@@ -28,7 +28,7 @@ from megatron.data import index_maps
 from megatron.data.corpus_files import FORMATS_HELP, Corpus, record_texts
 from megatron.data.indexed_dataset import best_fitting_dtype, make_builder
 from megatron.data.sentences import sentence_splitter
-from megatron.data.tokenizer import build_tokenizer, data_identity_path, write_data_identity
+from megatron.data.tokenizer import build_tokenizer, case_warning, data_identity_path, write_data_identity
 from megatron.data.workers import workers_beyond_cpus
 from megatron.errors import (ConfigError, DataError, cannot_use, disk_full, ignore_stop_signals_in_child,
                              stop_signals_blocked_for_children)
@@ -160,6 +160,8 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         print(f"note: --input {corpus.input}: left out {len(corpus.skipped)} file(s) without a corpus "
               f"shard's name ({names}); the shards are {FORMATS_HELP}", file=log, flush=True)
     tokenizer = build_tokenizer(options.tokenizer_type, options.vocab_file, options.tokenizer_file)
+    if warning := case_warning(tokenizer, options.tokenizer_type):
+        print(f"warning: {warning}", file=log, flush=True)
     vocab_size = tokenizer.vocab_size  # the ids' dtype: uint16 below 65500 tokens, else int32
     if options.split_sentences:
         sentence_splitter(options.lang or DEFAULT_LANG, options.keep_newlines)  # fail now, not in every worker

@@ -564,26 +564,67 @@ def read_vocab(vocab_file) -> dict[str, int]:
         raise DataError(f"vocab file {path} is not UTF-8 text (line {line}: byte {raw[error.start]:#04x}); is it a "
                         "binary file?", "pass a BERT vocab.txt in UTF-8, one token per line "
                         f"({in_repository('tools/build_vocab.py')} makes one)") from None
-    if _is_tokenizer_json(text):
+    text = text.removeprefix("\ufeff")  # a byte-order mark (Windows editors): not part of the first token
+    _refuse_json_vocab(path, text)
+    # universal newlines, as transformers' readlines() takes them (not str.splitlines(), which also splits at
+    # U+2028, NEL and form feeds: every later id would shift); a final newline ends the last line
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").removesuffix("\n").split("\n")
+    if lines == [""]:
+        raise DataError(f"vocab file {path} is empty", "pass a BERT vocab.txt with one token per line")
+    _refuse_odd_lines(path, lines)
+    return {token: index for index, token in enumerate(lines)}
+
+
+def _refuse_json_vocab(path: Path, text: str) -> None:
+    """A JSON file passed as a vocab.txt: a Hugging Face tokenizer.json (an object with a "model") or a
+    BPE's vocab.json (an object of token -> id). Read as lines, either lacks every special token."""
+    if not text.lstrip().startswith("{"):  # a vocab.txt: parsed no further
+        return
+    try:
+        settings = json.loads(text)
+    except json.JSONDecodeError:
+        return
+    if not isinstance(settings, dict):
+        return
+    if "model" in settings:
         raise DataError(f"vocab file {path} is a Hugging Face tokenizer.json, not a vocab.txt",
                         "pass it with --tokenizer-file instead of --vocab-file")
-    vocab = {}
-    for index, token in enumerate(text.splitlines()):
-        vocab.setdefault(token, index)
-    if not vocab:
-        raise DataError(f"vocab file {path} is empty", "pass a BERT vocab.txt with one token per line")
-    return vocab
+    if settings and all(isinstance(index, int) for index in settings.values()):
+        raise DataError(f"vocab file {path} is a JSON map of token to id (a Hugging Face vocab.json), not a "
+                        "vocab.txt", "pass the tokenizer.json of that model (in its Hugging Face folder, beside "
+                        "the vocab.json) with --tokenizer-file instead of --vocab-file")
 
 
-def _is_tokenizer_json(text: str) -> bool:
-    """Whether a file's text is a Hugging Face tokenizer.json (a JSON object with a "model"), which
-    read as a vocab.txt would be lines of JSON lacking [CLS] and [MASK]."""
-    if not text.lstrip().startswith("{"):  # a vocab.txt: parsed no further
-        return False
-    try:
-        return "model" in json.loads(text)
-    except json.JSONDecodeError:
-        return False
+def _refuse_odd_lines(path: Path, lines: list) -> None:
+    """Lines a vocab.txt cannot mean, since the line number is the id: a blank line, a token with spaces or
+    tabs at its ends (WordPiece splits text at whitespace, so it never writes either: a vocab saved with
+    trailing spaces lacks even [PAD]), a token on two lines (one of the ids is never written, and the
+    tokens and ids fall out of step). The fix that keeps the ids of a model trained with it is named."""
+    keep_ids = ("or, for a model trained with this vocab, put a placeholder token of its own there (ids are line "
+                "numbers)")
+    blank = [number for number, token in enumerate(lines, start=1) if not token]
+    if blank:
+        one = len(blank) == 1
+        raise DataError(f"vocab file {path} line{'' if one else 's'} {_numbers(blank)} {'is' if one else 'are'} "
+                        "blank: an id with no token", f"delete {'it' if one else 'them'}, {keep_ids}")
+    padded = [number for number, token in enumerate(lines, start=1) if token != token.strip(" \t")]
+    if padded:
+        raise DataError(f"vocab file {path} line {padded[0]} holds {lines[padded[0] - 1]!r}, with spaces or tabs at "
+                        f"its ends ({len(padded)} of its {len(lines)} tokens do), which WordPiece never writes",
+                        f"remove them, e.g. sed -i 's/^[ \\t]*//; s/[ \\t]*$//' {path}")
+    first_line = {}
+    for number, token in enumerate(lines, start=1):
+        if token in first_line:
+            raise DataError(f"vocab file {path} holds {token!r} twice, on lines {first_line[token]} and {number}: "
+                            "one of its ids is never written, and the later ids fall out of step with its tokens",
+                            f"delete line {number}, {keep_ids}")
+        first_line[token] = number
+
+
+def _numbers(numbers: list) -> str:
+    """Line numbers for a message: up to five, then how many more."""
+    shown = ", ".join(map(str, numbers[:5]))
+    return shown + (f" (and {len(numbers) - 5} more)" if len(numbers) > 5 else "")
 
 
 def build_tokenizer(tokenizer_type: str | None, vocab_file=None, tokenizer_file=None):
@@ -607,6 +648,32 @@ def build_tokenizer(tokenizer_type: str | None, vocab_file=None, tokenizer_file=
         raise ConfigError("neither --vocab-file nor --tokenizer-file is given",
                           "pass a BERT vocab.txt with --vocab-file, or a tokenizer.json with --tokenizer-file")
     return BertWordPiece(vocab_file, lower_case=TOKENIZER_TYPES[tokenizer_type])
+
+
+CASED_SHARE = 0.01  # more of a vocab's words with a capital than this: built cased (a lower-cased one holds ~none)
+
+
+def case_warning(tokenizer, flag_type: str | None) -> str | None:
+    """The warning for a vocab.txt whose case the WordPiece type contradicts: a cased vocab lower-cased (its
+    capitalised tokens are never written: rows the model never learns) or a lower-cased vocab kept cased
+    (a capitalised word it cannot spell is one [UNK]). A warning, not an error: the ids stay those of the
+    vocab, a checkpoint trained so keeps its tokenizer, and a vocab lower-cased with its accents kept has no
+    type of its own. `flag_type`: the --tokenizer-type given (None: the default)."""
+    if not isinstance(tokenizer, BertWordPiece):
+        return None
+    words = [token.removeprefix("##") for token in tokenizer.tokens if not (token[:1] == "[" and token[-1:] == "]")]
+    capitalised = [word for word in words if word.lower() != word]
+    named = f"--tokenizer-type {tokenizer.type_name}" if flag_type else f"the default {tokenizer.type_name}"
+    if tokenizer.lower_case and len(capitalised) > CASED_SHARE * len(words):
+        examples = ", ".join(capitalised[:3])
+        return (f"the vocab {tokenizer.file} holds {len(capitalised)} tokens with capitals ({examples}, ...), "
+                f"which {named} never writes (it lower-cases the text): it was built cased; pass "
+                "--tokenizer-type BertWordPieceCase")
+    if not tokenizer.lower_case and not capitalised and any(word.upper() != word for word in words):
+        return (f"the vocab {tokenizer.file} holds no token with a capital, while {named} keeps the text's case: "
+                "each capitalised word becomes [UNK]; drop --tokenizer-type BertWordPieceCase (the default "
+                "BertWordPieceLowerCase lower-cases the text, as the vocab was built)")
+    return None
 
 
 def explicit_tokenizer(args):
@@ -737,12 +804,15 @@ def checkpoint_tokenizer(args, folder, fallback_vocab=None):
     """A tool's tokenizer for checkpoint `folder`: the flags', else the one it carries, else the
     `fallback_vocab` (WordPiece), else an error asking for the flag."""
     explicit = explicit_tokenizer(args)
-    tokenizer = choose_tokenizer(explicit, carried_tokenizer(folder, explicit), folder, args.tokenizer_type)
+    carried = carried_tokenizer(folder, explicit)
+    tokenizer = choose_tokenizer(explicit, carried, folder, args.tokenizer_type)
     if tokenizer is None and fallback_vocab:
-        return build_tokenizer(args.tokenizer_type, fallback_vocab)
+        tokenizer = build_tokenizer(args.tokenizer_type, fallback_vocab)
     if tokenizer is None:
         raise ConfigError(f"checkpoint {folder} carries no tokenizer",
                           "pass the --vocab-file (or --tokenizer-file) the model was trained with")
+    if carried is None and (warning := case_warning(tokenizer, args.tokenizer_type)):  # the flags' choice
+        warnings.warn(warning, stacklevel=2)
     return tokenizer
 
 
@@ -758,6 +828,22 @@ def add_tokenizer_flags(parser, vocab_help: str, tokenizer_file_default: str = "
 
 def data_identity_path(prefix: str) -> Path:
     return Path(str(prefix) + DATA_IDENTITY)
+
+
+def unrecorded_data_warning(prefixes, tokenizer_file) -> str | None:
+    """The warning for datasets without their vocab record (copied as .bin/.idx alone, or made by another
+    tool): the vocab check passes them unchecked, and a tokenizer of another vocab of the same size trains on
+    ids that mean other tokens without a word (ids beyond its size stop the first step). A prefix without
+    data is left to the dataset's own error."""
+    unrecorded = [str(prefix) for prefix in prefixes
+                  if Path(f"{prefix}.idx").is_file() and not data_identity_path(prefix).is_file()]
+    if not unrecorded:
+        return None
+    names = ", ".join(Path(prefix).name + DATA_IDENTITY for prefix in unrecorded)
+    return (f"the data {', '.join(unrecorded)} {'lacks' if len(unrecorded) == 1 else 'lack'} {names}, which "
+            f"{in_repository('tools/preprocess_data.py')} writes beside the .bin/.idx: the tokenizer it was "
+            f"preprocessed with cannot be checked against the run's {tokenizer_file}; copy that file beside the "
+            ".bin/.idx (it is part of the dataset), or preprocess again with this tokenizer")
 
 
 def write_data_identity(tokenizer, prefix: str) -> None:
