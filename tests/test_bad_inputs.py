@@ -277,10 +277,10 @@ CASES = [
                                                   "--output-prefix", "{tmp}/corpus"],
          ("holds '[MASK]' twice, on lines 5 and", "delete line", "placeholder token"),
          setup=lambda tmp, assets: (tmp / "vocab.txt").write_text(Path(assets["vocab"]).read_text() + "[MASK]\n")),
-    pretrain("--vocab-file", "{tmp}/vocab.txt", id="data_vocab_blank_line",
+    pretrain("--vocab-file", "{tmp}/vocab.txt", id="data_vocab_blank_lines",
              setup=lambda tmp, assets: (tmp / "vocab.txt").write_text(
-                 Path(assets["vocab"]).read_text().replace("\n", "\n\n", 1)),
-             phrases=("vocab.txt line 2 is blank: an id with no token", "delete it")),
+                 Path(assets["vocab"]).read_text().replace("\n", "\n\n", 2)),
+             phrases=("vocab.txt lines 2, 4 are blank", "delete all but one of them")),
     Case("data_vocab_is_a_hf_vocab_json", "preprocess", ["--input", "{corpus}", "--vocab-file", "{tmp}/vocab.json",
                                                          "--output-prefix", "{tmp}/corpus"],
          ("vocab.json is a JSON map of token to id (a Hugging Face vocab.json), not a vocab.txt",

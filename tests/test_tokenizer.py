@@ -269,22 +269,33 @@ def test_the_trainer_and_the_tools_share_one_definition_of_the_tokenizer_flags(c
 
 
 @pytest.mark.parametrize("lines, problem", [
-    (VOCAB[:8] + [""] + VOCAB[8:], "line 9 is blank: an id with no token; delete it, or, for a model trained with "
-                                   "this vocab, put a placeholder token of its own there (ids are line numbers)"),
-    (VOCAB[:8] + ["", ""] + VOCAB[8:], "lines 9, 10 are blank"),
+    (VOCAB[:8] + ["", ""] + VOCAB[8:], "lines 9, 10 are blank: 2 ids with one token, the empty one; delete all but "
+                                       "one of them, or, for a model trained with this vocab, put a placeholder "
+                                       "token of its own there (ids are line numbers)"),
     (VOCAB[:8] + ["cat"] + VOCAB[8:], "holds 'cat' twice, on lines 7 and 9: one of its ids is never written, "
                                       "and the later ids fall out of step with its tokens; delete line 9, or, "),
     ([f"{token} " for token in VOCAB], f"line 1 holds '[PAD] ', with spaces or tabs at its ends ({len(VOCAB)} of "
                                        f"its {len(VOCAB)} tokens do), which WordPiece never writes; remove them"),
-    (VOCAB + ["\tcafe"], f"line {len(VOCAB) + 1} holds '\\tcafe', with spaces or tabs at its ends (1 of"),
+    (VOCAB[:3] + ["[SEP]\t"] + VOCAB[4:], "line 4 holds '[SEP]\\t', with spaces or tabs at its ends (1 of"),
 ])
 def test_vocab_lines_that_cannot_be_ids_are_named(tmp_path, lines, problem):
-    """The line number is the id: a blank line, a token twice or a token padded with spaces (which WordPiece
-    never writes: a vocab saved with trailing spaces lacked even [PAD]) is named by its line."""
+    """The line number is the id: blank lines, a token twice or a special token padded with spaces (which
+    WordPiece never writes: a vocab saved with trailing spaces lacked even [PAD]) is named by its line."""
     path = tmp_path / "vocab.txt"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=re.escape(f"vocab file {path} {problem}")):
         BertWordPiece(path)
+
+
+def test_one_blank_line_and_whitespace_tokens_keep_their_ids(tmp_path):
+    """Published vocabs hold a blank line or a token of spaces (ids WordPiece never writes, kept so the
+    later ids stay where the model has them): they load, every other token at its line's id."""
+    lines = VOCAB[:8] + [""] + VOCAB[8:] + [" ", "\tcafe"]
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(lines) + "\n")
+    tokenizer = BertWordPiece(path)
+    assert tokenizer.vocab_size == len(lines)
+    assert [tokenizer.vocab[token] for token in VOCAB[8:]] == list(range(9, len(VOCAB) + 1))
 
 
 def test_the_sed_line_named_for_padded_tokens_gives_the_vocab(tmp_path, vocab_file):

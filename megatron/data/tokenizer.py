@@ -596,21 +596,23 @@ def _refuse_json_vocab(path: Path, text: str) -> None:
 
 
 def _refuse_odd_lines(path: Path, lines: list) -> None:
-    """Lines a vocab.txt cannot mean, since the line number is the id: a blank line, a token with spaces or
-    tabs at its ends (WordPiece splits text at whitespace, so it never writes either: a vocab saved with
-    trailing spaces lacks even [PAD]), a token on two lines (one of the ids is never written, and the
-    tokens and ids fall out of step). The fix that keeps the ids of a model trained with it is named."""
+    """Lines a vocab.txt cannot mean, since the line number is the id: a token on two lines (blank lines
+    included: one of the ids is never written, and the tokens and ids fall out of step), and special
+    tokens with spaces or tabs at their ends (a vocab saved with trailing spaces: it lacks even [PAD]).
+    One blank line, or a whitespace token, is an id WordPiece never writes, as in some published vocabs:
+    accepted. The fix that keeps the ids of a model trained with the vocab is named."""
     keep_ids = ("or, for a model trained with this vocab, put a placeholder token of its own there (ids are line "
                 "numbers)")
     blank = [number for number, token in enumerate(lines, start=1) if not token]
-    if blank:
-        one = len(blank) == 1
-        raise DataError(f"vocab file {path} line{'' if one else 's'} {_numbers(blank)} {'is' if one else 'are'} "
-                        "blank: an id with no token", f"delete {'it' if one else 'them'}, {keep_ids}")
-    padded = [number for number, token in enumerate(lines, start=1) if token != token.strip(" \t")]
-    if padded:
+    if len(blank) > 1:
+        raise DataError(f"vocab file {path} lines {_numbers(blank)} are blank: {len(blank)} ids with one token, the "
+                        "empty one", f"delete all but one of them, {keep_ids}")
+    padded = [number for number, token in enumerate(lines, start=1)
+              if token != token.strip(" \t") and token.strip(" \t") in SPECIAL_TOKENS]
+    if padded and lines[padded[0] - 1].strip(" \t") not in lines:
+        spaced = sum(token != token.strip(" \t") for token in lines)
         raise DataError(f"vocab file {path} line {padded[0]} holds {lines[padded[0] - 1]!r}, with spaces or tabs at "
-                        f"its ends ({len(padded)} of its {len(lines)} tokens do), which WordPiece never writes",
+                        f"its ends ({spaced} of its {len(lines)} tokens do), which WordPiece never writes",
                         f"remove them, e.g. sed -i 's/^[ \\t]*//; s/[ \\t]*$//' {path}")
     first_line = {}
     for number, token in enumerate(lines, start=1):
