@@ -517,6 +517,22 @@ def test_skip_invalid_skips_a_bad_parquet_row(reference, tmp_path, write):
     assert (report.documents, report.skipped) == (119, 1)
 
 
+def test_a_corpus_of_one_document_per_json_file_skips_one_without_text(reference, tmp_path):
+    """Among .json shards only (one document a file), a file without the key is a bad record, which
+    --skip-invalid skips; not a dataset's description beside the shards (that refusal needs shards of
+    another kind)."""
+    records, vocab, _ = reference
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for number, record in enumerate(records[:3]):
+        (folder / f"doc{number}.json").write_text(json.dumps(record))
+    (folder / "doc3.json").write_text(json.dumps({"id": 3, "url": "https://example.org/3"}))
+    with pytest.raises(DataError, match=r"doc3\.json line 1: no key 'text'.*--skip-invalid"):
+        preprocess(options(str(folder), tmp_path / "out" / "wiki", vocab))
+    report = preprocess(options(str(folder), tmp_path / "out" / "wiki", vocab, skip_invalid=True))
+    assert (report.documents, report.skipped) == (3, 1)
+
+
 def test_one_json_document_is_refused_before_reading_even_with_skip_invalid(reference, tmp_path):
     """--skip-invalid would skip every line of a JSON array: the file is refused when the corpus is
     opened, before a worker starts or an output is made."""

@@ -175,8 +175,9 @@ SHARD_KINDS = {"json": "JSON-lines", "gzip": ".gz", "zstd": ".zst", "parquet": "
 def _refuse_description(shards: list, keys: tuple) -> None:
     """A `.json` among several shards that is one JSON object without the keys: a dataset's description
     (a manifest, statistics) beside its shards, which read as a shard would be named as a bad record or as
-    indented JSON to convert, where it is no corpus at all."""
-    if len(shards) < 2:
+    indented JSON to convert, where it is no corpus at all. Among `.json` shards only (a corpus of one
+    document per file) such a file is a document without its key, a bad record (--skip-invalid)."""
+    if all(shard.path.lower().endswith(".json") for shard in shards):
         return
     for shard in shards:
         if not shard.path.lower().endswith(".json") or os.path.getsize(shard.path) > HEAD_BYTES:
