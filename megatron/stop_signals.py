@@ -36,7 +36,7 @@ class StopSignals:
     every step cuts nothing: the run is complete (exit 0), and one line says so (complete)."""
 
     LOG_FAILED = 1000  # above any signal number: wins the MAX
-    TIME_LIMIT = 999  # --exit-duration-in-mins: above any signal number, below a failed log
+    TIME_LIMIT = 999  # --exit-duration-in-mins, agreed when no rank has a signal or a failed log
 
     def __init__(self, tokenizer_file: str, log=None, start_up: dict | None = None, time_limit: tuple | None = None):
         """`time_limit`: (minutes, the time.monotonic() they count from) of --exit-duration-in-mins."""
@@ -84,8 +84,9 @@ class StopSignals:
         top = max(int(batch.tokens.max()) for batch in step)
         received = self.received or (self.LOG_FAILED if self.log is not None and self.log.failure else 0)
         self.agreements += 1
-        received = received or (self.TIME_LIMIT if self._out_of_time() else 0)
-        received, top = self._largest([received, top])
+        # the time limit apart: a signal on any rank names the stop (and its exit code), the limit only alone
+        received, top, out_of_time = self._largest([received, top, int(self._out_of_time())])
+        received = received or (self.TIME_LIMIT if out_of_time else 0)
         if top >= vocab_size:
             raise DataError(f"the data holds token id {top}, beyond the {vocab_size} tokens of the vocab "
                             f"{self.tokenizer_file}", "pass the --vocab-file (or --tokenizer-file) the data was "

@@ -871,3 +871,27 @@ def test_a_time_limit_stops_every_rank_after_a_step_saved_and_a_rerun_goes_on(tm
     outcomes = run_on_ranks(main_to_stderr, 2, [*argv, "--load", str(ckpt)], timeout=240)
     assert [code for code, _ in outcomes] == [0, 0], outcomes[0][1][-3000:]
     assert records(tmp_path, "train") == [1, 2, 3, 4] and checkpoint.latest_tag(str(ckpt)) == checkpoint.tag_for(4)
+
+
+def main_signalled_on_rank_1_in_its_first_step(argv) -> tuple:
+    """`main`, with SIGTERM sent to rank 1 alone inside its first step; returns (exit code, stderr)."""
+    steps, train_step = [], training.train_step
+
+    def step(engine, micro_batches):
+        steps.append(train_step(engine, micro_batches))
+        if len(steps) == 1 and dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return steps[-1]
+    training.train_step = step
+    return main_to_stderr(argv)
+
+
+def test_a_signal_at_the_step_the_time_limit_comes_names_the_stop(tmp_path, data):
+    """Rank 1 is signalled in the step after which the (6 ms) limit stops the run: the signal, seen by
+    one rank only, names the stop on every rank and gives its exit code (a scheduler's preemption is
+    no planned end), not the limit's 0."""
+    argv = run_argv(tmp_path, data, "--train-iters", "4", "--eval-interval", "1000", "--split", "949,50,0",
+                    "--exit-duration-in-mins", "0.0001")
+    outcomes = run_on_ranks(main_signalled_on_rank_1_in_its_first_step, 2, argv, timeout=240)
+    assert [code for code, _ in outcomes] == [143, 143], outcomes[0][1][-3000:]
+    assert outcomes[0][1].splitlines()[-1].startswith("pretrain_bert.py: stopped by SIGTERM after iteration 1;")
