@@ -449,8 +449,17 @@ def test_a_vocab_from_a_corpus_without_text_is_refused(tmp_path):
         train_vocab(tmp_path / "empty.json", lower_case=True, vocab_size=400)
 
 
-def test_default_dataset_is_built_once_and_reused(tmp_path):
-    first = prepare_default_dataset(tmp_path, workers=1, max_bytes=300_000, packages=(), vocab_size=2000)
+def test_default_dataset_is_built_once_and_reused(tmp_path, monkeypatch):
+    """Built on a 1-CPU machine with no worker count given: one worker (not a warning of more workers
+    than CPUs, for a flag nobody passed)."""
+    from megatron.data import default_dataset
+
+    monkeypatch.setattr(default_dataset, "usable_cpus", lambda: 1)
+    workers, preprocess = [], default_dataset.preprocess
+    monkeypatch.setattr(default_dataset, "preprocess", lambda options: workers.append(options.workers)
+                        or preprocess(options))
+    first = prepare_default_dataset(tmp_path, max_bytes=300_000, packages=(), vocab_size=2000)
+    assert workers == [1]
     stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
     assert {"sample_corpus.json", "vocab.txt", "sample_text_sentence.bin", "sample_text_sentence.idx"} <= set(stamps)
     second = prepare_default_dataset(tmp_path, workers=1, max_bytes=300_000, packages=(), vocab_size=2000)

@@ -17,6 +17,7 @@ from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.sample_corpus import DEFAULT_PACKAGES, write_corpus
 from megatron.data.tokenizer import BertWordPiece, data_identity_path, write_data_identity
 from megatron.data.vocab_builder import train_vocab, write_vocab
+from megatron.data.workers import usable_cpus
 
 DEFAULT_VOCAB_SIZE = 8192  # ample for a ~2 MB corpus; keeps the default model's embedding small
 EMBEDDED_VOCAB = Path(__file__).with_name("default_vocab.txt")  # DEFAULT_VOCAB_SIZE tokens
@@ -29,7 +30,7 @@ class DefaultDataset:
     data_prefix: str  # for --data-path
 
 
-def prepare_default_dataset(directory, workers: int = 2, max_bytes: int = 4 * 2**20,
+def prepare_default_dataset(directory, workers: int | None = None, max_bytes: int = 4 * 2**20,
                             packages=DEFAULT_PACKAGES, vocab_size: int = DEFAULT_VOCAB_SIZE) -> DefaultDataset:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -40,7 +41,8 @@ def prepare_default_dataset(directory, workers: int = 2, max_bytes: int = 4 * 2*
         write_vocab(EMBEDDED_VOCAB.read_text(encoding="utf-8").splitlines() if vocab_size == DEFAULT_VOCAB_SIZE
                     else train_vocab(corpus, lower_case=True, vocab_size=vocab_size), vocab_file)
     options = PreprocessOptions(input=str(corpus), output_prefix=str(directory / "sample"), vocab_file=str(vocab_file),
-                                split_sentences=True, workers=workers, log_interval=0)
+                                split_sentences=True, workers=workers or min(2, usable_cpus()),
+                                log_interval=0)
     data_prefix = f"{options.output_prefix}_text_sentence"
     if not dataset_exists(data_prefix):
         preprocess(options)
