@@ -429,6 +429,14 @@ def test_a_character_a_tokenizer_without_an_unknown_token_cannot_encode_is_named
     assert "\n" not in str(error.value) and not (tmp_path / "out").exists()
 
 
+def test_the_character_named_is_the_one_the_text_lacks(tmp_path):
+    """A combining accent fails alone but not in its text (NFC joins it to é): the character named is
+    the one the model cannot encode in the text, here after the accent."""
+    without_unknown_token("bpe").save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(DataError, match=r"has no token for '☃' \(U\+2603\)"):
+        HFTokenizer(tmp_path / "tokenizer.json").tokenize_batch(["the cafe\u0301 dog \u2603 sat"])
+
+
 def test_a_word_a_wordpiece_without_an_unknown_token_cannot_split_is_one_line(tmp_path):
     """Its characters are all tokens, but not as a word's continuation (##): the Rust side's error, with the fix."""
     vocab = {token: index for index, token in enumerate([*SPECIALS, "a", "b"])}

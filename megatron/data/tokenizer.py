@@ -326,8 +326,10 @@ class _Alphabet:
         neighbour, as a combining accent)."""
         for text in texts:
             failed = [character for character in set(text) - self.passed if not self._passes(character)]
-            if failed and not self.model_view(text) <= self.characters:
-                character = min(failed, key=text.index)
+            missing = failed and self.model_view(text) - self.characters
+            if missing:  # named: the first failed character whose own view holds what the text's lacks
+                character = min((character for character in failed if self.model_view(character) & missing),
+                                key=text.index, default=min(failed, key=text.index))
                 drops = "would leave it out of the ids" if self.drops else "fails on it"
                 raise DataError(f"the tokenizer {tokenizer.file} has no token for {character!r} "
                                 f"(U+{ord(character):04X}) and {drops}: {tokenizer.lacks_fallback}", RETRAIN_WITH_UNK)
