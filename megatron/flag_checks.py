@@ -134,7 +134,7 @@ def check_schedule_flags(args) -> None:
             raise ConfigError(f"{flag} {value} must be >= {low}", f"pass {flag} {low} or more")
     style = args.lr_decay_style
     readers = {"--min-lr": ("linear", "cosine", "inverse-square-root", "WSD"),
-               "--lr-decay-iters": ("linear", "cosine", "WSD"),
+               "--lr-decay-iters": ("linear", "cosine", "inverse-square-root", "WSD"),
                "--lr-wsd-decay-iters": ("WSD",), "--lr-wsd-decay-style": ("WSD",)}
     given = {"--min-lr": args.min_lr, "--lr-decay-iters": args.lr_decay_iters,
              "--lr-wsd-decay-iters": args.lr_wsd_decay_iters, "--lr-wsd-decay-style": args.lr_wsd_decay_style}
@@ -145,6 +145,7 @@ def check_schedule_flags(args) -> None:
     if style == "WSD" and args.lr_wsd_decay_iters is None:
         raise ConfigError("--lr-decay-style WSD is given without --lr-wsd-decay-iters (how many of the last steps "
                           "anneal)", "add --lr-wsd-decay-iters N, e.g. a tenth of --train-iters")
+
 
 def check_split(split: str) -> None:
     """--split TRAIN,VALID,TEST document weights: up to three finite numbers >= 0, the train weight > 0."""

@@ -10,6 +10,7 @@ from megatron.errors import ConfigError
 DECAY_STYLES = ("linear", "cosine", "constant", "inverse-square-root", "WSD")
 WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
 DEFAULT_WARMUP_FRACTION = 0.01
+WARMUP_FIELDS = ("lr_warmup_fraction", "lr_warmup_iters")  # one setting, compared by its steps
 
 
 def _flag(name: str, **default) -> dataclasses.Field:
@@ -69,9 +70,7 @@ class Schedule:
 
     @property
     def warmup_steps(self) -> int:
-        if self.lr_warmup_iters is not None:
-            return self.lr_warmup_iters
-        return int(self.lr_warmup_fraction * self.train_iters)
+        return _warmup_steps(self.lr_warmup_iters, self.lr_warmup_fraction, self.train_iters)
 
     @property
     def decay_end(self) -> int:
@@ -90,7 +89,7 @@ class Schedule:
         """step -> multiple of the peak: linear warm-up from 0 over the warm-up steps, then the decay
         style down to min_lr at decay_end, held after it (Megatron's schedule): linear or cosine over the
         whole decay, WSD constant until its last lr_wsd_decay_iters steps, inverse-square-root as
-        sqrt(warm-up / steps) (never below min_lr, no end). Step i (from 0) is the rate of iteration
+        sqrt(warm-up / step) (never below min_lr; min_lr after decay_end, as Megatron's). Step i (from 0) is the rate of iteration
         i + 1. `peak` is the optimizer's rate, which a resume restores."""
         style, warmup, decay_end = self.lr_decay_style, self.warmup_steps, self.decay_end
         floor = self.min_lr / peak if peak else 0.0
@@ -98,10 +97,12 @@ class Schedule:
         def factor(step: int) -> float:
             if step < warmup:
                 return (step + 1) / warmup
-            if style == "inverse-square-root":
-                return max(floor, math.sqrt(max(warmup, 1) / (step + 1)))
             if style == "constant" or decay_end <= warmup:
                 return 1.0
+            if step > decay_end:
+                return floor
+            if style == "inverse-square-root":
+                return max(floor, math.sqrt(max(warmup, 1) / max(step, 1)))  # the peak at step = warm-up
             if style == "WSD":
                 anneal_start = decay_end - self.lr_wsd_decay_iters
                 progress = min(1.0, max(0.0, (step - anneal_start) / max(1, self.lr_wsd_decay_iters)))
@@ -120,10 +121,27 @@ class Schedule:
 
     def changes(self, stored: dict) -> list:
         """'--flag now (the checkpoint's: then)' for each setting that differs from a checkpoint's
-        record `stored` (a key the record lacks is its field's default, else not compared)."""
+        record `stored` (a key the record lacks is its field's default, else not compared); the warm-up
+        by its steps, whichever flag gave them."""
         changed = []
         for field in dataclasses.fields(self):
             then = stored.get(field.name, field.default)
-            if then is not dataclasses.MISSING and then != getattr(self, field.name):
-                changed.append(f"{field.metadata['flag']} {getattr(self, field.name)} (the checkpoint's: {then})")
+            if field.name in WARMUP_FIELDS or then is dataclasses.MISSING or then == getattr(self, field.name):
+                continue
+            changed.append(f"{field.metadata['flag']} {_shown(getattr(self, field.name))} (the checkpoint's: "
+                           f"{_shown(then)})")
+        if stored.get("lr_warmup_fraction") is not None or stored.get("lr_warmup_iters") is not None:
+            then = _warmup_steps(stored.get("lr_warmup_iters"), stored.get("lr_warmup_fraction"),
+                                 stored.get("train_iters", self.train_iters))
+            if then != self.warmup_steps:
+                changed.append(f"a warm-up of {self.warmup_steps} steps (the checkpoint's: {then})")
         return changed
+
+
+def _warmup_steps(iters: int | None, fraction: float | None, train_iters: int) -> int:
+    """The warm-up's steps: --lr-warmup-iters, else --lr-warmup-fraction of the run's steps."""
+    return iters if iters is not None else int(fraction * train_iters)
+
+
+def _shown(value) -> str:
+    return "none" if value is None else str(value)

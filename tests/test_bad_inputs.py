@@ -1015,7 +1015,7 @@ FLAG_MISTAKES = {
     "warmup_iters_negative": (["--lr-warmup-iters", "-1"], ("--lr-warmup-iters -1 must be >= 0",)),
     "decay_iters_zero": (["--lr-decay-iters", "0"], ("--lr-decay-iters 0 must be >= 1",)),
     "decay_iters_with_constant_decay": (["--lr-decay-style", "constant", "--lr-decay-iters", "10"], (
-        "--lr-decay-iters 10 is given with --lr-decay-style constant", "linear or cosine or WSD")),
+        "--lr-decay-iters 10 is given with --lr-decay-style constant", "linear or cosine or inverse-square-root or WSD")),
     "wsd_decay_iters_with_cosine": (["--lr-decay-style", "cosine", "--lr-wsd-decay-iters", "10"], (
         "--lr-wsd-decay-iters 10 is given with --lr-decay-style cosine", "pass --lr-decay-style WSD")),
     "wsd_decay_style_without_wsd": (["--lr-wsd-decay-style", "minus_sqrt"], (

@@ -129,12 +129,17 @@ def test_wsd_anneals_exponentially_unless_told():
 
 
 def test_inverse_square_root_after_warmup():
-    """sqrt(warm-up / steps) x peak (steps counted from 1, as the warm-up's), never below min-lr: 10
-    warm-up steps, k = 39 -> sqrt(10 / 40) = 1/2; k = 999 -> 0.1, held at min-lr 2e-4 beyond."""
+    """sqrt(warm-up / k) x peak after the warm-up (Megatron's, k as its decays count), never below min-lr:
+    10 warm-up steps, k = 10 -> the peak again, k = 40 -> sqrt(10 / 40) = 1/2; k = 1000 -> 0.1, held at
+    min-lr 2e-4."""
     schedule = Schedule.from_args(flags(min_lr=2e-4, lr_decay_style="inverse-square-root", lr_warmup_iters=10),
                                   {"optimizer": {"params": {"lr": 1e-3}}}, 2000)
-    expected = {0: 1e-4, 9: 1e-3, 39: 5e-4, 159: 2.5e-4, 999: 2e-4, 1999: 2e-4}
+    expected = {0: 1e-4, 9: 1e-3, 10: 1e-3, 40: 5e-4, 160: 2.5e-4, 1000: 2e-4, 1999: 2e-4}
     assert rates(schedule, expected) == pytest.approx(list(expected.values()), rel=1e-12, abs=0)
+    # with --lr-decay-iters 160: min-lr after that step, as Megatron's
+    ended = Schedule.from_args(flags(min_lr=2e-4, lr_decay_style="inverse-square-root", lr_warmup_iters=10,
+                                     lr_decay_iters=160), {"optimizer": {"params": {"lr": 1e-3}}}, 2000)
+    assert rates(ended, [40, 160, 161]) == pytest.approx([5e-4, 2.5e-4, 2e-4], rel=1e-12, abs=0)
 
 
 @pytest.mark.parametrize("given,message", [
@@ -156,4 +161,16 @@ def test_a_resume_names_a_setting_added_since_against_its_default():
     """A checkpoint written before the decay step counts resumed with --lr-decay-iters: named, its
     record's value being the default (none), so the resume applies this run's schedule."""
     schedule = Schedule.from_args(flags(lr_decay_iters=40), {"optimizer": {"params": {"lr": 1e-3}}}, 50)
-    assert schedule.changes(WRITTEN) == ["--lr-decay-iters 40 (the checkpoint's: None)"]
+    assert schedule.changes(WRITTEN) == ["--lr-decay-iters 40 (the checkpoint's: none)"]
+
+
+def test_a_warm_up_is_compared_by_its_steps_whichever_flag_gives_them():
+    """A checkpoint of --lr-warmup-fraction 0.02 of 100 steps (2) resumed with --lr-warmup-iters 2: no
+    change; with 3, the steps are named (not two fields, one of them None)."""
+    stored = {**WRITTEN, "train_iters": 100, "lr_warmup_fraction": 0.02}
+    peak = {"optimizer": {"params": {"lr": 1e-3}}}
+    assert Schedule.from_args(flags(lr_warmup_iters=2), peak, 100).changes(stored) == []
+    assert Schedule.from_args(flags(lr_warmup_iters=3), peak, 100).changes(stored) == [
+        "a warm-up of 3 steps (the checkpoint's: 2)"]
+    assert Schedule.from_args(flags(lr_warmup_fraction=0.02), peak, 200).changes(stored) == [
+        "--train-iters 200 (the checkpoint's: 100)", "a warm-up of 4 steps (the checkpoint's: 2)"]

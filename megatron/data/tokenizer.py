@@ -24,9 +24,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 from tokenizers.models import WordPiece
-from tokenizers.pre_tokenizers import ByteLevel
 from tokenizers.normalizers import BertNormalizer
-from tokenizers.pre_tokenizers import BertPreTokenizer
+from tokenizers.pre_tokenizers import BertPreTokenizer, ByteLevel
 
 from megatron.errors import ConfigError, DataError, refuse_lfs_pointer
 from megatron.paths import in_repository, write_json_atomic
