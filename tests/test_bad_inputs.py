@@ -1326,7 +1326,7 @@ CONFIG_MISTAKES = {
         "choose another --save"), {}) for name, where, save in (("as", "the", "{hf}"), ("inside", "inside the",
                                                                                        "{hf}/run"))},
     # ---- one rule per number, whatever its value breaks
-    # numbers that reached torch after the index maps were built (config._check_model_numbers)
+    # numbers that reached torch after the index maps were built (config.check_model_numbers)
     "init_method_std_negative": (["--init-method-std", "-1"], {}, ("init_method_std = -1.0 is not a finite number > 0",
                                                                     "pass --init-method-std above 0, e.g. 0.02"), {}),
     "layernorm_epsilon_zero": (["--layernorm-epsilon", "0"], {}, ("layernorm_epsilon = 0.0 is not a finite number > 0",
