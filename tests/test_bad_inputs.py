@@ -448,6 +448,20 @@ CASES = [
           "iter_* folders"), files={"run/latest": "iter_0000002", "other/iter_0000002/run_state.json": "{}"}),
     Case("fill_mask_tag_dot_dot", "fill_mask", ["--load", "{tmp}/run", "--tag", "..", "--text", "a [MASK]"],
          ("--tag .. is not the name of a checkpoint folder of",), files={"run/latest": "iter_0000002"}),
+    # an unfinished save (a killed one's .partial folder, its files half-written) is never read, nor exported
+    *[Case(f"{name}_tag_of_an_unfinished_save", command, [*argv, "--load", "{tmp}/run", "--tag", "iter_0000004.partial",
+                                                          *tail],
+           ("--tag iter_0000004.partial is a save that did not finish (interrupted), never a checkpoint",
+            "pass --tag of a complete iter_* folder of", "(the newest: iter_0000002)"),
+           files={"run/latest": "iter_0000002", "run/iter_0000002/mp_rank_00_model_states.pt": "x",
+                  "run/iter_0000004.partial/mp_rank_00_model_states.pt": "x"})
+      for name, command, argv, tail in (("fill_mask", "fill_mask", [], ["--text", "a [MASK]"]),
+                                        ("checkpoint_to_hf", "convert", ["to-hf"], ["--output", "{tmp}/hf"]))],
+    # a --save folder whose first save was killed: not 'point --load at a directory written by --save'
+    pretrain("--load", "{tmp}/run", id="load_of_only_an_unfinished_save",
+             files={"run/iter_0000002.partial/mp_rank_00_model_states.pt": "x"},
+             phrases=("no checkpoint in", "iter_0000002.partial is a save that did not finish (interrupted)",
+                      "start without --load")),
     # ---- silent accepts: non-finite JSON, options the run would not read (more in CONFIG_MISTAKES, in-process)
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_nan_gradient_clipping",
              files={"ds.json": '{"train_micro_batch_size_per_gpu": 2, "gradient_clipping": NaN}'},
@@ -1334,6 +1348,21 @@ CONFIG_MISTAKES = {
     **{f"rotary_base_{name}": (["--position-embedding-type", "rope", "--rotary-base", value], {}, (
         f"rotary_base = {float(value)} is not a finite number > 1", "pass --rotary-base above 1"), {})
        for name, value in (("zero", "0"), ("half", "0.5"))},
+    # a theta float32 cannot hold: inf in bert.rotary_cos_sin, and every pair but the first without a position
+    **{f"{flag[2:].replace('-', '_')}_overflows_float32": (
+        ["--position-embedding-type", "rope", "--local-attention-window", "16", "--global-attention-every", "2", flag,
+         "1e300"], {}, (f"{flag[2:].replace('-', '_')} = 1e+300 overflows float32",
+                        f"pass {flag} between 1 and 3.4e+38"), {}) for flag in ("--rotary-base", "--local-rotary-base")},
+    # a setting's fix names the flag the user gave, not the config field
+    "ffn_hidden_size_zero": (["--ffn-hidden-size", "0"], {}, ("ffn_hidden_size = 0 must be positive",
+                                                              "set --ffn-hidden-size to an integer >= 1"), {}),
+    # both of two opposite flags: the last won silently (as --swiglu with --mlp-type geglu is refused)
+    **{f"opposite_flags_{on[2:].replace('-', '_')}": ([off, on], {}, (f"{off} and {on} contradict each other",
+                                                                      "pass one of them"), {})
+       for on, off in (("--add-bias-linear", "--disable-bias-linear"),
+                       ("--embedding-layernorm", "--no-embedding-layernorm"),
+                       ("--first-layer-attention-norm", "--no-first-layer-attention-norm"),
+                       ("--pack-samples", "--no-pack-samples"))},
     # ---- a flag's mistake is named as the flag's, not the JSON section's
     "attention_dropout_with_local_layers": (["--position-embedding-type", "rope", "--local-attention-window", "16",
                                              "--global-attention-every", "2", "--attention-dropout", "0.1"], {},
