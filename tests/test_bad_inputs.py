@@ -1352,7 +1352,8 @@ CONFIG_MISTAKES = {
     **{f"{flag[2:].replace('-', '_')}_overflows_float32": (
         ["--position-embedding-type", "rope", "--local-attention-window", "16", "--global-attention-every", "2", flag,
          "1e300"], {}, (f"{flag[2:].replace('-', '_')} = 1e+300 overflows float32",
-                        f"pass {flag} between 1 and 3.4e+38"), {}) for flag in ("--rotary-base", "--local-rotary-base")},
+                        f"pass {flag} between 1 and 3.4e+38"), {})
+       for flag in ("--rotary-base", "--local-rotary-base")},
     # a setting's fix names the flag the user gave, not the config field
     "ffn_hidden_size_zero": (["--ffn-hidden-size", "0"], {}, ("ffn_hidden_size = 0 must be positive",
                                                               "set --ffn-hidden-size to an integer >= 1"), {}),
