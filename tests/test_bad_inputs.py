@@ -220,7 +220,7 @@ CASES = [
              phrases=("hidden_size 66 is not divisible by num_attention_heads 4", "divides the hidden size")),
     Case("flag_ulysses_heads_not_divisible_by_sp", "ds_config",
          ["validate", "{tmp}/ds.json", "--world-size", "2", "--attention-dropout", "0", "--num-attention-heads", "3",
-          "--hidden-size", "66"], ("num_attention_heads (3)", "multiple of --sequence-parallel-size"),
+          "--hidden-size", "66"], ("num_attention_heads (3)", "multiple of sequence_parallel.size"),
          files={"ds.json": ds_json(sequence_parallel={"size": 2, "attention": "ulysses"})}),
     pretrain("--attention", "bigbird", "--block-size", "24", id="flag_block_size_not_dividing_seq",
              phrases=("seq_length 64 is not divisible by bigbird block size 24", "another --block-size")),
