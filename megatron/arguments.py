@@ -39,6 +39,20 @@ class AliasOf(argparse.Action):
         setattr(namespace, self.dest, self.const)
 
 
+class Switch(argparse.Action):
+    """One of two opposite flags of one setting (--add-bias-linear / --disable-bias-linear): it notes the
+    flag given, so that config_flags refuses both together, in either order, rather than letting the last
+    one win silently."""
+
+    def __init__(self, option_strings, dest, const, help=None):
+        super().__init__(option_strings, dest, nargs=0, const=const, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        switches = getattr(namespace, "switches", None) or {}
+        namespace.switches = {**switches, self.dest: {**switches.get(self.dest, {}), self.const: option_string}}
+        setattr(namespace, self.dest, self.const)
+
+
 def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     model = parser.add_argument_group("model")
     model.add_argument("--num-layers", type=int, help="transformer layers (default 12)")
@@ -61,10 +75,10 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
                             "LN(x + f(x)), HF Bert")
     model.add_argument("--bert-no-binary-head", dest="add_binary_head", action="store_const", const=False,
                        help="drop the sentence-order head and its loss")
-    model.add_argument("--no-embedding-layernorm", dest="embedding_layernorm", action="store_const", const=False,
+    model.add_argument("--no-embedding-layernorm", dest="embedding_layernorm", action=Switch, const=False,
                        help="no LayerNorm after the embeddings (the default with --layernorm-layout pre: "
                             "Megatron's layout, HF MegatronBert)")
-    model.add_argument("--embedding-layernorm", dest="embedding_layernorm", action="store_const", const=True,
+    model.add_argument("--embedding-layernorm", dest="embedding_layernorm", action=Switch, const=True,
                        help="a LayerNorm after the embeddings (the default with --layernorm-layout post, as HF "
                             "Bert; with pre it has no Hugging Face equivalent and is refused on export)")
     model.add_argument("--type-vocab-size", type=int, help="token types (default 2: sentence A and B); 0: no "
@@ -97,16 +111,16 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
                              "second half, ffn -> h (ffn: --ffn-hidden-size, the width after gating)")
     modern.add_argument("--swiglu", dest="mlp_type", action=AliasOf, const="swiglu",
                         help="same as --mlp-type swiglu (Megatron's flag)")
-    modern.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_const", const=False,
+    modern.add_argument("--disable-bias-linear", dest="add_bias_linear", action=Switch, const=False,
                         help="no biases in the linear layers of the layers and heads, nor in the norms (the LM "
                              "decoder keeps its bias)")
-    modern.add_argument("--add-bias-linear", dest="add_bias_linear", action="store_const", const=True,
+    modern.add_argument("--add-bias-linear", dest="add_bias_linear", action=Switch, const=True,
                         help="biases in the linear layers and norms (the default; overrides a preset)")
     modern.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"],
                         help="every norm of the model (default LayerNorm; eps: --layernorm-epsilon)")
-    modern.add_argument("--no-first-layer-attention-norm", dest="first_layer_attention_norm", action="store_const",
+    modern.add_argument("--no-first-layer-attention-norm", dest="first_layer_attention_norm", action=Switch,
                         const=False, help="layer 0 has no norm before its attention (ModernBERT; pre-LN only)")
-    modern.add_argument("--first-layer-attention-norm", dest="first_layer_attention_norm", action="store_const",
+    modern.add_argument("--first-layer-attention-norm", dest="first_layer_attention_norm", action=Switch,
                         const=True, help="layer 0 has a norm before its attention (the default; overrides a preset)")
 
     attn = parser.add_argument_group("attention (also from the JSON's sequence_parallel section)")
@@ -156,6 +170,10 @@ def config_flags(args: argparse.Namespace) -> dict:
             flag = flag_of(dests[dest])
             raise ConfigError(f"{alias} and {flag} {other} contradict each other ({alias} is {flag} {const})",
                               "pass one of them")
+    for dest, given in (getattr(args, "switches", None) or {}).items():
+        if len(given) > 1:  # both of a pair: the last would win silently
+            first, second = given.values()
+            raise ConfigError(f"{first} and {second} contradict each other", "pass one of them")
     if getattr(args, "checkpoint_activations", False):
         values["activation_checkpoint_interval"] = args.checkpoint_num_layers or 1
     values["gradient_clipping"] = getattr(args, "clip_grad", None)  # DeepSpeed's key, which --clip-grad overrides
@@ -176,11 +194,11 @@ def flag_setting(field: str, value) -> str:
 def add_packing_args(group) -> None:
     """--pack-samples and --max-segment-length (also the JSON's sequence_parallel.pack_samples and
     .max_segment_length): in the trainer's data group and in tools/ds_config.py, which checks them."""
-    group.add_argument("--pack-samples", action="store_const", const=True,
+    group.add_argument("--pack-samples", action=Switch, const=True,
                        help="pack several segments ([CLS] A [SEP] B [SEP], each with its own positions from 0, "
                             "sentence-order label and masking) into each sample until the sequence is full, "
                             "each attending only to itself: most of a long sequence is real tokens, not padding")
-    group.add_argument("--no-pack-samples", dest="pack_samples", action="store_const", const=False,
+    group.add_argument("--no-pack-samples", dest="pack_samples", action=Switch, const=False,
                        help="one segment per sample, padded (overrides the JSON's sequence_parallel.pack_samples)")
     group.add_argument("--max-segment-length", type=int,
                        help="with --pack-samples: tokens of the longest segment (default: the smaller of "

@@ -50,6 +50,8 @@ OWN_POSITIONS = "own_positions"
 LAYOUT_FREE = "layout_free_stage{stage}.pt"
 PARTIAL = ".partial"
 REMOVING = ".removing"  # an old checkpoint being removed by --keep-last
+# the folder of a save (PARTIAL) or a --keep-last removal (REMOVING) that did not finish: never a checkpoint
+UNFINISHED = re.compile(rf"iter_\d+({re.escape(PARTIAL)}|{re.escape(REMOVING)})")
 # what torch.load raises on a truncated or overwritten file
 UNREADABLE = (EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, ValueError, OSError)
 
@@ -69,12 +71,50 @@ def tag_iteration(tag: str) -> int:
     return int(tag[len("iter_"):])
 
 
+def unfinished_tags(folder: str) -> list[str]:
+    """The iter_N.partial / iter_N.removing folders of `folder`: saves or --keep-last removals that were
+    killed (checkpoint_save.remove_killed_saves removes them at a run's start)."""
+    with contextlib.suppress(OSError):
+        return sorted(name for name in os.listdir(folder)
+                      if UNFINISHED.fullmatch(name) and os.path.isdir(os.path.join(folder, name)))
+    return []
+
+
+def unfinished(tag: str) -> str:
+    """What the folder of an unfinished tag is, for a line naming it."""
+    return f"a {'--keep-last removal' if tag.endswith(REMOVING) else 'save'} that did not finish (interrupted)"
+
+
+def refuse_unfinished_only(load_dir: str, flag: str = "--load", reader: bool = False) -> None:
+    """Refuses a --save directory with no `latest` whose only iter_* folders are unfinished (a first save
+    that was killed), naming them. The trainer (`reader` False) can start afresh; a reader (fill_mask,
+    to-hf, extend_context.py) needs a run to finish a save first."""
+    left = unfinished_tags(load_dir)
+    if not left or complete_tags(load_dir) or os.path.isfile(os.path.join(load_dir, LATEST)):
+        return
+    names = ", ".join(left)
+    problem = (f"no checkpoint in {load_dir}: {names} {'is' if len(left) == 1 else 'are'} "
+               f"{unfinished(left[0]) if len(left) == 1 else 'the folders of saves that did not finish'}")
+    if reader:
+        fix = f"let the run that saves into {load_dir} finish a save (at --save-interval or its end), then rerun"
+    else:
+        fix = (f"start without {flag} (a run with --save {load_dir} removes {'it' if len(left) == 1 else 'them'} "
+               f"at its start), or delete {os.path.join(load_dir, left[0])}{' and the others' * (len(left) > 1)}")
+    raise DataError(problem, fix)
+
+
 def refuse_tag_folder(folder: str, flag: str = "--load", tag_flag: str | None = None) -> None:
     """Refuses one iter_* folder of a --save directory given for the directory, naming the directory:
     `flag` (--load, extend_context.py's --from) takes the one whose `latest` names the checkpoint. A
     read-only tool with a `tag_flag` (to-hf's --tag) names that instead: editing `latest` only to read an
     older checkpoint would roll the next resume of that run back."""
     parent, tag = os.path.split(os.path.abspath(folder))  # a relative iter_* has a parent too
+    if UNFINISHED.fullmatch(tag):
+        newest = complete_tags(parent)
+        raise DataError(f"{folder} is {unfinished(tag)}, not a checkpoint of the --save directory {parent}",
+                        _tag_folder_fix(parent, newest[-1], flag, tag_flag) if newest and tag_flag else
+                        f"point {flag} at {parent}" if newest else
+                        f"{parent} holds no complete checkpoint yet: let its run finish a save first")
     if re.fullmatch(r"iter_\d+", tag) and os.path.isfile(os.path.join(parent, LATEST)):
         # a tag given with each requeue would roll the run back each time: `latest` chooses
         raise ConfigError(f"{folder} is one checkpoint of the --save directory {parent}", _tag_folder_fix(
@@ -101,11 +141,17 @@ def chosen_tag(load_dir: str, tag: str | None) -> str:
     would read another run's checkpoint under this one's name."""
     refuse_tag_folder(load_dir, tag_flag="--tag")
     if tag is None:
+        refuse_unfinished_only(load_dir, reader=True)
         return latest_tag(load_dir)
     if tag in ("", ".", "..") or any(sep and sep in tag for sep in ("/", os.sep, os.altsep)):
         raise ConfigError(f"--tag {tag} is not the name of a checkpoint folder of {load_dir}",
                           f"pass the name of one of its iter_* folders{newest_hint(load_dir)}, and --load the "
                           "--save directory holding it")
+    if UNFINISHED.fullmatch(tag):  # its files may be half-written: never read, even where they load
+        newest = newest_hint(load_dir)
+        raise DataError(f"--tag {tag} is {unfinished(tag)}, never a checkpoint",
+                        f"pass --tag of a complete iter_* folder of {load_dir}{newest}" if newest else
+                        f"{load_dir} holds no complete checkpoint yet: let its run finish a save first")
     return tag
 
 
@@ -156,6 +202,7 @@ def latest_tag(load_dir: str) -> str:
                           "point --load at the directory a run wrote with --save")
     if not os.path.isfile(path):
         refuse_tag_folder(load_dir)
+        refuse_unfinished_only(load_dir)
         refuse_log_dir(load_dir)
         if os.path.isfile(os.path.join(load_dir, "config.json")):  # the trainer reads it with another flag
             raise ConfigError(f"{load_dir} is a Hugging Face model folder, not a checkpoint of this trainer (it has no "
@@ -211,9 +258,15 @@ def safe_load(path: str):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except UNREADABLE as error:
-        raise DataError(f"checkpoint file {path} cannot be read ({type(error).__name__}: "
-                        f"{str(error).splitlines()[0] if str(error) else 'truncated'})",
+        raise DataError(f"checkpoint file {path} cannot be read ({read_failure(error, 'truncated')})",
                         "restore it or resume from an earlier complete checkpoint") from None
+
+
+def read_failure(error: Exception, empty: str) -> str:
+    """'Type: first sentence' of what torch.load raised (`empty`: for a message-less one): torch's miniz
+    error goes on with a paragraph of advice after 'failed finding central directory.'"""
+    first = re.split(r"(?<=\.) ", (str(error).splitlines() or [empty])[0])[0]
+    return f"{type(error).__name__}: {first}"
 
 
 def _is_data_record(record) -> bool:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from megatron import optimizer_state, paths
 from megatron.checkpoint import (LATEST, LAYOUT_FREE, ORIGIN, PARTIAL, REMOVING, RUN_STATE, complete_tags, latest_tag,
-                                 tag_for, tag_iteration)
+                                 tag_for, tag_iteration, unfinished_tags)
 from megatron.config import TrainConfig
 from megatron.data import tokenizer as tokenizers
 from megatron.errors import ConfigError, disk_full
@@ -308,9 +308,7 @@ def remove_killed_saves(save_dir: str) -> list[str]:
     names. Called by the lock's holder only: no other run writes into `save_dir`, and this run has
     not saved yet. Such folders are full checkpoints' size, and a stop's iteration is seldom saved
     again (which would replace its `.partial`)."""
-    pattern = rf"iter_\d+({re.escape(PARTIAL)}|{re.escape(REMOVING)})"
-    names = sorted(name for name in os.listdir(save_dir)
-                   if re.fullmatch(pattern, name) and os.path.isdir(os.path.join(save_dir, name)))
+    names = unfinished_tags(save_dir)
     for name in names:
         shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
     removed = [name for name in names if not os.path.exists(os.path.join(save_dir, name))]

@@ -37,12 +37,13 @@ from pathlib import Path
 
 from megatron.arguments import flag_setting
 from megatron.ds_schema import (SECTION, check_checkpointing_section, check_deepspeed_types,
-                                check_sequence_communication, deepspeed_accepts, precision_description, typed)
+                                check_sequence_communication, deepspeed_accepts, deepspeed_top_level_keys,
+                                precision_description, typed)
 from megatron.errors import ConfigError
 from megatron.hf_forms import export_note
 from megatron.paths import in_repository, repository_twin
 from megatron.model import attention
-from megatron.model.args import BertConfig, preset_fields
+from megatron.model.args import BertConfig, check_bounded, check_window, preset_fields
 from megatron.model.fields import (Role, fields_with, flag_of, info, json_options, may_be_none, meta, value_type,
                                    variants_with_options)
 
@@ -192,6 +193,17 @@ def _refuse_duplicates(path):
     return build
 
 
+def _section_fields() -> dict:
+    """The keys of the JSON section that are fields (not a variant's sub-section) -> those fields."""
+    return {info(name).json: name for name in fields_with(has_json=True) if "." not in info(name).json}
+
+
+def section_keys() -> set:
+    """The keys the JSON's sequence_parallel section takes: the fields', the preset's, the variants' sub-sections
+    (ds_schema names one found at the JSON's top level as misplaced)."""
+    return {*_section_fields(), *SECTION_ONLY_KEYS, *variants_with_options()}
+
+
 def section_values(ds_config: dict) -> dict:
     """The project's JSON section as BertConfig / TrainConfig field values (type-checked; null where the
     field's default is None, or for the preset, is no value): the fields' JSON keys (Field.json), the
@@ -199,9 +211,13 @@ def section_values(ds_config: dict) -> dict:
     section = ds_config.get(SECTION, {})
     if not isinstance(section, dict):
         raise ConfigError(f"{SECTION} must be a JSON object", f'write "{SECTION}": {{"size": ..., "attention": ...}}')
-    top = {info(name).json: name for name in fields_with(has_json=True) if "." not in info(name).json}
-    known = {*top, *SECTION_ONLY_KEYS, *variants_with_options()}
+    top = _section_fields()
+    known = section_keys()
     for key in section:
+        if key in deepspeed_top_level_keys() and key != SECTION:  # a DeepSpeed key one level too deep
+            raise ConfigError(f"{SECTION}.{key} is a top-level key of DeepSpeed's, not one of the {SECTION} "
+                              f"section (DeepSpeed would not read it there)", f"move {key!r} out of the {SECTION} "
+                              "section to the JSON's top level")
         if key not in known:
             raise ConfigError(f"unknown key {SECTION}.{key}", f"use one of: {', '.join(sorted(known))}")
     values = {}
@@ -232,7 +248,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     given = {key: value for key, value in flags.items() if value is not None}
     section = section_values(ds_config)
     values = {**section, **given}
-    _check_model_numbers(values)
+    check_model_numbers(values)
     values = {**resized_preset(model_preset(flags, ds_config), values), **values}  # each below its own flag
     values.pop("model_preset", None)
     values.update(rope_positions(values, given.keys() | section.keys()))
@@ -240,7 +256,10 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     checkpoint_interval = (values.pop("activation_checkpoint_interval", 0)
                            or int("activation_checkpointing" in ds_config))
     compile_mlp = values.pop("compile_mlp", False)
-    pack_samples = _packing(values)
+    try:
+        pack_samples = _packing(values)
+    except ConfigError as error:  # named as given: a JSON key where the JSON set it
+        raise _as_given(error.problem, error.fix, given, section) from None
     pipeline, sequence, data = _layout(values, ds_config, world_size, given)
 
     micro, gas, global_batch = _batch_sizes(values, ds_config, data)
@@ -255,7 +274,10 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         ds_config = {**ds_config, "gradient_clipping": clipping_flag}
     _check_pipeline_clipping(ds_config, clipping_flag, pipeline, zero_stage)
 
-    _ulysses_size(values, sequence)
+    try:
+        _ulysses_size(values, sequence)
+    except ConfigError as error:
+        raise _as_given(error.problem, error.fix, given, section) from None
     model_fields = {f.name for f in dataclasses.fields(BertConfig)}
     unknown = set(values) - model_fields
     if unknown:
@@ -264,11 +286,12 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     try:
         model = BertConfig(**values)
         where = f"{SECTION}: " if section.keys() - _NOT_ATTENTION_KEYS else ""
+        _refuse_packed_linformer(model, pack_samples)
         attention.check(model, sequence)
     except ConfigError as error:
-        fix = _section_fix(_preset_fix(error.fix, given, section, flags, ds_config), given, section)
-        raise ConfigError(where + _preset_problem(error.problem, values, given, section, flags, ds_config),
-                          fix) from None
+        fix = _preset_fix(error.fix, given, section, flags, ds_config)
+        problem = where + _preset_problem(error.problem, values, given, section, flags, ds_config)
+        raise _as_given(problem, fix, given, section) from None
     _refuse_unused_options(given, section, model)
     _refuse_stages_without_layers(pipeline, model.num_layers, "pipeline_parallel_size" in given)
 
@@ -351,13 +374,19 @@ def _preset_problem(problem: str, values: dict, given: dict, section: dict, flag
 
 
 def _section_fix(fix: str, given: dict, section: dict) -> str:
-    """`fix` naming the JSON key rather than the flag of a variant option the JSON section set and
-    no flag did ('choose sequence_parallel.linformer.k at most --seq-length')."""
-    for variant in variants_with_options():
-        for name, (flag, json_key) in _variant_options(variant).items():
-            if name in section and name not in given:
-                fix = re.sub(f"{flag}(?![-\\w])", json_key, fix)
+    """`fix` naming the JSON key rather than the flag of a setting the JSON section set and no flag did
+    ('choose sequence_parallel.linformer.k at most --seq-length', 'drop sequence_parallel.pack_samples')."""
+    for name in fields_with(has_json=True):
+        if name in section and name not in given:
+            flag = info(name).flag or info(name).on_flag
+            fix = re.sub(f"{flag}(?![-\\w])", f"{SECTION}.{info(name).json}", fix)
     return fix
+
+
+def _as_given(problem: str, fix: str, given: dict, section: dict) -> ConfigError:
+    """The error of `problem` and `fix` naming each setting as the user gave it: the JSON key where the
+    JSON section set it and no flag did (_section_fix)."""
+    return ConfigError(_section_fix(problem, given, section), _section_fix(fix, given, section))
 
 
 def _variant_options(variant: str) -> dict:
@@ -366,17 +395,16 @@ def _variant_options(variant: str) -> dict:
             for key, name in json_options(variant).items()}
 
 
-def _check_model_numbers(values: dict) -> None:
-    """Model numbers BertConfig takes as they come (the fields with a bound `above`: whatever else is set,
-    finite and above it; BertConfig checks the rest): a negative or zero init std or LayerNorm epsilon
-    (or NaN, inf) reaches torch's init or the first forward pass, after the data's index maps are built;
-    a rope theta as BertConfig states it (ROPE_THETA_FLOOR)."""
+def check_model_numbers(values: dict) -> None:
+    """Model numbers checked alone, whatever else is set (BertConfig checks the rest): the fields with
+    bounds (Field.above, .at_most): a negative or zero init std or LayerNorm epsilon (or NaN, inf) reaches
+    torch's init or the first forward pass, after the data's index maps are built; a rope theta as
+    BertConfig states it (ROPE_THETA_FLOOR, ROPE_THETA_CEILING); and the local window. Also before a run
+    from weights notes a value that replaces theirs (starting_weights.model_flags)."""
     for key in (name for name in fields_with() if info(name).above is not None):
-        flag, floor, value = flag_of(key), info(key).above, values.get(key)
-        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                      and math.isfinite(value) and value > floor):
-            raise ConfigError(f"{key} = {value} is not a finite number > {floor}",
-                              f"pass {flag} above {floor}, e.g. {getattr(BertConfig, key)}")
+        if values.get(key) is not None:
+            check_bounded(key, values[key])
+    check_window(values.get("local_attention_window"))
 
 
 def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> None:
@@ -544,11 +572,12 @@ def _ulysses_size(values: dict, sequence: int) -> None:
     ulysses, variant = values.get("ulysses_size"), values.get("attention", BertConfig.attention)
     if variant != "hybrid":
         if ulysses is not None:
-            raise ConfigError(f"{SECTION}.ulysses_size {ulysses} is set but attention is '{variant}'",
-                              "set attention 'hybrid' or drop ulysses_size (--ulysses-size)")
+            raise ConfigError(f"--ulysses-size {ulysses} is set but attention is '{variant}'",
+                              "set --attention hybrid or drop --ulysses-size")
         return
     if ulysses is not None and ulysses < 1:
-        raise ConfigError(f"{SECTION}.ulysses_size {ulysses} must be >= 1", "set ulysses_size to a divisor of size")
+        raise ConfigError(f"--ulysses-size {ulysses} must be >= 1",
+                          "set --ulysses-size to a divisor of --sequence-parallel-size")
     if ulysses is None:
         from megatron.model.attention import ulysses_degree
 
@@ -565,16 +594,28 @@ def _packing(values: dict) -> bool:
             raise ConfigError(f"max_segment_length {values['max_segment_length']} is set without --pack-samples",
                               "add --pack-samples or drop --max-segment-length")
         return False
-    if values.get("attention", BertConfig.attention) == "linformer":
-        raise ConfigError("packed samples (--pack-samples) cannot use linformer attention: its projection mixes "
-                          "the positions of all segments of a sample", "use ring, ulysses, bigbird or dense "
-                          "attention, or drop --pack-samples")
     if values.get("max_segment_length") is None:  # rope has no table: a segment may fill the sequence
         sequence = values.get("seq_length", BertConfig.seq_length)
         table = values.get("max_position_embeddings", BertConfig.max_position_embeddings)
         learned = values.get("position_embedding_type", BertConfig.position_embedding_type) == "learned"
         values["max_segment_length"] = min(sequence, table) if learned else sequence
     return True
+
+
+def _refuse_packed_linformer(model: BertConfig, pack_samples: bool) -> None:
+    """Packed samples with linformer, whose projection mixes the positions of all segments of a sample;
+    with local layers too (which linformer refuses as well: attention.check), both in one line, so that
+    the fix given is one that clears both."""
+    if not (pack_samples and model.attention == "linformer"):
+        return
+    packed = "packed samples (--pack-samples: its projection mixes the positions of all segments of a sample)"
+    if model.has_local_layers:
+        raise ConfigError(f"linformer attention cannot be combined with local sliding-window layers (its global "
+                          f"layers would change the math of a windowed model) nor with {packed}",
+                          "use attention dense, ring, ulysses or hybrid, or (to keep linformer) drop --pack-samples "
+                          "and drop --local-attention-window")
+    raise ConfigError(f"linformer attention cannot be combined with {packed}", "use ring, ulysses, bigbird or dense "
+                      "attention, or drop --pack-samples")
 
 
 def _batch_sizes(values: dict, ds_config: dict, data: int) -> tuple:

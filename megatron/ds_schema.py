@@ -307,6 +307,12 @@ def _refuse_ignored_sections(ds_config: dict) -> None:
     """Top-level keys DeepSpeed would ignore, and the sections it reads that the trainer works around
     (check_deepspeed_types says why each is refused)."""
     unknown = sorted(set(ds_config) - deepspeed_top_level_keys())
+    from megatron.config import section_keys  # config imports this module: here, once both are loaded
+
+    misplaced = [key for key in unknown if key in section_keys()]
+    if misplaced:
+        raise ConfigError(f"{misplaced[0]!r} at the top level of the DeepSpeed JSON is a key of its {SECTION} section "
+                          "(DeepSpeed would ignore it there)", f'move it into "{SECTION}": {{...}}')
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(deepspeed_top_level_keys()), n=1, cutoff=0.75)
         hint = f"did you mean {close[0]!r}? " if close else ""

@@ -48,7 +48,7 @@ def check_flags(args) -> None:
         raise ConfigError(f"--exit-duration-in-mins {args.exit_duration_in_mins} must be > 0",
                           "pass the minutes the job may train, e.g. --exit-duration-in-mins 230 for a 4-hour limit")
     if args.distributed_timeout_minutes is not None and not args.distributed_timeout_minutes > 0:
-        # (--init-method-std and --layernorm-epsilon: config._check_model_numbers, with the model's numbers)
+        # (--init-method-std and --layernorm-epsilon: config.check_model_numbers, with the model's numbers)
         raise ConfigError(f"--distributed-timeout-minutes {args.distributed_timeout_minutes} must be > 0",
                           "pass a positive --distributed-timeout-minutes, e.g. 10")
     if not 0 <= args.seed < 2**32:

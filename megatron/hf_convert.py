@@ -390,6 +390,13 @@ def refuse_two_vocabularies(folder: Path) -> None:
                         "remove the one the model was not trained with (a stray vocab.txt, usually)")
 
 
+def refuse_save_with_checkpoint(save_dir) -> None:
+    """A --save directory that holds a checkpoint already (its `latest`): from-hf names it before it reads
+    any weight, and again before it writes."""
+    if (Path(save_dir) / LATEST).exists():
+        raise ConfigError(f"{save_dir} already holds a checkpoint", "choose a new --save directory")
+
+
 def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, tokenizer=None,
                                  initialised: list = ()) -> None:
     """A checkpoint directory with weights and config but no optimizer state, in the file layout
@@ -399,8 +406,7 @@ def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, toke
     `initialised`: the tensors the HF folder lacked, recorded for untrained_warning (a training run's
     own checkpoints record none). Atomic like save_hf_folder."""
     save_dir = Path(save_dir)
-    if (save_dir / "latest").exists():
-        raise ConfigError(f"{save_dir} already holds a checkpoint", "choose a new --save directory")
+    refuse_save_with_checkpoint(save_dir)
     tag = tag_for(0)
     with undone_on_failure(f"cannot write the checkpoint {save_dir}", "--save") as made:
         made += [Path(folder) for folder in reversed(missing_folders(save_dir))]

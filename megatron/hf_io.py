@@ -25,8 +25,8 @@ from typing import Callable
 
 import torch
 
-from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, latest_tag, refuse_log_dir, refuse_non_finite,
-                                 stored_config)
+from megatron.checkpoint import (LATEST, RUN_STATE, UNREADABLE, latest_tag, read_failure, refuse_log_dir,
+                                 refuse_non_finite, stored_config)
 from megatron.checkpoint_weights import bert_state_from_checkpoint
 from megatron.config import strict_json_loads
 from megatron.errors import ConfigError, DataError, disk_full, refuse_lfs_pointer
@@ -213,8 +213,7 @@ def finite_tensors(tensors: dict, path) -> dict:
 
 
 def _unreadable_bin(path: Path, error: Exception) -> DataError:
-    first = re.split(r"(?<=\.) ", (str(error).splitlines() or ["empty"])[0])[0]  # torch's first sentence
-    return DataError(f"{path} cannot be read: truncated or not a PyTorch file ({type(error).__name__}: {first})",
+    return DataError(f"{path} cannot be read: truncated or not a PyTorch file ({read_failure(error, 'empty')})",
                      "copy or download the model folder again")
 
 

@@ -6,7 +6,7 @@ import warnings
 
 from megatron import checkpoint, checkpoint_compat, checkpoint_weights, hf_convert, hf_io, hf_modernbert, paths
 from megatron.arguments import config_flags
-from megatron.config import adjustable_start_fields, refuse_contradictions
+from megatron.config import adjustable_start_fields, check_model_numbers, refuse_contradictions
 from megatron.errors import ConfigError
 from megatron.model.args import BertConfig
 from megatron.model.attention.rules import refuse_local_layers
@@ -39,6 +39,8 @@ def model_flags(args, ds: dict, plan: StartPlan) -> dict:
     if "local_attention_window" in start:  # the weights have local layers (carried_fields), which no flag drops
         refuse_local_layers(given_attention(flags, ds), source)
     if not resume:  # a resume refuses them (refuse_contradictions)
+        # a value refused after its note would leave a note on a run that never starts
+        check_model_numbers({field: value for field, value in flags.items() if value is not None})
         note_replaced_settings(flags, start, source)
     for field, value in start.items():
         flags[field] = value if flags.get(field) is None else flags[field]

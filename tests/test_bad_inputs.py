@@ -220,7 +220,7 @@ CASES = [
              phrases=("hidden_size 66 is not divisible by num_attention_heads 4", "divides the hidden size")),
     Case("flag_ulysses_heads_not_divisible_by_sp", "ds_config",
          ["validate", "{tmp}/ds.json", "--world-size", "2", "--attention-dropout", "0", "--num-attention-heads", "3",
-          "--hidden-size", "66"], ("num_attention_heads (3)", "multiple of --sequence-parallel-size"),
+          "--hidden-size", "66"], ("num_attention_heads (3)", "multiple of sequence_parallel.size"),
          files={"ds.json": ds_json(sequence_parallel={"size": 2, "attention": "ulysses"})}),
     pretrain("--attention", "bigbird", "--block-size", "24", id="flag_block_size_not_dividing_seq",
              phrases=("seq_length 64 is not divisible by bigbird block size 24", "another --block-size")),
@@ -466,6 +466,20 @@ CASES = [
           "iter_* folders"), files={"run/latest": "iter_0000002", "other/iter_0000002/run_state.json": "{}"}),
     Case("fill_mask_tag_dot_dot", "fill_mask", ["--load", "{tmp}/run", "--tag", "..", "--text", "a [MASK]"],
          ("--tag .. is not the name of a checkpoint folder of",), files={"run/latest": "iter_0000002"}),
+    # an unfinished save (a killed one's .partial folder, its files half-written) is never read, nor exported
+    *[Case(f"{name}_tag_of_an_unfinished_save", command, [*argv, "--load", "{tmp}/run", "--tag", "iter_0000004.partial",
+                                                          *tail],
+           ("--tag iter_0000004.partial is a save that did not finish (interrupted), never a checkpoint",
+            "pass --tag of a complete iter_* folder of", "(the newest: iter_0000002)"),
+           files={"run/latest": "iter_0000002", "run/iter_0000002/mp_rank_00_model_states.pt": "x",
+                  "run/iter_0000004.partial/mp_rank_00_model_states.pt": "x"})
+      for name, command, argv, tail in (("fill_mask", "fill_mask", [], ["--text", "a [MASK]"]),
+                                        ("checkpoint_to_hf", "convert", ["to-hf"], ["--output", "{tmp}/hf"]))],
+    # a --save folder whose first save was killed: not 'point --load at a directory written by --save'
+    pretrain("--load", "{tmp}/run", id="load_of_only_an_unfinished_save",
+             files={"run/iter_0000002.partial/mp_rank_00_model_states.pt": "x"},
+             phrases=("no checkpoint in", "iter_0000002.partial is a save that did not finish (interrupted)",
+                      "start without --load")),
     # ---- silent accepts: non-finite JSON, options the run would not read (more in CONFIG_MISTAKES, in-process)
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_nan_gradient_clipping",
              files={"ds.json": '{"train_micro_batch_size_per_gpu": 2, "gradient_clipping": NaN}'},
@@ -1344,7 +1358,7 @@ CONFIG_MISTAKES = {
         "choose another --save"), {}) for name, where, save in (("as", "the", "{hf}"), ("inside", "inside the",
                                                                                        "{hf}/run"))},
     # ---- one rule per number, whatever its value breaks
-    # numbers that reached torch after the index maps were built (config._check_model_numbers)
+    # numbers that reached torch after the index maps were built (config.check_model_numbers)
     "init_method_std_negative": (["--init-method-std", "-1"], {}, ("init_method_std = -1.0 is not a finite number > 0",
                                                                     "pass --init-method-std above 0, e.g. 0.02"), {}),
     "layernorm_epsilon_zero": (["--layernorm-epsilon", "0"], {}, ("layernorm_epsilon = 0.0 is not a finite number > 0",
@@ -1352,6 +1366,22 @@ CONFIG_MISTAKES = {
     **{f"rotary_base_{name}": (["--position-embedding-type", "rope", "--rotary-base", value], {}, (
         f"rotary_base = {float(value)} is not a finite number > 1", "pass --rotary-base above 1"), {})
        for name, value in (("zero", "0"), ("half", "0.5"))},
+    # a theta float32 cannot hold: inf in bert.rotary_cos_sin, and every pair but the first without a position
+    **{f"{flag[2:].replace('-', '_')}_overflows_float32": (
+        ["--position-embedding-type", "rope", "--local-attention-window", "16", "--global-attention-every", "2", flag,
+         "1e300"], {}, (f"{flag[2:].replace('-', '_')} = 1e+300 overflows float32",
+                        f"pass {flag} between 1 and 3.4e+38"), {})
+       for flag in ("--rotary-base", "--local-rotary-base")},
+    # a setting's fix names the flag the user gave, not the config field
+    "ffn_hidden_size_zero": (["--ffn-hidden-size", "0"], {}, ("ffn_hidden_size = 0 must be positive",
+                                                              "set --ffn-hidden-size to an integer >= 1"), {}),
+    # both of two opposite flags: the last won silently (as --swiglu with --mlp-type geglu is refused)
+    **{f"opposite_flags_{on[2:].replace('-', '_')}": ([off, on], {}, (f"{off} and {on} contradict each other",
+                                                                      "pass one of them"), {})
+       for on, off in (("--add-bias-linear", "--disable-bias-linear"),
+                       ("--embedding-layernorm", "--no-embedding-layernorm"),
+                       ("--first-layer-attention-norm", "--no-first-layer-attention-norm"),
+                       ("--pack-samples", "--no-pack-samples"))},
     # ---- a flag's mistake is named as the flag's, not the JSON section's
     "attention_dropout_with_local_layers": (["--position-embedding-type", "rope", "--local-attention-window", "16",
                                              "--global-attention-every", "2", "--attention-dropout", "0.1"], {},

@@ -218,6 +218,44 @@ def test_latest_naming_an_unfinished_save_is_refused(tmp_path):
         checkpoint.latest_tag(str(tmp_path))
 
 
+def test_an_unfinished_save_is_never_read_and_is_named_for_what_it_is(tmp_path):
+    """`--tag iter_N.partial` (or .removing) was read as a checkpoint (fill_mask predicted, to-hf exported an
+    interrupted save), and a truncated one surfaced torch's miniz paragraph; a --save folder holding only a
+    killed first save was 'missing latest; point --load at a directory written by --save'. Each names the
+    unfinished folder and what to pass instead, for the trainer (start afresh) and for a reader."""
+    from megatron.errors import DataError
+
+    run = tmp_path / "run"
+    for tag in ("iter_0000002", "iter_0000004.partial", "iter_0000003.removing"):
+        (run / tag).mkdir(parents=True)
+        (run / tag / "mp_rank_00_model_states.pt").write_bytes(b"PK\x03\x04 truncated")
+    (run / "latest").write_text("iter_0000002")
+    for tag, what in (("iter_0000004.partial", "save"), ("iter_0000003.removing", "--keep-last removal")):
+        with pytest.raises(DataError, match=f"^--tag {tag} is a {what} that did not finish \\(interrupted\\), never a "
+                                            f"checkpoint; pass --tag of a complete iter_\\* folder of {run} \\(the "
+                                            "newest: iter_0000002\\)$"):
+            checkpoint.chosen_tag(str(run), tag)
+    with pytest.raises(DataError, match=f"^{run / 'iter_0000004.partial'} is a save that did not finish "
+                                        f"\\(interrupted\\), not a checkpoint of the --save directory {run}; pass "
+                                        f"--load {run} --tag iter_0000002$"):
+        checkpoint.chosen_tag(str(run / "iter_0000004.partial"), None)
+    assert checkpoint.chosen_tag(str(run), "iter_0000002") == "iter_0000002"
+    with pytest.raises(DataError) as caught:  # a truncated file: torch's first sentence, not its paragraph
+        checkpoint.safe_load(str(run / "iter_0000002" / "mp_rank_00_model_states.pt"))
+    assert str(caught.value).count(";") == 1 and "miniz" not in str(caught.value)
+    first = tmp_path / "first"  # a first save that was killed: no `latest`, nothing complete
+    (first / "iter_0000002.partial").mkdir(parents=True)
+    with pytest.raises(DataError, match=f"^no checkpoint in {first}: iter_0000002.partial is a save that did not "
+                                        f"finish \\(interrupted\\); start without --load \\(a run with --save {first} "
+                                        f"removes it at its start\\), or delete {first / 'iter_0000002.partial'}$"):
+        checkpoint.latest_tag(str(first))
+    with pytest.raises(DataError, match=f"; let the run that saves into {first} finish a save"):
+        checkpoint.chosen_tag(str(first), None)
+    with pytest.raises(DataError, match=f"--tag iter_0000002.partial is a save .*; {first} holds no complete "
+                                        "checkpoint yet"):
+        checkpoint.chosen_tag(str(first), "iter_0000002.partial")
+
+
 def test_zero0_masters_are_placed_by_the_modules_order_or_not_at_all():
     """A bf16 / fp16 ZeRO-0 model file holds the fp32 masters flat beside the rounded module; they are
     read in the module's order, and a flat buffer that cannot be the module's is not guessed at."""

@@ -340,6 +340,56 @@ def test_local_layers_are_refused_with_linformer_or_bigbird_first():
         resolve({**local, "attention": "bigbird"}, {}, world_size=1, deepspeed_check=False)  # 1 block of 64: too few
 
 
+def test_linformer_over_local_layers_and_packing_is_one_line_whose_fix_clears_both():
+    """Linformer with a preset's local layers and the JSON's packing: the packing line came first, naming
+    --pack-samples (a flag never given), then the local-layer one: two round trips. One line names both,
+    the packing by the JSON key that set it, and each fix it offers resolves."""
+    ds = {"sequence_parallel": {"model_preset": "modernbert-base", "pack_samples": True}}
+    with pytest.raises(ConfigError) as error:
+        resolve(flags("--attention", "linformer", "--seq-length", "512"), ds, world_size=1, deepspeed_check=False)
+    assert re.fullmatch(r"linformer attention cannot be combined with local sliding-window layers "
+                        r".* nor with packed samples \(sequence_parallel.pack_samples: .*\); use attention dense, "
+                        r"ring, ulysses or hybrid, or \(to keep linformer\) drop sequence_parallel.pack_samples and "
+                        r"pass --global-attention-every 1 .*", str(error.value)), error.value
+    resolve(flags("--attention", "ring", "--seq-length", "512"), ds, world_size=1, deepspeed_check=False)
+    unpacked = {"sequence_parallel": {"model_preset": "modernbert-base"}}
+    resolve(flags("--attention", "linformer", "--seq-length", "512", "--global-attention-every", "1"), unpacked,
+            world_size=1, deepspeed_check=False)
+
+
+def test_a_setting_is_named_as_given_a_flag_or_a_json_key():
+    """The fixes of BertConfig's own checks named the field (`set ffn_hidden_size to ...`), and ulysses_size
+    was the JSON's key when the flag set it: each names the flag, or the JSON key where the JSON set it."""
+    with pytest.raises(ConfigError, match="^ffn_hidden_size = 0 must be positive; set --ffn-hidden-size to an integer"):
+        resolve({**SMALL, "ffn_hidden_size": 0}, {}, world_size=1, deepspeed_check=False)
+    with pytest.raises(ConfigError, match="hidden_dropout = 1.5 is outside \\[0, 1\\); set --hidden-dropout between"):
+        resolve({**SMALL, "hidden_dropout": 1.5}, {}, world_size=1, deepspeed_check=False)
+    with pytest.raises(ConfigError, match="; set sequence_parallel.linformer.k to an integer >= 1$"):
+        resolve(SMALL, {"sequence_parallel": {"attention": "linformer", "linformer": {"k": 0}}}, world_size=1,
+                deepspeed_check=False)
+    with pytest.raises(ConfigError, match="^--ulysses-size 2 is set but attention is 'ring'; set "
+                                          "sequence_parallel.attention hybrid or drop --ulysses-size$"):
+        resolve({**SMALL, "ulysses_size": 2}, BASE, world_size=4, deepspeed_check=False)
+    with pytest.raises(ConfigError, match="^sequence_parallel.ulysses_size 2 is set but attention is 'ring'; set "
+                                          "sequence_parallel.attention hybrid or drop sequence_parallel.ulysses_size$"):
+        resolve(SMALL, {**BASE, "sequence_parallel": {**BASE["sequence_parallel"], "ulysses_size": 2}}, world_size=4,
+                deepspeed_check=False)
+
+
+def test_a_key_of_the_other_level_names_where_it_belongs():
+    """"model_preset" at the JSON's top level was 'unknown top-level key ... fix the spelling': the spelling
+    is right, the section is not; a DeepSpeed key inside the section is named alike."""
+    from megatron.ds_schema import check_deepspeed_types
+
+    for key, value in (("model_preset", "modernbert-base"), ("pack_samples", True), ("linformer", {"k": 8})):
+        with pytest.raises(ConfigError, match=f"^'{key}' at the top level of the DeepSpeed JSON is a key of its "
+                                              f"sequence_parallel section .*; move it into \"sequence_parallel\""):
+            check_deepspeed_types({key: value})
+    with pytest.raises(ConfigError, match="^sequence_parallel.train_batch_size is a top-level key of DeepSpeed's, not "
+                                          "one of the sequence_parallel section .*; move 'train_batch_size' out of"):
+        resolve(SMALL, {"sequence_parallel": {"train_batch_size": 8}}, world_size=1, deepspeed_check=False)
+
+
 @pytest.mark.parametrize("argv,ds,fix,undo", [
     (["--model-preset", "modernbert-base", "--attention", "linformer"], {}, "or pass --global-attention-every 1 to "
      "make every layer global (--model-preset modernbert-base sets --local-attention-window)",

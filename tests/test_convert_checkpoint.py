@@ -350,6 +350,32 @@ def test_heads_the_folder_lacked_are_recorded_and_named_by_to_hf_and_fill_mask(t
         "are random (train from the checkpoint first, or convert a Hugging Face folder with its masked-LM head)"]
 
 
+def test_from_hf_names_a_filled_save_or_a_larger_tokenizer_before_any_warning(tmp_path, capsys):
+    """from-hf of a folder lacking heads printed its 'initialised' warning, then refused the --save that holds
+    a checkpoint or the tokenizer larger than the model: both are checked before the weights are read, and
+    the folder's warnings come once the checkpoint is written (an error stays the only line). In-process."""
+    from test_hf_convert import VOCAB, hf_model
+
+    tool = tool_module()
+    _, folder = hf_model("bert", tmp_path, heads=False)
+    write_vocab_file(folder / "vocab.txt")
+    (tmp_path / "filled").mkdir()
+    (tmp_path / "filled" / "latest").write_text("iter_0000000")
+    with warnings.catch_warnings(record=True) as caught, mock.patch.object(hf_convert, "load_hf_weights") as read:
+        warnings.simplefilter("always")
+        with pytest.raises(ConfigError, match=f"^{tmp_path / 'filled'} already holds a checkpoint; choose a new "):
+            tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "filled")])
+        (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                                                    + [f"tok{i}" for i in range(VOCAB + 10)]) + "\n")
+        with pytest.raises(ConfigError, match=f"has {VOCAB + 15} tokens, the model's vocab_size is {VOCAB}"):
+            tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "new")])
+    assert not read.called and not caught and not (tmp_path / "new").exists()
+    write_vocab_file(folder / "vocab.txt")
+    with pytest.warns(UserWarning, match="not in the Hugging Face folder, initialised"):
+        tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "new")])
+    assert (tmp_path / "new" / "latest").is_file()
+
+
 def tool_module(name: str = "convert_checkpoint"):
     """tools/<name>.py loaded as a module, for in-process calls of its main()."""
     spec = importlib.util.spec_from_file_location(name, TOOL.parent / f"{name}.py")

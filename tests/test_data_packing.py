@@ -300,8 +300,13 @@ def test_packing_settings_resolve_from_flags_and_json():
         resolve(base, {}, 1)
     with pytest.raises(ConfigError, match="sequence_parallel.pack_samples = 'yes' is not a boolean"):
         resolve(base, {"sequence_parallel": {"pack_samples": "yes"}}, 1)
-    with pytest.raises(ConfigError, match="linformer.*drop --pack-samples"):
-        resolve({**base, "attention": "linformer", "linformer_k": 16}, {"sequence_parallel": {"pack_samples": True}}, 1)
+    linformer = {**base, "attention": "linformer", "linformer_k": 16}
+    with pytest.raises(ConfigError, match=r"linformer.*\(--pack-samples: .*drop --pack-samples$"):
+        resolve({**linformer, "pack_samples": True}, {}, 1)
+    # packing the JSON set is named by its key, not by a flag the user never gave
+    with pytest.raises(ConfigError, match=r"linformer.*\(sequence_parallel.pack_samples: .*drop "
+                                          r"sequence_parallel.pack_samples$"):
+        resolve(linformer, {"sequence_parallel": {"pack_samples": True}}, 1)
 
 
 def test_ds_config_tool_knows_the_packing_keys(tmp_path, capsys):

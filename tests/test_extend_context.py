@@ -548,3 +548,14 @@ def test_a_checkpoint_continued_longer_than_its_weights_counts_as_trained_at_its
     assert notes == [f"note: --seq-length 256 is 2x the 128 tokens the checkpoint {source} was trained at, with its "
                      "global rope theta 2000: the model extrapolates; tools/extend_context.py continues at a longer "
                      "length with a scaled theta (docs/hugging-face.md), or pass --rotary-base"]
+
+
+def test_a_from_folder_whose_only_save_did_not_finish_is_named_so(tmp_path):
+    """--from a --save folder whose first save was killed (only iter_N.partial) was 'neither a Hugging Face
+    folder nor a checkpoint folder'; it names the unfinished save, as fill_mask.py and to-hf do."""
+    from megatron.errors import DataError
+
+    (tmp_path / "iter_0000002.partial").mkdir()
+    with pytest.raises(DataError, match=f"^no checkpoint in {tmp_path}: iter_0000002.partial is a save that did not "
+                                        f"finish \\(interrupted\\); let the run that saves into {tmp_path} finish"):
+        extend_context.source_model(str(tmp_path))

@@ -248,3 +248,20 @@ def test_a_text_longer_than_the_sequence_is_read_in_a_window_around_each_mask(tm
         tool.fill_mask(model, tokenizer, "", 3, source="--text-file empty.txt")
     tool.print_predictions("--text-file one.txt", "x " * 200 + "[MASK]", predicted[:1], ["[MASK]"])
     assert capsys.readouterr().out.startswith("--text-file one.txt (406 characters, 1 mask)\n")
+
+
+def test_control_characters_of_the_text_are_echoed_escaped_and_a_long_texts_size_once(capsys):
+    """The echo of --text wrote its ANSI escapes and other control characters raw, so the text recoloured the
+    terminal; they are shown as Python escapes (newlines and tabs stay). A long --text's header gave its size
+    twice ('...'... (30007 characters) (30007 characters, 1 mask)): once."""
+    tool = load_tool()
+    text = "the \x01 function\x1b[31m returns\r [MASK]"
+    tool.print_predictions(tool.text_label(text), text, [[("a", 0.5)]], ["[MASK]"])
+    echoed = capsys.readouterr().out.splitlines()[0]
+    assert echoed == "the \\x01 function\\x1b[31m returns\\r [MASK]"
+    assert tool.escaped("a\tb\nc\x00") == "a\tb\nc\\x00"
+    long = "word\x1b[0m " * 100 + "[MASK]"
+    tool.print_predictions(tool.text_label(long), long, [[("a", 0.5)]], ["[MASK]"])
+    header, line = capsys.readouterr().out.splitlines()
+    assert header == f"--text {long[:tool.CONTEXT]!r}... ({len(long)} characters, 1 mask)"
+    assert "\x1b" not in line and "word\\x1b[0m [MASK]" in line

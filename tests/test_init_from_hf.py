@@ -10,7 +10,7 @@ import torch
 
 from megatron import (checkpoint, checkpoint_compat, checkpoint_weights, flag_checks, hf_convert, hf_io, run_data,
                       start_plan, starting_weights, training)
-from megatron.errors import DataError
+from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.fields import resume_kept
 from test_convert_checkpoint import convert
@@ -614,3 +614,9 @@ def test_a_flag_that_replaces_the_weights_theta_or_window_is_a_note_naming_their
     assert notes("--load", tmp_path / "ck", "--local-attention-window", 16) == [
         f"note: --local-attention-window 16 replaces the local attention window 8 of the weights-only checkpoint "
         f"{tmp_path / 'ck'} (its local layers were trained seeing 4 tokens each side)"]
+    # a value then refused (an odd window, a theta float32 cannot hold) is that one error, with no note on it first
+    for flag, value, error in (("--local-attention-window", 33, "local_attention_window = 33 is not an even"),
+                               ("--rotary-base", 1e39, r"rotary_base = 1e\+39 overflows float32")):
+        with pytest.raises(ConfigError, match=error):
+            notes("--load", tmp_path / "ck", flag, value)
+        assert capsys.readouterr().out == ""

@@ -87,6 +87,7 @@ def check_from_hf(args, positions: int) -> None:
     inside = save_into_weights_folder(args.save, args.hf_dir, "--hf-dir")
     if inside:
         raise ConfigError(inside, "choose another --save")
+    hf_convert.refuse_save_with_checkpoint(args.save)
     for flag in ("--max-position-embeddings", "--seq-length", "--make-vocab-size-divisible-by"):
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None and value < 1:
@@ -111,20 +112,23 @@ def from_hf(args) -> None:
     positions = fields.get("max_position_embeddings", BertConfig.max_position_embeddings)
     check_from_hf(args, positions)
     tokenizer = hf_convert.read_hf_tokenizer(args.hf_dir)  # before the weights: an unreadable one stops here
-    if tokenizer is None:
-        warnings.warn(f"{args.hf_dir} holds no vocab.txt or tokenizer.json, so the checkpoint carries no tokenizer: "
-                      "pass --vocab-file or --tokenizer-file to pretrain_bert.py, to-hf and fill_mask.py with it")
     for name in ("max_position_embeddings", "make_vocab_size_divisible_by"):
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
     fields["seq_length"] = positions if args.seq_length is None else args.seq_length
-    config = hf_convert.without_refused_dropout(BertConfig(**fields), args.hf_dir)
-    state, initialised = hf_convert.load_hf_weights(args.hf_dir, config,
-                                                    extend_positions=not args.no_position_extension)
-    if tokenizer is not None:  # before anything is written: every tool would refuse the checkpoint
-        check_fits(tokenizer, config.vocab_size, f"put the model's own tokenizer in {args.hf_dir} (one of at most "
-                   f"{config.vocab_size} tokens, the rows of its embedding)")
-    hf_convert.save_weights_only_checkpoint(args.save, state, config, tokenizer, initialised)
+    with warnings.catch_warnings(record=True) as held:  # said once written: an error stays the only line
+        config = hf_convert.without_refused_dropout(BertConfig(**fields), args.hf_dir)
+        if tokenizer is not None:  # before the weights are read: every tool would refuse the checkpoint
+            check_fits(tokenizer, config.vocab_size, f"put the model's own tokenizer in {args.hf_dir} (one of at "
+                       f"most {config.vocab_size} tokens, the rows of its embedding)")
+        state, initialised = hf_convert.load_hf_weights(args.hf_dir, config,
+                                                        extend_positions=not args.no_position_extension)
+        hf_convert.save_weights_only_checkpoint(args.save, state, config, tokenizer, initialised)
+    if tokenizer is None:
+        warnings.warn(f"{args.hf_dir} holds no vocab.txt or tokenizer.json, so the checkpoint carries no tokenizer: "
+                      "pass --vocab-file or --tokenizer-file to pretrain_bert.py, to-hf and fill_mask.py with it")
+    for warning in held:
+        warnings.warn(warning.message)
     print(f"wrote a weights-only checkpoint ({config.layernorm_layout}-LayerNorm, {config.num_layers} layers, "
           f"{config.max_position_embeddings} positions) to {args.save}")
 

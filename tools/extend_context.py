@@ -24,7 +24,6 @@ DeepSpeed's runner under megatron/parallel/deepspeed_command.py: Ctrl-C during t
 is one line, as during this tool's own imports.
 """
 import argparse
-import math
 import os
 import shlex
 import sys
@@ -42,6 +41,7 @@ with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the secon
     from megatron.arguments import flag_setting, flags_given
     from megatron.config import json_pipeline_stages, read_ds_config, section_values
     from megatron.ds_schema import SECTION
+    from megatron.model.args import check_bounded
     from megatron.model.fields import fields_with, info, variants_with_options
     from megatron.start_plan import StartPlan
     from megatron.starting_weights import initial_model_fields, starting_weights_fields
@@ -157,6 +157,7 @@ def source_model(source: str) -> tuple[dict, str]:
     if (folder / checkpoint.LATEST).is_file():
         return checkpoint.stored_config(source, checkpoint.latest_tag(source))["model"], "checkpoint"
     checkpoint.refuse_tag_folder(source, "--from")
+    checkpoint.refuse_unfinished_only(source, "--from", reader=True)
     raise DataError(f"--from {source} is neither a Hugging Face folder (no config.json) nor a checkpoint folder "
                     f"(no {checkpoint.LATEST} file)", "pass a ModernBERT folder or a --save folder of this trainer")
 
@@ -190,8 +191,8 @@ def check(args, fields: dict, kind: str) -> float:
     if not 1 <= factor <= MAX_FACTOR:
         raise ConfigError(f"--seq-length {args.seq_length} is {factor:g}x the {old} tokens the model was trained at",
                           f"pick 1 to {MAX_FACTOR} times {old}")
-    if args.rotary_base is not None and not (math.isfinite(args.rotary_base) and args.rotary_base > 1):
-        raise ConfigError(f"--rotary-base {args.rotary_base} must be a finite number above 1", "pass e.g. 160000")
+    if args.rotary_base is not None:
+        check_bounded("rotary_base", args.rotary_base)
     return factor
 
 

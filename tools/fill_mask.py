@@ -14,6 +14,7 @@ corpus' vocab.
 import argparse
 import re
 import sys
+import unicodedata
 from pathlib import Path
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
@@ -80,10 +81,19 @@ def windows(body: list, mask_id: int, room: int) -> list:
 
 
 def text_label(text: str) -> str:
-    """--text as messages name it: whole when short, else its start and size (not 100 KB echoed)."""
+    """--text as messages name it: whole when short, else its start (not 100 KB echoed; the header of
+    its predictions gives its size)."""
     if len(text) <= SHOWN_WHOLE:
         return f"--text {text!r}"
-    return f"--text {text[:CONTEXT]!r}... ({len(text)} characters)"
+    return f"--text {text[:CONTEXT]!r}..."
+
+
+def escaped(text: str) -> str:
+    """`text` with its control characters (an ANSI escape, NUL, a carriage return) written as Python
+    escapes ('\\x1b'): echoed raw, they would recolour or rewrite the user's terminal. Newlines and tabs
+    stay."""
+    return "".join(repr(char)[1:-1] if unicodedata.category(char) == "Cc" and char not in "\n\t" else char
+                   for char in text)
 
 
 def mask_markers(tokenizer) -> list[str]:
@@ -122,9 +132,9 @@ def guesses(tokenizer, ids) -> list[str]:
     what they stand for (' have', shown stripped; whitespace alone as its repr, '\\n'); WordPiece
     tokens stay as they are (##ing: a word's continuation)."""
     if not isinstance(tokenizer, HFTokenizer):
-        return tokenizer.convert_ids_to_tokens(ids)
+        return [escaped(token) for token in tokenizer.convert_ids_to_tokens(ids)]
     texts = [tokenizer.decode_one(index) for index in ids]
-    return [text.strip() or repr(text) for text in texts]
+    return [escaped(text.strip()) or repr(text) for text in texts]
 
 
 def contexts(text: str, markers: list) -> list[str]:
@@ -132,7 +142,7 @@ def contexts(text: str, markers: list) -> list[str]:
     shown = []
     for found in re.finditer("|".join(map(re.escape, markers)), text):
         start, end = max(0, found.start() - CONTEXT), found.end() + CONTEXT
-        window = " ".join(text[start:end].split())
+        window = escaped(" ".join(text[start:end].split()))
         shown.append(("..." if start > 0 else "") + window + ("..." if end < len(text) else ""))
     return shown
 
@@ -140,7 +150,7 @@ def contexts(text: str, markers: list) -> list[str]:
 def print_predictions(label: str, text: str, masks: list, markers: list) -> None:
     """A short text whole, then a line per mask; a long one by its name and size, each mask with its context."""
     if len(text) <= SHOWN_WHOLE:
-        print(text)
+        print(escaped(text))
         windows = [""] * len(masks)
     else:
         print(f"{label} ({len(text)} characters, {len(masks)} mask{'' if len(masks) == 1 else 's'})")

@@ -6,16 +6,43 @@ options are fields too, chosen per layer index by a rule (`is_local_layer`), nev
 MODEL_PRESETS sets them all at once (--model-preset modernbert-base)."""
 import dataclasses
 import math
+import struct
 from dataclasses import dataclass
 
 from megatron.errors import ConfigError
 from megatron.model.attention.rules import RULES
-from megatron.model.fields import Role, flag_of, meta
+from megatron.model.fields import Role, flag_of, info, meta
 
 ROPE_THETA_FLOOR = 1  # a rope theta must exceed it (angles that fall with the frequency index); config.py's rule too
+# ... and be at most float32's largest value: bert.rotary_cos_sin computes base ** (2i / d) in fp32, where a larger
+# base is inf and every pair but the first gets inv_freq 0 (no position); below it, base ** (2i / d) <= base is finite
+FLOAT32_MAX = struct.unpack("<f", struct.pack("<I", 0x7F7FFFFF))[0]
+ROPE_THETA_CEILING = FLOAT32_MAX
 
 
 SIZE, MATH, WEIGHTLESS, VISIBILITY, REGIME, RUN = Role
+
+
+def check_bounded(name: str, value) -> None:
+    """A value of field `name` within its bounds (Field.above, Field.at_most): a number, finite, above
+    the one and at most the other; the line names the field's flag."""
+    facts = info(name)
+    flag, floor, ceiling = facts.flag, facts.above, facts.at_most
+    example = BertConfig.__dataclass_fields__[name].default
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value > floor):
+        raise ConfigError(f"{name} = {value} is not a finite number > {floor}", f"pass {flag} above {floor}, "
+                          f"e.g. {example}")
+    if ceiling is not None and value > ceiling:
+        raise ConfigError(f"{name} = {value:g} overflows float32, in which the model computes with it (at most "
+                          f"{ceiling:.7g})", f"pass {flag} between {floor} and {ceiling:.2g}, e.g. {example}")
+
+
+def check_window(window) -> None:
+    """A local attention window (None: none) is an even integer >= 2: W / 2 keys on each side of a query."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2 or window % 2):
+        raise ConfigError(f"local_attention_window = {window} is not an even integer >= 2 (W / 2 keys on each "
+                          "side of a query)", "set --local-attention-window to an even window, e.g. 128")
 
 
 @dataclass
@@ -59,9 +86,11 @@ class BertConfig:
     position_embedding_type: str = meta("learned", roles=SIZE, flag="--position-embedding-type", resume_order=4)
     # rope theta of the global layers (ModernBERT 160000)
     rotary_base: float = meta(10000.0, roles=WEIGHTLESS, flag="--rotary-base", above=ROPE_THETA_FLOOR,
+                              at_most=ROPE_THETA_CEILING,
                               adjustable_start=True, resume_order=11, said_as="global rope theta")
     # rope theta of the local (sliding-window) layers (ModernBERT 10000)
     local_rotary_base: float = meta(10000.0, roles=WEIGHTLESS, flag="--local-rotary-base", above=ROPE_THETA_FLOOR,
+                                    at_most=ROPE_THETA_CEILING,
                                     adjustable_start=True, resume_order=12, said_as="local rope theta")
     # local layers: key j visible from query i iff |i - j| <= window // 2, within the same segment
     # (ModernBERT 128: 64 keys each side); None: every layer global
@@ -109,7 +138,8 @@ class BertConfig:
             self.ffn_hidden_size = 4 * self.hidden_size
         for name in (field.name for field in dataclasses.fields(self) if field.metadata["facts"].positive):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name} = {getattr(self, name)} must be positive", f"set {name} to an integer >= 1")
+                raise ConfigError(f"{name} = {getattr(self, name)} must be positive",
+                                  f"set {flag_of(name)} to an integer >= 1")
         if self.type_vocab_size < 0:
             raise ConfigError(f"type_vocab_size = {self.type_vocab_size} is negative",
                               "set --type-vocab-size to 0 (no token types) or more")
@@ -144,13 +174,14 @@ class BertConfig:
                               "use an odd window (the block and the same number of neighbours on each side)")
         if self.bigbird_num_random_blocks < 0:
             raise ConfigError(f"bigbird_num_random_blocks = {self.bigbird_num_random_blocks} is negative",
-                              "set bigbird_num_random_blocks to 0 or more")
+                              "set --bigbird-num-random-blocks to 0 or more")
         if self.layernorm_layout not in ("pre", "post"):
             raise ConfigError(f"layernorm_layout '{self.layernorm_layout}' is unknown",
                               "use 'pre' (Megatron) or 'post' (BERT)")
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"{name} = {getattr(self, name)} is outside [0, 1)", f"set {name} between 0 and 1")
+                raise ConfigError(f"{name} = {getattr(self, name)} is outside [0, 1)",
+                                  f"set {flag_of(name)} between 0 and 1")
 
     def _check_layer_options(self) -> None:
         choices = {"position_embedding_type": ("learned", "rope"), "mlp_type": ("gelu", "geglu", "swiglu"),
@@ -167,13 +198,8 @@ class BertConfig:
                                   "choose a head count that gives an even head dim, or "
                                   "--position-embedding-type learned")
             for name in ("rotary_base", "local_rotary_base"):
-                if not (math.isfinite(getattr(self, name)) and getattr(self, name) > ROPE_THETA_FLOOR):
-                    raise ConfigError(f"{name} = {getattr(self, name)} is not a finite number > {ROPE_THETA_FLOOR}",
-                                      f"pass {flag_of(name)} above {ROPE_THETA_FLOOR}, e.g. 10000")
-        window = self.local_attention_window
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2 or window % 2):
-            raise ConfigError(f"local_attention_window = {window} is not an even integer >= 2 (W / 2 keys on each "
-                              "side of a query)", "set --local-attention-window to an even window, e.g. 128")
+                check_bounded(name, getattr(self, name))
+        check_window(self.local_attention_window)
         if self.global_attention_every < 1:
             raise ConfigError(f"global_attention_every = {self.global_attention_every} must be >= 1",
                               "set --global-attention-every N (layer i is global when i % N == 0; 1: all global)")

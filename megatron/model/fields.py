@@ -33,7 +33,8 @@ class Field:
     # a run from an HF folder's weights may set it otherwise (config.adjustable_start_fields)
     adjustable_start: bool = False
     positive: bool = False  # the value must be an integer >= 1 (BertConfig.__post_init__)
-    above: float | None = None  # the value must be finite and > above (config._check_model_numbers)
+    above: float | None = None  # the value must be finite and > above (config.check_model_numbers)
+    at_most: float | None = None  # ... and <= at_most (config.check_model_numbers)
     said_as: str | None = None  # how a note names its setting ("global rope theta")
 
 
