@@ -89,8 +89,8 @@ class Schedule:
         """step -> multiple of the peak: linear warm-up from 0 over the warm-up steps, then the decay
         style down to min_lr at decay_end, held after it (Megatron's schedule): linear or cosine over the
         whole decay, WSD constant until its last lr_wsd_decay_iters steps, inverse-square-root as
-        sqrt(warm-up / step) (never below min_lr; min_lr after decay_end, as Megatron's). Step i (from 0) is the rate of iteration
-        i + 1. `peak` is the optimizer's rate, which a resume restores."""
+        sqrt(warm-up / step) (never below min_lr; min_lr after decay_end, as Megatron's). Step i (from 0)
+        is the rate of iteration i + 1. `peak` is the optimizer's rate, which a resume restores."""
         style, warmup, decay_end = self.lr_decay_style, self.warmup_steps, self.decay_end
         floor = self.min_lr / peak if peak else 0.0
 
