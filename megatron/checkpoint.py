@@ -36,7 +36,7 @@ import torch.distributed as dist
 from megatron import optimizer_state, paths
 from megatron.checkpoint_compat import check_same_model, check_same_optimizer
 from megatron.config import TrainConfig, strict_json_loads
-from megatron.data import tokenizer as tokenizers
+from megatron.data import tokenizer_identity
 from megatron.ds_schema import precision
 from megatron.errors import ConfigError, DataError
 from megatron.model.args import MODEL_PRESETS
@@ -328,7 +328,7 @@ def run_state(load_dir: str, tag: str) -> dict:
 def carried_tokenizer(load_dir: str, tag: str | None = None, stand_in=None):
     """The tokenizer the checkpoint carries (None: saved before checkpoints carried one); `stand_in`: the
     flags' tokenizer, used in place of a carried file that is gone if it is the one recorded."""
-    return tokenizers.carried_tokenizer(checkpoint_folder(load_dir, tag or latest_tag(load_dir)), stand_in)
+    return tokenizer_identity.carried_tokenizer(checkpoint_folder(load_dir, tag or latest_tag(load_dir)), stand_in)
 
 
 def refuse_non_finite(tensors: dict, source: str, fix: str) -> None:

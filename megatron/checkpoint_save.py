@@ -31,7 +31,7 @@ from megatron import optimizer_state, paths
 from megatron.checkpoint import (LATEST, LAYOUT_FREE, ORIGIN, PARTIAL, REMOVING, RUN_STATE, complete_tags, latest_tag,
                                  tag_for, tag_iteration, unfinished_tags)
 from megatron.config import TrainConfig
-from megatron.data import tokenizer as tokenizers
+from megatron.data import tokenizer_identity
 from megatron.errors import ConfigError, disk_full
 from megatron.locks import release_lock, take_lock
 from megatron.parallel import peers, state as parallel_state
@@ -72,7 +72,7 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
             with open(os.path.join(staging, RUN_STATE), "w") as file:
                 json.dump(run_state, file)
             if tokenizer is not None:
-                tokenizers.carry(tokenizer, staging)
+                tokenizer_identity.carry(tokenizer, staging)
 
     for write in (lambda: torch.save(rng_states(), os.path.join(staging, f"rng_rank{rank}.pt")),
                   lambda: _save_layout_free(engine, config, staging),  # collective: every rank calls it

@@ -28,7 +28,8 @@ from tokenizers import Tokenizer
 from megatron import hf_io, hf_modernbert
 from megatron.checkpoint import LATEST, RUN_STATE, run_state, tag_for
 from megatron.config import TrainConfig
-from megatron.data.tokenizer import BertWordPiece, HFTokenizer, carry, check_fits, read_vocab
+from megatron.data.tokenizer import BertWordPiece, HFTokenizer, check_fits, read_vocab
+from megatron.data.tokenizer_identity import carry
 from megatron.errors import ConfigError, DataError, GitLfsPointer
 from megatron.hf_forms import CLASSIC_LAYER, LAYOUTS, check_bert_exportable as check_exportable, is_modern
 from megatron.hf_io import (PADDED, Adapter, completed, created_folder, hf_positions, pad_vocab_rows,

@@ -16,8 +16,8 @@ from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_data
 from megatron.data.default_dataset import EMBEDDED_VOCAB, prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, micro_batches
 from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, build_tokenizer, case_warning,
-                                     check_data_vocab, choose_tokenizer, explicit_tokenizer, naming_flags,
-                                     unrecorded_data_warning)
+                                     explicit_tokenizer, naming_flags)
+from megatron.data.tokenizer_identity import check_data_vocab, choose_tokenizer, unrecorded_data_warning
 from megatron.data.words import word_rule
 from megatron.errors import ConfigError, DataError
 from megatron.parallel import state

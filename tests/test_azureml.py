@@ -34,7 +34,8 @@ def data_folder(folder: Path, prefix: str = "corpus_text_sentence", tokenizer: s
     """A local --data folder as tools/preprocess_data.py leaves it with `tokenizer` (vocab.txt, or
     tokenizer.json: a Hugging Face one) and its record of that tokenizer; vocab.txt, other.txt and
     tokenizer.json all have other tokens (the .bin/.idx are not read)."""
-    from megatron.data.tokenizer import build_tokenizer, write_data_identity
+    from megatron.data.tokenizer import build_tokenizer
+    from megatron.data.tokenizer_identity import write_data_identity
     from megatron.hf_modernbert import wordpiece_tokenizer_json
 
     folder.mkdir(parents=True)

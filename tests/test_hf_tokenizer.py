@@ -17,7 +17,8 @@ from megatron.data.indexed_dataset import make_dataset
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.sample_corpus import write_corpus
 from megatron.data import tokenizer as tokenizer_module
-from megatron.data.tokenizer import HFTokenizer, build_tokenizer, carried_tokenizer, data_identity_path
+from megatron.data.tokenizer import HFTokenizer, build_tokenizer
+from megatron.data.tokenizer_identity import carried_tokenizer, data_identity_path
 from megatron.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -364,7 +365,7 @@ def test_the_export_of_a_hugging_face_tokenizer_loads_with_the_trainers_special_
 
     from bert_fixtures import small_config, small_model
     from megatron import hf_convert
-    from megatron.data.tokenizer import carry
+    from megatron.data.tokenizer_identity import carry
 
     source, settings = source_tokenizer(style)
     (tmp_path / "source").mkdir()

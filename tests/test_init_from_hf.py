@@ -200,7 +200,8 @@ def test_no_position_extension_is_refused_for_rotary_positions(tmp_path):
 def test_a_folders_fixed_tokenizer_is_the_folders_and_other_data_is_preprocessed_again(tmp_path):
     """In-process (run_data.data_paths): the folder's tokenizer is named as the folder's, not a checkpoint's,
     and data made with another vocab gets the one fix that applies: the folder refuses the data's vocab flag."""
-    from megatron.data.tokenizer import BertWordPiece, write_data_identity
+    from megatron.data.tokenizer import BertWordPiece
+    from megatron.data.tokenizer_identity import write_data_identity
 
     folder = tmp_path / "hf"
     folder.mkdir()

@@ -27,7 +27,8 @@ from megatron.data.default_dataset import DEFAULT_VOCAB_SIZE, prepare_default_da
 from megatron.data.preprocess import Encoder, PreprocessOptions, preprocess
 from megatron.data.sample_corpus import write_corpus
 from megatron.data.sentences import sentence_splitter
-from megatron.data.tokenizer import BertWordPiece, build_tokenizer, check_data_vocab, data_identity_path
+from megatron.data.tokenizer import BertWordPiece, build_tokenizer
+from megatron.data.tokenizer_identity import check_data_vocab, data_identity_path
 from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.errors import ConfigError, DataError, Interrupted, raise_on_signals, restore_signals, run_tool
 from test_tokenizer import load_tool

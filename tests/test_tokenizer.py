@@ -16,8 +16,8 @@ from tokenizers.models import WordPiece
 from tokenizers.normalizers import BertNormalizer
 from tokenizers.pre_tokenizers import BertPreTokenizer, Whitespace
 
-from megatron.data.tokenizer import (BertWordPiece, HFTokenizer, build_tokenizer, case_warning, check_data_vocab,
-                                     data_identity_path, read_vocab, write_data_identity)
+from megatron.data.tokenizer import BertWordPiece, HFTokenizer, build_tokenizer, case_warning, read_vocab
+from megatron.data.tokenizer_identity import check_data_vocab, data_identity_path, write_data_identity
 from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.errors import ConfigError, DataError
 
@@ -359,7 +359,7 @@ def test_preprocessing_and_fill_masks_tokenizer_name_a_case_mismatch(tmp_path):
     a checkpoint carrying no tokenizer (fill_mask.py, convert_checkpoint.py to-hf). The trainer's: in
     tests/test_vocab_identity.py."""
     from megatron.data.preprocess import PreprocessOptions, preprocess
-    from megatron.data.tokenizer import checkpoint_tokenizer
+    from megatron.data.tokenizer_identity import checkpoint_tokenizer
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(CASED) + "\n")

@@ -8,8 +8,9 @@ import re
 import pytest
 
 from megatron.data.default_dataset import prepare_default_dataset
-from megatron.data.tokenizer import (CARRIED, BertWordPiece, HFTokenizer, carried_tokenizer, carry, check_data_vocab,
-                                     choose_tokenizer, data_identity_path, write_data_identity)
+from megatron.data.tokenizer import BertWordPiece, HFTokenizer
+from megatron.data.tokenizer_identity import (CARRIED, carried_tokenizer, carry, check_data_vocab, choose_tokenizer,
+                                              data_identity_path, write_data_identity)
 from megatron.errors import ConfigError, DataError
 from megatron.hf_modernbert import wordpiece_tokenizer_json
 
@@ -98,7 +99,8 @@ def test_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_file_if_it_is
     the same tokens split another way, or no flag are refused with a fix naming the recorded file."""
     from argparse import Namespace
 
-    from megatron.data.tokenizer import CARRIED_FILES, checkpoint_tokenizer, naming_flags
+    from megatron.data.tokenizer import naming_flags
+    from megatron.data.tokenizer_identity import CARRIED_FILES, checkpoint_tokenizer
 
     if kind == "hf":
         source = tmp_path / "source.json"
@@ -264,7 +266,7 @@ def test_a_flags_tokenizer_naming_other_special_tokens_is_refused_at_every_entry
 
     from megatron import hf_convert
     from megatron.arguments import build_parser
-    from megatron.data.tokenizer import checkpoint_tokenizer
+    from megatron.data.tokenizer_identity import checkpoint_tokenizer
     from megatron.model.bert import BertConfig, BertModel
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))

@@ -33,7 +33,8 @@ with start_up_stops_in_one_line("convert_checkpoint.py"):  # Ctrl-C during the s
     from megatron.checkpoint import PARTIAL, checkpoint_folder, chosen_tag, declared_positions, stored_config
     from megatron.checkpoint_compat import attention_change
     from megatron.checkpoint_weights import bert_state_from_checkpoint
-    from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits, checkpoint_tokenizer
+    from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits
+    from megatron.data.tokenizer_identity import checkpoint_tokenizer
     from megatron.model.bert import BertConfig
     from megatron.paths import save_into_weights_folder
 

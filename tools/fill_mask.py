@@ -30,8 +30,8 @@ with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of
     from megatron.checkpoint import LATEST, checkpoint_folder, chosen_tag, run_state, stored_config
     from megatron.checkpoint_weights import bert_state_from_checkpoint
     from megatron.data.batch import BertBatch
-    from megatron.data.tokenizer import (SPECIAL_NAMES, HFTokenizer, add_tokenizer_flags, check_fits,
-                                         checkpoint_tokenizer)
+    from megatron.data.tokenizer import SPECIAL_NAMES, HFTokenizer, add_tokenizer_flags, check_fits
+    from megatron.data.tokenizer_identity import checkpoint_tokenizer
     from megatron.hf_convert import untrained_warning
     from megatron.model.bert import BertConfig, BertModel
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from megatron.data.index_maps import FINGERPRINT_RECORD
-from megatron.data.tokenizer import DATA_IDENTITY
+from megatron.data.tokenizer_identity import DATA_IDENTITY
 from megatron.errors import ConfigError, DataError, refuse_lfs_pointer
 
 PARQUET_BATCH_ROWS = 1024  # rows decoded at once: a batch of long articles stays a few MB

@@ -15,7 +15,8 @@ from pathlib import Path
 from megatron.data.indexed_dataset import dataset_exists
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.data.sample_corpus import DEFAULT_PACKAGES, write_corpus
-from megatron.data.tokenizer import BertWordPiece, data_identity_path, write_data_identity
+from megatron.data.tokenizer import BertWordPiece
+from megatron.data.tokenizer_identity import data_identity_path, write_data_identity
 from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.data.workers import usable_cpus
 

@@ -28,7 +28,8 @@ from megatron.data import index_maps
 from megatron.data.corpus_files import FORMATS_HELP, Corpus, record_texts
 from megatron.data.indexed_dataset import best_fitting_dtype, make_builder
 from megatron.data.sentences import sentence_splitter
-from megatron.data.tokenizer import build_tokenizer, case_warning, data_identity_path, write_data_identity
+from megatron.data.tokenizer import build_tokenizer, case_warning
+from megatron.data.tokenizer_identity import data_identity_path, write_data_identity
 from megatron.data.workers import workers_beyond_cpus
 from megatron.errors import (ConfigError, DataError, cannot_use, disk_full, ignore_stop_signals_in_child,
                              stop_signals_blocked_for_children)
