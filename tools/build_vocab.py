@@ -10,7 +10,8 @@ from pathlib import Path
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron import paths
-from megatron.data.corpus_files import FORMATS_HELP, Corpus
+from megatron.data.corpus_files import Corpus
+from megatron.data.shard_discovery import FORMATS_HELP
 from megatron.data.tokenizer import SPECIAL_TOKENS, TOKENIZER_TYPES
 from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.errors import ConfigError, OneLineParser, run_tool

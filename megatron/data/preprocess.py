@@ -25,9 +25,10 @@ import numpy as np
 
 from megatron import paths
 from megatron.data import index_maps
-from megatron.data.corpus_files import FORMATS_HELP, Corpus, record_texts
+from megatron.data.corpus_files import Corpus, record_texts
 from megatron.data.indexed_dataset import best_fitting_dtype, make_builder
 from megatron.data.sentences import sentence_splitter
+from megatron.data.shard_discovery import FORMATS_HELP
 from megatron.data.tokenizer import build_tokenizer, case_warning
 from megatron.data.tokenizer_identity import data_identity_path, write_data_identity
 from megatron.data.workers import workers_beyond_cpus
