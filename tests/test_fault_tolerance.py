@@ -31,7 +31,7 @@ from megatron.parallel import device, peers
 from megatron.parallel.spawn import RankFailure, free_port, run_on_ranks
 from megatron.training import main
 from bert_fixtures import with_fp16_kernels_allowed
-from test_training import PYTHON, ROOT, TINY, data_dir  # noqa: F401 (data_dir is a fixture)
+from test_training import PYTHON, ROOT, TINY
 
 ITERS = 8
 

@@ -22,7 +22,6 @@ from megatron.model.bert import BertConfig, BertModel
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
 from test_hf_convert import max_diff, write_vocab_file
-from test_training import data_dir  # noqa: F401 (a fixture)
 
 ATOL = 1e-5
 # (HF ModernBertConfig sizes and options, our attention core for the global layers)

@@ -15,7 +15,7 @@ from megatron.model.bert import BertConfig, BertModel
 from megatron.model.fields import resume_kept
 from test_convert_checkpoint import convert
 from test_hf_convert import hf_model, write_vocab_file
-from test_training import TINY, data_dir, run_entry_point  # noqa: F401 (data_dir is a fixture)
+from test_training import TINY, run_entry_point
 
 HF = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
           max_position_embeddings=64)  # the run asks for 128 positions: extended by repetition

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from megatron import checkpoint, checkpoint_weights, run_log
-from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,13 +27,6 @@ SHAPE = ["2", "64", "4"]
 ACCELERATOR_WARNING = "Setting accelerator to CPU"
 # the modernbert preset at the tiny SHAPE: layer 0 global (ring), layer 1 local (window 32)
 MODERN = ["--model-preset", "modernbert-base", "--ffn-hidden-size", "96", "--local-attention-window", "32"]  # DeepSpeed's "... we were unable to detect it"
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("default_data")
-    prepare_default_dataset(directory)
-    return str(directory)
 
 
 def launch_env(run_dir: Path, **extra) -> dict:

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from megatron import run_log
-from megatron.data.default_dataset import prepare_default_dataset
 from megatron.parallel.spawn import free_port, run_on_ranks
 from megatron.resume import describe_batch_change, describe_data_change, describe_sample_change, resume_schedule
 from megatron.run_data import data_warnings, small_eval_splits, with_eval_passes
@@ -29,13 +28,6 @@ PYTHON = sys.executable
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128",
         "--max-position-embeddings", "128", "--attention-dropout", "0", "--hidden-dropout", "0",
         "--micro-batch-size", "4", "--lr", "1e-3", "--lr-warmup-fraction", "0.1"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("default_data")
-    prepare_default_dataset(directory)
-    return str(directory)
 
 
 def single_rank_env() -> dict:
