@@ -21,12 +21,13 @@ DeepSpeed's per-node launcher (deepspeed.launcher.launch), exactly as `deepspeed
 job's world, the image's CUDA and a local data folder are checked as the trainer checks them before
 anything is written (validate). A real submit reads the workspace from config.json
 (MLClient.from_config: ./config.json or ./.azureml/config.json, or --workspace-config) and your
-Azure login.
+Azure login; it needs --compute (a --dry-run does not).
 """
 import argparse
 import base64
 import io
 import json
+import logging
 import re
 import shlex
 import sys
@@ -220,16 +221,20 @@ def check_dry_run(path: Path, context: Path) -> None:
 
 
 def build_job(args, context: Path):
-    """The command job; its image is built from `context` (write_build_context)."""
+    """The command job, as azure.ai.ml.command() builds it: jobs.create_or_update takes that Command, and
+    refuses a CommandJob entity ("Non supported job type"). Its image is built from `context`
+    (write_build_context)."""
     validate(args)
     try:
-        from azure.ai.ml import Input, Output, PyTorchDistribution
-        from azure.ai.ml.entities import BuildContext, CommandJob, Environment, JobResourceConfiguration
+        from azure.ai.ml import Input, Output, PyTorchDistribution, command
+        from azure.ai.ml.entities import BuildContext, Environment
     except ImportError:
         raise SubmitError("azure-ai-ml is not installed; pip install -r requirements-azureml.txt") from None
+    # "Class ...Schema: This is an experimental class" for schema classes the SDK uses inside command()
+    logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
     environment = Environment(build=BuildContext(path=str(write_build_context(context, args.image).resolve())))
     data = str(Path(args.data).resolve()) if is_local(args.data) else args.data
-    return CommandJob(
+    return command(
         code=str(ROOT),
         command=node_command(args.instance_count, args.gpus_per_node, args.data_prefix, args.vocab, args.flags),
         environment=environment,
@@ -237,7 +242,7 @@ def build_job(args, context: Path):
                 "data": Input(type="uri_folder", path=data, mode="ro_mount")},
         outputs={"checkpoints": Output(type="uri_folder", mode="rw_mount", path=args.checkpoints),
                  "data_cache": Output(type="uri_folder", mode="rw_mount", path=args.data_cache)},
-        resources=JobResourceConfiguration(instance_count=args.instance_count),
+        instance_count=args.instance_count,
         distribution=PyTorchDistribution(process_count_per_instance=1),
         environment_variables={**NCCL_ENV, **dict(args.env)},
         compute=args.compute,
@@ -247,10 +252,13 @@ def build_job(args, context: Path):
 
 
 def write_job_yaml(job, path: Path) -> None:
-    """The job as YAML that `az ml job create -f` and azure.ai.ml.load_job read. The SDK's dump
-    writes a local input path as an asset name (`azureml:/abs/path`); the given paths are put back."""
+    """The job as YAML that `az ml job create -f` and azure.ai.ml.load_job read: the command job that
+    create_or_update makes of the Command (a Command's own dump is a pipeline node's, with its
+    component inline). The SDK's dump writes a local input path as an asset name (`azureml:/abs/path`);
+    the given paths are put back."""
     import yaml
 
+    job = job._to_job()
     spec = yaml.safe_load(io.StringIO(job_text(job)))
     for name, given in job.inputs.items():
         spec["inputs"][name]["path"] = given.path
@@ -265,6 +273,8 @@ def job_text(job) -> str:
 
 
 def submit(job, workspace_config):
+    """The job created in the workspace of `workspace_config` (None: searched from .); the SDK's and
+    Azure's errors as one line each (SubmitError)."""
     from azure.ai.ml import MLClient
     from azure.identity import DefaultAzureCredential
 
@@ -273,7 +283,34 @@ def submit(job, workspace_config):
     except Exception as error:  # the SDK raises its own exception types for a missing/invalid config
         raise SubmitError(f"no AzureML workspace config found ({type(error).__name__}); download config.json from "
                           "the workspace's Overview page to ./config.json or pass --workspace-config FILE") from None
-    return client.jobs.create_or_update(job)
+    compute = job.compute  # as given: create_or_update puts the cluster's ARM id in its place
+    try:
+        return client.jobs.create_or_update(job)
+    except Exception as error:
+        raise sdk_error(error, compute) from None
+
+
+def sdk_error(error: Exception, compute: str):
+    """`error`, raised by azure-ai-ml or Azure while creating the job, as a SubmitError (one line
+    with the fix its kind calls for), or `error` itself when it is neither's."""
+    from azure.ai.ml.exceptions import MlException
+    from azure.core.exceptions import AzureError, ClientAuthenticationError
+
+    if isinstance(error, ClientAuthenticationError):
+        fix = "sign in with `az login` (or set the AZURE_* variables of a service principal) and submit again"
+    elif isinstance(error, MlException):  # the SDK's checks of the job, or an asset it could not resolve
+        fix = "correct what it names (--dry-run job.yml writes the job as submit.py builds it, to look at)"
+    elif isinstance(error, AzureError):  # an HTTP error or no connection
+        fix = (f"check that the workspace in config.json exists, that you may submit jobs to it and that it has a "
+               f"compute cluster --compute {compute}")
+    else:
+        return error
+    # the SDK's ValidationException, before log_and_raise_error's many-line rendering of it
+    source = error.__context__ if isinstance(error.__context__, MlException) else error
+    text = str(source).strip()
+    if isinstance(error, ClientAuthenticationError):  # the first line; the others list each credential tried
+        text = text.splitlines()[0] if text else type(error).__name__
+    return SubmitError(f"the submit failed: {' '.join(text.split())}; {fix}")
 
 
 def key_value(text: str) -> tuple:
@@ -286,7 +323,8 @@ def key_value(text: str) -> tuple:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="submit.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", metavar="JOB_YAML", type=Path, help="write the job YAML here, submit nothing")
-    parser.add_argument("--compute", default="gpu-cluster", help="AzureML compute cluster name")
+    parser.add_argument("--compute", help="AzureML compute cluster name (a submit needs it; a --dry-run YAML "
+                        "without it gets none)")
     parser.add_argument("--instance-count", type=int, default=1, help="nodes")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node")
     parser.add_argument("--ds-config", type=Path, default=ROOT / "ds_configs" / "ring_sp2.json",
@@ -327,6 +365,9 @@ def run(args) -> None:
         write_job_yaml(job, args.dry_run)
         print(args.dry_run)
     else:
+        if not args.compute:  # the job would go to serverless compute's default VM, without GPUs
+            raise SubmitError("a submit needs --compute; pass the name of the workspace's GPU compute cluster "
+                              "(--compute NAME), or --dry-run JOB_YAML to write the job without submitting it")
         with tempfile.TemporaryDirectory(prefix="bert-longseq-environment-") as context:
             print(submit(build_job(args, Path(context)), args.workspace_config).studio_url)
 

@@ -54,14 +54,15 @@ def data_folder(folder: Path, prefix: str = "corpus_text_sentence", tokenizer: s
 def test_dry_run_yaml_reloads(tmp_path):
     job_file, data = tmp_path / "job.yml", data_folder(tmp_path / "data", "wiki_text_sentence")
     checkpoints = "azureml://datastores/workspaceblobstore/paths/bert/run1/checkpoints"
-    result = submit("--dry-run", job_file, "--instance-count", 2, "--gpus-per-node", 4, "--data", "data",
+    result = submit("--dry-run", job_file, "--compute", "gpu-a100", "--instance-count", 2, "--gpus-per-node", 4,
+                    "--data", "data",
                     "--data-prefix", "wiki_text_sentence", "--env", "NCCL_DEBUG=INFO", "--checkpoints", checkpoints, "--",
                     "--max-position-embeddings", 8192, "--seq-length", 8192,
                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     job = load_job(job_file)
     assert job.type == "command" and Path(job.code) == ROOT
-    assert job.resources.instance_count == 2
+    assert job.resources.instance_count == 2 and job.compute == "gpu-a100"
     assert job.distribution.type == "pytorch" and job.distribution.process_count_per_instance == 1
     data_input = job.inputs["data"]
     assert (data_input.type, data_input.path, data_input.mode) == ("uri_folder", str(data), "ro_mount")
@@ -120,10 +121,130 @@ def test_image_cuda_is_the_pinned_torchs_for_deepspeeds_op_builds(monkeypatch):
 
 @needs_sdk
 def test_submit_without_workspace_config_is_one_line(tmp_path):
-    result = submit("--data", data_folder(tmp_path / "data"), cwd=tmp_path)
+    result = submit("--compute", "gpu-cluster", "--data", data_folder(tmp_path / "data"), cwd=tmp_path)
     errors = [line for line in result.stderr.splitlines() if line.startswith("submit.py: error:")]
     assert result.returncode == 2 and len(errors) == 1 and "no AzureML workspace config found" in errors[0]
     assert "Traceback" not in result.stderr
+
+
+class OfflineCredential:
+    """An Azure credential that gives no token: whatever would reach Azure stops the test."""
+
+    def get_token(self, *scopes, **kwargs):
+        raise AssertionError("the offline submit asked for a token (a network call)")
+
+    get_token_info = get_token
+
+
+@pytest.fixture
+def offline_workspace(tmp_path, monkeypatch):
+    """A workspace config.json in tmp_path, and azure-ai-ml's create_or_update with its Azure calls
+    replaced by records: the uploads of local inputs, the ARM ids of the code, environment and compute
+    (and the files of the image's build context then), and the request body it would PUT, answered
+    with itself. Everything before them (the SDK's checks of the job, its REST form) runs as it would;
+    returns the list of records."""
+    import azure.identity
+    from azure.ai.ml.operations import _job_operations
+    from azure.ai.ml.operations._operation_orchestrator import OperationOrchestrator
+
+    (tmp_path / "config.json").write_text(json.dumps({"subscription_id": "00000000-0000-0000-0000-000000000000",
+                                                      "resource_group": "rg", "workspace_name": "ws"}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(azure.identity, "DefaultAzureCredential", OfflineCredential)
+    records = []
+
+    def upload(scope, datastores, path, **kwargs):
+        records.append(("upload", str(path)))
+        return f"azureml://datastores/workspaceblobstore/paths/LocalUpload{path}"
+
+    def arm_id(self, asset, azureml_type, *args, **kwargs):
+        records.append((azureml_type, asset))
+        if azureml_type == "environments":  # the image's build context, uploaded here, is a temporary folder
+            records.append(("build context", sorted(path.name for path in Path(asset.build.path).iterdir())))
+        name = asset if isinstance(asset, str) else "x"
+        return f"/subscriptions/0/resourceGroups/rg/workspaces/ws/{azureml_type}/{name}"
+
+    def put(self, rest_job_resource, **kwargs):
+        records.append(("put", rest_job_resource))
+        return rest_job_resource
+
+    monkeypatch.setattr(_job_operations, "_upload_and_generate_remote_uri", upload)
+    monkeypatch.setattr(OperationOrchestrator, "get_asset_arm_id", arm_id)
+    monkeypatch.setattr(OperationOrchestrator, "resolve_azureml_id", lambda self, arm_id=None, **kwargs: arm_id)
+    monkeypatch.setattr(_job_operations.JobOperations, "_create_or_update_with_different_version_api", put)
+    return records
+
+
+@needs_sdk
+def test_submit_passes_the_sdks_checks_with_every_field(tmp_path, offline_workspace, capsys):
+    """azure-ai-ml's jobs.create_or_update, offline: the job submit.py builds passes the SDK's own
+    checks (a CommandJob entity did not: "Non supported job type", so no submit could work) and the
+    request it would send holds the compute, the nodes, the distribution, the image's build context,
+    the code folder, the inputs and outputs with their modes, the command line and the variables."""
+    module = load_submit_module()
+    data = data_folder(tmp_path / "data")
+    argv = ["--compute", "gpu-cluster", "--instance-count", "2", "--gpus-per-node", "4", "--data", str(data),
+            "--env", "NCCL_DEBUG=INFO", "--display-name", "run1", "--", "--num-layers", "2"]
+    assert module.main(argv) == 0, capsys.readouterr().err
+    assert capsys.readouterr().err == ""
+    [body] = [record for kind, record in offline_workspace if kind == "put"]
+    sent = body.properties.as_dict()
+    assert sent["jobType"] == "Command" and sent["computeId"].endswith("/gpu-cluster")
+    assert sent["resources"]["instanceCount"] == 2
+    assert sent["distribution"] == {"distributionType": "PyTorch", "processCountPerInstance": 1}
+    assert sent["command"] == module.node_command(2, 4, "corpus_text_sentence", "vocab.txt", ["--num-layers", "2"])
+    assert sent["environmentVariables"] == {**module.NCCL_ENV, "NCCL_DEBUG": "INFO"}
+    assert (sent["experimentName"], sent["displayName"]) == ("bert-longseq", "run1")
+    inputs = {name: (given["jobInputType"], given.get("mode"), given["uri"]) for name, given in sent["inputs"].items()}
+    assert inputs == {
+        "ds_config": ("uri_file", None, f"azureml://datastores/workspaceblobstore/paths/LocalUpload{module.ROOT}"
+                                        "/ds_configs/ring_sp2.json"),
+        "data": ("uri_folder", "ReadOnlyMount", f"azureml://datastores/workspaceblobstore/paths/LocalUpload{data}/")}
+    assert {name: given["mode"] for name, given in sent["outputs"].items()} == {
+        "checkpoints": "ReadWriteMount", "data_cache": "ReadWriteMount"}
+    assets = dict(record for record in offline_workspace if record[0] in ("codes", "build context"))
+    assert Path(assets["codes"].path) == module.ROOT and assets["build context"] == ["Dockerfile", "requirements.txt"]
+
+
+@needs_sdk
+@pytest.mark.parametrize("refusal", ["http", "login", "sdk_check"])
+def test_an_sdk_error_at_submit_is_one_line(refusal, tmp_path, offline_workspace, monkeypatch, capsys):
+    """Azure's answer, a failed login or one of the SDK's checks: one line with the cause, exit 2."""
+    from azure.ai.ml._exception_helper import log_and_raise_error
+    from azure.ai.ml.exceptions import ErrorTarget, ValidationErrorType, ValidationException
+    from azure.ai.ml.operations import _job_operations
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+
+    def refuse(self, rest_job_resource, **kwargs):
+        if refusal == "http":
+            raise HttpResponseError("(ResourceNotFound) compute gpu-cluster not found\nCode: ResourceNotFound")
+        if refusal == "login":
+            raise ClientAuthenticationError("DefaultAzureCredential failed to retrieve a token.\nAttempted: ...")
+        try:  # as the SDK raises its checks' errors: rendered on many lines by log_and_raise_error
+            raise ValidationException(message="instance_count must be positive", no_personal_data_message="",
+                                      target=ErrorTarget.JOB, error_type=ValidationErrorType.INVALID_VALUE)
+        except ValidationException as error:
+            log_and_raise_error(error)
+
+    monkeypatch.setattr(_job_operations.JobOperations, "_create_or_update_with_different_version_api", refuse)
+    module = load_submit_module()
+    argv = ["--compute", "gpu-cluster", "--gpus-per-node", "2", "--data", str(data_folder(tmp_path / "data"))]
+    assert module.main(argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    cause = {"http": "(ResourceNotFound) compute gpu-cluster not found Code: ResourceNotFound",
+             "login": "DefaultAzureCredential failed to retrieve a token.; sign in with `az login`",
+             "sdk_check": "instance_count must be positive; correct what it names"}[refusal]
+    assert len(lines) == 1 and lines[0].startswith("submit.py: error: the submit failed: ") and cause in lines[0], lines
+
+
+def test_a_submit_without_compute_is_refused(tmp_path, capsys):
+    """Without --compute the job would go to serverless compute's default VM (no GPUs): refused
+    before anything is built; a --dry-run needs none."""
+    module = load_submit_module()
+    assert module.main(["--data", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "submit.py: error: a submit needs --compute; pass the name of the workspace's GPU compute cluster "
+        "(--compute NAME), or --dry-run JOB_YAML to write the job without submitting it"]
 
 
 def test_missing_ds_config_is_one_line(tmp_path):
