@@ -23,6 +23,7 @@ import resource
 import shutil
 import socket
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -138,6 +139,8 @@ def _write_problem(save_dir: str, tag: str, error: Exception) -> tuple[str, str]
     """(problem, fix) of a failed checkpoint write. A full disk is named as such: an OSError says
     ENOSPC, torch's writer only `iostream error` / `file write failed`, so little space left on the
     folder's disk (under FULL_BYTES) counts as full too."""
+    if not isinstance(error, OSError):  # torch's writer: its own words for the system's error
+        error = _unwritable(os.path.join(save_dir, tag + PARTIAL)) or error
     try:
         free = shutil.disk_usage(save_dir).free
     except OSError:
@@ -161,6 +164,19 @@ def _write_problem(save_dir: str, tag: str, error: Exception) -> tuple[str, str]
         str(error).splitlines()[0] if str(error) else type(error).__name__)
     return (f"cannot write checkpoint {tag} into {where} ({reason})",
             f"check the folder and its disk, then resume; nothing of {tag} was kept and {kept}")
+
+
+def _unwritable(staging: str) -> OSError | None:
+    """The system's error for writing into the staging folder, or None when it can be written. torch's
+    writer names none: when DeepSpeed's makedirs of it failed (DeepSpeed logs that and goes on), torch
+    says `Parent directory ... does not exist` for a folder that turned read-only (EPERM, EACCES, EROFS)."""
+    try:
+        os.makedirs(staging, exist_ok=True)  # removed again with the failed save's staging folder
+        with tempfile.TemporaryFile(dir=staging):
+            pass
+    except OSError as error:
+        return error
+    return None
 
 
 def _file_size_limit(error: Exception, staging: str) -> str | None:

@@ -172,15 +172,22 @@ def _running(holder: dict) -> bool:
 def release_lock(*names: str) -> None:
     """Removes the locks of `names` (all when none given) this process holds (rank 0 at the end of
     its run, however it ends), unless another run has taken one over meanwhile, and the folders made
-    for them when the run left them empty."""
+    for them when the run left them empty. A lock that cannot be removed (its folder turned read-only
+    or immutable, or vanished with its mount) is left with one warning: the run is ending, often
+    reporting that very folder's error, and a later run takes over a lock whose process has ended."""
     for name in names or list(_held_locks):
         held = _held_locks.pop(name, None)
         if held is None:
             continue
         held["beat"].set()
         if _read_lock(held["path"]) == held["record"]:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.remove(held["path"])
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                print(f"warning: cannot remove the lock {held['path']} ({error.strerror or error}); it is left "
+                      "there, and the next run in that folder takes it over", file=sys.stderr, flush=True)
         for folder in held["created"]:  # innermost first
             with contextlib.suppress(OSError):
                 os.rmdir(folder)

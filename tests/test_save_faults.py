@@ -179,6 +179,44 @@ def test_a_file_size_limit_at_save_is_named_as_efbig(tmp_path, writer):
         "exists"), done.stdout + done.stderr[-2000:]
 
 
+def test_a_save_folder_turned_unwritable_is_named_and_its_lock_left_with_a_warning(tmp_path, monkeypatch, capsys):
+    """--save turns read-only or immutable during the run (a remount, `chattr +i`): DeepSpeed logs and
+    drops its makedirs' EPERM, then torch says `Parent directory ... does not exist`; the line names
+    the system's reason instead. The lock, which cannot be removed either, is left with one warning
+    line (was: release_lock's PermissionError chained to the report, two tracebacks, exit 1). EPERM is
+    emulated: a root test process may write into a read-only folder."""
+    import errno
+
+    from megatron import training
+    from megatron.errors import ConfigError
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), str(path))
+
+    staging = tmp_path / f"iter_0000040{checkpoint.PARTIAL}"
+    torch_error = RuntimeError(f"Parent directory {staging} does not exist.")
+    real_remove = os.remove
+    monkeypatch.setattr(os, "makedirs", denied)
+    monkeypatch.setattr(os, "remove", lambda path, *a, **k: denied(path) if str(path).endswith(locks.LOCK)
+                        else real_remove(path, *a, **k))
+
+    def save_fails(args, start_up, progress):
+        assert locks.take_lock(str(tmp_path)) is None
+        raise ConfigError(*checkpoint_save._write_problem(str(tmp_path), "iter_0000040", torch_error))
+
+    for name in ("check_flags", "check_flag_combinations"):
+        monkeypatch.setattr(training, name, lambda args: None)
+    monkeypatch.setattr(training, "pretrain", save_fails)
+    assert training.main(["--data-path", "x", "--save", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: cannot remove the lock {tmp_path / locks.LOCK} (Operation not permitted); it is left there, and "
+        "the next run in that folder takes it over",
+        f"pretrain_bert.py: error: cannot write checkpoint iter_0000040 into --save {tmp_path} on "
+        f"{socket.gethostname()} (Operation not permitted); check the folder and its disk, then resume; nothing of "
+        "iter_0000040 was kept and no earlier checkpoint exists"]
+    assert locks._held_locks == {}
+
+
 # ---------------------------------------------------------------- the --save lock
 
 def write_lock(folder, host: str, pid: int, start) -> None:
