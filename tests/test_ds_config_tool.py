@@ -295,6 +295,26 @@ def test_set_keeps_the_files_permissions(capsys, config, tmp_path):
     assert new.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+def test_set_writes_through_a_symbolic_link(capsys, config, tmp_path):
+    """`set link.json ...` (in place) and `-o link.json` edit the file the link names and keep the
+    link, as `cp` and `> file` do (os.replace over the link made it a regular file and left its
+    target as it was); relative links too, and a link to a link."""
+    (tmp_path / "configs").mkdir()
+    target = config.rename(tmp_path / "configs" / "real.json")
+    target.chmod(0o640)
+    link, chain = tmp_path / "link.json", tmp_path / "chain.json"
+    link.symlink_to(Path("configs") / "real.json")
+    chain.symlink_to("link.json")
+    for given, stage in ((link, 2), (chain, 1)):
+        assert run(capsys, "set", given, f"zero_optimization.stage={stage}", *NO_DROPOUT)[:2] == (0, f"{given}\n")
+        assert link.is_symlink() and chain.is_symlink() and os.readlink(link) == str(Path("configs") / "real.json")
+        assert json.loads(target.read_text())["zero_optimization"]["stage"] == stage
+        assert target.stat().st_mode & 0o777 == 0o640
+    assert run(capsys, "set", target, "zero_optimization.stage=0", "-o", link, *NO_DROPOUT)[0] == 0
+    assert link.is_symlink() and json.loads(target.read_text())["zero_optimization"]["stage"] == 0
+    assert sorted(path.name for path in tmp_path.rglob("*")) == ["chain.json", "configs", "link.json", "real.json"]
+
+
 def shown_optimizer(path: Path, *flags) -> dict:
     """`show`'s optimizer section, from the real tool."""
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "ds_config.py"), "show", str(path), *NO_DROPOUT,

@@ -22,7 +22,7 @@ CUDA: --cuda / --no-cuda for the run's machines, default this one's; the trainer
 --weight-decay, --adam-* and --clip-grad flags win over all of these). The tool imports neither
 torch nor DeepSpeed: it answers in a fraction of a second; --deepspeed-check adds DeepSpeed's
 own checks of its sections (seconds), which the trainer runs at start-up. A file edited in place
-keeps its permissions.
+keeps its permissions; a symbolic link is written through (its target is edited, the link stays).
 Errors are one line naming the key and the fix, exit code 2; `diff` exits 1 when the files differ;
 output into a closed pipe (`show ... | head`) stops quietly with 141, as cat's.
 """
@@ -138,7 +138,11 @@ def assign(ds_config: dict, assignment: str) -> None:
 
 def write_atomically(path: Path, text: str) -> None:
     """Whole file or nothing: a temporary file in the same folder, then os.replace. The folder must
-    exist, as for `cp` or `> file`: a mistyped --output makes no folders."""
+    exist, as for `cp` or `> file`: a mistyped --output makes no folders. A symbolic link is written
+    through, as `cp` and `> file` do: its target is replaced, the link stays (os.replace over the
+    link would have put a copy in its place and left the file it names as it was)."""
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     if path.is_dir():
         raise ConfigError(f"output {path} is a directory", "pass a file path to write the JSON to")
     if problem := file_in_the_way(f"output {path}: its folder", str(path.parent)):
