@@ -227,6 +227,28 @@ def test_plot_run_writes_a_png(tmp_path, monkeypatch):
     assert not (tmp_path / "new").exists()
 
 
+def test_plot_run_into_a_folder_writes_its_loss_png(tmp_path, monkeypatch, capsys):
+    """-o a folder (an existing one, `.`, `..`, or a name ending in /) gets loss.png in it, as a folder
+    given for the metrics stands for its metrics.jsonl (was: `-o .` a ValueError traceback, `-o plots/`
+    and `-o ..` a plots.png or ...png written beside the folder); an empty -o is one line."""
+    stdout = io.StringIO()
+    metrics = write_run_log(tmp_path / "log", stdout, monkeypatch)
+    work = tmp_path / "work"
+    (work / "plots").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    for given, written in ((".", work / "loss.png"), ("plots", work / "plots" / "loss.png"),
+                           ("plots/", work / "plots" / "loss.png"), ("..", tmp_path / "loss.png"),
+                           ("new/", work / "new" / "loss.png")):
+        assert plot_run.main([str(metrics), "-o", given]) == 0
+        assert stdout.getvalue().splitlines()[-1] == str(Path(given) / "loss.png")
+        assert written.read_bytes()[:8] == PNG_MAGIC
+        written.unlink()
+    assert sorted(path.name for path in tmp_path.rglob("*.png")) == ["loss.png"]  # the run's own, in log/
+    assert run_tool("plot_run.py", lambda: plot_run.main([str(metrics), "-o", ""])) == 2
+    assert capsys.readouterr().err == ("plot_run.py: error: -o '' is empty; pass a PNG file name, or a folder for its "
+                                       "loss.png\n")
+
+
 TRAIN = {"kind": "train", "iteration": 10, "consumed_samples": 40, "loss": 9.2, "tokens_per_s": 512.0}
 
 
