@@ -42,6 +42,8 @@ def test_prints_the_models_top_predictions(tmp_path):
                       "--text", text, "--top-k", "3")  # --tag: one checkpoint of a --save directory, as to-hf
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
+    # first, which checkpoint was read: `latest` moves on while a run saves into --load
+    assert lines[lines.index(text) - 1] == f"predictions of {tmp_path / 'ckpt' / 'iter_0000000'} (iteration 0)"
     lines = lines[lines.index(text):]  # (DeepSpeed may print its accelerator line first)
     assert len(lines) == 3
     for number, predictions in enumerate(expected, start=1):
