@@ -20,11 +20,11 @@ from megatron.parallel.launch_env import launcher_rank
 from megatron.schedule import Schedule
 
 
-def run_length(args, train_iters: int, global_batch: int) -> str:
-    """The run's length as the user gave it, for a line about it: --train-iters, or --train-samples with the
-    steps it makes at this run's global batch (the schedule counts steps)."""
+def run_length(args, train_iters: int, global_batch: int) -> str | None:
+    """The run's length as the user gave it, for a line about it: --train-samples with the steps it makes at this
+    run's global batch (the schedule counts steps); None for --train-iters, which the lines name by default."""
     if args.train_iters:
-        return f"--train-iters {train_iters}"
+        return None
     return f"--train-samples {args.train_samples} ({train_iters} steps at global batch {global_batch})"
 
 
