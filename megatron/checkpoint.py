@@ -200,6 +200,7 @@ def latest_tag(load_dir: str) -> str:
     if os.path.isfile(load_dir):
         raise ConfigError(f"{load_dir} is a file, not a checkpoint directory",
                           "point --load at the directory a run wrote with --save")
+    refuse_odd_latest(load_dir)
     if not os.path.isfile(path):
         refuse_tag_folder(load_dir)
         refuse_unfinished_only(load_dir)
@@ -216,8 +217,7 @@ def latest_tag(load_dir: str) -> str:
                           f"point --load at {inside[0]}, which holds one" if inside else
                           f"write the tag to resume into {path}{newest}" if newest else
                           "point --load at a directory written by --save")
-    with open(path) as file:
-        tag = file.read().strip()
+    tag = read_latest(load_dir)
     if not tag:  # else it would name the directory itself, "incomplete"
         raise DataError(f"the '{LATEST}' file of {load_dir} is empty: it names no checkpoint",
                         f"write the tag of a complete iter_* folder of {load_dir} into it{newest_hint(load_dir)}")
@@ -226,6 +226,45 @@ def latest_tag(load_dir: str) -> str:
                         "not finish, never a checkpoint", f"write the tag of a complete iter_* folder of {load_dir} "
                         f"into it{newest_hint(load_dir)}")
     return tag
+
+
+def read_latest(load_dir: str) -> str:
+    """The tag the `latest` file of load_dir holds, stripped. Bytes that are not UTF-8 text (a disk error, a
+    binary file copied over it) or a file that cannot be read are one line naming it, not a traceback."""
+    path = os.path.join(load_dir, LATEST)
+    fix = f"write the tag of a complete iter_* folder of {load_dir} into it{newest_hint(load_dir)}"
+    try:
+        with open(path, "rb") as file:
+            return file.read().decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise DataError(f"{path} is not a checkpoint tag (it is not text)", fix) from None
+    except OSError as error:
+        raise DataError(f"{path} cannot be read ({error.strerror or type(error).__name__})", fix) from None
+
+
+def refuse_odd_latest(load_dir: str) -> None:
+    """Refuses a `latest` of load_dir that is not a file: a link to the iter_* folder (other frameworks'
+    habit), a folder, a link to nothing. It is there, so "missing 'latest'" would mislead, and writing a tag
+    into it (the usual fix) fails on a link to a folder: the fix replaces it with the file that names the
+    tag (the one it links to, where that is a complete checkpoint of load_dir, else the newest)."""
+    path = os.path.join(load_dir, LATEST)
+    if os.path.isfile(path) or not os.path.lexists(path):
+        return
+    linked = os.path.realpath(path)
+    tags = complete_tags(load_dir)
+    own = os.path.basename(linked) if os.path.dirname(linked) == os.path.realpath(load_dir) else None
+    tag = own if own in tags else tags[-1] if tags else None
+    if os.path.islink(path):
+        target = os.readlink(path)
+        what = (f"a link to the folder {target}" if os.path.isdir(path) else f"a link to {target}"
+                f"{'' if os.path.exists(path) else ', which does not exist'}")
+        remove = f"rm {path}"
+    else:
+        what, remove = ("a folder" if os.path.isdir(path) else "not a regular file"), f"mv {path} {path}.old"
+    problem = f"{path} is {what}, not a file holding the tag of a checkpoint"
+    if tag is None:
+        raise DataError(problem, f"{remove} ({load_dir} holds no complete iter_* checkpoint to name)")
+    raise DataError(problem, f"replace it with a file naming {tag}: {remove} && echo {tag} > {path}")
 
 
 def newest_hint(load_dir: str) -> str:
@@ -242,8 +281,7 @@ def checkpoint_folder(load_dir: str, tag: str) -> str:
         return folder
     latest, named = os.path.join(load_dir, LATEST), False
     if os.path.isfile(latest):
-        with open(latest) as file:
-            named = file.read().strip() == tag
+        named = read_latest(load_dir) == tag
     problem = (f"{f' named by {latest}' if named else ''} does not exist" if not os.path.isdir(folder)
                else " is incomplete (no *model_states.pt)")
     raise DataError(f"checkpoint folder {folder}{problem}",
@@ -323,6 +361,12 @@ def run_state(load_dir: str, tag: str) -> dict:
         raise DataError(f"checkpoint folder {folder} has no {RUN_STATE}",
                         "point at a checkpoint written by this trainer")
     return {key: value for key, value in stored.items() if key != "module"}
+
+
+def read_from(load_dir: str, tag: str) -> str:
+    """'DIR/iter_N (iteration N)': the checkpoint a tool read, for its output line: `latest` moves on while a run
+    saves into DIR, so the folder alone would not say which."""
+    return f"{os.path.join(load_dir, tag)} (iteration {run_state(load_dir, tag)['iteration']})"
 
 
 def carried_tokenizer(load_dir: str, tag: str | None = None, stand_in=None):

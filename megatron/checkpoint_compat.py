@@ -16,6 +16,9 @@ from megatron.parallel import state as parallel_state
 
 RESUME_FIX = "resume with the model flags the checkpoint was trained with"
 START_FIX = "pass the model flags the checkpoint was trained with"
+# the other way on where a resume cannot take the checkpoint: a new run from its weights starts at iteration 0, so it
+# needs a --save of its own (start_plan.refuse_finetune_in_place refuses the folder it starts from)
+NEW_RUN_FIX = "pass --finetune and another --save to start a new run from its weights"
 # the tensors of an attention core (Linformer's key / value projections, the only core with weights):
 # weights trained with another variant lack them, a start from such weights initialises them
 CORE_TENSORS = ".attention.core."
@@ -55,8 +58,7 @@ def check_model_shapes(stored: dict, config: BertConfig, folder: str, start: boo
         if start:
             return START_FIX
         if CORE_TENSORS in name and (name in found) != (name in expected):  # to or from linformer
-            return (f"resume with attention {trained.attention}, the checkpoint's, or pass --finetune to start a "
-                    "new run from its weights")
+            return f"resume with attention {trained.attention}, the checkpoint's, or {NEW_RUN_FIX}"
         return RESUME_FIX
 
     for name, tensor in expected.items():
@@ -154,5 +156,4 @@ def check_same_optimizer(stored: dict, ds_config: dict, folder: str) -> None:
     if trained and current and len({{"adamw": "adam"}.get(name.lower(), name.lower())
                                     for name in (trained, current)}) > 1:
         raise ConfigError(f"checkpoint {folder} holds the state of optimizer.type {trained}, this run's is {current}",
-                          f"resume with optimizer.type {trained}, or pass --finetune to start a new run from its "
-                          "weights with a fresh optimizer")
+                          f"resume with optimizer.type {trained}, or {NEW_RUN_FIX} with a fresh optimizer")

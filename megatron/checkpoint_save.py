@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from megatron import optimizer_state, paths
 from megatron.checkpoint import (LATEST, LAYOUT_FREE, ORIGIN, PARTIAL, REMOVING, RUN_STATE, complete_tags, latest_tag,
-                                 tag_for, tag_iteration, unfinished_tags)
+                                 refuse_odd_latest, tag_for, tag_iteration, unfinished_tags)
 from megatron.config import TrainConfig
 from megatron.data import tokenizer_identity
 from megatron.errors import ConfigError, disk_full
@@ -337,6 +337,7 @@ def refuse_unnamed_checkpoints(save_dir: str) -> None:
     """Refuses a --save directory holding complete iter_* checkpoints but no `latest` (a copy that
     missed it, one deleted by hand): the run would start from scratch and overwrite them. A folder
     with none (or only `.partial` ones) stays a first run's, as `--load X --save X` relies on."""
+    refuse_odd_latest(save_dir)
     tags = complete_tags(save_dir)
     if tags and not os.path.isfile(os.path.join(save_dir, LATEST)):
         raise ConfigError(f"--save {save_dir} holds checkpoint{'s' * (len(tags) > 1)} {tag_list(tags)} but no "
@@ -367,6 +368,33 @@ def overwrite_warning(save_dir: str, newer: list[str], start_iteration: int) -> 
     return (f"warning: --save {save_dir} holds {tag_list(newer)}, beyond iteration {start_iteration} where this run "
             f"starts: a save of this run at the same iteration overwrites {them}; move {them} out of {save_dir} to "
             f"keep {them}")
+
+
+def foreign_tags(save_dir: str, load_dir: str, start_iteration: int) -> list[str]:
+    """The complete checkpoints of --save `save_dir`, at or below the iteration where a resume of another folder
+    (`load_dir`) starts, that are not this run's: newer than the newest that is a copy of load_dir's same tag (the
+    same run_state.json; where none is, all of them), so another run's, which this run's saves would join under one
+    `latest` (a rollback there would resume that run; --keep-last would remove them). Those up to a copy are this
+    run's history (a job that moves its checkpoints, a branch of save_dir's run): not named."""
+    tags = [tag for tag in complete_tags(save_dir) if tag_iteration(tag) <= start_iteration]
+
+    def copied(tag: str) -> bool:
+        files = [os.path.join(folder, tag, RUN_STATE) for folder in (save_dir, load_dir)]
+        with contextlib.suppress(OSError):
+            with open(files[0], "rb") as ours, open(files[1], "rb") as theirs:
+                return ours.read() == theirs.read()
+        return False
+
+    shared = [index for index, tag in enumerate(tags) if copied(tag)]
+    return tags[shared[-1] + 1:] if shared else tags
+
+
+def foreign_warning(save_dir: str, load_dir: str, foreign: list[str]) -> str:
+    """The warning of a resume into a --save folder holding another run's checkpoints (foreign_tags)."""
+    them = "them" if len(foreign) > 1 else "it"
+    return (f"warning: --save {save_dir} holds {tag_list(foreign)}, not checkpoints of --load {load_dir} (another "
+            f"run's): this run's saves join {them} under one '{LATEST}', so a rollback there would resume that run and "
+            f"--keep-last would remove {them}; move {them} out of {save_dir}, or pass another --save")
 
 
 def tag_list(tags: list[str]) -> str:

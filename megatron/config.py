@@ -550,7 +550,8 @@ def refuse_contradictions(start: dict, source: str, flags: dict, ds_config: dict
         setter = drop = flag_setting(name, value) if value is not None else named
         setter += "" if value is not None else f" ({name} {preset[name]})"
         why = (f"a resume keeps the checkpoint's model; to train on with another {name}, start a new run from its "
-               f"weights with --finetune, or {in_repository('tools/extend_context.py')} for a longer context"
+               f"weights with --finetune and another --save, or {in_repository('tools/extend_context.py')} for a "
+               "longer context"
                if Role.WEIGHTLESS in info(name).roles
                else f"the weights fix {name}")  # weightless fields are adjustable but on a resume
         raise ConfigError(f"{setter} contradicts {source}, whose model has {name} {have}", f"drop {drop}: {why}")

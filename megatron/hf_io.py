@@ -194,8 +194,8 @@ def hf_weight_files(folder) -> list:
         return [folder / shard for shard in shards]
     if (folder / "pytorch_model.bin").is_file():
         return [folder / "pytorch_model.bin"]
-    if (folder / LATEST).is_file() or (folder / RUN_STATE).is_file():  # a --save folder, or one iter_* of it
-        saved = folder if (folder / LATEST).is_file() else folder.parent
+    if os.path.lexists(folder / LATEST) or (folder / RUN_STATE).is_file():  # a --save folder, or one iter_* of it
+        saved = folder if os.path.lexists(folder / LATEST) else folder.parent
         raise ConfigError(f"{folder} is a checkpoint of this trainer, not a Hugging Face model folder",
                           f"pass {saved} with --load (a weights-only one, as from-hf writes, starts a run from its "
                           "weights)")

@@ -9,6 +9,7 @@ the optimizer's settings (`settings`: what DeepSpeed's own files restore besides
 """
 import torch
 
+from megatron.checkpoint_compat import NEW_RUN_FIX
 from megatron.errors import ConfigError, DataError
 from megatron.model.bert import BertConfig
 from megatron.model.pipe import pipe_to_bert_name
@@ -117,8 +118,8 @@ def scatter(engine, config: BertConfig, stored: dict, written: str) -> None:
                           "resume at ZeRO stage 1 or 2 (fp16 and bf16 at stage 0 cannot take it)")
     if any(hasattr(param, "ds_id") for param in names):
         raise ConfigError("ZeRO stage 3 resumes only its own checkpoints (stage 3, this layout); this one was "
-                          f"written at {written}", "resume at ZeRO stage 0-2, or pass --finetune to go on at stage "
-                          "3 from its weights with a fresh optimizer")
+                          f"written at {written}", f"resume at ZeRO stage 0-2, or {NEW_RUN_FIX} at stage 3 with a "
+                          "fresh optimizer")
     step = torch.tensor(stored["step"], dtype=torch.float32)
     if collective(engine):
         _create_flat_state(engine, base, step)

@@ -8,6 +8,7 @@ import math
 
 from megatron import optimizer_state
 from megatron.arguments import flag_setting
+from megatron.checkpoint_compat import NEW_RUN_FIX
 from megatron.config import model_preset, preset_source, read_ds_config
 from megatron.data import index_maps
 from megatron.data.bert_dataset import parse_data_path, split_weights
@@ -19,14 +20,33 @@ from megatron.parallel.launch_env import launcher_rank
 from megatron.schedule import Schedule
 
 
-def resume_schedule(engine, stored: dict | None, schedule: Schedule, iteration: int) -> str | None:
+def run_length(args, train_iters: int, global_batch: int) -> str | None:
+    """The run's length as the user gave it, for a line about it: --train-samples with the steps it makes at this
+    run's global batch (the schedule counts steps); None for --train-iters, which the lines name by default."""
+    if args.train_iters:
+        return None
+    return f"--train-samples {args.train_samples} ({train_iters} steps at global batch {global_batch})"
+
+
+def unsaved_note(save: str | None, load: str, iteration: int, train_iters: int) -> str | None:
+    """The start-up line of a resume without --save (None: it saves, or trains nothing): its steps would be lost
+    at the end with no word."""
+    if save or iteration >= train_iters:
+        return None
+    return (f"note: no --save: the {train_iters - iteration} steps this run trains after iteration {iteration} are "
+            f"not kept; pass --save {load} to keep them")
+
+
+def resume_schedule(engine, stored: dict | None, schedule: Schedule, iteration: int,
+                    length: str | None = None) -> str | None:
     """When the schedule settings differ from the checkpoint's: this run's schedule sets the next
     step's rate at once (as Megatron's scheduler does on load; the optimizer would otherwise keep
     the rate the checkpoint's schedule left it, 0 after a finished run, for one step), the peak
-    staying the checkpoint's (the scheduler state restores it). Returns the warning saying so."""
+    staying the checkpoint's (the scheduler state restores it). Returns the warning saying so
+    (`length`: the run's, as run_length says it)."""
     if not stored:
         return None
-    changed = schedule.changes(stored)
+    changed = schedule.changes(stored, length)
     if not changed or engine.lr_scheduler is None:
         return None
     scheduler = engine.lr_scheduler
@@ -43,8 +63,8 @@ def resume_schedule(engine, stored: dict | None, schedule: Schedule, iteration: 
             f"and the run ends at iteration {train_iters}")
     return (f"warning: resuming with {', '.join(changed)}: the schedule continues from iteration {iteration} with "
             f"the checkpoint's peak {peak:.3e} and this run's warm-up and decay: lr {engine.get_lr()[0]:.3e} for "
-            f"iteration {iteration + 1}, {then}; to change the peak, pass --finetune to start a new run from the "
-            "weights with a fresh optimizer and schedule")
+            f"iteration {iteration + 1}, {then}; to change the peak, {NEW_RUN_FIX} with a fresh optimizer and "
+            "schedule")
 
 
 # the flags that set entries of optimizer.params (key, index in a list), whose values a resume takes
@@ -85,8 +105,7 @@ def resume_optimizer(engine, config, args=None) -> str | None:
     if not changes:
         return None
     return (f"warning: resuming with {', '.join(changes)}: the optimizer goes on with the checkpoint's settings, "
-            "which config.json records; pass --finetune to start a new run from the weights with a fresh optimizer "
-            "that takes the new values")
+            f"which config.json records; {NEW_RUN_FIX} with a fresh optimizer that takes the new values")
 
 
 def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
@@ -111,19 +130,20 @@ def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
             "not at all (an epoch later every sample is read again); keep them to continue the same order")
 
 
-def describe_batch_change(stored: dict, config, iteration: int, train_iters: int) -> str | None:
+def describe_batch_change(stored: dict, config, iteration: int, train_iters: int,
+                          length: str | None = None) -> str | None:
     """A warning when a resume changes the global batch (other ranks, micro batch or accumulation): the
-    schedule counts steps, so the samples the rest of the run reads, and the rate each sees, change."""
+    schedule counts steps, so the samples the rest of the run reads, and the rate each sees, change
+    (`length`: the run's, as run_length says it)."""
     then = math.prod(stored.get(key, 1) for key in ("micro_batch_size", "gradient_accumulation_steps",
                                                     "data_parallel_size"))
     now = config.global_batch_size
     if then == now:
         return None
-    left = max(0, train_iters - iteration)
+    left, length = max(0, train_iters - iteration), length or f"--train-iters {train_iters}"
     return (f"warning: resuming with global batch {now} (the checkpoint's: {then}): the learning-rate schedule counts "
-            f"steps, so its remaining {left} steps to --train-iters {train_iters} read {left * now} samples in place "
-            f"of {left * then} ({now / then:.3g}x per step, at the same rate); pass --global-batch-size {then} to keep "
-            "the batch")
+            f"steps, so its remaining {left} steps to {length} read {left * now} samples in place of {left * then} "
+            f"({now / then:.3g}x per step, at the same rate); pass --global-batch-size {then} to keep the batch")
 
 
 # data_settings' keys of the masking, by flag: the samples' text stays, the objective changes (a record
@@ -204,10 +224,11 @@ def given_attention(flags: dict, ds: dict) -> str | None:
 def kept_regime(stored: dict, flags: dict, ds: dict, source: str) -> str | None:
     """A resume trains with the checkpoint's dropout (and records its init_method_std) where no flag or
     preset sets them: BertConfig's defaults (dropout 0.1) would change a preset run's regime silently.
-    Sets them in `flags`; returns the warning naming those a flag or preset changes, or attention dropout
-    dropped by a variant without it (ring, hybrid, BigBird: their default 0) (None: no change)."""
+    Sets them in `flags` (model_flags has: the run's flags give the same warning again); returns the warning
+    naming those a flag or preset changes, or attention dropout dropped by a variant without it (ring,
+    hybrid, BigBird: their default 0) (None: no change), for once the checkpoint has loaded."""
     changes = take_regime(stored, flags, ds)[1]
-    return f"{'; '.join(changes)}, which {source}'s run trained with" if changes else None
+    return f"warning: {'; '.join(changes)}, which {source}'s run trained with" if changes else None
 
 
 def take_regime(stored: dict, flags: dict, ds: dict, local_layers: bool = False) -> tuple[list, list]:

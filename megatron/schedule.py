@@ -119,14 +119,18 @@ class Schedule:
 
         return torch.optim.lr_scheduler.LambdaLR(optimizer, self.factor(optimizer.param_groups[0]["lr"]))
 
-    def changes(self, stored: dict) -> list:
+    def changes(self, stored: dict, length: str | None = None) -> list:
         """'--flag now (the checkpoint's: then)' for each setting that differs from a checkpoint's
         record `stored` (a key the record lacks is its field's default, else not compared); the warm-up
-        by its steps, whichever flag gave them."""
+        by its steps, whichever flag gave them; the run's length as `length` says it was given (the
+        --train-samples of a run that gave that flag: resume.run_length), else by --train-iters."""
         changed = []
         for field in dataclasses.fields(self):
             then = stored.get(field.name, field.default)
             if field.name in WARMUP_FIELDS or then is dataclasses.MISSING or then == getattr(self, field.name):
+                continue
+            if field.name == "train_iters" and length:
+                changed.append(f"{length} (the checkpoint's: {then} steps)")
                 continue
             changed.append(f"{field.metadata['flag']} {_shown(getattr(self, field.name))} (the checkpoint's: "
                            f"{_shown(then)})")

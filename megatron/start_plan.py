@@ -77,6 +77,10 @@ def check_start(args) -> StartPlan:
     newer = checkpoint_save.check_save_dir(args.save, start)
     if newer and launcher_rank() == 0:
         print(checkpoint_save.overwrite_warning(args.save, newer, start), file=sys.stderr, flush=True)
+    foreign = checkpoint_save.foreign_tags(args.save, plan.load, start) if plan.resume and not same_folder(
+        plan.load, args.save) else []
+    if foreign and launcher_rank() == 0:
+        print(checkpoint_save.foreign_warning(args.save, plan.load, foreign), file=sys.stderr, flush=True)
     return plan
 
 

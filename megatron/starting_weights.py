@@ -6,14 +6,14 @@ import warnings
 
 from megatron import checkpoint, checkpoint_compat, checkpoint_weights, hf_convert, hf_io, hf_modernbert, paths
 from megatron.arguments import config_flags
-from megatron.config import adjustable_start_fields, check_model_numbers, refuse_contradictions
+from megatron.config import adjustable_start_fields, check_model_numbers, refuse_contradictions, section_values
 from megatron.errors import ConfigError
 from megatron.model.args import BertConfig
 from megatron.model.attention.rules import refuse_local_layers
 from megatron.model.bert import BertModel
 from megatron.model.fields import weights_fixed
 from megatron.parallel.launch_env import launcher_rank, print_warnings
-from megatron.resume import given_attention, kept_regime, note_replaced_settings, note_taken_regime, take_regime
+from megatron.resume import given_attention, note_replaced_settings, note_taken_regime, take_regime
 from megatron.start_plan import StartPlan
 
 
@@ -32,7 +32,9 @@ def model_flags(args, ds: dict, plan: StartPlan) -> dict:
     source = (f"the --init-from-hf folder {plan.init_from_hf}" if plan.init_from_hf
               else f"the checkpoint {plan.load}" if plan.finetune or resume
               else f"the weights-only checkpoint {plan.load}")
-    refuse_contradictions(start, source, flags, ds, adjustable_start_fields(start, bool(plan.init_from_hf), resume))
+    adjustable = adjustable_start_fields(start, bool(plan.init_from_hf), resume)
+    refuse_length_beyond_table(plan, flags, ds, start, source, adjustable)
+    refuse_contradictions(start, source, flags, ds, adjustable)
     if args.no_position_extension and start.get("position_embedding_type") == "rope":
         raise ConfigError(f"--no-position-extension has no effect on {source}: its positions are rotary, with no "
                           "table to extend", "drop --no-position-extension")
@@ -44,8 +46,8 @@ def model_flags(args, ds: dict, plan: StartPlan) -> dict:
         note_replaced_settings(flags, start, source)
     for field, value in start.items():
         flags[field] = value if flags.get(field) is None else flags[field]
-    if resume:
-        print_warnings([kept_regime(weights, flags, ds, source)])
+    if resume:  # its warning comes with the resume's others once the checkpoint has loaded (training.resume_or_start):
+        take_regime(weights, flags, ds)  # a check that refuses the run after it would leave a line for nothing
     elif start:  # a new run from weights: their regime, not BertConfig's defaults, where no flag sets it
         note_taken_regime(take_regime(weights, flags, ds, "local_attention_window" in start)[0], source)
     if flags.get("seq_length") is None and start:
@@ -55,6 +57,36 @@ def model_flags(args, ds: dict, plan: StartPlan) -> dict:
         note_longer_than_trained(flags, start, trained, source)
     flags["bigbird_seed"] = args.seed  # BigBird's random blocks follow the run's seed
     return flags
+
+
+def refuse_length_beyond_table(plan: StartPlan, flags: dict, ds: dict, start: dict, source: str,
+                               adjustable: tuple) -> None:
+    """A --seq-length beyond the learned position table of a checkpoint a run resumes or starts from, unpacked:
+    BertConfig's line would advise a larger --max-position-embeddings, which those weights fix (refuse_contradictions
+    then refuses it). Names what works from them: their length, shorter samples packed into the sequence, or a new run
+    from their Hugging Face export, whose table --init-from-hf repeats to the new length."""
+    positions, length = start.get("max_position_embeddings"), flags.get("seq_length")
+    packed = flags.get("pack_samples")
+    packed = section_values(ds).get("pack_samples") if packed is None else packed
+    if (start.get("position_embedding_type", BertConfig.position_embedding_type) != "learned" or not positions
+            or "max_position_embeddings" in adjustable or not length or length <= positions or packed):
+        return
+    raise ConfigError(f"--seq-length {length} exceeds the {positions} learned positions of {source}",
+                      f"keep --seq-length {positions} or less, pack samples of up to {positions} tokens into "
+                      f"{length} with --pack-samples, or start a new run with a longer table: "
+                      f"{table_extension_route(plan.load, 'checkpoint', length)} --seq-length {length} and another "
+                      "--save")
+
+
+def table_extension_route(source: str, kind: str, positions) -> str:
+    """The commands that take weights with a learned position table to `positions` rows: an HF folder through
+    --init-from-hf (it repeats the table), a checkpoint of this trainer exported to one first (to-hf): a
+    --load, --finetune included, keeps the table's size."""
+    trainer = f"{paths.python_command()} {paths.in_repository('pretrain_bert.py')}"
+    if kind == "hf":
+        return f"{trainer} --init-from-hf {source} --max-position-embeddings {positions}"
+    return (f"{paths.python_command()} {paths.in_repository('tools/convert_checkpoint.py')} to-hf --load {source} "
+            f"--output HF, then {trainer} --init-from-hf HF --max-position-embeddings {positions}")
 
 
 def note_longer_than_trained(flags: dict, start: dict, trained: int, source: str) -> None:

@@ -38,7 +38,7 @@ from megatron.parallel.launch_check import launch_environment
 from megatron.parallel.launch_env import launcher_rank, local_rank
 from megatron.parallel.peers import lost_rank_text, report_once
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
-                             resume_optimizer, resume_schedule)
+                             kept_regime, resume_optimizer, resume_schedule, run_length, unsaved_note)
 from megatron.run_data import batch_reader, build_datasets, data_paths, data_workers
 from megatron.run_log import RunLog, free_log_dir, log_dir_problem, tensorboard_problem
 from megatron.schedule import Schedule
@@ -422,9 +422,14 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
     run.last_checkpoint = progress.last_checkpoint = os.path.join(plan.load, checkpoint.tag_for(run.iteration))
     log.start(run.iteration, f"resuming from {run.last_checkpoint} iteration {run.iteration}, consumed samples "
                              f"{run.consumed}", resumed_from=run.last_checkpoint)
-    for warning in (*resume_changes(run, client), optimizer_change):
-        if warning and dist.get_rank() == 0:
+    trains = run.iteration < train_iters  # else the warnings would describe steps that never run
+    regime = kept_regime(client["config"]["model"], dict(setup.flags), setup.ds, f"the checkpoint {plan.load}")
+    for warning in (*resume_changes(run, client), optimizer_change, regime):
+        if warning and trains and dist.get_rank() == 0:
             print(warning, file=sys.stderr, flush=True)
+    unsaved = unsaved_note(args.save, plan.load, run.iteration, train_iters)
+    if unsaved and dist.get_rank() == 0:
+        print(unsaved, flush=True)
     if run.iteration >= train_iters:  # a finished run started again (a rerun of the same command)
         log.message(nothing_to_train(args, run.iteration, train_iters))
     return run
@@ -435,10 +440,11 @@ def resume_changes(run: Run, client: dict) -> list:
     LR schedule, the samples and batch, the data, the attention."""
     change = checkpoint_compat.attention_change(f"checkpoint {run.plan.load}", client["config"]["model"],
                                                 vars(run.config.model))
+    length = run_length(run.args, run.train_iters, run.config.global_batch_size)
     return [resume_schedule(run.engine, client.get("schedule"), Schedule.from_record(run.saved["schedule"]),
-                            run.iteration),
+                            run.iteration, length),
             describe_sample_change(client["config"], run.config, run.consumed),
-            describe_batch_change(client["config"], run.config, run.iteration, run.train_iters),
+            describe_batch_change(client["config"], run.config, run.iteration, run.train_iters, length),
             describe_data_change(client.get("data"), run.saved["data"], run.consumed),
             change and f"warning: {change}"]
 

@@ -336,7 +336,7 @@ CASES = [
     pretrain("--load", "{ckpt}", "--attention", "linformer", "--linformer-k", "16",
              id="resume_from_another_attention_variant", needs_checkpoint=True,
              phrases=("lacks layers.0.attention.core.key_projection",
-                      "resume with attention dense, the checkpoint's, or pass --finetune")),
+                      "resume with attention dense, the checkpoint's, or pass --finetune and another --save")),
     pretrain("--load", "{tmp}/ckpt", id="checkpoint_corrupt_file", needs_checkpoint=True,
              setup=corrupt_checkpoint,
              phrases=("mp_rank_00_model_states.pt cannot be read", "resume from an earlier complete checkpoint")),
@@ -475,6 +475,11 @@ CASES = [
                   "run/iter_0000004.partial/mp_rank_00_model_states.pt": "x"})
       for name, command, argv, tail in (("fill_mask", "fill_mask", [], ["--text", "a [MASK]"]),
                                         ("checkpoint_to_hf", "convert", ["to-hf"], ["--output", "{tmp}/hf"]))],
+    # a `latest` that is not text (a disk error, a binary file copied over it): the UnicodeDecodeError's traceback
+    Case("fill_mask_latest_not_text", "fill_mask", ["--load", "{tmp}/run", "--text", "a [MASK]"],
+         ("run/latest is not a checkpoint tag (it is not text)", "(the newest: iter_0000002)"),
+         files={"run/iter_0000002/mp_rank_00_model_states.pt": "x"},
+         setup=lambda tmp, assets: (tmp / "run" / "latest").write_bytes(b"\x00\xffgarbage")),
     # a --save folder whose first save was killed: not 'point --load at a directory written by --save'
     pretrain("--load", "{tmp}/run", id="load_of_only_an_unfinished_save",
              files={"run/iter_0000002.partial/mp_rank_00_model_states.pt": "x"},

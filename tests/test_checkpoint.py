@@ -147,6 +147,50 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, monkeypatch):
         checkpoint.latest_tag("iter_0000002")
 
 
+def test_a_latest_that_is_not_text_is_one_line(tmp_path):
+    """`latest` holding bytes that are not UTF-8 (a disk error, a binary file copied over it) stopped the trainer
+    and every tool with a UnicodeDecodeError traceback."""
+    from megatron.errors import DataError
+
+    (tmp_path / "iter_0000002").mkdir()
+    (tmp_path / "iter_0000002" / "mp_rank_00_model_states.pt").touch()
+    (tmp_path / "latest").write_bytes(b"\x00\xffgarbage")
+    line = (f"{tmp_path / 'latest'} is not a checkpoint tag (it is not text); write the tag of a complete iter_* "
+            f"folder of {tmp_path} into it (the newest: iter_0000002)")
+    for read in (checkpoint.latest_tag, lambda folder: checkpoint.checkpoint_folder(folder, "iter_0000009")):
+        with pytest.raises(DataError) as refused:
+            read(str(tmp_path))
+        assert str(refused.value) == line
+
+
+def test_a_latest_that_is_no_file_is_named_with_a_fix_that_works(tmp_path):
+    """`latest` a link to the iter_* folder (other frameworks' habit): the run said 'no latest' and advised
+    writing the tag into it, which fails on a link to a folder (Is a directory). Named as a link, by the
+    trainer's --save check and by every reader, with a fix that works; a link to nothing names the newest."""
+    import subprocess
+
+    from megatron.errors import DataError
+
+    for tag in ("iter_0000002", "iter_0000004"):
+        (tmp_path / tag).mkdir()
+        (tmp_path / tag / "mp_rank_00_model_states.pt").touch()
+    latest = tmp_path / "latest"
+    latest.symlink_to("iter_0000002")
+    for check in (checkpoint.latest_tag, checkpoint_save.refuse_unnamed_checkpoints):
+        with pytest.raises(DataError) as refused:
+            check(str(tmp_path))
+        assert refused.value.problem == f"{latest} is a link to the folder iter_0000002, not a file holding the " \
+                                        "tag of a checkpoint"
+    assert refused.value.fix == f"replace it with a file naming iter_0000002: rm {latest} && echo iter_0000002 > " \
+                                f"{latest}"
+    subprocess.run(["bash", "-c", refused.value.fix.split(": ", 1)[1]], check=True)
+    assert checkpoint.latest_tag(str(tmp_path)) == "iter_0000002"
+    latest.unlink()
+    latest.symlink_to("gone")
+    with pytest.raises(DataError, match=f"is a link to gone, which does not exist, .*echo iter_0000004 > {latest}$"):
+        checkpoint.latest_tag(str(tmp_path))
+
+
 def test_a_resume_with_another_optimizer_type_is_refused():
     """SGD restoring AdamW's state stopped with KeyError 'momentum' in its first step; a type given in
     other case is the same optimizer (DeepSpeed reads it case-insensitively), and Adam keeps AdamW's
@@ -156,7 +200,7 @@ def test_a_resume_with_another_optimizer_type_is_refused():
 
     stored = {"ds_config": {"optimizer": {"type": "AdamW", "params": {}}}}
     with pytest.raises(ConfigError, match="holds the state of optimizer.type AdamW, this run's is SGD; resume with "
-                                          "optimizer.type AdamW, or pass --finetune"):
+                                          "optimizer.type AdamW, or pass --finetune and another --save"):
         check_same_optimizer(stored, {"optimizer": {"type": "SGD"}}, "ckpt/iter_0000002")
     check_same_optimizer(stored, {"optimizer": {"type": "adamw"}}, "ckpt/iter_0000002")
     check_same_optimizer(stored, {"optimizer": {"type": "Adam"}}, "ckpt/iter_0000002")

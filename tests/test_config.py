@@ -575,27 +575,58 @@ def preset_checkpoint(folder, **fields) -> str:
 
 def test_a_resume_keeps_the_checkpoints_dropout_unless_a_flag_changes_it(tmp_path, capsys):
     """`--load ckpt` alone resumes a preset run (dropout 0.0) with its dropout, not BertConfig's 0.1; a
-    flag or preset that changes it trains on with it, in one warning line."""
+    flag or preset that changes it trains on with it, in one warning line. model_flags prints none: a check
+    after it (the layout, the load) may still refuse the run; the resume prints kept_regime's, of the flags
+    model_flags made, once its checkpoint has loaded."""
+    from megatron.checkpoint import stored_config
     from megatron.config import resolve
+    from megatron.resume import kept_regime
+
+    def warning(folder, flags):
+        return kept_regime(stored_config(folder, "iter_0000002")["model"], dict(flags), {}, f"the checkpoint {folder}")
 
     ckpt = preset_checkpoint(tmp_path / "ckpt")
     base = ["--load", ckpt, "--data-path", "x", "--train-iters", "4"]
     capsys.readouterr()
-    model = resolve(given_flags(base), {}, 1).model
+    flags = given_flags(base)
+    model = resolve(dict(flags), {}, 1).model
     assert (model.hidden_dropout, model.attention_dropout, model.init_method_std) == (0.0, 0.0, 0.02)
+    assert warning(ckpt, flags) is None
+    flags = given_flags([*base, "--hidden-dropout", "0.2"])
+    assert resolve(dict(flags), {}, 1).model.hidden_dropout == 0.2
     assert capsys.readouterr().err == ""
-    model = resolve(given_flags([*base, "--hidden-dropout", "0.2"]), {}, 1).model
-    assert model.hidden_dropout == 0.2
-    assert capsys.readouterr().err.splitlines() == [
-        f"warning: --hidden-dropout 0.2 changes hidden_dropout from 0.0, which the checkpoint {ckpt}'s run trained with"]
+    assert warning(ckpt, flags) == (f"warning: --hidden-dropout 0.2 changes hidden_dropout from 0.0, which the "
+                                    f"checkpoint {ckpt}'s run trained with")
     # a dense run (attention dropout 0.1) resumed with ring attention, which has none: said, not refused
     dense = preset_checkpoint(tmp_path / "dense", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000,
                               seq_length=64, max_position_embeddings=64)
-    model = resolve(given_flags(["--load", dense, "--attention", "ring"]), {}, 1).model
+    flags = given_flags(["--load", dense, "--attention", "ring"])
+    model = resolve(dict(flags), {}, 1).model
     assert (model.hidden_dropout, model.attention_dropout) == (0.1, 0.0)
-    assert capsys.readouterr().err.splitlines() == [
-        "warning: ring attention (no attention dropout) changes attention_dropout from 0.1, which the checkpoint "
-        f"{dense}'s run trained with"]
+    assert capsys.readouterr().err == ""
+    assert warning(dense, flags) == ("warning: ring attention (no attention dropout) changes attention_dropout from "
+                                     f"0.1, which the checkpoint {dense}'s run trained with")
+
+
+@pytest.mark.parametrize("start", [[], ["--finetune", "--save", "other"]])
+def test_a_longer_sequence_than_a_checkpoints_learned_positions_names_fixes_that_work(tmp_path, start):
+    """A resume (or a new run from a checkpoint) at a --seq-length beyond its position table was told to raise
+    --max-position-embeddings, which the next check refuses (the weights fix it). The fixes named work: the
+    table's length, packing, or a new run from its export (--init-from-hf repeats the table)."""
+    ckpt = preset_checkpoint(tmp_path / "ckpt", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000,
+                             seq_length=64, max_position_embeddings=64)
+    base = ["--load", ckpt, "--data-path", "x", "--train-iters", "4", "--seq-length", "128", *start]
+    for extra in ([], ["--max-position-embeddings", "128"]):
+        with pytest.raises(ConfigError) as refused:
+            given_flags([*base, *extra])
+        assert refused.value.problem == f"--seq-length 128 exceeds the 64 learned positions of the checkpoint {ckpt}"
+        assert refused.value.fix.startswith("keep --seq-length 64 or less, pack samples of up to 64 tokens into 128 "
+                                            "with --pack-samples, or start a new run with a longer table: ")
+        assert f"to-hf --load {ckpt} --output HF, then " in refused.value.fix
+        assert refused.value.fix.endswith("--init-from-hf HF --max-position-embeddings 128 --seq-length 128 and "
+                                          "another --save")
+    flags = given_flags([*base, "--pack-samples"])
+    assert resolve(flags, {}, 1).model.max_segment_length == 64
 
 
 def test_another_rope_theta_on_a_resume_names_finetune_and_extend_context(tmp_path):
@@ -607,7 +638,8 @@ def test_another_rope_theta_on_a_resume_names_finetune_and_extend_context(tmp_pa
     assert str(refused.value) == (
         f"--rotary-base 320000.0 contradicts the checkpoint {ckpt}, whose model has rotary_base 160000.0; drop "
         "--rotary-base 320000.0: a resume keeps the checkpoint's model; to train on with another rotary_base, start "
-        "a new run from its weights with --finetune, or tools/extend_context.py for a longer context")
+        "a new run from its weights with --finetune and another --save, or tools/extend_context.py for a longer "
+        "context")
 
 
 @pytest.mark.parametrize("argv,ds,named", [

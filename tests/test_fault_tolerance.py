@@ -470,6 +470,28 @@ def test_a_rollback_names_the_checkpoints_it_will_overwrite(tmp_path, capsys):
         f"at the same iteration overwrites it; move it out of {save} to keep it\n")
 
 
+def test_a_resume_into_a_save_of_another_run_names_its_checkpoints(tmp_path, capsys):
+    """`--load A --save B`, B holding another run's checkpoints at or below A's iteration: this run's saves
+    joined them under one `latest` with no word. Those up to a copy of A's same checkpoint are this run's
+    history (a job that moves its checkpoints): not named."""
+    save, load = tmp_path / "ck", tmp_path / "other"
+    fake_checkpoints(load, 2, 4, latest=4)
+    fake_checkpoints(save, 2, 4, latest=4)
+    capsys.readouterr()
+    start_run(save, str(load))
+    assert capsys.readouterr().err == ""
+    for iteration in (4, 2):  # another run's: its run state differs
+        (save / checkpoint.tag_for(iteration) / checkpoint.RUN_STATE).write_text(json.dumps(
+            {"config": {"lr": 1}, "iteration": iteration, "consumed_samples": 2 * iteration}))
+        start_run(save, str(load))
+        named = "iter_0000004" if iteration == 4 else "iter_0000002, iter_0000004"
+        them = "it" if iteration == 4 else "them"
+        assert capsys.readouterr().err == (
+            f"warning: --save {save} holds {named}, not checkpoints of --load {load} (another run's): this run's saves "
+            f"join {them} under one 'latest', so a rollback there would resume that run and --keep-last would remove "
+            f"{them}; move {them} out of {save}, or pass another --save\n")
+
+
 def test_finetune_into_the_folder_it_starts_from_names_finetune(tmp_path):
     """The refusal named --load, which was given: --finetune (a new run from iteration 0) is the cause."""
     save = tmp_path / "ck"

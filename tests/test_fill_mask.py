@@ -42,6 +42,8 @@ def test_prints_the_models_top_predictions(tmp_path):
                       "--text", text, "--top-k", "3")  # --tag: one checkpoint of a --save directory, as to-hf
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
+    # first, which checkpoint was read: `latest` moves on while a run saves into --load
+    assert lines[lines.index(text) - 1] == f"predictions of {tmp_path / 'ckpt' / 'iter_0000000'} (iteration 0)"
     lines = lines[lines.index(text):]  # (DeepSpeed may print its accelerator line first)
     assert len(lines) == 3
     for number, predictions in enumerate(expected, start=1):
@@ -201,7 +203,8 @@ def test_a_long_text_comes_from_a_file_or_stdin_and_shows_each_mask_in_context(t
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
     tool.main([*load, "--text-file", str(tmp_path / "long.txt"), "--text-file", "-"])
     out = capsys.readouterr().out
-    lines = out.splitlines()
+    read, *lines = out.splitlines()
+    assert read == f"predictions of {tmp_path / 'ckpt' / 'iter_0000000'} (iteration 0)"
     assert len(lines) == 6 and text not in out
     for header, label in ((lines[0], f"--text-file {tmp_path / 'long.txt'}"), (lines[3], "--text-file -")):
         assert header == f"{label} ({len(text)} characters, 2 masks)"
@@ -212,7 +215,7 @@ def test_a_long_text_comes_from_a_file_or_stdin_and_shows_each_mask_in_context(t
     assert lines[4:] == lines[1:3]
     # a short --text stays as it was: the text, then its predictions
     tool.main([*load, "--text", "tok1 [MASK] tok2"])
-    assert capsys.readouterr().out.splitlines()[0] == "tok1 [MASK] tok2"
+    assert capsys.readouterr().out.splitlines()[1] == "tok1 [MASK] tok2"
 
 
 def test_a_text_file_that_is_missing_or_not_utf8_is_one_line(tmp_path):

@@ -129,8 +129,8 @@ def test_a_start_from_weights_of_another_variant_initialises_or_drops_linformers
         f"warning: checkpoint {tmp_path / 'trained'} was trained with Linformer's low-rank projected attention "
         "(linformer); this run uses attention to every token (dense), so its outputs differ from the trained model's"]
     with pytest.raises(ConfigError, match="lacks layers.0.attention.core.key_projection, which this model has; "
-                                          "resume with attention dense, the checkpoint's, or pass --finetune to start "
-                                          "a new run from its weights"):
+                                          "resume with attention dense, the checkpoint's, or pass --finetune and "
+                                          "another --save to start a new run from its weights"):
         checkpoint_compat.check_model_shapes(vars(dense), linformer, "ckpt/iter_0000001")
     # any other tensor the weights lack stays one error, and a start from weights is no resume
     with pytest.raises(ConfigError, match="lacks binary_head.pooler.weight, which this model has; pass the model "

@@ -87,6 +87,9 @@ def test_changes_name_each_flag_against_the_checkpoints_record():
     older = {key: value for key, value in WRITTEN.items() if key not in ("min_lr", "lr_decay_style")}
     assert schedule.changes(older) == schedule.changes(WRITTEN)[:2]
     assert Schedule.from_record(WRITTEN).changes(WRITTEN) == []
+    # a run whose length --train-samples gave: named so, not by the --train-iters the user never passed
+    length = "--train-samples 216 (54 steps at global batch 4)"
+    assert schedule.changes(WRITTEN, length)[0] == f"{length} (the checkpoint's: 50 steps)"
 
 
 def rates(schedule: Schedule, steps) -> list:

@@ -18,7 +18,8 @@ import torch
 
 from megatron import run_log
 from megatron.parallel.spawn import free_port, run_on_ranks
-from megatron.resume import describe_batch_change, describe_data_change, describe_sample_change, resume_schedule
+from megatron.resume import (describe_batch_change, describe_data_change, describe_sample_change, resume_schedule,
+                            run_length)
 from megatron.run_data import data_warnings, small_eval_splits, with_eval_passes
 from megatron.schedule import Schedule
 from megatron.training import main, nothing_to_train
@@ -372,12 +373,14 @@ def test_runs_without_a_launcher_as_one_process(tmp_path, data_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "no launcher: running as one process (world size 1)" in result.stdout
     assert "mpi4py" not in result.stderr and "Traceback" not in result.stderr
-    # the same command again (the main job run twice): it resumes the finished run and says so
-    again = subprocess.run([PYTHON, str(ROOT / "pretrain_bert.py"), *argv], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=240)
+    # the same command again (the main job run twice): it resumes the finished run and says so; a schedule
+    # change is not described, as no step runs to take it
+    again = subprocess.run([PYTHON, str(ROOT / "pretrain_bert.py"), *argv, "--lr-decay-style", "constant"], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stderr[-3000:]
     assert ("nothing to train: the checkpoint is at iteration 1 of --train-iters 1; pass a larger --train-iters to "
             "train on") in again.stdout
+    assert "warning:" not in again.stderr, again.stderr
     assert sorted(path.name for path in (tmp_path / "ck").iterdir()) == ["iter_0000001", "latest"]
     assert "config: pipeline 1 x data 1 x sequence 1" in result.stdout
 
@@ -513,8 +516,8 @@ def test_a_resume_with_another_peak_decays_to_min_lr():
     engine.lr_scheduler.load_state_dict(scheduler.state_dict())
     warning = resume_schedule(engine, {**schedule.record(), "lr": 1e-3}, schedule, iteration=5)
     assert "lr 5.500e-04 for iteration 6, then 4.600e-04 at iteration 7, ending at 1.900e-04 at iteration 10" in warning
-    assert warning.endswith("to change the peak, pass --finetune to start a new run from the weights with a fresh "
-                            "optimizer and schedule"), warning
+    assert warning.endswith("to change the peak, pass --finetune and another --save to start a new run from its "
+                            "weights with a fresh optimizer and schedule"), warning
     rates = [resumed.param_groups[0]["lr"]]
     for _ in range(4):
         resumed.step()
@@ -556,6 +559,15 @@ def test_a_resume_on_other_data_says_so():
         "keep the checkpoint's settings to continue the same data")
 
 
+def test_a_resume_without_save_says_its_steps_are_not_kept():
+    """A resume without --save trained on and ended with no checkpoint line and no word."""
+    from megatron.resume import unsaved_note
+
+    assert unsaved_note(None, "ck", 2, 4) == ("note: no --save: the 2 steps this run trains after iteration 2 are "
+                                              "not kept; pass --save ck to keep them")
+    assert unsaved_note("ck", "ck", 2, 4) is None and unsaved_note(None, "ck", 4, 4) is None
+
+
 def test_a_resume_with_another_global_batch_says_what_the_steps_read():
     """More ranks or another micro batch changed the samples per step with no word, while --seq-length,
     --split or --lr each got a warning; the schedule counts steps."""
@@ -570,6 +582,11 @@ def test_a_resume_with_another_global_batch_says_what_the_steps_read():
     assert describe_batch_change(two_ranks, SimpleNamespace(global_batch_size=4), 4, 6) is None
     assert describe_batch_change(two_ranks, SimpleNamespace(global_batch_size=2), 4, 6).startswith(
         "warning: resuming with global batch 2 (the checkpoint's: 4)")
+    # a run whose length --train-samples gave is named so (resume.run_length), not by --train-iters
+    length = run_length(SimpleNamespace(train_iters=None, train_samples=24), 6, 4)
+    assert length == "--train-samples 24 (6 steps at global batch 4)"
+    assert "remaining 2 steps to --train-samples 24 (6 steps at global batch 4) read 8 samples" in \
+        describe_batch_change(stored, SimpleNamespace(global_batch_size=4), 4, 6, length)
 
 
 def test_a_resume_with_other_packed_segments_says_samples_are_cut_differently():

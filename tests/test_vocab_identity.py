@@ -87,8 +87,29 @@ def test_a_checkpoint_folder_carries_its_tokenizer(tmp_path, kind):
         choose_tokenizer(BertWordPiece(vocab), carried, "ckpt", "BertWordPieceLowerCase")
     copied = folder / ("tokenizer.json" if kind == "hf" else "vocab.txt")
     copied.write_text(copied.read_text().replace("mat", "rug"))
-    with pytest.raises(DataError, match=f"{copied.name} is not the tokenizer its {CARRIED} records"):
+    with pytest.raises(DataError, match=f"its {copied.name} is not the tokenizer {CARRIED} records"):
         carried_tokenizer(folder)
+
+
+def test_a_checkpoint_whose_vocab_copy_is_damaged_names_the_vocab_it_was_trained_with(tmp_path):
+    """A line of the carried vocab.txt deleted: the fix was to build a vocab (tools/build_vocab.py), which
+    cannot fit the trained weights. It names the one the checkpoint was trained with, which stands in where
+    the flags pass it, as for a lost copy."""
+    from megatron.data.tokenizer import naming_flags
+
+    tokenizer = BertWordPiece(write(tmp_path / "source.txt", VOCAB))
+    folder = tmp_path / "iter_0000001"
+    folder.mkdir()
+    carry(tokenizer, folder)
+    damaged = write(folder / "vocab.txt", VOCAB[1:])
+    with pytest.raises(DataError) as refused:
+        carried_tokenizer(folder)
+    assert str(refused.value) == (
+        f"checkpoint {folder} names tokenizer {tokenizer.type_name} in {CARRIED} but its vocab.txt cannot be used "
+        f"(vocab file {damaged} lacks the special tokens [PAD]); restore the checkpoint folder, or pass the tokenizer "
+        f"it was trained with ({naming_flags(tokenizer.type_name, tokenizer.file)}, sha256 {tokenizer.identity[:12]})")
+    with pytest.warns(UserWarning, match=f"cannot be used .*; using {re.escape(str(tokenizer.file))}, the tokenizer"):
+        assert carried_tokenizer(folder, tokenizer).identity == tokenizer.identity
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "hf"])

@@ -30,7 +30,8 @@ with start_up_stops_in_one_line("convert_checkpoint.py"):  # Ctrl-C during the s
     quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     from megatron import hf_convert
     import torch
-    from megatron.checkpoint import PARTIAL, checkpoint_folder, chosen_tag, declared_positions, stored_config
+    from megatron.checkpoint import (PARTIAL, checkpoint_folder, chosen_tag, declared_positions, read_from,
+                                    stored_config)
     from megatron.checkpoint_compat import attention_change
     from megatron.checkpoint_weights import bert_state_from_checkpoint
     from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits
@@ -62,13 +63,14 @@ def to_hf(args) -> None:
         warnings.warn(f"{untrained}; the export carries them as they are (train from the checkpoint first, or "
                       "convert a Hugging Face folder that has them)")
     print(f"wrote {hf_convert.read_hf_config(args.output)['architectures'][0]} "
-          f"({config.num_layers} layers, hidden {config.hidden_size}) to {args.output}")
+          f"({config.num_layers} layers, hidden {config.hidden_size}) of {read_from(args.load, tag)} to {args.output}")
 
 
 def to_torch(args) -> None:
     if os.path.lexists(args.output):
         raise ConfigError(f"--output {args.output} exists", "choose another --output, or remove it")
-    state = bert_state_from_checkpoint(args.load, chosen_tag(args.load, args.tag))
+    tag = chosen_tag(args.load, args.tag)
+    state = bert_state_from_checkpoint(args.load, tag)
     staged = f"{args.output}{PARTIAL}"
     try:  # no half-written file under the name asked for
         torch.save(state, staged)
@@ -76,8 +78,8 @@ def to_torch(args) -> None:
     finally:
         with contextlib.suppress(OSError):
             os.remove(staged)
-    print(f"wrote {len(state)} fp32 tensors of {args.load} to {args.output} (torch.load gives the state dict of "
-          "megatron.model.bert.BertModel)")
+    print(f"wrote {len(state)} fp32 tensors of {read_from(args.load, tag)} to {args.output} (torch.load gives the "
+          "state dict of megatron.model.bert.BertModel)")
 
 
 def check_from_hf(args, positions: int) -> None:

@@ -44,7 +44,7 @@ with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the secon
     from megatron.model.args import check_bounded
     from megatron.model.fields import fields_with, info, variants_with_options
     from megatron.start_plan import StartPlan
-    from megatron.starting_weights import initial_model_fields, starting_weights_fields
+    from megatron.starting_weights import initial_model_fields, starting_weights_fields, table_extension_route
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FACTOR = 64
@@ -154,7 +154,7 @@ def source_model(source: str) -> tuple[dict, str]:
                             f"({', '.join(hf_io.HF_WEIGHT_FILES)})",
                             "pass the whole folder save_pretrained wrote")
         return hf_convert.bert_fields_from_hf(hf_io.read_hf_config(folder)), "hf"
-    if (folder / checkpoint.LATEST).is_file():
+    if os.path.lexists(folder / checkpoint.LATEST):  # latest_tag names one that is no file
         return checkpoint.stored_config(source, checkpoint.latest_tag(source))["model"], "checkpoint"
     checkpoint.refuse_tag_folder(source, "--from")
     checkpoint.refuse_unfinished_only(source, "--from", reader=True)
@@ -177,15 +177,9 @@ def scaled_theta(theta: float, factor: float, head_dim: int) -> float:
 def check(args, fields: dict, kind: str) -> float:
     """The length factor, after refusing what cannot be extended this way."""
     if fields.get("position_embedding_type", "learned") != "rope":
-        # a checkpoint goes through an HF folder: --load --finetune keeps the table's size
-        trainer = f"{python_command()} {in_repository('pretrain_bert.py')}"
-        how = (f"{trainer} --init-from-hf {args.source}" if kind == "hf" else
-               f"{python_command()} {in_repository('tools/convert_checkpoint.py')} to-hf --load {args.source} "
-               "--output HF, then "
-               f"{trainer} --init-from-hf HF")
         raise ConfigError(f"--from {args.source} has learned positions, not rotary ones", f"extend a learned-position "
-                          f"BERT with {how} --max-position-embeddings N (it repeats the table), or start from a "
-                          "ModernBERT")
+                          f"BERT with {table_extension_route(args.source, kind, 'N')} (it repeats the table), or "
+                          "start from a ModernBERT")
     old = trained_length(fields, kind)
     factor = args.seq_length / old
     if not 1 <= factor <= MAX_FACTOR:

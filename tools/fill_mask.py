@@ -27,7 +27,7 @@ with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of
     quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     import torch
 
-    from megatron.checkpoint import LATEST, checkpoint_folder, chosen_tag, run_state, stored_config
+    from megatron.checkpoint import LATEST, checkpoint_folder, chosen_tag, read_from, run_state, stored_config
     from megatron.checkpoint_weights import bert_state_from_checkpoint
     from megatron.data.batch import BertBatch
     from megatron.data.tokenizer import SPECIAL_NAMES, HFTokenizer, add_tokenizer_flags, check_fits
@@ -241,6 +241,7 @@ def main(argv=None) -> None:
     if untrained:
         print(f"warning: {untrained}; these predictions are random (train from the checkpoint first, or convert a "
               "Hugging Face folder with its masked-LM head)", file=sys.stderr)
+    print(f"predictions of {read_from(args.load, tag)}")
     for label, text, masks in results:
         print_predictions(label, text, masks, mask_markers(tokenizer))
 

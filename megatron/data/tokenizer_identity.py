@@ -60,10 +60,13 @@ def carried_tokenizer(folder, stand_in=None):
                         "restore the checkpoint folder")
     if not file.is_file():
         return _standing_in(folder, record, stand_in)
-    tokenizer = _as_recorded(file, record)
+    try:
+        tokenizer = _as_recorded(file, record)
+    except DataError as error:  # a damaged copy: the fix is that file back, or the flags' copy of it, not a new one
+        return _standing_in(folder, record, stand_in, f"its {file.name} cannot be used ({error.problem})")
     if tokenizer.identity != record["vocab_sha256"]:
-        raise DataError(f"checkpoint {folder}: {file.name} is not the tokenizer its {CARRIED} records "
-                        "(edited after the save?)", "restore the checkpoint folder")
+        return _standing_in(folder, record, stand_in, f"its {file.name} is not the tokenizer {CARRIED} records "
+                            "(edited after the save?)")
     return tokenizer
 
 
@@ -74,12 +77,14 @@ def _as_recorded(file, record: dict):
             else BertWordPiece(file, TOKENIZER_TYPES[name]))
 
 
-def _standing_in(folder: Path, record: dict, stand_in):
-    """For a checkpoint that lacks its copy of the tokenizer file: the flags' tokenizer `stand_in`, built as
-    the record says, when its tokens, text pipeline and special tokens are the record's (one warning line says so);
-    otherwise an error whose fix names the file the record names."""
+def _standing_in(folder: Path, record: dict, stand_in, damage: str | None = None):
+    """For a checkpoint that lacks its copy of the tokenizer file (or whose copy is `damage`d: it cannot be
+    built, or is not the recorded one): the flags' tokenizer `stand_in`, built as the record says, when its
+    tokens, text pipeline and special tokens are the record's (one warning line says so); otherwise an error
+    whose fix names the file the record names (a vocab built anew would not fit the trained weights)."""
     name = record["tokenizer_type"]
-    lacks = f"checkpoint {folder} names tokenizer {name} in {CARRIED} but lacks its {CARRIED_FILES[name]}"
+    lacks = (f"checkpoint {folder} names tokenizer {name} in {CARRIED} but "
+             f"{damage or f'lacks its {CARRIED_FILES[name]}'}")
     fix = (f"restore the checkpoint folder, or pass the tokenizer it was trained with "
            f"({naming_flags(name, record['file'])}, sha256 {record['vocab_sha256'][:12]})")
     if stand_in is None:
