@@ -364,6 +364,9 @@ def run(args) -> None:
         job = build_job(args, context)
         write_job_yaml(job, args.dry_run)
         print(args.dry_run)
+        if not args.compute:  # az ml job create would send it to serverless compute's default VM, without GPUs
+            print(f"warning: {args.dry_run} names no compute; pass --compute NAME, or submit it with `az ml job create "
+                  f"-f {args.dry_run} --set compute=azureml:NAME`", file=sys.stderr, flush=True)
     else:
         if not args.compute:  # the job would go to serverless compute's default VM, without GPUs
             raise SubmitError("a submit needs --compute; pass the name of the workspace's GPU compute cluster "

@@ -27,6 +27,7 @@ import json
 import os
 import pickle
 import re
+import shlex
 import sys
 import zipfile
 
@@ -44,6 +45,7 @@ from megatron.model.args import MODEL_PRESETS
 LATEST = "latest"
 RUN_STATE = "run_state.json"
 ORIGIN = "weights_from"  # in RUN_STATE: {"from": path or None (scratch), "kind", "sha256"} of the run's start
+RUN_ID = "run_id"  # in ORIGIN: made when a run starts (start_plan.weights_origin), kept by its resumes
 # in ORIGIN of a run from scratch: it stores its own max_position_embeddings (a flag's, or its --seq-length with
 # rope: config.rope_positions), never a preset's; a checkpoint saved before that lacks it (declared_positions)
 OWN_POSITIONS = "own_positions"
@@ -232,14 +234,14 @@ def read_latest(load_dir: str) -> str:
     """The tag the `latest` file of load_dir holds, stripped. Bytes that are not UTF-8 text (a disk error, a
     binary file copied over it) or a file that cannot be read are one line naming it, not a traceback."""
     path = os.path.join(load_dir, LATEST)
-    fix = f"write the tag of a complete iter_* folder of {load_dir} into it{newest_hint(load_dir)}"
     try:
         with open(path, "rb") as file:
             return file.read().decode("utf-8").strip()
     except UnicodeDecodeError:
-        raise DataError(f"{path} is not a checkpoint tag (it is not text)", fix) from None
+        problem = f"{path} is not a checkpoint tag (it is not text)"
     except OSError as error:
-        raise DataError(f"{path} cannot be read ({error.strerror or type(error).__name__})", fix) from None
+        problem = f"{path} cannot be read ({error.strerror or type(error).__name__})"
+    raise DataError(problem, f"write the tag of a complete iter_* folder of {load_dir} into it{newest_hint(load_dir)}")
 
 
 def refuse_odd_latest(load_dir: str) -> None:
@@ -258,13 +260,14 @@ def refuse_odd_latest(load_dir: str) -> None:
         target = os.readlink(path)
         what = (f"a link to the folder {target}" if os.path.isdir(path) else f"a link to {target}"
                 f"{'' if os.path.exists(path) else ', which does not exist'}")
-        remove = f"rm {path}"
+        remove = f"rm {shlex.quote(path)}"
     else:
-        what, remove = ("a folder" if os.path.isdir(path) else "not a regular file"), f"mv {path} {path}.old"
+        what = "a folder" if os.path.isdir(path) else "not a regular file"
+        remove = f"mv {shlex.quote(path)} {shlex.quote(path + '.old')}"
     problem = f"{path} is {what}, not a file holding the tag of a checkpoint"
     if tag is None:
         raise DataError(problem, f"{remove} ({load_dir} holds no complete iter_* checkpoint to name)")
-    raise DataError(problem, f"replace it with a file naming {tag}: {remove} && echo {tag} > {path}")
+    raise DataError(problem, f"replace it with a file naming {tag}: {remove} && echo {tag} > {shlex.quote(path)}")
 
 
 def newest_hint(load_dir: str) -> str:

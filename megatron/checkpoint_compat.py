@@ -18,7 +18,7 @@ RESUME_FIX = "resume with the model flags the checkpoint was trained with"
 START_FIX = "pass the model flags the checkpoint was trained with"
 # the other way on where a resume cannot take the checkpoint: a new run from its weights starts at iteration 0, so it
 # needs a --save of its own (start_plan.refuse_finetune_in_place refuses the folder it starts from)
-NEW_RUN_FIX = "pass --finetune and another --save to start a new run from its weights"
+NEW_RUN_FIX = "pass --finetune and another --save to start a new run from the checkpoint's weights"
 # the tensors of an attention core (Linformer's key / value projections, the only core with weights):
 # weights trained with another variant lack them, a start from such weights initialises them
 CORE_TENSORS = ".attention.core."

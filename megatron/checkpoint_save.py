@@ -29,11 +29,11 @@ import torch
 import torch.distributed as dist
 
 from megatron import optimizer_state, paths
-from megatron.checkpoint import (LATEST, LAYOUT_FREE, ORIGIN, PARTIAL, REMOVING, RUN_STATE, complete_tags, latest_tag,
-                                 refuse_odd_latest, tag_for, tag_iteration, unfinished_tags)
+from megatron.checkpoint import (LATEST, LAYOUT_FREE, ORIGIN, PARTIAL, REMOVING, RUN_ID, RUN_STATE, complete_tags,
+                                 latest_tag, refuse_odd_latest, run_state, tag_for, tag_iteration, unfinished_tags)
 from megatron.config import TrainConfig
 from megatron.data import tokenizer_identity
-from megatron.errors import ConfigError, disk_full
+from megatron.errors import ConfigError, DataError, disk_full
 from megatron.locks import release_lock, take_lock
 from megatron.parallel import peers, state as parallel_state
 from megatron.parallel.launch_env import local_rank
@@ -56,12 +56,12 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
         os.makedirs(save_dir, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
     dist.barrier()
-    run_state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples,
+    state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples,
                  **({"schedule": schedule} if schedule else {}), **({"data": data} if data else {}),
                  **({ORIGIN: origin} if origin else {})}
     problem = None
     try:
-        engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=run_state, save_latest=False)
+        engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=state, save_latest=False)
     except (OSError, RuntimeError) as error:  # a full disk: torch.save's `basic_ios::clear: iostream error`
         if peers.lost(error):  # not the disk: another rank ended (training.lost_rank_problem)
             raise
@@ -71,7 +71,7 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     def rank0_files():
         if rank == 0:
             with open(os.path.join(staging, RUN_STATE), "w") as file:
-                json.dump(run_state, file)
+                json.dump(state, file)
             if tokenizer is not None:
                 tokenizer_identity.carry(tokenizer, staging)
 
@@ -171,7 +171,8 @@ def _unwritable(staging: str) -> OSError | None:
     writer names none: when DeepSpeed's makedirs of it failed (DeepSpeed logs that and goes on), torch
     says `Parent directory ... does not exist` for a folder that turned read-only (EPERM, EACCES, EROFS)."""
     try:
-        os.makedirs(staging, exist_ok=True)  # removed again with the failed save's staging folder
+        with contextlib.suppress(FileExistsError):  # not makedirs: a --save that vanished is not made again
+            os.mkdir(staging)  # removed again with the failed save's staging folder
         with tempfile.TemporaryFile(dir=staging):
             pass
     except OSError as error:
@@ -372,21 +373,20 @@ def overwrite_warning(save_dir: str, newer: list[str], start_iteration: int) -> 
 
 def foreign_tags(save_dir: str, load_dir: str, start_iteration: int) -> list[str]:
     """The complete checkpoints of --save `save_dir`, at or below the iteration where a resume of another folder
-    (`load_dir`) starts, that are not this run's: newer than the newest that is a copy of load_dir's same tag (the
-    same run_state.json; where none is, all of them), so another run's, which this run's saves would join under one
-    `latest` (a rollback there would resume that run; --keep-last would remove them). Those up to a copy are this
-    run's history (a job that moves its checkpoints, a branch of save_dir's run): not named."""
-    tags = [tag for tag in complete_tags(save_dir) if tag_iteration(tag) <= start_iteration]
+    (`load_dir`) starts, of another run: their run id (checkpoint.RUN_ID) is not --load's, so this run's saves
+    would join them under one `latest` (a rollback there would resume that run; --keep-last would remove them).
+    This run's own, wherever they were moved or copied, carry its id; checkpoints saved before runs had one (on
+    either side) are not named."""
+    def run_id(folder: str, tag: str) -> str | None:
+        with contextlib.suppress(OSError, ConfigError, DataError):
+            return run_state(folder, tag).get(ORIGIN, {}).get(RUN_ID)
+        return None
 
-    def copied(tag: str) -> bool:
-        files = [os.path.join(folder, tag, RUN_STATE) for folder in (save_dir, load_dir)]
-        with contextlib.suppress(OSError):
-            with open(files[0], "rb") as ours, open(files[1], "rb") as theirs:
-                return ours.read() == theirs.read()
-        return False
-
-    shared = [index for index, tag in enumerate(tags) if copied(tag)]
-    return tags[shared[-1] + 1:] if shared else tags
+    own = run_id(load_dir, latest_tag(load_dir))
+    if own is None:
+        return []
+    return [tag for tag in complete_tags(save_dir)
+            if tag_iteration(tag) <= start_iteration and run_id(save_dir, tag) not in (None, own)]
 
 
 def foreign_warning(save_dir: str, load_dir: str, foreign: list[str]) -> str:

@@ -107,7 +107,7 @@ def read_hf_config(folder) -> dict:
         raise ConfigError(f"{folder} is a file, not a Hugging Face model folder",
                           "point at the folder holding config.json and the weights")
     if not path.is_file():
-        if (Path(folder) / LATEST).is_file():
+        if os.path.lexists(Path(folder) / LATEST):
             raise ConfigError(f"{folder} is a checkpoint of this trainer, not a Hugging Face model folder",
                               "pass it to --load (to-hf --load exports it)")
         raise ConfigError(f"{path} does not exist", "point at a Hugging Face model folder (config.json + weights)")

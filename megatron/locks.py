@@ -187,7 +187,8 @@ def release_lock(*names: str) -> None:
                 pass
             except OSError as error:
                 print(f"warning: cannot remove the lock {held['path']} ({error.strerror or error}); it is left "
-                      "there, and the next run in that folder takes it over", file=sys.stderr, flush=True)
+                      "there; a later run takes it over once this one has ended and the folder is writable",
+                      file=sys.stderr, flush=True)
         for folder in held["created"]:  # innermost first
             with contextlib.suppress(OSError):
                 os.rmdir(folder)

@@ -6,6 +6,7 @@ import concurrent.futures
 import dataclasses
 import os
 import sys
+import uuid
 
 from megatron import checkpoint, checkpoint_save, hf_io
 from megatron.errors import ConfigError
@@ -55,7 +56,8 @@ def check_start(args) -> StartPlan:
     scratch (Megatron's `--load X --save X`: a job that is resubmitted or requeued with the same
     command resumes from its last save, and its first run starts fresh); a run from weights does the
     same (requeue_from_weights). A --save folder with checkpoints but no `latest` is refused (it is no
-    first run's); one whose newer checkpoints a rollback will overwrite is named in a warning."""
+    first run's); one whose newer checkpoints a rollback will overwrite is named in a warning, as are
+    another run's checkpoints in the --save of a resume from another folder (checkpoint_save.foreign_tags)."""
     if args.save:
         checkpoint_save.refuse_unnamed_checkpoints(args.save)
         refuse_finetune_in_place(args)
@@ -130,11 +132,14 @@ def requeue_from_weights(plan: StartPlan, save: str | None) -> StartPlan:
 def weights_origin(plan: StartPlan) -> dict:
     """What a new run starts from, kept with each of its checkpoints (checkpoint.ORIGIN) for a requeue
     to compare (check_origin): scratch (storing its own max_position_embeddings: checkpoint.OWN_POSITIONS),
-    or the weights' folder, kind and fingerprint (a hash of every weight: pending_origin runs it aside)."""
+    or the weights' folder, kind and fingerprint (a hash of every weight: pending_origin runs it aside).
+    Its RUN_ID, made here and kept by every resume, tells this run's checkpoints from another's wherever
+    they were moved (checkpoint_save.foreign_tags)."""
+    run = {checkpoint.RUN_ID: uuid.uuid4().hex}
     if plan.source is None:
-        return {"from": None, checkpoint.OWN_POSITIONS: True}
+        return {"from": None, checkpoint.OWN_POSITIONS: True, **run}
     source, kind = plan.source
-    return {"from": os.path.realpath(source), "kind": kind, "sha256": hf_io.weights_fingerprint(source, kind)}
+    return {"from": os.path.realpath(source), "kind": kind, "sha256": hf_io.weights_fingerprint(source, kind), **run}
 
 
 def pending_origin(plan: StartPlan, save: str | None) -> concurrent.futures.Future | None:

@@ -247,6 +247,19 @@ def test_a_submit_without_compute_is_refused(tmp_path, capsys):
         "(--compute NAME), or --dry-run JOB_YAML to write the job without submitting it"]
 
 
+@needs_sdk
+def test_a_dry_run_without_compute_warns_that_its_yaml_names_none(tmp_path, capsys):
+    """`az ml job create -f` on a YAML without compute runs on serverless compute's default VM, without GPUs:
+    the YAML is written (compute can be set at submit), with one line saying how."""
+    module, job_file = load_submit_module(), tmp_path / "job.yml"
+    data = data_folder(tmp_path / "data", "wiki_text_sentence")
+    assert module.main(["--dry-run", str(job_file), "--data", str(data), "--data-prefix", "wiki_text_sentence"]) == 0
+    assert load_job(job_file).compute is None
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: {job_file} names no compute; pass --compute NAME, or submit it with `az ml job create -f "
+        f"{job_file} --set compute=azureml:NAME`"]
+
+
 def test_missing_ds_config_is_one_line(tmp_path):
     result = submit("--dry-run", tmp_path / "job.yml", "--data", tmp_path, "--ds-config", tmp_path / "no.json",
                     cwd=tmp_path)

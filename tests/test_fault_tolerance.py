@@ -410,14 +410,16 @@ def test_save_dir_ahead_of_the_run_is_refused(tmp_path):
     checkpoint_save.check_save_dir(str(tmp_path), 10)  # resuming from it
 
 
-def fake_checkpoints(save, *iterations, latest=None) -> None:
-    """iter_* folders that pass for complete ones (model states, run_state.json), and `latest`."""
+def fake_checkpoints(save, *iterations, latest=None, run_id=None) -> None:
+    """iter_* folders that pass for complete ones (model states, run_state.json), and `latest`; `run_id`: the
+    run they belong to (checkpoint.RUN_ID in their origin record; none: saved before runs had one)."""
     for iteration in iterations:
         folder = save / checkpoint.tag_for(iteration)
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / "mp_rank_00_model_states.pt").write_bytes(b"")
+        origin = {checkpoint.ORIGIN: {"from": None, checkpoint.RUN_ID: run_id}} if run_id else {}
         (folder / checkpoint.RUN_STATE).write_text(json.dumps(
-            {"config": {}, "iteration": iteration, "consumed_samples": 2 * iteration}))
+            {"config": {}, "iteration": iteration, "consumed_samples": 2 * iteration, **origin}))
     if latest is not None:
         (save / checkpoint.LATEST).write_text(checkpoint.tag_for(latest))
 
@@ -472,17 +474,16 @@ def test_a_rollback_names_the_checkpoints_it_will_overwrite(tmp_path, capsys):
 
 def test_a_resume_into_a_save_of_another_run_names_its_checkpoints(tmp_path, capsys):
     """`--load A --save B`, B holding another run's checkpoints at or below A's iteration: this run's saves
-    joined them under one `latest` with no word. Those up to a copy of A's same checkpoint are this run's
-    history (a job that moves its checkpoints): not named."""
+    joined them under one `latest` with no word. This run's own there (moved or copied between the two
+    folders, a run that went A -> B -> A) carry its run id: not named; nor are checkpoints without one."""
     save, load = tmp_path / "ck", tmp_path / "other"
-    fake_checkpoints(load, 2, 4, latest=4)
-    fake_checkpoints(save, 2, 4, latest=4)
+    fake_checkpoints(load, 4, latest=4, run_id="this")
+    fake_checkpoints(save, 2, 4, latest=4, run_id="this")  # this run's history, moved there
     capsys.readouterr()
     start_run(save, str(load))
     assert capsys.readouterr().err == ""
-    for iteration in (4, 2):  # another run's: its run state differs
-        (save / checkpoint.tag_for(iteration) / checkpoint.RUN_STATE).write_text(json.dumps(
-            {"config": {"lr": 1}, "iteration": iteration, "consumed_samples": 2 * iteration}))
+    for iteration in (4, 2):  # another run's: another run id
+        fake_checkpoints(save, iteration, run_id="another")
         start_run(save, str(load))
         named = "iter_0000004" if iteration == 4 else "iter_0000002, iter_0000004"
         them = "it" if iteration == 4 else "them"
@@ -490,6 +491,16 @@ def test_a_resume_into_a_save_of_another_run_names_its_checkpoints(tmp_path, cap
             f"warning: --save {save} holds {named}, not checkpoints of --load {load} (another run's): this run's saves "
             f"join {them} under one 'latest', so a rollback there would resume that run and --keep-last would remove "
             f"{them}; move {them} out of {save}, or pass another --save\n")
+    fake_checkpoints(load, 4, latest=4)  # saved before runs had an id: nothing to tell them apart by
+    start_run(save, str(load))
+    assert capsys.readouterr().err == ""
+
+
+def test_a_new_runs_origin_carries_a_run_id_of_its_own():
+    """The id foreign_tags compares: made by each new run (scratch or weights), never shared by two."""
+    plan = start_plan.StartPlan.at(load=None, init_from_hf=None, finetune=False)  # from scratch
+    first, second = (start_plan.weights_origin(plan) for _ in range(2))
+    assert first[checkpoint.RUN_ID] != second[checkpoint.RUN_ID] and len(first[checkpoint.RUN_ID]) == 32
 
 
 def test_finetune_into_the_folder_it_starts_from_names_finetune(tmp_path):

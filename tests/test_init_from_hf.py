@@ -130,7 +130,7 @@ def test_a_start_from_weights_of_another_variant_initialises_or_drops_linformers
         "(linformer); this run uses attention to every token (dense), so its outputs differ from the trained model's"]
     with pytest.raises(ConfigError, match="lacks layers.0.attention.core.key_projection, which this model has; "
                                           "resume with attention dense, the checkpoint's, or pass --finetune and "
-                                          "another --save to start a new run from its weights"):
+                                          "another --save to start a new run from the checkpoint.s weights"):
         checkpoint_compat.check_model_shapes(vars(dense), linformer, "ckpt/iter_0000001")
     # any other tensor the weights lack stays one error, and a start from weights is no resume
     with pytest.raises(ConfigError, match="lacks binary_head.pooler.weight, which this model has; pass the model "
@@ -284,10 +284,10 @@ def test_a_run_started_from_an_hf_folder_resumes_with_the_same_command(tmp_path,
         assert list(trained(log)) == [3, 4] and trained(log) == {i: trained("log")[i] for i in (3, 4)}
         configs = [json.loads((tmp_path / name / "config.json").read_text())["model"] for name in ("log", log)]
         assert configs[0] == configs[1] and configs[0]["seq_length"] == 64 and configs[0]["ffn_hidden_size"] == 128
-    # each checkpoint records where the run started (the resumes carried it on)
-    origin = checkpoint.run_state(str(run), checkpoint.tag_for(4))[checkpoint.ORIGIN]
-    assert origin == {"from": str(folder.resolve()), "kind": "hf",
-                      "sha256": hf_io.weights_fingerprint(folder, "hf")}
+    # each checkpoint records where the run started and the run's id (the resumes carried both on)
+    first, origin = (checkpoint.run_state(str(run), checkpoint.tag_for(i))[checkpoint.ORIGIN] for i in (2, 4))
+    assert origin == {"from": str(folder.resolve()), "kind": "hf", "sha256": hf_io.weights_fingerprint(folder, "hf"),
+                      checkpoint.RUN_ID: first[checkpoint.RUN_ID]}
     # a requeue pointed at another model is refused before any work; a copy of the first one is the same model
     _, other = hf_model("bert", tmp_path / "other", seed=1, vocab_size=vocab_size(data_dir), **HF)
     files = sorted(tmp_path.rglob("*"))
@@ -303,7 +303,10 @@ def test_a_run_started_from_an_hf_folder_resumes_with_the_same_command(tmp_path,
     args = argparse.Namespace(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False)
     capsys.readouterr()
     plan = start_plan.check_start(args)
-    assert (plan.init_from_hf, plan.load) == (str(folder), None) and start_plan.weights_origin(plan) == origin
+    fresh = start_plan.weights_origin(plan)  # the same weights; a run of its own
+    assert (plan.init_from_hf, plan.load) == (str(folder), None)
+    assert fresh[checkpoint.RUN_ID] != origin[checkpoint.RUN_ID]
+    assert {**fresh, checkpoint.RUN_ID: origin[checkpoint.RUN_ID]} == origin
     assert vars(args) == dict(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False)  # as given
     assert capsys.readouterr().out == f"--load {first} holds no checkpoint yet: starting from --init-from-hf {folder}\n"
     copy = shutil.copytree(folder, tmp_path / "copy")

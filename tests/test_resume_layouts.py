@@ -104,7 +104,7 @@ def test_resumed_steps_use_the_checkpoints_rate_and_settings(resumed, layout):
     assert got["recorded"]["weight_decay"] == 0.01 and got["optimizer_warning"] == (
         "warning: resuming with optimizer.params.weight_decay 0.1 (the checkpoint's: 0.01): the optimizer goes on with the "
         "checkpoint's settings, which config.json records; pass --finetune and another --save to start a new run from "
-        "its weights with a fresh optimizer that takes the new values")
+        "the checkpoint's weights with a fresh optimizer that takes the new values")
     assert got["losses"] == pytest.approx(same["losses"], rel=REL_TOL)
     assert got["losses"] == pytest.approx(resumed.straight["losses"][SAVED_AT:], rel=REL_TOL)
 

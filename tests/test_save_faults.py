@@ -196,7 +196,7 @@ def test_a_save_folder_turned_unwritable_is_named_and_its_lock_left_with_a_warni
     staging = tmp_path / f"iter_0000040{checkpoint.PARTIAL}"
     torch_error = RuntimeError(f"Parent directory {staging} does not exist.")
     real_remove = os.remove
-    monkeypatch.setattr(os, "makedirs", denied)
+    monkeypatch.setattr(os, "mkdir", denied)
     monkeypatch.setattr(os, "remove", lambda path, *a, **k: denied(path) if str(path).endswith(locks.LOCK)
                         else real_remove(path, *a, **k))
 
@@ -209,8 +209,8 @@ def test_a_save_folder_turned_unwritable_is_named_and_its_lock_left_with_a_warni
     monkeypatch.setattr(training, "pretrain", save_fails)
     assert training.main(["--data-path", "x", "--save", str(tmp_path)]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"warning: cannot remove the lock {tmp_path / locks.LOCK} (Operation not permitted); it is left there, and "
-        "the next run in that folder takes it over",
+        f"warning: cannot remove the lock {tmp_path / locks.LOCK} (Operation not permitted); it is left there; a "
+        "later run takes it over once this one has ended and the folder is writable",
         f"pretrain_bert.py: error: cannot write checkpoint iter_0000040 into --save {tmp_path} on "
         f"{socket.gethostname()} (Operation not permitted); check the folder and its disk, then resume; nothing of "
         "iter_0000040 was kept and no earlier checkpoint exists"]
@@ -468,3 +468,11 @@ def test_full_disk_on_one_rank_inside_deepspeeds_save_stops_every_rank(tmp_path,
     assert errors[0].endswith("nothing of iter_0000004 was kept and 'latest' still names iter_0000002")
     assert checkpoint.latest_tag(str(save)) == checkpoint.tag_for(2)
     assert not [name for name in os.listdir(save) if name.endswith(checkpoint.PARTIAL)], os.listdir(save)
+
+
+def test_the_write_probe_of_a_failed_save_makes_no_vanished_save_folder(tmp_path):
+    """A --save that vanished mid-run (an unmounted disk, a deleted folder) is the save's reason: the probe
+    for it creates the staging folder alone, never the --save above it on the disk below the mount."""
+    gone = tmp_path / "gone"
+    error = checkpoint_save._unwritable(str(gone / f"iter_0000040{checkpoint.PARTIAL}"))
+    assert isinstance(error, FileNotFoundError) and not gone.exists()

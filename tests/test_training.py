@@ -516,8 +516,8 @@ def test_a_resume_with_another_peak_decays_to_min_lr():
     engine.lr_scheduler.load_state_dict(scheduler.state_dict())
     warning = resume_schedule(engine, {**schedule.record(), "lr": 1e-3}, schedule, iteration=5)
     assert "lr 5.500e-04 for iteration 6, then 4.600e-04 at iteration 7, ending at 1.900e-04 at iteration 10" in warning
-    assert warning.endswith("to change the peak, pass --finetune and another --save to start a new run from its "
-                            "weights with a fresh optimizer and schedule"), warning
+    assert warning.endswith("to change the peak, pass --finetune and another --save to start a new run from the "
+                            "checkpoint's weights with a fresh optimizer and schedule"), warning
     rates = [resumed.param_groups[0]["lr"]]
     for _ in range(4):
         resumed.step()

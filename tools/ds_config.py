@@ -141,14 +141,16 @@ def write_atomically(path: Path, text: str) -> None:
     exist, as for `cp` or `> file`: a mistyped --output makes no folders. A symbolic link is written
     through, as `cp` and `> file` do: its target is replaced, the link stays (os.replace over the
     link would have put a copy in its place and left the file it names as it was)."""
+    given = path
     if path.is_symlink():
         path = Path(os.path.realpath(path))
+        given = f"{given} (a link to {path})"
     if path.is_dir():
-        raise ConfigError(f"output {path} is a directory", "pass a file path to write the JSON to")
-    if problem := file_in_the_way(f"output {path}: its folder", str(path.parent)):
+        raise ConfigError(f"output {given} is a directory", "pass a file path to write the JSON to")
+    if problem := file_in_the_way(f"output {given}: its folder", str(path.parent)):
         raise ConfigError(problem, "pass a path inside a directory")
     if not path.parent.is_dir():
-        raise ConfigError(f"output {path}: its folder {path.parent} does not exist",
+        raise ConfigError(f"output {given}: its folder {path.parent} does not exist",
                           f"check the path, or create the folder first (mkdir -p {path.parent})")
     temporary = None
     try:
@@ -161,7 +163,7 @@ def write_atomically(path: Path, text: str) -> None:
         if temporary and os.path.exists(temporary):
             os.unlink(temporary)
         if isinstance(error, OSError):
-            raise ConfigError(f"cannot write {path} ({error.strerror or error})",
+            raise ConfigError(f"cannot write {given} ({error.strerror or error})",
                               "pass an --output in a folder this user can write") from None
         raise
 

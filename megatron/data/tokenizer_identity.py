@@ -47,8 +47,8 @@ def carry(tokenizer, folder) -> None:
 
 def carried_tokenizer(folder, stand_in=None):
     """The tokenizer a checkpoint folder carries, or None (written before checkpoints carried one). Where
-    its copy of the file is gone, `stand_in` (the flags' tokenizer, or None) takes its place if it is the
-    tokenizer the identity record names (_standing_in)."""
+    its copy of the file is gone, damaged or edited, `stand_in` (the flags' tokenizer, or None) takes its place
+    if it is the tokenizer the identity record names (_standing_in)."""
     folder = Path(folder)
     if not (folder / CARRIED).is_file():
         return None
