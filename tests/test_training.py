@@ -456,7 +456,8 @@ def test_the_data_lines_count_a_splits_distinct_samples():
 
     repeated = TokenStats(201003, 128, False, 1.0, 0.92, epoch_samples=3)
     assert repeated.describe("test") == ("test data: 3 samples of 128 tokens (its index map repeats them to 201003: "
-                                         "67001.0 passes), 1.0 segments per sample, real-token share 0.92")
+                                         "67001 passes), 1.0 segments per sample, real-token share 0.92")
+    assert "(its index map repeats them to 6: 2.0 passes)" in TokenStats(6, 128, False, 1.0, 1.0, 3).describe("test")
     assert TokenStats(77, 128, True, 2.0, 0.5, epoch_samples=77).describe("valid") == (
         "valid data: 77 packed samples of 128 tokens, 2.0 segments per sample, real-token share 0.50")
 

@@ -372,7 +372,8 @@ class TokenStats:
         """The split's distinct samples (one pass over its documents), as the evaluation warning counts them
         (run_data.with_eval_passes), and the index map's size where the run's steps repeat them."""
         distinct = self.epoch_samples or self.samples
-        mapped = (f" (its index map repeats them to {self.samples}: {self.samples / distinct:.1f} passes)"
+        passes = self.samples / distinct
+        mapped = (f" (its index map repeats them to {self.samples}: {passes:.{1 if passes < 10 else 0}f} passes)"
                   if self.samples > distinct else "")
         return (f"{name} data: {distinct} {'packed ' if self.packed else ''}samples of {self.seq_length} tokens"
                 f"{mapped}, {self.segments_per_sample:.1f} segments per sample, real-token share "
