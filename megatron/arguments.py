@@ -291,7 +291,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--no-position-extension", action="store_true", help="with --init-from-hf: refuse a "
                      "--max-position-embeddings above the folder's instead of repeating its learned positions")
     run.add_argument("--skip-nan-batches", action="store_true", help="skip the update of a step whose loss or "
-                     "gradients are NaN/inf and go on (default: stop, naming the last good checkpoint)")
+                     "gradients are NaN/inf and go on; 5 such steps in a row still stop the run (default: stop at "
+                     "the first, naming the last checkpoint whose loss was in range)")
     run.add_argument("--save-interval", type=int, help="steps between checkpoints (always saved at the end)")
     run.add_argument("--exit-duration-in-mins", type=float,
                      help="stop after the first step that ends this many minutes after start-up, saved (with "

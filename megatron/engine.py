@@ -65,9 +65,24 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
         checkpoint_layers(model, config.activation_checkpoint_interval)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config,
                                       mpu=state, lr_scheduler=lr_scheduler)
+    keep_clipped_grad_norm(engine)
     if config.zero_stage == 3:
         sum_sequence_grads_in_zero3_reduce_scatter(engine.optimizer)
     return engine
+
+
+def keep_clipped_grad_norm(engine) -> None:
+    """The gradient norm of an fp32 run without ZeRO, for the log: DeepSpeed's engine clips its gradients
+    itself (clip_fp32_gradients, at gradient_clipping > 0) but drops the norm that clipping computed, so
+    get_global_grad_norm() stayed None there while its ZeRO, bf16 and fp16 optimizers report it. Without
+    clipping (--clip-grad 0) nothing computes the norm, and the log leaves it out rather than pay for it; nor
+    with a pipeline, whose fp32 clipping sees one stage's gradients (not the model's norm)."""
+    from deepspeed.runtime.utils import clip_grad_norm_
+
+    def clip_and_keep_norm():
+        engine._global_grad_norm = clip_grad_norm_(parameters=engine.module.parameters(),
+                                                   max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+    engine.clip_fp32_gradients = clip_and_keep_norm
 
 
 def check_precision_supported(ds_config: dict) -> None:

@@ -153,13 +153,15 @@ def describe_datasets(args, config, data_path: list, datasets: tuple, train_iter
     small = small_eval_splits({name: (stats[name], split_tokens(dataset)) for name, dataset in (
         ("valid", valid_set), ("test", test_set)) if dataset is not None}, config.micro_batch_size)
     small = with_eval_passes(small, stats, args.eval_iters * config.global_batch_size)
-    for warning in [*data_warnings(args, data_path, valid_set, train_iters), *filter(None, [small])]:
+    for warning in [*data_warnings(args, data_path, valid_set, train_iters, test_set=test_set), *filter(None, [small])]:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 
 
-def data_warnings(args, data_path: list, valid_set, train_iters: int) -> list:
-    """What the data flags leave out without being wrong: a blended prefix of weight 0, and a run
-    that asks for evaluation with no validation documents."""
+def data_warnings(args, data_path: list, valid_set, train_iters: int, test_set=True) -> list:
+    """What the data flags leave out without being wrong: a blended prefix of weight 0, a run that asks
+    for evaluation with no validation documents, and a test share of --split that a small corpus rounds
+    to no document (no test loss at the end; a test share of 0 asks for none). `test_set`: any true
+    value stands for a split with documents."""
     notes = [f"--data-path weight 0 for {prefix}: none of its samples are read"
              for weight, prefix in zip(*parse_data_path(data_path)) if weight == 0]
     if valid_set is None and args.eval_interval <= train_iters:
@@ -168,6 +170,10 @@ def data_warnings(args, data_path: list, valid_set, train_iters: int) -> list:
                else "pass a --split with a validation share, e.g. --split 949,50,1")
         notes.append(f"--split {args.split} leaves no validation documents: the evaluation every --eval-interval "
                      f"{args.eval_interval} steps is skipped; {fix}")
+    shares = split_weights(args.split)
+    if test_set is None and len(shares) > 2 and shares[2]:
+        notes.append(f"--split {args.split} leaves no test documents: there is no test loss at the end; pass a "
+                     "larger test share of --split, or a larger corpus (a test share of 0 asks for none)")
     return notes
 
 

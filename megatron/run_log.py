@@ -8,6 +8,7 @@ supersedes (the steps a resumed run redoes after its checkpoint, or all of an ea
 a new one starts from scratch), so a reader sees one history without repeated iterations."""
 import contextlib
 import importlib
+import io
 import json
 import math
 import os
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from megatron import paths
-from megatron.errors import ConfigError, disk_full
+from megatron.errors import ConfigError, cannot_use, disk_full
 from megatron.flops import training_flops_per_sample
 
 
@@ -198,14 +199,26 @@ class RunLog:
         if not self.writer:
             return
         metrics = self.dir / "metrics.jsonl"
-        # a run that logged no step here (stopped before its first --log-interval, or a finished
-        # checkpoint given a new --log-dir) has no curve to draw: that is no failure of the run
-        records = read_metrics(metrics)
-        plot = (plot_metrics(metrics, self.dir / "loss.png", records) if any(r["kind"] == "train" for r in records)
-                else "none (no training step was logged in this --log-dir)")
+        plot = self._draw(metrics)
         print(f"logs: {metrics}{f' ({self.moved})' if self.moved else ''}\nloss plot: {plot}"
               + (f"\ncheckpoint: {saved_checkpoint(save_dir)}" if save_dir else ""),
               flush=True)
+
+    def _draw(self, metrics: Path) -> str:
+        """loss.png, or 'none (why)': a run that logged no step here (stopped before its first
+        --log-interval, or a finished checkpoint given a new --log-dir) has no curve to draw, and a
+        plot that fails (a full disk, a metrics.jsonl changed during the run) is a warning: the run
+        trained and saved, and a requeue of a failed run would fail the same way forever."""
+        try:
+            records = read_metrics(metrics)
+            if not any(r["kind"] == "train" for r in records):
+                return "none (no training step was logged in this --log-dir)"
+            return str(plot_metrics(metrics, self.dir / "loss.png", records))
+        except (ConfigError, OSError) as error:
+            problem = error.problem if isinstance(error, ConfigError) else cannot_use(error).problem
+            print(f"warning: no loss plot: {problem}; once that is fixed, "
+                  f"{paths.in_repository('tools/plot_run.py')} {self.dir} draws it", file=sys.stderr, flush=True)
+            return "none (see the warning above)"
 
 
 class MovedLogDir(str):
@@ -253,6 +266,40 @@ def _saves_logged(folder: Path) -> set | None:
     if saves or any((folder / name).exists() for name in ("metrics.jsonl", "config.json", "index_maps.json")):
         return saves
     return None
+
+
+def metrics_problem(log_dir: str) -> tuple[str, str] | None:
+    """(problem, fix) when --log-dir holds a metrics.jsonl that is no run log of this trainer (read_metrics
+    refuses it): found at start-up, before any step, not at the plot after the run trained and saved (a
+    requeue then failed the same way forever). A torn last line is a killed run's, which a resume appends after."""
+    metrics = Path(log_dir) / "metrics.jsonl"
+    if not os.path.lexists(metrics):
+        return None
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # a torn line's warning: said once, at the plot
+            read_metrics(metrics)
+    except ConfigError as error:
+        return (f"--log-dir {log_dir} holds a metrics.jsonl that is not a run log of this trainer ({error.problem})",
+                f"pass another --log-dir, or move {metrics} away")
+    return None
+
+
+def shared_log_dir_warning(log_dir: str, save: str | None, load: str | None, finetune: bool) -> str | None:
+    """The warning for a --log-dir given on the command line that holds another run's records (a run of
+    another --save, or one without --save): this run appends to its metrics.jsonl and replaces its
+    config.json, index_maps.json and loss.png (free_log_dir moves the default folder aside instead; a
+    folder typed is taken as given). No warning for a resume of a run logged there (its --save or --load
+    is in the start records), except with --finetune, a new run."""
+    saves = _saves_logged(Path(log_dir))
+    if not saves:
+        return None
+    own = {os.path.abspath(folder) for folder in (save, None if finetune else load) if folder}
+    if own & saves:
+        return None
+    others = ", ".join(sorted(f"--save {folder}" if folder else "one without --save" for folder in saves))
+    return (f"warning: --log-dir {log_dir} holds the logs of another run ({others}): this run appends its records to "
+            "that metrics.jsonl and replaces its config.json, index_maps.json and loss.png; pass another --log-dir "
+            "to keep both")
 
 
 def saved_checkpoint(save_dir) -> str:

@@ -25,12 +25,14 @@ from megatron import checkpoint, checkpoint_compat, checkpoint_save, determinism
 from megatron.arguments import build_parser
 from megatron.config import TrainConfig, model_notes, read_ds_config, resolve
 from megatron.data import index_maps
+from megatron.data.preprocess import FIRST_LOG_SECONDS, LOG_SECONDS, duration_text
 from megatron.data.tokenizer import check_fits
 from megatron.ds_schema import OPTIMIZER_DEFAULTS, default_optimizer, optimizer_params_taken, precision
 from megatron.engine import build_engine, check_precision_supported, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import (WHERE_FIX, ConfigError, Interrupted, cannot_use, ignore_signals, raise_on_signals,
                              restore_signals, stopped_during_start_up)
 from megatron.flag_checks import check_flag_combinations, check_flags
+from megatron.loss_watch import LossWatch
 from megatron.model.args import BertConfig
 from megatron.model.attention import blocks
 from megatron.parallel import device, jit_locks, peers
@@ -40,7 +42,8 @@ from megatron.parallel.peers import lost_rank_text, report_once
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
                              kept_regime, resume_optimizer, resume_schedule, run_length, unsaved_note)
 from megatron.run_data import batch_reader, build_datasets, data_paths, data_workers
-from megatron.run_log import RunLog, free_log_dir, log_dir_problem, tensorboard_problem
+from megatron.run_log import (RunLog, free_log_dir, log_dir_problem, metrics_problem, shared_log_dir_warning,
+                              tensorboard_problem)
 from megatron.schedule import Schedule
 from megatron.start_plan import StartPlan, check_start, pending_origin
 from megatron.starting_weights import initial_weights, model_flags
@@ -164,10 +167,15 @@ def check_log_dirs(args) -> None:
     if dist.get_rank() == 0:
         dirs = [("--log-dir", args.log_dir), ("--tensorboard-dir", args.tensorboard_dir)]
         problems = (*(log_dir_problem(flag, path) for flag, path in dirs if path),
-                    tensorboard_problem() if args.tensorboard_dir else None)
+                    tensorboard_problem() if args.tensorboard_dir else None,
+                    args.log_dir and metrics_problem(args.log_dir))
         found = [next(filter(None, problems), None)]
         if found[0] is None and args.log_dir:
             found = [lock_log_dir(args.log_dir)]
+        shared = found[0] is None and args.log_dir and shared_log_dir_warning(args.log_dir, args.save, args.load,
+                                                                              args.finetune)
+        if shared:
+            print(shared, file=sys.stderr, flush=True)
     dist.broadcast_object_list(found, src=0)
     if found[0]:
         raise ConfigError(*found[0])
@@ -186,6 +194,15 @@ def nothing_to_train(args, iteration: int, train_iters: int) -> str:
     flag, length = (("--train-iters", f"--train-iters {train_iters}") if args.train_iters else
                     ("--train-samples", f"{train_iters} (--train-samples {args.train_samples})"))
     return f"nothing to train: the checkpoint is at iteration {iteration} of {length}; pass a larger {flag} to train on"
+
+
+def train_samples_note(train_samples: int, global_batch: int) -> str:
+    """The line for a --train-samples that is no whole number of global batches: the run rounds the steps up,
+    reading every sample asked for and a few more (Megatron-LM rounds down, and trains no step below one
+    batch)."""
+    steps = math.ceil(train_samples / global_batch)
+    return (f"note: --train-samples {train_samples} is {train_samples / global_batch:g} global batches of "
+            f"{global_batch}: the run trains {steps} steps ({steps * global_batch} samples)")
 
 
 def deepspeed_settings(args, cuda: bool | None = None) -> dict:
@@ -278,6 +295,8 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     setup = check_start_up(args, plan)
     config = setup.config
     train_iters = args.train_iters or math.ceil(args.train_samples / config.global_batch_size)
+    if args.train_samples and args.train_samples % config.global_batch_size and dist.get_rank() == 0:
+        print(train_samples_note(args.train_samples, config.global_batch_size), flush=True)
     schedule = Schedule.from_args(args, setup.ds, train_iters)  # checked against the run length before any map
     datasets, used_maps = build_datasets(args, config, setup.data_path, setup.tokenizer, train_iters)
     engine = build_engine(config, bert_state=setup.bert_state, lr_scheduler=schedule.lambda_lr)
@@ -392,6 +411,7 @@ class Run:
     iteration: int = 0
     consumed: int = 0  # samples
     last_checkpoint: str | None = None  # the newest complete one: the loaded one, then each saved
+    watch: LossWatch = dataclasses.field(default_factory=LossWatch)  # the loss, and each checkpoint's
 
 
 def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: list, schedule: Schedule,
@@ -420,6 +440,7 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
     run.first_iteration = run.iteration = client["iteration"]
     run.consumed = client["consumed_samples"]
     run.last_checkpoint = progress.last_checkpoint = os.path.join(plan.load, checkpoint.tag_for(run.iteration))
+    run.watch.saved(run.last_checkpoint, run.iteration, loaded=True)
     log.start(run.iteration, f"resuming from {run.last_checkpoint} iteration {run.iteration}, consumed samples "
                              f"{run.consumed}", resumed_from=run.last_checkpoint)
     trains = run.iteration < train_iters  # else the warnings would describe steps that never run
@@ -474,11 +495,11 @@ def train_steps(run: Run, valid_set, train_batches, read_batches, stop: "StopSig
         run.iteration += 1
         run.consumed += run.config.global_batch_size
         log.step(run.iteration, run.consumed, result, engine, time.perf_counter() - start, lr)
-        check_step(args, engine, run.iteration, result.loss, run.last_checkpoint, log)
+        check_step(args, engine, run.iteration, result.loss, run.watch, log)
         if valid_set is not None and run.iteration % args.eval_interval == 0:
             progress.phase = f"the evaluation after iteration {run.iteration}"
             loss = evaluate(read_batches, engine, valid_set, run.iteration // args.eval_interval - 1, args.eval_iters,
-                            stop)
+                            stop, EvaluationProgress(f"validation after iteration {run.iteration}", log))
             if stop.agreed:
                 break
             log.evaluation("validation", run.iteration, loss)
@@ -488,6 +509,7 @@ def train_steps(run: Run, valid_set, train_batches, read_batches, stop: "StopSig
             run.last_checkpoint = save_checkpoint(args, engine, run.config, run.iteration, run.consumed, log,
                                                   **run.saved)
             progress.last_checkpoint = run.last_checkpoint
+            run.watch.saved(run.last_checkpoint, run.iteration)
 
 
 def end_run(run: Run, test_set, read_batches, stop: "StopSignals") -> int | None:
@@ -495,9 +517,13 @@ def end_run(run: Run, test_set, read_batches, stop: "StopSignals") -> int | None
     returned) or the end of a complete run."""
     if test_set is not None and not stop.agreed:
         run.progress.phase = f"the test evaluation after iteration {run.iteration}"
-        loss = evaluate(read_batches, run.engine, test_set, 0, run.args.eval_iters, stop)
+        loss = evaluate(read_batches, run.engine, test_set, 0, run.args.eval_iters, stop,
+                        EvaluationProgress(f"test evaluation after iteration {run.iteration}", run.log))
         if not stop.agreed:
             run.log.evaluation("test", run.iteration, loss)
+    summary = run.watch.skipped_summary()
+    if summary and dist.get_rank() == 0:
+        print(summary, file=sys.stderr, flush=True)
     if stop.agreed:
         run.progress.phase = f"the stop after iteration {run.iteration}"
         return stop.finish(run.args, run.iteration, run.first_iteration, run.last_checkpoint, run.log,
@@ -519,34 +545,55 @@ def save_checkpoint(args, engine, config, iteration: int, consumed: int, log, **
     return folder
 
 
-def check_step(args, engine, iteration: int, loss: float, last_checkpoint, log) -> None:
+def check_step(args, engine, iteration: int, loss: float, watch: LossWatch, log) -> None:
     """A NaN/inf loss stops the run (fp32, bf16) unless --skip-nan-batches. Steps whose gradients
     were not finite are skipped by DeepSpeed's optimizers (fp16 loss scaling, bf16, ZeRO) or by
-    skip_nonfinite_updates. The loss is already a host float: no extra device sync."""
+    skip_nonfinite_updates; SKIPPED_IN_A_ROW_LIMIT of them in a row (an fp16 loss-scale overflow of a
+    finite loss aside) stop the run too: the weights give NaN then, whatever the batch. A finite loss
+    far above the run's first is warned of once (LossWatch). The loss is already a host float: no
+    extra device sync."""
+    applied = engine.was_step_applied()
+    warning = watch.step(iteration, loss, skipped_for_nan=not applied and not (engine.fp16_enabled()
+                                                                              and math.isfinite(loss)))
+    if warning and dist.get_rank() == 0:
+        print(warning, file=sys.stderr, flush=True)
     if math.isfinite(loss) or engine.fp16_enabled() or args.skip_nan_batches:
-        if not engine.was_step_applied():
+        if not applied:
             log.message(f"iteration {iteration}: loss {loss:.4f}, gradients not finite: update skipped")
         elif not math.isfinite(loss):
             log.message(f"iteration {iteration}: loss {loss}, gradients finite: update applied")
+        if watch.too_many_skipped():
+            raise ConfigError(f"{watch.skipped_in_a_row} steps in a row, up to iteration {iteration}, skipped their "
+                              "update for a non-finite loss or gradients: the weights give NaN/inf whatever the batch",
+                              restart_fix(args, iteration, watch))
         return
-    if last_checkpoint:  # a resume keeps the checkpoint's peak --lr (resume_schedule): --finetune
-        # restarts the optimizer and schedule from its weights, in another --save (check_save_dir)
-        where = (f"the last good checkpoint is {last_checkpoint}: start a new run from its weights with a lower "
-                 f"rate (--finetune --load {os.path.dirname(last_checkpoint)} --lr LOWER --save ANOTHER_DIR; a "
-                 "resume keeps the checkpoint's peak --lr)")
-    elif not args.save:
-        where = "no checkpoint was saved before it: rerun with --save and --save-interval (e.g. with a lower --lr)"
-    else:  # --save is set: a save before the step is what it lacked (none at the first step)
-        where = "no checkpoint was saved before it: rerun" + (f" with a --save-interval below {iteration}"
-                                                              if iteration > 1 else "") + " (e.g. with a lower --lr)"
     raise ConfigError(f"loss is {loss} at iteration {iteration}",
-                      f"{where}, or pass --skip-nan-batches to skip such steps")
+                      f"{restart_fix(args, iteration, watch)}, or pass --skip-nan-batches to skip such steps")
 
 
-def evaluate(batches, engine, dataset, run: int, eval_iters: int, stop: StopSignals) -> float | None:
+def restart_fix(args, iteration: int, watch: LossWatch) -> str:
+    """Where a run whose loss went NaN can start again: the last checkpoint whose loss was in range,
+    with its logged loss (LossWatch), else a rerun that saves before that iteration."""
+    where, good = watch.where_to_go_back()
+    if good:  # a resume keeps the checkpoint's peak --lr (resume_schedule): --finetune
+        # restarts the optimizer and schedule from its weights, in another --save (check_save_dir)
+        return (f"{where}{'' if where.endswith(' then') else ':'} start a new run from its weights with a lower "
+                f"rate (--finetune --load {os.path.dirname(good.folder)} --lr LOWER --save ANOTHER_DIR; a resume "
+                "keeps the checkpoint's peak --lr)")
+    if not args.save:
+        return f"{where}: rerun with --save and --save-interval (e.g. with a lower --lr)"
+    if watch.checkpoints:
+        return f"{where}: rerun with a lower --lr"
+    # --save is set: a save before the step is what it lacked (none at the first step)
+    return f"{where}: rerun" + (f" with a --save-interval below {iteration}" if iteration > 1 else "") + \
+        " (e.g. with a lower --lr)"
+
+
+def evaluate(batches, engine, dataset, run: int, eval_iters: int, stop: StopSignals,
+             progress: "EvaluationProgress") -> float | None:
     """Mean loss over `eval_iters` steps; validation run k reads the k-th slice of the set. None
     when a stop is agreed (every rank at the same step): a scheduler's grace period goes to the
-    final checkpoint, not to the rest of the evaluation."""
+    final checkpoint, not to the rest of the evaluation. A long one says how far it is (`progress`)."""
     per_run = eval_iters * engine.train_batch_size()
     start = min(run * per_run, max(0, len(dataset) - per_run))
     losses = []
@@ -555,7 +602,26 @@ def evaluate(batches, engine, dataset, run: int, eval_iters: int, stop: StopSign
             if stop.agreed:
                 return None
             losses.append(eval_step(engine, step))
+            progress.step(len(losses), eval_iters)
     return sum(losses) / len(losses)
+
+
+class EvaluationProgress:
+    """Progress lines of one evaluation, by time as the preprocessing's (the first after FIRST_LOG_SECONDS,
+    then every LOG_SECONDS, with an ETA): --eval-iters 100000 otherwise prints nothing for hours. Read
+    after each step, on the loop's thread: an evaluation step takes at most seconds."""
+
+    def __init__(self, what: str, log):
+        self.what, self.log = what, log
+        self.start, self.due = time.perf_counter(), FIRST_LOG_SECONDS
+
+    def step(self, done: int, total: int) -> None:
+        elapsed = time.perf_counter() - self.start
+        if elapsed < self.due or done == total:
+            return
+        self.due = elapsed + LOG_SECONDS
+        self.log.message(f"{self.what}: step {done} of {total} ({duration_text(elapsed)}, ETA "
+                         f"{duration_text(elapsed * (total - done) / done)})")
 
 
 def set_attention_iteration(engine, iteration: int) -> None:

@@ -607,9 +607,11 @@ def test_nan_loss_stops_naming_the_last_good_checkpoint(tmp_path, data_dir, ds):
     code, err, _ = run_on_ranks(main_with_bad_loss, 1, argv, 3, float("nan"), timeout=300)[0]
     errors = [line for line in err.splitlines() if line.startswith("pretrain_bert.py: error:")]
     assert code == 2 and len(errors) == 1, err[-2000:]
-    assert (f"loss is nan at iteration 3; the last good checkpoint is {tmp_path / 'ckpt' / 'iter_0000002'}: "
-            f"start a new run from its weights with a lower rate (--finetune --load {tmp_path / 'ckpt'} --lr LOWER "
-            "--save ANOTHER_DIR; a resume keeps the checkpoint's peak --lr)") in errors[0]
+    last = tmp_path / 'ckpt' / 'iter_0000002'
+    assert re.search(re.escape(f"loss is nan at iteration 3; the last checkpoint is {last} (logged loss ")
+                     + r"\d+\.\d+" + re.escape(
+        f"): start a new run from its weights with a lower rate (--finetune --load {tmp_path / 'ckpt'} --lr LOWER "
+        "--save ANOTHER_DIR; a resume keeps the checkpoint's peak --lr)"), errors[0]), errors[0]
     assert checkpoint.latest_tag(str(tmp_path / "ckpt")) == checkpoint.tag_for(2)
 
 
@@ -621,6 +623,8 @@ def test_skip_nan_batches_leaves_the_weights_and_lr_unchanged(tmp_path, data_dir
     code, err, out = run_on_ranks(main_with_bad_loss, 1, argv, 3, float("nan"), timeout=300)[0]
     assert code == 0, err[-2000:]
     assert "iteration 3: loss nan, gradients not finite: update skipped" in out
+    assert ("warning: 1 of this run's 4 updates were skipped for a non-finite loss or gradients (iterations 3): "
+            "those steps trained nothing") in err.splitlines(), err[-2000:]
     assert same_weights(weights(tmp_path, 3), weights(tmp_path, 2))
     assert not same_weights(weights(tmp_path, 4), weights(tmp_path, 3))
     assert all(torch.isfinite(t).all() for t in weights(tmp_path, 4).values())

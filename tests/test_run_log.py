@@ -484,3 +484,52 @@ def test_the_trainer_picks_its_log_dir_before_it_starts(tmp_path, monkeypatch):
     monkeypatch.setattr(training, "pretrain", lambda args, *rest: chosen.append(args.log_dir) or 0)
     assert training.main(["--train-iters", "1"]) == 0
     assert chosen == ["runs/bert-2"] and "another run's logs" in chosen[0].moved
+
+
+def test_a_metrics_file_of_no_run_is_refused_at_start_up(tmp_path):
+    """A --log-dir holding a metrics.jsonl this trainer did not write was found at the plot, after the run had
+    trained and saved, and every requeue failed the same way: start-up names it, before any step. A torn last
+    line (a killed run's) and a folder without the file are no problem."""
+    assert run_log.metrics_problem(str(tmp_path)) is None
+    (tmp_path / "metrics.jsonl").write_text("not json\n")
+    problem, fix = run_log.metrics_problem(str(tmp_path))
+    assert problem == (f"--log-dir {tmp_path} holds a metrics.jsonl that is not a run log of this trainer "
+                       f"({tmp_path / 'metrics.jsonl'} line 1 is not a run-log record (a JSON object with a kind))")
+    assert fix == f"pass another --log-dir, or move {tmp_path / 'metrics.jsonl'} away"
+    logged_run(tmp_path / "torn", "ck")
+    with open(tmp_path / "torn" / "metrics.jsonl", "a") as metrics:
+        metrics.write('{"kind": "tr')
+    assert run_log.metrics_problem(str(tmp_path / "torn")) is None
+
+
+def test_a_plot_that_fails_is_a_warning_not_a_failed_run(tmp_path, monkeypatch, capsys):
+    """The run trained and saved: a metrics.jsonl changed under it (or a full disk at loss.png) leaves no plot
+    and one warning, never exit 2 (a requeue would then fail the same way forever)."""
+    log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=1, interval=1)
+    log.close()
+    (tmp_path / "log" / "metrics.jsonl").write_text("not json\n")
+    log.plot(None)
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == "loss plot: none (see the warning above)"
+    assert err.splitlines() == [f"warning: no loss plot: {tmp_path / 'log' / 'metrics.jsonl'} line 1 is not a run-log "
+                                f"record (a JSON object with a kind); once that is fixed, "
+                                f"{run_log.paths.in_repository('tools/plot_run.py')} {tmp_path / 'log'} draws it"]
+
+
+def test_a_log_dir_given_that_holds_another_runs_logs_is_warned_of(tmp_path):
+    """An explicit --log-dir of another run: its metrics.jsonl was appended to, its config.json, index_maps.json and
+    loss.png replaced, without a word (the default folder moves aside: free_log_dir). A resume of a run logged
+    there (its --save, or its --load going on into another --save) is that run's own log; --finetune is a new run."""
+    folder = tmp_path / "logs"
+    assert run_log.shared_log_dir_warning(str(folder), "ck", None, False) is None  # nothing there
+    logged_run(folder, str(tmp_path / "ck"))
+    line = run_log.shared_log_dir_warning(str(folder), str(tmp_path / "other"), None, False)
+    assert line == (f"warning: --log-dir {folder} holds the logs of another run (--save {tmp_path / 'ck'}): this run "
+                    "appends its records to that metrics.jsonl and replaces its config.json, index_maps.json and "
+                    "loss.png; pass another --log-dir to keep both")
+    assert "(--save " in run_log.shared_log_dir_warning(str(folder), None, None, False)
+    assert run_log.shared_log_dir_warning(str(folder), str(tmp_path / "ck"), str(tmp_path / "ck"), False) is None
+    assert run_log.shared_log_dir_warning(str(folder), str(tmp_path / "b"), str(tmp_path / "ck"), False) is None
+    assert run_log.shared_log_dir_warning(str(folder), str(tmp_path / "b"), str(tmp_path / "ck"), True) is not None
+    logged_run(tmp_path / "nosave", None)
+    assert "(one without --save)" in run_log.shared_log_dir_warning(str(tmp_path / "nosave"), None, None, False)

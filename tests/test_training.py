@@ -22,7 +22,8 @@ from megatron.resume import (describe_batch_change, describe_data_change, descri
                             run_length)
 from megatron.run_data import data_warnings, small_eval_splits, with_eval_passes
 from megatron.schedule import Schedule
-from megatron.training import main, nothing_to_train
+from megatron.loss_watch import LossWatch
+from megatron.training import main, nothing_to_train, train_samples_note
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -405,6 +406,28 @@ def test_log_folders_are_checked_before_any_work(tmp_path, monkeypatch, flag, na
     assert [path.name for path in tmp_path.iterdir()] == ["afile"]
 
 
+def test_the_log_dirs_records_are_checked_at_start_up(tmp_path, monkeypatch, capsys):
+    """check_log_dirs refuses a metrics.jsonl of no run before any step, and warns of another run's logs."""
+    from megatron import locks, training
+    from test_run_log import logged_run
+
+    monkeypatch.setattr(training.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(training.dist, "broadcast_object_list", lambda found, src: None)  # one rank
+    args = SimpleNamespace(log_dir=str(tmp_path / "log"), tensorboard_dir=None, save=str(tmp_path / "mine"),
+                           load=None, finetune=False)
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "metrics.jsonl").write_text("not json\n")
+    with pytest.raises(training.ConfigError, match=f"^--log-dir {tmp_path / 'log'} holds a metrics.jsonl that is not"):
+        training.check_log_dirs(args)
+    (tmp_path / "log" / "metrics.jsonl").unlink()
+    logged_run(tmp_path / "log", str(tmp_path / "theirs"))
+    try:
+        training.check_log_dirs(args)
+    finally:
+        locks.release_lock(locks.LOG_LOCK)
+    assert capsys.readouterr().err.startswith(f"warning: --log-dir {tmp_path / 'log'} holds the logs of another run")
+
+
 def test_data_flags_that_leave_data_out_are_named():
     args = SimpleNamespace(split="100,0,0", eval_interval=10)
     blend = ["0.5", "corpus_a", "0", "corpus_b"]
@@ -420,6 +443,26 @@ def test_data_flags_that_leave_data_out_are_named():
     assert data_warnings(empty_part, ["corpus_a"], valid_set=None, train_iters=20)[0].endswith(
         "skipped; pass a --split with a validation share, e.g. --split 949,50,1")
     assert data_warnings(args, ["corpus_a"], valid_set=object(), train_iters=20) == []
+    # a test share a small corpus rounds to no document: no test loss at the end, said at the start
+    assert data_warnings(small, ["corpus_a"], valid_set=object(), train_iters=20, test_set=None) == [
+        "--split 969,30,1 leaves no test documents: there is no test loss at the end; pass a larger test share of "
+        "--split, or a larger corpus (a test share of 0 asks for none)"]
+    for no_test_share in ("98,2,0", "98,2"):
+        asked_none = SimpleNamespace(split=no_test_share, eval_interval=10)
+        assert data_warnings(asked_none, ["corpus_a"], valid_set=object(), train_iters=20, test_set=None) == []
+
+
+def test_the_data_lines_count_a_splits_distinct_samples():
+    """`test data: 201003 samples` counted the index map, while the evaluation warning said 3 samples: the line
+    counts one pass over the split, and the map's repeats where there are any."""
+    from megatron.data.bert_dataset import TokenStats
+
+    repeated = TokenStats(201003, 128, False, 1.0, 0.92, epoch_samples=3)
+    assert repeated.describe("test") == ("test data: 3 samples of 128 tokens (its index map repeats them to 201003: "
+                                         "67001 passes), 1.0 segments per sample, real-token share 0.92")
+    assert "(its index map repeats them to 6: 2.0 passes)" in TokenStats(6, 128, False, 1.0, 1.0, 3).describe("test")
+    assert TokenStats(77, 128, True, 2.0, 0.5, epoch_samples=77).describe("valid") == (
+        "valid data: 77 packed samples of 128 tokens, 2.0 segments per sample, real-token share 0.50")
 
 
 def test_evaluation_splits_smaller_than_a_micro_batch_are_named_with_their_tokens(tmp_path):
@@ -738,24 +781,123 @@ def test_the_optimizer_flags_a_resume_names_are_the_parsers():
         flag: dests[flag] for flag, _ in OPTIMIZER_PARAM_FLAGS.values()}
 
 
-def test_a_nan_loss_advises_what_works():
+def nan_engine(applied: bool = True, fp16: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(fp16_enabled=lambda: fp16, was_step_applied=lambda: applied)
+
+
+def watched(*steps, saves=()) -> LossWatch:
+    """A LossWatch told the losses `steps` (iterations 1, 2, ...), with a checkpoint saved after each
+    iteration in `saves` (as tmp folders that exist: (iteration, folder))."""
+    watch, folders = LossWatch(), dict(saves)
+    for iteration, loss in enumerate(steps, start=1):
+        watch.step(iteration, loss, skipped_for_nan=False)
+        if iteration in folders:
+            watch.saved(str(folders[iteration]), iteration)
+    return watch
+
+
+def test_a_nan_loss_advises_what_works(tmp_path):
     """check_step's line: with --save set, "rerun with --save" could not help; it says what else would. After a
-    checkpoint, a lower --lr takes --finetune."""
+    checkpoint, a lower --lr takes --finetune, from the last checkpoint whose loss was in range, named with
+    its logged loss (the newest may have been saved while the loss was already 1e10)."""
     from megatron.errors import ConfigError
     from megatron.training import check_step
 
-    engine = SimpleNamespace(fp16_enabled=lambda: False)
     for save, iteration, where in ((None, 5, "rerun with --save and --save-interval (e.g."),
                                    ("ck", 5, "rerun with a --save-interval below 5 (e.g."), ("ck", 1, "rerun (e.g.")):
         args = SimpleNamespace(skip_nan_batches=False, save=save)
         with pytest.raises(ConfigError, match=f"^loss is nan at iteration {iteration}; no checkpoint was saved before "
                                               f"it: {re.escape(where)} with a lower --lr"):
-            check_step(args, engine, iteration, float("nan"), None, log=None)
+            check_step(args, nan_engine(), iteration, float("nan"), LossWatch(), log=None)
     # a resume keeps the checkpoint's peak --lr (resume_schedule): a lower one takes --finetune, in another --save
-    args = SimpleNamespace(skip_nan_batches=False, save="ck")
-    with pytest.raises(ConfigError, match=re.escape("loss is nan at iteration 5; the last good checkpoint is "
-                                                    "ck/iter_0000004: start a new run from its weights with a lower "
-                                                    "rate (--finetune --load ck --lr LOWER --save ANOTHER_DIR; a "
-                                                    "resume keeps the checkpoint's peak --lr), or pass "
-                                                    "--skip-nan-batches")):
-        check_step(args, engine, 5, float("nan"), "ck/iter_0000004", log=None)
+    args = SimpleNamespace(skip_nan_batches=False, save=str(tmp_path))
+    four = tmp_path / "iter_0000004"
+    four.mkdir()
+    with pytest.raises(ConfigError, match=re.escape(
+            f"loss is nan at iteration 5; the last checkpoint is {four} (logged loss 9.5): start a new run from its "
+            f"weights with a lower rate (--finetune --load {tmp_path} --lr LOWER --save ANOTHER_DIR; a resume keeps "
+            "the checkpoint's peak --lr), or pass --skip-nan-batches")):
+        check_step(args, nan_engine(), 5, float("nan"), watched(9.7, 9.6, 9.6, 9.5, saves=[(4, four)]), log=None)
+    two = tmp_path / "iter_0000002"
+    two.mkdir()
+    diverged = watched(9.7, 9.6, 3e7, 8e10, saves=[(2, two), (4, four)])
+    with pytest.raises(ConfigError, match=re.escape(
+            f"the last checkpoint whose loss was in range is {two} (logged loss 9.6; the later {four} logged loss "
+            f"8e+10): write iter_0000002 into {tmp_path / 'latest'}, then start a new run from its weights")):
+        check_step(args, nan_engine(), 5, float("nan"), diverged, log=None)
+    with pytest.raises(ConfigError, match=re.escape(
+            f"no checkpoint from before the loss left its range is kept (the last, {four}, logged loss 8e+10): "
+            "rerun with a lower --lr, or pass")):
+        check_step(args, nan_engine(), 5, float("nan"), watched(9.7, 3e7, 3e7, 8e10, saves=[(4, four)]), log=None)
+    two.rmdir()  # --keep-last removed it
+    with pytest.raises(ConfigError, match=re.escape("no checkpoint from before the loss left its range is kept")):
+        check_step(args, nan_engine(), 5, float("nan"), diverged, log=None)
+
+
+def test_a_loss_that_explodes_is_warned_of_once_naming_the_checkpoint_before(tmp_path, capsys, monkeypatch):
+    """A loss 100x the run's first, still finite (lr 1e3: 9.7 -> 3e7 -> 1e12), trained on without a word: one
+    warning, the first time, naming the last checkpoint saved while the loss was in range."""
+    import megatron.training as training
+
+    monkeypatch.setattr(training.dist, "get_rank", lambda: 0)
+    args, log = SimpleNamespace(skip_nan_batches=False, save=str(tmp_path)), SimpleNamespace(message=print)
+    watch = LossWatch()
+    for iteration, loss in enumerate((9.7, 900.0, 9.5, 3e7, 1e12), start=1):
+        training.check_step(args, nan_engine(), iteration, loss, watch, log)
+        if iteration == 3:
+            watch.saved(str(tmp_path / "iter_0000003"), iteration)
+            (tmp_path / "iter_0000003").mkdir()
+    warnings = capsys.readouterr().err.splitlines()
+    assert warnings == [f"warning: the loss 3e+07 at iteration 4 is over 100x this run's first 9.7 (iteration 1): the "
+                        f"training is diverging; the last checkpoint before it is {tmp_path / 'iter_0000003'} (logged "
+                        f"loss 9.5): a lower --lr from its weights (--finetune --load {tmp_path} --lr LOWER --save "
+                        "ANOTHER_DIR) may train"], warnings
+    quiet = watched(9.7, 2.0, 0.05, 1.5)  # a loss that falls far, then rises again, stays below 100x the first
+    assert not quiet.diverged
+
+
+def test_steps_skipped_in_a_row_stop_the_run_and_a_few_are_summed_up_at_the_end():
+    """--skip-nan-batches with weights that give NaN on every batch trained nothing and exited 0: SKIPPED_IN_A_ROW_LIMIT
+    skipped steps in a row stop the run (an fp16 overflow of a finite loss, the loss scaler's work, counts
+    not); a few skipped steps are summed up at the end."""
+    from megatron.errors import ConfigError
+    from megatron.loss_watch import SKIPPED_IN_A_ROW_LIMIT
+    from megatron.training import check_step
+
+    args, log = SimpleNamespace(skip_nan_batches=True, save=None), SimpleNamespace(message=lambda line: None)
+    watch = LossWatch()
+    check_step(args, nan_engine(), 1, 9.7, watch, log)
+    for iteration in range(2, 4):
+        check_step(args, nan_engine(applied=False), iteration, float("nan"), watch, log)
+    check_step(args, nan_engine(), 4, 9.6, watch, log)  # a finite step ends the streak
+    check_step(args, nan_engine(applied=False, fp16=True), 5, 9.6, watch, log)  # a loss-scale overflow
+    assert watch.skipped_summary() == ("warning: 2 of this run's 5 updates were skipped for a non-finite loss or "
+                                       "gradients (iterations 2, 3): those steps trained nothing")
+    for iteration in range(6, 5 + SKIPPED_IN_A_ROW_LIMIT):
+        check_step(args, nan_engine(applied=False), iteration, float("nan"), watch, log)
+    with pytest.raises(ConfigError, match=re.escape(
+            f"{SKIPPED_IN_A_ROW_LIMIT} steps in a row, up to iteration {5 + SKIPPED_IN_A_ROW_LIMIT}, skipped their "
+            "update for a non-finite loss or gradients: the weights give NaN/inf whatever the batch; no checkpoint "
+            "was saved before it: rerun with --save")):
+        check_step(args, nan_engine(applied=False), 5 + SKIPPED_IN_A_ROW_LIMIT, float("nan"), watch, log)
+    assert LossWatch().skipped_summary() is None
+
+
+def test_a_long_evaluation_says_how_far_it_is(monkeypatch):
+    """--eval-iters 100000 printed nothing for minutes: progress lines by time, the first after
+    FIRST_LOG_SECONDS, then every LOG_SECONDS, with an ETA; none at the last step (the loss line follows)."""
+    import megatron.training as training
+
+    clock = iter([0.0, 1.0, 2.5, 3.0, 18.0, 20.0])
+    monkeypatch.setattr(training.time, "perf_counter", lambda: next(clock))
+    lines = []
+    progress = training.EvaluationProgress("validation after iteration 4", SimpleNamespace(message=lines.append))
+    for done in range(1, 6):
+        progress.step(done, 5 if done == 5 else 100)
+    assert lines == ["validation after iteration 4: step 2 of 100 (2 s, ETA 2 min 02 s)",
+                     "validation after iteration 4: step 4 of 100 (18 s, ETA 7 min 12 s)"]
+
+
+def test_train_samples_that_are_no_whole_number_of_batches_are_named():
+    assert train_samples_note(7, 2) == ("note: --train-samples 7 is 3.5 global batches of 2: the run trains 4 steps "
+                                        "(8 samples)")

@@ -369,8 +369,15 @@ class TokenStats:
     prefix_epochs: tuple = ()  # a blend's (share of its samples, epoch_samples) per --data-path prefix
 
     def describe(self, name: str) -> str:
-        return (f"{name} data: {self.samples} {'packed ' if self.packed else ''}samples of {self.seq_length} tokens, "
-                f"{self.segments_per_sample:.1f} segments per sample, real-token share {self.real_token_share:.2f}")
+        """The split's distinct samples (one pass over its documents), as the evaluation warning counts them
+        (run_data.with_eval_passes), and the index map's size where the run's steps repeat them."""
+        distinct = self.epoch_samples or self.samples
+        passes = self.samples / distinct
+        mapped = (f" (its index map repeats them to {self.samples}: {passes:.{1 if passes < 10 else 0}f} passes)"
+                  if self.samples > distinct else "")
+        return (f"{name} data: {distinct} {'packed ' if self.packed else ''}samples of {self.seq_length} tokens"
+                f"{mapped}, {self.segments_per_sample:.1f} segments per sample, real-token share "
+                f"{self.real_token_share:.2f}")
 
 
 def token_stats(dataset, max_samples: int = 100_000) -> TokenStats:
