@@ -3,6 +3,9 @@
     deepspeed --num_gpus 2 pretrain_bert.py --deepspeed --deepspeed_config ds_configs/ring_sp2.json \
         --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 256 --train-iters 300
 """
+from megatron.held_signals import hold_stop_signals
+hold_stop_signals()  # first: Ctrl-C as the ranks spawn, during the imports below, is the start-up's one line (errors.py)
+
 import signal
 import sys
 import traceback

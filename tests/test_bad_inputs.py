@@ -1583,6 +1583,35 @@ def test_only_rank_0_probes_the_port_and_not_under_torchruns_agent(monkeypatch):
         assert master_address.port_in_use(busy.getsockname()[1])
 
 
+@pytest.mark.parametrize("rank,port,problem,fix", [
+    ("1", "70000", "MASTER_PORT 70000 is not a TCP port the ranks can meet at, 1-65535", "pass a free port: the "
+     "launcher's --master_port"),  # bind()'s OverflowError traceback
+    ("0", "0", "MASTER_PORT 0 is not a TCP port the ranks can meet at, 1-65535 (0 lets the system pick", "pass a free "
+     "port: the launcher's --master_port"),  # rank 0 listened on a port no rank knew: the whole --rendezvous-timeout
+    ("0", "29x", "MASTER_PORT '29x' is not a TCP port", "pass a free port"),
+    (None, "70000", "MASTER_PORT 70000 is not a TCP port", "unset MASTER_PORT, left in the environment"),  # no launcher
+    (None, "0", None, None),  # one process meets only itself: port 0 works
+], ids=["above_65535", "zero_in_a_launch", "not_a_number", "stale_without_launcher", "zero_without_launcher"])
+def test_a_master_port_outside_1_65535_is_one_line_before_the_imports(monkeypatch, rank, port, problem, fix):
+    """deepspeed --master_port 70000 was bind()'s OverflowError traceback in every rank; --master_port 0 a wait
+    of the whole --rendezvous-timeout, then advice to raise it."""
+    from megatron.errors import ConfigError
+    from megatron.parallel import master_address
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    if rank is not None:
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", port)
+    if problem is None:
+        master_address.check()
+        return
+    with pytest.raises(ConfigError) as error:
+        master_address.check()
+    assert error.value.problem.startswith(problem) and error.value.fix.startswith(fix)
+
+
 def test_ranks_that_came_to_a_failed_rendezvous_print_one_line_each():
     """2 of 3 ranks arrive: rank 0 gives up and its store goes with it. Rank 1 read its verdict while the
     store could still answer (it printed torch's C++ frames, 'recvVector failed', when the store closed
