@@ -365,17 +365,26 @@ def build_parser() -> argparse.ArgumentParser:
 def check_trainer_flags(argv: list) -> None:
     """A launch script's check before its launch or dry run: the flags of its command, parsed by pretrain_bert.py's
     parser, so that an unknown or mistyped one fails once in the trainer's own line, not every node after
-    the launch. Imports DeepSpeed for its config flags, as the trainer does (a few seconds). Then the
-    --save and --log-dir a live run holds (folders_in_use): the same script started twice met the first
-    one's rendezvous port first, whose line named a port. Exits 2 with the trainer's one line."""
+    the launch. Imports DeepSpeed for its config flags, as the trainer does (a few seconds). Then an empty
+    value and the --save and --log-dir a live run holds (launchable): the same script started twice met the
+    first one's rendezvous port first, whose line named a port. Exits 2 with the trainer's one line."""
     from megatron.errors import run_tool
     from megatron.paths import expand_home
     from megatron.quiet import quiet_deepspeed
 
     quiet_deepspeed()
-    code = run_tool("pretrain_bert.py", lambda: folders_in_use(build_parser().parse_args(expand_home(argv))))
+    code = run_tool("pretrain_bert.py", lambda: launchable(build_parser().parse_args(expand_home(argv))))
     if code:
         sys.exit(code)
+
+
+def launchable(args: argparse.Namespace) -> None:
+    """check_trainer_flags' checks of the parsed flags: none given '' (`--save ""`, which the ranks read as no
+    --save and blamed the script's --save-interval), no folder a live run holds."""
+    from megatron.flag_checks import check_no_empty_values
+
+    check_no_empty_values(args)
+    folders_in_use(args)
 
 
 def folders_in_use(args: argparse.Namespace) -> None:

@@ -1009,8 +1009,12 @@ FLAG_MISTAKES = {
                                    "--data-path W1 PREFIX1")),
     "data_path_weights_all_zero": (["--data-path", "0", "{data}", "0", "{data}"],
                                    ("--data-path weights 0, 0 are all 0", "a positive weight")),
-    "data_path_without_vocab": (["--data-path", "{data}", "--vocab-file", ""], ("--data-path is given without "
-                                                                                 "--vocab-file",)),
+    # '' (an unset shell variable): was read as no flag (an empty --vocab-file: "--data-path is given without
+    # --vocab-file"; an empty --save blamed the --save-interval a launch script adds)
+    "vocab_file_empty": (["--data-path", "{data}", "--vocab-file", ""], ("--vocab-file is given an empty value ('')",
+                                                                         "leave it out")),
+    "save_empty": (["--save", "", "--save-interval", "10"], ("--save is given an empty value ('')",)),
+    "data_path_empty": (["--data-path", "0.5", "{data}", "0.5", ""], ("--data-path is given an empty value",)),
     # flags the run would not read
     "save_interval_without_save": (["--save-interval", "10"], ("--save-interval is given without --save",
                                                                "add --save DIR or drop --save-interval")),

@@ -235,6 +235,7 @@ def test_flags_the_positionals_fix_are_refused(tmp_path, script, flags, message)
 @pytest.mark.parametrize("flags,message,dry", [
     (["--bogus-flag", "3"], "unrecognized arguments: --bogus-flag 3", "1"),
     (["--train-iters", "abc"], "argument --train-iters: invalid int value", "1"),
+    (["--save", ""], "--save is given an empty value ('')", "1"),  # was blamed on the script's --save-interval
     # a real launch, with a launcher flag the script's RUNNER table does not name
     (["--ssh_port", "2222"], "unrecognized arguments: --ssh_port 2222", "0")])
 def test_the_trainers_flags_are_parsed_before_the_launch(tmp_path, flags, message, dry):
