@@ -1616,6 +1616,26 @@ def test_a_master_port_outside_1_65535_is_one_line_before_the_imports(monkeypatc
     assert error.value.problem.startswith(problem) and error.value.fix.startswith(fix)
 
 
+@pytest.mark.parametrize("launched", [False, True], ids=["environment_only", "under_a_launcher"])
+def test_a_rendezvous_timeout_without_a_launcher_names_the_environment(monkeypatch, launched):
+    """`python pretrain_bert.py` in a shell that kept an old job's RANK, WORLD_SIZE=2, MASTER_*: after the
+    whole --rendezvous-timeout it said to start every rank with each node's launcher, though none was used."""
+    from megatron.errors import ConfigError
+    from megatron.parallel import device, launcher_watch
+    from megatron.parallel.spawn import free_port
+
+    monkeypatch.setattr(launcher_watch, "launcher_processes", lambda: [(1, None, "its launcher")] if launched else [])
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", str(free_port()))):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as error:
+        device.rendezvous("gloo", 1)
+    assert error.value.problem.endswith("timed out after 1 s: 1 of 2 ranks arrived")
+    note = ("no launcher started this process: if RANK, WORLD_SIZE=2, MASTER_ADDR and MASTER_PORT are left in the "
+            "environment by another job, unset them to run one process")
+    assert (note in error.value.fix) is not launched
+
+
 def test_ranks_that_came_to_a_failed_rendezvous_print_one_line_each():
     """2 of 3 ranks arrive: rank 0 gives up and its store goes with it. Rank 1 read its verdict while the
     store could still answer (it printed torch's C++ frames, 'recvVector failed', when the store closed
