@@ -1775,3 +1775,34 @@ def test_a_tilde_after_an_equals_sign_is_the_home_folder(tmp_path, assets):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
     assert f"{tmp_path}/none.txt does not exist" in lines[0] and "~" not in lines[0], lines[0]
+
+
+MORE_THAN_CPUS, ONE, AS_MANY_AS_CPUS = (lambda cpus: cpus + 1), (lambda cpus: 1), (lambda cpus: cpus)
+
+
+@pytest.mark.parametrize("accelerator,ranks,threads,warned", [
+    ("cpu", MORE_THAN_CPUS, None, "CPU ranks (no GPU is used) share this machine's"),  # bert_distributed.sh 6 ...
+    ("cpu", ONE, MORE_THAN_CPUS, "is more than the"),  # OMP_NUM_THREADS=512 on 2 CPUs
+    ("cpu", AS_MANY_AS_CPUS, None, None),  # torch's own threads: the main job's CPU run
+    ("cuda", MORE_THAN_CPUS, MORE_THAN_CPUS, None),  # GPU ranks: their CPU threads are not the work
+], ids=["ranks_beyond_cpus", "threads_beyond_cpus", "ranks_equal_cpus", "gpu_ranks"])
+def test_cpu_ranks_or_threads_beyond_the_cpus_are_one_warning(monkeypatch, capsys, accelerator, ranks, threads,
+                                                              warned):
+    """6 CPU ranks on 2 CPUs (a GPU machine's command run where there is none) or OMP_NUM_THREADS=512 trained
+    without a word, each step many times slower."""
+    from megatron.data.workers import usable_cpus, warn_cpu_oversubscription
+
+    cpus = usable_cpus()
+    monkeypatch.setenv("DS_ACCELERATOR", accelerator)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_SIZE", str(ranks(cpus)))
+    if threads:
+        monkeypatch.setenv("OMP_NUM_THREADS", str(threads(cpus)))
+    else:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    warn_cpu_oversubscription()
+    lines = capsys.readouterr().err.splitlines()
+    if warned is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and lines[0].startswith("warning: ") and warned in lines[0], lines
