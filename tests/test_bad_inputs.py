@@ -572,10 +572,11 @@ CASES += [  # ---- derived files: data, index maps and vocab/tokenizer identity
              id="tokenizer_file_and_vocab_file",
              phrases=("--tokenizer-type HFTokenizer reads --tokenizer-file, and --vocab-file is given",
                       "drop --vocab-file")),
-    pretrain("--vocab-file", "", "--tokenizer-file", "{tmp}/tokenizer.json", "--whole-word-masking",
-             setup=unigram_without_metaspace, id="tokenizer_without_word_rule_whole_word_masking",
-             phrases=("--whole-word-masking finds words by the tokenizer's own rule", "tokenizer.json (a Unigram "
-                      "model, pre-tokenizer Whitespace) has none", "drop --whole-word-masking")),
+    Case("tokenizer_without_word_rule_whole_word_masking", "pretrain",  # PRETRAIN without its --vocab-file
+         [*(part for part in PRETRAIN if part not in ("--vocab-file", "{vocab}")), "--tokenizer-file",
+          "{tmp}/tokenizer.json", "--whole-word-masking"],
+         ("--whole-word-masking finds words by the tokenizer's own rule", "tokenizer.json (a Unigram "
+          "model, pre-tokenizer Whitespace) has none", "drop --whole-word-masking"), setup=unigram_without_metaspace),
 ]
 CASES += [  # ---- corpora as published (.jsonl.gz, .jsonl.zst, Parquet)
     Case("corpus_parquet_missing_column", "preprocess", ["--input", "{tmp}/corpus/wiki.parquet", "--json-keys", "body",
