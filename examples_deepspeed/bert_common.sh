@@ -74,8 +74,7 @@ done
 # decimal() normalizes the environment's values under their own names (the messages name them)
 decimal NUM_NODES "${NUM_NODES:-1}" 1 "set NUM_NODES to the number of machines"
 WORLD=$((NUM_NODES * PROCS))
-decimal MASTER_PORT "${MASTER_PORT:-29500}" 1 "set MASTER_PORT to a free TCP port (1-65535)"
-[ "$MASTER_PORT" -le 65535 ] || fail "MASTER_PORT = $MASTER_PORT is above 65535; set MASTER_PORT to a free TCP port (1-65535)"
+master_port
 found="$(command -v -- "$PYTHON")" || fail "PYTHON $PYTHON is not an executable; set PYTHON to the python of the environment the trainer is installed in (the README's commands create .venv)"
 PYTHON="$found"
 [ -x "$(dirname "$PYTHON")/deepspeed" ] || fail "no deepspeed launcher beside $PYTHON; install the requirements into that environment (pip install -r requirements.txt) or set PYTHON to another"

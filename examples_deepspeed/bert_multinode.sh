@@ -21,7 +21,7 @@ case "$2" in
     '' | *[!0-9]* | 0) echo "$(basename "$0"): error: NUM_NODES = '$2' is not a positive integer; pass HOSTFILE NUM_NODES SCRIPT ARGS ..." >&2; exit 2 ;;
 esac
 # the script checks the hostfile (bert_common.sh); SCRIPT may be given as a path to the one beside this
-HOSTFILE="$(realpath -m "$1")" NUM_NODES="$2" GIVEN="$3" SCRIPT="$(basename "$3")"
+HOSTFILE="$(realpath -m -s "$1")" NUM_NODES="$2" GIVEN="$3" SCRIPT="$(basename "$3")"
 shift 3
 case "$SCRIPT" in
     bert_distributed.sh | bert_distributed_linformer.sh | bert_distributed_bigbird.sh) ;;

@@ -36,6 +36,12 @@ decimal() {
     [ "${!1}" -ge "$3" ] || fail "$1 = '$2' is below $3; $4"
 }
 
+# master_port: MASTER_PORT (default 29500, DeepSpeed's) checked as a TCP port, in decimal
+master_port() {
+    decimal MASTER_PORT "${MASTER_PORT:-29500}" 1 "set MASTER_PORT to a free TCP port (1-65535)"
+    [ "$MASTER_PORT" -le 65535 ] || fail "MASTER_PORT = $MASTER_PORT is above 65535; set MASTER_PORT to a free TCP port (1-65535)"
+}
+
 decimal STOP_TIMEOUT "${STOP_TIMEOUT:-120}" 1 "set STOP_TIMEOUT to the seconds the ranks get to stop after a signal (default 120)"
 
 # processes of group $1 that are not zombies (a reparented zombie can outlive its group's work)

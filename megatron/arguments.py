@@ -366,8 +366,38 @@ def build_parser() -> argparse.ArgumentParser:
 def check_trainer_flags(argv: list) -> None:
     """A launch script's check before its launch or dry run: the flags of its command, parsed by pretrain_bert.py's
     parser, so that an unknown or mistyped one fails once in the trainer's own line, not every node after
-    the launch. Imports DeepSpeed for its config flags, as the trainer does (a few seconds)."""
+    the launch. Imports DeepSpeed for its config flags, as the trainer does (a few seconds). Then an empty
+    value and the --save and --log-dir a live run holds (launchable): the same script started twice met the
+    first one's rendezvous port first, whose line named a port. Exits 2 with the trainer's one line."""
+    from megatron.errors import run_tool
+    from megatron.paths import expand_home
     from megatron.quiet import quiet_deepspeed
 
     quiet_deepspeed()
-    build_parser().parse_args(argv)
+    code = run_tool("pretrain_bert.py", lambda: launchable(build_parser().parse_args(expand_home(argv))))
+    if code:
+        sys.exit(code)
+
+
+def launchable(args: argparse.Namespace) -> None:
+    """check_trainer_flags' checks of the parsed flags: none given '' (`--save ""`, which the ranks read as no
+    --save and blamed the script's --save-interval), no folder a live run holds."""
+    from megatron.flag_checks import check_no_empty_values
+
+    check_no_empty_values(args)
+    folders_in_use(args)
+
+
+def folders_in_use(args: argparse.Namespace) -> None:
+    """A ConfigError when a live run holds the lock of --save or of a given --log-dir (the default one moves
+    to runs/bert-N by itself), naming every such flag in the fix."""
+    from megatron import locks
+
+    folders = [(args.save, "--save", locks.LOCK)]
+    if args.log_dir is not DEFAULT_LOG_DIR:
+        folders.append((args.log_dir, "--log-dir", locks.LOG_LOCK))
+    held = [(folder, flag, name) for folder, flag, name in folders
+            if folder and locks.held_by_live_run(folder, flag, name)]
+    if held:
+        folder, flag, name = held[0]
+        raise ConfigError(*locks.held_by_live_run(folder, flag, name, " and ".join(flag for _, flag, _ in held)))

@@ -14,6 +14,7 @@ import threading
 import weakref
 import warnings
 
+from megatron.held_signals import release_held_signals
 from megatron.parallel.launch_env import outlive_rank_0
 
 
@@ -206,6 +207,15 @@ def restore_signals(replaced: dict) -> None:
         signal.signal(signum, handler)
 
 
+def leave_the_line_to_rank_0() -> None:
+    """A rank whose start-up error rank 0 prints waits for that line (outlive_rank_0); the launcher ending
+    it meanwhile (SIGTERM: it ends every rank once one fails) ends it silently, held signals too."""
+    release_held_signals()
+    for signum in stop_signals():
+        signal.signal(signum, signal.SIG_DFL)
+    outlive_rank_0()
+
+
 BEFORE_THE_FIRST_STEP = "before the first step; nothing was saved"  # the trainer's start-up (its imports included)
 BEFORE_ANY_WORK = "before it read or wrote anything"  # a tool's imports
 
@@ -222,9 +232,13 @@ def start_up_stops_in_one_line(prog: str, before: str = BEFORE_ANY_WORK, tell: b
     handlers): a stop signal there (Ctrl-C at once) is one line and exit 128 + signal, not a
     KeyboardInterrupt traceback through the imports; a ConfigError (a DS_ACCELERATOR this machine
     lacks) is `<prog>: error: ...` and exit 2. `tell` False: another process says it (a rank
-    other than 0 of a launch)."""
+    other than 0 of a launch). A signal that came while held (held_signals.hold_stop_signals, an
+    entry point's first line) is raised again here, inside the block."""
+    held = release_held_signals()  # first: the handlers replaced below are then the process' own
     replaced = raise_on_signals()
     try:
+        for signum in held:
+            signal.raise_signal(signum)
         yield
     except Interrupted as error:
         if tell:
@@ -234,9 +248,7 @@ def start_up_stops_in_one_line(prog: str, before: str = BEFORE_ANY_WORK, tell: b
         if tell:
             print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         else:
-            for signum in stop_signals():  # the launcher ending this rank while it waits ends it silently
-                signal.signal(signum, signal.SIG_DFL)
-            outlive_rank_0()
+            leave_the_line_to_rank_0()
         sys.exit(2)
     except BaseException:
         restore_signals(replaced)

@@ -10,10 +10,22 @@ from megatron.errors import ConfigError
 from megatron.run_log import log_dir_problem
 
 
+def check_no_empty_values(args) -> None:
+    """A flag given '' (`--save "$CKPT"` with CKPT unset), named as such: the run read an empty --save as none
+    and blamed the --save-interval a launch script adds, an empty --log-dir or --data-path as the current folder
+    or a file named ''. No flag of the trainer (paths, names) means anything by ''."""
+    for dest, value in sorted(vars(args).items()):
+        if value == "" or (isinstance(value, list) and "" in value):
+            flag = f"--{dest}" if dest.startswith(("deepspeed", "deepscale")) else f"--{dest.replace('_', '-')}"
+            raise ConfigError(f"{flag} is given an empty value ('')", f"pass {flag} a value or leave it out (an unset "
+                              f"shell variable gives '': {flag} \"$DIR\")")
+
+
 def check_flags(args) -> None:
     """Flag values that cannot mean what was asked, and flags the run would not read, refused before
     DeepSpeed starts (cheap, on every rank alike). Model sizes and parallel degrees are checked by
     megatron.config; the data's weights and split here, before any index map is built."""
+    check_no_empty_values(args)
     def at_least(flag: str, value, low, fix: str = ""):
         if value is not None and value < low:
             raise ConfigError(f"{flag} {value} must be >= {low}", fix or f"pass {flag} {low} or more")

@@ -56,15 +56,9 @@ def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str
                 continue  # released since: place it again
             if holder is None and age < LOCK_HEARTBEAT_S:
                 break  # being written by a run starting there (an exclusive create appears empty first)
-            if holder and holder.get("host") != host and age < LOCK_STALE_S:
-                return (f"{flag} {save_dir} is locked by pid {holder['pid']} on host {holder.get('host')}, whose "
-                        f"lock was touched {age:.0f} s ago (a run's lock is stale after {LOCK_STALE_S} s)",
-                        f"choose another {flag} directory, or wait, or remove {path} once that run has ended")
-            # on this host the process tells, whatever the lock's age: a live run's heartbeat may
-            # wait for the GIL (a long index-map build) longer than LOCK_STALE_S
-            if holder and holder.get("host") == host and _running(holder):
-                return (f"{flag} {save_dir} is in use by a live run: pid {holder['pid']} on this host ({host}) "
-                        f"holds {path}", f"wait for that run to end or stop it, or choose another {flag} directory")
+            live = _held_by_live_run(save_dir, flag, path, holder, age)
+            if live:
+                return live
             if not _remove_stale(path, holder):
                 break
             print(f"warning: {flag} {save_dir}: taking over the lock of "
@@ -142,6 +136,32 @@ def _heartbeat(path: str, record: dict) -> threading.Event:
 
     threading.Thread(target=beat, name="save-lock-heartbeat", daemon=True).start()
     return stop
+
+
+def held_by_live_run(folder: str, flag: str, name: str = LOCK, flags: str = "") -> tuple[str, str] | None:
+    """(problem, fix) when a live run holds `folder`'s lock `name`, as take_lock would refuse it at start-up:
+    for a launch script's check before its launch (a second pretrain_default.sh into the first's runs/default
+    otherwise met the first's rendezvous port, whose message named a port, not the folder). `flags`: the
+    folder flags the fix names, when several are held (`--save and --log-dir`)."""
+    path = os.path.join(folder, name)
+    holder, age = _read_lock(path), _age(path)
+    return None if age is None else _held_by_live_run(folder, flag, path, holder, age, flags or flag)
+
+
+def _held_by_live_run(folder: str, flag: str, path: str, holder: dict | None, age: float,
+                      flags: str = "") -> tuple[str, str] | None:
+    """take_lock's refusal of a lock `path` (of `folder`, given as `flag`) that `holder` wrote `age` s ago, when
+    that run still lives: on this host its process tells, whatever the lock's age (a live run's heartbeat
+    may wait for the GIL, a long index-map build, longer than LOCK_STALE_S); elsewhere the lock's age."""
+    flags, host = flags or flag, socket.gethostname()
+    if holder and holder.get("host") != host and age < LOCK_STALE_S:
+        return (f"{flag} {folder} is locked by pid {holder['pid']} on host {holder.get('host')}, whose "
+                f"lock was touched {age:.0f} s ago (a run's lock is stale after {LOCK_STALE_S} s)",
+                f"choose another {flags} directory, or wait, or remove {path} once that run has ended")
+    if holder and holder.get("host") == host and _running(holder):
+        return (f"{flag} {folder} is in use by a live run: pid {holder['pid']} on this host ({host}) "
+                f"holds {path}", f"wait for that run to end or stop it, or choose another {flags} directory")
+    return None
 
 
 def _read_lock(path: str) -> dict | None:

@@ -577,10 +577,11 @@ CASES += [  # ---- derived files: data, index maps and vocab/tokenizer identity
              id="tokenizer_file_and_vocab_file",
              phrases=("--tokenizer-type HFTokenizer reads --tokenizer-file, and --vocab-file is given",
                       "drop --vocab-file")),
-    pretrain("--vocab-file", "", "--tokenizer-file", "{tmp}/tokenizer.json", "--whole-word-masking",
-             setup=unigram_without_metaspace, id="tokenizer_without_word_rule_whole_word_masking",
-             phrases=("--whole-word-masking finds words by the tokenizer's own rule", "tokenizer.json (a Unigram "
-                      "model, pre-tokenizer Whitespace) has none", "drop --whole-word-masking")),
+    Case("tokenizer_without_word_rule_whole_word_masking", "pretrain",  # PRETRAIN without its --vocab-file
+         [*(part for part in PRETRAIN if part not in ("--vocab-file", "{vocab}")), "--tokenizer-file",
+          "{tmp}/tokenizer.json", "--whole-word-masking"],
+         ("--whole-word-masking finds words by the tokenizer's own rule", "tokenizer.json (a Unigram "
+          "model, pre-tokenizer Whitespace) has none", "drop --whole-word-masking"), setup=unigram_without_metaspace),
 ]
 CASES += [  # ---- corpora as published (.jsonl.gz, .jsonl.zst, Parquet)
     Case("corpus_parquet_missing_column", "preprocess", ["--input", "{tmp}/corpus/wiki.parquet", "--json-keys", "body",
@@ -1014,8 +1015,12 @@ FLAG_MISTAKES = {
                                    "--data-path W1 PREFIX1")),
     "data_path_weights_all_zero": (["--data-path", "0", "{data}", "0", "{data}"],
                                    ("--data-path weights 0, 0 are all 0", "a positive weight")),
-    "data_path_without_vocab": (["--data-path", "{data}", "--vocab-file", ""], ("--data-path is given without "
-                                                                                 "--vocab-file",)),
+    # '' (an unset shell variable): was read as no flag (an empty --vocab-file: "--data-path is given without
+    # --vocab-file"; an empty --save blamed the --save-interval a launch script adds)
+    "vocab_file_empty": (["--data-path", "{data}", "--vocab-file", ""], ("--vocab-file is given an empty value ('')",
+                                                                         "leave it out")),
+    "save_empty": (["--save", "", "--save-interval", "10"], ("--save is given an empty value ('')",)),
+    "data_path_empty": (["--data-path", "0.5", "{data}", "0.5", ""], ("--data-path is given an empty value",)),
     # flags the run would not read
     "save_interval_without_save": (["--save-interval", "10"], ("--save-interval is given without --save",
                                                                "add --save DIR or drop --save-interval")),
@@ -1588,6 +1593,55 @@ def test_only_rank_0_probes_the_port_and_not_under_torchruns_agent(monkeypatch):
         assert master_address.port_in_use(busy.getsockname()[1])
 
 
+@pytest.mark.parametrize("rank,port,problem,fix", [
+    ("1", "70000", "MASTER_PORT 70000 is not a TCP port the ranks can meet at, 1-65535", "pass a free port: the "
+     "launcher's --master_port"),  # bind()'s OverflowError traceback
+    ("0", "0", "MASTER_PORT 0 is not a TCP port the ranks can meet at, 1-65535 (0 lets the system pick", "pass a free "
+     "port: the launcher's --master_port"),  # rank 0 listened on a port no rank knew: the whole --rendezvous-timeout
+    ("0", "29x", "MASTER_PORT '29x' is not a TCP port", "pass a free port"),
+    (None, "70000", "MASTER_PORT 70000 is not a TCP port", "unset MASTER_PORT, left in the environment"),  # no launcher
+    (None, "0", None, None),  # one process meets only itself: port 0 works
+], ids=["above_65535", "zero_in_a_launch", "not_a_number", "stale_without_launcher", "zero_without_launcher"])
+def test_a_master_port_outside_1_65535_is_one_line_before_the_imports(monkeypatch, rank, port, problem, fix):
+    """deepspeed --master_port 70000 was bind()'s OverflowError traceback in every rank; --master_port 0 a wait
+    of the whole --rendezvous-timeout, then advice to raise it."""
+    from megatron.errors import ConfigError
+    from megatron.parallel import master_address
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    if rank is not None:
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", port)
+    if problem is None:
+        master_address.check()
+        return
+    with pytest.raises(ConfigError) as error:
+        master_address.check()
+    assert error.value.problem.startswith(problem) and error.value.fix.startswith(fix)
+
+
+@pytest.mark.parametrize("launched", [False, True], ids=["environment_only", "under_a_launcher"])
+def test_a_rendezvous_timeout_without_a_launcher_names_the_environment(monkeypatch, launched):
+    """`python pretrain_bert.py` in a shell that kept an old job's RANK, WORLD_SIZE=2, MASTER_*: after the
+    whole --rendezvous-timeout it said to start every rank with each node's launcher, though none was used."""
+    from megatron.errors import ConfigError
+    from megatron.parallel import device, launcher_watch
+    from megatron.parallel.spawn import free_port
+
+    monkeypatch.setattr(launcher_watch, "launcher_processes", lambda: [(1, None, "its launcher")] if launched else [])
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", str(free_port()))):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as error:
+        device.rendezvous("gloo", 1)
+    assert error.value.problem.endswith("timed out after 1 s: 1 of 2 ranks arrived")
+    note = ("no launcher started this process: if RANK, WORLD_SIZE=2, MASTER_ADDR and MASTER_PORT are left in the "
+            "environment by another job, unset them to run one process")
+    assert (note in error.value.fix) is not launched
+
+
 def test_ranks_that_came_to_a_failed_rendezvous_print_one_line_each():
     """2 of 3 ranks arrive: rank 0 gives up and its store goes with it. Rank 1 read its verdict while the
     store could still answer (it printed torch's C++ frames, 'recvVector failed', when the store closed
@@ -1727,3 +1781,34 @@ def test_a_tilde_after_an_equals_sign_is_the_home_folder(tmp_path, assets):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
     assert f"{tmp_path}/none.txt does not exist" in lines[0] and "~" not in lines[0], lines[0]
+
+
+MORE_THAN_CPUS, ONE, AS_MANY_AS_CPUS = (lambda cpus: cpus + 1), (lambda cpus: 1), (lambda cpus: cpus)
+
+
+@pytest.mark.parametrize("accelerator,ranks,threads,warned", [
+    ("cpu", MORE_THAN_CPUS, None, "CPU ranks (no GPU is used) share this machine's"),  # bert_distributed.sh 6 ...
+    ("cpu", ONE, MORE_THAN_CPUS, "is more than the"),  # OMP_NUM_THREADS=512 on 2 CPUs
+    ("cpu", AS_MANY_AS_CPUS, None, None),  # torch's own threads: the main job's CPU run
+    ("cuda", MORE_THAN_CPUS, MORE_THAN_CPUS, None),  # GPU ranks: their CPU threads are not the work
+], ids=["ranks_beyond_cpus", "threads_beyond_cpus", "ranks_equal_cpus", "gpu_ranks"])
+def test_cpu_ranks_or_threads_beyond_the_cpus_are_one_warning(monkeypatch, capsys, accelerator, ranks, threads,
+                                                              warned):
+    """6 CPU ranks on 2 CPUs (a GPU machine's command run where there is none) or OMP_NUM_THREADS=512 trained
+    without a word, each step many times slower."""
+    from megatron.data.workers import usable_cpus, warn_cpu_oversubscription
+
+    cpus = usable_cpus()
+    monkeypatch.setenv("DS_ACCELERATOR", accelerator)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_SIZE", str(ranks(cpus)))
+    if threads:
+        monkeypatch.setenv("OMP_NUM_THREADS", str(threads(cpus)))
+    else:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    warn_cpu_oversubscription()
+    lines = capsys.readouterr().err.splitlines()
+    if warned is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and lines[0].startswith("warning: ") and warned in lines[0], lines

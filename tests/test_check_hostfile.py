@@ -86,3 +86,40 @@ def test_a_host_key_not_yet_accepted_is_named_as_such(monkeypatch):
     monkeypatch.setattr(tool.subprocess, "run", lambda *args, **kwargs: refused)
     with pytest.raises(tool.ConfigError, match="run `ssh worker-1` once to accept its host key, or run"):
         tool.check_ssh("worker-1", "run on every machine with NODE_RANK")
+
+
+def test_a_hostfile_that_is_a_pipe_or_a_device_is_named_as_such(tmp_path):
+    """`<(printf ...)` (a pipe, /dev/fd/63) and /dev/null were "does not exist" (bert_multinode.sh's realpath made
+    the pipe /proc/N/fd/pipe:[...]); DeepSpeed's runner skips what os.path.isfile refuses and starts local ranks."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a pipe (as <(...) gives)"), ("/dev/null", "a character device")):
+        result = check(path)
+        assert result.returncode == 2 and result.stderr == (
+            f"check_hostfile.py: error: hostfile {path} is {kind}, not a file, and DeepSpeed reads only a regular "
+            "file; write the hostfile's lines to a file and pass that\n")
+    launch = subprocess.run(["bash", "-c", f"{ROOT}/examples_deepspeed/bert_multinode.sh --dry-run "
+                             "<(printf 'worker-1 slots=2\\n') 1 bert_distributed.sh 2 1 2 128 2 4 2 64 4"],
+                            capture_output=True, text=True, timeout=120)
+    assert launch.returncode == 2 and launch.stderr.startswith("check_hostfile.py: error: hostfile /dev/fd/"), \
+        launch.stderr
+    assert " is a pipe (as <(...) gives), not a file" in launch.stderr
+
+
+@pytest.mark.parametrize("lines,message", [
+    ("localhost slots=2\n127.0.0.1 slots=2\n", "lists this machine twice: 127.0.0.1 (line 2) and localhost are both "
+                                               "its loopback address; list each machine once"),
+    ("worker-0 slots=2\nworker-1:2222 slots=8\n", "line 2 gives worker-1:2222, a host with a port, which DeepSpeed "
+                                                  "takes as the host's name; list the host alone and set its port in "
+                                                  "~/.ssh/config (Host worker-1 / Port 2222)"),
+], ids=["loopback_twice", "host_port"])
+def test_the_same_machine_twice_or_a_host_with_a_port_is_refused(tmp_path, lines, message):
+    """Both were accepted: localhost and 127.0.0.1 start two launches on one machine's GPUs; DeepSpeed ssh's to a
+    host literally named `worker-1:2222`. IPv6 addresses (colons) stay hosts."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(lines)
+    result = check(hostfile)
+    assert result.returncode == 2 and result.stderr.startswith(f"check_hostfile.py: error: hostfile {hostfile} "
+                                                               f"{message}"), result.stderr
+    hostfile.write_text("fe80::1 slots=8\n::1 slots=2\n")
+    assert check(hostfile).stdout == f"{hostfile}: 2 hosts, 10 slots\n"

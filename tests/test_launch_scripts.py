@@ -235,6 +235,7 @@ def test_flags_the_positionals_fix_are_refused(tmp_path, script, flags, message)
 @pytest.mark.parametrize("flags,message,dry", [
     (["--bogus-flag", "3"], "unrecognized arguments: --bogus-flag 3", "1"),
     (["--train-iters", "abc"], "argument --train-iters: invalid int value", "1"),
+    (["--save", ""], "--save is given an empty value ('')", "1"),  # was blamed on the script's --save-interval
     # a real launch, with a launcher flag the script's RUNNER table does not name
     (["--ssh_port", "2222"], "unrecognized arguments: --ssh_port 2222", "0")])
 def test_the_trainers_flags_are_parsed_before_the_launch(tmp_path, flags, message, dry):
@@ -486,3 +487,80 @@ def test_the_main_job_recovers_from_an_install_interrupted_in_the_venv(tmp_path)
     assert stopped.returncode == 130 and stopped.stderr.splitlines()[-1] == (
         "pretrain_default.sh: stopped; run bash examples_deepspeed/pretrain_default.sh again to resume from "
         "runs/default/checkpoints (it loads it itself)"), stopped.stderr
+
+
+LAUNCH_RECORDING_VENV = """#!/bin/sh
+# .venv/bin/python of a checkout: the trainer's flag check runs in the real python, a launch is recorded with its folder
+case "$*" in
+    *check_trainer_flags*) exec {python} "$@" ;;
+    *deepspeed_command*) echo "$PWD: $*" >> "$CALLS" ;;
+    *fill_mask*) echo "$PWD: $*" >> "$CALLS" ;;
+esac
+"""
+
+
+def main_job_checkout(tmp_path: Path) -> Path:
+    """A checkout of pretrain_default.sh whose .venv records the launch (LAUNCH_RECORDING_VENV), installed."""
+    checkout = tmp_path / "checkout"
+    (checkout / "examples_deepspeed").mkdir(parents=True)
+    for name in ("pretrain_default.sh", "launcher_group.sh"):
+        (checkout / "examples_deepspeed" / name).write_text((SCRIPTS / name).read_text())
+    (checkout / "megatron").symlink_to(ROOT / "megatron")  # the trainer's parser, which the check runs
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    (checkout / ".venv" / "bin" / "python").write_text(LAUNCH_RECORDING_VENV.format(python=shlex.quote(PYTHON)))
+    (checkout / ".venv" / "bin" / "pip").write_text("#!/bin/sh\n")
+    for name in ("python", "pip"):
+        (checkout / ".venv" / "bin" / name).chmod(0o755)
+    return checkout
+
+
+def test_the_main_job_reads_its_flags_in_the_callers_folder_and_checks_them_before_the_launch(tmp_path):
+    """pretrain_default.sh cd'd into the repository: `--save myck` typed in another folder wrote into the
+    repository (printed as `checkpoint: myck`), `--vocab-file d/vocab.txt` there 'did not exist'; it ignored
+    MASTER_PORT, the port its second run's error told to change; and an extra flag the trainer refuses, or
+    a --save a live run holds, failed only after 20-30 s of launch. Now the launch runs in the caller's folder
+    with the script's own paths absolute, on MASTER_PORT, and those are refused before it."""
+    checkout, user = main_job_checkout(tmp_path), tmp_path / "user"
+    user.mkdir()
+    calls = tmp_path / "calls.txt"
+    script = ["bash", str(checkout / "examples_deepspeed" / "pretrain_default.sh")]
+    env = {**os.environ, "CALLS": str(calls), "CUDA_VISIBLE_DEVICES": "", "MASTER_PORT": "29533"}
+    run = subprocess.run([*script, "--save", "myck", "--log-dir", "mylog", "--vocab-file", "d/vocab.txt"], cwd=user,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    launch, fill_mask = calls.read_text().splitlines()
+    assert launch.startswith(f"{user}: ") and fill_mask.startswith(f"{user}: ")
+    assert f" --master_port 29533 {checkout}/pretrain_bert.py " in launch
+    assert f" --deepspeed_config {checkout}/ds_configs/ring_sp2.json " in launch
+    assert launch.endswith(f" --log-dir {checkout}/runs/default --save myck --log-dir mylog --vocab-file d/vocab.txt")
+    assert f"{checkout}/tools/fill_mask.py --load myck " in fill_mask
+    busy = user / "busy"
+    busy.mkdir()
+    (busy / ".lock").write_text(json.dumps({"host": os.uname().nodename, "pid": os.getpid()}))
+    calls.write_text("")
+    for flags, line in ((["--bogus-flag", "3"], "pretrain_bert.py: error: unrecognized arguments: --bogus-flag 3; "),
+                        (["--master_port", "29501"], "pretrain_default.sh: error: --master_port is a flag of the "
+                                                     "deepspeed launcher"),
+                        (["--save", "busy"], f"pretrain_bert.py: error: --save busy is in use by a live run: pid "
+                                             f"{os.getpid()} on this host")):
+        refused = subprocess.run([*script, *flags], cwd=user, env=env, capture_output=True, text=True, timeout=300)
+        assert refused.returncode == 2 and refused.stderr.startswith(line) and refused.stderr.count("\n") == 1, \
+            refused.stderr
+    assert calls.read_text() == ""  # nothing launched
+
+
+def test_a_launch_script_refuses_the_folders_a_live_run_holds_before_its_launch(tmp_path):
+    """bert_distributed.sh started again into a RUN_DIR that a live run trains in met that run's rendezvous port
+    (on the same MASTER_PORT) or its locks only after the launch; its pre-launch check names the folders."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    holder = json.dumps({"host": os.uname().nodename, "pid": os.getpid()})
+    for lock in (run_dir / "checkpoints" / ".lock", run_dir / ".log.lock"):
+        lock.write_text(holder)
+    result = subprocess.run([str(SCRIPTS / "bert_distributed.sh"), "2", *LAYOUT, *SHAPE], env=launch_env(run_dir),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"pretrain_bert.py: error: --save {run_dir}/checkpoints is in use by a live run: pid {os.getpid()} on this "
+        f"host ({os.uname().nodename}) holds {run_dir}/checkpoints/.lock; wait for that run to end or stop it, or "
+        "choose another --save and --log-dir directory"], result.stderr
+    assert sorted(path.name for path in run_dir.iterdir()) == [".log.lock", "checkpoints"]  # no ds_config.json

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -339,9 +340,9 @@ def test_pretrain_default_settings_export():
     from megatron.training import dropout_layout_note
 
     script = (ROOT / "examples_deepspeed" / "pretrain_default.sh").read_text()
-    command = script[script.index("pretrain_bert.py \\"):].replace("\\\n", " ").split("\n")[0]
-    command = command.replace('"$save"', "SAVE")  # the --save folder, resumed when run again
-    flags = [word for word in command.split()[1:] if not word.startswith('"$')]  # "${sp[@]}", "$@"
+    command = script[script.index("TRAINER=(") + len("TRAINER=("):script.index(' "$@")')]
+    command = command.replace('"$save"', "SAVE").replace('"${repo}', '"')  # --save, resumed when run again
+    flags = shlex.split(command)
     args = build_parser().parse_args(flags)
     config = resolve({**config_flags(args), "vocab_size": 1000}, read_ds_config(ROOT / args.deepspeed_config), 2)
     model = config.model
@@ -352,7 +353,7 @@ def test_pretrain_default_settings_export():
     check_exportable(model)  # as a ModernBertForMaskedLM
     assert dropout_layout_note(config) is None  # dropout 0: the SP=2 run is the single-process one, no note
     # the folder: runs/default/checkpoints, or a --save among the extra flags (then loaded from there too)
-    assert 'save_dir runs/default/checkpoints "$@"' in script and 'save="$SAVE_DIR"' in script
+    assert 'save_dir "${repo}runs/default/checkpoints" "$@"' in script and 'save="$SAVE_DIR"' in script
     group = ROOT / "examples_deepspeed" / "launcher_group.sh"
     scan = f'source "{group}"; save_dir runs/default/checkpoints "$@"; echo "$SAVE_DIR"'
     for extra, folder in (([], "runs/default/checkpoints"), (["--train-iters", "5", "--save", "/x y"], "/x y"),

@@ -12,7 +12,9 @@ DeepSpeed's own parser stops with a ValueError traceback and the whole file on a
 the line and the fix, exit code 2, before anything starts.
 """
 import argparse
+import ipaddress
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +26,7 @@ from megatron.errors import ConfigError, OneLineParser, run_tool
 FORMAT = "write one line per machine: <host> slots=<gpus>"
 LINE = re.compile(r"(\S+)\s+slots=(\d+)")  # DeepSpeed's pattern, matched at the line's start; the rest is ignored
 BOM = "\ufeff"
+HOST_PORT = re.compile(r"[^:\[\]]+:\d+")  # `worker-1:2222`; not an IPv6 address (two colons or more)
 # the launch scripts' names for the flags (--script-names), else the tool's own
 NAMES = {False: {"nodes": "--num-nodes", "ranks": "--ranks-per-node", "ranks_given": "--ranks-per-node {}",
                  "no_ssh": "start each machine's ranks on it (deepspeed --no_ssh --node_rank I --master_addr ADDR)"},
@@ -37,6 +40,10 @@ def read_hostfile(path) -> dict:
     if path.is_dir():
         raise ConfigError(f"hostfile {path} is a directory", "pass the hostfile itself (" + FORMAT + ")")
     if not path.is_file():
+        kind = special_file_kind(path)
+        if kind:  # DeepSpeed's runner tests os.path.isfile: it would skip the hostfile and start local ranks only
+            raise ConfigError(f"hostfile {path} is {kind}, not a file, and DeepSpeed reads only a regular file",
+                              "write the hostfile's lines to a file and pass that")
         raise ConfigError(f"hostfile {path} does not exist", FORMAT)
     try:
         text = path.read_text(encoding="utf-8")
@@ -54,16 +61,46 @@ def read_hostfile(path) -> dict:
         if not match:
             raise ConfigError(f"hostfile {path} line {number} {text!r} is not '<host> slots=<gpus>'", FORMAT)
         host, slots = match.group(1), int(match.group(2))
+        if HOST_PORT.fullmatch(host):  # DeepSpeed would ssh to a machine named `worker-1:2222`
+            raise ConfigError(f"hostfile {path} line {number} gives {host}, a host with a port, which DeepSpeed takes "
+                              "as the host's name", f"list the host alone and set its port in ~/.ssh/config "
+                              f"(Host {host.split(':')[0]} / Port {host.split(':')[1]}), which ssh, and so DeepSpeed, reads")
         same = next((listed for listed in hosts if listed.lower() == host.lower()), None)  # DNS ignores case
         if same is not None:
             where = f"line {number}" if same == host else f"line {number}; {same} before"
             raise ConfigError(f"hostfile {path} lists {host} twice ({where})", "list each machine once")
+        same = next((listed for listed in hosts if is_loopback(listed)), None) if is_loopback(host) else None
+        if same is not None:  # two launches on this machine, their ranks on the same GPUs
+            raise ConfigError(f"hostfile {path} lists this machine twice: {host} (line {number}) and {same} are both "
+                              "its loopback address", "list each machine once")
         if slots < 1:
             raise ConfigError(f"hostfile {path} line {number} gives {host} slots=0", "give each machine slots >= 1")
         hosts[host] = slots
     if not hosts:
         raise ConfigError(f"hostfile {path} lists no hosts", FORMAT)
     return hosts
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback: localhost, 127.x.x.x, ::1."""
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def special_file_kind(path: Path) -> str | None:
+    """What `path` is when it exists but is neither a regular file nor a folder: a pipe (a `<(...)` process
+    substitution, /dev/fd/N), a device (/dev/null), a socket; None when it does not exist."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    kinds = ((stat.S_ISFIFO, "a pipe (as <(...) gives)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((kind for test, kind in kinds if test(mode)), "not a regular file")
 
 
 def check_ssh(host: str, no_ssh: str) -> None:

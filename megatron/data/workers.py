@@ -37,6 +37,27 @@ def check_num_workers(num_workers: int | None) -> None:
               "are as fast", file=sys.stderr, flush=True)
 
 
+def warn_cpu_oversubscription() -> None:
+    """On CPU ranks (DS_ACCELERATOR=cpu: no GPU), one `warning:` line from each machine's first rank when its
+    ranks (the launcher's LOCAL_SIZE, torchrun's LOCAL_WORLD_SIZE) or an OMP_NUM_THREADS outnumber the CPUs:
+    6 ranks on 2 CPUs (a GPU machine's command, e.g. the README's 8-rank one, run where there is none), or
+    OMP_NUM_THREADS=512, trained without a word, each step many times slower. Two ranks of torch's own
+    thread count on 2 CPUs (the main job's CPU run) are not warned about."""
+    if os.environ.get("DS_ACCELERATOR") != "cpu" or local_rank() != 0:
+        return
+    cpus = usable_cpus()
+    ranks = next((int(os.environ[name]) for name in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE")
+                  if os.environ.get(name, "").strip().isdigit()), 1)
+    threads = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if ranks > cpus:
+        print(f"warning: {ranks} CPU ranks (no GPU is used) share this machine's {cpus} CPUs: each step runs "
+              f"them in turn, much slower; launch at most {cpus} ranks here, or run on GPUs", file=sys.stderr, flush=True)
+    elif threads.isdigit() and int(threads) > cpus:
+        print(f"warning: OMP_NUM_THREADS={threads} is more than the {cpus} CPUs this process may use: the threads of "
+              f"each rank contend; unset it (torch then uses the CPUs) or set it to at most {max(1, cpus // ranks)}",
+              file=sys.stderr, flush=True)
+
+
 def workers_beyond_cpus(flag: str, count: int, cost: str, fewer: str = "") -> str | None:
     """The one rule for a worker-count flag (the trainer's --num-workers, preprocess_data.py's --workers): above
     WORKERS_PER_CPU_LIMIT x the usable CPUs refused (`cost`: what forking them all does), above the CPUs

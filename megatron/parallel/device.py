@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from megatron.errors import ConfigError
 from megatron.quiet import c10d_log_quieted, quiet_shm_build
-from megatron.parallel import master_address
+from megatron.parallel import launcher_watch, master_address
 from megatron.parallel.launch_env import local_rank
 
 
@@ -107,6 +107,9 @@ def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta 
     address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     fix = (f"start every rank of the {world} (each node's launcher with the same --master_addr and --master_port), "
            "check that the address is reachable from every node, or raise --rendezvous-timeout")
+    if not launcher_watch.launcher_processes():  # `python pretrain_bert.py` in a shell that kept an old job's exports
+        fix += (f"; no launcher started this process: if RANK, WORLD_SIZE={world}, MASTER_ADDR and MASTER_PORT are "
+                "left in the environment by another job, unset them to run one process")
     deadline = time.monotonic() + timeout
     while rank != 0 and not _reachable(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), deadline):
         if time.monotonic() >= deadline:  # torch's own retries would print C++ stack traces meanwhile

@@ -13,8 +13,7 @@ import os
 import socket
 import sys
 
-from megatron.parallel.launch_env import outlive_rank_0
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, leave_the_line_to_rank_0
 
 PORT_FIX = ("pass a free port: the launcher's --master_port (MASTER_PORT for the launch scripts, --master-port "
             "for the tools)")
@@ -25,6 +24,8 @@ UNKNOWN_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONA
 def check() -> None:
     """A ConfigError for this rank's rendezvous address when it cannot work; nothing without one
     (a single process, MPI) or under torchrun's agent, which hosts the store on MASTER_PORT itself."""
+    if "MASTER_PORT" in os.environ:
+        refuse_unusable_port(os.environ["MASTER_PORT"])
     if not all(name in os.environ for name in ("RANK", "MASTER_ADDR", "MASTER_PORT")) \
             or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return
@@ -40,6 +41,23 @@ def check() -> None:
         raise port_in_use_error(f"{host}:{port}")
 
 
+def refuse_unusable_port(port: str) -> None:
+    """A ConfigError for a MASTER_PORT outside 1-65535: the port probe and torch's store fail on it with a
+    traceback (OverflowError), or, for 0 (the system picks a port, which the other ranks cannot know),
+    rank 0's store listens where no rank looks and the ranks wait out --rendezvous-timeout. Without a
+    launcher (no RANK) it is an old job's export that the run of one process would use (0 works there:
+    it meets only itself)."""
+    given = port.strip()
+    number = given.isascii() and given.isdigit()
+    if number and (1 if "RANK" in os.environ else 0) <= int(given) <= 65535:
+        return
+    reason = " (0 lets the system pick one, which the other ranks cannot know)" if number and int(given) == 0 else ""
+    fix = PORT_FIX if "RANK" in os.environ else ("unset MASTER_PORT, left in the environment (a run without a "
+                                                 "launcher picks a free port itself), or set it to a free port")
+    raise ConfigError(f"MASTER_PORT {given if number else repr(port)} is not a TCP port the ranks can meet at, "
+                      f"1-65535{reason}", fix)
+
+
 def port_in_use_error(address: str) -> ConfigError:
     return ConfigError(f"rank 0 cannot host the rendezvous at {address}: the port is in use on "
                        f"{socket.gethostname()} (another run?)", PORT_FIX)
@@ -47,14 +65,14 @@ def port_in_use_error(address: str) -> ConfigError:
 
 def exit_if_unusable(prog: str) -> None:
     """check(), its error the one line of rank 0 and of each node's first rank (MASTER_ADDR is given
-    per node), exit 2; the other ranks wait for that line to be printed (outlive_rank_0)."""
+    per node), exit 2; the other ranks wait for that line to be printed (leave_the_line_to_rank_0)."""
     try:
         check()
     except ConfigError as error:
-        if os.environ["RANK"].strip() == "0" or os.environ.get("LOCAL_RANK", "0").strip() == "0":
+        if os.environ.get("RANK", "0").strip() == "0" or os.environ.get("LOCAL_RANK", "0").strip() == "0":
             print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         else:
-            outlive_rank_0()
+            leave_the_line_to_rank_0()
         sys.exit(2)
 
 
