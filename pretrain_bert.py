@@ -17,7 +17,7 @@ from megatron.data.workers import warn_cpu_oversubscription
 from megatron.paths import expand_home
 from megatron.quiet import quiet_deepspeed
 
-launcher_watch.note_launchers()  # first: a launcher that ends during the imports below is still noticed
+launcher_watch.note_launchers()  # early: a launcher that ends during the imports below is still noticed
 survive_lost_terminal()  # before DeepSpeed's logger keeps sys.stdout: a closed terminal does not end the run
 master_address.exit_if_unusable("pretrain_bert.py")  # before the imports: an address the rendezvous cannot use
 with start_up_stops_in_one_line("pretrain_bert.py", BEFORE_THE_FIRST_STEP, tell=launcher_rank() == 0):
