@@ -33,8 +33,9 @@ def unsaved_note(save: str | None, load: str, iteration: int, train_iters: int) 
     at the end with no word."""
     if save or iteration >= train_iters:
         return None
-    return (f"note: no --save: the {train_iters - iteration} steps this run trains after iteration {iteration} are "
-            f"not kept; pass --save {load} to keep them")
+    steps = train_iters - iteration
+    return (f"note: no --save: the {steps} step{'s' * (steps != 1)} this run trains after iteration {iteration} "
+            f"{'are' if steps != 1 else 'is'} not kept; pass --save {load} to keep them")
 
 
 def resume_schedule(engine, stored: dict | None, schedule: Schedule, iteration: int,

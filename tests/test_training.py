@@ -385,6 +385,21 @@ def test_runs_without_a_launcher_as_one_process(tmp_path, data_dir):
     assert "warning:" not in again.stderr, again.stderr
     assert sorted(path.name for path in (tmp_path / "ck").iterdir()) == ["iter_0000001", "latest"]
     assert "config: pipeline 1 x data 1 x sequence 1" in result.stdout
+    # resumed on for a step without --save and with other dropout: the resume's lines, once, after the load
+    unsaved = [*argv[:argv.index("--save")], "--load", str(tmp_path / "ck"), "--train-iters", "2", "--hidden-dropout",
+               "0.2"]
+    on = subprocess.run([PYTHON, str(ROOT / "pretrain_bert.py"), *unsaved], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=240)
+    assert on.returncode == 0, on.stderr[-3000:]
+    lines = on.stdout.splitlines()
+    note = (f"note: no --save: the 1 step this run trains after iteration 1 is not kept; pass --save {tmp_path / 'ck'} "
+            "to keep them")
+    assert lines.count(note) == 1 and lines.index(note) > next(
+        i for i, line in enumerate(lines) if line.startswith("resuming from")), on.stdout[-3000:]
+    warnings = [line for line in on.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2 and warnings[1] == (f"warning: --hidden-dropout 0.2 changes hidden_dropout from 0.0, "
+                                                  f"which the checkpoint {tmp_path / 'ck'}'s run trained with"), warnings
+    assert sorted(path.name for path in (tmp_path / "ck").iterdir()) == ["iter_0000001", "latest"]
 
 
 @pytest.mark.parametrize("flag, name, message", [
@@ -609,6 +624,7 @@ def test_a_resume_without_save_says_its_steps_are_not_kept():
 
     assert unsaved_note(None, "ck", 2, 4) == ("note: no --save: the 2 steps this run trains after iteration 2 are "
                                               "not kept; pass --save ck to keep them")
+    assert unsaved_note(None, "ck", 3, 4).startswith("note: no --save: the 1 step this run trains after iteration 3 is ")
     assert unsaved_note("ck", "ck", 2, 4) is None and unsaved_note(None, "ck", 4, 4) is None
 
 
