@@ -4,7 +4,7 @@
         --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 256 --train-iters 300
 """
 from megatron.held_signals import hold_stop_signals
-hold_stop_signals()  # first: Ctrl-C as the ranks spawn, during the imports below, is the start-up's one line (errors.py)
+hold_stop_signals()  # first: Ctrl-C as the ranks spawn, during the imports below, is the start-up's one line
 
 import signal
 import sys

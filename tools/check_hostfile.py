@@ -62,9 +62,10 @@ def read_hostfile(path) -> dict:
             raise ConfigError(f"hostfile {path} line {number} {text!r} is not '<host> slots=<gpus>'", FORMAT)
         host, slots = match.group(1), int(match.group(2))
         if HOST_PORT.fullmatch(host):  # DeepSpeed would ssh to a machine named `worker-1:2222`
+            name, port = host.split(":")
             raise ConfigError(f"hostfile {path} line {number} gives {host}, a host with a port, which DeepSpeed takes "
                               "as the host's name", f"list the host alone and set its port in ~/.ssh/config "
-                              f"(Host {host.split(':')[0]} / Port {host.split(':')[1]}), which ssh, and so DeepSpeed, reads")
+                              f"(Host {name} / Port {port}), which ssh, and so DeepSpeed, reads")
         same = next((listed for listed in hosts if listed.lower() == host.lower()), None)  # DNS ignores case
         if same is not None:
             where = f"line {number}" if same == host else f"line {number}; {same} before"

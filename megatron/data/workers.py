@@ -51,7 +51,8 @@ def warn_cpu_oversubscription() -> None:
     threads = os.environ.get("OMP_NUM_THREADS", "").strip()
     if ranks > cpus:
         print(f"warning: {ranks} CPU ranks (no GPU is used) share this machine's {cpus} CPUs: each step runs "
-              f"them in turn, much slower; launch at most {cpus} ranks here, or run on GPUs", file=sys.stderr, flush=True)
+              f"them in turn, much slower; launch at most {cpus} ranks here, or run on GPUs", file=sys.stderr,
+              flush=True)
     elif threads.isdigit() and int(threads) > cpus:
         print(f"warning: OMP_NUM_THREADS={threads} is more than the {cpus} CPUs this process may use: the threads of "
               f"each rank contend; unset it (torch then uses the CPUs) or set it to at most {max(1, cpus // ranks)}",
