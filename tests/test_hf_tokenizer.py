@@ -216,7 +216,8 @@ def test_bpe_from_preprocessing_to_training_fill_mask_and_a_modernbert_export(co
     fill_mask.main(["--load", str(tmp_path / "ckpt"), "--text", TEXT, "--top-k", "3"])
     printed = capsys.readouterr().out.splitlines()
     expected = fill_mask.fill_mask(fill_mask.load_model(str(tmp_path / "ckpt")), tokenizer, TEXT, top_k=3)
-    assert printed == [TEXT, "  [MASK] 1: " + ", ".join(f"{t} {p:.2g}" for t, p in expected[0])]
+    assert printed == [f"predictions of {tmp_path / 'ckpt' / 'iter_0000002'} (iteration 2)", TEXT,
+                       "  [MASK] 1: " + ", ".join(f"{t} {p:.2g}" for t, p in expected[0])]
     convert_checkpoint.main(["to-hf", "--load", str(tmp_path / "ckpt"), "--output", str(tmp_path / "hf")])
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == modernbert_style.read_bytes()
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")

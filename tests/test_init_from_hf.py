@@ -339,8 +339,9 @@ def test_a_json_typo_in_a_run_from_weights_is_one_line_before_their_hash(tmp_pat
         "double quotes); fix the JSON syntax at that position"]
     assert hashed == [] and not (tmp_path / "run").exists()
     plan = start_plan.StartPlan.at(None, str(folder), False)
-    assert start_plan.pending_origin(plan, str(tmp_path / "run")).result() == {
-        "from": str(folder.resolve()), "kind": "hf", "sha256": "digest"}
+    origin = start_plan.pending_origin(plan, str(tmp_path / "run")).result()
+    assert origin == {"from": str(folder.resolve()), "kind": "hf", "sha256": "digest",
+                      checkpoint.RUN_ID: origin[checkpoint.RUN_ID]}
     assert hashed == [(str(folder), "hf")]  # aside, for the checkpoints of rank 0 of a run that saves
     assert start_plan.pending_origin(plan, None) is None
 
@@ -382,7 +383,7 @@ def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path
     hf_convert.save_weights_only_checkpoint(other, small_model(config, seed=7).state_dict(), config)
     origin = start_plan.weights_origin(start_plan.StartPlan.at(str(weights), None, finetune=False))
     assert origin == {"from": str(weights.resolve()), "kind": "checkpoint",
-                      "sha256": hf_io.weights_fingerprint(weights, "checkpoint")}
+                      "sha256": hf_io.weights_fingerprint(weights, "checkpoint"), checkpoint.RUN_ID: origin[checkpoint.RUN_ID]}
     save = tmp_path / "save"
     (save / "iter_0000004").mkdir(parents=True)
     (save / "iter_0000004" / "mp_rank_00_model_states.pt").write_bytes(b"")
