@@ -7,7 +7,6 @@ from megatron import paths
 from megatron.data.bert_dataset import parse_data_path, split_weights
 from megatron.data.workers import check_num_workers
 from megatron.errors import ConfigError
-from megatron.run_log import log_dir_problem
 
 
 def check_no_empty_values(args) -> None:
@@ -38,7 +37,7 @@ def check_flags(args) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} {value} is {'negative' if value < 0 else 'zero'}: no step to train",
                               f"pass {flag} N with N >= 1 (the run length)")
-    if args.data_cache_path and (problem := log_dir_problem("--data-cache-path", args.data_cache_path)):
+    if args.data_cache_path and (problem := paths.folder_problem("--data-cache-path", args.data_cache_path)):
         raise ConfigError(*problem)  # a file in the way or a read-only mount, named with the flag: before any map
     if args.train_iters is not None and args.train_samples is not None:
         raise ConfigError(f"--train-iters {args.train_iters} and --train-samples {args.train_samples} both set the "

@@ -115,6 +115,26 @@ def unwritable(what: str, flag: str, error: OSError, fix: str) -> tuple[str, str
     return problem, fix
 
 
+def folder_problem(flag: str, path: str, fix: str | None = None) -> tuple[str, str] | None:
+    """(problem, fix) when the folder of `flag` (a flag, or a field of the DeepSpeed JSON with its `fix`)
+    cannot take what the run writes there, found at start-up (training.check_log_dirs) rather than when
+    rank 0 first writes there while the other ranks train. A probe file is written and removed, and the
+    folders made for it are removed again."""
+    fix = fix or f"pass a {flag} directory this user can write"
+    if problem := file_in_the_way(flag, path):
+        return problem, fix
+    created = missing_folders(path)
+    try:
+        write_probe(path)
+    except OSError as error:
+        return unwritable(f"{flag} {path} is not writable", flag, error, fix)
+    finally:
+        for made in created:  # innermost first
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
+    return None
+
+
 def write_json_atomic(path, value: dict) -> None:
     """The whole record or the old one: written beside `path`, then renamed over it; a failed write (a
     full disk) leaves no partial file."""

@@ -21,14 +21,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron import paths
+from megatron import monitors, paths
 from megatron.errors import ConfigError, cannot_use, disk_full
 from megatron.flops import training_flops_per_sample
 
 
 class RunLog:
-    def __init__(self, args, config, train_iters: int):
+    def __init__(self, args, config, train_iters: int, monitor=None):
+        """`monitor`: the engine's DeepSpeed MonitorMaster, fed every record when the JSON enables one."""
         self.writer = dist.get_rank() == 0
+        self.monitor = monitor if monitor is not None and monitor.enabled else None
+        self.consumed = 0  # the consumed samples of the last record: its monitor events' step
         self.interval, self.train_iters = args.log_interval, train_iters
         self.tokens_per_step = config.global_batch_size * config.model.seq_length
         # each rank does 1/(sp * pp) of one data replica's work
@@ -77,6 +80,7 @@ class RunLog:
         record["run"] = self.run_id
         self._append(finite_or_null(record))
         self._plot_in_tensorboard(record)
+        self._write_monitors(record)
         self._print(line)
 
     def _append(self, record: dict) -> None:
@@ -105,6 +109,18 @@ class RunLog:
             self.tensorboard.flush()
         except OSError as error:
             self._failed("the TensorBoard log in", Path(self.tensorboard.log_dir), error, "--tensorboard-dir")
+
+    def _write_monitors(self, record: dict) -> None:
+        """The record as DeepSpeed monitor events (monitors.py); a file write that fails stops the run as
+        _append's does."""
+        if not self.monitor or self.failure:
+            return
+        self.consumed = record.get("consumed_samples", self.consumed)
+        try:
+            self.monitor.write_events(monitors.events(record, self.consumed))
+        except OSError as error:
+            self._failed("a DeepSpeed monitor's file", Path(error.filename or "?"), error,
+                         "output_path in the DeepSpeed config")
 
     def _failed(self, what: str, path: Path, error: OSError, flag: str) -> None:
         if full := disk_full(error):
@@ -162,9 +178,10 @@ class RunLog:
                   f"peak mem {record['peak_memory_mib']:.0f} MiB"]
         self._emit(record, " | ".join(parts))
 
-    def evaluation(self, name: str, iteration: int, loss: float) -> None:
+    def evaluation(self, name: str, iteration: int, consumed: int, loss: float) -> None:
         if self.writer:
-            self._emit({"kind": name, "iteration": iteration, "loss": loss, "time": time.time()},
+            self._emit({"kind": name, "iteration": iteration, "consumed_samples": consumed, "loss": loss,
+                        "time": time.time()},
                        f"{name} loss at iteration {iteration}: {loss:.4f}")
 
     def message(self, text: str) -> None:
@@ -308,25 +325,6 @@ def saved_checkpoint(save_dir) -> str:
     from megatron.checkpoint import LATEST  # here: tools/plot_run.py imports this module without the model's
 
     return str(save_dir) if (Path(save_dir) / LATEST).is_file() else f"none (nothing was saved in {save_dir})"
-
-
-def log_dir_problem(flag: str, path: str) -> tuple[str, str] | None:
-    """(problem, fix) when the folder of `flag` cannot take the run's logs, found at start-up
-    (training.check_log_dirs) rather than when rank 0 first writes there while the other ranks
-    train. A probe file is written and removed, and the folders made for it are removed again."""
-    fix = f"pass a {flag} directory this user can write"
-    if problem := paths.file_in_the_way(flag, path):
-        return problem, fix
-    created = paths.missing_folders(path)
-    try:
-        paths.write_probe(path)
-    except OSError as error:
-        return paths.unwritable(f"{flag} {path} is not writable", flag, error, fix)
-    finally:
-        for made in created:  # innermost first
-            with contextlib.suppress(OSError):
-                os.rmdir(made)
-    return None
 
 
 def tensorboard_problem() -> tuple[str, str] | None:

@@ -21,7 +21,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from megatron import checkpoint, checkpoint_compat, checkpoint_save, determinism, locks, paths
+from megatron import checkpoint, checkpoint_compat, checkpoint_save, determinism, locks, monitors, paths
 from megatron.arguments import build_parser
 from megatron.config import TrainConfig, model_notes, read_ds_config, resolve
 from megatron.data import index_maps
@@ -42,7 +42,7 @@ from megatron.parallel.peers import lost_rank_text, report_once
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
                              kept_regime, resume_optimizer, resume_schedule, run_length, unsaved_note)
 from megatron.run_data import batch_reader, build_datasets, data_paths, data_workers
-from megatron.run_log import (RunLog, free_log_dir, log_dir_problem, metrics_problem, shared_log_dir_warning,
+from megatron.run_log import (RunLog, free_log_dir, metrics_problem, shared_log_dir_warning,
                               tensorboard_problem)
 from megatron.schedule import Schedule
 from megatron.start_plan import StartPlan, check_start, pending_origin
@@ -158,17 +158,19 @@ def exit_rank(code: int) -> NoReturn:
     os._exit(code)
 
 
-def check_log_dirs(args) -> None:
-    """--log-dir and --tensorboard-dir (and the tensorboard package), which rank 0 alone writes
-    (RunLog), checked there before any work, and --log-dir's lock taken (one run at a time logs
+def check_log_dirs(args, ds: dict) -> None:
+    """--log-dir and --tensorboard-dir (and the tensorboard package), and the monitors the DeepSpeed JSON
+    `ds` enables (their packages and folders), which rank 0 alone writes (RunLog, DeepSpeed), checked there
+    before any work, and --log-dir's lock taken (one run at a time logs
     there, as one saves into a --save folder); every rank raises rank 0's error, so none goes on
     training while rank 0 stops."""
     found = [None]
     if dist.get_rank() == 0:
         dirs = [("--log-dir", args.log_dir), ("--tensorboard-dir", args.tensorboard_dir)]
-        problems = (*(log_dir_problem(flag, path) for flag, path in dirs if path),
+        problems = (*(paths.folder_problem(flag, path) for flag, path in dirs if path),
                     tensorboard_problem() if args.tensorboard_dir else None,
-                    args.log_dir and metrics_problem(args.log_dir))
+                    args.log_dir and metrics_problem(args.log_dir),
+                    monitors.monitor_problem(ds, args.deepspeed_config))
         found = [next(filter(None, problems), None)]
         if found[0] is None and args.log_dir:
             found = [lock_log_dir(args.log_dir)]
@@ -335,7 +337,7 @@ def check_start_up(args, plan: StartPlan) -> StartUp:
     join_process_group(args, note)
     if args.save:
         checkpoint_save.check_writable(args.save)  # before any work that a failed first save would lose
-    check_log_dirs(args)
+    check_log_dirs(args, setup.ds)
     setup.data_path, setup.tokenizer = data_paths(args, plan)
     setup.flags["vocab_size"] = setup.flags["vocab_size"] or setup.tokenizer.vocab_size
     setup.config = resolve(setup.flags, setup.ds, dist.get_world_size(), deepspeed_check=not setup.checked)
@@ -427,7 +429,8 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
                  tokenizer=setup.tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
                  setup.origin and setup.origin.result())
     optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
-    log = RunLog(args, config, train_iters)  # after the load: a checkpoint that fails to load leaves no log
+    # after the load: a checkpoint that fails to load leaves no log
+    log = RunLog(args, config, train_iters, engine.monitor)
     log.config(config)
     if dist.get_rank() == 0:
         index_maps.write_used(args.log_dir, used_maps)  # what tools/clean_index_maps.py --keep-run keeps
@@ -502,7 +505,7 @@ def train_steps(run: Run, valid_set, train_batches, read_batches, stop: "StopSig
                             stop, EvaluationProgress(f"validation after iteration {run.iteration}", log))
             if stop.agreed:
                 break
-            log.evaluation("validation", run.iteration, loss)
+            log.evaluation("validation", run.iteration, run.consumed, loss)
         if args.save and (run.iteration == run.train_iters
                           or (args.save_interval and run.iteration % args.save_interval == 0)):
             progress.phase = f"the checkpoint save of iteration {run.iteration}"
@@ -520,7 +523,7 @@ def end_run(run: Run, test_set, read_batches, stop: "StopSignals") -> int | None
         loss = evaluate(read_batches, run.engine, test_set, 0, run.args.eval_iters, stop,
                         EvaluationProgress(f"test evaluation after iteration {run.iteration}", run.log))
         if not stop.agreed:
-            run.log.evaluation("test", run.iteration, loss)
+            run.log.evaluation("test", run.iteration, run.consumed, loss)
     summary = run.watch.skipped_summary()
     if summary and dist.get_rank() == 0:
         print(summary, file=sys.stderr, flush=True)

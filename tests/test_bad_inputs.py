@@ -72,6 +72,13 @@ def copy_data(tmp: Path, assets: dict) -> Path:
     return prefix
 
 
+def monitor_output_in(tmp: Path, output_path: Path) -> None:
+    """ds.json with DeepSpeed's csv_monitor writing under `output_path`, made a file here."""
+    output_path.write_text("a file, not a folder")
+    (tmp / "ds.json").write_text(ds_json(csv_monitor={"enabled": True, "output_path": str(output_path),
+                                                      "job_name": "job"}))
+
+
 def truncate_bin(tmp, assets):
     prefix = copy_data(tmp, assets)
     with open(f"{prefix}.bin", "r+b") as file:
@@ -171,6 +178,14 @@ CASES = [
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_sp_size_not_int",
              files={"ds.json": ds_json(sequence_parallel__size="2")},
              phrases=("sequence_parallel.size = '2' is not an integer", "set sequence_parallel.size to an integer")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_monitor_without_its_package",
+             files={"ds.json": ds_json(comet={"enabled": True})},
+             phrases=("ds.json enables comet, and the comet_ml package is not installed", "pip install comet_ml",
+                      "or set comet.enabled to false")),
+    pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_monitor_output_path_is_a_file",
+             setup=lambda tmp, assets: monitor_output_in(tmp, tmp / "a_file"),
+             phrases=("csv_monitor.output_path", "a_file/job lies under", "which is a file",
+                      "set csv_monitor.output_path to a folder this user can write")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_micro_batch_not_int",
              files={"ds.json": ds_json(train_micro_batch_size_per_gpu=2.5)},
              phrases=("train_micro_batch_size_per_gpu = 2.5 is not an integer", "set train_micro_batch_size_per_gpu")),

@@ -52,8 +52,8 @@ def write_run_log(log_dir: Path, stdout: io.StringIO, monkeypatch, steps=4, inte
                                  real_token_share=0.25 * (iteration % 2 + 1), segments_per_sample=iteration)
         log.step(iteration, 4 * iteration, result, engine, seconds=0.5, lr=1e-3)
     log.message("saved checkpoint ckpt/iter_0000004")
-    log.evaluation("validation", steps, 6.5)
-    log.evaluation("test", steps, 6.25)
+    log.evaluation("validation", steps, 0, 6.5)
+    log.evaluation("test", steps, 0, 6.25)
     log.finish(None)
     return log_dir / "metrics.jsonl"
 
@@ -169,7 +169,7 @@ def test_tensorboard_records_are_on_disk_before_finish(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=10, interval=1, tensorboard_dir=str(tmp_path / "tb"))
-    log.evaluation("validation", 3, 6.5)
+    log.evaluation("validation", 3, 0, 6.5)
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("validation/loss")] == [(3, 6.5)]
@@ -186,7 +186,7 @@ def test_a_tensorboard_write_that_fails_stops_the_run_as_the_run_logs_does(tmp_p
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(log.tensorboard, "flush", full)
-    log.evaluation("validation", 3, 6.5)
+    log.evaluation("validation", 3, 0, 6.5)
     assert log.failure[0].startswith(f"cannot write the TensorBoard log in {tmp_path / 'tb'} (the disk is full, ")
     assert log.failure[1] == "free space there or pass another --tensorboard-dir"
     assert run_log.read_metrics(tmp_path / "log" / "metrics.jsonl")[-1]["loss"] == 6.5
@@ -201,9 +201,9 @@ def test_tensorboard_dir_without_the_package_is_a_start_up_error(tmp_path, monke
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # its import now fails
     monkeypatch.setattr(training.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(training.dist, "broadcast_object_list", lambda found, src: None)  # one rank
-    args = SimpleNamespace(log_dir=str(tmp_path / "log"), tensorboard_dir=str(tmp_path / "tb"))
+    args = SimpleNamespace(log_dir=str(tmp_path / "log"), tensorboard_dir=str(tmp_path / "tb"), deepspeed_config=None)
     with pytest.raises(ConfigError, match="--tensorboard-dir needs the tensorboard package; pip install"):
-        training.check_log_dirs(args)
+        training.check_log_dirs(args, {})
     assert list(tmp_path.iterdir()) == []
 
 
@@ -357,7 +357,7 @@ def test_a_non_finite_loss_is_written_as_null_and_still_plots(tmp_path, monkeypa
         result = SimpleNamespace(loss=loss, mlm=loss, sop=0.5, grad_norm=float("inf"), mlm_accuracy=0.0,
                                  real_token_share=1.0, segments_per_sample=1.0)
         log.step(iteration, 4 * iteration, result, engine, seconds=0.5, lr=1e-3)
-    log.evaluation("validation", 2, float("nan"))
+    log.evaluation("validation", 2, 0, float("nan"))
     log.finish(None)
     text = (tmp_path / "log" / "metrics.jsonl").read_text()
     assert "NaN" not in text and "Infinity" not in text
@@ -375,7 +375,7 @@ def test_a_run_that_logged_no_step_finishes_without_a_plot(tmp_path, monkeypatch
     monkeypatch.setattr(sys, "stdout", stdout)
     log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=100, interval=50)
     log.start(0, "starting from scratch")
-    log.evaluation("test", 2, 9.5)
+    log.evaluation("test", 2, 0, 9.5)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "latest").write_text("iter_0000002")
     log.finish(tmp_path / "ckpt")

@@ -283,7 +283,8 @@ def test_tensorboard_scalars_are_the_logged_metrics(launched):
     train = {f"train/{name}" for name in ("loss", "mlm_loss", "sop_loss", "lr", "grad_norm", "tokens_per_s",
                                           "tflops_per_rank", "peak_memory_mib", "consumed_samples", "real_token_share",
                                           "segments_per_sample", "real_tokens_per_s", "mlm_accuracy")}
-    assert tags == train | {"validation/loss", "test/loss"}  # fp32 run: no train/loss_scale
+    evaluations = {f"{kind}/{name}" for kind in ("validation", "test") for name in ("loss", "consumed_samples")}
+    assert tags == train | evaluations  # fp32 run: no train/loss_scale
     assert {r["kind"] for r in launched.records} == {"start", "train", "validation", "test"}
     for tag in sorted(tags):
         kind, name = tag.split("/")
@@ -414,10 +415,10 @@ def test_log_folders_are_checked_before_any_work(tmp_path, monkeypatch, flag, na
     (tmp_path / "afile").write_text("x")
     monkeypatch.setattr(training.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(training.dist, "broadcast_object_list", lambda found, src: None)  # one rank
-    args = SimpleNamespace(log_dir=str(tmp_path / "log"), tensorboard_dir=None)
+    args = SimpleNamespace(log_dir=str(tmp_path / "log"), tensorboard_dir=None, deepspeed_config=None)
     setattr(args, flag, str(tmp_path / name))
     with pytest.raises(training.ConfigError) as error:
-        training.check_log_dirs(args)
+        training.check_log_dirs(args, {})
     assert str(error.value).startswith(message.format(tmp=tmp_path))
     assert [path.name for path in tmp_path.iterdir()] == ["afile"]
 
@@ -429,16 +430,16 @@ def test_the_log_dirs_records_are_checked_at_start_up(tmp_path, monkeypatch, cap
 
     monkeypatch.setattr(training.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(training.dist, "broadcast_object_list", lambda found, src: None)  # one rank
-    args = SimpleNamespace(log_dir=str(tmp_path / "log"), tensorboard_dir=None, save=str(tmp_path / "mine"),
-                           load=None, finetune=False)
+    args = SimpleNamespace(log_dir=str(tmp_path / "log"), tensorboard_dir=None, deepspeed_config=None,
+                           save=str(tmp_path / "mine"), load=None, finetune=False)
     (tmp_path / "log").mkdir()
     (tmp_path / "log" / "metrics.jsonl").write_text("not json\n")
     with pytest.raises(training.ConfigError, match=f"^--log-dir {tmp_path / 'log'} holds a metrics.jsonl that is not"):
-        training.check_log_dirs(args)
+        training.check_log_dirs(args, {})
     (tmp_path / "log" / "metrics.jsonl").unlink()
     logged_run(tmp_path / "log", str(tmp_path / "theirs"))
     try:
-        training.check_log_dirs(args)
+        training.check_log_dirs(args, {})
     finally:
         locks.release_lock(locks.LOG_LOCK)
     assert capsys.readouterr().err.startswith(f"warning: --log-dir {tmp_path / 'log'} holds the logs of another run")

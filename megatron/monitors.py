@@ -1,0 +1,59 @@
+"""DeepSpeed's monitors (the JSON's tensorboard, csv_monitor, wandb and comet sections) fed with the
+trainer's own records.
+
+DeepSpeed's engine writes only what it knows to them (the learning rate after each step, the fp16
+loss scale, its timers, the pipeline engine's loss): a DeepSpeed user who enables wandb in the JSON
+would see no loss curve. RunLog hands each record here as events named as DeepSpeed names its own
+(`Train/Samples/<metric>`, `Validation/Samples/loss`, `Test/Samples/loss`) at the consumed samples,
+the x-axis DeepSpeed's events use, so both sit in one chart. The packages and folders the sections
+need are checked at start-up (monitor_problem), not inside deepspeed.initialize on rank 0.
+"""
+import importlib.util
+import os
+
+from megatron import paths
+
+# section -> the package DeepSpeed imports for it (csv_monitor: the standard library's csv)
+PACKAGES = {"tensorboard": "tensorboard", "csv_monitor": None, "wandb": "wandb", "comet": "comet_ml"}
+WRITES_FILES = ("tensorboard", "csv_monitor")  # into output_path/job_name, made by DeepSpeed on rank 0
+# DeepSpeed's defaults of those two (deepspeed/monitor/config.py): output_path "" is the current folder
+DEFAULT_JOB_NAME = "DeepSpeedJobName"
+# record fields that are no curve (the x-axis, the clock) or that DeepSpeed writes itself under the same
+# name (Train/Samples/lr: the rate after the step; Train/Samples/loss_scale), which a second writer would
+# interleave with its own values
+NOT_EVENTS = {"kind", "run", "iteration", "time", "consumed_samples", "lr", "loss_scale"}
+
+
+def enabled(ds_config: dict) -> list[str]:
+    """The monitor sections the DeepSpeed JSON enables."""
+    return [name for name in PACKAGES
+            if isinstance(ds_config.get(name), dict) and ds_config[name].get("enabled") is True]
+
+
+def output_folder(ds_config: dict, name: str) -> str:
+    """Where a file-writing monitor writes: output_path/job_name, as DeepSpeed joins them."""
+    section = ds_config[name]
+    return os.path.join(section.get("output_path", ""), section.get("job_name", DEFAULT_JOB_NAME))
+
+
+def monitor_problem(ds_config: dict, ds_path: str) -> tuple[str, str] | None:
+    """(problem, fix) for the first enabled monitor that cannot work: its package missing (DeepSpeed's
+    ImportError inside deepspeed.initialize) or its folder unwritable (DeepSpeed's makedirs there)."""
+    for name in enabled(ds_config):
+        package = PACKAGES[name]
+        if package and importlib.util.find_spec(package) is None:
+            offline = " (WANDB_MODE=offline logs without an account)" if name == "wandb" else ""
+            return (f"the DeepSpeed config {ds_path} enables {name}, and the {package} package is not installed",
+                    f"pip install {package}{offline}, or set {name}.enabled to false")
+        field = f"{name}.output_path"
+        if name in WRITES_FILES and (problem := paths.folder_problem(field, output_folder(ds_config, name),
+                                                                       f"set {field} to a folder this user can write")):
+            return (f"the DeepSpeed config {ds_path}'s {problem[0]}", problem[1])
+    return None
+
+
+def events(record: dict, consumed_samples: int) -> list[tuple[str, float, int]]:
+    """A metrics.jsonl record as DeepSpeed monitor events: (name, value, consumed samples)."""
+    prefix = record["kind"].capitalize() + "/Samples/"
+    return [(prefix + key, value, consumed_samples) for key, value in record.items()
+            if key not in NOT_EVENTS and isinstance(value, (int, float)) and not isinstance(value, bool)]
