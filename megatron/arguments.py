@@ -11,6 +11,7 @@ import sys
 
 from megatron.data.tokenizer import add_tokenizer_flags
 from megatron.errors import ConfigError, OneLineParser
+from megatron.flag_habits import TRAINER_HABITS
 from megatron.model.args import MODEL_PRESETS
 from megatron.model.fields import dest_to_field, flag_of, info
 from megatron.parallel.launch_env import launcher_rank, outlive_rank_0
@@ -301,7 +302,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                      "older iter_* checkpoints beyond the newest N (never the one 'latest' names; default: keep all)")
     run.add_argument("--eval-interval", type=int, default=1000, help="steps between validation runs (default 1000)")
     run.add_argument("--eval-iters", type=int, default=10,
-                     help="validation / test micro-steps per evaluation (default 10)")
+                     help="validation / test micro-steps per evaluation (default 10); 0: no evaluation, as in "
+                          "Megatron-LM (no validation or test data is built or read)")
     run.add_argument("--log-interval", type=int, default=10, help="steps between log lines (default 10)")
     run.add_argument("--log-dir", default=DEFAULT_LOG_DIR,
                      help="metrics.jsonl and loss.png go here (default runs/bert, or the next free runs/bert-N "
@@ -356,10 +358,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pretrain_bert.py",
         description="Pretrain Megatron BERT (MLM + sentence order) with sequence-parallel attention under "
                     "DeepSpeed. Run it through the launcher: deepspeed --num_gpus N pretrain_bert.py ... "
-                    "--deepspeed --deepspeed_config ds_configs/<file>.json. Flags given here override the JSON.")
+                    "--deepspeed --deepspeed_config ds_configs/<file>.json. Flags given here override the JSON. "
+                    "Megatron-LM's flags that differ here are named with their equivalent (docs/deepspeed.md).",
+        habits=TRAINER_HABITS)
     add_model_and_parallel_args(parser)
     add_training_args(parser)
-    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the launcher
+    # set by the launcher: deepspeed's --local_rank, torch.distributed.launch's (and Megatron-LM's) --local-rank
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return deepspeed.add_config_arguments(parser)
 
 

@@ -46,8 +46,27 @@ class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose mistakes (a missing required flag, an unknown one, a bad value) are one
     line naming the fix, as every other mistake is, not argparse's usage block before it."""
 
+    def __init__(self, *args, habits: dict | None = None, **kwargs):
+        """`habits`: other programs' flags this one refuses by name, before argparse matches abbreviations,
+        each with its equivalent here (megatron.flag_habits)."""
+        super().__init__(*args, **kwargs)
+        self.habits = habits or {}
+
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+    def refuse(self, problem: str, fix: str):
+        """The one line of a mistake whose fix is known (a tool wrapping this parser may raise instead)."""
+        self.exit(2, f"{self.prog}: error: {problem}; {fix}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self.habits:
+            from megatron.flag_habits import habit_problem
+
+            given = sys.argv[1:] if args is None else list(args)
+            if found := habit_problem(given, self._option_string_actions, self.habits):
+                self.refuse(*found)
+        return super().parse_known_args(args, namespace)
 
 
 def disk_full(error: BaseException) -> str | None:

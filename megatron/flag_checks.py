@@ -42,8 +42,9 @@ def check_flags(args) -> None:
     if args.train_iters is not None and args.train_samples is not None:
         raise ConfigError(f"--train-iters {args.train_iters} and --train-samples {args.train_samples} both set the "
                           "run length", "pass one of them")
+    at_least("--eval-iters", args.eval_iters, 0, "pass --eval-iters 1 or more, or 0 for no evaluation")
     for flag, value in (("--log-interval", args.log_interval), ("--eval-interval", args.eval_interval),
-                        ("--eval-iters", args.eval_iters), ("--save-interval", args.save_interval),
+                        ("--save-interval", args.save_interval),
                         ("--micro-batch-size", args.micro_batch_size),
                         ("--global-batch-size", args.global_batch_size),
                         ("--checkpoint-num-layers", args.checkpoint_num_layers), ("--keep-last", args.keep_last),

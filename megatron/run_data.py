@@ -124,6 +124,9 @@ def check_default_data_vocab(args, tokenizer) -> None:
                           f"{made_with} ...)")
 
 
+NO_EVALUATION = "no evaluation (--eval-iters 0): no validation or test data is built or read"  # Megatron's 0
+
+
 def build_datasets(args, config, data_path: list, tokenizer, train_iters: int) -> tuple:
     """The train, valid and test sets (None: a split without documents), sized for `train_iters` steps
     and their evaluations, and the index maps they read; rank 0 describes them and warns of what the
@@ -150,6 +153,8 @@ def describe_datasets(args, config, data_path: list, datasets: tuple, train_iter
     stats = {name: token_stats(dataset) for name, dataset in zip(SPLIT_NAMES, datasets) if dataset is not None}
     for name, split in stats.items():
         print(split.describe(name), flush=True)
+    if not args.eval_iters:
+        print(NO_EVALUATION, flush=True)
     small = small_eval_splits({name: (stats[name], split_tokens(dataset)) for name, dataset in (
         ("valid", valid_set), ("test", test_set)) if dataset is not None}, config.micro_batch_size)
     small = with_eval_passes(small, stats, args.eval_iters * config.global_batch_size)
@@ -164,6 +169,8 @@ def data_warnings(args, data_path: list, valid_set, train_iters: int, test_set=T
     value stands for a split with documents."""
     notes = [f"--data-path weight 0 for {prefix}: none of its samples are read"
              for weight, prefix in zip(*parse_data_path(data_path)) if weight == 0]
+    if not args.eval_iters:  # no evaluation asked for: no split lacks what it was asked for
+        return notes
     if valid_set is None and args.eval_interval <= train_iters:
         shares = split_weights(args.split)
         fix = ("pass a larger validation share of --split, or a larger corpus" if len(shares) > 1 and shares[1]

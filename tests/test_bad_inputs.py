@@ -1002,7 +1002,8 @@ FLAG_MISTAKES = {
     "negative_lr": (["--lr=-1e-4"], ("--lr -0.0001 is negative", "positive peak learning rate")),
     "log_interval_zero": (["--log-interval", "0"], ("--log-interval 0 must be >= 1",)),
     "eval_interval_zero": (["--eval-interval", "0"], ("--eval-interval 0 must be >= 1",)),
-    "eval_iters_zero": (["--eval-iters", "0"], ("--eval-iters 0 must be >= 1",)),
+    # 0 is Megatron-LM's "no evaluation", taken as such (test_training: a run with it)
+    "eval_iters_negative": (["--eval-iters", "-1"], ("--eval-iters -1 must be >= 0", "or 0 for no evaluation")),
     "save_interval_zero": (["--save-interval", "0"], ("--save-interval 0 must be >= 1",)),
     "keep_last_zero": (["--keep-last", "0"], ("--keep-last 0 must be >= 1",)),
     "num_workers_negative": (["--num-workers", "-1"], ("--num-workers -1 must be >= 0", "--num-workers 0")),
@@ -1095,6 +1096,103 @@ def test_flag_mistake_is_one_line_before_anything_starts(mistake, monkeypatch, c
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("pretrain_bert.py: error: "), lines
     assert all(phrase in lines[0] for phrase in phrases), lines
+
+
+# Megatron-LM's and Megatron-DeepSpeed's flags (megatron/flag_habits.py): one line naming this trainer's
+# equivalent, where they were a bare `unrecognized arguments` whose "see --help" said nothing of precision
+HABIT_FLAGS = {
+    "fp16": (["--fp16"], ("--fp16 is Megatron-LM's flag: this trainer takes the precision from the DeepSpeed JSON",
+                          '"fp16": {"enabled": true}', "ds_configs/fp16_ring_sp2.json")),
+    "bf16": (["--bf16"], ('"bf16": {"enabled": true}', "ds_configs/bf16_ring_sp2.json")),
+    # Megatron's TP activation splitting: was read as an abbreviation of --sequence-parallel-size (and
+    # `--sequence-parallel 1` was accepted silently)
+    "sequence_parallel": (["--sequence-parallel"], ("--sequence-parallel is Megatron-LM's flag: it splits "
+                                                    "tensor-parallel activations", "--sequence-parallel-size N")),
+    "sequence_parallel_with_a_value": (["--sequence-parallel", "2"], ("no tensor parallelism",)),
+    "sequence_parallel_equals": (["--sequence-parallel=1"], ("--sequence-parallel is Megatron-LM's flag",)),
+    "context_parallel_size": (["--context-parallel-size", "2"], (
+        "pass --sequence-parallel-size 2 --attention ring (or ulysses)",)),
+    "ds_sequence_parallel_size": (["--ds-sequence-parallel-size=4"], (
+        "--ds-sequence-parallel-size is Megatron-DeepSpeed's flag", "pass --sequence-parallel-size 4 --attention "
+        "ulysses")),
+    "recompute_activations": (["--recompute-activations"], ("pass --checkpoint-activations",)),
+    "recompute_granularity": (["--recompute-granularity", "full", "--recompute-method", "uniform"], (
+        "--recompute-granularity is Megatron-LM's flag", "pass --checkpoint-activations")),
+    "recompute_num_layers": (["--recompute-num-layers", "2"], ("pass --checkpoint-activations --checkpoint-num-layers "
+                                                               "2",)),
+    "deepspeed_activation_checkpointing": (["--deepspeed-activation-checkpointing"], (
+        "Megatron-DeepSpeed's flag", "pass --checkpoint-activations")),
+    "tensor_model_parallel_size": (["--tensor-model-parallel-size", "2"], (
+        "this trainer has no tensor parallelism", "--sequence-parallel-size N", "--pipeline-model-parallel-size N",
+        '"zero_optimization": {"stage": 1}')),
+    "exit_interval": (["--exit-interval", "2"], ("pass --train-iters 2",)),
+    "zero_stage": (["--zero-stage", "2"], ('"zero_optimization": {"stage": 2}',)),
+    "use_flash_attn": (["--use-flash-attn"], ("scaled_dot_product_attention", "drop it")),
+    "override_scheduler": (["--override-opt_param-scheduler"], ("pass --finetune --load DIR",)),
+    "rotary": (["--use-rotary-position-embeddings"], ("pass --position-embedding-type rope",)),
+    "a_later_habit_flag": (["--seed", "3", "--timing-log-level", "2"], ('"wall_clock_breakdown": true',)),
+}
+
+
+@pytest.mark.parametrize("mistake", HABIT_FLAGS)
+def test_another_trainers_flag_names_this_ones_equivalent(mistake, capsys):
+    from megatron.arguments import build_parser
+
+    argv, phrases = HABIT_FLAGS[mistake]
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    lines = capsys.readouterr().err.splitlines()
+    assert exited.value.code == 2 and len(lines) == 1 and lines[0].startswith("pretrain_bert.py: error: "), lines
+    assert all(phrase in lines[0] for phrase in phrases) and "see pretrain_bert.py --help" not in lines[0], lines
+
+
+def test_every_habit_row_is_one_line_and_unknown_flags_keep_argparses():
+    """Each row of the tables is refused by its program in the `problem; fix` form (the row's own flag first,
+    no other '; '), none shadows a flag the program has, an abbreviation of the trainer's own flags still
+    works (documented: docs/launching.md), and a flag no table knows keeps argparse's line."""
+    from megatron.arguments import build_parser
+    from megatron.flag_habits import PREPROCESS_HABITS, TRAINER_HABITS, habit_problem
+
+    preprocess_data = importlib.import_module("preprocess_data")
+    for habits, parser in ((TRAINER_HABITS, build_parser()), (PREPROCESS_HABITS, preprocess_data.build_parser())):
+        for flag in habits:
+            assert flag not in parser._option_string_actions, flag
+            problem, fix = habit_problem([flag, "3"], parser._option_string_actions, habits)
+            assert problem.startswith(f"{flag} is ") and "; " not in problem + fix and "{value}" not in fix, fix
+    assert build_parser().parse_args(["--micro-batch", "3", "--local-rank=1"]).micro_batch_size == 3
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--sequence-parallel-sise", "2"])
+
+
+def test_torch_distributed_launchs_local_rank_is_taken():
+    """torch.distributed.launch (Megatron-LM's launch) passes --local-rank=N, DeepSpeed's launcher --local_rank=N."""
+    from megatron.arguments import build_parser
+
+    for given in (["--local-rank=1"], ["--local-rank", "1"], ["--local_rank=1"]):
+        assert build_parser().parse_args(given).local_rank == 1, given
+
+
+@pytest.mark.parametrize("argv, phrases", [
+    (["--partitions", "2"], ("--partitions is Megatron-LM's flag", "drop it and pass --workers N")),
+    (["--tokenizer-model", "t.model"], ("not a SentencePiece .model", "pass --tokenizer-file TOKENIZER.json",
+                                        "--vocab-file vocab.txt")),
+    (["--keep-sequential-samples"], ("documents are always written in input order", "drop it")),
+])
+def test_megatrons_preprocess_flags_name_their_equivalent(argv, phrases, capsys):
+    preprocess_data = importlib.import_module("preprocess_data")
+    with pytest.raises(SystemExit) as exited:
+        preprocess_data.parse_args(["--input", "x.json", "--output-prefix", "x", *argv])
+    lines = capsys.readouterr().err.splitlines()
+    assert exited.value.code == 2 and len(lines) == 1 and lines[0].startswith("preprocess_data.py: error: "), lines
+    assert all(phrase in lines[0] for phrase in phrases), lines
+
+
+def test_the_megatron_table_of_the_docs_is_the_parsers():
+    """docs/deepspeed.md's "Coming from Megatron-LM" table is the one the parsers refuse flags with."""
+    from megatron.flag_habits import markdown_table
+
+    assert markdown_table() in (ROOT / "docs" / "deepspeed.md").read_text(), (
+        "regenerate the table: python -c 'from megatron.flag_habits import markdown_table; print(markdown_table())'")
 
 
 def test_no_data_path_with_another_vocab_is_refused_before_the_default_data_is_built(tmp_path, assets):

@@ -201,6 +201,11 @@ def test_missing_files_name_the_prefix(tmp_path):
     ("{a},{b}", "is a comma list, read as one path", "--data-path 1 {a} 1 {b}"),  # Megatron-LM's habit
     ("[0.3, {a}, 0.7, {b}]", "is a comma list, read as one path", "--data-path 0.3 {a} 0.7 {b}"),  # NeMo's
     ("{a},", "is a comma list, read as one path", "pass the prefix alone: --data-path {a}"),
+    # a prefix listed twice: the fix passes it once, with the sum of its weights (the trainer refuses it twice)
+    ("0.7,{a},0.3,{a}", "is a comma list, read as one path", "pass the prefix alone (the list repeats it): "
+                                                             "--data-path {a}"),
+    ("0.5,{a},0.2,{b},0.1,{a}", "is a comma list, read as one path", "(a prefix the list repeats once, with the sum "
+                                                                     "of its weights): --data-path 0.6 {a} 0.2 {b}"),
     ("{folder}/*_text_sentence", "is a glob, which is not expanded", "--data-path 1 {a} 1 {b}"),
     ("{folder}/*.bin", "is a glob, which is not expanded", "--data-path 1 {a} 1 {b}"),
     ("{folder}/a*", "is a glob, which is not expanded", "pass the prefix alone: --data-path {a}"),

@@ -21,7 +21,7 @@ from megatron import run_log
 from megatron.parallel.spawn import free_port, run_on_ranks
 from megatron.resume import (describe_batch_change, describe_data_change, describe_sample_change, resume_schedule,
                             run_length)
-from megatron.run_data import data_warnings, small_eval_splits, with_eval_passes
+from megatron.run_data import NO_EVALUATION, data_warnings, small_eval_splits, with_eval_passes
 from megatron.schedule import Schedule
 from megatron.loss_watch import LossWatch
 from megatron.training import main, nothing_to_train, train_samples_note
@@ -127,10 +127,11 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
 
     # resumed on one rank (SP=1: the layout-free files) with a longer run, another peak, sample length, masking
     # and weight decay: one line says where it starts, warnings what the schedule, the data and the optimizer
-    # do; config.json records the weight decay the optimizer keeps; the log goes on in metrics.jsonl
+    # do; config.json records the weight decay the optimizer keeps; the log goes on in metrics.jsonl. It asks
+    # for no evaluation, Megatron's way (--eval-iters 0): no test loss at its end, no held-out data built
     resume = [*TINY, "--deepspeed", "--deepspeed_config", str(config), "--sequence-parallel-size", "1",
               "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "ckpt"), "--train-iters", "54",
-              "--lr", "2e-3", "--log-interval", "2", "--eval-interval", "1000", "--eval-iters", "1",
+              "--lr", "2e-3", "--log-interval", "2", "--eval-interval", "1", "--eval-iters", "0",
               "--default-data-dir", data_dir, "--log-dir", str(tmp_path / "log"), "--seq-length", "96",
               "--split", "90,5,5", "--seed", "7", "--mask-prob", "0.2", "--weight-decay", "0.05"]
     result = run_entry_point(*resume)
@@ -166,6 +167,8 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
     starts = [r for r in records if r["kind"] == "start"]
     assert [r["iteration"] for r in starts] == [0, 50] and starts[1]["resumed_from"] == str(ckpt)
     assert [r["iteration"] for r in records if r["kind"] == "train"] == [10, 20, 30, 40, 50, 52, 54]
+    assert [r["iteration"] for r in records if r["kind"] in ("validation", "test")] == [25, 50, 50]
+    assert NO_EVALUATION in result.stdout.splitlines() and "valid data:" not in result.stdout, result.stdout[-3000:]
     assert len({r["run"] for r in records}) == 2
 
     # a new run into the same --save is refused from the files, before DeepSpeed starts
@@ -446,17 +449,17 @@ def test_the_log_dirs_records_are_checked_at_start_up(tmp_path, monkeypatch, cap
 
 
 def test_data_flags_that_leave_data_out_are_named():
-    args = SimpleNamespace(split="100,0,0", eval_interval=10)
+    args = SimpleNamespace(split="100,0,0", eval_interval=10, eval_iters=10)
     blend = ["0.5", "corpus_a", "0", "corpus_b"]
     assert data_warnings(args, blend, valid_set=None, train_iters=20) == [
         "--data-path weight 0 for corpus_b: none of its samples are read",
         "--split 100,0,0 leaves no validation documents: the evaluation every --eval-interval 10 steps is skipped; "
         "pass a --split with a validation share, e.g. --split 949,50,1"]
     assert data_warnings(args, ["corpus_a"], valid_set=None, train_iters=9) == []  # no evaluation asked for
-    small = SimpleNamespace(split="969,30,1", eval_interval=10)  # a share that a small corpus rounds to none
+    small = SimpleNamespace(split="969,30,1", eval_interval=10, eval_iters=10)  # a share that a small corpus rounds to none
     assert data_warnings(small, ["corpus_a"], valid_set=None, train_iters=20)[0].endswith(
         "skipped; pass a larger validation share of --split, or a larger corpus")
-    empty_part = SimpleNamespace(split="100,,0", eval_interval=10)  # read as the data layer reads it: 100, 0
+    empty_part = SimpleNamespace(split="100,,0", eval_interval=10, eval_iters=10)  # read as the data layer reads it: 100, 0
     assert data_warnings(empty_part, ["corpus_a"], valid_set=None, train_iters=20)[0].endswith(
         "skipped; pass a --split with a validation share, e.g. --split 949,50,1")
     assert data_warnings(args, ["corpus_a"], valid_set=object(), train_iters=20) == []
@@ -465,8 +468,11 @@ def test_data_flags_that_leave_data_out_are_named():
         "--split 969,30,1 leaves no test documents: there is no test loss at the end; pass a larger test share of "
         "--split, or a larger corpus (a test share of 0 asks for none)"]
     for no_test_share in ("98,2,0", "98,2"):
-        asked_none = SimpleNamespace(split=no_test_share, eval_interval=10)
+        asked_none = SimpleNamespace(split=no_test_share, eval_interval=10, eval_iters=10)
         assert data_warnings(asked_none, ["corpus_a"], valid_set=object(), train_iters=20, test_set=None) == []
+    # no evaluation asked for (--eval-iters 0): no split lacks documents it was asked for
+    no_evaluation = SimpleNamespace(split="969,30,1", eval_interval=10, eval_iters=0)
+    assert data_warnings(no_evaluation, ["corpus_a"], valid_set=None, train_iters=20, test_set=None) == []
 
 
 def test_the_data_lines_count_a_splits_distinct_samples():

@@ -122,8 +122,11 @@ def trainer_parser() -> argparse.ArgumentParser:
         raise ConfigError(f"pretrain_bert.py flags after --: {message}",
                           f"see {python_command()} {in_repository('pretrain_bert.py')} --help")
 
+    def refuse_habit(problem, fix):  # another trainer's flag, named with its equivalent
+        raise ConfigError(f"pretrain_bert.py flags after --: {problem}", fix)
+
     parser = build_parser()
-    parser.error = refuse  # not argparse's usage and exit
+    parser.error, parser.refuse = refuse, refuse_habit  # not argparse's usage and exit
     return parser
 
 

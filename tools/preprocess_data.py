@@ -16,10 +16,11 @@ with start_up_stops_in_one_line("preprocess_data.py"):  # Ctrl-C during the impo
     from megatron.data.indexed_dataset import IMPLS
     from megatron.data.preprocess import EncodingCrashed, PreprocessOptions, preprocess
     from megatron.data.tokenizer import add_tokenizer_flags
+    from megatron.flag_habits import PREPROCESS_HABITS
 
 
-def parse_args(argv=None) -> PreprocessOptions:
-    parser = OneLineParser(prog="preprocess_data.py", description=__doc__)
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="preprocess_data.py", description=__doc__, habits=PREPROCESS_HABITS)
     group = parser.add_argument_group("input")
     group.add_argument("--input", required=True, nargs="+",
                        help="loose JSON (one object per line), .jsonl.gz, .jsonl.zst or .parquet; or a folder or "
@@ -46,7 +47,11 @@ def parse_args(argv=None) -> PreprocessOptions:
                             "2 s, with the input read, percent and ETA)")
     group.add_argument("--debug", action="store_true",
                        help="print the traceback of an error no check foresaw (in a tokenizing worker too)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None) -> PreprocessOptions:
+    args = build_parser().parse_args(argv)
     inputs = args.input[0] if len(args.input) == 1 else tuple(args.input)
     return PreprocessOptions(**{**vars(args), "input": inputs, "json_keys": tuple(args.json_keys)})
 

@@ -312,13 +312,20 @@ def _is_number(text: str) -> bool:
 
 def _listed_fix(flag: str, prefixes: list, weights: list | None = None) -> str:
     """The fix for a comma list or glob of `prefixes`: separate values, each after its weight (the list's
-    `weights`, else 1) for the trainer's --data-path; one prefix alone."""
-    if len(prefixes) == 1:
-        return f"pass the prefix alone: {_as_given(flag, prefixes[0])}"
+    `weights`, else 1) for the trainer's --data-path; one prefix alone. A prefix the list names more than
+    once is passed once, with the sum of its weights: the trainer refuses a --data-path naming it twice."""
+    folded = {}
+    for weight, prefix in zip(weights or ["1"] * len(prefixes), prefixes):
+        folded.setdefault(os.path.normpath(prefix), [prefix, 0.0])[1] += float(weight)
+    repeated = " (a prefix the list repeats once, with the sum of its weights)" if len(folded) < len(prefixes) else ""
+    if len(folded) == 1:
+        return f"pass the prefix alone{repeated and ' (the list repeats it)'}: {_as_given(flag, prefixes[0])}"
     if flag == "--data-path":
-        values = " ".join(f"{weight} {prefix}" for weight, prefix in zip(weights or ["1"] * len(prefixes), prefixes))
-        return f"pass the prefixes as separate values, each after its weight (its share of samples): {flag} {values}"
-    return f"pass the prefixes as separate arguments: {_as_given(flag, ' '.join(prefixes))}"
+        values = " ".join(f"{weight:.12g} {prefix}" for prefix, weight in folded.values())
+        return (f"pass the prefixes as separate values, each after its weight (its share of samples){repeated}: "
+                f"{flag} {values}")
+    named = " ".join(prefix for prefix, _ in folded.values())
+    return f"pass the prefixes as separate arguments{repeated}: {_as_given(flag, named)}"
 
 
 def folder_fix(folder: str, flag: str = "--data-path") -> str:

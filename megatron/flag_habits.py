@@ -1,0 +1,159 @@
+"""Megatron-LM's and Megatron-DeepSpeed's flags that this trainer and tools/preprocess_data.py do not take,
+each with what this repository does instead (or why it has nothing) and the change that works here.
+
+The parsers refuse them before argparse matches abbreviations (OneLineParser's `habits`): Megatron-LM's
+--sequence-parallel (its tensor-parallel activation splitting) would otherwise be read as an abbreviation
+of --sequence-parallel-size, and `--sequence-parallel 2` would switch on this trainer's sequence parallelism.
+docs/deepspeed.md's "Coming from Megatron-LM" table is markdown_table() of these rows (a test holds both
+equal). Each row: flag -> (whose flag it is, what this trainer does instead or why it has none, the fix).
+In the fix, {value} stands for the value given with the flag (N when none was).
+"""
+MEGATRON = "Megatron-LM"
+MEGATRON_DS = "Megatron-DeepSpeed"
+JSON = "pass --deepspeed --deepspeed_config FILE with"  # the start of a fix that names a section of the JSON
+
+# the tokenizer flags of both Megatron programs (training and preprocessing)
+TOKENIZER_HABITS = {
+    "--tokenizer-model": (MEGATRON, "this repository reads a WordPiece vocab.txt or a Hugging Face tokenizer.json, "
+                          "not a SentencePiece .model", "pass --tokenizer-file TOKENIZER.json (or the model folder "
+                          "holding it), or --vocab-file vocab.txt for WordPiece"),
+    "--merge-file": (MEGATRON, "GPT's BPE vocab and merges are read from a Hugging Face tokenizer.json",
+                     "pass --tokenizer-file TOKENIZER.json of that BPE tokenizer"),
+}
+
+TRAINER_HABITS = {
+    **TOKENIZER_HABITS,
+    # precision
+    "--fp16": (MEGATRON, "this trainer takes the precision from the DeepSpeed JSON",
+               f'{JSON} "fp16": {{"enabled": true}} (e.g. ds_configs/fp16_ring_sp2.json, or for bf16 '
+               'ds_configs/bf16_ring_sp2.json)'),
+    "--bf16": (MEGATRON, "this trainer takes the precision from the DeepSpeed JSON",
+               f'{JSON} "bf16": {{"enabled": true}} (e.g. ds_configs/bf16_ring_sp2.json)'),
+    "--loss-scale": (MEGATRON, "fp16 loss scaling is set in the DeepSpeed JSON",
+                     f'{JSON} "fp16": {{"enabled": true, "loss_scale": {{value}}}} (0: dynamic)'),
+    "--initial-loss-scale": (MEGATRON, "fp16 loss scaling is set in the DeepSpeed JSON",
+                             f'{JSON} "fp16": {{"enabled": true, "initial_scale_power": P}} (the scale 2**P)'),
+    "--accumulate-allreduce-grads-in-fp32": (MEGATRON, "the gradient accumulation type is set in the DeepSpeed JSON",
+                                             f'{JSON} "data_types": {{"grad_accum_dtype": "fp32"}}'),
+    # parallelism
+    "--tensor-model-parallel-size": (MEGATRON, "this trainer has no tensor parallelism",
+                                     "drop it and split the sequence (--sequence-parallel-size N --attention "
+                                     "ring), the layers (--pipeline-model-parallel-size N) or the optimizer state (ZeRO: "
+                                     f'{JSON} "zero_optimization": {{"stage": 1}}, 2 or 3)'),
+    "--sequence-parallel": (MEGATRON, "it splits tensor-parallel activations, and this trainer has no tensor "
+                            "parallelism (its sequence parallelism splits each sequence over ranks)",
+                            "drop it, or pass --sequence-parallel-size N --attention ring (or ulysses)"),
+    "--context-parallel-size": (MEGATRON, "this trainer's context parallelism is its sequence parallelism",
+                                "pass --sequence-parallel-size {value} --attention ring (or ulysses)"),
+    "--ds-sequence-parallel-size": (MEGATRON_DS, "DeepSpeed-Ulysses is this trainer's --attention ulysses",
+                                    "pass --sequence-parallel-size {value} --attention ulysses"),
+    "--virtual-pipeline-model-parallel-size": (MEGATRON, "DeepSpeed's pipeline runs one stage per rank (no "
+                                               "interleaved schedule)", "drop it (--pipeline-model-parallel-size N "
+                                               "sets the stages)"),
+    "--no-pipeline-parallel": (MEGATRON_DS, "without --pipeline-model-parallel-size (default 1) the model is no "
+                               "pipeline", "drop it"),
+    "--zero-stage": (MEGATRON_DS, "ZeRO is set in the DeepSpeed JSON",
+                     f'{JSON} "zero_optimization": {{"stage": {{value}}}}'),
+    "--use-distributed-optimizer": (MEGATRON, "the optimizer state is sharded by ZeRO, set in the DeepSpeed JSON",
+                                    f'{JSON} "zero_optimization": {{"stage": 1}}'),
+    "--distributed-backend": (MEGATRON, "the backend is chosen by the device (nccl with CUDA, gloo without)",
+                              "drop it"),
+    # activation recomputation
+    "--recompute-activations": (MEGATRON, "this trainer recomputes whole layers with --checkpoint-activations",
+                                "pass --checkpoint-activations"),
+    "--recompute-granularity": (MEGATRON, "this trainer recomputes whole layers (full granularity, no selective "
+                                "recompute) with --checkpoint-activations", "pass --checkpoint-activations"),
+    "--recompute-method": (MEGATRON, "this trainer recomputes uniform chunks of layers with --checkpoint-activations",
+                           "pass --checkpoint-activations [--checkpoint-num-layers N]"),
+    "--recompute-num-layers": (MEGATRON, "this trainer's layers per recomputed chunk are --checkpoint-num-layers",
+                               "pass --checkpoint-activations --checkpoint-num-layers {value}"),
+    "--deepspeed-activation-checkpointing": (MEGATRON_DS, "this trainer's --checkpoint-activations is DeepSpeed's "
+                                             "activation checkpointing", "pass --checkpoint-activations"),
+    # the run
+    "--exit-interval": (MEGATRON, "the run ends at --train-iters, the length its LR schedule spans",
+                        "pass --train-iters {value}, or --exit-duration-in-mins M with --save to stop a longer run "
+                        "on time and resume it"),
+    "--exit-signal-handler": (MEGATRON, "SIGTERM and SIGINT stop the run with a checkpoint by default (with --save, "
+                              "docs/resuming.md)", "drop it"),
+    "--use-checkpoint-lr-scheduler": (MEGATRON, "a resume keeps the checkpoint's LR schedule by default", "drop it"),
+    "--override-opt_param-scheduler": (MEGATRON, "a resume keeps the checkpoint's LR schedule, and a new schedule "
+                                       "starts a new run from its weights", "pass --finetune --load DIR with the "
+                                       "new --lr and schedule flags (and another --save)"),
+    "--no-load-optim": (MEGATRON, "a resume restores the optimizer, and a fresh optimizer starts a new run from the "
+                        "checkpoint's weights", "pass --finetune --load DIR (and another --save)"),
+    "--train-data-path": (MEGATRON, "one --data-path is split into train, validation and test documents by --split",
+                          "pass --data-path PREFIX --split 949,50,1"),
+    "--mock-data": (MEGATRON, "without --data-path the run trains on the embedded sample corpus", "drop it"),
+    "--dataloader-type": (MEGATRON, "batches are read in order of the consumed samples (Megatron's single: a "
+                          "resume goes on where it stopped)", "drop it"),
+    # speed: kernels chosen by themselves
+    "--use-flash-attn": (MEGATRON, "dense attention runs torch's scaled_dot_product_attention, which picks the "
+                         "flash kernel where it can", "drop it"),
+    "--no-masked-softmax-fusion": (MEGATRON, "dense attention runs torch's scaled_dot_product_attention (no "
+                                   "Megatron fused softmax)", "drop it"),
+    "--no-bias-gelu-fusion": (MEGATRON, "the MLP is unfused unless --compile-mlp", "drop it"),
+    "--no-bias-dropout-fusion": (MEGATRON, "the MLP is unfused unless --compile-mlp", "drop it"),
+    # logging
+    "--log-throughput": (MEGATRON, "tokens/s and TFLOP/s are in every log line", "drop it"),
+    "--timing-log-level": (MEGATRON, "DeepSpeed times the forward, backward and step",
+                           f'{JSON} "wall_clock_breakdown": true'),
+    "--wandb-project": (MEGATRON, "Weights & Biases is DeepSpeed's wandb monitor, set in the JSON",
+                        f'{JSON} "wandb": {{"enabled": true, "project": "{{value}}"}} (docs/deepspeed.md)'),
+    "--tensorboard-log-interval": (MEGATRON, "--tensorboard-dir gets every --log-interval step's line",
+                                   "pass --log-interval {value} instead"),
+    # optimizer and schedule
+    "--optimizer": (MEGATRON, "the optimizer is AdamW unless the DeepSpeed JSON names another",
+                    f'drop it for AdamW (the default), or {JSON} "optimizer": {{"type": ...}}'),
+    "--lr-decay-samples": (MEGATRON, "the LR schedule counts steps", "pass --lr-decay-iters (samples / global batch)"),
+    "--lr-warmup-samples": (MEGATRON, "the LR schedule counts steps",
+                            "pass --lr-warmup-iters (samples / global batch)"),
+    "--weight-decay-incr-style": (MEGATRON, "the weight decay is constant", "drop it and pass --weight-decay"),
+    # the model
+    "--use-rotary-position-embeddings": (MEGATRON, "rope is a --position-embedding-type",
+                                         "pass --position-embedding-type rope"),
+    "--bert-binary-head": (MEGATRON, "the sentence-order head is on by default", "drop it (--bert-no-binary-head "
+                           "turns it off)"),
+    "--untie-embeddings-and-output-weights": (MEGATRON, "BERT's LM head here shares the word embeddings, as its "
+                                              "Hugging Face export does", "drop it"),
+    "--kv-channels": (MEGATRON, "the head size is --hidden-size / --num-attention-heads",
+                      "drop it (set --hidden-size and --num-attention-heads)"),
+}
+
+PREPROCESS_HABITS = {
+    **TOKENIZER_HABITS,
+    "--partitions": (MEGATRON, "the input is read once, in order, and --workers N tokenizes it in parallel",
+                     "drop it and pass --workers N"),
+    "--keep-sequential-samples": (MEGATRON, "documents are always written in input order", "drop it"),
+    "--find-optimal-num-workers": (MEGATRON, "the progress lines show the rate of the --workers given",
+                                   "drop it and pass --workers N"),
+}
+
+
+def habit_problem(argv: list, options, habits: dict) -> tuple | None:
+    """(problem, fix) for the first flag of `argv` (before a `--`) that is a row of `habits` and not one of
+    the parser's `options`, as written or as --flag=value; None when there is none. Exact names only, so
+    that an abbreviation argparse reads (--micro-batch) stays the trainer's."""
+    for index, token in enumerate(argv):
+        if token == "--":
+            return None
+        flag, equals, value = token.partition("=")
+        if flag in habits and flag not in options:
+            after = argv[index + 1] if index + 1 < len(argv) else ""
+            value = value if equals else (after if after and not after.startswith("-") else "N")
+            whose, here, fix = habits[flag]
+            return f"{flag} is {whose}'s flag: {here}", fix.replace("{value}", value)
+    return None
+
+
+def markdown_table() -> str:
+    """docs/deepspeed.md's table of these rows: the trainer's (the tokenizer's are preprocess_data.py's too),
+    then preprocess_data.py's own."""
+    rows = [("" if flag not in TOKENIZER_HABITS else " (and preprocess_data.py)", flag, row)
+            for flag, row in TRAINER_HABITS.items()]
+    rows += [(" (preprocess_data.py)", flag, row) for flag, row in PREPROCESS_HABITS.items()
+             if flag not in TOKENIZER_HABITS]
+    lines = ["| flag | of | here | instead |", "|---|---|---|---|"]
+    for where, flag, (whose, here, fix) in rows:
+        cells = (f"`{flag}`{where}", whose, here, fix.replace("{value}", "N"))
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines)
