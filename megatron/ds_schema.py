@@ -540,6 +540,68 @@ def _check_offload(zero: dict, stage: int) -> None:
                               "only and ignores it)", f'set {named}.device to "cpu", or zero_optimization.stage to 3')
 
 
+_DEVICE_NAMES = {"cpu": "CPU", "nvme": "NVMe"}  # offload devices as people write them
+
+
+def offload_description(ds_config: dict) -> str:
+    """What ZeRO offloads, for the config line: " (optimizer offloaded to CPU)", "" for nothing."""
+    zero = ds_config.get("zero_optimization") if isinstance(ds_config.get("zero_optimization"), dict) else {}
+    moved = [f"{what} offloaded to {_DEVICE_NAMES.get(_offload_device(zero, key), _offload_device(zero, key))}"
+             for key, what in (("offload_optimizer", "optimizer"), ("offload_param", "parameters"))
+             if _offload_device(zero, key) != "none"]
+    return f" ({', '.join(moved)})" if moved else ""
+
+
+# the optimizer types whose class under ZeRO optimizer offload is a DeepSpeed CPU op, built by JIT on first use
+# (engine._configure_basic_optimizer): type -> (the op's name in the extensions folder, its class)
+CPU_OPTIMIZER_OPS = {"adam": ("cpu_adam", "DeepSpeedCPUAdam"), "adamw": ("cpu_adam", "DeepSpeedCPUAdam"),
+                     "lion": ("cpu_lion", "DeepSpeedCPULion"), "adagrad": ("cpu_adagrad", "DeepSpeedCPUAdagrad")}
+
+
+def cpu_optimizer_op(ds_config: dict) -> tuple[str, str] | None:
+    """(op, class) of the DeepSpeed CPU optimizer the JSON makes DeepSpeed build: an optimizer offloaded
+    (cpu or nvme) whose type has one (CPU_OPTIMIZER_OPS), Adam/AdamW only with optimizer.params.torch_adam
+    false (true, the trainer's default without CUDA, runs torch's AdamW); else None."""
+    zero = ds_config.get("zero_optimization") if isinstance(ds_config.get("zero_optimization"), dict) else {}
+    optimizer = ds_config.get("optimizer") if isinstance(ds_config.get("optimizer"), dict) else {}
+    kind = str(optimizer.get("type") or "AdamW").lower()
+    params = optimizer.get("params") if isinstance(optimizer.get("params"), dict) else {}
+    if _offload_device(zero, "offload_optimizer") == "none" or kind not in CPU_OPTIMIZER_OPS:
+        return None
+    return None if kind in ("adam", "adamw") and params.get("torch_adam") else CPU_OPTIMIZER_OPS[kind]
+
+
+# DeepSpeed's log levels at which its logger shows its INFO lines (its default shows warnings only)
+_INFO_LOG_LEVELS = ("debug", "info")
+
+
+def json_notes(ds_config: dict, log_interval: int | None = None) -> list[str]:
+    """The start-up notes of JSON settings DeepSpeed reads that show or change nothing in this trainer's run,
+    as a DeepSpeed user would not guess: steps_per_print (DeepSpeed's step line is an INFO log line, which its
+    default log level hides; the trainer's own line, every --log-interval steps, is the progress report),
+    comms_logger.verbose (its per-collective lines alike), and activation_checkpointing.number_checkpoints (read
+    for contiguous_memory_optimization only, refused here).
+    `log_interval`: the run's --log-interval, named in the first (which it leaves out when they are equal)."""
+    notes = []
+    info = str(ds_config.get("log_level", "")).lower() in _INFO_LOG_LEVELS
+    every = ds_config.get("steps_per_print")
+    if every is not None and every != log_interval and not info:
+        now = f" (now {log_interval})" if log_interval is not None else ""
+        notes.append(f"note: steps_per_print {every} prints nothing: DeepSpeed logs its step line at \"log_level\": "
+                     f"\"info\" only; the trainer's own line (step, lr, loss) comes every --log-interval steps{now}: "
+                     f"pass --log-interval {every} for it every {every} steps")
+    comms = ds_config.get("comms_logger") if isinstance(ds_config.get("comms_logger"), dict) else {}
+    if comms.get("enabled") is True and comms.get("verbose") is True and not info:
+        notes.append("note: comms_logger.verbose prints nothing: DeepSpeed logs each collective at \"log_level\": "
+                     "\"info\" only; the comms_logger summary is printed at the end of the run")
+    checkpointing = ds_config.get("activation_checkpointing")
+    if isinstance(checkpointing, dict) and "number_checkpoints" in checkpointing:
+        notes.append(f"note: activation_checkpointing.number_checkpoints {checkpointing['number_checkpoints']} "
+                     "changes nothing: DeepSpeed reads it only for contiguous_memory_optimization, which this trainer "
+                     "refuses; the layers per checkpointed chunk are --checkpoint-num-layers")
+    return notes
+
+
 # DeepSpeed's DtypeEnum spellings of the floating-point dtypes
 _DTYPE_NAMES = {"fp32": ("fp32", "float32", "float", "torch.float32"),
                 "fp16": ("fp16", "float16", "half", "torch.float16"), "bf16": ("bf16", "bfloat16", "torch.bfloat16")}

@@ -456,3 +456,12 @@ def test_gathering_a_16bit_model_at_save_is_refused_at_every_stage(capsys, tmp_p
                    "save_16bit_model() gathers the weights, and the trainer never calls it (its checkpoints hold no "
                    f"16-bit model file); remove {key}; export the weights of a checkpoint with python "
                    f"{in_repository('tools/convert_checkpoint.py')} to-torch --load SAVE_DIR --output OUT.pt (or to-hf)\n")
+
+
+def test_validate_prints_the_trainers_notes_of_json_settings_that_do_nothing(capsys, tmp_path):
+    """number_checkpoints (read only with contiguous_memory_optimization) and steps_per_print (DeepSpeed's line
+    hidden at its default log level): the trainer's start-up notes, on stderr."""
+    code, out, err = validate_json(capsys, tmp_path, {"activation_checkpointing": {"number_checkpoints": 4},
+                                                      "steps_per_print": 2})
+    assert code == 0 and [line.split(" ", 2)[1] for line in err.splitlines()] == [
+        "steps_per_print", "activation_checkpointing.number_checkpoints"], err
