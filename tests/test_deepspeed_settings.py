@@ -150,7 +150,7 @@ def test_the_jit_build_of_a_cpu_optimizer_is_said_before_it_runs(tmp_path, monke
         return
     op, optimizer = expected
     assert note == (f"note: building DeepSpeed's {op} op for {optimizer} (the offloaded optimizer) into "
-                    f"{tmp_path / 'ext'}: about a minute, once")
+                    f"{tmp_path / 'ext'}: a minute or more, once")
     (tmp_path / "ext" / op).mkdir(parents=True)
     (tmp_path / "ext" / op / f"{op}.so").write_bytes(b"")
     assert device.cpu_optimizer_build_note(ds) is None
