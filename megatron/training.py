@@ -438,7 +438,7 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
     optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
     # after the load: a checkpoint that fails to load leaves no log
     log = RunLog(args, config, train_iters, engine.monitor)
-    log.config(config)
+    log.config(config, schedule=saved["schedule"], data=saved["data"], num_workers=data_workers(args))
     if dist.get_rank() == 0:
         index_maps.write_used(args.log_dir, used_maps)  # what tools/clean_index_maps.py --keep-run keeps
     run = Run(args, plan, engine, config, log, saved, progress, train_iters)

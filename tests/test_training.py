@@ -232,6 +232,13 @@ def test_resolved_config_is_written_to_the_log_dir_with_one_line_on_screen(launc
     assert [config[key] for key in layout] == [2, 1, 1, 4, 1, 1]
     assert config["model"]["attention"] == "ring" and config["model"]["seq_length"] == 128
     assert config["model"]["num_layers"] == 2 and config["ds_config"]["train_batch_size"] == 4
+    # what else decides the run: the schedule and data records a checkpoint keeps, the loader's workers
+    from megatron.arguments import build_parser
+
+    defaults = build_parser().parse_args([])
+    assert config["schedule"]["train_iters"] == 2 and config["schedule"]["lr_decay_style"] == defaults.lr_decay_style
+    assert (config["data"]["seed"], config["data"]["split_flag"]) == (defaults.seed, defaults.split)
+    assert config["num_workers"] == 0  # the default without CUDA
     assert not any(line.startswith("resolved config") for line in output)  # no JSON dump on screen
 
 
