@@ -85,7 +85,8 @@ class TrainConfig:
                                        if model.attention == "hybrid" and model.ulysses_size else "")
         return (f"pipeline {self.pipeline_parallel_size} x data {self.data_parallel_size} x sequence "
                 f"{self.sequence_parallel_size}, {attention} attention, {precision_description(self.ds_config)}, ZeRO "
-                f"{self.zero_stage}{offload_description(self.ds_config)}, global batch {self.global_batch_size} = micro {self.micro_batch_size} x grad-acc "
+                f"{self.zero_stage}{offload_description(self.ds_config)}, global batch {self.global_batch_size} = "
+                f"micro {self.micro_batch_size} x grad-acc "
                 f"{self.gradient_accumulation_steps} x data {self.data_parallel_size}"
                 + (", packed samples" if self.pack_samples else "")
                 + f", {model.num_layers} layers x hidden {model.hidden_size} x {model.num_attention_heads} heads, "

@@ -426,11 +426,13 @@ def test_elasticity_names_the_batch_keys_to_set():
     """The fix of the elasticity key (the one of a launcher habit) names what replaces it here."""
     from megatron.ds_schema import REMOVED_KEYS
 
-    assert "train_batch_size" in REMOVED_KEYS["elasticity"][1] and "--global-batch-size" in REMOVED_KEYS["elasticity"][1]
+    fix = REMOVED_KEYS["elasticity"][1]
+    assert "train_batch_size" in fix and "--global-batch-size" in fix
 
 
 @pytest.mark.parametrize("section,form", [
-    ({"enabled": True, "backend": "inductor"}, " (compile.enabled is DeepSpeed 0.12-0.14's form, which 0.19.8 refuses)"),
+    ({"enabled": True, "backend": "inductor"},
+     " (compile.enabled is DeepSpeed 0.12-0.14's form, which 0.19.8 refuses)"),
     ({"deepcompile": True}, ""),
 ])
 def test_a_compile_section_names_compile_mlp(capsys, tmp_path, section, form):
@@ -455,7 +457,8 @@ def test_gathering_a_16bit_model_at_save_is_refused_at_every_stage(capsys, tmp_p
     assert err == (f"ds_config.py: error: zero_optimization.{key} does nothing here: it sets how DeepSpeed's "
                    "save_16bit_model() gathers the weights, and the trainer never calls it (its checkpoints hold no "
                    f"16-bit model file); remove {key}; export the weights of a checkpoint with python "
-                   f"{in_repository('tools/convert_checkpoint.py')} to-torch --load SAVE_DIR --output OUT.pt (or to-hf)\n")
+                   f"{in_repository('tools/convert_checkpoint.py')} to-torch --load SAVE_DIR --output OUT.pt "
+                   "(or to-hf)\n")
 
 
 def test_validate_prints_the_trainers_notes_of_json_settings_that_do_nothing(capsys, tmp_path):

@@ -214,8 +214,8 @@ def cpu_optimizer_build_note(ds_config: dict) -> str | None:
     if installed_ops.get(name) or any((root / name / f"{name}.so").is_file() for root in jit_locks.extensions_roots()):
         return None
     folder = os.environ.get("TORCH_EXTENSIONS_DIR") or "torch's extensions folder"
-    return (f"note: building DeepSpeed's {name} op for {optimizer} (the offloaded optimizer) into {folder}: a minute or "
-            "more, once")
+    return (f"note: building DeepSpeed's {name} op for {optimizer} (the offloaded optimizer) into {folder}: a "
+            "minute or more, once")
 
 
 def fused_adam_problem() -> tuple[str, str] | None:
