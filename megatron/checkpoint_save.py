@@ -120,7 +120,8 @@ CONVERT_TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 def replace_recovery_scripts(save_dir: str) -> None:
     """DeepSpeed's RECOVERY_SCRIPTS fail with a traceback on pipeline checkpoints (their model states
     hold no module): after a pipeline save each is replaced by a script whose one line names the
-    export that reads every layout (tools/convert_checkpoint.py to-torch)."""
+    export that reads every layout (tools/convert_checkpoint.py to-torch), with the error contract's
+    exit status 2 (sys.exit of a message would exit 1)."""
     for name in RECOVERY_SCRIPTS:
         path = os.path.join(save_dir, name)
         if not os.path.isfile(path):
@@ -132,7 +133,7 @@ def replace_recovery_scripts(save_dir: str) -> None:
         with contextlib.suppress(OSError):  # the checkpoint is committed: a script is no reason to fail the save
             with open(path, "w") as file:
                 file.write(f'"""Left by pretrain_bert.py in place of DeepSpeed\'s {name}."""\nimport sys\n\n'
-                           f"sys.exit({line!r})\n")
+                           f"print({line!r}, file=sys.stderr)\nsys.exit(2)\n")
 
 
 def _write_problem(save_dir: str, tag: str, error: Exception) -> tuple[str, str]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from megatron.arguments import flag_setting
 from megatron.ds_schema import (SECTION, check_checkpointing_section, check_deepspeed_types,
                                 check_sequence_communication, deepspeed_accepts, deepspeed_top_level_keys,
-                                precision_description, typed)
+                                offload_description, precision_description, typed)
 from megatron.errors import ConfigError
 from megatron.hf_forms import export_note
 from megatron.paths import in_repository, repository_twin
@@ -78,14 +78,15 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def summary(self) -> str:
-        """One line: layout, attention, precision, ZeRO, batch, model size."""
+        """One line: layout, attention, precision, ZeRO (and what it offloads), batch, model size."""
         model = self.model
         attention = model.attention + (f" (Ulysses {model.ulysses_size} x ring "
                                        f"{self.sequence_parallel_size // model.ulysses_size})"
                                        if model.attention == "hybrid" and model.ulysses_size else "")
         return (f"pipeline {self.pipeline_parallel_size} x data {self.data_parallel_size} x sequence "
                 f"{self.sequence_parallel_size}, {attention} attention, {precision_description(self.ds_config)}, ZeRO "
-                f"{self.zero_stage}, global batch {self.global_batch_size} = micro {self.micro_batch_size} x grad-acc "
+                f"{self.zero_stage}{offload_description(self.ds_config)}, global batch {self.global_batch_size} = "
+                f"micro {self.micro_batch_size} x grad-acc "
                 f"{self.gradient_accumulation_steps} x data {self.data_parallel_size}"
                 + (", packed samples" if self.pack_samples else "")
                 + f", {model.num_layers} layers x hidden {model.hidden_size} x {model.num_attention_heads} heads, "

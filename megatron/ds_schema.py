@@ -89,6 +89,29 @@ OPTIMIZER_NAMES = {name.lower(): name for name in (
 _DEEPSPEED_OTHER_KEYS = {"optimizer", "scheduler", "activation_checkpointing", "flops_profiler", "aio", "autotuning",
                          "sparse_attention", "monitor_config", "zero_optimization", "train_batch_size",
                          "fp16", "bf16", "amp", "checkpoint", "pipeline", "elasticity", "compression_training"}
+# the top-level keys DeepSpeed 0.19.8 refuses as removed features (runtime/config.py's
+# _REMOVED_TOP_LEVEL_CONFIG_KEYS; tests/test_ds_config_tool.py holds the two equal) -> (the feature, what to set
+# instead here, "" where nothing replaces it): DeepSpeed's own sentence names no key and, for some, a successor
+# this trainer refuses (data_efficiency's curriculum)
+REMOVED_KEYS = {
+    "nebula": ("Nebula checkpointing", "the trainer writes its checkpoints itself (--save)"),
+    "compression_training": ("its compression library", ""),
+    "amp": ("the NVIDIA Apex AMP integration", 'set "bf16": {"enabled": true} (or "fp16") instead'),
+    "quantize_training": ("Mixture-of-Quantization (MoQ)", ""),
+    "sparse_gradients": ("sparse embedding gradients", "this model's gradients are dense"),
+    "eigenvalue": ("eigenvalue-based Mixture-of-Quantization", ""),
+    "sparse_attention": ("DeepSpeed Sparse Attention", "for block-sparse attention pass --attention bigbird"),
+    "elasticity": ("elastic training", "set the batch with train_batch_size and train_micro_batch_size_per_gpu (or "
+                                       "--global-batch-size and --micro-batch-size)"),
+    "graph_harvesting": ("graph harvesting", ""),
+    "curriculum_learning": ("the top-level curriculum learning", ""),
+    "progressive_layer_drop": ("Progressive Layer Dropping", ""),
+}
+# the "compile" section's keys of DeepSpeed 0.12-0.14 (torch.compile of the whole engine), which 0.19.8 refuses
+_OLD_COMPILE_KEYS = ("enabled", "backend", "kwargs")
+# ZeRO's keys that make DeepSpeed's save_16bit_model() gather the weights (three spellings of one setting)
+GATHER_16BIT_KEYS = ("stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                     "gather_16bit_weights_on_model_save")
 
 
 # optimizer.params the trainer fills where neither its flags (--lr, --weight-decay, --adam-beta1/2,
@@ -318,6 +341,7 @@ def _refuse_ignored_sections(ds_config: dict) -> None:
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(f"unknown top-level key {unknown[0]!r} (DeepSpeed would ignore it)",
                           f"{hint}fix the spelling or remove it (https://www.deepspeed.ai/docs/config-json/)")
+    _refuse_removed_and_uncalled(ds_config)
     if "scheduler" in ds_config:
         raise ConfigError('the DeepSpeed JSON\'s "scheduler" section is not used (the trainer runs Megatron\'s '
                           'warm-up + decay schedule)', 'remove "scheduler" and set --lr, --min-lr, --lr-decay-style '
@@ -339,6 +363,31 @@ def _refuse_ignored_sections(ds_config: dict) -> None:
         raise ConfigError('the DeepSpeed JSON\'s "weight_quantization" section is ZeRO-Inference\'s weight '
                           "quantization, not training's (post_init_quant is never read; quantized_initialization "
                           "fails inside DeepSpeed at the first ZeRO-3 step)", 'remove "weight_quantization"')
+
+
+def _refuse_removed_and_uncalled(ds_config: dict) -> None:
+    """The keys DeepSpeed 0.19.8 refuses as removed features (REMOVED_KEYS), named with what to set instead,
+    and the settings of DeepSpeed calls the trainer never makes: a "compile" section (read by engine.compile()
+    alone) and the 16-bit model gathered at a save (GATHER_16BIT_KEYS: save_16bit_model(), at any stage)."""
+    removed = next((key for key in REMOVED_KEYS if key in ds_config), None)
+    if removed:
+        feature, instead = REMOVED_KEYS[removed]
+        raise ConfigError(f'"{removed}" in the DeepSpeed JSON: DeepSpeed 0.19.8 removed {feature} and refuses the key',
+                          f'remove "{removed}"' + (f"; {instead}" if instead else ""))
+    if ds_config.get("compile"):
+        old = [key for key in _OLD_COMPILE_KEYS if key in ds_config["compile"]]
+        form = (f" (compile.{old[0]} is DeepSpeed 0.12-0.14's form, which 0.19.8 refuses)" if old else "")
+        raise ConfigError(f'the DeepSpeed JSON\'s "compile" section is not used: DeepSpeed compiles only in '
+                          f"engine.compile(), which this trainer does not call{form}", 'remove "compile"; this '
+                          "trainer compiles each layer's MLP with --compile-mlp (torch.compile, inductor)")
+    zero = ds_config.get("zero_optimization") if isinstance(ds_config.get("zero_optimization"), dict) else {}
+    gather = next((key for key in GATHER_16BIT_KEYS if zero.get(key)), None)
+    if gather:
+        raise ConfigError(f"zero_optimization.{gather} does nothing here: it sets how DeepSpeed's save_16bit_model() "
+                          "gathers the weights, and the trainer never calls it (its checkpoints hold no 16-bit model "
+                          "file)", f"remove {gather}; export the weights of a checkpoint with python "
+                          f"{in_repository('tools/convert_checkpoint.py')} to-torch --load SAVE_DIR --output OUT.pt "
+                          "(or to-hf)")
 
 
 def _check_optimizer_type(ds_config: dict) -> None:
@@ -489,6 +538,68 @@ def _check_offload(zero: dict, stage: int) -> None:
         if device == "nvme" and stage < 3:
             raise ConfigError(f'{named}.device "nvme" works at ZeRO stage 3 only (stage {stage} offloads to cpu '
                               "only and ignores it)", f'set {named}.device to "cpu", or zero_optimization.stage to 3')
+
+
+_DEVICE_NAMES = {"cpu": "CPU", "nvme": "NVMe"}  # offload devices as people write them
+
+
+def offload_description(ds_config: dict) -> str:
+    """What ZeRO offloads, for the config line: " (optimizer offloaded to CPU)", "" for nothing."""
+    zero = ds_config.get("zero_optimization") if isinstance(ds_config.get("zero_optimization"), dict) else {}
+    moved = [f"{what} offloaded to {_DEVICE_NAMES.get(_offload_device(zero, key), _offload_device(zero, key))}"
+             for key, what in (("offload_optimizer", "optimizer"), ("offload_param", "parameters"))
+             if _offload_device(zero, key) != "none"]
+    return f" ({', '.join(moved)})" if moved else ""
+
+
+# the optimizer types whose class under ZeRO optimizer offload is a DeepSpeed CPU op, built by JIT on first use
+# (engine._configure_basic_optimizer): type -> (the op's name in the extensions folder, its class)
+CPU_OPTIMIZER_OPS = {"adam": ("cpu_adam", "DeepSpeedCPUAdam"), "adamw": ("cpu_adam", "DeepSpeedCPUAdam"),
+                     "lion": ("cpu_lion", "DeepSpeedCPULion"), "adagrad": ("cpu_adagrad", "DeepSpeedCPUAdagrad")}
+
+
+def cpu_optimizer_op(ds_config: dict) -> tuple[str, str] | None:
+    """(op, class) of the DeepSpeed CPU optimizer the JSON makes DeepSpeed build: an optimizer offloaded
+    (cpu or nvme) whose type has one (CPU_OPTIMIZER_OPS), Adam/AdamW only with optimizer.params.torch_adam
+    false (true, the trainer's default without CUDA, runs torch's AdamW); else None."""
+    zero = ds_config.get("zero_optimization") if isinstance(ds_config.get("zero_optimization"), dict) else {}
+    optimizer = ds_config.get("optimizer") if isinstance(ds_config.get("optimizer"), dict) else {}
+    kind = str(optimizer.get("type") or "AdamW").lower()
+    params = optimizer.get("params") if isinstance(optimizer.get("params"), dict) else {}
+    if _offload_device(zero, "offload_optimizer") == "none" or kind not in CPU_OPTIMIZER_OPS:
+        return None
+    return None if kind in ("adam", "adamw") and params.get("torch_adam") else CPU_OPTIMIZER_OPS[kind]
+
+
+# DeepSpeed's log levels at which its logger shows its INFO lines (its default shows warnings only)
+_INFO_LOG_LEVELS = ("debug", "info")
+
+
+def json_notes(ds_config: dict, log_interval: int | None = None) -> list[str]:
+    """The start-up notes of JSON settings DeepSpeed reads that show or change nothing in this trainer's run,
+    as a DeepSpeed user would not guess: steps_per_print (DeepSpeed's step line is an INFO log line, which its
+    default log level hides; the trainer's own line, every --log-interval steps, is the progress report),
+    comms_logger.verbose (its per-collective lines alike), and activation_checkpointing.number_checkpoints (read
+    for contiguous_memory_optimization only, refused here).
+    `log_interval`: the run's --log-interval, named in the first (which it leaves out when they are equal)."""
+    notes = []
+    info = str(ds_config.get("log_level", "")).lower() in _INFO_LOG_LEVELS
+    every = ds_config.get("steps_per_print")
+    if every is not None and every != log_interval and not info:
+        now = f" (now {log_interval})" if log_interval is not None else ""
+        notes.append(f"note: steps_per_print {every} prints nothing: DeepSpeed logs its step line at \"log_level\": "
+                     f"\"info\" only; the trainer's own line (step, lr, loss) comes every --log-interval steps{now}: "
+                     f"pass --log-interval {every} for it every {every} steps")
+    comms = ds_config.get("comms_logger") if isinstance(ds_config.get("comms_logger"), dict) else {}
+    if comms.get("enabled") is True and comms.get("verbose") is True and not info:
+        notes.append("note: comms_logger.verbose prints nothing: DeepSpeed logs each collective at \"log_level\": "
+                     "\"info\" only; the comms_logger summary is printed at the end of the run")
+    checkpointing = ds_config.get("activation_checkpointing")
+    if isinstance(checkpointing, dict) and "number_checkpoints" in checkpointing:
+        notes.append(f"note: activation_checkpointing.number_checkpoints {checkpointing['number_checkpoints']} "
+                     "changes nothing: DeepSpeed reads it only for contiguous_memory_optimization, which this trainer "
+                     "refuses; the layers per checkpointed chunk are --checkpoint-num-layers")
+    return notes
 
 
 # DeepSpeed's DtypeEnum spellings of the floating-point dtypes

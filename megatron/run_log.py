@@ -69,11 +69,14 @@ class RunLog:
                           "save": self.save, **fields})
             self._print(line)
 
-    def config(self, config) -> None:
-        """The resolved configuration as config.json in the log directory, one line on screen."""
+    def config(self, config, **run_settings) -> None:
+        """The resolved configuration as config.json in the log directory, one line on screen. `run_settings`:
+        what else decides the run beside the model, layout and JSON (the schedule and data records a checkpoint
+        keeps, the loader's workers), written beside them."""
         if self.writer:
             path = self.dir / "config.json"
-            path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n")
+            path.write_text(json.dumps({**config.to_dict(), **run_settings}, indent=2, sort_keys=True,
+                                       allow_nan=False) + "\n")
             self._print(f"config: {config.summary()} (resolved: {path})")
 
     def _emit(self, record: dict, line: str) -> None:

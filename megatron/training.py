@@ -27,7 +27,7 @@ from megatron.config import TrainConfig, model_notes, read_ds_config, resolve
 from megatron.data import index_maps
 from megatron.data.preprocess import FIRST_LOG_SECONDS, LOG_SECONDS, duration_text
 from megatron.data.tokenizer import check_fits
-from megatron.ds_schema import OPTIMIZER_DEFAULTS, default_optimizer, optimizer_params_taken, precision
+from megatron.ds_schema import OPTIMIZER_DEFAULTS, default_optimizer, json_notes, optimizer_params_taken, precision
 from megatron.engine import build_engine, check_precision_supported, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import (WHERE_FIX, ConfigError, Interrupted, cannot_use, ignore_signals, raise_on_signals,
                              restore_signals, stopped_during_start_up)
@@ -240,6 +240,10 @@ def deepspeed_settings(args, cuda: bool | None = None) -> dict:
             if launcher_rank() == 0:
                 print(f"warning: DeepSpeed's FusedAdam cannot be had here: {problem[0]}; training with torch's Adam "
                       f"(the same update, unfused). For the fused kernel: {problem[1]}", file=sys.stderr, flush=True)
+    for note in json_notes(ds, args.log_interval) if here and launcher_rank() == 0 else ():
+        print(note, flush=True)
+    if isinstance(ds.get("comms_logger"), dict) and ds["comms_logger"].get("enabled") is not True:
+        del ds["comms_logger"]  # DeepSpeed 0.19.8 times every collective whenever the section is there
     ds.setdefault("steps_per_print", 10**9)  # the run log prints progress
     return ds
 
@@ -301,6 +305,9 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
         print(train_samples_note(args.train_samples, config.global_batch_size), flush=True)
     schedule = Schedule.from_args(args, setup.ds, train_iters)  # checked against the run length before any map
     datasets, used_maps = build_datasets(args, config, setup.data_path, setup.tokenizer, train_iters)
+    build_note = device.cpu_optimizer_build_note(setup.ds)
+    if build_note and dist.get_rank() == 0:
+        print(build_note, flush=True)
     engine = build_engine(config, bert_state=setup.bert_state, lr_scheduler=schedule.lambda_lr)
     if args.skip_nan_batches:
         skip_nonfinite_updates(engine)
@@ -431,7 +438,7 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
     optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
     # after the load: a checkpoint that fails to load leaves no log
     log = RunLog(args, config, train_iters, engine.monitor)
-    log.config(config)
+    log.config(config, schedule=saved["schedule"], data=saved["data"], num_workers=data_workers(args))
     if dist.get_rank() == 0:
         index_maps.write_used(args.log_dir, used_maps)  # what tools/clean_index_maps.py --keep-run keeps
     run = Run(args, plan, engine, config, log, saved, progress, train_iters)
@@ -527,6 +534,7 @@ def end_run(run: Run, test_set, read_batches, stop: "StopSignals") -> int | None
     summary = run.watch.skipped_summary()
     if summary and dist.get_rank() == 0:
         print(summary, file=sys.stderr, flush=True)
+    comms_summary()
     if stop.agreed:
         run.progress.phase = f"the stop after iteration {run.iteration}"
         return stop.finish(run.args, run.iteration, run.first_iteration, run.last_checkpoint, run.log,
@@ -536,6 +544,18 @@ def end_run(run: Run, test_set, read_batches, stop: "StopSignals") -> int | None
     run.progress.phase = END_OF_RUN
     stop.complete(run.args, run.iteration, run.last_checkpoint, run.log)
     return None
+
+
+def comms_summary() -> None:
+    """The table of the JSON's "comms_logger" (each collective's count, sizes, latency, bandwidth), printed by
+    rank 0 at the run's end: DeepSpeed records it but leaves printing it to the training script, and its
+    log_summary() holds barriers, so every rank calls it (the logger is on alike on every rank: one JSON)."""
+    import deepspeed.comm
+
+    if deepspeed.comm.comms_logger.enabled:
+        sys.stdout.flush()  # the run's lines before DeepSpeed's table
+        deepspeed.comm.log_summary()
+        sys.stdout.flush()
 
 
 def save_checkpoint(args, engine, config, iteration: int, consumed: int, log, **state) -> str:

@@ -1310,7 +1310,20 @@ CONFIG_MISTAKES = {
                                        {"ds.json": ds_json(prescale_gradients=1)},
                                        ("prescale_gradients = 1 is not a boolean",), {}),
     "json_sparse_gradients": (["--deepspeed_config", "{tmp}/ds.json"], {"ds.json": ds_json(sparse_gradients=True)},
-                              ("DeepSpeed rejects the config: Sparse compression",), {}),
+                              ('"sparse_gradients" in the DeepSpeed JSON: DeepSpeed 0.19.8 removed sparse embedding '
+                               'gradients and refuses the key; remove "sparse_gradients"',), {}),
+    "json_elasticity": (["--deepspeed_config", "{tmp}/ds.json"],
+                        {"ds.json": ds_json(elasticity={"enabled": True, "max_train_batch_size": 64})},
+                        ('"elasticity" in the DeepSpeed JSON: DeepSpeed 0.19.8 removed elastic training',
+                         'remove "elasticity"; set the batch with train_batch_size'), {}),
+    "json_compile_old_form": (["--deepspeed_config", "{tmp}/ds.json"],
+                              {"ds.json": ds_json(compile={"enabled": True, "backend": "inductor"})},
+                              ("compile.enabled is DeepSpeed 0.12-0.14's form", "--compile-mlp"), {}),
+    "json_gather_16bit_at_zero_3": (["--deepspeed_config", "{tmp}/ds.json"],
+                                    {"ds.json": ds_json(zero_optimization={
+                                        "stage": 3, "stage3_gather_16bit_weights_on_model_save": True})},
+                                    ("stage3_gather_16bit_weights_on_model_save does nothing here",
+                                     "convert_checkpoint.py to-torch --load SAVE_DIR"), {}),
     # ---- a precision this device has no kernels for: before the rendezvous (and the data built after it)
     "json_fp16_on_a_cpu_without_fp16": (["--deepspeed_config", "{tmp}/ds.json"],
                                         {"ds.json": ds_json(fp16={"enabled": True})},

@@ -327,3 +327,22 @@ def test_a_half_precision_checkpoint_without_readable_masters_says_it_gives_its_
     with pytest.warns(UserWarning, match=r"\(bf16, pipeline 1, ZeRO 1\) holds no fp32 master weights read here: its "
                                          "bf16 copies are read"):
         assert checkpoint_weights.bert_state_from_checkpoint(str(tmp_path))["a"].dtype == torch.bfloat16
+
+
+def test_the_recovery_scripts_left_in_a_pipeline_save_exit_2_with_one_line(tmp_path):
+    """DeepSpeed's zero_to_fp32.py / zero_to_torch.py, replaced after a pipeline save, keep the error contract:
+    one line on stderr and exit status 2 (sys.exit of the message exited 1)."""
+    import subprocess
+    import sys
+
+    for name in checkpoint_save.RECOVERY_SCRIPTS:
+        (tmp_path / name).write_text("print('DeepSpeed\\'s script')\n")
+    checkpoint_save.replace_recovery_scripts(str(tmp_path))
+    for name in checkpoint_save.RECOVERY_SCRIPTS:
+        done = subprocess.run([sys.executable, str(tmp_path / name), str(tmp_path), str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout) == (2, ""), done
+        assert done.stderr.splitlines() == [
+            f"{name}: error: {tmp_path} holds pipeline checkpoints, which DeepSpeed's {name} cannot read; export a "
+            f"plain state dict with {sys.executable} {checkpoint_save.CONVERT_TOOL} to-torch --load {tmp_path} "
+            "--output OUT.pt"], done.stderr

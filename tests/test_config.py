@@ -273,6 +273,22 @@ def test_the_summary_names_torch_autocast_beside_the_weights_dtype():
     assert ", fp32, ZeRO 0," in TrainConfig(model=BertConfig()).summary()
 
 
+@pytest.mark.parametrize("zero,said", [
+    ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, "ZeRO 2 (optimizer offloaded to CPU),"),
+    ({"stage": 3, "offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "cpu"}},
+     "ZeRO 3 (optimizer offloaded to NVMe, parameters offloaded to CPU),"),
+    ({"stage": 1, "cpu_offload": True}, "ZeRO 1 (optimizer offloaded to CPU),"),
+    ({"stage": 2, "offload_optimizer": {"device": "none"}}, "ZeRO 2,"),
+])
+def test_the_summary_names_what_zero_offloads(zero, said):
+    """The config line said `ZeRO 2` of a run that offloads its optimizer (slower steps, host memory)."""
+    from megatron.config import TrainConfig
+    from megatron.model.args import BertConfig
+
+    summary = TrainConfig(model=BertConfig(), zero_stage=zero["stage"], ds_config={"zero_optimization": zero}).summary()
+    assert said in summary, summary
+
+
 def test_json_syntax_error_names_line_and_column(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text('{\n  "train_batch_size": 8,\n  "sequence_parallel": {"size": 2,}\n}\n')

@@ -130,7 +130,7 @@ def test_pipeline_sequence_parallel_checkpoint_to_hf_and_back(tmp_path):
     for script in checkpoint_save.RECOVERY_SCRIPTS:
         done = subprocess.run([sys.executable, str(tmp_path / "ckpt" / script), str(tmp_path / "ckpt"),
                                str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
-        assert done.returncode != 0 and done.stderr.splitlines() == [
+        assert done.returncode == 2 and done.stderr.splitlines() == [
             f"{script}: error: {tmp_path / 'ckpt'} holds pipeline checkpoints, which DeepSpeed's {script} cannot "
             f"read; export a plain state dict with {sys.executable} {TOOL} to-torch --load {tmp_path / 'ckpt'} --output "
             "OUT.pt"], done.stderr

@@ -94,3 +94,72 @@ def test_optimizer_flags_are_refused_where_the_type_has_no_such_param(tmp_path, 
     for flag in ("--adam-beta1", "--adam-beta2", "--adam-eps"):
         with pytest.raises(ConfigError, match=f"{flag} 0.5 is given but optimizer.type SGD takes no "):
             settings("--deepspeed_config", str(path), flag, "0.5", monkeypatch=monkeypatch)
+
+
+def json_file(tmp_path, ds: dict) -> str:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds))
+    return str(path)
+
+
+@pytest.mark.parametrize("argv,ds,expected", [
+    ([], {"steps_per_print": 1}, ['note: steps_per_print 1 prints nothing: DeepSpeed logs its step line at '
+                                  '"log_level": "info" only; the trainer\'s own line (step, lr, loss) comes every '
+                                  '--log-interval steps (now 10): pass --log-interval 1 for it every 1 steps']),
+    (["--log-interval", "5"], {"steps_per_print": 5}, []),  # the progress the user asked for, every 5 steps
+    ([], {"steps_per_print": 5, "log_level": "info"}, []),  # DeepSpeed's line shows
+    ([], {"activation_checkpointing": {"number_checkpoints": 4}},
+     ["note: activation_checkpointing.number_checkpoints 4 changes nothing: DeepSpeed reads it only for "
+      "contiguous_memory_optimization, which this trainer refuses; the layers per checkpointed chunk are "
+      "--checkpoint-num-layers"]),
+    ([], {"comms_logger": {"enabled": True, "verbose": True}},
+     ['note: comms_logger.verbose prints nothing: DeepSpeed logs each collective at "log_level": "info" only; the '
+      "comms_logger summary is printed at the end of the run"]),
+    ([], {}, []),  # the trainer's own steps_per_print (never) is no setting of the user's
+])
+def test_json_settings_that_show_or_change_nothing_get_a_note(tmp_path, monkeypatch, capsys, argv, ds, expected):
+    """steps_per_print printed nothing (DeepSpeed's step line is an INFO log line, hidden at its default level)
+    and number_checkpoints changed nothing, without a word."""
+    settings("--deepspeed_config", json_file(tmp_path, ds), *argv, monkeypatch=monkeypatch)
+    out, err = capsys.readouterr()
+    assert (out.splitlines(), err) == (expected, "")
+
+
+@pytest.mark.parametrize("ds,expected", [
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, None),  # torch's AdamW: no build
+    ({"optimizer": {"type": "AdamW", "params": {"torch_adam": False}},
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, ("cpu_adam", "DeepSpeedCPUAdam")),
+    ({"optimizer": {"type": "Adagrad"}, "zero_optimization": {"stage": 1, "cpu_offload": True}},
+     ("cpu_adagrad", "DeepSpeedCPUAdagrad")),
+    ({"optimizer": {"type": "AdamW", "params": {"torch_adam": False}}, "zero_optimization": {"stage": 2}}, None),
+])
+def test_the_jit_build_of_a_cpu_optimizer_is_said_before_it_runs(tmp_path, monkeypatch, ds, expected):
+    """ZeRO offload with DeepSpeed's CPU Adam built cpu_adam for a minute in silence: one line says so, unless it
+    is built already."""
+    from deepspeed.git_version_info import installed_ops
+
+    from megatron.parallel import device
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    for name in ("cpu_adam", "cpu_adagrad"):
+        monkeypatch.setitem(installed_ops, name, False)
+    ds = settings("--deepspeed_config", json_file(tmp_path, ds), monkeypatch=monkeypatch)
+    note = device.cpu_optimizer_build_note(ds)
+    if expected is None:
+        assert note is None
+        return
+    op, optimizer = expected
+    assert note == (f"note: building DeepSpeed's {op} op for {optimizer} (the offloaded optimizer) into "
+                    f"{tmp_path / 'ext'}: a minute or more, once")
+    (tmp_path / "ext" / op).mkdir(parents=True)
+    (tmp_path / "ext" / op / f"{op}.so").write_bytes(b"")
+    assert device.cpu_optimizer_build_note(ds) is None
+
+
+@pytest.mark.parametrize("section,kept", [({"enabled": False, "prof_all": True}, False), ({"prof_all": True}, False),
+                                          ({"enabled": True}, True)])
+def test_a_comms_logger_not_enabled_is_not_handed_to_deepspeed(tmp_path, monkeypatch, section, kept):
+    """DeepSpeed 0.19.8 turns its comms logger on for any "comms_logger" section (it reads the key's presence,
+    not its "enabled"), synchronising and timing every collective of a run that asked for none."""
+    ds = settings("--deepspeed_config", json_file(tmp_path, {"comms_logger": section}), monkeypatch=monkeypatch)
+    assert ("comms_logger" in ds) is kept

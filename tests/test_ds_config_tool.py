@@ -393,3 +393,78 @@ def test_a_repository_path_given_from_another_folder_is_named(capsys, tmp_path, 
                                                     "an existing JSON file to --deepspeed_config \\(this repository "
                                                     "has "):
         ds_config.read_ds_config("ds_configs/ring_sp2.json")  # the trainer's reader: its own flag
+
+
+def validate_json(capsys, tmp_path, ds: dict) -> tuple:
+    """`validate` of the JSON `ds` (a small single-rank layout): (exit code, stdout, stderr)."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, **ds}))
+    return run(capsys, "validate", path, "--world-size", 1)
+
+
+@pytest.mark.parametrize("key", sorted(__import__("megatron.ds_schema").ds_schema.REMOVED_KEYS))
+def test_a_key_deepspeed_removed_is_named_with_what_to_set_instead(capsys, tmp_path, key):
+    """DeepSpeed 0.19.8's own sentence for a removed feature named no key and ended in a generic fix ("...
+    directly.; fix the setting it names"): one line naming the key, DeepSpeed's version and the replacement."""
+    from megatron.ds_schema import REMOVED_KEYS
+
+    feature, instead = REMOVED_KEYS[key]
+    code, out, err = validate_json(capsys, tmp_path, {key: {"enabled": True}})
+    assert (code, out) == (2, "")
+    assert err == (f'ds_config.py: error: "{key}" in the DeepSpeed JSON: DeepSpeed 0.19.8 removed {feature} and '
+                   f'refuses the key; remove "{key}"' + (f"; {instead}" if instead else "") + "\n")
+
+
+def test_the_removed_keys_are_deepspeeds():
+    from deepspeed.runtime.config import _REMOVED_TOP_LEVEL_CONFIG_KEYS
+    from megatron.ds_schema import REMOVED_KEYS
+
+    assert set(REMOVED_KEYS) == set(_REMOVED_TOP_LEVEL_CONFIG_KEYS)
+
+
+def test_elasticity_names_the_batch_keys_to_set():
+    """The fix of the elasticity key (the one of a launcher habit) names what replaces it here."""
+    from megatron.ds_schema import REMOVED_KEYS
+
+    fix = REMOVED_KEYS["elasticity"][1]
+    assert "train_batch_size" in fix and "--global-batch-size" in fix
+
+
+@pytest.mark.parametrize("section,form", [
+    ({"enabled": True, "backend": "inductor"},
+     " (compile.enabled is DeepSpeed 0.12-0.14's form, which 0.19.8 refuses)"),
+    ({"deepcompile": True}, ""),
+])
+def test_a_compile_section_names_compile_mlp(capsys, tmp_path, section, form):
+    """DeepSpeed reads "compile" in engine.compile() only, which the trainer never calls; its 0.12-0.14 form was
+    refused in DeepSpeed's words alone, with no word of the trainer's own compilation."""
+    code, out, err = validate_json(capsys, tmp_path, {"compile": section})
+    assert (code, out) == (2, "")
+    assert err == ('ds_config.py: error: the DeepSpeed JSON\'s "compile" section is not used: DeepSpeed compiles only '
+                   f"in engine.compile(), which this trainer does not call{form}; remove \"compile\"; this trainer "
+                   "compiles each layer's MLP with --compile-mlp (torch.compile, inductor)\n")
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("key", ["stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save"])
+def test_gathering_a_16bit_model_at_save_is_refused_at_every_stage(capsys, tmp_path, stage, key):
+    """At ZeRO 3 the key was accepted and did nothing (the trainer never calls save_16bit_model), at stage 2 refused
+    as 'works at ZeRO stage 3 only': one line at both, naming the export that gives the weights."""
+    from megatron.paths import in_repository
+
+    code, out, err = validate_json(capsys, tmp_path, {"zero_optimization": {"stage": stage, key: True}})
+    assert (code, out) == (2, "")
+    assert err == (f"ds_config.py: error: zero_optimization.{key} does nothing here: it sets how DeepSpeed's "
+                   "save_16bit_model() gathers the weights, and the trainer never calls it (its checkpoints hold no "
+                   f"16-bit model file); remove {key}; export the weights of a checkpoint with python "
+                   f"{in_repository('tools/convert_checkpoint.py')} to-torch --load SAVE_DIR --output OUT.pt "
+                   "(or to-hf)\n")
+
+
+def test_validate_prints_the_trainers_notes_of_json_settings_that_do_nothing(capsys, tmp_path):
+    """number_checkpoints (read only with contiguous_memory_optimization) and steps_per_print (DeepSpeed's line
+    hidden at its default log level): the trainer's start-up notes, on stderr."""
+    code, out, err = validate_json(capsys, tmp_path, {"activation_checkpointing": {"number_checkpoints": 4},
+                                                      "steps_per_print": 2})
+    assert code == 0 and [line.split(" ", 2)[1] for line in err.splitlines()] == [
+        "steps_per_print", "activation_checkpointing.number_checkpoints"], err

@@ -719,3 +719,17 @@ def test_a_worker_that_exits_is_one_line(corpus, tmp_path, monkeypatch):
                                                                 "with --workers 1 to see the record it stopped at"):
         preprocess(options(corpus, tmp_path / "out", workers=2))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_corpus_not_split_into_sentences_is_one_warning_line(corpus, tmp_path):
+    """Megatron's GPT habit (no --split-sentences) wrote _text_document without a word, which pretrain_bert.py
+    then refuses (no BERT samples) or mostly skips: said once the data is written, with the flag to add. Split:
+    no line."""
+    for split in (False, True):
+        log = io.StringIO()
+        report = preprocess(options(corpus, tmp_path / str(split), split_sentences=split), log=log)
+        assert log.getvalue().splitlines() == ([] if split else [
+            f"warning: {report.outputs['text']} holds each document as one sentence (no --split-sentences): "
+            "pretrain_bert.py's samples need documents of 2+ sentences (1 with --bert-no-binary-head), none longer "
+            "than a sample, so it skips most documents or finds no sample; preprocess with --split-sentences for BERT "
+            "data"])

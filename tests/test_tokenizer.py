@@ -366,7 +366,7 @@ def test_preprocessing_and_fill_masks_tokenizer_name_a_case_mismatch(tmp_path):
     write_corpus(tmp_path / "corpus.json", ["The cats."])
     log = io.StringIO()
     preprocess(PreprocessOptions(input=str(tmp_path / "corpus.json"), output_prefix=str(tmp_path / "out"),
-                                 vocab_file=str(vocab), log_interval=0), log=log)
+                                 vocab_file=str(vocab), log_interval=0, split_sentences=True), log=log)
     assert [line for line in log.getvalue().splitlines() if line.startswith("warning:")] == [
         f"warning: {case_warning(BertWordPiece(vocab), None)}"]
     (tmp_path / "ckpt").mkdir()

@@ -235,6 +235,13 @@ def test_resolved_config_is_written_to_the_log_dir_with_one_line_on_screen(launc
     assert [config[key] for key in layout] == [2, 1, 1, 4, 1, 1]
     assert config["model"]["attention"] == "ring" and config["model"]["seq_length"] == 128
     assert config["model"]["num_layers"] == 2 and config["ds_config"]["train_batch_size"] == 4
+    # what else decides the run: the schedule and data records a checkpoint keeps, the loader's workers
+    from megatron.arguments import build_parser
+
+    defaults = build_parser().parse_args([])
+    assert config["schedule"]["train_iters"] == 2 and config["schedule"]["lr_decay_style"] == defaults.lr_decay_style
+    assert (config["data"]["seed"], config["data"]["split_flag"]) == (defaults.seed, defaults.split)
+    assert config["num_workers"] == 0  # the default without CUDA
     assert not any(line.startswith("resolved config") for line in output)  # no JSON dump on screen
 
 
@@ -925,3 +932,42 @@ def test_a_long_evaluation_says_how_far_it_is(monkeypatch):
 def test_train_samples_that_are_no_whole_number_of_batches_are_named():
     assert train_samples_note(7, 2) == ("note: --train-samples 7 is 3.5 global batches of 2: the run trains 4 steps "
                                         "(8 samples)")
+
+
+def comms_summary_of_one_all_reduce() -> list:
+    """The lines training.comms_summary prints on this rank after one all_reduce, DeepSpeed's comms_logger on
+    as the JSON's "comms_logger": {"enabled": true} turns it on."""
+    import contextlib
+    import io
+
+    import deepspeed
+    import deepspeed.comm
+    import torch
+    from deepspeed.comm.config import DeepSpeedCommsConfig
+
+    from megatron.training import comms_summary
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.comm.comms_logger.configure(DeepSpeedCommsConfig({"comms_logger": {"enabled": True}}))
+    deepspeed.comm.all_reduce(torch.ones(4))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        comms_summary()
+    return out.getvalue().splitlines()
+
+
+def test_the_comms_logger_summary_is_printed_by_rank_0_at_the_end(monkeypatch):
+    """"comms_logger" in the JSON recorded every collective, and nothing printed them: DeepSpeed leaves its
+    log_summary() (barriers on every rank) to the training script. Rank 0 prints the table, rank 1 nothing."""
+    from megatron.training import comms_summary
+
+    rank0, rank1 = run_on_ranks(comms_summary_of_one_all_reduce, 2, timeout=120)
+    assert rank1 == []
+    assert rank0[0].split()[:3] == ["Comm.", "Op", "Message"] and "all_reduce" in rank0, rank0
+    reduced = rank0[rank0.index("all_reduce") + 1].split()
+    assert reduced[:3] == ["16.0", "B", "1"], rank0  # one all_reduce of 4 fp32 numbers
+    import deepspeed.comm
+
+    monkeypatch.setattr(deepspeed.comm.comms_logger, "enabled", False)  # no "comms_logger": no barrier, no table
+    monkeypatch.setattr(deepspeed.comm, "log_summary", lambda: pytest.fail("log_summary called"))
+    comms_summary()

@@ -41,7 +41,7 @@ import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.arguments import add_model_and_parallel_args, add_packing_args, config_flags
 from megatron.config import model_notes, read_ds_config, resolve, strict_json_loads
-from megatron.ds_schema import SECTION, default_optimizer
+from megatron.ds_schema import SECTION, default_optimizer, json_notes
 from megatron.errors import ConfigError, OneLineParser, run_tool
 from megatron.paths import file_in_the_way
 
@@ -80,7 +80,8 @@ def cuda_visible() -> bool:
 
 def resolved(ds_config: dict, args, notes: bool = False) -> dict:
     """The config as the trainer resolves it: its flags, the optimizer it fills, and BigBird's
-    seed from --seed as it does; with `notes`, the trainer's start-up notes of the model on stderr."""
+    seed from --seed as it does; with `notes`, the trainer's start-up notes of the model and of the JSON
+    settings that show or change nothing (json_notes) on stderr."""
     ds_config = copy.deepcopy(ds_config)  # `set` writes the file's own keys, not the filled ones
     default_optimizer(ds_config, cuda_visible() if args.cuda is None else args.cuda)  # as deepspeed_settings
     flags = config_flags(args)
@@ -91,7 +92,8 @@ def resolved(ds_config: dict, args, notes: bool = False) -> dict:
 
         quiet_deepspeed()
     config = resolve(flags, ds_config, world_size, deepspeed_check=args.deepspeed_check)
-    for note in model_notes(config.model, window_given=flags["local_attention_window"] is not None) if notes else ():
+    for note in [*model_notes(config.model, window_given=flags["local_attention_window"] is not None),
+                 *json_notes(ds_config)] if notes else ():
         print(note, file=sys.stderr)
     return {"world_size": world_size, "global_batch_size": config.global_batch_size, **config.to_dict()}
 

@@ -235,9 +235,21 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         progress.stop()
     report.seconds = time.perf_counter() - start
     _warn_of_unknown_tokens(report, tokenizer, log)
+    if not options.split_sentences:  # after the data is written: an error stays the one line of a failed run
+        print(f"warning: {unsplit_warning(list(report.outputs.values()))}", file=log, flush=True)
     for prefix in report.outputs.values():  # built from the data just replaced: no run may use them again
         report.removed_maps += index_maps.remove_stale(prefix)
     return report
+
+
+def unsplit_warning(written: list) -> str:
+    """The line of a run without --split-sentences (Megatron's GPT habit) that wrote the datasets `written`: each
+    document is one item, and pretrain_bert.py's sampler (bert_dataset.skip_rule) takes documents of 2+ sentences,
+    none of them longer than a sample, so it refuses the data (no samples) or leaves most of it out, a round trip
+    later than this line."""
+    return (f"{', '.join(written)} holds each document as one sentence (no --split-sentences): pretrain_bert.py's "
+            "samples need documents of 2+ sentences (1 with --bert-no-binary-head), none longer than a sample, so it "
+            "skips most documents or finds no sample; preprocess with --split-sentences for BERT data")
 
 
 def _check_options(options: PreprocessOptions, log) -> None:

@@ -25,9 +25,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from megatron.ds_schema import cpu_optimizer_op
 from megatron.errors import ConfigError
 from megatron.quiet import c10d_log_quieted, quiet_shm_build
-from megatron.parallel import launcher_watch, master_address
+from megatron.parallel import jit_locks, launcher_watch, master_address
 from megatron.parallel.launch_env import local_rank
 
 
@@ -198,6 +199,23 @@ def to_device(batch, device):
 TOOLKIT_FIX = ("install the CUDA toolkit torch was built with, or prebuild it: DS_BUILD_FUSED_ADAM=1 pip install "
                "deepspeed")
 READABLE_ARCH = re.compile(r"\d+\.\d+(\+PTX)?", re.IGNORECASE)  # what DeepSpeed 0.19.8's JIT build can parse
+
+
+def cpu_optimizer_build_note(ds_config: dict) -> str | None:
+    """The line before deepspeed.initialize JIT-builds the CPU optimizer that ZeRO offload runs (ds_schema's
+    cpu_optimizer_op: cpu_adam for DeepSpeedCPUAdam), a minute or so with nothing said meanwhile; None when
+    there is none to build: not asked for, prebuilt into DeepSpeed, or built in an extensions folder already."""
+    op = cpu_optimizer_op(ds_config)
+    if op is None:
+        return None
+    from deepspeed.git_version_info import installed_ops
+
+    name, optimizer = op
+    if installed_ops.get(name) or any((root / name / f"{name}.so").is_file() for root in jit_locks.extensions_roots()):
+        return None
+    folder = os.environ.get("TORCH_EXTENSIONS_DIR") or "torch's extensions folder"
+    return (f"note: building DeepSpeed's {name} op for {optimizer} (the offloaded optimizer) into {folder}: a "
+            "minute or more, once")
 
 
 def fused_adam_problem() -> tuple[str, str] | None:
