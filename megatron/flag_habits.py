@@ -38,8 +38,8 @@ TRAINER_HABITS = {
     # parallelism
     "--tensor-model-parallel-size": (MEGATRON, "this trainer has no tensor parallelism",
                                      "drop it and split the sequence (--sequence-parallel-size N --attention "
-                                     "ring), the layers (--pipeline-model-parallel-size N) or the optimizer state (ZeRO: "
-                                     f'{JSON} "zero_optimization": {{"stage": 1}}, 2 or 3)'),
+                                     "ring), the layers (--pipeline-model-parallel-size N) or the optimizer state "
+                                     f'(ZeRO: {JSON} "zero_optimization": {{"stage": 1}}, 2 or 3)'),
     "--sequence-parallel": (MEGATRON, "it splits tensor-parallel activations, and this trainer has no tensor "
                             "parallelism (its sequence parallelism splits each sequence over ranks)",
                             "drop it, or pass --sequence-parallel-size N --attention ring (or ulysses)"),
