@@ -173,6 +173,7 @@ def validate(args) -> None:
     from megatron.arguments import build_parser as trainer_parser, config_flags, flags_given
     from megatron.config import resolve
     from megatron.flag_checks import check_flags
+    from megatron.flag_habits import wrapped_fix
     from megatron.run_data import data_paths
     from megatron.start_plan import StartPlan
     from megatron.training import deepspeed_settings
@@ -180,8 +181,12 @@ def validate(args) -> None:
     def refuse(message):
         raise SubmitError(f"pretrain_bert.py flags after --: {message}; see python pretrain_bert.py --help")
 
+    def refuse_habit(problem, fix):  # another trainer's flag, named with its equivalent in submit.py's terms
+        raise SubmitError(f"pretrain_bert.py flags after --: {problem}; "
+                          f"{wrapped_fix(fix, {flag: option for flag, option in JOB_FLAGS.values()})}")
+
     parser = trainer_parser()
-    parser.error = refuse  # one line, not argparse's usage and exit
+    parser.error, parser.refuse = refuse, refuse_habit  # one line, not argparse's usage and exit
     for _, action in flags_given(parser, args.flags):  # by dest: an abbreviation (--loa) sets it too
         if action.dest in JOB_FLAGS:
             flag, option = JOB_FLAGS[action.dest]

@@ -236,12 +236,15 @@ def section_values(ds_config: dict) -> dict:
     return values
 
 
-def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool = True) -> TrainConfig:
+def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool = True,
+            json_given: bool = True) -> TrainConfig:
     """Merges flags (None = not given) over the JSON over defaults, then validates.
 
     `flags` keys are TrainConfig / BertConfig field names; `micro_batch_size`, `global_batch_size`
     and `gradient_clipping` (--clip-grad) mirror DeepSpeed's keys and override them. `deepspeed_check`:
-    also run DeepSpeed's own checks of its sections (imports DeepSpeed: seconds).
+    also run DeepSpeed's own checks of its sections (imports DeepSpeed: seconds). `json_given`: the run
+    was given a --deepspeed_config (`ds_config` also holds what the trainer fills in), so a fix may name
+    its keys; else it names the file to pass.
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError(f"world size {world_size} must be >= 1", "launch at least one process (--world-size N)")
@@ -271,10 +274,9 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
 
     check_checkpointing_section(ds_config.get("activation_checkpointing", {}), sequence)
     clipping_flag = values.pop("gradient_clipping", None)  # --clip-grad, over the JSON's
-    no_json = not ds_config  # no --deepspeed_config (or an empty one): a fix names the file to pass
     if clipping_flag is not None:
         ds_config = {**ds_config, "gradient_clipping": clipping_flag}
-    _check_pipeline_clipping(ds_config, clipping_flag, pipeline, zero_stage, no_json)
+    _check_pipeline_clipping(ds_config, clipping_flag, pipeline, zero_stage, not json_given)
 
     try:
         _ulysses_size(values, sequence)

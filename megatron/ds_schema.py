@@ -367,27 +367,20 @@ def _refuse_ignored_sections(ds_config: dict) -> None:
 
 def _refuse_removed_and_uncalled(ds_config: dict) -> None:
     """The keys DeepSpeed 0.19.8 refuses as removed features (REMOVED_KEYS), named with what to set instead,
-    and the settings of DeepSpeed calls the trainer never makes: a "compile" section (read by engine.compile()
-    alone) and the 16-bit model gathered at a save (GATHER_16BIT_KEYS: save_16bit_model(), at any stage)."""
+    and a "compile" section that asks for compilation (read by engine.compile() alone, which the trainer never
+    calls; one of defaults only, as templates carry, changes nothing and passes)."""
     removed = next((key for key in REMOVED_KEYS if key in ds_config), None)
     if removed:
         feature, instead = REMOVED_KEYS[removed]
         raise ConfigError(f'"{removed}" in the DeepSpeed JSON: DeepSpeed 0.19.8 removed {feature} and refuses the key',
                           f'remove "{removed}"' + (f"; {instead}" if instead else ""))
-    if ds_config.get("compile"):
-        old = [key for key in _OLD_COMPILE_KEYS if key in ds_config["compile"]]
+    compile_section = ds_config.get("compile") if isinstance(ds_config.get("compile"), dict) else {}
+    old = [key for key in _OLD_COMPILE_KEYS if key in compile_section]
+    if old or compile_section.get("deepcompile"):  # a section of defaults alone (a template's) changes nothing
         form = (f" (compile.{old[0]} is DeepSpeed 0.12-0.14's form, which 0.19.8 refuses)" if old else "")
         raise ConfigError(f'the DeepSpeed JSON\'s "compile" section is not used: DeepSpeed compiles only in '
                           f"engine.compile(), which this trainer does not call{form}", 'remove "compile"; this '
                           "trainer compiles each layer's MLP with --compile-mlp (torch.compile, inductor)")
-    zero = ds_config.get("zero_optimization") if isinstance(ds_config.get("zero_optimization"), dict) else {}
-    gather = next((key for key in GATHER_16BIT_KEYS if zero.get(key)), None)
-    if gather:
-        raise ConfigError(f"zero_optimization.{gather} does nothing here: it sets how DeepSpeed's save_16bit_model() "
-                          "gathers the weights, and the trainer never calls it (its checkpoints hold no 16-bit model "
-                          "file)", f"remove {gather}; export the weights of a checkpoint with python "
-                          f"{in_repository('tools/convert_checkpoint.py')} to-torch --load SAVE_DIR --output OUT.pt "
-                          "(or to-hf)")
 
 
 def _check_optimizer_type(ds_config: dict) -> None:
@@ -579,8 +572,9 @@ def json_notes(ds_config: dict, log_interval: int | None = None) -> list[str]:
     """The start-up notes of JSON settings DeepSpeed reads that show or change nothing in this trainer's run,
     as a DeepSpeed user would not guess: steps_per_print (DeepSpeed's step line is an INFO log line, which its
     default log level hides; the trainer's own line, every --log-interval steps, is the progress report),
-    comms_logger.verbose (its per-collective lines alike), and activation_checkpointing.number_checkpoints (read
-    for contiguous_memory_optimization only, refused here).
+    comms_logger.verbose (its per-collective lines alike), the 16-bit model gathered at a save (GATHER_16BIT_KEYS:
+    a setting of save_16bit_model(), never called here; common in ZeRO-3 templates), and
+    activation_checkpointing.number_checkpoints (read for contiguous_memory_optimization only, refused here).
     `log_interval`: the run's --log-interval, named in the first (which it leaves out when they are equal)."""
     notes = []
     info = str(ds_config.get("log_level", "")).lower() in _INFO_LOG_LEVELS
@@ -594,6 +588,13 @@ def json_notes(ds_config: dict, log_interval: int | None = None) -> list[str]:
     if comms.get("enabled") is True and comms.get("verbose") is True and not info:
         notes.append("note: comms_logger.verbose prints nothing: DeepSpeed logs each collective at \"log_level\": "
                      "\"info\" only; the comms_logger summary is printed at the end of the run")
+    zero = ds_config.get("zero_optimization") if isinstance(ds_config.get("zero_optimization"), dict) else {}
+    gather = next((key for key in GATHER_16BIT_KEYS if zero.get(key)), None)
+    if gather:
+        notes.append(f"note: zero_optimization.{gather} writes nothing here: it sets how DeepSpeed's "
+                     "save_16bit_model() gathers the weights, which the trainer never calls; export a checkpoint's "
+                     f"weights with python {in_repository('tools/convert_checkpoint.py')} to-torch --load SAVE_DIR "
+                     "--output OUT.pt (or to-hf)")
     checkpointing = ds_config.get("activation_checkpointing")
     if isinstance(checkpointing, dict) and "number_checkpoints" in checkpointing:
         notes.append(f"note: activation_checkpointing.number_checkpoints {checkpointing['number_checkpoints']} "

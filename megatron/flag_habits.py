@@ -8,6 +8,8 @@ docs/deepspeed.md's "Coming from Megatron-LM" table is markdown_table() of these
 equal). Each row: flag -> (whose flag it is, what this trainer does instead or why it has none, the fix).
 In the fix, {value} stands for the value given with the flag (N when none was).
 """
+import re
+
 MEGATRON = "Megatron-LM"
 MEGATRON_DS = "Megatron-DeepSpeed"
 JSON = "pass --deepspeed --deepspeed_config FILE with"  # the start of a fix that names a section of the JSON
@@ -143,6 +145,21 @@ def habit_problem(argv: list, options, habits: dict) -> tuple | None:
             whose, here, fix = habits[flag]
             return f"{flag} is {whose}'s flag: {here}", fix.replace("{value}", value)
     return None
+
+
+def wrapped_fix(fix: str, own_flags: dict) -> str:
+    """A row's fix for a tool that hands the trainer's flags on after `--` and takes some of them itself
+    (tools/extend_context.py, azureml/submit.py): each trainer flag in `own_flags` (the JSON's --deepspeed_config
+    among them) named by the tool's own option, which goes before the `--`."""
+    fix = fix.replace(JSON, "pass --deepspeed_config FILE with")
+    named = []
+    for flag, option in own_flags.items():
+        pattern = rf"{re.escape(flag)}(?![\w-])"  # the whole flag: --save, not --save-interval
+        if option and re.search(pattern, fix):
+            named.append(option)
+            fix = re.sub(pattern, option, fix)
+    named = list(dict.fromkeys(named))  # two trainer flags may be one option of the tool's
+    return fix + (f" ({', '.join(named)}: this tool's own, before --)" if named else "")
 
 
 def markdown_table() -> str:

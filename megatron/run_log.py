@@ -31,7 +31,6 @@ class RunLog:
         """`monitor`: the engine's DeepSpeed MonitorMaster, fed every record when the JSON enables one."""
         self.writer = dist.get_rank() == 0
         self.monitor = monitor if monitor is not None and monitor.enabled else None
-        self.consumed = 0  # the consumed samples of the last record: its monitor events' step
         self.interval, self.train_iters = args.log_interval, train_iters
         self.tokens_per_step = config.global_batch_size * config.model.seq_length
         # each rank does 1/(sp * pp) of one data replica's work
@@ -98,7 +97,7 @@ class RunLog:
         except OSError as error:
             with contextlib.suppress(OSError):
                 self.metrics.close()  # closed with its unwritten buffer: no second error at exit
-            self._failed("the run log", self.dir / "metrics.jsonl", error, "--log-dir")
+            self._failed("the run log", self.dir / "metrics.jsonl", error, "pass another --log-dir")
 
     def _plot_in_tensorboard(self, record: dict) -> None:
         """The record's numbers as TensorBoard scalars, on disk at once, as metrics.jsonl's line (a
@@ -106,32 +105,35 @@ class RunLog:
         if not self.tensorboard or self.failure:
             return
         try:
+            # not curves: the x-axis, the clock, and an evaluation's consumed samples (the train curve's already)
+            skipped = ("iteration", "time") + (("consumed_samples",) if record["kind"] != "train" else ())
             for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("iteration", "time"):
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in skipped:
                     self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["iteration"])
             self.tensorboard.flush()
         except OSError as error:
-            self._failed("the TensorBoard log in", Path(self.tensorboard.log_dir), error, "--tensorboard-dir")
+            self._failed("the TensorBoard log in", Path(self.tensorboard.log_dir), error,
+                         "pass another --tensorboard-dir")
 
     def _write_monitors(self, record: dict) -> None:
         """The record as DeepSpeed monitor events (monitors.py); a file write that fails stops the run as
         _append's does."""
         if not self.monitor or self.failure:
             return
-        self.consumed = record.get("consumed_samples", self.consumed)
-        try:
-            self.monitor.write_events(monitors.events(record, self.consumed))
+        try:  # every record the monitors get (train, validation, test) holds its consumed samples
+            self.monitor.write_events(monitors.events(record, record["consumed_samples"]))
         except OSError as error:
             self._failed("a DeepSpeed monitor's file", Path(error.filename or "?"), error,
-                         "output_path in the DeepSpeed config")
+                         "set another output_path in the DeepSpeed JSON's monitor section")
 
-    def _failed(self, what: str, path: Path, error: OSError, flag: str) -> None:
+    def _failed(self, what: str, path: Path, error: OSError, elsewhere: str) -> None:
+        """The run's `failure`: what could not be written and why, fixed by free space or `elsewhere`."""
         if full := disk_full(error):
             folder = path if path.is_dir() else path.parent
             reason = f"{full}, {shutil.disk_usage(folder).free / 2**20:.1f} MiB free"
         else:
             reason = error.strerror or str(error)
-        self.failure = (f"cannot write {what} {path} ({reason})", f"free space there or pass another {flag}")
+        self.failure = (f"cannot write {what} {path} ({reason})", f"free space there or {elsewhere}")
 
     def _print(self, line: str) -> None:
         """A whole line on stdout, above the progress bar when there is one."""

@@ -240,8 +240,6 @@ def deepspeed_settings(args, cuda: bool | None = None) -> dict:
             if launcher_rank() == 0:
                 print(f"warning: DeepSpeed's FusedAdam cannot be had here: {problem[0]}; training with torch's Adam "
                       f"(the same update, unfused). For the fused kernel: {problem[1]}", file=sys.stderr, flush=True)
-    for note in json_notes(ds, args.log_interval) if here and launcher_rank() == 0 else ():
-        print(note, flush=True)
     if isinstance(ds.get("comms_logger"), dict) and ds["comms_logger"].get("enabled") is not True:
         del ds["comms_logger"]  # DeepSpeed 0.19.8 times every collective whenever the section is there
     ds.setdefault("steps_per_print", 10**9)  # the run log prints progress
@@ -347,7 +345,8 @@ def check_start_up(args, plan: StartPlan) -> StartUp:
     check_log_dirs(args, setup.ds)
     setup.data_path, setup.tokenizer = data_paths(args, plan)
     setup.flags["vocab_size"] = setup.flags["vocab_size"] or setup.tokenizer.vocab_size
-    setup.config = resolve(setup.flags, setup.ds, dist.get_world_size(), deepspeed_check=not setup.checked)
+    setup.config = resolve(setup.flags, setup.ds, dist.get_world_size(), deepspeed_check=not setup.checked,
+                           json_given=bool(args.deepspeed_config))
     check_model_fits(args, setup.config, setup.ds, setup.tokenizer)
     if setup.bert_state is None:
         setup.bert_state = initial_weights(args, plan, setup.config)
@@ -360,12 +359,16 @@ def check_before_rendezvous(args, plan: StartPlan) -> StartUp:
     it; the weights the run starts from (an HF folder's missing tensor) where the vocab is known."""
     ds = deepspeed_settings(args)
     check_precision_supported(ds)  # fp16 on a CPU without its kernels: before the rendezvous and the data
+    user_json = read_ds_config(args.deepspeed_config) if args.deepspeed_config else {}  # not what the trainer fills
+    for note in json_notes(user_json, args.log_interval) if launcher_rank() == 0 else ():  # the run's start only
+        print(note, flush=True)
     flags = model_flags(args, ds, plan)
     origin = pending_origin(plan, args.save)  # the starting weights' hash, after the checks above: a mistake
     world = os.environ.get("WORLD_SIZE", "")  # is one line before it
     checked, bert_state = world.isdigit(), None
     if checked:  # else (MPI, AzureML discovery) at the resolve after the rendezvous, still before the data
-        config = resolve({**flags, "vocab_size": flags["vocab_size"] or BertConfig.vocab_size}, ds, int(world))
+        config = resolve({**flags, "vocab_size": flags["vocab_size"] or BertConfig.vocab_size}, ds, int(world),
+                         json_given=bool(args.deepspeed_config))
         check_sample_room(config)
         if flags["vocab_size"]:  # the run's config is this one
             bert_state = initial_weights(args, plan, config)
@@ -534,22 +537,23 @@ def end_run(run: Run, test_set, read_batches, stop: "StopSignals") -> int | None
     summary = run.watch.skipped_summary()
     if summary and dist.get_rank() == 0:
         print(summary, file=sys.stderr, flush=True)
-    comms_summary()
-    if stop.agreed:
+    if stop.agreed:  # the stop's checkpoint first, in the scheduler's grace period: no comms_logger summary
         run.progress.phase = f"the stop after iteration {run.iteration}"
         return stop.finish(run.args, run.iteration, run.first_iteration, run.last_checkpoint, run.log,
                            lambda: save_checkpoint(run.args, run.engine, run.config, run.iteration, run.consumed,
                                                    run.log, **run.saved),
                            test_cut=test_set is not None and run.iteration == run.train_iters)
     run.progress.phase = END_OF_RUN
+    comms_summary()  # before the last agreement, which may find a rank lost (no barrier after it)
     stop.complete(run.args, run.iteration, run.last_checkpoint, run.log)
     return None
 
 
 def comms_summary() -> None:
     """The table of the JSON's "comms_logger" (each collective's count, sizes, latency, bandwidth), printed by
-    rank 0 at the run's end: DeepSpeed records it but leaves printing it to the training script, and its
-    log_summary() holds barriers, so every rank calls it (the logger is on alike on every rank: one JSON)."""
+    rank 0 at the end of a run that trained to its end (not at a stop: the grace period is the save's).
+    DeepSpeed records it but leaves printing it to the training script, and its log_summary() holds
+    barriers, so every rank calls it (the logger is on alike on every rank: one JSON)."""
     import deepspeed.comm
 
     if deepspeed.comm.comms_logger.enabled:

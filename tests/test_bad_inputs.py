@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from megatron.data.default_dataset import prepare_default_dataset
+from megatron.errors import ConfigError
 from megatron.parallel.spawn import free_port
 from test_corpus_formats import HUB_SPLITS, broken_corpus
 
@@ -1098,6 +1099,23 @@ def test_flag_mistake_is_one_line_before_anything_starts(mistake, monkeypatch, c
     assert all(phrase in lines[0] for phrase in phrases), lines
 
 
+def test_a_pipeline_without_a_json_is_told_which_json_to_pass(monkeypatch):
+    """Through the trainer's own start-up checks, where the JSON it resolves holds the optimizer and settings it
+    fills in even when none was given: the fix names the file to pass, not keys of a JSON the user lacks."""
+    from megatron import arguments, start_plan, training
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # the launcher's world size: the layout is checked before the rendezvous
+    placeholders = {"tmp": "/nonexistent", "data": "/nonexistent/data", "vocab": "/nonexistent/vocab.txt"}
+    args = arguments.build_parser().parse_args([part.format(**placeholders) for part in PRETRAIN]
+                                               + ["--pipeline-model-parallel-size", "2"])
+    with pytest.raises(ConfigError) as error:
+        training.check_before_rendezvous(args, start_plan.check_start(args))
+    assert error.value.problem.startswith("gradient clipping 1.0 (DeepSpeed's default: no --deepspeed_config is "
+                                          "given) with a pipeline"), error.value.problem
+    assert error.value.fix == ('pass --deepspeed --deepspeed_config FILE holding {"zero_optimization": {"stage": 1}}, '
+                               "or turn clipping off (--clip-grad 0)")
+
+
 # Megatron-LM's and Megatron-DeepSpeed's flags (megatron/flag_habits.py): one line naming this trainer's
 # equivalent, where they were a bare `unrecognized arguments` whose "see --help" said nothing of precision
 HABIT_FLAGS = {
@@ -1162,6 +1180,30 @@ def test_every_habit_row_is_one_line_and_unknown_flags_keep_argparses():
     assert build_parser().parse_args(["--micro-batch", "3", "--local-rank=1"]).micro_batch_size == 3
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--sequence-parallel-sise", "2"])
+
+
+def test_a_habit_flag_after_the_wrapping_tools_dashes_names_their_own_options():
+    """tools/extend_context.py and azureml/submit.py hand the trainer's flags on after `--` and refuse the ones
+    they set themselves (the JSON, the layout, the data and checkpoint folders): a habit row's fix names the
+    tool's option, which goes before the `--`, not the trainer flag the tool would refuse."""
+    from megatron.flag_habits import wrapped_fix
+
+    extend_context = importlib.import_module("extend_context")
+    with pytest.raises(ConfigError) as error:
+        extend_context.trainer_parser().parse_args(["--fp16"])
+    assert error.value.problem.startswith("pretrain_bert.py flags after --: --fp16 is Megatron-LM's flag")
+    assert error.value.fix.startswith('pass --deepspeed-config FILE with "fp16": {"enabled": true}'), error.value.fix
+    assert error.value.fix.endswith("(--deepspeed-config: this tool's own, before --)")
+    with pytest.raises(ConfigError) as error:
+        extend_context.trainer_parser().parse_args(["--context-parallel-size", "4"])
+    assert error.value.fix == ("pass --sequence-parallel-size 4 --attention ring (or ulysses) "
+                               "(--sequence-parallel-size, --attention: this tool's own, before --)")
+
+    from test_azureml import load_submit_module
+
+    job_flags = load_submit_module().JOB_FLAGS  # azureml/submit.py's own options for trainer flags
+    fix = wrapped_fix("pass --save-interval 5 with --save DIR", {flag: option for flag, option in job_flags.values()})
+    assert fix == "pass --save-interval 5 with --checkpoints DIR (--checkpoints: this tool's own, before --)"
 
 
 def test_torch_distributed_launchs_local_rank_is_taken():
@@ -1319,11 +1361,6 @@ CONFIG_MISTAKES = {
     "json_compile_old_form": (["--deepspeed_config", "{tmp}/ds.json"],
                               {"ds.json": ds_json(compile={"enabled": True, "backend": "inductor"})},
                               ("compile.enabled is DeepSpeed 0.12-0.14's form", "--compile-mlp"), {}),
-    "json_gather_16bit_at_zero_3": (["--deepspeed_config", "{tmp}/ds.json"],
-                                    {"ds.json": ds_json(zero_optimization={
-                                        "stage": 3, "stage3_gather_16bit_weights_on_model_save": True})},
-                                    ("stage3_gather_16bit_weights_on_model_save does nothing here",
-                                     "convert_checkpoint.py to-torch --load SAVE_DIR"), {}),
     # ---- a precision this device has no kernels for: before the rendezvous (and the data built after it)
     "json_fp16_on_a_cpu_without_fp16": (["--deepspeed_config", "{tmp}/ds.json"],
                                         {"ds.json": ds_json(fp16={"enabled": True})},

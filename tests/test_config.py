@@ -188,14 +188,15 @@ def test_a_pipeline_without_a_json_names_the_json_to_pass():
     for clip, setting in ((None, "gradient clipping 1.0 (DeepSpeed's default: no --deepspeed_config is given)"),
                           (0.5, "--clip-grad 0.5")):
         with pytest.raises(ConfigError) as error:
-            resolve({**pipeline, "gradient_clipping": clip}, {}, world_size=2)
+            resolve({**pipeline, "gradient_clipping": clip}, {}, world_size=2, json_given=False)
         assert str(error.value) == (
             f"{setting} with a pipeline at zero_optimization.stage 0 would clip by the first stage's gradient norm "
             'only; pass --deepspeed --deepspeed_config FILE holding {"zero_optimization": {"stage": 1}}, or turn '
             "clipping off (--clip-grad 0)")
     json_file = re.search(r"FILE holding (\{.*\}),", str(error.value)).group(1)
     assert resolve(pipeline, json.loads(json_file), world_size=2).pipeline_parallel_size == 2
-    assert resolve({**pipeline, "gradient_clipping": 0.0}, {}, world_size=2).pipeline_parallel_size == 2
+    assert resolve({**pipeline, "gradient_clipping": 0.0}, {}, world_size=2,
+                   json_given=False).pipeline_parallel_size == 2
 
 
 @pytest.mark.parametrize("ds_update,message", [

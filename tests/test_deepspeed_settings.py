@@ -119,8 +119,15 @@ def json_file(tmp_path, ds: dict) -> str:
 ])
 def test_json_settings_that_show_or_change_nothing_get_a_note(tmp_path, monkeypatch, capsys, argv, ds, expected):
     """steps_per_print printed nothing (DeepSpeed's step line is an INFO log line, hidden at its default level)
-    and number_checkpoints changed nothing, without a word."""
-    settings("--deepspeed_config", json_file(tmp_path, ds), *argv, monkeypatch=monkeypatch)
+    and number_checkpoints changed nothing, without a word. Said by the run's start-up checks (a tool that
+    checks the run's flags first, extend_context.py, calls deepspeed_settings too, and said them twice)."""
+    from megatron import start_plan, training
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # no layout resolved before the rendezvous
+    args = build_parser().parse_args(["--deepspeed_config", json_file(tmp_path, ds), *argv])
+    deepspeed_settings(args)
+    assert capsys.readouterr().out == ""
+    training.check_before_rendezvous(args, start_plan.check_start(args))
     out, err = capsys.readouterr()
     assert (out.splitlines(), err) == (expected, "")
 

@@ -118,4 +118,4 @@ def test_a_monitor_file_that_cannot_be_written_stops_the_run_as_the_run_logs_doe
     (tmp_path / "csv" / "job").write_text("a file where the folder was")
     log.step(2, 8, result, engine, seconds=0.5, lr=1e-3)
     assert log.failure[0].startswith(f"cannot write a DeepSpeed monitor's file {tmp_path / 'csv' / 'job'}/Train_")
-    assert log.failure[1] == "free space there or pass another output_path in the DeepSpeed config"
+    assert log.failure[1] == "free space there or set another output_path in the DeepSpeed JSON's monitor section"

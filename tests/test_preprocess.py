@@ -730,6 +730,6 @@ def test_a_corpus_not_split_into_sentences_is_one_warning_line(corpus, tmp_path)
         report = preprocess(options(corpus, tmp_path / str(split), split_sentences=split), log=log)
         assert log.getvalue().splitlines() == ([] if split else [
             f"warning: {report.outputs['text']} holds each document as one sentence (no --split-sentences): "
-            "pretrain_bert.py's samples need documents of 2+ sentences (1 with --bert-no-binary-head), none longer "
-            "than a sample, so it skips most documents or finds no sample; preprocess with --split-sentences for BERT "
+            "pretrain_bert.py's samples need documents of 2+ sentences (1 with --bert-no-binary-head), no sentence "
+            "overlong, so it skips most documents or finds no sample; preprocess with --split-sentences for BERT "
             "data"])

@@ -32,6 +32,7 @@ from pathlib import Path
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, DataError, OneLineParser, run_tool, start_up_stops_in_one_line
+from megatron.flag_habits import wrapped_fix
 from megatron.paths import in_repository, python_command
 from megatron.quiet import quiet_deepspeed
 
@@ -114,6 +115,11 @@ SET_FLAGS = {**{info(field).dest or field: option for field, option in TOOL_SETS
              "deepscale": None, "local_rank": None}
 
 
+# the trainer's flags this tool takes as its own (before --), by the names a habit row's fix may use
+OWN_FLAGS = {"--deepspeed_config": "--deepspeed-config", "--sequence-parallel-size": "--sequence-parallel-size",
+             "--attention": "--attention", "--ulysses-size": "--ulysses-size"}
+
+
 def trainer_parser() -> argparse.ArgumentParser:
     """pretrain_bert.py's parser, its errors one line in this tool's form."""
     from megatron.arguments import build_parser
@@ -122,8 +128,8 @@ def trainer_parser() -> argparse.ArgumentParser:
         raise ConfigError(f"pretrain_bert.py flags after --: {message}",
                           f"see {python_command()} {in_repository('pretrain_bert.py')} --help")
 
-    def refuse_habit(problem, fix):  # another trainer's flag, named with its equivalent
-        raise ConfigError(f"pretrain_bert.py flags after --: {problem}", fix)
+    def refuse_habit(problem, fix):  # another trainer's flag, named with its equivalent in this tool's terms
+        raise ConfigError(f"pretrain_bert.py flags after --: {problem}", wrapped_fix(fix, OWN_FLAGS))
 
     parser = build_parser()
     parser.error, parser.refuse = refuse, refuse_habit  # not argparse's usage and exit

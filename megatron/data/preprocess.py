@@ -245,10 +245,10 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
 def unsplit_warning(written: list) -> str:
     """The line of a run without --split-sentences (Megatron's GPT habit) that wrote the datasets `written`: each
     document is one item, and pretrain_bert.py's sampler (bert_dataset.skip_rule) takes documents of 2+ sentences,
-    none of them longer than a sample, so it refuses the data (no samples) or leaves most of it out, a round trip
-    later than this line."""
+    none of them overlong (over max(512, the sample) tokens), so it refuses the data (no samples) or leaves most
+    of it out, a round trip later than this line."""
     return (f"{', '.join(written)} holds each document as one sentence (no --split-sentences): pretrain_bert.py's "
-            "samples need documents of 2+ sentences (1 with --bert-no-binary-head), none longer than a sample, so it "
+            "samples need documents of 2+ sentences (1 with --bert-no-binary-head), no sentence overlong, so it "
             "skips most documents or finds no sample; preprocess with --split-sentences for BERT data")
 
 
