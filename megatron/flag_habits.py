@@ -35,6 +35,8 @@ TRAINER_HABITS = {
                      f'{JSON} "fp16": {{"enabled": true, "loss_scale": {{value}}}} (0: dynamic)'),
     "--initial-loss-scale": (MEGATRON, "fp16 loss scaling is set in the DeepSpeed JSON",
                              f'{JSON} "fp16": {{"enabled": true, "initial_scale_power": P}} (the scale 2**P)'),
+    "--hysteresis": (MEGATRON, "fp16 loss scaling is set in the DeepSpeed JSON",
+                     f'{JSON} "fp16": {{"enabled": true, "hysteresis": {{value}}}}'),
     "--accumulate-allreduce-grads-in-fp32": (MEGATRON, "the gradient accumulation type is set in the DeepSpeed JSON",
                                              f'{JSON} "data_types": {{"grad_accum_dtype": "fp32"}}'),
     # parallelism
@@ -58,6 +60,8 @@ TRAINER_HABITS = {
                      f'{JSON} "zero_optimization": {{"stage": {{value}}}}'),
     "--use-distributed-optimizer": (MEGATRON, "the optimizer state is sharded by ZeRO, set in the DeepSpeed JSON",
                                     f'{JSON} "zero_optimization": {{"stage": 1}}'),
+    "--cpu-optimizer": (MEGATRON_DS, "ZeRO offload runs the optimizer on the CPU, set in the DeepSpeed JSON",
+                        f'{JSON} "zero_optimization": {{"stage": 2, "offload_optimizer": {{"device": "cpu"}}}}'),
     "--distributed-backend": (MEGATRON, "the backend is chosen by the device (nccl with CUDA, gloo without)",
                               "drop it"),
     # activation recomputation
@@ -69,6 +73,10 @@ TRAINER_HABITS = {
                            "pass --checkpoint-activations [--checkpoint-num-layers N]"),
     "--recompute-num-layers": (MEGATRON, "this trainer's layers per recomputed chunk are --checkpoint-num-layers",
                                "pass --checkpoint-activations --checkpoint-num-layers {value}"),
+    "--partition-activations": (MEGATRON_DS, "DeepSpeed's activation partitioning is set in its JSON, and only at "
+                                "sequence-parallel size 1 (a sequence-split activation is no tensor-parallel one)",
+                                f'{JSON} "activation_checkpointing": {{"partition_activations": true}} and pass '
+                                "--checkpoint-activations"),
     "--deepspeed-activation-checkpointing": (MEGATRON_DS, "this trainer's --checkpoint-activations is DeepSpeed's "
                                              "activation checkpointing", "pass --checkpoint-activations"),
     # the run
