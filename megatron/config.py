@@ -276,7 +276,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     clipping_flag = values.pop("gradient_clipping", None)  # --clip-grad, over the JSON's
     if clipping_flag is not None:
         ds_config = {**ds_config, "gradient_clipping": clipping_flag}
-    _check_pipeline_clipping(ds_config, clipping_flag, pipeline, zero_stage, not json_given)
+    _check_pipeline_clipping(ds_config, clipping_flag, pipeline, zero_stage, json_given)
 
     try:
         _ulysses_size(values, sequence)
@@ -332,26 +332,26 @@ def _layout(values: dict, ds_config: dict, world_size: int, given: dict) -> tupl
 
 
 def _check_pipeline_clipping(ds_config: dict, clipping_flag, pipeline: int, zero_stage: int,
-                             no_json: bool = False) -> None:
+                             json_given: bool = True) -> None:
     """Refuses gradient clipping with a pipeline at ZeRO stage 0: DeepSpeed 0.19.8 runtime/utils.py
     clip_grad_norm_ counts only the parameters of the rank whose pipeline-grid model-parallel rank is
     0 (the first stage), a wrong norm. The line names the setting as the user gave it: --clip-grad
     (`clipping_flag`, already in `ds_config`), the JSON's gradient_clipping, or DeepSpeed's default 1.0;
-    `no_json`: the run was given no JSON to edit (Megatron's habit: --pipeline-model-parallel-size alone),
+    without `json_given` the run has no JSON to edit (Megatron's habit: --pipeline-model-parallel-size alone),
     so the fix names the file to pass."""
     clipping = ds_config.get("gradient_clipping", 1.0)  # DeepSpeed's default is 1.0
     if not (pipeline > 1 and zero_stage == 0 and clipping > 0):
         return
     if clipping_flag is not None:
         setting, off = f"--clip-grad {clipping}", "--clip-grad 0"
-    elif no_json:
+    elif not json_given:
         setting, off = f"gradient clipping {clipping} (DeepSpeed's default: no --deepspeed_config is given)", \
             "--clip-grad 0"
     else:
         default = "" if "gradient_clipping" in ds_config else " (the default: the JSON sets none)"
         setting = f"gradient_clipping {clipping}{default}"
         off = '"gradient_clipping": 0 in the JSON, or --clip-grad 0'
-    zero_1 = ('pass --deepspeed --deepspeed_config FILE holding {"zero_optimization": {"stage": 1}}' if no_json
+    zero_1 = ('pass --deepspeed --deepspeed_config FILE holding {"zero_optimization": {"stage": 1}}' if not json_given
               else "use zero_optimization.stage 1")
     raise ConfigError(f"{setting} with a pipeline at zero_optimization.stage 0 would clip by the first stage's "
                       "gradient norm only", f"{zero_1}, or turn clipping off ({off})")

@@ -326,6 +326,12 @@ def check_deepspeed_types(ds_config: dict) -> None:
     _check_top_level_scalars(ds_config)
 
 
+def dict_section(ds_config: dict, key: str) -> dict:
+    """The JSON's `key` section, {} when it is missing or no object (its type is checked elsewhere)."""
+    value = ds_config.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _refuse_ignored_sections(ds_config: dict) -> None:
     """Top-level keys DeepSpeed would ignore, and the sections it reads that the trainer works around
     (check_deepspeed_types says why each is refused)."""
@@ -346,7 +352,7 @@ def _refuse_ignored_sections(ds_config: dict) -> None:
         raise ConfigError('the DeepSpeed JSON\'s "scheduler" section is not used (the trainer runs Megatron\'s '
                           'warm-up + decay schedule)', 'remove "scheduler" and set --lr, --min-lr, --lr-decay-style '
                           "and --lr-warmup-fraction")
-    checkpointing = ds_config.get("checkpoint") if isinstance(ds_config.get("checkpoint"), dict) else {}
+    checkpointing = dict_section(ds_config, "checkpoint")
     if checkpointing.get("writer") is not None:
         raise ConfigError("checkpoint.writer cannot be used: the trainer stages each checkpoint in a .partial folder "
                           "and renames it when complete, which DeepSpeed's writers (decoupled, fast, mock) defer, "
@@ -374,7 +380,7 @@ def _refuse_removed_and_uncalled(ds_config: dict) -> None:
         feature, instead = REMOVED_KEYS[removed]
         raise ConfigError(f'"{removed}" in the DeepSpeed JSON: DeepSpeed 0.19.8 removed {feature} and refuses the key',
                           f'remove "{removed}"' + (f"; {instead}" if instead else ""))
-    compile_section = ds_config.get("compile") if isinstance(ds_config.get("compile"), dict) else {}
+    compile_section = dict_section(ds_config, "compile")
     old = [key for key in _OLD_COMPILE_KEYS if key in compile_section]
     if old or compile_section.get("deepcompile"):  # a section of defaults alone (a template's) changes nothing
         form = (f" (compile.{old[0]} is DeepSpeed 0.12-0.14's form, which 0.19.8 refuses)" if old else "")
@@ -538,7 +544,7 @@ _DEVICE_NAMES = {"cpu": "CPU", "nvme": "NVMe"}  # offload devices as people writ
 
 def offload_description(ds_config: dict) -> str:
     """What ZeRO offloads, for the config line: " (optimizer offloaded to CPU)", "" for nothing."""
-    zero = ds_config.get("zero_optimization") if isinstance(ds_config.get("zero_optimization"), dict) else {}
+    zero = dict_section(ds_config, "zero_optimization")
     moved = [f"{what} offloaded to {_DEVICE_NAMES.get(_offload_device(zero, key), _offload_device(zero, key))}"
              for key, what in (("offload_optimizer", "optimizer"), ("offload_param", "parameters"))
              if _offload_device(zero, key) != "none"]
@@ -555,8 +561,8 @@ def cpu_optimizer_op(ds_config: dict) -> tuple[str, str] | None:
     """(op, class) of the DeepSpeed CPU optimizer the JSON makes DeepSpeed build: an optimizer offloaded
     (cpu or nvme) whose type has one (CPU_OPTIMIZER_OPS), Adam/AdamW only with optimizer.params.torch_adam
     false (true, the trainer's default without CUDA, runs torch's AdamW); else None."""
-    zero = ds_config.get("zero_optimization") if isinstance(ds_config.get("zero_optimization"), dict) else {}
-    optimizer = ds_config.get("optimizer") if isinstance(ds_config.get("optimizer"), dict) else {}
+    zero = dict_section(ds_config, "zero_optimization")
+    optimizer = dict_section(ds_config, "optimizer")
     kind = str(optimizer.get("type") or "AdamW").lower()
     params = optimizer.get("params") if isinstance(optimizer.get("params"), dict) else {}
     if _offload_device(zero, "offload_optimizer") == "none" or kind not in CPU_OPTIMIZER_OPS:
@@ -584,11 +590,11 @@ def json_notes(ds_config: dict, log_interval: int | None = None) -> list[str]:
         notes.append(f"note: steps_per_print {every} prints nothing: DeepSpeed logs its step line at \"log_level\": "
                      f"\"info\" only; the trainer's own line (step, lr, loss) comes every --log-interval steps{now}: "
                      f"pass --log-interval {every} for it every {every} steps")
-    comms = ds_config.get("comms_logger") if isinstance(ds_config.get("comms_logger"), dict) else {}
+    comms = dict_section(ds_config, "comms_logger")
     if comms.get("enabled") is True and comms.get("verbose") is True and not info:
         notes.append("note: comms_logger.verbose prints nothing: DeepSpeed logs each collective at \"log_level\": "
                      "\"info\" only; the comms_logger summary is printed at the end of the run")
-    zero = ds_config.get("zero_optimization") if isinstance(ds_config.get("zero_optimization"), dict) else {}
+    zero = dict_section(ds_config, "zero_optimization")
     gather = next((key for key in GATHER_16BIT_KEYS if zero.get(key)), None)
     if gather:
         notes.append(f"note: zero_optimization.{gather} writes nothing here: it sets how DeepSpeed's "

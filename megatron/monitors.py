@@ -12,6 +12,7 @@ import importlib.util
 import os
 
 from megatron import paths
+from megatron.ds_schema import dict_section
 
 # section -> the package DeepSpeed imports for it (csv_monitor: the standard library's csv)
 PACKAGES = {"tensorboard": "tensorboard", "csv_monitor": None, "wandb": "wandb", "comet": "comet_ml"}
@@ -26,8 +27,7 @@ NOT_EVENTS = {"kind", "run", "iteration", "time", "consumed_samples", "lr", "los
 
 def enabled(ds_config: dict) -> list[str]:
     """The monitor sections the DeepSpeed JSON enables."""
-    return [name for name in PACKAGES
-            if isinstance(ds_config.get(name), dict) and ds_config[name].get("enabled") is True]
+    return [name for name in PACKAGES if dict_section(ds_config, name).get("enabled") is True]
 
 
 def output_folder(ds_config: dict, name: str) -> str:

@@ -161,9 +161,8 @@ def exit_rank(code: int) -> NoReturn:
 def check_log_dirs(args, ds: dict) -> None:
     """--log-dir and --tensorboard-dir (and the tensorboard package), and the monitors the DeepSpeed JSON
     `ds` enables (their packages and folders), which rank 0 alone writes (RunLog, DeepSpeed), checked there
-    before any work, and --log-dir's lock taken (one run at a time logs
-    there, as one saves into a --save folder); every rank raises rank 0's error, so none goes on
-    training while rank 0 stops."""
+    before any work, and --log-dir's lock taken (one run at a time logs there, as one saves into a --save
+    folder); every rank raises rank 0's error, so none goes on training while rank 0 stops."""
     found = [None]
     if dist.get_rank() == 0:
         dirs = [("--log-dir", args.log_dir), ("--tensorboard-dir", args.tensorboard_dir)]
