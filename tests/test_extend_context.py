@@ -202,11 +202,13 @@ def test_a_checkpoint_continues_from_its_weights_as_a_new_run(extended, tmp_path
 
 
 def one_line(capsys, *argv) -> str:
-    """The error line of the tool run in this process with --dry-run (exit 2, nothing else on stderr)."""
+    """The error line of the tool run in this process with --dry-run (exit 2, nothing else on stderr, and no
+    note on stdout about a run that does not start)."""
     capsys.readouterr()
     assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *argv])) == 2
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("extend_context.py: error: "), lines
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("extend_context.py: error: ") and not captured.out, captured
     return lines[0].removeprefix("extend_context.py: error: ")
 
 

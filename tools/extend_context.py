@@ -24,6 +24,8 @@ DeepSpeed's runner under megatron/parallel/deepspeed_command.py: Ctrl-C during t
 is one line, as during this tool's own imports.
 """
 import argparse
+import contextlib
+import io
 import os
 import shlex
 import sys
@@ -432,7 +434,10 @@ def main(argv=None) -> int:
         check_source(args, kind)
         resume = model_flags(resumed_model(args, source_fields(args, kind), theta))
     command = launch_command(args, kind, theta, world, sequence, resume)
-    check_launch(command, world)
+    with contextlib.redirect_stdout(io.StringIO()) as notes:  # the trainer's notes, once its checks have all passed
+        check_launch(command, world)
+    if args.dry_run:  # a launched run prints them itself
+        print(notes.getvalue(), end="")
     warn_faster_theta(args, fields, factor)
     print(f"extend_context.py: {kind} {args.source} trained at {trained_length(fields, kind)} tokens -> "
           f"{args.seq_length} ({factor:g}x); global rope theta {fields['rotary_base']:g} -> {theta}", flush=True)
