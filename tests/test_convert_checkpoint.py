@@ -25,7 +25,7 @@ from megatron.model.pipe import bert_to_pipe_name
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
 from test_deepspeed_engine import GLOBAL_BATCH, ds_config, micro_batches, model_flags
-from test_hf_convert import assert_same_logits, assert_same_weights, write_vocab_file
+from test_hf_convert import assert_same_logits, assert_same_weights, hf_model, write_vocab_file
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "convert_checkpoint.py"
 MICRO = 2
@@ -243,7 +243,8 @@ def test_from_hf_refuses_a_damaged_folder_and_to_hf_asks_for_a_missing_tokenizer
 def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_path):
     """In-process. The stored seq_length is the length the model was trained at (extend_context scales
     rope from it): a ModernBERT folder's max_position_embeddings, also under a longer
-    --max-position-embeddings, unless --seq-length sets one; a --seq-length beyond the positions, 0,
+    --max-position-embeddings, unless --seq-length sets a shorter one; a --seq-length beyond the folder's
+    positions (rope: no table was stretched, also under --max-position-embeddings), 0,
     a shorter table and a --save in the folder are refused, nothing written. to-hf --tag of no
     checkpoint does not blame 'latest'."""
     from test_hf_modernbert import hf_folder
@@ -258,7 +259,12 @@ def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_p
             (["--max-position-embeddings", "256"], save, f"--max-position-embeddings 256 is below {declares}"),
             (["--seq-length", "1024"], save, f"--seq-length 1024 is above {declares}"),
             (["--seq-length", "1024", "--max-position-embeddings", "768"], save,
-             "--seq-length 1024 is above --max-position-embeddings 768"),
+             f"--seq-length 1024 is above {declares}, the length its rotary model was trained at"),
+            (["--seq-length", "600", "--max-position-embeddings", "1024"], save,
+             f"--seq-length 600 is above {declares}, the length its rotary model was trained at (the stored "
+             f"length, which tools/extend_context.py scales the rope theta from); drop --seq-length; to train "
+             f"longer, pass --seq-length 600 to the run, or continue with tools/extend_context.py --from {folder} "
+             "--seq-length 600"),
             (["--seq-length", "0"], save, "--seq-length 0 must be >= 1; pass --seq-length 1 or more, or drop it"),
             ([], folder, f"--save {folder} is the --hf-dir folder: the checkpoint would be written into"),
             ([], folder / "ck", f"--save {folder / 'ck'} is inside the --hf-dir folder")]:
@@ -269,6 +275,15 @@ def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_p
     tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(save), "--max-position-embeddings", "1024"])
     stored = checkpoint.stored_config(str(save), "iter_0000000")["model"]
     assert (stored["max_position_embeddings"], stored["seq_length"]) == (1024, 512)
+    # learned positions: a stretched table may declare the length runs from it train at, up to its size
+    _, bert = hf_model("megatron-bert", tmp_path, max_position_embeddings=20)
+    with pytest.raises(ConfigError, match="--seq-length 40 is above --max-position-embeddings 30"):
+        tool.main(["from-hf", "--hf-dir", str(bert), "--save", str(tmp_path / "bert"), "--seq-length", "40",
+                   "--max-position-embeddings", "30"])
+    tool.main(["from-hf", "--hf-dir", str(bert), "--save", str(tmp_path / "bert"), "--seq-length", "40",
+               "--max-position-embeddings", "40"])
+    stored = checkpoint.stored_config(str(tmp_path / "bert"), "iter_0000000")["model"]
+    assert (stored["max_position_embeddings"], stored["seq_length"]) == (40, 40)
 
     # a run from the weights without --seq-length takes their trained length, not the default 512
     from megatron.arguments import build_parser

@@ -299,7 +299,7 @@ def test_documents_the_sampler_skips_are_counted_and_warned_about(data, tmp_path
     indexed = make_dataset(prefix)
     skipped = bert_dataset.skipped_documents(indexed, 2, 512)
     sizes, docs = indexed.sizes, indexed.doc_idx
-    kept, few, long = set(), [], []  # brute force, document by document
+    kept, few, long, left_out = set(), [], [], {}  # brute force, document by document
     for doc in range(60):
         lengths = sizes[docs[doc]:docs[doc + 1]]
         if len(lengths) == 1:
@@ -308,8 +308,11 @@ def test_documents_the_sampler_skips_are_counted_and_warned_about(data, tmp_path
             long.append(int(lengths.sum()))
         elif len(lengths):
             kept.add(doc)
+        if len(lengths) and doc not in kept:
+            left_out[doc] = int(lengths.sum())
     assert (len(few), len(long)) == (20, 8)  # docs 0, 3, ... 57; 5, 10, 20, 25, 35, 40, 50, 55
     assert (skipped.few_sentences, skipped.long_sentence) == ((20, sum(few)), (8, sum(long)))
+    assert skipped.largest == max(left_out.items(), key=lambda item: (item[1], -item[0])) and skipped.sentence_level
     assert skipped.tokens == int(sizes.sum())
     mapping = dataset((prefix, data[1]), num_samples=500, doc_range=(0, 60)).mapping
     assert set(np.searchsorted(docs, mapping[:, 0], side="right") - 1) == kept
@@ -318,13 +321,26 @@ def test_documents_the_sampler_skips_are_counted_and_warned_about(data, tmp_path
                                         max_segment_length=32 if packed else None, binary_head=binary_head)
         err = capsys.readouterr().err
         reasons = rf"{'20 documents have one sentence; ' if binary_head else ''}{8 if binary_head else 12} documents"
+        # split into sentences already: splitting again would not help; what does is named
+        head = "--bert-no-binary-head trains on documents of one sentence; " if binary_head else ""
         assert re.fullmatch(rf"warning: at least \d+% of the {skipped.tokens} tokens of {re.escape(prefix)} lie in "
                             rf"documents the BERT sampler skips{', packed or not' if packed else ''} \({reasons} "
-                            r"hold a sentence over 512 tokens\): check the sentence splitting \(preprocess with "
-                            r"--split-sentences and the corpus's --lang\)\n", err), err
+                            r"hold a sentence over 512 tokens; the largest: document \d+, \d+ tokens\): "
+                            rf"{head}a sentence over 512 tokens is text the splitter could not cut \(code, tables, "
+                            r"lists\): cut it into shorter sentences before preprocessing, or raise --seq-length "
+                            r"above it\n",
+                            err), err
         assert ("one sentence" in err) == binary_head  # without the head, 4 of them are long
     build_train_valid_test_datasets([data[0]], "mmap", "1", (50, 0, 0), 64, data[1])  # 2-8 sentences, short
     assert capsys.readouterr().err == ""
+    # not split into sentences (a document is one "sentence"): --split-sentences is the fix
+    unsplit = bert_dataset.skipped_documents(make_dataset(write_corpus(tmp_path / "unsplit", num_docs=20,
+                                                                       sentences_per_doc=(1, 1))), 2, 512)
+    document, tokens = unsplit.largest
+    assert not unsplit.sentence_level and tokens > 0
+    assert bert_dataset.skipped_warning("P", unsplit, 512, False).endswith(
+        f"(20 documents have one sentence; the largest: document {document}, {tokens} tokens): check the sentence "
+        "splitting (preprocess with --split-sentences and the corpus's --lang)")
 
 
 def test_a_long_document_of_short_sentences_holds_no_long_sentence():

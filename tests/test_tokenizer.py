@@ -111,6 +111,9 @@ def test_build_vocab_cli_reports_bad_input_in_one_line(tmp_path):
                             timeout=100)
     assert result.returncode == 0 and "skipped 1 invalid record (the first: " in result.stdout, result
     assert "c.json line 3: invalid JSON" in result.stdout and "fine" in (tmp_path / "v.txt").read_text().split()
+    size = len((tmp_path / "v.txt").read_text().splitlines())  # a corpus of one word: far below the default size
+    assert f"wrote {size} tokens" in result.stdout and f"({30522 - size} fewer than --vocab-size 30522: no other pair " \
+        "of pieces occurs --min-frequency 2 times in this corpus" in result.stdout, result.stdout
     # a vocab above --vocab-size said nothing of why (the alphabet is kept at any size)
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "build_vocab.py"), "--input", str(corpus),
                              "--output", str(tmp_path / "small.txt"), "--vocab-size", "6", "--skip-invalid"],

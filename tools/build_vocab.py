@@ -60,7 +60,10 @@ def main(argv=None):
         f"; skipped {len(skipped)} invalid record{'s' if len(skipped) > 1 else ''} (the first: {skipped[0]})"
         if skipped else "") + (
         f" ({len(tokens) - args.vocab_size} more than --vocab-size {args.vocab_size}: WordPiece keeps every character "
-        "of the corpus, its alphabet, at any size)" if len(tokens) > args.vocab_size else ""))
+        "of the corpus, its alphabet, at any size)" if len(tokens) > args.vocab_size else "") + (
+        f" ({args.vocab_size - len(tokens)} fewer than --vocab-size {args.vocab_size}: no other pair of pieces occurs "
+        f"--min-frequency {args.min_frequency} times in this corpus; a larger corpus gives more)"
+        if len(tokens) < args.vocab_size else ""))
 
 
 def refuse_output(output: Path, input_spec: str, json_keys: list, overwrite: bool) -> None:

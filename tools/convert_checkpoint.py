@@ -82,11 +82,13 @@ def to_torch(args) -> None:
           "state dict of megatron.model.bert.BertModel)")
 
 
-def check_from_hf(args, positions: int) -> None:
+def check_from_hf(args, positions: int, rope: bool) -> None:
     """The flags against the folder (`positions`: its config's max_position_embeddings): --save outside
     it; no table shorter than the folder's (it would drop positions); no --seq-length beyond the
     checkpoint's positions (the stored length is the one the model was trained at, from which
-    tools/extend_context.py scales rope: the folder's unless set)."""
+    tools/extend_context.py scales rope: the folder's unless set), nor, for `rope` weights, beyond the
+    folder's: they have no table a longer length was stretched into, so it would only misstate their
+    training, and extend_context.py would scale the theta from the wrong length."""
     inside = save_into_weights_folder(args.save, args.hf_dir, "--hf-dir")
     if inside:
         raise ConfigError(inside, "choose another --save")
@@ -99,6 +101,11 @@ def check_from_hf(args, positions: int) -> None:
     if args.max_position_embeddings is not None and args.max_position_embeddings < positions:
         raise ConfigError(f"--max-position-embeddings {args.max_position_embeddings} is below {declared}",
                           f"pass {positions} or more, or drop it")
+    if rope and args.seq_length is not None and args.seq_length > positions:
+        raise ConfigError(f"--seq-length {args.seq_length} is above {declared}, the length its rotary model was "
+                          "trained at (the stored length, which tools/extend_context.py scales the rope theta from)",
+                          f"drop --seq-length; to train longer, pass --seq-length {args.seq_length} to the run, or "
+                          f"continue with tools/extend_context.py --from {args.hf_dir} --seq-length {args.seq_length}")
     if args.seq_length is not None and args.seq_length > (args.max_position_embeddings or positions):
         limit = (f"--max-position-embeddings {args.max_position_embeddings}" if args.max_position_embeddings
                  else declared)
@@ -113,7 +120,8 @@ def from_hf(args) -> None:
         raise ConfigError(f"--no-position-extension has no effect on {args.hf_dir}: its positions are rotary, with "
                           "no table to extend", "drop --no-position-extension")
     positions = fields.get("max_position_embeddings", BertConfig.max_position_embeddings)
-    check_from_hf(args, positions)
+    rope = fields.get("position_embedding_type") == "rope"
+    check_from_hf(args, positions, rope)
     tokenizer = hf_convert.read_hf_tokenizer(args.hf_dir)  # before the weights: an unreadable one stops here
     for name in ("max_position_embeddings", "make_vocab_size_divisible_by"):
         if getattr(args, name) is not None:
@@ -132,8 +140,10 @@ def from_hf(args) -> None:
                       "pass --vocab-file or --tokenizer-file to pretrain_bert.py, to-hf and fill_mask.py with it")
     for warning in held:
         warnings.warn(warning.message)
+    positions = (f"rotary positions, trained at {config.seq_length} tokens" if rope else
+                 f"{config.max_position_embeddings} positions")
     print(f"wrote a weights-only checkpoint ({config.layernorm_layout}-LayerNorm, {config.num_layers} layers, "
-          f"{config.max_position_embeddings} positions) to {args.save}")
+          f"{positions}) to {args.save}")
 
 
 class OtherCommandsFlag(argparse.Action):

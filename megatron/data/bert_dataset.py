@@ -180,6 +180,8 @@ class SkippedDocuments:
     tokens: int
     few_sentences: tuple  # (documents, tokens)
     long_sentence: tuple  # (documents, tokens)
+    sentence_level: bool = True  # some document holds several sentences: the corpus was split into them
+    largest: tuple = (0, 0)  # (document, tokens) of the largest one left out
 
     @property
     def share(self) -> float:
@@ -204,22 +206,36 @@ def skipped_documents(indexed, min_num_sent: int, long_sentence_len: int) -> Ski
     counts, tokens, longest = document_tokens(indexed, indexed.doc_idx)
     few = counts[counts > 0] < min_num_sent
     long = ~few & (longest > long_sentence_len)
+    left_out = np.where(few | long, tokens, -1)
+    largest = (int(np.flatnonzero(counts > 0)[left_out.argmax()]), int(left_out.max())) if left_out.size else (0, 0)
     return SkippedDocuments(int(tokens.sum()), (int(few.sum()), int(tokens[few].sum())),
-                            (int(long.sum()), int(tokens[long].sum())))
+                            (int(long.sum()), int(tokens[long].sum())), bool((counts > 1).any()), largest)
 
 
 def skipped_warning(prefix: str, skipped: SkippedDocuments, long_sentence_len: int, packed: bool) -> str | None:
-    """The start-up warning when build_mapping leaves a notable share of a prefix's tokens unread
-    (a corpus not split into sentences, or in a language Punkt does not split), else None."""
+    """The start-up warning when build_mapping leaves a notable share of a prefix's tokens unread, else
+    None. A corpus not split into sentences (every document one "sentence") wants --split-sentences;
+    one that was split loses documents of one sentence (no pair for the sentence-order head) or with
+    text the splitter cannot cut (code, tables, lists without sentence punctuation), where splitting
+    again does not help."""
     if skipped.share < SKIPPED_SHARE_WARNED:
         return None
-    counts = {"have one sentence": skipped.few_sentences[0],  # none without the sentence-order head
-              f"hold a sentence over {long_sentence_len} tokens": skipped.long_sentence[0]}
-    reasons = [f"{count} documents {what}" for what, count in counts.items() if count]
+    few, long = skipped.few_sentences[0], skipped.long_sentence[0]  # no few without the sentence-order head
+    reasons = [f"{count} document{' has' if count == 1 else 's have'} one sentence" for count in (few,) if count] + [
+        f"{count} document{'' if count == 1 else 's'} hold{'s' if count == 1 else ''} a sentence over "
+        f"{long_sentence_len} tokens" for count in (long,) if count]
+    document, tokens = skipped.largest
     # at least: build_mapping also leaves out a document's last sentences too few for a sample, not counted
-    return (f"at least {skipped.share:.0%} of the {skipped.tokens} tokens of {prefix} lie in documents the BERT "
-            f"sampler skips{', packed or not' if packed else ''} ({'; '.join(reasons)}): check the sentence splitting "
-            "(preprocess with --split-sentences and the corpus's --lang)")
+    found = (f"at least {skipped.share:.0%} of the {skipped.tokens} tokens of {prefix} lie in documents the BERT "
+             f"sampler skips{', packed or not' if packed else ''} ({'; '.join(reasons)}; the largest: document "
+             f"{document}, {tokens} tokens)")
+    if not skipped.sentence_level:
+        return f"{found}: check the sentence splitting (preprocess with --split-sentences and the corpus's --lang)"
+    fixes = ["--bert-no-binary-head trains on documents of one sentence"] if few else []
+    if long:
+        fixes.append(f"a sentence over {long_sentence_len} tokens is text the splitter could not cut (code, tables, "
+                     "lists): cut it into shorter sentences before preprocessing, or raise --seq-length above it")
+    return f"{found}: {'; '.join(fixes)}"
 
 
 class BertDataset(torch.utils.data.Dataset):
