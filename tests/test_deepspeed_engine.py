@@ -15,7 +15,8 @@ import torch
 
 from bert_fixtures import concat_batches, packed_batch, padded_batch, small_config, small_model, with_fp16_kernels_allowed
 from megatron.config import resolve
-from megatron.engine import build_engine, check_precision_supported, eval_step, skip_nonfinite_updates, train_step
+from megatron.engine import (build_engine, check_precision_supported, clip_grads, eval_step, skip_nonfinite_updates,
+                             train_step)
 from megatron.errors import ConfigError
 from megatron.model.attention.bigbird import set_iteration
 from megatron.model.bert import SelfAttention
@@ -223,6 +224,22 @@ def test_zero_with_sequence_parallel_gradients_before_clipping():
             assert result["passes"] == 1
             assert result["grad_norms"][0] is not None, f"{label}: no logged norm"  # ZeRO 0: keep_clipped_grad_norm
         check_against_reference(results, micro=2, label=label, expected=expected)
+
+
+def test_zero0_clipping_takes_the_norm_to_fp32_rounding():
+    """The ZeRO 0 norm (logged, and the clip factor) against float64: torch's CPU norm kernels, which
+    DeepSpeed's clip_grad_norm_ used, were 1e-4 off on a 2M-element fp32 gradient (1e-3 at BERT-base's
+    embedding), where ZeRO 1-3 gave the exact norm; the engine tests' models are too small to see it."""
+    torch.manual_seed(0)
+    parameters = [torch.nn.Parameter(torch.empty(shape)) for shape in ((4096, 512), (512,), (3, 7))]
+    for parameter in parameters:
+        parameter.grad = torch.randn(parameter.shape) * 1e-3
+    exact = torch.stack([p.grad.double().square().sum() for p in parameters]).sum().sqrt().item()
+    assert clip_grads(parameters, 1e-2).item() == pytest.approx(exact, rel=1e-6)
+    clipped = torch.stack([p.grad.double().square().sum() for p in parameters]).sum().sqrt().item()
+    assert clipped == pytest.approx(1e-2, rel=1e-6)
+    assert clip_grads(parameters, 1.0).item() == pytest.approx(clipped, rel=1e-6)  # below max_norm: unchanged
+    assert torch.stack([p.grad.double().square().sum() for p in parameters]).sum().sqrt().item() == clipped
 
 
 @pytest.mark.parametrize("attention", ["ring", "linformer", "bigbird"])
