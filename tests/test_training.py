@@ -198,7 +198,35 @@ def launched(tmp_path_factory, data_dir) -> SimpleNamespace:
     records = [json.loads(line) for line in (out / "log" / "metrics.jsonl").read_text().splitlines()]
     return SimpleNamespace(stdout=result.stdout, stderr=result.stderr, records=records, tensorboard_dir=out / "tb",
                            checkpoints=out / "ckpt", log_dir=out / "log", vocab_file=Path(data_dir) / "vocab.txt",
-                           cache=out / "cache", port=port)
+                           cache=out / "cache", port=port, command=command)
+
+
+def test_the_launched_sequence_parallel_run_is_the_single_process_run(launched, tmp_path):
+    """End to end on the default corpus (the in-process layout tests use hand-made batches): the same
+    command as one process at SP = 1 logs the same training, validation and test losses and gradient
+    norms, and saves the same weights, to fp32 rounding."""
+    from megatron.checkpoint_weights import bert_state_from_checkpoint
+    from test_sequence_parallel_bert import REL_TOL, max_relative_diff
+
+    argv = launched.command[launched.command.index(str(ROOT / "pretrain_bert.py")) + 1:]
+    paths = {"--save": tmp_path / "ckpt", "--load": tmp_path / "ckpt", "--log-dir": tmp_path / "log",
+             "--tensorboard-dir": tmp_path / "tb", "--data-cache-path": tmp_path / "cache"}
+    argv = [str(paths.get(argv[i - 1], value)) if i else value for i, value in enumerate(argv)]
+    result = run_entry_point(*argv, "--sequence-parallel-size", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    def measured(records: list) -> list:  # (kind, iteration, loss, and the gradient norm of a training step)
+        return [(r["kind"], r["iteration"], r["loss"], *([r["grad_norm"]] if r["kind"] == "train" else []))
+                for r in records if r["kind"] in ("train", "validation", "test")]
+
+    single, launched_measured = measured(run_log.read_metrics(tmp_path / "log" / "metrics.jsonl")), measured(
+        launched.records)
+    assert [row[:2] for row in single] == [row[:2] for row in launched_measured] and len(single) == 5, single
+    for ours, theirs in zip(launched_measured, single):
+        assert ours[2:] == pytest.approx(theirs[2:], rel=1e-5), (ours, theirs)
+    # the layout tests' measure and bound (Adam's default eps scales rounding in near-zero gradients up)
+    sp, one = (bert_state_from_checkpoint(str(folder)) for folder in (launched.checkpoints, tmp_path / "ckpt"))
+    assert sp.keys() == one.keys() and max_relative_diff(sp, one, floor=1.0) <= REL_TOL, max_relative_diff(sp, one)
 
 
 def test_real_launcher_runs_two_steps(launched):
