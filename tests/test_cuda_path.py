@@ -75,9 +75,9 @@ def test_pair_kinds_full_only_without_padding_and_with_one_segment():
     padded[1, 6:] = 0
     packed = packed.long()
     packed[0, 4:] = 2
-    kinds = [masks.kind_of(ones, x) for x in (ones, padded, packed)]
+    kinds = [masks.pair_kind(ones.numpy(), x.numpy()) for x in (ones, padded, packed)]
     assert kinds == ["full", "single", "mixed"]
-    assert masks.kind_of(ones, 3 * ones) == "skip"  # no shared segment
+    assert masks.pair_kind(ones.numpy(), 3 * ones.numpy()) == "skip"  # no shared segment
     assert masks.block_mask(ones, ones, "full") == masks.BlockMask(None, None)
     assert masks.tile_plan(ones.numpy(), ones.numpy())[0].kind == "full"
     assert masks.tile_plan(ones.numpy(), padded.numpy())[0].kind == "single"

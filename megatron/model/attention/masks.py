@@ -209,11 +209,3 @@ def _runs(ids: np.ndarray) -> dict | None:
     if (values[:len(real)] == PAD_SEGMENT).any() or (np.diff(real) <= 0).any():
         return None
     return dict(zip(values.tolist(), np.diff(np.r_[starts, len(ids)]).tolist()))
-
-
-def kind_of(q_segments, k_segments) -> str:
-    """pair_kind of two sides held as tensors: their ids come to the host together, in one
-    synchronisation."""
-    host = torch.cat([q_segments, k_segments], 1).cpu().numpy()
-    return pair_kind(host[:, :q_segments.shape[1]], host[:, q_segments.shape[1]:])
-
