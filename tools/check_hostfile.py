@@ -1,6 +1,6 @@
 """Checks a DeepSpeed hostfile before a multi-node launch (examples_deepspeed/bert_multinode.sh calls it).
 
-    python tools/check_hostfile.py HOSTFILE [--num-nodes N] [--ranks-per-node R] [--ssh]
+    python tools/check_hostfile.py HOSTFILE [--num-nodes N] [--ranks-per-node R] [--ssh | --no-ssh]
 
 The format is DeepSpeed's (deepspeed/launcher/runner.py): one `<host> slots=<gpus>` line per machine,
 read as DeepSpeed reads it (`^(\\S+)\\s+slots=(\\d+)`; what follows the slots is ignored: a `# comment`,
