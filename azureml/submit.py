@@ -28,6 +28,7 @@ import base64
 import io
 import json
 import logging
+import os
 import re
 import shlex
 import sys
@@ -49,6 +50,11 @@ JOB_FLAGS = {"data_path": ("--data-path", "--data and --data-prefix"), "vocab_fi
              "tokenizer_file": ("--tokenizer-file", "--vocab"), "save": ("--save", "--checkpoints"),
              "load": ("--load", "--checkpoints"), "data_cache_path": ("--data-cache-path", "--data-cache"),
              "log_dir": ("--log-dir", None), "deepspeed_config": ("--deepspeed_config", "--ds-config")}
+# the JSON's monitor sections that log to a service -> (the package DeepSpeed imports for it, the variable of its
+# API key, how it logs without an account)
+SERVICE_MONITORS = {"wandb": ("wandb", "WANDB_API_KEY", "--env WANDB_MODE=offline"),
+                    "comet": ("comet_ml", "COMET_API_KEY", '"online": false in the comet section')}
+KEPT = "outputs"  # the job's folder AzureML keeps (beside the checkpoints mount); the run log goes to outputs/logs
 NCCL_ENV = {  # NCCL over the node's Ethernet/InfiniBand; errors surface instead of hanging
     "NCCL_DEBUG": "WARN",
     "NCCL_SOCKET_IFNAME": "eth0",
@@ -97,6 +103,49 @@ def check_image(image: str) -> None:
         raise SubmitError(f"--image {image} is CUDA {cuda}, the pinned torch {torch_version}'s wheels are CUDA {wanted} "
                           f"(DeepSpeed's FusedAdam build would refuse the mismatch); pass a CUDA {wanted} devel image "
                           f"such as the default {default_image()}")
+
+
+def in_requirements(package: str) -> bool:
+    """Whether requirements.txt, which the job's image is built from, installs `package`."""
+    return re.search(rf"^{re.escape(package)}\s*([=<>!~\[;]|$)", (ROOT / "requirements.txt").read_text(),
+                     re.MULTILINE | re.IGNORECASE) is not None
+
+
+def check_monitors(args, ds_config: dict) -> None:
+    """The JSON's monitors as the job would run them: a service whose package the image lacks (the trainer's
+    start-up would refuse it on the cluster, with a pip install no job can run) is refused; one without its API
+    key, and a file that goes elsewhere than ./outputs (lost with the node's container), get a warning."""
+    from megatron import monitors
+
+    env = dict(args.env)
+    for name in monitors.enabled(ds_config):
+        if name in SERVICE_MONITORS:
+            package, key, offline = SERVICE_MONITORS[name]
+            fix = f"pass --env {key}=<your key> (or {offline})"
+            if not in_requirements(package):
+                raise SubmitError(f"--ds-config {args.ds_config} enables {name}, whose package {package} the job's "
+                                  f"image (built from requirements.txt) does not have; add {package} to "
+                                  f"requirements.txt and {fix}, or set {name}.enabled to false")
+            section = ds_config[name]
+            offline_set = "WANDB_MODE" in env if name == "wandb" else section.get("online") is False
+            if key not in env and not section.get("api_key") and not offline_set:
+                print(f"submit.py: warning: --ds-config {args.ds_config} enables {name} and the job gets no {key} "
+                      f"(it would stop at start-up without a login); {fix}", file=sys.stderr, flush=True)
+    written = [(f"{name}.output_path", ds_config[name].get("output_path", "")) for name in monitors.enabled(ds_config)
+               if name in monitors.WRITES_FILES]
+    profiler = ds_config.get("flops_profiler")
+    if isinstance(profiler, dict) and profiler.get("enabled") is True and profiler.get("output_file"):
+        written.append(("flops_profiler.output_file", profiler["output_file"]))
+    for key, path in written:
+        if not kept(path):
+            print(f"submit.py: warning: {key} {json.dumps(path)} of --ds-config {args.ds_config} is not kept by the "
+                  f"job (AzureML keeps ./{KEPT} and the checkpoints); set it to a path under {KEPT}/, e.g. "
+                  f'"{KEPT}/{key.split(".")[0]}"', file=sys.stderr, flush=True)
+
+
+def kept(path: str) -> bool:
+    """Whether a path the job writes (relative to its working folder, the code folder) lies in ./outputs."""
+    return not os.path.isabs(path) and Path(os.path.normpath(path)).parts[:1] == (KEPT,)
 
 
 def write_build_context(folder: Path, image: str) -> Path:
@@ -171,7 +220,7 @@ def validate(args) -> None:
     quiet_deepspeed()  # before DeepSpeed is first imported: no accelerator warning (a ConfigError: a DS_ACCELERATOR
     # here that DeepSpeed cannot load; the job's GPUs need none)
     from megatron.arguments import build_parser as trainer_parser, config_flags, flags_given
-    from megatron.config import resolve
+    from megatron.config import read_ds_config, resolve
     from megatron.flag_checks import check_flags
     from megatron.flag_habits import wrapped_fix
     from megatron.run_data import data_paths
@@ -209,6 +258,7 @@ def validate(args) -> None:
     flags["bigbird_seed"] = trainer_args.seed
     # the JSON as the trainer fills it from the flags on the job's GPUs (where the Adam params differ)
     resolve(flags, deepspeed_settings(trainer_args, cuda=True), args.instance_count * args.gpus_per_node)
+    check_monitors(args, read_ds_config(args.ds_config))  # as written: the job expands a ~ in its own home
 
 
 def check_dry_run(path: Path, context: Path) -> None:

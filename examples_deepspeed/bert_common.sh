@@ -85,8 +85,10 @@ case "$DRY_RUN" in
 esac
 if [ -n "${HOSTFILE:-}" ]; then  # DeepSpeed's launcher would stop on a bad line with a traceback: name the line here
     # and, when it would reach the hosts by ssh (no NODE_RANK), check that ssh as it does, but before the JSON is written
+    # (and the .deepspeed_env files it would export to them, which a launch per node with NODE_RANK does not read)
     ssh=()
     [ -n "${NODE_RANK:-}" ] || [ "$DRY_RUN" = 1 ] || ssh=(--ssh)
+    [ -z "${NODE_RANK:-}" ] || ssh=(--no-ssh)
     "$PYTHON" "$ROOT/tools/check_hostfile.py" "$HOSTFILE" --num-nodes "$NUM_NODES" --ranks-per-node "$PROCS" \
         --script-names "${ssh[@]}" > /dev/null
 fi

@@ -5,10 +5,12 @@ resolves this project's own settings on top; tools/ds_config.py and azureml/subm
 the trainer's start-up would. Nothing here imports torch or DeepSpeed except deepspeed_accepts
 (DeepSpeed's own config models) and the op checks it runs.
 """
+import contextlib
 import copy
 import difflib
 import importlib.util
 import json
+import os
 import re
 import sys
 
@@ -307,23 +309,95 @@ def check_deepspeed_types(ds_config: dict) -> None:
     as true) are refused too, and so are a "scheduler", which DeepSpeed would silently drop for the
     schedule the trainer hands it, a checkpoint writer, which would write around the trainer's staged
     save, universal-checkpoint loading (the trainer reads its checkpoints in any layout), and data
-    efficiency, which works on a loader the trainer does not use (here, so that tools/ds_config.py
-    and azureml/submit.py refuse them too)."""
-    _refuse_ignored_sections(ds_config)
-    _check_enabled_flags(ds_config, "")
-    _check_optimizer_type(ds_config)
-    for key in ("zero_optimization", "activation_checkpointing", "pipeline", "optimizer", "fp16", "bf16", "bfloat16",
-                "torch_autocast", "data_types", SECTION):
-        if key in ds_config and not isinstance(ds_config[key], dict):
-            raise ConfigError(f"{key} = {json.dumps(ds_config[key])} is not a JSON object",
-                              f'write "{key}": {{...}} or remove it')
-    check_optimizer(ds_config)
-    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-        if ds_config.get(key) is not None:  # null: derived from the other two
-            typed(key, ds_config[key], int)
-    _check_precision_and_zero(ds_config)
-    _check_dtypes(ds_config)
-    _check_top_level_scalars(ds_config)
+    efficiency, which works on a loader the trainer does not use, and the DeepSpeed features it does not run
+    (_unsupported_feature), a grad_accum_dtype DeepSpeed cannot mix with the weights' (_check_grad_accum_mix) and
+    a $VAR in a path value (here, so that tools/ds_config.py and azureml/submit.py refuse them too). A refused
+    value "auto" gets the note saying what it is (naming_placeholders)."""
+    with naming_placeholders(ds_config):
+        _refuse_ignored_sections(ds_config)
+        _check_enabled_flags(ds_config, "")
+        _check_optimizer_type(ds_config)
+        for key in ("zero_optimization", "activation_checkpointing", "pipeline", "optimizer", "fp16", "bf16",
+                    "bfloat16", "torch_autocast", "data_types", SECTION):
+            if key in ds_config and not isinstance(ds_config[key], dict):
+                raise ConfigError(f"{key} = {json.dumps(ds_config[key])} is not a JSON object",
+                                  f'write "{key}": {{...}} or remove it')
+        check_optimizer(ds_config)
+        for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+            if ds_config.get(key) is not None:  # null: derived from the other two
+                typed(key, ds_config[key], int)
+        _check_precision_and_zero(ds_config)
+        _check_dtypes(ds_config)
+        _check_top_level_scalars(ds_config)
+        _check_path_values(ds_config)
+
+
+PLACEHOLDER = "auto"  # the Hugging Face Trainer's value for "fill this in from my arguments"
+PLACEHOLDER_NOTE = ('"auto" is the Hugging Face Trainer\'s placeholder, which it replaces before DeepSpeed reads the '
+                    "JSON: write the value, or drop the key where a flag sets it")
+
+
+def placeholder_keys(node, prefix: str = "") -> list[str]:
+    """The dotted keys of the JSON whose value is "auto" (a Hugging Face Trainer template's)."""
+    found = []
+    for key, value in node.items() if isinstance(node, dict) else ():
+        found += [prefix + key] if value == PLACEHOLDER else placeholder_keys(value, f"{prefix}{key}.")
+    return found
+
+
+@contextlib.contextmanager
+def naming_placeholders(ds_config: dict):
+    """A ConfigError about a value "auto" gets PLACEHOLDER_NOTE after its fix: a Hugging Face Trainer template's
+    placeholder, which no check here (nor DeepSpeed) can fill in."""
+    try:
+        yield
+    except ConfigError as error:
+        named = f'"{PLACEHOLDER}"' in error.problem or any(key in error.problem for key in placeholder_keys(ds_config))
+        if not named or PLACEHOLDER_NOTE in error.fix:
+            raise
+        raise ConfigError(error.problem, f"{error.fix} ({PLACEHOLDER_NOTE})") from None
+
+
+# the JSON's path values (a folder or a file DeepSpeed writes), which DeepSpeed uses as written: it expands
+# neither ~ nor $VAR (a folder named "~" in the current one would take the files)
+PATH_KEYS = (("tensorboard", "output_path"), ("csv_monitor", "output_path"), ("flops_profiler", "output_file"),
+             ("zero_optimization", "offload_optimizer", "nvme_path"),
+             ("zero_optimization", "offload_param", "nvme_path"))
+_VARIABLE = re.compile(r"\$(\{[A-Za-z_]\w*\}|[A-Za-z_]\w*)")  # $HOME, ${HOME}
+
+
+def path_values(ds_config: dict) -> list[tuple[str, dict, str, str]]:
+    """(dotted key, the section holding it, its last key, value) of each PATH_KEYS value the JSON gives as a string."""
+    found = []
+    for keys in PATH_KEYS:
+        section = ds_config
+        for key in keys[:-1]:
+            section = section.get(key) if isinstance(section, dict) else None
+        if isinstance(section, dict) and isinstance(section.get(keys[-1]), str):
+            found.append((".".join(keys), section, keys[-1], section[keys[-1]]))
+    return found
+
+
+def _check_path_values(ds_config: dict) -> None:
+    """A $VAR in a path value, which DeepSpeed would take as a folder's name ("$HOME" in the current folder);
+    a leading ~ passes: the trainer expands it (expand_home_paths) as it does in a path flag."""
+    for key, _, _, value in path_values(ds_config):
+        if variable := _VARIABLE.search(value):
+            raise ConfigError(f"{key} {json.dumps(value)} holds {variable.group(0)}, which DeepSpeed does not expand "
+                              f"(it would write into a folder named {json.dumps(variable.group(0))})",
+                              f"write the full path in {key}")
+        if value.startswith("~") and os.path.expanduser(value) == value:
+            raise ConfigError(f"{key} {json.dumps(value)} starts with {value.split('/')[0]}, which names no user's "
+                              "home here", f"write the full path in {key}")
+
+
+def expand_home_paths(ds_config: dict) -> dict:
+    """`ds_config` with a leading ~ of its path values expanded, in place (the dict the trainer hands DeepSpeed,
+    not the user's file): as paths.expand_home does for the flags, so the files go to the home folder and not into
+    a folder named "~" in the current one."""
+    for _, section, key, value in path_values(ds_config):
+        section[key] = os.path.expanduser(value)
+    return ds_config
 
 
 def dict_section(ds_config: dict, key: str) -> dict:
@@ -365,10 +439,52 @@ def _refuse_ignored_sections(ds_config: dict) -> None:
         raise ConfigError('the DeepSpeed JSON\'s "data_efficiency" section is not used (the trainer builds its own '
                           "samples and loader, which DeepSpeed's data sampling and routing never see; random-LTD "
                           "fails inside DeepSpeed)", 'remove "data_efficiency"')
+    if unsupported := _unsupported_feature(ds_config):
+        raise ConfigError(*unsupported)
     if ds_config.get("weight_quantization"):
         raise ConfigError('the DeepSpeed JSON\'s "weight_quantization" section is ZeRO-Inference\'s weight '
                           "quantization, not training's (post_init_quant is never read; quantized_initialization "
                           "fails inside DeepSpeed at the first ZeRO-3 step)", 'remove "weight_quantization"')
+
+
+def _unsupported_feature(ds_config: dict) -> tuple[str, str] | None:
+    """(problem, fix) of the first top-level setting that switches on a DeepSpeed feature this trainer does not
+    run: each key is one DeepSpeed knows (so _refuse_ignored_sections lets it by) and no other check reads, and a
+    template's harmless values (autotp_size 1, "enabled": false) pass."""
+    autotp = dict_section(ds_config, "tensor_parallel").get("autotp_size", 0)
+    if isinstance(autotp, int) and not isinstance(autotp, bool) and autotp > 1:
+        return (f"tensor_parallel.autotp_size {autotp} is DeepSpeed's AutoTP tensor parallelism, which this trainer "
+                "does not have (DeepSpeed stops at the first batch: \"Data inconsistency within the TP group\")",
+                'remove "tensor_parallel" (or set autotp_size to 1) and split the sequence (--sequence-parallel-size '
+                "N --attention ring), the layers (--pipeline-model-parallel-size N) or the optimizer state "
+                "(zero_optimization.stage 1-3)")
+    for key, feature in _ENABLED_FEATURES.items():
+        if dict_section(ds_config, key).get("enabled") is True:
+            return f"{key}.enabled switches on {feature}", f'remove "{key}" (or set {key}.enabled to false)'
+    if "datastates_ckpt" in ds_config and ds_config["datastates_ckpt"] is not False:
+        return ('"datastates_ckpt" switches DeepSpeed to the DataStates checkpoint engine (any value but false), '
+                "which writes around the trainer's staged save and needs the datastates package",
+                'remove "datastates_ckpt" (the trainer writes its checkpoints itself: --save)')
+    if str(ds_config.get("gradient_allreduce_op", "mean")).lower() == "sum":
+        return ('gradient_allreduce_op "sum" adds up the ranks\' gradients, where the trainer\'s loss is written '
+                "for DeepSpeed's default mean: each update would grow with the number of ranks",
+                'remove gradient_allreduce_op (DeepSpeed\'s default "mean")')
+    if ds_config.get("managed_gradient_accumulation") is False:
+        return ("managed_gradient_accumulation false makes each engine.step() an optimizer step, and the trainer "
+                "steps the engine after every micro batch: gradient accumulation would be lost",
+                "remove managed_gradient_accumulation (true, DeepSpeed's default)")
+    return None
+
+
+# top-level sections whose "enabled": true switches on a DeepSpeed feature this trainer does not run -> what it does
+_ENABLED_FEATURES = {
+    "expert_parallel": "DeepSpeed's AutoEP, expert parallelism for Mixture-of-Experts layers, which this model "
+                       "does not have",
+    "hybrid_engine": "DeepSpeed-Chat's hybrid engine (RLHF generation with inference kernels), which "
+                     "deepspeed.initialize then builds in place of the training engine this trainer drives",
+    "autotuning": "DeepSpeed's autotuning profile, which ends the process after autotuning.end_profile_step "
+                  "(step 5 by default) as only the experiments of its autotuner (deepspeed --autotuning) want",
+}
 
 
 def _refuse_removed_and_uncalled(ds_config: dict) -> None:
@@ -623,12 +739,36 @@ def _check_dtypes(ds_config: dict) -> None:
     if grad_accum is not None and not any(grad_accum in names for names in _DTYPE_NAMES.values()):
         raise ConfigError(f"data_types.grad_accum_dtype = {json.dumps(grad_accum)} is not a dtype DeepSpeed knows",
                           "set it to fp32, fp16 or bf16, or remove it (the model's dtype)")
+    if grad_accum is not None:
+        _check_grad_accum_mix(ds_config, grad_accum)
     for key in ("communication_data_type", "seq_parallel_communication_data_type"):
         value = ds_config.get(key)
         if value is not None and not (isinstance(value, str) and value.lower() in _COMMUNICATION_DTYPES):
             raise ConfigError(f"{key} = {json.dumps(value)} is not a communication dtype DeepSpeed knows",
                               f"set {key} to fp32, fp16 or bf16, or remove it")
     _check_autocast(ds_config.get("torch_autocast", {}), ds_config)
+
+
+def _check_grad_accum_mix(ds_config: dict, grad_accum: str) -> None:
+    """DeepSpeed 0.19.8's rule (engine._do_optimizer_sanity_check): without ZeRO the gradients accumulate in the
+    weights' dtype, and any other grad_accum_dtype is a NotImplementedError ("unsupported mix") inside
+    deepspeed.initialize; at ZeRO 1, bf16 weights with fp32 accumulation (its BF16 optimizer) need the gradient
+    norm it computes unless the optimizer is offloaded."""
+    accumulated = next(kind for kind, names in _DTYPE_NAMES.items() if grad_accum in names)
+    weights = precision(ds_config)
+    zero = dict_section(ds_config, "zero_optimization")
+    stage = zero.get("stage", 0)
+    if accumulated != weights and stage == 0:
+        raise ConfigError(f"data_types.grad_accum_dtype {json.dumps(grad_accum)} with {weights} weights needs ZeRO "
+                          "(zero_optimization.stage is 0, where DeepSpeed 0.19.8 accumulates gradients in the "
+                          "weights' dtype and stops with \"unsupported mix\")",
+                          "set zero_optimization.stage to 1 or 2, or "
+                          "remove data_types.grad_accum_dtype (the weights' dtype then)")
+    if ((weights, accumulated, stage) == ("bf16", "fp32", 1) and zero.get("compute_grad_norm") is False
+            and _offload_device(zero, "offload_optimizer") == "none"):
+        raise ConfigError("zero_optimization.compute_grad_norm false cannot run bf16 weights with data_types."
+                          "grad_accum_dtype fp32 at ZeRO 1 (DeepSpeed 0.19.8 refuses it inside deepspeed.initialize)",
+                          "remove compute_grad_norm (true by default)")
 
 
 def _check_autocast(autocast: dict, ds_config: dict) -> None:
@@ -770,13 +910,19 @@ def deepspeed_accepts(ds_config: dict) -> None:
     it rejects is one line naming the key before any model is built, not a traceback inside
     deepspeed.initialize. The batch keys are left out: their arithmetic is checked above at the
     real world size, which DeepSpeed cannot know before the processes start."""
-    import pydantic
-    from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
-
     _check_autocast_modules(ds_config)
     _check_nvme_supported(ds_config)
     _check_quantizer_supported(ds_config)
     trial = {key: value for key, value in ds_config.items() if key != "train_batch_size"}
+    with naming_placeholders(ds_config):
+        _deepspeed_config_accepts(trial, ds_config)
+
+
+def _deepspeed_config_accepts(trial: dict, ds_config: dict) -> None:
+    """DeepSpeedConfig(trial), its refusal one line naming the key of `ds_config` (deepspeed_accepts)."""
+    import pydantic
+    from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
+
     try:
         DeepSpeedConfig(trial)
     except pydantic.ValidationError as error:
@@ -813,10 +959,10 @@ def typed(key: str, value, kind):
     """`value`, refused in one line naming `key` unless it is a `kind` (a JSON boolean is no integer)."""
     if kind is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key} = {value!r} is not a boolean", f"set {key} to true or false")
+            raise ConfigError(f"{key} = {json.dumps(value)} is not a boolean", f"set {key} to true or false")
     elif kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} = {value!r} is not an integer", f"set {key} to an integer")
+            raise ConfigError(f"{key} = {json.dumps(value)} is not an integer", f"set {key} to an integer")
     elif not isinstance(value, kind):
-        raise ConfigError(f"{key} = {value!r} is not a {kind.__name__}", f"set {key} to a {kind.__name__}")
+        raise ConfigError(f"{key} = {json.dumps(value)} is not a {kind.__name__}", f"set {key} to a {kind.__name__}")
     return value

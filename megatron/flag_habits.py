@@ -10,6 +10,9 @@ In the fix, {value} stands for the value given with the flag (N when none was).
 """
 import re
 
+from megatron.paths import in_repository
+
+DOCS, DOCS_SECTION = "docs/deepspeed.md", "Coming from Megatron-LM / Megatron-DeepSpeed"  # markdown_table()'s place
 MEGATRON = "Megatron-LM"
 MEGATRON_DS = "Megatron-DeepSpeed"
 JSON = "pass --deepspeed --deepspeed_config FILE with"  # the start of a fix that names a section of the JSON
@@ -21,6 +24,25 @@ TOKENIZER_HABITS = {
                           "holding it), or --vocab-file vocab.txt for WordPiece"),
     "--merge-file": (MEGATRON, "GPT's BPE vocab and merges are read from a Hugging Face tokenizer.json",
                      "pass --tokenizer-file TOKENIZER.json of that BPE tokenizer"),
+}
+
+# Megatron's flags that add a value to its TensorBoard events -> where that value is here
+EVERY_LINE = "--tensorboard-dir gets {} with every log line"
+TENSORBOARD_VALUES = {
+    "--log-timers-to-tensorboard": EVERY_LINE.format("tokens/s and TFLOP/s") + " (DeepSpeed's own step timers: "
+                                                                               '"wall_clock_breakdown": true)',
+    "--log-batch-size-to-tensorboard": "the global batch is the same at every step (the start-up config: line gives "
+                                       "it)",
+    "--log-validation-ppl-to-tensorboard": "--tensorboard-dir gets the validation loss (its exp is the perplexity)",
+    "--log-optimizer-states-to-tensorboard": EVERY_LINE.format("the learning rate and the gradient norm"),
+    "--log-memory-to-tensorboard": EVERY_LINE.format("the peak memory"),
+    "--log-world-size-to-tensorboard": "the world size is the same at every step (the start-up config: line gives it)",
+    "--log-learning-rate-to-tensorboard": EVERY_LINE.format("the learning rate"),
+    "--log-loss-scale-to-tensorboard": EVERY_LINE.format("the fp16 loss scale"),
+    "--no-log-learnig-rate-to-tensorboard": EVERY_LINE.format("the learning rate") + ", always",
+    "--no-log-loss-scale-to-tensorboard": EVERY_LINE.format("the fp16 loss scale") + ", always",
+    "--log-params-norm": EVERY_LINE.format("the gradient norm") + " (no parameter norm)",
+    "--log-num-zeros-in-grad": EVERY_LINE.format("the gradient norm") + " (no count of zero gradients)",
 }
 
 TRAINER_HABITS = {
@@ -37,13 +59,26 @@ TRAINER_HABITS = {
                              f'{JSON} "fp16": {{"enabled": true, "initial_scale_power": P}} (the scale 2**P)'),
     "--hysteresis": (MEGATRON, "fp16 loss scaling is set in the DeepSpeed JSON",
                      f'{JSON} "fp16": {{"enabled": true, "hysteresis": {{value}}}}'),
-    "--accumulate-allreduce-grads-in-fp32": (MEGATRON, "the gradient accumulation type is set in the DeepSpeed JSON",
-                                             f'{JSON} "data_types": {{"grad_accum_dtype": "fp32"}}'),
+    "--accumulate-allreduce-grads-in-fp32": (MEGATRON, "the gradient accumulation type is set in the DeepSpeed JSON, "
+                                             "and another than the weights' needs ZeRO",
+                                             f'{JSON} "data_types": {{"grad_accum_dtype": "fp32"}}, '
+                                             '"zero_optimization": {"stage": 1} (with bf16: add data_types to '
+                                             'ds_configs/bf16_ring_sp2.json, which is ZeRO 1)'),
+    "--loss-scale-window": (MEGATRON, "fp16 loss scaling is set in the DeepSpeed JSON",
+                            f'{JSON} "fp16": {{"enabled": true, "loss_scale_window": {{value}}}}'),
+    "--min-loss-scale": (MEGATRON, "fp16 loss scaling is set in the DeepSpeed JSON",
+                         f'{JSON} "fp16": {{"enabled": true, "min_loss_scale": {{value}}}}'),
+    "--fp32-residual-connection": (MEGATRON_DS, "the residual stream is in the weights' dtype (fp32 without a bf16 "
+                                   "or fp16 section in the DeepSpeed JSON)", "drop it"),
     # parallelism
     "--tensor-model-parallel-size": (MEGATRON, "this trainer has no tensor parallelism",
                                      "drop it and split the sequence (--sequence-parallel-size N --attention "
                                      "ring), the layers (--pipeline-model-parallel-size N) or the optimizer state "
                                      f'(ZeRO: {JSON} "zero_optimization": {{"stage": 1}}, 2 or 3)'),
+    "--model-parallel-size": (MEGATRON, "it is the old name of --tensor-model-parallel-size, and this trainer has "
+                              "no tensor parallelism", "drop it and split the sequence (--sequence-parallel-size N "
+                              "--attention ring), the layers (--pipeline-model-parallel-size N) or the optimizer "
+                              f'state (ZeRO: {JSON} "zero_optimization": {{"stage": 1}}, 2 or 3)'),
     "--sequence-parallel": (MEGATRON, "it splits tensor-parallel activations, and this trainer has no tensor "
                             "parallelism (its sequence parallelism splits each sequence over ranks)",
                             "drop it, or pass --sequence-parallel-size N --attention ring (or ulysses)"),
@@ -62,6 +97,18 @@ TRAINER_HABITS = {
                                     f'{JSON} "zero_optimization": {{"stage": 1}}'),
     "--cpu-optimizer": (MEGATRON_DS, "ZeRO offload runs the optimizer on the CPU, set in the DeepSpeed JSON",
                         f'{JSON} "zero_optimization": {{"stage": 2, "offload_optimizer": {{"device": "cpu"}}}}'),
+    "--cpu_torch_adam": (MEGATRON_DS, "torch's Adam in place of DeepSpeed's is an optimizer param of the DeepSpeed "
+                         "JSON (the default without CUDA)",
+                         f'{JSON} "optimizer": {{"type": "AdamW", "params": {{"torch_adam": true}}}}'),
+    "--zero-reduce-bucket-size": (MEGATRON_DS, "ZeRO's buckets are set in the DeepSpeed JSON",
+                                  f'{JSON} "zero_optimization": {{"stage": 2, "reduce_bucket_size": {{value}}}}'),
+    "--zero-allgather-bucket-size": (MEGATRON_DS, "ZeRO's buckets are set in the DeepSpeed JSON",
+                                     f'{JSON} "zero_optimization": {{"stage": 2, "allgather_bucket_size": {{value}}}}'),
+    "--zero-contigious-gradients": (MEGATRON_DS, "ZeRO's settings are in the DeepSpeed JSON",
+                                    f'{JSON} "zero_optimization": {{"stage": 2, "contiguous_gradients": true}}'),
+    "--zero-reduce-scatter": (MEGATRON_DS, "ZeRO's settings are in the DeepSpeed JSON",
+                              f'{JSON} "zero_optimization": {{"stage": 2, "reduce_scatter": true}}'),
+    "--DDP-impl": (MEGATRON_DS, "DeepSpeed's engine reduces the gradients (no torch or local DDP choice)", "drop it"),
     "--distributed-backend": (MEGATRON, "the backend is chosen by the device (nccl with CUDA, gloo without)",
                               "drop it"),
     # activation recomputation
@@ -79,26 +126,52 @@ TRAINER_HABITS = {
                                 "--checkpoint-activations"),
     "--deepspeed-activation-checkpointing": (MEGATRON_DS, "this trainer's --checkpoint-activations is DeepSpeed's "
                                              "activation checkpointing", "pass --checkpoint-activations"),
+    **{flag: (whose, "DeepSpeed's activation partitioning is set in its JSON, and only at sequence-parallel size 1",
+              f'{JSON} "activation_checkpointing": {{"partition_activations": true}} and pass --checkpoint-activations')
+       for flag, whose in (("--distribute-checkpointed-activations", MEGATRON_DS),
+                           ("--distribute-saved-activations", MEGATRON_DS))},
+    "--checkpoint-in-cpu": (MEGATRON_DS, "DeepSpeed's CPU checkpointing is set in its JSON, with partitioned "
+                            "activations (sequence-parallel size 1)", f'{JSON} "activation_checkpointing": '
+                            '{"partition_activations": true, "cpu_checkpointing": true} and pass '
+                            "--checkpoint-activations"),
+    "--synchronize-each-layer": (MEGATRON_DS, "DeepSpeed's activation checkpointing settings are in its JSON",
+                                 f'{JSON} "activation_checkpointing": {{"synchronize_checkpoint_boundary": true}} '
+                                 "and pass --checkpoint-activations"),
+    "--profile-backward": (MEGATRON_DS, "DeepSpeed's activation checkpointing settings are in its JSON",
+                           f'{JSON} "activation_checkpointing": {{"profile": true}} and pass --checkpoint-activations'),
     # the run
     "--exit-interval": (MEGATRON, "the run ends at --train-iters, the length its LR schedule spans",
                         "pass --train-iters {value}, or --exit-duration-in-mins M with --save to stop a longer run "
                         "on time and resume it"),
     "--exit-signal-handler": (MEGATRON, "SIGTERM and SIGINT stop the run with a checkpoint by default (with --save, "
                               "docs/resuming.md)", "drop it"),
-    "--use-checkpoint-lr-scheduler": (MEGATRON, "a resume keeps the checkpoint's LR schedule by default", "drop it"),
+    **{flag: (whose, "a resume keeps the checkpoint's LR schedule by default", "drop it")
+       for flag, whose in (("--use-checkpoint-lr-scheduler", MEGATRON),
+                           ("--use-checkpoint-opt_param-scheduler", MEGATRON_DS))},
+    "--universal-checkpoint": (MEGATRON_DS, "a resume reads this trainer's checkpoints in any layout "
+                               "(docs/resuming.md)", "drop it"),
+    "--no-save-optim": (MEGATRON, "a checkpoint holds the optimizer state, which a resume needs",
+                        "drop it (tools/convert_checkpoint.py to-torch, or to-hf, exports the weights alone)"),
     "--override-opt_param-scheduler": (MEGATRON, "a resume keeps the checkpoint's LR schedule, and a new schedule "
                                        "starts a new run from its weights", "pass --finetune --load DIR with the "
                                        "new --lr and schedule flags (and another --save)"),
     "--no-load-optim": (MEGATRON, "a resume restores the optimizer, and a fresh optimizer starts a new run from the "
                         "checkpoint's weights", "pass --finetune --load DIR (and another --save)"),
-    "--train-data-path": (MEGATRON, "one --data-path is split into train, validation and test documents by --split",
-                          "pass --data-path PREFIX --split 949,50,1"),
+    **{flag: (MEGATRON, "one --data-path is split into train, validation and test documents by --split",
+              "pass --data-path PREFIX --split 949,50,1")
+       for flag in ("--train-data-path", "--valid-data-path", "--test-data-path")},
+    "--batch-size": (MEGATRON, "it is the old name of the micro batch", "pass --micro-batch-size {value}"),
+    "--rampup-batch-size": (MEGATRON_DS, "the global batch is the same at every step", "drop it"),
+    "--train-tokens": (MEGATRON_DS, "the run length counts steps or samples",
+                       "pass --train-samples (tokens / --seq-length) or --train-iters"),
     "--mock-data": (MEGATRON, "without --data-path the run trains on the embedded sample corpus", "drop it"),
     "--dataloader-type": (MEGATRON, "batches are read in order of the consumed samples (Megatron's single: a "
                           "resume goes on where it stopped)", "drop it"),
     # speed: kernels chosen by themselves
-    "--use-flash-attn": (MEGATRON, "dense attention runs torch's scaled_dot_product_attention, which picks the "
-                         "flash kernel where it can", "drop it"),
+    **{flag: (whose, "dense attention runs torch's scaled_dot_product_attention, which picks the flash kernel where "
+              "it can", "drop it")
+       for flag, whose in (("--use-flash-attn", MEGATRON), ("--use-flash-attn-v1", MEGATRON_DS),
+                           ("--use-flash-attn-v2", MEGATRON_DS), ("--use-flash-attn-triton", MEGATRON_DS))},
     "--no-masked-softmax-fusion": (MEGATRON, "dense attention runs torch's scaled_dot_product_attention (no "
                                    "Megatron fused softmax)", "drop it"),
     "--no-bias-gelu-fusion": (MEGATRON, "the MLP is unfused unless --compile-mlp", "drop it"),
@@ -111,16 +184,26 @@ TRAINER_HABITS = {
                         f'{JSON} "wandb": {{"enabled": true, "project": "{{value}}"}} (docs/deepspeed.md)'),
     "--tensorboard-log-interval": (MEGATRON, "--tensorboard-dir gets every --log-interval step's line",
                                    "pass --log-interval {value} instead"),
+    "--tensorboard-queue-size": (MEGATRON, "--tensorboard-dir's writer flushes each record as it is logged",
+                                 "drop it"),
+    **{flag: (MEGATRON, here, "drop it") for flag, here in TENSORBOARD_VALUES.items()},
     # optimizer and schedule
     "--optimizer": (MEGATRON, "the optimizer is AdamW unless the DeepSpeed JSON names another",
                     f'drop it for AdamW (the default), or {JSON} "optimizer": {{"type": ...}}'),
     "--lr-decay-samples": (MEGATRON, "the LR schedule counts steps", "pass --lr-decay-iters (samples / global batch)"),
     "--lr-warmup-samples": (MEGATRON, "the LR schedule counts steps",
                             "pass --lr-warmup-iters (samples / global batch)"),
+    "--lr-decay-tokens": (MEGATRON_DS, "the LR schedule counts steps",
+                          "pass --lr-decay-iters (tokens / (global batch x --seq-length))"),
+    "--lr-warmup-tokens": (MEGATRON_DS, "the LR schedule counts steps",
+                           "pass --lr-warmup-iters (tokens / (global batch x --seq-length))"),
+    "--warmup": (MEGATRON, "it is the old name of --lr-warmup-fraction", "pass --lr-warmup-fraction {value}"),
     "--weight-decay-incr-style": (MEGATRON, "the weight decay is constant", "drop it and pass --weight-decay"),
     # the model
     "--use-rotary-position-embeddings": (MEGATRON, "rope is a --position-embedding-type",
                                          "pass --position-embedding-type rope"),
+    "--apply-residual-connection-post-layernorm": (MEGATRON_DS, "original BERT's post-LayerNorm is a "
+                                                   "--layernorm-layout", "pass --layernorm-layout post"),
     "--bert-binary-head": (MEGATRON, "the sentence-order head is on by default", "drop it (--bert-no-binary-head "
                            "turns it off)"),
     "--untie-embeddings-and-output-weights": (MEGATRON, "BERT's LM head here shares the word embeddings, as its "
@@ -140,19 +223,34 @@ PREPROCESS_HABITS = {
 
 
 def habit_problem(argv: list, options, habits: dict) -> tuple | None:
-    """(problem, fix) for the first flag of `argv` (before a `--`) that is a row of `habits` and not one of
-    the parser's `options`, as written or as --flag=value; None when there is none. Exact names only, so
-    that an abbreviation argparse reads (--micro-batch) stays the trainer's."""
+    """(problem, fix) for the flags of `argv` (before a `--`) that are rows of `habits` and not among the parser's
+    `options`, as written or as --flag=value: the first one's equivalent in full, the others named after its fix
+    with the docs' table, so that a pasted Megatron script is one run, not one per flag; None when there is none.
+    Exact names only, so that an abbreviation argparse reads (--micro-batch) stays the trainer's."""
+    found = habit_flags(argv, options, habits)
+    if not found:
+        return None
+    (flag, value), others = found[0], list(dict.fromkeys(other for other, _ in found[1:] if other != found[0][0]))
+    whose, here, fix = habits[flag]
+    fix = fix.replace("{value}", value)
+    if others:
+        fix += (f" (and {', '.join(others)}: each one's equivalent is in {in_repository(DOCS)}, "
+                f'"{DOCS_SECTION}")')
+    return f"{flag} is {whose}'s flag: {here}", fix
+
+
+def habit_flags(argv: list, options, habits: dict) -> list[tuple[str, str]]:
+    """(flag, value) of each `habits` row in `argv` before a `--` that is not among `options`; the value is the
+    one given with it (as --flag=value or the next word), N when none was."""
+    found = []
     for index, token in enumerate(argv):
         if token == "--":
-            return None
+            break
         flag, equals, value = token.partition("=")
         if flag in habits and flag not in options:
             after = argv[index + 1] if index + 1 < len(argv) else ""
-            value = value if equals else (after if after and not after.startswith("-") else "N")
-            whose, here, fix = habits[flag]
-            return f"{flag} is {whose}'s flag: {here}", fix.replace("{value}", value)
-    return None
+            found.append((flag, value if equals else (after if after and not after.startswith("-") else "N")))
+    return found
 
 
 def wrapped_fix(fix: str, own_flags: dict) -> str:

@@ -27,7 +27,8 @@ from megatron.config import TrainConfig, model_notes, read_ds_config, resolve
 from megatron.data import index_maps
 from megatron.data.preprocess import FIRST_LOG_SECONDS, LOG_SECONDS, duration_text
 from megatron.data.tokenizer import check_fits
-from megatron.ds_schema import OPTIMIZER_DEFAULTS, default_optimizer, json_notes, optimizer_params_taken, precision
+from megatron.ds_schema import (OPTIMIZER_DEFAULTS, default_optimizer, expand_home_paths, json_notes,
+                                optimizer_params_taken, precision)
 from megatron.engine import build_engine, check_precision_supported, eval_step, skip_nonfinite_updates, train_step
 from megatron.errors import (WHERE_FIX, ConfigError, Interrupted, cannot_use, ignore_signals, raise_on_signals,
                              restore_signals, stopped_during_start_up)
@@ -211,7 +212,7 @@ def deepspeed_settings(args, cuda: bool | None = None) -> dict:
     flags given on the command line win, the JSON fills the rest, then the defaults. `cuda`: whether the
     run's machines have GPUs (default: this one's; given, as azureml/submit.py checks a job for
     other machines, this one's FusedAdam build is not probed)."""
-    ds = read_ds_config(args.deepspeed_config) if args.deepspeed_config else {}
+    ds = expand_home_paths(read_ds_config(args.deepspeed_config)) if args.deepspeed_config else {}
     here, cuda = cuda is None, torch.cuda.is_available() if cuda is None else cuda
     params = default_optimizer(ds, cuda)  # AdamW, the params the JSON lacks, torch_adam without CUDA
     taken, optimizer = optimizer_params_taken(ds, cuda)

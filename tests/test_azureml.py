@@ -320,6 +320,13 @@ REFUSED = {
     "dry_run_into_a_folder": (["--dry-run", "{tmp}"], ("--dry-run {tmp} is a folder; pass the job YAML's file name",)),
     "dry_run_below_a_file": (["--dry-run", "{tmp}/bad.json/job.yml"], ("its folder {tmp}/bad.json is a file, not a directory",)),
     "checkpoints_not_on_a_datastore": (["--checkpoints", "./ckpt"], ("./ckpt is not a datastore path",)),
+    # a monitor service whose package the job's image lacks: the trainer would stop on the cluster with a pip install
+    "wandb_the_image_lacks": (["--ds-config", "{tmp}/wandb.json"], (
+        "--ds-config {tmp}/wandb.json enables wandb, whose package wandb the job's image (built from requirements.txt) "
+        "does not have; add wandb to requirements.txt and pass --env WANDB_API_KEY=<your key> (or --env "
+        "WANDB_MODE=offline), or set wandb.enabled to false",)),
+    "comet_the_image_lacks": (["--ds-config", "{tmp}/comet.json"], ("enables comet, whose package comet_ml",
+                                                                    "COMET_API_KEY")),
 }
 
 
@@ -334,6 +341,9 @@ def test_submit_validates_as_the_trainer(case, tmp_path, capsys):
                                            '"params": {"foreach": true}}}')
     (tmp_path / "sgd.json").write_text('{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "SGD", '
                                        '"params": {"lr": 0.01}}}')
+    for service in ("wandb", "comet"):
+        (tmp_path / f"{service}.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 4,
+                                                              service: {"enabled": True, "project": "p"}}))
     argv, phrases = REFUSED[case]
     argv = [part.format(tmp=tmp_path) for part in argv]
     data = ["--data", str(data_folder(tmp_path / "data"))] if "--data" not in argv else []
@@ -343,3 +353,36 @@ def test_submit_validates_as_the_trainer(case, tmp_path, capsys):
     assert all(phrase.format(tmp=tmp_path) in lines[0] for phrase in phrases), lines[0]
     assert not (tmp_path / "job.yml").exists() and not (tmp_path / "job_environment").exists()
     assert not (tmp_path.parent / f"{tmp_path.name}_environment").exists()
+
+
+@needs_sdk
+def test_monitor_files_the_job_would_lose_and_a_service_without_a_key_are_warned_of(tmp_path, capsys, monkeypatch):
+    """The job keeps ./outputs (and the checkpoints): a monitor writing elsewhere (an absolute path in node 0's
+    container, the code folder, a ~) is lost with the job, and wandb without WANDB_API_KEY stops at start-up on
+    the cluster; one warning line each, the job YAML written. Paths under outputs/ and an offline wandb pass."""
+    module, job_file = load_submit_module(), tmp_path / "job.yml"
+    monkeypatch.setattr(module, "in_requirements", lambda package: True)  # an image with the package
+    data = ["--data", str(data_folder(tmp_path / "data")), "--compute", "gpu"]
+    lost = {"csv_monitor": {"enabled": True, "output_path": "/tmp/csv"}, "tensorboard": {"enabled": True},
+            "flops_profiler": {"enabled": True, "output_file": "~/flops.txt"}, "wandb": {"enabled": True}}
+    (tmp_path / "lost.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, **lost}))
+    assert module.main(["--dry-run", str(job_file), *data, "--ds-config", str(tmp_path / "lost.json")]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    config = tmp_path / "lost.json"
+    assert lines == [
+        f"submit.py: warning: --ds-config {config} enables wandb and the job gets no WANDB_API_KEY (it would stop at "
+        "start-up without a login); pass --env WANDB_API_KEY=<your key> (or --env WANDB_MODE=offline)",
+        f'submit.py: warning: tensorboard.output_path "" of --ds-config {config} is not kept by the job (AzureML keeps '
+        './outputs and the checkpoints); set it to a path under outputs/, e.g. "outputs/tensorboard"',
+        f'submit.py: warning: csv_monitor.output_path "/tmp/csv" of --ds-config {config} is not kept by the job '
+        '(AzureML keeps ./outputs and the checkpoints); set it to a path under outputs/, e.g. "outputs/csv_monitor"',
+        f'submit.py: warning: flops_profiler.output_file "~/flops.txt" of --ds-config {config} is not kept by the job '
+        '(AzureML keeps ./outputs and the checkpoints); set it to a path under outputs/, e.g. "outputs/flops_profiler"',
+    ], lines
+    kept = {"csv_monitor": {"enabled": True, "output_path": "./outputs/csv"},
+            "tensorboard": {"enabled": True, "output_path": "outputs"},
+            "flops_profiler": {"enabled": True, "output_file": "outputs/flops.txt"}, "wandb": {"enabled": True}}
+    (tmp_path / "kept.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, **kept}))
+    assert module.main(["--dry-run", str(job_file), *data, "--ds-config", str(tmp_path / "kept.json"),
+                        "--env", "WANDB_MODE=offline"]) == 0
+    assert capsys.readouterr().err == ""

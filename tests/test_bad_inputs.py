@@ -178,7 +178,7 @@ CASES = [
              phrases=("unknown key sequence_parallel.sise", "size")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_sp_size_not_int",
              files={"ds.json": ds_json(sequence_parallel__size="2")},
-             phrases=("sequence_parallel.size = '2' is not an integer", "set sequence_parallel.size to an integer")),
+             phrases=('sequence_parallel.size = "2" is not an integer', "set sequence_parallel.size to an integer")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_monitor_without_its_package",
              files={"ds.json": ds_json(comet={"enabled": True})},
              phrases=("ds.json enables comet, and the comet_ml package is not installed", "pip install comet_ml",
@@ -192,13 +192,13 @@ CASES = [
              phrases=("train_micro_batch_size_per_gpu = 2.5 is not an integer", "set train_micro_batch_size_per_gpu")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_zero_stage_not_int",
              files={"ds.json": ds_json(zero_optimization__stage="1")},
-             phrases=("zero_optimization.stage = '1' is not an integer", "set zero_optimization.stage")),
+             phrases=('zero_optimization.stage = "1" is not an integer', "set zero_optimization.stage")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_zero_section_not_object",
              files={"ds.json": ds_json(zero_optimization=1)},
              phrases=("zero_optimization", "JSON object")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_linformer_bool_not_bool",
              files={"ds.json": ds_json(sequence_parallel__linformer={"share_kv": "yes"})},
-             phrases=("sequence_parallel.linformer.share_kv = 'yes' is not a boolean", "true or false")),
+             phrases=('sequence_parallel.linformer.share_kv = "yes" is not a boolean', "true or false")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_clipping_not_number",
              files={"ds.json": ds_json(gradient_clipping="1.0")},
              phrases=('gradient_clipping = "1.0" is not a number', "set gradient_clipping to a number")),
@@ -1180,6 +1180,79 @@ def test_every_habit_row_is_one_line_and_unknown_flags_keep_argparses():
     assert build_parser().parse_args(["--micro-batch", "3", "--local-rank=1"]).micro_batch_size == 3
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--sequence-parallel-sise", "2"])
+
+
+def test_every_habit_flag_of_a_command_line_is_named_in_its_one_line(capsys):
+    """Megatron-DeepSpeed's own BERT script pasted took six runs, one refused flag each: the first flag's
+    equivalent comes in full, the others are named with the docs' table that gives theirs."""
+    from megatron.arguments import build_parser
+    from megatron.paths import in_repository
+
+    argv = ["--override-opt_param-scheduler", "--tensor-model-parallel-size", "1", "--fp16", "--zero-stage=0",
+            "--no-pipeline-parallel", "--fp16", "--tensorboard-queue-size", "1", "--log-timers-to-tensorboard"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pretrain_bert.py: error: --override-opt_param-scheduler is "
+                                                   "Megatron-LM's flag: "), lines
+    assert lines[0].endswith("pass --finetune --load DIR with the new --lr and schedule flags (and another --save) "
+                             "(and --tensor-model-parallel-size, --fp16, --zero-stage, --no-pipeline-parallel, "
+                             "--tensorboard-queue-size, --log-timers-to-tensorboard: each one's equivalent is in "
+                             f'{in_repository("docs/deepspeed.md")}, "Coming from Megatron-LM / '
+                             'Megatron-DeepSpeed")'), lines
+
+
+def _pasted_flags(fix: str, parser) -> list[str]:
+    """The trainer flags a habit row's fix names, as argv: each with the value written after it where the flag takes
+    that value (a number, one of its choices), else a stand-in "2" where it takes one (N, DIR, "(samples / ...)")."""
+    argv = []
+    for flag, written in re.findall(r"(--[\w-]+)(?: ([^\s()]+))?", fix):
+        action, written = parser._option_string_actions[flag], written.rstrip(",")  # KeyError: no trainer flag
+        if action.nargs == 0:
+            value = []
+        elif written and (re.fullmatch(r"[\d.,]+", written) or written in (action.choices or ())):
+            value = [written]
+        else:
+            value = ["2"]
+        argv += [flag, *value]
+    return argv
+
+
+def _pasted_json(fix: str) -> dict | None:
+    """The DeepSpeed JSON keys a habit row's fix writes after "with" (the longest part that is JSON, a stand-in 2 for
+    a one-letter value), or None."""
+    from megatron.flag_habits import JSON
+
+    if not fix.startswith(JSON) and f"{JSON} " not in fix:
+        return None
+    text = re.sub(r"(?<=: )[A-Z]\b", "2", fix.split(f"{JSON} ", 1)[1])  # a stand-in number: "initial_scale_power": P
+    for end in range(len(text), 0, -1):
+        try:
+            return json.loads("{" + text[:end] + "}")
+        except ValueError:
+            continue
+    return None
+
+
+def test_each_habit_rows_equivalent_works_when_pasted():
+    """The equivalent each row names, pasted: its trainer flags parse (with the value shown), and the JSON keys it
+    writes pass the trainer's checks of the DeepSpeed JSON (the row of --accumulate-allreduce-grads-in-fp32 named
+    a JSON DeepSpeed stops on without ZeRO)."""
+    from megatron.arguments import build_parser
+    from megatron.config import resolve
+    from megatron.flag_habits import JSON, TRAINER_HABITS
+
+    parser = build_parser()
+    bf16 = _pasted_json(TRAINER_HABITS["--bf16"][2])
+    for flag, (_, _, fix) in TRAINER_HABITS.items():
+        pasted = fix.replace("{value}", "2")
+        argv = _pasted_flags(pasted, parser)
+        parser.parse_args(argv)  # SystemExit: the pasted flags are no command line
+        settings = _pasted_json(pasted)
+        assert settings is not None or JSON not in fix or "..." in fix, (flag, fix)
+        for precision in ({}, bf16):  # and with the JSON of --bf16, which Megatron-LM's runs pair with the others
+            if settings is not None and not (precision and "fp16" in settings):
+                resolve({}, {"train_micro_batch_size_per_gpu": 1, **precision, **settings}, world_size=1)
 
 
 def test_a_habit_flag_after_the_wrapping_tools_dashes_names_their_own_options():

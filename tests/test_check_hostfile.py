@@ -123,3 +123,50 @@ def test_the_same_machine_twice_or_a_host_with_a_port_is_refused(tmp_path, lines
                                                                f"{message}"), result.stderr
     hostfile.write_text("fe80::1 slots=8\n::1 slots=2\n")
     assert check(hostfile).stdout == f"{hostfile}: 2 hosts, 10 slots\n"
+
+
+def test_one_listed_host_is_said_in_the_singular(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-1 slots=2\n")
+    result = check(hostfile, "--num-nodes", 2)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"check_hostfile.py: error: --num-nodes 2 but hostfile {hostfile} lists 1 host; pass --num-nodes 1 or add "
+        "hosts to the hostfile"]
+    assert check(hostfile).stdout == f"{hostfile}: 1 host, 2 slots\n"
+
+
+@pytest.mark.parametrize("text, said", [
+    ("WANDB_RUN_ID=abc\n# resume the run\nWANDB_RESUME=allow\n", "line 2 '# resume the run' has no '='"),
+    ("WANDB_RUN_ID=abc\n\n", "line 2 is blank"),
+    ("export WANDB_RUN_ID=abc\n", "line 1 'export WANDB_RUN_ID=abc' sets 'export WANDB_RUN_ID', which is no variable"),
+])
+def test_a_deepspeed_env_line_the_launcher_cannot_read_is_named(tmp_path, monkeypatch, text, said):
+    """DeepSpeed's launcher splits every line of .deepspeed_env at '=' (runner.py: `key, val = var.split('=',
+    maxsplit=1)`, a ValueError traceback for a comment or a blank line) and exports it to each node over ssh. The
+    home folder's and the current folder's are checked, the bad line named; a launch per node (--no-ssh, NODE_RANK)
+    or on one node does not read them."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DS_ENV_FILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    env_file = tmp_path / "home" / ".deepspeed_env"
+    env_file.write_text(text)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-1 slots=2\nworker-2 slots=2\n")
+    tool = load_tool()
+    with pytest.raises(tool.ConfigError) as error:
+        tool.main([str(hostfile)])
+    assert str(error.value).startswith(f"{env_file} {said}"), str(error.value)
+    assert str(error.value).count("; ") == 1 and "NAME=value" in error.value.fix
+    assert tool.main([str(hostfile), "--no-ssh"]) == 0 and tool.main([str(hostfile), "--num-nodes", "1"]) == 0
+    env_file.write_text("WANDB_RUN_ID=abc\nWANDB_RESUME=allow")  # no newline at the end: read as DeepSpeed reads it
+    (tmp_path / ".deepspeed_env").write_text("A=1\nB=\n")
+    assert tool.main([str(hostfile)]) == 0
+    (tmp_path / ".deepspeed_env").write_text("A=1\n# a comment\n")  # the current folder's, read too
+    with pytest.raises(tool.ConfigError, match=r"^\./\.deepspeed_env line 2|^\.deepspeed_env line 2"):
+        tool.main([str(hostfile)])
+    script = subprocess.run([str(ROOT / "examples_deepspeed" / "bert_multinode.sh"), "--dry-run", str(hostfile), "2",
+                             "bert_distributed.sh", "2", "1", "8", "128", "1", "2", "2", "64", "4"],
+                            env={**os.environ, "RUN_DIR": str(tmp_path / "run")}, capture_output=True, text=True,
+                            timeout=120)  # the multi-node launch script's dry run checks them too
+    assert script.returncode == 2 and ".deepspeed_env line 2 '# a comment' has no '='" in script.stderr, script.stderr

@@ -135,10 +135,10 @@ def test_resolved_config_is_json_serialisable():
      "transformer layer; pass at most 2 stages, or --num-layers 3 or more"),
     ({"train_batch_size": 4, "zero_optimization": {"stage": 1}, "pipeline": {"stages": 3}}, 6, {},
      "pipeline.stages 3 is more pipeline stages than the 2 transformer layers"),
-    ({"sequence_parallel": {"size": "2"}}, 4, {}, "sequence_parallel.size = '2' is not an integer"),
+    ({"sequence_parallel": {"size": "2"}}, 4, {}, 'sequence_parallel.size = "2" is not an integer'),
     ({"sequence_parallel": {"size": 2, "sparse": True}}, 4, {}, "unknown key sequence_parallel.sparse"),
     ({"sequence_parallel": {"linformer": {"k": 8, "rank": 2}}}, 4, {}, "unknown key sequence_parallel.linformer.rank"),
-    ({"zero_optimization": {"stage": "one"}}, 4, {}, "zero_optimization.stage = 'one' is not an integer"),
+    ({"zero_optimization": {"stage": "one"}}, 4, {}, 'zero_optimization.stage = "one" is not an integer'),
     ({"sequence_parallel": {"size": 2, "attention": "linformer", "linformer": {"k": 128}}}, 4, {},  # the JSON's k
      "linformer_k 128 exceeds seq_length 64; choose sequence_parallel.linformer.k at most --seq-length"),
     ({"sequence_parallel": {"size": 2, "attention": "linformer"}}, 4, {"linformer_k": 128},
@@ -877,3 +877,58 @@ def test_the_json_section_keys_are_the_fields_json_keys():
         assert section_values({"sequence_parallel": section}) == {name: value}
         assert not variant or fields.info(name).variant == variant
     assert fields.variants_with_options() == ("linformer", "bigbird")
+
+
+@pytest.mark.parametrize("ds_update, message", [
+    # DeepSpeed features its JSON switches on that no check read: tracebacks inside DeepSpeed, or a run that changes
+    ({"tensor_parallel": {"autotp_size": 2}}, 'tensor_parallel.autotp_size 2 is DeepSpeed\'s AutoTP tensor '
+                                              'parallelism, which this trainer does not have'),
+    ({"expert_parallel": {"enabled": True}}, 'expert_parallel.enabled switches on DeepSpeed\'s AutoEP'),
+    ({"hybrid_engine": {"enabled": True}}, 'hybrid_engine.enabled switches on DeepSpeed-Chat\'s hybrid engine'),
+    ({"autotuning": {"enabled": True}}, "autotuning.enabled switches on DeepSpeed's autotuning profile, which ends "
+                                        "the process"),
+    ({"datastates_ckpt": {}}, '"datastates_ckpt" switches DeepSpeed to the DataStates checkpoint engine'),
+    ({"gradient_allreduce_op": "SUM"}, 'gradient_allreduce_op "sum" adds up the ranks\' gradients'),
+    ({"managed_gradient_accumulation": False}, "gradient accumulation would be lost"),
+    # a grad_accum_dtype other than the weights' without ZeRO: DeepSpeed's NotImplementedError "unsupported mix"
+    ({"data_types": {"grad_accum_dtype": "bf16"}, "zero_optimization": {"stage": 0}},
+     'data_types.grad_accum_dtype "bf16" with fp32 weights needs ZeRO (zero_optimization.stage is 0'),
+    ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}},  # no zero section: stage 0
+     '"unsupported mix"); set zero_optimization.stage to 1 or 2, or remove data_types.grad_accum_dtype'),
+    ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
+      "zero_optimization": {"stage": 1, "compute_grad_norm": False}}, "zero_optimization.compute_grad_norm false"),
+    # a path value DeepSpeed would take literally
+    ({"tensorboard": {"enabled": True, "output_path": "$HOME/tb"}},
+     'tensorboard.output_path "$HOME/tb" holds $HOME, which DeepSpeed does not expand'),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "nvme_path": "${SCRATCH}/swap"}}},
+     "zero_optimization.offload_param.nvme_path \"${SCRATCH}/swap\" holds ${SCRATCH}"),
+    ({"flops_profiler": {"enabled": True, "output_file": "~nosuchuser1234/f.txt"}},
+     'flops_profiler.output_file "~nosuchuser1234/f.txt" starts with ~nosuchuser1234, which names no user\'s home'),
+    # a Hugging Face Trainer template's "auto": the line says what it is
+    ({"gradient_clipping": "auto"}, 'gradient_clipping = "auto" is not a number >= 0; set gradient_clipping to a '
+                                    'number (0 turns clipping off) ("auto" is the Hugging Face Trainer\'s placeholder'),
+    ({"train_micro_batch_size_per_gpu": "auto"}, 'train_micro_batch_size_per_gpu = "auto" is not an integer; set '
+                                                 'train_micro_batch_size_per_gpu to an integer ("auto" is the Hugging'),
+])
+def test_json_settings_deepspeed_would_fail_on_or_misread_are_refused(ds_update, message):
+    """Each is refused in one line naming the key (by the trainer's start-up, tools/ds_config.py validate and
+    azureml/submit.py alike: resolve() runs check_deepspeed_types)."""
+    with pytest.raises(ConfigError) as error:
+        resolve(SMALL, {**BASE, **ds_update}, world_size=4, deepspeed_check=False)
+    text = str(error.value)
+    assert message in text and "\n" not in text and text.count("; ") == 1, text
+
+
+@pytest.mark.parametrize("ds_update", [
+    {"tensor_parallel": {"autotp_size": 1}}, {"tensor_parallel": {}}, {"expert_parallel": {"enabled": False}},
+    {"hybrid_engine": {"enabled": False, "max_out_tokens": 512}}, {"autotuning": {"enabled": False}},
+    {"datastates_ckpt": False}, {"gradient_allreduce_op": "mean"}, {"managed_gradient_accumulation": True},
+    {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 1}},
+    {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bf16"}},  # the weights' own dtype at stage 0
+    {"csv_monitor": {"enabled": True, "output_path": "~/csv"}},  # expanded by the trainer (expand_home_paths)
+    {"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}},  # DeepSpeed's models drop an "auto"
+])
+def test_harmless_values_of_those_settings_pass(ds_update):
+    ds_config = {**BASE, **ds_update}
+    resolve(SMALL, ds_config, world_size=4, deepspeed_check=False)
+    deepspeed_accepts(ds_config)

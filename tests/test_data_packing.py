@@ -299,7 +299,7 @@ def test_packing_settings_resolve_from_flags_and_json():
     assert off is False and not config.pack_samples  # the flag wins over the JSON
     with pytest.raises(ConfigError, match="seq_length 1024 exceeds max_position_embeddings 128"):
         resolve(base, {}, 1)
-    with pytest.raises(ConfigError, match="sequence_parallel.pack_samples = 'yes' is not a boolean"):
+    with pytest.raises(ConfigError, match='sequence_parallel.pack_samples = "yes" is not a boolean'):
         resolve(base, {"sequence_parallel": {"pack_samples": "yes"}}, 1)
     linformer = {**base, "attention": "linformer", "linformer_k": 16}
     with pytest.raises(ConfigError, match=r"linformer.*\(--pack-samples: .*drop --pack-samples$"):

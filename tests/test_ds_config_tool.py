@@ -73,7 +73,7 @@ def test_set_makes_no_folder_for_a_mistyped_output(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("assignments,message", [
-    (["zero_optimization.stage=\"2\""], "zero_optimization.stage = '2' is not an integer"),
+    (["zero_optimization.stage=\"2\""], 'zero_optimization.stage = "2" is not an integer'),
     (["sequence_parallel.size=3"], "sequence_parallel.size 3 x pipeline 1 does not divide the world size 2"),
     (["sequence_parallel.atention=ulysses"], "unknown key sequence_parallel.atention"),
     (["zero_optimization.stage.x=1"], "zero_optimization.stage holds 1, not an object"),
@@ -173,7 +173,7 @@ def test_show_to_a_full_disk_is_one_line():
 
 @pytest.mark.parametrize("assignment,message", [
     ("sequence_parallel.ulysses_size=3", "ulysses_size 3 does not divide the sequence-parallel size 4"),
-    ("sequence_parallel.ulysses_size=true", "sequence_parallel.ulysses_size = True is not an integer"),
+    ("sequence_parallel.ulysses_size=true", "sequence_parallel.ulysses_size = true is not an integer"),
     ("sequence_parallel.attention=ring", "sequence_parallel.ulysses_size 2 is set but attention is 'ring'"),
 ])
 def test_hybrid_keys_are_validated(capsys, tmp_path, assignment, message):

@@ -281,7 +281,7 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              "runs hybrid attention without ulysses_size; pass --ulysses-size N (ranks per all-to-all group) to "
              "extend_context.py"),
             ([*hf, "--save", save, "--deepspeed-config", str(hybrid_text_size)],
-             "sequence_parallel.ulysses_size = '2' is not an integer"),
+             'sequence_parallel.ulysses_size = "2" is not an integer'),
             ([*hf, "--save", str(tmp_path / "a_file")], "a_file is a file; pass a folder"),
             ([*hf, "--save", str(source)], "--save is the --from folder; choose another --save"),
             ([*hf, "--save", save, "--master-port", "99999"], "--master-port 99999 is not a TCP port; pass a free"),

@@ -119,3 +119,26 @@ def test_a_monitor_file_that_cannot_be_written_stops_the_run_as_the_run_logs_doe
     log.step(2, 8, result, engine, seconds=0.5, lr=1e-3)
     assert log.failure[0].startswith(f"cannot write a DeepSpeed monitor's file {tmp_path / 'csv' / 'job'}/Train_")
     assert log.failure[1] == "free space there or set another output_path in the DeepSpeed JSON's monitor section"
+
+
+def test_a_home_path_in_the_json_is_expanded_for_deepspeed_not_made_a_folder_named_tilde(tmp_path, monkeypatch):
+    """DeepSpeed expands no ~ in its path values: the run wrote into a folder named "~" in the current one. The JSON
+    the trainer hands DeepSpeed (and checks the folders of at start-up) has it expanded, as a path flag's; the
+    user's file stays as written."""
+    from megatron.arguments import build_parser
+    from megatron.training import deepspeed_settings
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    written = {"csv_monitor": {"enabled": True, "output_path": "~/csv", "job_name": "j"},
+               "flops_profiler": {"enabled": True, "output_file": "~/flops.txt"}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(written))
+    ds = deepspeed_settings(build_parser().parse_args(["--deepspeed", "--deepspeed_config", str(path)]), cuda=False)
+    assert ds["csv_monitor"]["output_path"] == str(tmp_path / "home" / "csv")
+    assert ds["flops_profiler"]["output_file"] == str(tmp_path / "home" / "flops.txt")
+    assert monitors.output_folder(ds, "csv_monitor") == str(tmp_path / "home" / "csv" / "j")
+    (tmp_path / "home").write_text("a file where the home folder should be")
+    problem, _ = monitors.monitor_problem(ds, str(path))  # the start-up check looks where DeepSpeed will write
+    assert str(tmp_path / "home") in problem and "~" not in problem, problem
+    assert json.loads(path.read_text()) == written and not (tmp_path / "~").exists()

@@ -1,6 +1,6 @@
 """Checks a DeepSpeed hostfile before a multi-node launch (examples_deepspeed/bert_multinode.sh calls it).
 
-    python tools/check_hostfile.py HOSTFILE [--num-nodes N] [--ranks-per-node R] [--ssh]
+    python tools/check_hostfile.py HOSTFILE [--num-nodes N] [--ranks-per-node R] [--ssh | --no-ssh]
 
 The format is DeepSpeed's (deepspeed/launcher/runner.py): one `<host> slots=<gpus>` line per machine,
 read as DeepSpeed reads it (`^(\\S+)\\s+slots=(\\d+)`; what follows the slots is ignored: a `# comment`,
@@ -9,10 +9,15 @@ read as DeepSpeed reads it (`^(\\S+)\\s+slots=(\\d+)`; what follows the slots is
 DeepSpeed would start R ranks on a machine with fewer GPUs. With --ssh, the first host must answer
 passwordless ssh, which DeepSpeed's launcher checks (with a traceback) after the run's JSON is written.
 DeepSpeed's own parser stops with a ValueError traceback and the whole file on a bad line; this names
-the line and the fix, exit code 2, before anything starts.
+the line and the fix, exit code 2, before anything starts. A launch over ssh (more than one node, no
+--no-ssh) also exports the lines of DeepSpeed's .deepspeed_env files (in the home folder and the current
+one; DS_ENV_FILE renames them) to every node, splitting each line at its first `=` (runner.py): a comment or
+a blank line there is a ValueError traceback, and a name that is no variable breaks each node's command;
+the bad line is named.
 """
 import argparse
 import ipaddress
+import os
 import re
 import stat
 import subprocess
@@ -82,6 +87,38 @@ def read_hostfile(path) -> dict:
     return hosts
 
 
+VARIABLE = re.compile(r"[A-Za-z_]\w*")  # what a shell's `export NAME=value` (pdsh) and mpirun -x take
+ENV_FORMAT = "write each line as NAME=value (no comments, no blank lines, no export)"
+
+
+def deepspeed_env_files() -> list[Path]:
+    """The .deepspeed_env files DeepSpeed's launcher reads for a launch over ssh, in its order: the home folder's,
+    then the current folder's (runner.py's DEEPSPEED_ENVIRONMENT_PATHS; DS_ENV_FILE names the file)."""
+    name = os.getenv("DS_ENV_FILE", ".deepspeed_env")
+    return [path for path in (Path(os.path.expanduser("~"), name), Path(".", name)) if path.is_file()]
+
+
+def check_deepspeed_env(path: Path) -> None:
+    """Each line of `path` NAME=value, as DeepSpeed's launcher reads every line (`key, val = line.split('=', 1)`)
+    and exports it to each node: a line without `=` (a comment, a blank line) is its ValueError traceback, a
+    name that is no variable (`# note=x`, `export A=1`) breaks the nodes' command."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}, which DeepSpeed's launcher exports to every node, cannot be read as text "
+                          f"({getattr(error, 'strerror', None) or error})", f"fix or remove {path}") from None
+    for number, line in enumerate(lines, start=1):
+        name, equals, _ = line.partition("=")
+        if not equals:
+            what = "is blank" if not line.strip() else f"{line.strip()!r} has no '='"
+            raise ConfigError(f"{path} line {number} {what}: DeepSpeed's launcher reads every line of it as NAME=value "
+                              "and stops with a ValueError traceback", f"remove that line ({ENV_FORMAT})")
+        if not VARIABLE.fullmatch(name.strip()):
+            raise ConfigError(f"{path} line {number} {line.strip()!r} sets {name.strip()!r}, which is no variable "
+                              "name: DeepSpeed's launcher would put it in every node's command as it is",
+                              f"fix or remove that line ({ENV_FORMAT})")
+
+
 def is_loopback(host: str) -> bool:
     """Whether `host` names this machine's loopback: localhost, 127.x.x.x, ::1."""
     if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
@@ -129,6 +166,9 @@ def main(argv=None) -> int:
     parser.add_argument("--num-nodes", type=int, help="machines the launch uses (at most the hosts listed)")
     parser.add_argument("--ranks-per-node", type=int, help="ranks the launch starts on each machine (PROCS)")
     parser.add_argument("--ssh", action="store_true", help="check that the first host answers passwordless ssh")
+    parser.add_argument("--no-ssh", action="store_true",
+                        help="the launch starts each machine's ranks on it (deepspeed --no_ssh, NODE_RANK): DeepSpeed "
+                             "reads no .deepspeed_env file, which is then not checked")
     parser.add_argument("--script-names", action="store_true",
                         help="name the launch scripts' NUM_NODES, PROCS and NODE_RANK in errors (bert_common.sh)")
     args = parser.parse_args(argv)
@@ -137,8 +177,9 @@ def main(argv=None) -> int:
         raise ConfigError(f"--ranks-per-node {args.ranks_per_node} must be >= 1", "pass the ranks each machine starts")
     hosts = read_hostfile(args.hostfile)
     if args.num_nodes is not None and not 1 <= args.num_nodes <= len(hosts):
-        raise ConfigError(f"{names['nodes']} {args.num_nodes} but hostfile {args.hostfile} lists {len(hosts)} hosts",
-                          f"pass {names['nodes']} between 1 and {len(hosts)} or add hosts to the hostfile")
+        listed, allowed = ("1 host", "1") if len(hosts) == 1 else (f"{len(hosts)} hosts", f"between 1 and {len(hosts)}")
+        raise ConfigError(f"{names['nodes']} {args.num_nodes} but hostfile {args.hostfile} lists {listed}",
+                          f"pass {names['nodes']} {allowed} or add hosts to the hostfile")
     if args.ranks_per_node is not None:
         used = list(hosts.items())[:args.num_nodes or len(hosts)]
         short = [(host, slots) for host, slots in used if slots < args.ranks_per_node]
@@ -147,9 +188,12 @@ def main(argv=None) -> int:
             raise ConfigError(f"{names['ranks_given'].format(args.ranks_per_node)} but hostfile {args.hostfile} "
                               f"gives {host} slots={slots}", f"pass {names['ranks']} at most "
                               f"{min(s for _, s in used)} or raise the slots of that machine")
+    if not args.no_ssh and (args.num_nodes or len(hosts)) > 1:  # DeepSpeed reads them for a launch over ssh only
+        for path in deepspeed_env_files():
+            check_deepspeed_env(path)
     if args.ssh:
         check_ssh(next(iter(hosts)), names["no_ssh"])
-    print(f"{args.hostfile}: {len(hosts)} hosts, {sum(hosts.values())} slots")
+    print(f"{args.hostfile}: {len(hosts)} host{'s' if len(hosts) > 1 else ''}, {sum(hosts.values())} slots")
     return 0
 
 
