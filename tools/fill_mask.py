@@ -27,7 +27,8 @@ with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of
     quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     import torch
 
-    from megatron.checkpoint import LATEST, checkpoint_folder, chosen_tag, read_from, run_state, stored_config
+    from megatron.checkpoint import (LATEST, checkpoint_folder, chosen_tag, read_from, refuse_log_dir, run_state,
+                                     stored_config)
     from megatron.checkpoint_weights import bert_state_from_checkpoint
     from megatron.data.batch import BertBatch
     from megatron.data.tokenizer import SPECIAL_NAMES, HFTokenizer, add_tokenizer_flags, check_fits
@@ -220,6 +221,7 @@ def main(argv=None) -> None:
     texts = [(text_label(text), text) for text in args.text]
     texts += [(f"--text-file {path}", read_text_file(path)) for path in args.text_file]
     if (Path(args.load) / "config.json").is_file() and not (Path(args.load) / LATEST).exists():
+        refuse_log_dir(args.load)  # a run's --log-dir holds a config.json too: named as such, with its --save
         raise ConfigError(f"--load {args.load} is a Hugging Face model folder, not a checkpoint of this trainer",
                           f"convert it first: {python_command()} "
                           f"{in_repository('tools/convert_checkpoint.py')} from-hf "
