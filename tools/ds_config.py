@@ -231,8 +231,9 @@ def validate(args) -> int:
 
 
 def _hybrid_layout(config: dict) -> str:
-    """' (Ulysses 2 x ring 2)' for hybrid attention: the all-to-all groups of adjacent ranks x the ring."""
-    if config["model"]["attention"] != "hybrid":
+    """' (Ulysses 2 x ring 2)' for hybrid attention: the all-to-all groups of adjacent ranks x the ring (none at
+    SP 1: plain attention)."""
+    if config["model"]["attention"] != "hybrid" or config["sequence_parallel_size"] == 1:
         return ""
     ulysses = config["model"]["ulysses_size"]
     return f" (Ulysses {ulysses} adjacent ranks x ring {config['sequence_parallel_size'] // ulysses})"
