@@ -149,9 +149,11 @@ def contexts(text: str, markers: list) -> list[str]:
 
 
 def print_predictions(label: str, text: str, masks: list, markers: list) -> None:
-    """A short text whole, then a line per mask; a long one by its name and size, each mask with its context."""
+    """A short text whole, then a line per mask; a long one by its name and size, each mask with its context.
+    The text's trailing line ends and blanks are not shown (`echo ... | fill_mask.py --text-file -` ends in a
+    newline, which printed an empty line before the predictions; a Windows file's \\r showed as '\\r')."""
     if len(text) <= SHOWN_WHOLE:
-        print(escaped(text))
+        print(escaped(text.rstrip()))
         windows = [""] * len(masks)
     else:
         print(f"{label} ({len(text)} characters, {len(masks)} mask{'' if len(masks) == 1 else 's'})")
