@@ -166,6 +166,21 @@ time.sleep(60)
 STAND_IN_LAUNCH = "import subprocess, sys; sys.exit(subprocess.call([sys.executable, sys.argv[1]]))"
 
 
+@contextlib.contextmanager
+def stand_in_rank_running(script: subprocess.Popen, ready: Path, timeout: float = 60):
+    """Once the stand-in rank of `script` wrote its pid into `ready` (the script still running); kills that rank
+    afterwards if the script left it behind."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready.exists() or not ready.read_text():
+            assert script.poll() is None and time.monotonic() < deadline, script.communicate()
+            time.sleep(0.05)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+            os.kill(int(ready.read_text()), signal.SIGKILL)  # a rank the script left behind
+
+
 def test_a_closed_terminal_stops_the_ranks_as_sigterm_does(tmp_path):
     """SIGHUP to a launch script (its terminal closed, an SSH session dropped) ended the script alone,
     leaving the ranks training, to die at their next line on the dead terminal: run_launcher passes it
@@ -177,16 +192,9 @@ def test_a_closed_terminal_stops_the_ranks_as_sigterm_does(tmp_path):
                                str(SCRIPTS / "launcher_group.sh"), PYTHON, "-c", STAND_IN_LAUNCH, str(rank),
                                "deepspeed.launcher.launch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists() or not ready.read_text():
-            assert script.poll() is None and time.monotonic() < deadline, script.communicate()
-            time.sleep(0.05)
+    with stand_in_rank_running(script, ready):
         script.send_signal(signal.SIGHUP)
         output = script.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(ready.read_text()), signal.SIGKILL)  # a rank the script left behind
     assert (script.returncode, output, record.read_text()) == (128 + signal.SIGHUP, ("", ""), "SIGHUP")
 
 
@@ -570,19 +578,12 @@ def test_the_main_job_started_with_sigint_ignored_ignores_it_and_stops_its_ranks
     script = subprocess.Popen(["bash", str(checkout / "examples_deepspeed" / "pretrain_default.sh")], cwd=tmp_path,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists() or not ready.read_text():
-            assert script.poll() is None and time.monotonic() < deadline, script.communicate()
-            time.sleep(0.05)
+    with stand_in_rank_running(script, ready, timeout=120):
         script.send_signal(signal.SIGINT)
         time.sleep(1)
         assert script.poll() is None and not record.exists(), "SIGINT ended the script or its rank"  # ignored
         script.send_signal(signal.SIGTERM)
         _, stderr = script.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(ready.read_text()), signal.SIGKILL)  # a rank the script left behind
     assert (script.returncode, record.read_text()) == (128 + signal.SIGTERM, "SIGTERM"), stderr
     assert stderr.splitlines()[-1].startswith("pretrain_default.sh: stopped; run bash "), stderr
 
