@@ -223,6 +223,7 @@ def validate(args) -> None:
     from megatron.config import read_ds_config, resolve
     from megatron.flag_checks import check_flags
     from megatron.flag_habits import wrapped_fix
+    from megatron.parallel.launch_check import LayoutError
     from megatron.run_data import data_paths
     from megatron.start_plan import StartPlan
     from megatron.training import deepspeed_settings
@@ -257,7 +258,12 @@ def validate(args) -> None:
         flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
     flags["bigbird_seed"] = trainer_args.seed
     # the JSON as the trainer fills it from the flags on the job's GPUs (where the Adam params differ)
-    resolve(flags, deepspeed_settings(trainer_args, cuda=True), args.instance_count * args.gpus_per_node)
+    try:
+        resolve(flags, deepspeed_settings(trainer_args, cuda=True), args.instance_count * args.gpus_per_node)
+    except LayoutError as error:  # launched by the job: its ranks are submit.py's options
+        raise SubmitError(f"{error.problem}; set --instance-count x --gpus-per-node to a multiple of "
+                          f"{error.processes}, or pass {error.sizes} after -- to run on {error.world_size} "
+                          "GPUs") from None
     check_monitors(args, read_ds_config(args.ds_config))  # as written: the job expands a ~ in its own home
 
 

@@ -24,6 +24,10 @@ quietly() {
 # pins, setup.py, the C++ helpers): a rerun with the same ones and the helpers built skips them (they took most
 # of a minute on every rerun). A .venv without it and without pip is an interrupted first install (Ctrl-C while
 # `python3.11 -m venv` ran ensurepip): made again, not used as it is.
+# SIGINT as the script started with it: ignored in a `&` job of a batch script (then "trap -- '' SIGINT"), where
+# the install's trap cannot take hold; restored after the install (`trap - INT` made it fatal there: the script then
+# died at a SIGINT, leaving the launcher's group training, which run_launcher's trap could not catch)
+sigint_at_start="$(trap -p INT)"
 trap 'rm -f "${quiet_log:-}"; echo "pretrain_default.sh: stopped while installing .venv; run the same command again to finish the install" >&2; exit 130' INT
 if [ ! -e .venv/.installed ] && [ ! -x .venv/bin/pip ]; then
     [ ! -e .venv ] || echo "pretrain_default.sh: .venv is incomplete (an interrupted install): making it again"
@@ -35,7 +39,7 @@ if [ "$(cat .venv/.installed 2> /dev/null)" != "$installed_from" ] || ! compgen 
     quietly .venv/bin/pip install -q --no-build-isolation -e .
     echo "$installed_from" > .venv/.installed
 fi
-trap - INT
+eval "${sigint_at_start:-trap - INT}"
 export TORCH_EXTENSIONS_DIR="$ROOT/.cache/torch_extensions"  # DeepSpeed's JIT ops, built once
 master_port  # MASTER_PORT, checked (launcher_group.sh)
 # the launcher's own flags among the extra ones would go to pretrain_bert.py, which refused them after the launch

@@ -41,6 +41,7 @@ from megatron.ds_schema import (SECTION, check_checkpointing_section, check_deep
                                 offload_description, precision_description, typed)
 from megatron.errors import ConfigError
 from megatron.hf_forms import export_note
+from megatron.parallel.launch_check import LayoutError
 from megatron.paths import in_repository, repository_twin
 from megatron.model import attention
 from megatron.model.args import BertConfig, check_bounded, check_window, preset_fields
@@ -82,7 +83,8 @@ class TrainConfig:
         model = self.model
         attention = model.attention + (f" (Ulysses {model.ulysses_size} x ring "
                                        f"{self.sequence_parallel_size // model.ulysses_size})"
-                                       if model.attention == "hybrid" and model.ulysses_size else "")
+                                       if model.attention == "hybrid" and model.ulysses_size
+                                       and self.sequence_parallel_size > 1 else "")  # SP 1: plain attention
         return (f"pipeline {self.pipeline_parallel_size} x data {self.data_parallel_size} x sequence "
                 f"{self.sequence_parallel_size}, {attention} attention, {precision_description(self.ds_config)}, ZeRO "
                 f"{self.zero_stage}{offload_description(self.ds_config)}, global batch {self.global_batch_size} = "
@@ -323,9 +325,9 @@ def _layout(values: dict, ds_config: dict, world_size: int, given: dict) -> tupl
         if value < 1:
             raise ConfigError(f"{key} = {value} must be >= 1", f"set {key} to a positive integer")
     if world_size % (pipeline * sequence):
-        raise ConfigError(
-            f"{SECTION}.size {sequence} x pipeline {pipeline} does not divide the world size {world_size}",
-            "launch a multiple of sp*pp processes or change the sizes")
+        ulysses = values.get("ulysses_size") if values.get("attention") == "hybrid" else None
+        raise LayoutError(f"{sequence_key} {sequence} x pipeline {pipeline} does not divide the world size "
+                          f"{world_size}", world_size, pipeline, sequence, ulysses)
     if pipeline == 1 and sequence > 1:
         check_sequence_communication(ds_config, sequence)
     return pipeline, sequence, world_size // (pipeline * sequence)

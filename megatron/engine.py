@@ -27,9 +27,13 @@ from megatron.parallel.reduce import sum_over_sequence
 
 
 def initialize_parallel(config: TrainConfig) -> None:
+    """The process groups of the run's layout. Hybrid attention's Ulysses degree (its ulysses_size) at SP 1 is 1:
+    one rank per sequence runs plain attention whatever the JSON's ulysses_size says (hybrid.py, rules.py); the
+    groups refused the JSON's 2 there, after the data's index maps were built."""
     if not state.is_initialized():
+        ulysses = (config.model.ulysses_size or 1) if config.sequence_parallel_size > 1 else 1  # hybrid's only
         state.initialize(pipeline=config.pipeline_parallel_size, sequence=config.sequence_parallel_size,
-                         ulysses=config.model.ulysses_size or 1)  # set for hybrid attention only
+                         ulysses=ulysses)
 
 
 def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_scheduler=None):

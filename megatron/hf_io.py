@@ -102,6 +102,8 @@ def torch_save(value, path: Path) -> None:
 
 
 def read_hf_config(folder) -> dict:
+    """The config.json of a Hugging Face model folder. A run's --log-dir holds a config.json too (the resolved
+    one, no model_type): refused as such, naming the run's --save folder, not as a broken model folder."""
     path = Path(folder) / "config.json"
     if Path(folder).is_file():
         raise ConfigError(f"{folder} is a file, not a Hugging Face model folder",
@@ -111,6 +113,7 @@ def read_hf_config(folder) -> dict:
             raise ConfigError(f"{folder} is a checkpoint of this trainer, not a Hugging Face model folder",
                               "pass it to --load (to-hf --load exports it)")
         raise ConfigError(f"{path} does not exist", "point at a Hugging Face model folder (config.json + weights)")
+    refuse_log_dir(str(folder), "--load (to-hf --load exports it)")
     try:
         config = strict_json_loads(path.read_text(encoding="utf-8"), path)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:

@@ -4,7 +4,6 @@ and warnings; the reader of each step's micro-batches."""
 import contextlib
 import sys
 import warnings
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -13,7 +12,7 @@ from megatron import checkpoint, hf_convert, paths
 from megatron.data import index_maps
 from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_tokens,
                                         split_weights, token_stats)
-from megatron.data.default_dataset import EMBEDDED_VOCAB, prepare_default_dataset
+from megatron.data.default_dataset import default_vocab_file, prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, micro_batches
 from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, build_tokenizer, case_warning,
                                      explicit_tokenizer, naming_flags)
@@ -113,8 +112,7 @@ def check_default_data_vocab(args, tokenizer) -> None:
     with the fix that applies to it. Needs no process group: tools/extend_context.py checks a launch with it."""
     if tokenizer is None:
         return
-    built = Path(args.default_data_dir) / "vocab.txt"
-    default = BertWordPiece(str(built if built.is_file() else EMBEDDED_VOCAB))
+    default = BertWordPiece(str(default_vocab_file(args.default_data_dir)))
     if tokenizer.identity != default.identity:
         made_with = naming_flags(tokenizer.type_name, tokenizer.file)
         raise ConfigError(f"no --data-path: the run would train on the default dataset, made with the vocab "

@@ -208,7 +208,8 @@ CASES = [
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_sp_size_not_dividing_world",
              files={"ds.json": ds_json(sequence_parallel__size=2)},
              phrases=("sequence_parallel.size 2 x pipeline 1 does not divide the world size 1",
-                      "launch a multiple of sp*pp processes")),
+                      "; launch 2 processes (or a multiple) with deepspeed --num_gpus 2 pretrain_bert.py ",
+                      ", or pass --sequence-parallel-size 1 to run on 1 process")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_deepspeed_rejects_zero_key",
              files={"ds.json": ds_json(zero_optimization__stage_3_typo=1)},
              phrases=("zero_optimization.stage_3_typo", "remove")),
@@ -491,6 +492,18 @@ CASES = [
                   "run/iter_0000004.partial/mp_rank_00_model_states.pt": "x"})
       for name, command, argv, tail in (("fill_mask", "fill_mask", [], ["--text", "a [MASK]"]),
                                         ("checkpoint_to_hf", "convert", ["to-hf"], ["--output", "{tmp}/hf"]))],
+    # a run's --log-dir (its config.json is the resolved config) where a tool reads a checkpoint or a Hugging Face
+    # folder: named as what it is, with the run's --save folder, not as a Hugging Face folder to fix or convert
+    *[Case(f"{name}_of_a_log_dir", command, [*argv, "{tmp}/log", *tail],
+           ("/log is the --log-dir of a run of this trainer (metrics.jsonl, config.json), not its checkpoint",
+            "pass the run's --save folder (/runs/ck) with --load"),
+           files={"log/config.json": json.dumps({"ds_config": {}, "model": {}, "micro_batch_size": 2}),
+                  "log/metrics.jsonl": json.dumps({"kind": "start", "save": "/runs/ck"}) + "\n"})
+      for name, command, argv, tail in (
+          ("fill_mask_load", "fill_mask", ["--load"], ["--text", "a [MASK]"]),
+          ("from_hf_hf_dir", "convert", ["from-hf", "--hf-dir"], ["--save", "{tmp}/ck"]),
+          ("to_hf_load", "convert", ["to-hf", "--load"], ["--output", "{tmp}/hf"]),
+          ("to_torch_load", "convert", ["to-torch", "--load"], ["--output", "{tmp}/bert.pt"]))],
     # a `latest` that is not text (a disk error, a binary file copied over it): the UnicodeDecodeError's traceback
     Case("fill_mask_latest_not_text", "fill_mask", ["--load", "{tmp}/run", "--text", "a [MASK]"],
          ("run/latest is not a checkpoint tag (it is not text)", "(the newest: iter_0000002)"),

@@ -161,6 +161,34 @@ def test_invalid_combinations_name_the_key(ds_update, world, extra, message):
     assert "\n" not in text and "; " in text
 
 
+SIZE_FLAGS = {"--pipeline-model-parallel-size": "pipeline_parallel_size",
+              "--sequence-parallel-size": "sequence_parallel_size", "--ulysses-size": "ulysses_size"}
+
+
+@pytest.mark.parametrize("section, extra, world", [
+    ({"size": 2, "attention": "ring"}, {}, 1),  # one process, as `python pretrain_bert.py` runs
+    ({"size": 2, "attention": "ring"}, {"pipeline_parallel_size": 2}, 3),
+    ({"size": 4, "attention": "hybrid", "ulysses_size": 2}, {}, 1),  # at SP 1 hybrid is plain attention
+    ({"size": 4, "attention": "hybrid", "ulysses_size": 2}, {}, 6),
+    ({"size": 8, "attention": "hybrid", "ulysses_size": 4}, {"num_attention_heads": 8}, 2),  # the Ulysses degree cut
+])
+def test_a_layout_the_world_size_does_not_fit_names_the_launch_and_the_sizes_that_fit(section, extra, world):
+    """'launch a multiple of sp*pp processes or change the sizes' named neither the launcher nor the flags: the
+    fix names the launch of pp x sp processes and the sizes that run on this world, and both resolve."""
+    ds = {**BASE, "sequence_parallel": section, "zero_optimization": {"stage": 1}}
+    ds.pop("train_batch_size")
+    with pytest.raises(ConfigError) as refused:
+        resolve({**SMALL, **extra}, ds, world_size=world)
+    processes = section["size"] * extra.get("pipeline_parallel_size", 1)
+    assert f"does not divide the world size {world}" in refused.value.problem
+    assert refused.value.fix.startswith(f"launch {processes} processes (or a multiple) with deepspeed --num_gpus "
+                                        f"{processes} pretrain_bert.py ... "), refused.value.fix
+    sizes = re.search(r", or pass (.*) to run on ", refused.value.fix).group(1).split()
+    suggested = {SIZE_FLAGS[flag]: int(value) for flag, value in zip(sizes[::2], sizes[1::2])}
+    assert resolve({**SMALL, **extra, **suggested}, ds, world_size=world).data_parallel_size >= 1
+    assert resolve({**SMALL, **extra}, ds, world_size=processes).data_parallel_size == 1
+
+
 def test_clip_grad_overrides_the_json_and_an_error_names_the_flag():
     """--clip-grad reaches DeepSpeed through resolve, over the JSON's gradient_clipping; the pipeline's
     clipping error names the flag that set it, not the JSON key (which may hold another value, or none)."""

@@ -39,6 +39,20 @@ def test_show_resolves_defaults(capsys):
     assert shown["global_batch_size"] == 4 and shown["ds_config"]["train_batch_size"] == 4
 
 
+def test_show_gives_the_vocab_size_the_trainer_takes(capsys, tmp_path):
+    """`show` printed BertConfig's 30522, which no run takes: the trainer takes its vocab file's size (else the
+    default data's vocab's, built or embedded), --vocab-size over both."""
+    from megatron.data.default_dataset import EMBEDDED_VOCAB
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghij"]) + "\n")
+    embedded = len(EMBEDDED_VOCAB.read_text(encoding="utf-8").splitlines())
+    for flags, size in ((["--default-data-dir", tmp_path / "unbuilt"], embedded), (["--vocab-file", vocab], 15),
+                        (["--default-data-dir", tmp_path], 15), (["--vocab-file", vocab, "--vocab-size", 40], 40)):
+        code, out, _ = run(capsys, "show", RING, *NO_DROPOUT, *flags)
+        assert (code, json.loads(out)["model"]["vocab_size"]) == (0, size), flags
+
+
 def test_set_is_typed_and_round_trips(capsys, config):
     code, _, _ = run(capsys, "set", config, "sequence_parallel.attention=bigbird", "sequence_parallel.size=4",
                      "sequence_parallel.bigbird.block_size=32", "bf16.enabled=true", "train_batch_size=16",
@@ -63,10 +77,13 @@ def test_set_to_output_leaves_the_template(capsys, tmp_path):
     assert run(capsys, "diff", RING, RING)[:2] == (0, "")
 
 
-def test_set_makes_no_folder_for_a_mistyped_output(capsys, tmp_path):
-    """-o in a folder that does not exist is refused, as `cp` refuses it: a typo leaves no folders behind."""
+@pytest.mark.parametrize("assignment", ["zero_optimization.stage=2", "train_batch_size=8"])
+def test_set_makes_no_folder_for_a_mistyped_output(capsys, tmp_path, assignment):
+    """-o in a folder that does not exist is refused, as `cp` refuses it: a typo leaves no folders behind. The
+    error is the only line: the note of a batch key made null (train_batch_size=8) came first, though nothing
+    was set."""
     output = tmp_path / "runz" / "deep" / "ds.json"
-    code, _, err = run(capsys, "set", RING, "zero_optimization.stage=2", "-o", output, *NO_DROPOUT)
+    code, _, err = run(capsys, "set", RING, assignment, "-o", output, *NO_DROPOUT)
     assert code == 2 and err == (f"ds_config.py: error: output {output}: its folder {output.parent} does not exist; "
                                  f"check the path, or create the folder first (mkdir -p {output.parent})\n")
     assert list(tmp_path.iterdir()) == []

@@ -268,3 +268,12 @@ def test_control_characters_of_the_text_are_echoed_escaped_and_a_long_texts_size
     header, line = capsys.readouterr().out.splitlines()
     assert header == f"--text {long[:tool.CONTEXT]!r}... ({len(long)} characters, 1 mask)"
     assert "\x1b" not in line and "word\\x1b[0m [MASK]" in line
+
+
+def test_a_text_files_trailing_line_end_is_not_echoed(capsys):
+    """`echo "... [MASK] ..." | fill_mask.py --text-file -`: the text's newline was echoed, an empty line between
+    the text and its predictions (and a Windows file's \\r before it as '\\r')."""
+    tool = load_tool()
+    for text in ("python is a [MASK] language.\n", "python is a [MASK] language.\r\n"):
+        tool.print_predictions("--text-file -", text, [[("a", 0.5)]], ["[MASK]"])
+        assert capsys.readouterr().out.splitlines() == ["python is a [MASK] language.", "  [MASK] 1: a 0.5"]

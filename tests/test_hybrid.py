@@ -186,6 +186,26 @@ def test_hybrid_config_from_json_and_flags():
     assert config.model.ulysses_size == 2  # default: the largest divisor of 6 and the 4 heads
 
 
+def ulysses_groups_of_one_process() -> tuple:
+    """(the Ulysses group, the summary) of a one-process run of a hybrid JSON (ulysses_size 2) at
+    --sequence-parallel-size 1, as the world-size error suggests for one process."""
+    from megatron.engine import initialize_parallel
+
+    flags = dict(num_attention_heads=4, hidden_size=32, seq_length=48, max_position_embeddings=64,
+                 sequence_parallel_size=1)
+    config = resolve(flags, {"sequence_parallel": {"size": 4, "attention": "hybrid", "ulysses_size": ULYSSES}}, 1)
+    initialize_parallel(config)
+    return state.get_ulysses_parallel_ranks(), config.summary()
+
+
+def test_a_hybrid_json_runs_in_one_process_at_sequence_parallel_size_1():
+    """At SP 1 hybrid attention is plain attention (hybrid.py), but the process groups were made with the JSON's
+    ulysses_size 2 and refused it (`ulysses size 2 does not divide the sequence-parallel size 1`), after the
+    data's index maps were built; the summary said `Ulysses 2 x ring 0`. Now Ulysses 1, and no such summary."""
+    (ranks, summary), = run_on_ranks(ulysses_groups_of_one_process, 1, timeout=120)
+    assert ranks == [0] and "hybrid attention" in summary and "Ulysses" not in summary, summary
+
+
 def hybrid_engine_runs(runs: list) -> list:
     """test_deepspeed_engine's runs (argument tuples) with attention 'hybrid' at ulysses_size 2."""
     import test_deepspeed_engine

@@ -166,6 +166,21 @@ time.sleep(60)
 STAND_IN_LAUNCH = "import subprocess, sys; sys.exit(subprocess.call([sys.executable, sys.argv[1]]))"
 
 
+@contextlib.contextmanager
+def stand_in_rank_running(script: subprocess.Popen, ready: Path, timeout: float = 60):
+    """Once the stand-in rank of `script` wrote its pid into `ready` (the script still running); kills that rank
+    afterwards if the script left it behind."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready.exists() or not ready.read_text():
+            assert script.poll() is None and time.monotonic() < deadline, script.communicate()
+            time.sleep(0.05)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+            os.kill(int(ready.read_text()), signal.SIGKILL)  # a rank the script left behind
+
+
 def test_a_closed_terminal_stops_the_ranks_as_sigterm_does(tmp_path):
     """SIGHUP to a launch script (its terminal closed, an SSH session dropped) ended the script alone,
     leaving the ranks training, to die at their next line on the dead terminal: run_launcher passes it
@@ -177,16 +192,9 @@ def test_a_closed_terminal_stops_the_ranks_as_sigterm_does(tmp_path):
                                str(SCRIPTS / "launcher_group.sh"), PYTHON, "-c", STAND_IN_LAUNCH, str(rank),
                                "deepspeed.launcher.launch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists() or not ready.read_text():
-            assert script.poll() is None and time.monotonic() < deadline, script.communicate()
-            time.sleep(0.05)
+    with stand_in_rank_running(script, ready):
         script.send_signal(signal.SIGHUP)
         output = script.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(ready.read_text()), signal.SIGKILL)  # a rank the script left behind
     assert (script.returncode, output, record.read_text()) == (128 + signal.SIGHUP, ("", ""), "SIGHUP")
 
 
@@ -499,15 +507,15 @@ esac
 """
 
 
-def main_job_checkout(tmp_path: Path) -> Path:
-    """A checkout of pretrain_default.sh whose .venv records the launch (LAUNCH_RECORDING_VENV), installed."""
+def main_job_checkout(tmp_path: Path, venv_python: str = LAUNCH_RECORDING_VENV) -> Path:
+    """A checkout of pretrain_default.sh whose .venv runs venv_python (default: records the launch), installed."""
     checkout = tmp_path / "checkout"
     (checkout / "examples_deepspeed").mkdir(parents=True)
     for name in ("pretrain_default.sh", "launcher_group.sh"):
         (checkout / "examples_deepspeed" / name).write_text((SCRIPTS / name).read_text())
     (checkout / "megatron").symlink_to(ROOT / "megatron")  # the trainer's parser, which the check runs
     (checkout / ".venv" / "bin").mkdir(parents=True)
-    (checkout / ".venv" / "bin" / "python").write_text(LAUNCH_RECORDING_VENV.format(python=shlex.quote(PYTHON)))
+    (checkout / ".venv" / "bin" / "python").write_text(venv_python.format(python=shlex.quote(PYTHON)))
     (checkout / ".venv" / "bin" / "pip").write_text("#!/bin/sh\n")
     for name in ("python", "pip"):
         (checkout / ".venv" / "bin" / name).chmod(0o755)
@@ -547,6 +555,37 @@ def test_the_main_job_reads_its_flags_in_the_callers_folder_and_checks_them_befo
         assert refused.returncode == 2 and refused.stderr.startswith(line) and refused.stderr.count("\n") == 1, \
             refused.stderr
     assert calls.read_text() == ""  # nothing launched
+
+
+STAND_IN_LAUNCHER_VENV = """#!/bin/sh
+# .venv/bin/python of a checkout: the trainer's flag check runs in the real python, the launch is the stand-in launcher
+case "$*" in
+    *check_trainer_flags*) exec {python} "$@" ;;
+    *deepspeed_command*) exec {python} -c "$STAND_IN_LAUNCH" "$RANK" deepspeed.launcher.launch ;;
+esac
+"""
+
+
+def test_the_main_job_started_with_sigint_ignored_ignores_it_and_stops_its_ranks_on_sigterm(tmp_path):
+    """Started with `&` from a batch script (SIGINT ignored, as bash makes such jobs), pretrain_default.sh exited 130
+    at a SIGINT and left its launcher and ranks training: its install trap's `trap - INT` made SIGINT fatal, which
+    run_launcher's trap cannot catch then. Now it ignores SIGINT, as docs/resuming.md says, and SIGTERM stops the
+    ranks (a stand-in launcher and rank)."""
+    checkout = main_job_checkout(tmp_path, STAND_IN_LAUNCHER_VENV)
+    rank, ready, record = tmp_path / "rank.py", tmp_path / "ready", tmp_path / "record"
+    rank.write_text(STAND_IN_RANK.format(record=str(record), ready=str(ready)))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "STAND_IN_LAUNCH": STAND_IN_LAUNCH, "RANK": str(rank)}
+    script = subprocess.Popen(["bash", str(checkout / "examples_deepspeed" / "pretrain_default.sh")], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    with stand_in_rank_running(script, ready, timeout=120):
+        script.send_signal(signal.SIGINT)
+        time.sleep(1)
+        assert script.poll() is None and not record.exists(), "SIGINT ended the script or its rank"  # ignored
+        script.send_signal(signal.SIGTERM)
+        _, stderr = script.communicate(timeout=60)
+    assert (script.returncode, record.read_text()) == (128 + signal.SIGTERM, "SIGTERM"), stderr
+    assert stderr.splitlines()[-1].startswith("pretrain_default.sh: stopped; run bash "), stderr
 
 
 def test_a_launch_script_refuses_the_folders_a_live_run_holds_before_its_launch(tmp_path):

@@ -19,7 +19,8 @@ gradient_accumulation_steps null (derived), said on stderr. The pipeline degree 
 JSON (`pipeline.stages`). `show` prints what the trainer will use: BigBird's seed is --seed, and
 the optimizer is filled as there (AdamW, the default params the JSON lacks, torch_adam without
 CUDA: --cuda / --no-cuda for the run's machines, default this one's; the trainer's --lr,
---weight-decay, --adam-* and --clip-grad flags win over all of these). The tool imports neither
+--weight-decay, --adam-* and --clip-grad flags win over all of these), and the vocab size is the
+--vocab-file's or --tokenizer-file's (else the default data's vocab), as the trainer takes it. The tool imports neither
 torch nor DeepSpeed: it answers in a fraction of a second; --deepspeed-check adds DeepSpeed's
 own checks of its sections (seconds), which the trainer runs at start-up. A file edited in place
 keeps its permissions; a symbolic link is written through (its target is edited, the link stays).
@@ -43,7 +44,9 @@ from megatron.arguments import add_model_and_parallel_args, add_packing_args, co
 from megatron.config import model_notes, read_ds_config, resolve, strict_json_loads
 from megatron.ds_schema import SECTION, default_optimizer, json_notes
 from megatron.errors import ConfigError, OneLineParser, run_tool
-from megatron.paths import file_in_the_way
+from megatron.data.default_dataset import default_vocab_file
+from megatron.data.tokenizer import add_tokenizer_flags, build_tokenizer, explicit_tokenizer
+from megatron.paths import DEFAULT_DATA_DIR, file_in_the_way, in_repository
 
 
 def implied_world_size(ds_config: dict, flags: dict) -> int:
@@ -85,6 +88,7 @@ def resolved(ds_config: dict, args, notes: bool = False) -> dict:
     ds_config = copy.deepcopy(ds_config)  # `set` writes the file's own keys, not the filled ones
     default_optimizer(ds_config, cuda_visible() if args.cuda is None else args.cuda)  # as deepspeed_settings
     flags = config_flags(args)
+    flags["vocab_size"] = flags["vocab_size"] or run_vocab_size(args)
     flags["bigbird_seed"] = args.seed
     world_size = args.world_size if args.world_size is not None else implied_world_size(ds_config, flags)
     if args.deepspeed_check:
@@ -96,6 +100,15 @@ def resolved(ds_config: dict, args, notes: bool = False) -> dict:
                  *json_notes(ds_config)] if notes else ():
         print(note, file=sys.stderr)
     return {"world_size": world_size, "global_batch_size": config.global_batch_size, **config.to_dict()}
+
+
+def run_vocab_size(args) -> int:
+    """The vocab size a run without --vocab-size takes, as the trainer takes it: its --vocab-file's or
+    --tokenizer-file's, else the default data's vocab (a run without them trains on the default data); not
+    BertConfig's 30522, which `show` printed as what the trainer will use."""
+    tokenizer = explicit_tokenizer(args) or build_tokenizer(args.tokenizer_type,
+                                                            str(default_vocab_file(args.default_data_dir)))
+    return tokenizer.vocab_size
 
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -205,15 +218,15 @@ def set_keys(args) -> int:
         assign(ds_config, assignment)
     derived = derive_untouched_batch_key(ds_config, {text.partition("=")[0] for text in args.assignments})
     config = resolved(ds_config, args)
-    if derived and str(args.output) != "-":
-        print(f"{derived} set to null: derived at each world size ({config['ds_config'][derived]} at world size "
-              f"{config['world_size']})", file=sys.stderr)
     text = json.dumps(ds_config, indent=2, allow_nan=False) + "\n"
     if str(args.output) == "-":  # print the result, write nothing (the launch scripts' dry run)
         print(text, end="")
         return 0
     output = args.output or args.config
     write_atomically(output, text)
+    if derived:  # once written: an output that cannot be is the only line
+        print(f"{derived} set to null: derived at each world size ({config['ds_config'][derived]} at world size "
+              f"{config['world_size']})", file=sys.stderr)
     print(output)
     return 0
 
@@ -231,8 +244,9 @@ def validate(args) -> int:
 
 
 def _hybrid_layout(config: dict) -> str:
-    """' (Ulysses 2 x ring 2)' for hybrid attention: the all-to-all groups of adjacent ranks x the ring."""
-    if config["model"]["attention"] != "hybrid":
+    """' (Ulysses 2 x ring 2)' for hybrid attention: the all-to-all groups of adjacent ranks x the ring (none at
+    SP 1: plain attention)."""
+    if config["model"]["attention"] != "hybrid" or config["sequence_parallel_size"] == 1:
         return ""
     ulysses = config["model"]["ulysses_size"]
     return f" (Ulysses {ulysses} adjacent ranks x ring {config['sequence_parallel_size'] // ulysses})"
@@ -270,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="also run DeepSpeed's own checks of its sections, as the trainer does at start-up "
                               "(imports DeepSpeed: a few seconds)")
         add_model_and_parallel_args(sub)
+        add_tokenizer_flags(sub, "the run's vocab.txt: the model's vocab size is its size, as in the trainer "
+                            "(default: the default data's vocab, a run's without --data-path; a run from a "
+                            "checkpoint or a Hugging Face folder takes its tokenizer: pass that file, or "
+                            "--vocab-size)")
+        sub.add_argument("--default-data-dir", default=in_repository(DEFAULT_DATA_DIR),
+                         help="the trainer's --default-data-dir, whose vocab.txt a run without --vocab-file or "
+                              "--tokenizer-file takes (default: %(default)s)")
         add_packing_args(sub.add_argument_group("data packing"))
         sub.set_defaults(run=run)
         return sub

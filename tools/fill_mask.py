@@ -27,7 +27,8 @@ with start_up_stops_in_one_line("fill_mask.py"):  # Ctrl-C during the seconds of
     quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     import torch
 
-    from megatron.checkpoint import LATEST, checkpoint_folder, chosen_tag, read_from, run_state, stored_config
+    from megatron.checkpoint import (LATEST, checkpoint_folder, chosen_tag, read_from, refuse_log_dir, run_state,
+                                     stored_config)
     from megatron.checkpoint_weights import bert_state_from_checkpoint
     from megatron.data.batch import BertBatch
     from megatron.data.tokenizer import SPECIAL_NAMES, HFTokenizer, add_tokenizer_flags, check_fits
@@ -148,9 +149,11 @@ def contexts(text: str, markers: list) -> list[str]:
 
 
 def print_predictions(label: str, text: str, masks: list, markers: list) -> None:
-    """A short text whole, then a line per mask; a long one by its name and size, each mask with its context."""
+    """A short text whole, then a line per mask; a long one by its name and size, each mask with its context.
+    The text's trailing line ends and blanks are not shown (`echo ... | fill_mask.py --text-file -` ends in a
+    newline, which printed an empty line before the predictions; a Windows file's \\r showed as '\\r')."""
     if len(text) <= SHOWN_WHOLE:
-        print(escaped(text))
+        print(escaped(text.rstrip()))
         windows = [""] * len(masks)
     else:
         print(f"{label} ({len(text)} characters, {len(masks)} mask{'' if len(masks) == 1 else 's'})")
@@ -220,6 +223,7 @@ def main(argv=None) -> None:
     texts = [(text_label(text), text) for text in args.text]
     texts += [(f"--text-file {path}", read_text_file(path)) for path in args.text_file]
     if (Path(args.load) / "config.json").is_file() and not (Path(args.load) / LATEST).exists():
+        refuse_log_dir(args.load)  # a run's --log-dir holds a config.json too: named as such, with its --save
         raise ConfigError(f"--load {args.load} is a Hugging Face model folder, not a checkpoint of this trainer",
                           f"convert it first: {python_command()} "
                           f"{in_repository('tools/convert_checkpoint.py')} from-hf "

@@ -24,6 +24,13 @@ DEFAULT_VOCAB_SIZE = 8192  # ample for a ~2 MB corpus; keeps the default model's
 EMBEDDED_VOCAB = Path(__file__).with_name("default_vocab.txt")  # DEFAULT_VOCAB_SIZE tokens
 
 
+def default_vocab_file(directory) -> Path:
+    """The vocab a run without --data-path and a tokenizer of its own trains with: the one built into
+    `directory` (its --default-data-dir), else the embedded one that build will copy."""
+    built = Path(directory) / "vocab.txt"
+    return built if built.is_file() else EMBEDDED_VOCAB
+
+
 @dataclass(frozen=True)
 class DefaultDataset:
     corpus: Path

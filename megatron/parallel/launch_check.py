@@ -2,6 +2,7 @@
 world of 1, a partial launcher environment (or MPI without mpi4py, srun tasks without env://) is one
 line saying how to launch. Apart from launch_env, which the errors module itself imports (no cycle)."""
 import importlib.util
+import math
 import os
 
 from megatron import paths
@@ -14,7 +15,36 @@ RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 MPI_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 OTHER_LAUNCHERS = ("AZUREML_EXPERIMENT_ID", "SM_TRAINING_ENV", "DLTS_JOB_ID")
 LOCAL_HOST = "127.0.0.1"  # the rendezvous of a world of 1
-HOW_TO_LAUNCH = f"deepspeed --num_gpus N {paths.in_repository('pretrain_bert.py')} ... (or torchrun --nproc_per_node N)"
+
+
+def how_to_launch(processes="N") -> str:
+    """The launcher command line for `processes` ranks on one node, as the trainer's lines name it."""
+    return (f"deepspeed --num_gpus {processes} {paths.in_repository('pretrain_bert.py')} ... "
+            f"(or torchrun --nproc_per_node {processes})")
+
+
+HOW_TO_LAUNCH = how_to_launch()
+
+
+class LayoutError(ConfigError):
+    """A pipeline x sequence-parallel layout that does not divide the world size. The fix names both ways out,
+    as `launch a multiple of sp*pp processes or change the sizes` named neither: the launch of `processes`
+    (pipeline x sequence) ranks, and `sizes`, the size flags cut to the largest divisors of this world (hybrid
+    attention's --ulysses-size too, where `ulysses` would no longer divide the cut SP size). A tool that
+    launches otherwise (azureml/submit.py) words its own launch from the two."""
+
+    def __init__(self, problem: str, world_size: int, pipeline: int, sequence: int, ulysses: int | None = None):
+        fitting_pipeline = math.gcd(pipeline, world_size)
+        fitting_sequence = math.gcd(sequence, world_size // fitting_pipeline)
+        sizes = [f"{flag} {fitting}" for flag, given, fitting in (
+            ("--pipeline-model-parallel-size", pipeline, fitting_pipeline),
+            ("--sequence-parallel-size", sequence, fitting_sequence)) if fitting != given]
+        if ulysses and fitting_sequence > 1 and fitting_sequence % ulysses:  # at SP 1 hybrid is plain attention
+            sizes.append(f"--ulysses-size {math.gcd(ulysses, fitting_sequence)}")
+        self.processes, self.sizes, self.world_size = pipeline * sequence, " ".join(sizes), world_size
+        super().__init__(problem, f"launch {self.processes} processes (or a multiple) with "
+                                  f"{how_to_launch(self.processes)}, or pass {self.sizes} to run on {world_size} "
+                                  f"process{'es' if world_size > 1 else ''}")
 
 
 def launch_environment() -> str | None:

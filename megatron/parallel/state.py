@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from megatron.errors import ConfigError
 from megatron.parallel import device
+from megatron.parallel.launch_check import LayoutError
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,8 @@ def resolve_dims(world_size: int, pipeline: int = 1, sequence: int = 1, data: in
                               f"set --{name}-parallel-size to a positive integer")
     if data is None:
         if world_size % (pipeline * sequence) != 0:
-            raise ConfigError(
-                f"world size {world_size} is not divisible by pipeline {pipeline} x sequence {sequence}",
-                "launch a multiple of pp*sp processes or change "
-                "--pipeline-model-parallel-size/--sequence-parallel-size",
-            )
+            raise LayoutError(f"world size {world_size} is not divisible by pipeline {pipeline} x sequence {sequence}",
+                              world_size, pipeline, sequence)
         data = world_size // (pipeline * sequence)
     dims = ParallelDims(pipeline=pipeline, data=data, sequence=sequence)
     if dims.world_size != world_size:
