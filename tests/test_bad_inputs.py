@@ -473,6 +473,13 @@ CASES = [
                                                                     "--output", "{tmp}/bert.pt"],
          ("run/iter_0000002 is one checkpoint of the --save directory", "/run --tag iter_0000002"),
          files={"run/latest": "iter_0000002", "run/iter_0000002/run_state.json": "{}"}),
+    # an export inside the checkpoint folder it reads: the next resume or --keep-last removes the iter_* folder with it
+    *[Case(f"checkpoint_{command.replace('-', '_')}_output_inside_load", "convert",
+           [command, "--load", "{tmp}/run", "--output", f"{{tmp}}/run/iter_0000002/{output}"],
+           (f"/run/iter_0000002/{output} is inside the checkpoint folder --load ", "/run (resumes and --keep-last",
+            "pick an --output outside "),
+           files={"run/latest": "iter_0000002", "run/iter_0000002/run_state.json": "{}"})
+      for command, output in (("to-hf", "hf"), ("to-torch", "bert.pt"))],
     Case("fill_mask_load_is_one_iter_folder", "fill_mask", ["--load", "{tmp}/run/iter_0000002", "--text", "a [MASK]"],
          ("run/iter_0000002 is one checkpoint of the --save directory", "; pass --load ", "/run --tag iter_0000002"),
          files={"run/latest": "iter_0000002", "run/iter_0000002/run_state.json": "{}"}),
