@@ -332,6 +332,9 @@ def test_both_config_schemas_read_alike_and_as_transformers_reads_them(tmp_path)
     (dict(hidden_activation="gelu_new"), "hidden_activation 'gelu_new' is not reproduced here"),
     (dict(classifier_activation="relu"), "classifier_activation 'relu' is not reproduced here"),
     (dict(mlp_bias=True), "this model has biases everywhere or nowhere"),
+    (dict(tie_word_embeddings=False), "sets tie_word_embeddings false (its MLM decoder has weights of its own): this "
+                                      "trainer ties the decoder to the token embeddings, so the model cannot be "
+                                      "converted without changing its outputs"),
     (dict(layer_types=["sliding_attention"] + ["full_attention"] * 4), "has no global layer every N"),
     (dict(layer_types=["full_attention"] * 3), "is not a list of 5 entries"),
     (dict(rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0},
@@ -346,6 +349,23 @@ def test_configs_we_do_not_reproduce_are_one_line(change, message):
     with pytest.raises(ConfigError) as error:
         hf_convert.bert_fields_from_hf({**config, **change})
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+HEAD_OPTIONS = dict(classifier_bias=True, classifier_activation="silu", tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("architecture", ["ModernBertForSequenceClassification", "ModernBertForTokenClassification",
+                                          "ModernBertModel"])
+def test_options_of_an_mlm_head_that_is_not_read_refuse_nothing(architecture):
+    """classifier_bias / classifier_activation configure head.* and tie_word_embeddings the decoder: a
+    fine-tuned folder's head is dropped and a base model has none, so they cannot refuse it (was:
+    'convert a model whose biases are all on or off', which no fine-tuned classifier can follow)."""
+    base = transformers.ModernBertConfig(**SHAPES["window2-every4"], **SPECIAL).to_dict()
+    fields = hf_convert.bert_fields_from_hf({**base, **HEAD_OPTIONS, "architectures": [architecture]})
+    assert fields["add_bias_linear"] is False  # the encoder's, not the dropped head's
+    for key, value in HEAD_OPTIONS.items():  # each refused where the MLM head is read
+        with pytest.raises(ConfigError, match=key):
+            hf_convert.bert_fields_from_hf({**base, key: value, "architectures": ["ModernBertForMaskedLM"]})
 
 
 def test_a_run_changes_the_thetas_and_window_not_the_tensors(tmp_path):
