@@ -18,6 +18,7 @@ import transformers
 
 from megatron import hf_convert, hf_io, hf_modernbert
 from megatron.errors import ConfigError, DataError
+from megatron.hf_forms import export_problem
 from megatron.model.bert import BertConfig, BertModel
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
@@ -494,7 +495,13 @@ def test_export_refuses_what_modernbert_cannot_hold_and_leaves_nothing(tmp_path)
         "a model with embedding_layernorm False, type_vocab_size 2 has no Hugging Face ModernBERT (nor Bert) "
         "equivalent (a conversion cannot change the layers a model was trained with); retrain with "
         "--embedding-layernorm --type-vocab-size 0 (--model-preset modernbert-base sets them all) to export a "
-        "ModernBERT, or export a classic BERT")
+        "ModernBERT")  # a classic BERT would need five changes (rope, the window, GeGLU, biases, the first norm)
+    # the classic way out is a retrain too (a rope model has no learned positions to export), and it exports
+    rope_only = modern_config(**{**hf_convert.CLASSIC_LAYER, "position_embedding_type": "rope", "type_vocab_size": 2,
+                                 "embedding_layernorm": False})
+    with pytest.raises(ConfigError, match=r"or with --position-embedding-type learned to export a classic BERT$"):
+        hf_convert.save_hf_folder(tmp_path / "out", BertModel(rope_only).state_dict(), rope_only, vocab, True)
+    assert export_problem(dataclasses.replace(rope_only, position_embedding_type="learned")) is None
     # a classic BERT but for its local layers: the window is what no HF model holds, named as the cause
     config = modern_config(**{**hf_convert.CLASSIC_LAYER, "local_attention_window": 8, "global_attention_every": 2,
                               "type_vocab_size": 2, "layernorm_layout": "post"})
