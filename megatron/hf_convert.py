@@ -33,8 +33,9 @@ from megatron.data.tokenizer_identity import carry
 from megatron.errors import ConfigError, DataError, GitLfsPointer
 from megatron.hf_forms import CLASSIC_LAYER, LAYOUTS, check_bert_exportable as check_exportable, is_modern
 from megatron.hf_io import (PADDED, Adapter, completed, created_folder, hf_positions, pad_vocab_rows,
-                            read_hf_config, read_hf_weights, refuse_other_model_type, state_from_hf,
-                            tokenizer_config, torch_save, undone_on_failure, write_json, write_safetensors)
+                            read_hf_config, read_hf_weights, refuse_other_model_type, refuse_untied_decoder,
+                            state_from_hf, tokenizer_config, torch_save, undone_on_failure, write_json,
+                            write_safetensors)
 from megatron.model.bert import BertConfig
 from megatron.paths import missing_folders
 
@@ -205,6 +206,7 @@ def bert_fields_from_hf(hf_config: dict) -> dict:
 
 def classic_fields_from_hf(hf_config: dict) -> dict:
     """The BERT adapter's fields_from_hf (a config of one of MODEL_TYPES)."""
+    refuse_untied_decoder(hf_config)
     for key, supported in (("hidden_act", "gelu"), ("position_embedding_type", "absolute")):
         if hf_config.get(key, supported) != supported:
             raise ConfigError(f"Hugging Face {key} '{hf_config[key]}' differs from this model's '{supported}'",

@@ -22,6 +22,26 @@ SHAPE_FLAGS = dict(position_embedding_type="--position-embedding-type rope", lay
                    normalization="--normalization LayerNorm", type_vocab_size="--type-vocab-size 0",
                    mlp_type="--mlp-type geglu")
 
+# the trainer's flag that gives each field of CLASSIC_LAYER (and type_vocab_size) classic BERT's value
+CLASSIC_FLAGS = dict(position_embedding_type="--position-embedding-type learned", mlp_type="--mlp-type gelu",
+                     add_bias_linear="--add-bias-linear", normalization="--normalization LayerNorm",
+                     first_layer_attention_norm="--first-layer-attention-norm", type_vocab_size="--type-vocab-size 2")
+
+
+def classic_retrain(config) -> tuple[int, str]:
+    """(how many flags, 'with FLAGS' and 'without --local-attention-window') that a retrain of `config`'s
+    model needs to have a Hugging Face Bert / MegatronBert form: a model is exported as the one form its
+    layers have, so for a modern model that form is a retrain away (a rope model has no learned positions
+    to export)."""
+    flags = [CLASSIC_FLAGS[field] for field, classic in CLASSIC_LAYER.items()
+             if field in CLASSIC_FLAGS and getattr(config, field) != classic]
+    flags += [CLASSIC_FLAGS["type_vocab_size"]] if config.type_vocab_size == 0 else []
+    if config.embedding_layernorm != (config.layernorm_layout == "post"):  # HF Bert: post with it, pre without
+        flags.append("--embedding-layernorm" if config.layernorm_layout == "post" else "--no-embedding-layernorm")
+    parts = [f"with {' '.join(flags)}"] if flags else []
+    parts += ["without --local-attention-window"] if config.local_attention_window is not None else []
+    return len(flags) + (config.local_attention_window is not None), " and ".join(parts)
+
 
 def is_modern(config) -> bool:
     """The adapter for `config`'s model: ModernBERT when any layer option is not classic BERT's."""
@@ -37,7 +57,7 @@ def check_bert_exportable(config) -> None:
     modern += [f"type_vocab_size {config.type_vocab_size}"] if config.type_vocab_size == 0 else []
     if modern:
         raise ConfigError(f"a model with {', '.join(modern)} has no Hugging Face Bert or MegatronBert equivalent",
-                          "export a classic BERT (learned positions, GELU, biases, LayerNorm, token types)")
+                          f"retrain {classic_retrain(config)[1]} to export a classic BERT")
     if config.embedding_layernorm != (config.layernorm_layout == "post"):
         model_type = LAYOUTS[config.layernorm_layout][0]
         raise ConfigError(
@@ -63,10 +83,11 @@ def check_modernbert_exportable(config) -> None:
                           "(--model-preset modernbert-base) for local layers")
     if wrong:
         flags = [SHAPE_FLAGS[field] for field in differ]
+        changes, classic = classic_retrain(config)  # named where it is the nearer way out (rope alone over BERT)
         raise ConfigError(f"a model with {', '.join(wrong)} has no Hugging Face ModernBERT (nor Bert) equivalent "
                           "(a conversion cannot change the layers a model was trained with)",
                           f"retrain with {' '.join(flags)} (--model-preset modernbert-base sets them all) to export a "
-                          "ModernBERT, or export a classic BERT")
+                          "ModernBERT" + (f", or {classic} to export a classic BERT" if changes <= len(flags) else ""))
 
 
 def export_problem(config) -> ConfigError | None:

@@ -124,6 +124,26 @@ def read_hf_config(folder) -> dict:
     return config
 
 
+MLM_HEAD_CLASSES = ("ForMaskedLM", "ForPreTraining")  # the transformers classes whose folder holds the MLM head
+
+
+def reads_mlm_head(hf_config: dict) -> bool:
+    """Whether a folder's MLM head (its decoder and the dense -> act -> norm before it) is read: its
+    config names a *ForMaskedLM / *ForPreTraining class, or none (read as one). A fine-tuned
+    folder's head is dropped and a base model has none: options of that head configure nothing read."""
+    names = [name for name in hf_config.get("architectures") or [] if isinstance(name, str)]
+    return not names or any(name.endswith(MLM_HEAD_CLASSES) for name in names)
+
+
+def refuse_untied_decoder(hf_config: dict) -> None:
+    """At config time (a dry run says it), not once the weights are read: an untied decoder has no
+    counterpart here, where the MLM decoder is the token embeddings."""
+    if reads_mlm_head(hf_config) and hf_config.get("tie_word_embeddings", True) is False:
+        raise ConfigError("the Hugging Face config.json sets tie_word_embeddings false (its MLM decoder has weights "
+                          "of its own): this trainer ties the decoder to the token embeddings, so the model cannot be "
+                          "converted without changing its outputs", "convert a model with tie_word_embeddings true")
+
+
 HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")  # read_hf_weights's
 
 
@@ -438,7 +458,9 @@ def state_from_hf(tensors: dict, config: BertConfig, pairs: list, tied: dict, bu
         expected = BertModel(config).state_dict()
     for hf_name, source in tied.items():
         if hf_name in tensors and source in tensors and not torch.equal(tensors[hf_name], tensors[source]):
-            raise ConfigError(f"{hf_name} differs from {source}", "this model ties them; convert a tied checkpoint")
+            raise ConfigError(f"{hf_name} differs from {source} in the Hugging Face folder: this trainer ties them, "
+                              "so the model cannot be converted without changing its outputs",
+                              "convert a folder whose decoder is tied to its embeddings")
     state, used = {}, set(tied) | set(buffers)
     for ours, hf_names in pairs:
         if not all(name in tensors for name in hf_names):

@@ -223,7 +223,8 @@ def rope_thetas(hf_config: dict) -> tuple[float, float]:
 
 def fields_from_hf(hf_config: dict) -> dict:
     """BertConfig fields of the model a ModernBERT config.json describes (either schema); refuses math
-    we do not reproduce (another activation, mixed biases, scaled rope, untied decoder)."""
+    we do not reproduce (another activation, mixed biases, scaled rope, untied decoder); the MLM head's
+    options only where that head is read (hf_io.reads_mlm_head)."""
     layers = _number(hf_config, "num_hidden_layers", integer=True, minimum=1)
     sizes = {"vocab_size": _number(hf_config, "vocab_size", integer=True, minimum=1),
              "hidden_size": _number(hf_config, "hidden_size", integer=True, minimum=1), "num_layers": layers,
@@ -235,12 +236,15 @@ def fields_from_hf(hf_config: dict) -> dict:
              "attention_dropout": _number(hf_config, "attention_dropout", 0.0),
              "hidden_dropout": max(_number(hf_config, "embedding_dropout", 0.0),
                                    _number(hf_config, "mlp_dropout", 0.0))}
-    for key, supported in (("hidden_activation", tuple(ACTIVATIONS)), ("classifier_activation", ("gelu",))):
+    hf_io.refuse_untied_decoder(hf_config)
+    # classifier_*: options of the MLM head (head.dense, head.act); a dropped or absent head sets nothing read
+    head = hf_io.reads_mlm_head(hf_config)
+    for key, supported in [("hidden_activation", tuple(ACTIVATIONS)), *[("classifier_activation", ("gelu",))] * head]:
         if hf_config.get(key, "gelu") not in supported:
             raise ConfigError(f"Hugging Face {key} '{hf_config[key]}' is not reproduced here",
                               f"convert a model with {key} {' or '.join(supported)}")
     biases = {key: _flag(hf_config, key, False)
-              for key in ("attention_bias", "mlp_bias", "norm_bias", "classifier_bias")}
+              for key in ("attention_bias", "mlp_bias", "norm_bias", *["classifier_bias"] * head)}
     if len(set(biases.values())) > 1:
         raise ConfigError(f"Hugging Face {', '.join(f'{k} {v}' for k, v in biases.items())}: this model has biases "
                           "everywhere or nowhere (add_bias_linear)", "convert a model whose biases are all on or off")

@@ -148,11 +148,19 @@ def write_json_atomic(path, value: dict) -> None:
         raise
 
 
+def where_in(path: str, folder: str) -> str | None:
+    """'the' when `path` is `folder`, 'inside the' when it lies under it, None elsewhere (both resolved, so
+    a relative path or a link to the same place counts): the words of the errors below."""
+    resolved, container = Path(path).resolve(), Path(folder).resolve()
+    if resolved == container:
+        return "the"
+    return "inside the" if container in resolved.parents else None
+
+
 def save_into_weights_folder(save: str, folder: str, flag: str) -> str | None:
     """The problem of a --save that is the Hugging Face folder `flag` names, or lies inside it: the
     checkpoint would be written into the model folder (None: it lies elsewhere)."""
-    save_path, weights = Path(save).resolve(), Path(folder).resolve()
-    if save_path != weights and weights not in save_path.parents:
+    where = where_in(save, folder)
+    if where is None:
         return None
-    return (f"--save {save} is {'the' if save_path == weights else 'inside the'} {flag} folder: the checkpoint "
-            "would be written into the Hugging Face model folder")
+    return f"--save {save} is {where} {flag} folder: the checkpoint would be written into the Hugging Face model folder"

@@ -191,6 +191,21 @@ def lock_log_dir(log_dir: str) -> tuple[str, str] | None:
     return locks.take_lock(log_dir, created, "--log-dir", locks.LOG_LOCK)
 
 
+def run_iterations(args, global_batch_size: int) -> int:
+    """The run's length in steps: --train-iters, or --train-samples in global batches (the last one whole)."""
+    return args.train_iters or math.ceil(args.train_samples / global_batch_size)
+
+
+def finished_resume(args, plan, global_batch_size: int) -> str | None:
+    """The nothing_to_train line of a resume whose checkpoint has reached the run's length (None: it
+    trains): what tools that launch the trainer say before they spend a launch on it."""
+    if not plan.resume:
+        return None
+    iteration = checkpoint.tag_iteration(checkpoint.latest_tag(plan.load))
+    train_iters = run_iterations(args, global_batch_size)
+    return nothing_to_train(args, iteration, train_iters) if iteration >= train_iters else None
+
+
 def nothing_to_train(args, iteration: int, train_iters: int) -> str:
     """The line of a finished run started again, naming the run-length flag that was given."""
     flag, length = (("--train-iters", f"--train-iters {train_iters}") if args.train_iters else
@@ -298,7 +313,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     plan = check_start(args)
     setup = check_start_up(args, plan)
     config = setup.config
-    train_iters = args.train_iters or math.ceil(args.train_samples / config.global_batch_size)
+    train_iters = run_iterations(args, config.global_batch_size)
     if args.train_samples and args.train_samples % config.global_batch_size and dist.get_rank() == 0:
         print(train_samples_note(args.train_samples, config.global_batch_size), flush=True)
     schedule = Schedule.from_args(args, setup.ds, train_iters)  # checked against the run length before any map

@@ -23,6 +23,26 @@ def test_bad_attention_settings(variant, size, overrides, message):
     assert message in text and "\n" not in text and "; " in text
 
 
+def test_ulysses_over_heads_the_size_does_not_divide_leads_with_what_keeps_the_model():
+    """The heads of weights a run starts from are fixed (--init-from-hf, --load: was 'choose a head count'
+    first): the fix leads with the ways that keep them, each of which passes; a new head count comes
+    last, for a model from scratch."""
+    heads = dict(num_attention_heads=6, hidden_size=48)
+    with pytest.raises(ConfigError) as error:
+        attention.check(small_config("ulysses", **heads), 4)
+    assert error.value.fix == (
+        "use --attention ring, or --attention hybrid --ulysses-size 2 (Ulysses inside groups of 2 ranks, a divisor "
+        "of the heads and the size, a ring across them), or a --sequence-parallel-size that divides the 6 heads "
+        "(2, 3, 6) and the ranks, or for a model from scratch, a head count that is a multiple of 4")
+    attention.check(small_config("ring", **heads), 4)
+    attention.check(small_config("hybrid", ulysses_size=2, **heads), 4)
+    for size in (2, 3, 6):
+        attention.check(small_config("ulysses", **heads), size)
+    with pytest.raises(ConfigError) as error:  # no divisor of both: hybrid would be a ring, not named
+        attention.check(small_config("ulysses", **heads), 5)
+    assert "hybrid" not in error.value.fix and error.value.fix.startswith("use --attention ring, or a ")
+
+
 @pytest.mark.parametrize("variant,size", [("ring", 3), ("ring", 4), ("ulysses", 4), ("dense", 1), ("ring", 5),
                                           ("hybrid", 6)])  # ring 5: 48 tokens padded to 50
 def test_valid_settings_pass(variant, size):

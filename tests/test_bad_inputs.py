@@ -237,7 +237,8 @@ CASES = [
              phrases=("hidden_size 66 is not divisible by num_attention_heads 4", "divides the hidden size")),
     Case("flag_ulysses_heads_not_divisible_by_sp", "ds_config",
          ["validate", "{tmp}/ds.json", "--world-size", "2", "--attention-dropout", "0", "--num-attention-heads", "3",
-          "--hidden-size", "66"], ("num_attention_heads (3)", "multiple of sequence_parallel.size"),
+          "--hidden-size", "66"], ("num_attention_heads (3)", "use sequence_parallel.attention ring, or ",
+                                   "a head count that is a multiple of 2"),
          files={"ds.json": ds_json(sequence_parallel={"size": 2, "attention": "ulysses"})}),
     pretrain("--attention", "bigbird", "--block-size", "24", id="flag_block_size_not_dividing_seq",
              phrases=("seq_length 64 is not divisible by bigbird block size 24", "another --block-size")),
@@ -474,6 +475,13 @@ CASES = [
                                                                     "--output", "{tmp}/bert.pt"],
          ("run/iter_0000002 is one checkpoint of the --save directory", "/run --tag iter_0000002"),
          files={"run/latest": "iter_0000002", "run/iter_0000002/run_state.json": "{}"}),
+    # an export inside the checkpoint folder it reads: the next resume or --keep-last removes the iter_* folder with it
+    *[Case(f"checkpoint_{command.replace('-', '_')}_output_inside_load", "convert",
+           [command, "--load", "{tmp}/run", "--output", f"{{tmp}}/run/iter_0000002/{output}"],
+           (f"/run/iter_0000002/{output} is inside the checkpoint folder --load ", "/run (resumes and --keep-last",
+            "pick an --output outside "),
+           files={"run/latest": "iter_0000002", "run/iter_0000002/run_state.json": "{}"})
+      for command, output in (("to-hf", "hf"), ("to-torch", "bert.pt"))],
     Case("fill_mask_load_is_one_iter_folder", "fill_mask", ["--load", "{tmp}/run/iter_0000002", "--text", "a [MASK]"],
          ("run/iter_0000002 is one checkpoint of the --save directory", "; pass --load ", "/run --tag iter_0000002"),
          files={"run/latest": "iter_0000002", "run/iter_0000002/run_state.json": "{}"}),

@@ -784,7 +784,15 @@ def test_dropout_with_sequence_or_pipeline_parallelism_is_a_note_that_the_run_is
      "first_layer_attention_norm True, type_vocab_size 2, mlp_type gelu has no Hugging Face ModernBERT (nor Bert) "
      "equivalent (a conversion cannot change the layers a model was trained with); train with --embedding-layernorm "
      "--no-first-layer-attention-norm --type-vocab-size 0 --mlp-type geglu (--model-preset modernbert-base sets them "
-     "all) to export a ModernBERT, or export a classic BERT"),
+     "all) to export a ModernBERT, or with --position-embedding-type learned and without --local-attention-window to "
+     "export a classic BERT"),
+    # rope alone over the classic layers: the classic form is a retrain with learned positions, not an export
+    (["--position-embedding-type", "rope"], BASE,
+     "note: convert_checkpoint.py to-hf will refuse this model: a model with embedding_layernorm False, "
+     "first_layer_attention_norm True, type_vocab_size 2, mlp_type gelu has no Hugging Face ModernBERT (nor Bert) "
+     "equivalent (a conversion cannot change the layers a model was trained with); train with --embedding-layernorm "
+     "--no-first-layer-attention-norm --type-vocab-size 0 --mlp-type geglu (--model-preset modernbert-base sets them "
+     "all) to export a ModernBERT, or with --position-embedding-type learned to export a classic BERT"),
     (["--model-preset", "modernbert-base", "--position-embedding-type", "learned", "--local-attention-window", "32"],
      BASE,
      "note: convert_checkpoint.py to-hf will refuse this model: a model with position_embedding_type learned has no "

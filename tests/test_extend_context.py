@@ -139,10 +139,11 @@ def test_a_modernbert_continues_at_4x_on_sp2_and_exports_to_transformers(extende
     assert hidden < 3 * ATOL and logits < 10 * ATOL
 
 
-def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_path, capsys, texts):  # noqa: F811
+def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_path, capsys, texts,  # noqa: F811
+                                                                monkeypatch):
     """One more step: the resume restates the model the first run took from the folder (--load
     alone takes none from the checkpoint); another model, length or tokenizer is refused before the
-    launcher starts."""
+    launcher starts; the same command run once more says the trainer's nothing-to-train line, unlaunched."""
     out, argv, _ = extended
     tail = argv[argv.index("--"):]
     tail[tail.index("--train-iters") + 1] = "4"
@@ -157,6 +158,13 @@ def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_pat
     assert [r["iteration"] for r in steps if r.get("kind") == "train"] == [4]
     first, resumed = (json.loads((log / "config.json").read_text())["model"] for log in (out / "log", tmp_path / "log"))
     assert resumed == first and latest_tag(str(out / "ckpt")) == "iter_0000004"
+
+    launched = []
+    monkeypatch.setattr(extend_context.os, "execve", lambda path, command, env: launched.append(command))
+    capsys.readouterr()
+    assert run_tool("extend_context.py", lambda: extend_context.main([*head, *tail])) == 0 and not launched
+    assert capsys.readouterr().out.splitlines()[-1] == ("nothing to train: the checkpoint is at iteration 4 of "
+                                                        "--train-iters 4; pass a larger --train-iters to train on")
 
     # a field the first run may have set after `--` (the window) is restated as --save holds it
     shutil.copytree(out / "ckpt" / "iter_0000004", tmp_path / "wider" / "iter_0000004")

@@ -175,6 +175,25 @@ def test_mismatches_name_the_setting_or_tensor(tmp_path):
         hf_convert.bert_fields_from_hf({**HF_CLASSES["bert"][0](**HF_SIZES).to_dict(), "hidden_act": "relu"})
 
 
+def test_an_untied_decoder_is_refused_by_its_config_where_the_mlm_head_is_read(tmp_path):
+    """tie_word_embeddings false: refused before the weights are read (a dry run says it), for the
+    classes whose folder holds the decoder; a base model has none. A folder that claims a tied decoder
+    but stores another is the same line's kind, from the weights."""
+    config = HF_CLASSES["bert"][0](**HF_SIZES).to_dict()
+    for architecture in ("BertForPreTraining", "BertForMaskedLM"):
+        with pytest.raises(ConfigError, match="sets tie_word_embeddings false .* cannot be converted without "
+                                              "changing its outputs; convert a model with tie_word_embeddings true"):
+            hf_convert.bert_fields_from_hf({**config, "tie_word_embeddings": False, "architectures": [architecture]})
+    assert hf_convert.bert_fields_from_hf({**config, "tie_word_embeddings": False, "architectures": ["BertModel"]})
+    _, folder = hf_model("bert", tmp_path)
+    tensors = hf_convert.read_hf_tensors(folder)
+    tensors["cls.predictions.decoder.weight"] = tensors["bert.embeddings.word_embeddings.weight"] + 1
+    with pytest.raises(ConfigError, match="^cls.predictions.decoder.weight differs from bert.embeddings.word_embeddings"
+                                          ".weight in the Hugging Face folder: this trainer ties them, so the model "
+                                          "cannot be converted without changing its outputs"):
+        hf_convert.bert_state_from_hf(tensors, our_config("bert"))
+
+
 def test_layers_beyond_the_configs_are_refused_other_unused_tensors_named_in_a_warning(recwarn):
     """A config.json edited to fewer layers than its weights hold converted with a warning and the
     layers dropped; a head the model lacks stays a warning (as HF's). BERT's and ModernBERT's names."""

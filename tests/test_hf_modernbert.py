@@ -18,6 +18,7 @@ import transformers
 
 from megatron import hf_convert, hf_io, hf_modernbert
 from megatron.errors import ConfigError, DataError
+from megatron.hf_forms import export_problem
 from megatron.model.bert import BertConfig, BertModel
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
@@ -332,6 +333,9 @@ def test_both_config_schemas_read_alike_and_as_transformers_reads_them(tmp_path)
     (dict(hidden_activation="gelu_new"), "hidden_activation 'gelu_new' is not reproduced here"),
     (dict(classifier_activation="relu"), "classifier_activation 'relu' is not reproduced here"),
     (dict(mlp_bias=True), "this model has biases everywhere or nowhere"),
+    (dict(tie_word_embeddings=False), "sets tie_word_embeddings false (its MLM decoder has weights of its own): this "
+                                      "trainer ties the decoder to the token embeddings, so the model cannot be "
+                                      "converted without changing its outputs"),
     (dict(layer_types=["sliding_attention"] + ["full_attention"] * 4), "has no global layer every N"),
     (dict(layer_types=["full_attention"] * 3), "is not a list of 5 entries"),
     (dict(rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0},
@@ -346,6 +350,23 @@ def test_configs_we_do_not_reproduce_are_one_line(change, message):
     with pytest.raises(ConfigError) as error:
         hf_convert.bert_fields_from_hf({**config, **change})
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+HEAD_OPTIONS = dict(classifier_bias=True, classifier_activation="silu", tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("architecture", ["ModernBertForSequenceClassification", "ModernBertForTokenClassification",
+                                          "ModernBertModel"])
+def test_options_of_an_mlm_head_that_is_not_read_refuse_nothing(architecture):
+    """classifier_bias / classifier_activation configure head.* and tie_word_embeddings the decoder: a
+    fine-tuned folder's head is dropped and a base model has none, so they cannot refuse it (was:
+    'convert a model whose biases are all on or off', which no fine-tuned classifier can follow)."""
+    base = transformers.ModernBertConfig(**SHAPES["window2-every4"], **SPECIAL).to_dict()
+    fields = hf_convert.bert_fields_from_hf({**base, **HEAD_OPTIONS, "architectures": [architecture]})
+    assert fields["add_bias_linear"] is False  # the encoder's, not the dropped head's
+    for key, value in HEAD_OPTIONS.items():  # each refused where the MLM head is read
+        with pytest.raises(ConfigError, match=key):
+            hf_convert.bert_fields_from_hf({**base, key: value, "architectures": ["ModernBertForMaskedLM"]})
 
 
 def test_a_run_changes_the_thetas_and_window_not_the_tensors(tmp_path):
@@ -474,7 +495,13 @@ def test_export_refuses_what_modernbert_cannot_hold_and_leaves_nothing(tmp_path)
         "a model with embedding_layernorm False, type_vocab_size 2 has no Hugging Face ModernBERT (nor Bert) "
         "equivalent (a conversion cannot change the layers a model was trained with); retrain with "
         "--embedding-layernorm --type-vocab-size 0 (--model-preset modernbert-base sets them all) to export a "
-        "ModernBERT, or export a classic BERT")
+        "ModernBERT")  # a classic BERT would need five changes (rope, the window, GeGLU, biases, the first norm)
+    # the classic way out is a retrain too (a rope model has no learned positions to export), and it exports
+    rope_only = modern_config(**{**hf_convert.CLASSIC_LAYER, "position_embedding_type": "rope", "type_vocab_size": 2,
+                                 "embedding_layernorm": False})
+    with pytest.raises(ConfigError, match=r"or with --position-embedding-type learned to export a classic BERT$"):
+        hf_convert.save_hf_folder(tmp_path / "out", BertModel(rope_only).state_dict(), rope_only, vocab, True)
+    assert export_problem(dataclasses.replace(rope_only, position_embedding_type="learned")) is None
     # a classic BERT but for its local layers: the window is what no HF model holds, named as the cause
     config = modern_config(**{**hf_convert.CLASSIC_LAYER, "local_attention_window": 8, "global_attention_every": 2,
                               "type_vocab_size": 2, "layernorm_layout": "post"})

@@ -164,7 +164,7 @@ def test_sequence_chunk_pads_the_tail():
     ({"size": 6, "attention": "hybrid", "ulysses_size": 3}, {}, "hybrid needs num_attention_heads (4) divisible by ulysses_size (3)"),
     ({"size": 4, "attention": "ring", "ulysses_size": 2}, {}, "ulysses_size 2 is set but attention is 'ring'"),
     ({"size": 4, "attention": "hybrid", "ulysses_size": 0}, {}, "ulysses_size 0 must be >= 1"),
-    ({"size": 6, "attention": "ulysses"}, {}, "attention 'hybrid'"),
+    ({"size": 6, "attention": "ulysses"}, {}, "sequence_parallel.attention hybrid --ulysses-size 2"),
     ({"size": 4, "attention": "linformer"}, {"seq_length": 50, "linformer_k": 8}, "seq_length 50 is not divisible"),
 ])
 def test_bad_hybrid_settings_are_one_line_errors(section, extra, message):

@@ -37,10 +37,22 @@ with start_up_stops_in_one_line("convert_checkpoint.py"):  # Ctrl-C during the s
     from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits
     from megatron.data.tokenizer_identity import checkpoint_tokenizer
     from megatron.model.bert import BertConfig
-    from megatron.paths import save_into_weights_folder
+    from megatron.paths import save_into_weights_folder, where_in
+
+
+def refuse_output_in_checkpoint(args) -> None:
+    """An --output in the --load folder would be lost with it: resumes and --keep-last remove iter_*
+    folders (an export inside one goes with it, unsaid), and anything else there is a stranger among the
+    checkpoint's files."""
+    where = where_in(args.output, args.load)
+    if where:
+        raise ConfigError(f"--output {args.output} is {where} checkpoint folder --load {args.load} (resumes and "
+                          "--keep-last remove its iter_* folders, and whatever lies in them)",
+                          f"pick an --output outside {args.load}")
 
 
 def to_hf(args) -> None:
+    refuse_output_in_checkpoint(args)
     tag = chosen_tag(args.load, args.tag)
     stored = stored_config(args.load, tag)["model"]
     config = BertConfig(**{**stored, "max_position_embeddings": declared_positions(args.load, tag)})
@@ -67,6 +79,7 @@ def to_hf(args) -> None:
 
 
 def to_torch(args) -> None:
+    refuse_output_in_checkpoint(args)
     if os.path.lexists(args.output):
         raise ConfigError(f"--output {args.output} exists", "choose another --output, or remove it")
     tag = chosen_tag(args.load, args.tag)

@@ -6,7 +6,8 @@ at a longer sequence: one command that picks the launch for you and starts the `
     command resumes from it instead (a requeued job goes on, with the model flags restated: `--load`
     alone takes none from the checkpoint; another --from than the first run's, which its checkpoint
     records (weights_from: the path and a hash of its config and weights), or another length or theta than
-    --save holds is refused);
+    --save holds is refused); a checkpoint already at the run's length is said here (the trainer's
+    `nothing to train` line), with no launch;
   - the length: `--seq-length`, 1-64x the length the model was trained at (an HF folder's
     `max_position_embeddings`, a checkpoint's `seq_length`), packed samples on;
   - the positions: the global layers' rope theta scaled with the length (NTK-aware:
@@ -386,7 +387,8 @@ def check_launch(command: list, world: int) -> None:
     `world` ranks: its parser, its flag checks, where the run starts, the tokenizer and the --data-path
     datasets (the vocab they were made with, their files; without --data-path, the default dataset's
     vocab, which is not built here), and the model and layout it resolves from the DeepSpeed JSON, so
-    that a command that passes here passes them once launched."""
+    that a command that passes here passes them once launched. Returns the trainer's nothing-to-train
+    line of a resume already at the run's length (None: the launch trains)."""
     from megatron.config import resolve
     from megatron.data.bert_dataset import parse_data_path
     from megatron.data.indexed_dataset import make_dataset
@@ -397,7 +399,7 @@ def check_launch(command: list, world: int) -> None:
     from megatron.run_data import check_default_data_vocab, data_paths, run_tokenizer
     from megatron.start_plan import check_start
     from megatron.starting_weights import model_flags as trainer_flags
-    from megatron.training import check_sample_room, deepspeed_settings
+    from megatron.training import check_sample_room, deepspeed_settings, finished_resume
 
     args = trainer_parser().parse_args(command[command.index(str(ROOT / "pretrain_bert.py")) + 1:])
     check_flags(args)
@@ -419,6 +421,7 @@ def check_launch(command: list, world: int) -> None:
     for prefix in parse_data_path(args.data_path)[1] if args.data_path else ():
         # opened as the run opens it; "cached" is "lazy"'s index with the whole .bin read into memory
         make_dataset(prefix, "lazy" if args.data_impl == "cached" else args.data_impl)
+    return finished_resume(args, plan, config.global_batch_size)
 
 
 def main(argv=None) -> int:
@@ -435,7 +438,10 @@ def main(argv=None) -> int:
         resume = model_flags(resumed_model(args, source_fields(args, kind), theta))
     command = launch_command(args, kind, theta, world, sequence, resume)
     with contextlib.redirect_stdout(io.StringIO()) as notes:  # the trainer's notes, once its checks have all passed
-        check_launch(command, world)
+        finished = check_launch(command, world)
+    if finished:  # the same command run again: said before a launch that would only say it
+        print(finished, flush=True)
+        return 0
     if args.dry_run:  # a launched run prints them itself
         print(notes.getvalue(), end="")
     warn_faster_theta(args, fields, factor)

@@ -65,6 +65,22 @@ class Ring(Rules):
     supports_attention_dropout = False
 
 
+def ulysses_ways_out(heads: int, sequence_parallel_size: int) -> str:
+    """The fixes of a head count Ulysses cannot split, those that keep the model first: the heads of
+    weights a run starts from or resumes (--init-from-hf, --load) are fixed, so a new head count comes
+    last, for a run from scratch. Hybrid is named only where its own Ulysses degree is above 1 (1: a ring)."""
+    ways = ["--attention ring"]
+    hybrid = ulysses_degree(None, heads, sequence_parallel_size)
+    if hybrid > 1:
+        ways.append(f"--attention hybrid --ulysses-size {hybrid} (Ulysses inside groups of {hybrid} ranks, a divisor "
+                    "of the heads and the size, a ring across them)")
+    sizes = [str(size) for size in range(2, heads + 1) if heads % size == 0]
+    if sizes:
+        ways.append(f"a --sequence-parallel-size that divides the {heads} heads ({', '.join(sizes)}) and the ranks")
+    ways.append(f"for a model from scratch, a head count that is a multiple of {sequence_parallel_size}")
+    return "use " + ", or ".join(ways)
+
+
 class Ulysses(Rules):
     name = "ulysses"
 
@@ -75,8 +91,7 @@ class Ulysses(Rules):
             raise ConfigError(
                 f"ulysses needs num_attention_heads ({config.num_attention_heads}) divisible by the "
                 f"sequence-parallel size ({sequence_parallel_size})",
-                "choose a head count that is a multiple of --sequence-parallel-size, or attention 'hybrid' "
-                "(Ulysses inside groups of --ulysses-size ranks dividing the heads, a ring across them) or 'ring'")
+                ulysses_ways_out(config.num_attention_heads, sequence_parallel_size))
 
 
 class Hybrid(Rules):
