@@ -52,8 +52,12 @@ JOB_FLAGS = {"data_path": ("--data-path", "--data and --data-prefix"), "vocab_fi
              "log_dir": ("--log-dir", None), "deepspeed_config": ("--deepspeed_config", "--ds-config")}
 # the JSON's monitor sections that log to a service -> (the package DeepSpeed imports for it, the variable of its
 # API key, how it logs without an account)
-SERVICE_MONITORS = {"wandb": ("wandb", "WANDB_API_KEY", "--env WANDB_MODE=offline"),
-                    "comet": ("comet_ml", "COMET_API_KEY", '"online": false in the comet section')}
+# monitor: (package, API key variable, how to run without one, whether the job's env and section do)
+SERVICE_MONITORS = {
+    "wandb": ("wandb", "WANDB_API_KEY", "--env WANDB_MODE=offline",
+              lambda env, section: env.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")),
+    "comet": ("comet_ml", "COMET_API_KEY", '"online": false in the comet section',
+              lambda env, section: section.get("online") is False or section.get("mode") == "offline")}
 KEPT = "outputs"  # the job's folder AzureML keeps (beside the checkpoints mount); the run log goes to outputs/logs
 NCCL_ENV = {  # NCCL over the node's Ethernet/InfiniBand; errors surface instead of hanging
     "NCCL_DEBUG": "WARN",
@@ -106,9 +110,13 @@ def check_image(image: str) -> None:
 
 
 def in_requirements(package: str) -> bool:
-    """Whether requirements.txt, which the job's image is built from, installs `package`."""
-    return re.search(rf"^{re.escape(package)}\s*([=<>!~\[;]|$)", (ROOT / "requirements.txt").read_text(),
-                     re.MULTILINE | re.IGNORECASE) is not None
+    """Whether requirements.txt, which the job's image is built from, installs `package` (names compared as pip
+    does: case, '-', '_' and '.' alike)."""
+    def normal(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+    names = (re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line) for line in
+             (ROOT / "requirements.txt").read_text().splitlines())
+    return normal(package) in {normal(name.group(1)) for name in names if name}
 
 
 def check_monitors(args, ds_config: dict) -> None:
@@ -120,15 +128,15 @@ def check_monitors(args, ds_config: dict) -> None:
     env = dict(args.env)
     for name in monitors.enabled(ds_config):
         if name in SERVICE_MONITORS:
-            package, key, offline = SERVICE_MONITORS[name]
-            fix = f"pass --env {key}=<your key> (or {offline})"
+            package, key, offline, runs_offline = SERVICE_MONITORS[name]
+            fix = f"run it offline ({offline}: its files under ./{KEPT}) or pass the key from a workspace secret " \
+                  f"(--env {key}=... is written in plain text into the job's definition)"
             if not in_requirements(package):
                 raise SubmitError(f"--ds-config {args.ds_config} enables {name}, whose package {package} the job's "
                                   f"image (built from requirements.txt) does not have; add {package} to "
                                   f"requirements.txt and {fix}, or set {name}.enabled to false")
             section = ds_config[name]
-            offline_set = "WANDB_MODE" in env if name == "wandb" else section.get("online") is False
-            if key not in env and not section.get("api_key") and not offline_set:
+            if key not in env and not section.get("api_key") and not runs_offline(env, section):
                 print(f"submit.py: warning: --ds-config {args.ds_config} enables {name} and the job gets no {key} "
                       f"(it would stop at start-up without a login); {fix}", file=sys.stderr, flush=True)
     written = [(f"{name}.output_path", ds_config[name].get("output_path", "")) for name in monitors.enabled(ds_config)

@@ -367,13 +367,17 @@ _VARIABLE = re.compile(r"\$(\{[A-Za-z_]\w*\}|[A-Za-z_]\w*)")  # $HOME, ${HOME}
 
 
 def path_values(ds_config: dict) -> list[tuple[str, dict, str, str]]:
-    """(dotted key, the section holding it, its last key, value) of each PATH_KEYS value the JSON gives as a string."""
+    """(dotted key, the section holding it, its last key, value) of each PATH_KEYS value the JSON gives as a string
+    and DeepSpeed writes to: a monitor's or the profiler's with "enabled": true, an offload's nvme_path with
+    "device": "nvme" (a template's other paths are never used)."""
     found = []
     for keys in PATH_KEYS:
         section = ds_config
         for key in keys[:-1]:
             section = section.get(key) if isinstance(section, dict) else None
-        if isinstance(section, dict) and isinstance(section.get(keys[-1]), str):
+        in_use = isinstance(section, dict) and (section.get("device") == "nvme" if keys[-1] == "nvme_path"
+                                                else section.get("enabled") is True)
+        if in_use and isinstance(section.get(keys[-1]), str):
             found.append((".".join(keys), section, keys[-1], section[keys[-1]]))
     return found
 
@@ -451,8 +455,9 @@ def _unsupported_feature(ds_config: dict) -> tuple[str, str] | None:
     """(problem, fix) of the first top-level setting that switches on a DeepSpeed feature this trainer does not
     run: each key is one DeepSpeed knows (so _refuse_ignored_sections lets it by) and no other check reads, and a
     template's harmless values (autotp_size 1, "enabled": false) pass."""
-    autotp = dict_section(ds_config, "tensor_parallel").get("autotp_size", 0)
-    if isinstance(autotp, int) and not isinstance(autotp, bool) and autotp > 1:
+    autotp = typed("tensor_parallel.autotp_size", dict_section(ds_config, "tensor_parallel").get("autotp_size", 0),
+                   int)  # DeepSpeed's model reads "2" and 2.0 as 2
+    if autotp > 1:
         return (f"tensor_parallel.autotp_size {autotp} is DeepSpeed's AutoTP tensor parallelism, which this trainer "
                 "does not have (DeepSpeed stops at the first batch: \"Data inconsistency within the TP group\")",
                 'remove "tensor_parallel" (or set autotp_size to 1) and split the sequence (--sequence-parallel-size '
@@ -717,6 +722,10 @@ def json_notes(ds_config: dict, log_interval: int | None = None) -> list[str]:
                      "save_16bit_model() gathers the weights, which the trainer never calls; export a checkpoint's "
                      f"weights with python {in_repository('tools/convert_checkpoint.py')} to-torch --load SAVE_DIR "
                      "--output OUT.pt (or to-hf)")
+    mix = grad_accum_mix(ds_config)
+    if mix is not None and mix[2] > 0 and not mix[3]:  # at stage 0 refused
+        notes.append(f"note: data_types.grad_accum_dtype {mix[1]} changes nothing with {mix[0]} weights at ZeRO stage "
+                     f"{mix[2]}: DeepSpeed's ZeRO optimizers do not read it; {BF16_FP32_ACCUMULATION}")
     checkpointing = ds_config.get("activation_checkpointing")
     if isinstance(checkpointing, dict) and "number_checkpoints" in checkpointing:
         notes.append(f"note: activation_checkpointing.number_checkpoints {checkpointing['number_checkpoints']} "
@@ -728,6 +737,7 @@ def json_notes(ds_config: dict, log_interval: int | None = None) -> list[str]:
 # DeepSpeed's DtypeEnum spellings of the floating-point dtypes
 _DTYPE_NAMES = {"fp32": ("fp32", "float32", "float", "torch.float32"),
                 "fp16": ("fp16", "float16", "half", "torch.float16"), "bf16": ("bf16", "bfloat16", "torch.bfloat16")}
+_DTYPE_NAME_OF = {name: kind for kind, names in _DTYPE_NAMES.items() for name in names}
 _COMMUNICATION_DTYPES = ("fp32", "fp16", "bf16")  # what DeepSpeed's get_communication_data_type takes (any case)
 
 
@@ -740,7 +750,7 @@ def _check_dtypes(ds_config: dict) -> None:
         raise ConfigError(f"data_types.grad_accum_dtype = {json.dumps(grad_accum)} is not a dtype DeepSpeed knows",
                           "set it to fp32, fp16 or bf16, or remove it (the model's dtype)")
     if grad_accum is not None:
-        _check_grad_accum_mix(ds_config, grad_accum)
+        _check_grad_accum_mix(ds_config)
     for key in ("communication_data_type", "seq_parallel_communication_data_type"):
         value = ds_config.get(key)
         if value is not None and not (isinstance(value, str) and value.lower() in _COMMUNICATION_DTYPES):
@@ -749,23 +759,43 @@ def _check_dtypes(ds_config: dict) -> None:
     _check_autocast(ds_config.get("torch_autocast", {}), ds_config)
 
 
-def _check_grad_accum_mix(ds_config: dict, grad_accum: str) -> None:
-    """DeepSpeed 0.19.8's rule (engine._do_optimizer_sanity_check): without ZeRO the gradients accumulate in the
-    weights' dtype, and any other grad_accum_dtype is a NotImplementedError ("unsupported mix") inside
-    deepspeed.initialize; at ZeRO 1, bf16 weights with fp32 accumulation (its BF16 optimizer) need the gradient
-    norm it computes unless the optimizer is offloaded."""
-    accumulated = next(kind for kind, names in _DTYPE_NAMES.items() if grad_accum in names)
-    weights = precision(ds_config)
+def grad_accum_mix(ds_config: dict) -> tuple[str, str, int, bool] | None:
+    """(weights' dtype, grad_accum_dtype, ZeRO stage, whether DeepSpeed uses it) of a JSON whose
+    data_types.grad_accum_dtype differs from the weights' (None: no such setting). DeepSpeed 0.19.8 reads it
+    in engine._do_optimizer_sanity_check only: bf16 weights with fp32 accumulation at ZeRO 1 without optimizer
+    offload is its BF16 optimizer; at ZeRO 0 any mix is its NotImplementedError ("unsupported mix"); ZeRO's
+    own optimizers never read it."""
+    grad_accum = dict_section(ds_config, "data_types").get("grad_accum_dtype")
+    if grad_accum not in _DTYPE_NAME_OF:
+        return None
+    accumulated, weights = _DTYPE_NAME_OF[grad_accum], precision(ds_config)
+    if accumulated == weights:
+        return None
     zero = dict_section(ds_config, "zero_optimization")
     stage = zero.get("stage", 0)
-    if accumulated != weights and stage == 0:
-        raise ConfigError(f"data_types.grad_accum_dtype {json.dumps(grad_accum)} with {weights} weights needs ZeRO "
-                          "(zero_optimization.stage is 0, where DeepSpeed 0.19.8 accumulates gradients in the "
-                          "weights' dtype and stops with \"unsupported mix\")",
-                          "set zero_optimization.stage to 1 or 2, or "
-                          "remove data_types.grad_accum_dtype (the weights' dtype then)")
-    if ((weights, accumulated, stage) == ("bf16", "fp32", 1) and zero.get("compute_grad_norm") is False
-            and _offload_device(zero, "offload_optimizer") == "none"):
+    used = (weights, accumulated, stage) == ("bf16", "fp32", 1) and _offload_device(zero, "offload_optimizer") == "none"
+    return weights, accumulated, stage, used
+
+
+BF16_FP32_ACCUMULATION = ("DeepSpeed accumulates in another dtype than the weights' only for bf16 weights with fp32 "
+                          "accumulation at ZeRO 1 (its BF16 optimizer: ds_configs/bf16_ring_sp2.json with "
+                          '"data_types": {"grad_accum_dtype": "fp32"})')
+
+
+def _check_grad_accum_mix(ds_config: dict) -> None:
+    """grad_accum_mix's crashes, refused before deepspeed.initialize: any mix at ZeRO 0, and the BF16
+    optimizer without the gradient norm it needs. An ignored mix at ZeRO 1-3 is a start-up note (json_notes)."""
+    mix = grad_accum_mix(ds_config)
+    if mix is None:
+        return
+    weights, accumulated, stage, used = mix
+    zero = dict_section(ds_config, "zero_optimization")
+    if stage == 0:
+        fix = ('set zero_optimization.stage to 1 (its BF16 optimizer)' if (weights, accumulated) == ("bf16", "fp32")
+               else f'remove data_types.grad_accum_dtype ({BF16_FP32_ACCUMULATION})')
+        raise ConfigError(f"data_types.grad_accum_dtype {accumulated} with {weights} weights at zero_optimization."
+                          "stage 0 stops DeepSpeed 0.19.8 with \"unsupported mix\"", fix)
+    if used and zero.get("compute_grad_norm") is False:
         raise ConfigError("zero_optimization.compute_grad_norm false cannot run bf16 weights with data_types."
                           "grad_accum_dtype fp32 at ZeRO 1 (DeepSpeed 0.19.8 refuses it inside deepspeed.initialize)",
                           "remove compute_grad_norm (true by default)")

@@ -59,8 +59,8 @@ TRAINER_HABITS = {
                              f'{JSON} "fp16": {{"enabled": true, "initial_scale_power": P}} (the scale 2**P)'),
     "--hysteresis": (MEGATRON, "fp16 loss scaling is set in the DeepSpeed JSON",
                      f'{JSON} "fp16": {{"enabled": true, "hysteresis": {{value}}}}'),
-    "--accumulate-allreduce-grads-in-fp32": (MEGATRON, "the gradient accumulation type is set in the DeepSpeed JSON, "
-                                             "and another than the weights' needs ZeRO",
+    "--accumulate-allreduce-grads-in-fp32": (MEGATRON, "fp32 gradient accumulation with bf16 weights is DeepSpeed's "
+                                             "BF16 optimizer, set in the DeepSpeed JSON at ZeRO 1",
                                              f'{JSON} "data_types": {{"grad_accum_dtype": "fp32"}}, '
                                              '"zero_optimization": {"stage": 1} (with bf16: add data_types to '
                                              'ds_configs/bf16_ring_sp2.json, which is ZeRO 1)'),

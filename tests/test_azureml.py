@@ -325,8 +325,9 @@ REFUSED = {
     # a monitor service whose package the job's image lacks: the trainer would stop on the cluster with a pip install
     "wandb_the_image_lacks": (["--ds-config", "{tmp}/wandb.json"], (
         "--ds-config {tmp}/wandb.json enables wandb, whose package wandb the job's image (built from requirements.txt) "
-        "does not have; add wandb to requirements.txt and pass --env WANDB_API_KEY=<your key> (or --env "
-        "WANDB_MODE=offline), or set wandb.enabled to false",)),
+        "does not have; add wandb to requirements.txt and run it offline (--env WANDB_MODE=offline: its files under "
+        "./outputs) or pass the key from a workspace secret (--env WANDB_API_KEY=... is written in plain text into "
+        "the job's definition), or set wandb.enabled to false",)),
     "comet_the_image_lacks": (["--ds-config", "{tmp}/comet.json"], ("enables comet, whose package comet_ml",
                                                                     "COMET_API_KEY")),
 }
@@ -373,7 +374,8 @@ def test_monitor_files_the_job_would_lose_and_a_service_without_a_key_are_warned
     config = tmp_path / "lost.json"
     assert lines == [
         f"submit.py: warning: --ds-config {config} enables wandb and the job gets no WANDB_API_KEY (it would stop at "
-        "start-up without a login); pass --env WANDB_API_KEY=<your key> (or --env WANDB_MODE=offline)",
+        "start-up without a login); run it offline (--env WANDB_MODE=offline: its files under ./outputs) or pass the "
+        "key from a workspace secret (--env WANDB_API_KEY=... is written in plain text into the job's definition)",
         f'submit.py: warning: tensorboard.output_path "" of --ds-config {config} is not kept by the job (AzureML keeps '
         './outputs and the checkpoints); set it to a path under outputs/, e.g. "outputs/tensorboard"',
         f'submit.py: warning: csv_monitor.output_path "/tmp/csv" of --ds-config {config} is not kept by the job '
@@ -388,3 +390,21 @@ def test_monitor_files_the_job_would_lose_and_a_service_without_a_key_are_warned
     assert module.main(["--dry-run", str(job_file), *data, "--ds-config", str(tmp_path / "kept.json"),
                         "--env", "WANDB_MODE=offline"]) == 0
     assert capsys.readouterr().err == ""
+    # offline is what the mode says, not that it is set; comet's own offline mode counts
+    assert module.main(["--dry-run", str(job_file), *data, "--ds-config", str(tmp_path / "kept.json"),
+                        "--env", "WANDB_MODE=online"]) == 0
+    assert "the job gets no WANDB_API_KEY" in capsys.readouterr().err
+    (tmp_path / "comet.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 4,
+                                                     "comet": {"enabled": True, "mode": "offline"}}))
+    assert module.main(["--dry-run", str(job_file), *data, "--ds-config", str(tmp_path / "comet.json")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_requirements_are_read_with_pips_names(tmp_path, monkeypatch):
+    """comet-ml, Comet_ML and comet.ml are pip's one package comet_ml; a package whose name only starts so is not."""
+    module = load_submit_module()
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    for line, found in (("comet-ml==3.0", True), ("Comet_ML", True), ("comet.ml>=3 ; python_version>'3'", True),
+                        ("comet-ml-extra==1", False), ("# comet_ml", False)):
+        (tmp_path / "requirements.txt").write_text(f"torch==2.13.0\n{line}\n")
+        assert module.in_requirements("comet_ml") == found, line

@@ -163,7 +163,7 @@ def test_a_deepspeed_env_line_the_launcher_cannot_read_is_named(tmp_path, monkey
     (tmp_path / ".deepspeed_env").write_text("A=1\nB=\n")
     assert tool.main([str(hostfile)]) == 0
     (tmp_path / ".deepspeed_env").write_text("A=1\n# a comment\n")  # the current folder's, read too
-    with pytest.raises(tool.ConfigError, match=r"^\./\.deepspeed_env line 2|^\.deepspeed_env line 2"):
+    with pytest.raises(tool.ConfigError, match=r"^\.deepspeed_env line 2 "):
         tool.main([str(hostfile)])
     script = subprocess.run([str(ROOT / "examples_deepspeed" / "bert_multinode.sh"), "--dry-run", str(hostfile), "2",
                              "bert_distributed.sh", "2", "1", "8", "128", "1", "2", "2", "64", "4"],

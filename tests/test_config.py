@@ -8,7 +8,7 @@ from deepspeed.runtime.config import DeepSpeedConfig
 
 from megatron.arguments import add_model_and_parallel_args, config_flags
 from megatron.config import adjustable_start_fields, read_ds_config, refuse_contradictions, resolve
-from megatron.ds_schema import deepspeed_accepts
+from megatron.ds_schema import deepspeed_accepts, json_notes
 from megatron.errors import ConfigError
 
 BASE = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
@@ -924,19 +924,22 @@ def test_the_json_section_keys_are_the_fields_json_keys():
     ({"autotuning": {"enabled": True}}, "autotuning.enabled switches on DeepSpeed's autotuning profile, which ends "
                                         "the process"),
     ({"datastates_ckpt": {}}, '"datastates_ckpt" switches DeepSpeed to the DataStates checkpoint engine'),
+    ({"tensor_parallel": {"autotp_size": "2"}}, 'tensor_parallel.autotp_size = "2" is not an integer'),
     ({"gradient_allreduce_op": "SUM"}, 'gradient_allreduce_op "sum" adds up the ranks\' gradients'),
     ({"managed_gradient_accumulation": False}, "gradient accumulation would be lost"),
     # a grad_accum_dtype other than the weights' without ZeRO: DeepSpeed's NotImplementedError "unsupported mix"
     ({"data_types": {"grad_accum_dtype": "bf16"}, "zero_optimization": {"stage": 0}},
-     'data_types.grad_accum_dtype "bf16" with fp32 weights needs ZeRO (zero_optimization.stage is 0'),
+     'data_types.grad_accum_dtype bf16 with fp32 weights at zero_optimization.stage 0 stops DeepSpeed 0.19.8 with '
+     '"unsupported mix"; remove data_types.grad_accum_dtype (DeepSpeed accumulates in another dtype than the '
+     "weights' only for bf16 weights with fp32 accumulation at ZeRO 1"),
     ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}},  # no zero section: stage 0
-     '"unsupported mix"); set zero_optimization.stage to 1 or 2, or remove data_types.grad_accum_dtype'),
+     '"unsupported mix"; set zero_optimization.stage to 1 (its BF16 optimizer)'),
     ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
       "zero_optimization": {"stage": 1, "compute_grad_norm": False}}, "zero_optimization.compute_grad_norm false"),
     # a path value DeepSpeed would take literally
     ({"tensorboard": {"enabled": True, "output_path": "$HOME/tb"}},
      'tensorboard.output_path "$HOME/tb" holds $HOME, which DeepSpeed does not expand'),
-    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "nvme_path": "${SCRATCH}/swap"}}},
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "${SCRATCH}/swap"}}},
      "zero_optimization.offload_param.nvme_path \"${SCRATCH}/swap\" holds ${SCRATCH}"),
     ({"flops_profiler": {"enabled": True, "output_file": "~nosuchuser1234/f.txt"}},
      'flops_profiler.output_file "~nosuchuser1234/f.txt" starts with ~nosuchuser1234, which names no user\'s home'),
@@ -962,9 +965,30 @@ def test_json_settings_deepspeed_would_fail_on_or_misread_are_refused(ds_update,
     {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 1}},
     {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bf16"}},  # the weights' own dtype at stage 0
     {"csv_monitor": {"enabled": True, "output_path": "~/csv"}},  # expanded by the trainer (expand_home_paths)
+    # paths DeepSpeed never writes to: a disabled monitor's, an nvme_path of a CPU offload
+    {"tensorboard": {"enabled": False, "output_path": "$OUT/tb"}},
+    {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "nvme_path": "${SCRATCH}/swap"}}},
     {"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}},  # DeepSpeed's models drop an "auto"
 ])
 def test_harmless_values_of_those_settings_pass(ds_update):
     ds_config = {**BASE, **ds_update}
     resolve(SMALL, ds_config, world_size=4, deepspeed_check=False)
     deepspeed_accepts(ds_config)
+
+
+@pytest.mark.parametrize("ds_update, noted", [
+    ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 1}},
+     False),  # DeepSpeed's BF16 optimizer: fp32 accumulation
+    ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 2}}, True),
+    ({"data_types": {"grad_accum_dtype": "bf16"}, "zero_optimization": {"stage": 1}}, True),  # fp32 weights
+    ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
+      "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}}, True),  # ZeRO's CPU optimizer
+])
+def test_a_grad_accum_dtype_deepspeed_does_not_read_is_a_note(ds_update, noted):
+    """DeepSpeed 0.19.8 reads grad_accum_dtype in its optimizer choice only (bf16 weights, fp32, ZeRO 1 without
+    offload: its BF16 optimizer); ZeRO's optimizers never do: such a run starts, with one note saying so."""
+    ds_config = {**BASE, **ds_update}
+    resolve(SMALL, ds_config, world_size=4, deepspeed_check=False)
+    notes = [note for note in json_notes(ds_config) if "grad_accum_dtype" in note]
+    assert len(notes) == int(noted) and all("changes nothing" in note and "ZeRO 1 (its BF16 optimizer" in note
+                                            for note in notes), notes

@@ -165,8 +165,9 @@ def main(argv=None) -> int:
     parser.add_argument("hostfile")
     parser.add_argument("--num-nodes", type=int, help="machines the launch uses (at most the hosts listed)")
     parser.add_argument("--ranks-per-node", type=int, help="ranks the launch starts on each machine (PROCS)")
-    parser.add_argument("--ssh", action="store_true", help="check that the first host answers passwordless ssh")
-    parser.add_argument("--no-ssh", action="store_true",
+    reach = parser.add_mutually_exclusive_group()
+    reach.add_argument("--ssh", action="store_true", help="check that the first host answers passwordless ssh")
+    reach.add_argument("--no-ssh", action="store_true",
                         help="the launch starts each machine's ranks on it (deepspeed --no_ssh, NODE_RANK): DeepSpeed "
                              "reads no .deepspeed_env file, which is then not checked")
     parser.add_argument("--script-names", action="store_true",
