@@ -357,9 +357,11 @@ def test_the_skipped_warning_names_only_the_reasons_that_hold():
     """A reason no document has is no reason ("0 documents hold a sentence over 512 tokens")."""
     warning = bert_dataset.skipped_warning("p", bert_dataset.SkippedDocuments(100, (5, 50), (0, 0)), 512, False)
     assert warning.startswith("at least 50% of the 100 tokens of p lie"), warning
-    assert "(5 documents have one sentence)" in warning, warning
+    assert "(5 documents have one sentence; the largest: " in warning, warning
     warning = bert_dataset.skipped_warning("p", bert_dataset.SkippedDocuments(100, (0, 0), (2, 30)), 512, False)
-    assert "(2 documents hold a sentence over 512 tokens)" in warning, warning
+    assert "(2 documents hold a sentence over 512 tokens; the largest: " in warning, warning
+    warning = bert_dataset.skipped_warning("p", bert_dataset.SkippedDocuments(100, (1, 10), (1, 30)), 512, False)
+    assert "(1 document has one sentence; 1 document holds a sentence over 512 tokens; " in warning, warning
 
 
 def test_only_the_printing_rank_counts_the_skipped_documents(monkeypatch, tmp_path):

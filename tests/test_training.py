@@ -336,7 +336,7 @@ def test_tensorboard_scalars_are_the_logged_metrics(launched):
     (["--data-path", "no/such/prefix", "--vocab-file", "VOCAB", "--train-iters", "1"], "no/such/prefix"),
     (["--vocab-file", "no/such/vocab.txt", "--train-iters", "1"], "no/such/vocab.txt"),
     (["--sequence-parallel-size", "2", "--train-iters", "1"],
-     "sequence_parallel.size 2 x pipeline 1 does not divide the world size 1"),
+     "--sequence-parallel-size 2 x pipeline 1 does not divide the world size 1; launch 2 processes"),
     ([], "the run length is not set; pass --train-iters N or --train-samples N"),
     (["--attention", "ring", "--attention-dropout", "0.1", "--train-iters", "1"],
      "attention_dropout 0.1 is not supported by ring attention"),
