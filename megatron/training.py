@@ -286,6 +286,15 @@ def dropout_layout_note(config) -> str | None:
             "--hidden-dropout 0 --attention-dropout 0: to fp32 rounding)")
 
 
+def start_notes(args, config) -> list:
+    """The start-up notes on the resolved model and layout (rank 0 prints them once the run has its
+    tokenizer): rope positions, dropout per layout, and model_notes (a model to-hf would refuse, local
+    layers that are not local). extend_context.py's --dry-run prints them too, as the launch would."""
+    return [note for note in (rope_positions_note(args, config.model), dropout_layout_note(config),
+                              *model_notes(config.model, window_given=args.local_attention_window is not None))
+            if note]
+
+
 def check_vocab_room(args, tokenizer, vocab_size: int) -> None:
     """Every token id has an embedding row (check_fits), with --vocab-size named where it sets too few."""
     if args.vocab_size and tokenizer.vocab_size > vocab_size:
@@ -410,9 +419,8 @@ def check_model_fits(args, config, ds: dict, tokenizer) -> None:
     if torch.cuda.is_available() and config.model.attention != "linformer":  # linformer: torch's F.sdpa picks
         blocks.check_cuda_head_dim(config.model.head_dim, precision(ds), torch.cuda.get_device_capability())
     check_vocab_room(args, tokenizer, config.model.vocab_size)
-    for note in (rope_positions_note(args, config.model), dropout_layout_note(config),
-                 *model_notes(config.model, window_given=args.local_attention_window is not None)):
-        if note and dist.get_rank() == 0:
+    for note in start_notes(args, config):
+        if dist.get_rank() == 0:
             print(note, flush=True)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token
         source = f"--vocab-size {args.vocab_size}" if args.vocab_size else "the weights the run starts from"

@@ -388,6 +388,26 @@ def test_a_rotary_base_below_the_models_is_a_warning_naming_the_scaled_one(tmp_p
     assert dry_run(capsys, *argv, *tail) == (dry_run(capsys, *argv, "--rotary-base", scaled, *tail)[0], [])
 
 
+def test_the_dry_run_prints_the_notes_the_launched_run_gives_on_its_model_and_layout(tmp_path, capsys, monkeypatch):
+    """The trainer's start-up notes on the resolved model and layout (training.start_notes: dropout per
+    layout, a window that is not local, a model to-hf would refuse), which rank 0 prints once launched,
+    come out in the dry run too, with the others it holds until its checks pass; a launch leaves them to
+    the run."""
+    source = tiny_modernbert(tmp_path / "hf", 100)
+    argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"), "--num-gpus", "2",
+            "--", "--train-iters", "1", "--hidden-dropout", "0.1", "--local-attention-window", "600"]
+    capsys.readouterr()
+    assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *argv])) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    starts = ("note: --rotary-base ", "note: --local-attention-window 600 replaces", "note: dropout (hidden 0.1, attention 0) draws its masks per layout: this "
+              "sequence-parallel 2 run", "note: --local-attention-window 600 (300 tokens each side) is not below")
+    assert len(notes) == len(starts) and all(map(str.startswith, notes, starts)), notes
+    launched = []
+    monkeypatch.setattr(extend_context.os, "execve", lambda path, command, env: launched.append(command))
+    assert run_tool("extend_context.py", lambda: extend_context.main(argv)) == 0 and launched
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+
+
 def test_a_resume_with_another_from_is_refused_naming_both(tmp_path, capsys, monkeypatch):
     """The checkpoint in --save records what the first run started from (path and a hash of the config and
     weights); a resume from a copy elsewhere goes on, from other weights of the same shapes it stops in

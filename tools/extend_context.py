@@ -399,7 +399,7 @@ def check_launch(command: list, world: int) -> None:
     from megatron.run_data import check_default_data_vocab, data_paths, run_tokenizer
     from megatron.start_plan import check_start
     from megatron.starting_weights import model_flags as trainer_flags
-    from megatron.training import check_sample_room, deepspeed_settings, finished_resume
+    from megatron.training import check_sample_room, deepspeed_settings, finished_resume, start_notes
 
     args = trainer_parser().parse_args(command[command.index(str(ROOT / "pretrain_bert.py")) + 1:])
     check_flags(args)
@@ -421,6 +421,8 @@ def check_launch(command: list, world: int) -> None:
     for prefix in parse_data_path(args.data_path)[1] if args.data_path else ():
         # opened as the run opens it; "cached" is "lazy"'s index with the whole .bin read into memory
         make_dataset(prefix, "lazy" if args.data_impl == "cached" else args.data_impl)
+    for note in start_notes(args, config):  # the launched run's, printed by --dry-run (main)
+        print(note)
     return finished_resume(args, plan, config.global_batch_size)
 
 
