@@ -40,6 +40,7 @@ from megatron.parallel import device, jit_locks, peers
 from megatron.parallel.launch_check import launch_environment
 from megatron.parallel.launch_env import launcher_rank, local_rank
 from megatron.parallel.peers import lost_rank_text, report_once
+from megatron.relaunch import new_run_fix, resume_fix
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
                              kept_regime, resume_optimizer, resume_schedule, run_length, unsaved_note)
 from megatron.run_data import batch_reader, build_datasets, data_paths, data_workers
@@ -127,8 +128,8 @@ def lost_rank_problem(error: Exception, args, progress: Progress) -> ConfigError
     if progress.phase == "start-up":
         return ConfigError(problem, f"nothing was trained; rerun the same command{raise_it}")
     if progress.last_checkpoint:
-        return ConfigError(problem, f"the last checkpoint is {progress.last_checkpoint}: resume with --load "
-                                    f"{os.path.dirname(progress.last_checkpoint)}{raise_it}")
+        return ConfigError(problem, f"the last checkpoint is {progress.last_checkpoint}: "
+                                    f"{resume_fix(args, os.path.dirname(progress.last_checkpoint))}{raise_it}")
     keep = "" if args.save and args.save_interval else " (--save DIR with --save-interval N keeps a run's steps)"
     return ConfigError(problem, f"nothing was saved before it: rerun the same command{raise_it}{keep}")
 
@@ -467,7 +468,7 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
     log.config(config, schedule=saved["schedule"], data=saved["data"], num_workers=data_workers(args))
     if dist.get_rank() == 0:
         index_maps.write_used(args.log_dir, used_maps)  # what tools/clean_index_maps.py --keep-run keeps
-    run = Run(args, plan, engine, config, log, saved, progress, train_iters)
+    run = Run(args, plan, engine, config, log, saved, progress, train_iters, watch=LossWatch(args=args))
     if not client:
         source = plan.source and plan.source[0]
         log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",
@@ -628,7 +629,7 @@ def restart_fix(args, iteration: int, watch: LossWatch) -> str:
     if good:  # a resume keeps the checkpoint's peak --lr (resume_schedule): --finetune
         # restarts the optimizer and schedule from its weights, in another --save (check_save_dir)
         return (f"{where}{'' if where.endswith(' then') else ':'} start a new run from its weights with a lower "
-                f"rate (--finetune --load {os.path.dirname(good.folder)} --lr LOWER --save ANOTHER_DIR; a resume "
+                f"rate ({new_run_fix(args, os.path.dirname(good.folder))}; a resume "
                 "keeps the checkpoint's peak --lr)")
     if not args.save:
         return f"{where}: rerun with --save and --save-interval (e.g. with a lower --lr)"

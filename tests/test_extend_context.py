@@ -192,9 +192,11 @@ def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_pat
                                        f"--seq-length {LONGER} or choose a new --save")
 
 
-def test_a_checkpoint_continues_from_its_weights_as_a_new_run(extended, tmp_path):
+def test_a_checkpoint_continues_from_its_weights_as_a_new_run(extended, tmp_path, capsys):
     """The run above (trained at 256) as the source: --load --finetune starts at iteration 0 at 4x again,
-    theta scaled from the checkpoint's, the tokenizer the checkpoint carries."""
+    theta scaled from the checkpoint's, the tokenizer the checkpoint carries. At its own length (1x), the
+    new run at a lower rate that a NaN names in a run the tool launched (relaunch.new_run_fix), its theta is
+    kept."""
     out, argv, _ = extended
     tail = argv[argv.index("--"):]
     tail[tail.index("--train-iters") + 1] = "1"
@@ -207,6 +209,9 @@ def test_a_checkpoint_continues_from_its_weights_as_a_new_run(extended, tmp_path
     stored = stored_config(str(tmp_path / "ckpt"), latest_tag(str(tmp_path / "ckpt")))["model"]
     assert latest_tag(str(tmp_path / "ckpt")) == "iter_0000001" and stored["seq_length"] == 4 * LONGER
     assert stored["rotary_base"] == float(f"{source['rotary_base'] * 4 ** (16 / 14):.6g}")
+    command, _ = dry_run(capsys, "--from", str(out / "ckpt"), "--seq-length", str(LONGER), "--save",
+                         str(tmp_path / "lower"), *tail, "--lr", "1e-5")
+    assert f"--rotary-base {source['rotary_base']} " in command and " --launched-by extend_context.py " in command
 
 
 def one_line(capsys, *argv) -> str:
@@ -239,6 +244,8 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
     pipeline.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 2},
                                     "zero_optimization": {"stage": 1}, "sequence_parallel": {"attention": "ring"}}))
     save = str(tmp_path / "c")
+    unnamed = fake_checkpoint(tmp_path / "unnamed", {})  # a --save whose `latest` was lost
+    (unnamed / "latest").unlink()
     hf = ["--from", str(source), "--seq-length", "256"]
     python = python_command()  # the interpreter a hint names (.venv/bin/python from the repository)
     for argv, message in (
@@ -308,6 +315,11 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              "extend_context.py (before --)"),
             ([*hf, "--save", save, "--", "--save=other"], "--save after -- would override"),
             ([*hf, "--save", save, "--", "--no-pack-samples"], "; drop --no-pack-samples"),
+            ([*hf, "--save", save, "--", "--launched-by", "extend_context.py"], "; drop --launched-by"),
+            # the trainer's line names this tool's command (--launched-by), which resumes once `latest` is back
+            ([*hf, "--save", str(unnamed), "--", "--train-iters", "1"],
+             f"write the tag to resume into {unnamed / 'latest'} (the newest: iter_0000001) and rerun the same "
+             "extend_context.py command, or choose another --save directory to start afresh"),
             # the trainer's own start-up checks, on the command the launcher would get
             ([*hf, "--save", save], "the run length is not set"),
             ([*hf, "--save", save, "--", "--train-iters", "1", "--data-pth", "x"],
@@ -399,8 +411,9 @@ def test_the_dry_run_prints_the_notes_the_launched_run_gives_on_its_model_and_la
     capsys.readouterr()
     assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *argv])) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
-    starts = ("note: --rotary-base ", "note: --local-attention-window 600 replaces", "note: dropout (hidden 0.1, attention 0) draws its masks per layout: this "
-              "sequence-parallel 2 run", "note: --local-attention-window 600 (300 tokens each side) is not below")
+    starts = ("note: --rotary-base ", "note: --local-attention-window 600 replaces",
+              "note: dropout (hidden 0.1, attention 0) draws its masks per layout: this sequence-parallel 2 run",
+              "note: --local-attention-window 600 (300 tokens each side) is not below")
     assert len(notes) == len(starts) and all(map(str.startswith, notes, starts)), notes
     launched = []
     monkeypatch.setattr(extend_context.os, "execve", lambda path, command, env: launched.append(command))

@@ -115,7 +115,7 @@ TOOL_SETS = {"seq_length": "--seq-length", "max_position_embeddings": "--seq-len
 SET_FLAGS = {**{info(field).dest or field: option for field, option in TOOL_SETS.items()},
              "save": "--save", "load": "--from", "init_from_hf": "--from", "finetune": "--from",
              "deepspeed_config": "--deepspeed-config", "deepscale_config": "--deepspeed-config", "deepspeed": None,
-             "deepscale": None, "local_rank": None}
+             "deepscale": None, "local_rank": None, "launched_by": None}
 
 
 # the trainer's flags this tool takes as its own (before --), by the names a habit row's fix may use
@@ -379,7 +379,8 @@ def launch_command(args, kind: str, theta: float, world: int, sequence: int, res
             "--deepspeed", "--deepspeed_config", args.deepspeed_config, *start,
             "--sequence-parallel-size", str(sequence), "--attention", args.attention,
             *hybrid, "--seq-length", str(args.seq_length), "--max-position-embeddings", str(args.seq_length),
-            "--rotary-base", str(theta), "--pack-samples", "--save", args.save, *args.pretrain_args]
+            "--rotary-base", str(theta), "--pack-samples", "--save", args.save,
+            "--launched-by", "extend_context.py", *args.pretrain_args]  # its lines on how to go on name this tool
 
 
 def check_launch(command: list, world: int) -> None:
