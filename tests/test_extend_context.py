@@ -299,6 +299,8 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              'sequence_parallel.ulysses_size = "2" is not an integer'),
             ([*hf, "--save", str(tmp_path / "a_file")], "a_file is a file; pass a folder"),
             ([*hf, "--save", str(source)], "--save is the --from folder; choose another --save"),
+            ([*hf, "--save", str(source / "ext")], f"--save {source / 'ext'} is inside the --from folder {source}; "
+                                                     f"choose a --save outside {source}"),
             ([*hf, "--save", save, "--master-port", "99999"], "--master-port 99999 is not a TCP port; pass a free"),
             ([*hf, "--save", save, "--data-path", "x"], "--data-path is a pretrain_bert.py flag, given before --; put it "
              "after --"),

@@ -36,7 +36,7 @@ import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, DataError, OneLineParser, run_tool, start_up_stops_in_one_line
 from megatron.flag_habits import wrapped_fix
-from megatron.paths import in_repository, python_command
+from megatron.paths import in_repository, python_command, where_in
 from megatron.quiet import quiet_deepspeed
 
 with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the seconds of imports: one line
@@ -246,7 +246,7 @@ def ranks(args, stages: int, named: str) -> tuple[int, int, bool]:
 
 def check_paths(args) -> dict:
     """--save and --deepspeed-config, before the launcher starts -> the JSON."""
-    if Path(args.save).resolve() == Path(args.source).resolve():
+    if where_in(args.save, args.source) == "the":
         raise ConfigError("--save is the --from folder", "choose another --save")
     if Path(args.save).exists() and not Path(args.save).is_dir():
         raise ConfigError(f"--save {args.save} is a file", "pass a folder (a new one, or the --save of this run)")
@@ -264,6 +264,14 @@ def check_paths(args) -> dict:
                               "(sequence-parallel, exact, and what the local layers need)",
                               f"{fix} with one of them, such as {in_repository('ds_configs/ring_sp2.json')}")
     return ds
+
+
+def refuse_save_inside_source(args) -> None:
+    """A --save inside the --from model (once it is one, source_model): a checkpoint's resumes and --keep-last
+    remove its iter_* folders and what lies in them, and a Hugging Face folder is no place for a run."""
+    if where_in(args.save, args.source) == "inside the":
+        raise ConfigError(f"--save {args.save} is inside the --from folder {args.source}",
+                          f"choose a --save outside {args.source}")
 
 
 def take_attention(args, ds: dict) -> None:
@@ -433,6 +441,7 @@ def main(argv=None) -> int:
     take_attention(args, ds)
     world, sequence, on_cpu = ranks(args, *pipeline_stages(args, ds))
     fields, kind = source_model(args.source)
+    refuse_save_inside_source(args)
     factor = check(args, fields, kind)
     theta = args.rotary_base or default_theta(fields, factor)
     resume = None
