@@ -298,6 +298,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--exit-duration-in-mins", type=float,
                      help="stop after the first step that ends this many minutes after start-up, saved (with "
                           "--save), exit 0: a job's time limit; the same command with --load resumes")
+    run.add_argument("--launched-by", choices=("extend_context.py",), help="set by the tool whose command "
+                     "launched this run: the lines on how to go on (a stop, a lost rank, a NaN) name that "
+                     "command, which restates the layout and model flags --load alone does not take")
     run.add_argument("--keep-last", type=int, metavar="N", help="after each save, remove the --save folder's "
                      "older iter_* checkpoints beyond the newest N (never the one 'latest' names; default: keep all)")
     run.add_argument("--eval-interval", type=int, default=1000, help="steps between validation runs (default 1000)")

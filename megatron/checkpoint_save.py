@@ -335,7 +335,7 @@ def remove_killed_saves(save_dir: str) -> list[str]:
     return removed
 
 
-def refuse_unnamed_checkpoints(save_dir: str) -> None:
+def refuse_unnamed_checkpoints(save_dir: str, resume: str | None = None) -> None:
     """Refuses a --save directory holding complete iter_* checkpoints but no `latest` (a copy that
     missed it, one deleted by hand): the run would start from scratch and overwrite them. A folder
     with none (or only `.partial` ones) stays a first run's, as `--load X --save X` relies on."""
@@ -344,8 +344,9 @@ def refuse_unnamed_checkpoints(save_dir: str) -> None:
     if tags and not os.path.isfile(os.path.join(save_dir, LATEST)):
         raise ConfigError(f"--save {save_dir} holds checkpoint{'s' * (len(tags) > 1)} {tag_list(tags)} but no "
                           f"'{LATEST}' naming the one to resume", f"write the tag to resume into "
-                          f"{os.path.join(save_dir, LATEST)} (the newest: {tags[-1]}) and resume with --load "
-                          f"{save_dir}, or choose another --save directory to start afresh")
+                          f"{os.path.join(save_dir, LATEST)} (the newest: {tags[-1]}) and "
+                          f"{resume or f'resume with --load {save_dir}'}, or choose another --save directory to "
+                          "start afresh")
 
 
 def check_save_dir(save_dir: str, start_iteration: int) -> list[str]:

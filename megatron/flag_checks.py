@@ -128,6 +128,10 @@ def check_flag_combinations(args) -> None:
                                                                                 "--init-from-hf")
     if inside:
         raise ConfigError(inside, "choose another --save")
+    if args.load and args.save and paths.where_in(args.save, args.load) == "inside the":  # the same: a resume
+        raise ConfigError(f"--save {args.save} is inside the checkpoint folder --load {args.load} (resumes and "
+                          "--keep-last there remove its iter_* folders, and whatever lies in them)",
+                          f"choose a --save outside {args.load}")
 
 
 def check_schedule_flags(args) -> None:

@@ -7,6 +7,8 @@ import dataclasses
 import math
 import os
 
+from megatron.relaunch import new_run_fix
+
 EXPLODED_FACTOR = 100  # a loss this many times the run's first finite one: diverging
 SKIPPED_IN_A_ROW_LIMIT = 5  # steps skipped for non-finite values in a row that stop the run
 
@@ -30,6 +32,7 @@ class LossWatch:
     steps: int = 0
     skipped: list = dataclasses.field(default_factory=list)  # iterations skipped for non-finite values
     skipped_in_a_row: int = 0
+    args: object = None  # the run's flags, for the command of a new run (relaunch.new_run_fix; None: the trainer's)
 
     def in_range(self, loss: float | None) -> bool:
         """Finite and below EXPLODED_FACTOR x the first loss (None: a checkpoint loaded, not measured)."""
@@ -63,7 +66,7 @@ class LossWatch:
         if good is None:
             return "no checkpoint was saved before it (a lower --lr may train)"
         return (f"the last checkpoint before it is {good.folder} ({_logged(good)}): a lower --lr from its weights "
-                f"(--finetune --load {os.path.dirname(good.folder)} --lr LOWER --save ANOTHER_DIR) may train")
+                f"({new_run_fix(self.args, os.path.dirname(good.folder))}) may train")
 
     def saved(self, folder: str, iteration: int, loss: float | None = None, loaded: bool = False) -> None:
         self.checkpoints.append(SavedCheckpoint(folder, iteration, None if loaded else

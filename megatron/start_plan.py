@@ -11,6 +11,7 @@ import uuid
 from megatron import checkpoint, checkpoint_save, hf_io
 from megatron.errors import ConfigError
 from megatron.parallel.launch_env import launcher_rank
+from megatron.relaunch import resume_fix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ def check_start(args) -> StartPlan:
     first run's); one whose newer checkpoints a rollback will overwrite is named in a warning, as are
     another run's checkpoints in the --save of a resume from another folder (checkpoint_save.foreign_tags)."""
     if args.save:
-        checkpoint_save.refuse_unnamed_checkpoints(args.save)
+        checkpoint_save.refuse_unnamed_checkpoints(args.save, resume_fix(args, args.save))
         refuse_finetune_in_place(args)
     load = args.load
     if args.load and args.save and same_folder(args.load, args.save) \

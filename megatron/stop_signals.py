@@ -15,6 +15,7 @@ from megatron import checkpoint, locks, paths
 from megatron.errors import WHERE_FIX, ConfigError, DataError, cannot_use, restore_signals, stop_signals
 from megatron.parallel import launcher_watch, peers
 from megatron.parallel.peers import lost_rank_text, report_once
+from megatron.relaunch import resume_fix, test_loss_fix
 
 
 END_OF_RUN = "the end of the run"  # the phase after the last step: a rank lost there cut nothing (StopSignals.complete)
@@ -141,15 +142,14 @@ class StopSignals:
         if self.agreed == self.LOG_FAILED:
             failure = [log.failure]
             dist.broadcast_object_list(failure, src=0)
-            held = (f"checkpoint {last_checkpoint} holds iteration {iteration}: resume with --load {args.save}"
+            held = (f"checkpoint {last_checkpoint} holds iteration {iteration}: {resume_fix(args, args.save)}"
                     if args.save and last_checkpoint else f"no checkpoint holds iteration {iteration}")
             raise ConfigError(failure[0][0], f"{failure[0][1]}; {held}")
         when = (f"after the last iteration {iteration}, before the test loss" if test_cut
                 else f"after iteration {iteration}")
         if args.save and last_checkpoint:
             line = (f"stopped by {name} {when}; checkpoint {last_checkpoint} holds it: "
-                    + (f"rerun with --load {args.save} to compute the test loss" if test_cut
-                       else f"resume with --load {args.save}"))
+                    + (test_loss_fix(args, args.save) if test_cut else resume_fix(args, args.save)))
         elif args.save:  # before this run's first step: nothing to save
             line = f"stopped by {name} before the first step of this run (iteration {iteration}); nothing was saved"
         else:

@@ -40,6 +40,7 @@ from megatron.parallel import device, jit_locks, peers
 from megatron.parallel.launch_check import launch_environment
 from megatron.parallel.launch_env import launcher_rank, local_rank
 from megatron.parallel.peers import lost_rank_text, report_once
+from megatron.relaunch import new_run_fix, resume_fix
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
                              kept_regime, resume_optimizer, resume_schedule, run_length, unsaved_note)
 from megatron.run_data import batch_reader, build_datasets, data_paths, data_workers
@@ -127,8 +128,8 @@ def lost_rank_problem(error: Exception, args, progress: Progress) -> ConfigError
     if progress.phase == "start-up":
         return ConfigError(problem, f"nothing was trained; rerun the same command{raise_it}")
     if progress.last_checkpoint:
-        return ConfigError(problem, f"the last checkpoint is {progress.last_checkpoint}: resume with --load "
-                                    f"{os.path.dirname(progress.last_checkpoint)}{raise_it}")
+        return ConfigError(problem, f"the last checkpoint is {progress.last_checkpoint}: "
+                                    f"{resume_fix(args, os.path.dirname(progress.last_checkpoint))}{raise_it}")
     keep = "" if args.save and args.save_interval else " (--save DIR with --save-interval N keeps a run's steps)"
     return ConfigError(problem, f"nothing was saved before it: rerun the same command{raise_it}{keep}")
 
@@ -286,6 +287,15 @@ def dropout_layout_note(config) -> str | None:
             "--hidden-dropout 0 --attention-dropout 0: to fp32 rounding)")
 
 
+def start_notes(args, config) -> list:
+    """The start-up notes on the resolved model and layout (rank 0 prints them once the run has its
+    tokenizer): rope positions, dropout per layout, and model_notes (a model to-hf would refuse, local
+    layers that are not local). extend_context.py's --dry-run prints them too, as the launch would."""
+    return [note for note in (rope_positions_note(args, config.model), dropout_layout_note(config),
+                              *model_notes(config.model, window_given=args.local_attention_window is not None))
+            if note]
+
+
 def check_vocab_room(args, tokenizer, vocab_size: int) -> None:
     """Every token id has an embedding row (check_fits), with --vocab-size named where it sets too few."""
     if args.vocab_size and tokenizer.vocab_size > vocab_size:
@@ -410,9 +420,8 @@ def check_model_fits(args, config, ds: dict, tokenizer) -> None:
     if torch.cuda.is_available() and config.model.attention != "linformer":  # linformer: torch's F.sdpa picks
         blocks.check_cuda_head_dim(config.model.head_dim, precision(ds), torch.cuda.get_device_capability())
     check_vocab_room(args, tokenizer, config.model.vocab_size)
-    for note in (rope_positions_note(args, config.model), dropout_layout_note(config),
-                 *model_notes(config.model, window_given=args.local_attention_window is not None)):
-        if note and dist.get_rank() == 0:
+    for note in start_notes(args, config):
+        if dist.get_rank() == 0:
             print(note, flush=True)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token
         source = f"--vocab-size {args.vocab_size}" if args.vocab_size else "the weights the run starts from"
@@ -459,7 +468,7 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
     log.config(config, schedule=saved["schedule"], data=saved["data"], num_workers=data_workers(args))
     if dist.get_rank() == 0:
         index_maps.write_used(args.log_dir, used_maps)  # what tools/clean_index_maps.py --keep-run keeps
-    run = Run(args, plan, engine, config, log, saved, progress, train_iters)
+    run = Run(args, plan, engine, config, log, saved, progress, train_iters, watch=LossWatch(args=args))
     if not client:
         source = plan.source and plan.source[0]
         log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",
@@ -620,7 +629,7 @@ def restart_fix(args, iteration: int, watch: LossWatch) -> str:
     if good:  # a resume keeps the checkpoint's peak --lr (resume_schedule): --finetune
         # restarts the optimizer and schedule from its weights, in another --save (check_save_dir)
         return (f"{where}{'' if where.endswith(' then') else ':'} start a new run from its weights with a lower "
-                f"rate (--finetune --load {os.path.dirname(good.folder)} --lr LOWER --save ANOTHER_DIR; a resume "
+                f"rate ({new_run_fix(args, os.path.dirname(good.folder))}; a resume "
                 "keeps the checkpoint's peak --lr)")
     if not args.save:
         return f"{where}: rerun with --save and --save-interval (e.g. with a lower --lr)"

@@ -1624,6 +1624,10 @@ CONFIG_MISTAKES = {
         f"is {where} --init-from-hf folder: the checkpoint would be written into the Hugging Face model folder",
         "choose another --save"), {}) for name, where, save in (("as", "the", "{hf}"), ("inside", "inside the",
                                                                                        "{hf}/run"))},
+    # a --save inside the --load checkpoint folder: its resumes and --keep-last remove iter_* folders
+    "save_inside_the_load_folder": (["--load", "{tmp}/ck", "--finetune", "--save", "{tmp}/ck/iter_0000002/ft"], {}, (
+        "/ck/iter_0000002/ft is inside the checkpoint folder --load ", "/ck (resumes and --keep-last there remove",
+        "; choose a --save outside "), {}),
     # ---- one rule per number, whatever its value breaks
     # numbers that reached torch after the index maps were built (config.check_model_numbers)
     "init_method_std_negative": (["--init-method-std", "-1"], {}, ("init_method_std = -1.0 is not a finite number > 0",

@@ -135,6 +135,31 @@ def test_parquet_reads_only_the_asked_columns_in_batches(reference, tmp_path, mo
     assert file_bytes(report.outputs["title"]) == file_bytes(expected["title"])
 
 
+def nested(tmp: Path, records: list, null_row: int | None = None) -> str:
+    """A Parquet file whose texts are the fields of a struct column `doc` (a dataset of nested records),
+    beside a top-level int column; `null_row`: that row's struct is null."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    docs = [None if i == null_row else {"title": record["title"], "text": record["text"], "lang": "en"}
+            for i, record in enumerate(records)]
+    pq.write_table(pa.table({"id": list(range(len(records))), "doc": docs}), tmp / "wiki.parquet",
+                   row_group_size=16)
+    return str(tmp / "wiki.parquet")
+
+
+def test_a_struct_columns_fields_are_read_by_their_flattened_names(reference, tmp_path, monkeypatch):
+    """--json-keys doc.text doc.title (pyarrow's flatten() names) read the fields of the struct `doc`:
+    the bytes of loose JSON, in batches of those fields alone; build_vocab reads them alike."""
+    records, vocab, expected = reference
+    monkeypatch.setattr(corpus_files, "PARQUET_BATCH_ROWS", 10)
+    path = nested(tmp_path, records)
+    keys = ("doc.text", "doc.title")
+    report = preprocess(options(path, tmp_path / "out" / "wiki", vocab, json_keys=keys))
+    assert (report.documents, report.skipped) == (120, 0)
+    for key, flat in zip(keys, KEYS):
+        assert file_bytes(report.outputs[key]) == file_bytes(expected[flat]), key
+    assert list(corpus_texts(Corpus(path, keys))) == [record[key] for record in records for key in KEYS]
+
+
 def null_text(tmp: Path, records: list) -> str:
     """A Parquet file whose 5th row has no text (null)."""
     return as_input("parquet", tmp, [{**record, "text": None} if i == 4 else record for i, record in enumerate(records)])
@@ -321,6 +346,12 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
     "parquet_missing_column": (lambda tmp, records: as_input("parquet", tmp, records), ("body",),
                                r"wiki\.parquet has no column 'body' \(it has id, title, text, length\); pass "
                                "--json-keys with column names"),
+    "parquet_no_such_field": (nested, ("text",), r"wiki\.parquet has no column 'text' \(it has id, doc\.title, "
+                                                r"doc\.text, doc\.lang\); pass --json-keys with column names"),
+    "parquet_struct_column": (nested, ("doc",), r"wiki\.parquet column 'doc' holds struct<.*>, not text \(its "
+                                                r"fields: doc\.title, doc\.text, doc\.lang\); pass --json-keys"),
+    "parquet_null_struct": (lambda tmp, records: nested(tmp, records, null_row=4), ("doc.text",),
+                            r"wiki\.parquet row 5: key 'doc\.text' is not a string; .*--skip-invalid"),
     "parquet_column_not_text": (lambda tmp, records: as_input("parquet", tmp, records), ("length",),
                                 r"wiki\.parquet column 'length' holds int64, not text; pass --json-keys with text"),
     "shard_not_parquet": (one_shard_not_parquet, KEYS,

@@ -192,9 +192,11 @@ def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_pat
                                        f"--seq-length {LONGER} or choose a new --save")
 
 
-def test_a_checkpoint_continues_from_its_weights_as_a_new_run(extended, tmp_path):
+def test_a_checkpoint_continues_from_its_weights_as_a_new_run(extended, tmp_path, capsys):
     """The run above (trained at 256) as the source: --load --finetune starts at iteration 0 at 4x again,
-    theta scaled from the checkpoint's, the tokenizer the checkpoint carries."""
+    theta scaled from the checkpoint's, the tokenizer the checkpoint carries. At its own length (1x), the
+    new run at a lower rate that a NaN names in a run the tool launched (relaunch.new_run_fix), its theta is
+    kept."""
     out, argv, _ = extended
     tail = argv[argv.index("--"):]
     tail[tail.index("--train-iters") + 1] = "1"
@@ -207,6 +209,9 @@ def test_a_checkpoint_continues_from_its_weights_as_a_new_run(extended, tmp_path
     stored = stored_config(str(tmp_path / "ckpt"), latest_tag(str(tmp_path / "ckpt")))["model"]
     assert latest_tag(str(tmp_path / "ckpt")) == "iter_0000001" and stored["seq_length"] == 4 * LONGER
     assert stored["rotary_base"] == float(f"{source['rotary_base'] * 4 ** (16 / 14):.6g}")
+    command, _ = dry_run(capsys, "--from", str(out / "ckpt"), "--seq-length", str(LONGER), "--save",
+                         str(tmp_path / "lower"), *tail, "--lr", "1e-5")
+    assert f"--rotary-base {source['rotary_base']} " in command and " --launched-by extend_context.py " in command
 
 
 def one_line(capsys, *argv) -> str:
@@ -239,6 +244,8 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
     pipeline.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 2},
                                     "zero_optimization": {"stage": 1}, "sequence_parallel": {"attention": "ring"}}))
     save = str(tmp_path / "c")
+    unnamed = fake_checkpoint(tmp_path / "unnamed", {})  # a --save whose `latest` was lost
+    (unnamed / "latest").unlink()
     hf = ["--from", str(source), "--seq-length", "256"]
     python = python_command()  # the interpreter a hint names (.venv/bin/python from the repository)
     for argv, message in (
@@ -292,6 +299,8 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              'sequence_parallel.ulysses_size = "2" is not an integer'),
             ([*hf, "--save", str(tmp_path / "a_file")], "a_file is a file; pass a folder"),
             ([*hf, "--save", str(source)], "--save is the --from folder; choose another --save"),
+            ([*hf, "--save", str(source / "ext")], f"--save {source / 'ext'} is inside the --from folder {source}; "
+                                                     f"choose a --save outside {source}"),
             ([*hf, "--save", save, "--master-port", "99999"], "--master-port 99999 is not a TCP port; pass a free"),
             ([*hf, "--save", save, "--data-path", "x"], "--data-path is a pretrain_bert.py flag, given before --; put it "
              "after --"),
@@ -308,6 +317,11 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              "extend_context.py (before --)"),
             ([*hf, "--save", save, "--", "--save=other"], "--save after -- would override"),
             ([*hf, "--save", save, "--", "--no-pack-samples"], "; drop --no-pack-samples"),
+            ([*hf, "--save", save, "--", "--launched-by", "extend_context.py"], "; drop --launched-by"),
+            # the trainer's line names this tool's command (--launched-by), which resumes once `latest` is back
+            ([*hf, "--save", str(unnamed), "--", "--train-iters", "1"],
+             f"write the tag to resume into {unnamed / 'latest'} (the newest: iter_0000001) and rerun the same "
+             "extend_context.py command, or choose another --save directory to start afresh"),
             # the trainer's own start-up checks, on the command the launcher would get
             ([*hf, "--save", save], "the run length is not set"),
             ([*hf, "--save", save, "--", "--train-iters", "1", "--data-pth", "x"],
@@ -386,6 +400,27 @@ def test_a_rotary_base_below_the_models_is_a_warning_naming_the_scaled_one(tmp_p
     for theta in ("10000", "20000"):
         assert dry_run(capsys, *argv, "--rotary-base", theta, *tail)[1] == []
     assert dry_run(capsys, *argv, *tail) == (dry_run(capsys, *argv, "--rotary-base", scaled, *tail)[0], [])
+
+
+def test_the_dry_run_prints_the_notes_the_launched_run_gives_on_its_model_and_layout(tmp_path, capsys, monkeypatch):
+    """The trainer's start-up notes on the resolved model and layout (training.start_notes: dropout per
+    layout, a window that is not local, a model to-hf would refuse), which rank 0 prints once launched,
+    come out in the dry run too, with the others it holds until its checks pass; a launch leaves them to
+    the run."""
+    source = tiny_modernbert(tmp_path / "hf", 100)
+    argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"), "--num-gpus", "2",
+            "--", "--train-iters", "1", "--hidden-dropout", "0.1", "--local-attention-window", "600"]
+    capsys.readouterr()
+    assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *argv])) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    starts = ("note: --rotary-base ", "note: --local-attention-window 600 replaces",
+              "note: dropout (hidden 0.1, attention 0) draws its masks per layout: this sequence-parallel 2 run",
+              "note: --local-attention-window 600 (300 tokens each side) is not below")
+    assert len(notes) == len(starts) and all(map(str.startswith, notes, starts)), notes
+    launched = []
+    monkeypatch.setattr(extend_context.os, "execve", lambda path, command, env: launched.append(command))
+    assert run_tool("extend_context.py", lambda: extend_context.main(argv)) == 0 and launched
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
 
 
 def test_a_resume_with_another_from_is_refused_naming_both(tmp_path, capsys, monkeypatch):

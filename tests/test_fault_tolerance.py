@@ -326,7 +326,7 @@ def test_a_rank_lost_at_the_end_of_a_complete_run_cuts_nothing(monkeypatch, caps
 
     stop = stop_signals.StopSignals("tokenizer.json")
     monkeypatch.setattr(stop, "_largest", lost)
-    args = SimpleNamespace(save="ckpt", distributed_timeout_minutes=10)
+    args = SimpleNamespace(save="ckpt", distributed_timeout_minutes=10, launched_by=None)
     assert stop.complete(args, 8, "ckpt/iter_0000008", Log()) is None and Log.done == ["close", "plot"]
     assert capsys.readouterr().err == ("pretrain_bert.py: another rank ended during the end of the run (its own "
                                        "output or its launcher's says why); the run is complete: checkpoint "
@@ -426,7 +426,7 @@ def fake_checkpoints(save, *iterations, latest=None, run_id=None) -> None:
 
 def start_run(save, load="save", finetune=False) -> "start_plan.StartPlan":
     args = argparse.Namespace(init_from_hf=None, load=str(save) if load == "save" else load, save=str(save),
-                              finetune=finetune)
+                              finetune=finetune, launched_by=None)
     given = dict(vars(args))
     plan = start_plan.check_start(args)
     assert vars(args) == given  # the run reads the plan; the flags stay as given

@@ -300,17 +300,19 @@ def test_a_run_started_from_an_hf_folder_resumes_with_the_same_command(tmp_path,
     assert sorted(tmp_path.rglob("*")) == files
     # the first run of that command says where it starts; a --load it does not save into is a typo
     first = tmp_path / "first"
-    args = argparse.Namespace(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False)
+    args = argparse.Namespace(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False,
+                              launched_by=None)
     capsys.readouterr()
     plan = start_plan.check_start(args)
     fresh = start_plan.weights_origin(plan)  # the same weights; a run of its own
     assert (plan.init_from_hf, plan.load) == (str(folder), None)
     assert fresh[checkpoint.RUN_ID] != origin[checkpoint.RUN_ID]
     assert {**fresh, checkpoint.RUN_ID: origin[checkpoint.RUN_ID]} == origin
-    assert vars(args) == dict(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False)  # as given
+    assert vars(args) == dict(init_from_hf=str(folder), load=str(first), save=str(first), finetune=False,
+                              launched_by=None)  # as given
     assert capsys.readouterr().out == f"--load {first} holds no checkpoint yet: starting from --init-from-hf {folder}\n"
     copy = shutil.copytree(folder, tmp_path / "copy")
-    args = argparse.Namespace(init_from_hf=str(copy), load=str(run), save=str(run), finetune=False)
+    args = argparse.Namespace(init_from_hf=str(copy), load=str(run), save=str(run), finetune=False, launched_by=None)
     plan = start_plan.check_start(args)
     assert plan.init_from_hf is None and plan.load == str(run) and args.init_from_hf == str(copy)
     # a flag that restates a field with another value is refused, before the data's index maps
@@ -393,7 +395,8 @@ def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path
         state = {"config": {}, "iteration": 4, "consumed_samples": 16,
                  **({checkpoint.ORIGIN: record} if record else {})}
         (save / "iter_0000004" / checkpoint.RUN_STATE).write_text(json.dumps(state))
-        args = argparse.Namespace(init_from_hf=None, load=str(load), save=str(save), finetune=finetune)
+        args = argparse.Namespace(init_from_hf=None, load=str(load), save=str(save), finetune=finetune,
+                                  launched_by=None)
         given = dict(vars(args))
         plan = start_plan.check_start(args)
         assert vars(args) == given  # the run reads the plan; the flags stay as given

@@ -863,12 +863,12 @@ def test_a_nan_loss_advises_what_works(tmp_path):
 
     for save, iteration, where in ((None, 5, "rerun with --save and --save-interval (e.g."),
                                    ("ck", 5, "rerun with a --save-interval below 5 (e.g."), ("ck", 1, "rerun (e.g.")):
-        args = SimpleNamespace(skip_nan_batches=False, save=save)
+        args = SimpleNamespace(skip_nan_batches=False, save=save, launched_by=None)
         with pytest.raises(ConfigError, match=f"^loss is nan at iteration {iteration}; no checkpoint was saved before "
                                               f"it: {re.escape(where)} with a lower --lr"):
             check_step(args, nan_engine(), iteration, float("nan"), LossWatch(), log=None)
     # a resume keeps the checkpoint's peak --lr (resume_schedule): a lower one takes --finetune, in another --save
-    args = SimpleNamespace(skip_nan_batches=False, save=str(tmp_path))
+    args = SimpleNamespace(skip_nan_batches=False, save=str(tmp_path), launched_by=None)
     four = tmp_path / "iter_0000004"
     four.mkdir()
     with pytest.raises(ConfigError, match=re.escape(
@@ -898,7 +898,8 @@ def test_a_loss_that_explodes_is_warned_of_once_naming_the_checkpoint_before(tmp
     import megatron.training as training
 
     monkeypatch.setattr(training.dist, "get_rank", lambda: 0)
-    args, log = SimpleNamespace(skip_nan_batches=False, save=str(tmp_path)), SimpleNamespace(message=print)
+    args = SimpleNamespace(skip_nan_batches=False, save=str(tmp_path), launched_by=None)
+    log = SimpleNamespace(message=print)
     watch = LossWatch()
     for iteration, loss in enumerate((9.7, 900.0, 9.5, 3e7, 1e12), start=1):
         training.check_step(args, nan_engine(), iteration, loss, watch, log)
@@ -922,7 +923,8 @@ def test_steps_skipped_in_a_row_stop_the_run_and_a_few_are_summed_up_at_the_end(
     from megatron.loss_watch import SKIPPED_IN_A_ROW_LIMIT
     from megatron.training import check_step
 
-    args, log = SimpleNamespace(skip_nan_batches=True, save=None), SimpleNamespace(message=lambda line: None)
+    args = SimpleNamespace(skip_nan_batches=True, save=None, launched_by=None)
+    log = SimpleNamespace(message=lambda line: None)
     watch = LossWatch()
     check_step(args, nan_engine(), 1, 9.7, watch, log)
     for iteration in range(2, 4):

@@ -36,7 +36,7 @@ import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, DataError, OneLineParser, run_tool, start_up_stops_in_one_line
 from megatron.flag_habits import wrapped_fix
-from megatron.paths import in_repository, python_command
+from megatron.paths import in_repository, python_command, where_in
 from megatron.quiet import quiet_deepspeed
 
 with start_up_stops_in_one_line("extend_context.py"):  # Ctrl-C during the seconds of imports: one line
@@ -115,7 +115,7 @@ TOOL_SETS = {"seq_length": "--seq-length", "max_position_embeddings": "--seq-len
 SET_FLAGS = {**{info(field).dest or field: option for field, option in TOOL_SETS.items()},
              "save": "--save", "load": "--from", "init_from_hf": "--from", "finetune": "--from",
              "deepspeed_config": "--deepspeed-config", "deepscale_config": "--deepspeed-config", "deepspeed": None,
-             "deepscale": None, "local_rank": None}
+             "deepscale": None, "local_rank": None, "launched_by": None}
 
 
 # the trainer's flags this tool takes as its own (before --), by the names a habit row's fix may use
@@ -246,7 +246,7 @@ def ranks(args, stages: int, named: str) -> tuple[int, int, bool]:
 
 def check_paths(args) -> dict:
     """--save and --deepspeed-config, before the launcher starts -> the JSON."""
-    if Path(args.save).resolve() == Path(args.source).resolve():
+    if where_in(args.save, args.source) == "the":
         raise ConfigError("--save is the --from folder", "choose another --save")
     if Path(args.save).exists() and not Path(args.save).is_dir():
         raise ConfigError(f"--save {args.save} is a file", "pass a folder (a new one, or the --save of this run)")
@@ -264,6 +264,14 @@ def check_paths(args) -> dict:
                               "(sequence-parallel, exact, and what the local layers need)",
                               f"{fix} with one of them, such as {in_repository('ds_configs/ring_sp2.json')}")
     return ds
+
+
+def refuse_save_inside_source(args) -> None:
+    """A --save inside the --from model (once it is one, source_model): a checkpoint's resumes and --keep-last
+    remove its iter_* folders and what lies in them, and a Hugging Face folder is no place for a run."""
+    if where_in(args.save, args.source) == "inside the":
+        raise ConfigError(f"--save {args.save} is inside the --from folder {args.source}",
+                          f"choose a --save outside {args.source}")
 
 
 def take_attention(args, ds: dict) -> None:
@@ -379,7 +387,8 @@ def launch_command(args, kind: str, theta: float, world: int, sequence: int, res
             "--deepspeed", "--deepspeed_config", args.deepspeed_config, *start,
             "--sequence-parallel-size", str(sequence), "--attention", args.attention,
             *hybrid, "--seq-length", str(args.seq_length), "--max-position-embeddings", str(args.seq_length),
-            "--rotary-base", str(theta), "--pack-samples", "--save", args.save, *args.pretrain_args]
+            "--rotary-base", str(theta), "--pack-samples", "--save", args.save,
+            "--launched-by", "extend_context.py", *args.pretrain_args]  # its lines on how to go on name this tool
 
 
 def check_launch(command: list, world: int) -> None:
@@ -399,7 +408,7 @@ def check_launch(command: list, world: int) -> None:
     from megatron.run_data import check_default_data_vocab, data_paths, run_tokenizer
     from megatron.start_plan import check_start
     from megatron.starting_weights import model_flags as trainer_flags
-    from megatron.training import check_sample_room, deepspeed_settings, finished_resume
+    from megatron.training import check_sample_room, deepspeed_settings, finished_resume, start_notes
 
     args = trainer_parser().parse_args(command[command.index(str(ROOT / "pretrain_bert.py")) + 1:])
     check_flags(args)
@@ -421,6 +430,8 @@ def check_launch(command: list, world: int) -> None:
     for prefix in parse_data_path(args.data_path)[1] if args.data_path else ():
         # opened as the run opens it; "cached" is "lazy"'s index with the whole .bin read into memory
         make_dataset(prefix, "lazy" if args.data_impl == "cached" else args.data_impl)
+    for note in start_notes(args, config):  # the launched run's, printed by --dry-run (main)
+        print(note)
     return finished_resume(args, plan, config.global_batch_size)
 
 
@@ -430,6 +441,7 @@ def main(argv=None) -> int:
     take_attention(args, ds)
     world, sequence, on_cpu = ranks(args, *pipeline_stages(args, ds))
     fields, kind = source_model(args.source)
+    refuse_save_inside_source(args)
     factor = check(args, fields, kind)
     theta = args.rotary_base or default_theta(fields, factor)
     resume = None

@@ -445,7 +445,8 @@ class _ZstdFrames(io.RawIOBase):
 
 def _check_parquet(path: str, keys: tuple) -> None:
     """Refuses a shard that is not Parquet or lacks a text column `keys` names (its footer only): text
-    is string, large_string, string_view, or a dictionary of them (_plain_text decodes each batch)."""
+    is string, large_string, string_view, or a dictionary of them (_plain_text decodes each batch); a
+    struct's field is named as pyarrow's flatten() names it (`doc.text`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -459,14 +460,47 @@ def _check_parquet(path: str, keys: tuple) -> None:
                         "pass Parquet shards only, or name the file by its format (.jsonl, .jsonl.gz, .jsonl.zst)"
                         ) from None
     for key in keys:
-        if key not in schema.names:
-            raise DataError(f"{path} has no column {key!r} (it has {', '.join(schema.names)})",
+        column = _parquet_column(schema, key)
+        if column is None:
+            raise DataError(f"{path} has no column {key!r} (it has {', '.join(_flat_names(schema))})",
                             "pass --json-keys with column names of the Parquet files")
-        kind = schema.field(key).type
+        kind = column[1].type
         text = kind.value_type if pa.types.is_dictionary(kind) else kind  # pandas categoricals are dictionaries
         if not (pa.types.is_string(text) or pa.types.is_large_string(text) or pa.types.is_string_view(text)):
-            raise DataError(f"{path} column {key!r} holds {kind}, not text",
+            fields = f" (its fields: {', '.join(_flat_names(kind, f'{key}.'))})" if _is_struct(kind) else ""
+            raise DataError(f"{path} column {key!r} holds {kind}, not text{fields}",
                             "pass --json-keys with text columns of the Parquet files")
+
+
+def _parquet_column(schema, key: str) -> tuple | None:
+    """(the names from a top-level column down, its pyarrow field) of the column `key` names: the column
+    of that name, else `doc.text` as the field `text` of the struct column `doc` (pyarrow's flatten()
+    naming, as a Hugging Face dataset of nested records shows it); None: no such column or field."""
+    if key in schema.names:
+        return [key], schema.field(key)
+    field, fields = None, schema
+    for name in key.split("."):
+        index = fields.get_field_index(name) if fields is not None else -1
+        if index < 0:
+            return None
+        field = fields.field(index)
+        fields = field.type if _is_struct(field.type) else None
+    return key.split("."), field
+
+
+def _is_struct(kind) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_struct(kind)
+
+
+def _flat_names(fields, prefix: str = "") -> list:
+    """The names of a schema's (or a struct's) columns, a struct's fields as flatten() names them (`doc.text`)."""
+    names = []
+    for field in fields:
+        name = prefix + field.name
+        names += _flat_names(field.type, f"{name}.") if _is_struct(field.type) else [name]
+    return names
 
 
 def _refuse_damaged_parquet(path: str, error: Exception) -> None:
@@ -507,8 +541,9 @@ def _parquet_rows(path: str, keys: tuple):
     try:
         with pq.ParquetFile(path) as file:
             stored, rows = os.path.getsize(path), max(file.metadata.num_rows, 1)
+            paths = [_parquet_column(file.schema_arrow, key)[0] for key in keys]  # checked by _check_parquet
             for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=list(keys)):
-                columns = [_plain_text(batch.column(key)) for key in keys]
+                columns = [_plain_text(_field_column(batch, path)) for path in paths]
                 sizes = pc.binary_length(columns[0]).fill_null(0)
                 for column in columns[1:]:
                     sizes = pc.add(sizes, pc.binary_length(column).fill_null(0))
@@ -518,6 +553,15 @@ def _parquet_rows(path: str, keys: tuple):
     except (pa.ArrowException, ValueError, OSError) as error:  # a corrupt page or decompression: OSError
         raise DataError(f"{path} row {number + 1}: the Parquet file cannot be read ({_first_line(error)})",
                         "download or write the shard again, or leave it out of --input") from None
+
+
+def _field_column(batch, path: list):
+    """The column of a record batch that a _parquet_column path names: a struct's field with the struct's nulls
+    (pc.struct_field; a row whose struct is null has no text)."""
+    import pyarrow.compute as pc
+
+    column = batch.column(path[0])
+    return pc.struct_field(column, path[1:]) if len(path) > 1 else column
 
 
 def _python_text(column) -> list:
