@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+from typing import NamedTuple
 
 from megatron.errors import ConfigError
 from megatron.paths import in_repository
@@ -723,9 +724,9 @@ def json_notes(ds_config: dict, log_interval: int | None = None) -> list[str]:
                      f"weights with python {in_repository('tools/convert_checkpoint.py')} to-torch --load SAVE_DIR "
                      "--output OUT.pt (or to-hf)")
     mix = grad_accum_mix(ds_config)
-    if mix is not None and mix[2] > 0 and not mix[3]:  # at stage 0 refused
-        notes.append(f"note: data_types.grad_accum_dtype {mix[1]} changes nothing with {mix[0]} weights at ZeRO stage "
-                     f"{mix[2]}: DeepSpeed's ZeRO optimizers do not read it; {BF16_FP32_ACCUMULATION}")
+    if mix is not None and mix.stage > 0 and not mix.used:  # at stage 0 refused
+        notes.append(f"note: data_types.grad_accum_dtype {mix.accumulated} changes nothing with {mix.weights} weights "
+                     f"at ZeRO stage {mix.stage}: DeepSpeed's ZeRO optimizers do not read it; {BF16_FP32_ACCUMULATION}")
     checkpointing = ds_config.get("activation_checkpointing")
     if isinstance(checkpointing, dict) and "number_checkpoints" in checkpointing:
         notes.append(f"note: activation_checkpointing.number_checkpoints {checkpointing['number_checkpoints']} "
@@ -746,11 +747,10 @@ def _check_dtypes(ds_config: dict) -> None:
     (grad_accum_dtype), DeepSpeed's line names another key (seq_parallel_communication_data_type's
     "Invalid communication_data_type"), or torch drops it for fp32 with a warning (torch_autocast int8)."""
     grad_accum = ds_config.get("data_types", {}).get("grad_accum_dtype")
-    if grad_accum is not None and not any(grad_accum in names for names in _DTYPE_NAMES.values()):
+    if grad_accum is not None and not (isinstance(grad_accum, str) and grad_accum in _DTYPE_NAME_OF):
         raise ConfigError(f"data_types.grad_accum_dtype = {json.dumps(grad_accum)} is not a dtype DeepSpeed knows",
                           "set it to fp32, fp16 or bf16, or remove it (the model's dtype)")
-    if grad_accum is not None:
-        _check_grad_accum_mix(ds_config)
+    _check_grad_accum_mix(ds_config)
     for key in ("communication_data_type", "seq_parallel_communication_data_type"):
         value = ds_config.get(key)
         if value is not None and not (isinstance(value, str) and value.lower() in _COMMUNICATION_DTYPES):
@@ -759,14 +759,21 @@ def _check_dtypes(ds_config: dict) -> None:
     _check_autocast(ds_config.get("torch_autocast", {}), ds_config)
 
 
-def grad_accum_mix(ds_config: dict) -> tuple[str, str, int, bool] | None:
+class GradAccumMix(NamedTuple):
+    weights: str  # the weights' dtype: fp32, fp16, bf16
+    accumulated: str  # data_types.grad_accum_dtype, by the same names
+    stage: int  # ZeRO's
+    used: bool  # whether DeepSpeed reads it (its BF16 optimizer)
+
+
+def grad_accum_mix(ds_config: dict) -> GradAccumMix | None:
     """(weights' dtype, grad_accum_dtype, ZeRO stage, whether DeepSpeed uses it) of a JSON whose
     data_types.grad_accum_dtype differs from the weights' (None: no such setting). DeepSpeed 0.19.8 reads it
     in engine._do_optimizer_sanity_check only: bf16 weights with fp32 accumulation at ZeRO 1 without optimizer
     offload is its BF16 optimizer; at ZeRO 0 any mix is its NotImplementedError ("unsupported mix"); ZeRO's
     own optimizers never read it."""
     grad_accum = dict_section(ds_config, "data_types").get("grad_accum_dtype")
-    if grad_accum not in _DTYPE_NAME_OF:
+    if not isinstance(grad_accum, str) or grad_accum not in _DTYPE_NAME_OF:
         return None
     accumulated, weights = _DTYPE_NAME_OF[grad_accum], precision(ds_config)
     if accumulated == weights:
@@ -774,7 +781,7 @@ def grad_accum_mix(ds_config: dict) -> tuple[str, str, int, bool] | None:
     zero = dict_section(ds_config, "zero_optimization")
     stage = zero.get("stage", 0)
     used = (weights, accumulated, stage) == ("bf16", "fp32", 1) and _offload_device(zero, "offload_optimizer") == "none"
-    return weights, accumulated, stage, used
+    return GradAccumMix(weights, accumulated, stage, used)
 
 
 BF16_FP32_ACCUMULATION = ("DeepSpeed accumulates in another dtype than the weights' only for bf16 weights with fp32 "
@@ -788,14 +795,12 @@ def _check_grad_accum_mix(ds_config: dict) -> None:
     mix = grad_accum_mix(ds_config)
     if mix is None:
         return
-    weights, accumulated, stage, used = mix
-    zero = dict_section(ds_config, "zero_optimization")
-    if stage == 0:
-        fix = ('set zero_optimization.stage to 1 (its BF16 optimizer)' if (weights, accumulated) == ("bf16", "fp32")
+    if mix.stage == 0:
+        fix = ('set zero_optimization.stage to 1 (its BF16 optimizer)' if mix[:2] == ("bf16", "fp32")
                else f'remove data_types.grad_accum_dtype ({BF16_FP32_ACCUMULATION})')
-        raise ConfigError(f"data_types.grad_accum_dtype {accumulated} with {weights} weights at zero_optimization."
-                          "stage 0 stops DeepSpeed 0.19.8 with \"unsupported mix\"", fix)
-    if used and zero.get("compute_grad_norm") is False:
+        raise ConfigError(f"data_types.grad_accum_dtype {mix.accumulated} with {mix.weights} weights at "
+                          "zero_optimization.stage 0 stops DeepSpeed 0.19.8 with \"unsupported mix\"", fix)
+    if mix.used and dict_section(ds_config, "zero_optimization").get("compute_grad_norm") is False:
         raise ConfigError("zero_optimization.compute_grad_norm false cannot run bf16 weights with data_types."
                           "grad_accum_dtype fp32 at ZeRO 1 (DeepSpeed 0.19.8 refuses it inside deepspeed.initialize)",
                           "remove compute_grad_norm (true by default)")
