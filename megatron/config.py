@@ -482,11 +482,12 @@ def wide_window_note(model: BertConfig, window_given: bool) -> str | None:
             f"{span}{sees}; the window counts both sides")
 
 
-def model_notes(model: BertConfig, window_given: bool) -> list:
+def model_notes(model: BertConfig, window_given: bool, weights_from: str | None = None) -> list:
     """The start-up notes of a model that trains but is likely not what was meant: one that to-hf would
-    refuse, local layers that are not local (`window_given`: by --local-attention-window). The trainer prints
-    them, tools/ds_config.py show/validate too."""
-    return [note for note in (export_note(model), wide_window_note(model, window_given)) if note]
+    refuse (`weights_from`: the folder whose weights hold its layers, if any), local layers that are not
+    local (`window_given`: by --local-attention-window). The trainer prints them, tools/ds_config.py
+    show/validate too."""
+    return [note for note in (export_note(model, weights_from), wide_window_note(model, window_given)) if note]
 
 
 def rope_positions(values: dict, given: set) -> dict:

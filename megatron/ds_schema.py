@@ -349,11 +349,13 @@ def placeholder_keys(node, prefix: str = "") -> list[str]:
 @contextlib.contextmanager
 def naming_placeholders(ds_config: dict):
     """A ConfigError about a value "auto" gets PLACEHOLDER_NOTE after its fix: a Hugging Face Trainer template's
-    placeholder, which no check here (nor DeepSpeed) can fill in."""
+    placeholder, which no check here (nor DeepSpeed) can fill in. The error names the value or its dotted key
+    as a whole word (train_batch_size "auto" is not what an error about train_batch_size_per_gpu names)."""
     try:
         yield
     except ConfigError as error:
-        named = f'"{PLACEHOLDER}"' in error.problem or any(key in error.problem for key in placeholder_keys(ds_config))
+        named = f'"{PLACEHOLDER}"' in error.problem or any(
+            re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", error.problem) for key in placeholder_keys(ds_config))
         if not named or PLACEHOLDER_NOTE in error.fix:
             raise
         raise ConfigError(error.problem, f"{error.fix} ({PLACEHOLDER_NOTE})") from None

@@ -103,10 +103,16 @@ def export_problem(config) -> ConfigError | None:
     return None
 
 
-def export_note(config) -> str | None:
-    """The start-up line of a model that to-hf would refuse: learnt before training, not after it."""
+def export_note(config, weights_from: str | None = None) -> str | None:
+    """The start-up line of a model that to-hf would refuse: learnt before training, not after it. A run
+    from existing weights (`weights_from`: the folder a resume or a start from weights reads) cannot take
+    the fix's flags (the weights hold the layers), so its line says where the layers come from and keeps
+    the fix a retrain."""
     problem = export_problem(config)
     if problem is None:
         return None
+    if weights_from:
+        return (f"note: convert_checkpoint.py to-hf will refuse this model, whose layers come from {weights_from}: "
+                f"{problem.problem}; {problem.fix} (a new run from scratch)")
     return (f"note: convert_checkpoint.py to-hf will refuse this model: {problem.problem}; "
             f"{problem.fix.replace('retrain with', 'train with', 1)}")

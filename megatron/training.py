@@ -287,12 +287,14 @@ def dropout_layout_note(config) -> str | None:
             "--hidden-dropout 0 --attention-dropout 0: to fp32 rounding)")
 
 
-def start_notes(args, config) -> list:
+def start_notes(args, config, plan: StartPlan) -> list:
     """The start-up notes on the resolved model and layout (rank 0 prints them once the run has its
     tokenizer): rope positions, dropout per layout, and model_notes (a model to-hf would refuse, local
     layers that are not local). extend_context.py's --dry-run prints them too, as the launch would."""
+    weights_from = plan.load if plan.resume else plan.source and plan.source[0]
     return [note for note in (rope_positions_note(args, config.model), dropout_layout_note(config),
-                              *model_notes(config.model, window_given=args.local_attention_window is not None))
+                              *model_notes(config.model, window_given=args.local_attention_window is not None,
+                                           weights_from=weights_from))
             if note]
 
 
@@ -372,7 +374,7 @@ def check_start_up(args, plan: StartPlan) -> StartUp:
     setup.flags["vocab_size"] = setup.flags["vocab_size"] or setup.tokenizer.vocab_size
     setup.config = resolve(setup.flags, setup.ds, dist.get_world_size(), deepspeed_check=not setup.checked,
                            json_given=bool(args.deepspeed_config))
-    check_model_fits(args, setup.config, setup.ds, setup.tokenizer)
+    check_model_fits(args, plan, setup.config, setup.ds, setup.tokenizer)
     if setup.bert_state is None:
         setup.bert_state = initial_weights(args, plan, setup.config)
     return setup
@@ -413,14 +415,14 @@ def join_process_group(args, note: str | None) -> None:
         print(note, flush=True)
 
 
-def check_model_fits(args, config, ds: dict, tokenizer) -> None:
+def check_model_fits(args, plan: StartPlan, config, ds: dict, tokenizer) -> None:
     """The resolved model against this machine and the tokenizer (head size of the CUDA kernels, a row
     per token id, room for a sample), with rank 0's notes on the settings it reads differently than a
     user may expect."""
     if torch.cuda.is_available() and config.model.attention != "linformer":  # linformer: torch's F.sdpa picks
         blocks.check_cuda_head_dim(config.model.head_dim, precision(ds), torch.cuda.get_device_capability())
     check_vocab_room(args, tokenizer, config.model.vocab_size)
-    for note in start_notes(args, config):
+    for note in start_notes(args, config, plan):
         if dist.get_rank() == 0:
             print(note, flush=True)
     if tokenizer.vocab_size < config.model.vocab_size and dist.get_rank() == 0:  # rows that are never a token

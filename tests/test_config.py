@@ -823,6 +823,22 @@ def test_a_model_to_hf_would_refuse_or_with_global_local_layers_is_a_note_at_sta
     assert len(notes) == 1 and notes[0].startswith(note), notes
 
 
+def test_the_export_note_of_a_run_from_existing_weights_names_them_and_keeps_the_fix_a_retrain():
+    """A resume (or a start from weights) cannot take the flags that would give the model a Hugging Face
+    form (its weights hold the layers), so the note says where the layers come from and that the fix is a
+    new run, not "train with" flags this run would refuse."""
+    from megatron.config import model_notes
+
+    model = resolve(small_with("--model-preset", "modernbert-base", "--normalization", "RMSNorm"), BASE,
+                    world_size=4).model
+    fresh, = model_notes(model, window_given=False)
+    resumed, = model_notes(model, window_given=False, weights_from="/runs/long")
+    assert "refuse this model: " in fresh and "; train with --normalization LayerNorm" in fresh, fresh
+    assert resumed.startswith("note: convert_checkpoint.py to-hf will refuse this model, whose layers come from "
+                              "/runs/long: ") and "; retrain with --normalization LayerNorm" in resumed, resumed
+    assert resumed.endswith("(a new run from scratch)") and " train with" not in resumed.replace("retrain", ""), resumed
+
+
 @pytest.mark.parametrize("argv", [[], ["--layernorm-layout", "post"],
                                   ["--model-preset", "modernbert-base", "--local-attention-window", "62"],
                                   ["--model-preset", "modernbert-base", "--mlp-type", "swiglu", "--seq-length", "128",
@@ -956,6 +972,20 @@ def test_json_settings_deepspeed_would_fail_on_or_misread_are_refused(ds_update,
         resolve(SMALL, {**BASE, **ds_update}, world_size=4, deepspeed_check=False)
     text = str(error.value)
     assert message in text and "\n" not in text and text.count("; ") == 1, text
+
+
+@pytest.mark.parametrize("problem, noted", [
+    ("zero_optimization.stage = \"auto\" is not an integer", True),
+    ("zero_optimization.stage 3 refuses this", True),
+    ("zero_optimization.stage3_prefetch_bucket_size = -1 is below 0", False),  # another key that starts alike
+    ("the JSON's zero_optimization.stage_x is not a DeepSpeed key", False)])
+def test_the_placeholder_note_is_for_errors_that_name_the_auto_key_as_a_whole(problem, noted):
+    from megatron.ds_schema import PLACEHOLDER_NOTE, naming_placeholders
+
+    with pytest.raises(ConfigError) as error:
+        with naming_placeholders({"zero_optimization": {"stage": "auto"}}):
+            raise ConfigError(problem, "fix it")
+    assert error.value.problem == problem and (PLACEHOLDER_NOTE in error.value.fix) == noted, error.value.fix
 
 
 @pytest.mark.parametrize("ds_update", [

@@ -430,7 +430,7 @@ def check_launch(command: list, world: int) -> None:
     for prefix in parse_data_path(args.data_path)[1] if args.data_path else ():
         # opened as the run opens it; "cached" is "lazy"'s index with the whole .bin read into memory
         make_dataset(prefix, "lazy" if args.data_impl == "cached" else args.data_impl)
-    for note in start_notes(args, config):  # the launched run's, printed by --dry-run (main)
+    for note in start_notes(args, config, plan):  # the launched run's, printed by --dry-run (main)
         print(note)
     return finished_resume(args, plan, config.global_batch_size)
 
