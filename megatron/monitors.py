@@ -8,8 +8,10 @@ would see no loss curve. RunLog hands each record here as events named as DeepSp
 the x-axis DeepSpeed's events use, so both sit in one chart. The packages and folders the sections
 need are checked at start-up (monitor_problem), not inside deepspeed.initialize on rank 0.
 """
+import csv
 import importlib.util
 import os
+from pathlib import Path
 
 from megatron import paths
 from megatron.ds_schema import dict_section
@@ -57,3 +59,27 @@ def events(record: dict, consumed_samples: int) -> list[tuple[str, float, int]]:
     prefix = record["kind"].capitalize() + "/Samples/"
     return [(prefix + key, value, consumed_samples) for key, value in record.items()
             if key not in NOT_EVENTS and isinstance(value, (int, float)) and not isinstance(value, bool)]
+
+
+def continue_csv_files(monitor, consumed: int) -> None:
+    """A resumed run's csv_monitor files read as one run's. DeepSpeed's csvMonitor writes a header the first
+    time a process writes a file, so each restart put another one mid-file, and the rows of steps a stopped
+    run took after its last checkpoint (past `consumed` samples, which the resume redoes) stayed before the
+    redone ones. Each file keeps its header and its rows up to `consumed` (rewritten through a temporary
+    name) and counts as begun. Rank 0's work: DeepSpeed gives the other ranks no folder."""
+    writer = getattr(monitor, "csv_monitor", None)
+    if writer is None or not writer.log_dir or not os.path.isdir(writer.log_dir):
+        return
+    for path in sorted(Path(writer.log_dir).glob("*.csv")):
+        with path.open(newline="") as file:
+            rows = list(csv.reader(file))
+        kept = rows[:1] + [row for row in rows[1:] if len(row) == 2 and row[0].isdigit() and int(row[0]) <= consumed]
+        if kept != rows:
+            partial = path.with_name(path.name + ".partial")
+            try:
+                with partial.open("w", newline="") as file:
+                    csv.writer(file).writerows(kept)
+                os.replace(partial, path)
+            finally:
+                partial.unlink(missing_ok=True)
+        writer.filenames.append(path.stem)

@@ -68,6 +68,16 @@ class RunLog:
                           "save": self.save, **fields})
             self._print(line)
 
+    def resumed(self, consumed: int) -> None:
+        """The DeepSpeed monitors' files continue the checkpoint's run (monitors.continue_csv_files); a
+        rewrite that fails stops the run as a failed write does."""
+        if not self.writer or not self.monitor:
+            return
+        try:
+            monitors.continue_csv_files(self.monitor, consumed)
+        except OSError as error:
+            self._monitor_failed(error)
+
     def config(self, config, **run_settings) -> None:
         """The resolved configuration as config.json in the log directory, one line on screen. `run_settings`:
         what else decides the run beside the model, layout and JSON (the schedule and data records a checkpoint
@@ -123,8 +133,11 @@ class RunLog:
         try:  # every record the monitors get (train, validation, test) holds its consumed samples
             self.monitor.write_events(monitors.events(record, record["consumed_samples"]))
         except OSError as error:
-            self._failed("a DeepSpeed monitor's file", Path(error.filename or "?"), error,
-                         "set another output_path in the DeepSpeed JSON's monitor section")
+            self._monitor_failed(error)
+
+    def _monitor_failed(self, error: OSError) -> None:
+        self._failed("a DeepSpeed monitor's file", Path(error.filename or "?"), error,
+                     "set another output_path in the DeepSpeed JSON's monitor section")
 
     def _failed(self, what: str, path: Path, error: OSError, elsewhere: str) -> None:
         """The run's `failure`: what could not be written and why, fixed by free space or `elsewhere`."""

@@ -121,6 +121,29 @@ def test_a_monitor_file_that_cannot_be_written_stops_the_run_as_the_run_logs_doe
     assert log.failure[1] == "free space there or set another output_path in the DeepSpeed JSON's monitor section"
 
 
+def test_a_resume_continues_the_csv_files_with_one_header_and_without_the_steps_it_redoes(tmp_path, monkeypatch):
+    """DeepSpeed's csvMonitor writes a header the first time a process writes a file: a resumed run's files got
+    a second one mid-file, after the rows of the steps the stopped run took past its checkpoint (which the
+    resume redoes, so each such step had two rows). RunLog.resumed keeps the rows up to the checkpoint's
+    consumed samples (a torn last row of a killed run too goes) and DeepSpeed writes no second header."""
+    from test_run_log import rank_0_run_log
+
+    monkeypatch.setattr(csv_monitor.dist, "get_rank", lambda: 0)
+    config = SimpleNamespace(enabled=True, output_path=str(tmp_path / "csv"), job_name="job")
+    first = csv_monitor.csvMonitor(config)
+    first.write_events([("Train/Samples/loss", 9.0 - step, step) for step in (4, 8, 12)])
+    loss_file = tmp_path / "csv" / "job" / "Train_Samples_loss.csv"
+    with loss_file.open("a") as file:
+        file.write("16,1.2")  # killed mid-row
+    log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=4, interval=1)
+    log.monitor = SimpleNamespace(csv_monitor=csv_monitor.csvMonitor(config), write_events=lambda events: None)
+    log.resumed(consumed=8)  # the checkpoint at 8 samples: the rows at 12 and 16 are redone
+    log.monitor.csv_monitor.write_events([("Train/Samples/loss", 0.5, 12)])
+    rows = list(csv.reader(loss_file.open()))
+    assert rows == [["step", "loss"], ["4", "5.0"], ["8", "1.0"], ["12", "0.5"]], rows
+    assert log.failure is None and not list((tmp_path / "csv" / "job").glob("*.partial"))
+
+
 def test_a_home_path_in_the_json_is_expanded_for_deepspeed_not_made_a_folder_named_tilde(tmp_path, monkeypatch):
     """DeepSpeed expands no ~ in its path values: the run wrote into a folder named "~" in the current one. The JSON
     the trainer hands DeepSpeed (and checks the folders of at start-up) has it expanded, as a path flag's; the
