@@ -459,6 +459,8 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
     record what the run started from: a resume's, else rank 0's setup.origin, taken here."""
     config, train_iters = setup.config, schedule.train_iters
     client = checkpoint.load(engine, plan.load, config, load_rng=not args.no_load_rng) if plan.resume else None
+    if not client or args.no_load_rng:  # else the checkpoint's RNG states go on
+        determinism.seed_dropout(args.seed)
     if client:  # every rank loaded before rank 0 says so: a rank whose load failed says why, and the
         dist.barrier()  # others, lost here, print nothing that reads like a resume (config:, resuming from)
     saved = dict(schedule=schedule.record(), data=data_settings(args, setup.data_path),

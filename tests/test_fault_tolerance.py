@@ -126,6 +126,10 @@ def test_killed_mid_step_twice_resumes_exactly_sp2(tmp_path, data_dir):
     straight.mkdir(), killed.mkdir()
     threads = torch.get_num_threads()
     assert run_on_ranks(main, 2, run_argv(straight, data_dir, ds), threads_per_rank=threads, timeout=300) == [0, 0]
+    # the sequence ranks hold other tokens of the same samples: each draws its own dropout masks
+    # (determinism.seed_dropout); one seed gave both the same RNG state at every step
+    rng = [torch.load(straight / "ckpt" / checkpoint.tag_for(ITERS) / f"rng_rank{rank}.pt")["cpu"] for rank in (0, 1)]
+    assert not torch.equal(*rng)
     # after iteration 3 or 4 is logged, iter_0000002 is committed: the restart has a checkpoint
     first, second = random.randint(3, 4), random.randint(5, 6)
     print(f"kill points: after iterations {first} and {second}")

@@ -47,3 +47,23 @@ def test_same_seed_same_losses_bit_for_bit(tmp_path):
     assert losses(tmp_path, data, "again", "--deterministic") == first  # exact float equality
     other = losses(tmp_path, data, "other_seed", "--seed", "4321")
     assert [loss for _, _, loss, *_ in other] != [loss for _, _, loss, *_ in first]
+
+
+def test_each_pipeline_and_sequence_coordinate_draws_its_own_dropout_stream(monkeypatch):
+    """Megatron's seed + 100 * pipeline rank, counted over pipeline x sequence coordinates: every model-parallel
+    rank its own seed (sequence ranks hold other tokens or heads of the same samples), data-parallel ranks
+    (other samples) one seed as in Megatron, and the first coordinate the run's seed unchanged."""
+    from megatron import determinism
+    from megatron.parallel import state
+
+    seeds = {}
+    for pipe in range(2):
+        for seq in range(3):
+            for data in range(2):
+                monkeypatch.setattr(state, "get_pipe_parallel_rank", lambda: pipe)
+                monkeypatch.setattr(state, "get_sequence_parallel_rank", lambda: seq)
+                monkeypatch.setattr(state, "get_sequence_parallel_world_size", lambda: 3)
+                seeds[pipe, seq, data] = determinism.dropout_seed(1234)
+    assert seeds[0, 0, 0] == 1234
+    assert len({seeds[pipe, seq, 0] for pipe in range(2) for seq in range(3)}) == 6
+    assert all(seeds[pipe, seq, 0] == seeds[pipe, seq, 1] for pipe in range(2) for seq in range(3))
