@@ -83,3 +83,21 @@ def continue_csv_files(monitor, consumed: int) -> None:
             finally:
                 partial.unlink(missing_ok=True)
         writer.filenames.append(path.stem)
+
+
+def purged_writer(writer, step: int):
+    """A TensorBoard SummaryWriter in `writer`'s folder (closed) from which TensorBoard hides the events
+    that earlier files hold at `step` and after (torch's purge_step: a START event at that step): a resumed
+    run redoes the steps past its checkpoint, whose first values a stopped run had written."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer.close()
+    return SummaryWriter(writer.log_dir, purge_step=step)
+
+
+def continue_tensorboard(monitor, consumed: int) -> None:
+    """DeepSpeed's tensorboard monitor (its x-axis: consumed samples) continues a resumed run from the
+    checkpoint's `consumed` samples, as purged_writer says."""
+    board = getattr(monitor, "tb_monitor", None)
+    if board is not None and board.summary_writer is not None:
+        board.summary_writer = purged_writer(board.summary_writer, consumed + 1)

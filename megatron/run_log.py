@@ -68,12 +68,19 @@ class RunLog:
                           "save": self.save, **fields})
             self._print(line)
 
-    def resumed(self, consumed: int) -> None:
-        """The DeepSpeed monitors' files continue the checkpoint's run (monitors.continue_csv_files); a
-        rewrite that fails stops the run as a failed write does."""
-        if not self.writer or not self.monitor:
+    def resumed(self, iteration: int, consumed: int) -> None:
+        """The TensorBoard logs (--tensorboard-dir's, at iterations; DeepSpeed's monitors', at consumed
+        samples) and the DeepSpeed monitors' files continue the checkpoint's run: the records of the steps a
+        stopped run took past it, which this run redoes, are hidden or dropped (monitors.purged_writer,
+        continue_csv_files); a rewrite that fails stops the run as a failed write does."""
+        if not self.writer:
+            return
+        if self.tensorboard:
+            self.tensorboard = monitors.purged_writer(self.tensorboard, iteration + 1)
+        if not self.monitor:
             return
         try:
+            monitors.continue_tensorboard(self.monitor, consumed)
             monitors.continue_csv_files(self.monitor, consumed)
         except OSError as error:
             self._monitor_failed(error)

@@ -482,7 +482,7 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
     run.consumed = client["consumed_samples"]
     run.last_checkpoint = progress.last_checkpoint = os.path.join(plan.load, checkpoint.tag_for(run.iteration))
     run.watch.saved(run.last_checkpoint, run.iteration, loaded=True)
-    log.resumed(run.consumed)
+    log.resumed(run.iteration, run.consumed)
     log.start(run.iteration, f"resuming from {run.last_checkpoint} iteration {run.iteration}, consumed samples "
                              f"{run.consumed}", resumed_from=run.last_checkpoint)
     trains = run.iteration < train_iters  # else the warnings would describe steps that never run

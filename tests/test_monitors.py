@@ -137,7 +137,7 @@ def test_a_resume_continues_the_csv_files_with_one_header_and_without_the_steps_
         file.write("16,1.2")  # killed mid-row
     log = rank_0_run_log(monkeypatch, tmp_path / "log", steps=4, interval=1)
     log.monitor = SimpleNamespace(csv_monitor=csv_monitor.csvMonitor(config), write_events=lambda events: None)
-    log.resumed(consumed=8)  # the checkpoint at 8 samples: the rows at 12 and 16 are redone
+    log.resumed(iteration=2, consumed=8)  # the checkpoint at 8 samples: the rows at 12 and 16 are redone
     log.monitor.csv_monitor.write_events([("Train/Samples/loss", 0.5, 12)])
     rows = list(csv.reader(loss_file.open()))
     assert rows == [["step", "loss"], ["4", "5.0"], ["8", "1.0"], ["12", "0.5"]], rows

@@ -175,6 +175,38 @@ def test_tensorboard_records_are_on_disk_before_finish(tmp_path, monkeypatch):
     assert [(e.step, e.value) for e in events.Scalars("validation/loss")] == [(3, 6.5)]
 
 
+def test_a_resume_hides_the_tensorboard_events_of_the_steps_it_redoes(tmp_path, monkeypatch):
+    """A run stopped at step 5 after its checkpoint at 3 had written steps 4 and 5; the resume redoes them.
+    TensorBoard shows one curve: the resumed run's values from step 4 (torch's purge_step), for
+    --tensorboard-dir's events (at iterations) and DeepSpeed's tensorboard monitor's (at consumed samples)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    def scalars(folder, tag):
+        events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        events.Reload()
+        return [(event.step, event.value) for event in events.Scalars(tag)]
+
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    stopped = rank_0_run_log(monkeypatch, tmp_path / "log", steps=10, interval=1, tensorboard_dir=str(tmp_path / "tb"))
+    board = SimpleNamespace(summary_writer=SummaryWriter(str(tmp_path / "ds_tb")))
+    stopped.monitor = SimpleNamespace(tb_monitor=board, write_events=lambda events: [
+        board.summary_writer.add_scalar(*event) for event in events])
+    for iteration in (1, 2, 3, 4, 5):
+        stopped.evaluation("validation", iteration, 4 * iteration, 10.0 - iteration)
+    resumed = rank_0_run_log(monkeypatch, tmp_path / "log", steps=10, interval=1, tensorboard_dir=str(tmp_path / "tb"))
+    resumed.monitor = SimpleNamespace(tb_monitor=SimpleNamespace(summary_writer=SummaryWriter(str(tmp_path / "ds_tb"))))
+    resumed.resumed(iteration=3, consumed=12)
+    board = resumed.monitor.tb_monitor
+    resumed.monitor.write_events = lambda events: [board.summary_writer.add_scalar(*event) for event in events]
+    for iteration in (4, 5, 6):
+        resumed.evaluation("validation", iteration, 4 * iteration, 0.5 * iteration)
+    board.summary_writer.flush()
+    expected = [(1, 9.0), (2, 8.0), (3, 7.0), (4, 2.0), (5, 2.5), (6, 3.0)]
+    assert scalars(tmp_path / "tb", "validation/loss") == expected
+    assert scalars(tmp_path / "ds_tb", "Validation/Samples/loss") == [(4 * step, value) for step, value in expected]
+
+
 def test_a_tensorboard_write_that_fails_stops_the_run_as_the_run_logs_does(tmp_path, monkeypatch):
     """A full disk under --tensorboard-dir: no traceback on rank 0 alone, a `failure` that the stop
     agreement turns into a stop of every rank with one line; the run log and the screen go on."""
