@@ -235,7 +235,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                        help="WSD: steps of the final anneal, ending at --lr-decay-iters (or --train-iters)")
     train.add_argument("--lr-wsd-decay-style", choices=WSD_DECAY_STYLES,
                        help="WSD: the anneal's shape (default exponential; minus_sqrt is ModernBERT's 1-sqrt)")
-    train.add_argument("--weight-decay", type=float, help="AdamW weight decay (default: the JSON's, else 0.01)")
+    train.add_argument("--weight-decay", type=float,
+                       help="AdamW weight decay of the weight matrices and embeddings; biases and norm weights get "
+                       "none, as in Megatron (default: the JSON's, else 0.01)")
     train.add_argument("--adam-beta1", type=float, help="Adam beta1 (default: the JSON's betas[0], else 0.9)")
     train.add_argument("--adam-beta2", type=float, help="Adam beta2 (default: the JSON's betas[1], else 0.999)")
     train.add_argument("--adam-eps", type=float, help="Adam epsilon (default: the JSON's eps, else 1e-8)")

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from megatron import optimizer_state, paths
-from megatron.checkpoint_compat import check_same_model, check_same_optimizer
+from megatron.checkpoint_compat import check_same_grouping, check_same_model, check_same_optimizer
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data import tokenizer_identity
 from megatron.ds_schema import precision
@@ -475,6 +475,7 @@ def load(engine, load_dir: str, config: TrainConfig, load_rng: bool = True) -> d
     state = run_state(load_dir, tag)
     check_same_model(state["config"]["model"], config.model, folder)
     check_same_optimizer(state["config"], config.ds_config, folder)
+    check_same_grouping(state["config"], config, folder)
     rng_state = _rng_state(folder, state["config"], load_rng)
     if same_layout(state["config"], config.to_dict()):
         with _one_line_read_errors(engine), torch.no_grad():  # a pipeline's load broadcasts the tied embedding

@@ -157,3 +157,21 @@ def check_same_optimizer(stored: dict, ds_config: dict, folder: str) -> None:
                                     for name in (trained, current)}) > 1:
         raise ConfigError(f"checkpoint {folder} holds the state of optimizer.type {trained}, this run's is {current}",
                           f"resume with optimizer.type {trained}, or {NEW_RUN_FIX} with a fresh optimizer")
+
+
+def decays_norms_and_biases(stored: dict) -> bool:
+    """Whether a checkpoint's optimizer decays biases and norm weights too (TrainConfig.decay_norms_and_biases,
+    `stored`: its config): a config written before the field is of a run whose one group decayed every parameter."""
+    return stored.get("decay_norms_and_biases", True)
+
+
+def check_same_grouping(stored: dict, config, folder: str) -> None:
+    """The optimizer's parameter groups must be the checkpoint's: its state restores group for group (DeepSpeed's
+    files, the layout-free files' settings). The trainer builds a resume's engine with the checkpoint's grouping
+    (starting_weights.model_flags); an engine built otherwise would mix a group's state into another's."""
+    then = decays_norms_and_biases(stored)
+    if then != config.decay_norms_and_biases:
+        raise ConfigError(f"checkpoint {folder} was trained with decay_norms_and_biases {then} (weight decay on "
+                          f"biases and norm weights), this run's config has {config.decay_norms_and_biases}",
+                          f"build the config with decay_norms_and_biases {then}, the checkpoint's (a resume through "
+                          f"pretrain_bert.py takes it), or {NEW_RUN_FIX} with a fresh optimizer")

@@ -14,9 +14,11 @@ import warnings
 import torch
 
 from megatron.checkpoint import checkpoint_folder, latest_tag, layout_free_paths, run_state, safe_load
+from megatron.checkpoint_compat import decays_norms_and_biases
 from megatron.ds_schema import precision
 from megatron.errors import ConfigError
 from megatron.model.pipe import pipe_layer_to_bert
+from megatron.optimizer_state import in_group_order
 
 
 def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
@@ -56,20 +58,23 @@ def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
     states = safe_load(model_file)
     if exact:
         return states["module"]
-    masters = _zero0_masters(states)
+    masters = _zero0_masters(states, decays_norms_and_biases(stored))
     return masters if masters is not None else _rounded_copies(states["module"], folder, stored)
 
 
-def _zero0_masters(model_states: dict) -> dict | None:
+def _zero0_masters(model_states: dict, decay_norms_and_biases: bool) -> dict | None:
     """The fp32 masters DeepSpeed's FP16 optimizers save in a plain model's file at ZeRO 0 (a bf16 /
-    fp16 run without layout-free files) beside the rounded module, in the module's order: a list per
-    parameter group (FP16_UnfusedOptimizer) or one flat tensor per group (FP16_Optimizer). None where
-    the file holds none, or none that can be the module's parameters in order (not guessed at)."""
+    fp16 run without layout-free files) beside the rounded module, in the order of the optimizer's
+    parameter groups (optimizer_state.in_group_order, by the checkpoint's `decay_norms_and_biases`): a list
+    per parameter group (FP16_UnfusedOptimizer) or one flat tensor per group (FP16_Optimizer). None where
+    the file holds none, or none that can be the module's parameters in that order (not guessed at)."""
     module, flat = model_states["module"], _fp32_flat(model_states)
-    sizes = [tensor.numel() for tensor in module.values()]
-    if flat is None or flat.numel() != sum(sizes):  # none, or not the trainer's one group in module order
+    ordered = in_group_order(list(module.items()), decay_norms_and_biases)
+    sizes = [tensor.numel() for _, tensor in ordered]
+    if flat is None or flat.numel() != sum(sizes):  # none, or not the trainer's groups of this module
         return None
-    return {name: piece.view_as(tensor) for (name, tensor), piece in zip(module.items(), flat.split(sizes))}
+    masters = {name: piece.view_as(tensor) for (name, tensor), piece in zip(ordered, flat.split(sizes))}
+    return {name: masters[name] for name in module}
 
 
 def _fp32_flat(model_states: dict) -> torch.Tensor | None:
@@ -85,8 +90,10 @@ def _pipeline_zero0_masters(folder: str, stored: dict, layers: list) -> list | N
     the fp32 masters of a pipeline run at ZeRO 0, which writes no layout-free files: each stage's FP16
     optimizer saves them in its model-states file (mp_rank_{stage x sp}: DeepSpeed's model-parallel rank
     of the stage's seq rank 0) in its module's order, the tied word embedding (layer 0's) first on the
-    first and last stage, then its layers' tensors. None where the counts do not match (not guessed at)."""
+    first and last stage, then its layers' tensors, group after group (in_group_order: the stage module's
+    names are "layer.key"). None where the counts do not match (not guessed at)."""
     pipeline, sequence = stored["pipeline_parallel_size"], stored["sequence_parallel_size"]
+    decay_all = decays_norms_and_biases(stored)
     tied = [(layers[0][0], key) for key in layers[0][1]] if layers and layers[0][0] == 0 else []
     queue = [(layer, key) for layer, tensors in layers for key in tensors if (layer, key) not in tied]
     copies = {(layer, key): tensor for layer, tensors in layers for key, tensor in tensors.items()}
@@ -99,10 +106,12 @@ def _pipeline_zero0_masters(folder: str, stored: dict, layers: list) -> list | N
         names = list(tied) if stage in (0, pipeline - 1) else []
         while sum(copies[name].numel() for name in names) < flat.numel() and queue:
             names.append(queue.pop(0))
-        sizes = [copies[name].numel() for name in names]
-        if sum(sizes) != flat.numel():
+        if sum(copies[name].numel() for name in names) != flat.numel():
             return None
-        for name, piece in zip(names, flat.split(sizes)):
+        stage_names = {f"{layer}.{key}": (layer, key) for layer, key in names}  # as the stage's module names them
+        ordered = [stage_names[name] for name, _ in in_group_order(
+            [(name, copies[pair]) for name, pair in stage_names.items()], decay_all)]
+        for name, piece in zip(ordered, flat.split([copies[name].numel() for name in ordered])):
             masters.setdefault(name, piece.view_as(copies[name]))
     if queue:
         return None

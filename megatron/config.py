@@ -68,6 +68,10 @@ class TrainConfig:
     # several segments per sample, up to model.max_segment_length tokens each
     pack_samples: bool = meta(False, roles=Role.RUN, on_flag="--pack-samples", off_flag="--no-pack-samples",
                               json="pack_samples")
+    # AdamW's weight decay on every parameter, in one group: how runs trained before biases and norm weights were
+    # exempted (engine.optimizer_groups). A new run exempts them (False); a resume takes its checkpoint's, True for
+    # one written before the field (checkpoint_compat.decays_norms_and_biases), so that it goes on as it trained
+    decay_norms_and_biases: bool = False
     ds_config: dict = field(default_factory=dict)  # what deepspeed.initialize receives
 
     @property
@@ -91,6 +95,7 @@ class TrainConfig:
                 f"micro {self.micro_batch_size} x grad-acc "
                 f"{self.gradient_accumulation_steps} x data {self.data_parallel_size}"
                 + (", packed samples" if self.pack_samples else "")
+                + (", weight decay on norms and biases too (the checkpoint's)" if self.decay_norms_and_biases else "")
                 + f", {model.num_layers} layers x hidden {model.hidden_size} x {model.num_attention_heads} heads, "
                 f"seq {model.seq_length}, {model.layernorm_layout}-LN" + _layer_options(model))
 
@@ -262,6 +267,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     checkpoint_interval = (values.pop("activation_checkpoint_interval", 0)
                            or int("activation_checkpointing" in ds_config))
     compile_mlp = values.pop("compile_mlp", False)
+    decay_norms_and_biases = values.pop("decay_norms_and_biases", False)  # a resume's: its checkpoint's grouping
     try:
         pack_samples = _packing(values)
     except ConfigError as error:  # named as given: a JSON key where the JSON set it
@@ -311,7 +317,8 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     return TrainConfig(model=model, pipeline_parallel_size=pipeline, sequence_parallel_size=sequence,
                        data_parallel_size=data, micro_batch_size=micro, gradient_accumulation_steps=gas,
                        zero_stage=zero_stage, activation_checkpoint_interval=checkpoint_interval,
-                       compile_mlp=compile_mlp, pack_samples=pack_samples, ds_config=resolved)
+                       compile_mlp=compile_mlp, pack_samples=pack_samples,
+                       decay_norms_and_biases=decay_norms_and_biases, ds_config=resolved)
 
 
 def _layout(values: dict, ds_config: dict, world_size: int, given: dict) -> tuple[int, int, int]:

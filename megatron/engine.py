@@ -20,6 +20,7 @@ from megatron.errors import ConfigError
 from megatron.data.batch import BertBatch
 from megatron.model.bert import BertModel, TransformerLayer
 from megatron.model.loss import bert_batch_loss
+from megatron.optimizer_state import exempt_from_decay
 from megatron.parallel import state
 from megatron.parallel.device import to_device
 from megatron.parallel.grads import sum_sequence_grads_in_zero3_reduce_scatter
@@ -55,8 +56,8 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
             load_bert_state(model, bert_state)
         if config.compile_mlp:
             compile_mlp_sublayers(model)
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config,
-                                          lr_scheduler=lr_scheduler)
+        engine, *_ = deepspeed.initialize(model=model, config=config.ds_config, lr_scheduler=lr_scheduler,
+                                          model_parameters=optimizer_groups(model, config.decay_norms_and_biases))
         return engine
     model = BertModel(config.model)
     if bert_state is not None:
@@ -67,12 +68,28 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
         compile_mlp_sublayers(model)
     if config.activation_checkpoint_interval:
         checkpoint_layers(model, config.activation_checkpoint_interval)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config.ds_config,
-                                      mpu=state, lr_scheduler=lr_scheduler)
+    engine, *_ = deepspeed.initialize(model=model, config=config.ds_config, mpu=state, lr_scheduler=lr_scheduler,
+                                      model_parameters=optimizer_groups(model, config.decay_norms_and_biases))
     keep_clipped_grad_norm(engine)
     if config.zero_stage == 3:
         sum_sequence_grads_in_zero3_reduce_scatter(engine.optimizer)
     return engine
+
+
+def optimizer_groups(model: torch.nn.Module, decay_norms_and_biases: bool = False) -> list[dict]:
+    """The optimizer's parameter groups, each parameter once: [weights at the optimizer's weight_decay, biases and
+    norm weights at 0.0] (optimizer_state.exempt_from_decay; under ZeRO 3 a parameter's own tensor is an empty
+    stand-in, its shape is ds_shape). The tied word embedding (the LM head's decoder) is one 2-D parameter
+    (a pipeline's first and last stages each hold a copy, updated alike): decayed, once, as the embedding it is.
+    `decay_norms_and_biases`: the one group of every parameter at the optimizer's weight_decay, how runs trained
+    before the exemption (TrainConfig.decay_norms_and_biases): their checkpoints resume with the optimizer they
+    saved, group for group (DeepSpeed's files and the layout-free ones keep one group's settings)."""
+    named = list(model.named_parameters())
+    if decay_norms_and_biases:
+        return [{"params": [param for _, param in named]}]
+    spared = [exempt_from_decay(name, getattr(param, "ds_shape", param.shape)) for name, param in named]
+    return [{"params": [param for (_, param), exempt in zip(named, spared) if not exempt]},
+            {"params": [param for (_, param), exempt in zip(named, spared) if exempt], "weight_decay": 0.0}]
 
 
 def keep_clipped_grad_norm(engine) -> None:

@@ -17,6 +17,25 @@ from megatron.model.pipe import pipe_to_bert_name
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
+def exempt_from_decay(name: str, shape) -> bool:
+    """Megatron's rule (get_param_groups), which Hugging Face's Trainer and ModernBERT's training follow too: biases
+    and 1-D parameters (LayerNorm / RMSNorm weights) get no weight decay. AdamW's decay pulls a weight towards 0, a
+    prior that suits the matrices; a norm's gain pulled towards 0 (not its 1) and a bias towards 0 only fight the
+    loss. `shape`: the parameter's whole shape (ZeRO 3's ds_shape, not its empty stand-in's)."""
+    return name.endswith(".bias") or len(shape) == 1
+
+
+def in_group_order(named: list, decay_norms_and_biases: bool) -> list:
+    """`named` [(name, tensor)] in a module's order -> the same pairs in the order of the optimizer's parameters,
+    group after group (engine.optimizer_groups: the decayed weights, then the biases and norm weights; one group
+    of the module's order for `decay_norms_and_biases`): the order of the fp32 masters DeepSpeed flattens."""
+    if decay_norms_and_biases:
+        return list(named)
+    exempt = [exempt_from_decay(name, tensor.shape) for name, tensor in named]
+    return [item for item, spared in zip(named, exempt) if not spared] + [
+        item for item, spared in zip(named, exempt) if spared]
+
+
 def bert_names(engine, config: BertConfig) -> dict:
     """{engine.module parameter: BertModel name} for the parameters this rank's stage holds."""
     names = engine.module.named_parameters()
@@ -65,6 +84,8 @@ def gather(engine, config: BertConfig) -> dict:
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     base = _base_optimizer(engine)
+    if collective(engine):
+        _link_optimizer_states(engine)
     params = {}
     for param, name in bert_names(engine, config).items():
         if _uses_full_state_api(param):
@@ -144,5 +165,15 @@ def _create_flat_state(engine, base, step) -> None:
     for group in base.param_groups:
         for flat in group["params"]:
             base.state[flat] = {"step": step.clone(), **{key: torch.zeros_like(flat) for key in MOMENTS}}
-    engine.optimizer._hp_optimizer_states_linked = False
-    engine.optimizer._lazy_init_hp_params_optimizer_state()
+    _link_optimizer_states(engine)
+
+
+def _link_optimizer_states(engine) -> None:
+    """Points each parameter's fragment at the Adam state of its flat fp32 partition, which safe_get_full_* and
+    safe_set_full_* read. DeepSpeed 0.19.8's ZeRO 1/2 optimizer steps one parameter group at a time and links
+    every group once, after the first group's first step: the later groups (the biases and norm weights,
+    engine.optimizer_groups) had no state yet and stayed linked to none ('exp_avg not found in optimizer state
+    fragment'). The bf16 optimizer links after stepping every group; linking again changes nothing there."""
+    if hasattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state"):
+        engine.optimizer._hp_optimizer_states_linked = False
+        engine.optimizer._lazy_init_hp_params_optimizer_state()

@@ -82,7 +82,8 @@ def resume_optimizer(engine, config, args=None) -> str | None:
     those given otherwise, by the flag where `args` has it set, else by the JSON key. The peak lr is
     the schedule's (resume_schedule)."""
     params = config.ds_config.get("optimizer", {}).get("params", {})
-    used = optimizer_state.settings(engine)["param_groups"][0]
+    used = optimizer_state.settings(engine)["param_groups"][0]  # the weights' group: the JSON's values (the
+    # other, of biases and norm weights, differs by its weight decay 0 alone: engine.optimizer_groups)
     # the user's JSON params: a value it lacks is the flag's default (deepspeed_settings)
     written = read_ds_config(args.deepspeed_config).get("optimizer", {}).get("params", {}) if getattr(
         args, "deepspeed_config", None) else {}

@@ -20,9 +20,9 @@ from megatron.start_plan import StartPlan
 def model_flags(args, ds: dict, plan: StartPlan) -> dict:
     """BertConfig / TrainConfig field values from the flags, with the sizes of the weights the run
     starts from (--init-from-hf, weights-only --load) or resumes (--load: its whole model and
-    --seq-length) where the flags (a preset) leave them out; vocab_size None where neither gives it (the
-    vocab file's, once it is read: a preset never sets it). Flags that contradict those weights are
-    refused, as is linformer or bigbird over their local layers."""
+    --seq-length; and its optimizer's groups, decay_norms_and_biases) where the flags (a preset) leave them out;
+    vocab_size None where neither gives it (the vocab file's, once it is read: a preset never sets it). Flags that
+    contradict those weights are refused, as is linformer or bigbird over their local layers."""
     flags = config_flags(args)
     weights = starting_weights_fields(plan)
     resume = plan.resume
@@ -48,6 +48,9 @@ def model_flags(args, ds: dict, plan: StartPlan) -> dict:
         flags[field] = value if flags.get(field) is None else flags[field]
     if resume:  # its warning comes with the resume's others once the checkpoint has loaded (training.resume_or_start):
         take_regime(weights, flags, ds)  # a check that refuses the run after it would leave a line for nothing
+        # the optimizer's groups as the checkpoint's run had them (a new run from weights: this trainer's)
+        flags["decay_norms_and_biases"] = checkpoint_compat.decays_norms_and_biases(
+            checkpoint.stored_config(plan.load, checkpoint.latest_tag(plan.load)))
     elif start:  # a new run from weights: their regime, not BertConfig's defaults, where no flag sets it
         note_taken_regime(take_regime(weights, flags, ds, "local_attention_window" in start)[0], source)
     if flags.get("seq_length") is None and start:

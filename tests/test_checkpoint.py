@@ -206,6 +206,24 @@ def test_a_resume_with_another_optimizer_type_is_refused():
     check_same_optimizer(stored, {"optimizer": {"type": "Adam"}}, "ckpt/iter_0000002")
 
 
+def test_an_engine_of_other_optimizer_groups_is_refused_a_checkpoint():
+    """The optimizer state restores group for group: an engine built without the checkpoint's grouping (the
+    trainer takes it: starting_weights.model_flags) is one line, not torch's mismatch inside DeepSpeed's load."""
+    from megatron.checkpoint_compat import check_same_grouping
+    from megatron.config import TrainConfig
+    from megatron.errors import ConfigError
+    from megatron.model.bert import BertConfig
+
+    new, old = (TrainConfig(model=BertConfig(), decay_norms_and_biases=decay) for decay in (False, True))
+    written_before = {key: value for key, value in new.to_dict().items() if key != "decay_norms_and_biases"}
+    with pytest.raises(ConfigError, match=r"checkpoint ckpt/iter_0000002 was trained with decay_norms_and_biases True "
+                                          r"\(weight decay on biases and norm weights\), this run's config has False; "
+                                          r"build the config with decay_norms_and_biases True"):
+        check_same_grouping(written_before, new, "ckpt/iter_0000002")
+    check_same_grouping(written_before, old, "ckpt/iter_0000002")
+    check_same_grouping(new.to_dict(), new, "ckpt/iter_0000002")
+
+
 @pytest.mark.parametrize("record", [1, {"data": [[1.0, "0123"]]}, {"data": "a", "data_path": [], "split": [1.0],
                                                                     "split_flag": "1", "seed": 1}])
 def test_a_malformed_data_record_is_one_line(tmp_path, record):
@@ -300,16 +318,26 @@ def test_an_unfinished_save_is_never_read_and_is_named_for_what_it_is(tmp_path):
         checkpoint.chosen_tag(str(first), "iter_0000002.partial")
 
 
-def test_zero0_masters_are_placed_by_the_modules_order_or_not_at_all():
+def test_zero0_masters_are_placed_by_the_optimizers_order_or_not_at_all():
     """A bf16 / fp16 ZeRO-0 model file holds the fp32 masters flat beside the rounded module; they are
-    read in the module's order, and a flat buffer that cannot be the module's is not guessed at."""
-    module = {"a": torch.zeros(2, 2, dtype=torch.bfloat16), "b": torch.zeros(3, dtype=torch.bfloat16)}
-    masters = torch.arange(7, dtype=torch.float32)
-    state = checkpoint_weights._zero0_masters({"module": module, "optimizer": {"fp32_groups_flat": [masters]}})
-    assert state["a"].tolist() == [[0.0, 1.0], [2.0, 3.0]] and state["b"].tolist() == [4.0, 5.0, 6.0]
-    short = {"module": module, "optimizer": {"fp32_groups_flat": [masters[:6]]}}
-    assert checkpoint_weights._zero0_masters(short) is None
-    assert checkpoint_weights._zero0_masters({"module": module, "optimizer": {}}) is None
+    read in the optimizer's order: its weights' group, then its biases' and norm weights' (a checkpoint
+    of the one group that decayed them too: the module's order), and a flat buffer that cannot be the
+    module's is not guessed at."""
+    module = {"a": torch.zeros(2, 2, dtype=torch.bfloat16), "b": torch.zeros(3, dtype=torch.bfloat16),
+              "c.weight": torch.zeros(1, 2, dtype=torch.bfloat16)}
+    masters = torch.arange(9, dtype=torch.float32)
+    states = {"module": module, "optimizer": {"fp32_groups_flat": [masters[:6], masters[6:]]}}
+    state = checkpoint_weights._zero0_masters(states, decay_norms_and_biases=False)
+    assert list(state) == list(module)
+    assert (state["a"].tolist(), state["c.weight"].tolist(), state["b"].tolist()) == (
+        [[0.0, 1.0], [2.0, 3.0]], [[4.0, 5.0]], [6.0, 7.0, 8.0])
+    state = checkpoint_weights._zero0_masters({"module": module, "optimizer": {"fp32_groups_flat": [masters]}},
+                                              decay_norms_and_biases=True)
+    assert (state["a"].tolist(), state["b"].tolist(), state["c.weight"].tolist()) == (
+        [[0.0, 1.0], [2.0, 3.0]], [4.0, 5.0, 6.0], [[7.0, 8.0]])
+    short = {"module": module, "optimizer": {"fp32_groups_flat": [masters[:8]]}}
+    assert checkpoint_weights._zero0_masters(short, False) is None
+    assert checkpoint_weights._zero0_masters({"module": module, "optimizer": {}}, False) is None
 
 
 def test_a_half_precision_checkpoint_without_readable_masters_says_it_gives_its_rounded_copies(tmp_path):

@@ -636,6 +636,26 @@ def preset_checkpoint(folder, **fields) -> str:
     return str(folder)
 
 
+def test_a_resume_keeps_its_checkpoints_weight_decay_groups_a_new_run_spares_norms_and_biases(tmp_path):
+    """decay_norms_and_biases: a resume takes the checkpoint's, True for one written before the field (its one
+    optimizer group decayed every parameter, and DeepSpeed's files restore group for group); the config records
+    it (config.json, the next checkpoint) and its line says so. A new run from the same weights (--finetune) is
+    a new run: biases and norm weights spared."""
+    base = ["--data-path", "x", "--train-iters", "4"]
+    ckpt = preset_checkpoint(tmp_path / "ckpt")
+    assert resolve(given_flags(["--load", ckpt, *base]), {}, 1).decay_norms_and_biases is False
+    state_file = tmp_path / "ckpt" / "iter_0000002" / "run_state.json"
+    stored = json.loads(state_file.read_text())
+    del stored["config"]["decay_norms_and_biases"]  # as written before the field
+    state_file.write_text(json.dumps(stored))
+    resumed = resolve(given_flags(["--load", ckpt, *base]), {}, 1)
+    assert resumed.decay_norms_and_biases is True and resumed.to_dict()["decay_norms_and_biases"] is True
+    assert "weight decay on norms and biases too (the checkpoint's)" in resumed.summary()
+    fresh = resolve(given_flags(["--load", ckpt, "--finetune", *base]), {}, 1)
+    assert fresh.decay_norms_and_biases is False and "norms and biases" not in fresh.summary()
+    assert resolve(given_flags(base), {}, 1).decay_norms_and_biases is False
+
+
 def test_a_resume_keeps_the_checkpoints_dropout_unless_a_flag_changes_it(tmp_path, capsys):
     """`--load ckpt` alone resumes a preset run (dropout 0.0) with its dropout, not BertConfig's 0.1; a
     flag or preset that changes it trains on with it, in one warning line. model_flags prints none: a check

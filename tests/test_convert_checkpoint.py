@@ -40,9 +40,13 @@ def fp32_masters(engine) -> dict:
     link each parameter to its own (collective), the FP16 optimizers of ZeRO 0 keep them in groups."""
     from deepspeed.utils import safe_get_full_fp32_param
 
-    names = [name for name, _ in engine.module.named_parameters()]
-    if hasattr(engine.optimizer, "fp32_groups") and not hasattr(next(engine.module.parameters()), "_hp_mapping"):
-        return dict(zip(names, (p.detach().clone() for group in engine.optimizer.fp32_groups for p in group)))
+    names = {param: name for name, param in engine.module.named_parameters()}
+    optimizer = engine.optimizer
+    if hasattr(optimizer, "fp32_groups") and not hasattr(next(engine.module.parameters()), "_hp_mapping"):
+        # each group's masters pair with its half-precision parameters (the groups: engine.optimizer_groups)
+        return {names[half]: master.detach().clone() for halves, masters in zip(optimizer.fp16_groups,
+                                                                                optimizer.fp32_groups)
+                for half, master in zip(halves, masters)}
     return {name: safe_get_full_fp32_param(p).clone() for name, p in engine.module.named_parameters()}
 
 

@@ -15,8 +15,9 @@ import torch
 
 from bert_fixtures import concat_batches, packed_batch, padded_batch, small_config, small_model, with_fp16_kernels_allowed
 from megatron.config import resolve
-from megatron.engine import (build_engine, check_precision_supported, clip_grads, eval_step, skip_nonfinite_updates,
-                             train_step)
+from megatron.engine import (build_engine, check_precision_supported, clip_grads, eval_step, optimizer_groups,
+                             skip_nonfinite_updates, train_step)
+from megatron import optimizer_state
 from megatron.errors import ConfigError
 from megatron.model.attention.bigbird import set_iteration
 from megatron.model.bert import SelfAttention
@@ -151,7 +152,7 @@ def deepspeed_runs(runs: list) -> list:
 
 def reference_run(micro: int, attention: str = "ring", clip: float = CLIP) -> dict:
     model = small_model(small_config(attention, **ATTENTION_OPTIONS[attention]))
-    optimizer = torch.optim.AdamW(model.parameters(), **ADAM)
+    optimizer = torch.optim.AdamW(optimizer_groups(model), **ADAM)  # the engine's groups: no decay on norms, biases
     batches = micro_batches(micro, attention)
     losses, grad_norms, first_grads, parts = [], [], None, []
     for iteration in range(STEPS):
@@ -224,6 +225,76 @@ def test_zero_with_sequence_parallel_gradients_before_clipping():
             assert result["passes"] == 1
             assert result["grad_norms"][0] is not None, f"{label}: no logged norm"  # ZeRO 0: keep_clipped_grad_norm
         check_against_reference(results, micro=2, label=label, expected=expected)
+
+
+# a ModernBERT at test size: the preset's layer rule (no biases, geglu, rope, local layers, embedding norm)
+MODERN_PRESET = dict(model_preset="modernbert-base", num_layers=3, num_attention_heads=4, vocab_size=97,
+                     local_attention_window=16, max_position_embeddings=64)
+DECAY = dict(lr=0.5, weight_decay=0.2)  # AdamW's decoupled decay multiplies a weight by 1 - lr * wd = 0.9
+
+
+def zero_gradient_step(pipeline: int, preset: bool, decay_norms_and_biases: bool = False) -> dict:
+    """The engine of a run (ZeRO 0 in fp32: DeepSpeed's torch AdamW holds the parameters in its groups) after one
+    optimizer step with zero gradients, so that only weight decay moves a parameter: {"groups": [(BertModel names,
+    weight_decay)], "before", "after": {name: tensor}} of this rank's stage."""
+    flags = {**model_flags(), **(MODERN_PRESET if preset else {}), "pipeline_parallel_size": pipeline,
+             "decay_norms_and_biases": decay_norms_and_biases}
+    ds = ds_config(2, 2, 0, 1, clip=0)
+    ds["optimizer"]["params"].update(DECAY)
+    config = resolve(flags, ds, torch.distributed.get_world_size())
+    engine = build_engine(config, bert_state=small_model(config.model).state_dict())
+    names = optimizer_state.bert_names(engine, config.model)
+    groups = [(sorted(names[param] for param in group["params"]), group["weight_decay"])
+              for group in engine.optimizer.param_groups]
+    before = {name: param.detach().clone() for param, name in names.items()}
+    for param in names:
+        param.grad = torch.zeros_like(param)
+    engine.optimizer.step()
+    return {"groups": groups, "before": before,
+            "after": {name: param.detach().clone() for param, name in names.items()}}
+
+
+def norm_or_bias(name: str) -> bool:
+    """The parameters Megatron, Hugging Face and ModernBERT exempt from weight decay, by their names here."""
+    return name.endswith(".bias") or "layernorm" in name or name.endswith("norm.weight")
+
+
+@pytest.mark.parametrize("preset", [False, True], ids=["classic", "modernbert"])
+@pytest.mark.parametrize("pipeline", [1, 2])
+def test_weight_decay_spares_norms_and_biases(pipeline, preset):
+    """Two groups, as Megatron's get_param_groups makes them: the weights at the JSON's weight_decay, biases and
+    norm weights at 0 (one group decayed them all: a LayerNorm's gain shrank towards 0 by lr * wd per step); the
+    tied word embedding in the decayed group, once per stage that holds it. One step with zero gradients leaves
+    the exempt parameters as they were and multiplies the others by 1 - lr * wd."""
+    per_rank = run_on_ranks(zero_gradient_step, pipeline, pipeline, preset, timeout=300)
+    model = small_model(resolve({**model_flags(), **(MODERN_PRESET if preset else {})}, {}, 1,
+                                deepspeed_check=False).model)
+    every = {name for name, _ in model.named_parameters()}
+    exempt = {name for name in every if norm_or_bias(name)}
+    assert exempt and every - exempt and (preset or any(name.endswith(".bias") for name in exempt))
+    seen = set()
+    for result in per_rank:
+        (decayed, decay), (spared, no_decay) = result["groups"]
+        assert (decay, no_decay) == (DECAY["weight_decay"], 0.0)
+        assert set(spared) == exempt & set(result["before"]) and set(decayed) == set(result["before"]) - exempt
+        assert len(decayed) == len(set(decayed)) and "embeddings.word_embeddings.weight" in decayed
+        factor = 1 - DECAY["lr"] * DECAY["weight_decay"]
+        for name, before in result["before"].items():
+            want = before if name in exempt else before * factor
+            assert torch.allclose(result["after"][name], want, rtol=1e-6, atol=0), name
+        seen |= set(result["before"])
+    assert seen == every
+
+
+def test_a_resumed_run_of_the_old_grouping_decays_every_parameter():
+    """decay_norms_and_biases (a checkpoint written before the exemption): the one group of every parameter, as
+    that run trained, so that its state resumes group for group."""
+    (result,) = run_on_ranks(zero_gradient_step, 1, 1, False, True, timeout=300)
+    ((names, decay),) = result["groups"]
+    assert decay == DECAY["weight_decay"] and names == sorted(result["before"])
+    factor = 1 - DECAY["lr"] * DECAY["weight_decay"]
+    assert all(torch.allclose(result["after"][name], before * factor, rtol=1e-6, atol=0)
+               for name, before in result["before"].items())
 
 
 def test_zero0_clipping_takes_the_norm_to_fp32_rounding():

@@ -10,6 +10,7 @@ every rank before anything is loaded, unless the caller passes load_rng=False (o
 """
 import contextlib
 import io
+import json
 import shutil
 from types import SimpleNamespace
 
@@ -18,6 +19,8 @@ import torch
 
 from bert_fixtures import small_model
 from megatron import checkpoint, checkpoint_save, optimizer_state
+from megatron.checkpoint import tag_for
+from megatron.checkpoint_compat import decays_norms_and_biases
 from megatron.config import resolve
 from megatron.engine import build_engine, train_step
 from megatron.errors import DataError
@@ -35,18 +38,23 @@ SCHEDULE = SimpleNamespace(min_lr=None, lr_decay_style="linear", lr_warmup_fract
 
 
 def run(pipeline: int, sequence: int, directory: str, weight_decay: float, resume=False, refused_from=None,
-        micro=2, attention="ring") -> dict:
+        micro=2, attention="ring", decay_norms_and_biases=False) -> dict:
     """Trains to STOP (saving at SAVED_AT), or resumes from `directory`; returns per step the rate
     it used and its loss, and the optimizer's settings after the load (with the warning and the
     config's record of them). `refused_from`: a copy of the checkpoint without this run's RNG file,
-    tried first (its error), then loaded with load_rng=False (its warning) before the real checkpoint."""
+    tried first (its error), then loaded with load_rng=False (its warning) before the real checkpoint.
+    `decay_norms_and_biases`: a new run's optimizer groups; a resume takes the checkpoint's, as the trainer's
+    model_flags does."""
     world = torch.distributed.get_world_size()
     gas = GLOBAL_BATCH // micro // (world // (pipeline * sequence))
     ds = ds_config(micro, gas, 1, sequence, attention)
     if attention == "hybrid":
         ds["sequence_parallel"]["ulysses_size"] = sequence
     ds["optimizer"]["params"]["weight_decay"] = weight_decay
-    config = resolve({**model_flags(), "pipeline_parallel_size": pipeline}, ds, world)
+    if resume:
+        decay_norms_and_biases = decays_norms_and_biases(checkpoint.stored_config(directory, tag_for(SAVED_AT)))
+    config = resolve({**model_flags(), "pipeline_parallel_size": pipeline,
+                      "decay_norms_and_biases": decay_norms_and_biases}, ds, world)
     engine = build_engine(config, bert_state=small_model(config.model).state_dict(),
                           lr_scheduler=Schedule.from_args(SCHEDULE, ds, TRAIN_ITERS).lambda_lr)
     result, start = {}, 0
@@ -63,7 +71,7 @@ def run(pipeline: int, sequence: int, directory: str, weight_decay: float, resum
                       recorded=dict(config.ds_config["optimizer"]["params"]))
     groups = optimizer_state._base_optimizer(engine).param_groups
     result.update(groups=[{key: value for key, value in group.items() if key != "params"} for group in groups],
-                  lrs=[], losses=[])
+                  lrs=[], losses=[], config=config.to_dict())
     for step in range(start, STOP):
         result["lrs"].append(engine.get_lr()[0])
         result["losses"].append(train_step(engine, step_batches(step, micro, gas)).loss)
@@ -115,6 +123,27 @@ def test_missing_rng_file_refused_unless_asked(resumed, layout, missing):
     assert f"{missing} is missing" in got["refused"] and "--no-load-rng" in got["refused"]
     lines = got["warning"].splitlines()
     assert len(lines) == 1 and lines[0].startswith("warning: ") and "no longer bit-exact" in lines[0], lines
+
+
+def test_a_checkpoint_of_the_old_grouping_resumes_as_it_trained(tmp_path):
+    """A checkpoint written before biases and norm weights were spared weight decay (one group decayed every
+    parameter; its config lacks decay_norms_and_biases) goes on with that one group, in its own layout
+    (DeepSpeed's files: bit for bit) and at SP=1 (the layout-free files, which compared the group counts and
+    refused it), and records the grouping in its config (config.json, the next checkpoint)."""
+    saved = str(tmp_path / "ckpt")
+    straight = run_on_ranks(run, 2, 1, 2, saved, 0.01, decay_norms_and_biases=True, timeout=300)[0]
+    state_file = tmp_path / "ckpt" / tag_for(SAVED_AT) / checkpoint.RUN_STATE
+    stored = json.loads(state_file.read_text())
+    assert stored["config"].pop("decay_norms_and_biases") is True
+    state_file.write_text(json.dumps(stored))  # as written before the field
+    same_layout = run_on_ranks(run, 2, 1, 2, saved, 0.01, True, timeout=300)[0]
+    sp1 = run_on_ranks(run, 1, 1, 1, saved, 0.01, True, timeout=300)[0]
+    assert [[group["weight_decay"] for group in result["groups"]] for result in (straight, same_layout, sp1)] == [
+        [0.01]] * 3
+    assert same_layout["groups"] == sp1["groups"]
+    assert same_layout["losses"] == straight["losses"][SAVED_AT:]
+    assert sp1["losses"] == pytest.approx(straight["losses"][SAVED_AT:], rel=REL_TOL)
+    assert same_layout["config"]["decay_norms_and_biases"] is sp1["config"]["decay_norms_and_biases"] is True
 
 
 def scaled_engine(scaler, lr: float) -> SimpleNamespace:

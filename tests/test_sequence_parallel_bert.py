@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from bert_fixtures import padded_batch, small_config, small_model
+from megatron.engine import optimizer_groups
 from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
 from megatron.parallel.grads import allreduce_sequence_parallel_grads
@@ -30,7 +31,7 @@ def train_steps(attention: str, sequence_parallel_size: int, before_step=None, *
         state.initialize(sequence=sequence_parallel_size)
     model = small_model(small_config(attention, **overrides))
     chunk = padded_batch().sequence_chunk(state.get_sequence_parallel_rank(), sequence_parallel_size)
-    optimizer = torch.optim.AdamW(model.parameters(), **ADAM)
+    optimizer = torch.optim.AdamW(optimizer_groups(model), **ADAM)  # the trainer's: no decay on norms and biases
     losses, first_grads = [], None
     for step in range(STEPS):
         if before_step is not None:
