@@ -88,8 +88,9 @@ def optimizer_groups(model: torch.nn.Module, decay_norms_and_biases: bool = Fals
     if decay_norms_and_biases:
         return [{"params": [param for _, param in named]}]
     spared = [exempt_from_decay(name, getattr(param, "ds_shape", param.shape)) for name, param in named]
-    return [{"params": [param for (_, param), exempt in zip(named, spared) if not exempt]},
-            {"params": [param for (_, param), exempt in zip(named, spared) if exempt], "weight_decay": 0.0}]
+    groups = [{"params": [param for (_, param), exempt in zip(named, spared) if not exempt]},
+              {"params": [param for (_, param), exempt in zip(named, spared) if exempt], "weight_decay": 0.0}]
+    return [group for group in groups if group["params"]]  # a stage may hold no 1-D parameter: no empty group
 
 
 def keep_clipped_grad_norm(engine) -> None:
