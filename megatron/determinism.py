@@ -35,7 +35,7 @@ def dropout_seed(seed: int) -> int:
     sequence coordinates. A sequence-parallel rank holds other tokens (ring, hybrid) or other heads (Ulysses)
     of the same samples: with one seed the ranks drew the same masks for them (tokens j and j + s/P dropped
     together), which no single-process run does. Data-parallel ranks keep one seed, as in Megatron (their
-    samples differ). The first coordinate keeps `seed`: a run without model parallelism draws as before."""
+    samples differ). The first coordinate's stream is `seed`'s, in every layout."""
     coordinate = state.get_pipe_parallel_rank() * state.get_sequence_parallel_world_size()
     return seed + 100 * (coordinate + state.get_sequence_parallel_rank())
 
