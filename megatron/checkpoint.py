@@ -45,6 +45,7 @@ from megatron.model.args import MODEL_PRESETS
 LATEST = "latest"
 RUN_STATE = "run_state.json"
 ORIGIN = "weights_from"  # in RUN_STATE: {"from": path or None (scratch), "kind", "sha256"} of the run's start
+PARENT = "parent"  # in RUN_STATE: the tag of the same folder its run continued from (checkpoint_save.lineage)
 RUN_ID = "run_id"  # in ORIGIN: made when a run starts (start_plan.weights_origin), kept by its resumes
 # in ORIGIN of a run from scratch: it stores its own max_position_embeddings (a flag's, or its --seq-length with
 # rope: config.rope_positions), never a preset's; a checkpoint saved before that lacks it (declared_positions)

@@ -29,8 +29,9 @@ import torch
 import torch.distributed as dist
 
 from megatron import optimizer_state, paths
-from megatron.checkpoint import (LATEST, LAYOUT_FREE, ORIGIN, PARTIAL, REMOVING, RUN_ID, RUN_STATE, complete_tags,
-                                 latest_tag, refuse_odd_latest, run_state, tag_for, tag_iteration, unfinished_tags)
+from megatron.checkpoint import (LATEST, LAYOUT_FREE, ORIGIN, PARENT, PARTIAL, REMOVING, RUN_ID, RUN_STATE,
+                                 complete_tags, latest_tag, refuse_odd_latest, run_state, tag_for, tag_iteration,
+                                 unfinished_tags)
 from megatron.config import TrainConfig
 from megatron.data import tokenizer_identity
 from megatron.errors import ConfigError, DataError, disk_full
@@ -43,11 +44,12 @@ FULL_BYTES = 16 * 2**20  # less free space than this after a failed write: the d
 
 def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_samples: int,
          schedule: dict | None = None, keep_last: int | None = None, tokenizer=None, data: dict | None = None,
-         origin: dict | None = None) -> str:
+         origin: dict | None = None, after: str | None = None) -> str:
     """Saves on every rank; returns the tag once `latest` names it. `schedule`: the learning-rate
     settings of the run (schedule.Schedule.record), compared by a resume, as is `data` (the data it
     reads, resume.data_settings). `origin`: the weights the run started from (start_plan.weights_origin),
-    compared by a requeue that names them. `keep_last`: once the
+    compared by a requeue that names them. `after`: the run's previous checkpoint (the loaded one, then
+    each saved), recorded as the new one's PARENT when it is in `save_dir` (lineage). `keep_last`: once the
     new checkpoint is committed, rank 0 removes all but the newest that many (prune). `tokenizer`:
     copied in with its identity, so fill-mask, export and a resume need no tokenizer flag."""
     tag, rank = tag_for(iteration), dist.get_rank()
@@ -58,7 +60,9 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     dist.barrier()
     state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples,
                  **({"schedule": schedule} if schedule else {}), **({"data": data} if data else {}),
-                 **({ORIGIN: origin} if origin else {})}
+                 **({ORIGIN: origin} if origin else {}),
+             **({PARENT: os.path.basename(after)} if after and os.path.dirname(os.path.realpath(after))
+                == os.path.realpath(save_dir) else {})}
     problem = None
     try:
         engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=state, save_latest=False)
@@ -199,12 +203,10 @@ def _file_size_limit(error: Exception, staging: str) -> str | None:
 
 
 def prune(save_dir: str, keep_last: int) -> list[str]:
-    """Removes the complete `iter_*` folders of `save_dir` beyond the newest `keep_last` (by
-    iteration); returns their tags, oldest first. Only the folders up to the one `latest` names
-    count: newer ones are left by a rollback (`latest` set back by hand), belong to the abandoned
-    run and are replaced by this run's saves at their iterations (the start-up warning names
-    them), so they neither count against `keep_last` nor get removed. Never a `<tag>.partial`
-    staging folder or anything else. Called by rank 0
+    """Removes the complete `iter_*` folders of `save_dir` beyond the newest `keep_last` of the lineage of
+    the one `latest` names; returns their tags, oldest first. The others were left by a run rolled back
+    from (`latest` set back by hand): neither counted nor removed, before this run's `latest` passes them
+    and after. Never a `<tag>.partial` staging folder or anything else. Called by rank 0
     after a commit, between barriers, so no rank is writing. Each folder is first renamed to
     `<tag>.removing` (atomic), so a run killed mid-removal leaves no half iter_* folder that looks
     complete; leftovers of such a kill are removed too."""
@@ -215,7 +217,7 @@ def prune(save_dir: str, keep_last: int) -> list[str]:
                    if re.fullmatch(r"iter_\d+", name) and os.path.isdir(os.path.join(save_dir, name))),
                   key=lambda name: int(name[len("iter_"):]))
     if latest in tags:
-        tags = tags[:tags.index(latest) + 1]
+        tags = lineage(save_dir, tags[:tags.index(latest) + 1])
     removed = tags[:-keep_last]
     for tag in removed:
         doomed = os.path.join(save_dir, tag + REMOVING)
@@ -225,6 +227,26 @@ def prune(save_dir: str, keep_last: int) -> list[str]:
         if name.endswith(REMOVING):
             shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
     return removed
+
+
+def lineage(save_dir: str, tags: list[str]) -> list[str]:
+    """The tags of `tags` (by iteration) that the last one descends from: the PARENT links from it while they
+    name a folder of `tags`, then every tag below the last one reached (saved before checkpoints recorded
+    their parent, or below a parent that was removed). A rollback's abandoned checkpoints are above the
+    checkpoint it resumed, which the links reach: they are left out."""
+    def parent(tag: str) -> str | None:
+        if not os.path.isfile(os.path.join(save_dir, tag, RUN_STATE)):
+            return None
+        with contextlib.suppress(OSError, ConfigError, DataError):
+            return run_state(save_dir, tag).get(PARENT)
+        return None
+
+    linked, tag = [], tags[-1]
+    while tag in tags and tag not in linked:
+        linked.append(tag)
+        tag = parent(tag)
+    lowest = tag_iteration(linked[-1])
+    return [tag for tag in tags if tag in linked or tag_iteration(tag) < lowest]
 
 
 def _save_layout_free(engine, config: TrainConfig, staging: str) -> None:
@@ -368,9 +390,10 @@ def check_save_dir(save_dir: str, start_iteration: int) -> list[str]:
 def overwrite_warning(save_dir: str, newer: list[str], start_iteration: int) -> str:
     """The warning of a run that starts behind checkpoints of its --save directory (check_save_dir)."""
     them = "them" if len(newer) > 1 else "it"
+    where = "one of their iterations replaces that checkpoint" if len(newer) > 1 else "its iteration replaces it"
     return (f"warning: --save {save_dir} holds {tag_list(newer)}, beyond iteration {start_iteration} where this run "
-            f"starts: a save of this run at the same iteration overwrites {them}; move {them} out of {save_dir} to "
-            f"keep {them}")
+            f"starts: a save of this run at {where} (--keep-last neither counts nor removes {them}); move {them} out "
+            f"of {save_dir} to keep {them}")
 
 
 def foreign_tags(save_dir: str, load_dir: str, start_iteration: int) -> list[str]:

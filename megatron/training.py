@@ -549,7 +549,7 @@ def train_steps(run: Run, valid_set, train_batches, read_batches, stop: "StopSig
                           or (args.save_interval and run.iteration % args.save_interval == 0)):
             progress.phase = f"the checkpoint save of iteration {run.iteration}"
             run.last_checkpoint = save_checkpoint(args, engine, run.config, run.iteration, run.consumed, log,
-                                                  **run.saved)
+                                                  after=run.last_checkpoint, **run.saved)
             progress.last_checkpoint = run.last_checkpoint
             run.watch.saved(run.last_checkpoint, run.iteration)
 
@@ -570,7 +570,7 @@ def end_run(run: Run, test_set, read_batches, stop: "StopSignals") -> int | None
         run.progress.phase = f"the stop after iteration {run.iteration}"
         return stop.finish(run.args, run.iteration, run.first_iteration, run.last_checkpoint, run.log,
                            lambda: save_checkpoint(run.args, run.engine, run.config, run.iteration, run.consumed,
-                                                   run.log, **run.saved),
+                                                   run.log, after=run.last_checkpoint, **run.saved),
                            test_cut=test_set is not None and run.iteration == run.train_iters)
     run.progress.phase = END_OF_RUN
     comms_summary()  # before the last agreement, which may find a rank lost (no barrier after it)
@@ -592,8 +592,8 @@ def comms_summary() -> None:
 
 
 def save_checkpoint(args, engine, config, iteration: int, consumed: int, log, **state) -> str:
-    """checkpoint_save.save into --save (`state`: schedule, data, tokenizer, origin); returns its folder. Timed: the
-    log line says how long it took, which a stop's acknowledgement compares with a launcher's grace."""
+    """checkpoint_save.save into --save (`state`: schedule, data, tokenizer, origin, after); returns its folder.
+    Timed: the log line says how long it took, which a stop's acknowledgement compares with a launcher's grace."""
     start = time.monotonic()
     folder = os.path.join(args.save, checkpoint_save.save(engine, config, args.save, iteration, consumed,
                                                           keep_last=args.keep_last, **state))

@@ -139,6 +139,11 @@ def test_killed_mid_step_twice_resumes_exactly_sp2(tmp_path, data_dir):
     assert run_on_ranks(main, 2, [*argv, "--load", str(killed / "ckpt")], threads_per_rank=threads,
                         timeout=300) == [0, 0]
     assert_same_run(killed, straight)
+    # each checkpoint names the one its run continued from, across the kills (--keep-last follows the links)
+    parents = {tag: checkpoint.run_state(str(killed / "ckpt"), tag).get(checkpoint.PARENT)
+               for tag in checkpoint.complete_tags(str(killed / "ckpt"))}
+    assert parents == {checkpoint.tag_for(i): checkpoint.tag_for(i - 2) if i > 2 else None
+                       for i in range(2, ITERS + 1, 2)}
 
 
 # ---------------------------------------------------------------- one rank killed inside a save
@@ -467,13 +472,14 @@ def test_a_rollback_names_the_checkpoints_it_will_overwrite(tmp_path, capsys):
     start_run(save)
     assert capsys.readouterr().err == (
         f"warning: --save {save} holds iter_0000004, iter_0000006, beyond iteration 2 where this run starts: a save "
-        f"of this run at the same iteration overwrites them; move them out of {save} to keep them\n")
+        f"of this run at one of their iterations replaces that checkpoint (--keep-last neither counts nor removes "
+        f"them); move them out of {save} to keep them\n")
     other = tmp_path / "other"
     fake_checkpoints(other, 4, latest=4)
     start_run(save, str(other))
     assert capsys.readouterr().err == (
         f"warning: --save {save} holds iter_0000006, beyond iteration 4 where this run starts: a save of this run "
-        f"at the same iteration overwrites it; move it out of {save} to keep it\n")
+        f"at its iteration replaces it (--keep-last neither counts nor removes it); move it out of {save} to keep it\n")
 
 
 def test_a_resume_into_a_save_of_another_run_names_its_checkpoints(tmp_path, capsys):

@@ -44,6 +44,38 @@ def test_prune_after_a_rollback_counts_only_this_runs_checkpoints(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["iter_0000150", "iter_0000200", "iter_0000300", "latest"]
 
 
+def link(save_dir: Path, iteration: int, parent: int | None) -> None:
+    """The run_state.json a save writes, naming the checkpoint its run continued from (checkpoint.PARENT)."""
+    state = {"config": {}, "iteration": iteration, "consumed_samples": 2 * iteration,
+             **({checkpoint.PARENT: checkpoint.tag_for(parent)} if parent else {})}
+    (save_dir / checkpoint.tag_for(iteration) / checkpoint.RUN_STATE).write_text(json.dumps(state))
+
+
+def test_prune_never_counts_a_rollbacks_abandoned_checkpoints_once_latest_passes_them(tmp_path):
+    """A run saved 2..15 and 17; `latest` was set back to 10, the rollback saved 12 and 14 over the old ones
+    (15 and 17 stay, abandoned), then this run resumed 14 and saves 16 and 18 with --keep-last 2: the
+    kept ones are this lineage's (14 and 16, then 16 and 18), never the abandoned 15 and 17, which stay."""
+    fake_checkpoints(tmp_path, [2, 4, 6, 8, 10, 12, 14, 15, 16, 17], latest=16)
+    for iteration, parent in ((4, 2), (6, 4), (8, 6), (10, 8), (12, 10), (14, 12), (15, 14), (16, 14), (17, 15)):
+        link(tmp_path, iteration, parent)
+    assert checkpoint_save.prune(str(tmp_path), 2) == [checkpoint.tag_for(i) for i in (2, 4, 6, 8, 10, 12)]
+    fake_checkpoints(tmp_path, [18], latest=18)
+    link(tmp_path, 18, 16)
+    assert checkpoint_save.prune(str(tmp_path), 2) == ["iter_0000014"]
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000015", "iter_0000016", "iter_0000017", "iter_0000018", "latest"]
+
+
+def test_prune_counts_the_checkpoints_below_a_link_it_cannot_follow(tmp_path):
+    """Checkpoints saved before runs recorded their parent (2, 4) and those below a parent that was moved away
+    (6 -> the missing 5) count as this run's, as before links were recorded."""
+    fake_checkpoints(tmp_path, [2, 4, 6, 8, 9], latest=8)
+    link(tmp_path, 6, 5)
+    link(tmp_path, 8, 6)
+    link(tmp_path, 9, 4)  # an abandoned branch above 8's ancestor 6
+    assert checkpoint_save.prune(str(tmp_path), 2) == ["iter_0000002", "iter_0000004"]
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000006", "iter_0000008", "iter_0000009", "latest"]
+
+
 def test_keep_last_below_one_is_one_line_error():
     args = build_parser().parse_args(["--keep-last", "0"])
     with pytest.raises(ConfigError, match="--keep-last 0 must be >= 1"):
