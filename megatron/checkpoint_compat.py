@@ -150,13 +150,31 @@ def local_layers_added(source: str, trained: dict, now: BertConfig) -> str | Non
 def check_same_optimizer(stored: dict, ds_config: dict, folder: str) -> None:
     """The optimizer state restores into an optimizer of the same kind only (another kind's state is
     keyed by other names: e.g. SGD reading Adam's state stops with a KeyError in its first step).
-    Adam and AdamW keep the same state (DeepSpeed's Adam is AdamW unless adam_w_mode is off)."""
-    trained, current = (((config or {}).get("optimizer") or {}).get("type") for config in (stored.get("ds_config"),
-                                                                                             ds_config))
+    Adam and AdamW keep the same state, but not the same weight-decay rule (decoupled_decay): which rule
+    a resume would use depended on the direction of the change (torch's restored param groups keep
+    AdamW's flag, not Adam's) and on the device (FusedAdam keeps it outside them), so a change is refused."""
+    optimizers = [((config or {}).get("optimizer") or {}) for config in (stored.get("ds_config"), ds_config)]
+    trained, current = (optimizer.get("type") for optimizer in optimizers)
     if trained and current and len({{"adamw": "adam"}.get(name.lower(), name.lower())
                                     for name in (trained, current)}) > 1:
         raise ConfigError(f"checkpoint {folder} holds the state of optimizer.type {trained}, this run's is {current}",
                           f"resume with optimizer.type {trained}, or {NEW_RUN_FIX} with a fresh optimizer")
+    then, now = map(decoupled_decay, optimizers)
+    if None not in (then, now) and then != now:
+        rule = {True: "AdamW's decoupled weight decay", False: "Adam's L2 weight decay (adam_w_mode false)"}
+        keep = 'optimizer.type AdamW (or Adam without "adam_w_mode": false)' if then else \
+            'optimizer.type Adam with "adam_w_mode": false in optimizer.params'
+        raise ConfigError(f"checkpoint {folder} was trained with {rule[then]}, this run's optimizer uses {rule[now]}",
+                          f"resume with {keep}, or {NEW_RUN_FIX} with a fresh optimizer")
+
+
+def decoupled_decay(optimizer: dict) -> bool | None:
+    """Whether an optimizer section decays weights AdamW's way: DeepSpeed builds AdamW for type AdamW, and for
+    Adam unless its params' adam_w_mode is false; None for another type (or none given)."""
+    name = str(optimizer.get("type") or "").lower()
+    if name not in ("adam", "adamw"):
+        return None
+    return name == "adamw" or (optimizer.get("params") or {}).get("adam_w_mode", True) is not False
 
 
 def decays_norms_and_biases(stored: dict) -> bool:

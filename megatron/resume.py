@@ -38,16 +38,31 @@ def unsaved_note(save: str | None, load: str, iteration: int, train_iters: int) 
             f"{'are' if steps != 1 else 'is'} not kept; pass --save {load} to keep them")
 
 
+def peak_given(args) -> str:
+    """How this run's peak rate was given, for a line that names it: --lr, else the JSON's key."""
+    written = read_ds_config(args.deepspeed_config).get("optimizer", {}).get("params", {}) if getattr(
+        args, "deepspeed_config", None) else {}
+    return "optimizer.params.lr" if getattr(args, "lr", None) is None and "lr" in written else "--lr"
+
+
+def peak_in_use(engine, record: dict) -> dict:
+    """The schedule `record` of a resumed run, which its config.json and checkpoints keep, with the peak it
+    trains at: the checkpoint's, which the scheduler state restored (resume_schedule), not --lr."""
+    if engine.lr_scheduler is None:
+        return record
+    return {**record, "lr": engine.lr_scheduler.base_lrs[0]}
+
+
 def resume_schedule(engine, stored: dict | None, schedule: Schedule, iteration: int,
-                    length: str | None = None) -> str | None:
+                    length: str | None = None, peak: str = "--lr") -> str | None:
     """When the schedule settings differ from the checkpoint's: this run's schedule sets the next
     step's rate at once (as Megatron's scheduler does on load; the optimizer would otherwise keep
     the rate the checkpoint's schedule left it, 0 after a finished run, for one step), the peak
     staying the checkpoint's (the scheduler state restores it). Returns the warning saying so
-    (`length`: the run's, as run_length says it)."""
+    (`length`: the run's, as run_length says it; `peak`: how the peak was given, as peak_given says it)."""
     if not stored:
         return None
-    changed = schedule.changes(stored, length)
+    changed = schedule.changes(stored, length, {"lr": peak})
     if not changed or engine.lr_scheduler is None:
         return None
     scheduler = engine.lr_scheduler
@@ -59,9 +74,10 @@ def resume_schedule(engine, stored: dict | None, schedule: Schedule, iteration: 
     scheduler._last_lr = rates  # what get_last_lr() reports until its next step
     peak, factor = scheduler.base_lrs[0], scheduler.lr_lambdas[0]
     train_iters = schedule.train_iters
-    then = (f"then {peak * factor(iteration + 1):.3e} at iteration {iteration + 2}, ending at "
-            f"{peak * factor(train_iters - 1):.3e} at iteration {train_iters}" if train_iters > iteration + 1 else
-            f"and the run ends at iteration {train_iters}")
+    ending = (f", ending at {peak * factor(train_iters - 1):.3e} at iteration {train_iters}"
+              if train_iters > iteration + 2 else "")
+    then = (f"then {peak * factor(iteration + 1):.3e} at iteration {iteration + 2}{ending}"
+            if train_iters > iteration + 1 else f"and the run ends at iteration {train_iters}")
     return (f"warning: resuming with {', '.join(changed)}: the schedule continues from iteration {iteration} with "
             f"the checkpoint's peak {peak:.3e} and this run's warm-up and decay: lr {engine.get_lr()[0]:.3e} for "
             f"iteration {iteration + 1}, {then}; to change the peak, {NEW_RUN_FIX} with a fresh optimizer and "
@@ -80,7 +96,7 @@ def resume_optimizer(engine, config, args=None) -> str | None:
     --adam-beta1/2, --adam-eps, the JSON's optimizer.params): config.ds_config then records the values
     the optimizer uses for the JSON's keys (config.json, the next checkpoint), and the warning names
     those given otherwise, by the flag where `args` has it set, else by the JSON key. The peak lr is
-    the schedule's (resume_schedule)."""
+    the schedule's (resume_schedule): the checkpoint's, which config.json records too (peak_in_use)."""
     params = config.ds_config.get("optimizer", {}).get("params", {})
     used = optimizer_state.settings(engine)["param_groups"][0]  # the weights' group: the JSON's values (the
     # other, of biases and norm weights, differs by its weight decay 0 alone: engine.optimizer_groups)
@@ -104,6 +120,8 @@ def resume_optimizer(engine, config, args=None) -> str | None:
         elif now != then:
             changes.append(f"{named(key, None)} {now} (the checkpoint's: {then})")
         params[key] = then
+    if "lr" in params and getattr(engine, "lr_scheduler", None) is not None:
+        params["lr"] = peak_in_use(engine, {})["lr"]
     if not changes:
         return None
     return (f"warning: resuming with {', '.join(changes)}: the optimizer goes on with the checkpoint's settings, "

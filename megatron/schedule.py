@@ -119,11 +119,12 @@ class Schedule:
 
         return torch.optim.lr_scheduler.LambdaLR(optimizer, self.factor(optimizer.param_groups[0]["lr"]))
 
-    def changes(self, stored: dict, length: str | None = None) -> list:
+    def changes(self, stored: dict, length: str | None = None, named: dict | None = None) -> list:
         """'--flag now (the checkpoint's: then)' for each setting that differs from a checkpoint's
         record `stored` (a key the record lacks is its field's default, else not compared); the warm-up
         by its steps, whichever flag gave them; the run's length as `length` says it was given (the
-        --train-samples of a run that gave that flag: resume.run_length), else by --train-iters."""
+        --train-samples of a run that gave that flag: resume.run_length), else by --train-iters. `named`:
+        a field given otherwise than by its flag, by the name to say (the JSON's optimizer.params.lr)."""
         changed = []
         for field in dataclasses.fields(self):
             then = stored.get(field.name, field.default)
@@ -132,13 +133,14 @@ class Schedule:
             if field.name == "train_iters" and length:
                 changed.append(f"{length} (the checkpoint's: {then} steps)")
                 continue
-            changed.append(f"{field.metadata['flag']} {_shown(getattr(self, field.name))} (the checkpoint's: "
-                           f"{_shown(then)})")
+            name = (named or {}).get(field.name, field.metadata["flag"])
+            changed.append(f"{name} {_shown(getattr(self, field.name))} (the checkpoint's: {_shown(then)})")
         if stored.get("lr_warmup_fraction") is not None or stored.get("lr_warmup_iters") is not None:
             then = _warmup_steps(stored.get("lr_warmup_iters"), stored.get("lr_warmup_fraction"),
                                  stored.get("train_iters", self.train_iters))
             if then != self.warmup_steps:
-                changed.append(f"a warm-up of {self.warmup_steps} steps (the checkpoint's: {then})")
+                changed.append(f"a warm-up of {self.warmup_steps} step{'s' * (self.warmup_steps != 1)} (the "
+                               f"checkpoint's: {then})")
         return changed
 
 

@@ -42,7 +42,8 @@ from megatron.parallel.launch_env import launcher_rank, local_rank
 from megatron.parallel.peers import lost_rank_text, report_once
 from megatron.relaunch import new_run_fix, resume_fix
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
-                             kept_regime, resume_optimizer, resume_schedule, run_length, unsaved_note)
+                             kept_regime, peak_given, peak_in_use, resume_optimizer, resume_schedule, run_length,
+                             unsaved_note)
 from megatron.run_data import batch_reader, build_datasets, data_paths, data_workers
 from megatron.run_log import (RunLog, free_log_dir, metrics_problem, shared_log_dir_warning,
                               tensorboard_problem)
@@ -463,7 +464,8 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
         determinism.seed_dropout(args.seed)
     if client:  # every rank loaded before rank 0 says so: a rank whose load failed says why, and the
         dist.barrier()  # others, lost here, print nothing that reads like a resume (config:, resuming from)
-    saved = dict(schedule=schedule.record(), data=data_settings(args, setup.data_path),
+    saved = dict(schedule=peak_in_use(engine, schedule.record()) if client else schedule.record(),
+                 data=data_settings(args, setup.data_path),
                  tokenizer=setup.tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
                  setup.origin and setup.origin.result())
     optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
@@ -487,7 +489,7 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
                              f"{run.consumed}", resumed_from=run.last_checkpoint)
     trains = run.iteration < train_iters  # else the warnings would describe steps that never run
     regime = kept_regime(client["config"]["model"], dict(setup.flags), setup.ds, f"the checkpoint {plan.load}")
-    for warning in (*resume_changes(run, client), optimizer_change, regime):
+    for warning in (*resume_changes(run, client, schedule), optimizer_change, regime):
         if warning and trains and dist.get_rank() == 0:
             print(warning, file=sys.stderr, flush=True)
     unsaved = unsaved_note(args.save, plan.load, run.iteration, train_iters)
@@ -498,14 +500,14 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
     return run
 
 
-def resume_changes(run: Run, client: dict) -> list:
+def resume_changes(run: Run, client: dict, schedule: Schedule) -> list:
     """The warnings (None: no change) for what a resume changes against its checkpoint (`client`): the
-    LR schedule, the samples and batch, the data, the attention."""
+    LR schedule (this run's `schedule`), the samples and batch, the data, the attention."""
     change = checkpoint_compat.attention_change(f"checkpoint {run.plan.load}", client["config"]["model"],
                                                 vars(run.config.model))
     length = run_length(run.args, run.train_iters, run.config.global_batch_size)
-    return [resume_schedule(run.engine, client.get("schedule"), Schedule.from_record(run.saved["schedule"]),
-                            run.iteration, length),
+    return [resume_schedule(run.engine, client.get("schedule"), schedule, run.iteration, length,
+                            peak_given(run.args)),
             describe_sample_change(client["config"], run.config, run.consumed),
             describe_batch_change(client["config"], run.config, run.iteration, run.train_iters, length),
             describe_data_change(client.get("data"), run.saved["data"], run.consumed),

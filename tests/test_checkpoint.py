@@ -1,4 +1,5 @@
 """Checkpoints: exact resume in the same layout, and weights read back from any layout."""
+import re
 import shutil
 import warnings
 
@@ -204,6 +205,19 @@ def test_a_resume_with_another_optimizer_type_is_refused():
         check_same_optimizer(stored, {"optimizer": {"type": "SGD"}}, "ckpt/iter_0000002")
     check_same_optimizer(stored, {"optimizer": {"type": "adamw"}}, "ckpt/iter_0000002")
     check_same_optimizer(stored, {"optimizer": {"type": "Adam"}}, "ckpt/iter_0000002")
+    check_same_optimizer(stored, {"optimizer": {"type": "AdamW", "params": {"adam_w_mode": False}}}, "ckpt")
+    # the weight-decay rule: AdamW's into L2 kept the checkpoint's silently, L2 into AdamW's switched
+    with pytest.raises(ConfigError, match=re.escape(
+            "checkpoint ckpt was trained with AdamW's decoupled weight decay, this run's optimizer uses Adam's L2 "
+            "weight decay (adam_w_mode false); resume with optimizer.type AdamW (or Adam without \"adam_w_mode\": "
+            "false), or pass --finetune and another --save")):
+        check_same_optimizer(stored, {"optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}}, "ckpt")
+    l2 = {"ds_config": {"optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}}}
+    with pytest.raises(ConfigError, match=re.escape(
+            "checkpoint ckpt was trained with Adam's L2 weight decay (adam_w_mode false), this run's optimizer uses "
+            "AdamW's decoupled weight decay; resume with optimizer.type Adam with \"adam_w_mode\": false in")):
+        check_same_optimizer(l2, {"optimizer": {"type": "Adam"}}, "ckpt")
+    check_same_optimizer(l2, {"optimizer": {"type": "adam", "params": {"adam_w_mode": False, "lr": 1e-3}}}, "ckpt")
 
 
 def test_an_engine_of_other_optimizer_groups_is_refused_a_checkpoint():

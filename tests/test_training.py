@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron import run_log
+from megatron import checkpoint, run_log
 from megatron.parallel.spawn import free_port, run_on_ranks
 from megatron.resume import (describe_batch_change, describe_data_change, describe_sample_change, resume_schedule,
                             run_length)
@@ -161,8 +161,13 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
     assert "; other tokens are masked from here on, so the objective is not the one the checkpoint" in warnings[2]
     assert warnings[3].startswith("warning: resuming with --weight-decay 0.05 (the checkpoint's: 0.01): the optimizer "
                                   "goes on with the checkpoint's settings, which config.json records"), warnings[3]
-    recorded = json.loads((tmp_path / "log" / "config.json").read_text())["ds_config"]["optimizer"]["params"]
+    logged = json.loads((tmp_path / "log" / "config.json").read_text())
+    recorded = logged["ds_config"]["optimizer"]["params"]
     assert recorded["weight_decay"] == 0.01, recorded
+    # the peak it trained at is the checkpoint's, not --lr: config.json and the next checkpoint say so, and a
+    # later resume compares with it
+    saved = checkpoint.run_state(str(tmp_path / "ckpt"), "iter_0000054")["schedule"]
+    assert recorded["lr"] == logged["schedule"]["lr"] == saved["lr"] == 1e-3, (recorded, logged["schedule"], saved)
     records = run_log.read_metrics(tmp_path / "log" / "metrics.jsonl")
     starts = [r for r in records if r["kind"] == "start"]
     assert [r["iteration"] for r in starts] == [0, 50] and starts[1]["resumed_from"] == str(ckpt)
@@ -624,6 +629,30 @@ def test_a_resume_with_another_peak_decays_to_min_lr():
         engine.lr_scheduler.step()
         rates.append(resumed.param_groups[0]["lr"])
     assert rates == pytest.approx([5.5e-4, 4.6e-4, 3.7e-4, 2.8e-4, 1.9e-4])
+
+
+def test_a_resume_names_the_peak_as_it_was_given_and_says_a_last_step_once(tmp_path):
+    """The JSON's optimizer.params.lr (no --lr) is named as the JSON key; a run two steps from its end names
+    the rate of each once (no "ending at" the step just named)."""
+    from megatron.resume import peak_given
+
+    json_file = tmp_path / "ds.json"
+    json_file.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}}))
+    assert peak_given(SimpleNamespace(lr=None, deepspeed_config=str(json_file))) == "optimizer.params.lr"
+    assert peak_given(SimpleNamespace(lr=3e-4, deepspeed_config=str(json_file))) == "--lr"
+    assert peak_given(SimpleNamespace(lr=None, deepspeed_config=None)) == "--lr"
+    schedule = Schedule(train_iters=10, lr=3e-4, min_lr=0.0, lr_decay_style="linear", lr_warmup_fraction=0.0)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-4)
+    engine = SimpleNamespace(lr_scheduler=schedule.lambda_lr(optimizer),
+                             get_lr=lambda: [group["lr"] for group in optimizer.param_groups])
+    for _ in range(8):
+        optimizer.step()
+        engine.lr_scheduler.step()
+    warning = resume_schedule(engine, {**schedule.record(), "lr": 1e-4, "train_iters": 8}, schedule, iteration=8,
+                              peak="optimizer.params.lr")
+    assert warning.startswith("warning: resuming with --train-iters 10 (the checkpoint's: 8), optimizer.params.lr "
+                              "0.0003 (the checkpoint's: 0.0001): the schedule continues"), warning
+    assert "lr 2.000e-05 for iteration 9, then 1.000e-05 at iteration 10; to change the peak" in warning, warning
 
 
 def test_nothing_to_train_names_the_run_length_flag_given():
