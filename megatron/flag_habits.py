@@ -143,6 +143,13 @@ TRAINER_HABITS = {
     "--exit-interval": (MEGATRON, "the run ends at --train-iters, the length its LR schedule spans",
                         "pass --train-iters {value}, or --exit-duration-in-mins M with --save to stop a longer run "
                         "on time and resume it"),
+    "--skip-train": (MEGATRON, "a run evaluates validation and test at its end, and a rerun of a finished "
+                     "checkpoint trains nothing",
+                     "pass --load DIR with --train-iters set to the checkpoint's iteration"),
+    "--ckpt-step": (MEGATRON, "a resume reads the checkpoint that `latest` in --load names",
+                    "write its tag (iter_ and the step in 7 digits, e.g. iter_0000100) into DIR/latest"),
+    "--no-save-rng": (MEGATRON, "a checkpoint holds every rank's RNG state, which an exact resume needs",
+                      "drop it (--no-load-rng resumes without it)"),
     "--exit-signal-handler": (MEGATRON, "SIGTERM and SIGINT stop the run with a checkpoint by default (with --save, "
                               "docs/resuming.md)", "drop it"),
     **{flag: (whose, "a resume keeps the checkpoint's LR schedule by default", "drop it")

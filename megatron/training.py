@@ -342,7 +342,7 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
                        time_limit=args.exit_duration_in_mins and (args.exit_duration_in_mins, started))
     read_batches = batch_reader(config, stop, data_workers(args))
     train_loop(run, datasets, read_batches, stop)
-    return end_run(run, datasets[2], read_batches, stop)
+    return end_run(run, datasets, read_batches, stop)
 
 
 @dataclasses.dataclass
@@ -556,15 +556,25 @@ def train_steps(run: Run, valid_set, train_batches, read_batches, stop: "StopSig
             run.watch.saved(run.last_checkpoint, run.iteration)
 
 
-def end_run(run: Run, test_set, read_batches, stop: "StopSignals") -> int | None:
-    """The test loss of a run that was not stopped, then the stop's save and line (its signal number
-    returned) or the end of a complete run."""
-    if test_set is not None and not stop.agreed:
-        run.progress.phase = f"the test evaluation after iteration {run.iteration}"
-        loss = evaluate(read_batches, run.engine, test_set, 0, run.args.eval_iters, stop,
-                        EvaluationProgress(f"test evaluation after iteration {run.iteration}", run.log))
+def end_run(run: Run, datasets: tuple, read_batches, stop: "StopSignals") -> int | None:
+    """The validation and test losses of a run that was not stopped, as Megatron's pretrain ends (the
+    validation unless its last step just logged one: a rerun of a finished checkpoint, Megatron's
+    --skip-train, evaluates it), then the stop's save and line (its signal number returned) or the end
+    of a complete run."""
+    _, valid_set, test_set = datasets
+    interval = run.args.eval_interval
+    validated = run.iteration > run.first_iteration and run.iteration % interval == 0  # by train_steps
+    # the slice a validation at this iteration reads in train_steps: a rerun logs the loss the run did
+    ends = (("validation", valid_set, max(0, run.iteration // interval - 1)) if not validated else None,
+            ("test", test_set, 0))
+    for kind, dataset, slice_index in filter(None, ends):
+        if dataset is None or stop.agreed:
+            continue
+        run.progress.phase = f"the {kind} evaluation after iteration {run.iteration}"
+        loss = evaluate(read_batches, run.engine, dataset, slice_index, run.args.eval_iters, stop,
+                        EvaluationProgress(f"{kind} evaluation after iteration {run.iteration}", run.log))
         if not stop.agreed:
-            run.log.evaluation("test", run.iteration, run.consumed, loss)
+            run.log.evaluation(kind, run.iteration, run.consumed, loss)
     summary = run.watch.skipped_summary()
     if summary and dist.get_rank() == 0:
         print(summary, file=sys.stderr, flush=True)
