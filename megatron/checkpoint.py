@@ -150,6 +150,8 @@ def chosen_tag(load_dir: str, tag: str | None) -> str:
         raise ConfigError(f"--tag {tag} is not the name of a checkpoint folder of {load_dir}",
                           f"pass the name of one of its iter_* folders{newest_hint(load_dir)}, and --load the "
                           "--save directory holding it")
+    if tag.isdigit() and not os.path.isdir(os.path.join(load_dir, tag)):  # Megatron's --ckpt-step N
+        return tag_for(int(tag))  # read_from's line names the folder read
     if UNFINISHED.fullmatch(tag):  # its files may be half-written: never read, even where they load
         newest = newest_hint(load_dir)
         raise DataError(f"--tag {tag} is {unfinished(tag)}, never a checkpoint",
@@ -272,9 +274,22 @@ def refuse_odd_latest(load_dir: str) -> None:
 
 
 def newest_hint(load_dir: str) -> str:
-    """' (the newest: iter_N)' of the complete iter_* folders in load_dir, '' without one: for a fix naming a tag."""
+    """' (the newest: iter_N)' of the complete iter_* folders in load_dir, '' without one: for a fix naming a tag.
+    After a rollback (`latest` set back to an older complete one) the one `latest` names: the newer ones are of
+    the run rolled back from."""
     tags = complete_tags(load_dir)
-    return f" (the newest: {tags[-1]})" if tags else ""
+    named = rolled_back_to(load_dir, tags)
+    return f" (the one '{LATEST}' names: {named})" if named else f" (the newest: {tags[-1]})" if tags else ""
+
+
+def rolled_back_to(load_dir: str, tags: list[str]) -> str | None:
+    """The tag `latest` names where that is a complete checkpoint older than the newest of `tags` (a rollback),
+    else None (also for a `latest` that cannot be read)."""
+    with contextlib.suppress(DataError, ConfigError, OSError):
+        named = read_latest(load_dir) if os.path.isfile(os.path.join(load_dir, LATEST)) else None
+        if named in tags and named != tags[-1]:
+            return named
+    return None
 
 
 def checkpoint_folder(load_dir: str, tag: str) -> str:
@@ -369,8 +384,12 @@ def run_state(load_dir: str, tag: str) -> dict:
 
 def read_from(load_dir: str, tag: str) -> str:
     """'DIR/iter_N (iteration N)': the checkpoint a tool read, for its output line: `latest` moves on while a run
-    saves into DIR, so the folder alone would not say which."""
-    return f"{os.path.join(load_dir, tag)} (iteration {run_state(load_dir, tag)['iteration']})"
+    saves into DIR, so the folder alone would not say which. A tag beyond the one a rollback set `latest` to is
+    said to be of the run rolled back from."""
+    named = rolled_back_to(load_dir, complete_tags(load_dir))
+    beyond = (f"; '{LATEST}' names the older {named}: this one is of the run rolled back from"
+              if named and tag_iteration(tag) > tag_iteration(named) else "")
+    return f"{os.path.join(load_dir, tag)} (iteration {run_state(load_dir, tag)['iteration']}{beyond})"
 
 
 def carried_tokenizer(load_dir: str, tag: str | None = None, stand_in=None):

@@ -192,6 +192,34 @@ def test_a_latest_that_is_no_file_is_named_with_a_fix_that_works(tmp_path):
         checkpoint.latest_tag(str(tmp_path))
 
 
+def test_a_tools_tag_after_a_rollback_names_latests_and_an_iteration_is_its_folder(tmp_path):
+    """`latest` set back to iter 2 while iter 4 (the run rolled back from) stays: a wrong --tag is told the one
+    `latest` names, not "the newest" abandoned one; reading iter 4 says whose it is; --tag 4 (Megatron's
+    --ckpt-step habit) is iter_0000004."""
+    import json
+
+    from megatron.errors import DataError
+
+    for iteration in (2, 4):
+        folder = tmp_path / checkpoint.tag_for(iteration)
+        folder.mkdir()
+        (folder / "mp_rank_00_model_states.pt").write_bytes(b"x")
+        (folder / checkpoint.RUN_STATE).write_text(json.dumps({"config": {}, "iteration": iteration,
+                                                               "consumed_samples": 0}))
+    (tmp_path / checkpoint.LATEST).write_text("iter_0000002")
+    with pytest.raises(DataError, match=re.escape(f"pass the tag of a complete iter_* folder of {tmp_path} (the one "
+                                                  "'latest' names: iter_0000002)")):
+        checkpoint.checkpoint_folder(str(tmp_path), checkpoint.chosen_tag(str(tmp_path), "iter_0000009"))
+    assert checkpoint.chosen_tag(str(tmp_path), "4") == "iter_0000004"
+    assert checkpoint.read_from(str(tmp_path), "iter_0000004") == (
+        f"{tmp_path / 'iter_0000004'} (iteration 4; 'latest' names the older iter_0000002: this one is of the run "
+        "rolled back from)")
+    assert checkpoint.read_from(str(tmp_path), "iter_0000002") == f"{tmp_path / 'iter_0000002'} (iteration 2)"
+    (tmp_path / checkpoint.LATEST).write_text("iter_0000004")
+    assert checkpoint.read_from(str(tmp_path), "iter_0000004") == f"{tmp_path / 'iter_0000004'} (iteration 4)"
+    assert checkpoint.newest_hint(str(tmp_path)) == " (the newest: iter_0000004)"
+
+
 def test_a_resume_with_another_optimizer_type_is_refused():
     """SGD restoring AdamW's state stopped with KeyError 'momentum' in its first step; a type given in
     other case is the same optimizer (DeepSpeed reads it case-insensitively), and Adam keeps AdamW's

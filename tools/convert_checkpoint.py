@@ -188,14 +188,16 @@ def main(argv=None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("to-hf", help="this trainer's checkpoint -> Hugging Face folder")
     export.add_argument("--load", required=True, help="checkpoint directory (written by --save)")
-    export.add_argument("--tag", help="checkpoint tag, e.g. iter_0001000 (default: the one in 'latest')")
+    export.add_argument("--tag", help="checkpoint tag, e.g. iter_0001000 or its iteration 1000 "
+                        "(default: the one in 'latest')")
     add_tokenizer_flags(export, "the vocab.txt the model was trained with (default: the one the checkpoint "
                         "carries; needed for one that carries none)")
     export.add_argument("--output", required=True, help="Hugging Face folder to create (must not exist)")
     export.set_defaults(run=to_hf)
     plain = commands.add_parser("to-torch", help="this trainer's checkpoint -> one PyTorch state-dict file")
     plain.add_argument("--load", required=True, help="checkpoint directory (written by --save)")
-    plain.add_argument("--tag", help="checkpoint tag, e.g. iter_0001000 (default: the one in 'latest')")
+    plain.add_argument("--tag", help="checkpoint tag, e.g. iter_0001000 or its iteration 1000 "
+                       "(default: the one in 'latest')")
     plain.add_argument("--output", required=True, help="file to write (must not exist), e.g. bert.pt")
     plain.set_defaults(run=to_torch)
     load = commands.add_parser("from-hf", help="Hugging Face folder -> weights-only checkpoint")

@@ -204,7 +204,8 @@ def main(argv=None) -> None:
     parser = OneLineParser(prog="fill_mask.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--load", required=True, help="checkpoint directory (written by --save)")
-    parser.add_argument("--tag", help="checkpoint tag, e.g. iter_0001000 (default: the one in 'latest')")
+    parser.add_argument("--tag", help="checkpoint tag, e.g. iter_0001000 or its iteration 1000 "
+                        "(default: the one in 'latest')")
     parser.add_argument("--text", action="append", default=[],
                         help=f"a sentence with one or more {MASK}; repeat the flag for several")
     parser.add_argument("--text-file", action="append", default=[],
