@@ -53,13 +53,24 @@ def peak_in_use(engine, record: dict) -> dict:
     return {**record, "lr": engine.lr_scheduler.base_lrs[0]}
 
 
+def fresh_run_fix(args, load: str) -> str:
+    """How a resume of checkpoint folder `load` would start a new run from its weights instead: NEW_RUN_FIX,
+    but a requeued --finetune (whose --save is resumed: start_plan.requeue_from_weights) has --finetune
+    already, and its --load names the weights it first started from, not `load`."""
+    if getattr(args, "finetune", False):
+        return (f"pass --load {load} with --finetune and another --save to start a new run from the checkpoint's "
+                "weights")
+    return NEW_RUN_FIX
+
+
 def resume_schedule(engine, stored: dict | None, schedule: Schedule, iteration: int,
-                    length: str | None = None, peak: str = "--lr") -> str | None:
+                    length: str | None = None, peak: str = "--lr", fix: str = NEW_RUN_FIX) -> str | None:
     """When the schedule settings differ from the checkpoint's: this run's schedule sets the next
     step's rate at once (as Megatron's scheduler does on load; the optimizer would otherwise keep
     the rate the checkpoint's schedule left it, 0 after a finished run, for one step), the peak
     staying the checkpoint's (the scheduler state restores it). Returns the warning saying so
-    (`length`: the run's, as run_length says it; `peak`: how the peak was given, as peak_given says it)."""
+    (`length`: the run's, as run_length says it; `peak`: how the peak was given, as peak_given says it; `fix`:
+    fresh_run_fix's)."""
     if not stored:
         return None
     changed = schedule.changes(stored, length, {"lr": peak})
@@ -80,7 +91,7 @@ def resume_schedule(engine, stored: dict | None, schedule: Schedule, iteration: 
             if train_iters > iteration + 1 else f"and the run ends at iteration {train_iters}")
     return (f"warning: resuming with {', '.join(changed)}: the schedule continues from iteration {iteration} with "
             f"the checkpoint's peak {peak:.3e} and this run's warm-up and decay: lr {engine.get_lr()[0]:.3e} for "
-            f"iteration {iteration + 1}, {then}; to change the peak, {NEW_RUN_FIX} with a fresh optimizer and "
+            f"iteration {iteration + 1}, {then}; to change the peak, {fix} with a fresh optimizer and "
             "schedule")
 
 
@@ -91,12 +102,13 @@ OPTIMIZER_PARAM_FLAGS = {("weight_decay", None): ("--weight-decay", "weight_deca
                          ("betas", 0): ("--adam-beta1", "adam_beta1"), ("betas", 1): ("--adam-beta2", "adam_beta2")}
 
 
-def resume_optimizer(engine, config, args=None) -> str | None:
+def resume_optimizer(engine, config, args=None, fix: str = NEW_RUN_FIX) -> str | None:
     """Both load paths restore the checkpoint's optimizer settings over this run's (--weight-decay,
     --adam-beta1/2, --adam-eps, the JSON's optimizer.params): config.ds_config then records the values
     the optimizer uses for the JSON's keys (config.json, the next checkpoint), and the warning names
     those given otherwise, by the flag where `args` has it set, else by the JSON key. The peak lr is
-    the schedule's (resume_schedule): the checkpoint's, which config.json records too (peak_in_use)."""
+    the schedule's (resume_schedule): the checkpoint's, which config.json records too (peak_in_use). `fix`:
+    fresh_run_fix's."""
     params = config.ds_config.get("optimizer", {}).get("params", {})
     used = optimizer_state.settings(engine)["param_groups"][0]  # the weights' group: the JSON's values (the
     # other, of biases and norm weights, differs by its weight decay 0 alone: engine.optimizer_groups)
@@ -125,7 +137,7 @@ def resume_optimizer(engine, config, args=None) -> str | None:
     if not changes:
         return None
     return (f"warning: resuming with {', '.join(changes)}: the optimizer goes on with the checkpoint's settings, "
-            f"which config.json records; {NEW_RUN_FIX} with a fresh optimizer that takes the new values")
+            f"which config.json records; {fix} with a fresh optimizer that takes the new values")
 
 
 def describe_sample_change(stored: dict, config, consumed: int) -> str | None:

@@ -42,8 +42,8 @@ from megatron.parallel.launch_env import launcher_rank, local_rank
 from megatron.parallel.peers import lost_rank_text, report_once
 from megatron.relaunch import new_run_fix, resume_fix
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
-                             kept_regime, peak_given, peak_in_use, resume_optimizer, resume_schedule, run_length,
-                             unsaved_note)
+                             fresh_run_fix, kept_regime, peak_given, peak_in_use, resume_optimizer, resume_schedule,
+                             run_length, unsaved_note)
 from megatron.run_data import batch_reader, build_datasets, data_paths, data_workers
 from megatron.run_log import (RunLog, free_log_dir, metrics_problem, shared_log_dir_warning,
                               tensorboard_problem)
@@ -468,7 +468,8 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
                  data=data_settings(args, setup.data_path),
                  tokenizer=setup.tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
                  setup.origin and setup.origin.result())
-    optimizer_change = resume_optimizer(engine, config, args) if client else None  # before config.json records it
+    optimizer_change = resume_optimizer(engine, config, args, fresh_run_fix(args, plan.load)) if client else None
+    # (before config.json records it)
     # after the load: a checkpoint that fails to load leaves no log
     log = RunLog(args, config, train_iters, engine.monitor)
     log.config(config, schedule=saved["schedule"], data=saved["data"], num_workers=data_workers(args))
@@ -507,7 +508,7 @@ def resume_changes(run: Run, client: dict, schedule: Schedule) -> list:
                                                 vars(run.config.model))
     length = run_length(run.args, run.train_iters, run.config.global_batch_size)
     return [resume_schedule(run.engine, client.get("schedule"), schedule, run.iteration, length,
-                            peak_given(run.args)),
+                            peak_given(run.args), fresh_run_fix(run.args, run.plan.load)),
             describe_sample_change(client["config"], run.config, run.consumed),
             describe_batch_change(client["config"], run.config, run.iteration, run.train_iters, length),
             describe_data_change(client.get("data"), run.saved["data"], run.consumed),

@@ -675,6 +675,23 @@ def test_a_resume_names_the_peak_as_it_was_given_and_says_a_last_step_once(tmp_p
     assert "lr 2.000e-05 for iteration 9, then 1.000e-05 at iteration 10; to change the peak" in warning, warning
 
 
+def test_a_requeued_finetunes_fix_for_another_peak_names_the_folder_it_resumes():
+    """`--finetune --load A --save F` requeued with another --lr resumes F (start_plan.requeue_from_weights):
+    the fix cannot be "pass --finetune" (given) with --load A (F's weights would be lost)."""
+    from megatron.resume import fresh_run_fix
+
+    assert fresh_run_fix(SimpleNamespace(finetune=False), "F") == ("pass --finetune and another --save to start a "
+                                                                   "new run from the checkpoint's weights")
+    fix = fresh_run_fix(SimpleNamespace(finetune=True), "F")
+    assert fix == "pass --load F with --finetune and another --save to start a new run from the checkpoint's weights"
+    schedule = Schedule(train_iters=6, lr=1e-3, min_lr=0.0, lr_decay_style="linear", lr_warmup_fraction=0.0)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=5e-4)
+    engine = SimpleNamespace(lr_scheduler=schedule.lambda_lr(optimizer),
+                             get_lr=lambda: [group["lr"] for group in optimizer.param_groups])
+    warning = resume_schedule(engine, {**schedule.record(), "lr": 5e-4}, schedule, iteration=4, fix=fix)
+    assert warning.endswith(f"to change the peak, {fix} with a fresh optimizer and schedule"), warning
+
+
 def test_nothing_to_train_names_the_run_length_flag_given():
     by_samples = SimpleNamespace(train_iters=None, train_samples=8)
     assert nothing_to_train(by_samples, 2, 2) == ("nothing to train: the checkpoint is at iteration 2 of 2 "
