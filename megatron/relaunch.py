@@ -12,15 +12,15 @@ def resume_fix(args, save: str) -> str:
     return f"resume with --load {save}"
 
 
-def test_loss_fix(args, save: str) -> str:
-    """How the test loss of a run stopped after its last step, before its test evaluation, is computed: a
-    rerun with --load resumes at the run's length and evaluates; the tool does not launch a run already at
-    its length (training.finished_resume), so there the test loss comes at the end of a longer run."""
+def held_out_fix(args, save: str, losses: str) -> str:
+    """How the held-out `losses` ("the test loss", ...) of a run stopped after its last step, before its final
+    evaluations, are computed: a rerun with --load resumes at the run's length and evaluates; the tool does not
+    launch a run already at its length (training.finished_resume), so there they come at the end of a longer run."""
     if args.launched_by:
         flag = "--train-iters" if args.train_iters else "--train-samples"
-        return (f"the test loss comes at the end of a run that trains: rerun the same {args.launched_by} command "
-                f"with a larger {flag} to go on")
-    return f"rerun with --load {save} to compute the test loss"
+        return (f"{losses} come{'s' * losses.endswith('loss')} at the end of a run that trains: rerun the same "
+                f"{args.launched_by} command with a larger {flag} to go on")
+    return f"rerun with --load {save} to compute {losses}"
 
 
 def new_run_fix(args, folder: str) -> str:

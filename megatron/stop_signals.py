@@ -15,7 +15,7 @@ from megatron import checkpoint, locks, paths
 from megatron.errors import WHERE_FIX, ConfigError, DataError, cannot_use, restore_signals, stop_signals
 from megatron.parallel import launcher_watch, peers
 from megatron.parallel.peers import lost_rank_text, report_once
-from megatron.relaunch import resume_fix, test_loss_fix
+from megatron.relaunch import held_out_fix, resume_fix
 
 
 END_OF_RUN = "the end of the run"  # the phase after the last step: a rank lost there cut nothing (StopSignals.complete)
@@ -122,12 +122,12 @@ class StopSignals:
         return launcher_watch.DEEPSPEED_KILL_S - (time.monotonic() - self.received_at)
 
     def finish(self, args, iteration: int, first_iteration: int, last_checkpoint, log, save,
-               test_cut: bool = False) -> int | None:
+               cut: str | None = None) -> int | None:
         """The agreed stop: saves what was trained since the last checkpoint; returns the signal number
         (None for the time limit: the job ends as planned, exit 0, and a rerun with --load goes on), or
-        raises the run log's write failure as one line (every rank alike). `test_cut`: the stop came
-        after the last step, before the test loss (a rerun with --load computes it). `save`: writes the
-        final checkpoint and returns its folder (training.save_checkpoint)."""
+        raises the run log's write failure as one line (every rank alike). `cut`: the held-out losses ("the
+        test loss", ...) the stop came before, after the last step (a rerun with --load computes them). `save`:
+        writes the final checkpoint and returns its folder (training.save_checkpoint)."""
         noticed = [None] * dist.get_world_size()  # the rank that saw its launcher end may not be the one printing
         dist.all_gather_object(noticed, self.launcher_gone)
         name = self._name(self.agreed, next((description for description in noticed if description), None))
@@ -145,11 +145,10 @@ class StopSignals:
             held = (f"checkpoint {last_checkpoint} holds iteration {iteration}: {resume_fix(args, args.save)}"
                     if args.save and last_checkpoint else f"no checkpoint holds iteration {iteration}")
             raise ConfigError(failure[0][0], f"{failure[0][1]}; {held}")
-        when = (f"after the last iteration {iteration}, before the test loss" if test_cut
-                else f"after iteration {iteration}")
+        when = f"after the last iteration {iteration}, before {cut}" if cut else f"after iteration {iteration}"
         if args.save and last_checkpoint:
             line = (f"stopped by {name} {when}; checkpoint {last_checkpoint} holds it: "
-                    + (test_loss_fix(args, args.save) if test_cut else resume_fix(args, args.save)))
+                    + (held_out_fix(args, args.save, cut) if cut else resume_fix(args, args.save)))
         elif args.save:  # before this run's first step: nothing to save
             line = f"stopped by {name} before the first step of this run (iteration {iteration}); nothing was saved"
         else:

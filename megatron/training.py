@@ -568,23 +568,28 @@ def end_run(run: Run, datasets: tuple, read_batches, stop: "StopSignals") -> int
     # the slice a validation at this iteration reads in train_steps: a rerun logs the loss the run did
     ends = (("validation", valid_set, max(0, run.iteration // interval - 1)) if not validated else None,
             ("test", test_set, 0))
+    cut = []  # the losses a stop came before
     for kind, dataset, slice_index in filter(None, ends):
-        if dataset is None or stop.agreed:
+        if dataset is None:
             continue
-        run.progress.phase = f"the {kind} evaluation after iteration {run.iteration}"
-        loss = evaluate(read_batches, run.engine, dataset, slice_index, run.args.eval_iters, stop,
-                        EvaluationProgress(f"{kind} evaluation after iteration {run.iteration}", run.log))
         if not stop.agreed:
+            run.progress.phase = f"the {kind} evaluation after iteration {run.iteration}"
+            loss = evaluate(read_batches, run.engine, dataset, slice_index, run.args.eval_iters, stop,
+                            EvaluationProgress(f"{kind} evaluation after iteration {run.iteration}", run.log))
+        if stop.agreed:
+            cut.append(kind)
+        else:
             run.log.evaluation(kind, run.iteration, run.consumed, loss)
     summary = run.watch.skipped_summary()
     if summary and dist.get_rank() == 0:
         print(summary, file=sys.stderr, flush=True)
     if stop.agreed:  # the stop's checkpoint first, in the scheduler's grace period: no comms_logger summary
         run.progress.phase = f"the stop after iteration {run.iteration}"
+        losses = f"the {' and '.join(cut)} loss{'es' * (len(cut) > 1)}"
         return stop.finish(run.args, run.iteration, run.first_iteration, run.last_checkpoint, run.log,
                            lambda: save_checkpoint(run.args, run.engine, run.config, run.iteration, run.consumed,
                                                    run.log, after=run.last_checkpoint, **run.saved),
-                           test_cut=test_set is not None and run.iteration == run.train_iters)
+                           cut=losses if cut and run.iteration == run.train_iters else None)
     run.progress.phase = END_OF_RUN
     comms_summary()  # before the last agreement, which may find a rank lost (no barrier after it)
     stop.complete(run.args, run.iteration, run.last_checkpoint, run.log)

@@ -27,7 +27,7 @@ class Log:
         pass
 
 
-def stop_line(monkeypatch, capsys, args, test_cut: bool) -> str:
+def stop_line(monkeypatch, capsys, args, cut: str | None) -> str:
     """The line of a SIGTERM stop after iteration 4, checkpoint ck/iter_0000004 already saved, on one rank."""
     for name, stub in (("get_world_size", lambda: 1), ("get_rank", lambda: 0),
                        ("all_gather_object", lambda out, value: out.__setitem__(0, value)),
@@ -36,20 +36,25 @@ def stop_line(monkeypatch, capsys, args, test_cut: bool) -> str:
     monkeypatch.setattr(locks, "release_lock", lambda name: None)
     stop = stop_signals.StopSignals("tokenizer.json")
     stop.agreed = signal.SIGTERM
-    assert stop.finish(args, 4, 0, "ck/iter_0000004", Log(), save=None, test_cut=test_cut) == signal.SIGTERM
+    assert stop.finish(args, 4, 0, "ck/iter_0000004", Log(), save=None, cut=cut) == signal.SIGTERM
     return capsys.readouterr().err.strip().removeprefix("pretrain_bert.py: stopped by SIGTERM after ")
 
 
-@pytest.mark.parametrize("test_cut,trainer,tool", [
-    (False, "iteration 4; checkpoint ck/iter_0000004 holds it: resume with --load ck",
+@pytest.mark.parametrize("cut,trainer,tool", [
+    (None, "iteration 4; checkpoint ck/iter_0000004 holds it: resume with --load ck",
      "iteration 4; checkpoint ck/iter_0000004 holds it: rerun the same extend_context.py command"),
-    (True, "the last iteration 4, before the test loss; checkpoint ck/iter_0000004 holds it: rerun with --load ck to "
-           "compute the test loss",
+    ("the test loss", "the last iteration 4, before the test loss; checkpoint ck/iter_0000004 holds it: rerun with "
+     "--load ck to compute the test loss",
      "the last iteration 4, before the test loss; checkpoint ck/iter_0000004 holds it: the test loss comes at the end "
-     "of a run that trains: rerun the same extend_context.py command with a larger --train-iters to go on")])
-def test_a_stop_names_the_command_that_resumes(monkeypatch, capsys, test_cut, trainer, tool):
-    assert stop_line(monkeypatch, capsys, parsed(), test_cut) == trainer
-    assert stop_line(monkeypatch, capsys, parsed(*TOOL), test_cut) == tool
+     "of a run that trains: rerun the same extend_context.py command with a larger --train-iters to go on"),
+    ("the validation and test losses", "the last iteration 4, before the validation and test losses; checkpoint "
+     "ck/iter_0000004 holds it: rerun with --load ck to compute the validation and test losses",
+     "the last iteration 4, before the validation and test losses; checkpoint ck/iter_0000004 holds it: the "
+     "validation and test losses come at the end of a run that trains: rerun the same extend_context.py command with "
+     "a larger --train-iters to go on")])
+def test_a_stop_names_the_command_that_resumes(monkeypatch, capsys, cut, trainer, tool):
+    assert stop_line(monkeypatch, capsys, parsed(), cut) == trainer
+    assert stop_line(monkeypatch, capsys, parsed(*TOOL), cut) == tool
 
 
 def test_a_lost_rank_names_the_command_that_resumes(monkeypatch):

@@ -485,18 +485,20 @@ def main_signalled_in_its_final_save(argv) -> tuple:
     return code, err.getvalue(), at_plot
 
 
-@pytest.mark.parametrize("split, code, line", [
-    ("949,50,0", 0, "pretrain_bert.py: SIGTERM came after the last step; the run is complete: checkpoint {ckpt}/"
-                    "iter_0000002 holds iteration 2"),
-    ("90,5,5", 143, "pretrain_bert.py: stopped by SIGTERM after the last iteration 2, before the test loss; "
-                    "checkpoint {ckpt}/iter_0000002 holds it: rerun with --load {ckpt} to compute the test loss"),
+@pytest.mark.parametrize("split, interval, code, line", [
+    ("949,50,0", "2", 0, "pretrain_bert.py: SIGTERM came after the last step; the run is complete: checkpoint {ckpt}/"
+                         "iter_0000002 holds iteration 2"),
+    ("90,5,5", "1000", 143, "pretrain_bert.py: stopped by SIGTERM after the last iteration 2, before the validation "
+                            "and test losses; checkpoint {ckpt}/iter_0000002 holds it: rerun with --load {ckpt} to "
+                            "compute the validation and test losses"),
 ], ids=["no_test_set", "test_set"])
-def test_a_signal_after_the_last_step(tmp_path, data, split, code, line):
-    """SIGTERM during the final save. Without a test set it cuts nothing: the run is complete, exit 0,
-    one line (it used to be dropped without a word). With one, the test evaluation it cuts is a stop
-    (128 + 15) whose line says that a rerun computes the test loss. Signals during the plot (here a
-    Ctrl-C and a SIGTERM) meet a noting handler, with the --save lock already released."""
-    argv = run_argv(tmp_path, data, "--train-iters", "2", "--eval-interval", "1000", "--eval-iters", "1",
+def test_a_signal_after_the_last_step(tmp_path, data, split, interval, code, line):
+    """SIGTERM during the final save. With nothing held out left to evaluate (no test set, the last step's
+    validation logged) it cuts nothing: the run is complete, exit 0, one line (it used to be dropped without
+    a word). Otherwise the final evaluations it cuts are a stop (128 + 15) whose line says that a rerun
+    computes those losses. Signals during the plot (here a Ctrl-C and a SIGTERM) meet a noting handler, with
+    the --save lock already released."""
+    argv = run_argv(tmp_path, data, "--train-iters", "2", "--eval-interval", interval, "--eval-iters", "1",
                     "--split", split)
     [(got, err, at_plot)] = run_on_ranks(main_signalled_in_its_final_save, 1, argv, timeout=240)
     assert (got, err.splitlines(), at_plot) == (code, [line.format(ckpt=tmp_path / "ckpt")], [{}]), err[-3000:]
