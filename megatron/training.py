@@ -468,8 +468,8 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
                  data=data_settings(args, setup.data_path),
                  tokenizer=setup.tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
                  setup.origin and setup.origin.result())
+    # before config.json records the optimizer settings
     optimizer_change = resume_optimizer(engine, config, args, fresh_run_fix(args, plan.load)) if client else None
-    # (before config.json records it)
     # after the load: a checkpoint that fails to load leaves no log
     log = RunLog(args, config, train_iters, engine.monitor)
     log.config(config, schedule=saved["schedule"], data=saved["data"], num_workers=data_workers(args))
