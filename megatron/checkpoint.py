@@ -150,8 +150,9 @@ def chosen_tag(load_dir: str, tag: str | None) -> str:
         raise ConfigError(f"--tag {tag} is not the name of a checkpoint folder of {load_dir}",
                           f"pass the name of one of its iter_* folders{newest_hint(load_dir)}, and --load the "
                           "--save directory holding it")
-    if tag.isdigit() and not os.path.isdir(os.path.join(load_dir, tag)):  # Megatron's --ckpt-step N
-        return tag_for(int(tag))  # read_from's line names the folder read
+    number = re.fullmatch(r"(?:iter_)?(\d+)", tag)  # Megatron's --ckpt-step N, or iter_N unpadded
+    if number and not os.path.isdir(os.path.join(load_dir, tag)):
+        return tag_for(int(number.group(1)))  # read_from's line names the folder read
     if UNFINISHED.fullmatch(tag):  # its files may be half-written: never read, even where they load
         newest = newest_hint(load_dir)
         raise DataError(f"--tag {tag} is {unfinished(tag)}, never a checkpoint",

@@ -210,7 +210,7 @@ def test_a_tools_tag_after_a_rollback_names_latests_and_an_iteration_is_its_fold
     with pytest.raises(DataError, match=re.escape(f"pass the tag of a complete iter_* folder of {tmp_path} (the one "
                                                   "'latest' names: iter_0000002)")):
         checkpoint.checkpoint_folder(str(tmp_path), checkpoint.chosen_tag(str(tmp_path), "iter_0000009"))
-    assert checkpoint.chosen_tag(str(tmp_path), "4") == "iter_0000004"
+    assert checkpoint.chosen_tag(str(tmp_path), "4") == checkpoint.chosen_tag(str(tmp_path), "iter_4") == "iter_0000004"
     assert checkpoint.read_from(str(tmp_path), "iter_0000004") == (
         f"{tmp_path / 'iter_0000004'} (iteration 4; 'latest' names the older iter_0000002: this one is of the run "
         "rolled back from)")
