@@ -98,6 +98,17 @@ def naive_masked_attention(q, k, v, allowed):
     return torch.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
+def bigbird_allowed(slots, valid, block: int):
+    """BigBird's block pattern (block_pattern's slots and valid, [n, columns]) -> [s, s] bool: query i may
+    see key j where j's block is in i's row, and the global blocks 0 and n - 1 see and are seen by all."""
+    num_blocks = slots.shape[0]
+    blocks = torch.zeros(num_blocks, num_blocks, dtype=torch.bool)
+    for row in range(num_blocks):
+        blocks[row, slots[row][valid[row]]] = True
+    blocks[[0, -1], :] = blocks[:, [0, -1]] = True
+    return blocks.repeat_interleave(block, 0).repeat_interleave(block, 1)
+
+
 def segment_allowed(segment_ids):
     """[b, s] segment ids (0 = padding) -> [b, s, s]: query i may see key j of its own segment."""
     return (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)

@@ -1,10 +1,11 @@
-"""Ring and local (halo) cores on random packed layouts, against the definition (a masked softmax over
+"""Ring, local (halo) and BigBird cores on random packed layouts, against the definition (a masked softmax over
 the keys a query may see), at P = 1..4 virtual seq ranks (attention/simulate.py: the multi-rank
 schedules unchanged, their hand-offs between threads; other tests hold it equal to real processes).
 
 The fixed layouts of the other tests show the cases their authors thought of; these are drawn: segment
 ends on chunk and 64-row tile boundaries, 1-token segments, padding tails, all-padding samples, odd and
-even windows, windows wider than the sequence. What they see: the CPU kernels' results (fp32: the CPU
+even windows, windows wider than the sequence, BigBird's block patterns of every window and random count the
+start-up checks allow. What they see: the CPU kernels' results (fp32: the CPU
 flash backward takes no float64); not the CUDA kernels' (test_cuda_emulated.py holds those to their
 contracts)."""
 import random
@@ -12,8 +13,9 @@ import random
 import pytest
 import torch
 
-from bert_fixtures import naive_masked_attention, segment_allowed
+from bert_fixtures import bigbird_allowed, naive_masked_attention, segment_allowed
 from megatron.model.attention import simulate
+from megatron.model.attention.bigbird import block_pattern
 
 TRIALS = 60
 TOLERANCE = 2e-5  # fp32; the worst seen over 580 trials was 2.3e-6
@@ -43,18 +45,33 @@ def windowed(allowed, window: int):
     return allowed & ((positions[:, None] - positions[None, :]).abs() <= window // 2)
 
 
-@pytest.mark.parametrize("core", ["ring", "local"])
+def bigbird_case(rng: random.Random, ranks: int) -> tuple:
+    """(length, block, window, random blocks, seed) that the start-up checks (attention/rules.py BigBird) accept:
+    at least window + 2 + random blocks, every rank holding window // 2 blocks or more."""
+    block, window, num_random = rng.choice([1, 2, 4, 8]), rng.choice([1, 3, 5]), rng.choice([0, 1, 2])
+    per_rank = max(rng.choice([1, 2, 3, 5]), window // 2, -(-(window + 2 + num_random) // ranks))
+    return ranks * per_rank * block, block, window, num_random, rng.randrange(1000)
+
+
+@pytest.mark.parametrize("core", ["ring", "local", "bigbird"])
 def test_cores_on_random_packed_layouts_equal_the_definition(core):
     rng = random.Random(f"fuzz-{core}")
     for trial in range(TRIALS):
         ranks = rng.choice([1, 2, 3, 4])
         length = ranks * rng.choice([3, 5, 16, 33, 48, 70])
+        if core == "bigbird":
+            length, block, window, num_random, seed = bigbird_case(rng, ranks)
         segment_ids = torch.tensor([random_layout(length, ranks, rng) for _ in range(2)])
         generator = torch.Generator().manual_seed(trial)
         q, k, v, grad_out = (torch.randn(2, length, 2, 4, generator=generator) for _ in range(4))
         allowed = segment_allowed(segment_ids)
         if core == "ring":
             got, comms = simulate.ring_attention(q, k, v, segment_ids, grad_out, ranks)
+        elif core == "bigbird":
+            allowed = allowed & bigbird_allowed(*block_pattern(length // block, window, num_random, seed, trial, 0),
+                                                block)
+            got, comms = simulate.bigbird_attention(q, k, v, segment_ids, grad_out, ranks, block, window, num_random,
+                                                    seed, iteration=trial)
         else:
             window = rng.choice([1, 2, 3, 5, 8, 17, 2 * length + 3])
             allowed = windowed(allowed, window)

@@ -19,8 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bert_fixtures import (PACKED_LAYOUTS, naive_masked_attention, packed_batch, segment_allowed, small_config,
-                           small_model)
+from bert_fixtures import (PACKED_LAYOUTS, bigbird_allowed, naive_masked_attention, packed_batch, segment_allowed,
+                           small_config, small_model)
 from megatron.model import attention
 from megatron.model.attention import kernels, masks
 from megatron.model.attention.bigbird import BigBirdAttention, block_pattern
@@ -70,12 +70,7 @@ def core_reference(variant: str):
     allowed = segment_allowed(segment_ids)  # the ring's tiles compute the same math
     if variant == "bigbird":  # and only the blocks of the pattern
         block = OPTIONS["bigbird"]["bigbird_block_size"]
-        slots, valid = block_pattern(S // block, 3, 2, 0, ITERATION, LAYER)
-        blocks_allowed = torch.zeros(S // block, S // block, dtype=torch.bool)
-        for row in range(S // block):
-            blocks_allowed[row, slots[row][valid[row]]] = True
-        blocks_allowed[[0, -1], :] = blocks_allowed[:, [0, -1]] = True
-        allowed &= blocks_allowed.repeat_interleave(block, 0).repeat_interleave(block, 1)
+        allowed &= bigbird_allowed(*block_pattern(S // block, 3, 2, 0, ITERATION, LAYER), block)
     for t in (q, k, v):
         t.requires_grad_(True)
     out = naive_masked_attention(q, k, v, allowed)
