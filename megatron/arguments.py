@@ -261,6 +261,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     data.add_argument("--data-impl", default="mmap", choices=["mmap", "cached", "lazy"],
                       help="indexed dataset format (default mmap)")
     data.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens masked for MLM (default 0.15)")
+    data.add_argument("--short-seq-prob", type=float, default=0.1,
+                      help="share of samples whose target length is drawn shorter than the sequence, as Megatron's "
+                           "BERT data does (default 0.1; 0: every sample fills the sequence)")
     data.add_argument("--whole-word-masking", action="store_true",
                       help="mask whole words: all pieces of a word are masked together (default: each piece "
                            "on its own); words by the tokenizer's own rule: WordPiece '##' continuations, the "

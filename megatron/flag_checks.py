@@ -54,6 +54,9 @@ def check_flags(args) -> None:
     if not 0 < args.mask_prob <= 1:
         raise ConfigError(f"--mask-prob {args.mask_prob} is outside (0, 1]",
                           "pass the fraction of tokens to mask, e.g. --mask-prob 0.15")
+    if not 0 <= args.short_seq_prob <= 1:
+        raise ConfigError(f"--short-seq-prob {args.short_seq_prob} is outside [0, 1]",
+                          "pass the share of samples to make shorter, e.g. --short-seq-prob 0.1 (0: none)")
     check_schedule_flags(args)
     check_optimizer_flags(args)
     if args.exit_duration_in_mins is not None and not args.exit_duration_in_mins > 0:

@@ -185,14 +185,15 @@ MASKING = {"mask_prob": "--mask-prob", "whole_word_masking": "--whole-word-maski
 
 def data_settings(args, data_path: list) -> dict:
     """What decides the text a sample index names, kept with each checkpoint: the datasets by
-    content (a moved copy matches) and blend weight, --split's shares and --seed (the shuffle;
-    the ranks' random states come from the checkpoint); and how its tokens are masked (MASKING)."""
+    content (a moved copy matches) and blend weight, --split's shares, --seed (the shuffle;
+    the ranks' random states come from the checkpoint) and --short-seq-prob (the samples' lengths);
+    and how its tokens are masked (MASKING)."""
     weights, prefixes = parse_data_path(data_path)
     shares = split_weights(args.split)
     return {"data": [[weight, index_maps.fingerprint(prefix, cache_path=args.data_cache_path)]
                      for weight, prefix in zip(weights, prefixes)],
             "data_path": list(data_path), "split": [share / sum(shares) for share in shares], "split_flag": args.split,
-            "seed": args.seed, **{key: getattr(args, key) for key in MASKING}}
+            "seed": args.seed, "short_seq_prob": args.short_seq_prob, **{key: getattr(args, key) for key in MASKING}}
 
 
 def _same_shares(a: list, b: list) -> bool:
@@ -218,6 +219,9 @@ def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str |
                        "the run trained on")
     if stored["seed"] != now["seed"]:
         changes.append(f"--seed {now['seed']} (the checkpoint's: {stored['seed']}; it shuffles and masks the samples)")
+    short = stored.get("short_seq_prob"), now.get("short_seq_prob")  # an older record lacks it
+    if None not in short and short[0] != short[1]:
+        changes.append(f"--short-seq-prob {short[1]} (the checkpoint's: {short[0]}; the samples' lengths)")
     if changes:
         effects.insert(0, f"the data goes on at sample {consumed} of another index map, so text of the current epoch "
                           "may be read twice or not at all")

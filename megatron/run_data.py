@@ -228,7 +228,8 @@ def most_read(split, per_evaluation: int) -> tuple:
 
 def sample_options(args, config) -> dict:
     """Dataset keyword arguments from the flags, the same for the train, valid and test sets."""
-    return dict(masked_lm_prob=args.mask_prob, seed=args.seed, binary_head=config.model.add_binary_head,
+    return dict(masked_lm_prob=args.mask_prob, short_seq_prob=args.short_seq_prob, seed=args.seed,
+                binary_head=config.model.add_binary_head,
                 whole_word_masking=args.whole_word_masking, pack_samples=config.pack_samples,
                 max_segment_length=config.model.max_segment_length)
 

@@ -1016,6 +1016,8 @@ def test_debug_shows_the_traceback(tmp_path, assets):
 FLAG_MISTAKES = {
     "mask_prob_zero": (["--mask-prob", "0"], ("--mask-prob 0.0 is outside (0, 1]", "--mask-prob 0.15")),
     "mask_prob_above_one": (["--mask-prob", "1.5"], ("--mask-prob 1.5 is outside (0, 1]",)),
+    "short_seq_prob_negative": (["--short-seq-prob", "-0.1"], ("--short-seq-prob -0.1 is outside [0, 1]",
+                                                              "--short-seq-prob 0.1 (0: none)")),
     "micro_batch_zero": (["--micro-batch-size", "0"], ("--micro-batch-size 0 must be >= 1",)),
     "global_batch_zero": (["--global-batch-size", "0"], ("--global-batch-size 0 must be >= 1",)),
     "warmup_fraction_above_one": (["--lr-warmup-fraction", "1.5"], ("--lr-warmup-fraction 1.5 is outside [0, 1]",)),

@@ -149,6 +149,25 @@ def test_samples_are_deterministic_per_seed(data):
     assert not np.array_equal(a[17]["tokens"], c[17]["tokens"])
 
 
+def test_short_seq_prob_draws_that_share_of_samples_shorter(data, tmp_path):
+    """--short-seq-prob (Megatron's, default 0.1): 0 fills every sample as far as its document allows, a
+    larger share cuts more of them short; each value has its own index map (run_data.sample_options passes
+    the flag)."""
+    from megatron.run_data import sample_options
+
+    prefix = write_corpus(tmp_path / "long", num_docs=60, sentences_per_doc=(10, 12), lengths=(8, 12))
+    lengths = {}
+    for share in (0.0, 0.5):
+        samples = dataset((prefix, data[1]), num_samples=300, doc_range=(0, 60), short_seq_prob=share)
+        lengths[share] = np.mean([int(samples[i]["segment_ids"].sum()) for i in range(len(samples))])  # real tokens
+    assert lengths[0.5] < 0.9 * lengths[0.0], lengths
+    assert {re.search(r"_([\d.]+ssp)_", path.name).group(1) for path in tmp_path.glob("long_train_indexmap_*.npy")} \
+        == {"0.00ssp", "0.50ssp"}
+    args = SimpleNamespace(mask_prob=0.15, short_seq_prob=0.25, seed=1, whole_word_masking=False)
+    config = SimpleNamespace(model=SimpleNamespace(add_binary_head=True, max_segment_length=None), pack_samples=False)
+    assert sample_options(args, config)["short_seq_prob"] == 0.25
+
+
 def reference_mask_tokens(tokens, maskable, ids, random_ids, masked_lm_prob, rng, word_starts=None):
     """The spec mask_tokens must match draw for draw: units (a position, or with word_starts a word:
     a start and the pieces after it without a gap) taken in one random order while they fit the

@@ -713,6 +713,10 @@ def test_a_resume_on_other_data_says_so():
     assert other.startswith("warning: resuming with --data-path b/other (the checkpoint's: a/corpus; other text or "
                             "weights): the data goes on at sample 8 of another index map"), other
     assert "held-out" not in other
+    shorter = describe_data_change({**stored, "short_seq_prob": 0.1}, {**stored, "short_seq_prob": 0.0}, 8)
+    assert shorter.startswith("warning: resuming with --short-seq-prob 0.0 (the checkpoint's: 0.1; the samples' "
+                              "lengths): the data goes on at sample 8 of another index map"), shorter
+    assert describe_data_change(stored, {**stored, "short_seq_prob": 0.0}, 8) is None  # recorded since
     reseeded = describe_data_change(stored, {**stored, "seed": 7}, 8)  # another shuffle of the same data
     assert reseeded.startswith("warning: resuming with --seed 7 (the checkpoint's: 1234; it shuffles and masks the "
                                "samples): the data goes on at sample 8 of another index map"), reseeded
