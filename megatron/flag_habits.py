@@ -217,6 +217,24 @@ TRAINER_HABITS = {
                                               "Hugging Face export does", "drop it"),
     "--kv-channels": (MEGATRON, "the head size is --hidden-size / --num-attention-heads",
                       "drop it (set --hidden-size and --num-attention-heads)"),
+    "--encoder-seq-length": (MEGATRON, "an encoder's length is --seq-length", "pass --seq-length {value}"),
+    "--no-position-embedding": (MEGATRON, "a model without learned positions takes rotary ones",
+                                "pass --position-embedding-type rope"),
+    **{flag: (MEGATRON, "a document's positions restart and its tokens attend within it in packed samples",
+              "pass --pack-samples")
+       for flag in ("--reset-position-ids", "--reset-attention-mask")},
+    "--group-query-attention": (MEGATRON, "every head has its own keys and values (multi-head attention, as BERT "
+                                "and ModernBERT)", "drop it"),
+    "--attention-softmax-in-fp32": (MEGATRON, "torch's attention kernels compute the softmax in fp32 at every "
+                                    "precision", "drop it"),
+    "--overlap-grad-reduce": (MEGATRON, "DeepSpeed's engine reduces the gradients",
+                              f'{JSON} "zero_optimization": {{"overlap_comm": true}}'),
+    # checkpoints
+    "--pretrained-checkpoint": (MEGATRON, "a new run from a checkpoint's weights is --finetune",
+                                "pass --finetune --load {value} (and another --save for the new run)"),
+    "--exit-on-missing-checkpoint": (MEGATRON, "a --load that holds no checkpoint stops the run (unless it is also "
+                                     "the --save of a first run)", "drop it"),
+    "--ckpt-format": (MEGATRON, "checkpoints are DeepSpeed's, read in any layout (docs/resuming.md)", "drop it"),
 }
 
 PREPROCESS_HABITS = {
