@@ -8,19 +8,23 @@ One spawn per world size (start-up dominates on 2 cores), each rank reporting ev
   - a whole BERT on a batch of 50 tokens (padded and packed samples), which neither 4 nor 6
     divides, equals one process in hidden states, loss and gradients, for hybrid and ring (and
     ulysses at SP = 4);
-  - the bytes each rank sends per layer equal benchmarks/comm_model.py's model.
+  - the bytes each rank sends per layer equal benchmarks/comm_model.py's model;
+  - the hybrid core (and Ulysses at SP = 4) on random packed layouts (test_attention_fuzz's, which hold
+    the ring and local cores on virtual ranks) equals the definition.
 Through the engine: ZeRO 2 x hybrid SP=4 and PP=2 x hybrid (in the world-4 spawn), PP=2 x hybrid
 SP=4 (world 8, slow); through the real `deepspeed` launcher once (4 ranks, a seq length padded to 4),
 in test_signals.py: the run that SIGTERM to the deepspeed command stops.
 """
 import functools
+import random
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from bert_fixtures import concat_batches, packed_batch, padded_batch, small_config, small_model
+from bert_fixtures import (concat_batches, naive_masked_attention, packed_batch, padded_batch, segment_allowed,
+                           small_config, small_model)
 from megatron.config import resolve
 from megatron.errors import ConfigError
 from megatron.model import attention
@@ -28,7 +32,8 @@ from megatron.model.loss import bert_batch_loss
 from megatron.parallel import state
 from megatron.parallel.reduce import sum_over_sequence
 from megatron.parallel.spawn import run_on_ranks
-from test_packed_attention import assert_close, core_chunk, core_inputs, core_reference
+from test_attention_fuzz import TOLERANCE, random_layout
+from test_packed_attention import D, HEADS, assert_close, core_chunk, core_inputs, core_reference
 from test_sequence_parallel_bert import REL_TOL, max_relative_diff
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -38,6 +43,8 @@ UNEVEN = 50  # tokens per sample: padded to 52 at SP = 4, to 54 at SP = 6
 ULYSSES = 2
 VARIANTS = {4: ("hybrid", "ring", "ulysses"), 6: ("hybrid", "ring")}  # ulysses needs heads % P == 0
 COMM_SHAPE = dict(b=2, s=50, heads=4, d=8)  # measured bytes: an uneven length too
+FUZZ_TRIALS = 12
+FUZZED = {4: ("hybrid", "ulysses"), 6: ("hybrid",)}
 
 
 def uneven_batch():
@@ -61,11 +68,38 @@ def model_chunk(variant: str, size: int):
     return hidden[0], loss.total.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+def fuzz_inputs(trial: int, size: int) -> tuple:
+    """Trial `trial`'s float64 q, k, v, grad_out and two random packed layouts of a length SP `size` divides."""
+    rng = random.Random(f"hybrid-fuzz-{size}-{trial}")
+    length = size * rng.choice([2, 3, 5, 8, 13])
+    segment_ids = torch.tensor([random_layout(length, size, rng) for _ in range(2)])
+    generator = torch.Generator().manual_seed(trial)
+    return (*(torch.randn(2, length, HEADS, D, generator=generator, dtype=torch.float64) for _ in range(4)),
+            segment_ids)
+
+
+def fuzz_chunks(variant: str, size: int) -> list:
+    """This rank's (out, dq, dk, dv) chunk (float32) of each fuzz trial."""
+    results, rank = [], state.get_sequence_parallel_rank()
+    for trial in range(FUZZ_TRIALS):
+        q, k, v, grad_out, segment_ids = fuzz_inputs(trial, size)
+        step = q.shape[1] // size
+        part = slice(rank * step, (rank + 1) * step)
+        core = attention.build(small_config(variant, seq_length=q.shape[1], max_position_embeddings=q.shape[1],
+                                            hidden_size=HEADS * D, num_attention_heads=HEADS, **options(variant)))
+        leaves = [t[:, part].float().requires_grad_(True) for t in (q, k, v)]
+        out = core(*leaves, segment_ids[:, part])
+        out.backward(grad_out[:, part].float())
+        results.append((out.detach(), *(t.grad for t in leaves)))
+    return results
+
+
 def rank_checks(size: int) -> dict:
     state.initialize(sequence=size, ulysses=ULYSSES)
     shape = COMM_SHAPE
     return {"groups": (state.get_ulysses_parallel_ranks(), state.get_ring_parallel_ranks()),
             "core": core_chunk("hybrid", size),
+            "fuzz": {variant: fuzz_chunks(variant, size) for variant in FUZZED[size]},
             "model": {variant: model_chunk(variant, size) for variant in VARIANTS[size]},
             "bytes": {variant: measure(variant, shape["b"], shape["s"], shape["heads"], shape["d"],
                                        ULYSSES if variant == "hybrid" else 1) for variant in VARIANTS[size]}}
@@ -119,6 +153,22 @@ def test_hybrid_core_equals_segment_masked_attention(size):
         assert_close(f"hybrid sp={size} ({ULYSSES}x{size // ULYSSES}) {name}", got, want)
     padding = core_inputs()[-1] == 0
     assert (torch.cat([c[0] for c in chunks], dim=1)[padding] == 0).all(), "padding must attend to nothing"
+
+
+@pytest.mark.parametrize("size,variant", [(size, variant) for size, variants in FUZZED.items() for variant in variants])
+def test_cores_on_random_packed_layouts_equal_the_definition(size, variant):
+    """Drawn layouts (1-token segments, ends on chunk boundaries, padding tails, all-padding samples) at lengths
+    of 2 to 13 tokens per rank, through the real all-to-alls and ring of SP = `size`."""
+    per_rank = [result["fuzz"][variant] for result in spawned(size)]
+    for trial in range(FUZZ_TRIALS):
+        q, k, v, grad_out, segment_ids = fuzz_inputs(trial, size)
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        want = naive_masked_attention(*leaves, segment_allowed(segment_ids))
+        want.backward(grad_out)
+        got = [torch.cat(parts, 1) for parts in zip(*(chunks[trial] for chunks in per_rank))]
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, (want, *(t.grad for t in leaves))):
+            error = float((a.double() - b).detach().abs().max())
+            assert error <= TOLERANCE, (variant, size, trial, name, segment_ids.tolist(), error)
 
 
 @pytest.mark.parametrize("size,variant", [(4, "hybrid"), (4, "ring"), (4, "ulysses"), (6, "hybrid"), (6, "ring")])
