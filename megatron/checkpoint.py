@@ -330,7 +330,7 @@ def read_failure(error: Exception, empty: str) -> str:
 
 def _is_data_record(record) -> bool:
     """The shape resume.data_settings writes: [[weight, fingerprint], ...], the paths, the split's
-    shares and flag, the seed (and the masking, which older records lack: not checked)."""
+    shares and flag, the seed (and the masking and short-sample share, which older records lack: not checked)."""
     def numbers(values):
         return all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values)
     return (isinstance(record, dict) and isinstance(record.get("data"), list) and isinstance(record.get("split"), list)
