@@ -158,7 +158,9 @@ def test_hybrid_core_equals_segment_masked_attention(size):
 @pytest.mark.parametrize("size,variant", [(size, variant) for size, variants in FUZZED.items() for variant in variants])
 def test_cores_on_random_packed_layouts_equal_the_definition(size, variant):
     """Drawn layouts (1-token segments, ends on chunk boundaries, padding tails, all-padding samples) at lengths
-    of 2 to 13 tokens per rank, through the real all-to-alls and ring of SP = `size`."""
+    of 2 to 13 tokens per rank, through the real all-to-alls and ring of SP = `size` over gloo. What it sees:
+    the CPU kernels' results in fp32; not the CUDA kernels' (test_cuda_emulated.py holds those to their
+    contracts)."""
     per_rank = [result["fuzz"][variant] for result in spawned(size)]
     for trial in range(FUZZ_TRIALS):
         q, k, v, grad_out, segment_ids = fuzz_inputs(trial, size)
