@@ -59,8 +59,8 @@ def test_flag_sets_the_sample_options():
                                   pack_samples=False)
     assert sample_options(build_parser().parse_args([]), binary_head)["whole_word_masking"] is False
     options = sample_options(build_parser().parse_args(["--whole-word-masking", "--mask-prob", "0.2"]), binary_head)
-    assert options == dict(masked_lm_prob=0.2, seed=1234, binary_head=True, whole_word_masking=True,
-                           pack_samples=False, max_segment_length=None)
+    assert options == dict(masked_lm_prob=0.2, short_seq_prob=0.1, seed=1234, binary_head=True,
+                           whole_word_masking=True, pack_samples=False, max_segment_length=None)
     assert "all pieces of a word are masked together" in " ".join(build_parser().format_help().split())
 
 
