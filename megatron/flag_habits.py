@@ -97,9 +97,11 @@ TRAINER_HABITS = {
                                     f'{JSON} "zero_optimization": {{"stage": 1}}'),
     "--cpu-optimizer": (MEGATRON_DS, "ZeRO offload runs the optimizer on the CPU, set in the DeepSpeed JSON",
                         f'{JSON} "zero_optimization": {{"stage": 2, "offload_optimizer": {{"device": "cpu"}}}}'),
-    "--cpu_torch_adam": (MEGATRON_DS, "torch's Adam in place of DeepSpeed's is an optimizer param of the DeepSpeed "
-                         "JSON (the default without CUDA)",
-                         f'{JSON} "optimizer": {{"type": "AdamW", "params": {{"torch_adam": true}}}}'),
+    **{flag: (MEGATRON_DS, "torch's Adam in place of DeepSpeed's is an optimizer param of the DeepSpeed JSON (the "
+              "default without CUDA)", f'{JSON} "optimizer": {{"type": "AdamW", "params": {{"torch_adam": true}}}}')
+       for flag in ("--cpu_torch_adam", "--cpu-torch-adam")},
+    "--ds-pipeline-enabled": (MEGATRON_DS, "DeepSpeed's pipeline engine runs whenever --pipeline-model-parallel-size "
+                              "is above 1", "drop it"),
     "--zero-reduce-bucket-size": (MEGATRON_DS, "ZeRO's buckets are set in the DeepSpeed JSON",
                                   f'{JSON} "zero_optimization": {{"stage": 2, "reduce_bucket_size": {{value}}}}'),
     "--zero-allgather-bucket-size": (MEGATRON_DS, "ZeRO's buckets are set in the DeepSpeed JSON",
@@ -218,6 +220,10 @@ TRAINER_HABITS = {
     "--kv-channels": (MEGATRON, "the head size is --hidden-size / --num-attention-heads",
                       "drop it (set --hidden-size and --num-attention-heads)"),
     "--encoder-seq-length": (MEGATRON, "an encoder's length is --seq-length", "pass --seq-length {value}"),
+    "--norm-epsilon": (MEGATRON, "the norm's epsilon (LayerNorm or RMSNorm) is --layernorm-epsilon",
+                       "pass --layernorm-epsilon {value}"),
+    "--use-cpu-initialization": (MEGATRON, "every parameter is drawn on the host from its own keyed generator, so "
+                                 "any layout starts from the same weights", "drop it"),
     "--no-position-embedding": (MEGATRON, "a model without learned positions takes rotary ones",
                                 "pass --position-embedding-type rope"),
     **{flag: (MEGATRON, "a document's positions restart and its tokens attend within it in packed samples",
