@@ -457,8 +457,9 @@ def _refuse_unused_options(flags: dict, section: dict, model: BertConfig) -> Non
             flag = flag_of(key)
             raise ConfigError(f"{flag} {flags[key]} is set but no layer is local (layer i is local when "
                               f"i % --global-attention-every != 0; it is {model.global_attention_every}, with "
-                              f"{model.num_layers} layers)", f"add --global-attention-every N (N > 1, with "
-                              f"--local-attention-window W) or drop {flag}")
+                              f"{model.num_layers} layers)",
+                              f"{'pass' if 'global_attention_every' in flags else 'add'} --global-attention-every N "
+                              f"(N > 1, with --local-attention-window W) or drop {flag}")
 
 
 def _refuse_stages_without_layers(stages: int, layers: int, by_flag: bool) -> None:

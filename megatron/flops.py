@@ -20,7 +20,10 @@ activation recomputation is not counted (model FLOPs, not hardware FLOPs). Per s
     do not subtract; the local core's banded tiles compute more, T x (T + W) per tile of T
     query rows, which they do not add either: model FLOPs count the math, not the kernels.)
 
-Embeddings are lookups, LayerNorm, GELU, softmax and biases are elementwise: not counted.
+Embeddings are lookups, LayerNorm, GELU, softmax and biases are elementwise: not counted. As in
+Megatron, a sample's queries count all s keys, padding and other packed documents included, which
+the cores skip: with short documents in long samples this is more than the work done
+(docs/benchmarks.md).
 """
 from megatron.model.bert import BertConfig
 

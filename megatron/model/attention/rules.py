@@ -144,7 +144,8 @@ class BigBird(Rules):
             raise ConfigError(
                 f"bigbird needs at least {window + 2 + num_random} blocks (window {window} + 2 global + "
                 f"{num_random} random) but seq_length {config.seq_length} / block size {block} gives {num_blocks}",
-                "lower --block-size, the window or the random blocks, or raise --seq-length")
+                "lower --block-size, --bigbird-num-window-blocks or --bigbird-num-random-blocks, or raise "
+                "--seq-length")
         if num_blocks // sequence_parallel_size < window // 2:
             raise ConfigError(
                 f"bigbird window {window} reaches {window // 2} blocks to each side but each of the "
