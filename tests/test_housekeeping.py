@@ -2,6 +2,7 @@
 map report, and tools/clean_index_maps.py run as a real subprocess."""
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -105,6 +106,12 @@ def test_describe_counts_other_maps(tmp_path):
     assert line.endswith("--keep-run runs/x --dry-run lists them, and without --dry-run removes them; add --keep-run "
                          "LOG_DIR for each other run still using this data")
     assert index_maps.describe([str(tmp_path / "other")], [str(maps[5])], "x").endswith("1 used by this run, no others")
+    # paths with spaces are quoted: the command works when pasted
+    spaced = tmp_path / "sp ace"
+    spaced.mkdir()
+    fake_maps(spaced)
+    line = index_maps.describe([str(spaced / "c")], [], "logs of x")
+    assert f"clean_index_maps.py {shlex.quote(str(spaced / 'c'))} --keep-run 'logs of x' --dry-run" in line, line
 
 
 def test_the_clean_command_names_the_script_by_a_path_that_works_from_the_users_folder(tmp_path, monkeypatch):
@@ -122,6 +129,26 @@ def test_the_clean_command_names_the_script_by_a_path_that_works_from_the_users_
 def clean(*args):
     return subprocess.run([sys.executable, str(ROOT / "tools" / "clean_index_maps.py"), *map(str, args)],
                           capture_output=True, text=True, timeout=60)
+
+
+def test_clean_tool_goes_on_past_a_map_another_process_removed(tmp_path, monkeypatch, capsys):
+    """Two cleans at once: a map the other one removed first is not an error (it ended with `cannot use ... (No
+    such file or directory)` after removing part of them)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import clean_index_maps
+
+    maps = fake_maps(tmp_path)
+    original = clean_index_maps.maps_of
+
+    def listed_then_removed(*args, **kwargs):
+        found = original(*args, **kwargs)
+        if found:
+            found[0].unlink()  # the other clean's removal, between this one's listing and its own
+        return found
+    monkeypatch.setattr(clean_index_maps, "maps_of", listed_then_removed)
+    assert clean_index_maps.main([str(tmp_path / "c")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("removed ")
+    assert [path.name for path in maps if path.exists()] == [maps[5].name]  # another prefix's
 
 
 def test_clean_tool_keeps_a_runs_maps(tmp_path):

@@ -64,9 +64,12 @@ def main(argv=None) -> int:
     doomed = [path for path in found if str(path.resolve()) not in keep]
     size = 0
     for path in doomed:
-        size += path.stat().st_size
-        if not args.dry_run:
-            path.unlink()
+        try:
+            size += path.stat().st_size
+            if not args.dry_run:
+                path.unlink()
+        except FileNotFoundError:  # removed meanwhile (another clean, a run's own stale-map removal)
+            pass
         print(f"{'would remove' if args.dry_run else 'removed'} {path}")
     print(f"{'would remove' if args.dry_run else 'removed'} {len(doomed)} index maps ({size_text(size)}), "
           f"{len(found) - len(doomed)} kept" + kept_elsewhere(keep, args.prefixes, args.data_cache_path))

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import socket
 from pathlib import Path
 
@@ -204,10 +205,11 @@ def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str
     if not others:
         return line + ", no others"
     size = sum(path.stat().st_size for path in others)
-    cache = f" --data-cache-path {cache_path}" if cache_path else ""
+    cache = f" --data-cache-path {shlex.quote(str(cache_path))}" if cache_path else ""
     return (f"{line}; {len(others)} others from other settings, other runs or older data ({size_text(size)}): "
-            f"{python_command()} {in_repository('tools/clean_index_maps.py')} {' '.join(prefixes)}{cache} "
-            f"--keep-run {log_dir} "
+            f"{python_command()} {in_repository('tools/clean_index_maps.py')} "
+            f"{' '.join(shlex.quote(str(prefix)) for prefix in prefixes)}{cache} "
+            f"--keep-run {shlex.quote(str(log_dir))} "
             "--dry-run lists them, and without --dry-run removes them; add --keep-run LOG_DIR for each other run "
             "still using this data")
 
