@@ -239,13 +239,17 @@ def read_latest(load_dir: str) -> str:
     binary file copied over it) or a file that cannot be read are one line naming it, not a traceback."""
     path = os.path.join(load_dir, LATEST)
     try:
-        with open(path, "rb") as file:
-            return file.read().decode("utf-8").strip()
+        return _latest_text(load_dir)
     except UnicodeDecodeError:
         problem = f"{path} is not a checkpoint tag (it is not text)"
     except OSError as error:
         problem = f"{path} cannot be read ({error.strerror or type(error).__name__})"
     raise DataError(problem, f"write the tag of a complete iter_* folder of {load_dir} into it{newest_hint(load_dir)}")
+
+
+def _latest_text(load_dir: str) -> str:
+    with open(os.path.join(load_dir, LATEST), "rb") as file:
+        return file.read().decode("utf-8").strip()
 
 
 def refuse_odd_latest(load_dir: str) -> None:
@@ -287,8 +291,7 @@ def rolled_back_to(load_dir: str, tags: list[str]) -> str | None:
     """The tag `latest` names where that is a complete checkpoint older than the newest of `tags` (a rollback),
     else None (also for a `latest` that cannot be read)."""
     with contextlib.suppress(OSError, UnicodeDecodeError):  # not read_latest: its error's fix names this hint
-        with open(os.path.join(load_dir, LATEST), "rb") as file:
-            named = file.read().decode("utf-8").strip()
+        named = _latest_text(load_dir)
         if named in tags and named != tags[-1]:
             return named
     return None

@@ -61,8 +61,8 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples,
                  **({"schedule": schedule} if schedule else {}), **({"data": data} if data else {}),
                  **({ORIGIN: origin} if origin else {}),
-             **({PARENT: os.path.basename(after)} if after and os.path.dirname(os.path.realpath(after))
-                == os.path.realpath(save_dir) else {})}
+                 **({PARENT: os.path.basename(after)} if after and paths.where_in(os.path.dirname(after), save_dir)
+                    == "the" else {})}
     problem = None
     try:
         engine.save_checkpoint(save_dir, tag=tag + PARTIAL, client_state=state, save_latest=False)

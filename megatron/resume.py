@@ -38,11 +38,18 @@ def unsaved_note(save: str | None, load: str, iteration: int, train_iters: int) 
             f"{'are' if steps != 1 else 'is'} not kept; pass --save {load} to keep them")
 
 
+def written_optimizer_params(args) -> dict:
+    """The optimizer.params of the user's JSON as written ({} without one): a value it lacks is the flag's default
+    (deepspeed_settings), so a line names a setting by the flag or by the JSON key that gave it."""
+    if not getattr(args, "deepspeed_config", None):
+        return {}
+    return read_ds_config(args.deepspeed_config).get("optimizer", {}).get("params", {})
+
+
 def peak_given(args) -> str:
     """How this run's peak rate was given, for a line that names it: --lr, else the JSON's key."""
-    written = read_ds_config(args.deepspeed_config).get("optimizer", {}).get("params", {}) if getattr(
-        args, "deepspeed_config", None) else {}
-    return "optimizer.params.lr" if getattr(args, "lr", None) is None and "lr" in written else "--lr"
+    return "optimizer.params.lr" if getattr(args, "lr", None) is None and "lr" in written_optimizer_params(args) \
+        else "--lr"
 
 
 def peak_in_use(engine, record: dict) -> dict:
@@ -112,9 +119,7 @@ def resume_optimizer(engine, config, args=None, fix: str = NEW_RUN_FIX) -> str |
     params = config.ds_config.get("optimizer", {}).get("params", {})
     used = optimizer_state.settings(engine)["param_groups"][0]  # the weights' group: the JSON's values (the
     # other, of biases and norm weights, differs by its weight decay 0 alone: engine.optimizer_groups)
-    # the user's JSON params: a value it lacks is the flag's default (deepspeed_settings)
-    written = read_ds_config(args.deepspeed_config).get("optimizer", {}).get("params", {}) if getattr(
-        args, "deepspeed_config", None) else {}
+    written = written_optimizer_params(args)
 
     def named(key: str, index: int | None) -> str:
         flag, dest = OPTIMIZER_PARAM_FLAGS.get((key, index), (None, None))
@@ -133,7 +138,7 @@ def resume_optimizer(engine, config, args=None, fix: str = NEW_RUN_FIX) -> str |
             changes.append(f"{named(key, None)} {now} (the checkpoint's: {then})")
         params[key] = then
     if "lr" in params and getattr(engine, "lr_scheduler", None) is not None:
-        params["lr"] = peak_in_use(engine, {})["lr"]
+        params["lr"] = peak_in_use(engine, params)["lr"]
     if not changes:
         return None
     return (f"warning: resuming with {', '.join(changes)}: the optimizer goes on with the checkpoint's settings, "
