@@ -24,7 +24,8 @@ LOCK_HEARTBEAT_S = 30  # the holder touches its lock this often
 LOCK_STALE_S = 300  # a lock of another host untouched this long is a dead run's
 
 
-def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str = LOCK) -> tuple[str, str] | None:
+def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str = LOCK,
+              named: str = "") -> tuple[str, str] | None:
     """Writes `save_dir`/`name` naming this host and process, or returns (problem, fix) when a live
     run holds it: two runs saving into one folder would delete each other's `.partial` staging
     folders and interleave their checkpoints; two runs logging into one --log-dir (`flag`) would
@@ -34,7 +35,9 @@ def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str
     LOCK_STALE_S (a crashed, killed or preempted run, e.g. a requeued job on another node), is taken
     over with one line. `created`: folders made for the lock, removed again by release_lock when left empty.
     A process holds one lock of each name: taking it again (pretrain called twice in one process) keeps
-    the one it holds there, or gives back the one it holds elsewhere."""
+    the one it holds there, or gives back the one it holds elsewhere. `named`: what the lines call the
+    locked thing (default `flag save_dir`; preprocess_data.py locks an output dataset, not a folder)."""
+    named = named or f"{flag} {save_dir}"
     path, host = os.path.join(save_dir, name), socket.gethostname()
     held = _held_locks.get(name)
     if held and held["path"] == path and _read_lock(path) == held["record"]:
@@ -56,16 +59,16 @@ def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str
                 continue  # released since: place it again
             if holder is None and age < LOCK_HEARTBEAT_S:
                 break  # being written by a run starting there (an exclusive create appears empty first)
-            live = _held_by_live_run(save_dir, flag, path, holder, age)
+            live = _held_by_live_run(named, flag, path, holder, age)
             if live:
                 return live
             if not _remove_stale(path, holder):
                 break
-            print(f"warning: {flag} {save_dir}: taking over the lock of "
+            print(f"warning: {named}: taking over the lock of "
                   f"""{'pid ' + str(holder['pid']) + ' on ' + str(holder.get('host'))
                        if holder else 'an unknown process'}"""
                   ", which no longer runs (a crashed or killed run)", file=sys.stderr, flush=True)
-        return (f"{flag} {save_dir}: its lock {path} was just taken by another run starting there",
+        return (f"{named}: its lock {path} was just taken by another run starting there",
                 f"choose another {flag} directory")
     finally:
         with contextlib.suppress(OSError):
@@ -145,23 +148,40 @@ def held_by_live_run(folder: str, flag: str, name: str = LOCK, flags: str = "") 
     folder flags the fix names, when several are held (`--save and --log-dir`)."""
     path = os.path.join(folder, name)
     holder, age = _read_lock(path), _age(path)
-    return None if age is None else _held_by_live_run(folder, flag, path, holder, age, flags or flag)
+    return None if age is None else _held_by_live_run(f"{flag} {folder}", flag, path, holder, age, flags or flag)
 
 
-def _held_by_live_run(folder: str, flag: str, path: str, holder: dict | None, age: float,
+def live_holder(path: str) -> str | None:
+    """"pid N on host H" (or "on this host (H)") of the live run holding the lock `path`; None when it is
+    free, or its holder has ended."""
+    return _live(_read_lock(path), _age(path))
+
+
+def _live(holder: dict | None, age: float | None) -> str | None:
+    """Who holds a lock that `holder` wrote `age` s ago, when that run still lives: on this host its process
+    tells, whatever the lock's age (a live run's heartbeat may wait for the GIL, a long index-map build, longer
+    than LOCK_STALE_S); elsewhere the lock's age."""
+    if holder is None or age is None:
+        return None
+    host = socket.gethostname()
+    if holder.get("host") != host:
+        return f"pid {holder['pid']} on host {holder.get('host')}" if age < LOCK_STALE_S else None
+    return f"pid {holder['pid']} on this host ({host})" if running(holder["pid"], holder.get("start")) else None
+
+
+def _held_by_live_run(named: str, flag: str, path: str, holder: dict | None, age: float,
                       flags: str = "") -> tuple[str, str] | None:
-    """take_lock's refusal of a lock `path` (of `folder`, given as `flag`) that `holder` wrote `age` s ago, when
-    that run still lives: on this host its process tells, whatever the lock's age (a live run's heartbeat
-    may wait for the GIL, a long index-map build, longer than LOCK_STALE_S); elsewhere the lock's age."""
-    flags, host = flags or flag, socket.gethostname()
-    if holder and holder.get("host") != host and age < LOCK_STALE_S:
-        return (f"{flag} {folder} is locked by pid {holder['pid']} on host {holder.get('host')}, whose "
-                f"lock was touched {age:.0f} s ago (a run's lock is stale after {LOCK_STALE_S} s)",
-                f"choose another {flags} directory, or wait, or remove {path} once that run has ended")
-    if holder and holder.get("host") == host and _running(holder):
-        return (f"{flag} {folder} is in use by a live run: pid {holder['pid']} on this host ({host}) "
-                f"holds {path}", f"wait for that run to end or stop it, or choose another {flags} directory")
-    return None
+    """take_lock's refusal of a lock `path` (of `named`, given as `flag`) that `holder` wrote `age` s ago, when
+    that run still lives (_live)."""
+    flags = flags or flag
+    if not (who := _live(holder, age)):
+        return None
+    if holder.get("host") != socket.gethostname():
+        return (f"{named} is locked by {who}, whose lock was touched {age:.0f} s ago (a run's lock is stale after "
+                f"{LOCK_STALE_S} s)", f"choose another {flags} directory, or wait, or remove {path} once that run "
+                "has ended")
+    return (f"{named} is in use by a live run: {who} holds {path}",
+            f"wait for that run to end or stop it, or choose another {flags} directory")
 
 
 def _read_lock(path: str) -> dict | None:
@@ -173,20 +193,21 @@ def _read_lock(path: str) -> dict | None:
     return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
 
 
-def _running(holder: dict) -> bool:
-    """Whether the lock's process (on this host) still runs: its pid exists, with the same start time,
-    and has not ended (a zombie: a rank killed under a parent that never reaps it keeps its pid)."""
+def running(pid: int, start: float | None = None) -> bool:
+    """Whether process `pid` (on this host) still runs, with start time `start` when given (not a later process
+    given the same pid), and has not ended (a zombie: a rank killed under a parent that never reaps it keeps
+    its pid)."""
     try:
-        os.kill(holder["pid"], 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
         pass
-    started = launcher_watch.start_time(holder["pid"])
+    started = launcher_watch.start_time(pid)
     if started is None:  # ended (a zombie) if its /proc entry can be read; else (no /proc, or another
         # user's process under hidepid) the pid alone tells
-        return not os.access(f"/proc/{holder['pid']}/stat", os.R_OK)
-    return holder.get("start") in (None, started)
+        return not os.access(f"/proc/{pid}/stat", os.R_OK)
+    return start in (None, started)
 
 
 def release_lock(*names: str) -> None:

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -573,6 +574,51 @@ def test_interrupt_stops_promptly_removing_partial_output(corpus, tmp_path, tool
     assert "Traceback" not in stderr
     assert not out.exists()  # no .partial, no folder it created
     assert not group_alive(proc.pid)  # no worker left behind
+
+
+@pytest.mark.timeout(120)
+def test_a_second_job_into_a_prefix_being_written_is_refused_and_a_run_waits_for_the_first(corpus, tmp_path):
+    """Two jobs into one --output-prefix (a requeued job while the first still runs) shared the first's fixed
+    staging files: the second truncated them, finalized the .bin the first still wrote into and reported a
+    corrupt dataset as written. Now the live job's lock refuses the second in one line, a run on the prefix is
+    told to wait (not to run the preprocess again), and once the first is killed both say so and a rerun takes
+    the lock over."""
+    big = tmp_path / "big.json"
+    text = corpus[0].read_text()
+    big.write_text(text * max(1, 25_000_000 // len(text)))
+    out = tmp_path / "out"
+    prefix = out / "wiki_text_sentence"
+
+    def preprocess_argv(source):
+        return [sys.executable, str(ROOT / "tools" / "preprocess_data.py"), "--input", str(source), "--vocab-file",
+                str(corpus[1]), "--output-prefix", str(out / "wiki"), "--split-sentences", "--log-interval", "100"]
+
+    first = subprocess.Popen(preprocess_argv(big), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        assert "processed" in first.stderr.readline()
+        written = Path(f"{prefix}.bin.partial").stat().st_size
+        second = subprocess.run(preprocess_argv(corpus[0]), capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and second.stderr.strip().splitlines() == [
+            f"preprocess_data.py: error: --output-prefix {out / 'wiki'} ({prefix}.bin/.idx) is in use by a live "
+            f"preprocess_data.py: pid {first.pid} on this host ({socket.gethostname()}) holds {prefix}.lock; wait "
+            "for that preprocess to finish (or stop it), or pass another --output-prefix"]
+        assert Path(f"{prefix}.bin.partial").stat().st_size >= written  # not truncated by the second job
+        with pytest.raises(DataError, match=rf"^dataset {prefix} is still being written by preprocess_data.py "
+                                            rf"\(pid {first.pid} on this host .* so far\); wait for that preprocess "
+                                            "to finish, then rerun$"):
+            make_dataset(str(prefix))
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.communicate()
+    with pytest.raises(DataError, match="is the output of a preprocess_data.py that was killed"):
+        make_dataset(str(prefix))
+    rerun = subprocess.run(preprocess_argv(corpus[0]), capture_output=True, text=True, timeout=60)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"taking over the lock of pid {first.pid}" in rerun.stderr
+    assert not Path(f"{prefix}.lock").exists() and not Path(f"{prefix}.bin.partial").exists()
+    preprocess(options(corpus, tmp_path / "alone"))
+    assert file_bytes(prefix) == file_bytes(tmp_path / "alone" / "wiki_text_sentence")
 
 
 @pytest.mark.timeout(60)

@@ -7,6 +7,9 @@ import json
 import os
 import re
 import shutil
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -377,3 +380,36 @@ def test_clean_refuses_a_prefix_with_neither_data_nor_maps(corpora, tmp_path):
         with pytest.raises(ConfigError) as raised:
             clean([wrong, "--dry-run"])
         assert str(raised.value) == message
+
+
+def test_clean_keeps_the_map_a_live_run_builds_and_a_removed_partial_is_named(corpora, tmp_path, capsys, monkeypatch):
+    """clean_index_maps.py, run while a start-up writes a map (for minutes, on a large corpus), removed that
+    partial file and counted it as a map; the run then died saying the folder could not be written (pass
+    --data-cache-path), which is not the fix. Now a live build's partial stays, named, a killed build's goes,
+    and a partial removed all the same (by an older clean) is named as such."""
+    long, _, vocab, tokenizer = corpora
+    prefix = preprocessed(long, tmp_path / "wiki", vocab)
+    ended = subprocess.Popen([sys.executable, "-c", ""])
+    ended.wait()
+    dead = Path(f"{prefix}_train_indexmap_9mns.npy.partial-{socket.gethostname()}-{ended.pid}.npy")
+    dead.write_bytes(b"left by a killed build")
+    save, cleaned = np.save, []
+
+    def save_then_clean(path, array, **kwargs):
+        save(path, array, **kwargs)
+        load_tool("clean_index_maps").main([prefix])
+        cleaned.append(capsys.readouterr().out.splitlines())
+
+    monkeypatch.setattr(bert_dataset.np, "save", save_then_clean)
+    built = train_set(prefix, tokenizer)
+    live = f"{built.map_files()[0]}.partial-{socket.gethostname()}-{os.getpid()}.npy"
+    assert cleaned[0] == [f"kept {live}: being built by pid {os.getpid()} on this host ({socket.gethostname()})",
+                          f"removed {dead}", "removed 1 index maps (22 B), 1 kept"]
+    assert not dead.exists() and os.path.isfile(built.map_files()[0])
+
+    os.remove(built.map_files()[0])
+    monkeypatch.setattr(bert_dataset.np, "save", lambda path, array, **kwargs: None)  # written, then removed
+    with pytest.raises(DataError, match=rf"^index map {Path(built.map_files()[0]).name}: its partial file \S+ was "
+                                        r"removed from .* while it was built \(by clean_index_maps.py, or a "
+                                        r"preprocess_data.py of this data meanwhile\); rerun: the next start builds"):
+        train_set(prefix, tokenizer)

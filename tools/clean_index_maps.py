@@ -8,8 +8,8 @@ length, seed, split, packing), the fingerprint being of the data's contents, and
 uses in `<log-dir>/index_maps.json`. Next to the data every map of PREFIX counts, also those of older
 data at PREFIX (another fingerprint, or none); in the cache only those of the data PREFIX holds now
 (another fingerprint may be another corpus of the same name). With --keep-run, the maps listed there
-stay; without, every map of PREFIX goes (a run rebuilds what it needs on its next start). Do not clean
-while a run on this data is starting: it may be building a map (`*.partial.npy`) this would remove.
+stay; without, every map of PREFIX goes (a run rebuilds what it needs on its next start). A map a live
+run is writing now (`*.partial-HOST-PID.npy`) stays, named; one a killed build left goes.
 """
 import argparse
 import os
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.data.index_maps import USED_FILE, maps_folder, maps_of, read_used, size_text
+from megatron.data.index_maps import USED_FILE, builder, maps_folder, maps_of, read_used, size_text
 from megatron.data.indexed_dataset import misnamed_dataset, missing_fix
 from megatron.errors import ConfigError, OneLineParser, run_tool
 
@@ -61,7 +61,10 @@ def main(argv=None) -> int:
                           "pass the trainer's --data-cache-path")
     found = [path for prefix in args.prefixes
              for path in maps_of(prefix, cache_path=args.data_cache_path, write_record=not args.dry_run)]
-    doomed = [path for path in found if str(path.resolve()) not in keep]
+    building = {path: who for path in found if (who := builder(path))}
+    for path, who in building.items():
+        print(f"kept {path}: being built by {who}")
+    doomed = [path for path in found if str(path.resolve()) not in keep and path not in building]
     size = 0
     for path in doomed:
         try:

@@ -96,10 +96,7 @@ def cached_array(path: str, build, what: str = "") -> np.ndarray:
         if failure is not None and not isinstance(failure, OSError):
             raise failure  # a bug, not a folder: its traceback, on the rank that met it
         if problem:
-            text, unwritable = problem
-            raise DataError(text, "pass --data-cache-path DIR, a folder every rank can write, to keep the index "
-                                  "maps apart from the data (Megatron's flag; the data is only read)" if unwritable
-                            else "see the traceback of the rank that built it (a corrupt .idx? preprocess again)")
+            raise DataError(*problem)
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as error:  # written whole and renamed: damaged since, or not a map
@@ -134,14 +131,21 @@ def _save_built(path: str, build, what: str = "") -> Exception | None:
     return None
 
 
-def _failure_text(path: str, failure: Exception | None) -> tuple[str, bool] | None:
-    """(what went wrong, whether it is the folder that cannot be written), or None."""
+def _failure_text(path: str, failure: Exception | None) -> tuple[str, str] | None:
+    """(what went wrong, its fix), or None."""
     if failure is None:
         return None
     where = f"{Path(path).parent} on {socket.gethostname()}"
+    if isinstance(failure, FileNotFoundError) and ".partial-" in str(failure.filename) and Path(path).parent.is_dir():
+        return (f"index map {Path(path).name}: its partial file {Path(failure.filename).name} was removed from {where} "
+                "while it was built (by clean_index_maps.py, or a preprocess_data.py of this data meanwhile)",
+                "rerun: the next start builds it again; clean index maps only while no run on this data starts")
     if isinstance(failure, OSError):
-        return f"index map {Path(path).name} cannot be written to {where} ({failure.strerror or failure})", True
-    return f"building index map {Path(path).name} for {where} failed ({type(failure).__name__}: {failure})", False
+        return (f"index map {Path(path).name} cannot be written to {where} ({failure.strerror or failure})",
+                "pass --data-cache-path DIR, a folder every rank can write, to keep the index maps apart from the "
+                "data (Megatron's flag; the data is only read)")
+    return (f"building index map {Path(path).name} for {where} failed ({type(failure).__name__}: {failure})",
+            "see the traceback of the rank that built it (a corrupt .idx? preprocess again)")
 
 
 def samples_mapping(indexed, prefix: str, name: str, first_doc: int, end_doc: int, max_num_samples: int,

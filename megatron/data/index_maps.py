@@ -23,8 +23,10 @@ import os
 import re
 import shlex
 import socket
+import time
 from pathlib import Path
 
+from megatron import locks
 from megatron.paths import in_repository, python_command
 
 SPLITS = ("train", "valid", "test")
@@ -158,6 +160,26 @@ def maps_of(prefix: str, *, cache_path: str | None, write_record: bool = True) -
     return _maps_matching(maps_folder(prefix, cache_path), pattern + MAP_NAME)
 
 
+_PARTIAL = re.compile(r"\.partial-(?P<host>.+)-(?P<pid>\d+)\.npy")  # bert_dataset._save_built's staging name
+
+
+def builder(path: Path) -> str | None:
+    """"pid N on this host (H)" or "pid N on host H" of the start-up writing the partial map `path` now; None for
+    a finished map, or a partial its build left when killed (its process ended; on another host, one untouched
+    for locks.LOCK_STALE_S): removing a live build's file stops that run."""
+    match = _PARTIAL.search(path.name)
+    if match is None:
+        return None
+    host, pid = match["host"], int(match["pid"])
+    if host == socket.gethostname():
+        return f"pid {pid} on this host ({host})" if locks.running(pid) else None
+    try:
+        age = time.time() - path.stat().st_mtime
+    except OSError:
+        return None
+    return f"pid {pid} on host {host}" if age < locks.LOCK_STALE_S else None
+
+
 def remove_stale(prefix: str) -> list[Path]:
     """Removes the maps next to the data that were built from other data of this prefix (another
     fingerprint, or none): preprocessing calls it after overwriting the prefix. Returns them."""
@@ -199,7 +221,7 @@ def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str
     command keeps their --log-dir too only when named, so the line says so and lists first (--dry-run)."""
     used_set = {str(Path(path).resolve()) for path in used}
     others = [path for prefix in prefixes for path in maps_of(prefix, cache_path=cache_path)
-              if str(path.resolve()) not in used_set]
+              if str(path.resolve()) not in used_set and not builder(path)]
     folders = sorted({str(maps_folder(prefix, cache_path).resolve()) for prefix in prefixes})
     line = f"index maps in {', '.join(folders)}: {len(used_set)} used by this run"
     if not others:

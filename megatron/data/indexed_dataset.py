@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from megatron import locks
+from megatron.data.index_maps import size_text
 from megatron.errors import ConfigError, DataError
 from megatron.paths import in_repository
 
@@ -54,6 +56,11 @@ def data_file_path(prefix) -> str:
 
 def index_file_path(prefix) -> str:
     return f"{prefix}.idx"
+
+
+def lock_file_path(prefix) -> str:
+    """The lock preprocess_data.py holds while it writes the dataset (locks.take_lock)."""
+    return f"{prefix}.lock"
 
 
 def dataset_exists(prefix) -> bool:
@@ -266,7 +273,11 @@ def _require_files(prefix):
         if not os.path.isfile(path):
             if mistake := misnamed_dataset(str(prefix)):
                 raise DataError(*mistake)
-            if os.path.isfile(f"{data_file_path(prefix)}.partial"):
+            partial = f"{data_file_path(prefix)}.partial"
+            if os.path.isfile(partial) and (writer := locks.live_holder(lock_file_path(prefix))):
+                raise DataError(f"dataset {prefix} is still being written by preprocess_data.py ({writer}; "
+                                f"{size_text(os.path.getsize(partial))} so far)", "wait for that preprocess to finish, then rerun")
+            if os.path.isfile(partial):
                 raise DataError(f"dataset file {path} does not exist: {data_file_path(prefix)}.partial is the output "
                                 "of a preprocess_data.py that was killed", "run that preprocess again (it removes the "
                                 "partial output first)")

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from megatron import paths
+from megatron import locks, paths
 from megatron.data import index_maps
 from megatron.data.corpus_files import Corpus, record_texts
-from megatron.data.indexed_dataset import best_fitting_dtype, make_builder
+from megatron.data.indexed_dataset import best_fitting_dtype, lock_file_path, make_builder
 from megatron.data.sentences import sentence_splitter
 from megatron.data.shard_discovery import FORMATS_HELP
 from megatron.data.tokenizer import build_tokenizer, case_warning
@@ -192,6 +192,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     encoded = _encoded(options, corpus, progress.start)
     try:
         for key, prefix in report.outputs.items():
+            _lock_output(options.output_prefix, prefix)
             builders[key] = make_builder(prefix, options.dataset_impl, vocab_size)
         for number, documents, size in encoded:
             report.bytes_read += size
@@ -225,6 +226,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         encoded.close()  # stops the workers now, not when the generator is collected
         for builder in builders.values():  # a finalized one has nothing left to remove
             builder.abort()
+        _unlock_outputs(report)
         for folder in reversed(created):
             with contextlib.suppress(OSError):  # a folder something else wrote into stays
                 folder.rmdir()
@@ -233,6 +235,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         raise
     finally:
         progress.stop()
+        _unlock_outputs(report)
     report.seconds = time.perf_counter() - start
     _warn_of_unknown_tokens(report, tokenizer, log)
     if not options.split_sentences:  # after the data is written: an error stays the one line of a failed run
@@ -275,6 +278,22 @@ def _check_options(options: PreprocessOptions, log) -> None:
     if too_many:
         print(f"warning: {too_many}: the workers share them and tokenize no faster; fewer are as fast", file=log,
               flush=True)
+
+
+def _lock_output(output_prefix: str, prefix: str) -> None:
+    """Takes `prefix`.lock for the job writing that dataset: a second job into it (a requeued job while the
+    first still runs, two users of one folder) would truncate the first's staging files and finalize a .bin
+    the first still writes into; a run meeting the staging files tells a live writer from a killed one."""
+    path = lock_file_path(prefix)
+    if problem := locks.take_lock(os.path.dirname(path) or ".", (), "--output-prefix", os.path.basename(path),
+                                  named=f"--output-prefix {output_prefix} ({prefix}.bin/.idx)"):
+        raise ConfigError(problem[0].replace("a live run", "a live preprocess_data.py"),
+                          "wait for that preprocess to finish (or stop it), or pass another --output-prefix")
+
+
+def _unlock_outputs(report: PreprocessReport) -> None:
+    """Gives back the outputs' locks this job took (before the folders it made are removed: they are in them)."""
+    locks.release_lock(*(os.path.basename(lock_file_path(prefix)) for prefix in report.outputs.values()))
 
 
 def _refuse_dataset_name(options: PreprocessOptions) -> None:
