@@ -157,6 +157,13 @@ def live_holder(path: str) -> str | None:
     return _live(_read_lock(path), _age(path))
 
 
+def held_by_another(path: str) -> bool:
+    """Whether a live run other than this process holds the lock `path`."""
+    holder = _read_lock(path)
+    mine = holder is not None and holder.get("host") == socket.gethostname() and holder["pid"] == os.getpid()
+    return not mine and live_holder(path) is not None
+
+
 def _live(holder: dict | None, age: float | None) -> str | None:
     """Who holds a lock that `holder` wrote `age` s ago, when that run still lives: on this host its process
     tells, whatever the lock's age (a live run's heartbeat may wait for the GIL, a long index-map build, longer

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron import monitors, paths
+from megatron import locks, monitors, paths
 from megatron.errors import ConfigError, cannot_use, disk_full
 from megatron.flops import training_flops_per_sample
 
@@ -277,13 +277,16 @@ def free_log_dir(log_dir: str, save: str | None) -> str:
     every run without --log-dir appended to one metrics.jsonl and replaced its config.json and index_maps.json
     (clean_index_maps.py --keep-run runs/bert then kept the last run's maps only). A resume of a --save keeps
     the default folder (or runs/bert-N) whose start records name that --save; otherwise the first free
-    runs/bert-N. A run without --save never shares one."""
+    runs/bert-N. A run without --save never shares one, nor a folder a live run holds (its lock alone there:
+    a run started a moment before, which has not logged yet)."""
     if log_dir is not paths.DEFAULT_LOG_DIR:
         return log_dir
     save = save and os.path.abspath(save)
     candidates = [str(log_dir)] + [f"{log_dir}-{number}" for number in range(2, 10_000)]
     for candidate in candidates:
         saves = _saves_logged(Path(candidate))
+        if locks.held_by_another(os.path.join(candidate, locks.LOG_LOCK)):
+            continue
         if saves is None:  # free: no run's records
             break
         if save and save in saves:

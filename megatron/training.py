@@ -45,7 +45,7 @@ from megatron.resume import (data_settings, describe_batch_change, describe_data
                              fresh_run_fix, kept_regime, peak_given, peak_in_use, resume_optimizer, resume_schedule,
                              run_length, unsaved_note)
 from megatron.run_data import batch_reader, build_datasets, data_paths, data_workers
-from megatron.run_log import (RunLog, free_log_dir, metrics_problem, shared_log_dir_warning,
+from megatron.run_log import (MovedLogDir, RunLog, free_log_dir, metrics_problem, shared_log_dir_warning,
                               tensorboard_problem)
 from megatron.schedule import Schedule
 from megatron.start_plan import StartPlan, check_start, pending_origin
@@ -176,6 +176,11 @@ def check_log_dirs(args, ds: dict) -> None:
         found = [next(filter(None, problems), None)]
         if found[0] is None and args.log_dir:
             found = [lock_log_dir(args.log_dir)]
+            for _ in range(3):  # a default log dir another run locked after free_log_dir chose it: the next free one
+                if not (found[0] and (args.log_dir is paths.DEFAULT_LOG_DIR or isinstance(args.log_dir, MovedLogDir))):
+                    break
+                args.log_dir = free_log_dir(paths.DEFAULT_LOG_DIR, args.save)
+                found = [lock_log_dir(args.log_dir)]
         shared = found[0] is None and args.log_dir and shared_log_dir_warning(args.log_dir, args.save, args.load,
                                                                               args.finetune)
         if shared:

@@ -4,6 +4,7 @@ import errno
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -565,3 +566,40 @@ def test_a_log_dir_given_that_holds_another_runs_logs_is_warned_of(tmp_path):
     assert run_log.shared_log_dir_warning(str(folder), str(tmp_path / "b"), str(tmp_path / "ck"), True) is not None
     logged_run(tmp_path / "nosave", None)
     assert "(one without --save)" in run_log.shared_log_dir_warning(str(tmp_path / "nosave"), None, None, False)
+
+
+def test_a_default_log_dir_a_live_run_holds_is_passed_over_also_when_taken_after_it_was_chosen(tmp_path, monkeypatch):
+    """Two runs without --log-dir started together: the second met runs/bert holding only the first's lock (no
+    records yet), took it for free and then failed on that lock (`--log-dir runs/bert is in use by a live run`),
+    though the user gave no --log-dir. Now a folder a live run holds is taken, and a lock lost between the choice
+    and the taking moves on to the next free runs/bert-N; a --log-dir the user typed is still refused."""
+    from megatron import locks, training
+    from megatron.parallel.launcher_watch import start_time
+    from megatron.paths import DEFAULT_LOG_DIR
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(training.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(training.dist, "broadcast_object_list", lambda found, src: None)  # one rank
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        def lock_for_other(folder):
+            folder.mkdir(parents=True)
+            (folder / locks.LOG_LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid,
+                                                             "start": start_time(other.pid)}))
+
+        lock_for_other(tmp_path / "runs" / "bert")
+        assert run_log.free_log_dir(DEFAULT_LOG_DIR, None) == "runs/bert-2"
+        args = SimpleNamespace(log_dir=run_log.free_log_dir(DEFAULT_LOG_DIR, None), tensorboard_dir=None,
+                               deepspeed_config=None, save=None, load=None, finetune=False)
+        lock_for_other(tmp_path / "runs" / "bert-2")  # the other run took it after this one chose it
+        try:
+            training.check_log_dirs(args, {})
+            assert args.log_dir == "runs/bert-3" and (tmp_path / "runs" / "bert-3" / locks.LOG_LOCK).is_file()
+        finally:
+            locks.release_lock(locks.LOG_LOCK)
+        args.log_dir = "runs/bert"  # typed
+        with pytest.raises(ConfigError, match=rf"^--log-dir runs/bert is in use by a live run: pid {other.pid} "):
+            training.check_log_dirs(args, {})
+    finally:
+        other.kill()
+        other.wait()
