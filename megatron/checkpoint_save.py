@@ -35,7 +35,7 @@ from megatron.checkpoint import (LATEST, LAYOUT_FREE, ORIGIN, PARENT, PARTIAL, R
 from megatron.config import TrainConfig
 from megatron.data import tokenizer_identity
 from megatron.errors import ConfigError, DataError, disk_full
-from megatron.locks import release_lock, take_lock
+from megatron.locks import keep_held, release_lock, take_lock
 from megatron.parallel import peers, state as parallel_state
 from megatron.parallel.launch_env import local_rank
 
@@ -54,10 +54,14 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     copied in with its identity, so fill-mask, export and a resume need no tokenizer flag."""
     tag, rank = tag_for(iteration), dist.get_rank()
     staging = os.path.join(save_dir, tag + PARTIAL)
+    lost = [None]
     if rank == 0:
         os.makedirs(save_dir, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
-    dist.barrier()
+        lost = [keep_held()]  # the folder vanished meanwhile: its lock too
+    dist.broadcast_object_list(lost, src=0)
+    if lost[0]:
+        raise ConfigError(*lost[0])
     state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples,
                  **({"schedule": schedule} if schedule else {}), **({"data": data} if data else {}),
                  **({ORIGIN: origin} if origin else {}),

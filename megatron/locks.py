@@ -19,7 +19,7 @@ LOCK = ".lock"  # the run writing into a --save folder: {"host", "pid", "start"}
 LOG_LOCK = ".log.lock"  # the run writing into a --log-dir, alike (a --log-dir may be its --save too)
 
 _held_locks = {}  # the locks this process holds, by name (LOCK, LOG_LOCK): {"path", "record", "created": folders
-# made for it, "beat": Event}
+# made for it, "named": what lines call it, "beat": Event, "lost": once it vanished and was placed again}
 LOCK_HEARTBEAT_S = 30  # the holder touches its lock this often
 LOCK_STALE_S = 300  # a lock of another host untouched this long is a dead run's
 
@@ -51,7 +51,8 @@ def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str
         for _ in range(3):
             try:
                 _place(staged, path)
-                _held_locks[name] = dict(path=path, record=record, created=list(created), beat=_heartbeat(path, record))
+                held = _held_locks[name] = dict(path=path, record=record, created=list(created), named=named)
+                held["beat"] = _heartbeat(held)
                 return None
             except FileExistsError:
                 holder, age = _read_lock(path), _age(path)
@@ -126,19 +127,61 @@ def _remove_stale(path: str, holder: dict | None) -> bool:
     return True
 
 
-def _heartbeat(path: str, record: dict) -> threading.Event:
-    """Touches the lock every LOCK_HEARTBEAT_S, while it is still this run's, until the returned
-    event is set (release_lock)."""
+def _heartbeat(held: dict) -> threading.Event:
+    """Touches the lock every LOCK_HEARTBEAT_S, while it is still this run's, and places it again when it
+    vanished with its folder still there (keep_held), until the returned event is set (release_lock)."""
     stop = threading.Event()
 
     def beat():
         while not stop.wait(LOCK_HEARTBEAT_S):
-            if _read_lock(path) == record:
+            if _read_lock(held["path"]) == held["record"]:
                 with contextlib.suppress(OSError):
-                    os.utime(path)
+                    os.utime(held["path"])
+            elif not os.path.lexists(held["path"]):
+                with contextlib.suppress(OSError):
+                    _keep(held)
 
     threading.Thread(target=beat, name="save-lock-heartbeat", daemon=True).start()
     return stop
+
+
+def keep_held(name: str = LOCK) -> tuple[str, str] | None:
+    """Before each save: the lock `name` this process took is still its own. One that vanished (its folder
+    removed, emptied or remounted while the run trained; the heartbeat notices it too) is placed again with
+    one warning, so that a second run is still refused there; (problem, fix) when another live run took it
+    meanwhile: both would write into the folder."""
+    held = _held_locks.get(name)
+    return None if held is None else _keep(held)
+
+
+def _keep(held: dict) -> tuple[str, str] | None:
+    path, record = held["path"], held["record"]
+    for _ in range(3):
+        current = _read_lock(path)
+        if current == record or not os.path.isdir(os.path.dirname(path) or "."):  # gone with its folder: placed
+            return None  # once the folder is made again (the next save)
+        if current is not None and (who := _live(current, _age(path))):
+            return (f"{held['named']}: its lock {path} vanished while this run trained (the folder removed or "
+                    f"emptied), and {who} took it since", "stop one of the two runs: both write into that folder")
+        staged = f"{path}.{socket.gethostname()}.{os.getpid()}"
+        try:
+            with open(staged, "w") as file:
+                json.dump(record, file)
+            if current is not None or os.path.lexists(path):  # a dead run's, or unreadable: moved aside first
+                _remove_stale(path, current)
+            _place(staged, path)
+        except FileExistsError:
+            continue  # placed by the heartbeat, or another run, meanwhile: read it again
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(staged)
+        if not held.get("lost"):
+            held["lost"] = True
+            print(f"warning: {held['named']} lost its lock {path} while this run trained (the folder removed, emptied "
+                  "or remounted): taken again; checkpoints and logs written there before may be gone",
+                  file=sys.stderr, flush=True)
+        return None
+    return None
 
 
 def held_by_live_run(folder: str, flag: str, name: str = LOCK, flags: str = "") -> tuple[str, str] | None:

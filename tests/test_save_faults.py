@@ -477,3 +477,66 @@ def test_the_write_probe_of_a_failed_save_makes_no_vanished_save_folder(tmp_path
     gone = tmp_path / "gone"
     error = checkpoint_save._unwritable(str(gone / f"iter_0000040{checkpoint.PARTIAL}"))
     assert isinstance(error, FileNotFoundError) and not gone.exists()
+
+
+def test_a_lock_that_vanishes_is_placed_again_and_one_another_run_took_stops_the_save(tmp_path, monkeypatch, capsys):
+    """A --save folder removed while the run trained (a scratch cleaner, a remount, a user's rm -rf): the run
+    made it again at its next save with no lock, so a second run was accepted into the folder the first still
+    wrote. Now the heartbeat and each save place the lock again (one warning), and a save stops with one line
+    when another live run took the lock meanwhile."""
+    monkeypatch.setattr(locks, "LOCK_HEARTBEAT_S", 0.05)
+    save = tmp_path / "ckpt"
+    save.mkdir()
+    assert locks.take_lock(str(save)) is None
+    try:
+        shutil.rmtree(save)
+        assert locks.keep_held() is None  # the folder is gone too: nothing to place it in, no error
+        save.mkdir()  # as the next save makes it
+        deadline = time.monotonic() + 10
+        while not (save / locks.LOCK).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert locks._read_lock(str(save / locks.LOCK))["pid"] == os.getpid()  # placed by the heartbeat
+        assert "in use by a live run" in locks.held_by_live_run(str(save), "--save")[0]  # a second run is refused
+        (save / locks.LOCK).unlink()
+        assert locks.keep_held() is None and locks._read_lock(str(save / locks.LOCK))["pid"] == os.getpid()
+        assert [line for line in capsys.readouterr().err.splitlines() if "lock" in line] == [
+            f"warning: --save {save} lost its lock {save / locks.LOCK} while this run trained (the folder removed, "
+            "emptied or remounted): taken again; checkpoints and logs written there before may be gone"]
+        monkeypatch.setattr(locks, "LOCK_HEARTBEAT_S", 3600)
+        other = subprocess.Popen(["sleep", "60"])
+        try:
+            (save / locks.LOCK).unlink()
+            write_lock(save, socket.gethostname(), other.pid, start_time(other.pid))
+            assert locks.keep_held() == (
+                f"--save {save}: its lock {save / locks.LOCK} vanished while this run trained (the folder removed or "
+                f"emptied), and pid {other.pid} on this host ({socket.gethostname()}) took it since",
+                "stop one of the two runs: both write into that folder")
+        finally:
+            other.kill()
+            other.wait()
+        assert locks.keep_held() is None  # its holder ended: taken over
+        assert locks._read_lock(str(save / locks.LOCK))["pid"] == os.getpid()
+    finally:
+        locks.release_lock()
+    assert not (save / locks.LOCK).exists()
+
+
+def test_a_run_whose_save_folder_is_removed_between_saves_takes_its_lock_again(tmp_path, data):
+    """The whole path: checkpoint 1 is saved, the folder removed, and the save of checkpoint 2 makes it again
+    with the lock back in it and one warning; the run ends normally."""
+    save = tmp_path / "ckpt"
+    hook = ("import shutil, sys\nfrom megatron import checkpoint_save, locks, training\nlocks.LOCK_HEARTBEAT_S = 3600\n"
+            "saved = checkpoint_save.save\n"
+            "def save_then_remove(*args, **kwargs):\n    tag = saved(*args, **kwargs)\n"
+            f"    if tag.endswith('1'):\n        shutil.rmtree({str(save)!r})\n    return tag\n"
+            "checkpoint_save.save = save_then_remove\nsys.exit(training.main(sys.argv[1:]))\n")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([PYTHON, "-c", hook, *run_argv(tmp_path, data, "--train-iters", "2", "--save", str(save),
+                                                           "--save-interval", "1")],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [line for line in result.stderr.splitlines() if "lock" in line] == [
+        f"warning: --save {save} lost its lock {save / locks.LOCK} while this run trained (the folder removed, "
+        "emptied or remounted): taken again; checkpoints and logs written there before may be gone"], result.stderr
+    assert sorted(os.listdir(save)) == ["iter_0000002", "latest"]
