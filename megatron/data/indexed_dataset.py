@@ -276,7 +276,8 @@ def _require_files(prefix):
             partial = f"{data_file_path(prefix)}.partial"
             if os.path.isfile(partial) and (writer := locks.live_holder(lock_file_path(prefix))):
                 raise DataError(f"dataset {prefix} is still being written by preprocess_data.py ({writer}; "
-                                f"{size_text(os.path.getsize(partial))} so far)", "wait for that preprocess to finish, then rerun")
+                                f"{size_text(os.path.getsize(partial))} so far)",
+                                "wait for that preprocess to finish, then rerun")
             if os.path.isfile(partial):
                 raise DataError(f"dataset file {path} does not exist: {data_file_path(prefix)}.partial is the output "
                                 "of a preprocess_data.py that was killed", "run that preprocess again (it removes the "

@@ -68,19 +68,64 @@ def init_distributed(dist_backend: str | None = None, rendezvous_timeout: float 
     if not dist.is_initialized() and all(name in os.environ for name in ENV_RENDEZVOUS) \
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         rendezvous(dist_backend or backend(), rendezvous_timeout, collective_timeout)
+    if backend() == "gloo" and os.environ.get("LOCAL_SIZE", "-") == os.environ.get("WORLD_SIZE"):  # DeepSpeed's test
+        found = [shm_problem(int(os.environ["LOCAL_SIZE"]))]
+        if dist.is_initialized():  # one answer for all: a rank whose write would fit still waits for the others'
+            problems = [None] * dist.get_world_size()
+            dist.all_gather_object(problems, found[0])
+            found = [next((problem for problem in problems if problem), None)]
+        if found[0]:
+            raise ConfigError(*found[0])
     quiet_shm_build()  # its CPU comm op's "built successfully", once per rank and start
     deepspeed.init_distributed(dist_backend=dist_backend or backend(), timeout=collective_timeout)  # or wraps it
     bound_collectives(collective_timeout)
     if dist.get_backend() == "nccl" or os.environ.get("LOCAL_SIZE") != str(dist.get_world_size()):
         return
     dist.barrier()
-    name = (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+    name = (f"{SHM_DIR}/{SHM_BUFFER}{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
             f"{os.environ.get('MASTER_PORT', '')}_{dist.get_rank()}")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(name)
 
 
 ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+SHM_DIR = "/dev/shm"
+SHM_BUFFER = "deepspeed_allreduce_buffer_"  # then uid_addr_port_rank
+SHM_WORKSPACE = 2 * 2**20 + 2 * 32 * 2**20 + 8  # DeepSpeed's struct allreduce_workspace (shm.cpp): one per rank
+
+
+def shm_problem(local_ranks: int) -> tuple[str, str] | None:
+    """(problem, fix) when SHM_DIR cannot take DeepSpeed's CPU all-reduce buffers of this node's ranks. Each
+    rank write()s its SHM_WORKSPACE there; a write that finds no space at all returns -1, which DeepSpeed maps
+    as a size, and the rank dies by SIGSEGV in init (Docker's default --shm-size is 64 MB: a 2-rank run crashed
+    about half the time, naming no cause). Buffers of this launch's name already there are rewritten in place."""
+    try:
+        stats = os.statvfs(SHM_DIR)
+        entries = [entry for entry in os.scandir(SHM_DIR) if entry.name.startswith(SHM_BUFFER)]
+    except OSError:
+        return None  # no /dev/shm: DeepSpeed's op says so itself
+    mine = f"{SHM_BUFFER}{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_{os.environ.get('MASTER_PORT', '')}_"
+    held = sum(min(_allocated(entry), SHM_WORKSPACE) for entry in entries if entry.name.startswith(mine))
+    free = stats.f_bavail * stats.f_frsize
+    if free + held >= (local_ranks - 1) * SHM_WORKSPACE + stats.f_frsize:
+        return None
+    others = [entry for entry in entries if not entry.name.startswith(mine)]
+    size = _megabytes(sum(map(_allocated, others)))
+    left = (f"; it holds {len(others)} all-reduce buffers of other or killed runs ({size}): remove those no running "
+            f"job uses, {SHM_DIR}/{SHM_BUFFER}*" if others else "")
+    return (f"{SHM_DIR} has {_megabytes(free)} free, but DeepSpeed's CPU all-reduce writes a "
+            f"{_megabytes(SHM_WORKSPACE)} buffer there for each of this node's {local_ranks} ranks",
+            f"give it more (docker run --shm-size=1g, or a larger /dev/shm tmpfs) or start fewer ranks per node{left}")
+
+
+def _allocated(entry: os.DirEntry) -> int:
+    with contextlib.suppress(OSError):
+        return entry.stat().st_blocks * 512
+    return 0
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 2**20:.0f} MiB"
 
 
 def bound_collectives(timeout: timedelta) -> None:
