@@ -540,3 +540,44 @@ def test_a_run_whose_save_folder_is_removed_between_saves_takes_its_lock_again(t
         f"warning: --save {save} lost its lock {save / locks.LOCK} while this run trained (the folder removed, "
         "emptied or remounted): taken again; checkpoints and logs written there before may be gone"], result.stderr
     assert sorted(os.listdir(save)) == ["iter_0000002", "latest"]
+
+
+@needs_tmpfs
+def test_a_full_dev_shm_is_one_line_naming_it_not_a_segfault(tmp_path, data):
+    """DeepSpeed's CPU all-reduce write()s a 66 MiB buffer per rank of a one-node launch into /dev/shm; a write
+    that finds no space returns -1, which it maps as a size: the rank died by SIGSEGV in init (Docker's 64 MB
+    default took down a 2-rank run about half the time; a /dev/shm filled by a killed run's buffers, every
+    time). Checked here with one rank on a full 1 MiB /dev/shm in a private mount namespace, the buffer of a
+    killed run filling it; without the check this exact command exits 139."""
+    script = ('mount -t tmpfs -o size=1m tmpfs /dev/shm && (cat /dev/zero > /dev/shm/deepspeed_allreduce_buffer_0_'
+              '10.0.0.9_29500_0) 2>/dev/null; exec "$@"')
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([*NAMESPACE, "sh", "-c", script, "sh", PYTHON, str(ROOT / "pretrain_bert.py"),
+                             *run_argv(tmp_path, data, "--train-iters", "1")],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert [line for line in result.stderr.splitlines() if "error" in line] == [
+        "pretrain_bert.py: error: /dev/shm has 0 MiB free, but DeepSpeed's CPU all-reduce writes a 66 MiB buffer "
+        "there for this node's one rank; give it more (docker run --shm-size=1g, or a larger /dev/shm tmpfs); it "
+        "holds 1 all-reduce buffers of other or killed runs (1 MiB): remove those no running job uses, "
+        "/dev/shm/deepspeed_allreduce_buffer_*"]
+
+
+def test_dev_shm_must_hold_every_ranks_buffer_but_the_last_ones_first_page(tmp_path, monkeypatch):
+    """The sizes the check holds (the crash itself is seen above): 2 ranks on Docker's 64 MB default are refused
+    (the second rank's write would find no space), 132 MiB + a page is enough, and one rank needs only a page
+    (its write may fall short: it maps what was written)."""
+    from megatron.parallel import device
+
+    free = {"bytes": 64 * 2**20}
+    monkeypatch.setattr(device, "SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(device.os, "statvfs", lambda path: SimpleNamespace(f_bavail=free["bytes"] // 4096,
+                                                                           f_frsize=4096))
+    assert device.shm_problem(2) == (
+        f"{tmp_path} has 64 MiB free, but DeepSpeed's CPU all-reduce writes a 66 MiB buffer there for each of this "
+        "node's 2 ranks", "give it more (docker run --shm-size=1g, or a larger /dev/shm tmpfs) or start fewer ranks "
+        "per node")
+    assert device.shm_problem(1) is None
+    free["bytes"] = device.SHM_WORKSPACE + 2 * 4096  # its last page partly filled
+    assert device.shm_problem(2) is None and device.shm_problem(3) is not None

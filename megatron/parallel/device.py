@@ -107,15 +107,18 @@ def shm_problem(local_ranks: int) -> tuple[str, str] | None:
     mine = f"{SHM_BUFFER}{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_{os.environ.get('MASTER_PORT', '')}_"
     held = sum(min(_allocated(entry), SHM_WORKSPACE) for entry in entries if entry.name.startswith(mine))
     free = stats.f_bavail * stats.f_frsize
-    if free + held >= (local_ranks - 1) * SHM_WORKSPACE + stats.f_frsize:
+    page = stats.f_frsize
+    if free + held >= (local_ranks - 1) * -(-SHM_WORKSPACE // page) * page + page:  # whole pages each
         return None
     others = [entry for entry in entries if not entry.name.startswith(mine)]
     size = _megabytes(sum(map(_allocated, others)))
     left = (f"; it holds {len(others)} all-reduce buffers of other or killed runs ({size}): remove those no running "
             f"job uses, {SHM_DIR}/{SHM_BUFFER}*" if others else "")
+    ranks = f"each of this node's {local_ranks} ranks" if local_ranks > 1 else "this node's one rank"
+    fewer = " or start fewer ranks per node" if local_ranks > 1 else ""
     return (f"{SHM_DIR} has {_megabytes(free)} free, but DeepSpeed's CPU all-reduce writes a "
-            f"{_megabytes(SHM_WORKSPACE)} buffer there for each of this node's {local_ranks} ranks",
-            f"give it more (docker run --shm-size=1g, or a larger /dev/shm tmpfs) or start fewer ranks per node{left}")
+            f"{_megabytes(SHM_WORKSPACE)} buffer there for {ranks}",
+            f"give it more (docker run --shm-size=1g, or a larger /dev/shm tmpfs){fewer}{left}")
 
 
 def _allocated(entry: os.DirEntry) -> int:
