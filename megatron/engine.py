@@ -17,6 +17,7 @@ from deepspeed.accelerator import get_accelerator
 from megatron.config import TrainConfig
 from megatron.ds_schema import precision
 from megatron.errors import ConfigError
+from megatron.flops import real_training_flops
 from megatron.data.batch import BertBatch
 from megatron.model.bert import BertModel, TransformerLayer
 from megatron.model.loss import bert_batch_loss
@@ -238,6 +239,7 @@ class StepResult:
     mlm_accuracy: float  # masked tokens predicted right
     real_token_share: float = 1.0  # non-padding tokens / tokens of this data rank's micro-batches
     segments_per_sample: float = 1.0  # packed samples hold several
+    real_flops_per_sample: float = 0.0  # flops.real_training_flops of this data rank's micro-batches, per sample
 
 
 def _chunks(micro_batches: list, device) -> list:
@@ -288,7 +290,15 @@ def train_step(engine, micro_batches: list) -> StepResult:
     return StepResult(loss=loss, mlm=mlm, sop=sop, grad_norm=None if norm is None else float(norm),
                       mlm_accuracy=accuracy,
                       real_token_share=sum(b.real_token_share() for b in micro_batches) / len(micro_batches),
-                      segments_per_sample=sum(b.segments_per_sample() for b in micro_batches) / len(micro_batches))
+                      segments_per_sample=sum(b.segments_per_sample() for b in micro_batches) / len(micro_batches),
+                      real_flops_per_sample=real_flops_per_sample(engine.module.config, micro_batches))
+
+
+def real_flops_per_sample(config, micro_batches: list) -> float:
+    """flops.real_training_flops of the (host) micro-batches, per sample: the run log's real TFLOP/s."""
+    flops = sum(real_training_flops(config, batch.segment_lengths(), int(batch.loss_mask.sum()))
+                for batch in micro_batches)
+    return flops / sum(batch.tokens.shape[0] for batch in micro_batches)
 
 
 @torch.no_grad()

@@ -36,6 +36,7 @@ class RunLog:
         # each rank does 1/(sp * pp) of one data replica's work
         self.flops_per_rank_step = (training_flops_per_sample(config.model) * config.global_batch_size
                                     / dist.get_world_size())
+        self.samples_per_rank_step = config.global_batch_size / dist.get_world_size()
         self.window, self.window_seconds = [], 0.0
         self.dir = Path(args.log_dir)
         self.moved = getattr(args.log_dir, "moved", "")  # why the default log dir was not used (free_log_dir)
@@ -187,6 +188,8 @@ class RunLog:
             "real_token_share": mean([r.real_token_share for r in window]),
             "segments_per_sample": mean([r.segments_per_sample for r in window]),
             "tflops_per_rank": self.flops_per_rank_step * len(window) / elapsed / 1e12,
+            "real_tflops_per_rank": (sum(r.real_flops_per_sample for r in window) * self.samples_per_rank_step
+                                     / elapsed / 1e12),
             "peak_memory_mib": peak_memory_mib(),
         }
         parts = [f"iteration {iteration}/{self.train_iters}", f"consumed samples {consumed}",
@@ -199,7 +202,7 @@ class RunLog:
         parts += [f"real tokens {record['real_token_share']:.2f}",
                   f"segments/sample {record['segments_per_sample']:.1f}",
                   f"tokens/s {record['tokens_per_s']:.0f} (real {record['real_tokens_per_s']:.0f})",
-                  f"TFLOP/s/rank {record['tflops_per_rank']:.4f}",
+                  f"TFLOP/s/rank {record['tflops_per_rank']:.4f} (real {record['real_tflops_per_rank']:.4f})",
                   f"peak mem {record['peak_memory_mib']:.0f} MiB"]
         self._emit(record, " | ".join(parts))
 

@@ -7,7 +7,7 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.data.batch import BertBatch
-from megatron.flops import training_flops_per_sample
+from megatron.flops import real_training_flops, training_flops_per_sample
 from megatron.model.attention import local
 from megatron.model.bert import BertConfig, BertModel
 from megatron.model.loss import bert_batch_loss
@@ -90,3 +90,30 @@ def test_local_layers_cost_the_same_per_token_at_any_length():
 
     assert per_token_without_global_attention(16384) == pytest.approx(per_token_without_global_attention(1024),
                                                                        rel=1e-12)
+
+
+def test_the_real_flops_of_a_padded_packed_batch_are_those_of_its_documents_run_alone():
+    """The log's TFLOP/s counts s keys per query, padding and other documents included (Megatron's model FLOPs),
+    which grew 10-30x with --seq-length at the same work. Its `real` figure counts the batch as it is: here a
+    sample packing documents of 100 and 60 tokens with 96 tokens of padding, and one of 200 tokens padded to
+    256, against the counter's FLOPs of each document run alone at its own length, unpadded."""
+    def config_at(seq):
+        return BertConfig(vocab_size=1000, hidden_size=64, num_layers=2, num_attention_heads=4, seq_length=seq,
+                          max_position_embeddings=256, attention_dropout=0.0, make_vocab_size_divisible_by=8)
+
+    segment_ids = torch.zeros(2, 256, dtype=torch.long)
+    segment_ids[0, :100], segment_ids[0, 100:160], segment_ids[1, :200] = 1, 2, 1
+    batch = BertBatch(*(torch.zeros(2, 256, dtype=torch.long),) * 2, segment_ids, torch.zeros(2, 256, dtype=torch.long),
+                      torch.zeros(2, 256, dtype=torch.long), torch.zeros(2, 256, dtype=torch.bool),
+                      torch.zeros(2, 256, dtype=torch.long))
+    assert sorted(batch.segment_lengths().tolist()) == [60, 100, 200]
+    masked = sum(-(-length // 8) for length in (100, 60, 200))  # the counter's every 8th position
+    alone = 0
+    for length in (100, 60, 200):
+        config = config_at(length)
+        # less what model FLOPs leave out: the flash backward's recomputed q k^T, the pooler and SOP classifier
+        alone += (counted_step_flops(config, 1) - config.num_layers * 2 * length * length * config.hidden_size
+                  - 6 * (config.hidden_size ** 2 + 2 * config.hidden_size))
+    real = real_training_flops(config_at(256), batch.segment_lengths(), masked)
+    assert real == pytest.approx(alone, rel=1e-3)
+    assert 2 * training_flops_per_sample(config_at(256), masked / 512) > 1.5 * real  # the model count, padding in

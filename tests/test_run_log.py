@@ -4,6 +4,7 @@ import errno
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -50,7 +51,8 @@ def write_run_log(log_dir: Path, stdout: io.StringIO, monkeypatch, steps=4, inte
     for iteration in range(1, steps + 1):
         loss = 10.0 - iteration
         result = SimpleNamespace(loss=loss, mlm=loss - 0.75, sop=0.75, grad_norm=1.5, mlm_accuracy=0.125 * iteration,
-                                 real_token_share=0.25 * (iteration % 2 + 1), segments_per_sample=iteration)
+                                 real_token_share=0.25 * (iteration % 2 + 1), segments_per_sample=iteration,
+                                 real_flops_per_sample=1e9 * iteration)
         log.step(iteration, 4 * iteration, result, engine, seconds=0.5, lr=1e-3)
     log.message("saved checkpoint ckpt/iter_0000004")
     log.evaluation("validation", steps, 0, 6.5)
@@ -69,6 +71,8 @@ def test_plain_lines_when_stdout_is_not_a_terminal(tmp_path, monkeypatch):
     assert lines[0].startswith("iteration 2/4 | consumed samples 8 | lr 1.000e-03 | loss 8.5000 | mlm 7.7500 | "
                                "mlm acc 0.1875 | sop 0.7500 | grad norm 1.5000 | real tokens 0.38 | segments/sample 1.5 | "
                                "tokens/s 384 (real 144) | TFLOP/s/rank "), lines[0]
+    # real: (1 + 2) GFLOP a sample x 4 samples a step, in 1 s
+    assert re.search(r" \| TFLOP/s/rank \d\.\d{4} \(real 0\.0120\) \| ", lines[0]), lines[0]
     assert lines[1].startswith("iteration 4/4 | consumed samples 16 | lr 1.000e-03 | loss 6.5000 | "), lines[1]
     assert " MiB" in lines[0] and "loss scale" not in lines[0]  # fp32: no loss scale
     assert lines[2:5] == ["saved checkpoint ckpt/iter_0000004", "validation loss at iteration 4: 6.5000",
@@ -78,7 +82,7 @@ def test_plain_lines_when_stdout_is_not_a_terminal(tmp_path, monkeypatch):
     assert [(r["kind"], r["iteration"], r["loss"]) for r in records] == [
         ("train", 2, 8.5), ("train", 4, 6.5), ("validation", 4, 6.5), ("test", 4, 6.25)]
     assert set(records[0]) == {"kind", "run", "iteration", "consumed_samples", "time", "lr", "loss", "mlm_loss", "sop_loss",
-                               "grad_norm", "loss_scale", "tokens_per_s", "tflops_per_rank", "peak_memory_mib",
+                               "grad_norm", "loss_scale", "tokens_per_s", "tflops_per_rank", "real_tflops_per_rank", "peak_memory_mib",
                                "real_token_share", "segments_per_sample", "real_tokens_per_s", "mlm_accuracy"}
 
 
@@ -364,7 +368,8 @@ def test_a_resumed_run_supersedes_the_steps_it_redoes(tmp_path, monkeypatch):
     engine = SimpleNamespace(fp16_enabled=lambda: False)
     for iteration in (3, 4):
         result = SimpleNamespace(loss=1.0, mlm=0.5, sop=0.5, grad_norm=1.0, mlm_accuracy=0.5, real_token_share=1.0,
-                                 segments_per_sample=1.0)
+                                 segments_per_sample=1.0,
+                                 real_flops_per_sample=1e9)
         log.step(iteration, 4 * iteration, result, engine, seconds=0.5, lr=1e-3)
     log.finish(None)
     assert stdout.getvalue().splitlines()[0] == "resuming from ckpt/iter_0000002 iteration 2, consumed samples 8"
@@ -388,7 +393,8 @@ def test_a_non_finite_loss_is_written_as_null_and_still_plots(tmp_path, monkeypa
     engine = SimpleNamespace(fp16_enabled=lambda: False)
     for iteration, loss in ((1, float("nan")), (2, 9.0)):
         result = SimpleNamespace(loss=loss, mlm=loss, sop=0.5, grad_norm=float("inf"), mlm_accuracy=0.0,
-                                 real_token_share=1.0, segments_per_sample=1.0)
+                                 real_token_share=1.0, segments_per_sample=1.0,
+                                 real_flops_per_sample=1e9)
         log.step(iteration, 4 * iteration, result, engine, seconds=0.5, lr=1e-3)
     log.evaluation("validation", 2, 0, float("nan"))
     log.finish(None)
@@ -474,7 +480,8 @@ def test_the_loss_scale_is_read_as_every_fp16_optimizer_has_it(tmp_path, monkeyp
     monkeypatch.setattr(log, "_print", lambda line: None)
     engine = SimpleNamespace(fp16_enabled=lambda: True, optimizer=SimpleNamespace(loss_scale=256.0))
     result = SimpleNamespace(loss=9.0, mlm=8.25, sop=0.75, grad_norm=1.5, mlm_accuracy=0.125, real_token_share=1.0,
-                             segments_per_sample=1.0)
+                             segments_per_sample=1.0,
+                             real_flops_per_sample=1e9)
     log.step(1, 4, result, engine, seconds=0.5, lr=1e-3)
     records = run_log.read_metrics(tmp_path / "log" / "metrics.jsonl")
     assert [record["loss_scale"] for record in records if record["kind"] == "train"] == [256.0]

@@ -324,7 +324,7 @@ def test_tensorboard_scalars_are_the_logged_metrics(launched):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     train = {f"train/{name}" for name in ("loss", "mlm_loss", "sop_loss", "lr", "grad_norm", "tokens_per_s",
-                                          "tflops_per_rank", "peak_memory_mib", "consumed_samples", "real_token_share",
+                                          "tflops_per_rank", "real_tflops_per_rank", "peak_memory_mib", "consumed_samples", "real_token_share",
                                           "segments_per_sample", "real_tokens_per_s", "mlm_accuracy")}
     assert tags == train | {"validation/loss", "test/loss"}  # fp32 run: no train/loss_scale
     assert {r["kind"] for r in launched.records} == {"start", "train", "validation", "test"}

@@ -93,6 +93,14 @@ class BertBatch:
     def segments_per_sample(self) -> float:
         return float(self.cls_mask.sum()) / self.tokens.shape[0]
 
+    def segment_lengths(self) -> torch.Tensor:
+        """The token count of every segment of every sample (padding is none), one vector."""
+        ids = self.segment_ids
+        counts = torch.zeros(ids.shape[0], int(ids.max()) + 1, dtype=torch.int64, device=ids.device)
+        counts.scatter_add_(1, ids, torch.ones_like(ids))
+        counts = counts[:, PAD_SEGMENT + 1:]
+        return counts[counts > 0]
+
 
 def cls_positions(position_ids, segment_ids):
     """True where a segment starts ([CLS]): position 0 of a non-padding segment."""
