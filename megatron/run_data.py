@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from megatron import checkpoint, hf_convert, paths
 from megatron.data import index_maps
-from megatron.data.bert_dataset import (SPLIT_NAMES, build_train_valid_test_datasets, parse_data_path, split_tokens,
-                                        split_weights, token_stats)
+from megatron.data.bert_dataset import (SPLIT_NAMES, TokenStats, build_train_valid_test_datasets, parse_data_path,
+                                        split_tokens, split_weights, token_stats)
 from megatron.data.default_dataset import default_vocab_file, prepare_default_dataset
 from megatron.data.samplers import PretrainingSampler, micro_batches
 from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, build_tokenizer, case_warning,
@@ -153,11 +153,28 @@ def describe_datasets(args, config, data_path: list, datasets: tuple, train_iter
         print(split.describe(name), flush=True)
     if not args.eval_iters:
         print(NO_EVALUATION, flush=True)
+    if "train" in stats and (note := padding_note(stats["train"], config)):
+        print(f"note: {note}", flush=True)
     small = small_eval_splits({name: (stats[name], split_tokens(dataset)) for name, dataset in (
         ("valid", valid_set), ("test", test_set)) if dataset is not None}, config.micro_batch_size)
     small = with_eval_passes(small, stats, args.eval_iters * config.global_batch_size)
     for warning in [*data_warnings(args, data_path, valid_set, train_iters, test_set=test_set), *filter(None, [small])]:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
+
+
+PADDING_NOTED = 0.5  # a train split more padding than this, unpacked, is named with --pack-samples
+
+
+def padding_note(train: TokenStats, config) -> str | None:
+    """The note for unpacked train samples that are mostly padding (a --seq-length far above the corpus's
+    documents: 89% at 4096 tokens of the default corpus), which --pack-samples fills with more documents; the
+    step costs the same either way. Linformer cannot pack."""
+    if train.packed or train.real_token_share >= 1 - PADDING_NOTED or config.model.attention == "linformer":
+        return None
+    real = train.real_token_share * train.seq_length
+    return (f"train samples are {1 - train.real_token_share:.0%} padding at --seq-length {train.seq_length} (one "
+            f"document's sentences each, {real:.0f} real tokens on average): --pack-samples fills them with "
+            "several documents, each attending only to itself, for the same cost a step")
 
 
 def data_warnings(args, data_path: list, valid_set, train_iters: int, test_set=True) -> list:
@@ -187,13 +204,21 @@ def small_eval_splits(splits: dict, micro_batch: int) -> str | None:
     hold fewer tokens than one micro-batch of samples: their samples repeat those few tokens, epoch
     after epoch, among padding, so their losses are measured on them alone. One line for both."""
     seq_length = next(iter(splits.values()))[0].seq_length if splits else 0
-    small = [f"{name} {tokens} tokens in {stats.samples} samples ({1 - stats.real_token_share:.0%} padding)"
-             for name, (stats, tokens) in splits.items() if tokens < micro_batch * seq_length]
+    small = [f"{name} {tokens} tokens in {_samples_text(stats)}" for name, (stats, tokens) in splits.items()
+             if tokens < micro_batch * seq_length]
     if not small:
         return None
     return (f"evaluation data smaller than one micro-batch of samples ({micro_batch} x {seq_length} tokens): "
             f"{', '.join(small)}: each loss is measured on these few tokens, repeated; give the split more "
             "documents (a larger share of --split, or a larger corpus) or pass a shorter --seq-length")
+
+
+def _samples_text(stats: TokenStats) -> str:
+    """"N samples (P% padding)" of a split's distinct samples, and what its index map repeats them to."""
+    distinct = stats.epoch_samples or stats.samples
+    repeated = f"repeated to {stats.samples}; " if stats.samples > distinct else ""
+    return (f"{distinct} sample{'s' if distinct != 1 else ''} ({repeated}"
+            f"{1 - stats.real_token_share:.0%} padding)")
 
 
 def with_eval_passes(warning: str | None, stats: dict, per_evaluation: int) -> str | None:

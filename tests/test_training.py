@@ -566,7 +566,8 @@ def test_evaluation_splits_smaller_than_a_micro_batch_are_named_with_their_token
                                                                                        ("test", test))}
     line = small_eval_splits(splits, micro_batch=4)
     assert line.startswith("evaluation data smaller than one micro-batch of samples (4 x 512 tokens): valid "
-                           f"{built} tokens in {len(valid)} samples (") and f"test {split_tokens(test)} tokens" in line
+                           f"{built} tokens in {len(first_epoch)} sample{'s' * (len(first_epoch) > 1)} (repeated to {len(valid)}; ") and (
+                               f"test {split_tokens(test)} tokens" in line)  # the samples it holds, not its repeats
     assert line.endswith("each loss is measured on these few tokens, repeated; give the split more documents (a "
                          "larger share of --split, or a larger corpus) or pass a shorter --seq-length")
     one_sample = dataclasses.replace(splits["valid"][0], seq_length=built)  # a split that fills one sample
@@ -1070,3 +1071,21 @@ def test_the_comms_logger_summary_is_printed_by_rank_0_at_the_end(monkeypatch):
     monkeypatch.setattr(deepspeed.comm.comms_logger, "enabled", False)  # no "comms_logger": no barrier, no table
     monkeypatch.setattr(deepspeed.comm, "log_summary", lambda: pytest.fail("log_summary called"))
     comms_summary()
+
+
+def test_unpacked_train_samples_mostly_padding_are_noted_with_pack_samples():
+    """--seq-length 4096 on a corpus of ~200-token documents: 89% of every step was padding, named only as a
+    share; the note connects it to --pack-samples (not for packed samples, a fuller split, or Linformer, which
+    cannot pack)."""
+    from megatron.data.bert_dataset import TokenStats
+    from megatron.run_data import padding_note
+
+    config = SimpleNamespace(model=SimpleNamespace(attention="dense"))
+    padded = TokenStats(833, 4096, False, 1.0, 0.11)
+    assert padding_note(padded, config) == (
+        "train samples are 89% padding at --seq-length 4096 (one document's sentences each, 451 real tokens on "
+        "average): --pack-samples fills them with several documents, each attending only to itself, for the same "
+        "cost a step")
+    assert padding_note(TokenStats(833, 4096, True, 9.0, 0.11), config) is None
+    assert padding_note(TokenStats(833, 512, False, 1.0, 0.6), config) is None
+    assert padding_note(padded, SimpleNamespace(model=SimpleNamespace(attention="linformer"))) is None
