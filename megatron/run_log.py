@@ -6,6 +6,7 @@ its file). Each record carries the `run` id of the run that wrote it, and each r
 a `start` record with the iteration it starts from; `read_metrics` drops what a later start
 supersedes (the steps a resumed run redoes after its checkpoint, or all of an earlier run when
 a new one starts from scratch), so a reader sees one history without repeated iterations."""
+import atexit
 import contextlib
 import importlib
 import io
@@ -15,6 +16,7 @@ import os
 import resource
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -444,9 +446,24 @@ def superseded_dropped(records: list) -> list:
     return kept
 
 
+def _private_matplotlib_config() -> None:
+    """A temporary MPLCONFIGDIR, removed at exit, where matplotlib's own folder cannot be made (a read-only home,
+    a container user without one): matplotlib then does the same after two lines of logging noise in a run's
+    output (`mkdir -p failed ...`, `Matplotlib created a temporary cache directory ...`)."""
+    if "matplotlib" in sys.modules or os.environ.get("MPLCONFIGDIR"):
+        return
+    folder = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "matplotlib"
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK):
+        os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="matplotlib-")
+        atexit.register(shutil.rmtree, os.environ["MPLCONFIGDIR"], True)
+
+
 def plot_metrics(metrics_path, png_path, records: list | None = None) -> Path:
     """Loss (train, validation) and throughput against iteration, as one PNG (`records`: the file's,
     where the caller has read them)."""
+    _private_matplotlib_config()
     import matplotlib
 
     matplotlib.use("Agg")

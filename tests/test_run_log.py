@@ -610,3 +610,18 @@ def test_a_default_log_dir_a_live_run_holds_is_passed_over_also_when_taken_after
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_home_that_cannot_be_written_adds_no_matplotlib_noise(tmp_path, monkeypatch):
+    """A read-only home (a cluster's, a container user without one): matplotlib logged two lines (`mkdir -p failed
+    ...`, `Matplotlib created a temporary cache directory ...`) into every run's output at the plot; now the plot
+    is drawn with a private config folder, silently, and that folder is gone at exit."""
+    metrics = write_run_log(tmp_path / "log", io.StringIO(), monkeypatch)
+    env = {**os.environ, "HOME": "/etc/passwd/home", "TMPDIR": str(tmp_path)}
+    env.pop("MPLCONFIGDIR", None)
+    env.pop("XDG_CONFIG_HOME", None)
+    result = subprocess.run([sys.executable, str(Path(plot_run.__file__)), str(metrics), "-o", str(tmp_path / "p.png")],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert (tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
+    assert not list(tmp_path.glob("matplotlib-*"))
