@@ -546,22 +546,28 @@ def test_a_run_whose_save_folder_is_removed_between_saves_takes_its_lock_again(t
 def test_a_full_dev_shm_is_one_line_naming_it_not_a_segfault(tmp_path, data):
     """DeepSpeed's CPU all-reduce write()s a 66 MiB buffer per rank of a one-node launch into /dev/shm; a write
     that finds no space returns -1, which it maps as a size: the rank died by SIGSEGV in init (Docker's 64 MB
-    default took down a 2-rank run about half the time; a /dev/shm filled by a killed run's buffers, every
-    time). Checked here with one rank on a full 1 MiB /dev/shm in a private mount namespace, the buffer of a
-    killed run filling it; without the check this exact command exits 139."""
-    script = ('mount -t tmpfs -o size=1m tmpfs /dev/shm && (cat /dev/zero > /dev/shm/deepspeed_allreduce_buffer_0_'
-              '10.0.0.9_29500_0) 2>/dev/null; exec "$@"')
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run([*NAMESPACE, "sh", "-c", script, "sh", PYTHON, str(ROOT / "pretrain_bert.py"),
-                             *run_argv(tmp_path, data, "--train-iters", "1")],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    default took down a 2-rank run about half the time; a /dev/shm filled by killed runs' buffers, every time).
+    With one rank on a full 1 MiB /dev/shm in a private mount namespace: filled by another file, one line (this
+    exact command exited 139 before); filled by a killed run's buffer of this user, which no process holds, that
+    buffer is removed with one warning and the run trains."""
+    def run_with_shm_filled_by(name):
+        script = (f'mount -t tmpfs -o size=1m tmpfs /dev/shm && (cat /dev/zero > /dev/shm/{name}) 2>/dev/null; '
+                  'exec "$@"')
+        env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
+        return subprocess.run([*NAMESPACE, "sh", "-c", script, "sh", PYTHON, str(ROOT / "pretrain_bert.py"),
+                               *run_argv(tmp_path, data, "--train-iters", "1")],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    result = run_with_shm_filled_by("filler")
     assert result.returncode == 2, result.stderr[-3000:]
     assert [line for line in result.stderr.splitlines() if "error" in line] == [
         "pretrain_bert.py: error: /dev/shm has 0 MiB free, but DeepSpeed's CPU all-reduce writes a 66 MiB buffer "
-        "there for this node's one rank; give it more (docker run --shm-size=1g, or a larger /dev/shm tmpfs); it "
-        "holds 1 all-reduce buffers of other or killed runs (1 MiB): remove those no running job uses, "
-        "/dev/shm/deepspeed_allreduce_buffer_*"]
+        "there for this node's one rank; give it more (docker run --shm-size=1g, or a larger /dev/shm tmpfs)"]
+    result = run_with_shm_filled_by(f"deepspeed_allreduce_buffer_{os.getuid()}_10.0.0.9_29500_0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [line for line in result.stderr.splitlines() if "/dev/shm" in line] == [
+        "warning: removed 1 DeepSpeed all-reduce buffer of killed runs from /dev/shm (1 MiB), which no process held"]
 
 
 def test_dev_shm_must_hold_every_ranks_buffer_but_the_last_ones_first_page(tmp_path, monkeypatch):
@@ -581,3 +587,22 @@ def test_dev_shm_must_hold_every_ranks_buffer_but_the_last_ones_first_page(tmp_p
     assert device.shm_problem(1) is None
     free["bytes"] = device.SHM_WORKSPACE + 2 * 4096  # its last page partly filled
     assert device.shm_problem(2) is None and device.shm_problem(3) is not None
+
+
+def test_only_buffers_no_process_holds_are_removed(tmp_path, monkeypatch):
+    """A starting run holds its buffer open from its creation (DeepSpeed keeps the descriptor): kept; a killed
+    run's, held by nobody, removed; another user's never looked at."""
+    from megatron.parallel import device
+
+    monkeypatch.setattr(device, "SHM_DIR", str(tmp_path))
+    names = [f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_0" for port in (29500, 29501)]
+    other_user = f"deepspeed_allreduce_buffer_{os.getuid() + 1}_127.0.0.1_29500_0"
+    for name in (*names, other_user):
+        (tmp_path / name).write_bytes(b"\0" * 8192)
+    with open(tmp_path / names[0], "rb"):
+        assert device.clear_left_over_buffers() == (f"removed 1 DeepSpeed all-reduce buffer of killed runs from "
+                                                    f"{tmp_path} (0 MiB), which no process held")
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([names[0], other_user])
+    assert device.clear_left_over_buffers() == (f"removed 1 DeepSpeed all-reduce buffer of killed runs from {tmp_path} "
+                                                "(0 MiB), which no process held")
+    assert device.clear_left_over_buffers() is None

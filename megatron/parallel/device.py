@@ -19,6 +19,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from datetime import timedelta
 
@@ -69,6 +70,10 @@ def init_distributed(dist_backend: str | None = None, rendezvous_timeout: float 
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         rendezvous(dist_backend or backend(), rendezvous_timeout, collective_timeout)
     if backend() == "gloo" and os.environ.get("LOCAL_SIZE", "-") == os.environ.get("WORLD_SIZE"):  # DeepSpeed's test
+        if local_rank() == 0 and (removed := clear_left_over_buffers()):
+            print(f"warning: {removed}", file=sys.stderr, flush=True)
+        if dist.is_initialized():
+            dist.barrier()  # removed before any rank counts the free space
         found = [shm_problem(int(os.environ["LOCAL_SIZE"]))]
         if dist.is_initialized():  # one answer for all: a rank whose write would fit still waits for the others'
             problems = [None] * dist.get_world_size()
@@ -112,13 +117,38 @@ def shm_problem(local_ranks: int) -> tuple[str, str] | None:
         return None
     others = [entry for entry in entries if not entry.name.startswith(mine)]
     size = _megabytes(sum(map(_allocated, others)))
-    left = (f"; it holds {len(others)} all-reduce buffers of other or killed runs ({size}): remove those no running "
-            f"job uses, {SHM_DIR}/{SHM_BUFFER}*" if others else "")
+    left = (f"; {len(others)} all-reduce buffers of other running jobs or users take {size} there ({SHM_DIR}/"
+            f"{SHM_BUFFER}*)" if others else "")
     ranks = f"each of this node's {local_ranks} ranks" if local_ranks > 1 else "this node's one rank"
     fewer = " or start fewer ranks per node" if local_ranks > 1 else ""
     return (f"{SHM_DIR} has {_megabytes(free)} free, but DeepSpeed's CPU all-reduce writes a "
             f"{_megabytes(SHM_WORKSPACE)} buffer there for {ranks}",
             f"give it more (docker run --shm-size=1g, or a larger /dev/shm tmpfs){fewer}{left}")
+
+
+def clear_left_over_buffers() -> str | None:
+    """Removes this user's all-reduce buffers in SHM_DIR that no process holds open: those of runs killed
+    before their names were removed (init_distributed removes them once every rank has mapped them; DeepSpeed
+    holds each open from its creation on, so a starting run's are kept). -> what was removed, or None."""
+    mine = f"{SHM_BUFFER}{os.getuid()}_"
+    try:
+        entries = [entry for entry in os.scandir(SHM_DIR) if entry.name.startswith(mine)]
+    except OSError:
+        return None
+    if not entries or not os.path.isdir("/proc/self/fd"):
+        return None
+    held, removed, size = jit_locks.held_open(), [], 0
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            status = entry.stat()
+            if (status.st_dev, status.st_ino) not in held:
+                os.unlink(entry.path)
+                removed.append(entry.name)
+                size += status.st_blocks * 512
+    if not removed:
+        return None
+    return (f"removed {len(removed)} DeepSpeed all-reduce buffer{'s' if len(removed) > 1 else ''} of killed runs "
+            f"from {SHM_DIR} ({_megabytes(size)}), which no process held")
 
 
 def _allocated(entry: os.DirEntry) -> int:

@@ -24,7 +24,7 @@ def extensions_roots() -> list[Path]:
     return [path for path in Path(get_default_build_root()).glob("py*") if path.is_dir()]
 
 
-def _held_open() -> set[tuple]:
+def held_open() -> set[tuple]:
     """(device, inode) of every file a process on this host that we may inspect holds open (by
     identity, not name: a lock opened through another mount or a symlink is the same file)."""
     held = set()
@@ -48,7 +48,7 @@ def clear_left_over() -> list[str]:
     locks = sorted(lock for root in extensions_roots() for lock in root.glob("*/lock"))
     if not locks or not Path("/proc/self/fd").is_dir():
         return []
-    held, now, lines = _held_open(), time.time(), []
+    held, now, lines = held_open(), time.time(), []
     for lock in locks:
         try:
             status = lock.stat()
