@@ -111,7 +111,7 @@ def test_a_monitor_file_that_cannot_be_written_stops_the_run_as_the_run_logs_doe
     log.monitor = monitor
     engine = SimpleNamespace(fp16_enabled=lambda: False)
     result = SimpleNamespace(loss=2.0, mlm=1.5, sop=0.5, grad_norm=1.0, mlm_accuracy=0.5, real_token_share=1.0,
-                             segments_per_sample=1.0)
+                             segments_per_sample=1.0, real_flops_per_sample=1e9)
     log.step(1, 4, result, engine, seconds=0.5, lr=1e-3)
     assert log.failure is None and read_csv(tmp_path / "csv" / "job" / "Train_Samples_loss.csv") == {4: 2.0}
     (tmp_path / "csv" / "job").rename(tmp_path / "moved")
