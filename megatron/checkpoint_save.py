@@ -58,7 +58,11 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     if rank == 0:
         os.makedirs(save_dir, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
-        lost = [keep_held()]  # the folder vanished meanwhile: its lock too
+        try:
+            lost = [keep_held()]  # the folder vanished meanwhile: its lock too
+        except OSError as error:
+            lost = [paths.unwritable(f"--save {save_dir}: cannot write its lock again on {socket.gethostname()}",
+                                     "--save", error, "pass a --save directory this user can write on every node")]
     dist.broadcast_object_list(lost, src=0)
     if lost[0]:
         raise ConfigError(*lost[0])

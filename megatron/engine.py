@@ -296,7 +296,7 @@ def train_step(engine, micro_batches: list) -> StepResult:
 
 def real_flops_per_sample(config, micro_batches: list) -> float:
     """flops.real_training_flops of the (host) micro-batches, per sample: the run log's real TFLOP/s."""
-    flops = sum(real_training_flops(config, batch.segment_lengths(), int(batch.loss_mask.sum()))
+    flops = sum(real_training_flops(config, batch.segment_lengths(), int(batch.loss_mask.sum()), batch.tokens.numel())
                 for batch in micro_batches)
     return flops / sum(batch.tokens.shape[0] for batch in micro_batches)
 

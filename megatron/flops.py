@@ -25,8 +25,8 @@ Megatron, a sample's queries count all s keys, padding and other packed document
 short documents in long samples this is far more than the work that matters (10x at 4096 tokens of
 200-token documents). `real_training_flops` counts a batch as it is instead: its real tokens through
 the layers, each query against the keys of its own segment (padding and other documents' pairs, which
-the cores here skip, left out), the LM head at its masked positions; the run log shows both
-(docs/benchmarks.md).
+the cores here skip, left out; Linformer's and BigBird's cores run every slot), the LM head at its masked
+positions; the run log shows both (docs/benchmarks.md).
 """
 import torch
 
@@ -49,35 +49,39 @@ def attention_keys(config: BertConfig, local: bool = False) -> float:
 
 def training_flops_per_sample(config: BertConfig, masked_fraction: float = 0.15) -> float:
     s = config.seq_length
-    local = s * attention_keys(config, local=True) if any(map(config.is_local_layer, range(config.num_layers))) else 0
-    return training_flops(config, s, masked_fraction * s, s * attention_keys(config), local)
+    local = s * attention_keys(config, local=True) if config.has_local_layers else 0
+    return layer_flops(config, s, masked_fraction * s) + attention_flops(config, s, s * attention_keys(config), local)
 
 
-def real_training_flops(config: BertConfig, segment_lengths: torch.Tensor, masked: int) -> float:
-    """Model FLOPs of a batch's real work: segments of `segment_lengths` tokens (every segment of every sample),
-    `masked` LM-head positions. Linformer and BigBird attend over all of a sample's slots, padding included,
-    so their attention counts s keys per real query as in training_flops_per_sample."""
+def real_training_flops(config: BertConfig, segment_lengths: torch.Tensor, masked: int, slots: int) -> float:
+    """Model FLOPs of a batch's real work: segments of `segment_lengths` tokens (every segment of every sample)
+    through the layers, `masked` LM-head positions, each query against the keys of its own segment (the local
+    layers', at most W + 1 of them). Linformer and BigBird run every one of the batch's `slots` (b x s) queries,
+    padding included, against their keys: their attention is counted so, as in training_flops_per_sample."""
     lengths = segment_lengths.double()
     tokens = float(lengths.sum())
     if config.attention in ("linformer", "bigbird"):
-        pairs = tokens * attention_keys(config)
+        attention = attention_flops(config, slots, slots * attention_keys(config), 0.0)
     else:
-        pairs = float((lengths * lengths).sum())
-    window = config.local_attention_window
-    local = float((lengths * lengths.clamp(max=window + 1)).sum()) if window else 0.0
-    return training_flops(config, tokens, masked, pairs, local)
+        window = config.local_attention_window
+        local = float((lengths * lengths.clamp(max=window + 1)).sum()) if config.has_local_layers else 0.0
+        attention = attention_flops(config, tokens, float((lengths * lengths).sum()), local)
+    return layer_flops(config, tokens, masked) + attention
 
 
-def training_flops(config: BertConfig, tokens: float, masked: float, pairs: float, local_pairs: float) -> float:
-    """6 x the weights `tokens` meet in the layers, `masked` in the LM head, and the QK^T and PV products of
-    `pairs` (query, key) pairs in each global layer and `local_pairs` in each local one."""
-    h, L = config.hidden_size, config.num_layers
+def layer_flops(config: BertConfig, tokens: float, masked: float) -> float:
+    """6 x the weights `tokens` meet in the layers' projections and MLPs, and `masked` in the LM head."""
+    h = config.hidden_size
     layer_params = 4 * h * h + (2 if config.mlp_type == "gelu" else 3) * h * config.ffn_hidden_size
-    head_params = h * h + h * config.padded_vocab_size
+    return 6 * config.num_layers * layer_params * tokens + 6 * (h * h + h * config.padded_vocab_size) * masked
+
+
+def attention_flops(config: BertConfig, queries: float, pairs: float, local_pairs: float) -> float:
+    """The QK^T and PV products of `pairs` (query, key) pairs in each global layer and `local_pairs` in each
+    local one, and Linformer's E and F projections of the keys and values of `queries` slots."""
+    h, L = config.hidden_size, config.num_layers
     local_layers = sum(config.is_local_layer(i) for i in range(L))
-    global_layers = L - local_layers
-    flops = 6 * L * layer_params * tokens + 6 * head_params * masked
-    flops += 6 * global_layers * 2 * pairs * h + 6 * local_layers * 2 * local_pairs * h
-    if config.attention == "linformer":  # its E and F projections (the config refuses local layers with linformer)
-        flops += 6 * global_layers * 2 * tokens * attention_keys(config) * h
+    flops = 6 * (L - local_layers) * 2 * pairs * h + 6 * local_layers * 2 * local_pairs * h
+    if config.attention == "linformer":  # (the config refuses local layers with linformer)
+        flops += 6 * L * 2 * queries * attention_keys(config) * h
     return flops

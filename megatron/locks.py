@@ -19,7 +19,8 @@ LOCK = ".lock"  # the run writing into a --save folder: {"host", "pid", "start"}
 LOG_LOCK = ".log.lock"  # the run writing into a --log-dir, alike (a --log-dir may be its --save too)
 
 _held_locks = {}  # the locks this process holds, by name (LOCK, LOG_LOCK): {"path", "record", "created": folders
-# made for it, "named": what lines call it, "beat": Event, "lost": once it vanished and was placed again}
+# made for it, "named": what lines call it, "mutex": taken by the heartbeat, keep_held and release_lock, "beat":
+# Event, "lost": once it vanished and was placed again}
 LOCK_HEARTBEAT_S = 30  # the holder touches its lock this often
 LOCK_STALE_S = 300  # a lock of another host untouched this long is a dead run's
 
@@ -43,37 +44,49 @@ def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str
     if held and held["path"] == path and _read_lock(path) == held["record"]:
         return None
     release_lock(name)
-    staged = f"{path}.{host}.{os.getpid()}"
     record = {"host": host, "pid": os.getpid(), "start": launcher_watch.start_time(os.getpid())}
+    for _ in range(3):
+        try:
+            _place_record(path, record)
+            held = _held_locks[name] = dict(path=path, record=record, created=list(created), named=named,
+                                            mutex=threading.Lock())
+            held["beat"] = _heartbeat(held)
+            return None
+        except FileExistsError:
+            holder, age = _read_lock(path), _age(path)
+        if age is None:
+            continue  # released since: place it again
+        if _being_written(holder, age):
+            break
+        live = _held_by_live_run(named, flag, path, holder, age)
+        if live:
+            return live
+        if not _remove_stale(path, holder):
+            break
+        print(f"warning: {named}: taking over the lock of "
+              f"""{'pid ' + str(holder['pid']) + ' on ' + str(holder.get('host'))
+                   if holder else 'an unknown process'}"""
+              ", which no longer runs (a crashed or killed run)", file=sys.stderr, flush=True)
+    return (f"{named}: its lock {path} was just taken by another run starting there",
+            f"choose another {flag} directory")
+
+
+def _place_record(path: str, record: dict) -> None:
+    """`path` holding `record`, placed whole (_place) only where no `path` exists (else FileExistsError)."""
+    staged = f"{path}.{socket.gethostname()}.{os.getpid()}"
     try:
         with open(staged, "w") as file:
             json.dump(record, file)
-        for _ in range(3):
-            try:
-                _place(staged, path)
-                held = _held_locks[name] = dict(path=path, record=record, created=list(created), named=named)
-                held["beat"] = _heartbeat(held)
-                return None
-            except FileExistsError:
-                holder, age = _read_lock(path), _age(path)
-            if age is None:
-                continue  # released since: place it again
-            if holder is None and age < LOCK_HEARTBEAT_S:
-                break  # being written by a run starting there (an exclusive create appears empty first)
-            live = _held_by_live_run(named, flag, path, holder, age)
-            if live:
-                return live
-            if not _remove_stale(path, holder):
-                break
-            print(f"warning: {named}: taking over the lock of "
-                  f"""{'pid ' + str(holder['pid']) + ' on ' + str(holder.get('host'))
-                       if holder else 'an unknown process'}"""
-                  ", which no longer runs (a crashed or killed run)", file=sys.stderr, flush=True)
-        return (f"{named}: its lock {path} was just taken by another run starting there",
-                f"choose another {flag} directory")
+        _place(staged, path)
     finally:
         with contextlib.suppress(OSError):
             os.remove(staged)
+
+
+def _being_written(holder: dict | None, age: float | None) -> bool:
+    """A lock that cannot be read yet and is younger than LOCK_HEARTBEAT_S: a run starting there is writing it
+    (an exclusive create, where the filesystem has no hard links, appears empty first); left alone."""
+    return holder is None and age is not None and age < LOCK_HEARTBEAT_S
 
 
 NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV)  # blob FUSE mounts (blobfuse2, gcsfuse)
@@ -129,52 +142,56 @@ def _remove_stale(path: str, holder: dict | None) -> bool:
 
 def _heartbeat(held: dict) -> threading.Event:
     """Touches the lock every LOCK_HEARTBEAT_S, while it is still this run's, and places it again when it
-    vanished with its folder still there (keep_held), until the returned event is set (release_lock)."""
+    vanished with its folder still there (_keep), until the returned event is set (release_lock, which takes
+    the lock's mutex too: a beat under way when the run ends never puts back the lock it removes)."""
     stop = threading.Event()
 
     def beat():
         while not stop.wait(LOCK_HEARTBEAT_S):
-            if _read_lock(held["path"]) == held["record"]:
-                with contextlib.suppress(OSError):
-                    os.utime(held["path"])
-            elif not os.path.lexists(held["path"]):
-                with contextlib.suppress(OSError):
-                    _keep(held)
+            with held["mutex"]:
+                if stop.is_set():
+                    return
+                if _read_lock(held["path"]) == held["record"]:
+                    with contextlib.suppress(OSError):
+                        os.utime(held["path"])
+                elif not os.path.lexists(held["path"]):
+                    with contextlib.suppress(OSError):
+                        _keep(held)
 
     threading.Thread(target=beat, name="save-lock-heartbeat", daemon=True).start()
     return stop
 
 
 def keep_held(name: str = LOCK) -> tuple[str, str] | None:
-    """Before each save: the lock `name` this process took is still its own. One that vanished (its folder
-    removed, emptied or remounted while the run trained; the heartbeat notices it too) is placed again with
-    one warning, so that a second run is still refused there; (problem, fix) when another live run took it
-    meanwhile: both would write into the folder."""
+    """Before each save (and when the run log finds its file gone): the lock `name` this process took is still
+    its own. One that vanished (its folder removed, emptied or remounted while the run trained; the heartbeat
+    notices it too) is placed again with one warning, so that a second run is still refused there; (problem,
+    fix) when another live run holds it now: both would write into the folder. OSError: it cannot be placed."""
     held = _held_locks.get(name)
-    return None if held is None else _keep(held)
+    if held is None:
+        return None
+    with held["mutex"]:
+        return _keep(held)
 
 
 def _keep(held: dict) -> tuple[str, str] | None:
     path, record = held["path"], held["record"]
     for _ in range(3):
-        current = _read_lock(path)
+        current, age = _read_lock(path), _age(path)
         if current == record or not os.path.isdir(os.path.dirname(path) or "."):  # gone with its folder: placed
             return None  # once the folder is made again (the next save)
-        if current is not None and (who := _live(current, _age(path))):
-            return (f"{held['named']}: its lock {path} vanished while this run trained (the folder removed or "
-                    f"emptied), and {who} took it since", "stop one of the two runs: both write into that folder")
-        staged = f"{path}.{socket.gethostname()}.{os.getpid()}"
+        if _being_written(current, age):
+            return None  # another run's, starting there: read again at the next beat or save
+        if who := _live(current, age):
+            return (f"{held['named']}: this run's lock {path} is held by {who} now (it vanished while this run "
+                    f"trained, or went untouched for {LOCK_STALE_S} s)",
+                    "stop one of the two runs: both write into that folder")
         try:
-            with open(staged, "w") as file:
-                json.dump(record, file)
-            if current is not None or os.path.lexists(path):  # a dead run's, or unreadable: moved aside first
+            if age is not None:  # a dead run's, or unreadable: moved aside first
                 _remove_stale(path, current)
-            _place(staged, path)
+            _place_record(path, record)
         except FileExistsError:
-            continue  # placed by the heartbeat, or another run, meanwhile: read it again
-        finally:
-            with contextlib.suppress(OSError):
-                os.remove(staged)
+            continue  # placed by another run meanwhile: read it again
         if not held.get("lost"):
             held["lost"] = True
             print(f"warning: {held['named']} lost its lock {path} while this run trained (the folder removed, emptied "
@@ -200,11 +217,14 @@ def live_holder(path: str) -> str | None:
     return _live(_read_lock(path), _age(path))
 
 
-def held_by_another(path: str) -> bool:
-    """Whether a live run other than this process holds the lock `path`."""
-    holder = _read_lock(path)
+def held_by_another(path: str) -> str | None:
+    """Who holds the lock `path` when it is a live run other than this process (`live_holder`), or a run that
+    is writing it now ("a run starting there"); else None."""
+    holder, age = _read_lock(path), _age(path)
+    if _being_written(holder, age):
+        return "a run starting there"
     mine = holder is not None and holder.get("host") == socket.gethostname() and holder["pid"] == os.getpid()
-    return not mine and live_holder(path) is not None
+    return None if mine else _live(holder, age)
 
 
 def _live(holder: dict | None, age: float | None) -> str | None:
@@ -271,15 +291,21 @@ def release_lock(*names: str) -> None:
         if held is None:
             continue
         held["beat"].set()
-        if _read_lock(held["path"]) == held["record"]:
-            try:
-                os.remove(held["path"])
-            except FileNotFoundError:
-                pass
-            except OSError as error:
-                print(f"warning: cannot remove the lock {held['path']} ({error.strerror or error}); it is left "
-                      "there; a later run takes it over once this one has ended and the folder is writable",
-                      file=sys.stderr, flush=True)
+        with held["mutex"]:  # a beat under way ends first
+            _remove_held(held)
         for folder in held["created"]:  # innermost first
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
+
+
+def _remove_held(held: dict) -> None:
+    if _read_lock(held["path"]) != held["record"]:
+        return
+    try:
+        os.remove(held["path"])
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        print(f"warning: cannot remove the lock {held['path']} ({error.strerror or error}); it is left "
+              "there; a later run takes it over once this one has ended and the folder is writable",
+              file=sys.stderr, flush=True)

@@ -112,12 +112,30 @@ class RunLog:
         if self.failure:
             return
         try:
+            if os.fstat(self.metrics.fileno()).st_nlink == 0:
+                self._reopen(record.get("iteration"))
+                if self.failure:
+                    return
             self.metrics.write(json.dumps(record, allow_nan=False) + "\n")
             self.metrics.flush()
         except OSError as error:
             with contextlib.suppress(OSError):
                 self.metrics.close()  # closed with its unwritten buffer: no second error at exit
             self._failed("the run log", self.dir / "metrics.jsonl", error, "pass another --log-dir")
+
+    def _reopen(self, iteration) -> None:
+        """metrics.jsonl removed while the run trained (its --log-dir removed or emptied: a scratch cleaner, a
+        user's rm): the records went into the removed file. A new one goes on from here, said once, with the
+        folder's lock placed again (keep_held: a run that took the folder meanwhile stops this one)."""
+        with contextlib.suppress(OSError):
+            self.metrics.close()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics = open(self.dir / "metrics.jsonl", "a")
+        print(f"warning: --log-dir {self.dir} lost its metrics.jsonl while this run trained (the folder removed or "
+              f"emptied): a new one starts at iteration {iteration}; the earlier records, config.json and "
+              "index_maps.json of this run are gone", file=sys.stderr, flush=True)
+        if taken := locks.keep_held(locks.LOG_LOCK):
+            self.failure = taken
 
     def _plot_in_tensorboard(self, record: dict) -> None:
         """The record's numbers as TensorBoard scalars, on disk at once, as metrics.jsonl's line (a
@@ -288,18 +306,20 @@ def free_log_dir(log_dir: str, save: str | None) -> str:
         return log_dir
     save = save and os.path.abspath(save)
     candidates = [str(log_dir)] + [f"{log_dir}-{number}" for number in range(2, 10_000)]
+    holder = locks.held_by_another(os.path.join(log_dir, locks.LOG_LOCK))
+    why = f"{log_dir} is in use by a live run ({holder})" if holder else f"{log_dir} holds another run's logs"
     for candidate in candidates:
-        saves = _saves_logged(Path(candidate))
         if locks.held_by_another(os.path.join(candidate, locks.LOG_LOCK)):
             continue
+        saves = _saves_logged(Path(candidate))
         if saves is None:  # free: no run's records
             break
         if save and save in saves:
-            return candidate if candidate == log_dir else MovedLogDir(candidate, f"{log_dir} holds another run's logs; "
-                                                                                  f"those of --save {save} are here")
+            return candidate if candidate == log_dir else MovedLogDir(candidate, f"{why}; those of --save {save} are "
+                                                                                  "here")
     if candidate == log_dir:
         return log_dir
-    return MovedLogDir(candidate, f"{log_dir} holds another run's logs; --log-dir DIR picks the folder")
+    return MovedLogDir(candidate, f"{why}; --log-dir DIR picks the folder")
 
 
 def _saves_logged(folder: Path) -> set | None:

@@ -114,6 +114,19 @@ def test_the_real_flops_of_a_padded_packed_batch_are_those_of_its_documents_run_
         # less what model FLOPs leave out: the flash backward's recomputed q k^T, the pooler and SOP classifier
         alone += (counted_step_flops(config, 1) - config.num_layers * 2 * length * length * config.hidden_size
                   - 6 * (config.hidden_size ** 2 + 2 * config.hidden_size))
-    real = real_training_flops(config_at(256), batch.segment_lengths(), masked)
+    real = real_training_flops(config_at(256), batch.segment_lengths(), masked, 512)
     assert real == pytest.approx(alone, rel=1e-3)
     assert 2 * training_flops_per_sample(config_at(256), masked / 512) > 1.5 * real  # the model count, padding in
+
+
+def test_the_real_flops_of_linformer_count_its_attention_over_every_slot():
+    """Linformer's core runs every query slot, padding included, against its k projected keys (and projects
+    every slot's keys and values): only its layers' real tokens count less than the model count."""
+    config = BertConfig(vocab_size=1000, hidden_size=64, num_layers=2, num_attention_heads=4, seq_length=256,
+                        max_position_embeddings=256, attention="linformer", linformer_k=32, attention_dropout=0.0,
+                        make_vocab_size_divisible_by=8)
+    full = real_training_flops(config, torch.tensor([256]), 32, 256)
+    assert full == pytest.approx(training_flops_per_sample(config, 32 / 256), rel=1e-12)
+    half = real_training_flops(config, torch.tensor([128]), 32, 256)
+    layers = 6 * 2 * (4 * 64 * 64 + 2 * 64 * config.ffn_hidden_size) * 128  # the padding's share of the layers
+    assert full - half == pytest.approx(layers, rel=1e-12)

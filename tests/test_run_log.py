@@ -594,7 +594,17 @@ def test_a_default_log_dir_a_live_run_holds_is_passed_over_also_when_taken_after
             (folder / locks.LOG_LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid,
                                                              "start": start_time(other.pid)}))
 
+        args = SimpleNamespace(log_dir=run_log.free_log_dir(DEFAULT_LOG_DIR, None), tensorboard_dir=None,
+                               deepspeed_config=None, save=None, load=None, finetune=False)
+        assert args.log_dir is DEFAULT_LOG_DIR  # free when chosen, then taken by the other run
         lock_for_other(tmp_path / "runs" / "bert")
+        try:
+            training.check_log_dirs(args, {})
+            assert args.log_dir == "runs/bert-2" and args.log_dir.moved == (
+                f"runs/bert is in use by a live run (pid {other.pid} on this host ({socket.gethostname()})); "
+                "--log-dir DIR picks the folder")
+        finally:
+            locks.release_lock(locks.LOG_LOCK)
         assert run_log.free_log_dir(DEFAULT_LOG_DIR, None) == "runs/bert-2"
         args = SimpleNamespace(log_dir=run_log.free_log_dir(DEFAULT_LOG_DIR, None), tensorboard_dir=None,
                                deepspeed_config=None, save=None, load=None, finetune=False)

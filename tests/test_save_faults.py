@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from types import SimpleNamespace
 
@@ -508,8 +509,8 @@ def test_a_lock_that_vanishes_is_placed_again_and_one_another_run_took_stops_the
             (save / locks.LOCK).unlink()
             write_lock(save, socket.gethostname(), other.pid, start_time(other.pid))
             assert locks.keep_held() == (
-                f"--save {save}: its lock {save / locks.LOCK} vanished while this run trained (the folder removed or "
-                f"emptied), and pid {other.pid} on this host ({socket.gethostname()}) took it since",
+                f"--save {save}: this run's lock {save / locks.LOCK} is held by pid {other.pid} on this host "
+                f"({socket.gethostname()}) now (it vanished while this run trained, or went untouched for 300 s)",
                 "stop one of the two runs: both write into that folder")
         finally:
             other.kill()
@@ -521,25 +522,66 @@ def test_a_lock_that_vanishes_is_placed_again_and_one_another_run_took_stops_the
     assert not (save / locks.LOCK).exists()
 
 
-def test_a_run_whose_save_folder_is_removed_between_saves_takes_its_lock_again(tmp_path, data):
-    """The whole path: checkpoint 1 is saved, the folder removed, and the save of checkpoint 2 makes it again
-    with the lock back in it and one warning; the run ends normally."""
-    save = tmp_path / "ckpt"
-    hook = ("import shutil, sys\nfrom megatron import checkpoint_save, locks, training\nlocks.LOCK_HEARTBEAT_S = 3600\n"
-            "saved = checkpoint_save.save\n"
+@pytest.mark.parametrize("fault", ["removed", "read-only"])
+def test_a_run_whose_folders_are_removed_between_saves_takes_their_locks_again(tmp_path, data, fault):
+    """The whole path: checkpoint 1 is saved, then the --save and --log-dir folders removed. The log line of step
+    2 starts a new metrics.jsonl (the records went into the removed file, silently) and places the log lock
+    again, the save of checkpoint 2 makes --save again with its lock, one warning each, and the run ends
+    normally. Where the lock cannot be written again (remounted read-only), the save is one line naming --save,
+    not the lock's temporary file."""
+    save, log = tmp_path / "ckpt", tmp_path / "log"
+    hook = ("import errno, shutil, sys\nfrom megatron import checkpoint_save, locks, training\n"
+            "locks.LOCK_HEARTBEAT_S = 3600\nsaved = checkpoint_save.save\n"
+            "def read_only(path, record):\n    raise OSError(errno.EROFS, 'Read-only file system', path)\n"
             "def save_then_remove(*args, **kwargs):\n    tag = saved(*args, **kwargs)\n"
-            f"    if tag.endswith('1'):\n        shutil.rmtree({str(save)!r})\n    return tag\n"
-            "checkpoint_save.save = save_then_remove\nsys.exit(training.main(sys.argv[1:]))\n")
+            f"    if tag.endswith('1'):\n        shutil.rmtree({str(save)!r})\n"
+            + (f"        shutil.rmtree({str(log)!r})\n" if fault == "removed" else
+               "        locks._place_record = read_only\n") +
+            "    return tag\ncheckpoint_save.save = save_then_remove\nsys.exit(training.main(sys.argv[1:]))\n")
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run([PYTHON, "-c", hook, *run_argv(tmp_path, data, "--train-iters", "2", "--save", str(save),
-                                                           "--save-interval", "1")],
+                                                           "--save-interval", "1", "--log-interval", "1")],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    if fault == "read-only":
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert result.stderr.strip().splitlines()[-1] == (
+            f"pretrain_bert.py: error: --save {save}: cannot write its lock again on {socket.gethostname()} "
+            "(Read-only file system); pass a --save directory this user can write on every node")
+        return
     assert result.returncode == 0, result.stderr[-3000:]
-    assert [line for line in result.stderr.splitlines() if "lock" in line] == [
+    assert [line for line in result.stderr.splitlines() if "lost its" in line] == [
+        f"warning: --log-dir {log} lost its metrics.jsonl while this run trained (the folder removed or emptied): a "
+        "new one starts at iteration 2; the earlier records, config.json and index_maps.json of this run are gone",
+        f"warning: --log-dir {log} lost its lock {log / locks.LOG_LOCK} while this run trained (the folder removed, "
+        "emptied or remounted): taken again; checkpoints and logs written there before may be gone",
         f"warning: --save {save} lost its lock {save / locks.LOCK} while this run trained (the folder removed, "
         "emptied or remounted): taken again; checkpoints and logs written there before may be gone"], result.stderr
     assert sorted(os.listdir(save)) == ["iter_0000002", "latest"]
+    records = run_log.read_metrics(log / "metrics.jsonl")
+    assert [(r["kind"], r["iteration"]) for r in records][:1] == [("train", 2)]
+    assert (log / "loss.png").is_file() and not (log / locks.LOG_LOCK).exists()
+
+
+def test_a_beat_under_way_when_the_run_ends_does_not_put_its_lock_back(tmp_path, monkeypatch):
+    """The heartbeat woke just before release_lock, read the lock after it was removed and placed it again: the
+    ended run left its lock (another host's run refused for 5 minutes) and said it had lost it. Forced here by a
+    beat whose read waits 0.3 s."""
+    monkeypatch.setattr(locks, "LOCK_HEARTBEAT_S", 0.01)
+    in_beat, read = threading.Event(), locks._read_lock
+
+    def slow_in_beat(path):
+        if threading.current_thread().name == "save-lock-heartbeat" and not in_beat.is_set():
+            in_beat.set()
+            time.sleep(0.3)
+        return read(path)
+
+    monkeypatch.setattr(locks, "_read_lock", slow_in_beat)
+    assert locks.take_lock(str(tmp_path)) is None
+    assert in_beat.wait(10)
+    locks.release_lock()
+    time.sleep(0.5)  # a beat going on would have placed it again by now
+    assert not (tmp_path / locks.LOCK).exists()
 
 
 @needs_tmpfs
@@ -548,11 +590,11 @@ def test_a_full_dev_shm_is_one_line_naming_it_not_a_segfault(tmp_path, data):
     that finds no space returns -1, which it maps as a size: the rank died by SIGSEGV in init (Docker's 64 MB
     default took down a 2-rank run about half the time; a /dev/shm filled by killed runs' buffers, every time).
     With one rank on a full 1 MiB /dev/shm in a private mount namespace: filled by another file, one line (this
-    exact command exited 139 before); filled by a killed run's buffer of this user, which no process holds, that
-    buffer is removed with one warning and the run trains."""
+    exact command exited 139 before); filled by a killed run's buffer of this user, an hour old, which no process
+    holds, that buffer is removed with one warning and the run trains."""
     def run_with_shm_filled_by(name):
         script = (f'mount -t tmpfs -o size=1m tmpfs /dev/shm && (cat /dev/zero > /dev/shm/{name}) 2>/dev/null; '
-                  'exec "$@"')
+                  f'touch -d "1 hour ago" /dev/shm/{name}; exec "$@"')
         env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_SIZE": "1",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
         return subprocess.run([*NAMESPACE, "sh", "-c", script, "sh", PYTHON, str(ROOT / "pretrain_bert.py"),
@@ -582,27 +624,39 @@ def test_dev_shm_must_hold_every_ranks_buffer_but_the_last_ones_first_page(tmp_p
                                                                            f_frsize=4096))
     assert device.shm_problem(2) == (
         f"{tmp_path} has 64 MiB free, but DeepSpeed's CPU all-reduce writes a 66 MiB buffer there for each of this "
-        "node's 2 ranks", "give it more (docker run --shm-size=1g, or a larger /dev/shm tmpfs) or start fewer ranks "
-        "per node")
+        "node's 2 ranks", f"give it more (docker run --shm-size=1g, or a larger {tmp_path} tmpfs) or start fewer "
+        "ranks per node")
     assert device.shm_problem(1) is None
     free["bytes"] = device.SHM_WORKSPACE + 2 * 4096  # its last page partly filled
     assert device.shm_problem(2) is None and device.shm_problem(3) is not None
+    assert "--shm-size=2g" in device.shm_problem(17)[1]  # 17 x 66 MiB: more than 1 GiB
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    free["bytes"] = 4096  # this launch's rank 0 wrote its buffer already: only rank 1's is left to fit
+    (tmp_path / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_29500_0").write_bytes(b"\1" * device.SHM_WORKSPACE)
+    assert device.shm_problem(2) is not None  # rank 1's 66 MiB still missing
+    free["bytes"] = device.SHM_WORKSPACE - 8 * 2**20  # what is held counts as space: 58 MiB free + 66 held
+    assert device.shm_problem(2) is None
 
 
 def test_only_buffers_no_process_holds_are_removed(tmp_path, monkeypatch):
     """A starting run holds its buffer open from its creation (DeepSpeed keeps the descriptor): kept; a killed
-    run's, held by nobody, removed; another user's never looked at."""
+    run's, held by nobody and an hour old, removed; a young one kept (a launch in another container sharing
+    /dev/shm, whose processes do not show here); another user's never looked at."""
     from megatron.parallel import device
 
     monkeypatch.setattr(device, "SHM_DIR", str(tmp_path))
     names = [f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_0" for port in (29500, 29501)]
     other_user = f"deepspeed_allreduce_buffer_{os.getuid() + 1}_127.0.0.1_29500_0"
-    for name in (*names, other_user):
+    young = f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_29502_0"  # perhaps a launch in another container
+    for name in (*names, other_user, young):
         (tmp_path / name).write_bytes(b"\0" * 8192)
+        if name != young:
+            os.utime(tmp_path / name, (time.time() - 3600,) * 2)
     with open(tmp_path / names[0], "rb"):
         assert device.clear_left_over_buffers() == (f"removed 1 DeepSpeed all-reduce buffer of killed runs from "
                                                     f"{tmp_path} (0 MiB), which no process held")
-    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([names[0], other_user])
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([names[0], other_user, young])
     assert device.clear_left_over_buffers() == (f"removed 1 DeepSpeed all-reduce buffer of killed runs from {tmp_path} "
                                                 "(0 MiB), which no process held")
     assert device.clear_left_over_buffers() is None

@@ -385,30 +385,46 @@ def test_clean_refuses_a_prefix_with_neither_data_nor_maps(corpora, tmp_path):
 def test_clean_keeps_the_map_a_live_run_builds_and_a_removed_partial_is_named(corpora, tmp_path, capsys, monkeypatch):
     """clean_index_maps.py, run while a start-up writes a map (for minutes, on a large corpus), removed that
     partial file and counted it as a map; the run then died saying the folder could not be written (pass
-    --data-cache-path), which is not the fix. Now a live build's partial stays, named, a killed build's goes,
-    and a partial removed all the same (by an older clean) is named as such."""
+    --data-cache-path), which is not the fix. Now the partial a live build holds open stays, named; a killed
+    build's goes (also one named by a pid that runs again, for another process); another host's stays while
+    it is fresh; and a partial removed all the same (by an older clean) is named as such."""
     long, _, vocab, tokenizer = corpora
     prefix = preprocessed(long, tmp_path / "wiki", vocab)
     ended = subprocess.Popen([sys.executable, "-c", ""])
     ended.wait()
-    dead = Path(f"{prefix}_train_indexmap_9mns.npy.partial-{socket.gethostname()}-{ended.pid}.npy")
-    dead.write_bytes(b"left by a killed build")
+    host = socket.gethostname()
+    dead = Path(f"{prefix}_train_indexmap_9mns.npy.partial-{host}-{ended.pid}.npy")
+    reused = Path(f"{prefix}_train_indexmap_8mns.npy.partial-{host}-{os.getpid()}.npy")  # not open: a killed build's
+    fresh = Path(f"{prefix}_train_indexmap_7mns.npy.partial-node-9-77.npy")
+    stale = Path(f"{prefix}_train_indexmap_6mns.npy.partial-node-9-78.npy")
+    for path in (dead, reused, fresh, stale):
+        path.write_bytes(b"left by a build")
+    os.utime(stale, (time.time() - 3600,) * 2)
     save, cleaned = np.save, []
 
     def save_then_clean(path, array, **kwargs):
-        save(path, array, **kwargs)
-        load_tool("clean_index_maps").main([prefix])
-        cleaned.append(capsys.readouterr().out.splitlines())
+        with open(path, "wb") as file:  # while the build writes it
+            save(file, array, **kwargs)
+            load_tool("clean_index_maps").main([prefix])
+            cleaned.append(capsys.readouterr().out.splitlines())
 
     monkeypatch.setattr(bert_dataset.np, "save", save_then_clean)
     built = train_set(prefix, tokenizer)
-    live = f"{built.map_files()[0]}.partial-{socket.gethostname()}-{os.getpid()}.npy"
-    assert cleaned[0] == [f"kept {live}: being built by pid {os.getpid()} on this host ({socket.gethostname()})",
-                          f"removed {dead}", "removed 1 index maps (22 B), 1 kept"]
-    assert not dead.exists() and os.path.isfile(built.map_files()[0])
+    live = f"{built.map_files()[0]}.partial-{host}-{os.getpid()}.npy"
+    assert sorted(cleaned[0][:-1]) == sorted([f"kept {fresh}: being built by pid 77 on host node-9",
+                                              f"kept {live}: being built by pid {os.getpid()} on this host ({host})",
+                                              f"removed {stale}", f"removed {reused}", f"removed {dead}"])
+    assert cleaned[0][-1] == "removed 3 index maps (45 B), 2 kept"
+    assert os.path.isfile(built.map_files()[0])
+    assert index_maps.describe([prefix], index_maps.used_maps(built), str(tmp_path / "log")).endswith(", no others")
 
     os.remove(built.map_files()[0])
-    monkeypatch.setattr(bert_dataset.np, "save", lambda path, array, **kwargs: None)  # written, then removed
+
+    def save_then_remove(path, array, **kwargs):
+        save(path, array, **kwargs)
+        os.remove(path)  # as a clean of an older version did
+
+    monkeypatch.setattr(bert_dataset.np, "save", save_then_remove)
     with pytest.raises(DataError, match=rf"^index map {Path(built.map_files()[0]).name}: its partial file \S+ was "
                                         r"removed from .* while it was built \(by clean_index_maps.py, or a "
                                         r"preprocess_data.py of this data meanwhile\); rerun: the next start builds"):

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from megatron import locks
+from megatron.parallel import jit_locks
 from megatron.paths import in_repository, python_command
 
 SPLITS = ("train", "valid", "test")
@@ -165,19 +166,21 @@ _PARTIAL = re.compile(r"\.partial-(?P<host>.+)-(?P<pid>\d+)\.npy")  # bert_datas
 
 def builder(path: Path) -> str | None:
     """"pid N on this host (H)" or "pid N on host H" of the start-up writing the partial map `path` now; None for
-    a finished map, or a partial its build left when killed (its process ended; on another host, one untouched
-    for locks.LOCK_STALE_S): removing a live build's file stops that run."""
+    a finished map, or a partial its build left when killed: on this host one no process holds open (the build
+    writes it through an open file, whose name is renamed the moment it is written), on another host one untouched
+    for locks.LOCK_STALE_S. Removing a live build's file stops that run."""
     match = _PARTIAL.search(path.name)
     if match is None:
         return None
     host, pid = match["host"], int(match["pid"])
-    if host == socket.gethostname():
-        return f"pid {pid} on this host ({host})" if locks.running(pid) else None
     try:
-        age = time.time() - path.stat().st_mtime
+        status = path.stat()
     except OSError:
         return None
-    return f"pid {pid} on host {host}" if age < locks.LOCK_STALE_S else None
+    if host == socket.gethostname():
+        held = (status.st_dev, status.st_ino) in jit_locks.held_open()
+        return f"pid {pid} on this host ({host})" if held else None
+    return f"pid {pid} on host {host}" if time.time() - status.st_mtime < locks.LOCK_STALE_S else None
 
 
 def remove_stale(prefix: str) -> list[Path]:

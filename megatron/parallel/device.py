@@ -117,19 +117,24 @@ def shm_problem(local_ranks: int) -> tuple[str, str] | None:
         return None
     others = [entry for entry in entries if not entry.name.startswith(mine)]
     size = _megabytes(sum(map(_allocated, others)))
-    left = (f"; {len(others)} all-reduce buffers of other running jobs or users take {size} there ({SHM_DIR}/"
-            f"{SHM_BUFFER}*)" if others else "")
+    left = (f"; {len(others)} all-reduce buffers of other jobs (running, or killed in the last "
+            f"{BUFFER_STALE_S // 60} min) or users take {size} there ({SHM_DIR}/{SHM_BUFFER}*)" if others else "")
     ranks = f"each of this node's {local_ranks} ranks" if local_ranks > 1 else "this node's one rank"
     fewer = " or start fewer ranks per node" if local_ranks > 1 else ""
     return (f"{SHM_DIR} has {_megabytes(free)} free, but DeepSpeed's CPU all-reduce writes a "
             f"{_megabytes(SHM_WORKSPACE)} buffer there for {ranks}",
-            f"give it more (docker run --shm-size=1g, or a larger /dev/shm tmpfs){fewer}{left}")
+            f"give it more (docker run --shm-size={_gigabytes(local_ranks * SHM_WORKSPACE)}g, or a larger "
+            f"{SHM_DIR} tmpfs){fewer}{left}")
+
+
+BUFFER_STALE_S = 600  # an all-reduce buffer still named this long after its creation is a killed run's
 
 
 def clear_left_over_buffers() -> str | None:
-    """Removes this user's all-reduce buffers in SHM_DIR that no process holds open: those of runs killed
-    before their names were removed (init_distributed removes them once every rank has mapped them; DeepSpeed
-    holds each open from its creation on, so a starting run's are kept). -> what was removed, or None."""
+    """Removes this user's all-reduce buffers in SHM_DIR that no process holds open and that are older than
+    BUFFER_STALE_S: those of runs killed before their names were removed (init_distributed removes them once
+    every rank has mapped them, seconds after their creation; DeepSpeed holds each open from its creation on,
+    but a container sharing this /dev/shm shows none of its processes here). -> what was removed, or None."""
     mine = f"{SHM_BUFFER}{os.getuid()}_"
     try:
         entries = [entry for entry in os.scandir(SHM_DIR) if entry.name.startswith(mine)]
@@ -141,7 +146,7 @@ def clear_left_over_buffers() -> str | None:
     for entry in entries:
         with contextlib.suppress(OSError):
             status = entry.stat()
-            if (status.st_dev, status.st_ino) not in held:
+            if (status.st_dev, status.st_ino) not in held and time.time() - status.st_mtime > BUFFER_STALE_S:
                 os.unlink(entry.path)
                 removed.append(entry.name)
                 size += status.st_blocks * 512
@@ -155,6 +160,11 @@ def _allocated(entry: os.DirEntry) -> int:
     with contextlib.suppress(OSError):
         return entry.stat().st_blocks * 512
     return 0
+
+
+def _gigabytes(size: int) -> int:
+    """Whole GiB that hold `size` bytes and the rest of a container's shared memory (at least 1)."""
+    return max(1, -(-size // 2**30))
 
 
 def _megabytes(size: int) -> str:
