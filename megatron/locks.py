@@ -19,8 +19,8 @@ LOCK = ".lock"  # the run writing into a --save folder: {"host", "pid", "start"}
 LOG_LOCK = ".log.lock"  # the run writing into a --log-dir, alike (a --log-dir may be its --save too)
 
 _held_locks = {}  # the locks this process holds, by name (LOCK, LOG_LOCK): {"path", "record", "created": folders
-# made for it, "named": what lines call it, "mutex": taken by the heartbeat, keep_held and release_lock, "beat":
-# Event, "lost": once it vanished and was placed again}
+# made for it, "named": what lines call it, "flag": its flag, "mutex": taken by the heartbeat, keep_held and
+# release_lock, "beat": Event, "lost": once it vanished and was placed again}
 LOCK_HEARTBEAT_S = 30  # the holder touches its lock this often
 LOCK_STALE_S = 300  # a lock of another host untouched this long is a dead run's
 
@@ -49,7 +49,7 @@ def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str
         try:
             _place_record(path, record)
             held = _held_locks[name] = dict(path=path, record=record, created=list(created), named=named,
-                                            mutex=threading.Lock())
+                                            flag=flag, mutex=threading.Lock())
             held["beat"] = _heartbeat(held)
             return None
         except FileExistsError:
@@ -142,8 +142,9 @@ def _remove_stale(path: str, holder: dict | None) -> bool:
 
 def _heartbeat(held: dict) -> threading.Event:
     """Touches the lock every LOCK_HEARTBEAT_S, while it is still this run's, and places it again when it
-    vanished with its folder still there (_keep), until the returned event is set (release_lock, which takes
-    the lock's mutex too: a beat under way when the run ends never puts back the lock it removes)."""
+    vanished, with its folder if that went too (_keep: a second run is refused there within a beat), until the
+    returned event is set (release_lock, which takes the lock's mutex too: a beat under way when the run ends
+    never puts back the lock it removes)."""
     stop = threading.Event()
 
     def beat():
@@ -154,8 +155,9 @@ def _heartbeat(held: dict) -> threading.Event:
                 if _read_lock(held["path"]) == held["record"]:
                     with contextlib.suppress(OSError):
                         os.utime(held["path"])
-                elif not os.path.lexists(held["path"]):
+                elif not os.path.lexists(held["path"]):  # with its folder too: made again (the run writes there)
                     with contextlib.suppress(OSError):
+                        os.makedirs(os.path.dirname(held["path"]) or ".", exist_ok=True)
                         _keep(held)
 
     threading.Thread(target=beat, name="save-lock-heartbeat", daemon=True).start()
@@ -184,8 +186,9 @@ def _keep(held: dict) -> tuple[str, str] | None:
             return None  # another run's, starting there: read again at the next beat or save
         if who := _live(current, age):
             return (f"{held['named']}: this run's lock {path} is held by {who} now (it vanished while this run "
-                    f"trained, or went untouched for {LOCK_STALE_S} s)",
-                    "stop one of the two runs: both write into that folder")
+                    f"trained, or went untouched for {LOCK_STALE_S} s): this run stops (what it wrote there before "
+                    "may be gone with the folder)",
+                    f"rerun it with another {held['flag']} (resume from a checkpoint of its own, if one is left)")
         try:
             if age is not None:  # a dead run's, or unreadable: moved aside first
                 _remove_stale(path, current)

@@ -13,6 +13,7 @@ from megatron.data import index_maps
 from megatron.data.bert_dataset import (SPLIT_NAMES, TokenStats, build_train_valid_test_datasets, parse_data_path,
                                         split_tokens, split_weights, token_stats)
 from megatron.data.default_dataset import default_vocab_file, prepare_default_dataset
+from megatron.data.indexed_dataset import rewrite_warning
 from megatron.data.samplers import PretrainingSampler, micro_batches
 from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, build_tokenizer, case_warning,
                                      explicit_tokenizer, naming_flags)
@@ -158,7 +159,9 @@ def describe_datasets(args, config, data_path: list, datasets: tuple, train_iter
     small = small_eval_splits({name: (stats[name], split_tokens(dataset)) for name, dataset in (
         ("valid", valid_set), ("test", test_set)) if dataset is not None}, config.micro_batch_size)
     small = with_eval_passes(small, stats, args.eval_iters * config.global_batch_size)
-    for warning in [*data_warnings(args, data_path, valid_set, train_iters, test_set=test_set), *filter(None, [small])]:
+    rewritten = [rewrite_warning(prefix) for prefix in parse_data_path(data_path)[1]]
+    flagged = data_warnings(args, data_path, valid_set, train_iters, test_set=test_set)
+    for warning in [*filter(None, rewritten), *flagged, *filter(None, [small])]:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 
 
@@ -174,7 +177,8 @@ def padding_note(train: TokenStats, config) -> str | None:
     real = train.real_token_share * train.seq_length
     return (f"train samples are {1 - train.real_token_share:.0%} padding at --seq-length {train.seq_length} (one "
             f"document's sentences each, {real:.0f} real tokens on average): --pack-samples fills them with "
-            "several documents, each attending only to itself, for the same cost a step")
+            "several documents, each attending only to itself: many more real tokens a step, at little more cost "
+            "in a model of real size")
 
 
 def data_warnings(args, data_path: list, valid_set, train_iters: int, test_set=True) -> list:

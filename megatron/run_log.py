@@ -467,15 +467,18 @@ def superseded_dropped(records: list) -> list:
 
 
 def _private_matplotlib_config() -> None:
-    """A temporary MPLCONFIGDIR, removed at exit, where matplotlib's own folder cannot be made (a read-only home,
-    a container user without one): matplotlib then does the same after two lines of logging noise in a run's
-    output (`mkdir -p failed ...`, `Matplotlib created a temporary cache directory ...`)."""
+    """A temporary MPLCONFIGDIR, removed at exit, where matplotlib's config or cache folder cannot be made (a
+    read-only home, a root-owned ~/.cache after `sudo pip`, a container user without one): matplotlib then does
+    the same after two lines of logging noise in a run's output (`mkdir -p failed ...`, `Matplotlib created a
+    temporary cache directory ...`)."""
     if "matplotlib" in sys.modules or os.environ.get("MPLCONFIGDIR"):
         return
-    folder = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "matplotlib"
-    with contextlib.suppress(OSError):
-        folder.mkdir(parents=True, exist_ok=True)
-    if not os.access(folder, os.W_OK):
+    folders = [Path(os.environ.get(variable) or Path.home() / default) / "matplotlib"
+               for variable, default in (("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache"))]
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.mkdir(parents=True, exist_ok=True)
+    if not all(os.access(folder, os.W_OK) for folder in folders):
         os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="matplotlib-")
         atexit.register(shutil.rmtree, os.environ["MPLCONFIGDIR"], True)
 

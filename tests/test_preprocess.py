@@ -24,6 +24,7 @@ from megatron.data import preprocess as preprocess_module
 from megatron.data import workers as workers_module
 from megatron.data.bert_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import make_dataset
+from megatron.parallel.launcher_watch import start_time
 from megatron.data.default_dataset import DEFAULT_VOCAB_SIZE, prepare_default_dataset
 from megatron.data.preprocess import Encoder, PreprocessOptions, preprocess
 from megatron.data.sample_corpus import write_corpus
@@ -619,6 +620,30 @@ def test_a_second_job_into_a_prefix_being_written_is_refused_and_a_run_waits_for
     assert not Path(f"{prefix}.lock").exists() and not Path(f"{prefix}.bin.partial").exists()
     preprocess(options(corpus, tmp_path / "alone"))
     assert file_bytes(prefix) == file_bytes(tmp_path / "alone" / "wiki_text_sentence")
+
+
+def test_a_run_on_a_dataset_being_written_again_or_left_by_a_killed_job_says_which_corpus_it_reads(corpus,
+                                                                                                     tmp_path):
+    """A preprocess over an existing dataset, still running or killed (an OOM kill in a "preprocess; train"
+    script without set -e): the run trained on the old corpus without a word. Now one warning says which."""
+    preprocess(options(corpus, tmp_path))
+    prefix = str(tmp_path / "wiki_text_sentence")
+    assert indexed_dataset.rewrite_warning(prefix) is None
+    Path(f"{prefix}.bin.partial").write_bytes(b"\0" * 2048)
+    writer = subprocess.Popen(["sleep", "60"])
+    try:
+        Path(f"{prefix}.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": writer.pid,
+                                                      "start": start_time(writer.pid)}))
+        assert indexed_dataset.rewrite_warning(prefix) == (
+            f"dataset {prefix} is being written again by preprocess_data.py (pid {writer.pid} on this host "
+            f"({socket.gethostname()}); 2.0 KB so far): this run reads the current files, which that job replaces "
+            "when it ends (and removes their index maps)")
+    finally:
+        writer.kill()
+        writer.wait()
+    assert indexed_dataset.rewrite_warning(prefix) == (
+        f"a preprocess_data.py into {prefix} was killed (2.0 KB of new data left in {prefix}.bin.partial): this run "
+        "trains on the older dataset there; rerun that preprocess for the new corpus")
 
 
 @pytest.mark.timeout(60)

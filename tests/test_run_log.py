@@ -627,11 +627,14 @@ def test_a_home_that_cannot_be_written_adds_no_matplotlib_noise(tmp_path, monkey
     ...`, `Matplotlib created a temporary cache directory ...`) into every run's output at the plot; now the plot
     is drawn with a private config folder, silently, and that folder is gone at exit."""
     metrics = write_run_log(tmp_path / "log", io.StringIO(), monkeypatch)
-    env = {**os.environ, "HOME": "/etc/passwd/home", "TMPDIR": str(tmp_path)}
-    env.pop("MPLCONFIGDIR", None)
-    env.pop("XDG_CONFIG_HOME", None)
-    result = subprocess.run([sys.executable, str(Path(plot_run.__file__)), str(metrics), "-o", str(tmp_path / "p.png")],
-                            env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and result.stderr == "", result.stderr
-    assert (tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
-    assert not list(tmp_path.glob("matplotlib-*"))
+    (tmp_path / "home" / ".config").mkdir(parents=True)
+    (tmp_path / "home" / ".cache").write_text("a file")  # a home whose config folder works but not its cache's
+    for home in ("/etc/passwd/home", str(tmp_path / "home")):
+        env = {**os.environ, "HOME": home, "TMPDIR": str(tmp_path)}
+        for variable in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
+            env.pop(variable, None)
+        result = subprocess.run([sys.executable, str(Path(plot_run.__file__)), str(metrics), "-o",
+                                 str(tmp_path / "p.png")], env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        assert (tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
+        assert not list(tmp_path.glob("matplotlib-*"))

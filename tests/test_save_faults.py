@@ -491,12 +491,11 @@ def test_a_lock_that_vanishes_is_placed_again_and_one_another_run_took_stops_the
     assert locks.take_lock(str(save)) is None
     try:
         shutil.rmtree(save)
-        assert locks.keep_held() is None  # the folder is gone too: nothing to place it in, no error
-        save.mkdir()  # as the next save makes it
         deadline = time.monotonic() + 10
         while not (save / locks.LOCK).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert locks._read_lock(str(save / locks.LOCK))["pid"] == os.getpid()  # placed by the heartbeat
+        assert locks._read_lock(str(save / locks.LOCK))["pid"] == os.getpid()  # placed by the heartbeat, the folder
+        # made again: a second run is refused within a beat, not only from the next save on
         assert "in use by a live run" in locks.held_by_live_run(str(save), "--save")[0]  # a second run is refused
         (save / locks.LOCK).unlink()
         assert locks.keep_held() is None and locks._read_lock(str(save / locks.LOCK))["pid"] == os.getpid()
@@ -510,8 +509,9 @@ def test_a_lock_that_vanishes_is_placed_again_and_one_another_run_took_stops_the
             write_lock(save, socket.gethostname(), other.pid, start_time(other.pid))
             assert locks.keep_held() == (
                 f"--save {save}: this run's lock {save / locks.LOCK} is held by pid {other.pid} on this host "
-                f"({socket.gethostname()}) now (it vanished while this run trained, or went untouched for 300 s)",
-                "stop one of the two runs: both write into that folder")
+                f"({socket.gethostname()}) now (it vanished while this run trained, or went untouched for 300 s): "
+                "this run stops (what it wrote there before may be gone with the folder)",
+                "rerun it with another --save (resume from a checkpoint of its own, if one is left)")
         finally:
             other.kill()
             other.wait()
@@ -605,7 +605,9 @@ def test_a_full_dev_shm_is_one_line_naming_it_not_a_segfault(tmp_path, data):
     assert result.returncode == 2, result.stderr[-3000:]
     assert [line for line in result.stderr.splitlines() if "error" in line] == [
         "pretrain_bert.py: error: /dev/shm has 0 MiB free, but DeepSpeed's CPU all-reduce writes a 66 MiB buffer "
-        "there for this node's one rank; give it more (docker run --shm-size=1g, or a larger /dev/shm tmpfs)"]
+        "there for this node's one rank; give it more (docker run --shm-size=1g, or a larger /dev/shm tmpfs); no "
+        "buffer of a killed run is left there: running launches (whose buffers have no name once they started) or "
+        "other files fill it"]
     result = run_with_shm_filled_by(f"deepspeed_allreduce_buffer_{os.getuid()}_10.0.0.9_29500_0")
     assert result.returncode == 0, result.stderr[-3000:]
     assert [line for line in result.stderr.splitlines() if "/dev/shm" in line] == [
@@ -625,7 +627,8 @@ def test_dev_shm_must_hold_every_ranks_buffer_but_the_last_ones_first_page(tmp_p
     assert device.shm_problem(2) == (
         f"{tmp_path} has 64 MiB free, but DeepSpeed's CPU all-reduce writes a 66 MiB buffer there for each of this "
         "node's 2 ranks", f"give it more (docker run --shm-size=1g, or a larger {tmp_path} tmpfs) or start fewer "
-        "ranks per node")
+        "ranks per node; no buffer of a killed run is left there: running launches (whose buffers have no name once "
+        "they started) or other files fill it")
     assert device.shm_problem(1) is None
     free["bytes"] = device.SHM_WORKSPACE + 2 * 4096  # its last page partly filled
     assert device.shm_problem(2) is None and device.shm_problem(3) is not None

@@ -285,6 +285,20 @@ def _require_files(prefix):
             raise DataError(f"dataset file {path} does not exist", missing_fix(str(prefix)))
 
 
+def rewrite_warning(prefix: str) -> str | None:
+    """The warning for a dataset that a preprocess_data.py is writing again, or was writing when it was killed:
+    a run reads the files there now, the old corpus, without a word otherwise."""
+    partial = f"{data_file_path(prefix)}.partial"
+    if not (dataset_exists(prefix) and os.path.isfile(partial)):
+        return None
+    size = size_text(os.path.getsize(partial))
+    if writer := locks.live_holder(lock_file_path(prefix)):
+        return (f"dataset {prefix} is being written again by preprocess_data.py ({writer}; {size} so far): this run "
+                "reads the current files, which that job replaces when it ends (and removes their index maps)")
+    return (f"a preprocess_data.py into {prefix} was killed ({size} of new data left in {partial}): this run trains "
+            "on the older dataset there; rerun that preprocess for the new corpus")
+
+
 def misnamed_dataset(prefix: str, flag: str = "--data-path") -> tuple | None:
     """(problem, fix) for a prefix without a dataset that names datasets another way: a folder holding them
     (`--data-path data`; `data/` names data/.idx), or a comma list or glob of prefixes (Megatron-LM's and

@@ -118,7 +118,9 @@ def shm_problem(local_ranks: int) -> tuple[str, str] | None:
     others = [entry for entry in entries if not entry.name.startswith(mine)]
     size = _megabytes(sum(map(_allocated, others)))
     left = (f"; {len(others)} all-reduce buffers of other jobs (running, or killed in the last "
-            f"{BUFFER_STALE_S // 60} min) or users take {size} there ({SHM_DIR}/{SHM_BUFFER}*)" if others else "")
+            f"{BUFFER_STALE_S // 60} min) or users take {size} there ({SHM_DIR}/{SHM_BUFFER}*)" if others else
+            "; no buffer of a killed run is left there: running launches (whose buffers have no name once they "
+            "started) or other files fill it")
     ranks = f"each of this node's {local_ranks} ranks" if local_ranks > 1 else "this node's one rank"
     fewer = " or start fewer ranks per node" if local_ranks > 1 else ""
     return (f"{SHM_DIR} has {_megabytes(free)} free, but DeepSpeed's CPU all-reduce writes a "
