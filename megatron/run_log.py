@@ -51,6 +51,7 @@ class RunLog:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics = open(self.dir / "metrics.jsonl", "a")
+        self.metrics_file = _identity(self.dir / "metrics.jsonl")
         if self.metrics.tell() and not _ends_with_newline(self.dir / "metrics.jsonl"):
             self.metrics.write("\n")  # a killed run's torn last line stays a line of its own
         if args.tensorboard_dir:  # its package checked at start-up (tensorboard_problem)
@@ -112,7 +113,7 @@ class RunLog:
         if self.failure:
             return
         try:
-            if os.fstat(self.metrics.fileno()).st_nlink == 0:
+            if self.metrics_file and _identity(self.dir / "metrics.jsonl") != self.metrics_file:
                 self._reopen(record.get("iteration"))
                 if self.failure:
                     return
@@ -130,10 +131,13 @@ class RunLog:
         with contextlib.suppress(OSError):
             self.metrics.close()
         self.dir.mkdir(parents=True, exist_ok=True)
+        another = (self.dir / "metrics.jsonl").exists()  # a run that logged there meanwhile, and has ended
         self.metrics = open(self.dir / "metrics.jsonl", "a")
+        self.metrics_file = _identity(self.dir / "metrics.jsonl")
         print(f"warning: --log-dir {self.dir} lost its metrics.jsonl while this run trained (the folder removed or "
-              f"emptied): a new one starts at iteration {iteration}; the earlier records, config.json and "
-              "index_maps.json of this run are gone", file=sys.stderr, flush=True)
+              f"emptied{', then logged into by another run' if another else ''}): this run's records go on "
+              f"{'after that run' + chr(39) + 's' if another else 'in a new one'} from iteration {iteration}; its "
+              "earlier records, config.json and index_maps.json are gone", file=sys.stderr, flush=True)
         if taken := locks.keep_held(locks.LOG_LOCK):
             self.failure = taken
 
@@ -464,6 +468,16 @@ def superseded_dropped(records: list) -> list:
             kept = [r for r in kept if start > 0 and (r["kind"] == "start" or r.get("iteration", 0) <= start)]
         kept.append(record)
     return kept
+
+
+def _identity(path: Path) -> tuple | None:
+    """(device, inode) of the file at `path`; None when there is none: the run log's file was removed (or
+    replaced) while the run wrote it when its path no longer names the file it opened."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 def _private_matplotlib_config() -> None:
