@@ -157,7 +157,10 @@ def _heartbeat(held: dict) -> threading.Event:
                         os.utime(held["path"])
                 elif not os.path.lexists(held["path"]):  # with its folder too: made again (the run writes there)
                     with contextlib.suppress(OSError):
-                        os.makedirs(os.path.dirname(held["path"]) or ".", exist_ok=True)
+                        folder = os.path.dirname(held["path"]) or "."
+                        if not os.path.isdir(folder):
+                            os.makedirs(folder)
+                            held["created"].insert(0, folder)  # removed at the release when the run left it empty
                         _keep(held)
 
     threading.Thread(target=beat, name="save-lock-heartbeat", daemon=True).start()

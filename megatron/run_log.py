@@ -113,7 +113,7 @@ class RunLog:
         if self.failure:
             return
         try:
-            if self.metrics_file and _identity(self.dir / "metrics.jsonl") != self.metrics_file:
+            if self._log_file_gone():
                 self._reopen(record.get("iteration"))
                 if self.failure:
                     return
@@ -124,13 +124,23 @@ class RunLog:
                 self.metrics.close()  # closed with its unwritten buffer: no second error at exit
             self._failed("the run log", self.dir / "metrics.jsonl", error, "pass another --log-dir")
 
+    def _log_file_gone(self) -> bool:
+        """metrics.jsonl is no longer the file this run writes: its path names none, or another file while the one
+        opened has no name left (an inode number alone may change on a FUSE mount)."""
+        if not self.metrics_file or _identity(self.dir / "metrics.jsonl") == self.metrics_file:
+            return False
+        return not (self.dir / "metrics.jsonl").exists() or os.fstat(self.metrics.fileno()).st_nlink == 0
+
     def _reopen(self, iteration) -> None:
         """metrics.jsonl removed while the run trained (its --log-dir removed or emptied: a scratch cleaner, a
         user's rm): the records went into the removed file. A new one goes on from here, said once, with the
-        folder's lock placed again (keep_held: a run that took the folder meanwhile stops this one)."""
+        folder's lock placed again first (keep_held: a run that took the folder meanwhile stops this one)."""
         with contextlib.suppress(OSError):
             self.metrics.close()
         self.dir.mkdir(parents=True, exist_ok=True)
+        if taken := locks.keep_held(locks.LOG_LOCK):
+            self.failure = taken
+            return
         another = (self.dir / "metrics.jsonl").exists()  # a run that logged there meanwhile, and has ended
         self.metrics = open(self.dir / "metrics.jsonl", "a")
         self.metrics_file = _identity(self.dir / "metrics.jsonl")
@@ -138,8 +148,6 @@ class RunLog:
               f"emptied{', then logged into by another run' if another else ''}): this run's records go on "
               f"{'after that run' + chr(39) + 's' if another else 'in a new one'} from iteration {iteration}; its "
               "earlier records, config.json and index_maps.json are gone", file=sys.stderr, flush=True)
-        if taken := locks.keep_held(locks.LOG_LOCK):
-            self.failure = taken
 
     def _plot_in_tensorboard(self, record: dict) -> None:
         """The record's numbers as TensorBoard scalars, on disk at once, as metrics.jsonl's line (a
@@ -175,6 +183,8 @@ class RunLog:
         """The run's `failure`: what could not be written and why, fixed by free space or `elsewhere`."""
         if full := disk_full(error):
             folder = path if path.is_dir() else path.parent
+            while not folder.exists() and folder != folder.parent:  # a log dir removed meanwhile: its disk
+                folder = folder.parent
             reason = f"{full}, {shutil.disk_usage(folder).free / 2**20:.1f} MiB free"
         else:
             reason = error.strerror or str(error)

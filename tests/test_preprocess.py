@@ -622,8 +622,8 @@ def test_a_second_job_into_a_prefix_being_written_is_refused_and_a_run_waits_for
     assert file_bytes(prefix) == file_bytes(tmp_path / "alone" / "wiki_text_sentence")
 
 
-def test_a_run_on_a_dataset_being_written_again_or_left_by_a_killed_job_says_which_corpus_it_reads(corpus,
-                                                                                                     tmp_path):
+def test_a_run_on_a_dataset_being_written_again_or_left_by_a_killed_job_says_which_corpus_it_reads(corpus, tmp_path,
+                                                                                                     monkeypatch):
     """A preprocess over an existing dataset, still running or killed (an OOM kill in a "preprocess; train"
     script without set -e): the run trained on the old corpus without a word. Now one warning says which."""
     preprocess(options(corpus, tmp_path))
@@ -644,6 +644,12 @@ def test_a_run_on_a_dataset_being_written_again_or_left_by_a_killed_job_says_whi
     assert indexed_dataset.rewrite_warning(prefix) == (
         f"a preprocess_data.py into {prefix} was killed (2.0 KB of new data left in {prefix}.bin.partial): this run "
         "trains on the older dataset there; rerun that preprocess for the new corpus")
+
+    def renamed_meanwhile(path):  # the job finished between a look at the folder and the size
+        raise FileNotFoundError(2, "No such file or directory", path)
+
+    monkeypatch.setattr(indexed_dataset.os.path, "getsize", renamed_meanwhile)
+    assert indexed_dataset.rewrite_warning(prefix) is None
 
 
 @pytest.mark.timeout(60)

@@ -638,3 +638,13 @@ def test_a_home_that_cannot_be_written_adds_no_matplotlib_noise(tmp_path, monkey
         assert result.returncode == 0 and result.stderr == "", result.stderr
         assert (tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
         assert not list(tmp_path.glob("matplotlib-*"))
+
+
+def test_a_full_disk_under_a_removed_log_dir_is_named_with_the_disk_it_is_on(tmp_path, monkeypatch):
+    """The --log-dir removed, then its mkdir failing on a full disk: the free space was asked of the missing
+    folder, a FileNotFoundError that ended rank 0 in a traceback instead of the run's stop."""
+    log = rank_0_run_log(monkeypatch, tmp_path / "log", 4, 2)
+    log._failed("the run log", tmp_path / "gone" / "deeper" / "metrics.jsonl",
+                OSError(errno.ENOSPC, "No space left on device"), "pass another --log-dir")
+    assert log.failure[0].startswith(f"cannot write the run log {tmp_path / 'gone' / 'deeper' / 'metrics.jsonl'} "
+                                     "(the disk is full, ")

@@ -551,11 +551,11 @@ def test_a_run_whose_folders_are_removed_between_saves_takes_their_locks_again(t
         return
     assert result.returncode == 0, result.stderr[-3000:]
     assert [line for line in result.stderr.splitlines() if "lost its" in line] == [
+        f"warning: --log-dir {log} lost its lock {log / locks.LOG_LOCK} while this run trained (the folder removed, "
+        "emptied or remounted): taken again; checkpoints and logs written there before may be gone",
         f"warning: --log-dir {log} lost its metrics.jsonl while this run trained (the folder removed or emptied): "
         "this run's records go on in a new one from iteration 2; its earlier records, config.json and "
         "index_maps.json are gone",
-        f"warning: --log-dir {log} lost its lock {log / locks.LOG_LOCK} while this run trained (the folder removed, "
-        "emptied or remounted): taken again; checkpoints and logs written there before may be gone",
         f"warning: --save {save} lost its lock {save / locks.LOCK} while this run trained (the folder removed, "
         "emptied or remounted): taken again; checkpoints and logs written there before may be gone"], result.stderr
     assert sorted(os.listdir(save)) == ["iter_0000002", "latest"]

@@ -402,11 +402,10 @@ def test_clean_keeps_the_map_a_live_run_builds_and_a_removed_partial_is_named(co
     os.utime(stale, (time.time() - 3600,) * 2)
     save, cleaned = np.save, []
 
-    def save_then_clean(path, array, **kwargs):
-        with open(path, "wb") as file:  # while the build writes it
-            save(file, array, **kwargs)
-            load_tool("clean_index_maps").main([prefix])
-            cleaned.append(capsys.readouterr().out.splitlines())
+    def save_then_clean(file, array, **kwargs):  # while the build holds its file open
+        save(file, array, **kwargs)
+        load_tool("clean_index_maps").main([prefix])
+        cleaned.append(capsys.readouterr().out.splitlines())
 
     monkeypatch.setattr(bert_dataset.np, "save", save_then_clean)
     built = train_set(prefix, tokenizer)
@@ -420,9 +419,9 @@ def test_clean_keeps_the_map_a_live_run_builds_and_a_removed_partial_is_named(co
 
     os.remove(built.map_files()[0])
 
-    def save_then_remove(path, array, **kwargs):
-        save(path, array, **kwargs)
-        os.remove(path)  # as a clean of an older version did
+    def save_then_remove(file, array, **kwargs):
+        save(file, array, **kwargs)
+        os.remove(file.name)  # as a clean of an older version did
 
     monkeypatch.setattr(bert_dataset.np, "save", save_then_remove)
     with pytest.raises(DataError, match=rf"^index map {Path(built.map_files()[0]).name}: its partial file \S+ was "

@@ -114,8 +114,11 @@ def _save_built(path: str, build, what: str = "") -> Exception | None:
     started = time.perf_counter()
     try:
         partial.parent.mkdir(parents=True, exist_ok=True)
-        np.save(partial, build(), allow_pickle=False)
-        os.replace(partial, path)
+        array = build()
+        with open(partial, "wb") as file:  # open until renamed: clean_index_maps.py tells a live build by that
+            np.save(file, array, allow_pickle=False)
+            file.flush()
+            os.replace(partial, path)
         notice.cancel()
         if what:
             notice.join()  # a building line already begun comes out before its end

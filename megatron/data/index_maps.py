@@ -167,8 +167,8 @@ _PARTIAL = re.compile(r"\.partial-(?P<host>.+)-(?P<pid>\d+)\.npy")  # bert_datas
 def builder(path: Path) -> str | None:
     """"pid N on this host (H)" or "pid N on host H" of the start-up writing the partial map `path` now; None for
     a finished map, or a partial its build left when killed: on this host one no process holds open (the build
-    writes it through an open file, whose name is renamed the moment it is written), on another host one untouched
-    for locks.LOCK_STALE_S. Removing a live build's file stops that run."""
+    holds it open until it is renamed; a process of another user, whose files cannot be seen, by its pid), on
+    another host one untouched for locks.LOCK_STALE_S. Removing a live build's file stops that run."""
     match = _PARTIAL.search(path.name)
     if match is None:
         return None
@@ -178,8 +178,11 @@ def builder(path: Path) -> str | None:
     except OSError:
         return None
     if host == socket.gethostname():
-        held = (status.st_dev, status.st_ino) in jit_locks.held_open()
-        return f"pid {pid} on this host ({host})" if held else None
+        if os.access(f"/proc/{pid}/fd", os.R_OK):
+            live = (status.st_dev, status.st_ino) in jit_locks.held_open()
+        else:  # no /proc, or another user's process: its pid tells
+            live = locks.running(pid)
+        return f"pid {pid} on this host ({host})" if live else None
     return f"pid {pid} on host {host}" if time.time() - status.st_mtime < locks.LOCK_STALE_S else None
 
 

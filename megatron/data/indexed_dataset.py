@@ -289,9 +289,12 @@ def rewrite_warning(prefix: str) -> str | None:
     """The warning for a dataset that a preprocess_data.py is writing again, or was writing when it was killed:
     a run reads the files there now, the old corpus, without a word otherwise."""
     partial = f"{data_file_path(prefix)}.partial"
-    if not (dataset_exists(prefix) and os.path.isfile(partial)):
+    try:
+        size = size_text(os.path.getsize(partial)) if dataset_exists(prefix) else None
+    except OSError:  # none, or renamed into place meanwhile (the job just finished)
         return None
-    size = size_text(os.path.getsize(partial))
+    if size is None:
+        return None
     if writer := locks.live_holder(lock_file_path(prefix)):
         return (f"dataset {prefix} is being written again by preprocess_data.py ({writer}; {size} so far): this run "
                 "reads the current files, which that job replaces when it ends (and removes their index maps)")
