@@ -273,29 +273,37 @@ def _require_files(prefix):
         if not os.path.isfile(path):
             if mistake := misnamed_dataset(str(prefix)):
                 raise DataError(*mistake)
-            partial = f"{data_file_path(prefix)}.partial"
-            if os.path.isfile(partial) and (writer := locks.live_holder(lock_file_path(prefix))):
+            partial, size, writer = _partial_output(prefix)
+            if writer:
                 raise DataError(f"dataset {prefix} is still being written by preprocess_data.py ({writer}; "
-                                f"{size_text(os.path.getsize(partial))} so far)",
-                                "wait for that preprocess to finish, then rerun")
-            if os.path.isfile(partial):
-                raise DataError(f"dataset file {path} does not exist: {data_file_path(prefix)}.partial is the output "
+                                f"{size} so far)", "wait for that preprocess to finish, then rerun")
+            if size:
+                raise DataError(f"dataset file {path} does not exist: {partial} is the output "
                                 "of a preprocess_data.py that was killed", "run that preprocess again (it removes the "
                                 "partial output first)")
             raise DataError(f"dataset file {path} does not exist", missing_fix(str(prefix)))
 
 
+def _partial_output(prefix: str) -> tuple[str, str | None, str | None]:
+    """(the .bin.partial a preprocess_data.py writes into `prefix`, its size as text, who writes it when that job
+    still runs); the size is None when there is none, or it was renamed into place meanwhile (the job ended)."""
+    partial = f"{data_file_path(prefix)}.partial"
+    try:
+        size = size_text(os.path.getsize(partial)) if os.path.isfile(partial) else None
+    except OSError:
+        size = None
+    if size is None:
+        return partial, None, None
+    return partial, size, locks.live_holder(lock_file_path(prefix))
+
+
 def rewrite_warning(prefix: str) -> str | None:
     """The warning for a dataset that a preprocess_data.py is writing again, or was writing when it was killed:
     a run reads the files there now, the old corpus, without a word otherwise."""
-    partial = f"{data_file_path(prefix)}.partial"
-    try:
-        size = size_text(os.path.getsize(partial)) if dataset_exists(prefix) else None
-    except OSError:  # none, or renamed into place meanwhile (the job just finished)
-        return None
+    partial, size, writer = _partial_output(prefix) if dataset_exists(prefix) else (None, None, None)
     if size is None:
         return None
-    if writer := locks.live_holder(lock_file_path(prefix)):
+    if writer:
         return (f"dataset {prefix} is being written again by preprocess_data.py ({writer}; {size} so far): this run "
                 "reads the current files, which that job replaces when it ends (and removes their index maps)")
     return (f"a preprocess_data.py into {prefix} was killed ({size} of new data left in {partial}): this run trains "

@@ -87,16 +87,19 @@ def init_distributed(dist_backend: str | None = None, rendezvous_timeout: float 
     if dist.get_backend() == "nccl" or os.environ.get("LOCAL_SIZE") != str(dist.get_world_size()):
         return
     dist.barrier()
-    name = (f"{SHM_DIR}/{SHM_BUFFER}{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
-            f"{os.environ.get('MASTER_PORT', '')}_{dist.get_rank()}")
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(name)
+        os.unlink(f"{SHM_DIR}/{_launch_buffers()}{dist.get_rank()}")
 
 
 ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SHM_DIR = "/dev/shm"
 SHM_BUFFER = "deepspeed_allreduce_buffer_"  # then uid_addr_port_rank
 SHM_WORKSPACE = 2 * 2**20 + 2 * 32 * 2**20 + 8  # DeepSpeed's struct allreduce_workspace (shm.cpp): one per rank
+
+
+def _launch_buffers() -> str:
+    """The name of this launch's all-reduce buffers in SHM_DIR, but their rank (shm.cpp's shm_initialize)."""
+    return f"{SHM_BUFFER}{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_{os.environ.get('MASTER_PORT', '')}_"
 
 
 def shm_problem(local_ranks: int) -> tuple[str, str] | None:
@@ -109,7 +112,7 @@ def shm_problem(local_ranks: int) -> tuple[str, str] | None:
         entries = [entry for entry in os.scandir(SHM_DIR) if entry.name.startswith(SHM_BUFFER)]
     except OSError:
         return None  # no /dev/shm: DeepSpeed's op says so itself
-    mine = f"{SHM_BUFFER}{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_{os.environ.get('MASTER_PORT', '')}_"
+    mine = _launch_buffers()
     held = sum(min(_allocated(entry), SHM_WORKSPACE) for entry in entries if entry.name.startswith(mine))
     free = stats.f_bavail * stats.f_frsize
     page = stats.f_frsize
