@@ -241,8 +241,14 @@ def _live(holder: dict | None, age: float | None) -> str | None:
         return None
     host = socket.gethostname()
     if holder.get("host") != host:
-        return f"pid {holder['pid']} on host {holder.get('host')}" if age < LOCK_STALE_S else None
+        return live_elsewhere(holder.get("host"), holder["pid"], age)
     return f"pid {holder['pid']} on this host ({host})" if running(holder["pid"], holder.get("start")) else None
+
+
+def live_elsewhere(host: str, pid: int, age: float) -> str | None:
+    """"pid N on host H" of a run on another host whose file (a lock, a partial map) was touched `age` s ago,
+    when that is recent enough for the run to live (its process cannot be asked); else None."""
+    return f"pid {pid} on host {host}" if age < LOCK_STALE_S else None
 
 
 def _held_by_live_run(named: str, flag: str, path: str, holder: dict | None, age: float,

@@ -183,7 +183,7 @@ def builder(path: Path) -> str | None:
         else:  # no /proc, or another user's process: its pid tells
             live = locks.running(pid)
         return f"pid {pid} on this host ({host})" if live else None
-    return f"pid {pid} on host {host}" if time.time() - status.st_mtime < locks.LOCK_STALE_S else None
+    return locks.live_elsewhere(host, pid, time.time() - status.st_mtime)
 
 
 def remove_stale(prefix: str) -> list[Path]:
