@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -158,6 +159,11 @@ def test_a_struct_columns_fields_are_read_by_their_flattened_names(reference, tm
     for key, flat in zip(keys, KEYS):
         assert file_bytes(report.outputs[key]) == file_bytes(expected[flat]), key
     assert list(corpus_texts(Corpus(path, keys))) == [record[key] for record in records for key in KEYS]
+    lines = write_shard(tmp_path / "nested.jsonl", [{"id": i, "doc": {"text": record["text"], "title": record["title"]}}
+                                                    for i, record in enumerate(records)])  # JSON lines read alike
+    report = preprocess(options(lines, tmp_path / "out" / "lines", vocab, json_keys=keys))
+    for key, flat in zip(keys, KEYS):
+        assert file_bytes(report.outputs[key]) == file_bytes(expected[flat]), key
 
 
 def null_text(tmp: Path, records: list) -> str:
@@ -219,6 +225,30 @@ def parquet_bytes(records: list) -> bytes:
     sink = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(records), sink)
     return sink.getvalue()
+
+
+def arrow_bytes(records: list, form: str) -> bytes:
+    """`records` as an Arrow IPC file (Feather v2) or stream (a datasets save_to_disk shard)."""
+    import pyarrow.ipc
+
+    table, sink = pa.Table.from_pylist(records), io.BytesIO()
+    with (pyarrow.ipc.new_file if form == "file" else pyarrow.ipc.new_stream)(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def test_an_arrow_files_fix_writes_the_parquet_shard_of_loose_json(reference, tmp_path):
+    """The command an Arrow file's error gives, run as given, leaves a shard that preprocesses to the bytes of
+    loose JSON."""
+    records, vocab, expected = reference
+    for form in ("file", "stream"):
+        path = written("wiki.parquet", lambda records: arrow_bytes(records, form))(tmp_path / form, records)
+        with pytest.raises(DataError) as error:
+            preprocess(options(path, tmp_path / "out" / form, vocab))
+        command = error.value.fix.removeprefix("write it as Parquet: ")
+        subprocess.run(command.replace("python -c", f"{shlex.quote(sys.executable)} -c"), shell=True, check=True)
+        report = preprocess(options(str(tmp_path / form), tmp_path / "out" / form, vocab))
+        assert file_bytes(report.outputs["text"]) == file_bytes(expected["text"])
 
 
 def tar_bytes(name: str, data: bytes) -> bytes:
@@ -336,6 +366,14 @@ def text_of(records: list, encoding: str, compress=lambda data: data, end: str =
     return compress("".join(json.dumps(record) + end for record in records).encode(encoding))
 
 
+def glob_of_language_folders(tmp: Path, records: list) -> str:
+    """A dataset of one folder of Parquet shards per language beside its README, read with the glob `ds/*`."""
+    shards(tmp / "ds" / "en", ["part-0.parquet"], records[:60])
+    shards(tmp / "ds" / "de", ["part-0.parquet"], records[60:])
+    (tmp / "ds" / "README.md").write_text("# a dataset card\n")
+    return str(tmp / "ds" / "*")
+
+
 def folder_without_shards(tmp: Path, records: list) -> str:
     (tmp / "notes").mkdir(parents=True)
     (tmp / "notes" / "README.md").write_text("the shards are elsewhere")
@@ -348,6 +386,19 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
                                "--json-keys with column names"),
     "parquet_no_such_field": (nested, ("text",), r"wiki\.parquet has no column 'text' \(it has id, doc\.title, "
                                                 r"doc\.text, doc\.lang\); pass --json-keys with column names"),
+    "json_text_under_another_key": (written("wiki.jsonl", lambda records: jsonl(
+        {"raw_content": record["text"], "meta": {"url": "https://example.org"}} for record in records)), ("text",),
+        r"wiki\.jsonl line 1: no key 'text' \(its keys: 'raw_content', 'meta\.url'\); pass --json-keys with the "
+        r"key that holds the text"),
+    "parquet_column_and_field_of_one_name": (
+        written("wiki.parquet", lambda records: parquet_bytes([{"doc.text": "a flat column.",
+                                                                  "doc": {"text": "a struct's field."}}])),
+        ("doc.text",), r"wiki\.parquet has both a column 'doc\.text' and a field 'text' of the struct column 'doc': "
+                       r"--json-keys doc\.text could mean either; rename one"),
+    "glob_of_folders": (glob_of_language_folders, KEYS,
+                        r"--input '\S+/ds/\*' matches the folders \S+/ds/de, \S+/ds/en and no shard file \(only "
+                        r"\S+/ds/README\.md\): a glob reads the files it matches, not what folders hold; pass the "
+                        r"folder itself \(--input \S+/ds\) or a glob of its shards \(--input '\S+/ds/\*\*/\*\.parquet'\)$"),
     "parquet_struct_column": (nested, ("doc",), r"wiki\.parquet column 'doc' holds struct<.*>, not text \(its "
                                                 r"fields: doc\.title, doc\.text, doc\.lang\); pass --json-keys"),
     "parquet_null_struct": (lambda tmp, records: nested(tmp, records, null_row=4), ("doc.text",),
@@ -357,6 +408,12 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
     "shard_not_parquet": (one_shard_not_parquet, KEYS,
                           r"part-00001\.parquet is uncompressed JSON text, though its name says Parquet; name it "
                           r"\*\.jsonl, e\.g\. mv /\S+/part-00001\.parquet /\S+/part-00001\.jsonl$"),
+    "feather_named_parquet": (written("wiki.parquet", lambda records: arrow_bytes(records, "file")), KEYS,
+                              r"wiki\.parquet is an Arrow \(Feather\) file, which is not read; write it as Parquet: mv "
+                              r"\S+/wiki\.parquet \S+/wiki\.arrow && python -c \"import .*feather\.read_table"),
+    "arrow_stream_named_parquet": (written("wiki.parquet", lambda records: arrow_bytes(records, "stream")), KEYS,
+                                   r"wiki\.parquet is an Arrow stream \(as datasets' save_to_disk writes\), which is "
+                                   r"not read; write it as Parquet: mv .*ipc\.open_stream"),
     "parquet_garbage": (written("wiki.parquet", lambda records: b"\x00\x01\x02 not a format" * 8), KEYS,
                         r"wiki\.parquet is not a Parquet file \(.*magic bytes.*\); pass Parquet shards"),
     "parquet_empty": (written("wiki.parquet", lambda records: b""), KEYS,
@@ -503,8 +560,10 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
             r"wiki\.csv is CSV, not JSON lines \(one object per line\); convert it to Parquet and pass --json-keys "
             r"with its text column, e\.g\. python -c \"import pandas; pandas\.read_csv\('/\S+/wiki\.csv'\)"
             r"\.to_parquet\('/\S+/wiki\.parquet'\)\"$"),
-    "arrow_file": (written("data-00000-of-00001.arrow", lambda records: b"\xff\xff\xff\xff\x00\x01"), KEYS,
-                   r"data-00000-of-00001\.arrow is an Arrow file \(Hugging Face save_to_disk\), not JSON lines"),
+    "arrow_file": (written("data-00000-of-00001.arrow", lambda records: arrow_bytes(records, "stream")), KEYS,
+                   r"data-00000-of-00001\.arrow is an Arrow stream \(as datasets' save_to_disk writes\), which is not "
+                   r"read; write it as Parquet: python -c \"import .*ipc\.open_stream\('\S+/data-00000-of-00001\.arrow'\)"
+                   r"\.read_all\(\), '\S+/data-00000-of-00001\.parquet'\)\"$"),
     "arrow_folder": (arrow_folder, KEYS, r"input folder /\S+/saved is a Hugging Face save_to_disk folder \(Arrow "
                                          r"files\), which is not read; write it as Parquet, e\.g\. python -c \"import "
                                          r"datasets; datasets\.load_from_disk\('/\S+/saved'\)\['train'\]\.to_parquet"),

@@ -108,14 +108,16 @@ def test_byte_level_guesses_are_shown_decoded(tmp_path):
     sys.path.insert(0, str(TOOL.parent))
     from fill_mask import fill_mask
 
-    bpe = train_bpe(["the cat sat on the mat\n", "the dog"] * 20, ["[UNK]", "[MASK]", "[SEP]", "[PAD]", "[CLS]"], 300)
+    bpe = train_bpe(["the cat sat on the mat\n", "the dog", "café 你"] * 20, ["[UNK]", "[MASK]", "[SEP]", "[PAD]", "[CLS]"],
+                    300)
     bpe.save(str(tmp_path / "tokenizer.json"))
     tokenizer = HFTokenizer(tmp_path / "tokenizer.json")
     model = small_model(small_config("ring", seq_length=16, vocab_size=tokenizer.vocab_size)).eval()
-    with torch.no_grad():  # the model's top three: these tokens, in this order
-        for bias, token in zip((30, 20, 10), ("Ġthe", "at", "Ċ")):
+    with torch.no_grad():  # the model's top five: these tokens, in this order; the last two each one byte of é
+        for bias, token in zip((30, 20, 10, 9, 8), ("Ġthe", "at", "Ċ", "Ã", "©")):
             model.lm_head.bias[tokenizer.tokens.index(token)] = bias
-    assert [guess for guess, _ in fill_mask(model, tokenizer, "a [MASK]", 3)[0]] == ["the", "at", "'\\n'"]
+    assert [guess for guess, _ in fill_mask(model, tokenizer, "a [MASK]", 5)[0]] == ["the", "at", "'\\n'", "\\xc3",
+                                                                                    "\\xa9"]
 
 
 def test_a_hugging_face_folder_asks_for_the_conversion(tmp_path):

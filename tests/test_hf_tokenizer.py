@@ -439,6 +439,19 @@ def test_the_character_named_is_the_one_the_text_lacks(tmp_path):
         HFTokenizer(tmp_path / "tokenizer.json").tokenize_batch(["the cafe\u0301 dog \u2603 sat"])
 
 
+def test_the_character_named_is_the_one_the_model_lacks_after_normalizing(tmp_path):
+    """A lower-casing BPE whose vocab holds 'Z' but not 'z': the error named 'Z', which the vocab holds."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(["the cat sat Z"], trainers.BpeTrainer(vocab_size=40, special_tokens=SPECIALS))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    assert tokenizer.token_to_id("Z") is not None and tokenizer.token_to_id("z") is None
+    with pytest.raises(DataError, match=r"has no token for 'z', what its normalizer makes of 'Z' \(U\+005A\), and "
+                                        "would leave it out"):
+        HFTokenizer(tmp_path / "tokenizer.json").tokenize_batch(["the Zcat"])
+
+
 def test_a_word_a_wordpiece_without_an_unknown_token_cannot_split_is_one_line(tmp_path):
     """Its characters are all tokens, but not as a word's continuation (##): the Rust side's error, with the fix."""
     vocab = {token: index for index, token in enumerate([*SPECIALS, "a", "b"])}

@@ -206,6 +206,42 @@ def test_data_of_the_same_tokens_split_another_way_is_refused(tmp_path):
             check_data_vocab(HFTokenizer(tmp_path / "other.json"), [prefix])
 
 
+def test_data_of_the_same_tokens_with_other_added_token_matching_is_refused(tmp_path):
+    """Two tokenizer.json files of one vocab and pipeline whose added token matches text another way
+    (single_word; or special, encoded as its characters, vs matched as one id) split a text into other
+    ids: the data check took them for one tokenizer. A record written before added tokens were recorded
+    is not refused for them."""
+    from tokenizers import AddedToken
+
+    prefix = str(tmp_path / "data")
+
+    def added(name, token):
+        rust = Tokenizer.from_file(str(bert_json(tmp_path / f"{name}.json", True)))
+        rust.add_tokens([token])
+        rust.save(str(tmp_path / f"{name}.json"))
+        tokenizer = HFTokenizer(tmp_path / f"{name}.json")
+        tokenizer.read_specials_as_text()  # as preprocessing reads text
+        return tokenizer
+
+    loose, whole = added("loose", AddedToken("cat", single_word=False)), added("whole", AddedToken("cat", single_word=True))
+    assert loose.tokenize("cats") != whole.tokenize("cats")
+    write_data_identity(loose, prefix)
+    check_data_vocab(loose, [prefix])
+    with pytest.raises(DataError, match=r"differs from the run's HFTokenizer \S*whole.json "
+                                        r"\(added_tokens.0.single_word: false vs true\)"):
+        check_data_vocab(whole, [prefix])
+    matched, special = added("matched", AddedToken("<tag>")), added("special", AddedToken("<tag>", special=True))
+    assert matched.tokenize("a <tag>") != special.tokenize("a <tag>")
+    write_data_identity(matched, prefix)
+    with pytest.raises(DataError, match=r"\(added_tokens: a list of 1 vs a list of 0\)"):
+        check_data_vocab(special, [prefix])
+    record = json.loads(data_identity_path(prefix).read_text())
+    record["text_pipeline"] = {path: value for path, value in record["text_pipeline"].items()
+                               if not path.startswith("added_tokens")}
+    data_identity_path(prefix).write_text(json.dumps(record))
+    check_data_vocab(special, [prefix])
+
+
 def test_records_without_the_text_pipeline_or_with_another_versions_fields_still_work(tmp_path, vocab_file):
     """A record written before records held the text pipeline: a WordPiece one's case is its type, a
     tokenizer.json's pipeline is unknown (no refusal). A setting only one tokenizers version writes is no

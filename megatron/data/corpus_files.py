@@ -265,11 +265,11 @@ def _refuse_cr_line_ends(shard: Shard, head: bytes) -> None:
 
 
 JSON_LINES_LOOKED_AT = 5  # non-blank lines of a shard's head, one of which is JSON in a JSON-lines shard
-NOT_JSON = {".csv": "CSV", ".tsv": "TSV", ".arrow": "an Arrow file (Hugging Face save_to_disk)"}  # by the suffix
+NOT_JSON = {".csv": "CSV", ".tsv": "TSV"}  # by the suffix (an Arrow file by its first bytes: MAGIC)
 
 
 def _refuse_not_json(shard: Shard, head: bytes, key: str) -> None:
-    """A shard none of whose first lines is JSON (plain text, one document a line; CSV; an Arrow file):
+    """A shard none of whose first lines is JSON (plain text, one document a line; CSV):
     named as what its suffix says, with the conversion. Where one of them is a JSON object or array or
     value (a string, a number), a bad line among them (a stray header, a damaged first record) is left to
     the reading, which names the record (--skip-invalid skips it)."""
@@ -288,9 +288,6 @@ def _refuse_not_json(shard: Shard, head: bytes, key: str) -> None:
         separator = ", sep='\\t'" if what == "TSV" else ""
         fix = (f"convert it to Parquet and pass --json-keys with its text column, e.g. python -c \"import pandas; "
                f"pandas.read_csv({shard.path!r}{separator}).to_parquet({parquet!r})\"")
-    elif what != "plain text":
-        fix = (f"convert it to Parquet, e.g. python -c \"import datasets; "
-               f"datasets.Dataset.from_file({shard.path!r}).to_parquet({parquet!r})\"")
     else:
         fix = f"convert it (one document a line), e.g. {_jq_command(shard, '{' + json.dumps(key) + ': .}', raw=True)}"
     raise DataError(f"{shard.path} is {what}, not JSON lines (one object per line)", fix)
@@ -339,6 +336,10 @@ MAGIC = {  # the first bytes of a file -> (what it is, the suffix of the names i
     b"\xfd7zXZ\x00": ("xz-compressed, which is not read", None, RECOMPRESS),
     b"\x04\x22\x4d\x18": ("lz4-compressed, which is not read", None, RECOMPRESS),
     b"PK\x03\x04": ("a zip archive, which is not read", None, "unzip it and pass the files it holds"),
+    b"ARROW1": ("an Arrow (Feather) file, which is not read", None, lambda path: _as_parquet(
+        path, "pyarrow.feather.read_table({})")),
+    b"\xff\xff\xff\xff": ("an Arrow stream (as datasets' save_to_disk writes), which is not read", None,
+                          lambda path: _as_parquet(path, "pyarrow.ipc.open_stream({}).read_all()")),
 }
 MAGIC_BYTES = 512  # of a file's first bytes, to tell its format (and uncompressed text) by
 ZSTD_SKIPPABLE = re.compile(rb"[\x50-\x5f]\x2a\x4d\x18")  # a zstd stream may start with a skippable frame
@@ -353,7 +354,7 @@ def _refuse_misnamed(shard: Shard, head: bytes) -> None:
     for magic, (what, suffix, fix) in MAGIC.items():
         if head.startswith(magic):
             if suffix is None:
-                raise DataError(f"{shard.path} is {what}", fix)
+                raise DataError(f"{shard.path} is {what}", fix(shard.path) if callable(fix) else fix)
             if shard_kind(suffix) == shard.kind:
                 return
             _refuse_renamed(shard, f"{what}, though its name says {NAME_SAYS[shard.kind]}", suffix)
@@ -362,6 +363,18 @@ def _refuse_misnamed(shard: Shard, head: bytes) -> None:
     if shard.kind != "json" and (what := _text_head(head)):
         refuse_lfs_pointer(shard.path)  # a dataset cloned without git-lfs: text too
         _refuse_renamed(shard, f"uncompressed {what}, though its name says {NAME_SAYS[shard.kind]}", ".jsonl")
+
+
+def _as_parquet(path: str, reads: str) -> str:
+    """The fix for an Arrow file at `path` that `reads` (a pyarrow call, {} for the path) reads: named .arrow,
+    written as Parquet beside it."""
+    arrow = path if path.lower().endswith((".arrow", ".feather")) else None
+    stem = os.path.splitext(path)[0] if arrow else _renamed(path, ".parquet").removesuffix(".parquet")
+    arrow = arrow or stem + ".arrow"
+    code = f"import pyarrow.feather, pyarrow.ipc, pyarrow.parquet; pyarrow.parquet.write_table(" \
+           f"{reads.format(repr(arrow))}, {stem + '.parquet'!r})"
+    rename = f"mv {shlex.quote(path)} {shlex.quote(arrow)} && " if arrow != path else ""
+    return f"write it as Parquet: {rename}python -c \"{code}\""
 
 
 def _refuse_renamed(shard: Shard, problem: str, suffix: str) -> None:
@@ -461,6 +474,10 @@ def _check_parquet(path: str, keys: tuple) -> None:
                         ) from None
     for key in keys:
         column = _parquet_column(schema, key)
+        if key in schema.names and _struct_field(schema, key) is not None:
+            raise DataError(f"{path} has both a column {key!r} and a field {key.rpartition('.')[2]!r} of the struct "
+                            f"column {key.rpartition('.')[0]!r}: --json-keys {key} could mean either",
+                            "rename one of them in the Parquet files")
         if column is None:
             raise DataError(f"{path} has no column {key!r} (it has {', '.join(_flat_names(schema))})",
                             "pass --json-keys with column names of the Parquet files")
@@ -478,14 +495,21 @@ def _parquet_column(schema, key: str) -> tuple | None:
     naming, as a Hugging Face dataset of nested records shows it); None: no such column or field."""
     if key in schema.names:
         return [key], schema.field(key)
+    field = _struct_field(schema, key)
+    return None if field is None else (key.split("."), field)
+
+
+def _struct_field(schema, key: str):
+    """The field a dotted `key` names down struct columns (`doc.text`: the field `text` of the column `doc`),
+    or None."""
     field, fields = None, schema
-    for name in key.split("."):
+    for name in key.split(".") if "." in key else ():
         index = fields.get_field_index(name) if fields is not None else -1
         if index < 0:
             return None
         field = fields.field(index)
         fields = field.type if _is_struct(field.type) else None
-    return key.split("."), field
+    return field
 
 
 def _is_struct(kind) -> bool:
@@ -602,12 +626,43 @@ def record_texts(raw, keys) -> dict | str:
         return f"invalid JSON ({error.__class__.__name__}: {error})"
     if not isinstance(record, dict):
         return "not a JSON object"
+    texts = {}
     for key in keys:
-        if key not in record:
-            return f"no key {key!r}"
-        if problem := _text_problem(key, record[key]):
+        value = _value_at(record, key)
+        if value is _MISSING:
+            return MissingKey(f"no key {key!r} (its keys: {', '.join(map(repr, _flat_keys(record))) or 'none'})")
+        if problem := _text_problem(key, value):
             return problem
-    return {key: record[key] for key in keys}
+        texts[key] = value
+    return texts
+
+
+class MissingKey(str):
+    """record_texts' problem of a record that lacks a key: on a corpus's first record the keys are what to fix."""
+
+
+_MISSING = object()
+
+
+def _value_at(record: dict, key: str):
+    """The value of `key` in a record: its own key, else a dotted path into nested objects (`doc.text`, as a
+    Parquet struct's field is named, so JSON lines and Parquet of one dataset read alike); _MISSING if none."""
+    if key in record:
+        return record[key]
+    value = record
+    for name in key.split(".") if "." in key else (key,):
+        if not isinstance(value, dict) or name not in value:
+            return _MISSING
+        value = value[name]
+    return value
+
+
+def _flat_keys(record: dict, prefix: str = "") -> list:
+    """A record's keys, a nested object's as dotted paths (`doc.text`), as --json-keys names them."""
+    keys = []
+    for key, value in record.items():
+        keys += _flat_keys(value, f"{prefix}{key}.") if isinstance(value, dict) and value else [prefix + key]
+    return keys
 
 
 def _text_problem(key: str, value) -> str | None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from megatron import locks, paths
 from megatron.data import index_maps
-from megatron.data.corpus_files import Corpus, record_texts
+from megatron.data.corpus_files import Corpus, MissingKey, record_texts
 from megatron.data.indexed_dataset import best_fitting_dtype, lock_file_path, make_builder
 from megatron.data.sentences import sentence_splitter
 from megatron.data.shard_discovery import FORMATS_HELP
@@ -197,6 +197,9 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         for number, documents, size in encoded:
             report.bytes_read += size
             report.input_read = number[2]
+            if isinstance(documents, MissingKey) and not report.documents + report.skipped:
+                raise DataError(f"{corpus.where(number)}: {documents}", "pass --json-keys with the key that holds the "
+                                "text (a nested one as doc.text)")
             if isinstance(documents, str):
                 if not options.skip_invalid:
                     raise DataError(f"{corpus.where(number)}: {documents}",

@@ -60,6 +60,7 @@ def shard_paths(spec: str) -> tuple[list[str], list[str]]:
         _refuse_unfinished(spec, [Path(name) for suffix in UNFINISHED for name in glob.glob(spec + suffix)])
         _refuse_broken_links(spec, [Path(name) for name in matched])
         found = [name for name in matched if Path(name).is_file() and not _derived(name)]
+        _refuse_matched_folders(spec, [name for name in matched if Path(name).is_dir()], found)
         if not found:
             raise DataError(f"--input {spec} matches no files", "check the pattern (quoted, so the shell leaves "
                                                                   "it to the tool) and the folder")
@@ -74,6 +75,22 @@ def shard_paths(spec: str) -> tuple[list[str], list[str]]:
                         "compressed)")
     raise DataError(f"input file {spec} does not exist",
                     f"pass --input with a {FORMATS_HELP} file, or a folder or glob of them")
+
+
+def _refuse_matched_folders(spec: str, folders: list, files: list) -> None:
+    """A glob that matches folders and no shard file (`'ds/*'` over `ds/en/`, `ds/de/` and a README): a glob
+    reads the files it matches, so it would read the README, or nothing."""
+    if not folders or any(name.lower().endswith(FOLDER_SUFFIXES) for name in files):
+        return
+    shown = ", ".join(folders[:3]) + (f" and {len(folders) - 3} more" if len(folders) > 3 else "")
+    others = f" and no shard file (only {', '.join(files[:3])})" if files else ""
+    inside = [str(path) for folder in folders for path in sorted(Path(folder).rglob("*"))
+              if path.name.lower().endswith(FOLDER_SUFFIXES) and path.is_file()]
+    pattern = glob_of(inside) if inside else None
+    raise DataError(f"--input {shlex.quote(spec)} matches the folder{'s' * (len(folders) > 1)} {shown}{others}: a "
+                    "glob reads the files it matches, not what folders hold",
+                    f"pass the folder itself (--input {common_folder(folders) if len(folders) > 1 else folders[0]})"
+                    + (f" or a glob of its shards (--input {shlex.quote(pattern)})" if pattern else ""))
 
 
 def _not_a_file(spec: str) -> str:

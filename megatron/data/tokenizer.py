@@ -30,7 +30,11 @@ TYPE_NAMES = (*TOKENIZER_TYPES, HF_TOKENIZER)  # every --tokenizer-type
 # the names each special token the samples need goes by (BERT / ModernBERT, RoBERTa, XLNet / ALBERT)
 SPECIAL_NAMES = {"cls": ("[CLS]", "<s>", "<cls>"), "sep": ("[SEP]", "</s>", "<sep>"), "mask": ("[MASK]", "<mask>"),
                  "pad": ("[PAD]", "<pad>")}
-PIPELINE_PARTS = ("normalizer", "pre_tokenizer", "model")  # what turns text into tokens, beside the tokens
+BYTE_LEVEL_BYTES = {chr(byte): byte for byte in [*range(33, 127), *range(161, 173), *range(174, 256)]}
+BYTE_LEVEL_BYTES |= {chr(256 + n): byte
+                     for n, byte in enumerate(sorted(set(range(256)) - {*BYTE_LEVEL_BYTES.values()}))}
+# a byte-level BPE's character for each byte (GPT-2's: printable Latin-1 as itself, the rest from U+0100 on)
+PIPELINE_PARTS = ("normalizer", "pre_tokenizer", "model", "added_tokens")  # what turns text into tokens
 
 
 class _Tokenizer:
@@ -71,8 +75,14 @@ class _Tokenizer:
         return None if token is None else self._rust.token_to_id(token)
 
     def decode_one(self, token_id: int) -> str:
-        """One id as the text it stands for (byte-level 'Ġhave' -> ' have'; WordPiece: the token)."""
-        return self._rust.decode([int(token_id)], skip_special_tokens=False)
+        """One id as the text it stands for (byte-level 'Ġhave' -> ' have'; WordPiece: the token); a byte-level
+        piece of a character (a byte of 'é') as its bytes' escapes ('\\xc3'), not as the U+FFFD that every
+        such piece decodes to."""
+        text = self._rust.decode([int(token_id)], skip_special_tokens=False)
+        token = self._rust.id_to_token(int(token_id)) or ""
+        if "\ufffd" in text and "\ufffd" not in token and set(token) <= BYTE_LEVEL_BYTES.keys():
+            return bytes(BYTE_LEVEL_BYTES[character] for character in token).decode("utf-8", "backslashreplace")
+        return text
 
     def settings(self) -> dict:
         """The pipeline's settings as its tokenizer.json holds them (words.word_rule reads its rule there)."""
@@ -320,8 +330,12 @@ class _Alphabet:
                 character = min((character for character in failed if self.model_view(character) & missing),
                                 key=text.index, default=min(failed, key=text.index))
                 drops = "would leave it out of the ids" if self.drops else "fails on it"
-                raise DataError(f"the tokenizer {tokenizer.file} has no token for {character!r} "
-                                f"(U+{ord(character):04X}) and {drops}: {tokenizer.lacks_fallback}", RETRAIN_WITH_UNK)
+                named = f"{character!r} (U+{ord(character):04X})"
+                seen = "".join(sorted(self.model_view(character) & missing))
+                if seen and seen != character:  # a normalizer's: 'Z' lower-cased to a 'z' the vocab lacks
+                    named = f"{seen!r}, what its normalizer makes of {named},"
+                raise DataError(f"the tokenizer {tokenizer.file} has no token for {named} and {drops}: "
+                                f"{tokenizer.lacks_fallback}", RETRAIN_WITH_UNK)
 
     def _passes(self, character: str) -> bool:
         if self.model_view(character) <= self.characters:
@@ -360,8 +374,12 @@ def text_pipeline(rust: Tokenizer) -> dict:
     vocab is left out (the identity covers the tokens), but not what splits a word into them: a BPE's
     merges in order (as pairs, whichever way a tokenizers version writes them) and a Unigram's scores,
     each as one sha256. BertNormalizer's strip_accents None ("as lowercase") is written out, so that a
-    BERT tokenizer.json and a vocab.txt of the same case are one pipeline."""
+    BERT tokenizer.json and a vocab.txt of the same case are one pipeline. The added tokens matched in text
+    (the non-special ones: special ones are encoded as their characters) are a part too, each with how it
+    matches (single_word, lstrip, rstrip, normalized): equal tokens, another split."""
     settings = json.loads(rust.to_str())
+    settings["added_tokens"] = [{key: value for key, value in token.items() if key not in ("id", "special")}
+                                for token in settings.get("added_tokens") or () if not token.get("special")]
     model = settings["model"]
     settings["model"] = {key: value for key, value in model.items() if key not in ("vocab", "merges")}
     if "merges" in model:

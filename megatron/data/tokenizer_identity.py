@@ -235,7 +235,8 @@ def _special_differences(recorded: dict, run: dict) -> list[str]:
 def _pipeline_differences(recorded: dict, run: dict) -> list[str]:
     """The settings in which two pipelines differ, as 'path: recorded vs run' (the topmost only: a changed type
     is one difference). A field only one side has, in an object both have, is another tokenizers version's
-    field, not a difference."""
+    field, not a difference; a part only the run has was not recorded by the version that wrote the record."""
+    run = {path: value for path, value in run.items() if path.partition(".")[0] in recorded}
     retyped = {path.rpartition(".")[0] for path in recorded.keys() & run.keys()
                if path.endswith(".type") and recorded[path] != run[path]}  # another kind of object: one difference
     differ = []
