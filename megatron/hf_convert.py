@@ -51,6 +51,16 @@ HF_CONFIG_KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num
 HF_OTHER_KEYS = {"max_position_embeddings": "max_position_embeddings", "hidden_dropout": "hidden_dropout_prob",
                  "attention_dropout": "attention_probs_dropout_prob", "init_method_std": "initializer_range"}
 STRUCTURE = (*HF_CONFIG_KEYS, "layernorm_layout", "embedding_layernorm")  # check_compatible's fields
+_BERT_DEFAULTS = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                  "intermediate_size": 3072, "max_position_embeddings": 512, "type_vocab_size": 2,
+                  "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+                  "initializer_range": 0.02}
+HF_DEFAULTS = {"bert": _BERT_DEFAULTS, "megatron-bert": {**_BERT_DEFAULTS, "vocab_size": 29056, "hidden_size": 1024,
+                                                         "num_hidden_layers": 24, "num_attention_heads": 16,
+                                                         "intermediate_size": 4096}}
+# transformers' value of a key a config.json leaves out (its BertConfig / MegatronBertConfig defaults): what
+# transformers builds from the folder, not this trainer's defaults (layernorm_epsilon 1e-5)
+DECODER_KEYS = ("is_decoder", "add_cross_attention")  # a causal BERT (BertLMHeadModel), with cross-attention
 
 
 def name_map(config: BertConfig) -> list[tuple[str, tuple[str, ...]]]:
@@ -170,7 +180,7 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, low
             raise ConfigError(f"vocab file {vocab_file} has no [PAD] token", "pass a BERT vocab.txt")
         tensors, files = hf_files(state, config, vocab, lower_case)
         copied, texts = {}, {"vocab.txt": "".join(f"{token}\n" for token in vocab)}  # written as transformers reads
-    with undone_on_failure(f"cannot write the Hugging Face folder {output}", "--output") as made:
+    with undone_on_failure(f"cannot write the Hugging Face folder {output}", "--output", output.parent) as made:
         made += [Path(folder) for folder in reversed(missing_folders(output.parent))]
         output.parent.mkdir(parents=True, exist_ok=True)
         made.append(created_folder(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent)))
@@ -211,6 +221,11 @@ def classic_fields_from_hf(hf_config: dict) -> dict:
         if hf_config.get(key, supported) != supported:
             raise ConfigError(f"Hugging Face {key} '{hf_config[key]}' differs from this model's '{supported}'",
                               f"convert a model with {key} '{supported}'")
+    if key := next((key for key in DECODER_KEYS if hf_config.get(key)), None):
+        raise ConfigError(f"the Hugging Face config.json sets {key} true: a decoder BERT (BertLMHeadModel) whose "
+                          "tokens see only the tokens before them, which this trainer's bidirectional encoder does not "
+                          "compute", "convert an encoder (BertForMaskedLM, BertForPreTraining, BertModel)")
+    hf_config = {**HF_DEFAULTS[hf_config["model_type"]], **hf_config}
     fields = {field: hf_config[key] for field, key in {**HF_CONFIG_KEYS, **HF_OTHER_KEYS}.items() if key in hf_config}
     for field, value in fields.items():  # a string or a negative size would surface as a TypeError later
         integer = field not in ("layernorm_epsilon", "hidden_dropout", "attention_dropout", "init_method_std")
@@ -347,7 +362,15 @@ def load_hf_weights(folder, config: BertConfig, extend_positions: bool = True) -
 
 def load_bert_state(tensors: dict, hf_config: dict, folder, config: BertConfig,
                     extend_positions: bool) -> tuple[dict, list]:
-    """The BERT adapter's load_state: load_hf_weights' result from the folder's tensors (`hf_config`: unused)."""
+    """The BERT adapter's load_state: load_hf_weights' result from the folder's tensors. A config.json without
+    max_position_embeddings over a table of other than transformers' default rows is named: extended, the
+    table would pass for one of a model trained at that default (transformers refuses such a folder)."""
+    table, default = tensors.get("bert.embeddings.position_embeddings.weight"), HF_DEFAULTS[hf_config["model_type"]]
+    if "max_position_embeddings" not in hf_config and table is not None and len(table) != (
+            rows := default["max_position_embeddings"]):
+        raise DataError(f"{Path(folder) / 'config.json'} has no max_position_embeddings (transformers reads {rows}), "
+                        f"and bert.embeddings.position_embeddings.weight has {len(table)} rows",
+                        f"set max_position_embeddings to {len(table)} in config.json")
     state, missing = bert_state_from_hf(tensors, config, extend_positions)
     return completed(state, missing, missing_encoder_tensors(missing, tensors, config), folder, config)
 
@@ -411,7 +434,7 @@ def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, toke
     save_dir = Path(save_dir)
     refuse_save_with_checkpoint(save_dir)
     tag = tag_for(0)
-    with undone_on_failure(f"cannot write the checkpoint {save_dir}", "--save") as made:
+    with undone_on_failure(f"cannot write the checkpoint {save_dir}", "--save", save_dir.parent) as made:
         made += [Path(folder) for folder in reversed(missing_folders(save_dir))]
         save_dir.mkdir(parents=True, exist_ok=True)
         made.append(created_folder(tempfile.mkdtemp(prefix=f".{tag}.", dir=save_dir)))

@@ -67,11 +67,12 @@ def tokenizer_config(config: BertConfig, lower_case: bool) -> dict:
 
 
 @contextlib.contextmanager
-def undone_on_failure(cannot_write: str, flag: str):
-    """Runs the writing of an output (the folder of `flag`): the body appends each path it makes to the
-    list it is given (folders created on the way, a staging folder, a file renamed into place), which
-    any failure removes, the last made first. A full disk is then one ConfigError line: the OSError of
-    a write names no file, and torch's writer only says 'unexpected pos'."""
+def undone_on_failure(cannot_write: str, flag: str, folder: Path):
+    """Runs the writing of an output (the folder of `flag`, written in `folder`): the body appends each path
+    it makes to the list it is given (folders created on the way, a staging folder, a file renamed into
+    place), which any failure removes, the last made first. A full disk is then one ConfigError line: the
+    OSError of a write names no file, and torch's writer only says 'unexpected pos'; an OSError of a path in
+    `folder` (a staging folder the user never named) is named as the output's."""
     made = []
     try:
         yield made
@@ -84,6 +85,9 @@ def undone_on_failure(cannot_write: str, flag: str):
                     path.unlink()
         if disk_full(error):
             raise ConfigError(*unwritable(cannot_write, flag, error, "")) from None
+        if isinstance(error, OSError) and error.filename and Path(os.path.abspath(error.filename)).is_relative_to(
+                os.path.abspath(folder)):
+            raise ConfigError(*unwritable(cannot_write, flag, error, f"pass a {flag} this user can write")) from None
         raise
 
 
@@ -151,7 +155,7 @@ def read_hf_weights(folder) -> dict:
     """Tensors of an HF folder as stored (model.safetensors, sharded safetensors or pytorch_model.bin)."""
     tensors = {}
     for path in hf_weight_files(folder):
-        read = read_pytorch_bin if path.name == "pytorch_model.bin" else read_safetensors
+        read = read_pytorch_bin if path.suffix == ".bin" else read_safetensors
         try:
             tensors.update(finite_tensors(read(path), path))
         except DataError:
@@ -195,28 +199,15 @@ def check_shape(hf_name: str, tensor: torch.Tensor, want: list, vocab_rows: bool
 
 
 def hf_weight_files(folder) -> list:
-    """The files read_hf_weights reads: model.safetensors, else the shards of model.safetensors.index.json,
-    else pytorch_model.bin (a folder may hold both formats: the first found is the model)."""
+    """The files read_hf_weights reads, the first a folder holds of: model.safetensors, the shards of
+    model.safetensors.index.json, pytorch_model.bin, the shards of pytorch_model.bin.index.json (a folder may
+    hold both formats: transformers reads the safetensors)."""
     folder = Path(folder)
-    if (folder / "model.safetensors").is_file():
-        return [folder / "model.safetensors"]
-    if (folder / "model.safetensors.index.json").is_file():
-        index = folder / "model.safetensors.index.json"
-        try:
-            weight_map = strict_json_loads(index.read_text(encoding="utf-8"), index).get("weight_map")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            weight_map = None
-        if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
-            raise DataError(f"{index} is not a safetensors index (a JSON object with a weight_map of file names)",
-                            "copy or download the model folder again")
-        shards = sorted(set(weight_map.values()))
-        for shard in shards:
-            if not (folder / shard).is_file():
-                raise DataError(f"{index} names the shard {shard}, which is not in {folder}",
-                                "copy or download the model folder again (every shard)")
-        return [folder / shard for shard in shards]
-    if (folder / "pytorch_model.bin").is_file():
-        return [folder / "pytorch_model.bin"]
+    for weights in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / weights).is_file():
+            return [folder / weights]
+        if (index := folder / f"{weights}.index.json").is_file():
+            return _index_shards(index)
     if os.path.lexists(folder / LATEST) or (folder / RUN_STATE).is_file():  # a --save folder, or one iter_* of it
         saved = folder if os.path.lexists(folder / LATEST) else folder.parent
         raise ConfigError(f"{folder} is a checkpoint of this trainer, not a Hugging Face model folder",
@@ -225,6 +216,23 @@ def hf_weight_files(folder) -> list:
     refuse_log_dir(str(folder), "--load --finetune (a new run from its weights)")
     raise ConfigError(f"{folder} holds no model.safetensors or pytorch_model.bin",
                       "point at a Hugging Face model folder saved with save_pretrained")
+
+
+def _index_shards(index: Path) -> list:
+    """The shard files a weight index (model.safetensors.index.json, pytorch_model.bin.index.json) names."""
+    try:
+        weight_map = strict_json_loads(index.read_text(encoding="utf-8"), index).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        weight_map = None
+    if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
+        raise DataError(f"{index} is not a weight index (a JSON object with a weight_map of file names)",
+                        "copy or download the model folder again")
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if not (index.parent / shard).is_file():
+            raise DataError(f"{index} names the shard {shard}, which is not in {index.parent}",
+                            "copy or download the model folder again (every shard)")
+    return [index.parent / shard for shard in shards]
 
 
 def finite_tensors(tensors: dict, path) -> dict:
@@ -457,6 +465,8 @@ def state_from_hf(tensors: dict, config: BertConfig, pairs: list, tied: dict, bu
     with torch.device("meta"):
         expected = BertModel(config).state_dict()
     for hf_name, source in tied.items():
+        if hf_name in tensors and source not in tensors:  # stored under the tied name only: one parameter
+            tensors = {**tensors, source: tensors[hf_name]}
         if hf_name in tensors and source in tensors and not torch.equal(tensors[hf_name], tensors[source]):
             raise ConfigError(f"{hf_name} differs from {source} in the Hugging Face folder: this trainer ties them, "
                               "so the model cannot be converted without changing its outputs",

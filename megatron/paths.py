@@ -4,12 +4,13 @@ records kept beside data and checkpoints."""
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import socket
 import sys
 from pathlib import Path
 
-from megatron.errors import disk_full
+from megatron.errors import ConfigError, disk_full
 
 REPOSITORY = Path(__file__).resolve().parents[1]  # pretrain_bert.py, tools/, docs/, ds_configs/
 # where the trainer builds its default data (--default-data-dir), in the repository whatever the current folder:
@@ -89,6 +90,11 @@ def missing_folders(path: str) -> list:
     """The folders `path` needs that do not exist yet, innermost first (to remove them again)."""
     folder, missing = os.path.abspath(path), []
     while not os.path.exists(folder):
+        if os.path.islink(folder):  # a link to a folder not made yet: never made here, so never removed here
+            target = os.path.join(os.path.dirname(folder), os.readlink(folder))
+            raise ConfigError(f"{folder} is a link to {target}, which does not exist (a scratch folder not made yet, "
+                              "a file system not mounted)", f"create it (mkdir -p {shlex.quote(target)}), or pass "
+                                                            "another folder")
         missing.append(folder)
         folder = os.path.dirname(folder)
     return missing
@@ -123,7 +129,10 @@ def folder_problem(flag: str, path: str, fix: str | None = None) -> tuple[str, s
     fix = fix or f"pass a {flag} directory this user can write"
     if problem := file_in_the_way(flag, path):
         return problem, fix
-    created = missing_folders(path)
+    try:
+        created = missing_folders(path)
+    except ConfigError as error:  # a link to a folder that does not exist
+        return f"{flag}: {error.problem}", error.fix
     try:
         write_probe(path)
     except OSError as error:

@@ -513,3 +513,41 @@ def test_to_hf_of_a_rotary_checkpoint_declares_the_length_it_trained_at(tmp_path
                        "declares its --seq-length 64"] if exported < stored else [])
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["max_position_embeddings"] == exported
     assert checkpoint.declared_positions(str(tmp_path / "ck"), "iter_0000000") == exported
+
+
+def test_an_output_the_tool_cannot_make_is_named_as_given_and_a_link_to_a_missing_folder_kept(tmp_path, capsys):
+    """--save / --output a link to a folder not made yet (a scratch folder, an unmounted file system): was
+    '(File exists)' and the user's link deleted as a folder the tool had made. A folder the tool may not
+    write in: was named by the hidden staging folder the user never gave ('.out.x1y2')."""
+    from megatron.errors import run_tool
+    from test_hf_modernbert import hf_folder, vocab_of
+
+    tool = tool_module()
+    _, folder = hf_folder(tmp_path, "geglu-every3")
+    vocab_of(tmp_path, 100).rename(folder / "vocab.txt")
+    (tmp_path / "ck_link").symlink_to(tmp_path / "scratch" / "ck")
+    (tmp_path / "out_link").symlink_to(tmp_path / "scratch" / "out")
+    capsys.readouterr()
+    for argv, link in ((["from-hf", "--hf-dir", str(folder), "--save", str(tmp_path / "ck_link")], "ck_link"),
+                       (["to-hf", "--load", str(folder.parent / "ck"), "--output", str(tmp_path / "out_link" / "m")],
+                        "out_link")):
+        if argv[0] == "to-hf":
+            tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(folder.parent / "ck")])
+            capsys.readouterr()
+        assert run_tool("convert_checkpoint.py", lambda: tool.main(argv)) == 2
+        target = tmp_path / "scratch" / link.removesuffix("_link")
+        assert capsys.readouterr().err.splitlines() == [
+            f"convert_checkpoint.py: error: {tmp_path / link} is a link to {target}, which does not exist (a scratch "
+            f"folder not made yet, a file system not mounted); create it (mkdir -p {target}), or pass another folder"]
+        assert (tmp_path / link).is_symlink()
+
+    def refused(*args, prefix, dir, **kwargs):
+        raise PermissionError(1, "Operation not permitted", os.path.join(dir, f"{prefix}x1y2"))
+
+    with mock.patch.object(tempfile, "mkdtemp", refused):
+        assert run_tool("convert_checkpoint.py", lambda: tool.main(
+            ["to-hf", "--load", str(folder.parent / "ck"), "--output", str(tmp_path / "kernel" / "export")])) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"convert_checkpoint.py: error: cannot write the Hugging Face folder {tmp_path / 'kernel' / 'export'} "
+        "(Operation not permitted); pass a --output this user can write"]
+    assert not (tmp_path / "kernel").exists()

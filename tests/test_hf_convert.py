@@ -1,6 +1,7 @@
 """Hugging Face <-> BertModel: same logits both ways (fp32, padded batch), exact round trips,
 position extension, and the one-line errors. HF models are built from small configs with random
 weights, offline."""
+import json
 import warnings
 from pathlib import Path
 
@@ -283,6 +284,70 @@ def test_sharded_and_pytorch_bin_folders_read_alike(tmp_path):
     for other in ("sharded", "bin"):
         got = hf_convert.load_hf_as_bert_state(tmp_path / other, config)
         assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want), other
+
+
+def test_a_sharded_pytorch_bin_folder_reads_as_the_safetensors_one(tmp_path):
+    """pytorch_model-0000N-of-0000M.bin shards with their pytorch_model.bin.index.json (save_pretrained before
+    safetensors): 'holds no model.safetensors or pytorch_model.bin'."""
+    hf, folder = hf_model("bert", tmp_path)
+    config = our_config("bert")
+    want = hf_convert.load_hf_as_bert_state(folder, config)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "config.json").write_text((folder / "config.json").read_text())
+    names = sorted(hf.state_dict())
+    halves = {f"pytorch_model-0000{i + 1}-of-00002.bin": names[i::2] for i in range(2)}
+    for shard, part in halves.items():
+        torch.save({name: hf.state_dict()[name] for name in part}, tmp_path / "bin" / shard)
+    index = {"metadata": {}, "weight_map": {name: shard for shard, part in halves.items() for name in part}}
+    (tmp_path / "bin" / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    got = hf_convert.load_hf_as_bert_state(tmp_path / "bin", config)
+    assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "megatron-bert"])
+def test_config_keys_a_folder_leaves_out_are_read_as_transformers_reads_them(tmp_path, model_type):
+    """A config.json without layer_norm_eps converted with this trainer's 1e-5 where transformers builds the
+    model with its 1e-12: other logits, no word."""
+    hf, folder = hf_model(model_type, tmp_path)
+    config_json = json.loads((folder / "config.json").read_text())
+    del config_json["layer_norm_eps"]
+    (folder / "config.json").write_text(json.dumps(config_json))
+    fields = hf_convert.bert_fields_from_hf(config_json)
+    assert fields["layernorm_epsilon"] == HF_CLASSES[model_type][0]().layer_norm_eps == 1e-12
+    reloaded = HF_CLASSES[model_type][1].from_pretrained(folder).eval()
+    ours = BertModel(our_config(model_type, layernorm_epsilon=fields["layernorm_epsilon"])).eval()
+    ours.load_state_dict(hf_convert.load_hf_as_bert_state(folder, ours.config))
+    assert_same_logits(ours, reloaded, padded_batch(), f"{model_type} without layer_norm_eps")
+
+
+def test_a_folder_that_contradicts_its_config_or_is_a_decoder_is_refused(tmp_path):
+    """A config.json without max_position_embeddings over a 64-row table: the table repeated to 512 and the
+    model recorded as trained at 512 (transformers refuses the folder). A decoder BERT (is_decoder:
+    BertLMHeadModel's causal attention) converted as a bidirectional encoder."""
+    _, folder = hf_model("bert", tmp_path)
+    config_json = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({key: value for key, value in config_json.items()
+                                                    if key != "max_position_embeddings"}))
+    with pytest.raises(DataError, match=r"config.json has no max_position_embeddings \(transformers reads 512\), "
+                                        r"and bert.embeddings.position_embeddings.weight has 64 rows; set "
+                                        r"max_position_embeddings to 64 in config.json"):
+        hf_convert.load_hf_as_bert_state(folder, our_config("bert", max_position_embeddings=512))
+    for key in hf_convert.DECODER_KEYS:
+        with pytest.raises(ConfigError, match=rf"config.json sets {key} true: a decoder BERT \(BertLMHeadModel\) "
+                                              r".*; convert an encoder"):
+            hf_convert.bert_fields_from_hf({**config_json, key: True})
+
+
+def test_an_mlm_bias_stored_under_its_tied_name_only_is_read(tmp_path):
+    """cls.predictions.decoder.bias alone (transformers loads it: the two names are one parameter) was
+    'lacks cls.predictions.bias; copy or download the model folder again'."""
+    _, folder = hf_model("bert", tmp_path)
+    want = hf_convert.load_hf_as_bert_state(folder, our_config("bert"))
+    tensors = hf_io.read_safetensors(folder / "model.safetensors")
+    tensors["cls.predictions.decoder.bias"] = tensors.pop("cls.predictions.bias")
+    hf_io.write_safetensors(folder / "model.safetensors", tensors)
+    got = hf_convert.load_hf_as_bert_state(folder, our_config("bert"))
+    assert torch.equal(got["lm_head.bias"], want["lm_head.bias"])
 
 
 def without_tensors(folder, *names):
