@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from megatron import optimizer_state, paths
-from megatron.checkpoint_compat import check_same_grouping, check_same_model, check_same_optimizer
+from megatron.checkpoint_compat import NEW_RUN_FIX, check_same_grouping, check_same_model, check_same_optimizer
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data import tokenizer_identity
 from megatron.ds_schema import precision
@@ -507,6 +507,8 @@ def load(engine, load_dir: str, config: TrainConfig, load_rng: bool = True) -> d
             path, _ = engine.load_checkpoint(load_dir, tag=tag)
         if path is None:
             raise DataError(f"checkpoint {folder} could not be loaded", "check that the folder is complete")
+        if hasattr(engine.optimizer, "clip_grad"):  # ZeRO 1/2's and the bf16 optimizer's load restored the
+            engine.optimizer.clip_grad = engine.gradient_clipping()  # checkpoint's: the run's, as on other paths
     else:
         _load_layout_free(engine, config, folder, state["config"])
     if rng_state is not None:
@@ -545,7 +547,9 @@ def _load_layout_free(engine, config: TrainConfig, folder: str, stored: dict) ->
     stages = [safe_load(path) for path in paths]
     if "param_groups" not in stages[0]:
         raise DataError(f"{paths[0]} was written without the optimizer's settings (learning rate, weight decay, "
-                        "loss scale) by an earlier version of this trainer", "resume in the layout it was written in")
+                        "loss scale) by an earlier version of this trainer",
+                        f"resume in the layout it was written in ({written}, {precision(stored['ds_config'])}), or "
+                        f"{NEW_RUN_FIX}")
     merged = {"step": stages[0]["step"], "params": {}, "param_groups": stages[0]["param_groups"],
               "loss_scaler": stages[0]["loss_scaler"]}
     for stage in stages:

@@ -327,6 +327,8 @@ def check_writable(save_dir: str) -> None:
         except OSError as error:
             problem, fix = paths.unwritable(f"--save {save_dir} is not writable on {socket.gethostname()}", "--save",
                                             error, fix)
+        except ConfigError as error:  # a link to a folder that does not exist (missing_folders)
+            problem, fix = f"--save: {error.problem}", error.fix
     problem = problem and (problem, fix)
     if problem is None and dist.get_rank() == 0:
         try:

@@ -49,7 +49,8 @@ def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
         # ZeRO-3 written without layout-free files: the weights exist only as partitions in the optimizer files
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        with contextlib.redirect_stdout(io.StringIO()):  # its progress report, on the stdout fill_mask.py answers on
+        # its progress report, on the stdout fill_mask.py answers on, and its tqdm bars on stderr before a tool's line
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             return get_fp32_state_dict_from_zero_checkpoint(load_dir, tag=tag)
     model_file = os.path.join(folder, "mp_rank_00_model_states.pt")
     if not os.path.isfile(model_file):

@@ -671,8 +671,11 @@ def _batch_sizes(values: dict, ds_config: dict, data: int) -> tuple:
                           f"data-parallel size {data} (= world / (pp x sp)){f' = {known}' if written else ''}",
                           f"make {global_name} a multiple of {known}, or set all three batch sizes")
     if global_batch != micro * gas * data:
+        flags = "--" in micro_name + global_name  # a flag against the JSON's accumulation: say whose that is
+        whose = "the JSON's " if flags else ""
         raise ConfigError(
-            f"{global_name} {global_batch} != {micro_name} {micro} x "
-            f"gradient_accumulation_steps {gas} x data-parallel size {data} (= world / (pp x sp))",
-            f"make {global_name} = micro x grad-acc x data-parallel size")
+            f"{global_name} {global_batch} != {micro_name} {micro} x {whose}gradient_accumulation_steps {gas} x "
+            f"data-parallel size {data} (= world / (pp x sp))",
+            f"make {global_name} = micro x grad-acc x data-parallel size" + (
+                ", or drop gradient_accumulation_steps from the JSON (the batch sizes then give it)" if flags else ""))
     return micro, gas, global_batch

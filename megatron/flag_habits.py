@@ -154,16 +154,19 @@ TRAINER_HABITS = {
                       "drop it (--no-load-rng resumes without it)"),
     "--exit-signal-handler": (MEGATRON, "SIGTERM and SIGINT stop the run with a checkpoint by default (with --save, "
                               "docs/resuming.md)", "drop it"),
-    **{flag: (whose, "a resume keeps the checkpoint's LR schedule by default", "drop it")
+    **{flag: (whose, "a resume keeps the checkpoint's peak learning rate by default and goes on with the warm-up "
+              "and decay the flags give (the checkpoint's, when they are as its run had them)",
+              "drop it, and give the schedule flags of the checkpoint's run")
        for flag, whose in (("--use-checkpoint-lr-scheduler", MEGATRON),
                            ("--use-checkpoint-opt_param-scheduler", MEGATRON_DS))},
     "--universal-checkpoint": (MEGATRON_DS, "a resume reads this trainer's checkpoints in any layout "
                                "(docs/resuming.md)", "drop it"),
     "--no-save-optim": (MEGATRON, "a checkpoint holds the optimizer state, which a resume needs",
                         "drop it (tools/convert_checkpoint.py to-torch, or to-hf, exports the weights alone)"),
-    "--override-opt_param-scheduler": (MEGATRON, "a resume keeps the checkpoint's LR schedule, and a new schedule "
-                                       "starts a new run from its weights", "pass --finetune --load DIR with the "
-                                       "new --lr and schedule flags (and another --save)"),
+    "--override-opt_param-scheduler": (MEGATRON, "a resume takes this run's warm-up and decay flags but keeps the "
+                                       "checkpoint's peak learning rate, and a new peak starts a new run from its "
+                                       "weights", "pass --finetune --load DIR with the new --lr and schedule flags "
+                                       "(and another --save)"),
     "--no-load-optim": (MEGATRON, "a resume restores the optimizer, and a fresh optimizer starts a new run from the "
                         "checkpoint's weights", "pass --finetune --load DIR (and another --save)"),
     **{flag: (MEGATRON, "one --data-path is split into train, validation and test documents by --split",

@@ -12,7 +12,7 @@ from megatron.checkpoint_compat import NEW_RUN_FIX
 from megatron.config import model_preset, preset_source, read_ds_config
 from megatron.data import index_maps
 from megatron.data.bert_dataset import parse_data_path, split_weights
-from megatron.ds_schema import SECTION
+from megatron.ds_schema import SECTION, precision
 from megatron.model.args import BertConfig
 from megatron.model.fields import Role, fields_with, info
 from megatron.model.attention.rules import RULES, Rules
@@ -158,8 +158,10 @@ def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
     segments = (then, length) if packed and own else (None, None)
     changes = [f"{flag} {now} (the checkpoint's: {then})" for flag, then, now in (
         ("--seq-length", stored["model"]["seq_length"], config.model.seq_length),
-        ("--pack-samples", stored.get("pack_samples", False), config.pack_samples),
         ("--max-segment-length", *segments)) if then != now]
+    if stored.get("pack_samples", False) != config.pack_samples:
+        changes.insert(1, "--pack-samples (the checkpoint's run did not pack samples)" if config.pack_samples
+                       else "no --pack-samples (the checkpoint's run packed samples)")
     if not changes:
         return None
     return (f"warning: resuming with {', '.join(changes)}: samples are cut differently now, and the data goes on "
@@ -181,6 +183,45 @@ def describe_batch_change(stored: dict, config, iteration: int, train_iters: int
     return (f"warning: resuming with global batch {now} (the checkpoint's: {then}): the learning-rate schedule counts "
             f"steps, so its remaining {left} steps to {length} read {left * now} samples in place of {left * then} "
             f"({now / then:.3g}x per step, at the same rate); pass --global-batch-size {then} to keep the batch")
+
+
+def describe_step_change(stored: dict, config) -> str | None:
+    """A note when a resume changes how each step computes, on the same samples at the same rate: the
+    gradient clipping (from here on the run's, on every load path), the precision, or the split of the
+    global batch into micro-batches (the loss is averaged per micro-batch): the steps are then no longer
+    bit-exact with the checkpoint's run going on."""
+    then_ds, now_ds = stored.get("ds_config") or {}, config.ds_config
+    changes = []
+    clip = then_ds.get("gradient_clipping", 1.0), now_ds.get("gradient_clipping", 1.0)  # DeepSpeed's default 1.0
+    if clip[0] != clip[1]:
+        changes.append(f"gradient_clipping {clip[1]} (the checkpoint's: {clip[0]}; it applies from this step on)")
+    if precision(then_ds) != precision(now_ds):
+        changes.append(f"{precision(now_ds)} (the checkpoint's: {precision(then_ds)}; the weights go on from its fp32 "
+                       "values)")
+    split = [(run.get("micro_batch_size"), run.get("gradient_accumulation_steps", 1)) for run in (stored, vars(config))]
+    if None not in split[0] and split[0] != split[1] and math.prod(split[0]) == math.prod(split[1]):
+        changes.append(f"micro-batches of {split[1][0]} x {split[1][1]} (the checkpoint's: {split[0][0]} x "
+                       f"{split[0][1]}; the loss is averaged per micro-batch)")
+    if not changes:
+        return None
+    return (f"note: resuming with {', '.join(changes)}: the same samples at the same rate, but the steps are no "
+            "longer bit-exact with the checkpoint's run going on")
+
+
+def unrecorded_note(folder: str, data: dict | None) -> str | None:
+    """A note for a checkpoint of an earlier version that kept no record (or a partial one) of the data it read:
+    what the resume then cannot compare (describe_data_change), said rather than passed over. One written
+    before the record may also predate per-epoch index maps (2026-11-26): its data goes on in that order."""
+    if data is None:
+        return (f"note: {folder} was written by an earlier version of this trainer, which did not record the data it "
+                "read: a change of --data-path, --split, --seed, --short-seq-prob or the masking is not checked on "
+                "this resume; and if it was written before index maps were shuffled per epoch, the rest of its "
+                "current epoch is not exactly the samples it had not read")
+    missing = [flag for key, flag in (("short_seq_prob", "--short-seq-prob"), *MASKING.items()) if key not in data]
+    if not missing:
+        return None
+    return (f"note: {folder} was written by an earlier version of this trainer, which did not record "
+            f"{', '.join(missing)}: a change of {'it' if len(missing) == 1 else 'them'} is not checked on this resume")
 
 
 # data_settings' keys of the masking, by flag: the samples' text stays, the objective changes (a record

@@ -42,8 +42,8 @@ from megatron.parallel.launch_env import launcher_rank, local_rank
 from megatron.parallel.peers import lost_rank_text, report_once
 from megatron.relaunch import new_run_fix, resume_fix
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
-                             fresh_run_fix, kept_regime, peak_given, peak_in_use, resume_optimizer, resume_schedule,
-                             run_length, unsaved_note)
+                             describe_step_change, fresh_run_fix, kept_regime, peak_given, peak_in_use,
+                             resume_optimizer, resume_schedule, run_length, unrecorded_note, unsaved_note)
 from megatron.run_data import batch_reader, build_datasets, data_paths, data_workers
 from megatron.run_log import (MovedLogDir, RunLog, free_log_dir, metrics_problem, shared_log_dir_warning,
                               tensorboard_problem)
@@ -517,6 +517,8 @@ def resume_changes(run: Run, client: dict, schedule: Schedule) -> list:
             describe_sample_change(client["config"], run.config, run.consumed),
             describe_batch_change(client["config"], run.config, run.iteration, run.train_iters, length),
             describe_data_change(client.get("data"), run.saved["data"], run.consumed),
+            unrecorded_note(run.plan.load, client.get("data")),
+            describe_step_change(client["config"], run.config),
             change and f"warning: {change}"]
 
 

@@ -364,6 +364,13 @@ CASES = [
     # ---- an unwritable --save is found before the first step, not at the first save
     pretrain("--save", "{tmp}/afile", id="save_is_a_file", files={"afile": "x"},
              phrases=("--save", "afile is a file, not a directory", "pass a --save directory")),
+    pretrain("--save", "{tmp}/link", id="save_is_a_link_to_a_missing_folder",
+             setup=lambda tmp, assets: (tmp / "link").symlink_to(tmp / "scratch" / "ck"),
+             phrases=("--save: ", "link is a link to", "scratch/ck, which does not exist", "create it (mkdir -p ")),
+    pretrain("--save", "{tmp}/ck", "--tensorboard-dir", "{tmp}/tb", id="tensorboard_dir_is_a_link_to_a_missing_folder",
+             setup=lambda tmp, assets: (tmp / "tb").symlink_to("/nonexistent-mount/tb"),
+             phrases=("--tensorboard-dir: ", "tb is a link to /nonexistent-mount/tb, which does not exist",
+                      "mkdir -p /nonexistent-mount/tb")),
     pretrain("--save", "{tmp}/afile/checkpoints", id="save_under_a_file", files={"afile": "x"},
              phrases=("lies under", "afile, which is a file", "pass a --save directory")),
     # ---- silent accepts that changed the meaning
@@ -961,9 +968,9 @@ def run_command(command: str, argv: list, tmp: Path, assets: dict, extra=(), env
 
 def snapshot(folder: Path) -> dict:
     """Every file with its size and modification time, every folder (a temporary file created and
-    removed again changes only its folder's time)."""
-    return {str(path.relative_to(folder)): "folder" if path.is_dir() else (path.stat().st_size, path.stat().st_mtime_ns)
-            for path in folder.rglob("*")}
+    removed again changes only its folder's time), every link with its target."""
+    return {str(path.relative_to(folder)): ("link", os.readlink(path)) if path.is_symlink() else "folder"
+            if path.is_dir() else (path.stat().st_size, path.stat().st_mtime_ns) for path in folder.rglob("*")}
 
 
 def run_case(case: Case, tmp: Path, assets: dict) -> tuple:

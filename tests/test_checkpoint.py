@@ -26,13 +26,17 @@ def step_batches(step: int, micro: int, gas: int) -> list:
     return micro_batches[state.get_data_parallel_rank() * gas:][:gas]
 
 
-def run(pipeline, sequence, zero_stage, directory, stop, save_at=None, resume=False, micro=2, dropout=0.0) -> dict:
+def run(pipeline, sequence, zero_stage, directory, stop, save_at=None, resume=False, micro=2, dropout=0.0,
+        clipping=None) -> dict:
     """Trains to step `stop`, from scratch or resumed from `directory`; saves into `directory` after
-    step `save_at`, or after each step of a dict {step: folder}. `dropout`: the hidden dropout."""
+    step `save_at`, or after each step of a dict {step: folder}. `dropout`: the hidden dropout;
+    `clipping`: the JSON's gradient_clipping (None: ds_config's)."""
     saves = save_at if isinstance(save_at, dict) else {save_at: directory}
     gas = GLOBAL_BATCH // micro // (torch.distributed.get_world_size() // (pipeline * sequence))
-    config = resolve({**model_flags(), "pipeline_parallel_size": pipeline, "hidden_dropout": dropout},
-                     ds_config(micro, gas, zero_stage, sequence), torch.distributed.get_world_size())
+    ds = ds_config(micro, gas, zero_stage, sequence)
+    ds = ds if clipping is None else {**ds, "gradient_clipping": clipping}
+    config = resolve({**model_flags(), "pipeline_parallel_size": pipeline, "hidden_dropout": dropout}, ds,
+                     torch.distributed.get_world_size())
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
     start = checkpoint.load(engine, directory, config)["iteration"] if resume else 0
     losses = []
@@ -88,6 +92,18 @@ def test_sequence_parallel_checkpoint_resumes_at_another_degree(tmp_path):
     straight = run_on_ranks(run, 1, 1, 1, 0, str(tmp_path / "ref"), STEPS, timeout=300)[0]
     assert resumed["losses"] == pytest.approx(straight["losses"][2:], rel=REL_TOL)
     assert max_relative_diff(resumed["params"], straight["params"], floor=1.0) <= REL_TOL
+
+
+def test_a_resume_in_the_same_layout_clips_at_the_runs_gradient_clipping(tmp_path):
+    """ZeRO 1's load restored the checkpoint's gradient_clipping with its state: lowered after a loss spike,
+    the clipping stayed the checkpoint's (bit-identical weights) while config.json recorded the new value,
+    and at ZeRO 0 or another layout the new value applied."""
+    directory = str(tmp_path / "ckpt")
+    run_on_ranks(run, 1, 1, 1, 1, directory, 2, 2, clipping=1.0, timeout=300)
+    kept, lowered = (run_on_ranks(run, 1, 1, 1, 1, directory, STEPS, None, True, clipping=clipping, timeout=300)[0]
+                     for clipping in (1.0, 1e-3))
+    assert kept["params"] and any(not torch.equal(kept["params"][name], lowered["params"][name])
+                                  for name in kept["params"])
 
 
 @pytest.mark.parametrize("saved,loaded", [
@@ -416,3 +432,16 @@ def test_the_recovery_scripts_left_in_a_pipeline_save_exit_2_with_one_line(tmp_p
             f"{name}: error: {tmp_path} holds pipeline checkpoints, which DeepSpeed's {name} cannot read; export a "
             f"plain state dict with {sys.executable} {checkpoint_save.CONVERT_TOOL} to-torch --load {tmp_path} "
             "--output OUT.pt"], done.stderr
+
+
+def test_layout_free_files_of_an_earlier_version_name_the_layout_to_resume_in(tmp_path):
+    """'resume in the layout it was written in' named neither that layout nor the other way on."""
+    from megatron.errors import DataError
+
+    stored = {"pipeline_parallel_size": 1, "zero_stage": 1, "data_parallel_size": 1, "sequence_parallel_size": 2,
+              "ds_config": {"bf16": {"enabled": True}}}
+    torch.save({"step": 2, "params": {}}, tmp_path / checkpoint.LAYOUT_FREE.format(stage=0))
+    with pytest.raises(DataError, match=r"written without the optimizer's settings .* by an earlier version of this "
+                                        r"trainer; resume in the layout it was written in \(pipeline 1, ZeRO 1, data x "
+                                        r"seq 1 x 2, bf16\), or pass --finetune and another --save"):
+        checkpoint._load_layout_free(None, None, str(tmp_path), stored)

@@ -115,8 +115,9 @@ def test_resolved_config_is_json_serialisable():
      "train_batch_size 6 is not a multiple of gradient_accumulation_steps 2 x data-parallel size 2 (= world / (pp x "
      "sp)) = 4; make train_batch_size a multiple of 4, or set all three batch sizes"),
     ({}, 4, {"global_batch_size": 6, "micro_batch_size": 1},  # flags are named as flags
-     "--global-batch-size 6 != --micro-batch-size 1 x gradient_accumulation_steps 2 x data-parallel size 2 (= world / "
-     "(pp x sp)); make --global-batch-size = micro"),
+     "--global-batch-size 6 != --micro-batch-size 1 x the JSON's gradient_accumulation_steps 2 x data-parallel size 2 "
+     "(= world / (pp x sp)); make --global-batch-size = micro x grad-acc x data-parallel size, or drop "
+     "gradient_accumulation_steps from the JSON (the batch sizes then give it)"),
     ({"sequence_parallel": {"size": 2, "attention": "linformer"}}, 4, {"seq_length": 63, "max_position_embeddings": 64},
      "seq_length 63 is not divisible by the sequence-parallel size 2"),
     ({"zero_optimization": {"stage": 2}, "train_batch_size": 4}, 4, {"pipeline_parallel_size": 2},

@@ -780,6 +780,52 @@ def test_a_resume_with_other_packed_segments_says_samples_are_cut_differently():
     assert longer.startswith("warning: resuming with --seq-length 256 (the checkpoint's: 128): samples"), longer
 
 
+def test_a_resume_that_packs_otherwise_names_no_flag_that_does_not_exist():
+    """'resuming with --pack-samples False': the user passed no such flag (there is none)."""
+    def config(pack_samples):
+        return SimpleNamespace(pack_samples=pack_samples, model=SimpleNamespace(seq_length=128, max_segment_length=128))
+
+    packed = {"pack_samples": True, "model": {"seq_length": 128, "max_segment_length": 128}}
+    assert describe_sample_change(packed, config(False), 4).startswith(
+        "warning: resuming with no --pack-samples (the checkpoint's run packed samples): samples are cut differently")
+    assert describe_sample_change({**packed, "pack_samples": False}, config(True), 4).startswith(
+        "warning: resuming with --pack-samples (the checkpoint's run did not pack samples): samples")
+
+
+def test_a_resume_that_steps_otherwise_on_the_same_samples_says_so():
+    """Another gradient clipping, precision or micro-batch split of the same global batch: resumed without a
+    word (the clipping, at ZeRO 1/2, not even applied: DeepSpeed's load restored the checkpoint's)."""
+    from megatron.resume import describe_step_change
+
+    stored = {"micro_batch_size": 4, "gradient_accumulation_steps": 1, "ds_config": {"gradient_clipping": 1.0}}
+
+    def config(micro=4, accumulation=1, **ds):
+        return SimpleNamespace(micro_batch_size=micro, gradient_accumulation_steps=accumulation,
+                               ds_config={"gradient_clipping": 1.0, **ds})
+
+    assert describe_step_change(stored, config()) is None
+    assert describe_step_change(stored, config(micro=2)) is None  # another global batch: describe_batch_change's
+    assert describe_step_change(stored, config(2, 2, gradient_clipping=0.0, bf16={"enabled": True})) == (
+        "note: resuming with gradient_clipping 0.0 (the checkpoint's: 1.0; it applies from this step on), bf16 (the "
+        "checkpoint's: fp32; the weights go on from its fp32 values), micro-batches of 2 x 2 (the checkpoint's: 4 x 1; "
+        "the loss is averaged per micro-batch): the same samples at the same rate, but the steps are no longer "
+        "bit-exact with the checkpoint's run going on")
+
+
+def test_a_checkpoint_older_than_the_data_record_says_what_is_not_compared():
+    from megatron.resume import unrecorded_note
+
+    assert unrecorded_note("ck", None).startswith(
+        "note: ck was written by an earlier version of this trainer, which did not record the data it read: a change "
+        "of --data-path, --split, --seed, --short-seq-prob or the masking is not checked on this resume; and if it "
+        "was written before index maps were shuffled per epoch")
+    record = {"data": [], "split": [1.0], "seed": 1234, "mask_prob": 0.15, "whole_word_masking": False}
+    assert unrecorded_note("ck", record) == (
+        "note: ck was written by an earlier version of this trainer, which did not record --short-seq-prob: a change "
+        "of it is not checked on this resume")
+    assert unrecorded_note("ck", {**record, "short_seq_prob": 0.1}) is None
+
+
 def test_a_resume_or_start_with_attention_of_other_math_says_the_outputs_change():
     """checkpoint_compat.attention_change, the line a resume, --finetune and extend_context print at start: the exact
     variants (one softmax over every token, split across ranks otherwise) move weights unchanged, silently;
