@@ -35,7 +35,8 @@ import torch
 import torch.distributed as dist
 
 from megatron import optimizer_state, paths
-from megatron.checkpoint_compat import NEW_RUN_FIX, check_same_grouping, check_same_model, check_same_optimizer
+from megatron.checkpoint_compat import (NEW_RUN_FIX, check_same_grouping, check_same_model, check_same_optimizer,
+                                       refuse_clipped_into_unnormed)
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data import tokenizer_identity
 from megatron.ds_schema import precision
@@ -503,6 +504,8 @@ def load(engine, load_dir: str, config: TrainConfig, load_rng: bool = True) -> d
     check_same_grouping(state["config"], config, folder)
     rng_state = _rng_state(folder, state["config"], load_rng)
     if same_layout(state["config"], config.to_dict()):
+        if config.zero_stage in (1, 2):
+            refuse_clipped_into_unnormed(state["config"], config.ds_config, folder)
         with _one_line_read_errors(engine), torch.no_grad():  # a pipeline's load broadcasts the tied embedding
             path, _ = engine.load_checkpoint(load_dir, tag=tag)
         if path is None:

@@ -168,6 +168,18 @@ def check_same_optimizer(stored: dict, ds_config: dict, folder: str) -> None:
                           f"resume with {keep}, or {NEW_RUN_FIX} with a fresh optimizer")
 
 
+def refuse_clipped_into_unnormed(stored: dict, ds_config: dict, folder: str) -> None:
+    """DeepSpeed's ZeRO 1/2 load stops with a ValueError (a traceback) on a checkpoint trained with gradient
+    clipping when this run sets zero_optimization.compute_grad_norm false (its speed-up of a run without
+    clipping). A checkpoint this run writes records its own clipping, 0, and loads so."""
+    clipping = (stored.get("ds_config") or {}).get("gradient_clipping", 1.0)  # DeepSpeed's default 1.0
+    if clipping and (ds_config.get("zero_optimization") or {}).get("compute_grad_norm") is False:
+        raise ConfigError(f"checkpoint {folder} was trained with gradient_clipping {clipping}, and DeepSpeed's ZeRO "
+                          "optimizer cannot load it with zero_optimization.compute_grad_norm false",
+                          "drop compute_grad_norm false for this resume (its checkpoints, without clipping, then "
+                          "load with it)")
+
+
 def decoupled_decay(optimizer: dict) -> bool | None:
     """Whether an optimizer section decays weights AdamW's way: DeepSpeed builds AdamW for type AdamW, and for
     Adam unless its params' adam_w_mode is false; None for another type (or none given)."""

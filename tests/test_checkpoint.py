@@ -27,14 +27,16 @@ def step_batches(step: int, micro: int, gas: int) -> list:
 
 
 def run(pipeline, sequence, zero_stage, directory, stop, save_at=None, resume=False, micro=2, dropout=0.0,
-        clipping=None) -> dict:
+        clipping=None, compute_grad_norm=True) -> dict:
     """Trains to step `stop`, from scratch or resumed from `directory`; saves into `directory` after
     step `save_at`, or after each step of a dict {step: folder}. `dropout`: the hidden dropout;
-    `clipping`: the JSON's gradient_clipping (None: ds_config's)."""
+    `clipping`: the JSON's gradient_clipping (None: ds_config's); `compute_grad_norm`: ZeRO's."""
     saves = save_at if isinstance(save_at, dict) else {save_at: directory}
     gas = GLOBAL_BATCH // micro // (torch.distributed.get_world_size() // (pipeline * sequence))
     ds = ds_config(micro, gas, zero_stage, sequence)
     ds = ds if clipping is None else {**ds, "gradient_clipping": clipping}
+    if not compute_grad_norm:
+        ds["zero_optimization"] = {**ds["zero_optimization"], "compute_grad_norm": False}
     config = resolve({**model_flags(), "pipeline_parallel_size": pipeline, "hidden_dropout": dropout}, ds,
                      torch.distributed.get_world_size())
     engine = build_engine(config, bert_state=small_model(config.model).state_dict())
@@ -104,6 +106,12 @@ def test_a_resume_in_the_same_layout_clips_at_the_runs_gradient_clipping(tmp_pat
                      for clipping in (1.0, 1e-3))
     assert kept["params"] and any(not torch.equal(kept["params"][name], lowered["params"][name])
                                   for name in kept["params"])
+    # DeepSpeed's load raised a ValueError into a run of compute_grad_norm false (no clipping): one line
+    with pytest.raises(Exception, match=r"ConfigError: checkpoint \S+ was trained with gradient_clipping 1.0, and "
+                                        r"DeepSpeed's ZeRO optimizer cannot load it with zero_optimization."
+                                        r"compute_grad_norm false; drop compute_grad_norm false"):
+        run_on_ranks(run, 1, 1, 1, 1, directory, STEPS, None, True, clipping=0.0, compute_grad_norm=False,
+                     timeout=300)
 
 
 @pytest.mark.parametrize("saved,loaded", [
