@@ -166,7 +166,8 @@ def describe_sample_change(stored: dict, config, consumed: int) -> str | None:
         return None
     return (f"warning: resuming with {', '.join(changes)}: samples are cut differently now, and the data goes on "
             f"at sample {consumed} of the new index map, so some text of the current epoch may be read twice or "
-            "not at all (an epoch later every sample is read again); keep them to continue the same order")
+            "not at all (an epoch later every sample is read again); keep the checkpoint's settings to continue the "
+            "same order")
 
 
 def describe_batch_change(stored: dict, config, iteration: int, train_iters: int,

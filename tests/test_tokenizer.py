@@ -223,7 +223,8 @@ def test_data_of_the_same_tokens_with_other_added_token_matching_is_refused(tmp_
         tokenizer.read_specials_as_text()  # as preprocessing reads text
         return tokenizer
 
-    loose, whole = added("loose", AddedToken("cat", single_word=False)), added("whole", AddedToken("cat", single_word=True))
+    loose = added("loose", AddedToken("cat", single_word=False))
+    whole = added("whole", AddedToken("cat", single_word=True))
     assert loose.tokenize("cats") != whole.tokenize("cats")
     write_data_identity(loose, prefix)
     check_data_vocab(loose, [prefix])
@@ -236,8 +237,8 @@ def test_data_of_the_same_tokens_with_other_added_token_matching_is_refused(tmp_
     with pytest.raises(DataError, match=r"\(added_tokens: a list of 1 vs a list of 0\)"):
         check_data_vocab(special, [prefix])
     record = json.loads(data_identity_path(prefix).read_text())
-    record["text_pipeline"] = {path: value for path, value in record["text_pipeline"].items()
-                               if not path.startswith("added_tokens")}
+    assert not any(path.startswith("added_tokens") for path in record["text_pipeline"])  # older versions' part by part
+    del record["added_tokens"]  # comparison of the text pipeline refused the extra part
     data_identity_path(prefix).write_text(json.dumps(record))
     check_data_vocab(special, [prefix])
 

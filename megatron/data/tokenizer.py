@@ -34,7 +34,8 @@ BYTE_LEVEL_BYTES = {chr(byte): byte for byte in [*range(33, 127), *range(161, 17
 BYTE_LEVEL_BYTES |= {chr(256 + n): byte
                      for n, byte in enumerate(sorted(set(range(256)) - {*BYTE_LEVEL_BYTES.values()}))}
 # a byte-level BPE's character for each byte (GPT-2's: printable Latin-1 as itself, the rest from U+0100 on)
-PIPELINE_PARTS = ("normalizer", "pre_tokenizer", "model", "added_tokens")  # what turns text into tokens
+ADDED_TOKENS = "added_tokens"
+PIPELINE_PARTS = ("normalizer", "pre_tokenizer", "model", ADDED_TOKENS)  # what turns text into tokens
 
 
 class _Tokenizer:
@@ -119,8 +120,13 @@ class _Tokenizer:
         return text_pipeline(self._rust)
 
     def record(self) -> dict:
+        """The identity record; the added tokens' part of the pipeline under a key of its own ("added_tokens"),
+        which versions that compare the text pipeline part by part, written before the part, pass over."""
+        added = {path: value for path, value in self.pipeline.items() if path.partition(".")[0] == ADDED_TOKENS}
         return {"tokenizer_type": self.type_name, "file": os.path.abspath(self.file), "vocab_size": self.vocab_size,
-                "vocab_sha256": self.identity, "text_pipeline": self.pipeline, "special_tokens": self.special_tokens()}
+                "vocab_sha256": self.identity, ADDED_TOKENS: added,
+                "text_pipeline": {path: value for path, value in self.pipeline.items() if path not in added},
+                "special_tokens": self.special_tokens()}
 
 
 class BertWordPiece(_Tokenizer):
@@ -378,8 +384,8 @@ def text_pipeline(rust: Tokenizer) -> dict:
     (the non-special ones: special ones are encoded as their characters) are a part too, each with how it
     matches (single_word, lstrip, rstrip, normalized): equal tokens, another split."""
     settings = json.loads(rust.to_str())
-    settings["added_tokens"] = [{key: value for key, value in token.items() if key not in ("id", "special")}
-                                for token in settings.get("added_tokens") or () if not token.get("special")]
+    settings[ADDED_TOKENS] = [{key: value for key, value in token.items() if key not in ("id", "special")}
+                              for token in settings.get(ADDED_TOKENS) or () if not token.get("special")]
     model = settings["model"]
     settings["model"] = {key: value for key, value in model.items() if key not in ("vocab", "merges")}
     if "merges" in model:

@@ -13,9 +13,9 @@ import json
 import warnings
 from pathlib import Path
 
-from megatron.data.tokenizer import (HF_TOKENIZER, SPECIAL_NAMES, TOKENIZER_TYPES, TYPE_NAMES, BertWordPiece,
-                                     HFTokenizer, build_tokenizer, case_warning, explicit_tokenizer, naming_flags,
-                                     text_pipeline, wordpiece)
+from megatron.data.tokenizer import (ADDED_TOKENS, HF_TOKENIZER, SPECIAL_NAMES, TOKENIZER_TYPES, TYPE_NAMES,
+                                     BertWordPiece, HFTokenizer, build_tokenizer, case_warning, explicit_tokenizer,
+                                     naming_flags, text_pipeline, wordpiece)
 from megatron.errors import ConfigError, DataError
 from megatron.paths import in_repository, write_json_atomic
 
@@ -187,8 +187,8 @@ def write_data_identity(tokenizer, prefix: str) -> None:
 def _recorded_pipeline(record: dict) -> dict | None:
     """A record's text pipeline; in one written before records held it, a WordPiece type's own (its case
     is the type), and None (unknown) for a tokenizer.json."""
-    if isinstance(record.get("text_pipeline"), dict):
-        return record["text_pipeline"]
+    if isinstance(record.get("text_pipeline"), dict):  # the added tokens apart, where recorded (Tokenizer.record)
+        return {**record["text_pipeline"], **(record.get(ADDED_TOKENS) or {})}
     lower_case = TOKENIZER_TYPES.get(record["tokenizer_type"])
     return None if lower_case is None else text_pipeline(wordpiece({"[UNK]": 0}, lower_case))
 
