@@ -501,9 +501,11 @@ def _parquet_column(schema, key: str) -> tuple | None:
 
 def _struct_field(schema, key: str):
     """The field a dotted `key` names down struct columns (`doc.text`: the field `text` of the column `doc`),
-    or None."""
+    or None (a key without a dot names a column, not a field)."""
+    if "." not in key:
+        return None
     field, fields = None, schema
-    for name in key.split(".") if "." in key else ():
+    for name in key.split("."):
         index = fields.get_field_index(name) if fields is not None else -1
         if index < 0:
             return None
@@ -650,7 +652,7 @@ def _value_at(record: dict, key: str):
     if key in record:
         return record[key]
     value = record
-    for name in key.split(".") if "." in key else (key,):
+    for name in key.split("."):
         if not isinstance(value, dict) or name not in value:
             return _MISSING
         value = value[name]
