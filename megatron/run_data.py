@@ -17,7 +17,8 @@ from megatron.data.indexed_dataset import rewrite_warning
 from megatron.data.samplers import PretrainingSampler, micro_batches
 from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, build_tokenizer, case_warning,
                                      explicit_tokenizer, naming_flags)
-from megatron.data.tokenizer_identity import check_data_vocab, choose_tokenizer, unrecorded_data_warning
+from megatron.data.tokenizer_identity import (check_data_vocab, choose_tokenizer, unchecked_added_tokens_warning,
+                                              unrecorded_data_warning)
 from megatron.data.words import word_rule
 from megatron.errors import ConfigError, DataError
 from megatron.parallel import state
@@ -102,7 +103,8 @@ def data_paths(args, plan: StartPlan) -> tuple:
     prefixes = parse_data_path(data_path)[1]
     check_data_vocab(tokenizer, prefixes, holder)
     case = None if holder else case_warning(tokenizer, args.tokenizer_type)  # the weights' own: the one they learned
-    print_warnings([unrecorded_data_warning(prefixes, tokenizer.file), case])
+    print_warnings([unrecorded_data_warning(prefixes, tokenizer.file),
+                    unchecked_added_tokens_warning(prefixes, tokenizer), case])
     return data_path, tokenizer
 
 

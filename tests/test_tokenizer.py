@@ -17,7 +17,8 @@ from tokenizers.normalizers import BertNormalizer
 from tokenizers.pre_tokenizers import BertPreTokenizer, Whitespace
 
 from megatron.data.tokenizer import BertWordPiece, HFTokenizer, build_tokenizer, case_warning, read_vocab
-from megatron.data.tokenizer_identity import check_data_vocab, data_identity_path, write_data_identity
+from megatron.data.tokenizer_identity import (check_data_vocab, data_identity_path, unchecked_added_tokens_warning,
+                                              write_data_identity)
 from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.errors import ConfigError, DataError
 
@@ -234,13 +235,19 @@ def test_data_of_the_same_tokens_with_other_added_token_matching_is_refused(tmp_
     matched, special = added("matched", AddedToken("<tag>")), added("special", AddedToken("<tag>", special=True))
     assert matched.tokenize("a <tag>") != special.tokenize("a <tag>")
     write_data_identity(matched, prefix)
-    with pytest.raises(DataError, match=r"\(added_tokens: a list of 1 vs a list of 0\)"):
+    with pytest.raises(DataError, match=r"\(added_tokens \(matched in text as one id; a special one is encoded as "
+                                        r"its characters\): \[\"<tag>\"\] vs \[\]\)"):
         check_data_vocab(special, [prefix])
+    assert unchecked_added_tokens_warning([prefix], matched) is None
     record = json.loads(data_identity_path(prefix).read_text())
     assert not any(path.startswith("added_tokens") for path in record["text_pipeline"])  # older versions' part by part
     del record["added_tokens"]  # comparison of the text pipeline refused the extra part
     data_identity_path(prefix).write_text(json.dumps(record))
     check_data_vocab(special, [prefix])
+    assert unchecked_added_tokens_warning([prefix], special) is None  # it matches no token in text
+    warning = unchecked_added_tokens_warning([prefix], matched)  # passed unchecked: said so
+    assert f"the vocab record of the data {prefix} was written before records held the added tokens" in warning
+    assert '["<tag>"] (matched as one id each) is not checked' in warning
 
 
 def test_records_without_the_text_pipeline_or_with_another_versions_fields_still_work(tmp_path, vocab_file):

@@ -179,6 +179,29 @@ def unrecorded_data_warning(prefixes, tokenizer_file) -> str | None:
             ".bin/.idx (it is part of the dataset), or preprocess again with this tokenizer")
 
 
+def unchecked_added_tokens_warning(prefixes, tokenizer) -> str | None:
+    """The warning for datasets whose record predates added-token records (tools/preprocess_data.py before
+    they were part of the text pipeline): the run's tokenizer matches added tokens in text as one id each,
+    and whether the data was split with them is unknown."""
+    run = [token for path, token in tokenizer.pipeline.items()
+           if path.startswith(f"{ADDED_TOKENS}.") and path.endswith(".content")]
+    if not run:
+        return None
+    unchecked = [str(prefix) for prefix in prefixes if data_identity_path(prefix).is_file()
+                 and not _records_added_tokens(_read_record(data_identity_path(prefix)))]
+    if not unchecked:
+        return None
+    return (f"the vocab record of the data {', '.join(unchecked)} was written before records held the added "
+            f"tokens: whether its text was split with the run's {json.dumps(run[:3], ensure_ascii=False)}"
+            f"{' ...' if len(run) > 3 else ''} (matched as one id each) is not checked; preprocess it again "
+            "with this tokenizer to have it checked")
+
+
+def _records_added_tokens(record: dict) -> bool:
+    pipeline = record.get("text_pipeline")
+    return ADDED_TOKENS in record or not isinstance(pipeline, dict) or ADDED_TOKENS in pipeline
+
+
 def write_data_identity(tokenizer, prefix: str) -> None:
     """Beside the .bin/.idx of `prefix`: which vocab made its ids (preprocessing writes it)."""
     write_json_atomic(data_identity_path(prefix), tokenizer.record())
@@ -250,11 +273,17 @@ def _pipeline_differences(recorded: dict, run: dict) -> list[str]:
         elif not (recorded.get(parent) == {} == run.get(parent)):
             differ.append(path)
 
-    def shown(flat, path):  # an object by its type, a list by its length
+    def shown(flat, path):  # an object by its type, a list by its length, the added tokens by their text
         value = flat.get(path)
         if value == {}:
             return json.dumps(flat.get(f"{path}.type", "an object"))
+        if path == ADDED_TOKENS:
+            return json.dumps([flat.get(f"{path}.{index}.content") for index in range(value[0])], ensure_ascii=False)
         return f"a list of {value[0]}" if isinstance(value, list) else json.dumps(value)
 
-    return [f"{path}: {shown(recorded, path)} vs {shown(run, path)}" for path in differ
+    def named(path):
+        return f"{path} (matched in text as one id; a special one is encoded as its characters)" \
+            if path == ADDED_TOKENS else path
+
+    return [f"{named(path)}: {shown(recorded, path)} vs {shown(run, path)}" for path in differ
             if path.rpartition(".")[0] not in differ]
