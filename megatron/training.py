@@ -414,6 +414,8 @@ def join_process_group(args, note: str | None) -> None:
     if local_rank() == 0:  # before DeepSpeed's ops build (or wait on a killed build's lock)
         for line in jit_locks.clear_left_over():
             print(line, file=sys.stderr, flush=True)
+        if launcher_rank() == 0 and (line := device.shm_build_note()):
+            print(line, flush=True)
     device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)
     device.init_distributed(rendezvous_timeout=args.rendezvous_timeout,  # and the /dev/shm names DeepSpeed leaves
                             collective_timeout=timedelta(minutes=args.distributed_timeout_minutes))

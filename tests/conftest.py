@@ -14,7 +14,6 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "tools"))
 
 # DeepSpeed JIT-builds its CPU shared-memory op on first start; build it once per checkout.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"))
-SHM_OP = "deepspeed_shm_comm"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -23,6 +22,8 @@ def _deepspeed_cpu_op_built():
     test's ranks (30-90 s on 2 idle cores, minutes under load) it ran past that test's timeout on a fresh
     clone, and the killed build's lock then held every later multi-rank test until its own timeout. A CUDA
     machine's DeepSpeed has no such op to build (build_shm_op returns None there)."""
+    from megatron.parallel.device import SHM_OP
+
     if not (Path(os.environ["TORCH_EXTENSIONS_DIR"]) / SHM_OP / f"{SHM_OP}.so").is_file():
         subprocess.run([sys.executable, "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()"],
                        check=True, stdout=subprocess.DEVNULL)

@@ -163,6 +163,24 @@ def test_the_jit_build_of_a_cpu_optimizer_is_said_before_it_runs(tmp_path, monke
     assert device.cpu_optimizer_build_note(ds) is None
 
 
+def test_the_jit_build_of_the_cpu_all_reduce_op_is_said_before_it_runs(tmp_path, monkeypatch):
+    """A first start on a machine without CUDA built DeepSpeed's shared-memory op for 30 s to minutes with nothing
+    on screen: one line says so, unless it is built; a CUDA machine builds none."""
+    from megatron.parallel import device
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setattr(device, "backend", lambda: "gloo")
+    assert device.shm_build_note() == (f"note: building DeepSpeed's deepspeed_shm_comm op (its CPU all-reduce) into "
+                                       f"{tmp_path / 'ext'}: a minute or more, once; an interrupted build is started "
+                                       "again by the next run")
+    (tmp_path / "ext" / "deepspeed_shm_comm").mkdir(parents=True)
+    (tmp_path / "ext" / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"")
+    assert device.shm_build_note() is None
+    (tmp_path / "ext" / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").unlink()
+    monkeypatch.setattr(device, "backend", lambda: "nccl")
+    assert device.shm_build_note() is None
+
+
 @pytest.mark.parametrize("section,kept", [({"enabled": False, "prof_all": True}, False), ({"prof_all": True}, False),
                                           ({"enabled": True}, True)])
 def test_a_comms_logger_not_enabled_is_not_handed_to_deepspeed(tmp_path, monkeypatch, section, kept):

@@ -301,14 +301,35 @@ def cpu_optimizer_build_note(ds_config: dict) -> str | None:
     op = cpu_optimizer_op(ds_config)
     if op is None:
         return None
+    name, optimizer = op
+    if _op_built(name):
+        return None
+    return (f"note: building DeepSpeed's {name} op for {optimizer} (the offloaded optimizer) into {_build_folder()}: "
+            "a minute or more, once")
+
+
+def shm_build_note() -> str | None:
+    """The line before deepspeed.init_distributed JIT-builds its CPU all-reduce op on a machine without CUDA
+    (30-90 s on 2 idle cores, minutes under load, with nothing said meanwhile); None when it is built."""
+    if backend() != "gloo" or _op_built(SHM_OP):
+        return None
+    return (f"note: building DeepSpeed's {SHM_OP} op (its CPU all-reduce) into {_build_folder()}: a minute or more, "
+            "once; an interrupted build is started again by the next run")
+
+
+SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's ShareMemCommBuilder.NAME
+
+
+def _op_built(name: str) -> bool:
+    """The JIT op is prebuilt into DeepSpeed or built in an extensions folder already."""
     from deepspeed.git_version_info import installed_ops
 
-    name, optimizer = op
-    if installed_ops.get(name) or any((root / name / f"{name}.so").is_file() for root in jit_locks.extensions_roots()):
-        return None
-    folder = os.environ.get("TORCH_EXTENSIONS_DIR") or "torch's extensions folder"
-    return (f"note: building DeepSpeed's {name} op for {optimizer} (the offloaded optimizer) into {folder}: a "
-            "minute or more, once")
+    return bool(installed_ops.get(name)) or any((root / name / f"{name}.so").is_file()
+                                                for root in jit_locks.extensions_roots())
+
+
+def _build_folder() -> str:
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or "torch's extensions folder"
 
 
 def fused_adam_problem() -> tuple[str, str] | None:
