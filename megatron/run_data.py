@@ -76,7 +76,7 @@ def typed_folder_tokenizer(flag_type: str, folder, hf_dir: str):
     return folder if isinstance(folder, HFTokenizer) else build_tokenizer(flag_type, folder.file)
 
 
-def data_paths(args, plan: StartPlan) -> tuple:
+def data_paths(args, plan: StartPlan, vocab_size: int = 0) -> tuple:
     """(data_path list, tokenizer): --data-path or the embedded default dataset (built once per node);
     the run's tokenizer (run_tokenizer), else the default dataset's vocab, refused where it differs
     from the vocab any dataset was made with."""
@@ -90,7 +90,7 @@ def data_paths(args, plan: StartPlan) -> tuple:
                               "pass the vocab.txt (or --tokenizer-file) the data was made with")
         data_path = args.data_path
     else:
-        check_default_data_vocab(args, tokenizer)
+        check_default_data_vocab(args, tokenizer, vocab_size)
         if local_rank() == 0:
             default = prepare_default_dataset(args.default_data_dir)
         dist.barrier()
@@ -108,14 +108,21 @@ def data_paths(args, plan: StartPlan) -> tuple:
     return data_path, tokenizer
 
 
-def check_default_data_vocab(args, tokenizer) -> None:
+def check_default_data_vocab(args, tokenizer, vocab_size: int = 0) -> None:
     """Without --data-path the run trains on the default dataset, made with its own WordPiece vocab
     (the one in --default-data-dir, else the embedded one it is built with): a run that takes another
     tokenizer (a --vocab-file, a ModernBERT's tokenizer.json) is refused before the data is built,
-    with the fix that applies to it. Needs no process group: tools/extend_context.py checks a launch with it."""
-    if tokenizer is None:
-        return
+    with the fix that applies to it; so is one whose weights carry no tokenizer and a `vocab_size` (theirs;
+    0: the tokenizer decides) too small for that vocab, which the model check would refuse only once the
+    data is built. Needs no process group: tools/extend_context.py checks a launch with it."""
     default = BertWordPiece(str(default_vocab_file(args.default_data_dir)))
+    if tokenizer is None:
+        if vocab_size and default.vocab_size > vocab_size:
+            raise ConfigError(f"no --data-path, and the weights carry no tokenizer: the run would train on the default "
+                              f"dataset, whose vocab {default.file} has {default.vocab_size} tokens, more than the "
+                              f"model's vocab_size {vocab_size}", "pass the tokenizer the weights were trained with "
+                              "(--tokenizer-file or --vocab-file) and --data-path with data preprocessed with it")
+        return
     if tokenizer.identity != default.identity:
         made_with = naming_flags(tokenizer.type_name, tokenizer.file)
         raise ConfigError(f"no --data-path: the run would train on the default dataset, made with the vocab "

@@ -376,7 +376,7 @@ def check_start_up(args, plan: StartPlan) -> StartUp:
     if args.save:
         checkpoint_save.check_writable(args.save)  # before any work that a failed first save would lose
     check_log_dirs(args, setup.ds)
-    setup.data_path, setup.tokenizer = data_paths(args, plan)
+    setup.data_path, setup.tokenizer = data_paths(args, plan, setup.flags["vocab_size"])
     setup.flags["vocab_size"] = setup.flags["vocab_size"] or setup.tokenizer.vocab_size
     setup.config = resolve(setup.flags, setup.ds, dist.get_world_size(), deepspeed_check=not setup.checked,
                            json_given=bool(args.deepspeed_config))

@@ -1359,6 +1359,13 @@ def test_no_data_path_with_another_vocab_is_refused_before_the_default_data_is_b
         run_data.data_paths(cased, start_plan.StartPlan.given(cased))
     args.default_data_dir = str(assets["dir"])  # made by prepare_default_dataset with this vocab
     run_data.check_default_data_vocab(args, run_data.run_tokenizer(args, start_plan.StartPlan.given(args)))
+    bare = build_parser().parse_args([*TINY, "--default-data-dir", str(tmp_path / "d")])  # weights, no tokenizer
+    with pytest.raises(ConfigError, match=r"no --data-path, and the weights carry no tokenizer: the run would train on "
+                                          r"the default dataset, whose vocab .*default_vocab.txt has 8192 tokens, more "
+                                          r"than the model's vocab_size 1500; pass the tokenizer the weights"):
+        run_data.data_paths(bare, start_plan.StartPlan.given(bare), vocab_size=1500)
+    assert not (tmp_path / "d").exists()
+    run_data.check_default_data_vocab(bare, None, vocab_size=8192)  # it fits: the default vocab is theirs
 
 
 def test_truncated_safetensors_is_a_data_error(tmp_path):

@@ -248,9 +248,9 @@ def test_from_hf_refuses_a_damaged_folder_and_to_hf_asks_for_a_missing_tokenizer
 @pytest.mark.filterwarnings("ignore:.*holds no vocab.txt")
 def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_path):
     """In-process. The stored seq_length is the length the model was trained at (extend_context scales
-    rope from it): a ModernBERT folder's max_position_embeddings, also under a longer
-    --max-position-embeddings, unless --seq-length sets a shorter one; a --seq-length beyond the folder's
-    positions (rope: no table was stretched, also under --max-position-embeddings), 0,
+    rope from it): a ModernBERT folder's max_position_embeddings, unless --seq-length sets a shorter one; a
+    --seq-length beyond the folder's positions (rope: no table was stretched, also under
+    --max-position-embeddings), a rope folder's --max-position-embeddings beyond them (to-hf would declare it), 0,
     a shorter table and a --save in the folder are refused, nothing written. to-hf --tag of no
     checkpoint does not blame 'latest'."""
     from test_hf_modernbert import hf_folder
@@ -268,9 +268,14 @@ def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_p
              f"--seq-length 1024 is above {declares}, the length its rotary model was trained at"),
             (["--seq-length", "600", "--max-position-embeddings", "1024"], save,
              f"--seq-length 600 is above {declares}, the length its rotary model was trained at (the stored "
-             f"length, which tools/extend_context.py scales the rope theta from); drop --seq-length; to train "
+             f"length, which tools/extend_context.py scales the rope theta from, and the export declares); drop "
+             f"--seq-length; to train "
              f"longer, pass --seq-length 600 to the run, or continue with tools/extend_context.py --from {folder} "
              "--seq-length 600"),
+            (["--max-position-embeddings", "1024"], save,
+             f"--max-position-embeddings 1024 is above {declares}, the length its rotary model was trained at (the "
+             "stored length, which tools/extend_context.py scales the rope theta from, and the export declares); "
+             "drop --max-position-embeddings; to train longer, pass --seq-length 1024 to the run"),
             (["--seq-length", "0"], save, "--seq-length 0 must be >= 1; pass --seq-length 1 or more, or drop it"),
             ([], folder, f"--save {folder} is the --hf-dir folder: the checkpoint would be written into"),
             ([], folder / "ck", f"--save {folder / 'ck'} is inside the --hf-dir folder")]:
@@ -278,9 +283,9 @@ def test_from_hf_stores_the_folders_length_and_refuses_what_contradicts_it(tmp_p
             tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(save_dir), *flags])
         assert str(error.value).startswith(message), str(error.value)
         assert not save.exists() and sorted(folder.rglob("*")) == files
-    tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(save), "--max-position-embeddings", "1024"])
+    tool.main(["from-hf", "--hf-dir", str(folder), "--save", str(save), "--max-position-embeddings", "512"])
     stored = checkpoint.stored_config(str(save), "iter_0000000")["model"]
-    assert (stored["max_position_embeddings"], stored["seq_length"]) == (1024, 512)
+    assert (stored["max_position_embeddings"], stored["seq_length"]) == (512, 512)
     # learned positions: a stretched table may declare the length runs from it train at, up to its size
     _, bert = hf_model("megatron-bert", tmp_path, max_position_embeddings=20)
     with pytest.raises(ConfigError, match="--seq-length 40 is above --max-position-embeddings 30"):

@@ -23,7 +23,7 @@ import transformers
 
 from megatron.checkpoint import latest_tag, stored_config
 from megatron.checkpoint_weights import bert_state_from_checkpoint
-from megatron.data.default_dataset import EMBEDDED_VOCAB
+from megatron.data.default_dataset import DEFAULT_VOCAB_SIZE, EMBEDDED_VOCAB
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.paths import python_command
 from megatron.data.tokenizer import HFTokenizer
@@ -180,7 +180,7 @@ def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_pat
 
     theta = float(f"{10000 * 4 ** (16 / 14):.6g}")
     assert f"rerun with --rotary-base {theta} or choose" in one_line(capsys, *head, "--rotary-base", "20000")
-    other = tiny_modernbert(tmp_path / "other", 100)
+    other = tiny_modernbert(tmp_path / "other", DEFAULT_VOCAB_SIZE)
     assert one_line(capsys, *head, "--from", str(other)) == (
         f"the checkpoint in --save was extended from {(out / 'hf').resolve()}, --from {other} holds another model; "
         f"rerun with --from {(out / 'hf').resolve()} or choose a new --save")
@@ -226,7 +226,7 @@ def one_line(capsys, *argv) -> str:
 
 
 def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
-    source = tiny_modernbert(tmp_path / "hf", 100)
+    source = tiny_modernbert(tmp_path / "hf", DEFAULT_VOCAB_SIZE)
     bert = tmp_path / "bert"
     transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
                                                          num_attention_heads=2, intermediate_size=64)).save_pretrained(bert)
@@ -258,6 +258,8 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              f"with {python} tools/convert_checkpoint.py to-hf --load {learned} --output HF, then {python} "
              "pretrain_bert.py --init-from-hf HF --max-position-embeddings N"),
             (["--from", str(tmp_path / "missing"), "--seq-length", "256", "--save", save], "missing does not exist"),
+            (["--from", "", "--seq-length", "256", "--save", save], "--from is given an empty value ('')"),
+            ([*hf, "--save", ""], "--save is given an empty value (''); pass --save a path (an unset shell variable"),
             (["--from", str(learned / "iter_0000001"), "--seq-length", "256", "--save", save],
              f"iter_0000001 is one checkpoint of the --save directory {learned}; point --from at {learned} "),
             (["--from", str(source / "config.json"), "--seq-length", "256", "--save", save],
@@ -359,7 +361,7 @@ def test_the_attention_comes_from_the_json_unless_given(tmp_path, capsys):
     (the tool's default ring used to override the first and then refuse the second, saying to edit the
     JSON), ulysses_sp2.json its Ulysses (it ran ring without a word); --attention and --ulysses-size still
     override the JSON, as documented."""
-    source = tiny_modernbert(tmp_path / "hf", 100)
+    source = tiny_modernbert(tmp_path / "hf", DEFAULT_VOCAB_SIZE)
     argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"), "--deepspeed-config",
             str(ROOT / "ds_configs" / "hybrid_sp4.json")]
     command, _ = dry_run(capsys, *argv, "--", "--train-iters", "1")
@@ -377,7 +379,7 @@ def test_the_dry_run_refuses_a_precision_this_device_lacks(tmp_path, capsys):
 
     if get_accelerator().is_fp16_supported():
         pytest.skip("this device runs fp16")
-    source = tiny_modernbert(tmp_path / "hf", 100)
+    source = tiny_modernbert(tmp_path / "hf", DEFAULT_VOCAB_SIZE)
     (tmp_path / "ds.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}}))
     assert one_line(capsys, "--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"),
                     "--deepspeed-config", str(tmp_path / "ds.json"), "--", "--train-iters", "1").startswith(
@@ -388,7 +390,7 @@ def test_a_rotary_base_below_the_models_is_a_warning_naming_the_scaled_one(tmp_p
     """A theta below the model's makes the slow rotations faster, the opposite of an extension (or a
     local theta given for the global one): said in a line, with the scaled default; not refused, since
     fine-tuning at a smaller base is a method of its own. At or above the model's, nothing is said."""
-    source = tiny_modernbert(tmp_path / "hf", 100)
+    source = tiny_modernbert(tmp_path / "hf", DEFAULT_VOCAB_SIZE)
     argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext")]
     tail = ["--", "--train-iters", "1"]
     scaled = f"{10000 * 4 ** (16 / 14):.6g}"
@@ -407,7 +409,7 @@ def test_the_dry_run_prints_the_notes_the_launched_run_gives_on_its_model_and_la
     layout, a window that is not local, a model to-hf would refuse), which rank 0 prints once launched,
     come out in the dry run too, with the others it holds until its checks pass; a launch leaves them to
     the run."""
-    source = tiny_modernbert(tmp_path / "hf", 100)
+    source = tiny_modernbert(tmp_path / "hf", DEFAULT_VOCAB_SIZE)
     argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"), "--num-gpus", "2",
             "--", "--train-iters", "1", "--hidden-dropout", "0.1", "--local-attention-window", "600"]
     capsys.readouterr()
@@ -429,7 +431,7 @@ def test_a_resume_with_another_from_is_refused_naming_both(tmp_path, capsys, mon
     one line. The launch itself writes nothing into --save (a run that fails before its first save leaves
     no record of a start). A --save without that record (another run) is compared by the model's fields,
     the first that differs named before a length or theta."""
-    source = tiny_modernbert(tmp_path / "hf", 100)
+    source = tiny_modernbert(tmp_path / "hf", DEFAULT_VOCAB_SIZE)
     save = tmp_path / "ext"
     argv = ["--from", str(source), "--seq-length", "256", "--save", str(save), "--", "--train-iters", "1"]
     assert run_tool("extend_context.py", lambda: extend_context.main(["--dry-run", *argv])) == 0
@@ -455,8 +457,15 @@ def test_a_resume_with_another_from_is_refused_naming_both(tmp_path, capsys, mon
     fields = extend_context.source_fields(argparse.Namespace(source=str(source)), "hf")
     plain = fake_checkpoint(tmp_path / "plain", {**fields, "num_layers": 2, "seq_length": 256, "rotary_base": 1e4})
     assert one_line(capsys, *argv[:5], str(plain)) == (f"the checkpoint in --save is of a model with num_layers 2, "
-                                                       f"--from {source} has 3; rerun with the --from it was "
-                                                       "extended from or choose a new --save")
+                                                       f"--from {source} has 3: --save holds another run's checkpoint; "
+                                                       "choose a new --save (or, if it is an extension, rerun with "
+                                                       "the --from it started from)")
+    # a run from scratch of the same shapes records no source: it is no extension of --from, whatever its fields
+    scratch = fake_checkpoint(tmp_path / "scratch", {**fields, "seq_length": 256}, {"from": None, "run_id": "r"})
+    assert one_line(capsys, *argv[:5], str(scratch)) == (f"--save {scratch} holds the checkpoint of a run that "
+                                                         f"started from random weights, not from --from {source}; "
+                                                         f"choose a new --save (resume that run with "
+                                                         f"pretrain_bert.py --load {scratch})")
 
 
 FAKE_RUNNER = """import os, signal, subprocess, sys, time
@@ -491,7 +500,7 @@ def test_ctrl_c_while_the_launcher_starts_is_one_line(tmp_path, monkeypatch):
 
     # the stand-in starts launch.py as the pinned DeepSpeed's runner does, which deepspeed_command relies on
     assert 'sys.executable, "-u", "-m", "deepspeed.launcher.launch"' in inspect.getsource(runner.main)
-    source = tiny_modernbert(tmp_path / "hf", 100)
+    source = tiny_modernbert(tmp_path / "hf", DEFAULT_VOCAB_SIZE)
     launched = []
     monkeypatch.setattr(extend_context.os, "execve", lambda path, command, env: launched.append((command, env)))
     argv = ["--from", str(source), "--seq-length", "256", "--save", str(tmp_path / "ext"), "--", "--train-iters", "1"]
@@ -543,6 +552,13 @@ def test_the_dry_run_checks_the_tokenizer_and_the_data_as_the_run_does(tmp_path,
         f"no --data-path: the run would train on the default dataset, made with the vocab {EMBEDDED_VOCAB}, while its "
         f"tokenizer is {folder / 'tokenizer.json'}; pass --data-path with data preprocessed with it "
         f"(tools/preprocess_data.py --tokenizer-file {folder / 'tokenizer.json'} ...)")
+    # weights without a tokenizer would train on the default vocab, refused once built when it outgrows them
+    argv[1] = str(no_tokenizer)
+    assert one_line(capsys, *argv) == (
+        f"no --data-path, and the weights carry no tokenizer: the run would train on the default dataset, whose vocab "
+        f"{EMBEDDED_VOCAB} has {DEFAULT_VOCAB_SIZE} tokens, more than the model's vocab_size {size}; pass the "
+        "tokenizer the weights were trained with (--tokenizer-file or --vocab-file) and --data-path with data "
+        "preprocessed with it")
     assert not (tmp_path / "default").exists()
 
 

@@ -99,9 +99,10 @@ def check_from_hf(args, positions: int, rope: bool) -> None:
     """The flags against the folder (`positions`: its config's max_position_embeddings): --save outside
     it; no table shorter than the folder's (it would drop positions); no --seq-length beyond the
     checkpoint's positions (the stored length is the one the model was trained at, from which
-    tools/extend_context.py scales rope: the folder's unless set), nor, for `rope` weights, beyond the
-    folder's: they have no table a longer length was stretched into, so it would only misstate their
-    training, and extend_context.py would scale the theta from the wrong length."""
+    tools/extend_context.py scales rope: the folder's unless set), nor, for `rope` weights, a --seq-length
+    or --max-position-embeddings beyond the folder's: they have no table a longer length was stretched
+    into, so it would only misstate their training (to-hf declares it), and extend_context.py would scale
+    the theta from the wrong length."""
     inside = save_into_weights_folder(args.save, args.hf_dir, "--hf-dir")
     if inside:
         raise ConfigError(inside, "choose another --save")
@@ -114,11 +115,13 @@ def check_from_hf(args, positions: int, rope: bool) -> None:
     if args.max_position_embeddings is not None and args.max_position_embeddings < positions:
         raise ConfigError(f"--max-position-embeddings {args.max_position_embeddings} is below {declared}",
                           f"pass {positions} or more, or drop it")
-    if rope and args.seq_length is not None and args.seq_length > positions:
-        raise ConfigError(f"--seq-length {args.seq_length} is above {declared}, the length its rotary model was "
-                          "trained at (the stored length, which tools/extend_context.py scales the rope theta from)",
-                          f"drop --seq-length; to train longer, pass --seq-length {args.seq_length} to the run, or "
-                          f"continue with tools/extend_context.py --from {args.hf_dir} --seq-length {args.seq_length}")
+    for flag, value in (("--seq-length", args.seq_length), ("--max-position-embeddings", args.max_position_embeddings)):
+        if rope and value is not None and value > positions:  # no table to stretch: it would only misstate
+            raise ConfigError(f"{flag} {value} is above {declared}, the length its rotary model was trained at (the "
+                              "stored length, which tools/extend_context.py scales the rope theta from, and the "
+                              "export declares)", f"drop {flag}; to train longer, pass --seq-length {value} to the "
+                              f"run, or continue with tools/extend_context.py --from {args.hf_dir} --seq-length "
+                              f"{value}")
     if args.seq_length is not None and args.seq_length > (args.max_position_embeddings or positions):
         limit = (f"--max-position-embeddings {args.max_position_embeddings}" if args.max_position_embeddings
                  else declared)

@@ -3,10 +3,11 @@ at a longer sequence: one command that picks the launch for you and starts the `
 
   - the weights: `--init-from-hf FROM` for a Hugging Face folder, `--load FROM --finetune` for a
     checkpoint (a new run from its weights, any layout); once `--save` holds a checkpoint the same
-    command resumes from it instead (a requeued job goes on, with the model flags restated: `--load`
-    alone takes none from the checkpoint; another --from than the first run's, which its checkpoint
-    records (weights_from: the path and a hash of its config and weights), or another length or theta than
-    --save holds is refused); a checkpoint already at the run's length is said here (the trainer's
+    command resumes from it instead (a requeued job goes on, with the launch restated: `--load` alone
+    takes the model from the checkpoint, not the split, attention or packing; another --from than the
+    first run's, which its checkpoint records (weights_from: the path and a hash of its config and
+    weights), a --save of a run from scratch, or another length or theta than --save holds is refused);
+    a checkpoint already at the run's length is said here (the trainer's
     `nothing to train` line), with no launch;
   - the length: `--seq-length`, 1-64x the length the model was trained at (an HF folder's
     `max_position_embeddings`, a checkpoint's `seq_length`), packed samples on;
@@ -86,6 +87,10 @@ def parse_args(argv=None):
     if unknown:
         raise ConfigError(f"{unknown[0]} is not an option of extend_context.py", "flags for pretrain_bert.py go "
                           "after --: extend_context.py --from DIR --seq-length N --save DIR -- --data-path ...")
+    for flag, value in (("--from", args.source), ("--save", args.save), ("--deepspeed-config", args.deepspeed_config)):
+        if not value:  # named here: the trainer's check would name the flag the tool passes it on as
+            raise ConfigError(f"{flag} is given an empty value ('')", f"pass {flag} a path (an unset shell variable "
+                              f"gives '': {flag} \"$DIR\")")
     if args.master_port is not None and not 1 <= args.master_port <= 65535:
         raise ConfigError(f"--master-port {args.master_port} is not a TCP port", "pass a free port in 1-65535, "
                           "e.g. 29500")
@@ -326,12 +331,16 @@ def check_source(args, kind: str) -> None:
     """A resume goes on from the model --from names, else it would continue another model's extension
     under this command's summary. The record is the checkpoint's own (its run_state's weights_from: the
     path and fingerprint of the weights the first run started from, carried by every resume), so a
-    launch that fails before its first save leaves no record behind. A checkpoint without one (saved
-    before runs recorded it, or not a run from weights) is left to resumed_model's comparison of the
-    model fields."""
+    launch that fails before its first save leaves no record behind; a run from scratch records none (its
+    "from" is None), and is no extension of anything. A checkpoint without a record (saved before runs
+    recorded it) is left to resumed_model's comparison of the model fields."""
     record = checkpoint.run_state(args.save, checkpoint.latest_tag(args.save)).get(checkpoint.ORIGIN)
-    if not isinstance(record, dict) or not record.get("from"):
+    if not isinstance(record, dict):
         return
+    if not record.get("from"):
+        raise ConfigError(f"--save {args.save} holds the checkpoint of a run that started from random weights, not "
+                          f"from --from {args.source}", "choose a new --save (resume that run with pretrain_bert.py "
+                          f"--load {args.save})")
     recorded, digest = record["from"], record.get("sha256")
     if digest == hf_io.weights_fingerprint(args.source, kind):
         return
@@ -352,8 +361,8 @@ def resumed_model(args, fields: dict, theta: float) -> dict:
     for field, value in fields.items():
         if field not in adjustable and stored.get(field) != value:
             raise ConfigError(f"the checkpoint in --save is of a model with {field} {stored.get(field)}, --from "
-                              f"{args.source} has {value}", "rerun with the --from it was extended from or choose a "
-                              "new --save")
+                              f"{args.source} has {value}: --save holds another run's checkpoint",
+                              "choose a new --save (or, if it is an extension, rerun with the --from it started from)")
     if stored["seq_length"] != args.seq_length:
         raise ConfigError(f"the checkpoint in --save was extended to {stored['seq_length']} tokens",
                           f"rerun with --seq-length {stored['seq_length']} or choose a new --save")
@@ -421,7 +430,7 @@ def check_launch(command: list, world: int) -> None:
         tokenizer = data_paths(args, plan)[1]
     else:  # the trainer builds the default dataset, which is not done here: its vocab is checked
         tokenizer = run_tokenizer(args, plan)
-        check_default_data_vocab(args, tokenizer)
+        check_default_data_vocab(args, tokenizer, flags["vocab_size"])
     vocab_size = flags["vocab_size"] or (tokenizer.vocab_size if tokenizer is not None else BertConfig.vocab_size)
     config = resolve({**flags, "vocab_size": vocab_size}, ds, world)
     if tokenizer is not None:
