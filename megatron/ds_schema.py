@@ -75,7 +75,7 @@ DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
     "gradient_predivide_factor", "graph_harvesting", "hybrid_engine", "hysteresis", "immediate_grad_update",
     "initial_scale_power", "keep_in_fp32_modules", "legacy_fusion", "load_universal", "log_level", "loss_scale",
     "loss_scale_window", "lower_precision_safe_modules", "managed_gradient_accumulation", "max_grad_norm", "mean",
-    "memory_breakdown", "min_loss_scale", "monitor_config", "nebula", "optimizer", "parallel_write", "param_dtype",
+    "memory_breakdown", "min_loss_scale", "nebula", "optimizer", "parallel_write", "param_dtype",
     "params", "pipeline", "pipeline_stage", "predict", "prescale_gradients", "progressive_layer_drop",
     "quantize_training", "scheduler", "seq_parallel_communication_data_type", "sparse_attention",
     "sparse_gradients", "steps_per_print", "sum", "tag_validation", "tensor_parallel", "tensorboard", "timers",
@@ -90,7 +90,7 @@ OPTIMIZER_NAMES = {name.lower(): name for name in (
     "muadamw", "muon", "musgd", "NAdam", "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam")}
 # read by DeepSpeed outside DeepSpeedConfig's own look-ups (launcher, autotuner, profilers, ...)
 _DEEPSPEED_OTHER_KEYS = {"optimizer", "scheduler", "activation_checkpointing", "flops_profiler", "aio", "autotuning",
-                         "sparse_attention", "monitor_config", "zero_optimization", "train_batch_size",
+                         "sparse_attention", "zero_optimization", "train_batch_size",
                          "fp16", "bf16", "amp", "checkpoint", "pipeline", "elasticity", "compression_training"}
 # the top-level keys DeepSpeed 0.19.8 refuses as removed features (runtime/config.py's
 # _REMOVED_TOP_LEVEL_CONFIG_KEYS; tests/test_ds_config_tool.py holds the two equal) -> (the feature, what to set
@@ -423,6 +423,13 @@ def _refuse_ignored_sections(ds_config: dict) -> None:
     if misplaced:
         raise ConfigError(f"{misplaced[0]!r} at the top level of the DeepSpeed JSON is a key of its {SECTION} section "
                           "(DeepSpeed would ignore it there)", f'move it into "{SECTION}": {{...}}')
+    wrapped = {key: sorted(set(ds_config[key]) & deepspeed_top_level_keys()) for key in unknown
+               if isinstance(ds_config[key], dict)}  # a wrapper object ("monitor_config": {"tensorboard": ...})
+    for key, inner in wrapped.items():
+        if inner:
+            raise ConfigError(f"unknown top-level key {key!r}: DeepSpeed would ignore it, and the "
+                              f"{', '.join(map(repr, inner))} in it", f"move {', '.join(map(repr, inner))} to the top "
+                              f"level of the JSON and remove {key!r}")
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(deepspeed_top_level_keys()), n=1, cutoff=0.75)
         hint = f"did you mean {close[0]!r}? " if close else ""
