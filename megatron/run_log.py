@@ -58,19 +58,21 @@ class RunLog:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tensorboard = SummaryWriter(args.tensorboard_dir)
-        if sys.stdout.isatty():
-            from tqdm import tqdm
-
-            # drawn on stdout, the stream whose isatty() chose it; log lines go through bar.write
-            self.bar = tqdm(total=train_iters, unit="step", dynamic_ncols=True, file=sys.stdout)
 
     def start(self, iteration: int, line: str, **fields) -> None:
         """The run's first record: where it starts (0, or the checkpoint's iteration) and the
-        line that says so on screen."""
+        line that says so on screen; on a terminal, the progress bar from there (a resume's from its
+        checkpoint's iteration, its ETA of the steps left)."""
         if self.writer:
             self._append({"kind": "start", "run": self.run_id, "iteration": iteration, "time": time.time(),
                           "save": self.save, **fields})
             self._print(line)
+            if sys.stdout.isatty():
+                from tqdm import tqdm
+
+                # drawn on stdout, the stream whose isatty() chose it; log lines go through bar.write
+                self.bar = tqdm(total=self.train_iters, initial=iteration, unit="step", dynamic_ncols=True,
+                                file=sys.stdout)
 
     def resumed(self, iteration: int, consumed: int) -> None:
         """The TensorBoard logs (--tensorboard-dir's, at iterations; DeepSpeed's monitors', at consumed

@@ -42,13 +42,16 @@ def rank_0_run_log(monkeypatch, log_dir: Path, steps: int, interval: int, tensor
     return run_log.RunLog(args, config, train_iters=steps)
 
 
-def write_run_log(log_dir: Path, stdout: io.StringIO, monkeypatch, steps=4, interval=2) -> Path:
+def write_run_log(log_dir: Path, stdout: io.StringIO, monkeypatch, steps=4, interval=2, first=None) -> Path:
     """Drives RunLog as pretrain() does: `steps` steps of 0.5 s each with loss 10 - iteration,
-    a checkpoint message, a validation and a test loss, then finish(). -> metrics.jsonl."""
+    a checkpoint message, a validation and a test loss, then finish(). `first`: the iteration of a start
+    record first (a resume's checkpoint's: the steps after it). -> metrics.jsonl."""
     monkeypatch.setattr(sys, "stdout", stdout)
     log = rank_0_run_log(monkeypatch, log_dir, steps, interval)
     engine = SimpleNamespace(fp16_enabled=lambda: False)
-    for iteration in range(1, steps + 1):
+    if first is not None:
+        log.start(first, f"starting at iteration {first}")
+    for iteration in range(1 + (first or 0), steps + 1):
         loss = 10.0 - iteration
         result = SimpleNamespace(loss=loss, mlm=loss - 0.75, sop=0.75, grad_norm=1.5, mlm_accuracy=0.125 * iteration,
                                  real_token_share=0.25 * (iteration % 2 + 1), segments_per_sample=iteration,
@@ -87,10 +90,15 @@ def test_plain_lines_when_stdout_is_not_a_terminal(tmp_path, monkeypatch):
 
 
 def test_progress_bar_when_stdout_is_a_terminal(tmp_path, monkeypatch):
+    """The bar counts the run's steps from where it starts: a resume's from its checkpoint's iteration (it
+    showed 0/4 there, and ended at 2/4 with an ETA of four steps)."""
     stdout = Terminal()
-    write_run_log(tmp_path / "log", stdout, monkeypatch)
+    write_run_log(tmp_path / "log", stdout, monkeypatch, first=0)
     text = stdout.getvalue()
-    assert "\r" in text and "4/4 [" in text  # tqdm redraws its "n/total [elapsed..." line in place
+    assert "\r" in text and "0/4 [" in text and "4/4 [" in text  # tqdm redraws its "n/total [..." line in place
+    resumed = Terminal()
+    write_run_log(tmp_path / "resumed", resumed, monkeypatch, first=2)
+    assert "2/4 [" in resumed.getvalue() and "4/4 [" in resumed.getvalue() and "0/4" not in resumed.getvalue()
     # log lines are written whole above the bar (after tqdm clears it with \r)
     shown = [segment.split("\r")[-1] for segment in text.split("\n")]
     assert any(line.startswith("iteration 2/4 | consumed samples 8 | ") for line in shown), text
