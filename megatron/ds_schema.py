@@ -387,15 +387,32 @@ def path_values(ds_config: dict) -> list[tuple[str, dict, str, str]]:
 
 def _check_path_values(ds_config: dict) -> None:
     """A $VAR in a path value, which DeepSpeed would take as a folder's name ("$HOME" in the current folder);
-    a leading ~ passes: the trainer expands it (expand_home_paths) as it does in a path flag."""
+    a leading ~ passes: the trainer expands it (expand_home_paths) as it does in a path flag. A file-writing
+    monitor's job_name is one folder's name under its output_path, where DeepSpeed joins it: a $VAR, a ~, an
+    absolute path or a .. in it wrote into a folder named so, or past output_path."""
     for key, _, _, value in path_values(ds_config):
-        if variable := _VARIABLE.search(value):
-            raise ConfigError(f"{key} {json.dumps(value)} holds {variable.group(0)}, which DeepSpeed does not expand "
-                              f"(it would write into a folder named {json.dumps(variable.group(0))})",
-                              f"write the full path in {key}")
+        _refuse_variable(key, value, "write the full path in")
         if value.startswith("~") and os.path.expanduser(value) == value:
             raise ConfigError(f"{key} {json.dumps(value)} starts with {value.split('/')[0]}, which names no user's "
                               "home here", f"write the full path in {key}")
+    for name in ("tensorboard", "csv_monitor"):
+        section = ds_config.get(name)
+        job = section.get("job_name") if isinstance(section, dict) and section.get("enabled") is True else None
+        if not isinstance(job, str):
+            continue
+        key = f"{name}.job_name"
+        _refuse_variable(key, job, "write the name itself in")
+        if job.startswith("~") or os.path.isabs(job) or ".." in job.split("/"):
+            where = "into a folder named ~" if job.startswith("~") else "outside output_path"
+            raise ConfigError(f"{key} {json.dumps(job)} is not a folder name under {name}.output_path (DeepSpeed "
+                              f"joins the two: it would write {where})", f"put the folder in {name}.output_path and "
+                              f"a plain name in {key}")
+
+
+def _refuse_variable(key: str, value: str, fix: str) -> None:
+    if variable := _VARIABLE.search(value):
+        raise ConfigError(f"{key} {json.dumps(value)} holds {variable.group(0)}, which DeepSpeed does not expand "
+                          f"(it would write into a folder named {json.dumps(variable.group(0))})", f"{fix} {key}")
 
 
 def expand_home_paths(ds_config: dict) -> dict:

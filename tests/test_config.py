@@ -980,6 +980,14 @@ def test_the_json_section_keys_are_the_fields_json_keys():
      "zero_optimization.offload_param.nvme_path \"${SCRATCH}/swap\" holds ${SCRATCH}"),
     ({"flops_profiler": {"enabled": True, "output_file": "~nosuchuser1234/f.txt"}},
      'flops_profiler.output_file "~nosuchuser1234/f.txt" starts with ~nosuchuser1234, which names no user\'s home'),
+    # a monitor's job_name, which DeepSpeed joins under its output_path
+    ({"csv_monitor": {"enabled": True, "output_path": "out", "job_name": "run_$SLURM_JOB_ID"}},
+     'csv_monitor.job_name "run_$SLURM_JOB_ID" holds $SLURM_JOB_ID, which DeepSpeed does not expand'),
+    ({"tensorboard": {"enabled": True, "output_path": "out", "job_name": "~/tb"}},
+     'tensorboard.job_name "~/tb" is not a folder name under tensorboard.output_path (DeepSpeed joins the two: it '
+     "would write into a folder named ~); put the folder in tensorboard.output_path and a plain name in"),
+    ({"tensorboard": {"enabled": True, "output_path": "out", "job_name": "/scratch/tb"}}, "would write outside"),
+    ({"csv_monitor": {"enabled": True, "output_path": "out", "job_name": "a/../../b"}}, "would write outside"),
     # a Hugging Face Trainer template's "auto": the line says what it is
     ({"gradient_clipping": "auto"}, 'gradient_clipping = "auto" is not a number >= 0; set gradient_clipping to a '
                                     'number (0 turns clipping off) ("auto" is the Hugging Face Trainer\'s placeholder'),
