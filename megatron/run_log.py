@@ -17,6 +17,7 @@ import resource
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +50,9 @@ class RunLog:
         self.last_save_s = None  # seconds the last checkpoint of this run took (saved)
         if not self.writer:
             return
+        if self.monitor:  # DeepSpeed writes its own events inside engine.step, out of the trainer's reach
+            self.monitor.write_events = self._guarded(self.monitor.write_events)
+        _quiet_writer_thread_errors()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics = open(self.dir / "metrics.jsonl", "a")
         self.metrics_file = _identity(self.dir / "metrics.jsonl")
@@ -168,17 +172,25 @@ class RunLog:
                          "pass another --tensorboard-dir")
 
     def _write_monitors(self, record: dict) -> None:
-        """The record as DeepSpeed monitor events (monitors.py); a file write that fails stops the run as
-        _append's does."""
-        if not self.monitor or self.failure:
-            return
-        try:  # every record the monitors get (train, validation, test) holds its consumed samples
+        """The record as DeepSpeed monitor events (monitors.py), through the guarded writer."""
+        if self.monitor:  # every record the monitors get (train, validation, test) holds its consumed samples
             self.monitor.write_events(monitors.events(record, record["consumed_samples"]))
-        except OSError as error:
-            self._monitor_failed(error)
+
+    def _guarded(self, write):
+        """The monitor's write_events with a failed file write (a full disk, a removed folder) taken as the
+        run's `failure`, which stops it as _append's does, with a final checkpoint: raised out of DeepSpeed's
+        own write in engine.step it was a traceback and no checkpoint. Nothing is written once the run failed."""
+        def write_events(events, *rest, **options):
+            if self.failure:
+                return
+            try:
+                write(events, *rest, **options)
+            except OSError as error:
+                self._monitor_failed(error)
+        return write_events
 
     def _monitor_failed(self, error: OSError) -> None:
-        self._failed("a DeepSpeed monitor's file", Path(error.filename or "?"), error,
+        self._failed("a DeepSpeed monitor's file", Path(os.fsdecode(error.filename or "?")), error,
                      "set another output_path in the DeepSpeed JSON's monitor section")
 
     def _failed(self, what: str, path: Path, error: OSError, elsewhere: str) -> None:
@@ -190,7 +202,8 @@ class RunLog:
             reason = f"{full}, {shutil.disk_usage(folder).free / 2**20:.1f} MiB free"
         else:
             reason = error.strerror or str(error)
-        self.failure = (f"cannot write {what} {path} ({reason})", f"free space there or {elsewhere}")
+        self.failure = (f"cannot write {what} {path} ({reason})", f"free space there or {elsewhere}" if full else
+                        elsewhere)
 
     def _print(self, line: str) -> None:
         """A whole line on stdout, above the progress bar when there is one."""
@@ -423,6 +436,21 @@ METRICS_FIX = "pass the metrics.jsonl a run wrote under --log-dir"
 # the fields plot_metrics reads, by record kind
 PLOTTED = {"train": ("iteration", "loss", "tokens_per_s"), "validation": ("iteration", "loss"),
            "test": ("iteration", "loss")}
+
+
+def _quiet_writer_thread_errors() -> None:
+    """TensorBoard's writer thread keeps a failed write (a full disk, a removed folder) and raises it again
+    in the thread that writes next, where the run takes it as its failure in one line; on its way out
+    the thread printed its own traceback first. Installed once per process; other threads' errors print."""
+    if getattr(threading.excepthook, "quiet_writer_threads", False):
+        return
+    previous = threading.excepthook
+
+    def hook(args):
+        if not (type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError)):
+            previous(args)
+    hook.quiet_writer_threads = True
+    threading.excepthook = hook
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -32,14 +32,14 @@ class Terminal(io.StringIO):
 
 
 def rank_0_run_log(monkeypatch, log_dir: Path, steps: int, interval: int, tensorboard_dir=None,
-                   save=None) -> run_log.RunLog:
-    """The RunLog of global rank 0 of 1, 4 samples of 48 tokens a step."""
+                   save=None, monitor=None) -> run_log.RunLog:
+    """The RunLog of global rank 0 of 1, 4 samples of 48 tokens a step (`monitor`: the engine's)."""
     monkeypatch.setattr(run_log.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(run_log.dist, "get_world_size", lambda: 1)
     args = SimpleNamespace(log_interval=interval, log_dir=str(log_dir), tensorboard_dir=tensorboard_dir,
                            save=save)
     config = SimpleNamespace(global_batch_size=4, model=small_config(seq_length=48))
-    return run_log.RunLog(args, config, train_iters=steps)
+    return run_log.RunLog(args, config, train_iters=steps, monitor=monitor)
 
 
 def write_run_log(log_dir: Path, stdout: io.StringIO, monkeypatch, steps=4, interval=2, first=None) -> Path:
@@ -656,3 +656,23 @@ def test_a_full_disk_under_a_removed_log_dir_is_named_with_the_disk_it_is_on(tmp
                 OSError(errno.ENOSPC, "No space left on device"), "pass another --log-dir")
     assert log.failure[0].startswith(f"cannot write the run log {tmp_path / 'gone' / 'deeper' / 'metrics.jsonl'} "
                                      "(the disk is full, ")
+
+
+def test_tensorboards_writer_thread_leaves_its_failed_write_to_the_run(monkeypatch):
+    """TensorBoard's writer thread raises a failed write (its folder removed) again in the thread that writes
+    next, which the run stops on in one line: the thread's own traceback no longer comes first. Another
+    thread's error, or a writer thread's that is no OSError, still goes to the hook before (which prints it)."""
+    import threading
+
+    class _AsyncWriterThread(threading.Thread):  # tensorboard's class, by name
+        pass
+
+    printed = []
+    monkeypatch.setattr(threading, "excepthook", printed.append)
+    run_log._quiet_writer_thread_errors()
+    run_log._quiet_writer_thread_errors()  # once per process: the hook is not stacked
+    cases = [(_AsyncWriterThread(), FileNotFoundError), (_AsyncWriterThread(), ValueError),
+             (threading.Thread(), FileNotFoundError)]
+    for thread, error in cases:
+        threading.excepthook(threading.ExceptHookArgs((error, error(), None, thread)))
+    assert [(args.thread, args.exc_type) for args in printed] == cases[1:]
