@@ -21,10 +21,10 @@ PACKAGES = {"tensorboard": "tensorboard", "csv_monitor": None, "wandb": "wandb",
 WRITES_FILES = ("tensorboard", "csv_monitor")  # into output_path/job_name, made by DeepSpeed on rank 0
 # DeepSpeed's defaults of those two (deepspeed/monitor/config.py): output_path "" is the current folder
 DEFAULT_JOB_NAME = "DeepSpeedJobName"
-# record fields that are no curve (the x-axis, the clock) or that DeepSpeed writes itself under the same
-# name (Train/Samples/lr: the rate after the step; Train/Samples/loss_scale), which a second writer would
-# interleave with its own values
-NOT_EVENTS = {"kind", "run", "iteration", "time", "consumed_samples", "lr", "loss_scale"}
+# record fields that are no curve (the x-axis, the clock, a window's size) or that DeepSpeed writes itself under
+# the same name (Train/Samples/lr: the rate after the step; Train/Samples/loss_scale), which a second writer
+# would interleave with its own values
+NOT_EVENTS = {"kind", "run", "iteration", "time", "consumed_samples", "lr", "loss_scale", "window_steps"}
 
 
 def enabled(ds_config: dict) -> list[str]:

@@ -161,8 +161,10 @@ class RunLog:
         if not self.tensorboard or self.failure:
             return
         try:
-            # not curves: the x-axis, the clock, and an evaluation's consumed samples (the train curve's already)
-            skipped = ("iteration", "time") + (("consumed_samples",) if record["kind"] != "train" else ())
+            # not curves: the x-axis, the clock, a window's size, and an evaluation's consumed samples (the train
+            # curve's already)
+            skipped = ("iteration", "time", "window_steps") + (("consumed_samples",) if record["kind"] != "train"
+                                                               else ())
             for key, value in record.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in skipped:
                     self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["iteration"])
@@ -240,9 +242,11 @@ class RunLog:
             "real_tflops_per_rank": (sum(r.real_flops_per_sample for r in window) * self.samples_per_rank_step
                                      / elapsed / 1e12),
             "peak_memory_mib": peak_memory_mib(),
+            "window_steps": len(window),  # the steps the means are over: fewer after a resume, or at the end
         }
+        partial = f" (mean of {len(window)} step{'s' * (len(window) > 1)})" if len(window) != self.interval else ""
         parts = [f"iteration {iteration}/{self.train_iters}", f"consumed samples {consumed}",
-                 f"lr {record['lr']:.3e}", f"loss {record['loss']:.4f}"]
+                 f"lr {record['lr']:.3e}", f"loss {record['loss']:.4f}{partial}"]
         parts += [f"{name} {record[key]:.4f}" for name, key in (("mlm", "mlm_loss"), ("mlm acc", "mlm_accuracy"),
                                                                 ("sop", "sop_loss"), ("grad norm", "grad_norm"),
                                                                 ("loss scale", "loss_scale"))

@@ -86,7 +86,22 @@ def test_plain_lines_when_stdout_is_not_a_terminal(tmp_path, monkeypatch):
         ("train", 2, 8.5), ("train", 4, 6.5), ("validation", 4, 6.5), ("test", 4, 6.25)]
     assert set(records[0]) == {"kind", "run", "iteration", "consumed_samples", "time", "lr", "loss", "mlm_loss", "sop_loss",
                                "grad_norm", "loss_scale", "tokens_per_s", "tflops_per_rank", "real_tflops_per_rank", "peak_memory_mib",
-                               "real_token_share", "segments_per_sample", "real_tokens_per_s", "mlm_accuracy"}
+                               "real_token_share", "segments_per_sample", "real_tokens_per_s", "mlm_accuracy",
+                               "window_steps"}
+    assert [r["window_steps"] for r in records if r["kind"] == "train"] == [2, 2]
+
+
+def test_a_window_shorter_than_the_log_interval_says_so(tmp_path, monkeypatch):
+    """A resume from a checkpoint between two log lines, or a run whose --train-iters is no multiple of
+    --log-interval, logs means over fewer steps than the others: the line and the record say how many (the
+    resumed run's first line read as the uninterrupted run's, with another value)."""
+    stdout = io.StringIO()
+    metrics = write_run_log(tmp_path / "log", stdout, monkeypatch, steps=7, interval=3, first=2)
+    lines = [line for line in stdout.getvalue().splitlines() if line.startswith("iteration")]
+    assert [line.split(" | ")[3] for line in lines] == ["loss 7.0000 (mean of 1 step)", "loss 5.0000",
+                                                        "loss 3.0000 (mean of 1 step)"], lines
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [(r["iteration"], r["window_steps"]) for r in records if r["kind"] == "train"] == [(3, 1), (6, 3), (7, 1)]
 
 
 def test_progress_bar_when_stdout_is_a_terminal(tmp_path, monkeypatch):
