@@ -492,8 +492,10 @@ def read_metrics(path) -> list:
         missing = [key for key in PLOTTED.get(record["kind"], ()) if not isinstance(record.get(key), (int, float))
                    and not (key == "loss" and key in record and record[key] is None)]  # null: a NaN / inf loss
         if missing:
-            raise ConfigError(f"{path} line {number}: a {record['kind']} record without {', '.join(missing)}",
-                              METRICS_FIX)
+            key = missing[0]
+            found = f"whose {key} is {json.dumps(record[key])[:40]}, not a number" if key in record else \
+                f"without {', '.join(missing)}"
+            raise ConfigError(f"{path} line {number}: a {record['kind']} record {found}", METRICS_FIX)
         records.append(record)
     if torn:
         print(f"warning: {path}: skipped torn line(s) {', '.join(map(str, torn))} (a killed run's last write)",
@@ -504,14 +506,21 @@ def read_metrics(path) -> list:
 def superseded_dropped(records: list) -> list:
     """The records without those a later run's `start` supersedes: a run starting at iteration N
     redoes every step after N, so earlier records beyond N (and all earlier records when N is 0,
-    a new run from scratch) belong to a history that no checkpoint continues."""
+    a new run from scratch) belong to a history that no checkpoint continues. An evaluation at an iteration
+    that a later record evaluates again (the same command rerun on a finished run: `nothing to train`, the
+    final losses computed again) is the later one's."""
     kept = []
     for record in records:
         if record["kind"] == "start":
             start = record.get("iteration", 0)
             kept = [r for r in kept if start > 0 and (r["kind"] == "start" or r.get("iteration", 0) <= start)]
+        elif record["kind"] in EVALUATIONS:
+            kept = [r for r in kept if (r["kind"], r.get("iteration")) != (record["kind"], record.get("iteration"))]
         kept.append(record)
     return kept
+
+
+EVALUATIONS = ("validation", "test")
 
 
 def _identity(path: Path) -> tuple | None:

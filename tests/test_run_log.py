@@ -318,7 +318,8 @@ TRAIN = {"kind": "train", "iteration": 10, "consumed_samples": 40, "loss": 9.2, 
     (json.dumps({"kind": "validation", "iteration": 10, "loss": 7.5}), "has no train records"),
     (json.dumps(TRAIN) + "\n[\"kind\", \"train\", \"iter", "line 2 is not a run-log record"),
     ("[1, 2]", "line 1 is not a run-log record"),
-    (json.dumps({**TRAIN, "loss": "9.2"}), "line 1: a train record without loss"),  # null: a NaN loss
+    (json.dumps({**TRAIN, "loss": "9.2"}), 'line 1: a train record whose loss is "9.2", not a number'),
+    (json.dumps({key: value for key, value in TRAIN.items() if key != "loss"}), "line 1: a train record without loss"),
 ])
 def test_plot_run_bad_log_is_one_line(tmp_path, capsys, content, message):
     metrics = tmp_path / "metrics.jsonl"
@@ -401,6 +402,15 @@ def test_a_resumed_run_supersedes_the_steps_it_redoes(tmp_path, monkeypatch):
     assert train == [(1, 9.0), (2, 8.0), (3, 1.0), (4, 1.0)]  # the killed run's 3 and 4 are superseded
     assert [r["run"] for r in records if r["kind"] == "train"][2:] == [log.run_id] * 2
     assert len({r["run"] for r in records if r["kind"] == "train" and r["iteration"] <= 2}) == 1
+    # the same command again on the finished run: nothing to train, the final losses computed again
+    log = rank_0_run_log(monkeypatch, log_dir, steps=4, interval=1)
+    log.start(4, "resuming from ckpt/iter_0000004 iteration 4, consumed samples 16")
+    log.evaluation("validation", 4, 16, 6.5)
+    log.evaluation("test", 4, 16, 6.25)
+    log.metrics.close()
+    records = run_log.read_metrics(metrics)
+    assert [(r["kind"], r["iteration"]) for r in records if r["kind"] in ("validation", "test")] == [
+        ("validation", 4), ("test", 4)] and records[-1]["run"] == log.run_id
     log = rank_0_run_log(monkeypatch, log_dir, steps=4, interval=1)
     log.start(0, "starting from scratch")
     log.metrics.close()
