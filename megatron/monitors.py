@@ -54,6 +54,23 @@ def monitor_problem(ds_config: dict, ds_path: str) -> tuple[str, str] | None:
     return None
 
 
+def reused_folders_warning(tensorboard_dir: str | None, ds_config: dict) -> str | None:
+    """The warning for a new run (not a resume) whose --tensorboard-dir or file-writing monitor folder
+    (output_path/job_name) holds files already, another run's: TensorBoard and csv_monitor add this run's
+    points to theirs (one chart zig-zags between both runs' values at the same steps; a csv file gets a second
+    header mid-file). A shared JSON template's fixed job_name does this without a word."""
+    folders = [("--tensorboard-dir", tensorboard_dir)] + [(f"the {name} folder (output_path/job_name)",
+                                                           output_folder(ds_config, name))
+                                                          for name in enabled(ds_config) if name in WRITES_FILES]
+    held = [f"{label} {folder}" for label, folder in folders if folder and os.path.isdir(folder)
+            and any(Path(folder).iterdir())]
+    if not held:
+        return None
+    return (f"warning: {' and '.join(held)} already hold{'s' * (len(held) == 1)} another run's files: this new run's "
+            "points go beside them (one chart, two runs' values at the same steps); pass new folders (or another "
+            "job_name) to keep the runs apart")
+
+
 def events(record: dict, consumed_samples: int) -> list[tuple[str, float, int]]:
     """A metrics.jsonl record as DeepSpeed monitor events: (name, value, consumed samples)."""
     prefix = record["kind"].capitalize() + "/Samples/"

@@ -355,6 +355,12 @@ def free_log_dir(log_dir: str, save: str | None) -> str:
     return MovedLogDir(candidate, f"{why}; --log-dir DIR picks the folder")
 
 
+def logged_save(args) -> str | None:
+    """The checkpoint folder whose logs a run continues: its --save, else the --load it resumes without saving
+    (which logged into a folder of its own: the one that names that folder)."""
+    return args.save or (None if args.finetune else args.load)
+
+
 def _saves_logged(folder: Path) -> set | None:
     """The --save folders of the runs a log dir holds records of (None among them: a run without --save);
     None when it holds no run's records (missing, empty, or only its lock)."""

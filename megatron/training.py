@@ -45,8 +45,8 @@ from megatron.resume import (data_settings, describe_batch_change, describe_data
                              describe_step_change, fresh_run_fix, kept_regime, peak_given, peak_in_use,
                              resume_optimizer, resume_schedule, run_length, unrecorded_note, unsaved_note)
 from megatron.run_data import batch_reader, build_datasets, data_paths, data_workers
-from megatron.run_log import (MovedLogDir, RunLog, free_log_dir, metrics_problem, shared_log_dir_warning,
-                              tensorboard_problem)
+from megatron.run_log import (MovedLogDir, RunLog, free_log_dir, logged_save, metrics_problem,
+                              shared_log_dir_warning, tensorboard_problem)
 from megatron.schedule import Schedule
 from megatron.start_plan import StartPlan, check_start, pending_origin
 from megatron.starting_weights import initial_weights, model_flags
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         debug = args.debug
         check_flags(args)
         check_flag_combinations(args)
-        args.log_dir = free_log_dir(args.log_dir, args.save)  # the default runs/bert, or runs/bert-N when taken
+        args.log_dir = free_log_dir(args.log_dir, logged_save(args))  # the default runs/bert, or runs/bert-N
         stopped_by = pretrain(args, start_up, progress)
     except Interrupted as error:  # a stop signal before the training loop (raise_on_signals)
         if debug:
@@ -161,11 +161,12 @@ def exit_rank(code: int) -> NoReturn:
     os._exit(code)
 
 
-def check_log_dirs(args, ds: dict) -> None:
+def check_log_dirs(args, ds: dict, resumes: bool = False) -> None:
     """--log-dir and --tensorboard-dir (and the tensorboard package), and the monitors the DeepSpeed JSON
     `ds` enables (their packages and folders), which rank 0 alone writes (RunLog, DeepSpeed), checked there
     before any work, and --log-dir's lock taken (one run at a time logs there, as one saves into a --save
-    folder); every rank raises rank 0's error, so none goes on training while rank 0 stops."""
+    folder); every rank raises rank 0's error, so none goes on training while rank 0 stops. A new run (not
+    `resumes`) is warned of chart folders that hold another run's files."""
     found = [None]
     if dist.get_rank() == 0:
         dirs = [("--log-dir", args.log_dir), ("--tensorboard-dir", args.tensorboard_dir)]
@@ -179,12 +180,13 @@ def check_log_dirs(args, ds: dict) -> None:
             for _ in range(3):  # a default log dir another run locked after free_log_dir chose it: the next free one
                 if not (found[0] and (args.log_dir is paths.DEFAULT_LOG_DIR or isinstance(args.log_dir, MovedLogDir))):
                     break
-                args.log_dir = free_log_dir(paths.DEFAULT_LOG_DIR, args.save)
+                args.log_dir = free_log_dir(paths.DEFAULT_LOG_DIR, logged_save(args))
                 found = [lock_log_dir(args.log_dir)]
         shared = found[0] is None and args.log_dir and shared_log_dir_warning(args.log_dir, args.save, args.load,
                                                                               args.finetune)
-        if shared:
-            print(shared, file=sys.stderr, flush=True)
+        reused = found[0] is None and not resumes and monitors.reused_folders_warning(args.tensorboard_dir, ds)
+        for warning in filter(None, (shared, reused)):
+            print(warning, file=sys.stderr, flush=True)
     dist.broadcast_object_list(found, src=0)
     if found[0]:
         raise ConfigError(*found[0])
@@ -375,7 +377,7 @@ def check_start_up(args, plan: StartPlan) -> StartUp:
     join_process_group(args, note)
     if args.save:
         checkpoint_save.check_writable(args.save)  # before any work that a failed first save would lose
-    check_log_dirs(args, setup.ds)
+    check_log_dirs(args, setup.ds, resumes=plan.resume)
     setup.data_path, setup.tokenizer = data_paths(args, plan, setup.flags["vocab_size"])
     setup.flags["vocab_size"] = setup.flags["vocab_size"] or setup.tokenizer.vocab_size
     setup.config = resolve(setup.flags, setup.ds, dist.get_world_size(), deepspeed_check=not setup.checked,

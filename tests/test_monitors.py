@@ -167,3 +167,25 @@ def test_a_home_path_in_the_json_is_expanded_for_deepspeed_not_made_a_folder_nam
     problem, _ = monitors.monitor_problem(ds, str(path))  # the start-up check looks where DeepSpeed will write
     assert str(tmp_path / "home") in problem and "~" not in problem, problem
     assert json.loads(path.read_text()) == written and not (tmp_path / "~").exists()
+
+
+def test_a_new_run_is_warned_of_chart_folders_holding_another_runs_files(tmp_path):
+    """A new run given the --tensorboard-dir or the monitor folder (a shared JSON's fixed job_name) of another
+    run mixed its points into that run's charts without a word; an empty or missing folder, or a monitor not
+    enabled, says nothing (a resume is not asked: check_log_dirs passes resumes)."""
+    ds = {"csv_monitor": {"enabled": True, "output_path": str(tmp_path / "csv"), "job_name": "job"},
+          "tensorboard": {"enabled": False, "output_path": str(tmp_path / "dstb")}}
+    (tmp_path / "tb").mkdir()
+    assert monitors.reused_folders_warning(str(tmp_path / "tb"), ds) is None
+    assert monitors.reused_folders_warning(None, {}) is None
+    (tmp_path / "tb" / "events.out.tfevents.1.host").write_bytes(b"")
+    (tmp_path / "csv" / "job").mkdir(parents=True)
+    (tmp_path / "csv" / "job" / "Train_Samples_loss.csv").write_text("step,loss\n4,2.0\n")
+    (tmp_path / "dstb" / "DeepSpeedJobName").mkdir(parents=True)
+    (tmp_path / "dstb" / "DeepSpeedJobName" / "events.out.tfevents.1.host").write_bytes(b"")
+    assert monitors.reused_folders_warning(str(tmp_path / "tb"), ds) == (
+        f"warning: --tensorboard-dir {tmp_path / 'tb'} and the csv_monitor folder (output_path/job_name) "
+        f"{tmp_path / 'csv' / 'job'} already hold another run's files: this new run's points go beside them (one "
+        "chart, two runs' values at the same steps); pass new folders (or another job_name) to keep the runs apart")
+    assert monitors.reused_folders_warning(None, ds).startswith(f"warning: the csv_monitor folder (output_path/"
+                                                                f"job_name) {tmp_path / 'csv' / 'job'} already holds")

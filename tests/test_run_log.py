@@ -557,6 +557,11 @@ def test_the_trainer_picks_its_log_dir_before_it_starts(tmp_path, monkeypatch):
     monkeypatch.setattr(training, "pretrain", lambda args, *rest: chosen.append(args.log_dir) or 0)
     assert training.main(["--train-iters", "1"]) == 0
     assert chosen == ["runs/bert-2"] and "another run's logs" in chosen[0].moved
+    # a resume of that run's checkpoints without --save (it saves nothing): its logs go on in its folder
+    logged_run(tmp_path / "runs" / "bert-2", str(tmp_path / "ck"))
+    (tmp_path / "ck").mkdir()
+    for argv, folder in ((["--load", "ck"], "runs/bert-2"), (["--load", "ck", "--finetune"], "runs/bert-3")):
+        assert training.main(["--train-iters", "1", *argv]) == 0 and str(chosen[-1]) == folder, argv
 
 
 def test_a_metrics_file_of_no_run_is_refused_at_start_up(tmp_path):
