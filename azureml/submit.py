@@ -2,7 +2,8 @@
 
     python azureml/submit.py --compute gpu-cluster --instance-count 2 --gpus-per-node 8 \
         --ds-config ds_configs/ring_sp2.json --data azureml://datastores/<store>/paths/wiki/ \
-        --data-prefix wiki_text_sentence -- --num-layers 24 --hidden-size 1024 --train-iters 100000
+        --data-prefix wiki_text_sentence -- --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
+        --train-iters 100000
     python azureml/submit.py --dry-run job.yml ...      # writes the job YAML, needs no credentials
 
 The job uploads this repository as its code folder (files .gitignore excludes stay home) and runs in

@@ -127,6 +127,18 @@ def test_submit_without_workspace_config_is_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@needs_sdk
+def test_the_help_example_passes_its_own_dry_run(tmp_path, monkeypatch, capsys):
+    """The example of `submit.py --help` (the module's docstring) stopped its own dry run: hidden size 1024 is not
+    divisible by the default 12 attention heads. Run from the repository, as written, with a datastore named."""
+    module = load_submit_module()
+    example = next(line for line in module.__doc__.splitlines() if line.strip().startswith("python azureml/submit.py "))
+    monkeypatch.chdir(ROOT)
+    argv = shlex.split(example.replace("<store>", "workspaceblobstore"))[2:]
+    assert module.main(["--dry-run", str(tmp_path / "job.yml"), *argv]) == 0, capsys.readouterr().err
+    assert load_job(tmp_path / "job.yml").command.endswith("--num-attention-heads 16 --train-iters 100000")
+
+
 class OfflineCredential:
     """An Azure credential that gives no token: whatever would reach Azure stops the test."""
 
