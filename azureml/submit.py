@@ -59,6 +59,11 @@ SERVICE_MONITORS = {
               lambda env, section: env.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")),
     "comet": ("comet_ml", "COMET_API_KEY", '"online": false in the comet section',
               lambda env, section: section.get("online") is False or section.get("mode") == "offline")}
+# a distributed job's nodes: an AzureML compute cluster set up for communication between nodes has at most 4000
+MAX_INSTANCES = 4000
+COMPUTE_NAME = re.compile(r"(azureml:)?[A-Za-z][A-Za-z0-9-]*")  # AzureML's compute names: letters, digits, hyphens
+DATASTORE_FOLDER = re.compile(r"azureml://(.+/)?datastores/[^/]+/paths/.+")  # of this or a named workspace
+VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # an environment variable's name, as a shell takes it
 KEPT = "outputs"  # the job's folder AzureML keeps (beside the checkpoints mount); the run log goes to outputs/logs
 NCCL_ENV = {  # NCCL over the node's Ethernet/InfiniBand; errors surface instead of hanging
     "NCCL_DEBUG": "WARN",
@@ -101,6 +106,9 @@ def check_image(image: str) -> None:
         raise SubmitError(f"requirements.txt pins torch {torch_version}, whose CUDA submit.py does not know; "
                           "add its wheels' CUDA version to TORCH_CUDA in azureml/submit.py")
     cuda, wanted = image_cuda(image), TORCH_CUDA[torch_version]
+    if not image:
+        raise SubmitError(f"--image is empty; pass a CUDA {wanted} devel image, or leave --image out for the default "
+                          f"{default_image()}")
     if cuda is None:
         print(f"submit.py: warning: --image {image} does not name its CUDA version; it must have CUDA {wanted}'s "
               f"nvcc (torch {torch_version}'s)", file=sys.stderr)
@@ -202,16 +210,27 @@ def validate(args) -> None:
     files and tokenizer against the vocab record of its data (megatron.run_data.data_paths; an
     azureml:// URI is checked by AzureML when the job mounts it)."""
     if not args.ds_config.is_file():
-        raise SubmitError(f"--ds-config {args.ds_config} does not exist; pass a JSON from ds_configs/ "
+        what = "is a folder, not a JSON file" if args.ds_config.is_dir() else "does not exist"
+        raise SubmitError(f"--ds-config {args.ds_config} {what}; pass a JSON from ds_configs/ "
                           "(or one made with tools/ds_config.py set)")
     check_image(args.image)
-    for option in (args.checkpoints, args.data_cache):
-        if option and not option.startswith("azureml://"):
-            raise SubmitError(f"{option} is not a datastore path; pass --checkpoints / --data-cache as "
+    if args.compute is not None and not COMPUTE_NAME.fullmatch(args.compute):
+        raise SubmitError(f"--compute {args.compute!r} is not a compute name (letters, digits and hyphens, from a "
+                          "letter); pass the name of the workspace's GPU compute cluster")
+    for option, uri in (("--checkpoints", args.checkpoints), ("--data-cache", args.data_cache)):
+        if uri is not None and not DATASTORE_FOLDER.fullmatch(uri):
+            raise SubmitError(f"{option} {uri} is not a datastore path; pass {option} "
                               "azureml://datastores/<store>/paths/<folder>")
+    for option, name, what in (("--data-prefix", args.data_prefix, "the .bin/.idx name"),
+                               ("--vocab", args.vocab, "the vocab.txt or tokenizer.json")):
+        if not name:
+            raise SubmitError(f"{option} is empty; pass {what} inside --data")
     for name in ("instance_count", "gpus_per_node"):
         if getattr(args, name) < 1:
             raise SubmitError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1; pass a positive integer")
+    if args.instance_count > MAX_INSTANCES:
+        raise SubmitError(f"--instance-count {args.instance_count} is more nodes than an AzureML compute cluster has "
+                          f"(at most {MAX_INSTANCES} for a distributed job); pass the nodes the job runs on")
     if re.search(r"\.(bin|idx)$", args.data_prefix):
         raise SubmitError(f"--data-prefix {args.data_prefix} ends in a file suffix; pass --data-prefix "
                           f"{args.data_prefix[:-4]} (it names both the .bin and the .idx)")
@@ -387,6 +406,8 @@ def key_value(text: str) -> tuple:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    if not VARIABLE.fullmatch(key):
+        raise argparse.ArgumentTypeError(f"{key!r} is not a variable name (letters, digits and _, not from a digit)")
     return key, value
 
 

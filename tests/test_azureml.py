@@ -287,6 +287,11 @@ def test_a_flag_mistake_is_one_line_without_the_usage_block(capsys):
         load_submit_module().main(["--data", "x", "--env", "NCCL_DEBUG"])
     assert capsys.readouterr().err.splitlines() == [
         "submit.py: error: argument --env: 'NCCL_DEBUG' is not KEY=VALUE; see submit.py --help"]
+    with pytest.raises(SystemExit, match="^2$"):  # was written into the job's variables as it was
+        load_submit_module().main(["--data", "x", "--env", "BAD NAME=1"])
+    assert capsys.readouterr().err.splitlines() == [
+        "submit.py: error: argument --env: 'BAD NAME' is not a variable name (letters, digits and _, not from a "
+        "digit); see submit.py --help"]
 
 
 def test_hf_tokenizer_data_goes_as_tokenizer_file_and_names_are_quoted(tmp_path):
@@ -302,6 +307,7 @@ def test_hf_tokenizer_data_goes_as_tokenizer_file_and_names_are_quoted(tmp_path)
     assert "--vocab-file" not in words
 
 
+REMOTE_DATA = "azureml://datastores/workspaceblobstore/paths/wiki/"
 # validated as the trainer validates, before anything is written: (submit.py flags, phrases of the error)
 REFUSED = {
     "world_does_not_fit_the_json": (["--instance-count", "1", "--gpus-per-node", "3"],
@@ -333,7 +339,21 @@ REFUSED = {
                                ("ends in a file suffix; pass --data-prefix corpus_text_sentence ",)),
     "dry_run_into_a_folder": (["--dry-run", "{tmp}"], ("--dry-run {tmp} is a folder; pass the job YAML's file name",)),
     "dry_run_below_a_file": (["--dry-run", "{tmp}/bad.json/job.yml"], ("its folder {tmp}/bad.json is a file, not a directory",)),
-    "checkpoints_not_on_a_datastore": (["--checkpoints", "./ckpt"], ("./ckpt is not a datastore path",)),
+    "checkpoints_not_on_a_datastore": (["--checkpoints", "./ckpt"], ("--checkpoints ./ckpt is not a datastore path",)),
+    # accepted before, each failing only on the node (or in the SDK, a build context left behind)
+    "ds_config_a_folder": (["--ds-config", "{tmp}"], ("--ds-config {tmp} is a folder, not a JSON file; pass a JSON",)),
+    "checkpoints_without_a_folder": (["--checkpoints", "azureml://"], ("--checkpoints azureml:// is not a datastore "
+                                                                      "path; pass --checkpoints azureml://datastores/",)),
+    "compute_with_a_space": (["--compute", "gpu cluster"], ("--compute 'gpu cluster' is not a compute name (letters, "
+                                                            "digits and hyphens",)),
+    "empty_vocab": (["--data", REMOTE_DATA, "--vocab", ""], ("--vocab is empty; pass the vocab.txt or tokenizer.json "
+                                                             "inside --data",)),
+    "empty_data_prefix": (["--data", REMOTE_DATA, "--data-prefix", ""], ("--data-prefix is empty; pass the .bin/.idx",)),
+    "empty_image": (["--data", REMOTE_DATA, "--image", ""], ("--image is empty; pass a CUDA 13.0 devel image, or leave "
+                                                             "--image out for the default nvidia/cuda:13.0.0",)),
+    # world_info for every node was built until the process was killed
+    "absurd_instance_count": (["--instance-count", "99999999999999"], (
+        "--instance-count 99999999999999 is more nodes than an AzureML compute cluster has (at most 4000",)),
     # a monitor service whose package the job's image lacks: the trainer would stop on the cluster with a pip install
     "wandb_the_image_lacks": (["--ds-config", "{tmp}/wandb.json"], (
         "--ds-config {tmp}/wandb.json enables wandb, whose package wandb the job's image (built from requirements.txt) "
