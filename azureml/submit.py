@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -452,8 +453,17 @@ def run(args) -> None:
     if args.dry_run:  # the build context stays next to the YAML, which names it
         context = args.dry_run.parent / f"{args.dry_run.stem}_environment"
         check_dry_run(args.dry_run, context)
-        job = build_job(args, context)
-        write_job_yaml(job, args.dry_run)
+        from megatron.paths import missing_folders
+
+        made, new_yaml = missing_folders(str(context)), not args.dry_run.exists()
+        try:
+            write_job_yaml(build_job(args, context), args.dry_run)
+        except BaseException:  # a mistake the SDK finds, or a Ctrl-C (run_tool: "partial output removed")
+            if new_yaml:
+                args.dry_run.unlink(missing_ok=True)
+            if made:  # the outermost folder made for the build context, with all it holds
+                shutil.rmtree(made[-1], ignore_errors=True)
+            raise
         print(args.dry_run)
         if not args.compute:  # az ml job create would send it to serverless compute's default VM, without GPUs
             print(f"warning: {args.dry_run} names no compute; pass --compute NAME, or submit it with `az ml job create "

@@ -280,6 +280,24 @@ def test_missing_ds_config_is_one_line(tmp_path):
     assert not (tmp_path / "job.yml").exists() and not (tmp_path / "job_environment").exists()
 
 
+@needs_sdk
+def test_a_dry_run_stopped_while_writing_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """Ctrl-C during a dry run said "partial output removed" and left the image's build context (and the folders
+    made for it); a stop while the YAML is written leaves no part of it either."""
+    module = load_submit_module()
+    job_file = tmp_path / "new" / "folder" / "job.yml"
+
+    def interrupted(job, path):
+        path.write_text("type: comm")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "write_job_yaml", interrupted)
+    assert module.main(["--dry-run", str(job_file), "--data", str(data_folder(tmp_path / "data"))]) == 130
+    assert capsys.readouterr().err.splitlines()[-1].startswith("submit.py: error: interrupted by SIGINT, partial "
+                                                                "output removed")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["data"]
+
+
 def test_a_flag_mistake_is_one_line_without_the_usage_block(capsys):
     """`--env NCCL_DEBUG` (no =VALUE) printed argparse's ten-line usage block before the line, unlike
     every other tool."""
