@@ -444,9 +444,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list | None) -> argparse.Namespace:
+    """submit.py's options before `--`, pretrain_bert.py's flags after it. A trainer flag before `--` (the `--`
+    forgotten) is named as such: argparse's "unrecognized arguments" took the flag's value for a trainer flag."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    own, flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(own)
+    if unknown or args.flags:
+        stray = next((word for word in unknown if word.startswith("--")), "")
+        if stray and is_trainer_flag(stray):
+            parser.refuse(f"{stray.split('=')[0]} is a flag of pretrain_bert.py, given before --",
+                          f"put the trainer's flags after -- (submit.py [options] -- {stray.split('=')[0]} ...)")
+        parser.error(f"unrecognized arguments: {' '.join(unknown + args.flags)}")
+    args.flags = flags
+    return args
+
+
+def is_trainer_flag(word: str) -> bool:
+    """Whether `word` names a flag of pretrain_bert.py (as argparse reads it: --flag=value, an abbreviation)."""
+    from megatron.quiet import quiet_deepspeed
+
+    quiet_deepspeed()  # before DeepSpeed's import: no accelerator warning
+    from megatron.arguments import build_parser as trainer_parser, flags_given
+
+    return bool(flags_given(trainer_parser(), [word]))
+
+
 def main(argv=None) -> int:
     """The exit code: run_tool's one line for a mistake or a Ctrl-C."""
-    return run_tool("submit.py", lambda: run(build_parser().parse_args(argv)))
+    return run_tool("submit.py", lambda: run(parse_args(argv)))
 
 
 def run(args) -> None:

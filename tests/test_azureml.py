@@ -312,6 +312,22 @@ def test_a_flag_mistake_is_one_line_without_the_usage_block(capsys):
         "digit); see submit.py --help"]
 
 
+def test_a_trainer_flag_before_the_double_dash_is_named(capsys):
+    """`submit.py ... --num-layers 2 --train-iters 10` (the `--` forgotten) said "unrecognized arguments:
+    --num-layers --train-iters 10", having taken the 2 for a trainer flag; a mistyped option of submit.py's own
+    stays argparse's line."""
+    module = load_submit_module()
+    with pytest.raises(SystemExit, match="^2$"):
+        module.main(["--data", "x", "--num-layers", "2", "--train-iters", "10"])
+    assert capsys.readouterr().err.splitlines() == [
+        "submit.py: error: --num-layers is a flag of pretrain_bert.py, given before --; put the trainer's flags after "
+        "-- (submit.py [options] -- --num-layers ...)"]
+    with pytest.raises(SystemExit, match="^2$"):
+        module.main(["--data", "x", "--instanse-count", "2", "--", "--num-layers", "2"])
+    assert capsys.readouterr().err.splitlines() == [
+        "submit.py: error: unrecognized arguments: --instanse-count 2; see submit.py --help"]
+
+
 def test_hf_tokenizer_data_goes_as_tokenizer_file_and_names_are_quoted(tmp_path):
     """Data made with a Hugging Face tokenizer.json passes (the trainer reads it with --tokenizer-file,
     not --vocab-file); --data-prefix and --vocab reach the node's shell as one word each."""
