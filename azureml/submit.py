@@ -129,10 +129,11 @@ def in_requirements(package: str) -> bool:
     return normal(package) in {normal(name.group(1)) for name in names if name}
 
 
-def check_monitors(args, ds_config: dict) -> None:
-    """The JSON's monitors as the job would run them: a service whose package the image lacks (the trainer's
-    start-up would refuse it on the cluster, with a pip install no job can run) is refused; one without its API
-    key, and a file that goes elsewhere than ./outputs (lost with the node's container), get a warning."""
+def check_monitors(args, ds_config: dict, tensorboard_dir: str | None) -> None:
+    """The JSON's monitors and the trainer's --tensorboard-dir as the job would run them: a service whose package
+    the image lacks (the trainer's start-up would refuse it on the cluster, with a pip install no job can run) is
+    refused; one without its API key, and a file that goes elsewhere than ./outputs (lost with the node's
+    container), get a warning."""
     from megatron import monitors
 
     env = dict(args.env)
@@ -154,11 +155,15 @@ def check_monitors(args, ds_config: dict) -> None:
     profiler = ds_config.get("flops_profiler")
     if isinstance(profiler, dict) and profiler.get("enabled") is True and profiler.get("output_file"):
         written.append(("flops_profiler.output_file", profiler["output_file"]))
-    for key, path in written:
+    # (what names the path, the path, the folder under ./outputs to suggest)
+    written = [(f"{key} {json.dumps(path)} of --ds-config {args.ds_config}", path, key.split(".")[0])
+               for key, path in written]
+    if tensorboard_dir is not None:
+        written.append((f"--tensorboard-dir {tensorboard_dir} after --", tensorboard_dir, "tensorboard"))
+    for what, path, folder in written:
         if not kept(path):
-            print(f"submit.py: warning: {key} {json.dumps(path)} of --ds-config {args.ds_config} is not kept by the "
-                  f"job (AzureML keeps ./{KEPT} and the checkpoints); set it to a path under {KEPT}/, e.g. "
-                  f'"{KEPT}/{key.split(".")[0]}"', file=sys.stderr, flush=True)
+            print(f"submit.py: warning: {what} is not kept by the job (AzureML keeps ./{KEPT} and the checkpoints); "
+                  f'set it to a path under {KEPT}/, e.g. "{KEPT}/{folder}"', file=sys.stderr, flush=True)
 
 
 def kept(path: str) -> bool:
@@ -293,7 +298,8 @@ def validate(args) -> None:
         raise SubmitError(f"{error.problem}; set --instance-count x --gpus-per-node to a multiple of "
                           f"{error.processes}, or pass {error.sizes} after -- to run on {error.world_size} "
                           "GPUs") from None
-    check_monitors(args, read_ds_config(args.ds_config))  # as written: the job expands a ~ in its own home
+    # the JSON as written: the job expands a ~ in its own home
+    check_monitors(args, read_ds_config(args.ds_config), trainer_args.tensorboard_dir)
 
 
 def check_dry_run(path: Path, context: Path) -> None:

@@ -464,6 +464,13 @@ def test_monitor_files_the_job_would_lose_and_a_service_without_a_key_are_warned
                                                      "comet": {"enabled": True, "mode": "offline"}}))
     assert module.main(["--dry-run", str(job_file), *data, "--ds-config", str(tmp_path / "comet.json")]) == 0
     assert capsys.readouterr().err == ""
+    # the trainer's own TensorBoard folder alike (it passed silently); under outputs/ it is kept
+    assert module.main(["--dry-run", str(job_file), *data, "--", "--tensorboard-dir", "tb"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "submit.py: warning: --tensorboard-dir tb after -- is not kept by the job (AzureML keeps ./outputs and the "
+        'checkpoints); set it to a path under outputs/, e.g. "outputs/tensorboard"']
+    assert module.main(["--dry-run", str(job_file), *data, "--", "--tensorboard-dir", "outputs/tb"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_requirements_are_read_with_pips_names(tmp_path, monkeypatch):
