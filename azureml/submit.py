@@ -10,7 +10,8 @@ The job uploads this repository as its code folder (files .gitignore excludes st
 an image built from azureml/Dockerfile: CUDA 13.0 as the pinned torch's wheels, the pinned
 requirements.txt, and DeepSpeed's FusedAdam/CPUAdam compiled in (no JIT build at start-up). Inputs:
 the DeepSpeed JSON and the data folder (preprocessed .bin/.idx and the vocab.txt or Hugging Face
-tokenizer.json they were made with), mounted read-only. Outputs, mounted read-write on every node,
+tokenizer.json they were made with) and the Hugging Face folder a run starts from (--init-from-hf, the
+trainer's flag made an option here), mounted read-only. Outputs, mounted read-write on every node,
 so that all nodes write into one folder: `checkpoints` (--save and --load: a job resubmitted with
 the same --checkpoints resumes from its last save) and `data_cache` (--data-cache-path: the index
 maps the read-only data cannot hold; the same --data-cache reuses them across jobs). Logs go to
@@ -19,7 +20,7 @@ maps the read-only data cannot hold; the same --data-cache reuses them across jo
 the package (compiling the data helpers) and starts that instance's GPUS_PER_NODE ranks with
 DeepSpeed's per-node launcher (deepspeed.launcher.launch), exactly as `deepspeed --no_ssh
 --node_rank` would. Flags after `--` go to pretrain_bert.py; they, the JSON, the layout for the
-job's world, the image's CUDA and a local data folder are checked as the trainer checks them before
+job's world, the image's CUDA and a local data or model folder are checked as the trainer checks them before
 anything is written (validate). A real submit reads the workspace from config.json
 (MLClient.from_config: ./config.json or ./.azureml/config.json, or --workspace-config) and your
 Azure login; it needs --compute (a --dry-run does not).
@@ -51,7 +52,8 @@ TORCH_CUDA = {"2.13.0": "13.0"}
 JOB_FLAGS = {"data_path": ("--data-path", "--data and --data-prefix"), "vocab_file": ("--vocab-file", "--vocab"),
              "tokenizer_file": ("--tokenizer-file", "--vocab"), "save": ("--save", "--checkpoints"),
              "load": ("--load", "--checkpoints"), "data_cache_path": ("--data-cache-path", "--data-cache"),
-             "log_dir": ("--log-dir", None), "deepspeed_config": ("--deepspeed_config", "--ds-config")}
+             "log_dir": ("--log-dir", None), "deepspeed_config": ("--deepspeed_config", "--ds-config"),
+             "init_from_hf": ("--init-from-hf", "--init-from-hf")}
 # the JSON's monitor sections that log to a service -> (the package DeepSpeed imports for it, the variable of its
 # API key, how it logs without an account)
 # monitor: (package, API key variable, how to run without one, whether the job's env and section do)
@@ -186,8 +188,10 @@ def tokenizer_flag(vocab: str) -> str:
     return "--tokenizer-file" if vocab.endswith(".json") else "--vocab-file"
 
 
-def node_command(instance_count: int, gpus_per_node: int, data_prefix: str, vocab: str, flags: list) -> str:
-    """Per instance: install, then DeepSpeed's per-node launcher for this node's ranks."""
+def node_command(instance_count: int, gpus_per_node: int, data_prefix: str, vocab: str, flags: list,
+                 init_from_hf: bool = False) -> str:
+    """Per instance: install, then DeepSpeed's per-node launcher for this node's ranks (from the mounted Hugging
+    Face folder with `init_from_hf`)."""
     world_info = {f"node-{node}": list(range(gpus_per_node)) for node in range(instance_count)}
     encoded = base64.urlsafe_b64encode(json.dumps(world_info).encode()).decode()
     return " ".join([
@@ -198,12 +202,18 @@ def node_command(instance_count: int, gpus_per_node: int, data_prefix: str, voca
         f"--data-path ${{{{inputs.data}}}}/{shlex.quote(data_prefix)}",
         f"{tokenizer_flag(vocab)} ${{{{inputs.data}}}}/{shlex.quote(vocab)}",
         "--save ${{outputs.checkpoints}} --load ${{outputs.checkpoints}}",
-        "--data-cache-path ${{outputs.data_cache}} --log-dir ./outputs/logs", *map(shlex.quote, flags),
+        "--data-cache-path ${{outputs.data_cache}} --log-dir ./outputs/logs",
+        *(["--init-from-hf ${{inputs.init_from_hf}}"] if init_from_hf else []), *map(shlex.quote, flags),
     ])
 
 
 def is_local(data: str) -> bool:
     return "://" not in data and not data.startswith("azureml:")
+
+
+def input_path(given: str) -> str:
+    """A job input's path: a local folder (uploaded at the submit) absolute, a URI as given."""
+    return str(Path(given).resolve()) if is_local(given) else given
 
 
 def validate(args) -> None:
@@ -213,8 +223,9 @@ def validate(args) -> None:
     with the optimizer the flags and the job's GPUs fill in (megatron.training.deepspeed_settings)
     and the layout it resolves for this job's world
     (megatron.config.resolve with instance count x GPUs per node), and a local --data folder's
-    files and tokenizer against the vocab record of its data (megatron.run_data.data_paths; an
-    azureml:// URI is checked by AzureML when the job mounts it)."""
+    files and tokenizer against the vocab record of its data (megatron.run_data.data_paths), and a local
+    --init-from-hf folder's weights and model as the run would start from them (an azureml:// URI is checked by
+    AzureML when the job mounts it)."""
     if not args.ds_config.is_file():
         what = "is a folder, not a JSON file" if args.ds_config.is_dir() else "does not exist"
         raise SubmitError(f"--ds-config {args.ds_config} {what}; pass a JSON from ds_configs/ "
@@ -249,17 +260,23 @@ def validate(args) -> None:
             if not (data / name).is_file():
                 raise SubmitError(f"--data {args.data} has no {name}; pass the folder tools/preprocess_data.py wrote "
                                   "(--data-prefix names the .bin/.idx in it, --vocab the vocab file)")
+    weights = args.init_from_hf if args.init_from_hf and is_local(args.init_from_hf) else None  # files read here
+    if weights is not None and not Path(weights).is_dir():
+        raise SubmitError(f"--init-from-hf {weights} is not a folder; pass a local Hugging Face model folder (its "
+                          "config.json and weights), or an azureml:// URI")
     from megatron.quiet import quiet_deepspeed
 
     quiet_deepspeed()  # before DeepSpeed is first imported: no accelerator warning (a ConfigError: a DS_ACCELERATOR
     # here that DeepSpeed cannot load; the job's GPUs need none)
-    from megatron.arguments import build_parser as trainer_parser, config_flags, flags_given
+    from megatron import hf_io
+    from megatron.arguments import build_parser as trainer_parser, flags_given
     from megatron.config import read_ds_config, resolve
     from megatron.flag_checks import check_flags
     from megatron.flag_habits import wrapped_fix
     from megatron.parallel.launch_check import LayoutError
     from megatron.run_data import data_paths
     from megatron.start_plan import StartPlan
+    from megatron.starting_weights import model_flags
     from megatron.training import deepspeed_settings
 
     def refuse(message):
@@ -277,23 +294,26 @@ def validate(args) -> None:
             instead = f"; pass {option} to submit.py instead" if option else ""
             raise SubmitError(f"pretrain_bert.py flags after --: {flag} is set by the job (a mount point){instead}")
     folder = data if is_local(args.data) else Path()  # a remote folder's files are not read
+    start = ["--init-from-hf", args.init_from_hf] if args.init_from_hf else []
     trainer_args = parser.parse_args(["--deepspeed", "--deepspeed_config", str(args.ds_config), "--data-path",
                                       str(folder / args.data_prefix), tokenizer_flag(args.vocab),
-                                      str(folder / args.vocab), *args.flags])
+                                      str(folder / args.vocab), *start, *args.flags])
     check_flags(trainer_args)
-    flags = config_flags(trainer_args)
+    plan = StartPlan(load=None, init_from_hf=weights, finetune=False, weights_only=False)
+    if weights:  # as the trainer's check_start: a checkpoint or a --log-dir is named as such
+        hf_io.hf_weight_files(weights)
+    # the JSON as the trainer fills it from the flags on the job's GPUs (where the Adam params differ)
+    ds = deepspeed_settings(trainer_args, cuda=True)
+    flags = model_flags(trainer_args, ds, plan)  # with the folder's model where the flags leave it out
     if is_local(args.data):  # the tokenizer and the data's vocab record, as the trainer reads them
         try:
-            _, tokenizer = data_paths(argparse.Namespace(**{**vars(trainer_args), "data_cache_path": None}),
-                                      StartPlan(load=None, init_from_hf=None, finetune=False, weights_only=False))
+            _, tokenizer = data_paths(argparse.Namespace(**{**vars(trainer_args), "data_cache_path": None}), plan)
         except DataError as error:  # its fix in submit.py's option
             raise SubmitError(f"{error.problem}; pass --vocab the vocab.txt or tokenizer.json (named *.json) in "
                               "--data that the data was made with") from None
         flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
-    flags["bigbird_seed"] = trainer_args.seed
-    # the JSON as the trainer fills it from the flags on the job's GPUs (where the Adam params differ)
     try:
-        resolve(flags, deepspeed_settings(trainer_args, cuda=True), args.instance_count * args.gpus_per_node)
+        resolve(flags, ds, args.instance_count * args.gpus_per_node)
     except LayoutError as error:  # launched by the job: its ranks are submit.py's options
         raise SubmitError(f"{error.problem}; set --instance-count x --gpus-per-node to a multiple of "
                           f"{error.processes}, or pass {error.sizes} after -- to run on {error.world_size} "
@@ -329,13 +349,16 @@ def build_job(args, context: Path):
     # "Class ...Schema: This is an experimental class" for schema classes the SDK uses inside command()
     logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
     environment = Environment(build=BuildContext(path=str(write_build_context(context, args.image).resolve())))
-    data = str(Path(args.data).resolve()) if is_local(args.data) else args.data
+    inputs = {"ds_config": Input(type="uri_file", path=str(args.ds_config.resolve())),
+              "data": Input(type="uri_folder", path=input_path(args.data), mode="ro_mount")}
+    if args.init_from_hf:
+        inputs["init_from_hf"] = Input(type="uri_folder", path=input_path(args.init_from_hf), mode="ro_mount")
     return command(
         code=str(ROOT),
-        command=node_command(args.instance_count, args.gpus_per_node, args.data_prefix, args.vocab, args.flags),
+        command=node_command(args.instance_count, args.gpus_per_node, args.data_prefix, args.vocab, args.flags,
+                             bool(args.init_from_hf)),
         environment=environment,
-        inputs={"ds_config": Input(type="uri_file", path=str(args.ds_config.resolve())),
-                "data": Input(type="uri_folder", path=data, mode="ro_mount")},
+        inputs=inputs,
         outputs={"checkpoints": Output(type="uri_folder", mode="rw_mount", path=args.checkpoints),
                  "data_cache": Output(type="uri_folder", mode="rw_mount", path=args.data_cache)},
         instance_count=args.instance_count,
@@ -433,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-prefix", default="corpus_text_sentence", help="the .bin/.idx name inside --data")
     parser.add_argument("--vocab", default="vocab.txt", help="the vocab file inside --data: a WordPiece vocab.txt, or "
                         "a Hugging Face tokenizer.json (a *.json: passed as --tokenizer-file)")
+    parser.add_argument("--init-from-hf", metavar="DIR",
+                        help="the Hugging Face model folder the run starts from (pretrain_bert.py's --init-from-hf), "
+                             "mounted read-only: a local folder (uploaded) or an azureml:// URI")
     parser.add_argument("--image", default=default_image(),
                         help="base image of azureml/Dockerfile: a CUDA devel image of torch's CUDA (default %(default)s)")
     parser.add_argument("--checkpoints", metavar="URI",

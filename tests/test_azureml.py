@@ -192,11 +192,19 @@ def test_submit_passes_the_sdks_checks_with_every_field(tmp_path, offline_worksp
     """azure-ai-ml's jobs.create_or_update, offline: the job submit.py builds passes the SDK's own
     checks (a CommandJob entity did not: "Non supported job type", so no submit could work) and the
     request it would send holds the compute, the nodes, the distribution, the image's build context,
-    the code folder, the inputs and outputs with their modes, the command line and the variables."""
+    the code folder, the inputs and outputs with their modes, the command line and the variables.
+    A local Hugging Face folder to start from is uploaded and mounted as the data is (its path on this
+    machine was written into the command, which the node could not read)."""
+    from test_hf_convert import hf_model
+
     module = load_submit_module()
     data = data_folder(tmp_path / "data")
+    _, weights = hf_model("bert", tmp_path, heads=False, vocab_size=len(SPECIALS) + 2, hidden_size=64,
+                          num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    capsys.readouterr()  # transformers' progress bar
     argv = ["--compute", "gpu-cluster", "--instance-count", "2", "--gpus-per-node", "4", "--data", str(data),
-            "--env", "NCCL_DEBUG=INFO", "--display-name", "run1", "--", "--num-layers", "2"]
+            "--init-from-hf", str(weights), "--env", "NCCL_DEBUG=INFO", "--display-name", "run1", "--",
+            "--num-layers", "2"]
     assert module.main(argv) == 0, capsys.readouterr().err
     assert capsys.readouterr().err == ""
     [body] = [record for kind, record in offline_workspace if kind == "put"]
@@ -204,14 +212,18 @@ def test_submit_passes_the_sdks_checks_with_every_field(tmp_path, offline_worksp
     assert sent["jobType"] == "Command" and sent["computeId"].endswith("/gpu-cluster")
     assert sent["resources"]["instanceCount"] == 2
     assert sent["distribution"] == {"distributionType": "PyTorch", "processCountPerInstance": 1}
-    assert sent["command"] == module.node_command(2, 4, "corpus_text_sentence", "vocab.txt", ["--num-layers", "2"])
+    assert sent["command"] == module.node_command(2, 4, "corpus_text_sentence", "vocab.txt", ["--num-layers", "2"],
+                                                  init_from_hf=True)
+    assert "--init-from-hf ${{inputs.init_from_hf}} --num-layers 2" in sent["command"]
     assert sent["environmentVariables"] == {**module.NCCL_ENV, "NCCL_DEBUG": "INFO"}
     assert (sent["experimentName"], sent["displayName"]) == ("bert-longseq", "run1")
     inputs = {name: (given["jobInputType"], given.get("mode"), given["uri"]) for name, given in sent["inputs"].items()}
     assert inputs == {
         "ds_config": ("uri_file", None, f"azureml://datastores/workspaceblobstore/paths/LocalUpload{module.ROOT}"
                                         "/ds_configs/ring_sp2.json"),
-        "data": ("uri_folder", "ReadOnlyMount", f"azureml://datastores/workspaceblobstore/paths/LocalUpload{data}/")}
+        "data": ("uri_folder", "ReadOnlyMount", f"azureml://datastores/workspaceblobstore/paths/LocalUpload{data}/"),
+        "init_from_hf": ("uri_folder", "ReadOnlyMount",
+                         f"azureml://datastores/workspaceblobstore/paths/LocalUpload{weights}/")}
     assert {name: given["mode"] for name, given in sent["outputs"].items()} == {
         "checkpoints": "ReadWriteMount", "data_cache": "ReadWriteMount"}
     assets = dict(record for record in offline_workspace if record[0] in ("codes", "build context"))
@@ -376,15 +388,22 @@ REFUSED = {
     "checkpoints_not_on_a_datastore": (["--checkpoints", "./ckpt"], ("--checkpoints ./ckpt is not a datastore path",)),
     # accepted before, each failing only on the node (or in the SDK, a build context left behind)
     "ds_config_a_folder": (["--ds-config", "{tmp}"], ("--ds-config {tmp} is a folder, not a JSON file; pass a JSON",)),
-    "checkpoints_without_a_folder": (["--checkpoints", "azureml://"], ("--checkpoints azureml:// is not a datastore "
-                                                                      "path; pass --checkpoints azureml://datastores/",)),
+    "checkpoints_without_a_folder": (["--checkpoints", "azureml://"], (
+        "--checkpoints azureml:// is not a datastore path; pass --checkpoints azureml://datastores/",)),
     "compute_with_a_space": (["--compute", "gpu cluster"], ("--compute 'gpu cluster' is not a compute name (letters, "
                                                             "digits and hyphens",)),
     "empty_vocab": (["--data", REMOTE_DATA, "--vocab", ""], ("--vocab is empty; pass the vocab.txt or tokenizer.json "
                                                              "inside --data",)),
-    "empty_data_prefix": (["--data", REMOTE_DATA, "--data-prefix", ""], ("--data-prefix is empty; pass the .bin/.idx",)),
+    "empty_data_prefix": (["--data", REMOTE_DATA, "--data-prefix", ""], ("--data-prefix is empty; pass the .bin",)),
     "empty_image": (["--data", REMOTE_DATA, "--image", ""], ("--image is empty; pass a CUDA 13.0 devel image, or leave "
                                                              "--image out for the default nvidia/cuda:13.0.0",)),
+    # written into the job's command as given: the node has no such folder
+    "init_from_hf_after_the_dashes": (["--", "--init-from-hf", "{tmp}/data"], (
+        "--init-from-hf is set by the job (a mount point); pass --init-from-hf to submit.py instead",)),
+    "init_from_hf_missing": (["--init-from-hf", "{tmp}/nowhere"], ("--init-from-hf {tmp}/nowhere is not a folder; pass "
+                                                                   "a local Hugging Face model folder",)),
+    "init_from_hf_without_weights": (["--init-from-hf", "{tmp}/data"], ("{tmp}/data holds no model.safetensors or "
+                                                                        "pytorch_model.bin",)),
     # world_info for every node was built until the process was killed
     "absurd_instance_count": (["--instance-count", "99999999999999"], (
         "--instance-count 99999999999999 is more nodes than an AzureML compute cluster has (at most 4000",)),
