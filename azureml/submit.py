@@ -391,45 +391,112 @@ def job_text(job) -> str:
     return stream.getvalue()
 
 
-def submit(job, workspace_config):
-    """The job created in the workspace of `workspace_config` (None: searched from .); the SDK's and
-    Azure's errors as one line each (SubmitError)."""
+def submit(job, workspace_config: str | None):
+    """The job created in the workspace of `workspace_config` (workspace_file's; None: searched from .); the
+    SDK's and Azure's errors as one line each (SubmitError). The SDK's own lines (the config file it found, every
+    credential DefaultAzureCredential tried, upload progress bars) are silenced: the one line names the cause."""
     from azure.ai.ml import MLClient
     from azure.identity import DefaultAzureCredential
 
+    logging.disable(logging.CRITICAL)
     try:
-        client = MLClient.from_config(credential=DefaultAzureCredential(), path=workspace_config)
-    except Exception as error:  # the SDK raises its own exception types for a missing/invalid config
-        raise SubmitError(f"no AzureML workspace config found ({type(error).__name__}); download config.json from "
-                          "the workspace's Overview page to ./config.json or pass --workspace-config FILE") from None
-    compute = job.compute  # as given: create_or_update puts the cluster's ARM id in its place
+        try:
+            client = MLClient.from_config(credential=DefaultAzureCredential(), path=workspace_config,
+                                          show_progress=False)
+        except Exception as error:  # the SDK raises its own exception types for a missing/invalid config
+            said = re.split(r"\.\s+(?=[A-Z])", first_line(error))[0]  # the SDK's first sentence: not found, or
+            # what the file it found lacks
+            raise SubmitError(f"no usable AzureML workspace config found from {Path.cwd()} ({said}); "
+                              f"{WORKSPACE_FIX} to ./config.json, or pass --workspace-config FILE") from None
+        compute = job.compute  # as given: create_or_update puts the cluster's ARM id in its place
+        try:
+            return client.jobs.create_or_update(job)
+        except Exception as error:
+            raise sdk_error(error, compute) from None
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+WORKSPACE_KEYS = ("subscription_id", "resource_group", "workspace_name")  # MLClient.from_config's (or an ARM Scope)
+WORKSPACE_FIX = "download the workspace's config.json from its Overview page in the Azure portal"
+
+
+def workspace_file(given: str | None) -> str | None:
+    """--workspace-config as MLClient.from_config reads it: a JSON object naming the workspace, in the file given or
+    in config.json of the folder given; each problem named with the path. None: from_config searches from ."""
+    if given is None:
+        return None
+    path = Path(given) / "config.json" if Path(given).is_dir() else Path(given)
+    problem = None
     try:
-        return client.jobs.create_or_update(job)
-    except Exception as error:
-        raise sdk_error(error, compute) from None
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problem = "is a folder without config.json" if path != Path(given) else "does not exist"
+    except OSError as error:
+        problem = f"cannot be read ({error.strerror})"
+    except ValueError as error:  # not JSON, not UTF-8
+        problem = f"is not JSON ({error})"
+    else:
+        if not isinstance(config, dict):
+            problem = "holds no JSON object"
+        elif not config.get("Scope") and (missing := [key for key in WORKSPACE_KEYS if key not in config]):
+            problem = f"lacks {', '.join(missing)}"
+    if problem:
+        where = given if path == Path(given) or problem.startswith("is a folder") else path
+        raise SubmitError(f"--workspace-config {where} {problem}; {WORKSPACE_FIX} and pass that file")
+    return str(path)
+
+
+def first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+# what a request that found no network says (urllib3 through azure-core): a name not resolved, no route, no answer
+UNREACHABLE = re.compile(r"Failed to resolve|Name or service not known|Temporary failure in name resolution|"
+                         r"Failed to establish a new connection|Network is unreachable|timed out")
+NETWORK_FIX = "check this machine's network connection (behind a proxy: set HTTPS_PROXY) and submit again"
+SERVICE_PRINCIPAL = ("AZURE_TENANT_ID", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET")  # EnvironmentCredential's
+
+
+def login_problem(error: Exception) -> str:
+    """The cause and fix of a failed login, from DefaultAzureCredential's message, which lists each credential
+    it tried on a line of its own (`\tName: what it said`): no network, the service principal the AZURE_*
+    variables set, else no login (the Azure CLI's line)."""
+    tried = [line.strip() for line in str(error).splitlines() if line.startswith("\t")]
+
+    def said(name: str) -> str:  # the line of the credential named, else the message's first
+        return next((line for line in tried if line.startswith(f"{name}:")), first_line(error))
+
+    if unreachable := next((line for line in tried if UNREACHABLE.search(line)), None):
+        return f"Azure's login cannot be reached ({unreachable}); {NETWORK_FIX}"
+    if all(os.environ.get(name) for name in SERVICE_PRINCIPAL):
+        return (f"the service principal's login failed ({said('EnvironmentCredential')}); check "
+                f"{', '.join(SERVICE_PRINCIPAL)} and submit again")
+    return (f"no Azure login ({said('AzureCliCredential')}); sign in with `az login` (or set "
+            f"{', '.join(SERVICE_PRINCIPAL)} of a service principal) and submit again")
 
 
 def sdk_error(error: Exception, compute: str):
     """`error`, raised by azure-ai-ml or Azure while creating the job, as a SubmitError (one line
     with the fix its kind calls for), or `error` itself when it is neither's."""
     from azure.ai.ml.exceptions import MlException
-    from azure.core.exceptions import AzureError, ClientAuthenticationError
+    from azure.core.exceptions import AzureError, ClientAuthenticationError, ServiceRequestError
 
     if isinstance(error, ClientAuthenticationError):
-        fix = "sign in with `az login` (or set the AZURE_* variables of a service principal) and submit again"
-    elif isinstance(error, MlException):  # the SDK's checks of the job, or an asset it could not resolve
+        return SubmitError(f"the submit failed: {login_problem(error)}")
+    if isinstance(error, ServiceRequestError):  # no answer: no network, a proxy, a firewall
+        return SubmitError(f"the submit failed: Azure cannot be reached ({first_line(error)}); {NETWORK_FIX}")
+    if isinstance(error, MlException):  # the SDK's checks of the job, or an asset it could not resolve
         fix = "correct what it names (--dry-run job.yml writes the job as submit.py builds it, to look at)"
-    elif isinstance(error, AzureError):  # an HTTP error or no connection
+    elif isinstance(error, AzureError):  # an HTTP error
         fix = (f"check that the workspace in config.json exists, that you may submit jobs to it and that it has a "
                f"compute cluster --compute {compute}")
     else:
         return error
     # the SDK's ValidationException, before log_and_raise_error's many-line rendering of it
     source = error.__context__ if isinstance(error.__context__, MlException) else error
-    text = str(source).strip()
-    if isinstance(error, ClientAuthenticationError):  # the first line; the others list each credential tried
-        text = text.splitlines()[0] if text else type(error).__name__
-    return SubmitError(f"the submit failed: {' '.join(text.split())}; {fix}")
+    return SubmitError(f"the submit failed: {' '.join(str(source).split())}; {fix}")
 
 
 def key_value(text: str) -> tuple:
@@ -531,8 +598,9 @@ def run(args) -> None:
         if not args.compute:  # the job would go to serverless compute's default VM, without GPUs
             raise SubmitError("a submit needs --compute; pass the name of the workspace's GPU compute cluster "
                               "(--compute NAME), or --dry-run JOB_YAML to write the job without submitting it")
+        workspace = workspace_file(args.workspace_config)  # before the checks' seconds
         with tempfile.TemporaryDirectory(prefix="bert-longseq-environment-") as context:
-            print(submit(build_job(args, Path(context)), args.workspace_config).studio_url)
+            print(submit(build_job(args, Path(context)), workspace).studio_url)
 
 
 if __name__ == "__main__":
