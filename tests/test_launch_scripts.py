@@ -290,6 +290,26 @@ def test_multinode_dry_run_prints_the_hostfile_launch(tmp_path):
     assert config["gradient_accumulation_steps"] is None
 
 
+MULTINODE_USAGE = "usage: bert_multinode.sh [--dry-run] HOSTFILE NUM_NODES SCRIPT ARGS ..."
+
+
+@pytest.mark.parametrize("argv, status, stderr", [
+    (["hostfile", "2", "--dry-run", "bert_distributed.sh", "2"], 2, f"error: --dry-run goes first; {MULTINODE_USAGE}"),
+    (["-v", "2", "bert_distributed.sh", "2"], 2, f"error: unknown option -v; {MULTINODE_USAGE}"),
+    (["hostfile", "2", "--help", "bert_distributed.sh"], 0, None), (["-h"], 0, None), (["--dry-run", "-h"], 0, None)])
+def test_multinode_options_go_before_its_positional_arguments(tmp_path, argv, status, stderr):
+    """A dash word where HOSTFILE, NUM_NODES or SCRIPT goes ran basename or realpath on it: their own errors or help
+    (`basename: unrecognized option '--dry-run'`, `realpath: invalid option`), exit 1, then a line on the wrong
+    argument; -h and --help were a usage line with exit 2. Now one line, exit 2, and -h / --help the usage, exit 0."""
+    result = subprocess.run([str(SCRIPTS / "bert_multinode.sh"), *argv], env=launch_env(tmp_path), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == status, result.stderr
+    if stderr:
+        assert (result.stdout, result.stderr) == ("", f"bert_multinode.sh: {stderr}\n")
+    else:
+        assert result.stderr == "" and result.stdout.startswith(f"{MULTINODE_USAGE}\nSeveral machines from a hostfile")
+
+
 def test_numbers_are_decimal_and_a_dry_run_writes_nothing(tmp_path):
     """`08` is 8 ranks, not a bash octal error that skipped the config and launched a stale one;
     `010` is 10 ranks, validated at world size 10 (global batch 20 = micro 4 x data 5)."""
