@@ -151,10 +151,16 @@ COMMAND=("${LAUNCHER[@]}" "$ROOT/pretrain_bert.py" --deepspeed --deepspeed_confi
          --eval-interval 500 --eval-iters 10 --save "$SAVE_DIR" --load "$SAVE_DIR" --save-interval 500 --log-dir "$RUN_DIR" "$@")
 CONFIG=("$PYTHON" "$ROOT/tools/ds_config.py" set "$TEMPLATE" "${SETTINGS[@]}" --world-size "$WORLD" "${MODEL[@]}")
 # the trainer's parser on the flags the command passes it, in a dry run and before a launch alike: an
-# unknown or mistyped flag fails here, once, not on every node after the launch (a few seconds: DeepSpeed's import)
+# unknown or mistyped flag fails here, once, not on every node after the launch (a few seconds: DeepSpeed's import);
+# then the layout, whose fix names this script's arguments (ds_config.py's would name deepspeed's and the trainer's)
 TRAINER_FLAGS=("${COMMAND[@]:${#LAUNCHER[@]}+1}")
-"$PYTHON" -c 'import sys; sys.path[:0] = [sys.argv.pop(1)]; import megatron.arguments as a; a.check_trainer_flags(sys.argv[1:])' \
-    "$ROOT" "${TRAINER_FLAGS[@]}"
+"$PYTHON" -c 'import sys; sys.path[:0] = [sys.argv.pop(1)]
+from megatron import arguments, errors
+from megatron.parallel.launch_check import check_script_layout
+script, sizes = sys.argv[1], [int(size) for size in sys.argv[2:6]]
+arguments.check_trainer_flags(sys.argv[6:])
+sys.exit(errors.run_tool(script, lambda: check_script_layout(*sizes)))' \
+    "$ROOT" "$SCRIPT" "$NUM_NODES" "$PROCS" "$PP" "$SP" "${TRAINER_FLAGS[@]}"
 if [ "$DRY_RUN" = 1 ]; then
     # a dry run writes nothing: the JSON it would write is printed, and where the command reads it
     echo "# RUN_DIR/ds_config.json ($RUN_DIR/ds_config.json) would hold this JSON; the command below reads it there:"

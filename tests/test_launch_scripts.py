@@ -310,6 +310,24 @@ def test_multinode_options_go_before_its_positional_arguments(tmp_path, argv, st
         assert result.stderr == "" and result.stdout.startswith(f"{MULTINODE_USAGE}\nSeveral machines from a hostfile")
 
 
+@pytest.mark.parametrize("script, arguments, line", [
+    ("bert_distributed.sh", ["3", "1", "2"], "PP 1 x SP 2 does not divide the world size 3 (PROCS 3); set PROCS to a "
+                                             "multiple of 2, or change SP to 1 to run on 3 ranks"),
+    ("bert_multinode.sh", ["3", "1", "4"], "PP 1 x SP 4 does not divide the world size 6 (NUM_NODES 2 x PROCS 3); "
+                                           "set NUM_NODES x PROCS to a multiple of 4, or change SP to 2 to run on 6 "
+                                           "ranks")])
+def test_a_layout_that_does_not_divide_the_world_names_the_scripts_arguments(tmp_path, script, arguments, line):
+    """The fix was the trainer's, "launch 4 processes ... with deepspeed --num_gpus 4, or pass
+    --sequence-parallel-size 2": the scripts run the launcher themselves and refuse that flag."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-1 slots=3\nworker-2 slots=3\n")
+    before = ["--dry-run", str(hostfile), "2", "bert_distributed.sh"] if script == "bert_multinode.sh" else []
+    result = subprocess.run([str(SCRIPTS / script), *before, *arguments, *LAYOUT[2:], *SHAPE],
+                            env=launch_env(tmp_path / "run", DRY_RUN="1"), capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.splitlines() == [f"bert_distributed.sh: error: {line}"]
+
+
 def test_numbers_are_decimal_and_a_dry_run_writes_nothing(tmp_path):
     """`08` is 8 ranks, not a bash octal error that skipped the config and launched a stale one;
     `010` is 10 ranks, validated at world size 10 (global batch 20 = micro 4 x data 5)."""

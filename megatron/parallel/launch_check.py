@@ -31,20 +31,43 @@ class LayoutError(ConfigError):
     as `launch a multiple of sp*pp processes or change the sizes` named neither: the launch of `processes`
     (pipeline x sequence) ranks, and `sizes`, the size flags cut to the largest divisors of this world (hybrid
     attention's --ulysses-size too, where `ulysses` would no longer divide the cut SP size). A tool that
-    launches otherwise (azureml/submit.py) words its own launch from the two."""
+    launches otherwise words its own launch from the two and `fitting` (each cut size by its flag):
+    azureml/submit.py in its options, the launch scripts in their arguments (check_script_layout)."""
 
     def __init__(self, problem: str, world_size: int, pipeline: int, sequence: int, ulysses: int | None = None):
         fitting_pipeline = math.gcd(pipeline, world_size)
         fitting_sequence = math.gcd(sequence, world_size // fitting_pipeline)
-        sizes = [f"{flag} {fitting}" for flag, given, fitting in (
+        self.fitting = {flag: fitting for flag, given, fitting in (
             ("--pipeline-model-parallel-size", pipeline, fitting_pipeline),
-            ("--sequence-parallel-size", sequence, fitting_sequence)) if fitting != given]
+            ("--sequence-parallel-size", sequence, fitting_sequence)) if fitting != given}
         if ulysses and fitting_sequence > 1 and fitting_sequence % ulysses:  # at SP 1 hybrid is plain attention
-            sizes.append(f"--ulysses-size {math.gcd(ulysses, fitting_sequence)}")
-        self.processes, self.sizes, self.world_size = pipeline * sequence, " ".join(sizes), world_size
+            self.fitting["--ulysses-size"] = math.gcd(ulysses, fitting_sequence)
+        self.sizes = " ".join(f"{flag} {size}" for flag, size in self.fitting.items())
+        self.processes, self.world_size = pipeline * sequence, world_size
         super().__init__(problem, f"launch {self.processes} processes (or a multiple) with "
                                   f"{how_to_launch(self.processes)}, or pass {self.sizes} to run on {world_size} "
                                   f"process{'es' if world_size > 1 else ''}")
+
+
+# the launch scripts' arguments for the size flags (examples_deepspeed/bert_common.sh, whose JSON has no hybrid)
+SCRIPT_SIZES = {"--pipeline-model-parallel-size": "PP", "--sequence-parallel-size": "SP"}
+
+
+def check_script_layout(nodes: int, procs: int, pipeline: int, sequence: int) -> None:
+    """A launch script's layout, before it writes its JSON: PP x SP must divide its world of NUM_NODES x PROCS
+    ranks. The fix names the script's arguments, which set deepspeed's --num_gpus and the size flags (after the
+    positional arguments the script refuses both), as azureml/submit.py names its options."""
+    from megatron.parallel.state import resolve_dims  # torch, which the script's trainer-flag check imported
+
+    try:
+        resolve_dims(nodes * procs, pipeline, sequence)
+    except LayoutError as error:
+        ranks = "NUM_NODES x PROCS" if nodes > 1 else "PROCS"
+        world = f"NUM_NODES {nodes} x PROCS {procs}" if nodes > 1 else f"PROCS {procs}"
+        sizes = " and ".join(f"{SCRIPT_SIZES[flag]} to {size}" for flag, size in error.fitting.items())
+        raise ConfigError(f"PP {pipeline} x SP {sequence} does not divide the world size {error.world_size} ({world})",
+                          f"set {ranks} to a multiple of {error.processes}, or change {sizes} to run on "
+                          f"{error.world_size} ranks") from None
 
 
 def launch_environment() -> str | None:
