@@ -9,8 +9,8 @@
 # ...) are refused.
 #
 # Environment: RUN_DIR (the JSON, logs and checkpoints; default runs/<script name>), MASTER_PORT,
-# HOSTFILE + NUM_NODES (several machines; bert_multinode.sh sets them), NODE_RANK + MASTER_ADDR
-# (start only this machine's ranks, without ssh; else the first host must answer passwordless ssh),
+# HOSTFILE + NUM_NODES (several machines; bert_multinode.sh sets them; HOSTFILE alone: every host it lists),
+# NODE_RANK + MASTER_ADDR (start only this machine's ranks, without ssh; else the first host must answer passwordless ssh),
 # DRY_RUN=1 (print the JSON and the launcher command, write and run nothing), STOP_TIMEOUT (launcher_group.sh),
 # PYTHON (default .venv/bin/python; the deepspeed launcher beside it is used).
 set -euo pipefail
@@ -72,8 +72,7 @@ for token in "$@"; do
     done
 done
 # decimal() normalizes the environment's values under their own names (the messages name them)
-decimal NUM_NODES "${NUM_NODES:-1}" 1 "set NUM_NODES to the number of machines"
-WORLD=$((NUM_NODES * PROCS))
+[ -z "${NUM_NODES:-}" ] || decimal NUM_NODES "$NUM_NODES" 1 "set NUM_NODES to the number of machines"
 master_port
 found="$(command -v -- "$PYTHON")" || fail "PYTHON $PYTHON is not an executable; set PYTHON to the python of the environment the trainer is installed in (the README's commands create .venv)"
 PYTHON="$found"
@@ -86,12 +85,16 @@ esac
 if [ -n "${HOSTFILE:-}" ]; then  # DeepSpeed's launcher would stop on a bad line with a traceback: name the line here
     # and, when it would reach the hosts by ssh (no NODE_RANK), check that ssh as it does, but before the JSON is written
     # (and the .deepspeed_env files it would export to them, which a launch per node with NODE_RANK does not read)
-    ssh=()
+    # Without NUM_NODES the launch uses every host it lists, as `deepspeed --hostfile` alone does
+    ssh=() nodes=()
     [ -n "${NODE_RANK:-}" ] || [ "$DRY_RUN" = 1 ] || ssh=(--ssh)
     [ -z "${NODE_RANK:-}" ] || ssh=(--no-ssh)
-    "$PYTHON" "$ROOT/tools/check_hostfile.py" "$HOSTFILE" --num-nodes "$NUM_NODES" --ranks-per-node "$PROCS" \
-        --script-names "${ssh[@]}" > /dev/null
+    [ -z "${NUM_NODES:-}" ] || nodes=(--num-nodes "$NUM_NODES")
+    NUM_NODES="$("$PYTHON" "$ROOT/tools/check_hostfile.py" "$HOSTFILE" "${nodes[@]}" --ranks-per-node "$PROCS" \
+        --script-names --print-num-nodes "${ssh[@]}")"
 fi
+NUM_NODES="${NUM_NODES:-1}"
+WORLD=$((NUM_NODES * PROCS))
 # without a hostfile the launcher starts PROCS ranks here alone: a world of NUM_NODES machines never forms
 [ -n "${HOSTFILE:-}" ] || [ "$NUM_NODES" -eq 1 ] || fail "NUM_NODES $NUM_NODES is set without HOSTFILE; launch several machines with bert_multinode.sh HOSTFILE NUM_NODES $SCRIPT ..."
 # (NODE_RANK=0 alone is a scheduler's single node, e.g. AzureML's)

@@ -56,6 +56,15 @@ def test_slots_are_checked_against_the_ranks_per_node(tmp_path):
     assert script.returncode == 2 and "PROCS 8 ranks per node" in script.stderr, script.stderr[-2000:]
 
 
+def test_the_launch_scripts_read_the_nodes_a_launch_uses(tmp_path):
+    """--print-num-nodes (the launch scripts' HOSTFILE without NUM_NODES): every host listed, as deepspeed's
+    --hostfile alone takes them, else --num-nodes."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-1 slots=8\nworker-2 slots=8\nworker-3 slots=8\n")
+    assert check(hostfile, "--print-num-nodes").stdout == "3\n"
+    assert check(hostfile, "--print-num-nodes", "--num-nodes", 2).stdout == "2\n"
+
+
 def test_a_host_listed_twice_in_another_case_is_refused(tmp_path):
     """`worker-1` and `WORKER-1` passed as two hosts: host names are case-insensitive (DNS), so it is
     one machine given twice the ranks of one."""

@@ -328,6 +328,17 @@ def test_a_layout_that_does_not_divide_the_world_names_the_scripts_arguments(tmp
     assert result.stderr.splitlines() == [f"bert_distributed.sh: error: {line}"]
 
 
+def test_a_hostfile_without_num_nodes_launches_on_every_host_it_lists(tmp_path):
+    """HOSTFILE given to a launch script without NUM_NODES launched on its first host alone (`--hostfile HOSTFILE
+    --num_nodes 1`); `deepspeed --hostfile` alone uses every host, and so does the script: SP 4 over 2 hosts of 2
+    ranks fits the world of 4 (on one host it would not)."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-1 slots=2\nworker-2 slots=2\n")
+    config, command = dry_run("bert_distributed.sh", tmp_path / "run", "2", "1", "4", *LAYOUT[2:], *SHAPE, DRY_RUN="1",
+                              HOSTFILE=str(hostfile))
+    assert f"--hostfile {hostfile} --num_nodes 2 " in command and config["sequence_parallel"]["size"] == 4
+
+
 def test_numbers_are_decimal_and_a_dry_run_writes_nothing(tmp_path):
     """`08` is 8 ranks, not a bash octal error that skipped the config and launched a stale one;
     `010` is 10 ranks, validated at world size 10 (global batch 20 = micro 4 x data 5)."""

@@ -172,6 +172,9 @@ def main(argv=None) -> int:
                              "reads no .deepspeed_env file, which is then not checked")
     parser.add_argument("--script-names", action="store_true",
                         help="name the launch scripts' NUM_NODES, PROCS and NODE_RANK in errors (bert_common.sh)")
+    parser.add_argument("--print-num-nodes", action="store_true",
+                        help="print the machines the launch uses (--num-nodes, else every host listed, as DeepSpeed's "
+                             "launcher takes them without --num_nodes) instead of the hostfile's summary")
     args = parser.parse_args(argv)
     names = NAMES[args.script_names]
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
@@ -194,7 +197,10 @@ def main(argv=None) -> int:
             check_deepspeed_env(path)
     if args.ssh:
         check_ssh(next(iter(hosts)), names["no_ssh"])
-    print(f"{args.hostfile}: {len(hosts)} host{'s' if len(hosts) > 1 else ''}, {sum(hosts.values())} slots")
+    if args.print_num_nodes:
+        print(args.num_nodes or len(hosts))
+    else:
+        print(f"{args.hostfile}: {len(hosts)} host{'s' if len(hosts) > 1 else ''}, {sum(hosts.values())} slots")
     return 0
 
 
