@@ -3,6 +3,8 @@ the rest of the line ignored) and checks each used machine's slots against the r
 launch starts, in its own flag names when run directly."""
 import importlib.util
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -116,8 +118,8 @@ def test_a_hostfile_that_is_a_pipe_or_a_device_is_named_as_such(tmp_path):
 
 
 @pytest.mark.parametrize("lines,message", [
-    ("localhost slots=2\n127.0.0.1 slots=2\n", "lists this machine twice: 127.0.0.1 (line 2) and localhost are both "
-                                               "its loopback address; list each machine once"),
+    ("localhost slots=2\n127.0.0.1 slots=2\n", "lists this machine twice: 127.0.0.1 (line 2) and localhost both name "
+                                               "it; list each machine once"),
     ("worker-0 slots=2\nworker-1:2222 slots=8\n", "line 2 gives worker-1:2222, a host with a port, which DeepSpeed "
                                                   "takes as the host's name; list the host alone and set its port in "
                                                   "~/.ssh/config (Host worker-1 / Port 2222)"),
@@ -132,6 +134,23 @@ def test_the_same_machine_twice_or_a_host_with_a_port_is_refused(tmp_path, lines
                                                                f"{message}"), result.stderr
     hostfile.write_text("fe80::1 slots=8\n::1 slots=2\n")
     assert check(hostfile).stdout == f"{hostfile}: 2 hosts, 10 slots\n"
+
+
+def test_this_machine_by_its_own_name_or_address_is_this_machine(tmp_path):
+    """localhost with this machine's name (`hostname`), or that name with one of its interfaces' addresses, passed
+    as two machines (localhost and 127.0.0.1 did not): two launches on one machine's GPUs."""
+    import psutil
+
+    name = socket.gethostname()
+    addresses = [entry.address for entries in psutil.net_if_addrs().values() for entry in entries
+                 if entry.family == socket.AF_INET and not entry.address.startswith("127.")]
+    hostfile = tmp_path / "hostfile"
+    for first, second in [("localhost", name), *((name, address) for address in addresses[:1])]:
+        hostfile.write_text(f"{first} slots=2\n{second} slots=2\n")
+        with pytest.raises(load_tool().ConfigError, match=f"^hostfile {hostfile} lists this machine twice: "
+                                                         f"{re.escape(second)} \\(line 2\\) and {re.escape(first)} both "
+                                                         "name it; list each machine once$"):
+            load_tool().read_hostfile(hostfile)
 
 
 def test_one_listed_host_is_said_in_the_singular(tmp_path):

@@ -16,9 +16,11 @@ a blank line there is a ValueError traceback, and a name that is no variable bre
 the bad line is named.
 """
 import argparse
+import functools
 import ipaddress
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -75,10 +77,11 @@ def read_hostfile(path) -> dict:
         if same is not None:
             where = f"line {number}" if same == host else f"line {number}; {same} before"
             raise ConfigError(f"hostfile {path} lists {host} twice ({where})", "list each machine once")
-        same = next((listed for listed in hosts if is_loopback(listed)), None) if is_loopback(host) else None
+        this = hosts and is_this_machine(host)  # a first host asks nothing of this machine
+        same = next((listed for listed in hosts if is_this_machine(listed)), None) if this else None
         if same is not None:  # two launches on this machine, their ranks on the same GPUs
-            raise ConfigError(f"hostfile {path} lists this machine twice: {host} (line {number}) and {same} are both "
-                              "its loopback address", "list each machine once")
+            raise ConfigError(f"hostfile {path} lists this machine twice: {host} (line {number}) and {same} both name "
+                              "it", "list each machine once")
         if slots < 1:
             raise ConfigError(f"hostfile {path} line {number} gives {host} slots=0", "give each machine slots >= 1")
         hosts[host] = slots
@@ -119,14 +122,29 @@ def check_deepspeed_env(path: Path) -> None:
                               f"fix or remove that line ({ENV_FORMAT})")
 
 
-def is_loopback(host: str) -> bool:
-    """Whether `host` names this machine's loopback: localhost, 127.x.x.x, ::1."""
+def is_this_machine(host: str) -> bool:
+    """Whether `host` names this machine: its loopback (localhost, 127.x.x.x, ::1), its host name (as `hostname`
+    prints it, or its fully qualified name) or an address of one of its interfaces. The host itself is not looked
+    up: a hostfile's other names would each ask DNS, which can hang."""
     if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
         return True
+    names, addresses = own_names_and_addresses()
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
-        return False
+        return host.lower() in names
+    return address.is_loopback or address in addresses
+
+
+@functools.cache
+def own_names_and_addresses() -> tuple[set, set]:
+    """This machine's names (lowercase) and its interfaces' addresses (psutil, a DeepSpeed requirement: no lookup)."""
+    import psutil
+
+    names = {socket.gethostname().lower(), socket.getfqdn().lower()}
+    addresses = {ipaddress.ip_address(entry.address.split("%")[0]) for entries in psutil.net_if_addrs().values()
+                 for entry in entries if entry.family in (socket.AF_INET, socket.AF_INET6)}
+    return names, addresses
 
 
 def special_file_kind(path: Path) -> str | None:
