@@ -10,7 +10,8 @@
 #
 # Environment: RUN_DIR (the JSON, logs and checkpoints; default runs/<script name>), MASTER_PORT,
 # HOSTFILE + NUM_NODES (several machines; bert_multinode.sh sets them; HOSTFILE alone: every host it lists),
-# NODE_RANK + MASTER_ADDR (start only this machine's ranks, without ssh; else the first host must answer passwordless ssh),
+# NODE_RANK + MASTER_ADDR (start only this machine's ranks, without ssh; else the first host must answer
+# passwordless ssh),
 # DRY_RUN=1 (print the JSON and the launcher command, write and run nothing), STOP_TIMEOUT (launcher_group.sh),
 # PYTHON (default .venv/bin/python; the deepspeed launcher beside it is used).
 set -euo pipefail
