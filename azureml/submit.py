@@ -404,8 +404,8 @@ def submit(job, workspace_config: str | None):
             client = MLClient.from_config(credential=DefaultAzureCredential(), path=workspace_config,
                                           show_progress=False)
         except Exception as error:  # the SDK raises its own exception types for a missing/invalid config
-            said = re.split(r"\.\s+(?=[A-Z])", first_line(error))[0]  # the SDK's first sentence: not found, or
-            # what the file it found lacks
+            # the SDK's first sentence: not found, or what the file it found lacks
+            said = re.split(r"\.\s+(?=[A-Z])", first_line(error))[0]
             raise SubmitError(f"no usable AzureML workspace config found from {Path.cwd()} ({said}); "
                               f"{WORKSPACE_FIX} to ./config.json, or pass --workspace-config FILE") from None
         compute = job.compute  # as given: create_or_update puts the cluster's ARM id in its place
@@ -427,23 +427,20 @@ def workspace_file(given: str | None) -> str | None:
     if given is None:
         return None
     path = Path(given) / "config.json" if Path(given).is_dir() else Path(given)
-    problem = None
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        problem = "is a folder without config.json" if path != Path(given) else "does not exist"
+        problem = "does not exist"
     except OSError as error:
         problem = f"cannot be read ({error.strerror})"
     except ValueError as error:  # not JSON, not UTF-8
         problem = f"is not JSON ({error})"
     else:
-        if not isinstance(config, dict):
-            problem = "holds no JSON object"
-        elif not config.get("Scope") and (missing := [key for key in WORKSPACE_KEYS if key not in config]):
-            problem = f"lacks {', '.join(missing)}"
+        missing = [key for key in WORKSPACE_KEYS if key not in config] if isinstance(config, dict) else None
+        problem = ("holds no JSON object" if missing is None else
+                   f"lacks {', '.join(missing)}" if missing and not config.get("Scope") else None)
     if problem:
-        where = given if path == Path(given) or problem.startswith("is a folder") else path
-        raise SubmitError(f"--workspace-config {where} {problem}; {WORKSPACE_FIX} and pass that file")
+        raise SubmitError(f"--workspace-config {path} {problem}; {WORKSPACE_FIX} and pass that file")
     return str(path)
 
 

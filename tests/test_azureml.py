@@ -321,7 +321,7 @@ def test_a_failed_login_is_one_line_naming_its_cause(cause, line, tmp_path, offl
 
 @pytest.mark.parametrize("config, problem", [
     ("{tmp}/nowhere.json", "{tmp}/nowhere.json does not exist"),
-    ("{tmp}", "{tmp} is a folder without config.json"),
+    ("{tmp}", "{tmp}/config.json does not exist"),  # a folder: its config.json
     ("{tmp}/text.json", "{tmp}/text.json is not JSON (Expecting value: line 1 column 1 (char 0))"),
     ("{tmp}/partial.json", "{tmp}/partial.json lacks resource_group, workspace_name"),
 ])
