@@ -138,7 +138,8 @@ def is_this_machine(host: str) -> bool:
 
 @functools.cache
 def own_names_and_addresses() -> tuple[set, set]:
-    """This machine's names (lowercase) and its interfaces' addresses (psutil, a DeepSpeed requirement: no lookup)."""
+    """This machine's names (lowercase: its FQDN is the one name resolved, its own) and its interfaces' addresses
+    (psutil, a DeepSpeed requirement, reads them without a lookup)."""
     import psutil
 
     names = {socket.gethostname().lower(), socket.getfqdn().lower()}
