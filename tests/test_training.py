@@ -408,21 +408,26 @@ def test_pretrain_default_settings_export():
 def test_a_run_ends_with_a_validation_and_a_rerun_of_its_checkpoint_repeats_it(tmp_path, data_dir):
     """Megatron's pretrain ends with validation and test: a run whose last step is off --eval-interval
     validates at its end too, and the same command again (nothing to train: Megatron's --skip-train)
-    evaluates the checkpoint, reading the same slices, so it logs the run's own losses."""
+    evaluates the checkpoint, reading the same slices, so it logs the run's own losses; a reader of the log
+    (read_metrics) keeps one of each."""
     argv = [*TINY, "--train-iters", "3", "--eval-interval", "2", "--eval-iters", "1", "--default-data-dir", data_dir,
             "--log-dir", str(tmp_path / "log"), "--save", str(tmp_path / "ck"), "--load", str(tmp_path / "ck")]
     for _ in range(2):
         result = run_entry_point(*argv)
         assert result.returncode == 0, result.stderr[-3000:]
     assert "nothing to train: the checkpoint is at iteration 3" in result.stdout
-    held_out = [(r["run"], r["kind"], r["iteration"], r["loss"]) for r in run_log.read_metrics(
-        tmp_path / "log" / "metrics.jsonl") if r["kind"] in ("validation", "test")]
+    metrics = tmp_path / "log" / "metrics.jsonl"
+    held_out = [(r["run"], r["kind"], r["iteration"], r["loss"]) for r in map(json.loads, metrics.read_text().split(
+        "\n")[:-1]) if r["kind"] in ("validation", "test")]
     first, again = sorted({run for run, *_ in held_out}, key=[run for run, *_ in held_out].index)
     assert [what[1:3] for what in held_out] == [("validation", 2), ("validation", 3), ("test", 3),
                                                 ("validation", 3), ("test", 3)], held_out
     assert [what[0] for what in held_out] == [first] * 3 + [again] * 2
     assert held_out[1][3] == held_out[3][3] and held_out[2][3] == held_out[4][3], held_out
     assert held_out[0][3] != held_out[1][3]  # another step's weights (or another slice): not one number logged twice
+    read = [(r["run"], r["kind"], r["iteration"], r["loss"]) for r in run_log.read_metrics(metrics)
+            if r["kind"] in ("validation", "test")]
+    assert read == [held_out[0], *held_out[3:]], read  # the rerun's evaluation at 3 replaces the first run's
 
 
 def test_runs_without_a_launcher_as_one_process(tmp_path, data_dir):
