@@ -307,6 +307,10 @@ def test_plot_run_into_a_folder_writes_its_loss_png(tmp_path, monkeypatch, capsy
     assert run_tool("plot_run.py", lambda: plot_run.main([str(metrics), "-o", ""])) == 2
     assert capsys.readouterr().err == ("plot_run.py: error: -o '' is empty; pass a PNG file name, or a folder for its "
                                        "loss.png\n")
+    # a file where the PNG's folder goes (the metrics file itself): named as such, not "(File exists)"
+    assert run_tool("plot_run.py", lambda: plot_run.main([str(metrics), "-o", str(metrics / "x.png")])) == 2
+    assert capsys.readouterr().err == (f"plot_run.py: error: -o {metrics} is a file, not a directory; pass -o a PNG "
+                                       "path in a folder this user can write\n")
 
 
 TRAIN = {"kind": "train", "iteration": 10, "consumed_samples": 40, "loss": 9.2, "tokens_per_s": 512.0}
