@@ -64,6 +64,9 @@ SERVICE_MONITORS = {
               lambda env, section: section.get("online") is False or section.get("mode") == "offline")}
 # a distributed job's nodes: an AzureML compute cluster set up for communication between nodes has at most 4000
 MAX_INSTANCES = 4000
+# a node's GPUs: Azure's largest GPU sizes (ND H100 v5, ND A100 v4) have 8; twice that leaves room, and a typo such
+# as 80 for 8 stopped no check (the launch's world list was built for every one of them)
+MAX_GPUS_PER_NODE = 16
 COMPUTE_NAME = re.compile(r"(azureml:)?[A-Za-z][A-Za-z0-9-]*")  # AzureML's compute names: letters, digits, hyphens
 DATASTORE_FOLDER = re.compile(r"azureml://(.+/)?datastores/[^/]+/paths/.+")  # of this or a named workspace
 VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # an environment variable's name, as a shell takes it
@@ -248,6 +251,9 @@ def validate(args) -> None:
     if args.instance_count > MAX_INSTANCES:
         raise SubmitError(f"--instance-count {args.instance_count} is more nodes than an AzureML compute cluster has "
                           f"(at most {MAX_INSTANCES} for a distributed job); pass the nodes the job runs on")
+    if args.gpus_per_node > MAX_GPUS_PER_NODE:
+        raise SubmitError(f"--gpus-per-node {args.gpus_per_node} is more GPUs than an Azure machine has (8 on the "
+                          "largest GPU sizes, ND H100 v5 and ND A100 v4); pass the GPUs of the cluster's VM size")
     if re.search(r"\.(bin|idx)$", args.data_prefix):
         raise SubmitError(f"--data-prefix {args.data_prefix} ends in a file suffix; pass --data-prefix "
                           f"{args.data_prefix[:-4]} (it names both the .bin and the .idx)")

@@ -483,6 +483,8 @@ REFUSED = {
     # world_info for every node was built until the process was killed
     "absurd_instance_count": (["--instance-count", "99999999999999"], (
         "--instance-count 99999999999999 is more nodes than an AzureML compute cluster has (at most 4000",)),
+    "absurd_gpus_per_node": (["--gpus-per-node", "80"], (
+        "--gpus-per-node 80 is more GPUs than an Azure machine has (8 on the largest GPU sizes",)),
     # a monitor service whose package the job's image lacks: the trainer would stop on the cluster with a pip install
     "wandb_the_image_lacks": (["--ds-config", "{tmp}/wandb.json"], (
         "--ds-config {tmp}/wandb.json enables wandb, whose package wandb the job's image (built from requirements.txt) "
