@@ -440,9 +440,8 @@ def _refuse_ignored_sections(ds_config: dict) -> None:
     if misplaced:
         raise ConfigError(f"{misplaced[0]!r} at the top level of the DeepSpeed JSON is a key of its {SECTION} section "
                           "(DeepSpeed would ignore it there)", f'move it into "{SECTION}": {{...}}')
-    wrapped = {key: sorted(set(ds_config[key]) & deepspeed_top_level_keys()) for key in unknown
-               if isinstance(ds_config[key], dict)}  # a wrapper object ("monitor_config": {"tensorboard": ...})
-    for key, inner in wrapped.items():
+    for key in unknown:  # a wrapper object ("monitor_config": {"tensorboard": ...})
+        inner = sorted(set(ds_config[key]) & deepspeed_top_level_keys()) if isinstance(ds_config[key], dict) else []
         if inner:
             raise ConfigError(f"unknown top-level key {key!r}: DeepSpeed would ignore it, and the "
                               f"{', '.join(map(repr, inner))} in it", f"move {', '.join(map(repr, inner))} to the top "

@@ -115,9 +115,11 @@ def check_default_data_vocab(args, tokenizer, vocab_size: int = 0) -> None:
     with the fix that applies to it; so is one whose weights carry no tokenizer and a `vocab_size` (theirs;
     0: the tokenizer decides) too small for that vocab, which the model check would refuse only once the
     data is built. Needs no process group: tools/extend_context.py checks a launch with it."""
+    if tokenizer is None and not vocab_size:  # a run from scratch on the default data: its vocab decides
+        return
     default = BertWordPiece(str(default_vocab_file(args.default_data_dir)))
     if tokenizer is None:
-        if vocab_size and default.vocab_size > vocab_size:
+        if default.vocab_size > vocab_size:
             raise ConfigError(f"no --data-path, and the weights carry no tokenizer: the run would train on the default "
                               f"dataset, whose vocab {default.file} has {default.vocab_size} tokens, more than the "
                               f"model's vocab_size {vocab_size}", "pass the tokenizer the weights were trained with "
