@@ -399,6 +399,8 @@ def test_a_resumed_run_supersedes_the_steps_it_redoes(tmp_path, monkeypatch):
                                  segments_per_sample=1.0,
                                  real_flops_per_sample=1e9)
         log.step(iteration, 4 * iteration, result, engine, seconds=0.5, lr=1e-3)
+    log.evaluation("validation", 4, 16, 6.5)  # the run's final losses, which a rerun of the same command repeats
+    log.evaluation("test", 4, 16, 6.25)
     log.finish(None)
     assert stdout.getvalue().splitlines()[0] == "resuming from ckpt/iter_0000002 iteration 2, consumed samples 8"
     records = run_log.read_metrics(metrics)
