@@ -9,15 +9,19 @@ from megatron.data.workers import check_num_workers
 from megatron.errors import ConfigError
 
 
-def check_no_empty_values(args) -> None:
+def check_no_empty_values(args, flags: dict | None = None) -> None:
     """A flag given '' (`--save "$CKPT"` with CKPT unset), named as such: the run read an empty --save as none
     and blamed the --save-interval a launch script adds, an empty --log-dir or --data-path as the current folder
-    or a file named ''. No flag of the trainer (paths, names) means anything by ''."""
-    for dest, value in sorted(vars(args).items()):
+    or a file named ''. No flag of the trainer (paths, names) means anything by ''. A tool passes `flags`
+    (dest -> its spelling) to check only those, under its own names, as flags that need a value."""
+    def spelled(dest: str) -> str:
+        return f"--{dest}" if dest.startswith(("deepspeed", "deepscale")) else f"--{dest.replace('_', '-')}"
+    for dest, flag in sorted((flags or {dest: spelled(dest) for dest in vars(args)}).items()):
+        value = getattr(args, dest)
         if value == "" or (isinstance(value, list) and "" in value):
-            flag = f"--{dest}" if dest.startswith(("deepspeed", "deepscale")) else f"--{dest.replace('_', '-')}"
-            raise ConfigError(f"{flag} is given an empty value ('')", f"pass {flag} a value or leave it out (an unset "
-                              f"shell variable gives '': {flag} \"$DIR\")")
+            raise ConfigError(f"{flag} is given an empty value ('')", f"pass {flag} a value"
+                              f"{'' if flags else ' or leave it out'} (an unset shell variable gives '': "
+                              f"{flag} \"$DIR\")")
 
 
 def check_flags(args) -> None:

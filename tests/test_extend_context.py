@@ -259,7 +259,7 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              "pretrain_bert.py --init-from-hf HF --max-position-embeddings N"),
             (["--from", str(tmp_path / "missing"), "--seq-length", "256", "--save", save], "missing does not exist"),
             (["--from", "", "--seq-length", "256", "--save", save], "--from is given an empty value ('')"),
-            ([*hf, "--save", ""], "--save is given an empty value (''); pass --save a path (an unset shell variable"),
+            ([*hf, "--save", ""], "--save is given an empty value (''); pass --save a value (an unset shell variable"),
             (["--from", str(learned / "iter_0000001"), "--seq-length", "256", "--save", save],
              f"iter_0000001 is one checkpoint of the --save directory {learned}; point --from at {learned} "),
             (["--from", str(source / "config.json"), "--seq-length", "256", "--save", save],

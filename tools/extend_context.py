@@ -36,6 +36,7 @@ from pathlib import Path
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, DataError, OneLineParser, run_tool, start_up_stops_in_one_line
+from megatron.flag_checks import check_no_empty_values
 from megatron.flag_habits import wrapped_fix
 from megatron.paths import in_repository, python_command, where_in
 from megatron.quiet import quiet_deepspeed
@@ -87,10 +88,7 @@ def parse_args(argv=None):
     if unknown:
         raise ConfigError(f"{unknown[0]} is not an option of extend_context.py", "flags for pretrain_bert.py go "
                           "after --: extend_context.py --from DIR --seq-length N --save DIR -- --data-path ...")
-    for flag, value in (("--from", args.source), ("--save", args.save), ("--deepspeed-config", args.deepspeed_config)):
-        if not value:  # named here: the trainer's check would name the flag the tool passes it on as
-            raise ConfigError(f"{flag} is given an empty value ('')", f"pass {flag} a path (an unset shell variable "
-                              f"gives '': {flag} \"$DIR\")")
+    check_no_empty_values(args, {"source": "--from", "save": "--save", "deepspeed_config": "--deepspeed-config"})
     if args.master_port is not None and not 1 <= args.master_port <= 65535:
         raise ConfigError(f"--master-port {args.master_port} is not a TCP port", "pass a free port in 1-65535, "
                           "e.g. 29500")
