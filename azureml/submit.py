@@ -140,6 +140,7 @@ def check_monitors(args, ds_config: dict, tensorboard_dir: str | None) -> None:
     refused; one without its API key, and a file that goes elsewhere than ./outputs (lost with the node's
     container), get a warning."""
     from megatron import monitors
+    from megatron.ds_schema import FILE_MONITORS
 
     env = dict(args.env)
     for name in monitors.enabled(ds_config):
@@ -156,7 +157,7 @@ def check_monitors(args, ds_config: dict, tensorboard_dir: str | None) -> None:
                 print(f"submit.py: warning: --ds-config {args.ds_config} enables {name} and the job gets no {key} "
                       f"(it would stop at start-up without a login); {fix}", file=sys.stderr, flush=True)
     written = [(f"{name}.output_path", ds_config[name].get("output_path", "")) for name in monitors.enabled(ds_config)
-               if name in monitors.WRITES_FILES]
+               if name in FILE_MONITORS]
     profiler = ds_config.get("flops_profiler")
     if isinstance(profiler, dict) and profiler.get("enabled") is True and profiler.get("output_file"):
         written.append(("flops_profiler.output_file", profiler["output_file"]))

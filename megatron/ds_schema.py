@@ -19,6 +19,8 @@ from megatron.errors import ConfigError
 from megatron.paths import in_repository
 
 SECTION = "sequence_parallel"  # this project's top-level key in the DeepSpeed JSON (megatron.config reads it)
+# the monitor sections that write files, into output_path/job_name, made by DeepSpeed on rank 0
+FILE_MONITORS = ("tensorboard", "csv_monitor")
 
 
 def _bf16_key(ds_config: dict) -> str:
@@ -395,7 +397,7 @@ def _check_path_values(ds_config: dict) -> None:
         if value.startswith("~") and os.path.expanduser(value) == value:
             raise ConfigError(f"{key} {json.dumps(value)} starts with {value.split('/')[0]}, which names no user's "
                               "home here", f"write the full path in {key}")
-    for name in ("tensorboard", "csv_monitor"):
+    for name in FILE_MONITORS:
         section = ds_config.get(name)
         job = section.get("job_name") if isinstance(section, dict) and section.get("enabled") is True else None
         if not isinstance(job, str):

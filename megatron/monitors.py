@@ -14,17 +14,18 @@ import os
 from pathlib import Path
 
 from megatron import paths
-from megatron.ds_schema import dict_section
+from megatron.ds_schema import FILE_MONITORS, dict_section
 
 # section -> the package DeepSpeed imports for it (csv_monitor: the standard library's csv)
 PACKAGES = {"tensorboard": "tensorboard", "csv_monitor": None, "wandb": "wandb", "comet": "comet_ml"}
-WRITES_FILES = ("tensorboard", "csv_monitor")  # into output_path/job_name, made by DeepSpeed on rank 0
 # DeepSpeed's defaults of those two (deepspeed/monitor/config.py): output_path "" is the current folder
 DEFAULT_JOB_NAME = "DeepSpeedJobName"
-# record fields that are no curve (the x-axis, the clock, a window's size) or that DeepSpeed writes itself under
-# the same name (Train/Samples/lr: the rate after the step; Train/Samples/loss_scale), which a second writer
+# record fields that are no curve in any writer: the x-axis, the clock, a window's size
+NOT_CURVES = ("iteration", "time", "window_steps")
+# and no event here: the text fields, the consumed samples (the events' x-axis), and what DeepSpeed writes itself
+# under the same name (Train/Samples/lr: the rate after the step; Train/Samples/loss_scale), which a second writer
 # would interleave with its own values
-NOT_EVENTS = {"kind", "run", "iteration", "time", "consumed_samples", "lr", "loss_scale", "window_steps"}
+NOT_EVENTS = {"kind", "run", "consumed_samples", "lr", "loss_scale", *NOT_CURVES}
 
 
 def enabled(ds_config: dict) -> list[str]:
@@ -48,7 +49,7 @@ def monitor_problem(ds_config: dict, ds_path: str) -> tuple[str, str] | None:
             return (f"the DeepSpeed config {ds_path} enables {name}, and the {package} package is not installed",
                     f"pip install {package}{offline}, or set {name}.enabled to false")
         field = f"{name}.output_path"
-        if name in WRITES_FILES and (problem := paths.folder_problem(field, output_folder(ds_config, name),
+        if name in FILE_MONITORS and (problem := paths.folder_problem(field, output_folder(ds_config, name),
                                                                        f"set {field} to a folder this user can write")):
             return (f"the DeepSpeed config {ds_path}'s {problem[0]}", problem[1])
     return None
@@ -61,7 +62,7 @@ def reused_folders_warning(tensorboard_dir: str | None, ds_config: dict) -> str 
     header mid-file). A shared JSON template's fixed job_name does this without a word."""
     folders = [("--tensorboard-dir", tensorboard_dir)] + [(f"the {name} folder (output_path/job_name)",
                                                            output_folder(ds_config, name))
-                                                          for name in enabled(ds_config) if name in WRITES_FILES]
+                                                          for name in enabled(ds_config) if name in FILE_MONITORS]
     held = [f"{label} {folder}" for label, folder in folders if folder and os.path.isdir(folder)
             and any(Path(folder).iterdir())]
     if not held:

@@ -161,10 +161,8 @@ class RunLog:
         if not self.tensorboard or self.failure:
             return
         try:
-            # not curves: the x-axis, the clock, a window's size, and an evaluation's consumed samples (the train
-            # curve's already)
-            skipped = ("iteration", "time", "window_steps") + (("consumed_samples",) if record["kind"] != "train"
-                                                               else ())
+            # and an evaluation's consumed samples: the train curve's already
+            skipped = monitors.NOT_CURVES + (("consumed_samples",) if record["kind"] != "train" else ())
             for key, value in record.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in skipped:
                     self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["iteration"])
