@@ -37,7 +37,6 @@ from megatron.hf_io import (PADDED, Adapter, completed, created_folder, hf_posit
                             state_from_hf, tokenizer_config, torch_save, undone_on_failure, write_json,
                             write_safetensors)
 from megatron.model.bert import BertConfig
-from megatron.paths import missing_folders
 
 MODEL_TYPES = {model_type: layout for layout, (model_type, *_) in LAYOUTS.items()}
 # HF tensors with nothing to convert: a buffer, and the LM decoder tied to tensors we convert
@@ -180,9 +179,8 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, low
             raise ConfigError(f"vocab file {vocab_file} has no [PAD] token", "pass a BERT vocab.txt")
         tensors, files = hf_files(state, config, vocab, lower_case)
         copied, texts = {}, {"vocab.txt": "".join(f"{token}\n" for token in vocab)}  # written as transformers reads
-    with undone_on_failure(f"cannot write the Hugging Face folder {output}", "--output", output.parent) as made:
-        made += [Path(folder) for folder in reversed(missing_folders(output.parent))]
-        output.parent.mkdir(parents=True, exist_ok=True)
+    with undone_on_failure(f"cannot write the Hugging Face folder {output}", "--output", output,
+                           output.parent) as made:
         made.append(created_folder(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent)))
         partial = made[-1]
         for name, value in files.items():
@@ -434,9 +432,7 @@ def save_weights_only_checkpoint(save_dir, state: dict, config: BertConfig, toke
     save_dir = Path(save_dir)
     refuse_save_with_checkpoint(save_dir)
     tag = tag_for(0)
-    with undone_on_failure(f"cannot write the checkpoint {save_dir}", "--save", save_dir.parent) as made:
-        made += [Path(folder) for folder in reversed(missing_folders(save_dir))]
-        save_dir.mkdir(parents=True, exist_ok=True)
+    with undone_on_failure(f"cannot write the checkpoint {save_dir}", "--save", save_dir, save_dir) as made:
         made.append(created_folder(tempfile.mkdtemp(prefix=f".{tag}.", dir=save_dir)))
         partial = made[-1]
         header = {"config": TrainConfig(model=config).to_dict(), "iteration": 0, "consumed_samples": 0,

@@ -31,7 +31,7 @@ from megatron.checkpoint_weights import bert_state_from_checkpoint
 from megatron.config import strict_json_loads
 from megatron.errors import ConfigError, DataError, disk_full, refuse_lfs_pointer
 from megatron.model.bert import BertConfig, BertModel
-from megatron.paths import unwritable
+from megatron.paths import file_in_the_way, missing_folders, unwritable
 
 PADDED_VOCAB_BIAS = -1.0e4  # exp(-1e4 - max logit) is 0 in fp32, bf16 and fp16
 
@@ -67,14 +67,19 @@ def tokenizer_config(config: BertConfig, lower_case: bool) -> dict:
 
 
 @contextlib.contextmanager
-def undone_on_failure(cannot_write: str, flag: str, folder: Path):
-    """Runs the writing of an output (the folder of `flag`, written in `folder`): the body appends each path
-    it makes to the list it is given (folders created on the way, a staging folder, a file renamed into
-    place), which any failure removes, the last made first. A full disk is then one ConfigError line: the
-    OSError of a write names no file, and torch's writer only says 'unexpected pos'; an OSError of a path in
-    `folder` (a staging folder the user never named) is named as the output's."""
-    made = []
+def undone_on_failure(cannot_write: str, flag: str, output: Path, folder: Path):
+    """Runs the writing of the output of `flag` (`output`, a file or folder made in `folder`, which is
+    created here with the folders it needs): the body appends each path it makes to the list it is given
+    (a staging folder or file, a file renamed into place), which any failure removes, the last made first,
+    with the folders made for it. A file where a folder of `output` goes is named as such, before anything is
+    made ('File exists' said nothing of it). A full disk is then one ConfigError line: the OSError of a write
+    names no file, and torch's writer only says 'unexpected pos'; an OSError of a path beside `output` (a
+    staging folder the user never named) is named as the output's."""
+    if problem := file_in_the_way(flag, str(output)):
+        raise ConfigError(problem, f"pass another {flag}, or move that file")
+    made = [Path(path) for path in reversed(missing_folders(str(folder)))]  # innermost last: removed first
     try:
+        folder.mkdir(parents=True, exist_ok=True)
         yield made
     except BaseException as error:
         for path in reversed(made):
@@ -86,7 +91,7 @@ def undone_on_failure(cannot_write: str, flag: str, folder: Path):
         if disk_full(error):
             raise ConfigError(*unwritable(cannot_write, flag, error, "")) from None
         if isinstance(error, OSError) and error.filename and Path(os.path.abspath(error.filename)).is_relative_to(
-                os.path.abspath(folder)):
+                os.path.abspath(output.parent)):
             raise ConfigError(*unwritable(cannot_write, flag, error, f"pass a {flag} this user can write")) from None
         raise
 

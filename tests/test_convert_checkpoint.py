@@ -558,3 +558,51 @@ def test_an_output_the_tool_cannot_make_is_named_as_given_and_a_link_to_a_missin
         f"convert_checkpoint.py: error: cannot write the Hugging Face folder {tmp_path / 'kernel' / 'export'} "
         "(Operation not permitted); pass a --output this user can write"]
     assert not (tmp_path / "kernel").exists()
+
+
+def test_an_output_where_no_file_can_go_is_one_line_naming_it(tmp_path, capsys):
+    """to-torch ended in torch's traceback for every output it could not write ('Parent directory ... does not
+    exist', 'invalid file name: .partial', 'open file failed'); to-hf and from-hf said '(File exists)' of a
+    file where their folder goes. Now a missing folder is made, as to-hf makes it, and the rest is one line
+    naming the flag: a file on the path, '', a folder's name, a folder this user may not write; nothing
+    left behind."""
+    from megatron.data.tokenizer import BertWordPiece
+    from megatron.errors import run_tool
+
+    tool = tool_module()
+    config = small_config("dense")
+    tokenizer = BertWordPiece(str(write_vocab_file(tmp_path / "vocab.txt")))
+    hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config, tokenizer)
+    hf_convert.save_hf_folder(tmp_path / "hf", small_model(config).state_dict(), config, tmp_path / "vocab.txt")
+    (tmp_path / "afile").touch()
+    source = ["--load", str(tmp_path / "ck")]
+
+    def refused(argv: list) -> str:
+        capsys.readouterr()
+        assert run_tool("convert_checkpoint.py", lambda: tool.main(argv)) == 2
+        return capsys.readouterr().err.splitlines()[-1].removeprefix("convert_checkpoint.py: error: ")
+
+    under = f"lies under {tmp_path / 'afile'}, which is a file, not a directory"
+    assert refused(["to-torch", *source, "--output", str(tmp_path / "afile" / "x.pt")]) == (
+        f"--output {tmp_path / 'afile' / 'x.pt'} {under}; pass another --output, or move that file")
+    assert refused(["to-hf", *source, "--output", str(tmp_path / "afile" / "sub")]) == (
+        f"--output {tmp_path / 'afile' / 'sub'} {under}; pass another --output, or move that file")
+    assert refused(["from-hf", "--hf-dir", str(tmp_path / "hf"), "--save", str(tmp_path / "afile")]) == (
+        f"--save {tmp_path / 'afile'} is a file, not a directory; pass another --save, or move that file")
+    assert refused(["to-torch", *source, "--output", ""]) == (
+        "--output is given an empty value (''); pass --output a value (an unset shell variable gives '': --output "
+        "\"$DIR\")")
+    assert refused(["to-torch", *source, "--output", f"{tmp_path / 'new'}/"]) == (
+        f"--output {tmp_path / 'new'}/ names a folder, and to-torch writes one file; pass a file path, e.g. "
+        f"--output {tmp_path / 'new' / 'bert.pt'}")
+
+    def read_only(value, path):
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    with mock.patch.object(tool, "torch_save", read_only):
+        assert refused(["to-torch", *source, "--output", str(tmp_path / "ro" / "x.pt")]) == (
+            f"cannot write {tmp_path / 'ro' / 'x.pt'} (Operation not permitted); pass a --output this user can write")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["afile", "ck", "hf", "vocab.txt"]
+    tool.main(["to-torch", *source, "--output", str(tmp_path / "made" / "bert.pt")])
+    assert torch.load(tmp_path / "made" / "bert.pt").keys() == small_model(config).state_dict().keys()
+    assert os.listdir(tmp_path / "made") == ["bert.pt"]

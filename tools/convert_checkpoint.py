@@ -15,7 +15,6 @@
            (--no-position-extension refuses instead).
 """
 import argparse
-import contextlib
 import os
 import sys
 import warnings
@@ -29,13 +28,14 @@ from megatron.quiet import quiet_deepspeed
 with start_up_stops_in_one_line("convert_checkpoint.py"):  # Ctrl-C during the seconds of imports: one line
     quiet_deepspeed()  # before DeepSpeed is first imported (megatron.checkpoint imports it)
     from megatron import hf_convert
-    import torch
     from megatron.checkpoint import (PARTIAL, checkpoint_folder, chosen_tag, declared_positions, read_from,
                                     stored_config)
     from megatron.checkpoint_compat import attention_change
     from megatron.checkpoint_weights import bert_state_from_checkpoint
     from megatron.data.tokenizer import HFTokenizer, add_tokenizer_flags, check_fits
     from megatron.data.tokenizer_identity import checkpoint_tokenizer
+    from megatron.flag_checks import check_no_empty_values
+    from megatron.hf_io import torch_save, undone_on_failure
     from megatron.model.bert import BertConfig
     from megatron.paths import save_into_weights_folder, where_in
 
@@ -82,15 +82,16 @@ def to_torch(args) -> None:
     refuse_output_in_checkpoint(args)
     if os.path.lexists(args.output):
         raise ConfigError(f"--output {args.output} exists", "choose another --output, or remove it")
+    if args.output.endswith(("/", os.sep)):  # a folder's name: torch.save would write into a file named '.partial'
+        raise ConfigError(f"--output {args.output} names a folder, and to-torch writes one file",
+                          f"pass a file path, e.g. --output {os.path.join(args.output, 'bert.pt')}")
     tag = chosen_tag(args.load, args.tag)
     state = bert_state_from_checkpoint(args.load, tag)
-    staged = f"{args.output}{PARTIAL}"
-    try:  # no half-written file under the name asked for
-        torch.save(state, staged)
-        os.replace(staged, args.output)
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(staged)
+    output = Path(args.output)
+    with undone_on_failure(f"cannot write {output}", "--output", output, output.parent) as made:
+        made.append(output.with_name(output.name + PARTIAL))  # no half-written file under the name asked for
+        torch_save(state, made[-1])
+        os.replace(made[-1], output)
     print(f"wrote {len(state)} fp32 tensors of {read_from(args.load, tag)} to {args.output} (torch.load gives the "
           "state dict of megatron.model.bert.BertModel)")
 
@@ -185,6 +186,10 @@ OTHER_COMMANDS_FLAGS = {
                           "--hf-dir DIR"}}
 
 
+PATH_FLAGS = {"load": "--load", "output": "--output", "hf_dir": "--hf-dir", "save": "--save", "tag": "--tag",
+              "vocab_file": "--vocab-file", "tokenizer_file": "--tokenizer-file"}  # '' is none of them (an unset $DIR)
+
+
 def main(argv=None) -> None:
     parser = OneLineParser(prog="convert_checkpoint.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -219,6 +224,7 @@ def main(argv=None) -> None:
         for flag, says in OTHER_COMMANDS_FLAGS[command].items():
             parser_of.add_argument(flag, action=OtherCommandsFlag, says=says)
     args = parser.parse_args(argv)
+    check_no_empty_values(args, {dest: flag for dest, flag in PATH_FLAGS.items() if dest in vars(args)})
     args.run(args)
 
 
