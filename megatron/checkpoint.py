@@ -367,6 +367,10 @@ def run_state(load_dir: str, tag: str) -> dict:
                 found = "nothing" if key not in state else json.dumps(value)[:40]
                 raise DataError(f"checkpoint file {path} holds {found} as {key}, not "
                                 f"{'an object' if kind is dict else 'a count'}", fix)
+        if not isinstance(state["config"].get("model"), dict):  # every reader of the weights builds the model from it
+            found = json.dumps(state["config"]["model"])[:40] if "model" in state["config"] else "nothing"
+            raise DataError(f"checkpoint file {path} holds {found} as config.model, not the object of the model's "
+                            "settings", fix)
         if "data" in state and not _is_data_record(state["data"]):
             raise DataError(f"checkpoint file {path} holds {json.dumps(state['data'])[:40]} as data, not the record "
                             "of the data it trained on", f"{fix}, or delete its \"data\" entry to resume without "

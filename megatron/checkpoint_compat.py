@@ -38,18 +38,28 @@ def _ffn_fix(trained: BertConfig) -> str:
     return f"pass --ffn-hidden-size {trained.ffn_hidden_size}, the checkpoint's{why}, or {RESUME_FIX}"
 
 
+def stored_bert_config(stored: dict) -> BertConfig:
+    """The model a checkpoint's stored config (run_state.json's config.model) describes; keys this
+    version's BertConfig lacks are passed over."""
+    fields = {f.name for f in dataclasses.fields(BertConfig)}
+    return BertConfig(**{k: v for k, v in stored.items() if k in fields})
+
+
+def model_tensors(config: BertConfig) -> dict:
+    """The tensors of the model `config` describes, on the meta device (their shapes alone), built as one
+    process: the attention cores own no tensors that depend on the ranks, and a checkpoint's settings
+    (hybrid's Ulysses size) would be checked against the groups made for this run's layout."""
+    with torch.device("meta"), parallel_state.one_process():
+        return BertModel(config).state_dict()
+
+
 def check_model_shapes(stored: dict, config: BertConfig, folder: str, start: bool = False) -> tuple[list, list]:
     """The checkpoint's model must have this run's tensors and shapes; names the first that differs.
     `start`: a new run from the weights (a weights-only checkpoint, --finetune), which initialises the
     attention core's tensors the checkpoint lacks and drops those this model lacks (weights of another
     variant: Linformer's projections); returns their names (to initialise, to drop)."""
-    fields = {f.name for f in dataclasses.fields(BertConfig)}
-    trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
-    # both as one process: the attention cores own no tensors that depend on the ranks, and the
-    # checkpoint's (hybrid's Ulysses size) would be checked against the groups made for this run's
-    with torch.device("meta"), parallel_state.one_process():
-        found = BertModel(trained).state_dict()
-        expected = BertModel(config).state_dict()
+    trained = stored_bert_config(stored)
+    found, expected = model_tensors(trained), model_tensors(config)
     fresh = [name for name in expected if start and name not in found and CORE_TENSORS in name]
 
     def fix(name: str) -> str:
@@ -82,8 +92,7 @@ def check_same_model(stored: dict, config: BertConfig, folder: str) -> None:
     length, packing and the attention variant may change, a variant of other math with a warning:
     attention_change), named as a setting (`--num-layers 4` met a 3-layer checkpoint as 'lacks
     layers.3...'), else the first differing tensor shape."""
-    fields = {f.name for f in dataclasses.fields(BertConfig)}
-    trained = BertConfig(**{k: v for k, v in stored.items() if k in fields})
+    trained = stored_bert_config(stored)
     # a variant's own fields where both runs use it: Linformer's projections' shapes (else the variant
     # differs: check_model_shapes names it)
     shared = trained.attention if trained.attention == config.attention else None

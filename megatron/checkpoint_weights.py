@@ -13,10 +13,10 @@ import warnings
 
 import torch
 
-from megatron.checkpoint import checkpoint_folder, latest_tag, layout_free_paths, run_state, safe_load
-from megatron.checkpoint_compat import decays_norms_and_biases
+from megatron.checkpoint import RUN_STATE, checkpoint_folder, latest_tag, layout_free_paths, run_state, safe_load
+from megatron.checkpoint_compat import decays_norms_and_biases, model_tensors, stored_bert_config
 from megatron.ds_schema import precision
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, DataError
 from megatron.model.pipe import pipe_layer_to_bert
 from megatron.optimizer_state import in_group_order
 
@@ -26,10 +26,35 @@ def bert_state_from_checkpoint(load_dir: str, tag: str | None = None) -> dict:
     weights, so that an export or a --finetune gets the same weights from every layout. DeepSpeed's model
     files hold them only for an fp32 run below ZeRO 3 (a bf16 / fp16 run's hold their rounded copies,
     ZeRO 3's none): otherwise the layout-free files give them, or at ZeRO 0, which writes none, the FP16
-    optimizers' state (_zero0_masters; with a pipeline, each stage's: _pipeline_zero0_masters)."""
+    optimizers' state (_zero0_masters; with a pipeline, each stage's: _pipeline_zero0_masters). Checked
+    against the model the checkpoint's run_state.json describes (refuse_other_shapes)."""
     tag = tag or latest_tag(load_dir)
     folder = checkpoint_folder(load_dir, tag)
     stored = run_state(load_dir, tag)["config"]
+    return refuse_other_shapes(_read_state(folder, stored, load_dir, tag), stored["model"], folder)
+
+
+def refuse_other_shapes(state: dict, model: dict, folder: str) -> dict:
+    """`state` (the weights of checkpoint `folder`) when they are the tensors of the model its run_state.json
+    describes (`model`), which every reader builds: an edited or swapped run_state.json made to-hf export a
+    config.json its tensors contradict and fill_mask.py end in load_state_dict's traceback. Else one line
+    naming the first tensor that differs."""
+    expected = model_tensors(stored_bert_config(model))
+    fix = f"restore {os.path.join(folder, RUN_STATE)}, whose config.model must describe the weights beside it"
+    described = f"the model {os.path.join(folder, RUN_STATE)} describes"
+    for name, tensor in expected.items():
+        if name not in state:
+            raise DataError(f"checkpoint {folder} lacks tensor {name}, which {described} has", fix)
+        if state[name].shape != tensor.shape:
+            raise DataError(f"checkpoint {folder} holds tensor {name} of shape {list(state[name].shape)}, where "
+                            f"{described} has {list(tensor.shape)}", fix)
+    if extra := [name for name in state if name not in expected]:
+        raise DataError(f"checkpoint {folder} holds tensor {extra[0]}, which {described} does not have", fix)
+    return state
+
+
+def _read_state(folder: str, stored: dict, load_dir: str, tag: str) -> dict:
+    """bert_state_from_checkpoint's reading, by layout."""
     masters = layout_free_paths(folder, stored)
     exact = precision(stored["ds_config"]) == "fp32" and stored["zero_stage"] < 3
     if not exact and all(map(os.path.isfile, masters)):

@@ -1601,7 +1601,7 @@ CONFIG_MISTAKES = {
     # ---- a requeue (--init-from-hf X --load S) of another run than the one S holds
     **{f"requeue_of_a_run_from_{name}": (["--init-from-hf", "{hf}", "--load", "{tmp}"], {
         "latest": "iter_0000001", "iter_0000001/mp_rank_00_model_states.pt": "",
-        "iter_0000001/run_state.json": json.dumps({"config": {}, "iteration": 1, "consumed_samples": 2,
+        "iter_0000001/run_state.json": json.dumps({"config": {"model": {}}, "iteration": 1, "consumed_samples": 2,
                                                    "weights_from": record})}, phrases, {})
        for name, record, phrases in (
            ("another_folder", {"from": "/elsewhere/bert", "kind": "hf", "sha256": "0" * 64}, (

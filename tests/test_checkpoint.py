@@ -228,7 +228,7 @@ def test_a_tools_tag_after_a_rollback_names_latests_and_an_iteration_is_its_fold
         folder = tmp_path / checkpoint.tag_for(iteration)
         folder.mkdir()
         (folder / "mp_rank_00_model_states.pt").write_bytes(b"x")
-        (folder / checkpoint.RUN_STATE).write_text(json.dumps({"config": {}, "iteration": iteration,
+        (folder / checkpoint.RUN_STATE).write_text(json.dumps({"config": {"model": {}}, "iteration": iteration,
                                                                "consumed_samples": 0}))
     (tmp_path / checkpoint.LATEST).write_text("iter_0000002")
     with pytest.raises(DataError, match=re.escape(f"pass the tag of a complete iter_* folder of {tmp_path} (the one "
@@ -304,7 +304,7 @@ def test_a_malformed_data_record_is_one_line(tmp_path, record):
     (folder / "mp_rank_00_model_states.pt").touch()
     good = {"data": [[1.0, "0123"]], "data_path": ["a/corpus"], "split": [1.0, 0.0, 0.0], "split_flag": "1,0,0",
             "seed": 1234}
-    state = {"config": {}, "iteration": 1, "consumed_samples": 2}
+    state = {"config": {"model": {}}, "iteration": 1, "consumed_samples": 2}
     (folder / "run_state.json").write_text(json.dumps({**state, "data": good}))
     assert checkpoint.run_state(str(tmp_path), "iter_0000001")["data"] == good
     (folder / "run_state.json").write_text(json.dumps({**state, "data": record}))
@@ -409,18 +409,23 @@ def test_zero0_masters_are_placed_by_the_optimizers_order_or_not_at_all():
 def test_a_half_precision_checkpoint_without_readable_masters_says_it_gives_its_rounded_copies(tmp_path):
     """A bf16 checkpoint written before the layout-free files existed (ZeRO 1: the masters lie in its
     partitioned optimizer files): its module's bf16 copies are read, in one warning."""
+    import dataclasses
     import json
+
+    from bert_fixtures import small_config
 
     folder = tmp_path / "iter_0000001"
     folder.mkdir()
-    module = {"a": torch.ones(2, dtype=torch.bfloat16)}
+    model = small_config("dense")
+    module = {name: tensor.to(torch.bfloat16) for name, tensor in small_model(model).state_dict().items()}
     torch.save({"module": module}, folder / "mp_rank_00_model_states.pt")
-    config = {"ds_config": {"bf16": {"enabled": True}}, "zero_stage": 1, "pipeline_parallel_size": 1, "model": {}}
+    config = {"ds_config": {"bf16": {"enabled": True}}, "zero_stage": 1, "pipeline_parallel_size": 1,
+              "model": dataclasses.asdict(model)}
     (folder / "run_state.json").write_text(json.dumps({"config": config, "iteration": 1, "consumed_samples": 2}))
     (tmp_path / "latest").write_text("iter_0000001")
     with pytest.warns(UserWarning, match=r"\(bf16, pipeline 1, ZeRO 1\) holds no fp32 master weights read here: its "
                                          "bf16 copies are read"):
-        assert checkpoint_weights.bert_state_from_checkpoint(str(tmp_path))["a"].dtype == torch.bfloat16
+        assert checkpoint_weights.bert_state_from_checkpoint(str(tmp_path))["lm_head.bias"].dtype == torch.bfloat16
 
 
 def test_the_recovery_scripts_left_in_a_pipeline_save_exit_2_with_one_line(tmp_path):

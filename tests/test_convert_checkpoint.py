@@ -4,6 +4,7 @@ and back (from-hf) to a checkpoint whose weights are the same."""
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -606,3 +607,45 @@ def test_an_output_where_no_file_can_go_is_one_line_naming_it(tmp_path, capsys):
     tool.main(["to-torch", *source, "--output", str(tmp_path / "made" / "bert.pt")])
     assert torch.load(tmp_path / "made" / "bert.pt").keys() == small_model(config).state_dict().keys()
     assert os.listdir(tmp_path / "made") == ["bert.pt"]
+
+
+def test_weights_their_run_state_does_not_describe_are_refused_by_every_reader(tmp_path):
+    """A run_state.json whose config.model contradicts the weights beside it (edited, or copied from another
+    checkpoint): to-hf wrote an export whose config.json its tensors contradict ('hidden 96', exit 0) and
+    fill_mask.py ended in load_state_dict's size-mismatch traceback; one without config.model was a KeyError
+    traceback in both. The shared reader (checkpoint_weights.bert_state_from_checkpoint) names the tensor and
+    the file; nothing is written."""
+    from megatron.data.tokenizer import BertWordPiece
+    from megatron.errors import DataError
+
+    config = small_config("dense")
+    tokenizer = BertWordPiece(str(write_vocab_file(tmp_path / "vocab.txt")))
+    fill_mask = tool_module("fill_mask")
+    for edit, message in [
+            (lambda model: model.update(hidden_size=48), "holds tensor embeddings.word_embeddings.weight of shape "
+             "[112, 32], where the model {state} describes has [112, 48]{fix}"),
+            (lambda model: model.update(num_layers=3), "lacks tensor layers.2.attention_layernorm.weight, which the "
+             "model {state} describes has{fix}"),
+            (lambda model: model.update(add_binary_head=False), "holds tensor binary_head.pooler.weight, which the "
+             "model {state} describes does not have{fix}"),
+            (None, "checkpoint file {state} holds nothing as config.model, not the object of the model's settings; "
+             "restore it or resume from an earlier complete checkpoint")]:
+        ck = tmp_path / "ck"
+        hf_convert.save_weights_only_checkpoint(ck, small_model(config).state_dict(), config, tokenizer)
+        state = ck / "iter_0000000" / "run_state.json"
+        header = json.loads(state.read_text())
+        if edit is None:
+            del header["config"]["model"]
+        else:
+            edit(header["config"]["model"])
+        state.write_text(json.dumps(header))
+        expected = message.format(state=state, fix=f"; restore {state}, whose config.model must describe the "
+                                  "weights beside it")
+        for run in (lambda: tool_module().main(["to-hf", "--load", str(ck), "--output", str(tmp_path / "hf")]),
+                    lambda: tool_module().main(["to-torch", "--load", str(ck), "--output", str(tmp_path / "t.pt")]),
+                    lambda: fill_mask.main(["--load", str(ck), "--text", "a [MASK]"])):
+            with pytest.raises(DataError) as error:
+                run()
+            assert str(error.value).endswith(expected), str(error.value)
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["ck", "vocab.txt"]
+        shutil.rmtree(ck)

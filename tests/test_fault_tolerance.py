@@ -428,7 +428,7 @@ def fake_checkpoints(save, *iterations, latest=None, run_id=None) -> None:
         (folder / "mp_rank_00_model_states.pt").write_bytes(b"")
         origin = {checkpoint.ORIGIN: {"from": None, checkpoint.RUN_ID: run_id}} if run_id else {}
         (folder / checkpoint.RUN_STATE).write_text(json.dumps(
-            {"config": {}, "iteration": iteration, "consumed_samples": 2 * iteration, **origin}))
+            {"config": {"model": {}}, "iteration": iteration, "consumed_samples": 2 * iteration, **origin}))
     if latest is not None:
         (save / checkpoint.LATEST).write_text(checkpoint.tag_for(latest))
 

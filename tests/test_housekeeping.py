@@ -47,7 +47,7 @@ def test_prune_after_a_rollback_counts_only_this_runs_checkpoints(tmp_path):
 
 def link(save_dir: Path, iteration: int, parent: int | None) -> None:
     """The run_state.json a save writes, naming the checkpoint its run continued from (checkpoint.PARENT)."""
-    state = {"config": {}, "iteration": iteration, "consumed_samples": 2 * iteration,
+    state = {"config": {"model": {}}, "iteration": iteration, "consumed_samples": 2 * iteration,
              **({checkpoint.PARENT: checkpoint.tag_for(parent)} if parent else {})}
     (save_dir / checkpoint.tag_for(iteration) / checkpoint.RUN_STATE).write_text(json.dumps(state))
 

@@ -392,7 +392,7 @@ def test_a_requeued_run_from_checkpoint_weights_resumes_its_save_folder(tmp_path
     (save / "latest").write_text("iter_0000004")
 
     def start(load, record=origin, finetune=False):
-        state = {"config": {}, "iteration": 4, "consumed_samples": 16,
+        state = {"config": {"model": {}}, "iteration": 4, "consumed_samples": 16,
                  **({checkpoint.ORIGIN: record} if record else {})}
         (save / "iter_0000004" / checkpoint.RUN_STATE).write_text(json.dumps(state))
         args = argparse.Namespace(init_from_hf=None, load=str(load), save=str(save), finetune=finetune,
