@@ -144,6 +144,21 @@ def folder_problem(flag: str, path: str, fix: str | None = None) -> tuple[str, s
     return None
 
 
+def refuse_replacing(output: Path, what: str, example: str, overwrite: bool, why: str = "") -> None:
+    """A tool's --output file (`what`: 'a vocab', 'a corpus'; `example`: its usual name, 'vocab.txt') that
+    would destroy something: a folder, a path named as a dataset's .bin/.idx, or, without --overwrite, any
+    existing file (`why`: what it may be that needs it), which tools/build_vocab.py and
+    tools/make_sample_corpus.py replaced without a word."""
+    if output.is_dir():
+        raise ConfigError(f"--output {output} is a directory", f"pass a file path, e.g. --output {output / example}")
+    if output.suffix in (".bin", ".idx"):
+        suffix = Path(example).suffix
+        raise ConfigError(f"--output {output} is named as a dataset's {output.suffix} file, not {what}",
+                          f"pass a {suffix} path, e.g. --output {output.with_suffix(suffix)}")
+    if output.exists() and not overwrite:
+        raise ConfigError(f"--output {output} exists{why}", "pass another --output, or add --overwrite to replace it")
+
+
 def write_json_atomic(path, value: dict) -> None:
     """The whole record or the old one: written beside `path`, then renamed over it; a failed write (a
     full disk) leaves no partial file."""

@@ -443,6 +443,24 @@ def test_sample_corpus_cli_refuses_what_it_would_not_write(tmp_path, argv, phras
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sample_corpus_cli_replaces_no_file_unasked(tmp_path, capsys):
+    """--output replaced any existing file without a word (a dataset's .bin, the vocab.txt beside it): refused
+    as build_vocab.py refuses it (paths.refuse_replacing), an existing file replaced with --overwrite only."""
+    tool = load_tool("make_sample_corpus")
+    for name in ("c_text_sentence.bin", "vocab.txt"):
+        (tmp_path / name).write_text("kept")
+    with pytest.raises(ConfigError, match=re.escape(
+            f"--output {tmp_path / 'vocab.txt'} exists; pass another --output, or add --overwrite to replace it")):
+        tool.main(["--output", str(tmp_path / "vocab.txt"), "--max-mb", "0.01"])
+    with pytest.raises(ConfigError, match=re.escape(
+            f"--output {tmp_path / 'c_text_sentence.bin'} is named as a dataset's .bin file, not a corpus; pass a "
+            f".json path, e.g. --output {tmp_path / 'c_text_sentence.json'}")):
+        tool.main(["--output", str(tmp_path / "c_text_sentence.bin"), "--max-mb", "0.01", "--overwrite"])
+    assert [(tmp_path / name).read_text() for name in ("c_text_sentence.bin", "vocab.txt")] == ["kept", "kept"]
+    tool.main(["--output", str(tmp_path / "vocab.txt"), "--max-mb", "0.01", "--packages", "--overwrite"])
+    assert capsys.readouterr().out.startswith("wrote ") and (tmp_path / "vocab.txt").read_text().startswith('{"id"')
+
+
 
 def test_a_vocab_from_a_corpus_without_text_is_refused(tmp_path):
     """an empty corpus (or one whose texts are empty) gave a vocab of the 5 special tokens alone."""

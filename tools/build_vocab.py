@@ -32,9 +32,6 @@ def main(argv=None):
                         help="leave out bad records (lines, Parquet rows), counted, instead of stopping")
     args = parser.parse_args(argv)
     input_path, output = Path(args.input), Path(args.output)
-    if output.is_dir():
-        raise ConfigError(f"--output {output} is a directory",
-                          f"pass a file path, e.g. --output {output / 'vocab.txt'}")
     refuse_output(output, args.input, args.json_keys, args.overwrite)
     if args.vocab_size <= len(SPECIAL_TOKENS):
         raise ConfigError(f"--vocab-size {args.vocab_size} leaves no room beyond the special tokens",
@@ -68,19 +65,14 @@ def main(argv=None):
 
 def refuse_output(output: Path, input_spec: str, json_keys: list, overwrite: bool) -> None:
     """An --output that would destroy something: one of the --input files (the corpus replaced by a vocab),
-    a dataset's .bin/.idx, or (without --overwrite) any existing file: most often the vocab that data and
-    checkpoints were made with, which they need to be read again."""
-    if output.suffix in (".bin", ".idx"):
-        raise ConfigError(f"--output {output} is named as a dataset's {output.suffix} file, not a vocab",
-                          f"pass a .txt path, e.g. --output {output.with_suffix('.txt')}")
-    if not output.exists():
-        return
-    if any(os.path.samefile(shard.path, output) for shard in Corpus(input_spec, tuple(json_keys)).shards):
+    or what paths.refuse_replacing refuses: a dataset's .bin/.idx, or (without --overwrite) any existing file,
+    most often the vocab that data and checkpoints were made with, which they need to be read again."""
+    if output.is_file() and any(os.path.samefile(shard.path, output)
+                                for shard in Corpus(input_spec, tuple(json_keys)).shards):
         raise ConfigError(f"--output {output} is one of the --input files: the corpus would be replaced by its vocab",
                           "pass another --output, e.g. vocab.txt beside it")
-    if not overwrite:
-        raise ConfigError(f"--output {output} exists (data and checkpoints made with a vocab need that vocab)",
-                          "pass another --output, or add --overwrite to replace it")
+    paths.refuse_replacing(output, "a vocab", "vocab.txt", overwrite,
+                           " (data and checkpoints made with a vocab need that vocab)")
 
 
 _finished = []  # one event per in_thread call, set when its function has returned or raised

@@ -16,15 +16,16 @@ from megatron.errors import ConfigError, OneLineParser, run_tool
 
 def main(argv=None):
     parser = OneLineParser(prog="make_sample_corpus.py", description=__doc__)
-    parser.add_argument("--output", required=True, help="the .json file to write")
+    parser.add_argument("--output", required=True, help="the .json file to write (not an existing file unless "
+                        "--overwrite)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --output (never a dataset's .bin/.idx)")
     parser.add_argument("--max-mb", type=float, default=4.0, help="stop before the corpus exceeds this size")
     parser.add_argument("--packages", nargs="*", default=list(DEFAULT_PACKAGES),
                         help="installed packages whose docstrings follow the standard library's")
     args = parser.parse_args(argv)
     output = Path(args.output)
-    if output.is_dir():
-        raise ConfigError(f"--output {output} is a directory",
-                          f"pass a file path, e.g. --output {output / 'corpus.json'}")
+    paths.refuse_replacing(output, "a corpus", "corpus.json", args.overwrite)
     if not 0 < args.max_mb < math.inf:  # nan fails too
         raise ConfigError(f"--max-mb {args.max_mb} is not a positive finite number",
                           "pass the corpus size in MB, e.g. --max-mb 4")
