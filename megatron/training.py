@@ -25,6 +25,7 @@ from megatron import checkpoint, checkpoint_compat, checkpoint_save, determinism
 from megatron.arguments import build_parser
 from megatron.config import TrainConfig, model_notes, read_ds_config, resolve
 from megatron.data import index_maps
+from megatron.data.bert_dataset import parse_data_path
 from megatron.data.preprocess import FIRST_LOG_SECONDS, LOG_SECONDS, duration_text
 from megatron.data.tokenizer import check_fits
 from megatron.ds_schema import (OPTIMIZER_DEFAULTS, default_optimizer, expand_home_paths, json_notes,
@@ -483,7 +484,8 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
     log = RunLog(args, config, train_iters, engine.monitor)
     log.config(config, schedule=saved["schedule"], data=saved["data"], num_workers=data_workers(args))
     if dist.get_rank() == 0:
-        index_maps.write_used(args.log_dir, used_maps)  # what tools/clean_index_maps.py --keep-run keeps
+        # what tools/clean_index_maps.py --keep-run keeps
+        index_maps.write_used(args.log_dir, used_maps, parse_data_path(setup.data_path)[1], args.data_cache_path)
     run = Run(args, plan, engine, config, log, saved, progress, train_iters, watch=LossWatch(args=args))
     if not client:
         source = plan.source and plan.source[0]

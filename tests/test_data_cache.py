@@ -99,7 +99,7 @@ def test_report_and_clean_tool_look_in_the_cache(tmp_path):
             "them") in line, line
     log = tmp_path / "log"
     log.mkdir()
-    index_maps.write_used(str(log), used)
+    index_maps.write_used(str(log), used, [prefix], str(cache))
     records = [index_maps.fingerprint_path(prefix), index_maps.fingerprint_path(prefix, str(cache))]
     for record in records:
         record.unlink(missing_ok=True)  # data without a record: its fingerprint is hashed

@@ -155,7 +155,7 @@ def test_clean_tool_keeps_a_runs_maps(tmp_path):
     maps = fake_maps(tmp_path)
     log_dir = tmp_path / "run"
     log_dir.mkdir()
-    index_maps.write_used(str(log_dir), [str(maps[0]), str(maps[1])])
+    index_maps.write_used(str(log_dir), [str(maps[0]), str(maps[1])], [str(tmp_path / "c")], None)
     dry = clean(tmp_path / "c", "--keep-run", log_dir, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.splitlines()[-1] == "would remove 3 index maps (6.0 KB), 2 kept"
@@ -169,6 +169,21 @@ def test_clean_tool_keeps_a_runs_maps(tmp_path):
     everything = clean(tmp_path / "c")
     assert everything.stdout.splitlines()[-1] == "removed 2 index maps (4.0 KB), 0 kept"
     assert (tmp_path / "c_text_sentence.bin").exists() and maps[5].exists()
+
+
+def test_a_prefix_given_twice_counts_and_removes_each_map_once(tmp_path):
+    """Two spellings of one prefix (c and ../<folder>/c) listed, counted and sized each map twice ('removed 10
+    index maps' of 5); the trainer's start-up line alike, for a --data-path naming it twice."""
+    maps = fake_maps(tmp_path)
+    twice = [tmp_path / "c", tmp_path / ".." / tmp_path.name / "c"]
+    dry = clean(*twice, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines()[-1] == "would remove 5 index maps (10.0 KB), 0 kept"
+    assert index_maps.describe(list(map(str, twice)), [str(maps[0])], "x").split(": 1 used by this run; ")[1] \
+        .startswith("4 others from other settings, other runs or older data (8.0 KB)")
+    done = clean(*twice)
+    assert done.stdout.splitlines() == [f"removed {path}" for path in sorted(maps[:5])] + [
+        "removed 5 index maps (10.0 KB), 0 kept"]
 
 
 def test_clean_tool_errors_are_one_line(tmp_path):

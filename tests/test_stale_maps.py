@@ -328,7 +328,7 @@ def test_maps_of_data_replaced_by_a_copy_are_counted_and_cleaned(corpora, tmp_pa
     assert line.startswith(f"index maps in {(tmp_path / 'data').resolve()}: 1 used by this run; 1 others from other "
                            "settings, other runs or older data"), line
     (tmp_path / "log").mkdir()
-    index_maps.write_used(str(tmp_path / "log"), used)
+    index_maps.write_used(str(tmp_path / "log"), used, [prefix], None)
     size = index_maps.size_text(os.path.getsize(old[0]))
     capsys.readouterr()  # the maps' build lines
     load_tool("clean_index_maps").main([prefix, "--keep-run", str(tmp_path / "log")])
@@ -344,7 +344,7 @@ def test_clean_names_the_cache_folder_of_a_kept_run(corpora, tmp_path, capsys):
     cache = tmp_path / "newcache" / "sub"
     used = index_maps.used_maps(train_set(prefix, tokenizer, cache_path=str(cache)))
     (tmp_path / "log").mkdir()
-    index_maps.write_used(str(tmp_path / "log"), used)
+    index_maps.write_used(str(tmp_path / "log"), used, [prefix], str(cache))
     capsys.readouterr()  # the maps' build lines
     load_tool("clean_index_maps").main([prefix, "--keep-run", str(tmp_path / "log"), "--dry-run"])
     assert capsys.readouterr().out.splitlines() == [
@@ -353,6 +353,36 @@ def test_clean_names_the_cache_folder_of_a_kept_run(corpora, tmp_path, capsys):
     load_tool("clean_index_maps").main([prefix, "--keep-run", str(tmp_path / "log"), "--dry-run",
                                         "--data-cache-path", str(cache)])
     assert capsys.readouterr().out.splitlines()[-1] == f"would remove 0 index maps (0 B), {len(used)} kept"
+
+
+def test_clean_names_a_kept_runs_folder_only_for_its_own_data(corpora, tmp_path, capsys):
+    """The hint matched the kept run's maps by the prefix's name alone and took any other folder for a
+    --data-cache-path: a run on another copy of the data (same name, no cache) was said to have its maps
+    in that copy's folder '(the run's)', and following the hint cleaned that copy's maps. It now matches
+    the data by its resolved path and names only the cache path the run's index_maps.json records; a run
+    without one, cleaned with --data-cache-path, has its maps beside the data."""
+    long, _, vocab, tokenizer = corpora
+    prefix = preprocessed(long, tmp_path / "data" / "wiki", vocab)
+    copy = tmp_path / "copy" / Path(prefix).name  # the same name
+    copy.parent.mkdir()
+    for suffix in (".bin", ".idx"):
+        shutil.copy(prefix + suffix, f"{copy}{suffix}")
+    for log, data in (("copy_run", str(copy)), ("own_run", prefix)):
+        (tmp_path / log).mkdir()
+        index_maps.write_used(str(tmp_path / log), index_maps.used_maps(train_set(data, tokenizer)), [data], None)
+    (tmp_path / "cache").mkdir()
+    own = index_maps.maps_of(prefix, cache_path=None)
+    capsys.readouterr()  # the maps' build lines
+    load_tool("clean_index_maps").main([prefix, "--keep-run", str(tmp_path / "copy_run"), "--dry-run"])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"would remove {len(own)} index maps ({index_maps.size_text(sum(path.stat().st_size for path in own))}), "
+        "0 kept")
+    load_tool("clean_index_maps").main([prefix, "--keep-run", str(tmp_path / "own_run"), "--dry-run",
+                                        "--data-cache-path", str(tmp_path / "cache")])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"would remove 0 index maps (0 B), 0 kept; the --keep-run maps of these prefixes lie in "
+        f"{(tmp_path / 'data').resolve()}, not searched: drop --data-cache-path (the run kept its maps beside the "
+        "data) to clean there")
 
 
 def test_clean_refuses_a_prefix_with_neither_data_nor_maps(corpora, tmp_path):

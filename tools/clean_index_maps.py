@@ -18,7 +18,7 @@ from pathlib import Path
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.data.index_maps import USED_FILE, builder, maps_folder, maps_of, read_used, size_text
+from megatron.data.index_maps import USED_FILE, builder, maps_folder, maps_of, maps_of_prefixes, read_used, size_text
 from megatron.data.indexed_dataset import misnamed_dataset, missing_fix
 from megatron.errors import ConfigError, OneLineParser, run_tool
 
@@ -33,14 +33,15 @@ def main(argv=None) -> int:
                         help=f"keep the maps the run logging to LOG_DIR uses (its {USED_FILE}); repeatable")
     parser.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
     args = parser.parse_args(argv)
-    keep = set()
+    kept_runs = []
     for log_dir in args.keep_run:
         log_dir = Path(log_dir).parent if Path(log_dir).name == USED_FILE and Path(log_dir).is_file() else log_dir
         used = read_used(log_dir)
         if not used:
             raise ConfigError(f"--keep-run {log_dir} has no readable {USED_FILE}",
                               "pass the --log-dir of a run that started (it writes the file), or drop --keep-run")
-        keep |= used
+        kept_runs.append(used)
+    keep = {path for run in kept_runs for path in run["maps"]}
     for prefix in args.prefixes:
         missing = [f"{prefix}{suffix}" for suffix in (".idx", ".bin") if not Path(f"{prefix}{suffix}").is_file()]
         if len(missing) == 2 and (mistake := misnamed_dataset(prefix, flag="")):  # a folder, a list: as the trainer
@@ -59,8 +60,7 @@ def main(argv=None) -> int:
     if args.data_cache_path and not Path(args.data_cache_path).is_dir():
         raise ConfigError(f"--data-cache-path {args.data_cache_path} is not a folder",
                           "pass the trainer's --data-cache-path")
-    found = [path for prefix in args.prefixes
-             for path in maps_of(prefix, cache_path=args.data_cache_path, write_record=not args.dry_run)]
+    found = maps_of_prefixes(args.prefixes, cache_path=args.data_cache_path, write_record=not args.dry_run)
     building = {path: who for path in found if (who := builder(path))}
     for path, who in building.items():
         print(f"kept {path}: being built by {who}")
@@ -75,19 +75,31 @@ def main(argv=None) -> int:
             pass
         print(f"{'would remove' if args.dry_run else 'removed'} {path}")
     print(f"{'would remove' if args.dry_run else 'removed'} {len(doomed)} index maps ({size_text(size)}), "
-          f"{len(found) - len(doomed)} kept" + kept_elsewhere(keep, args.prefixes, args.data_cache_path))
+          f"{len(found) - len(doomed)} kept" + kept_elsewhere(kept_runs, args.prefixes, args.data_cache_path))
     return 0
 
 
-def kept_elsewhere(keep: set, prefixes: list, cache_path: str | None) -> str:
-    """A kept run whose maps of these prefixes lie in a folder not searched (it ran with another
-    --data-cache-path): named with the flag that reaches them, not a silent `0 index maps`."""
-    searched = {maps_folder(prefix, cache_path).resolve() for prefix in prefixes}
-    names = tuple(f"{Path(prefix).name}-" for prefix in prefixes)
-    away = sorted({str(Path(path).parent) for path in keep
-                   if Path(path).name.startswith(names) and Path(path).parent not in searched})
-    return (f"; the --keep-run maps of these prefixes lie in {', '.join(away)}, not searched: add --data-cache-path "
-            f"{away[0]} (the run's) to clean there" if away else "")
+def kept_elsewhere(kept_runs: list, prefixes: list, cache_path: str | None) -> str:
+    """A kept run that trained on one of these prefixes (the same path, resolved: another copy of the data
+    with the same name is other data) whose maps of it lie in a folder not searched: named with the flag
+    that reaches them, not a silent `0 index maps`. Its --data-cache-path is named only as its
+    index_maps.json records it (none: its maps lie beside the data); a record written before runs named
+    their data matches no prefix."""
+    searched = {str(Path(prefix).resolve()): maps_folder(prefix, cache_path).resolve() for prefix in prefixes}
+    away = {}  # folder -> the run's --data-cache-path there (None: beside the data)
+    for run in kept_runs:
+        for prefix in set(run["data"] or ()) & searched.keys():
+            folder = Path(run["data_cache_path"] or Path(prefix).parent)
+            if folder != searched[prefix] and any(Path(path).parent == folder and Path(path).name.startswith(
+                    f"{Path(prefix).name}-") for path in run["maps"]):
+                away[folder] = run["data_cache_path"]
+    if not away:
+        return ""
+    folder, run_cache = sorted(away.items())[0]
+    fix = (f"{'pass' if cache_path else 'add'} --data-cache-path {folder} (the run's)" if run_cache else
+           "drop --data-cache-path (the run kept its maps beside the data)")
+    return (f"; the --keep-run maps of these prefixes lie in {', '.join(map(str, sorted(away)))}, not searched: "
+            f"{fix} to clean there")
 
 
 if __name__ == "__main__":

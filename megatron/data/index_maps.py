@@ -32,7 +32,9 @@ from megatron.paths import in_repository, python_command
 
 SPLITS = ("train", "valid", "test")
 KINDS = ("indexmap", "packmap")
-USED_FILE = "index_maps.json"  # in the log directory: {"maps": [absolute paths]}
+# in the log directory: {"maps": [absolute paths], "data": [the data prefixes, resolved], "data_cache_path": its
+# folder resolved, or null}; a record written before runs named their data holds "maps" alone
+USED_FILE = "index_maps.json"
 MAP_NAME = rf"_({'|'.join(SPLITS)})_({'|'.join(KINDS)})_.*\.npy"  # after the maps prefix's name
 
 FINGERPRINT_RECORD = ".fingerprint.json"  # beside the .bin/.idx: the digest and the stamps it is of
@@ -161,6 +163,16 @@ def maps_of(prefix: str, *, cache_path: str | None, write_record: bool = True) -
     return _maps_matching(maps_folder(prefix, cache_path), pattern + MAP_NAME)
 
 
+def maps_of_prefixes(prefixes: list, *, cache_path: str | None, write_record: bool = True) -> list[Path]:
+    """maps_of of each prefix, each map once: a prefix given twice (two spellings of it, `a/b` and
+    `a/../a/b`, or a folder and a link to it) was counted, sized and removed twice."""
+    found = {}
+    for prefix in prefixes:
+        for path in maps_of(prefix, cache_path=cache_path, write_record=write_record):
+            found.setdefault(path.resolve(), path)
+    return list(found.values())
+
+
 _PARTIAL = re.compile(r"\.partial-(?P<host>.+)-(?P<pid>\d+)\.npy")  # bert_dataset._save_built's staging name
 
 
@@ -226,7 +238,7 @@ def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str
     there, and the command that removes those. Others may be other live runs' on the same data: the
     command keeps their --log-dir too only when named, so the line says so and lists first (--dry-run)."""
     used_set = {str(Path(path).resolve()) for path in used}
-    others = [path for prefix in prefixes for path in maps_of(prefix, cache_path=cache_path)
+    others = [path for path in maps_of_prefixes(prefixes, cache_path=cache_path)
               if str(path.resolve()) not in used_set and not builder(path)]
     folders = sorted({str(maps_folder(prefix, cache_path).resolve()) for prefix in prefixes})
     line = f"index maps in {', '.join(folders)}: {len(used_set)} used by this run"
@@ -242,16 +254,26 @@ def describe(prefixes: list[str], used: list[str], log_dir: str, cache_path: str
             "still using this data")
 
 
-def write_used(log_dir: str, used: list[str]) -> Path:
+def write_used(log_dir: str, used: list[str], prefixes: list[str], cache_path: str | None) -> Path:
+    """The maps a run uses, with the data `prefixes` they are of and its --data-cache-path (`cache_path`),
+    so that tools/clean_index_maps.py tells this run's data from another copy of the same name."""
     path = Path(log_dir) / USED_FILE
-    path.write_text(json.dumps({"maps": sorted(set(used))}, indent=1) + "\n")
+    path.write_text(json.dumps({"maps": sorted(set(used)), "data": [str(Path(prefix).resolve()) for prefix in prefixes],
+                                "data_cache_path": str(Path(cache_path).resolve()) if cache_path else None},
+                               indent=1) + "\n")
     return path
 
 
-def read_used(log_dir: str) -> set[str]:
-    """The maps a run in `log_dir` used (its index_maps.json); empty when it has none."""
+def read_used(log_dir: str) -> dict | None:
+    """A run's index_maps.json in `log_dir` as {"maps": set of resolved paths, "data": its data prefixes (None in
+    a record written before runs named their data), "data_cache_path"}; None when it has none, or lists no map."""
     path = Path(log_dir) / USED_FILE
     try:
-        return {str(Path(p).resolve()) for p in json.loads(path.read_text())["maps"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return set()
+        record = json.loads(path.read_text())
+        maps = {str(Path(p).resolve()) for p in record["maps"]}
+        data, cache_path = record.get("data"), record.get("data_cache_path")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not maps or not (data is None or isinstance(data, list) and all(isinstance(prefix, str) for prefix in data)):
+        return None
+    return {"maps": maps, "data": data, "data_cache_path": cache_path if isinstance(cache_path, str) else None}
