@@ -318,7 +318,8 @@ def validate(args) -> None:
         except DataError as error:  # its fix in submit.py's option
             raise SubmitError(f"{error.problem}; pass --vocab the vocab.txt or tokenizer.json (named *.json) in "
                               "--data that the data was made with") from None
-        flags["vocab_size"] = flags["vocab_size"] or tokenizer.vocab_size
+        if flags["vocab_size"] is None:  # --vocab-size 0 is refused (BertConfig), not taken for "not given"
+            flags["vocab_size"] = tokenizer.vocab_size
     try:
         resolve(flags, ds, args.instance_count * args.gpus_per_node)
     except LayoutError as error:  # launched by the job: its ranks are submit.py's options

@@ -380,7 +380,8 @@ def check_start_up(args, plan: StartPlan) -> StartUp:
         checkpoint_save.check_writable(args.save)  # before any work that a failed first save would lose
     check_log_dirs(args, setup.ds, resumes=plan.resume)
     setup.data_path, setup.tokenizer = data_paths(args, plan, setup.flags["vocab_size"])
-    setup.flags["vocab_size"] = setup.flags["vocab_size"] or setup.tokenizer.vocab_size
+    if setup.flags["vocab_size"] is None:  # --vocab-size 0 is refused (BertConfig), not taken for "not given"
+        setup.flags["vocab_size"] = setup.tokenizer.vocab_size
     setup.config = resolve(setup.flags, setup.ds, dist.get_world_size(), deepspeed_check=not setup.checked,
                            json_given=bool(args.deepspeed_config))
     check_model_fits(args, plan, setup.config, setup.ds, setup.tokenizer)
@@ -403,10 +404,11 @@ def check_before_rendezvous(args, plan: StartPlan) -> StartUp:
     world = os.environ.get("WORLD_SIZE", "")  # is one line before it
     checked, bert_state = world.isdigit(), None
     if checked:  # else (MPI, AzureML discovery) at the resolve after the rendezvous, still before the data
-        config = resolve({**flags, "vocab_size": flags["vocab_size"] or BertConfig.vocab_size}, ds, int(world),
+        stand_in = BertConfig.vocab_size if flags["vocab_size"] is None else flags["vocab_size"]
+        config = resolve({**flags, "vocab_size": stand_in}, ds, int(world),
                          json_given=bool(args.deepspeed_config))
         check_sample_room(config)
-        if flags["vocab_size"]:  # the run's config is this one
+        if flags["vocab_size"] is not None:  # the run's config is this one
             bert_state = initial_weights(args, plan, config)
     return StartUp(ds, flags, checked, bert_state, origin=origin)
 

@@ -1133,6 +1133,22 @@ def test_flag_mistake_is_one_line_before_anything_starts(mistake, monkeypatch, c
     assert all(phrase in lines[0] for phrase in phrases), lines
 
 
+def test_a_vocab_size_of_zero_is_refused_as_a_negative_one(monkeypatch):
+    """--vocab-size 0 was taken for "not given" (`flags["vocab_size"] or ...`): the run trained at the vocab
+    file's size without a word, where -5 was refused. Through the trainer's start-up checks (the vocab size is
+    checked where the config is resolved, not with the flags)."""
+    from megatron import arguments, start_plan, training
+
+    monkeypatch.setenv("WORLD_SIZE", "1")  # the launcher's world size: the config is resolved before the rendezvous
+    placeholders = {"tmp": "/nonexistent", "data": "/nonexistent/data", "vocab": "/nonexistent/vocab.txt"}
+    for value in ("0", "-5"):
+        args = arguments.build_parser().parse_args([part.format(**placeholders) for part in PRETRAIN]
+                                                   + ["--vocab-size", value])
+        with pytest.raises(ConfigError, match=re.escape(f"vocab_size = {value} must be positive; set --vocab-size "
+                                                        "to an integer >= 1")):
+            training.check_before_rendezvous(args, start_plan.check_start(args))
+
+
 def test_a_pipeline_without_a_json_is_told_which_json_to_pass(monkeypatch):
     """Through the trainer's own start-up checks, where the JSON it resolves holds the optimizer and settings it
     fills in even when none was given: the fix names the file to pass, not keys of a JSON the user lacks."""

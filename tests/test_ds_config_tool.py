@@ -51,6 +51,10 @@ def test_show_gives_the_vocab_size_the_trainer_takes(capsys, tmp_path):
                         (["--default-data-dir", tmp_path], 15), (["--vocab-file", vocab, "--vocab-size", 40], 40)):
         code, out, _ = run(capsys, "show", RING, *NO_DROPOUT, *flags)
         assert (code, json.loads(out)["model"]["vocab_size"]) == (0, size), flags
+    for value in (0, -5):  # 0 was taken for "not given" (the vocab file's size shown), -5 refused
+        code, out, err = run(capsys, "show", RING, *NO_DROPOUT, "--vocab-file", vocab, "--vocab-size", value)
+        assert (code, out, err) == (2, "", f"ds_config.py: error: vocab_size = {value} must be positive; set "
+                                           "--vocab-size to an integer >= 1\n")
 
 
 def test_set_is_typed_and_round_trips(capsys, config):

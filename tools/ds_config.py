@@ -88,7 +88,8 @@ def resolved(ds_config: dict, args, notes: bool = False) -> dict:
     ds_config = copy.deepcopy(ds_config)  # `set` writes the file's own keys, not the filled ones
     default_optimizer(ds_config, cuda_visible() if args.cuda is None else args.cuda)  # as deepspeed_settings
     flags = config_flags(args)
-    flags["vocab_size"] = flags["vocab_size"] or run_vocab_size(args)
+    if flags["vocab_size"] is None:  # 0 is refused as -5 is (BertConfig), not taken for "not given"
+        flags["vocab_size"] = run_vocab_size(args)
     flags["bigbird_seed"] = args.seed
     world_size = args.world_size if args.world_size is not None else implied_world_size(ds_config, flags)
     if args.deepspeed_check:

@@ -429,7 +429,8 @@ def check_launch(command: list, world: int) -> None:
     else:  # the trainer builds the default dataset, which is not done here: its vocab is checked
         tokenizer = run_tokenizer(args, plan)
         check_default_data_vocab(args, tokenizer, flags["vocab_size"])
-    vocab_size = flags["vocab_size"] or (tokenizer.vocab_size if tokenizer is not None else BertConfig.vocab_size)
+    vocab_size = flags["vocab_size"] if flags["vocab_size"] is not None else (  # --vocab-size 0: refused
+        tokenizer.vocab_size if tokenizer is not None else BertConfig.vocab_size)
     config = resolve({**flags, "vocab_size": vocab_size}, ds, world)
     if tokenizer is not None:
         check_fits(tokenizer, config.model.vocab_size)
