@@ -160,6 +160,45 @@ def test_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_file_if_it_is
     assert standing_in.tokenize("The cats") == tokenizer.tokenize("The cats")  # cased, as trained
 
 
+@pytest.mark.parametrize("kind", ["wordpiece", "hf"])
+def test_a_checkpoint_that_lost_its_tokenizer_record_never_falls_back_to_another_vocab(tmp_path, kind):
+    """The carried copy kept, its tokenizer_identity.json gone: the checkpoint was read as one that carries no
+    tokenizer, so fill_mask.py silently used the default data's vocab (and to-hf asked for a tokenizer the folder
+    holds). The record holds the copy's case and special tokens: without it the copy is refused alone, in one
+    line naming the missing file and the flag that passes the copy; a flag of the copy's tokens is used, another
+    vocab refused. Every reader goes through carried_tokenizer (the trainer's --load too)."""
+    from argparse import Namespace
+
+    from megatron.data.tokenizer_identity import CARRIED_FILES, checkpoint_tokenizer
+
+    if kind == "hf":
+        (tmp_path / "source.json").write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, True)))
+        tokenizer = HFTokenizer(tmp_path / "source.json")
+    else:
+        tokenizer = BertWordPiece(write(tmp_path / "source.txt", VOCAB))
+    folder = tmp_path / "iter_0000001"
+    folder.mkdir()
+    carry(tokenizer, folder)
+    (folder / CARRIED).unlink()
+    copy = folder / CARRIED_FILES[tokenizer.type_name]
+    flag = f"--tokenizer-file {copy}" if kind == "hf" else (f"--vocab-file {copy} with the --tokenizer-type it was "
+                                                            "trained with")
+    lost = (f"checkpoint {folder} holds {copy.name} but not {CARRIED}, the record of the tokenizer it trained with"
+            f"{{}}; restore {CARRIED} into it, or pass {flag}")
+    default = write(tmp_path / "default.txt", VOCAB)  # fill_mask.py's default vocab: never taken silently
+    other = BertWordPiece(write(tmp_path / "other.txt", VOCAB[:5] + VOCAB[5:][::-1]))
+    none = Namespace(tokenizer_type=None, vocab_file=None, tokenizer_file=None)
+    another = lost.format(f", and {other.file} is another vocab (sha256 {other.identity[:12]} vs "
+                          f"{tokenizer.identity[:12]})")
+    for given, problem in [(none, lost.format("")), (Namespace(**{**vars(none), "vocab_file": str(other.file)}),
+                                                    another)]:
+        with pytest.raises(DataError) as error:
+            checkpoint_tokenizer(given, folder, default)
+        assert str(error.value) == problem
+    named = Namespace(**{**vars(none), "tokenizer_file" if kind == "hf" else "vocab_file": str(copy)})
+    assert checkpoint_tokenizer(named, folder, default).file == str(copy)
+
+
 def test_a_run_from_a_checkpoint_that_lost_its_tokenizer_file_takes_the_flags_one(tmp_path, capsys):
     """pretrain_bert.py --load (and extend_context.py --from a checkpoint): the same stand-in, in one
     `warning:` line of the first rank."""

@@ -51,6 +51,7 @@ def carried_tokenizer(folder, stand_in=None):
     if it is the tokenizer the identity record names (_standing_in)."""
     folder = Path(folder)
     if not (folder / CARRIED).is_file():
+        _refuse_unrecorded_copy(folder, stand_in)
         return None
     record = _read_record(folder / CARRIED)
     name = record["tokenizer_type"]
@@ -68,6 +69,26 @@ def carried_tokenizer(folder, stand_in=None):
         return _standing_in(folder, record, stand_in, f"its {file.name} is not the tokenizer {CARRIED} records "
                             "(edited after the save?)")
     return tokenizer
+
+
+def _refuse_unrecorded_copy(folder: Path, stand_in) -> None:
+    """A checkpoint folder holding its copy of the tokenizer file without the record carry() writes with it
+    (lost since, in a copy of the folder): the record holds the copy's case (its type) and special tokens, so the
+    copy is not used alone, and no other vocab (a tool's default) silently takes its place; the flags' tokenizer
+    `stand_in` is used where its tokens are the copy's."""
+    copy = next((folder / name for name in sorted(set(CARRIED_FILES.values())) if (folder / name).is_file()), None)
+    if copy is None:  # saved before checkpoints carried their tokenizer
+        return
+    hf = copy.name == CARRIED_FILES[HF_TOKENIZER]
+    problem = f"checkpoint {folder} holds {copy.name} but not {CARRIED}, the record of the tokenizer it trained with"
+    flags = f"--tokenizer-file {copy}" if hf else f"--vocab-file {copy} with the --tokenizer-type it was trained with"
+    fix = f"restore {CARRIED} into it, or pass {flags}"
+    if stand_in is None:
+        raise DataError(problem, fix)
+    copied = HFTokenizer(copy) if hf else BertWordPiece(copy, lower_case=True)  # the tokens alone are compared
+    if copied.identity != stand_in.identity:
+        raise DataError(f"{problem}, and {stand_in.file} is another vocab (sha256 {stand_in.identity[:12]} vs "
+                        f"{copied.identity[:12]})", fix)
 
 
 def _as_recorded(file, record: dict):
