@@ -151,6 +151,10 @@ def chosen_tag(load_dir: str, tag: str | None) -> str:
         raise ConfigError(f"--tag {tag} is not the name of a checkpoint folder of {load_dir}",
                           f"pass the name of one of its iter_* folders{newest_hint(load_dir)}, and --load the "
                           "--save directory holding it")
+    if tag == LATEST:  # the file naming the tag, which a tag folder of that name would have been taken for
+        raise ConfigError(f"--tag {tag} names the pointer file of {load_dir}, not a checkpoint folder",
+                          f"leave --tag out to read the checkpoint '{LATEST}' names, or pass --tag iter_N (or N)"
+                          f"{newest_hint(load_dir)}")
     number = re.fullmatch(r"(?:iter_)?(\d+)", tag)  # Megatron's --ckpt-step N, or iter_N unpadded
     if number and not os.path.isdir(os.path.join(load_dir, tag)):
         return tag_for(int(number.group(1)))  # read_from's line names the folder read

@@ -98,6 +98,26 @@ def test_top_k_beyond_the_vocab_and_a_later_text_without_mask_print_nothing(tmp_
     assert capsys.readouterr().out == ""
 
 
+def test_stdin_given_twice_and_the_latest_file_as_a_tag_are_named_as_such(tmp_path, monkeypatch):
+    """--text-file - twice read stdin twice, and the second read's nothing was called '--text-file - is empty';
+    --tag latest (the pointer file) was 'checkpoint folder .../latest does not exist' (in-process; to-hf and
+    to-torch choose their tag alike: checkpoint.chosen_tag)."""
+    spec = importlib.util.spec_from_file_location("fill_mask", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    config = small_config("ring", seq_length=16, max_position_embeddings=16)
+    save_weights_only_checkpoint(tmp_path / "ckpt", small_model(config).state_dict(), config)
+    load = ["--load", str(tmp_path / "ckpt"), "--vocab-file", str(write_vocab_file(tmp_path / "vocab.txt"))]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a [MASK] b\n")))
+    with pytest.raises(ConfigError, match=re.escape("--text-file - is given 2 times: stdin is read once; pass "
+                                                    "--text-file - once, and the other texts as files or --text")):
+        tool.main([*load, "--text-file", "-", "--text-file", "-"])
+    with pytest.raises(ConfigError, match=re.escape(
+            f"--tag latest names the pointer file of {tmp_path / 'ckpt'}, not a checkpoint folder; leave --tag out "
+            "to read the checkpoint 'latest' names, or pass --tag iter_N (or N) (the newest: iter_0000000)")):
+        tool.main([*load, "--tag", "latest", "--text", "a [MASK]"])
+
+
 def test_byte_level_guesses_are_shown_decoded(tmp_path):
     """A byte-level BPE's pieces are shown as the text they stand for (was: Ġthe), as transformers'
     fill-mask pipeline decodes them; whitespace alone as its repr, on the one line."""

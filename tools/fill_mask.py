@@ -219,6 +219,9 @@ def main(argv=None) -> None:
         raise ConfigError(f"--top-k {args.top_k} must be >= 1", "pass --top-k 5, say")
     if not args.text and not args.text_file:
         raise ConfigError("fill_mask.py needs a text", f"pass --text 'a sentence with a {MASK}' or --text-file PATH")
+    if args.text_file.count("-") > 1:  # the second read of stdin gets nothing: 'is empty' blamed the text
+        raise ConfigError(f"--text-file - is given {args.text_file.count('-')} times: stdin is read once",
+                          "pass --text-file - once, and the other texts as files or --text")
     for text in args.text:
         check_utf8(text)
     texts = [(text_label(text), text) for text in args.text]
