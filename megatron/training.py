@@ -37,9 +37,9 @@ from megatron.flag_checks import check_flag_combinations, check_flags
 from megatron.loss_watch import LossWatch
 from megatron.model.args import BertConfig
 from megatron.model.attention import blocks
-from megatron.parallel import device, jit_locks, peers
+from megatron.parallel import device, peers
 from megatron.parallel.launch_check import launch_environment
-from megatron.parallel.launch_env import launcher_rank, local_rank
+from megatron.parallel.launch_env import launcher_rank
 from megatron.parallel.peers import lost_rank_text, report_once
 from megatron.relaunch import new_run_fix, resume_fix
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
@@ -414,13 +414,8 @@ def check_before_rendezvous(args, plan: StartPlan) -> StartUp:
 
 
 def join_process_group(args, note: str | None) -> None:
-    """The rendezvous of every rank, on the device each uses; rank 0 then prints the launcher `note`
-    (launch_environment). Left-over JIT build locks go first: DeepSpeed's ops build during it."""
-    if local_rank() == 0:  # before DeepSpeed's ops build (or wait on a killed build's lock)
-        for line in jit_locks.clear_left_over():
-            print(line, file=sys.stderr, flush=True)
-        if launcher_rank() == 0 and (line := device.shm_build_note()):
-            print(line, flush=True)
+    """The rendezvous of every rank, on the device each uses (init_distributed names left-over JIT build
+    locks first: DeepSpeed's ops build during it); rank 0 then prints the launcher `note` (launch_environment)."""
     device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)
     device.init_distributed(rendezvous_timeout=args.rendezvous_timeout,  # and the /dev/shm names DeepSpeed leaves
                             collective_timeout=timedelta(minutes=args.distributed_timeout_minutes))

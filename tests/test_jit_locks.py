@@ -5,6 +5,8 @@ see (hence the age rule)."""
 import os
 import time
 
+import pytest
+
 from megatron.parallel import jit_locks
 
 
@@ -27,3 +29,38 @@ def test_left_over_build_locks_are_named_and_old_ones_removed(tmp_path, monkeypa
     young.unlink()
     assert jit_locks.clear_left_over()[0].startswith(f"warning: removed {held}")  # its build has ended (killed)
     assert not held.exists() and jit_locks.clear_left_over() == []
+
+
+def test_every_process_group_start_names_a_left_over_lock_before_deepspeed_builds(tmp_path, monkeypatch, capsys):
+    """device.init_distributed, which the trainer and the benchmarks' run_on_ranks ranks (state.initialize) both
+    start through: a benchmark interrupted in its first JIT build left a lock its next run waited on in silence,
+    as only the trainer looked for one. Said before DeepSpeed's init, where its ops build."""
+    import deepspeed
+
+    from megatron.parallel import device
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(device, "backend", lambda: "gloo")
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+
+    class Building(Exception):
+        pass
+
+    def build(**_):
+        raise Building
+
+    monkeypatch.setattr(deepspeed, "init_distributed", build)
+    with pytest.raises(Building):
+        device.init_distributed()
+    out, err = capsys.readouterr()
+    assert err.startswith(f"warning: {lock} is held by no process of this user on this host: a JIT build of "
+                          "deepspeed_shm_comm that was killed"), err
+    assert out.splitlines()[-1].startswith("note: building DeepSpeed's deepspeed_shm_comm op"), out
+    monkeypatch.setenv("LOCAL_RANK", "1")  # said once per node
+    with pytest.raises(Building):
+        device.init_distributed()
+    assert capsys.readouterr() == ("", "")

@@ -30,7 +30,7 @@ from megatron.ds_schema import cpu_optimizer_op
 from megatron.errors import ConfigError
 from megatron.quiet import c10d_log_quieted, quiet_shm_build
 from megatron.parallel import jit_locks, launcher_watch, master_address
-from megatron.parallel.launch_env import local_rank
+from megatron.parallel.launch_env import launcher_rank, local_rank
 
 
 def select_device() -> torch.device:
@@ -65,6 +65,7 @@ def init_distributed(dist_backend: str | None = None, rendezvous_timeout: float 
     buffer, so the names can go; the memory stays while the ranks map it and is freed at exit."""
     import deepspeed
 
+    say_before_the_ops_build()
     # under torchrun its agent has gathered the workers already and hosts the store they join
     if not dist.is_initialized() and all(name in os.environ for name in ENV_RENDEZVOUS) \
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
@@ -89,6 +90,19 @@ def init_distributed(dist_backend: str | None = None, rendezvous_timeout: float 
     dist.barrier()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(f"{SHM_DIR}/{_launch_buffers()}{dist.get_rank()}")
+
+
+def say_before_the_ops_build() -> None:
+    """On each node's first rank, before DeepSpeed's ops build during its init (or wait for ever on the lock of a
+    build that was killed): the left-over JIT build locks named or removed (jit_locks), and on the first rank the
+    note of the CPU all-reduce op's build. Here, so that every start of a process group says it: the trainer's and
+    a benchmark's (run_on_ranks, whose ranks waited in silence on a lock an interrupted first run left)."""
+    if local_rank() != 0:
+        return
+    for line in jit_locks.clear_left_over():
+        print(line, file=sys.stderr, flush=True)
+    if launcher_rank() == 0 and (line := shm_build_note()):
+        print(line, flush=True)
 
 
 ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
