@@ -15,6 +15,8 @@ from pathlib import Path
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import OneLineParser  # noqa: E402
+from megatron.locks import folder_locked  # noqa: E402
+from megatron.paths import write_text_atomic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 WRITE = False  # --write, set by BenchmarkParser: whether this run records its section, plot and log
@@ -91,12 +93,16 @@ def save_text(path: Path, text: str) -> None:
 
 
 def replace_section(heading: str, body: str) -> None:
-    """Replaces the `## heading` section (up to the next `## `) or appends it."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    """Replaces the `## heading` section (up to the next `## `) or appends it: whole or not at all (a full disk
+    truncated RESULTS.md), one writer at a time (two benchmarks ending together each wrote the file as they had
+    read it, and one's section was lost)."""
     section = f"## {heading}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^## {re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
-    RESULTS.write_text(text)
+    with folder_locked(RESULTS.parent, f"waiting for another writer of {RESULTS} to finish"):
+        text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
+        pattern = re.compile(rf"^## {re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
+        text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else \
+            text.rstrip() + "\n\n" + section
+        write_text_atomic(RESULTS, text)
 
 
 def main(argv=None) -> int:

@@ -5,6 +5,7 @@ is held, so that a lock left by a dead run (a crash, a kill, a preempted node) i
 """
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import socket
@@ -321,3 +322,23 @@ def _remove_held(held: dict) -> None:
         print(f"warning: cannot remove the lock {held['path']} ({error.strerror or error}); it is left "
               "there; a later run takes it over once this one has ended and the folder is writable",
               file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def folder_locked(folder, waiting: str):
+    """Runs the block in one process at a time of those that lock `folder` (a read-modify-write of a file in it:
+    two at once lost one's change). An flock of the folder itself: no lock file is left behind, and the kernel
+    lets it go however its holder ends. `waiting`: the line printed when another process holds it. Where the
+    file system has no flock (some network mounts) the block runs unlocked, as before."""
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(waiting, file=sys.stderr, flush=True)
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        except OSError:  # no flock here
+            pass
+        yield
+    finally:
+        os.close(descriptor)

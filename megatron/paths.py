@@ -160,12 +160,17 @@ def refuse_replacing(output: Path, what: str, example: str, overwrite: bool, why
 
 
 def write_json_atomic(path, value: dict) -> None:
-    """The whole record or the old one: written beside `path`, then renamed over it; a failed write (a
-    full disk) leaves no partial file."""
+    """The whole record or the old one (write_text_atomic)."""
+    write_text_atomic(path, json.dumps(value, indent=1, ensure_ascii=False) + "\n")
+
+
+def write_text_atomic(path, text: str) -> None:
+    """The whole text or the old file: written beside `path`, then renamed over it; a failed write (a full
+    disk, a stop signal) leaves no partial file and the old one as it was (a write in place truncated it)."""
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
     try:
-        partial.write_text(json.dumps(value, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        partial.write_text(text, encoding="utf-8")
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)

@@ -134,6 +134,51 @@ def test_results_cli_writes_nothing_for_help_or_a_missing_file(capsys, monkeypat
     assert not results.RESULTS.exists()
 
 
+def test_results_file_is_replaced_whole_or_left_as_it_was(monkeypatch, tmp_path):
+    """A write that fails midway (a full disk) leaves RESULTS.md as it was: written in place, it was truncated to
+    the part that fit (16 of 26 sections lost)."""
+    import errno
+
+    import results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
+    before = "# Benchmark results\n\n## One\n\nkept\n\n## Two\n\nkept too\n"
+    results.RESULTS.write_text(before)
+    written = Path.write_text
+
+    def full_disk(path, text, *args, **kwargs):
+        written(path, text[:10], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(OSError):
+        results.replace_section("Three", "new")
+    monkeypatch.setattr(Path, "write_text", written)
+    assert results.RESULTS.read_text() == before and sorted(tmp_path.iterdir()) == [results.RESULTS]
+
+
+def test_two_results_writers_at_once_keep_both_sections(monkeypatch, tmp_path, capsys):
+    """A writer waits while another holds RESULTS.md's folder, then reads what that one wrote (each used to
+    write the file as it had read it: the section of the first to finish was lost)."""
+    import threading
+    import time
+
+    import results
+    from megatron.locks import folder_locked
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
+    results.RESULTS.write_text("# Benchmark results\n")
+    second = threading.Thread(target=results.replace_section, args=("Second", "body"))
+    with folder_locked(tmp_path, "unused: nothing holds it yet"):  # the first writer, between its read and write
+        second.start()
+        time.sleep(1.0)
+        results.RESULTS.write_text("# Benchmark results\n\n## First\n\nbody\n")
+    second.join(timeout=30)
+    text = results.RESULTS.read_text()
+    assert "## First\n" in text and "## Second\n" in text, text
+    assert capsys.readouterr().err == f"waiting for another writer of {results.RESULTS} to finish\n"
+
+
 # --- what a run records: only with --write -------------------------------------------------------
 
 RECORDING = sorted(path.stem for path in BENCHMARKS.glob("*.py")
