@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import OneLineParser  # noqa: E402
+from megatron.errors import ConfigError, OneLineParser  # noqa: E402
 from megatron.locks import folder_locked  # noqa: E402
 from megatron.paths import write_text_atomic  # noqa: E402
 
@@ -96,6 +96,7 @@ def replace_section(heading: str, body: str) -> None:
     """Replaces the `## heading` section (up to the next `## `) or appends it: whole or not at all (a full disk
     truncated RESULTS.md), one writer at a time (two benchmarks ending together each wrote the file as they had
     read it, and one's section was lost)."""
+    check_section(heading, body)
     section = f"## {heading}\n\n{body.strip()}\n"
     with folder_locked(RESULTS.parent, f"waiting for another writer of {RESULTS} to finish"):
         text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
@@ -105,13 +106,34 @@ def replace_section(heading: str, body: str) -> None:
         write_text_atomic(RESULTS, text)
 
 
+def check_section(heading: str, body: str) -> None:
+    """A section that the next replace would still find whole: a one-line title (`## ` and an empty or
+    multi-line title made a broken heading), and a body without a `## ` line (which ended the section there, so
+    a later replace kept the text after it)."""
+    if not heading.strip() or heading != heading.strip() or len(heading.splitlines()) > 1:
+        raise ConfigError(f"the section title {heading!r} is empty, spans lines or has blanks at its ends",
+                          "give a title of one line, e.g. 'Attention memory (CPU)'")
+    if heading.startswith("#"):
+        raise ConfigError(f"the section title {heading!r} starts with #: it would be written as '## {heading}'",
+                          f"give the title without the #s ({heading.lstrip('#').strip()!r})")
+    if subheading := next((line for line in body.splitlines() if line.startswith("## ")), None):
+        raise ConfigError(f"the section's text has a line {subheading!r}, a heading of a section's own level: the "
+                          "section would end there", "make it a subheading (### ...) or bold text")
+
+
 def main(argv=None) -> int:
     parser = OneLineParser(prog="results.py", description="Writes FILE's text as the `## HEADING` "
                                      "section of benchmarks/RESULTS.md, leaving the other sections alone.")
     parser.add_argument("heading", help="the section's title (without `## `)")
-    parser.add_argument("file", type=Path, help="the section's text (markdown)")
+    parser.add_argument("file", type=Path, help="the section's text (markdown, UTF-8)")
     args = parser.parse_args(argv)
-    replace_section(args.heading, args.file.read_text())
+    raw = args.file.read_bytes()
+    try:
+        body = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{args.file} is not UTF-8 text (byte {raw[error.start]:#04x} at offset {error.start})",
+                          "pass a Markdown file saved as UTF-8") from None
+    replace_section(args.heading, body)
     return 0
 
 

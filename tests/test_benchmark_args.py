@@ -179,6 +179,38 @@ def test_two_results_writers_at_once_keep_both_sections(monkeypatch, tmp_path, c
     assert capsys.readouterr().err == f"waiting for another writer of {results.RESULTS} to finish\n"
 
 
+@pytest.mark.parametrize("heading, body, problem", [
+    ("", "text", "the section title '' is empty, spans lines or has blanks at its ends; give a title of one line"),
+    ("Two\nlines", "text", "the section title 'Two\\nlines' is empty, spans lines"),
+    ("## Doubled", "text", "the section title '## Doubled' starts with #: it would be written as '## ## Doubled'; "
+     "give the title without the #s ('Doubled')"),
+    ("Nested", "line one\n## Sub heading\nafter", "the section's text has a line '## Sub heading', a heading of a "
+     "section's own level: the section would end there; make it a subheading (### ...) or bold text"),
+])
+def test_results_cli_refuses_a_section_that_would_break_the_file(capsys, monkeypatch, tmp_path, heading, body,
+                                                                  problem):
+    import results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
+    results.RESULTS.write_text("# Benchmark results\n\n## Nested\n\nold\n")
+    (tmp_path / "body.md").write_text(body)
+    assert run_tool("results.py", lambda: results.main([heading, str(tmp_path / "body.md")])) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"results.py: error: {problem}"), line
+    assert results.RESULTS.read_text() == "# Benchmark results\n\n## Nested\n\nold\n"
+
+
+def test_results_cli_names_a_file_that_is_not_utf8(capsys, monkeypatch, tmp_path):
+    import results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
+    (tmp_path / "binary.md").write_bytes(b"\xff\xfe\x00bin")
+    assert run_tool("results.py", lambda: results.main(["X", str(tmp_path / "binary.md")])) == 2
+    assert capsys.readouterr().err == (f"results.py: error: {tmp_path / 'binary.md'} is not UTF-8 text (byte 0xff at "
+                                       "offset 0); pass a Markdown file saved as UTF-8\n")
+    assert not results.RESULTS.exists()
+
+
 # --- what a run records: only with --write -------------------------------------------------------
 
 RECORDING = sorted(path.stem for path in BENCHMARKS.glob("*.py")
