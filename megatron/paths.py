@@ -2,6 +2,7 @@
 than when the first write fails while other ranks train; and the atomic write of the small JSON
 records kept beside data and checkpoints."""
 import contextlib
+import errno
 import json
 import os
 import shlex
@@ -136,6 +137,8 @@ def folder_problem(flag: str, path: str, fix: str | None = None) -> tuple[str, s
     try:
         write_probe(path)
     except OSError as error:
+        if error.errno == errno.ENOENT and os.path.isdir(path):  # no file can be made in it: /proc, /sys
+            return f"{flag} {path} takes no new files (a virtual file system such as /proc or /sys)", fix
         return unwritable(f"{flag} {path} is not writable", flag, error, fix)
     finally:
         for made in created:  # innermost first
@@ -157,6 +160,22 @@ def refuse_replacing(output: Path, what: str, example: str, overwrite: bool, why
                           f"pass a {suffix} path, e.g. --output {output.with_suffix(suffix)}")
     if output.exists() and not overwrite:
         raise ConfigError(f"--output {output} exists{why}", "pass another --output, or add --overwrite to replace it")
+
+
+def output_file_problem(flag: str, path: str, fix: str, folder_made: bool = False) -> tuple[str, str] | None:
+    """(problem, fix) when the file `path` of `flag` cannot be written, found before the work that makes it (a
+    benchmark's --results found after an hour): a folder or a device, pipe or socket in its place (`-o /dev/null`
+    wrote /dev/null.png), a folder that does not exist (unless the writer makes it: `folder_made`), or one this
+    user cannot write (folder_problem)."""
+    if os.path.isdir(path):
+        return f"{flag} {path} is a directory, not a file", fix
+    if os.path.exists(path) and not os.path.isfile(path):
+        return f"{flag} {path} is not a regular file (a device, a pipe or a socket)", fix
+    folder = os.path.dirname(os.path.abspath(path))
+    if not folder_made and not os.path.exists(folder) and not file_in_the_way(flag, folder):
+        return (f"{flag} {path}: its folder {folder} does not exist",
+                f"check the path, or create the folder first (mkdir -p {shlex.quote(folder)})")
+    return folder_problem(flag, folder, fix)
 
 
 def write_json_atomic(path, value: dict) -> None:

@@ -313,6 +313,20 @@ def test_plot_run_into_a_folder_writes_its_loss_png(tmp_path, monkeypatch, capsy
                                        "path in a folder this user can write\n")
 
 
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc and /dev/null")
+def test_plot_run_names_an_output_that_is_no_file_or_a_folder_that_takes_none(tmp_path, monkeypatch, capsys):
+    """-o /dev/null wrote /dev/null.png without a word; -o /proc/x.png said '/proc is not writable (No such file or
+    directory)' of a folder that is there."""
+    metrics = write_run_log(tmp_path / "log", io.StringIO(), monkeypatch)
+    fix = "pass -o a PNG path in a folder this user can write"
+    for given, problem in (("/dev/null", "-o /dev/null is not a regular file (a device, a pipe or a socket)"),
+                           ("/proc/x.png", "-o /proc takes no new files (a virtual file system such as /proc or /sys)")):
+        assert run_tool("plot_run.py", lambda: plot_run.main([str(metrics), "-o", given])) == 2
+        assert capsys.readouterr().err == f"plot_run.py: error: {problem}; {fix}\n"
+    assert not os.path.exists("/dev/null.png")
+
+
 TRAIN = {"kind": "train", "iteration": 10, "consumed_samples": 40, "loss": 9.2, "tokens_per_s": 512.0}
 
 

@@ -17,7 +17,7 @@ this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, OneLineParser, run_tool, start_up_stops_in_one_line
 
 with start_up_stops_in_one_line("plot_run.py"):  # Ctrl-C during the second of imports (torch): one line
-    from megatron.paths import folder_problem
+    from megatron.paths import output_file_problem
     from megatron.run_log import plot_metrics
 
 
@@ -42,7 +42,8 @@ def png_path(output: str | None, metrics: Path) -> Path:
     if not output:
         raise ConfigError("-o '' is empty", "pass a PNG file name, or a folder for its loss.png")
     png = Path(output) / "loss.png" if os.path.isdir(output) or output.endswith(os.sep) else Path(output)
-    if problem := folder_problem("-o", str(png.parent), "pass -o a PNG path in a folder this user can write"):
+    if problem := output_file_problem("-o", str(png), "pass -o a PNG path in a folder this user can write",
+                                      folder_made=True):
         raise ConfigError(*problem)  # a file where a folder goes was "cannot use ... (File exists)"
     return png
 
