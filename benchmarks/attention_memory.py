@@ -47,7 +47,7 @@ from megatron.parallel import state
 from megatron.parallel.grads import allreduce_sequence_parallel_grads
 from megatron.parallel.reduce import sum_over_sequence
 from megatron.parallel.spawn import run_on_ranks
-from results import BenchmarkParser, machine, positive, save_plot, write_section
+from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section
 
 HEADS, HEAD_DIM = 4, 32
 NAIVE_MAX_SEQ = 8192  # the naive baseline needs ~3 x 4 * heads * s^2 bytes
@@ -333,4 +333,4 @@ The longest sequence a whole training step fits under a per-rank cap: `longest_s
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from results import BenchmarkParser, machine, positive, write_section
+from results import BenchmarkParser, machine, positive, run_benchmark, write_section
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 
@@ -277,4 +277,4 @@ data parallelism.
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.model.attention import bigbird, blocks, local, masks, simulate  # noqa: E402
-from results import BenchmarkParser, machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, run_benchmark, write_section  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}  # max |error| / max |reference|
 LAYOUTS = ("unpadded", "padded", "packed")
@@ -289,4 +289,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_benchmark(main)

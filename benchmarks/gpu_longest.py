@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from attention_memory import random_chunk  # noqa: E402
-from results import BenchmarkParser, machine, positive, replace_section, write_section  # noqa: E402
+from results import (BenchmarkParser, machine, positive, replace_section, run_benchmark,  # noqa: E402
+                     write_section)
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
@@ -177,4 +178,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_benchmark(main)

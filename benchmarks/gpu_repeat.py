@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from results import BenchmarkParser, machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, run_benchmark, write_section  # noqa: E402
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 
@@ -124,4 +124,4 @@ def report(text: str, code: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_benchmark(main)

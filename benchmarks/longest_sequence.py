@@ -29,7 +29,7 @@ this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.model.bert import BertModel
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
-from results import BenchmarkParser, machine, positive, save_plot, write_section
+from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section
 
 PLOT = Path(__file__).resolve().parent / "longest_sequence.png"
 MODEL = dict(hidden=256, heads=4, layers=4)
@@ -224,4 +224,4 @@ ring here; their gain is compute, linear in s.
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

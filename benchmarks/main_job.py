@@ -34,7 +34,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from packing import LoadSampler  # noqa: E402
-from results import BenchmarkParser, machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, run_benchmark, write_section  # noqa: E402
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
@@ -156,4 +156,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -46,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from launches import launches_table, profile_step  # noqa: E402
-from results import BenchmarkParser, machine, positive, save_plot, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section  # noqa: E402
 from train_step import (DEVICE, MASK_PROB, MMAP_THRESHOLD, Ours, adamw, alternate, autocast,  # noqa: E402
                         make_batch, optimizer_step, summary, versions)
 
@@ -533,4 +533,4 @@ micro-batch for all layers, the all-gather of the segment ids (b x s/P int64 fro
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

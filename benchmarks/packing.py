@@ -52,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import results  # noqa: E402
-from results import BenchmarkParser, machine, positive, save_plot, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section  # noqa: E402
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
@@ -494,4 +494,4 @@ unpacked**. {reached_note}
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

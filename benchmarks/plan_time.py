@@ -17,8 +17,8 @@ from pathlib import Path
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import ConfigError, run_tool
-from results import BenchmarkParser, machine, positive, write_section
+from megatron.errors import ConfigError
+from results import BenchmarkParser, machine, positive, run_benchmark, write_section
 
 HERE = Path(__file__).resolve().parent
 SEGMENT = 1024  # MEASURE's max_segment_length: --seq below it cannot pack its samples
@@ -122,4 +122,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_tool("plan_time.py", main))
+    run_benchmark(main)

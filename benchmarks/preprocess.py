@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from results import BenchmarkParser, machine, positive, write_section  # noqa: E402
+from results import BenchmarkParser, machine, positive, run_benchmark, write_section  # noqa: E402
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
@@ -301,4 +301,4 @@ repeats, which the load of other work moves far less than wall time.
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -121,6 +121,15 @@ def check_section(heading: str, body: str) -> None:
                           "section would end there", "make it a subheading (### ...) or bold text")
 
 
+def run_benchmark(main) -> None:
+    """A benchmark's entry point, `run_benchmark(main)`: errors.run_tool's one line and exit code, named after the
+    script, for a mistake (a ConfigError, a path it cannot use) and for a stop (Ctrl-C, SIGTERM or SIGHUP: its
+    clean-ups run, then exit 128 + the signal), not a traceback through the measuring code."""
+    from megatron.errors import run_tool
+
+    sys.exit(run_tool(Path(sys.argv[0]).name, main))
+
+
 def main(argv=None) -> int:
     parser = OneLineParser(prog="results.py", description="Writes FILE's text as the `## HEADING` "
                                      "section of benchmarks/RESULTS.md, leaving the other sections alone.")
@@ -138,6 +147,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from megatron.errors import run_tool
-
-    sys.exit(run_tool("results.py", main))
+    run_benchmark(main)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from results import BenchmarkParser, machine, positive, save_plot, save_text, write_section
+from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, save_text, write_section
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 
@@ -197,4 +197,4 @@ Verdict: {verdict}.
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

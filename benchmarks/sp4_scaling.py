@@ -23,7 +23,7 @@ import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
-from results import BenchmarkParser, machine, positive, write_section
+from results import BenchmarkParser, machine, positive, run_benchmark, write_section
 
 CORES = 2
 LAYOUTS = (("ring", 1), ("ulysses", 4), ("hybrid", 2))  # (variant, Ulysses degree at SP=4)
@@ -112,4 +112,4 @@ model's question (next section).
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

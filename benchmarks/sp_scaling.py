@@ -39,7 +39,7 @@ from megatron.model.attention.comm import SeqComm
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
 import results
-from results import BenchmarkParser, machine, positive, save_plot, write_section
+from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section
 
 HERE = Path(__file__).resolve().parent
 PLOT = HERE / "sp_scaling.png"
@@ -336,4 +336,4 @@ Ring at s={top}: efficiency {ring_efficiency:.2f} (target {TARGET}).
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -40,7 +40,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from attention_memory import LENGTHS_HELP, VARIANT_OPTIONS, _status_kib, check_lengths  # noqa: E402
-from results import BenchmarkParser, fraction, machine, positive, save_plot, write_section  # noqa: E402
+from results import (BenchmarkParser, fraction, machine, positive, run_benchmark, save_plot,  # noqa: E402
+                     write_section)
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
@@ -540,4 +541,4 @@ larger share): median iteration
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

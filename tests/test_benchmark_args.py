@@ -211,6 +211,41 @@ def test_results_cli_names_a_file_that_is_not_utf8(capsys, monkeypatch, tmp_path
     assert not results.RESULTS.exists()
 
 
+ENTRY_POINTS = sorted(path.stem for path in BENCHMARKS.glob("*.py") if '__name__ == "__main__"' in path.read_text())
+
+
+@pytest.mark.parametrize("script", ENTRY_POINTS)
+def test_every_benchmark_runs_its_main_through_run_benchmark(script):
+    """One entry point for all: a stop or a mistake is one line, not a traceback (only plan_time.py and
+    results.py went through run_tool; Ctrl-C in the others printed tracebacks of every frame)."""
+    assert (BENCHMARKS / f"{script}.py").read_text().endswith('if __name__ == "__main__":\n    run_benchmark(main)\n')
+
+
+def test_a_benchmark_stopped_by_a_signal_ends_in_one_line(capsys, monkeypatch):
+    """SIGTERM (a scheduler, `timeout`) raised in the measuring code: its clean-ups run (the finally), one line,
+    exit 128 + the signal."""
+    import signal
+    import time
+
+    import results
+
+    monkeypatch.setattr(sys, "argv", ["comm_model.py"])
+    cleaned = []
+
+    def measuring():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+        finally:
+            cleaned.append(True)
+
+    with pytest.raises(SystemExit) as stopped:
+        results.run_benchmark(measuring)
+    assert stopped.value.code == 128 + signal.SIGTERM and cleaned == [True]
+    assert capsys.readouterr().err == ("comm_model.py: error: interrupted by SIGTERM, partial output removed; rerun "
+                                       "the same command to start over\n")
+
+
 # --- what a run records: only with --write -------------------------------------------------------
 
 RECORDING = sorted(path.stem for path in BENCHMARKS.glob("*.py")
