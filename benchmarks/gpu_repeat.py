@@ -24,6 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from launcher_runs import Launches  # noqa: E402
 from results import BenchmarkParser, machine, positive, run_benchmark, write_section  # noqa: E402
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
@@ -49,8 +50,8 @@ def train(name: str, args, extra: list, port: int) -> dict:
                "--train-iters", str(args.iters), "--log-interval", str(args.log_interval),
                "--default-data-dir", str(args.data), "--log-dir", str(log_dir), *extra]
     log = args.work / f"{name}.log"
-    with open(log, "w") as output:
-        code = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, cwd=HERE.parent).returncode
+    with open(log, "w") as output, Launches() as launches:  # a stop here stops the launcher and its rank too
+        code = launches.start(command, stdout=output, stderr=subprocess.STDOUT, cwd=HERE.parent).wait()
     if code:
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
         last = next((line for line in reversed(lines) if not DEEPSPEED_LOG.match(line)), lines[-1] if lines else "")

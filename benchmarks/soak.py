@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from launcher_runs import Launches
 from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, save_text, write_section
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
@@ -89,16 +90,17 @@ def soak(steps: int, sample_every: int, workdir: Path, malloc_env: dict) -> tupl
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions"),
            **malloc_env}
     started = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     samples, lines, ranks = [], [], []
-    for line in proc.stdout:
-        lines.append(line.rstrip())
-        match = ITERATION.search(line)
-        if match:
-            ranks = ranks or rank_processes(proc.pid)
-            samples.append((int(match.group(1)), [rank.memory_info().rss / 2**20 for rank in ranks]))
-    if proc.wait():
-        raise SystemExit("soak: the trainer failed:\n" + "\n".join(lines[-40:]))
+    with Launches() as launches:  # a stop (SIGTERM, Ctrl-C) stops the launcher and its ranks too
+        proc = launches.start(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            match = ITERATION.search(line)
+            if match:
+                ranks = ranks or rank_processes(proc.pid)
+                samples.append((int(match.group(1)), [rank.memory_info().rss / 2**20 for rank in ranks]))
+        if proc.wait():
+            raise SystemExit("soak: the trainer failed:\n" + "\n".join(lines[-40:]))
     return samples, lines, time.perf_counter() - started
 
 

@@ -1,6 +1,9 @@
-"""The measuring parts of benchmarks/: the longest-sequence search, the soak's growth test, the
-ring exchange hooks of the scaling benchmark (which must hit ring.py's real exchange), and the
+"""The measuring parts of benchmarks/: the longest-sequence search, the soak's growth test and its
+launch, the ring exchange hooks of the scaling benchmark (which must hit ring.py's real exchange), and the
 packed-vs-unpacked steps and equal-time race of the packing benchmark."""
+import contextlib
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -11,10 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from longest_sequence import longest_fitting  # noqa: E402
 import packing  # noqa: E402
+import soak  # noqa: E402
 from soak import rss_trend  # noqa: E402
 from sp_scaling import time_steps  # noqa: E402
 
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
+from megatron.errors import Interrupted  # noqa: E402
+from megatron.locks import running  # noqa: E402
 from megatron.parallel.spawn import run_on_ranks  # noqa: E402
 
 
@@ -51,6 +57,35 @@ def test_rss_trend_tells_a_leak_from_noise():
     leaking = rss_trend(steps, [400.0 + 0.004 * s + n for s, n in zip(steps, noise)], 1800)  # 4 MiB / 1000 steps
     assert not flat["grows"] and abs(flat["slope_mib_per_1k"]) < flat["ci_mib_per_1k"] + 0.5
     assert leaking["grows"] and leaking["slope_mib_per_1k"] == pytest.approx(4.0, abs=1.0)
+
+
+def test_a_stopped_soak_stops_the_launcher_and_its_ranks(tmp_path, monkeypatch):
+    """SIGTERM to soak.py (raised in its loop by run_benchmark's handler) stops the deepspeed launcher it
+    started and the ranks under it: a plain Popen left them training. A stand-in launcher starts a rank."""
+    pids = tmp_path / "pids"
+    launcher = tmp_path / "deepspeed"
+    launcher.write_text(f"""#!{sys.executable}
+import os, subprocess, sys, time
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{rank.pid}}")
+print("iteration 1/10", flush=True)
+time.sleep(120)
+""")
+    launcher.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))  # soak starts the deepspeed beside it
+
+    def stopped(pid):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(soak, "rank_processes", stopped)
+    try:
+        with pytest.raises(Interrupted):
+            soak.soak(10, 1, tmp_path, {})
+        assert [pid for pid in map(int, pids.read_text().split()) if running(pid)] == []
+    finally:
+        for pid in map(int, pids.read_text().split()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_ring_exchange_is_recorded_and_replaced_by_a_local_copy():

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from packaging.requirements import Requirement
@@ -465,15 +466,11 @@ def test_repeat_check_names_a_run_that_failed(tmp_path, monkeypatch, capsys):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_repeat
 
-    real_run = subprocess.run
-
-    def failing(command, stdout=None, **kwargs):
-        if "pretrain_bert.py" not in " ".join(map(str, command)):  # machine()'s own probes
-            return real_run(command, stdout=stdout, **kwargs)
+    def failing(launches, command, stdout=None, **kwargs):
         stdout.write("RuntimeError: index_add_cuda_ does not have a deterministic implementation\n"
                      "[2026-11-27 12:00:00,000] [ERROR] [launch.py:259:sigkill_handler] exits with return code = 1\n")
-        return subprocess.CompletedProcess(command, 1)
-    monkeypatch.setattr(gpu_repeat.subprocess, "run", failing)
+        return SimpleNamespace(wait=lambda: 1)
+    monkeypatch.setattr(gpu_repeat.Launches, "start", failing)
     config = tmp_path / "ds.json"
     config.write_text('{"bf16": {"enabled": true}}')
     code = gpu_repeat.main(["--deepspeed-config", str(config), "--data", str(tmp_path), "--work", str(tmp_path / "w")])
