@@ -17,11 +17,9 @@ token.
     .venv/bin/python benchmarks/main_job.py [--seconds 600] [--log-interval 25]
 """
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -33,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from launcher_runs import Launches  # noqa: E402
 from packing import LoadSampler  # noqa: E402
 from results import BenchmarkParser, machine, positive, run_benchmark, write_section  # noqa: E402
 
@@ -40,8 +39,11 @@ import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
 from megatron.data.indexed_dataset import make_dataset  # noqa: E402
+from megatron.errors import ConfigError  # noqa: E402
 from megatron.parallel.spawn import free_port  # noqa: E402
+from megatron.paths import folder_problem  # noqa: E402
 
+DEFAULT_OUT = str(REPO / ".cache" / "bench_main_job")
 MAIN_JOB = ["--deepspeed", "--deepspeed_config", "ds_configs/ring_sp2.json", "--pack-samples", "--seq-length", "1024",
             "--micro-batch-size", "2", "--lr", "1e-3", "--lr-warmup-fraction", "0.02", "--eval-interval", "100000"]
 CANDIDATES = {
@@ -55,13 +57,14 @@ CANDIDATES = {
 }
 
 
-def launch(name: str, out: Path, data_dir: str, train_iters: int, log_interval: int) -> subprocess.Popen:
+def launch(launches: Launches, name: str, out: Path, data_dir: str, train_iters: int,
+           log_interval: int) -> subprocess.Popen:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions")}
     command = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
                str(REPO / "pretrain_bert.py"), *MAIN_JOB, *CANDIDATES[name], "--train-iters", str(train_iters),
                "--log-interval", str(log_interval), "--default-data-dir", data_dir, "--log-dir", str(out / name)]
-    log = open(out / f"{name}.log", "w")
-    return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(out / f"{name}.log", "w") as log:
+        return launches.start(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def curve(metrics: Path) -> list:
@@ -75,6 +78,49 @@ def curve(metrics: Path) -> list:
 
 def started(metrics: Path) -> bool:
     return metrics.is_file() and '"kind": "train"' in metrics.read_text()
+
+
+def train_side_by_side(runs: dict, out: Path, seconds: float) -> float:
+    """Waits until every candidate trains (start-up is not training), then `seconds` more, or less when all
+    have finished -> when the last one began. A run that fails, or ends before it trained, stops the comparison
+    (a run that finished its --train-iters while the other still started is done, not failed)."""
+    while not all(started(out / name / "metrics.jsonl") for name in runs):
+        check_runs(runs, out)
+        time.sleep(2)
+    began = time.time()
+    while time.time() < began + seconds and any(run.poll() is None for run in runs.values()):
+        check_runs(runs, out)
+        time.sleep(min(2.0, max(0.0, began + seconds - time.time())))
+    check_runs(runs, out)
+    return began
+
+
+def check_runs(runs: dict, out: Path) -> None:
+    for name, run in runs.items():
+        code = run.poll()
+        if code is not None and (code != 0 or not started(out / name / "metrics.jsonl")):
+            sys.exit(f"main_job.py: error: the {name} run ended with exit code {code} "
+                     f"{'before it trained' if code == 0 else 'early'}; see {out / name}.log")
+
+
+MARK = ".main_job"  # in --out: the runs there are this tool's, which its next run replaces
+
+
+def check_out(out: Path) -> None:
+    """--out as this tool uses it: a folder (made if missing) whose run folders and logs are its own earlier
+    runs (MARK, or the default folder), replaced here, or not there (the trainer appends to a metrics.jsonl, so
+    they were removed, whoever wrote them)."""
+    if problem := folder_problem("--out", str(out)):
+        raise ConfigError(*problem)
+    ours = (out / MARK).is_file() or out.resolve() == Path(DEFAULT_OUT).resolve()
+    theirs = [name for name in (*CANDIDATES, *(f"{name}.log" for name in CANDIDATES)) if (out / name).exists()]
+    if theirs and not ours:
+        raise ConfigError(f"--out {out} holds {', '.join(theirs)}, which main_job.py did not write there (its runs "
+                          f"are replaced by its next run)", "pass --out a new folder, or one of its earlier runs")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARK).write_text("benchmarks/main_job.py's runs: its next run into this folder replaces them\n")
+    for name in CANDIDATES:  # metrics.jsonl appends: an earlier run's records must not count
+        shutil.rmtree(out / name, ignore_errors=True)
 
 
 def at(points: list, seconds: float):
@@ -112,37 +158,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the schedule both follow (warm-up 2%%, linear decay to this step); the runs stop at "
                         "--seconds")
     parser.add_argument("--rows", type=positive(int), default=6)
-    parser.add_argument("--out", default=str(REPO / ".cache" / "bench_main_job"))
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="the folder of both runs (their logs, run folders and metrics); a run of this tool "
+                        "replaces its earlier ones there, and refuses a folder holding other runs")
     return parser.parse_args(argv)
 
 
 def main():
     args = parse_args()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_out(out)
     data = prepare_default_dataset(REPO / ".cache" / "default_data")
-    for name in CANDIDATES:  # metrics.jsonl appends: an earlier run's records must not count
-        shutil.rmtree(out / name, ignore_errors=True)
     load = LoadSampler()
-    runs = {}
     try:
-        for name in CANDIDATES:
-            runs[name] = launch(name, out, str(REPO / ".cache" / "default_data"), args.train_iters, args.log_interval)
-        began = time.time()
-        while not all(started(out / name / "metrics.jsonl") for name in CANDIDATES):  # start-up is not training
-            if any(run.poll() is not None for run in runs.values()):
-                sys.exit(f"a run ended before training: see {out}/*.log")
-            time.sleep(2)
-        time.sleep(args.seconds)
-    finally:  # the runs are sessions of their own: Ctrl-C here does not reach them
-        for run in runs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(run.pid, signal.SIGTERM)
-        for run in runs.values():
-            try:
-                run.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(run.pid, signal.SIGKILL)
+        with Launches() as launches:  # stopped at the end, or on an error, Ctrl-C or SIGTERM here
+            runs = {name: launch(launches, name, out, str(REPO / ".cache" / "default_data"), args.train_iters,
+                                 args.log_interval) for name in CANDIDATES}
+            began = train_side_by_side(runs, out, args.seconds)
+    finally:
         load.stop()
     curves = {name: curve(out / name / "metrics.jsonl") for name in CANDIDATES}
     seconds = min(points[-1][0] for points in curves.values())

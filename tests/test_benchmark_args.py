@@ -336,6 +336,30 @@ def test_main_job_rewrites_its_table_and_keeps_the_hand_kept_measurements(monkey
     assert "2026-11-27 (commit dd9b7e1" in text and "The modern layers win clearly" in text
 
 
+def test_main_job_replaces_only_its_own_runs_in_out(tmp_path):
+    """--out X removed X/classic and X/modern, whatever they held; now only runs it wrote there itself (its mark),
+    and a file given as --out is named as such (it was a traceback)."""
+    main_job = importlib.import_module("main_job")
+    theirs = tmp_path / "theirs"
+    (theirs / "modern").mkdir(parents=True)
+    (theirs / "modern" / "keep.txt").write_text("precious")
+    with pytest.raises(main_job.ConfigError) as refused:
+        main_job.check_out(theirs)
+    assert str(refused.value) == (f"--out {theirs} holds modern, which main_job.py did not write there (its runs are "
+                                  "replaced by its next run); pass --out a new folder, or one of its earlier runs")
+    assert (theirs / "modern" / "keep.txt").read_text() == "precious" and not (theirs / main_job.MARK).exists()
+    ours = tmp_path / "new" / "out"
+    main_job.check_out(ours)  # made, and marked as its own
+    (ours / "classic").mkdir()
+    (ours / "classic" / "metrics.jsonl").write_text("{}\n")
+    (ours / "classic.log").write_text("an earlier run")
+    main_job.check_out(ours)
+    assert sorted(path.name for path in ours.iterdir()) == [main_job.MARK, "classic.log"]
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(main_job.ConfigError, match=f"--out {tmp_path / 'afile'} is a file, not a directory"):
+        main_job.check_out(tmp_path / "afile")
+
+
 @pytest.mark.parametrize("write", [False, True])
 def test_sp_scaling_profiles_go_under_benchmarks_with_write_only(monkeypatch, write):
     """The automatic profile (ring below its efficiency target) writes the committed

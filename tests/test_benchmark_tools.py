@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -86,6 +87,33 @@ time.sleep(120)
         for pid in map(int, pids.read_text().split()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_main_job_takes_a_finished_run_as_done_and_a_failed_one_as_failed(tmp_path, monkeypatch):
+    """A candidate that trained all its iterations (exit 0) while the other still started was reported as 'a
+    run ended before training'; one that exits before it trained, or fails later, stops the comparison."""
+    import main_job
+
+    train = '{"kind": "train", "iteration": 2}\n'
+    for name in main_job.CANDIDATES:
+        (tmp_path / name).mkdir()
+    (tmp_path / "classic" / "metrics.jsonl").write_text(train)
+    runs = {"classic": SimpleNamespace(poll=lambda: 0), "modern": SimpleNamespace(poll=lambda: None)}
+    waits = []
+
+    def sleep(seconds):  # the modern run starts training while main_job waits
+        waits.append(seconds)
+        (tmp_path / "modern" / "metrics.jsonl").write_text(train)
+        runs["modern"].poll = lambda: 0  # and finishes
+
+    monkeypatch.setattr(main_job.time, "sleep", sleep)
+    main_job.train_side_by_side(runs, tmp_path, 600.0)
+    assert waits == [2]  # both finished: no waiting out the 600 s
+    (tmp_path / "modern" / "metrics.jsonl").unlink()
+    runs["modern"].poll = lambda: 1
+    with pytest.raises(SystemExit, match=rf"main_job.py: error: the modern run ended with exit code 1 early; see "
+                                         rf"{tmp_path / 'modern'}.log"):
+        main_job.train_side_by_side(runs, tmp_path, 600.0)
 
 
 def test_ring_exchange_is_recorded_and_replaced_by_a_local_copy():
