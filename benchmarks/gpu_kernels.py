@@ -17,6 +17,7 @@ CPU inside kernels.emulated_cuda() (tests/test_cuda_emulated.py). With --write, 
 exits 1 if an error is above its tolerance. Runs on CPU too (small shapes: tests use it).
 """
 import collections
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -28,13 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.model.attention import bigbird, blocks, local, masks, simulate  # noqa: E402
-from results import BenchmarkParser, machine, positive, run_benchmark, write_section  # noqa: E402
+from megatron.errors import ConfigError  # noqa: E402
+from megatron.model.attention import bigbird, blocks, local, masks, rules, simulate  # noqa: E402
+from results import BenchmarkParser, cuda_needed, machine, positive, run_benchmark, write_section  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}  # max |error| / max |reference|
 LAYOUTS = ("unpadded", "padded", "packed")
 VARIANTS = ("ring", "bigbird", "local")
 LOCAL_WINDOW = 32  # 16 keys each side: at SP = 4 a chunk of the tests' 128 tokens reaches into its neighbours
+BLOCK = 16  # BigBird's blocks in accuracy (window 3, 2 random)
 
 
 def segment_ids(layout: str, b: int, s: int) -> torch.Tensor:
@@ -96,7 +99,7 @@ PACKED_ROUTES = {"varlen_flash": ("varlen_flash", None), "flash tiles": ("effici
 LOCAL_ROUTES = {"varlen_flash": ("varlen_flash", None), "efficient": ("efficient", None)}  # tiles with their bias
 
 
-def accuracy(variant: str, size: int, layout: str, dtype, device, b=2, s=256, heads=4, d=64, block=16,
+def accuracy(variant: str, size: int, layout: str, dtype, device, b=2, s=256, heads=4, d=64, block=BLOCK,
              seed=0, force_masked: str | None = None, unmasked: str | None = None) -> dict:
     """Max relative errors of out, dq, dk, dv of the simulated core against float64, and the
     kernels it ran (`force_masked`: count_kernels')."""
@@ -237,14 +240,35 @@ def time_local_layer(device, dtype=torch.bfloat16, b=1, heads=16, s=16384, d=64,
 
 def run(device, dtypes, sizes, layouts=LAYOUTS, **shape) -> list:
     """Every core, P and layout per dtype; then, in fp16/bf16, the ring's unmasked blocks on cuDNN
-    (faster than flash per block on the H200; the rows that would make it the default)."""
-    rows = [accuracy(variant, size, layout, dtype, device, **shape)
-            for dtype in dtypes for variant in VARIANTS for size in sizes for layout in layouts]
-    for dtype in (dtype for dtype in dtypes if dtype in (torch.float16, torch.bfloat16)):
-        for size in (size for size in sizes if "unpadded" in layouts):  # unpadded: every block unmasked
-            rows.append({**accuracy("ring", size, "unpadded", dtype, device, unmasked="cudnn", **shape),
-                         "variant": "ring (cudnn)"})
+    (faster than flash per block on the H200; the rows that would make it the default). Each row is
+    printed as it ends (on CPU the default --seq takes minutes)."""
+    cases = [(variant, size, layout, dtype, {}) for dtype in dtypes for variant in VARIANTS for size in sizes
+             for layout in layouts]
+    cases += [("ring (cudnn)", size, "unpadded", dtype, {"unmasked": "cudnn"})
+              for dtype in dtypes if dtype in (torch.float16, torch.bfloat16)
+              for size in sizes if "unpadded" in layouts]  # unpadded: every block unmasked
+    rows = []
+    for number, (variant, size, layout, dtype, options) in enumerate(cases, start=1):
+        row = {**accuracy(variant.split()[0], size, layout, dtype, device, **options, **shape), "variant": variant}
+        print(f"[{number}/{len(cases)}] {variant} P={size} {layout} {row['dtype']}: largest error "
+              f"{max(row['errors'].values()):.1e} ({'ok' if row['ok'] else 'ABOVE the tolerance'})", flush=True)
+        rows.append(row)
     return rows
+
+
+
+def seq_problem(seq: int, sizes: list) -> str | None:
+    """Why --seq cannot be split as the simulated ranks need (P divides it; BigBird's rules at each P), or None."""
+    for size in sizes:
+        if seq % size:
+            return f"--seq {seq} is not a multiple of --sizes {size}: the simulated ranks hold equal chunks"
+        bigbird = SimpleNamespace(seq_length=seq, attention_dropout=0.0, bigbird_block_size=BLOCK,
+                                  bigbird_num_window_blocks=3, bigbird_num_random_blocks=2)
+        try:
+            rules.BigBird.check(bigbird, size)
+        except ConfigError as error:
+            return f"--seq {seq} does not suit BigBird at P={size}: {error.problem}"
+    return None
 
 
 def table(results: list) -> str:
@@ -259,12 +283,17 @@ def table(results: list) -> str:
 
 def main(argv=None) -> int:
     parser = BenchmarkParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--sizes", type=positive(int), nargs="+", default=[1, 2, 4])
-    parser.add_argument("--seq", type=positive(int), default=1024)
+    parser.add_argument("--seq", type=positive(int), default=1024,
+                        help=f"tokens per sample: a multiple of {BLOCK} x each --sizes, at least {7 * BLOCK}")
     args = parser.parse_args(argv)
-
+    if problem := seq_problem(args.seq, args.sizes):
+        nearest = next(seq for seq in itertools.count(args.seq) if not seq_problem(seq, args.sizes))
+        parser.error(f"{problem}; give a --seq that suits every size (the nearest is {nearest})")
+    if args.device == "cuda":
+        cuda_needed()
     device = torch.device(args.device)
     results = run(device, [getattr(torch, name) for name in args.dtypes], args.sizes, s=args.seq)
     body = [f"Machine: {machine()}. `python benchmarks/gpu_kernels.py` (b=2, s={args.seq}, 4 heads of 64; BigBird "

@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from attention_memory import random_chunk  # noqa: E402
-from results import (BenchmarkParser, machine, positive, replace_section, run_benchmark,  # noqa: E402
+from results import (BenchmarkParser, cuda_needed, machine, positive, replace_section, run_benchmark,  # noqa: E402
                      write_section)
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
@@ -160,9 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=positive(float), default=150.0,
                         help="start no length predicted to end later")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu_longest.py needs a CUDA GPU", file=sys.stderr)
-        return 2
+    cuda_needed()
     device = torch.device("cuda", torch.cuda.current_device())
     heading = "GPU check: longest BERT-base step"
 

@@ -25,9 +25,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from launcher_runs import Launches  # noqa: E402
-from results import BenchmarkParser, machine, positive, run_benchmark, write_section  # noqa: E402
+from results import BenchmarkParser, cuda_needed, machine, positive, run_benchmark, write_section  # noqa: E402
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import ConfigError  # noqa: E402
+from megatron.paths import folder_problem  # noqa: E402
 
 MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "512",
          "--max-position-embeddings", "512", "--lr", "5e-4", "--lr-decay-style", "constant",
@@ -92,6 +94,9 @@ def main(argv=None) -> int:
     if args.iters % 2 or (args.iters // 2) % args.log_interval:
         parser.error("--iters must be even and its half a multiple of --log-interval (the resumed run logs "
                      "the same windows)")
+    cuda_needed()
+    if problem := folder_problem("--work", str(args.work)):
+        raise ConfigError(*problem)
     args.work.mkdir(parents=True, exist_ok=True)
     save, half = args.work / "repeat_save", args.iters // 2
     shutil.rmtree(save, ignore_errors=True)

@@ -69,6 +69,16 @@ def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {cores} cores, {gpu}, torch {torch.__version__}"
 
 
+def cuda_needed() -> None:
+    """A GPU benchmark on a machine without CUDA stops in one line (gpu_repeat.py launched the trainer on the CPU,
+    which its question is not about)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"torch {torch.__version__} sees no CUDA GPU here, and this benchmark measures one",
+                          "run it on a GPU machine (benchmarks/gpu_check.sh runs it there)")
+
+
 def write_section(heading: str, body: str) -> None:
     """Prints the `## heading` section; with --write also puts it into RESULTS.md (replace_section),
     else says in one line how to record it."""

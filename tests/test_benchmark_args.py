@@ -72,6 +72,28 @@ def test_settings_a_benchmark_cannot_run_are_refused_before_it_measures(capsys, 
     assert message in refused(capsys, monkeypatch, script, argv)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--seq", "130", "--sizes", "4"], "--seq 130 is not a multiple of --sizes 4: the simulated ranks hold equal "
+     "chunks; give a --seq that suits every size (the nearest is 192)"),
+    (["--seq", "100"], "--seq 100 does not suit BigBird at P=1: seq_length 100 is not divisible by bigbird block "
+     "size 16 x sequence-parallel size 1"),
+    (["--seq", "64", "--sizes", "1"], "--seq 64 does not suit BigBird at P=1: bigbird needs at least 7 blocks"),
+    (["--device", "bogus"], "argument --device: invalid choice: 'bogus'"),
+])
+def test_gpu_kernels_refuses_a_device_or_length_it_cannot_run(capsys, monkeypatch, argv, message):
+    """A RuntimeError or IndexError from inside the simulated ranks, or torch's for an unknown device, was the
+    answer."""
+    assert message in refused(capsys, monkeypatch, "gpu_kernels", argv, parse="main")
+
+
+def test_gpu_kernels_on_cuda_without_it_is_one_line(capsys, monkeypatch):
+    gpu_kernels = importlib.import_module("gpu_kernels")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert run_tool("gpu_kernels.py", lambda: gpu_kernels.main(["--device", "cuda", "--seq", "128"])) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("gpu_kernels.py: error: torch ") and "sees no CUDA GPU here" in line
+
+
 @pytest.mark.parametrize("script, argv", [
     ("sp_scaling", ["--steps", "0"]),  # attention_memory imported first, as most model benchmarks
     ("modern", ["--no-such-flag"]),  # results, then train_step (then attention_memory)

@@ -111,11 +111,15 @@ def test_unpadded_samples_run_unmasked_and_exact(variant):
         assert ((got.double() - expected).abs().max() / expected.abs().max()).item() <= 1e-5, name
 
 
-def test_gpu_kernel_check_runs_on_cpu():
-    """benchmarks/gpu_kernels.py's checks (what gpu_check.sh runs on the GPU), small, on CPU."""
+def test_gpu_kernel_check_runs_on_cpu(capsys):
+    """benchmarks/gpu_kernels.py's checks (what gpu_check.sh runs on the GPU), small, on CPU, each row said as it
+    ends (the default length took minutes on CPU without a line)."""
     results = gpu_kernels.run(torch.device("cpu"), [torch.float32], [2], layouts=("unpadded", "packed"),
                               s=128, heads=2, d=16)
     assert len(results) == 6 and all(r["ok"] for r in results), gpu_kernels.table(results)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6 and lines[0].startswith("[1/6] ring P=2 unpadded float32: largest error ") and \
+        lines[0].endswith(" (ok)"), lines
     assert "unmasked" in " ".join(k for r in results if r["layout"] == "unpadded" for k in r["kernels"])
 
 

@@ -459,6 +459,30 @@ def test_repeat_check_compares_exact_losses_and_resumes_from_the_halfway_copy(tm
     assert gpu_repeat.differences(first, {5: 9.5, 10: nudged}) == [f"iteration 10: 9.25 vs {nudged!r}"]
 
 
+def test_gpu_benchmarks_refuse_a_machine_without_cuda_and_a_file_for_work(tmp_path, monkeypatch, capsys):
+    """gpu_repeat.py on a CPU machine launched the trainer there; gpu_longest.py's refusal had no `error:`; a file
+    given as --work was a traceback."""
+    from megatron.errors import run_tool
+
+    import gpu_longest
+    import gpu_repeat
+
+    monkeypatch.setattr(gpu_repeat.Launches, "start", lambda *args, **kwargs: pytest.fail("launched"))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    (tmp_path / "afile").write_text("x")
+    argv = ["--deepspeed-config", "ds_configs/ring_sp2.json", "--data", str(tmp_path), "--work", str(tmp_path / "afile")]
+    for prog, main in (("gpu_repeat.py", lambda: gpu_repeat.main(argv)), ("gpu_longest.py", lambda: gpu_longest.main([]))):
+        assert run_tool(prog, main) == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"{prog}: error: torch ") and line.endswith(
+            "sees no CUDA GPU here, and this benchmark measures one; run it on a GPU machine (benchmarks/gpu_check.sh "
+            "runs it there)"), line
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert run_tool("gpu_repeat.py", lambda: gpu_repeat.main(argv)) == 2
+    assert capsys.readouterr().err == (f"gpu_repeat.py: error: --work {tmp_path / 'afile'} is a file, not a directory; "
+                                       "pass a --work directory this user can write\n")
+
+
 def test_repeat_check_names_a_run_that_failed(tmp_path, monkeypatch, capsys):
     """A launcher run that exits non-zero (a --deterministic op with no deterministic kernel, say) is
     named with its exit code and the line that stopped it, not the launcher's own log line, and the
@@ -471,6 +495,8 @@ def test_repeat_check_names_a_run_that_failed(tmp_path, monkeypatch, capsys):
                      "[2026-11-27 12:00:00,000] [ERROR] [launch.py:259:sigkill_handler] exits with return code = 1\n")
         return SimpleNamespace(wait=lambda: 1)
     monkeypatch.setattr(gpu_repeat.Launches, "start", failing)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # it refuses a machine without
+    monkeypatch.setattr(gpu_repeat, "machine", lambda: "a GPU machine")
     config = tmp_path / "ds.json"
     config.write_text('{"bf16": {"enabled": true}}')
     code = gpu_repeat.main(["--deepspeed-config", str(config), "--data", str(tmp_path), "--work", str(tmp_path / "w")])
