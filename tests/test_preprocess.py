@@ -490,6 +490,32 @@ def test_default_dataset_is_built_once_and_reused(tmp_path, monkeypatch):
     assert len(train) >= 64 and len(valid) >= 8
 
 
+def test_a_second_default_dataset_build_waits_for_the_first_and_reuses_it(tmp_path, monkeypatch, capsys):
+    """Two builds into one folder at once (packing.py and main_job.py, two runs on a fresh clone): the second
+    waits for the first (which holds the folder, as a build does) and finds every output made; both building
+    crashed on each other's sample_corpus.json.partial."""
+    import threading
+    import time
+
+    from megatron.data import default_dataset
+    from megatron.data.tokenizer_identity import data_identity_path
+    from megatron.locks import folder_locked
+
+    built = []
+    for step in ("write_corpus", "write_vocab", "preprocess", "write_data_identity"):
+        monkeypatch.setattr(default_dataset, step, lambda *args, step=step, **kwargs: built.append(step))
+    second = threading.Thread(target=prepare_default_dataset, args=(tmp_path,))
+    with folder_locked(tmp_path, "unused: nothing holds it yet"):  # the first build, under way
+        second.start()
+        time.sleep(1.0)
+        for name in ("sample_corpus.json", "vocab.txt", "sample_text_sentence.bin", "sample_text_sentence.idx"):
+            (tmp_path / name).write_text("built by the first")
+        data_identity_path(str(tmp_path / "sample_text_sentence")).write_text("{}")
+    second.join(timeout=30)
+    assert built == []
+    assert capsys.readouterr().err == f"waiting for another process building the default dataset in {tmp_path}\n"
+
+
 def test_the_default_vocab_is_embedded_so_every_build_gives_the_same_ids(tmp_path):
     """HF's trainer breaks count ties differently in each process: the default run's vocab is the
     embedded file, so two builds (two clones) hold the same token ids."""

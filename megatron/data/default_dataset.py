@@ -19,6 +19,7 @@ from megatron.data.tokenizer import BertWordPiece
 from megatron.data.tokenizer_identity import data_identity_path, write_data_identity
 from megatron.data.vocab_builder import train_vocab, write_vocab
 from megatron.data.workers import usable_cpus
+from megatron.locks import folder_locked
 
 DEFAULT_VOCAB_SIZE = 8192  # ample for a ~2 MB corpus; keeps the default model's embedding small
 EMBEDDED_VOCAB = Path(__file__).with_name("default_vocab.txt")  # DEFAULT_VOCAB_SIZE tokens
@@ -40,20 +41,27 @@ class DefaultDataset:
 
 def prepare_default_dataset(directory, workers: int | None = None, max_bytes: int = 4 * 2**20,
                             packages=DEFAULT_PACKAGES, vocab_size: int = DEFAULT_VOCAB_SIZE) -> DefaultDataset:
+    """The default dataset in `directory`, built there where a step's output is missing. Two processes at once
+    (two benchmarks, two runs on a fresh clone) build one after the other (an flock of the folder): the second
+    finds the first's outputs and reuses them; both building crashed on each other's temporary files."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     corpus, vocab_file = directory / "sample_corpus.json", directory / "vocab.txt"
-    if not corpus.is_file():
-        write_corpus(corpus, max_bytes, packages)
-    if not vocab_file.is_file():
-        write_vocab(EMBEDDED_VOCAB.read_text(encoding="utf-8").splitlines() if vocab_size == DEFAULT_VOCAB_SIZE
-                    else train_vocab(corpus, lower_case=True, vocab_size=vocab_size), vocab_file)
     options = PreprocessOptions(input=str(corpus), output_prefix=str(directory / "sample"), vocab_file=str(vocab_file),
                                 split_sentences=True, workers=workers or min(2, usable_cpus()),
                                 log_interval=0)
     data_prefix = f"{options.output_prefix}_text_sentence"
-    if not dataset_exists(data_prefix):
-        preprocess(options)
-    elif not data_identity_path(data_prefix).is_file():  # built before preprocessing recorded its vocab
-        write_data_identity(BertWordPiece(vocab_file), data_prefix)
+    if not (corpus.is_file() and vocab_file.is_file() and dataset_exists(data_prefix)
+            and data_identity_path(data_prefix).is_file()):
+        with folder_locked(directory, f"waiting for another process building the default dataset in {directory}"):
+            if not corpus.is_file():
+                write_corpus(corpus, max_bytes, packages)
+            if not vocab_file.is_file():
+                write_vocab(EMBEDDED_VOCAB.read_text(encoding="utf-8").splitlines()
+                            if vocab_size == DEFAULT_VOCAB_SIZE
+                            else train_vocab(corpus, lower_case=True, vocab_size=vocab_size), vocab_file)
+            if not dataset_exists(data_prefix):
+                preprocess(options)
+            elif not data_identity_path(data_prefix).is_file():  # built before preprocessing recorded its vocab
+                write_data_identity(BertWordPiece(vocab_file), data_prefix)
     return DefaultDataset(corpus, vocab_file, data_prefix)
