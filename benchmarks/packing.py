@@ -60,12 +60,14 @@ from megatron.data.bert_dataset import build_train_valid_test_datasets, token_st
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
 from megatron.data.samplers import collate_bert  # noqa: E402
 from megatron.data.tokenizer import build_tokenizer  # noqa: E402
+from megatron.errors import ConfigError  # noqa: E402
 from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 from megatron.model.loss import bert_batch_loss  # noqa: E402
 from megatron.parallel import state  # noqa: E402
 from megatron.parallel.grads import allreduce_sequence_parallel_grads  # noqa: E402
 from megatron.parallel.reduce import sum_over_sequence  # noqa: E402
 from megatron.parallel.spawn import run_on_ranks  # noqa: E402
+from megatron.paths import file_in_the_way, output_file_problem  # noqa: E402
 
 REPO = HERE.parent
 DATA_DIR = REPO / ".cache" / "default_data"  # the trainer's --default-data-dir
@@ -362,6 +364,12 @@ def main():
         parser.error(f"--steps gives {len(args.steps)} counts for {len(args.seq_lengths)} --seq-lengths: give one each")
     if any(h % HEAD_DIM for h in [*args.hidden_sizes, args.race_hidden]):
         parser.error(f"hidden sizes must be multiples of the head size {HEAD_DIM}")
+    # the paths, before the measuring: a --results that could not be written failed after the whole run
+    if problem := file_in_the_way("--data-dir", args.data_dir):
+        raise ConfigError(problem, "pass a --data-dir folder (the default corpus is built there if missing)")
+    if args.write and (problem := output_file_problem("--results", args.results, "pass --results a Markdown file "
+                                                      "in a folder this user can write (the plot goes beside it)")):
+        raise ConfigError(*problem)
     started = time.perf_counter()
     load = LoadSampler()
     shares = data_shares(args.data_dir, sorted({*args.seq_lengths, args.race_seq}))

@@ -358,6 +358,26 @@ def test_main_job_rewrites_its_table_and_keeps_the_hand_kept_measurements(monkey
     assert "2026-11-27 (commit dd9b7e1" in text and "The modern layers win clearly" in text
 
 
+@pytest.mark.parametrize("flags, problem", [
+    (["--results", "{tmp}/nodir/R.md", "--write"], "--results {tmp}/nodir/R.md: its folder {tmp}/nodir does not exist; "
+     "check the path, or create the folder first (mkdir -p {tmp}/nodir)"),
+    (["--results", "{tmp}", "--write"], "--results {tmp} is a directory, not a file; pass --results a Markdown file in "
+     "a folder this user can write (the plot goes beside it)"),
+    (["--data-dir", "{tmp}/afile"], "--data-dir {tmp}/afile is a file, not a directory; pass a --data-dir folder"),
+])
+def test_packing_checks_its_paths_before_it_measures(capsys, monkeypatch, tmp_path, flags, problem):
+    """A --results that cannot be written was found after the whole run (a traceback, or the plot written beside a
+    folder given for it); a file given as --data-dir was a traceback."""
+    packing = importlib.import_module("packing")
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setattr(packing, "data_shares", lambda *args: pytest.fail("measured"))
+    argv = ["packing.py", *(flag.format(tmp=tmp_path) for flag in flags)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert run_tool("packing.py", packing.main) == 2
+    assert capsys.readouterr().err.startswith(f"packing.py: error: {problem.format(tmp=tmp_path)}")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["afile"]
+
+
 def test_main_job_replaces_only_its_own_runs_in_out(tmp_path):
     """--out X removed X/classic and X/modern, whatever they held; now only runs it wrote there itself (its mark),
     and a file given as --out is named as such (it was a traceback)."""
