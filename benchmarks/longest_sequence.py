@@ -16,6 +16,7 @@ is extrapolated.
     .venv/bin/python benchmarks/longest_sequence.py [--cap-mib 96] [--variants ring ulysses linformer bigbird]
 """
 import argparse
+import math
 import os
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from attention_memory import VARIANT_OPTIONS, bert_config, measure_peak, train_step
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import ConfigError
 from megatron.model.bert import BertModel
 from megatron.parallel import state
 from megatron.parallel.spawn import run_on_ranks
@@ -63,8 +65,8 @@ def longest_fitting(measure, probes: tuple, cap_mib: float, step: int = SEARCH_S
         if low is not None and high is not None and high - low <= step:
             return low, measured
         if low is None and high <= step:
-            raise RuntimeError(f"even s={high} needs {measured[high][0]:.0f} MiB > the {cap_mib:.0f} MiB cap; "
-                               "raise --cap-mib")
+            raise ConfigError(f"even s={high} needs {measured[high][0]:.0f} MiB, above the {cap_mib:g} MiB cap",
+                              f"raise --cap-mib to {math.ceil(measured[high][0])} or more")
         if low is not None and high is not None:
             a, b = low, high
         else:  # extrapolate from the two longest that fit, or the two shortest that do not
@@ -84,7 +86,10 @@ def longest_under(variant: str, size: int, cap_mib: float, probes: tuple) -> dic
     if size > 1:
         state.initialize(sequence=size)
     _peak_all_ranks(variant, size, SEARCH_STEP * size)  # warm-up: thread pools, gloo connections, lazy imports
-    seq, measured = longest_fitting(lambda s: _peak_all_ranks(variant, size, s), probes, cap_mib)
+    try:
+        seq, measured = longest_fitting(lambda s: _peak_all_ranks(variant, size, s), probes, cap_mib)
+    except ConfigError as error:  # said by the caller in one line, not as this rank's traceback
+        return {"refused": (error.problem, error.fix)}
     # the line through the points at s >= seq / 2: at short lengths the optimizer step, not
     # the activations, sets the peak
     line = [(s, peak) for s, (peak, _) in measured.items() if s >= seq // 2]
@@ -103,6 +108,9 @@ def search(variants: list, cap_mib: float) -> dict:
         for size in SIZES:
             probes = (1024 * size, 2048 * size)
             found[variant, size] = run_on_ranks(longest_under, size, variant, size, cap_mib, probes, timeout=3600)[0]
+            if "refused" in found[variant, size]:
+                problem, fix = found[variant, size]["refused"]
+                raise ConfigError(f"{variant} at SP={size}: {problem}", fix)
             print("longest", variant, size, {k: v for k, v in found[variant, size].items() if k != "points"},
                   flush=True)
     return found
@@ -135,14 +143,14 @@ def plot(found: dict, variants: list, cap_mib: float) -> None:
         width = 0.8 / len(variants)
         len_ax.bar([i + (index - (len(variants) - 1) / 2) * width for i in range(len(SIZES))],
                    [found[variant, size]["seq"] for size in SIZES], width=width, color=f"C{index}", label=variant)
-    mem_ax.axhline(cap_mib, color="red", lw=0.8, label=f"cap {cap_mib:.0f} MiB")
+    mem_ax.axhline(cap_mib, color="red", lw=0.8, label=f"cap {cap_mib:g} MiB")
     mem_ax.set_xscale("log", base=2)
     mem_ax.set_xlabel("sequence length")
     mem_ax.set_ylabel("peak memory per rank (MiB, max over ranks)")
     mem_ax.grid(True, which="both", alpha=0.3)
     mem_ax.legend(fontsize=7, ncol=2)
     len_ax.set_xticks(range(len(SIZES)), [f"SP={size}" for size in SIZES])
-    len_ax.set_ylabel(f"longest s under {cap_mib:.0f} MiB per rank")
+    len_ax.set_ylabel(f"longest s under {cap_mib:g} MiB per rank")
     len_ax.legend(fontsize=8)
     fig.suptitle("One training step (fwd, bwd, AdamW), 4 layers h=256, batch 1, activation checkpointing, fp32, CPU")
     fig.tight_layout()
@@ -153,7 +161,7 @@ def write_modern_section(found: dict, cap_mib: float, seconds: float) -> None:
     gains = f"{found['modern', 2]['seq'] / found['modern', 1]['seq']:.2f}x / {found['modern', 4]['seq'] / found['modern', 1]['seq']:.2f}x"
     write_section("Longest sequence under a memory cap: modern encoder layers (CPU)", f"""
 Machine: {machine()}. Command: `.venv/bin/python benchmarks/longest_sequence.py --variants modern --cap-mib
-{cap_mib:.0f}` ({seconds:.0f} s). The step and cap of the section above, with ModernBERT's layers
+{cap_mib:g}` ({seconds:.0f} s). The step and cap of the section above, with ModernBERT's layers
 (attention_memory.MODERN: rope, local window 128 with a global ring layer every third, GeGLU, no
 biases, pre-LN): no position table, so nothing of size s is replicated on every rank; local layers
 exchange a halo of 64 tokens with each neighbour. Plain AdamW (no ZeRO): parameters, gradients
@@ -169,7 +177,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = BenchmarkParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cap-mib", type=positive(float), default=96.0, help="per-rank memory cap")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    floor, variant = max((optimizer_floor_mib(variant), variant) for variant in args.variants)
+    if args.cap_mib < floor:
+        parser.error(f"--cap-mib {args.cap_mib:g} is below the {floor:.0f} MiB that the parameters, gradients and "
+                     f"AdamW moments of {variant}'s model take at s={SEARCH_STEP} (16 bytes a parameter), before any "
+                     f"activation; give a --cap-mib of {math.ceil(floor)} or more")
+    return args
+
+
+def optimizer_floor_mib(variant: str) -> float:
+    """What every rank holds at the optimizer step, whatever the length: parameters, gradients and both AdamW
+    moments (replicated, 4 x 4 bytes a parameter) of the model at the shortest length the search measures. A cap
+    below it was found after a rank measured for a while, as a nested traceback."""
+    model = BertModel(bert_config(variant, SEARCH_STEP, **MODEL))
+    return 16 * sum(parameter.numel() for parameter in model.parameters()) / 2**20
 
 
 def main():
@@ -189,13 +211,13 @@ def main():
                       - model.embeddings.position_embeddings.weight.numel()) / 2**20
     write_section("Longest sequence under a memory cap (CPU)", f"""
 Machine: {machine()}; measured on CPU, no GPU lent (the BERT-base on one GPU figure is open).
-Command: `.venv/bin/python benchmarks/longest_sequence.py --cap-mib {args.cap_mib:.0f}`
+Command: `.venv/bin/python benchmarks/longest_sequence.py --cap-mib {args.cap_mib:g}`
 ({time.perf_counter() - started:.0f} s). Variant settings: {options}.
 
 One whole training step (forward, backward, gradient sum over the seq group, AdamW) of a
 4-layer BERT, h=256, 4 heads, vocab 1000, batch 1, fp32, activation checkpointing on (every
 layer, DeepSpeed's), no padding; SP ranks are processes over gloo with 1 thread each. The cap
-is **{args.cap_mib:.0f} MiB per rank** and counts everything the step adds to a rank's resident set from
+is **{args.cap_mib:g} MiB per rank** and counts everything the step adds to a rank's resident set from
 before the model is built: parameters, gradients, Adam moments, activations, gloo buffers.
 `longest s` fits and `s + {SEARCH_STEP}` does not, both measured (module docstring); the last
 two columns are the least-squares line through the lengths measured at s/2 and above.

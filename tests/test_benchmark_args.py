@@ -94,6 +94,14 @@ def test_gpu_kernels_on_cuda_without_it_is_one_line(capsys, monkeypatch):
     assert line.startswith("gpu_kernels.py: error: torch ") and "sees no CUDA GPU here" in line
 
 
+def test_longest_sequence_refuses_a_cap_below_what_the_optimizer_step_alone_holds(capsys, monkeypatch):
+    """--cap-mib 0.5 measured for 40 s, then came as a rank's nested traceback naming a '0 MiB' cap."""
+    assert refused(capsys, monkeypatch, "longest_sequence", ["--cap-mib", "0.5", "--variants", "ring"]) == (
+        "longest_sequence.py: error: --cap-mib 0.5 is below the 56 MiB that the parameters, gradients and AdamW "
+        "moments of ring's model take at s=512 (16 bytes a parameter), before any activation; give a --cap-mib of "
+        "57 or more")
+
+
 @pytest.mark.parametrize("script, argv", [
     ("sp_scaling", ["--steps", "0"]),  # attention_memory imported first, as most model benchmarks
     ("modern", ["--no-such-flag"]),  # results, then train_step (then attention_memory)

@@ -20,7 +20,7 @@ from soak import rss_trend  # noqa: E402
 from sp_scaling import time_steps  # noqa: E402
 
 from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
-from megatron.errors import Interrupted  # noqa: E402
+from megatron.errors import ConfigError, Interrupted  # noqa: E402
 from megatron.locks import running  # noqa: E402
 from megatron.parallel.spawn import run_on_ranks  # noqa: E402
 
@@ -45,9 +45,19 @@ def test_longest_fitting_finds_the_measured_boundary(cap):
     assert len(set(calls)) == len(calls) <= 10 + 2  # no length measured twice; a handful of steps
 
 
-def test_longest_fitting_refuses_a_cap_below_the_shortest_length():
-    with pytest.raises(RuntimeError, match="raise --cap-mib"):
-        longest_fitting(lambda seq: (100.0 + seq / 1024, 0.0), (1024, 2048), 50.0, step=512)
+def test_longest_fitting_refuses_a_cap_below_the_shortest_length(monkeypatch):
+    """In one line naming the variant and SP, from the rank that measured it (it was that rank's traceback inside
+    the RankFailure's)."""
+    import longest_sequence
+
+    with pytest.raises(ConfigError, match="raise --cap-mib to 101 or more"):
+        longest_fitting(lambda seq: (100.0 + seq / 1024, 0.0), (1024, 2048), 50.5, step=512)
+    monkeypatch.setattr(longest_sequence, "run_on_ranks", lambda *args, **kwargs: [
+        {"refused": ("even s=512 needs 58 MiB, above the 57.5 MiB cap", "raise --cap-mib to 58 or more")}])
+    with pytest.raises(ConfigError) as refused:
+        longest_sequence.search(["ring"], 57.5)
+    assert str(refused.value) == "ring at SP=1: even s=512 needs 58 MiB, above the 57.5 MiB cap; raise --cap-mib to " \
+                                 "58 or more"
 
 
 def test_rss_trend_tells_a_leak_from_noise():
