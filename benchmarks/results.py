@@ -39,11 +39,16 @@ class BenchmarkParser(OneLineParser):
         return parsed, rest
 
 
-def positive(kind=int):
-    """An argparse type for a count, length or time that must be above 0 (int or float): 0 or less
-    is refused on the command line before anything is measured, not as a traceback minutes later."""
+def positive(kind=int, zero: bool = False):
+    """An argparse type for a count, length or time that must be above 0 (int or float), or with `zero` at
+    least 0 (a count of warm-up steps): a value below is refused on the command line before anything is
+    measured, not as a traceback minutes later (or a silent run with what it means)."""
     def parse(text: str):
         value = kind(text)  # not a number: argparse's own "invalid int value"
+        if zero and 0 <= value < math.inf:
+            return value
+        if zero:
+            raise argparse.ArgumentTypeError(f"{text} is below 0; give 0 or more")
         if not 0 < value < math.inf:  # nan fails too
             raise argparse.ArgumentTypeError(
                 f"{text} must be above 0; give {'1 or more' if kind is int else 'a number above 0'}")

@@ -30,6 +30,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from attention_memory import LENGTHS_HELP, VARIANT_OPTIONS, _status_kib, check_lengths  # noqa: E402
+import results  # noqa: E402
 from results import (BenchmarkParser, fraction, machine, positive, run_benchmark, save_plot,  # noqa: E402
                      write_section)
 
@@ -222,7 +224,8 @@ def bench_seq(shape: str, seq: int, tokens_per_step: int, contestants: list, rep
 
 
 def profile(shape: str, seq: int, tokens_per_step: int, attention_dropout: float) -> list:
-    """torch.profiler tables of one step of ours and of HF -> files under benchmarks/profiles/."""
+    """torch.profiler tables of one step of ours and of HF -> files under the committed benchmarks/profiles/ with
+    --write only, else in a temporary folder (as sp_scaling.profile_ring)."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     batch_size = max(1, tokens_per_step // seq)
@@ -230,14 +233,15 @@ def profile(shape: str, seq: int, tokens_per_step: int, attention_dropout: float
     torch.manual_seed(0)
     state = BertModel(config).state_dict()
     batch = make_batch(batch_size, seq)
-    PROFILES.mkdir(exist_ok=True)
+    directory = PROFILES if results.WRITE else Path(tempfile.mkdtemp(prefix="train_step_profiles_"))
+    directory.mkdir(exist_ok=True)
     written = []
     for name, step in (("ours", Ours(config, state)), ("hf", HuggingFace(config, state))):
         step(batch)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE.type == "cuda" else [])
         with torch_profile(activities=activities, record_shapes=False) as prof:
             step(batch)
-        path = PROFILES / f"{name}_{shape}_s{seq}_b{batch_size}_{DEVICE.type}.txt"
+        path = directory / f"{name}_{shape}_s{seq}_b{batch_size}_{DEVICE.type}.txt"
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60)
         path.write_text(f"{name}: {shape}, seq {seq}, batch {batch_size}, attention dropout {attention_dropout}, "
                         f"{torch.get_num_threads()} threads, {machine()}\n\n{table}\n")
@@ -411,7 +415,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="batch = tokens-per-step / seq (>= 1)")
     parser.add_argument("--contestants", nargs="+", choices=CONTESTANTS, default=list(CONTESTANTS))
     parser.add_argument("--repeats", type=positive(int), default=5)
-    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--warmup", type=positive(int, zero=True), default=1,
+                        help="untimed steps of each contestant before the timed ones")
     parser.add_argument("--threads", type=positive(int), default=len(os.sched_getaffinity(0)))
     parser.add_argument("--attention-dropout", type=fraction, default=0.0,
                         help="0 keeps SDPA on its flash kernel; > 0 (BERT's 0.1) sends both models to the math kernel")
@@ -419,8 +424,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the device's dense peak (GPU); default: measured matmul rate")
     parser.add_argument("--extras", action=argparse.BooleanOptionalAction, default=True,
                         help="also the engine, optimizer and trainer data-time lines")
-    parser.add_argument("--profile", action="store_true", help="write torch.profiler tables instead of benchmarking")
+    parser.add_argument("--profile", action="store_true", help="write torch.profiler tables instead of benchmarking "
+                        "(into benchmarks/profiles/ with --write, else into a temporary folder)")
     args = parser.parse_args(argv)
+    if args.tokens_per_step < max(args.seq_lengths):  # ran a step of one sample, recorded as the tokens given
+        parser.error(f"--tokens-per-step {args.tokens_per_step} is below --seq-lengths {max(args.seq_lengths)}: a "
+                     "step holds at least one sample (batch = tokens-per-step / seq); give --tokens-per-step "
+                     f"{max(args.seq_lengths)} or more")
     check_lengths(parser, "--seq-lengths", args.seq_lengths,
                   [] if args.profile else [(name, 1) for name in args.contestants if name not in ("ours", "hf")],
                   fix=" or leave out that contestant")
@@ -480,8 +490,6 @@ both sides; `ring`, `linformer`, `bigbird` are our other attention cores at SP=1
 
 def run_extras(args) -> str:
     """The engine, optimizer and trainer-data lines (CPU)."""
-    import tempfile
-
     from megatron.data.default_dataset import prepare_default_dataset
     from megatron.parallel.spawn import run_on_ranks
 

@@ -67,6 +67,13 @@ def test_counts_lengths_and_times_below_one_are_refused_by_the_parser(capsys, mo
     ("train_step", ["--attention-dropout", "2"], "argument --attention-dropout: 2 is outside [0, 1); give a number "
      "from 0 up to below 1"),
     ("train_step", ["--attention-dropout", "nan"], "argument --attention-dropout: nan is outside [0, 1)"),
+    # documented as counts and times, taken as given below 0
+    ("train_step", ["--warmup", "-1"], "argument --warmup: -1 is below 0; give 0 or more"),
+    ("modern", ["--warmup", "-2"], "argument --warmup: -2 is below 0; give 0 or more"),
+    ("modern", ["--max-step-seconds", "-5"], "argument --max-step-seconds: -5 must be above 0; give a number above 0"),
+    # a step of one sample, recorded as "10 tokens per step"
+    ("train_step", ["--tokens-per-step", "10", "--seq-lengths", "128"], "--tokens-per-step 10 is below --seq-lengths "
+     "128: a step holds at least one sample (batch = tokens-per-step / seq); give --tokens-per-step 128 or more"),
 ])
 def test_settings_a_benchmark_cannot_run_are_refused_before_it_measures(capsys, monkeypatch, script, argv, message):
     assert message in refused(capsys, monkeypatch, script, argv)
@@ -121,6 +128,7 @@ def test_a_benchmark_that_loads_deepspeed_prints_only_the_error_line(tmp_path, s
     ("attention_memory", []), ("sp_scaling", []), ("train_step", []), ("soak", []), ("plan_time", []),
     ("attention_memory", ["--seq-lengths", "512", "--bert-seq-lengths", "512"]),
     ("train_step", ["--seq-lengths", "64", "--contestants", "ours", "ring"]),
+    ("train_step", ["--warmup", "0"]), ("modern", ["--warmup", "0"]),
 ])
 def test_default_and_suitable_settings_pass(script, argv):
     importlib.import_module(script).parse_args(argv)
@@ -422,3 +430,18 @@ def test_sp_scaling_profiles_go_under_benchmarks_with_write_only(monkeypatch, wr
     sp_scaling.profile_ring(64)
     assert len(folders) == 2 and len(set(folders)) == 1
     assert (Path(folders[0]) == sp_scaling.PROFILES) == write
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_train_step_profiles_go_under_benchmarks_with_write_only(monkeypatch, tmp_path, write):
+    """train_step.py --profile wrote into the committed benchmarks/profiles/ without --write; now a trial's go to a
+    temporary folder, as sp_scaling.py's do."""
+    import results
+    train_step = importlib.import_module("train_step")
+    monkeypatch.setattr(results, "WRITE", write)
+    monkeypatch.setattr(train_step, "PROFILES", tmp_path / "profiles")
+    for contestant in ("Ours", "HuggingFace"):  # the tables' contents are torch's
+        monkeypatch.setattr(train_step, contestant, lambda config, state: (lambda batch: None))
+    written = train_step.profile("small", 64, 64, 0.0)
+    assert len(written) == 2 and len({path.parent for path in written}) == 1
+    assert (written[0].parent == tmp_path / "profiles") == write
