@@ -470,8 +470,10 @@ def test_gpu_benchmarks_refuse_a_machine_without_cuda_and_a_file_for_work(tmp_pa
     monkeypatch.setattr(gpu_repeat.Launches, "start", lambda *args, **kwargs: pytest.fail("launched"))
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     (tmp_path / "afile").write_text("x")
-    argv = ["--deepspeed-config", "ds_configs/ring_sp2.json", "--data", str(tmp_path), "--work", str(tmp_path / "afile")]
-    for prog, main in (("gpu_repeat.py", lambda: gpu_repeat.main(argv)), ("gpu_longest.py", lambda: gpu_longest.main([]))):
+    argv = ["--deepspeed-config", "ds_configs/ring_sp2.json", "--data", str(tmp_path), "--work",
+            str(tmp_path / "afile")]
+    for prog, main in (("gpu_repeat.py", lambda: gpu_repeat.main(argv)),
+                       ("gpu_longest.py", lambda: gpu_longest.main([]))):
         assert run_tool(prog, main) == 2
         [line] = capsys.readouterr().err.splitlines()
         assert line.startswith(f"{prog}: error: torch ") and line.endswith(

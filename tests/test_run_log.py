@@ -321,7 +321,8 @@ def test_plot_run_names_an_output_that_is_no_file_or_a_folder_that_takes_none(tm
     metrics = write_run_log(tmp_path / "log", io.StringIO(), monkeypatch)
     fix = "pass -o a PNG path in a folder this user can write"
     for given, problem in (("/dev/null", "-o /dev/null is not a regular file (a device, a pipe or a socket)"),
-                           ("/proc/x.png", "-o /proc takes no new files (a virtual file system such as /proc or /sys)")):
+                           ("/proc/x.png", "-o /proc takes no new files (a virtual file system such as /proc or "
+                                           "/sys)")):
         assert run_tool("plot_run.py", lambda: plot_run.main([str(metrics), "-o", given])) == 2
         assert capsys.readouterr().err == f"plot_run.py: error: {problem}; {fix}\n"
     assert not os.path.exists("/dev/null.png")
