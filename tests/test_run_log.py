@@ -352,12 +352,14 @@ def test_plot_run_bad_log_is_one_line(tmp_path, capsys, content, message):
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux has one)")
-def test_a_tool_whose_write_fills_the_disk_is_one_line(tmp_path, capsys):
-    """A write() or flush that fails for a full disk names no file (a PNG onto /dev/full here): run_tool
-    says the disk is full and the fix, exit 2, where it re-raised the OSError (a traceback)."""
+def test_a_tool_whose_write_fills_the_disk_is_one_line(tmp_path, capsys, monkeypatch):
+    """A write() or flush that fails for a full disk names no file (a PNG onto /dev/full here, past plot_run's
+    check of -o, which refuses a device): run_tool says the disk is full and the fix, exit 2, where it re-raised
+    the OSError (a traceback)."""
     metrics, png = tmp_path / "metrics.jsonl", tmp_path / "loss.png"
     metrics.write_text(json.dumps(TRAIN) + "\n")
     png.symlink_to("/dev/full")
+    monkeypatch.setattr(plot_run, "png_path", lambda output, metrics: Path(output))
     assert run_tool("plot_run.py", lambda: plot_run.main([str(metrics), "-o", str(png)])) == 2
     assert capsys.readouterr().err == ("plot_run.py: error: a write failed: the disk is full (No space left on "
                                        "device); free space on the disk the output goes to, or write it to another "
