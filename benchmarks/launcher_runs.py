@@ -10,14 +10,16 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 
 STOP_GRACE_S = 120  # a stopped trainer's ranks end within seconds; past this they are killed
+KILLED_S = 10  # how long the killed processes get to be gone
 
 
 class Launches:
     """`with Launches() as launches: run = launches.start(command, ...)`: every launch started in the block is
-    stopped at its end (SIGTERM to its process group, SIGKILL after STOP_GRACE_S), all at once, so a run that
-    is still starting is stopped with the others."""
+    stopped at its end, all at once, so a run that is still starting is stopped with the others: SIGTERM to its
+    process group, then the block waits until every process of it has ended (SIGKILL after STOP_GRACE_S)."""
 
     def __init__(self):
         self.runs = []
@@ -35,11 +37,31 @@ class Launches:
         for run in self.runs:  # its group too where the launcher has ended: a rank it left
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
         for run in self.runs:
-            try:
-                run.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
+            if not _ended(run, deadline):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(run.pid, signal.SIGKILL)
-                run.wait()
+                _ended(run, time.monotonic() + KILLED_S)
         return False
+
+
+def _ended(run: subprocess.Popen, deadline: float) -> bool:
+    """Waits until the launcher `run` and every process of its group have ended (a rank may still be stopping
+    when its launcher has gone), or `deadline` has passed -> whether they have."""
+    while run.poll() is None or _group_runs(run.pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _group_runs(group: int) -> bool:
+    """Whether a process of the process group `group` runs (one that ended but is not yet reaped does not)."""
+    import psutil  # DeepSpeed's dependency
+
+    for process in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if process.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(process.pid) == group:
+                return True
+    return False
