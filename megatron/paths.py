@@ -178,9 +178,14 @@ def output_file_problem(flag: str, path: str, fix: str, folder_made: bool = Fals
     return folder_problem(flag, folder, fix)
 
 
+def json_text(value: dict) -> str:
+    """A small JSON record as it is written beside data and checkpoints."""
+    return json.dumps(value, indent=1, ensure_ascii=False) + "\n"
+
+
 def write_json_atomic(path, value: dict) -> None:
     """The whole record or the old one (write_text_atomic)."""
-    write_text_atomic(path, json.dumps(value, indent=1, ensure_ascii=False) + "\n")
+    write_text_atomic(path, json_text(value))
 
 
 def write_text_atomic(path, text: str) -> None:

@@ -304,32 +304,30 @@ def test_cli_error_is_one_line_with_nonzero_exit(corpus, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_failed_multi_key_run_never_pairs_data_with_another_vocabs_record(corpus, tmp_path, monkeypatch):
-    """The disk fills while the second key's .idx is written: the first key's data, already replaced,
-    carries the record of the vocab that made it (the trainer refuses the old vocab), and the second
-    key's data, not replaced, carries none (data without a record: size checks only)."""
+def test_a_failed_multi_key_run_replaces_no_dataset(corpus, tmp_path, monkeypatch):
+    """The disk fills while the second key's .idx is staged: no key's dataset is replaced (all are staged
+    before any is renamed into place), each keeps its data and the record of the vocab that made it, and
+    nothing staged is left."""
     vocab_b = tmp_path / "vocab_b.txt"  # the same tokens in another order
     vocab_b.write_text("\n".join(corpus[1].read_text().splitlines()[::-1]) + "\n")
     tokenizer_a, tokenizer_b = BertWordPiece(corpus[1]), BertWordPiece(vocab_b)
     report = preprocess(options(corpus, tmp_path, json_keys=("text", "title")))
     text, title = report.outputs["text"], report.outputs["title"]
-    before = {prefix: file_bytes(prefix) for prefix in (text, title)}
-    finalize = indexed_dataset._Builder.finalize
+    before = sorted(tmp_path.iterdir()), {prefix: file_bytes(prefix) for prefix in (text, title)}
+    stage = indexed_dataset._Builder.stage
 
-    def disk_full_at_title(builder):
+    def disk_full_at_title(builder, sidecars):
         if builder.prefix == title:
             raise OSError(errno.ENOSPC, "No space left on device", builder._idx_partial)
-        finalize(builder)
+        stage(builder, sidecars)
 
-    monkeypatch.setattr(indexed_dataset._Builder, "finalize", disk_full_at_title)
+    monkeypatch.setattr(indexed_dataset._Builder, "stage", disk_full_at_title)
     with pytest.raises(ConfigError, match="No space left on device"):
         preprocess(options(corpus, tmp_path, json_keys=("text", "title"), vocab_file=str(vocab_b)))
-    assert file_bytes(text) != before[text] and file_bytes(title) == before[title]
-    assert json.loads(data_identity_path(text).read_text())["vocab_sha256"] == tokenizer_b.identity
-    assert not data_identity_path(title).exists()
-    check_data_vocab(tokenizer_b, [text, title])
-    with pytest.raises(DataError, match=f"the data {text} was preprocessed with the vocab {vocab_b}"):
-        check_data_vocab(tokenizer_a, [text, title])
+    assert (sorted(tmp_path.iterdir()), {prefix: file_bytes(prefix) for prefix in (text, title)}) == before
+    check_data_vocab(tokenizer_a, [text, title])
+    with pytest.raises(DataError, match=f"the data {text} was preprocessed with the vocab {corpus[1]}"):
+        check_data_vocab(tokenizer_b, [text, title])
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux has one)")
@@ -355,14 +353,21 @@ def test_a_full_disk_is_one_line_naming_the_output_and_leaves_nothing(corpus, tm
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux has one)")
-def test_a_full_disk_at_the_vocab_record_leaves_the_data_without_a_record(corpus, tmp_path):
-    """The record is the last write (its .partial on /dev/full): the new data stays without a record
-    (size checks only, as _replace intends), and neither a half-written record nor its .partial."""
-    prefix = tmp_path / "wiki_text_sentence"
+def test_a_full_disk_at_the_vocab_record_replaces_nothing(corpus, tmp_path):
+    """The record is the last file written (its .partial on /dev/full): one line naming the full disk, and
+    the dataset already at the prefix stays whole, its .bin/.idx and record (was: the new .bin/.idx were
+    renamed into place first, and stayed without the record, which the trainer then asked to copy)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    preprocess(options(corpus, out))
+    prefix = out / "wiki_text_sentence"
+    before = sorted(out.iterdir()), file_bytes(prefix), data_identity_path(prefix).read_bytes()
     Path(f"{data_identity_path(prefix)}.partial").symlink_to("/dev/full")
-    with pytest.raises(ConfigError, match=f"cannot write --output-prefix {tmp_path / 'wiki'}: the disk is full"):
-        preprocess(options(corpus, tmp_path))
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["wiki_text_sentence.bin", "wiki_text_sentence.idx"]
+    vocab_b = tmp_path / "vocab_b.txt"  # the same tokens in another order: other ids
+    vocab_b.write_text("\n".join(corpus[1].read_text().splitlines()[::-1]) + "\n")
+    with pytest.raises(ConfigError, match=f"cannot write --output-prefix {out / 'wiki'}: the disk is full"):
+        preprocess(options(corpus, out, vocab_file=str(vocab_b)))
+    assert (sorted(out.iterdir()), file_bytes(prefix), data_identity_path(prefix).read_bytes()) == before
 
 
 def test_missing_punkt_models_are_a_clear_error(corpus, tmp_path, monkeypatch):

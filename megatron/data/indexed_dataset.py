@@ -10,8 +10,8 @@ Two on-disk formats, both readable by Megatron and from Megatron:
   in memory.
 
 doc_idx starts with 0 and gets one entry (the item count so far) per finished document.
-Builders write to `*.partial` files and rename them only on `finalize()`, so an interrupted
-run leaves nothing that looks like a dataset. Readers check every header field and offset
+Builders write to `*.partial` files and rename them only on `finalize()` (`stage()` then `publish()`),
+so an interrupted run leaves nothing that looks like a dataset. Readers check every header field and offset
 against the file sizes, so a damaged file is a one-line DataError, not a numpy crash.
 """
 import contextlib
@@ -85,6 +85,7 @@ class _Builder:
         self.doc_idx = array("q", [0])
         self._bin_partial = data_file_path(self.prefix) + ".partial"
         self._idx_partial = index_file_path(self.prefix) + ".partial"
+        self._sidecars = []  # (staged, final) paths of the files stage() wrote beside the dataset
         self._bin = open(self._bin_partial, "wb")
 
     def add_item(self, tokens):
@@ -108,19 +109,37 @@ class _Builder:
     def end_document(self):
         self.doc_idx.append(len(self.sizes))
 
-    def finalize(self):
+    def finalize(self, sidecars: dict | None = None):
+        self.stage(sidecars)
+        self.publish()
+
+    def stage(self, sidecars: dict | None = None):
+        """Writes all the dataset's files under their `.partial` names: the `.bin`, the `.idx` and `sidecars`
+        ({path: text} kept beside them, such as the record of the vocab that made the ids). Every write that
+        can fail (a full disk) happens here, before anything of an older dataset at the prefix is replaced."""
         self._bin.close()
         with open(self._idx_partial, "wb") as index:
             self._write_index(index)
+        for path, text in (sidecars or {}).items():
+            self._sidecars.append((f"{path}.partial", str(path)))
+            Path(self._sidecars[-1][0]).write_text(text, encoding="utf-8")
+
+    def publish(self):
+        """Renames the staged files into place, which writes no data. The old sidecars go first: a rename
+        that fails still leaves no record naming other data."""
+        for _, path in self._sidecars:
+            Path(path).unlink(missing_ok=True)
         os.replace(self._bin_partial, data_file_path(self.prefix))
         os.replace(self._idx_partial, index_file_path(self.prefix))
+        for partial, path in self._sidecars:
+            os.replace(partial, path)
 
     def abort(self):
-        """Removes everything written so far; the old dataset at the prefix, if any, stays. On a full disk
-        the close flushes what is buffered and fails again, closing the file all the same."""
+        """Removes everything written or staged so far; the old dataset at the prefix, if any, stays. On a
+        full disk the close flushes what is buffered and fails again, closing the file all the same."""
         with contextlib.suppress(OSError):
             self._bin.close()
-        for path in (self._bin_partial, self._idx_partial):
+        for path in (self._bin_partial, self._idx_partial, *(partial for partial, _ in self._sidecars)):
             Path(path).unlink(missing_ok=True)
 
     def __enter__(self):

@@ -30,7 +30,7 @@ from megatron.data.indexed_dataset import best_fitting_dtype, lock_file_path, ma
 from megatron.data.sentences import sentence_splitter
 from megatron.data.shard_discovery import FORMATS_HELP
 from megatron.data.tokenizer import build_tokenizer, case_warning
-from megatron.data.tokenizer_identity import data_identity_path, write_data_identity
+from megatron.data.tokenizer_identity import data_identity
 from megatron.data.workers import workers_beyond_cpus
 from megatron.errors import (ConfigError, DataError, cannot_use, disk_full, ignore_stop_signals_in_child,
                              stop_signals_blocked_for_children)
@@ -223,11 +223,13 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
                 raise DataError(f"{corpus.input} has no documents with text under the key '{key}' "
                                 f"({report.documents} documents read, {report.skipped} skipped)",
                                 "pass a corpus with text and check --json-keys (column names for Parquet)")
-        for key, builder in builders.items():
-            _replace(builder, tokenizer, report.outputs[key])
+        for key, builder in builders.items():  # every key's files written before any replaces an old dataset
+            builder.stage(data_identity(tokenizer, report.outputs[key]))
+        for builder in builders.values():
+            builder.publish()
     except BaseException as error:
         encoded.close()  # stops the workers now, not when the generator is collected
-        for builder in builders.values():  # a finalized one has nothing left to remove
+        for builder in builders.values():  # a published one has nothing left to remove
             builder.abort()
         _unlock_outputs(report)
         for folder in reversed(created):
@@ -336,16 +338,6 @@ def _warn_of_unknown_tokens(report: PreprocessReport, tokenizer, log) -> None:
                   f"{tokenizer.file} does not fit this text; build one for it with "
                   f"{paths.in_repository('tools/build_vocab.py')}, or pass the tokenizer made for its language",
                   file=log, flush=True)
-
-
-def _replace(builder, tokenizer, prefix: str) -> None:
-    """The dataset at `prefix` and the record of the vocab that made its ids (checked by the trainer)
-    change together: the old record goes first, so a failed finalize (a full disk) leaves the data,
-    old or new, with no record rather than one naming another vocab; a later key's failure leaves this
-    key's new data with its true record."""
-    data_identity_path(prefix).unlink(missing_ok=True)
-    builder.finalize()
-    write_data_identity(tokenizer, prefix)
 
 
 def _unwritable(error: OSError, prefix: str) -> ConfigError:

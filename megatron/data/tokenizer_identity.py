@@ -17,7 +17,7 @@ from megatron.data.tokenizer import (ADDED_TOKENS, HF_TOKENIZER, SPECIAL_NAMES, 
                                      BertWordPiece, HFTokenizer, build_tokenizer, case_warning, explicit_tokenizer,
                                      naming_flags, text_pipeline, wordpiece)
 from megatron.errors import ConfigError, DataError
-from megatron.paths import in_repository, write_json_atomic
+from megatron.paths import in_repository, json_text, write_json_atomic
 
 CARRIED = "tokenizer_identity.json"  # in a checkpoint folder, beside its copy of the tokenizer file
 CARRIED_FILES = {HF_TOKENIZER: "tokenizer.json", **{name: "vocab.txt" for name in TOKENIZER_TYPES}}
@@ -224,8 +224,14 @@ def _records_added_tokens(record: dict) -> bool:
 
 
 def write_data_identity(tokenizer, prefix: str) -> None:
-    """Beside the .bin/.idx of `prefix`: which vocab made its ids (preprocessing writes it)."""
+    """Beside the .bin/.idx of `prefix`: which vocab made its ids (the default dataset, built before records)."""
     write_json_atomic(data_identity_path(prefix), tokenizer.record())
+
+
+def data_identity(tokenizer, prefix: str) -> dict:
+    """{path: text} of that record, for the builder to stage with the .bin/.idx (preprocessing: all or none
+    of the three are replaced)."""
+    return {data_identity_path(prefix): json_text(tokenizer.record())}
 
 
 def _recorded_pipeline(record: dict) -> dict | None:
