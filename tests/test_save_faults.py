@@ -6,6 +6,7 @@ The full disks are real: the run is started in a mount namespace of its own (`un
 folder mounted as a small tmpfs, so torch's and DeepSpeed's writers meet the kernel's ENOSPC (torch
 reports it only as `basic_ios::clear: iostream error`). That needs root or unprivileged user
 namespaces; without them the tests skip, saying so."""
+import errno
 import json
 import os
 import shutil
@@ -268,6 +269,21 @@ def test_a_process_taking_a_lock_again_keeps_it_and_one_elsewhere_is_given_back(
     assert not (first / locks.LOG_LOCK).exists() and (second / locks.LOG_LOCK).exists()
     locks.release_lock()
     assert not (second / locks.LOG_LOCK).exists() and locks._held_locks == {}
+
+
+def test_a_log_dir_whose_lock_cannot_be_written_is_named_with_the_flag(tmp_path, monkeypatch):
+    """The lock is placed through a temporary file, which the system's error names: the line names --log-dir
+    (the --save lock's is named alike), and the folder made for the lock is removed again."""
+    from megatron import training
+
+    def read_only(path, record):
+        raise OSError(errno.EROFS, "Read-only file system", f"{path}.host.4242")
+
+    monkeypatch.setattr(locks, "_place_record", read_only)
+    log = tmp_path / "runs" / "x"
+    assert training.lock_log_dir(str(log)) == (f"--log-dir {log}: cannot write its lock (Read-only file system)",
+                                                "pass a --log-dir directory this user can write")
+    assert list(tmp_path.iterdir()) == [] and locks._held_locks == {}
 
 
 def test_releasing_a_lock_removes_the_folders_made_for_it_when_left_empty(tmp_path):

@@ -182,7 +182,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         for folder in reversed(created):
             with contextlib.suppress(OSError):
                 folder.rmdir()
-        raise _unwritable(error, options.output_prefix) from None
+        raise _unwritable(error, options.output_prefix, f"cannot make its folder {error.filename}") from None
     report = PreprocessReport(outputs={key: output_prefix(options, key) for key in options.json_keys},
                               input_total=corpus.total_bytes, tokens=dict.fromkeys(options.json_keys, 0),
                               unknown=dict.fromkeys(options.json_keys, 0))
@@ -290,8 +290,13 @@ def _lock_output(output_prefix: str, prefix: str) -> None:
     first still runs, two users of one folder) would truncate the first's staging files and finalize a .bin
     the first still writes into; a run meeting the staging files tells a live writer from a killed one."""
     path = lock_file_path(prefix)
-    if problem := locks.take_lock(os.path.dirname(path) or ".", (), "--output-prefix", os.path.basename(path),
-                                  named=f"--output-prefix {output_prefix} ({prefix}.bin/.idx)"):
+    folder = os.path.dirname(path) or "."
+    try:
+        problem = locks.take_lock(folder, (), "--output-prefix", os.path.basename(path),
+                                  named=f"--output-prefix {output_prefix} ({prefix}.bin/.idx)")
+    except OSError as error:  # the first write there; the system names the lock's temporary file
+        raise _unwritable(error, output_prefix, f"its folder {folder} is not writable") from None
+    if problem:
         raise ConfigError(problem[0].replace("a live run", "a live preprocess_data.py"),
                           "wait for that preprocess to finish (or stop it), or pass another --output-prefix")
 
@@ -340,11 +345,16 @@ def _warn_of_unknown_tokens(report: PreprocessReport, tokenizer, log) -> None:
                   file=log, flush=True)
 
 
-def _unwritable(error: OSError, prefix: str) -> ConfigError:
-    """The line of a failed read or write; a full disk names the output, whose partial files are gone."""
+def _unwritable(error: OSError, prefix: str, folder_problem: str | None = None) -> ConfigError:
+    """The line of a failed read or write; a full disk names the output, whose partial files are gone.
+    `folder_problem`: what the failure says of the output's folder (it cannot be made, or written: a read-only
+    mount), named with --output-prefix in place of the file the system names."""
     if full := disk_full(error):
         return ConfigError(f"cannot write --output-prefix {prefix}: {full} ({error.strerror or error})",
                            "free space there or pass an --output-prefix on another disk")
+    if folder_problem:
+        return ConfigError(f"--output-prefix {prefix}: {folder_problem} ({error.strerror or error})",
+                           "pass an --output-prefix in a folder this user can write")
     return cannot_use(error, "check that --input is readable and the --output-prefix folder writable, with free space")
 
 
