@@ -109,6 +109,7 @@ class Progress:
     """Where this rank's run is, kept by the training loop for the line of a lost rank (lost_rank_problem)."""
     phase: str = "start-up"
     last_checkpoint: str | None = None  # the newest complete one: the loaded one, then each saved
+    validated: int | None = None  # the iteration whose validation loss train_steps logged last (a stop cuts one)
 
 
 def one_line_problem(error: Exception, args, progress: Progress) -> ConfigError | None:
@@ -464,6 +465,7 @@ class Run:
     iteration: int = 0
     consumed: int = 0  # samples
     last_checkpoint: str | None = None  # the newest complete one: the loaded one, then each saved
+    validated: int | None = None  # the iteration whose validation loss train_steps logged last (a stop cuts one)
     watch: LossWatch = dataclasses.field(default_factory=LossWatch)  # the loss, and each checkpoint's
 
 
@@ -565,6 +567,7 @@ def train_steps(run: Run, valid_set, train_batches, read_batches, stop: "StopSig
             if stop.agreed:
                 break
             log.evaluation("validation", run.iteration, run.consumed, loss)
+            run.validated = run.iteration
         if args.save and (run.iteration == run.train_iters
                           or (args.save_interval and run.iteration % args.save_interval == 0)):
             progress.phase = f"the checkpoint save of iteration {run.iteration}"
@@ -581,9 +584,9 @@ def end_run(run: Run, datasets: tuple, read_batches, stop: "StopSignals") -> int
     of a complete run."""
     _, valid_set, test_set = datasets
     interval = run.args.eval_interval
-    validated = run.iteration > run.first_iteration and run.iteration % interval == 0  # by train_steps
     # the slice a validation at this iteration reads in train_steps: a rerun logs the loss the run did
-    ends = (("validation", valid_set, max(0, run.iteration // interval - 1)) if not validated else None,
+    ends = (("validation", valid_set, max(0, run.iteration // interval - 1)) if run.validated != run.iteration
+            else None,
             ("test", test_set, 0))
     cut = []  # the losses a stop came before
     for kind, dataset, slice_index in filter(None, ends):

@@ -505,6 +505,21 @@ def test_a_signal_after_the_last_step(tmp_path, data, split, interval, code, lin
     assert checkpoint.latest_tag(str(tmp_path / "ckpt")) == checkpoint.tag_for(2)
 
 
+def test_a_signal_in_the_last_steps_validation_cuts_it(tmp_path, data):
+    """--eval-interval dividing --train-iters: SIGTERM during the validation after the last step cuts it, and
+    the stop line names it with the test loss (was: `before the test loss`, as if the validation cut short
+    had been logged)."""
+    argv = run_argv(tmp_path, data, "--train-iters", "2", "--eval-interval", "2", "--eval-iters", "50", "--split",
+                    "90,5,5")
+    [(code, steps, err, *_)] = run_on_ranks(main_signalled_in_evaluation, 1, argv, 0, timeout=240)
+    ckpt = tmp_path / "ckpt"
+    assert (code, steps, err.splitlines()[-1]) == (143, 1, (
+        f"pretrain_bert.py: stopped by SIGTERM after the last iteration 2, before the validation and test losses; "
+        f"checkpoint {ckpt / 'iter_0000002'} holds it: rerun with --load {ckpt} to compute the validation and test "
+        "losses")), err[-3000:]
+    assert records(tmp_path, "validation") == []
+
+
 def test_the_stop_acknowledgement_names_the_last_save_and_deepspeeds_grace():
     """Rank 0's line when the final save of a stop begins; DeepSpeed's launch.py, when the signal
     reached it too, kills the ranks 30 s after: named when the last save took longer than what is left."""
