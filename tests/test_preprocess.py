@@ -169,8 +169,9 @@ def test_cli_accepts_megatron_and_legacy_spellings(corpus, tmp_path):
     assert parsed.split_sentences is False and parsed.tokenizer_type is None  # WordPiece: the file decides
 
 
-def test_progress_reports_docs_and_megabytes_per_second(corpus, tmp_path):
+def test_progress_reports_docs_and_megabytes_per_second(corpus, tmp_path, monkeypatch):
     """--log-interval N keeps its meaning: a line every N documents, with the input read against its size."""
+    monkeypatch.setattr(preprocess_module, "RATE_SAMPLE_SECONDS", 0.0)  # rates from the first document on
     log = io.StringIO()
     preprocess(options(corpus, tmp_path, log_interval=50), log=log)
     lines = log.getvalue().splitlines()
@@ -209,8 +210,50 @@ def test_progress_by_default_comes_by_time_even_within_one_long_document(corpus,
     log = io.StringIO()
     preprocess(options((path, corpus[1]), tmp_path, log_interval=None), log=log)
     total = os.path.getsize(path) / 2**20
-    assert re.fullmatch(rf"processed 0 documents \(0\.0 docs/s, 0\.00 MB/s\): 0\.0 of {total:.1f} MB of input "
-                        r"\(0%\)", log.getvalue().strip()), log.getvalue()
+    assert re.fullmatch(rf"processed 0 documents: 0\.0 of {total:.1f} MB of input \(0%\)", log.getvalue().strip()), \
+        log.getvalue()
+
+
+def test_the_progress_rates_count_from_the_first_document(monkeypatch):
+    """30 s of start-up (workers loading their tokenizer), then 10 documents of 1 MB in 10 s: 1 document and
+    1 MB a second, and the ETA of the 89 MB left is 89 s (was: 40 s for 11 MB, over 5 min). No rates before
+    RATE_SAMPLE_SECONDS of work: the first chunks of several workers come out at once."""
+    clock = [100.0]
+    monkeypatch.setattr(preprocess_module.time, "perf_counter", lambda: clock[0])
+    report = preprocess_module.PreprocessReport(input_total=100 * 2**20)
+    log = io.StringIO()
+    progress = preprocess_module._Progress(report, clock[0], 1, log)
+    for seconds, documents in ((30.0, 1), (1.0, 2), (9.0, 11)):
+        clock[0] += seconds
+        report.documents, report.bytes_read = documents, documents * 2**20
+        report.input_read = documents * 2**20
+        progress.document()
+    assert log.getvalue().splitlines() == [
+        "processed 1 documents: 1.0 of 100.0 MB of input (1%)",
+        "processed 2 documents: 2.0 of 100.0 MB of input (2%)",
+        "processed 11 documents (1.0 docs/s, 1.00 MB/s): 11.0 of 100.0 MB of input (11%), ETA 1 min 29 s"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_progress_moves_within_a_long_document(corpus, tmp_path, monkeypatch, workers):
+    """A document of many sentence batches (a book: 48 s for 10 MB) moves the input read as its batches are
+    tokenized, from the end of the record before it to its own, in the workers too (was: 0 of its MB until
+    it came out whole)."""
+    short, long = article(0), {"text": " ".join(f"Sentence number {i} is here." for i in range(40))}
+    path = tmp_path / "long.json"
+    lines = [json.dumps(record) + "\n" for record in (short, long, short)]
+    path.write_text("".join(lines))
+    monkeypatch.setattr(preprocess_module, "SENTENCE_BATCH", 4)  # before the workers fork: 10 batches, 9 parts
+    read, part = [], preprocess_module._Progress.part
+
+    def noted(progress, *where):
+        part(progress, *where)
+        read.append(progress.current().input_read)
+
+    monkeypatch.setattr(preprocess_module._Progress, "part", noted)
+    preprocess(options((path, corpus[1]), tmp_path, workers=workers))
+    first, second = len(lines[0]), len(lines[0]) + len(lines[1])
+    assert len(read) == 9 and read == sorted(read) and first < read[0] and read[-1] < second, (first, read, second)
 
 
 def corrupt_corpus(corpus, tmp_path, bad_line: int, bad: bytes) -> Path:

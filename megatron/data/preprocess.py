@@ -38,6 +38,7 @@ from megatron.errors import (ConfigError, DataError, cannot_use, disk_full, igno
 CHUNK_LINES = 32  # lines per worker task: large enough to hide IPC, small enough to balance
 SENTENCE_BATCH = 1024  # sentences tokenized at once: a book-sized document never holds all its encodings
 FIRST_LOG_SECONDS, LOG_SECONDS = 2.0, 15.0  # progress by time (no --log-interval): the first line, then every
+RATE_SAMPLE_SECONDS = 2.0  # progress lines give rates and an ETA once the work done since the first document spans this
 DEFAULT_LANG = "english"  # --split-sentences' Punkt model without --lang
 # a warning above this share of [UNK] in a dataset: a vocab made for the text writes next to none (the default
 # vocab, 0 of the 385k tokens of its corpus); 1% is a word lost every few sentences; the lower-case default vocab
@@ -111,6 +112,10 @@ class Encoder:
 
     def __init__(self, options: PreprocessOptions):
         self.options = options
+        # on_part(start, end, bytes, fraction): a document of several sentence batches is `fraction` tokenized;
+        # it lies between `start` and `end` in the input as stored (the records before it in this process end
+        # at `start`), `bytes` as decompressed (Corpus.records)
+        self.on_part, self.previous_end, self.record = None, 0, None
 
     def start(self):
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # parallelism is the worker count, nothing hidden
@@ -127,6 +132,7 @@ class Encoder:
         (text the tokenizer cannot encode) or a _Crash (an error no check foresaw), bytes): a worker's error
         comes back with the record's location, which the main process names."""
         number, raw, size = item
+        self.record, self.previous_end = (self.previous_end, number[2], size), number[2]
         texts = record_texts(raw, self.options.json_keys)
         if isinstance(texts, str):
             return number, texts, size
@@ -140,9 +146,13 @@ class Encoder:
     def tokenized(self, text: str) -> tuple:
         """(ids, sizes) of a document's sentences, as arrays (a few bytes a token, through the queue too),
         tokenized SENTENCE_BATCH sentences at a time; empty sentences dropped, --append-eod's id last."""
-        sentences = self.split(text)
-        parts = [self.tokenizer.tokenize_flat(sentences[start:start + SENTENCE_BATCH], self.dtype)
-                 for start in range(0, len(sentences), SENTENCE_BATCH)]
+        sentences, parts, done = self.split(text), [], 0
+        for start in range(0, len(sentences), SENTENCE_BATCH):
+            batch = sentences[start:start + SENTENCE_BATCH]
+            parts.append(self.tokenizer.tokenize_flat(batch, self.dtype))
+            done += sum(map(len, batch))
+            if self.on_part and start + SENTENCE_BATCH < len(sentences):  # the progress within a long document
+                self.on_part(*self.record, min(1.0, done / len(text)))
         ids = np.concatenate([part[0] for part in parts] or [np.zeros(0, self.dtype)])
         sizes = np.concatenate([part[1] for part in parts] or [np.zeros(0, np.int32)])
         sizes = sizes[sizes > 0]
@@ -189,7 +199,7 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
     builders = {}
     start = time.perf_counter()
     progress = _Progress(report, start, options.log_interval, log)
-    encoded = _encoded(options, corpus, progress.start)
+    encoded = _encoded(options, corpus, progress.start, progress.part)
     try:
         for key, prefix in report.outputs.items():
             _lock_output(options.output_prefix, prefix)
@@ -358,10 +368,10 @@ def _unwritable(error: OSError, prefix: str, folder_problem: str | None = None) 
     return cannot_use(error, "check that --input is readable and the --output-prefix folder writable, with free space")
 
 
-def _encoded(options: PreprocessOptions, corpus: Corpus, started=lambda: None):
+def _encoded(options: PreprocessOptions, corpus: Corpus, started=lambda: None, on_part=None):
     """(location, documents or error, bytes) for every record of the corpus, in input order;
     `started()` is called once the workers run (a thread started before they fork would be copied
-    into them mid-print).
+    into them mid-print); `on_part` as Encoder.on_part, for the next record to come out only.
 
     Chunks of lines go to `workers` processes through a task queue, at most 8 per worker in
     flight, and come back numbered, so output order is input order. Workers ignore SIGINT, SIGTERM
@@ -373,6 +383,7 @@ def _encoded(options: PreprocessOptions, corpus: Corpus, started=lambda: None):
     lines = corpus.records()
     if options.workers == 1:
         encoder.start()
+        encoder.on_part = on_part
         started()
         yield from map(encoder.encode, lines)
         return
@@ -400,7 +411,10 @@ def _encoded(options: PreprocessOptions, corpus: Corpus, started=lambda: None):
                 break
             while emitted not in ready:
                 number, encoded = _next_result(results, workers)
-                ready[number] = encoded
+                if number != PART:
+                    ready[number] = encoded
+                elif encoded[0] == emitted and on_part:  # how far the chunk waited for is
+                    on_part(*encoded[1:])
             yield from ready.pop(emitted)
             emitted += 1
         finished = True
@@ -418,7 +432,8 @@ def _encoded(options: PreprocessOptions, corpus: Corpus, started=lambda: None):
 
 
 def _next_result(results, workers) -> tuple:
-    """The next (chunk number, encoded lines) from any worker; a worker that died is an error."""
+    """The next (chunk number, encoded lines) from any worker, or (PART, (chunk number, *Encoder.on_part's
+    arguments)); a worker that died is an error."""
     while True:
         try:
             number, encoded = results.get(timeout=1.0)
@@ -435,6 +450,8 @@ def _next_result(results, workers) -> tuple:
                                       "foresaw (what it printed, if anything, is above)",
                                       "rerun with --workers 1 to see the record it stopped at") from None
             continue
+        if number == PART:
+            return number, encoded
         if number < 0 and isinstance(encoded, ConfigError):
             raise encoded
         if number < 0:
@@ -443,12 +460,16 @@ def _next_result(results, workers) -> tuple:
         return number, encoded
 
 
+PART = -2  # a worker's message of its progress within a long document (_next_result)
+
+
 def _worker_loop(encoder: Encoder, tasks, results) -> None:
     ignore_stop_signals_in_child()
     try:
         encoder.start()
         while (task := tasks.get()) is not None:
             number, chunk = task
+            encoder.on_part = lambda *where, chunk_number=number: results.put((PART, (chunk_number, *where)))
             results.put((number, [encoder.encode(line) for line in chunk]))
     except ConfigError as error:  # pickled whole: the main process's one line
         results.put((-1, error))
@@ -459,11 +480,15 @@ def _worker_loop(encoder: Encoder, tasks, results) -> None:
 class _Progress:
     """Progress lines: every `every` documents (--log-interval N), none for 0, else by time (the first
     after FIRST_LOG_SECONDS, then every LOG_SECONDS) from a thread, so that a document that takes
-    minutes to tokenize still shows the run is alive."""
+    minutes to tokenize still shows the run is alive, and how far it is (part). The rates and the ETA
+    count from the first document (or part of one) done, not from the start: the workers' start-up (a
+    tokenizer and a Punkt model each, seconds) made the first ETA ten times too long."""
 
     def __init__(self, report: PreprocessReport, start: float, every: int | None, log):
         self.report, self.start_time, self.every, self.log = report, start, every, log
         self.stopped, self.thread = threading.Event(), None
+        self.first = None  # (time, the counts then) once the first document, or part of one, is done
+        self.partial = (0, 0, 0)  # of a long document being tokenized: (its end, the input and bytes done of it)
 
     def start(self) -> None:
         if self.every is None:
@@ -471,8 +496,28 @@ class _Progress:
             self.thread.start()
 
     def document(self) -> None:
+        self._sample()
         if self.every and self.report.documents % self.every == 0:
             self.print()
+
+    def part(self, start: int, end: int, size: int, fraction: float) -> None:
+        """Encoder.on_part of the next record to come out: the records before it have come out (their
+        input is report.input_read), so it starts there."""
+        begin = max(start, self.report.input_read)
+        self.partial = (end, begin + fraction * (end - begin), fraction * size)
+        self._sample()
+
+    def current(self) -> PreprocessReport:
+        """The report with the part done of a long document that has not come out yet."""
+        end, read, size = self.partial
+        if end <= self.report.input_read:  # it came out since (or there was none)
+            return self.report
+        return replace(self.report, bytes_read=self.report.bytes_read + size,
+                       input_read=max(self.report.input_read, read))
+
+    def _sample(self) -> None:
+        if self.first is None:
+            self.first = (time.perf_counter(), replace(self.current()))  # a copy: the report goes on counting
 
     def stop(self) -> None:
         self.stopped.set()
@@ -490,20 +535,27 @@ class _Progress:
         return time.perf_counter() - self.start_time
 
     def print(self) -> None:
-        print(progress_line(self.report, self.elapsed()), file=self.log, flush=True)
+        first = self.first  # set by the main thread meanwhile
+        sampled = first and time.perf_counter() - first[0]
+        rated = (sampled, first[1]) if sampled and sampled >= RATE_SAMPLE_SECONDS else (None, None)
+        print(progress_line(self.current(), *rated), file=self.log, flush=True)
 
 
-def progress_line(report: PreprocessReport, elapsed: float) -> str:
-    """'processed N documents (x docs/s, y MB/s): a of b MB of input (p%), ETA t': MB/s of text, the
-    input as stored (a compressed shard counts its compressed bytes), the ETA at the rate so far."""
-    elapsed = max(elapsed, 1e-9)
+def progress_line(report: PreprocessReport, elapsed: float | None, base: PreprocessReport | None = None) -> str:
+    """'processed N documents (x docs/s, y MB/s): a of b MB of input (p%), ETA t': the rates over the `elapsed`
+    seconds since the counts were `base` (None: 0; `elapsed` None: no rates yet, nor an ETA), MB/s of the records
+    as decompressed (bytes_read), the input as stored (a compressed shard counts its compressed bytes), the ETA
+    at the rate the input went."""
+    base = base or PreprocessReport()
     read, total = report.input_read, report.input_total
-    line = (f"processed {report.documents} documents ({report.documents / elapsed:.1f} docs/s, "
-            f"{report.bytes_read / elapsed / 2**20:.2f} MB/s): {read / 2**20:.1f} of {total / 2**20:.1f} MB of input")
+    rates = (f" ({(report.documents - base.documents) / elapsed:.1f} docs/s, "
+             f"{(report.bytes_read - base.bytes_read) / elapsed / 2**20:.2f} MB/s)" if elapsed else "")
+    line = f"processed {report.documents} documents{rates}: {read / 2**20:.1f} of {total / 2**20:.1f} MB of input"
     if not total:
         return line
     line += f" ({100 * read / total:.0f}%)"
-    return line + (f", ETA {duration_text(elapsed * (total - read) / read)}" if read else "")
+    done = read - base.input_read
+    return line + (f", ETA {duration_text(elapsed * (total - read) / done)}" if elapsed and done > 0 else "")
 
 
 def duration_text(seconds: float) -> str:
