@@ -60,13 +60,18 @@ class StopSignals:
         self.watching = launcher_watch.watch(self._launcher_ended)
 
     def _note(self, signum, frame) -> None:
-        if not self.received:
-            self.received, self.received_at = signum, time.monotonic()
+        """The first signal names the stop; until the ranks agree on it, a signal also takes the place of the
+        launcher's end: a signal to the whole job (a scheduler's, Ctrl-C) ends the `deepspeed` command at once,
+        and the watch sees that first while this thread, inside a long call (torch.save), has not yet run this
+        handler. The time stays the earlier one: launch.py's 30 s (_grace_left) count from it."""
+        if not self.received or (self.launcher_gone and not self.agreed):
+            self.received_at = self.received_at if self.received else time.monotonic()
+            self.received, self.launcher_gone = signum, None
 
     def _launcher_ended(self, description: str) -> None:
         if not self.received:  # else the signal that came first names the stop
-            self.launcher_gone = description
-            self._note(signal.SIGTERM, None)
+            self.received_at = time.monotonic()
+            self.received, self.launcher_gone = signal.SIGTERM, description
 
     def stop_watching(self) -> None:
         if self.watching:
@@ -115,7 +120,8 @@ class StopSignals:
     def _grace_left(self) -> float | None:
         """Seconds until DeepSpeed's launch.py would kill this rank, had the signal that stops the run
         reached it too (a Ctrl-C in its terminal, a scheduler signalling the whole job); None where
-        it cannot have: another parent, or no SIGINT / SIGTERM of this rank's own."""
+        it cannot have: another parent, or no SIGINT / SIGTERM of this rank's own (a launcher's end with no
+        signal here before the agreement: the `deepspeed` command signalled alone, launch.py killed)."""
         if self.received not in (signal.SIGINT, signal.SIGTERM) or self.launcher_gone or \
                 not launcher_watch.under_deepspeed_launch():
             return None

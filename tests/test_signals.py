@@ -534,6 +534,25 @@ def test_the_stop_acknowledgement_names_the_last_save_and_deepspeeds_grace():
     assert "(the first save of this run)" in acknowledgement("SIGTERM", 3, "c/iter_0000003", None, 1.0)
 
 
+def test_a_signal_after_the_launchers_end_names_the_stop(monkeypatch):
+    """SIGTERM to the whole job while rank 0 writes a save: the `deepspeed` command ends at once and the watch
+    sees it before the rank's handler runs (its main thread inside torch.save). Until the ranks agree, the
+    signal names the stop, and launch.py's grace counts from the launcher's end (was: `stopped by the end of
+    the deepspeed command`, without the warning that launch.py kills the ranks); after, it changes nothing."""
+    monkeypatch.setattr(launcher_watch, "under_deepspeed_launch", lambda: True)
+    gone = "the deepspeed command (pid 4242)"
+    stop = stop_signals.StopSignals("tokenizer.json")
+    stop._launcher_ended(gone)
+    stop._note(signal.SIGTERM, None)
+    assert stop._name(stop.received, stop.launcher_gone) == "SIGTERM"
+    assert launcher_watch.DEEPSPEED_KILL_S - 5 < stop._grace_left() <= launcher_watch.DEEPSPEED_KILL_S
+    agreed = stop_signals.StopSignals("tokenizer.json")  # the command signalled alone: the ranks stopped on it
+    agreed._launcher_ended(gone)
+    agreed.agreed = signal.SIGTERM
+    agreed._note(signal.SIGINT, None)
+    assert (agreed._name(agreed.received, agreed.launcher_gone), agreed._grace_left()) == (f"the end of {gone}", None)
+
+
 def test_sighup_stops_like_sigterm_unless_nohup_ignores_it():
     """A closed terminal or a dropped SSH session sends SIGHUP: a tool stops with its clean-up and one
     line (exit 129), the training loop notes it as a stop. Under nohup (SIGHUP ignored) both leave it
