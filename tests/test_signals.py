@@ -810,24 +810,27 @@ def test_ctrl_c_in_a_tool_without_heavy_imports_is_one_line(tmp_path, script, ar
     assert not (tmp_path / "job.yml").exists()
 
 
-KILLING_RANK = "import os, signal\nos.kill({target}, signal.SIGKILL)\n"
+KILLING_RANK = "import os, signal, time\nos.kill({target}, signal.{signal})\ntime.sleep(60)\n"
 
 
-@pytest.mark.parametrize("killed", ["os.getppid()", "os.getpid()"], ids=["launch.py", "the rank"])
-def test_a_launcher_or_rank_killed_by_sigkill_is_status_137_not_0(tmp_path, killed):
+@pytest.mark.parametrize("killed, signum", [("os.getppid()", signal.SIGKILL), ("os.getpid()", signal.SIGKILL),
+                                            ("os.getppid()", signal.SIGTERM)],
+                         ids=["launch.py", "the rank", "launch.py-SIGTERM"])
+def test_a_launcher_or_rank_ended_by_a_signal_is_128_plus_it(tmp_path, killed, signum):
     """DeepSpeed's runner passes on a positive return code only: its launch.py killed by SIGKILL (the
     OOM killer) ended the `deepspeed` command with 0, short of --train-iters, and a rank so killed
-    with launch.py's -9 as 247. Under deepspeed_command.py (the launch scripts' launcher) both are
-    128 + 9, as a shell says; the real runner and launch.py, a rank that kills one of them."""
+    with launch.py's -9 as 247; launch.py given SIGTERM stops the ranks and exits 1, read as a failure.
+    Under deepspeed_command.py (the launch scripts' launcher) all are 128 + the signal, as a shell says;
+    the real runner and launch.py, a rank that signals one of them."""
     rank = tmp_path / "rank.py"
-    rank.write_text(KILLING_RANK.format(target=killed))
+    rank.write_text(KILLING_RANK.format(target=killed, signal=signum.name))
     env = {name: value for name, value in os.environ.items()
            if name not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT))
     result = subprocess.run([PYTHON, "-P", "-m", "megatron.parallel.deepspeed_command", "--num_gpus", "1",
                              "--master_port", str(free_port()), str(rank)], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=180)
-    assert result.returncode == 128 + signal.SIGKILL, result.stderr[-3000:]
+    assert result.returncode == 128 + signum, result.stderr[-3000:]
 
 
 def group_members(pgid: int) -> list:

@@ -12,6 +12,8 @@ inside torch's import:
 A process that died by signal N reads as status 128 + N, as in a shell: the runner passes on only a
 positive return code, so a launch.py killed by SIGKILL (the OOM killer, a node agent) would end the
 command with 0 short of --train-iters, and launch.py, when a rank dies by SIGKILL, exits with -9 (247).
+A launch.py stopped by SIGTERM or SIGINT of its own (its sigkill_handler stops the ranks, then exits 1, which
+a scheduler reads as a failure) exits 128 + N too.
 Run as `python -P -m megatron.parallel.deepspeed_command ...` (-P: the megatron the tool imported,
 not one in the working directory); launcher_watch counts it among the launchers.
 """
@@ -61,6 +63,24 @@ class _GuardedLaunch:
         return subprocess.Popen(command, *args, **kwargs)
 
 
+class _NotedStops:
+    """launch.py's `signal` module, whose handlers note the signal they handle first: its sigkill_handler stops
+    the ranks, then exits 1 (main gives 128 + the signal)."""
+
+    def __init__(self):
+        self.received = None
+
+    def __getattr__(self, name):
+        return getattr(signal, name)
+
+    def signal(self, signum, handler):
+        def noted(number, frame):
+            self.received = self.received or number
+            return handler(number, frame)
+
+        return signal.signal(signum, noted if callable(handler) else handler)
+
+
 DEEPSPEED_LOGGER = "DeepSpeed"  # deepspeed.utils.logger's name (LoggerFactory.create_logger)
 # a rank that stopped, as launch.py sees it
 STOP_STATUSES = {str(code) for stop in STOPS for code in (128 + stop, -stop)}
@@ -76,13 +96,14 @@ def not_a_stops_kill_lines(record) -> bool:
     return record.levelno >= logging.ERROR and record.getMessage().rsplit(" = ", 1)[-1] not in STOP_STATUSES
 
 
-def _deepspeed_main(launch: bool):
-    """launch.py's main, or the runner's, which starts launch.py under this module."""
+def _deepspeed_main(launch: bool, stops: _NotedStops):
+    """launch.py's main, whose signals `stops` notes, or the runner's, which starts launch.py under this module."""
     if launch:
-        from deepspeed.launcher.launch import main
+        from deepspeed.launcher import launch as launch_module
 
         logging.getLogger(DEEPSPEED_LOGGER).addFilter(not_a_stops_kill_lines)
-        return main
+        launch_module.signal = stops
+        return launch_module.main
     from deepspeed.launcher import runner
     runner.subprocess = _GuardedLaunch()
     return runner.main
@@ -92,9 +113,9 @@ def main() -> int:
     launch = sys.argv[1:2] == [LAUNCH]
     if launch:
         del sys.argv[1]  # launch.py parses the rest
-    importing = raise_on_signals()
+    importing, stops = raise_on_signals(), _NotedStops()
     try:
-        run = _deepspeed_main(launch)
+        run = _deepspeed_main(launch, stops)
         restore_signals(importing)  # from here on, the signals are as under DeepSpeed's own commands
         run()
     except KeyboardInterrupt as error:  # Interrupted during the imports; Python's own once DeepSpeed runs
@@ -106,8 +127,8 @@ def main() -> int:
         return 128 + signum
     except SystemExit as error:  # the runner passes launch.py's exit code on: launch.py stopped by the same
         # Ctrl-C can end before this process handles its own signal (a loaded machine), which then never shows
-        if launch:  # launch.py exits with a rank's return code: -9 for one killed by SIGKILL
-            return signal_as_status(error.code)
+        if launch:  # launch.py exits with a rank's return code (-9 for one killed by SIGKILL), or 1 after a stop
+            return 128 + stops.received if stops.received and error.code == 1 else signal_as_status(error.code)
         signum = error.code - 128 if isinstance(error.code, int) and error.code - 128 in STOPS else None
         if signum is not None and not os.environ.get(SCRIPT_SIGNALS_RANKS):
             print(f"{PROG}: stopped by {signal.Signals(signum).name}{STARTED_RANKS_STOP}", file=sys.stderr, flush=True)
