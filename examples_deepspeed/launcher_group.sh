@@ -1,8 +1,8 @@
 # Sourced by the launch scripts: `fail` and `decimal` (one-line errors, exit 2), STOP_TIMEOUT checked
 # when sourced (before anything starts, not when a signal comes), and `run_launcher COMMAND ...`
 # runs the deepspeed launcher (`.../deepspeed ARGS`, run as megatron/parallel/deepspeed_command.py, whose
-# status for a launch.py or a rank killed by signal N, or a launch.py stopped by SIGTERM, is 128 + N: DeepSpeed's runner would end with 0 when
-# launch.py is killed) in its own process group and stops the whole run on SIGTERM / SIGINT / SIGHUP. The launcher itself does not: its
+# status for a launch.py or a rank killed by signal N, or a launch.py stopped by SIGTERM, is 128 + N:
+# DeepSpeed's runner would end with 0 when launch.py is killed) in its own process group and stops the whole run on SIGTERM / SIGINT / SIGHUP. The launcher itself does not: its
 # outer process dies on SIGTERM and leaves the ranks training as orphans. Here the signal goes to
 # this machine's ranks (the children of deepspeed.launcher.launch in the group): they save a final
 # checkpoint (with --save) and exit, and the launcher, seeing them exit, ends with their status. With no rank
