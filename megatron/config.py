@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron.arguments import flag_setting
-from megatron.ds_schema import (SECTION, check_checkpointing_section, check_deepspeed_types,
+from megatron.ds_schema import (SECTION, check_checkpointing_section, check_deepspeed_types, check_fp16_autocast,
                                 check_sequence_communication, deepspeed_accepts, deepspeed_top_level_keys,
                                 offload_description, precision_description, typed)
 from megatron.errors import ConfigError
@@ -285,6 +285,9 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     if clipping_flag is not None:
         ds_config = {**ds_config, "gradient_clipping": clipping_flag}
     _check_pipeline_clipping(ds_config, clipping_flag, pipeline, zero_stage, json_given)
+    stages = "--pipeline-model-parallel-size" if "pipeline_parallel_size" in given else "pipeline.stages"
+    check_fp16_autocast(ds_config, f"{stages} {pipeline}" if pipeline > 1 else None,
+                        _clipping_setting(ds_config, clipping_flag, json_given))
 
     try:
         _ulysses_size(values, sequence)
@@ -348,22 +351,27 @@ def _check_pipeline_clipping(ds_config: dict, clipping_flag, pipeline: int, zero
     (`clipping_flag`, already in `ds_config`), the JSON's gradient_clipping, or DeepSpeed's default 1.0;
     without `json_given` the run has no JSON to edit (Megatron's habit: --pipeline-model-parallel-size alone),
     so the fix names the file to pass."""
-    clipping = ds_config.get("gradient_clipping", 1.0)  # DeepSpeed's default is 1.0
-    if not (pipeline > 1 and zero_stage == 0 and clipping > 0):
+    if not (pipeline > 1 and zero_stage == 0 and ds_config.get("gradient_clipping", 1.0) > 0):
         return
-    if clipping_flag is not None:
-        setting, off = f"--clip-grad {clipping}", "--clip-grad 0"
-    elif not json_given:
-        setting, off = f"gradient clipping {clipping} (DeepSpeed's default: no --deepspeed_config is given)", \
-            "--clip-grad 0"
-    else:
-        default = "" if "gradient_clipping" in ds_config else " (the default: the JSON sets none)"
-        setting = f"gradient_clipping {clipping}{default}"
-        off = '"gradient_clipping": 0 in the JSON, or --clip-grad 0'
+    setting = _clipping_setting(ds_config, clipping_flag, json_given)
+    off = ('"gradient_clipping": 0 in the JSON, or --clip-grad 0' if json_given and clipping_flag is None
+           else "--clip-grad 0")
     zero_1 = ('pass --deepspeed --deepspeed_config FILE holding {"zero_optimization": {"stage": 1}}' if not json_given
               else "use zero_optimization.stage 1")
     raise ConfigError(f"{setting} with a pipeline at zero_optimization.stage 0 would clip by the first stage's "
                       "gradient norm only", f"{zero_1}, or turn clipping off ({off})")
+
+
+def _clipping_setting(ds_config: dict, clipping_flag, json_given: bool) -> str:
+    """The run's gradient clipping as the user set it: --clip-grad (`clipping_flag`, already in `ds_config`), the
+    JSON's gradient_clipping, or DeepSpeed's default 1.0 (said so; `json_given`: whether there is a JSON)."""
+    clipping = ds_config.get("gradient_clipping", 1.0)  # DeepSpeed's default is 1.0
+    if clipping_flag is not None:
+        return f"--clip-grad {clipping}"
+    if not json_given:
+        return f"gradient clipping {clipping} (DeepSpeed's default: no --deepspeed_config is given)"
+    return f"gradient_clipping {clipping}" + ("" if "gradient_clipping" in ds_config else
+                                              " (the default: the JSON sets none)")
 
 
 # the JSON section's values (section_values) that attention.check does not read

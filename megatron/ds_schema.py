@@ -783,7 +783,7 @@ def _check_dtypes(ds_config: dict) -> None:
         if value is not None and not (isinstance(value, str) and value.lower() in _COMMUNICATION_DTYPES):
             raise ConfigError(f"{key} = {json.dumps(value)} is not a communication dtype DeepSpeed knows",
                               f"set {key} to fp32, fp16 or bf16, or remove it")
-    _check_autocast(ds_config.get("torch_autocast", {}), ds_config)
+    _check_autocast(ds_config.get("torch_autocast", {}))
 
 
 class GradAccumMix(NamedTuple):
@@ -833,27 +833,17 @@ def _check_grad_accum_mix(ds_config: dict) -> None:
                           "remove compute_grad_norm (true by default)")
 
 
-def _check_autocast(autocast: dict, ds_config: dict) -> None:
-    """torch_autocast in bf16, or fp16 where DeepSpeed 0.19.8 gets it right: its ZeRO 1/2 clip fp16
-    autocast's loss-scaled gradients by their scaled norm and its GradScaler then unscales them (updates
-    damped some 65536-fold, no word); torch falls back to fp32 for any other dtype. Its
-    lower_precision_safe_modules are imported inside deepspeed.initialize (a traceback per rank for a
-    bad one; a string is read letter by letter): their shape is checked here, their import in
-    deepspeed_accepts."""
+def _check_autocast(autocast: dict) -> None:
+    """torch_autocast with a dtype, bf16 or fp16 (torch falls back to fp32 for any other; where DeepSpeed runs
+    fp16 wrong: check_fp16_autocast). Its lower_precision_safe_modules are imported inside deepspeed.initialize
+    (a traceback per rank for a bad one; a string is read letter by letter): their shape is checked here, their
+    import in deepspeed_accepts."""
     if autocast.get("enabled") and autocast.get("dtype") is None:
         raise ConfigError("torch_autocast is enabled without a dtype (torch would pick its device's default, float16 "
                           "on a GPU)", 'set torch_autocast.dtype to "bfloat16"')
     if not autocast.get("enabled"):
         return
     dtype = autocast["dtype"]
-    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
-    clipping = ds_config.get("gradient_clipping", 1.0)  # DeepSpeed's default
-    if dtype in _DTYPE_NAMES["fp16"] and stage in (1, 2) and clipping:
-        raise ConfigError(f"torch_autocast.dtype {json.dumps(dtype)} at ZeRO stage {stage} with gradient_clipping "
-                          f"{clipping} would train on damped updates (DeepSpeed 0.19.8 clips fp16 autocast's "
-                          "loss-scaled gradients before unscaling them)",
-                          'use "fp16": {"enabled": true} in place of torch_autocast (the trainer\'s loss-scaling '
-                          'path), or torch_autocast.dtype "bfloat16"')
     if dtype not in (*_DTYPE_NAMES["bf16"], *_DTYPE_NAMES["fp16"]):
         raise ConfigError(f"torch_autocast.dtype = {json.dumps(dtype)} is not an autocast dtype (torch would run fp32)",
                           'set torch_autocast.dtype to "bfloat16"')
@@ -867,6 +857,31 @@ def _check_autocast(autocast: dict, ds_config: dict) -> None:
         if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+", name)):
             raise ConfigError(f"torch_autocast.lower_precision_safe_modules entry {json.dumps(name)} is not a "
                               '"package.Class" name', 'name each module class with its package, e.g. "torch.nn.Linear"')
+
+
+def check_fp16_autocast(ds_config: dict, pipeline: str | None, clipping: str) -> None:
+    """fp16 torch_autocast where DeepSpeed 0.19.8 runs it wrong: its pipeline engine steps a GradScaler that
+    never scaled a loss (an AssertionError on every rank at the first step), and its ZeRO 1-3 optimizers clip
+    the loss-scaled gradients by their scaled norm before the GradScaler unscales them (updates damped some
+    65536-fold, no word; ZeRO 0 unscales first). `ds_config`: the run's (--clip-grad in its gradient_clipping);
+    `pipeline`: the stages as the user set them ('pipeline.stages 2'), None without a pipeline; `clipping`: the
+    clipping as the user set it ('--clip-grad 1.0')."""
+    autocast = dict_section(ds_config, "torch_autocast")
+    dtype = autocast.get("dtype")
+    if not (autocast.get("enabled") is True and dtype in _DTYPE_NAMES["fp16"]):
+        return
+    bf16 = 'torch_autocast.dtype "bfloat16"'
+    if pipeline:
+        raise ConfigError(f"torch_autocast.dtype {json.dumps(dtype)} with a pipeline ({pipeline}) stops DeepSpeed "
+                          "0.19.8 at the first step (its pipeline engine steps a GradScaler that never scaled the "
+                          "loss: \"Attempted step but _scale is None\")", f"use {bf16} with a pipeline, or run "
+                          "without one")
+    stage = dict_section(ds_config, "zero_optimization").get("stage", 0)
+    if stage >= 1 and ds_config.get("gradient_clipping", 1.0):  # DeepSpeed's default clipping: 1.0
+        raise ConfigError(f"torch_autocast.dtype {json.dumps(dtype)} at ZeRO stage {stage} with {clipping} would "
+                          "train on damped updates (DeepSpeed 0.19.8 clips fp16 autocast's loss-scaled gradients "
+                          "before unscaling them)", 'use "fp16": {"enabled": true} in place of torch_autocast (the '
+                          f"trainer's loss-scaling path), or {bf16}")
 
 
 def check_sequence_communication(ds_config: dict, sequence: int) -> None:

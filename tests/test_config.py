@@ -153,6 +153,20 @@ def test_resolved_config_is_json_serialisable():
                                    "number_checkpoints": 2}, "sequence_parallel": {"size": 1, "attention": "ring"}},
      2, {}, "activation_checkpointing.contiguous_memory_optimization fills DeepSpeed 0.19.8's fixed checkpoint "
             "buffers in evaluation"),
+    # fp16 autocast where DeepSpeed runs it wrong: ZeRO 3 clipped the loss-scaled gradients too (damped updates),
+    # a pipeline stopped at the first step; named as the user set the clipping and the stages
+    ({"torch_autocast": {"enabled": True, "dtype": "float16"}, "zero_optimization": {"stage": 3}}, 4, {},
+     'torch_autocast.dtype "float16" at ZeRO stage 3 with gradient_clipping 1.0 (the default: the JSON sets none) '
+     "would train on damped updates"),
+    ({"torch_autocast": {"enabled": True, "dtype": "fp16"}, "zero_optimization": {"stage": 2},
+      "gradient_clipping": 0}, 4, {"gradient_clipping": 0.5}, '"fp16" at ZeRO stage 2 with --clip-grad 0.5 would'),
+    ({"torch_autocast": {"enabled": True, "dtype": "float16"}, "zero_optimization": {"stage": 1},
+      "gradient_clipping": 0, "train_batch_size": 4, "pipeline": {"stages": 2}}, 4, {},
+     'torch_autocast.dtype "float16" with a pipeline (pipeline.stages 2) stops DeepSpeed 0.19.8 at the first step'),
+    ({"torch_autocast": {"enabled": True, "dtype": "float16"}, "gradient_clipping": 0, "train_batch_size": 4}, 4,
+     {"pipeline_parallel_size": 2}, '(--pipeline-model-parallel-size 2) stops DeepSpeed 0.19.8 at the first step '
+                                    '(its pipeline engine steps a GradScaler that never scaled the loss: "Attempted '
+                                    'step but _scale is None"); use torch_autocast.dtype "bfloat16" with a pipeline'),
 ])
 def test_invalid_combinations_name_the_key(ds_update, world, extra, message):
     with pytest.raises(ConfigError) as error:
@@ -279,6 +293,10 @@ def test_precision_checks_accept_what_deepspeed_accepts(ds_update):
     ({"torch_autocast": {"enabled": False, "dtype": "float32"}}, 4),  # off: its dtype is not read
     ({"torch_autocast": {"enabled": True, "dtype": "float16"}, "zero_optimization": {"stage": 0}}, 4),  # unscaled
     ({"torch_autocast": {"enabled": True, "dtype": "float16"}, "gradient_clipping": 0}, 4),  # nothing clipped
+    ({"torch_autocast": {"enabled": True, "dtype": "float16"}, "gradient_clipping": 0,
+      "zero_optimization": {"stage": 3}}, 4),
+    ({"torch_autocast": {"enabled": True, "dtype": "bfloat16"}, "pipeline": {"stages": 2}, "train_batch_size": 4,
+      "zero_optimization": {"stage": 1}}, 4),
     ({"torch_autocast": {"enabled": True, "dtype": "bf16", "lower_precision_safe_modules": ["torch.nn.Linear"]}}, 4),
     ({"data_types": {"grad_accum_dtype": "fp32"}}, 4),
     ({"communication_data_type": "fp16", "seq_parallel_communication_data_type": "FP16"}, 4),
