@@ -280,7 +280,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         raise ConfigError(f"zero_optimization.stage {zero_stage} cannot be combined with pipeline parallelism "
                           f"(pipeline size {pipeline})", "use zero_optimization.stage 0 or 1 with a pipeline")
 
-    check_checkpointing_section(ds_config.get("activation_checkpointing", {}), sequence)
+    check_checkpointing_section(ds_config, sequence, pipeline, gas)
     clipping_flag = values.pop("gradient_clipping", None)  # --clip-grad, over the JSON's
     if clipping_flag is not None:
         ds_config = {**ds_config, "gradient_clipping": clipping_flag}

@@ -28,10 +28,19 @@ def _bf16_key(ds_config: dict) -> str:
     return "bf16" if "bf16" in ds_config else "bfloat16"
 
 
-def check_checkpointing_section(section: dict, sequence: int) -> None:
+def check_checkpointing_section(ds_config: dict, sequence: int, pipeline: int, accumulation: int) -> None:
     """The JSON's "activation_checkpointing" settings DeepSpeed 0.19.8 cannot run here: a traceback on
     every rank (cpu_checkpointing without partitioned activations, which mangles the layers' saved
-    inputs; contiguous_memory_optimization at the first evaluation), or activations split twice."""
+    inputs; contiguous_memory_optimization at the first evaluation; profile with a pipeline's non-reentrant
+    checkpoint over several micro-batches), or activations split twice."""
+    section = dict_section(ds_config, "activation_checkpointing")
+    if (section.get("profile") and pipeline > 1 and accumulation > 1
+            and dict_section(ds_config, "pipeline").get("use_reentrant") is False):
+        raise ConfigError("activation_checkpointing.profile with the pipeline's non-reentrant checkpoint (pipeline."
+                          f"use_reentrant false) and gradient accumulation ({accumulation} micro-batches a step) stops "
+                          "DeepSpeed 0.19.8 at the first step (\"timer is not started\")", "drop "
+                          "activation_checkpointing.profile, or pipeline.use_reentrant (the reentrant checkpoint, "
+                          "DeepSpeed's default, profiles)")
     if section.get("partition_activations") and sequence > 1:
         raise ConfigError("activation_checkpointing.partition_activations would split sequence-split activations "
                           "across the seq ranks a second time", "set activation_checkpointing.partition_activations "

@@ -85,6 +85,12 @@ def test_variant_flags_reach_the_model_config():
 
 def test_activation_checkpointing_from_the_flag_or_the_json_section():
     assert resolve(SMALL, BASE, world_size=4).activation_checkpoint_interval == 0
+    profiled = {**BASE, "activation_checkpointing": {"profile": True}, "zero_optimization": {"stage": 1},
+                "train_batch_size": 2, "gradient_accumulation_steps": 1}  # one micro-batch a step: it profiles
+    for pipeline in ({"stages": 2, "use_reentrant": False}, {"stages": 2}):
+        assert resolve(SMALL, {**profiled, "pipeline": pipeline}, world_size=4).activation_checkpoint_interval == 1
+    assert resolve(SMALL, {**profiled, "pipeline": {"stages": 2}, "train_batch_size": 4,
+                           "gradient_accumulation_steps": 2}, world_size=4).gradient_accumulation_steps == 2
     section = {**BASE, "activation_checkpointing": {"partition_activations": False}}
     assert resolve(SMALL, section, world_size=4).activation_checkpoint_interval == 1
     chunks = flags("--checkpoint-activations", "--checkpoint-num-layers", "2")
@@ -153,6 +159,10 @@ def test_resolved_config_is_json_serialisable():
                                    "number_checkpoints": 2}, "sequence_parallel": {"size": 1, "attention": "ring"}},
      2, {}, "activation_checkpointing.contiguous_memory_optimization fills DeepSpeed 0.19.8's fixed checkpoint "
             "buffers in evaluation"),
+    ({"activation_checkpointing": {"profile": True}, "pipeline": {"stages": 2, "use_reentrant": False},
+      "zero_optimization": {"stage": 1}, "train_batch_size": 4}, 4, {},  # 2 micro-batches a step: DeepSpeed's timers
+     "activation_checkpointing.profile with the pipeline's non-reentrant checkpoint (pipeline.use_reentrant false) "
+     "and gradient accumulation (2 micro-batches a step) stops DeepSpeed 0.19.8 at the first step"),
     # fp16 autocast where DeepSpeed runs it wrong: ZeRO 3 clipped the loss-scaled gradients too (damped updates),
     # a pipeline stopped at the first step; named as the user set the clipping and the stages
     ({"torch_autocast": {"enabled": True, "dtype": "float16"}, "zero_optimization": {"stage": 3}}, 4, {},
