@@ -37,7 +37,7 @@ from pathlib import Path
 
 from megatron.arguments import flag_setting
 from megatron.ds_schema import (SECTION, check_checkpointing_section, check_deepspeed_types, check_fp16_autocast,
-                                check_sequence_communication, deepspeed_accepts, deepspeed_top_level_keys,
+                                check_section_keys, check_sequence_communication, deepspeed_accepts,
                                 offload_description, precision_description, typed)
 from megatron.errors import ConfigError
 from megatron.hf_forms import export_note
@@ -220,14 +220,7 @@ def section_values(ds_config: dict) -> dict:
     if not isinstance(section, dict):
         raise ConfigError(f"{SECTION} must be a JSON object", f'write "{SECTION}": {{"size": ..., "attention": ...}}')
     top = _section_fields()
-    known = section_keys()
-    for key in section:
-        if key in deepspeed_top_level_keys() and key != SECTION:  # a DeepSpeed key one level too deep
-            raise ConfigError(f"{SECTION}.{key} is a top-level key of DeepSpeed's, not one of the {SECTION} "
-                              f"section (DeepSpeed would not read it there)", f"move {key!r} out of the {SECTION} "
-                              "section to the JSON's top level")
-        if key not in known:
-            raise ConfigError(f"unknown key {SECTION}.{key}", f"use one of: {', '.join(sorted(known))}")
+    check_section_keys(SECTION, section, section_keys())
     values = {}
     for key, name in {**top, **{key: key for key in SECTION_ONLY_KEYS}}.items():
         null_is_unset = name in SECTION_ONLY_KEYS or may_be_none(name)

@@ -335,6 +335,7 @@ def check_deepspeed_types(ds_config: dict) -> None:
                 raise ConfigError(f"{key} = {json.dumps(ds_config[key])} is not a JSON object",
                                   f'write "{key}": {{...}} or remove it')
         check_optimizer(ds_config)
+        _check_pipeline_section(dict_section(ds_config, "pipeline"))
         for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
             if ds_config.get(key) is not None:  # null: derived from the other two
                 typed(key, ds_config[key], int)
@@ -342,6 +343,57 @@ def check_deepspeed_types(ds_config: dict) -> None:
         _check_dtypes(ds_config)
         _check_top_level_scalars(ds_config)
         _check_path_values(ds_config)
+
+
+def check_section_keys(name: str, section: dict, known) -> None:
+    """Each key of the JSON's `name` section is one of `known`: a top-level key of DeepSpeed's there is named with
+    the level it belongs at, any other with the keys to use (neither DeepSpeed nor the trainer would read it)."""
+    for key in section:
+        if key in known:
+            continue
+        if key in deepspeed_top_level_keys() and key != name:  # a DeepSpeed key one level too deep
+            raise ConfigError(f"{name}.{key} is a top-level key of DeepSpeed's, not one of the {name} section "
+                              "(DeepSpeed would not read it there)", f"move {key!r} out of the {name} section to the "
+                              "JSON's top level")
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+        raise ConfigError(f"unknown key {name}.{key}", (f"did you mean {close[0]!r}? " if close else "")
+                          + f"use one of: {', '.join(sorted(known))}")
+
+
+# DeepSpeed 0.19.8's "pipeline" keys that the run honours: the stages (megatron.config), use_reentrant (read by its
+# pipeline engine), the activation partitioning at false (the trainer sets it) and the recompute interval at 0
+# (--checkpoint-num-layers sets it); its others, read only from the PipelineModule the trainer builds -> why
+PIPELINE_KEYS = ("stages", "use_reentrant", "pipe_partitioned", "grad_partitioned", "activation_checkpoint_interval")
+_PIPELINE_NOT_READ = {
+    "partition": "which the trainer builds split by transformer layer",
+    "seed_layers": "which the trainer builds; each layer's starting weights come from --seed and the layer's BertModel "
+                   "name, the same in any layout"}
+
+
+def _check_pipeline_section(section: dict) -> None:
+    """The JSON's "pipeline" keys as the run reads them: a key of DeepSpeed's section that only its PipelineModule
+    takes (_PIPELINE_NOT_READ), or one the trainer overrides (activation partitioning, which the seq ranks'
+    sequence chunks rule out) or would not know about (a recompute interval DeepSpeed's pipeline engine switches on
+    without the trainer's activation checkpointing), is refused as an unknown one is: each ran silently as
+    something else."""
+    for key, why in _PIPELINE_NOT_READ.items():
+        if key in section:
+            raise ConfigError(f"pipeline.{key} is not read (DeepSpeed takes it from the PipelineModule, {why})",
+                              f'remove "{key}" from "pipeline"')
+    check_section_keys("pipeline", section, PIPELINE_KEYS)
+    if section.get("use_reentrant") is not None:  # DeepSpeed reads anything but false as true
+        typed("pipeline.use_reentrant", section["use_reentrant"], bool)
+    for key, sent in (("pipe_partitioned", "a stage's activations"), ("grad_partitioned", "their gradients")):
+        if typed(f"pipeline.{key}", section.get(key, False), bool):
+            raise ConfigError(f"pipeline.{key} true is not used: the trainer sends {sent} whole (DeepSpeed would "
+                              "split them over the seq ranks, which hold different sequence chunks)",
+                              f"remove {key} (or set it false)")
+    interval = typed("pipeline.activation_checkpoint_interval", section.get("activation_checkpoint_interval", 0), int)
+    if interval:
+        raise ConfigError(f"pipeline.activation_checkpoint_interval {interval} would switch on DeepSpeed's recompute "
+                          "behind the trainer, which neither configures DeepSpeed's activation checkpointing for it nor "
+                          "records it", "remove it and pass --checkpoint-activations --checkpoint-num-layers "
+                          f"{interval} (or add an \"activation_checkpointing\" section)")
 
 
 PLACEHOLDER = "auto"  # the Hugging Face Trainer's value for "fill this in from my arguments"

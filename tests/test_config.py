@@ -159,6 +159,20 @@ def test_resolved_config_is_json_serialisable():
                                    "number_checkpoints": 2}, "sequence_parallel": {"size": 1, "attention": "ring"}},
      2, {}, "activation_checkpointing.contiguous_memory_optimization fills DeepSpeed 0.19.8's fixed checkpoint "
             "buffers in evaluation"),
+    # the pipeline section's keys: a typo ran without a pipeline, the others as something else, silently
+    ({"pipeline": {"stage": 2}}, 4, {}, "unknown key pipeline.stage; did you mean 'stages'? use one of: "
+                                        "activation_checkpoint_interval, grad_partitioned, pipe_partitioned, stages, "
+                                        "use_reentrant"),
+    ({"pipeline": {"stages": 2, "zero_optimization": {"stage": 1}}}, 4, {},
+     "pipeline.zero_optimization is a top-level key of DeepSpeed's, not one of the pipeline section"),
+    ({"pipeline": {"stages": 2, "partition": "uniform"}}, 4, {}, "pipeline.partition is not read (DeepSpeed takes it "
+                                                                 "from the PipelineModule"),
+    ({"pipeline": {"seed_layers": True}}, 4, {}, 'pipeline.seed_layers is not read'),
+    ({"pipeline": {"pipe_partitioned": True}}, 4, {}, "pipeline.pipe_partitioned true is not used: the trainer sends"),
+    ({"pipeline": {"grad_partitioned": "false"}}, 4, {}, 'pipeline.grad_partitioned = "false" is not a boolean'),
+    ({"pipeline": {"use_reentrant": 0}}, 4, {}, "pipeline.use_reentrant = 0 is not a boolean"),
+    ({"pipeline": {"stages": 2, "activation_checkpoint_interval": 1}}, 4, {},
+     "pipeline.activation_checkpoint_interval 1 would switch on DeepSpeed's recompute behind the trainer"),
     ({"activation_checkpointing": {"profile": True}, "pipeline": {"stages": 2, "use_reentrant": False},
       "zero_optimization": {"stage": 1}, "train_batch_size": 4}, 4, {},  # 2 micro-batches a step: DeepSpeed's timers
      "activation_checkpointing.profile with the pipeline's non-reentrant checkpoint (pipeline.use_reentrant false) "
@@ -312,6 +326,8 @@ def test_precision_checks_accept_what_deepspeed_accepts(ds_update):
     ({"communication_data_type": "fp16", "seq_parallel_communication_data_type": "FP16"}, 4),
     ({"communication_data_type": "fp16", "pipeline": {"stages": 2}, "zero_optimization": {"stage": 1}},
      8),  # DeepSpeed's pipeline engine does not override it
+    ({"pipeline": {"stages": 2, "use_reentrant": False, "pipe_partitioned": False, "grad_partitioned": False,
+                   "activation_checkpoint_interval": 0}, "zero_optimization": {"stage": 1}}, 8),  # what the run reads
 ])
 def test_dtype_and_offload_settings_deepspeed_reads_are_accepted(ds_update, world):
     ds_config = {**BASE, **ds_update}

@@ -97,6 +97,7 @@ def test_set_makes_no_folder_for_a_mistyped_output(capsys, tmp_path, assignment)
     (["zero_optimization.stage=\"2\""], 'zero_optimization.stage = "2" is not an integer'),
     (["sequence_parallel.size=3"], "sequence_parallel.size 3 x pipeline 1 does not divide the world size 2"),
     (["sequence_parallel.atention=ulysses"], "unknown key sequence_parallel.atention"),
+    (["pipeline.num_stages=2"], "unknown key pipeline.num_stages; did you mean 'stages'? use one of: "),
     (["zero_optimization.stage.x=1"], "zero_optimization.stage holds 1, not an object"),
     (["train_batch_size=6"], "train_batch_size 6 is not a multiple of train_micro_batch_size_per_gpu 4 x data-parallel "
                              "size 1 (= world / (pp x sp)) = 4; make train_batch_size a multiple of 4"),
