@@ -72,6 +72,7 @@ def build_engine(config: TrainConfig, bert_state: dict | None = None, lr_schedul
     engine, *_ = deepspeed.initialize(model=model, config=config.ds_config, mpu=state, lr_scheduler=lr_scheduler,
                                       model_parameters=optimizer_groups(model, config.decay_norms_and_biases))
     keep_clipped_grad_norm(engine)
+    unscale_autocast_grad_norm(engine)
     if config.zero_stage == 3:
         sum_sequence_grads_in_zero3_reduce_scatter(engine.optimizer)
     return engine
@@ -103,6 +104,29 @@ def keep_clipped_grad_norm(engine) -> None:
     def clip_and_keep_norm():
         engine._global_grad_norm = clip_grads(engine.module.parameters(), engine.gradient_clipping())
     engine.clip_fp32_gradients = clip_and_keep_norm
+
+
+def unscale_autocast_grad_norm(engine) -> None:
+    """The gradient norm of fp16 torch_autocast under ZeRO 1-3, for the log: DeepSpeed's ZeRO optimizers report the
+    norm of the loss-scaled gradients there (their own loss scale is 1; the GradScaler that scaled the loss unscales
+    the gradients inside its step), some 65536 times the gradients' own. Divided here by the scale the gradients
+    carried, read before the step (whose GradScaler update may change it) without a host sync. (ZeRO 0's GradScaler
+    unscales before the norm; with clipping, ZeRO 1-3 are refused: ds_schema.check_fp16_autocast.)"""
+    optimizer = engine.optimizer
+    scaler = getattr(optimizer, "torch_autocast_gradscaler", None)
+    if scaler is None:
+        return
+    step = optimizer.step
+
+    @functools.wraps(step)  # keeps the LR scheduler's mark on the step (skip_nonfinite_updates)
+    def step_then_unscale_norm(*args, **kwargs):
+        scale = scaler._get_scale_async().clone()  # a tensor, updated in place by the step
+        result = step(*args, **kwargs)
+        if optimizer._global_grad_norm is not None:
+            optimizer._global_grad_norm = optimizer._global_grad_norm / scale
+        return result
+
+    optimizer.step = step_then_unscale_norm
 
 
 def clip_grads(parameters, max_norm: float) -> torch.Tensor:

@@ -68,7 +68,7 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
     just before DeepSpeed's optimizer step, and the logged gradient norms."""
     ds = ds_config(micro, gas, zero_stage, sequence, attention, clip)
     if precision:
-        ds[precision] = {"enabled": True}
+        ds[precision] = {"enabled": True, **({"dtype": "float16"} if precision == "torch_autocast" else {})}
     config = resolve({**model_flags(attention), "pipeline_parallel_size": pipeline,
                       "activation_checkpoint_interval": checkpoint_interval, "compile_mlp": compile_mlp}, ds,
                      torch.distributed.get_world_size())
@@ -376,6 +376,17 @@ def test_mixed_precision_tracks_fp32(precision, pipeline, world, dtype):
         assert result["dtype"] == dtype
         assert result["losses"] == pytest.approx(expected, rel=2e-3)
         assert result["losses"][-1] < result["losses"][0]
+
+
+def test_fp16_autocast_logs_the_norm_of_the_gradients_not_of_the_loss_scaled_ones():
+    """fp16 torch_autocast at ZeRO 1 and 3 (clipping off: refused with it): DeepSpeed's ZeRO optimizers reported
+    the norm of the loss-scaled gradients (grad norm 313593 where it was 4.79); the log has the gradients' own,
+    the fp32 reference's within fp16 rounding."""
+    runs = [(1, 2, 2, zero_stage, 1, "ring", 0, "torch_autocast", False, 0.0) for zero_stage in (1, 3)]
+    (results,) = run_on_ranks(deepspeed_runs, 1, runs, timeout=300)
+    expected = reference_run(2, clip=NO_CLIP)["grad_norms"]
+    for zero_stage, result in zip((1, 3), results):
+        assert result["grad_norms"] == pytest.approx(expected, rel=2e-2), f"ZeRO {zero_stage}"
 
 
 # (pipeline, micro, gas, ZeRO, sequence, attention, checkpoint interval, precision, compile_mlp) on 2 ranks
