@@ -153,7 +153,8 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
     memory.add_argument("--checkpoint-activations", action="store_true",
                         help="recompute transformer layers in backward (DeepSpeed activation checkpointing)")
     memory.add_argument("--checkpoint-num-layers", type=int,
-                        help="with --checkpoint-activations: transformer layers per checkpointed chunk (default 1)")
+                        help="with --checkpoint-activations (or the JSON's activation_checkpointing section): transformer "
+                             "layers per checkpointed chunk (default 1)")
     speed = parser.add_argument_group("speed")
     speed.add_argument("--compile-mlp", action="store_true", default=None,
                        help="torch.compile each layer's MLP sublayer: fused bias-GELU and bias-dropout-add "
@@ -177,6 +178,8 @@ def config_flags(args: argparse.Namespace) -> dict:
             raise ConfigError(f"{first} and {second} contradict each other", "pass one of them")
     if getattr(args, "checkpoint_activations", False):
         values["activation_checkpoint_interval"] = args.checkpoint_num_layers or 1
+    else:  # the chunks of the JSON's activation_checkpointing section, which turns recompute on too (config.resolve)
+        values["checkpoint_num_layers"] = getattr(args, "checkpoint_num_layers", None)
     values["gradient_clipping"] = getattr(args, "clip_grad", None)  # DeepSpeed's key, which --clip-grad overrides
     return values
 

@@ -256,9 +256,15 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
     values = {**resized_preset(model_preset(flags, ds_config), values), **values}  # each below its own flag
     values.pop("model_preset", None)
     values.update(rope_positions(values, given.keys() | section.keys()))
-    # --checkpoint-activations, else DeepSpeed's own "activation_checkpointing" section turns it on
+    # --checkpoint-activations, else DeepSpeed's own "activation_checkpointing" section turns it on, in chunks of
+    # --checkpoint-num-layers layers (default 1)
+    chunk = values.pop("checkpoint_num_layers", None)
     checkpoint_interval = (values.pop("activation_checkpoint_interval", 0)
-                           or int("activation_checkpointing" in ds_config))
+                           or (chunk or 1) * ("activation_checkpointing" in ds_config))
+    if chunk and not checkpoint_interval:
+        raise ConfigError("--checkpoint-num-layers is given without --checkpoint-activations or an "
+                          "activation_checkpointing section in the DeepSpeed JSON (it sizes the recomputed chunks)",
+                          "add --checkpoint-activations or drop --checkpoint-num-layers")
     compile_mlp = values.pop("compile_mlp", False)
     decay_norms_and_biases = values.pop("decay_norms_and_biases", False)  # a resume's: its checkpoint's grouping
     try:

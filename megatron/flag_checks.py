@@ -114,8 +114,6 @@ def check_flag_combinations(args) -> None:
              (args.keep_last, "--keep-last", args.save, "--save DIR", "it prunes the --save folder"),
              (args.exit_duration_in_mins, "--exit-duration-in-mins", args.save, "--save DIR",
               "its stop is saved for a resume"),
-             (args.checkpoint_num_layers, "--checkpoint-num-layers", args.checkpoint_activations,
-              "--checkpoint-activations", "it sizes the recomputed chunks"),
              (args.no_position_extension or None, "--no-position-extension", args.init_from_hf, "--init-from-hf DIR",
               "it refuses extending the Hugging Face folder's positions"),
              (args.no_load_rng or None, "--no-load-rng", args.load, "--load DIR", "it skips the checkpoint's RNG "

@@ -1079,8 +1079,6 @@ FLAG_MISTAKES = {
     "exit_duration_without_save": (["--exit-duration-in-mins", "30"], (
         "--exit-duration-in-mins is given without --save (its stop is saved for a resume)",)),
     "exit_duration_zero": (["--exit-duration-in-mins", "0"], ("--exit-duration-in-mins 0.0 must be > 0",)),
-    "checkpoint_num_layers_without_recompute": (["--checkpoint-num-layers", "2"], (
-        "--checkpoint-num-layers is given without --checkpoint-activations", "add --checkpoint-activations")),
     "no_position_extension_without_hf": (["--no-position-extension"], (
         "--no-position-extension is given without --init-from-hf",)),
     "min_lr_with_constant_decay": (["--lr-decay-style", "constant", "--min-lr", "1e-5"], (
@@ -1421,6 +1419,11 @@ def test_the_largest_token_id_the_vocab_holds_is_accepted_one_more_is_refused():
 # device.select_device fails the test), in this process, one line, nothing written. id -> (argv, files, phrases,
 # env); argv and files take {tmp}, and {hf}: a call that builds an HF folder in tmp first.
 CONFIG_MISTAKES = {
+    # ---- flags the run would not read, where the JSON decides it (its activation_checkpointing section turns the
+    # recompute on that --checkpoint-num-layers sizes)
+    "checkpoint_num_layers_without_recompute": (["--checkpoint-num-layers", "2"], {}, (
+        "--checkpoint-num-layers is given without --checkpoint-activations or an activation_checkpointing section",
+        "add --checkpoint-activations"), {}),
     # ---- JSON read strictly
     "json_nan_clipping": (["--deepspeed_config", "{tmp}/ds.json"],
                           {"ds.json": '{"train_micro_batch_size_per_gpu": 2, "gradient_clipping": NaN}'},

@@ -96,6 +96,12 @@ def test_activation_checkpointing_from_the_flag_or_the_json_section():
     chunks = flags("--checkpoint-activations", "--checkpoint-num-layers", "2")
     assert resolve({**chunks, **SMALL}, BASE, world_size=4).activation_checkpoint_interval == 2
     assert resolve({**chunks, **SMALL}, section, world_size=4).activation_checkpoint_interval == 2
+    # the section turns recompute on, --checkpoint-num-layers sizes its chunks (it was refused without the flag)
+    sized = flags("--checkpoint-num-layers", "2")
+    assert resolve({**sized, **SMALL}, section, world_size=4).activation_checkpoint_interval == 2
+    with pytest.raises(ConfigError, match="--checkpoint-num-layers is given without --checkpoint-activations or an "
+                                          "activation_checkpointing section"):
+        resolve({**sized, **SMALL}, BASE, world_size=4)
 
 
 def test_deepspeed_accepts_the_file_unchanged(tmp_path):
