@@ -671,18 +671,33 @@ def _batch_sizes(values: dict, ds_config: dict, data: int) -> tuple:
     if gas is None:
         gas = 1 if global_batch is None else max(1, global_batch // (micro * data))
     global_batch = global_batch or micro * gas * data
-    if global_batch != micro * gas * data and None in given.values():  # derived ones: name only what was written
-        written = [f"{name} {value}" for name, value in given.items() if value]
-        known = data * math.prod(value for value in given.values() if value)
-        raise ConfigError(f"{global_name} {global_batch} is not a multiple of {' x '.join(written + [''])}"
-                          f"data-parallel size {data} (= world / (pp x sp)){f' = {known}' if written else ''}",
-                          f"make {global_name} a multiple of {known}, or set all three batch sizes")
-    if global_batch != micro * gas * data:
-        flags = "--" in micro_name + global_name  # a flag against the JSON's accumulation: say whose that is
-        whose = "the JSON's " if flags else ""
-        raise ConfigError(
-            f"{global_name} {global_batch} != {micro_name} {micro} x {whose}gradient_accumulation_steps {gas} x "
-            f"data-parallel size {data} (= world / (pp x sp))",
-            f"make {global_name} = micro x grad-acc x data-parallel size" + (
-                ", or drop gradient_accumulation_steps from the JSON (the batch sizes then give it)" if flags else ""))
-    return micro, gas, global_batch
+    if global_batch == micro * gas * data:
+        return micro, gas, global_batch
+    flags = "--" in micro_name + global_name  # a flag against the JSON's accumulation: say whose that is
+    if None in given.values():  # derived ones: name only what was written
+        raise _not_a_multiple(global_name, global_batch, {name: value for name, value in given.items() if value}, data)
+    if flags and global_batch % (micro * data):  # no accumulation fits: dropping the JSON's would not do
+        raise _not_a_multiple(global_name, global_batch, {micro_name: micro}, data, (
+            f"make {global_name} {micro * gas * data} (micro x the JSON's gradient_accumulation_steps {gas} x "
+            f"data-parallel size), or a multiple of {micro * data} with gradient_accumulation_steps dropped from the "
+            "JSON"))
+    whose = "the JSON's " if flags else ""
+    raise ConfigError(
+        f"{global_name} {global_batch} != {micro_name} {micro} x {whose}gradient_accumulation_steps {gas} x "
+        f"data-parallel size {data} (= world / (pp x sp))",
+        f"make {global_name} = micro x grad-acc x data-parallel size" + (
+            ", or drop gradient_accumulation_steps from the JSON (the batch sizes then give it)" if flags else ""))
+
+
+def _not_a_multiple(global_name: str, global_batch: int, written: dict, data: int, fix: str = "") -> ConfigError:
+    """A global batch that no whole number of the `written` batch sizes (name -> value) x the data-parallel size
+    makes. The fix (unless `fix` is given): those that make one, a multiple, or (one size written) a size that
+    divides the global batch per data rank; 'set all three batch sizes' named none."""
+    known = data * math.prod(written.values())
+    factors = [f"{name} {value}" for name, value in written.items()]
+    if not fix:
+        fix = f"make {global_name} a multiple of {known}" + (
+            f", or {next(iter(written))} a divisor of {global_batch // data}"
+            if len(written) == 1 and global_batch % data == 0 else "")
+    return ConfigError(f"{global_name} {global_batch} is not a multiple of {' x '.join(factors + [''])}data-parallel "
+                       f"size {data} (= world / (pp x sp)){f' = {known}' if written else ''}", fix)

@@ -125,7 +125,16 @@ def test_resolved_config_is_json_serialisable():
      "train_batch_size 6 != train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 2 x data-parallel size 2"),
     ({"train_batch_size": 6, "train_micro_batch_size_per_gpu": None}, 4, {},  # the micro batch derived: not named
      "train_batch_size 6 is not a multiple of gradient_accumulation_steps 2 x data-parallel size 2 (= world / (pp x "
-     "sp)) = 4; make train_batch_size a multiple of 4, or set all three batch sizes"),
+     "sp)) = 4; make train_batch_size a multiple of 4, or gradient_accumulation_steps a divisor of 3"),
+    ({"train_batch_size": 6, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": None,
+      "zero_optimization": {"stage": 1}}, 4, {"pipeline_parallel_size": 2},  # no grad-acc fits: no "set all three"
+     "train_batch_size 6 is not a multiple of train_micro_batch_size_per_gpu 4 x data-parallel size 1 (= world / (pp "
+     "x sp)) = 4; make train_batch_size a multiple of 4, or train_micro_batch_size_per_gpu a divisor of 6"),
+    ({"train_batch_size": None, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}, 4,
+     {"global_batch_size": 6},  # dropping the JSON's grad-acc would not fit 6 either: said at once
+     "--global-batch-size 6 is not a multiple of train_micro_batch_size_per_gpu 4 x data-parallel size 2 (= world / "
+     "(pp x sp)) = 8; make --global-batch-size 8 (micro x the JSON's gradient_accumulation_steps 1 x data-parallel "
+     "size), or a multiple of 8 with gradient_accumulation_steps dropped from the JSON"),
     ({}, 4, {"global_batch_size": 6, "micro_batch_size": 1},  # flags are named as flags
      "--global-batch-size 6 != --micro-batch-size 1 x the JSON's gradient_accumulation_steps 2 x data-parallel size 2 "
      "(= world / (pp x sp)); make --global-batch-size = micro x grad-acc x data-parallel size, or drop "
