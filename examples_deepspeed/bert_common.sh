@@ -153,7 +153,9 @@ save_dir "$RUN_DIR/checkpoints" "$@"
 COMMAND=("${LAUNCHER[@]}" "$ROOT/pretrain_bert.py" --deepspeed --deepspeed_config "$RUN_DIR/ds_config.json"
          "${MODEL[@]}" --train-iters 1000 --lr 1e-4 --lr-warmup-fraction 0.01 --log-interval 10
          --eval-interval 500 --eval-iters 10 --save "$SAVE_DIR" --load "$SAVE_DIR" --save-interval 500 --log-dir "$RUN_DIR" "$@")
-CONFIG=("$PYTHON" "$ROOT/tools/ds_config.py" set "$TEMPLATE" "${SETTINGS[@]}" --world-size "$WORLD" "${MODEL[@]}")
+# --script-names: its errors name this script's arguments (GLOBAL_BATCH, LAYERS, ...), not the flags and keys they set
+CONFIG=("$PYTHON" "$ROOT/tools/ds_config.py" set "$TEMPLATE" "${SETTINGS[@]}" --world-size "$WORLD" "${MODEL[@]}"
+        --script-names)
 # the trainer's parser on the flags the command passes it, in a dry run and before a launch alike: an
 # unknown or mistyped flag fails here, once, not on every node after the launch (a few seconds: DeepSpeed's import);
 # then the layout, whose fix names this script's arguments (ds_config.py's would name deepspeed's and the trainer's)

@@ -474,9 +474,10 @@ def _refuse_stages_without_layers(stages: int, layers: int, by_flag: bool) -> No
     a stage holding only the embeddings or the heads, a rank that mostly waits (Megatron refuses it too)."""
     if stages > layers:
         key = "--pipeline-model-parallel-size" if by_flag else "pipeline.stages"
-        raise ConfigError(f"{key} {stages} is more pipeline stages than the {layers} transformer layers: a stage "
-                          "would hold no transformer layer", f"pass at most {layers} stages, or --num-layers {stages} "
-                          "or more")
+        fewer = (f"pass {key} {layers}" if by_flag else f"set {key} to {layers}") + " or fewer" * (layers > 1)
+        raise ConfigError(f"{key} {stages} is more pipeline stages than the {layers} transformer layer"
+                          f"{'s' * (layers > 1)}: a stage "
+                          "would hold no transformer layer", f"{fewer}, or pass --num-layers {stages} or more")
 
 
 def wide_window_note(model: BertConfig, window_given: bool) -> str | None:

@@ -225,8 +225,8 @@ CASES = [
          files={"ds.json": ds_json(zero_optimization__stage=2)}),
     Case("flag_pipeline_deeper_than_the_layers", "launch2",  # a stage of only the heads
          [*PRETRAIN, "--deepspeed_config", "{tmp}/ds.json", "--pipeline-model-parallel-size", "2", "--num-layers", "1"],
-         ("--pipeline-model-parallel-size 2 is more pipeline stages than the 1 transformer layers",
-          "pass at most 1 stages, or --num-layers 2 or more"),
+         ("--pipeline-model-parallel-size 2 is more pipeline stages than the 1 transformer layer:",
+          "pass --pipeline-model-parallel-size 1, or pass --num-layers 2 or more"),
          files={"ds.json": ds_json(zero_optimization__stage=1)}),
     # ---- flags
     Case("flag_seq_not_divisible_by_sp", "launch2", [*PRETRAIN, "--sequence-parallel-size", "2", "--attention", "linformer",
@@ -867,6 +867,10 @@ CASES += [
     Case("script_flag_fixed_by_a_positional", "distributed", [*SCRIPT_ARGS, "--micro-batch-size=1"],
          ("--micro-batch-size after the positional arguments would override MICRO_BATCH = 2",
           "change the MICRO_BATCH argument"), env={"DRY_RUN": "1"}),
+    # the JSON's checks name the script's arguments (its fix named --num-layers, which it refuses after them)
+    Case("script_batch_named_by_its_arguments", "distributed", [*SCRIPT_ARGS[:4], "4", "6", *SCRIPT_ARGS[6:]],
+         ("GLOBAL_BATCH 6 is not a multiple of MICRO_BATCH 4 x data-parallel size 1", "make GLOBAL_BATCH a multiple "
+          "of 4, or MICRO_BATCH a divisor of 6"), env={"DRY_RUN": "1"}),
     Case("script_run_dir_not_writable", "distributed", SCRIPT_ARGS,
          ("RUN_DIR /proc/launchfix/run cannot be created or written", "set RUN_DIR to a directory this user can write"),
          env={"RUN_DIR": "/proc/launchfix/run"}),

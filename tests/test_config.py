@@ -154,9 +154,10 @@ def test_resolved_config_is_json_serialisable():
      "gradient_clipping 0.5 with a pipeline at zero_optimization.stage 0"),
     ({"train_batch_size": 4, "zero_optimization": {"stage": 1}}, 6, {"pipeline_parallel_size": 3},  # 2 layers
      "--pipeline-model-parallel-size 3 is more pipeline stages than the 2 transformer layers: a stage would hold no "
-     "transformer layer; pass at most 2 stages, or --num-layers 3 or more"),
+     "transformer layer; pass --pipeline-model-parallel-size 2 or fewer, or pass --num-layers 3 or more"),
     ({"train_batch_size": 4, "zero_optimization": {"stage": 1}, "pipeline": {"stages": 3}}, 6, {},
-     "pipeline.stages 3 is more pipeline stages than the 2 transformer layers"),
+     "pipeline.stages 3 is more pipeline stages than the 2 transformer layers: a stage would hold no transformer "
+     "layer; set pipeline.stages to 2 or fewer, or pass --num-layers 3 or more"),
     ({"sequence_parallel": {"size": "2"}}, 4, {}, 'sequence_parallel.size = "2" is not an integer'),
     ({"sequence_parallel": {"size": 2, "sparse": True}}, 4, {}, "unknown key sequence_parallel.sparse"),
     ({"sequence_parallel": {"linformer": {"k": 8, "rank": 2}}}, 4, {}, "unknown key sequence_parallel.linformer.rank"),

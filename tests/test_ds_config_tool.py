@@ -125,6 +125,19 @@ def test_bad_set_names_the_key_and_writes_nothing(capsys, config, assignments, m
     assert [p.name for p in config.parent.iterdir()] == ["ds.json"]  # no temporary file left
 
 
+def test_script_names_name_the_launch_scripts_arguments(capsys):
+    """bert_common.sh writes its JSON with `set --script-names`: an error names its positional arguments (GLOBAL_BATCH,
+    LAYERS), not the flags it refuses after them or the JSON keys it writes itself."""
+    argv = ["validate", RING, "--world-size", 4, "--pipeline-model-parallel-size", 2, "--num-layers", 1, *NO_DROPOUT]
+    code, _, err = run(capsys, *argv, "--script-names")
+    assert code == 2 and err.strip() == ("ds_config.py: error: PP 2 is more pipeline stages than the 1 transformer "
+                                         "layer: a stage would hold no transformer layer; pass PP 1, or pass LAYERS 2 "
+                                         "or more"), err
+    assert "--pipeline-model-parallel-size 2 is more" in run(capsys, *argv)[2]  # the tool's own names without it
+    code, _, err = run(capsys, "set", RING, "train_batch_size=6", "--world-size", 4, "--script-names", *NO_DROPOUT)
+    assert "GLOBAL_BATCH 6 is not a multiple of MICRO_BATCH 4 x data-parallel size 2" in err, err
+
+
 def test_validate_checks_the_layout_at_a_world_size(capsys):
     code, out, _ = run(capsys, "validate", RING, "--world-size", 8, "--pipeline-model-parallel-size", 2, *NO_DROPOUT)
     assert code == 0 and "pipeline 2 x data 2 x sequence 2, global batch 8 = micro 4 x grad-acc 1 x data 2" in out

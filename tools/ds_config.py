@@ -24,8 +24,9 @@ CUDA: --cuda / --no-cuda for the run's machines, default this one's; the trainer
 torch nor DeepSpeed: it answers in a fraction of a second; --deepspeed-check adds DeepSpeed's
 own checks of its sections (seconds), which the trainer runs at start-up. A file edited in place
 keeps its permissions; a symbolic link is written through (its target is edited, the link stays).
-Errors are one line naming the key and the fix, exit code 2; `diff` exits 1 when the files differ;
-output into a closed pipe (`show ... | head`) stops quietly with 141, as cat's.
+Errors are one line naming the key and the fix (with --script-names, the launch scripts' positional
+arguments for the flags and keys they set: GLOBAL_BATCH, LAYERS, ...), exit code 2; `diff` exits 1 when
+the files differ; output into a closed pipe (`show ... | head`) stops quietly with 141, as cat's.
 """
 import argparse
 import copy
@@ -46,6 +47,7 @@ from megatron.ds_schema import SECTION, default_optimizer, json_notes
 from megatron.errors import ConfigError, OneLineParser, run_tool
 from megatron.data.default_dataset import default_vocab_file
 from megatron.data.tokenizer import add_tokenizer_flags, build_tokenizer, explicit_tokenizer
+from megatron.parallel.launch_check import in_script_terms
 from megatron.paths import DEFAULT_DATA_DIR, file_in_the_way, in_repository
 
 
@@ -281,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the run's machines have CUDA (DeepSpeed's FusedAdam, which the trainer replaces "
                               "by torch's Adam, with a warning, where it cannot be built) or not (torch's Adam: "
                               "optimizer.params.torch_adam); default: this machine's")
+        sub.add_argument("--script-names", action="store_true",
+                         help="name the launch scripts' positional arguments (LAYERS, MICRO_BATCH, GLOBAL_BATCH, ...) "
+                              "for the flags and keys they set, in errors (bert_common.sh)")
         sub.add_argument("--deepspeed-check", action="store_true",
                          help="also run DeepSpeed's own checks of its sections, as the trainer does at start-up "
                               "(imports DeepSpeed: a few seconds)")
@@ -317,7 +322,12 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    return args.run(args)
+    try:
+        return args.run(args)
+    except ConfigError as error:  # a launch script's user changes its arguments, which set these flags and keys
+        if not getattr(args, "script_names", False):
+            raise
+        raise ConfigError(in_script_terms(error.problem), in_script_terms(error.fix)) from None
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ line saying how to launch. Apart from launch_env, which the errors module itself
 import importlib.util
 import math
 import os
+import re
 
 from megatron import paths
 from megatron.errors import ConfigError
@@ -49,8 +50,28 @@ class LayoutError(ConfigError):
                                   f"process{'es' if world_size > 1 else ''}")
 
 
-# the launch scripts' arguments for the size flags (examples_deepspeed/bert_common.sh, whose JSON has no hybrid)
-SCRIPT_SIZES = {"--pipeline-model-parallel-size": "PP", "--sequence-parallel-size": "SP"}
+# the launch scripts' positional arguments (examples_deepspeed/bert_common.sh) for the flags, JSON keys and model
+# fields they set: a fix naming those names a flag the script refuses after its arguments, or a key of the JSON it
+# writes itself (its JSON has no hybrid)
+SCRIPT_ARGUMENTS = {
+    **dict.fromkeys(("--pipeline-model-parallel-size", "pipeline.stages"), "PP"),
+    **dict.fromkeys(("--sequence-parallel-size", "sequence_parallel.size"), "SP"),
+    **dict.fromkeys(("--seq-length", "seq_length", "--max-position-embeddings", "max_position_embeddings"), "SEQ_LEN"),
+    **dict.fromkeys(("--micro-batch-size", "train_micro_batch_size_per_gpu"), "MICRO_BATCH"),
+    **dict.fromkeys(("--global-batch-size", "train_batch_size"), "GLOBAL_BATCH"),
+    **dict.fromkeys(("--num-layers", "num_layers"), "LAYERS"),
+    **dict.fromkeys(("--hidden-size", "hidden_size"), "HIDDEN"),
+    **dict.fromkeys(("--num-attention-heads", "num_attention_heads"), "HEADS"),
+    **dict.fromkeys(("--linformer-k", "sequence_parallel.linformer.k", "linformer_k"), "LINFORMER_K"),
+    **dict.fromkeys(("--block-size", "sequence_parallel.bigbird.block_size", "bigbird_block_size"), "BLOCK_SIZE")}
+_SCRIPT_ARGUMENT = re.compile(r"(?<![\w.-])(%s)(?![\w-])" % "|".join(
+    map(re.escape, sorted(SCRIPT_ARGUMENTS, key=len, reverse=True))))  # whole names, the longest first
+
+
+def in_script_terms(text: str) -> str:
+    """`text` (an error's problem or fix) with each flag, JSON key and model field that a launch script's positional
+    argument sets named as that argument ('pass --num-layers 2 or more' -> 'pass LAYERS 2 or more')."""
+    return _SCRIPT_ARGUMENT.sub(lambda match: SCRIPT_ARGUMENTS[match.group(1)], text)
 
 
 def check_script_layout(nodes: int, procs: int, pipeline: int, sequence: int) -> None:
@@ -64,7 +85,7 @@ def check_script_layout(nodes: int, procs: int, pipeline: int, sequence: int) ->
     except LayoutError as error:
         ranks = "NUM_NODES x PROCS" if nodes > 1 else "PROCS"
         world = f"NUM_NODES {nodes} x PROCS {procs}" if nodes > 1 else f"PROCS {procs}"
-        sizes = " and ".join(f"{SCRIPT_SIZES[flag]} to {size}" for flag, size in error.fitting.items())
+        sizes = " and ".join(f"{SCRIPT_ARGUMENTS[flag]} to {size}" for flag, size in error.fitting.items())
         raise ConfigError(f"PP {pipeline} x SP {sequence} does not divide the world size {error.world_size} ({world})",
                           f"set {ranks} to a multiple of {error.processes}, or change {sizes} to run on "
                           f"{error.world_size} ranks") from None
