@@ -261,9 +261,9 @@ class StepResult:
     sop: float | None  # None without the sentence-order head
     grad_norm: float | None
     mlm_accuracy: float  # masked tokens predicted right
-    real_token_share: float = 1.0  # non-padding tokens / tokens of this data rank's micro-batches
+    real_token_share: float = 1.0  # non-padding tokens / tokens of the global batch
     segments_per_sample: float = 1.0  # packed samples hold several
-    real_flops_per_sample: float = 0.0  # flops.real_training_flops of this data rank's micro-batches, per sample
+    real_flops_per_sample: float = 0.0  # flops.real_training_flops of the global batch, per sample
 
 
 def _chunks(micro_batches: list, device) -> list:
@@ -294,11 +294,13 @@ def _last_stage_parts(engine) -> torch.Tensor:
 def train_step(engine, micro_batches: list) -> StepResult:
     """One optimizer step over this data-parallel rank's micro-batches (full-length BertBatch)."""
     chunks = _chunks(micro_batches, engine.device)
+    statistics = _batch_statistics(engine, micro_batches)
     if state.get_pipe_parallel_world_size() > 1:
         engine.module.loss_fn.parts.clear()
         share = engine.train_batch(data_iter=iter([_pipeline_item(chunk) for chunk in chunks])).detach().clone()
         loss = _whole(share.reshape(1), average_data=False).item()
-        mlm, sop, accuracy = _whole(_last_stage_parts(engine), average_data=True).tolist()
+        mlm, sop, accuracy, *statistics = _whole(torch.cat([_last_stage_parts(engine).float(), statistics]),
+                                                 average_data=True).tolist()
     else:
         parts = torch.zeros(4, device=engine.device)  # on the device: NCCL reduces it, no sync per micro-batch
         for chunk in chunks:
@@ -307,15 +309,29 @@ def train_step(engine, micro_batches: list) -> StepResult:
             engine.step()
             parts += torch.stack([loss.total.detach(), loss.mlm, loss.sop, loss.mlm_accuracy]).float()
         # the step's logged-loss sync
-        loss, mlm, sop, accuracy = _whole(parts / len(chunks), average_data=True).tolist()
+        loss, mlm, sop, accuracy, *statistics = _whole(torch.cat([parts / len(chunks), statistics]),
+                                                       average_data=True).tolist()
     if not engine.module.config.add_binary_head:  # no sentence-order head: no "sop 0.0000" in the log
         sop = None
     norm = engine.get_global_grad_norm()
+    real_token_share, segments_per_sample, flops_per_sample = statistics
     return StepResult(loss=loss, mlm=mlm, sop=sop, grad_norm=None if norm is None else float(norm),
-                      mlm_accuracy=accuracy,
-                      real_token_share=sum(b.real_token_share() for b in micro_batches) / len(micro_batches),
-                      segments_per_sample=sum(b.segments_per_sample() for b in micro_batches) / len(micro_batches),
-                      real_flops_per_sample=real_flops_per_sample(engine.module.config, micro_batches))
+                      mlm_accuracy=accuracy, real_token_share=real_token_share, segments_per_sample=segments_per_sample,
+                      real_flops_per_sample=flops_per_sample)
+
+
+def _batch_statistics(engine, micro_batches: list) -> torch.Tensor:
+    """[real-token share, segments per sample, real flops per sample] of this data rank's (host) micro-batches, on
+    the device, for the reduction of the step's losses to carry (_whole: a sum over the seq group, a mean over the
+    data ranks, whose micro-batches are as many and as long): the global batch's, where the log had rank 0's data
+    rank's alone, with no collective of its own. Seq rank 0 holds them, the others zeros: every seq rank reads the
+    same samples."""
+    if state.get_sequence_parallel_rank():
+        return torch.zeros(3, device=engine.device)
+    values = (sum(b.real_token_share() for b in micro_batches) / len(micro_batches),
+              sum(b.segments_per_sample() for b in micro_batches) / len(micro_batches),
+              real_flops_per_sample(engine.module.config, micro_batches))
+    return to_device(torch.tensor(values, dtype=torch.float32), engine.device)
 
 
 def real_flops_per_sample(config, micro_batches: list) -> float:

@@ -16,7 +16,7 @@ import torch
 from bert_fixtures import concat_batches, packed_batch, padded_batch, small_config, small_model, with_fp16_kernels_allowed
 from megatron.config import resolve
 from megatron.engine import (build_engine, check_precision_supported, clip_grads, eval_step, optimizer_groups,
-                             skip_nonfinite_updates, train_step)
+                             real_flops_per_sample, skip_nonfinite_updates, train_step)
 from megatron import optimizer_state
 from megatron.errors import ConfigError
 from megatron.model.attention.bigbird import set_iteration
@@ -110,6 +110,8 @@ def deepspeed_run(pipeline: int, micro: int, gas: int, zero_stage: int, sequence
     return {"losses": losses, "params": params, "passes": passes, "dtype": next(module.parameters()).dtype,
             "compiled_graphs": compiled_graphs, "chunks": chunks, "grads": first_grads,
             "grad_norms": [step.grad_norm for step in steps], "parts": [(step.mlm, step.sop) for step in steps],
+            "batch_statistics": [(step.real_token_share, step.segments_per_sample, step.real_flops_per_sample)
+                                 for step in steps],
             "eval_loss": eval_loss, "training_after_eval": training_after_eval}
 
 
@@ -151,7 +153,8 @@ def deepspeed_runs(runs: list) -> list:
 
 
 def reference_run(micro: int, attention: str = "ring", clip: float = CLIP) -> dict:
-    model = small_model(small_config(attention, **ATTENTION_OPTIONS[attention]))
+    config = small_config(attention, **ATTENTION_OPTIONS[attention])
+    model = small_model(config)
     optimizer = torch.optim.AdamW(optimizer_groups(model), **ADAM)  # the engine's groups: no decay on norms, biases
     batches = micro_batches(micro, attention)
     losses, grad_norms, first_grads, parts = [], [], None, []
@@ -174,8 +177,11 @@ def reference_run(micro: int, attention: str = "ring", clip: float = CLIP) -> di
     model.eval()
     with torch.no_grad():
         eval_loss = sum(bert_batch_loss(*model(*batch.model_inputs()), batch).total.item() for batch in batches)
+    whole = concat_batches(*batches)  # the global batch's statistics, which every layout logs
+    statistics = (whole.real_token_share(), whole.segments_per_sample(), real_flops_per_sample(config, batches))
     return {"losses": losses, "params": {name: p.detach().clone() for name, p in model.named_parameters()},
-            "grads": first_grads, "grad_norms": grad_norms, "parts": parts, "eval_loss": eval_loss / len(batches)}
+            "grads": first_grads, "grad_norms": grad_norms, "parts": parts, "eval_loss": eval_loss / len(batches),
+            "batch_statistics": statistics}
 
 
 def check_against_reference(results: list, micro: int, label: str, attention: str = "ring", clip: float = CLIP,
@@ -190,6 +196,9 @@ def check_against_reference(results: list, micro: int, label: str, attention: st
         # eval_step: the mean over micro-batches in eval mode; the plain model goes back to training mode
         assert result["eval_loss"] == pytest.approx(expected["eval_loss"], rel=REL_TOL), f"{label} rank {rank} eval"
         assert result["training_after_eval"] is not False, f"{label} rank {rank}: left in eval mode"
+        # the logged real-token share, segments and real flops per sample: the global batch's, not this data rank's
+        assert all(logged == pytest.approx(expected["batch_statistics"], rel=1e-6)
+                   for logged in result["batch_statistics"]), f"{label} rank {rank}: {result['batch_statistics']}"
         diff = max_relative_diff(result["params"], {n: expected["params"][n] for n in result["params"]}, floor=1.0)
         print(f"{label} rank {rank}: losses {result['losses']}, max param diff {diff:.2e}")
         assert diff <= REL_TOL, f"{label} rank {rank}"

@@ -292,7 +292,7 @@ def _reachable(host: str, port: int, deadline: float) -> bool:
 
 
 def to_device(batch, device):
-    """A BertBatch's tensors on `device`. To a GPU they go through pinned (page-locked) host
+    """A BertBatch's tensors (or a host tensor) on `device`. To a GPU they go through pinned (page-locked) host
     memory with non_blocking copies: the copy is queued on the stream and the host goes on
     (the pinned staging buffer is kept alive by torch's caching host allocator until the copy
     has run). A rank's slice of the batch is strided: pinned as it is, the copy would go through
@@ -300,7 +300,10 @@ def to_device(batch, device):
     device = torch.device(device)
     if device.type != "cuda":
         return batch
-    return batch.mapped(lambda tensor: tensor.contiguous().pin_memory().to(device, non_blocking=True))
+
+    def move(tensor):
+        return tensor.contiguous().pin_memory().to(device, non_blocking=True)
+    return move(batch) if torch.is_tensor(batch) else batch.mapped(move)
 
 
 TOOLKIT_FIX = ("install the CUDA toolkit torch was built with, or prebuild it: DS_BUILD_FUSED_ADAM=1 pip install "
