@@ -69,6 +69,11 @@ class OneLineParser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
 
+def either(values: list) -> str:
+    """'1, 2 or 4': the values a fix lets a setting take."""
+    return " or ".join([", ".join(map(str, values[:-1])), str(values[-1])] if len(values) > 1 else map(str, values))
+
+
 def disk_full(error: BaseException) -> str | None:
     """What a failed write says of its disk ("the disk is full" / "the disk quota is exceeded"), or
     None for another cause: checkpoints, the run log and the --save probe name a full disk alike."""

@@ -33,7 +33,7 @@ def test_ulysses_over_heads_the_size_does_not_divide_leads_with_what_keeps_the_m
     assert error.value.fix == (
         "use --attention ring, or --attention hybrid --ulysses-size 2 (Ulysses inside groups of 2 ranks, a divisor "
         "of the heads and the size, a ring across them), or a --sequence-parallel-size that divides the 6 heads "
-        "(2, 3, 6) and the ranks, or for a model from scratch, a head count that is a multiple of 4")
+        "(2, 3 or 6) and the ranks, or for a model from scratch, a head count that is a multiple of 4")
     attention.check(small_config("ring", **heads), 4)
     attention.check(small_config("hybrid", ulysses_size=2, **heads), 4)
     for size in (2, 3, 6):
@@ -41,6 +41,10 @@ def test_ulysses_over_heads_the_size_does_not_divide_leads_with_what_keeps_the_m
     with pytest.raises(ConfigError) as error:  # no divisor of both: hybrid would be a ring, not named
         attention.check(small_config("ulysses", **heads), 5)
     assert "hybrid" not in error.value.fix and error.value.fix.startswith("use --attention ring, or a ")
+    with pytest.raises(ConfigError) as error:  # 3 heads: it named 'a size that divides the 3 heads (3)'
+        attention.check(small_config("ulysses", num_attention_heads=3, hidden_size=48), 2)
+    assert error.value.fix == ("use --attention ring, or --sequence-parallel-size 3 (the 3 heads' only divisor) on a "
+                               "multiple of 3 ranks, or for a model from scratch, a head count that is a multiple of 2")
 
 
 @pytest.mark.parametrize("variant,size", [("ring", 3), ("ring", 4), ("ulysses", 4), ("dense", 1), ("ring", 5),

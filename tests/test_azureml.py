@@ -435,7 +435,7 @@ REFUSED = {
     "world_does_not_fit_the_json": (["--instance-count", "1", "--gpus-per-node", "3"],
                                     ("sequence_parallel.size 2 x pipeline 1 does not divide the world size 3",
                                      "; set --instance-count x --gpus-per-node to a multiple of 2, or pass "
-                                     "--sequence-parallel-size 1 after -- to run on 3 GPUs")),
+                                     "--sequence-parallel-size 1 or 3 after -- to run on 3 GPUs")),
     "unknown_trainer_flag": (["--", "--num-layerz", "2"], ("pretrain_bert.py flags after --: unrecognized "
                                                            "arguments: --num-layerz 2",)),
     "bad_trainer_value": (["--", "--mask-prob", "0"], ("--mask-prob 0.0 is outside (0, 1]",)),

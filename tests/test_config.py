@@ -119,8 +119,10 @@ def test_resolved_config_is_json_serialisable():
 @pytest.mark.parametrize("ds_update,world,extra,message", [
     ({"sequence_parallel": {"size": 2, "attention": "flash"}}, 4, {},
      "unknown attention variant 'flash'"),
-    ({"sequence_parallel": {"size": 3, "attention": "ring"}}, 4, {},
-     "sequence_parallel.size 3 x pipeline 1 does not divide the world size 4"),
+    ({"sequence_parallel": {"size": 3, "attention": "ring"}}, 4, {},  # every size that fits named (it said 1 alone)
+     "sequence_parallel.size 3 x pipeline 1 does not divide the world size 4; launch 3 processes (or a multiple) with "
+     "deepspeed --num_gpus 3 pretrain_bert.py ... (or torchrun --nproc_per_node 3), or pass --sequence-parallel-size "
+     "1, 2 or 4 to run on 4 processes"),
     ({"train_batch_size": 6}, 4, {},
      "train_batch_size 6 != train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 2 x data-parallel size 2"),
     ({"train_batch_size": 6, "train_micro_batch_size_per_gpu": None}, 4, {},  # the micro batch derived: not named
@@ -226,6 +228,7 @@ SIZE_FLAGS = {"--pipeline-model-parallel-size": "pipeline_parallel_size",
     ({"size": 4, "attention": "hybrid", "ulysses_size": 2}, {}, 1),  # at SP 1 hybrid is plain attention
     ({"size": 4, "attention": "hybrid", "ulysses_size": 2}, {}, 6),
     ({"size": 8, "attention": "hybrid", "ulysses_size": 4}, {"num_attention_heads": 8}, 2),  # the Ulysses degree cut
+    ({"size": 3, "attention": "ring"}, {}, 4),  # every size that fits: 1, 2 or 4 (only 1 was named)
 ])
 def test_a_layout_the_world_size_does_not_fit_names_the_launch_and_the_sizes_that_fit(section, extra, world):
     """'launch a multiple of sp*pp processes or change the sizes' named neither the launcher nor the flags: the
@@ -238,9 +241,12 @@ def test_a_layout_the_world_size_does_not_fit_names_the_launch_and_the_sizes_tha
     assert f"does not divide the world size {world}" in refused.value.problem
     assert refused.value.fix.startswith(f"launch {processes} processes (or a multiple) with deepspeed --num_gpus "
                                         f"{processes} pretrain_bert.py ... "), refused.value.fix
-    sizes = re.search(r", or pass (.*) to run on ", refused.value.fix).group(1).split()
-    suggested = {SIZE_FLAGS[flag]: int(value) for flag, value in zip(sizes[::2], sizes[1::2])}
-    assert resolve({**SMALL, **extra, **suggested}, ds, world_size=world).data_parallel_size >= 1
+    sizes = re.search(r", or pass (.*) to run on ", refused.value.fix).group(1)
+    suggested = {SIZE_FLAGS[flag]: [int(value) for value in re.split(", | or ", values)]
+                 for flag, values in re.findall(r"(--[\w-]+) (\d+(?:(?:, | or )\d+)*)", sizes)}
+    for size in suggested.pop("sequence_parallel_size", [None]):  # each size named runs (SP 3 on 4: 1, 2 or 4)
+        given = {**{name: values[0] for name, values in suggested.items()}, "sequence_parallel_size": size}
+        assert resolve({**SMALL, **extra, **given}, ds, world_size=world).data_parallel_size >= 1
     assert resolve({**SMALL, **extra}, ds, world_size=processes).data_parallel_size == 1
 
 

@@ -312,10 +312,10 @@ def test_multinode_options_go_before_its_positional_arguments(tmp_path, argv, st
 
 @pytest.mark.parametrize("script, arguments, line", [
     ("bert_distributed.sh", ["3", "1", "2"], "PP 1 x SP 2 does not divide the world size 3 (PROCS 3); set PROCS to a "
-                                             "multiple of 2, or change SP to 1 to run on 3 ranks"),
+                                             "multiple of 2, or change SP to 1 or 3 to run on 3 ranks"),
     ("bert_multinode.sh", ["3", "1", "4"], "PP 1 x SP 4 does not divide the world size 6 (NUM_NODES 2 x PROCS 3); "
-                                           "set NUM_NODES x PROCS to a multiple of 4, or change SP to 2 to run on 6 "
-                                           "ranks")])
+                                           "set NUM_NODES x PROCS to a multiple of 4, or change SP to 1, 2, 3 or 6 "
+                                           "to run on 6 ranks")])
 def test_a_layout_that_does_not_divide_the_world_names_the_scripts_arguments(tmp_path, script, arguments, line):
     """The fix was the trainer's, "launch 4 processes ... with deepspeed --num_gpus 4, or pass
     --sequence-parallel-size 2": the scripts run the launcher themselves and refuse that flag."""

@@ -7,7 +7,7 @@ import os
 import re
 
 from megatron import paths
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, either
 
 
 # the env:// rendezvous variables every rank of a launch gets (deepspeed, torchrun, the AzureML job)
@@ -37,11 +37,15 @@ class LayoutError(ConfigError):
 
     def __init__(self, problem: str, world_size: int, pipeline: int, sequence: int, ulysses: int | None = None):
         fitting_pipeline = math.gcd(pipeline, world_size)
-        fitting_sequence = math.gcd(sequence, world_size // fitting_pipeline)
-        self.fitting = {flag: fitting for flag, given, fitting in (
-            ("--pipeline-model-parallel-size", pipeline, fitting_pipeline),
-            ("--sequence-parallel-size", sequence, fitting_sequence)) if fitting != given}
-        if ulysses and fitting_sequence > 1 and fitting_sequence % ulysses:  # at SP 1 hybrid is plain attention
+        room = world_size // fitting_pipeline  # the ranks of a pipeline stage, which the SP size must divide
+        fitting_sequence = math.gcd(sequence, room)
+        self.fitting = {"--pipeline-model-parallel-size": fitting_pipeline} if fitting_pipeline != pipeline else {}
+        cut = ulysses and fitting_sequence > 1 and fitting_sequence % ulysses  # at SP 1 hybrid is plain attention
+        if fitting_sequence != sequence:  # every size that fits ("1" alone read as the only one), unless the largest
+            # needs hybrid's Ulysses degree cut: that size, and the degree
+            self.fitting["--sequence-parallel-size"] = fitting_sequence if cut else either([
+                size for size in range(1, room + 1) if room % size == 0 and (size == 1 or size % (ulysses or 1) == 0)])
+        if cut:
             self.fitting["--ulysses-size"] = math.gcd(ulysses, fitting_sequence)
         self.sizes = " ".join(f"{flag} {size}" for flag, size in self.fitting.items())
         self.processes, self.world_size = pipeline * sequence, world_size

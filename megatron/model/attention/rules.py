@@ -6,7 +6,7 @@ a layout without importing torch, so tools/ds_config.py answers in a fraction of
 cores in this package (registered under the same names) build the attention; these rules decide
 whether it can be built.
 """
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, either
 
 NODE_SIZE = 8  # the default Ulysses degree is at most one node of 8 GPUs
 
@@ -74,9 +74,11 @@ def ulysses_ways_out(heads: int, sequence_parallel_size: int) -> str:
     if hybrid > 1:
         ways.append(f"--attention hybrid --ulysses-size {hybrid} (Ulysses inside groups of {hybrid} ranks, a divisor "
                     "of the heads and the size, a ring across them)")
-    sizes = [str(size) for size in range(2, heads + 1) if heads % size == 0]
-    if sizes:
-        ways.append(f"a --sequence-parallel-size that divides the {heads} heads ({', '.join(sizes)}) and the ranks")
+    sizes = [size for size in range(2, heads + 1) if heads % size == 0]
+    if len(sizes) > 1:
+        ways.append(f"a --sequence-parallel-size that divides the {heads} heads ({either(sizes)}) and the ranks")
+    elif sizes:  # the head count itself ('divides the 3 heads (3)')
+        ways.append(f"--sequence-parallel-size {heads} (the {heads} heads' only divisor) on a multiple of {heads} ranks")
     ways.append(f"for a model from scratch, a head count that is a multiple of {sequence_parallel_size}")
     return "use " + ", or ".join(ways)
 
