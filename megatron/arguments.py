@@ -153,8 +153,8 @@ def add_model_and_parallel_args(parser: argparse.ArgumentParser) -> argparse.Arg
     memory.add_argument("--checkpoint-activations", action="store_true",
                         help="recompute transformer layers in backward (DeepSpeed activation checkpointing)")
     memory.add_argument("--checkpoint-num-layers", type=int,
-                        help="with --checkpoint-activations (or the JSON's activation_checkpointing section): transformer "
-                             "layers per checkpointed chunk (default 1)")
+                        help="with --checkpoint-activations (or the JSON's activation_checkpointing section): "
+                             "transformer layers per checkpointed chunk (default 1)")
     speed = parser.add_argument_group("speed")
     speed.add_argument("--compile-mlp", action="store_true", default=None,
                        help="torch.compile each layer's MLP sublayer: fused bias-GELU and bias-dropout-add "

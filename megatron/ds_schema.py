@@ -391,8 +391,8 @@ def _check_pipeline_section(section: dict) -> None:
     interval = typed("pipeline.activation_checkpoint_interval", section.get("activation_checkpoint_interval", 0), int)
     if interval:
         raise ConfigError(f"pipeline.activation_checkpoint_interval {interval} would switch on DeepSpeed's recompute "
-                          "behind the trainer, which neither configures DeepSpeed's activation checkpointing for it nor "
-                          "records it", "remove it and pass --checkpoint-activations --checkpoint-num-layers "
+                          "behind the trainer, which neither configures DeepSpeed's activation checkpointing for it "
+                          "nor records it", "remove it and pass --checkpoint-activations --checkpoint-num-layers "
                           f"{interval} (or add an \"activation_checkpointing\" section)")
 
 

@@ -1506,7 +1506,8 @@ CONFIG_MISTAKES = {
     "json_autocast_float16": (["--deepspeed_config", "{tmp}/ds.json"],
                               {"ds.json": ds_json(torch_autocast={"enabled": True, "dtype": "float16"})},
                               ('torch_autocast.dtype "float16" at ZeRO stage 1 with gradient_clipping 1.0 (the '
-                               'default: the JSON sets none) would train on damped updates', 'use "fp16": {"enabled": true} in place of torch_autocast'),
+                               'default: the JSON sets none) would train on damped updates',
+                               'use "fp16": {"enabled": true} in place of torch_autocast'),
                               {}),
     "json_autocast_int8": (["--deepspeed_config", "{tmp}/ds.json"],
                            {"ds.json": ds_json(torch_autocast={"enabled": True, "dtype": "int8"})},

@@ -78,7 +78,8 @@ def ulysses_ways_out(heads: int, sequence_parallel_size: int) -> str:
     if len(sizes) > 1:
         ways.append(f"a --sequence-parallel-size that divides the {heads} heads ({either(sizes)}) and the ranks")
     elif sizes:  # the head count itself ('divides the 3 heads (3)')
-        ways.append(f"--sequence-parallel-size {heads} (the {heads} heads' only divisor) on a multiple of {heads} ranks")
+        ways.append(f"--sequence-parallel-size {heads} (the {heads} heads' only divisor) on a multiple of {heads} "
+                    "ranks")
     ways.append(f"for a model from scratch, a head count that is a multiple of {sequence_parallel_size}")
     return "use " + ", or ".join(ways)
 
