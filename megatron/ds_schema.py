@@ -336,6 +336,7 @@ def check_deepspeed_types(ds_config: dict) -> None:
                                   f'write "{key}": {{...}} or remove it')
         check_optimizer(ds_config)
         _check_pipeline_section(dict_section(ds_config, "pipeline"))
+        _check_checkpointing_keys(dict_section(ds_config, "activation_checkpointing"))
         for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
             if ds_config.get(key) is not None:  # null: derived from the other two
                 typed(key, ds_config[key], int)
@@ -394,6 +395,19 @@ def _check_pipeline_section(section: dict) -> None:
                           "behind the trainer, which neither configures DeepSpeed's activation checkpointing for it "
                           "nor records it", "remove it and pass --checkpoint-activations --checkpoint-num-layers "
                           f"{interval} (or add an \"activation_checkpointing\" section)")
+
+
+# DeepSpeed 0.19.8's "activation_checkpointing" keys (runtime/activation_checkpointing/config.py, which reads them
+# without a check: a typo was ignored, "false" read as true) -> their type
+CHECKPOINTING_KEYS = {"partition_activations": bool, "contiguous_memory_optimization": bool, "cpu_checkpointing": bool,
+                      "number_checkpoints": int, "synchronize_checkpoint_boundary": bool, "profile": bool}
+
+
+def _check_checkpointing_keys(section: dict) -> None:
+    check_section_keys("activation_checkpointing", section, CHECKPOINTING_KEYS)
+    for key, value in section.items():
+        if value is not None:  # null: DeepSpeed's default
+            typed(f"activation_checkpointing.{key}", value, CHECKPOINTING_KEYS[key])
 
 
 PLACEHOLDER = "auto"  # the Hugging Face Trainer's value for "fill this in from my arguments"

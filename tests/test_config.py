@@ -191,6 +191,10 @@ def test_resolved_config_is_json_serialisable():
     ({"pipeline": {"use_reentrant": 0}}, 4, {}, "pipeline.use_reentrant = 0 is not a boolean"),
     ({"pipeline": {"stages": 2, "activation_checkpoint_interval": 1}}, 4, {},
      "pipeline.activation_checkpoint_interval 1 would switch on DeepSpeed's recompute behind the trainer"),
+    ({"activation_checkpointing": {"partition_activation": False}}, 4, {},  # ignored by DeepSpeed, silently
+     "unknown key activation_checkpointing.partition_activation; did you mean 'partition_activations'?"),
+    ({"activation_checkpointing": {"profile": "false"}}, 4, {}, 'activation_checkpointing.profile = "false" is not a '
+                                                               "boolean"),
     ({"activation_checkpointing": {"profile": True}, "pipeline": {"stages": 2, "use_reentrant": False},
       "zero_optimization": {"stage": 1}, "train_batch_size": 4}, 4, {},  # 2 micro-batches a step: DeepSpeed's timers
      "activation_checkpointing.profile with the pipeline's non-reentrant checkpoint (pipeline.use_reentrant false) "
