@@ -912,7 +912,8 @@ def _check_autocast(autocast: dict) -> None:
     """torch_autocast with a dtype, bf16 or fp16 (torch falls back to fp32 for any other; where DeepSpeed runs
     fp16 wrong: check_fp16_autocast). Its lower_precision_safe_modules are imported inside deepspeed.initialize
     (a traceback per rank for a bad one; a string is read letter by letter): their shape is checked here, their
-    import in deepspeed_accepts."""
+    import in deepspeed_accepts. DeepSpeed ignores any other key of the section (a typo)."""
+    check_section_keys("torch_autocast", autocast, ("enabled", "dtype", "lower_precision_safe_modules"))
     if autocast.get("enabled") and autocast.get("dtype") is None:
         raise ConfigError("torch_autocast is enabled without a dtype (torch would pick its device's default, float16 "
                           "on a GPU)", 'set torch_autocast.dtype to "bfloat16"')

@@ -191,6 +191,8 @@ def test_resolved_config_is_json_serialisable():
     ({"pipeline": {"use_reentrant": 0}}, 4, {}, "pipeline.use_reentrant = 0 is not a boolean"),
     ({"pipeline": {"stages": 2, "activation_checkpoint_interval": 1}}, 4, {},
      "pipeline.activation_checkpoint_interval 1 would switch on DeepSpeed's recompute behind the trainer"),
+    ({"torch_autocast": {"enabled": True, "dtype": "bf16", "lower_precision_safe_module": ["torch.nn.Linear"]}}, 4,
+     {}, "unknown key torch_autocast.lower_precision_safe_module; did you mean 'lower_precision_safe_modules'?"),
     ({"activation_checkpointing": {"partition_activation": False}}, 4, {},  # ignored by DeepSpeed, silently
      "unknown key activation_checkpointing.partition_activation; did you mean 'partition_activations'?"),
     ({"activation_checkpointing": {"profile": "false"}}, 4, {}, 'activation_checkpointing.profile = "false" is not a '
