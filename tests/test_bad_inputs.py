@@ -204,7 +204,8 @@ CASES = [
              phrases=('gradient_clipping = "1.0" is not a number', "set gradient_clipping to a number")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", "--micro-batch-size", "4", id="json_inconsistent_batch",
              files={"ds.json": ds_json(train_batch_size=6)},
-             phrases=("train_batch_size 6 != --micro-batch-size 4", "make train_batch_size = micro")),
+             phrases=("train_batch_size 6 is not a multiple of --micro-batch-size 4", "make train_batch_size 4 (micro "
+                      "x the JSON's gradient_accumulation_steps 1 x data-parallel size), or a multiple of 4 with")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_sp_size_not_dividing_world",
              files={"ds.json": ds_json(sequence_parallel__size=2)},
              phrases=("sequence_parallel.size 2 x pipeline 1 does not divide the world size 1",
