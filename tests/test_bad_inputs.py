@@ -447,7 +447,7 @@ CASES = [
          ("NODE_RANK 2 is beyond the 2 nodes", "0 to 1"), files={"hostfile": "worker-1 slots=2\nworker-2 slots=2\n"},
          env={"NODE_RANK": "2", "MASTER_ADDR": "127.0.0.1"}),
     Case("script_leading_zero_world_size", "multinode", ["{tmp}/hostfile", "1"],
-         ("train_batch_size 4 is not a multiple of train_micro_batch_size_per_gpu 2 x data-parallel size 4",),
+         ("GLOBAL_BATCH 4 is not a multiple of MICRO_BATCH 2 x data-parallel size 4",),
          files={"hostfile": "worker-1 slots=8\n"}, env={"TAIL": "bert_distributed.sh 08 1 2 64 2 4 2 64 4"}),
     Case("hostfile_argument_empty", "multinode", ["", "2"], ("HOSTFILE is empty", "pass the hostfile's path")),
     Case("script_python_not_executable", "multinode", ["{tmp}/hostfile", "1"], ("PYTHON", "py is not an executable", "set PYTHON"),
