@@ -331,22 +331,16 @@ def check_writable(save_dir: str) -> None:
             problem, fix = f"--save: {error.problem}", error.fix
     problem = problem and (problem, fix)
     if problem is None and dist.get_rank() == 0:
-        try:
-            problem = take_lock(save_dir, created)
-            if problem is None:
-                remove_killed_saves(save_dir)
-        except OSError as error:
-            problem = paths.unwritable(f"--save {save_dir}: cannot write its lock on {socket.gethostname()}", "--save",
-                                       error, fix)
+        problem = take_lock(save_dir, created, fix=fix)
+        if problem is None:
+            remove_killed_saves(save_dir)
     problems = [None] * dist.get_world_size()
     dist.all_gather_object(problems, problem)  # also: no probe is removed while another node writes one
     found = next((text for text in problems if text), None)
     if found:
         release_lock()  # a run that does not start holds none
         dist.barrier()  # gone before another node, which may have made the folders, removes them
-    for folder in created:  # innermost first; a folder another node's probe still needs is not empty
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
+    paths.remove_empty(created)  # a folder another node's probe still needs is not empty
     dist.barrier()  # removed on every node when any rank returns
     if found:
         raise ConfigError(*found)

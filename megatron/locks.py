@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+from megatron import paths
 from megatron.parallel import launcher_watch
 
 
@@ -27,7 +28,7 @@ LOCK_STALE_S = 300  # a lock of another host untouched this long is a dead run's
 
 
 def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str = LOCK,
-              named: str = "") -> tuple[str, str] | None:
+              named: str = "", fix: str = "") -> tuple[str, str] | None:
     """Writes `save_dir`/`name` naming this host and process, or returns (problem, fix) when a live
     run holds it: two runs saving into one folder would delete each other's `.partial` staging
     folders and interleave their checkpoints; two runs logging into one --log-dir (`flag`) would
@@ -35,11 +36,22 @@ def take_lock(save_dir: str, created: list = (), flag: str = "--save", name: str
     touches the lock every LOCK_HEARTBEAT_S;
     a lock whose process no longer runs on this host, or one of another host untouched for
     LOCK_STALE_S (a crashed, killed or preempted run, e.g. a requeued job on another node), is taken
-    over with one line. `created`: folders made for the lock, removed again by release_lock when left empty.
+    over with one line. `created`: folders made for the lock, removed again by release_lock when left empty, or at
+    once when the lock cannot be written (a read-only folder, a full disk: (problem, `fix`) naming `flag`, not the
+    lock's temporary file the system names).
     A process holds one lock of each name: taking it again (pretrain called twice in one process) keeps
     the one it holds there, or gives back the one it holds elsewhere. `named`: what the lines call the
     locked thing (default `flag save_dir`; preprocess_data.py locks an output dataset, not a folder)."""
     named = named or f"{flag} {save_dir}"
+    try:
+        return _take(save_dir, created, flag, name, named)
+    except OSError as error:
+        paths.remove_empty(created)
+        return paths.unwritable(f"{named}: cannot write its lock on {socket.gethostname()}", flag, error,
+                                fix or f"pass a {flag} directory this user can write")
+
+
+def _take(save_dir: str, created: list, flag: str, name: str, named: str) -> tuple[str, str] | None:
     path, host = os.path.join(save_dir, name), socket.gethostname()
     held = _held_locks.get(name)
     if held and held["path"] == path and _read_lock(path) == held["record"]:
@@ -306,9 +318,7 @@ def release_lock(*names: str) -> None:
         held["beat"].set()
         with held["mutex"]:  # a beat under way ends first
             _remove_held(held)
-        for folder in held["created"]:  # innermost first
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
+        paths.remove_empty(held["created"])
 
 
 def _remove_held(held: dict) -> None:

@@ -101,6 +101,14 @@ def missing_folders(path: str) -> list:
     return missing
 
 
+def remove_empty(folders: list) -> None:
+    """Removes `folders` (missing_folders' list, innermost first) where they are still empty: a start that failed
+    leaves none of the folders it made."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
 def write_probe(folder: str) -> None:
     """Makes `folder`, writes a file in it and removes the file; an OSError says why it cannot."""
     os.makedirs(folder, exist_ok=True)
@@ -141,9 +149,7 @@ def folder_problem(flag: str, path: str, fix: str | None = None) -> tuple[str, s
             return f"{flag} {path} takes no new files (a virtual file system such as /proc or /sys)", fix
         return unwritable(f"{flag} {path} is not writable", flag, error, fix)
     finally:
-        for made in created:  # innermost first
-            with contextlib.suppress(OSError):
-                os.rmdir(made)
+        remove_empty(created)
     return None
 
 

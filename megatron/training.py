@@ -199,14 +199,7 @@ def lock_log_dir(log_dir: str) -> tuple[str, str] | None:
     release when the run left it empty); (problem, fix) when a live run logs there."""
     created = paths.missing_folders(log_dir)
     os.makedirs(log_dir, exist_ok=True)
-    try:
-        return locks.take_lock(log_dir, created, "--log-dir", locks.LOG_LOCK)
-    except OSError as error:  # the system names the lock's temporary file
-        for folder in created:  # innermost first
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
-        return paths.unwritable(f"--log-dir {log_dir}: cannot write its lock", "--log-dir", error,
-                                "pass a --log-dir directory this user can write")
+    return locks.take_lock(log_dir, created, "--log-dir", locks.LOG_LOCK)
 
 
 def run_iterations(args, global_batch_size: int) -> int:

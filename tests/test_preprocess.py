@@ -431,8 +431,10 @@ def test_a_read_only_output_folder_is_named_with_the_flag(corpus, tmp_path, monk
         monkeypatch.setattr(Path, "mkdir", lambda path, *args, **kwargs: read_only(path) if path == out else None)
     with pytest.raises(ConfigError) as error:
         preprocess(options(corpus, out))
-    folder = f"its folder {out} is not writable" if where == "folder" else f"cannot make its folder {out}"
-    assert str(error.value) == (f"--output-prefix {out / 'wiki'}: {folder} (Read-only file system); pass an "
+    prefix = out / "wiki"
+    problem = (f"{prefix} ({prefix}_text_sentence.bin/.idx): cannot write its lock on {socket.gethostname()}"
+               if where == "folder" else f"{prefix}: cannot make its folder {out}")
+    assert str(error.value) == (f"--output-prefix {problem} (Read-only file system); pass an "
                                 "--output-prefix in a folder this user can write")
     assert sorted(tmp_path.rglob("*")) == [tmp_path / "ro", tmp_path / "ro" / "a"]
 

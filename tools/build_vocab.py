@@ -1,7 +1,6 @@
 """Trains a BERT WordPiece `vocab.txt` from a corpus in any format preprocessing reads (special tokens first:
 [PAD]=0, [UNK], [CLS], [SEP], [MASK]), for users without a vocab and for the default dataset.
 """
-import contextlib
 import os
 import sys
 import threading
@@ -46,9 +45,7 @@ def main(argv=None):
         output.parent.mkdir(parents=True, exist_ok=True)
         write_vocab(tokens, output)
     except BaseException as error:
-        for made in created:  # innermost first
-            with contextlib.suppress(OSError):
-                os.rmdir(made)
+        paths.remove_empty(created)
         if isinstance(error, OSError):
             raise ConfigError(f"cannot write --output {output} ({error.strerror or error})",
                               "pass an --output in a folder this user can write") from None

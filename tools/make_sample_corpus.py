@@ -3,7 +3,6 @@
 megatron/data/sample_corpus.py for what is kept.
 """
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -39,8 +38,7 @@ def main(argv=None):
             output.unlink()
             raise ConfigError(f"--max-mb {args.max_mb} holds no document", "pass a larger --max-mb, e.g. --max-mb 4")
     except BaseException:  # a refusal (a package not installed, no document) leaves no folder it made
-        for folder in created:  # innermost first
-            os.rmdir(folder)
+        paths.remove_empty(created)
         raise
     print(f"wrote {count} documents, {written / 2**20:.2f} MB to {output}")
 

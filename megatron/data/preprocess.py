@@ -301,14 +301,14 @@ def _lock_output(output_prefix: str, prefix: str) -> None:
     the first still writes into; a run meeting the staging files tells a live writer from a killed one."""
     path = lock_file_path(prefix)
     folder = os.path.dirname(path) or "."
-    try:
-        problem = locks.take_lock(folder, (), "--output-prefix", os.path.basename(path),
-                                  named=f"--output-prefix {output_prefix} ({prefix}.bin/.idx)")
-    except OSError as error:  # the first write there; the system names the lock's temporary file
-        raise _unwritable(error, output_prefix, f"its folder {folder} is not writable") from None
+    problem = locks.take_lock(folder, (), "--output-prefix", os.path.basename(path),
+                              named=f"--output-prefix {output_prefix} ({prefix}.bin/.idx)",
+                              fix="pass an --output-prefix in a folder this user can write")
+    if problem and "a live run" in problem[0]:
+        problem = (problem[0].replace("a live run", "a live preprocess_data.py"),
+                   "wait for that preprocess to finish (or stop it), or pass another --output-prefix")
     if problem:
-        raise ConfigError(problem[0].replace("a live run", "a live preprocess_data.py"),
-                          "wait for that preprocess to finish (or stop it), or pass another --output-prefix")
+        raise ConfigError(*problem)
 
 
 def _unlock_outputs(report: PreprocessReport) -> None:
