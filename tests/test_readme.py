@@ -24,9 +24,9 @@ COVERED = {
     ".venv/bin/python tools/preprocess_data.py --input wiki.json": "tests/test_preprocess.py::test_every_format_feeds_the_same_bert_samples",
     ".venv/bin/python tools/convert_checkpoint.py from-hf": "tests/test_init_from_hf.py::test_load_weights_only_checkpoint_from_the_converter",
     ".venv/bin/python tools/convert_checkpoint.py to-hf": "tests/test_training.py::test_a_default_run_exports_to_hugging_face",
-    "deepspeed --num_gpus 2 pretrain_bert.py --deepspeed --deepspeed_config ds_configs/ring_sp2.json --init-from-hf":
+    ".venv/bin/deepspeed --num_gpus 2 pretrain_bert.py --deepspeed --deepspeed_config ds_configs/ring_sp2.json --init-from-hf":
         "tests/test_init_from_hf.py::test_init_from_hf_folder_without_heads",
-    "deepspeed --num_gpus 2 pretrain_bert.py ... --load ckpt/bert-4k":
+    ".venv/bin/deepspeed --num_gpus 2 pretrain_bert.py ... --load ckpt/bert-4k":
         "tests/test_init_from_hf.py::test_load_weights_only_checkpoint_from_the_converter",
     "CUDA_VISIBLE_DEVICES= examples_deepspeed/bert_distributed.sh 2 1 2 128":
         "tests/test_launch_scripts.py::test_two_node_launch_on_one_machine",
@@ -73,6 +73,8 @@ def test_every_readme_command_is_run_or_covered():
     commands = readme_commands()
     assert len(commands) > 20
     assert [c for c in commands if kind(c) == "unclassified"] == []
+    # the README's install never activates the venv: a bare `python tools/...` or `deepspeed ...` is not found there
+    assert [c for c in commands if re.match(r"(\w+=\S* )*(python|deepspeed|pytest)\s", c)] == []
     for prefix, test in COVERED.items():
         assert any(command.startswith(prefix) for command in commands), f"COVERED names a command gone: {prefix}"
         if test.startswith("tests/"):

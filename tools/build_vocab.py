@@ -23,10 +23,15 @@ def main(argv=None):
     parser.add_argument("--output", required=True, help="vocab.txt to write (not an existing file unless --overwrite)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing --output (never one of the --input files or a dataset's .bin/.idx)")
-    parser.add_argument("--json-keys", nargs="+", default=["text"])
-    parser.add_argument("--tokenizer-type", default="BertWordPieceLowerCase", choices=sorted(TOKENIZER_TYPES))
-    parser.add_argument("--vocab-size", type=int, default=30522)
-    parser.add_argument("--min-frequency", type=int, default=2)
+    parser.add_argument("--json-keys", nargs="+", default=["text"],
+                        help="the keys (Parquet: columns) whose text is read (default: %(default)s)")
+    parser.add_argument("--tokenizer-type", default="BertWordPieceLowerCase", choices=sorted(TOKENIZER_TYPES),
+                        help="lower-cased or cased WordPiece, as preprocess_data.py and the trainer will read it "
+                             "(default: %(default)s)")
+    parser.add_argument("--vocab-size", type=int, default=30522,
+                        help="tokens in the vocab, special tokens included (default: %(default)s, BERT's)")
+    parser.add_argument("--min-frequency", type=int, default=2,
+                        help="a pair of pieces seen fewer times is not merged (default: %(default)s)")
     parser.add_argument("--skip-invalid", action="store_true",
                         help="leave out bad records (lines, Parquet rows), counted, instead of stopping")
     args = parser.parse_args(argv)

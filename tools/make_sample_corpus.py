@@ -19,9 +19,11 @@ def main(argv=None):
                         "--overwrite)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing --output (never a dataset's .bin/.idx)")
-    parser.add_argument("--max-mb", type=float, default=4.0, help="stop before the corpus exceeds this size")
+    parser.add_argument("--max-mb", type=float, default=4.0, help="stop before the corpus exceeds this size "
+                        "(default: %(default)s)")
     parser.add_argument("--packages", nargs="*", default=list(DEFAULT_PACKAGES),
-                        help="installed packages whose docstrings follow the standard library's")
+                        help="installed packages whose docstrings follow the standard library's "
+                        "(default: %(default)s)")
     args = parser.parse_args(argv)
     output = Path(args.output)
     paths.refuse_replacing(output, "a corpus", "corpus.json", args.overwrite)
