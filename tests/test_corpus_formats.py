@@ -281,6 +281,26 @@ def empty_shard_in_folder(tmp: Path, records: list) -> str:
     return str(tmp / "shards")
 
 
+def gzip_kept(tmp: Path, records: list) -> str:
+    """A folder holding a shard and the copy `gzip -k` leaves beside it."""
+    path = write_shard(tmp / "dup" / "wiki.jsonl", records)
+    path.with_name("wiki.jsonl.gz").write_bytes(gzip.compress(path.read_bytes()))
+    return str(tmp / "dup")
+
+
+def converted_beside(tmp: Path, records: list) -> tuple:
+    """`--input dup/*` unquoted over a JSON shard and the Parquet file converted from it."""
+    return tuple(str(write_shard(tmp / "dup" / name, records)) for name in ("wiki.json", "wiki.parquet"))
+
+
+def keys_disagree(tmp: Path, records: list) -> str:
+    """A folder of two exports of one dataset: JSON lines with `text`, Parquet with the text as `content`."""
+    shards(tmp / "mk", ["a.jsonl"], records[:60])
+    table = pa.Table.from_pylist([{"content": record["text"], "title": record["title"]} for record in records[60:]])
+    pq.write_table(table, tmp / "mk" / "b.parquet")
+    return str(tmp / "mk")
+
+
 def hub_download(tmp: Path, records: list, shard_names: list, leftover: str = "") -> str:
     """A dataset folder as a download left it: `records` in the shards named, and a `leftover` file
     (a partial download: its name, relative to the folder; a link's: `name -> target`)."""
@@ -456,6 +476,23 @@ BROKEN = {  # id -> (writes the input under a folder from the records and return
     "bzip2_jsonl": (written("w.jsonl.bz2", lambda records: bz2.compress(jsonl(records))), KEYS,
                     r"w\.jsonl\.bz2 is bzip2-compressed, which is not read; decompress it, or recompress it as "
                     r"\.jsonl\.gz or \.jsonl\.zst"),
+    # one shard in two formats: every document read twice
+    "same_shard_gzip_kept": (gzip_kept, KEYS,
+        r"^--input holds /\S+/dup/wiki\.jsonl and /\S+/dup/wiki\.jsonl\.gz, one shard in two formats \(as gzip -k or "
+        r"zstd -k leaves it\): both read, every document would count twice; remove one of them, or pass a quoted glob "
+        r"of one format \(--input '/\S+/dup/\*\.jsonl\.gz'\)$"),
+    "same_shard_converted": (converted_beside, KEYS, r"^--input holds /\S+/dup/wiki\.json and /\S+/dup/wiki\.parquet, "
+                                                     r"one shard in two formats: both read, .*'/\S+/dup/\*\.parquet'"),
+    # shards that name the text differently: whichever key is passed, one of them lacks it
+    "keys_disagree_parquet_lacks": (keys_disagree, KEYS,
+        r"^--input /\S+/mk: its shards disagree on 'text': /\S+/mk/b\.parquet has no column 'text' \(it has content, "
+        r"title\), but /\S+/mk/a\.jsonl has it; preprocess them apart, a quoted glob each \(--input "
+        r"'/\S+/mk/\*\.jsonl' and --input '/\S+/mk/\*\.parquet'\), each with its own --json-keys, or rename the "
+        r"column or key so that every shard has 'text'$"),
+    "keys_disagree_json_lacks": (keys_disagree, ("content",),
+        r"^--input /\S+/mk: its shards disagree on 'content': /\S+/mk/a\.jsonl has no key 'content' in its first "
+        r"records \(their keys: id, title, text\), but /\S+/mk/b\.parquet has it; preprocess them apart, a quoted glob "
+        r"each \(--input '/\S+/mk/\*\.parquet' and --input '/\S+/mk/\*\.jsonl'\)"),
     "empty_glob": (lambda tmp, records: str(tmp / "nowhere" / "*.parquet"), KEYS,
                    r"--input .*nowhere/\*\.parquet matches no files; check the pattern"),
     "folder_without_shards": (folder_without_shards, KEYS, r"input folder .*notes holds no corpus shards"),
@@ -661,7 +698,8 @@ def test_the_command_a_refusal_names_makes_the_corpus_read_as_it_should(referenc
         assert file_bytes(report.outputs[key]) == file_bytes(expected[key]), key
 
 
-@pytest.mark.parametrize("case", ["description_beside_parquet", "manifest_beside_jsonl"])
+@pytest.mark.parametrize("case", ["description_beside_parquet", "manifest_beside_jsonl", "same_shard_gzip_kept",
+                                  "same_shard_converted"])
 def test_the_glob_a_description_refusal_suggests_reads_the_shards(reference, tmp_path, case):
     records, vocab, expected = reference
     with pytest.raises(DataError) as refused:
@@ -675,14 +713,46 @@ def test_the_glob_a_description_refusal_suggests_reads_the_shards(reference, tmp
     ("one_record.json", b'{"text": "One article.", "title": "One"}'),  # a shard of one record, with text
     ("extra.json", b'{"text": "a"}\n{"text": "b"}\n'),  # JSON lines named .json
     ("crlf.jsonl", b'{"text": "a"}\r\n{"text": "b"}\r\n'), ("bom.jsonl", b'\xef\xbb\xbf{"text": "a"}\n'),
-    ("lone_cr.jsonl", b'{"text": "a"}\r'), ("comma_in_text.jsonl", b'{"text": "a,"}\n{"text": "b"}\n')])
+    ("lone_cr.jsonl", b'{"text": "a"}\r'), ("comma_in_text.jsonl", b'{"text": "a,"}\n{"text": "b"}\n'),
+    ("sub/part-0.jsonl.gz", gzip.compress(b'{"text": "a"}\n', mtime=0)),  # the same name in another folder
+    ("part-00.jsonl.gz", gzip.compress(b'{"text": "a"}\n', mtime=0)),
+    ("no_text.jsonl", b'{"body": "a"}\n'),  # one record without the key: a bad record (--skip-invalid), not a shard
+    ("nested.jsonl", b'{"text": {"en": "a"}}\n{"text": {"en": "b"}}\n')])  # that disagrees: named when read
 def test_a_shard_like_a_refused_one_is_read(reference, tmp_path, name, data):
-    """What the refusals of a description, CR line ends and trailing commas must not catch."""
+    """What the refusals of a description, CR line ends, trailing commas, a shard in two formats and shards that
+    disagree on the key must not catch."""
     records, _, _ = reference
     shards(tmp_path / "ds", ["part-0.jsonl"], records[:3])
+    (tmp_path / "ds" / name).parent.mkdir(exist_ok=True)
     (tmp_path / "ds" / name).write_bytes(data)
-    assert sorted(Path(shard.path).name for shard in Corpus(str(tmp_path / "ds"), ("text",)).shards) == sorted(
-        ["part-0.jsonl", name])
+    found = Corpus(str(tmp_path / "ds"), ("text",)).shards
+    assert sorted(os.path.relpath(shard.path, tmp_path / "ds") for shard in found) == sorted(["part-0.jsonl", name])
+
+
+def test_the_globs_a_key_disagreement_suggests_read_each_kind_of_shard(reference, tmp_path):
+    """Each glob of the refusal, with its own --json-keys, reads its shards."""
+    records, vocab, _ = reference
+    with pytest.raises(DataError) as refused:
+        Corpus(keys_disagree(tmp_path, records), KEYS)
+    holding, others = re.findall(r"--input '(\S+)'", str(refused.value))
+    assert preprocess(options(holding, tmp_path / "out" / "a", vocab)).documents == 60
+    assert preprocess(options(others, tmp_path / "out" / "b", vocab, json_keys=("content", "title"))).documents == 60
+
+
+def test_an_empty_json_lines_shard_among_others_is_named_in_one_warning(reference, tmp_path):
+    """A 0-byte .jsonl beside other shards (a download that stopped before its first byte, or a writer with
+    nothing to write) reads as no documents, and is named; a 0-byte .gz / .zst / .parquet is refused (BROKEN)."""
+    records, vocab, expected = reference
+    shards(tmp_path / "ds", ["part-0.jsonl"], records)
+    (tmp_path / "ds" / "part-1.jsonl").write_bytes(b"")
+    (tmp_path / "ds" / "part-2.jsonl.gz").write_bytes(gzip.compress(b""))  # a whole gzip file of no text: not named
+    log = io.StringIO()
+    report = preprocess(options(tmp_path / "ds", tmp_path / "out" / "wiki", vocab), log=log)
+    for key in KEYS:
+        assert file_bytes(report.outputs[key]) == file_bytes(expected[key]), key
+    (warning,) = [line for line in log.getvalue().splitlines() if "0 bytes" in line]
+    assert re.fullmatch(r"warning: --input \S+/ds: \S+/ds/part-1\.jsonl is empty \(0 bytes\), read as no documents; "
+                        r"if a download or write stopped, write it again, else remove it", warning), warning
 
 
 @pytest.mark.parametrize("head,encoding", [

@@ -72,12 +72,19 @@ class Corpus:
             refuse_several_splits(f"the {len(specs)} --input values hold", common_folder(paths), paths)
         self.shards = [Shard(path, shard_kind(path)) for path in paths]
         self.total_bytes = sum(os.path.getsize(shard.path) for shard in self.shards)  # as stored (compressed)
+        self.empty = [shard.path for shard in self.shards if shard.kind == "json" and not os.path.getsize(shard.path)]
+        # 0-byte JSON lines: no documents (a compressed or Parquet shard of 0 bytes is refused as cut short)
         _refuse_description(self.shards, self.keys)
+        schemas, names = {}, {}  # Parquet shard -> its schema; shard -> the keys of its first records or columns
         for shard in self.shards:
             if shard.kind == "parquet":
-                _check_parquet(shard.path, self.keys)
-            else:
-                _refuse_one_document(shard, self.keys)
+                schemas[shard.path] = _parquet_schema(shard.path)
+                names[shard.path] = _flat_names(schemas[shard.path])
+            elif (head_keys := _head_keys(shard, _refuse_one_document(shard, self.keys))) is not None:
+                names[shard.path] = head_keys
+        _refuse_disagreeing_keys(self.input, self.shards, names, self.keys)
+        for path, schema in schemas.items():
+            _check_parquet_columns(path, schema, self.keys)
 
     def where(self, location: tuple) -> str:
         """'path line 7' / 'path row 7' for a record's (shard index, number, ...)."""
@@ -166,20 +173,21 @@ def _decompressed(shard: Shard, file) -> tuple:
 HEAD_BYTES = 1 << 16  # of a JSON shard, read before any worker starts to tell one JSON document from JSON lines
 
 
-def _refuse_one_document(shard: Shard, keys: tuple) -> None:
+def _refuse_one_document(shard: Shard, keys: tuple) -> bytes | None:
     """A JSON shard that is one JSON document (an array, as json.dump and to_json(lines=False) write; an
     object indented over several lines), or no JSON at all (plain text, CSV, an Arrow file), rather than
     JSON lines: named with the conversion, before any worker starts, not as a line-1 record error whose
     --skip-invalid would skip every line. The same for what its first bytes show to be no UTF-8 JSON lines:
     another format than its name says, UTF-16 or UTF-32 text, lines ended by CR alone, objects followed by
-    commas. A shard whose head cannot be read is left to the reading, which names why."""
+    commas. A shard whose head cannot be read is left to the reading, which names why. Returns the head read
+    (decompressed), None where it cannot be read."""
     with open(shard.path, "rb") as file:  # a missing or unreadable file: an OSError naming it
         _refuse_misnamed(shard, file.peek(MAGIC_BYTES))
         stream, corrupt = _decompressed(shard, file)
         try:
             head = stream.read(HEAD_BYTES)
         except corrupt:
-            return
+            return None
     _refuse_wide_text(shard, head)
     if shard.kind != "json":
         _refuse_compressed_other(shard, head)
@@ -193,6 +201,7 @@ def _refuse_one_document(shard: Shard, keys: tuple) -> None:
         raise DataError(f"{shard.path} is {what}, not JSON lines (one object per line)",
                         f"convert it, e.g. {_jq_command(shard, '.[]' if kind == 'array' else '.')}")
     _refuse_not_json(shard, head, keys[0])
+    return head
 
 
 def _jq_command(shard: Shard, select: str, raw: bool = False) -> str:
@@ -273,10 +282,7 @@ def _refuse_not_json(shard: Shard, head: bytes, key: str) -> None:
     named as what its suffix says, with the conversion. Where one of them is a JSON object or array or
     value (a string, a number), a bad line among them (a stray header, a damaged first record) is left to
     the reading, which names the record (--skip-invalid skips it)."""
-    lines = [line.strip() for line in head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n")]
-    if len(head) == HEAD_BYTES and len(lines) > 1:
-        lines.pop()  # cut off by the head
-    lines = [line for line in lines if line][:JSON_LINES_LOOKED_AT]
+    lines = _head_lines(head)
     if not lines or any(line.startswith((b"{", b"[")) or _parses(line) for line in lines):
         return
     refuse_lfs_pointer(shard.path)  # text too: a dataset cloned without git-lfs
@@ -291,6 +297,63 @@ def _refuse_not_json(shard: Shard, head: bytes, key: str) -> None:
     else:
         fix = f"convert it (one document a line), e.g. {_jq_command(shard, '{' + json.dumps(key) + ': .}', raw=True)}"
     raise DataError(f"{shard.path} is {what}, not JSON lines (one object per line)", fix)
+
+
+def _head_lines(head: bytes) -> list:
+    """The first JSON_LINES_LOOKED_AT non-blank lines of a JSON shard's head (the last one only where the head
+    holds the whole file: else the head may cut it), stripped."""
+    lines = [line.strip() for line in head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n")]
+    if len(head) == HEAD_BYTES and len(lines) > 1:
+        lines.pop()  # cut off by the head
+    return [line for line in lines if line][:JSON_LINES_LOOKED_AT]
+
+
+def _head_keys(shard: Shard, head: bytes | None) -> list | None:
+    """The keys (dotted where nested, as --json-keys names them) of the JSON objects among a JSON-lines shard's
+    first lines, or None where those do not tell what keys its records have: no object among them, or a shard
+    that is one record (the whole file one line: a corpus of one document per `.json` file, whose file without
+    the key is one bad record, which --skip-invalid skips)."""
+    if not head:
+        return None
+    records = []
+    for line in _head_lines(head):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    if not records or (len(head) < HEAD_BYTES and len(_head_lines(head)) == 1):
+        return None
+    return list(dict.fromkeys(key for record in records for key in _flat_keys(record)))
+
+
+def _refuse_disagreeing_keys(spec: str, shards: list, names: dict, keys: tuple) -> None:
+    """Shards that name their text differently (a Parquet shard's column `content`, a JSON shard's key
+    `text`; two exports of one dataset): whichever --json-keys is passed, some shard lacks it, and the
+    refusal of that shard alone would send the user from one key to the other. `names`: each shard's
+    keys (JSON: those of its first records) or columns, where known."""
+    for key in keys:
+        holding = [shard for shard in shards if shard.path in names and _names_key(names[shard.path], key)]
+        lacking = [shard for shard in shards if shard.path in names and not _names_key(names[shard.path], key)]
+        if not holding or not lacking:
+            continue
+        shard, more = lacking[0], f" (and {len(lacking) - 1} more)" if len(lacking) > 1 else ""
+        what = (f"column {key!r} (it has" if shard.kind == "parquet" else f"key {key!r} in its first records (their "
+                                                                            "keys:")
+        others = [other.path for other in shards if other not in holding]
+        patterns = [glob_of([other.path for other in holding]), glob_of(others)]
+        apart = (f", a quoted glob each (--input {shlex.quote(patterns[0])} and --input {shlex.quote(patterns[1])})"
+                 if all(patterns) else "")
+        raise DataError(f"--input {spec}: its shards disagree on {key!r}: {shard.path}{more} has no {what} "
+                        f"{', '.join(names[shard.path])}), but {holding[0].path} has it",
+                        f"preprocess them apart{apart}, each with its own --json-keys, or rename the column or key "
+                        f"so that every shard has {key!r}")
+
+
+def _names_key(names: list, key: str) -> bool:
+    """Whether a shard's keys or columns (flattened, `doc.text`) hold `key`, or a nested key below it."""
+    return key in names or any(name.startswith(f"{key}.") for name in names)
 
 
 def _one_document(head: bytes) -> str | None:
@@ -456,22 +519,28 @@ class _ZstdFrames(io.RawIOBase):
         return size
 
 
-def _check_parquet(path: str, keys: tuple) -> None:
-    """Refuses a shard that is not Parquet or lacks a text column `keys` names (its footer only): text
-    is string, large_string, string_view, or a dictionary of them (_plain_text decodes each batch); a
-    struct's field is named as pyarrow's flatten() names it (`doc.text`)."""
+def _parquet_schema(path: str):
+    """The Arrow schema of a Parquet shard (its footer only); refuses a shard that is not Parquet."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         with pq.ParquetFile(path) as file:
-            schema = file.schema_arrow
+            return file.schema_arrow
     except (pa.ArrowException, ValueError, OSError) as error:
         refuse_lfs_pointer(path)  # a dataset cloned without git-lfs
         _refuse_damaged_parquet(path, error)
         raise DataError(f"{path} is not a Parquet file ({_first_line(error)})",
                         "pass Parquet shards only, or name the file by its format (.jsonl, .jsonl.gz, .jsonl.zst)"
                         ) from None
+
+
+def _check_parquet_columns(path: str, schema, keys: tuple) -> None:
+    """Refuses a Parquet shard that lacks a text column `keys` names: text is string, large_string,
+    string_view, or a dictionary of them (_plain_text decodes each batch); a struct's field is named as
+    pyarrow's flatten() names it (`doc.text`)."""
+    import pyarrow as pa
+
     for key in keys:
         column = _parquet_column(schema, key)
         if key in schema.names and _struct_field(schema, key) is not None:
@@ -567,7 +636,7 @@ def _parquet_rows(path: str, keys: tuple):
     try:
         with pq.ParquetFile(path) as file:
             stored, rows = os.path.getsize(path), max(file.metadata.num_rows, 1)
-            paths = [_parquet_column(file.schema_arrow, key)[0] for key in keys]  # checked by _check_parquet
+            paths = [_parquet_column(file.schema_arrow, key)[0] for key in keys]  # checked: _check_parquet_columns
             for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=list(keys)):
                 columns = [_plain_text(_field_column(batch, path)) for path in paths]
                 sizes = pc.binary_length(columns[0]).fill_null(0)

@@ -171,6 +171,12 @@ def preprocess(options: PreprocessOptions, log=sys.stderr) -> PreprocessReport:
         names = ", ".join(Path(name).name for name in corpus.skipped[:3]) + (", ..." if len(corpus.skipped) > 3 else "")
         print(f"note: --input {corpus.input}: left out {len(corpus.skipped)} file(s) without a corpus "
               f"shard's name ({names}); the shards are {FORMATS_HELP}", file=log, flush=True)
+    if corpus.empty and len(corpus.shards) > 1:  # one shard of 0 bytes: refused below, as no documents
+        shown = ", ".join(corpus.empty[:3]) + (f" and {len(corpus.empty) - 3} more" if len(corpus.empty) > 3 else "")
+        one = len(corpus.empty) == 1
+        print(f"warning: --input {corpus.input}: {shown} {'is' if one else 'are'} empty (0 bytes), read as no "
+              f"documents; if a download or write stopped, write {'it' if one else 'them'} again, else remove "
+              f"{'it' if one else 'them'}", file=log, flush=True)
     tokenizer = build_tokenizer(options.tokenizer_type, options.vocab_file, options.tokenizer_file)
     if warning := case_warning(tokenizer, options.tokenizer_type):
         print(f"warning: {warning}", file=log, flush=True)

@@ -2,7 +2,7 @@
 of them in the order given. Kept apart from reading them (corpus_files.py): this is path logic only, and
 the mistakes it refuses are ones of a dataset's layout, named before any shard is opened: several splits
 read as one corpus, a download that has not finished, a numbered shard missing, a link to a file that is
-gone, a save_to_disk (Arrow) folder, a shard named twice.
+gone, a save_to_disk (Arrow) folder, a shard named twice or held in two formats.
 """
 import glob
 import os
@@ -106,9 +106,8 @@ def _not_a_file(spec: str) -> str:
 
 def glob_of(paths: list) -> str | None:
     """A glob that matches `paths` and nothing else (`snap/data/*.parquet`, `snap/**/*.jsonl`), or None."""
-    suffixes = {next(suffix for suffix in sorted(FOLDER_SUFFIXES, key=len, reverse=True) if path.lower().endswith(
-        suffix)) for path in paths}
-    if len(suffixes) != 1:
+    suffixes = set(map(shard_suffix, paths))
+    if len(suffixes) != 1 or None in suffixes:
         return None
     folder = common_folder(paths)
     deep = any(os.path.dirname(os.path.normpath(path)) != os.path.normpath(folder) for path in paths)
@@ -118,14 +117,50 @@ def glob_of(paths: list) -> str | None:
 
 
 def refuse_repeated_shards(paths: list) -> None:
-    """A shard that several --input values name (a folder and a file in it, a file given twice): read
-    twice, its documents would weigh double."""
+    """A shard that several --input values name (a folder and a file in it, a file given twice), or one shard in
+    two formats: read twice, its documents would weigh double."""
     seen = set()
     for path in paths:
         if (real := os.path.realpath(path)) in seen:
             raise DataError(f"--input names {path} twice (a path given twice, or a folder and a file in it)",
                             "pass each shard once")
         seen.add(real)
+    _refuse_copies_in_two_formats(paths)
+
+
+def shard_suffix(path: str) -> str | None:
+    """The shard suffix a file name ends with (the longest: `.jsonl.gz`, not `.gz`), or None."""
+    return next((suffix for suffix in sorted(FOLDER_SUFFIXES, key=len, reverse=True)
+                 if path.lower().endswith(suffix)), None)
+
+
+def _stem(path: str) -> tuple:
+    """(the folder, the name without its format: `wiki` of `wiki.jsonl.gz`, `wiki.json`, `wiki.parquet`)."""
+    name = os.path.basename(path)[:len(os.path.basename(path)) - len(shard_suffix(path))].lower()
+    return os.path.realpath(os.path.dirname(path) or "."), name.removesuffix(".jsonl").removesuffix(".json")
+
+
+def _refuse_copies_in_two_formats(paths: list) -> None:
+    """One shard in two formats in one folder (`wiki.jsonl` and `wiki.jsonl.gz`, as `gzip -k` leaves them;
+    `wiki.json` and `wiki.parquet`): both read, every document would count twice, and a split by document would
+    put the copy of a held-out document in training."""
+    shards = [path for path in paths if shard_suffix(path)]
+    first_of = {}  # stem -> the first shard of that stem
+    for path in shards:
+        if (first := first_of.setdefault(_stem(path), path)) is path:
+            continue
+        stems = set(map(_stem, shards))
+        patterns = []  # a glob of the shards of one of the two formats, where those are every stem once
+        for suffix in (shard_suffix(path), shard_suffix(first)):
+            of_format = [shard for shard in shards if shard_suffix(shard) == suffix]
+            if set(map(_stem, of_format)) == stems and (pattern := glob_of(of_format)):
+                patterns.append(pattern)
+        formats = sorted((shard_suffix(first), shard_suffix(path)), key=len)
+        compressed = " (as gzip -k or zstd -k leaves it)" if formats[1].startswith(formats[0]) else ""
+        raise DataError(f"--input holds {first} and {path}, one shard in two formats{compressed}: both read, every "
+                        "document would count twice",
+                        "remove one of them" + (f", or pass a quoted glob of one format (--input "
+                                                f"{shlex.quote(patterns[0])})" if patterns else ""))
 
 
 def refuse_several_splits(where: str, root: str, shards: list) -> None:
