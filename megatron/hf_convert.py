@@ -28,7 +28,8 @@ from tokenizers import Tokenizer
 from megatron import hf_io, hf_modernbert
 from megatron.checkpoint import LATEST, RUN_STATE, run_state, tag_for
 from megatron.config import TrainConfig
-from megatron.data.tokenizer import BertWordPiece, HFTokenizer, check_fits, read_vocab
+from megatron.data.tokenizer import (BertWordPiece, HFTokenizer, check_fits, frames_as_samples, read_vocab,
+                                     sample_template)
 from megatron.data.tokenizer_identity import carry
 from megatron.errors import ConfigError, DataError, GitLfsPointer
 from megatron.hf_forms import CLASSIC_LAYER, LAYOUTS, check_bert_exportable as check_exportable, is_modern
@@ -145,8 +146,31 @@ def hf_tokenizer_files(state: dict, config: BertConfig, tokenizer) -> tuple[dict
     the special ids and names from the tokenizer, whose tokenizer.json AutoTokenizer then reads."""
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": hf_positions(config),
                 **hf_special_tokens(tokenizer)}
+    if not is_modern(config) and config.type_vocab_size:  # BERT's token types (ModernBERT has none, takes none)
+        settings["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
     tensors, hf_config = exporter(config).hf_tokenizer_model(state, config, tokenizer)
     return tensors, {"config.json": hf_config, "tokenizer_config.json": settings}
+
+
+def framed_tokenizer_json(tokenizer) -> tuple[dict, str] | None:
+    """(the tokenizer.json to export, the note saying so) where an HFTokenizer's own post-processor frames text
+    otherwise than the training samples were framed (none: a Unigram or BPE trained with `tokenizers`; RoBERTa's
+    `<s> A </s></s> B </s>`, token types all 0): its settings with sample_template's post-processor instead,
+    keeping offset trimming (ByteLevel parts, RobertaProcessing's trim_offsets). None where it frames them so."""
+    cls, sep = ((tokenizer.special_tokens()[kind], tokenizer.ids[kind]) for kind in ("cls", "sep"))
+    settings = json.loads(tokenizer.file_bytes)
+    found = settings.get("post_processor") or {}
+    if frames_as_samples(found, cls, sep):
+        return None
+    kept = [part for part in found.get("processors") or () if part.get("type") == "ByteLevel"]
+    if found.get("type") == "RobertaProcessing" and found.get("trim_offsets"):
+        kept = [{"type": "ByteLevel", "add_prefix_space": found.get("add_prefix_space", True), "trim_offsets": True,
+                 "use_regex": True}]
+    template = sample_template(cls, sep)
+    settings["post_processor"] = {"type": "Sequence", "processors": [*kept, template]} if kept else template
+    found_text = f"'s {found['type']} post-processor frames text otherwise" if found else " has no post-processor"
+    return settings, (f"note: {tokenizer.file}{found_text}: the exported tokenizer.json frames it as the model was "
+                      f"trained, {cls[0]} A {sep[0]} and {cls[0]} A {sep[0]} B {sep[0]} (token types 0, then 1 from B)")
 
 
 def hf_special_tokens(tokenizer) -> dict:
@@ -160,16 +184,21 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, low
                    hf_tokenizer=None) -> None:
     """Writes config.json, model.safetensors, vocab.txt and tokenizer_config.json (and tokenizer.json
     for ModernBERT, whose AutoTokenizer reads nothing else); with `hf_tokenizer` (vocab_file None)
-    its tokenizer.json instead of the vocab.txt. Atomic: a temporary sibling folder renamed at the
-    end, so a failure leaves nothing half-written, nor the folders made for it (undone_on_failure)."""
+    its tokenizer.json instead of the vocab.txt, framing text as the samples were (framed_tokenizer_json).
+    Atomic: a temporary sibling folder renamed at the end, so a failure leaves nothing half-written, nor the
+    folders made for it (undone_on_failure)."""
     output = Path(output)
     if output.exists():
         what = "a file" if Path(output).is_file() else "an existing folder"
         raise ConfigError(f"output {output} is {what}", "choose a new output folder (it is created) or remove it")
+    framed = None  # (tokenizer.json, note) where a Hugging Face tokenizer's framing is replaced
     if hf_tokenizer is not None:
         check_fits(hf_tokenizer, config.vocab_size)
         tensors, files = hf_tokenizer_files(state, config, hf_tokenizer)
-        copied, texts = {"tokenizer.json": hf_tokenizer.file}, {}
+        framed = framed_tokenizer_json(hf_tokenizer)
+        copied, texts = {} if framed else {"tokenizer.json": hf_tokenizer.file}, {}
+        if framed:
+            files["tokenizer.json"] = framed[0]
     else:
         vocab = list(read_vocab(vocab_file))  # as the tokenizer reads it: a byte-order mark is no part of [PAD]
         if len(vocab) > config.vocab_size:  # fewer: rows no token reaches (--vocab-size), as HF allows
@@ -191,6 +220,8 @@ def save_hf_folder(output, state: dict, config: BertConfig, vocab_file=None, low
         for name, text in texts.items():
             (partial / name).write_text(text, encoding="utf-8")
         os.replace(partial, output)
+    if framed:  # once written: an error stays the only line
+        print(framed[1], flush=True)
 
 
 # ---------------------------------------------------------------- HF -> ours

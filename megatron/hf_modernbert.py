@@ -32,10 +32,10 @@ import warnings
 from types import SimpleNamespace
 
 import torch
-from tokenizers import decoders, processors
+from tokenizers import decoders
 
 from megatron import hf_io
-from megatron.data.tokenizer import SPECIAL_TOKENS, wordpiece
+from megatron.data.tokenizer import SPECIAL_TOKENS, sample_template, wordpiece
 from megatron.errors import ConfigError, DataError
 from megatron.hf_forms import ACTIVATIONS, SHAPE, check_modernbert_exportable as check_exportable, is_modern
 from megatron.model.bert import BertConfig
@@ -131,11 +131,10 @@ def wordpiece_tokenizer_json(vocab: list, lower_case: bool) -> dict:
     tokenizer.decoder = decoders.WordPiece()
     special = [token for token in SPECIAL_TOKENS if token in vocab]
     tokenizer.add_special_tokens(special)
+    settings = json.loads(tokenizer.to_str())
     if "[CLS]" in special and "[SEP]" in special:
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-            special_tokens=[(token, vocab.index(token)) for token in ("[CLS]", "[SEP]")])
-    return json.loads(tokenizer.to_str())
+        settings["post_processor"] = sample_template(*((token, vocab.index(token)) for token in ("[CLS]", "[SEP]")))
+    return settings
 
 
 def hf_files(state: dict, config: BertConfig, vocab: list, lower_case: bool) -> tuple[dict, dict]:

@@ -256,15 +256,19 @@ def test_masking_never_draws_special_tokens_as_random_replacements(texts, modern
 def test_special_tokens_a_model_folder_cannot_mean_are_one_line(texts, tmp_path):
     """Settings that are no settings (a list, a number as mask_token), a mask token that is also the pad
     or unknown token (masking would write a token the text holds; fill-mask would see a mask at every
-    padding position), and a folder whose vocab.txt and tokenizer.json disagree (transformers reads the
-    tokenizer.json; carrying the vocab.txt gave other ids): each refused naming the file."""
+    padding position), a pad token that is also the sep or cls token (accepted silently: the export's
+    pad_token_id is transformers' padding_idx, whose embedding fine-tuning never updates), and a folder
+    whose vocab.txt and tokenizer.json disagree (transformers reads the tokenizer.json; carrying the
+    vocab.txt gave other ids): each refused naming the file."""
     from megatron import hf_convert
 
     roberta = train_bpe(texts[:200], ["<unk>", "<mask>", "</s>", "<pad>", "<s>"], vocab_size=600)
     cases = {"list": (["x"], "tokenizer_config.json is not a JSON object of settings"),
              "number": ({"mask_token": 5}, "tokenizer_config.json's mask_token = 5 is not a token"),
              "pad": ({"mask_token": "<pad>"}, "mask token '<pad>' is also its pad token"),
-             "unk": ({"mask_token": "<unk>"}, "mask token '<unk>' is also its unk token")}
+             "unk": ({"mask_token": "<unk>"}, "mask token '<unk>' is also its unk token"),
+             "pad_is_sep": ({"pad_token": "</s>"}, "pad token '</s>' is also its sep token"),
+             "pad_is_cls": ({"pad_token": "<s>"}, "pad token '<s>' is also its cls token")}
     for name, (settings, message) in cases.items():
         folder = tmp_path / name
         folder.mkdir()
@@ -334,6 +338,10 @@ def source_tokenizer(style: str) -> tuple[Tokenizer, dict]:
         tokenizer = train_bpe(FEW_TEXTS, specials, 300)
     if "modernbert" not in style:
         tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 4))
+    if style == "modernbert_template":  # framing text as the trainer does
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")])
     if style == "modernbert_config_unk":  # ModernBERT's tokenizer.json: a BPE with no unknown token
         settings = json.loads(tokenizer.to_str())
         settings["model"]["unk_token"] = None
@@ -354,8 +362,25 @@ def test_a_unigrams_unknown_token_is_the_one_its_unk_id_names(tmp_path):
         HFTokenizer(tmp_path)
 
 
-@pytest.mark.parametrize("style", ["roberta", "modernbert", "named_in_config", "unigram", "modernbert_config_unk"])
-def test_the_export_of_a_hugging_face_tokenizer_loads_with_the_trainers_special_ids(tmp_path, style):
+def trainer_framing(tokenizer, first: str, second: str | None = None) -> tuple[list, list]:
+    """(ids, token types) of the training sample of the text `first` (and `second` as segment B), as
+    bert_sample.build_segment frames it (its one masked token put back, a seed that keeps A first)."""
+    import numpy as np
+
+    from megatron.data.bert_sample import SpecialIds, build_segment
+
+    ids = SpecialIds(tokenizer.cls, tokenizer.sep, tokenizer.mask, tokenizer.pad)
+    sentences = [np.array(tokenizer.tokenize(text)) for text in (first, second) if text is not None]
+    segment = next(segment for seed in range(100) for segment in [build_segment(
+        sentences, 1000, 1000, ids, np.array([0]), 0.0, np.random.RandomState(seed), binary_head=second is not None)]
+        if not segment["sop_labels"][0])
+    return np.where(segment["loss_mask"], segment["labels"], segment["tokens"]).tolist(), \
+        segment["token_types"].tolist()
+
+
+@pytest.mark.parametrize("style", ["roberta", "modernbert", "named_in_config", "unigram", "modernbert_config_unk",
+                                   "modernbert_template"])
+def test_the_export_of_a_hugging_face_tokenizer_loads_with_the_trainers_special_ids(tmp_path, capsys, style):
     """to-hf's tokenizer_config.json named cls, sep, mask and pad but not the unknown token: AutoTokenizer
     loaded it with unk_token None, where the trainer's model writes <unk> / [UNK]; a Unigram's (named by
     unk_id) and one only the source folder's tokenizer_config.json names (ModernBERT's) were still left out.
@@ -375,13 +400,48 @@ def test_the_export_of_a_hugging_face_tokenizer_loads_with_the_trainers_special_
     (tmp_path / "ck").mkdir()
     carry(HFTokenizer(tmp_path / "source"), tmp_path / "ck")
     tokenizer = carried_tokenizer(tmp_path / "ck")
-    config = small_config("dense", seq_length=16, max_position_embeddings=16, vocab_size=tokenizer.vocab_size)
+    if style == "unigram":  # a ModernBERT export (no token types)
+        from test_hf_modernbert import modern_config
+
+        config = modern_config(seq_length=16, max_position_embeddings=16, vocab_size=tokenizer.vocab_size)
+    else:
+        config = small_config("dense", seq_length=16, max_position_embeddings=16, vocab_size=tokenizer.vocab_size)
     hf_convert.save_hf_folder(tmp_path / "hf", small_model(config).state_dict(), config, hf_tokenizer=tokenizer)
     exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     trainer = {**tokenizer.ids, "unk": source.token_to_id("[UNK]" if "modernbert" in style else "<unk>")}
     assert {kind: getattr(exported, f"{kind}_token_id") for kind in trainer} == trainer
     text = "the cat sat"
     assert exported(text, add_special_tokens=False).input_ids == tokenizer.tokenize(text)
+    # text is framed as the samples were ([CLS] A [SEP] B [SEP], types 0 then 1): a tokenizer.json without a
+    # post-processor added neither [CLS] nor [SEP], RoBERTa's gave <s> A </s></s> B </s> with no token types
+    for texts in ([text], [text, "on the mat"]):
+        encoded, (ids, types) = exported(*texts), trainer_framing(tokenizer, *texts)
+        assert encoded.input_ids == ids
+        assert encoded.get("token_type_ids") == (None if style == "unigram" else types)
+    note = capsys.readouterr().out
+    if style == "modernbert_template":
+        assert not note and (tmp_path / "hf" / "tokenizer.json").read_bytes() == tokenizer.file_bytes
+    else:
+        found = " has no post-processor" if "modernbert" in style else "'s RobertaProcessing post-processor"
+        assert note.startswith(f"note: {tokenizer.file}{found}") and note.count("\n") == 1
+    if style == "roberta":  # its offsets are trimmed of spaces still (RobertaProcessing's trim_offsets)
+        assert exported(text, return_offsets_mapping=True)["offset_mapping"] == source.encode(text).offsets
+
+
+def test_post_processors_that_frame_text_as_the_samples_are_kept():
+    """BERT's BertProcessing of the same tokens, the template, either with ByteLevel offset trimming beside it,
+    frame text as the samples do (the export keeps them); RoBERTa's, another sep or none do not."""
+    from megatron.data.tokenizer import frames_as_samples, sample_template
+
+    cls, sep = ("[CLS]", 2), ("[SEP]", 3)
+    bert = json.loads(processors.BertProcessing(sep, cls).__getstate__())
+    byte_level = json.loads(processors.ByteLevel(trim_offsets=True).__getstate__())
+    for kept in (bert, sample_template(cls, sep), {"type": "Sequence", "processors": [byte_level, bert]}):
+        assert frames_as_samples(kept, cls, sep)
+    roberta = json.loads(processors.RobertaProcessing(sep, cls).__getstate__())
+    for replaced in (roberta, None, sample_template(cls, ("[SEP]", 4)), {"type": "Sequence", "processors": [
+            byte_level, roberta]}, {"type": "Sequence", "processors": [bert, bert]}):
+        assert not frames_as_samples(replaced, cls, sep)
 
 
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]"]

@@ -197,18 +197,23 @@ class HFTokenizer(_Tokenizer):
                                 f"add the {kind} token to the tokenizer as a special token, or name it as "
                                 f"\"{kind}_token\" in a tokenizer_config.json beside the tokenizer.json")
             self.ids[kind] = ids[token]
-        self._refuse_shared_mask()
+        self._refuse_shared_specials()
         self._refuse_ordinary_mask()
 
-    def _refuse_shared_mask(self) -> None:
-        """A mask token that is also the pad, cls, sep or unknown token: masking would write a token the
-        text holds anyway, and fill-mask would take every padding position for a mask."""
-        others = {kind: self.special.get(kind) for kind in ("pad", "cls", "sep", "unk")}  # unk: _unknown_token's
-        same = [kind for kind, token in others.items() if token == self.special["mask"]]
-        if same:
-            raise DataError(f"tokenizer {self.file}'s mask token {self.special['mask']!r} is also its {same[0]} token",
-                            "name a token of its own as mask_token (e.g. <mask> or [MASK]) in the "
-                            "tokenizer_config.json or special_tokens_map.json beside it")
+    def _refuse_shared_specials(self) -> None:
+        """A mask token that is also the pad, cls, sep or unknown token: masking would write a token the text holds
+        anyway, and fill-mask would take every padding position for a mask. A pad token that is also the cls or
+        sep token (a tokenizer_config.json's pad_token "</s>"): the export's pad_token_id is transformers'
+        padding_idx, whose embedding fine-tuning would never update."""
+        for kind, others in (("mask", ("pad", "cls", "sep", "unk")), ("pad", ("cls", "sep"))):  # unk: _unknown_token's
+            token = self.special[kind]
+            same = [other for other in others if self.special.get(other) == token]
+            if same:
+                names = " or ".join(SPECIAL_NAMES[kind])
+                raise DataError(f"tokenizer {self.file}'s {kind} token {token!r} is also its {same[0]} token",
+                                f"name a token of its own as {kind}_token (e.g. {names}) in the "
+                                "tokenizer_config.json or special_tokens_map.json beside it (adding it to the "
+                                "tokenizer as a special token where it has none)")
 
     def _refuse_ordinary_mask(self) -> None:
         """A mask token that is an ordinary token of the vocab (a word such as 'the', named as mask_token in a
@@ -364,6 +369,32 @@ def check_fits(tokenizer, vocab_size: int,
     if tokenizer.vocab_size > vocab_size:
         raise ConfigError(f"the tokenizer {tokenizer.file} has {tokenizer.vocab_size} tokens, the model's vocab_size "
                           f"is {vocab_size}", fix)
+
+
+def sample_template(cls: tuple[str, int], sep: tuple[str, int]) -> dict:
+    """A tokenizer.json's post-processor (TemplateProcessing, as tokenizers writes it) that frames text as the
+    training samples are framed (bert_sample.build_segment): `cls A sep`, and `cls A sep B sep` with token type 1
+    from B on; `cls`, `sep`: (token, id). Written as settings, not parsed from a template string, so a token
+    holding a space or a ':' stays one token."""
+    def piece(kind: str, name: str, type_id: int) -> dict:
+        return {kind: {"id": name, "type_id": type_id}}
+
+    single = [piece("SpecialToken", cls[0], 0), piece("Sequence", "A", 0), piece("SpecialToken", sep[0], 0)]
+    return {"type": "TemplateProcessing", "single": single,
+            "pair": [*single, piece("Sequence", "B", 1), piece("SpecialToken", sep[0], 1)],
+            "special_tokens": {token: {"id": token, "ids": [index], "tokens": [token]} for token, index in (cls, sep)}}
+
+
+def frames_as_samples(post_processor: dict | None, cls: tuple[str, int], sep: tuple[str, int]) -> bool:
+    """Whether a tokenizer.json's post-processor frames text as sample_template does: that template, BERT's
+    BertProcessing of the same tokens, or a Sequence of one such and ByteLevel ones (which trim offsets only)."""
+    post_processor = post_processor or {}
+    if post_processor.get("type") == "Sequence":
+        framing = [part for part in post_processor.get("processors") or () if part.get("type") != "ByteLevel"]
+        return len(framing) == 1 and frames_as_samples(framing[0], cls, sep)
+    if post_processor.get("type") == "BertProcessing":
+        return post_processor.get("cls") == list(cls) and post_processor.get("sep") == list(sep)
+    return post_processor == sample_template(cls, sep)
 
 
 def wordpiece(vocab: dict, lower_case: bool) -> Tokenizer:
