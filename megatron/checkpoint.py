@@ -48,6 +48,9 @@ RUN_STATE = "run_state.json"
 ORIGIN = "weights_from"  # in RUN_STATE: {"from": path or None (scratch), "kind", "sha256"} of the run's start
 PARENT = "parent"  # in RUN_STATE: the tag of the same folder its run continued from (checkpoint_save.lineage)
 RUN_ID = "run_id"  # in ORIGIN: made when a run starts (start_plan.weights_origin), kept by its resumes
+# in RUN_STATE of a stop's checkpoint: true when the stop cut the validation after its iteration short, which
+# a resume computes before its first step (training.train_steps)
+VALIDATION_CUT = "validation_cut"
 # in ORIGIN of a run from scratch: it stores its own max_position_embeddings (a flag's, or its --seq-length with
 # rope: config.rope_positions), never a preset's; a checkpoint saved before that lacks it (declared_positions)
 OWN_POSITIONS = "own_positions"
@@ -204,6 +207,18 @@ def _logged_save_dir(metrics: str) -> str | None:
                     if isinstance(record, dict) and record.get("kind") == "start" and record.get("save"):
                         saved = record["save"]
     return saved
+
+
+def run_id(folder: str | None, tag: str | None = None) -> str | None:
+    """The run id (RUN_ID) of checkpoint `tag` of `folder` (default: its latest), which tells one run's
+    checkpoints and logs from another's wherever they were moved or copied; None where none can be read: no
+    folder or checkpoint, one saved before runs had an id, or an unreadable one (which the start-up names)."""
+    if not folder:
+        return None
+    with contextlib.suppress(OSError, ConfigError):  # DataError too
+        found = run_state(folder, tag or latest_tag(folder)).get(ORIGIN, {}).get(RUN_ID)
+        return found if isinstance(found, str) else None
+    return None
 
 
 def latest_tag(load_dir: str) -> str:

@@ -103,19 +103,20 @@ def continue_csv_files(monitor, consumed: int) -> None:
         writer.filenames.append(path.stem)
 
 
-def purged_writer(writer, step: int):
-    """A TensorBoard SummaryWriter in `writer`'s folder (closed) from which TensorBoard hides the events
-    that earlier files hold at `step` and after (torch's purge_step: a START event at that step): a resumed
-    run redoes the steps past its checkpoint, whose first values a stopped run had written."""
-    from torch.utils.tensorboard import SummaryWriter
+def purge_from(writer, step: int) -> None:
+    """Marks a restart at `step` in TensorBoard SummaryWriter `writer`'s open file: TensorBoard hides the events
+    that earlier files hold at `step` and after (a SessionLog START event, what torch's purge_step writes at the
+    head of a new file): a resumed run redoes the steps past its checkpoint, whose first values a stopped run had
+    written. In the file the writer opened at the run's start, before it wrote any event: a resume adds one file
+    (a writer closed and opened again with purge_step left an empty one each time)."""
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-    writer.close()
-    return SummaryWriter(writer.log_dir, purge_step=step)
+    writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
 
 
 def continue_tensorboard(monitor, consumed: int) -> None:
     """DeepSpeed's tensorboard monitor (its x-axis: consumed samples) continues a resumed run from the
-    checkpoint's `consumed` samples, as purged_writer says."""
+    checkpoint's `consumed` samples, as purge_from says."""
     board = getattr(monitor, "tb_monitor", None)
     if board is not None and board.summary_writer is not None:
-        board.summary_writer = purged_writer(board.summary_writer, consumed + 1)
+        purge_from(board.summary_writer, consumed + 1)

@@ -66,7 +66,8 @@ class RunLog:
     def start(self, iteration: int, line: str, **fields) -> None:
         """The run's first record: where it starts (0, or the checkpoint's iteration) and the
         line that says so on screen; on a terminal, the progress bar from there (a resume's from its
-        checkpoint's iteration, its ETA of the steps left)."""
+        checkpoint's iteration, its ETA of the steps left). `fields`: what else it records (the run id its
+        checkpoints carry, checkpoint.RUN_ID, which tells its logs as its own wherever its folders were moved)."""
         if self.writer:
             self._append({"kind": "start", "run": self.run_id, "iteration": iteration, "time": time.time(),
                           "save": self.save, **fields})
@@ -81,12 +82,12 @@ class RunLog:
     def resumed(self, iteration: int, consumed: int) -> None:
         """The TensorBoard logs (--tensorboard-dir's, at iterations; DeepSpeed's monitors', at consumed
         samples) and the DeepSpeed monitors' files continue the checkpoint's run: the records of the steps a
-        stopped run took past it, which this run redoes, are hidden or dropped (monitors.purged_writer,
+        stopped run took past it, which this run redoes, are hidden or dropped (monitors.purge_from,
         continue_csv_files); a rewrite that fails stops the run as a failed write does."""
         if not self.writer:
             return
         if self.tensorboard:
-            self.tensorboard = monitors.purged_writer(self.tensorboard, iteration + 1)
+            monitors.purge_from(self.tensorboard, iteration + 1)
         if not self.monitor:
             return
         try:
@@ -330,11 +331,13 @@ def free_log_dir(log_dir: str, save: str | None) -> str:
     """--log-dir as given; its default (paths.DEFAULT_LOG_DIR, runs/bert) unless another run's logs are there:
     every run without --log-dir appended to one metrics.jsonl and replaced its config.json and index_maps.json
     (clean_index_maps.py --keep-run runs/bert then kept the last run's maps only). A resume of a --save keeps
-    the default folder (or runs/bert-N) whose start records name that --save; otherwise the first free
+    the default folder (or runs/bert-N) whose start records name that --save, or the run id of its checkpoint
+    (a moved or copied run folder: own_run_ids); otherwise the first free
     runs/bert-N. A run without --save never shares one, nor a folder a live run holds (its lock alone there:
     a run started a moment before, which has not logged yet)."""
     if log_dir is not paths.DEFAULT_LOG_DIR:
         return log_dir
+    own = own_run_ids(save)
     save = save and os.path.abspath(save)
     candidates = [str(log_dir)] + [f"{log_dir}-{number}" for number in range(2, 10_000)]
     holder = locks.held_by_another(os.path.join(log_dir, locks.LOG_LOCK))
@@ -342,10 +345,10 @@ def free_log_dir(log_dir: str, save: str | None) -> str:
     for candidate in candidates:
         if locks.held_by_another(os.path.join(candidate, locks.LOG_LOCK)):
             continue
-        saves = _saves_logged(Path(candidate))
-        if saves is None:  # free: no run's records
+        starts = _start_records(Path(candidate))
+        if starts is None:  # free: no run's records
             break
-        if save and save in saves:
+        if (save and save in {record.get("save") for record in starts}) or own & _run_ids(starts):
             return candidate if candidate == log_dir else MovedLogDir(candidate, f"{why}; those of --save {save} are "
                                                                                   "here")
     if candidate == log_dir:
@@ -359,20 +362,35 @@ def logged_save(args) -> str | None:
     return args.save or (None if args.finetune else args.load)
 
 
-def _saves_logged(folder: Path) -> set | None:
-    """The --save folders of the runs a log dir holds records of (None among them: a run without --save);
-    None when it holds no run's records (missing, empty, or only its lock)."""
+def _start_records(folder: Path) -> list | None:
+    """The start records of the runs a log dir holds records of (their --save, None for a run without one, and
+    the run id their checkpoints carry); None when it holds no run's records (missing, empty, or only its lock)."""
     metrics = folder / "metrics.jsonl"
-    saves = set()
+    starts = []
     with contextlib.suppress(OSError, UnicodeDecodeError):
         for line in metrics.read_text(encoding="utf-8").splitlines():
             with contextlib.suppress(json.JSONDecodeError, AttributeError):
                 record = json.loads(line)
                 if record.get("kind") == "start":
-                    saves.add(record.get("save"))
-    if saves or any((folder / name).exists() for name in ("metrics.jsonl", "config.json", "index_maps.json")):
-        return saves
+                    starts.append(record)
+    if starts or any((folder / name).exists() for name in ("metrics.jsonl", "config.json", "index_maps.json")):
+        return starts
     return None
+
+
+def own_run_ids(*folders) -> set:
+    """The run ids (checkpoint.RUN_ID) of the latest checkpoints of the checkpoint `folders` (None: skipped):
+    a log whose start records carry one is the log of the run they continue, wherever the run's folders
+    were moved or copied since (the start records keep the --save path of their day)."""
+    from megatron import checkpoint  # here: tools/plot_run.py imports this module without the model's
+
+    return set(filter(None, (checkpoint.run_id(folder) for folder in folders)))
+
+
+def _run_ids(starts: list) -> set:
+    from megatron.checkpoint import RUN_ID
+
+    return {record.get(RUN_ID) for record in starts} - {None}
 
 
 def metrics_problem(log_dir: str) -> tuple[str, str] | None:
@@ -396,12 +414,14 @@ def shared_log_dir_warning(log_dir: str, save: str | None, load: str | None, fin
     another --save, or one without --save): this run appends to its metrics.jsonl and replaces its
     config.json, index_maps.json and loss.png (free_log_dir moves the default folder aside instead; a
     folder typed is taken as given). No warning for a resume of a run logged there (its --save or --load
-    is in the start records), except with --finetune, a new run."""
-    saves = _saves_logged(Path(log_dir))
-    if not saves:
+    is in the start records, or the run id of their checkpoint, moved or copied since), except with
+    --finetune, a new run."""
+    starts = _start_records(Path(log_dir))
+    if not starts:
         return None
-    own = {os.path.abspath(folder) for folder in (save, None if finetune else load) if folder}
-    if own & saves:
+    saves = {record.get("save") for record in starts}
+    folders = (save, None if finetune else load)
+    if {os.path.abspath(folder) for folder in folders if folder} & saves or own_run_ids(*folders) & _run_ids(starts):
         return None
     others = ", ".join(sorted(f"--save {folder}" if folder else "one without --save" for folder in saves))
     return (f"warning: --log-dir {log_dir} holds the logs of another run ({others}): this run appends its records to "

@@ -43,7 +43,9 @@ class StopSignals:
         """`time_limit`: (minutes, the time.monotonic() they count from) of --exit-duration-in-mins."""
         self.tokenizer_file = tokenizer_file
         self.time_limit = time_limit
-        self.agreements = 0  # the first precedes this run's first step, which a time limit never stops
+        # training steps this run took (train_steps counts them): a time limit stops none before the first, nor the
+        # validation a resume computes before it, so each run makes progress
+        self.steps = 0
         self.start_up = start_up or {}  # the handlers main's start-up replaced (errors.raise_on_signals)
         self.log = log  # rank 0's RunLog: a run log that cannot be written (full disk) stops the run too
         self.received = self.agreed = 0
@@ -89,7 +91,6 @@ class StopSignals:
         """Called by every rank with its micro-batches of one step (train or eval)."""
         top = max(int(batch.tokens.max()) for batch in step)
         received = self.received or (self.LOG_FAILED if self.log is not None and self.log.failure else 0)
-        self.agreements += 1
         # the time limit apart: a signal on any rank names the stop (and its exit code), the limit only alone
         received, top, out_of_time = self._largest([received, top, int(self._out_of_time())])
         received = received or (self.TIME_LIMIT if out_of_time else 0)
@@ -102,7 +103,7 @@ class StopSignals:
 
     def _out_of_time(self) -> bool:
         """Past --exit-duration-in-mins, with a step of this run taken (each run makes progress)."""
-        if self.time_limit is None or self.agreements < 2:
+        if self.time_limit is None or not self.steps:
             return False
         minutes, start = self.time_limit
         return time.monotonic() - start >= 60 * minutes
@@ -128,12 +129,14 @@ class StopSignals:
         return launcher_watch.DEEPSPEED_KILL_S - (time.monotonic() - self.received_at)
 
     def finish(self, args, iteration: int, first_iteration: int, last_checkpoint, log, save,
-               cut: str | None = None) -> int | None:
+               cut: str | None = None, validation_cut: bool = False) -> int | None:
         """The agreed stop: saves what was trained since the last checkpoint; returns the signal number
         (None for the time limit: the job ends as planned, exit 0, and a rerun with --load goes on), or
         raises the run log's write failure as one line (every rank alike). `cut`: the held-out losses ("the
-        test loss", ...) the stop came before, after the last step (a rerun with --load computes them). `save`:
-        writes the final checkpoint and returns its folder (training.save_checkpoint)."""
+        test loss", ...) the stop came before, after the last step (a rerun with --load computes them).
+        `validation_cut`: before the last step, the stop cut the validation after `iteration` short, which its
+        checkpoint records and a resume computes first. `save`: writes the final checkpoint and returns its
+        folder (training.save_checkpoint)."""
         noticed = [None] * dist.get_world_size()  # the rank that saw its launcher end may not be the one printing
         dist.all_gather_object(noticed, self.launcher_gone)
         name = self._name(self.agreed, next((description for description in noticed if description), None))
@@ -151,10 +154,13 @@ class StopSignals:
             held = (f"checkpoint {last_checkpoint} holds iteration {iteration}: {resume_fix(args, args.save)}"
                     if args.save and last_checkpoint else f"no checkpoint holds iteration {iteration}")
             raise ConfigError(failure[0][0], f"{failure[0][1]}; {held}")
-        when = f"after the last iteration {iteration}, before {cut}" if cut else f"after iteration {iteration}"
+        validation_cut = validation_cut and not cut
+        when = (f"after the last iteration {iteration}, before {cut}" if cut else
+                f"after iteration {iteration}{', before its validation loss' * validation_cut}")
         if args.save and last_checkpoint:
             line = (f"stopped by {name} {when}; checkpoint {last_checkpoint} holds it: "
-                    + (held_out_fix(args, args.save, cut) if cut else resume_fix(args, args.save)))
+                    + (held_out_fix(args, args.save, cut) if cut else resume_fix(args, args.save)
+                       + ", which computes that validation loss first" * validation_cut))
         elif args.save:  # before this run's first step: nothing to save
             line = f"stopped by {name} before the first step of this run (iteration {iteration}); nothing was saved"
         else:

@@ -459,6 +459,9 @@ class Run:
     consumed: int = 0  # samples
     last_checkpoint: str | None = None  # the newest complete one: the loaded one, then each saved
     validated: int | None = None  # the iteration whose validation loss train_steps logged last (a stop cuts one)
+    # the validation after `iteration` was cut short by a stop: the stop's checkpoint records it
+    # (checkpoint.VALIDATION_CUT), and a resume computes it before its first step, with the same weights
+    validation_cut: bool = False
     watch: LossWatch = dataclasses.field(default_factory=LossWatch)  # the loss, and each checkpoint's
 
 
@@ -486,18 +489,22 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
         # what tools/clean_index_maps.py --keep-run keeps
         index_maps.write_used(args.log_dir, used_maps, parse_data_path(setup.data_path)[1], args.data_cache_path)
     run = Run(args, plan, engine, config, log, saved, progress, train_iters, watch=LossWatch(args=args))
+    # the run id its checkpoints carry, in the start record: a moved copy of the run folder is told as this run's
+    run_id = {checkpoint.RUN_ID: saved["origin"][checkpoint.RUN_ID]} if checkpoint.RUN_ID in (saved["origin"] or {}) \
+        else {}
     if not client:
         source = plan.source and plan.source[0]
         log.start(0, f"starting from the weights of {source}" if source else "starting from scratch",
-                  weights_from=source)
+                  weights_from=source, **run_id)
         return run
     run.first_iteration = run.iteration = client["iteration"]
     run.consumed = client["consumed_samples"]
+    run.validation_cut = bool(client.get(checkpoint.VALIDATION_CUT))
     run.last_checkpoint = progress.last_checkpoint = os.path.join(plan.load, checkpoint.tag_for(run.iteration))
     run.watch.saved(run.last_checkpoint, run.iteration, loaded=True)
     log.resumed(run.iteration, run.consumed)
     log.start(run.iteration, f"resuming from {run.last_checkpoint} iteration {run.iteration}, consumed samples "
-                             f"{run.consumed}", resumed_from=run.last_checkpoint)
+                             f"{run.consumed}", resumed_from=run.last_checkpoint, **run_id)
     trains = run.iteration < train_iters  # else the warnings would describe steps that never run
     regime = kept_regime(client["config"]["model"], dict(setup.flags), setup.ds, f"the checkpoint {plan.load}")
     for warning in (*resume_changes(run, client, schedule), optimizer_change, regime):
@@ -538,8 +545,11 @@ def train_loop(run: Run, datasets: tuple, read_batches, stop: "StopSignals") -> 
 
 
 def train_steps(run: Run, valid_set, train_batches, read_batches, stop: "StopSignals") -> None:
-    """train_loop's steps, reading `train_batches`."""
+    """train_loop's steps, reading `train_batches`; first the validation a stop cut short at the checkpoint's
+    iteration (Run.validation_cut), with its weights, as the stopped run would have logged it."""
     args, engine, log, progress = run.args, run.engine, run.log, run.progress
+    if run.validation_cut and valid_set is not None and not validate(run, valid_set, read_batches, stop):
+        return
     while run.iteration < run.train_iters:
         progress.phase = f"the step of iteration {run.iteration + 1}"
         start = time.perf_counter()
@@ -549,18 +559,14 @@ def train_steps(run: Run, valid_set, train_batches, read_batches, stop: "StopSig
         set_attention_iteration(engine, run.iteration)
         lr = engine.get_lr()[0]  # the rate of this step: DeepSpeed steps the scheduler after it
         result = train_step(engine, step_batches)
+        stop.steps += 1
         run.iteration += 1
         run.consumed += run.config.global_batch_size
         log.step(run.iteration, run.consumed, result, engine, time.perf_counter() - start, lr)
         check_step(args, engine, run.iteration, result.loss, run.watch, log)
-        if valid_set is not None and run.iteration % args.eval_interval == 0:
-            progress.phase = f"the evaluation after iteration {run.iteration}"
-            loss = evaluate(read_batches, engine, valid_set, run.iteration // args.eval_interval - 1, args.eval_iters,
-                            stop, EvaluationProgress(f"validation after iteration {run.iteration}", log))
-            if stop.agreed:
-                break
-            log.evaluation("validation", run.iteration, run.consumed, loss)
-            run.validated = run.iteration
+        if valid_set is not None and run.iteration % args.eval_interval == 0 \
+                and not validate(run, valid_set, read_batches, stop):
+            break
         if args.save and (run.iteration == run.train_iters
                           or (args.save_interval and run.iteration % args.save_interval == 0)):
             progress.phase = f"the checkpoint save of iteration {run.iteration}"
@@ -568,6 +574,20 @@ def train_steps(run: Run, valid_set, train_batches, read_batches, stop: "StopSig
                                                   after=run.last_checkpoint, **run.saved)
             progress.last_checkpoint = run.last_checkpoint
             run.watch.saved(run.last_checkpoint, run.iteration)
+
+
+def validate(run: Run, valid_set, read_batches, stop: "StopSignals") -> bool:
+    """The validation loss at run.iteration, logged; False when a stop cut it short (Run.validation_cut)."""
+    run.progress.phase = f"the evaluation after iteration {run.iteration}"
+    loss = evaluate(read_batches, run.engine, valid_set, max(0, run.iteration // run.args.eval_interval - 1),
+                    run.args.eval_iters, stop, EvaluationProgress(f"validation after iteration {run.iteration}",
+                                                                  run.log))
+    run.validation_cut = bool(stop.agreed)
+    if stop.agreed:
+        return False
+    run.log.evaluation("validation", run.iteration, run.consumed, loss)
+    run.validated = run.iteration
+    return True
 
 
 def end_run(run: Run, datasets: tuple, read_batches, stop: "StopSignals") -> int | None:
@@ -598,11 +618,13 @@ def end_run(run: Run, datasets: tuple, read_batches, stop: "StopSignals") -> int
         print(summary, file=sys.stderr, flush=True)
     if stop.agreed:  # the stop's checkpoint first, in the scheduler's grace period: no comms_logger summary
         run.progress.phase = f"the stop after iteration {run.iteration}"
+        final = run.iteration == run.train_iters
         losses = f"the {' and '.join(cut)} loss{'es' * (len(cut) > 1)}"
         return stop.finish(run.args, run.iteration, run.first_iteration, run.last_checkpoint, run.log,
                            lambda: save_checkpoint(run.args, run.engine, run.config, run.iteration, run.consumed,
-                                                   run.log, after=run.last_checkpoint, **run.saved),
-                           cut=losses if cut and run.iteration == run.train_iters else None)
+                                                   run.log, after=run.last_checkpoint,
+                                                   validation_cut=run.validation_cut, **run.saved),
+                           cut=losses if cut and final else None, validation_cut=run.validation_cut)
     run.progress.phase = END_OF_RUN
     comms_summary()  # before the last agreement, which may find a rank lost (no barrier after it)
     stop.complete(run.args, run.iteration, run.last_checkpoint, run.log)

@@ -27,7 +27,7 @@ class Log:
         pass
 
 
-def stop_line(monkeypatch, capsys, args, cut: str | None) -> str:
+def stop_line(monkeypatch, capsys, args, cut: str | None, validation_cut: bool = False) -> str:
     """The line of a SIGTERM stop after iteration 4, checkpoint ck/iter_0000004 already saved, on one rank."""
     for name, stub in (("get_world_size", lambda: 1), ("get_rank", lambda: 0),
                        ("all_gather_object", lambda out, value: out.__setitem__(0, value)),
@@ -36,7 +36,8 @@ def stop_line(monkeypatch, capsys, args, cut: str | None) -> str:
     monkeypatch.setattr(locks, "release_lock", lambda name: None)
     stop = stop_signals.StopSignals("tokenizer.json")
     stop.agreed = signal.SIGTERM
-    assert stop.finish(args, 4, 0, "ck/iter_0000004", Log(), save=None, cut=cut) == signal.SIGTERM
+    assert stop.finish(args, 4, 0, "ck/iter_0000004", Log(), save=None, cut=cut,
+                       validation_cut=validation_cut) == signal.SIGTERM
     return capsys.readouterr().err.strip().removeprefix("pretrain_bert.py: stopped by SIGTERM after ")
 
 
@@ -55,6 +56,18 @@ def stop_line(monkeypatch, capsys, args, cut: str | None) -> str:
 def test_a_stop_names_the_command_that_resumes(monkeypatch, capsys, cut, trainer, tool):
     assert stop_line(monkeypatch, capsys, parsed(), cut) == trainer
     assert stop_line(monkeypatch, capsys, parsed(*TOOL), cut) == tool
+
+
+def test_a_stop_in_a_validation_before_the_last_step_says_the_resume_computes_it(monkeypatch, capsys):
+    """The checkpoint records the validation the stop cut short (checkpoint.VALIDATION_CUT): the resume computes it
+    before its first step. After the last step the held-out losses' line says it (the cut validation among them)."""
+    assert stop_line(monkeypatch, capsys, parsed(), None, validation_cut=True) == (
+        "iteration 4, before its validation loss; checkpoint ck/iter_0000004 holds it: resume with --load ck, which "
+        "computes that validation loss first")
+    assert stop_line(monkeypatch, capsys, parsed(*TOOL), None, validation_cut=True).endswith(
+        "holds it: rerun the same extend_context.py command, which computes that validation loss first")
+    assert stop_line(monkeypatch, capsys, parsed(), "the validation and test losses", validation_cut=True) == (
+        stop_line(monkeypatch, capsys, parsed(), "the validation and test losses"))
 
 
 def test_a_lost_rank_names_the_command_that_resumes(monkeypatch):

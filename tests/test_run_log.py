@@ -205,8 +205,9 @@ def test_tensorboard_records_are_on_disk_before_finish(tmp_path, monkeypatch):
 
 def test_a_resume_hides_the_tensorboard_events_of_the_steps_it_redoes(tmp_path, monkeypatch):
     """A run stopped at step 5 after its checkpoint at 3 had written steps 4 and 5; the resume redoes them.
-    TensorBoard shows one curve: the resumed run's values from step 4 (torch's purge_step), for
-    --tensorboard-dir's events (at iterations) and DeepSpeed's tensorboard monitor's (at consumed samples)."""
+    TensorBoard shows one curve: the resumed run's values from step 4 (a restart event, as torch's purge_step
+    writes), for --tensorboard-dir's events (at iterations) and DeepSpeed's tensorboard monitor's (at consumed
+    samples). The resume adds one events file to each folder (a writer closed and opened again left an empty one)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
 
@@ -233,6 +234,8 @@ def test_a_resume_hides_the_tensorboard_events_of_the_steps_it_redoes(tmp_path, 
     expected = [(1, 9.0), (2, 8.0), (3, 7.0), (4, 2.0), (5, 2.5), (6, 3.0)]
     assert scalars(tmp_path / "tb", "validation/loss") == expected
     assert scalars(tmp_path / "ds_tb", "Validation/Samples/loss") == [(4 * step, value) for step, value in expected]
+    for folder in ("tb", "ds_tb"):  # the stopped run's and the resume's
+        assert len(list((tmp_path / folder).glob("events.out.tfevents.*"))) == 2, folder
 
 
 def test_a_tensorboard_write_that_fails_stops_the_run_as_the_run_logs_does(tmp_path, monkeypatch):
@@ -543,11 +546,12 @@ def test_the_loss_scale_is_read_as_every_fp16_optimizer_has_it(tmp_path, monkeyp
     assert [record["loss_scale"] for record in records if record["kind"] == "train"] == [256.0]
 
 
-def logged_run(folder: Path, save) -> None:
-    """A log dir holding one run's start record, as RunLog writes it."""
+def logged_run(folder: Path, save, run_id: str | None = None) -> None:
+    """A log dir holding one run's start record, as RunLog writes it (`run_id`: its checkpoints' run id)."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "metrics.jsonl", "a") as metrics:
-        metrics.write(json.dumps({"kind": "start", "run": "r", "iteration": 0, "time": 0.0, "save": save}) + "\n")
+        metrics.write(json.dumps({"kind": "start", "run": "r", "iteration": 0, "time": 0.0, "save": save,
+                                  **({"run_id": run_id} if run_id else {})}) + "\n")
 
 
 def test_runs_without_log_dir_do_not_share_the_default_folder(tmp_path, monkeypatch):
@@ -634,6 +638,32 @@ def test_a_log_dir_given_that_holds_another_runs_logs_is_warned_of(tmp_path):
     assert run_log.shared_log_dir_warning(str(folder), str(tmp_path / "b"), str(tmp_path / "ck"), True) is not None
     logged_run(tmp_path / "nosave", None)
     assert "(one without --save)" in run_log.shared_log_dir_warning(str(tmp_path / "nosave"), None, None, False)
+
+
+def test_a_moved_run_folder_resumes_into_its_own_logs(tmp_path, monkeypatch):
+    """A run folder moved or copied (ck/ and log/ into new/) and resumed there: its start records keep the --save
+    path of their day, and the run was warned of as another run's (and its default log folder passed over). The
+    run id its checkpoints carry (checkpoint.RUN_ID) is in the start records: the same run, wherever it is now;
+    another run's checkpoint (another id, or none) is still warned of."""
+    from test_fault_tolerance import fake_checkpoints
+    from megatron.paths import DEFAULT_LOG_DIR
+
+    logged_run(tmp_path / "new" / "log", str(tmp_path / "old" / "ck"), run_id="abc")
+    fake_checkpoints(tmp_path / "new" / "ck", 3, latest=3, run_id="abc")
+    ck = str(tmp_path / "new" / "ck")
+    assert run_log.shared_log_dir_warning(str(tmp_path / "new" / "log"), ck, ck, False) is None
+    assert run_log.shared_log_dir_warning(str(tmp_path / "new" / "log"), None, ck, False) is None  # --load alone
+    assert run_log.shared_log_dir_warning(str(tmp_path / "new" / "log"), str(tmp_path / "b"), ck, True) is not None
+    for other in ("xyz", None):
+        fake_checkpoints(tmp_path / str(other), 3, latest=3, run_id=other)
+        line = run_log.shared_log_dir_warning(str(tmp_path / "new" / "log"), str(tmp_path / str(other)),
+                                              str(tmp_path / str(other)), False)
+        assert line.startswith(f"warning: --log-dir {tmp_path / 'new' / 'log'} holds the logs of another run "
+                               f"(--save {tmp_path / 'old' / 'ck'})"), line
+    monkeypatch.chdir(tmp_path / "new")  # the default log folder moved with the run
+    logged_run(tmp_path / "new" / "runs" / "bert", str(tmp_path / "old" / "ck"), run_id="abc")
+    assert run_log.free_log_dir(DEFAULT_LOG_DIR, "ck") == "runs/bert"
+    assert run_log.free_log_dir(DEFAULT_LOG_DIR, str(tmp_path / "xyz")) == "runs/bert-2"
 
 
 def test_a_default_log_dir_a_live_run_holds_is_passed_over_also_when_taken_after_it_was_chosen(tmp_path, monkeypatch):

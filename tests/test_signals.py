@@ -84,16 +84,19 @@ def test_sigterm_in_evaluation_stops_every_rank_within_one_step(tmp_path, data):
     before rank 0 has closed its log and printed the line: the deepspeed launcher kills every rank
     once one exits non-zero, and 143 is non-zero. Rank 0 says at once that it stops and saves; its
     stop line comes before the plot, the --save lock is free by then, and signals during the plot
-    are noted, not met by Python's default handlers (a traceback, or death with the lock left)."""
-    argv = run_argv(tmp_path, data, "--train-iters", "6", "--eval-interval", "2", "--eval-iters", "50")
+    are noted, not met by Python's default handlers (a traceback, or death with the lock left).
+    The checkpoint records the validation cut short; the resume computes it before its first step, with the
+    checkpoint's weights and the slice the validation at 2 reads, as the uninterrupted run does (it was never
+    computed again: the resume logged validations at 4, 6, ... only)."""
+    argv = run_argv(tmp_path, data, "--train-iters", "3", "--eval-interval", "2", "--eval-iters", "50")
     outcomes = run_on_ranks(main_signalled_in_evaluation, 2, argv, 1, timeout=240)
     assert [(code, steps) for code, steps, *_ in outcomes] == [(143, 1), (143, 1)], outcomes[0][2][-3000:]
     assert outcomes[1][4] > outcomes[0][3]
     folder = tmp_path / 'ckpt' / 'iter_0000002'
     said = [f"pretrain_bert.py: stopping after iteration 2 (SIGTERM): saving checkpoint {folder} (the first save of "
             "this run); further signals are ignored until it is written",
-            f"pretrain_bert.py: stopped by SIGTERM after iteration 2; checkpoint {folder} holds it: resume with --load "
-            f"{tmp_path / 'ckpt'}"]
+            f"pretrain_bert.py: stopped by SIGTERM after iteration 2, before its validation loss; checkpoint {folder} "
+            f"holds it: resume with --load {tmp_path / 'ckpt'}, which computes that validation loss first"]
     # the small corpus leaves no test documents, and 50 evaluation steps read its validation split 8 times over
     no_test, warning, *lines = outcomes[0][2].splitlines()
     assert no_test.startswith("warning: --split 969,30,1 leaves no test documents")
@@ -101,6 +104,11 @@ def test_sigterm_in_evaluation_stops_every_rank_within_one_step(tmp_path, data):
     assert outcomes[0][5] == {"lock": {}, "said": outcomes[0][2]}
     assert checkpoint.latest_tag(str(tmp_path / "ckpt")) == checkpoint.tag_for(2)
     assert records(tmp_path, "train") == [1, 2] and records(tmp_path, "validation") == []
+    assert checkpoint.run_state(str(tmp_path / "ckpt"), checkpoint.tag_for(2))[checkpoint.VALIDATION_CUT] is True
+    outcomes = run_on_ranks(main_to_stderr, 2, [*argv, "--load", str(tmp_path / "ckpt")], timeout=240)
+    assert [code for code, _ in outcomes] == [0, 0], outcomes[0][1][-3000:]
+    logged = [(r["kind"], r["iteration"]) for r in run_log.read_metrics(tmp_path / "log" / "metrics.jsonl")]
+    assert logged[-4:] == [("start", 2), ("validation", 2), ("train", 3), ("validation", 3)], logged
 
 
 def main_whose_launcher_ends_on_rank_1(argv, after: int) -> tuple:
