@@ -54,6 +54,9 @@ JOB_FLAGS = {"data_path": ("--data-path", "--data and --data-prefix"), "vocab_fi
              "load": ("--load", "--checkpoints"), "data_cache_path": ("--data-cache-path", "--data-cache"),
              "log_dir": ("--log-dir", None), "deepspeed_config": ("--deepspeed_config", "--ds-config"),
              "init_from_hf": ("--init-from-hf", "--init-from-hf")}
+# what the job's command passes the trainer for them (node_command): AzureML's placeholders of its mount points
+MOUNTS = {"data": "${{inputs.data}}", "checkpoints": "${{outputs.checkpoints}}", "data_cache": "${{outputs.data_cache}}",
+          "ds_config": "${{inputs.ds_config}}", "init_from_hf": "${{inputs.init_from_hf}}"}
 # the JSON's monitor sections that log to a service -> (the package DeepSpeed imports for it, the variable of its
 # API key, how it logs without an account)
 # monitor: (package, API key variable, how to run without one, whether the job's env and section do)
@@ -202,12 +205,12 @@ def node_command(instance_count: int, gpus_per_node: int, data_prefix: str, voca
         "pip install --no-deps --no-build-isolation -e . &&",
         "python -m deepspeed.launcher.launch", f"--world_info={encoded}",
         "--node_rank=$NODE_RANK --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT",
-        "pretrain_bert.py --deepspeed --deepspeed_config ${{inputs.ds_config}}",
-        f"--data-path ${{{{inputs.data}}}}/{shlex.quote(data_prefix)}",
-        f"{tokenizer_flag(vocab)} ${{{{inputs.data}}}}/{shlex.quote(vocab)}",
-        "--save ${{outputs.checkpoints}} --load ${{outputs.checkpoints}}",
-        "--data-cache-path ${{outputs.data_cache}} --log-dir ./outputs/logs",
-        *(["--init-from-hf ${{inputs.init_from_hf}}"] if init_from_hf else []), *map(shlex.quote, flags),
+        f"pretrain_bert.py --deepspeed --deepspeed_config {MOUNTS['ds_config']}",
+        f"--data-path {MOUNTS['data']}/{shlex.quote(data_prefix)}",
+        f"{tokenizer_flag(vocab)} {MOUNTS['data']}/{shlex.quote(vocab)}",
+        f"--save {MOUNTS['checkpoints']} --load {MOUNTS['checkpoints']}",
+        f"--data-cache-path {MOUNTS['data_cache']} --log-dir ./outputs/logs",
+        *([f"--init-from-hf {MOUNTS['init_from_hf']}"] if init_from_hf else []), *map(shlex.quote, flags),
     ])
 
 
@@ -278,13 +281,13 @@ def validate(args) -> None:
     from megatron import hf_io
     from megatron.arguments import build_parser as trainer_parser, flags_given
     from megatron.config import read_ds_config, resolve
-    from megatron.flag_checks import check_flags
+    from megatron.flag_checks import check_flag_combinations, check_flags
     from megatron.flag_habits import wrapped_fix
     from megatron.parallel.launch_check import LayoutError
     from megatron.run_data import data_paths
     from megatron.start_plan import StartPlan
     from megatron.starting_weights import model_flags
-    from megatron.training import deepspeed_settings
+    from megatron.training import check_resolved, deepspeed_settings
 
     def refuse(message):
         raise SubmitError(f"pretrain_bert.py flags after --: {message}; see python pretrain_bert.py --help")
@@ -306,6 +309,11 @@ def validate(args) -> None:
                                       str(folder / args.data_prefix), tokenizer_flag(args.vocab),
                                       str(folder / args.vocab), *start, *args.flags])
     check_flags(trainer_args)
+    # the flags the job adds as its command passes them: --save and --load of the checkpoints mount (a requeued
+    # job resumes), --init-from-hf of its own mount (a local folder's path is the upload's)
+    job_mounts = {"save": MOUNTS["checkpoints"], "load": MOUNTS["checkpoints"],
+                  "init_from_hf": MOUNTS["init_from_hf"] if args.init_from_hf else None}
+    check_flag_combinations(argparse.Namespace(**{**vars(trainer_args), **job_mounts}))
     plan = StartPlan(load=None, init_from_hf=weights, finetune=False, weights_only=False)
     if weights:  # as the trainer's check_start: a checkpoint or a --log-dir is named as such
         hf_io.hf_weight_files(weights)
@@ -321,11 +329,12 @@ def validate(args) -> None:
         if flags["vocab_size"] is None:  # --vocab-size 0 is refused (BertConfig), not taken for "not given"
             flags["vocab_size"] = tokenizer.vocab_size
     try:
-        resolve(flags, ds, args.instance_count * args.gpus_per_node)
+        config = resolve(flags, ds, args.instance_count * args.gpus_per_node)
     except LayoutError as error:  # launched by the job: its ranks are submit.py's options
         raise SubmitError(f"{error.problem}; set --instance-count x --gpus-per-node to a multiple of "
                           f"{error.processes}, or pass {error.sizes} after -- to run on {error.world_size} "
                           "GPUs") from None
+    check_resolved(trainer_args, config, ds)  # room for a sample, the LR schedule against the run's length
     # the JSON as written: the job expands a ~ in its own home
     check_monitors(args, read_ds_config(args.ds_config), trainer_args.tensorboard_dir)
 

@@ -106,8 +106,8 @@ def check_optimizer_flags(args) -> None:
 
 def check_flag_combinations(args) -> None:
     """The run length, and flags that only mean something with another flag: given without it they
-    would be ignored. (Not in check_flags: azureml/submit.py checks the flags it is given with it and
-    adds --save, --load and the data flags itself.)"""
+    would be ignored. (Not in check_flags: azureml/submit.py passes it the --save, --load and
+    --init-from-hf its job adds to the flags it is given.)"""
     if not (args.train_iters or args.train_samples):
         raise ConfigError("the run length is not set", "pass --train-iters N or --train-samples N")
     needs = ((args.save_interval, "--save-interval", args.save, "--save DIR", "checkpoints are saved only with --save"),
@@ -140,7 +140,8 @@ def check_flag_combinations(args) -> None:
 
 
 def check_schedule_flags(args) -> None:
-    """The LR schedule's flags alone (Schedule checks them against the run's length): numbers in range,
+    """The LR schedule's flags alone (Schedule checks them against the run's length, training.check_resolved
+    before a launch and at start-up): numbers in range,
     one way to give the warm-up, and no flag that the decay style would not read."""
     if args.lr_warmup_fraction is not None and not 0 <= args.lr_warmup_fraction <= 1:
         raise ConfigError(f"--lr-warmup-fraction {args.lr_warmup_fraction} is outside [0, 1]",

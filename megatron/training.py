@@ -317,6 +317,15 @@ def check_vocab_room(args, tokenizer, vocab_size: int) -> None:
     check_fits(tokenizer, vocab_size)
 
 
+def check_resolved(args, config, ds: dict) -> Schedule:
+    """The resolved config against the flags beyond the model: room for a sample, and the LR schedule's
+    flags against the run's length in steps (--train-samples in this layout's global batches:
+    Schedule's checks, from the flags alone). The trainer's before its rendezvous, and the launch checks of
+    extend_context.py and azureml/submit.py, so that a dry run that passes gets past start-up."""
+    check_sample_room(config)
+    return Schedule.from_args(args, ds, run_iterations(args, config.global_batch_size))
+
+
 def check_sample_room(config) -> None:
     shortest = 5 if config.model.add_binary_head else 4  # [CLS] A [SEP] B [SEP] with a token each (no B: 4)
     if config.model.seq_length < shortest:
@@ -408,7 +417,7 @@ def check_before_rendezvous(args, plan: StartPlan) -> StartUp:
         stand_in = BertConfig.vocab_size if flags["vocab_size"] is None else flags["vocab_size"]
         config = resolve({**flags, "vocab_size": stand_in}, ds, int(world),
                          json_given=bool(args.deepspeed_config))
-        check_sample_room(config)
+        check_resolved(args, config, ds)
         if flags["vocab_size"] is not None:  # the run's config is this one
             bert_state = initial_weights(args, plan, config)
     return StartUp(ds, flags, checked, bert_state, origin=origin)

@@ -28,6 +28,14 @@ def submit(*argv, cwd) -> subprocess.CompletedProcess:
 
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+RUN_LENGTH = ["--train-iters", "10"]  # the trainer refuses a run without one (flag_checks.check_flag_combinations)
+
+
+def with_run_length(argv: list) -> list:
+    """submit.py's `argv` with a run length among the trainer's flags after `--` (unless it gives one)."""
+    if {"--train-iters", "--train-samples"} & set(argv):
+        return argv
+    return [*argv, *RUN_LENGTH] if "--" in argv else [*argv, "--", *RUN_LENGTH]
 
 
 def data_folder(folder: Path, prefix: str = "corpus_text_sentence", tokenizer: str = "vocab.txt") -> Path:
@@ -57,7 +65,7 @@ def test_dry_run_yaml_reloads(tmp_path):
     result = submit("--dry-run", job_file, "--compute", "gpu-a100", "--instance-count", 2, "--gpus-per-node", 4,
                     "--data", "data",
                     "--data-prefix", "wiki_text_sentence", "--env", "NCCL_DEBUG=INFO", "--checkpoints", checkpoints, "--",
-                    "--max-position-embeddings", 8192, "--seq-length", 8192,
+                    "--train-iters", 10, "--max-position-embeddings", 8192, "--seq-length", 8192,
                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     job = load_job(job_file)
@@ -121,7 +129,8 @@ def test_image_cuda_is_the_pinned_torchs_for_deepspeeds_op_builds(monkeypatch):
 
 @needs_sdk
 def test_submit_without_workspace_config_is_one_line(tmp_path):
-    result = submit("--compute", "gpu-cluster", "--data", data_folder(tmp_path / "data"), cwd=tmp_path)
+    result = submit("--compute", "gpu-cluster", "--data", data_folder(tmp_path / "data"), "--", *RUN_LENGTH,
+                    cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.splitlines() == [
         f"submit.py: error: no usable AzureML workspace config found from {tmp_path} (We could not find config.json "
         "in: . or in its parent directories); download the workspace's config.json from its Overview page in the "
@@ -205,7 +214,7 @@ def test_submit_passes_the_sdks_checks_with_every_field(tmp_path, offline_worksp
     capsys.readouterr()  # transformers' progress bar
     argv = ["--compute", "gpu-cluster", "--instance-count", "2", "--gpus-per-node", "4", "--data", str(data),
             "--init-from-hf", str(weights), "--env", "NCCL_DEBUG=INFO", "--display-name", "run1", "--",
-            "--num-layers", "2"]
+            "--num-layers", "2", *RUN_LENGTH]
     assert module.main(argv) == 0, capsys.readouterr().err
     assert capsys.readouterr().err == ""
     [body] = [record for kind, record in offline_workspace if kind == "put"]
@@ -213,8 +222,8 @@ def test_submit_passes_the_sdks_checks_with_every_field(tmp_path, offline_worksp
     assert sent["jobType"] == "Command" and sent["computeId"].endswith("/gpu-cluster")
     assert sent["resources"]["instanceCount"] == 2
     assert sent["distribution"] == {"distributionType": "PyTorch", "processCountPerInstance": 1}
-    assert sent["command"] == module.node_command(2, 4, "corpus_text_sentence", "vocab.txt", ["--num-layers", "2"],
-                                                  init_from_hf=True)
+    assert sent["command"] == module.node_command(2, 4, "corpus_text_sentence", "vocab.txt",
+                                                  ["--num-layers", "2", *RUN_LENGTH], init_from_hf=True)
     assert "--init-from-hf ${{inputs.init_from_hf}} --num-layers 2" in sent["command"]
     assert sent["environmentVariables"] == {**module.NCCL_ENV, "NCCL_DEBUG": "INFO"}
     assert (sent["experimentName"], sent["displayName"]) == ("bert-longseq", "run1")
@@ -255,7 +264,8 @@ def test_an_sdk_error_at_submit_is_one_line(refusal, tmp_path, offline_workspace
 
     monkeypatch.setattr(_job_operations.JobOperations, "_create_or_update_with_different_version_api", refuse)
     module = load_submit_module()
-    argv = ["--compute", "gpu-cluster", "--gpus-per-node", "2", "--data", str(data_folder(tmp_path / "data"))]
+    argv = ["--compute", "gpu-cluster", "--gpus-per-node", "2", "--data", str(data_folder(tmp_path / "data")), "--",
+            *RUN_LENGTH]
     assert module.main(argv) == 2
     lines = capsys.readouterr().err.splitlines()
     cause = {"http": "(ResourceNotFound) compute gpu-cluster not found Code: ResourceNotFound",
@@ -314,7 +324,8 @@ def test_a_failed_login_is_one_line_naming_its_cause(cause, line, tmp_path, offl
         if type(handler) is logging.StreamHandler:
             monkeypatch.setattr(handler, "stream", sys.stderr)
     monkeypatch.setattr(_job_operations.JobOperations, "_create_or_update_with_different_version_api", put)
-    argv = ["--compute", "gpu-cluster", "--gpus-per-node", "2", "--data", str(data_folder(tmp_path / "data"))]
+    argv = ["--compute", "gpu-cluster", "--gpus-per-node", "2", "--data", str(data_folder(tmp_path / "data")), "--",
+            *RUN_LENGTH]
     assert load_submit_module().main(argv) == 2
     assert capsys.readouterr().err.splitlines() == [f"submit.py: error: the submit failed: {line}"]
 
@@ -353,7 +364,8 @@ def test_a_dry_run_without_compute_warns_that_its_yaml_names_none(tmp_path, caps
     the YAML is written (compute can be set at submit), with one line saying how."""
     module, job_file = load_submit_module(), tmp_path / "job.yml"
     data = data_folder(tmp_path / "data", "wiki_text_sentence")
-    assert module.main(["--dry-run", str(job_file), "--data", str(data), "--data-prefix", "wiki_text_sentence"]) == 0
+    assert module.main(["--dry-run", str(job_file), "--data", str(data), "--data-prefix", "wiki_text_sentence", "--",
+                        *RUN_LENGTH]) == 0
     assert load_job(job_file).compute is None
     assert capsys.readouterr().err.splitlines() == [
         f"warning: {job_file} names no compute; pass --compute NAME, or submit it with `az ml job create -f "
@@ -380,7 +392,8 @@ def test_a_dry_run_stopped_while_writing_leaves_nothing(tmp_path, monkeypatch, c
         raise KeyboardInterrupt
 
     monkeypatch.setattr(module, "write_job_yaml", interrupted)
-    assert module.main(["--dry-run", str(job_file), "--data", str(data_folder(tmp_path / "data"))]) == 130
+    assert module.main(["--dry-run", str(job_file), "--data", str(data_folder(tmp_path / "data")), "--",
+                        *RUN_LENGTH]) == 130
     assert capsys.readouterr().err.splitlines()[-1].startswith("submit.py: error: interrupted by SIGINT, partial "
                                                                 "output removed")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["data"]
@@ -421,8 +434,8 @@ def test_hf_tokenizer_data_goes_as_tokenizer_file_and_names_are_quoted(tmp_path)
     not --vocab-file); --data-prefix and --vocab reach the node's shell as one word each."""
     module = load_submit_module()
     data = data_folder(tmp_path / "data", "my corpus", "tokenizer.json")
-    module.validate(module.build_parser().parse_args(["--gpus-per-node", "2", "--data", str(data), "--data-prefix",
-                                                      "my corpus", "--vocab", "tokenizer.json"]))
+    module.validate(module.parse_args(["--gpus-per-node", "2", "--data", str(data), "--data-prefix", "my corpus",
+                                       "--vocab", "tokenizer.json", "--", *RUN_LENGTH]))
     words = shlex.split(module.node_command(1, 2, "x; rm -rf /", "my tokenizer.json", []))
     assert words[words.index("--data-path") + 1] == "${{inputs.data}}/x; rm -rf /"
     assert words[words.index("--tokenizer-file") + 1] == "${{inputs.data}}/my tokenizer.json"
@@ -493,6 +506,24 @@ REFUSED = {
         "the job's definition), or set wandb.enabled to false",)),
     "comet_the_image_lacks": (["--ds-config", "{tmp}/comet.json"], ("enables comet, whose package comet_ml",
                                                                     "COMET_API_KEY")),
+    # the trainer's flag combinations with the flags the job adds (--save and --load, --init-from-hf): each passed the
+    # dry run and stopped the job at start-up
+    "no_run_length": (["--", "--num-layers", "2"], ("the run length is not set; pass --train-iters N",)),
+    "position_extension_without_init_from_hf": (["--", "--no-position-extension"], (
+        "--no-position-extension is given without --init-from-hf",)),
+    "finetune_with_init_from_hf": (["--init-from-hf", "{tmp}/data", "--", "--finetune"], (
+        "--finetune is given with --init-from-hf",)),
+    # the LR schedule against the run's length, as the trainer's Schedule checks it
+    "wsd_anneal_longer_than_the_run": (["--", "--train-iters", "100", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters",
+                                        "200"], ("--lr-wsd-decay-iters 200 is longer than the 99 steps between the "
+                                                 "warm-up's end (1) and the decay's (100); pass a --lr-wsd-decay-iters "
+                                                 "of at most 99",)),
+    "wsd_anneal_longer_than_the_samples": (["--", "--train-samples", "640", "--lr-decay-style", "WSD",
+                                            "--lr-wsd-decay-iters", "100"], ("--lr-wsd-decay-iters 100 is longer",)),
+    "decay_within_the_warmup": (["--", "--lr-warmup-iters", "5", "--lr-decay-iters", "5"], (
+        "--lr-decay-iters 5 ends the decay before the 5 warm-up steps do",)),
+    "no_room_for_a_sample": (["--", "--seq-length", "4", "--max-position-embeddings", "4"], (
+        "--seq-length 4 leaves no room for a sample's text",)),
 }
 
 
@@ -513,7 +544,7 @@ def test_submit_validates_as_the_trainer(case, tmp_path, capsys):
     argv, phrases = REFUSED[case]
     argv = [part.format(tmp=tmp_path) for part in argv]
     data = ["--data", str(data_folder(tmp_path / "data"))] if "--data" not in argv else []
-    assert module.main(["--dry-run", str(tmp_path / "job.yml"), *data, *argv]) == 2
+    assert module.main(["--dry-run", str(tmp_path / "job.yml"), *data, *(argv if case == "no_run_length" else with_run_length(argv))]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("submit.py: error: "), lines
     assert all(phrase.format(tmp=tmp_path) in lines[0] for phrase in phrases), lines[0]
@@ -529,10 +560,13 @@ def test_monitor_files_the_job_would_lose_and_a_service_without_a_key_are_warned
     module, job_file = load_submit_module(), tmp_path / "job.yml"
     monkeypatch.setattr(module, "in_requirements", lambda package: True)  # an image with the package
     data = ["--data", str(data_folder(tmp_path / "data")), "--compute", "gpu"]
+
+    def dry_run(*argv) -> int:
+        return module.main(with_run_length(["--dry-run", str(job_file), *data, *argv]))
     lost = {"csv_monitor": {"enabled": True, "output_path": "/tmp/csv"}, "tensorboard": {"enabled": True},
             "flops_profiler": {"enabled": True, "output_file": "~/flops.txt"}, "wandb": {"enabled": True}}
     (tmp_path / "lost.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, **lost}))
-    assert module.main(["--dry-run", str(job_file), *data, "--ds-config", str(tmp_path / "lost.json")]) == 0
+    assert dry_run("--ds-config", str(tmp_path / "lost.json")) == 0
     lines = capsys.readouterr().err.splitlines()
     config = tmp_path / "lost.json"
     assert lines == [
@@ -550,23 +584,21 @@ def test_monitor_files_the_job_would_lose_and_a_service_without_a_key_are_warned
             "tensorboard": {"enabled": True, "output_path": "outputs"},
             "flops_profiler": {"enabled": True, "output_file": "outputs/flops.txt"}, "wandb": {"enabled": True}}
     (tmp_path / "kept.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, **kept}))
-    assert module.main(["--dry-run", str(job_file), *data, "--ds-config", str(tmp_path / "kept.json"),
-                        "--env", "WANDB_MODE=offline"]) == 0
+    assert dry_run("--ds-config", str(tmp_path / "kept.json"), "--env", "WANDB_MODE=offline") == 0
     assert capsys.readouterr().err == ""
     # offline is what the mode says, not that it is set; comet's own offline mode counts
-    assert module.main(["--dry-run", str(job_file), *data, "--ds-config", str(tmp_path / "kept.json"),
-                        "--env", "WANDB_MODE=online"]) == 0
+    assert dry_run("--ds-config", str(tmp_path / "kept.json"), "--env", "WANDB_MODE=online") == 0
     assert "the job gets no WANDB_API_KEY" in capsys.readouterr().err
     (tmp_path / "comet.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 4,
                                                      "comet": {"enabled": True, "mode": "offline"}}))
-    assert module.main(["--dry-run", str(job_file), *data, "--ds-config", str(tmp_path / "comet.json")]) == 0
+    assert dry_run("--ds-config", str(tmp_path / "comet.json")) == 0
     assert capsys.readouterr().err == ""
     # the trainer's own TensorBoard folder alike (it passed silently); under outputs/ it is kept
-    assert module.main(["--dry-run", str(job_file), *data, "--", "--tensorboard-dir", "tb"]) == 0
+    assert dry_run("--", "--tensorboard-dir", "tb") == 0
     assert capsys.readouterr().err.splitlines() == [
         "submit.py: warning: --tensorboard-dir tb after -- is not kept by the job (AzureML keeps ./outputs and the "
         'checkpoints); set it to a path under outputs/, e.g. "outputs/tensorboard"']
-    assert module.main(["--dry-run", str(job_file), *data, "--", "--tensorboard-dir", "outputs/tb"]) == 0
+    assert dry_run("--", "--tensorboard-dir", "outputs/tb") == 0
     assert capsys.readouterr().err == ""
 
 

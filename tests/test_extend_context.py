@@ -326,6 +326,12 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
              "extend_context.py command, or choose another --save directory to start afresh"),
             # the trainer's own start-up checks, on the command the launcher would get
             ([*hf, "--save", save], "the run length is not set"),
+            # the LR schedule against the run's length (the trainer's Schedule, reached only after its rendezvous)
+            ([*hf, "--save", save, "--", "--train-iters", "100", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters",
+              "200"], "--lr-wsd-decay-iters 200 is longer than the 99 steps between the warm-up's end (1) and the "
+             "decay's (100); pass a --lr-wsd-decay-iters of at most 99"),
+            ([*hf, "--save", save, "--", "--train-iters", "10", "--lr-warmup-iters", "5", "--lr-decay-iters", "3"],
+             "--lr-decay-iters 3 ends the decay before the 5 warm-up steps do"),
             ([*hf, "--save", save, "--", "--train-iters", "1", "--data-pth", "x"],
              "pretrain_bert.py flags after --: unrecognized arguments: --data-pth x"),
             ([*hf, "--save", save, "--num-gpus", "3", "--attention", "hybrid", "--ulysses-size", "3", "--",

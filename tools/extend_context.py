@@ -402,8 +402,8 @@ def check_launch(command: list, world: int) -> None:
     """pretrain_bert.py's start-up checks, run here (--dry-run too) on the flags `command` gives it at
     `world` ranks: its parser, its flag checks, where the run starts, the tokenizer and the --data-path
     datasets (the vocab they were made with, their files; without --data-path, the default dataset's
-    vocab, which is not built here), and the model and layout it resolves from the DeepSpeed JSON, so
-    that a command that passes here passes them once launched. Returns the trainer's nothing-to-train
+    vocab, which is not built here), the model and layout it resolves from the DeepSpeed JSON and the LR
+    schedule against the run's length (training.check_resolved), so that a command that passes here passes them once launched. Returns the trainer's nothing-to-train
     line of a resume already at the run's length (None: the launch trains)."""
     from megatron.config import resolve
     from megatron.data.bert_dataset import parse_data_path
@@ -415,7 +415,7 @@ def check_launch(command: list, world: int) -> None:
     from megatron.run_data import check_default_data_vocab, data_paths, run_tokenizer
     from megatron.start_plan import check_start
     from megatron.starting_weights import model_flags as trainer_flags
-    from megatron.training import check_sample_room, deepspeed_settings, finished_resume, start_notes
+    from megatron.training import check_resolved, deepspeed_settings, finished_resume, start_notes
 
     args = trainer_parser().parse_args(command[command.index(str(ROOT / "pretrain_bert.py")) + 1:])
     check_flags(args)
@@ -434,7 +434,7 @@ def check_launch(command: list, world: int) -> None:
     config = resolve({**flags, "vocab_size": vocab_size}, ds, world)
     if tokenizer is not None:
         check_fits(tokenizer, config.model.vocab_size)
-    check_sample_room(config)
+    check_resolved(args, config, ds)  # room for a sample, the LR schedule against the run's length
     for prefix in parse_data_path(args.data_path)[1] if args.data_path else ():
         # opened as the run opens it; "cached" is "lazy"'s index with the whole .bin read into memory
         make_dataset(prefix, "lazy" if args.data_impl == "cached" else args.data_impl)
