@@ -40,7 +40,7 @@ from pathlib import Path
 
 import this_repo  # azureml/this_repo.py, a link to tools/this_repo.py
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import ConfigError, DataError, OneLineParser, run_tool  # noqa: E402
+from megatron.errors import ConfigError, DataError, OneLineParser, either, run_tool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "azureml" / "Dockerfile"
@@ -214,6 +214,60 @@ def node_command(instance_count: int, gpus_per_node: int, data_prefix: str, voca
     ])
 
 
+def files_in(folder: Path, pattern: str) -> list:
+    return sorted(path.name for path in folder.glob(pattern) if path.is_file())
+
+
+def default_said(args, option: str) -> str:
+    """' (the default --data-prefix)' where the option's value is its default, which the user may not have typed."""
+    dest = option.lstrip("-").replace("-", "_")
+    return f" (the default {option})" if getattr(args, dest) == build_parser().get_default(dest) else ""
+
+
+def check_inside_data(args, option: str, name: str) -> None:
+    """--data-prefix and --vocab name files inside --data: the job reads ${{inputs.data}}/NAME, so an absolute path
+    or one that leaves --data (a local one checked here) names nothing on the node."""
+    parts = Path(os.path.normpath(name)).parts
+    if not (os.path.isabs(name) or parts[:1] == ("..",)):
+        return
+    where = "an absolute path" if os.path.isabs(name) else "a path out of --data"
+    inside = Path(name).name
+    if option == "--data-prefix":
+        inside = re.sub(r"\.(bin|idx)$", "", inside)
+    local = Path(args.data) if is_local(args.data) and Path(args.data).is_dir() else None
+    present = (local / (f"{inside}.bin" if option == "--data-prefix" else inside)).is_file() if local else True
+    instead = (f"pass {option} {shlex.quote(inside)}, its name inside --data" if present else
+               f"pass {option} with the name of a file inside --data {args.data}, or copy {name} into it")
+    raise SubmitError(f"{option} {name} is {where}: the job reads it inside the --data folder it mounts "
+                      f"({MOUNTS['data']}/{name}); {instead}")
+
+
+def check_data_files(args, data: Path) -> None:
+    """A local --data folder's .bin/.idx of --data-prefix and its --vocab, each missing one named with what the
+    folder holds instead (the .bin files; the tokenizer its data's vocab record names)."""
+    from megatron.data.tokenizer_identity import recorded_tokenizer
+
+    prefix, where = args.data_prefix, f"--data {args.data}"
+    if not (data / f"{prefix}.bin").is_file():
+        bins = [name[:-len(".bin")] for name in files_in(data, "*.bin")]
+        fix = (f"pass --data-prefix {either([shlex.quote(name) for name in bins])} (the .bin/.idx in it)" if bins
+               else "pass the folder tools/preprocess_data.py wrote (its .bin/.idx and their vocab file)")
+        raise SubmitError(f"{where} has no {prefix}.bin{default_said(args, '--data-prefix')}; {fix}")
+    if not (data / f"{prefix}.idx").is_file():
+        raise SubmitError(f"{where} has {prefix}.bin but no {prefix}.idx; copy the {prefix}.idx "
+                          "tools/preprocess_data.py wrote beside it")
+    if not (data / args.vocab).is_file():
+        recorded = recorded_tokenizer([str(data / prefix)])
+        made_with = Path(recorded[1]).name if recorded else None
+        if made_with and (data / made_with).is_file():
+            fix = f"pass --vocab {shlex.quote(made_with)}, the tokenizer its data's vocab record names"
+        elif made_with:
+            fix = f"copy {recorded[1]}, the tokenizer its data's vocab record names, into it"
+        else:
+            fix = "pass --vocab the vocab.txt or tokenizer.json (named *.json) in it that the data was made with"
+        raise SubmitError(f"{where} has no {args.vocab}{default_said(args, '--vocab')}; {fix}")
+
+
 def is_local(data: str) -> bool:
     return "://" not in data and not data.startswith("azureml:")
 
@@ -241,14 +295,17 @@ def validate(args) -> None:
     if args.compute is not None and not COMPUTE_NAME.fullmatch(args.compute):
         raise SubmitError(f"--compute {args.compute!r} is not a compute name (letters, digits and hyphens, from a "
                           "letter); pass the name of the workspace's GPU compute cluster")
-    for option, uri in (("--checkpoints", args.checkpoints), ("--data-cache", args.data_cache)):
-        if uri is not None and not DATASTORE_FOLDER.fullmatch(uri):
+    # the outputs are datastore folders; an input a local folder (uploaded) or one (azurml://, azureml:/ mistyped)
+    for option, uri, local in (("--checkpoints", args.checkpoints, False), ("--data-cache", args.data_cache, False),
+                               ("--data", args.data, True), ("--init-from-hf", args.init_from_hf, True)):
+        if uri is not None and not (local and is_local(uri)) and not DATASTORE_FOLDER.fullmatch(uri):
             raise SubmitError(f"{option} {uri} is not a datastore path; pass {option} "
-                              "azureml://datastores/<store>/paths/<folder>")
+                              f"azureml://datastores/<store>/paths/<folder>{', or a local folder' if local else ''}")
     for option, name, what in (("--data-prefix", args.data_prefix, "the .bin/.idx name"),
                                ("--vocab", args.vocab, "the vocab.txt or tokenizer.json")):
         if not name:
             raise SubmitError(f"{option} is empty; pass {what} inside --data")
+        check_inside_data(args, option, name)
     for name in ("instance_count", "gpus_per_node"):
         if getattr(args, name) < 1:
             raise SubmitError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1; pass a positive integer")
@@ -266,10 +323,7 @@ def validate(args) -> None:
         if not data.is_dir():
             raise SubmitError(f"--data {args.data} is not a folder; pass the local folder of the preprocessed "
                               ".bin/.idx and the vocab file, or an azureml:// URI")
-        for name in (f"{args.data_prefix}.bin", f"{args.data_prefix}.idx", args.vocab):
-            if not (data / name).is_file():
-                raise SubmitError(f"--data {args.data} has no {name}; pass the folder tools/preprocess_data.py wrote "
-                                  "(--data-prefix names the .bin/.idx in it, --vocab the vocab file)")
+        check_data_files(args, data)
     weights = args.init_from_hf if args.init_from_hf and is_local(args.init_from_hf) else None  # files read here
     if weights is not None and not Path(weights).is_dir():
         raise SubmitError(f"--init-from-hf {weights} is not a folder; pass a local Hugging Face model folder (its "
@@ -329,7 +383,7 @@ def validate(args) -> None:
         if flags["vocab_size"] is None:  # --vocab-size 0 is refused (BertConfig), not taken for "not given"
             flags["vocab_size"] = tokenizer.vocab_size
     try:
-        config = resolve(flags, ds, args.instance_count * args.gpus_per_node)
+        config = resolve(flags, ds, args.instance_count * args.gpus_per_node, weights_given=bool(args.init_from_hf))
     except LayoutError as error:  # launched by the job: its ranks are submit.py's options
         raise SubmitError(f"{error.problem}; set --instance-count x --gpus-per-node to a multiple of "
                           f"{error.processes}, or pass {error.sizes} after -- to run on {error.world_size} "

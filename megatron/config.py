@@ -237,14 +237,15 @@ def section_values(ds_config: dict) -> dict:
 
 
 def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool = True,
-            json_given: bool = True) -> TrainConfig:
+            json_given: bool = True, weights_given: bool = False) -> TrainConfig:
     """Merges flags (None = not given) over the JSON over defaults, then validates.
 
     `flags` keys are TrainConfig / BertConfig field names; `micro_batch_size`, `global_batch_size`
     and `gradient_clipping` (--clip-grad) mirror DeepSpeed's keys and override them. `deepspeed_check`:
     also run DeepSpeed's own checks of its sections (imports DeepSpeed: seconds). `json_given`: the run
     was given a --deepspeed_config (`ds_config` also holds what the trainer fills in), so a fix may name
-    its keys; else it names the file to pass.
+    its keys; else it names the file to pass. `weights_given`: the run starts from weights or resumes them
+    (StartPlan.weights), whose head count no fix may change.
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError(f"world size {world_size} must be >= 1", "launch at least one process (--world-size N)")
@@ -304,6 +305,7 @@ def resolve(flags: dict, ds_config: dict, world_size: int, deepspeed_check: bool
         attention.check(model, sequence)
     except ConfigError as error:
         fix = _preset_fix(error.fix, given, section, flags, ds_config)
+        fix = attention.without_new_head_count(fix) if weights_given else fix
         problem = where + _preset_problem(error.problem, values, given, section, flags, ds_config)
         raise _as_given(problem, fix, given, section) from None
     _refuse_unused_options(given, section, model)

@@ -17,8 +17,8 @@ from megatron.data.indexed_dataset import rewrite_warning
 from megatron.data.samplers import PretrainingSampler, micro_batches
 from megatron.data.tokenizer import (HF_TOKENIZER, BertWordPiece, HFTokenizer, build_tokenizer, case_warning,
                                      explicit_tokenizer, naming_flags)
-from megatron.data.tokenizer_identity import (check_data_vocab, choose_tokenizer, unchecked_added_tokens_warning,
-                                              unrecorded_data_warning)
+from megatron.data.tokenizer_identity import (check_data_vocab, choose_tokenizer, recorded_tokenizer,
+                                              unchecked_added_tokens_warning, unrecorded_data_warning)
 from megatron.data.words import word_rule
 from megatron.errors import ConfigError, DataError
 from megatron.parallel import state
@@ -86,8 +86,7 @@ def data_paths(args, plan: StartPlan, vocab_size: int = 0) -> tuple:
             source = (f"the --init-from-hf folder {plan.init_from_hf} holds no vocab.txt or tokenizer.json"
                       if plan.init_from_hf else f"the checkpoint {plan.load} carries no tokenizer" if plan.load
                       else "the run starts from nothing that carries a tokenizer")
-            raise ConfigError(f"--data-path is given without --vocab-file, and {source}",
-                              "pass the vocab.txt (or --tokenizer-file) the data was made with")
+            raise ConfigError(f"--data-path is given without --vocab-file, and {source}", data_tokenizer_fix(args))
         data_path = args.data_path
     else:
         check_default_data_vocab(args, tokenizer, vocab_size)
@@ -106,6 +105,15 @@ def data_paths(args, plan: StartPlan, vocab_size: int = 0) -> tuple:
     print_warnings([unrecorded_data_warning(prefixes, tokenizer.file),
                     unchecked_added_tokens_warning(prefixes, tokenizer), case])
     return data_path, tokenizer
+
+
+def data_tokenizer_fix(args) -> str:
+    """The fix of a --data-path without a tokenizer: the flags of the file its vocab record names, placed
+    after the `--` of the tool's command that launches the run (--launched-by)."""
+    recorded = recorded_tokenizer(parse_data_path(args.data_path)[1])
+    fix = (f"pass {naming_flags(*recorded)}, the tokenizer the data's vocab record names" if recorded
+           else "pass the vocab.txt (or --tokenizer-file) the data was made with")
+    return fix + (f", after the -- of the {args.launched_by} command" if args.launched_by else "")
 
 
 def check_default_data_vocab(args, tokenizer, vocab_size: int = 0) -> None:

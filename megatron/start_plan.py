@@ -43,6 +43,11 @@ class StartPlan:
         return bool(self.load) and not self.weights_only
 
     @property
+    def weights(self) -> bool:
+        """Whether the run starts from weights or resumes them: their model (its head count) is fixed."""
+        return bool(self.load or self.init_from_hf)
+
+    @property
     def source(self) -> tuple | None:
         """(folder, "hf" | "checkpoint") of the weights a new run starts from; None: scratch or a resume."""
         if self.init_from_hf:

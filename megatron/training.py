@@ -393,7 +393,7 @@ def check_start_up(args, plan: StartPlan) -> StartUp:
     if setup.flags["vocab_size"] is None:  # --vocab-size 0 is refused (BertConfig), not taken for "not given"
         setup.flags["vocab_size"] = setup.tokenizer.vocab_size
     setup.config = resolve(setup.flags, setup.ds, dist.get_world_size(), deepspeed_check=not setup.checked,
-                           json_given=bool(args.deepspeed_config))
+                           json_given=bool(args.deepspeed_config), weights_given=plan.weights)
     check_model_fits(args, plan, setup.config, setup.ds, setup.tokenizer)
     if setup.bert_state is None:
         setup.bert_state = initial_weights(args, plan, setup.config)
@@ -416,7 +416,7 @@ def check_before_rendezvous(args, plan: StartPlan) -> StartUp:
     if checked:  # else (MPI, AzureML discovery) at the resolve after the rendezvous, still before the data
         stand_in = BertConfig.vocab_size if flags["vocab_size"] is None else flags["vocab_size"]
         config = resolve({**flags, "vocab_size": stand_in}, ds, int(world),
-                         json_given=bool(args.deepspeed_config))
+                         json_given=bool(args.deepspeed_config), weights_given=plan.weights)
         check_resolved(args, config, ds)
         if flags["vocab_size"] is not None:  # the run's config is this one
             bert_state = initial_weights(args, plan, config)

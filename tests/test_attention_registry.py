@@ -47,6 +47,20 @@ def test_ulysses_over_heads_the_size_does_not_divide_leads_with_what_keeps_the_m
                                "multiple of 3 ranks, or for a model from scratch, a head count that is a multiple of 2")
 
 
+def test_weights_a_run_starts_from_keep_their_head_count_in_the_fix():
+    """extend_context.py (and a run from --init-from-hf or --load) proposed a new head count "for a model from
+    scratch" for weights that fix it: config.resolve(weights_given=True) leaves that way out."""
+    from megatron.config import resolve
+
+    flags = dict(num_layers=2, hidden_size=48, num_attention_heads=6, seq_length=64, max_position_embeddings=64,
+                 attention="ulysses", sequence_parallel_size=4)
+    for weights_given, last in ((False, "or for a model from scratch, a head count that is a multiple of 4"),
+                                (True, "that divides the 6 heads (2, 3 or 6) and the ranks")):
+        with pytest.raises(ConfigError) as error:
+            resolve(flags, {"train_micro_batch_size_per_gpu": 1}, 4, deepspeed_check=False, weights_given=weights_given)
+        assert error.value.fix.endswith(last), error.value.fix
+
+
 @pytest.mark.parametrize("variant,size", [("ring", 3), ("ring", 4), ("ulysses", 4), ("dense", 1), ("ring", 5),
                                           ("hybrid", 6)])  # ring 5: 48 tokens padded to 50
 def test_valid_settings_pass(variant, size):

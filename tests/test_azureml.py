@@ -524,6 +524,30 @@ REFUSED = {
         "--lr-decay-iters 5 ends the decay before the 5 warm-up steps do",)),
     "no_room_for_a_sample": (["--", "--seq-length", "4", "--max-position-embeddings", "4"], (
         "--seq-length 4 leaves no room for a sample's text",)),
+    # names the job reads inside its --data mount: written as ${{inputs.data}}//abs/path or ${{inputs.data}}/../x
+    "vocab_an_absolute_path": (["--vocab", "{tmp}/data/vocab.txt"], (
+        "--vocab {tmp}/data/vocab.txt is an absolute path: the job reads it inside the --data folder it mounts "
+        "(${{{{inputs.data}}}}/{tmp}/data/vocab.txt); pass --vocab vocab.txt, its name inside --data",)),
+    "data_prefix_out_of_the_data": (["--data-prefix", "../data/corpus_text_sentence"], (
+        "--data-prefix ../data/corpus_text_sentence is a path out of --data",
+        "pass --data-prefix corpus_text_sentence, its name inside --data")),
+    "vocab_elsewhere": (["--vocab", "../x.txt"], ("pass --vocab with the name of a file inside --data {tmp}/data, or "
+                                                  "copy ../x.txt into it",)),
+    # a mistyped datastore URI was taken for a remote folder and written into the job
+    "data_uri_mistyped": (["--data", "azurml://datastores/x/paths/y"], (
+        "--data azurml://datastores/x/paths/y is not a datastore path; pass --data azureml://datastores/<store>/paths/"
+        "<folder>, or a local folder",)),
+    "data_uri_with_one_slash": (["--data", "azureml:/datastores/x/paths/y"], ("is not a datastore path",)),
+    "data_uri_without_a_folder": (["--data", "azureml://datastores/x"], ("is not a datastore path",)),
+    "init_from_hf_uri_mistyped": (["--init-from-hf", "azureml:/datastores/x/paths/hf"], (
+        "--init-from-hf azureml:/datastores/x/paths/hf is not a datastore path",)),
+    # a missing file named with what the folder holds, the defaults named as such
+    "default_prefix_missing": (["--data", "{tmp}/hf data"], (
+        "--data {tmp}/hf data has no corpus_text_sentence.bin (the default --data-prefix); pass --data-prefix "
+        "wiki_text_sentence (the .bin/.idx in it)",)),
+    "default_vocab_missing": (["--data", "{tmp}/hf data", "--data-prefix", "wiki_text_sentence"], (
+        "--data {tmp}/hf data has no vocab.txt (the default --vocab); pass --vocab tokenizer.json, the tokenizer its "
+        "data's vocab record names",)),
 }
 
 
@@ -541,6 +565,7 @@ def test_submit_validates_as_the_trainer(case, tmp_path, capsys):
     for service in ("wandb", "comet"):
         (tmp_path / f"{service}.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 4,
                                                               service: {"enabled": True, "project": "p"}}))
+    (data_folder(tmp_path / "hf data", "wiki_text_sentence", "tokenizer.json") / "vocab.txt").unlink()
     argv, phrases = REFUSED[case]
     argv = [part.format(tmp=tmp_path) for part in argv]
     data = ["--data", str(data_folder(tmp_path / "data"))] if "--data" not in argv else []

@@ -335,8 +335,12 @@ def test_what_cannot_be_extended_is_one_line(tmp_path, capsys):
             ([*hf, "--save", save, "--", "--train-iters", "1", "--data-pth", "x"],
              "pretrain_bert.py flags after --: unrecognized arguments: --data-pth x"),
             ([*hf, "--save", save, "--num-gpus", "3", "--attention", "hybrid", "--ulysses-size", "3", "--",
-              "--train-iters", "1"], "hybrid needs num_attention_heads (4) divisible by ulysses_size (3)")):
-        assert message in one_line(capsys, *argv)
+              "--train-iters", "1"], "hybrid needs num_attention_heads (4) divisible by ulysses_size (3)"),
+            # the weights fix the head count: no "head count for a model from scratch" among the ways out
+            ([*hf, "--save", save, "--num-gpus", "3", "--attention", "ulysses", "--", "--train-iters", "1"],
+             "ulysses needs num_attention_heads (4) divisible by the sequence-parallel size (3); use --attention ring, "
+             "or a --sequence-parallel-size that divides the 4 heads (2 or 4) and the ranks\n")):
+        assert message in one_line(capsys, *argv) + "\n"
     assert not (tmp_path / "c").exists()
     capsys.readouterr()  # a missing flag: argparse's line, with no usage block before it (as in every tool)
     with pytest.raises(SystemExit, match="^2$"):
@@ -545,6 +549,10 @@ def test_the_dry_run_checks_the_tokenizer_and_the_data_as_the_run_does(tmp_path,
     tail = ["--", "--train-iters", "1", "--data-path"]
     for source, data, message in (
             (no_tokenizer, "x", f"--init-from-hf folder {no_tokenizer} holds no vocab.txt or tokenizer.json"),
+            # the fix names the data's tokenizer, as its vocab record does, and where this tool's command takes it
+            (no_tokenizer, str(tmp_path / "other_text_sentence"), f"holds no vocab.txt or tokenizer.json; pass "
+             f"--tokenizer-file {tmp_path / 'other.json'}, the tokenizer the data's vocab record names, after the -- "
+             "of the extend_context.py command"),
             (folder, str(tmp_path / "other_text_sentence"), f"preprocessed with the vocab {tmp_path / 'other.json'}"),
             (folder, str(tmp_path / "missing"), f"dataset file {tmp_path / 'missing'}.idx does not exist"),
             (smaller, str(tmp_path / "missing"), f"the tokenizer {smaller / 'tokenizer.json'} has {size} tokens, the "

@@ -235,7 +235,7 @@ def test_a_checkpoint_that_carries_no_tokenizer_is_named_when_the_data_needs_one
     hf_convert.save_weights_only_checkpoint(tmp_path / "ck", small_model(config).state_dict(), config)
     args = argparse.Namespace(load=str(tmp_path / "ck"), init_from_hf=None, finetune=False, vocab_file=None,
                               tokenizer_file=None, tokenizer_type=None, data_path=[str(tmp_path / "data")],
-                              whole_word_masking=False)
+                              whole_word_masking=False, launched_by=None)
     with pytest.raises(ConfigError) as caught:
         run_data.data_paths(args, start_plan.StartPlan.given(args))
     assert str(caught.value) == (f"--data-path is given without --vocab-file, and the checkpoint {tmp_path / 'ck'} "

@@ -431,7 +431,7 @@ def check_launch(command: list, world: int) -> None:
         check_default_data_vocab(args, tokenizer, flags["vocab_size"])
     vocab_size = flags["vocab_size"] if flags["vocab_size"] is not None else (  # --vocab-size 0: refused
         tokenizer.vocab_size if tokenizer is not None else BertConfig.vocab_size)
-    config = resolve({**flags, "vocab_size": vocab_size}, ds, world)
+    config = resolve({**flags, "vocab_size": vocab_size}, ds, world, weights_given=plan.weights)
     if tokenizer is not None:
         check_fits(tokenizer, config.model.vocab_size)
     check_resolved(args, config, ds)  # room for a sample, the LR schedule against the run's length

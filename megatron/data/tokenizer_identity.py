@@ -184,6 +184,18 @@ def data_identity_path(prefix: str) -> Path:
     return Path(str(prefix) + DATA_IDENTITY)
 
 
+def recorded_tokenizer(prefixes) -> tuple | None:
+    """(tokenizer type, file) that the first of the datasets `prefixes` with a vocab record was made with, as
+    the record names them (the file's path where it was preprocessed); None: no dataset has one. What a fix
+    that asks for the data's tokenizer names."""
+    for prefix in prefixes:
+        path = data_identity_path(prefix)
+        if path.is_file():
+            record = _read_record(path)
+            return record["tokenizer_type"], record["file"]
+    return None
+
+
 def unrecorded_data_warning(prefixes, tokenizer_file) -> str | None:
     """The warning for datasets without their vocab record (copied as .bin/.idx alone, or made by another
     tool): the vocab check passes them unchecked, and a tokenizer of another vocab of the same size trains on

@@ -1,12 +1,12 @@
 """Attention cores, one file per variant, chosen by name through the registry.
 
-The start-up checks (rules.py: check, ulysses_degree) import without torch; the
+The start-up checks (rules.py: check, ulysses_degree, without_new_head_count) import without torch; the
 cores and the registry (VARIANTS, build) are imported on first use, so that resolving a config
 (megatron.config, tools/ds_config.py) stays fast.
 """
-from megatron.model.attention.rules import RULES, check, ulysses_degree
+from megatron.model.attention.rules import RULES, check, ulysses_degree, without_new_head_count
 
-__all__ = ["RULES", "VARIANTS", "build", "check", "ulysses_degree"]
+__all__ = ["RULES", "VARIANTS", "build", "check", "ulysses_degree", "without_new_head_count"]
 
 
 def __getattr__(name: str):

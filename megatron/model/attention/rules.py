@@ -6,6 +6,8 @@ a layout without importing torch, so tools/ds_config.py answers in a fraction of
 cores in this package (registered under the same names) build the attention; these rules decide
 whether it can be built.
 """
+import re
+
 from megatron.errors import ConfigError, either
 
 NODE_SIZE = 8  # the default Ulysses degree is at most one node of 8 GPUs
@@ -80,8 +82,17 @@ def ulysses_ways_out(heads: int, sequence_parallel_size: int) -> str:
     elif sizes:  # the head count itself ('divides the 3 heads (3)')
         ways.append(f"--sequence-parallel-size {heads} (the {heads} heads' only divisor) on a multiple of {heads} "
                     "ranks")
-    ways.append(f"for a model from scratch, a head count that is a multiple of {sequence_parallel_size}")
+    ways.append(f"{NEW_HEAD_COUNT}{sequence_parallel_size}")
     return "use " + ", or ".join(ways)
+
+
+NEW_HEAD_COUNT = "for a model from scratch, a head count that is a multiple of "  # ulysses_ways_out's last way
+
+
+def without_new_head_count(fix: str) -> str:
+    """A fix of ulysses_ways_out for a run whose weights fix the head count (it starts from them or resumes
+    them): its other ways, not a new head count."""
+    return re.sub(rf", or {re.escape(NEW_HEAD_COUNT)}\d+$", "", fix)
 
 
 class Ulysses(Rules):
