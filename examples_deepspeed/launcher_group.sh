@@ -145,6 +145,9 @@ run_launcher() {
     while :; do  # a trapped signal ends the wait early: wait again (once at least: a launcher ended already has a status)
         status=0
         wait "$LAUNCHER_GROUP" || status=$?
+        # after a stop signal, STOP_TIMEOUT counts from it (wait_group_end): a rank waiting in a collective for
+        # another node does not stop, and its launcher would be waited for until the distributed timeout
+        [ "$signal_number" -eq 0 ] || break
         kill -0 "$LAUNCHER_GROUP" 2> /dev/null || break
     done
     if [ "$signal_number" -ne 0 ]; then

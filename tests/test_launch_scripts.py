@@ -198,6 +198,29 @@ def test_a_closed_terminal_stops_the_ranks_as_sigterm_does(tmp_path):
     assert (script.returncode, output, record.read_text()) == (128 + signal.SIGHUP, ("", ""), "SIGHUP")
 
 
+def test_stop_timeout_counts_from_the_signal_while_the_ranks_wait_on_each_other(tmp_path):
+    """A rank that does not stop on SIGTERM (it waits in a collective for a node still training): the script
+    waited for its launcher until --distributed-timeout-minutes ended the rank, minutes past STOP_TIMEOUT. It
+    kills the group STOP_TIMEOUT s after the signal, with its line."""
+    rank, ready, record = tmp_path / "rank.py", tmp_path / "ready", tmp_path / "record"
+    rank.write_text(STAND_IN_RANK.format(record=str(record), ready=str(ready))
+                    .replace("    sys.exit(128 + signum)\n", "").replace("time.sleep(60)", "time.sleep(600)"))
+    script = subprocess.Popen(["bash", "-c", 'source "$1"; shift; run_launcher "$@"', "probe",
+                               str(SCRIPTS / "launcher_group.sh"), PYTHON, "-c", STAND_IN_LAUNCH, str(rank),
+                               "deepspeed.launcher.launch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True, env={**os.environ, "STOP_TIMEOUT": "2"})
+    with stand_in_rank_running(script, ready):
+        script.send_signal(signal.SIGTERM)
+        try:
+            output = script.communicate(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(script.pid, signal.SIGKILL)
+    assert (script.returncode, output, record.read_text()) == (128 + signal.SIGTERM, (
+        "", "probe: error: ranks still running 2 s after the signal: killed; the last checkpoint in --save is the "
+            "one to resume from\n"), "SIGTERM")
+
+
 def dry_run(script: str, run_dir: Path, *arguments, **env) -> tuple:
     """(the JSON it would write, the launcher command line); checks that it wrote nothing."""
     result = subprocess.run([str(SCRIPTS / script), *arguments], env=launch_env(run_dir, **env), capture_output=True,
