@@ -116,6 +116,7 @@ def refuse_tag_folder(folder: str, flag: str = "--load", tag_flag: str | None = 
     read-only tool with a `tag_flag` (to-hf's --tag) names that instead: editing `latest` only to read an
     older checkpoint would roll the next resume of that run back."""
     parent, tag = os.path.split(os.path.abspath(folder))  # a relative iter_* has a parent too
+    parent = paths.as_written(parent, folder)  # ck for ck/iter_N, . for iter_N
     if UNFINISHED.fullmatch(tag):
         newest = complete_tags(parent)
         raise DataError(f"{folder} is {unfinished(tag)}, not a checkpoint of the --save directory {parent}",

@@ -108,7 +108,7 @@ def refuse_lfs_pointer(path) -> None:
         return
     if head == LFS_POINTER:
         raise GitLfsPointer(f"{path} is a Git LFS pointer, not the file",
-                            f"run git lfs pull in {os.path.dirname(os.path.abspath(path))} (after git lfs install)")
+                            f"run git lfs pull in {os.path.dirname(path) or '.'} (after git lfs install)")
 
 
 class Interrupted(KeyboardInterrupt):

@@ -48,11 +48,20 @@ def monitor_problem(ds_config: dict, ds_path: str) -> tuple[str, str] | None:
             offline = " (WANDB_MODE=offline logs without an account)" if name == "wandb" else ""
             return (f"the DeepSpeed config {ds_path} enables {name}, and the {package} package is not installed",
                     f"pip install {package}{offline}, or set {name}.enabled to false")
-        field = f"{name}.output_path"
-        if name in FILE_MONITORS and (problem := paths.folder_problem(field, output_folder(ds_config, name),
-                                                                       f"set {field} to a folder this user can write")):
+        if name in FILE_MONITORS and (problem := _folder_problem(ds_config, name)):
             return (f"the DeepSpeed config {ds_path}'s {problem[0]}", problem[1])
     return None
+
+
+def _folder_problem(ds_config: dict, name: str) -> tuple[str, str] | None:
+    """(problem, fix) of a file-writing monitor's folder: its output_path as the JSON writes it first (not
+    the output_path/job_name DeepSpeed makes, a job_name the user may never have written), then that folder."""
+    field, output_path = f"{name}.output_path", ds_config[name].get("output_path", "")
+    fix = f"set {field} to a folder this user can write"
+    if output_path and (problem := paths.folder_problem(field, output_path, fix)):
+        return problem
+    return paths.folder_problem(f"{name}.output_path/job_name", output_folder(ds_config, name),
+                                f"{fix}, or {name}.job_name to a name no file there has")
 
 
 def reused_folders_warning(tensorboard_dir: str | None, ds_config: dict) -> str | None:

@@ -75,6 +75,18 @@ def repository_twin(path) -> str | None:
     return str(twin) if not path.is_absolute() and not path.exists() and twin.is_file() else None
 
 
+def as_written(found: str, given: str) -> str:
+    """`found`, an absolute path worked out from the user's `given` one (a folder above it), as a message names
+    it: relative to the current folder where `given` was relative (docs/errors.md: only a file of this
+    repository is named absolute when the user wrote no absolute path)."""
+    if os.path.isabs(given):
+        return found
+    try:
+        return os.path.relpath(found)
+    except (OSError, ValueError):  # the current folder was removed under the process
+        return found
+
+
 def file_in_the_way(flag: str, path: str) -> str | None:
     """Why `path` cannot become a folder when the cause is not a permission: a file in its place or
     on its path."""
@@ -83,7 +95,8 @@ def file_in_the_way(flag: str, path: str) -> str | None:
         folder = os.path.dirname(folder)
     if os.path.isdir(folder):
         return None
-    where = "is a file" if folder == os.path.abspath(path) else f"lies under {folder}, which is a file"
+    where = "is a file" if folder == os.path.abspath(path) else \
+        f"lies under {as_written(folder, path)}, which is a file"
     return f"{flag} {path} {where}, not a directory"
 
 
@@ -93,7 +106,7 @@ def missing_folders(path: str) -> list:
     while not os.path.exists(folder):
         if os.path.islink(folder):  # a link to a folder not made yet: never made here, so never removed here
             target = os.path.join(os.path.dirname(folder), os.readlink(folder))
-            raise ConfigError(f"{folder} is a link to {target}, which does not exist (a scratch folder not made yet, "
+            raise ConfigError(f"{as_written(folder, path)} is a link to {target}, which does not exist (a scratch folder not made yet, "
                               "a file system not mounted)", f"create it (mkdir -p {shlex.quote(target)}), or pass "
                                                             "another folder")
         missing.append(folder)
@@ -177,7 +190,7 @@ def output_file_problem(flag: str, path: str, fix: str, folder_made: bool = Fals
         return f"{flag} {path} is a directory, not a file", fix
     if os.path.exists(path) and not os.path.isfile(path):
         return f"{flag} {path} is not a regular file (a device, a pipe or a socket)", fix
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = as_written(os.path.dirname(os.path.abspath(path)), path)
     if not folder_made and not os.path.exists(folder) and not file_in_the_way(flag, folder):
         return (f"{flag} {path}: its folder {folder} does not exist",
                 f"check the path, or create the folder first (mkdir -p {shlex.quote(folder)})")

@@ -9,6 +9,7 @@ import torch
 from bert_fixtures import padded_batch, small_model
 from megatron import checkpoint, checkpoint_save, checkpoint_weights
 from megatron.config import resolve
+from megatron.errors import ConfigError
 from megatron.engine import build_engine, train_step
 from megatron.model.pipe import bert_to_pipe_name
 from megatron.parallel import state
@@ -167,9 +168,23 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, monkeypatch):
                                         f"{tmp_path}; point --load at {tmp_path} \\(its 'latest' names the "
                                         "checkpoint to read: write iter_0000002 into it to resume this one\\)$"):
         checkpoint.latest_tag(str(tmp_path / "iter_0000002"))
-    monkeypatch.chdir(tmp_path)  # given relative, from inside the --save directory: it is named, not ''
-    with pytest.raises(Exception, match=f"iter_0000002 is one checkpoint of the --save directory {tmp_path}; "):
+    # given relative, the directory is named relative, as the user wrote it (docs/errors.md); from inside the
+    # --save directory it is named '.', not ''
+    monkeypatch.chdir(tmp_path.parent)
+    with pytest.raises(ConfigError) as refused:
+        checkpoint.latest_tag(f"{tmp_path.name}/iter_0000002")
+    assert str(refused.value) == (f"{tmp_path.name}/iter_0000002 is one checkpoint of the --save directory "
+                                  f"{tmp_path.name}; point --load at {tmp_path.name} (its 'latest' names the checkpoint "
+                                  "to read: write iter_0000002 into it to resume this one)")
+    with pytest.raises(ConfigError, match=f"; pass --load {tmp_path.name} --tag iter_0000002$"):
+        checkpoint.chosen_tag(f"{tmp_path.name}/iter_0000002", None)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="^iter_0000002 is one checkpoint of the --save directory .; point --load "
+                                          "at . "):
         checkpoint.latest_tag("iter_0000002")
+    monkeypatch.chdir(tmp_path / "iter_0000002")
+    with pytest.raises(ConfigError, match=r"^\. is one checkpoint of the --save directory \.\.; point --load at \.\. "):
+        checkpoint.latest_tag(".")
 
 
 def test_a_latest_that_is_not_text_is_one_line(tmp_path):

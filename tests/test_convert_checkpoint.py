@@ -561,7 +561,7 @@ def test_an_output_the_tool_cannot_make_is_named_as_given_and_a_link_to_a_missin
     assert not (tmp_path / "kernel").exists()
 
 
-def test_an_output_where_no_file_can_go_is_one_line_naming_it(tmp_path, capsys):
+def test_an_output_where_no_file_can_go_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
     """to-torch ended in torch's traceback for every output it could not write ('Parent directory ... does not
     exist', 'invalid file name: .partial', 'open file failed'); to-hf and from-hf said '(File exists)' of a
     file where their folder goes. Now a missing folder is made, as to-hf makes it, and the rest is one line
@@ -586,6 +586,10 @@ def test_an_output_where_no_file_can_go_is_one_line_naming_it(tmp_path, capsys):
     under = f"lies under {tmp_path / 'afile'}, which is a file, not a directory"
     assert refused(["to-torch", *source, "--output", str(tmp_path / "afile" / "x.pt")]) == (
         f"--output {tmp_path / 'afile' / 'x.pt'} {under}; pass another --output, or move that file")
+    monkeypatch.chdir(tmp_path)  # a relative path is named as written, the file in the way too (docs/errors.md)
+    assert refused(["to-torch", *source, "--output", "afile/x.pt"]) == (
+        "--output afile/x.pt lies under afile, which is a file, not a directory; pass another --output, or move "
+        "that file")
     assert refused(["to-hf", *source, "--output", str(tmp_path / "afile" / "sub")]) == (
         f"--output {tmp_path / 'afile' / 'sub'} {under}; pass another --output, or move that file")
     assert refused(["from-hf", "--hf-dir", str(tmp_path / "hf"), "--save", str(tmp_path / "afile")]) == (

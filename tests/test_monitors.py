@@ -94,6 +94,20 @@ def test_monitor_problems_name_the_section_and_the_fix(tmp_path, monkeypatch):
         assert "tensorboard.output_path" in problem and str(tmp_path / "a_file") in problem, problem
         assert fix == "set tensorboard.output_path to a folder this user can write"
 
+    # a relative output_path is named as written, without the job_name DeepSpeed adds (docs/errors.md)
+    monkeypatch.chdir(tmp_path)
+    config = {"csv_monitor": {"enabled": True, "output_path": "a_file/job"}}
+    assert monitors.monitor_problem(config, "ds.json") == (
+        "the DeepSpeed config ds.json's csv_monitor.output_path a_file/job lies under a_file, which is a file, not a "
+        "directory", "set csv_monitor.output_path to a folder this user can write")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "job").write_text("a file where DeepSpeed makes its folder")
+    config = {"csv_monitor": {"enabled": True, "output_path": "out", "job_name": "job"}}
+    assert monitors.monitor_problem(config, "ds.json") == (
+        "the DeepSpeed config ds.json's csv_monitor.output_path/job_name out/job is a file, not a directory",
+        "set csv_monitor.output_path to a folder this user can write, or csv_monitor.job_name to a name no file "
+        "there has")
+
     fresh = tmp_path / "new" / "deeper"
     assert monitors.monitor_problem({"csv_monitor": {"enabled": True, "output_path": str(fresh)}}, "ds.json") is None
     assert not (tmp_path / "new").exists()  # the probe's folders are removed again

@@ -473,6 +473,9 @@ def test_runs_without_a_launcher_as_one_process(tmp_path, data_dir):
 @pytest.mark.parametrize("flag, name, message", [
     ("tensorboard_dir", "afile", "--tensorboard-dir {tmp}/afile is a file, not a directory; pass a --tensorboard-dir"),
     ("log_dir", "afile/log", "--log-dir {tmp}/afile/log lies under {tmp}/afile, which is a file, not a directory"),
+    # a relative path is named as the user wrote it, the file in the way too (docs/errors.md)
+    ("log_dir", "./afile/deeper/log", "--log-dir ./afile/deeper/log lies under afile, which is a file, not a "
+                                      "directory; pass a --log-dir directory this user can write"),
 ])
 def test_log_folders_are_checked_before_any_work(tmp_path, monkeypatch, flag, name, message):
     """Rank 0 checks both folders (RunLog writes them) and every rank gets its answer; the probe
@@ -482,8 +485,9 @@ def test_log_folders_are_checked_before_any_work(tmp_path, monkeypatch, flag, na
     (tmp_path / "afile").write_text("x")
     monkeypatch.setattr(training.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(training.dist, "broadcast_object_list", lambda found, src: None)  # one rank
+    monkeypatch.chdir(tmp_path)
     args = SimpleNamespace(log_dir=str(tmp_path / "log"), tensorboard_dir=None, deepspeed_config=None)
-    setattr(args, flag, str(tmp_path / name))
+    setattr(args, flag, name if name.startswith("./") else str(tmp_path / name))
     with pytest.raises(training.ConfigError) as error:
         training.check_log_dirs(args, {})
     assert str(error.value).startswith(message.format(tmp=tmp_path))
