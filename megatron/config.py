@@ -405,12 +405,18 @@ def _preset_problem(problem: str, values: dict, given: dict, section: dict, flag
 
 def _section_fix(fix: str, given: dict, section: dict) -> str:
     """`fix` naming the JSON key rather than the flag of a setting the JSON section set and no flag did
-    ('choose sequence_parallel.linformer.k at most --seq-length', 'drop sequence_parallel.pack_samples')."""
+    ('choose sequence_parallel.linformer.k at most --seq-length', 'drop sequence_parallel.pack_samples'). An
+    attention option set by neither (ulysses_size, linformer.k) is named as the variant was set: the JSON's
+    'sequence_parallel.attention hybrid with sequence_parallel.ulysses_size 4', not '... hybrid --ulysses-size 4'."""
+    json_variant = "attention" in section and "attention" not in given
     for name in fields_with(has_json=True):
-        if name in section and name not in given:
+        unset_option = json_variant and name not in section and name not in given and info(name).flag and (
+            name == "ulysses_size" or "." in info(name).json)
+        if (name in section and name not in given) or unset_option:
             flag = info(name).flag or info(name).on_flag
             fix = re.sub(f"{flag}(?![-\\w])", f"{SECTION}.{info(name).json}", fix)
-    return fix
+    # JSON keys are no command line: two settings side by side are joined
+    return re.sub(f"({re.escape(SECTION)}\\.[\\w.]+ \\S+) (?={re.escape(SECTION)}\\.)", r"\1 with ", fix)
 
 
 def _as_given(problem: str, fix: str, given: dict, section: dict) -> ConfigError:

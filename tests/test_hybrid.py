@@ -236,7 +236,10 @@ def test_sequence_chunk_pads_the_tail():
     ({"size": 6, "attention": "hybrid", "ulysses_size": 3}, {}, "hybrid needs num_attention_heads (4) divisible by ulysses_size (3)"),
     ({"size": 4, "attention": "ring", "ulysses_size": 2}, {}, "ulysses_size 2 is set but attention is 'ring'"),
     ({"size": 4, "attention": "hybrid", "ulysses_size": 0}, {}, "ulysses_size 0 must be >= 1"),
-    ({"size": 6, "attention": "ulysses"}, {}, "sequence_parallel.attention hybrid --ulysses-size 2"),
+    # a fix names the JSON key where the JSON set the variant, the flag where a flag did (docs/errors.md)
+    ({"size": 6, "attention": "ulysses"}, {}, "; use sequence_parallel.attention ring, or sequence_parallel.attention "
+                                              "hybrid with sequence_parallel.ulysses_size 2 (Ulysses inside"),
+    ({"size": 6}, {"attention": "ulysses"}, "; use --attention ring, or --attention hybrid --ulysses-size 2 (Ulysses"),
     ({"size": 4, "attention": "linformer"}, {"seq_length": 50, "linformer_k": 8}, "seq_length 50 is not divisible"),
 ])
 def test_bad_hybrid_settings_are_one_line_errors(section, extra, message):
