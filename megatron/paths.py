@@ -105,8 +105,9 @@ def missing_folders(path: str) -> list:
     folder, missing = os.path.abspath(path), []
     while not os.path.exists(folder):
         if os.path.islink(folder):  # a link to a folder not made yet: never made here, so never removed here
-            target = os.path.join(os.path.dirname(folder), os.readlink(folder))
-            raise ConfigError(f"{as_written(folder, path)} is a link to {target}, which does not exist (a scratch folder not made yet, "
+            link = as_written(folder, path)
+            target = os.path.join(os.path.dirname(link), os.readlink(folder))  # an absolute link's own target
+            raise ConfigError(f"{link} is a link to {target}, which does not exist (a scratch folder not made yet, "
                               "a file system not mounted)", f"create it (mkdir -p {shlex.quote(target)}), or pass "
                                                             "another folder")
         missing.append(folder)

@@ -100,6 +100,11 @@ def test_monitor_problems_name_the_section_and_the_fix(tmp_path, monkeypatch):
     assert monitors.monitor_problem(config, "ds.json") == (
         "the DeepSpeed config ds.json's csv_monitor.output_path a_file/job lies under a_file, which is a file, not a "
         "directory", "set csv_monitor.output_path to a folder this user can write")
+    (tmp_path / "lnk").symlink_to("gone")  # a relative link given relative: both named as written
+    problem, fix = monitors.monitor_problem({"csv_monitor": {"enabled": True, "output_path": "lnk/job"}}, "ds.json")
+    assert (problem, fix) == ("the DeepSpeed config ds.json's csv_monitor.output_path: lnk is a link to gone, which "
+                              "does not exist (a scratch folder not made yet, a file system not mounted)",
+                              "create it (mkdir -p gone), or pass another folder")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "job").write_text("a file where DeepSpeed makes its folder")
     config = {"csv_monitor": {"enabled": True, "output_path": "out", "job_name": "job"}}
