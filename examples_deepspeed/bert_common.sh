@@ -92,7 +92,7 @@ if [ -n "${HOSTFILE:-}" ]; then  # DeepSpeed's launcher would stop on a bad line
     [ -z "${NODE_RANK:-}" ] || ssh=(--no-ssh)
     [ -z "${NUM_NODES:-}" ] || nodes=(--num-nodes "$NUM_NODES")
     NUM_NODES="$("$PYTHON" "$ROOT/tools/check_hostfile.py" "$HOSTFILE" "${nodes[@]}" --ranks-per-node "$PROCS" \
-        --script-names --print-num-nodes "${ssh[@]}")"
+        --script-names "$SCRIPT" --print-num-nodes "${ssh[@]}")"
 fi
 NUM_NODES="${NUM_NODES:-1}"
 WORLD=$((NUM_NODES * PROCS))
@@ -108,7 +108,8 @@ fi
 
 RUN_DIR="${RUN_DIR:-$ROOT/runs/${SCRIPT%.sh}}"
 # RUN_DIR, or the nearest folder above it that exists, must take a new folder (else ds_config.py's
-# error would name its own --output); a dry run writes nothing, not even this probe
+# error would name its own --output); a dry run checks it too (the probe folder is removed at once: it
+# leaves nothing), else it passed a RUN_DIR the launch then refused
 RUN_FIX="set RUN_DIR to a directory this user can write, for the config, logs and checkpoints"
 existing="$RUN_DIR"
 while [ ! -e "$existing" ] && [ ! -L "$existing" ]; do
@@ -125,10 +126,8 @@ remove_made_run_dir() {
         made="$(dirname -- "$made")"
     done
 }
-if [ "$DRY_RUN" = 0 ]; then
-    probe="$(mktemp -d -- "$existing/.run_dir_probe.XXXXXX" 2> /dev/null)" && rmdir -- "$probe" ||
-        fail "RUN_DIR $RUN_DIR cannot be created or written: $existing takes no new folder; $RUN_FIX"
-fi
+probe="$(mktemp -d -- "$existing/.run_dir_probe.XXXXXX" 2> /dev/null)" && rmdir -- "$probe" ||
+    fail "RUN_DIR $RUN_DIR cannot be created or written: $existing takes no new folder; $RUN_FIX"
 TEMPLATE="$ROOT/ds_configs/${ATTENTION}_sp2.json"
 [ "$PP" -eq 1 ] || TEMPLATE="$ROOT/ds_configs/pipeline_zero1_ring_sp2.json"
 MODEL=(--num-layers "$LAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS" --seq-length "$SEQ_LEN"
@@ -153,9 +152,10 @@ save_dir "$RUN_DIR/checkpoints" "$@"
 COMMAND=("${LAUNCHER[@]}" "$ROOT/pretrain_bert.py" --deepspeed --deepspeed_config "$RUN_DIR/ds_config.json"
          "${MODEL[@]}" --train-iters 1000 --lr 1e-4 --lr-warmup-fraction 0.01 --log-interval 10
          --eval-interval 500 --eval-iters 10 --save "$SAVE_DIR" --load "$SAVE_DIR" --save-interval 500 --log-dir "$RUN_DIR" "$@")
-# --script-names: its errors name this script's arguments (GLOBAL_BATCH, LAYERS, ...), not the flags and keys they set
+# --script-names: its errors name this script (SCRIPT: error: ...) and its arguments (GLOBAL_BATCH, LAYERS, ...), not
+# the tool and the flags and keys they set
 CONFIG=("$PYTHON" "$ROOT/tools/ds_config.py" set "$TEMPLATE" "${SETTINGS[@]}" --world-size "$WORLD" "${MODEL[@]}"
-        --script-names)
+        --script-names "$SCRIPT")
 # the trainer's parser on the flags the command passes it, in a dry run and before a launch alike: an
 # unknown or mistyped flag fails here, once, not on every node after the launch (a few seconds: DeepSpeed's import);
 # then the layout, whose fix names this script's arguments (ds_config.py's would name deepspeed's and the trainer's)
@@ -169,8 +169,9 @@ sys.exit(errors.run_tool(script, lambda: check_script_layout(*sizes)))' \
     "$ROOT" "$SCRIPT" "$NUM_NODES" "$PROCS" "$PP" "$SP" "${TRAINER_FLAGS[@]}"
 if [ "$DRY_RUN" = 1 ]; then
     # a dry run writes nothing: the JSON it would write is printed, and where the command reads it
+    json="$("${CONFIG[@]}" --output -)"  # a refused JSON is its error line alone, not after the header below
     echo "# RUN_DIR/ds_config.json ($RUN_DIR/ds_config.json) would hold this JSON; the command below reads it there:"
-    "${CONFIG[@]}" --output -
+    printf '%s\n' "$json"
     printf '%q ' "${COMMAND[@]}"
     echo
     exit 0

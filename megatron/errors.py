@@ -365,12 +365,15 @@ def _settle_stdout() -> None:
         os.close(null)
 
 
-def run_tool(prog: str, main, one_line_warnings: bool = False) -> int:
+def run_tool(prog, main, one_line_warnings: bool = False) -> int:
     """Runs a command-line tool's `main()`: a ConfigError becomes `<prog>: error: <problem>; <fix>`
     on stderr and exit code 2 (argparse's own code for a bad command line), no traceback. SIGINT
     (Ctrl-C), SIGTERM and SIGHUP (stop_signals) stop it the same way: its clean-up runs, one line, exit 128 + signal.
     Output into a closed pipe (`tool | head`) stops quietly with 128 + SIGPIPE, as cat does.
-    `one_line_warnings`: a library's Python warning is `warning: <message>`, not its file, line and source."""
+    `one_line_warnings`: a library's Python warning is `warning: <message>`, not its file, line and source.
+    `prog` may be a callable, asked when a line is printed: a tool's parsed flags may name another program (a
+    launch script's --script-names SCRIPT: its user ran the script, not the tool)."""
+    name = prog if callable(prog) else lambda: prog
     replaced = raise_on_signals()
     shown = warnings.showwarning
     if one_line_warnings:
@@ -380,24 +383,24 @@ def run_tool(prog: str, main, one_line_warnings: bool = False) -> int:
         sys.stdout.flush()  # here, where a closed pipe or a full disk is caught, not at exit
         return code
     except ConfigError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+        print(f"{name()}: error: {error}", file=sys.stderr, flush=True)
         return 2
     except BrokenPipeError:
         _settle_stdout()
         return 128 + signal.SIGPIPE
     except OSError as error:  # a path the tool reads or writes: permissions, a folder for a file, space
         if error.filename:
-            print(f"{prog}: error: {cannot_use(error)}", file=sys.stderr, flush=True)
+            print(f"{name()}: error: {cannot_use(error)}", file=sys.stderr, flush=True)
         elif full := disk_full(error):  # a write() or flush: no file name (a tool that knows its output names it)
             _settle_stdout()
-            print(f"{prog}: error: a write failed: {full} ({error.strerror or error}); free space on the disk the "
+            print(f"{name()}: error: a write failed: {full} ({error.strerror or error}); free space on the disk the "
                   "output goes to, or write it to another disk", file=sys.stderr, flush=True)
         else:
             raise
         return 2
     except KeyboardInterrupt as error:
         signum = getattr(error, "signum", signal.SIGINT)
-        print(f"{prog}: error: interrupted by {signal.Signals(signum).name}, partial output removed; "
+        print(f"{name()}: error: interrupted by {signal.Signals(signum).name}, partial output removed; "
               "rerun the same command to start over", file=sys.stderr, flush=True)
         return 128 + signum
     finally:

@@ -343,7 +343,9 @@ CASES = [
          files={"hostfile": "worker-1 slots=2\nworker-1 slots=2\n"}),
     Case("hostfile_empty", "multinode", ["{tmp}/hostfile", "1"], ("no hosts", "slots=<gpus>"),
          files={"hostfile": "# nothing here\n\n"}),
-    Case("hostfile_fewer_hosts_than_nodes", "multinode", ["{tmp}/hostfile", "3"], ("2 hosts", "NUM_NODES 3"),
+    # named by the launch script the user ran, as its other errors are (check_hostfile.py --script-names SCRIPT)
+    Case("hostfile_fewer_hosts_than_nodes", "multinode", ["{tmp}/hostfile", "3"],
+         ("bert_distributed.sh: error: NUM_NODES 3 but hostfile ", "lists 2 hosts"),
          files={"hostfile": "worker-1 slots=2\nworker-2 slots=2\n"}),
     # ---- checkpoints
     pretrain("--load", "{tmp}/no_checkpoint", id="checkpoint_missing",
@@ -870,11 +872,14 @@ CASES += [
           "change the MICRO_BATCH argument"), env={"DRY_RUN": "1"}),
     # the JSON's checks name the script's arguments (its fix named --num-layers, which it refuses after them)
     Case("script_batch_named_by_its_arguments", "distributed", [*SCRIPT_ARGS[:4], "4", "6", *SCRIPT_ARGS[6:]],
-         ("GLOBAL_BATCH 6 is not a multiple of MICRO_BATCH 4 x data-parallel size 1", "make GLOBAL_BATCH a multiple "
+         ("bert_distributed.sh: error: GLOBAL_BATCH 6 is not a multiple of MICRO_BATCH 4 x data-parallel size 1",
+          "make GLOBAL_BATCH a multiple "
           "of 4, or MICRO_BATCH a divisor of 6"), env={"DRY_RUN": "1"}),
-    Case("script_run_dir_not_writable", "distributed", SCRIPT_ARGS,
-         ("RUN_DIR /proc/launchfix/run cannot be created or written", "set RUN_DIR to a directory this user can write"),
-         env={"RUN_DIR": "/proc/launchfix/run"}),
+    # a dry run too: it passed a RUN_DIR the launch then refused
+    *[Case(f"script_run_dir_not_writable{dry_run}", "distributed", SCRIPT_ARGS,
+           ("RUN_DIR /proc/launchfix/run cannot be created or written", "set RUN_DIR to a directory this user can "
+            "write"), env={"RUN_DIR": "/proc/launchfix/run", **({"DRY_RUN": "1"} if dry_run else {})})
+      for dry_run in ("", "_dry_run")],
     Case("hostfile_byte_order_mark", "multinode", ["{tmp}/hostfile", "1"], ("starts with a byte-order mark",
                                                                             "save it as plain UTF-8"),
          setup=lambda tmp, assets: (tmp / "hostfile").write_bytes("\ufeffworker-1 slots=2\n".encode())),

@@ -50,12 +50,15 @@ def test_slots_are_checked_against_the_ranks_per_node(tmp_path):
     assert result.returncode == 2 and result.stderr.splitlines() == [
         f"check_hostfile.py: error: --num-nodes 4 but hostfile {hostfile} lists 3 hosts; pass --num-nodes between 1 "
         "and 3 or add hosts to the hostfile"]
-    # the multi-node launch script passes its PROCS, named as such (a dry run: nothing starts)
+    # the multi-node launch script passes its PROCS, named as such, in a line named by the script the user ran, as
+    # its other errors are (a dry run: nothing starts)
     script = subprocess.run([str(ROOT / "examples_deepspeed" / "bert_multinode.sh"), "--dry-run", str(hostfile), "2",
                              "bert_distributed.sh", "8", "1", "8", "16384", "1", "8", "24", "1024", "16"],
                             env={**os.environ, "RUN_DIR": str(tmp_path / "run")}, capture_output=True, text=True,
                             timeout=120)
-    assert script.returncode == 2 and "PROCS 8 ranks per node" in script.stderr, script.stderr[-2000:]
+    assert script.returncode == 2 and script.stderr.splitlines()[-1] == (
+        f"bert_distributed.sh: error: PROCS 8 ranks per node but hostfile {hostfile} gives worker-2 slots=4; pass "
+        "PROCS at most 4 or raise the slots of that machine"), script.stderr[-2000:]
 
 
 def test_the_launch_scripts_read_the_nodes_a_launch_uses(tmp_path):

@@ -129,13 +129,14 @@ def test_script_names_name_the_launch_scripts_arguments(capsys):
     """bert_common.sh writes its JSON with `set --script-names`: an error names its positional arguments (GLOBAL_BATCH,
     LAYERS), not the flags it refuses after them or the JSON keys it writes itself."""
     argv = ["validate", RING, "--world-size", 4, "--pipeline-model-parallel-size", 2, "--num-layers", 1, *NO_DROPOUT]
-    code, _, err = run(capsys, *argv, "--script-names")
-    assert code == 2 and err.strip() == ("ds_config.py: error: PP 2 is more pipeline stages than the 1 transformer "
-                                         "layer: a stage would hold no transformer layer; pass PP 1, or pass LAYERS 2 "
-                                         "or more"), err
+    code, _, err = run(capsys, *argv, "--script-names", "bert_distributed.sh")  # the script the user ran, named
+    assert code == 2 and err.strip() == ("bert_distributed.sh: error: PP 2 is more pipeline stages than the 1 "
+                                         "transformer layer: a stage would hold no transformer layer; pass PP 1, or "
+                                         "pass LAYERS 2 or more"), err
     assert "--pipeline-model-parallel-size 2 is more" in run(capsys, *argv)[2]  # the tool's own names without it
-    code, _, err = run(capsys, "set", RING, "train_batch_size=6", "--world-size", 4, "--script-names", *NO_DROPOUT)
-    assert "GLOBAL_BATCH 6 is not a multiple of MICRO_BATCH 4 x data-parallel size 2" in err, err
+    code, _, err = run(capsys, "set", RING, "train_batch_size=6", "--world-size", 4, "--script-names", "x.sh",
+                       *NO_DROPOUT)
+    assert err.startswith("x.sh: error: GLOBAL_BATCH 6 is not a multiple of MICRO_BATCH 4 x data-parallel size 2"), err
 
 
 def test_validate_checks_the_layout_at_a_world_size(capsys):

@@ -178,7 +178,8 @@ def check_ssh(host: str, no_ssh: str) -> None:
                           "DeepSpeed's launcher needs", f"{fix}, or {no_ssh}")
 
 
-def main(argv=None) -> int:
+def main(argv=None, parsed: dict | None = None) -> int:
+    """The exit code; `parsed` gets the parsed flags ("args"), for the name run_tool's line starts with."""
     parser = OneLineParser(prog="check_hostfile.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("hostfile")
@@ -189,13 +190,16 @@ def main(argv=None) -> int:
     reach.add_argument("--no-ssh", action="store_true",
                         help="the launch starts each machine's ranks on it (deepspeed --no_ssh, NODE_RANK): DeepSpeed "
                              "reads no .deepspeed_env file, which is then not checked")
-    parser.add_argument("--script-names", action="store_true",
-                        help="name the launch scripts' NUM_NODES, PROCS and NODE_RANK in errors (bert_common.sh)")
+    parser.add_argument("--script-names", metavar="SCRIPT",
+                        help="name the launch scripts' NUM_NODES, PROCS and NODE_RANK in errors, which start with "
+                             "SCRIPT: error: (the launch script's name; bert_common.sh)")
     parser.add_argument("--print-num-nodes", action="store_true",
                         help="print the machines the launch uses (--num-nodes, else every host listed, as DeepSpeed's "
                              "launcher takes them without --num_nodes) instead of the hostfile's summary")
     args = parser.parse_args(argv)
-    names = NAMES[args.script_names]
+    if parsed is not None:
+        parsed["args"] = args
+    names = NAMES[args.script_names is not None]
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
         raise ConfigError(f"--ranks-per-node {args.ranks_per_node} must be >= 1", "pass the ranks each machine starts")
     hosts = read_hostfile(args.hostfile)
@@ -223,5 +227,13 @@ def main(argv=None) -> int:
     return 0
 
 
+def cli(argv=None) -> int:
+    """The exit code, a mistake one line (run_tool) that starts with --script-names' SCRIPT where given: the
+    launch script its user ran."""
+    flags = {}
+    return run_tool(lambda: getattr(flags.get("args"), "script_names", None) or "check_hostfile.py",
+                    lambda: main(argv, flags))
+
+
 if __name__ == "__main__":
-    sys.exit(run_tool("check_hostfile.py", main))
+    sys.exit(cli())

@@ -24,9 +24,9 @@ CUDA: --cuda / --no-cuda for the run's machines, default this one's; the trainer
 torch nor DeepSpeed: it answers in a fraction of a second; --deepspeed-check adds DeepSpeed's
 own checks of its sections (seconds), which the trainer runs at start-up. A file edited in place
 keeps its permissions; a symbolic link is written through (its target is edited, the link stays).
-Errors are one line naming the key and the fix (with --script-names, the launch scripts' positional
-arguments for the flags and keys they set: GLOBAL_BATCH, LAYERS, ...), exit code 2; `diff` exits 1 when
-the files differ; output into a closed pipe (`show ... | head`) stops quietly with 141, as cat's.
+Errors are one line naming the key and the fix (with --script-names SCRIPT, the launch scripts' positional
+arguments for the flags and keys they set: GLOBAL_BATCH, LAYERS, ..., after `SCRIPT: error:`), exit code 2;
+`diff` exits 1 when the files differ; output into a closed pipe (`show ... | head`) stops quietly with 141, as cat's.
 """
 import argparse
 import copy
@@ -283,9 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the run's machines have CUDA (DeepSpeed's FusedAdam, which the trainer replaces "
                               "by torch's Adam, with a warning, where it cannot be built) or not (torch's Adam: "
                               "optimizer.params.torch_adam); default: this machine's")
-        sub.add_argument("--script-names", action="store_true",
+        sub.add_argument("--script-names", metavar="SCRIPT",
                          help="name the launch scripts' positional arguments (LAYERS, MICRO_BATCH, GLOBAL_BATCH, ...) "
-                              "for the flags and keys they set, in errors (bert_common.sh)")
+                              "for the flags and keys they set, in errors, which start with SCRIPT: error: (the "
+                              "launch script's name; bert_common.sh)")
         sub.add_argument("--deepspeed-check", action="store_true",
                          help="also run DeepSpeed's own checks of its sections, as the trainer does at start-up "
                               "(imports DeepSpeed: a few seconds)")
@@ -318,7 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """The exit code: run_tool's one line for a mistake, a Ctrl-C or a full disk; 141 into a closed pipe."""
-    return run_tool("ds_config.py", lambda: run(build_parser().parse_args(argv)))
+    parsed = {}
+
+    def parse_and_run() -> int:
+        parsed["args"] = build_parser().parse_args(argv)
+        return run(parsed["args"])
+    return run_tool(lambda: getattr(parsed.get("args"), "script_names", None) or "ds_config.py", parse_and_run)
 
 
 def run(args) -> int:
