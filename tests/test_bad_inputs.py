@@ -185,7 +185,7 @@ CASES = [
                       "or set comet.enabled to false")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_monitor_output_path_is_a_file",
              setup=lambda tmp, assets: monitor_output_in(tmp, tmp / "a_file"),
-             phrases=("csv_monitor.output_path", "a_file/job lies under", "which is a file",
+             phrases=("csv_monitor.output_path ", "a_file is a file, not a directory",
                       "set csv_monitor.output_path to a folder this user can write")),
     pretrain("--deepspeed_config", "{tmp}/ds.json", id="json_micro_batch_not_int",
              files={"ds.json": ds_json(train_micro_batch_size_per_gpu=2.5)},

@@ -115,7 +115,7 @@ def test_a_hostfile_that_is_a_pipe_or_a_device_is_named_as_such(tmp_path):
     launch = subprocess.run(["bash", "-c", f"{ROOT}/examples_deepspeed/bert_multinode.sh --dry-run "
                              "<(printf 'worker-1 slots=2\\n') 1 bert_distributed.sh 2 1 2 128 2 4 2 64 4"],
                             capture_output=True, text=True, timeout=120)
-    assert launch.returncode == 2 and launch.stderr.startswith("check_hostfile.py: error: hostfile /dev/fd/"), \
+    assert launch.returncode == 2 and launch.stderr.startswith("bert_distributed.sh: error: hostfile /dev/fd/"), \
         launch.stderr
     assert " is a pipe (as <(...) gives), not a file" in launch.stderr
 
