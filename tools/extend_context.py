@@ -403,8 +403,9 @@ def check_launch(command: list, world: int) -> None:
     `world` ranks: its parser, its flag checks, where the run starts, the tokenizer and the --data-path
     datasets (the vocab they were made with, their files; without --data-path, the default dataset's
     vocab, which is not built here), the model and layout it resolves from the DeepSpeed JSON and the LR
-    schedule against the run's length (training.check_resolved), so that a command that passes here passes them once launched. Returns the trainer's nothing-to-train
-    line of a resume already at the run's length (None: the launch trains)."""
+    schedule against the run's length (training.check_resolved), so that a command that passes here passes them
+    once launched. Returns the trainer's nothing-to-train line of a resume already at the run's length (None: the
+    launch trains)."""
     from megatron.config import resolve
     from megatron.data.bert_dataset import parse_data_path
     from megatron.data.indexed_dataset import make_dataset
