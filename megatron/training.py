@@ -37,7 +37,7 @@ from megatron.flag_checks import check_flag_combinations, check_flags
 from megatron.loss_watch import LossWatch
 from megatron.model.args import BertConfig
 from megatron.model.attention import blocks
-from megatron.parallel import device, peers
+from megatron.parallel import device, peers, same_settings
 from megatron.parallel.launch_check import launch_environment
 from megatron.parallel.launch_env import launcher_rank
 from megatron.parallel.peers import lost_rank_text, report_once
@@ -100,7 +100,8 @@ def report_error(error: Exception, args, progress, start_up: dict) -> int:
     # on its launcher's SIGTERM silently
     locks.release_lock()  # before a launcher's SIGTERM can end this rank (rank 0 holds it)
     restore_signals(start_up)
-    report_once(f"pretrain_bert.py: error: {problem}", node_leaders=getattr(error, "node_leaders", False))
+    report_once(f"pretrain_bert.py: error: {problem}", node_leaders=getattr(error, "node_leaders", False),
+                by_rank_0=getattr(error, "by_rank_0", False))
     return 2
 
 
@@ -385,7 +386,7 @@ def check_start_up(args, plan: StartPlan) -> StartUp:
     determinism.configure(args.deterministic)
     torch.manual_seed(args.seed)  # the heads an HF folder lacks are initialised below
     setup = check_before_rendezvous(args, plan)
-    join_process_group(args, note)
+    join_process_group(args, note, setup.ds)
     if args.save:
         checkpoint_save.check_writable(args.save)  # before any work that a failed first save would lose
     check_log_dirs(args, setup.ds, resumes=plan.resume)
@@ -423,12 +424,16 @@ def check_before_rendezvous(args, plan: StartPlan) -> StartUp:
     return StartUp(ds, flags, checked, bert_state, origin=origin)
 
 
-def join_process_group(args, note: str | None) -> None:
+def join_process_group(args, note: str | None, ds: dict) -> None:
     """The rendezvous of every rank, on the device each uses (init_distributed names left-over JIT build
-    locks first: DeepSpeed's ops build during it); rank 0 then prints the launcher `note` (launch_environment)."""
+    locks first: DeepSpeed's ops build during it), then every rank's flags and DeepSpeed JSON `ds` compared
+    with rank 0's before any other collective (a node launched otherwise); rank 0 then prints the launcher
+    `note` (launch_environment)."""
     device.select_device()  # cuda:LOCAL_RANK before NCCL starts (parallel/device.py)
     device.init_distributed(rendezvous_timeout=args.rendezvous_timeout,  # and the /dev/shm names DeepSpeed leaves
                             collective_timeout=timedelta(minutes=args.distributed_timeout_minutes))
+    same_settings.check_same_settings(same_settings.launch_settings(args, ds),
+                                      lambda: same_settings.flag_names(build_parser()))
     if note and dist.get_rank() == 0:
         print(note, flush=True)
 

@@ -11,6 +11,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -27,7 +28,8 @@ from megatron import (checkpoint, checkpoint_compat, checkpoint_save, checkpoint
 from megatron.errors import ConfigError, DataError
 from megatron.data import bert_dataset
 from megatron.model.bert import BertConfig
-from megatron.parallel import device, peers
+from megatron.arguments import build_parser
+from megatron.parallel import device, peers, same_settings
 from megatron.parallel.spawn import RankFailure, free_port, run_on_ranks
 from megatron.training import main
 from bert_fixtures import with_fp16_kernels_allowed
@@ -681,6 +683,16 @@ def two_nodes_one_unwritable(save_dir: str, unwritable_rank: int) -> dict:
     finally:
         builtins.open = real_open
     outcome["left"] = os.path.exists(os.path.dirname(save_dir))
+    # the nodes' flags and JSON compared: alike but where they may differ (the JSON's path, the local rank),
+    # then rank 1 launched with another --seq-length
+    for case, seq_length in (("alike", "128"), ("other", "128" if rank == 0 else "256")):
+        args = build_parser().parse_args(["--seq-length", seq_length, "--local_rank", str(rank),
+                                          "--deepspeed_config", f"node{rank}/ds_config.json"])
+        try:
+            same_settings.check_same_settings(same_settings.launch_settings(args, {"zero_optimization": {"stage": 1}}),
+                                              lambda: same_settings.flag_names(build_parser()))
+        except ConfigError as error:
+            outcome[case] = str(error)
     for reporters in ((0, 1), (1,)):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
@@ -706,6 +718,43 @@ def test_unwritable_save_on_one_node_stops_every_rank_before_training(tmp_path):
     for reporters in ((0, 1), (1,)):
         printed = "".join(outcome[reporters] for outcome in outcomes)
         assert printed == f"pretrain_bert.py: error: found by {reporters}\n", printed
+    assert not any("alike" in outcome for outcome in outcomes)
+    host = socket.gethostname()
+    assert [outcome.get("other") for outcome in outcomes] == [
+        f"the ranks were launched with different settings: --seq-length is 128 on rank 0 ({host}) but 256 on rank 1 "
+        f"({host}); launch every node with the same command and the same DeepSpeed JSON"] * 2
+
+
+def test_the_first_setting_a_rank_was_launched_with_otherwise_is_named_with_its_rank_and_host():
+    """Rank 2 of 3 has another --lr and --train-iters (--train-iters comes first, as the parser lists
+    it); the DeepSpeed JSON's path, the local rank and the log folder may differ, its content may not."""
+    parser = build_parser()
+    names = same_settings.flag_names(parser)
+    ds = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}}
+
+    def on_rank(rank, *flags, json=ds):
+        args = parser.parse_args(["--lr", "1e-4", "--train-iters", "4", "--local_rank", str(rank),
+                                  "--deepspeed_config", f"run{rank}/ds_config.json", "--log-dir", f"run{rank}", *flags])
+        return same_settings.launch_settings(args, json)
+
+    alike = [on_rank(rank) for rank in range(3)]
+    assert same_settings.different_settings(alike, ["a", "a", "b"], names) is None
+    other = [on_rank(0), on_rank(1), on_rank(2, "--lr", "5e-4", "--train-iters", "6")]
+    assert str(same_settings.different_settings(other, ["a", "a", "b"], names)) == (
+        "the ranks were launched with different settings: --train-iters is 4 on rank 0 (a) but 6 on rank 2 (b) "
+        "(also --lr); launch every node with the same command and the same DeepSpeed JSON")
+    json_only = [on_rank(0), on_rank(1, json={**ds, "zero_optimization": {"stage": 2}}), on_rank(2)]
+    assert str(same_settings.different_settings(json_only, ["a", "a", "b"], names)).startswith(
+        "the ranks were launched with different settings: the DeepSpeed JSON's zero_optimization.stage is 1 on "
+        "rank 0 (a) but 2 on rank 1 (a);")
+    saved = [on_rank(0, "--save", "run0/ckpt"), on_rank(1, "--save", "run1/ckpt")]
+    assert str(same_settings.different_settings(saved, ["a", "b"], names)).endswith(
+        "--save is run0/ckpt on rank 0 (a) but run1/ckpt on rank 1 (b); launch every node with the same command and "
+        "the same DeepSpeed JSON, with --save and --load a folder every node shares (the launch scripts: the same "
+        "RUN_DIR)")
+    switched = [on_rank(0), on_rank(1, "--bert-no-binary-head")]
+    assert "--bert-no-binary-head is not given on rank 0 (a) but given on rank 1 (a);" in str(
+        same_settings.different_settings(switched, ["a", "a"], names))
 
 
 def main_captured(argv) -> tuple:

@@ -122,9 +122,11 @@ def _wait_for(store, prefix: str, builders: list, silence: float) -> None:
             pause = min(2 * pause, POLL_SECONDS)
 
 
-def report_once(line: str, node_leaders: bool = False) -> None:
+def report_once(line: str, node_leaders: bool = False, by_rank_0: bool = False) -> None:
     """Prints an error line once per run, not once per rank, while every rank still exits non-zero.
     `node_leaders`: also each node's first rank prints it (a rendezvous that rank 0 never reached).
+    `by_rank_0`: every rank met the error at once (a verdict all of them reached together): rank 0 prints it,
+    where the launch's output is read, not whichever rank counted first.
 
     Before the process group exists every rank fails alike (same flags): rank 0 prints. After, the
     first rank to report wins a counter in the rendezvous store, which also covers an error that
@@ -143,6 +145,7 @@ def report_once(line: str, node_leaders: bool = False) -> None:
         try:
             store = dist.distributed_c10d._get_default_store()
             first = store.add("megatron/errors_reported", 1) == 1
+            first = dist.get_rank() == 0 if by_rank_0 else first
             deadline = time.monotonic() + 2.0
             while (dist.get_rank() == 0 and time.monotonic() < deadline
                    and store.add("megatron/errors_reported", 0) < dist.get_world_size()):

@@ -1,0 +1,116 @@
+"""Every rank launched with the same settings, checked once right after the rendezvous, before any other
+collective. A launch per node (NODE_RANK=0..N-1, a scheduler's job per machine) may give one node other
+flags or another DeepSpeed JSON, which no rank notices on its own: the ranks train at other rates and then
+wait on a step the others never take (a frozen rank, says the timeout), or a collective of another size
+aborts in the backend. What may differ by rank is left out (PER_RANK)."""
+import hashlib
+import json
+import socket
+
+import torch.distributed as dist
+
+from megatron.errors import ConfigError
+
+# what differs by rank or node and changes nothing the ranks share: the launcher's local rank, the JSON's path
+# (its content is compared), rank 0's own log folders (a per-node RUN_DIR's, free_log_dir's -N), and which
+# alias of a flag was given (`--swiglu` or `--mlp-type swiglu`: the value is compared)
+PER_RANK = frozenset({"local_rank", "deepspeed_config", "log_dir", "tensorboard_dir", "aliases"})
+FIX = "launch every node with the same command and the same DeepSpeed JSON"
+# every rank writes its part of a checkpoint into --save and reads it from --load: one folder all nodes share
+SHARED_FOLDER_FIX = ", with --save and --load a folder every node shares (the launch scripts: the same RUN_DIR)"
+NAMED = 4  # the further differences the line names after the first
+ABSENT = object()  # a JSON key one rank's JSON lacks
+
+
+def launch_settings(args, ds: dict) -> dict:
+    """The settings every rank must share: the parsed flags (but PER_RANK) and the resolved DeepSpeed JSON,
+    flattened to {name: value} (JSON keys as `json:zero_optimization.stage`). The optimizer's torch_adam
+    is left out: deepspeed_settings sets it on a node whose FusedAdam cannot be built (the same update)."""
+    settings = {dest: value for dest, value in vars(args).items() if dest not in PER_RANK}
+
+    def flatten(prefix: str, value) -> None:
+        if isinstance(value, dict) and value:
+            for key, item in value.items():
+                flatten(f"{prefix}.{key}" if prefix else str(key), item)
+        elif prefix != "optimizer.params.torch_adam":
+            settings[f"json:{prefix}"] = value
+
+    flatten("", ds)
+    return settings
+
+
+def flag_names(parser) -> dict:
+    """{destination: the flag a user gives} from the parser: the option that takes a value, else the
+    switches that set it, as {value: switch} (`--bert-no-binary-head` sets add_binary_head False)."""
+    valued, switches = {}, {}
+    for action in parser._actions:
+        longs = [option for option in action.option_strings if option.startswith("--")]
+        if not longs:
+            continue
+        if action.nargs != 0:
+            valued.setdefault(action.dest, longs[0])
+        else:
+            switches.setdefault(action.dest, {}).setdefault(getattr(action, "const", None), longs[0])
+    return {**switches, **valued}
+
+
+def different_settings(every: list, hosts: list, names: dict) -> ConfigError | None:
+    """The error naming the first setting (`names`: flag_names) whose value on a rank is not rank 0's,
+    with the rank, both hosts, and the other settings that rank has otherwise; None when all agree.
+    `every`: launch_settings per rank, `hosts`: each rank's host name."""
+    first = every[0]
+    for rank, theirs in enumerate(every[1:], start=1):
+        differ = [name for name in {**first, **theirs} if first.get(name, ABSENT) != theirs.get(name, ABSENT)]
+        if not differ:
+            continue
+        differ.sort(key=lambda name: name.startswith("json:"))  # a flag before the JSON key it fills
+        name = differ[0]
+        more = [_label(other, names) for other in differ[1:]]
+        also = ""
+        if more:
+            also = f" (also {', '.join(more[:NAMED])}{f' and {len(more) - NAMED} more' if len(more) > NAMED else ''})"
+        return ConfigError(f"the ranks were launched with different settings: {_label(name, names)} is "
+                           f"{_shown(first.get(name, ABSENT), name, names)} on rank 0 ({hosts[0]}) but "
+                           f"{_shown(theirs.get(name, ABSENT), name, names)} on rank {rank} ({hosts[rank]}){also}",
+                           FIX + (SHARED_FOLDER_FIX if {"save", "load"} & set(differ) else ""))
+    return None
+
+
+def _label(name: str, names: dict) -> str:
+    if name.startswith("json:"):
+        return f"the DeepSpeed JSON's {name[5:]}"
+    given = names.get(name, "--" + name.replace("_", "-"))
+    return given if isinstance(given, str) else " / ".join(given.values())
+
+
+def _shown(value, name: str, names: dict) -> str:
+    """`value` as a user gave it: the switch that sets it (a switch's destination), `not given`, `absent`
+    (a JSON key)."""
+    if value is ABSENT:
+        return "absent"
+    switches = names.get(name)
+    if isinstance(switches, dict) and isinstance(value, (bool, int, float, str)) and value in switches:
+        return "given" if len(switches) == 1 else switches[value]
+    if value is None and not name.startswith("json:"):
+        return "not given"
+    if value == "" or isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def check_same_settings(settings: dict, names) -> None:
+    """Raises different_settings' error on every rank when a rank's `settings` (launch_settings) are not
+    rank 0's: a digest per rank is gathered (one small collective), the settings themselves only when the
+    digests differ. `names`: a callable giving flag_names, called only then."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (digest, socket.gethostname()))
+    if len({digest for digest, _ in gathered}) == 1:
+        return
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, settings)
+    error = different_settings(every, [host for _, host in gathered], names())
+    error.by_rank_0 = True  # every rank raises it together: rank 0 prints it (peers.report_once)
+    raise error
