@@ -110,7 +110,6 @@ class Progress:
     """Where this rank's run is, kept by the training loop for the line of a lost rank (lost_rank_problem)."""
     phase: str = "start-up"
     last_checkpoint: str | None = None  # the newest complete one: the loaded one, then each saved
-    validated: int | None = None  # the iteration whose validation loss train_steps logged last (a stop cuts one)
 
 
 def one_line_problem(error: Exception, args, progress: Progress) -> ConfigError | None:
