@@ -818,7 +818,14 @@ def test_ctrl_c_in_a_tool_without_heavy_imports_is_one_line(tmp_path, script, ar
     assert not (tmp_path / "job.yml").exists()
 
 
-KILLING_RANK = "import os, signal, time\nos.kill({target}, signal.{signal})\ntime.sleep(60)\n"
+# The rank waits to be stopped or orphaned: sleeping on with launch.py gone would hold the output pipe.
+KILLING_RANK = """import os, signal, time
+launcher = os.getppid()
+os.kill({target}, signal.{signal})
+deadline = time.monotonic() + 60
+while os.getppid() == launcher and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
 
 
 @pytest.mark.parametrize("killed, signum", [("os.getppid()", signal.SIGKILL), ("os.getpid()", signal.SIGKILL),
