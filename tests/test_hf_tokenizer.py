@@ -256,7 +256,7 @@ def test_masking_never_draws_special_tokens_as_random_replacements(texts, modern
 def test_special_tokens_a_model_folder_cannot_mean_are_one_line(texts, tmp_path):
     """Settings that are no settings (a list, a number as mask_token), a mask token that is also the pad
     or unknown token (masking would write a token the text holds; fill-mask would see a mask at every
-    padding position), a pad token that is also the sep or cls token (accepted silently: the export's
+    padding position), a pad token that is also the sep, cls or unk token (accepted silently: the export's
     pad_token_id is transformers' padding_idx, whose embedding fine-tuning never updates), and a folder
     whose vocab.txt and tokenizer.json disagree (transformers reads the tokenizer.json; carrying the
     vocab.txt gave other ids): each refused naming the file."""
@@ -268,7 +268,8 @@ def test_special_tokens_a_model_folder_cannot_mean_are_one_line(texts, tmp_path)
              "pad": ({"mask_token": "<pad>"}, "mask token '<pad>' is also its pad token"),
              "unk": ({"mask_token": "<unk>"}, "mask token '<unk>' is also its unk token"),
              "pad_is_sep": ({"pad_token": "</s>"}, "pad token '</s>' is also its sep token"),
-             "pad_is_cls": ({"pad_token": "<s>"}, "pad token '<s>' is also its cls token")}
+             "pad_is_cls": ({"pad_token": "<s>"}, "pad token '<s>' is also its cls token"),
+             "pad_is_unk": ({"pad_token": "<unk>"}, "pad token '<unk>' is also its unk token")}
     for name, (settings, message) in cases.items():
         folder = tmp_path / name
         folder.mkdir()

@@ -202,10 +202,12 @@ class HFTokenizer(_Tokenizer):
 
     def _refuse_shared_specials(self) -> None:
         """A mask token that is also the pad, cls, sep or unknown token: masking would write a token the text holds
-        anyway, and fill-mask would take every padding position for a mask. A pad token that is also the cls or
-        sep token (a tokenizer_config.json's pad_token "</s>"): the export's pad_token_id is transformers'
-        padding_idx, whose embedding fine-tuning would never update."""
-        for kind, others in (("mask", ("pad", "cls", "sep", "unk")), ("pad", ("cls", "sep"))):  # unk: _unknown_token's
+        anyway, and fill-mask would take every padding position for a mask. A pad token that is also the cls, sep
+        or unknown token (a tokenizer_config.json's pad_token "</s>" or "<unk>", as LLaMA-style folders have): the
+        export's pad_token_id is transformers' padding_idx, whose embedding fine-tuning would never update, and
+        every unknown word of the text would read as padding."""
+        # unk: _unknown_token's
+        for kind, others in (("mask", ("pad", "cls", "sep", "unk")), ("pad", ("cls", "sep", "unk"))):
             token = self.special[kind]
             same = [other for other in others if self.special.get(other) == token]
             if same:
