@@ -29,6 +29,7 @@ import pickle
 import re
 import shlex
 import sys
+import typing
 import zipfile
 
 import torch
@@ -39,9 +40,11 @@ from megatron.checkpoint_compat import (NEW_RUN_FIX, check_same_grouping, check_
                                        refuse_clipped_into_unnormed)
 from megatron.config import TrainConfig, strict_json_loads
 from megatron.data import tokenizer_identity
+from megatron.data.bert_dataset import split_weights
 from megatron.ds_schema import precision
 from megatron.errors import ConfigError, DataError
-from megatron.model.args import MODEL_PRESETS
+from megatron.model.args import MODEL_PRESETS, BertConfig
+from megatron.schedule import Schedule
 
 LATEST = "latest"
 RUN_STATE = "run_state.json"
@@ -352,16 +355,65 @@ def read_failure(error: Exception, empty: str) -> str:
     return f"{type(error).__name__}: {first}"
 
 
-def _is_data_record(record) -> bool:
-    """The shape resume.data_settings writes: [[weight, fingerprint], ...], the paths, the split's
-    shares and flag, the seed (and the masking and short-sample share, which older records lack: not checked)."""
-    def numbers(values):
-        return all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values)
-    return (isinstance(record, dict) and isinstance(record.get("data"), list) and isinstance(record.get("split"), list)
-            and all(isinstance(entry, list) and len(entry) == 2 and numbers(entry[:1]) and isinstance(entry[1], str)
-                    for entry in record["data"])
-            and numbers(record["split"]) and isinstance(record.get("data_path"), list)
-            and isinstance(record.get("split_flag"), str) and numbers([record.get("seed")]))
+def _numbers(values) -> bool:
+    return all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values)
+
+
+def _data_record_problem(record) -> tuple[str, object] | None:
+    """(key, value) of the first part of a run state's "data" that is not the shape resume.data_settings writes
+    (None: it is): [[weight, fingerprint], ...], the paths (one prefix, or a weight and a prefix per dataset), the
+    split's shares (one per weight of --split) and flag, the seed (and the masking and short-sample share, which
+    older records lack: not checked)."""
+    if not isinstance(record, dict):
+        return "data", record
+    data, split, data_path = record.get("data"), record.get("split"), record.get("data_path")
+    if not isinstance(data, list) or not data or not all(
+            isinstance(entry, list) and len(entry) == 2 and _numbers(entry[:1]) and isinstance(entry[1], str)
+            for entry in data):
+        return "data.data", data
+    if not isinstance(data_path, list) or not all(isinstance(part, str) for part in data_path) or \
+            len(data_path) not in {2 * len(data), 1 if len(data) == 1 else 2}:
+        return "data.data_path", data_path
+    if not isinstance(record.get("split_flag"), str):
+        return "data.split_flag", record.get("split_flag")
+    if not isinstance(split, list) or not _numbers(split) or len(split) != len(split_weights(record["split_flag"])):
+        return "data.split", split
+    for key in ("seed", "short_seq_prob", "mask_prob"):
+        if (key in record or key == "seed") and not _numbers([record.get(key)]):
+            return f"data.{key}", record.get(key)
+    if not isinstance(record.get("whole_word_masking", False), bool):
+        return "data.whole_word_masking", record["whole_word_masking"]
+    return None
+
+
+# what each field's value must be, by its type, for a line naming it
+KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "an object"}
+
+
+def _misshapen_field(state: dict) -> tuple[str, object, str] | None:
+    """(key, value, what it must be) of the first value of a run state's config, config.model or schedule that is
+    not of its field's type (TrainConfig's, BertConfig's, Schedule's; an integer passes for a float, null where
+    the field takes None): a hand-edited run_state.json (a size as a list, a count as a string) stopped a
+    resume with a TypeError deep in the layout or schedule arithmetic, or passed into the next checkpoint.
+    Keys a field of this version lacks (an older or newer record's) are not checked."""
+    for where, cls, stored in (("config", TrainConfig, state["config"]), ("config.model", BertConfig,
+                                                                           state["config"]["model"]),
+                               ("schedule", Schedule, state.get("schedule", {}))):
+        if not isinstance(stored, dict):
+            return where, stored, KIND_NAMES[dict]
+        for name, hint in typing.get_type_hints(cls).items():
+            if name not in stored or name == "model":
+                continue
+            kinds = set(typing.get_args(hint)) or {hint}
+            value = stored[name]
+            if value is None and type(None) in kinds:
+                continue
+            kind = next(kind for kind in kinds if kind is not type(None))
+            fits = isinstance(value, bool) if kind is bool else _numbers([value]) and (
+                kind is float or isinstance(value, int)) if kind in (int, float) else isinstance(value, kind)
+            if not fits:
+                return f"{where}.{name}", value, KIND_NAMES.get(kind, kind.__name__)
+    return None
 
 
 def run_state(load_dir: str, tag: str) -> dict:
@@ -391,13 +443,18 @@ def run_state(load_dir: str, tag: str) -> dict:
             found = json.dumps(state["config"]["model"])[:40] if "model" in state["config"] else "nothing"
             raise DataError(f"checkpoint file {path} holds {found} as config.model, not the object of the model's "
                             "settings", fix)
-        if "data" in state and not _is_data_record(state["data"]):
-            raise DataError(f"checkpoint file {path} holds {json.dumps(state['data'])[:40]} as data, not the record "
-                            "of the data it trained on", f"{fix}, or delete its \"data\" entry to resume without "
-                            "comparing the data")
+        misshapen = _misshapen_field(state)
+        if misshapen:
+            key, value, kind = misshapen
+            raise DataError(f"checkpoint file {path} holds {json.dumps(value)[:40]} as {key}, not {kind}", fix)
+        problem = "data" in state and _data_record_problem(state["data"])
+        if problem:
+            raise DataError(f"checkpoint file {path} holds {json.dumps(problem[1])[:40]} as {problem[0]}, not the "
+                            "record of the data it trained on", f"{fix}, or delete its \"data\" entry to resume "
+                            "without comparing the data")
         origin = state.get(ORIGIN, {"from": None})
         if not (isinstance(origin, dict) and isinstance(origin.get("from"), (str, type(None)))
-                and all(isinstance(origin.get(key, ""), str) for key in ("kind", "sha256"))):
+                and all(isinstance(origin.get(key, ""), str) for key in ("kind", "sha256", RUN_ID))):
             raise DataError(f"checkpoint file {path} holds {json.dumps(origin)[:40]} as {ORIGIN}, not the record of "
                             "the weights its run started from", f"{fix}, or delete its \"{ORIGIN}\" entry")
         return state

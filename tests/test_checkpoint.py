@@ -305,8 +305,15 @@ def test_an_engine_of_other_optimizer_groups_is_refused_a_checkpoint():
     check_same_grouping(new.to_dict(), new, "ckpt/iter_0000002")
 
 
+GOOD_DATA = {"data": [[1.0, "0123"]], "data_path": ["a/corpus"], "split": [1.0, 0.0, 0.0], "split_flag": "1,0,0",
+             "seed": 1234}
+
+
 @pytest.mark.parametrize("record", [1, {"data": [[1.0, "0123"]]}, {"data": "a", "data_path": [], "split": [1.0],
-                                                                    "split_flag": "1", "seed": 1}])
+                                                                    "split_flag": "1", "seed": 1},
+                                    {**GOOD_DATA, "split": [0.5, 0.5]},  # 2 shares of a 3-part --split
+                                    {**GOOD_DATA, "data_path": ["1", "a/corpus", "1", "b/corpus"]},  # 2 paths, 1 set
+                                    {**GOOD_DATA, "mask_prob": "0.15"}])
 def test_a_malformed_data_record_is_one_line(tmp_path, record):
     """The record a resume compares its data with (resume.describe_data_change) read a hand-edited
     run_state.json's "data" by key and stopped with a KeyError or TypeError."""
@@ -317,14 +324,52 @@ def test_a_malformed_data_record_is_one_line(tmp_path, record):
     folder = tmp_path / "iter_0000001"
     folder.mkdir()
     (folder / "mp_rank_00_model_states.pt").touch()
-    good = {"data": [[1.0, "0123"]], "data_path": ["a/corpus"], "split": [1.0, 0.0, 0.0], "split_flag": "1,0,0",
-            "seed": 1234}
+    good = GOOD_DATA
     state = {"config": {"model": {}}, "iteration": 1, "consumed_samples": 2}
     (folder / "run_state.json").write_text(json.dumps({**state, "data": good}))
     assert checkpoint.run_state(str(tmp_path), "iter_0000001")["data"] == good
     (folder / "run_state.json").write_text(json.dumps({**state, "data": record}))
-    with pytest.raises(DataError, match="as data, not the record of the data it trained on; restore it or resume from "
-                                        "an earlier complete checkpoint, or delete its \"data\" entry"):
+    with pytest.raises(DataError, match=r"as data(\.\w+)?, not the record of the data it trained on; restore it or "
+                                        "resume from an earlier complete checkpoint, or delete its \"data\" entry"):
+        checkpoint.run_state(str(tmp_path), "iter_0000001")
+
+
+@pytest.mark.parametrize("key, value, kind", [("config.pipeline_parallel_size", [1], "an integer"),
+                                              ("config.micro_batch_size", "2", "an integer"),
+                                              ("config.ds_config", [], "an object"),
+                                              ("config.model.hidden_size", [64], "an integer"),
+                                              ("config.model.hidden_dropout", True, "a number"),
+                                              ("schedule.train_iters", [2], "an integer"),
+                                              ("schedule.lr", "1e-4", "a number"),
+                                              ("weights_from.run_id", 5, None)])
+def test_a_hand_edited_run_state_field_of_another_type_is_one_line(tmp_path, key, value, kind):
+    """A run_state.json edited by hand with a value its field cannot hold (a size as a list, a count as a string,
+    an object as a list): a resume stopped with a TypeError in the layout or schedule arithmetic, or passed the
+    value into its next checkpoint. Refused in one line naming the file and the field; a float field takes an
+    integer, a field that takes None takes null."""
+    import json
+
+    from megatron.errors import DataError
+
+    folder = tmp_path / "iter_0000001"
+    folder.mkdir()
+    (folder / "mp_rank_00_model_states.pt").touch()
+    state = {"config": {"model": {"hidden_size": 64, "hidden_dropout": 0, "ffn_hidden_size": None},
+                        "pipeline_parallel_size": 1, "micro_batch_size": 2, "ds_config": {}},
+             "iteration": 1, "consumed_samples": 2, "schedule": {"train_iters": 2, "lr": 1e-4},
+             "weights_from": {"from": None, "run_id": "abc"}}
+    (folder / "run_state.json").write_text(json.dumps(state))
+    assert checkpoint.run_state(str(tmp_path), "iter_0000001") == state
+    *parents, leaf = key.split(".")
+    node = state
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    (folder / "run_state.json").write_text(json.dumps(state))
+    shown = json.dumps(value)
+    expected = (f"checkpoint file {folder / 'run_state.json'} holds {shown} as {key}, not {kind}; restore it" if kind
+                else f"holds {{\"from\": null, \"run_id\": 5}} as weights_from")
+    with pytest.raises(DataError, match=re.escape(expected)):
         checkpoint.run_state(str(tmp_path), "iter_0000001")
 
 
