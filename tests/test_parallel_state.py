@@ -118,3 +118,53 @@ def test_rank_and_local_rank_from_any_launcher(monkeypatch, variables, rank, loc
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     assert (launcher_rank(), local_rank()) == (rank, local)
+
+
+def test_the_same_files_at_another_path_on_another_node_are_the_same_settings(tmp_path, monkeypatch):
+    """The ranks' flags are compared with rank 0's (same_settings): the data and tokenizer were compared as path
+    text, so the same files mounted at /mnt/a/data on one node and /data on another stopped the launch. They are
+    compared by what they hold now (the data's fingerprint, the tokenizer's identity record): a copy at another
+    path passes, other files are refused, at another path or at the same one."""
+    import shutil
+
+    from megatron.arguments import build_parser
+    from megatron.data.tokenizer import SPECIAL_TOKENS
+    from megatron.parallel import same_settings
+
+    node_a = tmp_path / "mnt" / "a" / "data"
+    node_a.mkdir(parents=True)
+    (node_a / "corpus.idx").write_bytes(b"index" * 20)
+    (node_a / "corpus.bin").write_bytes(bytes(range(200)))
+    (node_a / "vocab.txt").write_text("\n".join([*SPECIAL_TOKENS, "the", "a"]) + "\n")
+    node_b = tmp_path / "data"
+    shutil.copytree(node_a, node_b)  # the same files, another path (another inode: hashed, not stat-compared)
+    other = tmp_path / "other"
+    shutil.copytree(node_a, other)
+    (other / "corpus.bin").write_bytes(bytes(reversed(range(200))))  # other tokens, the same sizes
+    (other / "vocab.txt").write_text("\n".join([*SPECIAL_TOKENS, "the", "an"]) + "\n")
+    parser = build_parser()
+    names = same_settings.flag_names(parser)
+
+    def settings(folder, files_of=None):
+        """One rank's settings and content identities; `files_of`: the folder whose files its paths hold."""
+        flags = ["--data-path", f"{folder}/corpus", "--vocab-file", f"{folder}/vocab.txt"]
+        named = same_settings.launch_settings(parser.parse_args(flags), {})
+        held = same_settings.content_identities(same_settings.launch_settings(
+            parser.parse_args(["--data-path", f"{files_of or folder}/corpus", "--vocab-file",
+                               f"{files_of or folder}/vocab.txt"]), {}))
+        return {**named, **held}
+
+    assert same_settings.different_settings([settings(node_a), settings(node_b)], ["a", "b"], names) is None
+    changed = str(same_settings.different_settings([settings(node_a), settings(other)], ["a", "b"], names))
+    assert changed.startswith(f"the ranks were launched with different settings: --data-path is ['{node_a}/corpus'] "
+                              f"on rank 0 (a) but ['{other}/corpus'] on rank 1 (b) (other contents) (also --vocab-file)")
+    same_path = str(same_settings.different_settings([settings(node_a), settings(node_a, files_of=other)],
+                                                     ["a", "b"], names))
+    assert same_path == (f"the ranks were launched with other files under the same path: --data-path "
+                         f"['{node_a}/corpus'] holds other contents on rank 1 (b) than on rank 0 (a); "
+                         f"{same_settings.CONTENT_FIX}")
+
+    # the digest all ranks gather first compares content, not path text: equal for the copy, not for other files
+    assert same_settings.settings_digest(settings(node_a)) == same_settings.settings_digest(settings(node_b))
+    assert same_settings.settings_digest(settings(node_a)) != same_settings.settings_digest(
+        settings(node_a, files_of=other))

@@ -2,7 +2,9 @@
 collective. A launch per node (NODE_RANK=0..N-1, a scheduler's job per machine) may give one node other
 flags or another DeepSpeed JSON, which no rank notices on its own: the ranks train at other rates and then
 wait on a step the others never take (a frozen rank, says the timeout), or a collective of another size
-aborts in the backend. What may differ by rank is left out (PER_RANK)."""
+aborts in the backend. What may differ by rank is left out (PER_RANK); the data and tokenizer files are
+compared by what they hold (BY_CONTENT), not by the path a node reaches them at."""
+import contextlib
 import hashlib
 import json
 import socket
@@ -20,6 +22,12 @@ FIX = "launch every node with the same command and the same DeepSpeed JSON"
 SHARED_FOLDER_FIX = ", with --save and --load a folder every node shares (the launch scripts: the same RUN_DIR)"
 NAMED = 4  # the further differences the line names after the first
 ABSENT = object()  # a JSON key one rank's JSON lacks
+# the flags that name files, compared by what the files hold: the same data mounted at /mnt/a/data on one node
+# and /data on another is the same data (the fingerprint of each prefix's .idx/.bin, the index maps' own; the
+# tokenizer's identity record, which checkpoints carry), and other files at the same path are other data
+BY_CONTENT = ("data_path", "vocab_file", "tokenizer_file")
+CONTENT = "content:"  # the key of a BY_CONTENT flag's content identity among a rank's settings
+CONTENT_FIX = "give every node the same data and tokenizer files (a copy may sit at another path on each node)"
 
 
 def launch_settings(args, ds: dict) -> dict:
@@ -36,7 +44,34 @@ def launch_settings(args, ds: dict) -> dict:
             settings[f"json:{prefix}"] = value
 
     flatten("", ds)
+    if args.data_path:  # the embedded corpus' folder is not read (a node's checkout may sit elsewhere)
+        settings.pop("default_data_dir", None)
     return settings
+
+
+def content_identities(settings: dict) -> dict:
+    """{CONTENT + flag: what its files hold on this rank} of each BY_CONTENT flag given: the data prefixes'
+    weights and fingerprints (index_maps.fingerprint: a recorded digest is read, else the files are hashed once
+    per process, which the data's own checks then reuse), the tokenizer's identity record without its path. A
+    flag whose files cannot be read here (missing, not a tokenizer) has none: its path is compared as text, and
+    the start-up's own checks name the file."""
+    from megatron.data import index_maps  # here: the data and tokenizer modules are not needed without a flag
+    from megatron.data.bert_dataset import parse_data_path
+    from megatron.data.tokenizer import HF_TOKENIZER, build_tokenizer
+    from megatron.errors import DataError
+
+    found = {}
+    for name in (name for name in BY_CONTENT if settings.get(name)):
+        with contextlib.suppress(OSError, ConfigError, DataError, ValueError):
+            if name == "data_path":
+                weights, prefixes = parse_data_path(settings[name])
+                found[CONTENT + name] = [weights, [index_maps.fingerprint(
+                    prefix, cache_path=settings.get("data_cache_path"), write_record=False) for prefix in prefixes]]
+            else:
+                kind = HF_TOKENIZER if name == "tokenizer_file" else settings.get("tokenizer_type")
+                record = build_tokenizer(kind, **{name: settings[name]}).record()
+                found[CONTENT + name] = {key: value for key, value in record.items() if key != "file"}
+    return found
 
 
 def flag_names(parser) -> dict:
@@ -60,7 +95,15 @@ def different_settings(every: list, hosts: list, names: dict) -> ConfigError | N
     `every`: launch_settings per rank, `hosts`: each rank's host name."""
     first = every[0]
     for rank, theirs in enumerate(every[1:], start=1):
-        differ = [name for name in {**first, **theirs} if first.get(name, ABSENT) != theirs.get(name, ABSENT)]
+        differ = [name for name in {**first, **theirs} if first.get(name, ABSENT) != theirs.get(name, ABSENT)
+                  and not name.startswith(CONTENT) and not _same_content(name, first, theirs)]
+        other_files = [name for name in BY_CONTENT if CONTENT + name in first and CONTENT + name in theirs
+                       and first[CONTENT + name] != theirs[CONTENT + name] and name not in differ]
+        if other_files:  # the same path, other files behind it on that node
+            name = other_files[0]
+            return ConfigError(f"the ranks were launched with other files under the same path: "
+                               f"{_label(name, names)} {_shown(first[name], name, names)} holds other contents on "
+                               f"rank {rank} ({hosts[rank]}) than on rank 0 ({hosts[0]})", CONTENT_FIX)
         if not differ:
             continue
         differ.sort(key=lambda name: name.startswith("json:"))  # a flag before the JSON key it fills
@@ -69,11 +112,18 @@ def different_settings(every: list, hosts: list, names: dict) -> ConfigError | N
         also = ""
         if more:
             also = f" (also {', '.join(more[:NAMED])}{f' and {len(more) - NAMED} more' if len(more) > NAMED else ''})"
+        held = " (other contents)" if CONTENT + name in first and CONTENT + name in theirs else ""
         return ConfigError(f"the ranks were launched with different settings: {_label(name, names)} is "
                            f"{_shown(first.get(name, ABSENT), name, names)} on rank 0 ({hosts[0]}) but "
-                           f"{_shown(theirs.get(name, ABSENT), name, names)} on rank {rank} ({hosts[rank]}){also}",
-                           FIX + (SHARED_FOLDER_FIX if {"save", "load"} & set(differ) else ""))
+                           f"{_shown(theirs.get(name, ABSENT), name, names)} on rank {rank} ({hosts[rank]}){held}"
+                           f"{also}", FIX + (SHARED_FOLDER_FIX if {"save", "load"} & set(differ) else ""))
     return None
+
+
+def _same_content(name: str, first: dict, theirs: dict) -> bool:
+    """Whether BY_CONTENT flag `name` names files holding the same on both ranks (both identities known)."""
+    key = CONTENT + name
+    return name in BY_CONTENT and key in first and key in theirs and first[key] == theirs[key]
 
 
 def _label(name: str, names: dict) -> str:
@@ -98,13 +148,22 @@ def _shown(value, name: str, names: dict) -> str:
     return str(value)
 
 
+def settings_digest(settings: dict) -> str:
+    """sha256 of what must agree among a rank's `settings` (with its content_identities): a BY_CONTENT flag by
+    its files' identity where known, not by its path."""
+    compared = {name: value for name, value in settings.items()
+                if not (name in BY_CONTENT and CONTENT + name in settings)}
+    return hashlib.sha256(json.dumps(compared, sort_keys=True, default=repr).encode()).hexdigest()
+
+
 def check_same_settings(settings: dict, names) -> None:
     """Raises different_settings' error on every rank when a rank's `settings` (launch_settings) are not
     rank 0's: a digest per rank is gathered (one small collective), the settings themselves only when the
     digests differ. `names`: a callable giving flag_names, called only then."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()
+    settings = {**settings, **content_identities(settings)}
+    digest = settings_digest(settings)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (digest, socket.gethostname()))
     if len({digest for digest, _ in gathered}) == 1:
@@ -112,5 +171,7 @@ def check_same_settings(settings: dict, names) -> None:
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, settings)
     error = different_settings(every, [host for _, host in gathered], names())
+    if error is None:  # one rank's identity unknown (a file it cannot read), its path text alike: the checks name it
+        return
     error.by_rank_0 = True  # every rank raises it together: rank 0 prints it (peers.report_once)
     raise error
