@@ -51,6 +51,9 @@ RUN_STATE = "run_state.json"
 ORIGIN = "weights_from"  # in RUN_STATE: {"from": path or None (scratch), "kind", "sha256"} of the run's start
 PARENT = "parent"  # in RUN_STATE: the tag of the same folder its run continued from (checkpoint_save.lineage)
 RUN_ID = "run_id"  # in ORIGIN: made when a run starts (start_plan.weights_origin), kept by its resumes
+# in RUN_STATE: {"log_dir": absolute path, "tensorboard_dir": absolute path or None} of the run that saved it, which
+# a resume into other folders names (run_log.split_logs_warning)
+LOGS = "logs"
 # in RUN_STATE of a stop's checkpoint: true when the stop cut the validation after its iteration short, which
 # a resume computes before its first step (training.train_steps)
 VALIDATION_CUT = "validation_cut"
@@ -452,6 +455,10 @@ def run_state(load_dir: str, tag: str) -> dict:
             raise DataError(f"checkpoint file {path} holds {json.dumps(problem[1])[:40]} as {problem[0]}, not the "
                             "record of the data it trained on", f"{fix}, or delete its \"data\" entry to resume "
                             "without comparing the data")
+        logs = state.get(LOGS, {})
+        if not (isinstance(logs, dict) and all(isinstance(value, (str, type(None))) for value in logs.values())):
+            raise DataError(f"checkpoint file {path} holds {json.dumps(logs)[:40]} as {LOGS}, not the record of the "
+                            "folders its run logged into", f"{fix}, or delete its \"{LOGS}\" entry")
         origin = state.get(ORIGIN, {"from": None})
         if not (isinstance(origin, dict) and isinstance(origin.get("from"), (str, type(None)))
                 and all(isinstance(origin.get(key, ""), str) for key in ("kind", "sha256", RUN_ID))):

@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 
 from megatron import optimizer_state, paths
-from megatron.checkpoint import (LATEST, LAYOUT_FREE, ORIGIN, PARENT, PARTIAL, REMOVING, RUN_STATE, VALIDATION_CUT,
-                                 complete_tags, latest_tag, refuse_odd_latest, run_id, run_state, tag_for,
-                                 tag_iteration, unfinished_tags)
+from megatron.checkpoint import (LATEST, LAYOUT_FREE, LOGS, ORIGIN, PARENT, PARTIAL, REMOVING, RUN_STATE,
+                                 VALIDATION_CUT, complete_tags, latest_tag, refuse_odd_latest, run_id, run_state,
+                                 tag_for, tag_iteration, unfinished_tags)
 from megatron.config import TrainConfig
 from megatron.data import tokenizer_identity
 from megatron.errors import ConfigError, DataError, disk_full
@@ -44,7 +44,8 @@ FULL_BYTES = 16 * 2**20  # less free space than this after a failed write: the d
 
 def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_samples: int,
          schedule: dict | None = None, keep_last: int | None = None, tokenizer=None, data: dict | None = None,
-         origin: dict | None = None, after: str | None = None, validation_cut: bool = False) -> str:
+         origin: dict | None = None, after: str | None = None, validation_cut: bool = False,
+         logs: dict | None = None) -> str:
     """Saves on every rank; returns the tag once `latest` names it. `schedule`: the learning-rate
     settings of the run (schedule.Schedule.record), compared by a resume, as is `data` (the data it
     reads, resume.data_settings). `origin`: the weights the run started from (start_plan.weights_origin),
@@ -52,7 +53,8 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     each saved), recorded as the new one's PARENT when it is in `save_dir` (lineage). `keep_last`: once the
     new checkpoint is committed, rank 0 removes all but the newest that many (prune). `tokenizer`:
     copied in with its identity, so fill-mask, export and a resume need no tokenizer flag. `validation_cut`: a
-    stop cut the validation after `iteration` short (VALIDATION_CUT), which a resume computes first."""
+    stop cut the validation after `iteration` short (VALIDATION_CUT), which a resume computes first. `logs`: the
+    folders the run logs into (LOGS: run_log.logs_record), which a resume into others names."""
     tag, rank = tag_for(iteration), dist.get_rank()
     staging = os.path.join(save_dir, tag + PARTIAL)
     lost = [None]
@@ -70,6 +72,7 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
     state = {"config": config.to_dict(), "iteration": iteration, "consumed_samples": consumed_samples,
                  **({"schedule": schedule} if schedule else {}), **({"data": data} if data else {}),
                  **({ORIGIN: origin} if origin else {}), **({VALIDATION_CUT: True} if validation_cut else {}),
+                 **({LOGS: logs} if logs else {}),
                  **({PARENT: os.path.basename(after)} if after and paths.where_in(os.path.dirname(after), save_dir)
                     == "the" else {})}
     problem = None

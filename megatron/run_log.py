@@ -356,6 +356,32 @@ def free_log_dir(log_dir: str, save: str | None) -> str:
     return MovedLogDir(candidate, f"{why}; --log-dir DIR picks the folder")
 
 
+def logs_record(args) -> dict:
+    """The folders this run logs into, absolute, for its checkpoints (checkpoint.LOGS): a resume that logs
+    elsewhere names them (split_logs_warning)."""
+    return {"log_dir": os.path.abspath(args.log_dir) if args.log_dir else None,
+            "tensorboard_dir": os.path.abspath(args.tensorboard_dir) if args.tensorboard_dir else None}
+
+
+def split_logs_warning(recorded: dict | None, now: dict) -> str | None:
+    """The line of a resume whose --log-dir or --tensorboard-dir (`now`: logs_record) is another folder than
+    the checkpoint's run logged into (`recorded`: its checkpoint.LOGS; None for one saved before checkpoints
+    recorded it): the run goes on (a job's requeue may log per job, as Megatron and DeepSpeed allow), its
+    records split between the folders, said once with the flags that keep one log. A recorded folder that is
+    gone (removed, or moved with the run) splits nothing; a resume without --tensorboard-dir writes none."""
+    split = [(flag, then, here, what) for flag, then, here, what in (
+        (flag, (recorded or {}).get(key), now.get(key), what) for key, flag, what in (
+            ("log_dir", "--log-dir", "metrics.jsonl and config.json"),
+            ("tensorboard_dir", "--tensorboard-dir", "TensorBoard curves")))
+        if then and here and os.path.isdir(then) and paths.where_in(here, then) != "the"]
+    if not split:
+        return None
+    return (f"warning: this resume logs into {' and '.join(f'{flag} {here}' for flag, _, here, _ in split)}, the "
+            f"checkpoint's run logged into {' and '.join(then for _, then, _, _ in split)}: the run's "
+            f"{' and its '.join(what for *_, what in split)} are split between the folders; pass "
+            f"{' '.join(f'{flag} {then}' for flag, then, _, _ in split)} to continue them in one")
+
+
 def logged_save(args) -> str | None:
     """The checkpoint folder whose logs a run continues: its --save, else the --load it resumes without saving
     (which logged into a folder of its own: the one that names that folder)."""

@@ -46,8 +46,8 @@ from megatron.resume import (data_settings, describe_batch_change, describe_data
                              describe_step_change, fresh_run_fix, kept_regime, peak_given, peak_in_use,
                              resume_optimizer, resume_schedule, run_length, unrecorded_note, unsaved_note)
 from megatron.run_data import batch_reader, build_datasets, data_paths, data_workers
-from megatron.run_log import (MovedLogDir, RunLog, free_log_dir, logged_save, metrics_problem,
-                              shared_log_dir_warning, tensorboard_problem)
+from megatron.run_log import (MovedLogDir, RunLog, free_log_dir, logged_save, logs_record, metrics_problem,
+                              shared_log_dir_warning, split_logs_warning, tensorboard_problem)
 from megatron.schedule import Schedule
 from megatron.start_plan import StartPlan, check_start, pending_origin
 from megatron.starting_weights import initial_weights, model_flags
@@ -490,7 +490,7 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
     if client:  # every rank loaded before rank 0 says so: a rank whose load failed says why, and the
         dist.barrier()  # others, lost here, print nothing that reads like a resume (config:, resuming from)
     saved = dict(schedule=peak_in_use(engine, schedule.record()) if client else schedule.record(),
-                 data=data_settings(args, setup.data_path),
+                 data=data_settings(args, setup.data_path), logs=logs_record(args),
                  tokenizer=setup.tokenizer, origin=client.get(checkpoint.ORIGIN) if client else  # rank 0 writes it
                  setup.origin and setup.origin.result())
     # before config.json records the optimizer settings
@@ -520,7 +520,8 @@ def resume_or_start(args, plan: StartPlan, setup: StartUp, engine, used_maps: li
                              f"{run.consumed}", resumed_from=run.last_checkpoint, **run_id)
     trains = run.iteration < train_iters  # else the warnings would describe steps that never run
     regime = kept_regime(client["config"]["model"], dict(setup.flags), setup.ds, f"the checkpoint {plan.load}")
-    for warning in (*resume_changes(run, client, schedule), optimizer_change, regime):
+    split_logs = split_logs_warning(client.get(checkpoint.LOGS), saved["logs"])
+    for warning in (*resume_changes(run, client, schedule), optimizer_change, regime, split_logs):
         if warning and trains and dist.get_rank() == 0:
             print(warning, file=sys.stderr, flush=True)
     unsaved = unsaved_note(args.save, plan.load, run.iteration, train_iters)

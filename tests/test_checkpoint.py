@@ -341,7 +341,8 @@ def test_a_malformed_data_record_is_one_line(tmp_path, record):
                                               ("config.model.hidden_dropout", True, "a number"),
                                               ("schedule.train_iters", [2], "an integer"),
                                               ("schedule.lr", "1e-4", "a number"),
-                                              ("weights_from.run_id", 5, None)])
+                                              ("weights_from.run_id", 5, None),
+                                              ("logs.log_dir", ["a"], None)])
 def test_a_hand_edited_run_state_field_of_another_type_is_one_line(tmp_path, key, value, kind):
     """A run_state.json edited by hand with a value its field cannot hold (a size as a list, a count as a string,
     an object as a list): a resume stopped with a TypeError in the layout or schedule arithmetic, or passed the
@@ -357,7 +358,7 @@ def test_a_hand_edited_run_state_field_of_another_type_is_one_line(tmp_path, key
     state = {"config": {"model": {"hidden_size": 64, "hidden_dropout": 0, "ffn_hidden_size": None},
                         "pipeline_parallel_size": 1, "micro_batch_size": 2, "ds_config": {}},
              "iteration": 1, "consumed_samples": 2, "schedule": {"train_iters": 2, "lr": 1e-4},
-             "weights_from": {"from": None, "run_id": "abc"}}
+             "weights_from": {"from": None, "run_id": "abc"}, "logs": {"log_dir": "/l", "tensorboard_dir": None}}
     (folder / "run_state.json").write_text(json.dumps(state))
     assert checkpoint.run_state(str(tmp_path), "iter_0000001") == state
     *parents, leaf = key.split(".")
@@ -367,8 +368,9 @@ def test_a_hand_edited_run_state_field_of_another_type_is_one_line(tmp_path, key
     node[leaf] = value
     (folder / "run_state.json").write_text(json.dumps(state))
     shown = json.dumps(value)
+    top = key.split(".")[0]  # a record checked whole (weights_from, logs): named whole
     expected = (f"checkpoint file {folder / 'run_state.json'} holds {shown} as {key}, not {kind}; restore it" if kind
-                else f"holds {{\"from\": null, \"run_id\": 5}} as weights_from")
+                else f"holds {json.dumps(state[top])[:40]} as {top}, not the record")
     with pytest.raises(DataError, match=re.escape(expected)):
         checkpoint.run_state(str(tmp_path), "iter_0000001")
 

@@ -157,7 +157,8 @@ def test_the_same_files_at_another_path_on_another_node_are_the_same_settings(tm
     assert same_settings.different_settings([settings(node_a), settings(node_b)], ["a", "b"], names) is None
     changed = str(same_settings.different_settings([settings(node_a), settings(other)], ["a", "b"], names))
     assert changed.startswith(f"the ranks were launched with different settings: --data-path is ['{node_a}/corpus'] "
-                              f"on rank 0 (a) but ['{other}/corpus'] on rank 1 (b) (other contents) (also --vocab-file)")
+                              f"on rank 0 (a) but ['{other}/corpus'] on rank 1 (b) (other contents) "
+                              "(also --vocab-file)")
     same_path = str(same_settings.different_settings([settings(node_a), settings(node_a, files_of=other)],
                                                      ["a", "b"], names))
     assert same_path == (f"the ranks were launched with other files under the same path: --data-path "

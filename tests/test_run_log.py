@@ -666,6 +666,34 @@ def test_a_moved_run_folder_resumes_into_its_own_logs(tmp_path, monkeypatch):
     assert run_log.free_log_dir(DEFAULT_LOG_DIR, str(tmp_path / "xyz")) == "runs/bert-2"
 
 
+def test_a_resume_into_other_log_folders_says_its_logs_are_split(tmp_path, monkeypatch):
+    """A run resumed with another --log-dir (or --tensorboard-dir) than its checkpoint's run logged into went on
+    writing metrics.jsonl, config.json and TensorBoard events into the new folders without a word, the curve cut
+    in two. It goes on (a requeue may log per job, as Megatron and DeepSpeed allow), with one line naming both
+    folders and the flags that continue one log; the checkpoint records its run's folders (checkpoint.LOGS)."""
+    for folder in ("log", "tb"):
+        (tmp_path / folder).mkdir()
+    monkeypatch.chdir(tmp_path)
+    first = run_log.logs_record(SimpleNamespace(log_dir="log", tensorboard_dir="tb"))
+    assert first == {"log_dir": str(tmp_path / "log"), "tensorboard_dir": str(tmp_path / "tb")}
+    same = run_log.logs_record(SimpleNamespace(log_dir=str(tmp_path / "log"), tensorboard_dir="./tb"))
+    assert run_log.split_logs_warning(first, same) is None
+    assert run_log.split_logs_warning(None, same) is None  # a checkpoint saved before the record
+    moved = run_log.logs_record(SimpleNamespace(log_dir="job2/log", tensorboard_dir="tb"))
+    assert run_log.split_logs_warning(first, moved) == (
+        f"warning: this resume logs into --log-dir {tmp_path / 'job2' / 'log'}, the checkpoint's run logged into "
+        f"{tmp_path / 'log'}: the run's metrics.jsonl and config.json are split between the folders; pass "
+        f"--log-dir {tmp_path / 'log'} to continue them in one")
+    both = run_log.split_logs_warning(first, run_log.logs_record(SimpleNamespace(log_dir="l2", tensorboard_dir="t2")))
+    assert "metrics.jsonl and config.json and its TensorBoard curves are split" in both, both
+    assert both.endswith(f"pass --log-dir {tmp_path / 'log'} --tensorboard-dir {tmp_path / 'tb'} to continue them "
+                         "in one"), both
+    no_board = run_log.logs_record(SimpleNamespace(log_dir="log", tensorboard_dir=None))
+    assert run_log.split_logs_warning(first, no_board) is None  # writes no TensorBoard events: nothing split
+    (tmp_path / "log").rename(tmp_path / "gone")
+    assert run_log.split_logs_warning(first, moved) is None  # the first folder removed, or moved with the run
+
+
 def test_a_default_log_dir_a_live_run_holds_is_passed_over_also_when_taken_after_it_was_chosen(tmp_path, monkeypatch):
     """Two runs without --log-dir started together: the second met runs/bert holding only the first's lock (no
     records yet), took it for free and then failed on that lock (`--log-dir runs/bert is in use by a live run`),

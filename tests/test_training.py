@@ -247,6 +247,15 @@ def test_no_shared_memory_left_behind(launched):
     assert left == []
 
 
+def test_each_checkpoint_records_the_folders_its_run_logs_into(launched):
+    """What a resume into other folders names (run_log.split_logs_warning)."""
+    from megatron import checkpoint
+
+    state = checkpoint.run_state(str(launched.checkpoints), checkpoint.latest_tag(str(launched.checkpoints)))
+    assert state[checkpoint.LOGS] == {"log_dir": str(launched.log_dir),
+                                      "tensorboard_dir": str(launched.tensorboard_dir)}
+
+
 def test_index_maps_are_read_from_the_data_cache_path(launched):
     used = json.loads((launched.log_dir / "index_maps.json").read_text())["maps"]
     assert len(used) >= 2 and all(Path(path).parent == launched.cache.resolve() for path in used), used
