@@ -158,15 +158,22 @@ CONFIG=("$PYTHON" "$ROOT/tools/ds_config.py" set "$TEMPLATE" "${SETTINGS[@]}" --
         --script-names "$SCRIPT")
 # the trainer's parser on the flags the command passes it, in a dry run and before a launch alike: an
 # unknown or mistyped flag fails here, once, not on every node after the launch (a few seconds: DeepSpeed's import);
-# then the layout, whose fix names this script's arguments (ds_config.py's would name deepspeed's and the trainer's)
+# then the layout, whose fix names this script's arguments (ds_config.py's would name deepspeed's and the trainer's);
+# then, before a launch on the node that hosts rank 0 (this one, unless the launcher reaches the hosts by ssh), a
+# MASTER_PORT another run listens on: rank 0 said so only after the launch and its imports (half a minute)
 TRAINER_FLAGS=("${COMMAND[@]:${#LAUNCHER[@]}+1}")
+MASTER=""
+if [ "$DRY_RUN" = 0 ] && { [ -z "${HOSTFILE:-}" ] || [ "${NODE_RANK:-}" = 0 ]; }; then
+    MASTER="127.0.0.1:$MASTER_PORT"  # deepspeed's address without a hostfile
+    [ -z "${HOSTFILE:-}" ] || MASTER="$MASTER_ADDR:$MASTER_PORT"
+fi
 "$PYTHON" -c 'import sys; sys.path[:0] = [sys.argv.pop(1)]
 from megatron import arguments, errors
-from megatron.parallel.launch_check import check_script_layout
-script, sizes = sys.argv[1], [int(size) for size in sys.argv[2:6]]
-arguments.check_trainer_flags(sys.argv[6:])
-sys.exit(errors.run_tool(script, lambda: check_script_layout(*sizes)))' \
-    "$ROOT" "$SCRIPT" "$NUM_NODES" "$PROCS" "$PP" "$SP" "${TRAINER_FLAGS[@]}"
+from megatron.parallel.launch_check import check_script_launch
+script, master, sizes = sys.argv[1], sys.argv[2], [int(size) for size in sys.argv[3:7]]
+arguments.check_trainer_flags(sys.argv[7:])
+sys.exit(errors.run_tool(script, lambda: check_script_launch(*sizes, master)))' \
+    "$ROOT" "$SCRIPT" "$MASTER" "$NUM_NODES" "$PROCS" "$PP" "$SP" "${TRAINER_FLAGS[@]}"
 if [ "$DRY_RUN" = 1 ]; then
     # a dry run writes nothing: the JSON it would write is printed, and where the command reads it
     json="$("${CONFIG[@]}" --output -)"  # a refused JSON is its error line alone, not after the header below
@@ -176,13 +183,23 @@ if [ "$DRY_RUN" = 1 ]; then
     echo
     exit 0
 fi
+# a launch that ended before any rank wrote into the RUN_DIR this script made (it holds the JSON alone) leaves no
+# RUN_DIR: refused at start-up (the trainer's one line, 2), stopped before the ranks started (Ctrl-C 130, SIGTERM
+# 143), failed. A RUN_DIR that existed before, or that holds anything else (logs, checkpoints), is kept.
+remove_unused_run_dir() {
+    [ "$RUN_DIR" != "$existing" ] || return 0
+    case "$(ls -A -- "$RUN_DIR" 2> /dev/null)" in
+        '' | ds_config.json) rm -f -- "$RUN_DIR/ds_config.json"; remove_made_run_dir ;;
+    esac
+}
+# a stop while the JSON is written (run_launcher's traps take over at the launch)
+for name in TERM INT HUP; do
+    # shellcheck disable=SC2064  # the status is fixed now
+    trap "trap '' TERM INT HUP; remove_unused_run_dir; exit $((128 + $(kill -l "$name")))" "$name"
+done
 mkdir -p -- "$RUN_DIR"  # ds_config.py writes into an existing folder only: RUN_DIR is made here, and removed if refused
-"${CONFIG[@]}" --output "$RUN_DIR/ds_config.json" > /dev/null || { status=$?; remove_made_run_dir; exit "$status"; }
 status=0
-run_launcher "${COMMAND[@]}" || status=$?
-# a launch the trainer refused at start-up (one line, exit 2) leaves no RUN_DIR that this script made for it
-if [ "$status" -eq 2 ] && [ "$RUN_DIR" != "$existing" ] && [ "$(ls -A -- "$RUN_DIR")" = ds_config.json ]; then
-    rm -f -- "$RUN_DIR/ds_config.json"
-    remove_made_run_dir
-fi
+"${CONFIG[@]}" --output "$RUN_DIR/ds_config.json" > /dev/null || status=$?
+[ "$status" -ne 0 ] || run_launcher "${COMMAND[@]}" || status=$?
+[ "$status" -eq 0 ] || remove_unused_run_dir
 exit "$status"

@@ -42,6 +42,11 @@ master_port() {
     [ "$MASTER_PORT" -le 65535 ] || fail "MASTER_PORT = $MASTER_PORT is above 65535; set MASTER_PORT to a free TCP port (1-65535)"
 }
 
+# the ranks' and deepspeed_command.py's: this script launched them (megatron/parallel/launch_env.py), so a stop's line
+# is the ranks', and a rendezvous error names MASTER_ADDR / MASTER_PORT in its environment, not the launcher's flags
+MEGATRON_LAUNCH_SCRIPT="$(basename "$0")"
+export MEGATRON_LAUNCH_SCRIPT
+
 decimal STOP_TIMEOUT "${STOP_TIMEOUT:-120}" 1 "set STOP_TIMEOUT to the seconds the ranks get to stop after a signal (default 120)"
 
 # processes of group $1 that are not zombies (a reparented zombie can outlive its group's work)
@@ -130,8 +135,15 @@ run_launcher() {
         set -- "$(dirname "$1")/python" -P -m megatron.parallel.deepspeed_command "${@:2}"
         # this checkout's megatron, as its pretrain_bert.py runs
         PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
-        export PYTHONPATH MEGATRON_SCRIPT_SIGNALS_RANKS=1  # a stop's line is the ranks' (deepspeed_command.py)
+        export PYTHONPATH
     fi
+    # a stop signal that comes before the traps below name the group (a Ctrl-C as the launcher starts): noted,
+    # then sent again to this shell once they do
+    local pending=""
+    for name in TERM INT HUP; do
+        # shellcheck disable=SC2064  # the signal is fixed now
+        trap "pending=\${pending:-$name}" "$name"
+    done
     set -m  # job control: the background job gets a process group of its own
     "$@" &
     LAUNCHER_GROUP=$!
@@ -142,6 +154,7 @@ run_launcher() {
         # shellcheck disable=SC2064  # the group id and the signal are fixed now
         trap "signal_number=$(kill -l "$name"); trap '' TERM INT HUP; stop_run $name $LAUNCHER_GROUP" "$name"
     done
+    [ -z "$pending" ] || kill -s "$pending" $$
     while :; do  # a trapped signal ends the wait early: wait again (once at least: a launcher ended already has a status)
         status=0
         wait "$LAUNCHER_GROUP" || status=$?

@@ -73,9 +73,13 @@ TRAINER=(--deepspeed --deepspeed_config "${repo}ds_configs/ring_sp2.json" --pack
     --save "$save" --load "$save" --log-dir "${repo}runs/default" "$@")
 # before the launch, in the trainer's own line: a mistyped extra flag, and a --save or --log-dir a live run
 # holds (this script started twice), which the ranks met only after 20-30 s of launch, and the second run
-# first as the first one's rendezvous port; then the GPU count (one python: DeepSpeed's import, seconds)
+# first as the first one's rendezvous port; then MASTER_PORT, which another program (run) listens on (rank 0 said so
+# after the launch and its imports); then the GPU count (one python: DeepSpeed's import, seconds)
 gpus="$("${repo}.venv/bin/python" -c 'import sys; sys.path[:0] = [sys.argv.pop(1)]; import megatron.arguments as a
-a.check_trainer_flags(sys.argv[1:]); import torch; print(torch.cuda.device_count())' "$ROOT" "${TRAINER[@]}")"
+from megatron import errors; from megatron.parallel.master_address import check_launch_port; port = int(sys.argv.pop(1))
+a.check_trainer_flags(sys.argv[1:])
+code = errors.run_tool("pretrain_default.sh", lambda: check_launch_port("127.0.0.1", port)); code and sys.exit(code)
+import torch; print(torch.cuda.device_count())' "$ROOT" "$MASTER_PORT" "${TRAINER[@]}")"
 gpus="${gpus##*$'\n'}"  # the last line: the count
 ranks=2 sp=()
 if [ "$gpus" -eq 0 ]; then

@@ -396,11 +396,20 @@ def check_trainer_flags(argv: list) -> None:
 
 
 def launchable(args: argparse.Namespace) -> None:
-    """check_trainer_flags' checks of the parsed flags: none given '' (`--save ""`, which the ranks read as no
-    --save and blamed the script's --save-interval), no folder a live run holds."""
-    from megatron.flag_checks import check_no_empty_values
+    """check_trainer_flags' checks of the parsed flags, those the ranks make at start-up from the flags alone, so that
+    a dry run refuses what the launch would: none given '' (`--save ""`, which the ranks read as no --save and
+    blamed the script's --save-interval), values in range and flags that need another (flag_checks), the LR
+    schedule against --train-iters; then no folder a live run holds. What depends on the node that runs the ranks
+    (--num-workers against its CPUs, a node-local --data-cache-path) is left to them: the launch may be made from
+    another machine (a login node reaching the hosts by ssh)."""
+    from megatron.flag_checks import check_flag_combinations, check_flags, check_no_empty_values
+    from megatron.schedule import Schedule
 
     check_no_empty_values(args)
+    check_flags(argparse.Namespace(**{**vars(args), "num_workers": None, "data_cache_path": None}))
+    check_flag_combinations(args)
+    if args.train_iters:  # the schedule's steps (a --train-samples run's depend on the layout's global batch)
+        Schedule.from_args(args, {"optimizer": {"params": {"lr": args.lr}}}, args.train_iters)  # the peak: unchecked
     folders_in_use(args)
 
 

@@ -1933,15 +1933,21 @@ def test_a_master_port_outside_1_65535_is_one_line_before_the_imports(monkeypatc
     assert error.value.problem.startswith(problem) and error.value.fix.startswith(fix)
 
 
-@pytest.mark.parametrize("launched", [False, True], ids=["environment_only", "under_a_launcher"])
+@pytest.mark.parametrize("launched", [False, True, "bert_distributed.sh"],
+                         ids=["environment_only", "under_a_launcher", "by_a_launch_script"])
 def test_a_rendezvous_timeout_without_a_launcher_names_the_environment(monkeypatch, launched):
     """`python pretrain_bert.py` in a shell that kept an old job's RANK, WORLD_SIZE=2, MASTER_*: after the
-    whole --rendezvous-timeout it said to start every rank with each node's launcher, though none was used."""
+    whole --rendezvous-timeout it said to start every rank with each node's launcher, though none was used.
+    A launch script's run named the launcher's --master_addr and --master_port, which the script refuses: its user
+    sets MASTER_ADDR and MASTER_PORT."""
     from megatron.errors import ConfigError
     from megatron.parallel import device, launcher_watch
     from megatron.parallel.spawn import free_port
 
     monkeypatch.setattr(launcher_watch, "launcher_processes", lambda: [(1, None, "its launcher")] if launched else [])
+    monkeypatch.delenv("MEGATRON_LAUNCH_SCRIPT", raising=False)
+    if isinstance(launched, str):
+        monkeypatch.setenv("MEGATRON_LAUNCH_SCRIPT", launched)
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
                         ("MASTER_PORT", str(free_port()))):
         monkeypatch.setenv(name, value)
@@ -1950,7 +1956,34 @@ def test_a_rendezvous_timeout_without_a_launcher_names_the_environment(monkeypat
     assert error.value.problem.endswith("timed out after 1 s: 1 of 2 ranks arrived")
     note = ("no launcher started this process: if RANK, WORLD_SIZE=2, MASTER_ADDR and MASTER_PORT are left in the "
             "environment by another job, unset them to run one process")
-    assert (note in error.value.fix) is not launched
+    assert (note in error.value.fix) is not bool(launched)
+    same = ("MASTER_ADDR and MASTER_PORT in the environment of bert_distributed.sh" if isinstance(launched, str) else
+            "the launcher's --master_addr and --master_port")
+    assert error.value.fix.startswith(f"start every rank of the 2 ({same} the same on every node), "), error.value.fix
+
+
+def test_a_launch_script_checks_its_port_and_names_its_rendezvous_variables(monkeypatch):
+    """Under a launch script (MEGATRON_LAUNCH_SCRIPT) a busy MASTER_PORT was rank 0's line half a minute after the
+    launch, and it and an unknown MASTER_ADDR named the launcher's flags; the script checks the port on the node
+    that hosts rank 0 before its launch (check_script_launch; '' elsewhere and in a dry run)."""
+    import socket
+
+    from megatron.errors import ConfigError
+    from megatron.parallel import launch_check, master_address
+
+    monkeypatch.setenv("MEGATRON_LAUNCH_SCRIPT", "bert_distributed.sh")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        launch_check.check_script_launch(1, 2, 1, 2, "")
+        with pytest.raises(ConfigError) as error:
+            launch_check.check_script_launch(1, 2, 1, 2, f"127.0.0.1:{port}")
+    assert str(error.value) == (f"rank 0 cannot host the rendezvous at 127.0.0.1:{port}: the port is in use on "
+                                f"{socket.gethostname()} (another run?); set MASTER_PORT in the environment of "
+                                "bert_distributed.sh to a free port")
+    assert master_address.address_fix() == ("set MASTER_ADDR in the environment of bert_distributed.sh to the address "
+                                            "of the node with rank 0")
 
 
 def test_ranks_that_came_to_a_failed_rendezvous_print_one_line_each():
@@ -2123,3 +2156,24 @@ def test_cpu_ranks_or_threads_beyond_the_cpus_are_one_warning(monkeypatch, capsy
         assert lines == []
     else:
         assert len(lines) == 1 and lines[0].startswith("warning: ") and warned in lines[0], lines
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--lr", "-1"], "--lr -1.0 is negative"),
+    (["--keep-last", "2"], "--keep-last is given without --save"),
+    (["--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "50"], "--lr-wsd-decay-iters 50 is longer than the 20 steps"),
+    (["--num-workers", "100000", "--keep-last", "2", "--save", "ck"], None)])
+def test_a_launch_scripts_check_refuses_what_the_ranks_would_from_the_flags(flags, problem):
+    """The launch scripts' check before a dry run or a launch (arguments.launchable) ran the parser alone: a value
+    out of range, a flag missing its partner, an LR schedule longer than the run passed the dry run and stopped
+    every rank at start-up. What depends on the ranks' node (--num-workers against its CPUs) stays theirs."""
+    from megatron import arguments
+    from megatron.errors import ConfigError
+
+    args = arguments.build_parser().parse_args(["--train-iters", "20", *flags])
+    if problem is None:
+        arguments.launchable(args)
+        return
+    with pytest.raises(ConfigError) as error:
+        arguments.launchable(args)
+    assert error.value.problem.startswith(problem), error.value.problem

@@ -267,6 +267,7 @@ def test_flags_the_positionals_fix_are_refused(tmp_path, script, flags, message)
     (["--bogus-flag", "3"], "unrecognized arguments: --bogus-flag 3", "1"),
     (["--train-iters", "abc"], "argument --train-iters: invalid int value", "1"),
     (["--save", ""], "--save is given an empty value ('')", "1"),  # was blamed on the script's --save-interval
+    (["--lr", "-1"], "--lr -1.0 is negative", "1"),  # the ranks' flag checks: a dry run passed it
     # a real launch, with a launcher flag the script's RUNNER table does not name
     (["--ssh_port", "2222"], "unrecognized arguments: --ssh_port 2222", "0")])
 def test_the_trainers_flags_are_parsed_before_the_launch(tmp_path, flags, message, dry):
@@ -604,13 +605,14 @@ def test_the_main_job_reads_its_flags_in_the_callers_folder_and_checks_them_befo
     user.mkdir()
     calls = tmp_path / "calls.txt"
     script = ["bash", str(checkout / "examples_deepspeed" / "pretrain_default.sh")]
-    env = {**os.environ, "CALLS": str(calls), "CUDA_VISIBLE_DEVICES": "", "MASTER_PORT": "29533"}
+    port = str(free_port())  # checked free before the launch
+    env = {**os.environ, "CALLS": str(calls), "CUDA_VISIBLE_DEVICES": "", "MASTER_PORT": port}
     run = subprocess.run([*script, "--save", "myck", "--log-dir", "mylog", "--vocab-file", "d/vocab.txt"], cwd=user,
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     launch, fill_mask = calls.read_text().splitlines()
     assert launch.startswith(f"{user}: ") and fill_mask.startswith(f"{user}: ")
-    assert f" --master_port 29533 {checkout}/pretrain_bert.py " in launch
+    assert f" --master_port {port} {checkout}/pretrain_bert.py " in launch
     assert f" --deepspeed_config {checkout}/ds_configs/ring_sp2.json " in launch
     assert launch.endswith(f" --log-dir {checkout}/runs/default --save myck --log-dir mylog --vocab-file d/vocab.txt")
     assert f"{checkout}/tools/fill_mask.py --load myck " in fill_mask
@@ -646,7 +648,8 @@ def test_the_main_job_started_with_sigint_ignored_ignores_it_and_stops_its_ranks
     checkout = main_job_checkout(tmp_path, STAND_IN_LAUNCHER_VENV)
     rank, ready, record = tmp_path / "rank.py", tmp_path / "ready", tmp_path / "record"
     rank.write_text(STAND_IN_RANK.format(record=str(record), ready=str(ready)))
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "STAND_IN_LAUNCH": STAND_IN_LAUNCH, "RANK": str(rank)}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "STAND_IN_LAUNCH": STAND_IN_LAUNCH, "RANK": str(rank),
+           "MASTER_PORT": str(free_port())}  # checked free before the launch
     script = subprocess.Popen(["bash", str(checkout / "examples_deepspeed" / "pretrain_default.sh")], cwd=tmp_path,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
@@ -675,3 +678,41 @@ def test_a_launch_script_refuses_the_folders_a_live_run_holds_before_its_launch(
         f"host ({os.uname().nodename}) holds {run_dir}/checkpoints/.lock; wait for that run to end or stop it, or "
         "choose another --save and --log-dir directory"], result.stderr
     assert sorted(path.name for path in run_dir.iterdir()) == [".log.lock", "checkpoints"]  # no ds_config.json
+
+
+STUB_TRAINER_PYTHON = """#!/bin/sh
+# PYTHON of a launch script: its checks recorded, the JSON written as {}, the launch as $LAUNCH says
+case "$*" in
+    *check_script_launch*) echo "$*" >> "$CALLS" ;;
+    *deepspeed_command*)
+        [ -z "$WROTE" ] || touch "$RUN_DIR/$WROTE"  # what a rank wrote there
+        [ "$LAUNCH" != SIGINT ] || { kill -INT "$PPID"; sleep 30; }  # Ctrl-C to the script before the ranks start
+        exit "$LAUNCH" ;;
+    *tools/ds_config.py*) while [ $# -gt 1 ]; do [ "$1" != --output ] || echo {} > "$2"; shift; done ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("launch, wrote, existed, kept", [
+    ("SIGINT", "", False, False), ("2", "", False, False), ("1", "", False, False),
+    ("SIGINT", "metrics.jsonl", False, True), ("SIGINT", "", True, True)],
+    ids=["ctrl_c", "refused", "failed", "a_rank_wrote", "existed_before"])
+def test_a_run_dir_the_launch_never_used_is_removed_whatever_its_status(tmp_path, launch, wrote, existed, kept):
+    """Ctrl-C (or SIGTERM, or a failure) before any rank wrote into the RUN_DIR the script made left it holding
+    ds_config.json alone: only a start-up refusal (2) removed it. A RUN_DIR that existed, or that a rank wrote in,
+    stays. The launch check is given the master node's port, this node's without a hostfile (stand-in python)."""
+    bin_dir, run_dir, calls = tmp_path / "bin", tmp_path / "made" / "run", tmp_path / "calls"
+    bin_dir.mkdir()
+    for name, text in (("python", STUB_TRAINER_PYTHON), ("deepspeed", "#!/bin/sh\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    if existed:
+        run_dir.mkdir(parents=True)
+    env = launch_env(run_dir, PYTHON=str(bin_dir / "python"), CALLS=str(calls), LAUNCH=launch, WROTE=wrote)
+    result = subprocess.run([str(SCRIPTS / "bert_distributed.sh"), "2", *LAYOUT, *SHAPE], env=env, capture_output=True,
+                            text=True, timeout=20, preexec_fn=_ctrl_c_as_in_a_terminal)  # no rank left
+    assert result.returncode == (130 if launch == "SIGINT" else int(launch)), result.stderr
+    assert f" bert_distributed.sh 127.0.0.1:{env['MASTER_PORT']} 1 2 " in calls.read_text()
+    assert run_dir.exists() is kept and (tmp_path / "made").exists() is kept  # the folders it made, all
+    if kept:
+        assert sorted(path.name for path in run_dir.iterdir()) == sorted(["ds_config.json", *filter(None, [wrote])])

@@ -907,6 +907,8 @@ def test_launchs_kill_lines_after_a_stop_do_not_bury_the_ranks_line():
     assert not record(logging.ERROR, "['python', '-u', 'pretrain_bert.py', '--local_rank=1'] exits with return code = 130")
     assert not record(logging.ERROR, "['python', '-u', 'pretrain_bert.py'] exits with return code = -15")
     assert not record(logging.INFO, "Main process received SIGINT, exiting")
+    # a start-up refusal: the trainer's one line (or argparse's) was followed by this one, the last the user read
+    assert not record(logging.ERROR, "['python', '-u', 'pretrain_bert.py'] exits with return code = 2")
     assert record(logging.ERROR, "['python', '-u', 'pretrain_bert.py'] exits with return code = 1")
     assert record(logging.ERROR, "['python', '-u', 'pretrain_bert.py'] exits with return code = -9")
     assert record(logging.INFO, "Killing subprocess 3147", function="main")

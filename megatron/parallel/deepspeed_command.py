@@ -18,12 +18,12 @@ Run as `python -P -m megatron.parallel.deepspeed_command ...` (-P: the megatron 
 not one in the working directory); launcher_watch counts it among the launchers.
 """
 import logging
-import os
 import signal
 import subprocess
 import sys
 
 from megatron.errors import Interrupted, raise_on_signals, restore_signals
+from megatron.parallel.launch_env import LAUNCH_SCRIPT, launch_script
 
 PROG = "deepspeed"
 MODULE = "megatron.parallel.deepspeed_command"
@@ -31,9 +31,6 @@ LAUNCH = "deepspeed.launcher.launch"
 LAUNCH_START = ["-u", "-m", LAUNCH]  # how runner.py starts launch.py after the interpreter (DeepSpeed 0.19)
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STARTED_RANKS_STOP = "; ranks it had started stop on their own, each saying what it saved"
-# set by the launch scripts (examples_deepspeed/launcher_group.sh), which send a stop to the ranks alone:
-# launch.py's 128 + N is then theirs, not a sign that a Ctrl-C reached this process too
-SCRIPT_SIGNALS_RANKS = "MEGATRON_SCRIPT_SIGNALS_RANKS"
 
 
 def signal_as_status(code):
@@ -84,16 +81,22 @@ class _NotedStops:
 DEEPSPEED_LOGGER = "DeepSpeed"  # deepspeed.utils.logger's name (LoggerFactory.create_logger)
 # a rank that stopped, as launch.py sees it
 STOP_STATUSES = {str(code) for stop in STOPS for code in (128 + stop, -stop)}
+# a rank that refused to start (or to go on) with its one line, `pretrain_bert.py: error: ...` (or argparse's, or
+# python's `can't open file`): the line said what and how to fix it
+SAID_ITS_LINE = "2"
 
 
 def not_a_stops_kill_lines(record) -> bool:
     """launch.py's sigkill_handler lines: after a rank stopped on a signal (Ctrl-C to the main job), `Killing
     subprocess N` for each rank and `[ERROR] [<the 60-argument rank command>] exits with return code = 130`
-    came after the rank's own line (what it saved, how to resume), burying it. Only the [ERROR] line of a
-    rank that failed stays. A logging filter of DeepSpeed's logger, in launch.py's process (False: dropped)."""
+    came after the rank's own line (what it saved, how to resume), burying it; after a start-up refusal (status 2)
+    the [ERROR] line came after the trainer's one line, the last the user read (and it names the last rank's
+    command, whichever failed). Only the [ERROR] line of a rank that failed otherwise (a traceback's 1, a
+    death by SIGKILL) stays. A logging filter of DeepSpeed's logger, in launch.py's process (False: dropped)."""
     if record.funcName != "sigkill_handler":
         return True
-    return record.levelno >= logging.ERROR and record.getMessage().rsplit(" = ", 1)[-1] not in STOP_STATUSES
+    status = record.getMessage().rsplit(" = ", 1)[-1]
+    return record.levelno >= logging.ERROR and status not in STOP_STATUSES and status != SAID_ITS_LINE
 
 
 def _deepspeed_main(launch: bool, stops: _NotedStops):
@@ -106,6 +109,8 @@ def _deepspeed_main(launch: bool, stops: _NotedStops):
         return launch_module.main
     from deepspeed.launcher import runner
     runner.subprocess = _GuardedLaunch()
+    # the launch script's name reaches the ranks on the nodes the runner starts by ssh (their rendezvous lines)
+    runner.EXPORT_ENVS = [*runner.EXPORT_ENVS, LAUNCH_SCRIPT]
     return runner.main
 
 
@@ -130,7 +135,8 @@ def main() -> int:
         if launch:  # launch.py exits with a rank's return code (-9 for one killed by SIGKILL), or 1 after a stop
             return 128 + stops.received if stops.received and error.code == 1 else signal_as_status(error.code)
         signum = error.code - 128 if isinstance(error.code, int) and error.code - 128 in STOPS else None
-        if signum is not None and not os.environ.get(SCRIPT_SIGNALS_RANKS):
+        if signum is not None and not launch_script():  # a launch script sends its stop to the ranks alone:
+            # launch.py's 128 + N is then theirs, not a sign that a Ctrl-C reached this process too
             print(f"{PROG}: stopped by {signal.Signals(signum).name}{STARTED_RANKS_STOP}", file=sys.stderr, flush=True)
         raise
     return 0

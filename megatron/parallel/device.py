@@ -30,7 +30,7 @@ from megatron.ds_schema import cpu_optimizer_op
 from megatron.errors import ConfigError
 from megatron.quiet import c10d_log_quieted, quiet_shm_build
 from megatron.parallel import jit_locks, launcher_watch, master_address
-from megatron.parallel.launch_env import launcher_rank, local_rank
+from megatron.parallel.launch_env import launcher_rank, local_rank, rendezvous_setting
 
 
 def select_device() -> torch.device:
@@ -213,8 +213,8 @@ def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta 
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    fix = (f"start every rank of the {world} (each node's launcher with the same --master_addr and --master_port), "
-           "check that the address is reachable from every node, or raise --rendezvous-timeout")
+    fix = (f"start every rank of the {world} ({rendezvous_setting('MASTER_ADDR', 'MASTER_PORT')} the same on "
+           "every node), check that the address is reachable from every node, or raise --rendezvous-timeout")
     if not launcher_watch.launcher_processes():  # `python pretrain_bert.py` in a shell that kept an old job's exports
         fix += (f"; no launcher started this process: if RANK, WORLD_SIZE={world}, MASTER_ADDR and MASTER_PORT are "
                 "left in the environment by another job, unset them to run one process")

@@ -95,6 +95,17 @@ def check_script_layout(nodes: int, procs: int, pipeline: int, sequence: int) ->
                           f"{error.world_size} ranks") from None
 
 
+def check_script_launch(nodes: int, procs: int, pipeline: int, sequence: int, master: str) -> None:
+    """A launch script's checks before it writes its JSON: the layout (check_script_layout), then, on the node that
+    hosts rank 0 (`master` HOST:PORT; '' on another node, or in a dry run), a port another program listens on."""
+    from megatron.parallel.master_address import check_launch_port
+
+    check_script_layout(nodes, procs, pipeline, sequence)
+    if master:
+        host, port = master.rsplit(":", 1)
+        check_launch_port(host, int(port))
+
+
 def launch_environment() -> str | None:
     """`python pretrain_bert.py ...` without a launcher runs as one process: with none of RANK,
     WORLD_SIZE, LOCAL_RANK set (and no MPI or cluster launcher of DeepSpeed's), the env://

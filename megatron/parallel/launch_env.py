@@ -29,6 +29,27 @@ def _first_set(names: tuple) -> int:
     return 0
 
 
+# the launch script (examples_deepspeed/*.sh, launcher_group.sh) that started this run, by name: it takes the
+# rendezvous from MASTER_ADDR and MASTER_PORT in its environment, not from the launcher's flags, and stops the
+# ranks itself on a signal (deepspeed_command.py). DeepSpeed's runner under deepspeed_command.py passes it to the
+# nodes it reaches by ssh.
+LAUNCH_SCRIPT = "MEGATRON_LAUNCH_SCRIPT"
+
+
+def launch_script() -> str | None:
+    """The launch script that started this run (LAUNCH_SCRIPT), else None: the deepspeed command, torchrun, a tool."""
+    return os.environ.get(LAUNCH_SCRIPT, "").strip() or None
+
+
+def rendezvous_setting(*names: str) -> str:
+    """Where the user of this launch sets the rendezvous `names` (MASTER_ADDR, MASTER_PORT), as an error's fix names
+    it: the environment of the launch script that started the run, else the launcher's flags."""
+    script = launch_script()
+    if script:
+        return f"{' and '.join(names)} in the environment of {script}"
+    return "the launcher's " + " and ".join(f"--{name.lower()}" for name in names)
+
+
 PRINTER_WAIT = 10.0  # seconds at most a rank that leaves an error line to another rank waits for it
 
 

@@ -14,9 +14,12 @@ import socket
 import sys
 
 from megatron.errors import ConfigError, leave_the_line_to_rank_0
+from megatron.parallel.launch_env import launch_script, rendezvous_setting
 
 PORT_FIX = ("pass a free port: the launcher's --master_port (MASTER_PORT for the launch scripts, --master-port "
             "for the tools)")
+ADDRESS_FIX = ("pass the address of the node with rank 0: the launcher's --master_addr (MASTER_ADDR for the launch "
+               "scripts and bert_multinode.sh)")
 # getaddrinfo's answers that a retry cannot change (not EAI_AGAIN, a name server that did not answer)
 UNKNOWN_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
 
@@ -34,9 +37,7 @@ def check() -> None:
         socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
         if error.errno in UNKNOWN_NAME:
-            raise ConfigError(f"MASTER_ADDR {host} does not resolve ({error.strerror})",
-                              "pass the address of the node with rank 0: the launcher's --master_addr (MASTER_ADDR "
-                              "for the launch scripts and bert_multinode.sh)") from None
+            raise ConfigError(f"MASTER_ADDR {host} does not resolve ({error.strerror})", address_fix()) from None
     if os.environ["RANK"].strip() == "0" and port.strip().isdigit() and port_in_use(int(port)):
         raise port_in_use_error(f"{host}:{port}")
 
@@ -52,15 +53,35 @@ def refuse_unusable_port(port: str) -> None:
     if number and (1 if "RANK" in os.environ else 0) <= int(given) <= 65535:
         return
     reason = " (0 lets the system pick one, which the other ranks cannot know)" if number and int(given) == 0 else ""
-    fix = PORT_FIX if "RANK" in os.environ else ("unset MASTER_PORT, left in the environment (a run without a "
+    fix = port_fix() if "RANK" in os.environ else ("unset MASTER_PORT, left in the environment (a run without a "
                                                  "launcher picks a free port itself), or set it to a free port")
     raise ConfigError(f"MASTER_PORT {given if number else repr(port)} is not a TCP port the ranks can meet at, "
                       f"1-65535{reason}", fix)
 
 
+def port_fix() -> str:
+    """A MASTER_PORT's fix, naming what this launch's user sets: a launch script's environment, else the flags."""
+    return f"set {rendezvous_setting('MASTER_PORT')} to a free port" if launch_script() else PORT_FIX
+
+
+def address_fix() -> str:
+    """A MASTER_ADDR's fix, as port_fix."""
+    if launch_script():
+        return f"set {rendezvous_setting('MASTER_ADDR')} to the address of the node with rank 0"
+    return ADDRESS_FIX
+
+
 def port_in_use_error(address: str) -> ConfigError:
     return ConfigError(f"rank 0 cannot host the rendezvous at {address}: the port is in use on "
-                       f"{socket.gethostname()} (another run?)", PORT_FIX)
+                       f"{socket.gethostname()} (another run?)", port_fix())
+
+
+def check_launch_port(host: str, port: int) -> None:
+    """A launch script's check before its launch, on the node that hosts rank 0: a MASTER_PORT that another
+    program (another run) listens on here, one line at once, not rank 0's after the launcher's start and the
+    rank's imports (half a minute on a loaded machine)."""
+    if port_in_use(port):
+        raise port_in_use_error(f"{host}:{port}")
 
 
 def exit_if_unusable(prog: str) -> None:
