@@ -482,6 +482,7 @@ FAKE_RUNNER = """import os, signal, subprocess, sys, time
 if os.environ["STOP_AT"] == "runner import":  # Ctrl-C while the runner imports torch
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(30)
+EXPORT_ENVS = ["NCCL", "PYTHON"]  # deepspeed_command adds the launch script's variable
 
 
 def main():  # starts launch.py as DeepSpeed's runner does
@@ -510,6 +511,7 @@ def test_ctrl_c_while_the_launcher_starts_is_one_line(tmp_path, monkeypatch):
 
     # the stand-in starts launch.py as the pinned DeepSpeed's runner does, which deepspeed_command relies on
     assert 'sys.executable, "-u", "-m", "deepspeed.launcher.launch"' in inspect.getsource(runner.main)
+    assert isinstance(runner.EXPORT_ENVS, list)
     source = tiny_modernbert(tmp_path / "hf", DEFAULT_VOCAB_SIZE)
     launched = []
     monkeypatch.setattr(extend_context.os, "execve", lambda path, command, env: launched.append((command, env)))
