@@ -221,12 +221,16 @@ def prune(save_dir: str, keep_last: int) -> list[str]:
     and after. Never a `<tag>.partial` staging folder or anything else. Called by rank 0
     after a commit, between barriers, so no rank is writing. Each folder is first renamed to
     `<tag>.removing` (atomic), so a run killed mid-removal leaves no half iter_* folder that looks
-    complete; leftovers of such a kill are removed too."""
+    complete; leftovers of such a kill are removed too. Another run's checkpoints (a run id, checkpoint.RUN_ID,
+    not the one of the checkpoint `latest` names: a resume of another folder into this one) are neither
+    counted nor removed either: --keep-last prunes this run's saves, never another run's work."""
     if keep_last < 1:
         raise ValueError(f"keep_last {keep_last} must be >= 1")
     latest = latest_tag(save_dir) if os.path.isfile(os.path.join(save_dir, LATEST)) else None
+    own = run_id(save_dir, latest) if latest else None
     tags = sorted((name for name in os.listdir(save_dir)
-                   if re.fullmatch(r"iter_\d+", name) and os.path.isdir(os.path.join(save_dir, name))),
+                   if re.fullmatch(r"iter_\d+", name) and os.path.isdir(os.path.join(save_dir, name))
+                   and (own is None or run_id(save_dir, name) in (None, own))),
                   key=lambda name: int(name[len("iter_"):]))
     if latest in tags:
         tags = lineage(save_dir, tags[:tags.index(latest) + 1])
@@ -421,8 +425,8 @@ def foreign_warning(save_dir: str, load_dir: str, foreign: list[str]) -> str:
     """The warning of a resume into a --save folder holding another run's checkpoints (foreign_tags)."""
     them = "them" if len(foreign) > 1 else "it"
     return (f"warning: --save {save_dir} holds {tag_list(foreign)}, not checkpoints of --load {load_dir} (another "
-            f"run's): this run's saves join {them} under one '{LATEST}', so a rollback there would resume that run and "
-            f"--keep-last would remove {them}; move {them} out of {save_dir}, or pass another --save")
+            f"run's): this run's saves join {them} under one '{LATEST}', so a rollback there would resume that run "
+            f"(--keep-last neither counts nor removes {them}); move {them} out of {save_dir}, or pass another --save")
 
 
 def tag_list(tags: list[str]) -> str:

@@ -501,8 +501,8 @@ def test_a_resume_into_a_save_of_another_run_names_its_checkpoints(tmp_path, cap
         them = "it" if iteration == 4 else "them"
         assert capsys.readouterr().err == (
             f"warning: --save {save} holds {named}, not checkpoints of --load {load} (another run's): this run's saves "
-            f"join {them} under one 'latest', so a rollback there would resume that run and --keep-last would remove "
-            f"{them}; move {them} out of {save}, or pass another --save\n")
+            f"join {them} under one 'latest', so a rollback there would resume that run (--keep-last neither "
+            f"counts nor removes {them}); move {them} out of {save}, or pass another --save\n")
     fake_checkpoints(load, 4, latest=4)  # saved before runs had an id: nothing to tell them apart by
     start_run(save, str(load))
     assert capsys.readouterr().err == ""

@@ -77,6 +77,19 @@ def test_prune_counts_the_checkpoints_below_a_link_it_cannot_follow(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["iter_0000006", "iter_0000008", "iter_0000009", "latest"]
 
 
+def test_prune_never_counts_or_removes_another_runs_checkpoints(tmp_path):
+    """A resume of another folder saved 6 and 8 into a --save holding another run's 2 and 4 (another run id;
+    its start-up warned): --keep-last 1 removes this run's 6 only, never the other run's work."""
+    fake_checkpoints(tmp_path, [2, 4, 6, 8], latest=8)
+    for iteration, parent, run in ((2, None, "another"), (4, 2, "another"), (6, None, "this"), (8, 6, "this")):
+        link(tmp_path, iteration, parent)
+        path = tmp_path / checkpoint.tag_for(iteration) / checkpoint.RUN_STATE
+        state = json.loads(path.read_text())
+        path.write_text(json.dumps({**state, checkpoint.ORIGIN: {"from": None, checkpoint.RUN_ID: run}}))
+    assert checkpoint_save.prune(str(tmp_path), 1) == ["iter_0000006"]
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000002", "iter_0000004", "iter_0000008", "latest"]
+
+
 def test_keep_last_below_one_is_one_line_error():
     args = build_parser().parse_args(["--keep-last", "0"])
     with pytest.raises(ConfigError, match="--keep-last 0 must be >= 1"):
