@@ -137,6 +137,22 @@ def check_flag_combinations(args) -> None:
         raise ConfigError(f"--save {args.save} is inside the checkpoint folder --load {args.load} (resumes and "
                           "--keep-last there remove its iter_* folders, and whatever lies in them)",
                           f"choose a --save outside {args.load}")
+    check_outputs_outside_checkpoints(args)
+
+
+def check_outputs_outside_checkpoints(args) -> None:
+    """The folders the run writes to keep (--log-dir, --tensorboard-dir, --data-cache-path) inside an
+    iter_* folder of --save or --load: a save at that iteration, a rollback's or --keep-last removes it
+    with them (the run's logs gone while it trains, its last lines naming files that no longer exist)."""
+    for flag, path in (("--log-dir", getattr(args, "log_dir", None)),
+                       ("--tensorboard-dir", getattr(args, "tensorboard_dir", None)),
+                       ("--data-cache-path", getattr(args, "data_cache_path", None))):
+        for folder_flag, folder in (("--save", args.save), ("--load", args.load)):
+            tag = path and folder and paths.checkpoint_holding(path, folder)
+            if tag:
+                raise ConfigError(f"{flag} {path} is inside checkpoint {tag} of {folder_flag} {folder} (a save at its "
+                                  "iteration, a rollback or --keep-last removes that folder, and what lies in it)",
+                                  f"choose a {flag} outside the iter_* folders of {folder}")
 
 
 def check_schedule_flags(args) -> None:

@@ -5,6 +5,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -228,6 +229,16 @@ def where_in(path: str, folder: str) -> str | None:
     if resolved == container:
         return "the"
     return "inside the" if container in resolved.parents else None
+
+
+def checkpoint_holding(path: str, folder: str) -> str | None:
+    """The `iter_*` checkpoint folder of the checkpoint directory `folder` (also a `.partial` or `.removing`
+    one) that `path` is or lies in, by name (None: elsewhere): a save at its iteration, a rollback's save or
+    --keep-last removes it, and whatever was written into it."""
+    if where_in(path, folder) != "inside the":
+        return None
+    top = Path(path).resolve().relative_to(Path(folder).resolve()).parts[0]
+    return top if re.fullmatch(r"iter_\d+(\.partial|\.removing)?", top) else None
 
 
 def save_into_weights_folder(save: str, folder: str, flag: str) -> str | None:

@@ -1051,6 +1051,13 @@ FLAG_MISTAKES = {
     "eval_iters_negative": (["--eval-iters", "-1"], ("--eval-iters -1 must be >= 0", "or 0 for no evaluation")),
     "save_interval_zero": (["--save-interval", "0"], ("--save-interval 0 must be >= 1",)),
     "keep_last_zero": (["--keep-last", "0"], ("--keep-last 0 must be >= 1",)),
+    # logs inside a checkpoint folder: --keep-last removed them mid-run, and the run ended naming files long gone
+    "log_dir_inside_a_save_checkpoint": (["--save", "{tmp}/ck", "--keep-last", "1", "--log-dir",
+                                          "{tmp}/ck/iter_0000006/logs"], (
+        "--log-dir /nonexistent/ck/iter_0000006/logs is inside checkpoint iter_0000006 of --save /nonexistent/ck",
+        "--keep-last removes that folder", "; choose a --log-dir outside the iter_* folders of /nonexistent/ck")),
+    "tensorboard_dir_inside_a_load_checkpoint": (["--load", "{tmp}/ck", "--tensorboard-dir", "{tmp}/ck/iter_2/tb"], (
+        "--tensorboard-dir /nonexistent/ck/iter_2/tb is inside checkpoint iter_2 of --load /nonexistent/ck",)),
     "num_workers_negative": (["--num-workers", "-1"], ("--num-workers -1 must be >= 0", "--num-workers 0")),
     "num_workers_beyond_the_cpus": (["--num-workers", "100000"], (  # forked them all: the rank hung for minutes
         "--num-workers 100000 is more than 4 x the", "os.cpu_count()", "pass --num-workers")),
