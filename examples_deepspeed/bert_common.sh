@@ -149,7 +149,13 @@ fi
 # --load of the --save folder: the same command starts the run (nothing saved yet: from scratch) and resumes
 # it when requeued; a --save or --load among the flags moves either
 save_dir "$RUN_DIR/checkpoints" "$@"
-COMMAND=("${LAUNCHER[@]}" "$ROOT/pretrain_bert.py" --deepspeed --deepspeed_config "$RUN_DIR/ds_config.json"
+# a launch per node (NODE_RANK > 0) writes its own JSON, ds_config.node<N>.json: in a RUN_DIR the nodes share, one
+# ds_config.json would be each node's in turn, the last written read by every rank (another node's micro batch or
+# ZeRO stage taken silently); with a file per node, the trainer compares them and names what differs
+JSON=ds_config.json
+[ -z "${HOSTFILE:-}" ] || [ -z "${NODE_RANK:-}" ] || [ "$((10#$NODE_RANK))" -eq 0 ] ||
+    JSON="ds_config.node$((10#$NODE_RANK)).json"
+COMMAND=("${LAUNCHER[@]}" "$ROOT/pretrain_bert.py" --deepspeed --deepspeed_config "$RUN_DIR/$JSON"
          "${MODEL[@]}" --train-iters 1000 --lr 1e-4 --lr-warmup-fraction 0.01 --log-interval 10
          --eval-interval 500 --eval-iters 10 --save "$SAVE_DIR" --load "$SAVE_DIR" --save-interval 500 --log-dir "$RUN_DIR" "$@")
 # --script-names: its errors name this script (SCRIPT: error: ...) and its arguments (GLOBAL_BATCH, LAYERS, ...), not
@@ -177,20 +183,27 @@ sys.exit(errors.run_tool(script, lambda: check_script_launch(*sizes, master)))' 
 if [ "$DRY_RUN" = 1 ]; then
     # a dry run writes nothing: the JSON it would write is printed, and where the command reads it
     json="$("${CONFIG[@]}" --output -)"  # a refused JSON is its error line alone, not after the header below
-    echo "# RUN_DIR/ds_config.json ($RUN_DIR/ds_config.json) would hold this JSON; the command below reads it there:"
+    echo "# RUN_DIR/$JSON ($RUN_DIR/$JSON) would hold this JSON; the command below reads it there:"
     printf '%s\n' "$json"
     printf '%q ' "${COMMAND[@]}"
     echo
     exit 0
 fi
-# a launch that ended before any rank wrote into the RUN_DIR this script made (it holds the JSON alone) leaves no
-# RUN_DIR: refused at start-up (the trainer's one line, 2), stopped before the ranks started (Ctrl-C 130, SIGTERM
-# 143), failed. A RUN_DIR that existed before, or that holds anything else (logs, checkpoints), is kept.
+# a launch that ended before any rank wrote into the RUN_DIR this script made (it holds the nodes' JSONs alone) leaves
+# no RUN_DIR: refused at start-up (the trainer's one line, 2), stopped before the ranks started (Ctrl-C 130, SIGTERM
+# 143), failed. A RUN_DIR that existed before, or that holds anything else (logs, checkpoints), is kept; a node's
+# own ds_config.node<N>.json is removed from one another node made.
 remove_unused_run_dir() {
-    [ "$RUN_DIR" != "$existing" ] || return 0
-    case "$(ls -A -- "$RUN_DIR" 2> /dev/null)" in
-        '' | ds_config.json) rm -f -- "$RUN_DIR/ds_config.json"; remove_made_run_dir ;;
-    esac
+    local name
+    for name in $(ls -A -- "$RUN_DIR" 2> /dev/null); do
+        [[ "$name" =~ ^ds_config(\.node[0-9]+)?\.json$ ]] || return 0
+    done
+    if [ "$RUN_DIR" != "$existing" ]; then
+        rm -f -- "$RUN_DIR/$JSON"
+        remove_made_run_dir
+    elif [ "$JSON" != ds_config.json ]; then
+        rm -f -- "$RUN_DIR/$JSON"
+    fi
 }
 # a stop while the JSON is written (run_launcher's traps take over at the launch)
 for name in TERM INT HUP; do
@@ -199,7 +212,7 @@ for name in TERM INT HUP; do
 done
 mkdir -p -- "$RUN_DIR"  # ds_config.py writes into an existing folder only: RUN_DIR is made here, and removed if refused
 status=0
-"${CONFIG[@]}" --output "$RUN_DIR/ds_config.json" > /dev/null || status=$?
+"${CONFIG[@]}" --output "$RUN_DIR/$JSON" > /dev/null || status=$?
 [ "$status" -ne 0 ] || run_launcher "${COMMAND[@]}" || status=$?
 [ "$status" -eq 0 ] || remove_unused_run_dir
 exit "$status"

@@ -35,11 +35,14 @@ from megatron.checkpoint import (LATEST, LAYOUT_FREE, LOGS, ORIGIN, PARENT, PART
 from megatron.config import TrainConfig
 from megatron.data import tokenizer_identity
 from megatron.errors import ConfigError, DataError, disk_full
-from megatron.locks import keep_held, release_lock, take_lock
+from megatron.locks import held_record, holds_lock, keep_held, release_lock, take_lock
 from megatron.parallel import peers, state as parallel_state
 from megatron.parallel.launch_env import local_rank
 
 FULL_BYTES = 16 * 2**20  # less free space than this after a failed write: the disk is full
+# how long a node looks for rank 0's lock in its --save (a network file system may cache the name as missing
+# for its attribute-cache time, 30 s by default)
+SHARED_WAIT_S = 30
 
 
 def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_samples: int,
@@ -337,14 +340,20 @@ def check_writable(save_dir: str) -> None:
                                             error, fix)
         except ConfigError as error:  # a link to a folder that does not exist (missing_folders)
             problem, fix = f"--save: {error.problem}", error.fix
-    problem = problem and (problem, fix)
+    problem, record = problem and (problem, fix), None
     if problem is None and dist.get_rank() == 0:
         problem = take_lock(save_dir, created, fix=fix)
         if problem is None:
             remove_killed_saves(save_dir)
-    problems = [None] * dist.get_world_size()
-    dist.all_gather_object(problems, problem)  # also: no probe is removed while another node writes one
-    found = next((text for text in problems if text), None)
+            record = held_record()
+    gathered = [None] * dist.get_world_size()  # also: no probe is removed while another node writes one
+    dist.all_gather_object(gathered, (problem, save_dir, socket.gethostname(), record))
+    found = next((problem for problem, *_ in gathered if problem), None)
+    if found is None:  # each other node's --save shows rank 0's lock: the same folder
+        problem = not_shared(save_dir, *gathered[0][1:]) if local_rank() == 0 and dist.get_rank() else None
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+        found = next((problem for problem in problems if problem), None)
     if found:
         release_lock()  # a run that does not start holds none
         dist.barrier()  # gone before another node, which may have made the folders, removes them
@@ -352,6 +361,19 @@ def check_writable(save_dir: str) -> None:
     dist.barrier()  # removed on every node when any rank returns
     if found:
         raise ConfigError(*found)
+
+
+def not_shared(save_dir: str, rank_0_dir: str, rank_0_host: str, lock: dict,
+               wait_s: float = SHARED_WAIT_S) -> tuple[str, str] | None:
+    """(problem, fix) when this node's `save_dir` does not hold rank 0's `lock` (taken in its --save `rank_0_dir`
+    on `rank_0_host`): another folder, a disk of this node's own, where this node's ranks would write their part
+    of each checkpoint apart from the others' (a resume then finds none whole). None: the same folder, whatever
+    path each node mounts it at."""
+    if holds_lock(save_dir, lock, wait_s=wait_s):
+        return None
+    return (f"--save {save_dir} on {socket.gethostname()} is not the folder rank 0 saves into (--save {rank_0_dir} on "
+            f"{rank_0_host}): each node would hold only its own ranks' part of every checkpoint", "pass a --save folder every node shares (a shared file system; the launch scripts: "
+            "the same RUN_DIR on every node)")
 
 
 def remove_killed_saves(save_dir: str) -> list[str]:

@@ -279,6 +279,24 @@ def _held_by_live_run(named: str, flag: str, path: str, holder: dict | None, age
             f"wait for that run to end or stop it, or choose another {flags} directory")
 
 
+def held_record(name: str = LOCK) -> dict | None:
+    """The record of the lock `name` this process holds; None: it holds none."""
+    held = _held_locks.get(name)
+    return held and held["record"]
+
+
+def holds_lock(folder: str, record: dict, name: str = LOCK, wait_s: float = 0.0) -> bool:
+    """Whether `folder` holds the lock `record` another process (another node's rank 0) took in the folder it
+    names so: the same folder, shared. A name a network file system cached as missing may show only a while
+    after the other node wrote it: it is looked for again for up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while _read_lock(os.path.join(folder, name)) != record:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(1)
+    return True
+
+
 def _read_lock(path: str) -> dict | None:
     try:
         with open(path) as file:

@@ -747,9 +747,9 @@ def test_the_first_setting_a_rank_was_launched_with_otherwise_is_named_with_its_
     assert str(same_settings.different_settings(json_only, ["a", "a", "b"], names)).startswith(
         "the ranks were launched with different settings: the DeepSpeed JSON's zero_optimization.stage is 1 on "
         "rank 0 (a) but 2 on rank 1 (a);")
-    saved = [on_rank(0, "--save", "run0/ckpt"), on_rank(1, "--save", "run1/ckpt")]
+    saved = [on_rank(0, "--save", "run0/ckpt"), on_rank(1)]  # the folders themselves: check_writable, by rank 0's lock
     assert str(same_settings.different_settings(saved, ["a", "b"], names)).endswith(
-        "--save is run0/ckpt on rank 0 (a) but run1/ckpt on rank 1 (b); launch every node with the same command and "
+        "--save is given on rank 0 (a) but not given on rank 1 (b); launch every node with the same command and "
         "the same DeepSpeed JSON, with --save and --load a folder every node shares (the launch scripts: the same "
         "RUN_DIR)")
     switched = [on_rank(0), on_rank(1, "--bert-no-binary-head")]

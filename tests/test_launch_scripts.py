@@ -405,6 +405,10 @@ def test_two_node_launch_on_one_machine(tmp_path, data_dir):
         assert "{'node-a': [0], 'node-b': [1]}" in output  # global rank 1 lives on the second node
         assert ACCELERATOR_WARNING not in output
     assert "iteration 2/2" in outputs[0]
+    # node 1's JSON beside node 0's in the RUN_DIR they share, compared at start-up: one file, the last written,
+    # was read by every rank (another node's micro batch taken silently)
+    written = [json.loads((multi / name).read_text()) for name in ("ds_config.json", "ds_config.node1.json")]
+    assert written[0] == written[1]
 
     run_script("bert_distributed.sh", single, *LAYOUT, *SHAPE, *train_flags(data_dir), *MODERN)
     # the same job in the same layout; not bitwise: one fresh-clone run saw the second step's loss 1.1e-7

@@ -169,3 +169,87 @@ def test_the_same_files_at_another_path_on_another_node_are_the_same_settings(tm
     assert same_settings.settings_digest(settings(node_a)) == same_settings.settings_digest(settings(node_b))
     assert same_settings.settings_digest(settings(node_a)) != same_settings.settings_digest(
         settings(node_a, files_of=other))
+
+
+def test_a_node_running_other_code_is_named_before_its_flags(tmp_path):
+    """A node with another checkout (an edited source) or another version of a pinned package was compared by its
+    flags alone: the flags agreed and it trained on otherwise, or its other defaults were named as if the user had
+    given other flags. The code is compared first now, in one line naming the package or the sources."""
+    import shutil
+
+    from megatron.arguments import build_parser
+    from megatron.parallel import same_settings
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parser = build_parser()
+    names = same_settings.flag_names(parser)
+    here = same_settings.code_identity()
+    assert set(here) == {same_settings.CODE + name for name in (same_settings.SOURCES, *same_settings.PINNED)}
+    copy = tmp_path / "checkout"
+    shutil.copytree(os.path.join(root, "megatron"), copy / "megatron", ignore=shutil.ignore_patterns("*.so", "__py*"))
+    shutil.copy(os.path.join(root, "pretrain_bert.py"), copy)
+    assert same_settings.code_identity(copy) == here  # the same sources at another path
+    (copy / "megatron" / "training.py").write_text((copy / "megatron" / "training.py").read_text() + "# edited\n")
+    edited = same_settings.code_identity(copy)
+    assert edited[same_settings.CODE + "megatron"] != here[same_settings.CODE + "megatron"]
+
+    def rank(code, *flags):
+        return {**same_settings.launch_settings(parser.parse_args(["--lr", "1e-4", *flags]), {}), **code}
+
+    older = {**here, same_settings.CODE + "deepspeed": "0.19.7"}
+    assert same_settings.different_settings([rank(here), rank(here)], ["a", "b"], names) is None
+    assert str(same_settings.different_settings([rank(here), rank(older, "--lr", "2e-4")], ["a", "b"], names)) == (
+        f"the ranks run other code: deepspeed is {here['code:deepspeed']} on rank 0 (a) but 0.19.7 on rank 1 (b); "
+        f"{same_settings.CODE_FIX}")
+    both = {**edited, same_settings.CODE + "deepspeed": "0.19.7"}
+    assert str(same_settings.different_settings([rank(here), rank(both)], ["a", "b"], names)) == (
+        f"the ranks run other code: the trainer's sources (digest of megatron/, pretrain_bert.py) is "
+        f"{here['code:megatron']} on rank 0 (a) but {edited['code:megatron']} on rank 1 (b) (also deepspeed); "
+        f"{same_settings.CODE_FIX}")
+
+
+@pytest.mark.parametrize("node_0, node_1, message", [
+    # folders a node may have on its own disk: the index maps (built again where missing), the embedded corpus
+    (["--data-cache-path", "/local/a/maps"], ["--data-cache-path", "/scratch/maps"], None),
+    (["--default-data-dir", "/home/a/repo/data"], ["--default-data-dir", "/opt/repo/data"], None),
+    # one shared --save mounted at another path: check_writable tells it by rank 0's lock, not here
+    (["--save", "/mnt/a/ckpt", "--load", "/mnt/a/ckpt"], ["--save", "/shared/ckpt", "--load", "/shared/ckpt"], None),
+    (["--save", "/mnt/a/ckpt"], [], "--save is given on rank 0 (a) but not given on rank 1 (b); "),
+    (["--save", "/ckpt", "--load", "/ckpt"], ["--save", "/ckpt", "--load", "/old"],
+     "--load is the --save folder on rank 0 (a) but /old on rank 1 (b); "),
+])
+def test_per_node_folders_may_differ_and_the_checkpoint_folder_may_not(node_0, node_1, message):
+    """Every flag was compared as text: a per-node --data-cache-path (or checkout) refused the launch, and one
+    --save path on node-local disks passed, each node then holding a part of every checkpoint."""
+    from megatron.arguments import build_parser
+    from megatron.parallel import same_settings
+
+    parser = build_parser()
+    every = [same_settings.launch_settings(parser.parse_args(flags), {}) for flags in (node_0, node_1)]
+    error = same_settings.different_settings(every, ["a", "b"], same_settings.flag_names(parser))
+    assert (error and str(error).split("settings: ")[1].split("launch every")[0]) == message, error
+    if message:
+        assert str(error).endswith(same_settings.SHARED_FOLDER_FIX)
+
+
+def test_a_save_folder_is_the_one_rank_0_locked_or_refused(tmp_path):
+    """check_writable's check on each other node: rank 0's lock shows in its --save (any path to that folder)."""
+    import json
+
+    from megatron import checkpoint_save, locks
+
+    shared, local = tmp_path / "shared", tmp_path / "local"
+    shared.mkdir()
+    local.mkdir()
+    (tmp_path / "mount").symlink_to(shared)
+    lock = {"host": "a", "pid": 1, "start": 2.0}
+    (shared / locks.LOCK).write_text(json.dumps(lock))
+    (local / locks.LOCK).write_text(json.dumps({**lock, "pid": 3}))  # another run's lock at the same path
+    for seen in (shared, tmp_path / "mount"):
+        assert checkpoint_save.not_shared(str(seen), "/ckpt", "a", lock, wait_s=0) is None
+    for other in (local, tmp_path / "missing"):
+        problem, fix = checkpoint_save.not_shared(str(other), "/ckpt", "a", lock, wait_s=0)
+        assert problem.startswith(f"--save {other} on ") and problem.endswith(
+            "is not the folder rank 0 saves into (--save /ckpt on a): each node would hold only its own ranks' part "
+            "of every checkpoint"), problem
+        assert fix.startswith("pass a --save folder every node shares")

@@ -3,11 +3,15 @@ collective. A launch per node (NODE_RANK=0..N-1, a scheduler's job per machine) 
 flags or another DeepSpeed JSON, which no rank notices on its own: the ranks train at other rates and then
 wait on a step the others never take (a frozen rank, says the timeout), or a collective of another size
 aborts in the backend. What may differ by rank is left out (PER_RANK); the data and tokenizer files are
-compared by what they hold (BY_CONTENT), not by the path a node reaches them at."""
+compared by what they hold (BY_CONTENT), not by the path a node reaches them at; --save by whether it is
+given (checkpoint_save.check_writable checks that it is one folder on every node); the code each rank runs
+(the trainer's sources, the pinned packages: CODE) first, as other code may read the same flags otherwise."""
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import socket
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -15,11 +19,25 @@ from megatron.errors import ConfigError
 
 # what differs by rank or node and changes nothing the ranks share: the launcher's local rank, the JSON's path
 # (its content is compared), rank 0's own log folders (a per-node RUN_DIR's, free_log_dir's -N), and which
-# alias of a flag was given (`--swiglu` or `--mlp-type swiglu`: the value is compared)
-PER_RANK = frozenset({"local_rank", "deepspeed_config", "log_dir", "tensorboard_dir", "aliases"})
+# alias of a flag was given (`--swiglu` or `--mlp-type swiglu`: the value is compared), and the folders each
+# node may have on its own disk: --data-cache-path (a node that does not see a map builds it there, the same
+# map: bert_dataset.cached_array) and --default-data-dir (each node builds the same embedded corpus)
+PER_RANK = frozenset({"local_rank", "deepspeed_config", "log_dir", "tensorboard_dir", "aliases", "data_cache_path",
+                      "default_data_dir"})
 FIX = "launch every node with the same command and the same DeepSpeed JSON"
 # every rank writes its part of a checkpoint into --save and reads it from --load: one folder all nodes share
 SHARED_FOLDER_FIX = ", with --save and --load a folder every node shares (the launch scripts: the same RUN_DIR)"
+# --save may be one shared folder mounted at another path on each node: compared here by whether it is given,
+# and by its lock (rank 0's, seen in every node's --save) in checkpoint_save.check_writable; a --load that is the
+# rank's --save is compared as that
+GIVEN, THE_SAVE_FOLDER = "given", "the --save folder"
+# the code every rank must run alike: the trainer's sources and the pinned packages that compute or read
+# the checkpoints (requirements.txt); {CODE + name: version}
+CODE = "code:"
+SOURCES = "megatron"  # CODE + SOURCES: a digest of the trainer's sources (megatron/, pretrain_bert.py)
+PINNED = ("torch", "deepspeed", "numpy", "tokenizers", "transformers")
+CODE_FIX = ("install the same commit of the trainer and the pinned packages (requirements.txt) on every node, "
+            "then launch again")
 NAMED = 4  # the further differences the line names after the first
 ABSENT = object()  # a JSON key one rank's JSON lacks
 # the flags that name files, compared by what the files hold: the same data mounted at /mnt/a/data on one node
@@ -44,9 +62,29 @@ def launch_settings(args, ds: dict) -> dict:
             settings[f"json:{prefix}"] = value
 
     flatten("", ds)
-    if args.data_path:  # the embedded corpus' folder is not read (a node's checkout may sit elsewhere)
-        settings.pop("default_data_dir", None)
+    if settings.get("load") and settings["load"] == settings.get("save"):
+        settings["load"] = THE_SAVE_FOLDER
+    if settings.get("save"):
+        settings["save"] = GIVEN
     return settings
+
+
+def code_identity(root: Path = Path(__file__).resolve().parents[2]) -> dict:
+    """{CODE + name: version} of what this rank runs: a digest of the trainer's sources (its .py and .cpp files
+    under megatron/ and pretrain_bert.py: a node with another checkout, or an edited one) and the version of
+    each PINNED package (`not installed`). `root`: the checkout's folder."""
+    digest = hashlib.sha256()
+    for path in sorted([*root.joinpath("megatron").rglob("*.py"), *root.joinpath("megatron").rglob("*.cpp"),
+                        root / "pretrain_bert.py"]):
+        with contextlib.suppress(OSError):
+            digest.update(f"{path.relative_to(root)}\0".encode() + path.read_bytes())
+    found = {CODE + SOURCES: digest.hexdigest()[:12]}
+    for name in PINNED:
+        try:
+            found[CODE + name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[CODE + name] = "not installed"
+    return found
 
 
 def content_identities(settings: dict) -> dict:
@@ -95,6 +133,14 @@ def different_settings(every: list, hosts: list, names: dict) -> ConfigError | N
     `every`: launch_settings per rank, `hosts`: each rank's host name."""
     first = every[0]
     for rank, theirs in enumerate(every[1:], start=1):
+        code = [name for name in {**first, **theirs} if name.startswith(CODE) and first.get(name) != theirs.get(name)]
+        if code:  # first: other code may read the same flags otherwise, or give them other defaults
+            code.sort(key=lambda name: name != CODE + SOURCES)
+            label = [_code_label(name) for name in code]
+            also = f" (also {', '.join(label[1:])})" if code[1:] else ""
+            return ConfigError(f"the ranks run other code: {label[0]} is {first.get(code[0], 'absent')} on rank 0 "
+                               f"({hosts[0]}) but {theirs.get(code[0], 'absent')} on rank {rank} ({hosts[rank]}){also}",
+                               CODE_FIX)
         differ = [name for name in {**first, **theirs} if first.get(name, ABSENT) != theirs.get(name, ABSENT)
                   and not name.startswith(CONTENT) and not _same_content(name, first, theirs)]
         other_files = [name for name in BY_CONTENT if CONTENT + name in first and CONTENT + name in theirs
@@ -124,6 +170,12 @@ def _same_content(name: str, first: dict, theirs: dict) -> bool:
     """Whether BY_CONTENT flag `name` names files holding the same on both ranks (both identities known)."""
     key = CONTENT + name
     return name in BY_CONTENT and key in first and key in theirs and first[key] == theirs[key]
+
+
+def _code_label(name: str) -> str:
+    if name == CODE + SOURCES:
+        return "the trainer's sources (digest of megatron/, pretrain_bert.py)"
+    return name[len(CODE):]
 
 
 def _label(name: str, names: dict) -> str:
@@ -162,7 +214,7 @@ def check_same_settings(settings: dict, names) -> None:
     digests differ. `names`: a callable giving flag_names, called only then."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
-    settings = {**settings, **content_identities(settings)}
+    settings = {**settings, **content_identities(settings), **code_identity()}
     digest = settings_digest(settings)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (digest, socket.gethostname()))
