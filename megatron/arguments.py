@@ -8,13 +8,14 @@ their help: the schedule's shape (--lr-decay-style, --lr-warmup-fraction), --see
 """
 import argparse
 import sys
+import time
 
 from megatron.data.tokenizer import add_tokenizer_flags
 from megatron.errors import ConfigError, OneLineParser
 from megatron.flag_habits import TRAINER_HABITS
 from megatron.model.args import MODEL_PRESETS
 from megatron.model.fields import dest_to_field, flag_of, info
-from megatron.parallel.launch_env import launcher_rank, outlive_rank_0
+from megatron.parallel.launch_env import PRINTER_WAIT, launcher_rank, outlive_rank_0
 from megatron.paths import DEFAULT_DATA_DIR, DEFAULT_LOG_DIR, in_repository
 from megatron.schedule import DECAY_STYLES, DEFAULT_WARMUP_FRACTION, WSD_DECAY_STYLES
 
@@ -358,7 +359,12 @@ class OncePerRunParser(OneLineParser):
 
     def exit(self, status=0, message=None):
         if status and launcher_rank() != 0:
-            outlive_rank_0()
+            since = time.monotonic()
+            if message:  # a node launched with other flags: the ranks waiting at rank 0's rendezvous end at once
+                from megatron.parallel.device import post_refusal  # torch: imported already (build_parser)
+
+                post_refusal(message.strip().splitlines()[-1], since + PRINTER_WAIT)
+            outlive_rank_0(since)
         super().exit(status, message)
 
 

@@ -768,10 +768,12 @@ CASES += [  # ---- signals and faults
              phrases=("--log-dir", "log is in use by a live run", f"pid {os.getpid()} on this host",
                       "choose another --log-dir")),
     Case("rendezvous_missing_rank", "pretrain", [*PRETRAIN, "--rendezvous-timeout", "2"],
-         ("the rendezvous at 127.0.0.1:", "timed out after 2 s: 1 of 2 ranks arrived", "raise --rendezvous-timeout"),
+         ("the rendezvous at 127.0.0.1:", "timed out after 2 s: 1 of 2 ranks arrived (rank 1 missing)",
+          "may have stopped at start-up on their node", "look at that node's output first", "raise --rendezvous-timeout"),
          env={"WORLD_SIZE": "2"}),
     Case("rendezvous_rank_0_missing", "pretrain", [*PRETRAIN, "--rendezvous-timeout", "2"],
-         ("rank 1 could not reach the rendezvous at 127.0.0.1:", "within 2 s", "raise --rendezvous-timeout"),
+         ("rank 1 could not reach the rendezvous at 127.0.0.1:", "within 2 s", "rank 0 may have stopped at start-up "
+          "on its node", "look at that node's output first", "raise --rendezvous-timeout"),
          env={"WORLD_SIZE": "2", "RANK": "1"}),
     pretrain("--rendezvous-timeout", "0", id="flag_rendezvous_timeout_zero",
              phrases=("--rendezvous-timeout 0.0 must be >= 1", "pass --rendezvous-timeout 1 or more")),
@@ -1960,13 +1962,66 @@ def test_a_rendezvous_timeout_without_a_launcher_names_the_environment(monkeypat
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError) as error:
         device.rendezvous("gloo", 1)
-    assert error.value.problem.endswith("timed out after 1 s: 1 of 2 ranks arrived")
+    assert error.value.problem.endswith("timed out after 1 s: 1 of 2 ranks arrived (rank 1 missing); the missing "
+                                        "ranks may have stopped at start-up on their node (their own error line "
+                                        "there) or their launcher ended: look at that node's output first")
     note = ("no launcher started this process: if RANK, WORLD_SIZE=2, MASTER_ADDR and MASTER_PORT are left in the "
             "environment by another job, unset them to run one process")
     assert (note in error.value.fix) is not bool(launched)
     same = ("MASTER_ADDR and MASTER_PORT in the environment of bert_distributed.sh" if isinstance(launched, str) else
             "the launcher's --master_addr and --master_port")
     assert error.value.fix.startswith(f"start every rank of the 2 ({same} the same on every node), "), error.value.fix
+
+
+def test_a_rank_refused_before_the_rendezvous_ends_the_waiting_ranks_at_once(monkeypatch):
+    """A node whose flags were refused at start-up (or whose rank stopped before its rendezvous) left the other
+    nodes' ranks waiting out the whole --rendezvous-timeout, to end with a line that blamed the rendezvous: the
+    refusing rank posts its line to rank 0's store (post_refusal, from report_once and the parser), and rank 0's
+    verdict ends every rank that arrived at once with a line naming that rank and its error."""
+    import socket
+    import threading
+    import time
+
+    from megatron.parallel import device, launcher_watch
+
+    monkeypatch.setattr(launcher_watch, "launcher_processes", lambda: [(1, None, "its launcher")])
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", str(free_port()))):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(device, "_rendezvous_begun", [False])
+    monkeypatch.setattr(device, "launcher_rank", lambda: 1)  # the refusing rank's view (rank 0 reads RANK)
+    waiting, reachable = threading.Event(), device._reachable
+    monkeypatch.setattr(device, "_reachable", lambda *args: waiting.set() or reachable(*args))
+    posted = []
+    refusing = threading.Thread(target=lambda: posted.append(device.post_refusal(
+        "pretrain_bert.py: error: --hidden-size 63 is odd; pass an even one", time.monotonic() + 10)))
+    refusing.start()
+    assert waiting.wait(10)  # it looks for rank 0's store before rank 0 starts it (its rendezvous, below)
+    began = time.monotonic()
+    with pytest.raises(ConfigError) as error:
+        device.rendezvous("gloo", 60)
+    refusing.join()
+    assert posted == [True] and time.monotonic() - began < 30, "waited out --rendezvous-timeout"
+    assert error.value.problem == (f"rank 1 on {socket.gethostname()} stopped at start-up, before the rendezvous, "
+                                   "with its own error (--hidden-size 63 is odd; pass an even one), so the rendezvous "
+                                   f"at 127.0.0.1:{os.environ['MASTER_PORT']} cannot complete (1 of 2 ranks arrived)")
+    assert device.post_refusal("its error", time.monotonic() + 1) is False, "its rendezvous' own errors are not posted"
+
+
+def test_a_rank_whose_flags_are_refused_posts_its_line(monkeypatch, capsys):
+    """A rank other than rank 0 prints no parser error (rank 0 does, for every rank alike); on a node launched with
+    other flags than rank 0's, that line goes to rank 0's store instead, which ends the ranks waiting there."""
+    from megatron import arguments
+    from megatron.parallel import device
+
+    posted = []
+    monkeypatch.setattr(device, "post_refusal", lambda line, until: posted.append(line))
+    for name, value in (("RANK", "1"), ("WORLD_SIZE", "1")):  # WORLD_SIZE 1: no wait for rank 0 to print
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit):
+        arguments.build_parser().parse_args(["--linformer-kk", "16"])
+    assert posted == ["pretrain_bert.py: error: unrecognized arguments: --linformer-kk 16; see pretrain_bert.py --help"]
+    assert capsys.readouterr().err == ""
 
 
 def test_a_launch_script_checks_its_port_and_names_its_rendezvous_variables(monkeypatch):

@@ -14,6 +14,7 @@ build refuses when TORCH_CUDA_ARCH_LIST names an architecture-specific target. `
 says beforehand whether that would happen, so the trainer takes torch's Adam instead of failing.
 """
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -211,6 +212,7 @@ def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta 
     timeout (DeepSpeed's 10 minutes, torch's 30), silently: a node that never started reads as a
     hang. Here the wait is bounded on its own; the store then takes the collective timeout."""
 
+    _rendezvous_begun[0] = True  # an error from here on is the rendezvous' own, not one to post (post_refusal)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     fix = (f"start every rank of the {world} ({rendezvous_setting('MASTER_ADDR', 'MASTER_PORT')} the same on "
@@ -222,7 +224,9 @@ def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta 
     while rank != 0 and not _reachable(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), deadline):
         if time.monotonic() >= deadline:  # torch's own retries would print C++ stack traces meanwhile
             unreached = ConfigError(f"rank {rank} could not reach the rendezvous at {address} (rank 0's) within "
-                                    f"{timeout:g} s: 0 of {world} ranks known to have arrived", fix)
+                                    f"{timeout:g} s: 0 of {world} ranks known to have arrived; rank 0 may have "
+                                    f"stopped at start-up on its node (its own error line there) or its launcher "
+                                    f"ended: look at that node's output first", fix)
             unreached.node_leaders = True  # rank 0 may be the one missing: each node's first rank prints it
             raise unreached
         time.sleep(0.2)
@@ -245,14 +249,18 @@ def _gathered_store(rank: int, world: int, address: str, timeout: float, deadlin
             raise master_address.port_in_use_error(address)
         raise ConfigError(f"rank {rank} could not join the rendezvous at {address} "
                           f"({str(error).splitlines()[0][:200]})", fix) from None
-    arrived = 0
+    arrived, missing, refused = 0, "", ""
     try:
+        store.set(f"{ARRIVED}/{rank}", "1")
         arrived = store.add("megatron/rendezvous", 1)
         if rank == 0:  # rank 0 alone decides, so no rank goes on while another gives up
-            while arrived < world and time.monotonic() < deadline:
+            while arrived < world and time.monotonic() < deadline and not store.check([REFUSED]):
                 time.sleep(0.1)
                 arrived = store.add("megatron/rendezvous", 0)
-            store.set("megatron/rendezvous_verdict", str(arrived))
+            if arrived < world:
+                missing = _missing_ranks(store, world)
+                refused = store.get(REFUSED).decode() if store.check([REFUSED]) else ""
+            store.set("megatron/rendezvous_verdict", json.dumps([arrived, missing, refused]))
             read_by = time.monotonic() + 5.0  # a store that closes under a rank's read prints C++ stack frames
             while (arrived < world and store.add("megatron/verdict_read", 0) < arrived - 1
                    and time.monotonic() < read_by):
@@ -263,15 +271,67 @@ def _gathered_store(rank: int, world: int, address: str, timeout: float, deadlin
                 if time.monotonic() >= until:
                     raise RuntimeError("rank 0 gave no verdict")
                 time.sleep(0.1)
-            arrived = int(store.get("megatron/rendezvous_verdict"))
+            arrived, missing, refused = json.loads(store.get("megatron/rendezvous_verdict"))
             if arrived < world:  # rank 0 waits for this before its store goes
                 store.add("megatron/verdict_read", 1)
     except RuntimeError:  # rank 0 gave up and its store went with it
         arrived = min(arrived, world - 1)
+    if refused:  # a rank that stopped at start-up said so: no wait for the rest of the timeout
+        raise ConfigError(f"{refused}, so the rendezvous at {address} cannot complete ({arrived} of {world} ranks "
+                          "arrived)", "fix that rank's error, above or in its node's output, and launch again")
     if arrived < world:
+        missing = f" ({missing} missing)" if missing else ""
         raise ConfigError(f"the rendezvous at {address} timed out after {timeout:g} s: {arrived} of {world} ranks "
-                          "arrived", fix)
+                          f"arrived{missing}; the missing ranks may have stopped at start-up on their node (their "
+                          "own error line there) or their launcher ended: look at that node's output first", fix)
     return store
+
+
+ARRIVED = "megatron/arrived"  # then /RANK: set by each rank that joined rank 0's store
+REFUSED = "megatron/refused"  # what a rank that stopped before the rendezvous posted (post_refusal)
+_rendezvous_begun = [False]  # this process has begun its rendezvous (its errors are the rendezvous' own)
+
+
+def _missing_ranks(store, world: int) -> str:
+    """The ranks that have not joined the store, as `rank 3` or `ranks 2-3, 6` (rank 0's verdict names them)."""
+    missing = [rank for rank in range(world) if not store.check([f"{ARRIVED}/{rank}"])]
+    spans = []
+    for rank in missing:
+        if spans and spans[-1][1] == rank - 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    text = ", ".join(f"{first}-{last}" if last > first else str(first) for first, last in spans)
+    return f"rank{'s' if len(missing) > 1 else ''} {text}" if missing else ""
+
+
+def post_refusal(line: str, until: float) -> bool:
+    """A rank that stopped at start-up before its rendezvous (its flags refused, a file missing on its node) tells
+    rank 0's store, if it is up by `until` (time.monotonic()), so that the ranks that arrived end at once with a line
+    naming it, not after the whole --rendezvous-timeout with one that blames the rendezvous. Whether it was posted;
+    nothing for rank 0 (the store's host), a world of 1, or a rank whose error came from the rendezvous itself."""
+    if _rendezvous_begun[0] or not all(name in os.environ for name in ENV_RENDEZVOUS) \
+            or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return False
+    rank, world, host = launcher_rank(), os.environ["WORLD_SIZE"].strip(), os.environ["MASTER_ADDR"]
+    port = os.environ["MASTER_PORT"].strip()
+    if rank == 0 or not world.isdigit() or int(world) < 2 or not port.isdigit():
+        return False
+    while not _reachable(host, int(port), until):
+        if time.monotonic() >= until:
+            return False
+        time.sleep(0.2)
+    try:
+        with c10d_log_quieted():
+            store = dist.TCPStore(host, int(port), int(world), is_master=False,
+                                  timeout=timedelta(seconds=max(1.0, until - time.monotonic())),
+                                  wait_for_workers=False)
+            own = line.split(": error: ", 1)[-1]  # the trainer's prefix: the survivors' line has its own
+            store.set(REFUSED, f"rank {rank} on {socket.gethostname()} stopped at start-up, before the rendezvous, "
+                               f"with its own error ({own})")
+        return True
+    except (RuntimeError, ValueError):  # not a store, or it went meanwhile
+        return False
 
 
 def store_host_alive() -> bool:

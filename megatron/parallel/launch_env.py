@@ -53,13 +53,14 @@ def rendezvous_setting(*names: str) -> str:
 PRINTER_WAIT = 10.0  # seconds at most a rank that leaves an error line to another rank waits for it
 
 
-def outlive_rank_0() -> None:
+def outlive_rank_0(since: float | None = None) -> None:
     """Before any process group exists, a rank that leaves an error line to rank 0 must not exit
     first: the launcher ends every rank once one exits non-zero, rank 0 too, perhaps before it has
     printed. Nothing tells when it has; it exits right after, and the launcher then ends this rank,
-    else this returns after PRINTER_WAIT seconds. A process of a world of 1 does not wait."""
+    else this returns PRINTER_WAIT seconds after `since` (time.monotonic(); now if None). A process of a
+    world of 1 does not wait."""
     if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
-        time.sleep(PRINTER_WAIT)
+        time.sleep(max(0.0, (time.monotonic() if since is None else since) + PRINTER_WAIT - time.monotonic()))
 
 
 def print_warnings(notes: list) -> None:

@@ -136,7 +136,9 @@ def report_once(line: str, node_leaders: bool = False, by_rank_0: bool = False) 
     A rank that leaves the line to another does not exit before it is printed: the launcher ends
     every rank once one exits non-zero, the printing one too. After the process group exists the
     store says when it is; before, nothing can (outlive_rank_0). After PRINTER_WAIT seconds it
-    prints the line itself."""
+    prints the line itself. Before the process group exists a rank other than rank 0 also posts its line to
+    rank 0's store if that is up within PRINTER_WAIT (device.post_refusal): a node whose flags are refused
+    would otherwise leave the other nodes' ranks waiting out --rendezvous-timeout, to blame the rendezvous."""
     # a partial launcher environment (launch_check.launch_environment) is a process started by hand: it prints
     partial = any(name in os.environ for name in RENDEZVOUS[:3]) and not all(name in os.environ for name in RENDEZVOUS)
     first = launcher_rank() == 0 or partial or (node_leaders and local_rank() == 0)
@@ -157,10 +159,14 @@ def report_once(line: str, node_leaders: bool = False, by_rank_0: bool = False) 
         if store is not None:
             with contextlib.suppress(Exception):
                 store.set("megatron/error_printed", "1")
+        else:  # a node's first rank that prints for its node (node_leaders) tells rank 0's ranks too
+            device.post_refusal(line, time.monotonic() + PRINTER_WAIT)
         return
     try:
         if store is None:
-            outlive_rank_0()
+            since = time.monotonic()
+            device.post_refusal(line, since + PRINTER_WAIT)  # the ranks that arrived at rank 0 end at once
+            outlive_rank_0(since)
         else:
             store.wait(["megatron/error_printed"], timedelta(seconds=PRINTER_WAIT))
             return
