@@ -86,9 +86,10 @@ esac
 if [ -n "${HOSTFILE:-}" ]; then  # DeepSpeed's launcher would stop on a bad line with a traceback: name the line here
     # and, when it would reach the hosts by ssh (no NODE_RANK), check that ssh as it does, but before the JSON is written
     # (and the .deepspeed_env files it would export to them, which a launch per node with NODE_RANK does not read)
-    # Without NUM_NODES the launch uses every host it lists, as `deepspeed --hostfile` alone does
+    # Without NUM_NODES the launch uses every host it lists, as `deepspeed --hostfile` alone does. The same ssh call
+    # checks MASTER_PORT on that first host, where rank 0 hosts the rendezvous (below, MASTER is '' for such a launch)
     ssh=() nodes=()
-    [ -n "${NODE_RANK:-}" ] || [ "$DRY_RUN" = 1 ] || ssh=(--ssh)
+    [ -n "${NODE_RANK:-}" ] || [ "$DRY_RUN" = 1 ] || ssh=(--ssh --master-port "$MASTER_PORT")
     [ -z "${NODE_RANK:-}" ] || ssh=(--no-ssh)
     [ -z "${NUM_NODES:-}" ] || nodes=(--num-nodes "$NUM_NODES")
     NUM_NODES="$("$PYTHON" "$ROOT/tools/check_hostfile.py" "$HOSTFILE" "${nodes[@]}" --ranks-per-node "$PROCS" \

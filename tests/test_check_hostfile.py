@@ -102,6 +102,34 @@ def test_a_host_key_not_yet_accepted_is_named_as_such(monkeypatch):
         tool.check_ssh("worker-1", "run on every machine with NODE_RANK")
 
 
+def test_the_master_port_is_checked_on_the_first_host_in_the_ssh_call(monkeypatch):
+    """A launch over ssh (bert_multinode.sh without NODE_RANK) did not check MASTER_PORT before it started: a port
+    another run holds on the first host (rank 0's) was rank 0's line after every node's launch and imports. The
+    ssh call that checks the host's passwordless ssh probes the port there too; here `ssh` runs the command on this
+    machine. A host without this python or repository gives no answer, which leaves the port to rank 0."""
+    import socket
+
+    tool = load_tool()
+    real_run = subprocess.run
+    monkeypatch.setattr(tool.subprocess, "run",
+                        lambda command, **kwargs: real_run(["sh", "-c", command[-1]], **kwargs))
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(tool.ConfigError) as error:
+            tool.check_ssh("worker-1", "run on every machine with NODE_RANK", port)
+        assert str(error.value).startswith(f"rank 0 cannot host the rendezvous at worker-1:{port}: the port is in use "
+                                           f"on {socket.gethostname()} (another run?); ")
+        tool.check_ssh("worker-1", "run on every machine with NODE_RANK")  # no port given: not probed
+        monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+        tool.check_ssh("worker-1", "run on every machine with NODE_RANK", port)  # no answer: rank 0's check
+    monkeypatch.undo()
+    monkeypatch.setattr(tool.subprocess, "run",
+                        lambda command, **kwargs: real_run(["sh", "-c", command[-1]], **kwargs))
+    tool.check_ssh("worker-1", "run on every machine with NODE_RANK", port)  # free now
+
+
 def test_a_hostfile_that_is_a_pipe_or_a_device_is_named_as_such(tmp_path):
     """`<(printf ...)` (a pipe, /dev/fd/63) and /dev/null were "does not exist" (bert_multinode.sh's realpath made
     the pipe /proc/N/fd/pipe:[...]); DeepSpeed's runner skips what os.path.isfile refuses and starts local ranks."""

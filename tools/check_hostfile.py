@@ -20,6 +20,7 @@ import functools
 import ipaddress
 import os
 import re
+import shlex
 import socket
 import stat
 import subprocess
@@ -29,6 +30,7 @@ from pathlib import Path
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, OneLineParser, run_tool
+from megatron.parallel.master_address import port_in_use_error
 
 FORMAT = "write one line per machine: <host> slots=<gpus>"
 LINE = re.compile(r"(\S+)\s+slots=(\d+)")  # DeepSpeed's pattern, matched at the line's start; the rest is ignored
@@ -160,10 +162,23 @@ def special_file_kind(path: Path) -> str | None:
     return next((kind for test, kind in kinds if test(mode)), "not a regular file")
 
 
-def check_ssh(host: str, no_ssh: str) -> None:
-    """DeepSpeed's launcher check (`ssh -o PasswordAuthentication=no HOST hostname`), never prompting."""
-    command = ["ssh", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no", "-o", "ConnectTimeout=5", host,
-               "hostname"]
+# run on the first host, where DeepSpeed's runner starts rank 0 (and reads MASTER_ADDR from its `hostname -I`), by the
+# python it starts the ranks with there (this one's path; its runner runs sys.executable on every host) and this
+# repository's check (its path is the launched pretrain_bert.py's): no answer (no such python or repository there)
+# leaves the port to rank 0's own check
+PORT_PROBE = ("import sys; sys.path[:0] = [sys.argv[1]]; from megatron.parallel.master_address import port_in_use; "
+              "print('MASTER_PORT', 'in use' if port_in_use(int(sys.argv[2])) else 'free')")
+
+
+def check_ssh(host: str, no_ssh: str, master_port: int | None = None) -> None:
+    """DeepSpeed's launcher check (`ssh -o PasswordAuthentication=no HOST hostname`), never prompting; with
+    `master_port`, in the same ssh call, whether rank 0's store could listen on it there (port_in_use): a port
+    another run holds was rank 0's line only after the launch and the ranks' imports on every node."""
+    remote = "hostname"
+    if master_port is not None:
+        remote += (f"; {shlex.quote(sys.executable)} -c {shlex.quote(PORT_PROBE)} "
+                   f"{shlex.quote(str(this_repo.ROOT))} {master_port} 2> /dev/null; true")
+    command = ["ssh", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no", "-o", "ConnectTimeout=5", host, remote]
     try:
         result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
         said = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1].strip()
@@ -176,6 +191,9 @@ def check_ssh(host: str, no_ssh: str) -> None:
                f"set up ssh keys so that `ssh {host}` asks for nothing")
         raise ConfigError(f"cannot reach {host}, the hostfile's first host, by passwordless ssh ({said}), which "
                           "DeepSpeed's launcher needs", f"{fix}, or {no_ssh}")
+    if master_port is not None and "MASTER_PORT in use" in result.stdout.splitlines():
+        name = (result.stdout.splitlines() or [host])[0].strip() or host
+        raise port_in_use_error(f"{host}:{master_port}", name)
 
 
 def main(argv=None, parsed: dict | None = None) -> int:
@@ -187,6 +205,9 @@ def main(argv=None, parsed: dict | None = None) -> int:
     parser.add_argument("--ranks-per-node", type=int, help="ranks the launch starts on each machine (PROCS)")
     reach = parser.add_mutually_exclusive_group()
     reach.add_argument("--ssh", action="store_true", help="check that the first host answers passwordless ssh")
+    parser.add_argument("--master-port", type=int, metavar="PORT",
+                        help="with --ssh: also check, in the same ssh call, that PORT is free on the first host, where "
+                             "rank 0 hosts the rendezvous (MASTER_PORT)")
     reach.add_argument("--no-ssh", action="store_true",
                         help="the launch starts each machine's ranks on it (deepspeed --no_ssh, NODE_RANK): DeepSpeed "
                              "reads no .deepspeed_env file, which is then not checked")
@@ -219,7 +240,7 @@ def main(argv=None, parsed: dict | None = None) -> int:
         for path in deepspeed_env_files():
             check_deepspeed_env(path)
     if args.ssh:
-        check_ssh(next(iter(hosts)), names["no_ssh"])
+        check_ssh(next(iter(hosts)), names["no_ssh"], args.master_port)
     if args.print_num_nodes:
         print(args.num_nodes or len(hosts))
     else:

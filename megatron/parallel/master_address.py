@@ -71,9 +71,10 @@ def address_fix() -> str:
     return ADDRESS_FIX
 
 
-def port_in_use_error(address: str) -> ConfigError:
+def port_in_use_error(address: str, host_name: str | None = None) -> ConfigError:
+    """`host_name`: the machine the port is in use on (this one's name if None)."""
     return ConfigError(f"rank 0 cannot host the rendezvous at {address}: the port is in use on "
-                       f"{socket.gethostname()} (another run?)", port_fix())
+                       f"{host_name or socket.gethostname()} (another run?)", port_fix())
 
 
 def check_launch_port(host: str, port: int) -> None:
