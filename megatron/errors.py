@@ -11,11 +11,12 @@ import signal
 import stat
 import sys
 import threading
+import time
 import weakref
 import warnings
 
 from megatron.held_signals import release_held_signals
-from megatron.parallel.launch_env import outlive_rank_0
+from megatron.parallel.launch_env import PRINTER_WAIT, outlive_rank_0
 
 
 class ConfigError(ValueError):
@@ -231,13 +232,21 @@ def restore_signals(replaced: dict) -> None:
         signal.signal(signum, handler)
 
 
-def leave_the_line_to_rank_0() -> None:
+def leave_the_line_to_rank_0(line: str | None = None) -> None:
     """A rank whose start-up error rank 0 prints waits for that line (outlive_rank_0); the launcher ending
-    it meanwhile (SIGTERM: it ends every rank once one fails) ends it silently, held signals too."""
+    it meanwhile (SIGTERM: it ends every rank once one fails) ends it silently, held signals too. Its `line`
+    goes to rank 0's store meanwhile, where its imports loaded torch (device.post_refusal): a node that
+    fails alone (a DS_ACCELERATOR it lacks) would leave the ranks at rank 0's rendezvous waiting out its timeout."""
     release_held_signals()
     for signum in stop_signals():
         signal.signal(signum, signal.SIG_DFL)
-    outlive_rank_0()
+    since = time.monotonic()
+    if line and "torch" in sys.modules:  # not before the imports (master_address): seconds to load it
+        with contextlib.suppress(Exception):
+            from megatron.parallel.device import post_refusal
+
+            post_refusal(line, since + PRINTER_WAIT)
+    outlive_rank_0(since)
 
 
 BEFORE_THE_FIRST_STEP = "before the first step; nothing was saved"  # the trainer's start-up (its imports included)
@@ -272,7 +281,7 @@ def start_up_stops_in_one_line(prog: str, before: str = BEFORE_ANY_WORK, tell: b
         if tell:
             print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         else:
-            leave_the_line_to_rank_0()
+            leave_the_line_to_rank_0(f"{prog}: error: {error}")
         sys.exit(2)
     except BaseException:
         restore_signals(replaced)

@@ -2009,9 +2009,10 @@ def test_a_rank_refused_before_the_rendezvous_ends_the_waiting_ranks_at_once(mon
 
 
 def test_a_rank_whose_flags_are_refused_posts_its_line(monkeypatch, capsys):
-    """A rank other than rank 0 prints no parser error (rank 0 does, for every rank alike); on a node launched with
-    other flags than rank 0's, that line goes to rank 0's store instead, which ends the ranks waiting there."""
-    from megatron import arguments
+    """A rank other than rank 0 prints no parser error (rank 0 does, for every rank alike), nor an error of its
+    imports (a DS_ACCELERATOR its node lacks); on a node launched otherwise than rank 0's, that line goes to rank 0's
+    store instead, which ends the ranks waiting there."""
+    from megatron import arguments, errors
     from megatron.parallel import device
 
     posted = []
@@ -2021,6 +2022,12 @@ def test_a_rank_whose_flags_are_refused_posts_its_line(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         arguments.build_parser().parse_args(["--linformer-kk", "16"])
     assert posted == ["pretrain_bert.py: error: unrecognized arguments: --linformer-kk 16; see pretrain_bert.py --help"]
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit):
+        with errors.start_up_stops_in_one_line("pretrain_bert.py", tell=False):
+            raise ConfigError("DS_ACCELERATOR=xpu names a device this machine lacks", "unset DS_ACCELERATOR")
+    assert posted[1:] == ["pretrain_bert.py: error: DS_ACCELERATOR=xpu names a device this machine lacks; unset "
+                          "DS_ACCELERATOR"]
     assert capsys.readouterr().err == ""
 
 
