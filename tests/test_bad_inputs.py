@@ -2031,6 +2031,35 @@ def test_a_rank_whose_flags_are_refused_posts_its_line(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_rank_0_repeats_the_line_another_node_printed(monkeypatch, capsys):
+    """After the rendezvous the first rank to report prints the run's line (report_once): a --data-path missing on
+    node-b alone was printed there only, and rank 0's node, in a launch per node, ended with exit code 2 and no word.
+    Rank 0 repeats it, named by that rank and host; a line printed on its own host is not repeated."""
+    import json
+    import socket
+
+    import torch.distributed as dist
+
+    from megatron.parallel import peers
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    store = dist.distributed_c10d._get_default_store()  # the group's keys, as report_once reads them
+    try:
+        for host, repeated in (("node-b", "pretrain_bert.py: error: rank 1 on node-b: dataset file /d.idx does not "
+                                          "exist; check --data-path\n"), (socket.gethostname(), "")):
+            store.set("megatron/errors_reported", "1")  # rank 1 reported first, and printed
+            store.set(peers.PRINTED_BY, json.dumps([1, host, "pretrain_bert.py: error: dataset file /d.idx does not "
+                                                              "exist; check --data-path"]))
+            store.set("megatron/error_printed", "1")
+            peers.report_once("pretrain_bert.py: error: another rank ended during start-up")
+            assert capsys.readouterr().err == repeated
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_launch_script_checks_its_port_and_names_its_rendezvous_variables(monkeypatch):
     """Under a launch script (MEGATRON_LAUNCH_SCRIPT) a busy MASTER_PORT was rank 0's line half a minute after the
     launch, and it and an unknown MASTER_ADDR named the launcher's flags; the script checks the port on the node

@@ -17,8 +17,10 @@ NCCL's "remote process exited"): its other causes (a store port in use, NCCL's i
 backend's traceback, as rerunning would fail the same way.
 """
 import contextlib
+import json
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -133,6 +135,8 @@ def report_once(line: str, node_leaders: bool = False, by_rank_0: bool = False) 
     only some ranks meet (a file missing on one node). Rank 0 hosts the store: it lingers briefly
     so that ranks failing the same way can still reach it.
 
+    Rank 0 repeats a line another node's rank printed, named by that rank and host (point_at_the_printer).
+
     A rank that leaves the line to another does not exit before it is printed: the launcher ends
     every rank once one exits non-zero, the printing one too. After the process group exists the
     store says when it is; before, nothing can (outlive_rank_0). After PRINTER_WAIT seconds it
@@ -158,6 +162,7 @@ def report_once(line: str, node_leaders: bool = False, by_rank_0: bool = False) 
         write_line(line)
         if store is not None:
             with contextlib.suppress(Exception):
+                store.set(PRINTED_BY, json.dumps([dist.get_rank(), socket.gethostname(), line]))
                 store.set("megatron/error_printed", "1")
         else:  # a node's first rank that prints for its node (node_leaders) tells rank 0's ranks too
             device.post_refusal(line, time.monotonic() + PRINTER_WAIT)
@@ -169,10 +174,27 @@ def report_once(line: str, node_leaders: bool = False, by_rank_0: bool = False) 
             outlive_rank_0(since)
         else:
             store.wait(["megatron/error_printed"], timedelta(seconds=PRINTER_WAIT))
+            if dist.get_rank() == 0:
+                point_at_the_printer(store)
             return
     except Exception:  # not printed in time, or the store is gone: better twice than never
         pass
     write_line(line)
+
+
+PRINTED_BY = "megatron/error_printed_by"  # [rank, host, line] of the rank that printed the run's error line
+
+
+def point_at_the_printer(store) -> None:
+    """On rank 0, the line another node's rank printed (a --data-path missing on that node alone), named by its
+    rank and host: a launch per node (NODE_RANK) shows each node's output apart, and rank 0's node, where the run's
+    output is read, said nothing."""
+    with contextlib.suppress(Exception):
+        rank, host, line = json.loads(store.get(PRINTED_BY))
+        if host != socket.gethostname():
+            where = f"rank {rank} on {host}"
+            write_line(line.replace(": error: ", f": error: {where}: ", 1) if ": error: " in line else
+                       f"{line} ({where})")
 
 
 def write_line(line: str) -> None:
