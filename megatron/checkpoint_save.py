@@ -372,7 +372,8 @@ def not_shared(save_dir: str, rank_0_dir: str, rank_0_host: str, lock: dict,
     if holds_lock(save_dir, lock, wait_s=wait_s):
         return None
     return (f"--save {save_dir} on {socket.gethostname()} is not the folder rank 0 saves into (--save {rank_0_dir} on "
-            f"{rank_0_host}): each node would hold only its own ranks' part of every checkpoint", "pass a --save folder every node shares (a shared file system; the launch scripts: "
+            f"{rank_0_host}): each node would hold only its own ranks' part of every checkpoint",
+            "pass a --save folder every node shares (a shared file system; the launch scripts: "
             "the same RUN_DIR on every node)")
 
 
