@@ -369,11 +369,12 @@ def split_logs_warning(recorded: dict | None, now: dict) -> str | None:
     recorded it): the run goes on (a job's requeue may log per job, as Megatron and DeepSpeed allow), its
     records split between the folders, said once with the flags that keep one log. A recorded folder that is
     gone (removed, or moved with the run) splits nothing; a resume without --tensorboard-dir writes none."""
-    split = [(flag, then, here, what) for flag, then, here, what in (
-        (flag, (recorded or {}).get(key), now.get(key), what) for key, flag, what in (
-            ("log_dir", "--log-dir", "metrics.jsonl and config.json"),
-            ("tensorboard_dir", "--tensorboard-dir", "TensorBoard curves")))
-        if then and here and os.path.isdir(then) and paths.where_in(here, then) != "the"]
+    split = []
+    for key, flag, what in (("log_dir", "--log-dir", "metrics.jsonl and config.json"),
+                            ("tensorboard_dir", "--tensorboard-dir", "TensorBoard curves")):
+        then, here = (recorded or {}).get(key), now.get(key)
+        if then and here and os.path.isdir(then) and paths.where_in(here, then) != "the":
+            split.append((flag, then, here, what))
     if not split:
         return None
     return (f"warning: this resume logs into {' and '.join(f'{flag} {here}' for flag, _, here, _ in split)}, the "
