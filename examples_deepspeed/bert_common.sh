@@ -207,9 +207,9 @@ remove_unused_run_dir() {
     fi
 }
 # a stop while the JSON is written (run_launcher's traps take over at the launch)
-for name in TERM INT HUP; do
+for name in $STOP_SIGNALS; do
     # shellcheck disable=SC2064  # the status is fixed now
-    trap "trap '' TERM INT HUP; remove_unused_run_dir; exit $((128 + $(kill -l "$name")))" "$name"
+    trap "trap '' TERM INT HUP; remove_unused_run_dir; exit $((128 + ${name#*:}))" "${name%:*}"
 done
 mkdir -p -- "$RUN_DIR"  # ds_config.py writes into an existing folder only: RUN_DIR is made here, and removed if refused
 status=0

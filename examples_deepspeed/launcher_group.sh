@@ -124,6 +124,11 @@ report_signal_death() {
     echo "$(basename "$0"): error: a rank or its launcher ended by SIG${name#SIG} (status $1) short of --train-iters; $last" >&2
 }
 
+# the signals that stop a run, NAME:NUMBER (POSIX fixes the numbers): a trap needs no $(kill -l), whose
+# foreground child would let bash drop a SIGINT sent to this shell alone (kill -INT PID) as it waits for the
+# child: a child that then exits normally is taken to have handled it
+STOP_SIGNALS="TERM:15 INT:2 HUP:1"
+
 run_launcher() {
     local status=0 signal_number=0
     if [ -z "${DS_ACCELERATOR+set}" ] && ! gpu_visible; then
@@ -150,9 +155,10 @@ run_launcher() {
     set +m
     # HUP: the terminal closed (an SSH session dropped), a stop like SIGTERM's; under nohup it stays
     # ignored (a shell cannot trap a signal ignored when it started)
-    for name in TERM INT HUP; do
+    # no command substitution, nor any other foreground child, from the launch to the wait (STOP_SIGNALS)
+    for name in $STOP_SIGNALS; do
         # shellcheck disable=SC2064  # the group id and the signal are fixed now
-        trap "signal_number=$(kill -l "$name"); trap '' TERM INT HUP; stop_run $name $LAUNCHER_GROUP" "$name"
+        trap "signal_number=${name#*:}; trap '' TERM INT HUP; stop_run ${name%:*} $LAUNCHER_GROUP" "${name%:*}"
     done
     [ -z "$pending" ] || kill -s "$pending" $$
     while :; do  # a trapped signal ends the wait early: wait again (once at least: a launcher ended already has a status)

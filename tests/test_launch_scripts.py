@@ -690,10 +690,9 @@ case "$*" in
     *check_script_launch*) echo "$*" >> "$CALLS" ;;
     *deepspeed_command*)
         [ -z "$WROTE" ] || touch "$RUN_DIR/$WROTE"  # what a rank wrote there
-        # Ctrl-C to the script before the ranks start, once run_launcher has had 0.5 s to set its traps: one
-        # sent at once was lost about once in 30 launches on a loaded machine (the script then waits for its
-        # launcher), an open race in run_launcher's signal handling that this test does not cover
-        [ "$LAUNCH" != SIGINT ] || { sleep 0.5; kill -INT "$PPID"; sleep 30; }
+        # Ctrl-C to the script as the launcher starts, run_launcher's traps in place or not yet. The launcher's
+        # own wait forks nothing after the signal: a child forked as the group's SIGINT lands keeps running
+        [ "$LAUNCH" != SIGINT ] || { trap 'kill $s; exit 130' INT; sleep 30 & s=$!; kill -INT "$PPID"; wait; }
         exit "$LAUNCH" ;;
     *tools/ds_config.py*) while [ $# -gt 1 ]; do [ "$1" != --output ] || echo {} > "$2"; shift; done ;;
 esac
