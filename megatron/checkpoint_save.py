@@ -46,15 +46,15 @@ SHARED_WAIT_S = 30
 
 
 def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_samples: int,
-         schedule: dict | None = None, keep_last: int | None = None, tokenizer=None, data: dict | None = None,
+         schedule: dict | None = None, tokenizer=None, data: dict | None = None,
          origin: dict | None = None, after: str | None = None, validation_cut: bool = False,
          logs: dict | None = None) -> str:
     """Saves on every rank; returns the tag once `latest` names it. `schedule`: the learning-rate
     settings of the run (schedule.Schedule.record), compared by a resume, as is `data` (the data it
     reads, resume.data_settings). `origin`: the weights the run started from (start_plan.weights_origin),
     compared by a requeue that names them. `after`: the run's previous checkpoint (the loaded one, then
-    each saved), recorded as the new one's PARENT when it is in `save_dir` (lineage). `keep_last`: once the
-    new checkpoint is committed, rank 0 removes all but the newest that many (prune). `tokenizer`:
+    each saved), recorded as the new one's PARENT when it is in `save_dir` (lineage); --keep-last prunes after
+    the run has logged the save (keep_newest). `tokenizer`:
     copied in with its identity, so fill-mask, export and a resume need no tokenizer flag. `validation_cut`: a
     stop cut the validation after `iteration` short (VALIDATION_CUT), which a resume computes first. `logs`: the
     folders the run logs into (LOGS: run_log.logs_record), which a resume into others names."""
@@ -118,14 +118,8 @@ def save(engine, config: TrainConfig, save_dir: str, iteration: int, consumed_sa
             problem = _write_problem(save_dir, tag, error)
         if not problem and glob.glob(os.path.join(save_dir, tag, "layer_*-model_states.pt")):
             replace_recovery_scripts(save_dir)
-        if keep_last and not problem:
-            removed = prune(save_dir, keep_last)
-            if removed:
-                print(f"removed checkpoint{'s' if len(removed) > 1 else ''} {', '.join(removed)} of {save_dir} "
-                      f"(--keep-last {keep_last})", flush=True)
     committed = [problem]
-    # no rank returns (and may save again) while old folders are being removed; all raise alike
-    dist.broadcast_object_list(committed, src=0)
+    dist.broadcast_object_list(committed, src=0)  # all raise alike
     if committed[0]:
         raise ConfigError(*committed[0])
     return tag
@@ -215,6 +209,18 @@ def _file_size_limit(error: Exception, staging: str) -> str | None:
         if not sizes or max(sizes) < limit:
             return None
     return f"{limit / 2**20:.1f} MiB"
+
+
+def keep_newest(save_dir: str, keep_last: int) -> str | None:
+    """--keep-last, once a save is committed and logged: rank 0 removes all but the newest `keep_last`
+    checkpoints (prune) while the other ranks wait, so none returns (and may save again) meanwhile. -> the
+    line that names what was removed (rank 0, where any was), else None."""
+    removed = prune(save_dir, keep_last) if dist.get_rank() == 0 else []
+    dist.barrier()
+    if not removed:
+        return None
+    return (f"removed checkpoint{'s' if len(removed) > 1 else ''} {', '.join(removed)} of {save_dir} "
+            f"(--keep-last {keep_last})")
 
 
 def prune(save_dir: str, keep_last: int) -> list[str]:

@@ -660,11 +660,16 @@ def comms_summary() -> None:
 
 def save_checkpoint(args, engine, config, iteration: int, consumed: int, log, **state) -> str:
     """checkpoint_save.save into --save (`state`: schedule, data, tokenizer, origin, after); returns its folder.
-    Timed: the log line says how long it took, which a stop's acknowledgement compares with a launcher's grace."""
+    Timed: the log line says how long it took, which a stop's acknowledgement compares with a launcher's grace.
+    --keep-last removes old checkpoints after that line, which names the save that made room."""
     start = time.monotonic()
-    folder = os.path.join(args.save, checkpoint_save.save(engine, config, args.save, iteration, consumed,
-                                                          keep_last=args.keep_last, **state))
+    folder = os.path.join(args.save, checkpoint_save.save(engine, config, args.save, iteration, consumed, **state))
     log.saved(folder, time.monotonic() - start)
+    if args.keep_last:
+        removed = checkpoint_save.keep_newest(args.save, args.keep_last)
+        if removed:
+            log.message(removed)
+        log.last_save_s = time.monotonic() - start  # a stop's save removes old ones too, within its grace
     return folder
 
 

@@ -133,11 +133,15 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
               "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "ckpt"), "--train-iters", "54",
               "--lr", "2e-3", "--log-interval", "2", "--eval-interval", "1", "--eval-iters", "0",
               "--default-data-dir", data_dir, "--log-dir", str(tmp_path / "log"), "--seq-length", "96",
-              "--split", "90,5,5", "--seed", "7", "--mask-prob", "0.2", "--weight-decay", "0.05"]
+              "--split", "90,5,5", "--seed", "7", "--mask-prob", "0.2", "--weight-decay", "0.05", "--keep-last", "1"]
     result = run_entry_point(*resume)
     assert result.returncode == 0, result.stderr[-3000:]
     ckpt = tmp_path / "ckpt" / "iter_0000050"
     assert f"resuming from {ckpt} iteration 50, consumed samples 200" in result.stdout.splitlines()
+    # --keep-last 1: the save that made room is logged, then what it removed
+    saves = [line.split(" in ")[0] for line in result.stdout.splitlines() if line.startswith(("saved", "removed"))]
+    assert saves == [f"saved checkpoint {tmp_path / 'ckpt' / 'iter_0000054'}",
+                     f"removed checkpoint iter_0000050 of {tmp_path / 'ckpt'} (--keep-last 1)"], saves
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: resuming with")]
     assert len(warnings) == 4, result.stderr[-3000:]
     assert ("--train-iters 54 (the checkpoint's: 50), --lr 0.002 (the checkpoint's: 0.001)" in warnings[0]
