@@ -57,6 +57,9 @@ LOGS = "logs"
 # in RUN_STATE of a stop's checkpoint: true when the stop cut the validation after its iteration short, which
 # a resume computes before its first step (training.train_steps)
 VALIDATION_CUT = "validation_cut"
+# in RUN_STATE: true once the run that saved it ended there, its final validation and test losses logged
+# (training.end_run): the same command again has nothing to train or evaluate (training.ended_run)
+RUN_ENDED = "run_ended"
 # in ORIGIN of a run from scratch: it stores its own max_position_embeddings (a flag's, or its --seq-length with
 # rope: config.rope_positions), never a preset's; a checkpoint saved before that lacks it (declared_positions)
 OWN_POSITIONS = "own_positions"

@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 
 from megatron import optimizer_state, paths
-from megatron.checkpoint import (LATEST, LAYOUT_FREE, LOGS, ORIGIN, PARENT, PARTIAL, REMOVING, RUN_STATE,
-                                 VALIDATION_CUT, complete_tags, latest_tag, refuse_odd_latest, run_id, run_state,
-                                 tag_for, tag_iteration, unfinished_tags)
+from megatron.checkpoint import (LATEST, LAYOUT_FREE, LOGS, ORIGIN, PARENT, PARTIAL, REMOVING, RUN_ENDED,
+                                 RUN_STATE, VALIDATION_CUT, complete_tags, latest_tag, refuse_odd_latest, run_id,
+                                 run_state, tag_for, tag_iteration, unfinished_tags)
 from megatron.config import TrainConfig
 from megatron.data import tokenizer_identity
 from megatron.errors import ConfigError, DataError, disk_full
@@ -209,6 +209,24 @@ def _file_size_limit(error: Exception, staging: str) -> str | None:
         if not sizes or max(sizes) < limit:
             return None
     return f"{limit / 2**20:.1f} MiB"
+
+
+def mark_ended(folder: str) -> None:
+    """Records in `folder`'s RUN_STATE that its run ended there (RUN_ENDED), by rank 0 once the final
+    validation and test losses are logged: a new file renamed over the old one, so a reader never sees half of
+    it. A folder it cannot write (remounted read-only) stays unmarked: a rerun evaluates it again."""
+    path = os.path.join(folder, RUN_STATE)
+    try:
+        with open(path, encoding="utf-8") as file:
+            state = json.load(file)
+        with open(path + ".tmp", "w", encoding="utf-8") as file:
+            json.dump({**state, RUN_ENDED: True}, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(path + ".tmp", path)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
 
 
 def keep_newest(save_dir: str, keep_last: int) -> str | None:

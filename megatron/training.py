@@ -217,11 +217,33 @@ def finished_resume(args, plan, global_batch_size: int) -> str | None:
     return nothing_to_train(args, iteration, train_iters) if iteration >= train_iters else None
 
 
-def nothing_to_train(args, iteration: int, train_iters: int) -> str:
-    """The line of a finished run started again, naming the run-length flag that was given."""
+def nothing_to_train(args, iteration: int, train_iters: int, ended: str | None = None) -> str:
+    """The line of a finished run started again, naming the run-length flag that was given. `ended`: the
+    checkpoint, whose run ended there (ended_run): nothing is evaluated again either."""
     flag, length = (("--train-iters", f"--train-iters {train_iters}") if args.train_iters else
                     ("--train-samples", f"{train_iters} (--train-samples {args.train_samples})"))
-    return f"nothing to train: the checkpoint is at iteration {iteration} of {length}; pass a larger {flag} to train on"
+    where = (f"the run of checkpoint {ended} is finished already at iteration {iteration} of {length}" if ended else
+             f"the checkpoint is at iteration {iteration} of {length}")
+    return f"nothing to train: {where}; pass a larger {flag} to train on"
+
+
+def ended_run(args, plan, global_batch_size: int) -> str | None:
+    """The one line of a resume whose checkpoint is at the run's length and whose run ended there, its final
+    losses logged (checkpoint.RUN_ENDED): it has nothing to train or evaluate and exits 0 at once. None: it
+    trains, or evaluates a checkpoint whose final evaluation never ran (a stop or a lost rank cut it; an
+    older checkpoint). Rank 0 reads the checkpoint, every rank gets its answer."""
+    if not plan.resume:
+        return None
+    line = [None]
+    # a checkpoint rank 0 cannot read here is refused by the load, on every rank, in one line
+    with contextlib.suppress(ConfigError, OSError):
+        tag = checkpoint.latest_tag(plan.load) if dist.get_rank() == 0 else None
+        if tag and checkpoint.run_state(plan.load, tag).get(checkpoint.RUN_ENDED):
+            iteration, train_iters = checkpoint.tag_iteration(tag), run_iterations(args, global_batch_size)
+            if iteration >= train_iters:
+                line = [nothing_to_train(args, iteration, train_iters, checkpoint.checkpoint_folder(plan.load, tag))]
+    dist.broadcast_object_list(line, src=0)
+    return line[0]
 
 
 def train_samples_note(train_samples: int, global_batch: int) -> str:
@@ -344,6 +366,11 @@ def pretrain(args, start_up: dict | None = None, progress: Progress | None = Non
     plan = check_start(args)
     setup = check_start_up(args, plan)
     config = setup.config
+    ended = ended_run(args, plan, config.global_batch_size)
+    if ended:  # before the data and the engine: nothing of them is used
+        if dist.get_rank() == 0:
+            print(ended, flush=True)
+        return None
     train_iters = run_iterations(args, config.global_batch_size)
     if args.train_samples and args.train_samples % config.global_batch_size and dist.get_rank() == 0:
         print(train_samples_note(args.train_samples, config.global_batch_size), flush=True)
@@ -630,6 +657,8 @@ def end_run(run: Run, datasets: tuple, read_batches, stop: "StopSignals") -> int
     summary = run.watch.skipped_summary()
     if summary and dist.get_rank() == 0:
         print(summary, file=sys.stderr, flush=True)
+    if not cut and ended_in_save(run) and dist.get_rank() == 0:  # every held-out loss of the run is logged
+        checkpoint_save.mark_ended(run.last_checkpoint)  # the same command again exits at once (ended_run)
     if stop.agreed:  # the stop's checkpoint first, in the scheduler's grace period: no comms_logger summary
         run.progress.phase = f"the stop after iteration {run.iteration}"
         final = run.iteration == run.train_iters
@@ -643,6 +672,14 @@ def end_run(run: Run, datasets: tuple, read_batches, stop: "StopSignals") -> int
     comms_summary()  # before the last agreement, which may find a rank lost (no barrier after it)
     stop.complete(run.args, run.iteration, run.last_checkpoint, run.log)
     return None
+
+
+def ended_in_save(run: Run) -> bool:
+    """The run ended at its length on a checkpoint of --save at its last iteration (saved by it, or loaded)."""
+    last = run.last_checkpoint
+    return bool(run.args.save and last and run.iteration >= run.train_iters
+                and os.path.basename(last) == checkpoint.tag_for(run.iteration)
+                and paths.where_in(os.path.dirname(last), run.args.save) == "the")
 
 
 def comms_summary() -> None:

@@ -358,7 +358,8 @@ CASES = [
              id="resume_from_another_attention_variant", needs_checkpoint=True,
              phrases=("lacks layers.0.attention.core.key_projection",
                       "resume with attention dense, the checkpoint's, or pass --finetune and another --save")),
-    pretrain("--load", "{tmp}/ckpt", id="checkpoint_corrupt_file", needs_checkpoint=True,
+    # a resume that trains on (the checkpoint's run ended at --train-iters 1: its rerun reads no file)
+    pretrain("--load", "{tmp}/ckpt", "--train-iters", "2", id="checkpoint_corrupt_file", needs_checkpoint=True,
              setup=corrupt_checkpoint,
              phrases=("mp_rank_00_model_states.pt cannot be read", "resume from an earlier complete checkpoint")),
     pretrain("--load", "{tmp}/ckpt", id="checkpoint_truncated_run_state", needs_checkpoint=True,

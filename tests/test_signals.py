@@ -511,6 +511,8 @@ def test_a_signal_after_the_last_step(tmp_path, data, split, interval, code, lin
     [(got, err, at_plot)] = run_on_ranks(main_signalled_in_its_final_save, 1, argv, timeout=240)
     assert (got, err.splitlines(), at_plot) == (code, [line.format(ckpt=tmp_path / "ckpt")], [{}]), err[-3000:]
     assert checkpoint.latest_tag(str(tmp_path / "ckpt")) == checkpoint.tag_for(2)
+    # ended (a rerun exits at once) only where the stop cut no held-out loss (else the rerun computes them)
+    assert checkpoint.run_state(str(tmp_path / "ckpt"), "iter_0000002").get(checkpoint.RUN_ENDED) == (code == 0 or None)
 
 
 def test_a_signal_in_the_last_steps_validation_cuts_it(tmp_path, data):

@@ -420,14 +420,19 @@ def test_pretrain_default_settings_export():
 
 def test_a_run_ends_with_a_validation_and_a_rerun_of_its_checkpoint_repeats_it(tmp_path, data_dir):
     """Megatron's pretrain ends with validation and test: a run whose last step is off --eval-interval
-    validates at its end too, and the same command again (nothing to train: Megatron's --skip-train)
-    evaluates the checkpoint, reading the same slices, so it logs the run's own losses; a reader of the log
-    (read_metrics) keeps one of each."""
+    validates at its end too, and marks its checkpoint as ended (checkpoint.RUN_ENDED). The same command
+    again on a checkpoint whose final evaluation never ran (a stop or a lost rank cut it; saved before the
+    mark) says nothing to train and evaluates it, reading the same slices, so it logs the run's own losses;
+    a reader of the log (read_metrics) keeps one of each. (The rerun of a marked one: the test below.)"""
     argv = [*TINY, "--train-iters", "3", "--eval-interval", "2", "--eval-iters", "1", "--default-data-dir", data_dir,
             "--log-dir", str(tmp_path / "log"), "--save", str(tmp_path / "ck"), "--load", str(tmp_path / "ck")]
+    state = tmp_path / "ck" / "iter_0000003" / checkpoint.RUN_STATE
     for _ in range(2):
         result = run_entry_point(*argv)
         assert result.returncode == 0, result.stderr[-3000:]
+        ended = json.loads(state.read_text())
+        assert ended.pop(checkpoint.RUN_ENDED) is True
+        state.write_text(json.dumps(ended))
     assert "nothing to train: the checkpoint is at iteration 3" in result.stdout
     metrics = tmp_path / "log" / "metrics.jsonl"
     held_out = [(r["run"], r["kind"], r["iteration"], r["loss"]) for r in map(json.loads, metrics.read_text().split(
@@ -456,13 +461,14 @@ def test_runs_without_a_launcher_as_one_process(tmp_path, data_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "no launcher: running as one process (world size 1)" in result.stdout
     assert "mpi4py" not in result.stderr and "Traceback" not in result.stderr
-    # the same command again (the main job run twice): it resumes the finished run and says so; a schedule
-    # change is not described, as no step runs to take it
+    # the same command again (the main job run twice): the run ended at its checkpoint, said in one line, with no
+    # resume and no evaluation; a schedule change is not described, as no step runs to take it
     again = subprocess.run([PYTHON, str(ROOT / "pretrain_bert.py"), *argv, "--lr-decay-style", "constant"], cwd=ROOT,
                            env=env, capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert ("nothing to train: the checkpoint is at iteration 1 of --train-iters 1; pass a larger --train-iters to "
-            "train on") in again.stdout
+    assert (f"nothing to train: the run of checkpoint {tmp_path / 'ck' / 'iter_0000001'} is finished already at "
+            "iteration 1 of --train-iters 1; pass a larger --train-iters to train on") in again.stdout.splitlines()
+    assert "resuming from" not in again.stdout and "config:" not in again.stdout, again.stdout
     assert "warning:" not in again.stderr, again.stderr
     assert sorted(path.name for path in (tmp_path / "ck").iterdir()) == ["iter_0000001", "latest"]
     assert "config: pipeline 1 x data 1 x sequence 1" in result.stdout
