@@ -15,7 +15,7 @@ from megatron.errors import ConfigError, OneLineParser
 from megatron.flag_habits import TRAINER_HABITS
 from megatron.model.args import MODEL_PRESETS
 from megatron.model.fields import dest_to_field, flag_of, info
-from megatron.parallel.launch_env import PRINTER_WAIT, launcher_rank, outlive_rank_0
+from megatron.parallel.launch_env import PRINTER_WAIT, launcher_rank, outlive_rank_0, prints_for_its_node
 from megatron.paths import DEFAULT_DATA_DIR, DEFAULT_LOG_DIR, in_repository
 from megatron.schedule import DECAY_STYLES, DEFAULT_WARMUP_FRACTION, WSD_DECAY_STYLES
 
@@ -348,12 +348,14 @@ def flags_given(parser: argparse.ArgumentParser, argv: list) -> list:
 
 
 class OncePerRunParser(OneLineParser):
-    """An ArgumentParser whose usage, help and error lines are printed by global rank 0 only: the
-    launcher starts every rank with the same command line, so every rank fails alike (exit code 2)
-    and one copy of the message says it all; the other ranks do not exit before it (outlive_rank_0)."""
+    """An ArgumentParser whose usage, help and error lines are printed by global rank 0 and by each other
+    node's first rank (prints_for_its_node), not by every rank: the launcher starts every rank with the same
+    command line, so the ranks of a node fail alike (exit code 2) and one copy says it all, while a node whose
+    ranks alone refuse (a path missing there) says why in its own output. The other ranks do not exit before
+    rank 0 prints (outlive_rank_0)."""
 
     def _print_message(self, message, file=None):
-        if message and launcher_rank() == 0:
+        if message and prints_for_its_node():
             (file or sys.stderr).write(message)
             (file or sys.stderr).flush()
 

@@ -16,7 +16,7 @@ import weakref
 import warnings
 
 from megatron.held_signals import release_held_signals
-from megatron.parallel.launch_env import PRINTER_WAIT, outlive_rank_0
+from megatron.parallel.launch_env import PRINTER_WAIT, outlive_rank_0, prints_for_its_node
 
 
 class ConfigError(ValueError):
@@ -236,8 +236,12 @@ def leave_the_line_to_rank_0(line: str | None = None) -> None:
     """A rank whose start-up error rank 0 prints waits for that line (outlive_rank_0); the launcher ending
     it meanwhile (SIGTERM: it ends every rank once one fails) ends it silently, held signals too. Its `line`
     goes to rank 0's store meanwhile, where its imports loaded torch (device.post_refusal): a node that
-    fails alone (a DS_ACCELERATOR it lacks) would leave the ranks at rank 0's rendezvous waiting out its timeout."""
+    fails alone (a DS_ACCELERATOR it lacks) would leave the ranks at rank 0's rendezvous waiting out its timeout.
+    A node's first rank prints the line too (prints_for_its_node): that node's output says why it stopped."""
     release_held_signals()
+    if line and prints_for_its_node():
+        sys.stderr.write(f"{line}\n")  # one write: another rank's output cannot land inside the line
+        sys.stderr.flush()
     for signum in stop_signals():
         signal.signal(signum, signal.SIG_DFL)
     since = time.monotonic()

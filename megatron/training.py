@@ -100,8 +100,7 @@ def report_error(error: Exception, args, progress, start_up: dict) -> int:
     # on its launcher's SIGTERM silently
     locks.release_lock()  # before a launcher's SIGTERM can end this rank (rank 0 holds it)
     restore_signals(start_up)
-    report_once(f"pretrain_bert.py: error: {problem}", node_leaders=getattr(error, "node_leaders", False),
-                by_rank_0=getattr(error, "by_rank_0", False))
+    report_once(f"pretrain_bert.py: error: {problem}", by_rank_0=getattr(error, "by_rank_0", False))
     return 2
 
 

@@ -2009,27 +2009,33 @@ def test_a_rank_refused_before_the_rendezvous_ends_the_waiting_ranks_at_once(mon
     assert device.post_refusal("its error", time.monotonic() + 1) is False, "its rendezvous' own errors are not posted"
 
 
-def test_a_rank_whose_flags_are_refused_posts_its_line(monkeypatch, capsys):
+@pytest.mark.parametrize("rank, local_rank", [("1", "1"), ("2", "0")], ids=["other_rank", "other_nodes_first"])
+def test_a_rank_whose_flags_are_refused_posts_its_line(monkeypatch, capsys, rank, local_rank):
     """A rank other than rank 0 prints no parser error (rank 0 does, for every rank alike), nor an error of its
-    imports (a DS_ACCELERATOR its node lacks); on a node launched otherwise than rank 0's, that line goes to rank 0's
-    store instead, which ends the ranks waiting there."""
+    imports (a DS_ACCELERATOR its node lacks), nor a start-up error before the process group; on a node launched
+    otherwise than rank 0's, that line goes to rank 0's store instead, which ends the ranks waiting there. The
+    first rank of another node prints it once too (it printed nothing: that node's output did not say why its
+    ranks stopped, where they alone refused, such as a path missing there)."""
     from megatron import arguments, errors
-    from megatron.parallel import device
+    from megatron.parallel import device, peers
 
     posted = []
     monkeypatch.setattr(device, "post_refusal", lambda line, until: posted.append(line))
-    for name, value in (("RANK", "1"), ("WORLD_SIZE", "1")):  # WORLD_SIZE 1: no wait for rank 0 to print
+    # WORLD_SIZE 1: no wait for rank 0 to print
+    for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank), ("WORLD_SIZE", "1")):
         monkeypatch.setenv(name, value)
     with pytest.raises(SystemExit):
         arguments.build_parser().parse_args(["--linformer-kk", "16"])
-    assert posted == ["pretrain_bert.py: error: unrecognized arguments: --linformer-kk 16; see pretrain_bert.py --help"]
-    assert capsys.readouterr().err == ""
     with pytest.raises(SystemExit):
         with errors.start_up_stops_in_one_line("pretrain_bert.py", tell=False):
             raise ConfigError("DS_ACCELERATOR=xpu names a device this machine lacks", "unset DS_ACCELERATOR")
-    assert posted[1:] == ["pretrain_bert.py: error: DS_ACCELERATOR=xpu names a device this machine lacks; unset "
-                          "DS_ACCELERATOR"]
-    assert capsys.readouterr().err == ""
+    lines = ["pretrain_bert.py: error: unrecognized arguments: --linformer-kk 16; see pretrain_bert.py --help",
+             "pretrain_bert.py: error: DS_ACCELERATOR=xpu names a device this machine lacks; unset DS_ACCELERATOR"]
+    if local_rank == "0":  # a start-up error before the process group (another rank prints it after a wait)
+        peers.report_once("pretrain_bert.py: error: --data-path x is missing; fix it")
+        lines.append("pretrain_bert.py: error: --data-path x is missing; fix it")
+    assert posted == lines
+    assert capsys.readouterr().err.splitlines() == (lines if local_rank == "0" else [])
 
 
 def test_rank_0_repeats_the_line_another_node_printed(monkeypatch, capsys):

@@ -223,12 +223,10 @@ def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta 
     deadline = time.monotonic() + timeout
     while rank != 0 and not _reachable(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), deadline):
         if time.monotonic() >= deadline:  # torch's own retries would print C++ stack traces meanwhile
-            unreached = ConfigError(f"rank {rank} could not reach the rendezvous at {address} (rank 0's) within "
-                                    f"{timeout:g} s: 0 of {world} ranks known to have arrived; rank 0 may have "
-                                    f"stopped at start-up on its node (its own error line there) or its launcher "
-                                    f"ended: look at that node's output first", fix)
-            unreached.node_leaders = True  # rank 0 may be the one missing: each node's first rank prints it
-            raise unreached
+            raise ConfigError(f"rank {rank} could not reach the rendezvous at {address} (rank 0's) within "
+                              f"{timeout:g} s: 0 of {world} ranks known to have arrived; rank 0 may have "
+                              f"stopped at start-up on its node (its own error line there) or its launcher "
+                              f"ended: look at that node's output first", fix)
         time.sleep(0.2)
     with c10d_log_quieted():  # c10d's retries and failures, with their C++ stack frames: the ConfigError says it
         store = _gathered_store(rank, world, address, timeout, deadline, fix)

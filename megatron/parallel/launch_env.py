@@ -19,6 +19,13 @@ def local_rank() -> int:
     return _first_set(("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"))
 
 
+def prints_for_its_node() -> bool:
+    """Whether this rank prints a start-up refusal made before any process group exists: rank 0, and each
+    node's first rank, whose node's output (a launch per node: pdsh, a scheduler's per-node log) shows nothing
+    else of why its ranks stopped (a path that exists on rank 0's node alone). One line per node, not per rank."""
+    return launcher_rank() == 0 or local_rank() == 0
+
+
 def _first_set(names: tuple) -> int:
     """The first of the variables `names` that is set (not blank), as a rank: 0 if none is, or if its
     value is not a number (the launcher's own check names it)."""

@@ -14,7 +14,7 @@ import socket
 import sys
 
 from megatron.errors import ConfigError, leave_the_line_to_rank_0
-from megatron.parallel.launch_env import launch_script, rendezvous_setting
+from megatron.parallel.launch_env import launch_script, prints_for_its_node, rendezvous_setting
 
 PORT_FIX = ("pass a free port: the launcher's --master_port (MASTER_PORT for the launch scripts, --master-port "
             "for the tools)")
@@ -91,7 +91,7 @@ def exit_if_unusable(prog: str) -> None:
     try:
         check()
     except ConfigError as error:
-        if os.environ.get("RANK", "0").strip() == "0" or os.environ.get("LOCAL_RANK", "0").strip() == "0":
+        if prints_for_its_node():
             print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         else:
             leave_the_line_to_rank_0()

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from megatron.parallel import device
 from megatron.parallel.launch_check import RENDEZVOUS
-from megatron.parallel.launch_env import PRINTER_WAIT, launcher_rank, local_rank, outlive_rank_0
+from megatron.parallel.launch_env import PRINTER_WAIT, outlive_rank_0, prints_for_its_node
 
 GLOO_TRANSPORT = re.compile(r"gloo/transport/[\w/]+\.cc:\d+\]")
 TIMED_OUT = re.compile(r"timed? ?out|timeout", re.IGNORECASE)
@@ -124,13 +124,14 @@ def _wait_for(store, prefix: str, builders: list, silence: float) -> None:
             pause = min(2 * pause, POLL_SECONDS)
 
 
-def report_once(line: str, node_leaders: bool = False, by_rank_0: bool = False) -> None:
+def report_once(line: str, by_rank_0: bool = False) -> None:
     """Prints an error line once per run, not once per rank, while every rank still exits non-zero.
-    `node_leaders`: also each node's first rank prints it (a rendezvous that rank 0 never reached).
     `by_rank_0`: every rank met the error at once (a verdict all of them reached together): rank 0 prints it,
     where the launch's output is read, not whichever rank counted first.
 
-    Before the process group exists every rank fails alike (same flags): rank 0 prints. After, the
+    Before the process group exists the ranks of a node fail alike (same flags): rank 0 and each other node's
+    first rank print (prints_for_its_node: a node whose ranks alone fail, or a rendezvous that rank 0 never
+    reached, is told in that node's output). After, the
     first rank to report wins a counter in the rendezvous store, which also covers an error that
     only some ranks meet (a file missing on one node). Rank 0 hosts the store: it lingers briefly
     so that ranks failing the same way can still reach it.
@@ -145,7 +146,7 @@ def report_once(line: str, node_leaders: bool = False, by_rank_0: bool = False) 
     would otherwise leave the other nodes' ranks waiting out --rendezvous-timeout, to blame the rendezvous."""
     # a partial launcher environment (launch_check.launch_environment) is a process started by hand: it prints
     partial = any(name in os.environ for name in RENDEZVOUS[:3]) and not all(name in os.environ for name in RENDEZVOUS)
-    first = launcher_rank() == 0 or partial or (node_leaders and local_rank() == 0)
+    first = prints_for_its_node() or partial
     store = None
     if dist.is_available() and dist.is_initialized() and device.store_host_alive():
         try:
@@ -164,7 +165,7 @@ def report_once(line: str, node_leaders: bool = False, by_rank_0: bool = False) 
             with contextlib.suppress(Exception):
                 store.set(PRINTED_BY, json.dumps([dist.get_rank(), socket.gethostname(), line]))
                 store.set("megatron/error_printed", "1")
-        else:  # a node's first rank that prints for its node (node_leaders) tells rank 0's ranks too
+        else:  # a node's first rank that prints for its node tells rank 0's ranks too
             device.post_refusal(line, time.monotonic() + PRINTER_WAIT)
         return
     try:
