@@ -25,9 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
 from megatron.errors import ConfigError, start_up_stops_in_one_line
@@ -35,19 +32,22 @@ from megatron.quiet import quiet_deepspeed
 
 # Before DeepSpeed's first import (megatron.engine's, below): no accelerator warning on stdout ahead of
 # argparse's one line or --help. Every benchmark that loads DeepSpeed imports this module before megatron's.
-with start_up_stops_in_one_line(Path(sys.argv[0]).name):
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):  # Ctrl-C while torch loads: one line, exit 130
     quiet_deepspeed()
-from megatron.data.batch import BertBatch
-from megatron.engine import checkpoint_layers
-from megatron.model import attention
-from megatron.model.attention import rules
-from megatron.model.bert import BertConfig, BertModel
-from megatron.model.loss import bert_batch_loss
-from megatron.parallel import state
-from megatron.parallel.grads import allreduce_sequence_parallel_grads
-from megatron.parallel.reduce import sum_over_sequence
-from megatron.parallel.spawn import run_on_ranks
-from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section
+    import torch
+    import torch.distributed as dist
+
+    from megatron.data.batch import BertBatch
+    from megatron.engine import checkpoint_layers
+    from megatron.model import attention
+    from megatron.model.attention import rules
+    from megatron.model.bert import BertConfig, BertModel
+    from megatron.model.loss import bert_batch_loss
+    from megatron.parallel import state
+    from megatron.parallel.grads import allreduce_sequence_parallel_grads
+    from megatron.parallel.reduce import sum_over_sequence
+    from megatron.parallel.spawn import run_on_ranks
+    from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section
 
 HEADS, HEAD_DIM = 4, 32
 NAIVE_MAX_SEQ = 8192  # the naive baseline needs ~3 x 4 * heads * s^2 bytes

@@ -25,17 +25,22 @@ max(0, comm - compute) per step is exposed; the all-to-alls are not overlapped.
 """
 import argparse
 import contextlib
+import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+HERE = Path(__file__).resolve().parent
 
-from results import BenchmarkParser, machine, positive, run_benchmark, write_section
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import start_up_stops_in_one_line  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):  # Ctrl-C while torch loads: one line, exit 130
+    import torch
+    import torch.distributed as dist
+
+    from results import BenchmarkParser, machine, positive, run_benchmark, write_section
+
 IDS = 8  # int64 segment ids
 ACCUMULATOR = 4  # the ring's dK/dV travel as fp32
 

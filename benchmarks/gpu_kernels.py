@@ -23,15 +23,18 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import ConfigError  # noqa: E402
-from megatron.model.attention import bigbird, blocks, local, masks, rules, simulate  # noqa: E402
-from results import BenchmarkParser, cuda_needed, machine, positive, run_benchmark, write_section  # noqa: E402
+from megatron.errors import start_up_stops_in_one_line  # noqa: E402
+
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):  # Ctrl-C while torch loads: one line, exit 130
+    import torch
+
+    from megatron.errors import ConfigError  # noqa: E402
+    from megatron.model.attention import bigbird, blocks, local, masks, rules, simulate  # noqa: E402
+    from results import BenchmarkParser, cuda_needed, machine, positive, run_benchmark, write_section  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}  # max |error| / max |reference|
 LAYOUTS = ("unpadded", "padded", "packed")

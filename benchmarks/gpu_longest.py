@@ -17,21 +17,24 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from attention_memory import random_chunk  # noqa: E402
-from results import (BenchmarkParser, cuda_needed, machine, positive, replace_section, run_benchmark,  # noqa: E402
-                     write_section)
-
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.engine import checkpoint_layers  # noqa: E402
-from megatron.model.bert import BertConfig, BertModel  # noqa: E402
-from megatron.model.loss import bert_batch_loss  # noqa: E402
-from megatron.parallel.device import to_device  # noqa: E402
+from megatron.errors import start_up_stops_in_one_line  # noqa: E402
+
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):  # Ctrl-C while torch loads: one line, exit 130
+    import torch
+
+    from attention_memory import random_chunk  # noqa: E402
+    from results import (BenchmarkParser, cuda_needed, machine, positive, replace_section, run_benchmark,  # noqa: E402
+                         write_section)
+
+    from megatron.engine import checkpoint_layers  # noqa: E402
+    from megatron.model.bert import BertConfig, BertModel  # noqa: E402
+    from megatron.model.loss import bert_batch_loss  # noqa: E402
+    from megatron.parallel.device import to_device  # noqa: E402
 
 BASE = dict(num_layers=12, hidden_size=768, num_attention_heads=12, vocab_size=30522)
 

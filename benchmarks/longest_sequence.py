@@ -18,20 +18,24 @@ is extrapolated.
 import argparse
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
-from attention_memory import VARIANT_OPTIONS, bert_config, measure_peak, train_step
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.errors import ConfigError
-from megatron.model.bert import BertModel
-from megatron.parallel import state
-from megatron.parallel.spawn import run_on_ranks
-from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section
+from megatron.errors import start_up_stops_in_one_line  # noqa: E402
+
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):  # Ctrl-C while torch loads: one line, exit 130
+    import torch
+    import torch.distributed as dist
+
+    from attention_memory import VARIANT_OPTIONS, bert_config, measure_peak, train_step
+    from megatron.errors import ConfigError
+    from megatron.model.bert import BertModel
+    from megatron.parallel import state
+    from megatron.parallel.spawn import run_on_ranks
+    from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section
 
 PLOT = Path(__file__).resolve().parent / "longest_sequence.png"
 MODEL = dict(hidden=256, heads=4, layers=4)

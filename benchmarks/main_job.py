@@ -25,23 +25,26 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from launcher_runs import Launches  # noqa: E402
-from packing import LoadSampler  # noqa: E402
-from results import BenchmarkParser, machine, positive, run_benchmark, write_section  # noqa: E402
-
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
-from megatron.data.indexed_dataset import make_dataset  # noqa: E402
-from megatron.errors import ConfigError  # noqa: E402
-from megatron.parallel.spawn import free_port  # noqa: E402
-from megatron.paths import folder_problem  # noqa: E402
+from megatron.errors import start_up_stops_in_one_line  # noqa: E402
+
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):  # Ctrl-C while torch loads: one line, exit 130
+    import numpy as np
+
+    from launcher_runs import Launches  # noqa: E402
+    from packing import LoadSampler  # noqa: E402
+    from results import BenchmarkParser, machine, positive, run_benchmark, write_section  # noqa: E402
+
+    from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
+    from megatron.data.indexed_dataset import make_dataset  # noqa: E402
+    from megatron.errors import ConfigError  # noqa: E402
+    from megatron.parallel.spawn import free_port  # noqa: E402
+    from megatron.paths import folder_problem  # noqa: E402
 
 DEFAULT_OUT = str(REPO / ".cache" / "bench_main_job")
 MAIN_JOB = ["--deepspeed", "--deepspeed_config", "ds_configs/ring_sp2.json", "--pack-samples", "--seq-length", "1024",

@@ -39,25 +39,28 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
-import torch.nn.functional as F
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from launches import launches_table, profile_step  # noqa: E402
-from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section  # noqa: E402
-from train_step import (DEVICE, MASK_PROB, MMAP_THRESHOLD, Ours, adamw, alternate, autocast,  # noqa: E402
-                        make_batch, optimizer_step, summary, versions)
-
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron import hf_modernbert  # noqa: E402
-from megatron.data.batch import BertBatch  # noqa: E402
-from megatron.flops import training_flops_per_sample  # noqa: E402
-from megatron.model.args import MODEL_PRESETS  # noqa: E402
-from megatron.model.attention import local, plans, simulate  # noqa: E402
-from megatron.model.bert import BertConfig, BertModel  # noqa: E402
+from megatron.errors import start_up_stops_in_one_line  # noqa: E402
+
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):  # Ctrl-C while torch loads: one line, exit 130
+    import torch
+    import torch.nn.functional as F
+
+    from launches import launches_table, profile_step  # noqa: E402
+    from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section  # noqa: E402
+    from train_step import (DEVICE, MASK_PROB, MMAP_THRESHOLD, Ours, adamw, alternate, autocast,  # noqa: E402
+                            make_batch, optimizer_step, summary, versions)
+
+    from megatron import hf_modernbert  # noqa: E402
+    from megatron.data.batch import BertBatch  # noqa: E402
+    from megatron.flops import training_flops_per_sample  # noqa: E402
+    from megatron.model.args import MODEL_PRESETS  # noqa: E402
+    from megatron.model.attention import local, plans, simulate  # noqa: E402
+    from megatron.model.bert import BertConfig, BertModel  # noqa: E402
 
 PRESET = {**MODEL_PRESETS["modernbert-base"], "vocab_size": 50368}  # ModernBERT's vocab: a preset leaves it to the run
 ON_GPU = DEVICE.type == "cuda"

@@ -45,31 +45,34 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-
-import results  # noqa: E402
-from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section  # noqa: E402
+REPO = HERE.parent
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.data.bert_dataset import build_train_valid_test_datasets, token_stats  # noqa: E402
-from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
-from megatron.data.samplers import collate_bert  # noqa: E402
-from megatron.data.tokenizer import build_tokenizer  # noqa: E402
-from megatron.errors import ConfigError  # noqa: E402
-from megatron.model.bert import BertConfig, BertModel  # noqa: E402
-from megatron.model.loss import bert_batch_loss  # noqa: E402
-from megatron.parallel import state  # noqa: E402
-from megatron.parallel.grads import allreduce_sequence_parallel_grads  # noqa: E402
-from megatron.parallel.reduce import sum_over_sequence  # noqa: E402
-from megatron.parallel.spawn import run_on_ranks  # noqa: E402
-from megatron.paths import file_in_the_way, output_file_problem  # noqa: E402
+from megatron.errors import start_up_stops_in_one_line  # noqa: E402
 
-REPO = HERE.parent
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):  # Ctrl-C while torch loads: one line, exit 130
+    import torch
+    import torch.distributed as dist
+
+    import results  # noqa: E402
+    from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section  # noqa: E402
+
+    from megatron.data.bert_dataset import build_train_valid_test_datasets, token_stats  # noqa: E402
+    from megatron.data.default_dataset import prepare_default_dataset  # noqa: E402
+    from megatron.data.samplers import collate_bert  # noqa: E402
+    from megatron.data.tokenizer import build_tokenizer  # noqa: E402
+    from megatron.errors import ConfigError  # noqa: E402
+    from megatron.model.bert import BertConfig, BertModel  # noqa: E402
+    from megatron.model.loss import bert_batch_loss  # noqa: E402
+    from megatron.parallel import state  # noqa: E402
+    from megatron.parallel.grads import allreduce_sequence_parallel_grads  # noqa: E402
+    from megatron.parallel.reduce import sum_over_sequence  # noqa: E402
+    from megatron.parallel.spawn import run_on_ranks  # noqa: E402
+    from megatron.paths import file_in_the_way, output_file_problem  # noqa: E402
+
 DATA_DIR = REPO / ".cache" / "default_data"  # the trainer's --default-data-dir
 SPLIT = "969,30,1"  # the trainer's default --split
 SEED = 1234  # the trainer's default --seed

@@ -26,15 +26,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from launcher_runs import Launches
-from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, save_text, write_section
-import this_repo  # noqa: E402  (tools/this_repo.py)
-this_repo.put_first()  # this repository's megatron, not an installed one
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+
+import this_repo  # noqa: E402  (tools/this_repo.py)
+this_repo.put_first()  # this repository's megatron, not an installed one
+from megatron.errors import start_up_stops_in_one_line  # noqa: E402
+
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):  # Ctrl-C while torch loads: one line, exit 130
+    import torch
+
+    from launcher_runs import Launches
+    from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, save_text, write_section
+
 PLOT = HERE / "soak.png"
 LOG = HERE / "soak.log"
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128",

@@ -14,16 +14,21 @@ after a warm-up, each step timed on its slowest rank.
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import torch.distributed as dist
-
-from attention_memory import bert_config, train_step
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.parallel import state
-from megatron.parallel.spawn import run_on_ranks
-from results import BenchmarkParser, machine, positive, run_benchmark, write_section
+from megatron.errors import start_up_stops_in_one_line  # noqa: E402
+
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):  # Ctrl-C while torch loads: one line, exit 130
+    import torch.distributed as dist
+
+    from attention_memory import bert_config, train_step
+    from megatron.parallel import state
+    from megatron.parallel.spawn import run_on_ranks
+    from results import BenchmarkParser, machine, positive, run_benchmark, write_section
 
 CORES = 2
 LAYOUTS = (("ring", 1), ("ulysses", 4), ("hybrid", 2))  # (variant, Ulysses degree at SP=4)

@@ -25,23 +25,28 @@ of one ring step per rank at SP=1 and SP=2 under benchmarks/profiles/ (with --wr
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+HERE = Path(__file__).resolve().parent
 
-from attention_memory import LENGTHS_HELP, bert_config, check_lengths, train_step
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.model.attention.comm import SeqComm
-from megatron.parallel import state
-from megatron.parallel.spawn import run_on_ranks
-import results
-from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section
+from megatron.errors import start_up_stops_in_one_line  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):  # Ctrl-C while torch loads: one line, exit 130
+    import torch
+    import torch.distributed as dist
+
+    from attention_memory import LENGTHS_HELP, bert_config, check_lengths, train_step
+    from megatron.model.attention.comm import SeqComm
+    from megatron.parallel import state
+    from megatron.parallel.spawn import run_on_ranks
+    import results
+    from results import BenchmarkParser, machine, positive, run_benchmark, save_plot, write_section
+
 PLOT = HERE / "sp_scaling.png"
 PROFILES = HERE / "profiles"
 VARIANTS = ("ring", "ulysses", "linformer", "bigbird")

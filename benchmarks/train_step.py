@@ -34,26 +34,29 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from attention_memory import LENGTHS_HELP, VARIANT_OPTIONS, _status_kib, check_lengths  # noqa: E402
-import results  # noqa: E402
-from results import (BenchmarkParser, fraction, machine, positive, run_benchmark, save_plot,  # noqa: E402
-                     write_section)
-
 import this_repo  # noqa: E402  (tools/this_repo.py)
 this_repo.put_first()  # this repository's megatron, not an installed one
-from megatron.data.batch import BertBatch  # noqa: E402
-from megatron.flops import training_flops_per_sample  # noqa: E402
-from megatron.hf_convert import hf_config_from_bert, hf_state_from_bert  # noqa: E402
-from megatron.model.attention import plans  # noqa: E402
-from megatron.model.bert import BertConfig, BertModel  # noqa: E402
-from megatron.model.loss import bert_batch_loss  # noqa: E402
-from megatron.parallel.device import to_device  # noqa: E402
+from megatron.errors import start_up_stops_in_one_line  # noqa: E402
+
+with start_up_stops_in_one_line(Path(sys.argv[0]).name):  # Ctrl-C while torch loads: one line, exit 130
+    import torch
+    import torch.nn.functional as F
+
+    from attention_memory import LENGTHS_HELP, VARIANT_OPTIONS, _status_kib, check_lengths  # noqa: E402
+    import results  # noqa: E402
+    from results import (BenchmarkParser, fraction, machine, positive, run_benchmark, save_plot,  # noqa: E402
+                         write_section)
+
+    from megatron.data.batch import BertBatch  # noqa: E402
+    from megatron.flops import training_flops_per_sample  # noqa: E402
+    from megatron.hf_convert import hf_config_from_bert, hf_state_from_bert  # noqa: E402
+    from megatron.model.attention import plans  # noqa: E402
+    from megatron.model.bert import BertConfig, BertModel  # noqa: E402
+    from megatron.model.loss import bert_batch_loss  # noqa: E402
+    from megatron.parallel.device import to_device  # noqa: E402
 
 SHAPES = {
     "small": dict(num_layers=4, hidden_size=256, num_attention_heads=4),

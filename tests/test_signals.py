@@ -749,6 +749,7 @@ SLOW_IMPORTS = [  # (entry point, a module of its start-up's imports, the end of
     ("tools/fill_mask.py", "megatron.checkpoint", "before it read or wrote anything"),
     ("tools/plot_run.py", "megatron.run_log", "before it read or wrote anything"),
     ("tools/extend_context.py", "megatron.hf_convert", "before it read or wrote anything"),
+    ("benchmarks/train_step.py", "torch", "before it read or wrote anything"),  # the benchmarks' guard alike
 ]
 # imports before the start-up's guard (milliseconds: a signal there is held until the guard, held_signals.py),
 # made a few seconds long, not a minute
