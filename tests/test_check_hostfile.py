@@ -183,6 +183,29 @@ def test_this_machine_by_its_own_name_or_address_is_this_machine(tmp_path):
             load_tool().read_hostfile(hostfile)
 
 
+def test_this_machines_full_name_is_asked_only_for_a_dotted_host_and_not_waited_for(tmp_path, monkeypatch):
+    """socket.getfqdn (a DNS lookup of this machine's name) blocked for the resolver's timeout, seconds on a machine
+    whose resolver does not answer, for every hostfile of two hosts or more: a name without a dot (worker-2) is no
+    fully qualified name and asks nothing; a dotted one waits for the answer FQDN_WAIT_S at most."""
+    import threading
+
+    tool, hostfile = load_tool(), tmp_path / "hostfile"
+    asked, resolver = [], threading.Event()  # a resolver that answers once the test ends
+    monkeypatch.setattr(tool.socket, "getfqdn", lambda: asked.append(1) or resolver.wait() and "")
+    monkeypatch.setattr(tool, "FQDN_WAIT_S", 0.1, raising=False)  # a tool without the bound fails below
+    try:
+        for hosts in (["worker-1", "worker-2", "worker-3"], ["worker-1.example.com", "worker-2.example.com"]):
+            hostfile.write_text("".join(f"{host} slots=2\n" for host in hosts))
+            read = []
+            reader = threading.Thread(target=lambda: read.append(tool.read_hostfile(hostfile)), daemon=True)
+            reader.start()
+            reader.join(10)
+            assert read == [dict.fromkeys(hosts, 2)], "waited for the resolver"
+        assert asked == [1]  # the dotted names', once
+    finally:
+        resolver.set()
+
+
 def test_one_listed_host_is_said_in_the_singular(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("worker-1 slots=2\n")

@@ -25,6 +25,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import this_repo  # noqa: E402  (tools/this_repo.py)
@@ -130,24 +131,37 @@ def is_this_machine(host: str) -> bool:
     up: a hostfile's other names would each ask DNS, which can hang."""
     if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
         return True
-    names, addresses = own_names_and_addresses()
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        return host.lower() in names
-    return address.is_loopback or address in addresses
+        name = host.lower()
+        # a name without a dot is no fully qualified one: only a dotted name asks for this machine's (own_fqdn)
+        return name == socket.gethostname().lower() or ("." in name and name == own_fqdn())
+    return address.is_loopback or address in own_addresses()
+
+
+FQDN_WAIT_S = 2.0  # a resolver that has not answered by then (a broken one: the DNS timeout, 5 s a try) is left
 
 
 @functools.cache
-def own_names_and_addresses() -> tuple[set, set]:
-    """This machine's names (lowercase: its FQDN is the one name resolved, its own) and its interfaces' addresses
-    (psutil, a DeepSpeed requirement, reads them without a lookup)."""
+def own_fqdn() -> str | None:
+    """This machine's fully qualified name, lowercase: socket.getfqdn looks its host name up (DNS), which blocks
+    for the resolver's timeout on a machine whose resolver does not answer. Not waited for beyond FQDN_WAIT_S
+    (None then: a dotted name is then not taken for this machine's), in a thread the process does not wait for."""
+    found = []
+    lookup = threading.Thread(target=lambda: found.append(socket.getfqdn().lower()), daemon=True)
+    lookup.start()
+    lookup.join(FQDN_WAIT_S)
+    return found[0] if found else None
+
+
+@functools.cache
+def own_addresses() -> set:
+    """The addresses of this machine's interfaces (psutil, a DeepSpeed requirement, reads them without a lookup)."""
     import psutil
 
-    names = {socket.gethostname().lower(), socket.getfqdn().lower()}
-    addresses = {ipaddress.ip_address(entry.address.split("%")[0]) for entries in psutil.net_if_addrs().values()
-                 for entry in entries if entry.family in (socket.AF_INET, socket.AF_INET6)}
-    return names, addresses
+    return {ipaddress.ip_address(entry.address.split("%")[0]) for entries in psutil.net_if_addrs().values()
+            for entry in entries if entry.family in (socket.AF_INET, socket.AF_INET6)}
 
 
 def special_file_kind(path: Path) -> str | None:
