@@ -1,4 +1,5 @@
 """Topology pipe x data x seq (seq fastest), its groups, and the mpu names DeepSpeed reads."""
+import json
 import os
 
 import pytest
@@ -170,6 +171,74 @@ def test_the_same_files_at_another_path_on_another_node_are_the_same_settings(tm
     assert same_settings.settings_digest(settings(node_a)) != same_settings.settings_digest(
         settings(node_a, files_of=other))
 
+
+def test_a_checkpoint_or_hf_folder_at_another_path_on_another_node_is_the_same_start(tmp_path):
+    """--load (other than --save) and --init-from-hf were compared as path text: the same checkpoint or HF folder
+    copied to another path on each node stopped the launch, and other files at the same path (an older copy, another
+    run's checkpoint) passed. They are compared by content now: a checkpoint by its latest tag and run state (its
+    run's id and iteration; the weights files where it has no run id: a from-hf one), an HF folder by its config and
+    weights files."""
+    import shutil
+
+    from megatron.arguments import build_parser
+    from megatron.parallel import same_settings
+
+    def checkpoint(folder, run_id="run-a", weights=b"weights-a"):
+        (folder / "iter_0000002").mkdir(parents=True)
+        (folder / "latest").write_text("iter_0000002")
+        origin = {"weights_from": {"from": None, "run_id": run_id}} if run_id else {"weights_only": True}
+        (folder / "iter_0000002" / "run_state.json").write_text(json.dumps(
+            {"config": {"model": {}}, "iteration": 2, "consumed_samples": 8, **origin}))
+        (folder / "iter_0000002" / "mp_rank_00_model_states.pt").write_bytes(weights)
+        return folder
+
+    def hf_folder(folder, weights=b"weights-a"):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text('{"model_type": "bert"}')
+        (folder / "model.safetensors").write_bytes(weights)
+        return folder
+
+    parser = build_parser()
+    names = same_settings.flag_names(parser)
+
+    def verdict(flag, node_0, node_1, files_of_1=None):
+        """different_settings' line (None: alike) of two nodes giving `flag` `node_0` / `node_1`, node 1's path
+        holding the files of `files_of_1`."""
+        every = []
+        for path, files in ((node_0, node_0), (node_1, files_of_1 or node_1)):
+            extra = ["--save", str(tmp_path / "save")] if flag == "--load" else []
+            named = same_settings.launch_settings(parser.parse_args([flag, str(path), *extra]), {})
+            held = same_settings.content_identities(same_settings.launch_settings(
+                parser.parse_args([flag, str(files), *extra]), {}))
+            every.append({**named, **held})
+        error = same_settings.different_settings(every, ["a", "b"], names)
+        return error and str(error)
+
+    node_a = checkpoint(tmp_path / "a" / "ckpt")
+    node_b = tmp_path / "b" / "ckpt"
+    shutil.copytree(node_a, node_b)
+    assert verdict("--load", node_a, node_b) is None  # the same checkpoint at another path
+    other_run = checkpoint(tmp_path / "other" / "ckpt", run_id="run-b")
+    assert verdict("--load", node_a, node_a, files_of_1=other_run) == (
+        f"the ranks were launched with other files under the same path: --load {node_a} holds other contents on "
+        f"rank 1 (b) than on rank 0 (a); {same_settings.CONTENT_FIX}")
+    assert verdict("--load", node_a, other_run).startswith(
+        f"the ranks were launched with different settings: --load is {node_a} on rank 0 (a) but {other_run} on rank "
+        "1 (b) (other contents)")
+    # weights-only checkpoints (from-hf) carry no run id: their weights tell them apart
+    converted = checkpoint(tmp_path / "conv" / "ckpt", run_id=None)
+    reconverted = checkpoint(tmp_path / "reconv" / "ckpt", run_id=None, weights=b"weights-b")
+    assert verdict("--load", converted, converted, files_of_1=reconverted).startswith(
+        "the ranks were launched with other files under the same path: --load")
+
+    hf_a = hf_folder(tmp_path / "a" / "hf")
+    hf_b = tmp_path / "b" / "hf"
+    shutil.copytree(hf_a, hf_b)
+    assert verdict("--init-from-hf", hf_a, hf_b) is None
+    hf_other = hf_folder(tmp_path / "other" / "hf", weights=b"weights-b")  # fine-tuned: the same sizes
+    assert verdict("--init-from-hf", hf_a, hf_a, files_of_1=hf_other) == (
+        f"the ranks were launched with other files under the same path: --init-from-hf {hf_a} holds other contents "
+        f"on rank 1 (b) than on rank 0 (a); {same_settings.CONTENT_FIX}")
 
 def test_a_node_running_other_code_is_named_before_its_flags(tmp_path):
     """A node with another checkout (an edited source) or another version of a pinned package was compared by its

@@ -405,3 +405,34 @@ def test_the_run_names_data_without_its_vocab_record_and_a_flags_case_mismatch(t
     args.tokenizer_type = None
     run_data.data_paths(args, start_plan.StartPlan.given(args))
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "hf"])
+def test_a_ranks_start_builds_its_tokenizer_once(tmp_path, monkeypatch, kind):
+    """At a multi-rank start the nodes' comparison (same_settings.content_identities) built the tokenizer, and the
+    run (run_tokenizer) built it again: ~0.4 s per rank for a BPE tokenizer.json. It is built once now, and again
+    only where its file changed since (the same size, within one clock tick: its bytes decide)."""
+    from megatron.arguments import build_parser
+    from megatron.data import tokenizer
+    from megatron.parallel import same_settings
+
+    built, real = [], tokenizer.build_tokenizer
+    monkeypatch.setattr(tokenizer, "build_tokenizer",
+                        lambda *given, **named: built.append(given) or real(*given, **named))
+    if kind == "hf":
+        path = tmp_path / "tokenizer.json"
+        path.write_text(json.dumps(wordpiece_tokenizer_json(VOCAB, True)))
+        args = build_parser().parse_args(["--tokenizer-file", str(path)])
+    else:
+        path = write(tmp_path / "vocab.txt", VOCAB)
+        args = build_parser().parse_args(["--vocab-file", str(path)])
+    identity = same_settings.content_identities(same_settings.launch_settings(args, {}))
+    first = run_tokenizer(args)
+    assert len(built) == 1 and first.identity == identity[same_settings.CONTENT + ("tokenizer_file" if kind == "hf"
+                                                                                   else "vocab_file")]["vocab_sha256"]
+    if kind == "hf":
+        path.write_text(json.dumps(wordpiece_tokenizer_json(VOCAB[:5] + VOCAB[5:][::-1], True)))
+    else:
+        write(path, VOCAB[:5] + VOCAB[5:][::-1])  # the same size
+    second = run_tokenizer(args)
+    assert len(built) == 2 and second.identity != first.identity

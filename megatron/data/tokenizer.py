@@ -663,6 +663,47 @@ def build_tokenizer(tokenizer_type: str | None, vocab_file=None, tokenizer_file=
     return BertWordPiece(vocab_file, lower_case=TOKENIZER_TYPES[tokenizer_type])
 
 
+_shared = {}  # shared_tokenizer's: (type, vocab_file, tokenizer_file) -> (_file_digests of its files, tokenizer)
+
+
+def shared_tokenizer(tokenizer_type: str | None, vocab_file=None, tokenizer_file=None):
+    """build_tokenizer's tokenizer, built once per process while its files are unchanged: a rank's start reads it
+    for the nodes' comparison (same_settings.content_identities) and as the run's (explicit_tokenizer), and a
+    tokenizer.json takes ~0.4 s to build. The one object is shared: a caller that changes it
+    (read_specials_as_text) builds its own."""
+    # the type build_tokenizer picks where none is given: the flags' None and same_settings' explicit type alike
+    key = (tokenizer_type or (HF_TOKENIZER if tokenizer_file else "BertWordPieceLowerCase"),
+           vocab_file and str(vocab_file), tokenizer_file and str(tokenizer_file))
+    digests = _file_digests(vocab_file or tokenizer_file)  # ~2 ms for a 2 MB tokenizer.json
+    kept = _shared.get(key)
+    if kept is None or digests is None or kept[0] != digests:
+        kept = _shared[key] = (digests, build_tokenizer(tokenizer_type, vocab_file, tokenizer_file))
+    return kept[1]
+
+
+def _file_digests(path) -> tuple | None:
+    """(name, sha1) of the file `path`, or of each file of the folder `path` (a tokenizer.json's, with its
+    tokenizer_config.json and special_tokens_map.json; a file over READ_WHOLE_BYTES there, a model's weights, by its
+    size and mtime): a file rewritten within one clock tick is told apart. None: not found."""
+    try:
+        files = sorted(entry.path for entry in os.scandir(path) if entry.is_file()) if os.path.isdir(path) \
+            else [str(path)]
+        found = []
+        for file in files:
+            stat = os.stat(file)
+            if stat.st_size > READ_WHOLE_BYTES:
+                found.append((file, stat.st_size, stat.st_mtime_ns))
+            else:
+                with open(file, "rb") as opened:
+                    found.append((file, hashlib.file_digest(opened, "sha1").hexdigest()))
+        return tuple(found)
+    except (OSError, TypeError):
+        return None
+
+
+READ_WHOLE_BYTES = 64 << 20  # a tokenizer file is a few MB; a folder's larger files are its model's weights
+
+
 CASED_SHARE = 0.01  # more of a vocab's words with a capital than this: built cased (a lower-cased one holds ~none)
 
 
@@ -694,7 +735,7 @@ def explicit_tokenizer(args):
     None when they name no file (the checkpoint's or the default one is used)."""
     if not (args.vocab_file or args.tokenizer_file):
         return None
-    return build_tokenizer(args.tokenizer_type, args.vocab_file, args.tokenizer_file)
+    return shared_tokenizer(args.tokenizer_type, args.vocab_file, args.tokenizer_file)
 
 
 def add_tokenizer_flags(parser, vocab_help: str, tokenizer_file_default: str = "") -> None:

@@ -3,9 +3,10 @@ collective. A launch per node (NODE_RANK=0..N-1, a scheduler's job per machine) 
 flags or another DeepSpeed JSON, which no rank notices on its own: the ranks train at other rates and then
 wait on a step the others never take (a frozen rank, says the timeout), or a collective of another size
 aborts in the backend. What may differ by rank is left out (PER_RANK); the data and tokenizer files are
-compared by what they hold (BY_CONTENT), not by the path a node reaches them at; --save by whether it is
-given (checkpoint_save.check_writable checks that it is one folder on every node); the code each rank runs
-(the trainer's sources, the pinned packages: CODE) first, as other code may read the same flags otherwise."""
+compared by what they hold (BY_CONTENT), not by the path a node reaches them at, as are the checkpoint a
+--load other than --save names and the --init-from-hf folder; --save by whether it is given
+(checkpoint_save.check_writable checks that it is one folder on every node); the code each rank runs (the trainer's
+sources, the pinned packages: CODE) first, as other code may read the same flags otherwise."""
 import contextlib
 import hashlib
 import importlib.metadata
@@ -42,10 +43,13 @@ NAMED = 4  # the further differences the line names after the first
 ABSENT = object()  # a JSON key one rank's JSON lacks
 # the flags that name files, compared by what the files hold: the same data mounted at /mnt/a/data on one node
 # and /data on another is the same data (the fingerprint of each prefix's .idx/.bin, the index maps' own; the
-# tokenizer's identity record, which checkpoints carry), and other files at the same path are other data
-BY_CONTENT = ("data_path", "vocab_file", "tokenizer_file")
+# tokenizer's identity record, which checkpoints carry; a checkpoint's latest tag and run state, the weights
+# files of a checkpoint without a run id and of an HF folder: checkpoint_identity, hf_identity), and other files
+# at the same path are other data
+BY_CONTENT = ("data_path", "vocab_file", "tokenizer_file", "load", "init_from_hf")
 CONTENT = "content:"  # the key of a BY_CONTENT flag's content identity among a rank's settings
-CONTENT_FIX = "give every node the same data and tokenizer files (a copy may sit at another path on each node)"
+CONTENT_FIX = ("give every node the same data, tokenizer, checkpoint and Hugging Face files (a copy may sit at "
+               "another path on each node)")
 
 
 def launch_settings(args, ds: dict) -> dict:
@@ -92,24 +96,64 @@ def content_identities(settings: dict) -> dict:
     weights and fingerprints (index_maps.fingerprint: a recorded digest is read, else the files are hashed once
     per process, which the data's own checks then reuse), the tokenizer's identity record without its path. A
     flag whose files cannot be read here (missing, not a tokenizer) has none: its path is compared as text, and
-    the start-up's own checks name the file."""
+    the start-up's own checks name the file. A --load checkpoint (not the --save folder: THE_SAVE_FOLDER) by
+    checkpoint_identity, an --init-from-hf folder by hf_identity. The tokenizer built here is the one the run
+    then uses (tokenizer.shared_tokenizer: built once per rank)."""
     from megatron.data import index_maps  # here: the data and tokenizer modules are not needed without a flag
     from megatron.data.bert_dataset import parse_data_path
-    from megatron.data.tokenizer import HF_TOKENIZER, build_tokenizer
+    from megatron.data.tokenizer import HF_TOKENIZER, shared_tokenizer
     from megatron.errors import DataError
 
     found = {}
     for name in (name for name in BY_CONTENT if settings.get(name)):
         with contextlib.suppress(OSError, ConfigError, DataError, ValueError):
-            if name == "data_path":
+            if name == "load":
+                if settings[name] != THE_SAVE_FOLDER:
+                    found[CONTENT + name] = checkpoint_identity(settings[name])
+            elif name == "init_from_hf":
+                found[CONTENT + name] = hf_identity(settings[name])
+            elif name == "data_path":
                 weights, prefixes = parse_data_path(settings[name])
                 found[CONTENT + name] = [weights, [index_maps.fingerprint(
                     prefix, cache_path=settings.get("data_cache_path"), write_record=False) for prefix in prefixes]]
             else:
                 kind = HF_TOKENIZER if name == "tokenizer_file" else settings.get("tokenizer_type")
-                record = build_tokenizer(kind, **{name: settings[name]}).record()
+                record = shared_tokenizer(kind, **{name: settings[name]}).record()
                 found[CONTENT + name] = {key: value for key, value in record.items() if key != "file"}
     return found
+
+
+def checkpoint_identity(folder: str) -> list:
+    """[latest tag, digest] of the checkpoint --load `folder` resumes or starts from: its run_state.json names
+    its run (a run id made at its start) and iteration, so a copy matches and another run's, or another
+    iteration, does not; one without a run id (a from-hf checkpoint's weights, an older version's) adds its
+    weights files (index_maps.sampled_contents: 16 MiB each at most)."""
+    from megatron import checkpoint
+
+    tag = checkpoint.latest_tag(folder)
+    inside = Path(checkpoint.checkpoint_folder(folder, tag))
+    files = [inside / checkpoint.RUN_STATE] if (inside / checkpoint.RUN_STATE).is_file() else []
+    if checkpoint.run_id(folder, tag) is None:
+        files += sorted(inside.glob("*model_states.pt"))
+    return [tag, _files_digest(files)]
+
+
+def hf_identity(folder: str) -> str:
+    """Digest of the --init-from-hf `folder`: its config.json and the weights files the run reads (their names,
+    sizes and sampled bytes: index_maps.sampled_contents), wherever each node holds it."""
+    from megatron.hf_io import hf_weight_files
+
+    return _files_digest([Path(folder) / "config.json", *hf_weight_files(folder)])
+
+
+def _files_digest(files: list) -> str:
+    from megatron.data.index_maps import sampled_contents
+
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{Path(path).name}\0".encode())
+        sampled_contents(digest, path)
+    return digest.hexdigest()[:16]
 
 
 def flag_names(parser) -> dict:
