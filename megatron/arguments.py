@@ -294,6 +294,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                      "one")
     run.add_argument("--no-load-rng", action="store_true", help="with --load: go on without the checkpoint's RNG "
                      "states (e.g. a lost rng_rank*.pt); the run is then no longer bit-exact (one warning)")
+    run.add_argument("--override-data-settings", action="store_true", help="with --load: resume on other data "
+                     "settings than the checkpoint records (--data-path's text or weights, --split, --seed, "
+                     "--short-seq-prob, the masking), one warning naming them; without it such a resume is refused (a "
+                     "--save folder another run left)")
     run.add_argument("--init-from-hf", metavar="DIR", help="start from a Hugging Face Bert* / MegatronBert* / "
                      "ModernBert* folder; its config fills the model flags not given, heads it lacks are initialised; "
                      "with --load DIR: resumes DIR instead once it holds a checkpoint (one command for a job's "

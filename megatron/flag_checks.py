@@ -118,6 +118,8 @@ def check_flag_combinations(args) -> None:
               "it refuses extending the Hugging Face folder's positions"),
              (args.no_load_rng or None, "--no-load-rng", args.load, "--load DIR", "it skips the checkpoint's RNG "
               "states"),
+             (args.override_data_settings or None, "--override-data-settings", args.load, "--load DIR",
+              "it lets a resume change the data"),
              (args.finetune or None, "--finetune", args.load, "--load DIR", "it starts from that checkpoint's weights"))
     for value, flag, needed, needed_flag, why in needs:
         if value is not None and not needed:

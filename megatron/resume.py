@@ -12,6 +12,7 @@ from megatron.checkpoint_compat import NEW_RUN_FIX
 from megatron.config import model_preset, preset_source, read_ds_config
 from megatron.data import index_maps
 from megatron.data.bert_dataset import parse_data_path, split_weights
+from megatron.errors import ConfigError
 from megatron.ds_schema import SECTION, precision
 from megatron.model.args import BertConfig
 from megatron.model.fields import Role, fields_with, info
@@ -248,13 +249,12 @@ def _same_shares(a: list, b: list) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= 1e-9 for x, y in zip(a, b))
 
 
-def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str | None:
-    """A warning when a resume reads other data, splits it otherwise or shuffles it with another
-    seed: the consumed-samples count then points into another index map, and with another split
-    validation and test may hold text the run trained on; or masks it otherwise (another objective).
-    None for a checkpoint without the record."""
+def data_changes(stored: dict | None, now: dict, consumed: int) -> tuple[list, list]:
+    """(each change of the data a resume reads against its checkpoint's record, what the changes do) of
+    data_settings' records: other text or weights, another split, shuffle seed, short-sample share or masking.
+    Nothing for a checkpoint without the record."""
     if not stored:
-        return None
+        return [], []
     changes, effects = [], []
     if [name for _, name in stored["data"]] != [name for _, name in now["data"]] or not _same_shares(
             [weight for weight, _ in stored["data"]], [weight for weight, _ in now["data"]]):
@@ -278,10 +278,36 @@ def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str |
         changes += masking
         effects.append("other tokens are masked from here on, so the objective is not the one the checkpoint "
                        "trained on")
+    return changes, effects
+
+
+def describe_data_change(stored: dict | None, now: dict, consumed: int) -> str | None:
+    """A warning when a resume (given --override-data-settings: refuse_data_change) reads other data, splits it
+    otherwise or shuffles it with another seed: the consumed-samples count then points into another index map, and
+    with another split validation and test may hold text the run trained on; or masks it otherwise (another
+    objective). None for a checkpoint without the record."""
+    changes, effects = data_changes(stored, now, consumed)
     if not changes:
         return None
     return (f"warning: resuming with {', '.join(changes)}: {'; '.join(effects)}; keep the checkpoint's settings to "
             "continue the same data")
+
+
+OVERRIDE_DATA = "--override-data-settings"
+
+
+def refuse_data_change(stored: dict | None, now: dict, load: str, override: bool) -> None:
+    """A resume of checkpoint folder `load` on data settings other than those its checkpoint records (`stored`,
+    against this run's `now`: data_settings) is refused before any work unless `override` (OVERRIDE_DATA: a change
+    made on purpose, then describe_data_change's warning): a --save folder that another run left (the launch
+    scripts resume their --save) would otherwise go on with that run's weights, optimizer and schedule on this
+    run's data, with a warning only. Model changes are refused apart (refuse_contradictions, check_same_model)."""
+    changes = data_changes(stored, now, 0)[0]
+    if override or not changes:
+        return
+    raise ConfigError(f"--load {load} holds a checkpoint of a run with other data settings: resuming it with "
+                      f"{', '.join(changes)}", f"keep the checkpoint's settings to resume it, pass another --save "
+                      f"(and no --load {load}) to start a new run, or pass {OVERRIDE_DATA} to resume it on these")
 
 
 def note_replaced_settings(flags: dict, start: dict, source: str) -> None:

@@ -44,7 +44,8 @@ from megatron.parallel.peers import lost_rank_text, report_once
 from megatron.relaunch import new_run_fix, resume_fix
 from megatron.resume import (data_settings, describe_batch_change, describe_data_change, describe_sample_change,
                              describe_step_change, fresh_run_fix, kept_regime, peak_given, peak_in_use,
-                             resume_optimizer, resume_schedule, run_length, unrecorded_note, unsaved_note)
+                             refuse_data_change, resume_optimizer, resume_schedule, run_length, unrecorded_note,
+                             unsaved_note)
 from megatron.run_data import batch_reader, build_datasets, data_paths, data_workers
 from megatron.run_log import (MovedLogDir, RunLog, free_log_dir, logged_save, logs_record, metrics_problem,
                               shared_log_dir_warning, split_logs_warning, tensorboard_problem)
@@ -416,6 +417,9 @@ def check_start_up(args, plan: StartPlan) -> StartUp:
         checkpoint_save.check_writable(args.save)  # before any work that a failed first save would lose
     check_log_dirs(args, setup.ds, resumes=plan.resume)
     setup.data_path, setup.tokenizer = data_paths(args, plan, setup.flags["vocab_size"])
+    if plan.resume:  # another run's checkpoint, or this one's on other data: before the index maps are built
+        refuse_data_change(checkpoint.run_state(plan.load, checkpoint.latest_tag(plan.load)).get("data"),
+                           data_settings(args, setup.data_path), plan.load, args.override_data_settings)
     if setup.flags["vocab_size"] is None:  # --vocab-size 0 is refused (BertConfig), not taken for "not given"
         setup.flags["vocab_size"] = setup.tokenizer.vocab_size
     setup.config = resolve(setup.flags, setup.ds, dist.get_world_size(), deepspeed_check=not setup.checked,

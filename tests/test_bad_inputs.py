@@ -354,6 +354,10 @@ CASES = [
     pretrain("--load", "{ckpt}", "--hidden-size", "32", "--num-attention-heads", "4", id="checkpoint_wrong_hidden_size",
              needs_checkpoint=True, phrases=("--hidden-size 32 contradicts the checkpoint",
                                              "whose model has hidden_size 64", "drop --hidden-size 32")),
+    # the data it records too (a --save folder another run left, which the launch scripts resume), unless overridden
+    pretrain("--load", "{ckpt}", "--seed", "7", id="resume_on_other_data_settings", needs_checkpoint=True,
+             phrases=("holds a checkpoint of a run with other data settings: resuming it with --seed 7 (the "
+                      "checkpoint's: 1234", "pass --override-data-settings to resume it on these")),
     pretrain("--load", "{ckpt}", "--attention", "linformer", "--linformer-k", "16",
              id="resume_from_another_attention_variant", needs_checkpoint=True,
              phrases=("lacks layers.0.attention.core.key_projection",

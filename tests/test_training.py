@@ -133,7 +133,8 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
               "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "ckpt"), "--train-iters", "54",
               "--lr", "2e-3", "--log-interval", "2", "--eval-interval", "1", "--eval-iters", "0",
               "--default-data-dir", data_dir, "--log-dir", str(tmp_path / "log"), "--seq-length", "96",
-              "--split", "90,5,5", "--seed", "7", "--mask-prob", "0.2", "--weight-decay", "0.05", "--keep-last", "1"]
+               "--split", "90,5,5", "--seed", "7", "--mask-prob", "0.2", "--weight-decay", "0.05", "--keep-last", "1",
+               "--override-data-settings"]
     result = run_entry_point(*resume)
     assert result.returncode == 0, result.stderr[-3000:]
     ckpt = tmp_path / "ckpt" / "iter_0000050"
@@ -181,7 +182,8 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
     assert len({r["run"] for r in records}) == 2
 
     # a new run into the same --save is refused from the files, before DeepSpeed starts
-    fresh = resume[:resume.index("--load")] + resume[resume.index("--load") + 2:]
+    fresh = [flag for flag in resume[:resume.index("--load")] + resume[resume.index("--load") + 2:]
+             if flag != "--override-data-settings"]
     result = run_entry_point(*fresh)
     assert result.returncode == 2 and "resolved config" not in result.stdout, result.stdout[-2000:]
     assert (f"pretrain_bert.py: error: --save {tmp_path / 'ckpt'} holds checkpoint iter_0000054, ahead of this "
@@ -757,6 +759,29 @@ def test_a_resume_on_other_data_says_so():
         "False): other tokens are masked from here on, so the objective is not the one the checkpoint trained on; "
         "keep the checkpoint's settings to continue the same data")
 
+
+
+def test_a_resume_on_other_data_is_refused_unless_overridden():
+    """A resume on other data settings than its checkpoint's (a --save folder another run left: the launch scripts
+    resume their --save) went on with that run's weights, optimizer and schedule on this run's data, with a
+    warning only. It is one line now, naming each change and the fixes; --override-data-settings resumes (the
+    warning above); a moved copy of the data, and a checkpoint without the record, resume as before."""
+    from megatron.errors import ConfigError
+    from megatron.resume import refuse_data_change
+
+    stored = {"data": [[1.0, "0123456789"]], "data_path": ["a/corpus"], "split": [0.969, 0.03, 0.001],
+              "split_flag": "969,30,1", "seed": 1234}
+    refuse_data_change(stored, {**stored, "data_path": ["b/corpus"]}, "ck", override=False)  # the same data
+    refuse_data_change(None, stored, "ck", override=False)  # a checkpoint from before the record
+    other = {**stored, "data": [[1.0, "abcdef0123"]], "data_path": ["b/other"], "seed": 7}
+    refuse_data_change(stored, other, "ck", override=True)
+    with pytest.raises(ConfigError) as refused:
+        refuse_data_change(stored, other, "ck", override=False)
+    assert str(refused.value) == (
+        "--load ck holds a checkpoint of a run with other data settings: resuming it with --data-path b/other (the "
+        "checkpoint's: a/corpus; other text or weights), --seed 7 (the checkpoint's: 1234; it shuffles and masks the "
+        "samples); keep the checkpoint's settings to resume it, pass another --save (and no --load ck) to start a "
+        "new run, or pass --override-data-settings to resume it on these")
 
 def test_a_resume_without_save_says_its_steps_are_not_kept():
     """A resume without --save trained on and ended with no checkpoint line and no word."""
