@@ -133,8 +133,8 @@ def test_two_ranks_sequence_parallel_loss_falls(tmp_path, data_dir):
               "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "ckpt"), "--train-iters", "54",
               "--lr", "2e-3", "--log-interval", "2", "--eval-interval", "1", "--eval-iters", "0",
               "--default-data-dir", data_dir, "--log-dir", str(tmp_path / "log"), "--seq-length", "96",
-               "--split", "90,5,5", "--seed", "7", "--mask-prob", "0.2", "--weight-decay", "0.05", "--keep-last", "1",
-               "--override-data-settings"]
+              "--split", "90,5,5", "--seed", "7", "--mask-prob", "0.2", "--weight-decay", "0.05", "--keep-last", "1",
+              "--override-data-settings"]
     result = run_entry_point(*resume)
     assert result.returncode == 0, result.stderr[-3000:]
     ckpt = tmp_path / "ckpt" / "iter_0000050"
