@@ -15,7 +15,8 @@ from megatron.errors import ConfigError, OneLineParser
 from megatron.flag_habits import TRAINER_HABITS
 from megatron.model.args import MODEL_PRESETS
 from megatron.model.fields import dest_to_field, flag_of, info
-from megatron.parallel.launch_env import PRINTER_WAIT, launcher_rank, outlive_rank_0, prints_for_its_node
+from megatron.parallel.launch_env import (PRINTER_WAIT, launcher_rank, note_rank_0_state, outlive_rank_0,
+                                          prints_for_its_node)
 from megatron.paths import DEFAULT_DATA_DIR, DEFAULT_LOG_DIR, in_repository
 from megatron.schedule import DECAY_STYLES, DEFAULT_WARMUP_FRACTION, WSD_DECAY_STYLES
 
@@ -364,6 +365,8 @@ class OncePerRunParser(OneLineParser):
             (file or sys.stderr).flush()
 
     def exit(self, status=0, message=None):
+        if status and message and launcher_rank() == 0:  # the other nodes read it (deepspeed_command.py)
+            note_rank_0_state(message.strip().splitlines()[-1])
         if status and launcher_rank() != 0:
             since = time.monotonic()
             if message:  # a node launched with other flags: the ranks waiting at rank 0's rendezvous end at once

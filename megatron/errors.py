@@ -16,7 +16,7 @@ import weakref
 import warnings
 
 from megatron.held_signals import release_held_signals
-from megatron.parallel.launch_env import PRINTER_WAIT, outlive_rank_0, prints_for_its_node
+from megatron.parallel.launch_env import PRINTER_WAIT, note_rank_0_state, outlive_rank_0, prints_for_its_node
 
 
 class ConfigError(ValueError):
@@ -284,6 +284,7 @@ def start_up_stops_in_one_line(prog: str, before: str = BEFORE_ANY_WORK, tell: b
     except ConfigError as error:
         if tell:
             print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+            note_rank_0_state(f"{prog}: error: {error}")  # rank 0's, which the other nodes read (deepspeed_command)
         else:
             leave_the_line_to_rank_0(f"{prog}: error: {error}")
         sys.exit(2)

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -1995,8 +1996,8 @@ def test_a_rank_refused_before_the_rendezvous_ends_the_waiting_ranks_at_once(mon
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(device, "_rendezvous_begun", [False])
     monkeypatch.setattr(device, "launcher_rank", lambda: 1)  # the refusing rank's view (rank 0 reads RANK)
-    waiting, reachable = threading.Event(), device._reachable
-    monkeypatch.setattr(device, "_reachable", lambda *args: waiting.set() or reachable(*args))
+    waiting, listening = threading.Event(), device._listening
+    monkeypatch.setattr(device, "_listening", lambda *args: waiting.set() or listening(*args))
     posted = []
     refusing = threading.Thread(target=lambda: posted.append(device.post_refusal(
         "pretrain_bert.py: error: --hidden-size 63 is odd; pass an even one", time.monotonic() + 10)))
@@ -2011,6 +2012,90 @@ def test_a_rank_refused_before_the_rendezvous_ends_the_waiting_ranks_at_once(mon
                                    "with its own error (--hidden-size 63 is odd; pass an even one), so the rendezvous "
                                    f"at 127.0.0.1:{os.environ['MASTER_PORT']} cannot complete (1 of 2 ranks arrived)")
     assert device.post_refusal("its error", time.monotonic() + 1) is False, "its rendezvous' own errors are not posted"
+
+
+@pytest.mark.parametrize("rank_0", ["refused", "died", "began"])
+def test_rank_0s_node_stopped_before_the_rendezvous_ends_the_other_nodes_at_once(monkeypatch, capsys, tmp_path,
+                                                                                 rank_0):
+    """Rank 0's node stopped before rank 0 opened its store (its flags refused there alone, an import that died, its
+    launch.py that failed): the other nodes' ranks waited out --rendezvous-timeout at MASTER_ADDR:MASTER_PORT, where
+    nothing listened, to end with a line that blamed the rendezvous. That node's launch.py (deepspeed_command.py)
+    answers there with why, and they stop at once. A rank 0 that began its rendezvous told them itself: no answer."""
+    import base64
+    import threading
+    import time
+
+    from megatron import arguments
+    from megatron.parallel import deepspeed_command, device, launcher_watch
+    from megatron.parallel.launch_env import RANK_0_STATE
+
+    monkeypatch.setattr(launcher_watch, "launcher_processes", lambda: [(1, None, "its launcher")])
+    port = free_port()
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(RANK_0_STATE, str(tmp_path / "state"))  # rank 0's parser notes its line for its launch.py
+    (tmp_path / "state").write_text("")
+    with pytest.raises(SystemExit):
+        arguments.build_parser().parse_args(["--hidden-size", "x"])
+    refused = (tmp_path / "state").read_text()
+    assert refused.startswith("pretrain_bert.py: error: argument --hidden-size: invalid int value")
+
+    def rank_0_node(launch, stops):  # launch.py on node 0 and its rank 0, whose state file it set
+        if rank_0 == "died":
+            raise ImportError("its torch is broken")
+        with open(os.environ[RANK_0_STATE], "w") as state:
+            state.write(refused if rank_0 == "refused" else "rendezvous begun")
+        return lambda: sys.exit(2)
+
+    monkeypatch.setattr(deepspeed_command, "_deepspeed_main", rank_0_node)
+    world = base64.urlsafe_b64encode(json.dumps({"node-a": [0], "node-b": [0]}).encode()).decode()
+    monkeypatch.setattr(sys, "argv", ["deepspeed_command.py", "deepspeed.launcher.launch", f"--world_info={world}",
+                                      "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}", "x.py"])
+    monkeypatch.setattr(deepspeed_command, "NOTICE_SECONDS", 20.0)
+    statuses = []
+    node_0 = threading.Thread(target=lambda: statuses.append(deepspeed_command.main()))
+    node_0.start()
+    monkeypatch.setenv("RANK", "1")  # a rank of node-b, at rank 0's rendezvous
+    monkeypatch.setattr(device, "_rendezvous_begun", [False])
+    began = time.monotonic()
+    with pytest.raises(ConfigError) as error:
+        device.rendezvous("gloo", 8 if rank_0 != "began" else 1)
+    node_0.join()
+    assert statuses == [2 if rank_0 != "died" else 1]
+    if rank_0 == "began":
+        assert "timed out" in str(error.value) or "could not reach" in str(error.value)
+        return
+    assert time.monotonic() - began < 6, "waited out --rendezvous-timeout"
+    why = ("rank 0 on {host} stopped at start-up with its own error (argument --hidden-size: invalid int value: 'x'; "
+           "see pretrain_bert.py --help)" if rank_0 == "refused" else "its launch on {host} ended (status 1) before "
+           "rank 0 began it, e.g. a failed import; its traceback or line is in that node's output")
+    assert error.value.problem == (f"rank 0's node (127.0.0.1:{port}) stopped before the rendezvous: "
+                                   + why.format(host=socket.gethostname()))
+    assert ("ImportError: its torch is broken" in capsys.readouterr().err) is (rank_0 == "died")
+
+
+def test_a_rank_stops_when_the_program_at_master_port_is_no_store(monkeypatch):
+    """Another program held MASTER_PORT on rank 0's node (rank 0 stopped there with its own line): the other nodes'
+    ranks connected to it, and TCPStore's handshake waited for its answer without end (11 minutes seen)."""
+    import socket
+
+    from megatron.parallel import device
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, says nothing
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        for name, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
+                            ("MASTER_PORT", str(silent.getsockname()[1]))):
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(device, "JOIN_WAIT", 1.0)
+        with pytest.raises(ConfigError) as error:
+            device.rendezvous("gloo", 60)
+    assert error.value.problem == (f"rank 1 could not join the rendezvous at {address}: the program listening there "
+                                   "accepted its connection but did not answer as rank 0's store within 1 s: another "
+                                   "program holds MASTER_PORT on rank 0's node, whose rank 0 then stopped with its "
+                                   "own line there")
+
+
+def test_a_rank_whose_flags_are_refused_posts_its_line(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("rank, local_rank", [("1", "1"), ("2", "0")], ids=["other_rank", "other_nodes_first"])

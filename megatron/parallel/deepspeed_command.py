@@ -14,16 +14,27 @@ positive return code, so a launch.py killed by SIGKILL (the OOM killer, a node a
 command with 0 short of --train-iters, and launch.py, when a rank dies by SIGKILL, exits with -9 (247).
 A launch.py stopped by SIGTERM or SIGINT of its own (its sigkill_handler stops the ranks, then exits 1, which
 a scheduler reads as a failure) exits 128 + N too.
+launch.py of the node that hosts rank 0, in a launch of several nodes, also tells the other nodes when that node
+stopped before rank 0 began its rendezvous (tell_other_nodes): their ranks would wait out --rendezvous-timeout.
 Run as `python -P -m megatron.parallel.deepspeed_command ...` (-P: the megatron the tool imported,
 not one in the working directory); launcher_watch counts it among the launchers.
 """
+import argparse
+import base64
+import contextlib
+import json
 import logging
+import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import traceback
 
 from megatron.errors import Interrupted, raise_on_signals, restore_signals
-from megatron.parallel.launch_env import LAUNCH_SCRIPT, launch_script
+from megatron.parallel.launch_env import (LAUNCH_SCRIPT, RANK_0_STATE, RENDEZVOUS_BEGUN, launch_script,
+                                          serve_stop_notice)
 
 PROG = "deepspeed"
 MODULE = "megatron.parallel.deepspeed_command"
@@ -114,10 +125,76 @@ def _deepspeed_main(launch: bool, stops: _NotedStops):
     return runner.main
 
 
+NOTICE_SECONDS = 60.0  # at most, after rank 0's node stopped: the other nodes' ranks may still be importing torch
+
+
+def other_nodes_ranks(argv: list) -> tuple[int, str, int] | None:
+    """(ranks on the other nodes, MASTER_ADDR, MASTER_PORT) for launch.py's arguments `argv` on the node that hosts
+    rank 0 (node rank 0) of a launch of several nodes; None on another node, or alone."""
+    parser = argparse.ArgumentParser(add_help=False)
+    for name, kind in (("--node_rank", int), ("--master_addr", str), ("--master_port", int), ("--world_info", str)):
+        parser.add_argument(name, type=kind)
+    try:
+        known, _ = parser.parse_known_args(argv)
+        slots = list(json.loads(base64.urlsafe_b64decode(known.world_info)).values())
+    except (SystemExit, TypeError, ValueError):  # launch.py's own parse says what is wrong
+        return None
+    others = sum(map(len, slots[1:]))
+    if known.node_rank not in (0, None) or not others or known.master_port is None:
+        return None
+    return others, known.master_addr or "127.0.0.1", known.master_port
+
+
+def tell_other_nodes(status, state_path: str, others: tuple) -> None:
+    """After launch.py on rank 0's node ended with `status` (not 0) before rank 0 began its rendezvous: the ranks on
+    the other nodes, waiting for rank 0's store at MASTER_ADDR:MASTER_PORT, read why here and stop at once
+    (serve_stop_notice, for NOTICE_SECONDS at most, or until each of them connected). Rank 0's own error line,
+    when it said one, is the why (its launch_env.note_rank_0_state)."""
+    readers, _, port = others
+    try:
+        with open(state_path, encoding="utf-8") as state_file:
+            said = state_file.read().strip()
+    except OSError:
+        said = ""
+    if said == RENDEZVOUS_BEGUN:  # its store told them, or rank 0 could not open it (the port taken: its line)
+        return
+    host = socket.gethostname()
+    if said:
+        why = f"rank 0 on {host} stopped at start-up with its own error ({said.split(': error: ', 1)[-1]})"
+    else:
+        how = (f"killed by {signal.Signals(status - 128).name}" if isinstance(status, int) and 128 < status < 160
+               and status - 128 in signal.valid_signals() else f"status {status}")
+        why = (f"its launch on {host} ended ({how}) before rank 0 began it, e.g. a failed import; its traceback or "
+               "line is in that node's output")
+    with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C here ends the wait, silently (the error is said)
+        serve_stop_notice(port, why, readers, NOTICE_SECONDS)
+
+
 def main() -> int:
     launch = sys.argv[1:2] == [LAUNCH]
     if launch:
         del sys.argv[1]  # launch.py parses the rest
+        others = other_nodes_ranks(sys.argv[1:])
+        if others:
+            descriptor, state_path = tempfile.mkstemp(prefix="megatron_rank_0_state_")
+            os.close(descriptor)
+            os.environ[RANK_0_STATE] = state_path  # to its ranks (launch.py passes its environment on)
+            try:
+                try:
+                    status = _main(launch)
+                except Exception:  # launch.py itself failed (its imports): its traceback first, then the notice
+                    traceback.print_exc()
+                    status = 1
+                if status:
+                    tell_other_nodes(status, state_path, others)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(state_path)  # after tell_other_nodes read it
+            return status
+    return _main(launch)
+
+
+def _main(launch: bool) -> int:
     importing, stops = raise_on_signals(), _NotedStops()
     try:
         run = _deepspeed_main(launch, stops)

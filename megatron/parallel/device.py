@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -31,7 +32,8 @@ from megatron.ds_schema import cpu_optimizer_op
 from megatron.errors import ConfigError
 from megatron.quiet import c10d_log_quieted, quiet_shm_build
 from megatron.parallel import jit_locks, launcher_watch, master_address
-from megatron.parallel.launch_env import launcher_rank, local_rank, rendezvous_setting
+from megatron.parallel.launch_env import (NOTICE_WAIT, RENDEZVOUS_BEGUN, STOP_NOTICE, launcher_rank, local_rank,
+                                          note_rank_0_state, rendezvous_setting)
 
 
 def select_device() -> torch.device:
@@ -220,8 +222,13 @@ def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta 
     if not launcher_watch.launcher_processes():  # `python pretrain_bert.py` in a shell that kept an old job's exports
         fix += (f"; no launcher started this process: if RANK, WORLD_SIZE={world}, MASTER_ADDR and MASTER_PORT are "
                 "left in the environment by another job, unset them to run one process")
+    note_rank_0_state(RENDEZVOUS_BEGUN)  # rank 0's launch.py tells the other nodes nothing now (serve_stop_notice)
     deadline = time.monotonic() + timeout
-    while rank != 0 and not _reachable(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), deadline):
+    while rank != 0 and (found := _listening(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                             deadline)) is not True:
+        if found:  # rank 0's node stopped before it opened its store: no wait for the rest of the timeout
+            raise ConfigError(f"rank 0's node ({address}) stopped before the rendezvous: {found}",
+                              "fix the error that node printed and launch every node again")
         if time.monotonic() >= deadline:  # torch's own retries would print C++ stack traces meanwhile
             raise ConfigError(f"rank {rank} could not reach the rendezvous at {address} (rank 0's) within "
                               f"{timeout:g} s: 0 of {world} ranks known to have arrived; rank 0 may have "
@@ -239,9 +246,15 @@ def rendezvous(dist_backend: str, timeout: float, collective_timeout: timedelta 
 def _gathered_store(rank: int, world: int, address: str, timeout: float, deadline: float, fix: str):
     """The TCPStore at `address` once all `world` ranks have joined it by `deadline` (rank 0's count), or a
     ConfigError naming how many did."""
+    until = min(deadline, time.monotonic() + JOIN_WAIT)
     try:
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=rank == 0,
-                              timeout=timedelta(seconds=timeout), wait_for_workers=False)
+        store = _joined_store(rank, world, timeout, until)
+    except TimeoutError:  # a program that answers no store's handshake: TCPStore's own wait has no end
+        waited = JOIN_WAIT if until < deadline else timeout
+        raise ConfigError(f"rank {rank} could not join the rendezvous at {address}: the program listening there "
+                          f"accepted its connection but did not answer as rank 0's store within {waited:g} s: another "
+                          "program holds MASTER_PORT on rank 0's node, whose rank 0 then stopped with its own line "
+                          "there", fix) from None
     except (RuntimeError, ValueError) as error:  # DistNetworkError / DistStoreError: the port is not a store
         if "EADDRINUSE" in str(error):  # rank 0's store cannot listen: another run (or program) has the port
             raise master_address.port_in_use_error(address)
@@ -285,6 +298,39 @@ def _gathered_store(rank: int, world: int, address: str, timeout: float, deadlin
     return store
 
 
+JOIN_WAIT = 30.0  # seconds at most for rank 0's store to answer a connection (it takes milliseconds)
+
+
+def _joined_store(rank: int, world: int, timeout: float, until: float):
+    """dist.TCPStore at MASTER_ADDR:MASTER_PORT: rank 0's, listening, or another rank's connection to it; a
+    TimeoutError when the connection's handshake is not answered by `until` (time.monotonic()). TCPStore waits
+    for that answer without end (seen for 11 minutes: a program that is no store holding the port): the
+    connection is made in a daemon thread, left behind then (it holds no lock, the process may exit)."""
+    def store():
+        return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=rank == 0,
+                             timeout=timedelta(seconds=timeout), wait_for_workers=False)
+
+    if rank == 0:
+        return store()
+    made = []
+    joining = threading.Thread(target=lambda: made.append(_outcome(store)), daemon=True)
+    joining.start()
+    joining.join(max(0.0, until - time.monotonic()))
+    if not made:
+        raise TimeoutError
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
+
+
+def _outcome(make):
+    """make()'s result, or the exception it raised."""
+    try:
+        return make()
+    except BaseException as error:  # noqa: B036 (handed to the waiting thread, which raises it)
+        return error
+
+
 ARRIVED = "megatron/arrived"  # then /RANK: set by each rank that joined rank 0's store
 REFUSED = "megatron/refused"  # what a rank that stopped before the rendezvous posted (post_refusal)
 _rendezvous_begun = [False]  # this process has begun its rendezvous (its errors are the rendezvous' own)
@@ -313,10 +359,12 @@ def post_refusal(line: str, until: float) -> bool:
         return False
     rank, world, host = launcher_rank(), os.environ["WORLD_SIZE"].strip(), os.environ["MASTER_ADDR"]
     port = os.environ["MASTER_PORT"].strip()
+    if rank == 0:  # its launch.py tells the other nodes (launch_env.serve_stop_notice)
+        note_rank_0_state(line)
     if rank == 0 or not world.isdigit() or int(world) < 2 or not port.isdigit():
         return False
-    while not _reachable(host, int(port), until):
-        if time.monotonic() >= until:
+    while (found := _listening(host, int(port), until)) is not True:
+        if found or time.monotonic() >= until:  # found: rank 0's node stopped, no store to post to
             return False
         time.sleep(0.2)
     try:
@@ -338,6 +386,24 @@ def store_host_alive() -> bool:
     if not all(name in os.environ for name in ("MASTER_ADDR", "MASTER_PORT")):
         return True
     return _reachable(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), time.monotonic() + 2.0)
+
+
+def _listening(host: str, port: int, deadline: float) -> bool | str:
+    """True when a connection to host:port opens before `deadline` (one try) and the listener says nothing first,
+    as rank 0's store; why rank 0's node stopped when it is that node's launch.py answering with STOP_NOTICE
+    (launch_env.serve_stop_notice); False when no connection opens."""
+    try:
+        with socket.create_connection((host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))) as peer:
+            peer.settimeout(NOTICE_WAIT)
+            said = b""
+            with contextlib.suppress(OSError):  # TimeoutError: silent, as a store is
+                while not said.endswith(b"\n") and (part := peer.recv(4096)):
+                    said += part
+    except OSError:
+        return False
+    if said.startswith(STOP_NOTICE):
+        return said[len(STOP_NOTICE):].decode(errors="replace").strip() or "no reason given"
+    return True
 
 
 def _reachable(host: str, port: int, deadline: float) -> bool:

@@ -75,3 +75,58 @@ def print_warnings(notes: list) -> None:
     if launcher_rank() == 0:
         for note in filter(None, notes):
             print(f"warning: {note}", file=sys.stderr, flush=True)
+
+
+# Rank 0's node stopped before its rendezvous (flags refused, an import that died, a killed rank): the other nodes'
+# ranks would wait out --rendezvous-timeout at MASTER_ADDR:MASTER_PORT, where nothing listens. The launch.py of that
+# node (deepspeed_command.py) then listens there itself for a while and answers every connection with one line,
+# STOP_NOTICE and why; a rank that reads it stops at once (device.rendezvous, device.post_refusal). Whether rank 0
+# began its rendezvous (then its store said everything) and its own error line reach launch.py in the file RANK_0_STATE
+# names, which launch.py sets for its ranks.
+RANK_0_STATE = "MEGATRON_RANK_0_STATE"
+RENDEZVOUS_BEGUN = "rendezvous begun"
+STOP_NOTICE = b"megatron: rank 0's node stopped before the rendezvous: "  # then why, then a newline
+NOTICE_WAIT = 0.3  # seconds a rank reads a listener at MASTER_PORT for STOP_NOTICE: rank 0's store says nothing first
+
+
+def note_rank_0_state(state: str) -> None:
+    """On rank 0 of a launch.py that asked for it (RANK_0_STATE): RENDEZVOUS_BEGUN, or its error line before then."""
+    path = os.environ.get(RANK_0_STATE, "")
+    if not path or launcher_rank() != 0:
+        return
+    try:
+        with open(path, "r+", encoding="utf-8") as state_file:
+            if state_file.read() != RENDEZVOUS_BEGUN:
+                state_file.seek(0)
+                state_file.truncate()
+                state_file.write(state)
+    except OSError:  # launch.py's file is gone: nothing to tell
+        pass
+
+
+def serve_stop_notice(port: int, why: str, readers: int, seconds: float) -> int:
+    """Listens at `port` (all addresses, as rank 0's store would) for `seconds` at most, or until `readers`
+    connections were answered, and answers each with STOP_NOTICE + `why`; -> how many were. No torch: the node's
+    torch may be what failed. 0 at once when the port cannot be had (another program holds it: rank 0's own error)."""
+    import socket
+
+    try:
+        server = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True) \
+            if socket.has_dualstack_ipv6() else socket.create_server(("", port))
+    except OSError:
+        return 0
+    answered, until = 0, time.monotonic() + seconds
+    with server:
+        while answered < readers and time.monotonic() < until:
+            server.settimeout(max(0.01, until - time.monotonic()))
+            try:
+                connection, _ = server.accept()
+            except (TimeoutError, OSError):
+                continue
+            with connection:
+                try:
+                    connection.sendall(STOP_NOTICE + why.encode() + b"\n")
+                    answered += 1
+                except OSError:
+                    pass
+    return answered
