@@ -125,14 +125,14 @@ def _deepspeed_main(launch: bool, stops: _NotedStops):
     return runner.main
 
 
-NOTICE_SECONDS = 60.0  # at most, after rank 0's node stopped: the other nodes' ranks may still be importing torch
+NOTICE_SECONDS = 30.0  # at most, after rank 0's node stopped: the other nodes' ranks may still be importing torch
 
 
-def other_nodes_ranks(argv: list) -> tuple[int, str, int] | None:
-    """(ranks on the other nodes, MASTER_ADDR, MASTER_PORT) for launch.py's arguments `argv` on the node that hosts
-    rank 0 (node rank 0) of a launch of several nodes; None on another node, or alone."""
+def other_nodes_ranks(argv: list) -> tuple[int, int] | None:
+    """(ranks on the other nodes, MASTER_PORT) for launch.py's arguments `argv` on the node that hosts rank 0 (node
+    rank 0) of a launch of several nodes; None on another node, or alone."""
     parser = argparse.ArgumentParser(add_help=False)
-    for name, kind in (("--node_rank", int), ("--master_addr", str), ("--master_port", int), ("--world_info", str)):
+    for name, kind in (("--node_rank", int), ("--master_port", int), ("--world_info", str)):
         parser.add_argument(name, type=kind)
     try:
         known, _ = parser.parse_known_args(argv)
@@ -142,7 +142,7 @@ def other_nodes_ranks(argv: list) -> tuple[int, str, int] | None:
     others = sum(map(len, slots[1:]))
     if known.node_rank not in (0, None) or not others or known.master_port is None:
         return None
-    return others, known.master_addr or "127.0.0.1", known.master_port
+    return others, known.master_port
 
 
 def tell_other_nodes(status, state_path: str, others: tuple) -> None:
@@ -150,7 +150,7 @@ def tell_other_nodes(status, state_path: str, others: tuple) -> None:
     the other nodes, waiting for rank 0's store at MASTER_ADDR:MASTER_PORT, read why here and stop at once
     (serve_stop_notice, for NOTICE_SECONDS at most, or until each of them connected). Rank 0's own error line,
     when it said one, is the why (its launch_env.note_rank_0_state)."""
-    readers, _, port = others
+    readers, port = others
     try:
         with open(state_path, encoding="utf-8") as state_file:
             said = state_file.read().strip()
@@ -174,24 +174,31 @@ def main() -> int:
     launch = sys.argv[1:2] == [LAUNCH]
     if launch:
         del sys.argv[1]  # launch.py parses the rest
-        others = other_nodes_ranks(sys.argv[1:])
-        if others:
-            descriptor, state_path = tempfile.mkstemp(prefix="megatron_rank_0_state_")
-            os.close(descriptor)
-            os.environ[RANK_0_STATE] = state_path  # to its ranks (launch.py passes its environment on)
-            try:
-                try:
-                    status = _main(launch)
-                except Exception:  # launch.py itself failed (its imports): its traceback first, then the notice
-                    traceback.print_exc()
-                    status = 1
-                if status:
-                    tell_other_nodes(status, state_path, others)
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(state_path)  # after tell_other_nodes read it
-            return status
+        others, state_path = other_nodes_ranks(sys.argv[1:]), None
+        with contextlib.suppress(OSError):  # no temporary folder: the other nodes wait as before
+            if others:
+                descriptor, state_path = tempfile.mkstemp(prefix="megatron_rank_0_state_")
+                os.close(descriptor)
+        if state_path:
+            return _launch_on_node_0(state_path, others)
     return _main(launch)
+
+
+def _launch_on_node_0(state_path: str, others: tuple) -> int:
+    """launch.py on rank 0's node, which tells the other nodes when that node stopped before the rendezvous."""
+    os.environ[RANK_0_STATE] = state_path  # to its ranks (launch.py passes its environment on)
+    try:
+        try:
+            status = _main(True)
+        except Exception:  # launch.py itself failed (its imports): its traceback first, then the notice
+            traceback.print_exc()
+            status = 1
+        if isinstance(status, int) and status and status - 128 not in STOPS:  # a stop asked for returns at once
+            tell_other_nodes(status, state_path, others)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(state_path)  # after tell_other_nodes read it
+    return status
 
 
 def _main(launch: bool) -> int:
