@@ -2095,9 +2095,6 @@ def test_a_rank_stops_when_the_program_at_master_port_is_no_store(monkeypatch):
                                    "own line there")
 
 
-def test_a_rank_whose_flags_are_refused_posts_its_line(monkeypatch, capsys):
-
-
 @pytest.mark.parametrize("rank, local_rank", [("1", "1"), ("2", "0")], ids=["other_rank", "other_nodes_first"])
 def test_a_rank_whose_flags_are_refused_posts_its_line(monkeypatch, capsys, rank, local_rank):
     """A rank other than rank 0 prints no parser error (rank 0 does, for every rank alike), nor an error of its
