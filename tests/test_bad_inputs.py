@@ -738,11 +738,11 @@ CASES += [  # ---- resumes
                                         "run_state.json").write_text(state.read_text().replace(
                                             '"iteration": 1', '"iteration": "1"')),
              phrases=('run_state.json holds "1" as iteration, not a count', "resume from an earlier complete")),
-    pretrain("--load", "{tmp}/ckpt", id="resume_rng_file_missing", needs_checkpoint=True,
+    pretrain("--load", "{tmp}/ckpt", "--train-iters", "2", id="resume_rng_file_missing", needs_checkpoint=True,
              setup=lambda tmp, assets: (shutil.copytree(assets["ckpt"], tmp / "ckpt") / "iter_0000001" /
                                         "rng_rank0.pt").unlink(),
              phrases=("rng_rank0.pt is missing", "or pass --no-load-rng", "no longer bit-exact")),
-    pretrain("--load", "{tmp}/ckpt", id="resume_rng_file_truncated", needs_checkpoint=True,
+    pretrain("--load", "{tmp}/ckpt", "--train-iters", "2", id="resume_rng_file_truncated", needs_checkpoint=True,
              setup=lambda tmp, assets: (rng := shutil.copytree(assets["ckpt"], tmp / "ckpt") / "iter_0000001" /
                                         "rng_rank0.pt").write_bytes(rng.read_bytes()[:200]),
              phrases=("rng_rank0.pt cannot be read", "or pass --no-load-rng")),
