@@ -207,14 +207,21 @@ def run_iterations(args, global_batch_size: int) -> int:
     return args.train_iters or math.ceil(args.train_samples / global_batch_size)
 
 
-def finished_resume(args, plan, global_batch_size: int) -> str | None:
+def finished_resume(args, plan, global_batch_size: int, ended_only: bool = False) -> str | None:
     """The nothing_to_train line of a resume whose checkpoint has reached the run's length (None: it
-    trains): what tools that launch the trainer say before they spend a launch on it."""
+    trains): for a checkpoint whose run ended there (checkpoint.RUN_ENDED) the line the trainer exits 0
+    with (ended_run), else the one of a run whose final losses it computes again; `ended_only`: None for
+    the latter. Tools that launch the trainer say it before they spend a launch on it."""
     if not plan.resume:
         return None
-    iteration = checkpoint.tag_iteration(checkpoint.latest_tag(plan.load))
-    train_iters = run_iterations(args, global_batch_size)
-    return nothing_to_train(args, iteration, train_iters) if iteration >= train_iters else None
+    tag = checkpoint.latest_tag(plan.load)
+    iteration, train_iters = checkpoint.tag_iteration(tag), run_iterations(args, global_batch_size)
+    if iteration < train_iters:
+        return None
+    ended = checkpoint.run_state(plan.load, tag).get(checkpoint.RUN_ENDED)
+    if ended_only and not ended:
+        return None
+    return nothing_to_train(args, iteration, train_iters, ended and checkpoint.checkpoint_folder(plan.load, tag))
 
 
 def nothing_to_train(args, iteration: int, train_iters: int, ended: str | None = None) -> str:
@@ -237,11 +244,8 @@ def ended_run(args, plan, global_batch_size: int) -> str | None:
     line = [None]
     # a checkpoint rank 0 cannot read here is refused by the load, on every rank, in one line
     with contextlib.suppress(ConfigError, OSError):
-        tag = checkpoint.latest_tag(plan.load) if dist.get_rank() == 0 else None
-        if tag and checkpoint.run_state(plan.load, tag).get(checkpoint.RUN_ENDED):
-            iteration, train_iters = checkpoint.tag_iteration(tag), run_iterations(args, global_batch_size)
-            if iteration >= train_iters:
-                line = [nothing_to_train(args, iteration, train_iters, checkpoint.checkpoint_folder(plan.load, tag))]
+        if dist.get_rank() == 0:
+            line = [finished_resume(args, plan, global_batch_size, ended_only=True)]
     dist.broadcast_object_list(line, src=0)
     return line[0]
 

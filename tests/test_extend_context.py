@@ -21,7 +21,7 @@ import pytest
 import torch
 import transformers
 
-from megatron.checkpoint import latest_tag, stored_config
+from megatron.checkpoint import RUN_ENDED, latest_tag, stored_config
 from megatron.checkpoint_weights import bert_state_from_checkpoint
 from megatron.data.default_dataset import DEFAULT_VOCAB_SIZE, EMBEDDED_VOCAB
 from megatron.data.preprocess import PreprocessOptions, preprocess
@@ -30,6 +30,8 @@ from megatron.data.tokenizer import HFTokenizer
 from megatron.errors import run_tool
 from megatron.model.bert import BertConfig, BertModel
 from megatron.parallel.spawn import free_port
+from megatron.start_plan import StartPlan
+from megatron.training import finished_resume
 from test_hf_modernbert import ATOL, SPECIAL, compare, randomize
 from test_hf_tokenizer import corpus, modernbert_style, texts, train_bpe  # noqa: F401 (fixtures)
 
@@ -163,8 +165,9 @@ def test_the_same_command_resumes_once_save_holds_a_checkpoint(extended, tmp_pat
     monkeypatch.setattr(extend_context.os, "execve", lambda path, command, env: launched.append(command))
     capsys.readouterr()
     assert run_tool("extend_context.py", lambda: extend_context.main([*head, *tail])) == 0 and not launched
-    assert capsys.readouterr().out.splitlines()[-1] == ("nothing to train: the checkpoint is at iteration 4 of "
-                                                        "--train-iters 4; pass a larger --train-iters to train on")
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"nothing to train: the run of checkpoint {out / 'ckpt' / 'iter_0000004'} is finished already at iteration 4 "
+        f"of --train-iters 4; pass a larger --train-iters to train on")
 
     # a field the first run may have set after `--` (the window) is restated as --save holds it
     shutil.copytree(out / "ckpt" / "iter_0000004", tmp_path / "wider" / "iter_0000004")
@@ -212,6 +215,27 @@ def test_a_checkpoint_continues_from_its_weights_as_a_new_run(extended, tmp_path
     command, _ = dry_run(capsys, "--from", str(out / "ckpt"), "--seq-length", str(LONGER), "--save",
                          str(tmp_path / "lower"), *tail, "--lr", "1e-5")
     assert f"--rotary-base {source['rotary_base']} " in command and " --launched-by extend_context.py " in command
+
+
+def test_a_finished_resume_is_said_in_the_trainers_words(tmp_path):
+    """The line the tool says instead of a launch (training.finished_resume) is the one the trainer exits 0 with
+    (ended_run) for a checkpoint whose run ended at its length, else the one of its final evaluation again."""
+    folder = tmp_path / "ckpt" / "iter_0000004"
+    folder.mkdir(parents=True)
+    (folder / "mp_rank_00_model_states.pt").touch()
+    (tmp_path / "ckpt" / "latest").write_text("iter_0000004")
+    args = argparse.Namespace(train_iters=4, train_samples=None)
+    plan = StartPlan(str(tmp_path / "ckpt"), init_from_hf=None, finetune=False, weights_only=False)
+    state = {"config": {"model": {}}, "iteration": 4, "consumed_samples": 32}
+    (folder / "run_state.json").write_text(json.dumps(state))
+    assert finished_resume(args, plan, 8) == ("nothing to train: the checkpoint is at iteration 4 of --train-iters 4; "
+                                              "pass a larger --train-iters to train on")
+    assert finished_resume(args, plan, 8, ended_only=True) is None
+    (folder / "run_state.json").write_text(json.dumps({**state, RUN_ENDED: True}))
+    assert finished_resume(args, plan, 8) == finished_resume(args, plan, 8, ended_only=True) == (
+        f"nothing to train: the run of checkpoint {folder} is finished already at iteration 4 of --train-iters 4; "
+        f"pass a larger --train-iters to train on")
+    assert finished_resume(argparse.Namespace(train_iters=5, train_samples=None), plan, 8) is None
 
 
 def one_line(capsys, *argv) -> str:

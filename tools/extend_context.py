@@ -8,7 +8,7 @@ at a longer sequence: one command that picks the launch for you and starts the `
     first run's, which its checkpoint records (weights_from: the path and a hash of its config and
     weights), a --save of a run from scratch, or another length or theta than --save holds is refused);
     a checkpoint already at the run's length is said here (the trainer's
-    `nothing to train` line), with no launch;
+    `nothing to train` line, training.finished_resume), with no launch;
   - the length: `--seq-length`, 1-64x the length the model was trained at (an HF folder's
     `max_position_embeddings`, a checkpoint's `seq_length`), packed samples on;
   - the positions: the global layers' rope theta scaled with the length (NTK-aware:
