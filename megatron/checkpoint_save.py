@@ -468,12 +468,16 @@ def foreign_tags(save_dir: str, load_dir: str, start_iteration: int) -> list[str
             if tag_iteration(tag) <= start_iteration and run_id(save_dir, tag) not in (None, own)]
 
 
-def foreign_warning(save_dir: str, load_dir: str, foreign: list[str]) -> str:
-    """The warning of a resume into a --save folder holding another run's checkpoints (foreign_tags)."""
-    them = "them" if len(foreign) > 1 else "it"
-    return (f"warning: --save {save_dir} holds {tag_list(foreign)}, not checkpoints of --load {load_dir} (another "
-            f"run's): this run's saves join {them} under one '{LATEST}', so a rollback there would resume that run "
-            f"(--keep-last neither counts nor removes {them}); move {them} out of {save_dir}, or pass another --save")
+def refuse_foreign_tags(save_dir: str, load_dir: str, start_iteration: int) -> None:
+    """Refuses a resume of another folder into a --save folder holding another run's checkpoints (foreign_tags):
+    its saves would join them under one `latest` (as check_save_dir refuses a --save whose `latest` is ahead)."""
+    foreign = foreign_tags(save_dir, load_dir, start_iteration)
+    if foreign:
+        them = "them" if len(foreign) > 1 else "it"
+        raise ConfigError(f"--save {save_dir} holds {tag_list(foreign)} of another run (run id "
+                          f"{run_id(save_dir, foreign[-1])}), not of the run --load {load_dir} resumes: its saves "
+                          f"would join {them} under one '{LATEST}'", f"pass another --save, or --load {save_dir} to "
+                          f"continue that run, or move {them} out of {save_dir}")
 
 
 def tag_list(tags: list[str]) -> str:

@@ -62,8 +62,8 @@ def check_start(args) -> StartPlan:
     scratch (Megatron's `--load X --save X`: a job that is resubmitted or requeued with the same
     command resumes from its last save, and its first run starts fresh); a run from weights does the
     same (requeue_from_weights). A --save folder with checkpoints but no `latest` is refused (it is no
-    first run's); one whose newer checkpoints a rollback will overwrite is named in a warning, as are
-    another run's checkpoints in the --save of a resume from another folder (checkpoint_save.foreign_tags)."""
+    first run's); one whose newer checkpoints a rollback will overwrite is named in a warning; one holding
+    another run's checkpoints, in a resume from another folder, is refused (checkpoint_save.refuse_foreign_tags)."""
     if args.save:
         checkpoint_save.refuse_unnamed_checkpoints(args.save, resume_fix(args, args.save))
         refuse_finetune_in_place(args)
@@ -83,12 +83,10 @@ def check_start(args) -> StartPlan:
     if plan.resume:
         start = checkpoint.run_state(plan.load, checkpoint.latest_tag(plan.load))["iteration"]
     newer = checkpoint_save.check_save_dir(args.save, start)
+    if plan.resume and not same_folder(plan.load, args.save):
+        checkpoint_save.refuse_foreign_tags(args.save, plan.load, start)
     if newer and launcher_rank() == 0:
         print(checkpoint_save.overwrite_warning(args.save, newer, start), file=sys.stderr, flush=True)
-    foreign = checkpoint_save.foreign_tags(args.save, plan.load, start) if plan.resume and not same_folder(
-        plan.load, args.save) else []
-    if foreign and launcher_rank() == 0:
-        print(checkpoint_save.foreign_warning(args.save, plan.load, foreign), file=sys.stderr, flush=True)
     return plan
 
 

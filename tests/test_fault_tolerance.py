@@ -484,25 +484,30 @@ def test_a_rollback_names_the_checkpoints_it_will_overwrite(tmp_path, capsys):
         f"at its iteration replaces it (--keep-last neither counts nor removes it); move it out of {save} to keep it\n")
 
 
-def test_a_resume_into_a_save_of_another_run_names_its_checkpoints(tmp_path, capsys):
+def test_a_resume_into_a_save_of_another_run_is_refused_naming_its_checkpoints(tmp_path, capsys):
     """`--load A --save B`, B holding another run's checkpoints at or below A's iteration: this run's saves
-    joined them under one `latest` with no word. This run's own there (moved or copied between the two
-    folders, a run that went A -> B -> A) carry its run id: not named; nor are checkpoints without one."""
+    joined them under one `latest` (a rollback there would resume that run), as one line refuses. This run's
+    own there (moved or copied between the two folders, a run that went A -> B -> A) carry its run id: not
+    named; nor are checkpoints without one. A new run from A's weights (--finetune) into an empty B starts."""
     save, load = tmp_path / "ck", tmp_path / "other"
     fake_checkpoints(load, 4, latest=4, run_id="this")
+    assert start_run(tmp_path / "empty", str(load), finetune=True).weights_only
     fake_checkpoints(save, 2, 4, latest=4, run_id="this")  # this run's history, moved there
     capsys.readouterr()
     start_run(save, str(load))
     assert capsys.readouterr().err == ""
     for iteration in (4, 2):  # another run's: another run id
         fake_checkpoints(save, iteration, run_id="another")
-        start_run(save, str(load))
         named = "iter_0000004" if iteration == 4 else "iter_0000002, iter_0000004"
         them = "it" if iteration == 4 else "them"
-        assert capsys.readouterr().err == (
-            f"warning: --save {save} holds {named}, not checkpoints of --load {load} (another run's): this run's saves "
-            f"join {them} under one 'latest', so a rollback there would resume that run (--keep-last neither "
-            f"counts nor removes {them}); move {them} out of {save}, or pass another --save\n")
+        with pytest.raises(ConfigError) as refused:
+            start_run(save, str(load))
+        assert str(refused.value) == (
+            f"--save {save} holds {named} of another run (run id another), not of the run --load {load} resumes: "
+            f"its saves would join {them} under one 'latest'; pass another --save, or --load {save} to continue "
+            f"that run, or move {them} out of {save}")
+    assert start_run(save).load == str(save)  # continuing that run
+    assert capsys.readouterr().err == ""
     fake_checkpoints(load, 4, latest=4)  # saved before runs had an id: nothing to tell them apart by
     start_run(save, str(load))
     assert capsys.readouterr().err == ""

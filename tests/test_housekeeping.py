@@ -79,7 +79,7 @@ def test_prune_counts_the_checkpoints_below_a_link_it_cannot_follow(tmp_path):
 
 def test_prune_never_counts_or_removes_another_runs_checkpoints(tmp_path):
     """A resume of another folder saved 6 and 8 into a --save holding another run's 2 and 4 (another run id;
-    its start-up warned): --keep-last 1 removes this run's 6 only, never the other run's work."""
+    saved before start-ups refused that): --keep-last 1 removes this run's 6 only, never the other run's work."""
     fake_checkpoints(tmp_path, [2, 4, 6, 8], latest=8)
     for iteration, parent, run in ((2, None, "another"), (4, 2, "another"), (6, None, "this"), (8, 6, "this")):
         link(tmp_path, iteration, parent)
