@@ -2026,7 +2026,7 @@ def test_rank_0s_node_stopped_before_the_rendezvous_ends_the_other_nodes_at_once
     import time
 
     from megatron import arguments
-    from megatron.parallel import deepspeed_command, device, launcher_watch
+    from megatron.parallel import deepspeed_command, device, launch_env, launcher_watch
     from megatron.parallel.launch_env import RANK_0_STATE
 
     monkeypatch.setattr(launcher_watch, "launcher_processes", lambda: [(1, None, "its launcher")])
@@ -2052,6 +2052,7 @@ def test_rank_0s_node_stopped_before_the_rendezvous_ends_the_other_nodes_at_once
     monkeypatch.setattr(sys, "argv", ["deepspeed_command.py", "deepspeed.launcher.launch", f"--world_info={world}",
                                       "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}", "x.py"])
     monkeypatch.setattr(deepspeed_command, "NOTICE_SECONDS", 20.0)
+    monkeypatch.setattr(launch_env, "QUIET_SECONDS", 0.0)  # its line at once, before rank 1 connects
     statuses = []
     node_0 = threading.Thread(target=lambda: statuses.append(deepspeed_command.main()))
     node_0.start()
@@ -2064,6 +2065,7 @@ def test_rank_0s_node_stopped_before_the_rendezvous_ends_the_other_nodes_at_once
     assert statuses == [2 if rank_0 != "died" else 1]
     if rank_0 == "began":
         assert "timed out" in str(error.value) or "could not reach" in str(error.value)
+        assert "waiting at port" not in capsys.readouterr().err  # rank 0 told them itself: no wait
         return
     assert time.monotonic() - began < 6, "waited out --rendezvous-timeout"
     why = ("rank 0 on {host} stopped at start-up with its own error (argument --hidden-size: invalid int value: 'x'; "
@@ -2071,7 +2073,41 @@ def test_rank_0s_node_stopped_before_the_rendezvous_ends_the_other_nodes_at_once
            "rank 0 began it, e.g. a failed import; its traceback or line is in that node's output")
     assert error.value.problem == (f"rank 0's node (127.0.0.1:{port}) stopped before the rendezvous: "
                                    + why.format(host=socket.gethostname()))
-    assert ("ImportError: its torch is broken" in capsys.readouterr().err) is (rank_0 == "died")
+    err = capsys.readouterr().err
+    assert ("ImportError: its torch is broken" in err) is (rank_0 == "died")
+    # node 0's wait is said, not a silent 30 s after its own error
+    assert err.endswith(f"deepspeed: rank 0's node stopped before the rendezvous: waiting at port {port} for up to "
+                        "20 s to tell the 1 rank of the other nodes not connected yet why; Ctrl-C ends the wait\n"), err
+
+
+def test_rank_0s_node_says_its_wait_only_when_ranks_are_still_to_come(monkeypatch):
+    """serve_stop_notice calls `waiting` once the others have not all connected within QUIET_SECONDS; a rank already
+    waiting, which connects at once, is answered with nothing said."""
+    import threading
+    import time
+
+    from megatron.parallel import launch_env
+
+    port, said, calls = free_port(), [], []
+
+    def waiting_rank():  # polls as a joining rank does, until node 0 listens
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as peer:
+                    said.append(peer.makefile("rb").readline())
+                    return
+            except OSError:
+                time.sleep(0.02)
+
+    rank = threading.Thread(target=waiting_rank)
+    rank.start()
+    assert launch_env.serve_stop_notice(port, "why", 1, 10.0, lambda *left: calls.append(left)) == 1
+    rank.join()
+    assert said == [launch_env.STOP_NOTICE + b"why\n"] and calls == []
+    monkeypatch.setattr(launch_env, "QUIET_SECONDS", 0.1)
+    assert launch_env.serve_stop_notice(free_port(), "why", 1, 0.3, lambda *left: calls.append(left)) == 0
+    assert len(calls) == 1 and 0.1 < calls[0][0] <= 0.2 and calls[0][1] == 1
 
 
 def test_a_rank_stops_when_the_program_at_master_port_is_no_store(monkeypatch):

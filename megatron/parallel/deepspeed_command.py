@@ -148,8 +148,8 @@ def other_nodes_ranks(argv: list) -> tuple[int, int] | None:
 def tell_other_nodes(status, state_path: str, others: tuple) -> None:
     """After launch.py on rank 0's node ended with `status` (not 0) before rank 0 began its rendezvous: the ranks on
     the other nodes, waiting for rank 0's store at MASTER_ADDR:MASTER_PORT, read why here and stop at once
-    (serve_stop_notice, for NOTICE_SECONDS at most, or until each of them connected). Rank 0's own error line,
-    when it said one, is the why (its launch_env.note_rank_0_state)."""
+    (serve_stop_notice, for NOTICE_SECONDS at most, or until each of them connected), saying so in one line unless
+    they all connected at once. Rank 0's own error line, when it said one, is the why (launch_env.note_rank_0_state)."""
     readers, port = others
     try:
         with open(state_path, encoding="utf-8") as state_file:
@@ -167,7 +167,10 @@ def tell_other_nodes(status, state_path: str, others: tuple) -> None:
         why = (f"its launch on {host} ended ({how}) before rank 0 began it, e.g. a failed import; its traceback or "
                "line is in that node's output")
     with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C here ends the wait, silently (the error is said)
-        serve_stop_notice(port, why, readers, NOTICE_SECONDS)
+        serve_stop_notice(port, why, readers, NOTICE_SECONDS, lambda left, unanswered: print(
+            f"{PROG}: rank 0's node stopped before the rendezvous: waiting at port {port} for up to {left:.0f} s "
+            f"to tell the {unanswered} rank{'s' * (unanswered > 1)} of the other nodes not connected yet why; "
+            "Ctrl-C ends the wait", file=sys.stderr, flush=True))
 
 
 def main() -> int:

@@ -87,6 +87,7 @@ RANK_0_STATE = "MEGATRON_RANK_0_STATE"
 RENDEZVOUS_BEGUN = "rendezvous begun"
 STOP_NOTICE = b"megatron: rank 0's node stopped before the rendezvous: "  # then why, then a newline
 NOTICE_WAIT = 0.3  # seconds a rank reads a listener at MASTER_PORT for STOP_NOTICE: rank 0's store says nothing first
+QUIET_SECONDS = 1.0  # serve_stop_notice says nothing for so long: the ranks already waiting connect (every 0.2 s)
 
 
 def note_rank_0_state(state: str) -> None:
@@ -104,10 +105,12 @@ def note_rank_0_state(state: str) -> None:
         pass
 
 
-def serve_stop_notice(port: int, why: str, readers: int, seconds: float) -> int:
+def serve_stop_notice(port: int, why: str, readers: int, seconds: float, waiting=None) -> int:
     """Listens at `port` (all addresses, as rank 0's store would) for `seconds` at most, or until `readers`
     connections were answered, and answers each with STOP_NOTICE + `why`; -> how many were. No torch: the node's
-    torch may be what failed. 0 at once when the port cannot be had (another program holds it: rank 0's own error)."""
+    torch may be what failed. 0 at once when the port cannot be had (another program holds it: rank 0's own error).
+    `waiting(seconds_left, readers_left)` is called once if the readers have not all connected within
+    QUIET_SECONDS: the node then says why it waits (ranks already waiting connect within it, unsaid)."""
     import socket
 
     try:
@@ -115,10 +118,14 @@ def serve_stop_notice(port: int, why: str, readers: int, seconds: float) -> int:
             if socket.has_dualstack_ipv6() else socket.create_server(("", port))
     except OSError:
         return 0
-    answered, until = 0, time.monotonic() + seconds
+    answered, began = 0, time.monotonic()
+    until, said = began + seconds, waiting is None
     with server:
-        while answered < readers and time.monotonic() < until:
-            server.settimeout(max(0.01, until - time.monotonic()))
+        while answered < readers and (now := time.monotonic()) < until:
+            if not said and now >= began + QUIET_SECONDS:
+                waiting(until - now, readers - answered)
+                said = True
+            server.settimeout(max(0.01, (until if said else min(until, began + QUIET_SECONDS)) - now))
             try:
                 connection, _ = server.accept()
             except (TimeoutError, OSError):
