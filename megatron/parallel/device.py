@@ -391,9 +391,12 @@ def store_host_alive() -> bool:
 def _listening(host: str, port: int, deadline: float) -> bool | str:
     """True when a connection to host:port opens before `deadline` (one try) and the listener says nothing first,
     as rank 0's store; why rank 0's node stopped when it is that node's launch.py answering with STOP_NOTICE
-    (launch_env.serve_stop_notice); False when no connection opens."""
+    (launch_env.serve_stop_notice); False when no connection opens. A rank on rank 0's node (its rank is its local
+    rank) reads nothing: that node's launch.py answers the other nodes only, and the read would cost NOTICE_WAIT."""
     try:
         with socket.create_connection((host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))) as peer:
+            if launcher_rank() == local_rank():
+                return True
             peer.settimeout(NOTICE_WAIT)
             said = b""
             with contextlib.suppress(OSError):  # TimeoutError: silent, as a store is
