@@ -640,10 +640,15 @@ def _numbers(numbers: list) -> str:
     return shown + (f" (and {len(numbers) - 5} more)" if len(numbers) > 5 else "")
 
 
+def tokenizer_kind(tokenizer_type: str | None, tokenizer_file=None) -> str:
+    """The --tokenizer-type a tokenizer is built as: the flag's, else picked by the file (build_tokenizer)."""
+    return tokenizer_type or (HF_TOKENIZER if tokenizer_file else "BertWordPieceLowerCase")
+
+
 def build_tokenizer(tokenizer_type: str | None, vocab_file=None, tokenizer_file=None):
     """The tokenizer the flags name: `--tokenizer-file` (a tokenizer.json or its folder) means
     HFTokenizer, `--vocab-file` a WordPiece vocab.txt; `tokenizer_type` None picks by the file."""
-    tokenizer_type = tokenizer_type or (HF_TOKENIZER if tokenizer_file else "BertWordPieceLowerCase")
+    tokenizer_type = tokenizer_kind(tokenizer_type, tokenizer_file)
     if tokenizer_type not in TYPE_NAMES:
         raise ConfigError(f"unknown --tokenizer-type {tokenizer_type}", f"use one of {', '.join(TYPE_NAMES)}")
     if tokenizer_type == HF_TOKENIZER:
@@ -671,9 +676,9 @@ def shared_tokenizer(tokenizer_type: str | None, vocab_file=None, tokenizer_file
     for the nodes' comparison (same_settings.content_identities) and as the run's (explicit_tokenizer), and a
     tokenizer.json takes ~0.4 s to build. The one object is shared: a caller that changes it
     (read_specials_as_text) builds its own."""
-    # the type build_tokenizer picks where none is given: the flags' None and same_settings' explicit type alike
-    key = (tokenizer_type or (HF_TOKENIZER if tokenizer_file else "BertWordPieceLowerCase"),
-           vocab_file and str(vocab_file), tokenizer_file and str(tokenizer_file))
+    # the type built (tokenizer_kind): the flags' None and same_settings' explicit type alike
+    key = (tokenizer_kind(tokenizer_type, tokenizer_file), vocab_file and str(vocab_file),
+           tokenizer_file and str(tokenizer_file))
     digests = _file_digests(vocab_file or tokenizer_file)  # ~2 ms for a 2 MB tokenizer.json
     kept = _shared.get(key)
     if kept is None or digests is None or kept[0] != digests:
