@@ -216,10 +216,17 @@ def mark_ended(folder: str) -> None:
     validation and test losses are logged: a new file renamed over the old one, so a reader never sees half of
     it. A folder it cannot write (remounted read-only) stays unmarked: a rerun evaluates it again."""
     path = os.path.join(folder, RUN_STATE)
-    with contextlib.suppress(OSError, ValueError):
+    try:
         with open(path, encoding="utf-8") as file:
             state = json.load(file)
-        paths.write_json_atomic(path, {**state, RUN_ENDED: True}, durable=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as file:
+            json.dump({**state, RUN_ENDED: True}, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(path + ".tmp", path)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
 
 
 def keep_newest(save_dir: str, keep_last: int) -> str | None:

@@ -204,24 +204,18 @@ def json_text(value: dict) -> str:
     return json.dumps(value, indent=1, ensure_ascii=False) + "\n"
 
 
-def write_json_atomic(path, value: dict, durable: bool = False) -> None:
+def write_json_atomic(path, value: dict) -> None:
     """The whole record or the old one (write_text_atomic)."""
-    write_text_atomic(path, json_text(value), durable)
+    write_text_atomic(path, json_text(value))
 
 
-def write_text_atomic(path, text: str, durable: bool = False) -> None:
+def write_text_atomic(path, text: str) -> None:
     """The whole text or the old file: written beside `path`, then renamed over it; a failed write (a full
-    disk, a stop signal) leaves no partial file and the old one as it was (a write in place truncated it).
-    `durable`: on the disk before the rename (fsync), for a file of a checkpoint that a power loss must not
-    leave empty."""
+    disk, a stop signal) leaves no partial file and the old one as it was (a write in place truncated it)."""
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
     try:
-        with open(partial, "w", encoding="utf-8") as file:
-            file.write(text)
-            if durable:
-                file.flush()
-                os.fsync(file.fileno())
+        partial.write_text(text, encoding="utf-8")
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)
